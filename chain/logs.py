@@ -1,0 +1,49 @@
+"""What a run shows and records: the placement table and TensorBoard writers."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from chain.planner import Placement
+from chain.stages import Stage
+
+
+def placement_table(placement: Placement, stages: Sequence[Stage]) -> str:
+    """A short table: stage, device, the physical device behind it, parameters, model."""
+    rows = [("stage", "device", "physical", "params", "model")]
+    for s in stages:
+        physical = placement.physical[s.index] if s.index < len(placement.physical) else "-"
+        rows.append((str(s.index), s.device, physical, f"{s.params:,}", s.describe()))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines += [f"note: {n}" for n in placement.notes]
+    return "\n".join(lines)
+
+
+class Writers:
+    """One TensorBoard writer per stage (`tb/stage_NN`) and one for the chain (`tb/chain`)."""
+
+    def __init__(self, run_dir: str, n_stages: int):
+        import tensorflow as tf
+
+        root = os.path.join(run_dir, "tb")
+        self.stages = [tf.summary.create_file_writer(os.path.join(root, f"stage_{k:02d}")) for k in range(n_stages)]
+        self.chain = tf.summary.create_file_writer(os.path.join(root, "chain"))
+
+    def scalars(self, step: int, per_stage: Sequence[dict[str, float]], chain: dict[str, float]) -> None:
+        """Write `per_stage[k]` to stage k's writer and `chain` to the chain's."""
+        import tensorflow as tf
+
+        for writer, values in zip(self.stages, per_stage):
+            with writer.as_default(step=step):
+                for name, v in values.items():
+                    tf.summary.scalar(name, v)
+        with self.chain.as_default(step=step):
+            for name, v in chain.items():
+                tf.summary.scalar(name, v)
+
+    def close(self) -> None:
+        for w in self.stages + [self.chain]:
+            w.flush()
+            w.close()

@@ -1,0 +1,151 @@
+"""A run: the planned placement, the built stages, the data, and the training loop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from chain import data as data_lib
+from chain import planner
+from chain.config import settings as validate
+
+log = logging.getLogger("chain")
+
+
+class Run:
+    """Everything one training run needs; `step` trains one batch, `fit` the whole run."""
+
+    def __init__(self, settings: dict[str, Any], placement: planner.Placement, run_dir: str | None):
+        import keras
+
+        from chain.engine import local_step
+        from chain.stages import build_stages
+
+        self.settings = settings
+        self.placement = placement
+        self.run_dir = run_dir
+        keras.utils.set_random_seed(settings["seed"])
+        self.dataset = data_lib.load(settings["data"], settings["seed"])
+        self.stages = build_stages(settings, placement.devices, self.dataset.input_shape, self.dataset.target)
+        self._step = local_step(self.stages)
+
+    @property
+    def batch_size(self) -> int:
+        return self.settings["data"]["batch_size"]
+
+    def batches(self):
+        """The shared `tf.data` pipeline of training batches."""
+        d = self.settings["data"]
+        return data_lib.pipeline(self.dataset, d["batch_size"], self.settings["seed"], d["shuffle"])
+
+    def _targets(self, y: Any) -> dict:
+        import tensorflow as tf
+
+        if isinstance(y, dict):
+            return {k: tf.convert_to_tensor(v) for k, v in y.items()}
+        # A bare array is the data set's first target; every stage must learn that one.
+        names = {s.target.name for s in self.stages}
+        first = self.dataset.targets[0].name
+        if names - {first}:
+            raise ValueError(f"stages learn targets {sorted(names)}; pass y as a dict of them")
+        return {first: tf.convert_to_tensor(y)}
+
+    def step(self, x: Any, y: Any) -> dict[str, Any]:
+        """One optimizer step on one batch; returns `loss` (sum over stages) and `stage_losses`."""
+        import tensorflow as tf
+
+        losses = self._step(tf.convert_to_tensor(x), self._targets(y))
+        per_stage = [float(losses[f"stage_{s.index}"]) for s in self.stages]
+        return {"loss": float(np.sum(per_stage)), "stage_losses": per_stage}
+
+    def fit(self) -> dict[str, Any]:
+        """Train `trainer.steps` steps; write checkpoints, TensorBoard and summary.json.
+
+        Returns the summary (also written to `summary.json` when the run has a directory).
+        """
+        from tqdm import tqdm
+
+        from chain.checkpoints import Checkpoints
+        from chain.logs import Writers
+
+        t = self.settings["trainer"]
+        writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
+        ckpts = Checkpoints(self.run_dir, self.stages, self.settings["checkpoint"]["keep"]) if self.run_dir else None
+        every = self.settings["checkpoint"]["every"]
+        iterator = iter(self.batches())
+        first = last = None
+        started = None
+        bar = tqdm(range(1, t["steps"] + 1), desc="train", unit="step", disable=not t["progress"] or None, leave=False)
+        for step in bar:
+            x, ys = next(iterator)
+            out = self.step(x, ys)
+            if step == 1:
+                first = out["stage_losses"]
+                started = time.perf_counter()  # speed excludes the first step, which traces
+            last = out["stage_losses"]
+            bar.set_postfix(loss=f"{out['loss']:.4f}")
+            if writers and (step % t["log_every"] == 0 or step == 1 or step == t["steps"]):
+                writers.scalars(step, [{"loss": v} for v in last], {"loss": out["loss"]})
+            if step % t["log_every"] == 0:
+                log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in last))
+            if ckpts and every and step % every == 0:
+                ckpts.save(step)
+        elapsed = time.perf_counter() - started
+        timed_steps = t["steps"] - 1
+        summary = {
+            "mode": self.settings["mode"],
+            "steps": t["steps"],
+            "batch_size": self.batch_size,
+            "seed": self.settings["seed"],
+            "examples_per_second": (timed_steps * self.batch_size / elapsed) if timed_steps and elapsed > 0 else None,
+            "stages": [
+                {
+                    "index": s.index,
+                    "device": s.device,
+                    "variable_devices": s.variable_devices(),
+                    "params": s.params,
+                    "target": s.target.name,
+                    "loss_first": first[s.index],
+                    "loss_last": last[s.index],
+                }
+                for s in self.stages
+            ],
+        }
+        if writers:
+            writers.scalars(t["steps"], [{} for _ in self.stages], {"examples_per_second": summary["examples_per_second"] or 0.0})
+            writers.close()
+        if ckpts:
+            ckpts.save(t["steps"])
+        if self.run_dir:
+            write_json(os.path.join(self.run_dir, "summary.json"), summary)
+        return summary
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write JSON atomically: a reader sees the old file or the whole new one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def plan(cfg: DictConfig | dict) -> tuple[dict[str, Any], planner.Placement]:
+    """Validate the config and plan devices; configures logical devices (before the runtime starts)."""
+    s = validate(cfg)
+    placement = planner.plan(s["placement"], len(s["stages"]), planner.discover())
+    planner.configure(placement, s["placement"])
+    placement.devices = planner.check_devices(placement.devices, given=bool(s["placement"]["devices"]))
+    return s, placement
+
+
+def build(cfg: DictConfig | dict, run_dir: str | None = None) -> Run:
+    """Validate, plan and build a run (see `chain.build`)."""
+    s, placement = plan(cfg)
+    return Run(s, placement, run_dir)

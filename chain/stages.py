@@ -1,0 +1,122 @@
+"""Stages: one Keras model, its head and its optimizer, all created on one device.
+
+Layers are the unit of a stage's model (a stage is a group of layers), so a chain can
+be cut differently later. Everything with state is created inside
+`tf.device(stage.device)`, and the optimizer is built eagerly there: built lazily in the
+first traced step, Keras 3 would put every slot variable on one device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from chain.data import Target
+from chain.errors import ConfigError
+from chain.planner import canonical
+
+
+@dataclass
+class Stage:
+    """One stage of the chain, bound to `device`.
+
+    `model` maps the previous stage's output to this stage's output; `head` (mode=local
+    only) maps that output to a prediction of `target`.
+    """
+
+    index: int
+    device: str
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    target: Target
+    head: keras.Model | None = None
+    spec: dict | None = None
+
+    @property
+    def trainable_variables(self) -> list[tf.Variable]:
+        head = self.head.trainable_variables if self.head is not None else []
+        return list(self.model.trainable_variables) + list(head)
+
+    @property
+    def params(self) -> int:
+        return int(sum(v.numpy().size for v in self.trainable_variables))
+
+    def variable_devices(self) -> list[str]:
+        """Sorted unique devices of every model, head and optimizer variable."""
+        head = self.head.variables if self.head is not None else []
+        variables = list(self.model.variables) + list(head) + list(self.optimizer.variables)
+        return sorted({canonical(v.value.device) for v in variables})
+
+    def describe(self) -> str:
+        m = self.spec["model"] if self.spec else {}
+        keys = ("width", "depth") if m.get("name") == "mlp" else ("filters", "depth", "kernel_size")
+        return f"{m.get('name', '?')}(" + ", ".join(f"{k}={m[k]}" for k in keys if k in m) + ")"
+
+
+def model_layers(spec: dict[str, Any], input_shape: tuple[int, ...], where: str) -> list[keras.layers.Layer]:
+    """The layers of one stage's body, from its validated `model` section."""
+    layers: list[keras.layers.Layer] = []
+    act = None if spec["activation"] == "linear" else spec["activation"]
+    if spec["name"] == "conv":
+        if len(input_shape) != 3:
+            raise ConfigError(
+                f"{where}.model=conv needs image input (height, width, channels), but receives shape {input_shape}; "
+                "put conv stages first and use data=digits"
+            )
+        for _ in range(spec["depth"]):
+            layers.append(keras.layers.Conv2D(spec["filters"], spec["kernel_size"], padding="same", activation=act))
+            if spec["dropout"]:
+                layers.append(keras.layers.Dropout(spec["dropout"]))
+        return layers
+    if len(input_shape) > 1:
+        layers.append(keras.layers.Flatten())
+    for _ in range(spec["depth"]):
+        layers.append(keras.layers.Dense(spec["width"], activation=act))
+        if spec["dropout"]:
+            layers.append(keras.layers.Dropout(spec["dropout"]))
+    return layers
+
+
+def output_layers(target: Target, input_shape: tuple[int, ...]) -> list[keras.layers.Layer]:
+    """A linear read-out of `target`: logits for classes, one unit for a value."""
+    flat = [keras.layers.Flatten()] if len(input_shape) > 1 else []
+    return flat + [keras.layers.Dense(target.classes or 1)]
+
+
+def make_optimizer(spec: dict[str, Any], name: str | None = None) -> keras.optimizers.Optimizer:
+    """A Keras optimizer from a validated `optim` section."""
+    if spec["name"] == "sgd":
+        return keras.optimizers.SGD(learning_rate=spec["lr"], momentum=spec["momentum"], name=name)
+    return keras.optimizers.Adam(learning_rate=spec["lr"], beta_1=spec["beta_1"], beta_2=spec["beta_2"], name=name)
+
+
+def build_stages(settings: dict[str, Any], devices: list[str], input_shape: tuple[int, ...], targets) -> list[Stage]:
+    """Create every stage's model, head and optimizer inside its device scope.
+
+    `targets(name)` resolves a target name to a `Target`. In mode=e2e the last stage
+    ends in a read-out of the chain's target; in mode=local every stage gets a head.
+    """
+    specs = settings["stages"]
+    stages = []
+    shape = tuple(input_shape)
+    for k, (spec, device) in enumerate(zip(specs, devices)):
+        where = f"stages[{k}]"
+        target = targets(spec["target"])
+        with tf.device(device):
+            model = keras.Sequential([keras.Input(shape)] + model_layers(spec["model"], shape, where), name=f"stage_{k:02d}")
+            head = None
+            if settings["mode"] == "e2e" and k == len(specs) - 1:
+                for layer in output_layers(target, tuple(model.output_shape[1:])):
+                    model.add(layer)
+            out_shape = tuple(model.output_shape[1:])
+            if settings["mode"] == "local":
+                head = keras.Sequential([keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}")
+            optimizer = make_optimizer(spec["optim"], name=f"optim_{k:02d}")
+            stage = Stage(k, device, model, optimizer, target, head, spec)
+            optimizer.build(stage.trainable_variables)
+        stages.append(stage)
+        shape = out_shape
+    return stages

@@ -1,0 +1,47 @@
+"""Test session set-up: 4 logical CPU devices, configured before TensorFlow's runtime starts.
+
+Logical devices can be set once per process, so in-process tests share these four and
+CLI cases run as subprocesses (see `run_cli`).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+N_DEVICES = 4
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES
+)
+DEVICES = [f"/device:CPU:{k}" for k in range(N_DEVICES)]
+
+
+def run_cli(cwd, *overrides: str, module: str = "chain", timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `python -m chain OVERRIDES` in `cwd` (a fresh process: its own logical devices)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_dirs(cwd) -> list[str]:
+    """Run directories Hydra created under `cwd/outputs`."""
+    return sorted(glob.glob(os.path.join(str(cwd), "outputs", "*", "*")))
+
+
+def read_summary(run_dir) -> dict:
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """`cli(*overrides)` runs the command line in a fresh directory."""
+    return lambda *overrides, **kw: run_cli(tmp_path, *overrides, **kw)

@@ -1,0 +1,51 @@
+"""The schema: every bad value is one line naming the key; no TensorFlow needed."""
+
+import pytest
+
+import chain
+from chain.config import settings
+
+
+def test_defaults_two_stages_from_the_template():
+    s = settings(chain.compose([]))
+    assert len(s["stages"]) == 2
+    assert all(st["model"] == s["model"] for st in s["stages"])
+
+
+@pytest.mark.parametrize("form", ["+stages=3", "stages=3"])
+def test_stages_count_both_spellings(form):
+    assert len(settings(chain.compose([form]))["stages"]) == 3
+
+
+def test_heterogeneous_stages_override_the_template():
+    s = settings(chain.compose(["+stages=[{model: conv},{model: {width: 8}},{optim: sgd, target: parity}]"]))
+    conv, narrow, third = s["stages"]
+    assert conv["model"]["name"] == "conv" and "width" not in conv["model"]
+    assert narrow["model"] == {**s["model"], "width": 8}
+    assert third["optim"]["name"] == "sgd" and third["target"] == "parity"
+    assert third["model"] == s["model"]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+stages=0", "stages=0 must be a positive integer"),
+        ("+stages=-2", "stages=-2 must be a positive integer"),
+        ("model=transformer", "model='transformer' is not known; allowed: conv, mlp"),
+        ("optim=lion", "optim='lion' is not known; allowed: adam, sgd"),
+        ("data=imagenet", "data='imagenet' is not known; allowed: digits, synthetic"),
+        ("optim.lr=0", "optim.lr=0 must be > 0"),
+        ("optim.lr=-0.1", "optim.lr=-0.1 must be > 0"),
+        ("data.batch_size=0", "data.batch_size=0 must be >= 1"),
+        ("mode=magic", "mode='magic' is not known; allowed: local, e2e"),
+        ("+trainer.stepz=5", "unknown key trainer.stepz; allowed keys of trainer:"),
+        ("+stages=[{modle: {width: 3}}]", "unknown key stages[0].modle"),
+        ("+stages=[{model: {name: rnn}}]", "model='rnn' is not known"),
+        ("placement.devices=/CPU:0", "placement.devices='/CPU:0' must be a list"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose([override])
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
