@@ -59,3 +59,10 @@ def local_step(stages: Sequence[Stage]) -> Callable:
         return losses
 
     return step
+
+
+def make_step(settings: dict, stages: Sequence[Stage]) -> Callable:
+    """The compiled training step for the configured mode."""
+    if settings["mode"] == "local":
+        return local_step(stages)
+    raise NotImplementedError(f"mode={settings['mode']}")

@@ -24,7 +24,7 @@ class Run:
     def __init__(self, settings: dict[str, Any], placement: planner.Placement, run_dir: str | None):
         import keras
 
-        from chain.engine import local_step
+        from chain.engine import make_step
         from chain.stages import build_stages
 
         self.settings = settings
@@ -33,7 +33,7 @@ class Run:
         keras.utils.set_random_seed(settings["seed"])
         self.dataset = data_lib.load(settings["data"], settings["seed"])
         self.stages = build_stages(settings, placement.devices, self.dataset.input_shape, self.dataset.target)
-        self._step = local_step(self.stages)
+        self._step = make_step(settings, self.stages)
 
     @property
     def batch_size(self) -> int:
