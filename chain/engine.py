@@ -33,6 +33,15 @@ def loss_fn(target: Target, y: tf.Tensor, pred: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, pred, from_logits=True))
 
 
+def apply_update(stage: Stage, grads: Sequence[tf.Tensor]) -> None:
+    """Apply one update of `stage`'s optimizer (call inside the stage's device scope).
+
+    Every mode applies its updates through here, so numerics guards and loss scaling
+    live in one place.
+    """
+    stage.optimizer.apply_gradients(zip(grads, stage.trainable_variables))
+
+
 def local_step(stages: Sequence[Stage]) -> Callable:
     """mode=local: every stage learns its own target from the previous stage's output.
 
@@ -51,9 +60,8 @@ def local_step(stages: Sequence[Stage]) -> Callable:
                 with tf.GradientTape() as tape:
                     out = s.model(h, training=True)
                     loss = loss_fn(s.target, y, s.head(out, training=True))
-                variables = s.trainable_variables
-                grads = tape.gradient(loss, variables)
-                s.optimizer.apply_gradients(zip(grads, variables))
+                grads = tape.gradient(loss, s.trainable_variables)
+                apply_update(s, grads)
                 h = tf.stop_gradient(out)
             losses[f"stage_{s.index}"] = loss
         return losses
