@@ -65,6 +65,9 @@ def _remove_run_dir(run_dir: str) -> None:
 def _app(cfg: DictConfig) -> None:
     from chain.config import settings
 
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.WARNING)  # per-save "sharding callback" chatter
     run_dir = HydraConfig.get().runtime.output_dir
     resume = bool(cfg.get("resume", False))
     trained = False
