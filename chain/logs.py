@@ -21,6 +21,17 @@ def placement_table(placement: Placement, stages: Sequence[Stage]) -> str:
     return "\n".join(lines)
 
 
+def schedule_text(run, full: bool = True) -> str:
+    """mode=e2e: the schedule as a per-device timeline with its bubble (`full`), or one line."""
+    from chain.schedules import render
+
+    timeline = run.timeline()
+    if full:
+        return render(run.schedule, timeline, [s.device for s in run.stages])
+    return (f"schedule: {run.schedule.name}, {run.schedule.microbatches} microbatches, "
+            f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)")
+
+
 class Writers:
     """One TensorBoard writer per stage (`tb/stage_NN`) and one for the chain (`tb/chain`)."""
 
