@@ -19,9 +19,9 @@ stage would be lost, and with it 1F1B's bound on live activations: every action'
 are created under `tf.control_dependencies` on the previous action of the same stage.
 Copies belong to the receiving action, so an activation lands on a device only when
 that device's schedule has reached it. Actions are traced in the order of the
-schedule's simulated timeline, a topological order of all their dependencies (Keras'
-automatic control dependencies follow trace order for stateful ops, so the two orders
-cannot contradict each other).
+schedule's simulated timeline, a topological order of all their dependencies
+(`tf.function`'s automatic control dependencies order stateful ops, such as a dropout
+seed update, by trace order, so they cannot contradict the schedule's order).
 """
 
 from __future__ import annotations
@@ -143,8 +143,8 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         accumulated[k] = _add(accumulated[k], grads)
                 previous[k] = [_done(graph.get_operations()[first_op:], s.device)]
 
-        for s in stages:
-            with tf.name_scope(update_scope(s.index)), tf.device(s.device):
+        for s in stages:  # the update is each stage's last action
+            with tf.name_scope(update_scope(s.index)), tf.device(s.device), tf.control_dependencies(previous[s.index]):
                 apply_update(s, accumulated[s.index])
         with tf.device(stages[last].device):
             total = tf.add_n(microbatch_losses)

@@ -62,9 +62,10 @@ class Run:
 
         if isinstance(y, dict):
             return {k: tf.convert_to_tensor(v) for k, v in y.items()}
-        # A bare array is the data set's first target; every stage that learns a target
-        # (mode=e2e: only the last) must learn that one.
-        names = {s.target.name for s in (self.stages[-1:] if self.e2e else self.stages)}
+        if self.e2e:  # one loss: a bare array is the chain's target
+            return {self.stages[-1].target.name: tf.convert_to_tensor(y)}
+        # A bare array is the data set's first target; every stage must learn that one.
+        names = {s.target.name for s in self.stages}
         first = self.dataset.targets[0].name
         if names - {first}:
             raise ValueError(f"stages learn targets {sorted(names)}; pass y as a dict of them")

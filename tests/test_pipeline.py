@@ -236,3 +236,13 @@ def test_peak_memory_sees_a_large_tensor_on_a_stage_device():
     assert memory.peak_bytes(DEVICES[1]) >= big.numpy().nbytes
     assert memory.scope(DEVICES[1]) == "process" and memory.scope("/device:GPU:0") == "device"
     assert memory.peak_bytes("/device:GPU:7") is None  # a device that cannot report
+
+
+def test_a_bare_label_array_is_the_chains_target():
+    run = chain.build(chain.compose(BASE + LOSSES["mse_value"][0] + ["pipeline.microbatches=2"]))
+    x, ys = next(iter(run.batches()))
+    h = x
+    for s in run.stages:
+        h = s.model(h)
+    expected = float(np.mean((h.numpy()[:, 0] - ys["value"].numpy()) ** 2))
+    assert run.step(x, ys["value"])["loss"] == pytest.approx(expected, rel=1e-5)
