@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from chain.planner import Placement
 from chain.stages import Stage
+
+if TYPE_CHECKING:
+    from chain.run import Run
 
 
 def placement_table(placement: Placement, stages: Sequence[Stage]) -> str:
@@ -21,7 +24,7 @@ def placement_table(placement: Placement, stages: Sequence[Stage]) -> str:
     return "\n".join(lines)
 
 
-def schedule_text(run, full: bool = True) -> str:
+def schedule_text(run: Run, full: bool = True) -> str:
     """mode=e2e: the schedule as a per-device timeline with its bubble (`full`), or one line."""
     from chain.schedules import render
 
