@@ -15,7 +15,6 @@ out), its count of skipped updates and the step.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shutil
@@ -153,7 +152,7 @@ class Checkpoints:
             if where is None:
                 raise ChainError(f"{manifest_lib.FILENAME} names no checkpoint for {name}")
             full = os.path.join(self.run_dir, where)
-            if not glob.glob(f"{full}.index"):
+            if not os.path.exists(f"{full}.index"):
                 raise ChainError(f"{where}, named by {manifest_lib.FILENAME} (step {m['step']}), is missing")
             try:
                 ckpt.restore(full).assert_consumed()

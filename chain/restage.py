@@ -24,6 +24,7 @@ it draws layers from (they are equal unless `trainer.on_nan=skip` dropped update
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from typing import Any, Sequence
 
@@ -235,13 +236,7 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     shown = [f"+stages={o.partition('=')[2]}" if _key(o) == "stages" else o for o in new]
     resume = ["python", "-m", "chain", f"hydra.run.dir={dst}", "resume=true"] + shown
     return {"step": m["step"], "src_stages": len(built["src"]), "dst_stages": len(built["dst"]),
-            "overrides": new, "heads": notes, "resume_command": " ".join(_quote(a) for a in resume)}
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
+            "overrides": new, "heads": notes, "resume_command": shlex.join(resume)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
