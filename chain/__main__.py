@@ -1,11 +1,13 @@
 """`python -m chain [overrides]`: the Hydra command line.
 
-Errors the user can fix (`ChainError`) print one line and exit 2; a run that fails
-before training leaves no run directory behind.
+Errors the user can fix (`ChainError`) print one line and exit 2 (3 when training
+stopped on a non-finite loss or gradient); a run that fails before training leaves no
+run directory behind, and a directory that already held a run is never removed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -22,10 +24,10 @@ from chain.errors import ChainError
 EXIT_USAGE = 2
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = EXIT_USAGE) -> None:
     """Print one readable line and exit non-zero."""
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
+    sys.exit(code)
 
 
 def _import_tensorflow_quietly() -> None:
@@ -51,8 +53,24 @@ def _import_tensorflow_quietly() -> None:
             os.close(saved)
 
 
+def _only_hydra_files(run_dir: str) -> bool:
+    """True if `run_dir` holds nothing but what Hydra wrote for this job (`.hydra/`, the log)."""
+    try:
+        entries = os.listdir(run_dir)
+    except FileNotFoundError:
+        return True
+    return all(e == ".hydra" or e.endswith(".log") for e in entries)
+
+
 def _remove_run_dir(run_dir: str) -> None:
-    """Remove a run directory this job created, and its date folder if left empty."""
+    """Remove a run directory this job created, and its date folder if left empty.
+
+    A directory with anything beyond Hydra's own files (checkpoints, TensorBoard logs,
+    a summary) belongs to an earlier run, for example one `hydra.run.dir=...` points
+    at: it is left alone.
+    """
+    if not _only_hydra_files(run_dir):
+        return
     shutil.rmtree(run_dir, ignore_errors=True)
     parent = os.path.dirname(run_dir)
     try:
@@ -69,8 +87,9 @@ def _app(cfg: DictConfig) -> None:
 
     logging.getLogger("absl").setLevel(logging.WARNING)  # per-save "sharding callback" chatter
     run_dir = HydraConfig.get().runtime.output_dir
-    resume = bool(cfg.get("resume", False))
-    trained = False
+    # TensorFlow's checkpoint writer logs every shard at INFO through absl, which
+    # Hydra's logging set-up would print on every save.
+    logging.getLogger("absl").setLevel(logging.WARNING)
     try:
         settings(cfg)  # the schema check, before TensorFlow is imported
         _import_tensorflow_quietly()
@@ -84,13 +103,11 @@ def _app(cfg: DictConfig) -> None:
         if run.settings["plan_only"]:
             _remove_run_dir(run_dir)
             return
-        trained = True
         summary = run.fit()
         print(f"done: {summary['steps']} steps, summary in {os.path.join(run_dir, 'summary.json')}")
     except ChainError as e:
-        if not trained and not resume:
-            _remove_run_dir(run_dir)
-        fail(str(e))
+        _remove_run_dir(run_dir)  # only if this job wrote nothing but Hydra's files
+        fail(str(e), e.exit_code)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain.data import Target
+from chain.numerics import guarded_update
 from chain.stages import Stage
 
 COPY_PREFIX = "copy_to_"
@@ -33,13 +34,19 @@ def loss_fn(target: Target, y: tf.Tensor, pred: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, pred, from_logits=True))
 
 
-def apply_update(stage: Stage, grads: Sequence[tf.Tensor]) -> None:
+def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | None = None) -> tf.Tensor:
     """Apply one update of `stage`'s optimizer (call inside the stage's device scope).
 
     Every mode applies its updates through here, so numerics guards and loss scaling
-    live in one place.
+    live in one place. The update is applied only if `loss` (when given) and `grads`
+    are finite (`chain.numerics`); returns that flag.
     """
-    stage.optimizer.apply_gradients(zip(grads, stage.trainable_variables))
+    variables = stage.trainable_variables
+
+    def apply() -> None:
+        stage.optimizer.apply_gradients(zip(grads, variables))
+
+    return guarded_update(stage.skipped, loss, grads, apply)
 
 
 def local_step(stages: Sequence[Stage]) -> Callable:
@@ -61,12 +68,30 @@ def local_step(stages: Sequence[Stage]) -> Callable:
                     out = s.model(h, training=True)
                     loss = loss_fn(s.target, y, s.head(out, training=True))
                 grads = tape.gradient(loss, s.trainable_variables)
-                apply_update(s, grads)
+                apply_update(s, grads, loss)
                 h = tf.stop_gradient(out)
             losses[f"stage_{s.index}"] = loss
         return losses
 
     return step
+
+
+def forward(stages: Sequence[Stage], x: tf.Tensor) -> dict[str, tf.Tensor]:
+    """Inference through the chain: `body_k` is stage k's output, `head_k` its head's.
+
+    Each stage runs on its device; used to compare a chain with its exports and with a
+    re-staged copy of itself.
+    """
+    out = {}
+    h = tf.convert_to_tensor(x)
+    for s in stages:
+        h = copy_to(h, s.device, f"stage_{s.index}")
+        with tf.device(s.device):
+            h = s.model(h, training=False)
+            out[f"body_{s.index}"] = h
+            if s.head is not None:
+                out[f"head_{s.index}"] = s.head(h, training=False)
+    return out
 
 
 def make_step(settings: dict, stages: Sequence[Stage], schedule=None) -> Callable:

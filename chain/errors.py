@@ -2,7 +2,9 @@
 
 
 class ChainError(Exception):
-    """An error the user can fix; the CLI prints its message alone and exits non-zero."""
+    """An error the user can fix; the CLI prints its message alone and exits `exit_code`."""
+
+    exit_code = 2
 
 
 class ConfigError(ChainError):

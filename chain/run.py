@@ -14,17 +14,23 @@ from omegaconf import DictConfig
 from chain import data as data_lib
 from chain import memory, planner, schedules
 from chain.config import settings as validate
+from chain.errors import ChainError
 
 log = logging.getLogger("chain")
 
 
 class Run:
-    """Everything one training run needs; `step` trains one batch, `fit` the whole run."""
+    """Everything one training run needs; `step` trains one batch, `fit` the whole run.
+
+    `global_step` counts the optimizer steps taken (restored from a checkpoint on
+    resume); `fit` trains until it reaches `trainer.steps`.
+    """
 
     def __init__(self, settings: dict[str, Any], placement: planner.Placement, run_dir: str | None):
         import keras
 
         from chain.engine import make_step
+        from chain.numerics import Watch
         from chain.stages import build_stages
 
         self.settings = settings
@@ -38,6 +44,10 @@ class Run:
             p = settings["pipeline"]
             self.schedule = schedules.build(p["schedule"], len(self.stages), p["microbatches"])
         self._step = make_step(settings, self.stages, self.schedule)
+        self.watch = Watch(self.stages)
+        self.global_step = 0
+        self._iterator = None
+        self._checkpoints = {}
 
     @property
     def e2e(self) -> bool:
@@ -57,6 +67,31 @@ class Run:
         d = self.settings["data"]
         return data_lib.pipeline(self.dataset, d["batch_size"], self.settings["seed"], d["shuffle"])
 
+    @property
+    def iterator(self):
+        """The run's iterator over `batches()`: the data stream that checkpoints save."""
+        if self._iterator is None:
+            self._iterator = iter(self.batches())
+        return self._iterator
+
+    def checkpoints(self, run_dir: str | None = None):
+        """The `Checkpoints` of `run_dir` (default: this run's directory) for this chain."""
+        from chain.checkpoints import Checkpoints
+
+        run_dir = run_dir or self.run_dir
+        if run_dir is None:
+            raise ChainError("this run has no directory: build it with chain.build(cfg, run_dir=...) to checkpoint")
+        if run_dir not in self._checkpoints:
+            self._checkpoints[run_dir] = Checkpoints(run_dir, self.stages, self.iterator, self.settings)
+        return self._checkpoints[run_dir]
+
+    def restore(self, run_dir: str | None = None) -> dict[str, Any]:
+        """Restore the newest complete checkpoint of `run_dir` (default: this run's); returns its manifest."""
+        m = self.checkpoints(run_dir).restore()
+        self.global_step = m["step"]
+        self.watch.sync()
+        return m
+
     def _targets(self, y: Any) -> dict:
         import tensorflow as tf
 
@@ -74,9 +109,11 @@ class Run:
     def step(self, x: Any, y: Any) -> dict[str, Any]:
         """One optimizer step on one batch.
 
-        Returns `loss` and `stage_losses`. mode=local: each stage's own loss, and their
-        sum. mode=e2e: the chain's mean loss over the batch; `stage_losses` is empty,
-        because no stage has a loss of its own.
+        Returns `loss`, `stage_losses` and `skipped`. mode=local: each stage's own loss,
+        and their sum. mode=e2e: the chain's mean loss over the batch; `stage_losses` is
+        empty, because no stage has a loss of its own. `skipped` lists the stages whose
+        update the numerics guard dropped; under `trainer.on_nan=stop` a dropped update
+        raises `NonFiniteError` naming the stages and the step instead.
         """
         import tensorflow as tf
 
@@ -85,67 +122,129 @@ class Run:
             from chain.pipeline import split_batch
 
             split_batch(int(x.shape[0]), self.schedule.microbatches)
-            return {"loss": float(self._step(x, self._targets(y))["loss"]), "stage_losses": []}
         losses = self._step(x, self._targets(y))
+        self.global_step += 1
+        skipped = self.watch.after_step(self.global_step, self.settings["trainer"]["on_nan"])
+        if self.e2e:
+            return {"loss": float(losses["loss"]), "stage_losses": [], "skipped": skipped}
         per_stage = [float(losses[f"stage_{s.index}"]) for s in self.stages]
-        return {"loss": float(np.sum(per_stage)), "stage_losses": per_stage}
+        return {"loss": float(np.sum(per_stage)), "stage_losses": per_stage, "skipped": skipped}
+
+    def forward(self, x: Any) -> dict[str, Any]:
+        """Inference outputs of every stage: `body_k` (stage k's model) and `head_k` (its head)."""
+        from chain.engine import forward
+
+        return forward(self.stages, x)
+
+    def _start(self) -> tuple[Any, list | None, list | None]:
+        """Checkpoints of this run and, on resume, the restored state: (checkpoints, loss_first, loss_last)."""
+        if not self.run_dir:
+            if self.settings["resume"]:
+                raise ChainError("resume=true needs a run directory to resume from")
+            return None, None, None
+        ckpts = self.checkpoints()
+        if self.settings["resume"]:
+            m = self.restore()
+            steps = self.settings["trainer"]["steps"]
+            if m["step"] > steps:
+                raise ChainError(f"the checkpoint is at step {m['step']}, past trainer.steps={steps}; "
+                                 f"set trainer.steps to {m['step']} or more")
+            log.info("resumed from step %d (%s)", m["step"], os.path.join(self.run_dir, "checkpoint.json"))
+            return ckpts, m["loss_first"], m["loss_last"]
+        existing = ckpts.latest()
+        if existing is not None:
+            raise ChainError(f"{self.run_dir} already holds a checkpoint at step {existing['step']}; "
+                             "pass resume=true to continue it, or choose another hydra.run.dir")
+        return ckpts, None, None
 
     def fit(self) -> dict[str, Any]:
-        """Train `trainer.steps` steps; write checkpoints, TensorBoard and summary.json.
+        """Train until `trainer.steps`; write checkpoints, TensorBoard, exports and summary.json.
 
-        Returns the summary (also written to `summary.json` when the run has a directory).
+        With `resume=true` the run first restores the newest complete checkpoint of its
+        directory. Returns the summary (also written to `summary.json` when the run has
+        a directory).
         """
         from tqdm import tqdm
 
-        from chain.checkpoints import Checkpoints
+        from chain import testhooks
         from chain.logs import Writers
+        from chain.numerics import NonFiniteError, finite_or_none
 
         t = self.settings["trainer"]
-        writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
-        ckpts = Checkpoints(self.run_dir, self.stages, self.settings["checkpoint"]["keep"]) if self.run_dir else None
+        ckpts, first, last = self._start()
+        resumed_from = self.global_step if self.settings["resume"] else None
         every = self.settings["checkpoint"]["every"]
-        iterator = iter(self.batches())
-        first = last = None
-        started = None
+        saved_at = self.global_step if resumed_from is not None else None
+        writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
+        started, timed_steps = None, 0
         memory.reset([s.device for s in self.stages])
-        bar = tqdm(range(1, t["steps"] + 1), desc="train", unit="step", disable=not t["progress"] or None, leave=False)
-        for step in bar:
-            x, ys = next(iterator)
-            out = self.step(x, ys)
-            if step == 1:
-                first = out
-                started = time.perf_counter()  # speed excludes the first step, which traces
-            last = out
-            bar.set_postfix(loss=f"{out['loss']:.4f}")
-            if writers and (step % t["log_every"] == 0 or step == 1 or step == t["steps"]):
-                per_stage = [{"loss": v} for v in out["stage_losses"]] or [{} for _ in self.stages]
-                writers.scalars(step, per_stage, {"loss": out["loss"]})
-            if step % t["log_every"] == 0:
-                log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
-            if ckpts and every and step % every == 0:
-                ckpts.save(step)
-        elapsed = time.perf_counter() - started
-        timed_steps = t["steps"] - 1
-        summary = {
+        bar = tqdm(range(self.global_step + 1, t["steps"] + 1), desc="train", unit="step",
+                   disable=not t["progress"] or None, leave=False)
+        try:
+            for step in bar:
+                x, ys = next(self.iterator)
+                try:
+                    out = self.step(x, ys)
+                except NonFiniteError as e:
+                    saved = ckpts.latest() if ckpts else None
+                    detail = (f"; the last complete checkpoint (step {saved['step']}) is intact" if saved
+                              else "; no checkpoint had been saved")
+                    raise NonFiniteError(e.stages, e.step, detail) from None
+                if started is None:
+                    started = time.perf_counter()  # speed excludes this process's first step, which traces
+                else:
+                    timed_steps += 1
+                record = {"loss": finite_or_none(out["loss"]),
+                          "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
+                if step == 1:
+                    first = record
+                last = record
+                bar.set_postfix(loss=f"{out['loss']:.4f}")
+                if writers and (step % t["log_every"] == 0 or step == 1 or step == t["steps"]):
+                    per_stage = [{"loss": v} for v in out["stage_losses"]] or [{} for _ in self.stages]
+                    writers.scalars(step, per_stage, {"loss": out["loss"]})
+                if step % t["log_every"] == 0:
+                    log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
+                if ckpts and every and step % every == 0:
+                    ckpts.save(step, first, last)
+                    saved_at = step
+                testhooks.after_step(step)
+            elapsed = time.perf_counter() - started if started is not None else 0.0
+            summary = self._summary(first, last, resumed_from, timed_steps, elapsed)
+            if writers:
+                writers.scalars(t["steps"], [{} for _ in self.stages],
+                                {"examples_per_second": summary["examples_per_second"] or 0.0})
+        finally:
+            if writers:
+                writers.close()
+        if ckpts and saved_at != t["steps"]:
+            ckpts.save(t["steps"], first, last)
+        if self.run_dir:
+            if self.settings["checkpoint"]["export"]:
+                from chain.export import export
+
+                summary["exports"] = [os.path.basename(p) for p in export(self.stages, self.run_dir)]
+            write_json(os.path.join(self.run_dir, "summary.json"), summary)
+        return summary
+
+    def _summary(self, first, last, resumed_from, timed_steps, elapsed) -> dict[str, Any]:
+        skipped = [int(s.skipped.numpy()) for s in self.stages]
+        none = {"loss": None, "stage_losses": [None] * len(self.stages)}
+        first, last = first or none, last or none
+        return {
             "mode": self.settings["mode"],
-            "steps": t["steps"],
+            "steps": self.settings["trainer"]["steps"],
+            "resumed_from": resumed_from,
             "batch_size": self.batch_size,
             "seed": self.settings["seed"],
             "examples_per_second": (timed_steps * self.batch_size / elapsed) if timed_steps and elapsed > 0 else None,
             "loss_first": first["loss"],
             "loss_last": last["loss"],
             **self._pipeline_summary(),
+            "skipped_steps": sum(skipped),
             "peak_memory_scope": memory.scope(self.stages[0].device),
-            "stages": [self._stage_summary(s, first, last) for s in self.stages],
+            "stages": [self._stage_summary(s, first, last, skipped[s.index]) for s in self.stages],
         }
-        if writers:
-            writers.scalars(t["steps"], [{} for _ in self.stages], {"examples_per_second": summary["examples_per_second"] or 0.0})
-            writers.close()
-        if ckpts:
-            ckpts.save(t["steps"])
-        if self.run_dir:
-            write_json(os.path.join(self.run_dir, "summary.json"), summary)
-        return summary
 
 
     def _pipeline_summary(self) -> dict[str, Any]:
@@ -160,13 +259,14 @@ class Run:
             "bubble_fraction": self.timeline().bubble_fraction,
         }
 
-    def _stage_summary(self, s, first: dict, last: dict) -> dict[str, Any]:
+    def _stage_summary(self, s, first: dict, last: dict, skipped: int) -> dict[str, Any]:
         out = {
             "index": s.index,
             "device": s.device,
             "variable_devices": s.variable_devices(),
             "params": s.params,
             "peak_memory_bytes": memory.peak_bytes(s.device),
+            "skipped_steps": skipped,
         }
         if not self.e2e:  # only mode=local has a target and a loss per stage
             out.update(target=s.target.name, loss_first=first["stage_losses"][s.index],

@@ -190,7 +190,7 @@ ROOT = Section(
                 "log_device_placement": boolean,
             }
         ),
-        "checkpoint": Section(fields={"every": integer(0), "keep": integer(1)}),
+        "checkpoint": Section(fields={"every": integer(0), "keep": integer(1), "export": boolean}),
     }
 )
 

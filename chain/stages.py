@@ -34,6 +34,14 @@ class Stage:
     target: Target
     head: keras.Model | None = None
     spec: dict | None = None
+    skipped: tf.Variable | None = None
+
+    def __post_init__(self) -> None:
+        # Updates dropped by the numerics guard. A variable (not a Python int) so the
+        # guard can count inside the compiled step and a checkpoint carries the count;
+        # created here, inside the caller's device scope, next to the stage's weights.
+        if self.skipped is None:
+            self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"skipped_{self.index:02d}")
 
     @property
     def trainable_variables(self) -> list[tf.Variable]:
@@ -50,10 +58,28 @@ class Stage:
         variables = list(self.model.variables) + list(head) + list(self.optimizer.variables)
         return sorted({canonical(v.value.device) for v in variables})
 
+    def random_variables(self) -> list[tf.Variable]:
+        """The state of every random seed generator (dropout) of the model and head.
+
+        Keras 3 keeps it in `layer.variables` but not in `layer.weights`, and
+        `tf.train.Checkpoint(model=...)` does not save it: checkpoints add it explicitly.
+        """
+        out = []
+        for part in (self.model, self.head):
+            if part is not None:
+                out += random_variables(part)
+        return out
+
     def describe(self) -> str:
         m = self.spec["model"] if self.spec else {}
         keys = ("width", "depth") if m.get("name") == "mlp" else ("filters", "depth", "kernel_size")
         return f"{m.get('name', '?')}(" + ", ".join(f"{k}={m[k]}" for k in keys if k in m) + ")"
+
+
+def random_variables(layer: keras.layers.Layer) -> list[tf.Variable]:
+    """Variables of `layer` (and its sublayers) that are random state, not weights."""
+    weights = {id(w) for w in layer.weights}
+    return [v for v in layer.variables if id(v) not in weights]
 
 
 def model_layers(spec: dict[str, Any], input_shape: tuple[int, ...], where: str) -> list[keras.layers.Layer]:

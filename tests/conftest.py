@@ -21,12 +21,19 @@ N_DEVICES = 4
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES
 )
+# Listing logical devices starts the runtime, which freezes the split: without it, the
+# first in-process `chain.build` would re-split the CPU to its own stage count.
+assert len(tf.config.list_logical_devices("CPU")) == N_DEVICES
 DEVICES = [f"/device:CPU:{k}" for k in range(N_DEVICES)]
 
 
-def run_cli(cwd, *overrides: str, module: str = "chain", timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `python -m chain OVERRIDES` in `cwd` (a fresh process: its own logical devices)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def run_cli(cwd, *overrides: str, module: str = "chain", timeout: int = 300,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m chain OVERRIDES` in `cwd` (a fresh process: its own logical devices).
+
+    `env` adds environment variables (e.g. the fault-injection hooks of `chain.testhooks`).
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

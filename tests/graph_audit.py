@@ -4,11 +4,16 @@ An op's requested device is its `device` attribute. Reads of resource variables 
 none on purpose (TensorFlow places them with the variable), so their device is the
 captured variable's device. Function arguments and outputs have no device: they are
 the boundary with the caller.
+
+Control flow (`If`, e.g. the numerics guard's `tf.cond` around each optimizer update)
+keeps its branches in separate function graphs; the audit walks into them, giving each
+branch argument the device of the outer tensor it receives, so an update inside a
+branch is audited like any other op.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chain.engine import COPY_PREFIX
 from chain.planner import canonical
@@ -16,46 +21,72 @@ from chain.planner import canonical
 # Ops whose placement TensorFlow derives from their resource input.
 RESOURCE_OPS = {"ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                 "ResourceGather", "VarIsInitializedOp"}
+CONTROL_FLOW = {"If", "StatelessIf"}
 
 
 @dataclass
 class Audit:
     graph: object
-    device: dict  # op name -> canonical device or None
-    args: set  # names of argument placeholders
-    outputs: set  # names of ops that return values to the caller
+    device: dict = field(default_factory=dict)  # op -> canonical device or None
+    args: set = field(default_factory=set)  # argument placeholders (of the step and of branches)
+    outputs: set = field(default_factory=set)  # ops that return values to a caller
+    local: dict = field(default_factory=dict)  # op -> name without enclosing control-flow prefixes
+    _ops: list = field(default_factory=list)
 
     def ops(self):
-        return self.graph.get_operations()
+        return list(self._ops)
+
+    def name(self, op) -> str:
+        """The op's name as its code named it (`optim_00/...`, not `cond/optim_00/...`)."""
+        return self.local[op]
 
     def crossings(self):
         """(consumer op, producer op) pairs whose devices differ (both placed)."""
         out = []
-        for op in self.ops():
+        for op in self._ops:
             for t in op.inputs:
-                a, b = self.device[t.op.name], self.device[op.name]
+                a, b = self.device.get(t.op), self.device[op]
                 if a is not None and b is not None and a != b:
                     out.append((op, t.op))
         return out
 
     def copies(self):
-        return [op for op in self.ops() if op.name.split("/")[-1].startswith(COPY_PREFIX)]
+        return [op for op in self._ops if op.name.split("/")[-1].startswith(COPY_PREFIX)]
+
+
+def _branches(graph, op):
+    # The branch functions are registered on the graph that holds the `If` op.
+    for attr in ("then_branch", "else_branch"):
+        yield graph._get_function(op.get_attr(attr).name).graph
+
+
+def _walk(a: Audit, graph, given: dict, prefix: str) -> None:
+    for op in graph.get_operations():  # topological order: inputs first
+        a._ops.append(op)
+        a.local[op] = op.name[len(prefix):] if prefix and op.name.startswith(prefix) else op.name
+        if op.device:
+            a.device[op] = canonical(op.device)
+        elif op in given:
+            a.device[op] = given[op]
+        elif op.type in RESOURCE_OPS and op.inputs:
+            a.device[op] = a.device.get(op.inputs[0].op)
+        else:
+            a.device[op] = None
+        if op.type in CONTROL_FLOW:
+            outer = list(op.inputs)[1:]  # input 0 is the predicate
+            for branch in _branches(graph, op):
+                inner = {ph.op: a.device.get(t.op) for ph, t in zip(branch.inputs, outer)}
+                a.args |= {ph.op for ph in branch.inputs if inner.get(ph.op) is None}
+                a.outputs |= {t.op for t in branch.outputs}
+                _walk(a, branch, inner, op.name + "/")
 
 
 def audit(concrete_fn) -> Audit:
     g = concrete_fn.graph
-    captured = {internal.op.name: canonical(external.device) for external, internal in g.captures
+    captured = {internal.op: canonical(external.device) for external, internal in g.captures
                 if getattr(external, "device", "")}
-    device = {}
-    for op in g.get_operations():  # topological order: inputs first
-        if op.device:
-            device[op.name] = canonical(op.device)
-        elif op.name in captured:
-            device[op.name] = captured[op.name]
-        elif op.type in RESOURCE_OPS and op.inputs:
-            device[op.name] = device.get(op.inputs[0].op.name)
-        else:
-            device[op.name] = None
-    args = {t.op.name for t in g.inputs if t.op.name not in captured}
-    outputs = {t.op.name for t in g.outputs}
-    return Audit(g, device, args, outputs)
+    a = Audit(g)
+    a.args = {t.op for t in g.inputs if t.op not in captured}
+    a.outputs = {t.op for t in g.outputs}
+    _walk(a, g, captured, "")
+    return a

@@ -105,8 +105,11 @@ def test_every_schedule_trains_like_one_keras_model_on_one_device(schedule, m, l
 
 
 def stage_of(op_name: str) -> int | None:
-    """The stage an op of the pipeline belongs to, from its action scope (`s1_F0/...`, `gradient_tape/s1_F0/...`)."""
+    """The stage an op of the pipeline belongs to, from its action scope (`s1_F0/...`,
+    `gradient_tape/s1_F0/...`) or its optimizer's (`optim_01/...`, inside the guard's branch)."""
     head = op_name.removeprefix("gradient_tape/").split("/")[0]
+    if head.startswith("optim_") and head[6:8].isdigit():
+        return int(head[6:8])
     if head.startswith("s") and "_" in head and head[1:head.index("_")].isdigit():
         return int(head[1:head.index("_")])
     return None
@@ -120,19 +123,20 @@ def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossin
     a = audit(run._step.get_concrete_function(x, ys))
     devices = [s.device for s in run.stages]
     for op in a.ops():
-        d = a.device[op.name]
+        d = a.device[op]
         if d is None:  # only the boundary with the caller is unplaced
-            assert op.name in a.args | a.outputs or op.type == "NoOp", op.name
+            assert op in a.args | a.outputs or op.type == "NoOp", op.name
         else:
             assert d in devices, (op.name, d)
     for k, device in enumerate(devices):
-        mine = [op for op in a.ops() if stage_of(op.name) == k and op.type != "Placeholder"]
-        forward = [op for op in mine if op.name.startswith(f"s{k}_F") and op.type == "MatMul"]
-        backward = [op for op in mine if op.name.startswith(f"gradient_tape/s{k}_F") and op.type == "MatMul"]
-        updates = [op for op in mine if op.name.startswith(f"s{k}_update/") and op.type.startswith("Assign")]
+        mine = [op for op in a.ops() if stage_of(a.name(op)) == k and op.type != "Placeholder"]
+        forward = [op for op in mine if a.name(op).startswith(f"s{k}_F") and op.type == "MatMul"]
+        backward = [op for op in mine if a.name(op).startswith(f"gradient_tape/s{k}_F") and op.type == "MatMul"]
+        # The numerics guard puts each update inside a `tf.cond` branch, which the audit walks.
+        updates = [op for op in mine if a.name(op).startswith(f"optim_{k:02d}/") and op.type.startswith("Assign")]
         assert len(forward) == m * len(run.stages[k].model.layers)  # one MatMul per Dense per microbatch
         assert backward and updates
-        assert {a.device[op.name] for op in mine} == {device}, k
+        assert {a.device[op] for op in mine} == {device}, k
     crossings = a.crossings()
     assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in crossings), crossings
     assert len(crossings) == 2 * (K - 1) * m
@@ -142,7 +146,7 @@ def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossin
                       + ["copy_to_input", "copy_to_labels"])
     assert names == expected
     for consumer, producer in crossings:  # activations go k -> k+1, gradients k+1 -> k
-        src, dst = devices.index(a.device[producer.name]), devices.index(a.device[consumer.name])
+        src, dst = devices.index(a.device[producer]), devices.index(a.device[consumer])
         assert dst - src == (1 if "copy_to_act" in consumer.name else -1)
 
 

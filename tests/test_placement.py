@@ -27,20 +27,20 @@ def test_compiled_step_places_every_op_of_stage_k_on_device_k(run3):
     a = audit(run3._step.get_concrete_function(x, ys))
     stage_devices = {s.device for s in run3.stages}
     for op in a.ops():
-        d = a.device[op.name]
+        d = a.device[op]
         if d is None:  # only the boundary with the caller is unplaced
-            assert op.name in a.args | a.outputs or op.type == "NoOp", op.name
+            assert op in a.args | a.outputs or op.type == "NoOp", op.name
         else:
             assert d in stage_devices, (op.name, d)
     for s in run3.stages:
         k = f"{s.index:02d}"
-        mine = [op for op in a.ops() if op.name.split("/")[0].rsplit("_", 1)[0] in (f"stage_{k}", f"head_{k}")
-                or op.name.startswith(f"optim_{k}")]
+        mine = [op for op in a.ops() if a.name(op).split("/")[0].rsplit("_", 1)[0] in (f"stage_{k}", f"head_{k}")
+                or a.name(op).startswith(f"optim_{k}")]
         forward = [op for op in mine if op.type == "MatMul"]
         updates = [op for op in mine if op.type.startswith("Assign")]
         assert forward and updates
-        assert {a.device[op.name] for op in mine} == {s.device}
-        grads = [op for op in a.ops() if op.name.startswith("gradient_tape") and a.device[op.name] == s.device]
+        assert {a.device[op] for op in mine} == {s.device}
+        grads = [op for op in a.ops() if op.name.startswith("gradient_tape") and a.device[op] == s.device]
         assert any(op.type == "MatMul" for op in grads)
     # The only ops that read a tensor from another device are the explicit copies:
     # activations k -> k+1. Batch inputs and labels arrive as explicit copies too.
@@ -65,7 +65,7 @@ def test_audit_catches_the_naive_loop(run3):
 
     x, _ = next(iter(run3.batches()))
     a = audit(naive.get_concrete_function(x))
-    unplaced = [op for op in a.ops() if a.device[op.name] is None and op.type == "MatMul"]
+    unplaced = [op for op in a.ops() if a.device[op] is None and op.type == "MatMul"]
     assert unplaced, "forward ops outside any device scope must be visible to the audit"
 
 
