@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from omegaconf import DictConfig
@@ -64,6 +64,16 @@ class Run:
         per_stage = [float(losses[f"stage_{s.index}"]) for s in self.stages]
         return {"loss": float(np.sum(per_stage)), "stage_losses": per_stage}
 
+    # Hooks of `fit`; the mirrored run (chain.mirrored) distributes batches and steps.
+    def _fit_batches(self) -> Iterator:
+        return iter(self.batches())
+
+    def _fit_step(self, batch: tuple) -> dict[str, Any]:
+        return self.step(*batch)
+
+    def _summary_extras(self) -> dict[str, Any]:
+        return {}
+
     def fit(self) -> dict[str, Any]:
         """Train `trainer.steps` steps; write checkpoints, TensorBoard and summary.json.
 
@@ -78,13 +88,12 @@ class Run:
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         ckpts = Checkpoints(self.run_dir, self.stages, self.settings["checkpoint"]["keep"]) if self.run_dir else None
         every = self.settings["checkpoint"]["every"]
-        iterator = iter(self.batches())
+        iterator = self._fit_batches()
         first = last = None
         started = None
         bar = tqdm(range(1, t["steps"] + 1), desc="train", unit="step", disable=not t["progress"] or None, leave=False)
         for step in bar:
-            x, ys = next(iterator)
-            out = self.step(x, ys)
+            out = self._fit_step(next(iterator))
             if step == 1:
                 first = out["stage_losses"]
                 started = time.perf_counter()  # speed excludes the first step, which traces
@@ -100,6 +109,7 @@ class Run:
         timed_steps = t["steps"] - 1
         summary = {
             "mode": self.settings["mode"],
+            "strategy": self.placement.strategy,
             "steps": t["steps"],
             "batch_size": self.batch_size,
             "seed": self.settings["seed"],
@@ -117,6 +127,7 @@ class Run:
                 for s in self.stages
             ],
         }
+        summary.update(self._summary_extras())
         if writers:
             writers.scalars(t["steps"], [{} for _ in self.stages], {"examples_per_second": summary["examples_per_second"] or 0.0})
             writers.close()
@@ -140,12 +151,21 @@ def plan(cfg: DictConfig | dict) -> tuple[dict[str, Any], planner.Placement]:
     """Validate the config and plan devices; configures logical devices (before the runtime starts)."""
     s = validate(cfg)
     placement = planner.plan(s["placement"], len(s["stages"]), planner.discover())
+    planner.check_batch(s["data"]["batch_size"], placement)
     planner.configure(placement, s["placement"])
-    placement.devices = planner.check_devices(placement.devices, given=bool(s["placement"]["devices"]))
+    if placement.strategy == planner.MIRRORED:
+        placement.replicas = planner.check_devices(placement.replicas, given=False, role="replica")
+    else:
+        given = s["placement"]["devices"]  # checked as the user wrote them, so errors quote them
+        placement.devices = planner.check_devices(given or placement.devices, given=bool(given))
     return s, placement
 
 
 def build(cfg: DictConfig | dict, run_dir: str | None = None) -> Run:
-    """Validate, plan and build a run (see `chain.build`)."""
+    """Validate, plan and build a run (see `chain.build`): pipelined, or mirrored (`chain.mirrored`)."""
     s, placement = plan(cfg)
+    if placement.strategy == planner.MIRRORED:
+        from chain.mirrored import MirroredRun
+
+        return MirroredRun(s, placement, run_dir)
     return Run(s, placement, run_dir)
