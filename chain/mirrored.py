@@ -70,6 +70,11 @@ class MirroredRun(Run):
 
     `step(x, y)` takes one global batch and splits it evenly over the replicas; `fit`
     distributes `batches()` with `strategy.experimental_distribute_dataset`.
+
+    One process can train mirrored runs over one set of replicas only: TensorFlow's
+    collective all-reduce numbers its groups per process, and a second strategy over
+    other devices collides with the first ("joining a group with size 4, but that
+    group has size 2").
     """
 
     def __init__(self, settings: dict[str, Any], placement: planner.Placement, run_dir: str | None):
@@ -82,6 +87,7 @@ class MirroredRun(Run):
         # Run builds the stages and their optimizers. Inside this scope every variable
         # becomes a MirroredVariable (device scopes are ignored there, so stages get no
         # device), and each optimizer captures the strategy that sums its gradients.
+        # Run's pipelined step is replaced below before it is ever traced.
         with self.strategy.scope():
             super().__init__(settings, placement, run_dir)
         replica_step = REPLICA_STEPS[mode](self.stages, settings["data"]["batch_size"])

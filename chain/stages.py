@@ -23,8 +23,9 @@ from chain.planner import canonical
 class Stage:
     """One stage of the chain, bound to `device`.
 
-    `device` is None in a mirrored run, where every replica holds every stage. `model` maps the previous stage's output to this stage's output; `head` (mode=local
-    only) maps that output to a prediction of `target`.
+    `model` maps the previous stage's output to this stage's output; `head` (mode=local
+    only) maps that output to a prediction of `target`. `device` is None in a mirrored
+    run, where every replica holds every stage.
     """
 
     index: int

@@ -7,7 +7,6 @@ two logical CPUs of the test session.
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import chain
 from chain.mirrored import MirroredRun
