@@ -65,17 +65,22 @@ def _remove_run_dir(run_dir: str) -> None:
 def _app(cfg: DictConfig) -> None:
     from chain.config import settings
 
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.WARNING)  # per-save "sharding callback" chatter
     run_dir = HydraConfig.get().runtime.output_dir
     resume = bool(cfg.get("resume", False))
     trained = False
     try:
         settings(cfg)  # the schema check, before TensorFlow is imported
         _import_tensorflow_quietly()
-        from chain.logs import placement_table
+        from chain.logs import placement_table, schedule_text
         from chain.run import build
 
         run = build(cfg, run_dir)
         print(placement_table(run.placement, run.stages), flush=True)
+        if run.schedule is not None:
+            print(schedule_text(run, full=run.settings["plan_only"]), flush=True)
         if run.settings["plan_only"]:
             _remove_run_dir(run_dir)
             return

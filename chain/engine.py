@@ -69,8 +69,20 @@ def local_step(stages: Sequence[Stage]) -> Callable:
     return step
 
 
-def make_step(settings: dict, stages: Sequence[Stage]) -> Callable:
-    """The compiled training step for the configured mode."""
+def make_step(settings: dict, stages: Sequence[Stage], schedule=None) -> Callable:
+    """The compiled training step for the configured mode.
+
+    mode=e2e runs `schedule` (a `chain.schedules.Schedule`; default: the one
+    `pipeline.schedule` and `pipeline.microbatches` name) and returns `{"loss": ...}`;
+    mode=local returns one loss per stage, `{"stage_K": ...}`.
+    """
     if settings["mode"] == "local":
         return local_step(stages)
+    if settings["mode"] == "e2e":
+        from chain import pipeline, schedules  # pipeline imports this module
+
+        if schedule is None:
+            p = settings["pipeline"]
+            schedule = schedules.build(p["schedule"], len(stages), p["microbatches"])
+        return pipeline.make_e2e_step(settings, stages, schedule, stages[-1].target)
     raise NotImplementedError(f"mode={settings['mode']}")

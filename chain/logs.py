@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from chain.planner import Placement
 from chain.stages import Stage
+
+if TYPE_CHECKING:
+    from chain.run import Run
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -31,6 +34,17 @@ def placement_table(placement: Placement, stages: Sequence[Stage]) -> str:
     lines += _table(rows)
     lines += [f"note: {n}" for n in placement.notes]
     return "\n".join(lines)
+
+
+def schedule_text(run: Run, full: bool = True) -> str:
+    """mode=e2e: the schedule as a per-device timeline with its bubble (`full`), or one line."""
+    from chain.schedules import render
+
+    timeline = run.timeline()
+    if full:
+        return render(run.schedule, timeline, [s.device for s in run.stages])
+    return (f"schedule: {run.schedule.name}, {run.schedule.microbatches} microbatches, "
+            f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)")
 
 
 class Writers:

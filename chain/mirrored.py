@@ -8,8 +8,10 @@ each stage's loss by that share so that the sum over replicas is the global-batc
 and each stage's optimizer sums the gradients over replicas before its update.
 
 `mode=local` keeps its meaning on every replica: each stage its own head, loss and
-optimizer, the gradient stopped between stages. One mirrored step therefore computes
-the same losses and the same update as one pipelined step on the same global batch.
+optimizer, the gradient stopped between stages. `mode=e2e` runs the composed chain with
+one loss after the last stage, each stage's optimizer updating its own variables. In
+both, one mirrored step computes the same losses and the same update as one pipelined
+step on the same global batch (for e2e: any schedule, any number of microbatches).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
-from chain import planner
+from chain import losses, memory, planner
 from chain.engine import apply_update, loss_fn
-from chain.errors import ConfigError
+from chain.errors import DeviceError
 from chain.run import Run
 from chain.stages import Stage
 
@@ -51,18 +53,69 @@ def local_replica_step(stages: Sequence[Stage], global_batch: int) -> Callable:
     return step
 
 
-REPLICA_STEPS = {"local": local_replica_step}
+def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable) -> Callable:
+    """mode=e2e on one replica: the chain as one network, one loss after the last stage.
+
+    `loss(y, pred)` is the mean loss over the examples it is given; scaled by this
+    replica's share of the global batch, as in `local_replica_step`. Each stage's
+    optimizer applies the gradient of its own variables.
+    """
+    target = stages[-1].target
+
+    def step(batch: tuple) -> dict[str, tf.Tensor]:
+        x, ys = batch
+        share = tf.cast(tf.shape(x)[0], tf.float32) / global_batch
+        with tf.GradientTape() as tape:
+            h = x
+            for s in stages:
+                h = s.model(h, training=True)
+            total = loss(ys[target.name], h) * share
+        per_stage = [s.trainable_variables for s in stages]
+        grads = tape.gradient(total, [v for vs in per_stage for v in vs])
+        start = 0
+        for s, vs in zip(stages, per_stage):
+            apply_update(s, grads[start:start + len(vs)])
+            start += len(vs)
+        return {"loss": total}
+
+    return step
 
 
-def _quietly(make: Callable[[], Any]) -> Any:
-    """Call `make` with TensorFlow's INFO log off: the placement table already names the replicas."""
-    log = logging.getLogger("tensorflow")
-    level = log.level
-    log.setLevel(max(level, logging.WARNING))
-    try:
-        return make()
-    finally:
-        log.setLevel(level)
+def replica_step(settings: dict[str, Any], stages: Sequence[Stage]) -> Callable:
+    """The per-replica training step for the configured mode."""
+    global_batch = settings["data"]["batch_size"]
+    if settings["mode"] == "local":
+        return local_replica_step(stages, global_batch)
+    fn = losses.make(settings["loss"], stages[-1].target, settings["data"]["name"])
+    return e2e_replica_step(stages, global_batch, fn)
+
+
+_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
+
+
+def strategy_for(replicas: Sequence[str]) -> tf.distribute.MirroredStrategy:
+    """The process's one MirroredStrategy over `replicas`.
+
+    Reused, never rebuilt: each strategy numbers its collective all-reduce groups and
+    instances from the same start, and TensorFlow caches them per process, so a second
+    strategy's all-reduce collides with the first's ("Shape mismatch in the collective
+    instance", or "joining a group with size 4, but that group has size 2"). Hence, too,
+    one process can train mirrored runs over one set of replicas only.
+    """
+    key = tuple(replicas)
+    if key not in _STRATEGIES:
+        if _STRATEGIES:
+            (other,) = _STRATEGIES
+            raise DeviceError(f"this process already trains mirrored runs over {', '.join(other)}; "
+                             f"TensorFlow's all-reduce cannot also serve {', '.join(key)} (start a new process)")
+        log = logging.getLogger("tensorflow")
+        level = log.level
+        log.setLevel(max(level, logging.WARNING))  # the placement table already names the replicas
+        try:
+            _STRATEGIES[key] = tf.distribute.MirroredStrategy(list(key))
+        finally:
+            log.setLevel(level)
+    return _STRATEGIES[key]
 
 
 class MirroredRun(Run):
@@ -71,18 +124,11 @@ class MirroredRun(Run):
     `step(x, y)` takes one global batch and splits it evenly over the replicas; `fit`
     distributes `batches()` with `strategy.experimental_distribute_dataset`.
 
-    One process can train mirrored runs over one set of replicas only: TensorFlow's
-    collective all-reduce numbers its groups per process, and a second strategy over
-    other devices collides with the first ("joining a group with size 4, but that
-    group has size 2").
+    Runs of one process share one strategy (see `strategy_for`).
     """
 
     def __init__(self, settings: dict[str, Any], placement: planner.Placement, run_dir: str | None):
-        mode = settings["mode"]
-        if mode not in REPLICA_STEPS:
-            raise ConfigError(f"mode={mode} with placement.fallback=mirrored is not supported yet; "
-                              f"allowed: {', '.join(REPLICA_STEPS)}")
-        self.strategy = _quietly(lambda: tf.distribute.MirroredStrategy(placement.replicas))
+        self.strategy = strategy_for(placement.replicas)
         self.per_replica_batch = planner.check_batch(settings["data"]["batch_size"], placement)
         # Run builds the stages and their optimizers. Inside this scope every variable
         # becomes a MirroredVariable (device scopes are ignored there, so stages get no
@@ -90,11 +136,15 @@ class MirroredRun(Run):
         # Run's pipelined step is replaced below before it is ever traced.
         with self.strategy.scope():
             super().__init__(settings, placement, run_dir)
-        replica_step = REPLICA_STEPS[mode](self.stages, settings["data"]["batch_size"])
+        if self.schedule is not None and self.schedule.microbatches > 1:
+            placement.notes.append(f"pipeline.microbatches={self.schedule.microbatches} ignored: "
+                                   "a mirrored replica runs its whole share of the batch at once")
+        self.schedule = None  # no pipeline: every replica runs the whole chain
+        per_replica_step = replica_step(settings, self.stages)
 
         @tf.function
         def train(batch: Any) -> dict[str, tf.Tensor]:
-            per_replica = self.strategy.run(replica_step, args=(batch,))
+            per_replica = self.strategy.run(per_replica_step, args=(batch,))
             return {k: self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for k, v in per_replica.items()}
 
         self._step = train
@@ -113,6 +163,8 @@ class MirroredRun(Run):
         return self.strategy.experimental_distribute_values_from_function(part)
 
     def _losses(self, losses: dict[str, tf.Tensor]) -> dict[str, Any]:
+        if self.e2e:  # one loss for the chain, none per stage (as in Run.step)
+            return {"loss": float(losses["loss"]), "stage_losses": []}
         per_stage = [float(losses[f"stage_{s.index}"]) for s in self.stages]
         return {"loss": float(sum(per_stage)), "stage_losses": per_stage}
 
@@ -126,5 +178,15 @@ class MirroredRun(Run):
     def _fit_step(self, batch: Any) -> dict[str, Any]:
         return self._losses(self._step(batch))
 
+    def _pipeline_summary(self) -> dict[str, Any]:
+        if not self.e2e:
+            return {}
+        return {"loss_fn": self.settings["loss"], "target": self.stages[-1].target.name}
+
+    def _memory_devices(self) -> list[str]:
+        return list(self.placement.replicas)
+
     def _summary_extras(self) -> dict[str, Any]:
-        return {"replica_devices": list(self.placement.replicas), "per_replica_batch_size": self.per_replica_batch}
+        # Every replica holds every stage, so memory is measured per replica, not per stage.
+        return {"replica_devices": list(self.placement.replicas), "per_replica_batch_size": self.per_replica_batch,
+                "replica_peak_memory_bytes": [memory.peak_bytes(d) for d in self.placement.replicas]}

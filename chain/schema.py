@@ -259,4 +259,17 @@ def validate(cfg: DictConfig, group_defaults: Callable[[str, str], dict]) -> dic
             f"placement.devices has {len(devices)} entries, but there are {len(checked['stages'])} stages; "
             "give one device per stage"
         )
+    if checked["mode"] == "e2e":
+        check_microbatches(checked["pipeline"]["microbatches"], checked["data"]["batch_size"])
     return checked
+
+
+def check_microbatches(microbatches: int, batch_size: int) -> None:
+    """mode=e2e cuts every batch into equal microbatches: M must divide the batch size."""
+    if batch_size % microbatches:
+        divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+        shown = ", ".join(map(str, divisors[:8])) + (", ..." if len(divisors) > 8 else "")
+        raise ConfigError(
+            f"pipeline.microbatches={microbatches} does not divide data.batch_size={batch_size}; "
+            f"microbatches must be equal: use a divisor of {batch_size} ({shown}) or change data.batch_size"
+        )

@@ -26,6 +26,16 @@ def test_mirrored_trains_over_two_replicas_and_loss_falls(cli, tmp_path):
         assert os.listdir(os.path.join(run_dir, f"stage_{k:02d}"))
 
 
+def test_mirrored_e2e_trains_the_composed_chain(cli, tmp_path):
+    r = cli("+stages=3", "mode=e2e", "placement.fallback=mirrored", "pipeline.microbatches=2", "trainer.steps=40")
+    assert r.returncode == 0, r.stderr
+    assert "pipeline.microbatches=2 ignored" in r.stdout and "schedule:" not in r.stdout
+    s = read_summary(run_dirs(tmp_path)[0])
+    assert s["mode"] == "e2e" and s["strategy"] == "mirrored" and "schedule" not in s
+    assert s["loss_last"] < s["loss_first"]
+    assert len(s["replica_peak_memory_bytes"]) == 2
+
+
 def test_pipelined_summary_records_its_strategy(cli, tmp_path):
     r = cli("trainer.steps=2", "placement.log_device_placement=true")
     assert r.returncode == 0, r.stderr

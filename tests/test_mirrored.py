@@ -51,17 +51,24 @@ def test_mirrored_run_holds_every_stage_on_every_replica():
         assert s.variable_devices() == DEVICES[:2]
 
 
-@pytest.mark.parametrize("optim", ["adam", "sgd"])
-def test_mirrored_steps_equal_single_device_training_on_the_same_global_batches(optim):
-    mirrored, single = build_pair(f"optim={optim}")
+@pytest.mark.parametrize("overrides", [
+    ["optim=adam"],
+    ["optim=sgd"],
+    # e2e: the reference is the pipelined chain with 4 microbatches (the same update as
+    # the full batch); the mirrored run ignores microbatches.
+    ["mode=e2e", "pipeline.microbatches=4"],
+], ids=["local-adam", "local-sgd", "e2e-adam"])
+def test_mirrored_steps_equal_single_device_training_on_the_same_global_batches(overrides):
+    mirrored, single = build_pair(*overrides)
     it = iter(single.batches())
     for _ in range(6):
         x, ys = next(it)
         got, want = mirrored.step(x, ys), single.step(x, ys)
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=RTOL)
         np.testing.assert_allclose(got["stage_losses"], want["stage_losses"], rtol=RTOL)
     assert_same_weights(mirrored, single)
     # The comparison has teeth: training moved the weights away from where they started.
-    fresh = chain.build(chain.compose([*TINY, f"optim={optim}", "placement.fallback=mirrored"]))
+    fresh = chain.build(chain.compose([*TINY, *overrides, "placement.fallback=mirrored"]))
     assert max(rel_diff(a, b) for a, b in zip(weights(mirrored), weights(fresh))) > 100 * RTOL
 
 
@@ -90,3 +97,13 @@ def test_each_replica_computes_on_its_own_device():
 def test_mirrored_batch_must_divide_over_replicas():
     with pytest.raises(chain.ConfigError, match=r"data.batch_size=31 does not divide over 2 replicas"):
         chain.build(chain.compose([*TINY, "placement.fallback=mirrored", "data.batch_size=31"]))
+
+
+def test_one_process_one_replica_set():
+    """A second set of replicas would collide with the first's all-reduce: refused, not crashed."""
+    first = chain.build(chain.compose([*TINY, "placement.fallback=mirrored"]))
+    again = chain.build(chain.compose([*TINY, "placement.fallback=mirrored", "mode=e2e"]))
+    assert again.strategy is first.strategy  # rebuilt runs reuse the strategy
+    assert np.isfinite(again.step(*next(iter(again.batches())))["loss"])
+    with pytest.raises(chain.DeviceError, match=r"already trains mirrored runs over /device:CPU:0, /device:CPU:1"):
+        chain.build(chain.compose([*TINY, "placement.fallback=mirrored", "placement.replicas=4"]))

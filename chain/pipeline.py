@@ -1,0 +1,159 @@
+"""mode=e2e: the chain as one network, trained by a pipeline schedule in one `tf.function`.
+
+The batch is cut into M equal microbatches. Every action of the schedule becomes ops
+inside its stage's device scope:
+
+- F(k, m): copy microbatch m's activation from stage k-1 (stage 0: its slice of the
+  input) onto stage k's device, run stage k's model under a GradientTape. The last
+  stage also computes the loss of microbatch m, divided by M so that the sum over
+  microbatches is the full-batch mean loss.
+- B(k, m): copy dL/d(output) from stage k+1 onto stage k's device (the last stage
+  starts from its loss), `tape.gradient(output, [input] + variables,
+  output_gradients=g)`, and add the variable gradients to stage k's accumulator.
+
+After its last backward, each stage applies its accumulated gradients once through
+`engine.apply_update`, so every schedule computes the full-batch update.
+
+A dataflow graph runs any op whose inputs are ready, so the order a schedule gives a
+stage would be lost, and with it 1F1B's bound on live activations: every action's ops
+are created under `tf.control_dependencies` on the previous action of the same stage.
+Copies belong to the receiving action, so an activation lands on a device only when
+that device's schedule has reached it. Actions are traced in the order of the
+schedule's simulated timeline, a topological order of all their dependencies
+(`tf.function`'s automatic control dependencies order stateful ops, such as a dropout
+seed update, by trace order, so they cannot contradict the schedule's order).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from chain import losses
+from chain.data import Target
+from chain.engine import apply_update, copy_to
+from chain.errors import ConfigError
+from chain.schedules import FORWARD, Action, Schedule, simulate
+from chain.stages import Stage
+
+
+def action_scope(action: Action) -> str:
+    """The name scope of an action's ops, e.g. `s1_F0` (gradient ops get `gradient_tape/s1_F0/...`)."""
+    return f"s{action.stage}_{action.kind}{action.microbatch}"
+
+
+def update_scope(stage: int) -> str:
+    """The name scope of stage `stage`'s optimizer update."""
+    return f"s{stage}_update"
+
+
+def activation_copy(stage: int, microbatch: int) -> str:
+    """The `copy_to` name of microbatch `microbatch`'s activation arriving at `stage`."""
+    return f"act_s{stage}_mb{microbatch}"
+
+
+def gradient_copy(stage: int, microbatch: int) -> str:
+    """The `copy_to` name of microbatch `microbatch`'s output gradient arriving at `stage`."""
+    return f"grad_s{stage}_mb{microbatch}"
+
+
+def split_batch(n: int, microbatches: int) -> int:
+    """Examples per microbatch, or a ConfigError if `microbatches` does not divide `n`."""
+    if n % microbatches:
+        raise ConfigError(
+            f"pipeline.microbatches={microbatches} does not divide the batch of {n} examples "
+            f"(data.batch_size); use a divisor of {n}")
+    return n // microbatches
+
+
+def _add(acc: list | None, grads: Sequence) -> list:
+    if acc is None:
+        return list(grads)
+    return [g if a is None else a if g is None else a + g for a, g in zip(acc, grads)]
+
+
+def _done(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
+    """A no-op on `device` that runs after every op of an action (not only after its result:
+    an action may leave side branches, such as a shape computation nobody reads)."""
+    with tf.device(device):
+        return tf.group(*[op for op in ops if op.type != "Placeholder"], name="done")
+
+
+def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target) -> Callable:
+    """Compile-ready training step of `schedule` over `stages`: `step(x, ys) -> {"loss": mean batch loss}`.
+
+    `loss(y, pred)` is the mean loss of one microbatch; `target` names the entry of
+    `ys` that the last stage learns.
+    """
+    if schedule.stages != len(stages):
+        raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
+    order = simulate(schedule).order()  # validates the schedule, too
+    n_stages, n_micro = len(stages), schedule.microbatches
+    last = n_stages - 1
+
+    @tf.function
+    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        # The batch and its labels cross to the first and last stage once; each is cut
+        # into microbatches on the device that consumes it.
+        x0 = copy_to(x, stages[0].device, "input")
+        y_last = copy_to(ys[target.name], stages[last].device, "labels")
+        with tf.device(stages[0].device):
+            xs = tf.split(x0, n_micro, name="microbatches")
+        with tf.device(stages[last].device):
+            labels = tf.split(y_last, n_micro, name="microbatch_labels")
+
+        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss)
+        outputs: dict[tuple[int, int], tf.Tensor] = {}  # forward results waiting for stage k+1
+        input_grads: dict[tuple[int, int], tf.Tensor] = {}  # dL/dinput waiting for stage k-1
+        accumulated: list[list | None] = [None] * n_stages
+        previous: list[list[tf.Operation]] = [[] for _ in stages]  # each stage's last action's `done`
+        microbatch_losses = []
+        graph = tf.compat.v1.get_default_graph()
+
+        for action in order:
+            k, m, kind = action
+            s = stages[k]
+            first_op = len(graph.get_operations())
+            with tf.name_scope(action_scope(action)), tf.control_dependencies(previous[k]):
+                if kind == FORWARD:
+                    h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
+                    with tf.device(s.device):
+                        with tf.GradientTape() as tape:
+                            if k > 0:
+                                tape.watch(h)
+                            out = s.model(h, training=True)
+                            if k == last:
+                                out = loss(labels[m], out) / n_micro
+                    saved[(k, m)] = (tape, h, out)
+                    if k == last:
+                        microbatch_losses.append(out)
+                    else:
+                        outputs[(k, m)] = out
+                else:
+                    tape, h, out = saved.pop((k, m))
+                    g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
+                    with tf.device(s.device):
+                        variables = s.trainable_variables
+                        sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx
+                        grads = tape.gradient(out, sources, output_gradients=g)
+                        if k > 0:
+                            input_grads[(k, m)] = grads[0]
+                            grads = grads[1:]
+                        accumulated[k] = _add(accumulated[k], grads)
+                previous[k] = [_done(graph.get_operations()[first_op:], s.device)]
+
+        for s in stages:  # the update is each stage's last action
+            with tf.name_scope(update_scope(s.index)), tf.device(s.device), tf.control_dependencies(previous[s.index]):
+                apply_update(s, accumulated[s.index])
+        with tf.device(stages[last].device):
+            total = tf.add_n(microbatch_losses)
+        return {"loss": total}
+
+    return step
+
+
+def make_e2e_step(settings: dict, stages: Sequence[Stage], schedule: Schedule, target: Target) -> Callable:
+    """The e2e step for validated `settings`: checks the loss against the target first."""
+    fn = losses.make(settings["loss"], target, settings["data"]["name"])
+    return e2e_step(stages, schedule, fn, target)

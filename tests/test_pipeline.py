@@ -1,0 +1,248 @@
+"""mode=e2e: every schedule trains the chain exactly like one Keras model on one device,
+with each stage's work on its own device and nothing crossing devices but the copies."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import chain
+from chain import memory, pipeline, schedules
+from conftest import DEVICES
+from graph_audit import audit
+
+STEPS = 5
+LR = 0.1
+K = 3
+# A 3-stage MLP chain, small enough to trace nine times: 6 -> 8 -> 8 -> 8 -> read-out.
+BASE = ["+stages=3", "mode=e2e", "model.depth=1", "model.width=8", "optim=sgd", f"optim.lr={LR}",
+        "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16"]
+LOSSES = {  # name -> (overrides, Keras' own loss on (y, output of the last stage))
+    "crossentropy": ([], lambda y, out: keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, out)),
+    "mse_value": (["loss=mse", "stage.target=value"], lambda y, out: keras.losses.MeanSquaredError()(y, out[:, 0])),
+    "mse_onehot": (["loss=mse"], lambda y, out: keras.losses.MeanSquaredError()(tf.one_hot(y, 4), out)),
+}
+CASES = [(name, m, "crossentropy") for name in schedules.NAMES for m in (1, 2, 4)] + [
+    ("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
+
+
+def rel_diff(a, b) -> float:
+    """Largest elementwise difference relative to the largest magnitude of the reference."""
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))
+
+
+def keras_reference(run, initial: list[list[np.ndarray]], loss):
+    """One `keras.Sequential` on one device holding copies of the chain's layers and initial weights."""
+    with tf.device(DEVICES[0]):
+        layers = []
+        for s in run.stages:
+            for layer in s.model.layers:
+                cfg = layer.get_config()
+                cfg.pop("name")  # unique names in one model
+                layers.append(layer.__class__.from_config(cfg))
+        model = keras.Sequential([keras.Input(run.dataset.input_shape)] + layers)
+        for layer, weights in zip(layers, [w for stage in initial for w in stage]):
+            layer.set_weights(weights)
+        opt = keras.optimizers.SGD(learning_rate=LR)
+        opt.build(model.trainable_variables)
+
+    @tf.function
+    def step(x, y):
+        with tf.device(DEVICES[0]):
+            with tf.GradientTape() as tape:
+                value = loss(y, model(x, training=True))
+            grads = tape.gradient(value, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        return value
+
+    return model, layers, step
+
+
+_trained: dict = {}
+
+
+def trained(schedule: str, m: int, loss: str) -> dict:
+    """Build the chain for one case, train it and the Keras reference 5 steps (once per module)."""
+    key = (schedule, m, loss)
+    if key not in _trained:
+        overrides, keras_loss = LOSSES[loss]
+        run = chain.build(chain.compose(BASE + overrides + [f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}"]))
+        initial = [[layer.get_weights() for layer in s.model.layers] for s in run.stages]
+        model, layers, ref_step = keras_reference(run, initial, keras_loss)
+        target = run.stages[-1].target.name
+        it = iter(run.batches())
+        chain_losses, ref_losses = [], []
+        for _ in range(STEPS):
+            x, ys = next(it)
+            chain_losses.append(run.step(x, ys)["loss"])
+            ref_losses.append(float(ref_step(x, ys[target])))
+        _trained[key] = dict(run=run, initial=initial, layers=layers, chain_losses=chain_losses,
+                             ref_losses=ref_losses, batch=(x, ys))
+    return _trained[key]
+
+
+@pytest.mark.parametrize("schedule, m, loss", CASES)
+def test_every_schedule_trains_like_one_keras_model_on_one_device(schedule, m, loss):
+    t = trained(schedule, m, loss)
+    run = t["run"]
+    assert [s.device for s in run.stages] == DEVICES[:K]
+    assert run.schedule.name == schedule and run.schedule.microbatches == m
+    np.testing.assert_allclose(t["chain_losses"], t["ref_losses"], rtol=1e-5)
+    ref_layers = iter(t["layers"])
+    for s, initial in zip(run.stages, t["initial"]):
+        for layer, before in zip(s.model.layers, initial):
+            ref = next(ref_layers)
+            for w, r, w0 in zip(layer.get_weights(), ref.get_weights(), before):
+                assert rel_diff(w, r) <= 1e-5, (s.index, layer.name)
+                # Training moved the weights far more than the tolerance: equality is not trivial.
+                assert rel_diff(w, w0) > 1e-3, (s.index, layer.name)
+    assert next(ref_layers, None) is None
+
+
+def stage_of(op_name: str) -> int | None:
+    """The stage an op of the pipeline belongs to, from its action scope (`s1_F0/...`, `gradient_tape/s1_F0/...`)."""
+    head = op_name.removeprefix("gradient_tape/").split("/")[0]
+    if head.startswith("s") and "_" in head and head[1:head.index("_")].isdigit():
+        return int(head[1:head.index("_")])
+    return None
+
+
+@pytest.mark.parametrize("schedule", schedules.NAMES)
+def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossings(schedule):
+    m = 2
+    t = trained(schedule, m, "crossentropy")
+    run, (x, ys) = t["run"], t["batch"]
+    a = audit(run._step.get_concrete_function(x, ys))
+    devices = [s.device for s in run.stages]
+    for op in a.ops():
+        d = a.device[op.name]
+        if d is None:  # only the boundary with the caller is unplaced
+            assert op.name in a.args | a.outputs or op.type == "NoOp", op.name
+        else:
+            assert d in devices, (op.name, d)
+    for k, device in enumerate(devices):
+        mine = [op for op in a.ops() if stage_of(op.name) == k and op.type != "Placeholder"]
+        forward = [op for op in mine if op.name.startswith(f"s{k}_F") and op.type == "MatMul"]
+        backward = [op for op in mine if op.name.startswith(f"gradient_tape/s{k}_F") and op.type == "MatMul"]
+        updates = [op for op in mine if op.name.startswith(f"s{k}_update/") and op.type.startswith("Assign")]
+        assert len(forward) == m * len(run.stages[k].model.layers)  # one MatMul per Dense per microbatch
+        assert backward and updates
+        assert {a.device[op.name] for op in mine} == {device}, k
+    crossings = a.crossings()
+    assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in crossings), crossings
+    assert len(crossings) == 2 * (K - 1) * m
+    names = sorted(op.name.split("/")[-1] for op in a.copies())
+    expected = sorted([f"copy_to_{pipeline.activation_copy(k, mb)}" for k in range(1, K) for mb in range(m)]
+                      + [f"copy_to_{pipeline.gradient_copy(k, mb)}" for k in range(K - 1) for mb in range(m)]
+                      + ["copy_to_input", "copy_to_labels"])
+    assert names == expected
+    for consumer, producer in crossings:  # activations go k -> k+1, gradients k+1 -> k
+        src, dst = devices.index(a.device[producer.name]), devices.index(a.device[consumer.name])
+        assert dst - src == (1 if "copy_to_act" in consumer.name else -1)
+
+
+def action_ops(graph_ops, action: schedules.Action) -> list:
+    k, mb, kind = action
+    prefixes = (f"s{k}_F{mb}/",) if kind == "F" else (f"s{k}_B{mb}/", f"gradient_tape/s{k}_F{mb}/")
+    return [op for op in graph_ops if op.name.startswith(prefixes) and op.type != "Placeholder"]
+
+
+def ancestor_sets(ops) -> dict[str, set[str]]:
+    """Op name -> names of every op it waits for through data or control edges."""
+    ancestors: dict[str, set[str]] = {}
+    for root in ops:
+        stack = [(root, False)]
+        while stack:  # iterative post-order: parents first
+            op, expanded = stack.pop()
+            if op.name in ancestors:
+                continue
+            parents = [i.op for i in op.inputs] + list(op.control_inputs)
+            if expanded:
+                ancestors[op.name] = set().union(*[ancestors[p.name] | {p.name} for p in parents])
+            else:
+                stack.append((op, True))
+                stack.extend((p, False) for p in parents if p.name not in ancestors)
+    return ancestors
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_each_stage_runs_its_actions_in_schedule_order(schedule):
+    """Every op of a stage's action waits (data or control edge) for the end of its previous action."""
+    t = trained(schedule, 2, "crossentropy")
+    run, (x, ys) = t["run"], t["batch"]
+    ops = run._step.get_concrete_function(x, ys).graph.get_operations()
+    ancestors = ancestor_sets(ops)
+    for row in run.schedule.actions:
+        for before, after in zip(row, row[1:]):
+            prev = action_ops(ops, before)
+            names = {op.name for op in prev}
+            # The ends of the previous action: its ops that no other op of that action consumes.
+            ends = names - set().union(*[ancestors[op.name] for op in prev])
+            assert ends
+            for op in action_ops(ops, after):
+                assert ends <= ancestors[op.name], (before, after, op.name, ends - ancestors[op.name])
+
+
+def test_step_refuses_a_batch_the_microbatches_do_not_divide():
+    t = trained("gpipe", 4, "crossentropy")
+    run, (x, ys) = t["run"], t["batch"]
+    with pytest.raises(chain.ConfigError, match=r"pipeline.microbatches=4 does not divide the batch of 14 examples"):
+        run.step(x[:14], {k: v[:14] for k, v in ys.items()})
+
+
+def test_crossentropy_on_a_real_valued_target_is_refused_before_training():
+    with pytest.raises(chain.ConfigError) as e:
+        chain.build(chain.compose(BASE + ["stage.target=value"]))
+    assert "loss=sparse_categorical_crossentropy needs class labels" in str(e.value) and "loss=mse" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("overrides", [["pipeline.microbatches=3"], ["pipeline.microbatches=32"]])
+def test_microbatches_that_do_not_divide_the_batch_size_are_a_config_error(overrides):
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose(BASE + overrides)
+    m = overrides[0].split("=")[1]
+    assert f"pipeline.microbatches={m} does not divide data.batch_size=16" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_fit_writes_the_pipeline_summary(tmp_path):
+    run = chain.build(chain.compose(BASE + ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.steps=3",
+                                            "trainer.progress=false"]), run_dir=str(tmp_path))
+    summary = run.fit()
+    with open(os.path.join(tmp_path, "summary.json")) as f:
+        assert json.load(f) == summary
+    assert (summary["mode"], summary["schedule"], summary["microbatches"]) == ("e2e", "1f1b", 4)
+    assert summary["bubble_fraction"] == pytest.approx((K - 1) / (4 + K - 1))
+    assert np.isfinite(summary["loss_first"]) and np.isfinite(summary["loss_last"])
+    assert summary["peak_memory_scope"] == "process"  # logical CPUs share one allocator
+    for s, st in zip(run.stages, summary["stages"]):
+        assert st["device"] == s.device and st["variable_devices"] == [s.device] and st["params"] == s.params
+        assert "loss_last" not in st  # no stage has a loss of its own in mode=e2e
+    # On CPU the figure is the process's: every logical device reports the same number.
+    peaks = {st["peak_memory_bytes"] for st in summary["stages"]}
+    assert len(peaks) == 1 and isinstance(peaks.pop(), int)
+
+
+def test_peak_memory_sees_a_large_tensor_on_a_stage_device():
+    memory.reset(DEVICES)
+    with tf.device(DEVICES[1]):
+        big = tf.random.normal([1 << 20]) + 1.0  # 4 MiB, far above what the CPU allocator leaves uncounted
+    assert memory.peak_bytes(DEVICES[1]) >= big.numpy().nbytes
+    assert memory.scope(DEVICES[1]) == "process" and memory.scope("/device:GPU:0") == "device"
+    assert memory.peak_bytes("/device:GPU:7") is None  # a device that cannot report
+
+
+def test_a_bare_label_array_is_the_chains_target():
+    run = chain.build(chain.compose(BASE + LOSSES["mse_value"][0] + ["pipeline.microbatches=2"]))
+    x, ys = next(iter(run.batches()))
+    h = x
+    for s in run.stages:
+        h = s.model(h)
+    expected = float(np.mean((h.numpy()[:, 0] - ys["value"].numpy()) ** 2))
+    assert run.step(x, ys["value"])["loss"] == pytest.approx(expected, rel=1e-5)

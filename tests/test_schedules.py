@@ -1,0 +1,115 @@
+"""Schedule builders and the timeline simulator: pure Python, no TensorFlow involved."""
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+
+from chain import schedules
+from chain.schedules import BACKWARD, FORWARD, Action
+
+SIZES = [(1, 1), (1, 4), (2, 1), (2, 2), (3, 2), (3, 4), (4, 1), (4, 3), (4, 8), (5, 16), (8, 8)]
+ALL = [(name, k, m) for name in schedules.NAMES for k, m in SIZES]
+
+
+@pytest.mark.parametrize("name, k, m", ALL)
+def test_every_stage_runs_each_forward_and_backward_once_forward_first(name, k, m):
+    s = schedules.build(name, k, m)
+    assert (s.name, s.stages, s.microbatches) == (name, k, m)
+    for stage, row in enumerate(s.actions):
+        assert sorted(row) == sorted(Action(stage, mb, kind) for mb in range(m) for kind in (FORWARD, BACKWARD))
+        for mb in range(m):
+            assert row.index(Action(stage, mb, FORWARD)) < row.index(Action(stage, mb, BACKWARD))
+
+
+@pytest.mark.parametrize("name, k, m", ALL)
+def test_timeline_respects_neighbour_dependencies_and_stage_order(name, k, m):
+    s = schedules.build(name, k, m)
+    tl = schedules.simulate(s)
+    slot = {a: t for row in tl.grid for t, a in enumerate(row) if a is not None}
+    assert len(slot) == 2 * k * m
+    for a, t in slot.items():
+        if a.kind == FORWARD and a.stage > 0:
+            assert slot[Action(a.stage - 1, a.microbatch, FORWARD)] < t
+        if a.kind == BACKWARD:
+            assert slot[Action(a.stage, a.microbatch, FORWARD)] < t
+            if a.stage < k - 1:
+                assert slot[Action(a.stage + 1, a.microbatch, BACKWARD)] < t
+    for stage, row in enumerate(s.actions):  # each device runs its actions in the schedule's order
+        assert [a for a in tl.grid[stage] if a is not None] == list(row)
+    # The global order the engine traces in is a topological order of the same dependencies.
+    seen = set()
+    for a in tl.order():
+        assert all(d in seen for d in schedules.dependencies(a, k))
+        seen.add(a)
+
+
+@pytest.mark.parametrize("k, m", SIZES)
+def test_1f1b_keeps_at_most_k_activations_alive_per_stage(k, m):
+    s = schedules.build("1f1b", k, m)
+    for stage, row in enumerate(s.actions):
+        live = schedules.live_activations(row)
+        assert min(live) >= 0 and live[-1] == 0
+        assert max(live) <= k
+        assert max(live) == min(k - stage, m)  # the standard warm-up depth, not less
+    # ... and in the simulated timeline too, counted per slot.
+    tl = schedules.simulate(s)
+    for row in tl.grid:
+        assert max(schedules.live_activations([a for a in row if a is not None])) <= k
+
+
+@pytest.mark.parametrize("k, m", [(k, m) for k, m in SIZES if m > k])
+def test_gpipe_holds_all_microbatches_where_1f1b_holds_k(k, m):
+    gp = schedules.build("gpipe", k, m)
+    assert max(schedules.live_activations(gp.actions[0])) == m
+    assert max(schedules.live_activations(schedules.build("1f1b", k, m).actions[0])) == k < m
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("k, m", list(itertools.product([1, 2, 3, 4, 6], [1, 2, 3, 4, 8, 12])))
+def test_bubble_fraction_is_k_minus_1_over_m_plus_k_minus_1(name, k, m):
+    tl = schedules.simulate(schedules.build(name, k, m))
+    assert tl.slots == 2 * (m + k - 1)
+    assert tl.bubble_fraction == pytest.approx((k - 1) / (m + k - 1), abs=1e-12)
+
+
+@pytest.mark.parametrize("k, m", [(1, 1), (2, 1), (3, 4), (4, 8)])
+def test_sequential_runs_one_device_at_a_time(k, m):
+    tl = schedules.simulate(schedules.build("sequential", k, m))
+    assert all(sum(row[t] is not None for row in tl.grid) == 1 for t in range(tl.slots))
+    assert tl.bubble_fraction == pytest.approx((k - 1) / k, abs=1e-12)
+
+
+def test_a_schedule_that_cannot_run_is_refused():
+    # Stage 1 wants B0 before F0 has been able to arrive: invalid.
+    bad = schedules.Schedule("bad", 2, 1, ((Action(0, 0, "F"), Action(0, 0, "B")), (Action(1, 0, "B"), Action(1, 0, "F"))))
+    with pytest.raises(ValueError, match="B0 before F0"):
+        schedules.simulate(bad)
+    # Each order is valid alone, but stage 0 waits in B0 for stage 1, which waits in F1 for stage 0.
+    stuck = schedules.Schedule("stuck", 2, 2, (
+        (Action(0, 0, "F"), Action(0, 0, "B"), Action(0, 1, "F"), Action(0, 1, "B")),
+        (Action(1, 0, "F"), Action(1, 1, "F"), Action(1, 0, "B"), Action(1, 1, "B"))))
+    with pytest.raises(ValueError, match="deadlock"):
+        schedules.simulate(stuck)
+    with pytest.raises(ValueError, match="not known"):
+        schedules.build("zigzag", 2, 2)
+
+
+def test_render_one_row_per_device_one_column_per_slot():
+    s = schedules.build("1f1b", 3, 4)
+    tl = schedules.simulate(s)
+    text = schedules.render(s, tl, ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"])
+    lines = text.splitlines()
+    rows = [line for line in lines if line.startswith("stage ")]
+    assert len(rows) == 3 and "/device:CPU:2" in rows[2]
+    for k, line in enumerate(rows):
+        cells = line.split("  ", 2)[-1].split()
+        assert len(cells) <= tl.slots and cells == [str(a) if a else "." for a in tl.grid[k]][: len(cells)]
+    assert f"bubble fraction: {tl.bubble_fraction:.3f}" in text
+
+
+def test_schedules_module_does_not_import_tensorflow():
+    code = "import sys, chain.schedules as s; s.simulate(s.build('1f1b', 4, 8)); print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
