@@ -40,15 +40,15 @@ def local_replica_step(stages: Sequence[Stage], global_batch: int) -> Callable:
         x, ys = batch
         share = tf.cast(tf.shape(x)[0], tf.float32) / global_batch
         h = x
-        losses = {}
+        stage_losses = {}
         for s in stages:
             with tf.GradientTape() as tape:
                 out = s.model(h, training=True)
                 loss = loss_fn(s.target, ys[s.target.name], s.head(out, training=True)) * share
             apply_update(s, tape.gradient(loss, s.trainable_variables))
             h = tf.stop_gradient(out)
-            losses[f"stage_{s.index}"] = loss
-        return losses
+            stage_losses[f"stage_{s.index}"] = loss
+        return stage_losses
 
     return step
 
@@ -169,7 +169,7 @@ class MirroredRun(Run):
         return {"loss": float(sum(per_stage)), "stage_losses": per_stage}
 
     def step(self, x: Any, y: Any) -> dict[str, Any]:
-        """One optimizer step on one global batch; returns `loss` (sum over stages) and `stage_losses`."""
+        """One optimizer step on one global batch; returns `loss` and `stage_losses` as `Run.step` does."""
         return self._losses(self._step(self._split(tf.convert_to_tensor(x), self._targets(y))))
 
     def _fit_batches(self) -> Iterator:
