@@ -12,14 +12,26 @@ if TYPE_CHECKING:
     from chain.run import Run
 
 
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
 def placement_table(placement: Placement, stages: Sequence[Stage]) -> str:
-    """A short table: stage, device, the physical device behind it, parameters, model."""
+    """A short table: stage, device, the physical device behind it, parameters, model.
+
+    A mirrored run shows its replicas (device and physical device) first; each stage
+    then lives on every replica.
+    """
+    lines = []
+    if placement.replicas:
+        lines += _table([("replica", "device", "physical")] + [
+            (str(i), d, placement.physical.get(d, "-")) for i, d in enumerate(placement.replicas)])
     rows = [("stage", "device", "physical", "params", "model")]
     for s in stages:
-        physical = placement.physical[s.index] if s.index < len(placement.physical) else "-"
-        rows.append((str(s.index), s.device, physical, f"{s.params:,}", s.describe()))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        device = s.device or f"all {len(placement.replicas)} replicas"
+        rows.append((str(s.index), device, placement.physical.get(s.device, "-"), f"{s.params:,}", s.describe()))
+    lines += _table(rows)
     lines += [f"note: {n}" for n in placement.notes]
     return "\n".join(lines)
 

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from omegaconf import DictConfig
@@ -71,7 +71,7 @@ class Run:
     def iterator(self):
         """The run's iterator over `batches()`: the data stream that checkpoints save."""
         if self._iterator is None:
-            self._iterator = iter(self.batches())
+            self._iterator = self._fit_batches()
         return self._iterator
 
     def checkpoints(self, run_dir: str | None = None):
@@ -122,7 +122,10 @@ class Run:
             from chain.pipeline import split_batch
 
             split_batch(int(x.shape[0]), self.schedule.microbatches)
-        losses = self._step(x, self._targets(y))
+        return self._finish_step(self._step(x, self._targets(y)))
+
+    def _finish_step(self, losses: dict[str, Any]) -> dict[str, Any]:
+        """Count the step, let the numerics guard judge it, and turn its losses into floats."""
         self.global_step += 1
         skipped = self.watch.after_step(self.global_step, self.settings["trainer"]["on_nan"])
         if self.e2e:
@@ -157,6 +160,20 @@ class Run:
                              "pass resume=true to continue it, or choose another hydra.run.dir")
         return ckpts, None, None
 
+    # Hooks of `fit`; the mirrored run (chain.mirrored) distributes batches and steps.
+    def _fit_batches(self) -> Iterator:
+        """A fresh iterator over the training batches (`iterator` keeps the run's one)."""
+        return iter(self.batches())
+
+    def _fit_step(self, batch: tuple) -> dict[str, Any]:
+        return self.step(*batch)
+
+    def _summary_extras(self) -> dict[str, Any]:
+        return {}
+
+    def _memory_devices(self) -> list[str]:
+        return [s.device for s in self.stages]
+
     def fit(self) -> dict[str, Any]:
         """Train until `trainer.steps`; write checkpoints, TensorBoard, exports and summary.json.
 
@@ -177,14 +194,13 @@ class Run:
         saved_at = self.global_step if resumed_from is not None else None
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         started, timed_steps = None, 0
-        memory.reset([s.device for s in self.stages])
+        memory.reset(self._memory_devices())
         bar = tqdm(range(self.global_step + 1, t["steps"] + 1), desc="train", unit="step",
                    disable=not t["progress"] or None, leave=False)
         try:
             for step in bar:
-                x, ys = next(self.iterator)
                 try:
-                    out = self.step(x, ys)
+                    out = self._fit_step(next(self.iterator))
                 except NonFiniteError as e:
                     saved = ckpts.latest() if ckpts else None
                     detail = (f"; the last complete checkpoint (step {saved['step']}) is intact" if saved
@@ -233,6 +249,7 @@ class Run:
         first, last = first or none, last or none
         return {
             "mode": self.settings["mode"],
+            "strategy": self.placement.strategy,
             "steps": self.settings["trainer"]["steps"],
             "resumed_from": resumed_from,
             "batch_size": self.batch_size,
@@ -242,8 +259,9 @@ class Run:
             "loss_last": last["loss"],
             **self._pipeline_summary(),
             "skipped_steps": sum(skipped),
-            "peak_memory_scope": memory.scope(self.stages[0].device),
+            "peak_memory_scope": memory.scope(self._memory_devices()[0]),
             "stages": [self._stage_summary(s, first, last, skipped[s.index]) for s in self.stages],
+            **self._summary_extras(),
         }
 
 
@@ -265,7 +283,7 @@ class Run:
             "device": s.device,
             "variable_devices": s.variable_devices(),
             "params": s.params,
-            "peak_memory_bytes": memory.peak_bytes(s.device),
+            "peak_memory_bytes": memory.peak_bytes(s.device) if s.device else None,  # None: mirrored
             "skipped_steps": skipped,
         }
         if not self.e2e:  # only mode=local has a target and a loss per stage
@@ -287,12 +305,21 @@ def plan(cfg: DictConfig | dict) -> tuple[dict[str, Any], planner.Placement]:
     """Validate the config and plan devices; configures logical devices (before the runtime starts)."""
     s = validate(cfg)
     placement = planner.plan(s["placement"], len(s["stages"]), planner.discover())
+    planner.check_batch(s["data"]["batch_size"], placement)
     planner.configure(placement, s["placement"])
-    placement.devices = planner.check_devices(placement.devices, given=bool(s["placement"]["devices"]))
+    if placement.strategy == planner.MIRRORED:
+        placement.replicas = planner.check_devices(placement.replicas, given=False, role="replica")
+    else:
+        given = s["placement"]["devices"]  # checked as the user wrote them, so errors quote them
+        placement.devices = planner.check_devices(given or placement.devices, given=bool(given))
     return s, placement
 
 
 def build(cfg: DictConfig | dict, run_dir: str | None = None) -> Run:
-    """Validate, plan and build a run (see `chain.build`)."""
+    """Validate, plan and build a run (see `chain.build`): pipelined, or mirrored (`chain.mirrored`)."""
     s, placement = plan(cfg)
+    if placement.strategy == planner.MIRRORED:
+        from chain.mirrored import MirroredRun
+
+        return MirroredRun(s, placement, run_dir)
     return Run(s, placement, run_dir)

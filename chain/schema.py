@@ -188,6 +188,7 @@ ROOT = Section(
                 "memory_growth": boolean,
                 "visible": optional(list_of(integer(0), 1)),
                 "log_device_placement": boolean,
+                "replicas": optional(integer(1)),
             }
         ),
         "checkpoint": Section(fields={"every": integer(0), "keep": integer(1), "export": boolean}),

@@ -24,11 +24,12 @@ class Stage:
     """One stage of the chain, bound to `device`.
 
     `model` maps the previous stage's output to this stage's output; `head` (mode=local
-    only) maps that output to a prediction of `target`.
+    only) maps that output to a prediction of `target`. `device` is None in a mirrored
+    run, where every replica holds every stage.
     """
 
     index: int
-    device: str
+    device: str | None
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
     target: Target
@@ -53,10 +54,15 @@ class Stage:
         return int(sum(v.numpy().size for v in self.trainable_variables))
 
     def variable_devices(self) -> list[str]:
-        """Sorted unique devices of every model, head and optimizer variable."""
+        """Sorted unique devices of every model, head and optimizer variable.
+
+        A mirrored variable counts with every replica's copy.
+        """
         head = self.head.variables if self.head is not None else []
         variables = list(self.model.variables) + list(head) + list(self.optimizer.variables)
-        return sorted({canonical(v.value.device) for v in variables})
+        copies = [c for v in variables
+                  for c in (v.value.values if isinstance(v.value, tf.distribute.DistributedValues) else (v.value,))]
+        return sorted({canonical(c.device) for c in copies})
 
     def random_variables(self) -> list[tf.Variable]:
         """The state of every random seed generator (dropout) of the model and head.
@@ -119,7 +125,7 @@ def make_optimizer(spec: dict[str, Any], name: str | None = None) -> keras.optim
     return keras.optimizers.Adam(learning_rate=spec["lr"], beta_1=spec["beta_1"], beta_2=spec["beta_2"], name=name)
 
 
-def build_stages(settings: dict[str, Any], devices: list[str], input_shape: tuple[int, ...], targets) -> list[Stage]:
+def build_stages(settings: dict[str, Any], devices: list[str | None], input_shape: tuple[int, ...], targets) -> list[Stage]:
     """Create every stage's model, head and optimizer inside its device scope.
 
     `targets(name)` resolves a target name to a `Target`. In mode=e2e the last stage

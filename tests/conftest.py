@@ -21,8 +21,8 @@ N_DEVICES = 4
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES
 )
-# Listing logical devices starts the runtime, which freezes the split: without it, the
-# first in-process `chain.build` would re-split the CPU to its own stage count.
+# Start the runtime now, so these four stay whatever a test builds first: otherwise the
+# first `chain.build` (still before the runtime) would re-split the CPU to its own plan.
 assert len(tf.config.list_logical_devices("CPU")) == N_DEVICES
 DEVICES = [f"/device:CPU:{k}" for k in range(N_DEVICES)]
 

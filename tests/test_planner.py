@@ -1,0 +1,393 @@
+"""The planner, for machines we do not have: pure functions of an inventory, no TensorFlow runtime.
+
+`pcfg(...)` composes the real packaged config with command-line overrides, so these
+tests also check that every key is spelled as a user would spell it.
+"""
+
+import os
+
+import pytest
+
+import chain
+from chain.config import settings
+from chain.errors import ConfigError, DeviceError
+from chain.inventory import Card, Gpu, Inventory, inventory, parse_smi, visible_cards
+from chain.planner import MIRRORED, PIPELINE, check_batch, plan
+
+GB = 1024  # MB
+
+
+def pcfg(*overrides: str) -> dict:
+    """The validated `placement` section for these overrides."""
+    return settings(chain.compose(list(overrides)))["placement"]
+
+
+def gpu_devices(n):
+    return [f"/device:GPU:{k}" for k in range(n)]
+
+
+def assert_limits_fit(p, inv, reserve=None):
+    """Every split card has one limit per logical GPU, adding up to no more than the card."""
+    memory = {g.index: g.memory_mb for g in inv.gpus}
+    assert set(p.split) == set(p.memory_limits_mb)
+    for index, n in p.split.items():
+        limits = p.memory_limits_mb[index]
+        assert len(limits) == n and all(m >= 1 for m in limits)
+        if memory[index] is not None:
+            assert sum(limits) <= memory[index] - (reserve or 0)
+
+
+# --- G >= K: one GPU per stage ---------------------------------------------------------
+
+def test_eight_80gb_gpus_eight_stages_one_card_each_no_split():
+    inv = Inventory.of(8, 80 * GB)
+    p = plan(pcfg(), 8, inv)
+    assert p.strategy == PIPELINE and p.kind == "GPU"
+    assert p.devices == gpu_devices(8)
+    assert p.split == {} and p.memory_limits_mb == {} and p.visible is None
+    assert [p.physical[d] for d in p.devices] == [f"GPU:{k}" for k in range(8)]
+
+
+def test_eight_80gb_gpus_three_stages_uses_three_and_hides_the_rest():
+    inv = Inventory.of(8, 80 * GB)
+    p = plan(pcfg(), 3, inv)
+    assert p.devices == gpu_devices(3) and p.split == {}
+    assert p.visible == [0, 1, 2]  # TensorFlow would otherwise reserve memory on all eight
+    assert any("GPU 3, 4, 5, 6, 7 unused" in n for n in p.notes)
+
+
+def test_one_number_limits_every_card_even_without_a_split():
+    inv = Inventory.of(8, 80 * GB)
+    p = plan(pcfg("placement.memory_limit_mb=40000"), 8, inv)
+    assert p.split == {k: 1 for k in range(8)}
+    assert p.memory_limits_mb == {k: [40000] for k in range(8)}
+    assert not p.memory_growth
+
+
+def test_memory_growth_applies_when_no_card_has_a_limit():
+    p = plan(pcfg("placement.memory_growth=true"), 8, Inventory.of(8, 80 * GB))
+    assert p.memory_growth and p.split == {}
+
+
+# --- 0 < G < K: virtual split --------------------------------------------------------------
+
+def test_one_24gb_gpu_three_stages_three_logical_gpus_sharing_the_card():
+    inv = Inventory.of(1, 24 * GB)
+    cfg = pcfg()
+    p = plan(cfg, 3, inv)
+    assert p.devices == gpu_devices(3)
+    assert p.split == {0: 3}
+    limits = p.memory_limits_mb[0]
+    assert len(set(limits)) == 1  # an even share
+    free = 24 * GB - cfg["reserve_mb"]
+    assert free - 3 < sum(limits) <= free  # all of it but the reserve (and rounding)
+    assert {p.physical[d] for d in p.devices} == {"GPU:0"}
+    assert_limits_fit(p, inv, cfg["reserve_mb"])
+
+
+def test_reserve_changes_the_share():
+    inv = Inventory.of(1, 24 * GB)
+    small = plan(pcfg("placement.reserve_mb=0"), 3, inv).memory_limits_mb[0]
+    large = plan(pcfg("placement.reserve_mb=3000"), 3, inv).memory_limits_mb[0]
+    assert small[0] - large[0] == 1000
+
+
+@pytest.mark.parametrize("given, expected", [("[4000,8000,2000]", [4000, 8000, 2000]), ("6000", [6000] * 3)])
+def test_given_limits_per_stage_or_one_number(given, expected):
+    p = plan(pcfg(f"placement.memory_limit_mb={given}"), 3, Inventory.of(1, 24 * GB))
+    assert p.memory_limits_mb == {0: expected}
+
+
+def test_memory_growth_is_not_applied_to_a_split_card_and_says_so():
+    p = plan(pcfg("placement.memory_growth=true"), 3, Inventory.of(1, 24 * GB))
+    assert not p.memory_growth
+    assert any("memory_growth not applied" in n for n in p.notes)
+
+
+def test_two_gpus_five_stages_neighbours_share_a_card():
+    inv = Inventory.of(2, 16 * GB)
+    p = plan(pcfg(), 5, inv)
+    assert p.devices == gpu_devices(5)
+    assert p.split == {0: 3, 1: 2}
+    cards = [p.physical[d] for d in p.devices]
+    assert cards == ["GPU:0"] * 3 + ["GPU:1"] * 2
+    assert_limits_fit(p, inv, pcfg()["reserve_mb"])
+    assert p.memory_limits_mb[0][0] < p.memory_limits_mb[1][0]  # three share card 0, two card 1
+
+
+@pytest.mark.parametrize("n_gpus", range(1, 8))
+def test_every_split_is_even_contiguous_and_uses_every_card(n_gpus):
+    for n_stages in range(n_gpus + 1, 13):
+        p = plan(pcfg(), n_stages, Inventory.of(n_gpus, 40 * GB))
+        counts = [p.split.get(i, 1) for i in range(n_gpus)]  # absent: TensorFlow's one logical GPU
+        assert sum(counts) == n_stages and max(counts) - min(counts) <= 1 and min(counts) >= 1
+        owner = [int(p.physical[d].split(":")[1]) for d in p.devices]
+        assert owner == sorted(owner)  # neighbouring stages on the same card
+        assert len(set(p.devices)) == n_stages
+
+
+def test_split_card_of_unknown_memory_needs_a_limit():
+    inv = Inventory.of(1, None)
+    with pytest.raises(DeviceError, match=r"placement.memory_limit_mb: GPU 0 is split into 3 logical GPUs"):
+        plan(pcfg(), 3, inv)
+    p = plan(pcfg("placement.memory_limit_mb=5000"), 3, inv)
+    assert p.memory_limits_mb == {0: [5000] * 3}
+
+
+def test_unsplit_card_of_unknown_memory_gets_no_limit():
+    p = plan(pcfg(), 2, Inventory.of(2, None))
+    assert p.split == {} and p.memory_limits_mb == {}
+
+
+def test_fallback_error_refuses_too_few_cards():
+    with pytest.raises(DeviceError, match=r"placement.fallback=error: 3 stages need 3 GPUs, 1 visible"):
+        plan(pcfg("placement.fallback=error"), 3, Inventory.of(1, 24 * GB))
+    assert plan(pcfg("placement.fallback=error"), 2, Inventory.of(2, 24 * GB)).devices == gpu_devices(2)
+
+
+# --- G = 0 ---------------------------------------------------------------------------------
+
+def test_no_gpu_splits_the_cpu_one_logical_device_per_stage():
+    p = plan(pcfg(), 3, Inventory())
+    assert p.kind == "CPU" and p.split == {0: 3} and p.memory_limits_mb == {}
+    assert p.devices == [f"/device:CPU:{k}" for k in range(3)]
+    assert {p.physical[d] for d in p.devices} == {"CPU:0"}
+
+
+def test_no_gpu_fallback_error_refuses():
+    with pytest.raises(DeviceError, match=r"placement.fallback=error: 2 stages need 2 GPUs, 0 visible"):
+        plan(pcfg("placement.fallback=error"), 2, Inventory())
+
+
+# --- mirrored ------------------------------------------------------------------------------
+
+def test_mirrored_without_gpu_two_cpu_replicas_by_default():
+    p = plan(pcfg("placement.fallback=mirrored"), 3, Inventory())
+    assert p.strategy == MIRRORED and p.kind == "CPU"
+    assert p.replicas == ["/device:CPU:0", "/device:CPU:1"] and p.split == {0: 2}
+    assert p.devices == [None] * 3
+
+
+def test_mirrored_replica_count_from_the_command_line():
+    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3"), 5, Inventory())
+    assert p.replicas == [f"/device:CPU:{i}" for i in range(3)] and p.split == {0: 3}
+
+
+def test_mirrored_on_two_gpus_uses_both_cards_whole():
+    p = plan(pcfg("placement.fallback=mirrored"), 5, Inventory.of(2, 16 * GB))
+    assert p.strategy == MIRRORED and p.replicas == gpu_devices(2)
+    assert p.split == {} and p.visible is None
+    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=1", "placement.memory_limit_mb=9000"), 5,
+             Inventory.of(2, 16 * GB))
+    assert p.replicas == gpu_devices(1) and p.visible == [0] and p.memory_limits_mb == {0: [9000]}
+
+
+def test_mirrored_is_not_used_when_there_are_enough_cards():
+    p = plan(pcfg("placement.fallback=mirrored"), 2, Inventory.of(2, 16 * GB))
+    assert p.strategy == PIPELINE and p.devices == gpu_devices(2)
+
+
+def test_mirrored_global_batch_is_split_over_replicas():
+    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=4"), 3, Inventory())
+    assert check_batch(64, p) == 16
+    assert check_batch(63, plan(pcfg(), 3, Inventory())) == 63  # pipelined: no split
+
+
+# --- explicit devices ----------------------------------------------------------------------
+
+def test_explicit_devices_without_gpu_are_canonical():
+    p = plan(pcfg("+stages=3", "placement.devices=[/cpu:0,CPU:0,/CPU:1]"), 3, Inventory())
+    assert p.devices == ["/device:CPU:0", "/device:CPU:0", "/device:CPU:1"]
+
+
+def test_explicit_devices_within_the_cards_need_no_split():
+    p = plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:0,/GPU:1]"), 3, Inventory.of(2, 16 * GB))
+    assert p.split == {} and p.devices == ["/device:GPU:0", "/device:GPU:0", "/device:GPU:1"]
+
+
+def test_explicit_devices_beyond_the_cards_split_each_card_evenly():
+    inv = Inventory.of(2, 16 * GB)
+    p = plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:3,/GPU:1]"), 3, inv)
+    assert p.split == {0: 2, 1: 2}  # GPU:0-1 on card 0, GPU:2-3 on card 1
+    assert [p.physical[d] for d in p.devices] == ["GPU:0", "GPU:1", "GPU:0"]
+    assert_limits_fit(p, inv)
+
+
+def test_explicit_devices_per_stage_limits_go_to_each_stages_device():
+    inv = Inventory.of(2, 16 * GB)
+    p = plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:3,/GPU:1]", "placement.memory_limit_mb=[1000,2000,3000]"),
+             3, inv)
+    assert p.memory_limits_mb[0] == [1000, 3000]
+    assert p.memory_limits_mb[1][1] == 2000
+    assert p.memory_limits_mb[1][0] > 2000  # GPU:2, used by no stage, gets what is left
+
+
+def test_explicit_devices_and_mirrored_exclude_each_other():
+    with pytest.raises(ConfigError, match=r"placement.devices .* placement.fallback=mirrored"):
+        plan(pcfg("placement.devices=[/CPU:0,/CPU:1]", "placement.fallback=mirrored"), 2, Inventory())
+
+
+def test_stages_sharing_a_device_must_agree_on_its_limit():
+    with pytest.raises(ConfigError, match=r"stages 0 and 1 share /device:GPU:0 but ask for 1000 and 2000 MB"):
+        plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:0,/GPU:1]", "placement.memory_limit_mb=[1000,2000,3000]"),
+             3, Inventory.of(2, 16 * GB))
+
+
+# --- visible and CUDA_VISIBLE_DEVICES -------------------------------------------------------
+
+def test_visible_picks_cards_in_tensorflows_order():
+    p = plan(pcfg("placement.visible=[3,1]"), 2, Inventory.of(4, 16 * GB))
+    assert p.devices == gpu_devices(2)
+    assert [p.physical[d] for d in p.devices] == ["GPU:1", "GPU:3"]  # TensorFlow numbers visible cards in order
+    assert p.visible == [1, 3]
+
+
+def test_visible_one_card_split_for_three_stages():
+    p = plan(pcfg("placement.visible=[2]"), 3, Inventory.of(4, 16 * GB))
+    assert p.split == {2: 3} and {p.physical[d] for d in p.devices} == {"GPU:2"}
+    assert p.visible == [2]
+
+
+SMI = """0, GPU-aaaa1111, NVIDIA A100-SXM4-80GB, 81920
+1, GPU-bbbb2222, NVIDIA A100-SXM4-80GB, 81920
+2, GPU-cccc3333, NVIDIA A100-SXM4-80GB, 81920
+3, GPU-dddd4444, NVIDIA A100-SXM4-80GB, 81920
+"""
+
+
+def test_cuda_visible_devices_renumbering_shows_the_card_behind_each_gpu():
+    inv = inventory(2, parse_smi(SMI), "3,1")
+    assert [g.card for g in inv.gpus] == ["3", "1"] and inv.gpus[0].memory_mb == 81920
+    p = plan(pcfg(), 3, inv)
+    assert [p.physical[d] for d in p.devices] == ["GPU:0 (card 3)", "GPU:0 (card 3)", "GPU:1 (card 1)"]
+    assert "CUDA_VISIBLE_DEVICES=3,1: GPU:0 is card 3, GPU:1 is card 1" in p.notes
+
+
+def test_memory_follows_cuda_visible_devices_to_the_right_card():
+    smi = "0, GPU-a, NVIDIA T4, 15360\n1, GPU-b, NVIDIA L4, 23034\n"
+    inv = inventory(2, parse_smi(smi), "1,0", device_order="PCI_BUS_ID")
+    assert [g.memory_mb for g in inv.gpus] == [23034, 15360]
+    unsure = inventory(2, parse_smi(smi), "1,0")  # mixed cards, CUDA's default fastest-first order
+    assert all(g.memory_mb is None for g in unsure.gpus) and "CUDA_DEVICE_ORDER" in unsure.notes[0]
+
+
+@pytest.mark.parametrize("cvd, expected", [
+    (None, [0, 1, 2, 3]), ("2", [2]), ("3,0", [3, 0]), ("GPU-cccc", [2]), ("1,7,2", [1]), ("", []), ("-1", []),
+])
+def test_cuda_visible_devices_follows_cudas_rules(cvd, expected):
+    assert [c.index for c in visible_cards(parse_smi(SMI), cvd)] == expected
+
+
+def test_memory_unknown_without_nvidia_smi_or_when_counts_disagree():
+    no_smi = inventory(2, None, "5,6")
+    assert [g.memory_mb for g in no_smi.gpus] == [None, None] and [g.card for g in no_smi.gpus] == ["5", "6"]
+    assert "nvidia-smi not found" in no_smi.notes[0]
+    disagree = inventory(3, parse_smi(SMI), "0,1")
+    assert all(g.memory_mb is None for g in disagree.gpus) and "TensorFlow sees 3" in disagree.notes[0]
+    cpu_build = inventory(0, parse_smi(SMI))
+    assert cpu_build.gpus == () and "TensorFlow sees none" in cpu_build.notes[0]
+    assert parse_smi("0, GPU-x, Some GPU, [N/A]\n") == [Card(0, "GPU-x", "Some GPU", None)]
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, n_stages, inv, error, message", [
+    (["placement.memory_limit_mb=[1000,2000]"], 3, Inventory.of(1, 24 * GB), ConfigError,
+     "placement.memory_limit_mb has 2 entries, but there are 3 stages"),
+    (["placement.memory_limit_mb=[1000,2000]"], 3, Inventory(), ConfigError,
+     "placement.memory_limit_mb has 2 entries, but there are 3 stages"),
+    (["placement.memory_limit_mb=[10000,10000,5000]"], 3, Inventory.of(1, 24 * GB), DeviceError,
+     "placement.memory_limit_mb: limits on GPU 0 add up to 25000 MB, more than its 24576 MB"),
+    (["placement.memory_limit_mb=9000"], 5, Inventory.of(2, 16 * GB), DeviceError,
+     "placement.memory_limit_mb: limits on GPU 0 add up to 27000 MB, more than its 16384 MB"),
+    (["placement.visible=[0,4]"], 3, Inventory.of(4, 16 * GB), DeviceError,
+     "placement.visible[1]=4: no such GPU; TensorFlow sees GPUs 0, 1, 2, 3"),
+    (["placement.visible=[0]"], 3, Inventory(), DeviceError, "placement.visible[0]=0: no such GPU; TensorFlow sees no GPU"),
+    (["placement.visible=[1,1]"], 3, Inventory.of(4, 16 * GB), ConfigError, "placement.visible[1]=1 is listed twice"),
+    (["placement.reserve_mb=30000"], 3, Inventory.of(1, 24 * GB), DeviceError, "placement.reserve_mb=30000 leaves no memory"),
+    (["placement.fallback=mirrored", "placement.replicas=3"], 5, Inventory.of(2, 16 * GB), DeviceError,
+     "placement.replicas=3: only 2 GPU(s) visible"),
+    (["placement.fallback=mirrored", "placement.memory_limit_mb=[1,2,3]"], 3, Inventory.of(1, 16 * GB), ConfigError,
+     "placement.memory_limit_mb: a list gives one limit per stage"),
+])
+def test_bad_input_names_the_key(overrides, n_stages, inv, error, message):
+    with pytest.raises(error) as e:
+        plan(pcfg(*overrides), n_stages, inv)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_visible_error_mentions_cuda_visible_devices():
+    inv = inventory(2, parse_smi(SMI), "3,1")
+    with pytest.raises(DeviceError, match=r"placement.visible\[0\]=2: .* \(after CUDA_VISIBLE_DEVICES=3,1\)"):
+        plan(pcfg("placement.visible=[2]"), 2, inv)
+
+
+def test_mirrored_batch_that_does_not_divide_names_both_keys():
+    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3"), 3, Inventory())
+    with pytest.raises(ConfigError, match=r"data.batch_size=64 does not divide over 3 replicas \(placement.replicas\)"):
+        check_batch(64, p)
+
+
+def test_gpu_dataclass_defaults_unknown_memory():
+    assert Gpu(0).memory_mb is None and Inventory.of(2).gpus == (Gpu(0), Gpu(1))
+
+
+# --- configure: what the plan asks of TensorFlow (recorded, since this machine has no GPU) ----
+
+class FakeConfig:
+    """Records the tf.config calls `configure` makes for a machine with `n` GPUs."""
+
+    def __init__(self, monkeypatch, n):
+        import tensorflow as tf
+
+        self.gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(n)]
+        self.visible, self.logical, self.growth = None, {}, []
+        monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: self.gpus if kind == "GPU" else [])
+        monkeypatch.setattr(tf.config, "set_visible_devices", lambda devs, kind=None: setattr(self, "visible", devs))
+        monkeypatch.setattr(tf.config, "set_logical_device_configuration",
+                            lambda dev, cfgs: self.logical.__setitem__(dev.name, [c.memory_limit for c in cfgs]))
+        monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda dev, on: self.growth.append((dev.name, on)))
+
+
+def test_configure_applies_visible_cards_and_limits(monkeypatch):
+    from chain.planner import configure
+
+    fake = FakeConfig(monkeypatch, 4)
+    cfg = pcfg("placement.visible=[1,3]", "placement.memory_limit_mb=[1000,2000,3000]")
+    configure(plan(cfg, 3, Inventory.of(4, 16 * GB)), cfg)
+    assert [d.name for d in fake.visible] == ["/physical_device:GPU:1", "/physical_device:GPU:3"]
+    # Stages 0-1 share card 1; stage 2 has card 3 to itself, limited as asked.
+    assert fake.logical == {"/physical_device:GPU:1": [1000, 2000], "/physical_device:GPU:3": [3000]}
+    assert fake.growth == []
+
+
+def test_configure_sets_growth_on_every_visible_gpu_only(monkeypatch):
+    from chain.planner import configure
+
+    fake = FakeConfig(monkeypatch, 8)
+    cfg = pcfg("placement.memory_growth=true")
+    configure(plan(cfg, 3, Inventory.of(8, 80 * GB)), cfg)
+    assert [d.name for d in fake.visible] == [f"/physical_device:GPU:{i}" for i in range(3)]
+    assert fake.growth == [(f"/physical_device:GPU:{i}", True) for i in range(3)] and fake.logical == {}
+
+
+def test_discover_reads_a_real_nvidia_smi_process(tmp_path, monkeypatch):
+    """nvidia-smi on PATH (a stand-in script) is queried; TensorFlow here sees no GPU, and the note says so."""
+    from chain.inventory import discover, query_smi
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncat <<'END'\n" + SMI + "END\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert [c.index for c in query_smi()] == [0, 1, 2, 3]
+    inv = discover()
+    assert inv.gpus == () and inv.cuda_visible_devices == "2,0"
+    assert "nvidia-smi shows 2 GPU(s) but TensorFlow sees none" in inv.notes[0]
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert query_smi() is None
+
+
+def test_mig_instances_leave_memory_unknown():
+    inv = inventory(1, parse_smi(SMI), "MIG-0123abcd")
+    assert inv.gpus[0].memory_mb is None and "MIG" in inv.notes[0]
