@@ -144,10 +144,13 @@ def test_guard_drops_a_non_finite_update_entirely():
     assert int(s.optimizer.iterations.numpy()) == 1 and int(s.skipped.numpy()) == 2
 
 
+@pytest.mark.parametrize("mode", ["local", "e2e"])
 @pytest.mark.parametrize("on_nan", ["stop", "skip"])
-def test_a_nan_batch_stops_or_is_skipped_in_every_stage_it_reaches(on_nan):
-    # Linear activations carry the NaN forward (ReLU would turn it into 0 for stage 1).
-    run = chain.build(chain.compose([*SMALL, "+stages=2", "model.activation=linear", f"trainer.on_nan={on_nan}"]))
+def test_a_nan_batch_stops_or_is_skipped_in_every_stage_it_reaches(on_nan, mode):
+    # Linear activations carry the NaN forward (ReLU would turn it into 0 for stage 1);
+    # in e2e the NaN loss flows back into both stages' gradients.
+    run = chain.build(chain.compose([*SMALL, "+stages=2", "model.activation=linear", f"trainer.on_nan={on_nan}",
+                                     f"mode={mode}", "pipeline.microbatches=2"]))
     x, ys = next(run.iterator)
     bad = x.numpy().copy()
     bad[0, 0, 0, 0] = np.nan  # one NaN pixel poisons stage 0's output and so stage 1's input

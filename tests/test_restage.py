@@ -117,3 +117,24 @@ def test_bad_restaging_from_the_command_line_is_one_line(src, tmp_path):
     assert r.returncode == 2 and not os.path.exists(dst)
     assert r.stderr.strip() == ("error: cannot split 4 stages of model.depth=2 (8 blocks) evenly into 3 stages; "
                                 "choose a stage count that divides 8, or give the depths with +stages=[...]")
+
+
+def test_restage_e2e_keeps_the_chains_predictions_and_training_continues(tmp_path):
+    """mode=e2e: the last stage holds the read-out, no stage has a head; 4 -> 2 -> 4."""
+    e2e = ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"]
+    src = str(tmp_path / "src")
+    r = run_cli(tmp_path, *SRC, *e2e, f"hydra.run.dir={src}")
+    assert r.returncode == 0, r.stderr
+    two, four = str(tmp_path / "two"), str(tmp_path / "four")
+    restage(src, two, ["+stages=2"])
+    restage(two, four, ["+stages=4"])
+    runs = [restored(d, *e2e, f"+stages={k}", f"model.depth={8 // k}") for d, k in ((src, 4), (two, 2), (four, 4))]
+    x, _ = next(iter(runs[0].batches()))
+    outputs = [run.forward(x) for run in runs]
+    last = [out[f"body_{len(run.stages) - 1}"] for run, out in zip(runs, outputs)]
+    assert last[0].shape == (16, 10) and same(last[0], last[1]) and same(last[0], last[2])
+    assert same(outputs[0]["body_1"], outputs[1]["body_0"])  # the boundary both splits share
+    assert not any(k.startswith("head_") for out in outputs for k in out)
+    s = chain.build(chain.compose([*BASE, *e2e, "+stages=2", "model.depth=4", "resume=true", "trainer.steps=5"]),
+                    run_dir=two).fit()
+    assert s["resumed_from"] == 3 and np.isfinite(s["loss_last"])

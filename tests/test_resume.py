@@ -18,8 +18,12 @@ import tensorflow as tf
 
 from conftest import read_summary, run_cli
 
-# mode=e2e joins this list once its engine exists: the test itself is mode-agnostic.
-MODES = ["local", "e2e"]
+# Each entry: how the chain is trained (the pipelined modes, and the mirrored fallback).
+MODES = {
+    "local": ["mode=local"],
+    "e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
+    "mirrored": ["mode=local", "placement.fallback=mirrored"],
+}
 # Dropout > 0: a resume that lost the seed generators' state would differ from step 1 on.
 TINY = ["+stages=2", "model.width=16", "model.dropout=0.2", "data.batch_size=32", "trainer.progress=false"]
 
@@ -46,7 +50,7 @@ def event_steps(path) -> list[int]:
 @pytest.mark.parametrize("mode", MODES)
 def test_resume_after_kill_is_bit_exact(tmp_path, mode):
     n, every, kill_at = 8, 3, 5  # killed two steps after the checkpoint at step 3
-    args = [f"mode={mode}", *TINY, f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.log_every=1"]
+    args = [*MODES[mode], *TINY, f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.log_every=1"]
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     r = cli(tmp_path, *args, f"hydra.run.dir={straight}")
     assert r.returncode == 0, r.stderr
