@@ -83,9 +83,6 @@ def _remove_run_dir(run_dir: str) -> None:
 def _app(cfg: DictConfig) -> None:
     from chain.config import settings
 
-    import logging
-
-    logging.getLogger("absl").setLevel(logging.WARNING)  # per-save "sharding callback" chatter
     run_dir = HydraConfig.get().runtime.output_dir
     # TensorFlow's checkpoint writer logs every shard at INFO through absl, which
     # Hydra's logging set-up would print on every save.

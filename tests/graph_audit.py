@@ -50,6 +50,16 @@ class Audit:
                     out.append((op, t.op))
         return out
 
+    def misplaced(self, devices) -> list:
+        """Ops placed outside `devices`, and unplaced ops other than the caller boundary."""
+        bad = []
+        for op in self._ops:
+            d = self.device[op]
+            boundary = op in self.args | self.outputs or op.type == "NoOp"
+            if (d is None and not boundary) or (d is not None and d not in devices):
+                bad.append((op.name, d))
+        return bad
+
     def copies(self):
         return [op for op in self._ops if op.name.split("/")[-1].startswith(COPY_PREFIX)]
 
