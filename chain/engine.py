@@ -99,8 +99,9 @@ def shared_outcomes(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor]
     """One loss-scale outcome for stages that share one loss (mode=e2e), decided on `device`.
 
     Each stage's finite flag is computed on its device and copied to `device` (where
-    the loss is); the outcome is copied back to every stage, so all of them unscale by
-    the same scale and skip together. Without loss scaling: `[None] * len(stages)`.
+    the loss is); the outcome is copied back to every stage, so all of them apply, or
+    all skip and halve their copy of the scale, which therefore stays the same on every
+    stage. Without loss scaling: `[None] * len(stages)`.
     """
     if stages[-1].loss_scale is None:
         return [None] * len(stages)

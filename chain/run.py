@@ -120,11 +120,12 @@ class Run:
         """One optimizer step on one batch (of `examples_per_step` examples, as `batches()` yields).
 
         With `trainer.grad_accum=N` the batch is cut into N equal chunks whose gradients
-        are summed before the one update. Returns `loss`, `stage_losses` and `skipped`. mode=local: each stage's own loss,
-        and their sum. mode=e2e: the chain's mean loss over the batch; `stage_losses` is
-        empty, because no stage has a loss of its own. `skipped` lists the stages whose
-        update the numerics guard dropped; under `trainer.on_nan=stop` a dropped update
-        raises `NonFiniteError` naming the stages and the step instead.
+        are summed before the one update. Returns `loss`, `stage_losses` and `skipped`.
+        mode=local: each stage's own loss, and their sum. mode=e2e: the chain's mean loss
+        over the batch; `stage_losses` is empty, because no stage has a loss of its own.
+        `skipped` lists the stages whose update the numerics guard dropped; under
+        `trainer.on_nan=stop` a dropped update raises `NonFiniteError` naming the stages
+        and the step instead (a float16 loss-scale overflow is neither: see `chain.loss_scale`).
         """
         import tensorflow as tf
 

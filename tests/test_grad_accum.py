@@ -36,10 +36,10 @@ def test_accumulated_update_equals_the_update_on_the_larger_batch(case):
     """Tolerance 1e-6 relative (per variable: largest difference over largest magnitude; per
     step loss), after 5 SGD steps. Both runs compute the mean loss and gradient over the
     same N x B examples: the accumulating run as N chunk sums of B examples (each chunk's
-    loss weighted 1/N), the reference in one sum (split into the same M microbatches per
-    chunk-sized share in e2e, over the same replicas when mirrored). Only the order of
-    float32 additions differs (unit roundoff 6e-8), so the results agree to a few units
-    of it; the mathematics is identical. Measured: 1-2e-7.
+    loss weighted 1/N), the reference as one sum over the whole batch (in e2e over its
+    own M microbatches; mirrored over the same two replicas). Only the order of float32
+    additions differs (unit roundoff 6e-8), so the results agree to a few units of it;
+    the mathematics is identical. Measured: 1-2e-7.
     """
     accumulating = chain.build(chain.compose(BASE + CASES[case] + [f"data.batch_size={B}", f"trainer.grad_accum={N}"]))
     larger = chain.build(chain.compose(BASE + CASES[case] + [f"data.batch_size={N * B}"]))

@@ -39,9 +39,9 @@ def test_xla_training_matches_uncompiled_training(case):
     and per step loss), after 5 SGD steps. XLA computes the same functions but fuses and
     reorders floating-point operations (sums in another order, fused multiply-adds), so
     only rounding differs: float32's unit roundoff is 6e-8 and five steps of a three-
-    stage chain accumulate a few hundred of them at most. Measured: about 2e-7 (float16
-    case: compiled and uncompiled float16 round at the same points, measured 0).
-    bfloat16 is not held to this: XLA on CPU keeps fused intermediates wider than
+    stage chain accumulate a few hundred of them at most. Measured: 1-2e-7 in every case
+    here, the float16 one included (its float16 values are rounded at the same points
+    compiled or not). bfloat16 is not held to this: XLA on CPU keeps fused intermediates wider than
     bfloat16, so compiled and uncompiled bfloat16 runs differ at bfloat16's own rounding
     (about 3e-4); test_precision holds the compiled bfloat16 run to the bfloat16
     tolerance against float32.
