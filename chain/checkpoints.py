@@ -10,7 +10,8 @@ half-way could already have deleted the only step every stage still shares.
 
 A stage's checkpoint holds its model, head, optimizer (with slot variables), the
 state of its dropout seed generators (which `tf.train.Checkpoint(model=...)` leaves
-out), its count of skipped updates and the step.
+out), its count of skipped updates, its loss scale (precision=mixed_float16: scale,
+finite steps since it last changed, overflow count) and the step.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class Checkpoints:
                        "skipped": s.skipped, "step": step}
             if s.head is not None:
                 objects["head"] = s.head
+            if s.loss_scale is not None:
+                objects["loss_scale"] = s.loss_scale
             self.parts[stage_name(s.index)] = tf.train.Checkpoint(**objects)
             self.steps[stage_name(s.index)] = step
         self.parts[DATA_DIR] = tf.train.Checkpoint(iterator=iterator)
@@ -113,6 +116,8 @@ class Checkpoints:
             "mode": self.settings["mode"],
             "seed": self.settings["seed"],
             "data": self.settings["data"],
+            "grad_accum": self.settings["trainer"]["grad_accum"],
+            "precision": self.settings["precision"],
             "stages": manifest_lib.layout(self.stages),
             "checkpoints": checkpoints,
             "loss_first": loss_first,

@@ -92,3 +92,19 @@ def pipeline(ds: Dataset, batch_size: int, seed: int, shuffle: bool = True):
     if shuffle:
         data = data.shuffle(len(ds.x), seed=seed, reshuffle_each_iteration=True)
     return data.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def training_batches(ds: Dataset, settings: dict[str, Any]):
+    """The run's stream of training batches: one per optimizer step, of
+    `trainer.grad_accum` x `data.batch_size` examples (validated `settings`).
+
+    Batching a shuffled, repeated stream, a batch of N x B examples holds the same
+    examples, in the same order, as N consecutive batches of B.
+    """
+    from chain.errors import ConfigError
+
+    d, n = settings["data"], settings["trainer"]["grad_accum"]
+    if n > 1 and n * d["batch_size"] > len(ds.x):
+        raise ConfigError(f"trainer.grad_accum={n} x data.batch_size={d['batch_size']} = {n * d['batch_size']} examples "
+                          f"per step is more than data={ds.name} has ({len(ds.x)})")
+    return pipeline(ds, d["batch_size"] * n, settings["seed"], d["shuffle"])

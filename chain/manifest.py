@@ -11,7 +11,8 @@ Format (`"format": 1`):
 
     step            newest complete step; restore uses this one
     complete        complete steps still on disk, oldest first (the last is `step`)
-    mode, seed, data    what the data stream and random state depend on
+    mode, seed, data, grad_accum    what the data stream and random state depend on
+    precision       what the stages computed in (float16 checkpoints hold loss scales)
     stages          one entry per stage: index, dir, target, optimizer, layers, head
                     (layers: [{"class": "Dense", "variables": [["kernel", [64, 64]], ...]}])
     checkpoints     {"stage_00": "stage_00/ckpt-10", ..., "data": "data/ckpt-10"}
@@ -132,3 +133,19 @@ def check_stream(manifest: dict[str, Any], settings: dict[str, Any]) -> None:
         if saved.get(key) != now.get(key):
             raise ChainError(f"the checkpoint was written with data.{key}={saved.get(key)!r}, the config has "
                              f"data.{key}={now.get(key)!r}; the data stream continues only with the same data settings")
+    # Each saved iterator position is a step's worth of batches: grad_accum x batch_size examples.
+    saved_n, now_n = manifest.get("grad_accum", 1), settings["trainer"]["grad_accum"]
+    if saved_n != now_n:
+        raise ChainError(f"the checkpoint was written with trainer.grad_accum={saved_n}, the config has "
+                         f"trainer.grad_accum={now_n}; resume needs the same trainer.grad_accum")
+    check_precision(manifest, settings)
+
+
+def check_precision(manifest: dict[str, Any], settings: dict[str, Any]) -> None:
+    """float32 and mixed_bfloat16 checkpoints hold the same state and resume into each other;
+    mixed_float16 ones also hold loss scales, so float16 resumes only from float16."""
+    saved, now = manifest.get("precision", "float32"), settings["precision"]
+    if saved != now and "mixed_float16" in (saved, now):
+        raise ChainError(f"the checkpoint was written with precision={saved}, the config has precision={now}; "
+                         "mixed_float16 checkpoints hold loss scales, so resume float16 runs with precision=mixed_float16 "
+                         "and others without it")

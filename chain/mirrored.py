@@ -14,6 +14,13 @@ optimizer, the gradient stopped between stages. `mode=e2e` runs the composed cha
 one loss after the last stage, each stage's optimizer updating its own variables. In
 both, one mirrored step computes the same losses and the same update as one pipelined
 step on the same global batch (for e2e: any schedule, any number of microbatches).
+
+The switches: with `trainer.grad_accum=N` the global batch of a step is N x
+`data.batch_size` and each replica runs its share in N chunks; `trainer.jit_compile`
+compiles each stage's forward pass (and its gradient) on every replica, not the update
+(it runs once in cross-replica context over every replica's variables, which one XLA
+cluster cannot span); under `mixed_float16` the summed gradients are unscaled before
+the update, and in mode=e2e all stages take one loss-scale decision.
 """
 
 from __future__ import annotations
@@ -23,56 +30,77 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from chain import losses, memory, planner
-from chain.engine import apply_update, loss_fn
+from chain import losses, memory, planner, xla
+from chain.engine import add_grads, after, apply_update, chunks, local_forward, shared_outcomes, unscale
 from chain.errors import DeviceError
-from chain.run import Run
+from chain.pipeline import chain_forward
+from chain.run import Run, check_chunks
 from chain.stages import Stage
 
 
-def local_replica_step(stages: Sequence[Stage], global_batch: int) -> Callable:
+def _shares(x: tf.Tensor, n: int, global_batch: int) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """This replica's examples cut into `n` chunks, and one chunk's share of the global batch."""
+    xs = chunks(x, n)
+    return xs, tf.cast(tf.shape(xs[0])[0], tf.float32) / global_batch
+
+
+def local_replica_step(stages: Sequence[Stage], global_batch: int, grad_accum: int = 1,
+                       jit_compile: bool = False) -> Callable:
     """mode=local on one replica: the chain on this replica's part of the batch.
 
     Losses are this replica's mean times its share of the global batch, so summed over
-    replicas they are the mean over the global batch; so are the gradients it returns.
+    replicas they are the mean over the global batch; so are the gradients it returns
+    (gradients of the scaled loss under float16). With `grad_accum=N` the replica runs
+    its part in N chunks, one at a time, and sums them.
     """
+    forwards = [xla.stage_function(local_forward(s), jit_compile, xla.forward_name(s.index)) for s in stages]
 
     def step(batch: tuple) -> tuple[dict[str, tf.Tensor], list[list[tf.Tensor]]]:
         x, ys = batch
-        share = tf.cast(tf.shape(x)[0], tf.float32) / global_batch
-        h = x
-        stage_losses, grads = {}, []
-        for s in stages:
-            with tf.GradientTape() as tape:
-                out = s.model(h, training=True)
-                loss = loss_fn(s.target, ys[s.target.name], s.head(out, training=True)) * share
-            grads.append(tape.gradient(loss, s.trainable_variables))
-            h = tf.stop_gradient(out)
-            stage_losses[f"stage_{s.index}"] = loss
+        xs, share = _shares(x, grad_accum, global_batch)
+        labels = {k: chunks(v, grad_accum) for k, v in ys.items()}
+        stage_losses, grads = {}, [None] * len(stages)
+        for i, h in enumerate(xs):
+            for s in stages:
+                with tf.control_dependencies(after(grads[s.index])):
+                    with tf.GradientTape() as tape:
+                        out, loss, scaled = forwards[s.index](h, labels[s.target.name][i], share)
+                    grads[s.index] = add_grads(grads[s.index], tape.gradient(scaled, s.trainable_variables))
+                h = tf.stop_gradient(out)
+                key = f"stage_{s.index}"
+                stage_losses[key] = loss if i == 0 else stage_losses[key] + loss
         return stage_losses, grads
 
     return step
 
 
-def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable) -> Callable:
+def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable, grad_accum: int = 1,
+                     jit_compile: bool = False) -> Callable:
     """mode=e2e on one replica: the chain as one network, one loss after the last stage.
 
     `loss(y, pred)` is the mean loss over the examples it is given; scaled by this
     replica's share of the global batch, as in `local_replica_step`. Returns the loss
-    and each stage's gradients.
+    and each stage's gradients (of the loss-scaled loss under float16).
     """
     target = stages[-1].target
+    last = len(stages) - 1
+    forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
+                                   xla.forward_name(s.index)) for s in stages]
 
     def step(batch: tuple) -> tuple[dict[str, tf.Tensor], list[list[tf.Tensor]]]:
         x, ys = batch
-        share = tf.cast(tf.shape(x)[0], tf.float32) / global_batch
-        with tf.GradientTape() as tape:
-            h = x
-            for s in stages:
-                h = s.model(h, training=True)
-            total = loss(ys[target.name], h) * share
+        xs, share = _shares(x, grad_accum, global_batch)
+        labels = chunks(ys[target.name], grad_accum)
         per_stage = [s.trainable_variables for s in stages]
-        flat = tape.gradient(total, [v for vs in per_stage for v in vs])
+        total, flat = None, None
+        for h, y in zip(xs, labels):
+            with tf.control_dependencies(after(flat)):
+                with tf.GradientTape() as tape:
+                    for s in stages[:-1]:
+                        h = forwards[s.index](h)
+                    value, scaled = forwards[last](h, y, share)
+                flat = add_grads(flat, tape.gradient(scaled, [v for vs in per_stage for v in vs]))
+            total = value if total is None else total + value
         grads, start = [], 0
         for vs in per_stage:
             grads.append(flat[start:start + len(vs)])
@@ -83,12 +111,16 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable)
 
 
 def replica_step(settings: dict[str, Any], stages: Sequence[Stage]) -> Callable:
-    """The per-replica training step for the configured mode."""
-    global_batch = settings["data"]["batch_size"]
+    """The per-replica training step for the configured mode.
+
+    The global batch of one step is `trainer.grad_accum` x `data.batch_size` examples.
+    """
+    t = settings["trainer"]
+    global_batch = settings["data"]["batch_size"] * t["grad_accum"]
     if settings["mode"] == "local":
-        return local_replica_step(stages, global_batch)
+        return local_replica_step(stages, global_batch, t["grad_accum"], t["jit_compile"])
     fn = losses.make(settings["loss"], stages[-1].target, settings["data"]["name"])
-    return e2e_replica_step(stages, global_batch, fn)
+    return e2e_replica_step(stages, global_batch, fn, t["grad_accum"], t["jit_compile"])
 
 
 _STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
@@ -148,9 +180,14 @@ class MirroredRun(Run):
         def train(batch: Any) -> dict[str, tf.Tensor]:
             per_replica_losses, per_replica_grads = self.strategy.run(per_replica_step, args=(batch,))
             total = {k: self._sum(v) for k, v in per_replica_losses.items()}
-            for s, grads in zip(self.stages, per_replica_grads):
+            grads = [unscale(s, [self._sum(g) for g in gs]) for s, gs in zip(self.stages, per_replica_grads)]
+            # mode=e2e under float16: one loss-scale decision for the whole chain; mode=local:
+            # each stage decides from its own loss (outcome None).
+            outcomes = (shared_outcomes(self.stages, grads, total["loss"], None) if self.e2e
+                        else [None] * len(self.stages))
+            for s, g, outcome in zip(self.stages, grads, outcomes):
                 own = total.get(f"stage_{s.index}")  # mode=local: the stage's loss joins the guard
-                apply_update(s, [self._sum(g) for g in grads], own)
+                apply_update(s, g, own, outcome)
             return total
 
         self._step = train
@@ -164,6 +201,7 @@ class MirroredRun(Run):
         if x.shape[0] % n_replicas:
             raise ValueError(f"a batch of {x.shape[0]} examples does not divide over {n_replicas} replicas")
         n = x.shape[0] // n_replicas
+        check_chunks(n, self.grad_accum)  # each replica cuts its part into grad_accum chunks
 
         def part(ctx: tf.distribute.experimental.ValueContext) -> tuple:
             i = ctx.replica_id_in_sync_group

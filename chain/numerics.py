@@ -6,6 +6,10 @@ count; it only adds one to the stage's `skipped` counter. After each step the Py
 loop reads the counters (`Watch`) and either stops (`trainer.on_nan=stop`) or carries
 on (`skip`). Every mode applies its updates through `apply_update`, so every mode is
 guarded.
+
+Under float16 loss scaling (`chain.loss_scale`) a step whose gradients overflow while
+the loss is finite is the loss scale's business: it is skipped and counted there, and
+never reaches this guard, so `on_nan=stop` stops on genuinely non-finite numbers only.
 """
 
 from __future__ import annotations

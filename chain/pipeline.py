@@ -14,6 +14,18 @@ inside its stage's device scope:
 After its last backward, each stage applies its accumulated gradients once through
 `engine.apply_update`, so every schedule computes the full-batch update.
 
+Gradient accumulation (`trainer.grad_accum=N`): a step's batch is N chunks of
+`data.batch_size`, and the schedule runs N times in a row ("rounds"), round r on
+chunk r's M microbatches (numbered r*M .. r*M+M-1), accumulating into the same sums;
+each microbatch's loss is divided by N*M. The update comes after the last round, so it
+is the update of the whole N x batch_size batch, while each round holds only as many
+activations as the schedule does for one batch.
+
+Under float16 loss scaling the last stage differentiates its scaled loss, and after
+the last backward the whole chain takes one loss-scale decision
+(`engine.shared_outcomes`): every stage unscales by the same scale and all skip
+together on an overflow.
+
 A dataflow graph runs any op whose inputs are ready, so the order a schedule gives a
 stage would be lost, and with it 1F1B's bound on live activations: every action's ops
 are created under `tf.control_dependencies` on the previous action of the same stage.
@@ -30,9 +42,9 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
-from chain import losses
+from chain import losses, xla
 from chain.data import Target
-from chain.engine import apply_update, copy_to
+from chain.engine import add_grads, copy_to, shared_outcomes, stage_update, unscale
 from chain.errors import ConfigError
 from chain.schedules import FORWARD, Action, Schedule, simulate
 from chain.stages import Stage
@@ -58,19 +70,35 @@ def gradient_copy(stage: int, microbatch: int) -> str:
     return f"grad_s{stage}_mb{microbatch}"
 
 
-def split_batch(n: int, microbatches: int) -> int:
-    """Examples per microbatch, or a ConfigError if `microbatches` does not divide `n`."""
-    if n % microbatches:
+def split_batch(n: int, microbatches: int, grad_accum: int = 1) -> int:
+    """Examples per microbatch, or a ConfigError if `grad_accum` chunks of `microbatches` do not divide `n`."""
+    if n % (microbatches * grad_accum):
+        if grad_accum == 1:
+            raise ConfigError(
+                f"pipeline.microbatches={microbatches} does not divide the batch of {n} examples "
+                f"(data.batch_size); use a divisor of {n}")
         raise ConfigError(
-            f"pipeline.microbatches={microbatches} does not divide the batch of {n} examples "
-            f"(data.batch_size); use a divisor of {n}")
-    return n // microbatches
+            f"trainer.grad_accum={grad_accum} chunks of pipeline.microbatches={microbatches} do not divide "
+            f"the batch of {n} examples (grad_accum x data.batch_size)")
+    return n // (microbatches * grad_accum)
 
 
-def _add(acc: list | None, grads: Sequence) -> list:
-    if acc is None:
-        return list(grads)
-    return [g if a is None else a if g is None else a + g for a, g in zip(acc, grads)]
+def rounds(order: Sequence[Action], microbatches: int, grad_accum: int) -> list[Action]:
+    """`order` played `grad_accum` times, round r on microbatches r*M .. r*M+M-1."""
+    return [Action(k, r * microbatches + m, kind) for r in range(grad_accum) for k, m, kind in order]
+
+
+def chain_forward(stage: Stage, loss: Callable | None = None) -> Callable:
+    """One stage of the chain: `fn(h) -> output`; the last stage (given `loss`) is
+    `fn(h, y, weight) -> (loss x weight, the same scaled for the tape)`."""
+    if loss is None:
+        return lambda h: stage.model(h, training=True)
+
+    def fn(h, y, weight):
+        value = loss(y, stage.model(h, training=True)) * weight
+        return value, value if stage.loss_scale is None else stage.loss_scale.scale_loss(value)
+
+    return fn
 
 
 def _done(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
@@ -80,17 +108,23 @@ def _done(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
         return tf.group(*[op for op in ops if op.type != "Placeholder"], name="done")
 
 
-def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target) -> Callable:
+def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
+             grad_accum: int = 1, jit_compile: bool = False) -> Callable:
     """Compile-ready training step of `schedule` over `stages`: `step(x, ys) -> {"loss": mean batch loss}`.
 
     `loss(y, pred)` is the mean loss of one microbatch; `target` names the entry of
-    `ys` that the last stage learns.
+    `ys` that the last stage learns. `grad_accum` rounds of the schedule make one
+    update; `jit_compile` compiles each stage's forward (with its gradient) and update
+    with XLA (`chain.xla`).
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
-    order = simulate(schedule).order()  # validates the schedule, too
-    n_stages, n_micro = len(stages), schedule.microbatches
+    order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
+    n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
     last = n_stages - 1
+    forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
+                                   xla.forward_name(s.index)) for s in stages]
+    updates = [stage_update(s, jit_compile) for s in stages]
 
     @tf.function
     def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
@@ -122,12 +156,13 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         with tf.GradientTape() as tape:
                             if k > 0:
                                 tape.watch(h)
-                            out = s.model(h, training=True)
                             if k == last:
-                                out = loss(labels[m], out) / n_micro
+                                value, out = forwards[k](h, labels[m], 1.0 / n_micro)
+                            else:
+                                out = forwards[k](h)
                     saved[(k, m)] = (tape, h, out)
                     if k == last:
-                        microbatch_losses.append(out)
+                        microbatch_losses.append(value)
                     else:
                         outputs[(k, m)] = out
                 else:
@@ -140,14 +175,22 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         if k > 0:
                             input_grads[(k, m)] = grads[0]
                             grads = grads[1:]
-                        accumulated[k] = _add(accumulated[k], grads)
+                        accumulated[k] = add_grads(accumulated[k], grads)
                 previous[k] = [_done(graph.get_operations()[first_op:], s.device)]
 
-        for s in stages:  # the update is each stage's last action
-            with tf.name_scope(update_scope(s.index)), tf.device(s.device), tf.control_dependencies(previous[s.index]):
-                apply_update(s, accumulated[s.index])
         with tf.device(stages[last].device):
             total = tf.add_n(microbatch_losses)
+        grads, scopes = [], []
+        for s in stages:  # the update is each stage's last action
+            with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
+                    tf.control_dependencies(previous[s.index]):
+                grads.append(unscale(s, accumulated[s.index]))
+            scopes.append(scope)
+        outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
+        for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
+            # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
+            with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[s.index]):
+                updates[s.index](g, None, outcome)
         return {"loss": total}
 
     return step
@@ -156,4 +199,5 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
 def make_e2e_step(settings: dict, stages: Sequence[Stage], schedule: Schedule, target: Target) -> Callable:
     """The e2e step for validated `settings`: checks the loss against the target first."""
     fn = losses.make(settings["loss"], target, settings["data"]["name"])
-    return e2e_step(stages, schedule, fn, target)
+    t = settings["trainer"]
+    return e2e_step(stages, schedule, fn, target, t["grad_accum"], t["jit_compile"])

@@ -132,6 +132,22 @@ class _Copier:
             b.assign(a)
 
 
+def _copy_loss_scale(sources: Sequence, dst) -> None:
+    """precision=mixed_float16: DST's loss scale continues from its SRC stages'.
+
+    In mode=e2e they are all equal (one scale for the chain); in mode=local the
+    smallest wins (it overflowed most recently, so it is the safe one), with its
+    finite-step count; the overflow count is the largest, as for `skipped`.
+    """
+    if dst.loss_scale is None:
+        return
+    scales = [s.loss_scale for s in sources]
+    smallest = min(scales, key=lambda ls: float(ls.scale.numpy()))
+    dst.loss_scale.scale.assign(smallest.scale)
+    dst.loss_scale.good_steps.assign(smallest.good_steps)
+    dst.loss_scale.overflows.assign(max(int(ls.overflows.numpy()) for ls in scales))
+
+
 def _signature(layer) -> tuple:
     return type(layer).__name__, tuple(tuple(w.shape) for w in layer.weights)
 
@@ -184,6 +200,7 @@ def map_stages(src_stages: Sequence, dst_stages: Sequence) -> tuple[list[str], d
     for d in dst_stages:
         d.optimizer.iterations.assign(max(int(by_index[k].optimizer.iterations.numpy()) for k in sources[d.index]))
         d.skipped.assign(max(int(by_index[k].skipped.numpy()) for k in sources[d.index]))
+        _copy_loss_scale([by_index[k] for k in sorted(sources[d.index])], d)
     dropped = sorted(s.index for s in src_stages if s.head is not None and s.index not in kept.values())
     if dropped:
         notes.append("heads of SRC stages " + ", ".join(map(str, dropped)) + " dropped (no longer at a stage boundary)")
@@ -218,8 +235,7 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
 
     device = "/device:CPU:0"
     dataset = data_lib.load(src_settings["data"], src_settings["seed"])
-    d = src_settings["data"]
-    iterator = iter(data_lib.pipeline(dataset, d["batch_size"], src_settings["seed"], d["shuffle"]))
+    iterator = iter(data_lib.training_batches(dataset, src_settings))
     built = {}
     for name, s in (("src", src_settings), ("dst", dst_settings)):
         keras.utils.set_random_seed(s["seed"])  # new heads start as a fresh DST run's would

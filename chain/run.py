@@ -60,12 +60,22 @@ class Run:
 
     @property
     def batch_size(self) -> int:
+        """`data.batch_size`: examples per chunk (per step without gradient accumulation)."""
         return self.settings["data"]["batch_size"]
 
+    @property
+    def grad_accum(self) -> int:
+        """`trainer.grad_accum`: chunks of `batch_size` examples per optimizer step."""
+        return self.settings["trainer"]["grad_accum"]
+
+    @property
+    def examples_per_step(self) -> int:
+        """Examples behind one optimizer step: `grad_accum` x `batch_size`."""
+        return self.grad_accum * self.batch_size
+
     def batches(self):
-        """The shared `tf.data` pipeline of training batches."""
-        d = self.settings["data"]
-        return data_lib.pipeline(self.dataset, d["batch_size"], self.settings["seed"], d["shuffle"])
+        """The shared `tf.data` pipeline of training batches, one per step (`examples_per_step` each)."""
+        return data_lib.training_batches(self.dataset, self.settings)
 
     @property
     def iterator(self):
@@ -107,13 +117,15 @@ class Run:
         return {first: tf.convert_to_tensor(y)}
 
     def step(self, x: Any, y: Any) -> dict[str, Any]:
-        """One optimizer step on one batch.
+        """One optimizer step on one batch (of `examples_per_step` examples, as `batches()` yields).
 
-        Returns `loss`, `stage_losses` and `skipped`. mode=local: each stage's own loss,
-        and their sum. mode=e2e: the chain's mean loss over the batch; `stage_losses` is
-        empty, because no stage has a loss of its own. `skipped` lists the stages whose
-        update the numerics guard dropped; under `trainer.on_nan=stop` a dropped update
-        raises `NonFiniteError` naming the stages and the step instead.
+        With `trainer.grad_accum=N` the batch is cut into N equal chunks whose gradients
+        are summed before the one update. Returns `loss`, `stage_losses` and `skipped`.
+        mode=local: each stage's own loss, and their sum. mode=e2e: the chain's mean loss
+        over the batch; `stage_losses` is empty, because no stage has a loss of its own.
+        `skipped` lists the stages whose update the numerics guard dropped; under
+        `trainer.on_nan=stop` a dropped update raises `NonFiniteError` naming the stages
+        and the step instead (a float16 loss-scale overflow is neither: see `chain.loss_scale`).
         """
         import tensorflow as tf
 
@@ -121,7 +133,9 @@ class Run:
         if self.e2e:
             from chain.pipeline import split_batch
 
-            split_batch(int(x.shape[0]), self.schedule.microbatches)
+            split_batch(int(x.shape[0]), self.schedule.microbatches, self.grad_accum)
+        else:
+            check_chunks(int(x.shape[0]), self.grad_accum)
         return self._finish_step(self._step(x, self._targets(y)))
 
     def _finish_step(self, losses: dict[str, Any]) -> dict[str, Any]:
@@ -253,8 +267,13 @@ class Run:
             "steps": self.settings["trainer"]["steps"],
             "resumed_from": resumed_from,
             "batch_size": self.batch_size,
+            "grad_accum": self.grad_accum,
+            "examples_per_step": self.examples_per_step,
+            "precision": self.settings["precision"],
+            "jit_compile": self.settings["trainer"]["jit_compile"],
             "seed": self.settings["seed"],
-            "examples_per_second": (timed_steps * self.batch_size / elapsed) if timed_steps and elapsed > 0 else None,
+            # Every example of every chunk counts: a step is one optimizer update.
+            "examples_per_second": (timed_steps * self.examples_per_step / elapsed) if timed_steps and elapsed > 0 else None,
             "loss_first": first["loss"],
             "loss_last": last["loss"],
             **self._pipeline_summary(),
@@ -285,11 +304,21 @@ class Run:
             "params": s.params,
             "peak_memory_bytes": memory.peak_bytes(s.device) if s.device else None,  # None: mirrored
             "skipped_steps": skipped,
+            # precision=mixed_float16: the stage's loss scale now, and steps skipped for overflow
+            # (the same for every stage in mode=e2e, where the chain shares one scale).
+            "loss_scale": float(s.loss_scale.scale.numpy()) if s.loss_scale is not None else None,
+            "overflow_steps": int(s.loss_scale.overflows.numpy()) if s.loss_scale is not None else 0,
         }
         if not self.e2e:  # only mode=local has a target and a loss per stage
             out.update(target=s.target.name, loss_first=first["stage_losses"][s.index],
                        loss_last=last["stage_losses"][s.index])
         return out
+
+
+def check_chunks(n: int, grad_accum: int) -> None:
+    """Raise ValueError unless a batch of `n` examples cuts into `grad_accum` equal chunks."""
+    if n % grad_accum:
+        raise ValueError(f"a batch of {n} examples does not cut into trainer.grad_accum={grad_accum} equal chunks")
 
 
 def write_json(path: str, obj: Any) -> None:

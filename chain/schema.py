@@ -58,6 +58,18 @@ def number(positive: bool = False, minimum: float | None = None, below: float | 
     return check
 
 
+def power_of_two(key: str, v: Any) -> Any:
+    """A positive power of two (2**-k allowed), e.g. a loss scale: multiplying by it is exact."""
+    import math
+
+    v = number(positive=True)(key, v)
+    if math.frexp(v)[0] != 0.5:
+        lower = 2.0 ** (math.frexp(v)[1] - 1)
+        raise ConfigError(f"{key}={v:g} must be a power of two (e.g. {lower:g} or {2 * lower:g}), "
+                          "so that scaling and unscaling gradients is exact")
+    return v
+
+
 def boolean(key: str, v: Any) -> Any:
     if not isinstance(v, bool):
         raise ConfigError(f"{key}={v!r} must be true or false")
@@ -175,6 +187,7 @@ ROOT = Section(
                 "progress": boolean,
                 "jit_compile": boolean,
                 "grad_accum": integer(1),
+                "initial_loss_scale": power_of_two,
                 "on_nan": choice(*ON_NAN),
             }
         ),

@@ -14,8 +14,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from chain import precision
 from chain.data import Target
 from chain.errors import ConfigError
+from chain.loss_scale import LossScale
 from chain.planner import canonical
 
 
@@ -25,7 +27,8 @@ class Stage:
 
     `model` maps the previous stage's output to this stage's output; `head` (mode=local
     only) maps that output to a prediction of `target`. `device` is None in a mirrored
-    run, where every replica holds every stage.
+    run, where every replica holds every stage. `loss_scale` (precision=mixed_float16
+    only) is the stage's copy of its dynamic loss scale (`chain.loss_scale`).
     """
 
     index: int
@@ -36,6 +39,7 @@ class Stage:
     head: keras.Model | None = None
     spec: dict | None = None
     skipped: tf.Variable | None = None
+    loss_scale: LossScale | None = None
 
     def __post_init__(self) -> None:
         # Updates dropped by the numerics guard. A variable (not a Python int) so the
@@ -88,8 +92,12 @@ def random_variables(layer: keras.layers.Layer) -> list[tf.Variable]:
     return [v for v in layer.variables if id(v) not in weights]
 
 
-def model_layers(spec: dict[str, Any], input_shape: tuple[int, ...], where: str) -> list[keras.layers.Layer]:
-    """The layers of one stage's body, from its validated `model` section."""
+def model_layers(spec: dict[str, Any], input_shape: tuple[int, ...], where: str,
+                 dtype: keras.DTypePolicy | str | None = None) -> list[keras.layers.Layer]:
+    """The layers of one stage's body, from its validated `model` section.
+
+    `dtype` is every layer's dtype policy (`chain.precision`); None: the global policy.
+    """
     layers: list[keras.layers.Layer] = []
     act = None if spec["activation"] == "linear" else spec["activation"]
     if spec["name"] == "conv":
@@ -99,23 +107,25 @@ def model_layers(spec: dict[str, Any], input_shape: tuple[int, ...], where: str)
                 "put conv stages first and use data=digits"
             )
         for _ in range(spec["depth"]):
-            layers.append(keras.layers.Conv2D(spec["filters"], spec["kernel_size"], padding="same", activation=act))
+            layers.append(keras.layers.Conv2D(spec["filters"], spec["kernel_size"], padding="same", activation=act,
+                                              dtype=dtype))
             if spec["dropout"]:
-                layers.append(keras.layers.Dropout(spec["dropout"]))
+                layers.append(keras.layers.Dropout(spec["dropout"], dtype=dtype))
         return layers
     if len(input_shape) > 1:
-        layers.append(keras.layers.Flatten())
+        layers.append(keras.layers.Flatten(dtype=dtype))
     for _ in range(spec["depth"]):
-        layers.append(keras.layers.Dense(spec["width"], activation=act))
+        layers.append(keras.layers.Dense(spec["width"], activation=act, dtype=dtype))
         if spec["dropout"]:
-            layers.append(keras.layers.Dropout(spec["dropout"]))
+            layers.append(keras.layers.Dropout(spec["dropout"], dtype=dtype))
     return layers
 
 
 def output_layers(target: Target, input_shape: tuple[int, ...]) -> list[keras.layers.Layer]:
-    """A linear read-out of `target`: logits for classes, one unit for a value."""
-    flat = [keras.layers.Flatten()] if len(input_shape) > 1 else []
-    return flat + [keras.layers.Dense(target.classes or 1)]
+    """A linear read-out of `target`: logits for classes, one unit for a value; always float32."""
+    policy = precision.readout_policy()
+    flat = [keras.layers.Flatten(dtype=policy)] if len(input_shape) > 1 else []
+    return flat + [keras.layers.Dense(target.classes or 1, dtype=policy)]
 
 
 def make_optimizer(spec: dict[str, Any], name: str | None = None) -> keras.optimizers.Optimizer:
@@ -130,15 +140,20 @@ def build_stages(settings: dict[str, Any], devices: list[str | None], input_shap
 
     `targets(name)` resolves a target name to a `Target`. In mode=e2e the last stage
     ends in a read-out of the chain's target; in mode=local every stage gets a head.
+    Body layers compute in `settings["precision"]` (read-outs in float32); under
+    mixed_float16 each stage also gets its `LossScale`, created on its device.
     """
     specs = settings["stages"]
+    policy = precision.body_policy(settings["precision"])
+    scaled = precision.needs_loss_scale(settings["precision"])
     stages = []
     shape = tuple(input_shape)
     for k, (spec, device) in enumerate(zip(specs, devices)):
         where = f"stages[{k}]"
         target = targets(spec["target"])
         with tf.device(device):
-            model = keras.Sequential([keras.Input(shape)] + model_layers(spec["model"], shape, where), name=f"stage_{k:02d}")
+            model = keras.Sequential([keras.Input(shape)] + model_layers(spec["model"], shape, where, policy),
+                                     name=f"stage_{k:02d}")
             head = None
             if settings["mode"] == "e2e" and k == len(specs) - 1:
                 for layer in output_layers(target, tuple(model.output_shape[1:])):
@@ -147,7 +162,9 @@ def build_stages(settings: dict[str, Any], devices: list[str | None], input_shap
             if settings["mode"] == "local":
                 head = keras.Sequential([keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}")
             optimizer = make_optimizer(spec["optim"], name=f"optim_{k:02d}")
-            stage = Stage(k, device, model, optimizer, target, head, spec)
+            loss_scale = (LossScale(settings["trainer"]["initial_loss_scale"], name=f"loss_scale_{k:02d}")
+                          if scaled else None)
+            stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
         shape = out_shape

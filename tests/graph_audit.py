@@ -9,6 +9,12 @@ Control flow (`If`, e.g. the numerics guard's `tf.cond` around each optimizer up
 keeps its branches in separate function graphs; the audit walks into them, giving each
 branch argument the device of the outer tensor it receives, so an update inside a
 branch is audited like any other op.
+
+Function calls (`trainer.jit_compile=true`: each stage's compiled forward, its gradient
+and its update) are audited as one op each: the call's device is where the whole
+function runs (XLA compiles it for that one device), its inputs (captured variables
+included) must come from that device or through a copy, and `body_devices` lists any
+device an op inside asks for, so a test can check that nothing inside points elsewhere.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from chain.planner import canonical
 RESOURCE_OPS = {"ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
                 "ResourceGather", "VarIsInitializedOp"}
 CONTROL_FLOW = {"If", "StatelessIf"}
+CALLS = {"PartitionedCall", "StatefulPartitionedCall"}
 
 
 @dataclass
@@ -100,3 +107,52 @@ def audit(concrete_fn) -> Audit:
     a.outputs = {t.op for t in g.outputs}
     _walk(a, g, captured, "")
     return a
+
+
+def _function(graph, name: str):
+    """The function `name` as registered on `graph` or on a graph enclosing it."""
+    while graph is not None:
+        fn = graph._get_function(name)
+        if fn is not None:
+            return fn
+        graph = getattr(graph, "outer_graph", None)
+    raise KeyError(name)
+
+
+def compiled_calls(a: Audit) -> list:
+    """Calls of functions that XLA must compile (`tf.function(jit_compile=True)` and their gradients)."""
+    return [op for op in a.ops() if op.type in CALLS and "_XlaMustCompile" in op.node_def.attr
+            and op.get_attr("_XlaMustCompile")]
+
+
+def body_devices(call) -> set:
+    """Canonical devices requested by any op inside the function `call` runs (nested calls and branches too)."""
+    out, seen = set(), set()
+    stack = [_function(call.graph, call.get_attr("f").name).graph]
+    while stack:
+        graph = stack.pop()
+        for op in graph.get_operations():
+            if op.device:
+                out.add(canonical(op.device))
+            names = []
+            if op.type in CALLS:
+                names.append(op.get_attr("f").name)
+            if op.type in CONTROL_FLOW:
+                names += [op.get_attr(attr).name for attr in ("then_branch", "else_branch")]
+            for name in names:
+                if name not in seen:
+                    seen.add(name)
+                    stack.append(_function(graph, name).graph)
+    return out
+
+
+def ancestors(op) -> set:
+    """Names of every op that `op` waits for, through data or control edges."""
+    out, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent.name not in out:
+                out.add(parent.name)
+                stack.append(parent)
+    return out
