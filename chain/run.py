@@ -196,6 +196,7 @@ class Run:
         a directory).
         """
         from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
 
         from chain import testhooks
         from chain.logs import Writers
@@ -212,33 +213,35 @@ class Run:
         bar = tqdm(range(self.global_step + 1, t["steps"] + 1), desc="train", unit="step",
                    disable=not t["progress"] or None, leave=False)
         try:
-            for step in bar:
-                try:
-                    out = self._fit_step(next(self.iterator))
-                except NonFiniteError as e:
-                    saved = ckpts.latest() if ckpts else None
-                    detail = (f"; the last complete checkpoint (step {saved['step']}) is intact" if saved
-                              else "; no checkpoint had been saved")
-                    raise NonFiniteError(e.stages, e.step, detail) from None
-                if started is None:
-                    started = time.perf_counter()  # speed excludes this process's first step, which traces
-                else:
-                    timed_steps += 1
-                record = {"loss": finite_or_none(out["loss"]),
-                          "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
-                if step == 1:
-                    first = record
-                last = record
-                bar.set_postfix(loss=f"{out['loss']:.4f}")
-                if writers and (step % t["log_every"] == 0 or step == 1 or step == t["steps"]):
-                    per_stage = [{"loss": v} for v in out["stage_losses"]] or [{} for _ in self.stages]
-                    writers.scalars(step, per_stage, {"loss": out["loss"]})
-                if step % t["log_every"] == 0:
-                    log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
-                if ckpts and every and step % every == 0:
-                    ckpts.save(step, first, last)
-                    saved_at = step
-                testhooks.after_step(step)
+            # Log lines go through tqdm, so they do not break the progress bar.
+            with logging_redirect_tqdm(loggers=[logging.getLogger()]):
+                for step in bar:
+                    try:
+                        out = self._fit_step(next(self.iterator))
+                    except NonFiniteError as e:
+                        saved = ckpts.latest() if ckpts else None
+                        detail = (f"; the last complete checkpoint (step {saved['step']}) is intact" if saved
+                                  else "; no checkpoint had been saved")
+                        raise NonFiniteError(e.stages, e.step, detail) from None
+                    if started is None:
+                        started = time.perf_counter()  # speed excludes this process's first step, which traces
+                    else:
+                        timed_steps += 1
+                    record = {"loss": finite_or_none(out["loss"]),
+                              "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
+                    if step == 1:
+                        first = record
+                    last = record
+                    bar.set_postfix(loss=f"{out['loss']:.4f}")
+                    if writers and (step % t["log_every"] == 0 or step == 1 or step == t["steps"]):
+                        per_stage = [{"loss": v} for v in out["stage_losses"]] or [{} for _ in self.stages]
+                        writers.scalars(step, per_stage, {"loss": out["loss"]})
+                    if step % t["log_every"] == 0:
+                        log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
+                    if ckpts and every and step % every == 0:
+                        ckpts.save(step, first, last)
+                        saved_at = step
+                    testhooks.after_step(step)
             elapsed = time.perf_counter() - started if started is not None else 0.0
             summary = self._summary(first, last, resumed_from, timed_steps, elapsed)
             if writers:
