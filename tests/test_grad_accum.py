@@ -7,6 +7,7 @@ import pytest
 import chain
 from chain import manifest
 from graph_audit import ancestors
+from compare import rel_diff, weights
 
 B, N = 16, 4
 BASE = ["+stages=3", "model.depth=1", "model.width=16", "optim=sgd", "optim.lr=0.1", "data=synthetic",
@@ -20,15 +21,6 @@ CASES = {
 }
 RTOL = 1e-6
 STEPS = 5
-
-
-def weights(run):
-    return [v.numpy() for s in run.stages for v in s.trainable_variables]
-
-
-def rel_diff(a, b) -> float:
-    """Largest elementwise difference relative to the largest magnitude of the reference."""
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -15,6 +15,7 @@ import chain
 from chain import memory, pipeline, schedules
 from conftest import DEVICES
 from graph_audit import audit
+from compare import rel_diff
 
 STEPS = 5
 LR = 0.1
@@ -29,11 +30,6 @@ LOSSES = {  # name -> (overrides, Keras' own loss on (y, output of the last stag
 }
 CASES = [(name, m, "crossentropy") for name in schedules.NAMES for m in (1, 2, 4)] + [
     ("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
-
-
-def rel_diff(a, b) -> float:
-    """Largest elementwise difference relative to the largest magnitude of the reference."""
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))
 
 
 def keras_reference(run, initial: list[list[np.ndarray]], loss):

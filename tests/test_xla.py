@@ -8,6 +8,7 @@ import chain
 from chain import xla
 from conftest import DEVICES
 from graph_audit import audit, body_devices, compiled_calls
+from compare import rel_diff, weights
 
 K = 3
 M = 2
@@ -22,15 +23,6 @@ CASES = {
 }
 RTOL = 1e-5
 STEPS = 5
-
-
-def weights(run):
-    return [v.numpy() for s in run.stages for v in s.trainable_variables]
-
-
-def rel_diff(a, b) -> float:
-    """Largest elementwise difference relative to the largest magnitude of the reference."""
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))
 
 
 @pytest.mark.parametrize("case", CASES)
