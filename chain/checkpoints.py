@@ -25,8 +25,9 @@ import tensorflow as tf
 
 from chain import manifest as manifest_lib
 from chain import testhooks
+from chain.atomic import write_text
 from chain.errors import ChainError
-from chain.stages import Stage
+from chain.stages import Stage, stage_name
 
 DATA_DIR = "data"
 PREFIX = "ckpt"
@@ -38,19 +39,11 @@ def stage_dir(run_dir: str, index: int) -> str:
     return os.path.join(run_dir, stage_name(index))
 
 
-def stage_name(index: int) -> str:
-    """`stage_NN`: the name of stage `index`'s checkpoint directory and TensorBoard run."""
-    return f"stage_{index:02d}"
-
-
 def _write_index(directory: str, steps: Sequence[int]) -> None:
     """Point the directory's `checkpoint` index at exactly `steps` (what the manifest keeps)."""
     names = [f"{PREFIX}-{n}" for n in steps]
     lines = [f'model_checkpoint_path: "{names[-1]}"'] + [f'all_model_checkpoint_paths: "{n}"' for n in names]
-    target = os.path.join(directory, "checkpoint")
-    with open(f"{target}.tmp", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(f"{target}.tmp", target)
+    write_text(os.path.join(directory, "checkpoint"), "\n".join(lines) + "\n")
 
 
 def _prune(directory: str, keep: Sequence[int]) -> None:

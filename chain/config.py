@@ -31,6 +31,11 @@ def group_defaults(group: str, name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.create(text))
 
 
+def override_key(override: str) -> str:
+    """The key an override sets: `+stages=3`, `++stages=3`, `~stages` -> `stages`."""
+    return override.partition("=")[0].lstrip("+~")
+
+
 def normalize_overrides(overrides: Sequence[str]) -> list[str]:
     """Accept both `stages=N` and `+stages=N`; check config-group names before Hydra does.
 
@@ -41,7 +46,7 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
     out = []
     for o in overrides:
         key, sep, value = o.partition("=")
-        bare = key.lstrip("+~")
+        bare = override_key(o)
         if bare == "stages" and sep:
             o = f"++stages={value}"
         elif bare in GROUPS and sep and not key.startswith("~"):

@@ -80,31 +80,26 @@ def load(cfg: dict[str, Any], seed: int) -> Dataset:
     return _synthetic(cfg, seed)
 
 
-def pipeline(ds: Dataset, batch_size: int, seed: int, shuffle: bool = True):
-    """An endless `tf.data` pipeline of `(x, {target: y})` batches, shuffled with `seed`."""
-    import tensorflow as tf
-
-    from chain.errors import ConfigError
-
-    if batch_size > len(ds.x):
-        raise ConfigError(f"data.batch_size={batch_size} is larger than data={ds.name} ({len(ds.x)} examples)")
-    data = tf.data.Dataset.from_tensor_slices((ds.x, ds.y))
-    if shuffle:
-        data = data.shuffle(len(ds.x), seed=seed, reshuffle_each_iteration=True)
-    return data.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-
-
 def training_batches(ds: Dataset, settings: dict[str, Any]):
-    """The run's stream of training batches: one per optimizer step, of
-    `trainer.grad_accum` x `data.batch_size` examples (validated `settings`).
+    """The run's endless, shared `tf.data` stream of `(x, {target: y})` batches: one per
+    optimizer step, of `trainer.grad_accum` x `data.batch_size` examples, shuffled with
+    `seed` (validated `settings`).
 
     Batching a shuffled, repeated stream, a batch of N x B examples holds the same
     examples, in the same order, as N consecutive batches of B.
     """
+    import tensorflow as tf
+
     from chain.errors import ConfigError
 
     d, n = settings["data"], settings["trainer"]["grad_accum"]
-    if n > 1 and n * d["batch_size"] > len(ds.x):
-        raise ConfigError(f"trainer.grad_accum={n} x data.batch_size={d['batch_size']} = {n * d['batch_size']} examples "
+    per_step = n * d["batch_size"]
+    if per_step > len(ds.x):
+        if n == 1:
+            raise ConfigError(f"data.batch_size={per_step} is larger than data={ds.name} ({len(ds.x)} examples)")
+        raise ConfigError(f"trainer.grad_accum={n} x data.batch_size={d['batch_size']} = {per_step} examples "
                           f"per step is more than data={ds.name} has ({len(ds.x)})")
-    return pipeline(ds, d["batch_size"] * n, settings["seed"], d["shuffle"])
+    data = tf.data.Dataset.from_tensor_slices((ds.x, ds.y))
+    if d["shuffle"]:
+        data = data.shuffle(len(ds.x), seed=settings["seed"], reshuffle_each_iteration=True)
+    return data.repeat().batch(per_step, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -20,8 +20,7 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
-from chain import loss_scale, xla
-from chain.data import Target
+from chain import loss_scale, losses, xla
 from chain.numerics import all_finite, guarded_update
 from chain.stages import Stage
 
@@ -32,14 +31,6 @@ def copy_to(tensor: tf.Tensor, device: str, what: str) -> tf.Tensor:
     """Copy `tensor` onto `device`: the only way data moves between stages' devices."""
     with tf.device(device):
         return tf.identity(tensor, name=f"{COPY_PREFIX}{what}")
-
-
-def loss_fn(target: Target, y: tf.Tensor, pred: tf.Tensor) -> tf.Tensor:
-    """Mean loss over the batch: cross-entropy from logits for classes, MSE for values."""
-    pred = tf.cast(pred, tf.float32)
-    if target.is_regression:
-        return tf.reduce_mean(tf.square(tf.reshape(pred, [-1]) - tf.cast(y, tf.float32)))
-    return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, pred, from_logits=True))
 
 
 def chunks(t: tf.Tensor, n: int) -> list[tf.Tensor]:
@@ -127,10 +118,11 @@ def local_forward(stage: Stage) -> Callable:
     step's examples); `scaled loss` is what the tape differentiates (times the loss
     scale under float16, else `loss`).
     """
+    head_loss = losses.head_loss(stage.target)
 
     def fn(h, y, weight):
         out = stage.model(h, training=True)
-        loss = _weighted(loss_fn(stage.target, y, stage.head(out, training=True)), weight)
+        loss = _weighted(head_loss(y, stage.head(out, training=True)), weight)
         return out, loss, loss if stage.loss_scale is None else stage.loss_scale.scale_loss(loss)
 
     return fn

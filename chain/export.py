@@ -14,8 +14,7 @@ from typing import Sequence
 
 import keras
 
-from chain.checkpoints import stage_name
-from chain.stages import Stage
+from chain.stages import Stage, stage_name
 
 CHAIN_FILE = "chain.keras"
 

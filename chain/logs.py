@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING, Sequence
 
 from chain.planner import Placement
-from chain.stages import Stage
+from chain.stages import Stage, stage_name
 
 if TYPE_CHECKING:
     from chain.run import Run
@@ -54,7 +54,7 @@ class Writers:
         import tensorflow as tf
 
         root = os.path.join(run_dir, "tb")
-        self.stages = [tf.summary.create_file_writer(os.path.join(root, f"stage_{k:02d}")) for k in range(n_stages)]
+        self.stages = [tf.summary.create_file_writer(os.path.join(root, stage_name(k))) for k in range(n_stages)]
         self.chain = tf.summary.create_file_writer(os.path.join(root, "chain"))
 
     def scalars(self, step: int, per_stage: Sequence[dict[str, float]], chain: dict[str, float]) -> None:

@@ -28,6 +28,12 @@ def check(name: str, target: Target, data: str) -> None:
         )
 
 
+def head_loss(target: Target) -> Callable:
+    """mode=local: the loss a stage's head learns `target` with (cross-entropy on class
+    labels, squared error on a value)."""
+    return make("mse" if target.is_regression else "sparse_categorical_crossentropy", target)
+
+
 def make(name: str, target: Target, data: str = "?") -> Callable:
     """`fn(y, pred)`: the mean loss over the examples of `pred` (logits, or one value per example)."""
     import tensorflow as tf

@@ -26,6 +26,7 @@ import json
 import os
 from typing import Any, Sequence
 
+from chain.atomic import write_json
 from chain.errors import ChainError
 
 FORMAT = 1
@@ -39,14 +40,7 @@ def path(run_dir: str) -> str:
 
 def write(run_dir: str, manifest: dict[str, Any]) -> None:
     """Write the manifest atomically and durably: a reader sees the old file or the new one."""
-    target = path(run_dir)
-    tmp = f"{target}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())  # the rename must not land before the bytes do
-    os.replace(tmp, target)
+    write_json(path(run_dir), manifest)
 
 
 def read(run_dir: str) -> dict[str, Any] | None:

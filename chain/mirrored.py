@@ -213,11 +213,6 @@ class MirroredRun(Run):
         """One optimizer step on one global batch; returns what `Run.step` returns."""
         return self._finish_step(self._step(self._split(tf.convert_to_tensor(x), self._targets(y))))
 
-    def _pipeline_summary(self) -> dict[str, Any]:
-        if not self.e2e:
-            return {}
-        return {"loss_fn": self.settings["loss"], "target": self.stages[-1].target.name}
-
     def _memory_devices(self) -> list[str]:
         return list(self.placement.replicas)
 

@@ -127,9 +127,7 @@ def plan(pcfg: dict[str, Any], n_stages: int, inventory: Inventory) -> Placement
     elif gpus:
         p = _virtual(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
     else:
-        p = Placement(devices=[f"/device:CPU:{k}" for k in range(n_stages)], kind="CPU", split={0: n_stages},
-                      notes=[f"no GPU: CPU split into {n_stages} logical devices"])
-        p.physical = {d: "CPU:0" for d in p.devices}
+        p = _cpu([f"/device:CPU:{k}" for k in range(n_stages)], n_stages)
     if p.visible is None and pcfg["visible"] is not None:
         p.visible = [g.index for g in gpus]
     if p.kind == "CPU" and pcfg["memory_limit_mb"] is not None:
@@ -157,6 +155,13 @@ def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]
         if index in visible[:i]:
             raise ConfigError(f"placement.visible[{i}]={index} is listed twice")
     return tuple(g for g in inventory.gpus if g.index in visible)
+
+
+def _cpu(devices: list[str], n_stages: int) -> Placement:
+    """Rule 4: no GPU; the CPU split into one logical device per stage."""
+    return Placement(devices=devices, kind="CPU", split={0: n_stages},
+                     physical={d: "CPU:0" for d in devices if d.startswith("/device:CPU:")},
+                     notes=[f"no GPU: CPU split into {n_stages} logical devices"])
 
 
 def _one_per_stage(pcfg: dict[str, Any], n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
@@ -197,10 +202,7 @@ def _explicit(pcfg: dict[str, Any], n_stages: int, gpus: Sequence[Gpu], cvd: str
         except DeviceError as e:
             raise DeviceError(f"placement.devices[{k}]: {e}") from None
     if not gpus:
-        p = Placement(devices=devices, kind="CPU", split={0: n_stages},
-                      notes=[f"no GPU: CPU split into {n_stages} logical devices"])
-        p.physical = {d: "CPU:0" for d in devices if d.startswith("/device:CPU:")}
-        return p
+        return _cpu(devices, n_stages)
     named = [_index(d) for d in devices if d.startswith("/device:GPU:")]
     per = max(1, -(-(max(named, default=-1) + 1) // len(gpus)))  # ceil: logical GPUs per card
     logical = [_index(d) if d.startswith("/device:GPU:") else None for d in devices]

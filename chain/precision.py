@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import keras
 
+from chain.schema import PRECISIONS as NAMES
+
 FLOAT32 = "float32"
 MIXED_FLOAT16 = "mixed_float16"
-MIXED_BFLOAT16 = "mixed_bfloat16"
-NAMES = (FLOAT32, MIXED_FLOAT16, MIXED_BFLOAT16)
 
 
 def body_policy(precision: str) -> keras.DTypePolicy:

@@ -31,13 +31,10 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 
 from chain import manifest as manifest_lib
+from chain.config import override_key as _key
 from chain.errors import ChainError
 
 USAGE = "usage: python -m chain.restage SRC_RUN_DIR DST_RUN_DIR [overrides...]   e.g. +stages=2"
-
-
-def _key(override: str) -> str:
-    return override.partition("=")[0].lstrip("+~")
 
 
 def _stage_count(overrides: Sequence[str]) -> int | None:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
 from chain import data as data_lib
 from chain import memory, planner, schedules
+from chain.atomic import write_json
 from chain.config import settings as validate
 from chain.errors import ChainError
 
@@ -81,7 +81,7 @@ class Run:
     def iterator(self):
         """The run's iterator over `batches()`: the data stream that checkpoints save."""
         if self._iterator is None:
-            self._iterator = self._fit_batches()
+            self._iterator = iter(self.batches())
         return self._iterator
 
     def checkpoints(self, run_dir: str | None = None):
@@ -153,7 +153,7 @@ class Run:
 
         return forward(self.stages, x)
 
-    def _start(self) -> tuple[Any, list | None, list | None]:
+    def _start(self) -> tuple[Any, dict | None, dict | None]:
         """Checkpoints of this run and, on resume, the restored state: (checkpoints, loss_first, loss_last)."""
         if not self.run_dir:
             if self.settings["resume"]:
@@ -174,14 +174,7 @@ class Run:
                              "pass resume=true to continue it, or choose another hydra.run.dir")
         return ckpts, None, None
 
-    # Hooks of `fit`; the mirrored run (chain.mirrored) distributes batches and steps.
-    def _fit_batches(self) -> Iterator:
-        """A fresh iterator over the training batches (`iterator` keeps the run's one)."""
-        return iter(self.batches())
-
-    def _fit_step(self, batch: tuple) -> dict[str, Any]:
-        return self.step(*batch)
-
+    # Hooks of `fit`'s summary; the mirrored run (chain.mirrored) measures replicas.
     def _summary_extras(self) -> dict[str, Any]:
         return {}
 
@@ -217,7 +210,7 @@ class Run:
             with logging_redirect_tqdm(loggers=[logging.getLogger()]):
                 for step in bar:
                     try:
-                        out = self._fit_step(next(self.iterator))
+                        out = self.step(*next(self.iterator))
                     except NonFiniteError as e:
                         saved = ckpts.latest() if ckpts else None
                         detail = (f"; the last complete checkpoint (step {saved['step']}) is intact" if saved
@@ -286,18 +279,15 @@ class Run:
             **self._summary_extras(),
         }
 
-
     def _pipeline_summary(self) -> dict[str, Any]:
-        """mode=e2e: the chain's loss and target, the schedule and its own bubble fraction."""
+        """mode=e2e: the chain's loss and target, and (pipelined) the schedule and its own bubble fraction."""
         if not self.e2e:
             return {}
-        return {
-            "loss_fn": self.settings["loss"],
-            "target": self.stages[-1].target.name,
-            "schedule": self.schedule.name,
-            "microbatches": self.schedule.microbatches,
-            "bubble_fraction": self.timeline().bubble_fraction,
-        }
+        out = {"loss_fn": self.settings["loss"], "target": self.stages[-1].target.name}
+        if self.schedule is not None:  # a mirrored run has none
+            out.update(schedule=self.schedule.name, microbatches=self.schedule.microbatches,
+                       bubble_fraction=self.timeline().bubble_fraction)
+        return out
 
     def _stage_summary(self, s, first: dict, last: dict, skipped: int) -> dict[str, Any]:
         out = {
@@ -322,15 +312,6 @@ def check_chunks(n: int, grad_accum: int) -> None:
     """Raise ValueError unless a batch of `n` examples cuts into `grad_accum` equal chunks."""
     if n % grad_accum:
         raise ValueError(f"a batch of {n} examples does not cut into trainer.grad_accum={grad_accum} equal chunks")
-
-
-def write_json(path: str, obj: Any) -> None:
-    """Write JSON atomically: a reader sees the old file or the whole new one."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def plan(cfg: DictConfig | dict) -> tuple[dict[str, Any], planner.Placement]:

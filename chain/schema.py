@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from chain.errors import ConfigError
 
@@ -261,9 +261,7 @@ def validate(cfg: DictConfig, group_defaults: Callable[[str, str], dict]) -> dic
     except Exception as e:  # an interpolation that does not resolve
         raise ConfigError(f"config does not resolve: {e}".splitlines()[0]) from None
     raw.pop("hydra", None)
-    stages = raw.pop("stages", None)
-    if isinstance(stages, (DictConfig, ListConfig)):
-        stages = OmegaConf.to_container(stages)
+    stages = raw.pop("stages", None)  # already plain: to_container converted it
     checked = ROOT("", raw)
     checked["stages"] = resolve_stages(stages, checked["stage"], group_defaults)
     devices = checked["placement"]["devices"]

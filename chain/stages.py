@@ -8,6 +8,7 @@ first traced step, Keras 3 would put every slot variable on one device.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,11 @@ from chain.data import Target
 from chain.errors import ConfigError
 from chain.loss_scale import LossScale
 from chain.planner import canonical
+
+
+def stage_name(index: int) -> str:
+    """`stage_NN`: stage `index`'s model, checkpoint directory, TensorBoard run and export."""
+    return f"stage_{index:02d}"
 
 
 @dataclass
@@ -55,7 +61,7 @@ class Stage:
 
     @property
     def params(self) -> int:
-        return int(sum(v.numpy().size for v in self.trainable_variables))
+        return sum(math.prod(v.shape) for v in self.trainable_variables)  # shapes only: no copy to host
 
     def variable_devices(self) -> list[str]:
         """Sorted unique devices of every model, head and optimizer variable.
@@ -153,7 +159,7 @@ def build_stages(settings: dict[str, Any], devices: list[str | None], input_shap
         target = targets(spec["target"])
         with tf.device(device):
             model = keras.Sequential([keras.Input(shape)] + model_layers(spec["model"], shape, where, policy),
-                                     name=f"stage_{k:02d}")
+                                     name=stage_name(k))
             head = None
             if settings["mode"] == "e2e" and k == len(specs) - 1:
                 for layer in output_layers(target, tuple(model.output_shape[1:])):

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from chain.stages import stage_name
+
 
 def stage_function(fn: Callable, jit_compile: bool, name: str) -> Callable:
     """`fn` as a compiled function called `name` when `jit_compile`, else `fn` itself
@@ -43,9 +45,9 @@ def stage_function(fn: Callable, jit_compile: bool, name: str) -> Callable:
 
 def forward_name(stage: int) -> str:
     """The compiled forward function of stage `stage`."""
-    return f"stage_{stage:02d}_forward"
+    return f"{stage_name(stage)}_forward"
 
 
 def update_name(stage: int) -> str:
     """The compiled update function of stage `stage`."""
-    return f"stage_{stage:02d}_update"
+    return f"{stage_name(stage)}_update"
