@@ -1,118 +1,173 @@
 """`python -m chain [overrides]`: the Hydra command line.
 
+Before Hydra writes anything, the command composes and validates the config (no
+TensorFlow yet), checks the run directory against `resume` and locks it
+(`chain.state.lock`); so a bad config, a directory in use or a refused resume prints one
+line and exits 2 with nothing written, not even Hydra's `.hydra/`. `plan_only=true`
+prints the plan and exits without a run directory. Then Hydra runs the job (its run
+directory, `.hydra/`, `chain.log`); a resumed run keeps the `.hydra/` of the run that
+created the directory. With Hydra's own flags (`-m`, `--cfg`, ...) Hydra runs as it is
+and each job validates its config itself.
+
 Errors the user can fix (`ChainError`) print one line and exit 2 (3 when training
-stopped on a non-finite loss or gradient); a run that fails before training leaves no
-run directory behind, and a directory that already held a run is never removed.
+stopped on a non-finite loss or gradient); a new run that fails before training leaves
+no run directory behind, and a directory that already held a run is never removed.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
 import sys
+from dataclasses import dataclass, replace
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
-from chain.config import normalize_overrides
-from chain.errors import ChainError
-
-EXIT_USAGE = 2
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> None:
-    """Print one readable line and exit non-zero."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(code)
+from chain.cli import fail, import_tensorflow_quietly  # noqa: E402
+from chain.config import Settings, normalize_overrides, validate  # noqa: E402
+from chain.errors import ChainError  # noqa: E402
 
 
-def _import_tensorflow_quietly() -> None:
-    """Import TensorFlow with its C++ start-up notices (oneDNN, CPU features) hidden.
+@dataclass
+class Preflight:
+    """What `main` settled before handing over to Hydra: the validated settings, the run
+    directory, and the first directory of its path this job created (None: it existed)."""
 
-    They are written by absl before TF_CPP_MIN_LOG_LEVEL is read, so only silencing
-    file descriptor 2 during the import removes them; an import that fails shows them.
-    """
-    import tempfile
+    settings: Settings
+    run_dir: str
+    created: str | None
 
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-        except BaseException:
-            os.dup2(saved, 2)
-            sink.seek(0)
-            sys.stderr.write(sink.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+
+_preflight: Preflight | None = None
 
 
 def _only_hydra_files(run_dir: str) -> bool:
-    """True if `run_dir` holds nothing but what Hydra wrote for this job (`.hydra/`, the log)."""
+    """True if `run_dir` holds nothing but what Hydra and the lock wrote for this job."""
     try:
         entries = os.listdir(run_dir)
     except FileNotFoundError:
         return True
-    return all(e == ".hydra" or e.endswith(".log") for e in entries)
+    return all(e in (".hydra", ".lock") or e.endswith(".log") for e in entries)
 
 
-def _remove_run_dir(run_dir: str) -> None:
-    """Remove a run directory this job created, and its date folder if left empty.
+def _first_missing(run_dir: str) -> str | None:
+    """The outermost directory of `run_dir`'s path that does not exist yet (None: it exists)."""
+    path, missing = os.path.abspath(run_dir), None
+    while not os.path.exists(path):
+        missing, path = path, os.path.dirname(path)
+    return missing
+
+
+def _remove_run_dir(run_dir: str, created: str | None) -> None:
+    """Remove a run directory this job created (`created`: the outermost directory it made),
+    and the folders above it that it made, if left empty.
 
     A directory with anything beyond Hydra's own files (checkpoints, TensorBoard logs,
-    a summary) belongs to an earlier run, for example one `hydra.run.dir=...` points
-    at: it is left alone.
+    a summary) belongs to an earlier run: it is left alone.
     """
-    if not _only_hydra_files(run_dir):
+    if created is None or not _only_hydra_files(run_dir):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
-    parent = os.path.dirname(run_dir)
-    try:
-        os.rmdir(parent)  # only succeeds when empty
-    except OSError:
-        pass
+    path = os.path.dirname(os.path.abspath(run_dir))
+    while len(path) >= len(created):
+        try:
+            os.rmdir(path)  # only succeeds when empty
+        except OSError:
+            return
+        path = os.path.dirname(path)
+
+
+def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[Preflight, list[str]]:
+    """Check the run directory against `resume` and lock it, writing nothing else; returns what
+    was settled and the overrides Hydra gets (its run directory pinned, so a second that
+    ticks over in between cannot move it)."""
+    from chain.state import lock, manifest
+
+    has_checkpoint = os.path.isdir(run_dir) and manifest.read(run_dir) is not None
+    if settings.resume and not has_checkpoint:
+        raise ChainError(f"resume=true, but {run_dir} has no complete checkpoint "
+                         f"({manifest.FILENAME} is missing); point hydra.run.dir at a run that saved one, "
+                         "or drop resume=true to start a new run")
+    if not settings.resume and has_checkpoint:
+        raise ChainError(f"{run_dir} already holds a checkpoint at step {manifest.read(run_dir)['step']}; "
+                         "pass resume=true to continue it, or choose another hydra.run.dir")
+    created = _first_missing(run_dir)
+    note = lock.acquire(run_dir)
+    atexit.register(lock.release, run_dir)  # a clean exit clears the holder; a killed run leaves its PID
+    if note:
+        settings = replace(settings, notes=(*settings.notes, note))
+    extra = [f"hydra.run.dir={run_dir}"]
+    if settings.resume:
+        extra.append("hydra.output_subdir=null")  # keep the .hydra/ of the run being resumed
+    return Preflight(settings, run_dir, created), [*overrides, *extra]
+
+
+def show_plan(settings: Settings) -> None:
+    """plan_only=true: print the placement and the plan, write nothing (no run directory)."""
+    import_tensorflow_quietly()
+    from chain.training.build import build
+    from chain.training.logs import placement_table
+
+    run = build(settings)
+    print(placement_table(run.placement, run.stages, settings.notes))
+    plan = run.strategy.plan_text(full=True)
+    if plan:
+        print(plan)
 
 
 @hydra.main(config_path="pkg://chain.conf", config_name="config", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
-    from chain.config import settings
-
     run_dir = HydraConfig.get().runtime.output_dir
     # TensorFlow's checkpoint writer logs every shard at INFO through absl, which
     # Hydra's logging set-up would print on every save.
     logging.getLogger("absl").setLevel(logging.WARNING)
+    created = _preflight.created if _preflight else os.path.abspath(run_dir)
     try:
-        settings(cfg)  # the schema check, before TensorFlow is imported
-        _import_tensorflow_quietly()
-        from chain.logs import placement_table, schedule_text
-        from chain.run import build
+        settings = _preflight.settings if _preflight else validate(cfg)  # validated once
+        import_tensorflow_quietly()
+        from chain.training.build import build
+        from chain.training.logs import placement_table
 
-        run = build(cfg, run_dir)
-        print(placement_table(run.placement, run.stages), flush=True)
-        if run.schedule is not None:
-            print(schedule_text(run, full=run.settings["plan_only"]), flush=True)
-        if run.settings["plan_only"]:
-            _remove_run_dir(run_dir)
-            return
+        run = build(settings, run_dir)
+        print(placement_table(run.placement, run.stages, settings.notes), flush=True)
+        plan = run.strategy.plan_text(full=False)
+        if plan:
+            print(plan, flush=True)
         summary = run.fit()
         print(f"done: {summary['steps']} steps, summary in {os.path.join(run_dir, 'summary.json')}")
     except ChainError as e:
-        _remove_run_dir(run_dir)  # only if this job wrote nothing but Hydra's files
+        _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
         fail(str(e), e.exit_code)
+
+
+def _hydra_flags(args: list[str]) -> bool:
+    """True when the command line asks Hydra for more than one run (`-m`, `--cfg`, `--help`, ...)."""
+    return any(a.startswith("-") for a in args)
 
 
 def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
+    global _preflight
+    args = sys.argv[1:]
     try:
-        sys.argv = [sys.argv[0]] + normalize_overrides(sys.argv[1:])
+        overrides = normalize_overrides(args)
+        if not _hydra_flags(args):
+            from chain.config.hydra import compose_config
+
+            cfg = compose_config(overrides, with_hydra=True)
+            settings = validate(cfg)
+            if settings.plan_only:
+                return show_plan(settings)
+            _preflight, overrides = preflight(settings, str(cfg.hydra.run.dir), overrides)
     except ChainError as e:
-        fail(str(e))
+        fail(str(e), e.exit_code)
+    sys.argv = [sys.argv[0], *overrides]
     _app()
 
 

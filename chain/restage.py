@@ -1,281 +1,25 @@
-"""`python -m chain.restage SRC DST [overrides]`: the same layers, split into a different number of stages.
-
-Layers are the unit of a chain and stages are groups of layers, so a checkpoint of one
-split can be mapped onto another layer by layer: weights, optimizer slots (Adam's
-moments, SGD's momentum), dropout seed-generator state, and the data stream all carry
-over, and `python -m chain hydra.run.dir=DST resume=true <overrides>` continues
-training from SRC's newest complete step.
-
-The DST config is SRC's (its `.hydra/overrides.yaml`) with the given overrides on top.
-`+stages=K` alone re-splits a homogeneous chain evenly (4 stages of depth 2 -> 2 of
-depth 4: `model.depth` is derived); otherwise give the depths yourself.
-
-Heads (mode=local: each stage has a linear head on its own output). A head whose
-input is a point where both splits end a stage, and that learns the same target, is
-kept with its optimizer state; heads at points that stop being a stage boundary are
-dropped; heads at new boundaries start fresh (initialised from the seed, optimizer
-state zero). The last stage's head always survives, so the chain's prediction and
-every stage body output at a shared boundary are unchanged.
-
-Optimizer iteration counts: a DST stage takes the largest count among the SRC stages
-it draws layers from (they are equal unless `trainer.on_nan=skip` dropped updates).
-"""
+"""`python -m chain.restage SRC DST [overrides]`: continue a run with its layers split into a
+different number of stages (the work is `chain.state.restage.restage`)."""
 
 from __future__ import annotations
 
-import os
-import shlex
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
-from omegaconf import OmegaConf
-
-from chain import manifest as manifest_lib
-from chain.config import override_key as _key
+from chain.cli import fail, import_tensorflow_quietly
 from chain.errors import ChainError
 
 USAGE = "usage: python -m chain.restage SRC_RUN_DIR DST_RUN_DIR [overrides...]   e.g. +stages=2"
 
 
-def _stage_count(overrides: Sequence[str]) -> int | None:
-    for o in overrides:
-        if _key(o) == "stages":
-            value = o.partition("=")[2].strip()
-            return int(value) if value.lstrip("-").isdigit() else None
-    return None
-
-
-def dst_overrides(src_overrides: Sequence[str], new: Sequence[str], src_settings: dict[str, Any]) -> list[str]:
-    """SRC's overrides with `new` on top; derives `model.depth` when only the stage count changes.
-
-    Raises ChainError when an even split is asked for but impossible.
-    """
-    new = list(new)
-    k_new = _stage_count(new)
-    specs = src_settings["stages"]
-    sets_model = any(_key(o) in ("model", "model.depth") or _key(o).startswith("stage.") for o in new)
-    if k_new is not None and not sets_model and k_new != len(specs):
-        if any(s["model"] != specs[0]["model"] for s in specs):
-            raise ChainError("SRC has stages with different models; give the new split explicitly with +stages=[...]")
-        total = specs[0]["model"]["depth"] * len(specs)
-        if total % k_new:
-            raise ChainError(f"cannot split {len(specs)} stages of model.depth={specs[0]['model']['depth']} ({total} blocks) "
-                             f"evenly into {k_new} stages; choose a stage count that divides {total}, "
-                             "or give the depths with +stages=[...]")
-        new.append(f"model.depth={total // k_new}")
-    replaced = {_key(o) for o in new}
-    kept = [o for o in src_overrides if _key(o) not in replaced and _key(o) != "resume" and not _key(o).startswith("hydra.")]
-    return kept + new
-
-
-def _load_src(src: str) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
-    from chain.config import settings
-
-    m = manifest_lib.read(src)
-    if m is None:
-        raise ChainError(f"{src} has no complete checkpoint ({manifest_lib.FILENAME} is missing)")
-    hydra_dir = os.path.join(src, ".hydra")
-    if not os.path.isfile(os.path.join(hydra_dir, "config.yaml")):
-        raise ChainError(f"{hydra_dir}/config.yaml is missing: restage needs a run directory written by python -m chain")
-    cfg = OmegaConf.load(os.path.join(hydra_dir, "config.yaml"))
-    overrides_file = os.path.join(hydra_dir, "overrides.yaml")
-    overrides = list(OmegaConf.load(overrides_file)) if os.path.isfile(overrides_file) else []
-    return m, [str(o) for o in overrides], settings(cfg)
-
-
-def _slot_lists(optimizer) -> dict[str, list]:
-    """Slot variables of a Keras optimizer by slot kind, aligned with the variables it was built for.
-
-    Keras 3 keeps them as lists parallel to its (private) `_trainable_variables`, e.g.
-    Adam's `_momentums` and `_velocities`; we find them by that shape, and refuse an
-    optimizer with state we do not recognise rather than drop it silently.
-    """
-    import keras
-
-    built_for = optimizer._trainable_variables
-    n = len(built_for)
-    slots = {name: value for name, value in vars(optimizer).items()
-             if name not in ("_trainable_variables", "_variables") and isinstance(value, list) and n
-             and len(value) == n and all(isinstance(v, keras.Variable) for v in value)}
-    known = {id(v) for lst in slots.values() for v in lst} | {id(optimizer.iterations), id(optimizer.learning_rate)}
-    unknown = [v.path for v in optimizer.variables if id(v) not in known]
-    if unknown:
-        raise ChainError(f"cannot map optimizer state of {optimizer.name}: unrecognised variables {unknown}")
-    return slots
-
-
-class _Copier:
-    """Copies weights, their optimizer slots and random state from SRC layers to DST layers."""
-
-    def __init__(self, src_stages: Sequence, dst_stages: Sequence):
-        self.src_slots = {s.index: _slot_lists(s.optimizer) for s in src_stages}
-        self.dst_slots = {s.index: _slot_lists(s.optimizer) for s in dst_stages}
-
-    def copy(self, src_stage, src_layer, dst_stage, dst_layer) -> None:
-        from chain.stages import random_variables
-
-        if set(self.src_slots[src_stage.index]) != set(self.dst_slots[dst_stage.index]):
-            raise ChainError(f"DST stage {dst_stage.index} uses {type(dst_stage.optimizer).__name__}, SRC stage "
-                             f"{src_stage.index} {type(src_stage.optimizer).__name__} with different state; "
-                             "restage keeps optimizer state, so keep the optimizers")
-        src_index = {id(v): i for i, v in enumerate(src_stage.optimizer._trainable_variables)}
-        dst_index = {id(v): i for i, v in enumerate(dst_stage.optimizer._trainable_variables)}
-        for a, b in zip(src_layer.weights, dst_layer.weights):
-            b.assign(a)
-            if id(a) in src_index and id(b) in dst_index:
-                for kind, src_list in self.src_slots[src_stage.index].items():
-                    self.dst_slots[dst_stage.index][kind][dst_index[id(b)]].assign(src_list[src_index[id(a)]])
-        for a, b in zip(random_variables(src_layer), random_variables(dst_layer)):
-            b.assign(a)
-
-
-def _copy_loss_scale(sources: Sequence, dst) -> None:
-    """precision=mixed_float16: DST's loss scale continues from its SRC stages'.
-
-    In mode=e2e they are all equal (one scale for the chain); in mode=local the
-    smallest wins (it overflowed most recently, so it is the safe one), with its
-    finite-step count; the overflow count is the largest, as for `skipped`.
-    """
-    if dst.loss_scale is None:
-        return
-    scales = [s.loss_scale for s in sources]
-    smallest = min(scales, key=lambda ls: float(ls.scale.numpy()))
-    dst.loss_scale.scale.assign(smallest.scale)
-    dst.loss_scale.good_steps.assign(smallest.good_steps)
-    dst.loss_scale.overflows.assign(max(int(ls.overflows.numpy()) for ls in scales))
-
-
-def _signature(layer) -> tuple:
-    return type(layer).__name__, tuple(tuple(w.shape) for w in layer.weights)
-
-
-def map_stages(src_stages: Sequence, dst_stages: Sequence) -> tuple[list[str], dict[int, int]]:
-    """Copy SRC's state into DST's stages layer by layer.
-
-    Returns one line per DST head saying what happened to it, and the kept heads as
-    {DST stage: SRC stage}.
-    Raises ChainError naming the first layer where the two chains differ.
-    """
-    src_layers = [(s, layer) for s in src_stages for layer in s.model.layers]
-    dst_layers = [(s, layer) for s in dst_stages for layer in s.model.layers]
-    if len(src_layers) != len(dst_layers):
-        raise ChainError(f"SRC has {len(src_layers)} layers, the new split builds {len(dst_layers)}; "
-                         "restage regroups the same layers, so the total depth must stay the same")
-    for i, ((s, a), (d, b)) in enumerate(zip(src_layers, dst_layers)):
-        if _signature(a) != _signature(b):
-            raise ChainError(f"layer {i} (SRC stage {s.index}, DST stage {d.index}) is {_signature(a)[0]} with shapes "
-                             f"{list(_signature(a)[1])} in SRC but {_signature(b)[0]} with shapes {list(_signature(b)[1])} "
-                             "in the new split")
-    copier = _Copier(src_stages, dst_stages)
-    sources: dict[int, set] = {d.index: set() for d in dst_stages}
-    for (s, a), (d, b) in zip(src_layers, dst_layers):
-        copier.copy(s, a, d, b)
-        sources[d.index].add(s.index)
-
-    # Heads: keyed by the layer count where their stage ends.
-    def ends(stages):
-        out, n = {}, 0
-        for st in stages:
-            n += len(st.model.layers)
-            out[n] = st
-        return out
-
-    src_ends, notes, kept = ends(src_stages), [], {}
-    for end, d in ends(dst_stages).items():
-        if d.head is None:
-            continue
-        s = src_ends.get(end)
-        if s is not None and s.head is not None and s.target.name == d.target.name:
-            for a, b in zip(s.head.layers, d.head.layers):
-                copier.copy(s, a, d, b)
-            sources[d.index].add(s.index)
-            kept[d.index] = s.index
-            notes.append(f"stage {d.index}: head of SRC stage {s.index} kept ({d.target.name})")
-        else:
-            notes.append(f"stage {d.index}: new head ({d.target.name}), fresh weights and optimizer state")
-    by_index = {s.index: s for s in src_stages}
-    for d in dst_stages:
-        d.optimizer.iterations.assign(max(int(by_index[k].optimizer.iterations.numpy()) for k in sources[d.index]))
-        d.skipped.assign(max(int(by_index[k].skipped.numpy()) for k in sources[d.index]))
-        _copy_loss_scale([by_index[k] for k in sorted(sources[d.index])], d)
-    dropped = sorted(s.index for s in src_stages if s.head is not None and s.index not in kept.values())
-    if dropped:
-        notes.append("heads of SRC stages " + ", ".join(map(str, dropped)) + " dropped (no longer at a stage boundary)")
-    return notes, kept
-
-
-def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Write into `dst` a checkpoint of `src`'s newest complete step, re-split by `overrides`.
-
-    Builds both chains on one device (restaging needs no parallelism), restores SRC
-    without modifying it, maps every layer's state across, and saves DST with the
-    same all-or-nothing protocol as training. Returns a report with the DST overrides,
-    the step, what happened to each head, and the command that resumes DST.
-    """
-    import keras
-
-    from chain import data as data_lib
-    from chain.checkpoints import Checkpoints
-    from chain.config import compose, settings
-    from chain.stages import build_stages
-
-    src, dst = os.path.abspath(src), os.path.abspath(dst)
-    if src == dst:
-        raise ChainError("SRC and DST must be different run directories")
-    src_manifest, src_overrides, src_settings = _load_src(src)
-    if manifest_lib.read(dst) is not None:
-        raise ChainError(f"{dst} already holds a checkpoint; choose an empty DST run directory")
-    new = dst_overrides(src_overrides, overrides, src_settings)
-    dst_cfg = compose(new)
-    dst_settings = settings(dst_cfg)
-    manifest_lib.check_stream(src_manifest, dst_settings)
-
-    device = "/device:CPU:0"
-    dataset = data_lib.load(src_settings["data"], src_settings["seed"])
-    iterator = iter(data_lib.training_batches(dataset, src_settings))
-    built = {}
-    for name, s in (("src", src_settings), ("dst", dst_settings)):
-        keras.utils.set_random_seed(s["seed"])  # new heads start as a fresh DST run's would
-        built[name] = build_stages(s, [device] * len(s["stages"]), dataset.input_shape, dataset.target)
-    src_ckpts = Checkpoints(src, built["src"], iterator, src_settings)
-    m = src_ckpts.restore(clean=False)  # SRC is read, never changed
-    notes, kept = map_stages(built["src"], built["dst"])
-    first, last = (_restaged_losses(m[key], kept, len(built["dst"]), dst_settings["mode"])
-                   for key in ("loss_first", "loss_last"))
-    os.makedirs(os.path.join(dst, ".hydra"), exist_ok=True)
-    OmegaConf.save(OmegaConf.create(new), os.path.join(dst, ".hydra", "overrides.yaml"))
-    OmegaConf.save(dst_cfg, os.path.join(dst, ".hydra", "config.yaml"))
-    Checkpoints(dst, built["dst"], iterator, dst_settings).save(m["step"], first, last)
-    shown = [f"+stages={o.partition('=')[2]}" if _key(o) == "stages" else o for o in new]
-    resume = ["python", "-m", "chain", f"hydra.run.dir={dst}", "resume=true"] + shown
-    return {"step": m["step"], "src_stages": len(built["src"]), "dst_stages": len(built["dst"]),
-            "overrides": new, "heads": notes, "resume_command": shlex.join(resume)}
-
-
-def _restaged_losses(record: dict | None, kept: dict[int, int], n_stages: int, mode: str) -> dict | None:
-    """A manifest's loss record mapped onto the new stages.
-
-    A kept head keeps its stage's loss; mode=e2e keeps the chain's loss (the chain is
-    the same function); mode=local's sum over stages no longer means anything.
-    """
-    if record is None:
-        return None
-    stage_losses = record.get("stage_losses") or []
-    return {
-        "loss": record.get("loss") if mode == "e2e" else None,
-        "stage_losses": [stage_losses[kept[k]] if k in kept and kept[k] < len(stage_losses) else None
-                         for k in range(n_stages)] if stage_losses else [],
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of `python -m chain.restage SRC DST [overrides]`."""
-    from chain.__main__ import _import_tensorflow_quietly, fail
-
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
+        from chain.state import restage as logic
+
         print(USAGE)
-        print(__doc__.split("\n\n", 1)[1])
+        print(logic.__doc__.split("\n\n", 1)[1])
         return
     if len(args) < 2 or "=" in args[0] or "=" in args[1]:
         fail(f"restage needs SRC and DST run directories; {USAGE}")
@@ -283,7 +27,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         from chain.config import normalize_overrides
 
         overrides = normalize_overrides(args[2:])
-        _import_tensorflow_quietly()
+        import_tensorflow_quietly()
+        from chain.state.restage import restage
+
         report = restage(args[0], args[1], overrides)
     except ChainError as e:
         fail(str(e), e.exit_code)

@@ -17,7 +17,7 @@ optimizer slots). GPipe holds all M microbatches' activations on every stage; 1F
 at most K-k on stage k, so it should need markedly less.
 
 `--ablation` also measures both schedules with the engine's per-stage control
-dependencies removed (a worker patches `chain.pipeline._done` to an unconnected no-op):
+dependencies removed (the step built by `chain.steps.pipeline.e2e_step(..., ordered=False)`):
 the dataflow executor then runs every op as soon as its inputs are ready, and the
 schedule's order, with 1F1B's memory bound, is lost.
 """
@@ -49,16 +49,13 @@ def worker(a: argparse.Namespace) -> None:
     """One measurement in this process: print {"peak_bytes", "seconds_per_step"} as JSON."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import chain
-    from chain import memory
-
-    if a.unchained:
-        import tensorflow as tf
-
-        from chain import pipeline
-
-        pipeline._done = lambda ops, device: tf.no_op()  # each action waits for nothing
+    from chain.planning import memory
+    from chain.steps.pipeline import e2e_step
 
     run = chain.build(chain.compose(overrides(a, a.schedule)))
+    if a.unchained:  # the same step without the per-stage order: each action waits for nothing
+        strategy = run.strategy
+        strategy.step_fn = e2e_step(run.stages, run.schedule, strategy.loss_fn(), strategy.target, ordered=False)
     it = iter(run.batches())
     for _ in range(a.warmup):
         run.step(*next(it))
@@ -89,7 +86,7 @@ def measure(a: argparse.Namespace, variant: str) -> dict:
 
 def live_microbatches(schedule: str, stages: int, microbatches: int) -> int:
     """Microbatch activations held at once, summed over stages, by the schedule itself."""
-    from chain import schedules
+    from chain.planning import schedules
 
     s = schedules.build(schedule, stages, microbatches)
     return sum(max(schedules.live_activations(row)) for row in s.actions)

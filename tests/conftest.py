@@ -48,6 +48,17 @@ def read_summary(run_dir) -> dict:
         return json.load(f)
 
 
+def manifest(run_dir) -> dict:
+    with open(os.path.join(run_dir, "checkpoint.json")) as f:
+        return json.load(f)
+
+
+def stage_values(run_dir, stage: str) -> dict:
+    """Every variable of one stage's newest complete checkpoint, by checkpoint key."""
+    reader = tf.train.load_checkpoint(os.path.join(run_dir, manifest(run_dir)["checkpoints"][stage]))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
 @pytest.fixture
 def cli(tmp_path):
     """`cli(*overrides)` runs the command line in a fresh directory."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chain.engine import COPY_PREFIX
-from chain.planner import canonical
+from chain.steps.ops import COPY_PREFIX
+from chain.planning.devices import canonical
 
 # Ops whose placement TensorFlow derives from their resource input.
 RESOURCE_OPS = {"ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",

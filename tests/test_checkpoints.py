@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import chain
-from chain import manifest
-from chain.engine import apply_update
-from chain.numerics import NonFiniteError
+from chain.state import manifest
+from chain.steps.update import apply_update
+from chain.steps.numerics import NonFiniteError
 
 SMALL = ["model.width=8", "model.dropout=0.25", "data.batch_size=16", "trainer.progress=false"]
 

@@ -1,29 +1,30 @@
 """The schema: every bad value is one line naming the key; no TensorFlow needed."""
 
+from dataclasses import replace
+
 import pytest
 
 import chain
-from chain.config import settings
 
 
 def test_defaults_two_stages_from_the_template():
-    s = settings(chain.compose([]))
-    assert len(s["stages"]) == 2
-    assert all(st["model"] == s["model"] for st in s["stages"])
+    s = chain.compose([])
+    assert len(s.stages) == 2
+    assert all(st.model == s.model for st in s.stages)
 
 
 @pytest.mark.parametrize("form", ["+stages=3", "stages=3"])
 def test_stages_count_both_spellings(form):
-    assert len(settings(chain.compose([form]))["stages"]) == 3
+    assert len(chain.compose([form]).stages) == 3
 
 
 def test_heterogeneous_stages_override_the_template():
-    s = settings(chain.compose(["+stages=[{model: conv},{model: {width: 8}},{optim: sgd, target: parity}]"]))
-    conv, narrow, third = s["stages"]
-    assert conv["model"]["name"] == "conv" and "width" not in conv["model"]
-    assert narrow["model"] == {**s["model"], "width": 8}
-    assert third["optim"]["name"] == "sgd" and third["target"] == "parity"
-    assert third["model"] == s["model"]
+    s = chain.compose(["+stages=[{model: conv},{model: {width: 8}},{optim: sgd, target: parity}]"])
+    conv, narrow, third = s.stages
+    assert conv.model.name == "conv" and not hasattr(conv.model, "width")
+    assert narrow.model == replace(s.model, width=8)
+    assert third.optim.name == "sgd" and third.target == "parity"
+    assert third.model == s.model
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import chain
-from chain.mirrored import MirroredRun
+from chain.strategies.mirrored import Mirrored
+from compare import assert_same_start, assert_trains_alike, rel_diff, same_batches, weights
 from conftest import DEVICES
 from graph_audit import audit
 
@@ -21,18 +22,8 @@ def build_pair(*overrides):
     """(mirrored run over CPU:0-1, the same chain pipelined on CPU:2), same initial weights."""
     mirrored = chain.build(chain.compose([*TINY, "placement.fallback=mirrored", *overrides]))
     single = chain.build(chain.compose([*TINY, f"placement.devices=[{DEVICES[2]},{DEVICES[2]},{DEVICES[2]}]", *overrides]))
-    # Both runs seed Keras the same way before building; check rather than assume it.
-    for a, b in zip(weights(mirrored), weights(single)):
-        np.testing.assert_array_equal(a, b)
+    assert_same_start(mirrored, single)
     return mirrored, single
-
-
-def weights(run):
-    return [v.numpy() for s in run.stages for v in s.trainable_variables]
-
-
-def rel_diff(a, b):
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
 def assert_same_weights(run_a, run_b):
@@ -42,9 +33,9 @@ def assert_same_weights(run_a, run_b):
 
 def test_mirrored_run_holds_every_stage_on_every_replica():
     run = chain.build(chain.compose([*TINY, "placement.fallback=mirrored"]))
-    assert isinstance(run, MirroredRun)
-    assert run.placement.replicas == DEVICES[:2] and run.strategy.num_replicas_in_sync == 2
-    assert run.per_replica_batch == 16
+    assert isinstance(run.strategy, Mirrored)
+    assert run.placement.replicas == DEVICES[:2] and run.strategy.strategy.num_replicas_in_sync == 2
+    assert run.strategy.per_replica_batch == 16
     for s in run.stages:
         assert s.device is None
         # Model, head and every optimizer slot have a copy on both replicas.
@@ -60,20 +51,12 @@ def test_mirrored_run_holds_every_stage_on_every_replica():
 ], ids=["local-adam", "local-sgd", "e2e-adam"])
 def test_mirrored_steps_equal_single_device_training_on_the_same_global_batches(overrides):
     mirrored, single = build_pair(*overrides)
-    it = iter(single.batches())
-    for _ in range(6):
-        x, ys = next(it)
-        got, want = mirrored.step(x, ys), single.step(x, ys)
-        np.testing.assert_allclose(got["loss"], want["loss"], rtol=RTOL)
-        np.testing.assert_allclose(got["stage_losses"], want["stage_losses"], rtol=RTOL)
-    assert_same_weights(mirrored, single)
-    # The comparison has teeth: training moved the weights away from where they started.
-    fresh = chain.build(chain.compose([*TINY, *overrides, "placement.fallback=mirrored"]))
-    assert max(rel_diff(a, b) for a, b in zip(weights(mirrored), weights(fresh))) > 100 * RTOL
+    assert_trains_alike(mirrored, single, same_batches(single, 6), RTOL, moved=100)
 
 
 def test_mirrored_fit_distributes_the_same_batches():
-    """fit() feeds `batches()` through experimental_distribute_dataset; the result matches too."""
+    """fit() splits each batch of the run's checkpointable `tf.data` iterator over the replicas,
+    as `step` does; the result matches too."""
     steps = 5
     mirrored, single = build_pair(f"trainer.steps={steps}")
     summary = mirrored.fit()
@@ -89,7 +72,7 @@ def test_mirrored_fit_distributes_the_same_batches():
 def test_each_replica_computes_on_its_own_device():
     run = chain.build(chain.compose([*TINY, "placement.fallback=mirrored"]))
     x, ys = next(iter(run.batches()))
-    a = audit(run._step.get_concrete_function(run._split(x, run._targets(ys))))
+    a = audit(run.trace(x, ys))
     matmuls = {a.device[op] for op in a.ops() if op.type == "MatMul"}
     assert matmuls == set(DEVICES[:2])
 
@@ -103,7 +86,7 @@ def test_one_process_one_replica_set():
     """A second set of replicas would collide with the first's all-reduce: refused, not crashed."""
     first = chain.build(chain.compose([*TINY, "placement.fallback=mirrored"]))
     again = chain.build(chain.compose([*TINY, "placement.fallback=mirrored", "mode=e2e"]))
-    assert again.strategy is first.strategy  # rebuilt runs reuse the strategy
+    assert again.strategy.strategy is first.strategy.strategy  # rebuilt runs reuse the MirroredStrategy
     assert np.isfinite(again.step(*next(iter(again.batches())))["loss"])
     with pytest.raises(chain.DeviceError, match=r"already trains mirrored runs over /device:CPU:0, /device:CPU:1"):
         chain.build(chain.compose([*TINY, "placement.fallback=mirrored", "placement.replicas=4"]))

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,6 +16,9 @@ def test_wheel_install_runs_from_another_directory(tmp_path):
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     (wheel,) = wheels.glob("chain-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    sources = {str(p.relative_to(ROOT)) for p in (ROOT / "chain").rglob("*.py")}
+    assert sources <= shipped, sorted(sources - shipped)  # every module of every subpackage travels
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                              capture_output=True, text=True)
     assert install.returncode == 0, install.stderr

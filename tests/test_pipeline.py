@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import chain
-from chain import memory, pipeline, schedules
+from chain.planning import memory, schedules
+from chain.steps import pipeline
 from conftest import DEVICES
 from graph_audit import audit
 from compare import rel_diff
@@ -59,31 +60,38 @@ def keras_reference(run, initial: list[list[np.ndarray]], loss):
     return model, layers, step
 
 
-_trained: dict = {}
+def train_case(schedule: str, m: int, loss: str) -> dict:
+    """Build the chain for one case, train it and the Keras reference 5 steps."""
+    overrides, keras_loss = LOSSES[loss]
+    run = chain.build(chain.compose(BASE + overrides + [f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}"]))
+    initial = [[layer.get_weights() for layer in s.model.layers] for s in run.stages]
+    model, layers, ref_step = keras_reference(run, initial, keras_loss)
+    target = run.stages[-1].target.name
+    it = iter(run.batches())
+    chain_losses, ref_losses = [], []
+    for _ in range(STEPS):
+        x, ys = next(it)
+        chain_losses.append(run.step(x, ys)["loss"])
+        ref_losses.append(float(ref_step(x, ys[target])))
+    return dict(run=run, initial=initial, layers=layers, chain_losses=chain_losses, ref_losses=ref_losses,
+                batch=(x, ys))
 
 
-def trained(schedule: str, m: int, loss: str) -> dict:
-    """Build the chain for one case, train it and the Keras reference 5 steps (once per module)."""
-    key = (schedule, m, loss)
-    if key not in _trained:
-        overrides, keras_loss = LOSSES[loss]
-        run = chain.build(chain.compose(BASE + overrides + [f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}"]))
-        initial = [[layer.get_weights() for layer in s.model.layers] for s in run.stages]
-        model, layers, ref_step = keras_reference(run, initial, keras_loss)
-        target = run.stages[-1].target.name
-        it = iter(run.batches())
-        chain_losses, ref_losses = [], []
-        for _ in range(STEPS):
-            x, ys = next(it)
-            chain_losses.append(run.step(x, ys)["loss"])
-            ref_losses.append(float(ref_step(x, ys[target])))
-        _trained[key] = dict(run=run, initial=initial, layers=layers, chain_losses=chain_losses,
-                             ref_losses=ref_losses, batch=(x, ys))
-    return _trained[key]
+@pytest.fixture(scope="module")
+def trained():
+    """`trained(schedule, m, loss)`: that case built and trained once for this module's tests."""
+    cases: dict = {}
+
+    def get(schedule: str, m: int, loss: str) -> dict:
+        if (schedule, m, loss) not in cases:
+            cases[(schedule, m, loss)] = train_case(schedule, m, loss)
+        return cases[(schedule, m, loss)]
+
+    return get
 
 
 @pytest.mark.parametrize("schedule, m, loss", CASES)
-def test_every_schedule_trains_like_one_keras_model_on_one_device(schedule, m, loss):
+def test_every_schedule_trains_like_one_keras_model_on_one_device(trained, schedule, m, loss):
     t = trained(schedule, m, loss)
     run = t["run"]
     assert [s.device for s in run.stages] == DEVICES[:K]
@@ -112,11 +120,11 @@ def stage_of(op_name: str) -> int | None:
 
 
 @pytest.mark.parametrize("schedule", schedules.NAMES)
-def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossings(schedule):
+def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossings(trained, schedule):
     m = 2
     t = trained(schedule, m, "crossentropy")
     run, (x, ys) = t["run"], t["batch"]
-    a = audit(run._step.get_concrete_function(x, ys))
+    a = audit(run.trace(x, ys))
     devices = [s.device for s in run.stages]
     assert a.misplaced(devices) == []
     for k, device in enumerate(devices):
@@ -166,11 +174,11 @@ def ancestor_sets(ops) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_each_stage_runs_its_actions_in_schedule_order(schedule):
+def test_each_stage_runs_its_actions_in_schedule_order(trained, schedule):
     """Every op of a stage's action waits (data or control edge) for the end of its previous action."""
     t = trained(schedule, 2, "crossentropy")
     run, (x, ys) = t["run"], t["batch"]
-    ops = run._step.get_concrete_function(x, ys).graph.get_operations()
+    ops = run.trace(x, ys).graph.get_operations()
     ancestors = ancestor_sets(ops)
     for row in run.schedule.actions:
         for before, after in zip(row, row[1:]):
@@ -183,10 +191,11 @@ def test_each_stage_runs_its_actions_in_schedule_order(schedule):
                 assert ends <= ancestors[op.name], (before, after, op.name, ends - ancestors[op.name])
 
 
-def test_step_refuses_a_batch_the_microbatches_do_not_divide():
+def test_step_refuses_a_batch_the_microbatches_do_not_divide(trained):
     t = trained("gpipe", 4, "crossentropy")
     run, (x, ys) = t["run"], t["batch"]
-    with pytest.raises(chain.ConfigError, match=r"pipeline.microbatches=4 does not divide the batch of 14 examples"):
+    with pytest.raises(ValueError, match=r"a batch of 14 examples does not cut into pipeline.microbatches=4 "
+                                         r"equal microbatches; pass x and y with a multiple of 4 examples"):
         run.step(x[:14], {k: v[:14] for k, v in ys.items()})
 
 

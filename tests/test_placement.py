@@ -24,7 +24,7 @@ def test_stages_model_and_optimizer_variables_live_on_their_device(run3):
 
 def test_compiled_step_places_every_op_of_stage_k_on_device_k(run3):
     x, ys = next(iter(run3.batches()))
-    a = audit(run3._step.get_concrete_function(x, ys))
+    a = audit(run3.trace(x, ys))
     assert a.misplaced({s.device for s in run3.stages}) == []
     for s in run3.stages:
         k = f"{s.index:02d}"

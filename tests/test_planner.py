@@ -9,17 +9,16 @@ import os
 import pytest
 
 import chain
-from chain.config import settings
 from chain.errors import ConfigError, DeviceError
-from chain.inventory import Card, Gpu, Inventory, inventory, parse_smi, visible_cards
-from chain.planner import MIRRORED, PIPELINE, check_batch, plan
+from chain.planning.inventory import Card, Gpu, Inventory, inventory, parse_smi, visible_cards
+from chain.planning.planner import MIRRORED, PIPELINE, check_batch, plan
 
 GB = 1024  # MB
 
 
-def pcfg(*overrides: str) -> dict:
+def pcfg(*overrides: str):
     """The validated `placement` section for these overrides."""
-    return settings(chain.compose(list(overrides)))["placement"]
+    return chain.compose(list(overrides)).placement
 
 
 def gpu_devices(n):
@@ -79,10 +78,10 @@ def test_one_24gb_gpu_three_stages_three_logical_gpus_sharing_the_card():
     assert p.split == {0: 3}
     limits = p.memory_limits_mb[0]
     assert len(set(limits)) == 1  # an even share
-    free = 24 * GB - cfg["reserve_mb"]
+    free = 24 * GB - cfg.reserve_mb
     assert free - 3 < sum(limits) <= free  # all of it but the reserve (and rounding)
     assert {p.physical[d] for d in p.devices} == {"GPU:0"}
-    assert_limits_fit(p, inv, cfg["reserve_mb"])
+    assert_limits_fit(p, inv, cfg.reserve_mb)
 
 
 def test_reserve_changes_the_share():
@@ -111,7 +110,7 @@ def test_two_gpus_five_stages_neighbours_share_a_card():
     assert p.split == {0: 3, 1: 2}
     cards = [p.physical[d] for d in p.devices]
     assert cards == ["GPU:0"] * 3 + ["GPU:1"] * 2
-    assert_limits_fit(p, inv, pcfg()["reserve_mb"])
+    assert_limits_fit(p, inv, pcfg().reserve_mb)
     assert p.memory_limits_mb[0][0] < p.memory_limits_mb[1][0]  # three share card 0, two card 1
 
 
@@ -169,7 +168,7 @@ def test_mirrored_without_gpu_two_cpu_replicas_by_default():
 
 
 def test_mirrored_replica_count_from_the_command_line():
-    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3"), 5, Inventory())
+    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"), 5, Inventory())
     assert p.replicas == [f"/device:CPU:{i}" for i in range(3)] and p.split == {0: 3}
 
 
@@ -305,7 +304,7 @@ def test_memory_unknown_without_nvidia_smi_or_when_counts_disagree():
     (["placement.visible=[0]"], 3, Inventory(), DeviceError, "placement.visible[0]=0: no such GPU; TensorFlow sees no GPU"),
     (["placement.visible=[1,1]"], 3, Inventory.of(4, 16 * GB), ConfigError, "placement.visible[1]=1 is listed twice"),
     (["placement.reserve_mb=30000"], 3, Inventory.of(1, 24 * GB), DeviceError, "placement.reserve_mb=30000 leaves no memory"),
-    (["placement.fallback=mirrored", "placement.replicas=3"], 5, Inventory.of(2, 16 * GB), DeviceError,
+    (["placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"], 5, Inventory.of(2, 16 * GB), DeviceError,
      "placement.replicas=3: only 2 GPU(s) visible"),
     (["placement.fallback=mirrored", "placement.memory_limit_mb=[1,2,3]"], 3, Inventory.of(1, 16 * GB), ConfigError,
      "placement.memory_limit_mb: a list gives one limit per stage"),
@@ -323,7 +322,7 @@ def test_visible_error_mentions_cuda_visible_devices():
 
 
 def test_mirrored_batch_that_does_not_divide_names_both_keys():
-    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3"), 3, Inventory())
+    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"), 3, Inventory())
     with pytest.raises(ConfigError, match=r"data.batch_size=64 does not divide over 3 replicas \(placement.replicas\)"):
         check_batch(64, p)
 
@@ -350,7 +349,7 @@ class FakeConfig:
 
 
 def test_configure_applies_visible_cards_and_limits(monkeypatch):
-    from chain.planner import configure
+    from chain.planning.devices import configure
 
     fake = FakeConfig(monkeypatch, 4)
     cfg = pcfg("placement.visible=[1,3]", "placement.memory_limit_mb=[1000,2000,3000]")
@@ -362,7 +361,7 @@ def test_configure_applies_visible_cards_and_limits(monkeypatch):
 
 
 def test_configure_sets_growth_on_every_visible_gpu_only(monkeypatch):
-    from chain.planner import configure
+    from chain.planning.devices import configure
 
     fake = FakeConfig(monkeypatch, 8)
     cfg = pcfg("placement.memory_growth=true")
@@ -373,7 +372,7 @@ def test_configure_sets_growth_on_every_visible_gpu_only(monkeypatch):
 
 def test_discover_reads_a_real_nvidia_smi_process(tmp_path, monkeypatch):
     """nvidia-smi on PATH (a stand-in script) is queried; TensorFlow here sees no GPU, and the note says so."""
-    from chain.inventory import discover, query_smi
+    from chain.planning.inventory import discover, query_smi
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\ncat <<'END'\n" + SMI + "END\n")

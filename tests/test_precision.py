@@ -9,9 +9,10 @@ import pytest
 import tensorflow as tf
 
 import chain
-from chain import loss_scale as ls
-from chain.engine import apply_update, shared_outcomes
-from chain.numerics import NonFiniteError
+from chain.stages import loss_scale as ls
+from chain.steps.update import apply_update, shared_outcomes
+from chain.steps.numerics import NonFiniteError
+from compare import norm_rel_diff, stage_vectors
 
 LR = 0.1
 BASE = ["+stages=3", "model.depth=1", "model.width=16", "optim=sgd", f"optim.lr={LR}", "data=synthetic",
@@ -19,7 +20,8 @@ BASE = ["+stages=3", "model.depth=1", "model.width=16", "optim=sgd", f"optim.lr=
 MODES = {"local": ["mode=local"], "e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"]}
 # Runs compared with float32: the precision and any other switch.
 LOW = {"mixed_bfloat16": ["precision=mixed_bfloat16"], "mixed_float16": ["precision=mixed_float16"],
-       "mixed_bfloat16-xla": ["precision=mixed_bfloat16", "trainer.jit_compile=true"]}
+       "mixed_bfloat16-xla": ["precision=mixed_bfloat16", "trainer.jit_compile=true"],
+       "mixed_float16-xla": ["precision=mixed_float16", "trainer.jit_compile=true"]}
 # Unit roundoff (half an ulp at 1.0): bfloat16 keeps 8 significant bits, float16 11.
 UNIT_ROUNDOFF = {"mixed_bfloat16": 2.0 ** -8, "mixed_float16": 2.0 ** -11}
 
@@ -30,42 +32,33 @@ COMPARED = 5  # steps over which the runs are compared
 STEPS = 30  # steps over which the loss must fall
 
 
-def weights(run) -> list[np.ndarray]:
-    """Each stage's trainable variables as one vector."""
-    return [np.concatenate([v.numpy().ravel() for v in s.trainable_variables]) for s in run.stages]
-
-
 def state(run) -> list[np.ndarray]:
     """Every weight and optimizer variable (slots and iteration counts) of every stage."""
     return [v.numpy().copy() for s in run.stages for v in s.trainable_variables + list(s.optimizer.variables)]
 
 
-_trained: dict = {}
+@pytest.fixture(scope="module", params=list(MODES))
+def trained(request) -> dict:
+    """For one mode, the same chain in float32 and every low-precision variant, trained on the same batches."""
+    mode = request.param
+    variants = {"float32": [], **LOW}
+    runs = {v: chain.build(chain.compose(BASE + MODES[mode] + over)) for v, over in variants.items()}
+    initial = {p: stage_vectors(r) for p, r in runs.items()}
+    losses = {p: [] for p in runs}
+    at_compared = {}
+    it = iter(runs["float32"].batches())
+    for step in range(1, STEPS + 1):
+        x, ys = next(it)
+        for p, r in runs.items():
+            losses[p].append(r.step(x, ys)["loss"])
+        if step == COMPARED:
+            at_compared = {p: stage_vectors(r) for p, r in runs.items()}
+    return dict(mode=mode, runs=runs, initial=initial, losses=losses, at_compared=at_compared)
 
 
-def trained(mode: str) -> dict:
-    """The same chain in float32, bfloat16 and float16, trained on the same batches (once per module)."""
-    if mode not in _trained:
-        variants = {"float32": [], **LOW}
-        runs = {v: chain.build(chain.compose(BASE + MODES[mode] + over)) for v, over in variants.items()}
-        initial = {p: weights(r) for p, r in runs.items()}
-        losses = {p: [] for p in runs}
-        at_compared = {}
-        it = iter(runs["float32"].batches())
-        for step in range(1, STEPS + 1):
-            x, ys = next(it)
-            for p, r in runs.items():
-                losses[p].append(r.step(x, ys)["loss"])
-            if step == COMPARED:
-                at_compared = {p: weights(r) for p, r in runs.items()}
-        _trained[mode] = dict(runs=runs, initial=initial, losses=losses, at_compared=at_compared)
-    return _trained[mode]
-
-
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("variant", LOW)
-def test_stage_bodies_compute_in_the_low_precision_with_float32_weights(mode, variant):
-    run = trained(mode)["runs"][variant]
+def test_stage_bodies_compute_in_the_low_precision_with_float32_stage_vectors(trained, variant):
+    mode, run = trained["mode"], trained["runs"][variant]
     precision = precision_of(variant)
     low = precision.removeprefix("mixed_")
     for s in run.stages:
@@ -81,9 +74,8 @@ def test_stage_bodies_compute_in_the_low_precision_with_float32_weights(mode, va
     assert keras.layers.Dense(2).compute_dtype == "float32"
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("variant", LOW)
-def test_low_precision_training_matches_float32_within_its_rounding(mode, variant):
+def test_low_precision_training_matches_float32_within_its_rounding(trained, variant):
     """Tolerance: 2u relative, u the unit roundoff (bfloat16: 2^-8, float16: 2^-11).
 
     Losses: the loss is computed in float32 from a float32 read-out whose input carries
@@ -94,25 +86,24 @@ def test_low_precision_training_matches_float32_within_its_rounding(mode, varian
     with. (Longer runs drift further apart, as any perturbation of training does; the
     loss-falls test covers them.) Measured: bfloat16 <= 3e-3 (local 1.5e-3), float16
     <= 3e-5. The comparison has teeth: training moved every stage by more than the
-    tolerance, and the low-precision runs do differ from float32. The bfloat16 run
-    compiled with XLA is held to the same bfloat16 tolerance.
+    tolerance, and the low-precision runs do differ from float32. The bfloat16 and float16 runs
+    compiled with XLA are held to their precision's tolerance.
     """
-    t = trained(mode)
+    t = trained
     u = UNIT_ROUNDOFF[precision_of(variant)]
     for a, b in zip(t["initial"][variant], t["initial"]["float32"]):
         np.testing.assert_array_equal(a, b)  # same seed, same float32 initial weights
     got, want = np.array(t["losses"][variant][:COMPARED]), np.array(t["losses"]["float32"][:COMPARED])
     assert np.max(np.abs(got - want) / np.abs(want)) <= 2 * u
     for k, (w, ref, w0) in enumerate(zip(t["at_compared"][variant], t["at_compared"]["float32"], t["initial"]["float32"])):
-        assert np.linalg.norm(w - ref) <= 2 * u * np.linalg.norm(ref), k
+        assert norm_rel_diff(w, ref) <= 2 * u, k
         assert np.linalg.norm(ref - w0) > 2 * 2 * u * np.linalg.norm(ref), k  # moved well beyond the tolerance
         assert not np.array_equal(w, ref), k  # the low-precision path really ran
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("variant", LOW)
-def test_low_precision_loss_falls(mode, variant):
-    losses = trained(mode)["losses"][variant]
+def test_low_precision_loss_falls(trained, variant):
+    losses = trained["losses"][variant]
     assert np.mean(losses[-5:]) < 0.95 * np.mean(losses[:5])
 
 
@@ -187,13 +178,13 @@ def test_an_overflow_in_one_stage_skips_the_whole_chain_in_e2e_and_only_that_sta
 
     @tf.function
     def update():
-        if run.e2e:
+        if run.settings.mode == "e2e":
             outcomes = shared_outcomes(run.stages, grads, loss, run.stages[-1].device)
         else:
             outcomes = [None] * len(run.stages)
         for s, g, outcome in zip(run.stages, grads, outcomes):
             with tf.device(s.device):
-                apply_update(s, g, None if run.e2e else loss, outcome)
+                apply_update(s, g, None if run.settings.mode == "e2e" else loss, outcome)
 
     update()
     iterations = [int(s.optimizer.iterations.numpy()) for s in run.stages]

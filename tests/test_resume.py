@@ -5,7 +5,6 @@ environment variables of `chain.testhooks` (for tests only).
 """
 
 import glob
-import json
 import os
 import re
 import shutil
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import read_summary, run_cli
+from conftest import manifest, read_summary, run_cli, stage_values
 
 # Each entry: how the chain is trained (the pipelined modes, and the mirrored fallback).
 MODES = {
@@ -30,17 +29,6 @@ TINY = ["+stages=2", "model.width=16", "model.dropout=0.2", "data.batch_size=32"
 
 def cli(cwd, *overrides, env=None):
     return run_cli(cwd, *overrides, env=env)
-
-
-def manifest(run_dir) -> dict:
-    with open(os.path.join(run_dir, "checkpoint.json")) as f:
-        return json.load(f)
-
-
-def stage_values(run_dir, stage: str) -> dict:
-    """Every variable of one stage's newest complete checkpoint, by checkpoint key."""
-    reader = tf.train.load_checkpoint(os.path.join(run_dir, manifest(run_dir)["checkpoints"][stage]))
-    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
 def event_steps(path) -> list[int]:

@@ -6,8 +6,7 @@ import re
 
 import numpy as np
 
-from conftest import read_summary, run_cli, run_dirs
-from test_resume import manifest, stage_values
+from conftest import manifest, read_summary, run_cli, run_dirs, stage_values
 
 QUIET = ["trainer.progress=false", "checkpoint.export=false"]
 

@@ -1,0 +1,53 @@
+"""Configs: compose the packaged Hydra configs with overrides and validate them, once, into
+a typed, frozen `Settings` (nothing here imports TensorFlow, so a bad config fails in
+well under a second).
+
+    settings = chain.config.compose(["+stages=3", "trainer.steps=5"])   # -> Settings
+    settings = chain.config.validate(hydra_cfg)                          # a composed DictConfig
+
+Modules: `schema` (the sections as dataclasses, each key's check), `fields` (the checks),
+`checks` (what must hold across keys), `shapes` (stage shapes and sizes from the config
+alone), `hydra` (the packaged config groups and overrides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from chain.config import checks
+from chain.config.hydra import compose_config, group_defaults, group_options, normalize_overrides, override_key
+from chain.config.schema import Settings, expand_stages, parse
+from chain.errors import ConfigError
+
+__all__ = ["Settings", "compose", "validate", "group_options", "normalize_overrides", "override_key"]
+
+
+def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
+    """Check a composed config (every key, and what must hold across keys) and return its `Settings`.
+
+    Raises `ConfigError` with one line naming the key. A `Settings` is returned as it is.
+    """
+    if isinstance(cfg, Settings):
+        return cfg
+    source = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    if "hydra" in source:  # Hydra's own node (run directory etc.) resolves only inside a Hydra job
+        source = OmegaConf.masked_copy(source, [k for k in source if k != "hydra"])
+    try:
+        raw = OmegaConf.to_container(source, resolve=True)
+    except Exception as e:  # an interpolation that does not resolve
+        raise ConfigError(f"config does not resolve: {e}".splitlines()[0]) from None
+    stages = raw.pop("stages", None)
+    s = parse(Settings, "", raw)
+    s = replace(s, stages=expand_stages(stages, s.stage, group_defaults), source=source)
+    return replace(s, notes=checks.check(s))
+
+
+def compose(overrides: Sequence[str] = ()) -> Settings:
+    """Compose the packaged configs with command-line style overrides and validate them.
+
+    Example: `chain.compose(["+stages=3", "trainer.steps=5"])`.
+    """
+    return validate(compose_config(overrides))

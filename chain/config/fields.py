@@ -1,0 +1,120 @@
+"""Checks for single config values: each takes `(key, value)` and returns the value
+(normalised: lists become tuples, numbers floats) or raises a one-line `ConfigError`
+that names the key and says what is allowed.
+
+Every check is O(1) in the value it is given (a list: O(its length)): validation never
+loops over a configured number.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from chain.errors import ConfigError
+
+Check = Callable[[str, Any], Any]
+
+
+def is_int(v: Any) -> bool:
+    """A Python int that is not a bool (YAML's `true` is an int to Python)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Check:
+    """An integer within [minimum, maximum] (either bound optional)."""
+    def check(key: str, v: Any) -> int:
+        if not is_int(v):
+            raise ConfigError(f"{key}={v!r} must be an integer" + (f" >= {minimum}" if minimum is not None else ""))
+        if minimum is not None and v < minimum:
+            raise ConfigError(f"{key}={v} must be >= {minimum}")
+        if maximum is not None and v > maximum:
+            raise ConfigError(f"{key}={v} must be <= {maximum}")
+        return v
+
+    return check
+
+
+def number(positive: bool = False, minimum: float | None = None, below: float | None = None,
+           maximum: float | None = None) -> Check:
+    """A finite real number (ints accepted, returned as float) within the given bounds."""
+    def check(key: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{key}={v!r} must be a number")
+        if not math.isfinite(v):
+            raise ConfigError(f"{key}={v} must be a finite number")
+        if positive and not v > 0:
+            raise ConfigError(f"{key}={v} must be > 0")
+        if minimum is not None and v < minimum:
+            raise ConfigError(f"{key}={v} must be >= {minimum}")
+        if below is not None and not v < below:
+            raise ConfigError(f"{key}={v} must be < {below}")
+        if maximum is not None and v > maximum:
+            raise ConfigError(f"{key}={v} must be <= {maximum:g}")
+        return float(v)
+
+    return check
+
+
+def power_of_two(key: str, v: Any) -> float:
+    """A positive power of two (2**-k allowed), e.g. a loss scale: multiplying by it is exact."""
+    v = number(positive=True, maximum=2.0 ** 64)(key, v)
+    if math.frexp(v)[0] != 0.5:
+        lower = 2.0 ** (math.frexp(v)[1] - 1)
+        raise ConfigError(f"{key}={v:g} must be a power of two (e.g. {lower:g} or {2 * lower:g}), "
+                          "so that scaling and unscaling gradients is exact")
+    return v
+
+
+def boolean(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}={v!r} must be true or false")
+    return v
+
+
+def choice(*allowed: str) -> Check:
+    """One of `allowed`."""
+    def check(key: str, v: Any) -> str:
+        if v not in allowed:
+            raise ConfigError(f"{key}={v!r} is not known; allowed: {', '.join(allowed)}")
+        return v
+
+    return check
+
+
+def optional(inner: Check) -> Check:
+    """None, or what `inner` accepts."""
+    def check(key: str, v: Any) -> Any:
+        return None if v is None else inner(key, v)
+
+    return check
+
+
+def string(key: str, v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{key}={v!r} must be a non-empty string")
+    return v
+
+
+def list_of(inner: Check, min_len: int = 0, max_len: int = 4096) -> Check:
+    """A list (returned as a tuple) of `min_len` to `max_len` values, each checked by `inner`."""
+    def check(key: str, v: Any) -> tuple:
+        if not isinstance(v, (list, tuple)):
+            raise ConfigError(f"{key}={v!r} must be a list, e.g. {key}=[a,b]")
+        if len(v) < min_len:
+            raise ConfigError(f"{key} must have at least {min_len} entries")
+        if len(v) > max_len:
+            raise ConfigError(f"{key} has {len(v)} entries; at most {max_len} are allowed")
+        return tuple(inner(f"{key}[{i}]", x) for i, x in enumerate(v))
+
+    return check
+
+
+def int_or_list(minimum: int, maximum: int | None = None) -> Check:
+    """One integer, or a list of them (a tuple)."""
+    one = integer(minimum, maximum)
+
+    def check(key: str, v: Any) -> Any:
+        return list_of(one, 1)(key, v) if isinstance(v, (list, tuple)) else one(key, v)
+
+    return check

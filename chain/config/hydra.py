@@ -1,0 +1,106 @@
+"""Hydra's side of configs: the packaged config groups, command-line overrides, compose.
+
+The configs travel inside the package as `chain.conf` (`pkg://chain.conf`), so a wheel
+finds them from any directory. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from chain.errors import ConfigError
+
+CONFIG_MODULE = "chain.conf"
+GROUPS = ("model", "optim", "data")
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the packaged configs of one group (`model` -> ['conv', 'mlp'])."""
+    folder = resources.files(CONFIG_MODULE).joinpath(group)
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def group_defaults(group: str, name: str) -> dict:
+    """The packaged config `group/name.yaml` as a dict, or a ConfigError naming the options."""
+    if name not in group_options(group):
+        raise ConfigError(f"{group}={name!r} is not known; allowed: {', '.join(group_options(group))}")
+    text = resources.files(CONFIG_MODULE).joinpath(group, f"{name}.yaml").read_text()
+    return OmegaConf.to_container(OmegaConf.create(text))
+
+
+def override_key(override: str) -> str:
+    """The key an override sets: `+stages=3`, `++stages=3`, `~stages` -> `stages`."""
+    return override.partition("=")[0].lstrip("+~")
+
+
+def normalize_overrides(overrides: Sequence[str]) -> list[str]:
+    """Accept both `stages=N` and `+stages=N`; check config-group names before Hydra does.
+
+    `stages` is not in the base config (so `+stages` is the natural form); `++` adds or
+    replaces, so either spelling works. Group names are checked here because Hydra's own
+    message for an unknown group option is a multi-line search-path dump.
+    """
+    out = []
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        bare = override_key(o)
+        if bare == "stages" and sep:
+            o = f"++stages={value}"
+        elif bare in GROUPS and sep and not key.startswith("~"):
+            if value not in group_options(bare):
+                raise ConfigError(f"{bare}={value!r} is not known; allowed: {', '.join(group_options(bare))}")
+        out.append(o)
+    return out
+
+
+def _compose(overrides: Sequence[str], with_hydra: bool) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _unknown_key(key: str, overrides: Sequence[str]) -> str:
+    """The one-line message for `key=value` on a key the config does not have."""
+    parent, _, leaf = key.rpartition(".")
+    try:
+        node = _compose([o for o in overrides if override_key(o) != key], False)
+        for part in parent.split(".") if parent else ():
+            node = node[part]
+        allowed = ", ".join(sorted(str(k) for k in node))
+    except Exception:  # the parent is not a mapping either: say what we can
+        return f"unknown key {key}"
+    where = f"of {parent}" if parent else "at the top level"
+    return f"unknown key {key}; allowed keys {where}: {allowed}"
+
+
+def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> DictConfig:
+    """The packaged config composed with command-line style overrides (no run directory).
+
+    `with_hydra` keeps the `hydra` node (e.g. `hydra.run.dir`). Hydra's errors become one
+    `ConfigError` line that names the key or the override.
+    """
+    from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+
+    overrides = normalize_overrides(overrides)
+    try:
+        return _compose(overrides, with_hydra)
+    except OverrideParseException as e:
+        raise ConfigError(f"cannot read the override {e.override}: {str(e).splitlines()[0]} (lists are "
+                          "key=[a,b]; quote mappings for the shell: '+stages=[{model: conv},{}]')") from None
+    except ConfigCompositionException as e:
+        first = str(e).splitlines()[0]
+        if first.startswith("Could not override '"):
+            raise ConfigError(_unknown_key(first.split("'")[1], overrides)) from None
+        raise ConfigError(first) from None
+    except HydraException as e:
+        raise ConfigError(str(e).splitlines()[0]) from None

@@ -1,0 +1,314 @@
+"""The one config schema: every key, its type and its allowed values, as frozen dataclasses.
+
+Each section is a frozen dataclass whose fields carry their check (`setting(check)`);
+`parse(cls, key, raw)` turns a plain mapping into that dataclass, rejecting unknown and
+missing keys at any depth (Hydra accepts `+trainer.stepz=5` silently) with one line
+that names the key and says what is allowed. Sections with several forms (`model`,
+`optim`, `data`) are chosen by their `name` key (`variants`).
+
+`Settings` is the whole validated config; `chain.config.validate` builds it. Nothing
+here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, ClassVar, Union
+
+from chain.config.fields import (Check, boolean, choice, int_or_list, integer, list_of, number, optional,
+                                 power_of_two, string)
+from chain.errors import ConfigError
+from chain.planning.schedules import NAMES as SCHEDULES
+
+MODES = ("local", "e2e")
+LOSSES = ("sparse_categorical_crossentropy", "mse")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+FALLBACKS = ("virtual", "mirrored", "error")
+ON_NAN = ("stop", "skip")
+ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
+
+# Bounds that keep every value within what the code (and validation, in O(1)) handles.
+MAX_STAGES = 512
+MAX_DEPTH = 1024
+MAX_WIDTH = 1 << 20
+MAX_SEED = 2 ** 32 - 1  # keras.utils.set_random_seed seeds NumPy, which takes 32 bits
+MAX_BATCH = 2 ** 31 - 1  # TensorFlow indexes a batch with int32
+MAX_MICROBATCHES = 4096
+MAX_SAMPLES = 1 << 24
+
+
+
+def setting(check: Check) -> Any:
+    """A dataclass field validated by `check` (see `chain.config.fields`)."""
+    return field(metadata={"check": check})
+
+
+def parse(cls: type, key: str, raw: Any) -> Any:
+    """`raw` (a mapping) as an instance of the section dataclass `cls`, every field checked."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key} must be a mapping, got {raw!r}")
+    join = (lambda k: f"{key}.{k}") if key else (lambda k: k)
+    checked = {f.name: f.metadata["check"] for f in fields(cls) if "check" in f.metadata}
+    unknown = sorted(set(raw) - set(checked), key=str)
+    if unknown:
+        where = f"of {key}" if key else "at the top level"
+        raise ConfigError(f"unknown key {join(unknown[0])}; allowed keys {where}: {', '.join(sorted(checked))}")
+    missing = sorted(set(checked) - set(raw))
+    if missing:
+        raise ConfigError(f"missing key {join(missing[0])}")
+    return cls(**{name: check(join(name), raw[name]) for name, check in checked.items()})
+
+
+def section(cls: type) -> Check:
+    """A check that parses a mapping into `cls`."""
+    return lambda key, raw: parse(cls, key, raw)
+
+
+def variants(*classes: type) -> Check:
+    """A check that parses a mapping into the class whose `KIND` is the mapping's `name`."""
+    by_kind = {c.KIND: c for c in classes}
+
+    def check(key: str, raw: Any) -> Any:
+        name = raw.get("name") if isinstance(raw, dict) else None
+        if name not in by_kind:
+            raise ConfigError(f"{key}.name={name!r} is not known; allowed: {', '.join(by_kind)}")
+        return parse(by_kind[name], key, raw)
+
+    return check
+
+
+# --- stage bodies ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Body:
+    """What every stage body has: `depth` layers, their activation, dropout after each."""
+
+    name: str = setting(string)
+    depth: int = setting(integer(1, MAX_DEPTH))
+    activation: str = setting(choice(*ACTIVATIONS))
+    dropout: float = setting(number(minimum=0.0, below=1.0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mlp(Body):
+    """`depth` Dense layers of `width` units (the input flattened first)."""
+
+    KIND: ClassVar[str] = "mlp"
+    width: int = setting(integer(1, MAX_WIDTH))
+
+    def describe(self) -> str:
+        return f"mlp(width={self.width}, depth={self.depth})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Conv(Body):
+    """`depth` same-padded Conv2D layers of `filters` filters; needs image input."""
+
+    KIND: ClassVar[str] = "conv"
+    filters: int = setting(integer(1, 65536))
+    kernel_size: int = setting(integer(1, 64))
+
+    def describe(self) -> str:
+        return f"conv(filters={self.filters}, depth={self.depth}, kernel_size={self.kernel_size})"
+
+
+Model = Union[Mlp, Conv]
+MODEL = variants(Mlp, Conv)
+
+
+# --- optimizers ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Optimizer:
+    name: str = setting(string)
+    lr: float = setting(number(positive=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sgd(Optimizer):
+    KIND: ClassVar[str] = "sgd"
+    momentum: float = setting(number(minimum=0.0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Adam(Optimizer):
+    KIND: ClassVar[str] = "adam"
+    beta_1: float = setting(number(minimum=0.0, below=1.0))
+    beta_2: float = setting(number(minimum=0.0, below=1.0))
+
+
+Optim = Union[Sgd, Adam]
+OPTIM = variants(Sgd, Adam)
+
+
+# --- data sets -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSet:
+    """What every data set has: its name, the batch size, whether batches are shuffled."""
+
+    name: str = setting(string)
+    batch_size: int = setting(integer(1, MAX_BATCH))
+    shuffle: bool = setting(boolean)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Digits(DataSet):
+    """scikit-learn's 8x8 digits (shipped in its wheel)."""
+
+    KIND: ClassVar[str] = "digits"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Synthetic(DataSet):
+    """Gaussian inputs labelled by a fixed random teacher network."""
+
+    KIND: ClassVar[str] = "synthetic"
+    samples: int = setting(integer(1, MAX_SAMPLES))
+    features: int = setting(integer(1, 65536))
+    classes: int = setting(integer(2, 65536))
+
+
+Data = Union[Digits, Synthetic]
+DATA = variants(Digits, Synthetic)
+
+
+# --- the other sections ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    """One stage: its body, its optimizer and (mode=local) the target its head learns."""
+
+    model: Model = setting(MODEL)
+    optim: Optim = setting(OPTIM)
+    target: str | None = setting(optional(string))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trainer:
+    steps: int = setting(integer(1, 10 ** 12))
+    log_every: int = setting(integer(1))
+    progress: bool = setting(boolean)
+    jit_compile: bool = setting(boolean)
+    grad_accum: int = setting(integer(1, 1 << 16))
+    initial_loss_scale: float = setting(power_of_two)
+    on_nan: str = setting(choice(*ON_NAN))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    schedule: str = setting(choice(*SCHEDULES))
+    microbatches: int = setting(integer(1, MAX_MICROBATCHES))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementSettings:
+    devices: tuple[str, ...] | None = setting(optional(list_of(string, 1, MAX_STAGES)))
+    fallback: str = setting(choice(*FALLBACKS))
+    memory_limit_mb: int | tuple[int, ...] | None = setting(optional(int_or_list(1, 1 << 24)))
+    reserve_mb: int = setting(integer(0, 1 << 24))
+    memory_growth: bool = setting(boolean)
+    visible: tuple[int, ...] | None = setting(optional(list_of(integer(0, 4096), 1)))
+    log_device_placement: bool = setting(boolean)
+    replicas: int | None = setting(optional(integer(1, MAX_STAGES)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSettings:
+    every: int = setting(integer(0))
+    keep: int = setting(integer(1, 10000))
+    export: bool = setting(boolean)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The validated config of one run: typed, frozen, produced once by `chain.config.validate`.
+
+    `stages` is the expanded list of stage specs (`+stages=N` or per-stage overrides of
+    the `stage` template); `notes` are `note:` lines about settings the run ignores.
+    `source` is the composed Hydra config it came from (None when built from a dict).
+    """
+
+    seed: int = setting(integer(0, MAX_SEED))
+    mode: str = setting(choice(*MODES))
+    loss: str = setting(choice(*LOSSES))
+    precision: str = setting(choice(*PRECISIONS))
+    resume: bool = setting(boolean)
+    plan_only: bool = setting(boolean)
+    model: Model = setting(MODEL)
+    optim: Optim = setting(OPTIM)
+    data: Data = setting(DATA)
+    stage: StageSpec = setting(section(StageSpec))
+    trainer: Trainer = setting(section(Trainer))
+    pipeline: Pipeline = setting(section(Pipeline))
+    placement: PlacementSettings = setting(section(PlacementSettings))
+    checkpoint: CheckpointSettings = setting(section(CheckpointSettings))
+    stages: tuple[StageSpec, ...] = ()
+    notes: tuple[str, ...] = ()
+    source: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def examples_per_step(self) -> int:
+        """Examples behind one optimizer step: `trainer.grad_accum` x `data.batch_size`."""
+        return self.trainer.grad_accum * self.data.batch_size
+
+
+def plain(section_value: Any) -> dict:
+    """A section as a plain dict (for JSON files such as the checkpoint manifest)."""
+    return asdict(section_value)
+
+
+# --- stage expansion -------------------------------------------------------------------------
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[str, str], dict]) -> tuple[StageSpec, ...]:
+    """Expand `stages` (None, N, or a list of per-stage overrides) into N stage specs.
+
+    A per-stage `model: conv` (a bare name) starts that stage from the packaged
+    `model/conv.yaml` instead of the template's model; likewise for `optim`.
+    """
+    if stages is None:
+        stages = 2
+    if isinstance(stages, int) and not isinstance(stages, bool):
+        if not 1 <= stages <= MAX_STAGES:
+            raise ConfigError(f"stages={stages} must be a positive integer (at most {MAX_STAGES}) "
+                              "or a list of per-stage overrides")
+        return (template,) * stages
+    if not isinstance(stages, (list, tuple)) or not stages:
+        raise ConfigError(f"stages={stages!r} must be a positive integer or a non-empty list of per-stage "
+                          "overrides, e.g. +stages=3")
+    if len(stages) > MAX_STAGES:
+        raise ConfigError(f"stages has {len(stages)} entries; at most {MAX_STAGES} stages are allowed")
+    base = plain(template)
+    specs = []
+    for i, over in enumerate(stages):
+        key = f"stages[{i}]"
+        over = {} if over is None else over
+        if not isinstance(over, dict):
+            raise ConfigError(f"{key}={over!r} must be a mapping of overrides, e.g. {{model: {{width: 32}}}}")
+        unknown = sorted(set(over) - set(base), key=str)
+        if unknown:
+            raise ConfigError(f"unknown key {key}.{unknown[0]}; allowed keys of a stage: {', '.join(sorted(base))}")
+        spec = _merge(base, {k: v for k, v in over.items() if k not in ("model", "optim")})
+        for group in ("model", "optim"):
+            value = over.get(group, {})
+            if isinstance(value, str):  # `model: conv`: that group's packaged defaults
+                start, value = group_defaults(group, value), {}
+            elif isinstance(value, dict) and value.get("name", base[group]["name"]) != base[group]["name"]:
+                start = group_defaults(group, value["name"])
+            else:
+                start = base[group]
+            spec[group] = _merge(start, value) if isinstance(value, dict) else value
+        specs.append(parse(StageSpec, key, spec))
+    return tuple(specs)

@@ -1,0 +1,75 @@
+"""Shapes and sizes of the chain a config builds, computed from the config alone.
+
+Every stage body the schema knows (`mlp`, `conv`) has a shape rule and a parameter count
+that need no TensorFlow, so a stage that cannot take its input (a conv stage after a flat
+one) or a chain far too large for memory is refused before anything starts. The counts
+equal what the built Keras models hold (tests/test_config.py checks them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from chain.config.schema import Conv, Model
+from chain.data.catalog import DataInfo, Target
+from chain.errors import ConfigError
+
+FLOAT_BYTES = 4  # weights, optimizer slots and activations are float32 (mixed precision keeps float32 weights)
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """One stage as the config describes it: what it takes, what it gives, its trainable parameters
+    (body plus head or read-out) and the floats of activation it keeps per example."""
+
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    params: int
+    activations_per_example: int
+
+
+def body_shape(model: Model, input_shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    """The output shape of a stage body on inputs of `input_shape` (per example)."""
+    if isinstance(model, Conv):
+        if len(input_shape) != 3:
+            raise ConfigError(
+                f"{where}.model=conv needs image input (height, width, channels), but receives shape {input_shape}; "
+                "put conv stages first and use data=digits")
+        return (*input_shape[:2], model.filters)
+    return (model.width,)
+
+
+def body_params(model: Model, input_shape: tuple[int, ...]) -> int:
+    """Trainable parameters of a stage body (kernels and biases)."""
+    if isinstance(model, Conv):
+        k2, f = model.kernel_size ** 2, model.filters
+        return (k2 * input_shape[-1] * f + f) + (model.depth - 1) * (k2 * f * f + f)
+    w = model.width
+    return (math.prod(input_shape) * w + w) + (model.depth - 1) * (w * w + w)
+
+
+def body_activations(model: Model, output_shape: tuple[int, ...]) -> int:
+    """Floats of activation a body produces per example (one tensor per layer)."""
+    return model.depth * math.prod(output_shape)
+
+
+def readout_params(target: Target, input_shape: tuple[int, ...]) -> int:
+    """A linear read-out of `target`: logits for classes, one unit for a value."""
+    units = target.classes or 1
+    return math.prod(input_shape) * units + units
+
+
+def stage_shapes(stages, info: DataInfo, mode: str) -> list[StageShape]:
+    """Each stage's shapes and sizes; mode=local adds a head per stage, mode=e2e a read-out on the last."""
+    out, shape = [], tuple(info.input_shape)
+    for k, spec in enumerate(stages):
+        where = f"stages[{k}]"
+        output = body_shape(spec.model, shape, where)
+        params = body_params(spec.model, shape)
+        target = info.target(spec.target)
+        if mode == "local" or k == len(stages) - 1:
+            params += readout_params(target, output)
+        out.append(StageShape(shape, output, params, body_activations(spec.model, output)))
+        shape = output
+    return out

@@ -1,0 +1,108 @@
+"""Checks of data handed to the chain: one `ValueError` line naming the argument, what was
+expected and what was received (whole-batch shapes, never microbatch ones).
+
+`batch(x, y, info, wanted)` checks one batch passed to `Run.step`; `arrays(x, y, info)`
+checks a data set once when it is loaded. Both accept a value target as `(N,)` or `(N, 1)`
+and return it as `(N,)`, so a `(N, 1)` target can never broadcast against `(N,)`
+predictions into an `(N, N)` loss; class labels must be integers (or integral floats) in
+range and come back as int32.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from chain.data.catalog import DataInfo, Target
+
+
+def _array(value: Any, name: str) -> np.ndarray:
+    try:
+        return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    except Exception as e:  # ragged lists and the like
+        raise ValueError(f"{name} is not an array ({type(value).__name__}: {e})".splitlines()[0]) from None
+
+
+def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
+    """`x` as a float array of shape (N, *info.input_shape), N >= 1."""
+    a = _array(x, name)
+    want = ("N", *info.input_shape)
+    if a.dtype.kind not in "fiub":
+        raise ValueError(f"{name} has dtype {a.dtype}; expected numbers (float32) of shape {_shape(want)}")
+    if a.ndim == 0 or a.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {a.shape}); a batch needs at least one example of shape "
+                         f"{tuple(info.input_shape)}")
+    if tuple(a.shape[1:]) != tuple(info.input_shape):
+        raise ValueError(f"{name} has shape {a.shape}; data={info.name} examples have shape "
+                         f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}")
+    return a.astype(np.float32, copy=False)
+
+
+def target(y: Any, t: Target, n: int, name: str) -> np.ndarray:
+    """One target for `n` examples: shape (n,) or (n, 1), returned as (n,); labels int32 in range."""
+    a = _array(y, name)
+    if a.shape not in ((n,), (n, 1)):
+        raise ValueError(f"{name} has shape {a.shape}; expected ({n},) or ({n}, 1): one "
+                         f"{'label' if t.classes else 'value'} per example of x ({n} examples)")
+    a = a.reshape(n)
+    if a.dtype.kind not in "fiub":
+        raise ValueError(f"{name} has dtype {a.dtype}; expected "
+                         f"{'integer class labels' if t.classes else 'real values'}")
+    if t.is_regression:
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"{name} holds {a[~np.isfinite(a)][0]} at index {int(np.flatnonzero(~np.isfinite(a))[0])}; "
+                             "values must be finite")
+        return a.astype(np.float32, copy=False)
+    if a.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(a) | (a != np.round(a)))
+        if bad.size:
+            raise ValueError(f"{name}[{bad[0]}] = {a[bad[0]]!r} is not a class label: target {t.name!r} takes "
+                             f"integers 0..{t.classes - 1}")
+    out_of_range = np.flatnonzero((a < 0) | (a >= t.classes))
+    if out_of_range.size:
+        i = out_of_range[0]
+        raise ValueError(f"{name}[{i}] = {a[i].item()!r} is out of range: target {t.name!r} has "
+                         f"{t.classes} classes, 0..{t.classes - 1}")
+    return a.astype(np.int32)
+
+
+def batch(x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | None) -> tuple[np.ndarray, dict]:
+    """Check one batch for a chain whose stages learn the targets `wanted`.
+
+    `y` is a dict of targets or one bare array, which stands for the target `default`
+    (None: the stages learn several targets, so a bare array is refused). Returns
+    `(x, {name: y})` with every array checked and normalised.
+    """
+    wanted = list(wanted)
+    x = inputs(x, info)
+    n = x.shape[0]
+    known = {t.name: t for t in info.targets}
+    if not isinstance(y, dict) and default is None:
+        raise ValueError(f"the stages learn targets {', '.join(repr(w) for w in wanted)}: pass y as a dict of them")
+    ys = dict(y) if isinstance(y, dict) else {default: y}
+    for key in ys:
+        if key not in known:
+            raise ValueError(f"y has a target {key!r}, which data={info.name} does not have; "
+                             f"its targets: {', '.join(known)}")
+    missing = [w for w in wanted if w not in ys]
+    if missing:
+        raise ValueError(f"y has no target {missing[0]!r}, which a stage learns; pass y as a dict with "
+                         f"{', '.join(repr(w) for w in wanted)}")
+    name = (lambda k: f"y[{k!r}]") if isinstance(y, dict) else (lambda k: "y")
+    return x, {k: target(v, known[k], n, name(k)) for k, v in ys.items()}
+
+
+def arrays(x: np.ndarray, y: dict[str, np.ndarray], info: DataInfo, source: str) -> dict[str, np.ndarray]:
+    """Check a whole data set once (at load); returns its targets normalised. Errors name `source`."""
+    try:
+        inputs(x, info, f"{source} inputs")
+        return {t.name: target(y[t.name], t, len(x), f"{source} target {t.name!r}") for t in info.targets}
+    except ValueError as e:
+        from chain.errors import ConfigError
+
+        raise ConfigError(str(e)) from None
+
+
+def _shape(dims) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"

@@ -1,0 +1,10 @@
+"""Planning: where every stage runs and in what order its work happens, decided before
+anything is built.
+
+- `inventory`: the machine's GPUs (TensorFlow's count, nvidia-smi's memory).
+- `planner`: `plan(placement settings, stages, inventory) -> Placement`, pure.
+- `devices`: device names (`canonical`, pure), `configure` (apply a plan to TensorFlow)
+  and `check_devices` (the devices that exist).
+- `schedules`: pipeline schedules as data, their simulated timeline and bubble (pure).
+- `memory`: each device's peak memory, as far as TensorFlow can report it.
+"""

@@ -1,0 +1,318 @@
+"""Device planning: from the machine's inventory and the config to a placement.
+
+`plan` is a pure function of the validated `placement` section, the number of stages
+and an `Inventory` (so it can be tested for machines we do not have);
+`chain.planning.devices` applies a plan to TensorFlow and checks the devices that exist
+afterwards. Nothing outside `chain.planning` discovers or splits devices.
+
+Logical GPUs are numbered by TensorFlow card after card, in physical order, over the
+visible cards only: card 0's logical devices first, then card 1's. Every plan below
+relies on that numbering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from chain.config.checks import batch_over_replicas
+from chain.config.schema import PlacementSettings
+from chain.errors import ConfigError, DeviceError
+from chain.planning.devices import canonical
+from chain.planning.inventory import Gpu, Inventory
+
+__all__ = ["Placement", "plan", "check_batch", "PIPELINE", "MIRRORED"]
+
+PIPELINE = "pipeline"
+MIRRORED = "mirrored"
+CPU_REPLICAS = 2  # mirrored without a GPU: enough replicas to exercise the all-reduce
+
+
+@dataclass
+class Placement:
+    """The planner's decision.
+
+    `devices[k]` is stage k's device (canonical `/device:GPU:1` form); None for every
+    stage when `strategy` is "mirrored", where each replica holds all stages and
+    `replicas` lists the replica devices. `kind` is the device type the plan splits
+    ("GPU" or "CPU"). `split[p]` is how many logical devices physical device p is cut
+    into, `memory_limits_mb[p]` their limits (GPUs only); a physical device absent from
+    `split` keeps TensorFlow's default (one logical device, no limit). `visible` lists
+    the physical GPUs TensorFlow may use (None: all). `physical` maps each logical
+    device the plan uses to the physical device behind it.
+    """
+
+    devices: list[str | None]
+    kind: str
+    split: dict[int, int] = field(default_factory=dict)
+    memory_limits_mb: dict[int, list[int]] = field(default_factory=dict)
+    strategy: str = PIPELINE
+    replicas: list[str] = field(default_factory=list)
+    physical: dict[str, str] = field(default_factory=dict)
+    visible: list[int] | None = None
+    memory_growth: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _index(device: str) -> int:
+    return int(device.rsplit(":", 1)[1])
+
+
+def _spread(n_stages: int, n_cards: int) -> list[int]:
+    """Stage k -> card, in contiguous runs (neighbours share a card) of near-equal size."""
+    return [k * n_cards // n_stages for k in range(n_stages)]
+
+
+def _ranges(owner: Sequence[int], n_cards: int) -> list[str]:
+    """'GPU 0: stages 0-2' for each card, from a stage -> card list."""
+    out = []
+    for p in range(n_cards):
+        mine = [k for k, o in enumerate(owner) if o == p]
+        span = f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0])
+        out.append(f"{p}: stage{'s' if len(mine) > 1 else ''} {span}")
+    return out
+
+
+def _describe(gpu: Gpu, cvd: str | None) -> str:
+    """The physical card behind a logical GPU, with CUDA_VISIBLE_DEVICES' renumbering."""
+    if cvd is not None and gpu.card is not None:
+        return f"GPU:{gpu.index} (card {gpu.card})"
+    return f"GPU:{gpu.index}"
+
+
+def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placement:
+    """Decide where every stage runs (see DESIGN.md, "Device rules" and README, "Devices").
+
+    `pcfg` is the validated `placement` section. Pure: no TensorFlow runtime. Raises
+    ConfigError for settings that cannot work anywhere and DeviceError for settings this
+    machine cannot satisfy; both name the key.
+    """
+    given = pcfg.memory_limit_mb
+    if isinstance(given, (list, tuple)) and len(given) != n_stages:
+        raise ConfigError(f"placement.memory_limit_mb has {len(given)} entries, but there are {n_stages} stages; "
+                          "give one number (MB per logical GPU) or one per stage")
+    gpus = _visible(pcfg.visible, inventory)
+    if pcfg.devices:
+        if pcfg.fallback == MIRRORED:
+            raise ConfigError("placement.devices puts each stage on a device, placement.fallback=mirrored puts "
+                              "every stage on every replica: set only one of them")
+        p = _explicit(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
+    elif len(gpus) >= n_stages:
+        p = _one_per_stage(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
+        if pcfg.fallback == MIRRORED:
+            p.notes.append(f"placement.fallback=mirrored not needed: {len(gpus)} GPUs for {n_stages} stages, one each")
+    elif pcfg.fallback == "error":
+        raise DeviceError(
+            f"placement.fallback=error: {n_stages} stages need {n_stages} GPUs, {len(gpus)} visible; "
+            "use placement.fallback=virtual (split the GPUs) or mirrored (data parallel)"
+        )
+    elif pcfg.fallback == MIRRORED:
+        p = _mirrored(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
+    elif gpus:
+        p = _virtual(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
+    else:
+        p = _cpu([f"/device:CPU:{k}" for k in range(n_stages)], n_stages)
+    if p.visible is None and pcfg.visible is not None:
+        p.visible = [g.index for g in gpus]
+    if p.kind == "CPU" and pcfg.memory_limit_mb is not None:
+        p.notes.append("placement.memory_limit_mb ignored: memory limits apply to GPUs only")
+    if pcfg.replicas is not None and p.strategy != MIRRORED:
+        p.notes.append("placement.replicas ignored: it applies to placement.fallback=mirrored only")
+    _growth(pcfg, p, gpus)
+    if inventory.cuda_visible_devices is not None and gpus:
+        behind = ", ".join(f"GPU:{g.index} is card {g.card}" for g in gpus if g.card is not None)
+        p.notes.append(f"CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices}" + (f": {behind}" if behind else ""))
+    p.notes[:0] = list(inventory.notes)
+    return p
+
+
+def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]:
+    """The GPUs `placement.visible` keeps, in TensorFlow's (physical) order."""
+    if visible is None:
+        return inventory.gpus
+    have = [g.index for g in inventory.gpus]
+    after = f" (after CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices})" if inventory.cuda_visible_devices is not None else ""
+    for i, index in enumerate(visible):
+        if index not in have:
+            sees = f"GPUs {', '.join(map(str, have))}" if have else "no GPU"
+            raise DeviceError(f"placement.visible[{i}]={index}: no such GPU; TensorFlow sees {sees}{after}")
+        if index in visible[:i]:
+            raise ConfigError(f"placement.visible[{i}]={index} is listed twice")
+    return tuple(g for g in inventory.gpus if g.index in visible)
+
+
+def _cpu(devices: list[str], n_stages: int) -> Placement:
+    """Rule 4: no GPU; the CPU split into one logical device per stage."""
+    return Placement(devices=devices, kind="CPU", split={0: n_stages},
+                     physical={d: "CPU:0" for d in devices if d.startswith("/device:CPU:")},
+                     notes=[f"no GPU: CPU split into {n_stages} logical devices"])
+
+
+def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+    """Rule 2: stage k on GPU k; cards no stage uses are hidden from TensorFlow."""
+    used = list(gpus[:n_stages])
+    devices = [f"/device:GPU:{k}" for k in range(n_stages)]
+    split, limits, notes = _limits(pcfg, used, [1] * n_stages, list(range(n_stages)))
+    p = Placement(devices=devices, kind="GPU", split=split, memory_limits_mb=limits, notes=notes,
+                  physical={d: _describe(g, cvd) for d, g in zip(devices, used)})
+    if len(gpus) > n_stages:
+        # TensorFlow reserves memory on every visible GPU when its runtime starts.
+        p.visible = [g.index for g in used]
+        p.notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n_stages:])} unused: hidden from TensorFlow "
+                       "so it takes none of their memory")
+    return p
+
+
+def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+    """Rule 3, fallback=virtual: split the cards into one logical GPU per stage."""
+    owner = _spread(n_stages, len(gpus))
+    per_card = [owner.count(p) for p in range(len(gpus))]
+    # Logical GPUs are numbered card after card and `owner` never decreases, so stage k's
+    # logical GPU is GPU:k.
+    devices = [f"/device:GPU:{k}" for k in range(n_stages)]
+    split, limits, notes = _limits(pcfg, gpus, per_card, list(range(n_stages)))
+    notes.insert(0, f"{len(gpus)} GPU(s) < {n_stages} stages: split into {n_stages} logical GPUs "
+                    f"(GPU {'; '.join(_ranges(owner, len(gpus)))})")
+    return Placement(devices=devices, kind="GPU", split=split, memory_limits_mb=limits, notes=notes,
+                     physical={d: _describe(gpus[p], cvd) for d, p in zip(devices, owner)})
+
+
+def _explicit(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+    """Rule 1: the user's mapping; cards are split evenly when it names more logical GPUs than cards."""
+    devices = []
+    for k, d in enumerate(pcfg.devices):
+        try:
+            devices.append(canonical(d))
+        except DeviceError as e:
+            raise DeviceError(f"placement.devices[{k}]: {e}") from None
+    if not gpus:
+        return _cpu(devices, n_stages)
+    named = [_index(d) for d in devices if d.startswith("/device:GPU:")]
+    per = max(1, -(-(max(named, default=-1) + 1) // len(gpus)))  # ceil: logical GPUs per card
+    logical = [_index(d) if d.startswith("/device:GPU:") else None for d in devices]
+    split, limits, notes = _limits(pcfg, gpus, [per] * len(gpus), logical)
+    if per > 1:
+        notes.insert(0, f"placement.devices names GPU:{max(named)}: each of {len(gpus)} GPU(s) split into {per} logical GPUs")
+    physical = {}
+    for d in devices:
+        if d.startswith("/device:GPU:") and _index(d) < per * len(gpus):
+            physical[d] = _describe(gpus[_index(d) // per], cvd)
+        elif d == "/device:CPU:0":
+            physical[d] = "CPU:0"
+    return Placement(devices=devices, kind="GPU", split=split, memory_limits_mb=limits, physical=physical, notes=notes)
+
+
+def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+    """Rule 3, fallback=mirrored: every replica holds the whole chain (data parallel)."""
+    if isinstance(pcfg.memory_limit_mb, (list, tuple)):
+        raise ConfigError("placement.memory_limit_mb: a list gives one limit per stage, but with "
+                          "placement.fallback=mirrored every replica holds all stages; give one number")
+    n = pcfg.replicas
+    if not gpus:
+        n = n or CPU_REPLICAS
+        replicas = [f"/device:CPU:{i}" for i in range(n)]
+        p = Placement(devices=[None] * n_stages, kind="CPU", split={0: n}, strategy=MIRRORED, replicas=replicas,
+                      physical={d: "CPU:0" for d in replicas},
+                      notes=[f"no GPU: the whole chain on each of {n} logical CPU replicas (MirroredStrategy)"])
+        return p
+    n = n or len(gpus)
+    if n > len(gpus):
+        raise DeviceError(f"placement.replicas={n}: only {len(gpus)} GPU(s) visible; one replica per GPU")
+    used = list(gpus[:n])
+    replicas = [f"/device:GPU:{i}" for i in range(n)]
+    split, limits, notes = _limits(pcfg, used, [1] * n, [])  # one number or none here
+    notes.insert(0, f"{len(gpus)} GPU(s) < {n_stages} stages: the whole chain on each of {n} GPU replicas (MirroredStrategy)")
+    p = Placement(devices=[None] * n_stages, kind="GPU", split=split, memory_limits_mb=limits, strategy=MIRRORED,
+                  replicas=replicas, physical={d: _describe(g, cvd) for d, g in zip(replicas, used)}, notes=notes)
+    if n < len(gpus):
+        p.visible = [g.index for g in used]
+        p.notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n:])} unused: hidden from TensorFlow")
+    return p
+
+
+def _limits(pcfg: PlacementSettings, cards: Sequence[Gpu], per_card: Sequence[int],
+            logical: Sequence[int | None]) -> tuple[dict[int, int], dict[int, list[int]], list[str]]:
+    """Memory limit of every logical GPU: (split, limits, notes), keyed by physical index.
+
+    `per_card[i]` is how many logical GPUs card `cards[i]` gets; `logical[k]` is the
+    logical GPU of stage k (None: not on a GPU). A card keeps TensorFlow's default
+    (absent from the result) when it is not split and no limit is asked for. TensorFlow
+    requires a limit on every logical GPU of a split card.
+    """
+    given, reserve = pcfg.memory_limit_mb, pcfg.reserve_mb
+    split: dict[int, int] = {}
+    limits: dict[int, list[int]] = {}
+    notes: list[str] = []
+    start = 0
+    for card, n in zip(cards, per_card):
+        mine: list[int | None]
+        if isinstance(given, (list, tuple)):
+            mine = []
+            for j in range(start, start + n):
+                asked = {k: given[k] for k, lg in enumerate(logical) if lg == j}
+                if len(set(asked.values())) > 1:
+                    a = min(asked)
+                    b = min(k for k in asked if asked[k] != asked[a])
+                    raise ConfigError(f"placement.memory_limit_mb: stages {a} and {b} share /device:GPU:{j} "
+                                      f"but ask for {asked[a]} and {asked[b]} MB")
+                mine.append(next(iter(asked.values()), None))
+            if n == 1 and mine == [None]:
+                mine = []
+        elif given is not None:
+            mine = [given] * n
+        else:
+            mine = [None] * n if n > 1 else []
+        start += n
+        if not mine:
+            continue  # TensorFlow's default: one logical GPU, no limit
+        open_slots = mine.count(None)
+        if open_slots:
+            # Share what the card has left, keeping reserve_mb for CUDA's own use.
+            if card.memory_mb is None:
+                raise DeviceError(
+                    f"placement.memory_limit_mb: GPU {card.index} is split into {n} logical GPUs, which TensorFlow "
+                    "requires a memory limit for, and its memory is unknown; set placement.memory_limit_mb "
+                    "(MB per logical GPU, or one per stage)")
+            free = card.memory_mb - reserve - sum(m for m in mine if m is not None)
+            share = free // open_slots
+            if share < 1:
+                raise DeviceError(f"placement.reserve_mb={reserve} leaves no memory on GPU {card.index} "
+                                  f"({card.memory_mb} MB) for {open_slots} logical GPU(s)")
+            mine = [share if m is None else m for m in mine]
+            notes.append(f"GPU {card.index}: {card.memory_mb} MB (nvidia-smi) - {reserve} MB reserve: "
+                         f"logical GPUs of {', '.join(str(m) for m in mine)} MB")
+        else:
+            where = f"{card.memory_mb} MB" if card.memory_mb else "memory unknown"
+            notes.append(f"GPU {card.index} ({where}): logical GPUs of {', '.join(str(m) for m in mine)} MB (placement.memory_limit_mb)")
+        total = sum(mine)
+        if card.memory_mb is not None and total > card.memory_mb:
+            raise DeviceError(f"placement.memory_limit_mb: limits on GPU {card.index} add up to {total} MB, "
+                              f"more than its {card.memory_mb} MB")
+        if card.memory_mb is not None and total > card.memory_mb - reserve:
+            notes.append(f"GPU {card.index}: limits leave less than placement.reserve_mb={reserve} MB free")
+        split[card.index] = n
+        limits[card.index] = mine
+    return split, limits, notes
+
+
+def _growth(pcfg: PlacementSettings, p: Placement, gpus: Sequence[Gpu]) -> None:
+    """placement.memory_growth where TensorFlow allows it: every GPU or none."""
+    if not pcfg.memory_growth:
+        return
+    if p.kind != "GPU" or not gpus:
+        p.notes.append("placement.memory_growth ignored: it applies to GPUs only")
+    elif p.split:
+        # TensorFlow cannot grow a GPU that has logical devices, and growth must be the
+        # same on every visible GPU, so one split card rules it out everywhere.
+        p.notes.append(f"placement.memory_growth not applied: GPU {', '.join(map(str, p.split))} "
+                       "has logical devices with memory limits, and TensorFlow needs the same setting on every GPU")
+    else:
+        p.memory_growth = True
+        p.notes.append("memory growth on: each GPU allocates memory as needed")
+
+
+def check_batch(batch_size: int, placement: Placement) -> int:
+    """The per-replica batch: `data.batch_size` is the global batch, split evenly over replicas."""
+    if placement.strategy != MIRRORED:
+        return batch_size
+    return batch_over_replicas(batch_size, len(placement.replicas))

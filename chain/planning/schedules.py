@@ -1,0 +1,215 @@
+"""Pipeline schedules as data: which stage does which microbatch's forward or backward, in what order.
+
+A schedule lists, for every stage, the ordered actions `(stage, microbatch, "F"|"B")`
+that stage performs in one training step. Builders here are pure functions, so their
+properties (every forward precedes its backward, 1F1B's bound on live activations, the
+bubble) are checked without TensorFlow; `chain.steps.pipeline` executes a schedule inside
+one `tf.function`, chaining each stage's actions in this order.
+
+`simulate` plays a schedule on an idealised machine (every action takes one time
+slot; each stage is its own device) and gives the per-device timeline and the bubble
+fraction that `plan_only=true` prints and summary.json records.
+
+This module imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+FORWARD = "F"
+BACKWARD = "B"
+
+
+class Action(NamedTuple):
+    """One unit of pipeline work: stage `stage` runs `kind` ("F" or "B") on microbatch `microbatch`."""
+
+    stage: int
+    microbatch: int
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A named schedule for `stages` stages and `microbatches` microbatches.
+
+    `actions[k]` is stage k's ordered list of actions: the order the engine enforces.
+    """
+
+    name: str
+    stages: int
+    microbatches: int
+    actions: tuple[tuple[Action, ...], ...]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A schedule played on unit-time actions: `grid[k][t]` is stage k's action in slot t (None: idle)."""
+
+    grid: tuple[tuple[Action | None, ...], ...]
+
+    @property
+    def slots(self) -> int:
+        return len(self.grid[0]) if self.grid else 0
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle slots over all slots (stages x time): 0 for a perfect pipeline."""
+        total = len(self.grid) * self.slots
+        idle = sum(a is None for row in self.grid for a in row)
+        return idle / total if total else 0.0
+
+    def order(self) -> list[Action]:
+        """Every action by start slot, then stage: an order that respects all dependencies."""
+        return [a for t in range(self.slots) for row in self.grid if (a := row[t]) is not None]
+
+
+def _check(stages: int, microbatches: int) -> None:
+    if stages < 1 or microbatches < 1:
+        raise ValueError(f"a schedule needs stages >= 1 and microbatches >= 1, got {stages} and {microbatches}")
+
+
+def sequential(stages: int, microbatches: int) -> Schedule:
+    """No overlap: one microbatch at a time goes through every stage and back before the next starts.
+
+    With one microbatch this is full-batch training split across devices (the
+    reference); with M it is gradient accumulation over M microbatches.
+    """
+    _check(stages, microbatches)
+    rows = tuple(
+        tuple(a for m in range(microbatches) for a in (Action(k, m, FORWARD), Action(k, m, BACKWARD)))
+        for k in range(stages)
+    )
+    return Schedule("sequential", stages, microbatches, rows)
+
+
+def gpipe(stages: int, microbatches: int) -> Schedule:
+    """GPipe: every stage runs all M forwards, then all M backwards (M activations live per stage)."""
+    _check(stages, microbatches)
+    rows = tuple(
+        tuple(Action(k, m, FORWARD) for m in range(microbatches)) + tuple(Action(k, m, BACKWARD) for m in range(microbatches))
+        for k in range(stages)
+    )
+    return Schedule("gpipe", stages, microbatches, rows)
+
+
+def one_f_one_b(stages: int, microbatches: int) -> Schedule:
+    """Non-interleaved 1F1B (PipeDream-flush, Megatron-LM).
+
+    Stage k first runs K-k-1 warm-up forwards, then alternates one forward and one
+    backward, then drains the remaining backwards. At most K-k microbatches (so at most
+    K) have activations alive on stage k, against M for GPipe.
+    """
+    _check(stages, microbatches)
+    rows = []
+    for k in range(stages):
+        warmup = min(stages - k - 1, microbatches)
+        row = [Action(k, m, FORWARD) for m in range(warmup)]
+        for i in range(microbatches - warmup):  # steady state: F(warmup + i), then B(i)
+            row += [Action(k, warmup + i, FORWARD), Action(k, i, BACKWARD)]
+        row += [Action(k, m, BACKWARD) for m in range(microbatches - warmup, microbatches)]
+        rows.append(tuple(row))
+    return Schedule("1f1b", stages, microbatches, tuple(rows))
+
+
+BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b}
+NAMES = tuple(BUILDERS)  # the one list of schedule names (the config schema takes it from here)
+
+
+def build(name: str, stages: int, microbatches: int) -> Schedule:
+    """The schedule called `name` ("sequential", "gpipe" or "1f1b")."""
+    if name not in BUILDERS:
+        raise ValueError(f"schedule {name!r} is not known; allowed: {', '.join(NAMES)}")
+    return BUILDERS[name](stages, microbatches)
+
+
+def dependencies(action: Action, stages: int) -> list[Action]:
+    """The actions of other stages (or the same microbatch's forward) that `action` needs.
+
+    F(k,m) needs F(k-1,m)'s output; B(k,m) needs B(k+1,m)'s input gradient and
+    F(k,m)'s saved activations. (The last stage's backward starts from its own loss.)
+    """
+    k, m, kind = action
+    if kind == FORWARD:
+        return [Action(k - 1, m, FORWARD)] if k > 0 else []
+    deps = [Action(k, m, FORWARD)]
+    if k < stages - 1:
+        deps.append(Action(k + 1, m, BACKWARD))
+    return deps
+
+
+def validate(schedule: Schedule) -> None:
+    """Raise ValueError unless every stage runs each microbatch's F and B exactly once, F first."""
+    if len(schedule.actions) != schedule.stages:
+        raise ValueError(f"{schedule.name}: {len(schedule.actions)} rows for {schedule.stages} stages")
+    for k, row in enumerate(schedule.actions):
+        want = {Action(k, m, kind) for m in range(schedule.microbatches) for kind in (FORWARD, BACKWARD)}
+        if len(row) != len(want) or set(row) != want:
+            raise ValueError(f"{schedule.name}: stage {k} must run F and B of each of {schedule.microbatches} microbatches once")
+        position = {a: i for i, a in enumerate(row)}
+        for m in range(schedule.microbatches):
+            if position[Action(k, m, BACKWARD)] < position[Action(k, m, FORWARD)]:
+                raise ValueError(f"{schedule.name}: stage {k} runs B{m} before F{m}")
+
+
+def simulate(schedule: Schedule) -> Timeline:
+    """Play `schedule` with unit-time actions; each stage starts its next action as soon as it may.
+
+    An action may start in slot t when the stage's previous action has finished and
+    every dependency finished in a slot before t. Raises ValueError if the schedule
+    deadlocks (a stage waits on something that its order never lets happen).
+    """
+    validate(schedule)
+    rows = schedule.actions
+    done_at: dict[Action, int] = {}  # action -> the slot it ran in
+    nxt = [0] * len(rows)
+    grid: list[list[Action | None]] = [[] for _ in rows]
+    remaining = sum(len(r) for r in rows)
+    t = 0
+    while remaining:
+        started = []
+        for k, row in enumerate(rows):
+            action = row[nxt[k]] if nxt[k] < len(row) else None
+            ready = action is not None and all(done_at.get(d, t) < t for d in dependencies(action, schedule.stages))
+            grid[k].append(action if ready else None)
+            if ready:
+                started.append(action)
+                nxt[k] += 1
+        if not started:
+            waiting = [str(row[nxt[k]]) + f"@stage{k}" for k, row in enumerate(rows) if nxt[k] < len(row)]
+            raise ValueError(f"{schedule.name}: deadlock at slot {t}; waiting: {', '.join(waiting)}")
+        for a in started:
+            done_at[a] = t
+        remaining -= len(started)
+        t += 1
+    return Timeline(tuple(tuple(r) for r in grid))
+
+
+def live_activations(row: Sequence[Action]) -> list[int]:
+    """Microbatches whose activations a stage holds after each action of `row` (forwards minus backwards done)."""
+    live, out = 0, []
+    for a in row:
+        live += 1 if a.kind == FORWARD else -1
+        out.append(live)
+    return out
+
+
+def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None = None) -> str:
+    """The timeline as text: one row per stage/device, one column per slot, then the bubble.
+
+        stage 0  /device:CPU:0  F0 F1 .  .  B0 B1
+    """
+    width = max(len(str(a)) for row in timeline.grid for a in row if a is not None)
+    labels = [f"stage {k}" + (f"  {devices[k]}" if devices else "") for k in range(schedule.stages)]
+    pad = max(len(s) for s in labels)
+    lines = [f"schedule: {schedule.name}, {schedule.stages} stages x {schedule.microbatches} microbatches, "
+             f"{timeline.slots} slots (F: forward, B: backward, digit: microbatch, .: idle)"]
+    for label, row in zip(labels, timeline.grid):
+        cells = " ".join((str(a) if a is not None else ".").ljust(width) for a in row)
+        lines.append(f"{label.ljust(pad)}  {cells}".rstrip())
+    lines.append(f"bubble fraction: {timeline.bubble_fraction:.3f} (idle slots / all slots)")
+    return "\n".join(lines)

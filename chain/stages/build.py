@@ -1,0 +1,95 @@
+"""Building stages: every stage's model, head and optimizer created on its device.
+
+Layers are the unit of a stage's model (a stage is a group of layers), so a chain can
+be cut differently later. Everything with state is created inside
+`tf.device(stage.device)`, and the optimizer is built eagerly there: built lazily in the
+first traced step, Keras 3 would put every slot variable on one device.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import keras
+import tensorflow as tf
+
+from chain.config.schema import Conv, Model, Optim, Sgd, StageSpec
+from chain.data.catalog import DataInfo, Target
+from chain.stages import precision
+from chain.stages.loss_scale import LossScale
+from chain.stages.stage import Stage, stage_name
+
+
+def model_layers(spec: Model, input_shape: tuple[int, ...], dtype: keras.DTypePolicy | str | None = None
+                 ) -> list[keras.layers.Layer]:
+    """The layers of one stage's body, from its validated `model` section.
+
+    `dtype` is every layer's dtype policy (`chain.stages.precision`); None: the global
+    policy. The config checks (`chain.config.shapes`) already refused a body that cannot
+    take `input_shape`.
+    """
+    layers: list[keras.layers.Layer] = []
+    act = None if spec.activation == "linear" else spec.activation
+    if isinstance(spec, Conv):
+        for _ in range(spec.depth):
+            layers.append(keras.layers.Conv2D(spec.filters, spec.kernel_size, padding="same", activation=act,
+                                              dtype=dtype))
+            if spec.dropout:
+                layers.append(keras.layers.Dropout(spec.dropout, dtype=dtype))
+        return layers
+    if len(input_shape) > 1:
+        layers.append(keras.layers.Flatten(dtype=dtype))
+    for _ in range(spec.depth):
+        layers.append(keras.layers.Dense(spec.width, activation=act, dtype=dtype))
+        if spec.dropout:
+            layers.append(keras.layers.Dropout(spec.dropout, dtype=dtype))
+    return layers
+
+
+def output_layers(target: Target, input_shape: tuple[int, ...]) -> list[keras.layers.Layer]:
+    """A linear read-out of `target`: logits for classes, one unit for a value; always float32."""
+    policy = precision.readout_policy()
+    flat = [keras.layers.Flatten(dtype=policy)] if len(input_shape) > 1 else []
+    return flat + [keras.layers.Dense(target.classes or 1, dtype=policy)]
+
+
+def make_optimizer(spec: Optim, name: str | None = None) -> keras.optimizers.Optimizer:
+    """A Keras optimizer from a validated `optim` section."""
+    if isinstance(spec, Sgd):
+        return keras.optimizers.SGD(learning_rate=spec.lr, momentum=spec.momentum, name=name)
+    return keras.optimizers.Adam(learning_rate=spec.lr, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name)
+
+
+def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info: DataInfo, *,
+                 heads: bool, readout: bool, precision_name: str = "float32",
+                 initial_loss_scale: float = 2.0 ** 15) -> list[Stage]:
+    """Create every stage's model, optimizer and (with `heads`) head inside its device scope.
+
+    `heads`: every stage gets a linear head predicting its target (mode=local);
+    `readout`: the last stage's model ends in a read-out of its target (mode=e2e, where
+    the chain is one network). Body layers compute in `precision_name` (read-outs in
+    float32); under mixed_float16 each stage also gets its `LossScale`, created on its
+    device.
+    """
+    policy = precision.body_policy(precision_name)
+    scaled = precision.needs_loss_scale(precision_name)
+    stages = []
+    shape = tuple(info.input_shape)
+    for k, (spec, device) in enumerate(zip(specs, devices)):
+        target = info.target(spec.target)
+        with tf.device(device):
+            model = keras.Sequential([keras.Input(shape)] + model_layers(spec.model, shape, policy), name=stage_name(k))
+            if readout and k == len(specs) - 1:
+                for layer in output_layers(target, tuple(model.output_shape[1:])):
+                    model.add(layer)
+            out_shape = tuple(model.output_shape[1:])
+            head = None
+            if heads:
+                head = keras.Sequential([keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}")
+            optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}")
+            loss_scale = LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}") if scaled else None
+            stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale)
+            optimizer.build(stage.trainable_variables)
+        stages.append(stage)
+        shape = out_shape
+    return stages

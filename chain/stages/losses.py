@@ -1,0 +1,46 @@
+"""The losses: a stage's head loss (mode=local) and the chain's loss (mode=e2e, `loss=`).
+
+- `sparse_categorical_crossentropy`: class labels against logits.
+- `mse` on a real-valued target (`synthetic`'s `value`): squared error of the one output.
+- `mse` on class labels: squared error between the logits and the one-hot labels,
+  averaged over classes and examples (what `keras.losses.MeanSquaredError` gives for
+  one-hot targets). Squared loss on one-hot targets is a legitimate classifier loss,
+  so it is allowed rather than refused.
+
+Cross-entropy on a real-valued target has no meaning: the config checks refuse it
+(`chain.config.checks.loss_fits_target`). Every loss is the mean over the examples it
+is given.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from chain.data.catalog import Target
+
+
+def head_loss(target: Target) -> Callable:
+    """mode=local: the loss a stage's head learns `target` with (cross-entropy on class
+    labels, squared error on a value)."""
+    return make("mse" if target.is_regression else "sparse_categorical_crossentropy", target)
+
+
+def make(name: str, target: Target) -> Callable:
+    """`fn(y, pred)`: the mean loss over the examples of `pred` (logits, or one value per example)."""
+    import tensorflow as tf
+
+    # Targets are flattened to (N,) here too, so that a (N, 1) target can never broadcast
+    # against (N,) predictions into an (N, N) loss (chain.data.checks normalises them first).
+    if name == "sparse_categorical_crossentropy":
+        def fn(y, pred):
+            return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                tf.reshape(y, [-1]), tf.cast(pred, tf.float32), from_logits=True))
+    elif target.is_regression:
+        def fn(y, pred):
+            return tf.reduce_mean(tf.square(tf.reshape(tf.cast(pred, tf.float32), [-1])
+                                            - tf.reshape(tf.cast(y, tf.float32), [-1])))
+    else:
+        def fn(y, pred):
+            one_hot = tf.one_hot(tf.reshape(tf.cast(y, tf.int32), [-1]), target.classes, dtype=tf.float32)
+            return tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - one_hot))
+    return fn

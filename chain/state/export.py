@@ -1,0 +1,52 @@
+"""Exports: each stage as `stage_NN.keras` (and `head_NN.keras`), the whole chain as `chain.keras`.
+
+The files hold layer configs and weights only, no device code: they load with plain
+`keras.models.load_model` on any machine. `chain.keras` is one Sequential model of
+every stage's layers in order, ending in what the last stage predicts (its head in
+mode=local; in mode=e2e the last stage's model already ends in the read-out), so
+`load_model("chain.keras").predict(x)` gives the chain's prediction.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import keras
+
+from chain.stages.stage import Stage, stage_name
+
+CHAIN_FILE = "chain.keras"
+
+
+def chain_model(stages: Sequence[Stage]) -> keras.Model:
+    """One Sequential model over the stages' own layers (shared, so the weights are the trained ones)."""
+    layers = [layer for s in stages for layer in s.model.layers]
+    if stages[-1].head is not None:
+        layers += stages[-1].head.layers
+    return keras.Sequential([keras.Input(stages[0].model.input_shape[1:])] + layers, name="chain")
+
+
+def _save(model: keras.Model, path: str) -> None:
+    # Keras writes the zip in place; a temporary name plus rename keeps a killed export
+    # from leaving a truncated file under the real name.
+    tmp = f"{path[:-len('.keras')]}.tmp.keras"
+    model.save(tmp)
+    os.replace(tmp, path)
+
+
+def export(stages: Sequence[Stage], run_dir: str) -> list[str]:
+    """Write every stage, head and the whole chain into `run_dir`; returns the paths written."""
+    written = []
+    for s in stages:
+        parts = [(s.model, stage_name(s.index))]
+        if s.head is not None:
+            parts.append((s.head, f"head_{s.index:02d}"))
+        for model, name in parts:
+            path = os.path.join(run_dir, f"{name}.keras")
+            _save(model, path)
+            written.append(path)
+    path = os.path.join(run_dir, CHAIN_FILE)
+    _save(chain_model(stages), path)
+    written.append(path)
+    return written

@@ -1,0 +1,87 @@
+"""One writer per run directory: an OS file lock held for the run's life.
+
+`acquire(run_dir)` takes an exclusive `flock` on `RUN_DIR/.lock` and writes the holder's
+PID into it. The operating system releases the lock when the process ends, however it
+ends (a crash, `kill -9`), so a lock left by a dead process is never obeyed: the next run
+simply takes it. A second process finds it held and gets a `RunDirLocked` naming the
+holder's PID. Within one process the lock is taken once and shared (two `flock`s of one
+process on one file would exclude each other).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import time
+
+from chain.errors import ChainError
+
+FILENAME = ".lock"
+_HELD: dict[str, int] = {}  # run dir (real path) -> open file descriptor holding the lock
+
+
+class RunDirLocked(ChainError):
+    """Another live process is running in this run directory."""
+
+
+def path(run_dir: str) -> str:
+    return os.path.join(run_dir, FILENAME)
+
+
+def holder(run_dir: str) -> str:
+    """What the lock file says about its holder ("pid 123 on host, since ..."), or "unknown"."""
+    try:
+        with open(path(run_dir)) as f:
+            text = f.read().strip()
+    except OSError:
+        return "unknown"
+    return text or "unknown"
+
+
+def held(run_dir: str) -> bool:
+    """True when this process holds the lock of `run_dir`."""
+    return os.path.realpath(run_dir) in _HELD
+
+
+def acquire(run_dir: str) -> str | None:
+    """Lock `run_dir` (created if missing) for this process; returns a note when the lock of a
+    process that is no longer running was taken over, else None.
+
+    Raises `RunDirLocked` if another process holds it, or a ChainError when the directory
+    cannot be created or written.
+    """
+    key = os.path.realpath(run_dir)
+    if key in _HELD:
+        return None
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        fd = os.open(path(run_dir), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ChainError(f"cannot use run directory {run_dir}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise RunDirLocked(f"{run_dir} is in use by another run ({holder(run_dir)}); wait for it to end, "
+                               "or choose another hydra.run.dir") from None
+        raise ChainError(f"cannot lock run directory {run_dir}: {e.strerror or e}") from None
+    previous = os.read(fd, 4096).decode(errors="replace").strip()
+    me = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.ftruncate(fd, 0)
+    os.write(fd, (me + "\n").encode())
+    _HELD[key] = fd
+    return f"took over the lock of a run that is no longer running ({previous})" if previous else None
+
+
+def release(run_dir: str) -> None:
+    """Release this process's lock of `run_dir` (the file stays; an unlocked file means nothing)."""
+    fd = _HELD.pop(os.path.realpath(run_dir), None)
+    if fd is not None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

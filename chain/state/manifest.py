@@ -1,0 +1,146 @@
+"""The run-level checkpoint manifest, `checkpoint.json`: which step is complete, and what it holds.
+
+A save writes every stage's checkpoint first and this file last, atomically (temporary
+file + `os.replace`), so the manifest only ever names a step that every stage finished
+saving. It also records the chain's *layout* (stage count, every layer's class and
+variable shapes, heads, optimizers) so a restore into a differently built chain is a
+clear error instead of a silent partial restore, and so `chain.restage` can map layers
+between splits.
+
+Format (`"format": 1`):
+
+    step            newest complete step; restore uses this one
+    complete        complete steps still on disk, oldest first (the last is `step`)
+    mode, seed, data, grad_accum    what the data stream and random state depend on
+    precision       what the stages computed in (float16 checkpoints hold loss scales)
+    stages          one entry per stage: index, dir, target, optimizer, layers, head
+                    (layers: [{"class": "Dense", "variables": [["kernel", [64, 64]], ...]}])
+    checkpoints     {"stage_00": "stage_00/ckpt-10", ..., "data": "data/ckpt-10"}
+    loss_first      the first step's losses, {"loss": ..., "stage_losses": [...]} (kept across resumes)
+    loss_last       the same at `step`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+from chain.config.schema import Settings, plain
+from chain.errors import ChainError
+from chain.state.atomic import write_json
+
+FORMAT = 1
+FILENAME = "checkpoint.json"
+
+
+def path(run_dir: str) -> str:
+    """Where the manifest of `run_dir` lives."""
+    return os.path.join(run_dir, FILENAME)
+
+
+def write(run_dir: str, manifest: dict[str, Any]) -> None:
+    """Write the manifest atomically and durably: a reader sees the old file or the new one."""
+    write_json(path(run_dir), manifest)
+
+
+def read(run_dir: str) -> dict[str, Any] | None:
+    """The manifest of `run_dir`, or None if it has no complete checkpoint."""
+    try:
+        with open(path(run_dir)) as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        return None
+    if manifest.get("format") != FORMAT:
+        raise ChainError(f"{path(run_dir)} has format {manifest.get('format')!r}; this version reads format {FORMAT}")
+    return manifest
+
+
+def _layers(model) -> list[dict[str, Any]]:
+    return [{"class": type(layer).__name__,
+             "variables": [[v.name, list(v.shape)] for v in layer.weights]}
+            for layer in model.layers]
+
+
+def layout(stages: Sequence) -> list[dict[str, Any]]:
+    """What a checkpoint of `stages` must be restored into: per stage, layers and head."""
+    return [{
+        "index": s.index,
+        "target": s.target.name,
+        "optimizer": type(s.optimizer).__name__,
+        "layers": _layers(s.model),
+        "head": _layers(s.head) if s.head is not None else None,
+    } for s in stages]
+
+
+def _describe(layer: dict[str, Any]) -> str:
+    shapes = ", ".join(f"{name} {tuple(shape)}" for name, shape in layer["variables"])
+    return f"{layer['class']}" + (f" ({shapes})" if shapes else "")
+
+
+def _compare_layers(where: str, saved: list[dict], built: list[dict]) -> None:
+    for i in range(max(len(saved), len(built))):
+        if i >= len(built):
+            raise ChainError(f"{where}: layers[{i}] {_describe(saved[i])} is in the checkpoint but not in the config")
+        if i >= len(saved):
+            raise ChainError(f"{where}: layers[{i}] {_describe(built[i])} is in the config but not in the checkpoint")
+        a, b = saved[i], built[i]
+        if a["class"] != b["class"]:
+            raise ChainError(f"{where}: layers[{i}] is {a['class']} in the checkpoint but {b['class']} in the config")
+        names_a = [n for n, _ in a["variables"]]
+        names_b = [n for n, _ in b["variables"]]
+        if names_a != names_b:
+            raise ChainError(f"{where}: layers[{i}] {a['class']} has variables {names_a} in the checkpoint "
+                             f"but {names_b} in the config")
+        for (name, sa), (_, sb) in zip(a["variables"], b["variables"]):
+            if list(sa) != list(sb):
+                raise ChainError(f"{where}: variable layers[{i}] {a['class']} {name} has shape {tuple(sa)} "
+                                 f"in the checkpoint but {tuple(sb)} in the config")
+
+
+def check_layout(saved: list[dict[str, Any]], built: list[dict[str, Any]]) -> None:
+    """Raise a one-line ChainError naming the first stage and variable where two layouts differ."""
+    if len(saved) != len(built):
+        raise ChainError(
+            f"the checkpoint has {len(saved)} stages but the config builds {len(built)}; "
+            f"use +stages={len(saved)} as the run that wrote it did, or `python -m chain.restage` to change the split"
+        )
+    for a, b in zip(saved, built):
+        where = f"checkpoint does not match the config at stage {b['index']}"
+        _compare_layers(where, a["layers"], b["layers"])
+        if (a["head"] is None) != (b["head"] is None):
+            has = "has" if a["head"] is not None else "has no"
+            raise ChainError(f"{where}: the checkpoint {has} head for this stage (different mode?)")
+        if a["head"] is not None:
+            _compare_layers(f"{where} (head)", a["head"], b["head"])
+        if a["optimizer"] != b["optimizer"]:
+            raise ChainError(f"{where}: the optimizer is {a['optimizer']} in the checkpoint but {b['optimizer']} in the config")
+
+
+def check_stream(manifest: dict[str, Any], settings: Settings) -> None:
+    """The data stream and random state continue exactly only with the same mode, seed and data."""
+    for key in ("mode", "seed"):
+        if manifest[key] != getattr(settings, key):
+            raise ChainError(f"the checkpoint was written with {key}={manifest[key]!r}, the config has "
+                             f"{key}={getattr(settings, key)!r}; resume needs the same {key}")
+    saved, now = manifest["data"], plain(settings.data)
+    for key in sorted(set(saved) | set(now)):
+        if saved.get(key) != now.get(key):
+            raise ChainError(f"the checkpoint was written with data.{key}={saved.get(key)!r}, the config has "
+                             f"data.{key}={now.get(key)!r}; the data stream continues only with the same data settings")
+    # Each saved iterator position is a step's worth of batches: grad_accum x batch_size examples.
+    saved_n, now_n = manifest.get("grad_accum", 1), settings.trainer.grad_accum
+    if saved_n != now_n:
+        raise ChainError(f"the checkpoint was written with trainer.grad_accum={saved_n}, the config has "
+                         f"trainer.grad_accum={now_n}; resume needs the same trainer.grad_accum")
+    check_precision(manifest, settings)
+
+
+def check_precision(manifest: dict[str, Any], settings: Settings) -> None:
+    """float32 and mixed_bfloat16 checkpoints hold the same state and resume into each other;
+    mixed_float16 ones also hold loss scales, so float16 resumes only from float16."""
+    saved, now = manifest.get("precision", "float32"), settings.precision
+    if saved != now and "mixed_float16" in (saved, now):
+        raise ChainError(f"the checkpoint was written with precision={saved}, the config has precision={now}; "
+                         "mixed_float16 checkpoints hold loss scales, so resume float16 runs with precision=mixed_float16 "
+                         "and others without it")

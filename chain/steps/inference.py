@@ -1,0 +1,27 @@
+"""Inference through the chain, each stage on its device."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from chain.stages.stage import Stage
+from chain.steps.ops import copy_to
+
+
+def forward(stages: Sequence[Stage], x: Any) -> dict[str, tf.Tensor]:
+    """`body_k` is stage k's output and `head_k` its head's (mode=local).
+
+    Used to compare a chain with its exports and with a re-staged copy of itself.
+    """
+    out = {}
+    h = tf.convert_to_tensor(x)
+    for s in stages:
+        h = copy_to(h, s.device, f"stage_{s.index}")
+        with tf.device(s.device):
+            h = s.model(h, training=False)
+            out[f"body_{s.index}"] = h
+            if s.head is not None:
+                out[f"head_{s.index}"] = s.head(h, training=False)
+    return out

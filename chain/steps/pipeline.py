@@ -1,0 +1,186 @@
+"""mode=e2e: the chain as one network, trained by a pipeline schedule in one `tf.function`.
+
+The batch is cut into M equal microbatches. Every action of the schedule becomes ops
+inside its stage's device scope:
+
+- F(k, m): copy microbatch m's activation from stage k-1 (stage 0: its slice of the
+  input) onto stage k's device, run stage k's model under a GradientTape. The last
+  stage also computes the loss of microbatch m, divided by M so that the sum over
+  microbatches is the full-batch mean loss.
+- B(k, m): copy dL/d(output) from stage k+1 onto stage k's device (the last stage
+  starts from its loss), `tape.gradient(output, [input] + variables,
+  output_gradients=g)`, and add the variable gradients to stage k's accumulator.
+
+After its last backward, each stage applies its accumulated gradients once through
+`chain.steps.update.apply_update`, so every schedule computes the full-batch update.
+
+Gradient accumulation (`trainer.grad_accum=N`): a step's batch is N chunks of
+`data.batch_size`, and the schedule runs N times in a row ("rounds"), round r on
+chunk r's M microbatches (numbered r*M .. r*M+M-1), accumulating into the same sums;
+each microbatch's loss is divided by N*M. The update comes after the last round, so it
+is the update of the whole N x batch_size batch, while each round holds only as many
+activations as the schedule does for one batch.
+
+Under float16 loss scaling the last stage differentiates its scaled loss, and after
+the last backward the whole chain takes one loss-scale decision
+(`chain.steps.update.shared_outcomes`): every stage unscales by the same scale and all skip
+together on an overflow.
+
+A dataflow graph runs any op whose inputs are ready, so the order a schedule gives a
+stage would be lost, and with it 1F1B's bound on live activations: every action's ops
+are created under `tf.control_dependencies` on the previous action of the same stage.
+Copies belong to the receiving action, so an activation lands on a device only when
+that device's schedule has reached it. Actions are traced in the order of the
+schedule's simulated timeline, a topological order of all their dependencies
+(`tf.function`'s automatic control dependencies order stateful ops, such as a dropout
+seed update, by trace order, so they cannot contradict the schedule's order).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from chain.data.catalog import Target
+from chain.planning.schedules import FORWARD, Action, Schedule, simulate
+from chain.stages.stage import Stage
+from chain.steps import xla
+from chain.steps.ops import add_grads, copy_to
+from chain.steps.update import shared_outcomes, stage_update, unscale
+
+
+def action_scope(action: Action) -> str:
+    """The name scope of an action's ops, e.g. `s1_F0` (gradient ops get `gradient_tape/s1_F0/...`)."""
+    return f"s{action.stage}_{action.kind}{action.microbatch}"
+
+
+def update_scope(stage: int) -> str:
+    """The name scope of stage `stage`'s optimizer update."""
+    return f"s{stage}_update"
+
+
+def activation_copy(stage: int, microbatch: int) -> str:
+    """The `copy_to` name of microbatch `microbatch`'s activation arriving at `stage`."""
+    return f"act_s{stage}_mb{microbatch}"
+
+
+def gradient_copy(stage: int, microbatch: int) -> str:
+    """The `copy_to` name of microbatch `microbatch`'s output gradient arriving at `stage`."""
+    return f"grad_s{stage}_mb{microbatch}"
+
+
+def rounds(order: Sequence[Action], microbatches: int, grad_accum: int) -> list[Action]:
+    """`order` played `grad_accum` times, round r on microbatches r*M .. r*M+M-1."""
+    return [Action(k, r * microbatches + m, kind) for r in range(grad_accum) for k, m, kind in order]
+
+
+def chain_forward(stage: Stage, loss: Callable | None = None) -> Callable:
+    """One stage of the chain: `fn(h) -> output`; the last stage (given `loss`) is
+    `fn(h, y, weight) -> (loss x weight, the same scaled for the tape)`."""
+    if loss is None:
+        return lambda h: stage.model(h, training=True)
+
+    def fn(h, y, weight):
+        value = loss(y, stage.model(h, training=True)) * weight
+        return value, value if stage.loss_scale is None else stage.loss_scale.scale_loss(value)
+
+    return fn
+
+
+def _done(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
+    """A no-op on `device` that runs after every op of an action (not only after its result:
+    an action may leave side branches, such as a shape computation nobody reads)."""
+    with tf.device(device):
+        return tf.group(*[op for op in ops if op.type != "Placeholder"], name="done")
+
+
+def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True) -> Callable:
+    """Compile-ready training step of `schedule` over `stages`: `step(x, ys) -> {"loss": mean batch loss}`.
+
+    `loss(y, pred)` is the mean loss of one microbatch; `target` names the entry of
+    `ys` that the last stage learns. `grad_accum` rounds of the schedule make one
+    update; `jit_compile` compiles each stage's forward (with its gradient) and update
+    with XLA (`chain.steps.xla`). `ordered=False` leaves out the control dependencies that
+    hold each stage to the schedule's order (an ablation for benchmarks: the executor then
+    runs every op as soon as its inputs are ready).
+    """
+    if schedule.stages != len(stages):
+        raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
+    order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
+    n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
+    last = n_stages - 1
+    forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
+                                   xla.forward_name(s.index)) for s in stages]
+    updates = [stage_update(s, jit_compile) for s in stages]
+
+    @tf.function
+    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        # The batch and its labels cross to the first and last stage once; each is cut
+        # into microbatches on the device that consumes it.
+        x0 = copy_to(x, stages[0].device, "input")
+        y_last = copy_to(ys[target.name], stages[last].device, "labels")
+        with tf.device(stages[0].device):
+            xs = tf.split(x0, n_micro, name="microbatches")
+        with tf.device(stages[last].device):
+            labels = tf.split(y_last, n_micro, name="microbatch_labels")
+
+        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss)
+        outputs: dict[tuple[int, int], tf.Tensor] = {}  # forward results waiting for stage k+1
+        input_grads: dict[tuple[int, int], tf.Tensor] = {}  # dL/dinput waiting for stage k-1
+        accumulated: list[list | None] = [None] * n_stages
+        previous: list[list[tf.Operation]] = [[] for _ in stages]  # each stage's last action's `done`
+        microbatch_losses = []
+        graph = tf.compat.v1.get_default_graph()
+
+        for action in order:
+            k, m, kind = action
+            s = stages[k]
+            first_op = len(graph.get_operations())
+            with tf.name_scope(action_scope(action)), tf.control_dependencies(previous[k]):
+                if kind == FORWARD:
+                    h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
+                    with tf.device(s.device):
+                        with tf.GradientTape() as tape:
+                            if k > 0:
+                                tape.watch(h)
+                            if k == last:
+                                value, out = forwards[k](h, labels[m], 1.0 / n_micro)
+                            else:
+                                out = forwards[k](h)
+                    saved[(k, m)] = (tape, h, out)
+                    if k == last:
+                        microbatch_losses.append(value)
+                    else:
+                        outputs[(k, m)] = out
+                else:
+                    tape, h, out = saved.pop((k, m))
+                    g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
+                    with tf.device(s.device):
+                        variables = s.trainable_variables
+                        sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx
+                        grads = tape.gradient(out, sources, output_gradients=g)
+                        if k > 0:
+                            input_grads[(k, m)] = grads[0]
+                            grads = grads[1:]
+                        accumulated[k] = add_grads(accumulated[k], grads)
+                if ordered:
+                    previous[k] = [_done(graph.get_operations()[first_op:], s.device)]
+
+        with tf.device(stages[last].device):
+            total = tf.add_n(microbatch_losses)
+        grads, scopes = [], []
+        for s in stages:  # the update is each stage's last action
+            with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
+                    tf.control_dependencies(previous[s.index]):
+                grads.append(unscale(s, accumulated[s.index]))
+            scopes.append(scope)
+        outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
+        for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
+            # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
+            with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[s.index]):
+                updates[s.index](g, None, outcome)
+        return {"loss": total}
+
+    return step

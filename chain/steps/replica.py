@@ -1,0 +1,90 @@
+"""The step of one replica in a mirrored run: the whole chain on this replica's share of the batch.
+
+Each replica scales its losses by its share of the global batch, so that summed over
+replicas they are the global-batch mean, and returns its gradients; the strategy
+(`chain.strategies.mirrored`) sums them and applies each stage's update once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from chain.stages.stage import Stage
+from chain.steps import xla
+from chain.steps.local import local_forward
+from chain.steps.ops import add_grads, after, chunks
+from chain.steps.pipeline import chain_forward
+
+
+def _shares(x: tf.Tensor, n: int, global_batch: int) -> tuple[list[tf.Tensor], tf.Tensor]:
+    """This replica's examples cut into `n` chunks, and one chunk's share of the global batch."""
+    xs = chunks(x, n)
+    return xs, tf.cast(tf.shape(xs[0])[0], tf.float32) / global_batch
+
+
+def local_replica_step(stages: Sequence[Stage], global_batch: int, grad_accum: int = 1,
+                       jit_compile: bool = False) -> Callable:
+    """mode=local on one replica: `step((x, ys)) -> ({"stage_K": loss}, per-stage gradients)`.
+
+    Losses are this replica's mean times its share of the global batch, so summed over
+    replicas they are the mean over the global batch; so are the gradients it returns
+    (gradients of the scaled loss under float16). With `grad_accum=N` the replica runs
+    its part in N chunks, one at a time, and sums them.
+    """
+    forwards = [xla.stage_function(local_forward(s), jit_compile, xla.forward_name(s.index)) for s in stages]
+
+    def step(batch: tuple) -> tuple[dict[str, tf.Tensor], list[list[tf.Tensor]]]:
+        x, ys = batch
+        xs, share = _shares(x, grad_accum, global_batch)
+        labels = {k: chunks(v, grad_accum) for k, v in ys.items()}
+        stage_losses, grads = {}, [None] * len(stages)
+        for i, h in enumerate(xs):
+            for s in stages:
+                with tf.control_dependencies(after(grads[s.index])):
+                    with tf.GradientTape() as tape:
+                        out, loss, scaled = forwards[s.index](h, labels[s.target.name][i], share)
+                    grads[s.index] = add_grads(grads[s.index], tape.gradient(scaled, s.trainable_variables))
+                h = tf.stop_gradient(out)
+                key = f"stage_{s.index}"
+                stage_losses[key] = loss if i == 0 else stage_losses[key] + loss
+        return stage_losses, grads
+
+    return step
+
+
+def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable, grad_accum: int = 1,
+                     jit_compile: bool = False) -> Callable:
+    """mode=e2e on one replica: `step((x, ys)) -> ({"loss": loss}, per-stage gradients)`.
+
+    `loss(y, pred)` is the mean loss over the examples it is given; scaled by this
+    replica's share of the global batch, as in `local_replica_step`. Gradients are of
+    the loss-scaled loss under float16.
+    """
+    target = stages[-1].target
+    last = len(stages) - 1
+    forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
+                                   xla.forward_name(s.index)) for s in stages]
+
+    def step(batch: tuple) -> tuple[dict[str, tf.Tensor], list[list[tf.Tensor]]]:
+        x, ys = batch
+        xs, share = _shares(x, grad_accum, global_batch)
+        labels = chunks(ys[target.name], grad_accum)
+        per_stage = [s.trainable_variables for s in stages]
+        total, flat = None, None
+        for h, y in zip(xs, labels):
+            with tf.control_dependencies(after(flat)):
+                with tf.GradientTape() as tape:
+                    for s in stages[:-1]:
+                        h = forwards[s.index](h)
+                    value, scaled = forwards[last](h, y, share)
+                flat = add_grads(flat, tape.gradient(scaled, [v for vs in per_stage for v in vs]))
+            total = value if total is None else total + value
+        grads, start = [], 0
+        for vs in per_stage:
+            grads.append(flat[start:start + len(vs)])
+            start += len(vs)
+        return {"loss": total}, grads
+
+    return step

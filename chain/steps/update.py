@@ -1,0 +1,76 @@
+"""Applying updates: every way of training applies each stage's update through `apply_update`,
+so the numerics guard and float16 loss scaling live in one place."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from chain.stages import loss_scale
+from chain.stages.stage import Stage
+from chain.steps import xla
+from chain.steps.numerics import all_finite, guarded_update
+from chain.steps.ops import copy_to
+
+
+def unscale(stage: Stage, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
+    """Gradients of a stage's scaled loss divided by its loss scale (precision=mixed_float16);
+    unchanged otherwise."""
+    return list(grads) if stage.loss_scale is None else stage.loss_scale.unscale(grads)
+
+
+def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | None = None,
+                 outcome: tf.Tensor | None = None) -> tf.Tensor:
+    """Apply one update of `stage`'s optimizer (call inside the stage's device scope).
+
+    `grads` are true (unscaled, see `unscale`) gradients. The update is applied only if
+    `loss` (when given) and `grads` are finite (`chain.steps.numerics`). Under float16 loss
+    scaling, `outcome` is the stage's group decision (`chain.stages.loss_scale.decide`;
+    `shared_outcomes` for a chain with one loss); without it the stage is a group of its
+    own and decides from `loss` and `grads`. Returns whether the update was applied.
+    """
+    variables = stage.trainable_variables
+
+    def apply() -> None:
+        stage.optimizer.apply_gradients(zip(grads, variables))
+
+    def guarded() -> tf.Tensor:
+        return guarded_update(stage.skipped, loss, grads, apply)
+
+    if stage.loss_scale is None:
+        return guarded()
+    if outcome is None:
+        outcome = loss_scale.decide(loss, [all_finite(None, grads)], stage.loss_scale.scale)
+    return stage.loss_scale.update(outcome, guarded)
+
+
+def stage_update(stage: Stage, jit_compile: bool = False) -> Callable:
+    """`fn(grads, loss=None, outcome=None)`: `apply_update` for `stage`, compiled with XLA if asked."""
+
+    def fn(grads, loss=None, outcome=None):
+        return apply_update(stage, grads, loss, outcome)
+
+    return xla.stage_function(fn, jit_compile, xla.update_name(stage.index))
+
+
+def shared_outcomes(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor]], loss: tf.Tensor,
+                    device: str | None) -> list[tf.Tensor | None]:
+    """One loss-scale outcome for stages that share one loss (mode=e2e), decided on `device`.
+
+    Each stage's finite flag is computed on its device and copied to `device` (where
+    the loss is); the outcome is copied back to every stage, so all of them apply, or
+    all skip and halve their copy of the scale, which therefore stays the same on every
+    stage. Without loss scaling: `[None] * len(stages)`.
+    """
+    if stages[-1].loss_scale is None:
+        return [None] * len(stages)
+    with tf.name_scope("loss_scale"):
+        flags = []
+        for s, g in zip(stages, grads):
+            with tf.device(s.device):
+                flag = all_finite(None, g)
+            flags.append(copy_to(flag, device, f"finite_s{s.index}"))
+        with tf.device(device):
+            outcome = loss_scale.decide(loss, flags, stages[-1].loss_scale.scale)
+        return [copy_to(outcome, s.device, f"outcome_s{s.index}") for s in stages]

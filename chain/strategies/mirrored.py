@@ -1,0 +1,172 @@
+"""Mirrored strategies: the whole chain on every replica, trained data-parallel.
+
+With fewer cards than stages and a chain that fits one card, `placement.fallback=mirrored`
+builds every stage under a `tf.distribute.MirroredStrategy` (each variable and optimizer
+slot then has a copy on every replica device) and trains in a custom loop: each replica
+runs the composed chain on its share of the global batch (`data.batch_size`), scales
+each stage's loss by that share so that the sum over replicas is the global-batch mean,
+and returns its gradients (`chain.steps.replica`). The step sums them over replicas and
+applies each stage's update once, in cross-replica context: the numerics guard wraps
+every update in a `tf.cond`, and an all-reduce (a synchronisation point) may not sit
+inside one.
+
+`MirroredLocal` keeps mode=local's meaning on every replica: each stage its own head,
+loss and optimizer, the gradient stopped between stages. `MirroredChain` (mode=e2e) runs
+the composed chain with one loss after the last stage. In both, one mirrored step
+computes the same losses and the same update as one pipelined step on the same global
+batch (for e2e: any schedule, any number of microbatches).
+
+The switches: with `trainer.grad_accum=N` the global batch of a step is N x
+`data.batch_size` and each replica runs its share in N chunks; `trainer.jit_compile`
+compiles each stage's forward pass (and its gradient) on every replica, not the update
+(it runs once in cross-replica context over every replica's variables, which one XLA
+cluster cannot span); under `mixed_float16` the summed gradients are unscaled before
+the update, and in mode=e2e all stages take one loss-scale decision.
+
+`step(x, y)` takes one global batch and splits it evenly over the replicas; `fit` does
+the same with the batches of the run's plain `tf.data` iterator, which, unlike a
+distributed iterator, can be checkpointed (so a mirrored run resumes too).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from chain.config.schema import Settings
+from chain.data.catalog import DataInfo
+from chain.errors import DeviceError
+from chain.planning.planner import MIRRORED, Placement
+from chain.steps.replica import e2e_replica_step, local_replica_step
+from chain.steps.update import apply_update, shared_outcomes, unscale
+from chain.strategies.base import ChainObjective, LocalObjective, Strategy
+from chain.planning import memory
+
+_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
+
+
+def strategy_for(replicas: Sequence[str]) -> tf.distribute.MirroredStrategy:
+    """The process's one MirroredStrategy over `replicas`.
+
+    Reused, never rebuilt: each strategy numbers its collective all-reduce groups and
+    instances from the same start, and TensorFlow caches them per process, so a second
+    strategy's all-reduce collides with the first's ("Shape mismatch in the collective
+    instance", or "joining a group with size 4, but that group has size 2"). Hence, too,
+    one process can train mirrored runs over one set of replicas only.
+    """
+    key = tuple(replicas)
+    if key not in _STRATEGIES:
+        if _STRATEGIES:
+            (other,) = _STRATEGIES
+            raise DeviceError(f"this process already trains mirrored runs over {', '.join(other)}; "
+                              f"TensorFlow's all-reduce cannot also serve {', '.join(key)} (start a new process)")
+        log = logging.getLogger("tensorflow")
+        level = log.level
+        log.setLevel(max(level, logging.WARNING))  # the placement table already names the replicas
+        try:
+            _STRATEGIES[key] = tf.distribute.MirroredStrategy(list(key))
+        finally:
+            log.setLevel(level)
+    return _STRATEGIES[key]
+
+
+class Mirrored(Strategy):
+    """Every stage on every replica of `placement.replicas`; one global batch split evenly over them.
+
+    Runs of one process share one `tf.distribute.MirroredStrategy` (see `strategy_for`).
+    """
+
+    name = MIRRORED
+
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo):
+        self.strategy = strategy_for(placement.replicas)
+        self.per_replica_batch = settings.data.batch_size // len(placement.replicas)
+        # Inside this scope every variable becomes a MirroredVariable (device scopes are
+        # ignored there, so stages get no device), and each optimizer captures the
+        # strategy that sums its gradients.
+        with self.strategy.scope():
+            super().__init__(settings, placement, info)
+
+    def devices(self) -> Sequence[str | None]:
+        return [None] * len(self.settings.stages)
+
+    def replica_step(self) -> Callable:
+        """One replica's step: `fn((x, ys)) -> (losses, per-stage gradients)` (`chain.steps.replica`)."""
+        raise NotImplementedError
+
+    def outcomes(self, grads: list, total: dict[str, tf.Tensor]) -> list:
+        """Each stage's float16 loss-scale outcome; None: each stage decides from its own loss."""
+        return [None] * len(self.stages)
+
+    def make_step(self) -> Callable:
+        per_replica_step = self.replica_step()
+        stages, strategy = self.stages, self.strategy
+
+        def total(per_replica: Any) -> tf.Tensor:
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        @tf.function
+        def train(batch: Any) -> dict[str, tf.Tensor]:
+            per_replica_losses, per_replica_grads = strategy.run(per_replica_step, args=(batch,))
+            losses = {k: total(v) for k, v in per_replica_losses.items()}
+            grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
+            for s, g, outcome in zip(stages, grads, self.outcomes(grads, losses)):
+                own = losses.get(f"stage_{s.index}")  # mode=local: the stage's loss joins the guard
+                apply_update(s, g, own, outcome)
+            return losses
+
+        return train
+
+    def arguments(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple:
+        """One global batch as per-replica values: replica i gets the i-th contiguous part."""
+        n = x.shape[0] // self.strategy.num_replicas_in_sync
+
+        def part(ctx: tf.distribute.experimental.ValueContext) -> tuple:
+            i = ctx.replica_id_in_sync_group
+            return x[i * n:(i + 1) * n], {k: v[i * n:(i + 1) * n] for k, v in ys.items()}
+
+        return (self.strategy.experimental_distribute_values_from_function(part),)
+
+    def batch_divisor(self) -> int:
+        return self.strategy.num_replicas_in_sync * self.settings.trainer.grad_accum
+
+    def cut_description(self) -> str:
+        return (f"{self.strategy.num_replicas_in_sync} replicas x trainer.grad_accum="
+                f"{self.settings.trainer.grad_accum} equal chunks")
+
+    def memory_devices(self) -> list[str]:
+        return list(self.placement.replicas)
+
+    def summary(self) -> dict[str, Any]:
+        # Every replica holds every stage, so memory is measured per replica, not per stage.
+        return {**super().summary(), "replica_devices": list(self.placement.replicas),
+                "per_replica_batch_size": self.per_replica_batch,
+                "replica_peak_memory_bytes": [memory.peak_bytes(d) for d in self.placement.replicas]}
+
+
+class MirroredLocal(LocalObjective, Mirrored):
+    """mode=local on every replica."""
+
+    def replica_step(self) -> Callable:
+        t = self.settings.trainer
+        return local_replica_step(self.stages, self.settings.examples_per_step, t.grad_accum, t.jit_compile)
+
+
+class MirroredChain(ChainObjective, Mirrored):
+    """mode=e2e on every replica: the composed chain, one loss; microbatches do not apply."""
+
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo):
+        if settings.pipeline.microbatches > 1:
+            placement.notes.append(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
+                                   "a mirrored replica runs its whole share of the batch at once")
+        super().__init__(settings, placement, info)
+
+    def replica_step(self) -> Callable:
+        t = self.settings.trainer
+        return e2e_replica_step(self.stages, self.settings.examples_per_step, self.loss_fn(), t.grad_accum,
+                                t.jit_compile)
+
+    def outcomes(self, grads: list, total: dict[str, tf.Tensor]) -> list:
+        return shared_outcomes(self.stages, grads, total["loss"], None)  # one decision for the chain

@@ -1,0 +1,62 @@
+"""What a run shows and records: the placement table and TensorBoard writers."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from chain.planning.planner import Placement
+from chain.stages.stage import Stage, stage_name
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequence[str] = ()) -> str:
+    """A short table: stage, device, the physical device behind it, parameters, model; then
+    the placement's notes and `notes`, one `note:` line each.
+
+    A mirrored run shows its replicas (device and physical device) first; each stage
+    then lives on every replica.
+    """
+    lines = []
+    if placement.replicas:
+        lines += _table([("replica", "device", "physical")] + [
+            (str(i), d, placement.physical.get(d, "-")) for i, d in enumerate(placement.replicas)])
+    rows = [("stage", "device", "physical", "params", "model")]
+    for s in stages:
+        device = s.device or f"all {len(placement.replicas)} replicas"
+        rows.append((str(s.index), device, placement.physical.get(s.device, "-"), f"{s.params:,}", s.describe()))
+    lines += _table(rows)
+    lines += [f"note: {n}" for n in [*placement.notes, *notes]]
+    return "\n".join(lines)
+
+
+class Writers:
+    """One TensorBoard writer per stage (`tb/stage_NN`) and one for the chain (`tb/chain`)."""
+
+    def __init__(self, run_dir: str, n_stages: int):
+        import tensorflow as tf
+
+        root = os.path.join(run_dir, "tb")
+        self.stages = [tf.summary.create_file_writer(os.path.join(root, stage_name(k))) for k in range(n_stages)]
+        self.chain = tf.summary.create_file_writer(os.path.join(root, "chain"))
+
+    def scalars(self, step: int, per_stage: Sequence[dict[str, float]], chain: dict[str, float]) -> None:
+        """Write `per_stage[k]` to stage k's writer and `chain` to the chain's."""
+        import tensorflow as tf
+
+        for writer, values in zip(self.stages, per_stage):
+            with writer.as_default(step=step):
+                for name, v in values.items():
+                    tf.summary.scalar(name, v)
+        with self.chain.as_default(step=step):
+            for name, v in chain.items():
+                tf.summary.scalar(name, v)
+
+    def close(self) -> None:
+        for w in self.stages + [self.chain]:
+            w.flush()
+            w.close()

@@ -1,0 +1,294 @@
+"""A run: the training loop around a strategy, with its data stream, checkpoints, logs and summary.
+
+`Run` never asks which way of training it drives: the strategy
+(`chain.strategies.Strategy`) builds the stages, compiles the step, checks and splits a
+batch, turns the step's outputs into losses and adds its own summary fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from chain.config.schema import Settings
+from chain.data import checks
+from chain.data.pipeline import training_batches
+from chain.data.sources import Dataset
+from chain.errors import ChainError
+from chain.planning import memory
+from chain.state.atomic import write_json
+from chain.steps.numerics import NonFiniteError, Watch, finite_or_none
+from chain.strategies.base import Strategy
+
+log = logging.getLogger("chain")
+
+
+class Run:
+    """Everything one training run needs; `step` trains one batch, `fit` the whole run.
+
+    `global_step` counts the optimizer steps taken (restored from a checkpoint on
+    resume); `fit` trains until it reaches `trainer.steps`.
+    """
+
+    def __init__(self, settings: Settings, strategy: Strategy, dataset: Dataset, run_dir: str | None):
+        self.settings = settings
+        self.strategy = strategy
+        self.dataset = dataset
+        self.run_dir = run_dir
+        self.placement = strategy.placement
+        self.stages = strategy.stages
+        self.watch = Watch(self.stages)
+        self.global_step = 0
+        self._iterator = None
+        self._checkpoints: dict[str, Any] = {}
+        self._release = False  # fit took the run directory's lock and gives it back when done
+
+    @property
+    def schedule(self):
+        """The pipeline schedule the step runs (`chain.planning.schedules.Schedule`), or None."""
+        return self.strategy.schedule
+
+    def timeline(self):
+        """The schedule played with unit-time actions (for its bubble and the plan), or None."""
+        return self.strategy.timeline() if self.schedule is not None else None
+
+    @property
+    def notes(self) -> list[str]:
+        """`note:` lines about the placement and about settings this run ignores."""
+        return [*self.placement.notes, *self.settings.notes]
+
+    @property
+    def batch_size(self) -> int:
+        """`data.batch_size`: examples per chunk (per step without gradient accumulation)."""
+        return self.settings.data.batch_size
+
+    @property
+    def grad_accum(self) -> int:
+        """`trainer.grad_accum`: chunks of `batch_size` examples per optimizer step."""
+        return self.settings.trainer.grad_accum
+
+    @property
+    def examples_per_step(self) -> int:
+        """Examples behind one optimizer step: `grad_accum` x `batch_size`."""
+        return self.settings.examples_per_step
+
+    def batches(self):
+        """The shared `tf.data` pipeline of training batches, one per step (`examples_per_step` each)."""
+        return training_batches(self.dataset, self.examples_per_step, self.settings.data.shuffle, self.settings.seed)
+
+    @property
+    def iterator(self):
+        """The run's iterator over `batches()`: the data stream that checkpoints save."""
+        if self._iterator is None:
+            self._iterator = iter(self.batches())
+        return self._iterator
+
+    def checkpoints(self, run_dir: str | None = None):
+        """The `Checkpoints` of `run_dir` (default: this run's directory) for this chain."""
+        from chain.state.checkpoints import Checkpoints
+
+        run_dir = run_dir or self.run_dir
+        if run_dir is None:
+            raise ChainError("this run has no directory: build it with chain.build(cfg, run_dir=...) to checkpoint")
+        if run_dir not in self._checkpoints:
+            self._checkpoints[run_dir] = Checkpoints(run_dir, self.stages, self.iterator, self.settings)
+        return self._checkpoints[run_dir]
+
+    def restore(self, run_dir: str | None = None) -> dict[str, Any]:
+        """Restore the newest complete checkpoint of `run_dir` (default: this run's); returns its manifest."""
+        m = self.checkpoints(run_dir).restore()
+        self.global_step = m["step"]
+        self.watch.sync()
+        return m
+
+    def _batch(self, x: Any, y: Any) -> tuple[Any, dict]:
+        """A batch given to `step` or `trace`, checked once (`chain.data.checks`): one ValueError
+        line naming the argument for a wrong shape, dtype, label or target."""
+        x, ys = checks.batch(x, y, self.dataset.info, self.strategy.wanted_targets(), self.strategy.default_target())
+        self.strategy.check_batch(len(x))
+        return x, ys
+
+    def step(self, x: Any, y: Any) -> dict[str, Any]:
+        """One optimizer step on one batch (of `examples_per_step` examples, as `batches()` yields).
+
+        `y` is a dict of targets or one array (mode=e2e: the chain's target; mode=local:
+        the data set's first target). Shapes, dtypes and labels are checked first: a value
+        target may be (N,) or (N, 1); class labels are integers in range. With `trainer.grad_accum=N` the batch is cut into N
+        equal chunks whose gradients are summed before the one update. Returns `loss`,
+        `stage_losses` and `skipped`. mode=local: each stage's own loss, and their sum.
+        mode=e2e: the chain's mean loss over the batch; `stage_losses` is empty, because
+        no stage has a loss of its own. `skipped` lists the stages whose update the
+        numerics guard dropped; under `trainer.on_nan=stop` a dropped update raises
+        `NonFiniteError` naming the stages and the step instead (a float16 loss-scale
+        overflow is neither: see `chain.stages.loss_scale`).
+        """
+        return self._train(*self._batch(x, y))
+
+    def _train(self, x: Any, ys: dict) -> dict[str, Any]:
+        """One step on a batch known to be right (checked, or from the run's own data stream)."""
+        out = self.strategy.call(x, ys)
+        self.global_step += 1
+        skipped = self.watch.after_step(self.global_step, self.settings.trainer.on_nan)
+        loss, stage_losses = self.strategy.losses(out)
+        return {"loss": loss, "stage_losses": stage_losses, "skipped": skipped}
+
+    def trace(self, x: Any, y: Any):
+        """The compiled step's concrete function for a batch like this one: its graph shows where
+        every op runs (tests/graph_audit.py reads it)."""
+        return self.strategy.trace(*self._batch(x, y))
+
+    def forward(self, x: Any) -> dict[str, Any]:
+        """Inference outputs of every stage: `body_k` (stage k's model) and `head_k` (its head)."""
+        from chain.steps.inference import forward
+
+        return forward(self.stages, x)
+
+    def _start(self) -> tuple[Any, dict | None, dict | None]:
+        """Checkpoints of this run and, on resume, the restored state: (checkpoints, loss_first, loss_last)."""
+        if not self.run_dir:
+            if self.settings.resume:
+                raise ChainError("resume=true needs a run directory to resume from")
+            return None, None, None
+        from chain.state import lock
+
+        if not lock.held(self.run_dir):  # the command line locked it already; the Python API did not
+            lock.acquire(self.run_dir)
+            self._release = True
+        ckpts = self.checkpoints()
+        if self.settings.resume:
+            m = self.restore()
+            steps = self.settings.trainer.steps
+            if m["step"] > steps:
+                raise ChainError(f"the checkpoint is at step {m['step']}, past trainer.steps={steps}; "
+                                 f"set trainer.steps to {m['step']} or more")
+            log.info("resumed from step %d (%s)", m["step"], os.path.join(self.run_dir, "checkpoint.json"))
+            return ckpts, m["loss_first"], m["loss_last"]
+        existing = ckpts.latest()
+        if existing is not None:
+            raise ChainError(f"{self.run_dir} already holds a checkpoint at step {existing['step']}; "
+                             "pass resume=true to continue it, or choose another hydra.run.dir")
+        return ckpts, None, None
+
+    def fit(self) -> dict[str, Any]:
+        """Train until `trainer.steps`; write checkpoints, TensorBoard, exports and summary.json.
+
+        With `resume=true` the run first restores the newest complete checkpoint of its
+        directory. Returns the summary (also written to `summary.json` when the run has
+        a directory). The run directory is locked while it trains (`chain.state.lock`).
+        """
+        t = self.settings.trainer
+        try:
+            return self._fit(t)
+        finally:
+            if self._release:
+                from chain.state import lock
+
+                lock.release(self.run_dir)
+                self._release = False
+
+    def _fit(self, t) -> dict[str, Any]:
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        from chain import testhooks
+        from chain.training.logs import Writers
+
+        ckpts, first, last = self._start()
+        resumed_from = self.global_step if self.settings.resume else None
+        every = self.settings.checkpoint.every
+        saved_at = self.global_step if resumed_from is not None else None
+        writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
+        started, timed_steps = None, 0
+        memory.reset(self.strategy.memory_devices())
+        bar = tqdm(range(self.global_step + 1, t.steps + 1), desc="train", unit="step",
+                   disable=not t.progress or None, leave=False)
+        try:
+            # Log lines go through tqdm, so they do not break the progress bar.
+            with logging_redirect_tqdm(loggers=[logging.getLogger()]):
+                for step in bar:
+                    try:
+                        out = self._train(*next(self.iterator))
+                    except NonFiniteError as e:
+                        saved = ckpts.latest() if ckpts else None
+                        detail = (f"; the last complete checkpoint (step {saved['step']}) is intact" if saved
+                                  else "; no checkpoint had been saved")
+                        raise NonFiniteError(e.stages, e.step, detail) from None
+                    if started is None:
+                        started = time.perf_counter()  # speed excludes this process's first step, which traces
+                    else:
+                        timed_steps += 1
+                    record = {"loss": finite_or_none(out["loss"]),
+                              "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
+                    if step == 1:
+                        first = record
+                    last = record
+                    bar.set_postfix(loss=f"{out['loss']:.4f}")
+                    if writers and (step % t.log_every == 0 or step == 1 or step == t.steps):
+                        per_stage = [{"loss": v} for v in out["stage_losses"]] or [{} for _ in self.stages]
+                        writers.scalars(step, per_stage, {"loss": out["loss"]})
+                    if step % t.log_every == 0:
+                        log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
+                    if ckpts and every and step % every == 0:
+                        ckpts.save(step, first, last)
+                        saved_at = step
+                    testhooks.after_step(step)
+            elapsed = time.perf_counter() - started if started is not None else 0.0
+            summary = self._summary(first, last, resumed_from, timed_steps, elapsed)
+            if writers:
+                writers.scalars(t.steps, [{} for _ in self.stages],
+                                {"examples_per_second": summary["examples_per_second"] or 0.0})
+        finally:
+            if writers:
+                writers.close()
+        if ckpts and saved_at != t.steps:
+            ckpts.save(t.steps, first, last)
+        if self.run_dir:
+            if self.settings.checkpoint.export:
+                from chain.state.export import export
+
+                summary["exports"] = [os.path.basename(p) for p in export(self.stages, self.run_dir)]
+            write_json(os.path.join(self.run_dir, "summary.json"), summary)
+        return summary
+
+    def _summary(self, first, last, resumed_from, timed_steps, elapsed) -> dict[str, Any]:
+        skipped = [int(s.skipped.numpy()) for s in self.stages]
+        none = {"loss": None, "stage_losses": [None] * len(self.stages)}
+        first, last = first or none, last or none
+        return {
+            "mode": self.settings.mode,
+            "strategy": self.strategy.name,
+            "steps": self.settings.trainer.steps,
+            "resumed_from": resumed_from,
+            "batch_size": self.batch_size,
+            "grad_accum": self.grad_accum,
+            "examples_per_step": self.examples_per_step,
+            "precision": self.settings.precision,
+            "jit_compile": self.settings.trainer.jit_compile,
+            "seed": self.settings.seed,
+            # Every example of every chunk counts: a step is one optimizer update.
+            "examples_per_second": (timed_steps * self.examples_per_step / elapsed) if timed_steps and elapsed > 0 else None,
+            "loss_first": first["loss"],
+            "loss_last": last["loss"],
+            "skipped_steps": sum(skipped),
+            "peak_memory_scope": memory.scope(self.strategy.memory_devices()[0]),
+            "stages": [{**self._stage_summary(s, skipped[s.index]), **self.strategy.stage_summary(s, first, last)}
+                       for s in self.stages],
+            **self.strategy.summary(),
+        }
+
+    @staticmethod
+    def _stage_summary(s, skipped: int) -> dict[str, Any]:
+        return {
+            "index": s.index,
+            "device": s.device,
+            "variable_devices": s.variable_devices(),
+            "params": s.params,
+            "peak_memory_bytes": memory.peak_bytes(s.device) if s.device else None,  # None: mirrored
+            "skipped_steps": skipped,
+            # precision=mixed_float16: the stage's loss scale now, and steps skipped for overflow
+            # (the same for every stage in mode=e2e, where the chain shares one scale).
+            "loss_scale": float(s.loss_scale.scale.numpy()) if s.loss_scale is not None else None,
+            "overflow_steps": int(s.loss_scale.overflows.numpy()) if s.loss_scale is not None else 0,
+        }
