@@ -84,21 +84,28 @@ def _remove_run_dir(run_dir: str, created: str | None) -> None:
 
 
 def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[Preflight, list[str]]:
-    """Check the run directory against `resume` and lock it, writing nothing else; returns what
+    """Lock the run directory and check it against `resume`, writing nothing else; returns what
     was settled and the overrides Hydra gets (its run directory pinned, so a second that
-    ticks over in between cannot move it)."""
+    ticks over in between cannot move it).
+
+    The lock comes first: a directory another run is using is refused naming that run, and
+    its files are not even read.
+    """
     from chain.state import lock, manifest
 
-    has_checkpoint = os.path.isdir(run_dir) and manifest.read(run_dir) is not None
-    if settings.resume and not has_checkpoint:
-        raise ChainError(f"resume=true, but {run_dir} has no complete checkpoint "
-                         f"({manifest.FILENAME} is missing); point hydra.run.dir at a run that saved one, "
-                         "or drop resume=true to start a new run")
-    if not settings.resume and has_checkpoint:
-        raise ChainError(f"{run_dir} already holds a checkpoint at step {manifest.read(run_dir)['step']}; "
-                         "pass resume=true to continue it, or choose another hydra.run.dir")
+    if settings.resume and not os.path.isdir(run_dir):
+        manifest.require_some(run_dir)  # nothing there to lock
     created = _first_missing(run_dir)
-    note = lock.acquire(run_dir)
+    had_lock_file = os.path.exists(lock.path(run_dir))
+    note = lock.acquire(run_dir, name_holder=False)
+    try:
+        manifest.require_some(run_dir) if settings.resume else manifest.require_none(run_dir)
+    except ChainError:
+        lock.release(run_dir, clear=False)
+        if not had_lock_file and created is None:
+            os.remove(lock.path(run_dir))  # leave the directory as it was found
+        raise
+    lock.announce(run_dir)
     atexit.register(lock.release, run_dir)  # a clean exit clears the holder; a killed run leaves its PID
     if note:
         settings = replace(settings, notes=(*settings.notes, note))

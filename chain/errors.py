@@ -1,4 +1,10 @@
-"""User-facing errors: one readable line, no traceback."""
+"""User-facing errors: one readable line, no traceback. The exit code says what kind.
+
+    2  bad input: a config, a device, a batch, a run directory in use, a checkpoint that
+       cannot be restored (ConfigError, DeviceError, CheckpointError, ...)
+    3  training stopped on a non-finite loss or gradient (chain.steps.numerics)
+    4  the file system failed during a run (StorageError): full, read-only, gone
+"""
 
 
 class ChainError(Exception):
@@ -13,3 +19,13 @@ class ConfigError(ChainError):
 
 class DeviceError(ChainError):
     """A device that does not exist or a placement that cannot be made."""
+
+
+class CheckpointError(ChainError):
+    """A checkpoint that is missing, damaged, or not this run's or this stage's; the message names the file."""
+
+
+class StorageError(ChainError):
+    """Writing the run's files failed (disk full, read-only, ...); the last complete checkpoint is intact."""
+
+    exit_code = 4

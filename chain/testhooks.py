@@ -5,26 +5,38 @@ set them. Unset (the normal case), every hook is a no-op.
 
     CHAIN_TEST_KILL_AT_STEP=k    after step k (and its checkpoint, if one is due) the
                                  process sends itself SIGKILL: no cleanup, no flush.
+    CHAIN_TEST_ANNOUNCE=1        print `test-hook: step N done` to stderr after each step,
+                                 so a test can time a kill from the first step on.
     CHAIN_TEST_SAVE_PAUSE=SEC[@STEP]
                                  after each part (stage_NN/, then data/) of a save (of
                                  step STEP only, if given), print `test-hook: saved PART
                                  of step N` to stderr and sleep SEC seconds: a slow save
                                  that a test can SIGKILL half-way, with no timing race.
+    CHAIN_TEST_FAIL_SAVE=STEP[@PART]
+                                 the save of step STEP fails with "No space left on
+                                 device" (OSError ENOSPC) just before writing PART
+                                 (default: data, after every stage was written), as a
+                                 full disk would.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
 import time
 
 KILL_AT_STEP = "CHAIN_TEST_KILL_AT_STEP"
+ANNOUNCE = "CHAIN_TEST_ANNOUNCE"
 SAVE_PAUSE = "CHAIN_TEST_SAVE_PAUSE"
+FAIL_SAVE = "CHAIN_TEST_FAIL_SAVE"
 
 
 def after_step(step: int) -> None:
-    """Die like a preempted job if `CHAIN_TEST_KILL_AT_STEP` names this step."""
+    """Announce the step (`CHAIN_TEST_ANNOUNCE`); die like a preempted job if `CHAIN_TEST_KILL_AT_STEP` names it."""
+    if os.environ.get(ANNOUNCE):
+        print(f"test-hook: step {step} done", file=sys.stderr, flush=True)
     if os.environ.get(KILL_AT_STEP) == str(step):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -41,3 +53,13 @@ def after_part_saved(step: int, part: str) -> None:
         return
     print(f"test-hook: saved {part} of step {step}", file=sys.stderr, flush=True)
     time.sleep(float(seconds))
+
+
+def before_part_saved(step: int, part: str) -> None:
+    """Fail like a full disk before writing `part` of `step`, if `CHAIN_TEST_FAIL_SAVE` says so."""
+    value = os.environ.get(FAIL_SAVE)
+    if not value:
+        return
+    at, _, where = value.partition("@")
+    if int(at) == step and part == (where or "data"):
+        raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAIL_SAVE})")

@@ -54,9 +54,11 @@ def manifest(run_dir) -> dict:
 
 
 def stage_values(run_dir, stage: str) -> dict:
-    """Every variable of one stage's newest complete checkpoint, by checkpoint key."""
+    """Every variable of one stage's newest complete checkpoint, by checkpoint key (its identity,
+    which names the run that wrote it, left out: two runs compare by what they computed)."""
     reader = tf.train.load_checkpoint(os.path.join(run_dir, manifest(run_dir)["checkpoints"][stage]))
-    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+            if k != "_CHECKPOINTABLE_OBJECT_GRAPH" and not k.startswith("identity/")}
 
 
 @pytest.fixture

@@ -215,6 +215,7 @@ class PlacementSettings:
     visible: tuple[int, ...] | None = setting(optional(list_of(integer(0, 4096), 1)))
     log_device_placement: bool = setting(boolean)
     replicas: int | None = setting(optional(integer(1, MAX_STAGES)))
+    cpu_memory_mb: int | None = setting(optional(integer(1, 1 << 40)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,6 +223,7 @@ class CheckpointSettings:
     every: int = setting(integer(0))
     keep: int = setting(integer(1, 10000))
     export: bool = setting(boolean)
+    fallback: bool = setting(boolean)
 
 
 @dataclass(frozen=True, kw_only=True)

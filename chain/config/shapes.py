@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chain.config.schema import Conv, Model
+from chain.config.schema import Adam, Conv, Model, Optim, Sgd
 from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError
 
@@ -73,3 +73,27 @@ def stage_shapes(stages, info: DataInfo, mode: str) -> list[StageShape]:
         out.append(StageShape(shape, output, params, body_activations(spec.model, output)))
         shape = output
     return out
+
+
+def optimizer_slots(optim: Optim) -> int:
+    """Floats of optimizer state per parameter (Adam: two moments; SGD: momentum, if any)."""
+    if isinstance(optim, Adam):
+        return 2
+    return 1 if isinstance(optim, Sgd) and optim.momentum > 0 else 0
+
+
+def memory_bytes(shape: StageShape, optim: Optim, batch: int) -> int:
+    """An estimate of one stage's memory when training on `batch` examples at a time: weights,
+    gradients and optimizer slots, plus its activations and their gradients."""
+    state = shape.params * FLOAT_BYTES * (2 + optimizer_slots(optim))
+    activations = 2 * batch * (shape.activations_per_example + math.prod(shape.input_shape)) * FLOAT_BYTES
+    return state + activations
+
+
+def human(n: float) -> str:
+    """Bytes as a short text: 1.5 GB, 12 MB."""
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"

@@ -157,3 +157,11 @@ def discover() -> Inventory:
 
     n = len(tf.config.list_physical_devices("GPU"))
     return inventory(n, query_smi(), os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER"))
+
+
+def host_memory_mb() -> int | None:
+    """The machine's physical memory in MB (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        return None

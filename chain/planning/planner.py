@@ -316,3 +316,41 @@ def check_batch(batch_size: int, placement: Placement) -> int:
     if placement.strategy != MIRRORED:
         return batch_size
     return batch_over_replicas(batch_size, len(placement.replicas))
+
+
+def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory, cpu_memory_mb: int | None,
+                 host_memory_mb: int | None) -> None:
+    """Refuse a chain whose estimated memory (`need[k]` bytes for stage k) cannot fit.
+
+    On CPU every logical device shares the host's memory: the sum over stages (times the
+    replicas of a mirrored run) is held to `placement.cpu_memory_mb`, or the machine's
+    memory. On GPUs each card is held to its memory (when nvidia-smi told it). Raises a
+    DeviceError with the estimate.
+    """
+    from chain.config.shapes import human
+
+    MB = 1 << 20
+    copies = len(placement.replicas) if placement.strategy == MIRRORED else 1
+    if placement.kind == "CPU":
+        limit = cpu_memory_mb or host_memory_mb
+        total = sum(need) * copies
+        if limit and total > limit * MB:
+            biggest = max(range(len(need)), key=lambda k: need[k])
+            key = "placement.cpu_memory_mb" if cpu_memory_mb else "the machine's memory; placement.cpu_memory_mb"
+            raise DeviceError(
+                f"the chain needs about {human(total)} of memory (stage {biggest}: {human(need[biggest])}; weights, "
+                f"gradients, optimizer state and activations), more than the {human(limit * MB)} allowed ({key}); "
+                "use a smaller model.width, model.depth or data.batch_size")
+        return
+    memory = {g.index: g.memory_mb for g in inventory.gpus}
+    per_card: dict[int, int] = {}
+    for k, device in enumerate(placement.devices if placement.strategy != MIRRORED else placement.replicas):
+        physical = placement.physical.get(device, "")
+        if physical.startswith("GPU:"):
+            card = int(physical.split()[0].split(":")[1])
+            per_card[card] = per_card.get(card, 0) + (sum(need) if placement.strategy == MIRRORED else need[k])
+    for card, total in per_card.items():
+        if memory.get(card) and total > memory[card] * MB:
+            raise DeviceError(f"the stages on GPU {card} need about {human(total)} of memory, more than its "
+                              f"{human(memory[card] * MB)}; use a smaller model.width, model.depth or "
+                              "data.batch_size, or more GPUs")

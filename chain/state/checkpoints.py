@@ -11,21 +11,34 @@ half-way could already have deleted the only step every stage still shares.
 A stage's checkpoint holds its model, head, optimizer (with slot variables), the
 state of its dropout seed generators (which `tf.train.Checkpoint(model=...)` leaves
 out), its count of skipped updates, its loss scale (precision=mixed_float16: scale,
-finite steps since it last changed, overflow count) and the step.
+finite steps since it last changed, overflow count), the step, and its identity
+(`RUN/PART`: which run and which stage wrote it).
+
+What is restored is what this run saved, or nothing: the manifest records the sha256 of
+every file of every complete step, and a restore verifies the step's files first. A file
+that differs is named, with what it holds instead when it can be read (another stage's
+checkpoint, another run's, another step's); the newest older complete step that verifies
+is offered (`checkpoint.fallback=true` resumes from it). A damaged `checkpoint.json` is
+rebuilt from the stage directories when every part agrees on a step that reads back whole.
+A save that fails (disk full, read-only) removes what it wrote of that step and raises a
+`StorageError`; the previous complete checkpoint stays the newest.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import re
 import shutil
+import uuid
 from typing import Any, Sequence
 
 import tensorflow as tf
 
 from chain import testhooks
 from chain.config.schema import Settings, plain
-from chain.errors import ChainError
+from chain.errors import CheckpointError, StorageError
 from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
 from chain.state.atomic import write_text
@@ -33,6 +46,11 @@ from chain.state.atomic import write_text
 DATA_DIR = "data"
 PREFIX = "ckpt"
 _NUMBERED = re.compile(rf"^{PREFIX}-(\d+)(\.index|\.data-\d+-of-\d+|_temp)$")
+IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
+STEP_KEY = "step/.ATTRIBUTES/VARIABLE_VALUE"
+IDENTITY_DEVICE = "/device:CPU:0"  # string variables live on a CPU
+
+log = logging.getLogger("chain")
 
 
 def _write_index(directory: str, steps: Sequence[int]) -> None:
@@ -40,6 +58,27 @@ def _write_index(directory: str, steps: Sequence[int]) -> None:
     names = [f"{PREFIX}-{n}" for n in steps]
     lines = [f'model_checkpoint_path: "{names[-1]}"'] + [f'all_model_checkpoint_paths: "{n}"' for n in names]
     write_text(os.path.join(directory, "checkpoint"), "\n".join(lines) + "\n")
+
+
+def _files(directory: str, step: int) -> list[str]:
+    """The files of checkpoint `step` in `directory` (index and data shards), sorted."""
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return sorted(n for n in names if (m := _NUMBERED.match(n)) and int(m.group(1)) == step and m.group(2) != "_temp")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror + (f" ({e.filename})" if e.filename else "")
+    text = str(getattr(e, "message", "") or e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _prune(directory: str, keep: Sequence[int]) -> None:
@@ -52,10 +91,11 @@ def _prune(directory: str, keep: Sequence[int]) -> None:
 
 
 class Checkpoints:
-    """All-or-nothing checkpoints of a chain and its data stream in one run directory.
+    """All-or-nothing, verified checkpoints of a chain and its data stream in one run directory.
 
     `iterator` is the `tf.data` iterator the run draws batches from: saving it is what
-    makes the first batch after a resume the batch the run would have seen.
+    makes the first batch after a resume the batch the run would have seen. `run_id` is
+    the run's identity: drawn here, replaced by the manifest's on restore.
     """
 
     def __init__(self, run_dir: str, stages: Sequence[Stage], iterator: Any, settings: Settings):
@@ -63,43 +103,73 @@ class Checkpoints:
         self.stages = list(stages)
         self.settings = settings
         self.keep = settings.checkpoint.keep
+        self.run_id = uuid.uuid4().hex
         self.parts: dict[str, tf.train.Checkpoint] = {}
         self.steps: dict[str, tf.Variable] = {}
+        self.identities: dict[str, tf.Variable] = {}
         for s in self.stages:
-            with tf.device(s.device):
-                step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"step_{s.index:02d}")
-            objects = {"model": s.model, "optimizer": s.optimizer, "random": s.random_variables(),
-                       "skipped": s.skipped, "step": step}
+            objects = {"model": s.model, "optimizer": s.optimizer, "random": s.random_variables(), "skipped": s.skipped}
             if s.head is not None:
                 objects["head"] = s.head
             if s.loss_scale is not None:
                 objects["loss_scale"] = s.loss_scale
-            self.parts[stage_name(s.index)] = tf.train.Checkpoint(**objects)
-            self.steps[stage_name(s.index)] = step
-        self.parts[DATA_DIR] = tf.train.Checkpoint(iterator=iterator)
+            self._part(stage_name(s.index), s.device, objects)
+        self._part(DATA_DIR, IDENTITY_DEVICE, {"iterator": iterator})
+
+    def _part(self, name: str, device: str | None, objects: dict[str, Any]) -> None:
+        with tf.device(device):
+            self.steps[name] = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"step_{name}")
+        with tf.device(IDENTITY_DEVICE):
+            self.identities[name] = tf.Variable("", dtype=tf.string, trainable=False, name=f"identity_{name}")
+        self.parts[name] = tf.train.Checkpoint(step=self.steps[name], identity=self.identities[name], **objects)
 
     def directory(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
 
     def latest(self) -> dict[str, Any] | None:
-        """The manifest of the newest complete checkpoint, or None."""
+        """The manifest of the newest complete checkpoint, or None (`ManifestDamaged` if unreadable)."""
         return manifest_lib.read(self.run_dir)
 
+    # --- saving --------------------------------------------------------------------------------
+
     def save(self, step: int, loss_first: dict | None, loss_last: dict | None) -> dict[str, Any]:
-        """Save every stage and the data stream at `step`, then commit the manifest; returns it."""
+        """Save every stage and the data stream at `step`, then commit the manifest; returns it.
+
+        Raises `StorageError` (with nothing of `step` left behind that a restore would use)
+        when a write fails.
+        """
         previous = self.latest()
-        checkpoints = {}
-        for name, ckpt in self.parts.items():
-            if name in self.steps:
+        checkpoints, digests = {}, {}
+        try:
+            for name, ckpt in self.parts.items():
                 self.steps[name].assign(step)
-            manager = tf.train.CheckpointManager(ckpt, self.directory(name), max_to_keep=None, checkpoint_name=PREFIX)
-            saved = manager.save(checkpoint_number=step)
-            checkpoints[name] = os.path.relpath(saved, self.run_dir)
-            testhooks.after_part_saved(step, name)
-        complete = [n for n in (previous["complete"] if previous else []) if n < step] + [step]
-        complete = complete[-self.keep:]
-        m = {
+                self.identities[name].assign(f"{self.run_id}/{name}")
+                testhooks.before_part_saved(step, name)
+                manager = tf.train.CheckpointManager(ckpt, self.directory(name), max_to_keep=None,
+                                                     checkpoint_name=PREFIX)
+                saved = manager.save(checkpoint_number=step)
+                checkpoints[name] = os.path.relpath(saved, self.run_dir)
+                digests[name] = {f: _sha256(os.path.join(self.directory(name), f))
+                                 for f in _files(self.directory(name), step)}
+                testhooks.after_part_saved(step, name)
+            complete = [n for n in (previous["complete"] if previous else []) if n < step] + [step]
+            complete = complete[-self.keep:]
+            kept = {str(n): d for n, d in (previous or {}).get("digests", {}).items() if int(n) in complete}
+            m = self._manifest(step, complete, checkpoints, {**kept, str(step): digests}, loss_first, loss_last)
+            manifest_lib.write(self.run_dir, m)  # the commit point
+        except (OSError, tf.errors.OpError) as e:
+            self._discard(step)
+            where = f"; the last complete checkpoint (step {previous['step']}) is intact" if previous else ""
+            raise StorageError(f"cannot save the checkpoint of step {step} in {self.run_dir}: {_first_line(e)}{where}"
+                               ) from None
+        self.clean(m)
+        return m
+
+    def _manifest(self, step: int, complete: list[int], checkpoints: dict, digests: dict,
+                  loss_first: dict | None, loss_last: dict | None) -> dict[str, Any]:
+        return {
             "format": manifest_lib.FORMAT,
+            "run": self.run_id,
             "step": step,
             "complete": complete,
             "mode": self.settings.mode,
@@ -109,53 +179,180 @@ class Checkpoints:
             "precision": self.settings.precision,
             "stages": manifest_lib.layout(self.stages),
             "checkpoints": checkpoints,
+            "digests": digests,
             "loss_first": loss_first,
             "loss_last": loss_last,
         }
-        manifest_lib.write(self.run_dir, m)  # the commit point
-        self.clean(m)
-        return m
+
+    def _discard(self, step: int) -> None:
+        """Best effort: remove what a failed save of `step` wrote (the manifest never named it)."""
+        for name in self.parts:
+            for f in _files(self.directory(name), step) + [f"{PREFIX}-{step}_temp"]:
+                full = os.path.join(self.directory(name), f)
+                try:
+                    shutil.rmtree(full) if os.path.isdir(full) else os.remove(full)
+                except OSError:
+                    pass
 
     def clean(self, m: dict[str, Any]) -> None:
         """Remove what the manifest does not name: older steps, half-written steps, `_temp` folders."""
+        try:
+            for name in self.parts:
+                directory = self.directory(name)
+                _prune(directory, m["complete"])
+                if os.path.isdir(directory):
+                    _write_index(directory, m["complete"])
+        except OSError as e:
+            raise StorageError(f"cannot tidy the checkpoints of {self.run_dir}: {_first_line(e)}") from None
+
+    # --- verifying -----------------------------------------------------------------------------
+
+    def _read_identity(self, prefix: str) -> tuple[str, int]:
+        reader = tf.train.load_checkpoint(prefix)
+        return reader.get_tensor(IDENTITY_KEY).decode(), int(reader.get_tensor(STEP_KEY))
+
+    def _holds(self, name: str, prefix: str, run_id: str | None, step: int) -> str | None:
+        """What is wrong with `prefix` as part `name` of `run_id`'s step `step`, from the identity it holds."""
+        rel = os.path.relpath(prefix, self.run_dir)
+        try:
+            identity, held_step = self._read_identity(prefix)
+        except (tf.errors.OpError, ValueError, KeyError) as e:
+            return f"{rel} cannot be read ({_first_line(e)})"
+        their_run, _, their_part = identity.partition("/")
+        if run_id is not None and their_run != run_id:
+            return f"{rel} was written by another run (run {their_run[:8]}), not this one (run {run_id[:8]})"
+        if their_part != name:
+            return f"{rel} holds {their_part} of this run, not {name}"
+        if held_step != step:
+            return f"{rel} holds step {held_step}, not step {step}"
+        return None
+
+    def verify(self, m: dict[str, Any], step: int) -> str | None:
+        """None when every file of `step` is what the manifest says was saved; else what is wrong, in one line."""
+        digests = m.get("digests", {}).get(str(step))
         for name in self.parts:
-            directory = self.directory(name)
-            _prune(directory, m["complete"])
-            if os.path.isdir(directory):
-                _write_index(directory, m["complete"])
+            prefix = os.path.join(self.directory(name), f"{PREFIX}-{step}")
+            rel = os.path.relpath(prefix, self.run_dir)
+            if not os.path.exists(f"{prefix}.index"):
+                return f"{rel}.index is missing"
+            if digests is None:  # a format-1 manifest: nothing recorded to compare with
+                continue
+            want = digests.get(name, {})
+            for f in sorted(set(want) | set(_files(self.directory(name), step))):
+                full = os.path.join(self.directory(name), f)
+                if f not in want:
+                    return f"{name}/{f} was not part of the saved step {step}"
+                if not os.path.exists(full):
+                    return f"{name}/{f} is missing"
+                if _sha256(full) != want[f]:
+                    held = self._holds(name, prefix, m.get("run"), step)  # another stage's, run's or step's?
+                    if held and "cannot be read" not in held:
+                        return held
+                    return f"{name}/{f} is damaged: its contents differ from what was saved at step {step}"
+        return None
 
-    def restore(self, clean: bool = True) -> dict[str, Any]:
-        """Restore the newest complete checkpoint into the built stages and the data stream.
+    # --- restoring -----------------------------------------------------------------------------
 
-        Checks the manifest's layout against the built chain first (one line naming
-        the stage and variable on a mismatch), then restores each part with
-        `assert_consumed`, so nothing is ever restored partially. With `clean`, then
-        removes what the manifest does not name (steps of a save that was killed,
-        `ckpt-N_temp` folders). Returns the manifest.
+    def manifest(self) -> dict[str, Any]:
+        """The run's manifest; a damaged one is rebuilt from the stage directories when they agree."""
+        manifest_lib.require_some(self.run_dir)
+        try:
+            return self.latest()
+        except manifest_lib.ManifestDamaged as e:
+            return self._rebuild(str(e))
+
+    def restore(self, clean: bool = True, fallback: bool = False) -> dict[str, Any]:
+        """Restore the newest complete checkpoint that verifies into the built stages and the data stream.
+
+        Checks the manifest's layout against the built chain first (one line naming the
+        stage and variable on a mismatch) and every file of the step against its digest;
+        a damaged or foreign newest step is refused, naming the file and the newest older
+        step that verifies, unless `fallback` (then that step is restored and the newer
+        ones are dropped). Each part is restored with `assert_consumed`, so nothing is
+        ever restored partially. With `clean`, removes what the manifest does not name
+        (steps of a save that was killed, `ckpt-N_temp` folders). Returns the manifest.
         """
-        m = self.latest()
-        if m is None:
-            raise ChainError(
-                f"resume=true, but {self.run_dir} has no complete checkpoint ({manifest_lib.FILENAME} is missing); "
-                "point hydra.run.dir at a run that saved one, or drop resume=true to start a new run"
-            )
+        m = self.manifest()
         manifest_lib.check_layout(m["stages"], manifest_lib.layout(self.stages))
         manifest_lib.check_stream(m, self.settings)
+        problem = self.verify(m, m["step"])
+        if problem:
+            older = next((n for n in reversed(m["complete"][:-1]) if self.verify(m, n) is None), None)
+            if older is None:
+                raise CheckpointError(f"{problem}; no older complete checkpoint of {self.run_dir} verifies")
+            if not fallback:
+                raise CheckpointError(f"{problem}; step {older} verifies: resume from it with checkpoint.fallback=true")
+            log.warning("%s; resuming from step %d, the newest complete checkpoint that verifies "
+                        "(checkpoint.fallback=true)", problem, older)
+            complete = [n for n in m["complete"] if n <= older]
+            m = {**m, "step": older, "complete": complete, "loss_last": None,
+                 "checkpoints": {name: f"{name}/{PREFIX}-{older}" for name in self.parts},
+                 "digests": {k: v for k, v in m.get("digests", {}).items() if int(k) in complete}}
+        self.run_id = m.get("run") or self.run_id
         for name, ckpt in self.parts.items():
             where = m["checkpoints"].get(name)
             if where is None:
-                raise ChainError(f"{manifest_lib.FILENAME} names no checkpoint for {name}")
-            full = os.path.join(self.run_dir, where)
-            if not os.path.exists(f"{full}.index"):
-                raise ChainError(f"{where}, named by {manifest_lib.FILENAME} (step {m['step']}), is missing")
+                raise CheckpointError(f"{manifest_lib.FILENAME} names no checkpoint for {name}")
             try:
-                ckpt.restore(full).assert_consumed()
+                ckpt.restore(os.path.join(self.run_dir, where)).assert_consumed()
             except AssertionError as e:
-                first = str(e).strip().splitlines()[0]
-                raise ChainError(f"{where} does not match the built chain ({name}): {first}") from None
-            if name in self.steps and int(self.steps[name].numpy()) != m["step"]:
-                raise ChainError(f"{where} holds step {int(self.steps[name].numpy())}, but "
-                                 f"{manifest_lib.FILENAME} says step {m['step']}")
+                raise CheckpointError(f"{where} does not match the built chain ({name}): {_first_line(e)}") from None
+            except (tf.errors.OpError, ValueError) as e:
+                raise CheckpointError(f"{where} cannot be restored: {_first_line(e)}") from None
+            held = self.identities[name].numpy().decode()
+            if held and held != f"{self.run_id}/{name}" or int(self.steps[name].numpy()) != m["step"]:
+                raise CheckpointError(f"{where} holds {held or 'no identity'} at step {int(self.steps[name].numpy())}, "
+                                      f"but {manifest_lib.FILENAME} says {self.run_id}/{name} at step {m['step']}")
+        if problem:
+            manifest_lib.write(self.run_dir, m)  # the fallback is now the newest complete step
         if clean:
             self.clean(m)
         return m
+
+    def _rebuild(self, problem: str) -> dict[str, Any]:
+        """A manifest from the stage directories: the newest step every part holds, of one run,
+        that reads back whole. Written to disk; raises CheckpointError when they do not agree."""
+        found = {name: {int(mt.group(1)) for f in (os.listdir(self.directory(name))
+                                                  if os.path.isdir(self.directory(name)) else [])
+                        if (mt := _NUMBERED.match(f)) and mt.group(2) == ".index"} for name in self.parts}
+        shared = set.intersection(*found.values()) if found else set()
+        good, run_id = [], None
+        for step in sorted(shared, reverse=True):
+            ids = set()
+            for name in self.parts:
+                prefix = os.path.join(self.directory(name), f"{PREFIX}-{step}")
+                if self._holds(name, prefix, None, step) is not None or not self._reads_whole(prefix):
+                    break
+                ids.add(self._read_identity(prefix)[0].partition("/")[0])
+            else:
+                if len(ids) == 1 and (run_id is None or ids == {run_id}):
+                    run_id = ids.pop()
+                    good.append(step)
+        if not good:
+            held = "; ".join(f"{n}: {', '.join(map(str, sorted(v))) or 'none'}" for n, v in found.items())
+            raise CheckpointError(f"{problem}, and the stage directories do not agree on a complete step that reads "
+                                  f"back ({held}); restore {manifest_lib.FILENAME} from a copy or start a new run")
+        good.sort()
+        complete = good[-self.keep:]
+        step = complete[-1]
+        checkpoints = {name: f"{name}/{PREFIX}-{step}" for name in self.parts}
+        digests = {str(n): {name: {f: _sha256(os.path.join(self.directory(name), f))
+                                   for f in _files(self.directory(name), n)} for name in self.parts} for n in complete}
+        self.run_id = run_id
+        m = self._manifest(step, complete, checkpoints, digests, None, None)
+        manifest_lib.write(self.run_dir, m)
+        log.warning("%s; rebuilt it from the stage directories: step %d of run %s", problem, step, run_id[:8])
+        return m
+
+    @staticmethod
+    def _reads_whole(prefix: str) -> bool:
+        """Every tensor of the checkpoint reads back (TensorFlow checks each one's checksum; the
+        iterator's state is a variant NumPy cannot hold, so it is read when restored instead)."""
+        try:
+            reader = tf.train.load_checkpoint(prefix)
+            for key, dtype in reader.get_variable_to_dtype_map().items():
+                if dtype != tf.variant:
+                    reader.get_tensor(key)
+        except (tf.errors.OpError, ValueError):
+            return False
+        return True

@@ -45,10 +45,12 @@ def held(run_dir: str) -> bool:
     return os.path.realpath(run_dir) in _HELD
 
 
-def acquire(run_dir: str) -> str | None:
+def acquire(run_dir: str, name_holder: bool = True) -> str | None:
     """Lock `run_dir` (created if missing) for this process; returns a note when the lock of a
     process that is no longer running was taken over, else None.
 
+    With `name_holder` the lock file then names this process; without, it is left untouched
+    (so a run that is refused after looking changes nothing) until `announce(run_dir)`.
     Raises `RunDirLocked` if another process holds it, or a ChainError when the directory
     cannot be created or written.
     """
@@ -69,19 +71,30 @@ def acquire(run_dir: str) -> str | None:
                                "or choose another hydra.run.dir") from None
         raise ChainError(f"cannot lock run directory {run_dir}: {e.strerror or e}") from None
     previous = os.read(fd, 4096).decode(errors="replace").strip()
+    _HELD[key] = fd
+    if name_holder:
+        announce(run_dir)
+    return f"took over the lock of a run that is no longer running ({previous})" if previous else None
+
+
+def announce(run_dir: str) -> None:
+    """Write this process into the lock file of `run_dir` (which it holds)."""
+    fd = _HELD[os.path.realpath(run_dir)]
     me = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
     os.lseek(fd, 0, os.SEEK_SET)
     os.ftruncate(fd, 0)
     os.write(fd, (me + "\n").encode())
-    _HELD[key] = fd
-    return f"took over the lock of a run that is no longer running ({previous})" if previous else None
 
 
-def release(run_dir: str) -> None:
-    """Release this process's lock of `run_dir` (the file stays; an unlocked file means nothing)."""
+def release(run_dir: str, clear: bool = True) -> None:
+    """Release this process's lock of `run_dir` (the file stays; an unlocked file means nothing).
+
+    `clear` empties the file first (a run that ends cleanly leaves no holder behind).
+    """
     fd = _HELD.pop(os.path.realpath(run_dir), None)
     if fd is not None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.ftruncate(fd, 0)
+        if clear:
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

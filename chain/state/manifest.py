@@ -7,10 +7,13 @@ variable shapes, heads, optimizers) so a restore into a differently built chain 
 clear error instead of a silent partial restore, and so `chain.restage` can map layers
 between splits.
 
-Format (`"format": 1`):
+Format (`"format": 2`; format 1, without `run` and `digests`, is still read):
 
+    run             the run's identity (a random id drawn at its first save, kept on resume)
     step            newest complete step; restore uses this one
     complete        complete steps still on disk, oldest first (the last is `step`)
+    digests         {"STEP": {"stage_00": {"ckpt-STEP.index": sha256, ...}, ..., "data": {...}}}
+                    for every complete step: what each file held when it was written
     mode, seed, data, grad_accum    what the data stream and random state depend on
     precision       what the stages computed in (float16 checkpoints hold loss scales)
     stages          one entry per stage: index, dir, target, optimizer, layers, head
@@ -27,11 +30,13 @@ import os
 from typing import Any, Sequence
 
 from chain.config.schema import Settings, plain
-from chain.errors import ChainError
+from chain.errors import ChainError, CheckpointError
 from chain.state.atomic import write_json
 
-FORMAT = 1
+FORMAT = 2
+READS = (1, 2)
 FILENAME = "checkpoint.json"
+REQUIRED = ("format", "step", "complete", "mode", "seed", "data", "stages", "checkpoints")
 
 
 def path(run_dir: str) -> str:
@@ -44,15 +49,58 @@ def write(run_dir: str, manifest: dict[str, Any]) -> None:
     write_json(path(run_dir), manifest)
 
 
+class ManifestDamaged(CheckpointError):
+    """`checkpoint.json` exists but cannot be read as a manifest."""
+
+
+def exists(run_dir: str) -> bool:
+    """True when `run_dir` has a manifest file, readable or not."""
+    return os.path.exists(path(run_dir))
+
+
+def require_none(run_dir: str) -> None:
+    """A new run may not start where a checkpoint is (even a damaged one): a CheckpointError says so."""
+    if exists(run_dir):
+        try:
+            at = f" at step {read(run_dir)['step']}"
+        except ManifestDamaged:
+            at = " (its checkpoint.json is damaged)"
+        raise CheckpointError(f"{run_dir} already holds a checkpoint{at}; pass resume=true to continue it, "
+                              "or choose another hydra.run.dir")
+
+
+def require_some(run_dir: str) -> None:
+    """`resume=true` needs a checkpoint (a damaged manifest is rebuilt on restore, so it counts)."""
+    if not exists(run_dir):
+        raise CheckpointError(f"resume=true, but {run_dir} has no complete checkpoint ({FILENAME} is missing); "
+                              "point hydra.run.dir at a run that saved one, or drop resume=true to start a new run")
+
+
 def read(run_dir: str) -> dict[str, Any] | None:
-    """The manifest of `run_dir`, or None if it has no complete checkpoint."""
+    """The manifest of `run_dir`, or None if it has none; `ManifestDamaged` if it cannot be read."""
+    where = path(run_dir)
     try:
-        with open(path(run_dir)) as f:
-            manifest = json.load(f)
+        with open(where, "rb") as f:
+            text = f.read()
     except FileNotFoundError:
         return None
-    if manifest.get("format") != FORMAT:
-        raise ChainError(f"{path(run_dir)} has format {manifest.get('format')!r}; this version reads format {FORMAT}")
+    except OSError as e:
+        raise ManifestDamaged(f"{where} cannot be read: {e.strerror or e}") from None
+    try:
+        manifest = json.loads(text.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        what = "is empty" if not text.strip() else f"is not valid JSON ({e})".splitlines()[0]
+        raise ManifestDamaged(f"{where} {what}") from None
+    if not isinstance(manifest, dict) or any(k not in manifest for k in REQUIRED):
+        missing = next((k for k in REQUIRED if not isinstance(manifest, dict) or k not in manifest), "?")
+        raise ManifestDamaged(f"{where} is not a checkpoint manifest (no {missing!r})")
+    if manifest["format"] not in READS:
+        raise ManifestDamaged(f"{where} has format {manifest['format']!r}; this version reads formats "
+                              f"{', '.join(map(str, READS))}")
+    if not isinstance(manifest["step"], int) or not isinstance(manifest["complete"], list) \
+            or manifest["step"] not in manifest["complete"]:
+        raise ManifestDamaged(f"{where} is inconsistent: step {manifest['step']!r} is not among the complete "
+                              f"steps {manifest['complete']!r}")
     return manifest
 
 

@@ -31,7 +31,9 @@ from omegaconf import OmegaConf
 
 from chain.config import Settings, compose, override_key, validate
 from chain.errors import ChainError
+from chain.state import lock
 from chain.state import manifest as manifest_lib
+from chain.state.atomic import writing
 
 
 def _stage_count(overrides: Sequence[str]) -> int | None:
@@ -49,6 +51,8 @@ def dst_overrides(src_overrides: Sequence[str], new: Sequence[str], src_settings
     """
     new = list(new)
     k_new = _stage_count(new)
+    if k_new is not None:
+        compose([f"+stages={k_new}"])  # the count alone must be valid (a ConfigError names it)
     specs = src_settings.stages
     sets_model = any(override_key(o) in ("model", "model.depth") or override_key(o).startswith("stage.") for o in new)
     if k_new is not None and not sets_model and k_new != len(specs):
@@ -217,8 +221,10 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     src, dst = os.path.abspath(src), os.path.abspath(dst)
     if src == dst:
         raise ChainError("SRC and DST must be different run directories")
+    if os.path.exists(dst) and not os.path.isdir(dst):
+        raise ChainError(f"{dst} is a file; DST must be a run directory (a new one, or an empty one)")
     src_manifest, src_overrides, src_settings = _load_src(src)
-    if manifest_lib.read(dst) is not None:
+    if manifest_lib.exists(dst):
         raise ChainError(f"{dst} already holds a checkpoint; choose an empty DST run directory")
     new = dst_overrides(src_overrides, overrides, src_settings)
     dst_settings = compose(new)
@@ -239,10 +245,15 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     notes, kept = map_stages(built["src"], built["dst"])
     first, last = (_restaged_losses(m[key], kept, len(built["dst"]), dst_settings.mode)
                    for key in ("loss_first", "loss_last"))
-    os.makedirs(os.path.join(dst, ".hydra"), exist_ok=True)
-    OmegaConf.save(OmegaConf.create(new), os.path.join(dst, ".hydra", "overrides.yaml"))
-    OmegaConf.save(dst_settings.source, os.path.join(dst, ".hydra", "config.yaml"))
-    Checkpoints(dst, built["dst"], iterator, dst_settings).save(m["step"], first, last)
+    lock.acquire(dst)  # created here if missing; no other run may write into it meanwhile
+    try:
+        with writing(f"the re-staged run in {dst}"):
+            os.makedirs(os.path.join(dst, ".hydra"), exist_ok=True)
+            OmegaConf.save(OmegaConf.create(new), os.path.join(dst, ".hydra", "overrides.yaml"))
+            OmegaConf.save(dst_settings.source, os.path.join(dst, ".hydra", "config.yaml"))
+            Checkpoints(dst, built["dst"], iterator, dst_settings).save(m["step"], first, last)
+    finally:
+        lock.release(dst)
     shown = [f"+stages={o.partition('=')[2]}" if override_key(o) == "stages" else o for o in new]
     resume = ["python", "-m", "chain", f"hydra.run.dir={dst}", "resume=true"] + shown
     return {"step": m["step"], "src_stages": len(built["src"]), "dst_stages": len(built["dst"]),

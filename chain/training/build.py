@@ -1,8 +1,9 @@
 """From a config to a ready `Run`: validate once, plan the devices, build the strategy.
 
-Everything that needs TensorFlow's runtime (which devices exist, how a mirrored run's
-replicas divide the batch) is checked here, in `plan`, before anything is printed or
-written; everything else was checked by `chain.config.validate`.
+Everything that needs to know the machine (which devices exist, how a mirrored run's
+replicas divide the batch, whether the chain's estimated memory fits) is checked here,
+in `plan`, before anything is built, printed or written; everything else was checked by
+`chain.config.validate`.
 """
 
 from __future__ import annotations
@@ -12,15 +13,21 @@ from omegaconf import DictConfig
 from chain import data, strategies
 from chain.config import Settings, validate
 from chain.planning import devices, planner
-from chain.planning.inventory import discover
+from chain.config.shapes import memory_bytes, stage_shapes
+from chain.data.catalog import describe
+from chain.planning.inventory import discover, host_memory_mb
 from chain.training.run import Run
 
 
 def plan(settings: Settings) -> planner.Placement:
     """Plan the devices for `settings`, configure TensorFlow's logical devices (before its
     runtime starts) and check that every device the plan uses exists."""
-    placement = planner.plan(settings.placement, len(settings.stages), discover())
-    planner.check_batch(settings.data.batch_size, placement)
+    inventory = discover()
+    placement = planner.plan(settings.placement, len(settings.stages), inventory)
+    per_replica = planner.check_batch(settings.data.batch_size, placement)
+    shapes = stage_shapes(settings.stages, describe(settings.data), settings.mode)
+    need = [memory_bytes(shape, spec.optim, per_replica) for shape, spec in zip(shapes, settings.stages)]
+    planner.check_memory(placement, need, inventory, settings.placement.cpu_memory_mb, host_memory_mb())
     devices.configure(placement, settings.placement)
     if placement.strategy == planner.MIRRORED:
         placement.replicas = devices.check_devices(placement.replicas, given=False, role="replica")

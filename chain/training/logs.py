@@ -7,6 +7,7 @@ from typing import Sequence
 
 from chain.planning.planner import Placement
 from chain.stages.stage import Stage, stage_name
+from chain.state.atomic import writing
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -35,28 +36,35 @@ def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequen
 
 
 class Writers:
-    """One TensorBoard writer per stage (`tb/stage_NN`) and one for the chain (`tb/chain`)."""
+    """One TensorBoard writer per stage (`tb/stage_NN`) and one for the chain (`tb/chain`).
+
+    A write that fails (disk full, read-only) raises a one-line `StorageError`.
+    """
 
     def __init__(self, run_dir: str, n_stages: int):
         import tensorflow as tf
 
-        root = os.path.join(run_dir, "tb")
-        self.stages = [tf.summary.create_file_writer(os.path.join(root, stage_name(k))) for k in range(n_stages)]
-        self.chain = tf.summary.create_file_writer(os.path.join(root, "chain"))
+        self.root = os.path.join(run_dir, "tb")
+        with writing(f"TensorBoard logs in {self.root}"):
+            os.makedirs(self.root, exist_ok=True)
+            self.stages = [tf.summary.create_file_writer(os.path.join(self.root, stage_name(k))) for k in range(n_stages)]
+            self.chain = tf.summary.create_file_writer(os.path.join(self.root, "chain"))
 
     def scalars(self, step: int, per_stage: Sequence[dict[str, float]], chain: dict[str, float]) -> None:
         """Write `per_stage[k]` to stage k's writer and `chain` to the chain's."""
         import tensorflow as tf
 
-        for writer, values in zip(self.stages, per_stage):
-            with writer.as_default(step=step):
-                for name, v in values.items():
+        with writing(f"TensorBoard logs in {self.root}"):
+            for writer, values in zip(self.stages, per_stage):
+                with writer.as_default(step=step):
+                    for name, v in values.items():
+                        tf.summary.scalar(name, v)
+            with self.chain.as_default(step=step):
+                for name, v in chain.items():
                     tf.summary.scalar(name, v)
-        with self.chain.as_default(step=step):
-            for name, v in chain.items():
-                tf.summary.scalar(name, v)
 
     def close(self) -> None:
-        for w in self.stages + [self.chain]:
-            w.flush()
-            w.close()
+        with writing(f"TensorBoard logs in {self.root}"):
+            for w in self.stages + [self.chain]:
+                w.flush()
+                w.close()

@@ -16,9 +16,10 @@ from chain.config.schema import Settings
 from chain.data import checks
 from chain.data.pipeline import training_batches
 from chain.data.sources import Dataset
-from chain.errors import ChainError
+from chain.errors import ChainError, StorageError
 from chain.planning import memory
-from chain.state.atomic import write_json
+from chain.state import manifest
+from chain.state.atomic import write_json, writing
 from chain.steps.numerics import NonFiniteError, Watch, finite_or_none
 from chain.strategies.base import Strategy
 
@@ -96,9 +97,14 @@ class Run:
             self._checkpoints[run_dir] = Checkpoints(run_dir, self.stages, self.iterator, self.settings)
         return self._checkpoints[run_dir]
 
-    def restore(self, run_dir: str | None = None) -> dict[str, Any]:
-        """Restore the newest complete checkpoint of `run_dir` (default: this run's); returns its manifest."""
-        m = self.checkpoints(run_dir).restore()
+    def restore(self, run_dir: str | None = None, fallback: bool = False) -> dict[str, Any]:
+        """Restore the newest complete checkpoint of `run_dir` (default: this run's); returns its manifest.
+
+        Every file is verified against the digests the save recorded; a damaged or foreign
+        newest checkpoint raises `CheckpointError` naming the file and the newest older step
+        that verifies, which `fallback=True` restores instead.
+        """
+        m = self.checkpoints(run_dir).restore(fallback=fallback)
         self.global_step = m["step"]
         self.watch.sync()
         return m
@@ -158,17 +164,14 @@ class Run:
             self._release = True
         ckpts = self.checkpoints()
         if self.settings.resume:
-            m = self.restore()
+            m = self.restore(fallback=self.settings.checkpoint.fallback)
             steps = self.settings.trainer.steps
             if m["step"] > steps:
                 raise ChainError(f"the checkpoint is at step {m['step']}, past trainer.steps={steps}; "
                                  f"set trainer.steps to {m['step']} or more")
             log.info("resumed from step %d (%s)", m["step"], os.path.join(self.run_dir, "checkpoint.json"))
             return ckpts, m["loss_first"], m["loss_last"]
-        existing = ckpts.latest()
-        if existing is not None:
-            raise ChainError(f"{self.run_dir} already holds a checkpoint at step {existing['step']}; "
-                             "pass resume=true to continue it, or choose another hydra.run.dir")
+        manifest.require_none(self.run_dir)
         return ckpts, None, None
 
     def fit(self) -> dict[str, Any]:
@@ -181,6 +184,12 @@ class Run:
         t = self.settings.trainer
         try:
             return self._fit(t)
+        except StorageError as e:
+            if "last complete checkpoint" in str(e) or not self.run_dir:
+                raise
+            saved = manifest.read(self.run_dir) if manifest.exists(self.run_dir) else None
+            raise StorageError(f"{e}; " + (f"the last complete checkpoint (step {saved['step']}) is intact" if saved
+                                           else "no checkpoint had been saved")) from None
         finally:
             if self._release:
                 from chain.state import lock
@@ -248,8 +257,10 @@ class Run:
             if self.settings.checkpoint.export:
                 from chain.state.export import export
 
-                summary["exports"] = [os.path.basename(p) for p in export(self.stages, self.run_dir)]
-            write_json(os.path.join(self.run_dir, "summary.json"), summary)
+                with writing(f"the exports (.keras files) in {self.run_dir}"):
+                    summary["exports"] = [os.path.basename(p) for p in export(self.stages, self.run_dir)]
+            with writing(os.path.join(self.run_dir, "summary.json")):
+                write_json(os.path.join(self.run_dir, "summary.json"), summary)
         return summary
 
     def _summary(self, first, last, resumed_from, timed_steps, elapsed) -> dict[str, Any]:
