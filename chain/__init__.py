@@ -13,7 +13,7 @@ The package, layer by layer (each imports only the layers above it in this list)
     config/      settings: compose, schema, checks, shapes (no TensorFlow)
     planning/    devices, inventory, planner, schedules, memory
     data/        catalog (shapes, targets), sources (arrays), pipeline (tf.data)
-    stages/      Stage, build_stages, precision, loss_scale, losses
+    stages/      Stage, build_stages, bodies (user code), cut (one model into stages), precision, ...
     steps/       the compiled steps: local, pipeline, replica; update, numerics, xla
     strategies/  one object per way of training (pipelined/mirrored x local/e2e)
     state/       checkpoints, manifest, exports, restage, atomic writes
@@ -27,13 +27,16 @@ from chain.errors import ChainError, ConfigError, DeviceError
 __all__ = ["compose", "build", "ChainError", "ConfigError", "DeviceError"]
 
 
-def build(cfg, run_dir=None):
+def build(cfg, run_dir=None, *, stages=None, model=None):
     """Plan devices and build every stage on its device; returns a `chain.training.run.Run`.
 
     `cfg` is a `chain.config.Settings` (what `compose` returns) or a composed config.
     `run_dir` is where checkpoints, TensorBoard logs and summary.json go; None writes
-    nothing to disk.
+    nothing to disk. Your own models: `stages=[fn, ...]`, one callable per stage, each
+    called as `fn(input_shape=...)` on its stage's device and returning a keras.Layer, a
+    keras.Model or a list of layers; or `model=keras_model`, one model cut into the
+    config's stages (`placement.split`, `placement.balance`).
     """
     from chain.training.build import build as _build
 
-    return _build(cfg, run_dir=run_dir)
+    return _build(cfg, run_dir=run_dir, stages=stages, model=model)

@@ -32,7 +32,7 @@ def test_heterogeneous_stages_override_the_template():
     [
         ("+stages=0", "stages=0 must be a positive integer"),
         ("+stages=-2", "stages=-2 must be a positive integer"),
-        ("model=transformer", "model='transformer' is not known; allowed: conv, mlp"),
+        ("model=transformer", "model='transformer' is not known; allowed: builder, conv, keras, mlp"),
         ("optim=lion", "optim='lion' is not known; allowed: adam, sgd"),
         ("data=imagenet", "data='imagenet' is not known; allowed: digits, synthetic"),
         ("optim.lr=0", "optim.lr=0 must be > 0"),

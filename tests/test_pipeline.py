@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import chain
 from chain.planning import memory, schedules
+from chain.planning.devices import canonical
 from chain.steps import pipeline
 from conftest import DEVICES
 from graph_audit import audit
@@ -173,13 +174,17 @@ def ancestor_sets(ops) -> dict[str, set[str]]:
     return ancestors
 
 
+def step_graph(t: dict) -> tuple:
+    """(run, the compiled step's ops, each op's ancestors) of a trained case."""
+    run, (x, ys) = t["run"], t["batch"]
+    ops = run.trace(x, ys).graph.get_operations()
+    return run, ops, ancestor_sets(ops)
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_each_stage_runs_its_actions_in_schedule_order(trained, schedule):
     """Every op of a stage's action waits (data or control edge) for the end of its previous action."""
-    t = trained(schedule, 2, "crossentropy")
-    run, (x, ys) = t["run"], t["batch"]
-    ops = run.trace(x, ys).graph.get_operations()
-    ancestors = ancestor_sets(ops)
+    run, ops, ancestors = step_graph(trained(schedule, 2, "crossentropy"))
     for row in run.schedule.actions:
         for before, after in zip(row, row[1:]):
             prev = action_ops(ops, before)
@@ -189,6 +194,29 @@ def test_each_stage_runs_its_actions_in_schedule_order(trained, schedule):
             assert ends
             for op in action_ops(ops, after):
                 assert ends <= ancestors[op.name], (before, after, op.name, ends - ancestors[op.name])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_the_host(trained, schedule):
+    """The release is what lets a send go out before the stage's next action (see chain.steps.pipeline)."""
+    run, ops, ancestors = step_graph(trained(schedule, 2, "crossentropy"))
+    devices = [s.device for s in run.stages]
+    by_name = {op.name: op for op in ops}
+    sending = [a for row in run.schedule.actions for a in row if pipeline.sends(a, devices)]
+    assert len(sending) == 2 * (K - 1) * 2  # every forward but the last stage's, every backward but the first's
+    releases = sorted(n for n in by_name if n.startswith("release_") and "/" not in n)
+    assert releases == sorted(pipeline.release_name(a) for a in sending)
+    for row in run.schedule.actions:
+        for before, after in zip(row, row[1:] + (None,)):
+            if before not in sending:
+                continue
+            release = by_name[pipeline.release_name(before)]
+            assert canonical(release.device) == "/device:CPU:0"  # the host
+            assert {op.name for op in action_ops(ops, before)} <= ancestors[release.name]
+            # The next action (after the last one: the update, constants and captures aside) waits for it.
+            nxt = action_ops(ops, after) if after else [op for op in ops if op.name.startswith(
+                pipeline.update_scope(before.stage) + "/") and op.type not in ("Const", "Placeholder")]
+            assert nxt and all(release.name in ancestors[op.name] for op in nxt), (before, after)
 
 
 def test_step_refuses_a_batch_the_microbatches_do_not_divide(trained):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
 from chain.config import checks
 from chain.config.hydra import compose_config, group_defaults, group_options, normalize_overrides, override_key
@@ -36,7 +36,10 @@ def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
     if "hydra" in source:  # Hydra's own node (run directory etc.) resolves only inside a Hydra job
         source = OmegaConf.masked_copy(source, [k for k in source if k != "hydra"])
     try:
-        raw = OmegaConf.to_container(source, resolve=True)
+        raw = OmegaConf.to_container(source, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as e:  # a `???` the command line did not fill
+        key = e.full_key.replace("stage.", "", 1) if e.full_key.startswith("stage.") else e.full_key
+        raise ConfigError(f"{key} needs a value: set it on the command line, e.g. {key}=...") from None
     except Exception as e:  # an interpolation that does not resolve
         raise ConfigError(f"config does not resolve: {e}".splitlines()[0]) from None
     stages = raw.pop("stages", None)

@@ -10,8 +10,9 @@ that exist, their memory, the replicas a mirrored run finds) is checked in
 from __future__ import annotations
 
 import math
+import os
 
-from chain.config.schema import MAX_BATCH, Settings
+from chain.config.schema import MAX_BATCH, KerasModel, Settings
 from chain.config.shapes import stage_shapes
 from chain.data.catalog import describe
 from chain.errors import ConfigError, DeviceError
@@ -46,6 +47,26 @@ def loss_fits_target(loss: str, target, data: str) -> None:
             "use loss=mse (or a class target: stage.target=label)")
 
 
+def check_cut(s: Settings) -> None:
+    """`model=keras` cuts one model into all the stages; `placement.split`/`balance` say where."""
+    keras_models = {spec.model for spec in s.stages if isinstance(spec.model, KerasModel)}
+    if keras_models:
+        (model, *others) = keras_models
+        if others or any(not isinstance(spec.model, KerasModel) for spec in s.stages):
+            raise ConfigError("model=keras cuts one model into every stage; per-stage models do not go with it "
+                              "(drop them from +stages=[...], or use builders: model._target_=...)")
+        if not model.path.endswith(".keras"):
+            raise ConfigError(f"model.path={model.path!r} must be a Keras model file (.keras)")
+        if not os.path.isfile(model.path):
+            raise ConfigError(f"model.path={model.path!r}: no such file")
+    p = s.placement
+    if p.split is not None and p.balance != "even":
+        raise ConfigError(f"placement.split and placement.balance={p.balance} both say where to cut: set one of them")
+    if p.split is not None and len(p.split) != len(s.stages):
+        raise ConfigError(f"placement.split has {len(p.split)} entries, but there are {len(s.stages)} stages; "
+                          "give the layers of each stage")
+
+
 def check(s: Settings) -> tuple[str, ...]:
     """Raise a ConfigError for the first inconsistency of `s`; return notes on ignored settings."""
     info = describe(s.data)
@@ -69,6 +90,7 @@ def check(s: Settings) -> tuple[str, ...]:
     for k, spec in enumerate(s.stages):
         info.target(spec.target)
     stage_shapes(s.stages, info, s.mode)  # a stage that cannot take its input
+    check_cut(s)
     if s.placement.fallback == "mirrored" and s.placement.replicas is not None:
         batch_over_replicas(s.data.batch_size, s.placement.replicas)
     notes = []

@@ -44,6 +44,12 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
     message for an unknown group option is a multi-line search-path dump.
     """
     out = []
+    # `model._target_=mypkg.nets.block`: the model is a builder (conf/model/builder.yaml) whose
+    # other keys are new ones, the builder's keyword arguments (Hydra needs ++ to add them).
+    builder = any(override_key(o) == "model._target_" for o in overrides) and \
+        not any(override_key(o) == "model" for o in overrides)
+    if builder:
+        out.append("model=builder")
     for o in overrides:
         key, sep, value = o.partition("=")
         bare = override_key(o)
@@ -52,6 +58,8 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
         elif bare in GROUPS and sep and not key.startswith("~"):
             if value not in group_options(bare):
                 raise ConfigError(f"{bare}={value!r} is not known; allowed: {', '.join(group_options(bare))}")
+        elif builder and bare.startswith("model.") and sep:
+            o = f"{bare}={value}" if bare == "model._target_" else f"++{bare}={value}"
         out.append(o)
     return out
 

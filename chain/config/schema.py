@@ -26,6 +26,7 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 FALLBACKS = ("virtual", "mirrored", "error")
 ON_NAN = ("stop", "skip")
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
+BALANCES = ("even", "params", "time")
 
 # Bounds that keep every value within what the code (and validation, in O(1)) handles.
 MAX_STAGES = 512
@@ -113,8 +114,50 @@ class Conv(Body):
         return f"conv(filters={self.filters}, depth={self.depth}, kernel_size={self.kernel_size})"
 
 
-Model = Union[Mlp, Conv]
-MODEL = variants(Mlp, Conv)
+@dataclass(frozen=True, kw_only=True)
+class KerasModel:
+    """One Keras model from a `.keras` file, cut into the chain's stages (`placement.split`/`balance`)."""
+
+    KIND: ClassVar[str] = "keras"
+    name: str = setting(string)
+    path: str = setting(string)
+
+    def describe(self) -> str:
+        return f"keras({self.path})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Builder:
+    """A stage body from the user's code: `_target_` names a callable (Hydra's convention), called
+    as `target(input_shape=..., **kwargs)`; it returns a keras.Layer, a keras.Model or a list of layers."""
+
+    target: str
+    kwargs: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"{self.target}({args})"
+
+
+def builder(key: str, raw: dict) -> Builder:
+    """A `{_target_: path, **kwargs}` mapping as a `Builder`."""
+    target = raw["_target_"]
+    if not isinstance(target, str) or not all(part.isidentifier() for part in target.split(".")) \
+            or "." not in target:
+        raise ConfigError(f"{key}._target_={target!r} must name a callable by its import path, "
+                          "e.g. mypkg.nets.encoder")
+    return Builder(target=target, kwargs={k: v for k, v in raw.items() if k != "_target_"})
+
+
+def model_check(key: str, raw: Any) -> Any:
+    """A stage body: the chain's own (`name: mlp|conv`), a cut Keras model (`name: keras`), or a builder (`_target_`)."""
+    if isinstance(raw, dict) and "_target_" in raw:
+        return builder(key, raw)
+    return variants(Mlp, Conv, KerasModel)(key, raw)
+
+
+Model = Union[Mlp, Conv, KerasModel, Builder]
+MODEL = model_check
 
 
 # --- optimizers ------------------------------------------------------------------------------
@@ -216,6 +259,8 @@ class PlacementSettings:
     log_device_placement: bool = setting(boolean)
     replicas: int | None = setting(optional(integer(1, MAX_STAGES)))
     cpu_memory_mb: int | None = setting(optional(integer(1, 1 << 40)))
+    split: tuple[int, ...] | None = setting(optional(list_of(integer(1), 1, MAX_STAGES)))
+    balance: str = setting(choice(*BALANCES))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,6 +338,8 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
     if len(stages) > MAX_STAGES:
         raise ConfigError(f"stages has {len(stages)} entries; at most {MAX_STAGES} stages are allowed")
     base = plain(template)
+    if isinstance(template.model, Builder):  # as the config wrote it, so a stage can override its arguments
+        base["model"] = {"_target_": template.model.target, **template.model.kwargs}
     specs = []
     for i, over in enumerate(stages):
         key = f"stages[{i}]"
@@ -305,9 +352,11 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
         spec = _merge(base, {k: v for k, v in over.items() if k not in ("model", "optim")})
         for group in ("model", "optim"):
             value = over.get(group, {})
-            if isinstance(value, str):  # `model: conv`: that group's packaged defaults
+            if isinstance(value, dict) and "_target_" in value:  # a builder replaces the template's model
+                start = {}
+            elif isinstance(value, str):  # `model: conv`: that group's packaged defaults
                 start, value = group_defaults(group, value), {}
-            elif isinstance(value, dict) and value.get("name", base[group]["name"]) != base[group]["name"]:
+            elif isinstance(value, dict) and value.get("name", base[group].get("name")) != base[group].get("name"):
                 start = group_defaults(group, value["name"])
             else:
                 start = base[group]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chain.config.schema import Adam, Conv, Model, Optim, Sgd
+from chain.config.schema import Adam, Conv, Mlp, Model, Optim, Sgd
 from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError
 
@@ -60,11 +60,19 @@ def readout_params(target: Target, input_shape: tuple[int, ...]) -> int:
     return math.prod(input_shape) * units + units
 
 
-def stage_shapes(stages, info: DataInfo, mode: str) -> list[StageShape]:
-    """Each stage's shapes and sizes; mode=local adds a head per stage, mode=e2e a read-out on the last."""
+def stage_shapes(stages, info: DataInfo, mode: str) -> list[StageShape | None]:
+    """Each stage's shapes and sizes; mode=local adds a head per stage, mode=e2e a read-out on the last.
+
+    None for a stage whose body the config alone does not describe (a builder, a cut Keras
+    model) and for every stage after it: their shapes are known once built.
+    """
     out, shape = [], tuple(info.input_shape)
     for k, spec in enumerate(stages):
         where = f"stages[{k}]"
+        if shape is None or not isinstance(spec.model, (Mlp, Conv)):
+            out.append(None)
+            shape = None
+            continue
         output = body_shape(spec.model, shape, where)
         params = body_params(spec.model, shape)
         target = info.target(spec.target)

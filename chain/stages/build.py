@@ -15,7 +15,9 @@ import tensorflow as tf
 
 from chain.config.schema import Conv, Model, Optim, Sgd, StageSpec
 from chain.data.catalog import DataInfo, Target
+from chain.errors import ConfigError
 from chain.stages import precision
+from chain.stages.bodies import Body, check_prediction
 from chain.stages.loss_scale import LossScale
 from chain.stages.stage import Stage, stage_name
 
@@ -31,6 +33,9 @@ def model_layers(spec: Model, input_shape: tuple[int, ...], dtype: keras.DTypePo
     layers: list[keras.layers.Layer] = []
     act = None if spec.activation == "linear" else spec.activation
     if isinstance(spec, Conv):
+        if len(input_shape) != 3:  # after a user's stage the config checks could not know the shape
+            raise ConfigError(f"model=conv needs image input (height, width, channels), but receives shape "
+                              f"{tuple(input_shape)}; put conv stages first")
         for _ in range(spec.depth):
             layers.append(keras.layers.Conv2D(spec.filters, spec.kernel_size, padding="same", activation=act,
                                               dtype=dtype))
@@ -62,33 +67,45 @@ def make_optimizer(spec: Optim, name: str | None = None) -> keras.optimizers.Opt
 
 def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info: DataInfo, *,
                  heads: bool, readout: bool, precision_name: str = "float32",
-                 initial_loss_scale: float = 2.0 ** 15) -> list[Stage]:
+                 initial_loss_scale: float = 2.0 ** 15, bodies: Sequence[Body | None] | None = None,
+                 labels: Sequence[str | None] | None = None) -> list[Stage]:
     """Create every stage's model, optimizer and (with `heads`) head inside its device scope.
 
     `heads`: every stage gets a linear head predicting its target (mode=local);
-    `readout`: the last stage's model ends in a read-out of its target (mode=e2e, where
-    the chain is one network). Body layers compute in `precision_name` (read-outs in
-    float32); under mixed_float16 each stage also gets its `LossScale`, created on its
-    device.
+    `readout`: the chain is one network (mode=e2e) whose last stage predicts its target:
+    the chain's own last body gets a read-out appended, a user's body must output the
+    prediction itself. `bodies[k]` (`chain.stages.bodies`) builds stage k's model when the
+    config's own `mlp`/`conv` does not (None: from `specs[k]`); `labels[k]` describes it.
+    Body layers compute in `precision_name` (read-outs in float32); under mixed_float16
+    each stage also gets its `LossScale`, created on its device.
     """
     policy = precision.body_policy(precision_name)
     scaled = precision.needs_loss_scale(precision_name)
+    bodies = list(bodies or [None] * len(specs))
     stages = []
     shape = tuple(info.input_shape)
     for k, (spec, device) in enumerate(zip(specs, devices)):
         target = info.target(spec.target)
+        last = k == len(specs) - 1
         with tf.device(device):
-            model = keras.Sequential([keras.Input(shape)] + model_layers(spec.model, shape, policy), name=stage_name(k))
-            if readout and k == len(specs) - 1:
-                for layer in output_layers(target, tuple(model.output_shape[1:])):
-                    model.add(layer)
+            if bodies[k] is None:
+                model = keras.Sequential([keras.Input(shape)] + model_layers(spec.model, shape, policy),
+                                         name=stage_name(k))
+                if readout and last:
+                    for layer in output_layers(target, tuple(model.output_shape[1:])):
+                        model.add(layer)
+            else:
+                model = bodies[k](shape, policy, stage_name(k))
+                if readout and last:
+                    check_prediction(model, target, f"stage {k} ({labels[k] if labels else 'a user model'})")
             out_shape = tuple(model.output_shape[1:])
             head = None
             if heads:
                 head = keras.Sequential([keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}")
             optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}")
             loss_scale = LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}") if scaled else None
-            stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale)
+            stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale,
+                          label=labels[k] if labels else None)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
         shape = out_shape

@@ -27,7 +27,8 @@ class Stage:
     only) maps that output to a prediction of `target`. `device` is None in a mirrored
     run, where every replica holds every stage. `loss_scale` (precision=mixed_float16
     only) is the stage's copy of its dynamic loss scale (`chain.stages.loss_scale`).
-    `spec` is the stage's validated settings (`chain.config.schema.StageSpec`).
+    `spec` is the stage's validated settings (`chain.config.schema.StageSpec`); `label`
+    describes a body that is not the chain's own (a builder, a piece of a cut model).
     """
 
     index: int
@@ -39,6 +40,7 @@ class Stage:
     spec: Any = None
     skipped: tf.Variable | None = None
     loss_scale: LossScale | None = None
+    label: str | None = None
 
     def __post_init__(self) -> None:
         # Updates dropped by the numerics guard. A variable (not a Python int) so the
@@ -81,6 +83,8 @@ class Stage:
 
     def describe(self) -> str:
         """The stage's body in a few words, e.g. `mlp(width=64, depth=2)`."""
+        if self.label:
+            return self.label
         return self.spec.model.describe() if self.spec is not None else self.model.name
 
 

@@ -2,7 +2,7 @@
 
 The files hold layer configs and weights only, no device code: they load with plain
 `keras.models.load_model` on any machine. `chain.keras` is one Sequential model of
-every stage's layers in order, ending in what the last stage predicts (its head in
+every stage's model in order, ending in what the last stage predicts (its head in
 mode=local; in mode=e2e the last stage's model already ends in the read-out), so
 `load_model("chain.keras").predict(x)` gives the chain's prediction.
 """
@@ -20,11 +20,12 @@ CHAIN_FILE = "chain.keras"
 
 
 def chain_model(stages: Sequence[Stage]) -> keras.Model:
-    """One Sequential model over the stages' own layers (shared, so the weights are the trained ones)."""
-    layers = [layer for s in stages for layer in s.model.layers]
-    if stages[-1].head is not None:
-        layers += stages[-1].head.layers
-    return keras.Sequential([keras.Input(stages[0].model.input_shape[1:])] + layers, name="chain")
+    """One Sequential model of the stages' models in order (shared, so the weights are the
+    trained ones), ending in the last stage's head if it has one. Stage models nest whole,
+    so a stage whose layers are not a plain sequence (a user's block with a skip
+    connection) exports as it computes."""
+    parts = [s.model for s in stages] + ([stages[-1].head] if stages[-1].head is not None else [])
+    return keras.Sequential([keras.Input(stages[0].model.input_shape[1:])] + parts, name="chain")
 
 
 def _save(model: keras.Model, path: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 
 from chain.config import Settings, compose, override_key, validate
+from chain.config.schema import Conv, Mlp
 from chain.errors import ChainError
 from chain.state import lock
 from chain.state import manifest as manifest_lib
@@ -224,6 +225,11 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise ChainError(f"{dst} is a file; DST must be a run directory (a new one, or an empty one)")
     src_manifest, src_overrides, src_settings = _load_src(src)
+    for k, spec in enumerate(src_settings.stages):
+        if not isinstance(spec.model, (Mlp, Conv)):
+            raise ChainError(f"SRC stage {k} is {spec.model.describe()}, a user model: restage regroups the layers "
+                             "of the chain's own mlp/conv stages and cannot re-cut it; for a cut Keras model, start "
+                             "a new run with another placement.split")
     if manifest_lib.exists(dst):
         raise ChainError(f"{dst} already holds a checkpoint; choose an empty DST run directory")
     new = dst_overrides(src_overrides, overrides, src_settings)

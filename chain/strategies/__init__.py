@@ -27,9 +27,12 @@ TABLE: dict[tuple[str, str], type[Strategy]] = {
 }
 
 
-def create(settings: Settings, placement: Placement, info: DataInfo) -> Strategy:
-    """The strategy for this placement and mode, with its stages built and its step compiled."""
-    return TABLE[(placement.strategy, settings.mode)](settings, placement, info)
+def create(settings: Settings, placement: Placement, info: DataInfo, **bodies) -> Strategy:
+    """The strategy for this placement and mode, with its stages built and its step compiled.
+
+    `bodies`: `bodies=` and `labels=` for stages not built from the config (`chain.stages.bodies`).
+    """
+    return TABLE[(placement.strategy, settings.mode)](settings, placement, info, **bodies)
 
 
 __all__ = ["Strategy", "TABLE", "create"]

@@ -34,10 +34,12 @@ class Strategy:
     readout: bool = False
     schedule = None
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, bodies: Sequence | None = None,
+                 labels: Sequence[str | None] | None = None):
         self.settings = settings
         self.placement = placement
         self.info = info
+        self.bodies, self.labels = bodies, labels  # stage bodies not from the config (chain.stages.bodies)
         self.stages: list[Stage] = self.build_stages()
         self.step_fn: Callable = self.make_step()
 
@@ -51,7 +53,8 @@ class Strategy:
         """Every stage built on its device (`chain.stages.build`)."""
         s = self.settings
         return build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,
-                            precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale)
+                            precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
+                            bodies=self.bodies, labels=self.labels)
 
     def make_step(self) -> Callable:
         """The compiled step: `fn(*self.arguments(x, ys))` trains one batch."""

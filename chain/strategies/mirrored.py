@@ -80,14 +80,14 @@ class Mirrored(Strategy):
 
     name = MIRRORED
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         self.strategy = strategy_for(placement.replicas)
         self.per_replica_batch = settings.data.batch_size // len(placement.replicas)
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
         # ignored there, so stages get no device), and each optimizer captures the
         # strategy that sums its gradients.
         with self.strategy.scope():
-            super().__init__(settings, placement, info)
+            super().__init__(settings, placement, info, **bodies)
 
     def devices(self) -> Sequence[str | None]:
         return [None] * len(self.settings.stages)
@@ -157,11 +157,11 @@ class MirroredLocal(LocalObjective, Mirrored):
 class MirroredChain(ChainObjective, Mirrored):
     """mode=e2e on every replica: the composed chain, one loss; microbatches do not apply."""
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         if settings.pipeline.microbatches > 1:
             placement.notes.append(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
                                    "a mirrored replica runs its whole share of the batch at once")
-        super().__init__(settings, placement, info)
+        super().__init__(settings, placement, info, **bodies)
 
     def replica_step(self) -> Callable:
         t = self.settings.trainer

@@ -35,10 +35,10 @@ class PipelinedLocal(LocalObjective, Pipelined):
 class PipelinedChain(ChainObjective, Pipelined):
     """mode=e2e, pipelined: `pipeline.schedule` over `pipeline.microbatches` per batch."""
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         p = settings.pipeline
         self.schedule = schedules.build(p.schedule, len(settings.stages), p.microbatches)
-        super().__init__(settings, placement, info)
+        super().__init__(settings, placement, info, **bodies)
 
     def make_step(self) -> Callable:
         t = self.settings.trainer

@@ -8,6 +8,8 @@ in `plan`, before anything is built, printed or written; everything else was che
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 from omegaconf import DictConfig
 
 from chain import data, strategies
@@ -26,7 +28,8 @@ def plan(settings: Settings) -> planner.Placement:
     placement = planner.plan(settings.placement, len(settings.stages), inventory)
     per_replica = planner.check_batch(settings.data.batch_size, placement)
     shapes = stage_shapes(settings.stages, describe(settings.data), settings.mode)
-    need = [memory_bytes(shape, spec.optim, per_replica) for shape, spec in zip(shapes, settings.stages)]
+    need = [memory_bytes(shape, spec.optim, per_replica) if shape else 0  # a user's body: known once built
+            for shape, spec in zip(shapes, settings.stages)]
     planner.check_memory(placement, need, inventory, settings.placement.cpu_memory_mb, host_memory_mb())
     devices.configure(placement, settings.placement)
     if placement.strategy == planner.MIRRORED:
@@ -37,13 +40,17 @@ def plan(settings: Settings) -> planner.Placement:
     return placement
 
 
-def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None) -> Run:
+def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stages: Sequence[Callable] | None = None,
+          model=None) -> Run:
     """Validate (unless given `Settings`), plan and build a run (see `chain.build`)."""
     import keras
+
+    from chain.training.bodies import resolve
 
     settings = validate(cfg)
     placement = plan(settings)
     keras.utils.set_random_seed(settings.seed)
     dataset = data.load(settings.data, settings.seed)
-    strategy = strategies.create(settings, placement, dataset.info)
+    bodies, labels = resolve(settings, placement, dataset.info, stages, model)
+    strategy = strategies.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
     return Run(settings, strategy, dataset, run_dir)

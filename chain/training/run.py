@@ -255,13 +255,25 @@ class Run:
             ckpts.save(t.steps, first, last)
         if self.run_dir:
             if self.settings.checkpoint.export:
-                from chain.state.export import export
-
-                with writing(f"the exports (.keras files) in {self.run_dir}"):
-                    summary["exports"] = [os.path.basename(p) for p in export(self.stages, self.run_dir)]
+                self._export(summary)
             with writing(os.path.join(self.run_dir, "summary.json")):
                 write_json(os.path.join(self.run_dir, "summary.json"), summary)
         return summary
+
+    def _export(self, summary: dict[str, Any]) -> None:
+        """Write the .keras exports into the summary; a model Keras cannot serialise (a user's
+        layer that is not registered) is a warning and an `export_error`, not a failed run."""
+        from chain.state.export import export
+
+        try:
+            with writing(f"the exports (.keras files) in {self.run_dir}"):
+                summary["exports"] = [os.path.basename(p) for p in export(self.stages, self.run_dir)]
+        except StorageError:
+            raise
+        except Exception as e:  # Keras' serialisation raises TypeError, ValueError, NotImplementedError, ...
+            text = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            log.warning("exports skipped: Keras cannot save this chain (%s); checkpoints are complete", text)
+            summary["exports"], summary["export_error"] = [], text
 
     def _summary(self, first, last, resumed_from, timed_steps, elapsed) -> dict[str, Any]:
         skipped = [int(s.skipped.numpy()) for s in self.stages]

@@ -1,0 +1,107 @@
+"""Which stages the config's own `mlp`/`conv` do not build, and what builds them instead:
+builders from the config (`_target_`) or the Python API (`chain.build(cfg, stages=[...])`),
+or the pieces of one Keras model cut into stages (`model=keras`, or `chain.build(cfg, model=...)`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import keras
+
+from chain.config.schema import Builder, KerasModel, Settings
+from chain.data.catalog import DataInfo
+from chain.errors import ConfigError
+from chain.planning import balance
+from chain.planning.planner import MIRRORED, Placement
+from chain.stages import cut
+from chain.stages.bodies import Body, from_builder
+
+
+def _load(path: str) -> keras.Model:
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as e:  # Keras raises many kinds for a file it cannot read
+        text = str(e).strip().splitlines()
+        raise ConfigError(f"model.path={path!r} cannot be loaded: {type(e).__name__}: {text[0] if text else ''}") from None
+
+
+def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
+    last = c.layers[-1]
+    activation = getattr(getattr(last, "activation", None), "__name__", "")
+    if settings.mode == "e2e" and settings.loss == "sparse_categorical_crossentropy" and (
+            activation == "softmax" or isinstance(last, keras.layers.Softmax)):
+        raise ConfigError(f"{c.name} ends in a softmax ({last.name!r}), but the chain's cross-entropy takes logits: "
+                          "remove the softmax from the model (the chain's predictions are then its logits)")
+
+
+def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str
+         ) -> tuple[list[Body], list[str], list[str]]:
+    c = cut.analyse(model, name)
+    if tuple(c.input_shape) != tuple(info.input_shape):
+        raise ConfigError(f"{name} takes input of shape {c.input_shape}, but data={info.name} examples have shape "
+                          f"{tuple(info.input_shape)}")
+    _refuse_softmax(c, settings)
+    k, p = len(settings.stages), settings.placement
+    costs, notes = None, []
+    micro = settings.data.batch_size // (settings.pipeline.microbatches if settings.mode == "e2e" else 1)
+    if p.balance == "time" and p.split is None:
+        from chain.stages.profile import layer_times
+
+        devices = [placement.replicas[0]] * k if placement.strategy == MIRRORED else list(placement.devices)
+        times = layer_times(c, devices, max(1, micro))
+        costs = [times[d] for d in devices]
+    sizes = cut.split(c, k, p.split, p.balance, costs)
+    if costs is not None or p.balance == "params":
+        rows = costs or [[float(n) for n in c.params()]] * k
+        even = balance.even(len(c.layers), k)
+        m = settings.pipeline.microbatches if settings.mode == "e2e" else 1
+
+        def show(s):
+            per = balance.stage_costs(rows, s)
+            if costs is None:
+                return " / ".join(f"{int(v):,}" for v in per) + " parameters"
+            return (" / ".join(f"{v * 1e3:.3g}" for v in per) + f" ms per microbatch; predicted step "
+                    f"{balance.predicted_step(per, m) * 1e3:.3g} ms")
+
+        notes.append(f"placement.balance={p.balance}: split {sizes}: {show(sizes)}; the even split {even}: {show(even)}")
+    bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
+    labels = [cut.describe(c, a, b) for a, b in zip(bounds, bounds[1:])]
+    return cut.pieces(c, sizes), labels, notes
+
+
+def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Sequence[Callable] | None = None,
+            model: keras.Model | None = None) -> tuple[list[Body | None] | None, list[str | None] | None]:
+    """Stage bodies not built from the config's own models (None where a stage is), their labels for the
+    placement table; notes (balance) go to `placement.notes`."""
+    k = len(settings.stages)
+    p = settings.placement
+    keras_spec = settings.stages[0].model if isinstance(settings.stages[0].model, KerasModel) else None
+    if (p.split is not None or p.balance != "even") and model is None and keras_spec is None:
+        key = "placement.split" if p.split is not None else f"placement.balance={p.balance}"
+        raise ConfigError(f"{key} cuts one model into stages: it needs model=keras model.path=FILE.keras "
+                          "(or chain.build(cfg, model=...))")
+    if stages is not None:
+        if model is not None:
+            raise ConfigError("chain.build takes stages=[...] or model=..., not both")
+        if len(stages) != k:
+            raise ConfigError(f"chain.build got {len(stages)} stage builders, but the config has {k} stages "
+                              f"(+stages={len(stages)})")
+        names = [getattr(fn, "__qualname__", type(fn).__name__) for fn in stages]
+        return [from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names
+    if model is not None or keras_spec is not None:
+        name = keras_spec.path if model is None else (model.name or "model")
+        bodies, labels, notes = _cut(settings, placement, info, model if model is not None else _load(name), name)
+        placement.notes.extend(notes)
+        return bodies, labels
+    if not any(isinstance(s.model, Builder) for s in settings.stages):
+        return None, None
+    bodies, labels = [], []
+    for i, s in enumerate(settings.stages):
+        if isinstance(s.model, Builder):
+            bodies.append(from_builder(s.model.target, s.model.kwargs, f"stages[{i}].model._target_={s.model.target}"))
+            labels.append(s.model.describe())
+        else:
+            bodies.append(None)
+            labels.append(None)
+    return bodies, labels

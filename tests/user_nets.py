@@ -1,0 +1,34 @@
+"""Stage builders as a user would write them (imported by tests, and by CLI tests via PYTHONPATH)."""
+
+import keras
+
+
+def encoder(input_shape, units=16):
+    """A small encoder: one hidden layer."""
+    return [keras.layers.Flatten(), keras.layers.Dense(units, activation="relu", name="enc")]
+
+
+def head(input_shape, classes=4):
+    """A classifier head producing logits."""
+    return keras.layers.Dense(classes, name="logits")
+
+
+def block(input_shape, units=8):
+    """A functional block with a skip connection inside: a keras.Model built for its input."""
+    x = keras.Input(input_shape)
+    h = keras.layers.Dense(units, activation="tanh")(keras.layers.Flatten()(x))
+    out = keras.layers.Concatenate()([h, keras.layers.Dense(units)(h)])
+    return keras.Model(x, out)
+
+
+def broken(input_shape):
+    raise RuntimeError("the builder failed on purpose")
+
+
+def not_a_layer(input_shape):
+    return "a string"
+
+
+def conv_only(input_shape):
+    """Needs image input: a flat input does not fit."""
+    return keras.layers.Conv2D(4, 3)
