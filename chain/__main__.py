@@ -23,6 +23,7 @@ import shutil
 import sys
 from dataclasses import dataclass, replace
 
+_USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")  # set by the user: never overridden
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import hydra  # noqa: E402
@@ -169,6 +170,10 @@ def main() -> None:
 
             cfg = compose_config(overrides, with_hydra=True)
             settings = validate(cfg)
+            if settings.cluster.workers and _USER_LOG_LEVEL is None:
+                # A lost worker is one line of ours; TensorFlow's C++ runtime would add its own
+                # multi-line gRPC errors (TF_CPP_MIN_LOG_LEVEL=2 shows them).
+                os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
             if settings.plan_only:
                 return show_plan(settings)
             _preflight, overrides = preflight(settings, str(cfg.hydra.run.dir), overrides)

@@ -4,6 +4,7 @@
        cannot be restored (ConfigError, DeviceError, CheckpointError, ...)
     3  training stopped on a non-finite loss or gradient (chain.steps.numerics)
     4  the file system failed during a run (StorageError): full, read-only, gone
+    5  a cluster worker was lost during a run (WorkerLost)
 """
 
 
@@ -29,3 +30,9 @@ class StorageError(ChainError):
     """Writing the run's files failed (disk full, read-only, ...); the last complete checkpoint is intact."""
 
     exit_code = 4
+
+
+class WorkerLost(ChainError):
+    """A cluster worker stopped answering during a run; the message names it."""
+
+    exit_code = 5

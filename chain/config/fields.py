@@ -118,3 +118,13 @@ def int_or_list(minimum: int, maximum: int | None = None) -> Check:
         return list_of(one, 1)(key, v) if isinstance(v, (list, tuple)) else one(key, v)
 
     return check
+
+
+def address(key: str, v: Any) -> str:
+    """`host:port` of a server (a cluster worker)."""
+    if not isinstance(v, str) or v.count(":") != 1:
+        raise ConfigError(f"{key}={v!r} must be host:port, e.g. localhost:2222")
+    host, port = v.split(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}={v!r} must be host:port with a port in 1..65535, e.g. localhost:2222")
+    return v

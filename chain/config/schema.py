@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Union
 
-from chain.config.fields import (Check, boolean, choice, int_or_list, integer, list_of, number, optional,
+from chain.config.fields import (Check, address, boolean, choice, int_or_list, integer, list_of, number, optional,
                                  power_of_two, string)
 from chain.errors import ConfigError
 from chain.planning.schedules import NAMES as SCHEDULES
@@ -264,6 +264,14 @@ class PlacementSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClusterSettings:
+    """Stages on TensorFlow cluster workers (`python -m chain.worker`), by their addresses in task order."""
+
+    workers: tuple[str, ...] | None = setting(optional(list_of(address, 1, MAX_STAGES)))
+    lost_after_s: float = setting(number(positive=True, maximum=3600))
+
+
+@dataclass(frozen=True, kw_only=True)
 class CheckpointSettings:
     every: int = setting(integer(0))
     keep: int = setting(integer(1, 10000))
@@ -294,6 +302,7 @@ class Settings:
     pipeline: Pipeline = setting(section(Pipeline))
     placement: PlacementSettings = setting(section(PlacementSettings))
     checkpoint: CheckpointSettings = setting(section(CheckpointSettings))
+    cluster: ClusterSettings = setting(section(ClusterSettings))
     stages: tuple[StageSpec, ...] = ()
     notes: tuple[str, ...] = ()
     source: Any = field(default=None, compare=False, repr=False)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from chain.planning.planner import Placement
 
 LOCAL_JOB = "localhost"
+WORKER_JOB = "worker"  # the job of `python -m chain.worker` processes
 _PART = re.compile(r"^(job|replica|task|device):(.+)$", re.IGNORECASE)
 _TYPED = re.compile(r"^([A-Za-z_]+):(\d+)$")
 
@@ -26,7 +27,8 @@ def canonical(device: str) -> str:
     """`/GPU:0`, `gpu:0`, `/job:localhost/replica:0/task:0/device:GPU:0` -> `/device:GPU:0`.
 
     A device of another job keeps its job, replica and task:
-    `/job:worker/task:1/CPU:0` -> `/job:worker/replica:0/task:1/device:CPU:0`.
+    `/job:worker/task:1/CPU:0` -> `/job:worker/replica:0/task:1/device:CPU:0`; a task
+    without a job is a cluster worker's: `/task:1/GPU:0` -> `/job:worker/replica:0/task:1/device:GPU:0`.
     Pure string parsing: TensorFlow's own parser accepts the same forms.
     """
     if not isinstance(device, str) or not device.strip("/"):
@@ -54,6 +56,8 @@ def canonical(device: str) -> str:
     if kind is None:
         raise DeviceError(f"{device!r} names no device type; use e.g. /GPU:0 or /CPU:1")
     short = f"/device:{kind.upper()}:{index}"
+    if job is None and ("task:" in device.lower() or "replica:" in device.lower()):
+        job = WORKER_JOB  # the short form of a cluster worker's device: /task:1/GPU:0
     if job is None or (job == LOCAL_JOB and replica == 0 and task == 0):
         return short
     return f"/job:{job}/replica:{replica}/task:{task}{short}"
@@ -70,6 +74,8 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> None:
 
     if pcfg.log_device_placement:
         tf.debugging.set_log_device_placement(True)
+    if placement.cluster:
+        return  # the devices are the workers'; this machine configures none
     try:
         if placement.kind == "CPU":
             cpu = tf.config.list_physical_devices("CPU")[0]

@@ -52,6 +52,7 @@ class Placement:
     visible: list[int] | None = None
     memory_growth: bool = False
     notes: list[str] = field(default_factory=list)
+    cluster: list[str] = field(default_factory=list)  # the workers' addresses when stages run on them
 
 
 def _index(device: str) -> int:
@@ -311,6 +312,39 @@ def _growth(pcfg: PlacementSettings, p: Placement, gpus: Sequence[Gpu]) -> None:
         p.notes.append("memory growth on: each GPU allocates memory as needed")
 
 
+def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequence[str]],
+                 addresses: Sequence[str]) -> Placement:
+    """Place stages on cluster workers by the same rules as on one machine (one device per stage:
+    the workers' GPUs in task order, else each worker's CPU; fewer devices than stages: the
+    fallbacks). `tasks[i]` lists worker i's devices. Pure."""
+    where = {d: f"worker {i} {addresses[i]} {d.rsplit('device:', 1)[1]}" for i, t in enumerate(tasks) for d in t}
+    gpus = [d for t in tasks for d in t if "/device:GPU:" in d]
+    if pcfg.devices:
+        devices = [canonical(d) for d in pcfg.devices]
+    else:
+        pool = gpus or [next(d for d in t if "/device:CPU:" in d) for t in tasks if t]
+        if len(pool) >= n_stages:
+            devices = pool[:n_stages]
+        elif pcfg.fallback == "error":
+            raise DeviceError(f"placement.fallback=error: {n_stages} stages need {n_stages} devices, the cluster's "
+                              f"{len(tasks)} workers have {len(pool)} {'GPUs' if gpus else 'CPUs'}")
+        elif pcfg.fallback == MIRRORED:
+            raise DeviceError("placement.fallback=mirrored across hosts is data parallel: run the same command on every "
+                              "host with its own TF_CONFIG instead of cluster.workers (see README, Cluster)")
+        else:
+            devices = [pool[k * len(pool) // n_stages] for k in range(n_stages)]
+    p = Placement(devices=devices, kind="GPU" if gpus else "CPU", physical={d: where.get(d, "-") for d in devices},
+                  cluster=list(addresses))
+    p.notes.append(f"cluster: {len(addresses)} workers ({', '.join(addresses)}); this process is the client")
+    if not pcfg.devices and len(set(devices)) < n_stages:
+        p.notes.append(f"{len(set(devices))} devices < {n_stages} stages: neighbouring stages share a worker's device "
+                       "(a worker's devices are not split from the client)")
+    for key in ("memory_limit_mb", "visible", "replicas"):
+        if getattr(pcfg, key) is not None:
+            p.notes.append(f"placement.{key} ignored: it configures this machine's devices; a worker has its own")
+    return p
+
+
 def check_batch(batch_size: int, placement: Placement) -> int:
     """The per-replica batch: `data.batch_size` is the global batch, split evenly over replicas."""
     if placement.strategy != MIRRORED:
@@ -331,6 +365,8 @@ def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory
 
     MB = 1 << 20
     copies = len(placement.replicas) if placement.strategy == MIRRORED else 1
+    if placement.cluster:
+        return  # the workers' memory is theirs to know
     if placement.kind == "CPU":
         limit = cpu_memory_mb or host_memory_mb
         total = sum(need) * copies

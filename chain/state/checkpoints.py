@@ -107,6 +107,7 @@ class Checkpoints:
         self.parts: dict[str, tf.train.Checkpoint] = {}
         self.steps: dict[str, tf.Variable] = {}
         self.identities: dict[str, tf.Variable] = {}
+        self.managers: dict[str, tf.train.CheckpointManager] = {}  # made once: a new one would retrace its saver
         for s in self.stages:
             objects = {"model": s.model, "optimizer": s.optimizer, "random": s.random_variables(), "skipped": s.skipped}
             if s.head is not None:
@@ -145,9 +146,10 @@ class Checkpoints:
                 self.steps[name].assign(step)
                 self.identities[name].assign(f"{self.run_id}/{name}")
                 testhooks.before_part_saved(step, name)
-                manager = tf.train.CheckpointManager(ckpt, self.directory(name), max_to_keep=None,
-                                                     checkpoint_name=PREFIX)
-                saved = manager.save(checkpoint_number=step)
+                if name not in self.managers:
+                    self.managers[name] = tf.train.CheckpointManager(ckpt, self.directory(name), max_to_keep=None,
+                                                                     checkpoint_name=PREFIX)
+                saved = self.managers[name].save(checkpoint_number=step)
                 checkpoints[name] = os.path.relpath(saved, self.run_dir)
                 digests[name] = {f: _sha256(os.path.join(self.directory(name), f))
                                  for f in _files(self.directory(name), step)}

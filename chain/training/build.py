@@ -14,18 +14,27 @@ from omegaconf import DictConfig
 
 from chain import data, strategies
 from chain.config import Settings, validate
-from chain.planning import devices, planner
 from chain.config.shapes import memory_bytes, stage_shapes
 from chain.data.catalog import describe
-from chain.planning.inventory import discover, host_memory_mb
+from chain.planning import cluster, devices, planner
+from chain.planning.inventory import Inventory, discover, host_memory_mb
 from chain.training.run import Run
 
 
 def plan(settings: Settings) -> planner.Placement:
     """Plan the devices for `settings`, configure TensorFlow's logical devices (before its
-    runtime starts) and check that every device the plan uses exists."""
-    inventory = discover()
-    placement = planner.plan(settings.placement, len(settings.stages), inventory)
+    runtime starts) and check that every device the plan uses exists. With cluster workers,
+    connect to them first (each must answer) and plan over their devices."""
+    addresses = cluster.workers(settings.cluster.workers)
+    if addresses:
+        cluster.check_reachable(addresses)
+        cluster.connect(addresses)
+        inventory = Inventory()
+        placement = planner.plan_cluster(settings.placement, len(settings.stages),
+                                         cluster.remote_devices(len(addresses)), addresses)
+    else:
+        inventory = discover()
+        placement = planner.plan(settings.placement, len(settings.stages), inventory)
     per_replica = planner.check_batch(settings.data.batch_size, placement)
     shapes = stage_shapes(settings.stages, describe(settings.data), settings.mode)
     need = [memory_bytes(shape, spec.optim, per_replica) if shape else 0  # a user's body: known once built
@@ -53,4 +62,7 @@ def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stag
     dataset = data.load(settings.data, settings.seed)
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
     strategy = strategies.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
-    return Run(settings, strategy, dataset, run_dir)
+    run = Run(settings, strategy, dataset, run_dir)
+    if placement.cluster:
+        cluster.Watchdog(placement.cluster, settings.cluster.lost_after_s, run.intact).start()
+    return run

@@ -181,9 +181,17 @@ class Run:
         directory. Returns the summary (also written to `summary.json` when the run has
         a directory). The run directory is locked while it trains (`chain.state.lock`).
         """
+        import tensorflow as tf
+
         t = self.settings.trainer
         try:
             return self._fit(t)
+        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError):
+            if not self.placement.cluster:
+                raise
+            from chain.planning import cluster
+
+            raise cluster.lost(self.placement.cluster, self.intact(), wait=self.settings.cluster.lost_after_s) from None
         except StorageError as e:
             if "last complete checkpoint" in str(e) or not self.run_dir:
                 raise
@@ -259,6 +267,16 @@ class Run:
             with writing(os.path.join(self.run_dir, "summary.json")):
                 write_json(os.path.join(self.run_dir, "summary.json"), summary)
         return summary
+
+    def intact(self) -> str:
+        """What survives if the run stops now, in words (for a one-line error)."""
+        if not self.run_dir or not manifest.exists(self.run_dir):
+            return "no checkpoint had been saved"
+        try:
+            return (f"the last complete checkpoint (step {manifest.read(self.run_dir)['step']}) is intact: "
+                    "resume with resume=true")
+        except ChainError:
+            return "its checkpoint.json is damaged"
 
     def _export(self, summary: dict[str, Any]) -> None:
         """Write the .keras exports into the summary; a model Keras cannot serialise (a user's
