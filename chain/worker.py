@@ -19,8 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
+import subprocess
 import sys
+import threading
 import time
+from typing import Sequence
 
 from chain.cli import fail, import_tensorflow_quietly
 from chain.errors import ConfigError
@@ -31,6 +35,85 @@ def parse_cluster(text: str) -> list[str]:
     from chain.config.fields import address
 
     return [address(f"--cluster[{i}]", a.strip()) for i, a in enumerate(text.split(",")) if a.strip()]
+
+
+def free_addresses(n: int) -> list[str]:
+    """`n` distinct free loopback addresses (`localhost:PORT`), for workers on this machine."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return [f"localhost:{p}" for p in ports]
+
+
+class LocalCluster:
+    """K workers on loopback, each a `python -m chain.worker` process (tests, benchmarks, trying it out).
+
+        with LocalCluster(2, cpus=[0, 1], threads=1) as cluster:
+            chain.build(chain.compose([..., cluster.option]))
+
+    Every worker is stopped (SIGTERM, then SIGKILL) when the block ends, however it ends.
+    """
+
+    def __init__(self, k: int, cpus: Sequence[int] | None = None, threads: int | None = None):
+        self.addresses = free_addresses(k)
+        self.cpus, self.threads = cpus, threads
+        self.procs: list[subprocess.Popen | None] = [None] * k
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            for i in range(len(self.addresses)):
+                self.start(i)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def option(self) -> str:
+        """The override that puts a run on these workers."""
+        return f"cluster.workers=[{','.join(self.addresses)}]"
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None]
+
+    def start(self, i: int) -> None:
+        """Start (or restart) worker i and wait until it serves."""
+        cmd = [sys.executable, "-m", "chain.worker", "--index", str(i), "--cluster", ",".join(self.addresses)]
+        if self.cpus is not None:
+            cmd += ["--cpus", str(self.cpus[i])]
+        if self.threads is not None:
+            cmd += ["--threads", str(self.threads)]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.procs[i] = p
+        line = p.stdout.readline()
+        if not line.startswith(f"worker {i} serving"):
+            raise RuntimeError(f"worker {i} did not start: {line.strip() or p.wait()}")
+        threading.Thread(target=p.stdout.read, daemon=True).start()  # keep its pipe drained
+
+    def kill(self, i: int) -> None:
+        """SIGKILL worker i (as a crash would)."""
+        self.procs[i].kill()
+        self.procs[i].wait()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            if p is not None:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -70,6 +70,11 @@ class Audit:
     def copies(self):
         return [op for op in self._ops if op.name.split("/")[-1].startswith(COPY_PREFIX)]
 
+    def report_copies(self):
+        """The copies of each stage's report (its losses and guard flag, a few scalars) to the
+        last stage's device, where the step's one report vector is assembled."""
+        return [op for op in self.copies() if op.name.split("/")[-1].startswith(COPY_PREFIX + "report_")]
+
 
 def _branches(graph, op):
     # The branch functions are registered on the graph that holds the `If` op.

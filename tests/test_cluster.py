@@ -6,16 +6,14 @@ always shut down, also when a test fails."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
 
+from chain.worker import LocalCluster, free_addresses
 from compare import rel_diff
 from conftest import manifest, run_cli, stage_values
 
@@ -23,63 +21,10 @@ TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=f
 MODES = {"e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"], "local": ["mode=local"]}
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-class Workers:
-    """K `python -m chain.worker` processes on loopback ports."""
-
-    def __init__(self, k: int):
-        self.addresses = [f"localhost:{p}" for p in free_ports(k)]
-        self.procs: list[subprocess.Popen | None] = [None] * k
-        for i in range(k):
-            self.start(i)
-
-    def start(self, i: int) -> None:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        p = subprocess.Popen([sys.executable, "-m", "chain.worker", "--index", str(i), "--cluster",
-                              ",".join(self.addresses)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-        self.procs[i] = p
-        line = p.stdout.readline()
-        assert line.startswith(f"worker {i} serving {self.addresses[i]}"), line
-        threading.Thread(target=p.stdout.read, daemon=True).start()  # keep its pipe drained
-
-    def kill(self, i: int) -> None:
-        self.procs[i].kill()
-        self.procs[i].wait()
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            if p is not None:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-
-    @property
-    def option(self) -> str:
-        return f"cluster.workers=[{','.join(self.addresses)}]"
-
-
 @pytest.fixture
 def workers():
-    w = Workers(2)
-    try:
-        yield w
-    finally:
-        w.stop()
+    with LocalCluster(2) as cluster:
+        yield cluster
 
 
 def final(run_dir) -> dict:
@@ -145,7 +90,7 @@ def test_a_lost_worker_stops_the_run_with_one_line_and_the_resume_is_bit_exact(w
 
 
 def test_an_unreachable_worker_fails_fast_naming_it(tmp_path):
-    (port,) = free_ports(1)
+    port = free_addresses(1)[0].split(":")[1]
     started = time.monotonic()
     r = run_cli(tmp_path, *TINY, f"cluster.workers=[localhost:{port}]")
     assert time.monotonic() - started < 60

@@ -139,8 +139,13 @@ def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossin
         assert {a.device[op] for op in mine} == {device}, k
     crossings = a.crossings()
     assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in crossings), crossings
+    # Each earlier stage's guard flag travels to the last stage, into the step's one report.
+    reports = a.report_copies()
+    assert sorted(op.name.split("/")[-1] for op in reports) == [f"copy_to_report_s{k}" for k in range(K - 1)]
+    assert {a.device[c] for c in reports} == {devices[-1]}
+    crossings = [(c, p) for c, p in crossings if c not in reports]
     assert len(crossings) == 2 * (K - 1) * m
-    names = sorted(op.name.split("/")[-1] for op in a.copies())
+    names = sorted(op.name.split("/")[-1] for op in a.copies() if op not in reports)
     expected = sorted([f"copy_to_{pipeline.activation_copy(k, mb)}" for k in range(1, K) for mb in range(m)]
                       + [f"copy_to_{pipeline.gradient_copy(k, mb)}" for k in range(K - 1) for mb in range(m)]
                       + ["copy_to_input", "copy_to_labels"])

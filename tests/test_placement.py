@@ -37,12 +37,16 @@ def test_compiled_step_places_every_op_of_stage_k_on_device_k(run3):
         grads = [op for op in a.ops() if op.name.startswith("gradient_tape") and a.device[op] == s.device]
         assert any(op.type == "MatMul" for op in grads)
     # The only ops that read a tensor from another device are the explicit copies:
-    # activations k -> k+1. Batch inputs and labels arrive as explicit copies too.
+    # activations k -> k+1, and each earlier stage's report (loss, guard flag) to the last
+    # stage, which returns the step's one report vector. Inputs and labels arrive as copies too.
     crossings = a.crossings()
     assert crossings and all(c.name.startswith("copy_to_") for c, _ in crossings)
-    assert len(crossings) == len(run3.stages) - 1
+    reports = a.report_copies()
+    assert {c.name for c in reports} == {f"copy_to_report_s{k}" for k in range(2)}
+    assert {a.device[c] for c in reports} == {run3.stages[-1].device}
+    assert len([c for c, _ in crossings if c not in reports]) == len(run3.stages) - 1
     assert {c.name for c in a.copies()} == {f"copy_to_stage_{k}" for k in range(3)} | {
-        f"copy_to_stage_{k}_target" for k in range(3)}
+        f"copy_to_stage_{k}_target" for k in range(3)} | {c.name for c in reports}
 
 
 def test_audit_catches_the_naive_loop(run3):

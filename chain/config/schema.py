@@ -238,6 +238,7 @@ class Trainer:
     progress: bool = setting(boolean)
     jit_compile: bool = setting(boolean)
     grad_accum: int = setting(integer(1, 1 << 16))
+    steps_per_call: int = setting(integer(1, 1 << 20))
     initial_loss_scale: float = setting(power_of_two)
     on_nan: str = setting(choice(*ON_NAN))
 

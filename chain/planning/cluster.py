@@ -57,11 +57,22 @@ def check_reachable(addresses: Sequence[str]) -> None:
                               f"--index {i} --cluster {','.join(addresses)}")
 
 
+_connected: list[tuple[str, ...]] = []  # the cluster this process is connected to
+
+
 def connect(addresses: Sequence[str]) -> None:
-    """Make the workers' devices usable from this process (before any tensor exists)."""
+    """Make the workers' devices usable from this process (before any tensor exists). Once per
+    process: connecting again would reset the runtime under the runs already built."""
     import tensorflow as tf
 
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({WORKER_JOB: list(addresses)}))
+    key = tuple(addresses)
+    if _connected:
+        if _connected[0] != key:
+            raise DeviceError(f"this process is connected to the cluster {', '.join(_connected[0])}; a run on "
+                              f"{', '.join(key)} needs a new process")
+        return
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({WORKER_JOB: list(key)}))
+    _connected.append(key)
 
 
 def remote_devices(n_workers: int) -> list[list[str]]:

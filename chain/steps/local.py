@@ -17,6 +17,7 @@ from chain.stages import losses
 from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.ops import add_grads, after, chunks, copy_to, weighted
+from chain.steps.report import dropped, report
 from chain.steps.update import stage_update, unscale
 
 
@@ -38,7 +39,8 @@ def local_forward(stage: Stage) -> Callable:
 
 
 def local_step(stages: Sequence[Stage], grad_accum: int = 1, jit_compile: bool = False) -> Callable:
-    """The compiled mode=local step: `step(x, ys) -> {"stage_K": stage K's loss}`.
+    """The mode=local step, traceable: `step(x, ys) -> report` (`Layout.per_stage`: each
+    stage's loss and whether the guard dropped its update).
 
     The output that feeds stage k+1 is the body's, with the gradient stopped: stages
     never wait on each other's backward pass. With `grad_accum=N` the batch holds N
@@ -49,10 +51,9 @@ def local_step(stages: Sequence[Stage], grad_accum: int = 1, jit_compile: bool =
     forwards = {s.index: xla.stage_function(local_forward(s), jit_compile, xla.forward_name(s.index)) for s in stages}
     updates = {s.index: stage_update(s, jit_compile) for s in stages}
 
-    @tf.function
-    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
         h = x
-        out_losses = {}
+        values = []
         for s in stages:
             h = copy_to(h, s.device, f"stage_{s.index}")
             y = copy_to(ys[s.target.name], s.device, f"stage_{s.index}_target")
@@ -66,9 +67,9 @@ def local_step(stages: Sequence[Stage], grad_accum: int = 1, jit_compile: bool =
                     chunk_losses.append(loss)
                     outs.append(out)
                 loss = chunk_losses[0] if n == 1 else tf.add_n(chunk_losses)
-                updates[s.index](unscale(s, grads), loss)
+                finite = updates[s.index](unscale(s, grads), loss)
                 h = tf.stop_gradient(outs[0] if n == 1 else tf.concat(outs, 0))
-            out_losses[f"stage_{s.index}"] = loss
-        return out_losses
+                values.append([loss, dropped(finite)])
+        return report(stages, values, stages[-1].device)
 
     return step

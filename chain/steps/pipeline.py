@@ -62,6 +62,7 @@ from chain.planning.schedules import FORWARD, Action, Schedule, simulate
 from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.ops import add_grads, copy_to
+from chain.steps.report import dropped, report
 from chain.steps.update import shared_outcomes, stage_update, unscale
 
 
@@ -146,15 +147,17 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True) -> Callable:
-    """Compile-ready training step of `schedule` over `stages`: `step(x, ys) -> {"loss": mean batch loss}`.
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True) -> Callable:
+    """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
+    stage's guard flag, then the mean batch loss: `Layout.chain`).
 
     `loss(y, pred)` is the mean loss of one microbatch; `target` names the entry of
     `ys` that the last stage learns. `grad_accum` rounds of the schedule make one
     update; `jit_compile` compiles each stage's forward (with its gradient) and update
     with XLA (`chain.steps.xla`). `ordered=False` leaves out the control dependencies that
     hold each stage to the schedule's order (an ablation for benchmarks: the executor then
-    runs every op as soon as its inputs are ready).
+    runs every op as soon as its inputs are ready); `release=False` leaves out the host
+    releases after sending actions (an ablation: the step as it was before them).
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
@@ -166,8 +169,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                                    xla.forward_name(s.index)) for s in stages]
     updates = [stage_update(s, jit_compile) for s in stages]
 
-    @tf.function
-    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
         # The batch and its labels cross to the first and last stage once; each is cut
         # into microbatches on the device that consumes it.
         x0 = copy_to(x, stages[0].device, "input")
@@ -218,7 +220,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         accumulated[k] = add_grads(accumulated[k], grads)
                 if ordered:
                     previous[k] = [_done(graph.get_operations()[first_op:], s.device)]
-            if ordered and sends(action, devices):  # let the send go out before the stage goes on
+            if ordered and release and sends(action, devices):  # let the send go out before the stage goes on
                 previous[k] = [_release(previous[k][0], action)]
 
         with tf.device(stages[last].device):
@@ -230,10 +232,12 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                 grads.append(unscale(s, accumulated[s.index]))
             scopes.append(scope)
         outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
+        values = []
         for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
             # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
             with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[s.index]):
-                updates[s.index](g, None, outcome)
-        return {"loss": total}
+                values.append([dropped(updates[s.index](g, None, outcome))])
+        values[last].append(total)
+        return report(stages, values, stages[last].device)
 
     return step

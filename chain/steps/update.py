@@ -28,7 +28,9 @@ def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | Non
     `loss` (when given) and `grads` are finite (`chain.steps.numerics`). Under float16 loss
     scaling, `outcome` is the stage's group decision (`chain.stages.loss_scale.decide`;
     `shared_outcomes` for a chain with one loss); without it the stage is a group of its
-    own and decides from `loss` and `grads`. Returns whether the update was applied.
+    own and decides from `loss` and `grads`. Returns False when the numerics guard dropped
+    the update (what `skipped` counts), True otherwise: also on a float16 overflow, which
+    the loss scale skips and counts itself.
     """
     variables = stage.trainable_variables
 
@@ -42,7 +44,8 @@ def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | Non
         return guarded()
     if outcome is None:
         outcome = loss_scale.decide(loss, [all_finite(None, grads)], stage.loss_scale.scale)
-    return stage.loss_scale.update(outcome, guarded)
+    applied = stage.loss_scale.update(outcome, guarded)
+    return tf.logical_or(applied, tf.equal(outcome, loss_scale.OVERFLOW))
 
 
 def stage_update(stage: Stage, jit_compile: bool = False) -> Callable:

@@ -20,14 +20,16 @@ from chain.planning.planner import Placement
 from chain.stages import losses
 from chain.stages.build import build_stages
 from chain.stages.stage import Stage
+from chain.steps.report import Layout
 
 
 class Strategy:
     """One way of training: builds the stages, compiles the step, runs it on whole batches.
 
     Subclasses set `heads`/`readout` (what the stages are built with), implement
-    `make_step`, and may override the hooks below. `schedule` is the pipeline schedule
-    (None when the strategy has none).
+    `make_step` (a traceable step returning the step's report, `chain.steps.report`), and
+    may override the hooks below. `schedule` is the pipeline schedule (None when the
+    strategy has none).
     """
 
     heads: bool = False
@@ -41,7 +43,10 @@ class Strategy:
         self.info = info
         self.bodies, self.labels = bodies, labels  # stage bodies not from the config (chain.stages.bodies)
         self.stages: list[Stage] = self.build_stages()
-        self.step_fn: Callable = self.make_step()
+        self.body: Callable = self.make_step()  # traceable: one step, inside `repeat`'s loop too
+        self.step_fn = tf.function(self.body)
+        self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
+        self._multi: Callable | None = None
 
     # --- distribution: where the stages live and how a batch becomes an update --------------
 
@@ -57,18 +62,37 @@ class Strategy:
                             bodies=self.bodies, labels=self.labels)
 
     def make_step(self) -> Callable:
-        """The compiled step: `fn(*self.arguments(x, ys))` trains one batch."""
+        """The step, traceable: `fn(*self.arguments(x, ys)) -> report` trains one batch."""
         raise NotImplementedError
 
-    def arguments(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple:
-        """What the compiled step takes for one whole batch."""
-        return x, ys
+    def arguments(self, x: Any, ys: dict[str, Any]) -> tuple:
+        """What the compiled step takes for one whole batch: the batch and the targets the stages learn."""
+        return x, {k: ys[k] for k in self.wanted_targets()}
 
-    def call(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """Train one whole batch (already checked); returns the step's loss tensors."""
-        return self.step_fn(*self.arguments(x, ys))
+    def call(self, x: Any, ys: dict[str, Any]) -> Any:
+        """Train one whole batch (already checked); returns the step's report as a NumPy row.
 
-    def trace(self, x: tf.Tensor, ys: dict[str, tf.Tensor]):
+        Calls the step's concrete function for the batch's shapes directly: tf.function's own
+        dispatch (matching arguments against traces) costs ~0.1 ms a call on a 2-core machine
+        (scripts/bench_overhead.py); the traces are tf.function's.
+        """
+        args = self.arguments(x, ys)
+        key = tuple((tuple(t.shape), t.dtype) for t in tf.nest.flatten(args))
+        fn = self._concrete.get(key)
+        if fn is None:
+            fn = self._concrete[key] = self.step_fn.get_concrete_function(*args)
+        return fn(*args).numpy()
+
+    def call_many(self, iterator: Any, n: int) -> Any:
+        """Up to `n` steps on the iterator's next batches in one call (`chain.steps.report.repeat`);
+        their reports as an [m, size] NumPy array, m < n only when on_nan=stop ended the call."""
+        from chain.steps.report import repeat
+
+        if self._multi is None:
+            self._multi = repeat(self.body, self.layout, self.settings.trainer.on_nan == "stop")
+        return self._multi(iterator, tf.constant(n, tf.int32)).numpy()
+
+    def trace(self, x: Any, ys: dict[str, Any]):
         """The compiled step's concrete function for this batch's shapes (its graph, for audits)."""
         return self.step_fn.get_concrete_function(*self.arguments(x, ys))
 
@@ -108,8 +132,19 @@ class Strategy:
         """The target a bare `y` given to `Run.step` stands for (None: a bare y is ambiguous)."""
         raise NotImplementedError
 
-    def losses(self, out: dict[str, Any]) -> tuple[float, list[float]]:
-        """(the step's loss, each stage's own loss or [] when stages have none) as floats."""
+    @property
+    def layout(self):
+        """Where the step's report holds its losses and guard flags (`chain.steps.report.Layout`)."""
+        raise NotImplementedError
+
+    def read(self, row: Any) -> tuple[float, list[float], list[int]]:
+        """A step's report -> (its loss, each stage's own loss or [] when stages have none, the
+        stages whose update the numerics guard dropped)."""
+        raise NotImplementedError
+
+    def report_values(self, flags: list, losses: dict[str, Any]) -> list[list]:
+        """Each stage's values in the step's report, from its guard flag and the step's losses
+        (`stage_K`, or the chain's `loss`), laid out as `layout` says."""
         raise NotImplementedError
 
     def stage_summary(self, stage: Stage, first: dict, last: dict) -> dict[str, Any]:
@@ -130,9 +165,16 @@ class LocalObjective(Strategy):
         first = self.info.targets[0].name
         return first if self.wanted_targets() == [first] else None
 
-    def losses(self, out: dict[str, Any]) -> tuple[float, list[float]]:
-        per_stage = [float(out[f"stage_{s.index}"]) for s in self.stages]
-        return float(sum(per_stage)), per_stage
+    @property
+    def layout(self):
+        return Layout.per_stage(len(self.stages))
+
+    def read(self, row: Any) -> tuple[float, list[float], list[int]]:
+        losses, skipped = self.layout.decode(row)
+        return float(sum(losses)), losses, skipped  # the step's loss: the sum of the stages'
+
+    def report_values(self, flags: list, losses: dict[str, Any]) -> list[list]:
+        return [[losses[f"stage_{s.index}"], f] for s, f in zip(self.stages, flags)]
 
     def stage_summary(self, stage: Stage, first: dict, last: dict) -> dict[str, Any]:
         return {"target": stage.target.name, "loss_first": first["stage_losses"][stage.index],
@@ -158,8 +200,16 @@ class ChainObjective(Strategy):
     def default_target(self) -> str | None:
         return self.target.name  # one loss: a bare array is the chain's target
 
-    def losses(self, out: dict[str, Any]) -> tuple[float, list[float]]:
-        return float(out["loss"]), []
+    @property
+    def layout(self):
+        return Layout.chain(len(self.stages))
+
+    def read(self, row: Any) -> tuple[float, list[float], list[int]]:
+        losses, skipped = self.layout.decode(row)
+        return losses[0], [], skipped  # no stage has a loss of its own
+
+    def report_values(self, flags: list, losses: dict[str, Any]) -> list[list]:
+        return [[f] for f in flags[:-1]] + [[flags[-1], losses["loss"]]]
 
     def summary(self) -> dict[str, Any]:
         return {"loss_fn": self.settings.loss, "target": self.target.name, **super().summary()}

@@ -40,6 +40,7 @@ from chain.data.catalog import DataInfo
 from chain.errors import DeviceError
 from chain.planning.planner import MIRRORED, Placement
 from chain.steps.replica import e2e_replica_step, local_replica_step
+from chain.steps.report import dropped, report
 from chain.steps.update import apply_update, shared_outcomes, unscale
 from chain.strategies.base import ChainObjective, LocalObjective, Strategy
 from chain.planning import memory
@@ -107,17 +108,32 @@ class Mirrored(Strategy):
         def total(per_replica: Any) -> tf.Tensor:
             return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-        @tf.function
-        def train(batch: Any) -> dict[str, tf.Tensor]:
+        def train(batch: Any) -> tf.Tensor:
             per_replica_losses, per_replica_grads = strategy.run(per_replica_step, args=(batch,))
             losses = {k: total(v) for k, v in per_replica_losses.items()}
             grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
+            flags = []
             for s, g, outcome in zip(stages, grads, self.outcomes(grads, losses)):
                 own = losses.get(f"stage_{s.index}")  # mode=local: the stage's loss joins the guard
-                apply_update(s, g, own, outcome)
-            return losses
+                flags.append(dropped(apply_update(s, g, own, outcome)))
+            return report(stages, self.report_values(flags, losses), None)  # no devices: no copies
 
         return train
+
+    def call(self, x: Any, ys: dict[str, Any]) -> Any:
+        return self.step_fn(*self.arguments(x, ys)).numpy()  # per-replica arguments: tf.function dispatches
+
+    def call_many(self, iterator: Any, n: int) -> Any:
+        """`n` calls of `call`: the batch is split over the replicas on the host, so the in-graph
+        loop of `repeat` does not apply (the same results, without its speed-up)."""
+        import numpy as np
+
+        rows = []
+        for _ in range(n):
+            rows.append(self.call(*next(iterator)))
+            if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
+                break  # as the in-graph loop: no step after one whose update was dropped
+        return np.stack(rows)
 
     def arguments(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple:
         """One global batch as per-replica values: replica i gets the i-th contiguous part."""

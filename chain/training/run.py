@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from chain.config.schema import Settings
 from chain.data import checks
@@ -20,7 +20,7 @@ from chain.errors import ChainError, StorageError
 from chain.planning import memory
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
-from chain.steps.numerics import NonFiniteError, Watch, finite_or_none
+from chain.steps.numerics import NonFiniteError, finite_or_none, judge
 from chain.strategies.base import Strategy
 
 log = logging.getLogger("chain")
@@ -40,7 +40,6 @@ class Run:
         self.run_dir = run_dir
         self.placement = strategy.placement
         self.stages = strategy.stages
-        self.watch = Watch(self.stages)
         self.global_step = 0
         self._iterator = None
         self._checkpoints: dict[str, Any] = {}
@@ -106,7 +105,6 @@ class Run:
         """
         m = self.checkpoints(run_dir).restore(fallback=fallback)
         self.global_step = m["step"]
-        self.watch.sync()
         return m
 
     def _batch(self, x: Any, y: Any) -> tuple[Any, dict]:
@@ -134,10 +132,24 @@ class Run:
 
     def _train(self, x: Any, ys: dict) -> dict[str, Any]:
         """One step on a batch known to be right (checked, or from the run's own data stream)."""
-        out = self.strategy.call(x, ys)
+        return self._finish(self.strategy.call(x, ys))
+
+    def steps(self, n: int) -> list[dict[str, Any]]:
+        """`n` optimizer steps in one call of the compiled function, on the next `n` batches of
+        `iterator` (`trainer.steps_per_call`); returns what `step` returns, one per step.
+
+        The same batches and the same updates as `n` calls of `step` on `next(iterator)`, bit
+        for bit. The host reads the steps' losses and guard flags once, after the call. Under
+        `trainer.on_nan=stop` the call ends after the first step whose update the guard
+        dropped (no later step runs or takes a batch) and NonFiniteError names that step.
+        """
+        return [self._finish(row) for row in self.strategy.call_many(self.iterator, n)]
+
+    def _finish(self, row: Any) -> dict[str, Any]:
+        """Count a step and let the numerics guard judge it, from its report `row`."""
         self.global_step += 1
-        skipped = self.watch.after_step(self.global_step, self.settings.trainer.on_nan)
-        loss, stage_losses = self.strategy.losses(out)
+        loss, stage_losses, skipped = self.strategy.read(row)
+        skipped = judge(self.global_step, skipped, self.settings.trainer.on_nan)
         return {"loss": loss, "stage_losses": stage_losses, "skipped": skipped}
 
     def trace(self, x: Any, y: Any):
@@ -174,18 +186,19 @@ class Run:
         manifest.require_none(self.run_dir)
         return ckpts, None, None
 
-    def fit(self) -> dict[str, Any]:
+    def fit(self, callback: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Train until `trainer.steps`; write checkpoints, TensorBoard, exports and summary.json.
 
         With `resume=true` the run first restores the newest complete checkpoint of its
         directory. Returns the summary (also written to `summary.json` when the run has
         a directory). The run directory is locked while it trains (`chain.state.lock`).
+        `callback(step, out)` is called after each step with what `step` returns.
         """
         import tensorflow as tf
 
         t = self.settings.trainer
         try:
-            return self._fit(t)
+            return self._fit(t, callback)
         except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError):
             if not self.placement.cluster:
                 raise
@@ -195,9 +208,7 @@ class Run:
         except StorageError as e:
             if "last complete checkpoint" in str(e) or not self.run_dir:
                 raise
-            saved = manifest.read(self.run_dir) if manifest.exists(self.run_dir) else None
-            raise StorageError(f"{e}; " + (f"the last complete checkpoint (step {saved['step']}) is intact" if saved
-                                           else "no checkpoint had been saved")) from None
+            raise StorageError(f"{e}; {self.intact(hint=False)}") from None
         finally:
             if self._release:
                 from chain.state import lock
@@ -205,7 +216,7 @@ class Run:
                 lock.release(self.run_dir)
                 self._release = False
 
-    def _fit(self, t) -> dict[str, Any]:
+    def _fit(self, t, callback) -> dict[str, Any]:
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -219,44 +230,52 @@ class Run:
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         started, timed_steps = None, 0
         memory.reset(self.strategy.memory_devices())
-        bar = tqdm(range(self.global_step + 1, t.steps + 1), desc="train", unit="step",
+        bar = tqdm(total=t.steps, initial=self.global_step, desc="train", unit="step",
                    disable=not t.progress or None, leave=False)
         try:
             # Log lines go through tqdm, so they do not break the progress bar.
             with logging_redirect_tqdm(loggers=[logging.getLogger()]):
-                for step in bar:
+                while self.global_step < t.steps:
+                    # A call never runs past trainer.steps or a checkpoint: checkpoints and the
+                    # test hooks after a checkpoint see the state of their own step.
+                    n = min(t.steps_per_call, t.steps - self.global_step)
+                    if ckpts and every:
+                        n = min(n, every - self.global_step % every)
                     try:
-                        out = self._train(*next(self.iterator))
+                        outs = self.steps(n) if n > 1 else [self._train(*next(self.iterator))]
                     except NonFiniteError as e:
-                        saved = ckpts.latest() if ckpts else None
-                        detail = (f"; the last complete checkpoint (step {saved['step']}) is intact" if saved
-                                  else "; no checkpoint had been saved")
-                        raise NonFiniteError(e.stages, e.step, detail) from None
+                        raise NonFiniteError(e.stages, e.step, f"; {self.intact(hint=False)}") from None
                     if started is None:
-                        started = time.perf_counter()  # speed excludes this process's first step, which traces
+                        started = time.perf_counter()  # speed excludes this process's first call, which traces
                     else:
-                        timed_steps += 1
-                    record = {"loss": finite_or_none(out["loss"]),
-                              "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
-                    if step == 1:
-                        first = record
-                    last = record
-                    bar.set_postfix(loss=f"{out['loss']:.4f}")
-                    if writers and (step % t.log_every == 0 or step == 1 or step == t.steps):
-                        per_stage = [{"loss": v} for v in out["stage_losses"]] or [{} for _ in self.stages]
-                        writers.scalars(step, per_stage, {"loss": out["loss"]})
-                    if step % t.log_every == 0:
-                        log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
-                    if ckpts and every and step % every == 0:
-                        ckpts.save(step, first, last)
-                        saved_at = step
-                    testhooks.after_step(step)
+                        timed_steps += len(outs)
+                    for step, out in enumerate(outs, self.global_step - len(outs) + 1):
+                        record = {"loss": finite_or_none(out["loss"]),
+                                  "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
+                        if step == 1:
+                            first = record
+                        last = record
+                        if writers and (step % t.log_every == 0 or step == 1 or step == t.steps):
+                            per_stage = [{"loss": v} for v in out["stage_losses"]] or [{} for _ in self.stages]
+                            writers.scalars(step, per_stage, {"loss": out["loss"]})
+                        if step % t.log_every == 0:
+                            log.info("step %d  loss %s", step,
+                                     "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
+                        if ckpts and every and step % every == 0:
+                            ckpts.save(step, first, last)
+                            saved_at = step
+                        testhooks.after_step(step)
+                        if callback is not None:
+                            callback(step, out)
+                    bar.set_postfix(loss=f"{outs[-1]['loss']:.4f}", refresh=False)
+                    bar.update(len(outs))
             elapsed = time.perf_counter() - started if started is not None else 0.0
             summary = self._summary(first, last, resumed_from, timed_steps, elapsed)
             if writers:
                 writers.scalars(t.steps, [{} for _ in self.stages],
                                 {"examples_per_second": summary["examples_per_second"] or 0.0})
         finally:
+            bar.close()
             if writers:
                 writers.close()
         if ckpts and saved_at != t.steps:
@@ -268,15 +287,15 @@ class Run:
                 write_json(os.path.join(self.run_dir, "summary.json"), summary)
         return summary
 
-    def intact(self) -> str:
-        """What survives if the run stops now, in words (for a one-line error)."""
+    def intact(self, hint: bool = True) -> str:
+        """What survives if the run stops now, in words (for a one-line error); `hint`: and how to go on."""
         if not self.run_dir or not manifest.exists(self.run_dir):
             return "no checkpoint had been saved"
         try:
-            return (f"the last complete checkpoint (step {manifest.read(self.run_dir)['step']}) is intact: "
-                    "resume with resume=true")
+            step = manifest.read(self.run_dir)["step"]
         except ChainError:
             return "its checkpoint.json is damaged"
+        return f"the last complete checkpoint (step {step}) is intact" + (": resume with resume=true" if hint else "")
 
     def _export(self, summary: dict[str, Any]) -> None:
         """Write the .keras exports into the summary; a model Keras cannot serialise (a user's

@@ -1,0 +1,219 @@
+"""The trainer's steps per second against a hand-written `tf.function` loop doing the same math.
+
+    python scripts/bench_overhead.py                        # small and large, 25 repeats
+    python scripts/bench_overhead.py --sizes small --repeats 40 --cases local1 e2e2
+
+Not a test: it prints medians and ratios (and, with --markdown, a table for docs/benchmarks.md).
+
+Everything runs in one process on one device (`/CPU:0`); the loops under comparison take
+turns: each repeat runs one block of steps of every loop, in a random order, so that drift
+on a shared machine hits all of them alike, and every block starts with 2 untimed steps of
+its own (the block before trained another model). The ratio is steps/second of a trainer
+loop over steps/second of the hand-written loop: the median of the per-repeat (paired)
+ratios, with a 95% bootstrap interval. Sizes (the issue's): small = width 256, batch 64;
+large = width 1024, batch 256; two Dense layers, Adam, synthetic data with 128 features.
+
+Cases (the trainer's config; the hand-written loop does exactly the same math):
+
+- `local1` (default): mode=local, one stage: the stage's body and its read-out head trained
+  with one loss and one Adam, which is what a hand-written classifier step does. Nothing
+  crosses devices: what is left is the trainer's own machinery.
+- `e2e2`: mode=e2e, two stages on /CPU:0, one microbatch: the same math as one model of both
+  bodies and the read-out (Adam is per variable: two optimizers over two halves equal one).
+
+Loops:
+
+- `hand`: `x, ys = next(it); step(x, ys["label"])` on a `tf.function` (the loss not read);
+- `fit`: `Run.fit`'s loop (trainer.steps_per_call=1), timed from one step's callback to the
+  next: the whole per-step path, the report read and judged included;
+- `fitN`: the same with `trainer.steps_per_call=N` (N steps per call of the compiled function);
+- `step`: `Run.step(x, y)` on batches of the stream: the public API, which checks each batch.
+
+Every model is built with the same seed, the hand-written one from the trainer's layer
+configs with the trainer's initial weights, on the same `tf.data` pipeline; before timing,
+two steps of `hand` and of the trainer on the same batches must give the same losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+SIZES = {"small": (256, 64), "large": (1024, 256)}
+WARM = 2  # untimed steps at the start of every block
+
+
+def overrides(size: str, case: str) -> list[str]:
+    width, batch = SIZES[size]
+    base = ["model=mlp", f"model.width={width}", "model.depth=2", "optim=adam", "data=synthetic",
+            "data.features=128", "data.samples=8192", "data.classes=10", f"data.batch_size={batch}",
+            "trainer.progress=false", "trainer.log_every=1000000", "trainer.steps=1000000"]
+    return base + {"local1": ["+stages=1", "placement.devices=[/CPU:0]"],
+                   "e2e2": ["+stages=2", "placement.devices=[/CPU:0,/CPU:0]", "mode=e2e"]}[case]
+
+
+def hand_written(run, case: str):
+    """`step(x, y) -> loss`: the chain's math written by hand on /CPU:0, from its layers' configs and weights."""
+    import keras
+    import tensorflow as tf
+
+    from chain.stages.losses import make
+
+    parts = [p for s in run.stages for p in ([s.model] + ([s.head] if s.head is not None else []))]
+    source = [layer for p in parts for layer in p.layers]
+    with tf.device("/CPU:0"):
+        layers = [layer.__class__.from_config({**layer.get_config(), "name": f"hand_{i}"})
+                  for i, layer in enumerate(source)]
+        model = keras.Sequential([keras.Input(run.dataset.input_shape), *layers])
+        for a, b in zip(layers, source):
+            a.set_weights(b.get_weights())
+        o = run.settings.stages[0].optim
+        opt = keras.optimizers.Adam(learning_rate=o.lr, beta_1=o.beta_1, beta_2=o.beta_2)
+        opt.build(model.trainable_variables)
+    loss_fn = make("sparse_categorical_crossentropy", run.stages[-1].target)
+
+    @tf.function
+    def step(x, y):
+        with tf.device("/CPU:0"):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return step
+
+
+def loops(size: str, case: str, calls: list[int]) -> dict:
+    """name -> block(n): (wall, CPU) seconds per step over a block of n steps."""
+    import chain
+
+    settings = chain.compose(overrides(size, case))
+    run = chain.build(settings)
+    hand = hand_written(run, case)
+    check = iter(run.batches())
+    for _ in range(2):  # the same math: the same losses on the same batches
+        x, ys = next(check)
+        a, b = run.step(x, ys)["loss"], float(hand(x, ys["label"]))
+        if abs(a - b) > 1e-5 * max(1.0, abs(b)):
+            raise SystemExit(f"{size} {case}: the hand-written loop does not do the chain's math ({a} vs {b})")
+    hand_it = iter(run.batches())
+
+    def clock():
+        return time.perf_counter(), time.process_time()
+
+    def per_step(t0, t1, n):
+        return (t1[0] - t0[0]) / n, (t1[1] - t0[1]) / n
+
+    def block_hand(n):
+        for i in range(WARM + n):
+            if i == WARM:
+                t0 = clock()
+            x, ys = next(hand_it)
+            hand(x, ys["label"])
+        return per_step(t0, clock(), n)
+
+    def block_step(n):
+        for i in range(WARM + n):
+            if i == WARM:
+                t0 = clock()
+            run.step(*next(run.iterator))
+        return per_step(t0, clock(), n)
+
+    def block_fit(n, per_call=1):
+        warm = -(-WARM // per_call) * per_call  # whole calls
+        trainer = dataclasses.replace(run.settings.trainer, steps=run.global_step + warm + n, steps_per_call=per_call)
+        run.settings = dataclasses.replace(run.settings, trainer=trainer)
+        stamps = []
+        run.fit(callback=lambda step, out: stamps.append(clock()))
+        return per_step(stamps[warm - 1], stamps[-1], n)
+
+    out = {"hand": block_hand, "fit": block_fit, "step": block_step}
+    for k in calls:
+        out[f"fit{k}"] = lambda n, k=k: block_fit(max(k, n // k * k), k)
+    return out
+
+
+def bootstrap(paired: list[float], rounds: int = 2000) -> tuple[float, float]:
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(paired, k=len(paired))) for _ in range(rounds))
+    return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
+
+
+def measure(size: str, case: str, a) -> dict:
+    fns = loops(size, case, a.calls)
+    block = a.block if size == "small" else a.block_large
+    for fn in fns.values():  # trace, allocate, warm the caches
+        fn(max(block // 4, 4))
+    rng = random.Random(0)
+    wall = {n: [] for n in fns}
+    cpu = {n: [] for n in fns}
+    for _ in range(a.repeats):
+        for name in rng.sample(list(fns), len(fns)):
+            w, c = fns[name](block)
+            wall[name].append(w)
+            cpu[name].append(c)
+    return {"wall": wall, "cpu": cpu}
+
+
+def rows(size: str, case: str, times: dict) -> list[dict]:
+    out = []
+    for name in times["wall"]:
+        if name == "hand":
+            continue
+        row = {"size": size, "case": case, "loop": name}
+        for clock in ("wall", "cpu"):
+            paired = [h / t for h, t in zip(times[clock]["hand"], times[clock][name])]
+            row[clock] = statistics.median(paired)
+            row[f"{clock}_ci"] = bootstrap(paired)
+        row["ms"] = statistics.median(times["wall"][name]) * 1e3
+        row["hand_ms"] = statistics.median(times["wall"]["hand"]) * 1e3
+        out.append(row)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--cases", nargs="+", default=["local1"], choices=["local1", "e2e2"])
+    p.add_argument("--calls", nargs="*", type=int, default=[8, 32], help="trainer.steps_per_call values to time")
+    p.add_argument("--repeats", type=int, default=25)
+    p.add_argument("--block", type=int, default=32, help="steps per timed block (small)")
+    p.add_argument("--block-large", type=int, default=8, help="steps per timed block (large)")
+    p.add_argument("--markdown", action="store_true", help="also print a table for docs/benchmarks.md")
+    a = p.parse_args()
+
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"start: {load}", flush=True)
+    table = []
+    for size in a.sizes:
+        for case in a.cases:
+            print(f"== {size} {case}", flush=True)
+            for r in rows(size, case, measure(size, case, a)):
+                table.append(r)
+                print(f"  {r['loop']:6s} steps/s vs hand: wall {r['wall']:.3f} [{r['wall_ci'][0]:.3f}-"
+                      f"{r['wall_ci'][1]:.3f}]  CPU {r['cpu']:.3f}   ({r['ms']:.3f} ms/step; hand {r['hand_ms']:.3f})",
+                      flush=True)
+    end = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"end: {end}")
+    if a.markdown:
+        print("\n| size | case | loop | ratio (wall, median paired) | 95% CI | ratio (CPU) | ms/step | hand ms/step |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in table:
+            print(f"| {r['size']} | {r['case']} | {r['loop']} | {r['wall']:.3f} | {r['wall_ci'][0]:.3f}-"
+                  f"{r['wall_ci'][1]:.3f} | {r['cpu']:.3f} | {r['ms']:.3f} | {r['hand_ms']:.3f} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Pipeline speed-up of the chain's own e2e step on K single-core TensorFlow workers.
+
+    python scripts/bench_pipeline.py                                   # K=2, M in 1 2 4 8 16, 5 repeats
+    python scripts/bench_pipeline.py --micro 8 16 --min-quiet 8 --ablations before --markdown
+
+Not a test: it prints a table (`--markdown` also prints one for docs/benchmarks.md).
+
+On one machine, logical CPU devices share one thread pool: they show placement, never
+overlap. Real overlap is measured with TensorFlow's distributed runtime: K workers
+(`python -m chain.worker --cpus i --threads 1`: pinned to core i, one intra-op and one
+inter-op thread) run one op at a time, like K accelerators with one stream each. This
+process is the client: it builds the chain with `chain.build` and `cluster.workers=[...]`
+(the trainer's own path: planner, stages on the workers' devices, the compiled e2e step,
+the host releases of `chain.steps.pipeline`) twice per schedule and M:
+
+- `one`: every stage on worker 0 (`placement.devices=[/task:0/CPU:0,...]`), the baseline;
+- `split`: stage k on worker k.
+
+Steps timed: the chain's `gpipe` and `1f1b` (through `Run.strategy.call`, the call `fit`
+makes); `hand`, a minimal GPipe step written by hand with the same model (per-microbatch
+tapes, no control dependencies, plain SGD: what the runtime itself allows); with
+`--ablations before`, the chain's steps without the host releases (`e2e_step(...,
+release=False)`: the step as it was before them).
+
+Speed-up = time(one) / time(split): the median over repeats of each repeat's paired ratio
+(both placements back to back, in alternating order). Ideal = K*M/(M+K-1), the pipeline
+bubble's limit; efficiency = speed-up / ideal. Each measurement records how much CPU other
+processes took meanwhile (in cores; on a 2-core machine anything else running steals from a
+worker, and from the split placement far more than from the one-worker baseline): the
+table gives medians over all pairs and over the quiet ones (other processes below
+`--quiet` cores during both runs); `--min-quiet N` repeats until every row has N quiet
+pairs (or `--max-minutes`). On a shared machine, trust the quiet columns.
+
+Model (the issue's): K=2 stages of 4 Dense layers of width 1024 with tanh, microbatch 128
+examples (batch 128*M), SGD, float32; the last stage adds the 10-class read-out and the loss.
+The workers get SIGTERM when the run ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from chain.worker import LocalCluster
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def chain_run(a, addresses: list[str], schedule: str, m: int, devices: list[str]):
+    import chain
+
+    overrides = [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
+                 "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "model.activation=tanh",
+                 "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
+                 f"data.samples={a.micro_size * m}", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
+                 f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
+    return chain.build(chain.compose(overrides))
+
+
+def without_releases(run):
+    """The same run's step built without the host releases (the `before` ablation)."""
+    import tensorflow as tf
+
+    from chain.steps.pipeline import e2e_step
+
+    s = run.strategy
+    body = e2e_step(run.stages, run.schedule, s.loss_fn(), s.target, release=False)
+    fn = tf.function(body)
+    return lambda x, ys: fn(*s.arguments(x, ys)).numpy()
+
+
+def hand_step(a, devices: list[str], m: int):
+    """A minimal GPipe step written by hand: the same model and work, no control dependencies."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    models = []
+    for k, d in enumerate(devices):
+        with tf.device(d):
+            layers = [keras.Input((a.width,))] + [keras.layers.Dense(a.width, activation="tanh") for _ in range(a.depth)]
+            if k == len(devices) - 1:
+                layers.append(keras.layers.Dense(10))
+            models.append(keras.Sequential(layers))
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    last = len(devices) - 1
+
+    @tf.function
+    def step(x, ys):
+        with tf.device(devices[0]):
+            xs = tf.split(x, m)
+        with tf.device(devices[last]):
+            labels = tf.split(ys["label"], m)
+        tapes, ins, outs = {}, {}, {}
+        for mb in range(m):
+            h = xs[mb]
+            for k, (d, model) in enumerate(zip(devices, models)):
+                with tf.device(d):
+                    h = tf.identity(h)
+                    with tf.GradientTape() as tape:
+                        if k > 0:
+                            tape.watch(h)
+                        out = model(h, training=True)
+                        if k == last:
+                            out = loss_fn(labels[mb], out) / m
+                    tapes[k, mb], ins[k, mb], outs[k, mb] = tape, h, out
+                h = out
+        acc = [None] * len(devices)
+        for mb in range(m):
+            g = None
+            for k in reversed(range(len(devices))):
+                with tf.device(devices[k]):
+                    if g is not None:
+                        g = tf.identity(g)
+                    sources = ([ins[k, mb]] if k > 0 else []) + models[k].trainable_variables
+                    grads = tapes[k, mb].gradient(outs[k, mb], sources, output_gradients=g)
+                    if k > 0:
+                        g, grads = grads[0], grads[1:]
+                    acc[k] = grads if acc[k] is None else [p + q for p, q in zip(acc[k], grads)]
+        for k, d in enumerate(devices):
+            with tf.device(d):
+                for var, grad in zip(models[k].trainable_variables, acc[k]):
+                    var.assign_sub(0.001 * grad)
+        with tf.device(devices[last]):
+            return tf.add_n([outs[last, mb] for mb in range(m)])
+
+    return lambda x, ys: step(x, ys).numpy()
+
+
+def batch(a, m: int, devices: list[str]):
+    """A batch of micro_size*M examples, already on the first stage's device (labels on the last's)."""
+    import tensorflow as tf
+
+    n = a.micro_size * m
+    with tf.device(devices[0]):
+        x = tf.random.stateless_normal([n, a.width], seed=[1, m])
+    with tf.device(devices[-1]):
+        y = tf.random.stateless_uniform([n], seed=[2, m], maxval=10, dtype=tf.int32)
+    return x, {"label": y}
+
+
+def cpu_ticks(pids: list[int]) -> tuple[int, int]:
+    """(busy ticks of the whole machine, ticks used by `pids`), from /proc."""
+    fields = open("/proc/stat").readline().split()[1:]
+    busy = sum(int(f) for f in fields) - int(fields[3]) - int(fields[4])  # all but idle and iowait
+    ours = 0
+    for pid in pids:
+        try:
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            ours += int(stat[11]) + int(stat[12])  # utime, stime
+        except OSError:
+            pass
+    return busy, ours
+
+
+def timed(step, x, ys, n: int, pids: list[int]) -> tuple[float, float]:
+    """(seconds per step over `n` steps, cores' worth of CPU other processes used meanwhile)."""
+    b0, o0 = cpu_ticks(pids)
+    started = time.perf_counter()
+    for _ in range(n):
+        step(x, ys)  # returns a NumPy value: each step has ended before the next starts
+    seconds = time.perf_counter() - started
+    b1, o1 = cpu_ticks(pids)
+    return seconds / n, max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / seconds
+
+
+def quiet_pairs(a, one: list, split: list) -> list[float]:
+    return [o[0] / s[0] for o, s in zip(one, split) if max(o[1], s[1]) < a.quiet]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--micro-size", type=int, default=128, help="examples per microbatch")
+    p.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="microbatch counts M")
+    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=["gpipe", "1f1b"])
+    p.add_argument("--ablations", nargs="*", default=[], choices=["before"])
+    p.add_argument("--no-hand", dest="hand", action="store_false", help="skip the hand-written reference")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=1, help="timed steps per measurement")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--min-quiet", type=int, default=0, help="repeat until every row has this many quiet pairs")
+    p.add_argument("--max-minutes", type=float, default=30)
+    p.add_argument("--quiet", type=float, default=0.2, help="foreign CPU (cores) below which a pair is quiet")
+    p.add_argument("--cores", default="", help="worker i's core, comma-separated (default: core i)")
+    p.add_argument("--json", default="")
+    p.add_argument("--markdown", action="store_true")
+    a = p.parse_args()
+    k = a.stages
+    cores = [int(c) for c in a.cores.split(",")] if a.cores else [i % os.cpu_count() for i in range(k)]
+    started = time.time()
+    with LocalCluster(k, cpus=cores, threads=1) as cluster:
+        addresses, worker_pids = cluster.addresses, cluster.pids
+        placements = {"one": ["/task:0/CPU:0"] * k, "split": [f"/task:{i}/CPU:0" for i in range(k)]}
+        steps, batches = {}, {}
+        for place, devices in placements.items():
+            for m in a.micro:
+                for schedule in a.schedules:
+                    run = chain_run(a, addresses, schedule, m, devices)
+                    full = [s.device for s in run.stages]
+                    batches[place, m] = batch(a, m, full)
+                    steps[schedule, m, place] = run.strategy.call
+                    for ablation in a.ablations:
+                        steps[f"{schedule}/{ablation}", m, place] = without_releases(run)
+                if a.hand:
+                    steps["hand", m, place] = hand_step(a, full, m)
+        names = sorted({key[:2] for key in steps}, key=lambda v: (v[1], v[0]))
+        for (name, m, place), fn in steps.items():
+            for _ in range(a.warmup):
+                fn(*batches[place, m])
+        print(f"# {k} workers ({', '.join(addresses)}) on cores {cores}, one thread each; built and warmed up in "
+              f"{time.time() - started:.0f} s", flush=True)
+        pids = [os.getpid(), *worker_pids]
+        times = {key: [] for key in steps}
+        t0, r = time.time(), 0
+        while r < a.repeats or (min(len(quiet_pairs(a, times[n, m, "one"], times[n, m, "split"])) for n, m in names)
+                                < a.min_quiet and time.time() - t0 < 60 * a.max_minutes):
+            for i, (name, m) in enumerate(names):
+                for place in (("one", "split") if (r + i) % 2 == 0 else ("split", "one")):
+                    times[name, m, place].append(timed(steps[name, m, place], *batches[place, m], a.steps, pids))
+            r += 1
+            print(f"# repeat {r} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
+                  flush=True)
+    rows = []
+    for name, m in names:
+        one, split = times[name, m, "one"], times[name, m, "split"]
+        ideal = k * m / (m + k - 1)
+        quiet = quiet_pairs(a, one, split)
+        rows.append(dict(step=name, M=m, ideal=ideal, speedup=statistics.median(o[0] / s[0] for o, s in zip(one, split)),
+                         quiet=len(quiet), quiet_speedup=statistics.median(quiet) if quiet else None,
+                         one_s=statistics.median(t[0] for t in one), split_s=statistics.median(t[0] for t in split),
+                         foreign=statistics.median(t[1] for t in one + split)))
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(f"\nK={k}, {a.depth}x{a.width} tanh per stage, microbatch {a.micro_size}, {r} repeats x {a.steps} steps, "
+          f"{time.time() - started:.0f} s; load average at the end {load}")
+    print(f"{'step':12s} {'M':>3s} {'one s':>8s} {'split s':>8s} {'speedup':>8s} {'ideal':>6s} {'effic.':>6s} "
+          f"{'foreign':>7s} {'quiet':>5s} {'speedup':>8s} {'effic.':>6s}")
+    for row in rows:
+        q = (f"{row['quiet_speedup']:8.2f} {row['quiet_speedup'] / row['ideal']:6.2f}" if row["quiet"]
+             else f"{'-':>8s} {'-':>6s}")
+        print(f"{row['step']:12s} {row['M']:3d} {row['one_s']:8.4f} {row['split_s']:8.4f} {row['speedup']:8.2f} "
+              f"{row['ideal']:6.2f} {row['speedup'] / row['ideal']:6.2f} {row['foreign']:7.2f} {row['quiet']:5d} {q}")
+    if a.markdown:
+        print("\n| step | M | ideal | speed-up (all pairs) | efficiency | quiet pairs | speed-up (quiet) | efficiency (quiet) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for row in rows:
+            qs = row["quiet_speedup"]
+            print(f"| {row['step']} | {row['M']} | {row['ideal']:.2f} | {row['speedup']:.2f} | "
+                  f"{row['speedup'] / row['ideal']:.2f} | {row['quiet']} | {qs:.2f} | {qs / row['ideal']:.2f} |"
+                  if qs else f"| {row['step']} | {row['M']} | {row['ideal']:.2f} | {row['speedup']:.2f} | "
+                  f"{row['speedup'] / row['ideal']:.2f} | 0 | - | - |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(args=vars(a), load=load, rows=rows), f, indent=1)
+    sys.stdout.flush()
+    os._exit(0)  # the workers are gone: skip the runtime's teardown RPCs (they only log "Socket closed")
+
+
+if __name__ == "__main__":
+    main()
