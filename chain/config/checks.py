@@ -67,6 +67,19 @@ def check_cut(s: Settings) -> None:
                           "give the layers of each stage")
 
 
+def check_side_by_side(s: Settings) -> None:
+    """Independent models share the data stream, not a pipeline: no accumulation, no replicas, no cut."""
+    if s.trainer.grad_accum != 1:
+        raise ConfigError("trainer.grad_accum applies to a chain; mode=side_by_side gives each model its own "
+                          "batch size instead (variants[i].data.batch_size)")
+    if s.placement.fallback == "mirrored":
+        raise ConfigError("placement.fallback=mirrored applies to a chain; side by side, models share devices "
+                          "(placement.devices) or each has its own")
+    if any(isinstance(spec.model, KerasModel) for spec in s.stages):
+        raise ConfigError("model=keras cuts one model into a chain; side by side, each variant is a whole model "
+                          "(mlp, conv, or a builder with _target_)")
+
+
 def check(s: Settings) -> tuple[str, ...]:
     """Raise a ConfigError for the first inconsistency of `s`; return notes on ignored settings."""
     info = describe(s.data)
@@ -81,6 +94,10 @@ def check(s: Settings) -> tuple[str, ...]:
             raise ConfigError(f"placement.devices[{k}]: {e}") from None
     per_step = s.examples_per_step
     if per_step > info.examples:
+        if s.variants:
+            i = max(range(len(s.variants)), key=lambda j: s.variants[j].batch_size)
+            raise ConfigError(f"variants[{i}].data.batch_size={per_step} is larger than data={info.name} "
+                              f"({info.examples} examples)")
         if s.trainer.grad_accum == 1:
             raise ConfigError(f"data.batch_size={per_step} is larger than data={info.name} ({info.examples} examples)")
         raise ConfigError(f"trainer.grad_accum={s.trainer.grad_accum} x data.batch_size={s.data.batch_size} = "
@@ -94,6 +111,8 @@ def check(s: Settings) -> tuple[str, ...]:
     if s.placement.fallback == "mirrored" and s.placement.replicas is not None:
         batch_over_replicas(s.data.batch_size, s.placement.replicas)
     notes = []
+    if s.mode == "side_by_side":
+        check_side_by_side(s)
     if s.mode == "e2e":
         microbatches_divide(s.pipeline.microbatches, s.data.batch_size)
         loss_fits_target(s.loss, info.target(s.stages[-1].target), info.name)
@@ -104,6 +123,7 @@ def check(s: Settings) -> tuple[str, ...]:
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
         if ignored:
-            notes.append(f"{', '.join(ignored)} ignored: mode=local trains each stage's head with its own loss "
+            notes.append(f"{', '.join(ignored)} ignored: mode={s.mode} trains each "
+                         f"{'stage' if s.mode == 'local' else 'model'}'s head with its own loss "
                          "(cross-entropy on classes, squared error on values), without a pipeline")
     return tuple(notes)

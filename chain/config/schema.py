@@ -20,7 +20,8 @@ from chain.config.fields import (Check, address, boolean, choice, int_or_list, i
 from chain.errors import ConfigError
 from chain.planning.schedules import NAMES as SCHEDULES
 
-MODES = ("local", "e2e")
+MODES = ("local", "e2e", "side_by_side")
+POLICIES = ("lockstep", "round_robin")
 LOSSES = ("sparse_categorical_crossentropy", "mse")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 FALLBACKS = ("virtual", "mirrored", "error")
@@ -265,6 +266,22 @@ class PlacementSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SideBySideSettings:
+    """mode=side_by_side: `lockstep` (every model a step per batch, one compiled step: models on
+    different devices run at once) or `round_robin` (one model at a time: lower peak memory)."""
+
+    policy: str = setting(choice(*POLICIES))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomSettings:
+    """Out of memory in a step (mode=side_by_side): shrink the batch of the models on that device."""
+
+    shrink: float = setting(number(positive=True, below=1.0))
+    min_batch_size: int = setting(integer(1, MAX_BATCH))
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterSettings:
     """Stages on TensorFlow cluster workers (`python -m chain.worker`), by their addresses in task order."""
 
@@ -285,7 +302,8 @@ class Settings:
     """The validated config of one run: typed, frozen, produced once by `chain.config.validate`.
 
     `stages` is the expanded list of stage specs (`+stages=N` or per-stage overrides of
-    the `stage` template); `notes` are `note:` lines about settings the run ignores.
+    the `stage` template; mode=side_by_side: one per variant, `variants` says which);
+    `notes` are `note:` lines about settings the run ignores.
     `source` is the composed Hydra config it came from (None when built from a dict).
     """
 
@@ -304,13 +322,19 @@ class Settings:
     placement: PlacementSettings = setting(section(PlacementSettings))
     checkpoint: CheckpointSettings = setting(section(CheckpointSettings))
     cluster: ClusterSettings = setting(section(ClusterSettings))
+    side_by_side: SideBySideSettings = setting(section(SideBySideSettings))
+    oom: OomSettings = setting(section(OomSettings))
     stages: tuple[StageSpec, ...] = ()
+    variants: tuple = ()  # mode=side_by_side: one `chain.config.variants.Variant` per stage
     notes: tuple[str, ...] = ()
     source: Any = field(default=None, compare=False, repr=False)
 
     @property
     def examples_per_step(self) -> int:
-        """Examples behind one optimizer step: `trainer.grad_accum` x `data.batch_size`."""
+        """Examples behind one optimizer step: `trainer.grad_accum` x `data.batch_size` (side by
+        side: the largest variant's batch, of which every variant takes its slice)."""
+        if self.variants:
+            return max(v.batch_size for v in self.variants)
         return self.trainer.grad_accum * self.data.batch_size
 
 
@@ -329,7 +353,8 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
-def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[str, str], dict]) -> tuple[StageSpec, ...]:
+def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[str, str], dict],
+                  key_name: str = "stages") -> tuple[StageSpec, ...]:
     """Expand `stages` (None, N, or a list of per-stage overrides) into N stage specs.
 
     A per-stage `model: conv` (a bare name) starts that stage from the packaged
@@ -352,7 +377,7 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
         base["model"] = {"_target_": template.model.target, **template.model.kwargs}
     specs = []
     for i, over in enumerate(stages):
-        key = f"stages[{i}]"
+        key = f"{key_name}[{i}]"
         over = {} if over is None else over
         if not isinstance(over, dict):
             raise ConfigError(f"{key}={over!r} must be a mapping of overrides, e.g. {{model: {{width: 32}}}}")

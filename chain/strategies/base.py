@@ -34,6 +34,7 @@ class Strategy:
 
     heads: bool = False
     readout: bool = False
+    chained: bool = True  # stage k takes stage k-1's output (False: every stage takes the data)
     schedule = None
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, bodies: Sequence | None = None,
@@ -59,7 +60,7 @@ class Strategy:
         s = self.settings
         return build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,
                             precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
-                            bodies=self.bodies, labels=self.labels)
+                            bodies=self.bodies, labels=self.labels, chained=self.chained)
 
     def make_step(self) -> Callable:
         """The step, traceable: `fn(*self.arguments(x, ys)) -> report` trains one batch."""
@@ -117,6 +118,10 @@ class Strategy:
     def summary(self) -> dict[str, Any]:
         """The strategy's own fields of summary.json."""
         return {}
+
+    def complete(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The finished summary, with anything the strategy derives from the whole of it."""
+        return summary
 
     def plan_text(self, full: bool) -> str | None:
         """What the run prints about its plan beyond the placement table (e.g. the schedule)."""

@@ -16,7 +16,7 @@ from chain.config.schema import Settings
 from chain.data import checks
 from chain.data.pipeline import training_batches
 from chain.data.sources import Dataset
-from chain.errors import ChainError, StorageError
+from chain.errors import ChainError, OutOfMemory, StorageError
 from chain.planning import memory
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
@@ -205,10 +205,10 @@ class Run:
             from chain.planning import cluster
 
             raise cluster.lost(self.placement.cluster, self.intact(), wait=self.settings.cluster.lost_after_s) from None
-        except StorageError as e:
+        except (StorageError, OutOfMemory) as e:
             if "last complete checkpoint" in str(e) or not self.run_dir:
                 raise
-            raise StorageError(f"{e}; {self.intact(hint=False)}") from None
+            raise type(e)(f"{e}; {self.intact(hint=False)}") from None
         finally:
             if self._release:
                 from chain.state import lock
@@ -270,7 +270,7 @@ class Run:
                     bar.set_postfix(loss=f"{outs[-1]['loss']:.4f}", refresh=False)
                     bar.update(len(outs))
             elapsed = time.perf_counter() - started if started is not None else 0.0
-            summary = self._summary(first, last, resumed_from, timed_steps, elapsed)
+            summary = self.strategy.complete(self._summary(first, last, resumed_from, timed_steps, elapsed))
             if writers:
                 writers.scalars(t.steps, [{} for _ in self.stages],
                                 {"examples_per_second": summary["examples_per_second"] or 0.0})
@@ -304,7 +304,8 @@ class Run:
 
         try:
             with writing(f"the exports (.keras files) in {self.run_dir}"):
-                summary["exports"] = [os.path.basename(p) for p in export(self.stages, self.run_dir)]
+                summary["exports"] = [os.path.basename(p)
+                                      for p in export(self.stages, self.run_dir, self.strategy.chained)]
         except StorageError:
             raise
         except Exception as e:  # Keras' serialisation raises TypeError, ValueError, NotImplementedError, ...
@@ -329,6 +330,7 @@ class Run:
             "seed": self.settings.seed,
             # Every example of every chunk counts: a step is one optimizer update.
             "examples_per_second": (timed_steps * self.examples_per_step / elapsed) if timed_steps and elapsed > 0 else None,
+            "steps_per_second": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
             "loss_first": first["loss"],
             "loss_last": last["loss"],
             "skipped_steps": sum(skipped),
