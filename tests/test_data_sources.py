@@ -75,7 +75,9 @@ def test_npz_several_targets_and_a_validation_file(data):
     assert [(t.name, t.classes) for t in run.dataset.info.targets] == [("label", 2), ("value", 0)]
     np.testing.assert_array_equal(run.dataset.x, data["x"])  # nothing held out: the file validates
     np.testing.assert_array_equal(run.dataset.val_x, data["x"][:10] + 1)
-    assert np.isfinite(run.fit()["loss_last"])
+    summary = run.fit()
+    assert set(summary["stages"][0]["val"]) == {"loss", "accuracy"}
+    assert set(summary["stages"][1]["val"]) == {"loss", "mae"}
 
 
 def test_csv_reads_columns_by_name(data):
