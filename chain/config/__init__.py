@@ -56,7 +56,7 @@ def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
                           "mode=side_by_side")
     else:
         s = replace(s, stages=expand_stages(stages, s.stage, group_defaults), source=source)
-    return replace(s, notes=checks.check(s))
+    return checks.settle(s)
 
 
 def compose(overrides: Sequence[str] = ()) -> Settings:
