@@ -42,7 +42,7 @@ def test_a_second_run_on_a_live_directory_is_refused_and_changes_nothing(tmp_pat
                             stderr=subprocess.PIPE, text=True)
     try:
         for line in live.stderr:
-            if "test-hook: saved stage_01 of step 2" in line:
+            if "test-hook: saved stage_00 of step 2" in line:  # it now pauses 120 s, holding the directory
                 break
         else:
             pytest.fail("the live run never reached its save")
