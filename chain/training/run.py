@@ -264,6 +264,8 @@ class Run:
                         if ckpts and every and step % every == 0:
                             ckpts.save(step, first, last)
                             saved_at = step
+                            if writers:
+                                writers.flush()  # the curves up to a checkpoint survive a kill
                         testhooks.after_step(step)
                         if callback is not None:
                             callback(step, out)
