@@ -67,6 +67,25 @@ def check_cut(s: Settings) -> None:
                           "give the layers of each stage")
 
 
+def check_profile(s: Settings) -> None:
+    """`trainer.profile` traces steps of a pipeline schedule that the run takes."""
+    if s.trainer.profile is None:
+        return
+    start, stop = s.trainer.profile
+    if stop > s.trainer.steps:
+        raise ConfigError(f"trainer.profile=[{start},{stop}] goes past trainer.steps={s.trainer.steps}")
+    if s.mode != "e2e":
+        raise ConfigError("trainer.profile measures a pipeline schedule's actions: it needs mode=e2e")
+    profile_ports(s.cluster.workers, s.cluster.profile_ports)
+
+
+def profile_ports(workers, ports) -> None:
+    """`trainer.profile` on cluster workers traces each worker's profiler server: one port per worker."""
+    if workers and (ports is None or len(ports) != len(workers)):
+        raise ConfigError(f"trainer.profile on {len(workers)} cluster workers needs cluster.profile_ports with one "
+                          "port per worker (each started with python -m chain.worker --profile-port PORT)")
+
+
 def check(s: Settings) -> tuple[str, ...]:
     """Raise a ConfigError for the first inconsistency of `s`; return notes on ignored settings."""
     info = describe(s.data)
@@ -91,6 +110,7 @@ def check(s: Settings) -> tuple[str, ...]:
         info.target(spec.target)
     stage_shapes(s.stages, info, s.mode)  # a stage that cannot take its input
     check_cut(s)
+    check_profile(s)
     if s.placement.fallback == "mirrored" and s.placement.replicas is not None:
         batch_over_replicas(s.data.batch_size, s.placement.replicas)
     notes = []

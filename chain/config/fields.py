@@ -128,3 +128,13 @@ def address(key: str, v: Any) -> str:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{key}={v!r} must be host:port with a port in 1..65535, e.g. localhost:2222")
     return v
+
+
+def step_window(key: str, v: Any) -> tuple[int, int]:
+    """`[START, STOP]`: steps START to STOP, both counted from 1, START <= STOP."""
+    start, stop = list_of(integer(1), 2, 2)(key, v) if isinstance(v, (list, tuple)) else (None, None)
+    if start is None:
+        raise ConfigError(f"{key}={v!r} must be [START,STOP], e.g. {key}=[5,6]")
+    if start > stop:
+        raise ConfigError(f"{key}=[{start},{stop}]: START must be <= STOP")
+    return start, stop

@@ -7,6 +7,7 @@ batch, turns the step's outputs into losses and adds its own summary fields.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -222,7 +223,9 @@ class Run:
 
         from chain import testhooks
         from chain.training.logs import Writers
+        from chain.training.profile import Window
 
+        window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
         ckpts, first, last = self._start()
         resumed_from = self.global_step if self.settings.resume else None
         every = self.settings.checkpoint.every
@@ -241,8 +244,10 @@ class Run:
                     n = min(t.steps_per_call, t.steps - self.global_step)
                     if ckpts and every:
                         n = min(n, every - self.global_step % every)
+                    n = window.limit(self.global_step, n) if window else n  # one step per call while traced
                     try:
-                        outs = self.steps(n) if n > 1 else [self._train(*next(self.iterator))]
+                        with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
+                            outs = self.steps(n) if n > 1 else [self._train(*next(self.iterator))]
                     except NonFiniteError as e:
                         raise NonFiniteError(e.stages, e.step, f"; {self.intact(hint=False)}") from None
                     if started is None:
@@ -273,11 +278,15 @@ class Run:
                     bar.update(len(outs))
             elapsed = time.perf_counter() - started if started is not None else 0.0
             summary = self._summary(first, last, resumed_from, timed_steps, elapsed)
+            if window:
+                window.add_to(summary)
             if writers:
                 writers.scalars(t.steps, [{} for _ in self.stages],
                                 {"examples_per_second": summary["examples_per_second"] or 0.0})
         finally:
             bar.close()
+            if window:
+                window.close()
             if writers:
                 writers.close()
         if ckpts and saved_at != t.steps:
