@@ -297,6 +297,7 @@ class Settings:
     precision: str = setting(choice(*PRECISIONS))
     resume: bool = setting(boolean)
     plan_only: bool = setting(boolean)
+    report: bool = setting(boolean)
     model: Model = setting(MODEL)
     optim: Optim = setting(OPTIM)
     data: Data = setting(DATA)

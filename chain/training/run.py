@@ -296,6 +296,10 @@ class Run:
                 self._export(summary)
             with writing(os.path.join(self.run_dir, "summary.json")):
                 write_json(os.path.join(self.run_dir, "summary.json"), summary)
+            if self.settings.report:
+                from chain.report import write_report
+
+                log.info("report: %s", write_report(self.run_dir))
         return summary
 
     def intact(self, hint: bool = True) -> str:
@@ -344,7 +348,8 @@ class Run:
             "loss_last": last["loss"],
             "skipped_steps": sum(skipped),
             "peak_memory_scope": memory.scope(self.strategy.memory_devices()[0]),
-            "stages": [{**self._stage_summary(s, skipped[s.index]), **self.strategy.stage_summary(s, first, last)}
+            "stages": [{**self._stage_summary(s, skipped[s.index]), **self.strategy.stage_summary(s, first, last),
+                        "model": s.describe(), "physical": self.placement.physical.get(s.device)}  # the report's table
                        for s in self.stages],
             **self.strategy.summary(),
         }
