@@ -14,8 +14,10 @@ into microbatches, the report) belong to no stage. A step is the interval of its
 **An action** runs from its first op's start to its last op's end, on the events of its
 stage's device: in a cluster, the trace of that stage's worker (`sources`); in one process,
 every event (logical devices share the process's trace). Its copies are the transfer ops
-inside it (`_Send`, `_Recv`, `copy_to_*`); variable reads (`READS`) do not count, since
-a stage's first action reads its weights as the step starts. A stage is *busy* while any of its actions runs
+inside it (`_Send`, `_Recv`, `copy_to_*`). Two kinds of op do not mark when an action ran:
+variable reads (`READS`), and ops that ran before the action's input was being made (before
+its `producer` began): a stage's first action waits on no earlier action of its own, so
+its weight reads and, on the last stage, the cast of its labels run as the step starts. A stage is *busy* while any of its actions runs
 (the union of their intervals); the step's span runs from the first action's start to the
 last action's end; the **measured bubble fraction** is the idle share of stages x span, the
 measured counterpart of the planned one (`Timeline.bubble_fraction`, unit-time actions).
@@ -95,8 +97,20 @@ def source_of(path: str) -> str:
     return os.path.basename(path)[: -len(".xplane.pb")]
 
 
+def profile_start(space) -> int:
+    """When the trace began (ns since the epoch): a file's times count from its own start, so
+    traces of several hosts (the client's, each worker's) line up only with it added."""
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for stat in plane.stats:
+            if names.get(stat.metadata_id) == "profile_start_time":
+                return stat.int64_value or stat.uint64_value
+    return 0
+
+
 def read_trace(paths: Iterable[str]) -> tuple[list[OpEvent], dict[int, tuple[int, int]]]:
-    """The op events of the trace files `paths`, and each marked step's (start, end) in ns."""
+    """The op events of the trace files `paths`, and each marked step's (start, end), in ns since
+    the epoch (each host's wall clock)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     events, steps = [], {}
@@ -105,12 +119,13 @@ def read_trace(paths: Iterable[str]) -> tuple[list[OpEvent], dict[int, tuple[int
         with open(path, "rb") as f:
             space.ParseFromString(f.read())
         source = source_of(path)
+        origin = profile_start(space)
         for plane in space.planes:
             stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
             for line in plane.lines:
                 for e in line.events:
                     name = plane.event_metadata[e.metadata_id].name
-                    start = line.timestamp_ns + e.offset_ps // 1000
+                    start = origin + line.timestamp_ns + e.offset_ps // 1000
                     end = start + e.duration_ps // 1000
                     if name == MARKER:
                         number = [s.int64_value or s.uint64_value for s in e.stats
@@ -126,12 +141,14 @@ def read_trace(paths: Iterable[str]) -> tuple[list[OpEvent], dict[int, tuple[int
 # --- from events to actions and statistics ---------------------------------------------------
 
 
-def step_actions(schedule: Schedule, grad_accum: int = 1) -> list[list[Action]]:
-    """Each stage's actions in one step, in order: the schedule, played `grad_accum` times
-    (round r on microbatches r*M .. r*M+M-1, as `chain.steps.pipeline.rounds`)."""
-    m = schedule.microbatches
-    return [[Action(k, r * m + a.microbatch, a.kind) for r in range(grad_accum) for a in row]
-            for k, row in enumerate(schedule.actions)]
+def producer(a: Action, stages: int) -> Action | None:
+    """The action whose result `a` takes: F(k-1, m) for F(k, m); B(k+1, m) for B(k, m), or the
+    last stage's own F(m) for its B(m); None for F(0, m), which takes the batch."""
+    if a.kind == FORWARD:
+        return Action(a.stage - 1, a.microbatch, FORWARD) if a.stage > 0 else None
+    if a.stage < stages - 1:
+        return Action(a.stage + 1, a.microbatch, BACKWARD)
+    return Action(a.stage, a.microbatch, FORWARD)
 
 
 def union(intervals: Iterable[tuple[float, float]]) -> float:
@@ -156,7 +173,8 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
     """
     n_stages = schedule.stages
     sources = list(sources) if sources is not None else [None] * n_stages
-    expected = step_actions(schedule, grad_accum)
+    m = schedule.microbatches  # every action of a step, producers first (`grad_accum` rounds: chain.steps.pipeline)
+    played = [Action(a.stage, r * m + a.microbatch, a.kind) for r in range(grad_accum) for a in simulate(schedule).order()]
     origin = min(start for start, _ in steps.values()) if steps else 0
     ms = lambda ns: (ns - origin) / 1e6  # noqa: E731
     out_steps = []
@@ -167,20 +185,24 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
             if lo <= e.start <= hi and (who := owner(e.name)) is not None and who[1] < n_stages \
                     and sources[who[1]] in (None, e.source):
                 ops.setdefault(who, []).append(e)
-        actions = []
-        for row in expected:
-            for a in row:
-                found = ops.get((a.kind, a.stage, a.microbatch))
-                found = [e for e in found or () if e.type not in READS] or found
-                if found:
-                    actions.append({"stage": a.stage, "microbatch": a.microbatch, "kind": a.kind,
-                                    "start_ms": ms(min(e.start for e in found)), "end_ms": ms(max(e.end for e in found)),
-                                    "copy_ms": sum(e.end - e.start for e in found if is_copy(e)) / 1e6,
-                                    "ops": len(found)})
+        actions, began = [], {}  # began: each action's start (ns)
+        for a in played:  # producers before consumers
+            found = ops.get((a.kind, a.stage, a.microbatch))
+            found = [e for e in found or () if e.type not in READS] or found
+            before = began.get(producer(a, n_stages))
+            if found and before is not None:  # work done before its input was being made is not work on it
+                found = [e for e in found if e.start >= before] or found
+            if found:
+                began[a] = min(e.start for e in found)
+                actions.append({"stage": a.stage, "microbatch": a.microbatch, "kind": a.kind,
+                                "start_ms": ms(began[a]), "end_ms": ms(max(e.end for e in found)),
+                                "copy_ms": sum(e.end - e.start for e in found if is_copy(e)) / 1e6,
+                                "ops": len(found)})
+        actions.sort(key=lambda a: (a["stage"], a["start_ms"]))
         updates = [{"stage": k, "start_ms": ms(min(e.start for e in found)), "end_ms": ms(max(e.end for e in found))}
                    for k in range(n_stages) if (found := ops.get(("update", k, -1)))]
         out_steps.append({"step": number, "start_ms": ms(lo), "end_ms": ms(hi),
-                          "complete": len(actions) == sum(len(r) for r in expected),
+                          "complete": len(actions) == len(played),
                           "actions": actions, "updates": updates})
     result = {"schedule": schedule.name, "stages": n_stages, "microbatches": schedule.microbatches,
               "grad_accum": grad_accum, "devices": list(devices), "steps": out_steps,
@@ -191,14 +213,14 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
 
 def _waits(actions: Sequence[dict], schedule: Schedule, devices: Sequence[str]) -> list[float]:
     """Per stage, the time it sat idle after an input of its next action was ready on another device."""
-    by = {(a["stage"], a["microbatch"], a["kind"]): a for a in actions}
+    by = {(a["stage"], a["microbatch"], a["kind"]): a for a in actions}  # keyed like an Action
     waits = [0.0] * schedule.stages
     previous_end: dict[int, float] = {}
     for a in sorted(actions, key=lambda a: a["start_ms"]):
         k = a["stage"]
-        producer = (k - 1 if a["kind"] == FORWARD else k + 1, a["microbatch"], a["kind"])
-        if producer in by and 0 <= producer[0] < schedule.stages and devices[producer[0]] != devices[k]:
-            ready = max(by[producer]["end_ms"], previous_end.get(k, float("-inf")))
+        p = producer(Action(k, a["microbatch"], a["kind"]), schedule.stages)
+        if p is not None and tuple(p) in by and devices[p.stage] != devices[k]:
+            ready = max(by[tuple(p)]["end_ms"], previous_end.get(k, float("-inf")))
             waits[k] += max(0.0, a["start_ms"] - ready)
         previous_end[k] = a["end_ms"]
     return waits
@@ -299,17 +321,29 @@ def shown(measured: dict) -> dict | None:
     return done[-1] if done else None
 
 
+def columns(step: dict, planned_slots: int) -> int:
+    """How many slots the measured grid of `step` gets: one per shortest kind of action (the mean F
+    or B, whichever is shorter), so every action shows; between the plan's count and 4 times it."""
+    acts = step["actions"]
+    span = max(a["end_ms"] for a in acts) - min(a["start_ms"] for a in acts)
+    means = [sum(d) / len(d) for kind in (FORWARD, BACKWARD)
+             if (d := [a["end_ms"] - a["start_ms"] for a in acts if a["kind"] == kind])]
+    shortest = min(means) if means and min(means) > 0 else span / planned_slots
+    return max(planned_slots, min(4 * planned_slots, round(span / shortest)))
+
+
 def render(measured: dict, schedule: Schedule, devices: Sequence[str] | None = None) -> str:
-    """The `shown` step as the plan's text grid (as many slots as the plan, each slot an equal
-    share of the step's span), then the measured and planned bubble."""
+    """The `shown` step as the plan's text grid, in real time: equal slots over the step's span,
+    each as long as the shorter kind of action takes (`columns`), then the measured and planned bubble."""
     step = shown(measured)
     if step is None:
         return "measured timeline: no profiled step holds every action of the schedule"
     done = [s for s in measured["steps"] if s["complete"]]
     planned = simulate(schedule)
-    cells = grid(measured, step, planned.slots)
+    slots = columns(step, planned.slots)
+    cells = grid(measured, step, slots)
     span = max(a["end_ms"] for a in step["actions"]) - min(a["start_ms"] for a in step["actions"])
-    lines = [f"measured: step {step['step']}, {span:.2f} ms over {planned.slots} slots of {span / planned.slots:.3f} ms "
+    lines = [f"measured: step {step['step']}, {span:.2f} ms in {slots} slots of {span / slots:.3f} ms "
              "(each slot: the action that filled most of it)"]
     lines += rows(Timeline(cells), devices)
     lines.append(f"measured bubble fraction: {measured['measured_bubble_fraction']:.3f} (idle time / all time, "
