@@ -50,15 +50,19 @@ from chain.worker import LocalCluster
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]) -> list[str]:
+    """The benchmark's chain (see the module docstring) on these workers and devices."""
+    return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
+            "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "model.activation=tanh",
+            "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
+            f"data.samples={a.micro_size * m}", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
+            f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
+
+
 def chain_run(a, addresses: list[str], schedule: str, m: int, devices: list[str]):
     import chain
 
-    overrides = [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
-                 "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "model.activation=tanh",
-                 "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
-                 f"data.samples={a.micro_size * m}", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
-                 f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
-    return chain.build(chain.compose(overrides))
+    return chain.build(chain.compose(overrides(a, addresses, schedule, m, devices)))
 
 
 def without_releases(run):
