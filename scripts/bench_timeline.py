@@ -44,8 +44,11 @@ def main() -> None:
     p.add_argument("--out", default="", help="parent of the run directories (default: a temporary one)")
     p.add_argument("--json", default="")
     a = p.parse_args()
+    import logging
+
     import chain
 
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)  # each repeat's checkpoint saver traces anew: no warning
     out = a.out or tempfile.mkdtemp(prefix="bench_timeline_")
     rows = []
     with LocalCluster(a.stages, cpus=[i % os.cpu_count() for i in range(a.stages)], threads=1, profile=True) as cluster:

@@ -151,7 +151,7 @@ def memory_section(rec: RunRecord) -> str:
     stages = [s for s in rec.stages if isinstance(s.get("peak_memory_bytes"), (int, float))]
     out = ["<h2>Memory and throughput</h2>"]
     if stages:
-        out.append(image(plots.bars([f"stage {s['index']}\n{s.get('device') or ''}" for s in stages],
+        out.append(image(plots.bars([f"stage {s['index']}" for s in stages],
                                     [s["peak_memory_bytes"] / 2 ** 20 for s in stages],
                                     f"peak memory per device ({rec.get('peak_memory_scope')})", "MiB"),
                          "peak memory"))

@@ -15,9 +15,12 @@ into microbatches, the report) belong to no stage. A step is the interval of its
 stage's device: in a cluster, the trace of that stage's worker (`sources`); in one process,
 every event (logical devices share the process's trace). Its copies are the transfer ops
 inside it (`_Send`, `_Recv`, `copy_to_*`). Two kinds of op do not mark when an action ran:
-variable reads (`READS`), and ops that ran before the action's input was being made (before
-its `producer` began): a stage's first action waits on no earlier action of its own, so
-its weight reads and, on the last stage, the cast of its labels run as the step starts. A stage is *busy* while any of its actions runs
+variable reads (`READS`), and ops that ran before the action's input existed (before its
+`producer`'s last computation, for a forward; before it began, for a backward, which sends
+its input gradient before computing its weights' gradients): a stage's first action waits
+on no earlier action of its own, so its weight reads and, on the last stage, the cast of
+its labels run as the step starts. (Across machines this assumes clocks that agree better
+than a transfer takes.) A stage is *busy* while any of its actions runs
 (the union of their intervals); the step's span runs from the first action's start to the
 last action's end; the **measured bubble fraction** is the idle share of stages x span, the
 measured counterpart of the planned one (`Timeline.bubble_fraction`, unit-time actions).
@@ -185,17 +188,20 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
             if lo <= e.start <= hi and (who := owner(e.name)) is not None and who[1] < n_stages \
                     and sources[who[1]] in (None, e.source):
                 ops.setdefault(who, []).append(e)
-        actions, began = [], {}  # began: each action's start (ns)
+        actions, since = [], {}  # since[a]: when a's result could first be used (ns)
         for a in played:  # producers before consumers
             found = ops.get((a.kind, a.stage, a.microbatch))
             found = [e for e in found or () if e.type not in READS] or found
-            before = began.get(producer(a, n_stages))
-            if found and before is not None:  # work done before its input was being made is not work on it
-                found = [e for e in found if e.start >= before] or found
+            p = producer(a, n_stages)
+            if found and p in since:  # work done before its input existed is not work on it
+                found = [e for e in found if e.start >= since[p]] or found
             if found:
-                began[a] = min(e.start for e in found)
+                # A forward's activation exists when its last computation ends; a backward sends its
+                # input gradient before it computes its weights' gradients, so only its start is sure.
+                compute = [e.end for e in found if not is_copy(e) and "/done" not in e.name]
+                since[a] = max(compute) if a.kind == FORWARD and compute else min(e.start for e in found)
                 actions.append({"stage": a.stage, "microbatch": a.microbatch, "kind": a.kind,
-                                "start_ms": ms(began[a]), "end_ms": ms(max(e.end for e in found)),
+                                "start_ms": ms(min(e.start for e in found)), "end_ms": ms(max(e.end for e in found)),
                                 "copy_ms": sum(e.end - e.start for e in found if is_copy(e)) / 1e6,
                                 "ops": len(found)})
         actions.sort(key=lambda a: (a["stage"], a["start_ms"]))
