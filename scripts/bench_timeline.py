@@ -22,9 +22,8 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
-from bench_pipeline import cpu_ticks, overrides
+from bench_pipeline import foreign_cpu, model_arguments, overrides
 from chain.worker import LocalCluster
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -32,10 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--stages", type=int, default=2)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--micro-size", type=int, default=128, help="examples per microbatch")
+    model_arguments(p)
     p.add_argument("--micro", type=int, default=8, help="microbatches M")
     p.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "sequential"])
     p.add_argument("--steps", type=int, default=8, help="steps per run; the last --traced are profiled")
@@ -59,13 +55,8 @@ def main() -> None:
                                  f"trainer.steps={a.steps}", f"trainer.profile=[{a.steps - a.traced + 1},{a.steps}]",
                                  "checkpoint.export=false", "report=true"])
             run = chain.build(cfg, run_dir=run_dir)
-            pids = [os.getpid(), *cluster.pids]
-            b0, o0 = cpu_ticks(pids)
-            started = time.perf_counter()
-            summary = run.fit()
-            seconds = time.perf_counter() - started
-            b1, o1 = cpu_ticks(pids)
-            foreign = max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / seconds
+            summary = {}
+            _, foreign = foreign_cpu(lambda: summary.update(run.fit()), [os.getpid(), *cluster.pids])
             with open(os.path.join(run_dir, "timeline.json")) as f:
                 measured = json.load(f)
             row = dict(run_dir=run_dir, planned=summary["bubble_fraction"], measured=summary["measured_bubble_fraction"],

@@ -139,9 +139,10 @@ def timeline_section(rec: RunRecord) -> str:
              p["copy_wait_ms"], p["update_ms"]) for p in m["per_stage"]]
     out.append(table(("stage", "device", "busy ms", "busy fraction", "forward ms", "backward ms", "copy ms",
                       "copy wait ms", "update ms"), rows, "measured"))
+    shared = (" These stages are logical CPU devices of one process, which share one thread pool: the trace "
+              "shows order, not overlap." if m.get("shared_threads") else "")
     out.append("<p class='note'>per step, mean over the profiled steps. copy: transfer ops inside the actions; "
-               "copy wait: idle time of a stage after its next input was ready on another device. Logical CPU "
-               "devices of one process share one thread pool: there the trace shows order, not overlap.</p>")
+               f"copy wait: idle time of a stage after its next input was ready on another device.{shared}</p>")
     if m.get("advice"):
         out.append(f"<p class='advice' id='advice'>{esc(m['advice']['text'])}</p>")
     return "\n".join(out)

@@ -154,6 +154,10 @@ class Window:
             out.append(self.remote[task].replace(":", "_") if task is not None and task < len(self.remote) else None)
         return out
 
+    def shared_threads(self) -> bool:
+        """Whether the stages are logical CPU devices of this process (one thread pool for all)."""
+        return not self.remote and all("CPU" in s.device.upper() for s in self.run.stages)
+
     def _end(self) -> None:
         self._stop()
         files = [f for f in timeline.trace_files(self.logdir) if f not in self._before]
@@ -163,12 +167,15 @@ class Window:
         result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum)
         result["trace"] = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
         result["advice"] = self.advice(result)
+        result["shared_threads"] = self.shared_threads()
         with writing(os.path.join(run.run_dir, TIMELINE)):
             write_json(os.path.join(run.run_dir, TIMELINE), result)
         self.result = result
         plan = schedules.render(run.schedule, schedules.simulate(run.schedule), devices)
-        log.info("planned and measured timelines (%s):\n%s\n%s", TIMELINE, plan,
-                 timeline.render(result, run.schedule, devices))
+        note = ("\nnote: logical CPU devices of one process share its threads: the trace shows order, not overlap"
+                if result["shared_threads"] else "")
+        log.info("planned and measured timelines (%s):\n%s\n%s%s", TIMELINE, plan,
+                 timeline.render(result, run.schedule, devices), note)
         if result["advice"]:
             log.warning("balance: %s", result["advice"]["text"])
 
