@@ -178,3 +178,11 @@ def test_a_cluster_run_is_traced_on_its_workers(tmp_path):
     assert set(hosts) <= {timeline.source_of(f) for f in files}  # each worker's trace, beside the client's
     assert read_summary(run_dir)["measured_bubble_fraction"] is not None
     assert "measured bubble fraction" in r.stdout + r.stderr
+
+
+def test_a_mirrored_run_has_no_schedule_to_profile(tmp_path):
+    cfg = chain.compose(["+stages=2", "mode=e2e", "placement.fallback=mirrored", *SMALL, "trainer.steps=2",
+                         "trainer.profile=[1,1]"])
+    with pytest.raises(ConfigError, match="trainer.profile measures a pipeline schedule"):
+        chain.build(cfg, run_dir=str(tmp_path)).fit()
+    assert not os.path.exists(tmp_path / "timeline.json")
