@@ -192,24 +192,31 @@ def final(series) -> float | None:
     return series[-1][1] if series else None
 
 
+def labels(records: Sequence[RunRecord]) -> list[str]:
+    """Each run's name in legends and tables: its directory's name, or its path where names repeat."""
+    names = [r.name for r in records]
+    return [r.name if names.count(r.name) == 1 else r.path for r in records]
+
+
 def comparison(records: Sequence[RunRecord]) -> str:
     """The page comparing runs: final metrics side by side, curves overlaid."""
+    names = labels(records)
     tags = sorted({t for r in records for t in r.curves.get("chain", {})})
     header = ["run", "mode", "schedule", "microbatches", "steps", "loss first", "loss last", "examples/s",
               "bubble planned", "bubble measured", *[f"{t} (last)" for t in tags]]
-    rows = [(r.name, r.get("mode"), r.get("schedule"), r.get("microbatches"), r.get("steps"), r.get("loss_first"),
+    rows = [(name, r.get("mode"), r.get("schedule"), r.get("microbatches"), r.get("steps"), r.get("loss_first"),
              r.get("loss_last"), r.get("examples_per_second"), r.get("bubble_fraction"),
              r.get("measured_bubble_fraction"), *[final(r.curves.get("chain", {}).get(t)) for t in tags])
-            for r in records]
+            for name, r in zip(names, records)]
     body = [f"<h1>chain: {len(records)} runs compared</h1>",
-            "<ul>" + "".join(f"<li>{esc(r.name)}: {esc(r.path)} <code>{esc(' '.join(r.overrides))}</code></li>"
-                             for r in records) + "</ul>",
+            "<ul>" + "".join(f"<li>{esc(name)}: {esc(r.path)} <code>{esc(' '.join(r.overrides))}</code></li>"
+                             for name, r in zip(names, records)) + "</ul>",
             "<h2>Final metrics</h2>", table(header, rows, "metrics"), "<h2>Curves</h2>",
-            image(plots.curves({r.name: r.curves.get("chain", {}) for r in records}, "the chain (tb/chain)"),
+            image(plots.curves({n: r.curves.get("chain", {}) for n, r in zip(names, records)}, "the chain (tb/chain)"),
                   "chain curves")]
     n_stages = max((len(r.stage_writers()) for r in records), default=0)
     for k in range(n_stages):
-        series = {r.name: r.curves.get(f"stage_{k:02d}", {}) for r in records if k < len(r.stage_writers())}
+        series = {n: r.curves.get(f"stage_{k:02d}", {}) for n, r in zip(names, records) if k < len(r.stage_writers())}
         if any(series.values()):
             body.append(f'<h3 id="curves-stage-{k}">stage {k}</h3>')
             body.append(image(plots.curves(series, f"stage {k}"), f"stage {k} curves"))
