@@ -186,3 +186,16 @@ def test_a_mirrored_run_has_no_schedule_to_profile(tmp_path):
     with pytest.raises(ConfigError, match="trainer.profile measures a pipeline schedule"):
         chain.build(cfg, run_dir=str(tmp_path)).fit()
     assert not os.path.exists(tmp_path / "timeline.json")
+
+
+def test_the_advice_names_the_override_that_moves_layers():
+    import keras
+
+    from chain.training.profile import layers_and_override
+
+    own = chain.build(chain.compose(["+stages=2", "mode=e2e", *SMALL]))
+    assert layers_and_override(own.stages, [3, 1]) == ([2, 2], "'+stages=[{model: {depth: 3}},{model: {depth: 1}}]'")
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), *[keras.layers.Dense(8) for _ in range(4)],
+                              keras.layers.Dense(10)])
+    cut = chain.build(chain.compose(["+stages=2", "mode=e2e", *SMALL]), model=model)
+    assert layers_and_override(cut.stages, [4, 2]) == ([3, 3], "placement.split=[4,2]")  # the model's 6 layers

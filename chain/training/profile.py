@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -36,6 +37,7 @@ log = logging.getLogger("chain")
 
 TIMELINE = "timeline.json"
 FIRST_CALL_S = 30.0  # a cluster trace that starts at step 1 (tracing, compiling): how long to trace the workers
+CUT_LABEL = re.compile(r" layers \d+-\d+ \(")  # chain.stages.cut.describe: "model.keras layers 0-3 (d1..d4)"
 SUMMARY_KEYS = ("busy_fraction", "busy_ms", "forward_ms", "backward_ms", "copy_ms", "copy_wait_ms", "update_ms")
 
 
@@ -52,10 +54,11 @@ def layers_and_override(stages, split: list[int] | None) -> tuple[list[int], str
     layers per stage to `split`: `placement.split` for one cut Keras model, each stage's
     `model.depth` for the chain's own bodies, none for a user's builders."""
     specs = [s.spec.model if s.spec is not None else None for s in stages]
-    if all(isinstance(m, KerasModel) for m in specs):
+    # A cut model's stages (model=keras, or chain.build(cfg, model=...)) carry chain.stages.cut's labels.
+    if any(isinstance(m, KerasModel) for m in specs) or all(s.label and CUT_LABEL.search(s.label) for s in stages):
         layers = [len([layer for layer in s.model.layers if type(layer).__name__ != "InputLayer"]) for s in stages]
         return layers, (f"placement.split=[{','.join(map(str, split))}]" if split else None)
-    if all(m is not None and not isinstance(m, (Builder, KerasModel)) for m in specs):
+    if all(s.label is None and m is not None and not isinstance(m, (Builder, KerasModel)) for s, m in zip(stages, specs)):
         over = ",".join(f"{{model: {{depth: {d}}}}}" for d in split) if split else None
         return [m.depth for m in specs], (f"'+stages=[{over}]'" if over else None)
     return [len(s.model.layers) for s in stages], None
