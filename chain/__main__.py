@@ -148,6 +148,10 @@ def _app(cfg: DictConfig) -> None:
         if plan:
             print(plan, flush=True)
         summary = run.fit()
+        if summary.get("ranking"):
+            from chain.training.logs import ranking_table
+
+            print(ranking_table(summary["ranking"]))
         print(f"done: {summary['steps']} steps, summary in {os.path.join(run_dir, 'summary.json')}")
     except ChainError as e:
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files

@@ -5,6 +5,7 @@
     3  training stopped on a non-finite loss or gradient (chain.steps.numerics)
     4  the file system failed during a run (StorageError): full, read-only, gone
     5  a cluster worker was lost during a run (WorkerLost)
+    6  out of memory with the smallest batch allowed (OutOfMemory, mode=side_by_side)
 """
 
 
@@ -36,3 +37,9 @@ class WorkerLost(ChainError):
     """A cluster worker stopped answering during a run; the message names it."""
 
     exit_code = 5
+
+
+class OutOfMemory(ChainError):
+    """A device ran out of memory and the batch cannot shrink further (`oom.min_batch_size`)."""
+
+    exit_code = 6

@@ -7,6 +7,9 @@ set them. Unset (the normal case), every hook is a no-op.
                                  process sends itself SIGKILL: no cleanup, no flush.
     CHAIN_TEST_ANNOUNCE=1        print `test-hook: step N done` to stderr after each step,
                                  so a test can time a kill from the first step on.
+    CHAIN_TEST_OOM=STEP[@DEVICE]  (mode=side_by_side) the first try of step STEP (counted
+                                 in this process) raises ResourceExhaustedError naming
+                                 DEVICE (default /device:CPU:0), as a device out of memory.
     CHAIN_TEST_SAVE_PAUSE=SEC[@STEP]
                                  after each part (stage_NN/, then data/) of a save (of
                                  step STEP only, if given), print `test-hook: saved PART
@@ -31,6 +34,8 @@ KILL_AT_STEP = "CHAIN_TEST_KILL_AT_STEP"
 ANNOUNCE = "CHAIN_TEST_ANNOUNCE"
 SAVE_PAUSE = "CHAIN_TEST_SAVE_PAUSE"
 FAIL_SAVE = "CHAIN_TEST_FAIL_SAVE"
+OOM = "CHAIN_TEST_OOM"
+_oom_raised: set[int] = set()
 
 
 def after_step(step: int) -> None:
@@ -63,3 +68,18 @@ def before_part_saved(step: int, part: str) -> None:
     at, _, where = value.partition("@")
     if int(at) == step and part == (where or "data"):
         raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAIL_SAVE})")
+
+
+def before_step(step: int) -> None:
+    """Run out of memory like a device would, once, if `CHAIN_TEST_OOM` names this step."""
+    value = os.environ.get(OOM)
+    if not value:
+        return
+    at, _, device = value.partition("@")
+    if int(at) == step and step not in _oom_raised:
+        _oom_raised.add(step)
+        import tensorflow as tf
+
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"OOM when allocating tensor with shape[64,256] and type float on "
+                        f"{device or '/device:CPU:0'} by allocator (injected by {OOM})")

@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-# Each case: overrides, and what the one line must say. Twenty kinds of mistake.
+# Each case: overrides, and what the one line must say. Thirty kinds of mistake. `{files}` is a
+# folder of small data files (`user_files`); `{keras}` an empty Keras cache.
 CASES = [
     (["+stages=0"], "stages=0 must be a positive integer"),
     (["+stages=100000"], "stages=100000 must be a positive integer (at most 512)"),
@@ -36,7 +38,39 @@ CASES = [
     (["trainer.initial_loss_scale=1000"], "trainer.initial_loss_scale=1000 must be a power of two"),
     (["placement.fallback=mirrored", "placement.replicas=3"], "data.batch_size=64 does not divide over 3 replicas"),
     (["stage.target=colour"], "target='colour' is not a target of data=digits; allowed: label, parity"),
+    (["trainer.steps=5", "trainer.epochs=2"], "trainer.steps=5 and trainer.epochs=2 are both set; give one"),
+    (["checkpoint.best=true", "data.val_fraction=0"], "checkpoint.best=true needs validation examples"),
+    (["trainer.early_stop_patience=3"], "trainer.early_stop_patience=3 counts evaluations, but trainer.eval_every=0"),
+    # The user's data: a missing file, a key not in the arrays, a missing column, a glob matching
+    # nothing, an empty Keras cache, data that does not fit the first stage or the batch.
+    (["data=npz", "data.path={files}/nothing.npz", "data.y=y"],
+     "data.path='{files}/nothing.npz': the file does not exist"),
+    (["data=npz", "data.path={files}/a.npz", "data.y=labels"], "data.y='labels' is not an array of {files}/a.npz; its "
+                                                               "arrays: x, y"),
+    (["data=npz", "data.path={files}/a.npz"], "data=npz needs its target: data.y=KEY, or data.targets="),
+    (["data=csv", "data.path={files}/a.csv", "data.y=colour"], "data.y='colour' is not a column of {files}/a.csv; "
+                                                               "its columns: a, b, label"),
+    (["data=tfrecord", "data.files={files}/*.tfrecord", "data.y=label",
+      "data.features={x: 'float32[2]', label: int64}"], "data.files='{files}/*.tfrecord' matches no file"),
+    (["data=keras", "data.name=cifar10"],
+     "data=keras data.name=cifar10 reads the local Keras cache, but "
+     "{keras}/datasets/cifar-10-batches-py-target/cifar-10-batches-py/data_batch_1 is missing"),
+    (["data=npz", "data.path={files}/a.npz", "data.y=y", "data.batch_size=4", "+stages=[{model: conv}]"],
+     "stages[0].model=conv needs image input (height, width, channels), but receives shape (5,)"),
+    (["data=csv", "data.path={files}/a.csv", "data.y=label", "data.batch_size=20"],
+     "data.batch_size=20 is larger than data=csv (18 training examples)"),
 ]
+
+
+@pytest.fixture(scope="module")
+def user_files(tmp_path_factory):
+    """A folder with `a.npz` (x: 20 x 5, y: labels) and `a.csv` (columns a, b, label; 20 rows)."""
+    root = tmp_path_factory.mktemp("user_files")
+    rng = np.random.default_rng(0)
+    np.savez(root / "a.npz", x=rng.random((20, 5)), y=np.arange(20) % 3)
+    rows = "\n".join(f"{a:.3f},{b:.3f},{k % 2}" for k, (a, b) in enumerate(rng.random((20, 2))))
+    (root / "a.csv").write_text("a,b,label\n" + rows + "\n")
+    return str(root)
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +84,18 @@ def no_tensorflow(tmp_path_factory):
 
 
 def test_the_stand_in_really_blocks_tensorflow(no_tensorflow, tmp_path):
-    env = dict(os.environ, PYTHONPATH=no_tensorflow)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([no_tensorflow, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True, text=True)
     assert "tensorflow was imported" in r.stderr
 
 
 @pytest.mark.parametrize("overrides, message", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_config_errors_need_no_tensorflow(no_tensorflow, tmp_path, overrides, message):
-    env = dict(os.environ, PYTHONPATH=no_tensorflow)
+def test_config_errors_need_no_tensorflow(no_tensorflow, user_files, tmp_path_factory, tmp_path, overrides, message):
+    keras_home = str(tmp_path_factory.mktemp("keras_home"))  # an empty Keras cache
+    overrides = [o.replace("{files}", user_files) for o in overrides]
+    message = message.replace("{files}", user_files).replace("{keras}", keras_home)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([no_tensorflow, os.environ.get("PYTHONPATH", "")]),
+               KERAS_HOME=keras_home)  # the stand-in first; then this checkout, if it is on the path
     r = subprocess.run([sys.executable, "-m", "chain", *overrides], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     lines = [line for line in r.stderr.splitlines() if line.strip()]

@@ -89,7 +89,7 @@ def test_more_examples_per_step_than_the_data_set_has_is_a_config_error():
     with pytest.raises(chain.ConfigError) as e:
         chain.compose(BASE + ["data.batch_size=64", "trainer.grad_accum=8"])
     assert str(e.value) == ("trainer.grad_accum=8 x data.batch_size=64 = 512 examples per step is more than "
-                            "data=synthetic has (256)")
+                            "data=synthetic has (230 training examples)")
 
 
 def test_resume_needs_the_same_grad_accum():

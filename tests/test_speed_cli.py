@@ -69,7 +69,7 @@ def test_more_examples_per_step_than_the_data_set_is_one_line(cli, tmp_path):
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert lines == ["error: trainer.grad_accum=100 x data.batch_size=64 = 6400 examples per step is more than "
-                     "data=digits has (1797)"], r.stderr
+                     "data=digits has (1617 training examples)"], r.stderr
     assert run_dirs(tmp_path) == []
 
 

@@ -132,7 +132,8 @@ def test_one_strategy_per_placement_and_mode():
     from chain.planning.planner import MIRRORED, PIPELINE
     from chain.strategies import TABLE
 
-    assert set(TABLE) == {(p, m) for p in (PIPELINE, MIRRORED) for m in MODES}
+    chains = [m for m in MODES if m != "side_by_side"]  # independent models are never mirrored (config checks)
+    assert set(TABLE) == {(p, m) for p in (PIPELINE, MIRRORED) for m in chains} | {(PIPELINE, "side_by_side")}
     assert len(set(TABLE.values())) == len(TABLE)
 
 

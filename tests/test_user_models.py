@@ -31,12 +31,13 @@ def cli_with_nets(tmp_path, *overrides):
 
 
 def test_builders_from_the_command_line_train_on_their_devices(tmp_path):
-    r = cli_with_nets(tmp_path, BUILDERS, "mode=e2e", "trainer.steps=20", *SYNTH)
+    r = cli_with_nets(tmp_path, BUILDERS, "mode=e2e", "trainer.steps=60", "optim.lr=0.01", *SYNTH)
     assert r.returncode == 0, r.stderr
     assert "user_nets.encoder(units=12)" in r.stdout and "user_nets.head()" in r.stdout
     s = read_summary(run_dirs(tmp_path)[0])
     assert [st["variable_devices"] for st in s["stages"]] == [[DEVICES[0]], [DEVICES[1]]]
     assert s["stages"][0]["params"] == 6 * 12 + 12 and s["loss_last"] < s["loss_first"]
+    assert s["val"]["accuracy"] > 0.5  # it learned (4 classes)
 
 
 def test_one_builder_for_every_stage_with_its_arguments(tmp_path):

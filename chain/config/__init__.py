@@ -20,6 +20,7 @@ from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 from chain.config import checks
 from chain.config.hydra import compose_config, group_defaults, group_options, normalize_overrides, override_key
 from chain.config.schema import Settings, expand_stages, parse
+from chain.config.variants import expand as expand_variants
 from chain.errors import ConfigError
 
 __all__ = ["Settings", "compose", "validate", "group_options", "normalize_overrides", "override_key"]
@@ -42,10 +43,20 @@ def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
         raise ConfigError(f"{key} needs a value: set it on the command line, e.g. {key}=...") from None
     except Exception as e:  # an interpolation that does not resolve
         raise ConfigError(f"config does not resolve: {e}".splitlines()[0]) from None
-    stages = raw.pop("stages", None)
+    stages, variants, grid = raw.pop("stages", None), raw.pop("variants", None), raw.pop("grid", None)
     s = parse(Settings, "", raw)
-    s = replace(s, stages=expand_stages(stages, s.stage, group_defaults), source=source)
-    return replace(s, notes=checks.check(s))
+    if s.mode == "side_by_side":
+        if stages is not None:
+            raise ConfigError("mode=side_by_side trains independent models: list them with +variants=[...] or "
+                              "+grid={...}, not +stages")
+        specs, records = expand_variants(variants, grid, s.stage, s.data.batch_size, group_defaults)
+        s = replace(s, stages=specs, variants=records, source=source)
+    elif variants is not None or grid is not None:
+        raise ConfigError(f"+{'variants' if variants is not None else 'grid'} lists independent models: it needs "
+                          "mode=side_by_side")
+    else:
+        s = replace(s, stages=expand_stages(stages, s.stage, group_defaults), source=source)
+    return checks.settle(s)
 
 
 def compose(overrides: Sequence[str] = ()) -> Settings:

@@ -1,22 +1,29 @@
 """Checks across settings: what must hold between keys, known without TensorFlow.
 
-`check(settings)` raises one `ConfigError` line for the first problem and returns the
-`note:` lines for settings the run will ignore. Everything here is O(1) in configured
-numbers (a batch size of 10^12 costs nothing to refuse). What needs the runtime (devices
-that exist, their memory, the replicas a mirrored run finds) is checked in
-`chain.training.build`, in one place, before anything is printed or written.
+`check(settings, info)` raises one `ConfigError` line for the first problem and returns the
+`note:` lines for settings the run will ignore; `settle` adds those notes and the number of
+steps (`trainer.steps`, or what `trainer.epochs` makes of the training examples). What depends
+on the data (`check_data`) is checked here when the data is known without TensorFlow, and by
+`chain.training.build` once it is loaded otherwise (TFRecord files, the user's function).
+Everything here is O(1) in configured numbers (a batch size of 10^12 costs nothing to
+refuse). What needs the runtime (devices that exist, their memory, the replicas a mirrored
+run finds) is checked in `chain.training.build`, in one place, before anything is printed or
+written.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 from chain.config.schema import MAX_BATCH, KerasModel, Settings
 from chain.config.shapes import stage_shapes
-from chain.data.catalog import describe
+from chain.data.catalog import DataInfo, describe
 from chain.errors import ConfigError, DeviceError
 from chain.planning.devices import canonical
+
+DEFAULT_STEPS = 400  # trainer.steps when neither it nor trainer.epochs is set (digits: ~16 epochs)
 
 
 def microbatches_divide(microbatches: int, batch_size: int) -> None:
@@ -67,13 +74,68 @@ def check_cut(s: Settings) -> None:
                           "give the layers of each stage")
 
 
-def check_profile(s: Settings) -> None:
-    """`trainer.profile` traces steps of a pipeline schedule that the run takes."""
+def check_side_by_side(s: Settings) -> None:
+    """Independent models share the data stream, not a pipeline: no accumulation, no replicas, no cut."""
+    if s.trainer.grad_accum != 1:
+        raise ConfigError("trainer.grad_accum applies to a chain; mode=side_by_side gives each model its own "
+                          "batch size instead (variants[i].data.batch_size)")
+    if s.placement.fallback == "mirrored":
+        raise ConfigError("placement.fallback=mirrored applies to a chain; side by side, models share devices "
+                          "(placement.devices) or each has its own")
+    if any(isinstance(spec.model, KerasModel) for spec in s.stages):
+        raise ConfigError("model=keras cuts one model into a chain; side by side, each variant is a whole model "
+                          "(mlp, conv, or a builder with _target_)")
+
+
+def check_data(s: Settings, info: DataInfo) -> None:
+    """What must hold between the settings and the data: batch vs data size, targets, stage
+    shapes, loss vs target, validation for best checkpoints and early stopping. Run by the
+    config checks when the data is known without TensorFlow, else by `chain.training.build`
+    once the data is loaded (before anything is printed or written)."""
+    per_step = s.examples_per_step
+    if per_step > info.examples:
+        have = f"{info.examples} training examples" if info.val_examples else f"{info.examples} examples"
+        if s.variants:
+            i = max(range(len(s.variants)), key=lambda j: s.variants[j].batch_size)
+            raise ConfigError(f"variants[{i}].data.batch_size={per_step} is larger than data={info.name} ({have})")
+        if s.trainer.grad_accum == 1:
+            raise ConfigError(f"data.batch_size={per_step} is larger than data={info.name} ({have})")
+        raise ConfigError(f"trainer.grad_accum={s.trainer.grad_accum} x data.batch_size={s.data.batch_size} = "
+                          f"{per_step} examples per step is more than data={info.name} has ({have})")
+    for spec in s.stages:
+        info.target(spec.target)
+    stage_shapes(s.stages, info, s.mode)  # a stage that cannot take its input
+    if s.mode == "e2e":
+        loss_fits_target(s.loss, info.target(s.stages[-1].target), info.name)
+    if not info.val_examples:
+        wants = [k for k, on in (("checkpoint.best=true", s.checkpoint.best),
+                                 (f"trainer.early_stop_patience={s.trainer.early_stop_patience}",
+                                  s.trainer.early_stop_patience is not None)) if on]
+        if wants:
+            raise ConfigError(f"{wants[0]} needs validation examples, but data={info.name} has none "
+                              f"(data.val_fraction={s.data.val_fraction}); set data.val_fraction > 0")
+
+
+def steps(s: Settings, info: DataInfo | None) -> int | None:
+    """The run's optimizer steps: `trainer.steps`, or `trainer.epochs` passes over the training
+    examples (rounded up to whole steps; None while the data is unknown), or DEFAULT_STEPS."""
+    t = s.trainer
+    if t.steps is not None:
+        return t.steps
+    if t.epochs is None:
+        return DEFAULT_STEPS
+    return None if info is None else math.ceil(t.epochs * info.examples / s.examples_per_step)
+
+
+def check_profile(s: Settings, n_steps: int | None) -> None:
+    """`trainer.profile` traces steps of a pipeline schedule that the run takes (`n_steps`: the run's
+    steps, None while the data that `trainer.epochs` counts in is unknown)."""
     if s.trainer.profile is None:
         return
     start, stop = s.trainer.profile
-    if stop > s.trainer.steps:
-        raise ConfigError(f"trainer.profile=[{start},{stop}] goes past trainer.steps={s.trainer.steps}")
+    if n_steps is not None and stop > n_steps:
+        given = "trainer.steps" if s.trainer.steps is not None else "the run's steps"
+        raise ConfigError(f"trainer.profile=[{start},{stop}] goes past {given}={n_steps}")
     if s.mode != "e2e":
         raise ConfigError("trainer.profile measures a pipeline schedule's actions: it needs mode=e2e")
     profile_ports(s.cluster.workers, s.cluster.profile_ports)
@@ -86,9 +148,9 @@ def profile_ports(workers, ports) -> None:
                           "port per worker (each started with python -m chain.worker --profile-port PORT)")
 
 
-def check(s: Settings) -> tuple[str, ...]:
-    """Raise a ConfigError for the first inconsistency of `s`; return notes on ignored settings."""
-    info = describe(s.data)
+def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
+    """Raise a ConfigError for the first inconsistency of `s` (with the data `info` describes,
+    when known); return notes on ignored settings."""
     devices = s.placement.devices
     if devices is not None and len(devices) != len(s.stages):
         raise ConfigError(f"placement.devices has {len(devices)} entries, but there are {len(s.stages)} stages; "
@@ -98,25 +160,25 @@ def check(s: Settings) -> tuple[str, ...]:
             canonical(d)
         except DeviceError as e:
             raise ConfigError(f"placement.devices[{k}]: {e}") from None
-    per_step = s.examples_per_step
-    if per_step > info.examples:
-        if s.trainer.grad_accum == 1:
-            raise ConfigError(f"data.batch_size={per_step} is larger than data={info.name} ({info.examples} examples)")
-        raise ConfigError(f"trainer.grad_accum={s.trainer.grad_accum} x data.batch_size={s.data.batch_size} = "
-                          f"{per_step} examples per step is more than data={info.name} has ({info.examples})")
-    if per_step > MAX_BATCH:
-        raise ConfigError(f"trainer.grad_accum x data.batch_size = {per_step} examples per step; at most {MAX_BATCH}")
-    for k, spec in enumerate(s.stages):
-        info.target(spec.target)
-    stage_shapes(s.stages, info, s.mode)  # a stage that cannot take its input
+    if s.examples_per_step > MAX_BATCH:
+        raise ConfigError(f"trainer.grad_accum x data.batch_size = {s.examples_per_step} examples per step; "
+                          f"at most {MAX_BATCH}")
+    t = s.trainer
+    if t.steps is not None and t.epochs is not None:
+        raise ConfigError(f"trainer.steps={t.steps} and trainer.epochs={t.epochs} are both set; give one")
+    if t.early_stop_patience is not None and not t.eval_every:
+        raise ConfigError(f"trainer.early_stop_patience={t.early_stop_patience} counts evaluations, but "
+                          "trainer.eval_every=0 evaluates only at the end; set trainer.eval_every=N (steps)")
+    if s.mode == "side_by_side":
+        check_side_by_side(s)
+    if info is not None:
+        check_data(s, info)
     check_cut(s)
-    check_profile(s)
     if s.placement.fallback == "mirrored" and s.placement.replicas is not None:
         batch_over_replicas(s.data.batch_size, s.placement.replicas)
     notes = []
     if s.mode == "e2e":
         microbatches_divide(s.pipeline.microbatches, s.data.batch_size)
-        loss_fits_target(s.loss, info.target(s.stages[-1].target), info.name)
     else:
         ignored = [f"pipeline.{k}={v}" for k, v in (("schedule", s.pipeline.schedule),
                                                    ("microbatches", s.pipeline.microbatches))
@@ -124,6 +186,24 @@ def check(s: Settings) -> tuple[str, ...]:
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
         if ignored:
-            notes.append(f"{', '.join(ignored)} ignored: mode=local trains each stage's head with its own loss "
+            notes.append(f"{', '.join(ignored)} ignored: mode={s.mode} trains each "
+                         f"{'stage' if s.mode == 'local' else 'model'}'s head with its own loss "
                          "(cross-entropy on classes, squared error on values), without a pipeline")
     return tuple(notes)
+
+
+def settle(s: Settings) -> Settings:
+    """`s` checked (`check`), with its notes and, where the data is known, its steps."""
+    info = describe(s.data)
+    notes = check(s, info)
+    n_steps = steps(s, info)
+    check_profile(s, n_steps)
+    return replace(s, notes=notes, trainer=replace(s.trainer, steps=n_steps))
+
+
+def with_data(s: Settings, info: DataInfo) -> Settings:
+    """`s` checked against the loaded data (`check_data`), with its steps known."""
+    check_data(s, info)
+    n_steps = steps(s, info)
+    check_profile(s, n_steps)
+    return replace(s, trainer=replace(s.trainer, steps=n_steps))

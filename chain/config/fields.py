@@ -130,6 +130,63 @@ def address(key: str, v: Any) -> str:
     return v
 
 
+def mapping(inner: Check, max_len: int = 4096) -> Check:
+    """A mapping of names to values, each checked by `inner`; returned as a tuple of
+    `(name, value)` pairs in the given order (hashable, like the rest of the settings)."""
+    def check(key: str, v: Any) -> tuple:
+        if not isinstance(v, dict):
+            raise ConfigError(f"{key}={v!r} must be a mapping, e.g. {key}={{name: value}}")
+        if len(v) > max_len:
+            raise ConfigError(f"{key} has {len(v)} entries; at most {max_len} are allowed")
+        for k in v:
+            if not isinstance(k, str) or not k:
+                raise ConfigError(f"{key} has the key {k!r}; keys must be non-empty names")
+        return tuple((k, inner(f"{key}.{k}", x)) for k, x in v.items())
+
+    return check
+
+
+UNSET = (None, "???")  # null, or Hydra's mandatory-value marker
+
+
+def required(inner: Check, example: str) -> Check:
+    """A value that has no default: unset (null or `???`) is one line showing `example`."""
+    def check(key: str, v: Any) -> Any:
+        if v in UNSET:
+            raise ConfigError(f"{key} is not set: {example}")
+        return inner(key, v)
+
+    return check
+
+
+def dotted_name(key: str, v: Any) -> str:
+    """A Python object's dotted path, `package.module.name` (what Hydra's `_target_` takes)."""
+    parts = v.split(".") if isinstance(v, str) else []
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        raise ConfigError(f"{key}={v!r} must be a dotted path to a function, e.g. mypackage.data.make_dataset")
+    return v
+
+
+FEATURE_DTYPES = ("float32", "int64")
+
+
+def feature(key: str, v: Any) -> tuple:
+    """A fixed-length TFRecord feature, `DTYPE` (one value) or `DTYPE[d1,d2,...]`, DTYPE float32 or
+    int64; returned as `(dtype, shape)`."""
+    text = v.replace(" ", "") if isinstance(v, str) else ""
+    dtype, bracket, dims = text.partition("[")
+    shape: tuple = ()
+    ok = dtype in FEATURE_DTYPES and (not bracket or dims.endswith("]"))
+    if ok and bracket and dims[:-1]:
+        parts = dims[:-1].split(",")
+        ok = all(p.isdigit() and int(p) > 0 for p in parts)
+        shape = tuple(int(p) for p in parts) if ok else ()
+    if not ok:
+        raise ConfigError(f"{key}={v!r} must be a fixed-length feature: float32 or int64, with its shape in "
+                          "brackets unless it holds one value, e.g. float32[28,28,1] or int64")
+    return dtype, shape
+
+
 def step_window(key: str, v: Any) -> tuple[int, int]:
     """`[START, STOP]`: steps START to STOP, both counted from 1, START <= STOP."""
     start, stop = list_of(integer(1), 2, 2)(key, v) if isinstance(v, (list, tuple)) else (None, None)

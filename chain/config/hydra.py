@@ -53,8 +53,8 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
     for o in overrides:
         key, sep, value = o.partition("=")
         bare = override_key(o)
-        if bare == "stages" and sep:
-            o = f"++stages={value}"
+        if bare in ("stages", "variants", "grid") and sep:
+            o = f"++{bare}={value}"
         elif bare in GROUPS and sep and not key.startswith("~"):
             if value not in group_options(bare):
                 raise ConfigError(f"{bare}={value!r} is not known; allowed: {', '.join(group_options(bare))}")

@@ -12,15 +12,17 @@ here imports TensorFlow.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Union
 
-from chain.config.fields import (Check, address, boolean, choice, int_or_list, integer, list_of, number, optional,
-                                 power_of_two, step_window, string)
+from chain.config.fields import (Check, address, boolean, choice, dotted_name, feature, int_or_list, integer,
+                                 list_of, mapping, number, optional, power_of_two, required, step_window, string)
 from chain.errors import ConfigError
 from chain.planning.schedules import NAMES as SCHEDULES
 
-MODES = ("local", "e2e")
+MODES = ("local", "e2e", "side_by_side")
+POLICIES = ("lockstep", "round_robin")
 LOSSES = ("sparse_categorical_crossentropy", "mse")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 FALLBACKS = ("virtual", "mirrored", "error")
@@ -51,13 +53,17 @@ def parse(cls: type, key: str, raw: Any) -> Any:
     join = (lambda k: f"{key}.{k}") if key else (lambda k: k)
     checked = {f.name: f.metadata["check"] for f in fields(cls) if "check" in f.metadata}
     unknown = sorted(set(raw) - set(checked), key=str)
-    if unknown:
+    extra = getattr(cls, "EXTRA", None)  # a section that passes the keys it does not know on
+    if unknown and extra is None:
         where = f"of {key}" if key else "at the top level"
         raise ConfigError(f"unknown key {join(unknown[0])}; allowed keys {where}: {', '.join(sorted(checked))}")
     missing = sorted(set(checked) - set(raw))
     if missing:
         raise ConfigError(f"missing key {join(missing[0])}")
-    return cls(**{name: check(join(name), raw[name]) for name, check in checked.items()})
+    values = {name: check(join(name), raw[name]) for name, check in checked.items()}
+    if extra is not None:
+        values[extra] = {k: raw[k] for k in unknown}
+    return cls(**values)
 
 
 def section(cls: type) -> Check:
@@ -66,11 +72,18 @@ def section(cls: type) -> Check:
 
 
 def variants(*classes: type) -> Check:
-    """A check that parses a mapping into the class whose `KIND` is the mapping's `name`."""
-    by_kind = {c.KIND: c for c in classes}
+    """A check that parses a mapping into the class whose `KIND` (or one of its `KINDS`) is the
+    mapping's `name`; a class with `SELECTED_BY` is also chosen by that key alone (`_target_`)."""
+    by_kind = {k: c for c in classes for k in getattr(c, "KINDS", None) or (c.KIND,)}
+    by_key = {c.SELECTED_BY: c.KIND for c in classes if hasattr(c, "SELECTED_BY")}
 
     def check(key: str, raw: Any) -> Any:
+        if isinstance(raw, dict) and "name" not in raw:
+            raw = {"name": next((kind for k, kind in by_key.items() if k in raw), None), **raw}
         name = raw.get("name") if isinstance(raw, dict) else None
+        for k, kind in by_key.items():
+            if isinstance(raw, dict) and k in raw and name != kind:
+                raise ConfigError(f"{key}.{k} is given, so {key}.name must be {kind} (data={kind}), not {name!r}")
         if name not in by_kind:
             raise ConfigError(f"{key}.name={name!r} is not known; allowed: {', '.join(by_kind)}")
         return parse(by_kind[name], key, raw)
@@ -188,14 +201,19 @@ OPTIM = variants(Sgd, Adam)
 
 # --- data sets -------------------------------------------------------------------------------
 
+MAX_CLASSES = 1 << 20
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataSet:
-    """What every data set has: its name, the batch size, whether batches are shuffled."""
+    """What every data set has: its name, the batch size, whether batches are shuffled, and the
+    share of its examples held out for validation (`val_fraction`; None: the data set's own
+    validation split, or 0.1 of its examples when it has none; 0: no validation)."""
 
     name: str = setting(string)
     batch_size: int = setting(integer(1, MAX_BATCH))
     shuffle: bool = setting(boolean)
+    val_fraction: float | None = setting(optional(number(minimum=0.0, below=1.0)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,8 +233,76 @@ class Synthetic(DataSet):
     classes: int = setting(integer(2, 65536))
 
 
-Data = Union[Digits, Synthetic]
-DATA = variants(Digits, Synthetic)
+@dataclass(frozen=True, kw_only=True)
+class Keras(DataSet):
+    """A Keras data set, read from the local Keras cache (`KERAS_HOME/datasets`), never downloaded."""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("mnist", "fashion_mnist", "cifar10")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Labelled(DataSet):
+    """The user's data: inputs and targets. `y` names one target array (the target is then
+    called `label` for integers, `value` for reals); `targets` names several (target name ->
+    array). `classes` sets a target's kind (target name -> number of classes, 0 for a real
+    value); by default integer labels are classes (their maximum + 1), reals are values."""
+
+    y: str | None = setting(optional(string))
+    targets: tuple[tuple[str, str], ...] | None = setting(optional(mapping(string)))
+    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Npz(Labelled):
+    """A NumPy `.npz` file: `x` and the targets are keys of its arrays; `val_path` an optional
+    second file with the same keys, for validation."""
+
+    KIND: ClassVar[str] = "npz"
+    path: str = setting(required(string, "data=npz data.path=FILE.npz data.x=KEY data.y=KEY"))
+    val_path: str | None = setting(optional(string))
+    x: str = setting(string)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Csv(Labelled):
+    """A CSV file with a header row: targets are columns by name, the inputs the columns `x`
+    (None: every column that is not a target); `val_path` an optional second file."""
+
+    KIND: ClassVar[str] = "csv"
+    path: str = setting(required(string, "data=csv data.path=FILE.csv data.y=COLUMN"))
+    val_path: str | None = setting(optional(string))
+    x: tuple[str, ...] | None = setting(optional(list_of(string, 1)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TFRecord(Labelled):
+    """TFRecord files of `tf.train.Example`s (`files`, a glob): `features` declares every feature
+    read (name -> `float32[d1,...]` or `int64`), `x` the input feature; `val_files` an optional
+    glob for validation."""
+
+    KIND: ClassVar[str] = "tfrecord"
+    files: str = setting(required(string, "data=tfrecord data.files='DIR/*.tfrecord'"))
+    val_files: str | None = setting(optional(string))
+    x: str = setting(string)
+    features: tuple[tuple[str, tuple], ...] = setting(
+        required(mapping(feature), "data.features={x: 'float32[8]', label: int64} (every feature read)"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FromCallable(DataSet):
+    """The user's function (`_target_`, called through Hydra) returning a finite `tf.data.Dataset`
+    of `(x, y)` or `(x, {name: y})` examples; every other key is a keyword argument of it."""
+
+    KIND: ClassVar[str] = "callable"
+    SELECTED_BY: ClassVar[str] = "_target_"
+    EXTRA: ClassVar[str] = "kwargs"
+    _target_: str = setting(required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"))
+    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))))
+    kwargs: dict = field(default_factory=dict)
+
+
+Data = Union[Digits, Synthetic, Keras, Npz, Csv, TFRecord, FromCallable]
+DATA = variants(Digits, Synthetic, Keras, Npz, Csv, TFRecord, FromCallable)
 
 
 # --- the other sections ----------------------------------------------------------------------
@@ -233,7 +319,15 @@ class StageSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class Trainer:
-    steps: int = setting(integer(1, 10 ** 12))
+    """How long and how a run trains. `steps` or `epochs` (passes over the training examples)
+    sets the length: `chain.config.checks` turns either into `steps`. `eval_every`: steps between
+    evaluations on the validation set (0: only at the end); `early_stop_patience=N` stops after N
+    evaluations without a lower validation loss."""
+
+    steps: int | None = setting(optional(integer(1, 10 ** 12)))
+    epochs: int | None = setting(optional(integer(1, 10 ** 6)))
+    eval_every: int = setting(integer(0))
+    early_stop_patience: int | None = setting(optional(integer(1)))
     log_every: int = setting(integer(1))
     progress: bool = setting(boolean)
     jit_compile: bool = setting(boolean)
@@ -266,6 +360,22 @@ class PlacementSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SideBySideSettings:
+    """mode=side_by_side: `lockstep` (every model a step per batch, one compiled step: models on
+    different devices run at once) or `round_robin` (one model at a time: lower peak memory)."""
+
+    policy: str = setting(choice(*POLICIES))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomSettings:
+    """Out of memory in a step (mode=side_by_side): shrink the batch of the models on that device."""
+
+    shrink: float = setting(number(positive=True, below=1.0))
+    min_batch_size: int = setting(integer(1, MAX_BATCH))
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterSettings:
     """Stages on TensorFlow cluster workers (`python -m chain.worker`), by their addresses in task order."""
 
@@ -280,6 +390,7 @@ class CheckpointSettings:
     keep: int = setting(integer(1, 10000))
     export: bool = setting(boolean)
     fallback: bool = setting(boolean)
+    best: bool = setting(boolean)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,7 +398,8 @@ class Settings:
     """The validated config of one run: typed, frozen, produced once by `chain.config.validate`.
 
     `stages` is the expanded list of stage specs (`+stages=N` or per-stage overrides of
-    the `stage` template); `notes` are `note:` lines about settings the run ignores.
+    the `stage` template; mode=side_by_side: one per variant, `variants` says which);
+    `notes` are `note:` lines about settings the run ignores.
     `source` is the composed Hydra config it came from (None when built from a dict).
     """
 
@@ -307,19 +419,26 @@ class Settings:
     placement: PlacementSettings = setting(section(PlacementSettings))
     checkpoint: CheckpointSettings = setting(section(CheckpointSettings))
     cluster: ClusterSettings = setting(section(ClusterSettings))
+    side_by_side: SideBySideSettings = setting(section(SideBySideSettings))
+    oom: OomSettings = setting(section(OomSettings))
     stages: tuple[StageSpec, ...] = ()
+    variants: tuple = ()  # mode=side_by_side: one `chain.config.variants.Variant` per stage
     notes: tuple[str, ...] = ()
     source: Any = field(default=None, compare=False, repr=False)
 
     @property
     def examples_per_step(self) -> int:
-        """Examples behind one optimizer step: `trainer.grad_accum` x `data.batch_size`."""
+        """Examples behind one optimizer step: `trainer.grad_accum` x `data.batch_size` (side by
+        side: the largest variant's batch, of which every variant takes its slice)."""
+        if self.variants:
+            return max(v.batch_size for v in self.variants)
         return self.trainer.grad_accum * self.data.batch_size
 
 
 def plain(section_value: Any) -> dict:
-    """A section as a plain dict (for JSON files such as the checkpoint manifest)."""
-    return asdict(section_value)
+    """A section as a plain dict of JSON values (for files such as the checkpoint manifest, and
+    to compare with what such a file holds): tuples become lists."""
+    return json.loads(json.dumps(asdict(section_value)))
 
 
 # --- stage expansion -------------------------------------------------------------------------
@@ -332,7 +451,8 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
-def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[str, str], dict]) -> tuple[StageSpec, ...]:
+def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[str, str], dict],
+                  key_name: str = "stages") -> tuple[StageSpec, ...]:
     """Expand `stages` (None, N, or a list of per-stage overrides) into N stage specs.
 
     A per-stage `model: conv` (a bare name) starts that stage from the packaged
@@ -355,7 +475,7 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
         base["model"] = {"_target_": template.model.target, **template.model.kwargs}
     specs = []
     for i, over in enumerate(stages):
-        key = f"stages[{i}]"
+        key = f"{key_name}[{i}]"
         over = {} if over is None else over
         if not isinstance(over, dict):
             raise ConfigError(f"{key}={over!r} must be a mapping of overrides, e.g. {{model: {{width: 32}}}}")

@@ -61,14 +61,18 @@ def readout_params(target: Target, input_shape: tuple[int, ...]) -> int:
 
 
 def stage_shapes(stages, info: DataInfo, mode: str) -> list[StageShape | None]:
-    """Each stage's shapes and sizes; mode=local adds a head per stage, mode=e2e a read-out on the last.
+    """Each stage's shapes and sizes; mode=local adds a head per stage, mode=e2e a read-out on the
+    last; mode=side_by_side's models each take the data and have a head.
 
     None for a stage whose body the config alone does not describe (a builder, a cut Keras
-    model) and for every stage after it: their shapes are known once built.
+    model) and for every stage after it in a chain: their shapes are known once built.
     """
     out, shape = [], tuple(info.input_shape)
+    chained = mode != "side_by_side"
     for k, spec in enumerate(stages):
         where = f"stages[{k}]"
+        if not chained:
+            shape = tuple(info.input_shape)
         if shape is None or not isinstance(spec.model, (Mlp, Conv)):
             out.append(None)
             shape = None
@@ -76,7 +80,7 @@ def stage_shapes(stages, info: DataInfo, mode: str) -> list[StageShape | None]:
         output = body_shape(spec.model, shape, where)
         params = body_params(spec.model, shape)
         target = info.target(spec.target)
-        if mode == "local" or k == len(stages) - 1:
+        if mode != "e2e" or k == len(stages) - 1:
             params += readout_params(target, output)
         out.append(StageShape(shape, output, params, body_activations(spec.model, output)))
         shape = output

@@ -1,21 +1,36 @@
-"""What a data set looks like, known without loading it or TensorFlow: its input shape, its
-number of examples and its named targets.
+"""What a data set looks like, known without loading it into TensorFlow: its input shape, its
+numbers of training and validation examples, and its named targets.
 
 The config checks (`chain.config.checks`) use this to refuse, before TensorFlow starts, a
-batch larger than the data, a conv stage on flat input, or a loss that cannot learn a
-target. `chain.data.sources` loads the arrays and checks they agree.
+batch larger than the data, a conv stage on flat input, a loss that cannot learn a target,
+a missing file or a key that is not in it. `chain.data.sources` loads the arrays and checks
+they agree. Data that only TensorFlow can read (`tfrecord`, `callable`) is described once
+loaded (`describe` returns None for it, after checking what it can: its files exist).
+
+Targets: a target is class labels (`classes` > 0) or a real value (0). For the user's data
+the kind comes from `data.classes` where given, else from the labels: integers (for CSV,
+columns of whole numbers) are classes, their number the largest label + 1; anything else is
+a value. A single target given as `data.y` is called `label` (classes) or `value`.
+
+Validation: `val_fraction(data, own)` is the share of the examples held out (`data.val_fraction`;
+unset: none when the data set brings its own validation examples, else 0.1), and
+`split_size` how many that is; `chain.data.sources.split` draws them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from chain.data import files
 from chain.errors import ConfigError
 
 # scikit-learn's bundled digits: 1797 images of 8x8 pixels, ten classes (fixed by its data file;
-# tests/test_data.py checks these against the loaded arrays).
+# tests/test_data_sources.py checks these against the loaded arrays).
 DIGITS_EXAMPLES = 1797
 DIGITS_SHAPE = (8, 8, 1)
+DEFAULT_VAL_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -32,12 +47,14 @@ class Target:
 
 @dataclass(frozen=True)
 class DataInfo:
-    """A data set's shape: `input_shape` per example, `examples`, and its `targets` (the first is the default)."""
+    """A data set's shape: `input_shape` per example, `examples` to train on, `val_examples` held
+    for validation (0: none), and its `targets` (the first is the default)."""
 
     name: str
     input_shape: tuple[int, ...]
     examples: int
     targets: tuple[Target, ...]
+    val_examples: int = 0
 
     def target(self, name: str | None) -> Target:
         """The target called `name` (None: the first), or a ConfigError naming the allowed ones."""
@@ -50,9 +67,176 @@ class DataInfo:
                           f"allowed: {', '.join(t.name for t in self.targets)}")
 
 
-def describe(data) -> DataInfo:
-    """The `DataInfo` of a validated `data` section (`chain.config.schema.Data`)."""
-    if data.name == "digits":
-        return DataInfo("digits", DIGITS_SHAPE, DIGITS_EXAMPLES, (Target("label", 10), Target("parity", 2)))
-    return DataInfo("synthetic", (data.features,), data.samples,
-                    (Target("label", data.classes), Target("parity", 2), Target("value", 0)))
+# --- validation split ------------------------------------------------------------------------
+
+
+def own_validation(data) -> str | None:
+    """The key of the validation examples a data set brings itself (`data.val_path`, a Keras
+    data set's test split), or None."""
+    for key in ("val_path", "val_files"):
+        if getattr(data, key, None) is not None:
+            return f"data.{key}"
+    return "the test split" if data.name in files.KERAS else None
+
+
+def val_fraction(data) -> float:
+    """The share of the training examples held out for validation."""
+    own = own_validation(data)
+    if data.val_fraction is not None and own and own.startswith("data."):
+        raise ConfigError(f"data.val_fraction={data.val_fraction} and {own} are both set; give one "
+                          f"(validation comes from {own}, or from a share of the training examples)")
+    if data.val_fraction is not None:
+        return data.val_fraction
+    return 0.0 if own else DEFAULT_VAL_FRACTION
+
+
+def split_size(n: int, fraction: float) -> int:
+    """How many of `n` examples `fraction` holds out: round(n x fraction), at least 1 and at
+    most n - 1 (none for a fraction of 0)."""
+    if fraction <= 0 or n < 2:
+        return 0
+    return min(n - 1, max(1, round(n * fraction)))
+
+
+def split_info(name: str, shape: tuple[int, ...], n: int, targets: tuple[Target, ...], data, own: int = 0
+               ) -> DataInfo:
+    """The `DataInfo` of `n` examples of which `val_fraction(data)` is held out for validation;
+    `own`: validation examples the data set brings besides (`data.val_path`)."""
+    held = split_size(n, val_fraction(data))
+    return DataInfo(name, shape, n - held, targets, held + own)
+
+
+# --- the user's targets ----------------------------------------------------------------------
+
+
+def target_keys(data) -> list[tuple[str | None, str, str]]:
+    """What the user's targets are read from: (name, array key or column, config key); the
+    name is None for `data.y`, whose name comes from its kind (`name_targets`)."""
+    if data.y is not None and data.targets is not None:
+        raise ConfigError("data.y and data.targets are both set; give one (data.targets={name: KEY, ...} for "
+                          "several targets)")
+    if data.targets:
+        return [(name, key, f"data.targets.{name}") for name, key in data.targets]
+    if data.y is not None:
+        return [(None, data.y, "data.y")]
+    raise ConfigError(f"data={data.name} needs its target: data.y=KEY, or data.targets={{name: KEY, ...}} for several")
+
+
+def _integral(a: np.ndarray, by_values: bool) -> bool:
+    if a.dtype.kind in "iub":
+        return True
+    return by_values and a.dtype.kind == "f" and bool(np.all(np.isfinite(a) & (a == np.round(a))))
+
+
+def name_targets(data, labels: list[tuple[str | None, np.ndarray]], by_values: bool = False
+                 ) -> tuple[Target, ...]:
+    """The targets of `labels` ((name or None, every label array of that target, training and
+    validation together)): kinds from `data.classes`, else from the values (integers: classes,
+    max + 1; `by_values`: also whole-number reals, for untyped sources such as CSV)."""
+    given = dict(data.classes or ())
+    targets = []
+    for name, a in labels:
+        integral = _integral(a, by_values)
+        name = name or ("label" if integral else "value")
+        classes = given.pop(name, None)
+        if classes is None:
+            classes = max(2, int(a.max()) + 1) if integral and a.size and a.max() >= 0 else 0
+        elif classes == 1:
+            raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
+        targets.append(Target(name, classes))
+    if given:
+        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data={data.name}; "
+                          f"its targets: {', '.join(t.name for t in targets)}")
+    return tuple(targets)
+
+
+def input_shape(shape: tuple[int, ...], key: str) -> tuple[int, ...]:
+    """One example's shape from an input array's shape (N, ...); one line if there is no example axis."""
+    if len(shape) < 2:
+        raise ConfigError(f"{key} has shape {tuple(shape)}; expected one example per row, (N, features...)")
+    return tuple(shape[1:])
+
+
+def _npz(data) -> DataInfo:
+    counts, shape = [], ()
+    labels: dict[str, list] = {}
+    for path, path_key in ((data.path, "data.path"), (data.val_path, "data.val_path")):
+        if path is None:
+            continue
+        x_shape = files.npz_shape(path, data.x, "data.x", path_key)
+        counts.append(x_shape[0])
+        shape = shape or input_shape(x_shape, f"data.x={data.x!r} in {path}")
+        for name, key, where in target_keys(data):
+            labels.setdefault(where, [name]).append(files.npz_array(path, key, where, path_key).reshape(-1))
+    targets = name_targets(data, [(v[0], np.concatenate(v[1:])) for v in labels.values()])
+    return split_info("npz", shape, counts[0], targets, data, own=sum(counts[1:]))
+
+
+def csv_columns(data, table: files.Table) -> list[str]:
+    """The input columns of a CSV source: `data.x`, or every column that is not a target."""
+    used = {key for _, key, _ in target_keys(data)}
+    if data.x is None:
+        columns = [c for c in table.columns if c not in used]
+        if not columns:
+            raise ConfigError(f"data.path={table.path!r} has no column left for the inputs once the targets "
+                              f"({', '.join(sorted(used))}) are taken")
+        return columns
+    for i, c in enumerate(data.x):
+        table.column(c, f"data.x[{i}]")
+        if c in used:
+            raise ConfigError(f"data.x[{i}]={c!r} is also a target; a column is an input or a target")
+    return list(data.x)
+
+
+def _csv(data) -> DataInfo:
+    table = files.csv_table(data.path, "data.path")
+    columns = csv_columns(data, table)
+    tables = [table] + ([files.csv_table(data.val_path, "data.val_path")] if data.val_path else [])
+    for t in tables[1:]:
+        for c in columns:
+            t.column(c, f"data.x column (data.val_path={data.val_path!r})")
+    labels = [(name, np.concatenate([t.column(key, where) for t in tables])) for name, key, where in target_keys(data)]
+    return split_info("csv", (len(columns),), len(table.values), name_targets(data, labels, by_values=True), data,
+                      own=sum(len(t.values) for t in tables[1:]))
+
+
+def _keras(data) -> DataInfo:
+    files.keras_files(data.name)  # the cache holds it, or one line on how to fill it
+    spec = files.KERAS[data.name]
+    targets = (Target("label", spec.classes),)
+    if data.val_fraction is None:
+        return DataInfo(data.name, spec.input_shape, spec.train, targets, spec.test)
+    return split_info(data.name, spec.input_shape, spec.train, targets, data)
+
+
+def _tfrecord(data) -> None:
+    """Only TensorFlow reads the records; check what can be checked without it."""
+    features = dict(data.features)
+    files.matching(data.files, "data.files")
+    if data.val_files is not None:
+        files.matching(data.val_files, "data.val_files")
+    val_fraction(data)
+    for key, where in [(data.x, "data.x")] + [(k, w) for _, k, w in target_keys(data)]:
+        if key not in features:
+            raise ConfigError(f"{where}={key!r} is not in data.features ({', '.join(features)}); declare every "
+                              "feature read, e.g. data.features={x: 'float32[8]', label: int64}")
+    return None
+
+
+def _digits(data) -> DataInfo:
+    return split_info("digits", DIGITS_SHAPE, DIGITS_EXAMPLES, (Target("label", 10), Target("parity", 2)), data)
+
+
+def _synthetic(data) -> DataInfo:
+    targets = (Target("label", data.classes), Target("parity", 2), Target("value", 0))
+    return split_info("synthetic", (data.features,), data.samples, targets, data)
+
+
+DESCRIBE = {"digits": _digits, "synthetic": _synthetic, "npz": _npz, "csv": _csv, "tfrecord": _tfrecord,
+            "callable": lambda data: None, **{name: _keras for name in files.KERAS}}
+
+
+def describe(data) -> DataInfo | None:
+    """The `DataInfo` of a validated `data` section (`chain.config.schema.Data`), or None for
+    data only TensorFlow can read (described when `chain.data.sources.load` reads it)."""
+    return DESCRIBE[data.name](data)

@@ -1,11 +1,11 @@
 """Checks of data handed to the chain: one `ValueError` line naming the argument, what was
 expected and what was received (whole-batch shapes, never microbatch ones).
 
-`batch(x, y, info, wanted)` checks one batch passed to `Run.step`; `arrays(x, y, info)`
-checks a data set once when it is loaded. Both accept a value target as `(N,)` or `(N, 1)`
-and return it as `(N,)`, so a `(N, 1)` target can never broadcast against `(N,)`
-predictions into an `(N, N)` loss; class labels must be integers (or integral floats) in
-range and come back as int32.
+`batch(x, y, info, wanted)` checks one batch passed to `Run.step`; `arrays(x, y, info, where)`
+checks every data source once when it is loaded, with the same rules. Both accept a value
+target as `(N,)` or `(N, 1)` and return it as `(N,)`, so a `(N, 1)` target can never
+broadcast against `(N,)` predictions into an `(N, N)` loss; class labels must be integers
+(or integral floats) in range and come back as int32.
 """
 
 from __future__ import annotations
@@ -93,14 +93,19 @@ def batch(x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | 
     return x, {k: target(v, known[k], n, name(k)) for k, v in ys.items()}
 
 
-def arrays(x: np.ndarray, y: dict[str, np.ndarray], info: DataInfo, source: str) -> dict[str, np.ndarray]:
-    """Check a whole data set once (at load); returns its targets normalised. Errors name `source`."""
-    try:
-        inputs(x, info, f"{source} inputs")
-        return {t.name: target(y[t.name], t, len(x), f"{source} target {t.name!r}") for t in info.targets}
-    except ValueError as e:
-        from chain.errors import ConfigError
+def arrays(x: np.ndarray, y: dict[str, np.ndarray], info: DataInfo, where: dict[str, str]
+           ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Check a whole data set once, when it is loaded: `(x, targets)` normalised as for a batch.
 
+    `where` names what `x` (key "x") and each target were read from (e.g. `data.y='y'`), so
+    the ConfigError line names the key.
+    """
+    from chain.errors import ConfigError
+
+    try:
+        x = inputs(x, info, where["x"])
+        return x, {t.name: target(y[t.name], t, len(x), where[t.name]) for t in info.targets}
+    except ValueError as e:
         raise ConfigError(str(e)) from None
 
 

@@ -98,11 +98,12 @@ class Checkpoints:
     the run's identity: drawn here, replaced by the manifest's on restore.
     """
 
-    def __init__(self, run_dir: str, stages: Sequence[Stage], iterator: Any, settings: Settings):
+    def __init__(self, run_dir: str, stages: Sequence[Stage], iterator: Any, settings: Settings,
+                 keep: int | None = None):
         self.run_dir = run_dir
         self.stages = list(stages)
         self.settings = settings
-        self.keep = settings.checkpoint.keep
+        self.keep = keep or settings.checkpoint.keep
         self.run_id = uuid.uuid4().hex
         self.parts: dict[str, tf.train.Checkpoint] = {}
         self.steps: dict[str, tf.Variable] = {}
@@ -133,11 +134,15 @@ class Checkpoints:
 
     # --- saving --------------------------------------------------------------------------------
 
-    def save(self, step: int, loss_first: dict | None, loss_last: dict | None) -> dict[str, Any]:
+    def save(self, step: int, loss_first: dict | None, loss_last: dict | None,
+             validation: dict | None = None) -> dict[str, Any]:
         """Save every stage and the data stream at `step`, then commit the manifest; returns it.
 
-        Raises `StorageError` (with nothing of `step` left behind that a restore would use)
-        when a write fails.
+        `validation` is what the run's evaluations had found by `step` (best loss and step,
+        evaluations since: `chain.training.validation`), kept per complete step so that a
+        resume from any of them continues best-checkpoint tracking and early stopping
+        exactly. Raises `StorageError` (with nothing of `step` left behind that a restore
+        would use) when a write fails.
         """
         previous = self.latest()
         checkpoints, digests = {}, {}
@@ -157,7 +162,9 @@ class Checkpoints:
             complete = [n for n in (previous["complete"] if previous else []) if n < step] + [step]
             complete = complete[-self.keep:]
             kept = {str(n): d for n, d in (previous or {}).get("digests", {}).items() if int(n) in complete}
-            m = self._manifest(step, complete, checkpoints, {**kept, str(step): digests}, loss_first, loss_last)
+            found = {str(n): v for n, v in (previous or {}).get("validation", {}).items() if int(n) in complete}
+            m = self._manifest(step, complete, checkpoints, {**kept, str(step): digests}, loss_first, loss_last,
+                               {**found, str(step): validation})
             manifest_lib.write(self.run_dir, m)  # the commit point
         except (OSError, tf.errors.OpError) as e:
             self._discard(step)
@@ -168,7 +175,8 @@ class Checkpoints:
         return m
 
     def _manifest(self, step: int, complete: list[int], checkpoints: dict, digests: dict,
-                  loss_first: dict | None, loss_last: dict | None) -> dict[str, Any]:
+                  loss_first: dict | None, loss_last: dict | None, validation: dict | None = None
+                  ) -> dict[str, Any]:
         return {
             "format": manifest_lib.FORMAT,
             "run": self.run_id,
@@ -184,6 +192,7 @@ class Checkpoints:
             "digests": digests,
             "loss_first": loss_first,
             "loss_last": loss_last,
+            "validation": validation or {},
         }
 
     def _discard(self, step: int) -> None:

@@ -36,8 +36,9 @@ def _save(model: keras.Model, path: str) -> None:
     os.replace(tmp, path)
 
 
-def export(stages: Sequence[Stage], run_dir: str) -> list[str]:
-    """Write every stage, head and the whole chain into `run_dir`; returns the paths written."""
+def export(stages: Sequence[Stage], run_dir: str, chained: bool = True) -> list[str]:
+    """Write every stage, head and (`chained`) the whole chain into `run_dir`; returns the paths
+    written. Independent models (mode=side_by_side) are no chain: each is its stage and head."""
     written = []
     for s in stages:
         parts = [(s.model, stage_name(s.index))]
@@ -47,7 +48,8 @@ def export(stages: Sequence[Stage], run_dir: str) -> list[str]:
             path = os.path.join(run_dir, f"{name}.keras")
             _save(model, path)
             written.append(path)
-    path = os.path.join(run_dir, CHAIN_FILE)
-    _save(chain_model(stages), path)
-    written.append(path)
+    if chained:
+        path = os.path.join(run_dir, CHAIN_FILE)
+        _save(chain_model(stages), path)
+        written.append(path)
     return written

@@ -21,6 +21,8 @@ Format (`"format": 2`; format 1, without `run` and `digests`, is still read):
     checkpoints     {"stage_00": "stage_00/ckpt-10", ..., "data": "data/ckpt-10"}
     loss_first      the first step's losses, {"loss": ..., "stage_losses": [...]} (kept across resumes)
     loss_last       the same at `step`
+    validation      {"STEP": {"best_loss": ..., "best_step": ..., "evals_since_best": ...}} for every
+                    complete step: what the run's evaluations had found by then (none: {"STEP": null})
 """
 
 from __future__ import annotations

@@ -10,15 +10,16 @@ from chain.stages.stage import Stage
 from chain.steps.ops import copy_to
 
 
-def forward(stages: Sequence[Stage], x: Any) -> dict[str, tf.Tensor]:
-    """`body_k` is stage k's output and `head_k` its head's (mode=local).
+def forward(stages: Sequence[Stage], x: Any, chained: bool = True) -> dict[str, tf.Tensor]:
+    """`body_k` is stage k's output and `head_k` its head's (mode=local); `chained=False`:
+    every stage takes `x` (independent models, mode=side_by_side).
 
-    Used to compare a chain with its exports and with a re-staged copy of itself.
+    Used for evaluation, and to compare a chain with its exports and with a re-staged copy of itself.
     """
     out = {}
-    h = tf.convert_to_tensor(x)
+    x = h = tf.convert_to_tensor(x)
     for s in stages:
-        h = copy_to(h, s.device, f"stage_{s.index}")
+        h = copy_to(h if chained else x, s.device, f"stage_{s.index}")
         with tf.device(s.device):
             h = s.model(h, training=False)
             out[f"body_{s.index}"] = h

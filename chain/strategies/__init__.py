@@ -5,6 +5,8 @@
 | `pipeline` (a device per stage) | `PipelinedLocal` | `PipelinedChain` |
 | `mirrored` (every stage on every replica) | `MirroredLocal` | `MirroredChain` |
 
+and mode=side_by_side (independent models, a device each or shared): `SideBySide`.
+
 A strategy builds the stages in its scope, compiles the step, splits a batch for it and
 reports its own summary fields (`chain.strategies.base.Strategy`). A new way of training
 is a new module here, a row of `TABLE`, and its keys in the config schema.
@@ -18,12 +20,14 @@ from chain.planning.planner import MIRRORED, PIPELINE, Placement
 from chain.strategies.base import Strategy
 from chain.strategies.mirrored import MirroredChain, MirroredLocal
 from chain.strategies.pipelined import PipelinedChain, PipelinedLocal
+from chain.strategies.side_by_side import SideBySide
 
 TABLE: dict[tuple[str, str], type[Strategy]] = {
     (PIPELINE, "local"): PipelinedLocal,
     (PIPELINE, "e2e"): PipelinedChain,
     (MIRRORED, "local"): MirroredLocal,
     (MIRRORED, "e2e"): MirroredChain,
+    (PIPELINE, "side_by_side"): SideBySide,
 }
 
 

@@ -10,6 +10,7 @@ interface and never asks which one it has.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -21,6 +22,19 @@ from chain.stages import losses
 from chain.stages.build import build_stages
 from chain.stages.stage import Stage
 from chain.steps.report import Layout
+from chain.steps.evaluate import Readout, evaluation
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The chain on the whole validation set: `loss`, the one number a lower value of which is
+    better (what `checkpoint.best` and early stopping follow); `stages`, each stage's metrics
+    (mode=local; else empty); `chain`, the chain's (mode=e2e; else None). Metrics are means over
+    the examples: `loss`, and `accuracy` (class labels) or `mae` (a value)."""
+
+    loss: float
+    stages: list[dict[str, float]]
+    chain: dict[str, float] | None
 
 
 class Strategy:
@@ -34,6 +48,7 @@ class Strategy:
 
     heads: bool = False
     readout: bool = False
+    chained: bool = True  # stage k takes stage k-1's output (False: every stage takes the data)
     schedule = None
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, bodies: Sequence | None = None,
@@ -47,6 +62,7 @@ class Strategy:
         self.step_fn = tf.function(self.body)
         self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
         self._multi: Callable | None = None
+        self.eval_fn: Callable | None = None  # compiled on the first evaluation
 
     # --- distribution: where the stages live and how a batch becomes an update --------------
 
@@ -59,7 +75,7 @@ class Strategy:
         s = self.settings
         return build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,
                             precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
-                            bodies=self.bodies, labels=self.labels)
+                            bodies=self.bodies, labels=self.labels, chained=self.chained)
 
     def make_step(self) -> Callable:
         """The step, traceable: `fn(*self.arguments(x, ys)) -> report` trains one batch."""
@@ -118,9 +134,27 @@ class Strategy:
         """The strategy's own fields of summary.json."""
         return {}
 
+    def complete(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The finished summary, with anything the strategy derives from the whole of it."""
+        return summary
+
     def plan_text(self, full: bool) -> str | None:
         """What the run prints about its plan beyond the placement table (e.g. the schedule)."""
         return None
+
+    def make_eval(self) -> Callable:
+        """The compiled evaluation: `fn(dataset)` -> each read-out's metrics (`chain.steps.evaluate`).
+
+        Each stage's forward pass runs where the stage lives: on its device (pipelined), or
+        in cross-replica context over the mirrored variables (every replica holds the same).
+        """
+        return evaluation(self.stages, self.readouts(), self.chained)
+
+    def evaluate(self, dataset: tf.data.Dataset) -> Evaluation:
+        """The chain on every batch of `dataset` (the validation set)."""
+        if self.eval_fn is None:
+            self.eval_fn = self.make_eval()
+        return self.evaluation(self.eval_fn(dataset))
 
     # --- objective: what the chain learns ----------------------------------------------------
 
@@ -151,6 +185,14 @@ class Strategy:
         """The objective's per-stage fields of summary.json."""
         return {}
 
+    def readouts(self) -> list[Readout]:
+        """The predictions evaluation scores (`chain.steps.evaluate.Readout`)."""
+        raise NotImplementedError
+
+    def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
+        """The read-outs' metrics as an `Evaluation`."""
+        raise NotImplementedError
+
 
 class LocalObjective(Strategy):
     """mode=local: every stage learns its own target through a head, with its own loss."""
@@ -179,6 +221,13 @@ class LocalObjective(Strategy):
     def stage_summary(self, stage: Stage, first: dict, last: dict) -> dict[str, Any]:
         return {"target": stage.target.name, "loss_first": first["stage_losses"][stage.index],
                 "loss_last": last["stage_losses"][stage.index]}
+
+    def readouts(self) -> list[Readout]:
+        return [Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target)) for s in self.stages]
+
+    def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
+        # Like the training loss, the validation loss is the sum of the stages' own losses.
+        return Evaluation(sum(m["loss"] for m in metrics), metrics, None)
 
 
 class ChainObjective(Strategy):
@@ -213,3 +262,11 @@ class ChainObjective(Strategy):
 
     def summary(self) -> dict[str, Any]:
         return {"loss_fn": self.settings.loss, "target": self.target.name, **super().summary()}
+
+    def readouts(self) -> list[Readout]:
+        last = self.stages[-1]
+        return [Readout(f"body_{last.index}", last.device, self.target, self.loss_fn())]
+
+    def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
+        (chain,) = metrics
+        return Evaluation(chain["loss"], [], chain)

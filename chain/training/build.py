@@ -1,9 +1,10 @@
-"""From a config to a ready `Run`: validate once, plan the devices, build the strategy.
+"""From a config to a ready `Run`: validate once, plan the devices, load the data, build the strategy.
 
 Everything that needs to know the machine (which devices exist, how a mirrored run's
 replicas divide the batch, whether the chain's estimated memory fits) is checked here,
-in `plan`, before anything is built, printed or written; everything else was checked by
-`chain.config.validate`.
+in `plan`, before anything is built, printed or written; so is, once loaded, data that
+only TensorFlow can read (TFRecord files, the user's function: `chain.config.checks.with_data`).
+Everything else was checked by `chain.config.validate`.
 """
 
 from __future__ import annotations
@@ -14,17 +15,29 @@ from omegaconf import DictConfig
 
 from chain import data, strategies
 from chain.config import Settings, validate
+from chain.config.checks import with_data
 from chain.config.shapes import memory_bytes, stage_shapes
-from chain.data.catalog import describe
+from chain.data.catalog import DataInfo, describe
 from chain.planning import cluster, devices, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
 from chain.training.run import Run
 
 
-def plan(settings: Settings) -> planner.Placement:
+def check_memory(settings: Settings, placement: planner.Placement, info: DataInfo, inventory: Inventory) -> None:
+    """Refuse a chain whose estimated memory does not fit the devices it is placed on."""
+    per_replica = planner.check_batch(settings.data.batch_size, placement)
+    shapes = stage_shapes(settings.stages, info, settings.mode)
+    need = [memory_bytes(shape, spec.optim, per_replica) if shape else 0  # a user's body: known once built
+            for shape, spec in zip(shapes, settings.stages)]
+    planner.check_memory(placement, need, inventory, settings.placement.cpu_memory_mb, host_memory_mb())
+
+
+def plan(settings: Settings, info: DataInfo | None = None) -> tuple[planner.Placement, Inventory]:
     """Plan the devices for `settings`, configure TensorFlow's logical devices (before its
-    runtime starts) and check that every device the plan uses exists. With cluster workers,
-    connect to them first (each must answer) and plan over their devices."""
+    runtime starts) and check that every device the plan uses exists; returns the placement
+    and the inventory it was planned on. With cluster workers, connect to them first (each
+    must answer) and plan over their devices. The memory estimate is checked here when the
+    data is described (`info`), else by `build` once it is loaded."""
     addresses = cluster.workers(settings.cluster.workers)
     if addresses:
         cluster.check_reachable(addresses)
@@ -35,18 +48,16 @@ def plan(settings: Settings) -> planner.Placement:
     else:
         inventory = discover()
         placement = planner.plan(settings.placement, len(settings.stages), inventory)
-    per_replica = planner.check_batch(settings.data.batch_size, placement)
-    shapes = stage_shapes(settings.stages, describe(settings.data), settings.mode)
-    need = [memory_bytes(shape, spec.optim, per_replica) if shape else 0  # a user's body: known once built
-            for shape, spec in zip(shapes, settings.stages)]
-    planner.check_memory(placement, need, inventory, settings.placement.cpu_memory_mb, host_memory_mb())
+    planner.check_batch(settings.data.batch_size, placement)
+    if info is not None:
+        check_memory(settings, placement, info, inventory)
     devices.configure(placement, settings.placement)
     if placement.strategy == planner.MIRRORED:
         placement.replicas = devices.check_devices(placement.replicas, given=False, role="replica")
     else:
         given = settings.placement.devices  # checked as the user wrote them, so errors quote them
         placement.devices = devices.check_devices(given or placement.devices, given=bool(given))
-    return placement
+    return placement, inventory
 
 
 def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stages: Sequence[Callable] | None = None,
@@ -57,9 +68,14 @@ def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stag
     from chain.training.bodies import resolve
 
     settings = validate(cfg)
-    placement = plan(settings)
-    keras.utils.set_random_seed(settings.seed)
+    info = describe(settings.data)  # None: only TensorFlow reads it, once the devices are configured
+    placement, inventory = plan(settings, info)
+    keras.utils.set_random_seed(settings.seed)  # the user's function may draw random numbers
     dataset = data.load(settings.data, settings.seed)
+    settings = with_data(settings, dataset.info)
+    if info is None:
+        check_memory(settings, placement, dataset.info, inventory)
+    keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
     strategy = strategies.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
     run = Run(settings, strategy, dataset, run_dir)

@@ -35,6 +35,17 @@ def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequen
     return "\n".join(lines)
 
 
+def ranking_table(ranking: Sequence[dict]) -> str:
+    """mode=side_by_side: the variants, best first, with their metric, speed and peak memory."""
+    rows = [("rank", "variant", "metric", "value", "steps/s", "peak memory")]
+    for r in ranking:
+        value = "paused" if r["paused"] else ("-" if r["value"] is None else f"{r['value']:.4f}")
+        speed = "-" if r["steps_per_second"] is None else f"{r['steps_per_second']:.1f}"
+        memory = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2 ** 20:.1f} MiB"
+        rows.append((str(r["rank"]), r["variant"], r["metric"], value, speed, memory))
+    return "\n".join(_table(rows))
+
+
 class Writers:
     """One TensorBoard writer per stage (`tb/stage_NN`) and one for the chain (`tb/chain`).
 

@@ -1,8 +1,10 @@
-"""A run: the training loop around a strategy, with its data stream, checkpoints, logs and summary.
+"""A run: the training loop around a strategy, with its data stream, evaluations, checkpoints,
+logs and summary.
 
 `Run` never asks which way of training it drives: the strategy
 (`chain.strategies.Strategy`) builds the stages, compiles the step, checks and splits a
-batch, turns the step's outputs into losses and adds its own summary fields.
+batch, turns the step's outputs into losses, evaluates the chain on the validation set and
+adds its own summary fields.
 """
 
 from __future__ import annotations
@@ -15,23 +17,27 @@ from typing import Any, Callable
 
 from chain.config.schema import Settings
 from chain.data import checks
-from chain.data.pipeline import training_batches
+from chain.data.pipeline import training_batches, validation_batches
 from chain.data.sources import Dataset
-from chain.errors import ChainError, StorageError
+from chain.errors import ChainError, OutOfMemory, StorageError
 from chain.planning import memory
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
 from chain.steps.numerics import NonFiniteError, finite_or_none, judge
-from chain.strategies.base import Strategy
+from chain.strategies.base import Evaluation, Strategy
+from chain.training import validation
 
 log = logging.getLogger("chain")
+BEST_DIR = "best"  # checkpoint.best: the checkpoint of the lowest validation loss
 
 
 class Run:
     """Everything one training run needs; `step` trains one batch, `fit` the whole run.
 
     `global_step` counts the optimizer steps taken (restored from a checkpoint on
-    resume); `fit` trains until it reaches `trainer.steps`.
+    resume); `fit` trains until it reaches `trainer.steps` (what `trainer.epochs` makes of
+    the training examples, when given), or until early stopping. `tracker` follows the
+    evaluations on the validation set (`chain.training.validation`).
     """
 
     def __init__(self, settings: Settings, strategy: Strategy, dataset: Dataset, run_dir: str | None):
@@ -43,6 +49,8 @@ class Run:
         self.stages = strategy.stages
         self.global_step = 0
         self._iterator = None
+        self._validation = None
+        self.tracker = validation.Tracker(settings.trainer.early_stop_patience)
         self._checkpoints: dict[str, Any] = {}
         self._release = False  # fit took the run directory's lock and gives it back when done
 
@@ -86,15 +94,29 @@ class Run:
             self._iterator = iter(self.batches())
         return self._iterator
 
-    def checkpoints(self, run_dir: str | None = None):
-        """The `Checkpoints` of `run_dir` (default: this run's directory) for this chain."""
+    def validation_batches(self):
+        """The validation set in batches (`tf.data`, of `examples_per_step` at most), or None when
+        the data set has none."""
+        if self._validation is None:
+            self._validation = validation_batches(self.dataset, self.examples_per_step)
+        return self._validation
+
+    def evaluate(self) -> Evaluation | None:
+        """The chain on the whole validation set (`chain.strategies.base.Evaluation`: each stage's
+        metrics in mode=local, the chain's in mode=e2e); None when the data set has none."""
+        batches = self.validation_batches()
+        return None if batches is None else self.strategy.evaluate(batches)
+
+    def checkpoints(self, run_dir: str | None = None, keep: int | None = None):
+        """The `Checkpoints` of `run_dir` (default: this run's directory) for this chain, keeping
+        `keep` complete steps (default: `checkpoint.keep`)."""
         from chain.state.checkpoints import Checkpoints
 
         run_dir = run_dir or self.run_dir
         if run_dir is None:
             raise ChainError("this run has no directory: build it with chain.build(cfg, run_dir=...) to checkpoint")
         if run_dir not in self._checkpoints:
-            self._checkpoints[run_dir] = Checkpoints(run_dir, self.stages, self.iterator, self.settings)
+            self._checkpoints[run_dir] = Checkpoints(run_dir, self.stages, self.iterator, self.settings, keep)
         return self._checkpoints[run_dir]
 
     def restore(self, run_dir: str | None = None, fallback: bool = False) -> dict[str, Any]:
@@ -106,6 +128,7 @@ class Run:
         """
         m = self.checkpoints(run_dir).restore(fallback=fallback)
         self.global_step = m["step"]
+        self.tracker.restore(m.get("validation", {}).get(str(m["step"])))
         return m
 
     def _batch(self, x: Any, y: Any) -> tuple[Any, dict]:
@@ -162,7 +185,7 @@ class Run:
         """Inference outputs of every stage: `body_k` (stage k's model) and `head_k` (its head)."""
         from chain.steps.inference import forward
 
-        return forward(self.stages, x)
+        return forward(self.stages, x, self.strategy.chained)
 
     def _start(self) -> tuple[Any, dict | None, dict | None]:
         """Checkpoints of this run and, on resume, the restored state: (checkpoints, loss_first, loss_last)."""
@@ -190,10 +213,14 @@ class Run:
     def fit(self, callback: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Train until `trainer.steps`; write checkpoints, TensorBoard, exports and summary.json.
 
-        With `resume=true` the run first restores the newest complete checkpoint of its
-        directory. Returns the summary (also written to `summary.json` when the run has
-        a directory). The run directory is locked while it trains (`chain.state.lock`).
-        `callback(step, out)` is called after each step with what `step` returns.
+        Evaluates on the validation set every `trainer.eval_every` steps and at the end,
+        keeps the checkpoint of the lowest validation loss in `best/` (`checkpoint.best`) and
+        stops after `trainer.early_stop_patience` evaluations without a lower one. With
+        `resume=true` the run first restores the newest complete checkpoint of its directory
+        (what the evaluations had found included). Returns the summary (also written to
+        `summary.json` when the run has a directory). The run directory is locked while it
+        trains (`chain.state.lock`). `callback(step, out)` is called after each step with
+        what `step` returns.
         """
         import tensorflow as tf
 
@@ -206,10 +233,10 @@ class Run:
             from chain.planning import cluster
 
             raise cluster.lost(self.placement.cluster, self.intact(), wait=self.settings.cluster.lost_after_s) from None
-        except StorageError as e:
+        except (StorageError, OutOfMemory) as e:
             if "last complete checkpoint" in str(e) or not self.run_dir:
                 raise
-            raise StorageError(f"{e}; {self.intact(hint=False)}") from None
+            raise type(e)(f"{e}; {self.intact(hint=False)}") from None
         finally:
             if self._release:
                 from chain.state import lock
@@ -230,20 +257,24 @@ class Run:
         resumed_from = self.global_step if self.settings.resume else None
         every = self.settings.checkpoint.every
         saved_at = self.global_step if resumed_from is not None else None
+        best = self.checkpoints(os.path.join(self.run_dir, BEST_DIR), keep=1) \
+            if ckpts and self.settings.checkpoint.best else None
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         started, timed_steps = None, 0
+        evaluation, evaluated_at = None, None
         memory.reset(self.strategy.memory_devices())
         bar = tqdm(total=t.steps, initial=self.global_step, desc="train", unit="step",
                    disable=not t.progress or None, leave=False)
         try:
             # Log lines go through tqdm, so they do not break the progress bar.
             with logging_redirect_tqdm(loggers=[logging.getLogger()]):
-                while self.global_step < t.steps:
-                    # A call never runs past trainer.steps or a checkpoint: checkpoints and the
-                    # test hooks after a checkpoint see the state of their own step.
+                while self.global_step < t.steps and not self.tracker.exhausted:  # exhausted: stopped early
+                    # A call never runs past trainer.steps, a checkpoint or an evaluation: each
+                    # sees the state of its own step (the test hooks after a checkpoint too).
                     n = min(t.steps_per_call, t.steps - self.global_step)
-                    if ckpts and every:
-                        n = min(n, every - self.global_step % every)
+                    for period in (every if ckpts else 0, t.eval_every):
+                        if period:
+                            n = min(n, period - self.global_step % period)
                     n = window.limit(self.global_step, n) if window else n  # one step per call while traced
                     try:
                         with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
@@ -266,8 +297,10 @@ class Run:
                         if step % t.log_every == 0:
                             log.info("step %d  loss %s", step,
                                      "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
+                        if t.eval_every and step % t.eval_every == 0:
+                            evaluation, evaluated_at = self._evaluate(step, writers, best, first, last), step
                         if ckpts and every and step % every == 0:
-                            ckpts.save(step, first, last)
+                            ckpts.save(step, first, last, self.tracker.state())
                             saved_at = step
                             if writers:
                                 writers.flush()  # the curves up to a checkpoint survive a kill
@@ -277,11 +310,17 @@ class Run:
                     bar.set_postfix(loss=f"{outs[-1]['loss']:.4f}", refresh=False)
                     bar.update(len(outs))
             elapsed = time.perf_counter() - started if started is not None else 0.0
-            summary = self._summary(first, last, resumed_from, timed_steps, elapsed)
+            if evaluated_at != self.global_step:  # every run ends evaluated
+                evaluation = self._evaluate(self.global_step, writers, best, first, last)
+            if self.global_step < t.steps:
+                log.info("stopped early at step %d: no lower validation loss in %d evaluations (best: step %s)",
+                         self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
+            summary = self.strategy.complete(
+                self._summary(first, last, resumed_from, timed_steps, elapsed, evaluation))
             if window:
                 window.add_to(summary)
             if writers:
-                writers.scalars(t.steps, [{} for _ in self.stages],
+                writers.scalars(self.global_step, [{} for _ in self.stages],
                                 {"examples_per_second": summary["examples_per_second"] or 0.0})
         finally:
             bar.close()
@@ -289,8 +328,8 @@ class Run:
                 window.close()
             if writers:
                 writers.close()
-        if ckpts and saved_at != t.steps:
-            ckpts.save(t.steps, first, last)
+        if ckpts and saved_at != self.global_step:
+            ckpts.save(self.global_step, first, last, self.tracker.state())
         if self.run_dir:
             if self.settings.checkpoint.export:
                 self._export(summary)
@@ -319,7 +358,8 @@ class Run:
 
         try:
             with writing(f"the exports (.keras files) in {self.run_dir}"):
-                summary["exports"] = [os.path.basename(p) for p in export(self.stages, self.run_dir)]
+                summary["exports"] = [os.path.basename(p)
+                                      for p in export(self.stages, self.run_dir, self.strategy.chained)]
         except StorageError:
             raise
         except Exception as e:  # Keras' serialisation raises TypeError, ValueError, NotImplementedError, ...
@@ -327,30 +367,55 @@ class Run:
             log.warning("exports skipped: Keras cannot save this chain (%s); checkpoints are complete", text)
             summary["exports"], summary["export_error"] = [], text
 
-    def _summary(self, first, last, resumed_from, timed_steps, elapsed) -> dict[str, Any]:
+    def _evaluate(self, step: int, writers, best, first, last) -> Evaluation | None:
+        """Evaluate at `step`: log it, write its TensorBoard scalars, count it for the best
+        checkpoint and early stopping, and save `best/` when it is the lowest validation loss."""
+        evaluation = self.evaluate()
+        if evaluation is None:
+            return None
+        log.info("step %d  %s", step, validation.line(evaluation))
+        if writers:
+            writers.scalars(step, *validation.scalars(evaluation, len(self.stages)))
+        if self.tracker.record(step, evaluation.loss) and best:
+            best.save(step, first, last, self.tracker.state())
+        return evaluation
+
+    def _summary(self, first, last, resumed_from, timed_steps, elapsed, evaluation: Evaluation | None
+                 ) -> dict[str, Any]:
         skipped = [int(s.skipped.numpy()) for s in self.stages]
         none = {"loss": None, "stage_losses": [None] * len(self.stages)}
         first, last = first or none, last or none
+        stages = [{**self._stage_summary(s, skipped[s.index]), **self.strategy.stage_summary(s, first, last),
+                   "model": s.describe(), "physical": self.placement.physical.get(s.device)}  # the report's table
+                  for s in self.stages]
+        for entry, metrics in zip(stages, evaluation.stages if evaluation else []):
+            entry["val"] = metrics  # mode=local: each stage's own validation metrics
+        info = self.dataset.info
         return {
             "mode": self.settings.mode,
             "strategy": self.strategy.name,
-            "steps": self.settings.trainer.steps,
+            "steps": self.global_step,
+            "early_stopped": self.global_step < self.settings.trainer.steps,
             "resumed_from": resumed_from,
             "batch_size": self.batch_size,
             "grad_accum": self.grad_accum,
             "examples_per_step": self.examples_per_step,
+            "train_examples": info.examples,
+            "val_examples": info.val_examples,
             "precision": self.settings.precision,
             "jit_compile": self.settings.trainer.jit_compile,
             "seed": self.settings.seed,
             # Every example of every chunk counts: a step is one optimizer update.
             "examples_per_second": (timed_steps * self.examples_per_step / elapsed) if timed_steps and elapsed > 0 else None,
+            "steps_per_second": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
             "loss_first": first["loss"],
             "loss_last": last["loss"],
+            # The last evaluation (at the end): the chain's (mode=e2e; mode=local: per stage).
+            "val": evaluation.chain if evaluation else None,
+            "best_step": self.tracker.best_step,
             "skipped_steps": sum(skipped),
             "peak_memory_scope": memory.scope(self.strategy.memory_devices()[0]),
-            "stages": [{**self._stage_summary(s, skipped[s.index]), **self.strategy.stage_summary(s, first, last),
-                        "model": s.describe(), "physical": self.placement.physical.get(s.device)}  # the report's table
-                       for s in self.stages],
+            "stages": stages,
             **self.strategy.summary(),
         }
 

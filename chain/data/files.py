@@ -1,0 +1,261 @@
+"""Reading the user's files and the Keras cache with NumPy alone (no TensorFlow).
+
+Every problem is one `ConfigError` line that names the config key and the file: a file
+that does not exist, a key that is not among an `.npz` file's arrays, a column that is
+not in a CSV header, a cell that is not a number, a Keras data set missing from the cache.
+
+- `npz_shape`, `npz_array`: one array of an `.npz` file (its shape from the header alone).
+- `csv_table`: a CSV file with a header row, as column names and a float64 matrix (cached,
+  since both the config checks and the build read it).
+- `keras_home`, `keras_arrays`, `KERAS`: the Keras data sets, read from Keras' own cache
+  files; missing files are an error that says how to fill the cache, never a download.
+- `matching`: the files of a glob.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import glob
+import gzip
+import os
+import pickle
+import zipfile
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from chain.errors import ConfigError
+
+
+def existing(path: str, key: str) -> str:
+    """`path` if it is a file; else one line naming `key`."""
+    if not os.path.isfile(path):
+        what = "is a directory, not a file" if os.path.isdir(path) else "does not exist"
+        raise ConfigError(f"{key}={path!r}: the file {what}")
+    return path
+
+
+def _stamp(path: str) -> tuple:
+    st = os.stat(path)
+    return path, st.st_mtime_ns, st.st_size
+
+
+# --- .npz ------------------------------------------------------------------------------------
+
+
+def _npz_keys(path: str, key: str) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return [n[:-len(".npy")] for n in z.namelist() if n.endswith(".npy")]
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ConfigError(f"{key}={path!r} is not a readable .npz file ({e})") from None
+
+
+def _member(path: str, array: str, key: str, path_key: str) -> str:
+    keys = _npz_keys(path, path_key)
+    if array not in keys:
+        raise ConfigError(f"{key}={array!r} is not an array of {path}; its arrays: {', '.join(keys) or 'none'}")
+    return f"{array}.npy"
+
+
+def npz_shape(path: str, array: str, key: str, path_key: str) -> tuple[int, ...]:
+    """The shape of `array` in the `.npz` file `path`, read from its header (`key` names it in errors)."""
+    member = _member(existing(path, path_key), array, key, path_key)
+    with zipfile.ZipFile(path) as z, z.open(member) as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, _ = read(f)
+    return tuple(shape)
+
+
+def npz_array(path: str, array: str, key: str, path_key: str) -> np.ndarray:
+    """`array` of the `.npz` file `path` (no pickled objects)."""
+    _member(existing(path, path_key), array, key, path_key)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return f[array]
+    except ValueError as e:  # an object array
+        raise ConfigError(f"{key}={array!r} in {path} cannot be read without pickle ({e}); save numbers") from None
+
+
+# --- CSV -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Table:
+    """A CSV file: its header and its cells as float64, one row per example."""
+
+    path: str
+    columns: tuple[str, ...]
+    values: np.ndarray
+
+    def column(self, name: str, key: str) -> np.ndarray:
+        if name not in self.columns:
+            raise ConfigError(f"{key}={name!r} is not a column of {self.path}; its columns: {', '.join(self.columns)}")
+        return self.values[:, self.columns.index(name)]
+
+
+def csv_table(path: str, key: str) -> Table:
+    """The CSV file `path` (a header row, then numbers), read once per version of the file."""
+    return _csv_table(*_stamp(existing(path, key)), key)
+
+
+@functools.lru_cache(maxsize=4)
+def _csv_table(path: str, mtime: int, size: int, key: str) -> Table:
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header:
+            raise ConfigError(f"{key}={path!r} is empty; a CSV file needs a header row naming its columns")
+        header = [h.strip() for h in header]
+        rows = []
+        for row in reader:
+            if not row:
+                continue
+            line = reader.line_num
+            if len(row) != len(header):
+                raise ConfigError(f"{key}={path!r}: line {line} has {len(row)} fields, the header has {len(header)}")
+            try:
+                rows.append([float(v) for v in row])
+            except ValueError:
+                col = next(i for i, v in enumerate(row) if not _is_number(v))
+                raise ConfigError(f"{key}={path!r}: line {line}, column {header[col]!r} holds {row[col]!r}, "
+                                  "not a number") from None
+    if not rows:
+        raise ConfigError(f"{key}={path!r} has a header but no rows")
+    return Table(path, tuple(header), np.array(rows, dtype=np.float64))
+
+
+def _is_number(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
+# --- the Keras cache -------------------------------------------------------------------------
+
+
+def keras_home() -> str:
+    """Keras' cache directory as Keras chooses it: `KERAS_HOME`, else `~/.keras` (`/tmp/.keras`
+    when the home directory is not writable)."""
+    if "KERAS_HOME" in os.environ:
+        return os.environ["KERAS_HOME"]
+    home = os.path.expanduser("~")
+    return os.path.join(home if os.access(home, os.W_OK) else "/tmp", ".keras")
+
+
+def _idx(path: str, offset: int) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read(), np.uint8, offset=offset)
+
+
+class _Arrays(pickle.Unpickler):
+    """Unpickles NumPy arrays, lists and dicts only (CIFAR's batch files), nothing that runs code."""
+
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+               ("numpy._core.multiarray", "_reconstruct")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a CIFAR batch file")
+        return super().find_class(module, name)
+
+
+def _cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, "rb") as f:
+        d = _Arrays(f, encoding="bytes").load()
+    x = np.asarray(d[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return x, np.asarray(d[b"labels"], np.int64)
+
+
+def _read_mnist(files: list[str]) -> tuple:
+    with np.load(files[0], allow_pickle=False) as f:
+        return f["x_train"], f["y_train"], f["x_test"], f["y_test"]
+
+
+def _read_fashion(files: list[str]) -> tuple:
+    y_train, x_train, y_test, x_test = (_idx(p, 8 if "labels" in p else 16) for p in files)
+    return x_train.reshape(len(y_train), 28, 28), y_train, x_test.reshape(len(y_test), 28, 28), y_test
+
+
+def _read_cifar(files: list[str]) -> tuple:
+    train = [_cifar_batch(p) for p in files[:-1]]
+    x_test, y_test = _cifar_batch(files[-1])
+    return np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train]), x_test, y_test
+
+
+@dataclass(frozen=True)
+class KerasSet:
+    """One Keras data set: its cache files (under `KERAS_HOME/datasets`; the first folder of
+    `folders` that holds them all), its shapes and sizes (fixed: tests/test_data_sources.py reads
+    small stand-ins through the same code), and its reader."""
+
+    folders: tuple[str, ...]
+    files: tuple[str, ...]
+    input_shape: tuple[int, ...]
+    train: int
+    test: int
+    classes: int
+    read: Callable[[list[str]], tuple]
+
+
+_CIFAR = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+KERAS = {
+    "mnist": KerasSet(("",), ("mnist.npz",), (28, 28, 1), 60000, 10000, 10, _read_mnist),
+    "fashion_mnist": KerasSet(("fashion-mnist",), ("train-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
+                                                   "t10k-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz"),
+                              (28, 28, 1), 60000, 10000, 10, _read_fashion),
+    # Keras 3 extracts CIFAR into cifar-10-batches-py-target/; Keras 2 used cifar-10-batches-py/.
+    "cifar10": KerasSet(("cifar-10-batches-py-target/cifar-10-batches-py", "cifar-10-batches-py"), _CIFAR,
+                        (32, 32, 3), 50000, 10000, 10, _read_cifar),
+}
+
+
+def keras_files(name: str) -> list[str]:
+    """The cache files of Keras data set `name`; a ConfigError (no download) if any is missing."""
+    spec = KERAS[name]
+    root = os.path.join(keras_home(), "datasets")
+    for folder in spec.folders:
+        paths = [os.path.join(root, folder, f) for f in spec.files]
+        if all(os.path.isfile(p) for p in paths):
+            return paths
+    first = os.path.join(root, spec.folders[0])
+    missing = next(p for p in (os.path.join(first, f) for f in spec.files) if not os.path.isfile(p))
+    raise ConfigError(
+        f"data=keras data.name={name} reads the local Keras cache, but {missing} is missing (chain never downloads); "
+        f"fill it on a machine with internet (python -c 'import keras; keras.datasets.{name}.load_data()') and copy "
+        f"what that writes under ~/.keras/datasets/ into {root}, or set KERAS_HOME to a directory whose datasets/ "
+        "holds it")
+
+
+def keras_arrays(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`(x_train, y_train, x_test, y_test)` of Keras data set `name`: inputs float32 in [0, 1]
+    with a channel axis, labels as read."""
+    spec = KERAS[name]
+
+    def scaled(x: np.ndarray) -> np.ndarray:
+        return (x.astype(np.float32) / 255.0).reshape(len(x), *spec.input_shape)
+
+    files = keras_files(name)
+    try:
+        x_train, y_train, x_test, y_test = spec.read(files)
+        return scaled(x_train), np.asarray(y_train).reshape(-1), scaled(x_test), np.asarray(y_test).reshape(-1)
+    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as e:
+        raise ConfigError(f"data=keras data.name={name}: the cache files in {os.path.dirname(files[0])} cannot be "
+                          f"read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fill the cache "
+                          "again") from None
+
+
+# --- globs -----------------------------------------------------------------------------------
+
+
+def matching(pattern: str, key: str) -> list[str]:
+    """The files matching the glob `pattern`, sorted; one line naming `key` when there are none."""
+    files = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+    if not files:
+        raise ConfigError(f"{key}={pattern!r} matches no file")
+    return files

@@ -1,0 +1,105 @@
+"""The sources only TensorFlow can read, read into NumPy arrays once, at build time: TFRecord
+files (`records`, for `data=tfrecord`) and the user's function returning a `tf.data.Dataset`
+(`call`, for `data=callable`: called through Hydra's `instantiate`).
+
+Reading everything once is what lets every source be checked whole before training (shapes,
+label ranges, the number of classes), split deterministically into training and validation
+examples, and resumed exactly: afterwards they are arrays like any other source.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from chain.data import files
+from chain.data.catalog import target_keys
+from chain.errors import ConfigError
+
+CHUNK = 4096  # examples converted to NumPy at a time
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(getattr(e, "message", "") or e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _gather(dataset: tf.data.Dataset, what: str) -> Any:
+    """Every element of a finite dataset, batched into NumPy arrays (a structure like its elements)."""
+    parts = []
+    try:
+        for batch in dataset.batch(CHUNK).as_numpy_iterator():
+            parts.append(batch)
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+        raise ConfigError(f"{what} cannot be read: {_first_line(e)}") from None
+    if not parts:
+        raise ConfigError(f"{what} holds no examples")
+    return tf.nest.map_structure(lambda *a: np.concatenate(a), *parts)
+
+
+# --- TFRecord --------------------------------------------------------------------------------
+
+
+def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
+    """The inputs and targets held by the TFRecord files of the glob `pattern` (`key` names it),
+    parsed with `data.features`, and what each was read from."""
+    spec = {name: tf.io.FixedLenFeature(shape, tf.float32 if dtype == "float32" else tf.int64)
+            for name, (dtype, shape) in data.features}
+    keys = target_keys(data)
+    parsed = tf.data.TFRecordDataset(files.matching(pattern, key)).map(lambda r: tf.io.parse_single_example(r, spec))
+    arrays = _gather(parsed, f"{key}={pattern!r} with data.features")
+    where = [f"data.x={data.x!r}"] + [f"{w}={k!r}" for _, k, w in keys]
+    return arrays[data.x], [arrays[k] for _, k, _ in keys], where
+
+
+# --- the user's function ---------------------------------------------------------------------
+
+
+def _call(data) -> tf.data.Dataset:
+    """Call the user's function through Hydra's `instantiate` (its checks on targets included)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    what = f"data._target_={data._target_}"
+    try:
+        result = instantiate({"_target_": data._target_, **data.kwargs})
+    except InstantiationException as e:
+        cause = e.__cause__
+        if str(e).startswith("Error locating target"):  # Hydra's import error says what it tried
+            raise ConfigError(f"{what} cannot be imported: {' '.join(str(cause).splitlines()[1:])}") from None
+        if cause is not None:  # the function itself raised
+            raise ConfigError(f"{what} failed: {_first_line(cause)}") from None
+        raise ConfigError(f"{what}: {' '.join(str(e).split())}") from None
+    except Exception as e:  # noqa: BLE001 (the user's function may raise anything)
+        raise ConfigError(f"{what} failed: {_first_line(e)}") from None
+    if not isinstance(result, tf.data.Dataset):
+        raise ConfigError(f"{what} returned {type(result).__name__}; it must return a tf.data.Dataset of "
+                          "(x, y) or (x, {name: y}) examples")
+    if result.cardinality() == tf.data.INFINITE_CARDINALITY:
+        raise ConfigError(f"{what} returned an endless dataset (it repeats); return each example once: "
+                          "chain repeats and shuffles it")
+    return result
+
+
+def call(data) -> tuple:
+    """The fields of a `chain.data.sources.Read` of the user's function (`data=callable`): its
+    inputs, targets, their names (None: a bare y, named by its kind) and where each came from."""
+    dataset = _call(data)
+    what = f"data._target_={data._target_}"
+    spec = dataset.element_spec
+    ys = spec[1] if isinstance(spec, tuple) and len(spec) == 2 else None
+    ys = list(ys.values()) if isinstance(ys, dict) else [ys]
+    if not (isinstance(spec, tuple) and isinstance(spec[0], tf.TensorSpec) and ys
+            and all(isinstance(y, tf.TensorSpec) for y in ys)):
+        raise ConfigError(f"{what} returned a dataset of {spec}; its elements must be (x, y) or (x, {{name: y}}), "
+                          "one example each")
+    if not all(s.shape.is_fully_defined() for s in [spec[0], *ys]):
+        raise ConfigError(f"{what} returned examples of unknown shape ({spec}); every x and every y must have "
+                          "one fixed shape (do not batch the dataset: chain does)")
+    x, y = _gather(dataset, what)
+    if isinstance(y, dict):
+        names = list(y)
+        return x, [y[n] for n in names], names, [f"{what} x"] + [f"{what} y[{n!r}]" for n in names]
+    return x, [y], [None], [f"{what} x", f"{what} y"]

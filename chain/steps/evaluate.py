@@ -1,0 +1,83 @@
+"""Evaluation on the whole validation set, compiled: one `tf.function` loops over the batches.
+
+A *read-out* is one prediction of a target that is scored: in mode=local each stage's
+head, in mode=e2e the chain's output (`chain.strategies.base`). For each batch, every
+stage's forward pass runs on its own device (`chain.steps.inference.forward`), and each
+read-out's sums are computed on its stage's device: the loss times the examples, the
+correct predictions (class labels) or the absolute errors (values), and the examples.
+Summed over the batches in float64, they become means: `loss`, and `accuracy` or `mae`.
+
+Nothing is trained and no random state is drawn (dropout is off), so evaluating leaves a
+run exactly where it was. In a mirrored run the models are read in cross-replica context
+(every replica holds the same variables) and the read-outs have no device of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from chain.data.catalog import Target
+from chain.stages.stage import Stage
+from chain.steps.inference import forward
+from chain.steps.ops import copy_to
+
+
+@dataclass(frozen=True)
+class Readout:
+    """One scored prediction: the `forward` output called `output` (e.g. `head_1`) predicts
+    `target` on `device`, with `loss(y, pred)` (a mean over the batch)."""
+
+    output: str
+    device: str | None
+    target: Target
+    loss: Callable
+
+    @property
+    def metric(self) -> str:
+        """`accuracy` for class labels, `mae` (mean absolute error) for a value."""
+        return "mae" if self.target.is_regression else "accuracy"
+
+
+def _sums(r: Readout, pred: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+    pred = tf.cast(pred, tf.float32)
+    n = tf.shape(pred)[0]
+    if r.target.is_regression:
+        score = tf.reduce_sum(tf.abs(tf.reshape(pred, [-1]) - tf.reshape(tf.cast(y, tf.float32), [-1])))
+    else:
+        hits = tf.equal(tf.argmax(pred, axis=-1, output_type=tf.int32), tf.reshape(tf.cast(y, tf.int32), [-1]))
+        score = tf.reduce_sum(tf.cast(hits, tf.float32))
+    loss = r.loss(y, pred) * tf.cast(n, tf.float32)
+    return {"loss": tf.cast(loss, tf.float64), r.metric: tf.cast(score, tf.float64), "count": tf.cast(n, tf.float64)}
+
+
+def evaluation(stages: Sequence[Stage], readouts: Sequence[Readout], chained: bool = True) -> Callable:
+    """`evaluate(dataset) -> [{"loss": mean, "accuracy" | "mae": mean} per read-out]` over every
+    batch `(x, {target: y})` of `dataset` (finite); `chained=False`: every stage takes `x`."""
+
+    def batch(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], ...]:
+        out = forward(stages, x, chained)
+        sums = []
+        for i, r in enumerate(readouts):
+            with tf.device(r.device):
+                sums.append(_sums(r, out[r.output], copy_to(ys[r.target.name], r.device, f"eval_{i}_target")))
+        return tuple(sums)
+
+    @tf.function
+    def totals(dataset: tf.data.Dataset) -> tuple[dict[str, tf.Tensor], ...]:
+        zero = tf.constant(0.0, tf.float64)
+        acc = tuple({"loss": zero, r.metric: zero, "count": zero} for r in readouts)  # a tuple: autograph
+        for x, ys in dataset:                                                         # stages lists as arrays
+            acc = tf.nest.map_structure(tf.add, acc, batch(x, ys))
+        return acc
+
+    def evaluate(dataset: tf.data.Dataset) -> list[dict[str, float]]:
+        out = []
+        for t in totals(dataset):
+            n = float(t["count"].numpy())
+            out.append({k: float(v.numpy()) / n for k, v in t.items() if k != "count"})
+        return out
+
+    return evaluate

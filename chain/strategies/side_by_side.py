@@ -1,0 +1,151 @@
+"""mode=side_by_side: several independent models trained in one process on one shared data stream.
+
+Each variant (`chain.config.variants`) is one model: the stage template with its overrides,
+its own optimizer, its own device (the planner's rules, or shared ones by
+`placement.devices`), its own checkpoint and TensorBoard directory (`stage_NN`). Every model
+sees the same batches, read and preprocessed once; a model with its own `data.batch_size`
+takes the first that many examples of each shared batch; a paused model is kept and
+checkpointed, not trained.
+
+Policies (`side_by_side.policy`): `lockstep`, every model's step in one compiled step, so
+models on different devices run at once; `round_robin`, one compiled step per model, called
+in turn, so only one model's activations are alive at a time.
+
+Out of memory (`tf.errors.ResourceExhaustedError`) in a step does not end the run: the step
+changed no model (lockstep updates wait for every model's gradients; round robin retries
+from the model that ran out), the batch of the models on the device that ran out shrinks
+by `oom.shrink`, the step is rebuilt and the same batch tried again; each event is logged
+and recorded in summary.json. Below `oom.min_batch_size` the run stops with one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from chain import testhooks
+from chain.config.schema import Settings
+from chain.data.catalog import DataInfo
+from chain.errors import OutOfMemory
+from chain.planning.devices import canonical
+from chain.planning.planner import Placement
+from chain.steps.side_by_side import lockstep_step, model_step
+from chain.strategies.base import LocalObjective
+
+log = logging.getLogger("chain")
+SIDE_BY_SIDE = "side_by_side"
+
+
+class SideBySide(LocalObjective):
+    """Independent models on one data stream (see the module docstring)."""
+
+    name = SIDE_BY_SIDE
+    chained = False
+
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
+        self.variants = settings.variants
+        self.batch_sizes = [v.batch_size for v in self.variants]
+        self.paused = [v.paused for v in self.variants]
+        self.oom_events: list[dict[str, Any]] = []
+        self.attempts = 0  # steps tried in this process (the test hook's clock)
+        self._pending: list | None = None  # round robin: the models that finished the step in progress
+        super().__init__(settings, placement, info, **bodies)
+        for st, v in zip(self.stages, self.variants):  # the placement table names each model
+            st.label = f"{v.name}: {st.describe()}" + (" (paused)" if v.paused else "")
+        self.round_robin = settings.side_by_side.policy == "round_robin"
+        self._models: list[Callable | None] = self._model_steps()
+
+    def make_step(self) -> Callable:
+        return lockstep_step(self.stages, self.batch_sizes, self.paused, self.settings.trainer.jit_compile)
+
+    def _model_steps(self) -> list[Callable | None]:
+        jit = self.settings.trainer.jit_compile
+        return [None if p else tf.function(model_step(s, b, jit))
+                for s, b, p in zip(self.stages, self.batch_sizes, self.paused)]
+
+    def call(self, x: Any, ys: dict[str, Any]) -> Any:
+        while True:
+            try:
+                testhooks.before_step(self.attempts + 1)
+                row = self._round(x, ys) if self.round_robin else super().call(x, ys)
+                self.attempts += 1
+                return row
+            except tf.errors.ResourceExhaustedError as e:
+                self._back_off(e)
+
+    def _round(self, x: Any, ys: dict[str, Any]) -> Any:
+        """Round robin: each model's step in turn; after an out-of-memory retry, only those still to go."""
+        args = self.arguments(x, ys)
+        values = self._pending or [None] * len(self.stages)
+        for k, fn in enumerate(self._models):
+            if values[k] is None:
+                values[k] = np.array([math.nan, 0.0], np.float32) if fn is None else fn(*args).numpy()
+                self._pending = values
+        self._pending = None
+        return np.concatenate(values)
+
+    def call_many(self, iterator: Any, n: int) -> Any:
+        """Round robin: `n` rounds of `call`; lockstep: the in-graph loop (`Strategy.call_many`)."""
+        if not self.round_robin and not self.oom_events:
+            return super().call_many(iterator, n)
+        rows = []
+        for _ in range(n):
+            rows.append(self.call(*next(iterator)))
+            if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
+                break
+        return np.stack(rows)
+
+    def _back_off(self, e: tf.errors.ResourceExhaustedError) -> None:
+        """Shrink the batch of the models on the device that ran out, rebuild the steps, or stop."""
+        found = re.search(r"(/job:[^ ]*)?/device:[A-Za-z]+:\d+", e.message or "")
+        device = canonical(found.group(0)) if found else None
+        victims = [k for k, s in enumerate(self.stages)
+                   if not self.paused[k] and (device is None or canonical(s.device) == device)]
+        step = self.attempts + 1
+        where = device or "a device"
+        smaller = {k: math.floor(self.batch_sizes[k] * self.settings.oom.shrink) for k in victims}
+        floor = self.settings.oom.min_batch_size
+        if not victims or min(smaller.values()) < floor:
+            names = ", ".join(f"{self.variants[k].name} ({self.batch_sizes[k]})" for k in victims) or "none"
+            raise OutOfMemory(f"out of memory on {where} at step {step} with the smallest batches allowed: "
+                              f"{names}; shrinking by oom.shrink={self.settings.oom.shrink:g} would go below "
+                              f"oom.min_batch_size={floor}")
+        changes = {self.variants[k].name: [self.batch_sizes[k], smaller[k]] for k in victims}
+        log.warning("out of memory on %s at step %d: batch %s; the step changed no model and is tried again",
+                    where, step, ", ".join(f"{n} {a} -> {b}" for n, (a, b) in changes.items()))
+        self.oom_events.append({"step": step, "device": device, "batch_sizes": changes})
+        for k in victims:
+            self.batch_sizes[k] = smaller[k]
+        self.body = self.make_step()  # new slice sizes: new shapes, new traces
+        self.step_fn = tf.function(self.body)
+        self._concrete, self._multi = {}, None
+        self._models = self._model_steps()
+
+    def stage_summary(self, stage, first: dict, last: dict) -> dict[str, Any]:
+        v = self.variants[stage.index]
+        return {**super().stage_summary(stage, first, last), "variant": v.name,
+                "overrides": dict(v.overrides), "batch_size": self.batch_sizes[stage.index], "paused": v.paused}
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "policy": self.settings.side_by_side.policy, "oom_events": self.oom_events}
+
+    def complete(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Rank the variants: by the last validation loss when there is one, else by the last training loss."""
+        def score(st: dict) -> float:
+            val = (st.get("val") or {}).get("loss")
+            value = val if val is not None else st.get("loss_last")
+            return math.inf if value is None or st["paused"] else value
+
+        ranked = sorted(summary["stages"], key=score)
+        summary["ranking"] = [{"rank": i + 1, "variant": st["variant"], "overrides": st["overrides"],
+                               "metric": "val_loss" if (st.get("val") or {}).get("loss") is not None else "loss_last",
+                               "value": None if score(st) == math.inf else score(st),
+                               "steps_per_second": summary.get("steps_per_second"),
+                               "peak_memory_bytes": st["peak_memory_bytes"], "paused": st["paused"]}
+                              for i, st in enumerate(ranked)]
+        return summary

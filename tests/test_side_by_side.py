@@ -1,0 +1,128 @@
+"""mode=side_by_side: independent models on one data stream do not interfere (each trains exactly
+as it would alone on the same batches), under both policies; each has its own checkpoint and
+TensorBoard directory; resume is bit-exact; out of memory shrinks the batch and goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import chain
+from chain.errors import OutOfMemory
+from compare import rel_diff
+from conftest import DEVICES, read_summary, run_cli, run_dirs
+
+BASE = ["mode=side_by_side", "model.width=16", "model.depth=1", "data=synthetic", "data.features=6",
+        "data.classes=4", "data.samples=256", "data.batch_size=16", "trainer.progress=false",
+        "checkpoint.export=false"]
+VARIANTS = "+variants=[{optim.lr: 0.003},{optim.lr: 0.001, model.width: 8, data.batch_size: 8},{optim: sgd, target: parity}]"
+STEPS = 5
+
+
+def alone(run, k: int):
+    """Variant k as one model trained alone (mode=local, one stage), from its weights in `run`."""
+    v = run.settings.variants[k]
+    over = [f"{'stage.target' if key == 'target' else key}={value}" for key, value in v.overrides
+            if key != "data.batch_size"]
+    single = chain.build(chain.compose([*BASE[1:], "+stages=1", f"placement.devices=[{DEVICES[3]}]", *over]))
+    s, mine = single.stages[0], run.stages[k]
+    for a, b in zip(s.model.weights + s.head.weights, mine.model.weights + mine.head.weights):
+        a.assign(b)
+    return single, v.batch_size
+
+
+@pytest.mark.parametrize("policy", ["lockstep", "round_robin"])
+def test_models_side_by_side_train_exactly_as_each_alone(policy):
+    run = chain.build(chain.compose([*BASE, VARIANTS, f"side_by_side.policy={policy}"]))
+    assert [s.device for s in run.stages] == DEVICES[:3]
+    singles = [alone(run, k) for k in range(3)]  # before training: the same initial weights
+    initial = [[v.numpy().copy() for v in s.trainable_variables] for s in run.stages]
+    it = iter(run.batches())
+    for _ in range(STEPS):
+        x, ys = next(it)
+        out = run.step(x, ys)
+        for k, (single, b) in enumerate(singles):
+            target = run.stages[k].target.name
+            got = single.step(x[:b], {target: ys[target][:b]})
+            np.testing.assert_allclose(out["stage_losses"][k], got["loss"], rtol=1e-6)
+    for k, (single, _) in enumerate(singles):
+        mine, theirs = run.stages[k], single.stages[0]
+        for a, b in zip(mine.trainable_variables, theirs.trainable_variables, strict=True):
+            assert rel_diff(a.numpy(), b.numpy()) <= 1e-6, (k, a.name)
+        assert int(mine.optimizer.iterations.numpy()) == STEPS
+        assert max(rel_diff(a.numpy(), b) for a, b in zip(mine.trainable_variables, initial[k])) > 1e-3  # it trained
+
+
+def test_a_paused_model_is_kept_and_checkpointed_but_not_trained(tmp_path):
+    run = chain.build(chain.compose([*BASE, "+variants=[{},{name: frozen, paused: true}]", "trainer.steps=3"]),
+                      run_dir=str(tmp_path))
+    before = [w.numpy().copy() for w in run.stages[1].trainable_variables]
+    summary = run.fit()
+    assert all(np.array_equal(a, b.numpy()) for a, b in zip(before, run.stages[1].trainable_variables))
+    assert summary["stages"][1]["paused"] and summary["stages"][1]["loss_last"] is None
+    assert summary["ranking"][-1]["variant"] == "frozen"
+    assert os.listdir(tmp_path / "stage_01")  # checkpointed like the others
+
+
+def test_each_variant_has_its_own_directories_and_resume_is_bit_exact(tmp_path):
+    args = [*BASE, VARIANTS, "checkpoint.every=2"]
+    straight = chain.build(chain.compose([*args, "trainer.steps=6"]), run_dir=str(tmp_path / "straight"))
+    straight.fit()
+    chain.build(chain.compose([*args, "trainer.steps=4"]), run_dir=str(tmp_path / "resumed")).fit()
+    resumed = chain.build(chain.compose([*args, "trainer.steps=6", "resume=true"]), run_dir=str(tmp_path / "resumed"))
+    assert resumed.fit()["resumed_from"] == 4
+    for a, b in zip(straight.stages, resumed.stages):
+        for x, y in zip(a.trainable_variables + list(a.optimizer.variables),
+                        b.trainable_variables + list(b.optimizer.variables)):
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+    dirs = [tmp_path / "straight" / f"stage_{k:02d}" for k in range(3)]
+    tb = [tmp_path / "straight" / "tb" / f"stage_{k:02d}" for k in range(3)]
+    assert len({str(d) for d in dirs + tb}) == 6 and all(os.listdir(d) for d in dirs + tb)
+
+
+def test_out_of_memory_shrinks_the_batch_of_the_models_on_that_device_and_goes_on(tmp_path, monkeypatch):
+    """An injected ResourceExhaustedError at step 3 on stage 1's device: only that model's batch
+    shrinks (16 -> 13 with oom.shrink=0.85), no model was changed by the failed try (every
+    optimizer counts exactly one update per step), and the event is in summary.json."""
+    monkeypatch.setenv("CHAIN_TEST_OOM", f"3@{DEVICES[1]}")
+    variants = "+variants=[{optim.lr: 0.003},{optim.lr: 0.001}]"
+    run = chain.build(chain.compose([*BASE, variants, "trainer.steps=5"]), run_dir=str(tmp_path))
+    summary = run.fit()
+    assert summary["oom_events"] == [{"step": 3, "device": DEVICES[1],
+                                      "batch_sizes": {"optim.lr=0.001": [16, 13]}}]
+    assert [st["batch_size"] for st in summary["stages"]] == [16, 13]
+    assert [int(s.optimizer.iterations.numpy()) for s in run.stages] == [5, 5]
+    assert json.load(open(tmp_path / "summary.json"))["oom_events"] == summary["oom_events"]
+
+
+def test_out_of_memory_below_the_floor_stops_with_one_line(tmp_path):
+    run_dir = str(tmp_path / "run")
+    r = run_cli(tmp_path, *BASE, "+variants=[{},{optim.lr: 0.01}]", "trainer.steps=5", "checkpoint.every=2",
+                "oom.min_batch_size=14", f"hydra.run.dir={run_dir}", env={"CHAIN_TEST_OOM": f"3@{DEVICES[1]}"})
+    assert r.returncode == OutOfMemory.exit_code
+    assert r.stderr.strip() == (
+        f"error: out of memory on {DEVICES[1]} at step 3 with the smallest batches allowed: optim.lr=0.01 (16); "
+        "shrinking by oom.shrink=0.85 would go below oom.min_batch_size=14; the last complete checkpoint (step 2) "
+        "is intact")
+
+
+def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
+    r = cli(*BASE, "+grid={optim.lr: [0.003, 0.0003], model.width: [8, 16]}", "trainer.steps=20", "checkpoint.export=true")
+    assert r.returncode == 0, r.stderr
+    s = read_summary(run_dirs(tmp_path)[0])
+    names = [st["variant"] for st in s["stages"]]
+    assert names == ["optim.lr=0.003,model.width=8", "optim.lr=0.003,model.width=16",
+                     "optim.lr=0.0003,model.width=8", "optim.lr=0.0003,model.width=16"]
+    values = [r["value"] for r in s["ranking"]]
+    assert values == sorted(values) and {r["variant"] for r in s["ranking"]} == set(names)
+    assert "rank  variant" in r.stdout and "chain.keras" not in s["exports"]
+
+
+def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(cli, tmp_path):
+    r = cli("-m", "+stages=1,3", "trainer.steps=2", "trainer.progress=false")
+    assert r.returncode == 0, r.stderr
+    summaries = sorted((tmp_path / "multirun").glob("*/*/*/summary.json"))
+    assert [len(json.load(open(p))["stages"]) for p in summaries] == [1, 3]
