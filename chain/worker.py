@@ -12,6 +12,9 @@ training run then places stages on the workers' devices with `cluster.workers=[.
 `--cpus 0,1` pins the worker to those cores (Linux); `--threads N` gives its executor N
 intra-op and N inter-op threads: `--cpus 0 --threads 1` makes a CPU worker run one op at a
 time, like one accelerator with one stream (how `scripts/bench_pipeline.py` measures overlap).
+`--profile-port P` also starts TensorFlow's profiler server on port P, so a run with
+`trainer.profile=[START,STOP]` can trace the worker (the run names the ports in
+`cluster.profile_ports`, in task order).
 """
 
 from __future__ import annotations
@@ -57,8 +60,10 @@ class LocalCluster:
     Every worker is stopped (SIGTERM, then SIGKILL) when the block ends, however it ends.
     """
 
-    def __init__(self, k: int, cpus: Sequence[int] | None = None, threads: int | None = None):
-        self.addresses = free_addresses(k)
+    def __init__(self, k: int, cpus: Sequence[int] | None = None, threads: int | None = None, profile: bool = False):
+        found = free_addresses(2 * k if profile else k)  # one call: the ports are distinct
+        self.addresses = found[:k]
+        self.profile_ports = [int(a.rsplit(":", 1)[1]) for a in found[k:]]  # profile=True: each worker's profiler
         self.cpus, self.threads = cpus, threads
         self.procs: list[subprocess.Popen | None] = [None] * k
 
@@ -80,6 +85,11 @@ class LocalCluster:
         return f"cluster.workers=[{','.join(self.addresses)}]"
 
     @property
+    def profile_option(self) -> str:
+        """The override that names the workers' profiler servers (`profile=True`), for `trainer.profile`."""
+        return f"cluster.profile_ports=[{','.join(map(str, self.profile_ports))}]"
+
+    @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p is not None]
 
@@ -90,6 +100,8 @@ class LocalCluster:
             cmd += ["--cpus", str(self.cpus[i])]
         if self.threads is not None:
             cmd += ["--threads", str(self.threads)]
+        if self.profile_ports:
+            cmd += ["--profile-port", str(self.profile_ports[i])]
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.procs[i] = p
@@ -123,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cluster", required=True, help="every worker's host:port, comma-separated, in task order")
     ap.add_argument("--threads", type=int, default=None, help="intra-op and inter-op threads (default: TensorFlow's)")
     ap.add_argument("--cpus", default=None, help="pin to these cores, e.g. 0 or 0,1 (Linux)")
+    ap.add_argument("--profile-port", type=int, default=None,
+                    help="also serve TensorFlow's profiler on this port (for trainer.profile)")
     a = ap.parse_args(argv)
     try:
         workers = parse_cluster(a.cluster)
@@ -130,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(f"--index={a.index}: the cluster has {len(workers)} workers (0..{len(workers) - 1})")
         if a.threads is not None and a.threads < 1:
             raise ConfigError(f"--threads={a.threads} must be >= 1")
+        if a.profile_port is not None and not 0 < a.profile_port < 65536:
+            raise ConfigError(f"--profile-port={a.profile_port} must be a port in 1..65535")
         if a.cpus is not None:
             try:
                 cores = {int(c) for c in a.cpus.split(",")}
@@ -152,6 +168,11 @@ def main(argv: list[str] | None = None) -> None:
                                       task_index=a.index, config=config, start=True)
     except (tf.errors.OpError, ValueError, RuntimeError) as e:
         fail(f"worker {a.index} cannot serve {workers[a.index]}: {str(e).strip().splitlines()[0]}")
+    if a.profile_port is not None:
+        try:
+            tf.profiler.experimental.server.start(a.profile_port)
+        except (tf.errors.OpError, ValueError, RuntimeError) as e:
+            fail(f"worker {a.index} cannot serve its profiler on port {a.profile_port}: {str(e).strip().splitlines()[0]}")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     print(f"worker {a.index} serving {workers[a.index]} ({server.target})", flush=True)

@@ -50,15 +50,19 @@ from chain.worker import LocalCluster
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]) -> list[str]:
+    """The benchmark's chain (see the module docstring) on these workers and devices."""
+    return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
+            "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "model.activation=tanh",
+            "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
+            f"data.samples={a.micro_size * m}", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
+            f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
+
+
 def chain_run(a, addresses: list[str], schedule: str, m: int, devices: list[str]):
     import chain
 
-    overrides = [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
-                 "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "model.activation=tanh",
-                 "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
-                 f"data.samples={a.micro_size * m}", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
-                 f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
-    return chain.build(chain.compose(overrides))
+    return chain.build(chain.compose(overrides(a, addresses, schedule, m, devices)))
 
 
 def without_releases(run):
@@ -159,25 +163,39 @@ def cpu_ticks(pids: list[int]) -> tuple[int, int]:
 
 def timed(step, x, ys, n: int, pids: list[int]) -> tuple[float, float]:
     """(seconds per step over `n` steps, cores' worth of CPU other processes used meanwhile)."""
+    def steps():
+        for _ in range(n):
+            step(x, ys)  # returns a NumPy value: each step has ended before the next starts
+
+    seconds, foreign = foreign_cpu(steps, pids)
+    return seconds / n, foreign
+
+
+def foreign_cpu(fn, pids: list[int]) -> tuple[float, float]:
+    """Run `fn()`: (seconds it took, cores' worth of CPU that processes other than `pids` used meanwhile)."""
     b0, o0 = cpu_ticks(pids)
     started = time.perf_counter()
-    for _ in range(n):
-        step(x, ys)  # returns a NumPy value: each step has ended before the next starts
+    fn()
     seconds = time.perf_counter() - started
     b1, o1 = cpu_ticks(pids)
-    return seconds / n, max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / seconds
+    return seconds, max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / seconds
 
 
 def quiet_pairs(a, one: list, split: list) -> list[float]:
     return [o[0] / s[0] for o, s in zip(one, split) if max(o[1], s[1]) < a.quiet]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def model_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that shape the benchmark's chain (`overrides`)."""
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--micro-size", type=int, default=128, help="examples per microbatch")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_arguments(p)
     p.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="microbatch counts M")
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=["gpipe", "1f1b"])
     p.add_argument("--ablations", nargs="*", default=[], choices=["before"])

@@ -127,6 +127,27 @@ def steps(s: Settings, info: DataInfo | None) -> int | None:
     return None if info is None else math.ceil(t.epochs * info.examples / s.examples_per_step)
 
 
+def check_profile(s: Settings, n_steps: int | None) -> None:
+    """`trainer.profile` traces steps of a pipeline schedule that the run takes (`n_steps`: the run's
+    steps, None while the data that `trainer.epochs` counts in is unknown)."""
+    if s.trainer.profile is None:
+        return
+    start, stop = s.trainer.profile
+    if n_steps is not None and stop > n_steps:
+        given = "trainer.steps" if s.trainer.steps is not None else "the run's steps"
+        raise ConfigError(f"trainer.profile=[{start},{stop}] goes past {given}={n_steps}")
+    if s.mode != "e2e":
+        raise ConfigError("trainer.profile measures a pipeline schedule's actions: it needs mode=e2e")
+    profile_ports(s.cluster.workers, s.cluster.profile_ports)
+
+
+def profile_ports(workers, ports) -> None:
+    """`trainer.profile` on cluster workers traces each worker's profiler server: one port per worker."""
+    if workers and (ports is None or len(ports) != len(workers)):
+        raise ConfigError(f"trainer.profile on {len(workers)} cluster workers needs cluster.profile_ports with one "
+                          "port per worker (each started with python -m chain.worker --profile-port PORT)")
+
+
 def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     """Raise a ConfigError for the first inconsistency of `s` (with the data `info` describes,
     when known); return notes on ignored settings."""
@@ -175,10 +196,14 @@ def settle(s: Settings) -> Settings:
     """`s` checked (`check`), with its notes and, where the data is known, its steps."""
     info = describe(s.data)
     notes = check(s, info)
-    return replace(s, notes=notes, trainer=replace(s.trainer, steps=steps(s, info)))
+    n_steps = steps(s, info)
+    check_profile(s, n_steps)
+    return replace(s, notes=notes, trainer=replace(s.trainer, steps=n_steps))
 
 
 def with_data(s: Settings, info: DataInfo) -> Settings:
     """`s` checked against the loaded data (`check_data`), with its steps known."""
     check_data(s, info)
-    return replace(s, trainer=replace(s.trainer, steps=steps(s, info)))
+    n_steps = steps(s, info)
+    check_profile(s, n_steps)
+    return replace(s, trainer=replace(s.trainer, steps=n_steps))

@@ -185,3 +185,13 @@ def feature(key: str, v: Any) -> tuple:
         raise ConfigError(f"{key}={v!r} must be a fixed-length feature: float32 or int64, with its shape in "
                           "brackets unless it holds one value, e.g. float32[28,28,1] or int64")
     return dtype, shape
+
+
+def step_window(key: str, v: Any) -> tuple[int, int]:
+    """`[START, STOP]`: steps START to STOP, both counted from 1, START <= STOP."""
+    start, stop = list_of(integer(1), 2, 2)(key, v) if isinstance(v, (list, tuple)) else (None, None)
+    if start is None:
+        raise ConfigError(f"{key}={v!r} must be [START,STOP], e.g. {key}=[5,6]")
+    if start > stop:
+        raise ConfigError(f"{key}=[{start},{stop}]: START must be <= STOP")
+    return start, stop

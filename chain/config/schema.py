@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Union
 
 from chain.config.fields import (Check, address, boolean, choice, dotted_name, feature, int_or_list, integer,
-                                 list_of, mapping, number, optional, power_of_two, required, string)
+                                 list_of, mapping, number, optional, power_of_two, required, step_window, string)
 from chain.errors import ConfigError
 from chain.planning.schedules import NAMES as SCHEDULES
 
@@ -335,6 +335,7 @@ class Trainer:
     steps_per_call: int = setting(integer(1, 1 << 20))
     initial_loss_scale: float = setting(power_of_two)
     on_nan: str = setting(choice(*ON_NAN))
+    profile: tuple[int, int] | None = setting(optional(step_window))  # steps traced (chain.training.profile)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -380,6 +381,7 @@ class ClusterSettings:
 
     workers: tuple[str, ...] | None = setting(optional(list_of(address, 1, MAX_STAGES)))
     lost_after_s: float = setting(number(positive=True, maximum=3600))
+    profile_ports: tuple[int, ...] | None = setting(optional(list_of(integer(1, 65535), 1, MAX_STAGES)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -407,6 +409,7 @@ class Settings:
     precision: str = setting(choice(*PRECISIONS))
     resume: bool = setting(boolean)
     plan_only: bool = setting(boolean)
+    report: bool = setting(boolean)
     model: Model = setting(MODEL)
     optim: Optim = setting(OPTIM)
     data: Data = setting(DATA)

@@ -198,18 +198,25 @@ def live_activations(row: Sequence[Action]) -> list[int]:
     return out
 
 
-def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None = None) -> str:
-    """The timeline as text: one row per stage/device, one column per slot, then the bubble.
+def rows(timeline: Timeline, devices: Sequence[str] | None = None) -> list[str]:
+    """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).
 
         stage 0  /device:CPU:0  F0 F1 .  .  B0 B1
     """
-    width = max(len(str(a)) for row in timeline.grid for a in row if a is not None)
-    labels = [f"stage {k}" + (f"  {devices[k]}" if devices else "") for k in range(schedule.stages)]
+    width = max([len(str(a)) for row in timeline.grid for a in row if a is not None] or [1])
+    labels = [f"stage {k}" + (f"  {devices[k]}" if devices else "") for k in range(len(timeline.grid))]
     pad = max(len(s) for s in labels)
-    lines = [f"schedule: {schedule.name}, {schedule.stages} stages x {schedule.microbatches} microbatches, "
-             f"{timeline.slots} slots (F: forward, B: backward, digit: microbatch, .: idle)"]
+    lines = []
     for label, row in zip(labels, timeline.grid):
         cells = " ".join((str(a) if a is not None else ".").ljust(width) for a in row)
         lines.append(f"{label.ljust(pad)}  {cells}".rstrip())
+    return lines
+
+
+def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None = None) -> str:
+    """The timeline as text: a header, one row per stage/device, one column per slot, then the bubble."""
+    lines = [f"schedule: {schedule.name}, {schedule.stages} stages x {schedule.microbatches} microbatches, "
+             f"{timeline.slots} slots (F: forward, B: backward, digit: microbatch, .: idle)"]
+    lines += rows(timeline, devices)
     lines.append(f"bubble fraction: {timeline.bubble_fraction:.3f} (idle slots / all slots)")
     return "\n".join(lines)

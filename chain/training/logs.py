@@ -74,8 +74,15 @@ class Writers:
                 for name, v in chain.items():
                     tf.summary.scalar(name, v)
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Write what is buffered (at a checkpoint: a run killed later keeps its curves up to there,
+        and its resume logs the steps after it again)."""
         with writing(f"TensorBoard logs in {self.root}"):
             for w in self.stages + [self.chain]:
                 w.flush()
+
+    def close(self) -> None:
+        self.flush()
+        with writing(f"TensorBoard logs in {self.root}"):
+            for w in self.stages + [self.chain]:
                 w.close()

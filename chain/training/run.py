@@ -9,6 +9,7 @@ adds its own summary fields.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -249,7 +250,9 @@ class Run:
 
         from chain import testhooks
         from chain.training.logs import Writers
+        from chain.training.profile import Window
 
+        window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
         ckpts, first, last = self._start()
         resumed_from = self.global_step if self.settings.resume else None
         every = self.settings.checkpoint.every
@@ -272,8 +275,10 @@ class Run:
                     for period in (every if ckpts else 0, t.eval_every):
                         if period:
                             n = min(n, period - self.global_step % period)
+                    n = window.limit(self.global_step, n) if window else n  # one step per call while traced
                     try:
-                        outs = self.steps(n) if n > 1 else [self._train(*next(self.iterator))]
+                        with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
+                            outs = self.steps(n) if n > 1 else [self._train(*next(self.iterator))]
                     except NonFiniteError as e:
                         raise NonFiniteError(e.stages, e.step, f"; {self.intact(hint=False)}") from None
                     if started is None:
@@ -297,6 +302,8 @@ class Run:
                         if ckpts and every and step % every == 0:
                             ckpts.save(step, first, last, self.tracker.state())
                             saved_at = step
+                            if writers:
+                                writers.flush()  # the curves up to a checkpoint survive a kill
                         testhooks.after_step(step)
                         if callback is not None:
                             callback(step, out)
@@ -310,11 +317,15 @@ class Run:
                          self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
             summary = self.strategy.complete(
                 self._summary(first, last, resumed_from, timed_steps, elapsed, evaluation))
+            if window:
+                window.add_to(summary)
             if writers:
                 writers.scalars(self.global_step, [{} for _ in self.stages],
                                 {"examples_per_second": summary["examples_per_second"] or 0.0})
         finally:
             bar.close()
+            if window:
+                window.close()
             if writers:
                 writers.close()
         if ckpts and saved_at != self.global_step:
@@ -324,6 +335,10 @@ class Run:
                 self._export(summary)
             with writing(os.path.join(self.run_dir, "summary.json")):
                 write_json(os.path.join(self.run_dir, "summary.json"), summary)
+            if self.settings.report:
+                from chain.report import write_report
+
+                log.info("report: %s", write_report(self.run_dir))
         return summary
 
     def intact(self, hint: bool = True) -> str:
@@ -370,7 +385,8 @@ class Run:
         skipped = [int(s.skipped.numpy()) for s in self.stages]
         none = {"loss": None, "stage_losses": [None] * len(self.stages)}
         first, last = first or none, last or none
-        stages = [{**self._stage_summary(s, skipped[s.index]), **self.strategy.stage_summary(s, first, last)}
+        stages = [{**self._stage_summary(s, skipped[s.index]), **self.strategy.stage_summary(s, first, last),
+                   "model": s.describe(), "physical": self.placement.physical.get(s.device)}  # the report's table
                   for s in self.stages]
         for entry, metrics in zip(stages, evaluation.stages if evaluation else []):
             entry["val"] = metrics  # mode=local: each stage's own validation metrics

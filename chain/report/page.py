@@ -1,0 +1,228 @@
+"""The report as one self-contained HTML page: every figure is a PNG embedded as a data URI,
+the styles are inline, nothing is fetched when the page is viewed.
+
+One run (`single`): its curves (the chain's, then each stage's), the placement table, the
+planned and measured timelines with the measured statistics and the balance advice, peak
+memory per device, throughput, and the config with its overrides. Several runs
+(`comparison`): a table of final metrics, and curves overlaid run on run.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from typing import Iterable, Sequence
+
+from chain.planning import schedules
+from chain.report import plots
+from chain.report.runs import RunRecord
+from chain.training import timeline as measured_timeline
+
+STYLE = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
+h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 28px; }
+h3 { font-size: 15px; margin-bottom: 4px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; } th { background: #f3f3f3; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+pre { background: #f7f7f7; padding: 8px; font-size: 12px; overflow-x: auto; }
+.note { color: #555; font-size: 13px; } .advice { background: #fff4e5; border-left: 4px solid #f0a030; padding: 6px 10px; }
+img { max-width: 100%; }
+"""
+
+
+def esc(value) -> str:
+    return html.escape(str(value))
+
+
+def image(data: bytes, alt: str) -> str:
+    return f'<img alt="{esc(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+
+
+def number(v, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    return f"{v:,}" if isinstance(v, int) else esc(v)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence], table_id: str | None = None) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f'<td class="num">{number(c)}</td>' if isinstance(c, (int, float)) and
+                                    not isinstance(c, bool) else f"<td>{esc('-' if c is None else c)}</td>" for c in r)
+                   + "</tr>" for r in rows)
+    ident = f' id="{table_id}"' if table_id else ""
+    return f"<table{ident}><tr>{head}</tr>{body}</table>"
+
+
+def mib(n) -> float | None:
+    return n / 2 ** 20 if isinstance(n, (int, float)) else None
+
+
+# --- sections of one run -----------------------------------------------------------------------
+
+
+def curve_section(rec: RunRecord) -> str:
+    out = ["<h2>Curves</h2>"]
+    chain_tags = rec.curves.get("chain", {})
+    if chain_tags:
+        out.append(image(plots.curves({"": chain_tags}, f"{rec.name}: the chain (tb/chain)"), "chain curves"))
+    e2e = rec.get("mode") == "e2e"
+    for k, writer in enumerate(rec.stage_writers()):
+        tags = rec.curves.get(writer, {})
+        title = f"stage {k} ({writer})"
+        if not tags and chain_tags:  # mode=e2e: no stage has a loss of its own; every stage learns the chain's
+            tags, title = chain_tags, f"stage {k}: the chain's loss (mode=e2e: one loss for every stage)"
+        out.append(f'<h3 id="curves-stage-{k}">stage {k}</h3>')
+        out.append(image(plots.curves({"": tags}, title), f"stage {k} curves"))
+    if e2e:
+        out.append('<p class="note">mode=e2e: the chain has one loss, logged in tb/chain; '
+                   "each stage's panel shows it with the stage's own scalars, if any.</p>")
+    return "\n".join(out)
+
+
+def placement_section(rec: RunRecord) -> str:
+    rows = []
+    for s in rec.stages:
+        rows.append((s["index"], s.get("device") or "every replica", s.get("physical"), s.get("params"),
+                     s.get("model"), mib(s.get("peak_memory_bytes")), s.get("busy_fraction")))
+    out = ["<h2>Placement</h2>",
+           table(("stage", "device", "physical", "params", "model", "peak memory (MiB)", "measured busy fraction"),
+                 rows, "placement")]
+    if rec.get("replica_devices"):
+        out.append(f"<p class='note'>mirrored over {esc(', '.join(rec.get('replica_devices')))}</p>")
+    if rec.get("peak_memory_scope") == "process":
+        out.append("<p class='note'>peak memory on CPU is the process's (logical CPU devices share one allocator): "
+                   "every stage shows the same figure.</p>")
+    return "\n".join(out)
+
+
+def planned_rows(schedule: schedules.Schedule) -> list[list[tuple[float, float, str, str]]]:
+    grid = schedules.simulate(schedule).grid
+    return [[(t, 1.0, a.kind, str(a)) for t, a in enumerate(row) if a is not None] for row in grid]
+
+
+def measured_rows(measured: dict, step: dict) -> list[list[tuple[float, float, str, str]]]:
+    t0 = min(a["start_ms"] for a in step["actions"])
+    rows: list[list] = [[] for _ in range(measured["stages"])]
+    for a in step["actions"]:
+        rows[a["stage"]].append((a["start_ms"] - t0, a["end_ms"] - a["start_ms"], a["kind"], f"{a['kind']}{a['microbatch']}"))
+    for u in step["updates"]:
+        rows[u["stage"]].append((u["start_ms"] - t0, u["end_ms"] - u["start_ms"], "update", ""))
+    return rows
+
+
+def timeline_section(rec: RunRecord) -> str:
+    schedule = rec.schedule()
+    if schedule is None:
+        return "<h2>Timeline</h2><p class='note'>no pipeline schedule (mode=local, or mirrored): nothing to plan.</p>"
+    devices = [s.get("device") or "" for s in rec.stages]
+    labels = [f"stage {k}  {d}" for k, d in enumerate(devices)]
+    planned = schedules.simulate(schedule)
+    out = ['<h2 id="timeline">Timeline</h2>',
+           f"<p>{esc(schedule.name)}, {schedule.stages} stages x {schedule.microbatches} microbatches; "
+           f"planned bubble fraction {planned.bubble_fraction:.3f} (unit-time actions)</p>",
+           image(plots.gantt(planned_rows(schedule), labels, "planned (unit-time actions)", "slot"), "planned timeline")]
+    m = rec.timeline
+    step = measured_timeline.shown(m) if m else None
+    if step is None:
+        out.append("<p class='note'>not profiled: run with trainer.profile=[START,STOP] to measure the timeline.</p>")
+        return "\n".join(out)
+    out.append(image(plots.gantt(measured_rows(m, step), labels, f"measured: step {step['step']}", "ms"),
+                     "measured timeline"))
+    out.append(f"<p>measured bubble fraction <b>{m['measured_bubble_fraction']:.3f}</b> (idle time / all time over "
+               f"the profiled steps {', '.join(str(s['step']) for s in m['steps'] if s['complete'])}), planned "
+               f"{m['planned_bubble_fraction']:.3f}; step {m['step_ms']:.2f} ms from the first action to the last; "
+               f"slowest stage: {m['slowest_stage']}</p>")
+    rows = [(p["stage"], p["device"], p["busy_ms"], p["busy_fraction"], p["forward_ms"], p["backward_ms"], p["copy_ms"],
+             p["copy_wait_ms"], p["update_ms"]) for p in m["per_stage"]]
+    out.append(table(("stage", "device", "busy ms", "busy fraction", "forward ms", "backward ms", "copy ms",
+                      "copy wait ms", "update ms"), rows, "measured"))
+    shared = (" These stages are logical CPU devices of one process, which share one thread pool: the trace "
+              "shows order, not overlap." if m.get("shared_threads") else "")
+    out.append("<p class='note'>per step, mean over the profiled steps. copy: transfer ops inside the actions; "
+               f"copy wait: idle time of a stage after its next input was ready on another device.{shared}</p>")
+    if m.get("advice"):
+        out.append(f"<p class='advice' id='advice'>{esc(m['advice']['text'])}</p>")
+    return "\n".join(out)
+
+
+def memory_section(rec: RunRecord) -> str:
+    stages = [s for s in rec.stages if isinstance(s.get("peak_memory_bytes"), (int, float))]
+    out = ["<h2>Memory and throughput</h2>"]
+    if stages:
+        out.append(image(plots.bars([f"stage {s['index']}" for s in stages],
+                                    [s["peak_memory_bytes"] / 2 ** 20 for s in stages],
+                                    f"peak memory per device ({rec.get('peak_memory_scope')})", "MiB"),
+                         "peak memory"))
+    replica = rec.get("replica_peak_memory_bytes")
+    if replica:
+        out.append(table(("replica", "peak memory (MiB)"), [(d, mib(v)) for d, v in
+                                                           zip(rec.get("replica_devices") or [], replica)]))
+    rows = [("examples per second", rec.get("examples_per_second")), ("examples per step", rec.get("examples_per_step")),
+            ("steps", rec.get("steps")), ("loss, first step", rec.get("loss_first")),
+            ("loss, last step", rec.get("loss_last"))]
+    out.append(table(("", "value"), rows, "throughput"))
+    return "\n".join(out)
+
+
+def config_section(rec: RunRecord) -> str:
+    overrides = " ".join(rec.overrides) or "(none)"
+    return (f"<h2>Config</h2><p>overrides: <code>{esc(overrides)}</code></p>"
+            f"<pre id='config'>{esc(rec.config or '(no .hydra/config.yaml)')}</pre>")
+
+
+def single(rec: RunRecord) -> str:
+    """The page of one run."""
+    facts = [f"mode {rec.get('mode', '?')}", f"strategy {rec.get('strategy', '?')}", f"{rec.get('steps', '?')} steps"]
+    if rec.get("resumed_from") is not None:
+        facts.append(f"resumed from step {rec.get('resumed_from')}")
+    if rec.summary is None:
+        facts.append("no summary.json (the run did not finish)")
+    body = [f"<h1>chain run {esc(rec.name)}</h1>", f"<p>{esc(rec.path)}: {esc(', '.join(facts))}</p>",
+            curve_section(rec), placement_section(rec), timeline_section(rec), memory_section(rec), config_section(rec)]
+    return document(f"chain run {rec.name}", body)
+
+
+# --- several runs ------------------------------------------------------------------------------
+
+
+def final(series) -> float | None:
+    return series[-1][1] if series else None
+
+
+def labels(records: Sequence[RunRecord]) -> list[str]:
+    """Each run's name in legends and tables: its directory's name, or its path where names repeat."""
+    names = [r.name for r in records]
+    return [r.name if names.count(r.name) == 1 else r.path for r in records]
+
+
+def comparison(records: Sequence[RunRecord]) -> str:
+    """The page comparing runs: final metrics side by side, curves overlaid."""
+    names = labels(records)
+    tags = sorted({t for r in records for t in r.curves.get("chain", {})})
+    header = ["run", "mode", "schedule", "microbatches", "steps", "loss first", "loss last", "examples/s",
+              "bubble planned", "bubble measured", *[f"{t} (last)" for t in tags]]
+    rows = [(name, r.get("mode"), r.get("schedule"), r.get("microbatches"), r.get("steps"), r.get("loss_first"),
+             r.get("loss_last"), r.get("examples_per_second"), r.get("bubble_fraction"),
+             r.get("measured_bubble_fraction"), *[final(r.curves.get("chain", {}).get(t)) for t in tags])
+            for name, r in zip(names, records)]
+    body = [f"<h1>chain: {len(records)} runs compared</h1>",
+            "<ul>" + "".join(f"<li>{esc(name)}: {esc(r.path)} <code>{esc(' '.join(r.overrides))}</code></li>"
+                             for name, r in zip(names, records)) + "</ul>",
+            "<h2>Final metrics</h2>", table(header, rows, "metrics"), "<h2>Curves</h2>",
+            image(plots.curves({n: r.curves.get("chain", {}) for n, r in zip(names, records)}, "the chain (tb/chain)"),
+                  "chain curves")]
+    n_stages = max((len(r.stage_writers()) for r in records), default=0)
+    for k in range(n_stages):
+        series = {n: r.curves.get(f"stage_{k:02d}", {}) for n, r in zip(names, records) if k < len(r.stage_writers())}
+        if any(series.values()):
+            body.append(f'<h3 id="curves-stage-{k}">stage {k}</h3>')
+            body.append(image(plots.curves(series, f"stage {k}"), f"stage {k} curves"))
+    return document("chain runs compared", body)
+
+
+def document(title: str, body: Sequence[str]) -> str:
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

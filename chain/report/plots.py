@@ -1,0 +1,100 @@
+"""The report's figures as PNG bytes (matplotlib, Agg backend: no display needed): training and
+validation curves, Gantt charts of the planned and measured timelines, memory per device."""
+
+from __future__ import annotations
+
+import io
+from typing import Sequence
+
+from chain.report.scalars import Series
+
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "update": "#8C8C8C", "copy": "#55A868"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def png(fig) -> bytes:
+    """The figure as PNG bytes (and closed)."""
+    plt = _pyplot()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def family(tag: str) -> str:
+    """Tags plotted on one axis: `loss` with `val_loss`, `accuracy` with `val_accuracy`, ..."""
+    return tag[4:] if tag.startswith("val_") else tag
+
+
+def curves(series: dict[str, dict[str, Series]], title: str) -> bytes:
+    """One panel per family of tags; `series[label][tag]` is drawn as `label tag` (one label per run
+    when runs are compared, or one empty label for a single run). A tag with one point (a figure
+    logged once, such as examples_per_second at the end) is no curve: it is left out."""
+    plt = _pyplot()
+    series = {label: {t: p for t, p in tags.items() if len(p) > 1} for label, tags in series.items()}
+    families = sorted({family(t) for tags in series.values() for t in tags}, key=lambda f: (f != "loss", f))
+    fig, axes = plt.subplots(1, max(1, len(families)), figsize=(4.2 * max(1, len(families)), 3.0), squeeze=False)
+    for ax, fam in zip(axes[0], families):
+        for label, tags in series.items():
+            for tag in sorted(t for t in tags if family(t) == fam):
+                points = tags[tag]
+                name = f"{label} {tag}".strip()
+                style = "--" if tag.startswith("val_") else "-"
+                ax.plot([s for s, _ in points], [v for _, v in points], style, marker="." if len(points) < 30 else None,
+                        label=name)
+        ax.set_title(fam)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if not families:
+        axes[0][0].text(0.5, 0.5, "no scalars", ha="center", va="center")
+        axes[0][0].set_axis_off()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return png(fig)
+
+
+def gantt(rows: Sequence[Sequence[tuple[float, float, str, str]]], labels: Sequence[str], title: str,
+          xlabel: str) -> bytes:
+    """A Gantt chart: `rows[k]` lists stage k's bars as (start, length, kind, text); kind picks the
+    colour (F, B, update, copy)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(11, 0.6 * len(rows) + 1.3))
+    end = max([s + w for row in rows for s, w, _, _ in row] or [1.0])
+    for k, row in enumerate(rows):
+        y = len(rows) - 1 - k
+        for start, width, kind, text in row:
+            ax.broken_barh([(start, width)], (y - 0.4, 0.8), facecolors=COLORS.get(kind, "#999999"),
+                           edgecolor="white", linewidth=0.5)
+            if text and width > end / 80:
+                ax.text(start + width / 2, y, text, ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(list(reversed(labels)), fontsize=8)
+    ax.set_xlim(0, end)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("F", "B", "update")]
+    ax.legend(handles, ["forward", "backward", "update"], fontsize=7, loc="upper right", ncol=3)
+    ax.set_title(title, fontsize=10)
+    return png(fig)
+
+
+def bars(labels: Sequence[str], values: Sequence[float], title: str, ylabel: str) -> bytes:
+    """A bar chart (e.g. peak memory per device)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(labels) + 2), 2.8))
+    ax.bar(range(len(values)), values, color="#4C72B0")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    return png(fig)

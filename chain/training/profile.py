@@ -1,0 +1,215 @@
+"""`trainer.profile=[START, STOP]`: trace those steps with TensorFlow's profiler, then write the
+measured timeline (`timeline.json`), print it next to the plan and say which stage holds
+the pipeline back.
+
+The fit loop asks `Window.limit` how many steps its next call may run (calls end where the
+window starts, and inside it every step is a call of its own, so each step has its own
+interval in the trace), and runs each call inside `Window.call`. The first step of the
+window starts the profiler, the last one stops it and `chain.training.timeline` reads the
+trace. The trace stays under `RUN_DIR/tb/chain/plugins/profile/`, beside the chain's
+TensorBoard events, where TensorBoard's profile plugin (when installed) shows it.
+
+In one process the client's profiler sees every op. In a cluster the ops run in the workers:
+each must serve TensorFlow's profiler (`python -m chain.worker --profile-port P`), and the
+run names those ports in `cluster.profile_ports`, in task order; the client traces them
+with `tf.profiler.experimental.client.trace` for a time it estimates from the steps before
+the window (30 s when the window starts at step 1), while it traces itself for the step markers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any
+
+from chain.config.checks import profile_ports
+from chain.config.schema import Builder, KerasModel
+from chain.errors import ConfigError
+from chain.planning import schedules
+from chain.state.atomic import write_json, writing
+from chain.training import timeline
+
+log = logging.getLogger("chain")
+
+TIMELINE = "timeline.json"
+FIRST_CALL_S = 30.0  # a cluster trace that starts at step 1 (tracing, compiling): how long to trace the workers
+CUT_LABEL = re.compile(r" layers \d+-\d+ \(")  # chain.stages.cut.describe: "model.keras layers 0-3 (d1..d4)"
+SUMMARY_KEYS = ("busy_fraction", "busy_ms", "forward_ms", "backward_ms", "copy_ms", "copy_wait_ms", "update_ms")
+
+
+def worker_task(device: str) -> int | None:
+    """The task of a `/job:worker/replica:0/task:T/...` device (None: not a cluster worker's)."""
+    import tensorflow as tf
+
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.task if spec.job == "worker" else None
+
+
+def layers_and_override(stages, split: list[int] | None) -> tuple[list[int], str | None]:
+    """Each stage's layers, counted in the unit a config can move, and the override that sets
+    layers per stage to `split`: `placement.split` for one cut Keras model, each stage's
+    `model.depth` for the chain's own bodies, none for a user's builders."""
+    specs = [s.spec.model if s.spec is not None else None for s in stages]
+    # A cut model's stages (model=keras, or chain.build(cfg, model=...)) carry chain.stages.cut's labels.
+    if any(isinstance(m, KerasModel) for m in specs) or all(s.label and CUT_LABEL.search(s.label) for s in stages):
+        layers = [len([layer for layer in s.model.layers if type(layer).__name__ != "InputLayer"]) for s in stages]
+        return layers, (f"placement.split=[{','.join(map(str, split))}]" if split else None)
+    if all(s.label is None and m is not None and not isinstance(m, (Builder, KerasModel)) for s, m in zip(stages, specs)):
+        over = ",".join(f"{{model: {{depth: {d}}}}}" for d in split) if split else None
+        return [m.depth for m in specs], (f"'+stages=[{over}]'" if over else None)
+    return [len(s.model.layers) for s in stages], None
+
+
+class Window:
+    """The profiled steps of one run and what their trace measured (`result`)."""
+
+    def __init__(self, run: Any, start: int, stop: int):
+        if run.schedule is None or any(s.device is None for s in run.stages):
+            raise ConfigError("trainer.profile measures a pipeline schedule: it needs mode=e2e with a device per "
+                              "stage (this run has no schedule, or is mirrored)")
+        if not run.run_dir:
+            raise ConfigError("trainer.profile needs a run directory: build the run with chain.build(cfg, run_dir=...)")
+        self.run, self.start, self.stop = run, start, stop
+        self.logdir = os.path.join(run.run_dir, "tb", "chain")
+        self.remote = self._remote_addresses()
+        self.active, self.result = False, None
+        self._before: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._step_s: float | None = None  # seconds per step of the last call before the window
+
+    def _remote_addresses(self) -> list[str]:
+        """`host:port` of each worker's profiler, in task order (empty: not a cluster run)."""
+        workers = self.run.placement.cluster
+        if not workers:
+            return []
+        ports = self.run.settings.cluster.profile_ports
+        profile_ports(workers, ports)  # workers from TF_CONFIG are known only now
+        return [f"{a.rsplit(':', 1)[0]}:{p}" for a, p in zip(workers, ports)]
+
+    def limit(self, done: int, n: int) -> int:
+        """How many steps the call after step `done` may run, at most `n`."""
+        if self.start <= done + 1 <= self.stop:
+            return 1
+        if done + 1 < self.start:
+            return min(n, self.start - 1 - done)
+        return n
+
+    @contextlib.contextmanager
+    def call(self, first: int, n: int):
+        """Around one call of `n` steps from step `first`: traced and marked inside the window."""
+        if not self.start <= first <= self.stop:
+            started = time.perf_counter()
+            yield
+            self._step_s = (time.perf_counter() - started) / n
+            return
+        import tensorflow as tf
+
+        if not self.active:
+            self._begin(first)
+        with tf.profiler.experimental.Trace(timeline.MARKER, step_num=first, _r=1):
+            yield
+        if first == self.stop:
+            self._end()
+
+    def _begin(self, first: int) -> None:
+        import tensorflow as tf
+
+        with writing(f"the profile in {self.logdir}"):
+            os.makedirs(self.logdir, exist_ok=True)
+        self._before = set(timeline.trace_files(self.logdir))
+        if self.remote:
+            steps = self.stop - first + 1
+            seconds = FIRST_CALL_S if self._step_s is None else max(2.0, 4 * steps * self._step_s + 1.0)
+            addresses = ",".join(f"grpc://{a}" for a in self.remote)
+            self._thread = threading.Thread(target=tf.profiler.experimental.client.trace, daemon=True,
+                                            args=(addresses, self.logdir, int(1000 * seconds)))
+            self._thread.start()
+            time.sleep(1.0)  # the workers' profilers start on the request
+        tf.profiler.experimental.start(self.logdir)
+        self.active = True
+        log.info("profiling steps %d-%d (trace in %s)", first, self.stop, self.logdir)
+
+    def _stop(self) -> None:
+        import tensorflow as tf
+
+        if self.active:
+            self.active = False
+            tf.profiler.experimental.stop()
+            if self._thread is not None:
+                self._thread.join()
+
+    def close(self) -> None:
+        """Stop a trace the run left unfinished (it stopped inside the window)."""
+        with contextlib.suppress(Exception):
+            self._stop()
+
+    def sources(self) -> list[str | None]:
+        """Per stage, the trace file (host) whose events are its device's: its worker's in a cluster."""
+        if not self.remote:
+            return [None] * len(self.run.stages)
+        out = []
+        for s in self.run.stages:
+            task = worker_task(s.device)
+            out.append(self.remote[task].replace(":", "_") if task is not None and task < len(self.remote) else None)
+        return out
+
+    def shared_threads(self) -> bool:
+        """Whether the stages are logical CPU devices of this process (one thread pool for all)."""
+        return not self.remote and all("CPU" in s.device.upper() for s in self.run.stages)
+
+    def _end(self) -> None:
+        self._stop()
+        files = [f for f in timeline.trace_files(self.logdir) if f not in self._before]
+        events, steps = timeline.read_trace(files)
+        run = self.run
+        devices = [s.device for s in run.stages]
+        result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum)
+        result["trace"] = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
+        result["advice"] = self.advice(result)
+        result["shared_threads"] = self.shared_threads()
+        with writing(os.path.join(run.run_dir, TIMELINE)):
+            write_json(os.path.join(run.run_dir, TIMELINE), result)
+        self.result = result
+        plan = schedules.render(run.schedule, schedules.simulate(run.schedule), devices)
+        note = ("\nnote: logical CPU devices of one process share its threads: the trace shows order, not overlap"
+                if result["shared_threads"] else "")
+        log.info("planned and measured timelines (%s):\n%s\n%s%s", TIMELINE, plan,
+                 timeline.render(result, run.schedule, devices), note)
+        if result["advice"]:
+            log.warning("balance: %s", result["advice"]["text"])
+
+    def advice(self, result: dict) -> dict | None:
+        """The balance advice from the measured busy times (None: balanced, or nothing measured)."""
+        if not result["per_stage"]:
+            return None
+        layers, _ = layers_and_override(self.run.stages, None)
+        advice = timeline.advise([p["busy_ms"] for p in result["per_stage"]], layers)
+        if advice:
+            advice["override"] = layers_and_override(self.run.stages, advice["split"])[1]
+            if advice["split"] == advice["layers"]:
+                advice["override"] = None
+            advice["text"] = timeline.advice_text(advice, advice["override"])
+        return advice
+
+    def add_to(self, summary: dict) -> None:
+        """The measured fields of summary.json (from this run's trace, or the timeline.json that an
+        earlier run of this directory wrote when a resumed run starts after the window)."""
+        result = self.result
+        path = os.path.join(self.run.run_dir, TIMELINE)
+        if result is None and os.path.exists(path):
+            import json
+
+            with open(path) as f:
+                result = json.load(f)
+        if result is None:
+            return
+        summary["measured_bubble_fraction"] = result["measured_bubble_fraction"]
+        summary["profiled_steps"] = [s["step"] for s in result["steps"]]
+        summary["slowest_stage"] = result["slowest_stage"]
+        summary["balance_advice"] = result["advice"]["text"] if result.get("advice") else None
+        for stage, measured in zip(summary["stages"], result["per_stage"]):
+            stage.update({k: measured[k] for k in SUMMARY_KEYS})

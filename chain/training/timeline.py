@@ -1,0 +1,357 @@
+"""The measured timeline: from a profiler trace of some steps to when each action of the
+schedule ran on its stage's device, and what follows (busy time, bubble, copies, the
+slowest stage). `chain.training.profile` takes the trace; this module reads it.
+
+**Reading a trace.** TensorFlow's profiler writes `plugins/profile/<session>/<host>.xplane.pb`
+under the trace's directory: planes of lines (threads) of events (start, duration) whose
+metadata names an op as `op_name:op_type`. An op belongs to the action whose name scope it
+carries (`chain.steps.pipeline`): `s{k}_F{m}/...` is F(k, m); `s{k}_B{m}/...` and the tape's
+gradient ops `gradient_tape/s{k}_F{m}/...` are B(k, m); `s{k}_update/...` is stage k's
+update; the host releases (`release_s{k}_...`) and the ops outside every scope (the split
+into microbatches, the report) belong to no stage. A step is the interval of its marker
+(`MARKER`, with the step's number), which `chain.training.profile` puts around each call.
+
+**An action** runs from its first op's start to its last op's end, on the events of its
+stage's device: in a cluster, the trace of that stage's worker (`sources`); in one process,
+every event (logical devices share the process's trace). Its copies are the transfer ops
+inside it (`_Send`, `_Recv`, `copy_to_*`). Two kinds of op do not mark when an action ran:
+variable reads (`READS`), and ops that ran before the action's input existed (before its
+`producer`'s last computation, for a forward; before it began, for a backward, which sends
+its input gradient before computing its weights' gradients): a stage's first action waits
+on no earlier action of its own, so its weight reads and, on the last stage, the cast of
+its labels run as the step starts. (Across machines this assumes clocks that agree better
+than a transfer takes.) A stage is *busy* while any of its actions runs
+(the union of their intervals); the step's span runs from the first action's start to the
+last action's end; the **measured bubble fraction** is the idle share of stages x span, the
+measured counterpart of the planned one (`Timeline.bubble_fraction`, unit-time actions).
+Updates come after the schedule and are reported apart (`update_ms`), as the plan leaves them
+out. `copy_wait_ms` is the time a stage sat idle after the input of its next action was
+ready on another device: the transfer, and the host round trip of the release, stalling it.
+
+Limits: logical CPU devices of one process share one thread pool, so their actions
+interleave on the same cores: the trace shows order and placement, and a stage's busy time
+includes time the threads spent on other stages' ops; only separate devices (GPUs, cluster
+workers) measure overlap. Events from different hosts are compared on their wall clocks.
+
+No TensorFlow at import: `read_trace` imports the protobuf reader when called.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from chain.planning import balance
+from chain.planning.schedules import BACKWARD, FORWARD, Action, Schedule, Timeline, rows, simulate
+
+MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)
+SLOW = 0.2  # a stage busier than the mean by more than this share is the bottleneck the advice evens
+COPY_TYPES = {"_Send", "_Recv", "_HostSend", "_HostRecv"}
+# Ops that only read state: a stage's first action has no previous action to wait on, so its
+# variable reads run when the step starts, long before its input arrives; they do not mark
+# when an action ran.
+READS = {"ReadVariableOp", "VarHandleOp", "Const", "NoOp"}
+
+_ACTION = re.compile(r"^(gradient_tape/)?s(\d+)_([FB])(\d+)(/|$)")
+_UPDATE = re.compile(r"^s(\d+)_update(/|$)")
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One op's run: `name` (with its scopes), `type`, start and end (ns, the host's wall
+    clock) and `source`, the trace file's host (`vm`, `localhost_6009`)."""
+
+    name: str
+    type: str
+    start: int
+    end: int
+    source: str
+
+
+def owner(name: str) -> tuple[str, int, int] | None:
+    """Which part of the step an op belongs to, from its name: ("F"|"B", stage, microbatch),
+    ("update", stage, -1), or None (no stage's: a release, the split into microbatches, ...)."""
+    m = _ACTION.match(name)
+    if m:
+        gradient, k, kind, mb = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+        return (BACKWARD if gradient else kind), k, mb  # the tape's gradient of F(k, m) runs in B(k, m)
+    m = _UPDATE.match(name)
+    return ("update", int(m.group(1)), -1) if m else None
+
+
+def is_copy(e: OpEvent) -> bool:
+    """A transfer between devices (not the control edge to the host that a release waits on)."""
+    return (e.type in COPY_TYPES or "copy_to_" in e.name) and "/done/" not in e.name
+
+
+# --- reading TensorFlow's trace files ----------------------------------------------------------
+
+
+def trace_files(logdir: str) -> list[str]:
+    """Every `.xplane.pb` file under `logdir/plugins/profile/`."""
+    return sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
+
+
+def source_of(path: str) -> str:
+    """The host a trace file holds: `localhost_6009` for `.../localhost_6009.xplane.pb`."""
+    return os.path.basename(path)[: -len(".xplane.pb")]
+
+
+def profile_start(space) -> int:
+    """When the trace began (ns since the epoch): a file's times count from its own start, so
+    traces of several hosts (the client's, each worker's) line up only with it added."""
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for stat in plane.stats:
+            if names.get(stat.metadata_id) == "profile_start_time":
+                return stat.int64_value or stat.uint64_value
+    return 0
+
+
+def read_trace(paths: Iterable[str]) -> tuple[list[OpEvent], dict[int, tuple[int, int]]]:
+    """The op events of the trace files `paths`, and each marked step's (start, end), in ns since
+    the epoch (each host's wall clock)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    events, steps = [], {}
+    for path in paths:
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
+        source = source_of(path)
+        origin = profile_start(space)
+        for plane in space.planes:
+            stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+            for line in plane.lines:
+                for e in line.events:
+                    name = plane.event_metadata[e.metadata_id].name
+                    start = origin + line.timestamp_ns + e.offset_ps // 1000
+                    end = start + e.duration_ps // 1000
+                    if name == MARKER:
+                        number = [s.int64_value or s.uint64_value for s in e.stats
+                                  if stat_names.get(s.metadata_id) == "step_num"]
+                        if number:
+                            steps[number[0]] = (start, end)
+                    elif ":" in name:
+                        op, kind = name.rsplit(":", 1)
+                        events.append(OpEvent(op, kind, start, end, source))
+    return events, steps
+
+
+# --- from events to actions and statistics ---------------------------------------------------
+
+
+def producer(a: Action, stages: int) -> Action | None:
+    """The action whose result `a` takes: F(k-1, m) for F(k, m); B(k+1, m) for B(k, m), or the
+    last stage's own F(m) for its B(m); None for F(0, m), which takes the batch."""
+    if a.kind == FORWARD:
+        return Action(a.stage - 1, a.microbatch, FORWARD) if a.stage > 0 else None
+    if a.stage < stages - 1:
+        return Action(a.stage + 1, a.microbatch, BACKWARD)
+    return Action(a.stage, a.microbatch, FORWARD)
+
+
+def union(intervals: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of intervals."""
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total
+
+
+def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tuple[int, int]],
+            devices: Sequence[str], sources: Sequence[str | None] | None = None, grad_accum: int = 1) -> dict:
+    """The measured timeline of the marked `steps` as a JSON-ready dict (see `timeline.json` in
+    the README): every step's actions with their times in ms from the first step's start,
+    and per stage its busy time, forward, backward, copy and update times (means per step).
+
+    `sources[k]`: the trace whose events count for stage k (None: every event). A step in which
+    some action of the schedule has no op is kept but left out of the statistics (`complete`).
+    """
+    n_stages = schedule.stages
+    sources = list(sources) if sources is not None else [None] * n_stages
+    m = schedule.microbatches  # every action of a step, producers first (`grad_accum` rounds: chain.steps.pipeline)
+    played = [Action(a.stage, r * m + a.microbatch, a.kind) for r in range(grad_accum) for a in simulate(schedule).order()]
+    origin = min(start for start, _ in steps.values()) if steps else 0
+    ms = lambda ns: (ns - origin) / 1e6  # noqa: E731
+    out_steps = []
+    for number in sorted(steps):
+        lo, hi = steps[number]
+        ops: dict[tuple, list[OpEvent]] = {}
+        for e in events:
+            if lo <= e.start <= hi and (who := owner(e.name)) is not None and who[1] < n_stages \
+                    and sources[who[1]] in (None, e.source):
+                ops.setdefault(who, []).append(e)
+        actions, since = [], {}  # since[a]: when a's result could first be used (ns)
+        for a in played:  # producers before consumers
+            found = ops.get((a.kind, a.stage, a.microbatch))
+            found = [e for e in found or () if e.type not in READS] or found
+            p = producer(a, n_stages)
+            if found and p in since:  # work done before its input existed is not work on it
+                found = [e for e in found if e.start >= since[p]] or found
+            if found:
+                # A forward's activation exists when its last computation ends; a backward sends its
+                # input gradient before it computes its weights' gradients, so only its start is sure.
+                compute = [e.end for e in found if not is_copy(e) and "/done" not in e.name]
+                since[a] = max(compute) if a.kind == FORWARD and compute else min(e.start for e in found)
+                actions.append({"stage": a.stage, "microbatch": a.microbatch, "kind": a.kind,
+                                "start_ms": ms(min(e.start for e in found)), "end_ms": ms(max(e.end for e in found)),
+                                "copy_ms": sum(e.end - e.start for e in found if is_copy(e)) / 1e6,
+                                "ops": len(found)})
+        actions.sort(key=lambda a: (a["stage"], a["start_ms"]))
+        updates = [{"stage": k, "start_ms": ms(min(e.start for e in found)), "end_ms": ms(max(e.end for e in found))}
+                   for k in range(n_stages) if (found := ops.get(("update", k, -1)))]
+        out_steps.append({"step": number, "start_ms": ms(lo), "end_ms": ms(hi),
+                          "complete": len(actions) == len(played),
+                          "actions": actions, "updates": updates})
+    result = {"schedule": schedule.name, "stages": n_stages, "microbatches": schedule.microbatches,
+              "grad_accum": grad_accum, "devices": list(devices), "steps": out_steps,
+              "planned_bubble_fraction": simulate(schedule).bubble_fraction}
+    result.update(statistics(out_steps, schedule, devices))
+    return result
+
+
+def _waits(actions: Sequence[dict], schedule: Schedule, devices: Sequence[str]) -> list[float]:
+    """Per stage, the time it sat idle after an input of its next action was ready on another device."""
+    by = {(a["stage"], a["microbatch"], a["kind"]): a for a in actions}  # keyed like an Action
+    waits = [0.0] * schedule.stages
+    previous_end: dict[int, float] = {}
+    for a in sorted(actions, key=lambda a: a["start_ms"]):
+        k = a["stage"]
+        p = producer(Action(k, a["microbatch"], a["kind"]), schedule.stages)
+        if p is not None and tuple(p) in by and devices[p.stage] != devices[k]:
+            ready = max(by[tuple(p)]["end_ms"], previous_end.get(k, float("-inf")))
+            waits[k] += max(0.0, a["start_ms"] - ready)
+        previous_end[k] = a["end_ms"]
+    return waits
+
+
+def statistics(steps: Sequence[dict], schedule: Schedule, devices: Sequence[str]) -> dict:
+    """Per stage means over the complete steps, the measured bubble fraction and the slowest stage."""
+    done = [s for s in steps if s["complete"]]
+    n_stages = schedule.stages
+    if not done:
+        return {"measured_bubble_fraction": None, "per_stage": [], "slowest_stage": None, "step_ms": None}
+    per = [{"stage": k, "device": devices[k], "busy_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "copy_ms": 0.0,
+            "copy_wait_ms": 0.0, "update_ms": 0.0} for k in range(n_stages)]
+    spans = 0.0
+    for s in done:
+        acts = s["actions"]
+        spans += max(a["end_ms"] for a in acts) - min(a["start_ms"] for a in acts)
+        for k, wait in enumerate(_waits(acts, schedule, devices)):
+            per[k]["copy_wait_ms"] += wait
+        for k in range(n_stages):
+            mine = [a for a in acts if a["stage"] == k]
+            per[k]["busy_ms"] += union((a["start_ms"], a["end_ms"]) for a in mine)
+            per[k]["forward_ms"] += sum(a["end_ms"] - a["start_ms"] for a in mine if a["kind"] == FORWARD)
+            per[k]["backward_ms"] += sum(a["end_ms"] - a["start_ms"] for a in mine if a["kind"] == BACKWARD)
+            per[k]["copy_ms"] += sum(a["copy_ms"] for a in mine)
+        for u in s["updates"]:
+            per[u["stage"]]["update_ms"] += u["end_ms"] - u["start_ms"]
+    for p in per:
+        p["busy_fraction"] = p["busy_ms"] / spans if spans else None
+        for key in ("busy_ms", "forward_ms", "backward_ms", "copy_ms", "copy_wait_ms", "update_ms"):
+            p[key] /= len(done)
+    busy = sum(p["busy_ms"] for p in per) * len(done)
+    return {"measured_bubble_fraction": 1.0 - busy / (n_stages * spans) if spans else None, "per_stage": per,
+            "slowest_stage": max(range(n_stages), key=lambda k: per[k]["busy_ms"]), "step_ms": spans / len(done)}
+
+
+# --- balance advice ----------------------------------------------------------------------------
+
+
+def advise(busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW) -> dict | None:
+    """When one stage's busy time exceeds the mean by more than `threshold`: the split (layers per
+    stage) whose predicted busy times are most even, each layer of stage k costing busy[k] /
+    layers[k]. None when the stages are even enough (or a stage has no layers to count)."""
+    mean = sum(busy) / len(busy)
+    slowest = max(range(len(busy)), key=lambda k: busy[k])
+    if mean <= 0 or busy[slowest] <= (1 + threshold) * mean or min(layers) < 1:
+        return None
+    costs = [busy[k] / n for k, n in enumerate(layers) for _ in range(n)]
+    split = balance.partition([costs] * len(busy), len(busy), range(1, len(costs))) or list(layers)
+    predicted = balance.stage_costs([costs] * len(busy), split)
+    return {"stage": slowest, "busy_ms": busy[slowest], "mean_ms": mean, "excess": busy[slowest] / mean - 1,
+            "layers": list(layers), "split": split, "predicted_ms": predicted,
+            "moves": [b - a for a, b in zip(layers, split)]}
+
+
+def advice_text(advice: dict, override: str | None) -> str:
+    """The advice in one line: which stage, by how much, what to move, and the override that does it."""
+    k = advice["stage"]
+    head = (f"stage {k} is the bottleneck: busy {advice['busy_ms']:.2f} ms per step, "
+            f"{100 * advice['excess']:.0f}% above the mean ({advice['mean_ms']:.2f} ms)")
+    if advice["split"] == advice["layers"]:
+        return f"{head}; no cut at layer granularity evens it (a stage holds layers {advice['layers']})"
+    moved = ", ".join(f"stage {j} {'+' if d > 0 else ''}{d}" for j, d in enumerate(advice["moves"]) if d)
+    worst = max(advice["predicted_ms"])
+    text = (f"{head}; layers per stage {advice['layers']} -> {advice['split']} ({moved}) predicts the busiest "
+            f"stage at {worst:.2f} ms")
+    return f"{text}: {override}" if override else text
+
+
+# --- the text grid -----------------------------------------------------------------------------
+
+
+def grid(measured: dict, step: dict, slots: int) -> tuple[tuple[Action | None, ...], ...]:
+    """`step`'s actions on a grid of `slots` equal time slots over its span: in each slot, the
+    action that fills most of it on each stage (idle when none fills half)."""
+    acts = step["actions"]
+    t0 = min(a["start_ms"] for a in acts)
+    width = (max(a["end_ms"] for a in acts) - t0) / slots
+    out = []
+    for k in range(measured["stages"]):
+        mine = [a for a in acts if a["stage"] == k]
+        row = []
+        for t in range(slots):
+            lo, hi = t0 + t * width, t0 + (t + 1) * width
+            best, cover = None, 0.0
+            for a in mine:
+                c = min(hi, a["end_ms"]) - max(lo, a["start_ms"])
+                if c > cover:
+                    best, cover = a, c
+            row.append(Action(k, best["microbatch"], best["kind"]) if best and cover >= width / 2 else None)
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def shown(measured: dict) -> dict | None:
+    """The step a timeline shows: the last complete one (the first may include tracing the step)."""
+    done = [s for s in measured["steps"] if s["complete"]]
+    return done[-1] if done else None
+
+
+def columns(step: dict, planned_slots: int) -> int:
+    """How many slots the measured grid of `step` gets: one per shortest kind of action (the mean F
+    or B, whichever is shorter), so every action shows; between the plan's count and 4 times it."""
+    acts = step["actions"]
+    span = max(a["end_ms"] for a in acts) - min(a["start_ms"] for a in acts)
+    means = [sum(d) / len(d) for kind in (FORWARD, BACKWARD)
+             if (d := [a["end_ms"] - a["start_ms"] for a in acts if a["kind"] == kind])]
+    shortest = min(means) if means and min(means) > 0 else span / planned_slots
+    return max(planned_slots, min(4 * planned_slots, round(span / shortest)))
+
+
+def render(measured: dict, schedule: Schedule, devices: Sequence[str] | None = None) -> str:
+    """The `shown` step as the plan's text grid, in real time: equal slots over the step's span,
+    each as long as the shorter kind of action takes (`columns`), then the measured and planned bubble."""
+    step = shown(measured)
+    if step is None:
+        return "measured timeline: no profiled step holds every action of the schedule"
+    done = [s for s in measured["steps"] if s["complete"]]
+    planned = simulate(schedule)
+    slots = columns(step, planned.slots)
+    cells = grid(measured, step, slots)
+    span = max(a["end_ms"] for a in step["actions"]) - min(a["start_ms"] for a in step["actions"])
+    lines = [f"measured: step {step['step']}, {span:.2f} ms in {slots} slots of {span / slots:.3f} ms "
+             "(each slot: the action that filled most of it)"]
+    lines += rows(Timeline(cells), devices)
+    lines.append(f"measured bubble fraction: {measured['measured_bubble_fraction']:.3f} (idle time / all time, "
+                 f"mean of {len(done)} step{'s' if len(done) > 1 else ''}); planned: {planned.bubble_fraction:.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,201 @@
+"""trainer.profile: a traced window of steps becomes a measured timeline (timeline.json) with
+every action of the schedule, in its step and in the schedule's order; its statistics and
+the balance advice are checked on synthetic traces whose answer is known."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import chain
+from chain.errors import ConfigError
+from chain.planning import schedules
+from chain.planning.schedules import Action
+from chain.training import timeline
+from chain.training.timeline import OpEvent
+
+SMALL = ["model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """A 3-stage 1F1B run whose steps 2 and 3 are traced; steps_per_call=3, so the loop must
+    cut its calls at the window (calls: 1 | 2 | 3 | 4-5)."""
+    run_dir = str(tmp_path_factory.mktemp("profiled"))
+    cfg = chain.compose(["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", *SMALL,
+                         "trainer.steps=5", "trainer.steps_per_call=3", "trainer.profile=[2,3]"])
+    run = chain.build(cfg, run_dir=run_dir)
+    summary = run.fit()
+    with open(os.path.join(run_dir, "timeline.json")) as f:
+        return run, summary, json.load(f), run_dir
+
+
+def test_the_timeline_has_every_action_of_every_stage_inside_its_step_in_the_schedules_order(profiled):
+    run, _, measured, _ = profiled
+    assert [s["step"] for s in measured["steps"]] == [2, 3]
+    for step in measured["steps"]:
+        assert step["complete"]
+        for k, planned in enumerate(run.schedule.actions):
+            mine = [a for a in step["actions"] if a["stage"] == k]
+            # every action once, nothing else
+            assert sorted((a["microbatch"], a["kind"]) for a in mine) == sorted((a.microbatch, a.kind) for a in planned)
+            for a in mine:
+                assert step["start_ms"] <= a["start_ms"] <= a["end_ms"] <= step["end_ms"], (k, a)
+            by_start = [Action(k, a["microbatch"], a["kind"]) for a in sorted(mine, key=lambda a: a["start_ms"])]
+            assert by_start == list(planned), k
+        assert sorted(u["stage"] for u in step["updates"]) == [0, 1, 2]
+    assert measured["devices"] == [s.device for s in run.stages]
+
+
+def test_the_summary_holds_the_measured_figures(profiled):
+    run, summary, measured, run_dir = profiled
+    assert 0.0 <= summary["measured_bubble_fraction"] < 1.0
+    assert summary["measured_bubble_fraction"] == measured["measured_bubble_fraction"]
+    assert summary["profiled_steps"] == [2, 3]
+    for stage in summary["stages"]:
+        assert 0.0 < stage["busy_fraction"] <= 1.0
+        assert stage["forward_ms"] > 0 and stage["backward_ms"] > 0 and stage["copy_ms"] >= 0
+    # the trace stays under the run directory, where TensorBoard's profile plugin looks
+    (trace,) = measured["trace"]
+    assert trace.startswith(os.path.join("tb", "chain", "plugins", "profile"))
+    assert timeline.trace_files(os.path.join(run_dir, "tb", "chain"))
+
+
+def test_profiling_does_not_change_training(profiled):
+    run, summary, _, _ = profiled
+    cfg = chain.compose(["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", *SMALL,
+                         "trainer.steps=5"])
+    plain = chain.build(cfg).fit()
+    assert plain["loss_last"] == summary["loss_last"]
+
+
+# --- the statistics, on synthetic traces ---------------------------------------------------------
+
+
+def synthetic(schedule, durations, step=(0, 10 ** 9), gap=0):
+    """Events that play `schedule` as `simulate` does, slot t lasting durations[kind] ns per stage."""
+    grid = schedules.simulate(schedule).grid
+    slot = max(durations.values()) + gap
+    events = []
+    for k, row in enumerate(grid):
+        for t, a in enumerate(row):
+            if a is not None:
+                start = step[0] + t * slot
+                scope = f"s{k}_{a.kind}{a.microbatch}" if a.kind == "F" else f"gradient_tape/s{k}_F{a.microbatch}"
+                events.append(OpEvent(f"{scope}/matmul", "MatMul", start, start + durations[a.kind], "vm"))
+                events.append(OpEvent(f"{scope}/w/ReadVariableOp", "ReadVariableOp", step[0], step[0] + 1, "vm"))
+    return events
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_unit_time_actions_measure_the_planned_bubble(name):
+    s = schedules.build(name, 3, 4)
+    events = synthetic(s, {"F": 1000, "B": 1000})
+    m = timeline.measure(s, events, {7: (0, 10 ** 9)}, ["/d:0", "/d:1", "/d:2"])
+    assert m["steps"][0]["complete"]
+    assert m["measured_bubble_fraction"] == pytest.approx(schedules.simulate(s).bubble_fraction)
+    assert m["planned_bubble_fraction"] == pytest.approx(schedules.simulate(s).bubble_fraction)
+    assert [p["forward_ms"] for p in m["per_stage"]] == pytest.approx([4 * 1e-3] * 3)
+    # the text grid of a step that followed the plan is the plan
+    assert timeline.grid(m, m["steps"][0], schedules.simulate(s).slots) == schedules.simulate(s).grid
+
+
+def test_a_missing_action_leaves_its_step_out_of_the_statistics():
+    s = schedules.build("gpipe", 2, 2)
+    events = [e for e in synthetic(s, {"F": 10, "B": 10}) if not e.name.startswith("gradient_tape/s0_F1")]
+    m = timeline.measure(s, events, {1: (0, 10 ** 6)}, ["/d:0", "/d:1"])
+    assert not m["steps"][0]["complete"] and m["measured_bubble_fraction"] is None
+
+
+def test_sources_pick_each_stages_worker():
+    s = schedules.build("gpipe", 2, 1)
+    events = synthetic(s, {"F": 10, "B": 10})
+    stray = OpEvent("s1_F0/late", "AddV2", 500, 900, "client")  # the same scope, seen on another host
+    m = timeline.measure(s, events + [stray], {1: (0, 10 ** 6)}, ["/w0", "/w1"], sources=["vm", "vm"])
+    f = [a for a in m["steps"][0]["actions"] if (a["stage"], a["kind"]) == (1, "F")][0]
+    assert f["end_ms"] < 500 / 1e6
+
+
+def test_owner_maps_scopes_to_actions():
+    assert timeline.owner("s2_F3/stage_02_1/dense/MatMul") == ("F", 2, 3)
+    assert timeline.owner("gradient_tape/s1_F0/stage_01_1/dense/MatMul") == ("B", 1, 0)
+    assert timeline.owner("s0_B12/add_1") == ("B", 0, 12)
+    assert timeline.owner("s1_update/Sum") == ("update", 1, -1)
+    assert timeline.owner("release_s0_F1") is None and timeline.owner("microbatches") is None
+
+
+def test_copy_wait_is_the_idle_time_after_an_input_was_ready():
+    s = schedules.build("sequential", 2, 1)  # F(0) F(1) B(1) B(0)
+    ev = [OpEvent("s0_F0/a", "MatMul", 0, 100, "vm"), OpEvent("s1_F0/a", "MatMul", 130, 200, "vm"),
+          OpEvent("gradient_tape/s1_F0/a", "MatMul", 200, 300, "vm"), OpEvent("gradient_tape/s0_F0/a", "MatMul", 350, 400, "vm")]
+    m = timeline.measure(s, ev, {1: (0, 1000)}, ["/d:0", "/d:1"])
+    assert [p["copy_wait_ms"] for p in m["per_stage"]] == pytest.approx([50e-6, 30e-6])
+    assert m["measured_bubble_fraction"] == pytest.approx(1 - (150 + 170) / (2 * 400))
+
+
+def test_advice_moves_layers_off_the_slow_stage():
+    advice = timeline.advise([30.0, 10.0, 10.0], [3, 3, 3])  # stage 0's layers cost 10, the others' 10/3
+    assert advice["stage"] == 0 and advice["excess"] == pytest.approx(0.8)
+    # the busiest stage can go from 30 down to 20 (two layers of 10), no lower
+    assert advice["split"] == [2, 2, 5] and max(advice["predicted_ms"]) == pytest.approx(20.0)
+    assert advice["moves"] == [-1, -1, 2]
+    text = timeline.advice_text(advice, "placement.split=[2,2,5]")
+    assert text.startswith("stage 0 is the bottleneck") and text.endswith("placement.split=[2,2,5]")
+    assert timeline.advise([10.0, 11.0, 10.5], [3, 3, 3]) is None  # within 20% of the mean
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.profile=[3,2]"], "START must be <= STOP"),
+    (["trainer.profile=[2,9]"], "goes past trainer.steps=5"),
+    (["trainer.profile=[0,1]"], "must be >= 1"),
+    (["trainer.profile=3"], "must be [START,STOP]"),
+    (["mode=local", "trainer.profile=[1,2]"], "needs mode=e2e"),
+    (["cluster.workers=[localhost:2222,localhost:2223]", "trainer.profile=[1,2]"], "cluster.profile_ports"),
+])
+def test_bad_profile_settings_are_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        chain.compose(["+stages=2", "mode=e2e", "trainer.steps=5", *overrides])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_cluster_run_is_traced_on_its_workers(tmp_path):
+    """Each stage's actions come from its own worker's trace (the workers serve TensorFlow's profiler)."""
+    from chain.worker import LocalCluster
+    from conftest import read_summary, run_cli
+
+    run_dir = tmp_path / "run"
+    with LocalCluster(2, profile=True) as workers:
+        r = run_cli(tmp_path, "+stages=2", "mode=e2e", "pipeline.microbatches=2", *SMALL, "trainer.steps=4",
+                    "trainer.profile=[3,4]", workers.option, workers.profile_option, f"hydra.run.dir={run_dir}")
+        assert r.returncode == 0, r.stderr
+        hosts = [f"localhost_{p}" for p in workers.profile_ports]
+    with open(run_dir / "timeline.json") as f:
+        measured = json.load(f)
+    assert [s["step"] for s in measured["steps"]] == [3, 4] and all(s["complete"] for s in measured["steps"])
+    files = timeline.trace_files(str(run_dir / "tb" / "chain"))
+    assert set(hosts) <= {timeline.source_of(f) for f in files}  # each worker's trace, beside the client's
+    assert read_summary(run_dir)["measured_bubble_fraction"] is not None
+    assert "measured bubble fraction" in r.stdout + r.stderr
+
+
+def test_a_mirrored_run_has_no_schedule_to_profile(tmp_path):
+    cfg = chain.compose(["+stages=2", "mode=e2e", "placement.fallback=mirrored", *SMALL, "trainer.steps=2",
+                         "trainer.profile=[1,1]"])
+    with pytest.raises(ConfigError, match="trainer.profile measures a pipeline schedule"):
+        chain.build(cfg, run_dir=str(tmp_path)).fit()
+    assert not os.path.exists(tmp_path / "timeline.json")
+
+
+def test_the_advice_names_the_override_that_moves_layers():
+    import keras
+
+    from chain.training.profile import layers_and_override
+
+    own = chain.build(chain.compose(["+stages=2", "mode=e2e", *SMALL]))
+    assert layers_and_override(own.stages, [3, 1]) == ([2, 2], "'+stages=[{model: {depth: 3}},{model: {depth: 1}}]'")
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), *[keras.layers.Dense(8) for _ in range(4)],
+                              keras.layers.Dense(10)])
+    cut = chain.build(chain.compose(["+stages=2", "mode=e2e", *SMALL]), model=model)
+    assert layers_and_override(cut.stages, [4, 2]) == ([3, 3], "placement.split=[4,2]")  # the model's 6 layers
