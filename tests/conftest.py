@@ -65,3 +65,19 @@ def stage_values(run_dir, stage: str) -> dict:
 def cli(tmp_path):
     """`cli(*overrides)` runs the command line in a fresh directory."""
     return lambda *overrides, **kw: run_cli(tmp_path, *overrides, **kw)
+
+
+# Modules with the longest single tests (kill-and-resume loops, cluster workers, many CLI
+# processes). With `-n 2 --dist loadfile --no-loadscope-reorder` (the README's command) a
+# worker takes whole modules in collection order, so starting with these keeps one of them
+# from running alone on one core after the other worker has finished.
+LONGEST_FIRST = ["test_stress.py", "test_resume.py", "test_cluster.py", "test_run_dir.py", "test_speed_cli.py",
+                 "test_restage.py", "test_report.py", "test_devices_cli.py"]
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = os.path.basename(str(item.fspath))
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module and among the rest is kept

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -104,10 +105,19 @@ def test_a_model_too_large_for_memory_is_refused_with_the_estimate(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.fixture(scope="module")
+def finished_4_stages(tmp_path_factory):
+    """A finished 4-stage run to restage (each case works on its own copy)."""
+    where = tmp_path_factory.mktemp("restage_src")
+    src = str(where / "src")
+    assert run_cli(where, *TINY, "+stages=4", "trainer.steps=2", f"hydra.run.dir={src}").returncode == 0
+    return src
+
+
 @pytest.mark.parametrize("case", ["stages=0", "dst is a file", "corrupt source manifest"])
-def test_restage_bad_input_is_one_line(tmp_path, case):
+def test_restage_bad_input_is_one_line(tmp_path, finished_4_stages, case):
     src = str(tmp_path / "src")
-    assert run_cli(tmp_path, *TINY, "+stages=4", "trainer.steps=2", f"hydra.run.dir={src}").returncode == 0
+    shutil.copytree(finished_4_stages, src)
     dst, extra = str(tmp_path / "dst"), ["+stages=2"]
     if case == "stages=0":
         extra, message = ["+stages=0"], "stages=0 must be a positive integer"
