@@ -55,7 +55,7 @@ def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]
     return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
             "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "model.activation=tanh",
             "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
-            f"data.samples={a.micro_size * m}", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
+            f"data.samples={a.micro_size * m}", "data.val_fraction=0", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
             f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
 
 

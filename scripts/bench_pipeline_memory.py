@@ -41,7 +41,7 @@ def overrides(a: argparse.Namespace, schedule: str) -> list[str]:
     """The chain under test, as command-line overrides."""
     return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={2 * a.stages}",
             "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "optim=sgd", "optim.lr=0.01",
-            "data=synthetic", f"data.features={a.features}", "data.classes=10", f"data.samples={a.batch}",
+            "data=synthetic", f"data.features={a.features}", "data.classes=10", f"data.samples={a.batch}", "data.val_fraction=0",
             f"data.batch_size={a.batch}", "data.shuffle=false", "trainer.progress=false"]
 
 

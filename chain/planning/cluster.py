@@ -27,15 +27,59 @@ def workers(configured: Sequence[str] | None) -> list[str] | None:
     """The workers' addresses in task order: `cluster.workers`, else `TF_CONFIG`'s `worker` job, else None."""
     if configured:
         return list(configured)
+    found = _tf_config()
+    if found is None or found[1] is not None:
+        return None  # no TF_CONFIG, or one that makes this process a worker (see `task`)
+    return found[0]
+
+
+def task() -> tuple[list[str], int] | None:
+    """(TF_CONFIG's workers, this process's index) when TF_CONFIG names this process a worker
+    (`"task": {"type": "worker", "index": I}`): the multi-worker mirrored form, in which every
+    host runs the same command. None otherwise."""
+    found = _tf_config()
+    if found is None or found[1] is None:
+        return None
+    return found[0], found[1]
+
+
+def _tf_config() -> tuple[list[str], int | None] | None:
+    """TF_CONFIG's worker addresses and task index (None: no task), or None without TF_CONFIG."""
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return None
+    example = '{"cluster": {"worker": ["host:2222", "host:2223"]}, "task": {"type": "worker", "index": 0}}'
     try:
-        found = json.loads(raw)["cluster"][WORKER_JOB]
+        config = json.loads(raw)
+        found = [str(a) for a in config["cluster"][WORKER_JOB]]
     except (ValueError, KeyError, TypeError):
-        raise ConfigError("TF_CONFIG is set but holds no cluster.worker list, e.g. "
-                          '{"cluster": {"worker": ["host:2222", "host:2223"]}}') from None
-    return [str(a) for a in found]
+        raise ConfigError(f"TF_CONFIG is set but holds no cluster.worker list, e.g. {example}") from None
+    if not config.get("task"):
+        return found, None
+    t = config["task"]
+    if not isinstance(t, dict) or t.get("type") != WORKER_JOB or not isinstance(t.get("index"), int) \
+            or not 0 <= t["index"] < len(found):
+        raise ConfigError(f"TF_CONFIG's task must be a worker of its cluster, {{\"type\": \"worker\", \"index\": I}} "
+                          f"with 0 <= I < {len(found)}; got {json.dumps(t)}")
+    return found, t["index"]
+
+
+_multi_worker: list = []  # the process's one MultiWorkerMirroredStrategy
+
+
+def multi_worker_strategy():
+    """The process's MultiWorkerMirroredStrategy (from TF_CONFIG), created on first use. Its first
+    use must come before TensorFlow's runtime starts: it configures the runtime's collectives
+    and serves this worker's address."""
+    import logging
+
+    import tensorflow as tf
+
+    if not _multi_worker:
+        # Its INFO lines (the devices, every all-reduce it traces) repeat what the placement table says.
+        logging.getLogger("tensorflow").setLevel(logging.WARNING)
+        _multi_worker.append(tf.distribute.MultiWorkerMirroredStrategy())
+    return _multi_worker[0]
 
 
 def unreachable(address: str, timeout: float = 2.0) -> str | None:

@@ -53,6 +53,15 @@ class Placement:
     memory_growth: bool = False
     notes: list[str] = field(default_factory=list)
     cluster: list[str] = field(default_factory=list)  # the workers' addresses when stages run on them
+    multi_worker: list[str] = field(default_factory=list)  # TF_CONFIG's workers when every host trains a replica
+    task: int = 0  # this process's worker index in `multi_worker`
+
+    @property
+    def local_replicas(self) -> list[str]:
+        """The replicas this process runs (a multi-worker run's other replicas are on other hosts)."""
+        if not self.multi_worker:
+            return list(self.replicas)
+        return [r for r in self.replicas if f"/task:{self.task}/" in r]
 
 
 def _index(device: str) -> int:
@@ -310,6 +319,34 @@ def _growth(pcfg: PlacementSettings, p: Placement, gpus: Sequence[Gpu]) -> None:
     else:
         p.memory_growth = True
         p.notes.append("memory growth on: each GPU allocates memory as needed")
+
+
+def plan_multi_worker(pcfg: PlacementSettings, n_stages: int, addresses: Sequence[str], task: int,
+                      gpus: Sequence[Gpu]) -> Placement:
+    """`placement.fallback=mirrored` across hosts: every worker of TF_CONFIG runs the same command and
+    trains the whole chain on its own devices (its GPUs, else its CPU), one replica each, with
+    `tf.distribute.MultiWorkerMirroredStrategy`; workers are assumed alike (the same GPU count).
+    Replicas are named by task, in TF_CONFIG's order. Pure."""
+    if pcfg.fallback != MIRRORED:
+        raise ConfigError(f"TF_CONFIG names this process worker {task} of {len(addresses)} (its task): that form trains "
+                          f"data parallel on every host and needs placement.fallback=mirrored (is {pcfg.fallback}); "
+                          "for stages on cluster workers, give the client cluster.workers, or TF_CONFIG without task")
+    if pcfg.devices:
+        raise ConfigError("placement.devices puts each stage on a device, but TF_CONFIG with a task trains the whole chain "
+                          "on every worker (placement.fallback=mirrored); remove placement.devices")
+    kind = "GPU" if gpus else "CPU"
+    per_host = len(gpus) or 1
+    replicas = [f"/job:worker/replica:0/task:{t}/device:{kind}:{i}" for t in range(len(addresses)) for i in range(per_host)]
+    p = Placement(devices=[None] * n_stages, kind=kind, strategy=MIRRORED, replicas=replicas,
+                  physical={r: f"worker {t} {addresses[t]}" for r in replicas
+                            for t in [int(r.split("/task:")[1].split("/")[0])]},
+                  multi_worker=list(addresses), task=task)
+    p.notes.append(f"TF_CONFIG: this is worker {task} of {len(addresses)} ({addresses[task]}); every worker trains the "
+                   f"whole chain on its share of each batch (MultiWorkerMirroredStrategy) and keeps its own run directory")
+    for key in ("memory_limit_mb", "visible", "replicas"):
+        if getattr(pcfg, key) is not None:
+            p.notes.append(f"placement.{key} ignored: a multi-worker run uses every worker's {kind}s, one replica each")
+    return p
 
 
 def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequence[str]],

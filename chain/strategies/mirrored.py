@@ -82,7 +82,15 @@ class Mirrored(Strategy):
     name = MIRRORED
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
-        self.strategy = strategy_for(placement.replicas)
+        if placement.multi_worker:
+            from chain.planning.cluster import multi_worker_strategy
+
+            self.strategy = multi_worker_strategy()
+            if self.strategy.num_replicas_in_sync != len(placement.replicas):
+                raise DeviceError(f"the workers of TF_CONFIG hold {self.strategy.num_replicas_in_sync} replicas, this "
+                                  f"one planned {len(placement.replicas)}: every worker needs the same number of GPUs")
+        else:
+            self.strategy = strategy_for(placement.replicas)
         self.per_replica_batch = settings.data.batch_size // len(placement.replicas)
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
         # ignored there, so stages get no device), and each optimizer captures the
@@ -153,13 +161,14 @@ class Mirrored(Strategy):
                 f"{self.settings.trainer.grad_accum} equal chunks")
 
     def memory_devices(self) -> list[str]:
-        return list(self.placement.replicas)
+        return self.placement.local_replicas  # another host's memory cannot be read from here
 
     def summary(self) -> dict[str, Any]:
         # Every replica holds every stage, so memory is measured per replica, not per stage.
         return {**super().summary(), "replica_devices": list(self.placement.replicas),
                 "per_replica_batch_size": self.per_replica_batch,
-                "replica_peak_memory_bytes": [memory.peak_bytes(d) for d in self.placement.replicas]}
+                "replica_peak_memory_bytes": [memory.peak_bytes(d) if d in self.memory_devices() else None
+                                              for d in self.placement.replicas]}
 
 
 class MirroredLocal(LocalObjective, Mirrored):

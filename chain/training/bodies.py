@@ -48,7 +48,7 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     if p.balance == "time" and p.split is None:
         from chain.stages.profile import layer_times
 
-        devices = [placement.replicas[0]] * k if placement.strategy == MIRRORED else list(placement.devices)
+        devices = [placement.local_replicas[0]] * k if placement.strategy == MIRRORED else list(placement.devices)
         times = layer_times(c, devices, max(1, micro))
         costs = [times[d] for d in devices]
     sizes = cut.split(c, k, p.split, p.balance, costs)

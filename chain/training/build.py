@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from chain import data, strategies
 from chain.config import Settings, validate
 from chain.config.checks import with_data
+from chain.errors import ConfigError
 from chain.config.shapes import memory_bytes, stage_shapes
 from chain.data.catalog import DataInfo, describe
 from chain.planning import cluster, devices, planner
@@ -38,6 +39,18 @@ def plan(settings: Settings, info: DataInfo | None = None) -> tuple[planner.Plac
     and the inventory it was planned on. With cluster workers, connect to them first (each
     must answer) and plan over their devices. The memory estimate is checked here when the
     data is described (`info`), else by `build` once it is loaded."""
+    multi_worker = cluster.task()
+    if multi_worker:
+        if settings.cluster.workers:
+            raise ConfigError("cluster.workers makes this process a client of workers, but TF_CONFIG names it a worker "
+                              "(its task); give one or the other")
+        inventory = discover()
+        placement = planner.plan_multi_worker(settings.placement, len(settings.stages), *multi_worker, inventory.gpus)
+        planner.check_batch(settings.data.batch_size, placement)
+        if info is not None:
+            check_memory(settings, placement, info, inventory)
+        cluster.multi_worker_strategy()  # before anything starts the runtime
+        return placement, inventory
     addresses = cluster.workers(settings.cluster.workers)
     if addresses:
         cluster.check_reachable(addresses)

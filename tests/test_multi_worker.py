@@ -1,0 +1,74 @@
+"""`placement.fallback=mirrored` across hosts: every worker of TF_CONFIG runs the same command and
+trains the whole chain data parallel (MultiWorkerMirroredStrategy). Two such workers on
+loopback train like one process mirrored over two logical CPU replicas, on the same global
+batches; a TF_CONFIG task without the mirrored fallback is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from chain.worker import free_addresses
+from compare import rel_diff
+from conftest import read_summary, run_cli, stage_values
+
+TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false",
+        "placement.fallback=mirrored", "trainer.steps=5"]
+MODES = {"e2e": ["mode=e2e"], "local": ["mode=local"]}
+
+
+def tf_config(addresses: list[str], index: int) -> str:
+    return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
+
+
+def final(run_dir) -> dict:
+    return {k: stage_values(run_dir, f"stage_{k:02d}") for k in range(2)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path, mode):
+    addresses = free_addresses(2)
+    args = [sys.executable, "-m", "chain", *TINY, *MODES[mode]]
+    procs = [subprocess.Popen([*args, f"hydra.run.dir={tmp_path / f'w{i}'}"], cwd=tmp_path, text=True,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=tf_config(addresses, i)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert f"this is worker 1 of 2 ({addresses[1]})" in outs[1][0]
+    r = run_cli(tmp_path, *TINY, *MODES[mode], f"hydra.run.dir={tmp_path / 'one'}")
+    assert r.returncode == 0, r.stderr
+
+    w0, w1, one = final(tmp_path / "w0"), final(tmp_path / "w1"), final(tmp_path / "one")
+    for k in range(2):
+        assert w0[k].keys() == w1[k].keys() == one[k].keys()
+        for key in w0[k]:
+            np.testing.assert_array_equal(w0[k][key], w1[k][key])  # the replicas stay identical
+            if np.issubdtype(w0[k][key].dtype, np.floating):
+                assert rel_diff(w0[k][key], one[k][key]) <= 1e-6, (k, key)
+            else:
+                np.testing.assert_array_equal(w0[k][key], one[k][key])
+    summaries = [read_summary(tmp_path / f"w{i}") for i in range(2)]
+    assert summaries[0]["replica_devices"] == [f"/job:worker/replica:0/task:{t}/device:CPU:0" for t in range(2)]
+    # each worker computed on its half of every batch, so equal replicas prove the all-reduce
+    assert summaries[0]["per_replica_batch_size"] == summaries[1]["per_replica_batch_size"] == 16
+    assert summaries[0]["loss_last"] == summaries[1]["loss_last"]
+    assert summaries[0]["loss_last"] == pytest.approx(read_summary(tmp_path / "one")["loss_last"], rel=1e-5)
+
+
+@pytest.mark.parametrize("fallback", ["virtual", "error"])
+def test_a_worker_task_without_the_mirrored_fallback_is_one_line(tmp_path, fallback):
+    env = {"TF_CONFIG": tf_config(free_addresses(2), 0)}
+    r = run_cli(tmp_path, "+stages=2", f"placement.fallback={fallback}", env=env)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "TF_CONFIG names this process worker 0 of 2" in r.stderr and "placement.fallback=mirrored" in r.stderr
+    assert not os.path.exists(tmp_path / "outputs")
