@@ -27,7 +27,9 @@ Loops:
 - `fit`: `Run.fit`'s loop (trainer.steps_per_call=1), timed from one step's callback to the
   next: the whole per-step path, the report read and judged included;
 - `fitN`: the same with `trainer.steps_per_call=N` (N steps per call of the compiled function);
-- `step`: `Run.step(x, y)` on batches of the stream: the public API, which checks each batch.
+- `step`: `Run.step(x, y)` on batches of the stream: the public API, which checks each batch;
+- `guarded`: the hand-written loop with the trainer's numerics guard added (the update under a
+  `tf.cond` on `all_finite(loss, grads)`): what the guard alone costs.
 
 Every model is built with the same seed, the hand-written one from the trainer's layer
 configs with the trainer's initial weights, on the same `tf.data` pipeline; before timing,
@@ -59,12 +61,15 @@ def overrides(size: str, case: str) -> list[str]:
                    "e2e2": ["+stages=2", "placement.devices=[/CPU:0,/CPU:0]", "mode=e2e"]}[case]
 
 
-def hand_written(run, case: str):
-    """`step(x, y) -> loss`: the chain's math written by hand on /CPU:0, from its layers' configs and weights."""
+def hand_written(run, case: str, guard: bool = False):
+    """`step(x, y) -> loss`: the chain's math written by hand on /CPU:0, from its layers' configs and weights.
+    `guard`: the update only when the loss and gradients are finite (`chain.steps.numerics.all_finite`
+    and a `tf.cond`, as the trainer's guard does), to measure what the guard costs."""
     import keras
     import tensorflow as tf
 
     from chain.stages.losses import make
+    from chain.steps.numerics import all_finite
 
     parts = [p for s in run.stages for p in ([s.model] + ([s.head] if s.head is not None else []))]
     source = [layer for p in parts for layer in p.layers]
@@ -84,7 +89,16 @@ def hand_written(run, case: str):
         with tf.device("/CPU:0"):
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            grads = tape.gradient(loss, model.trainable_variables)
+
+            def update():
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+                return tf.constant(True)
+
+            if guard:
+                tf.cond(all_finite(loss, grads), update, lambda: tf.constant(False))
+            else:
+                update()
         return loss
 
     return step
@@ -96,14 +110,14 @@ def loops(size: str, case: str, calls: list[int]) -> dict:
 
     settings = chain.compose(overrides(size, case))
     run = chain.build(settings)
-    hand = hand_written(run, case)
+    hand, guarded = hand_written(run, case), hand_written(run, case, guard=True)
     check = iter(run.batches())
     for _ in range(2):  # the same math: the same losses on the same batches
         x, ys = next(check)
         a, b = run.step(x, ys)["loss"], float(hand(x, ys["label"]))
         if abs(a - b) > 1e-5 * max(1.0, abs(b)):
             raise SystemExit(f"{size} {case}: the hand-written loop does not do the chain's math ({a} vs {b})")
-    hand_it = iter(run.batches())
+    hand_it, guarded_it = iter(run.batches()), iter(run.batches())
 
     def clock():
         return time.perf_counter(), time.process_time()
@@ -111,12 +125,12 @@ def loops(size: str, case: str, calls: list[int]) -> dict:
     def per_step(t0, t1, n):
         return (t1[0] - t0[0]) / n, (t1[1] - t0[1]) / n
 
-    def block_hand(n):
+    def block_hand(n, fn=hand, it=hand_it):
         for i in range(WARM + n):
             if i == WARM:
                 t0 = clock()
-            x, ys = next(hand_it)
-            hand(x, ys["label"])
+            x, ys = next(it)
+            fn(x, ys["label"])
         return per_step(t0, clock(), n)
 
     def block_step(n):
@@ -134,7 +148,8 @@ def loops(size: str, case: str, calls: list[int]) -> dict:
         run.fit(callback=lambda step, out: stamps.append(clock()))
         return per_step(stamps[warm - 1], stamps[-1], n)
 
-    out = {"hand": block_hand, "fit": block_fit, "step": block_step}
+    out = {"hand": block_hand, "fit": block_fit, "step": block_step,
+           "guarded": lambda n: block_hand(n, guarded, guarded_it)}
     for k in calls:
         out[f"fit{k}"] = lambda n, k=k: block_fit(max(k, n // k * k), k)
     return out

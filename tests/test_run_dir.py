@@ -58,6 +58,37 @@ def test_a_second_run_on_a_live_directory_is_refused_and_changes_nothing(tmp_pat
         live.wait()
 
 
+HOLDER = """
+import sys, time
+from chain.state import lock
+lock.acquire(sys.argv[1], name_holder=False)  # as the CLI: look first, name yourself after
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+if sys.argv[3] == "announce":
+    lock.announce(sys.argv[1])
+    time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("holder", ["announce", "let go"])
+def test_a_refused_run_waits_for_the_holder_to_name_itself_or_to_let_go(tmp_path, holder):
+    from chain.state import lock
+
+    run_dir = str(tmp_path / "run")
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, run_dir, "0.5", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        if holder == "announce":
+            with pytest.raises(lock.RunDirLocked, match=rf"in use by another run \(pid {p.pid} on "):
+                lock.acquire(run_dir)
+        else:  # the holder was refused after looking and let go: the lock is free to take
+            assert lock.acquire(run_dir) is None and lock.held(run_dir)
+            lock.release(run_dir)
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_a_dead_runs_lock_is_taken_over_with_a_note(tmp_path):
     run_dir = str(tmp_path / "dead")
     args = [*TINY, "trainer.steps=4", "checkpoint.every=2", f"hydra.run.dir={run_dir}"]

@@ -19,6 +19,7 @@ import time
 from chain.errors import ChainError
 
 FILENAME = ".lock"
+NAMING_S = 3.0  # how long a refused run waits for the lock's holder to name itself
 _HELD: dict[str, int] = {}  # run dir (real path) -> open file descriptor holding the lock
 
 
@@ -62,14 +63,24 @@ def acquire(run_dir: str, name_holder: bool = True) -> str | None:
         fd = os.open(path(run_dir), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise ChainError(f"cannot use run directory {run_dir}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunDirLocked(f"{run_dir} is in use by another run ({holder(run_dir)}); wait for it to end, "
-                               "or choose another hydra.run.dir") from None
-        raise ChainError(f"cannot lock run directory {run_dir}: {e.strerror or e}") from None
+    # A holder names itself only after it has looked at the directory (`announce`), a moment
+    # after taking the lock: wait that moment, so the refusal can name it, or take the lock
+    # if the holder was itself refused and let go.
+    deadline = time.monotonic() + NAMING_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise ChainError(f"cannot lock run directory {run_dir}: {e.strerror or e}") from None
+        who = holder(run_dir)
+        if who != "unknown" or time.monotonic() >= deadline:
+            os.close(fd)
+            raise RunDirLocked(f"{run_dir} is in use by another run ({who}); wait for it to end, "
+                               "or choose another hydra.run.dir")
+        time.sleep(0.05)
     previous = os.read(fd, 4096).decode(errors="replace").strip()
     _HELD[key] = fd
     if name_holder:
