@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+import chain
+
 from chain.worker import free_addresses
 from compare import rel_diff
 from conftest import read_summary, run_cli, stage_values
@@ -72,3 +74,14 @@ def test_a_worker_task_without_the_mirrored_fallback_is_one_line(tmp_path, fallb
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "TF_CONFIG names this process worker 0 of 2" in r.stderr and "placement.fallback=mirrored" in r.stderr
     assert not os.path.exists(tmp_path / "outputs")
+
+
+def test_every_workers_gpus_are_replicas_named_by_task():
+    from chain.planning.inventory import Inventory
+    from chain.planning.planner import plan_multi_worker
+
+    pcfg = chain.compose(["+stages=3", "placement.fallback=mirrored"]).placement
+    p = plan_multi_worker(pcfg, 3, ["a:1", "b:2"], 1, Inventory.of(2).gpus)
+    assert p.replicas == [f"/job:worker/replica:0/task:{t}/device:GPU:{i}" for t in (0, 1) for i in (0, 1)]
+    assert p.local_replicas == p.replicas[2:] and p.physical[p.replicas[2]] == "worker 1 b:2"
+    assert p.devices == [None] * 3 and p.strategy == "mirrored"

@@ -335,12 +335,10 @@ def plan_multi_worker(pcfg: PlacementSettings, n_stages: int, addresses: Sequenc
         raise ConfigError("placement.devices puts each stage on a device, but TF_CONFIG with a task trains the whole chain "
                           "on every worker (placement.fallback=mirrored); remove placement.devices")
     kind = "GPU" if gpus else "CPU"
-    per_host = len(gpus) or 1
-    replicas = [f"/job:worker/replica:0/task:{t}/device:{kind}:{i}" for t in range(len(addresses)) for i in range(per_host)]
-    p = Placement(devices=[None] * n_stages, kind=kind, strategy=MIRRORED, replicas=replicas,
-                  physical={r: f"worker {t} {addresses[t]}" for r in replicas
-                            for t in [int(r.split("/task:")[1].split("/")[0])]},
-                  multi_worker=list(addresses), task=task)
+    physical = {f"/job:worker/replica:0/task:{t}/device:{kind}:{i}": f"worker {t} {address}"
+                for t, address in enumerate(addresses) for i in range(len(gpus) or 1)}
+    p = Placement(devices=[None] * n_stages, kind=kind, strategy=MIRRORED, replicas=list(physical),
+                  physical=physical, multi_worker=list(addresses), task=task)
     p.notes.append(f"TF_CONFIG: this is worker {task} of {len(addresses)} ({addresses[task]}); every worker trains the "
                    f"whole chain on its share of each batch (MultiWorkerMirroredStrategy) and keeps its own run directory")
     for key in ("memory_limit_mb", "visible", "replicas"):

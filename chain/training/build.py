@@ -16,9 +16,9 @@ from omegaconf import DictConfig
 from chain import data, strategies
 from chain.config import Settings, validate
 from chain.config.checks import with_data
-from chain.errors import ConfigError
 from chain.config.shapes import memory_bytes, stage_shapes
 from chain.data.catalog import DataInfo, describe
+from chain.errors import ConfigError
 from chain.planning import cluster, devices, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
 from chain.training.run import Run
