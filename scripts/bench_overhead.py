@@ -26,7 +26,8 @@ Loops:
 - `hand`: `x, ys = next(it); step(x, ys["label"])` on a `tf.function` (the loss not read);
 - `fit`: `Run.fit`'s loop (trainer.steps_per_call=1), timed from one step's callback to the
   next: the whole per-step path, the report read and judged included;
-- `fitN`: the same with `trainer.steps_per_call=N` (N steps per call of the compiled function);
+- `fitN`: the same with `trainer.steps_per_call=N` (N steps per call of the compiled function;
+  N=8 is the trainer's default);
 - `step`: `Run.step(x, y)` on batches of the stream: the public API, which checks each batch;
 - `guarded`: the hand-written loop with the trainer's numerics guard added (the update under a
   `tf.cond` on `all_finite(loss, grads)`): what the guard alone costs.

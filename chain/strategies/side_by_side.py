@@ -90,9 +90,9 @@ class SideBySide(LocalObjective):
         return np.concatenate(values)
 
     def call_many(self, iterator: Any, n: int) -> Any:
-        """Round robin: `n` rounds of `call`; lockstep: the in-graph loop (`Strategy.call_many`)."""
-        if not self.round_robin and not self.oom_events:
-            return super().call_many(iterator, n)
+        """`n` calls of `call`, one step each, under both policies: the out-of-memory backoff needs each
+        step's boundary (a step that ran out changed no model; inside an in-graph loop of N steps,
+        the steps before it would have)."""
         rows = []
         for _ in range(n):
             rows.append(self.call(*next(iterator)))
