@@ -62,7 +62,7 @@ def overrides(size: str, case: str) -> list[str]:
                    "e2e2": ["+stages=2", "placement.devices=[/CPU:0,/CPU:0]", "mode=e2e"]}[case]
 
 
-def hand_written(run, case: str, guard: bool = False):
+def hand_written(run, guard: bool = False):
     """`step(x, y) -> loss`: the chain's math written by hand on /CPU:0, from its layers' configs and weights.
     `guard`: the update only when the loss and gradients are finite (`chain.steps.numerics.all_finite`
     and a `tf.cond`, as the trainer's guard does), to measure what the guard costs."""
@@ -111,7 +111,7 @@ def loops(size: str, case: str, calls: list[int]) -> dict:
 
     settings = chain.compose(overrides(size, case))
     run = chain.build(settings)
-    hand, guarded = hand_written(run, case), hand_written(run, case, guard=True)
+    hand, guarded = hand_written(run), hand_written(run, guard=True)
     check = iter(run.batches())
     for _ in range(2):  # the same math: the same losses on the same batches
         x, ys = next(check)

@@ -20,6 +20,17 @@ def weights(run) -> list[np.ndarray]:
     return [v.numpy() for s in run.stages for v in s.trainable_variables]
 
 
+def assert_values_alike(a: dict, b: dict, rtol: float = 0.0) -> None:
+    """Two checkpoints' variables (`key -> array`, e.g. conftest's `stage_values`): the same keys, floating
+    values within `rtol` (`rel_diff`), the rest equal; `rtol=0`: every value equal."""
+    assert a.keys() == b.keys()
+    for key in a:
+        if rtol and np.issubdtype(a[key].dtype, np.floating):
+            assert rel_diff(a[key], b[key]) <= rtol, key
+        else:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
 def rel_diff(a, b) -> float:
     """Largest elementwise difference relative to the largest magnitude of the reference `b`."""
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))

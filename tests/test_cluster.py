@@ -10,11 +10,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from chain.worker import LocalCluster, free_addresses
-from compare import rel_diff
+from compare import assert_values_alike
 from conftest import manifest, run_cli, stage_values
 
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
@@ -42,12 +41,7 @@ def test_a_chain_on_two_workers_trains_like_on_local_devices(workers, tmp_path, 
     assert r.returncode == 0, r.stderr
     a, b = final(tmp_path / "cluster"), final(tmp_path / "local")
     for k in range(2):
-        assert a[k].keys() == b[k].keys()
-        for key in a[k]:
-            if np.issubdtype(a[k][key].dtype, np.floating):
-                assert rel_diff(a[k][key], b[k][key]) <= 1e-6, (k, key)
-            else:
-                np.testing.assert_array_equal(a[k][key], b[k][key])
+        assert_values_alike(a[k], b[k], rtol=1e-6)
 
 
 def test_a_lost_worker_stops_the_run_with_one_line_and_the_resume_is_bit_exact(workers, tmp_path):
@@ -84,9 +78,7 @@ def test_a_lost_worker_stops_the_run_with_one_line_and_the_resume_is_bit_exact(w
     assert r.returncode == 0, r.stderr
     a, b = final(straight), final(victim)
     for k in range(2):
-        assert a[k].keys() == b[k].keys()
-        for key in a[k]:
-            np.testing.assert_array_equal(a[k][key], b[k][key])
+        assert_values_alike(a[k], b[k])
 
 
 def test_an_unreachable_worker_fails_fast_naming_it(tmp_path):

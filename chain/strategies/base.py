@@ -10,9 +10,11 @@ interface and never asks which one it has.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from chain.config.schema import Settings
@@ -49,6 +51,7 @@ class Strategy:
     heads: bool = False
     readout: bool = False
     chained: bool = True  # stage k takes stage k-1's output (False: every stage takes the data)
+    steps_in_one_call: bool = True  # False: `call_many` calls one step at a time (`_call_each`)
     schedule = None
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, bodies: Sequence | None = None,
@@ -58,10 +61,7 @@ class Strategy:
         self.info = info
         self.bodies, self.labels = bodies, labels  # stage bodies not from the config (chain.stages.bodies)
         self.stages: list[Stage] = self.build_stages()
-        self.body: Callable = self.make_step()  # traceable: one step, inside `repeat`'s loop too
-        self.step_fn = tf.function(self.body)
-        self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
-        self._multi: Callable | None = None
+        self.set_step(self.make_step())
         self.eval_fn: Callable | None = None  # compiled on the first evaluation
 
     # --- distribution: where the stages live and how a batch becomes an update --------------
@@ -81,9 +81,21 @@ class Strategy:
         """The step, traceable: `fn(*self.arguments(x, ys)) -> report` trains one batch."""
         raise NotImplementedError
 
+    def set_step(self, body: Callable) -> None:
+        """Use `body` (traceable: one step, inside `repeat`'s loop too) as the step, dropping every
+        trace and compiled loop made from the one before."""
+        self.body = body
+        self.step_fn = tf.function(body)
+        self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
+        self._multi: Callable | None = None
+
     def arguments(self, x: Any, ys: dict[str, Any]) -> tuple:
         """What the compiled step takes for one whole batch: the batch and the targets the stages learn."""
-        return x, {k: ys[k] for k in self.wanted_targets()}
+        return x, {k: ys[k] for k in self._targets}
+
+    @functools.cached_property
+    def _targets(self) -> list[str]:
+        return self.wanted_targets()  # the stages' targets do not change: worked out once, not per step
 
     def call(self, x: Any, ys: dict[str, Any]) -> Any:
         """Train one whole batch (already checked); returns the step's report as a NumPy row.
@@ -104,9 +116,20 @@ class Strategy:
         their reports as an [m, size] NumPy array, m < n only when on_nan=stop ended the call."""
         from chain.steps.report import repeat
 
+        if not self.steps_in_one_call:
+            return self._call_each(iterator, n)
         if self._multi is None:
             self._multi = repeat(self.body, self.layout, self.settings.trainer.on_nan == "stop")
         return self._multi(iterator, tf.constant(n, tf.int32)).numpy()
+
+    def _call_each(self, iterator: Any, n: int) -> Any:
+        """`n` calls of `call`, one step each: the same results as one call of `n` steps."""
+        rows = []
+        for _ in range(n):
+            rows.append(self.call(*next(iterator)))
+            if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
+                break  # as the in-graph loop: no step after one whose update was dropped
+        return np.stack(rows)
 
     def trace(self, x: Any, ys: dict[str, Any]):
         """The compiled step's concrete function for this batch's shapes (its graph, for audits)."""
@@ -207,7 +230,7 @@ class LocalObjective(Strategy):
         first = self.info.targets[0].name
         return first if self.wanted_targets() == [first] else None
 
-    @property
+    @functools.cached_property
     def layout(self):
         return Layout.per_stage(len(self.stages))
 
@@ -249,7 +272,7 @@ class ChainObjective(Strategy):
     def default_target(self) -> str | None:
         return self.target.name  # one loss: a bare array is the chain's target
 
-    @property
+    @functools.cached_property
     def layout(self):
         return Layout.chain(len(self.stages))
 

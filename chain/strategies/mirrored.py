@@ -80,6 +80,7 @@ class Mirrored(Strategy):
     """
 
     name = MIRRORED
+    steps_in_one_call = False  # the batch is split over the replicas on the host: `repeat`'s loop does not apply
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         if placement.multi_worker:
@@ -130,18 +131,6 @@ class Mirrored(Strategy):
 
     def call(self, x: Any, ys: dict[str, Any]) -> Any:
         return self.step_fn(*self.arguments(x, ys)).numpy()  # per-replica arguments: tf.function dispatches
-
-    def call_many(self, iterator: Any, n: int) -> Any:
-        """`n` calls of `call`: the batch is split over the replicas on the host, so the in-graph
-        loop of `repeat` does not apply (the same results, without its speed-up)."""
-        import numpy as np
-
-        rows = []
-        for _ in range(n):
-            rows.append(self.call(*next(iterator)))
-            if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
-                break  # as the in-graph loop: no step after one whose update was dropped
-        return np.stack(rows)
 
     def arguments(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple:
         """One global batch as per-replica values: replica i gets the i-th contiguous part."""

@@ -46,6 +46,9 @@ class SideBySide(LocalObjective):
 
     name = SIDE_BY_SIDE
     chained = False
+    # One step per call under both policies: the out-of-memory backoff needs each step's boundary
+    # (a step that ran out changed no model; inside a loop of N steps, the steps before it would have).
+    steps_in_one_call = False
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         self.variants = settings.variants
@@ -89,17 +92,6 @@ class SideBySide(LocalObjective):
         self._pending = None
         return np.concatenate(values)
 
-    def call_many(self, iterator: Any, n: int) -> Any:
-        """`n` calls of `call`, one step each, under both policies: the out-of-memory backoff needs each
-        step's boundary (a step that ran out changed no model; inside an in-graph loop of N steps,
-        the steps before it would have)."""
-        rows = []
-        for _ in range(n):
-            rows.append(self.call(*next(iterator)))
-            if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
-                break
-        return np.stack(rows)
-
     def _back_off(self, e: tf.errors.ResourceExhaustedError) -> None:
         """Shrink the batch of the models on the device that ran out, rebuild the steps, or stop."""
         found = re.search(r"(/job:[^ ]*)?/device:[A-Za-z]+:\d+", e.message or "")
@@ -121,9 +113,7 @@ class SideBySide(LocalObjective):
         self.oom_events.append({"step": step, "device": device, "batch_sizes": changes})
         for k in victims:
             self.batch_sizes[k] = smaller[k]
-        self.body = self.make_step()  # new slice sizes: new shapes, new traces
-        self.step_fn = tf.function(self.body)
-        self._concrete, self._multi = {}, None
+        self.set_step(self.make_step())  # new slice sizes: new shapes, new traces
         self._models = self._model_steps()
 
     def stage_summary(self, stage, first: dict, last: dict) -> dict[str, Any]:

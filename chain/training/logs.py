@@ -82,7 +82,6 @@ class Writers:
                 w.flush()
 
     def close(self) -> None:
-        self.flush()
         with writing(f"TensorBoard logs in {self.root}"):
             for w in self.stages + [self.chain]:
                 w.close()

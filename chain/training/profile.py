@@ -29,7 +29,6 @@ from typing import Any
 from chain.config.checks import profile_ports
 from chain.config.schema import Builder, KerasModel
 from chain.errors import ConfigError
-from chain.planning import schedules
 from chain.state.atomic import write_json, writing
 from chain.training import timeline
 
@@ -174,7 +173,7 @@ class Window:
         with writing(os.path.join(run.run_dir, TIMELINE)):
             write_json(os.path.join(run.run_dir, TIMELINE), result)
         self.result = result
-        plan = schedules.render(run.schedule, schedules.simulate(run.schedule), devices)
+        plan = run.strategy.plan_text(full=True)
         note = ("\nnote: logical CPU devices of one process share its threads: the trace shows order, not overlap"
                 if result["shared_threads"] else "")
         log.info("planned and measured timelines (%s):\n%s\n%s%s", TIMELINE, plan,

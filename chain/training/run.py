@@ -292,8 +292,7 @@ class Run:
                             first = record
                         last = record
                         if writers and (step % t.log_every == 0 or step == 1 or step == t.steps):
-                            per_stage = [{"loss": v} for v in out["stage_losses"]] or [{} for _ in self.stages]
-                            writers.scalars(step, per_stage, {"loss": out["loss"]})
+                            writers.scalars(step, [{"loss": v} for v in out["stage_losses"]], {"loss": out["loss"]})
                         if step % t.log_every == 0:
                             log.info("step %d  loss %s", step,
                                      "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
@@ -320,7 +319,7 @@ class Run:
             if window:
                 window.add_to(summary)
             if writers:
-                writers.scalars(self.global_step, [{} for _ in self.stages],
+                writers.scalars(self.global_step, [],
                                 {"examples_per_second": summary["examples_per_second"] or 0.0})
         finally:
             bar.close()
@@ -375,7 +374,7 @@ class Run:
             return None
         log.info("step %d  %s", step, validation.line(evaluation))
         if writers:
-            writers.scalars(step, *validation.scalars(evaluation, len(self.stages)))
+            writers.scalars(step, *validation.scalars(evaluation))
         if self.tracker.record(step, evaluation.loss) and best:
             best.save(step, first, last, self.tracker.state())
         return evaluation

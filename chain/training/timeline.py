@@ -180,13 +180,14 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
     played = [Action(a.stage, r * m + a.microbatch, a.kind) for r in range(grad_accum) for a in simulate(schedule).order()]
     origin = min(start for start, _ in steps.values()) if steps else 0
     ms = lambda ns: (ns - origin) / 1e6  # noqa: E731
+    owned = [(who, e) for e in events  # each event's action, once (a trace holds many events)
+             if (who := owner(e.name)) is not None and who[1] < n_stages and sources[who[1]] in (None, e.source)]
     out_steps = []
     for number in sorted(steps):
         lo, hi = steps[number]
         ops: dict[tuple, list[OpEvent]] = {}
-        for e in events:
-            if lo <= e.start <= hi and (who := owner(e.name)) is not None and who[1] < n_stages \
-                    and sources[who[1]] in (None, e.source):
+        for who, e in owned:
+            if lo <= e.start <= hi:
                 ops.setdefault(who, []).append(e)
         actions, since = [], {}  # since[a]: when a's result could first be used (ns)
         for a in played:  # producers before consumers

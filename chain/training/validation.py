@@ -78,10 +78,10 @@ def line(ev: Evaluation) -> str:
     return "  ".join(parts)
 
 
-def scalars(ev: Evaluation, n_stages: int) -> tuple[list[dict[str, float]], dict[str, float]]:
+def scalars(ev: Evaluation) -> tuple[list[dict[str, float]], dict[str, float]]:
     """TensorBoard scalars: `val_loss`, `val_accuracy` | `val_mae` for each stage's writer
     (mode=local) and for the chain's (mode=e2e)."""
     def prefixed(m: dict[str, float] | None) -> dict[str, float]:
         return {f"val_{k}": v for k, v in (m or {}).items()}
 
-    return [prefixed(m) for m in ev.stages] or [{} for _ in range(n_stages)], prefixed(ev.chain)
+    return [prefixed(m) for m in ev.stages], prefixed(ev.chain)
