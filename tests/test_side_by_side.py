@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import chain
-from chain.errors import OutOfMemory
+from chain.errors import ConfigError, OutOfMemory
 from compare import rel_diff
-from conftest import DEVICES, read_summary, run_cli, run_dirs
+from conftest import DEVICES, read_summary, run_cli, run_dirs, stage_values
 
 BASE = ["mode=side_by_side", "model.width=16", "model.depth=1", "data=synthetic", "data.features=6",
         "data.classes=4", "data.samples=256", "data.batch_size=16", "trainer.progress=false",
@@ -126,3 +126,79 @@ def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(
     assert r.returncode == 0, r.stderr
     summaries = sorted((tmp_path / "multirun").glob("*/*/*/summary.json"))
     assert [len(json.load(open(p))["stages"]) for p in summaries] == [1, 3]
+
+
+# --- each variant's result comes from the seed and the variant itself, never from its neighbours ---------
+# "The same variant alone": a side-by-side run of that one variant (any data.batch_size: a variant takes the
+# first examples of each shared batch of data.batch_size), and, for a variant without its own batch size, a
+# plain one-stage mode=local run with its overrides (the same seed, the same batches). Weights, optimizer
+# slots, dropout seed state and validation loss are compared bit for bit.
+REPRO = ["seed=2", *BASE[1:], "model.dropout=0.2", "trainer.steps=6", "checkpoint.export=false"]
+GRID = ["{optim.lr: 0.01}", "{optim.lr: 0.001}", "{model.width: 32, data.batch_size: 8}"]
+PLAIN = [["optim.lr=0.01"], ["optim.lr=0.001"], None]  # the last has its own batch: no plain run has its batches
+
+
+def state(stage) -> list[np.ndarray]:
+    """Everything a variant's training produced: weights, head, optimizer variables, dropout seed state."""
+    return [v.numpy() for v in stage.model.weights + stage.head.weights + list(stage.optimizer.variables)
+            + stage.random_variables()]
+
+
+def fitted(*overrides: str):
+    run = chain.build(chain.compose([*REPRO, *overrides]))
+    summary = run.fit()
+    return [state(s) for s in run.stages], [st["val"]["loss"] for st in summary["stages"]]
+
+
+@pytest.fixture(scope="module")
+def each_alone():
+    """Per variant of GRID: (its state, its val loss) trained alone side by side, and in a plain run (or None)."""
+    out = []
+    for entry, plain in zip(GRID, PLAIN):
+        states, losses = fitted("mode=side_by_side", f"+variants=[{entry}]")
+        ref = fitted("mode=local", "+stages=1", *plain) if plain else None
+        out.append(((states[0], losses[0]), ref and (ref[0][0], ref[1][0])))
+    return out
+
+
+def assert_same(got, want, what):
+    (a, la), (b, lb) = got, want
+    assert la == lb, (what, la, lb)
+    assert len(a) == len(b), what
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y, err_msg=what)
+
+
+@pytest.mark.parametrize("policy", ["lockstep", "round_robin"])
+@pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1]])
+def test_a_variant_side_by_side_ends_bit_equal_to_the_same_variant_alone_whatever_its_position(each_alone, policy,
+                                                                                               order):
+    states, losses = fitted("mode=side_by_side", f"side_by_side.policy={policy}",
+                            "+variants=[" + ",".join(GRID[k] for k in order) + "]")
+    for pos, k in enumerate(order):
+        alone_sbs, plain = each_alone[k]
+        assert_same((states[pos], losses[pos]), alone_sbs, f"{GRID[k]} at position {pos} vs alone side by side")
+        if plain:
+            assert_same((states[pos], losses[pos]), plain, f"{GRID[k]} at position {pos} vs a plain run")
+
+
+def test_a_variant_batch_larger_than_the_shared_batch_is_refused():
+    with pytest.raises(ConfigError, match=r"^variant 'data.batch_size=32': data.batch_size=32 is larger than "
+                                          r"data.batch_size=16, the shared batch"):
+        chain.compose([*BASE, "+variants=[{},{data.batch_size: 32}]"])
+
+
+def test_multirun_jobs_match_the_variants_trained_side_by_side(tmp_path):
+    """`-m optim.lr=0.01,0.001` (each job a plain one-stage run in its own process) ends with the
+    checkpoints of the two variants trained side by side, bit for bit."""
+    common = [*REPRO, "trainer.steps=3"]
+    r = run_cli(tmp_path, *common, "mode=side_by_side", "+variants=[{optim.lr: 0.01},{optim.lr: 0.001}]",
+                "hydra.run.dir=sbs")
+    assert r.returncode == 0, r.stderr
+    r = run_cli(tmp_path, "-m", *common, "mode=local", "+stages=1", "optim.lr=0.01,0.001", "hydra.sweep.dir=multi")
+    assert r.returncode == 0, r.stderr
+    for k in range(2):
+        job, mine = stage_values(tmp_path / "multi" / str(k), "stage_00"), stage_values(tmp_path / "sbs", f"stage_{k:02d}")
+        assert job.keys() == mine.keys() and len(job) > 4
+        for key in job:
+            np.testing.assert_array_equal(job[key], mine[key], err_msg=f"job {k}: {key}")

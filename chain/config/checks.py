@@ -85,6 +85,11 @@ def check_side_by_side(s: Settings) -> None:
     if any(isinstance(spec.model, KerasModel) for spec in s.stages):
         raise ConfigError("model=keras cuts one model into a chain; side by side, each variant is a whole model "
                           "(mlp, conv, or a builder with _target_)")
+    for v in s.variants:  # a slice of the shared batch, so it is the same whatever the neighbours
+        if v.batch_size > s.data.batch_size:
+            raise ConfigError(f"variant {v.name!r}: data.batch_size={v.batch_size} is larger than data.batch_size="
+                              f"{s.data.batch_size}, the shared batch every variant takes its first examples from; "
+                              f"set data.batch_size={v.batch_size} (and the others' own data.batch_size)")
 
 
 def check_data(s: Settings, info: DataInfo) -> None:
@@ -95,9 +100,6 @@ def check_data(s: Settings, info: DataInfo) -> None:
     per_step = s.examples_per_step
     if per_step > info.examples:
         have = f"{info.examples} training examples" if info.val_examples else f"{info.examples} examples"
-        if s.variants:
-            i = max(range(len(s.variants)), key=lambda j: s.variants[j].batch_size)
-            raise ConfigError(f"variants[{i}].data.batch_size={per_step} is larger than data={info.name} ({have})")
         if s.trainer.grad_accum == 1:
             raise ConfigError(f"data.batch_size={per_step} is larger than data={info.name} ({have})")
         raise ConfigError(f"trainer.grad_accum={s.trainer.grad_accum} x data.batch_size={s.data.batch_size} = "

@@ -429,9 +429,8 @@ class Settings:
     @property
     def examples_per_step(self) -> int:
         """Examples behind one optimizer step: `trainer.grad_accum` x `data.batch_size` (side by
-        side: the largest variant's batch, of which every variant takes its slice)."""
-        if self.variants:
-            return max(v.batch_size for v in self.variants)
+        side, where grad_accum is 1: the shared batch, of which every variant takes its first
+        examples, so each sees the same batches whatever its neighbours)."""
         return self.trainer.grad_accum * self.data.batch_size
 
 

@@ -68,7 +68,8 @@ def make_optimizer(spec: Optim, name: str | None = None) -> keras.optimizers.Opt
 def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info: DataInfo, *,
                  heads: bool, readout: bool, precision_name: str = "float32",
                  initial_loss_scale: float = 2.0 ** 15, bodies: Sequence[Body | None] | None = None,
-                 labels: Sequence[str | None] | None = None, chained: bool = True) -> list[Stage]:
+                 labels: Sequence[str | None] | None = None, chained: bool = True,
+                 seed: int | None = None) -> list[Stage]:
     """Create every stage's model, optimizer and (with `heads`) head inside its device scope.
 
     `heads`: every stage gets a linear head predicting its target (mode=local);
@@ -76,7 +77,10 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
     the chain's own last body gets a read-out appended, a user's body must output the
     prediction itself. `bodies[k]` (`chain.stages.bodies`) builds stage k's model when the
     config's own `mlp`/`conv` does not (None: from `specs[k]`); `labels[k]` describes it.
-    `chained=False` builds independent models (mode=side_by_side): each takes the data.
+    `chained=False` builds independent models (mode=side_by_side): each takes the data and,
+    given `seed`, is built right after seeding every random generator with it, so its initial
+    weights and dropout seeds come from the seed and its own spec, never from the models
+    built before it: the same as a one-stage run of that model with this seed.
     Body layers compute in `precision_name` (read-outs in float32); under mixed_float16
     each stage also gets its `LossScale`, created on its device.
     """
@@ -90,6 +94,8 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
         last = k == len(specs) - 1
         if not chained:
             shape = tuple(info.input_shape)
+            if seed is not None:
+                keras.utils.set_random_seed(seed)
         with tf.device(device):
             if bodies[k] is None:
                 model = keras.Sequential([keras.Input(shape)] + model_layers(spec.model, shape, policy),

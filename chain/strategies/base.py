@@ -75,7 +75,7 @@ class Strategy:
         s = self.settings
         return build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,
                             precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
-                            bodies=self.bodies, labels=self.labels, chained=self.chained)
+                            bodies=self.bodies, labels=self.labels, chained=self.chained, seed=s.seed)
 
     def make_step(self) -> Callable:
         """The step, traceable: `fn(*self.arguments(x, ys)) -> report` trains one batch."""
