@@ -199,3 +199,72 @@ def test_the_advice_names_the_override_that_moves_layers():
                               keras.layers.Dense(10)])
     cut = chain.build(chain.compose(["+stages=2", "mode=e2e", *SMALL]), model=model)
     assert layers_and_override(cut.stages, [4, 2]) == ([3, 3], "placement.split=[4,2]")  # the model's 6 layers
+
+
+# --- advice moves layers, never changes them -----------------------------------------------------------
+ADVISED = ["mode=e2e", "data=synthetic", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
+WIDE_THEN_NARROW = "+stages=[{model: {width: 256, depth: 6}},{model: {width: 16, depth: 1}},{model: {width: 16, depth: 1}}]"
+
+
+def network(run) -> tuple[int, list[tuple[str, list[tuple]]]]:
+    """The whole chain as one network: its parameter count and its layers in order (kind, weight shapes)."""
+    layers = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights])
+              for s in run.stages for layer in s.model.layers]
+    return sum(s.params for s in run.stages), layers
+
+
+def advice_for(run, busy, tmp_path) -> dict | None:
+    """The advice the profiler gives `run` for measured busy times `busy` (ms per step, per stage)."""
+    from chain.training.profile import Window
+
+    return Window(run, 1, 1).advice({"per_stage": [{"busy_ms": b} for b in busy]})
+
+
+@pytest.mark.parametrize("stages, busy", [
+    (WIDE_THEN_NARROW, [60.0, 5.0, 6.0]),
+    ("+stages=[{model: {width: 256, depth: 2}},{model: {width: 16, depth: 1}},{model: {width: 16, depth: 3}}]",
+     [10.0, 5.0, 60.0]),
+    ("+stages=[{model: {width: 32, depth: 1}},{model: {width: 32, depth: 3}}]", [10.0, 40.0]),  # homogeneous, not the template's width
+    ("+stages=[{model: {depth: 1}},{model: {depth: 3, dropout: 0.1}},{model: {depth: 3, dropout: 0.1}}]", [5.0, 40.0, 10.0]),
+])
+def test_the_advised_override_keeps_the_whole_network(stages, busy, tmp_path):
+    run = chain.build(chain.compose([*ADVISED, stages]), run_dir=str(tmp_path))
+    advice = advice_for(run, busy, tmp_path)
+    assert advice and advice["override"], advice
+    advised = chain.build(chain.compose([*ADVISED, advice["override"].strip("'")]))
+    assert [s.spec.model.depth for s in advised.stages] == advice["split"] != advice["layers"]
+    assert network(advised) == network(run)
+
+
+def test_the_reproduction_keeps_its_341860_parameters(tmp_path):
+    run = chain.build(chain.compose([*ADVISED, WIDE_THEN_NARROW]), run_dir=str(tmp_path))
+    assert network(run)[0] == 341_860
+    advice = advice_for(run, [60.0, 5.0, 6.0], tmp_path)
+    assert advice["override"] == ("'+stages=[{model: {width: 256, depth: 3}},{model: {width: 256, depth: 3}},"
+                                  "{model: {width: 16, depth: 2}}]'")
+    assert advice["fixed_cuts"] == [6] and max(advice["predicted_ms"]) == pytest.approx(30.0)
+
+
+def test_stages_that_cannot_be_rebalanced_without_changing_the_network_say_so(tmp_path):
+    run = chain.build(chain.compose([*ADVISED, "+stages=[{model: {width: 64, depth: 3}},{model: {width: 16, depth: 1}}]"]),
+                      run_dir=str(tmp_path))
+    advice = advice_for(run, [60.0, 5.0], tmp_path)  # moving a 64-wide layer to the 16-wide stage would even it
+    assert advice["split"] == advice["layers"] == [3, 1] and advice["override"] is None and advice["constrained"]
+    assert "its stages cannot be rebalanced without changing the network" in advice["text"]
+    assert "model=keras with placement.split" in advice["text"]
+
+
+def test_a_profiled_chain_of_different_widths_is_advised_an_override_that_keeps_it(tmp_path):
+    """The issue's reproduction, measured (batches of 512, so the 256-wide stage is the bottleneck even on
+    logical CPU devices sharing one thread pool): whatever the trace says, the advice keeps the network."""
+    run = chain.build(chain.compose([*ADVISED, WIDE_THEN_NARROW, "data.batch_size=512", "data.samples=2048",
+                                     "trainer.steps=4", "trainer.profile=[3,4]"]), run_dir=str(tmp_path))
+    summary = run.fit()
+    with open(tmp_path / "timeline.json") as f:
+        advice = json.load(f)["advice"]
+    assert advice is not None and summary["balance_advice"] == advice["text"]
+    if advice["override"]:
+        advised = chain.build(chain.compose([*ADVISED, advice["override"].strip("'")]))
+        assert network(advised) == network(run) and network(run)[0] == 341_860
+    else:
+        assert "cannot be rebalanced without changing the network" in advice["text"] or "no cut" in advice["text"]

@@ -37,15 +37,18 @@ def stage_costs(costs: Sequence[Sequence[float]], sizes: Sequence[int]) -> list[
     return out
 
 
-def partition(costs: Sequence[Sequence[float]], n_stages: int, allowed: Sequence[int]) -> list[int] | None:
+def partition(costs: Sequence[Sequence[float]], n_stages: int, allowed: Sequence[int],
+              required: Sequence[int] = ()) -> list[int] | None:
     """Layers per stage minimising the largest stage cost, cutting only at `allowed` positions.
 
     `costs[k][i]`: layer i's cost on stage k's device (give the same row K times when every
-    device is alike); `allowed`: positions 1..L-1 a cut may take. Returns None when K
-    non-empty stages cannot be cut at allowed positions. Ties go to the earliest cuts.
+    device is alike); `allowed`: positions 1..L-1 a cut may take; `required`: positions that
+    must be cuts (no stage spans them). Returns None when K non-empty stages cannot be cut so.
+    Ties go to the earliest cuts.
     """
     n = len(costs[0])
-    points = sorted({0, n, *[c for c in allowed if 0 < c < n]})
+    points = sorted({0, n, *[c for c in [*allowed, *required] if 0 < c < n]})
+    walls = sorted(c for c in required if 0 < c < n)
     prefix = [[0.0] for _ in range(n_stages)]
     for k in range(n_stages):
         for c in costs[k]:
@@ -55,10 +58,13 @@ def partition(costs: Sequence[Sequence[float]], n_stages: int, allowed: Sequence
     best = [[inf] * len(points) for _ in range(n_stages)]
     back = [[-1] * len(points) for _ in range(n_stages)]
     for p in range(1, len(points)):
-        best[0][p] = prefix[0][points[p]]
+        if not any(w < points[p] for w in walls):
+            best[0][p] = prefix[0][points[p]]
     for k in range(1, n_stages):
         for p in range(1, len(points)):
             for q in range(1, p):
+                if any(points[q] < w < points[p] for w in walls):
+                    continue
                 cost = max(best[k - 1][q], prefix[k][points[p]] - prefix[k][points[q]])
                 if cost < best[k][p]:
                     best[k][p], back[k][p] = cost, q

@@ -19,15 +19,17 @@ the window (30 s when the window starts at step 1), while it traces itself for t
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from chain.config.checks import profile_ports
-from chain.config.schema import Builder, KerasModel
+from chain.config.schema import Builder, KerasModel, StageSpec, plain
 from chain.errors import ConfigError
 from chain.state.atomic import write_json, writing
 from chain.training import timeline
@@ -48,18 +50,84 @@ def worker_task(device: str) -> int | None:
     return spec.task if spec.job == "worker" else None
 
 
-def layers_and_override(stages, split: list[int] | None) -> tuple[list[int], str | None]:
+def _cut_model(stages) -> bool:
+    """One Keras model cut into these stages (model=keras, or chain.build(cfg, model=...)): they carry
+    chain.stages.cut's labels."""
+    return (any(s.spec is not None and isinstance(s.spec.model, KerasModel) for s in stages)
+            or all(s.label and CUT_LABEL.search(s.label) for s in stages))
+
+
+def _own_bodies(stages) -> bool:
+    """Every stage is the chain's own mlp/conv body (its layers set by `model.depth`)."""
+    return all(s.label is None and s.spec is not None and not isinstance(s.spec.model, (Builder, KerasModel))
+               for s in stages)
+
+
+def layer_kinds(stages) -> list[StageSpec] | None:
+    """What one movable layer of each stage is, for `timeline.advise`: for the chain's own bodies,
+    the stage's spec but for its depth (width, activation, dropout, optimizer, target: a layer
+    moved to a stage that differs in any of them would become another layer); None when any layer
+    may go to any stage (one cut Keras model: the split moves its cut points, never its layers)."""
+    if _cut_model(stages) or not _own_bodies(stages):
+        return None
+    return [_kind(s.spec) for s in stages]
+
+
+def _kind(spec: StageSpec) -> StageSpec:
+    return replace(spec, model=replace(spec.model, depth=1))
+
+
+def _flow(value: Any) -> str:
+    """A value in Hydra's override syntax (flow style): {a: 1, b: relu}."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, str) and not re.fullmatch(r"[A-Za-z_][\w.-]*", value):
+        return json.dumps(value)
+    return str(value)
+
+
+def _stage_entry(kind: StageSpec, depth: int, template: StageSpec | None) -> str:
+    """One `+stages=[...]` entry building a stage of `kind` with `depth` layers: what differs from the
+    `stage` template (a group whose name differs: the whole group), then the depth."""
+    mine, base = plain(kind), plain(template or kind)
+    entry: dict[str, Any] = {}
+    for group in ("model", "optim"):
+        whole = mine[group]["name"] != base[group]["name"]
+        entry[group] = {k: v for k, v in mine[group].items() if k != "depth" and (whole or v != base[group][k])}
+    entry["model"]["depth"] = depth
+    if not entry["optim"]:
+        del entry["optim"]
+    if mine["target"] != base["target"]:
+        entry["target"] = mine["target"]
+    return _flow(entry)
+
+
+def layers_and_override(stages, split: list[int] | None, template: StageSpec | None = None
+                        ) -> tuple[list[int], str | None]:
     """Each stage's layers, counted in the unit a config can move, and the override that sets
-    layers per stage to `split`: `placement.split` for one cut Keras model, each stage's
-    `model.depth` for the chain's own bodies, none for a user's builders."""
-    specs = [s.spec.model if s.spec is not None else None for s in stages]
-    # A cut model's stages (model=keras, or chain.build(cfg, model=...)) carry chain.stages.cut's labels.
-    if any(isinstance(m, KerasModel) for m in specs) or all(s.label and CUT_LABEL.search(s.label) for s in stages):
+    layers per stage to `split`: `placement.split` for one cut Keras model, `+stages=[...]` for
+    the chain's own bodies (each new stage the spec of the layers it holds, written against the
+    `stage` template; None: the stages differ from it only in depth), none for a user's builders.
+    A split of the chain's own bodies must keep every stage's layers of one kind (`layer_kinds`)."""
+    if _cut_model(stages):
         layers = [len([layer for layer in s.model.layers if type(layer).__name__ != "InputLayer"]) for s in stages]
         return layers, (f"placement.split=[{','.join(map(str, split))}]" if split else None)
-    if all(s.label is None and m is not None and not isinstance(m, (Builder, KerasModel)) for s, m in zip(stages, specs)):
-        over = ",".join(f"{{model: {{depth: {d}}}}}" for d in split) if split else None
-        return [m.depth for m in specs], (f"'+stages=[{over}]'" if over else None)
+    if _own_bodies(stages):
+        layers = [s.spec.model.depth for s in stages]
+        if not split:
+            return layers, None
+        each = [_kind(s.spec) for s in stages for _ in range(s.spec.model.depth)]  # one per layer, in order
+        if template is None and any(k != each[0] for k in each):
+            raise ValueError("stages that differ in more than depth need the `stage` template to write the override")
+        entries, start = [], 0
+        for d in split:
+            if any(k != each[start] for k in each[start:start + d]):
+                raise ValueError(f"split {split} puts layers of different kinds in one stage")
+            entries.append(_stage_entry(each[start], d, template))
+            start += d
+        return layers, f"'+stages=[{','.join(entries)}]'"
     return [len(s.model.layers) for s in stages], None
 
 
@@ -185,10 +253,11 @@ class Window:
         """The balance advice from the measured busy times (None: balanced, or nothing measured)."""
         if not result["per_stage"]:
             return None
-        layers, _ = layers_and_override(self.run.stages, None)
-        advice = timeline.advise([p["busy_ms"] for p in result["per_stage"]], layers)
+        stages = self.run.stages
+        layers, _ = layers_and_override(stages, None)
+        advice = timeline.advise([p["busy_ms"] for p in result["per_stage"]], layers, kinds=layer_kinds(stages))
         if advice:
-            advice["override"] = layers_and_override(self.run.stages, advice["split"])[1]
+            advice["override"] = layers_and_override(stages, advice["split"], self.run.settings.stage)[1]
             if advice["split"] == advice["layers"]:
                 advice["override"] = None
             advice["text"] = timeline.advice_text(advice, advice["override"])

@@ -42,7 +42,7 @@ import glob
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from chain.planning import balance
 from chain.planning.schedules import BACKWARD, FORWARD, Action, Schedule, Timeline, rows, simulate
@@ -267,20 +267,33 @@ def statistics(steps: Sequence[dict], schedule: Schedule, devices: Sequence[str]
 # --- balance advice ----------------------------------------------------------------------------
 
 
-def advise(busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW) -> dict | None:
+def advise(busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW,
+           kinds: Sequence[Any] | None = None) -> dict | None:
     """When one stage's busy time exceeds the mean by more than `threshold`: the split (layers per
     stage) whose predicted busy times are most even, each layer of stage k costing busy[k] /
-    layers[k]. None when the stages are even enough (or a stage has no layers to count)."""
+    layers[k]. None when the stages are even enough (or a stage has no layers to count).
+
+    `kinds[k]`: what one layer of stage k is (compared with ==; None: every layer alike). A layer
+    moves only between neighbouring stages of one kind, so the advice keeps the network: where
+    the kind changes stays a cut (`fixed_cuts`); `constrained` says that a split ignoring kinds
+    would have predicted a less busy bottleneck."""
     mean = sum(busy) / len(busy)
     slowest = max(range(len(busy)), key=lambda k: busy[k])
     if mean <= 0 or busy[slowest] <= (1 + threshold) * mean or min(layers) < 1:
         return None
     costs = [busy[k] / n for k, n in enumerate(layers) for _ in range(n)]
-    split = balance.partition([costs] * len(busy), len(busy), range(1, len(costs))) or list(layers)
-    predicted = balance.stage_costs([costs] * len(busy), split)
+    rows, allowed = [costs] * len(busy), range(1, len(costs))
+    fixed = [] if kinds is None else [c for c, a, b in zip(balance.sizes_to_cuts(layers), kinds, kinds[1:]) if a != b]
+    now = max(balance.stage_costs(rows, layers))
+    split = balance.partition(rows, len(busy), allowed, fixed) or list(layers)
+    if max(balance.stage_costs(rows, split)) >= now:  # no better: moving layers would gain nothing
+        split = list(layers)
+    free = balance.partition(rows, len(busy), allowed) or list(layers)
+    predicted = balance.stage_costs(rows, split)
     return {"stage": slowest, "busy_ms": busy[slowest], "mean_ms": mean, "excess": busy[slowest] / mean - 1,
             "layers": list(layers), "split": split, "predicted_ms": predicted,
-            "moves": [b - a for a, b in zip(layers, split)]}
+            "moves": [b - a for a, b in zip(layers, split)], "fixed_cuts": fixed,
+            "constrained": max(balance.stage_costs(rows, free)) < max(predicted)}
 
 
 def advice_text(advice: dict, override: str | None) -> str:
@@ -289,6 +302,11 @@ def advice_text(advice: dict, override: str | None) -> str:
     head = (f"stage {k} is the bottleneck: busy {advice['busy_ms']:.2f} ms per step, "
             f"{100 * advice['excess']:.0f}% above the mean ({advice['mean_ms']:.2f} ms)")
     if advice["split"] == advice["layers"]:
+        if advice.get("constrained"):
+            return (f"{head}; its stages cannot be rebalanced without changing the network (a layer can move only "
+                    f"between neighbouring stages that differ in nothing but depth; layers per stage "
+                    f"{advice['layers']}): to cut one network at other points, save it as one Keras model and "
+                    f"run model=keras with placement.split=[...] or placement.balance=time")
         return f"{head}; no cut at layer granularity evens it (a stage holds layers {advice['layers']})"
     moved = ", ".join(f"stage {j} {'+' if d > 0 else ''}{d}" for j, d in enumerate(advice["moves"]) if d)
     worst = max(advice["predicted_ms"])
