@@ -221,19 +221,24 @@ def advice_for(run, busy, tmp_path) -> dict | None:
 
 
 @pytest.mark.parametrize("stages, busy", [
-    (WIDE_THEN_NARROW, [60.0, 5.0, 6.0]),
-    ("+stages=[{model: {width: 256, depth: 2}},{model: {width: 16, depth: 1}},{model: {width: 16, depth: 3}}]",
+    ([WIDE_THEN_NARROW], [60.0, 5.0, 6.0]),
+    (["+stages=[{model: {width: 256, depth: 2}},{model: {width: 16, depth: 1}},{model: {width: 16, depth: 3}}]"],
      [10.0, 5.0, 60.0]),
-    ("+stages=[{model: {width: 32, depth: 1}},{model: {width: 32, depth: 3}}]", [10.0, 40.0]),  # homogeneous, not the template's width
-    ("+stages=[{model: {depth: 1}},{model: {depth: 3, dropout: 0.1}},{model: {depth: 3, dropout: 0.1}}]", [5.0, 40.0, 10.0]),
+    (["+stages=[{model: {width: 32, depth: 1}},{model: {width: 32, depth: 3}}]"], [10.0, 40.0]),  # not the template's width
+    (["+stages=[{model: {depth: 1}},{model: {depth: 3, dropout: 0.1}},{model: {depth: 3, dropout: 0.1}}]"], [5.0, 40.0, 10.0]),
+    (["data=digits", "+stages=[{model: {name: conv, filters: 4, depth: 1}},{model: {name: conv, filters: 4, depth: 3}},"
+      "{model: {depth: 1}, optim: {lr: 0.01}}]"], [5.0, 60.0, 6.0]),  # other bodies, another optimizer
 ])
 def test_the_advised_override_keeps_the_whole_network(stages, busy, tmp_path):
-    run = chain.build(chain.compose([*ADVISED, stages]), run_dir=str(tmp_path))
+    run = chain.build(chain.compose([*ADVISED, *stages]), run_dir=str(tmp_path))
     advice = advice_for(run, busy, tmp_path)
     assert advice and advice["override"], advice
-    advised = chain.build(chain.compose([*ADVISED, advice["override"].strip("'")]))
+    advised = chain.build(chain.compose([*ADVISED, *stages[:-1], advice["override"].strip("'")]))
     assert [s.spec.model.depth for s in advised.stages] == advice["split"] != advice["layers"]
     assert network(advised) == network(run)
+    # every layer keeps its optimizer too
+    assert ([s.spec.optim for s in advised.stages for _ in range(s.spec.model.depth)]
+            == [s.spec.optim for s in run.stages for _ in range(s.spec.model.depth)])
 
 
 def test_the_reproduction_keeps_its_341860_parameters(tmp_path):

@@ -94,8 +94,8 @@ def _stage_entry(kind: StageSpec, depth: int, template: StageSpec | None) -> str
     mine, base = plain(kind), plain(template or kind)
     entry: dict[str, Any] = {}
     for group in ("model", "optim"):
-        whole = mine[group]["name"] != base[group]["name"]
-        entry[group] = {k: v for k, v in mine[group].items() if k != "depth" and (whole or v != base[group][k])}
+        whole = mine[group].get("name") != base[group].get("name")  # e.g. a conv stage under an mlp template
+        entry[group] = {k: v for k, v in mine[group].items() if k != "depth" and (whole or v != base[group].get(k))}
     entry["model"]["depth"] = depth
     if not entry["optim"]:
         del entry["optim"]
