@@ -40,8 +40,7 @@ def _npz_damaged(path, how: str) -> None:
         for at in (local + 14, central + 16):
             b[at] ^= 0xFF
     elif how == "deflate":  # the first deflate block header: block type 3, which does not exist
-        name_len, extra_len = int.from_bytes(b[local + 26:local + 28], "little"), int.from_bytes(b[local + 28:local + 30],
-                                                                                                 "little")
+        name_len, extra_len = (int.from_bytes(b[at:at + 2], "little") for at in (local + 26, local + 28))
         b[local + 30 + name_len + extra_len] = 0xFF
     path.write_bytes(bytes(b))
 
@@ -121,8 +120,8 @@ CASES = {
                           r"^error: data.x='x' of .*nonfinite.npz holds nan in example 7; inputs must be finite$"),
     "truncated tfrecord": (["data=tfrecord", "data.files={root}/cut.tfrecord", "data.y=y",
                             "data.features={x: 'float32[3]', y: int64}"], "cut.tfrecord",
-                           r"\.tfrecord ends inside record 180 \(180 whole records before it\): the file is cut short, or "
-                           r"that record's length is damaged$"),
+                           r"\.tfrecord ends inside record 180 \(180 whole records before it\): the file is cut "
+                           r"short, or that record's length is damaged$"),
     "truncated tfrecord data": (["data=tfrecord", "data.files={root}/cut-data.tfrecord", "data.y=y",
                                  "data.features={x: 'float32[3]', y: int64}"], "cut-data.tfrecord",
                                 r"\.tfrecord ends inside record 180 \(180 whole records before it\)"),
@@ -132,7 +131,8 @@ CASES = {
     "a filter that drops everything": ([*CALL, "data._target_=user_datasets.nothing_passes",
                                         "data.read_timeout_s=3"], None,
                                        r"^error: data._target_=user_datasets.nothing_passes gave no example for 3 s "
-                                       r"\(data.read_timeout_s\) after 0 examples: an endless dataset that yields nothing\?"),
+                                       r"\(data.read_timeout_s\) after 0 examples: an endless dataset that yields "
+                                       r"nothing\?"),
     "empty keras file": (["model=keras", "model.path={root}/empty.keras"], "empty.keras",
                          r"^error: model.path='.*empty.keras' is empty: it is not a Keras model file$"),
     "truncated keras file": (["model=keras", "model.path={root}/cut.keras"], "cut.keras",
@@ -168,6 +168,14 @@ def test_a_csv_header_with_a_byte_order_mark_names_its_first_column_plainly(root
 
 
 def test_limits_on_reading_a_function_are_validated():
-    for bad, message in (("data.max_examples=0", r"^data.max_examples"), ("data.read_timeout_s=0", r"^data.read_timeout_s")):
+    for bad, message in (("data.max_examples=0", r"^data.max_examples=0 must be >= 1"),
+                         ("data.read_timeout_s=0", r"^data.read_timeout_s=0 must be > 0")):
         with pytest.raises(chain.ConfigError, match=message):
             chain.compose([*CALL, "data._target_=user_datasets.make_dataset", bad])
+
+
+def test_negative_integer_labels_learn_as_a_real_value_when_told(root):
+    s = chain.compose([*SMALL, *NPZ, f"data.path={root}/negative.npz", "data.classes={label: 0}", "loss=mse"])
+    assert [(t.name, t.classes) for t in describe(s.data).targets] == [("label", 0)]
+    ds = load(s.data, 0)
+    assert ds.y["label"].dtype == np.float32 and ds.y["label"].max() == -1

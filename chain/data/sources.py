@@ -137,7 +137,8 @@ def _csv(data, seed: int) -> Read:
         table = files.csv_table(path, path_key)
         x = np.stack([table.column(c, "data.x") for c in csv_columns(data, table)], 1).astype(np.float32)
         keys = target_keys(data)
-        return x, [table.column(k, w) for _, k, w in keys], [f"the input columns of {path}"] + [f"{w}={k!r}" for _, k, w in keys]
+        where = [f"the input columns of {path}"] + [f"{w}={k!r}" for _, k, w in keys]
+        return x, [table.column(k, w) for _, k, w in keys], where
 
     return _from_files(data, read, "path", "val_path")
 

@@ -101,7 +101,8 @@ def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray],
     parsed = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     arrays = _gather(parsed, f"{key}={pattern!r} with data.features")
     if whole != len(arrays[data.x]):
-        raise ConfigError(f"{key}={pattern!r}: TensorFlow read {len(arrays[data.x])} records, but the files hold {whole}")
+        raise ConfigError(f"{key}={pattern!r}: TensorFlow read {len(arrays[data.x])} records, but the files hold "
+                          f"{whole}")
     where = [f"data.x={data.x!r} of {pattern}"] + [f"{w}={k!r}" for _, k, w in keys]
     return arrays[data.x], [arrays[k] for _, k, _ in keys], where
 
