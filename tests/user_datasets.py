@@ -18,3 +18,20 @@ def make_dataset(n: int = 48, features: int = 6, several: bool = False) -> tf.da
 
 def not_a_dataset(n: int = 3):
     return list(range(n))
+
+
+def endless(features: int = 3) -> tf.data.Dataset:
+    """A generator that never ends (its cardinality is unknown, not infinite: it is not refused up front)."""
+    def examples():
+        i = 0
+        while True:
+            yield np.full(features, i % 7, np.float32), i % 2
+            i += 1
+    return tf.data.Dataset.from_generator(examples, output_signature=(tf.TensorSpec((features,), tf.float32),
+                                                                       tf.TensorSpec((), tf.int64)))
+
+
+def nothing_passes() -> tf.data.Dataset:
+    """An endless stream whose filter drops every example: reading it never yields one."""
+    counter = tf.data.Dataset.counter()
+    return counter.filter(lambda i: i < 0).map(lambda i: (tf.fill([3], tf.cast(i, tf.float32)), i))

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from chain.config.schema import MAX_BATCH, KerasModel, Settings
 from chain.config.shapes import stage_shapes
+from chain.data import files
 from chain.data.catalog import DataInfo, describe
 from chain.errors import ConfigError, DeviceError
 from chain.planning.devices import canonical
@@ -66,6 +67,7 @@ def check_cut(s: Settings) -> None:
             raise ConfigError(f"model.path={model.path!r} must be a Keras model file (.keras)")
         if not os.path.isfile(model.path):
             raise ConfigError(f"model.path={model.path!r}: no such file")
+        files.keras_model_file(model.path, "model.path")
     p = s.placement
     if p.split is not None and p.balance != "even":
         raise ConfigError(f"placement.split and placement.balance={p.balance} both say where to cut: set one of them")

@@ -291,13 +291,17 @@ class TFRecord(Labelled):
 @dataclass(frozen=True, kw_only=True)
 class FromCallable(DataSet):
     """The user's function (`_target_`, called through Hydra) returning a finite `tf.data.Dataset`
-    of `(x, y)` or `(x, {name: y})` examples; every other key is a keyword argument of it."""
+    of `(x, y)` or `(x, {name: y})` examples; every other key is a keyword argument of it.
+    Reading it is bounded: at most `max_examples` examples, and no more than `read_timeout_s`
+    seconds without a batch of them (a dataset that never ends, or yields nothing, is refused)."""
 
     KIND: ClassVar[str] = "callable"
     SELECTED_BY: ClassVar[str] = "_target_"
     EXTRA: ClassVar[str] = "kwargs"
     _target_: str = setting(required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"))
     classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))))
+    max_examples: int = setting(integer(1, MAX_BATCH))
+    read_timeout_s: float = setting(number(positive=True, maximum=86400.0))
     kwargs: dict = field(default_factory=dict)
 
 

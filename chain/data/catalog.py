@@ -128,17 +128,21 @@ def _integral(a: np.ndarray, by_values: bool) -> bool:
     return by_values and a.dtype.kind == "f" and bool(np.all(np.isfinite(a) & (a == np.round(a))))
 
 
-def name_targets(data, labels: list[tuple[str | None, np.ndarray]], by_values: bool = False
+def name_targets(data, labels: list[tuple[str | None, np.ndarray, str]], by_values: bool = False
                  ) -> tuple[Target, ...]:
     """The targets of `labels` ((name or None, every label array of that target, training and
-    validation together)): kinds from `data.classes`, else from the values (integers: classes,
-    max + 1; `by_values`: also whole-number reals, for untyped sources such as CSV)."""
+    validation together, what it was read from)): kinds from `data.classes`, else from the values
+    (integers: classes, max + 1; `by_values`: also whole-number reals, for untyped sources such
+    as CSV). Integers that are all negative fit neither kind without being told: refused."""
     given = dict(data.classes or ())
     targets = []
-    for name, a in labels:
+    for name, a, where in labels:
         integral = _integral(a, by_values)
         name = name or ("label" if integral else "value")
         classes = given.pop(name, None)
+        if classes is None and integral and a.size and a.max() < 0:
+            raise ConfigError(f"{where} holds integer labels that are all negative ({a.min():g}..{a.max():g}): class "
+                              f"labels are 0..C-1; data.classes={{{name}: 0}} learns them as a real value")
         if classes is None:
             classes = max(2, int(a.max()) + 1) if integral and a.size and a.max() >= 0 else 0
         elif classes == 1:
@@ -167,8 +171,9 @@ def _npz(data) -> DataInfo:
         counts.append(x_shape[0])
         shape = shape or input_shape(x_shape, f"data.x={data.x!r} in {path}")
         for name, key, where in target_keys(data):
-            labels.setdefault(where, [name]).append(files.npz_array(path, key, where, path_key).reshape(-1))
-    targets = name_targets(data, [(v[0], np.concatenate(v[1:])) for v in labels.values()])
+            labels.setdefault(where, [name, f"{where}={key!r} of {path}"]).append(
+                files.npz_array(path, key, where, path_key).reshape(-1))
+    targets = name_targets(data, [(v[0], np.concatenate(v[2:]), v[1]) for v in labels.values()])
     return split_info("npz", shape, counts[0], targets, data, own=sum(counts[1:]))
 
 
@@ -195,7 +200,8 @@ def _csv(data) -> DataInfo:
     for t in tables[1:]:
         for c in columns:
             t.column(c, f"data.x column (data.val_path={data.val_path!r})")
-    labels = [(name, np.concatenate([t.column(key, where) for t in tables])) for name, key, where in target_keys(data)]
+    labels = [(name, np.concatenate([t.column(key, where) for t in tables]), f"{where}={key!r} of {table.path}")
+              for name, key, where in target_keys(data)]
     return split_info("csv", (len(columns),), len(table.values), name_targets(data, labels, by_values=True), data,
                       own=sum(len(t.values) for t in tables[1:]))
 

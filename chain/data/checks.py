@@ -2,7 +2,8 @@
 expected and what was received (whole-batch shapes, never microbatch ones).
 
 `batch(x, y, info, wanted)` checks one batch passed to `Run.step`; `arrays(x, y, info, where)`
-checks every data source once when it is loaded, with the same rules. Both accept a value
+checks every data source once when it is loaded, with the same rules, and also that every
+input is finite (`finite`). Both accept a value
 target as `(N,)` or `(N, 1)` and return it as `(N,)`, so a `(N, 1)` target can never
 broadcast against `(N,)` predictions into an `(N, N)` loss; class labels must be integers
 (or integral floats) in range and come back as int32.
@@ -37,6 +38,17 @@ def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
         raise ValueError(f"{name} has shape {a.shape}; data={info.name} examples have shape "
                          f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}")
     return a.astype(np.float32, copy=False)
+
+
+def finite(x: np.ndarray, name: str) -> np.ndarray:
+    """`x` if every input is finite; else one line naming the first example that is not. Checked
+    once when data is loaded (a batch passed to `Run.step` may hold NaN: `trainer.on_nan` says
+    what a step does with it)."""
+    bad = ~np.isfinite(x.reshape(len(x), -1))
+    if bad.any():
+        i = int(np.flatnonzero(bad.any(1))[0])
+        raise ValueError(f"{name} holds {x.reshape(len(x), -1)[i][bad[i]][0]} in example {i}; inputs must be finite")
+    return x
 
 
 def target(y: Any, t: Target, n: int, name: str) -> np.ndarray:
@@ -103,7 +115,7 @@ def arrays(x: np.ndarray, y: dict[str, np.ndarray], info: DataInfo, where: dict[
     from chain.errors import ConfigError
 
     try:
-        x = inputs(x, info, where["x"])
+        x = finite(inputs(x, info, where["x"]), where["x"])
         return x, {t.name: target(y[t.name], t, len(x), where[t.name]) for t in info.targets}
     except ValueError as e:
         raise ConfigError(str(e)) from None

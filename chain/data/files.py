@@ -1,26 +1,35 @@
 """Reading the user's files and the Keras cache with NumPy alone (no TensorFlow).
 
 Every problem is one `ConfigError` line that names the config key and the file: a file
-that does not exist, a key that is not among an `.npz` file's arrays, a column that is
-not in a CSV header, a cell that is not a number, a Keras data set missing from the cache.
+that does not exist, a key that is not among an `.npz` file's arrays, a damaged `.npz` (a bad
+CRC, magic number or deflate stream), a CSV file not in UTF-8, a header with a blank or repeated
+column name, a cell that is not a finite number, a TFRecord file cut short, a Keras data set
+missing from the cache.
 
 - `npz_shape`, `npz_array`: one array of an `.npz` file (its shape from the header alone).
 - `csv_table`: a CSV file with a header row, as column names and a float64 matrix (cached,
   since both the config checks and the build read it).
 - `keras_home`, `keras_arrays`, `KERAS`: the Keras data sets, read from Keras' own cache
   files; missing files are an error that says how to fill the cache, never a download.
+- `keras_model_file`: a `.keras` model file that is whole (not empty, not cut short).
+- `tfrecord_whole`: a TFRecord file's records counted from their framing, refusing one cut short.
 - `matching`: the files of a glob.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import functools
 import glob
 import gzip
+import io
+import math
 import os
 import pickle
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,24 +69,44 @@ def _member(path: str, array: str, key: str, path_key: str) -> str:
     return f"{array}.npy"
 
 
+# What a damaged `.npz` raises while a member is read: a bad header magic or CRC-32
+# (BadZipFile), a broken deflate stream (zlib.error), a member cut short (EOFError, OSError).
+_DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
+
+
+def _damaged(path: str, path_key: str, member: str, e: BaseException) -> ConfigError:
+    text = str(e).strip().splitlines()
+    return ConfigError(f"{path_key}={path!r} is damaged ({member}: {text[0] if text else type(e).__name__}); "
+                       "write it again")
+
+
 def npz_shape(path: str, array: str, key: str, path_key: str) -> tuple[int, ...]:
     """The shape of `array` in the `.npz` file `path`, read from its header (`key` names it in errors)."""
     member = _member(existing(path, path_key), array, key, path_key)
-    with zipfile.ZipFile(path) as z, z.open(member) as f:
-        version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, _ = read(f)
+    try:
+        with zipfile.ZipFile(path) as z, z.open(member) as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, _ = read(f)
+    except _DAMAGE as e:
+        raise _damaged(path, path_key, member, e) from None
+    except ValueError as e:  # not a .npy header
+        raise _damaged(path, path_key, member, e) from None
     return tuple(shape)
 
 
 def npz_array(path: str, array: str, key: str, path_key: str) -> np.ndarray:
-    """`array` of the `.npz` file `path` (no pickled objects)."""
-    _member(existing(path, path_key), array, key, path_key)
+    """`array` of the `.npz` file `path` (no pickled objects); a damaged file is one line naming it."""
+    member = _member(existing(path, path_key), array, key, path_key)
     try:
         with np.load(path, allow_pickle=False) as f:
             return f[array]
-    except ValueError as e:  # an object array
-        raise ConfigError(f"{key}={array!r} in {path} cannot be read without pickle ({e}); save numbers") from None
+    except _DAMAGE as e:
+        raise _damaged(path, path_key, member, e) from None
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # an object array
+            raise ConfigError(f"{key}={array!r} in {path} cannot be read without pickle ({e}); save numbers") from None
+        raise _damaged(path, path_key, member, e) from None
 
 
 # --- CSV -------------------------------------------------------------------------------------
@@ -102,27 +131,57 @@ def csv_table(path: str, key: str) -> Table:
     return _csv_table(*_stamp(existing(path, key)), key)
 
 
+def _text(path: str, key: str) -> str:
+    """The file as UTF-8 text, without the byte order mark some editors write first (read as
+    part of the first column's name, it would look like the name and not match it)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, line_start = raw.count(b"\n", 0, e.start) + 1, raw.rfind(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{key}={path!r} is not UTF-8 text: line {line} holds the byte "
+                          f"0x{raw[e.start]:02x} at column {e.start - line_start + 1}; save it as UTF-8") from None
+
+
+def _header(names: list[str], path: str, key: str) -> list[str]:
+    """The column names, each given and given once (a repeated name would read one column twice)."""
+    names = [h.strip() for h in names]
+    for i, name in enumerate(names):
+        if not name:
+            raise ConfigError(f"{key}={path!r}: column {i + 1} of the header has no name; give every column its "
+                              "own name")
+        if name in names[:i]:
+            raise ConfigError(f"{key}={path!r}: columns {names.index(name) + 1} and {i + 1} of the header are both "
+                              f"called {name!r}; give every column its own name")
+    return names
+
+
 @functools.lru_cache(maxsize=4)
 def _csv_table(path: str, mtime: int, size: int, key: str) -> Table:
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if not header:
-            raise ConfigError(f"{key}={path!r} is empty; a CSV file needs a header row naming its columns")
-        header = [h.strip() for h in header]
-        rows = []
-        for row in reader:
-            if not row:
-                continue
-            line = reader.line_num
-            if len(row) != len(header):
-                raise ConfigError(f"{key}={path!r}: line {line} has {len(row)} fields, the header has {len(header)}")
-            try:
-                rows.append([float(v) for v in row])
-            except ValueError:
-                col = next(i for i, v in enumerate(row) if not _is_number(v))
-                raise ConfigError(f"{key}={path!r}: line {line}, column {header[col]!r} holds {row[col]!r}, "
-                                  "not a number") from None
+    reader = csv.reader(io.StringIO(_text(path, key), newline=""))
+    header = next(reader, None)
+    if not header:
+        raise ConfigError(f"{key}={path!r} is empty; a CSV file needs a header row naming its columns")
+    header = _header(header, path, key)
+    rows = []
+    for row in reader:
+        if not row:
+            continue
+        line = reader.line_num
+        if len(row) != len(header):
+            raise ConfigError(f"{key}={path!r}: line {line} has {len(row)} fields, the header has {len(header)}")
+        try:
+            values = [float(v) for v in row]
+        except ValueError:
+            values = None
+        if values is None or not all(math.isfinite(v) for v in values):
+            col = next(i for i, v in enumerate(row) if not _is_finite(v))
+            what = "a finite number" if _is_number(row[col]) else "a number"
+            raise ConfigError(f"{key}={path!r}: line {line}, column {header[col]!r} holds {row[col]!r}, not {what}")
+        rows.append(values)
     if not rows:
         raise ConfigError(f"{key}={path!r} has a header but no rows")
     return Table(path, tuple(header), np.array(rows, dtype=np.float64))
@@ -134,6 +193,10 @@ def _is_number(v: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _is_finite(v: str) -> bool:
+    return _is_number(v) and math.isfinite(float(v))
 
 
 # --- the Keras cache -------------------------------------------------------------------------
@@ -248,6 +311,52 @@ def keras_arrays(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
         raise ConfigError(f"data=keras data.name={name}: the cache files in {os.path.dirname(files[0])} cannot be "
                           f"read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fill the cache "
                           "again") from None
+
+
+# --- a Keras model file ----------------------------------------------------------------------
+
+
+def keras_model_file(path: str, key: str) -> str:
+    """`path` if it is a whole `.keras` file (a zip archive with the model's `config.json`, every
+    member's CRC intact); else one line naming `key`: Keras itself reports an empty or cut file
+    as "File not found"."""
+    if os.path.getsize(path) == 0:
+        raise ConfigError(f"{key}={path!r} is empty: it is not a Keras model file")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+            if bad is not None:
+                raise zipfile.BadZipFile(f"{bad} fails its CRC check")
+            if "config.json" not in z.namelist():
+                raise zipfile.BadZipFile("no config.json in it")
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+        text = str(e).strip().splitlines()
+        raise ConfigError(f"{key}={path!r} is damaged (not a whole .keras zip file: "
+                          f"{text[0] if text else type(e).__name__}); save the model again") from None
+    return path
+
+
+# --- TFRecord framing ------------------------------------------------------------------------
+
+_RECORD_HEAD = 12  # uint64 length, uint32 masked CRC of the length; then the data and its uint32 CRC
+
+
+def tfrecord_whole(path: str, where: str) -> int:
+    """The number of records of the uncompressed TFRecord file `path`, counted from their framing;
+    one line (naming `where`, the key and its glob) when the file ends inside a record: TensorFlow's
+    reader takes a file cut inside a record's header for its end, and reads the records before
+    it without a word."""
+    size, at, n = os.path.getsize(path), 0, 0
+    with open(path, "rb") as f:
+        while at < size:
+            head = f.read(_RECORD_HEAD)
+            end = at + _RECORD_HEAD + 4 + struct.unpack("<Q", head[:8])[0] if len(head) == _RECORD_HEAD else size + 1
+            if end > size:
+                raise ConfigError(f"{where}: {path} ends inside record {n} ({n} whole records before it): the file is "
+                                  "cut short, or that record's length is damaged")
+            f.seek(end)
+            at, n = end, n + 1
+    return n
 
 
 # --- globs -----------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def _npz(data, seed: int) -> Read:
         keys = target_keys(data)
         ys = [files.npz_array(path, key, where, path_key) for _, key, where in keys]
         x = files.npz_array(path, data.x, "data.x", path_key)
-        return x, ys, [f"data.x={data.x!r}"] + [f"{w}={k!r}" for _, k, w in keys]
+        return x, ys, [f"data.x={data.x!r} of {path}"] + [f"{w}={k!r}" for _, k, w in keys]
 
     return _from_files(data, read, "path", "val_path")
 
@@ -137,7 +137,8 @@ def _csv(data, seed: int) -> Read:
         table = files.csv_table(path, path_key)
         x = np.stack([table.column(c, "data.x") for c in csv_columns(data, table)], 1).astype(np.float32)
         keys = target_keys(data)
-        return x, [table.column(k, w) for _, k, w in keys], ["the input columns"] + [f"{w}={k!r}" for _, k, w in keys]
+        where = [f"the input columns of {path}"] + [f"{w}={k!r}" for _, k, w in keys]
+        return x, [table.column(k, w) for _, k, w in keys], where
 
     return _from_files(data, read, "path", "val_path")
 
@@ -160,8 +161,8 @@ READERS = {"digits": _digits, "synthetic": _synthetic, "npz": _npz, "csv": _csv,
 
 def _describe_read(data, read: Read) -> DataInfo:
     """The `DataInfo` of data only TensorFlow could read, from its arrays."""
-    labels = [(name, np.concatenate([y.reshape(-1)] + ([read.val[1][k].reshape(-1)] if read.val else [])))
-              for k, (name, y) in enumerate(zip(read.names, read.ys))]
+    labels = [(name, np.concatenate([y.reshape(-1)] + ([read.val[1][k].reshape(-1)] if read.val else [])),
+               read.where[k + 1]) for k, (name, y) in enumerate(zip(read.names, read.ys))]
     targets = name_targets(data, labels)
     shape = input_shape(read.x.shape, read.where[0])
     return split_info(data.name, shape, len(read.x), targets, data, own=len(read.val[0]) if read.val else 0)

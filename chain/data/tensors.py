@@ -4,12 +4,17 @@ files (`records`, for `data=tfrecord`) and the user's function returning a `tf.d
 
 Reading everything once is what lets every source be checked whole before training (shapes,
 label ranges, the number of classes), split deterministically into training and validation
-examples, and resumed exactly: afterwards they are arrays like any other source.
+examples, and resumed exactly: afterwards they are arrays like any other source. So the read
+is bounded: a TFRecord file cut short is refused (TensorFlow would stop at the cut without a
+word), and the user's dataset may give at most `data.max_examples` examples, each batch of them
+within `data.read_timeout_s` seconds (a dataset that never ends, or yields nothing, is one line).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import queue
+import threading
+from typing import Any, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -26,17 +31,59 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-def _gather(dataset: tf.data.Dataset, what: str) -> Any:
-    """Every element of a finite dataset, batched into NumPy arrays (a structure like its elements)."""
+def _within(batches: Iterator, timeout_s: float, what: str) -> Iterator:
+    """The items of `batches`, each awaited at most `timeout_s` seconds: TensorFlow's iterator
+    cannot be interrupted, so it runs in a thread of its own, which a timeout leaves behind
+    (the command line exits; in a Python session it runs on until the process ends)."""
+    items: queue.Queue = queue.Queue(maxsize=2)
+
+    def read() -> None:
+        try:
+            for b in batches:
+                items.put(("batch", b))
+            items.put(("end", None))
+        except BaseException as e:  # noqa: BLE001 (raised again in the caller's thread)
+            items.put(("error", e))
+
+    threading.Thread(target=read, name="chain-data-read", daemon=True).start()
+    examples = 0
+    while True:
+        try:
+            kind, item = items.get(timeout=timeout_s)
+        except queue.Empty:
+            raise ConfigError(f"{what} gave no example for {timeout_s:g} s (data.read_timeout_s) after {examples} "
+                              "examples: an endless dataset that yields nothing? (a filter that drops every example "
+                              "of a repeated dataset) return each example once, or raise data.read_timeout_s") from None
+        if kind == "end":
+            return
+        if kind == "error":
+            raise item
+        examples += len(tf.nest.flatten(item)[0])
+        yield item
+
+
+def _gather(dataset: tf.data.Dataset, what: str, max_examples: int | None = None,
+            timeout_s: float | None = None) -> Any:
+    """Every element of a finite dataset, batched into NumPy arrays (a structure like its elements).
+
+    `max_examples` and `timeout_s` bound the read of a dataset that may never end: more examples
+    than `max_examples`, or `timeout_s` seconds without a batch of them, is one line."""
+    if max_examples is not None:
+        dataset = dataset.take(max_examples + 1)  # one more than allowed tells "too many" from "exactly"
+    batches = dataset.batch(CHUNK).as_numpy_iterator()
     parts = []
     try:
-        for batch in dataset.batch(CHUNK).as_numpy_iterator():
+        for batch in (batches if timeout_s is None else _within(batches, timeout_s, what)):
             parts.append(batch)
     except (tf.errors.OpError, ValueError, TypeError) as e:
         raise ConfigError(f"{what} cannot be read: {_first_line(e)}") from None
     if not parts:
         raise ConfigError(f"{what} holds no examples")
-    return tf.nest.map_structure(lambda *a: np.concatenate(a), *parts)
+    arrays = tf.nest.map_structure(lambda *a: np.concatenate(a), *parts)
+    if max_examples is not None and len(tf.nest.flatten(arrays)[0]) > max_examples:
+        raise ConfigError(f"{what} gave more than data.max_examples={max_examples} examples (an endless dataset?); "
+                          "return each example once, or raise data.max_examples")
+    return arrays
 
 
 # --- TFRecord --------------------------------------------------------------------------------
@@ -48,9 +95,15 @@ def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray],
     spec = {name: tf.io.FixedLenFeature(shape, tf.float32 if dtype == "float32" else tf.int64)
             for name, (dtype, shape) in data.features}
     keys = target_keys(data)
-    parsed = tf.data.TFRecordDataset(files.matching(pattern, key)).map(lambda r: tf.io.parse_single_example(r, spec))
+    paths = files.matching(pattern, key)
+    # TensorFlow's reader stops without a word at a file cut inside a record's header: count them.
+    whole = sum(files.tfrecord_whole(p, f"{key}={pattern!r}") for p in paths)
+    parsed = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     arrays = _gather(parsed, f"{key}={pattern!r} with data.features")
-    where = [f"data.x={data.x!r}"] + [f"{w}={k!r}" for _, k, w in keys]
+    if whole != len(arrays[data.x]):
+        raise ConfigError(f"{key}={pattern!r}: TensorFlow read {len(arrays[data.x])} records, but the files hold "
+                          f"{whole}")
+    where = [f"data.x={data.x!r} of {pattern}"] + [f"{w}={k!r}" for _, k, w in keys]
     return arrays[data.x], [arrays[k] for _, k, _ in keys], where
 
 
@@ -98,7 +151,7 @@ def call(data) -> tuple:
     if not all(s.shape.is_fully_defined() for s in [spec[0], *ys]):
         raise ConfigError(f"{what} returned examples of unknown shape ({spec}); every x and every y must have "
                           "one fixed shape (do not batch the dataset: chain does)")
-    x, y = _gather(dataset, what)
+    x, y = _gather(dataset, what, data.max_examples, data.read_timeout_s)
     if isinstance(y, dict):
         names = list(y)
         return x, [y[n] for n in names], names, [f"{what} x"] + [f"{what} y[{n!r}]" for n in names]
