@@ -10,7 +10,6 @@ the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,8 +23,6 @@ from chain.stages.cut import Cuttable, piece
 WINDOW = 5  # the median of this many calls is the estimate
 SETTLED = 0.05  # stop when one more call moves the estimate by less than this fraction
 MAX_CALLS = 30  # timed calls per piece at most
-CALL_SECONDS = 2e-3  # passes per call: enough for a call to last this long (a call's own cost is ~0.1-0.3 ms)
-MAX_PASSES = 16
 
 
 @dataclass
@@ -62,7 +59,7 @@ def _settled(samples: list[float]) -> bool:
 
 def _call_seconds(fn, *args) -> float:
     started = time.perf_counter()
-    tf.nest.map_structure(lambda t: t.numpy(), fn(*args))
+    tf.nest.map_structure(lambda t: None if t is None else t.numpy(), fn(*args))
     return time.perf_counter() - started
 
 
@@ -71,26 +68,19 @@ def _time_piece(model: keras.Model, x: tf.Tensor, device: str, overhead: float) 
     and how many timed calls it took to settle."""
     variables = model.trainable_variables
 
-    @tf.function
-    def passes(x, n):
+    @tf.function(autograph=False)  # one pass, no loop: tracing is most of the cost, a loop doubles it
+    def one_pass(x):
         with tf.device(device):
-            for _ in tf.range(n):
-                with tf.GradientTape() as tape:
-                    tape.watch(x)
-                    y = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
-                gx, *gv = tape.gradient(y, [x, *variables])
-                # Each pass waits for the one before, and every gradient is used (none pruned).
-                used = tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in gv if g is not None] or [0.0])
-                x = x + tf.cast(0.0 * used, x.dtype) + 0.0 * gx
-            return x
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
+            return tape.gradient(y, [x, *variables])
 
-    one = tf.constant(1)
-    _call_seconds(passes, x, one)  # trace and warm up
-    n = int(min(MAX_PASSES, max(1, math.ceil(CALL_SECONDS / max(_call_seconds(passes, x, one), 1e-9)))))
+    _call_seconds(one_pass, x)  # trace and warm up
     samples: list[float] = []
     while not _settled(samples):
-        samples.append(_call_seconds(passes, x, tf.constant(n)))
-    return max(statistics.median(samples[-WINDOW:]) - overhead, 1e-7 * n) / n, len(samples)
+        samples.append(_call_seconds(one_pass, x))
+    return max(statistics.median(samples[-WINDOW:]) - overhead, 1e-7), len(samples)
 
 
 def _overhead(device: str, x: tf.Tensor) -> float:
