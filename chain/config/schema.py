@@ -134,6 +134,8 @@ class KerasModel:
     KIND: ClassVar[str] = "keras"
     name: str = setting(string)
     path: str = setting(string)
+    safe_mode: bool = setting(boolean)  # false: load a file's Lambda layers (Python code); only for files you trust
+    imports: tuple[str, ...] = setting(list_of(string))  # modules that register the file's custom classes
 
     def describe(self) -> str:
         return f"keras({self.path})"

@@ -1,17 +1,22 @@
 """One Keras model cut into stages: where it may be cut, how to cut it, and stage bodies that
 compute exactly what its layers computed.
 
-A model (Sequential or functional, one input, one output, no layer used twice) may be cut
-before layer c only where one tensor crosses: layer c-1's output. A skip connection inside
-a stage is fine; one that would cross a cut is refused, naming the layer and the cut.
-Each stage's body re-creates its layers from their configs inside the stage's device scope,
-replays their connections, and copies their weights, so the stages together compute the
-original model's function exactly (the chain's predictions equal `model.predict` before
-training).
+A model (Sequential or functional, one input, one output, no layer called twice) may be cut
+before layer c only where one tensor crosses between the layers before c and the layers from
+c on. What happens inside a stage is free: skips, branches, a layer taking several tensors
+(`MultiHeadAttention()(x, x)`), a layer with several outputs. A cut that more than one tensor
+would cross is refused, naming a layer and the cut.
+Each stage's body re-creates its layers (`cls.from_config(layer.get_config())`, as
+`keras.models.clone_model` does: no registry, no config file round trip) inside the stage's
+device scope, replays the model's own calls among them (the graph's nodes, with their
+arguments) from the tensor crossing into the stage to the one crossing out, and copies their
+weights, so the stages together compute the original model's function exactly (the chain's
+predictions equal `model.predict` before training).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -25,84 +30,116 @@ from chain.stages.bodies import Body
 
 @dataclass
 class Cuttable:
-    """A model's layers in order (input layer aside), what each takes, and the cuts it allows.
+    """A model's layers in call order (input layer aside), each one's call in the model's graph,
+    and the cuts it allows.
 
-    `sources[i]` is the structure of layer i's first argument with tensors replaced by the
-    index of the layer that makes them (-1: the model's input): `3` or `[2, 3]`.
+    `nodes[i]` is layer i's call (a Keras graph node: its arguments, its output tensors);
+    `boundary[c]` the one tensor crossing cut position c (0: the model's input, `len(layers)`:
+    its output), for every allowed position.
     """
 
     model: keras.Model
     name: str
     layers: list[keras.layers.Layer]
-    sources: list[Any]
-    input_shape: tuple[int, ...]
+    nodes: list[Any]
+    input_shape: tuple[int | None, ...]
     allowed: list[int]
+    boundary: dict[int, Any]
     blocked: dict[int, str] = field(default_factory=dict)  # cut position -> why it is not allowed
 
     def params(self) -> list[int]:
         """Trainable parameters of each layer."""
         return [sum(math.prod(v.shape) for v in layer.trainable_variables) for layer in self.layers]
 
+    def points(self) -> list[int]:
+        """0, every allowed cut, and the layer count: the bounds of the pieces a stage is made of."""
+        return [0, *self.allowed, len(self.layers)]
 
-def _flat(src: Any) -> list[int]:
-    return [j for x in src for j in _flat(x)] if isinstance(src, list) else [src]
+
+def _graph(model: keras.Model, name: str) -> keras.Model:
+    """The functional graph of `model`: a Sequential's own layers' calls, a functional model itself."""
+    try:
+        inputs, outputs = model.inputs, model.outputs
+    except (AttributeError, ValueError):
+        inputs = outputs = None
+    if not isinstance(inputs, list) or not isinstance(outputs, list):
+        raise ConfigError(f"{name} is a {type(model).__name__} whose connections are Python code (a subclassed model, "
+                          "or a Sequential without keras.Input): a model cut into stages is Sequential or functional, "
+                          "built on keras.Input")
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ConfigError(f"{name} has {len(inputs)} inputs and {len(outputs)} outputs; a model cut into "
+                          "a chain of stages has one of each")
+    return keras.Model(inputs, outputs) if isinstance(model, keras.Sequential) else model
 
 
-def _history(arg: Any, index: dict[str, int], name: str, layer: str) -> Any:
-    """An inbound-node argument of a model's config, tensors replaced by their producers' indices."""
-    if isinstance(arg, list):
-        return [_history(a, index, name, layer) for a in arg]
-    if isinstance(arg, dict) and arg.get("class_name") == "__keras_tensor__":
-        producer, node, tensor = arg["config"]["keras_history"]
-        if producer not in index or node != 0 or tensor != 0:
-            raise ConfigError(f"{name}: layer {layer!r} takes a tensor of {producer!r} that a chain cannot pass "
-                              "(a second call of a layer, or a layer with several outputs)")
-        return index[producer]
-    raise ConfigError(f"{name}: layer {layer!r} takes an argument the chain cannot pass between stages ({arg!r})")
+def _calls(graph: keras.Model) -> dict[int, list[Any]]:
+    """id(layer) -> its calls (graph nodes) in `graph`."""
+    calls: dict[int, list[Any]] = {}
+    for depth in sorted(graph._nodes_by_depth, reverse=True):  # Keras keeps no public view of a model's nodes
+        for node in graph._nodes_by_depth[depth]:
+            if not node.is_input:
+                calls.setdefault(id(node.operation), []).append(node)
+    return calls
 
 
 def analyse(model: keras.Model, name: str) -> Cuttable:
     """Check that `model` can be cut into a chain of stages and find where; `name` names it in errors.
 
-    The connections come from the model's own config (what `model.save` writes), not from its
-    layers' `input`/`output` attributes, which a loaded model does not keep consistent.
+    The connections come from the model's graph (each layer's call: which tensors it takes,
+    which it makes), not from the layers' `input`/`output` attributes, which a loaded
+    Sequential does not keep consistent.
     """
-    if len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise ConfigError(f"{name} has {len(model.inputs)} inputs and {len(model.outputs)} outputs; a model cut into "
-                          "a chain of stages has one of each")
+    graph = _graph(model, name)
     layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
     if not layers:
         raise ConfigError(f"{name} has no layers to cut")
-    if isinstance(model, keras.Sequential):
-        sources = [i - 1 for i in range(len(layers))]
-    else:
-        config = model.get_config()
-        index = {e["name"]: -1 for e in config["layers"] if e["class_name"] == "InputLayer"}
-        sources = []
-        for i, layer in enumerate(layers):
-            (entry,) = [e for e in config["layers"] if e["name"] == layer.name]
-            nodes = entry.get("inbound_nodes") or []
-            if len(nodes) != 1 or len(nodes[0]["args"]) != 1:
-                raise ConfigError(f"{name}: layer {layer.name!r} is called {len(nodes)} times or with several "
-                                  "arguments; a model cut into stages calls each layer once on one input")
-            sources.append(_history(nodes[0]["args"][0], index, name, layer.name))
-            index[layer.name] = i
-        output = config["output_layers"]
-        output = output[0] if output and isinstance(output[0], list) else output  # one output: [name, 0, 0]
-        if output[0] != layers[-1].name:
-            raise ConfigError(f"{name}: its output is not its last layer's ({layers[-1].name!r}); "
-                              "a model cut into stages ends in its last layer")
-    last_use: dict[int, tuple[int, str]] = {}  # producer -> (its last consumer, that consumer's name)
-    for i, src in enumerate(sources):
-        for p in _flat(src):
-            last_use[p] = (i, layers[i].name)
+    calls = _calls(graph)
+    nodes = []
+    for layer in layers:
+        found = calls.get(id(layer), [])
+        if len(found) != 1:
+            raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
+                              "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
+        nodes.append(found[0])
+    made: dict[int, tuple[int, int]] = {id(graph.inputs[0]): (-1, 0)}  # id(tensor) -> (producer, its output k)
+    tensors = {id(graph.inputs[0]): graph.inputs[0]}
+    last_use: dict[int, tuple[int, str]] = {}  # id(tensor) -> (its last consumer, that consumer's name)
+    for i, (layer, node) in enumerate(zip(layers, nodes)):
+        for t in node.input_tensors:
+            if id(t) not in made:
+                raise ConfigError(f"{name}: layer {layer.name!r} takes a tensor that no earlier layer of the model "
+                                  "makes; a model cut into stages lists its layers in call order")
+            last_use[id(t)] = (i, layer.name)
+        for k, t in enumerate(node.outputs):
+            made[id(t)], tensors[id(t)] = (i, k), t
+    out = graph.outputs[0]
+    if made.get(id(out), (None,))[0] != len(layers) - 1:
+        raise ConfigError(f"{name}: its output is not its last layer's ({layers[-1].name!r}); "
+                          "a model cut into stages ends in its last layer")
+    last_use[id(out)] = (len(layers), "the model's output")
+    crossing: dict[int, list[int]] = {c: [] for c in range(1, len(layers))}
     blocked: dict[int, str] = {}
-    for p, (q, consumer) in sorted(last_use.items()):
+    for t, (q, consumer) in sorted(last_use.items(), key=lambda kv: made[kv[0]]):
+        p, k = made[t]
+        for c in range(max(p + 1, 1), min(q, len(layers) - 1) + 1):  # t crosses the cuts before layers p+1..q
+            crossing[c].append(t)
+        source = "the model's input" if p < 0 else f"the output of {layers[p].name!r} (layer {p})"
+        if p >= 0 and len(nodes[p].outputs) > 1:
+            source = f"output {k} of {layers[p].name!r} (layer {p})"
         for c in range(p + 2, q + 1):  # cuts before layers p+2..q separate producer p from consumer q
-            source = "the model's input" if p < 0 else f"the output of {layers[p].name!r} (layer {p})"
             blocked.setdefault(c, f"layer {consumer!r} (layer {q}) takes {source} across it")
+    for c, ts in crossing.items():
+        if len(ts) > 1:
+            blocked.setdefault(c, f"layer {layers[c - 1].name!r} (layer {c - 1}) passes {len(ts)} tensors across it")
     allowed = [c for c in range(1, len(layers)) if c not in blocked]
-    return Cuttable(model, name, layers, sources, tuple(model.inputs[0].shape[1:]), allowed, blocked)
+    boundary = {0: graph.inputs[0], len(layers): out, **{c: tensors[crossing[c][0]] for c in allowed}}
+    shape = tuple(model.inputs[0].shape[1:])
+    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked)
+
+
+def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
+    """Whether a model taking `shape` (None: any size) takes examples of shape `data`."""
+    return len(shape) == len(data) and all(s is None or s == d for s, d in zip(shape, data))
 
 
 def check_sizes(c: Cuttable, sizes: Sequence[int], key: str) -> None:
@@ -120,7 +157,8 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
           ) -> list[int]:
     """Layers per stage: `sizes` as given (`placement.split`), or from `how` (`placement.balance`):
     `even` layer counts, near-equal `params`, or near-equal measured `time` (`costs[k][i]`:
-    layer i's time on stage k's device)."""
+    layer i's time on stage k's device; a piece between two allowed cuts may carry its whole
+    time on one of its layers)."""
     if n_stages > len(c.layers):
         raise ConfigError(f"{n_stages} stages, but {c.name} has only {len(c.layers)} layers; every stage needs one")
     if sizes is not None:
@@ -130,7 +168,7 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
         sizes = balance.even(len(c.layers), n_stages)
         if not set(balance.sizes_to_cuts(sizes)) & set(c.blocked):
             return sizes
-        rows = [[1.0] * len(c.layers)] * n_stages  # the most even split a skip connection allows
+        rows = [[1.0] * len(c.layers)] * n_stages  # the most even split the model's cuts allow
     elif how == "params":
         rows = [[float(p) for p in c.params()]] * n_stages
     else:
@@ -142,35 +180,44 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
     return found
 
 
-def _clone(layer: keras.layers.Layer, policy: Any) -> keras.layers.Layer:
-    config = keras.layers.serialize(layer)
-    if policy is not None:
-        config["config"]["dtype"] = keras.dtype_policies.serialize(policy)
-    return keras.layers.deserialize(config)
+def _clone(c: Cuttable, layer: keras.layers.Layer, policy: Any) -> keras.layers.Layer:
+    """`layer` re-created from its config (in `policy`, when given), without Keras' registry: an
+    unregistered custom class and a Lambda are re-created as `keras.models.clone_model` does.
+    Its Python code is already in this process (the model is), so nothing new runs."""
+    try:
+        config = layer.get_config()
+        if policy is not None and "dtype" in config:
+            config["dtype"] = keras.dtype_policies.serialize(policy)
+        from_config = type(layer).from_config
+        unsafe = {"safe_mode": False} if "safe_mode" in inspect.signature(from_config).parameters else {}
+        return from_config(config, **unsafe)
+    except Exception as e:  # a user's layer may raise anything here
+        text = str(e).strip().splitlines()
+        raise ConfigError(f"{c.name}: layer {layer.name!r} ({type(layer).__name__}) cannot be re-created on its stage's "
+                          f"device from its config: {type(e).__name__}: {text[0] if text else ''} (a custom layer's "
+                          "get_config() must return its constructor's arguments)") from None
 
 
 def piece(c: Cuttable, start: int, end: int, last_policy: Any = None) -> Body:
-    """The body of the stage holding layers [start, end) of `c`.
+    """The body of the stage holding layers [start, end) of `c` (both allowed cut points).
 
-    Called inside the stage's device scope: re-creates each layer from its config (in the
-    stage's dtype policy; the model's last layer in `last_policy`, float32 by default, as the
-    chain's read-outs are), replays the connections among them, copies their weights.
+    Called inside the stage's device scope on the shape crossing into it: re-creates each
+    layer (in the stage's dtype policy; the model's last layer in `last_policy`, float32 by
+    default, as the chain's read-outs are), replays the model's calls among them, copies
+    their weights.
     """
     def body(input_shape: tuple, policy: Any, name: str) -> keras.Model:
-        boundary = c.model.inputs[0] if start == 0 else c.layers[start - 1].output
-        inp = keras.Input(tuple(boundary.shape[1:]))
-        made = {start - 1: inp}  # producer index -> its tensor in the new model
-
-        def arg(src: Any) -> Any:
-            return [arg(x) for x in src] if isinstance(src, list) else made[src]  # valid cuts: src >= start - 1
-
+        inp = keras.Input(tuple(input_shape))
+        made = {id(c.boundary[start]): inp}  # id(the model's tensor) -> its tensor in the new model
         clones = []
         for i in range(start, end):
-            layer = c.layers[i]
-            clone = _clone(layer, last_policy if i == len(c.layers) - 1 else policy)
-            made[i] = clone(arg(c.sources[i]))
+            layer, node = c.layers[i], c.nodes[i]
+            clone = _clone(c, layer, last_policy if i == len(c.layers) - 1 else policy)
+            args, kwargs = node.arguments.fill_in(made)  # the call's own arguments, tensors replaced
+            outputs = keras.tree.flatten(clone(*args, **kwargs))
+            made.update({id(t): y for t, y in zip(node.outputs, outputs)})
             clones.append((clone, layer))
-        model = keras.Model(inp, made[end - 1], name=name)
+        model = keras.Model(inp, made[id(c.boundary[end])], name=name)
         for clone, layer in clones:
             clone.set_weights(layer.get_weights())
         return model

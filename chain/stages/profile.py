@@ -1,61 +1,131 @@
-"""Timing each layer of a model on the devices that would run it (`placement.balance=time`)."""
+"""Timing a model's pieces on the devices that would run them (`placement.balance=time`).
+
+A piece is what lies between two neighbouring cuts the model allows (`Cuttable.points`):
+the smallest thing a stage can hold. A layer alone may not be computable (its input comes
+from a branch), a piece always is: one tensor in, one out. Logical devices cut from one
+physical device share its compute, so each physical device is timed once and its time
+serves all its logical devices. Each piece is called until its time settles (the median of
+the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import keras
 import tensorflow as tf
 
 from chain.stages.cut import Cuttable, piece
 
-
-INNER = 8  # forward-and-backward passes per timed call
-
-
-def _timed(fn, x, repeats: int) -> float:
-    fn(x)  # trace and warm up
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy() if t is not None else None, fn(x))
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+WINDOW = 5  # the median of this many calls is the estimate
+SETTLED = 0.05  # stop when one more call moves the estimate by less than this fraction
+MAX_CALLS = 30  # timed calls per piece at most
 
 
-def layer_times(c: Cuttable, devices: Sequence[str], batch: int, repeats: int = 7) -> dict[str, list[float]]:
-    """For each distinct device, each layer's forward-and-backward time in seconds on a batch of
-    `batch` examples, the layer built there: the median of `repeats` calls of `INNER` passes,
-    less a call that passes the same input through nothing (a call's own cost, ~0.1-0.3 ms on
-    a CPU, is paid once per step in training, not once per layer), divided by `INNER`."""
-    out: dict[str, list[float]] = {}
-    for device in dict.fromkeys(devices):
-        times = []
-        for i in range(len(c.layers)):
+@dataclass
+class Measured:
+    """Forward-and-backward time of each piece, per device.
+
+    `pieces[j]`: layers [a, b) of piece j; `times[device][j]`: its seconds per pass on a
+    microbatch (one list shared by the logical devices of one physical device); `measured`:
+    the physical devices timed; `calls[j]`: timed calls piece j took on the last of them.
+    """
+
+    pieces: list[tuple[int, int]]
+    times: dict[str, list[float]]
+    measured: list[str]
+    calls: list[int]
+
+    def layer_costs(self, device: str) -> list[float]:
+        """Per layer, for `chain.planning.balance`: each piece's time on its last layer, 0 on the
+        others (a cut only ever falls between pieces)."""
+        out = [0.0] * self.pieces[-1][1]
+        for (a, b), t in zip(self.pieces, self.times[device]):
+            out[b - 1] = t
+        return out
+
+
+def _settled(samples: list[float]) -> bool:
+    if len(samples) >= MAX_CALLS:
+        return True
+    if len(samples) <= WINDOW:
+        return False
+    now, before = statistics.median(samples[-WINDOW:]), statistics.median(samples[-WINDOW - 1:-1])
+    return abs(now - before) <= SETTLED * before
+
+
+def _call_seconds(fn, *args) -> float:
+    started = time.perf_counter()
+    tf.nest.map_structure(lambda t: None if t is None else t.numpy(), fn(*args))
+    return time.perf_counter() - started
+
+
+def _time_piece(model: keras.Model, x: tf.Tensor, device: str, overhead: float) -> tuple[float, int]:
+    """Seconds per forward-and-backward pass of `model` on `x` (less a call's own `overhead`),
+    and how many timed calls it took to settle."""
+    variables = model.trainable_variables
+
+    @tf.function(autograph=False)  # one pass, no loop: tracing is most of the cost, a loop doubles it
+    def one_pass(x):
+        with tf.device(device):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
+            return tape.gradient(y, [x, *variables])
+
+    _call_seconds(one_pass, x)  # trace and warm up
+    samples: list[float] = []
+    while not _settled(samples):
+        samples.append(_call_seconds(one_pass, x))
+    return max(statistics.median(samples[-WINDOW:]) - overhead, 1e-7), len(samples)
+
+
+def _overhead(device: str, x: tf.Tensor) -> float:
+    """A call's own cost: a call that passes its input through nothing (paid once per step in
+    training, not once per piece)."""
+    @tf.function
+    def nothing(x):
+        with tf.device(device):
+            return tf.identity(x)
+
+    _call_seconds(nothing, x)
+    return statistics.median(_call_seconds(nothing, x) for _ in range(2 * WINDOW + 1))
+
+
+def piece_times(c: Cuttable, devices: Sequence[str], physical: Mapping[str, str], batch: int,
+                input_shape: tuple[int, ...] | None = None, progress: bool | None = True) -> Measured:
+    """Each piece's forward-and-backward time on a batch of `batch` examples of `input_shape`
+    (default: the model's), built on the first of `devices` behind each physical device
+    (`physical`: logical device -> physical device; one absent is its own). `progress`: a
+    progress bar (None: on a terminal only, tqdm's convention; False: none)."""
+    from tqdm import tqdm
+
+    points = c.points()
+    bounds = list(zip(points, points[1:]))
+    groups: dict[str, list[str]] = {}
+    for d in dict.fromkeys(devices):
+        groups.setdefault(physical.get(d, d), []).append(d)
+    times: dict[str, list[float]] = {}
+    calls: list[int] = []
+    bar = tqdm(total=len(groups) * len(bounds), desc="time model pieces", unit="piece", leave=False,
+               disable=not progress or None)
+    with bar:
+        for logical in groups.values():
+            device, shape, row, calls = logical[0], tuple(input_shape or c.input_shape), [], []
             with tf.device(device):
-                model = piece(c, i, i + 1, keras.DTypePolicy("float32"))((), None, f"profile_{i}")
-                x = tf.random.stateless_normal((batch, *model.input_shape[1:]), seed=(0, i))
-
-            @tf.function
-            def passes(x, model=model, n=INNER):
-                grads = []
+                overhead = _overhead(device, tf.zeros((batch, *shape)))
+            for j, (a, b) in enumerate(bounds):
                 with tf.device(device):
-                    for _ in range(n):
-                        with tf.GradientTape() as tape:
-                            tape.watch(x)
-                            y = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
-                        grads.append(tape.gradient(y, [x, *model.trainable_variables]))
-                        x = x + 0.0 * grads[-1][0]  # each pass waits for the one before
-                return grads
-
-            @tf.function
-            def nothing(x):
-                with tf.device(device):
-                    return tf.identity(x)
-
-            work = _timed(passes, x, repeats) - _timed(nothing, x, repeats)
-            times.append(max(work, 1e-7) / INNER)
-        out[device] = times
-    return out
+                    model = piece(c, a, b, keras.DTypePolicy("float32"))(shape, None, f"profile_{a}")
+                    x = tf.random.stateless_normal((batch, *shape), seed=(0, j))
+                seconds, n = _time_piece(model, x, device, overhead)
+                row.append(seconds)
+                calls.append(n)
+                shape = tuple(model.output_shape[1:])
+                bar.update()
+            for d in logical:
+                times[d] = row
+    return Measured(bounds, times, list(groups), calls)

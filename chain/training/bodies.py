@@ -5,6 +5,7 @@ or the pieces of one Keras model cut into stages (`model=keras`, or `chain.build
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Sequence
 
 import keras
@@ -18,12 +19,31 @@ from chain.stages import cut
 from chain.stages.bodies import Body, from_builder
 
 
-def _load(path: str) -> keras.Model:
+def _load(spec: KerasModel) -> keras.Model:
+    """The model of `model.path`, after importing `model.imports`; what Keras cannot rebuild is one line."""
+    import importlib
+
+    for module in spec.imports:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # an import runs the user's code: anything may be raised
+            raise ConfigError(f"model.imports: cannot import {module!r} ({type(e).__name__}: {e})") from None
+    path = spec.path
     try:
-        return keras.models.load_model(path, compile=False)
+        return keras.models.load_model(path, compile=False, safe_mode=spec.safe_mode)
     except Exception as e:  # Keras raises many kinds for a file it cannot read
-        text = str(e).strip().splitlines()
-        raise ConfigError(f"model.path={path!r} cannot be loaded: {type(e).__name__}: {text[0] if text else ''}") from None
+        text = str(e).strip()
+        if "deserialization of a `Lambda`" in text:
+            raise ConfigError(f"model.path={path!r} holds Python code (a Lambda layer) that Keras runs only when told "
+                              "to: if you trust the file, set model.safe_mode=false") from None
+        unknown = re.search(r"Could not locate (?:class|function) '([^']+)'", text)
+        if unknown:
+            raise ConfigError(f"model.path={path!r} uses a layer class Keras does not know ({unknown.group(1)!r}): "
+                              "register it with @keras.saving.register_keras_serializable() in a module and name "
+                              "that module in model.imports=[...]") from None
+        first = text.splitlines()
+        raise ConfigError(f"model.path={path!r} cannot be loaded: {type(e).__name__}: {first[0] if first else ''}") \
+            from None
 
 
 def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
@@ -38,23 +58,25 @@ def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
 def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str
          ) -> tuple[list[Body], list[str], list[str]]:
     c = cut.analyse(model, name)
-    if tuple(c.input_shape) != tuple(info.input_shape):
-        raise ConfigError(f"{name} takes input of shape {c.input_shape}, but data={info.name} examples have shape "
-                          f"{tuple(info.input_shape)}")
+    if not cut.fits(c.input_shape, info.input_shape):
+        any_size = " (None: any size)" if None in c.input_shape else ""
+        raise ConfigError(f"{name} takes input of shape {c.input_shape}{any_size}, but data={info.name} examples have "
+                          f"shape {tuple(info.input_shape)}")
     _refuse_softmax(c, settings)
     k, p = len(settings.stages), settings.placement
     costs, notes = None, []
     micro = settings.data.batch_size // (settings.pipeline.microbatches if settings.mode == "e2e" else 1)
     if p.balance == "time" and p.split is None:
-        from chain.stages.profile import layer_times
+        from chain.stages.profile import piece_times
 
         devices = [placement.local_replicas[0]] * k if placement.strategy == MIRRORED else list(placement.devices)
-        times = layer_times(c, devices, max(1, micro))
-        costs = [times[d] for d in devices]
+        measured = piece_times(c, devices, placement.physical, max(1, micro), tuple(info.input_shape),
+                               progress=settings.trainer.progress)
+        costs = [measured.layer_costs(d) for d in devices]
     sizes = cut.split(c, k, p.split, p.balance, costs)
     if costs is not None or p.balance == "params":
         rows = costs or [[float(n) for n in c.params()]] * k
-        even = balance.even(len(c.layers), k)
+        even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut
         m = settings.pipeline.microbatches if settings.mode == "e2e" else 1
 
         def show(s):
@@ -64,7 +86,8 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
             return (" / ".join(f"{v * 1e3:.3g}" for v in per) + f" ms per microbatch; predicted step "
                     f"{balance.predicted_step(per, m) * 1e3:.3g} ms")
 
-        notes.append(f"placement.balance={p.balance}: split {sizes}: {show(sizes)}; the even split {even}: {show(even)}")
+        notes.append(f"placement.balance={p.balance}: split {sizes}: {show(sizes)}; "
+                     f"the even split {even}: {show(even)}")
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     labels = [cut.describe(c, a, b) for a, b in zip(bounds, bounds[1:])]
     return cut.pieces(c, sizes), labels, notes
@@ -91,7 +114,7 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Se
         return [from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
-        bodies, labels, notes = _cut(settings, placement, info, model if model is not None else _load(name), name)
+        bodies, labels, notes = _cut(settings, placement, info, model if model is not None else _load(keras_spec), name)
         placement.notes.extend(notes)
         return bodies, labels
     if not any(isinstance(s.model, Builder) for s in settings.stages):
