@@ -32,3 +32,8 @@ def not_a_layer(input_shape):
 def conv_only(input_shape):
     """Needs image input: a flat input does not fit."""
     return keras.layers.Conv2D(4, 3)
+
+
+def regularized(input_shape, units=8, l2=0.05):
+    """A hidden layer with an L2 kernel regularizer (Keras adds it to the loss `fit` minimizes)."""
+    return keras.layers.Dense(units, activation="tanh", kernel_regularizer=keras.regularizers.L2(l2), name="reg")
