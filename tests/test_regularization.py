@@ -7,13 +7,18 @@ weights, with the same Adam, on the same batches.
 
 from __future__ import annotations
 
+import os
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import chain
+import user_nets
 from compare import norm_rel_diff, rel_diff
+from conftest import run_cli
+from graph_audit import audit
 
 SYNTH = ["data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
          "trainer.progress=false", "checkpoint.export=false", "optim=adam", "optim.lr=0.01"]
@@ -161,3 +166,60 @@ def test_float16_loss_scaling_scales_the_regularization_too(overrides):
         ref = np.concatenate([w.numpy().ravel() for w in want[start:start + n]])
         assert norm_rel_diff(got, ref) <= 2 * u, s.index
         start += n
+
+
+def test_regularization_is_computed_on_each_stage_s_device():
+    """mode=e2e: every op of the step (the regularizers' included) sits on its stage's device, and
+    data crosses devices only through `copy_to`: each stage before the last sums its terms on its
+    device and sends one scalar to the last stage, where the chain's loss is reported."""
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", "pipeline.microbatches=2", *SYNTH]),
+                      model=regularized("activity"))
+    x, ys = next(iter(run.batches()))
+    a = audit(run.trace(x, ys))
+    assert a.misplaced({s.device for s in run.stages}) == []
+    assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in a.crossings())
+    assert [a.device[op] for op in a.ops() if op.name.split("/")[-1] == "regularization_s0"] == [run.stages[0].device]
+    assert [a.device[op] for op in a.copies() if op.name.endswith("copy_to_regularization_s0")] == [run.stages[1].device]
+
+
+ADDED = [user_nets.with_added_loss, user_nets.head]
+
+
+def test_add_loss_terms_are_part_of_the_loss_like_model_fit():
+    """Builders whose layer calls `add_loss` (mode=e2e, one microbatch): the chain equals `model.fit`
+    of the same layers in one model."""
+    run = chain.build(chain.compose(["mode=e2e", *SYNTH]), stages=ADDED)
+    reference = keras.Sequential([copy_of(s.model) for s in run.stages])
+    start = [w.numpy() for w in reference.trainable_variables]
+    batches = take(run, STEPS)
+    losses = [float(run.step(x, ys)["loss"]) for x, ys in batches]
+    x = np.concatenate([np.asarray(b[0]) for b in batches])
+    y = np.concatenate([np.asarray(b[1]["label"]) for b in batches])
+    history = compiled(reference, run).fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(np.mean(losses), history.history["loss"][0], rtol=RTOL)
+    chained = [w.numpy() for s in run.stages for w in s.model.trainable_variables]
+    assert_moved_alike(chained, [w.numpy() for w in reference.trainable_variables], start, RTOL)
+
+
+@pytest.mark.parametrize("overrides, parts", [
+    (["mode=e2e", "pipeline.microbatches=2"], "pipeline.microbatches=2 equal microbatches"),
+    (["mode=local", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks"),
+    (["mode=e2e", "placement.fallback=mirrored", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks"),
+])
+def test_add_loss_terms_on_parts_of_a_batch_are_refused(overrides, parts):
+    """An `add_loss` term computed per microbatch or chunk need not add up to the whole batch's
+    (a sum over examples would not): refused in one line naming the stage and the keys."""
+    with pytest.raises(chain.ConfigError) as e:
+        chain.build(chain.compose([*SYNTH, *overrides]), stages=ADDED)
+    message = str(e.value)
+    assert message.startswith("stage 0 (") and "add_loss" in message and parts in message and "\n" not in message
+
+
+def test_add_loss_on_microbatches_from_the_command_line_is_one_line_and_leaves_nothing(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = run_cli(tmp_path, "mode=e2e", "pipeline.microbatches=2", "trainer.steps=2", *SYNTH,
+                "+stages=[{model: {_target_: user_nets.with_added_loss}},{model: {_target_: user_nets.head}}]",
+                env={"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])})
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "add_loss" in lines[0], r.stderr
+    assert not (tmp_path / "outputs").exists()

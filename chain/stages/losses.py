@@ -65,3 +65,28 @@ def regularization(*models: Any) -> Any:
     if not terms:
         return None
     return terms[0] if len(terms) == 1 else tf.add_n(terms)
+
+
+def added_losses(model: Any) -> int:
+    """How many terms `model`'s layers add with `add_loss` when called (activity regularizers
+    not counted): one training call on two zero examples inside Keras' `StatelessScope`, which
+    collects the terms and leaves every variable (weights, statistics, dropout seeds) as it was.
+
+    Keras defines an activity regularizer per example (divided by the batch size), so its value
+    on part of a batch, weighted by the part's share, adds up to the whole batch's; an `add_loss`
+    term is whatever the layer computes, and need not.
+    """
+    import keras
+
+    switched = [layer for layer in model._flatten_layers() if layer.activity_regularizer is not None]
+    kept = [layer.activity_regularizer for layer in switched]
+    inp = model.inputs[0]
+    try:
+        for layer in switched:
+            layer.activity_regularizer = None
+        with keras.StatelessScope(collect_losses=True) as scope:
+            model(keras.ops.zeros((2, *inp.shape[1:]), dtype=inp.dtype), training=True)
+        return len(scope.losses)
+    finally:
+        for layer, regularizer in zip(switched, kept):
+            layer.activity_regularizer = regularizer
