@@ -28,12 +28,12 @@ RTOL = 1e-5  # as the other equality tests (microbatches and replicas included)
 
 def regularized(kind: str) -> keras.Model:
     """Four Dense layers (cut 2 + 2): `kernel` an L2 kernel regularizer on every layer, `activity`
-    an L2 activity regularizer on a layer of each stage (none on the weights)."""
+    an L2 activity regularizer on a layer of each stage (none on the weights), `both`, `none`."""
     keras.utils.set_random_seed(5)
-    kernel = keras.regularizers.L2(0.05) if kind == "kernel" else None
+    kernel = keras.regularizers.L2(0.05) if kind in ("kernel", "both") else None
 
     def activity(on: bool):
-        return keras.regularizers.L2(0.02) if kind == "activity" and on else None
+        return keras.regularizers.L2(0.02) if kind in ("activity", "both") and on else None
 
     layers = [keras.layers.Dense(8, activation="tanh", kernel_regularizer=kernel, activity_regularizer=activity(i in (1, 2)))
               for i in range(3)]
@@ -166,6 +166,40 @@ def test_float16_loss_scaling_scales_the_regularization_too(overrides):
         ref = np.concatenate([w.numpy().ravel() for w in want[start:start + n]])
         assert norm_rel_diff(got, ref) <= 2 * u, s.index
         start += n
+
+
+@pytest.mark.parametrize("mode", ["e2e", "local"])
+def test_validation_loss_includes_the_regularization_like_keras_evaluate(mode):
+    """The validation loss (what `checkpoint.best` and early stopping follow) is the loss plus the
+    regularization of the stages it follows, as Keras' `evaluate` reports it (activity regularizers
+    on the validation batch, the weights' terms), batch by batch."""
+    model = regularized("both")
+    run = chain.build(chain.compose(["+stages=2", f"mode={mode}", *SYNTH]), model=model)
+    for x, ys in take(run, 2):
+        run.step(x, ys)
+    got = run.evaluate()
+    val = list(run.validation_batches())
+    x = np.concatenate([np.asarray(b[0]) for b in val])
+    y = np.concatenate([np.asarray(b[1]["label"]) for b in val])
+    size = len(val[0][0])
+    if mode == "e2e":
+        whole = keras.Sequential([copy_of(s.model) for s in run.stages])
+        np.testing.assert_allclose(got.loss, compiled(whole, run).evaluate(x, y, batch_size=size, verbose=0), rtol=RTOL)
+        return
+    h, want = x, []
+    for s in run.stages:
+        body, m = keras_stage(s, run)
+        want.append(m.evaluate(h, y, batch_size=size, verbose=0))
+        h = body(h).numpy()
+    np.testing.assert_allclose([st["loss"] for st in got.stages], want, rtol=RTOL)
+
+
+@pytest.mark.parametrize("kind, noted", [("kernel", "0, 1"), ("activity", "0, 1"), ("none", None)])
+def test_the_plan_notes_which_stages_losses_include_regularizers(kind, noted):
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH]), model=regularized(kind))
+    notes = [n for n in run.placement.notes if "regularizers" in n]
+    assert notes == ([f"the loss of stage(s) {noted} includes their regularizers (model.losses), as Keras' fit: "
+                      "the logged loss is the loss plus these terms"] if noted else [])
 
 
 def test_regularization_is_computed_on_each_stage_s_device():

@@ -90,3 +90,13 @@ def added_losses(model: Any) -> int:
     finally:
         for layer, regularizer in zip(switched, kept):
             layer.activity_regularizer = regularizer
+
+
+def regularized(*models: Any) -> bool:
+    """Whether `models` (None entries skipped) have weight or activity regularizers, known
+    without calling them (an `add_loss` term shows only in a call: `added_losses`)."""
+    for m in models:
+        if m is not None and (any(w.regularizer is not None for w in m.trainable_weights)
+                              or any(layer.activity_regularizer is not None for layer in m._flatten_layers())):
+            return True
+    return False

@@ -95,6 +95,10 @@ class Strategy:
             for stage, body in zip(stages, self.bodies or [None] * len(stages)):
                 if body is not None:  # the chain's own bodies add no losses
                     _refuse_added_losses(stage, parts)
+        with_terms = [str(st.index) for st in stages if losses.regularized(st.model, st.head)]
+        if with_terms:
+            self.placement.notes.append(f"the loss of stage(s) {', '.join(with_terms)} includes their regularizers "
+                                        "(model.losses), as Keras' fit: the logged loss is the loss plus these terms")
         return stages
 
     def parts(self) -> str | None:
@@ -273,7 +277,8 @@ class LocalObjective(Strategy):
                 "loss_last": last["stage_losses"][stage.index]}
 
     def readouts(self) -> list[Readout]:
-        return [Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target)) for s in self.stages]
+        return [Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target), (s.index,))
+                for s in self.stages]
 
     def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
         # Like the training loss, the validation loss is the sum of the stages' own losses.
@@ -315,7 +320,8 @@ class ChainObjective(Strategy):
 
     def readouts(self) -> list[Readout]:
         last = self.stages[-1]
-        return [Readout(f"body_{last.index}", last.device, self.target, self.loss_fn())]
+        return [Readout(f"body_{last.index}", last.device, self.target, self.loss_fn(),
+                        tuple(s.index for s in self.stages))]
 
     def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
         (chain,) = metrics
