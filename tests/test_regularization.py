@@ -35,8 +35,8 @@ def regularized(kind: str) -> keras.Model:
     def activity(on: bool):
         return keras.regularizers.L2(0.02) if kind in ("activity", "both") and on else None
 
-    layers = [keras.layers.Dense(8, activation="tanh", kernel_regularizer=kernel, activity_regularizer=activity(i in (1, 2)))
-              for i in range(3)]
+    layers = [keras.layers.Dense(8, activation="tanh", kernel_regularizer=kernel,
+                                 activity_regularizer=activity(i in (1, 2))) for i in range(3)]
     return keras.Sequential([keras.Input((6,)), *layers, keras.layers.Dense(4, kernel_regularizer=kernel)], name="reg")
 
 
@@ -213,7 +213,8 @@ def test_regularization_is_computed_on_each_stage_s_device():
     assert a.misplaced({s.device for s in run.stages}) == []
     assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in a.crossings())
     assert [a.device[op] for op in a.ops() if op.name.split("/")[-1] == "regularization_s0"] == [run.stages[0].device]
-    assert [a.device[op] for op in a.copies() if op.name.endswith("copy_to_regularization_s0")] == [run.stages[1].device]
+    sent = [op for op in a.copies() if op.name.endswith("copy_to_regularization_s0")]
+    assert [a.device[op] for op in sent] == [run.stages[1].device]
 
 
 ADDED = [user_nets.with_added_loss, user_nets.head]

@@ -6,7 +6,10 @@ inside its stage's device scope:
 - F(k, m): copy microbatch m's activation from stage k-1 (stage 0: its slice of the
   input) onto stage k's device, run stage k's model under a GradientTape. The last
   stage also computes the loss of microbatch m, divided by M so that the sum over
-  microbatches is the full-batch mean loss.
+  microbatches is the full-batch mean loss. Every stage adds its model's regularization
+  (`model.losses`, as Keras' `fit`) on its device, inside its tape, divided by M too; a
+  stage before the last starts its backward from it as well, and sends its sum over the
+  microbatches to the last stage, where the chain's loss is reported.
 - B(k, m): copy dL/d(output) from stage k+1 onto stage k's device (the last stage
   starts from its loss), `tape.gradient(output, [input] + variables,
   output_gradients=g)`, and add the variable gradients to stage k's accumulator.

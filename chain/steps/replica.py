@@ -61,8 +61,8 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
     `loss(y, pred)` is the mean loss over the examples it is given; with every stage's
     regularization added, scaled by this replica's share of the global batch, as in
     `local_replica_step` (Keras under a `MirroredStrategy` divides each replica's
-    `model.losses` by the number of replicas: the same share when replicas' batches are equal). Gradients are of
-    the loss-scaled loss under float16.
+    `model.losses` by the number of replicas: the same share, replicas' batches being
+    equal). Gradients are of the loss-scaled loss under float16.
     """
     target = stages[-1].target
     last = len(stages) - 1
