@@ -197,6 +197,10 @@ def test_validation_loss_includes_the_regularization_like_keras_evaluate(mode):
 @pytest.mark.parametrize("kind, noted", [("kernel", "0, 1"), ("activity", "0, 1"), ("none", None)])
 def test_the_plan_notes_which_stages_losses_include_regularizers(kind, noted):
     run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH]), model=regularized(kind))
+    # The cut pieces keep their layers' regularizers (before any call: the weights' terms alone).
+    assert [len(s.model.losses) for s in run.stages] == ([2, 2] if kind == "kernel" else [0, 0])
+    assert [sum(layer.activity_regularizer is not None for layer in s.model.layers) for s in run.stages] == \
+        ([1, 1] if kind == "activity" else [0, 0])
     notes = [n for n in run.placement.notes if "regularizers" in n]
     assert notes == ([f"the loss of stage(s) {noted} includes their regularizers (model.losses), as Keras' fit: "
                       "the logged loss is the loss plus these terms"] if noted else [])
