@@ -32,3 +32,28 @@ def not_a_layer(input_shape):
 def conv_only(input_shape):
     """Needs image input: a flat input does not fit."""
     return keras.layers.Conv2D(4, 3)
+
+
+def regularized(input_shape, units=8, l2=0.05):
+    """A hidden layer with an L2 kernel regularizer (Keras adds it to the loss `fit` minimizes)."""
+    return keras.layers.Dense(units, activation="tanh", kernel_regularizer=keras.regularizers.L2(l2), name="reg")
+
+
+class MeanSquare(keras.layers.Layer):
+    """Passes its input through and adds `weight x mean(x^2)` to the loss (`add_loss`)."""
+
+    def __init__(self, weight=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.weight = weight
+
+    def call(self, x):
+        self.add_loss(self.weight * keras.ops.mean(keras.ops.square(x)))
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "weight": self.weight}
+
+
+def with_added_loss(input_shape, units=8):
+    """A hidden layer whose activations add a term of their own to the loss (`add_loss`)."""
+    return [keras.layers.Dense(units, activation="tanh", name="dense"), MeanSquare(name="mean_square")]

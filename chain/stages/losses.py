@@ -10,11 +10,14 @@
 Cross-entropy on a real-valued target has no meaning: the config checks refuse it
 (`chain.config.checks.loss_fits_target`). Every loss is the mean over the examples it
 is given.
+
+To that loss every stage adds its models' regularization (`regularization`), as Keras'
+`fit` adds `model.losses` to the loss it minimizes and logs.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from chain.data.catalog import Target
 
@@ -44,3 +47,56 @@ def make(name: str, target: Target) -> Callable:
             one_hot = tf.one_hot(tf.reshape(tf.cast(y, tf.int32), [-1]), target.classes, dtype=tf.float32)
             return tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - one_hot))
     return fn
+
+
+def regularization(*models: Any) -> Any:
+    """The sum of `model.losses` over `models` (None entries skipped) in float32, or None if
+    they have none: what Keras' `fit` adds to the loss (weight regularizers, the activity
+    regularizers and `add_loss` terms of the models' latest call).
+
+    Call it right after the models' forward pass, inside the same tape and device scope, so
+    the terms are that call's and their gradient is taken with the loss. Keras' activity
+    regularizers are divided by the batch size (a mean over the examples), so weighting the
+    term by a microbatch's share of the batch, as the loss is, sums to the full batch's term.
+    """
+    import tensorflow as tf
+
+    terms = [tf.cast(term, tf.float32) for m in models if m is not None for term in m.losses]
+    if not terms:
+        return None
+    return terms[0] if len(terms) == 1 else tf.add_n(terms)
+
+
+def added_losses(model: Any) -> int:
+    """How many terms `model`'s layers add with `add_loss` when called (activity regularizers
+    not counted): one training call on two zero examples inside Keras' `StatelessScope`, which
+    collects the terms and leaves every variable (weights, statistics, dropout seeds) as it was.
+
+    Keras defines an activity regularizer per example (divided by the batch size), so its value
+    on part of a batch, weighted by the part's share, adds up to the whole batch's; an `add_loss`
+    term is whatever the layer computes, and need not.
+    """
+    import keras
+
+    switched = [layer for layer in model._flatten_layers() if layer.activity_regularizer is not None]
+    kept = [layer.activity_regularizer for layer in switched]
+    inp = model.inputs[0]
+    try:
+        for layer in switched:
+            layer.activity_regularizer = None
+        with keras.StatelessScope(collect_losses=True) as scope:
+            model(keras.ops.zeros((2, *inp.shape[1:]), dtype=inp.dtype), training=True)
+        return len(scope.losses)
+    finally:
+        for layer, regularizer in zip(switched, kept):
+            layer.activity_regularizer = regularizer
+
+
+def regularized(*models: Any) -> bool:
+    """Whether `models` (None entries skipped) have weight or activity regularizers, known
+    without calling them (an `add_loss` term shows only in a call: `added_losses`)."""
+    for m in models:
+        if m is not None and (any(w.regularizer is not None for w in m.trainable_weights)
+                              or any(layer.activity_regularizer is not None for layer in m._flatten_layers())):
+            return True
+    return False

@@ -4,7 +4,9 @@ A *read-out* is one prediction of a target that is scored: in mode=local each st
 head, in mode=e2e the chain's output (`chain.strategies.base`). For each batch, every
 stage's forward pass runs on its own device (`chain.steps.inference.forward`), and each
 read-out's sums are computed on its stage's device: the loss times the examples, the
-correct predictions (class labels) or the absolute errors (values), and the examples.
+correct predictions (class labels) or the absolute errors (values), and the examples. A
+read-out's loss includes the regularization of the stages it follows (`Readout.regularized`),
+as the training loss and Keras' `evaluate` do.
 Summed over the batches in float64, they become means: `loss`, and `accuracy` or `mae`.
 
 Nothing is trained and no random state is drawn (dropout is off), so evaluating leaves a
@@ -20,6 +22,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain.data.catalog import Target
+from chain.stages import losses
 from chain.stages.stage import Stage
 from chain.steps.inference import forward
 from chain.steps.ops import copy_to
@@ -34,6 +37,7 @@ class Readout:
     device: str | None
     target: Target
     loss: Callable
+    regularized: tuple[int, ...] = ()  # the stages whose regularization its loss includes, as in training
 
     @property
     def metric(self) -> str:
@@ -41,7 +45,7 @@ class Readout:
         return "mae" if self.target.is_regression else "accuracy"
 
 
-def _sums(r: Readout, pred: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+def _sums(r: Readout, pred: tf.Tensor, y: tf.Tensor, extra: tf.Tensor | None) -> dict[str, tf.Tensor]:
     pred = tf.cast(pred, tf.float32)
     n = tf.shape(pred)[0]
     if r.target.is_regression:
@@ -49,7 +53,8 @@ def _sums(r: Readout, pred: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
     else:
         hits = tf.equal(tf.argmax(pred, axis=-1, output_type=tf.int32), tf.reshape(tf.cast(y, tf.int32), [-1]))
         score = tf.reduce_sum(tf.cast(hits, tf.float32))
-    loss = r.loss(y, pred) * tf.cast(n, tf.float32)
+    loss = r.loss(y, pred)
+    loss = (loss if extra is None else loss + extra) * tf.cast(n, tf.float32)
     return {"loss": tf.cast(loss, tf.float64), r.metric: tf.cast(score, tf.float64), "count": tf.cast(n, tf.float64)}
 
 
@@ -59,10 +64,18 @@ def evaluation(stages: Sequence[Stage], readouts: Sequence[Readout], chained: bo
 
     def batch(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], ...]:
         out = forward(stages, x, chained)
+        regs = {}  # each stage's regularization of this batch's call (Keras' evaluate adds it too)
+        for s in stages:
+            with tf.device(s.device):
+                term = losses.regularization(s.model, s.head)
+            if term is not None:
+                regs[s.index] = term
         sums = []
         for i, r in enumerate(readouts):
+            terms = [copy_to(regs[k], r.device, f"eval_{i}_regularization_s{k}") for k in r.regularized if k in regs]
             with tf.device(r.device):
-                sums.append(_sums(r, out[r.output], copy_to(ys[r.target.name], r.device, f"eval_{i}_target")))
+                extra = None if not terms else terms[0] if len(terms) == 1 else tf.add_n(terms)
+                sums.append(_sums(r, out[r.output], copy_to(ys[r.target.name], r.device, f"eval_{i}_target"), extra))
         return tuple(sums)
 
     @tf.function

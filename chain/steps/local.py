@@ -24,15 +24,18 @@ from chain.steps.update import stage_update, unscale
 def local_forward(stage: Stage) -> Callable:
     """mode=local, one stage: `fn(h, y, weight) -> (output, loss, scaled loss)`.
 
-    `loss` is the head's mean loss on `y` times `weight` (the chunk's share of the
-    step's examples); `scaled loss` is what the tape differentiates (times the loss
-    scale under float16, else `loss`).
+    `loss` is the head's mean loss on `y` plus the body's and head's regularization
+    (`losses.regularization`), times `weight` (the chunk's share of the step's examples);
+    `scaled loss` is what the tape differentiates (times the loss scale under float16,
+    else `loss`).
     """
     head_loss = losses.head_loss(stage.target)
 
     def fn(h, y, weight):
         out = stage.model(h, training=True)
-        loss = weighted(head_loss(y, stage.head(out, training=True)), weight)
+        loss = head_loss(y, stage.head(out, training=True))
+        reg = losses.regularization(stage.model, stage.head)
+        loss = weighted(loss if reg is None else loss + reg, weight)
         return out, loss, loss if stage.loss_scale is None else stage.loss_scale.scale_loss(loss)
 
     return fn

@@ -6,7 +6,10 @@ inside its stage's device scope:
 - F(k, m): copy microbatch m's activation from stage k-1 (stage 0: its slice of the
   input) onto stage k's device, run stage k's model under a GradientTape. The last
   stage also computes the loss of microbatch m, divided by M so that the sum over
-  microbatches is the full-batch mean loss.
+  microbatches is the full-batch mean loss. Every stage adds its model's regularization
+  (`model.losses`, as Keras' `fit`) on its device, inside its tape, divided by M too; a
+  stage before the last starts its backward from it as well, and sends its sum over the
+  microbatches to the last stage, where the chain's loss is reported.
 - B(k, m): copy dL/d(output) from stage k+1 onto stage k's device (the last stage
   starts from its loss), `tape.gradient(output, [input] + variables,
   output_gradients=g)`, and add the variable gradients to stage k's accumulator.
@@ -59,6 +62,7 @@ import tensorflow as tf
 from chain.data.catalog import Target
 from chain.planning.devices import canonical
 from chain.planning.schedules import FORWARD, Action, Schedule, simulate
+from chain.stages import losses
 from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.ops import add_grads, copy_to
@@ -92,16 +96,45 @@ def rounds(order: Sequence[Action], microbatches: int, grad_accum: int) -> list[
 
 
 def chain_forward(stage: Stage, loss: Callable | None = None) -> Callable:
-    """One stage of the chain: `fn(h) -> output`; the last stage (given `loss`) is
-    `fn(h, y, weight) -> (loss x weight, the same scaled for the tape)`."""
+    """One stage of the chain. A stage before the last: `fn(h, weight) -> (output,
+    regularization x weight, the same scaled for the tape)`, both None when the stage has no
+    regularization (`losses.regularization`); the last stage (given `loss`): `fn(h, y, weight)
+    -> ((loss + its regularization) x weight, the same scaled for the tape)`."""
     if loss is None:
-        return lambda h: stage.model(h, training=True)
+        def body(h, weight):
+            out = stage.model(h, training=True)
+            reg = losses.regularization(stage.model)
+            if reg is None:
+                return out, None, None
+            reg = reg * weight
+            return out, reg, _scaled(stage, reg)
+
+        return body
 
     def fn(h, y, weight):
-        value = loss(y, stage.model(h, training=True)) * weight
-        return value, value if stage.loss_scale is None else stage.loss_scale.scale_loss(value)
+        value = loss(y, stage.model(h, training=True))
+        reg = losses.regularization(stage.model)
+        value = (value if reg is None else value + reg) * weight
+        return value, _scaled(stage, value)
 
     return fn
+
+
+def _scaled(stage: Stage, value: tf.Tensor) -> tf.Tensor:
+    """`value` as the tape differentiates it: times the stage's loss scale under float16."""
+    return value if stage.loss_scale is None else stage.loss_scale.scale_loss(value)
+
+
+def regularization_total(regs: Sequence[Sequence[tf.Tensor]], stages: Sequence[Stage], device: str) -> list[tf.Tensor]:
+    """Each stage's weighted regularization terms (`regs[k]`, one per microbatch) summed on its
+    device and copied to `device`, where the chain's loss is reported (empty for a stage with none)."""
+    out = []
+    for s, terms in zip(stages, regs):
+        if terms:
+            with tf.device(s.device):
+                total = tf.add_n(list(terms), name=f"regularization_s{s.index}")
+            out.append(copy_to(total, device, f"regularization_s{s.index}"))
+    return out
 
 
 def _done(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
@@ -185,6 +218,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         accumulated: list[list | None] = [None] * n_stages
         previous: list[list[tf.Operation]] = [[] for _ in stages]  # each stage's last action's `done`
         microbatch_losses = []
+        regs: list[list[tf.Tensor]] = [[] for _ in stages]  # stages before the last: weighted regularization
         graph = tf.compat.v1.get_default_graph()
 
         for action in order:
@@ -198,21 +232,26 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         with tf.GradientTape() as tape:
                             if k > 0:
                                 tape.watch(h)
+                            reg = scaled_reg = None
                             if k == last:
                                 value, out = forwards[k](h, labels[m], 1.0 / n_micro)
                             else:
-                                out = forwards[k](h)
-                    saved[(k, m)] = (tape, h, out)
+                                out, reg, scaled_reg = forwards[k](h, 1.0 / n_micro)
+                    saved[(k, m)] = (tape, h, out, scaled_reg)
                     if k == last:
                         microbatch_losses.append(value)
                     else:
                         outputs[(k, m)] = out
+                        if reg is not None:
+                            regs[k].append(reg)
                 else:
-                    tape, h, out = saved.pop((k, m))
+                    tape, h, out, scaled_reg = saved.pop((k, m))
                     g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
                     with tf.device(s.device):
                         variables = s.trainable_variables
                         sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx
+                        if scaled_reg is not None:  # the stage's own term starts its backward too
+                            out, g = [out, scaled_reg], [g, tf.ones_like(scaled_reg)]
                         grads = tape.gradient(out, sources, output_gradients=g)
                         if k > 0:
                             input_grads[(k, m)] = grads[0]
@@ -223,8 +262,10 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
             if ordered and release and sends(action, devices):  # let the send go out before the stage goes on
                 previous[k] = [_release(previous[k][0], action)]
 
+        # The reported loss is what the chain minimizes: every stage's regularization included.
+        reported = microbatch_losses + regularization_total(regs, stages, stages[last].device)
         with tf.device(stages[last].device):
-            total = tf.add_n(microbatch_losses)
+            total = tf.add_n(reported)
         grads, scopes = [], []
         for s in stages:  # the update is each stage's last action
             with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \

@@ -58,9 +58,11 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
                      jit_compile: bool = False) -> Callable:
     """mode=e2e on one replica: `step((x, ys)) -> ({"loss": loss}, per-stage gradients)`.
 
-    `loss(y, pred)` is the mean loss over the examples it is given; scaled by this
-    replica's share of the global batch, as in `local_replica_step`. Gradients are of
-    the loss-scaled loss under float16.
+    `loss(y, pred)` is the mean loss over the examples it is given; with every stage's
+    regularization added, scaled by this replica's share of the global batch, as in
+    `local_replica_step` (Keras under a `MirroredStrategy` divides each replica's
+    `model.losses` by the number of replicas: the same share, replicas' batches being
+    equal). Gradients are of the loss-scaled loss under float16.
     """
     target = stages[-1].target
     last = len(stages) - 1
@@ -76,9 +78,15 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
         for h, y in zip(xs, labels):
             with tf.control_dependencies(after(flat)):
                 with tf.GradientTape() as tape:
+                    regs, scaled_regs = [], []
                     for s in stages[:-1]:
-                        h = forwards[s.index](h)
+                        h, reg, scaled_reg = forwards[s.index](h, share)
+                        if reg is not None:
+                            regs.append(reg)
+                            scaled_regs.append(scaled_reg)
                     value, scaled = forwards[last](h, y, share)
+                    if regs:  # every stage's regularization is part of the chain's loss
+                        value, scaled = tf.add_n([value, *regs]), tf.add_n([scaled, *scaled_regs])
                 flat = add_grads(flat, tape.gradient(scaled, [v for vs in per_stage for v in vs]))
             total = value if total is None else total + value
         grads, start = [], 0

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from chain.config.schema import Settings
+from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
 from chain.planning.planner import Placement
 from chain.stages import losses
@@ -25,6 +26,18 @@ from chain.stages.build import build_stages
 from chain.stages.stage import Stage
 from chain.steps.report import Layout
 from chain.steps.evaluate import Readout, evaluation
+
+
+def _refuse_added_losses(stage: Stage, parts: str) -> None:
+    """ConfigError if `stage`'s model adds `add_loss` terms (`losses.added_losses`): computed on
+    parts of a batch they need not add up to the whole batch's, which Keras' `fit` minimizes."""
+    with tf.device(stage.device):
+        n = losses.added_losses(stage.model)
+    if n:
+        raise ConfigError(f"stage {stage.index} ({stage.describe()}) adds {n} loss term(s) with add_loss, and {parts} "
+                          "would compute them on parts of each batch, which equals the whole batch's term only for a "
+                          "mean over examples: use pipeline.microbatches=1 and trainer.grad_accum=1, or an "
+                          "activity_regularizer (Keras averages those over the batch)")
 
 
 @dataclass(frozen=True)
@@ -71,11 +84,29 @@ class Strategy:
         return self.placement.devices
 
     def build_stages(self) -> list[Stage]:
-        """Every stage built on its device (`chain.stages.build`)."""
+        """Every stage built on its device (`chain.stages.build`); a user's model with `add_loss`
+        terms is refused when a device computes its loss on parts of a batch (`parts`)."""
         s = self.settings
-        return build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,
-                            precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
-                            bodies=self.bodies, labels=self.labels, chained=self.chained, seed=s.seed)
+        stages = build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,
+                              precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
+                              bodies=self.bodies, labels=self.labels, chained=self.chained, seed=s.seed)
+        parts = self.parts()
+        if parts is not None:
+            for stage, body in zip(stages, self.bodies or [None] * len(stages)):
+                if body is not None:  # the chain's own bodies add no losses
+                    _refuse_added_losses(stage, parts)
+        with_terms = [str(st.index) for st in stages if losses.regularized(st.model, st.head)]
+        if with_terms:
+            self.placement.notes.append(f"the loss of stage(s) {', '.join(with_terms)} includes their regularizers "
+                                        "(model.losses), as Keras' fit: the logged loss is the loss plus these terms")
+        return stages
+
+    def parts(self) -> str | None:
+        """How a device splits a batch to compute a stage's loss (its chunks), or None when it
+        computes it on its whole share at once. (Replicas do not count: Keras itself computes
+        `model.losses` per replica.)"""
+        n = self.settings.trainer.grad_accum
+        return f"trainer.grad_accum={n} equal chunks" if n > 1 else None
 
     def make_step(self) -> Callable:
         """The step, traceable: `fn(*self.arguments(x, ys)) -> report` trains one batch."""
@@ -246,7 +277,8 @@ class LocalObjective(Strategy):
                 "loss_last": last["stage_losses"][stage.index]}
 
     def readouts(self) -> list[Readout]:
-        return [Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target)) for s in self.stages]
+        return [Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target), (s.index,))
+                for s in self.stages]
 
     def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
         # Like the training loss, the validation loss is the sum of the stages' own losses.
@@ -288,7 +320,8 @@ class ChainObjective(Strategy):
 
     def readouts(self) -> list[Readout]:
         last = self.stages[-1]
-        return [Readout(f"body_{last.index}", last.device, self.target, self.loss_fn())]
+        return [Readout(f"body_{last.index}", last.device, self.target, self.loss_fn(),
+                        tuple(s.index for s in self.stages))]
 
     def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
         (chain,) = metrics

@@ -47,6 +47,9 @@ class PipelinedChain(ChainObjective, Pipelined):
     def batch_divisor(self) -> int:
         return self.settings.trainer.grad_accum * self.schedule.microbatches
 
+    def parts(self) -> str | None:
+        return self.cut_description() if self.batch_divisor() > 1 else None
+
     def cut_description(self) -> str:
         m, n = self.schedule.microbatches, self.settings.trainer.grad_accum
         if n == 1:

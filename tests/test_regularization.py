@@ -1,0 +1,264 @@
+"""Regularization losses: every stage minimizes and logs its loss plus its models' `model.losses`
+(weight and activity regularizers, `add_loss`), as Keras' `fit` does, in every mode.
+
+The oracle is Keras itself: `model.fit` / `train_on_batch` of the same model, from the same
+weights, with the same Adam, on the same batches.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import chain
+import user_nets
+from compare import norm_rel_diff, rel_diff
+from conftest import run_cli
+from graph_audit import audit
+
+SYNTH = ["data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
+         "trainer.progress=false", "checkpoint.export=false", "optim=adam", "optim.lr=0.01"]
+STEPS = 3
+RTOL = 1e-5  # as the other equality tests (microbatches and replicas included)
+
+
+def regularized(kind: str) -> keras.Model:
+    """Four Dense layers (cut 2 + 2): `kernel` an L2 kernel regularizer on every layer, `activity`
+    an L2 activity regularizer on a layer of each stage (none on the weights), `both`, `none`."""
+    keras.utils.set_random_seed(5)
+    kernel = keras.regularizers.L2(0.05) if kind in ("kernel", "both") else None
+
+    def activity(on: bool):
+        return keras.regularizers.L2(0.02) if kind in ("activity", "both") and on else None
+
+    layers = [keras.layers.Dense(8, activation="tanh", kernel_regularizer=kernel,
+                                 activity_regularizer=activity(i in (1, 2))) for i in range(3)]
+    return keras.Sequential([keras.Input((6,)), *layers, keras.layers.Dense(4, kernel_regularizer=kernel)], name="reg")
+
+
+def copy_of(model: keras.Model) -> keras.Model:
+    out = keras.models.clone_model(model)
+    out.set_weights(model.get_weights())
+    return out
+
+
+def compiled(model: keras.Model, run) -> keras.Model:
+    model.compile(optimizer=keras.optimizers.Adam.from_config(run.stages[0].optimizer.get_config()),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    return model
+
+
+def keras_stage(s, run) -> tuple[keras.Model, keras.Model]:
+    """Stage `s` (mode=local, side_by_side) as Keras models from its current weights: (a copy of
+    its body, the body and head as one compiled model)."""
+    body, head = copy_of(s.model), copy_of(s.head)
+    inp = keras.Input(s.model.inputs[0].shape[1:])
+    return body, compiled(keras.Model(inp, head(body(inp))), run)
+
+
+def take(run, steps: int) -> list:
+    it = iter(run.batches())
+    return [next(it) for _ in range(steps)]
+
+
+def assert_moved_alike(got: list, want: list, start: list, rtol: float) -> None:
+    for a, b, b0 in zip(got, want, start, strict=True):
+        assert rel_diff(a, b) <= rtol
+        assert rel_diff(b, b0) > 100 * rtol  # training moved the weights: equality is not trivial
+
+
+@pytest.mark.parametrize("kind, overrides", [
+    ("kernel", []),
+    ("kernel", ["pipeline.microbatches=4", "pipeline.schedule=1f1b"]),
+    ("kernel", ["pipeline.microbatches=2", "pipeline.schedule=gpipe", "trainer.grad_accum=2"]),
+    ("activity", ["pipeline.microbatches=4", "pipeline.schedule=gpipe"]),
+    ("activity", ["pipeline.microbatches=2", "trainer.jit_compile=true"]),
+    ("kernel", ["placement.fallback=mirrored"]),
+    ("activity", ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
+], ids=["e2e-M1", "e2e-1f1b-M4", "e2e-gpipe-M2-accum2", "e2e-activity-M4", "e2e-activity-xla",
+        "mirrored-e2e", "mirrored-activity-accum2"])
+def test_e2e_trains_like_model_fit_regularizers_included(kind, overrides):
+    """mode=e2e (pipelined or mirrored): the logged losses and the weights after 3 Adam steps equal
+    `model.fit` of the uncut model on the same batches, whose loss includes `sum(model.losses)`."""
+    model = regularized(kind)
+    reference = copy_of(model)
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH, *overrides]), model=model)
+    start = [w.numpy() for w in reference.trainable_variables]
+    batches = take(run, STEPS)
+    losses = [float(run.step(x, ys)["loss"]) for x, ys in batches]
+
+    x = np.concatenate([np.asarray(b[0]) for b in batches])
+    y = np.concatenate([np.asarray(b[1]["label"]) for b in batches])
+    history = compiled(reference, run).fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(np.mean(losses), history.history["loss"][0], rtol=RTOL)  # fit logs the batches' mean
+    chained = [w.numpy() for s in run.stages for w in s.model.trainable_variables]
+    assert_moved_alike(chained, [w.numpy() for w in reference.trainable_variables], start, RTOL)
+
+
+@pytest.mark.parametrize("kind, overrides", [
+    ("kernel", []),
+    ("activity", ["trainer.grad_accum=2"]),
+    ("activity", ["trainer.jit_compile=true"]),
+    ("kernel", ["placement.fallback=mirrored"]),
+], ids=["local", "local-activity-accum2", "local-activity-xla", "mirrored-local"])
+def test_local_stages_train_like_train_on_batch_regularizers_included(kind, overrides):
+    """mode=local: each stage (its piece of the model and its head) equals Keras' `train_on_batch`
+    of that piece and head on the stage's input, loss and regularization included."""
+    run = chain.build(chain.compose(["+stages=2", "mode=local", *SYNTH, *overrides]), model=regularized(kind))
+    references = [keras_stage(s, run) for s in run.stages]
+    start = [w.numpy() for _, m in references for w in m.trainable_variables]
+    for x, ys in take(run, STEPS):
+        got = run.step(x, ys)["stage_losses"]
+        h, want = np.asarray(x), []
+        for body, m in references:
+            h_next = body(h, training=True).numpy()  # the stage's input: the previous stage before its update
+            want.append(m.train_on_batch(h, np.asarray(ys["label"])))
+            h = h_next
+        np.testing.assert_allclose(got, want, rtol=RTOL)
+    chained = [w.numpy() for s in run.stages for w in s.trainable_variables]
+    assert_moved_alike(chained, [w.numpy() for _, m in references for w in m.trainable_variables], start, RTOL)
+
+
+@pytest.mark.parametrize("policy", ["lockstep", "round_robin"])
+def test_side_by_side_models_train_like_train_on_batch_regularizers_included(policy):
+    """mode=side_by_side: each variant (a builder's layer with an L2 kernel regularizer, and a
+    head) equals Keras' `train_on_batch` of the same layers on its slice of the batch."""
+    variants = ("+variants=[{model._target_: user_nets.regularized},"
+                "{model._target_: user_nets.regularized, model.units: 4, data.batch_size: 8}]")
+    run = chain.build(chain.compose(["mode=side_by_side", variants, f"side_by_side.policy={policy}", *SYNTH]))
+    references = [keras_stage(s, run)[1] for s in run.stages]
+    start = [w.numpy() for m in references for w in m.trainable_variables]
+    for x, ys in take(run, STEPS):
+        got = run.step(x, ys)["stage_losses"]
+        want = [m.train_on_batch(np.asarray(x)[:v.batch_size], np.asarray(ys["label"])[:v.batch_size])
+                for m, v in zip(references, run.settings.variants)]
+        np.testing.assert_allclose(got, want, rtol=RTOL)
+    chained = [w.numpy() for s in run.stages for w in s.trainable_variables]
+    assert_moved_alike(chained, [w.numpy() for m in references for w in m.trainable_variables], start, RTOL)
+
+
+@pytest.mark.parametrize("overrides", [["pipeline.microbatches=2"], ["placement.fallback=mirrored"]],
+                         ids=["pipelined-M2", "mirrored"])
+def test_float16_loss_scaling_scales_the_regularization_too(overrides):
+    """precision=mixed_float16, mode=e2e: every stage's regularization is inside the scaled loss
+    (unscaled with the gradients), so training equals float32 `model.fit` within float16's
+    rounding (2u per stage in norm, as in test_precision; u = 2^-11)."""
+    u = 2.0 ** -11
+    model = regularized("kernel")
+    reference = copy_of(model)
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", "precision=mixed_float16", *SYNTH, *overrides]),
+                      model=model)
+    assert all(s.loss_scale is not None for s in run.stages)
+    batches = take(run, STEPS)
+    losses = [float(run.step(x, ys)["loss"]) for x, ys in batches]
+    x = np.concatenate([np.asarray(b[0]) for b in batches])
+    y = np.concatenate([np.asarray(b[1]["label"]) for b in batches])
+    history = compiled(reference, run).fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
+    assert abs(np.mean(losses) - history.history["loss"][0]) <= 2 * u * history.history["loss"][0]
+    want, start = reference.trainable_variables, 0
+    for s in run.stages:
+        n = len(s.model.trainable_variables)
+        got = np.concatenate([w.numpy().ravel() for w in s.model.trainable_variables])
+        ref = np.concatenate([w.numpy().ravel() for w in want[start:start + n]])
+        assert norm_rel_diff(got, ref) <= 2 * u, s.index
+        start += n
+
+
+@pytest.mark.parametrize("mode", ["e2e", "local"])
+def test_validation_loss_includes_the_regularization_like_keras_evaluate(mode):
+    """The validation loss (what `checkpoint.best` and early stopping follow) is the loss plus the
+    regularization of the stages it follows, as Keras' `evaluate` reports it (activity regularizers
+    on the validation batch, the weights' terms), batch by batch."""
+    model = regularized("both")
+    run = chain.build(chain.compose(["+stages=2", f"mode={mode}", *SYNTH]), model=model)
+    for x, ys in take(run, 2):
+        run.step(x, ys)
+    got = run.evaluate()
+    val = list(run.validation_batches())
+    x = np.concatenate([np.asarray(b[0]) for b in val])
+    y = np.concatenate([np.asarray(b[1]["label"]) for b in val])
+    size = len(val[0][0])
+    if mode == "e2e":
+        whole = keras.Sequential([copy_of(s.model) for s in run.stages])
+        np.testing.assert_allclose(got.loss, compiled(whole, run).evaluate(x, y, batch_size=size, verbose=0), rtol=RTOL)
+        return
+    h, want = x, []
+    for s in run.stages:
+        body, m = keras_stage(s, run)
+        want.append(m.evaluate(h, y, batch_size=size, verbose=0))
+        h = body(h).numpy()
+    np.testing.assert_allclose([st["loss"] for st in got.stages], want, rtol=RTOL)
+
+
+@pytest.mark.parametrize("kind, noted", [("kernel", "0, 1"), ("activity", "0, 1"), ("none", None)])
+def test_the_plan_notes_which_stages_losses_include_regularizers(kind, noted):
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH]), model=regularized(kind))
+    # The cut pieces keep their layers' regularizers (before any call: the weights' terms alone).
+    assert [len(s.model.losses) for s in run.stages] == ([2, 2] if kind == "kernel" else [0, 0])
+    assert [sum(layer.activity_regularizer is not None for layer in s.model.layers) for s in run.stages] == \
+        ([1, 1] if kind == "activity" else [0, 0])
+    notes = [n for n in run.placement.notes if "regularizers" in n]
+    assert notes == ([f"the loss of stage(s) {noted} includes their regularizers (model.losses), as Keras' fit: "
+                      "the logged loss is the loss plus these terms"] if noted else [])
+
+
+def test_regularization_is_computed_on_each_stage_s_device():
+    """mode=e2e: every op of the step (the regularizers' included) sits on its stage's device, and
+    data crosses devices only through `copy_to`: each stage before the last sums its terms on its
+    device and sends one scalar to the last stage, where the chain's loss is reported."""
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", "pipeline.microbatches=2", *SYNTH]),
+                      model=regularized("activity"))
+    x, ys = next(iter(run.batches()))
+    a = audit(run.trace(x, ys))
+    assert a.misplaced({s.device for s in run.stages}) == []
+    assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in a.crossings())
+    assert [a.device[op] for op in a.ops() if op.name.split("/")[-1] == "regularization_s0"] == [run.stages[0].device]
+    sent = [op for op in a.copies() if op.name.endswith("copy_to_regularization_s0")]
+    assert [a.device[op] for op in sent] == [run.stages[1].device]
+
+
+ADDED = [user_nets.with_added_loss, user_nets.head]
+
+
+def test_add_loss_terms_are_part_of_the_loss_like_model_fit():
+    """Builders whose layer calls `add_loss` (mode=e2e, one microbatch): the chain equals `model.fit`
+    of the same layers in one model."""
+    run = chain.build(chain.compose(["mode=e2e", *SYNTH]), stages=ADDED)
+    reference = keras.Sequential([copy_of(s.model) for s in run.stages])
+    start = [w.numpy() for w in reference.trainable_variables]
+    batches = take(run, STEPS)
+    losses = [float(run.step(x, ys)["loss"]) for x, ys in batches]
+    x = np.concatenate([np.asarray(b[0]) for b in batches])
+    y = np.concatenate([np.asarray(b[1]["label"]) for b in batches])
+    history = compiled(reference, run).fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(np.mean(losses), history.history["loss"][0], rtol=RTOL)
+    chained = [w.numpy() for s in run.stages for w in s.model.trainable_variables]
+    assert_moved_alike(chained, [w.numpy() for w in reference.trainable_variables], start, RTOL)
+
+
+@pytest.mark.parametrize("overrides, parts", [
+    (["mode=e2e", "pipeline.microbatches=2"], "pipeline.microbatches=2 equal microbatches"),
+    (["mode=local", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks"),
+    (["mode=e2e", "placement.fallback=mirrored", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks"),
+])
+def test_add_loss_terms_on_parts_of_a_batch_are_refused(overrides, parts):
+    """An `add_loss` term computed per microbatch or chunk need not add up to the whole batch's
+    (a sum over examples would not): refused in one line naming the stage and the keys."""
+    with pytest.raises(chain.ConfigError) as e:
+        chain.build(chain.compose([*SYNTH, *overrides]), stages=ADDED)
+    message = str(e.value)
+    assert message.startswith("stage 0 (") and "add_loss" in message and parts in message and "\n" not in message
+
+
+def test_add_loss_on_microbatches_from_the_command_line_is_one_line_and_leaves_nothing(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = run_cli(tmp_path, "mode=e2e", "pipeline.microbatches=2", "trainer.steps=2", *SYNTH,
+                "+stages=[{model: {_target_: user_nets.with_added_loss}},{model: {_target_: user_nets.head}}]",
+                env={"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])})
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "add_loss" in lines[0], r.stderr
+    assert not (tmp_path / "outputs").exists()
