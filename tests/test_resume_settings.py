@@ -198,6 +198,21 @@ def test_a_torn_manifest_refuses_what_the_intact_one_refuses(copy, override, mes
     assert text.startswith(f"the checkpoint was written with {message}"), text
 
 
+def test_a_torn_manifest_keeps_the_runs_losses_and_evaluations(tmp_path):
+    """What the run's evaluations had found (best loss and step: best checkpoint and early stopping
+    continue from it) and its first loss come from the verified checkpoint, so a rebuilt manifest
+    loses neither."""
+    run_dir = str(tmp_path / "run")
+    fit(run_dir, "trainer.eval_every=3")
+    intact = json.load(open(os.path.join(run_dir, "checkpoint.json")))
+    assert intact["loss_first"]["loss"] is not None and intact["validation"]["6"]["best_step"] in (3, 6)
+    tear(run_dir)
+    m = chain.build(compose("trainer.eval_every=3")).restore(run_dir)
+    for key in ("loss_first", "loss_last", "validation"):
+        assert m[key] == intact[key], key
+    assert json.load(open(os.path.join(run_dir, "checkpoint.json")))["validation"] == intact["validation"]
+
+
 def test_a_manifest_edited_to_match_the_new_settings_is_refused(copy):
     path = os.path.join(copy, "checkpoint.json")
     m = json.load(open(path))

@@ -27,10 +27,12 @@ A save that fails (disk full, read-only) removes what it wrote of that step and 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
 import uuid
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -49,10 +51,37 @@ PREFIX = manifest_lib.PREFIX
 _NUMBERED = manifest_lib.NUMBERED
 IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
 STEP_KEY = "step/.ATTRIBUTES/VARIABLE_VALUE"
-SETTINGS_KEY = "settings/.ATTRIBUTES/VARIABLE_VALUE"  # in data/: the run's settings (chain.state.run_settings)
+RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"  # in data/: the run's settings and progress (`Record`)
 IDENTITY_DEVICE = "/device:CPU:0"  # string variables live on a CPU
 
 log = logging.getLogger("chain")
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a checkpoint holds besides the state it restores (as JSON, in `data/ckpt-N`, whose
+    digest the save records): the settings the run was trained with, its first and last
+    losses and what its evaluations had found by that step. A resume reads these from the
+    verified checkpoint, not from `checkpoint.json`, which may be torn (and rebuilt) or edited."""
+
+    settings: RunSettings
+    loss_first: dict | None
+    loss_last: dict | None
+    validation: dict | None
+
+    def to_json(self) -> str:
+        """The record as a checkpoint stores it."""
+        return json.dumps({"settings": self.settings.values, "loss_first": self.loss_first,
+                           "loss_last": self.loss_last, "validation": self.validation}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Record:
+        """A record read back from a checkpoint (`CheckpointError` if it is not one)."""
+        try:
+            raw = json.loads(text)
+            return cls(RunSettings(dict(raw["settings"])), raw["loss_first"], raw["loss_last"], raw["validation"])
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError("the checkpoint's record of its settings cannot be read") from None
 
 
 def _write_index(directory: str, steps: Sequence[int]) -> None:
@@ -119,9 +148,9 @@ class Checkpoints:
                 objects["loss_scale"] = s.loss_scale
             self._part(stage_name(s.index), s.device, objects)
         with tf.device(IDENTITY_DEVICE):
-            self.record = tf.Variable("", dtype=tf.string, trainable=False, name="settings")
-        self._part(DATA_DIR, IDENTITY_DEVICE, {"iterator": iterator, "settings": self.record})
-        # A checkpoint written before settings were recorded restores without them.
+            self.record = tf.Variable("", dtype=tf.string, trainable=False, name="record")
+        self._part(DATA_DIR, IDENTITY_DEVICE, {"iterator": iterator, "record": self.record})
+        # A checkpoint written before records were kept restores without one.
         self.unrecorded = tf.train.Checkpoint(step=self.steps[DATA_DIR], identity=self.identities[DATA_DIR],
                                               iterator=iterator)
 
@@ -154,7 +183,7 @@ class Checkpoints:
         previous = self.latest()
         checkpoints, digests = {}, {}
         record = RunSettings.of(self.settings)
-        self.record.assign(record.to_json())  # a restore put the resumed checkpoint's record there
+        self.record.assign(Record(record, loss_first, loss_last, validation).to_json())
         try:
             for name, ckpt in self.parts.items():
                 self.steps[name].assign(step)
@@ -291,13 +320,16 @@ class Checkpoints:
             return self._rebuild(f"{manifest_lib.path(self.run_dir)} is missing")
         return m
 
-    def recorded(self, step: int) -> RunSettings | None:
-        """The settings that the (verified) checkpoint of `step` was written with; None when it
-        predates settings records."""
-        reader = tf.train.load_checkpoint(os.path.join(self.directory(DATA_DIR), f"{PREFIX}-{step}"))
-        if not reader.has_tensor(SETTINGS_KEY):
-            return None
-        return RunSettings.from_json(reader.get_tensor(SETTINGS_KEY).decode())
+    def recorded(self, step: int) -> Record | None:
+        """The record of the checkpoint of `step` (verify it first); None when it predates records."""
+        prefix = os.path.join(self.directory(DATA_DIR), f"{PREFIX}-{step}")
+        try:
+            reader = tf.train.load_checkpoint(prefix)
+            if not reader.has_tensor(RECORD_KEY):
+                return None
+            return Record.from_json(reader.get_tensor(RECORD_KEY).decode())
+        except (tf.errors.OpError, ValueError) as e:
+            raise CheckpointError(f"{os.path.relpath(prefix, self.run_dir)} cannot be read: {_first_line(e)}") from None
 
     def restore(self, clean: bool = True, fallback: bool = False) -> dict[str, Any]:
         """Restore the newest complete checkpoint that verifies into the built stages and the data stream.
@@ -328,7 +360,10 @@ class Checkpoints:
         # The settings the verified step was written with (not the manifest's copy, which may be edited).
         record = self.recorded(m["step"])
         if record is not None:
-            notes = check(record, self.settings, m["step"])
+            notes = check(record.settings, self.settings, m["step"])
+            # ... and so are the losses and evaluations the run continues from.
+            m = {**m, "loss_first": record.loss_first, "loss_last": record.loss_last,
+                 "validation": {**m.get("validation", {}), str(m["step"]): record.validation}}
         else:
             manifest_lib.check_stream(m, self.settings)
             notes = []
@@ -401,7 +436,11 @@ class Checkpoints:
         digests = {str(n): {name: {f: _sha256(os.path.join(self.directory(name), f))
                                    for f in _files(self.directory(name), n)} for name in self.parts} for n in complete}
         self.run_id = run_id
-        m = self._manifest(step, complete, checkpoints, digests, None, None, self.recorded(step))
+        records = {n: self.recorded(n) for n in complete}
+        newest = records[step]
+        m = self._manifest(step, complete, checkpoints, digests, newest and newest.loss_first,
+                           newest and newest.loss_last, newest and newest.settings,
+                           {str(n): r.validation for n, r in records.items() if r is not None})
         manifest_lib.write(self.run_dir, m)
         log.warning("%s; rebuilt it from the stage directories: step %d of run %s", problem, step, run_id[:8])
         return m

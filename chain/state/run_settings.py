@@ -1,8 +1,8 @@
 """What a run was trained with, as its checkpoints record it, and what a resume may change.
 
-Every checkpoint holds the settings of the run that wrote it (`RunSettings`, as JSON, in
-the data stream's part: `data/ckpt-N`, whose digest the save records like every other
-file's), so the check on resume reads settings that were verified with the weights, not
+Every checkpoint holds the settings of the run that wrote it (`RunSettings`, in its record:
+`chain.state.checkpoints.Record`, in `data/ckpt-N`, whose digest the save records like every
+other file's), so the check on resume reads settings that were verified with the weights, not
 `checkpoint.json`, which may be torn (and rebuilt) or edited. A resume compares them with
 its own config (`check`), key by key:
 
@@ -64,21 +64,6 @@ class RunSettings:
         values = {f.name: _json(getattr(settings, f.name)) for f in fields(settings) if f.name not in _SKIPPED}
         values["stages"] = [_json(s) for s in settings.stages]
         values["variants"] = [{"batch_size": v.batch_size, "paused": v.paused} for v in settings.variants]
-        return cls(values)
-
-    def to_json(self) -> str:
-        """The record as stored in a checkpoint."""
-        return json.dumps(self.values, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> RunSettings:
-        """A record read back from a checkpoint (`ChainError` if it is not one)."""
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError:
-            values = None
-        if not isinstance(values, dict):
-            raise ChainError("the checkpoint's settings record cannot be read")
         return cls(values)
 
     def flat(self) -> dict[str, Any]:
