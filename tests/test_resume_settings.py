@@ -198,6 +198,17 @@ def test_a_torn_manifest_refuses_what_the_intact_one_refuses(copy, override, mes
     assert text.startswith(f"the checkpoint was written with {message}"), text
 
 
+def test_a_torn_manifest_and_a_changed_batch_size_is_one_line_from_the_command_line(copy, tmp_path):
+    tear(copy)
+    r = run_cli(tmp_path, *SMALL, f"trainer.steps={STEPS + 3}", f"checkpoint.every={EVERY}", "data.batch_size=32",
+                "resume=true", f"hydra.run.dir={copy}")
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert errors == ["error: the checkpoint was written with data.batch_size=16, the config has data.batch_size=32; "
+                      "resume needs the same data.batch_size: the data stream and random state continue only with "
+                      "the same data settings"], r.stderr
+
+
 def test_a_torn_manifest_keeps_the_runs_losses_and_evaluations(tmp_path):
     """What the run's evaluations had found (best loss and step: best checkpoint and early stopping
     continue from it) and its first loss come from the verified checkpoint, so a rebuilt manifest

@@ -41,7 +41,7 @@ FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_
         "checkpoint.", "cluster.", "oom.", "placement.devices", "placement.visible", "placement.memory_limit_mb",
         "placement.reserve_mb", "placement.memory_growth", "placement.log_device_placement",
         "placement.cpu_memory_mb")
-_STREAM = ("seed", "data.", "trainer.grad_accum", "variants.")  # what the data stream and random state follow
+_STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
