@@ -20,6 +20,8 @@ that differs is named, with what it holds instead when it can be read (another s
 checkpoint, another run's, another step's); the newest older complete step that verifies
 is offered (`checkpoint.fallback=true` resumes from it). A damaged `checkpoint.json` is
 rebuilt from the stage directories when every part agrees on a step that reads back whole.
+The data part also holds the step's `Record` (the run's settings, losses and evaluations), so
+what a resume checks and continues from is verified with the weights, not read from the manifest.
 A save that fails (disk full, read-only) removes what it wrote of that step and raises a
 `StorageError`; the previous complete checkpoint stays the newest.
 """

@@ -15,10 +15,14 @@ Format (`"format": 2`; format 1, without `run` and `digests`, is still read):
     digests         {"STEP": {"stage_00": {"ckpt-STEP.index": sha256, ...}, ..., "data": {...}}}
                     for every complete step: what each file held when it was written
     mode, seed, data, grad_accum    what the data stream and random state depend on
+    settings        every setting of the run (`chain.state.run_settings`), for reading: a resume
+                    checks the copy recorded inside `data/ckpt-STEP`, which is verified
     precision       what the stages computed in (float16 checkpoints hold loss scales)
     stages          one entry per stage: index, dir, target, optimizer, layers, head
                     (layers: [{"class": "Dense", "variables": [["kernel", [64, 64]], ...]}])
-    checkpoints     {"stage_00": "stage_00/ckpt-10", ..., "data": "data/ckpt-10"}
+    checkpoints     {"stage_00": "stage_00/ckpt-10", ..., "data": "data/ckpt-10"} (always `step`'s own files;
+                    a manifest naming others, or whose `step` is not the last of `complete`, was
+                    edited: `read` treats it as damaged, so it is rebuilt from the stage directories)
     loss_first      the first step's losses, {"loss": ..., "stage_losses": [...]} (kept across resumes)
     loss_last       the same at `step`
     validation      {"STEP": {"best_loss": ..., "best_step": ..., "evals_since_best": ...}} for every
