@@ -48,7 +48,8 @@ def run(cwd: str, args: list[str], env: dict | None = None, timeout: float = 600
 
 
 def final_values(run_dir: str) -> dict:
-    """Every variable of every part of the newest complete checkpoint (identity and save counter aside)."""
+    """Every variable of every part of the newest complete checkpoint (identity, save counter and the
+    data part's record of settings and losses aside: it describes the state, it is not state)."""
     from chain.cli import import_tensorflow_quietly
 
     import_tensorflow_quietly()
@@ -59,7 +60,7 @@ def final_values(run_dir: str) -> dict:
     for part, where in m["checkpoints"].items():
         reader = tf.train.load_checkpoint(os.path.join(run_dir, where))
         for key, dtype in reader.get_variable_to_dtype_map().items():
-            if key.startswith(("identity/", "save_counter/", "_CHECKPOINTABLE")) or dtype == tf.variant:
+            if key.startswith(("identity/", "save_counter/", "record/", "_CHECKPOINTABLE")) or dtype == tf.variant:
                 continue
             out[f"{part}/{key}"] = reader.get_tensor(key)
     return out

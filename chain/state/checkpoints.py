@@ -20,6 +20,8 @@ that differs is named, with what it holds instead when it can be read (another s
 checkpoint, another run's, another step's); the newest older complete step that verifies
 is offered (`checkpoint.fallback=true` resumes from it). A damaged `checkpoint.json` is
 rebuilt from the stage directories when every part agrees on a step that reads back whole.
+The data part also holds the step's `Record` (the run's settings, losses and evaluations), so
+what a resume checks and continues from is verified with the weights, not read from the manifest.
 A save that fails (disk full, read-only) removes what it wrote of that step and raises a
 `StorageError`; the previous complete checkpoint stays the newest.
 """
@@ -27,30 +29,61 @@ A save that fails (disk full, read-only) removes what it wrote of that step and 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
-import re
 import shutil
 import uuid
+from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from chain import testhooks
-from chain.config.schema import Settings, plain
+from chain.config.schema import Settings
 from chain.errors import CheckpointError, StorageError
 from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
 from chain.state.atomic import write_text
+from chain.state.run_settings import RunSettings, check
 
 DATA_DIR = "data"
-PREFIX = "ckpt"
-_NUMBERED = re.compile(rf"^{PREFIX}-(\d+)(\.index|\.data-\d+-of-\d+|_temp)$")
+PREFIX = manifest_lib.PREFIX
+_NUMBERED = manifest_lib.NUMBERED
 IDENTITY_KEY = "identity/.ATTRIBUTES/VARIABLE_VALUE"
 STEP_KEY = "step/.ATTRIBUTES/VARIABLE_VALUE"
+RECORD_KEY = "record/.ATTRIBUTES/VARIABLE_VALUE"  # in data/: the run's settings and progress (`Record`)
 IDENTITY_DEVICE = "/device:CPU:0"  # string variables live on a CPU
 
 log = logging.getLogger("chain")
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a checkpoint holds besides the state it restores (as JSON, in `data/ckpt-N`, whose
+    digest the save records): the settings the run was trained with, its first and last
+    losses and what its evaluations had found by that step. A resume reads these from the
+    verified checkpoint, not from `checkpoint.json`, which may be torn (and rebuilt) or edited."""
+
+    settings: RunSettings
+    loss_first: dict | None
+    loss_last: dict | None
+    validation: dict | None
+
+    def to_json(self) -> str:
+        """The record as a checkpoint stores it."""
+        return json.dumps({"settings": self.settings.values, "loss_first": self.loss_first,
+                           "loss_last": self.loss_last, "validation": self.validation}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Record:
+        """A record read back from a checkpoint (`CheckpointError` if it is not one)."""
+        try:
+            raw = json.loads(text)
+            return cls(RunSettings(dict(raw["settings"])), raw["loss_first"], raw["loss_last"], raw["validation"])
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError("the checkpoint's record of its settings cannot be read") from None
 
 
 def _write_index(directory: str, steps: Sequence[int]) -> None:
@@ -116,7 +149,12 @@ class Checkpoints:
             if s.loss_scale is not None:
                 objects["loss_scale"] = s.loss_scale
             self._part(stage_name(s.index), s.device, objects)
-        self._part(DATA_DIR, IDENTITY_DEVICE, {"iterator": iterator})
+        with tf.device(IDENTITY_DEVICE):
+            self.record = tf.Variable("", dtype=tf.string, trainable=False, name="record")
+        self._part(DATA_DIR, IDENTITY_DEVICE, {"iterator": iterator, "record": self.record})
+        # A checkpoint written before records were kept restores without one.
+        self.unrecorded = tf.train.Checkpoint(step=self.steps[DATA_DIR], identity=self.identities[DATA_DIR],
+                                              iterator=iterator)
 
     def _part(self, name: str, device: str | None, objects: dict[str, Any]) -> None:
         with tf.device(device):
@@ -146,6 +184,8 @@ class Checkpoints:
         """
         previous = self.latest()
         checkpoints, digests = {}, {}
+        record = RunSettings.of(self.settings)
+        self.record.assign(Record(record, loss_first, loss_last, validation).to_json())
         try:
             for name, ckpt in self.parts.items():
                 self.steps[name].assign(step)
@@ -164,7 +204,7 @@ class Checkpoints:
             kept = {str(n): d for n, d in (previous or {}).get("digests", {}).items() if int(n) in complete}
             found = {str(n): v for n, v in (previous or {}).get("validation", {}).items() if int(n) in complete}
             m = self._manifest(step, complete, checkpoints, {**kept, str(step): digests}, loss_first, loss_last,
-                               {**found, str(step): validation})
+                               record, {**found, str(step): validation})
             manifest_lib.write(self.run_dir, m)  # the commit point
         except (OSError, tf.errors.OpError) as e:
             self._discard(step)
@@ -175,18 +215,22 @@ class Checkpoints:
         return m
 
     def _manifest(self, step: int, complete: list[int], checkpoints: dict, digests: dict,
-                  loss_first: dict | None, loss_last: dict | None, validation: dict | None = None
-                  ) -> dict[str, Any]:
+                  loss_first: dict | None, loss_last: dict | None, record: RunSettings | None,
+                  validation: dict | None = None) -> dict[str, Any]:
+        """The manifest of `step`; its settings fields are `record`'s (what the checkpoints hold;
+        None: a checkpoint from before settings were recorded, described by this run's)."""
+        values = record.values if record is not None else RunSettings.of(self.settings).values
         return {
             "format": manifest_lib.FORMAT,
             "run": self.run_id,
             "step": step,
             "complete": complete,
-            "mode": self.settings.mode,
-            "seed": self.settings.seed,
-            "data": plain(self.settings.data),
-            "grad_accum": self.settings.trainer.grad_accum,
-            "precision": self.settings.precision,
+            "mode": values["mode"],
+            "seed": values["seed"],
+            "data": values["data"],
+            "grad_accum": values["trainer"]["grad_accum"],
+            "precision": values["precision"],
+            "settings": values,  # for reading only: a resume checks the copy inside data/ckpt-STEP
             "stages": manifest_lib.layout(self.stages),
             "checkpoints": checkpoints,
             "digests": digests,
@@ -260,6 +304,9 @@ class Checkpoints:
                     if held and "cannot be read" not in held:
                         return held
                     return f"{name}/{f} is damaged: its contents differ from what was saved at step {step}"
+            held = self._holds(name, prefix, m.get("run"), step)  # the files are as saved: but saved by whom?
+            if held:
+                return held
         return None
 
     # --- restoring -----------------------------------------------------------------------------
@@ -268,9 +315,23 @@ class Checkpoints:
         """The run's manifest; a damaged one is rebuilt from the stage directories when they agree."""
         manifest_lib.require_some(self.run_dir)
         try:
-            return self.latest()
+            m = self.latest()
         except manifest_lib.ManifestDamaged as e:
             return self._rebuild(str(e))
+        if m is None:  # stage directories without their manifest (require_some found their files)
+            return self._rebuild(f"{manifest_lib.path(self.run_dir)} is missing")
+        return m
+
+    def recorded(self, step: int) -> Record | None:
+        """The record of the checkpoint of `step` (verify it first); None when it predates records."""
+        prefix = os.path.join(self.directory(DATA_DIR), f"{PREFIX}-{step}")
+        try:
+            reader = tf.train.load_checkpoint(prefix)
+            if not reader.has_tensor(RECORD_KEY):
+                return None
+            return Record.from_json(reader.get_tensor(RECORD_KEY).decode())
+        except (tf.errors.OpError, ValueError) as e:
+            raise CheckpointError(f"{os.path.relpath(prefix, self.run_dir)} cannot be read: {_first_line(e)}") from None
 
     def restore(self, clean: bool = True, fallback: bool = False) -> dict[str, Any]:
         """Restore the newest complete checkpoint that verifies into the built stages and the data stream.
@@ -285,7 +346,6 @@ class Checkpoints:
         """
         m = self.manifest()
         manifest_lib.check_layout(m["stages"], manifest_lib.layout(self.stages))
-        manifest_lib.check_stream(m, self.settings)
         problem = self.verify(m, m["step"])
         if problem:
             older = next((n for n in reversed(m["complete"][:-1]) if self.verify(m, n) is None), None)
@@ -299,11 +359,21 @@ class Checkpoints:
             m = {**m, "step": older, "complete": complete, "loss_last": None,
                  "checkpoints": {name: f"{name}/{PREFIX}-{older}" for name in self.parts},
                  "digests": {k: v for k, v in m.get("digests", {}).items() if int(k) in complete}}
+        # The settings the verified step was written with (not the manifest's copy, which may be edited).
+        record = self.recorded(m["step"])
+        if record is not None:
+            notes = check(record.settings, self.settings, m["step"])
+            # ... and so are the losses and evaluations the run continues from.
+            m = {**m, "loss_first": record.loss_first, "loss_last": record.loss_last,
+                 "validation": {**m.get("validation", {}), str(m["step"]): record.validation}}
+        else:
+            manifest_lib.check_stream(m, self.settings)
+            notes = []
         self.run_id = m.get("run") or self.run_id
         for name, ckpt in self.parts.items():
-            where = m["checkpoints"].get(name)
-            if where is None:
-                raise CheckpointError(f"{manifest_lib.FILENAME} names no checkpoint for {name}")
+            where = f"{name}/{PREFIX}-{m['step']}"  # the files verify() checked; read() refuses a manifest naming others
+            if name == DATA_DIR and record is None:
+                ckpt = self.unrecorded
             try:
                 ckpt.restore(os.path.join(self.run_dir, where)).assert_consumed()
             except AssertionError as e:
@@ -314,11 +384,29 @@ class Checkpoints:
             if held and held != f"{self.run_id}/{name}" or int(self.steps[name].numpy()) != m["step"]:
                 raise CheckpointError(f"{where} holds {held or 'no identity'} at step {int(self.steps[name].numpy())}, "
                                       f"but {manifest_lib.FILENAME} says {self.run_id}/{name} at step {m['step']}")
+        notes += self._apply_learning_rates(m["step"], quiet=record is not None)
+        for note in notes:
+            log.info(note)
         if problem:
             manifest_lib.write(self.run_dir, m)  # the fallback is now the newest complete step
         if clean:
             self.clean(m)
         return m
+
+    def _apply_learning_rates(self, step: int, quiet: bool) -> list[str]:
+        """Each stage's configured learning rate replaces the one its optimizer restored (a resume
+        may lower it); without a settings record to name the change (`quiet` False), a note per
+        stage that changed."""
+        notes = []
+        for s in self.stages:
+            spec = self.settings.stages[s.index].optim
+            variable = s.optimizer.learning_rate
+            old = variable.numpy()
+            if old != np.asarray(spec.lr, dtype=old.dtype):  # unchanged: untouched, bit for bit
+                variable.assign(spec.lr)
+                if not quiet:
+                    notes.append(f"note: stages[{s.index}].optim.lr {float(old):g} -> {spec.lr:g} from step {step}")
+        return notes
 
     def _rebuild(self, problem: str) -> dict[str, Any]:
         """A manifest from the stage directories: the newest step every part holds, of one run,
@@ -350,7 +438,11 @@ class Checkpoints:
         digests = {str(n): {name: {f: _sha256(os.path.join(self.directory(name), f))
                                    for f in _files(self.directory(name), n)} for name in self.parts} for n in complete}
         self.run_id = run_id
-        m = self._manifest(step, complete, checkpoints, digests, None, None)
+        records = {n: self.recorded(n) for n in complete}
+        newest = records[step]
+        m = self._manifest(step, complete, checkpoints, digests, newest and newest.loss_first,
+                           newest and newest.loss_last, newest and newest.settings,
+                           {str(n): r.validation for n, r in records.items() if r is not None})
         manifest_lib.write(self.run_dir, m)
         log.warning("%s; rebuilt it from the stage directories: step %d of run %s", problem, step, run_id[:8])
         return m

@@ -15,10 +15,14 @@ Format (`"format": 2`; format 1, without `run` and `digests`, is still read):
     digests         {"STEP": {"stage_00": {"ckpt-STEP.index": sha256, ...}, ..., "data": {...}}}
                     for every complete step: what each file held when it was written
     mode, seed, data, grad_accum    what the data stream and random state depend on
+    settings        every setting of the run (`chain.state.run_settings`), for reading: a resume
+                    checks the copy recorded inside `data/ckpt-STEP`, which is verified
     precision       what the stages computed in (float16 checkpoints hold loss scales)
     stages          one entry per stage: index, dir, target, optimizer, layers, head
                     (layers: [{"class": "Dense", "variables": [["kernel", [64, 64]], ...]}])
-    checkpoints     {"stage_00": "stage_00/ckpt-10", ..., "data": "data/ckpt-10"}
+    checkpoints     {"stage_00": "stage_00/ckpt-10", ..., "data": "data/ckpt-10"} (always `step`'s own files;
+                    a manifest naming others, or whose `step` is not the last of `complete`, was
+                    edited: `read` treats it as damaged, so it is rebuilt from the stage directories)
     loss_first      the first step's losses, {"loss": ..., "stage_losses": [...]} (kept across resumes)
     loss_last       the same at `step`
     validation      {"STEP": {"best_loss": ..., "best_step": ..., "evals_since_best": ...}} for every
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Sequence
 
 from chain.config.schema import Settings, plain
@@ -39,6 +44,9 @@ FORMAT = 2
 READS = (1, 2)
 FILENAME = "checkpoint.json"
 REQUIRED = ("format", "step", "complete", "mode", "seed", "data", "stages", "checkpoints")
+PREFIX = "ckpt"
+NUMBERED = re.compile(rf"^{PREFIX}-(\d+)(\.index|\.data-\d+-of-\d+|_temp)$")  # a checkpoint's files
+_PARTS = re.compile(r"^(stage_\d+|data)$")  # the directories a save writes
 
 
 def path(run_dir: str) -> str:
@@ -60,8 +68,25 @@ def exists(run_dir: str) -> bool:
     return os.path.exists(path(run_dir))
 
 
+def checkpoint_files(run_dir: str) -> list[str]:
+    """Checkpoint files in `run_dir`'s part directories (`stage_NN/`, `data/`), complete or not,
+    as paths relative to it, sorted: what a run saved, with or without its manifest."""
+    found = []
+    try:
+        parts = sorted(e for e in os.listdir(run_dir) if _PARTS.match(e))
+    except OSError:
+        return []
+    for part in parts:
+        try:
+            found += [f"{part}/{f}" for f in sorted(os.listdir(os.path.join(run_dir, part))) if NUMBERED.match(f)]
+        except OSError:  # not a directory
+            continue
+    return found
+
+
 def require_none(run_dir: str) -> None:
-    """A new run may not start where a checkpoint is (even a damaged one): a CheckpointError says so."""
+    """A new run may not start where a checkpoint is (even a damaged one, or stage directories whose
+    manifest is missing): a CheckpointError says so. A run's checkpoints are never overwritten."""
     if exists(run_dir):
         try:
             at = f" at step {read(run_dir)['step']}"
@@ -69,11 +94,18 @@ def require_none(run_dir: str) -> None:
             at = " (its checkpoint.json is damaged)"
         raise CheckpointError(f"{run_dir} already holds a checkpoint{at}; pass resume=true to continue it, "
                               "or choose another hydra.run.dir")
+    files = checkpoint_files(run_dir)
+    if files:
+        more = ", ..." if len(files) > 1 else ""
+        raise CheckpointError(f"{run_dir} already holds checkpoints ({files[0]}{more}) but no {FILENAME}; pass "
+                              f"resume=true to continue it ({FILENAME} is rebuilt from them), or choose another "
+                              "hydra.run.dir")
 
 
 def require_some(run_dir: str) -> None:
-    """`resume=true` needs a checkpoint (a damaged manifest is rebuilt on restore, so it counts)."""
-    if not exists(run_dir):
+    """`resume=true` needs a checkpoint (a damaged or missing manifest is rebuilt on restore from
+    the stage directories, so their files count)."""
+    if not exists(run_dir) and not checkpoint_files(run_dir):
         raise CheckpointError(f"resume=true, but {run_dir} has no complete checkpoint ({FILENAME} is missing); "
                               "point hydra.run.dir at a run that saved one, or drop resume=true to start a new run")
 
@@ -103,6 +135,16 @@ def read(run_dir: str) -> dict[str, Any] | None:
             or manifest["step"] not in manifest["complete"]:
         raise ManifestDamaged(f"{where} is inconsistent: step {manifest['step']!r} is not among the complete "
                               f"steps {manifest['complete']!r}")
+    # A save names its own step's files and commits the newest step: anything else was edited.
+    step = manifest["step"]
+    if manifest["complete"][-1] != step:
+        raise ManifestDamaged(f"{where} is inconsistent: step {step} is not the newest of the complete steps "
+                              f"{manifest['complete']}")
+    for part, named in (manifest["checkpoints"].items() if isinstance(manifest["checkpoints"], dict) else ()):
+        if named != f"{part}/{PREFIX}-{step}":
+            raise ManifestDamaged(f"{where} is inconsistent: it names {named} for {part} at step {step}")
+    if not isinstance(manifest["checkpoints"], dict):
+        raise ManifestDamaged(f"{where} is inconsistent: its checkpoints are not a mapping")
     return manifest
 
 

@@ -1,0 +1,159 @@
+"""What a run was trained with, as its checkpoints record it, and what a resume may change.
+
+Every checkpoint holds the settings of the run that wrote it (`RunSettings`, in its record:
+`chain.state.checkpoints.Record`, in `data/ckpt-N`, whose digest the save records like every
+other file's), so the check on resume reads settings that were verified with the weights, not
+`checkpoint.json`, which may be torn (and rebuilt) or edited. A resume compares them with
+its own config (`check`), key by key:
+
+- may change, applied from the resumed step with a `note:` line (it changes the math):
+  `optim.lr` (the restored optimizer's learning rate is replaced), `optim.beta_1`/`beta_2`
+  (Adam), `optim.momentum` (SGD, between non-zero values: a momentum of 0 keeps no slots to
+  continue), `precision` between float32 and mixed_bfloat16 (the same state);
+- may change without a word (not the math): the run's length, log/evaluation/checkpoint
+  cadence, steps per call (bit for bit the same), `trainer.on_nan`, early stopping's
+  patience, profiling, devices and memory limits, cluster addresses, `checkpoint.*`, `oom.*`;
+- everything else is refused in one line naming the key with its old and new value: the
+  model, the loss, the data and its batch, the seed, the mode, gradient accumulation, the
+  pipeline's schedule and microbatches (they change float rounding, so the resumed run would
+  match no uninterrupted one), XLA, float16 precision, the mirrored fallback and its replicas,
+  the cut of a Keras model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any
+
+from chain.config.schema import Settings
+from chain.errors import ChainError
+
+# Settings fields not recorded: what a resume is asked to do, and the stage template (every
+# stage's expanded spec is recorded instead).
+_SKIPPED = {"resume", "plan_only", "report", "model", "optim", "stage", "stages", "variants", "notes", "source"}
+
+APPLIED = ("optim.lr", "optim.beta_1", "optim.beta_2", "optim.momentum", "precision")
+FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_stop_patience", "trainer.log_every",
+        "trainer.progress", "trainer.steps_per_call", "trainer.on_nan", "trainer.profile",
+        "trainer.initial_loss_scale",  # float16: the scale itself is restored; this only set its start
+        "checkpoint.", "cluster.", "oom.", "placement.devices", "placement.visible", "placement.memory_limit_mb",
+        "placement.reserve_mb", "placement.memory_growth", "placement.log_device_placement",
+        "placement.cpu_memory_mb")
+_STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
+_E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
+_STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
+_MISSING = "(unset)"
+
+
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(asdict(value) if is_dataclass(value) else value, default=repr))
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's settings as plain JSON values (`values`: section -> its values; `stages` and
+    `variants`: one entry per stage), the form checkpoints store and resumes compare."""
+
+    values: dict[str, Any]
+
+    @classmethod
+    def of(cls, settings: Settings) -> RunSettings:
+        """What `settings` records: every section but the resume's own switches, each stage expanded."""
+        values = {f.name: _json(getattr(settings, f.name)) for f in fields(settings) if f.name not in _SKIPPED}
+        values["stages"] = [_json(s) for s in settings.stages]
+        values["variants"] = [{"batch_size": v.batch_size, "paused": v.paused} for v in settings.variants]
+        return cls(values)
+
+    def flat(self) -> dict[str, Any]:
+        """Every value by its dotted key (`data.batch_size`, `stages[1].optim.lr`), in record order."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict) and value:
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            elif isinstance(value, list) and prefix in ("stages", "variants"):
+                for i, v in enumerate(value):
+                    walk(f"{prefix}[{i}]", v)
+            else:
+                out[prefix] = value
+
+        walk("", self.values)
+        return out
+
+
+@dataclass(frozen=True)
+class Change:
+    """One setting that differs between a checkpoint and the resuming config, named as the user
+    writes it (`optim.lr` when every stage changed alike, else `stages[1].optim.lr`)."""
+
+    key: str
+    old: Any
+    new: Any
+
+    @property
+    def general(self) -> str:
+        """The key without its stage: what decides whether it may change."""
+        m = _STAGE.match(self.key)
+        return f"{m.group(1)}.{m.group(3)}" if m and m.group(1) == "variants" else (m.group(3) if m else self.key)
+
+
+def changes(saved: RunSettings, now: RunSettings) -> list[Change]:
+    """The settings that differ, in the record's order; a change made alike in every stage is one `Change`."""
+    a, b = saved.flat(), now.flat()
+    found = [Change(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in [*a, *(k for k in b if k not in a)]
+             if a.get(k, _MISSING) != b.get(k, _MISSING)]
+    n_stages = len(saved.values.get("stages", []))
+    out: list[Change] = []
+    for c in found:
+        m = _STAGE.match(c.key)
+        if m and m.group(1) == "stages":
+            alike = [d for d in found if (dm := _STAGE.match(d.key)) and dm.group(1) == "stages"
+                     and dm.group(3) == m.group(3) and (d.old, d.new) == (c.old, c.new)]
+            if len(alike) == n_stages:
+                if m.group(2) == "0":
+                    out.append(Change(m.group(3), c.old, c.new))
+                continue
+        out.append(c)
+    return out
+
+
+def _matches(key: str, rules: tuple[str, ...]) -> bool:
+    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in rules)
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def _refuse(c: Change, why: str) -> ChainError:
+    return ChainError(f"the checkpoint was written with {c.key}={c.old!r}, the config has {c.key}={c.new!r}; "
+                      f"resume needs the same {c.key}: {why}")
+
+
+def check(saved: RunSettings, settings: Settings, step: int) -> list[str]:
+    """Compare the settings a checkpoint of `step` was written with against the resuming config:
+    returns the `note:` lines of the changes applied from `step` on; raises a one-line
+    ChainError naming the first change a resume cannot make."""
+    from chain.state.manifest import check_precision
+
+    mode = saved.values.get("mode")
+    notes = []
+    for c in changes(saved, RunSettings.of(settings)):
+        key = c.general
+        if key == "precision":
+            check_precision({"precision": c.old}, settings)  # float16 holds loss scales: refused there
+        if _matches(key, FREE) or (mode != "e2e" and settings.mode != "e2e" and _matches(key, _E2E_ONLY)):
+            continue
+        if key == "optim.momentum" and 0.0 in (c.old, c.new):
+            raise _refuse(c, "SGD keeps momentum slots only with a momentum above 0, so there is nothing to "
+                             "continue from (or to drop); start a new run to change it")
+        if _matches(key, APPLIED):
+            notes.append(f"note: {c.key} {_shown(c.old)} -> {_shown(c.new)} from step {step}")
+            continue
+        if _matches(key, _STREAM):
+            raise _refuse(c, "the data stream and random state continue only with the same data settings")
+        raise _refuse(c, "it changes what every step computes; start a new run (another hydra.run.dir) to change it")
+    return notes
