@@ -19,7 +19,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shlex
 import shutil
+import signal
 import sys
 from dataclasses import dataclass, replace
 
@@ -46,6 +48,7 @@ class Preflight:
 
 
 _preflight: Preflight | None = None
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a process ended by SIGINT (128 + 2)
 
 
 def _only_hydra_files(run_dir: str) -> bool:
@@ -92,8 +95,10 @@ def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[P
     The lock comes first: a directory another run is using is refused naming that run, and
     its files are not even read.
     """
+    from chain.config.hydra import quoted
     from chain.state import lock, manifest
 
+    pinned = f"hydra.run.dir={quoted(run_dir, 'hydra.run.dir')}"  # refused here, before anything is written
     if settings.resume and not os.path.isdir(run_dir):
         manifest.require_some(run_dir)  # nothing there to lock
     created = _first_missing(run_dir)
@@ -110,7 +115,7 @@ def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[P
     atexit.register(lock.release, run_dir)  # a clean exit clears the holder; a killed run leaves its PID
     if note:
         settings = replace(settings, notes=(*settings.notes, note))
-    extra = [f"hydra.run.dir={run_dir}"]
+    extra = [pinned]
     if settings.resume:
         extra.append("hydra.output_subdir=null")  # keep the .hydra/ of the run being resumed
     return Preflight(settings, run_dir, created), [*overrides, *extra]
@@ -135,7 +140,11 @@ def _app(cfg: DictConfig) -> None:
     # TensorFlow's checkpoint writer logs every shard at INFO through absl, which
     # Hydra's logging set-up would print on every save.
     logging.getLogger("absl").setLevel(logging.WARNING)
+    from chain.training.logfile import guard_all
+
+    guard_all()  # the log on a full device: one StorageError line, not logging's tracebacks
     created = _preflight.created if _preflight else os.path.abspath(run_dir)
+    run = None
     try:
         settings = _preflight.settings if _preflight else validate(cfg)  # validated once
         import_tensorflow_quietly()
@@ -155,7 +164,35 @@ def _app(cfg: DictConfig) -> None:
         print(f"done: {summary['steps']} steps, summary in {os.path.join(run_dir, 'summary.json')}")
     except ChainError as e:
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
+        if _multirun_job():
+            return _record_failure(str(e), e.exit_code)
         fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the message short
+        _remove_run_dir(run_dir, created)
+        print(_interrupted(run.global_step if run else None, run_dir), file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _interrupted(step: int | None, run_dir: str) -> str:
+    """The one line for Ctrl-C: where training was, the newest complete checkpoint, how to resume."""
+    from chain.config import override_key
+    from chain.config.hydra import quoted
+    from chain.state import manifest
+
+    where = "before training started" if step is None else f"at step {step}"
+    try:
+        saved = manifest.read(run_dir)["step"] if manifest.exists(run_dir) else None
+    except ChainError:
+        saved = None
+    if saved is None:
+        return f"interrupted {where}; no checkpoint had been saved in {run_dir}: nothing to resume"
+    overrides = HydraConfig.get().overrides
+    pinned = ("resume", "hydra.run.dir", "hydra.output_subdir", "hydra.mode")
+    kept = [o for o in [*overrides.task, *overrides.hydra] if override_key(o) not in pinned]
+    command = ["python", "-m", "chain", *kept, f"hydra.run.dir={quoted(run_dir, 'hydra.run.dir')}", "resume=true"]
+    return (f"interrupted {where}; the newest complete checkpoint is step {saved} ({run_dir}); "
+            f"resume with: {shlex.join(command)}")
 
 
 def _hydra_flags(args: list[str]) -> bool:
@@ -163,16 +200,80 @@ def _hydra_flags(args: list[str]) -> bool:
     return any(a.startswith("-") for a in args)
 
 
+# Where the jobs of a sweep write how they failed (one JSON file per job), so the command that
+# started the sweep can say it in one line per job: a job that exits non-zero instead makes the
+# launcher raise, and Hydra print a traceback.
+OUTCOMES = "CHAIN_SWEEP_OUTCOMES"
+
+
+def _multirun_job() -> bool:
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN and bool(os.environ.get(OUTCOMES))
+
+
+def _record_failure(message: str, code: int) -> None:
+    """A sweep's job failed: print its line (to the job's own log) and leave it for the sweep."""
+    import json
+
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    job = HydraConfig.get().job
+    with open(os.path.join(os.environ[OUTCOMES], f"{job.num}.json"), "w") as f:
+        json.dump({"job": job.num, "overrides": list(HydraConfig.get().overrides.task), "message": message,
+                   "code": code}, f)
+
+
+def _failed_jobs(jobs: list[tuple[int, list[str], str, int]]) -> None:
+    """One line per failed job of a sweep, then exit with the first one's code."""
+    if jobs:
+        for num, overrides, message, _ in sorted(jobs):
+            print(f"error: job {num} ({' '.join(overrides)}): {message}", file=sys.stderr)
+        sys.exit(sorted(jobs)[0][3])
+
+
+def check_sweep(overrides: list[str]) -> None:
+    """--multirun: compose and validate every job of the sweep before Hydra starts one, and refuse
+    the sweep with one line per bad job (exit 2), nothing written."""
+    from chain.config.hydra import check_job_name, compose_config, sweep_jobs
+
+    bad = []
+    for num, job in enumerate(sweep_jobs(overrides)):
+        try:
+            check_job_name(compose_config(job, with_hydra=True))
+            validate(compose_config(job, with_hydra=True))
+        except ChainError as e:
+            bad.append((num, job, str(e), e.exit_code))
+    _failed_jobs(bad)
+
+
+def multirun() -> None:
+    """Run Hydra's sweep, then report the jobs that failed, one line each."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="chain-sweep-") as outcomes:
+        os.environ[OUTCOMES] = outcomes
+        _app()
+        failed = []
+        for name in os.listdir(outcomes):
+            with open(os.path.join(outcomes, name)) as f:
+                r = json.load(f)
+            failed.append((r["job"], r["overrides"], r["message"], r["code"]))
+    _failed_jobs(failed)
+
+
 def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
     global _preflight
     args = sys.argv[1:]
+    sweep = False
     try:
         overrides = normalize_overrides(args)
         if not _hydra_flags(args):
-            from chain.config.hydra import compose_config
+            from chain.config.hydra import check_job_name, compose_config
 
             cfg = compose_config(overrides, with_hydra=True)
+            check_job_name(cfg)
             settings = validate(cfg)
             if settings.cluster.workers and _USER_LOG_LEVEL is None:
                 # A lost worker is one line of ours; TensorFlow's C++ runtime would add its own
@@ -181,10 +282,18 @@ def main() -> None:
             if settings.plan_only:
                 return show_plan(settings)
             _preflight, overrides = preflight(settings, str(cfg.hydra.run.dir), overrides)
+        else:
+            from chain.config.hydra import check_flag_order
+
+            check_flag_order(args)
+            flags = [a for a in args if a.startswith("-")]
+            sweep = all(a in ("-m", "--multirun") for a in flags)  # other flags (--cfg, -cn, ...): Hydra's own
+            if sweep:
+                check_sweep([o for o in overrides if not o.startswith("-")])
     except ChainError as e:
         fail(str(e), e.exit_code)
     sys.argv = [sys.argv[0], *overrides]
-    _app()
+    multirun() if sweep else _app()
 
 
 if __name__ == "__main__":

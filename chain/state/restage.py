@@ -211,7 +211,19 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     without modifying it, maps every layer's state across, and saves DST with the
     same all-or-nothing protocol as training. Returns a report with the DST overrides,
     the step, what happened to each head, and the command that resumes DST.
+    The lock of SRC is held while it is read (`lock.reading`): a run still training SRC is
+    refused in one line.
     """
+    src, dst = os.path.abspath(src), os.path.abspath(dst)
+    if src == dst:
+        raise ChainError("SRC and DST must be different run directories")
+    if os.path.exists(dst) and not os.path.isdir(dst):
+        raise ChainError(f"{dst} is a file; DST must be a run directory (a new one, or an empty one)")
+    with lock.reading(src):  # a run still training SRC is refused: its files may be half-written
+        return _restage(src, dst, overrides)
+
+
+def _restage(src: str, dst: str, overrides: Sequence[str]) -> dict[str, Any]:
     import keras
 
     from chain import data as data_lib
@@ -219,11 +231,6 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     from chain.stages.build import build_stages
     from chain.state.checkpoints import Checkpoints
 
-    src, dst = os.path.abspath(src), os.path.abspath(dst)
-    if src == dst:
-        raise ChainError("SRC and DST must be different run directories")
-    if os.path.exists(dst) and not os.path.isdir(dst):
-        raise ChainError(f"{dst} is a file; DST must be a run directory (a new one, or an empty one)")
     src_manifest, src_overrides, src_settings = _load_src(src)
     for k, spec in enumerate(src_settings.stages):
         if not isinstance(spec.model, (Mlp, Conv)):
