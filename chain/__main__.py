@@ -6,12 +6,16 @@ TensorFlow yet), checks the run directory against `resume` and locks it
 line and exits 2 with nothing written, not even Hydra's `.hydra/`. `plan_only=true`
 prints the plan and exits without a run directory. Then Hydra runs the job (its run
 directory, `.hydra/`, `chain.log`); a resumed run keeps the `.hydra/` of the run that
-created the directory. With Hydra's own flags (`-m`, `--cfg`, ...) Hydra runs as it is
-and each job validates its config itself.
+created the directory. With Hydra's own flags (`--cfg`, ...) Hydra runs as it is and each
+job validates its config itself; with `--multirun` alone every job of the sweep is validated
+first (one line per bad job, nothing written), and a job that fails while it runs is one line
+after the sweep.
 
 Errors the user can fix (`ChainError`) print one line and exit 2 (3 when training
-stopped on a non-finite loss or gradient); a new run that fails before training leaves
-no run directory behind, and a directory that already held a run is never removed.
+stopped on a non-finite loss or gradient, 4 when the file system failed); a new run that
+fails before training leaves no run directory behind, and a directory that already held a
+run is never removed. Ctrl-C is one line (where training was, the newest complete
+checkpoint, the command that resumes) and exit 130.
 """
 
 from __future__ import annotations
@@ -239,8 +243,9 @@ def check_sweep(overrides: list[str]) -> None:
     bad = []
     for num, job in enumerate(sweep_jobs(overrides)):
         try:
-            check_job_name(compose_config(job, with_hydra=True))
-            validate(compose_config(job, with_hydra=True))
+            cfg = compose_config(job, with_hydra=True)
+            check_job_name(cfg)
+            validate(cfg)
         except ChainError as e:
             bad.append((num, job, str(e), e.exit_code))
     _failed_jobs(bad)

@@ -72,8 +72,8 @@ def uninterrupted() -> Iterator[None]:
     """Hold off Ctrl-C (SIGINT) for the block: it takes effect (KeyboardInterrupt) when the block
     ends, so a save is never cut in half. Only the main thread receives signals; elsewhere the
     block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # no signals here, or a handler not set from Python (which could not be put back)
         return
     pending: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
