@@ -131,20 +131,24 @@ def test_a_quoted_run_dir_with_commas_parentheses_equals_and_quotes_works(tmp_pa
     assert open(run_dir / ".lock").read() == ""  # released
 
 
-def test_ctrl_c_is_one_line_with_the_newest_checkpoint_and_the_resume_command(tmp_path):
+@pytest.mark.parametrize("where", ["in a save", "in training"])
+def test_ctrl_c_is_one_line_with_the_newest_checkpoint_and_the_resume_command(tmp_path, where):
     run_dir = tmp_path / "run"
-    # The save of step 10 pauses after each part: Ctrl-C lands in the middle of it.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_SAVE_PAUSE="2@10")
-    args = [*TINY, "trainer.steps=400", "checkpoint.every=5", f"hydra.run.dir={run_dir}"]
-    p = subprocess.Popen([sys.executable, "-m", "chain", *args], cwd=tmp_path, env=env,
+    if where == "in a save":  # the save of step 10 pauses after each part: Ctrl-C lands in the middle of it
+        env, cue = {"CHAIN_TEST_SAVE_PAUSE": "2@10"}, "test-hook: saved stage_00 of step 10"
+    else:  # as soon as a step is done, wherever the run is then
+        env, cue = {"CHAIN_TEST_ANNOUNCE": "1"}, "test-hook: step 12 done"
+    args = [*TINY, "trainer.steps=100000", "checkpoint.every=5", f"hydra.run.dir={run_dir}"]
+    p = subprocess.Popen([sys.executable, "-m", "chain", *args], cwd=tmp_path,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in p.stderr:
-            if "test-hook: saved stage_00 of step 10" in line:
+            if cue in line:
                 p.send_signal(signal.SIGINT)
                 break
         else:
-            pytest.fail("the run never reached its save of step 10")
+            pytest.fail(f"the run never printed {cue!r}")
         out, err = p.communicate(timeout=120)
     finally:
         p.kill()
@@ -153,18 +157,22 @@ def test_ctrl_c_is_one_line_with_the_newest_checkpoint_and_the_resume_command(tm
     m = re.fullmatch(r"interrupted at step (\d+); the newest complete checkpoint is step (\d+) \((.+)\); "
                      r"resume with: (.+)", lines[0])
     assert m, lines[0]
-    assert (m.group(1), m.group(2), m.group(3)) == ("10", "10", str(run_dir))  # the save finished first
-    assert manifest(run_dir)["step"] == 10
+    step, saved = int(m.group(1)), int(m.group(2))
+    assert m.group(3) == str(run_dir) and saved == manifest(run_dir)["step"] and saved % 5 == 0
+    if where == "in a save":
+        assert step == saved == 10  # the save finished first
+    else:
+        assert 12 <= step and 10 <= saved <= step
     for part in ("stage_00", "stage_01", "data"):  # nothing of a step the manifest does not name
-        steps = {int(n.split("-")[1].split(".")[0].split("_")[0]) for n in os.listdir(run_dir / part)
-                 if n.startswith("ckpt-")}
+        steps = {int(re.match(r"ckpt-(\d+)", n).group(1)) for n in os.listdir(run_dir / part) if n.startswith("ckpt-")}
         assert steps == set(manifest(run_dir)["complete"]), (part, os.listdir(run_dir / part))
     assert open(run_dir / ".lock").read() == ""  # released, no holder left
     command = shlex.split(m.group(4))
     assert command[:3] == ["python", "-m", "chain"] and command[-1] == "resume=true"
-    resumed = run_cli(tmp_path, *[a for a in command[3:] if not a.startswith("trainer.steps=")], "trainer.steps=12")
+    resumed = run_cli(tmp_path, *[a for a in command[3:] if not a.startswith("trainer.steps=")],
+                      f"trainer.steps={saved + 2}")
     assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from step 10" in resumed.stdout and manifest(run_dir)["step"] == 12
+    assert f"resumed from step {saved}" in resumed.stdout and manifest(run_dir)["step"] == saved + 2
 
 
 def test_a_log_on_a_full_device_stops_the_run_in_one_line(tmp_path):
