@@ -185,16 +185,20 @@ def _interrupted(step: int | None, run_dir: str) -> str:
     from chain.state import manifest
 
     where = "before training started" if step is None else f"at step {step}"
-    try:
-        saved = manifest.read(run_dir)["step"] if manifest.exists(run_dir) else None
-    except ChainError:
-        saved = None
-    if saved is None:
+    if not manifest.exists(run_dir):
         return f"interrupted {where}; no checkpoint had been saved in {run_dir}: nothing to resume"
+    try:
+        saved = manifest.read(run_dir)["step"]
+    except ChainError as e:
+        return f"interrupted {where}; {e}"
     overrides = HydraConfig.get().overrides
-    pinned = ("resume", "hydra.run.dir", "hydra.output_subdir", "hydra.mode")
-    kept = [o for o in [*overrides.task, *overrides.hydra] if override_key(o) not in pinned]
-    command = ["python", "-m", "chain", *kept, f"hydra.run.dir={quoted(run_dir, 'hydra.run.dir')}", "resume=true"]
+    dropped = ("resume", "hydra.run.dir", "hydra.output_subdir", "hydra.mode")  # set again below, or Hydra's
+    kept = [o for o in [*overrides.task, *overrides.hydra] if override_key(o) not in dropped]
+    try:
+        pinned = f"hydra.run.dir={quoted(run_dir, 'hydra.run.dir')}"
+    except ChainError:  # a directory Hydra cannot be given exactly: say it as it is
+        pinned = f"hydra.run.dir={run_dir}"
+    command = ["python", "-m", "chain", *kept, pinned, "resume=true"]
     return (f"interrupted {where}; the newest complete checkpoint is step {saved} ({run_dir}); "
             f"resume with: {shlex.join(command)}")
 

@@ -57,7 +57,9 @@ def damaged_copy(finished, tmp_path, name: str, content: bytes) -> tuple[str, st
 
 DAMAGE = {
     "summary.json": [b"\x00\xff\xfe garbage", b"[1, 2]", b"NaN", b'{"stages": 5}', b'{"stages": [{"index": "x"}]}',
-                     b'{"stages": [{"index": 0, "device": 3}]}', b'{"steps": "many"}', b'{"mode": "local", "stag'],
+                     b'{"stages": [{"index": 0, "device": 3}]}', b'{"steps": "many"}', b'{"mode": "local", "stag',
+                     b'{"schedule": "bogus", "microbatches": 2, "batch_size": 16}', b'{"replica_devices": [1, 2]}',
+                     b'{"schedule": "gpipe", "microbatches": 1000000000, "batch_size": 16}'],
     ".hydra/overrides.yaml": [b"\x00\xff\xfe garbage", b"{a: 1}", b"[1, [2, 3]", b"- [x]\n", b"- 5\n", b"just text"],
 }
 

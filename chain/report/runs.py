@@ -55,7 +55,8 @@ class RunRecord:
 # file edited or damaged into other types is refused naming the key, not drawn as something else.
 _NUMBER = (int, float)
 SUMMARY_TYPES: dict[str, type | tuple[type, ...]] = {
-    "mode": str, "strategy": str, "schedule": str, "microbatches": int, "steps": int, "resumed_from": int,
+    "mode": str, "strategy": str, "schedule": str, "microbatches": int, "batch_size": int, "steps": int,
+    "resumed_from": int,
     "stages": list, "replica_devices": list, "replica_peak_memory_bytes": list, "peak_memory_scope": str,
     "examples_per_second": _NUMBER, "examples_per_step": _NUMBER, "loss_first": _NUMBER, "loss_last": _NUMBER,
     "bubble_fraction": _NUMBER, "measured_bubble_fraction": _NUMBER}
@@ -107,6 +108,13 @@ def _check_summary(summary: Any, path: str) -> dict:
         if not _typed(summary.get(key), types):
             raise wrong(key, f"{'a number' if types is _NUMBER else f'a {types.__name__}'} or null, "
                              f"not {json.dumps(summary[key])[:40]}")
+    if summary.get("schedule") is not None and summary["schedule"] not in schedules.NAMES:
+        raise wrong("schedule", f"one of {', '.join(schedules.NAMES)}")
+    m, batch = summary.get("microbatches"), summary.get("batch_size")
+    if m is not None and not (isinstance(batch, int) and 1 <= m <= batch):  # a run's divide its batch
+        raise wrong("microbatches", "between 1 and batch_size")
+    if not all(isinstance(d, str) for d in summary.get("replica_devices") or []):
+        raise wrong("replica_devices", "a list of device names")
     for k, stage in enumerate(summary.get("stages") or []):
         if not isinstance(stage, dict) or not isinstance(stage.get("index"), int):
             raise wrong(f"stages[{k}]", "an object with an integer index")
