@@ -7,6 +7,7 @@ nothing half-written. CLI cases are fresh processes."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shlex
@@ -72,6 +73,22 @@ def test_a_damaged_summary_or_overrides_file_is_an_error_naming_it(finished, tmp
     with pytest.raises(ChainError) as e:
         runs.load(run_dir)
     assert path in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("timeline", [b"[1]", b'{"steps": 3}', b'{"steps": [{"complete": true, "step": 2}]}',
+                                      b'{"steps": [{"complete": true, "step": 2, "actions": [{"stage": 9}]}]}'])
+def test_a_damaged_timeline_is_an_error_naming_it(finished, tmp_path, timeline):
+    from chain.report import write_report
+
+    run_dir, path = damaged_copy(finished, tmp_path, "timeline.json", timeline)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:  # a pipeline run's: its timeline is drawn
+        json.dump({**summary, "mode": "e2e", "schedule": "gpipe", "microbatches": 2}, f)
+    with pytest.raises(ChainError) as e:
+        write_report(run_dir)
+    assert path in str(e.value) and "\n" not in str(e.value)
+    assert not os.path.exists(os.path.join(run_dir, "report.html"))
 
 
 @pytest.mark.parametrize("name, content", [("summary.json", b'{"stages": [{"index": "x"}]}'),
