@@ -9,7 +9,7 @@ directory, `.hydra/`, `chain.log`); a resumed run keeps the `.hydra/` of the run
 created the directory. With Hydra's own flags (`--cfg`, ...) Hydra runs as it is and each
 job validates its config itself; with `--multirun` alone every job of the sweep is validated
 first (one line per bad job, nothing written), and a job that fails while it runs is one line
-after the sweep.
+after the sweep (`chain.sweep`).
 
 Errors the user can fix (`ChainError`) print one line and exit 2 (3 when training
 stopped on a non-finite loss or gradient, 4 when the file system failed); a new run that
@@ -36,6 +36,7 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from chain import sweep  # noqa: E402
 from chain.cli import fail, import_tensorflow_quietly  # noqa: E402
 from chain.config import Settings, normalize_overrides, validate  # noqa: E402
 from chain.errors import ChainError  # noqa: E402
@@ -168,8 +169,8 @@ def _app(cfg: DictConfig) -> None:
         print(f"done: {summary['steps']} steps, summary in {os.path.join(run_dir, 'summary.json')}")
     except ChainError as e:
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
-        if _multirun_job():
-            return _record_failure(str(e), e.exit_code)
+        if sweep.in_job():
+            return sweep.record(str(e), e.exit_code)
         fail(str(e), e.exit_code)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the message short
@@ -208,74 +209,11 @@ def _hydra_flags(args: list[str]) -> bool:
     return any(a.startswith("-") for a in args)
 
 
-# Where the jobs of a sweep write how they failed (one JSON file per job), so the command that
-# started the sweep can say it in one line per job: a job that exits non-zero instead makes the
-# launcher raise, and Hydra print a traceback.
-OUTCOMES = "CHAIN_SWEEP_OUTCOMES"
-
-
-def _multirun_job() -> bool:
-    from hydra.types import RunMode
-
-    return HydraConfig.get().mode == RunMode.MULTIRUN and bool(os.environ.get(OUTCOMES))
-
-
-def _record_failure(message: str, code: int) -> None:
-    """A sweep's job failed: print its line (to the job's own log) and leave it for the sweep."""
-    import json
-
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    job = HydraConfig.get().job
-    with open(os.path.join(os.environ[OUTCOMES], f"{job.num}.json"), "w") as f:
-        json.dump({"job": job.num, "overrides": list(HydraConfig.get().overrides.task), "message": message,
-                   "code": code}, f)
-
-
-def _failed_jobs(jobs: list[tuple[int, list[str], str, int]]) -> None:
-    """One line per failed job of a sweep, then exit with the first one's code."""
-    if jobs:
-        for num, overrides, message, _ in sorted(jobs):
-            print(f"error: job {num} ({' '.join(overrides)}): {message}", file=sys.stderr)
-        sys.exit(sorted(jobs)[0][3])
-
-
-def check_sweep(overrides: list[str]) -> None:
-    """--multirun: compose and validate every job of the sweep before Hydra starts one, and refuse
-    the sweep with one line per bad job (exit 2), nothing written."""
-    from chain.config.hydra import check_job_name, compose_config, sweep_jobs
-
-    bad = []
-    for num, job in enumerate(sweep_jobs(overrides)):
-        try:
-            cfg = compose_config(job, with_hydra=True)
-            check_job_name(cfg)
-            validate(cfg)
-        except ChainError as e:
-            bad.append((num, job, str(e), e.exit_code))
-    _failed_jobs(bad)
-
-
-def multirun() -> None:
-    """Run Hydra's sweep, then report the jobs that failed, one line each."""
-    import json
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="chain-sweep-") as outcomes:
-        os.environ[OUTCOMES] = outcomes
-        _app()
-        failed = []
-        for name in os.listdir(outcomes):
-            with open(os.path.join(outcomes, name)) as f:
-                r = json.load(f)
-            failed.append((r["job"], r["overrides"], r["message"], r["code"]))
-    _failed_jobs(failed)
-
-
 def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
     global _preflight
     args = sys.argv[1:]
-    sweep = False
+    multirun = False
     try:
         overrides = normalize_overrides(args)
         if not _hydra_flags(args):
@@ -296,13 +234,13 @@ def main() -> None:
 
             check_flag_order(args)
             flags = [a for a in args if a.startswith("-")]
-            sweep = all(a in ("-m", "--multirun") for a in flags)  # other flags (--cfg, -cn, ...): Hydra's own
-            if sweep:
-                check_sweep([o for o in overrides if not o.startswith("-")])
+            multirun = all(a in ("-m", "--multirun") for a in flags)  # other flags (--cfg, -cn, ...): Hydra's own
+            if multirun:
+                sweep.check([o for o in overrides if not o.startswith("-")])
     except ChainError as e:
         fail(str(e), e.exit_code)
     sys.argv = [sys.argv[0], *overrides]
-    multirun() if sweep else _app()
+    sweep.run(_app) if multirun else _app()
 
 
 if __name__ == "__main__":
