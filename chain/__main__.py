@@ -6,12 +6,16 @@ TensorFlow yet), checks the run directory against `resume` and locks it
 line and exits 2 with nothing written, not even Hydra's `.hydra/`. `plan_only=true`
 prints the plan and exits without a run directory. Then Hydra runs the job (its run
 directory, `.hydra/`, `chain.log`); a resumed run keeps the `.hydra/` of the run that
-created the directory. With Hydra's own flags (`-m`, `--cfg`, ...) Hydra runs as it is
-and each job validates its config itself.
+created the directory. With Hydra's own flags (`--cfg`, ...) Hydra runs as it is and each
+job validates its config itself; with `--multirun` alone every job of the sweep is validated
+first (one line per bad job, nothing written), and a job that fails while it runs is one line
+after the sweep (`chain.sweep`).
 
 Errors the user can fix (`ChainError`) print one line and exit 2 (3 when training
-stopped on a non-finite loss or gradient); a new run that fails before training leaves
-no run directory behind, and a directory that already held a run is never removed.
+stopped on a non-finite loss or gradient, 4 when the file system failed); a new run that
+fails before training leaves no run directory behind, and a directory that already held a
+run is never removed. Ctrl-C is one line (where training was, the newest complete
+checkpoint, the command that resumes) and exit 130.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shlex
 import shutil
+import signal
 import sys
 from dataclasses import dataclass, replace
 
@@ -30,6 +36,7 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from chain import sweep  # noqa: E402
 from chain.cli import fail, import_tensorflow_quietly  # noqa: E402
 from chain.config import Settings, normalize_overrides, validate  # noqa: E402
 from chain.errors import ChainError  # noqa: E402
@@ -46,6 +53,7 @@ class Preflight:
 
 
 _preflight: Preflight | None = None
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a process ended by SIGINT (128 + 2)
 
 
 def _only_hydra_files(run_dir: str) -> bool:
@@ -92,8 +100,10 @@ def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[P
     The lock comes first: a directory another run is using is refused naming that run, and
     its files are not even read.
     """
+    from chain.config.hydra import quoted
     from chain.state import lock, manifest
 
+    pinned = f"hydra.run.dir={quoted(run_dir, 'hydra.run.dir')}"  # refused here, before anything is written
     if settings.resume and not os.path.isdir(run_dir):
         manifest.require_some(run_dir)  # nothing there to lock
     created = _first_missing(run_dir)
@@ -110,7 +120,7 @@ def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[P
     atexit.register(lock.release, run_dir)  # a clean exit clears the holder; a killed run leaves its PID
     if note:
         settings = replace(settings, notes=(*settings.notes, note))
-    extra = [f"hydra.run.dir={run_dir}"]
+    extra = [pinned]
     if settings.resume:
         extra.append("hydra.output_subdir=null")  # keep the .hydra/ of the run being resumed
     return Preflight(settings, run_dir, created), [*overrides, *extra]
@@ -135,7 +145,11 @@ def _app(cfg: DictConfig) -> None:
     # TensorFlow's checkpoint writer logs every shard at INFO through absl, which
     # Hydra's logging set-up would print on every save.
     logging.getLogger("absl").setLevel(logging.WARNING)
+    from chain.training.logfile import guard_all
+
+    guard_all()  # the log on a full device: one StorageError line, not logging's tracebacks
     created = _preflight.created if _preflight else os.path.abspath(run_dir)
+    run = None
     try:
         settings = _preflight.settings if _preflight else validate(cfg)  # validated once
         import_tensorflow_quietly()
@@ -155,7 +169,39 @@ def _app(cfg: DictConfig) -> None:
         print(f"done: {summary['steps']} steps, summary in {os.path.join(run_dir, 'summary.json')}")
     except ChainError as e:
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
+        if sweep.in_job():
+            return sweep.record(str(e), e.exit_code)
         fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the message short
+        _remove_run_dir(run_dir, created)
+        print(_interrupted(run.global_step if run else None, run_dir), file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _interrupted(step: int | None, run_dir: str) -> str:
+    """The one line for Ctrl-C: where training was, the newest complete checkpoint, how to resume."""
+    from chain.config import override_key
+    from chain.config.hydra import quoted
+    from chain.state import manifest
+
+    where = "before training started" if step is None else f"at step {step}"
+    if not manifest.exists(run_dir):
+        return f"interrupted {where}; no checkpoint had been saved in {run_dir}: nothing to resume"
+    try:
+        saved = manifest.read(run_dir)["step"]
+    except ChainError as e:
+        return f"interrupted {where}; {e}"
+    overrides = HydraConfig.get().overrides
+    dropped = ("resume", "hydra.run.dir", "hydra.output_subdir", "hydra.mode")  # set again below, or Hydra's
+    kept = [o for o in [*overrides.task, *overrides.hydra] if override_key(o) not in dropped]
+    try:
+        pinned = f"hydra.run.dir={quoted(run_dir, 'hydra.run.dir')}"
+    except ChainError:  # a directory Hydra cannot be given exactly: say it as it is
+        pinned = f"hydra.run.dir={run_dir}"
+    command = ["python", "-m", "chain", *kept, pinned, "resume=true"]
+    return (f"interrupted {where}; the newest complete checkpoint is step {saved} ({run_dir}); "
+            f"resume with: {shlex.join(command)}")
 
 
 def _hydra_flags(args: list[str]) -> bool:
@@ -167,12 +213,14 @@ def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
     global _preflight
     args = sys.argv[1:]
+    multirun = False
     try:
         overrides = normalize_overrides(args)
         if not _hydra_flags(args):
-            from chain.config.hydra import compose_config
+            from chain.config.hydra import check_job_name, compose_config
 
             cfg = compose_config(overrides, with_hydra=True)
+            check_job_name(cfg)
             settings = validate(cfg)
             if settings.cluster.workers and _USER_LOG_LEVEL is None:
                 # A lost worker is one line of ours; TensorFlow's C++ runtime would add its own
@@ -181,10 +229,18 @@ def main() -> None:
             if settings.plan_only:
                 return show_plan(settings)
             _preflight, overrides = preflight(settings, str(cfg.hydra.run.dir), overrides)
+        else:
+            from chain.config.hydra import check_flag_order
+
+            check_flag_order(args)
+            flags = [a for a in args if a.startswith("-")]
+            multirun = all(a in ("-m", "--multirun") for a in flags)  # other flags (--cfg, -cn, ...): Hydra's own
+            if multirun:
+                sweep.check([o for o in overrides if not o.startswith("-")])
     except ChainError as e:
         fail(str(e), e.exit_code)
     sys.argv = [sys.argv[0], *overrides]
-    _app()
+    sweep.run(_app) if multirun else _app()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ finds them from any directory. Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from typing import Sequence
 
@@ -109,6 +110,72 @@ def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> D
         first = str(e).splitlines()[0]
         if first.startswith("Could not override '"):
             raise ConfigError(_unknown_key(first.split("'")[1], overrides)) from None
-        raise ConfigError(first) from None
+        raise ConfigError(_with_hint(first)) from None
+    except HydraException as e:
+        raise ConfigError(_with_hint(str(e).splitlines()[0])) from None
+
+
+def _with_hint(message: str) -> str:
+    """Hydra's message, with what to do when it is a sweep given without --multirun."""
+    if message.startswith("Ambiguous value for argument"):
+        return (f"{message}: several values are a sweep, which needs --multirun before the overrides "
+                "(python -m chain --multirun a=1,2); a list is key=[a,b]")
+    return message
+
+
+def quoted(value: str, key: str) -> str:
+    """`value` as a Hydra override value that reads back as exactly `value`: as it is when it
+    can be, else quoted (a path with `,`, `(`, `=`, `'` or spaces would otherwise be read as a
+    sweep, a function or a parse error); a ConfigError naming `key` for what cannot be passed on."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def reads_back(text: str) -> bool:
+        try:
+            return OverridesParser.create().parse_overrides([f"{key}={text}"])[0].value() == value
+        except Exception:  # noqa: BLE001 - any parse failure means: not this way
+            return False
+
+    if "${" not in value:  # an interpolation would be resolved again
+        if reads_back(value):
+            return value
+        # Hydra's rule: a backslash is literal unless it precedes a quote or ends the string.
+        text = "'" + re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'") + "'"
+        if reads_back(text):
+            return text
+    raise ConfigError(f"{key}={value!r} cannot be passed on to Hydra exactly (it would read another value, "
+                      "e.g. '${' as an interpolation); choose another directory name")
+
+
+def check_job_name(cfg: DictConfig) -> None:
+    """`hydra.job.name` names the run's log file (RUN_DIR/NAME.log): a ConfigError unless it is a plain
+    file name, so the log cannot land outside the run directory."""
+    name = str(cfg.hydra.job.name)
+    if not name or name in (".", "..") or any(c in name for c in ("/", "\\", "\0")) or not name.isprintable():
+        raise ConfigError(f"hydra.job.name={name!r} must be a plain file name (no '/', '\\' or '..'): it names "
+                          "the run's log, RUN_DIR/NAME.log")
+
+
+def check_flag_order(args: Sequence[str]) -> None:
+    """A ConfigError for overrides Hydra's command line would not read: Hydra takes one group of
+    overrides, so `a=b --multirun c=d` fails on `c=d` with a usage dump."""
+    from hydra._internal.utils import get_args_parser
+
+    _, unread = get_args_parser().parse_known_args(list(args))
+    stray = [a for a in unread if not a.startswith("-")]
+    if stray:
+        raise ConfigError(f"{' '.join(stray)}: overrides on both sides of a flag are not read by Hydra; put the "
+                          "flags first, then every override: python -m chain --multirun a=1,2 b=3")
+
+
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """The jobs `--multirun` makes of `overrides` (each one's overrides), as Hydra's basic sweeper
+    expands them (`optim.lr=0.1,0.01 seed=0,1`: four jobs)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(str(e).splitlines()[0]) from None
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]

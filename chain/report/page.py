@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 from typing import Iterable, Sequence
 
+from chain.errors import ChainError
 from chain.planning import schedules
 from chain.report import plots
 from chain.report.runs import RunRecord
@@ -124,11 +126,22 @@ def timeline_section(rec: RunRecord) -> str:
            f"<p>{esc(schedule.name)}, {schedule.stages} stages x {schedule.microbatches} microbatches; "
            f"planned bubble fraction {planned.bubble_fraction:.3f} (unit-time actions)</p>",
            image(plots.gantt(planned_rows(schedule), labels, "planned (unit-time actions)", "slot"), "planned timeline")]
+    try:
+        return "\n".join(out + measured_section(rec, labels))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        # the measured part reads timeline.json alone: what fails here is a file edited or damaged
+        raise ChainError(f"{os.path.join(rec.path, 'timeline.json')} is not a timeline chain wrote "
+                         f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
+
+
+def measured_section(rec: RunRecord, labels: Sequence[str]) -> list[str]:
+    """The measured timeline (`timeline.json`): its Gantt chart, statistics and balance advice."""
+    out = []
     m = rec.timeline
     step = measured_timeline.shown(m) if m else None
     if step is None:
         out.append("<p class='note'>not profiled: run with trainer.profile=[START,STOP] to measure the timeline.</p>")
-        return "\n".join(out)
+        return out
     out.append(image(plots.gantt(measured_rows(m, step), labels, f"measured: step {step['step']}", "ms"),
                      "measured timeline"))
     out.append(f"<p>measured bubble fraction <b>{m['measured_bubble_fraction']:.3f}</b> (idle time / all time over "
@@ -145,7 +158,7 @@ def timeline_section(rec: RunRecord) -> str:
                f"copy wait: idle time of a stage after its next input was ready on another device.{shared}</p>")
     if m.get("advice"):
         out.append(f"<p class='advice' id='advice'>{esc(m['advice']['text'])}</p>")
-    return "\n".join(out)
+    return out
 
 
 def memory_section(rec: RunRecord) -> str:

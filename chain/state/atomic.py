@@ -3,8 +3,11 @@ a torn one), and with failures (disk full, read-only, gone) as one `StorageError
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -33,6 +36,23 @@ def write_json(path: str, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
+def reason(e: BaseException) -> str:
+    """Why a write failed, in one line that always names the cause: an OSError's
+    `os.strerror(errno)` ("No space left on device", "File too large") even when its own text
+    is something else, or the first line of TensorFlow's message."""
+    if isinstance(e, OSError) and e.errno:
+        cause = os.strerror(e.errno)
+        text = (e.strerror or "").strip()
+        return text if cause in text else f"{cause}{f' ({text})' if text else ''}"
+    text = str(getattr(e, "message", None) or e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    if isinstance(getattr(e, "errno", None), int) or any(os.strerror(n) in first for n in errno.errorcode):
+        return first
+    # TensorFlow puts the cause on a later line at times ("Failed to flush ...; File too large")
+    causes = [os.strerror(n) for n in sorted(errno.errorcode) if os.strerror(n) in text]
+    return f"{first} ({causes[0]})" if causes else first
+
+
 @contextmanager
 def writing(what: str) -> Iterator[None]:
     """Turn a failed write inside the block (OSError, or TensorFlow's errors of file access)
@@ -42,6 +62,27 @@ def writing(what: str) -> Iterator[None]:
     try:
         yield
     except (OSError, tf.errors.PermissionDeniedError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError,
-            tf.errors.ResourceExhaustedError, tf.errors.UnknownError) as e:
-        reason = (getattr(e, "strerror", None) or getattr(e, "message", None) or str(e)).strip().splitlines()
-        raise StorageError(f"cannot write {what}: {reason[0] if reason else type(e).__name__}") from None
+            tf.errors.ResourceExhaustedError, tf.errors.OutOfRangeError, tf.errors.UnknownError) as e:
+        # OutOfRangeError: TensorFlow's event writer on a file past the size limit (EFBIG)
+        raise StorageError(f"cannot write {what}: {reason(e)}") from None
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Hold off Ctrl-C (SIGINT) for the block: it takes effect (KeyboardInterrupt) when the block
+    ends, so a save is never cut in half. Only the main thread receives signals; elsewhere the
+    block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # no signals here, or a handler not set from Python (which could not be put back)
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        if callable(previous):
+            previous(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt

@@ -45,7 +45,7 @@ from chain.config.schema import Settings
 from chain.errors import CheckpointError, StorageError
 from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
-from chain.state.atomic import write_text
+from chain.state.atomic import reason, uninterrupted, write_text
 from chain.state.run_settings import RunSettings, check
 
 DATA_DIR = "data"
@@ -108,10 +108,9 @@ def _sha256(path: str) -> str:
 
 
 def _first_line(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror + (f" ({e.filename})" if e.filename else "")
-    text = str(getattr(e, "message", "") or e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    if isinstance(e, OSError) and e.errno:
+        return reason(e) + (f" ({e.filename})" if e.filename else "")
+    return reason(e)
 
 
 def _prune(directory: str, keep: Sequence[int]) -> None:
@@ -174,6 +173,12 @@ class Checkpoints:
 
     def save(self, step: int, loss_first: dict | None, loss_last: dict | None,
              validation: dict | None = None) -> dict[str, Any]:
+        """`_save`, with Ctrl-C held off until it is complete (never a half-written step)."""
+        with uninterrupted():
+            return self._save(step, loss_first, loss_last, validation)
+
+    def _save(self, step: int, loss_first: dict | None, loss_last: dict | None,
+              validation: dict | None = None) -> dict[str, Any]:
         """Save every stage and the data stream at `step`, then commit the manifest; returns it.
 
         `validation` is what the run's evaluations had found by `step` (best loss and step,

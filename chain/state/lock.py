@@ -13,14 +13,19 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import socket
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from chain.errors import ChainError
 
 FILENAME = ".lock"
 NAMING_S = 3.0  # how long a refused run waits for the lock's holder to name itself
 _HELD: dict[str, int] = {}  # run dir (real path) -> open file descriptor holding the lock
+# What `announce` writes; anything else in the file (garbage, control bytes) is not shown to the user.
+_HOLDER = re.compile(r"pid [1-9][0-9]{0,9} on [^\s,]{1,255}, since [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}")
 
 
 class RunDirLocked(ChainError):
@@ -31,14 +36,21 @@ def path(run_dir: str) -> str:
     return os.path.join(run_dir, FILENAME)
 
 
+def describe(text: str) -> str:
+    """The holder named by a lock file's `text` ("pid 123 on host, since ..."), or "unknown" when the
+    text is not what `announce` writes (a damaged or edited file is never echoed)."""
+    text = text.strip()
+    return text if _HOLDER.fullmatch(text) and text.isprintable() else "unknown"
+
+
 def holder(run_dir: str) -> str:
     """What the lock file says about its holder ("pid 123 on host, since ..."), or "unknown"."""
     try:
-        with open(path(run_dir)) as f:
-            text = f.read().strip()
+        with open(path(run_dir), "rb") as f:
+            text = f.read(4096).decode(errors="replace")
     except OSError:
         return "unknown"
-    return text or "unknown"
+    return describe(text)
 
 
 def held(run_dir: str) -> bool:
@@ -85,7 +97,7 @@ def acquire(run_dir: str, name_holder: bool = True) -> str | None:
     _HELD[key] = fd
     if name_holder:
         announce(run_dir)
-    return f"took over the lock of a run that is no longer running ({previous})" if previous else None
+    return f"took over the lock of a run that is no longer running ({describe(previous)})" if previous else None
 
 
 def announce(run_dir: str) -> None:
@@ -109,3 +121,29 @@ def release(run_dir: str, clear: bool = True) -> None:
             os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+@contextmanager
+def reading(run_dir: str) -> Iterator[None]:
+    """Hold the lock of an existing `run_dir` while reading it, so its files are not read while a run
+    is writing them; `RunDirLocked` when a live run holds it. The lock file is left as it was found
+    (created and removed again if there was none). A missing directory is not locked (nor created):
+    the reader reports it."""
+    if not os.path.isdir(run_dir) or held(run_dir):
+        yield
+        return
+    had_file = os.path.exists(path(run_dir))
+    try:
+        acquire(run_dir, name_holder=False)
+    except RunDirLocked:
+        raise RunDirLocked(f"{run_dir} is in use by a run that is still training ({holder(run_dir)}); "
+                           "try again after that run has ended") from None
+    try:
+        yield
+    finally:
+        release(run_dir, clear=False)
+        if not had_file:
+            try:
+                os.remove(path(run_dir))
+            except OSError:
+                pass

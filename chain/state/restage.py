@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 
 from chain.config import Settings, compose, override_key, validate
+from chain.config.hydra import quoted
 from chain.config.schema import Conv, Mlp
 from chain.errors import ChainError
 from chain.state import lock
@@ -211,7 +212,20 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     without modifying it, maps every layer's state across, and saves DST with the
     same all-or-nothing protocol as training. Returns a report with the DST overrides,
     the step, what happened to each head, and the command that resumes DST.
+    The lock of SRC is held while it is read (`lock.reading`): a run still training SRC is
+    refused in one line.
     """
+    src, dst = os.path.abspath(src), os.path.abspath(dst)
+    pinned = f"hydra.run.dir={quoted(dst, 'hydra.run.dir')}"  # the resume command's, checked before writing
+    if src == dst:
+        raise ChainError("SRC and DST must be different run directories")
+    if os.path.exists(dst) and not os.path.isdir(dst):
+        raise ChainError(f"{dst} is a file; DST must be a run directory (a new one, or an empty one)")
+    with lock.reading(src):  # a run still training SRC is refused: its files may be half-written
+        return _restage(src, dst, overrides, pinned)
+
+
+def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[str, Any]:
     import keras
 
     from chain import data as data_lib
@@ -219,11 +233,6 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     from chain.stages.build import build_stages
     from chain.state.checkpoints import Checkpoints
 
-    src, dst = os.path.abspath(src), os.path.abspath(dst)
-    if src == dst:
-        raise ChainError("SRC and DST must be different run directories")
-    if os.path.exists(dst) and not os.path.isdir(dst):
-        raise ChainError(f"{dst} is a file; DST must be a run directory (a new one, or an empty one)")
     src_manifest, src_overrides, src_settings = _load_src(src)
     for k, spec in enumerate(src_settings.stages):
         if not isinstance(spec.model, (Mlp, Conv)):
@@ -261,7 +270,7 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
     finally:
         lock.release(dst)
     shown = [f"+stages={o.partition('=')[2]}" if override_key(o) == "stages" else o for o in new]
-    resume = ["python", "-m", "chain", f"hydra.run.dir={dst}", "resume=true"] + shown
+    resume = ["python", "-m", "chain", pinned, "resume=true"] + shown
     return {"step": m["step"], "src_stages": len(built["src"]), "dst_stages": len(built["dst"]),
             "overrides": new, "heads": notes, "resume_command": shlex.join(resume)}
 
