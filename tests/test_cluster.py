@@ -1,13 +1,17 @@
 """Stages on TensorFlow cluster workers (`python -m chain.worker`) on loopback: the same training as
-on local logical devices, a lost worker stops the client fast with one line, a resume after
-the worker is back is bit-exact, and an unreachable worker fails at once. The workers are
-always shut down, also when a test fails."""
+on local logical devices, a lost worker (killed or stopped) stops the client fast with one line, a
+resume after the worker is back is bit-exact, and an unreachable worker or an address that is not a
+TensorFlow server fails at once. The workers are always shut down (and continued), also when a
+test fails."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -44,21 +48,30 @@ def test_a_chain_on_two_workers_trains_like_on_local_devices(workers, tmp_path, 
         assert_values_alike(a[k], b[k], rtol=1e-6)
 
 
+def start_client(tmp_path, args, run_dir) -> subprocess.Popen:
+    """`python -m chain ARGS` announcing its steps on stderr, as a user runs it (TensorFlow's own logging
+    level left to the CLI)."""
+    env = dict(os.environ, CHAIN_TEST_ANNOUNCE="1")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    return subprocess.Popen([sys.executable, "-m", "chain", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(client: subprocess.Popen, step: int) -> None:
+    for line in client.stderr:
+        if f"test-hook: step {step} done" in line:
+            return
+    raise AssertionError(f"the run ended before step {step}: exit {client.wait()}")
+
+
 def test_a_lost_worker_stops_the_run_with_one_line_and_the_resume_is_bit_exact(workers, tmp_path):
     args = [*TINY, *MODES["e2e"], "trainer.steps=24", "checkpoint.every=4", workers.option]
     straight, victim = str(tmp_path / "straight"), str(tmp_path / "victim")
     r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}")
     assert r.returncode == 0, r.stderr
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_ANNOUNCE="1")
-    env.pop("TF_CPP_MIN_LOG_LEVEL")  # as a user runs it: the CLI quiets TensorFlow's own gRPC errors
-    client = subprocess.Popen([sys.executable, "-m", "chain", *args, f"hydra.run.dir={victim}"], cwd=tmp_path,
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client = start_client(tmp_path, args, victim)
     try:
-        lines = []
-        for line in client.stderr:
-            lines.append(line)
-            if "test-hook: step 9 done" in line:
-                break
+        wait_for_step(client, 9)
         workers.kill(1)
         killed = time.monotonic()
         rest = client.stderr.read()
@@ -90,3 +103,104 @@ def test_an_unreachable_worker_fails_fast_naming_it(tmp_path):
         f"error: cluster.workers[0]=localhost:{port} is not reachable (Connection refused); start it with: "
         f"python -m chain.worker --index 0 --cluster localhost:{port}")
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
+    # SIGSTOP: the worker's port still accepts connections (the kernel does), but its server answers nothing
+    args = [*TINY, *MODES["e2e"], "trainer.steps=100000", "checkpoint.every=0", "cluster.lost_after_s=3",
+            workers.option]
+    client = start_client(tmp_path, args, tmp_path / "run")
+    try:
+        wait_for_step(client, 3)
+        os.kill(workers.pids[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        code = client.wait(timeout=60)  # before reading to the end: a client that hangs never closes stderr
+        took = time.monotonic() - stopped
+        rest = client.stderr.read()
+    finally:
+        client.kill()
+        os.kill(workers.pids[1], signal.SIGCONT)
+    errors = [line for line in rest.splitlines() if line.strip() and not line.startswith("test-hook")]
+    assert code == 5 and len(errors) == 1, rest
+    assert errors[0].startswith(f"error: cluster worker 1 ({workers.addresses[1]}) is lost"), errors[0]
+    assert "does not answer" in errors[0], errors[0]
+    assert took < 30, took  # a few multiples of cluster.lost_after_s, not minutes
+
+
+class FakeServer:
+    """A server on loopback that accepts connections and either never answers ("silent") or answers
+    as an HTTP/1.1 server does to what it does not understand ("http")."""
+
+    def __init__(self, kind: str):
+        self.kind, self.sock, self.conns = kind, socket.socket(), []
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)  # kept open: a silent server never closes either
+            if self.kind == "http":
+                c.recv(4096)
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("kind", ["silent", "http"])
+def test_an_address_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, kind):
+    server = FakeServer(kind)
+    try:
+        started = time.monotonic()
+        r = run_cli(tmp_path, *TINY, f"cluster.workers=[{server.address}]", "cluster.lost_after_s=2", timeout=90)
+        took = time.monotonic() - started
+    finally:
+        server.close()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: cluster.workers[0]={server.address} "), r.stderr
+    assert ("does not answer within 2 s" if kind == "silent" else "not a TensorFlow server") in r.stderr, r.stderr
+    assert took < 60, took
+    assert not (tmp_path / "outputs").exists()
+
+
+def listening_on(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* writes them) that listen on `port`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                host, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(host)
+    return found
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+
+
+def test_a_worker_of_a_localhost_cluster_listens_on_loopback_or_says_it_does_not():
+    address = free_addresses(1)[0]
+    worker = subprocess.Popen([sys.executable, "-m", "chain.worker", "--index", "0", "--cluster", address],
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().startswith("worker 0 serving"), worker.stderr.read()
+        bound = listening_on(int(address.rsplit(":", 1)[1]))
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+    assert bound, "the worker listens on nothing"
+    if bound <= LOOPBACK:
+        return  # TensorFlow could bind it to loopback: nothing to warn about
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "every network interface" in warnings[0] and "trusted" in warnings[0], err

@@ -53,6 +53,7 @@ class Run:
         self.tracker = validation.Tracker(settings.trainer.early_stop_patience)
         self._checkpoints: dict[str, Any] = {}
         self._release = False  # fit took the run directory's lock and gives it back when done
+        self.watchdog = None  # a multi-worker run's chain.planning.cluster.Watchdog: stopped when fit ends
 
     @property
     def schedule(self):
@@ -228,16 +229,19 @@ class Run:
         try:
             return self._fit(t, callback)
         except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError):
-            if not self.placement.cluster:
+            workers = self.placement.cluster or self.placement.multi_worker
+            if not workers:
                 raise
             from chain.planning import cluster
 
-            raise cluster.lost(self.placement.cluster, self.intact(), wait=self.settings.cluster.lost_after_s) from None
+            raise cluster.lost(workers, self.intact(), wait=self.settings.cluster.lost_after_s) from None
         except (StorageError, OutOfMemory) as e:
             if "last complete checkpoint" in str(e) or not self.run_dir:
                 raise
             raise type(e)(f"{e}; {self.intact(hint=False)}") from None
         finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
             if self._release:
                 from chain.state import lock
 
