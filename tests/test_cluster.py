@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -19,15 +17,25 @@ import pytest
 from chain.worker import LocalCluster, free_addresses
 from compare import assert_values_alike
 from conftest import manifest, run_cli, stage_values
+from servers import FakeServer
 
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
 MODES = {"e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"], "local": ["mode=local"]}
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(2) as started:
+        yield started
+
+
 @pytest.fixture
-def workers():
-    with LocalCluster(2) as cluster:
-        yield cluster
+def workers(cluster):
+    """The module's two workers, each running (a test that killed or stopped one has restarted or continued it)."""
+    for i, p in enumerate(cluster.procs):
+        if p.poll() is not None:
+            cluster.start(i)
+    return cluster
 
 
 def final(run_dir) -> dict:
@@ -48,10 +56,10 @@ def test_a_chain_on_two_workers_trains_like_on_local_devices(workers, tmp_path, 
         assert_values_alike(a[k], b[k], rtol=1e-6)
 
 
-def start_client(tmp_path, args, run_dir) -> subprocess.Popen:
+def start_client(tmp_path, args, run_dir, **hooks: str) -> subprocess.Popen:
     """`python -m chain ARGS` announcing its steps on stderr, as a user runs it (TensorFlow's own logging
-    level left to the CLI)."""
-    env = dict(os.environ, CHAIN_TEST_ANNOUNCE="1")
+    level left to the CLI); `hooks`: more of `chain.testhooks`' variables."""
+    env = dict(os.environ, CHAIN_TEST_ANNOUNCE="1", **hooks)
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
     return subprocess.Popen([sys.executable, "-m", "chain", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -105,6 +113,26 @@ def test_an_unreachable_worker_fails_fast_naming_it(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+def test_a_worker_lost_during_a_save_is_a_lost_worker_not_a_storage_error(workers, tmp_path):
+    # worker 1 dies after stage 0 (on worker 0) is saved, before stage 1 (its variables on worker 1) is
+    args = [*TINY, *MODES["local"], "trainer.steps=100", "checkpoint.every=4", "cluster.lost_after_s=60",
+            workers.option]
+    client = start_client(tmp_path, args, tmp_path / "run", CHAIN_TEST_SAVE_PAUSE="2@8")
+    try:
+        for line in client.stderr:
+            if "test-hook: saved stage_00 of step 8" in line:
+                break
+        workers.kill(1)
+        code = client.wait(timeout=60)
+        rest = client.stderr.read()
+    finally:
+        client.kill()
+    errors = [line for line in rest.splitlines() if line.strip() and not line.startswith("test-hook")]
+    assert code == 5 and len(errors) == 1, rest
+    assert errors[0].startswith(f"error: cluster worker 1 ({workers.addresses[1]}) is lost"), errors[0]
+    assert errors[0].endswith("the last complete checkpoint (step 4) is intact: resume with resume=true"), errors[0]
+
+
 def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
     # SIGSTOP: the worker's port still accepts connections (the kernel does), but its server answers nothing
     args = [*TINY, *MODES["e2e"], "trainer.steps=100000", "checkpoint.every=0", "cluster.lost_after_s=3",
@@ -127,43 +155,12 @@ def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
     assert took < 30, took  # a few multiples of cluster.lost_after_s, not minutes
 
 
-class FakeServer:
-    """A server on loopback that accepts connections and either never answers ("silent") or answers
-    as an HTTP/1.1 server does to what it does not understand ("http")."""
-
-    def __init__(self, kind: str):
-        self.kind, self.sock, self.conns = kind, socket.socket(), []
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(c)  # kept open: a silent server never closes either
-            if self.kind == "http":
-                c.recv(4096)
-                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self.conns:
-            c.close()
-
-
 @pytest.mark.parametrize("kind", ["silent", "http"])
 def test_an_address_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, kind):
-    server = FakeServer(kind)
-    try:
+    with FakeServer(kind) as server:
         started = time.monotonic()
         r = run_cli(tmp_path, *TINY, f"cluster.workers=[{server.address}]", "cluster.lost_after_s=2", timeout=90)
         took = time.monotonic() - started
-    finally:
-        server.close()
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(f"error: cluster.workers[0]={server.address} "), r.stderr
     assert ("does not answer within 2 s" if kind == "silent" else "not a TensorFlow server") in r.stderr, r.stderr

@@ -20,6 +20,7 @@ import chain
 from chain.worker import free_addresses
 from compare import assert_values_alike
 from conftest import read_summary, run_cli, stage_values
+from servers import FakeServer
 
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false",
         "placement.fallback=mirrored", "trainer.steps=5"]
@@ -92,6 +93,17 @@ def test_a_lost_host_stops_the_other_with_one_line(tmp_path, how):
     assert code == 5 and len(errors) == 1, rest[-3000:]
     assert errors[0].startswith(f"error: cluster worker 1 ({addresses[1]}) is lost"), errors[0]
     assert took < 40, took  # a few multiples of cluster.lost_after_s, not forever
+
+
+@pytest.mark.parametrize("kind", ["silent", "http"])
+def test_a_peer_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, kind):
+    with FakeServer(kind) as server:
+        addresses = [free_addresses(1)[0], server.address]
+        r = run_cli(tmp_path, *TINY, "cluster.lost_after_s=2", env={"TF_CONFIG": tf_config(addresses, 0)}, timeout=90)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: TF_CONFIG's worker 1 ({server.address}) "), r.stderr
+    assert ("does not answer within 2 s" if kind == "silent" else "not a TensorFlow server") in r.stderr, r.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.parametrize("fallback", ["virtual", "error"])

@@ -128,20 +128,35 @@ def silence(address: str, timeout: float) -> Silence | None:
     return Silence(f"is not a TensorFlow server (it answered {said!r}...)", connected=True)
 
 
+def _refusal(subject: str, found: Silence, timeout: float, start: str | None) -> str:
+    """One line: `subject` (a worker's address) does not answer as a TensorFlow server, and how one is started."""
+    how = f"; a worker is started with: {start}" if start else ""
+    if not found.connected:
+        return f"{subject} is not reachable ({found.why}); start it with: {start}"
+    if found.why.startswith("accepts"):
+        return (f"{subject} {found.why} within {timeout:g} s (cluster.lost_after_s): not a TensorFlow server, "
+                f"or a stopped one{how}")
+    return f"{subject} {found.why}{how}"
+
+
 def check_reachable(addresses: Sequence[str], timeout: float) -> None:
     """A DeviceError naming the first worker that does not answer as a TensorFlow server within
     `timeout` seconds, and how to start it (connecting to one that does not would wait forever)."""
     for i, a in enumerate(addresses):
         found = silence(a, timeout)
-        if found is None:
-            continue
-        start = f"python -m chain.worker --index {i} --cluster {','.join(addresses)}"
-        if not found.connected:
-            raise DeviceError(f"cluster.workers[{i}]={a} is not reachable ({found.why}); start it with: {start}")
-        if found.why.startswith("accepts"):
-            raise DeviceError(f"cluster.workers[{i}]={a} {found.why} within {timeout:g} s (cluster.lost_after_s): "
-                              f"not a TensorFlow server, or a stopped one; a worker is started with: {start}")
-        raise DeviceError(f"cluster.workers[{i}]={a} {found.why}; a worker is started with: {start}")
+        if found:
+            start = f"python -m chain.worker --index {i} --cluster {','.join(addresses)}"
+            raise DeviceError(_refusal(f"cluster.workers[{i}]={a}", found, timeout, start))
+
+
+def check_peers(addresses: Sequence[str], task: int, timeout: float) -> None:
+    """A DeviceError naming the first of TF_CONFIG's other workers where something that is not a
+    TensorFlow server listens (TensorFlow would wait for it forever). A peer that does not accept
+    connections yet is one that has not started: TensorFlow waits for it."""
+    for i, a in enumerate(addresses):
+        found = silence(a, timeout) if i != task else None
+        if found and found.connected:
+            raise DeviceError(_refusal(f"TF_CONFIG's worker {i} ({a})", found, timeout, None))
 
 
 _connected: list[tuple[str, ...]] = []  # the cluster this process is connected to

@@ -49,6 +49,7 @@ def plan(settings: Settings, info: DataInfo | None = None) -> tuple[planner.Plac
         planner.check_batch(settings.data.batch_size, placement)
         if info is not None:
             check_memory(settings, placement, info, inventory)
+        cluster.check_peers(*multi_worker, settings.cluster.lost_after_s)
         cluster.multi_worker_strategy()  # before anything starts the runtime
         return placement, inventory
     addresses = cluster.workers(settings.cluster.workers)
