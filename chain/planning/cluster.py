@@ -114,7 +114,12 @@ def silence(address: str, timeout: float) -> Silence | None:
         try:
             conn.settimeout(timeout)
             conn.sendall(_HTTP2_PREFACE)
-            head = conn.recv(9)
+            head = b""
+            while len(head) < 4:  # up to the frame type
+                part = conn.recv(9 - len(head))
+                if not part:
+                    break
+                head += part
         except socket.timeout:
             return Silence("accepts connections but does not answer", connected=True)
         except OSError as e:
