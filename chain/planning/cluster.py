@@ -201,15 +201,23 @@ def _lost_line(i: int, address: str, found: Silence, seconds: float) -> str:
     return f"cluster worker {i} ({address}) is lost: {how}{during} ({found.why})"
 
 
+def find_lost(addresses: Sequence[str], state: str) -> WorkerLost | None:
+    """The error naming the first worker that does not answer now (within a second), or None."""
+    for i, a in enumerate(addresses):
+        found = silence(a, timeout=1.0)
+        if found:
+            return WorkerLost(f"{_lost_line(i, a, found, 0)}; {state}")
+    return None
+
+
 def lost(addresses: Sequence[str], state: str, wait: float = 0.0) -> WorkerLost:
     """The error for a run whose step failed because a worker went away: names the first that
     does not answer (within `wait` seconds), or all of them when each answers again."""
     deadline = time.monotonic() + wait
     while True:
-        for i, a in enumerate(addresses):
-            found = silence(a, timeout=1.0)
-            if found:
-                return WorkerLost(f"{_lost_line(i, a, found, 0)}; {state}")
+        found = find_lost(addresses, state)
+        if found:
+            return found
         if time.monotonic() >= deadline:
             return WorkerLost(f"a cluster worker stopped the step (workers: {', '.join(addresses)}); {state}")
         time.sleep(0.2)

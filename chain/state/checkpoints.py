@@ -166,9 +166,6 @@ class Checkpoints:
             m = self._manifest(step, complete, checkpoints, {**kept, str(step): digests}, loss_first, loss_last,
                                {**found, str(step): validation})
             manifest_lib.write(self.run_dir, m)  # the commit point
-        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError):
-            self._discard(step)
-            raise  # a cluster worker holding variables went away, not the file system: Run.fit names it
         except (OSError, tf.errors.OpError) as e:
             self._discard(step)
             where = f"; the last complete checkpoint (step {previous['step']}) is intact" if previous else ""
