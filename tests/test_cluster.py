@@ -168,6 +168,26 @@ def test_an_address_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, ki
     assert not (tmp_path / "outputs").exists()
 
 
+def test_a_grpc_server_that_is_not_a_worker_fails_naming_it(tmp_path):
+    # TensorFlow's profiler server speaks gRPC (so it answers the handshake) but serves no worker
+    address = free_addresses(1)[0]
+    code = (f"import time, tensorflow as tf; tf.profiler.experimental.server.start({address.rsplit(':', 1)[1]}); "
+            "print('up', flush=True); time.sleep(300)")
+    server = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user runs it
+        r = subprocess.run([sys.executable, "-m", "chain", *TINY, f"cluster.workers=[{address}]"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=90)
+    finally:
+        server.kill()
+        server.wait()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: cluster.workers[0]={address} is not a TensorFlow worker"), r.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
 def listening_on(port: int) -> set[str]:
     """The local addresses (hex, as /proc/net/tcp* writes them) that listen on `port`."""
     found = set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -178,8 +179,24 @@ def connect(addresses: Sequence[str]) -> None:
             raise DeviceError(f"this process is connected to the cluster {', '.join(_connected[0])}; a run on "
                               f"{', '.join(key)} needs a new process")
         return
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({WORKER_JOB: list(key)}))
+    try:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({WORKER_JOB: list(key)}))
+        tf.config.list_logical_devices()  # the runtime starts here and asks every worker for its status
+    except tf.errors.OpError as e:  # a gRPC server that is not a TensorFlow worker (a profiler server, ...)
+        raise DeviceError(_not_a_worker(key, e)) from None
     _connected.append(key)
+
+
+def _not_a_worker(addresses: Sequence[str], e: Exception) -> str:
+    """One line for a connection that a server refused: the worker TensorFlow's error names, if any."""
+    said = str(e).strip().splitlines()
+    task = re.search(rf"/job:{WORKER_JOB}/replica:0/task:(\d+)", str(e))
+    if task is None or int(task.group(1)) >= len(addresses):
+        return f"cannot connect to the cluster workers {', '.join(addresses)}: {said[0] if said else type(e).__name__}"
+    i = int(task.group(1))
+    return (f"cluster.workers[{i}]={addresses[i]} is not a TensorFlow worker (it refused TensorFlow's worker "
+            f"service: {type(e).__name__}); a worker is started with: python -m chain.worker --index {i} "
+            f"--cluster {','.join(addresses)}")
 
 
 def remote_devices(n_workers: int) -> list[list[str]]:
