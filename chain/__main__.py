@@ -222,7 +222,7 @@ def main() -> None:
             cfg = compose_config(overrides, with_hydra=True)
             check_job_name(cfg)
             settings = validate(cfg)
-            if settings.cluster.workers and _USER_LOG_LEVEL is None:
+            if (settings.cluster.workers or os.environ.get("TF_CONFIG")) and _USER_LOG_LEVEL is None:
                 # A lost worker is one line of ours; TensorFlow's C++ runtime would add its own
                 # multi-line gRPC errors (TF_CPP_MIN_LOG_LEVEL=2 shows them).
                 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"

@@ -1,7 +1,9 @@
 """`python -m chain.worker --index I --cluster host:port,host:port,...`: one worker of a cluster.
 
 Starts a TensorFlow server (`tf.distribute.Server`) for task I of the job `worker`, prints
-the address it serves, and serves until stopped (SIGTERM or Ctrl-C end it cleanly). A
+the address it serves, and serves until stopped (SIGTERM or Ctrl-C end it cleanly). The
+server listens on every network interface (TensorFlow cannot bind it to one address) and
+runs what any client sends it: a warning says so at start; run workers on trusted networks. A
 training run then places stages on the workers' devices with `cluster.workers=[...]`
 (the same list, in the same order): `/job:worker/replica:0/task:I/device:CPU:0` (or GPU:M).
 
@@ -38,6 +40,16 @@ def parse_cluster(text: str) -> list[str]:
     from chain.config.fields import address
 
     return [address(f"--cluster[{i}]", a.strip()) for i, a in enumerate(text.split(",")) if a.strip()]
+
+
+def open_to_network(address: str) -> str:
+    """Why a worker's port is open beyond the host its cluster names: TensorFlow's gRPC server
+    (2.21, `GrpcServer::Init`) listens on `0.0.0.0:PORT` (every interface, IPv6 too) and no
+    option of `tf.distribute.Server` or its `ServerDef` names another address."""
+    host, port = address.rsplit(":", 1)
+    return (f"this worker listens on port {port} of every network interface, not only {host} (TensorFlow's "
+            f"server cannot be bound to one address), and runs any computation sent to it, unauthenticated: "
+            f"run workers on trusted networks only, or firewall the port")
 
 
 def free_addresses(n: int) -> list[str]:
@@ -176,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     print(f"worker {a.index} serving {workers[a.index]} ({server.target})", flush=True)
+    print(f"warning: {open_to_network(workers[a.index])}", file=sys.stderr, flush=True)
     try:
         while not stop:  # the server runs in its own threads; this thread only waits for a signal
             time.sleep(0.2)

@@ -1,11 +1,13 @@
 """Stages on TensorFlow cluster workers (`python -m chain.worker`) on loopback: the same training as
-on local logical devices, a lost worker stops the client fast with one line, a resume after
-the worker is back is bit-exact, and an unreachable worker fails at once. The workers are
-always shut down, also when a test fails."""
+on local logical devices, a lost worker (killed or stopped) stops the client fast with one line, a
+resume after the worker is back is bit-exact, and an unreachable worker or an address that is not a
+TensorFlow server fails at once. The workers are always shut down (and continued), also when a
+test fails."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,15 +17,25 @@ import pytest
 from chain.worker import LocalCluster, free_addresses
 from compare import assert_values_alike
 from conftest import manifest, run_cli, stage_values
+from servers import FakeServer
 
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
 MODES = {"e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"], "local": ["mode=local"]}
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(2) as started:
+        yield started
+
+
 @pytest.fixture
-def workers():
-    with LocalCluster(2) as cluster:
-        yield cluster
+def workers(cluster):
+    """The module's two workers, each running (a test that killed or stopped one has restarted or continued it)."""
+    for i, p in enumerate(cluster.procs):
+        if p.poll() is not None:
+            cluster.start(i)
+    return cluster
 
 
 def final(run_dir) -> dict:
@@ -44,21 +56,30 @@ def test_a_chain_on_two_workers_trains_like_on_local_devices(workers, tmp_path, 
         assert_values_alike(a[k], b[k], rtol=1e-6)
 
 
+def start_client(tmp_path, args, run_dir, **hooks: str) -> subprocess.Popen:
+    """`python -m chain ARGS` announcing its steps on stderr, as a user runs it (TensorFlow's own logging
+    level left to the CLI); `hooks`: more of `chain.testhooks`' variables."""
+    env = dict(os.environ, CHAIN_TEST_ANNOUNCE="1", **hooks)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    return subprocess.Popen([sys.executable, "-m", "chain", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(client: subprocess.Popen, step: int) -> None:
+    for line in client.stderr:
+        if f"test-hook: step {step} done" in line:
+            return
+    raise AssertionError(f"the run ended before step {step}: exit {client.wait()}")
+
+
 def test_a_lost_worker_stops_the_run_with_one_line_and_the_resume_is_bit_exact(workers, tmp_path):
     args = [*TINY, *MODES["e2e"], "trainer.steps=24", "checkpoint.every=4", workers.option]
     straight, victim = str(tmp_path / "straight"), str(tmp_path / "victim")
     r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}")
     assert r.returncode == 0, r.stderr
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_ANNOUNCE="1")
-    env.pop("TF_CPP_MIN_LOG_LEVEL")  # as a user runs it: the CLI quiets TensorFlow's own gRPC errors
-    client = subprocess.Popen([sys.executable, "-m", "chain", *args, f"hydra.run.dir={victim}"], cwd=tmp_path,
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client = start_client(tmp_path, args, victim)
     try:
-        lines = []
-        for line in client.stderr:
-            lines.append(line)
-            if "test-hook: step 9 done" in line:
-                break
+        wait_for_step(client, 9)
         workers.kill(1)
         killed = time.monotonic()
         rest = client.stderr.read()
@@ -90,3 +111,113 @@ def test_an_unreachable_worker_fails_fast_naming_it(tmp_path):
         f"error: cluster.workers[0]=localhost:{port} is not reachable (Connection refused); start it with: "
         f"python -m chain.worker --index 0 --cluster localhost:{port}")
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_worker_lost_during_a_save_is_a_lost_worker_not_a_storage_error(workers, tmp_path):
+    # worker 1 dies after stage 0 (on worker 0) is saved, before stage 1 (its variables on worker 1) is
+    args = [*TINY, *MODES["local"], "trainer.steps=100", "checkpoint.every=4", "cluster.lost_after_s=60",
+            workers.option]
+    client = start_client(tmp_path, args, tmp_path / "run", CHAIN_TEST_SAVE_PAUSE="2@8")
+    try:
+        for line in client.stderr:
+            if "test-hook: saved stage_00 of step 8" in line:
+                break
+        workers.kill(1)
+        code = client.wait(timeout=60)
+        rest = client.stderr.read()
+    finally:
+        client.kill()
+    errors = [line for line in rest.splitlines() if line.strip() and not line.startswith("test-hook")]
+    assert code == 5 and len(errors) == 1, rest
+    assert errors[0].startswith(f"error: cluster worker 1 ({workers.addresses[1]}) is lost"), errors[0]
+    assert errors[0].endswith("the last complete checkpoint (step 4) is intact: resume with resume=true"), errors[0]
+
+
+def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
+    # SIGSTOP: the worker's port still accepts connections (the kernel does), but its server answers nothing
+    args = [*TINY, *MODES["e2e"], "trainer.steps=100000", "checkpoint.every=0", "cluster.lost_after_s=3",
+            workers.option]
+    client = start_client(tmp_path, args, tmp_path / "run")
+    try:
+        wait_for_step(client, 3)
+        os.kill(workers.pids[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        code = client.wait(timeout=60)  # before reading to the end: a client that hangs never closes stderr
+        took = time.monotonic() - stopped
+        rest = client.stderr.read()
+    finally:
+        client.kill()
+        os.kill(workers.pids[1], signal.SIGCONT)
+    errors = [line for line in rest.splitlines() if line.strip() and not line.startswith("test-hook")]
+    assert code == 5 and len(errors) == 1, rest
+    assert errors[0].startswith(f"error: cluster worker 1 ({workers.addresses[1]}) is lost"), errors[0]
+    assert "does not answer" in errors[0], errors[0]
+    assert took < 30, took  # a few multiples of cluster.lost_after_s, not minutes
+
+
+@pytest.mark.parametrize("kind", ["silent", "http"])
+def test_an_address_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, kind):
+    with FakeServer(kind) as server:
+        started = time.monotonic()
+        r = run_cli(tmp_path, *TINY, f"cluster.workers=[{server.address}]", "cluster.lost_after_s=2", timeout=90)
+        took = time.monotonic() - started
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: cluster.workers[0]={server.address} "), r.stderr
+    assert ("does not answer within 2 s" if kind == "silent" else "not a TensorFlow server") in r.stderr, r.stderr
+    assert took < 60, took
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_a_grpc_server_that_is_not_a_worker_fails_naming_it(tmp_path):
+    # TensorFlow's profiler server speaks gRPC (so it answers the handshake) but serves no worker
+    address = free_addresses(1)[0]
+    code = (f"import time, tensorflow as tf; tf.profiler.experimental.server.start({address.rsplit(':', 1)[1]}); "
+            "print('up', flush=True); time.sleep(300)")
+    server = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user runs it
+        r = subprocess.run([sys.executable, "-m", "chain", *TINY, f"cluster.workers=[{address}]"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=90)
+    finally:
+        server.kill()
+        server.wait()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: cluster.workers[0]={address} is not a TensorFlow worker"), r.stderr
+    assert not (tmp_path / "outputs").exists()
+
+
+def listening_on(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* writes them) that listen on `port`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                host, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(host)
+    return found
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+
+
+def test_a_worker_of_a_localhost_cluster_listens_on_loopback_or_says_it_does_not():
+    address = free_addresses(1)[0]
+    worker = subprocess.Popen([sys.executable, "-m", "chain.worker", "--index", "0", "--cluster", address],
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().startswith("worker 0 serving"), worker.stderr.read()
+        bound = listening_on(int(address.rsplit(":", 1)[1]))
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+    assert bound, "the worker listens on nothing"
+    if bound <= LOOPBACK:
+        return  # TensorFlow could bind it to loopback: nothing to warn about
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "every network interface" in warnings[0] and "trusted" in warnings[0], err

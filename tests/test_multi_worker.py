@@ -1,14 +1,17 @@
 """`placement.fallback=mirrored` across hosts: every worker of TF_CONFIG runs the same command and
 trains the whole chain data parallel (MultiWorkerMirroredStrategy). Two such workers on
 loopback train like one process mirrored over two logical CPU replicas, on the same global
-batches; a TF_CONFIG task without the mirrored fallback is one line."""
+batches; a host that dies or stops answering stops the others with one line (exit 5); a TF_CONFIG
+task without the mirrored fallback is one line."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,6 +20,7 @@ import chain
 from chain.worker import free_addresses
 from compare import assert_values_alike
 from conftest import read_summary, run_cli, stage_values
+from servers import FakeServer
 
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false",
         "placement.fallback=mirrored", "trainer.steps=5"]
@@ -59,6 +63,47 @@ def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path,
     assert summaries[0]["per_replica_batch_size"] == summaries[1]["per_replica_batch_size"] == 16
     assert summaries[0]["loss_last"] == summaries[1]["loss_last"]
     assert summaries[0]["loss_last"] == pytest.approx(read_summary(tmp_path / "one")["loss_last"], rel=1e-5)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+def test_a_lost_host_stops_the_other_with_one_line(tmp_path, how):
+    addresses = free_addresses(2)
+    args = [sys.executable, "-m", "chain", *TINY[:-1], "mode=local", "trainer.steps=100000", "checkpoint.every=0",
+            "cluster.lost_after_s=3"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user runs it
+    procs = [subprocess.Popen([*args, f"hydra.run.dir={tmp_path / f'w{i}'}"], cwd=tmp_path, text=True,
+                              env=dict(env, TF_CONFIG=tf_config(addresses, i), CHAIN_TEST_ANNOUNCE="1"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(2)]
+    try:
+        for line in procs[0].stderr:
+            if "test-hook: step 3 done" in line:
+                break
+        os.kill(procs[1].pid, how)
+        lost = time.monotonic()
+        code = procs[0].wait(timeout=90)  # before reading to the end: a host that hangs never closes stderr
+        took = time.monotonic() - lost
+        rest = procs[0].stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)  # a stopped process is killed all the same, but never left stopped
+                p.kill()
+            p.wait()
+    errors = [line for line in rest.splitlines() if line.strip() and not line.startswith("test-hook")]
+    assert code == 5 and len(errors) == 1, rest[-3000:]
+    assert errors[0].startswith(f"error: cluster worker 1 ({addresses[1]}) is lost"), errors[0]
+    assert took < 40, took  # a few multiples of cluster.lost_after_s, not forever
+
+
+@pytest.mark.parametrize("kind", ["silent", "http"])
+def test_a_peer_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, kind):
+    with FakeServer(kind) as server:
+        addresses = [free_addresses(1)[0], server.address]
+        r = run_cli(tmp_path, *TINY, "cluster.lost_after_s=2", env={"TF_CONFIG": tf_config(addresses, 0)}, timeout=90)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: TF_CONFIG's worker 1 ({server.address}) "), r.stderr
+    assert ("does not answer within 2 s" if kind == "silent" else "not a TensorFlow server") in r.stderr, r.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.parametrize("fallback", ["virtual", "error"])

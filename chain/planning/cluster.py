@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from chain.errors import ConfigError, DeviceError, WorkerLost
@@ -82,23 +84,85 @@ def multi_worker_strategy():
     return _multi_worker[0]
 
 
-def unreachable(address: str, timeout: float = 2.0) -> str | None:
-    """Why `address` does not accept a connection (None: it does)."""
+# What a TensorFlow server (gRPC: HTTP/2) answers first to a client's connection preface is its SETTINGS
+# frame: a 9-byte frame header whose fourth byte is the frame type, 4. Its transport threads answer
+# it even while the server computes, so an answer proves the process is alive and serving.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
+_SETTINGS = 4
+
+
+@dataclass(frozen=True)
+class Silence:
+    """Why an address does not answer as a TensorFlow server: `why` in words, and whether it
+    accepted the connection (something listens there: a wrong or a stopped server)."""
+
+    why: str
+    connected: bool
+
+
+def silence(address: str, timeout: float) -> Silence | None:
+    """Why `address` does not answer as a TensorFlow server within `timeout` seconds (None: it does).
+
+    A port that accepts connections is not enough: the kernel accepts them for a stopped
+    (SIGSTOP) or wedged process too, and for any other server. So this opens a connection,
+    speaks the first words of gRPC's HTTP/2 and waits for the server's own."""
     host, port = address.rsplit(":", 1)
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return None
+        conn = socket.create_connection((host, int(port)), timeout=timeout)
     except OSError as e:
-        return e.strerror or str(e) or type(e).__name__
+        return Silence(e.strerror or str(e) or type(e).__name__, connected=False)
+    with conn:
+        try:
+            conn.settimeout(timeout)
+            conn.sendall(_HTTP2_PREFACE)
+            head = b""
+            while len(head) < 4:  # up to the frame type
+                part = conn.recv(9 - len(head))
+                if not part:
+                    break
+                head += part
+        except socket.timeout:
+            return Silence("accepts connections but does not answer", connected=True)
+        except OSError as e:
+            return Silence(f"closes connections ({e.strerror or e})", connected=True)
+    if len(head) > 3 and head[3] == _SETTINGS:
+        return None
+    if not head:
+        return Silence("closes connections without answering: not a TensorFlow server", connected=True)
+    said = head.decode("ascii", "replace").strip()
+    said = "".join(c if c.isprintable() else "?" for c in said)
+    return Silence(f"is not a TensorFlow server (it answered {said!r}...)", connected=True)
 
 
-def check_reachable(addresses: Sequence[str]) -> None:
-    """A DeviceError naming the first worker that does not answer, and how to start it."""
+def _refusal(subject: str, found: Silence, timeout: float, start: str | None) -> str:
+    """One line: `subject` (a worker's address) does not answer as a TensorFlow server, and how one is started."""
+    how = f"; a worker is started with: {start}" if start else ""
+    if not found.connected:
+        return f"{subject} is not reachable ({found.why}); start it with: {start}"
+    if found.why.startswith("accepts"):
+        return (f"{subject} {found.why} within {timeout:g} s (cluster.lost_after_s): not a TensorFlow server, "
+                f"or a stopped one{how}")
+    return f"{subject} {found.why}{how}"
+
+
+def check_reachable(addresses: Sequence[str], timeout: float) -> None:
+    """A DeviceError naming the first worker that does not answer as a TensorFlow server within
+    `timeout` seconds, and how to start it (connecting to one that does not would wait forever)."""
     for i, a in enumerate(addresses):
-        why = unreachable(a)
-        if why:
-            raise DeviceError(f"cluster.workers[{i}]={a} is not reachable ({why}); start it with: python -m chain.worker "
-                              f"--index {i} --cluster {','.join(addresses)}")
+        found = silence(a, timeout)
+        if found:
+            start = f"python -m chain.worker --index {i} --cluster {','.join(addresses)}"
+            raise DeviceError(_refusal(f"cluster.workers[{i}]={a}", found, timeout, start))
+
+
+def check_peers(addresses: Sequence[str], task: int, timeout: float) -> None:
+    """A DeviceError naming the first of TF_CONFIG's other workers where something that is not a
+    TensorFlow server listens (TensorFlow would wait for it forever). A peer that does not accept
+    connections yet is one that has not started: TensorFlow waits for it."""
+    for i, a in enumerate(addresses):
+        found = silence(a, timeout) if i != task else None
+        if found and found.connected:
+            raise DeviceError(_refusal(f"TF_CONFIG's worker {i} ({a})", found, timeout, None))
 
 
 _connected: list[tuple[str, ...]] = []  # the cluster this process is connected to
@@ -115,8 +179,24 @@ def connect(addresses: Sequence[str]) -> None:
             raise DeviceError(f"this process is connected to the cluster {', '.join(_connected[0])}; a run on "
                               f"{', '.join(key)} needs a new process")
         return
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({WORKER_JOB: list(key)}))
+    try:
+        tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({WORKER_JOB: list(key)}))
+        tf.config.list_logical_devices()  # the runtime starts here and asks every worker for its status
+    except tf.errors.OpError as e:  # a gRPC server that is not a TensorFlow worker (a profiler server, ...)
+        raise DeviceError(_not_a_worker(key, e)) from None
     _connected.append(key)
+
+
+def _not_a_worker(addresses: Sequence[str], e: Exception) -> str:
+    """One line for a connection that a server refused: the worker TensorFlow's error names, if any."""
+    said = str(e).strip().splitlines()
+    task = re.search(rf"/job:{WORKER_JOB}/replica:0/task:(\d+)", str(e))
+    if task is None or int(task.group(1)) >= len(addresses):
+        return f"cannot connect to the cluster workers {', '.join(addresses)}: {said[0] if said else type(e).__name__}"
+    i = int(task.group(1))
+    return (f"cluster.workers[{i}]={addresses[i]} is not a TensorFlow worker (it refused TensorFlow's worker "
+            f"service: {type(e).__name__}); a worker is started with: python -m chain.worker --index {i} "
+            f"--cluster {','.join(addresses)}")
 
 
 def remote_devices(n_workers: int) -> list[list[str]]:
@@ -131,39 +211,64 @@ def remote_devices(n_workers: int) -> list[list[str]]:
     return [sorted(t, key=lambda name: ("CPU" in name, name)) for t in tasks]
 
 
+def _lost_line(i: int, address: str, found: Silence, seconds: float) -> str:
+    """`cluster worker I (ADDRESS) is lost: ...` for a worker silent for `seconds` (0: just now)."""
+    how = "unreachable" if not found.connected else "no answer"
+    during = f" for {seconds:g} s" if seconds else ""
+    return f"cluster worker {i} ({address}) is lost: {how}{during} ({found.why})"
+
+
+def find_lost(addresses: Sequence[str], state: str) -> WorkerLost | None:
+    """The error naming the first worker that does not answer now (within a second), or None."""
+    for i, a in enumerate(addresses):
+        found = silence(a, timeout=1.0)
+        if found:
+            return WorkerLost(f"{_lost_line(i, a, found, 0)}; {state}")
+    return None
+
+
 def lost(addresses: Sequence[str], state: str, wait: float = 0.0) -> WorkerLost:
     """The error for a run whose step failed because a worker went away: names the first that
     does not answer (within `wait` seconds), or all of them when each answers again."""
     deadline = time.monotonic() + wait
     while True:
-        for i, a in enumerate(addresses):
-            why = unreachable(a, timeout=1.0)
-            if why:
-                return WorkerLost(f"cluster worker {i} ({a}) is lost ({why}); {state}")
+        found = find_lost(addresses, state)
+        if found:
+            return found
         if time.monotonic() >= deadline:
             return WorkerLost(f"a cluster worker stopped the step (workers: {', '.join(addresses)}); {state}")
         time.sleep(0.2)
 
 
 class Watchdog(threading.Thread):
-    """Checks every worker's port twice a second; one unreachable for `lost_after` seconds ends the
-    process at once with one line naming it (a step waiting on a dead worker would wait for
-    minutes): exit code 5. `state()` says what is left (the last complete checkpoint)."""
+    """Asks every worker's server for an answer (`silence`) twice a second; one that does not answer
+    for `lost_after` seconds (killed, its host gone, stopped or wedged) ends the process at once with
+    one line naming it (a step waiting on it would wait for minutes, or forever): exit code 5.
+    `state()` says what is left (the last complete checkpoint). `skip`: this process's own task
+    (a multi-worker mirrored run watches its peers). `stop()` ends the watch (peers that end their
+    own runs may go)."""
 
-    def __init__(self, addresses: Sequence[str], lost_after: float, state: Callable[[], str]):
+    def __init__(self, addresses: Sequence[str], lost_after: float, state: Callable[[], str], skip: int | None = None):
         super().__init__(daemon=True, name="chain-watchdog")
-        self.addresses, self.lost_after, self.state = list(addresses), lost_after, state
+        self.addresses, self.lost_after, self.state, self.skip = list(addresses), lost_after, state, skip
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """Stop watching (from any thread); a verdict not yet printed is dropped."""
+        self._stopped.set()
 
     def run(self) -> None:
         last_ok = [time.monotonic()] * len(self.addresses)
-        while True:
+        while not self._stopped.is_set():
             for i, a in enumerate(self.addresses):
-                why = unreachable(a, timeout=min(1.0, self.lost_after))
+                if i == self.skip:
+                    continue
+                found = silence(a, timeout=self.lost_after)
                 now = time.monotonic()
-                if why is None:
+                if found is None:
                     last_ok[i] = now
-                elif now - last_ok[i] >= self.lost_after:
-                    print(f"error: cluster worker {i} ({a}) is lost: unreachable for {self.lost_after:g} s ({why}); "
-                          f"{self.state()}", file=sys.stderr, flush=True)
+                elif now - last_ok[i] >= self.lost_after and not self._stopped.is_set():
+                    print(f"error: {_lost_line(i, a, found, self.lost_after)}; {self.state()}",
+                          file=sys.stderr, flush=True)
                     os._exit(EXIT_LOST)
-            time.sleep(0.5)
+            self._stopped.wait(0.5)

@@ -49,11 +49,12 @@ def plan(settings: Settings, info: DataInfo | None = None) -> tuple[planner.Plac
         planner.check_batch(settings.data.batch_size, placement)
         if info is not None:
             check_memory(settings, placement, info, inventory)
+        cluster.check_peers(*multi_worker, settings.cluster.lost_after_s)
         cluster.multi_worker_strategy()  # before anything starts the runtime
         return placement, inventory
     addresses = cluster.workers(settings.cluster.workers)
     if addresses:
-        cluster.check_reachable(addresses)
+        cluster.check_reachable(addresses, settings.cluster.lost_after_s)
         cluster.connect(addresses)
         inventory = Inventory()
         placement = planner.plan_cluster(settings.placement, len(settings.stages),
@@ -92,6 +93,10 @@ def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stag
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
     strategy = strategies.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
     run = Run(settings, strategy, dataset, run_dir)
-    if placement.cluster:
+    if placement.cluster:  # the workers serve on after the run: watched as long as this process lives
         cluster.Watchdog(placement.cluster, settings.cluster.lost_after_s, run.intact).start()
+    elif placement.multi_worker:  # every host ends its own run: its peers are watched while it trains
+        run.watchdog = cluster.Watchdog(placement.multi_worker, settings.cluster.lost_after_s, run.intact,
+                                        skip=placement.task)
+        run.watchdog.start()
     return run

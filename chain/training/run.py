@@ -20,7 +20,7 @@ from chain.data import checks
 from chain.data.pipeline import training_batches, validation_batches
 from chain.data.sources import Dataset
 from chain.errors import ChainError, OutOfMemory, StorageError
-from chain.planning import memory
+from chain.planning import cluster, memory
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
 from chain.steps.numerics import NonFiniteError, finite_or_none, judge
@@ -53,6 +53,7 @@ class Run:
         self.tracker = validation.Tracker(settings.trainer.early_stop_patience)
         self._checkpoints: dict[str, Any] = {}
         self._release = False  # fit took the run directory's lock and gives it back when done
+        self.watchdog = None  # a multi-worker run's chain.planning.cluster.Watchdog: stopped when fit ends
 
     @property
     def schedule(self):
@@ -225,19 +226,24 @@ class Run:
         import tensorflow as tf
 
         t = self.settings.trainer
+        workers = self.placement.cluster or self.placement.multi_worker  # other processes a step needs
         try:
             return self._fit(t, callback)
         except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError):
-            if not self.placement.cluster:
+            if not workers:
                 raise
-            from chain.planning import cluster
-
-            raise cluster.lost(self.placement.cluster, self.intact(), wait=self.settings.cluster.lost_after_s) from None
+            raise cluster.lost(workers, self.intact(), wait=self.settings.cluster.lost_after_s) from None
         except (StorageError, OutOfMemory) as e:
+            # a save that read a worker's variables as the worker went away: the worker is lost, not the disk
+            gone = cluster.find_lost(workers, self.intact()) if workers and isinstance(e, StorageError) else None
+            if gone:
+                raise gone from None
             if "last complete checkpoint" in str(e) or not self.run_dir:
                 raise
             raise type(e)(f"{e}; {self.intact(hint=False)}") from None
         finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
             if self._release:
                 from chain.state import lock
 
