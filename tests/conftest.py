@@ -71,8 +71,8 @@ def cli(tmp_path):
 # processes). With `-n 2 --dist loadfile --no-loadscope-reorder` (the README's command) a
 # worker takes whole modules in collection order, so starting with these keeps one of them
 # from running alone on one core after the other worker has finished.
-LONGEST_FIRST = ["test_stress.py", "test_applications.py", "test_resume.py", "test_cluster.py", "test_multi_worker.py", "test_run_dir.py", "test_speed_cli.py",
-                 "test_restage.py", "test_report.py", "test_devices_cli.py"]
+LONGEST_FIRST = ["test_stress.py", "test_applications.py", "test_cli_faults.py", "test_resume.py", "test_cluster.py", "test_multi_worker.py", "test_run_dir.py", "test_speed_cli.py",
+                 "test_restage.py", "test_damaged_data.py", "test_resume_settings.py", "test_report.py", "test_devices_cli.py"]
 
 
 def pytest_collection_modifyitems(items):
