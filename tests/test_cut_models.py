@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import chain
-from compare import rel_diff
+from compare import rel_diff, trains_like_one_device
 from conftest import DEVICES, read_summary, run_cli, run_dirs
 
 L = keras.layers
@@ -65,42 +65,6 @@ def chain_predictions(run, x) -> np.ndarray:
 
 def stage_layers(run) -> list[list[str]]:
     return [[layer.name for layer in s.model.layers if not isinstance(layer, L.InputLayer)] for s in run.stages]
-
-
-def trains_like_one_device(run, reference: keras.Model, steps: int = 4, lr: float = 0.1) -> None:
-    """`steps` SGD steps of the chain equal the same steps of `reference` (a copy of the uncut
-    model) in a one-device tape loop on the same batches, and the weights moved."""
-    start = [v.numpy() for v in reference.trainable_variables]
-    with tf.device(DEVICES[3]):
-        opt = keras.optimizers.SGD(learning_rate=lr)
-        opt.build(reference.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def ref_step(x, y):
-        with tf.device(DEVICES[3]):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, reference(x, training=True))
-            opt.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables), reference.trainable_variables))
-        return loss
-
-    it = iter(run.batches())
-    for _ in range(steps):
-        x, ys = next(it)
-        np.testing.assert_allclose(run.step(x, ys)["loss"], float(ref_step(x, ys["label"])), rtol=1e-5)
-    chained = [w for s in run.stages for w in s.model.trainable_variables]
-    by_name = {v.path: v for v in reference.trainable_variables}
-    assert len(chained) == len(by_name)
-    moved = False
-    for w, r, w0 in zip(chained, reference.trainable_variables, start, strict=True):
-        if np.abs(r.numpy() - w0).max() < 1e-8:
-            # a gradient that is 0 in exact arithmetic (attention's key bias: softmax ignores a shift
-            # of every score), round-off in both: both stayed where they started
-            assert np.abs(w.numpy() - w0).max() < 1e-8, (w.path, r.path)
-            continue
-        assert rel_diff(w.numpy(), r.numpy()) <= 1e-5, (w.path, r.path)
-        moved |= rel_diff(r.numpy(), w0) > 1e-3
-    assert moved
 
 
 # --- item 2: balance=time on a model with a branch or a skip -------------------------------
@@ -160,7 +124,7 @@ def test_a_transformer_block_cut_into_stages_predicts_and_trains_like_the_model(
                       model=model)
     assert len(run.stages) == stages and "mha" in sum(stage_layers(run), [])
     np.testing.assert_allclose(chain_predictions(run, x[:16]), model.predict(x[:16], verbose=0), rtol=0, atol=1e-6)
-    trains_like_one_device(run, encoder_block())
+    trains_like_one_device(run, encoder_block(), DEVICES[3])
 
 
 # --- item 4: an input of any image size ------------------------------------------------------

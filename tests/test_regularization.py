@@ -71,6 +71,20 @@ def assert_moved_alike(got: list, want: list, start: list, rtol: float) -> None:
         assert rel_diff(b, b0) > 100 * rtol  # training moved the weights: equality is not trivial
 
 
+def trains_like_fit(run, reference: keras.Model) -> None:
+    """STEPS steps of the chain log the losses and reach the weights of `reference.fit` (one
+    epoch over the same batches, unshuffled) within RTOL; the weights moved."""
+    start = [w.numpy() for w in reference.trainable_variables]
+    batches = take(run, STEPS)
+    losses = [float(run.step(x, ys)["loss"]) for x, ys in batches]
+    x = np.concatenate([np.asarray(b[0]) for b in batches])
+    y = np.concatenate([np.asarray(b[1]["label"]) for b in batches])
+    history = compiled(reference, run).fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(np.mean(losses), history.history["loss"][0], rtol=RTOL)  # fit logs the batches' mean
+    chained = [w.numpy() for s in run.stages for w in s.model.trainable_variables]
+    assert_moved_alike(chained, [w.numpy() for w in reference.trainable_variables], start, RTOL)
+
+
 @pytest.mark.parametrize("kind, overrides", [
     ("kernel", []),
     ("kernel", ["pipeline.microbatches=4", "pipeline.schedule=1f1b"]),
@@ -87,16 +101,7 @@ def test_e2e_trains_like_model_fit_regularizers_included(kind, overrides):
     model = regularized(kind)
     reference = copy_of(model)
     run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH, *overrides]), model=model)
-    start = [w.numpy() for w in reference.trainable_variables]
-    batches = take(run, STEPS)
-    losses = [float(run.step(x, ys)["loss"]) for x, ys in batches]
-
-    x = np.concatenate([np.asarray(b[0]) for b in batches])
-    y = np.concatenate([np.asarray(b[1]["label"]) for b in batches])
-    history = compiled(reference, run).fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
-    np.testing.assert_allclose(np.mean(losses), history.history["loss"][0], rtol=RTOL)  # fit logs the batches' mean
-    chained = [w.numpy() for s in run.stages for w in s.model.trainable_variables]
-    assert_moved_alike(chained, [w.numpy() for w in reference.trainable_variables], start, RTOL)
+    trains_like_fit(run, reference)
 
 
 @pytest.mark.parametrize("kind, overrides", [
@@ -229,15 +234,7 @@ def test_add_loss_terms_are_part_of_the_loss_like_model_fit():
     of the same layers in one model."""
     run = chain.build(chain.compose(["mode=e2e", *SYNTH]), stages=ADDED)
     reference = keras.Sequential([copy_of(s.model) for s in run.stages])
-    start = [w.numpy() for w in reference.trainable_variables]
-    batches = take(run, STEPS)
-    losses = [float(run.step(x, ys)["loss"]) for x, ys in batches]
-    x = np.concatenate([np.asarray(b[0]) for b in batches])
-    y = np.concatenate([np.asarray(b[1]["label"]) for b in batches])
-    history = compiled(reference, run).fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
-    np.testing.assert_allclose(np.mean(losses), history.history["loss"][0], rtol=RTOL)
-    chained = [w.numpy() for s in run.stages for w in s.model.trainable_variables]
-    assert_moved_alike(chained, [w.numpy() for w in reference.trainable_variables], start, RTOL)
+    trains_like_fit(run, reference)
 
 
 @pytest.mark.parametrize("overrides, parts", [
