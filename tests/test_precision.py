@@ -105,7 +105,8 @@ def test_low_precision_training_matches_float32_within_its_rounding(trained, var
     2u*sum|x*w| = 8e-4 (xw = 0.013360 against a bias of -0.013362). Which side it lands on
     depends on the CPU's kernels, not on chain. TensorFlow gives float16 to oneDNN only on
     CPUs with AVX512_FP16 (or AMX_FP16, AVX_NE_CONVERT), whose fused matmul adds the bias
-    before its one rounding: +1.3e-6, ReLU passes (where CI passed; inferred, not run here).
+    before its one rounding: +1.3e-6, ReLU passes (CI's CPU; not run here, but the same
+    Dense computed that way here, ReLU bodies, stays within 0.035u).
     Without them, Eigen's MatMul (float32 accumulation, the result rounded once: measured
     for K = 6..1024) and a separate float16 BiasAdd round twice: 0.013359 - 0.013359 = 0,
     and ReLU blocks it. That example's step on unit 9 (7 weights, up to 4.1e-3) is then the
