@@ -350,7 +350,8 @@ class Trainer:
     evaluations without a lower validation loss."""
 
     steps: int | None = setting(optional(integer(1, 10 ** 12)),
-        "optimizer steps; null: 400, or what trainer.epochs gives (not both)")
+        "optimizer steps (updates of grad_accum x data.batch_size examples); null: 400, or what "
+        "trainer.epochs gives (not both)")
     epochs: int | None = setting(optional(integer(1, 10 ** 6)),
         "passes over the training examples, rounded up to whole steps (instead of trainer.steps)")
     eval_every: int = setting(integer(0), "steps between evaluations on the validation set (0: only at the end)")
@@ -450,7 +451,8 @@ class Settings:
 
     seed: int = setting(integer(0, MAX_SEED), "seeds weights, data order, the validation split and dropout")
     mode: str = setting(choice(*MODES),
-        "local: a loss per stage; e2e: one loss after the last stage (pipelined); side_by_side: independent models")
+        "local: each stage learns its own target through a small head; e2e: one network, one loss; "
+        "side_by_side: independent models")
     loss: str = setting(choice(*LOSSES), "mode=e2e: cross-entropy on class labels (from logits), or squared error")
     precision: str = setting(choice(*PRECISIONS), "what stage bodies compute in; weights stay float32")
     resume: bool = setting(boolean, "continue the run in hydra.run.dir from its newest complete checkpoint")
