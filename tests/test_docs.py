@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import fields
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import chain
 from chain.config import schema
+from chain.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -126,3 +129,23 @@ def test_every_relative_link_reaches_a_file_and_a_heading(page):
 def test_the_slug_is_githubs():
     assert slug("Pipeline training (`mode=e2e`)") == "pipeline-training-modee2e"
     assert slug("Side by side: several experiments, one process") == "side-by-side-several-experiments-one-process"
+
+
+def readme_commands() -> list[list[str]]:
+    """The overrides of every `python -m chain ...` line in the README's bash blocks."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        for line in block.splitlines():
+            if "python -m chain " in line:
+                out.append(shlex.split(line.split("python -m chain ", 1)[1], comments=True))
+    return out
+
+
+def test_every_command_on_the_front_page_is_a_config_chain_accepts():
+    commands = readme_commands()
+    assert len(commands) >= 12
+    for args in commands:
+        try:
+            chain.compose(args)
+        except ConfigError as e:  # only the user's own files, which the examples name, may be missing
+            assert re.match(r"(model|data)\.path='[\w.]+': (no such file|the file does not exist)", str(e)), (args, e)
