@@ -1,5 +1,6 @@
-"""The README's examples run as written: each command of its `examples` block, in a fresh
-directory (with the repository's examples/ beside it), exits 0 and trains."""
+"""The documented examples run as written: each command of an `examples` block (in README.md or a
+page of docs/; today docs/your-models.md), in a fresh directory (with the repository's examples/
+beside it), exits 0 and trains."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_examples() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- examples -->\n```bash\n(.*?)```\n<!-- /examples -->", text, re.S).group(1)
-    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    blocks = [block for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+              for block in re.findall(r"<!-- examples -->\n```bash\n(.*?)```\n<!-- /examples -->", page.read_text(), re.S)]
+    return [line for block in blocks for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def test_the_readme_has_the_two_examples():

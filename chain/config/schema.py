@@ -41,9 +41,10 @@ MAX_SAMPLES = 1 << 24
 
 
 
-def setting(check: Check) -> Any:
-    """A dataclass field validated by `check` (see `chain.config.fields`)."""
-    return field(metadata={"check": check})
+def setting(check: Check, help: str = "") -> Any:
+    """A dataclass field validated by `check` (see `chain.config.fields`); `help` is its one line of
+    meaning in the config reference (`docs/config.md`, written by `scripts/config_reference.py`)."""
+    return field(metadata={"check": check, "help": help})
 
 
 def parse(cls: type, key: str, raw: Any) -> Any:
@@ -98,10 +99,11 @@ def variants(*classes: type) -> Check:
 class Body:
     """What every stage body has: `depth` layers, their activation, dropout after each."""
 
-    name: str = setting(string)
-    depth: int = setting(integer(1, MAX_DEPTH))
-    activation: str = setting(choice(*ACTIVATIONS))
-    dropout: float = setting(number(minimum=0.0, below=1.0))
+    name: str = setting(string,
+        "the body's kind: mlp or conv (a stage's `model: conv` starts from that group's defaults)")
+    depth: int = setting(integer(1, MAX_DEPTH), "number of layers")
+    activation: str = setting(choice(*ACTIVATIONS), "activation of every layer")
+    dropout: float = setting(number(minimum=0.0, below=1.0), "dropout rate after each layer (0: none)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +111,7 @@ class Mlp(Body):
     """`depth` Dense layers of `width` units (the input flattened first)."""
 
     KIND: ClassVar[str] = "mlp"
-    width: int = setting(integer(1, MAX_WIDTH))
+    width: int = setting(integer(1, MAX_WIDTH), "units of every Dense layer")
 
     def describe(self) -> str:
         return f"mlp(width={self.width}, depth={self.depth})"
@@ -120,8 +122,8 @@ class Conv(Body):
     """`depth` same-padded Conv2D layers of `filters` filters; needs image input."""
 
     KIND: ClassVar[str] = "conv"
-    filters: int = setting(integer(1, 65536))
-    kernel_size: int = setting(integer(1, 64))
+    filters: int = setting(integer(1, 65536), "filters of every Conv2D layer")
+    kernel_size: int = setting(integer(1, 64), "side of every (square) Conv2D kernel")
 
     def describe(self) -> str:
         return f"conv(filters={self.filters}, depth={self.depth}, kernel_size={self.kernel_size})"
@@ -132,10 +134,10 @@ class KerasModel:
     """One Keras model from a `.keras` file, cut into the chain's stages (`placement.split`/`balance`)."""
 
     KIND: ClassVar[str] = "keras"
-    name: str = setting(string)
-    path: str = setting(string)
-    safe_mode: bool = setting(boolean)  # false: load a file's Lambda layers (Python code); only for files you trust
-    imports: tuple[str, ...] = setting(list_of(string))  # modules that register the file's custom classes
+    name: str = setting(string, "keras: one Keras model cut into the stages")
+    path: str = setting(string, "the `.keras` file (required)")
+    safe_mode: bool = setting(boolean, "false: load a file's Lambda layers (Python code); only for files you trust")
+    imports: tuple[str, ...] = setting(list_of(string), "modules imported first, to register the file's custom classes")
 
     def describe(self) -> str:
         return f"keras({self.path})"
@@ -180,21 +182,25 @@ MODEL = model_check
 
 @dataclass(frozen=True, kw_only=True)
 class Optimizer:
-    name: str = setting(string)
-    lr: float = setting(number(positive=True))
+    name: str = setting(string, "the optimizer: adam or sgd")
+    lr: float = setting(number(positive=True), "learning rate")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Sgd(Optimizer):
+    """Stochastic gradient descent (`keras.optimizers.SGD`), with momentum."""
+
     KIND: ClassVar[str] = "sgd"
-    momentum: float = setting(number(minimum=0.0))
+    momentum: float = setting(number(minimum=0.0), "momentum (0: plain SGD)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Adam(Optimizer):
+    """Adam (`keras.optimizers.Adam`)."""
+
     KIND: ClassVar[str] = "adam"
-    beta_1: float = setting(number(minimum=0.0, below=1.0))
-    beta_2: float = setting(number(minimum=0.0, below=1.0))
+    beta_1: float = setting(number(minimum=0.0, below=1.0), "decay of the first-moment estimate")
+    beta_2: float = setting(number(minimum=0.0, below=1.0), "decay of the second-moment estimate")
 
 
 Optim = Union[Sgd, Adam]
@@ -212,10 +218,12 @@ class DataSet:
     share of its examples held out for validation (`val_fraction`; None: the data set's own
     validation split, or 0.1 of its examples when it has none; 0: no validation)."""
 
-    name: str = setting(string)
-    batch_size: int = setting(integer(1, MAX_BATCH))
-    shuffle: bool = setting(boolean)
-    val_fraction: float | None = setting(optional(number(minimum=0.0, below=1.0)))
+    name: str = setting(string, "the data source (or, data=keras, the Keras data set)")
+    batch_size: int = setting(integer(1, MAX_BATCH),
+        "examples per batch (mirrored: the global batch; a step uses trainer.grad_accum batches)")
+    shuffle: bool = setting(boolean, "shuffle the training examples (a seeded shuffle, restored on resume)")
+    val_fraction: float | None = setting(optional(number(minimum=0.0, below=1.0)),
+        "share held out for validation; null: the data's own validation split, else 0.1; 0: none")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,9 +238,9 @@ class Synthetic(DataSet):
     """Gaussian inputs labelled by a fixed random teacher network."""
 
     KIND: ClassVar[str] = "synthetic"
-    samples: int = setting(integer(1, MAX_SAMPLES))
-    features: int = setting(integer(1, 65536))
-    classes: int = setting(integer(2, 65536))
+    samples: int = setting(integer(1, MAX_SAMPLES), "number of examples")
+    features: int = setting(integer(1, 65536), "inputs per example")
+    classes: int = setting(integer(2, 65536), "number of classes of the `label` target")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,9 +257,11 @@ class Labelled(DataSet):
     array). `classes` sets a target's kind (target name -> number of classes, 0 for a real
     value); by default integer labels are classes (their maximum + 1), reals are values."""
 
-    y: str | None = setting(optional(string))
-    targets: tuple[tuple[str, str], ...] | None = setting(optional(mapping(string)))
-    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))))
+    y: str | None = setting(optional(string), "one target (called `label` for integers, `value` for reals)")
+    targets: tuple[tuple[str, str], ...] | None = setting(optional(mapping(string)),
+        "several targets: {name: key or column} (instead of y)")
+    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))),
+        "a target's kind: {name: number of classes, or 0 for a real value}; default from its values")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,9 +270,10 @@ class Npz(Labelled):
     second file with the same keys, for validation."""
 
     KIND: ClassVar[str] = "npz"
-    path: str = setting(required(string, "data=npz data.path=FILE.npz data.x=KEY data.y=KEY"))
-    val_path: str | None = setting(optional(string))
-    x: str = setting(string)
+    path: str = setting(required(string, "data=npz data.path=FILE.npz data.x=KEY data.y=KEY"),
+        "the .npz file (required)")
+    val_path: str | None = setting(optional(string), "a second .npz file with the same keys, for validation")
+    x: str = setting(string, "the key of the inputs: one example per row")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,9 +282,11 @@ class Csv(Labelled):
     (None: every column that is not a target); `val_path` an optional second file."""
 
     KIND: ClassVar[str] = "csv"
-    path: str = setting(required(string, "data=csv data.path=FILE.csv data.y=COLUMN"))
-    val_path: str | None = setting(optional(string))
-    x: tuple[str, ...] | None = setting(optional(list_of(string, 1)))
+    path: str = setting(required(string, "data=csv data.path=FILE.csv data.y=COLUMN"),
+        "the .csv file with a header row (required)")
+    val_path: str | None = setting(optional(string), "a second CSV file with the same columns, for validation")
+    x: tuple[str, ...] | None = setting(optional(list_of(string, 1)),
+        "the input columns; null: every column that is not a target")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,11 +296,13 @@ class TFRecord(Labelled):
     glob for validation."""
 
     KIND: ClassVar[str] = "tfrecord"
-    files: str = setting(required(string, "data=tfrecord data.files='DIR/*.tfrecord'"))
-    val_files: str | None = setting(optional(string))
-    x: str = setting(string)
+    files: str = setting(required(string, "data=tfrecord data.files='DIR/*.tfrecord'"),
+        "a glob of TFRecord files of tf.train.Example (required)")
+    val_files: str | None = setting(optional(string), "a glob of TFRecord files for validation")
+    x: str = setting(string, "the feature holding the inputs")
     features: tuple[tuple[str, tuple], ...] = setting(
-        required(mapping(feature), "data.features={x: 'float32[8]', label: int64} (every feature read)"))
+        required(mapping(feature), "data.features={x: 'float32[8]', label: int64} (every feature read)"),
+        "every feature read: {name: float32[d1,...] or int64} (required)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -300,10 +315,13 @@ class FromCallable(DataSet):
     KIND: ClassVar[str] = "callable"
     SELECTED_BY: ClassVar[str] = "_target_"
     EXTRA: ClassVar[str] = "kwargs"
-    _target_: str = setting(required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"))
-    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))))
-    max_examples: int = setting(integer(1, MAX_BATCH))
-    read_timeout_s: float = setting(number(positive=True, maximum=86400.0))
+    _target_: str = setting(required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"),
+        "your function's import path, called through Hydra; its arguments are +data.ARG keys (required)")
+    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))),
+        "a target's kind: {name: number of classes, or 0 for a real value}; default from its dtype")
+    max_examples: int = setting(integer(1, MAX_BATCH), "more examples than this is refused (an endless dataset?)")
+    read_timeout_s: float = setting(number(positive=True, maximum=86400.0),
+        "seconds the read may wait for a batch of examples")
     kwargs: dict = field(default_factory=dict)
 
 
@@ -318,9 +336,10 @@ DATA = variants(Digits, Synthetic, Keras, Npz, Csv, TFRecord, FromCallable)
 class StageSpec:
     """One stage: its body, its optimizer and (mode=local) the target its head learns."""
 
-    model: Model = setting(MODEL)
-    optim: Optim = setting(OPTIM)
-    target: str | None = setting(optional(string))
+    model: Model = setting(MODEL, "the stage's body: model=mlp|conv|keras or a builder (_target_)")
+    optim: Optim = setting(OPTIM, "the stage's optimizer: optim=adam|sgd")
+    target: str | None = setting(optional(string),
+        "mode=local: the data target this stage learns (null: the data's first)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,39 +349,53 @@ class Trainer:
     evaluations on the validation set (0: only at the end); `early_stop_patience=N` stops after N
     evaluations without a lower validation loss."""
 
-    steps: int | None = setting(optional(integer(1, 10 ** 12)))
-    epochs: int | None = setting(optional(integer(1, 10 ** 6)))
-    eval_every: int = setting(integer(0))
-    early_stop_patience: int | None = setting(optional(integer(1)))
-    log_every: int = setting(integer(1))
-    progress: bool = setting(boolean)
-    jit_compile: bool = setting(boolean)
-    grad_accum: int = setting(integer(1, 1 << 16))
-    steps_per_call: int = setting(integer(1, 1 << 20))
-    initial_loss_scale: float = setting(power_of_two)
-    on_nan: str = setting(choice(*ON_NAN))
-    profile: tuple[int, int] | None = setting(optional(step_window))  # steps traced (chain.training.profile)
+    steps: int | None = setting(optional(integer(1, 10 ** 12)),
+        "optimizer steps (updates of grad_accum x data.batch_size examples); null: 400, or what "
+        "trainer.epochs gives (not both)")
+    epochs: int | None = setting(optional(integer(1, 10 ** 6)),
+        "passes over the training examples, rounded up to whole steps (instead of trainer.steps)")
+    eval_every: int = setting(integer(0), "steps between evaluations on the validation set (0: only at the end)")
+    early_stop_patience: int | None = setting(optional(integer(1)),
+        "stop after N evaluations without a lower validation loss (needs eval_every)")
+    log_every: int = setting(integer(1), "steps between log lines and TensorBoard points")
+    progress: bool = setting(boolean, "a progress bar on a terminal")
+    jit_compile: bool = setting(boolean, "XLA: compile each stage's forward, backward and update on its device")
+    grad_accum: int = setting(integer(1, 1 << 16), "batches of data.batch_size summed into each optimizer step")
+    steps_per_call: int = setting(integer(1, 1 << 20),
+        "optimizer steps per call of the compiled function (same results as 1, bit for bit)")
+    initial_loss_scale: float = setting(power_of_two, "precision=mixed_float16: the dynamic loss scale's start")
+    on_nan: str = setting(choice(*ON_NAN), "a non-finite loss or gradient: stop (exit 3) or skip that update")
+    profile: tuple[int, int] | None = setting(optional(step_window),
+        "[START,STOP]: trace those steps (mode=e2e) and measure the schedule's timeline")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
-    schedule: str = setting(choice(*SCHEDULES))
-    microbatches: int = setting(integer(1, MAX_MICROBATCHES))
+    schedule: str = setting(choice(*SCHEDULES), "mode=e2e: the pipeline schedule")
+    microbatches: int = setting(integer(1, MAX_MICROBATCHES),
+        "mode=e2e: microbatches per batch; must divide data.batch_size")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PlacementSettings:
-    devices: tuple[str, ...] | None = setting(optional(list_of(string, 1, MAX_STAGES)))
-    fallback: str = setting(choice(*FALLBACKS))
-    memory_limit_mb: int | tuple[int, ...] | None = setting(optional(int_or_list(1, 1 << 24)))
-    reserve_mb: int = setting(integer(0, 1 << 24))
-    memory_growth: bool = setting(boolean)
-    visible: tuple[int, ...] | None = setting(optional(list_of(integer(0, 4096), 1)))
-    log_device_placement: bool = setting(boolean)
-    replicas: int | None = setting(optional(integer(1, MAX_STAGES)))
-    cpu_memory_mb: int | None = setting(optional(integer(1, 1 << 40)))
-    split: tuple[int, ...] | None = setting(optional(list_of(integer(1), 1, MAX_STAGES)))
-    balance: str = setting(choice(*BALANCES))
+    devices: tuple[str, ...] | None = setting(optional(list_of(string, 1, MAX_STAGES)),
+        "one device per stage (stages may share one); null: planned")
+    fallback: str = setting(choice(*FALLBACKS), "fewer GPUs than stages: split cards, mirror the chain, or refuse")
+    memory_limit_mb: int | tuple[int, ...] | None = setting(optional(int_or_list(1, 1 << 24)),
+        "MB per logical GPU: one number or one per stage; null: share each split card")
+    reserve_mb: int = setting(integer(0, 1 << 24), "MB of each split card left out of the even shares (CUDA's own use)")
+    memory_growth: bool = setting(boolean, "GPUs without a memory limit allocate memory as needed")
+    visible: tuple[int, ...] | None = setting(optional(list_of(integer(0, 4096), 1)),
+        "the physical GPUs to use (TensorFlow's numbering); null: all")
+    log_device_placement: bool = setting(boolean, "TensorFlow logs the device of every op")
+    replicas: int | None = setting(optional(integer(1, MAX_STAGES)),
+        "fallback=mirrored: replica count; null: every visible GPU, or 2 logical CPUs")
+    cpu_memory_mb: int | None = setting(optional(integer(1, 1 << 40)),
+        "without GPUs: memory the chain may use (its estimate is checked first); null: the machine's")
+    split: tuple[int, ...] | None = setting(optional(list_of(integer(1), 1, MAX_STAGES)),
+        "model=keras: layers per stage; null: placement.balance decides")
+    balance: str = setting(choice(*BALANCES),
+        "model=keras without split: near-equal layer counts, parameter counts or measured time")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,33 +403,40 @@ class SideBySideSettings:
     """mode=side_by_side: `lockstep` (every model a step per batch, one compiled step: models on
     different devices run at once) or `round_robin` (one model at a time: lower peak memory)."""
 
-    policy: str = setting(choice(*POLICIES))
+    policy: str = setting(choice(*POLICIES),
+        "lockstep: every model in one compiled step; round_robin: one model at a time (less memory)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class OomSettings:
     """Out of memory in a step (mode=side_by_side): shrink the batch of the models on that device."""
 
-    shrink: float = setting(number(positive=True, below=1.0))
-    min_batch_size: int = setting(integer(1, MAX_BATCH))
+    shrink: float = setting(number(positive=True, below=1.0),
+        "out of memory in a step: the batch of the models on that device times this")
+    min_batch_size: int = setting(integer(1, MAX_BATCH),
+        "below it the run stops (exit 6, the last complete checkpoint intact)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSettings:
     """Stages on TensorFlow cluster workers (`python -m chain.worker`), by their addresses in task order."""
 
-    workers: tuple[str, ...] | None = setting(optional(list_of(address, 1, MAX_STAGES)))
-    lost_after_s: float = setting(number(positive=True, maximum=3600))
-    profile_ports: tuple[int, ...] | None = setting(optional(list_of(integer(1, 65535), 1, MAX_STAGES)))
+    workers: tuple[str, ...] | None = setting(optional(list_of(address, 1, MAX_STAGES)),
+        "host:port of each python -m chain.worker, in task order (null: TF_CONFIG, or none)")
+    lost_after_s: float = setting(number(positive=True, maximum=3600),
+        "a worker (or TF_CONFIG peer) silent this long stops the run (exit 5)")
+    profile_ports: tuple[int, ...] | None = setting(optional(list_of(integer(1, 65535), 1, MAX_STAGES)),
+        "trainer.profile on workers: each one's --profile-port, in task order")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSettings:
-    every: int = setting(integer(0))
-    keep: int = setting(integer(1, 10000))
-    export: bool = setting(boolean)
-    fallback: bool = setting(boolean)
-    best: bool = setting(boolean)
+    every: int = setting(integer(0), "steps between checkpoints (0: only at the end)")
+    keep: int = setting(integer(1, 10000), "complete checkpoints kept")
+    export: bool = setting(boolean, "write stage_NN.keras, head_NN.keras and chain.keras at the end")
+    fallback: bool = setting(boolean,
+        "resume=true with a damaged newest checkpoint: resume from the newest older one that verifies")
+    best: bool = setting(boolean, "keep the checkpoint of the lowest validation loss in RUN_DIR/best/")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -409,24 +449,27 @@ class Settings:
     `source` is the composed Hydra config it came from (None when built from a dict).
     """
 
-    seed: int = setting(integer(0, MAX_SEED))
-    mode: str = setting(choice(*MODES))
-    loss: str = setting(choice(*LOSSES))
-    precision: str = setting(choice(*PRECISIONS))
-    resume: bool = setting(boolean)
-    plan_only: bool = setting(boolean)
-    report: bool = setting(boolean)
-    model: Model = setting(MODEL)
-    optim: Optim = setting(OPTIM)
-    data: Data = setting(DATA)
-    stage: StageSpec = setting(section(StageSpec))
-    trainer: Trainer = setting(section(Trainer))
-    pipeline: Pipeline = setting(section(Pipeline))
-    placement: PlacementSettings = setting(section(PlacementSettings))
-    checkpoint: CheckpointSettings = setting(section(CheckpointSettings))
-    cluster: ClusterSettings = setting(section(ClusterSettings))
-    side_by_side: SideBySideSettings = setting(section(SideBySideSettings))
-    oom: OomSettings = setting(section(OomSettings))
+    seed: int = setting(integer(0, MAX_SEED), "seeds weights, data order, the validation split and dropout")
+    mode: str = setting(choice(*MODES),
+        "local: each stage learns its own target through a small head; e2e: one network, one loss; "
+        "side_by_side: independent models")
+    loss: str = setting(choice(*LOSSES), "mode=e2e: cross-entropy on class labels (from logits), or squared error")
+    precision: str = setting(choice(*PRECISIONS), "what stage bodies compute in; weights stay float32")
+    resume: bool = setting(boolean, "continue the run in hydra.run.dir from its newest complete checkpoint")
+    plan_only: bool = setting(boolean, "print the placement (and, mode=e2e, the schedule) and exit without training")
+    report: bool = setting(boolean, "write report.html in the run directory at the end")
+    model: Model = setting(MODEL, "the stage template's body (model=mlp|conv|keras, or model._target_=...)")
+    optim: Optim = setting(OPTIM, "the stage template's optimizer (optim=adam|sgd)")
+    data: Data = setting(DATA, "the data source (data=digits|synthetic|npz|csv|tfrecord|keras|callable)")
+    stage: StageSpec = setting(section(StageSpec), "the template every stage starts from")
+    trainer: Trainer = setting(section(Trainer), "how long and how a run trains")
+    pipeline: Pipeline = setting(section(Pipeline), "mode=e2e: the pipeline schedule")
+    placement: PlacementSettings = setting(section(PlacementSettings), "where stages run")
+    checkpoint: CheckpointSettings = setting(section(CheckpointSettings), "checkpoints and exports")
+    cluster: ClusterSettings = setting(section(ClusterSettings), "stages on cluster workers")
+    side_by_side: SideBySideSettings = setting(section(SideBySideSettings),
+        "mode=side_by_side: how the models take turns")
+    oom: OomSettings = setting(section(OomSettings), "mode=side_by_side: out-of-memory backoff")
     stages: tuple[StageSpec, ...] = ()
     variants: tuple = ()  # mode=side_by_side: one `chain.config.variants.Variant` per stage
     notes: tuple[str, ...] = ()
