@@ -12,9 +12,10 @@ import pytest
 import tensorflow as tf
 
 import chain
-from chain.planning import memory, schedules
+from chain.pipeline import schedules
+from chain.pipeline import step as pipeline
+from chain.planning import memory
 from chain.planning.devices import canonical
-from chain.steps import pipeline
 from conftest import DEVICES
 from graph_audit import audit
 from compare import rel_diff
@@ -203,7 +204,7 @@ def test_each_stage_runs_its_actions_in_schedule_order(trained, schedule):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_the_host(trained, schedule):
-    """The release is what lets a send go out before the stage's next action (see chain.steps.pipeline)."""
+    """The release is what lets a send go out before the stage's next action (see chain.pipeline.step)."""
     run, ops, ancestors = step_graph(trained(schedule, 2, "crossentropy"))
     devices = [s.device for s in run.stages]
     by_name = {op.name: op for op in ops}

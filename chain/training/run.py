@@ -16,8 +16,8 @@ import time
 from typing import Any, Callable
 
 from chain.config.schema import Settings
-from chain.data import checks
-from chain.data.pipeline import training_batches, validation_batches
+from chain.data import verify as checks
+from chain.data.stream import training_batches, validation_batches
 from chain.data.sources import Dataset
 from chain.errors import ChainError, OutOfMemory, StorageError
 from chain.planning import cluster, memory
