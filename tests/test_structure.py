@@ -173,7 +173,8 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         assert word not in source, word
 
 
-@pytest.mark.parametrize("module", ["chain", "chain.config", "chain.pipeline.schedules", "chain.planning.planner",
+@pytest.mark.parametrize("module", ["chain", "chain.config", "chain.pipeline.schedules", "chain.pipeline.timeline",
+                                    "chain.planning.planner",
                                     "chain.data.catalog", "chain.__main__"])
 def test_modules_before_the_build_do_not_import_tensorflow(module):
     import subprocess
