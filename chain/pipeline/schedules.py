@@ -10,6 +10,9 @@ one `tf.function`, chaining each stage's actions in this order.
 slot; each stage is its own device) and gives the per-device timeline and the bubble
 fraction that `plan_only=true` prints and summary.json records.
 
+The names the step gives its ops are defined here too (`Action.scope`, `update_scope`), with
+their readers (`Action.parse`, `update_stage`) that `chain.pipeline.timeline` reads a trace with.
+
 This module imports no TensorFlow.
 """
 
@@ -21,8 +24,6 @@ from typing import NamedTuple, Sequence
 FORWARD = "F"
 BACKWARD = "B"
 UPDATE = "update"  # after its last backward, each stage applies its gradients (not an action of the schedule)
-
-
 GRADIENT_TAPE = "gradient_tape/"  # the prefix `tf.GradientTape` gives the gradient ops of a scope's ops
 
 
