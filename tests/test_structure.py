@@ -126,6 +126,12 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
     assert "Action.parse(" in source and ".scope()" in (PACKAGE / "pipeline" / "step.py").read_text()
 
 
+def test_the_schedule_vocabulary_is_a_leaf_every_layer_may_import():
+    """The config takes the schedule names from `chain.pipeline.schedules`: it and its package's
+    `__init__` import nothing of chain (docs/architecture.md, the layers)."""
+    assert imports("chain.pipeline.schedules") == [] and imports("chain.pipeline") == []
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
