@@ -1,5 +1,5 @@
 """`python -m chain.restage SRC DST [overrides]`: continue a run with its layers split into a
-different number of stages (the work is `chain.state.restage.restage`)."""
+different number of stages (the work is `chain.state.remap.restage`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of `python -m chain.restage SRC DST [overrides]`."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
-        from chain.state import restage as logic
+        from chain.state import remap as logic
 
         print(USAGE)
         print(logic.__doc__.split("\n\n", 1)[1])
@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         overrides = normalize_overrides(args[2:])
         import_tensorflow_quietly()
-        from chain.state.restage import restage
+        from chain.state.remap import restage
 
         report = restage(args[0], args[1], overrides)
     except ChainError as e:

@@ -11,7 +11,7 @@ overlap. Real overlap is measured with TensorFlow's distributed runtime: K worke
 inter-op thread) run one op at a time, like K accelerators with one stream each. This
 process is the client: it builds the chain with `chain.build` and `cluster.workers=[...]`
 (the trainer's own path: planner, stages on the workers' devices, the compiled e2e step,
-the host releases of `chain.steps.pipeline`) twice per schedule and M:
+the host releases of `chain.pipeline.step`) twice per schedule and M:
 
 - `one`: every stage on worker 0 (`placement.devices=[/task:0/CPU:0,...]`), the baseline;
 - `split`: stage k on worker k.
@@ -69,7 +69,7 @@ def without_releases(run):
     """The same run's step built without the host releases (the `before` ablation)."""
     import tensorflow as tf
 
-    from chain.steps.pipeline import e2e_step
+    from chain.pipeline.step import e2e_step
 
     s = run.strategy
     body = e2e_step(run.stages, run.schedule, s.loss_fn(), s.target, release=False)

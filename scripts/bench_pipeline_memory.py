@@ -17,7 +17,7 @@ optimizer slots). GPipe holds all M microbatches' activations on every stage; 1F
 at most K-k on stage k, so it should need markedly less.
 
 `--ablation` also measures both schedules with the engine's per-stage control
-dependencies removed (the step built by `chain.steps.pipeline.e2e_step(..., ordered=False)`):
+dependencies removed (the step built by `chain.pipeline.step.e2e_step(..., ordered=False)`):
 the dataflow executor then runs every op as soon as its inputs are ready, and the
 schedule's order, with 1F1B's memory bound, is lost.
 """
@@ -49,8 +49,8 @@ def worker(a: argparse.Namespace) -> None:
     """One measurement in this process: print {"peak_bytes", "seconds_per_step"} as JSON."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import chain
+    from chain.pipeline.step import e2e_step
     from chain.planning import memory
-    from chain.steps.pipeline import e2e_step
 
     run = chain.build(chain.compose(overrides(a, a.schedule)))
     if a.unchained:  # the same step without the per-stage order: each action waits for nothing
@@ -86,7 +86,7 @@ def measure(a: argparse.Namespace, variant: str) -> dict:
 
 def live_microbatches(schedule: str, stages: int, microbatches: int) -> int:
     """Microbatch activations held at once, summed over stages, by the schedule itself."""
-    from chain.planning import schedules
+    from chain.pipeline import schedules
 
     s = schedules.build(schedule, stages, microbatches)
     return sum(max(schedules.live_activations(row)) for row in s.actions)

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from chain.planning import balance
 from chain.stages import cut
-from chain.stages.profile import piece_times
+from chain.stages.timing import piece_times
 from conftest import DEVICES
 
 HERE = os.path.dirname(os.path.abspath(__file__))

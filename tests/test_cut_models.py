@@ -88,7 +88,7 @@ def test_time_is_measured_once_per_physical_device_per_piece_between_cuts():
     """The four logical CPU devices share one CPU: one measurement serves all four; the pieces
     timed are those between the cuts the model allows (not single layers)."""
     from chain.stages import cut
-    from chain.stages.profile import piece_times
+    from chain.stages.timing import piece_times
 
     c = cut.analyse(encoder_block(), "encoder")
     measured = piece_times(c, DEVICES, {d: "CPU:0" for d in DEVICES}, batch=4, progress=False)

@@ -12,9 +12,10 @@ import pytest
 import tensorflow as tf
 
 import chain
-from chain.planning import memory, schedules
+from chain.pipeline import schedules
+from chain.pipeline import step as pipeline
+from chain.planning import memory
 from chain.planning.devices import canonical
-from chain.steps import pipeline
 from conftest import DEVICES
 from graph_audit import audit
 from compare import rel_diff
@@ -203,7 +204,7 @@ def test_each_stage_runs_its_actions_in_schedule_order(trained, schedule):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_the_host(trained, schedule):
-    """The release is what lets a send go out before the stage's next action (see chain.steps.pipeline)."""
+    """The release is what lets a send go out before the stage's next action (see chain.pipeline.step)."""
     run, ops, ancestors = step_graph(trained(schedule, 2, "crossentropy"))
     devices = [s.device for s in run.stages]
     by_name = {op.name: op for op in ops}
@@ -222,6 +223,21 @@ def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_
             nxt = action_ops(ops, after) if after else [op for op in ops if op.name.startswith(
                 pipeline.update_scope(before.stage) + "/") and op.type not in ("Const", "Placeholder")]
             assert nxt and all(release.name in ancestors[op.name] for op in nxt), (before, after)
+
+
+def test_every_op_of_the_step_is_read_back_as_the_action_that_made_it(trained):
+    """The step names its ops in the schedule's vocabulary (`Action.scope`), and the timeline reads
+    them back with `Action.parse`: each action's ops, and the updates, are found, and no other op."""
+    run, ops, _ = step_graph(trained("1f1b", 2, "crossentropy"))
+    parsed = {op.name: schedules.Action.parse(op.name) for op in ops if op.type != "Placeholder"}
+    for row in run.schedule.actions:
+        for a in row:
+            mine = {op.name for op in action_ops(ops, a)}
+            assert mine and mine == {name for name, b in parsed.items() if b == a}, a
+    played = {a for row in run.schedule.actions for a in row}
+    assert {b for b in parsed.values() if b is not None} == played
+    updates = {schedules.update_stage(op.name) for op in ops} - {None}
+    assert updates == set(range(len(run.stages)))
 
 
 def test_step_refuses_a_batch_the_microbatches_do_not_divide(trained):

@@ -11,10 +11,10 @@ import pytest
 
 import chain
 from chain.errors import ConfigError
-from chain.planning import schedules
-from chain.planning.schedules import Action
-from chain.training import timeline
-from chain.training.timeline import OpEvent
+from chain.pipeline import schedules
+from chain.pipeline.schedules import Action
+from chain.pipeline import timeline
+from chain.pipeline.timeline import OpEvent
 
 SMALL = ["model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import chain
-from chain.state.restage import restage
+from chain.state.remap import restage
 from conftest import read_summary, run_cli
 
 BASE = ["model.width=8", "model.dropout=0.1", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]

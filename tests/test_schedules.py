@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from chain.planning import schedules
-from chain.planning.schedules import BACKWARD, FORWARD, Action
+from chain.pipeline import schedules
+from chain.pipeline.schedules import BACKWARD, FORWARD, Action
 
 SIZES = [(1, 1), (1, 4), (2, 1), (2, 2), (3, 2), (3, 4), (4, 1), (4, 3), (4, 8), (5, 16), (8, 8)]
 ALL = [(name, k, m) for name in schedules.NAMES for k, m in SIZES]
@@ -110,6 +110,31 @@ def test_render_one_row_per_device_one_column_per_slot():
 
 
 def test_schedules_module_does_not_import_tensorflow():
-    code = "import sys, chain.planning.schedules as s; s.simulate(s.build('1f1b', 4, 8)); print('tensorflow' in sys.modules)"
+    code = "import sys, chain.pipeline.schedules as s; s.simulate(s.build('1f1b', 4, 8)); print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("name, k, m", ALL)
+def test_every_action_is_parsed_back_from_the_names_of_its_ops(name, k, m):
+    """One vocabulary: the scope an action gives its ops reads back as that action, its
+    forward's tape gradients as its backward, and the stage's update scope as the stage."""
+    for row in schedules.build(name, k, m).actions:
+        for a in row:
+            assert Action.parse(a.scope()) == a
+            assert Action.parse(f"{a.scope()}/stage_0{a.stage}_1/dense/MatMul") == a
+            if a.kind == FORWARD:
+                assert Action.parse(f"gradient_tape/{a.scope()}/dense/MatMul") == Action(a.stage, a.microbatch, BACKWARD)
+            assert schedules.update_stage(a.scope()) is None
+    for stage in range(k):
+        assert schedules.update_stage(schedules.update_scope(stage)) == stage
+        assert schedules.update_stage(schedules.update_scope(stage) + "/Sum") == stage
+        assert Action.parse(schedules.update_scope(stage)) is None
+
+
+@pytest.mark.parametrize("op_name", ["release_s0_F1", "microbatches", "s1_update", "s1_F", "s1_Fx/a", "s_F0",
+                                     "sx_F0", "s1F0", "s1_F0_1/a", "s1_X0", "gradient_tape", "gradient_tape/s1",
+                                     "a/s1_F0", "gradient_tape/gradient_tape/s1_F0", "s1_B0x", "stage_01/s1_F0"])
+def test_names_outside_every_action_parse_to_none(op_name):
+    assert Action.parse(op_name) is None
+    assert schedules.update_stage(op_name) is None or op_name == "s1_update"

@@ -98,6 +98,40 @@ def test_the_package_has_no_import_cycles():
     assert find_cycle(graph()) is None, " -> ".join(find_cycle(graph()))
 
 
+def shared_basenames(package: Path) -> dict[str, list[str]]:
+    """Basename -> the modules under `package` that share it (`__init__`, `__main__` aside)."""
+    by_name: dict[str, list[str]] = {}
+    for p in sorted(package.rglob("*.py")):
+        if p.stem not in ("__init__", "__main__"):
+            by_name.setdefault(p.name, []).append(str(p.relative_to(package.parent)))
+    return {name: paths for name, paths in by_name.items() if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_basename():
+    """A name says what a module holds: `pipeline.py` is the pipeline step, nothing else."""
+    assert shared_basenames(PACKAGE) == {}
+
+
+def test_the_basename_check_finds_a_repeated_name(tmp_path):
+    for path in ("pkg/a/build.py", "pkg/b/build.py", "pkg/a/__init__.py", "pkg/b/__init__.py", "pkg/c.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert shared_basenames(tmp_path / "pkg") == {"build.py": ["pkg/a/build.py", "pkg/b/build.py"]}
+
+
+def test_op_names_are_read_back_in_the_steps_own_vocabulary():
+    """The timeline parses op names only through `Action.parse` (no second grammar to drift)."""
+    source = (PACKAGE / "pipeline" / "timeline.py").read_text()
+    assert "import re" not in source and "re.compile" not in source
+    assert "Action.parse(" in source and ".scope()" in (PACKAGE / "pipeline" / "step.py").read_text()
+
+
+def test_the_schedule_vocabulary_is_a_leaf_every_layer_may_import():
+    """The config takes the schedule names from `chain.pipeline.schedules`: it and its package's
+    `__init__` import nothing of chain (docs/architecture.md, the layers)."""
+    assert imports("chain.pipeline.schedules") == [] and imports("chain.pipeline") == []
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
@@ -145,7 +179,8 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         assert word not in source, word
 
 
-@pytest.mark.parametrize("module", ["chain", "chain.config", "chain.planning.schedules", "chain.planning.planner",
+@pytest.mark.parametrize("module", ["chain", "chain.config", "chain.pipeline.schedules", "chain.pipeline.timeline",
+                                    "chain.planning.planner",
                                     "chain.data.catalog", "chain.__main__"])
 def test_modules_before_the_build_do_not_import_tensorflow(module):
     import subprocess

@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Union
 from chain.config.fields import (Check, address, boolean, choice, dotted_name, feature, int_or_list, integer,
                                  list_of, mapping, number, optional, power_of_two, required, step_window, string)
 from chain.errors import ConfigError
-from chain.planning.schedules import NAMES as SCHEDULES
+from chain.pipeline.schedules import NAMES as SCHEDULES
 
 MODES = ("local", "e2e", "side_by_side")
 POLICIES = ("lockstep", "round_robin")

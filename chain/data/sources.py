@@ -6,7 +6,7 @@ user's `.npz` and CSV files and the Keras cache with NumPy (`chain.data.files`),
 files and the user's `tf.data.Dataset` with TensorFlow (`chain.data.tensors`). Then every
 source goes the same way: validation examples held out (`split`, seeded), every array
 checked once against the data set's description with the rules `Run.step` applies to a
-batch (`chain.data.checks.arrays`), and one input pipeline (`chain.data.pipeline`).
+batch (`chain.data.verify.arrays`), and one input stream (`chain.data.stream`).
 
 A data set has inputs `x` and one or more named targets; a stage in `mode=local` learns
 the target it names (the first one by default).
@@ -21,7 +21,7 @@ import numpy as np
 from chain.data import files
 from chain.data.catalog import (DataInfo, Target, csv_columns, describe, input_shape, name_targets, split_info,
                                 target_keys)
-from chain.data.checks import arrays
+from chain.data.verify import arrays
 from chain.errors import ConfigError
 
 SPLIT_STREAM = 0x5EED  # the split's random stream, apart from the one `synthetic` draws its data from

@@ -5,6 +5,5 @@ anything is built.
 - `planner`: `plan(placement settings, stages, inventory) -> Placement`, pure.
 - `devices`: device names (`canonical`, pure), `configure` (apply a plan to TensorFlow)
   and `check_devices` (the devices that exist).
-- `schedules`: pipeline schedules as data, their simulated timeline and bubble (pure).
 - `memory`: each device's peak memory, as far as TensorFlow can report it.
 """

@@ -15,10 +15,10 @@ import os
 from typing import Iterable, Sequence
 
 from chain.errors import ChainError
-from chain.planning import schedules
+from chain.pipeline import schedules
+from chain.pipeline import timeline as measured_timeline
 from chain.report import plots
 from chain.report.runs import RunRecord
-from chain.training import timeline as measured_timeline
 
 STYLE = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px; color: #222; max-width: 1200px; }

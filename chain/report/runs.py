@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chain.errors import ChainError
-from chain.planning import schedules
+from chain.pipeline import schedules
 from chain.report import scalars
 
 

@@ -2,7 +2,7 @@
 its optimizer and, in mode=local, a head, all created on the stage's device.
 
 - `stage`: the `Stage` record and `stage_name`.
-- `build`: `build_stages` (bodies, heads, read-outs, optimizers on their devices).
+- `assemble`: `build_stages` (bodies, heads, read-outs, optimizers on their devices).
 - `precision`: the dtype policy each stage computes in; `loss_scale`: float16's
   dynamic loss scale, one copy per stage.
 - `losses`: the loss functions (a stage's head, the chain's loss).

@@ -1,10 +1,10 @@
 """Stage bodies: what computes a stage, built inside its device scope.
 
 A *body* is a function `body(input_shape, dtype_policy, name) -> keras.Model` that
-`chain.stages.build.build_stages` calls inside `tf.device(stage.device)`, so every
+`chain.stages.assemble.build_stages` calls inside `tf.device(stage.device)`, so every
 variable it creates lives on the stage's device. Three kinds:
 
-- the chain's own (`mlp`, `conv`): `chain.stages.build.model_layers`;
+- the chain's own (`mlp`, `conv`): `chain.stages.assemble.model_layers`;
 - the user's code (`from_builder`): a callable named by Hydra's `_target_` in the config,
   or passed to `chain.build(cfg, stages=[...])`, called with `input_shape=` and its keyword
   arguments; it returns a `keras.Layer`, a `keras.Model` or a list of layers;

@@ -33,7 +33,7 @@ def make(name: str, target: Target) -> Callable:
     import tensorflow as tf
 
     # Targets are flattened to (N,) here too, so that a (N, 1) target can never broadcast
-    # against (N,) predictions into an (N, N) loss (chain.data.checks normalises them first).
+    # against (N,) predictions into an (N, N) loss (chain.data.verify normalises them first).
     if name == "sparse_categorical_crossentropy":
         def fn(y, pred):
             return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(

@@ -3,7 +3,8 @@
 - `ops`: explicit copies between devices (`copy_to`), chunks, gradient sums.
 - `update`: `apply_update` (every update goes through it: numerics guard, loss scaling),
   `shared_outcomes` (one float16 decision for a chain with one loss).
-- `local`: mode=local's step. `pipeline`: mode=e2e's step running a pipeline schedule.
-  `replica`: one replica's step in a mirrored run. `inference`: the chain's forward pass.
+- `local`: mode=local's step. `forward`: one stage of the chain (mode=e2e's pipeline step,
+  `chain.pipeline.step`, and `replica`). `replica`: one replica's step in a mirrored run.
+  `independent`: mode=side_by_side's steps. `inference`: the chain's forward pass.
 - `numerics`: the NaN/Inf guard. `xla`: per-stage XLA compilation.
 """

@@ -13,9 +13,9 @@ import tensorflow as tf
 
 from chain.stages.stage import Stage
 from chain.steps import xla
+from chain.steps.forward import chain_forward
 from chain.steps.local import local_forward
 from chain.steps.ops import add_grads, after, chunks
-from chain.steps.pipeline import chain_forward
 
 
 def _shares(x: tf.Tensor, n: int, global_batch: int) -> tuple[list[tf.Tensor], tf.Tensor]:

@@ -22,7 +22,7 @@ from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
 from chain.planning.planner import Placement
 from chain.stages import losses
-from chain.stages.build import build_stages
+from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
 from chain.steps.report import Layout
 from chain.steps.evaluate import Readout, evaluation
@@ -84,7 +84,7 @@ class Strategy:
         return self.placement.devices
 
     def build_stages(self) -> list[Stage]:
-        """Every stage built on its device (`chain.stages.build`); a user's model with `add_loss`
+        """Every stage built on its device (`chain.stages.assemble`); a user's model with `add_loss`
         terms is refused when a device computes its loss on parts of a batch (`parts`)."""
         s = self.settings
         stages = build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,

@@ -2,7 +2,7 @@
 
 `PipelinedLocal` (mode=local) runs every stage on its own head and loss, activations
 passed forward (`chain.steps.local`). `PipelinedChain` (mode=e2e) runs the chain as one
-network with a pipeline schedule over microbatches (`chain.steps.pipeline`).
+network with a pipeline schedule over microbatches (`chain.pipeline.step`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
-from chain.planning import schedules
+from chain.pipeline import schedules
+from chain.pipeline.step import e2e_step
 from chain.planning.planner import PIPELINE, Placement
 from chain.steps.local import local_step
-from chain.steps.pipeline import e2e_step
 from chain.strategies.base import ChainObjective, LocalObjective, Strategy
 
 

@@ -34,7 +34,7 @@ from chain.data.catalog import DataInfo
 from chain.errors import OutOfMemory
 from chain.planning.devices import canonical
 from chain.planning.planner import Placement
-from chain.steps.side_by_side import lockstep_step, model_step
+from chain.steps.independent import lockstep_step, model_step
 from chain.strategies.base import LocalObjective
 
 log = logging.getLogger("chain")

@@ -79,7 +79,7 @@ def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stag
     """Validate (unless given `Settings`), plan and build a run (see `chain.build`)."""
     import keras
 
-    from chain.training.bodies import resolve
+    from chain.training.user_bodies import resolve
 
     settings = validate(cfg)
     info = describe(settings.data)  # None: only TensorFlow reads it, once the devices are configured

@@ -5,7 +5,7 @@ the pipeline back.
 The fit loop asks `Window.limit` how many steps its next call may run (calls end where the
 window starts, and inside it every step is a call of its own, so each step has its own
 interval in the trace), and runs each call inside `Window.call`. The first step of the
-window starts the profiler, the last one stops it and `chain.training.timeline` reads the
+window starts the profiler, the last one stops it and `chain.pipeline.timeline` reads the
 trace. The trace stays under `RUN_DIR/tb/chain/plugins/profile/`, beside the chain's
 TensorBoard events, where TensorBoard's profile plugin (when installed) shows it.
 
@@ -31,8 +31,8 @@ from typing import Any
 from chain.config.checks import profile_ports
 from chain.config.schema import Builder, KerasModel, StageSpec, plain
 from chain.errors import ConfigError
+from chain.pipeline import timeline
 from chain.state.atomic import write_json, writing
-from chain.training import timeline
 
 log = logging.getLogger("chain")
 

@@ -16,8 +16,8 @@ import time
 from typing import Any, Callable
 
 from chain.config.schema import Settings
-from chain.data import checks
-from chain.data.pipeline import training_batches, validation_batches
+from chain.data import verify as checks
+from chain.data.stream import training_batches, validation_batches
 from chain.data.sources import Dataset
 from chain.errors import ChainError, OutOfMemory, StorageError
 from chain.planning import cluster, memory
@@ -57,7 +57,7 @@ class Run:
 
     @property
     def schedule(self):
-        """The pipeline schedule the step runs (`chain.planning.schedules.Schedule`), or None."""
+        """The pipeline schedule the step runs (`chain.pipeline.schedules.Schedule`), or None."""
         return self.strategy.schedule
 
     def timeline(self):
@@ -133,7 +133,7 @@ class Run:
         return m
 
     def _batch(self, x: Any, y: Any) -> tuple[Any, dict]:
-        """A batch given to `step` or `trace`, checked once (`chain.data.checks`): one ValueError
+        """A batch given to `step` or `trace`, checked once (`chain.data.verify`): one ValueError
         line naming the argument for a wrong shape, dtype, label or target."""
         x, ys = checks.batch(x, y, self.dataset.info, self.strategy.wanted_targets(), self.strategy.default_target())
         self.strategy.check_batch(len(x))

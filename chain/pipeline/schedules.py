@@ -3,12 +3,15 @@
 A schedule lists, for every stage, the ordered actions `(stage, microbatch, "F"|"B")`
 that stage performs in one training step. Builders here are pure functions, so their
 properties (every forward precedes its backward, 1F1B's bound on live activations, the
-bubble) are checked without TensorFlow; `chain.steps.pipeline` executes a schedule inside
+bubble) are checked without TensorFlow; `chain.pipeline.step` executes a schedule inside
 one `tf.function`, chaining each stage's actions in this order.
 
 `simulate` plays a schedule on an idealised machine (every action takes one time
 slot; each stage is its own device) and gives the per-device timeline and the bubble
 fraction that `plan_only=true` prints and summary.json records.
+
+The names the step gives its ops are defined here too (`Action.scope`, `update_scope`), with
+their readers (`Action.parse`, `update_stage`) that `chain.pipeline.timeline` reads a trace with.
 
 This module imports no TensorFlow.
 """
@@ -20,10 +23,16 @@ from typing import NamedTuple, Sequence
 
 FORWARD = "F"
 BACKWARD = "B"
+UPDATE = "update"  # after its last backward, each stage applies its gradients (not an action of the schedule)
+GRADIENT_TAPE = "gradient_tape/"  # the prefix `tf.GradientTape` gives the gradient ops of a scope's ops
 
 
 class Action(NamedTuple):
-    """One unit of pipeline work: stage `stage` runs `kind` ("F" or "B") on microbatch `microbatch`."""
+    """One unit of pipeline work: stage `stage` runs `kind` ("F" or "B") on microbatch `microbatch`.
+
+    Its ops carry its name scope (`scope()`, e.g. `s1_F0`), and `Action.parse` reads the action
+    back from an op's name: the one vocabulary the step names its ops in and a trace is read in.
+    """
 
     stage: int
     microbatch: int
@@ -31,6 +40,46 @@ class Action(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.kind}{self.microbatch}"
+
+    def scope(self) -> str:
+        """The name scope of this action's ops in the step, e.g. `s1_F0` (stage 1, forward, microbatch 0)."""
+        return f"s{self.stage}_{self.kind}{self.microbatch}"
+
+    @classmethod
+    def parse(cls, op_name: str) -> Action | None:
+        """The action an op belongs to, from its name (`scope()` as the first name scope), or None.
+
+        The tape's gradient ops of F(k, m) (`gradient_tape/s{k}_F{m}/...`) run in B(k, m)."""
+        gradient = op_name.startswith(GRADIENT_TAPE)
+        parsed = _stage_scope(op_name[len(GRADIENT_TAPE):] if gradient else op_name)
+        if parsed is None or parsed[1][:1] not in (FORWARD, BACKWARD) or not _is_number(parsed[1][1:]):
+            return None
+        stage, rest = parsed
+        return cls(stage, int(rest[1:]), BACKWARD if gradient else rest[0])
+
+
+def update_scope(stage: int) -> str:
+    """The name scope of stage `stage`'s optimizer update in the step, e.g. `s1_update`."""
+    return f"s{stage}_{UPDATE}"
+
+
+def update_stage(op_name: str) -> int | None:
+    """The stage whose update an op belongs to (its first name scope is `update_scope(k)`), or None."""
+    parsed = _stage_scope(op_name)
+    return parsed[0] if parsed is not None and parsed[1] == UPDATE else None
+
+
+def _is_number(text: str) -> bool:
+    return text.isdecimal() and text.isascii()
+
+
+def _stage_scope(op_name: str) -> tuple[int, str] | None:
+    """An op name's first name scope `s{k}_{rest}` as (k, rest), or None if it is not a stage's."""
+    first = op_name.split("/", 1)[0]
+    stage, underscore, rest = first[1:].partition("_")
+    if not first.startswith("s") or not underscore or not _is_number(stage):
+        return None
+    return int(stage), rest
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ slowest stage). `chain.training.profile` takes the trace; this module reads it.
 **Reading a trace.** TensorFlow's profiler writes `plugins/profile/<session>/<host>.xplane.pb`
 under the trace's directory: planes of lines (threads) of events (start, duration) whose
 metadata names an op as `op_name:op_type`. An op belongs to the action whose name scope it
-carries (`chain.steps.pipeline`): `s{k}_F{m}/...` is F(k, m); `s{k}_B{m}/...` and the tape's
+carries (`Action.scope`, read back by `Action.parse`: `chain.pipeline.schedules`): `s{k}_F{m}/...` is F(k, m); `s{k}_B{m}/...` and the tape's
 gradient ops `gradient_tape/s{k}_F{m}/...` are B(k, m); `s{k}_update/...` is stage k's
 update; the host releases (`release_s{k}_...`) and the ops outside every scope (the split
 into microbatches, the report) belong to no stage. A step is the interval of its marker
@@ -40,12 +40,11 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from chain.planning import balance
-from chain.planning.schedules import BACKWARD, FORWARD, Action, Schedule, Timeline, rows, simulate
+from chain.pipeline.schedules import BACKWARD, FORWARD, UPDATE, Action, Schedule, Timeline, rows, simulate, update_stage
 
 MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)
 SLOW = 0.2  # a stage busier than the mean by more than this share is the bottleneck the advice evens
@@ -54,9 +53,6 @@ COPY_TYPES = {"_Send", "_Recv", "_HostSend", "_HostRecv"}
 # variable reads run when the step starts, long before its input arrives; they do not mark
 # when an action ran.
 READS = {"ReadVariableOp", "VarHandleOp", "Const", "NoOp"}
-
-_ACTION = re.compile(r"^(gradient_tape/)?s(\d+)_([FB])(\d+)(/|$)")
-_UPDATE = re.compile(r"^s(\d+)_update(/|$)")
 
 
 @dataclass(frozen=True)
@@ -74,12 +70,11 @@ class OpEvent:
 def owner(name: str) -> tuple[str, int, int] | None:
     """Which part of the step an op belongs to, from its name: ("F"|"B", stage, microbatch),
     ("update", stage, -1), or None (no stage's: a release, the split into microbatches, ...)."""
-    m = _ACTION.match(name)
-    if m:
-        gradient, k, kind, mb = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
-        return (BACKWARD if gradient else kind), k, mb  # the tape's gradient of F(k, m) runs in B(k, m)
-    m = _UPDATE.match(name)
-    return ("update", int(m.group(1)), -1) if m else None
+    action = Action.parse(name)  # the step's own vocabulary (`Action.scope`), read back
+    if action is not None:
+        return action.kind, action.stage, action.microbatch
+    stage = update_stage(name)
+    return (UPDATE, stage, -1) if stage is not None else None
 
 
 def is_copy(e: OpEvent) -> bool:
@@ -176,7 +171,7 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
     """
     n_stages = schedule.stages
     sources = list(sources) if sources is not None else [None] * n_stages
-    m = schedule.microbatches  # every action of a step, producers first (`grad_accum` rounds: chain.steps.pipeline)
+    m = schedule.microbatches  # every action of a step, producers first (`grad_accum` rounds: chain.pipeline.step)
     played = [Action(a.stage, r * m + a.microbatch, a.kind) for r in range(grad_accum) for a in simulate(schedule).order()]
     origin = min(start for start, _ in steps.values()) if steps else 0
     ms = lambda ns: (ns - origin) / 1e6  # noqa: E731
@@ -207,7 +202,7 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
                                 "ops": len(found)})
         actions.sort(key=lambda a: (a["stage"], a["start_ms"]))
         updates = [{"stage": k, "start_ms": ms(min(e.start for e in found)), "end_ms": ms(max(e.end for e in found))}
-                   for k in range(n_stages) if (found := ops.get(("update", k, -1)))]
+                   for k in range(n_stages) if (found := ops.get((UPDATE, k, -1)))]
         out_steps.append({"step": number, "start_ms": ms(lo), "end_ms": ms(hi),
                           "complete": len(actions) == len(played),
                           "actions": actions, "updates": updates})

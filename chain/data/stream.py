@@ -1,4 +1,4 @@
-"""The input pipeline, the same for every data source: one `tf.data` stream of training batches
+"""The input stream, the same for every data source: one `tf.data` stream of training batches
 shared by every stage, and the validation set in batches."""
 
 from __future__ import annotations

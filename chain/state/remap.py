@@ -229,8 +229,8 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     import keras
 
     from chain import data as data_lib
-    from chain.data.pipeline import training_batches
-    from chain.stages.build import build_stages
+    from chain.data.stream import training_batches
+    from chain.stages.assemble import build_stages
     from chain.state.checkpoints import Checkpoints
 
     src_manifest, src_overrides, src_settings = _load_src(src)

@@ -60,24 +60,14 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain.data.catalog import Target
+from chain.pipeline.schedules import FORWARD, Action, Schedule, simulate, update_scope
 from chain.planning.devices import canonical
-from chain.planning.schedules import FORWARD, Action, Schedule, simulate
-from chain.stages import losses
 from chain.stages.stage import Stage
 from chain.steps import xla
+from chain.steps.forward import chain_forward
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.report import dropped, report
 from chain.steps.update import shared_outcomes, stage_update, unscale
-
-
-def action_scope(action: Action) -> str:
-    """The name scope of an action's ops, e.g. `s1_F0` (gradient ops get `gradient_tape/s1_F0/...`)."""
-    return f"s{action.stage}_{action.kind}{action.microbatch}"
-
-
-def update_scope(stage: int) -> str:
-    """The name scope of stage `stage`'s optimizer update."""
-    return f"s{stage}_update"
 
 
 def activation_copy(stage: int, microbatch: int) -> str:
@@ -93,36 +83,6 @@ def gradient_copy(stage: int, microbatch: int) -> str:
 def rounds(order: Sequence[Action], microbatches: int, grad_accum: int) -> list[Action]:
     """`order` played `grad_accum` times, round r on microbatches r*M .. r*M+M-1."""
     return [Action(k, r * microbatches + m, kind) for r in range(grad_accum) for k, m, kind in order]
-
-
-def chain_forward(stage: Stage, loss: Callable | None = None) -> Callable:
-    """One stage of the chain. A stage before the last: `fn(h, weight) -> (output,
-    regularization x weight, the same scaled for the tape)`, both None when the stage has no
-    regularization (`losses.regularization`); the last stage (given `loss`): `fn(h, y, weight)
-    -> ((loss + its regularization) x weight, the same scaled for the tape)`."""
-    if loss is None:
-        def body(h, weight):
-            out = stage.model(h, training=True)
-            reg = losses.regularization(stage.model)
-            if reg is None:
-                return out, None, None
-            reg = reg * weight
-            return out, reg, _scaled(stage, reg)
-
-        return body
-
-    def fn(h, y, weight):
-        value = loss(y, stage.model(h, training=True))
-        reg = losses.regularization(stage.model)
-        value = (value if reg is None else value + reg) * weight
-        return value, _scaled(stage, value)
-
-    return fn
-
-
-def _scaled(stage: Stage, value: tf.Tensor) -> tf.Tensor:
-    """`value` as the tape differentiates it: times the stage's loss scale under float16."""
-    return value if stage.loss_scale is None else stage.loss_scale.scale_loss(value)
 
 
 def regularization_total(regs: Sequence[Sequence[tf.Tensor]], stages: Sequence[Stage], device: str) -> list[tf.Tensor]:
@@ -164,7 +124,7 @@ def sends(action: Action, devices: Sequence[str]) -> bool:
 
 def release_name(action: Action) -> str:
     """The name of the host op that lets a stage go on after `action` (`release_s0_F1`)."""
-    return f"release_{action_scope(action)}"
+    return f"release_{action.scope()}"
 
 
 def _release(done: tf.Operation, action: Action) -> tf.Operation:
@@ -225,7 +185,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
             k, m, kind = action
             s = stages[k]
             first_op = len(graph.get_operations())
-            with tf.name_scope(action_scope(action)), tf.control_dependencies(previous[k]):
+            with tf.name_scope(action.scope()), tf.control_dependencies(previous[k]):
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
                     with tf.device(s.device):

@@ -67,7 +67,7 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     costs, notes = None, []
     micro = settings.data.batch_size // (settings.pipeline.microbatches if settings.mode == "e2e" else 1)
     if p.balance == "time" and p.split is None:
-        from chain.stages.profile import piece_times
+        from chain.stages.timing import piece_times
 
         devices = [placement.local_replicas[0]] * k if placement.strategy == MIRRORED else list(placement.devices)
         measured = piece_times(c, devices, placement.physical, max(1, micro), tuple(info.input_shape),
