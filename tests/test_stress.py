@@ -1,5 +1,5 @@
 """The crash-safety scripts, run briefly: random SIGKILLs with resumes end bit-exact, and two
-runs racing for one directory never both run. (The full runs: scripts/, figures in the README.)"""
+runs racing for one directory never both run. (The full runs: scripts/, figures in docs/benchmarks.md.)"""
 
 from __future__ import annotations
 

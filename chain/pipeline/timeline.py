@@ -163,7 +163,7 @@ def union(intervals: Iterable[tuple[float, float]]) -> float:
 def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tuple[int, int]],
             devices: Sequence[str], sources: Sequence[str | None] | None = None, grad_accum: int = 1) -> dict:
     """The measured timeline of the marked `steps` as a JSON-ready dict (see `timeline.json` in
-    the README): every step's actions with their times in ms from the first step's start,
+    docs/measuring.md): every step's actions with their times in ms from the first step's start,
     and per stage its busy time, forward, backward, copy and update times (means per step).
 
     `sources[k]`: the trace whose events count for stage k (None: every event). A step in which

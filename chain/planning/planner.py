@@ -91,7 +91,7 @@ def _describe(gpu: Gpu, cvd: str | None) -> str:
 
 
 def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placement:
-    """Decide where every stage runs (see DESIGN.md, "Device rules" and README, "Devices").
+    """Decide where every stage runs (see DESIGN.md, "Device rules" and docs/devices.md).
 
     `pcfg` is the validated `placement` section. Pure: no TensorFlow runtime. Raises
     ConfigError for settings that cannot work anywhere and DeviceError for settings this
@@ -365,7 +365,7 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
                               f"{len(tasks)} workers have {len(pool)} {'GPUs' if gpus else 'CPUs'}")
         elif pcfg.fallback == MIRRORED:
             raise DeviceError("placement.fallback=mirrored across hosts is data parallel: run the same command on every "
-                              "host with its own TF_CONFIG instead of cluster.workers (see README, Cluster)")
+                              "host with its own TF_CONFIG instead of cluster.workers (see docs/cluster.md)")
         else:
             devices = [pool[k * len(pool) // n_stages] for k in range(n_stages)]
     p = Placement(devices=devices, kind="GPU" if gpus else "CPU", physical={d: where.get(d, "-") for d in devices},
