@@ -4,7 +4,8 @@ logs and summary.
 `Run` never asks which way of training it drives: the strategy
 (`chain.strategies.Strategy`) builds the stages, compiles the step, checks and splits a
 batch, turns the step's outputs into losses, evaluates the chain on the validation set and
-adds its own summary fields.
+adds its own summary fields. Which steps save a checkpoint, evaluate, log or are profiled, and
+how many steps each call of the compiled step runs, `chain.training.cadence` says.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from chain.config.schema import Settings
 from chain.data import checks
@@ -29,6 +30,10 @@ from chain.strategies.base import Evaluation, Strategy
 from chain.training import validation
 from chain.training.cadence import Cadences
 
+if TYPE_CHECKING:
+    from chain.state.checkpoints import Checkpoints
+    from chain.training.logs import Writers
+
 log = logging.getLogger("chain")
 BEST_DIR = "best"  # checkpoint.best: the checkpoint of the lowest validation loss
 
@@ -37,9 +42,9 @@ BEST_DIR = "best"  # checkpoint.best: the checkpoint of the lowest validation lo
 class _Loop:
     """What `Run.fit` carries from step to step: where it saves and writes, and what it has seen."""
 
-    checkpoints: Any  # this run's chain.state.checkpoints.Checkpoints; None: the run has no directory
-    best: Any  # the Checkpoints of best/ (checkpoint.best), or None
-    writers: Any  # chain.training.logs.Writers, or None: the run has no directory
+    checkpoints: Checkpoints | None  # this run's; None: the run has no directory
+    best: Checkpoints | None  # best/'s (checkpoint.best)
+    writers: Writers | None  # TensorBoard; None: the run has no directory
     first: dict | None  # the loss record of step 1 (restored on resume)
     last: dict | None  # the loss record of the newest step
     resumed_from: int | None  # the restored step (resume=true), else None
