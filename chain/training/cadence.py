@@ -48,7 +48,8 @@ class Span:
         return self.start <= step <= self.stop
 
     def limit(self, done: int, n: int) -> int:
-        """At most `n` steps after step `done`: a call before the span ends where it starts, a call inside it is one step."""
+        """At most `n` steps after step `done`: a call before the span ends where the span starts,
+        a call inside it runs one step."""
         if self.due(done + 1):
             return 1
         if done + 1 < self.start:
