@@ -4,7 +4,8 @@ logs and summary.
 `Run` never asks which way of training it drives: the strategy
 (`chain.strategies.Strategy`) builds the stages, compiles the step, checks and splits a
 batch, turns the step's outputs into losses, evaluates the chain on the validation set and
-adds its own summary fields.
+adds its own summary fields. Which steps save a checkpoint, evaluate, log or are profiled, and
+how many steps each call of the compiled step runs, `chain.training.cadence` says.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 from chain.config.schema import Settings
 from chain.data import verify as checks
@@ -26,9 +28,42 @@ from chain.state.atomic import write_json, writing
 from chain.steps.numerics import NonFiniteError, finite_or_none, judge
 from chain.strategies.base import Evaluation, Strategy
 from chain.training import validation
+from chain.training.cadence import Cadences
+
+if TYPE_CHECKING:
+    from chain.state.checkpoints import Checkpoints
+    from chain.training.logs import Writers
 
 log = logging.getLogger("chain")
 BEST_DIR = "best"  # checkpoint.best: the checkpoint of the lowest validation loss
+
+
+@dataclass
+class _Loop:
+    """What `Run.fit` carries from step to step: where it saves and writes, and what it has seen."""
+
+    checkpoints: Checkpoints | None  # this run's; None: the run has no directory
+    best: Checkpoints | None  # best/'s (checkpoint.best)
+    writers: Writers | None  # TensorBoard; None: the run has no directory
+    first: dict | None  # the loss record of step 1 (restored on resume)
+    last: dict | None  # the loss record of the newest step
+    resumed_from: int | None  # the restored step (resume=true), else None
+    saved_at: int | None  # the step of the newest checkpoint (on resume, the restored one)
+    evaluation: Evaluation | None = None  # the newest evaluation, made at step `evaluated_at`
+    evaluated_at: int | None = None
+    started: float | None = None  # when the first call ended: the speed leaves it out (it traces)
+    timed_steps: int = 0  # steps taken since `started`
+
+    def timed(self, n: int) -> None:
+        """Count a call of `n` steps for the speed: the first call of the process only starts the clock."""
+        if self.started is None:
+            self.started = time.perf_counter()
+        else:
+            self.timed_steps += n
+
+    def elapsed(self) -> float:
+        """Seconds since the first call ended (0: no call has)."""
+        return time.perf_counter() - self.started if self.started is not None else 0.0
 
 
 class Run:
@@ -254,20 +289,11 @@ class Run:
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
-        from chain import testhooks
-        from chain.training.logs import Writers
         from chain.training.profile import Window
 
         window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
-        ckpts, first, last = self._start()
-        resumed_from = self.global_step if self.settings.resume else None
-        every = self.settings.checkpoint.every
-        saved_at = self.global_step if resumed_from is not None else None
-        best = self.checkpoints(os.path.join(self.run_dir, BEST_DIR), keep=1) \
-            if ckpts and self.settings.checkpoint.best else None
-        writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
-        started, timed_steps = None, 0
-        evaluation, evaluated_at = None, None
+        loop = self._open()
+        cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0)
         memory.reset(self.strategy.memory_devices())
         bar = tqdm(total=t.steps, initial=self.global_step, desc="train", unit="step",
                    disable=not t.progress or None, leave=False)
@@ -275,66 +301,88 @@ class Run:
             # Log lines go through tqdm, so they do not break the progress bar.
             with logging_redirect_tqdm(loggers=[logging.getLogger()]):
                 while self.global_step < t.steps and not self.tracker.exhausted:  # exhausted: stopped early
-                    # A call never runs past trainer.steps, a checkpoint or an evaluation: each
-                    # sees the state of its own step (the test hooks after a checkpoint too).
-                    n = min(t.steps_per_call, t.steps - self.global_step)
-                    for period in (every if ckpts else 0, t.eval_every):
-                        if period:
-                            n = min(n, period - self.global_step % period)
-                    n = window.limit(self.global_step, n) if window else n  # one step per call while traced
-                    try:
-                        with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
-                            outs = self.steps(n) if n > 1 else [self._train(*next(self.iterator))]
-                    except NonFiniteError as e:
-                        raise NonFiniteError(e.stages, e.step, f"; {self.intact(hint=False)}") from None
-                    if started is None:
-                        started = time.perf_counter()  # speed excludes this process's first call, which traces
-                    else:
-                        timed_steps += len(outs)
+                    outs = self._call(cadences.call_length(self.global_step), window)
+                    loop.timed(len(outs))
                     for step, out in enumerate(outs, self.global_step - len(outs) + 1):
-                        record = {"loss": finite_or_none(out["loss"]),
-                                  "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
-                        if step == 1:
-                            first = record
-                        last = record
-                        if writers and (step % t.log_every == 0 or step == 1 or step == t.steps):
-                            writers.scalars(step, [{"loss": v} for v in out["stage_losses"]], {"loss": out["loss"]})
-                        if step % t.log_every == 0:
-                            log.info("step %d  loss %s", step,
-                                     "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
-                        if t.eval_every and step % t.eval_every == 0:
-                            evaluation, evaluated_at = self._evaluate(step, writers, best, first, last), step
-                        if ckpts and every and step % every == 0:
-                            ckpts.save(step, first, last, self.tracker.state())
-                            saved_at = step
-                            if writers:
-                                writers.flush()  # the curves up to a checkpoint survive a kill
-                        testhooks.after_step(step)
-                        if callback is not None:
-                            callback(step, out)
+                        self._after_step(step, out, loop, cadences, callback)
                     bar.set_postfix(loss=f"{outs[-1]['loss']:.4f}", refresh=False)
                     bar.update(len(outs))
-            elapsed = time.perf_counter() - started if started is not None else 0.0
-            if evaluated_at != self.global_step:  # every run ends evaluated
-                evaluation = self._evaluate(self.global_step, writers, best, first, last)
-            if self.global_step < t.steps:
-                log.info("stopped early at step %d: no lower validation loss in %d evaluations (best: step %s)",
-                         self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
-            summary = self.strategy.complete(
-                self._summary(first, last, resumed_from, timed_steps, elapsed, evaluation))
-            if window:
-                window.add_to(summary)
-            if writers:
-                writers.scalars(self.global_step, [],
-                                {"examples_per_second": summary["examples_per_second"] or 0.0})
+            summary = self._close(loop, window)
         finally:
             bar.close()
             if window:
                 window.close()
-            if writers:
-                writers.close()
-        if ckpts and saved_at != self.global_step:
-            ckpts.save(self.global_step, first, last, self.tracker.state())
+            if loop.writers:
+                loop.writers.close()
+        self._write(summary, loop)
+        return summary
+
+    def _open(self) -> _Loop:
+        """The loop's state at its start: this run's checkpoints (restored from on resume), `best/`
+        (`checkpoint.best`) and TensorBoard writers when it has a directory."""
+        from chain.training.logs import Writers
+
+        ckpts, first, last = self._start()
+        resumed_from = self.global_step if self.settings.resume else None
+        best = self.checkpoints(os.path.join(self.run_dir, BEST_DIR), keep=1) \
+            if ckpts and self.settings.checkpoint.best else None
+        writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
+        return _Loop(ckpts, best, writers, first, last, resumed_from, saved_at=resumed_from)
+
+    def _call(self, n: int, window) -> list[dict[str, Any]]:
+        """The next `n` steps in one call (a single step: `_train` on the next batch), traced inside
+        the profiled window; a NonFiniteError says what survives."""
+        try:
+            with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
+                return self.steps(n) if n > 1 else [self._train(*next(self.iterator))]
+        except NonFiniteError as e:
+            raise NonFiniteError(e.stages, e.step, f"; {self.intact(hint=False)}") from None
+
+    def _after_step(self, step: int, out: dict[str, Any], loop: _Loop, cadences: Cadences, callback) -> None:
+        """What follows step `step` (its result `out`), each when its cadence is due: the loss
+        record, TensorBoard point, log line, evaluation and checkpoint; then the test hooks and `callback`."""
+        from chain import testhooks
+
+        record = {"loss": finite_or_none(out["loss"]), "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
+        if step == 1:
+            loop.first = record
+        loop.last = record
+        if loop.writers and cadences.logging.point(step):
+            loop.writers.scalars(step, [{"loss": v} for v in out["stage_losses"]], {"loss": out["loss"]})
+        if cadences.logging.due(step):
+            log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
+        if cadences.evaluation.due(step):
+            loop.evaluation, loop.evaluated_at = self._evaluate(step, loop), step
+        if cadences.checkpoint.due(step):
+            loop.checkpoints.save(step, loop.first, loop.last, self.tracker.state())
+            loop.saved_at = step
+            if loop.writers:
+                loop.writers.flush()  # the curves up to a checkpoint survive a kill
+        testhooks.after_step(step)
+        if callback is not None:
+            callback(step, out)
+
+    def _close(self, loop: _Loop, window) -> dict[str, Any]:
+        """After the last step: the final evaluation (every run ends evaluated), why it stopped
+        early, and the summary (with the profiled window's measurements and the speed's point)."""
+        elapsed = loop.elapsed()
+        if loop.evaluated_at != self.global_step:
+            loop.evaluation = self._evaluate(self.global_step, loop)
+        if self.global_step < self.settings.trainer.steps:
+            log.info("stopped early at step %d: no lower validation loss in %d evaluations (best: step %s)",
+                     self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
+        summary = self.strategy.complete(
+            self._summary(loop.first, loop.last, loop.resumed_from, loop.timed_steps, elapsed, loop.evaluation))
+        if window:
+            window.add_to(summary)
+        if loop.writers:
+            loop.writers.scalars(self.global_step, [], {"examples_per_second": summary["examples_per_second"] or 0.0})
+        return summary
+
+    def _write(self, summary: dict[str, Any], loop: _Loop) -> None:
+        """The run's last checkpoint (unless its last step saved one), exports, summary.json and report."""
+        if loop.checkpoints and loop.saved_at != self.global_step:
+            loop.checkpoints.save(self.global_step, loop.first, loop.last, self.tracker.state())
         if self.run_dir:
             if self.settings.checkpoint.export:
                 self._export(summary)
@@ -344,7 +392,6 @@ class Run:
                 from chain.report import write_report
 
                 log.info("report: %s", write_report(self.run_dir))
-        return summary
 
     def intact(self, hint: bool = True) -> str:
         """What survives if the run stops now, in words (for a one-line error); `hint`: and how to go on."""
@@ -372,17 +419,17 @@ class Run:
             log.warning("exports skipped: Keras cannot save this chain (%s); checkpoints are complete", text)
             summary["exports"], summary["export_error"] = [], text
 
-    def _evaluate(self, step: int, writers, best, first, last) -> Evaluation | None:
+    def _evaluate(self, step: int, loop: _Loop) -> Evaluation | None:
         """Evaluate at `step`: log it, write its TensorBoard scalars, count it for the best
         checkpoint and early stopping, and save `best/` when it is the lowest validation loss."""
         evaluation = self.evaluate()
         if evaluation is None:
             return None
         log.info("step %d  %s", step, validation.line(evaluation))
-        if writers:
-            writers.scalars(step, *validation.scalars(evaluation))
-        if self.tracker.record(step, evaluation.loss) and best:
-            best.save(step, first, last, self.tracker.state())
+        if loop.writers:
+            loop.writers.scalars(step, *validation.scalars(evaluation))
+        if self.tracker.record(step, evaluation.loss) and loop.best:
+            loop.best.save(step, loop.first, loop.last, self.tracker.state())
         return evaluation
 
     def _summary(self, first, last, resumed_from, timed_steps, elapsed, evaluation: Evaluation | None
