@@ -2,8 +2,8 @@
 measured timeline (`timeline.json`), print it next to the plan and say which stage holds
 the pipeline back.
 
-The fit loop asks `Window.limit` how many steps its next call may run (calls end where the
-window starts, and inside it every step is a call of its own, so each step has its own
+The fit loop asks its cadences (`chain.training.cadence.Span`) how many steps its next call
+may run (calls end where the window starts, and inside it every step is a call of its own, so each step has its own
 interval in the trace), and runs each call inside `Window.call`. The first step of the
 window starts the profiler, the last one stops it and `chain.pipeline.timeline` reads the
 trace. The trace stays under `RUN_DIR/tb/chain/plugins/profile/`, beside the chain's
@@ -156,14 +156,6 @@ class Window:
         ports = self.run.settings.cluster.profile_ports
         profile_ports(workers, ports)  # workers from TF_CONFIG are known only now
         return [f"{a.rsplit(':', 1)[0]}:{p}" for a, p in zip(workers, ports)]
-
-    def limit(self, done: int, n: int) -> int:
-        """How many steps the call after step `done` may run, at most `n`."""
-        if self.start <= done + 1 <= self.stop:
-            return 1
-        if done + 1 < self.start:
-            return min(n, self.start - 1 - done)
-        return n
 
     @contextlib.contextmanager
     def call(self, first: int, n: int):
