@@ -43,3 +43,31 @@ class OutOfMemory(ChainError):
     """A device ran out of memory and the batch cannot shrink further (`oom.min_batch_size`)."""
 
     exit_code = 6
+
+
+def first_line(e: BaseException, typed: bool = True) -> str:
+    """The first line of `e`'s message (TensorFlow's `.message` when it has one), after `Type: `
+    when `typed`; the type's name alone when the message is empty. Library errors run to many
+    lines (tracebacks of the graph, hints); a user-facing line quotes the first."""
+    text = str(getattr(e, "message", None) or e).strip()
+    if not text:
+        return type(e).__name__
+    line = text.splitlines()[0].strip()
+    return f"{type(e).__name__}: {line}" if typed else line
+
+
+def instantiate_error(e: BaseException, what: str) -> ConfigError:
+    """The one line for `what` (a user's `_target_` that Hydra's `instantiate` called) that
+    failed: Hydra could not import the target ("WHAT: cannot import it (why)", why being the
+    import error Hydra chains, not its advice to set HYDRA_FULL_ERROR), or the target itself
+    raised, which Hydra wraps ("WHAT raised Type: first line", the target's own error)."""
+    from hydra.errors import InstantiationException
+
+    if isinstance(e, InstantiationException):
+        cause = e.__cause__
+        if str(e).startswith("Error locating target"):
+            why = " ".join(str(cause).split("\n")[1:]).strip() if cause is not None else ""
+            return ConfigError(f"{what}: cannot import it ({why or first_line(e, typed=False)})")
+        if cause is not None:
+            e = cause
+    return ConfigError(f"{what} raised {first_line(e)}")

@@ -32,7 +32,7 @@ import time
 from typing import Sequence
 
 from chain.cli import fail, import_tensorflow_quietly
-from chain.errors import ConfigError
+from chain.errors import ConfigError, first_line
 
 
 def parse_cluster(text: str) -> list[str]:
@@ -179,12 +179,12 @@ def main(argv: list[str] | None = None) -> None:
         server = tf.distribute.Server(tf.train.ClusterSpec({"worker": workers}), job_name="worker",
                                       task_index=a.index, config=config, start=True)
     except (tf.errors.OpError, ValueError, RuntimeError) as e:
-        fail(f"worker {a.index} cannot serve {workers[a.index]}: {str(e).strip().splitlines()[0]}")
+        fail(f"worker {a.index} cannot serve {workers[a.index]}: {first_line(e, typed=False)}")
     if a.profile_port is not None:
         try:
             tf.profiler.experimental.server.start(a.profile_port)
         except (tf.errors.OpError, ValueError, RuntimeError) as e:
-            fail(f"worker {a.index} cannot serve its profiler on port {a.profile_port}: {str(e).strip().splitlines()[0]}")
+            fail(f"worker {a.index} cannot serve its profiler on port {a.profile_port}: {first_line(e, typed=False)}")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     print(f"worker {a.index} serving {workers[a.index]} ({server.target})", flush=True)

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from conftest import read_summary, run_dirs
+from messages import says
 
 
 def test_main_job_three_stages_on_three_devices(cli, tmp_path):
@@ -56,6 +57,6 @@ def test_bad_input_one_line_nonzero_exit_no_output(cli, tmp_path, overrides, mes
     r = cli(*overrides, "trainer.steps=2")
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert lines == [f"error: {lines[0][len('error: '):]}"] and message in lines[0], r.stderr
+    assert lines == [f"error: {lines[0][len('error: '):]}"] and says(lines[0], message), r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert run_dirs(tmp_path) == [] and not os.path.exists(tmp_path / "outputs")  # nothing written at all

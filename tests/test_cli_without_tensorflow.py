@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-# Each case: overrides, and what the one line must say. Thirty kinds of mistake. `{files}` is a
+from messages import says
+
+# Each case: overrides, and what the one line must say. Thirty-odd kinds of mistake. `{files}` is a
 # folder of small data files (`user_files`); `{keras}` an empty Keras cache.
 CASES = [
     (["+stages=0"], "stages=0 must be a positive integer"),
@@ -20,7 +22,7 @@ CASES = [
     (["optim.lr=0"], "optim.lr=0 must be > 0"),
     (["optim.lr=inf"], "optim.lr=inf must be a finite number"),
     (["data.batch_size=-4"], "data.batch_size=-4 must be >= 1"),
-    (["mode=magic"], "mode='magic' is not known; allowed: local, e2e"),
+    (["mode=magic"], "mode='magic' is not known; allowed: local, e2e, side_by_side"),
     (["+trainer.stepz=5"], "unknown key trainer.stepz; allowed keys of trainer:"),
     (["trainer.stepz=5"], "unknown key trainer.stepz; allowed keys of trainer:"),
     (["+stages=[{model: conv}"], "cannot read the override"),
@@ -31,6 +33,9 @@ CASES = [
      "data.batch_size=1000000000000 must be <= 2147483647"),
     (["placement.devices=[/CPU:0]"], "placement.devices has 1 entries, but there are 2 stages"),
     (["placement.devices=[/CPU:0,garbage]"], "placement.devices[1]: 'garbage' is not a device name"),
+    (["placement.memory_limit_mb=[100,200,300]"], "placement.memory_limit_mb has 3 entries, but there are 2 stages"),
+    (["placement.devices=[/CPU:0,/CPU:1]", "placement.fallback=mirrored"],
+     "placement.devices puts each stage on a device, placement.fallback=mirrored puts every stage on every replica"),
     (["mode=e2e", "pipeline.microbatches=3"], "pipeline.microbatches=3 does not divide data.batch_size=64"),
     (["mode=e2e", "data=synthetic", "stage.target=value"], "loss=sparse_categorical_crossentropy needs class labels"),
     (["+stages=[{},{model: conv}]"], "stages[1].model=conv needs image input"),
@@ -100,6 +105,6 @@ def test_config_errors_need_no_tensorflow(no_tensorflow, user_files, tmp_path_fa
                        capture_output=True, text=True, timeout=120)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2, r.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says(lines[0], message), r.stderr
     assert "was imported" not in r.stderr + r.stdout
     assert list(tmp_path.iterdir()) == []  # nothing written, not even Hydra's outputs/

@@ -93,7 +93,7 @@ def test_reserve_changes_the_share():
 
 @pytest.mark.parametrize("given, expected", [("[4000,8000,2000]", [4000, 8000, 2000]), ("6000", [6000] * 3)])
 def test_given_limits_per_stage_or_one_number(given, expected):
-    p = plan(pcfg(f"placement.memory_limit_mb={given}"), 3, Inventory.of(1, 24 * GB))
+    p = plan(pcfg("+stages=3", f"placement.memory_limit_mb={given}"), 3, Inventory.of(1, 24 * GB))
     assert p.memory_limits_mb == {0: expected}
 
 
@@ -295,7 +295,7 @@ def test_memory_unknown_without_nvidia_smi_or_when_counts_disagree():
      "placement.memory_limit_mb has 2 entries, but there are 3 stages"),
     (["placement.memory_limit_mb=[1000,2000]"], 3, Inventory(), ConfigError,
      "placement.memory_limit_mb has 2 entries, but there are 3 stages"),
-    (["placement.memory_limit_mb=[10000,10000,5000]"], 3, Inventory.of(1, 24 * GB), DeviceError,
+    (["+stages=3", "placement.memory_limit_mb=[10000,10000,5000]"], 3, Inventory.of(1, 24 * GB), DeviceError,
      "placement.memory_limit_mb: limits on GPU 0 add up to 25000 MB, more than its 24576 MB"),
     (["placement.memory_limit_mb=9000"], 5, Inventory.of(2, 16 * GB), DeviceError,
      "placement.memory_limit_mb: limits on GPU 0 add up to 27000 MB, more than its 16384 MB"),
@@ -306,7 +306,7 @@ def test_memory_unknown_without_nvidia_smi_or_when_counts_disagree():
     (["placement.reserve_mb=30000"], 3, Inventory.of(1, 24 * GB), DeviceError, "placement.reserve_mb=30000 leaves no memory"),
     (["placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"], 5, Inventory.of(2, 16 * GB), DeviceError,
      "placement.replicas=3: only 2 GPU(s) visible"),
-    (["placement.fallback=mirrored", "placement.memory_limit_mb=[1,2,3]"], 3, Inventory.of(1, 16 * GB), ConfigError,
+    (["+stages=3", "placement.fallback=mirrored", "placement.memory_limit_mb=[1,2,3]"], 3, Inventory.of(1, 16 * GB), ConfigError,
      "placement.memory_limit_mb: a list gives one limit per stage"),
 ])
 def test_bad_input_names_the_key(overrides, n_stages, inv, error, message):
@@ -352,7 +352,7 @@ def test_configure_applies_visible_cards_and_limits(monkeypatch):
     from chain.planning.devices import configure
 
     fake = FakeConfig(monkeypatch, 4)
-    cfg = pcfg("placement.visible=[1,3]", "placement.memory_limit_mb=[1000,2000,3000]")
+    cfg = pcfg("+stages=3", "placement.visible=[1,3]", "placement.memory_limit_mb=[1000,2000,3000]")
     configure(plan(cfg, 3, Inventory.of(4, 16 * GB)), cfg)
     assert [d.name for d in fake.visible] == ["/physical_device:GPU:1", "/physical_device:GPU:3"]
     # Stages 0-1 share card 1; stage 2 has card 3 to itself, limited as asked.

@@ -221,6 +221,42 @@ def test_an_overflow_in_one_stage_skips_the_whole_chain_in_e2e_and_only_that_sta
     assert [int(s.skipped.numpy()) for s in run.stages] == [0, 0, 0]  # an overflow is no NaN event
 
 
+def graph_ops(f, op_type: str, *args) -> int:
+    """How many `op_type` ops `f`'s graph holds, the branches of its conds included."""
+    graph = f.get_concrete_function(*args).graph.as_graph_def()
+    return sum(n.op == op_type for n in graph.node) + sum(n.op == op_type for fn in graph.library.function
+                                                           for n in fn.node_def)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_apply_update_returns_the_guards_verdict_from_one_finite_check(mode):
+    """One outcome value: `apply_update` returns whether the numerics guard dropped the update,
+    so an overflow (the loss scale's skip) is False and a NaN loss is True, with no flag turned
+    over on the way. Finiteness is computed once: each gradient is summed once per step (the
+    loss scale's decision and the guard read the same flag), not once for each of them."""
+    run = chain.build(chain.compose(FLOAT16["e2e" if mode == "e2e" else "local"]))
+    grads = [[tf.fill(v.shape, 0.5) for v in s.trainable_variables] for s in run.stages]
+    grads[1][0] = tf.fill(grads[1][0].shape, np.inf)
+
+    @tf.function
+    def update(loss):
+        e2e = run.settings.mode == "e2e"
+        outcomes = shared_outcomes(run.stages, grads, loss, run.stages[-1].device) if e2e else [None] * 3
+        flags = []
+        for s, g, outcome in zip(run.stages, grads, outcomes):
+            with tf.device(s.device):
+                flags.append(apply_update(s, g, None if e2e else loss, outcome))
+        return flags
+
+    assert [bool(d) for d in update(tf.constant(1.0))] == [False] * 3  # an overflow: no guard drop
+    if mode == "e2e":
+        assert [bool(d) for d in update(tf.constant(1.0))] == [False] * 3
+    else:
+        assert [bool(d) for d in update(tf.constant(np.nan))] == [True] * 3  # the guard drops every stage
+    n_grads = sum(len(g) for g in grads)
+    assert graph_ops(update, "Sum", tf.constant(1.0)) == n_grads
+
+
 def test_decide_separates_overflow_from_non_finite():
     finite, inf = tf.constant(True), tf.constant(False)
     cases = [  # (loss, flags, scale) -> outcome

@@ -119,6 +119,25 @@ def test_bad_restaging_from_the_command_line_is_one_line(src, tmp_path):
                                 "choose a stage count that divides 8, or give the depths with +stages=[...]")
 
 
+def test_restage_asks_the_strategy_what_a_mode_builds_and_refuses_independent_models(tmp_path):
+    """Which heads and read-out a mode's stages have, and whether they form a chain, is the
+    mode's strategy's answer (`chain.strategies.for_mode`), not restage's reading of mode
+    strings: mode=side_by_side (every model its own head, every model taking the data) has no
+    chain to regroup, and says so in one line, writing nothing."""
+    from chain.strategies import for_mode
+
+    assert [(for_mode(m).heads, for_mode(m).readout, for_mode(m).chained) for m in ("local", "e2e", "side_by_side")] \
+        == [(True, False, True), (False, True, True), (True, False, False)]
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    r = run_cli(tmp_path, "mode=side_by_side", "+variants=[{name: a},{name: b}]", *BASE, "trainer.steps=1",
+                f"hydra.run.dir={src}")
+    assert r.returncode == 0, r.stderr
+    r = run_cli(tmp_path, src, dst, module="chain.restage")
+    assert r.returncode == 2 and not os.path.exists(dst)
+    assert r.stderr.strip() == ("error: mode=side_by_side trains independent models, not one chain: restage regroups "
+                                "the layers of a chain's stages; there is nothing to regroup")
+
+
 def test_restage_e2e_keeps_the_chains_predictions_and_training_continues(tmp_path):
     """mode=e2e: the last stage holds the read-out, no stage has a head; 4 -> 2 -> 4."""
     e2e = ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"]

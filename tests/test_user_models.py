@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 
 import chain
+import chain.data
 import user_nets
+from chain.stages.bodies import from_builder
 from compare import trains_like_one_device
 from conftest import DEVICES, read_summary, run_cli, run_dirs
 from graph_audit import audit
@@ -74,6 +76,29 @@ def test_bad_builders_are_one_line_and_leave_nothing(tmp_path, overrides, messag
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_target_that_cannot_be_imported_or_raises_reads_alike_for_models_and_data():
+    """Hydra's instantiate errors have one reading (`chain.errors.instantiate_error`) for a model
+    builder and a data function: an import that fails names Python's reason (not Hydra's advice
+    to set HYDRA_FULL_ERROR), a target that raises shows its own error's first line."""
+    why = "(ModuleNotFoundError(\"No module named 'no_such_pkg'\") Are you sure that module 'no_such_pkg' is installed?)"
+    cases = {"no_such_pkg.nets.x": f"cannot import it {why}", "user_nets.broken": None,
+             "user_datasets.broken": None}
+    for target in cases:
+        model = f"stages[0].model._target_={target}"
+        with pytest.raises(chain.ConfigError) as e:
+            from_builder(target, None, model)((6,), "float32", "s0")
+        said = {"model": str(e.value)}
+        with pytest.raises(chain.ConfigError) as e:
+            chain.data.load(chain.compose(["data=callable", f"data._target_={target}"]).data, 0)
+        said["data"] = str(e.value)
+        if target == "no_such_pkg.nets.x":
+            assert said == {"model": f"{model}: {cases[target]}", "data": f"data._target_={target}: {cases[target]}"}
+        elif target == "user_nets.broken":
+            assert said["model"] == f"{model} raised RuntimeError: the builder failed on purpose"
+        else:
+            assert said["data"] == f"data._target_={target} raised RuntimeError: the function failed on purpose"
 
 
 # --- one model cut into stages ---------------------------------------------------------------

@@ -35,3 +35,7 @@ def nothing_passes() -> tf.data.Dataset:
     """An endless stream whose filter drops every example: reading it never yields one."""
     counter = tf.data.Dataset.counter()
     return counter.filter(lambda i: i < 0).map(lambda i: (tf.fill([3], tf.cast(i, tf.float32)), i))
+
+
+def broken() -> tf.data.Dataset:
+    raise RuntimeError("the function failed on purpose")

@@ -21,7 +21,7 @@ from chain.config import checks
 from chain.config.hydra import compose_config, group_defaults, group_options, normalize_overrides, override_key
 from chain.config.schema import Settings, expand_stages, parse
 from chain.config.variants import expand as expand_variants
-from chain.errors import ConfigError
+from chain.errors import ConfigError, first_line
 
 __all__ = ["Settings", "compose", "validate", "group_options", "normalize_overrides", "override_key"]
 
@@ -42,7 +42,7 @@ def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
         key = e.full_key.replace("stage.", "", 1) if e.full_key.startswith("stage.") else e.full_key
         raise ConfigError(f"{key} needs a value: set it on the command line, e.g. {key}=...") from None
     except Exception as e:  # an interpolation that does not resolve
-        raise ConfigError(f"config does not resolve: {e}".splitlines()[0]) from None
+        raise ConfigError(f"config does not resolve: {first_line(e, typed=False)}") from None
     stages, variants, grid = raw.pop("stages", None), raw.pop("variants", None), raw.pop("grid", None)
     s = parse(Settings, "", raw)
     if s.mode == "side_by_side":

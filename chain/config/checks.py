@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import replace
 
-from chain.config.schema import MAX_BATCH, KerasModel, Settings
+from chain.config.schema import MAX_BATCH, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
 from chain.data import files
 from chain.data.catalog import DataInfo, describe
@@ -45,6 +45,18 @@ def batch_over_replicas(batch_size: int, replicas: int) -> int:
             f"placement.fallback=mirrored data.batch_size is the global batch: use a multiple of {replicas}, "
             f"e.g. {max(replicas, batch_size // replicas * replicas)}")
     return batch_size // replicas
+
+
+def placement_fits(p: PlacementSettings, n_stages: int) -> None:
+    """What `placement` must say whatever the machine: one memory limit, or one per stage; stages
+    on named devices, or every stage on every replica (placement.fallback=mirrored), not both."""
+    given = p.memory_limit_mb
+    if isinstance(given, (list, tuple)) and len(given) != n_stages:
+        raise ConfigError(f"placement.memory_limit_mb has {len(given)} entries, but there are {n_stages} stages; "
+                          "give one number (MB per logical GPU) or one per stage")
+    if p.devices and p.fallback == "mirrored":
+        raise ConfigError("placement.devices puts each stage on a device, placement.fallback=mirrored puts "
+                          "every stage on every replica: set only one of them")
 
 
 def loss_fits_target(loss: str, target, data: str) -> None:
@@ -164,6 +176,7 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
             canonical(d)
         except DeviceError as e:
             raise ConfigError(f"placement.devices[{k}]: {e}") from None
+    placement_fits(s.placement, len(s.stages))
     if s.examples_per_step > MAX_BATCH:
         raise ConfigError(f"trainer.grad_accum x data.batch_size = {s.examples_per_step} examples per step; "
                           f"at most {MAX_BATCH}")

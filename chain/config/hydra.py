@@ -12,7 +12,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from chain.errors import ConfigError
+from chain.errors import ConfigError, first_line
 
 CONFIG_MODULE = "chain.conf"
 GROUPS = ("model", "optim", "data")
@@ -104,15 +104,15 @@ def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> D
     try:
         return _compose(overrides, with_hydra)
     except OverrideParseException as e:
-        raise ConfigError(f"cannot read the override {e.override}: {str(e).splitlines()[0]} (lists are "
+        raise ConfigError(f"cannot read the override {e.override}: {first_line(e, typed=False)} (lists are "
                           "key=[a,b]; quote mappings for the shell: '+stages=[{model: conv},{}]')") from None
     except ConfigCompositionException as e:
-        first = str(e).splitlines()[0]
+        first = first_line(e, typed=False)
         if first.startswith("Could not override '"):
             raise ConfigError(_unknown_key(first.split("'")[1], overrides)) from None
         raise ConfigError(_with_hint(first)) from None
     except HydraException as e:
-        raise ConfigError(_with_hint(str(e).splitlines()[0])) from None
+        raise ConfigError(_with_hint(first_line(e, typed=False))) from None
 
 
 def _with_hint(message: str) -> str:
@@ -177,5 +177,5 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
+        raise ConfigError(first_line(e, typed=False)) from None
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]

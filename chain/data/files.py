@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from chain.errors import ConfigError
+from chain.errors import ConfigError, first_line
 
 
 def existing(path: str, key: str) -> str:
@@ -75,8 +75,7 @@ _DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
 
 
 def _damaged(path: str, path_key: str, member: str, e: BaseException) -> ConfigError:
-    text = str(e).strip().splitlines()
-    return ConfigError(f"{path_key}={path!r} is damaged ({member}: {text[0] if text else type(e).__name__}); "
+    return ConfigError(f"{path_key}={path!r} is damaged ({member}: {first_line(e, typed=False)}); "
                        "write it again")
 
 
@@ -309,7 +308,7 @@ def keras_arrays(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
         return scaled(x_train), np.asarray(y_train).reshape(-1), scaled(x_test), np.asarray(y_test).reshape(-1)
     except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as e:
         raise ConfigError(f"data=keras data.name={name}: the cache files in {os.path.dirname(files[0])} cannot be "
-                          f"read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fill the cache "
+                          f"read ({first_line(e)}); fill the cache "
                           "again") from None
 
 
@@ -330,9 +329,8 @@ def keras_model_file(path: str, key: str) -> str:
             if "config.json" not in z.namelist():
                 raise zipfile.BadZipFile("no config.json in it")
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-        text = str(e).strip().splitlines()
         raise ConfigError(f"{key}={path!r} is damaged (not a whole .keras zip file: "
-                          f"{text[0] if text else type(e).__name__}); save the model again") from None
+                          f"{first_line(e, typed=False)}); save the model again") from None
     return path
 
 

@@ -21,14 +21,9 @@ import tensorflow as tf
 
 from chain.data import files
 from chain.data.catalog import target_keys
-from chain.errors import ConfigError
+from chain.errors import ConfigError, first_line, instantiate_error
 
 CHUNK = 4096  # examples converted to NumPy at a time
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(getattr(e, "message", "") or e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def _within(batches: Iterator, timeout_s: float, what: str) -> Iterator:
@@ -76,7 +71,7 @@ def _gather(dataset: tf.data.Dataset, what: str, max_examples: int | None = None
         for batch in (batches if timeout_s is None else _within(batches, timeout_s, what)):
             parts.append(batch)
     except (tf.errors.OpError, ValueError, TypeError) as e:
-        raise ConfigError(f"{what} cannot be read: {_first_line(e)}") from None
+        raise ConfigError(f"{what} cannot be read: {first_line(e)}") from None
     if not parts:
         raise ConfigError(f"{what} holds no examples")
     arrays = tf.nest.map_structure(lambda *a: np.concatenate(a), *parts)
@@ -112,21 +107,13 @@ def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray],
 
 def _call(data) -> tf.data.Dataset:
     """Call the user's function through Hydra's `instantiate` (its checks on targets included)."""
-    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     what = f"data._target_={data._target_}"
     try:
         result = instantiate({"_target_": data._target_, **data.kwargs})
-    except InstantiationException as e:
-        cause = e.__cause__
-        if str(e).startswith("Error locating target"):  # Hydra's import error says what it tried
-            raise ConfigError(f"{what} cannot be imported: {' '.join(str(cause).splitlines()[1:])}") from None
-        if cause is not None:  # the function itself raised
-            raise ConfigError(f"{what} failed: {_first_line(cause)}") from None
-        raise ConfigError(f"{what}: {' '.join(str(e).split())}") from None
-    except Exception as e:  # noqa: BLE001 (the user's function may raise anything)
-        raise ConfigError(f"{what} failed: {_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 (the user's function may raise anything; Hydra wraps it)
+        raise instantiate_error(e, what) from None
     if not isinstance(result, tf.data.Dataset):
         raise ConfigError(f"{what} returned {type(result).__name__}; it must return a tf.data.Dataset of "
                           "(x, y) or (x, {name: y}) examples")

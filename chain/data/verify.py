@@ -16,13 +16,14 @@ from typing import Any, Iterable
 import numpy as np
 
 from chain.data.catalog import DataInfo, Target
+from chain.errors import first_line
 
 
 def _array(value: Any, name: str) -> np.ndarray:
     try:
         return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
     except Exception as e:  # ragged lists and the like
-        raise ValueError(f"{name} is not an array ({type(value).__name__}: {e})".splitlines()[0]) from None
+        raise ValueError(f"{name} is not an array ({type(value).__name__}: {first_line(e, typed=False)})") from None
 
 
 def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from chain.errors import ConfigError, DeviceError, WorkerLost
+from chain.errors import ConfigError, DeviceError, WorkerLost, first_line
 from chain.planning.devices import WORKER_JOB, canonical
 
 EXIT_LOST = WorkerLost.exit_code
@@ -189,10 +189,9 @@ def connect(addresses: Sequence[str]) -> None:
 
 def _not_a_worker(addresses: Sequence[str], e: Exception) -> str:
     """One line for a connection that a server refused: the worker TensorFlow's error names, if any."""
-    said = str(e).strip().splitlines()
     task = re.search(rf"/job:{WORKER_JOB}/replica:0/task:(\d+)", str(e))
     if task is None or int(task.group(1)) >= len(addresses):
-        return f"cannot connect to the cluster workers {', '.join(addresses)}: {said[0] if said else type(e).__name__}"
+        return f"cannot connect to the cluster workers {', '.join(addresses)}: {first_line(e, typed=False)}"
     i = int(task.group(1))
     return (f"cluster.workers[{i}]={addresses[i]} is not a TensorFlow worker (it refused TensorFlow's worker "
             f"service: {type(e).__name__}); a worker is started with: python -m chain.worker --index {i} "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from chain.config.checks import batch_over_replicas
+from chain.config.checks import batch_over_replicas, placement_fits
 from chain.config.schema import PlacementSettings
 from chain.errors import ConfigError, DeviceError
 from chain.planning.devices import canonical
@@ -97,15 +97,9 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placem
     ConfigError for settings that cannot work anywhere and DeviceError for settings this
     machine cannot satisfy; both name the key.
     """
-    given = pcfg.memory_limit_mb
-    if isinstance(given, (list, tuple)) and len(given) != n_stages:
-        raise ConfigError(f"placement.memory_limit_mb has {len(given)} entries, but there are {n_stages} stages; "
-                          "give one number (MB per logical GPU) or one per stage")
+    placement_fits(pcfg, n_stages)  # checked with the settings already; `plan` is also called on its own
     gpus = _visible(pcfg.visible, inventory)
     if pcfg.devices:
-        if pcfg.fallback == MIRRORED:
-            raise ConfigError("placement.devices puts each stage on a device, placement.fallback=mirrored puts "
-                              "every stage on every replica: set only one of them")
         p = _explicit(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
     elif len(gpus) >= n_stages:
         p = _one_per_stage(pcfg, n_stages, gpus, inventory.cuda_visible_devices)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from chain.errors import ChainError
+from chain.errors import ChainError, first_line
 from chain.pipeline import schedules
 from chain.report import scalars
 
@@ -137,7 +137,7 @@ def _overrides(path: str) -> list[str]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ChainError(f"{path} is not valid YAML ({getattr(e, 'problem', None) or str(e).splitlines()[0]}{where})"
+        raise ChainError(f"{path} is not valid YAML ({getattr(e, 'problem', None) or first_line(e, typed=False)}{where})"
                          ) from None
     if found is None:
         return []

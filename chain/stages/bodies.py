@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import keras
 
-from chain.errors import ConfigError
+from chain.errors import ConfigError, first_line, instantiate_error
 
 Body = Callable[[tuple, Any, str], keras.Model]
 
@@ -41,13 +41,6 @@ def dtype_policy(policy: keras.DTypePolicy | None) -> Iterator[None]:
         keras.config.set_dtype_policy(before)
 
 
-def _first_line(e: BaseException) -> str:
-    while getattr(e, "__cause__", None) is not None and "Error in call to target" in str(e):
-        e = e.__cause__  # Hydra wraps the builder's own error; show that one
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
 def layers_of(result: Any, what: str) -> list[keras.layers.Layer]:
     """The layers a builder returned (a layer, a model, or a list of layers), or a ConfigError."""
     items = list(result) if isinstance(result, (list, tuple)) else [result]
@@ -63,7 +56,7 @@ def assemble(layers: Sequence[keras.layers.Layer], input_shape: tuple, name: str
     try:
         return keras.Sequential([keras.Input(input_shape), *layers], name=name)
     except Exception as e:  # Keras raises ValueError, TypeError, ... for a shape that does not fit
-        raise ConfigError(f"{what} cannot take input of shape {tuple(input_shape)}: {_first_line(e)}") from None
+        raise ConfigError(f"{what} cannot take input of shape {tuple(input_shape)}: {first_line(e)}") from None
 
 
 def from_builder(target: str | Callable, kwargs: dict | None, what: str) -> Body:
@@ -73,7 +66,6 @@ def from_builder(target: str | Callable, kwargs: dict | None, what: str) -> Body
     under the stage's dtype policy; `what` names it in errors (`stages[1].model._target_=...`).
     """
     def body(input_shape: tuple, policy: Any, name: str) -> keras.Model:
-        from hydra.errors import InstantiationException
         from hydra.utils import instantiate
 
         try:
@@ -86,12 +78,8 @@ def from_builder(target: str | Callable, kwargs: dict | None, what: str) -> Body
                 return assemble(layers_of(result, what), input_shape, name, what)
         except ConfigError:
             raise
-        except InstantiationException as e:
-            if "Error locating target" in str(e) or "Error loading" in str(e):
-                raise ConfigError(f"{what}: cannot import it ({str(e).splitlines()[0]})") from None
-            raise ConfigError(f"{what} raised {_first_line(e)}") from None
-        except Exception as e:
-            raise ConfigError(f"{what} raised {_first_line(e)}") from None
+        except Exception as e:  # a user's builder may raise anything; Hydra wraps it
+            raise instantiate_error(e, what) from None
 
     return body
 

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import keras
 
-from chain.errors import ConfigError
+from chain.errors import ConfigError, first_line
 from chain.planning import balance
 from chain.stages.bodies import Body
 
@@ -192,9 +192,8 @@ def _clone(c: Cuttable, layer: keras.layers.Layer, policy: Any) -> keras.layers.
         unsafe = {"safe_mode": False} if "safe_mode" in inspect.signature(from_config).parameters else {}
         return from_config(config, **unsafe)
     except Exception as e:  # a user's layer may raise anything here
-        text = str(e).strip().splitlines()
         raise ConfigError(f"{c.name}: layer {layer.name!r} ({type(layer).__name__}) cannot be re-created on its stage's "
-                          f"device from its config: {type(e).__name__}: {text[0] if text else ''} (a custom layer's "
+                          f"device from its config: {first_line(e)} (a custom layer's "
                           "get_config() must return its constructor's arguments)") from None
 
 

@@ -69,7 +69,8 @@ class LossScale(tf.Module):
 
     def update(self, outcome: tf.Tensor, guarded: Callable[[], tf.Tensor]) -> tf.Tensor:
         """Act on this step's `outcome` (see the module doc); `guarded()` applies the update
-        through the numerics guard and returns whether it did. Returns that flag (False on overflow)."""
+        through the numerics guard and returns whether the guard dropped it. Returns that
+        flag: False on an overflow, which this scale skips and counts itself."""
 
         def overflow() -> tf.Tensor:
             self.scale.assign(tf.maximum(self.scale * 0.5, MIN_SCALE))
@@ -78,9 +79,9 @@ class LossScale(tf.Module):
             return tf.constant(False)
 
         def otherwise() -> tf.Tensor:
-            applied = guarded()
+            dropped = guarded()
             tf.cond(tf.equal(outcome, FINITE), self._grow, lambda: None)
-            return applied
+            return dropped
 
         return tf.cond(tf.equal(outcome, OVERFLOW), overflow, otherwise)
 
@@ -96,10 +97,19 @@ class LossScale(tf.Module):
         tf.cond(self.good_steps + 1 >= self.growth_steps, double, count)
 
 
+def loss_finite(loss: tf.Tensor | None) -> tf.Tensor:
+    """A scalar bool: `loss` holds only finite numbers (True without a loss)."""
+    return tf.constant(True) if loss is None else tf.reduce_all(tf.math.is_finite(loss))
+
+
 def decide(loss: tf.Tensor | None, finite: Sequence[tf.Tensor], scale: tf.Tensor) -> tf.Tensor:
     """The group's outcome (FINITE, OVERFLOW or NONFINITE, int32) from its loss, each member's
     all-gradients-finite flag and the (shared) scale."""
-    loss_ok = tf.constant(True) if loss is None else tf.reduce_all(tf.math.is_finite(loss))
+    return outcome_of(loss_finite(loss), finite, scale)
+
+
+def outcome_of(loss_ok: tf.Tensor, finite: Sequence[tf.Tensor], scale: tf.Tensor) -> tf.Tensor:
+    """`decide` from the loss's finite flag already computed (`loss_finite`)."""
     grads_ok = tf.reduce_all(tf.stack(list(finite)))
     overflow = tf.logical_and(loss_ok, scale > MIN_SCALE)
     return tf.where(tf.logical_and(loss_ok, grads_ok), FINITE, tf.where(overflow, OVERFLOW, NONFINITE))

@@ -11,7 +11,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from chain.errors import StorageError
+from chain.errors import StorageError, first_line
 
 
 def write_text(path: str, text: str) -> None:
@@ -36,16 +36,18 @@ def write_json(path: str, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
-def reason(e: BaseException) -> str:
+def reason(e: BaseException, file: bool = False) -> str:
     """Why a write failed, in one line that always names the cause: an OSError's
     `os.strerror(errno)` ("No space left on device", "File too large") even when its own text
-    is something else, or the first line of TensorFlow's message."""
+    is something else (with its file name after it if `file`), or the first line of
+    TensorFlow's message."""
     if isinstance(e, OSError) and e.errno:
         cause = os.strerror(e.errno)
         text = (e.strerror or "").strip()
-        return text if cause in text else f"{cause}{f' ({text})' if text else ''}"
+        said = text if cause in text else f"{cause}{f' ({text})' if text else ''}"
+        return said + (f" ({e.filename})" if file and e.filename else "")
     text = str(getattr(e, "message", None) or e).strip()
-    first = text.splitlines()[0] if text else type(e).__name__
+    first = first_line(e, typed=False)
     if isinstance(getattr(e, "errno", None), int) or any(os.strerror(n) in first for n in errno.errorcode):
         return first
     # TensorFlow puts the cause on a later line at times ("Failed to flush ...; File too large")

@@ -107,12 +107,6 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _first_line(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.errno:
-        return reason(e) + (f" ({e.filename})" if e.filename else "")
-    return reason(e)
-
-
 def _prune(directory: str, keep: Sequence[int]) -> None:
     """Delete every numbered checkpoint (and `ckpt-N_temp` leftover) not in `keep`."""
     for entry in os.listdir(directory) if os.path.isdir(directory) else ():
@@ -214,7 +208,7 @@ class Checkpoints:
         except (OSError, tf.errors.OpError) as e:
             self._discard(step)
             where = f"; the last complete checkpoint (step {previous['step']}) is intact" if previous else ""
-            raise StorageError(f"cannot save the checkpoint of step {step} in {self.run_dir}: {_first_line(e)}{where}"
+            raise StorageError(f"cannot save the checkpoint of step {step} in {self.run_dir}: {reason(e, file=True)}{where}"
                                ) from None
         self.clean(m)
         return m
@@ -263,7 +257,7 @@ class Checkpoints:
                 if os.path.isdir(directory):
                     _write_index(directory, m["complete"])
         except OSError as e:
-            raise StorageError(f"cannot tidy the checkpoints of {self.run_dir}: {_first_line(e)}") from None
+            raise StorageError(f"cannot tidy the checkpoints of {self.run_dir}: {reason(e, file=True)}") from None
 
     # --- verifying -----------------------------------------------------------------------------
 
@@ -277,7 +271,7 @@ class Checkpoints:
         try:
             identity, held_step = self._read_identity(prefix)
         except (tf.errors.OpError, ValueError, KeyError) as e:
-            return f"{rel} cannot be read ({_first_line(e)})"
+            return f"{rel} cannot be read ({reason(e, file=True)})"
         their_run, _, their_part = identity.partition("/")
         if run_id is not None and their_run != run_id:
             return f"{rel} was written by another run (run {their_run[:8]}), not this one (run {run_id[:8]})"
@@ -336,7 +330,7 @@ class Checkpoints:
                 return None
             return Record.from_json(reader.get_tensor(RECORD_KEY).decode())
         except (tf.errors.OpError, ValueError) as e:
-            raise CheckpointError(f"{os.path.relpath(prefix, self.run_dir)} cannot be read: {_first_line(e)}") from None
+            raise CheckpointError(f"{os.path.relpath(prefix, self.run_dir)} cannot be read: {reason(e, file=True)}") from None
 
     def restore(self, clean: bool = True, fallback: bool = False) -> dict[str, Any]:
         """Restore the newest complete checkpoint that verifies into the built stages and the data stream.
@@ -382,9 +376,9 @@ class Checkpoints:
             try:
                 ckpt.restore(os.path.join(self.run_dir, where)).assert_consumed()
             except AssertionError as e:
-                raise CheckpointError(f"{where} does not match the built chain ({name}): {_first_line(e)}") from None
+                raise CheckpointError(f"{where} does not match the built chain ({name}): {reason(e, file=True)}") from None
             except (tf.errors.OpError, ValueError) as e:
-                raise CheckpointError(f"{where} cannot be restored: {_first_line(e)}") from None
+                raise CheckpointError(f"{where} cannot be restored: {reason(e, file=True)}") from None
             held = self.identities[name].numpy().decode()
             if held and held != f"{self.run_id}/{name}" or int(self.steps[name].numpy()) != m["step"]:
                 raise CheckpointError(f"{where} holds {held or 'no identity'} at step {int(self.steps[name].numpy())}, "

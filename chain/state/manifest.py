@@ -37,7 +37,7 @@ import re
 from typing import Any, Sequence
 
 from chain.config.schema import Settings, plain
-from chain.errors import ChainError, CheckpointError
+from chain.errors import ChainError, CheckpointError, first_line
 from chain.state.atomic import write_json
 
 FORMAT = 2
@@ -123,7 +123,7 @@ def read(run_dir: str) -> dict[str, Any] | None:
     try:
         manifest = json.loads(text.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        what = "is empty" if not text.strip() else f"is not valid JSON ({e})".splitlines()[0]
+        what = "is empty" if not text.strip() else f"is not valid JSON ({first_line(e, typed=False)})"
         raise ManifestDamaged(f"{where} {what}") from None
     if not isinstance(manifest, dict) or any(k not in manifest for k in REQUIRED):
         missing = next((k for k in REQUIRED if not isinstance(manifest, dict) or k not in manifest), "?")

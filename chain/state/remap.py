@@ -232,8 +232,12 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     from chain.data.stream import training_batches
     from chain.stages.assemble import build_stages
     from chain.state.checkpoints import Checkpoints
+    from chain.strategies import for_mode
 
     src_manifest, src_overrides, src_settings = _load_src(src)
+    if not for_mode(src_settings.mode).chained:
+        raise ChainError(f"mode={src_settings.mode} trains independent models, not one chain: restage regroups the "
+                         "layers of a chain's stages; there is nothing to regroup")
     for k, spec in enumerate(src_settings.stages):
         if not isinstance(spec.model, (Mlp, Conv)):
             raise ChainError(f"SRC stage {k} is {spec.model.describe()}, a user model: restage regroups the layers "
@@ -252,8 +256,9 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     built = {}
     for name, s in (("src", src_settings), ("dst", dst_settings)):
         keras.utils.set_random_seed(s.seed)  # new heads start as a fresh DST run's would
-        built[name] = build_stages(s.stages, [device] * len(s.stages), dataset.info, heads=s.mode == "local",
-                                   readout=s.mode == "e2e", precision_name=s.precision,
+        kind = for_mode(s.mode)  # its stages as the mode's strategy builds them: heads, read-out
+        built[name] = build_stages(s.stages, [device] * len(s.stages), dataset.info, heads=kind.heads,
+                                   readout=kind.readout, precision_name=s.precision,
                                    initial_loss_scale=s.trainer.initial_loss_scale)
     src_ckpts = Checkpoints(src, built["src"], iterator, src_settings)
     m = src_ckpts.restore(clean=False)  # SRC is read, never changed

@@ -21,7 +21,7 @@ from chain.steps.update import stage_update, unscale
 
 
 def model_pieces(s: Stage, batch_size: int, jit_compile: bool) -> tuple[Callable, Callable]:
-    """(gradients(x, ys) -> (loss, grads), update(grads, loss) -> applied) of model `s` on its slice."""
+    """(gradients(x, ys) -> (loss, grads), update(grads, loss) -> dropped) of model `s` on its slice."""
     forward = xla.stage_function(local_forward(s), jit_compile, xla.forward_name(s.index))
     update = stage_update(s, jit_compile)
 
@@ -58,9 +58,9 @@ def lockstep_step(stages: Sequence[Stage], batch_sizes: Sequence[int], paused: S
                 continue
             loss, grads = c
             with tf.control_dependencies(gate):
-                finite = p[1](grads, loss)
+                skip = p[1](grads, loss)
             with tf.device(s.device):
-                values.append([loss, dropped(finite)])
+                values.append([loss, dropped(skip)])
         return report(stages, values, stages[-1].device)
 
     return step

@@ -70,9 +70,9 @@ def local_step(stages: Sequence[Stage], grad_accum: int = 1, jit_compile: bool =
                     chunk_losses.append(loss)
                     outs.append(out)
                 loss = chunk_losses[0] if n == 1 else tf.add_n(chunk_losses)
-                finite = updates[s.index](unscale(s, grads), loss)
+                skip = updates[s.index](unscale(s, grads), loss)
                 h = tf.stop_gradient(outs[0] if n == 1 else tf.concat(outs, 0))
-                values.append([loss, dropped(finite)])
+                values.append([loss, dropped(skip)])
         return report(stages, values, stages[-1].device)
 
     return step

@@ -56,20 +56,18 @@ def all_finite(loss: tf.Tensor | None, grads: Sequence[tf.Tensor | None]) -> tf.
     return tf.math.is_finite(sums[0] if len(sums) == 1 else tf.add_n(sums))
 
 
-def guarded_update(skipped: tf.Variable, loss: tf.Tensor | None, grads: Sequence[tf.Tensor | None],
-                   apply: Callable[[], None]) -> tf.Tensor:
-    """Run `apply()` only if `loss` and `grads` are finite; otherwise count one skip.
+def guarded_update(skipped: tf.Variable, finite: tf.Tensor, apply: Callable[[], None]) -> tf.Tensor:
+    """Run `apply()` only if `finite` (the update's loss and gradients are finite: `all_finite`);
+    otherwise count one skip.
 
     A `tf.cond`, not a masked update: the optimizer must not even see the step, or
-    its moments and iteration count would move. Returns the finite flag.
+    its moments and iteration count would move. Returns whether the update was dropped.
     """
-    ok = all_finite(loss, grads)
-
     def skip() -> None:
         skipped.assign_add(1)
 
-    tf.cond(ok, apply, skip)
-    return ok
+    tf.cond(finite, apply, skip)
+    return tf.logical_not(finite)
 
 
 def judge(step: int, skipped: Sequence[int], on_nan: str) -> list[int]:

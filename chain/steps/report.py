@@ -45,9 +45,9 @@ class Layout:
         return [float(row[i]) for i in self.losses], [k for k, i in enumerate(self.skipped) if row[i]]
 
 
-def dropped(finite: tf.Tensor) -> tf.Tensor:
-    """The report's skipped flag from `apply_update`'s result: 1.0 if the guard dropped the update."""
-    return tf.cast(tf.logical_not(finite), tf.float32)
+def dropped(flag: tf.Tensor) -> tf.Tensor:
+    """The report's skipped value from `apply_update`'s result: 1.0 if the guard dropped the update."""
+    return tf.cast(flag, tf.float32)
 
 
 def report(stages: Sequence[Stage], values: Sequence[Sequence[tf.Tensor]], device: str | None) -> tf.Tensor:

@@ -21,31 +21,30 @@ def unscale(stage: Stage, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor |
 
 
 def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | None = None,
-                 outcome: tf.Tensor | None = None) -> tf.Tensor:
+                 outcome: tuple[tf.Tensor, tf.Tensor] | None = None) -> tf.Tensor:
     """Apply one update of `stage`'s optimizer (call inside the stage's device scope).
 
     `grads` are true (unscaled, see `unscale`) gradients. The update is applied only if
     `loss` (when given) and `grads` are finite (`chain.steps.numerics`). Under float16 loss
-    scaling, `outcome` is the stage's group decision (`chain.stages.loss_scale.decide`;
-    `shared_outcomes` for a chain with one loss); without it the stage is a group of its
-    own and decides from `loss` and `grads`. Returns False when the numerics guard dropped
-    the update (what `skipped` counts), True otherwise: also on a float16 overflow, which
-    the loss scale skips and counts itself.
+    scaling, `outcome` is the stage's share of its group's decision from `shared_outcomes`
+    (a chain with one loss): the decision and this stage's gradients' finite flag, computed
+    there once; without it the stage is a group of its own and decides from `loss` and
+    `grads`. Returns whether the numerics guard dropped the update (what `skipped` counts):
+    False on a float16 overflow, which the loss scale skips and counts itself.
     """
     variables = stage.trainable_variables
 
     def apply() -> None:
         stage.optimizer.apply_gradients(zip(grads, variables))
 
-    def guarded() -> tf.Tensor:
-        return guarded_update(stage.skipped, loss, grads, apply)
-
     if stage.loss_scale is None:
-        return guarded()
-    if outcome is None:
-        outcome = loss_scale.decide(loss, [all_finite(None, grads)], stage.loss_scale.scale)
-    applied = stage.loss_scale.update(outcome, guarded)
-    return tf.logical_or(applied, tf.equal(outcome, loss_scale.OVERFLOW))
+        return guarded_update(stage.skipped, all_finite(loss, grads), apply)
+    decided, grads_ok = (None, all_finite(None, grads)) if outcome is None else outcome
+    loss_ok = loss_scale.loss_finite(loss)
+    if decided is None:
+        decided = loss_scale.outcome_of(loss_ok, [grads_ok], stage.loss_scale.scale)
+    finite = grads_ok if loss is None else tf.logical_and(loss_ok, grads_ok)
+    return stage.loss_scale.update(decided, lambda: guarded_update(stage.skipped, finite, apply))
 
 
 def stage_update(stage: Stage, jit_compile: bool = False) -> Callable:
@@ -58,22 +57,23 @@ def stage_update(stage: Stage, jit_compile: bool = False) -> Callable:
 
 
 def shared_outcomes(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor]], loss: tf.Tensor,
-                    device: str | None) -> list[tf.Tensor | None]:
+                    device: str | None) -> list[tuple[tf.Tensor, tf.Tensor] | None]:
     """One loss-scale outcome for stages that share one loss (mode=e2e), decided on `device`.
 
     Each stage's finite flag is computed on its device and copied to `device` (where
     the loss is); the outcome is copied back to every stage, so all of them apply, or
     all skip and halve their copy of the scale, which therefore stays the same on every
-    stage. Without loss scaling: `[None] * len(stages)`.
+    stage. Each stage gets `(outcome, its finite flag)`: `apply_update`'s numerics guard
+    reads the same flag. Without loss scaling: `[None] * len(stages)`.
     """
     if stages[-1].loss_scale is None:
         return [None] * len(stages)
     with tf.name_scope("loss_scale"):
-        flags = []
+        own, flags = [], []
         for s, g in zip(stages, grads):
             with tf.device(s.device):
-                flag = all_finite(None, g)
-            flags.append(copy_to(flag, device, f"finite_s{s.index}"))
+                own.append(all_finite(None, g))
+            flags.append(copy_to(own[-1], device, f"finite_s{s.index}"))
         with tf.device(device):
             outcome = loss_scale.decide(loss, flags, stages[-1].loss_scale.scale)
-        return [copy_to(outcome, s.device, f"outcome_s{s.index}") for s in stages]
+        return [(copy_to(outcome, s.device, f"outcome_s{s.index}"), f) for s, f in zip(stages, own)]

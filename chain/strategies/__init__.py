@@ -31,12 +31,18 @@ TABLE: dict[tuple[str, str], type[Strategy]] = {
 }
 
 
+def for_mode(mode: str, placement: str = PIPELINE) -> type[Strategy]:
+    """The strategy class that trains `mode` on a `placement` strategy (pipeline: a device per
+    stage); its `heads` and `readout` say what its stages are built with."""
+    return TABLE[(placement, mode)]
+
+
 def create(settings: Settings, placement: Placement, info: DataInfo, **bodies) -> Strategy:
     """The strategy for this placement and mode, with its stages built and its step compiled.
 
     `bodies`: `bodies=` and `labels=` for stages not built from the config (`chain.stages.bodies`).
     """
-    return TABLE[(placement.strategy, settings.mode)](settings, placement, info, **bodies)
+    return for_mode(settings.mode, placement.strategy)(settings, placement, info, **bodies)
 
 
-__all__ = ["Strategy", "TABLE", "create"]
+__all__ = ["Strategy", "TABLE", "create", "for_mode"]

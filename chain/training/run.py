@@ -21,7 +21,7 @@ from chain.config.schema import Settings
 from chain.data import verify as checks
 from chain.data.stream import training_batches, validation_batches
 from chain.data.sources import Dataset
-from chain.errors import ChainError, OutOfMemory, StorageError
+from chain.errors import ChainError, OutOfMemory, StorageError, first_line
 from chain.planning import cluster, memory
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
@@ -415,7 +415,7 @@ class Run:
         except StorageError:
             raise
         except Exception as e:  # Keras' serialisation raises TypeError, ValueError, NotImplementedError, ...
-            text = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            text = first_line(e)
             log.warning("exports skipped: Keras cannot save this chain (%s); checkpoints are complete", text)
             summary["exports"], summary["export_error"] = [], text
 

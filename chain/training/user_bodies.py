@@ -12,7 +12,7 @@ import keras
 
 from chain.config.schema import Builder, KerasModel, Settings
 from chain.data.catalog import DataInfo
-from chain.errors import ConfigError
+from chain.errors import ConfigError, first_line
 from chain.planning import balance
 from chain.planning.planner import MIRRORED, Placement
 from chain.stages import cut
@@ -41,8 +41,7 @@ def _load(spec: KerasModel) -> keras.Model:
             raise ConfigError(f"model.path={path!r} uses a layer class Keras does not know ({unknown.group(1)!r}): "
                               "register it with @keras.saving.register_keras_serializable() in a module and name "
                               "that module in model.imports=[...]") from None
-        first = text.splitlines()
-        raise ConfigError(f"model.path={path!r} cannot be loaded: {type(e).__name__}: {first[0] if first else ''}") \
+        raise ConfigError(f"model.path={path!r} cannot be loaded: {first_line(e)}") \
             from None
 
 
