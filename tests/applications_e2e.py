@@ -25,6 +25,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import chain  # noqa: E402
+from compare import sgd_step  # noqa: E402  (this file's folder is on sys.path)
 
 
 def make(name: str) -> keras.Model:
@@ -39,20 +40,7 @@ def main(name: str, stages: int, how: str, data: str, steps: int) -> dict:
                                      "data.y=y", "data.batch_size=8", "data.shuffle=false", "trainer.progress=false",
                                      "checkpoint.export=false"]), model=make(name))
     reference = make(name)
-    device = "/device:CPU:3"
-    with tf.device(device):
-        opt = keras.optimizers.SGD(learning_rate=0.05)
-        opt.build(reference.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def ref_step(x, y):
-        with tf.device(device):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, reference(x, training=True))
-            opt.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables), reference.trainable_variables))
-        return loss
-
+    ref_step = sgd_step(reference, "/device:CPU:3", 0.05)
     start = [v.numpy() for v in reference.trainable_variables]
     losses = []
     it = iter(run.batches())

@@ -81,24 +81,31 @@ def same_batches(run, steps: int):
         yield batch, batch
 
 
-def trains_like_one_device(run, reference, device: str, steps: int = 4, lr: float = 0.1) -> None:
-    """`steps` SGD steps of the chain equal the same steps of `reference` (a copy of the uncut
-    model) in a tape loop on `device` on the same batches (losses and weights within 1e-5), and
-    the weights moved."""
-    start = [v.numpy() for v in reference.trainable_variables]
+def sgd_step(reference, device: str, lr: float):
+    """`step(x, y) -> loss`: one compiled SGD step of `reference` on `device`, cross-entropy from
+    logits, by a plain tape loop (the one-device oracle of a cut model)."""
     with tf.device(device):
         opt = keras.optimizers.SGD(learning_rate=lr)
         opt.build(reference.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
-    def ref_step(x, y):
+    def step(x, y):
         with tf.device(device):
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, reference(x, training=True))
             opt.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables), reference.trainable_variables))
         return loss
 
+    return step
+
+
+def trains_like_one_device(run, reference, device: str, steps: int = 4, lr: float = 0.1) -> None:
+    """`steps` SGD steps of the chain equal the same steps of `reference` (a copy of the uncut
+    model) in a tape loop on `device` on the same batches (losses and weights within 1e-5), and
+    the weights moved."""
+    start = [v.numpy() for v in reference.trainable_variables]
+    ref_step = sgd_step(reference, device, lr)
     it = iter(run.batches())
     for _ in range(steps):
         x, ys = next(it)

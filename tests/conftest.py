@@ -6,6 +6,7 @@ CLI cases run as subprocesses (see `run_cli`).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -59,6 +60,26 @@ def stage_values(run_dir, stage: str) -> dict:
     reader = tf.train.load_checkpoint(os.path.join(run_dir, manifest(run_dir)["checkpoints"][stage]))
     return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
             if k != "_CHECKPOINTABLE_OBJECT_GRAPH" and not k.startswith("identity/")}
+
+
+@contextlib.contextmanager
+def paused_in_save(cwd, run_dir, *overrides: str, step: int):
+    """A `python -m chain OVERRIDES` run (checkpoint.every must reach `step`) that stalls 120 s
+    in its save of `step`, right after stage 0 is written, holding its directory; yields the
+    process, killed on exit (fault hook: `chain.testhooks`)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_SAVE_PAUSE=f"120@{step}")
+    live = subprocess.Popen([sys.executable, "-m", "chain", *overrides, f"hydra.run.dir={run_dir}"], cwd=cwd,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in live.stderr:
+            if f"test-hook: saved stage_00 of step {step}" in line:
+                break
+        else:
+            pytest.fail("the live run never reached its save")
+        yield live
+    finally:
+        live.kill()
+        live.wait()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 
 import chain
 from chain.errors import ChainError, StorageError
-from conftest import manifest, run_cli
+from conftest import manifest, paused_in_save, run_cli
 
 TINY = ["model.width=8", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]
 
@@ -229,22 +229,11 @@ def test_a_garbage_lock_file_is_not_echoed(tmp_path):
 
 def test_restage_of_a_run_that_is_still_training_is_refused(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_SAVE_PAUSE="120@4")  # holds still in its save
-    live = subprocess.Popen([sys.executable, "-m", "chain", *TINY, "trainer.steps=6", "checkpoint.every=2",
-                             f"hydra.run.dir={src}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        for line in live.stderr:
-            if "test-hook: saved stage_00 of step 4" in line:  # step 2 complete, step 4 half-written
-                break
-        else:
-            pytest.fail("the live run never reached its save")
+    # step 2 complete, step 4 half-written
+    with paused_in_save(tmp_path, src, *TINY, "trainer.steps=6", "checkpoint.every=2", step=4) as live:
         line = one_line(run_cli(tmp_path, str(src), str(dst), "+stages=1", module="chain.restage"))
         assert re.search(rf"{src} is in use by a run that is still training \(pid {live.pid} on ", line), line
         assert not os.path.exists(dst)
-    finally:
-        live.kill()
-        live.wait()
 
 
 # --- storage errors say why --------------------------------------------------------------------------

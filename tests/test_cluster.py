@@ -42,6 +42,15 @@ def final(run_dir) -> dict:
     return {k: stage_values(run_dir, f"stage_{k:02d}") for k in range(2)}
 
 
+def assert_lost(code: int, stderr: str, address: str, ending: str) -> None:
+    """The client stopped with exit 5 and one line (test hooks aside): worker 1 at `address` is
+    lost, ending with `ending`."""
+    errors = [line for line in stderr.splitlines() if line.strip() and not line.startswith("test-hook")]
+    assert code == 5 and len(errors) == 1, stderr
+    assert errors[0].startswith(f"error: cluster worker 1 ({address}) is lost"), errors[0]
+    assert errors[0].endswith(ending), errors[0]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_chain_on_two_workers_trains_like_on_local_devices(workers, tmp_path, mode):
     args = [*TINY, *MODES[mode], "trainer.steps=6"]
@@ -87,10 +96,7 @@ def test_a_lost_worker_stops_the_run_with_one_line_and_the_resume_is_bit_exact(w
         took = time.monotonic() - killed
     finally:
         client.kill()
-    errors = [line for line in rest.splitlines() if line.strip() and not line.startswith("test-hook")]
-    assert code == 5 and len(errors) == 1, rest
-    assert errors[0].startswith(f"error: cluster worker 1 ({workers.addresses[1]}) is lost"), errors[0]
-    assert errors[0].endswith("is intact: resume with resume=true"), errors[0]
+    assert_lost(code, rest, workers.addresses[1], "is intact: resume with resume=true")
     assert took < 20, took  # seconds, not minutes
     saved = manifest(victim)["step"]
     assert 8 <= saved < 24
@@ -127,10 +133,8 @@ def test_a_worker_lost_during_a_save_is_a_lost_worker_not_a_storage_error(worker
         rest = client.stderr.read()
     finally:
         client.kill()
-    errors = [line for line in rest.splitlines() if line.strip() and not line.startswith("test-hook")]
-    assert code == 5 and len(errors) == 1, rest
-    assert errors[0].startswith(f"error: cluster worker 1 ({workers.addresses[1]}) is lost"), errors[0]
-    assert errors[0].endswith("the last complete checkpoint (step 4) is intact: resume with resume=true"), errors[0]
+    assert_lost(code, rest, workers.addresses[1],
+                "the last complete checkpoint (step 4) is intact: resume with resume=true")
 
 
 def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
@@ -148,10 +152,8 @@ def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
     finally:
         client.kill()
         os.kill(workers.pids[1], signal.SIGCONT)
-    errors = [line for line in rest.splitlines() if line.strip() and not line.startswith("test-hook")]
-    assert code == 5 and len(errors) == 1, rest
-    assert errors[0].startswith(f"error: cluster worker 1 ({workers.addresses[1]}) is lost"), errors[0]
-    assert "does not answer" in errors[0], errors[0]
+    assert_lost(code, rest, workers.addresses[1], "")
+    assert "does not answer" in rest, rest
     assert took < 30, took  # a few multiples of cluster.lost_after_s, not minutes
 
 

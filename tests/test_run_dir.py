@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import manifest, run_cli
+from conftest import manifest, paused_in_save, run_cli
 
 TINY = ["+stages=2", "model.width=8", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]
 
@@ -37,25 +37,14 @@ def one_line(r: subprocess.CompletedProcess) -> str:
 
 def test_a_second_run_on_a_live_directory_is_refused_and_changes_nothing(tmp_path):
     run_dir = str(tmp_path / "live")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_SAVE_PAUSE="120@2")  # holds still in its save
-    live = subprocess.Popen([sys.executable, "-m", "chain", *TINY, "trainer.steps=4", "checkpoint.every=2",
-                             f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        for line in live.stderr:
-            if "test-hook: saved stage_00 of step 2" in line:  # it now pauses 120 s, holding the directory
-                break
-        else:
-            pytest.fail("the live run never reached its save")
+    # it pauses 120 s in its save of step 2, holding the directory
+    with paused_in_save(tmp_path, run_dir, *TINY, "trainer.steps=4", "checkpoint.every=2", step=2) as live:
         before = snapshot(run_dir)
         for extra in ([], ["resume=true"]):  # a new run, and a resume, of the same directory
             r = run_cli(tmp_path, *TINY, "trainer.steps=4", f"hydra.run.dir={run_dir}", *extra)
             line = one_line(r)
             assert re.search(rf"is in use by another run \(pid {live.pid} on .*, since .*\); wait for it to end", line)
         assert snapshot(run_dir) == before  # .hydra/, the log, the checkpoints: untouched
-    finally:
-        live.kill()
-        live.wait()
 
 
 HOLDER = """
