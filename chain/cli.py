@@ -24,6 +24,10 @@ def import_tensorflow_quietly() -> None:
     import tempfile
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TensorFlow's plain CPU allocator keeps no statistics (its BFC allocator does, and is the
+    # default only where oneDNN is on, e.g. recent Intel CPUs): without them the peak memory per
+    # stage would be missing on other CPUs. Read once, when the runtime starts.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as sink:
         os.dup2(sink.fileno(), 2)

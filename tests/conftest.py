@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # peak memory on any CPU, as the CLI does (chain.cli)
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
