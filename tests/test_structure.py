@@ -211,15 +211,24 @@ def test_the_basename_check_finds_a_repeated_name(tmp_path):
 
 
 def test_op_names_are_read_back_in_the_steps_own_vocabulary():
-    """The timeline parses op names only through `Action.parse` (no second grammar to drift)."""
-    source = (PACKAGE / "pipeline" / "timeline.py").read_text()
-    assert "import re" not in source and "re.compile" not in source
-    assert "Action.parse(" in source and ".scope()" in (PACKAGE / "pipeline" / "step.py").read_text()
+    """The timeline parses op names only through `Action.parse` (no second grammar to drift), and
+    the other names it reads are the step's own constants: no regular expression in the pipeline,
+    no op name spelled out twice."""
+    from chain.pipeline import timeline
+    from chain.steps import ops
+
+    sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "step", "strategy")}
+    for name, source in sources.items():
+        assert "import re" not in source and "re.compile" not in source, name
+    assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["step"]
+    assert "name=DONE" in sources["step"] and '"done"' not in sources["timeline"] + sources["step"]
+    assert timeline.COPY_PREFIX == ops.COPY_PREFIX
 
 
-def test_the_schedule_vocabulary_is_a_leaf_every_layer_may_import():
-    """The config takes the schedule names from `chain.pipeline.schedules`: it and its package's
-    `__init__` import nothing of chain (docs/architecture.md, the layers)."""
+def test_the_schedule_vocabulary_imports_nothing_of_chain():
+    """`chain.pipeline.schedules` is the schedules as data and the op-name vocabulary: it and
+    its package's `__init__` import nothing of chain, so the TensorFlow-free readers of a
+    schedule (the timeline, the report) take it without the step or its strategy."""
     assert imports("chain.pipeline.schedules") == [] and imports("chain.pipeline") == []
 
 
