@@ -8,17 +8,21 @@
 
 Importing this package does not import TensorFlow; `build` does.
 
-The package, layer by layer (each imports only the layers above it in this list):
+The package, layer by layer, bottom first (each imports only the layers before it;
+docs/architecture.md draws it, tests/test_structure.py checks it):
 
+    errors, cli, testhooks    leaves: exceptions, command-line helpers, test hooks
+    data/        catalog (shapes, targets), files, sources (arrays), stream (tf.data)
     config/      settings: compose, schema, checks, shapes (no TensorFlow)
-    planning/    devices, inventory, planner, schedules, memory
-    data/        catalog (shapes, targets), sources (arrays), pipeline (tf.data)
+    planning/    devices, inventory, planner, cluster, balance, memory
     stages/      Stage, build_stages, bodies (user code), cut (one model into stages), precision, ...
-    steps/       the compiled steps: local, pipeline, replica; update, numerics, xla
-    strategies/  one object per way of training (pipelined/mirrored x local/e2e)
-    state/       checkpoints, manifest, exports, restage, atomic writes
-    training/    build (config -> Run), the Run loop, logs
-    __main__, restage, cli    the command lines
+    steps/       the compiled steps: local, replica, independent; update, numerics, xla, evaluate
+    strategies/  one object per way of training (pipelined/mirrored x local/e2e, side by side)
+    pipeline/    schedules, mode=e2e's step, PipelinedChain, a trace's measured actions
+    state/       checkpoints, manifest, exports, remap (restage), atomic writes
+    report/      python -m chain.report: a run directory as one HTML page
+    training/    build (config -> Run), ways (the table of strategies), the Run loop, logs
+    sweep, restage, worker, __main__    the command lines
 """
 
 from chain.config import compose

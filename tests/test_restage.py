@@ -121,12 +121,13 @@ def test_bad_restaging_from_the_command_line_is_one_line(src, tmp_path):
 
 def test_restage_asks_the_strategy_what_a_mode_builds_and_refuses_independent_models(tmp_path):
     """Which heads and read-out a mode's stages have, and whether they form a chain, is the
-    mode's strategy's answer (`chain.strategies.for_mode`), not restage's reading of mode
-    strings: mode=side_by_side (every model its own head, every model taking the data) has no
-    chain to regroup, and says so in one line, writing nothing."""
-    from chain.strategies import for_mode
+    mode's strategy's answer (`chain.strategies.objectives.objective`, the class every strategy
+    of the mode subclasses), not restage's reading of mode strings: mode=side_by_side (every
+    model its own head, every model taking the data) has no chain to regroup, and says so in
+    one line, writing nothing."""
+    from chain.strategies.objectives import objective
 
-    assert [(for_mode(m).heads, for_mode(m).readout, for_mode(m).chained) for m in ("local", "e2e", "side_by_side")] \
+    assert [(objective(m).heads, objective(m).readout, objective(m).chained) for m in ("local", "e2e", "side_by_side")] \
         == [(True, False, True), (False, True, True), (True, False, False)]
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
     r = run_cli(tmp_path, "mode=side_by_side", "+variants=[{name: a},{name: b}]", *BASE, "trainer.steps=1",

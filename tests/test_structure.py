@@ -1,9 +1,11 @@
-"""The package's structure: no import cycles, no reaching into another module's private names,
-one strategy per way of training, and a training loop that never asks which one it drives."""
+"""The package's structure: the layer order of docs/architecture.md (every import goes to an
+earlier layer), no import cycles, no reaching into another module's private names, one strategy
+per way of training, and a training loop that never asks which one it drives."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from pathlib import Path
 
@@ -50,12 +52,107 @@ def _runtime_nodes(tree: ast.AST):
         yield from _runtime_nodes(node)
 
 
-def imports(module: str) -> list[tuple[str, list[str]]]:
+def imports(module: str, typing: bool = False, source: str | None = None) -> list[tuple[str, list[str]]]:
     """Every chain import `module` executes, at any depth (imports inside functions count:
-    deferring an import hides a cycle from Python, not from the design)."""
-    tree = ast.parse(MODULES[module].read_text())
-    return [r for node in _runtime_nodes(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-            for r in resolve(module, node)]
+    deferring an import hides a cycle from Python, not from the design); with `typing`, those
+    under `if TYPE_CHECKING:` too. `source`: this text instead of the module's file."""
+    tree = ast.parse(MODULES[module].read_text() if source is None else source)
+    nodes = ast.walk(tree) if typing else _runtime_nodes(tree)
+    return [r for node in nodes if isinstance(node, (ast.Import, ast.ImportFrom)) for r in resolve(module, node)]
+
+
+# The layers, bottom first (docs/architecture.md, "The layers"): a module may import its own
+# package and the packages of earlier rows only, at run time or for type checking alike.
+LAYERS: list[tuple[str, ...]] = [
+    ("chain.errors", "chain.cli", "chain.testhooks", "chain.records"),  # leaves: import no chain package
+    ("chain.data",),
+    ("chain.config",),
+    ("chain.planning",),
+    ("chain.stages",),
+    ("chain.steps",),
+    ("chain.strategies",),
+    ("chain.pipeline",),
+    ("chain.state",),
+    ("chain.report",),
+    ("chain.spec",),
+    ("chain.training",),
+    ("chain.sweep", "chain.restage", "chain.worker"),  # the command lines' work
+    ("chain", "chain.__main__"),  # `python -m chain` (it runs `chain.sweep` for --multirun)
+]
+ROW = {package: row for row, packages in enumerate(LAYERS) for package in packages}
+
+# Edges the preparation pass (helper h19spec, issue 19 item 1) removes on its own branch: the
+# config takes device-name syntax from the planner and the schedule names from the pipeline.
+# Empty this set when that branch is merged (test_every_pending_edge_still_exists says when).
+PENDING: set[tuple[str, str]] = {
+    ("chain.config", "chain.planning"),
+    ("chain.config", "chain.pipeline"),
+}
+
+
+def layer(module: str) -> str | None:
+    """The package of LAYERS that `module` belongs to (`chain` itself only as the package
+    __init__), or None."""
+    if module in ROW:
+        return module
+    found = [p for p in ROW if p != "chain" and module.startswith(p + ".")]
+    return max(found, key=len) if found else None
+
+
+def package_edges(module: str, source: str | None = None) -> set[tuple[str, str, str, str]]:
+    """(importer's layer, imported layer, importer, imported) for every import in `module` that
+    leaves its package, TYPE_CHECKING imports included."""
+    return {(layer(module), layer(target), module, target) for target, _ in imports(module, True, source)
+            if layer(target) != layer(module)}
+
+
+def order_violations(edges: set[tuple[str, str, str, str]], pending: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """One readable line per edge to the same or a later row of LAYERS (`pending` aside)."""
+    out = []
+    for src, dst, module, target in sorted(edges, key=str):
+        if (src, dst) not in pending and ROW[dst] >= ROW[src]:
+            allowed = f"only layers 1-{ROW[src]}" if ROW[src] else "no other package"
+            out.append(f"{module} imports {target}: {src} (layer {ROW[src] + 1}) may import {allowed} of LAYERS, "
+                       f"and {dst} is layer {ROW[dst] + 1}")
+    return out
+
+
+@functools.cache
+def all_package_edges() -> frozenset[tuple[str, str, str, str]]:
+    """Every edge between packages in chain/ (read once per session)."""
+    return frozenset(e for m in MODULES for e in package_edges(m))
+
+
+def test_every_module_belongs_to_a_layer():
+    assert [m for m in MODULES if layer(m) is None] == []
+
+
+def test_every_import_goes_to_an_earlier_layer():
+    """The documented order holds, TYPE_CHECKING imports and imports inside functions included."""
+    violations = order_violations(all_package_edges(), PENDING)
+    assert violations == [], "\n".join(violations)
+
+
+def test_every_pending_edge_still_exists():
+    """PENDING excuses only edges that are there: once one goes, it leaves the set too."""
+    assert PENDING <= {(src, dst) for src, dst, _, _ in all_package_edges()}
+
+
+def test_the_order_check_names_an_edge_to_a_later_layer():
+    """A TYPE_CHECKING import inside a function of chain.state, from chain.training, is found and
+    named; an import from chain.pipeline (an earlier layer) is not; two leaves of one row may
+    not import each other; a PENDING pair is excused."""
+    source = ("from typing import TYPE_CHECKING\n"
+              "def f():\n    if TYPE_CHECKING:\n        from chain.training.run import Run\n"
+              "    from chain.pipeline.schedules import Action\n")
+    assert imports("chain.state.remap", source=source) == [("chain.pipeline.schedules", ["Action"])]  # run time
+    assert order_violations(package_edges("chain.state.remap", source)) == [
+        "chain.state.remap imports chain.training.run: chain.state (layer 9) may import only layers 1-8 of LAYERS, "
+        "and chain.training is layer 12"]
+    assert order_violations({("chain.errors", "chain.cli", "chain.errors", "chain.cli")}) == [  # one row: refused
+        "chain.errors imports chain.cli: chain.errors (layer 1) may import no other package of LAYERS, "
+        "and chain.cli is layer 1"]
+    assert order_violations(package_edges("chain.state.remap", source), {("chain.state", "chain.training")}) == []
 
 
 def graph() -> dict[str, set[str]]:
@@ -120,15 +217,24 @@ def test_the_basename_check_finds_a_repeated_name(tmp_path):
 
 
 def test_op_names_are_read_back_in_the_steps_own_vocabulary():
-    """The timeline parses op names only through `Action.parse` (no second grammar to drift)."""
-    source = (PACKAGE / "pipeline" / "timeline.py").read_text()
-    assert "import re" not in source and "re.compile" not in source
-    assert "Action.parse(" in source and ".scope()" in (PACKAGE / "pipeline" / "step.py").read_text()
+    """The timeline parses op names only through `Action.parse` (no second grammar to drift), and
+    the other names it reads are the step's own constants: no regular expression in the pipeline,
+    no op name spelled out twice."""
+    from chain.pipeline import timeline
+    from chain.steps import ops
+
+    sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "step", "strategy")}
+    for name, source in sources.items():
+        assert "import re" not in source and "re.compile" not in source, name
+    assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["step"]
+    assert "name=DONE" in sources["step"] and '"done"' not in sources["timeline"] + sources["step"]
+    assert timeline.COPY_PREFIX == ops.COPY_PREFIX
 
 
-def test_the_schedule_vocabulary_is_a_leaf_every_layer_may_import():
-    """The config takes the schedule names from `chain.pipeline.schedules`: it and its package's
-    `__init__` import nothing of chain (docs/architecture.md, the layers)."""
+def test_the_schedule_vocabulary_imports_nothing_of_chain():
+    """`chain.pipeline.schedules` is the schedules as data and the op-name vocabulary: it and
+    its package's `__init__` import nothing of chain, so the TensorFlow-free readers of a
+    schedule (the timeline, the report) take it without the step or its strategy."""
     assert imports("chain.pipeline.schedules") == [] and imports("chain.pipeline") == []
 
 
@@ -164,11 +270,23 @@ def test_every_module_says_what_it_holds():
 def test_one_strategy_per_placement_and_mode():
     from chain.config.schema import MODES
     from chain.planning.planner import MIRRORED, PIPELINE
-    from chain.strategies import TABLE
+    from chain.training.ways import TABLE
 
     chains = [m for m in MODES if m != "side_by_side"]  # independent models are never mirrored (config checks)
     assert set(TABLE) == {(p, m) for p in (PIPELINE, MIRRORED) for m in chains} | {(PIPELINE, "side_by_side")}
     assert len(set(TABLE.values())) == len(TABLE)
+
+
+def test_every_way_of_training_learns_its_modes_objective():
+    """What restage asks (`chain.strategies.objectives.objective`) is what the run's strategy
+    builds: every strategy of a mode subclasses that mode's objective and keeps its answers."""
+    from chain.strategies.objectives import objective
+    from chain.training.ways import TABLE
+
+    for (_, mode), kind in TABLE.items():
+        answer = objective(mode)
+        assert issubclass(kind, answer), (kind, answer)
+        assert (kind.heads, kind.readout, kind.chained) == (answer.heads, answer.readout, answer.chained), kind
 
 
 def test_the_training_loop_does_not_branch_on_the_mode():

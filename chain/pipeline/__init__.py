@@ -3,15 +3,14 @@ package only.
 
 - `schedules`: the schedule as data (`Action`, `Schedule`, the builders, `simulate`, the
   rendered plan) and the vocabulary of op names (`Action.scope` / `Action.parse`,
-  `update_scope` / `update_stage`). No TensorFlow, and no import from the rest of chain:
-  the config takes the schedule names from it.
+  `update_scope` / `update_stage`). No TensorFlow.
 - `step`: mode=e2e's step, a schedule run in one `tf.function`, its ops named by `Action.scope`.
+- `strategy`: `PipelinedChain`, the strategy that builds the schedule and compiles the step
+  (it shares the `Pipelined` distribution of `chain.strategies.pipelined` with `PipelinedLocal`).
 - `timeline`: a profiler trace of that step read back into the measured actions
   (`Action.parse`), their statistics and the balance advice.
 
-The strategy that compiles the step, `PipelinedChain`, stays in `chain.strategies.pipelined`
-beside `PipelinedLocal`: both share the `Pipelined` distribution, and `chain.strategies`
-(its `TABLE`) imports every strategy.
-
-This file imports nothing, so that importing `chain.pipeline.schedules` stays free of TensorFlow.
+This package comes after `chain.strategies` in the layer order (docs/architecture.md). This
+file imports nothing, so that importing `chain.pipeline.schedules` or `chain.pipeline.timeline`
+stays free of TensorFlow.
 """

@@ -25,6 +25,7 @@ FORWARD = "F"
 BACKWARD = "B"
 UPDATE = "update"  # after its last backward, each stage applies its gradients (not an action of the schedule)
 GRADIENT_TAPE = "gradient_tape/"  # the prefix `tf.GradientTape` gives the gradient ops of a scope's ops
+DONE = "done"  # the no-op that ends each action in the step: it waits on the action's ops, it is not their work
 
 
 class Action(NamedTuple):

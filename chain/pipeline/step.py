@@ -60,7 +60,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain.data.catalog import Target
-from chain.pipeline.schedules import FORWARD, Action, Schedule, simulate, update_scope
+from chain.pipeline.schedules import DONE, FORWARD, Action, Schedule, simulate, update_scope
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
@@ -101,7 +101,7 @@ def _done(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
     """A no-op on `device` that runs after every op of an action (not only after its result:
     an action may leave side branches, such as a shape computation nobody reads)."""
     with tf.device(device):
-        return tf.group(*[op for op in ops if op.type != "Placeholder"], name="done")
+        return tf.group(*[op for op in ops if op.type != "Placeholder"], name=DONE)
 
 
 def host() -> str:

@@ -44,11 +44,15 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from chain.planning import balance
-from chain.pipeline.schedules import BACKWARD, FORWARD, UPDATE, Action, Schedule, Timeline, rows, simulate, update_stage
+from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, Action, Schedule, Timeline, rows, simulate,
+                                      update_stage)
 
 MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)
 SLOW = 0.2  # a stage busier than the mean by more than this share is the bottleneck the advice evens
 COPY_TYPES = {"_Send", "_Recv", "_HostSend", "_HostRecv"}
+# The name `chain.steps.ops.copy_to` gives a copy (that module imports TensorFlow, this one
+# may not: tests/test_structure.py checks that the two agree).
+COPY_PREFIX = "copy_to_"
 # Ops that only read state: a stage's first action has no previous action to wait on, so its
 # variable reads run when the step starts, long before its input arrives; they do not mark
 # when an action ran.
@@ -79,7 +83,7 @@ def owner(name: str) -> tuple[str, int, int] | None:
 
 def is_copy(e: OpEvent) -> bool:
     """A transfer between devices (not the control edge to the host that a release waits on)."""
-    return (e.type in COPY_TYPES or "copy_to_" in e.name) and "/done/" not in e.name
+    return (e.type in COPY_TYPES or COPY_PREFIX in e.name) and f"/{DONE}/" not in e.name
 
 
 # --- reading TensorFlow's trace files ----------------------------------------------------------

@@ -232,10 +232,10 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     from chain.data.stream import training_batches
     from chain.stages.assemble import build_stages
     from chain.state.checkpoints import Checkpoints
-    from chain.strategies import for_mode
+    from chain.strategies.objectives import objective
 
     src_manifest, src_overrides, src_settings = _load_src(src)
-    if not for_mode(src_settings.mode).chained:
+    if not objective(src_settings.mode).chained:
         raise ChainError(f"mode={src_settings.mode} trains independent models, not one chain: restage regroups the "
                          "layers of a chain's stages; there is nothing to regroup")
     for k, spec in enumerate(src_settings.stages):
@@ -256,7 +256,7 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     built = {}
     for name, s in (("src", src_settings), ("dst", dst_settings)):
         keras.utils.set_random_seed(s.seed)  # new heads start as a fresh DST run's would
-        kind = for_mode(s.mode)  # its stages as the mode's strategy builds them: heads, read-out
+        kind = objective(s.mode)  # its stages as the mode's strategy builds them: heads, read-out
         built[name] = build_stages(s.stages, [device] * len(s.stages), dataset.info, heads=kind.heads,
                                    readout=kind.readout, precision_name=s.precision,
                                    initial_loss_scale=s.trainer.initial_loss_scale)

@@ -1,21 +1,18 @@
 """Pipelined strategies: each stage on its own device, one `tf.function` per step.
 
-`PipelinedLocal` (mode=local) runs every stage on its own head and loss, activations
-passed forward (`chain.steps.local`). `PipelinedChain` (mode=e2e) runs the chain as one
-network with a pipeline schedule over microbatches (`chain.pipeline.step`).
+`Pipelined` is the distribution (stage k on `placement.devices[k]`); `PipelinedLocal`
+(mode=local) runs every stage on its own head and loss, activations passed forward
+(`chain.steps.local`). Its mode=e2e sibling, `PipelinedChain`, runs a pipeline schedule and
+lives with the schedules in `chain.pipeline.strategy`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
-from chain.config.schema import Settings
-from chain.data.catalog import DataInfo
-from chain.pipeline import schedules
-from chain.pipeline.step import e2e_step
-from chain.planning.planner import PIPELINE, Placement
+from chain.planning.planner import PIPELINE
 from chain.steps.local import local_step
-from chain.strategies.base import ChainObjective, LocalObjective, Strategy
+from chain.strategies.base import LocalObjective, Strategy
 
 
 class Pipelined(Strategy):
@@ -30,43 +27,3 @@ class PipelinedLocal(LocalObjective, Pipelined):
     def make_step(self) -> Callable:
         t = self.settings.trainer
         return local_step(self.stages, t.grad_accum, t.jit_compile)
-
-
-class PipelinedChain(ChainObjective, Pipelined):
-    """mode=e2e, pipelined: `pipeline.schedule` over `pipeline.microbatches` per batch."""
-
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
-        p = settings.pipeline
-        self.schedule = schedules.build(p.schedule, len(settings.stages), p.microbatches)
-        super().__init__(settings, placement, info, **bodies)
-
-    def make_step(self) -> Callable:
-        t = self.settings.trainer
-        return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile)
-
-    def batch_divisor(self) -> int:
-        return self.settings.trainer.grad_accum * self.schedule.microbatches
-
-    def parts(self) -> str | None:
-        return self.cut_description() if self.batch_divisor() > 1 else None
-
-    def cut_description(self) -> str:
-        m, n = self.schedule.microbatches, self.settings.trainer.grad_accum
-        if n == 1:
-            return f"pipeline.microbatches={m} equal microbatches"
-        return f"trainer.grad_accum={n} chunks of pipeline.microbatches={m} equal microbatches"
-
-    def timeline(self) -> schedules.Timeline:
-        """The schedule played with unit-time actions (its plan and bubble)."""
-        return schedules.simulate(self.schedule)
-
-    def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "schedule": self.schedule.name, "microbatches": self.schedule.microbatches,
-                "bubble_fraction": self.timeline().bubble_fraction}
-
-    def plan_text(self, full: bool) -> str:
-        timeline = self.timeline()
-        if full:
-            return schedules.render(self.schedule, timeline, [s.device for s in self.stages])
-        return (f"schedule: {self.schedule.name}, {self.schedule.microbatches} microbatches, "
-                f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)")

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 from omegaconf import DictConfig
 
-from chain import data, strategies
+from chain import data
 from chain.config import Settings, validate
 from chain.config.checks import with_data
 from chain.config.shapes import memory_bytes, stage_shapes
@@ -21,6 +21,7 @@ from chain.data.catalog import DataInfo, describe
 from chain.errors import ConfigError
 from chain.planning import cluster, devices, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
+from chain.training import ways
 from chain.training.run import Run
 
 
@@ -91,7 +92,7 @@ def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stag
         check_memory(settings, placement, dataset.info, inventory)
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
-    strategy = strategies.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
+    strategy = ways.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
     run = Run(settings, strategy, dataset, run_dir)
     if placement.cluster:  # the workers serve on after the run: watched as long as this process lives
         cluster.Watchdog(placement.cluster, settings.cluster.lost_after_s, run.intact).start()

@@ -1,0 +1,47 @@
+"""The ways of training: which strategy class trains a (placement strategy, mode) pair.
+
+| placement strategy | mode=local | mode=e2e |
+|---|---|---|
+| `pipeline` (a device per stage) | `PipelinedLocal` | `PipelinedChain` |
+| `mirrored` (every stage on every replica) | `MirroredLocal` | `MirroredChain` |
+
+and mode=side_by_side (independent models, a device each or shared): `SideBySide`.
+
+The table imports every strategy, `chain.pipeline.strategy.PipelinedChain` included, so it
+lives above both `chain.strategies` and `chain.pipeline` (docs/architecture.md, the layers).
+A new way of training is a class (in `chain.strategies`, or `chain.pipeline` for a schedule's
+strategy), a row here, and its keys in the config schema.
+"""
+
+from __future__ import annotations
+
+from chain.config.schema import Settings
+from chain.data.catalog import DataInfo
+from chain.pipeline.strategy import PipelinedChain
+from chain.planning.planner import MIRRORED, PIPELINE, Placement
+from chain.strategies.base import Strategy
+from chain.strategies.mirrored import MirroredChain, MirroredLocal
+from chain.strategies.pipelined import PipelinedLocal
+from chain.strategies.side_by_side import SideBySide
+
+TABLE: dict[tuple[str, str], type[Strategy]] = {
+    (PIPELINE, "local"): PipelinedLocal,
+    (PIPELINE, "e2e"): PipelinedChain,
+    (MIRRORED, "local"): MirroredLocal,
+    (MIRRORED, "e2e"): MirroredChain,
+    (PIPELINE, "side_by_side"): SideBySide,
+}
+
+
+def for_mode(mode: str, placement: str = PIPELINE) -> type[Strategy]:
+    """The strategy class that trains `mode` on a `placement` strategy (pipeline: a device per
+    stage); its `heads` and `readout` say what its stages are built with."""
+    return TABLE[(placement, mode)]
+
+
+def create(settings: Settings, placement: Placement, info: DataInfo, **bodies) -> Strategy:
+    """The strategy for this placement and mode, with its stages built and its step compiled.
+
+    `bodies`: `bodies=` and `labels=` for stages not built from the config (`chain.stages.bodies`).
+    """
+    return for_mode(settings.mode, placement.strategy)(settings, placement, info, **bodies)
