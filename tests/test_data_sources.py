@@ -17,8 +17,9 @@ import tensorflow as tf
 import chain
 from chain.data import files as files_lib
 from chain.data import load
-from chain.data.catalog import DIGITS_EXAMPLES, DIGITS_SHAPE, describe
-from chain.data.sources import split
+from chain.data import describe
+from chain.data.loader import split
+from chain.data.sources.digits_data import DIGITS_EXAMPLES, DIGITS_SHAPE
 from conftest import run_cli, run_dirs
 from user_datasets import arrays
 
