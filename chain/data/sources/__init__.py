@@ -17,21 +17,22 @@ from chain.data.catalog import DataInfo
 from chain.data.data_source import Read, Source
 
 
-def _collect() -> dict[str, Source]:
-    """`data.name` -> `Source`, from every module of this package (each must define `SOURCE`)."""
+def collect(package: str, path: list[str]) -> dict[str, Source]:
+    """`data.name` -> `Source`, from every module of the package `package` (its `__path__`: `path`);
+    each must define `SOURCE`, and no two may claim one name."""
     found: dict[str, Source] = {}
-    for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-        source = getattr(importlib.import_module(f"{__name__}.{module}"), "SOURCE", None)
+    for module in sorted(m.name for m in pkgutil.iter_modules(path)):
+        source = getattr(importlib.import_module(f"{package}.{module}"), "SOURCE", None)
         if not isinstance(source, Source):
-            raise TypeError(f"{__name__}.{module} defines no SOURCE = Source(settings, describe, read)")
+            raise TypeError(f"{package}.{module} defines no SOURCE = Source(settings, describe, read)")
         for kind in source.kinds:
             if kind in found:
-                raise TypeError(f"data.name={kind} is claimed by two sources ({__name__}.{module} and another)")
+                raise TypeError(f"data.name={kind} is claimed by two sources ({package}.{module} and another)")
             found[kind] = source
     return found
 
 
-SOURCES: dict[str, Source] = _collect()
+SOURCES: dict[str, Source] = collect(__name__, __path__)
 
 
 def settings_classes() -> tuple[type, ...]:
