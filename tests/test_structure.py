@@ -189,3 +189,24 @@ def test_modules_before_the_build_do_not_import_tensorflow(module):
     code = f"import sys, {module}; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_the_lower_layers_import_no_later_one():
+    """chain.fields is a leaf; chain.data imports no config; chain.config neither the planner nor the
+    pipeline (their names and checks reach it the other way: chain.spec checks the schedule's name);
+    `if TYPE_CHECKING:` imports count."""
+    def reached(package: str) -> set[str]:
+        found = set()
+        for m in (m for m in MODULES if m == package or m.startswith(package + ".")):
+            tree = ast.parse(MODULES[m].read_text())
+            found |= {target for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                      for target, _ in resolve(m, node)}
+        return found
+
+    def within(targets: set[str], *packages: str) -> set[str]:
+        return {t for t in targets if any(t == p or t.startswith(p + ".") for p in packages)}
+
+    assert reached("chain.fields") <= {"chain.errors"}
+    assert within(reached("chain.data"), "chain.config", "chain.planning", "chain.pipeline", "chain.spec") == set()
+    assert within(reached("chain.config"), "chain.planning", "chain.pipeline", "chain.spec", "chain.training") == set()
+    assert within(reached("chain.spec"), "chain.training", "chain.strategies", "chain.steps", "chain.stages") == set()
