@@ -3,6 +3,8 @@
     import chain
     settings = chain.compose(["+stages=3", "trainer.steps=20"])  # validated, typed Settings
     run = chain.build(settings)     # plans devices, builds stages on them
+    spec = chain.prepare(["+stages=3"])  # or: checked settings, data description and placement
+    run = chain.build(spec)         #   (chain.spec.RunSpec), then the run
     run.step(x, y)                  # one optimizer step on one batch
     summary = run.fit()             # trains trainer.steps steps
 
@@ -11,8 +13,8 @@ Importing this package does not import TensorFlow; `build` does.
 The package, layer by layer, bottom first (each imports only the layers before it;
 docs/architecture.md draws it, tests/test_structure.py checks it):
 
-    errors, cli, testhooks    leaves: exceptions, command-line helpers, test hooks
-    data/        catalog (shapes, targets), files, sources (arrays), stream (tf.data)
+    errors, fields, cli, testhooks    leaves: exceptions, setting fields, command-line helpers, test hooks
+    data/        catalog (shapes, targets), sources (one module per source), loader (arrays), stream (tf.data)
     config/      settings: compose, schema, checks, shapes (no TensorFlow)
     planning/    devices, inventory, planner, cluster, balance, memory
     stages/      Stage, build_stages, bodies (user code), cut (one model into stages), precision, ...
@@ -21,20 +23,46 @@ docs/architecture.md draws it, tests/test_structure.py checks it):
     pipeline/    schedules, mode=e2e's step, PipelinedChain, a trace's measured actions
     state/       checkpoints, manifest, exports, remap (restage), atomic writes
     report/      python -m chain.report: a run directory as one HTML page
-    training/    build (config -> Run), ways (the table of strategies), the Run loop, logs
+    spec/        the preparation pass: config -> RunSpec (settings, data description, placement)
+    training/    build (RunSpec -> Run), ways (the table of strategies), the Run loop, logs
     sweep, restage, worker, __main__    the command lines
 """
 
-from chain.config import compose
+from typing import Sequence
+
+import chain.config  # noqa: F401 (TensorFlow-free; `chain.config` as an attribute of the package)
 from chain.errors import ChainError, ConfigError, DeviceError
 
-__all__ = ["compose", "build", "ChainError", "ConfigError", "DeviceError"]
+__all__ = ["compose", "prepare", "build", "ChainError", "ConfigError", "DeviceError"]
+
+
+def compose(overrides: Sequence[str] = ()):
+    """Compose the packaged configs with command-line style overrides and check them as the command
+    line does (`chain.spec.check`: every error that needs no TensorFlow); returns the `Settings`.
+
+    Example: `chain.compose(["+stages=3", "trainer.steps=5"])`.
+    """
+    from chain.config.hydra import compose_config
+    from chain.spec import check
+
+    return check(compose_config(overrides)).settings
+
+
+def prepare(overrides: Sequence[str] = ()):
+    """Compose and prepare a run (`chain.spec.prepare`): a `RunSpec` of the checked settings, the
+    data set's description and the placement, before TensorFlow's runtime starts; `build` takes it
+    without describing the data again."""
+    from chain.config.hydra import compose_config
+    from chain.spec import prepare as _prepare
+
+    return _prepare(compose_config(overrides))
 
 
 def build(cfg, run_dir=None, *, stages=None, model=None):
     """Plan devices and build every stage on its device; returns a `chain.training.run.Run`.
 
-    `cfg` is a `chain.config.Settings` (what `compose` returns) or a composed config.
+    `cfg` is a `chain.config.Settings` (what `compose` returns), a `chain.spec.RunSpec` (what
+    `prepare` returns) or a composed config.
     `run_dir` is where checkpoints, TensorBoard logs and summary.json go; None writes
     nothing to disk. Your own models: `stages=[fn, ...]`, one callable per stage, each
     called as `fn(input_shape=...)` on its stage's device and returning a keras.Layer, a

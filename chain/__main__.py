@@ -38,16 +38,18 @@ from omegaconf import DictConfig  # noqa: E402
 
 from chain import sweep  # noqa: E402
 from chain.cli import fail, import_tensorflow_quietly  # noqa: E402
-from chain.config import Settings, normalize_overrides, validate  # noqa: E402
+from chain.config import normalize_overrides  # noqa: E402
 from chain.errors import ChainError  # noqa: E402
+from chain.spec import RunSpec, check  # noqa: E402
 
 
 @dataclass
 class Preflight:
-    """What `main` settled before handing over to Hydra: the validated settings, the run
-    directory, and the first directory of its path this job created (None: it existed)."""
+    """What `main` settled before handing over to Hydra: the checked config (settings and the data
+    set's description, `chain.spec.check`), the run directory, and the first directory of its path
+    this job created (None: it existed)."""
 
-    settings: Settings
+    spec: RunSpec
     run_dir: str
     created: str | None
 
@@ -92,7 +94,7 @@ def _remove_run_dir(run_dir: str, created: str | None) -> None:
         path = os.path.dirname(path)
 
 
-def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[Preflight, list[str]]:
+def preflight(spec: RunSpec, run_dir: str, overrides: list[str]) -> tuple[Preflight, list[str]]:
     """Lock the run directory and check it against `resume`, writing nothing else; returns what
     was settled and the overrides Hydra gets (its run directory pinned, so a second that
     ticks over in between cannot move it).
@@ -103,6 +105,7 @@ def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[P
     from chain.config.hydra import quoted
     from chain.state import lock, manifest
 
+    settings = spec.settings
     pinned = f"hydra.run.dir={quoted(run_dir, 'hydra.run.dir')}"  # refused here, before anything is written
     if settings.resume and not os.path.isdir(run_dir):
         manifest.require_some(run_dir)  # nothing there to lock
@@ -119,20 +122,21 @@ def preflight(settings: Settings, run_dir: str, overrides: list[str]) -> tuple[P
     lock.announce(run_dir)
     atexit.register(lock.release, run_dir)  # a clean exit clears the holder; a killed run leaves its PID
     if note:
-        settings = replace(settings, notes=(*settings.notes, note))
+        spec = replace(spec, settings=replace(settings, notes=(*settings.notes, note)))
     extra = [pinned]
     if settings.resume:
         extra.append("hydra.output_subdir=null")  # keep the .hydra/ of the run being resumed
-    return Preflight(settings, run_dir, created), [*overrides, *extra]
+    return Preflight(spec, run_dir, created), [*overrides, *extra]
 
 
-def show_plan(settings: Settings) -> None:
+def show_plan(spec: RunSpec) -> None:
     """plan_only=true: print the placement and the plan, write nothing (no run directory)."""
     import_tensorflow_quietly()
     from chain.training.build import build
     from chain.training.logs import placement_table
 
-    run = build(settings)
+    settings = spec.settings
+    run = build(spec)
     print(placement_table(run.placement, run.stages, settings.notes))
     plan = run.strategy.plan_text(full=True)
     if plan:
@@ -151,12 +155,13 @@ def _app(cfg: DictConfig) -> None:
     created = _preflight.created if _preflight else os.path.abspath(run_dir)
     run = None
     try:
-        settings = _preflight.settings if _preflight else validate(cfg)  # validated once
+        spec = _preflight.spec if _preflight else check(cfg)  # checked once
+        settings = spec.settings
         import_tensorflow_quietly()
         from chain.training.build import build
         from chain.training.logs import placement_table
 
-        run = build(settings, run_dir)
+        run = build(spec, run_dir)
         print(placement_table(run.placement, run.stages, settings.notes), flush=True)
         plan = run.strategy.plan_text(full=False)
         if plan:
@@ -221,14 +226,15 @@ def main() -> None:
 
             cfg = compose_config(overrides, with_hydra=True)
             check_job_name(cfg)
-            settings = validate(cfg)
+            spec = check(cfg)  # every config error that needs no TensorFlow
+            settings = spec.settings
             if (settings.cluster.workers or os.environ.get("TF_CONFIG")) and _USER_LOG_LEVEL is None:
                 # A lost worker is one line of ours; TensorFlow's C++ runtime would add its own
                 # multi-line gRPC errors (TF_CPP_MIN_LOG_LEVEL=2 shows them).
                 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
             if settings.plan_only:
-                return show_plan(settings)
-            _preflight, overrides = preflight(settings, str(cfg.hydra.run.dir), overrides)
+                return show_plan(spec)
+            _preflight, overrides = preflight(spec, str(cfg.hydra.run.dir), overrides)
         else:
             from chain.config.hydra import check_flag_order
 

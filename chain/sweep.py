@@ -32,15 +32,15 @@ def _refuse(jobs: list[tuple[int, list[str], str, int]]) -> None:
 
 def check(overrides: Sequence[str]) -> None:
     """Compose and validate every job `overrides` sweep over; exit with one line per bad job."""
-    from chain.config import validate
     from chain.config.hydra import check_job_name, compose_config, sweep_jobs
+    from chain.spec import check as check_config
 
     bad = []
     for num, job in enumerate(sweep_jobs(overrides)):
         try:
             cfg = compose_config(job, with_hydra=True)
             check_job_name(cfg)
-            validate(cfg)
+            check_config(cfg)
         except ChainError as e:
             bad.append((num, job, str(e), e.exit_code))
     _refuse(bad)

@@ -37,7 +37,7 @@ from chain.errors import ConfigError, first_line
 
 def parse_cluster(text: str) -> list[str]:
     """`host:port,host:port` -> the list, each checked (one ConfigError line naming the bad entry)."""
-    from chain.config.fields import address
+    from chain.fields import address
 
     return [address(f"--cluster[{i}]", a.strip()) for i, a in enumerate(text.split(",")) if a.strip()]
 

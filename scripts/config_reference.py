@@ -1,7 +1,7 @@
 """Write docs/config.md, the table of every config key, from the schema.
 
 Walks the typed `Settings` dataclasses of `chain.config.schema` (and the variants of the
-`model`, `optim` and `data` groups): each key's type (its annotation), its default (the
+`model` and `optim` groups, and each data source's settings, `chain.data.sources`): each key's type (its annotation), its default (the
 packaged `conf/` yaml), its allowed values (read from the field's check) and its meaning
 (the field's `help`). No TensorFlow is imported.
 
@@ -20,9 +20,11 @@ from dataclasses import MISSING, Field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from chain.config import fields as checks
+from chain import fields as checks
 from chain.config import schema
 from chain.config.hydra import compose_config, group_defaults
+from chain.data.sources import settings_classes
+from chain.pipeline.schedules import NAMES as SCHEDULES
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +101,10 @@ PLAIN = {
 }
 
 
+# Keys whose values a later layer knows, checked by the preparation pass (chain.spec), not the schema.
+LATER = {"pipeline.schedule": ", ".join(f"`{name}`" for name in SCHEDULES)}
+
+
 def describe(check: Callable) -> str:
     """The values `check` accepts, in words; an unknown kind of check is an error, not a guess."""
     if check in PLAIN:
@@ -144,7 +150,7 @@ def _rows(cls: type, prefix: str, defaults: dict) -> list[str]:
             default = _value(value) if value is not None else "(below)"
         else:
             default = _value(value)
-        allowed = describe(f.metadata["check"])
+        allowed = LATER.get(f"{prefix}{f.name}") or describe(f.metadata["check"])
         kinds = getattr(cls, "KINDS", None) or ((cls.KIND,) if hasattr(cls, "KIND") else None)
         if f.name == "name" and kinds:  # a group's form is chosen by its name
             allowed = ", ".join(f"`{k}`" for k in kinds)
@@ -200,8 +206,7 @@ def render() -> str:
                  f"{PLAIN[checks.dotted_name]} | the builder's import path |\n"
                  "| `model.KEY` | any | | | a keyword argument of the builder |")
     parts += _variant_tables("optim", [schema.Sgd, schema.Adam])
-    parts += _variant_tables("data", [schema.Digits, schema.Synthetic, schema.Keras, schema.Npz, schema.Csv,
-                                      schema.TFRecord, schema.FromCallable])
+    parts += _variant_tables("data", list(settings_classes()))  # one per module of chain.data.sources
     return "\n".join(parts).rstrip() + "\n"
 
 

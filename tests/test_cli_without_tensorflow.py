@@ -4,6 +4,7 @@ nothing written."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,3 +109,63 @@ def test_config_errors_need_no_tensorflow(no_tensorflow, user_files, tmp_path_fa
     assert len(lines) == 1 and lines[0].startswith("error: ") and says(lines[0], message), r.stderr
     assert "was imported" not in r.stderr + r.stdout
     assert list(tmp_path.iterdir()) == []  # nothing written, not even Hydra's outputs/
+
+
+# What the preparation pass finds beyond the config's own checks: a schedule's name (the config
+# does not know the schedules), the planner's rules and the memory estimate on a machine without
+# GPUs, a profile window outside mode=e2e. Also raised without TensorFlow.
+PREPARED = [
+    (["mode=e2e", "pipeline.schedule=zigzag"], "pipeline.schedule='zigzag' is not known; allowed: sequential, "
+                                               "gpipe, 1f1b"),
+    (["placement.fallback=error"], "placement.fallback=error: 2 stages need 2 GPUs, 0 visible"),
+    (["placement.cpu_memory_mb=1", "model.width=4096"], "allowed (placement.cpu_memory_mb)"),
+    (["trainer.profile=[1,2]"], "trainer.profile measures a pipeline schedule's actions: it needs mode=e2e"),
+]
+# Configs that prepare whole: (strategy, per-replica batch, data described).
+VALID = [(["+stages=3"], ["pipeline", 64, True]),
+         (["placement.fallback=mirrored", "data.batch_size=64"], ["mirrored", 32, True])]
+
+PREPARE = r"""
+import json, sys
+from chain.config import normalize_overrides
+from chain.config.hydra import compose_config
+from chain.errors import ChainError
+from chain.planning.inventory import Inventory
+from chain.spec import prepare
+
+out = []
+for overrides in json.loads(sys.argv[1]):
+    try:
+        spec = prepare(compose_config(normalize_overrides(overrides)), inventory=Inventory())  # no GPU
+        out.append([0, [spec.placement.strategy, spec.placement.per_replica_batch, spec.data_info is not None]])
+    except ChainError as e:
+        out.append([e.exit_code, str(e)])
+print(json.dumps([out, sorted(m for m in ("tensorflow", "keras") if m in sys.modules)]))
+"""
+
+
+def test_the_preparation_pass_raises_every_such_error_without_tensorflow(no_tensorflow, user_files, tmp_path_factory,
+                                                                         tmp_path):
+    """`chain.spec.prepare`, the one pass before TensorFlow starts, in one process that cannot import
+    it: the pass's own cases and those of the cases above that reach furthest into it (the command
+    line runs every case above through its first half, `chain.spec.check`), one line each, exit code
+    2; and a good config planned whole (its per-replica batch on the placement)."""
+    keras_home = str(tmp_path_factory.mktemp("keras_home"))
+    # The cases that reach furthest: the placement, the user's files and the Keras cache (each
+    # composition costs ~0.3 s on a loaded machine, so not every case above again).
+    reach = ("placement.", "data=npz", "data=keras", "pipeline.schedule", "trainer.profile")
+    cases = [([o.replace("{files}", user_files) for o in overrides], message.replace("{files}", user_files)
+              .replace("{keras}", keras_home)) for overrides, message in CASES + PREPARED
+             if any(o.startswith(reach) for o in overrides)]
+    assert len(cases) == 14
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([no_tensorflow, os.environ.get("PYTHONPATH", "")]),
+               KERAS_HOME=keras_home)
+    r = subprocess.run([sys.executable, "-c", PREPARE, json.dumps([o for o, _ in cases] + [o for o, _ in VALID])],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    results, imported = json.loads(r.stdout)
+    assert imported == []
+    for (overrides, message), (code, line) in zip(cases, results):
+        assert code == 2 and says(line, message) and "\n" not in line, (overrides, line)
+    assert [line for _, line in results[len(cases):]] == [planned for _, planned in VALID]
+    assert list(tmp_path.iterdir()) == []

@@ -17,8 +17,7 @@ import pytest
 import tensorflow as tf
 
 import chain
-from chain.data import load
-from chain.data.catalog import describe
+from chain.data import describe, load
 from conftest import run_cli, run_dirs
 
 N = 40

@@ -5,20 +5,30 @@ trained through the one input pipeline; bad input is one line naming the key."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gzip
+import importlib
 import os
 import pickle
+import shutil
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from omegaconf import OmegaConf
 
 import chain
+import chain.spec
 from chain.data import files as files_lib
 from chain.data import load
-from chain.data.catalog import DIGITS_EXAMPLES, DIGITS_SHAPE, describe
-from chain.data.sources import split
+from chain.config import checks, schema
+from chain.data import describe
+from chain.data import sources as sources_lib
+from chain.data.data_source import Source
+from chain.data.loader import split
+from chain.data.sources import SOURCES, collect
+from chain.data.sources.digits_data import DIGITS_EXAMPLES, DIGITS_SHAPE
 from conftest import run_cli, run_dirs
 from user_datasets import arrays
 
@@ -239,3 +249,74 @@ def test_data_found_bad_once_read_stops_the_command_line_with_nothing_left_behin
     assert lines == ["error: stages[0].model=conv needs image input (height, width, channels), but receives shape "
                      "(16,); put conv stages first and use data=digits"], r.stderr
     assert run_dirs(tmp_path) == [] and not os.path.exists(tmp_path / "outputs")
+
+
+def _counted(monkeypatch, name: str) -> collections.Counter:
+    """Calls of source `name`'s description and reader, and of the settings' checks against the data."""
+    calls: collections.Counter = collections.Counter()
+    source, check_data = SOURCES[name], checks.check_data
+
+    def counted(key, fn):
+        def call(*args):
+            calls[key] += 1
+            return fn(*args)
+        return call
+
+    monkeypatch.setitem(SOURCES, name, Source(source.settings, counted("describe", source.describe),
+                                              counted("read", source.read)))
+    monkeypatch.setattr(checks, "check_data", counted("check_data", check_data))
+    return calls
+
+
+def test_a_build_describes_checks_and_reads_the_data_set_once(data, tmp_path, monkeypatch):
+    """The preparation pass describes the data and checks the settings against it once; the loader
+    takes that description and reads each array of an .npz file once (its labels, read for the
+    description, are not read again), each CSV file once."""
+    for name in ("images.npz", "table.csv"):  # versions of the files no earlier test read
+        shutil.copy(os.path.join(data["root"], name), tmp_path / name)
+    reads: collections.Counter = collections.Counter()
+    npz_array, opened = files_lib.npz_array, []
+    monkeypatch.setattr(files_lib, "npz_array", lambda path, array, *rest: (
+        reads.update([array]), npz_array(path, array, *rest))[1])
+    monkeypatch.setattr(files_lib, "open", lambda path, *a, **k: (opened.append(path), open(path, *a, **k))[1],
+                        raising=False)  # the CSV reader's open
+    calls = _counted(monkeypatch, "npz")
+    spec = chain.prepare([*SMALL, "data=npz", f"data.path={tmp_path}/images.npz", "data.y=y", "trainer.steps=1"])
+    assert isinstance(spec, chain.spec.RunSpec) and spec.placement.per_replica_batch == 8
+    run = chain.build(spec)
+    assert run.dataset.info is spec.data_info
+    assert calls == {"describe": 1, "check_data": 1, "read": 1}
+    assert reads == {"x": 1, "y": 1}
+    calls = _counted(monkeypatch, "csv")
+    chain.build(chain.compose([*SMALL, "data=csv", f"data.path={tmp_path}/table.csv", "data.y=label"]))
+    assert calls["read"] == 1 and calls["check_data"] == 1 and opened == [f"{tmp_path}/table.csv"]
+
+
+def test_each_source_is_one_module_with_its_settings_description_and_reader(tmp_path, monkeypatch):
+    """The registry holds exactly the modules of chain/data/sources, each defining its settings, its
+    description and its reader; each has its conf/data yaml; the schema's `data` forms are theirs;
+    and a new module registers by being there."""
+    package = os.path.dirname(sources_lib.__file__)
+    modules = sorted(f[:-3] for f in os.listdir(package) if f.endswith(".py") and f != "__init__.py")
+    found = {m: importlib.import_module(f"chain.data.sources.{m}").SOURCE for m in modules}
+    assert set(SOURCES.values()) == set(found.values()) and len(modules) == len(set(found.values()))
+    for module, source in found.items():
+        where = f"chain.data.sources.{module}"
+        assert (source.settings.__module__, source.describe.__module__, source.read.__module__) == (where,) * 3
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "data")
+    named = {OmegaConf.load(os.path.join(conf, f)).get("name") or f[:-5]  # data=callable: chosen by _target_
+             for f in os.listdir(conf) if f.endswith(".yaml")}
+    assert {SOURCES[n] for n in named} == set(found.values())
+    assert set(schema.DataSets) == {s.settings for s in found.values()}
+    (tmp_path / "more_sources").mkdir()
+    (tmp_path / "more_sources" / "__init__.py").write_text("")
+    (tmp_path / "more_sources" / "toy_data.py").write_text(
+        "from dataclasses import dataclass\nfrom typing import ClassVar\n"
+        "from chain.data.data_source import DataSet, Source\n\n\n"
+        "@dataclass(frozen=True, kw_only=True)\nclass Toy(DataSet):\n    KIND: ClassVar[str] = 'toy'\n\n\n"
+        "SOURCE = Source(Toy, lambda data: None, lambda data, seed, info: None)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert list(collect("more_sources", [str(tmp_path / "more_sources")])) == ["toy"]
+    (tmp_path / "more_sources" / "bare.py").write_text("X = 1\n")
+    with pytest.raises(TypeError, match="more_sources.bare defines no SOURCE"):
+        collect("more_sources", [str(tmp_path / "more_sources")])

@@ -16,6 +16,7 @@ import pytest
 
 import chain
 from chain.config import schema
+from chain.data.sources import SOURCES
 from chain.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def test_the_reference_has_a_row_for_every_key_of_every_section():
     sections = {"trainer": schema.Trainer, "pipeline": schema.Pipeline, "placement": schema.PlacementSettings,
                 "checkpoint": schema.CheckpointSettings, "cluster": schema.ClusterSettings,
                 "side_by_side": schema.SideBySideSettings, "oom": schema.OomSettings, "stage": schema.StageSpec,
-                "model": schema.Mlp, "optim": schema.Adam, "data": schema.TFRecord}
+                "model": schema.Mlp, "optim": schema.Adam, "data": SOURCES["tfrecord"].settings}
     for name, cls in sections.items():
         for f in fields(cls):
             if "check" in f.metadata:

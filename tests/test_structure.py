@@ -64,7 +64,8 @@ def imports(module: str, typing: bool = False, source: str | None = None) -> lis
 # The layers, bottom first (docs/architecture.md, "The layers"): a module may import its own
 # package and the packages of earlier rows only, at run time or for type checking alike.
 LAYERS: list[tuple[str, ...]] = [
-    ("chain.errors", "chain.cli", "chain.testhooks", "chain.records"),  # leaves: import no chain package
+    ("chain.errors",),  # the exceptions: import nothing of chain
+    ("chain.fields", "chain.cli", "chain.testhooks", "chain.records"),  # leaves: chain.errors at most
     ("chain.data",),
     ("chain.config",),
     ("chain.planning",),
@@ -80,15 +81,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("chain", "chain.__main__"),  # `python -m chain` (it runs `chain.sweep` for --multirun)
 ]
 ROW = {package: row for row, packages in enumerate(LAYERS) for package in packages}
-
-# Edges the preparation pass (helper h19spec, issue 19 item 1) removes on its own branch: the
-# config takes device-name syntax from the planner and the schedule names from the pipeline.
-# Empty this set when that branch is merged (test_every_pending_edge_still_exists says when).
-PENDING: set[tuple[str, str]] = {
-    ("chain.config", "chain.planning"),
-    ("chain.config", "chain.pipeline"),
-}
-
 
 def layer(module: str) -> str | None:
     """The package of LAYERS that `module` belongs to (`chain` itself only as the package
@@ -106,12 +98,12 @@ def package_edges(module: str, source: str | None = None) -> set[tuple[str, str,
             if layer(target) != layer(module)}
 
 
-def order_violations(edges: set[tuple[str, str, str, str]], pending: set[tuple[str, str]] = frozenset()) -> list[str]:
-    """One readable line per edge to the same or a later row of LAYERS (`pending` aside)."""
+def order_violations(edges: set[tuple[str, str, str, str]]) -> list[str]:
+    """One readable line per edge to the same or a later row of LAYERS."""
     out = []
     for src, dst, module, target in sorted(edges, key=str):
-        if (src, dst) not in pending and ROW[dst] >= ROW[src]:
-            allowed = f"only layers 1-{ROW[src]}" if ROW[src] else "no other package"
+        if ROW[dst] >= ROW[src]:
+            allowed = (f"only layer 1" if ROW[src] == 1 else f"only layers 1-{ROW[src]}") if ROW[src] else "no other package"
             out.append(f"{module} imports {target}: {src} (layer {ROW[src] + 1}) may import {allowed} of LAYERS, "
                        f"and {dst} is layer {ROW[dst] + 1}")
     return out
@@ -129,30 +121,27 @@ def test_every_module_belongs_to_a_layer():
 
 def test_every_import_goes_to_an_earlier_layer():
     """The documented order holds, TYPE_CHECKING imports and imports inside functions included."""
-    violations = order_violations(all_package_edges(), PENDING)
+    violations = order_violations(all_package_edges())
     assert violations == [], "\n".join(violations)
-
-
-def test_every_pending_edge_still_exists():
-    """PENDING excuses only edges that are there: once one goes, it leaves the set too."""
-    assert PENDING <= {(src, dst) for src, dst, _, _ in all_package_edges()}
 
 
 def test_the_order_check_names_an_edge_to_a_later_layer():
     """A TYPE_CHECKING import inside a function of chain.state, from chain.training, is found and
     named; an import from chain.pipeline (an earlier layer) is not; two leaves of one row may
-    not import each other; a PENDING pair is excused."""
+    not import each other; the bottom row imports nothing."""
     source = ("from typing import TYPE_CHECKING\n"
               "def f():\n    if TYPE_CHECKING:\n        from chain.training.run import Run\n"
               "    from chain.pipeline.schedules import Action\n")
     assert imports("chain.state.remap", source=source) == [("chain.pipeline.schedules", ["Action"])]  # run time
     assert order_violations(package_edges("chain.state.remap", source)) == [
-        "chain.state.remap imports chain.training.run: chain.state (layer 9) may import only layers 1-8 of LAYERS, "
-        "and chain.training is layer 12"]
-    assert order_violations({("chain.errors", "chain.cli", "chain.errors", "chain.cli")}) == [  # one row: refused
+        "chain.state.remap imports chain.training.run: chain.state (layer 10) may import only layers 1-9 of LAYERS, "
+        "and chain.training is layer 13"]
+    assert order_violations({("chain.fields", "chain.cli", "chain.fields", "chain.cli")}) == [  # one row: refused
+        "chain.fields imports chain.cli: chain.fields (layer 2) may import only layer 1 of LAYERS, "
+        "and chain.cli is layer 2"]
+    assert order_violations({("chain.errors", "chain.cli", "chain.errors", "chain.cli")}) == [
         "chain.errors imports chain.cli: chain.errors (layer 1) may import no other package of LAYERS, "
-        "and chain.cli is layer 1"]
-    assert order_violations(package_edges("chain.state.remap", source), {("chain.state", "chain.training")}) == []
+        "and chain.cli is layer 2"]
 
 
 def graph() -> dict[str, set[str]]:
@@ -297,7 +286,7 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         assert word not in source, word
 
 
-@pytest.mark.parametrize("module", ["chain", "chain.config", "chain.pipeline.schedules", "chain.pipeline.timeline",
+@pytest.mark.parametrize("module", ["chain", "chain.spec", "chain.config", "chain.pipeline.schedules", "chain.pipeline.timeline",
                                     "chain.planning.planner",
                                     "chain.data.catalog", "chain.__main__"])
 def test_modules_before_the_build_do_not_import_tensorflow(module):
@@ -307,3 +296,4 @@ def test_modules_before_the_build_do_not_import_tensorflow(module):
     code = f"import sys, {module}; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"], out.stderr
+

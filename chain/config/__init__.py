@@ -4,10 +4,14 @@ well under a second).
 
     settings = chain.config.compose(["+stages=3", "trainer.steps=5"])   # -> Settings
     settings = chain.config.validate(hydra_cfg)                          # a composed DictConfig
+    settings, info = chain.config.check(hydra_cfg)                       # and the data's description
 
-Modules: `schema` (the sections as dataclasses, each key's check), `fields` (the checks),
-`checks` (what must hold across keys), `shapes` (stage shapes and sizes from the config
-alone), `hydra` (the packaged config groups and overrides).
+Modules: `schema` (the sections as dataclasses; each key's check comes from `chain.fields`, the
+`data` section's forms from `chain.data.sources`), `checks` (what must hold across keys),
+`shapes` (stage shapes and sizes from the config alone), `device_names` (device-name syntax),
+`variants` (side-by-side models), `hydra` (the packaged config groups and overrides).
+What the config cannot know by itself (the pipeline schedules' names, the devices) is checked
+by the preparation pass, `chain.spec`.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from chain.config import checks
 from chain.config.hydra import compose_config, group_defaults, group_options, normalize_overrides, override_key
 from chain.config.schema import Settings, expand_stages, parse
 from chain.config.variants import expand as expand_variants
+from chain.data.catalog import DataInfo
+from chain.data.sources import describe
 from chain.errors import ConfigError, first_line
 
-__all__ = ["Settings", "compose", "validate", "group_options", "normalize_overrides", "override_key"]
+__all__ = ["Settings", "check", "compose", "validate", "group_options", "normalize_overrides", "override_key"]
 
 
 def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
@@ -31,8 +37,19 @@ def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
 
     Raises `ConfigError` with one line naming the key. A `Settings` is returned as it is.
     """
-    if isinstance(cfg, Settings):
-        return cfg
+    return cfg if isinstance(cfg, Settings) else check(cfg)[0]
+
+
+def check(cfg: DictConfig | dict[str, Any]) -> tuple[Settings, DataInfo | None]:
+    """`validate`, returning also the data set's description it checked the settings against
+    (made once, here; None for data only TensorFlow reads)."""
+    s = _parse(cfg)
+    info = describe(s.data)
+    return checks.settle(s, info), info
+
+
+def _parse(cfg: DictConfig | dict[str, Any]) -> Settings:
+    """Every key of `cfg` checked and the stages expanded; nothing across keys yet."""
     source = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     if "hydra" in source:  # Hydra's own node (run directory etc.) resolves only inside a Hydra job
         source = OmegaConf.masked_copy(source, [k for k in source if k != "hydra"])
@@ -56,7 +73,7 @@ def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
                           "mode=side_by_side")
     else:
         s = replace(s, stages=expand_stages(stages, s.stage, group_defaults), source=source)
-    return checks.settle(s)
+    return s
 
 
 def compose(overrides: Sequence[str] = ()) -> Settings:

@@ -3,12 +3,12 @@
 `check(settings, info)` raises one `ConfigError` line for the first problem and returns the
 `note:` lines for settings the run will ignore; `settle` adds those notes and the number of
 steps (`trainer.steps`, or what `trainer.epochs` makes of the training examples). What depends
-on the data (`check_data`) is checked here when the data is known without TensorFlow, and by
-`chain.training.build` once it is loaded otherwise (TFRecord files, the user's function).
+on the data (`check_data`) is checked here, once, against the description the caller made
+(`chain.config.check`), or by the preparation pass (`chain.spec.with_data`) once the data is
+loaded when only TensorFlow reads it (TFRecord files, the user's function).
 Everything here is O(1) in configured numbers (a batch size of 10^12 costs nothing to
-refuse). What needs the runtime (devices that exist, their memory, the replicas a mirrored
-run finds) is checked in `chain.training.build`, in one place, before anything is printed or
-written.
+refuse). The placement (the planner's rules, the memory estimate) is checked by `chain.spec`;
+what needs the runtime (devices that exist) by `chain.training.build`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import replace
 from chain.config.schema import MAX_BATCH, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
 from chain.data import files
-from chain.data.catalog import DataInfo, describe
+from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, DeviceError
-from chain.planning.devices import canonical
+from chain.config.device_names import canonical
 
 DEFAULT_STEPS = 400  # trainer.steps when neither it nor trainer.epochs is set (digits: ~16 epochs)
 
@@ -108,8 +108,8 @@ def check_side_by_side(s: Settings) -> None:
 
 def check_data(s: Settings, info: DataInfo) -> None:
     """What must hold between the settings and the data: batch vs data size, targets, stage
-    shapes, loss vs target, validation for best checkpoints and early stopping. Run by the
-    config checks when the data is known without TensorFlow, else by `chain.training.build`
+    shapes, loss vs target, validation for best checkpoints and early stopping. Run once: by the
+    config checks when the data is known without TensorFlow, else by `chain.spec.with_data`
     once the data is loaded (before anything is printed or written)."""
     per_step = s.examples_per_step
     if per_step > info.examples:
@@ -209,9 +209,9 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def settle(s: Settings) -> Settings:
-    """`s` checked (`check`), with its notes and, where the data is known, its steps."""
-    info = describe(s.data)
+def settle(s: Settings, info: DataInfo | None) -> Settings:
+    """`s` checked (`check`) against the data `info` describes (None: known once TensorFlow reads
+    it), with its notes and, where the data is known, its steps."""
     notes = check(s, info)
     n_steps = steps(s, info)
     check_profile(s, n_steps)

@@ -4,7 +4,8 @@ Each section is a frozen dataclass whose fields carry their check (`setting(chec
 `parse(cls, key, raw)` turns a plain mapping into that dataclass, rejecting unknown and
 missing keys at any depth (Hydra accepts `+trainer.stepz=5` silently) with one line
 that names the key and says what is allowed. Sections with several forms (`model`,
-`optim`, `data`) are chosen by their `name` key (`variants`).
+`optim`, `data`) are chosen by their `name` key (`variants`); the `data` section's forms are the
+data sources' settings (`chain.data.sources`, one module per source).
 
 `Settings` is the whole validated config; `chain.config.validate` builds it. Nothing
 here imports TensorFlow.
@@ -16,10 +17,11 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Union
 
-from chain.config.fields import (Check, address, boolean, choice, dotted_name, feature, int_or_list, integer,
-                                 list_of, mapping, number, optional, power_of_two, required, step_window, string)
+from chain.fields import (Check, address, boolean, choice, int_or_list, integer, list_of, number, optional,
+                          power_of_two, setting, step_window, string)
+from chain.data.data_source import MAX_BATCH
+from chain.data.sources import settings_classes
 from chain.errors import ConfigError
-from chain.pipeline.schedules import NAMES as SCHEDULES
 
 MODES = ("local", "e2e", "side_by_side")
 POLICIES = ("lockstep", "round_robin")
@@ -35,16 +37,7 @@ MAX_STAGES = 512
 MAX_DEPTH = 1024
 MAX_WIDTH = 1 << 20
 MAX_SEED = 2 ** 32 - 1  # keras.utils.set_random_seed seeds NumPy, which takes 32 bits
-MAX_BATCH = 2 ** 31 - 1  # TensorFlow indexes a batch with int32
 MAX_MICROBATCHES = 4096
-MAX_SAMPLES = 1 << 24
-
-
-
-def setting(check: Check, help: str = "") -> Any:
-    """A dataclass field validated by `check` (see `chain.config.fields`); `help` is its one line of
-    meaning in the config reference (`docs/config.md`, written by `scripts/config_reference.py`)."""
-    return field(metadata={"check": check, "help": help})
 
 
 def parse(cls: type, key: str, raw: Any) -> Any:
@@ -207,126 +200,13 @@ Optim = Union[Sgd, Adam]
 OPTIM = variants(Sgd, Adam)
 
 
-# --- data sets -------------------------------------------------------------------------------
+# --- data sets ---------------------------------------------------------------------------
+# Each source's settings live in its own module of `chain.data.sources`, with its description
+# and reader; the `data` section takes its forms from that one registry.
 
-MAX_CLASSES = 1 << 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataSet:
-    """What every data set has: its name, the batch size, whether batches are shuffled, and the
-    share of its examples held out for validation (`val_fraction`; None: the data set's own
-    validation split, or 0.1 of its examples when it has none; 0: no validation)."""
-
-    name: str = setting(string, "the data source (or, data=keras, the Keras data set)")
-    batch_size: int = setting(integer(1, MAX_BATCH),
-        "examples per batch (mirrored: the global batch; a step uses trainer.grad_accum batches)")
-    shuffle: bool = setting(boolean, "shuffle the training examples (a seeded shuffle, restored on resume)")
-    val_fraction: float | None = setting(optional(number(minimum=0.0, below=1.0)),
-        "share held out for validation; null: the data's own validation split, else 0.1; 0: none")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Digits(DataSet):
-    """scikit-learn's 8x8 digits (shipped in its wheel)."""
-
-    KIND: ClassVar[str] = "digits"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Synthetic(DataSet):
-    """Gaussian inputs labelled by a fixed random teacher network."""
-
-    KIND: ClassVar[str] = "synthetic"
-    samples: int = setting(integer(1, MAX_SAMPLES), "number of examples")
-    features: int = setting(integer(1, 65536), "inputs per example")
-    classes: int = setting(integer(2, 65536), "number of classes of the `label` target")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Keras(DataSet):
-    """A Keras data set, read from the local Keras cache (`KERAS_HOME/datasets`), never downloaded."""
-
-    KINDS: ClassVar[tuple[str, ...]] = ("mnist", "fashion_mnist", "cifar10")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Labelled(DataSet):
-    """The user's data: inputs and targets. `y` names one target array (the target is then
-    called `label` for integers, `value` for reals); `targets` names several (target name ->
-    array). `classes` sets a target's kind (target name -> number of classes, 0 for a real
-    value); by default integer labels are classes (their maximum + 1), reals are values."""
-
-    y: str | None = setting(optional(string), "one target (called `label` for integers, `value` for reals)")
-    targets: tuple[tuple[str, str], ...] | None = setting(optional(mapping(string)),
-        "several targets: {name: key or column} (instead of y)")
-    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))),
-        "a target's kind: {name: number of classes, or 0 for a real value}; default from its values")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Npz(Labelled):
-    """A NumPy `.npz` file: `x` and the targets are keys of its arrays; `val_path` an optional
-    second file with the same keys, for validation."""
-
-    KIND: ClassVar[str] = "npz"
-    path: str = setting(required(string, "data=npz data.path=FILE.npz data.x=KEY data.y=KEY"),
-        "the .npz file (required)")
-    val_path: str | None = setting(optional(string), "a second .npz file with the same keys, for validation")
-    x: str = setting(string, "the key of the inputs: one example per row")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Csv(Labelled):
-    """A CSV file with a header row: targets are columns by name, the inputs the columns `x`
-    (None: every column that is not a target); `val_path` an optional second file."""
-
-    KIND: ClassVar[str] = "csv"
-    path: str = setting(required(string, "data=csv data.path=FILE.csv data.y=COLUMN"),
-        "the .csv file with a header row (required)")
-    val_path: str | None = setting(optional(string), "a second CSV file with the same columns, for validation")
-    x: tuple[str, ...] | None = setting(optional(list_of(string, 1)),
-        "the input columns; null: every column that is not a target")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TFRecord(Labelled):
-    """TFRecord files of `tf.train.Example`s (`files`, a glob): `features` declares every feature
-    read (name -> `float32[d1,...]` or `int64`), `x` the input feature; `val_files` an optional
-    glob for validation."""
-
-    KIND: ClassVar[str] = "tfrecord"
-    files: str = setting(required(string, "data=tfrecord data.files='DIR/*.tfrecord'"),
-        "a glob of TFRecord files of tf.train.Example (required)")
-    val_files: str | None = setting(optional(string), "a glob of TFRecord files for validation")
-    x: str = setting(string, "the feature holding the inputs")
-    features: tuple[tuple[str, tuple], ...] = setting(
-        required(mapping(feature), "data.features={x: 'float32[8]', label: int64} (every feature read)"),
-        "every feature read: {name: float32[d1,...] or int64} (required)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FromCallable(DataSet):
-    """The user's function (`_target_`, called through Hydra) returning a finite `tf.data.Dataset`
-    of `(x, y)` or `(x, {name: y})` examples; every other key is a keyword argument of it.
-    Reading it is bounded: at most `max_examples` examples, and no more than `read_timeout_s`
-    seconds without a batch of them (a dataset that never ends, or yields nothing, is refused)."""
-
-    KIND: ClassVar[str] = "callable"
-    SELECTED_BY: ClassVar[str] = "_target_"
-    EXTRA: ClassVar[str] = "kwargs"
-    _target_: str = setting(required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"),
-        "your function's import path, called through Hydra; its arguments are +data.ARG keys (required)")
-    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))),
-        "a target's kind: {name: number of classes, or 0 for a real value}; default from its dtype")
-    max_examples: int = setting(integer(1, MAX_BATCH), "more examples than this is refused (an endless dataset?)")
-    read_timeout_s: float = setting(number(positive=True, maximum=86400.0),
-        "seconds the read may wait for a batch of examples")
-    kwargs: dict = field(default_factory=dict)
-
-
-Data = Union[Digits, Synthetic, Keras, Npz, Csv, TFRecord, FromCallable]
-DATA = variants(Digits, Synthetic, Keras, Npz, Csv, TFRecord, FromCallable)
+DataSets = settings_classes()
+Data = Union[DataSets]
+DATA = variants(*DataSets)
 
 
 # --- the other sections ----------------------------------------------------------------------
@@ -371,7 +251,8 @@ class Trainer:
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
-    schedule: str = setting(choice(*SCHEDULES), "mode=e2e: the pipeline schedule")
+    # Its names are chain.pipeline.schedules' (a later layer): checked by the preparation pass, chain.spec.
+    schedule: str = setting(string, "mode=e2e: the pipeline schedule")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),
         "mode=e2e: microbatches per batch; must divide data.batch_size")
 

@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from chain.config.fields import boolean, integer, string
+from chain.fields import boolean, integer, string
 from chain.config.schema import MAX_BATCH, MAX_STAGES, StageSpec, expand_stages
 from chain.errors import ConfigError
 

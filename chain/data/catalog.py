@@ -3,9 +3,10 @@ numbers of training and validation examples, and its named targets.
 
 The config checks (`chain.config.checks`) use this to refuse, before TensorFlow starts, a
 batch larger than the data, a conv stage on flat input, a loss that cannot learn a target,
-a missing file or a key that is not in it. `chain.data.sources` loads the arrays and checks
-they agree. Data that only TensorFlow can read (`tfrecord`, `callable`) is described once
-loaded (`describe` returns None for it, after checking what it can: its files exist).
+a missing file or a key that is not in it. Each source (`chain.data.sources`, one module each)
+describes itself with the helpers here; `chain.data.loader` loads the arrays and checks they
+agree. Data that only TensorFlow can read (`tfrecord`, `callable`) is described once loaded
+(its `describe` returns None, after checking what it can: its files exist).
 
 Targets: a target is class labels (`classes` > 0) or a real value (0). For the user's data
 the kind comes from `data.classes` where given, else from the labels: integers (for CSV,
@@ -14,7 +15,7 @@ a value. A single target given as `data.y` is called `label` (classes) or `value
 
 Validation: `val_fraction(data, own)` is the share of the examples held out (`data.val_fraction`;
 unset: none when the data set brings its own validation examples, else 0.1), and
-`split_size` how many that is; `chain.data.sources.split` draws them.
+`split_size` how many that is; `chain.data.loader.split` draws them.
 """
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ import numpy as np
 from chain.data import files
 from chain.errors import ConfigError
 
-# scikit-learn's bundled digits: 1797 images of 8x8 pixels, ten classes (fixed by its data file;
-# tests/test_data_sources.py checks these against the loaded arrays).
-DIGITS_EXAMPLES = 1797
-DIGITS_SHAPE = (8, 8, 1)
 DEFAULT_VAL_FRACTION = 0.1
 
 
@@ -159,90 +156,3 @@ def input_shape(shape: tuple[int, ...], key: str) -> tuple[int, ...]:
     if len(shape) < 2:
         raise ConfigError(f"{key} has shape {tuple(shape)}; expected one example per row, (N, features...)")
     return tuple(shape[1:])
-
-
-def _npz(data) -> DataInfo:
-    counts, shape = [], ()
-    labels: dict[str, list] = {}
-    for path, path_key in ((data.path, "data.path"), (data.val_path, "data.val_path")):
-        if path is None:
-            continue
-        x_shape = files.npz_shape(path, data.x, "data.x", path_key)
-        counts.append(x_shape[0])
-        shape = shape or input_shape(x_shape, f"data.x={data.x!r} in {path}")
-        for name, key, where in target_keys(data):
-            labels.setdefault(where, [name, f"{where}={key!r} of {path}"]).append(
-                files.npz_array(path, key, where, path_key).reshape(-1))
-    targets = name_targets(data, [(v[0], np.concatenate(v[2:]), v[1]) for v in labels.values()])
-    return split_info("npz", shape, counts[0], targets, data, own=sum(counts[1:]))
-
-
-def csv_columns(data, table: files.Table) -> list[str]:
-    """The input columns of a CSV source: `data.x`, or every column that is not a target."""
-    used = {key for _, key, _ in target_keys(data)}
-    if data.x is None:
-        columns = [c for c in table.columns if c not in used]
-        if not columns:
-            raise ConfigError(f"data.path={table.path!r} has no column left for the inputs once the targets "
-                              f"({', '.join(sorted(used))}) are taken")
-        return columns
-    for i, c in enumerate(data.x):
-        table.column(c, f"data.x[{i}]")
-        if c in used:
-            raise ConfigError(f"data.x[{i}]={c!r} is also a target; a column is an input or a target")
-    return list(data.x)
-
-
-def _csv(data) -> DataInfo:
-    table = files.csv_table(data.path, "data.path")
-    columns = csv_columns(data, table)
-    tables = [table] + ([files.csv_table(data.val_path, "data.val_path")] if data.val_path else [])
-    for t in tables[1:]:
-        for c in columns:
-            t.column(c, f"data.x column (data.val_path={data.val_path!r})")
-    labels = [(name, np.concatenate([t.column(key, where) for t in tables]), f"{where}={key!r} of {table.path}")
-              for name, key, where in target_keys(data)]
-    return split_info("csv", (len(columns),), len(table.values), name_targets(data, labels, by_values=True), data,
-                      own=sum(len(t.values) for t in tables[1:]))
-
-
-def _keras(data) -> DataInfo:
-    files.keras_files(data.name)  # the cache holds it, or one line on how to fill it
-    spec = files.KERAS[data.name]
-    targets = (Target("label", spec.classes),)
-    if data.val_fraction is None:
-        return DataInfo(data.name, spec.input_shape, spec.train, targets, spec.test)
-    return split_info(data.name, spec.input_shape, spec.train, targets, data)
-
-
-def _tfrecord(data) -> None:
-    """Only TensorFlow reads the records; check what can be checked without it."""
-    features = dict(data.features)
-    files.matching(data.files, "data.files")
-    if data.val_files is not None:
-        files.matching(data.val_files, "data.val_files")
-    val_fraction(data)
-    for key, where in [(data.x, "data.x")] + [(k, w) for _, k, w in target_keys(data)]:
-        if key not in features:
-            raise ConfigError(f"{where}={key!r} is not in data.features ({', '.join(features)}); declare every "
-                              "feature read, e.g. data.features={x: 'float32[8]', label: int64}")
-    return None
-
-
-def _digits(data) -> DataInfo:
-    return split_info("digits", DIGITS_SHAPE, DIGITS_EXAMPLES, (Target("label", 10), Target("parity", 2)), data)
-
-
-def _synthetic(data) -> DataInfo:
-    targets = (Target("label", data.classes), Target("parity", 2), Target("value", 0))
-    return split_info("synthetic", (data.features,), data.samples, targets, data)
-
-
-DESCRIBE = {"digits": _digits, "synthetic": _synthetic, "npz": _npz, "csv": _csv, "tfrecord": _tfrecord,
-            "callable": lambda data: None, **{name: _keras for name in files.KERAS}}
-
-
-def describe(data) -> DataInfo | None:
-    """The `DataInfo` of a validated `data` section (`chain.config.schema.Data`), or None for
-    data only TensorFlow can read (described when `chain.data.sources.load` reads it)."""
-    return DESCRIBE[data.name](data)

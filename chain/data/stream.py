@@ -3,7 +3,7 @@ shared by every stage, and the validation set in batches."""
 
 from __future__ import annotations
 
-from chain.data.sources import Dataset
+from chain.data.loader import Dataset
 
 
 def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int):

@@ -124,7 +124,7 @@ def _call(data) -> tf.data.Dataset:
 
 
 def call(data) -> tuple:
-    """The fields of a `chain.data.sources.Read` of the user's function (`data=callable`): its
+    """The fields of a `chain.data.data_source.Read` of the user's function (`data=callable`): its
     inputs, targets, their names (None: a bare y, named by its kind) and where each came from."""
     dataset = _call(data)
     what = f"data._target_={data._target_}"

@@ -39,7 +39,9 @@ class Placement:
     into, `memory_limits_mb[p]` their limits (GPUs only); a physical device absent from
     `split` keeps TensorFlow's default (one logical device, no limit). `visible` lists
     the physical GPUs TensorFlow may use (None: all). `physical` maps each logical
-    device the plan uses to the physical device behind it.
+    device the plan uses to the physical device behind it. `per_replica_batch` is the
+    examples each replica takes of a `data.batch_size` batch (the batch itself unless
+    mirrored), worked out once by the preparation pass (`chain.spec`, with `check_batch`).
     """
 
     devices: list[str | None]
@@ -55,6 +57,7 @@ class Placement:
     cluster: list[str] = field(default_factory=list)  # the workers' addresses when stages run on them
     multi_worker: list[str] = field(default_factory=list)  # TF_CONFIG's workers when every host trains a replica
     task: int = 0  # this process's worker index in `multi_worker`
+    per_replica_batch: int | None = None
 
     @property
     def local_replicas(self) -> list[str]:

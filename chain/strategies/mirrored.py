@@ -92,7 +92,7 @@ class Mirrored(Strategy):
                                   f"one planned {len(placement.replicas)}: every worker needs the same number of GPUs")
         else:
             self.strategy = strategy_for(placement.replicas)
-        self.per_replica_batch = settings.data.batch_size // len(placement.replicas)
+        self.per_replica_batch = placement.per_replica_batch  # worked out once, by chain.spec
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
         # ignored there, so stages get no device), and each optimizer captures the
         # strategy that sums its gradients.

@@ -1,10 +1,12 @@
-"""From a config to a ready `Run`: validate once, plan the devices, load the data, build the strategy.
+"""From a config to a ready `Run`: prepare once, apply the placement, load the data, build the strategy.
 
-Everything that needs to know the machine (which devices exist, how a mirrored run's
-replicas divide the batch, whether the chain's estimated memory fits) is checked here,
-in `plan`, before anything is built, printed or written; so is, once loaded, data that
-only TensorFlow can read (TFRecord files, the user's function: `chain.config.checks.with_data`).
-Everything else was checked by `chain.config.validate`.
+Everything that needs no TensorFlow runtime (every config error, the data set's description,
+the placement with its per-replica batch, the memory estimate) is settled by the preparation
+pass, `chain.spec.prepare`, into one `RunSpec`; this module reads it. What needs the runtime
+is done here, in `apply`, before anything is built, printed or written: the logical devices
+configured, the devices the plan uses checked to exist, a multi-worker run's strategy made.
+Data only TensorFlow reads (TFRecord files, the user's function) is checked once loaded
+(`chain.spec.with_data`).
 """
 
 from __future__ import annotations
@@ -14,82 +16,44 @@ from typing import Callable, Sequence
 from omegaconf import DictConfig
 
 from chain import data
-from chain.config import Settings, validate
-from chain.config.checks import with_data
-from chain.config.shapes import memory_bytes, stage_shapes
-from chain.data.catalog import DataInfo, describe
-from chain.errors import ConfigError
+from chain.config import Settings
 from chain.planning import cluster, devices, planner
-from chain.planning.inventory import Inventory, discover, host_memory_mb
+from chain.spec import RunSpec, prepare, with_data
 from chain.training import ways
 from chain.training.run import Run
 
 
-def check_memory(settings: Settings, placement: planner.Placement, info: DataInfo, inventory: Inventory) -> None:
-    """Refuse a chain whose estimated memory does not fit the devices it is placed on."""
-    per_replica = planner.check_batch(settings.data.batch_size, placement)
-    shapes = stage_shapes(settings.stages, info, settings.mode)
-    need = [memory_bytes(shape, spec.optim, per_replica) if shape else 0  # a user's body: known once built
-            for shape, spec in zip(shapes, settings.stages)]
-    planner.check_memory(placement, need, inventory, settings.placement.cpu_memory_mb, host_memory_mb())
-
-
-def plan(settings: Settings, info: DataInfo | None = None) -> tuple[planner.Placement, Inventory]:
-    """Plan the devices for `settings`, configure TensorFlow's logical devices (before its
-    runtime starts) and check that every device the plan uses exists; returns the placement
-    and the inventory it was planned on. With cluster workers, connect to them first (each
-    must answer) and plan over their devices. The memory estimate is checked here when the
-    data is described (`info`), else by `build` once it is loaded."""
-    multi_worker = cluster.task()
-    if multi_worker:
-        if settings.cluster.workers:
-            raise ConfigError("cluster.workers makes this process a client of workers, but TF_CONFIG names it a worker "
-                              "(its task); give one or the other")
-        inventory = discover()
-        placement = planner.plan_multi_worker(settings.placement, len(settings.stages), *multi_worker, inventory.gpus)
-        planner.check_batch(settings.data.batch_size, placement)
-        if info is not None:
-            check_memory(settings, placement, info, inventory)
-        cluster.check_peers(*multi_worker, settings.cluster.lost_after_s)
-        cluster.multi_worker_strategy()  # before anything starts the runtime
-        return placement, inventory
-    addresses = cluster.workers(settings.cluster.workers)
-    if addresses:
-        cluster.check_reachable(addresses, settings.cluster.lost_after_s)
-        cluster.connect(addresses)
-        inventory = Inventory()
-        placement = planner.plan_cluster(settings.placement, len(settings.stages),
-                                         cluster.remote_devices(len(addresses)), addresses)
-    else:
-        inventory = discover()
-        placement = planner.plan(settings.placement, len(settings.stages), inventory)
-    planner.check_batch(settings.data.batch_size, placement)
-    if info is not None:
-        check_memory(settings, placement, info, inventory)
+def apply(spec: RunSpec) -> None:
+    """Apply the placement to TensorFlow (its logical devices, before the runtime starts) and check
+    that every device the plan uses exists; a multi-worker run checks its peers and makes its
+    strategy instead (before anything starts the runtime)."""
+    settings, placement = spec.settings, spec.placement
+    if placement.multi_worker:
+        cluster.check_peers(placement.multi_worker, placement.task, settings.cluster.lost_after_s)
+        cluster.multi_worker_strategy()
+        return
     devices.configure(placement, settings.placement)
     if placement.strategy == planner.MIRRORED:
         placement.replicas = devices.check_devices(placement.replicas, given=False, role="replica")
     else:
         given = settings.placement.devices  # checked as the user wrote them, so errors quote them
         placement.devices = devices.check_devices(given or placement.devices, given=bool(given))
-    return placement, inventory
 
 
-def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stages: Sequence[Callable] | None = None,
-          model=None) -> Run:
-    """Validate (unless given `Settings`), plan and build a run (see `chain.build`)."""
+def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = None, *,
+          stages: Sequence[Callable] | None = None, model=None) -> Run:
+    """Prepare (unless given a prepared `RunSpec`), apply the placement and build a run (see `chain.build`)."""
     import keras
 
     from chain.training.user_bodies import resolve
 
-    settings = validate(cfg)
-    info = describe(settings.data)  # None: only TensorFlow reads it, once the devices are configured
-    placement, inventory = plan(settings, info)
+    spec = prepare(cfg)
+    apply(spec)
+    settings = spec.settings
     keras.utils.set_random_seed(settings.seed)  # the user's function may draw random numbers
-    dataset = data.load(settings.data, settings.seed)
-    settings = with_data(settings, dataset.info)
-    if info is None:
-        check_memory(settings, placement, dataset.info, inventory)
+    dataset = data.load(settings.data, settings.seed, spec.data_info)
+    spec = with_data(spec, dataset.info)
+    settings, placement = spec.settings, spec.placement
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
     strategy = ways.create(settings, placement, dataset.info, bodies=bodies, labels=labels)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from chain.config.schema import Settings
 from chain.data import verify as checks
 from chain.data.stream import training_batches, validation_batches
-from chain.data.sources import Dataset
+from chain.data.loader import Dataset
 from chain.errors import ChainError, OutOfMemory, StorageError, first_line
 from chain.planning import cluster, memory
 from chain.state import manifest

@@ -1,6 +1,10 @@
-"""Checks for single config values: each takes `(key, value)` and returns the value
+"""Checked settings fields: `setting(check, help)` declares a dataclass field of a config section,
+and the checks for single config values: each takes `(key, value)` and returns the value
 (normalised: lists become tuples, numbers floats) or raises a one-line `ConfigError`
 that names the key and says what is allowed.
+
+A leaf (it imports only `chain.errors`): the config's schema (`chain.config.schema`) and each data
+source's settings (`chain.data.sources`) declare their keys with it.
 
 Every check is O(1) in the value it is given (a list: O(its length)): validation never
 loops over a configured number.
@@ -9,11 +13,18 @@ loops over a configured number.
 from __future__ import annotations
 
 import math
+from dataclasses import field
 from typing import Any, Callable
 
 from chain.errors import ConfigError
 
 Check = Callable[[str, Any], Any]
+
+
+def setting(check: Check, help: str = "") -> Any:
+    """A dataclass field validated by `check` (one of the checks below); `help` is its one line of
+    meaning in the config reference (`docs/config.md`, written by `scripts/config_reference.py`)."""
+    return field(metadata={"check": check, "help": help})
 
 
 def is_int(v: Any) -> bool:

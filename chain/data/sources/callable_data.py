@@ -1,0 +1,47 @@
+"""`data=callable`: the user's function returning a finite `tf.data.Dataset`: its settings,
+description and reader. Only TensorFlow reads it (`chain.data.tensors.call`, imported when it is
+read), so the data set is described from its arrays once read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from chain.data.catalog import DataInfo
+from chain.data.data_source import MAX_BATCH, MAX_CLASSES, DataSet, Read, Source
+from chain.fields import dotted_name, integer, mapping, number, optional, required, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class FromCallable(DataSet):
+    """The user's function (`_target_`, called through Hydra) returning a finite `tf.data.Dataset`
+    of `(x, y)` or `(x, {name: y})` examples; every other key is a keyword argument of it.
+    Reading it is bounded: at most `max_examples` examples, and no more than `read_timeout_s`
+    seconds without a batch of them (a dataset that never ends, or yields nothing, is refused)."""
+
+    KIND: ClassVar[str] = "callable"
+    SELECTED_BY: ClassVar[str] = "_target_"
+    EXTRA: ClassVar[str] = "kwargs"
+    _target_: str = setting(required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"),
+        "your function's import path, called through Hydra; its arguments are +data.ARG keys (required)")
+    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))),
+        "a target's kind: {name: number of classes, or 0 for a real value}; default from its dtype")
+    max_examples: int = setting(integer(1, MAX_BATCH), "more examples than this is refused (an endless dataset?)")
+    read_timeout_s: float = setting(number(positive=True, maximum=86400.0),
+        "seconds the read may wait for a batch of examples")
+    kwargs: dict = field(default_factory=dict)
+
+
+def describe(data: FromCallable) -> None:
+    """None: the function's examples are known once it is called, with TensorFlow."""
+    return None
+
+
+def read(data: FromCallable, seed: int, info: DataInfo | None = None) -> Read:
+    """Every example of the function's dataset (bounded by `max_examples` and `read_timeout_s`)."""
+    from chain.data import tensors
+
+    return Read(*tensors.call(data))
+
+
+SOURCE = Source(FromCallable, describe, read)

@@ -1,0 +1,103 @@
+"""The preparation pass: from a config to a `RunSpec`, every check that needs no TensorFlow done
+once, in order, before anything starts TensorFlow's runtime.
+
+1. `check(cfg)`: the settings (`chain.config.check`: every key, every rule between keys, the data
+   set described once and the settings checked against it) and what the config cannot know by
+   itself (`pipeline.schedule` among `chain.pipeline.schedules`). Imports no TensorFlow: the
+   command line runs it before Hydra writes anything.
+2. `prepare(cfg)`: `check`, then the devices planned (the machine's inventory, the planner's
+   rules, the per-replica batch, the memory estimate when the data is described). Planning asks
+   TensorFlow how many GPUs there are (without starting its runtime), and a cluster's placement
+   needs the devices its workers report, so `prepare` connects to them first.
+3. `with_data(spec, info)`: data only TensorFlow reads, checked once loaded (the same checks as
+   1 and 2 make for the rest).
+
+What needs the runtime (logical devices configured, the devices that exist) is
+`chain.training.build`'s, after `prepare`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from chain import config
+from chain.config import Settings, checks
+from chain.config.shapes import memory_bytes, stage_shapes
+from chain.data import sources
+from chain.data.catalog import DataInfo
+from chain.errors import ConfigError
+from chain.fields import choice
+from chain.pipeline.schedules import NAMES as SCHEDULES
+from chain.planning import cluster, planner
+from chain.planning.inventory import Inventory, discover, host_memory_mb
+from chain.spec.run_spec import RunSpec
+
+
+def check(cfg: Any) -> RunSpec:
+    """A config (a composed `DictConfig`, a dict, `Settings` or a `RunSpec`) checked without
+    TensorFlow: a `RunSpec` without a placement. One `ConfigError` line for the first problem.
+
+    `Settings` were checked when made (`chain.config.validate`); their data set is described here
+    (the files it reads are kept per version of the file: not read again)."""
+    if isinstance(cfg, RunSpec):
+        return cfg
+    if isinstance(cfg, Settings):
+        settings, info = cfg, sources.describe(cfg.data)
+    else:
+        settings, info = config.check(cfg)
+    choice(*SCHEDULES)("pipeline.schedule", settings.pipeline.schedule)
+    return RunSpec(settings, info)
+
+
+def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
+    """`check(cfg)`, then the placement planned on `inventory` (None: this machine's, or the
+    cluster's workers) with its per-replica batch, and the memory estimate checked when the data
+    is described. A `RunSpec` that has a placement is returned as it is."""
+    spec = check(cfg)
+    if spec.placement is not None:
+        return spec
+    s = spec.settings
+    multi_worker = cluster.task()
+    if multi_worker:
+        if s.cluster.workers:
+            raise ConfigError("cluster.workers makes this process a client of workers, but TF_CONFIG names it a worker "
+                              "(its task); give one or the other")
+        inventory = inventory or discover()
+        placement = planner.plan_multi_worker(s.placement, len(s.stages), *multi_worker, inventory.gpus)
+    else:
+        addresses = cluster.workers(s.cluster.workers)
+        if addresses:
+            cluster.check_reachable(addresses, s.cluster.lost_after_s)
+            cluster.connect(addresses)  # the workers' devices are known only through TensorFlow
+            inventory = Inventory()
+            placement = planner.plan_cluster(s.placement, len(s.stages), cluster.remote_devices(len(addresses)),
+                                             addresses)
+        else:
+            inventory = inventory or discover()
+            placement = planner.plan(s.placement, len(s.stages), inventory)
+    placement.per_replica_batch = planner.check_batch(s.data.batch_size, placement)  # once, here
+    spec = replace(spec, placement=placement, inventory=inventory)
+    if spec.data_info is not None:
+        check_memory(spec)
+    return spec
+
+
+def with_data(spec: RunSpec, info: DataInfo) -> RunSpec:
+    """`spec` for data described only once read (`spec.data_info` None): its settings checked
+    against `info` (`chain.config.checks.with_data`) and its memory estimate. A spec whose data was
+    described is returned as it is: it was checked."""
+    if spec.data_info is not None:
+        return spec
+    spec = replace(spec, settings=checks.with_data(spec.settings, info), data_info=info)
+    check_memory(spec)
+    return spec
+
+
+def check_memory(spec: RunSpec) -> None:
+    """Refuse a chain whose estimated memory does not fit the devices it is placed on."""
+    s, placement = spec.settings, spec.placement
+    shapes = stage_shapes(s.stages, spec.data_info, s.mode)
+    need = [memory_bytes(shape, stage.optim, placement.per_replica_batch) if shape else 0  # a user's body: known once built
+            for shape, stage in zip(shapes, s.stages)]
+    planner.check_memory(placement, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())

@@ -1,0 +1,24 @@
+"""`RunSpec`: what a run is, settled once before TensorFlow's runtime starts, by the preparation
+pass (`chain.spec.preparation`); the build (`chain.training.build`) reads it and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chain.config import Settings
+from chain.data.catalog import DataInfo
+from chain.planning.inventory import Inventory
+from chain.planning.planner import Placement
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The settings, checked; the data set's description (`data_info`; None until the data is read
+    when only TensorFlow reads it: TFRecord files, the user's function); and where every stage runs
+    (`placement`, with the per-replica batch) on which machine (`inventory`). `placement` and
+    `inventory` are None for a spec of `chain.spec.check`, which plans nothing."""
+
+    settings: Settings
+    data_info: DataInfo | None
+    placement: Placement | None = None
+    inventory: Inventory | None = None
