@@ -7,6 +7,7 @@ network with a pipeline schedule over microbatches (`chain.pipeline.step`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 from chain.config.schema import Settings
@@ -14,6 +15,7 @@ from chain.data.catalog import DataInfo
 from chain.pipeline import schedules
 from chain.pipeline.step import e2e_step
 from chain.planning.planner import PIPELINE, Placement
+from chain.records.summaries import PipelineFields, Summary
 from chain.steps.local import local_step
 from chain.strategies.base import ChainObjective, LocalObjective, Strategy
 
@@ -60,9 +62,9 @@ class PipelinedChain(ChainObjective, Pipelined):
         """The schedule played with unit-time actions (its plan and bubble)."""
         return schedules.simulate(self.schedule)
 
-    def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "schedule": self.schedule.name, "microbatches": self.schedule.microbatches,
-                "bubble_fraction": self.timeline().bubble_fraction}
+    def summary(self, summary: Summary) -> Summary:
+        pipeline = PipelineFields(self.schedule.name, self.schedule.microbatches, self.timeline().bubble_fraction)
+        return replace(super().summary(summary), pipeline=pipeline)
 
     def plan_text(self, full: bool) -> str:
         timeline = self.timeline()
