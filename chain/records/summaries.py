@@ -149,9 +149,9 @@ class Summary:
     examples_per_step: int | None = item("examples behind one optimizer step")
     train_examples: int | None = item("training examples in the data set")
     val_examples: int | None = item("validation examples (0: none)")
-    precision: str | None = item("`precision`")
-    jit_compile: bool | None = item("`trainer.jit_compile`")
-    seed: int | None = item("`seed`")
+    precision: str | None = item("the config's `precision`")
+    jit_compile: bool | None = item("the config's `trainer.jit_compile`")
+    seed: int | None = item("the config's `seed`")
     examples_per_second: float | None = item("examples trained per second, the first call (which compiles) "
                                              "left out (null: the run made one call)")
     steps_per_second: float | None = item("optimizer steps per second, measured as examples_per_second")
