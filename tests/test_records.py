@@ -160,3 +160,15 @@ def test_every_summary_key_is_in_the_docs_with_a_meaning():
             assert help, key
     for key in serial.keys(Summary):
         assert f"| `{key}` |" in page, key
+
+
+def test_the_records_are_a_leaf_without_tensorflow():
+    """chain.records imports nothing of chain but chain.errors (and itself), and no TensorFlow."""
+    for path in sorted((PACKAGE / "records").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                top = name.split(".")[0]
+                assert top != "tensorflow" and (top != "chain" or name == "chain.errors"
+                                                or name.startswith("chain.records")), (path.name, name)
