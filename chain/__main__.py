@@ -166,12 +166,13 @@ def _app(cfg: DictConfig) -> None:
         plan = run.strategy.plan_text(full=False)
         if plan:
             print(plan, flush=True)
-        summary = run.fit()
-        if summary.get("ranking"):
+        run.fit()
+        summary = run.summary  # the typed record summary.json was written from
+        if summary.side_by_side and summary.side_by_side.ranking:
             from chain.training.logs import ranking_table
 
-            print(ranking_table(summary["ranking"]))
-        print(f"done: {summary['steps']} steps, summary in {os.path.join(run_dir, 'summary.json')}")
+            print(ranking_table(summary.side_by_side.ranking))
+        print(f"done: {summary.steps} steps, summary in {os.path.join(run_dir, 'summary.json')}")
     except ChainError as e:
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
         if sweep.in_job():

@@ -94,19 +94,19 @@ def test_unit_time_actions_measure_the_planned_bubble(name):
     s = schedules.build(name, 3, 4)
     events = synthetic(s, {"F": 1000, "B": 1000})
     m = timeline.measure(s, events, {7: (0, 10 ** 9)}, ["/d:0", "/d:1", "/d:2"])
-    assert m["steps"][0]["complete"]
-    assert m["measured_bubble_fraction"] == pytest.approx(schedules.simulate(s).bubble_fraction)
-    assert m["planned_bubble_fraction"] == pytest.approx(schedules.simulate(s).bubble_fraction)
-    assert [p["forward_ms"] for p in m["per_stage"]] == pytest.approx([4 * 1e-3] * 3)
+    assert m.steps[0].complete
+    assert m.measured_bubble_fraction == pytest.approx(schedules.simulate(s).bubble_fraction)
+    assert m.planned_bubble_fraction == pytest.approx(schedules.simulate(s).bubble_fraction)
+    assert [p.forward_ms for p in m.per_stage] == pytest.approx([4 * 1e-3] * 3)
     # the text grid of a step that followed the plan is the plan
-    assert timeline.grid(m, m["steps"][0], schedules.simulate(s).slots) == schedules.simulate(s).grid
+    assert timeline.grid(m, m.steps[0], schedules.simulate(s).slots) == schedules.simulate(s).grid
 
 
 def test_a_missing_action_leaves_its_step_out_of_the_statistics():
     s = schedules.build("gpipe", 2, 2)
     events = [e for e in synthetic(s, {"F": 10, "B": 10}) if not e.name.startswith("gradient_tape/s0_F1")]
     m = timeline.measure(s, events, {1: (0, 10 ** 6)}, ["/d:0", "/d:1"])
-    assert not m["steps"][0]["complete"] and m["measured_bubble_fraction"] is None
+    assert not m.steps[0].complete and m.measured_bubble_fraction is None
 
 
 def test_sources_pick_each_stages_worker():
@@ -114,8 +114,8 @@ def test_sources_pick_each_stages_worker():
     events = synthetic(s, {"F": 10, "B": 10})
     stray = OpEvent("s1_F0/late", "AddV2", 500, 900, "client")  # the same scope, seen on another host
     m = timeline.measure(s, events + [stray], {1: (0, 10 ** 6)}, ["/w0", "/w1"], sources=["vm", "vm"])
-    f = [a for a in m["steps"][0]["actions"] if (a["stage"], a["kind"]) == (1, "F")][0]
-    assert f["end_ms"] < 500 / 1e6
+    f = [a for a in m.steps[0].actions if (a.stage, a.kind) == (1, "F")][0]
+    assert f.end_ms < 500 / 1e6
 
 
 def test_owner_maps_scopes_to_actions():
@@ -131,16 +131,16 @@ def test_copy_wait_is_the_idle_time_after_an_input_was_ready():
     ev = [OpEvent("s0_F0/a", "MatMul", 0, 100, "vm"), OpEvent("s1_F0/a", "MatMul", 130, 200, "vm"),
           OpEvent("gradient_tape/s1_F0/a", "MatMul", 200, 300, "vm"), OpEvent("gradient_tape/s0_F0/a", "MatMul", 350, 400, "vm")]
     m = timeline.measure(s, ev, {1: (0, 1000)}, ["/d:0", "/d:1"])
-    assert [p["copy_wait_ms"] for p in m["per_stage"]] == pytest.approx([50e-6, 30e-6])
-    assert m["measured_bubble_fraction"] == pytest.approx(1 - (150 + 170) / (2 * 400))
+    assert [p.copy_wait_ms for p in m.per_stage] == pytest.approx([50e-6, 30e-6])
+    assert m.measured_bubble_fraction == pytest.approx(1 - (150 + 170) / (2 * 400))
 
 
 def test_advice_moves_layers_off_the_slow_stage():
     advice = timeline.advise([30.0, 10.0, 10.0], [3, 3, 3])  # stage 0's layers cost 10, the others' 10/3
-    assert advice["stage"] == 0 and advice["excess"] == pytest.approx(0.8)
+    assert advice.stage == 0 and advice.excess == pytest.approx(0.8)
     # the busiest stage can go from 30 down to 20 (two layers of 10), no lower
-    assert advice["split"] == [2, 2, 5] and max(advice["predicted_ms"]) == pytest.approx(20.0)
-    assert advice["moves"] == [-1, -1, 2]
+    assert advice.split == [2, 2, 5] and max(advice.predicted_ms) == pytest.approx(20.0)
+    assert advice.moves == [-1, -1, 2]
     text = timeline.advice_text(advice, "placement.split=[2,2,5]")
     assert text.startswith("stage 0 is the bottleneck") and text.endswith("placement.split=[2,2,5]")
     assert timeline.advise([10.0, 11.0, 10.5], [3, 3, 3]) is None  # within 20% of the mean
@@ -217,7 +217,11 @@ def advice_for(run, busy, tmp_path) -> dict | None:
     """The advice the profiler gives `run` for measured busy times `busy` (ms per step, per stage)."""
     from chain.training.profile import Window
 
-    return Window(run, 1, 1).advice({"per_stage": [{"busy_ms": b} for b in busy]})
+    from chain.records.measured import Measured
+    from chain.records.serial import from_json, to_json
+
+    advice = Window(run, 1, 1).advice(from_json(Measured, {"per_stage": [{"busy_ms": b} for b in busy]}))
+    return None if advice is None else to_json(advice)  # as timeline.json holds it
 
 
 @pytest.mark.parametrize("stages, busy", [

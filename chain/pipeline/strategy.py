@@ -9,6 +9,7 @@ summary.json records of it. It shares the `Pipelined` distribution with `Pipelin
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 from chain.config.schema import Settings
@@ -16,6 +17,7 @@ from chain.data.catalog import DataInfo
 from chain.pipeline import schedules
 from chain.pipeline.step import e2e_step
 from chain.planning.planner import Placement
+from chain.records.summaries import PipelineFields, Summary
 from chain.strategies.base import ChainObjective
 from chain.strategies.pipelined import Pipelined
 
@@ -48,9 +50,9 @@ class PipelinedChain(ChainObjective, Pipelined):
         """The schedule played with unit-time actions (its plan and bubble)."""
         return schedules.simulate(self.schedule)
 
-    def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "schedule": self.schedule.name, "microbatches": self.schedule.microbatches,
-                "bubble_fraction": self.timeline().bubble_fraction}
+    def summary(self, summary: Summary) -> Summary:
+        pipeline = PipelineFields(self.schedule.name, self.schedule.microbatches, self.timeline().bubble_fraction)
+        return replace(super().summary(summary), pipeline=pipeline)
 
     def plan_text(self, full: bool) -> str:
         timeline = self.timeline()

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from chain.planning import balance
+from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
 from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, Action, Schedule, Timeline, rows, simulate,
                                       update_stage)
 
@@ -165,8 +166,8 @@ def union(intervals: Iterable[tuple[float, float]]) -> float:
 
 
 def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tuple[int, int]],
-            devices: Sequence[str], sources: Sequence[str | None] | None = None, grad_accum: int = 1) -> dict:
-    """The measured timeline of the marked `steps` as a JSON-ready dict (see `timeline.json` in
+            devices: Sequence[str], sources: Sequence[str | None] | None = None, grad_accum: int = 1) -> Measured:
+    """The measured timeline of the marked `steps` (`timeline.json`'s record, see
     docs/measuring.md): every step's actions with their times in ms from the first step's start,
     and per stage its busy time, forward, backward, copy and update times (means per step).
 
@@ -200,74 +201,80 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
                 # input gradient before it computes its weights' gradients, so only its start is sure.
                 compute = [e.end for e in found if not is_copy(e) and "/done" not in e.name]
                 since[a] = max(compute) if a.kind == FORWARD and compute else min(e.start for e in found)
-                actions.append({"stage": a.stage, "microbatch": a.microbatch, "kind": a.kind,
-                                "start_ms": ms(min(e.start for e in found)), "end_ms": ms(max(e.end for e in found)),
-                                "copy_ms": sum(e.end - e.start for e in found if is_copy(e)) / 1e6,
-                                "ops": len(found)})
-        actions.sort(key=lambda a: (a["stage"], a["start_ms"]))
-        updates = [{"stage": k, "start_ms": ms(min(e.start for e in found)), "end_ms": ms(max(e.end for e in found))}
+                actions.append(MeasuredAction(a.stage, a.microbatch, a.kind, ms(min(e.start for e in found)),
+                                              ms(max(e.end for e in found)),
+                                              sum(e.end - e.start for e in found if is_copy(e)) / 1e6, len(found)))
+        actions.sort(key=lambda a: (a.stage, a.start_ms))
+        updates = [MeasuredUpdate(k, ms(min(e.start for e in found)), ms(max(e.end for e in found)))
                    for k in range(n_stages) if (found := ops.get((UPDATE, k, -1)))]
-        out_steps.append({"step": number, "start_ms": ms(lo), "end_ms": ms(hi),
-                          "complete": len(actions) == len(played),
-                          "actions": actions, "updates": updates})
-    result = {"schedule": schedule.name, "stages": n_stages, "microbatches": schedule.microbatches,
-              "grad_accum": grad_accum, "devices": list(devices), "steps": out_steps,
-              "planned_bubble_fraction": simulate(schedule).bubble_fraction}
-    result.update(statistics(out_steps, schedule, devices))
-    return result
+        out_steps.append(MeasuredStep(number, ms(lo), ms(hi), len(actions) == len(played), actions, updates))
+    stats = statistics(out_steps, schedule, devices)
+    return Measured(schedule.name, n_stages, schedule.microbatches, grad_accum, list(devices), out_steps,
+                    simulate(schedule).bubble_fraction, stats.measured_bubble_fraction, stats.per_stage,
+                    stats.slowest_stage, stats.step_ms)
 
 
-def _waits(actions: Sequence[dict], schedule: Schedule, devices: Sequence[str]) -> list[float]:
+def _waits(actions: Sequence[MeasuredAction], schedule: Schedule, devices: Sequence[str]) -> list[float]:
     """Per stage, the time it sat idle after an input of its next action was ready on another device."""
-    by = {(a["stage"], a["microbatch"], a["kind"]): a for a in actions}  # keyed like an Action
+    by = {a.key(): a for a in actions}  # keyed like an Action
     waits = [0.0] * schedule.stages
     previous_end: dict[int, float] = {}
-    for a in sorted(actions, key=lambda a: a["start_ms"]):
-        k = a["stage"]
-        p = producer(Action(k, a["microbatch"], a["kind"]), schedule.stages)
+    for a in sorted(actions, key=lambda a: a.start_ms):
+        k = a.stage
+        p = producer(Action(*a.key()), schedule.stages)
         if p is not None and tuple(p) in by and devices[p.stage] != devices[k]:
-            ready = max(by[tuple(p)]["end_ms"], previous_end.get(k, float("-inf")))
-            waits[k] += max(0.0, a["start_ms"] - ready)
-        previous_end[k] = a["end_ms"]
+            ready = max(by[tuple(p)].end_ms, previous_end.get(k, float("-inf")))
+            waits[k] += max(0.0, a.start_ms - ready)
+        previous_end[k] = a.end_ms
     return waits
 
 
-def statistics(steps: Sequence[dict], schedule: Schedule, devices: Sequence[str]) -> dict:
+@dataclass(frozen=True)
+class Statistics:
+    """What `statistics` finds (`Measured` holds these fields)."""
+
+    measured_bubble_fraction: float | None
+    per_stage: list[StageTime]
+    slowest_stage: int | None
+    step_ms: float | None
+
+
+def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Sequence[str]) -> Statistics:
     """Per stage means over the complete steps, the measured bubble fraction and the slowest stage."""
-    done = [s for s in steps if s["complete"]]
+    done = [s for s in steps if s.complete]
     n_stages = schedule.stages
     if not done:
-        return {"measured_bubble_fraction": None, "per_stage": [], "slowest_stage": None, "step_ms": None}
-    per = [{"stage": k, "device": devices[k], "busy_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "copy_ms": 0.0,
-            "copy_wait_ms": 0.0, "update_ms": 0.0} for k in range(n_stages)]
+        return Statistics(None, [], None, None)
+    per = [StageTime(k, devices[k], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0) for k in range(n_stages)]
     spans = 0.0
     for s in done:
-        acts = s["actions"]
-        spans += max(a["end_ms"] for a in acts) - min(a["start_ms"] for a in acts)
+        acts = s.actions
+        spans += max(a.end_ms for a in acts) - min(a.start_ms for a in acts)
         for k, wait in enumerate(_waits(acts, schedule, devices)):
-            per[k]["copy_wait_ms"] += wait
+            per[k].copy_wait_ms += wait
         for k in range(n_stages):
-            mine = [a for a in acts if a["stage"] == k]
-            per[k]["busy_ms"] += union((a["start_ms"], a["end_ms"]) for a in mine)
-            per[k]["forward_ms"] += sum(a["end_ms"] - a["start_ms"] for a in mine if a["kind"] == FORWARD)
-            per[k]["backward_ms"] += sum(a["end_ms"] - a["start_ms"] for a in mine if a["kind"] == BACKWARD)
-            per[k]["copy_ms"] += sum(a["copy_ms"] for a in mine)
-        for u in s["updates"]:
-            per[u["stage"]]["update_ms"] += u["end_ms"] - u["start_ms"]
+            mine = [a for a in acts if a.stage == k]
+            per[k].busy_ms += union((a.start_ms, a.end_ms) for a in mine)
+            per[k].forward_ms += sum(a.end_ms - a.start_ms for a in mine if a.kind == FORWARD)
+            per[k].backward_ms += sum(a.end_ms - a.start_ms for a in mine if a.kind == BACKWARD)
+            per[k].copy_ms += sum(a.copy_ms for a in mine)
+        for u in s.updates:
+            per[u.stage].update_ms += u.end_ms - u.start_ms
+    n = len(done)
     for p in per:
-        p["busy_fraction"] = p["busy_ms"] / spans if spans else None
-        for key in ("busy_ms", "forward_ms", "backward_ms", "copy_ms", "copy_wait_ms", "update_ms"):
-            p[key] /= len(done)
-    busy = sum(p["busy_ms"] for p in per) * len(done)
-    return {"measured_bubble_fraction": 1.0 - busy / (n_stages * spans) if spans else None, "per_stage": per,
-            "slowest_stage": max(range(n_stages), key=lambda k: per[k]["busy_ms"]), "step_ms": spans / len(done)}
+        p.busy_fraction = p.busy_ms / spans if spans else None
+        p.busy_ms, p.forward_ms, p.backward_ms = p.busy_ms / n, p.forward_ms / n, p.backward_ms / n
+        p.copy_ms, p.copy_wait_ms, p.update_ms = p.copy_ms / n, p.copy_wait_ms / n, p.update_ms / n
+    busy = sum(p.busy_ms for p in per) * n
+    return Statistics(1.0 - busy / (n_stages * spans) if spans else None, per,
+                      max(range(n_stages), key=lambda k: per[k].busy_ms), spans / n)
 
 
 # --- balance advice ----------------------------------------------------------------------------
 
 
 def advise(busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW,
-           kinds: Sequence[Any] | None = None) -> dict | None:
+           kinds: Sequence[Any] | None = None) -> Advice | None:
     """When one stage's busy time exceeds the mean by more than `threshold`: the split (layers per
     stage) whose predicted busy times are most even, each layer of stage k costing busy[k] /
     layers[k]. None when the stages are even enough (or a stage has no layers to count).
@@ -289,27 +296,25 @@ def advise(busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW
         split = list(layers)
     free = balance.partition(rows, len(busy), allowed) or list(layers)
     predicted = balance.stage_costs(rows, split)
-    return {"stage": slowest, "busy_ms": busy[slowest], "mean_ms": mean, "excess": busy[slowest] / mean - 1,
-            "layers": list(layers), "split": split, "predicted_ms": predicted,
-            "moves": [b - a for a, b in zip(layers, split)], "fixed_cuts": fixed,
-            "constrained": max(balance.stage_costs(rows, free)) < max(predicted)}
+    return Advice(slowest, busy[slowest], mean, busy[slowest] / mean - 1, list(layers), split, predicted,
+                  [b - a for a, b in zip(layers, split)], fixed, max(balance.stage_costs(rows, free)) < max(predicted))
 
 
-def advice_text(advice: dict, override: str | None) -> str:
+def advice_text(advice: Advice, override: str | None) -> str:
     """The advice in one line: which stage, by how much, what to move, and the override that does it."""
-    k = advice["stage"]
-    head = (f"stage {k} is the bottleneck: busy {advice['busy_ms']:.2f} ms per step, "
-            f"{100 * advice['excess']:.0f}% above the mean ({advice['mean_ms']:.2f} ms)")
-    if advice["split"] == advice["layers"]:
-        if advice.get("constrained"):
+    k = advice.stage
+    head = (f"stage {k} is the bottleneck: busy {advice.busy_ms:.2f} ms per step, "
+            f"{100 * advice.excess:.0f}% above the mean ({advice.mean_ms:.2f} ms)")
+    if advice.split == advice.layers:
+        if advice.constrained:
             return (f"{head}; its stages cannot be rebalanced without changing the network (a layer can move only "
                     f"between neighbouring stages that differ in nothing but depth; layers per stage "
-                    f"{advice['layers']}): to cut one network at other points, save it as one Keras model and "
+                    f"{advice.layers}): to cut one network at other points, save it as one Keras model and "
                     f"run model=keras with placement.split=[...] or placement.balance=time")
-        return f"{head}; no cut at layer granularity evens it (a stage holds layers {advice['layers']})"
-    moved = ", ".join(f"stage {j} {'+' if d > 0 else ''}{d}" for j, d in enumerate(advice["moves"]) if d)
-    worst = max(advice["predicted_ms"])
-    text = (f"{head}; layers per stage {advice['layers']} -> {advice['split']} ({moved}) predicts the busiest "
+        return f"{head}; no cut at layer granularity evens it (a stage holds layers {advice.layers})"
+    moved = ", ".join(f"stage {j} {'+' if d > 0 else ''}{d}" for j, d in enumerate(advice.moves) if d)
+    worst = max(advice.predicted_ms)
+    text = (f"{head}; layers per stage {advice.layers} -> {advice.split} ({moved}) predicts the busiest "
             f"stage at {worst:.2f} ms")
     return f"{text}: {override}" if override else text
 
@@ -317,59 +322,64 @@ def advice_text(advice: dict, override: str | None) -> str:
 # --- the text grid -----------------------------------------------------------------------------
 
 
-def grid(measured: dict, step: dict, slots: int) -> tuple[tuple[Action | None, ...], ...]:
+def grid(measured: Measured, step: MeasuredStep, slots: int) -> tuple[tuple[Action | None, ...], ...]:
     """`step`'s actions on a grid of `slots` equal time slots over its span: in each slot, the
     action that fills most of it on each stage (idle when none fills half)."""
-    acts = step["actions"]
-    t0 = min(a["start_ms"] for a in acts)
-    width = (max(a["end_ms"] for a in acts) - t0) / slots
+    acts = step.actions
+    t0 = min(a.start_ms for a in acts)
+    width = (max(a.end_ms for a in acts) - t0) / slots
     out = []
-    for k in range(measured["stages"]):
-        mine = [a for a in acts if a["stage"] == k]
+    for k in range(measured.stages):
+        mine = [a for a in acts if a.stage == k]
         row = []
         for t in range(slots):
             lo, hi = t0 + t * width, t0 + (t + 1) * width
             best, cover = None, 0.0
             for a in mine:
-                c = min(hi, a["end_ms"]) - max(lo, a["start_ms"])
+                c = min(hi, a.end_ms) - max(lo, a.start_ms)
                 if c > cover:
                     best, cover = a, c
-            row.append(Action(k, best["microbatch"], best["kind"]) if best and cover >= width / 2 else None)
+            row.append(action(best) if best and cover >= width / 2 else None)
         out.append(tuple(row))
     return tuple(out)
 
 
-def shown(measured: dict) -> dict | None:
+def action(measured: MeasuredAction) -> Action:
+    """The schedule's action that `measured` is a run of."""
+    return Action(*measured.key())
+
+
+def shown(measured: Measured) -> MeasuredStep | None:
     """The step a timeline shows: the last complete one (the first may include tracing the step)."""
-    done = [s for s in measured["steps"] if s["complete"]]
+    done = [s for s in measured.steps if s.complete]
     return done[-1] if done else None
 
 
-def columns(step: dict, planned_slots: int) -> int:
+def columns(step: MeasuredStep, planned_slots: int) -> int:
     """How many slots the measured grid of `step` gets: one per shortest kind of action (the mean F
     or B, whichever is shorter), so every action shows; between the plan's count and 4 times it."""
-    acts = step["actions"]
-    span = max(a["end_ms"] for a in acts) - min(a["start_ms"] for a in acts)
+    acts = step.actions
+    span = max(a.end_ms for a in acts) - min(a.start_ms for a in acts)
     means = [sum(d) / len(d) for kind in (FORWARD, BACKWARD)
-             if (d := [a["end_ms"] - a["start_ms"] for a in acts if a["kind"] == kind])]
+             if (d := [a.end_ms - a.start_ms for a in acts if a.kind == kind])]
     shortest = min(means) if means and min(means) > 0 else span / planned_slots
     return max(planned_slots, min(4 * planned_slots, round(span / shortest)))
 
 
-def render(measured: dict, schedule: Schedule, devices: Sequence[str] | None = None) -> str:
+def render(measured: Measured, schedule: Schedule, devices: Sequence[str] | None = None) -> str:
     """The `shown` step as the plan's text grid, in real time: equal slots over the step's span,
     each as long as the shorter kind of action takes (`columns`), then the measured and planned bubble."""
     step = shown(measured)
     if step is None:
         return "measured timeline: no profiled step holds every action of the schedule"
-    done = [s for s in measured["steps"] if s["complete"]]
+    done = [s for s in measured.steps if s.complete]
     planned = simulate(schedule)
     slots = columns(step, planned.slots)
     cells = grid(measured, step, slots)
-    span = max(a["end_ms"] for a in step["actions"]) - min(a["start_ms"] for a in step["actions"])
-    lines = [f"measured: step {step['step']}, {span:.2f} ms in {slots} slots of {span / slots:.3f} ms "
+    span = max(a.end_ms for a in step.actions) - min(a.start_ms for a in step.actions)
+    lines = [f"measured: step {step.step}, {span:.2f} ms in {slots} slots of {span / slots:.3f} ms "
              "(each slot: the action that filled most of it)"]
     lines += rows(Timeline(cells), devices)
-    lines.append(f"measured bubble fraction: {measured['measured_bubble_fraction']:.3f} (idle time / all time, "
+    lines.append(f"measured bubble fraction: {measured.measured_bubble_fraction:.3f} (idle time / all time, "
                  f"mean of {len(done)} step{'s' if len(done) > 1 else ''}); planned: {planned.bubble_fraction:.3f}")
     return "\n".join(lines)

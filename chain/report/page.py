@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 from chain.errors import ChainError
 from chain.pipeline import schedules
 from chain.pipeline import timeline as measured_timeline
+from chain.records.measured import Measured, MeasuredStep
 from chain.report import plots
 from chain.report.runs import RunRecord
 
@@ -70,7 +71,7 @@ def curve_section(rec: RunRecord) -> str:
     chain_tags = rec.curves.get("chain", {})
     if chain_tags:
         out.append(image(plots.curves({"": chain_tags}, f"{rec.name}: the chain (tb/chain)"), "chain curves"))
-    e2e = rec.get("mode") == "e2e"
+    e2e = rec.facts.mode == "e2e"
     for k, writer in enumerate(rec.stage_writers()):
         tags = rec.curves.get(writer, {})
         title = f"stage {k} ({writer})"
@@ -87,14 +88,14 @@ def curve_section(rec: RunRecord) -> str:
 def placement_section(rec: RunRecord) -> str:
     rows = []
     for s in rec.stages:
-        rows.append((s["index"], s.get("device") or "every replica", s.get("physical"), s.get("params"),
-                     s.get("model"), mib(s.get("peak_memory_bytes")), s.get("busy_fraction")))
+        rows.append((s.index, s.device or "every replica", s.physical, s.params, s.model, mib(s.peak_memory_bytes),
+                     s.measured.busy_fraction if s.measured else None))
     out = ["<h2>Placement</h2>",
            table(("stage", "device", "physical", "params", "model", "peak memory (MiB)", "measured busy fraction"),
                  rows, "placement")]
-    if rec.get("replica_devices"):
-        out.append(f"<p class='note'>mirrored over {esc(', '.join(rec.get('replica_devices')))}</p>")
-    if rec.get("peak_memory_scope") == "process":
+    if rec.mirrored.replica_devices:
+        out.append(f"<p class='note'>mirrored over {esc(', '.join(rec.mirrored.replica_devices))}</p>")
+    if rec.facts.peak_memory_scope == "process":
         out.append("<p class='note'>peak memory on CPU is the process's (logical CPU devices share one allocator): "
                    "every stage shows the same figure.</p>")
     return "\n".join(out)
@@ -105,13 +106,14 @@ def planned_rows(schedule: schedules.Schedule) -> list[list[tuple[float, float, 
     return [[(t, 1.0, a.kind, str(a)) for t, a in enumerate(row) if a is not None] for row in grid]
 
 
-def measured_rows(measured: dict, step: dict) -> list[list[tuple[float, float, str, str]]]:
-    t0 = min(a["start_ms"] for a in step["actions"])
-    rows: list[list] = [[] for _ in range(measured["stages"])]
-    for a in step["actions"]:
-        rows[a["stage"]].append((a["start_ms"] - t0, a["end_ms"] - a["start_ms"], a["kind"], f"{a['kind']}{a['microbatch']}"))
-    for u in step["updates"]:
-        rows[u["stage"]].append((u["start_ms"] - t0, u["end_ms"] - u["start_ms"], "update", ""))
+def measured_rows(measured: Measured, step: MeasuredStep) -> list[list[tuple[float, float, str, str]]]:
+    t0 = min(a.start_ms for a in step.actions)
+    rows: list[list] = [[] for _ in range(measured.stages)]
+    for a in step.actions:
+        action = measured_timeline.action(a)  # the schedule's action, named as the plan names it
+        rows[a.stage].append((a.start_ms - t0, a.end_ms - a.start_ms, action.kind, str(action)))
+    for u in step.updates:
+        rows[u.stage].append((u.start_ms - t0, u.end_ms - u.start_ms, "update", ""))
     return rows
 
 
@@ -119,7 +121,7 @@ def timeline_section(rec: RunRecord) -> str:
     schedule = rec.schedule()
     if schedule is None:
         return "<h2>Timeline</h2><p class='note'>no pipeline schedule (mode=local, or mirrored): nothing to plan.</p>"
-    devices = [s.get("device") or "" for s in rec.stages]
+    devices = [s.device or "" for s in rec.stages]
     labels = [f"stage {k}  {d}" for k, d in enumerate(devices)]
     planned = schedules.simulate(schedule)
     out = ['<h2 id="timeline">Timeline</h2>',
@@ -142,40 +144,40 @@ def measured_section(rec: RunRecord, labels: Sequence[str]) -> list[str]:
     if step is None:
         out.append("<p class='note'>not profiled: run with trainer.profile=[START,STOP] to measure the timeline.</p>")
         return out
-    out.append(image(plots.gantt(measured_rows(m, step), labels, f"measured: step {step['step']}", "ms"),
+    out.append(image(plots.gantt(measured_rows(m, step), labels, f"measured: step {step.step}", "ms"),
                      "measured timeline"))
-    out.append(f"<p>measured bubble fraction <b>{m['measured_bubble_fraction']:.3f}</b> (idle time / all time over "
-               f"the profiled steps {', '.join(str(s['step']) for s in m['steps'] if s['complete'])}), planned "
-               f"{m['planned_bubble_fraction']:.3f}; step {m['step_ms']:.2f} ms from the first action to the last; "
-               f"slowest stage: {m['slowest_stage']}</p>")
-    rows = [(p["stage"], p["device"], p["busy_ms"], p["busy_fraction"], p["forward_ms"], p["backward_ms"], p["copy_ms"],
-             p["copy_wait_ms"], p["update_ms"]) for p in m["per_stage"]]
+    out.append(f"<p>measured bubble fraction <b>{m.measured_bubble_fraction:.3f}</b> (idle time / all time over "
+               f"the profiled steps {', '.join(str(s.step) for s in m.steps if s.complete)}), planned "
+               f"{m.planned_bubble_fraction:.3f}; step {m.step_ms:.2f} ms from the first action to the last; "
+               f"slowest stage: {m.slowest_stage}</p>")
+    rows = [(p.stage, p.device, p.busy_ms, p.busy_fraction, p.forward_ms, p.backward_ms, p.copy_ms,
+             p.copy_wait_ms, p.update_ms) for p in m.per_stage]
     out.append(table(("stage", "device", "busy ms", "busy fraction", "forward ms", "backward ms", "copy ms",
                       "copy wait ms", "update ms"), rows, "measured"))
     shared = (" These stages are logical CPU devices of one process, which share one thread pool: the trace "
-              "shows order, not overlap." if m.get("shared_threads") else "")
+              "shows order, not overlap." if m.shared_threads else "")
     out.append("<p class='note'>per step, mean over the profiled steps. copy: transfer ops inside the actions; "
                f"copy wait: idle time of a stage after its next input was ready on another device.{shared}</p>")
-    if m.get("advice"):
-        out.append(f"<p class='advice' id='advice'>{esc(m['advice']['text'])}</p>")
+    if m.advice:
+        out.append(f"<p class='advice' id='advice'>{esc(m.advice.text)}</p>")
     return out
 
 
 def memory_section(rec: RunRecord) -> str:
-    stages = [s for s in rec.stages if isinstance(s.get("peak_memory_bytes"), (int, float))]
+    stages = [s for s in rec.stages if isinstance(s.peak_memory_bytes, (int, float))]
     out = ["<h2>Memory and throughput</h2>"]
     if stages:
-        out.append(image(plots.bars([f"stage {s['index']}" for s in stages],
-                                    [s["peak_memory_bytes"] / 2 ** 20 for s in stages],
-                                    f"peak memory per device ({rec.get('peak_memory_scope')})", "MiB"),
+        out.append(image(plots.bars([f"stage {s.index}" for s in stages],
+                                    [s.peak_memory_bytes / 2 ** 20 for s in stages],
+                                    f"peak memory per device ({rec.facts.peak_memory_scope})", "MiB"),
                          "peak memory"))
-    replica = rec.get("replica_peak_memory_bytes")
+    replica = rec.mirrored.replica_peak_memory_bytes
     if replica:
         out.append(table(("replica", "peak memory (MiB)"), [(d, mib(v)) for d, v in
-                                                           zip(rec.get("replica_devices") or [], replica)]))
-    rows = [("examples per second", rec.get("examples_per_second")), ("examples per step", rec.get("examples_per_step")),
-            ("steps", rec.get("steps")), ("loss, first step", rec.get("loss_first")),
-            ("loss, last step", rec.get("loss_last"))]
+                                                           zip(rec.mirrored.replica_devices or [], replica)]))
+    f = rec.facts
+    rows = [("examples per second", f.examples_per_second), ("examples per step", f.examples_per_step),
+            ("steps", f.steps), ("loss, first step", f.loss_first), ("loss, last step", f.loss_last)]
     out.append(table(("", "value"), rows, "throughput"))
     return "\n".join(out)
 
@@ -188,9 +190,10 @@ def config_section(rec: RunRecord) -> str:
 
 def single(rec: RunRecord) -> str:
     """The page of one run."""
-    facts = [f"mode {rec.get('mode', '?')}", f"strategy {rec.get('strategy', '?')}", f"{rec.get('steps', '?')} steps"]
-    if rec.get("resumed_from") is not None:
-        facts.append(f"resumed from step {rec.get('resumed_from')}")
+    f = rec.facts
+    facts = [f"mode {known(f.mode)}", f"strategy {known(f.strategy)}", f"{known(f.steps)} steps"]
+    if f.resumed_from is not None:
+        facts.append(f"resumed from step {f.resumed_from}")
     if rec.summary is None:
         facts.append("no summary.json (the run did not finish)")
     body = [f"<h1>chain run {esc(rec.name)}</h1>", f"<p>{esc(rec.path)}: {esc(', '.join(facts))}</p>",
@@ -199,6 +202,11 @@ def single(rec: RunRecord) -> str:
 
 
 # --- several runs ------------------------------------------------------------------------------
+
+
+def known(value) -> str:
+    """A summary's value for the page's first line: `?` when the summary lacks it."""
+    return "?" if value is None else str(value)
 
 
 def final(series) -> float | None:
@@ -217,9 +225,9 @@ def comparison(records: Sequence[RunRecord]) -> str:
     tags = sorted({t for r in records for t in r.curves.get("chain", {})})
     header = ["run", "mode", "schedule", "microbatches", "steps", "loss first", "loss last", "examples/s",
               "bubble planned", "bubble measured", *[f"{t} (last)" for t in tags]]
-    rows = [(name, r.get("mode"), r.get("schedule"), r.get("microbatches"), r.get("steps"), r.get("loss_first"),
-             r.get("loss_last"), r.get("examples_per_second"), r.get("bubble_fraction"),
-             r.get("measured_bubble_fraction"), *[final(r.curves.get("chain", {}).get(t)) for t in tags])
+    rows = [(name, r.facts.mode, r.pipeline.schedule, r.pipeline.microbatches, r.facts.steps, r.facts.loss_first,
+             r.facts.loss_last, r.facts.examples_per_second, r.pipeline.bubble_fraction,
+             r.profile.measured_bubble_fraction, *[final(r.curves.get("chain", {}).get(t)) for t in tags])
             for name, r in zip(names, records)]
     body = [f"<h1>chain: {len(records)} runs compared</h1>",
             "<ul>" + "".join(f"<li>{esc(name)}: {esc(r.path)} <code>{esc(' '.join(r.overrides))}</code></li>"

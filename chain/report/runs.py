@@ -12,57 +12,66 @@ from typing import Any
 
 from chain.errors import ChainError, first_line
 from chain.pipeline import schedules
+from chain.records.measured import Measured
+from chain.records.serial import RecordError, from_json
+from chain.records.summaries import MirroredFields, PipelineFields, ProfileFields, StageSummary, Summary
 from chain.report import scalars
 
 
 @dataclass
 class RunRecord:
-    """One run directory's results (any of them may be missing: a killed run has no summary)."""
+    """One run directory's results (any of them may be missing: a killed run has no summary), read
+    back through the records the run wrote them from (`chain.records`)."""
 
     path: str
-    summary: dict | None = None
+    summary: Summary | None = None
     config: str = ""
     overrides: list[str] = field(default_factory=list)
     curves: dict[str, dict[str, scalars.Series]] = field(default_factory=dict)
-    timeline: dict | None = None
+    timeline: Measured | None = None
 
     @property
     def name(self) -> str:
         return os.path.basename(os.path.normpath(self.path))
 
     @property
-    def stages(self) -> list[dict]:
-        return (self.summary or {}).get("stages", [])
+    def stages(self) -> list[StageSummary]:
+        return (self.summary.stages if self.summary else None) or []
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return (self.summary or {}).get(key, default)
+    @property
+    def facts(self) -> Summary:
+        """The summary, or an empty one (every field None) when the run wrote none."""
+        return self.summary or EMPTY
+
+    @property
+    def pipeline(self) -> PipelineFields:
+        """The schedule's fields (every one None: the run had no schedule)."""
+        return self.facts.pipeline or PipelineFields(None, None, None)
+
+    @property
+    def mirrored(self) -> MirroredFields:
+        return self.facts.mirrored or MirroredFields(None, None, None)
+
+    @property
+    def profile(self) -> ProfileFields:
+        return self.facts.profile or ProfileFields(None, None, None, None)
 
     def stage_writers(self) -> list[str]:
         """`stage_00`, `stage_01`, ...: one per stage (from the summary, else the TensorBoard writers)."""
         if self.stages:
-            return [f"stage_{s['index']:02d}" for s in self.stages]
+            return [f"stage_{s.index:02d}" for s in self.stages]
         return [w for w in sorted(self.curves) if w.startswith("stage_")]
 
     def schedule(self) -> schedules.Schedule | None:
-        """The pipeline schedule the run followed (mode=e2e), rebuilt from its summary."""
-        name, m = self.get("schedule"), self.get("microbatches")
+        """The pipeline schedule the run followed (mode=e2e): the schedule its summary names, for
+        its stages and microbatches."""
+        name, m = self.pipeline.schedule, self.pipeline.microbatches
         if not name or not m or not self.stages:
             return None
         return schedules.build(name, len(self.stages), m)
 
 
-# The keys of summary.json the report reads and the types a run writes (None: not filled in). A
-# file edited or damaged into other types is refused naming the key, not drawn as something else.
-_NUMBER = (int, float)
-SUMMARY_TYPES: dict[str, type | tuple[type, ...]] = {
-    "mode": str, "strategy": str, "schedule": str, "microbatches": int, "batch_size": int, "steps": int,
-    "resumed_from": int,
-    "stages": list, "replica_devices": list, "replica_peak_memory_bytes": list, "peak_memory_scope": str,
-    "examples_per_second": _NUMBER, "examples_per_step": _NUMBER, "loss_first": _NUMBER, "loss_last": _NUMBER,
-    "bubble_fraction": _NUMBER, "measured_bubble_fraction": _NUMBER}
-STAGE_TYPES: dict[str, type | tuple[type, ...]] = {
-    "index": int, "device": str, "physical": str, "params": int, "model": str, "peak_memory_bytes": _NUMBER,
-    "busy_fraction": _NUMBER}
+EMPTY = from_json(Summary, {})
 
 
 def _read(path: str) -> str | None:
@@ -81,11 +90,6 @@ def _read(path: str) -> str | None:
                          f"offset {e.start})") from None
 
 
-def _typed(value: Any, types: type | tuple[type, ...]) -> bool:
-    """True when `value` is None or one of `types` (a bool is no number here)."""
-    return value is None or (isinstance(value, types) and not isinstance(value, bool))
-
-
 def _json(path: str) -> Any:
     """The JSON document in `path` (None: no such file, or empty); a ChainError naming the file."""
     text = _read(path)
@@ -97,31 +101,24 @@ def _json(path: str) -> Any:
         raise ChainError(f"{path} is not valid JSON ({e})") from None
 
 
-def _check_summary(summary: Any, path: str) -> dict:
-    """`summary` if it has the shape a run writes, else a ChainError naming the file and the key."""
+def _check_summary(raw: Any, path: str) -> Summary:
+    """The summary `raw` holds if it has the shape a run writes, else a ChainError naming the file and the key."""
     def wrong(key: str, want: str) -> ChainError:
         return ChainError(f"{path} is not a summary chain wrote: {key} must be {want}")
 
-    if not isinstance(summary, dict):
-        raise wrong("the document", "a JSON object")
-    for key, types in SUMMARY_TYPES.items():
-        if not _typed(summary.get(key), types):
-            raise wrong(key, f"{'a number' if types is _NUMBER else f'a {types.__name__}'} or null, "
-                             f"not {json.dumps(summary[key])[:40]}")
-    if summary.get("schedule") is not None and summary["schedule"] not in schedules.NAMES:
+    try:
+        summary = from_json(Summary, raw)
+    except RecordError as e:
+        raise ChainError(f"{path} is not a summary chain wrote: {e}") from None
+    pipeline = summary.pipeline
+    if pipeline is not None and pipeline.schedule is not None and pipeline.schedule not in schedules.NAMES:
         raise wrong("schedule", f"one of {', '.join(schedules.NAMES)}")
-    m, batch = summary.get("microbatches"), summary.get("batch_size")
-    if m is not None and not (isinstance(batch, int) and 1 <= m <= batch):  # a run's divide its batch
+    m, batch = pipeline.microbatches if pipeline else None, summary.batch_size
+    if m is not None and not (batch is not None and 1 <= m <= batch):  # a run's divide its batch
         raise wrong("microbatches", "between 1 and batch_size")
-    if not all(isinstance(d, str) for d in summary.get("replica_devices") or []):
-        raise wrong("replica_devices", "a list of device names")
-    for k, stage in enumerate(summary.get("stages") or []):
-        if not isinstance(stage, dict) or not isinstance(stage.get("index"), int):
+    for k, stage in enumerate(summary.stages or []):
+        if stage.index is None:
             raise wrong(f"stages[{k}]", "an object with an integer index")
-        for key, types in STAGE_TYPES.items():
-            if not _typed(stage.get(key), types):
-                raise wrong(f"stages[{k}].{key}", f"{'a number' if types is _NUMBER else f'a {types.__name__}'} "
-                                                  f"or null, not {json.dumps(stage[key])[:40]}")
     return summary
 
 
@@ -155,9 +152,10 @@ def load(path: str) -> RunRecord:
     summary = _json(os.path.join(path, "summary.json"))
     rec.summary = None if summary is None else _check_summary(summary, os.path.join(path, "summary.json"))
     timeline = _json(os.path.join(path, "timeline.json"))
-    if timeline is not None and not isinstance(timeline, dict):
-        raise ChainError(f"{os.path.join(path, 'timeline.json')} is not a timeline chain wrote: not a JSON object")
-    rec.timeline = timeline
+    try:
+        rec.timeline = None if timeline is None else from_json(Measured, timeline)
+    except RecordError as e:
+        raise ChainError(f"{os.path.join(path, 'timeline.json')} is not a timeline chain wrote: {e}") from None
     rec.config = _read(os.path.join(path, ".hydra", "config.yaml")) or ""
     rec.overrides = _overrides(os.path.join(path, ".hydra", "overrides.yaml"))
     rec.curves = scalars.read_run(path)

@@ -43,6 +43,8 @@ import tensorflow as tf
 from chain import testhooks
 from chain.config.schema import Settings
 from chain.errors import CheckpointError, StorageError
+from chain.records.results import LossHistory, LossRecord
+from chain.records.serial import from_json, to_json
 from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
 from chain.state.atomic import reason, uninterrupted, write_text
@@ -67,21 +69,20 @@ class Record:
     verified checkpoint, not from `checkpoint.json`, which may be torn (and rebuilt) or edited."""
 
     settings: RunSettings
-    loss_first: dict | None
-    loss_last: dict | None
+    losses: LossHistory
     validation: dict | None
 
     def to_json(self) -> str:
         """The record as a checkpoint stores it."""
-        return json.dumps({"settings": self.settings.values, "loss_first": self.loss_first,
-                           "loss_last": self.loss_last, "validation": self.validation}, sort_keys=True)
+        return json.dumps({"settings": self.settings.values, **to_json(self.losses), "validation": self.validation},
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Record:
         """A record read back from a checkpoint (`CheckpointError` if it is not one)."""
         try:
             raw = json.loads(text)
-            return cls(RunSettings(dict(raw["settings"])), raw["loss_first"], raw["loss_last"], raw["validation"])
+            return cls(RunSettings(dict(raw["settings"])), from_json(LossHistory, raw), raw["validation"])
         except (ValueError, KeyError, TypeError):
             raise CheckpointError("the checkpoint's record of its settings cannot be read") from None
 
@@ -165,13 +166,13 @@ class Checkpoints:
 
     # --- saving --------------------------------------------------------------------------------
 
-    def save(self, step: int, loss_first: dict | None, loss_last: dict | None,
+    def save(self, step: int, loss_first: LossRecord | None, loss_last: LossRecord | None,
              validation: dict | None = None) -> dict[str, Any]:
         """`_save`, with Ctrl-C held off until it is complete (never a half-written step)."""
         with uninterrupted():
             return self._save(step, loss_first, loss_last, validation)
 
-    def _save(self, step: int, loss_first: dict | None, loss_last: dict | None,
+    def _save(self, step: int, loss_first: LossRecord | None, loss_last: LossRecord | None,
               validation: dict | None = None) -> dict[str, Any]:
         """Save every stage and the data stream at `step`, then commit the manifest; returns it.
 
@@ -184,7 +185,8 @@ class Checkpoints:
         previous = self.latest()
         checkpoints, digests = {}, {}
         record = RunSettings.of(self.settings)
-        self.record.assign(Record(record, loss_first, loss_last, validation).to_json())
+        losses = LossHistory(loss_first, loss_last)
+        self.record.assign(Record(record, losses, validation).to_json())
         try:
             for name, ckpt in self.parts.items():
                 self.steps[name].assign(step)
@@ -202,8 +204,8 @@ class Checkpoints:
             complete = complete[-self.keep:]
             kept = {str(n): d for n, d in (previous or {}).get("digests", {}).items() if int(n) in complete}
             found = {str(n): v for n, v in (previous or {}).get("validation", {}).items() if int(n) in complete}
-            m = self._manifest(step, complete, checkpoints, {**kept, str(step): digests}, loss_first, loss_last,
-                               record, {**found, str(step): validation})
+            m = self._manifest(step, complete, checkpoints, {**kept, str(step): digests}, losses, record,
+                               {**found, str(step): validation})
             manifest_lib.write(self.run_dir, m)  # the commit point
         except (OSError, tf.errors.OpError) as e:
             self._discard(step)
@@ -214,7 +216,7 @@ class Checkpoints:
         return m
 
     def _manifest(self, step: int, complete: list[int], checkpoints: dict, digests: dict,
-                  loss_first: dict | None, loss_last: dict | None, record: RunSettings | None,
+                  losses: LossHistory, record: RunSettings | None,
                   validation: dict | None = None) -> dict[str, Any]:
         """The manifest of `step`; its settings fields are `record`'s (what the checkpoints hold;
         None: a checkpoint from before settings were recorded, described by this run's)."""
@@ -233,8 +235,7 @@ class Checkpoints:
             "stages": manifest_lib.layout(self.stages),
             "checkpoints": checkpoints,
             "digests": digests,
-            "loss_first": loss_first,
-            "loss_last": loss_last,
+            **to_json(losses),  # loss_first, loss_last
             "validation": validation or {},
         }
 
@@ -363,7 +364,7 @@ class Checkpoints:
         if record is not None:
             notes = check(record.settings, self.settings, m["step"])
             # ... and so are the losses and evaluations the run continues from.
-            m = {**m, "loss_first": record.loss_first, "loss_last": record.loss_last,
+            m = {**m, **to_json(record.losses),
                  "validation": {**m.get("validation", {}), str(m["step"]): record.validation}}
         else:
             manifest_lib.check_stream(m, self.settings)
@@ -439,8 +440,8 @@ class Checkpoints:
         self.run_id = run_id
         records = {n: self.recorded(n) for n in complete}
         newest = records[step]
-        m = self._manifest(step, complete, checkpoints, digests, newest and newest.loss_first,
-                           newest and newest.loss_last, newest and newest.settings,
+        m = self._manifest(step, complete, checkpoints, digests, newest.losses if newest else LossHistory(None, None),
+                           newest and newest.settings,
                            {str(n): r.validation for n, r in records.items() if r is not None})
         manifest_lib.write(self.run_dir, m)
         log.warning("%s; rebuilt it from the stage directories: step %d of run %s", problem, step, run_id[:8])

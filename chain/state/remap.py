@@ -33,6 +33,8 @@ from chain.config import Settings, compose, override_key, validate
 from chain.config.hydra import quoted
 from chain.config.schema import Conv, Mlp
 from chain.errors import ChainError
+from chain.records.results import LossHistory, LossRecord
+from chain.records.serial import from_json
 from chain.state import lock
 from chain.state import manifest as manifest_lib
 from chain.state.atomic import writing
@@ -263,8 +265,9 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     src_ckpts = Checkpoints(src, built["src"], iterator, src_settings)
     m = src_ckpts.restore(clean=False)  # SRC is read, never changed
     notes, kept = map_stages(built["src"], built["dst"])
-    first, last = (_restaged_losses(m[key], kept, len(built["dst"]), dst_settings.mode)
-                   for key in ("loss_first", "loss_last"))
+    losses = from_json(LossHistory, m)
+    first, last = (_restaged_losses(record, kept, len(built["dst"]), dst_settings.mode)
+                   for record in (losses.loss_first, losses.loss_last))
     lock.acquire(dst)  # created here if missing; no other run may write into it meanwhile
     try:
         with writing(f"the re-staged run in {dst}"):
@@ -280,7 +283,7 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
             "overrides": new, "heads": notes, "resume_command": shlex.join(resume)}
 
 
-def _restaged_losses(record: dict | None, kept: dict[int, int], n_stages: int, mode: str) -> dict | None:
+def _restaged_losses(record: LossRecord | None, kept: dict[int, int], n_stages: int, mode: str) -> LossRecord | None:
     """A manifest's loss record mapped onto the new stages.
 
     A kept head keeps its stage's loss; mode=e2e keeps the chain's loss (the chain is
@@ -288,9 +291,7 @@ def _restaged_losses(record: dict | None, kept: dict[int, int], n_stages: int, m
     """
     if record is None:
         return None
-    stage_losses = record.get("stage_losses") or []
-    return {
-        "loss": record.get("loss") if mode == "e2e" else None,
-        "stage_losses": [stage_losses[kept[k]] if k in kept and kept[k] < len(stage_losses) else None
-                         for k in range(n_stages)] if stage_losses else [],
-    }
+    stage_losses = record.stage_losses or []
+    return LossRecord(record.loss if mode == "e2e" else None,
+                      [stage_losses[kept[k]] if k in kept and kept[k] < len(stage_losses) else None
+                       for k in range(n_stages)] if stage_losses else [])

@@ -94,3 +94,8 @@ def evaluation(stages: Sequence[Stage], readouts: Sequence[Readout], chained: bo
         return out
 
     return evaluate
+
+
+def validation_loss(metrics: dict[str, float] | None) -> float | None:
+    """The `loss` of one read-out's metrics (what `evaluation`'s function returns), or None without them."""
+    return (metrics or {}).get("loss")

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
+from chain.records.results import ReplicaLosses
 from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.forward import chain_forward
@@ -26,7 +27,7 @@ def _shares(x: tf.Tensor, n: int, global_batch: int) -> tuple[list[tf.Tensor], t
 
 def local_replica_step(stages: Sequence[Stage], global_batch: int, grad_accum: int = 1,
                        jit_compile: bool = False) -> Callable:
-    """mode=local on one replica: `step((x, ys)) -> ({"stage_K": loss}, per-stage gradients)`.
+    """mode=local on one replica: `step((x, ys)) -> (ReplicaLosses(stages=...), per-stage gradients)`.
 
     Losses are this replica's mean times its share of the global batch, so summed over
     replicas they are the mean over the global batch; so are the gradients it returns
@@ -35,11 +36,11 @@ def local_replica_step(stages: Sequence[Stage], global_batch: int, grad_accum: i
     """
     forwards = [xla.stage_function(local_forward(s), jit_compile, xla.forward_name(s.index)) for s in stages]
 
-    def step(batch: tuple) -> tuple[dict[str, tf.Tensor], list[list[tf.Tensor]]]:
+    def step(batch: tuple) -> tuple[ReplicaLosses, list[list[tf.Tensor]]]:
         x, ys = batch
         xs, share = _shares(x, grad_accum, global_batch)
         labels = {k: chunks(v, grad_accum) for k, v in ys.items()}
-        stage_losses, grads = {}, [None] * len(stages)
+        stage_losses, grads = [None] * len(stages), [None] * len(stages)
         for i, h in enumerate(xs):
             for s in stages:
                 with tf.control_dependencies(after(grads[s.index])):
@@ -47,16 +48,15 @@ def local_replica_step(stages: Sequence[Stage], global_batch: int, grad_accum: i
                         out, loss, scaled = forwards[s.index](h, labels[s.target.name][i], share)
                     grads[s.index] = add_grads(grads[s.index], tape.gradient(scaled, s.trainable_variables))
                 h = tf.stop_gradient(out)
-                key = f"stage_{s.index}"
-                stage_losses[key] = loss if i == 0 else stage_losses[key] + loss
-        return stage_losses, grads
+                stage_losses[s.index] = loss if i == 0 else stage_losses[s.index] + loss
+        return ReplicaLosses(stages=tuple(stage_losses)), grads
 
     return step
 
 
 def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable, grad_accum: int = 1,
                      jit_compile: bool = False) -> Callable:
-    """mode=e2e on one replica: `step((x, ys)) -> ({"loss": loss}, per-stage gradients)`.
+    """mode=e2e on one replica: `step((x, ys)) -> (ReplicaLosses(chain=(loss,)), per-stage gradients)`.
 
     `loss(y, pred)` is the mean loss over the examples it is given; with every stage's
     regularization added, scaled by this replica's share of the global batch, as in
@@ -69,7 +69,7 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
     forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
                                    xla.forward_name(s.index)) for s in stages]
 
-    def step(batch: tuple) -> tuple[dict[str, tf.Tensor], list[list[tf.Tensor]]]:
+    def step(batch: tuple) -> tuple[ReplicaLosses, list[list[tf.Tensor]]]:
         x, ys = batch
         xs, share = _shares(x, grad_accum, global_batch)
         labels = chunks(ys[target.name], grad_accum)
@@ -93,6 +93,6 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
         for vs in per_stage:
             grads.append(flat[start:start + len(vs)])
             start += len(vs)
-        return {"loss": total}, grads
+        return ReplicaLosses(chain=(total,)), grads
 
     return step

@@ -11,7 +11,7 @@ interface and never asks which one it has.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,6 +21,8 @@ from chain.config.schema import Settings
 from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
 from chain.planning.planner import Placement
+from chain.records.results import LossRecord, ReplicaLosses, StepResult
+from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summary
 from chain.stages import losses
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
@@ -184,11 +186,11 @@ class Strategy:
         """The devices whose peak memory the run reports."""
         return [s.device for s in self.stages]
 
-    def summary(self) -> dict[str, Any]:
-        """The strategy's own fields of summary.json."""
-        return {}
+    def summary(self, summary: Summary) -> Summary:
+        """`summary` with the strategy's own fields of summary.json (its sections) filled in."""
+        return summary
 
-    def complete(self, summary: dict[str, Any]) -> dict[str, Any]:
+    def complete(self, summary: Summary) -> Summary:
         """The finished summary, with anything the strategy derives from the whole of it."""
         return summary
 
@@ -225,19 +227,20 @@ class Strategy:
         """Where the step's report holds its losses and guard flags (`chain.steps.report.Layout`)."""
         raise NotImplementedError
 
-    def read(self, row: Any) -> tuple[float, list[float], list[int]]:
-        """A step's report -> (its loss, each stage's own loss or [] when stages have none, the
-        stages whose update the numerics guard dropped)."""
+    def read(self, row: Any) -> StepResult:
+        """A step's report -> its loss, each stage's own loss ([] when stages have none) and the
+        stages whose update the numerics guard dropped (before `chain.steps.numerics.judge`)."""
         raise NotImplementedError
 
-    def report_values(self, flags: list, losses: dict[str, Any]) -> list[list]:
+    def report_values(self, flags: list, losses: ReplicaLosses) -> list[list]:
         """Each stage's values in the step's report, from its guard flag and the step's losses
-        (`stage_K`, or the chain's `loss`), laid out as `layout` says."""
+        (each stage's own, or the chain's), laid out as `layout` says."""
         raise NotImplementedError
 
-    def stage_summary(self, stage: Stage, first: dict, last: dict) -> dict[str, Any]:
-        """The objective's per-stage fields of summary.json."""
-        return {}
+    def stage_summary(self, stage: Stage, entry: StageSummary, first: LossRecord, last: LossRecord) -> StageSummary:
+        """`entry` (stage's in summary.json) with the objective's per-stage fields filled in, from
+        the loss records of the first and last steps."""
+        return entry
 
     def readouts(self) -> list[Readout]:
         """The predictions evaluation scores (`chain.steps.evaluate.Readout`)."""
@@ -265,16 +268,16 @@ class LocalObjective(Strategy):
     def layout(self):
         return Layout.per_stage(len(self.stages))
 
-    def read(self, row: Any) -> tuple[float, list[float], list[int]]:
+    def read(self, row: Any) -> StepResult:
         losses, skipped = self.layout.decode(row)
-        return float(sum(losses)), losses, skipped  # the step's loss: the sum of the stages'
+        return StepResult(float(sum(losses)), losses, skipped)  # the step's loss: the sum of the stages'
 
-    def report_values(self, flags: list, losses: dict[str, Any]) -> list[list]:
-        return [[losses[f"stage_{s.index}"], f] for s, f in zip(self.stages, flags)]
+    def report_values(self, flags: list, losses: ReplicaLosses) -> list[list]:
+        return [[losses.stages[s.index], f] for s, f in zip(self.stages, flags)]
 
-    def stage_summary(self, stage: Stage, first: dict, last: dict) -> dict[str, Any]:
-        return {"target": stage.target.name, "loss_first": first["stage_losses"][stage.index],
-                "loss_last": last["stage_losses"][stage.index]}
+    def stage_summary(self, stage: Stage, entry: StageSummary, first: LossRecord, last: LossRecord) -> StageSummary:
+        own = StageLosses(stage.target.name, first.stage_losses[stage.index], last.stage_losses[stage.index])
+        return replace(entry, own=own)
 
     def readouts(self) -> list[Readout]:
         return [Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target), (s.index,))
@@ -308,15 +311,15 @@ class ChainObjective(Strategy):
     def layout(self):
         return Layout.chain(len(self.stages))
 
-    def read(self, row: Any) -> tuple[float, list[float], list[int]]:
+    def read(self, row: Any) -> StepResult:
         losses, skipped = self.layout.decode(row)
-        return losses[0], [], skipped  # no stage has a loss of its own
+        return StepResult(losses[0], [], skipped)  # no stage has a loss of its own
 
-    def report_values(self, flags: list, losses: dict[str, Any]) -> list[list]:
-        return [[f] for f in flags[:-1]] + [[flags[-1], losses["loss"]]]
+    def report_values(self, flags: list, losses: ReplicaLosses) -> list[list]:
+        return [[f] for f in flags[:-1]] + [[flags[-1], losses.chain[0]]]
 
-    def summary(self) -> dict[str, Any]:
-        return {"loss_fn": self.settings.loss, "target": self.target.name, **super().summary()}
+    def summary(self, summary: Summary) -> Summary:
+        return super().summary(replace(summary, chain=ChainFields(self.settings.loss, self.target.name)))
 
     def readouts(self) -> list[Readout]:
         last = self.stages[-1]

@@ -31,6 +31,7 @@ distributed iterator, can be checkpointed (so a mirrored run resumes too).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -39,6 +40,8 @@ from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import DeviceError
 from chain.planning.planner import MIRRORED, Placement
+from chain.records.results import ReplicaLosses
+from chain.records.summaries import MirroredFields, Summary
 from chain.steps.replica import e2e_replica_step, local_replica_step
 from chain.steps.report import dropped, report
 from chain.steps.update import apply_update, shared_outcomes, unscale
@@ -106,7 +109,7 @@ class Mirrored(Strategy):
         """One replica's step: `fn((x, ys)) -> (losses, per-stage gradients)` (`chain.steps.replica`)."""
         raise NotImplementedError
 
-    def outcomes(self, grads: list, total: dict[str, tf.Tensor]) -> list:
+    def outcomes(self, grads: list, total: ReplicaLosses) -> list:
         """Each stage's float16 loss-scale outcome; None: each stage decides from its own loss."""
         return [None] * len(self.stages)
 
@@ -119,11 +122,12 @@ class Mirrored(Strategy):
 
         def train(batch: Any) -> tf.Tensor:
             per_replica_losses, per_replica_grads = strategy.run(per_replica_step, args=(batch,))
-            losses = {k: total(v) for k, v in per_replica_losses.items()}
+            losses = ReplicaLosses(tuple(total(v) for v in per_replica_losses.stages),
+                                   tuple(total(v) for v in per_replica_losses.chain))
             grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
             flags = []
             for s, g, outcome in zip(stages, grads, self.outcomes(grads, losses)):
-                own = losses.get(f"stage_{s.index}")  # mode=local: the stage's loss joins the guard
+                own = losses.stages[s.index] if losses.stages else None  # mode=local: the stage's loss joins the guard
                 flags.append(dropped(apply_update(s, g, own, outcome)))
             return report(stages, self.report_values(flags, losses), None)  # no devices: no copies
 
@@ -152,12 +156,12 @@ class Mirrored(Strategy):
     def memory_devices(self) -> list[str]:
         return self.placement.local_replicas  # another host's memory cannot be read from here
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, summary: Summary) -> Summary:
         # Every replica holds every stage, so memory is measured per replica, not per stage.
-        return {**super().summary(), "replica_devices": list(self.placement.replicas),
-                "per_replica_batch_size": self.per_replica_batch,
-                "replica_peak_memory_bytes": [memory.peak_bytes(d) if d in self.memory_devices() else None
-                                              for d in self.placement.replicas]}
+        mirrored = MirroredFields(list(self.placement.replicas), self.per_replica_batch,
+                                  [memory.peak_bytes(d) if d in self.memory_devices() else None
+                                   for d in self.placement.replicas])
+        return replace(super().summary(summary), mirrored=mirrored)
 
 
 class MirroredLocal(LocalObjective, Mirrored):
@@ -182,5 +186,5 @@ class MirroredChain(ChainObjective, Mirrored):
         return e2e_replica_step(self.stages, self.settings.examples_per_step, self.loss_fn(), t.grad_accum,
                                 t.jit_compile)
 
-    def outcomes(self, grads: list, total: dict[str, tf.Tensor]) -> list:
-        return shared_outcomes(self.stages, grads, total["loss"], None)  # one decision for the chain
+    def outcomes(self, grads: list, total: ReplicaLosses) -> list:
+        return shared_outcomes(self.stages, grads, total.chain[0], None)  # one decision for the chain

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -34,6 +35,9 @@ from chain.data.catalog import DataInfo
 from chain.errors import OutOfMemory
 from chain.planning.devices import canonical
 from chain.planning.planner import Placement
+from chain.records.results import LossRecord
+from chain.records.summaries import OomEvent, Ranked, SideBySideFields, StageSummary, Summary, VariantFields
+from chain.steps.evaluate import validation_loss
 from chain.steps.independent import lockstep_step, model_step
 from chain.strategies.base import LocalObjective
 
@@ -54,7 +58,7 @@ class SideBySide(LocalObjective):
         self.variants = settings.variants
         self.batch_sizes = [v.batch_size for v in self.variants]
         self.paused = [v.paused for v in self.variants]
-        self.oom_events: list[dict[str, Any]] = []
+        self.oom_events: list[OomEvent] = []
         self.attempts = 0  # steps tried in this process (the test hook's clock)
         self._pending: list | None = None  # round robin: the models that finished the step in progress
         super().__init__(settings, placement, info, **bodies)
@@ -110,32 +114,35 @@ class SideBySide(LocalObjective):
         changes = {self.variants[k].name: [self.batch_sizes[k], smaller[k]] for k in victims}
         log.warning("out of memory on %s at step %d: batch %s; the step changed no model and is tried again",
                     where, step, ", ".join(f"{n} {a} -> {b}" for n, (a, b) in changes.items()))
-        self.oom_events.append({"step": step, "device": device, "batch_sizes": changes})
+        self.oom_events.append(OomEvent(step, device, changes))
         for k in victims:
             self.batch_sizes[k] = smaller[k]
         self.set_step(self.make_step())  # new slice sizes: new shapes, new traces
         self._models = self._model_steps()
 
-    def stage_summary(self, stage, first: dict, last: dict) -> dict[str, Any]:
+    def stage_summary(self, stage, entry: StageSummary, first: LossRecord, last: LossRecord) -> StageSummary:
         v = self.variants[stage.index]
-        return {**super().stage_summary(stage, first, last), "variant": v.name,
-                "overrides": dict(v.overrides), "batch_size": self.batch_sizes[stage.index], "paused": v.paused}
+        variant = VariantFields(v.name, dict(v.overrides), self.batch_sizes[stage.index], v.paused)
+        return replace(super().stage_summary(stage, entry, first, last), variant=variant)
 
-    def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "policy": self.settings.side_by_side.policy, "oom_events": self.oom_events}
+    def summary(self, summary: Summary) -> Summary:
+        fields = SideBySideFields(self.settings.side_by_side.policy, self.oom_events, None)
+        return replace(super().summary(summary), side_by_side=fields)
 
-    def complete(self, summary: dict[str, Any]) -> dict[str, Any]:
+    def complete(self, summary: Summary) -> Summary:
         """Rank the variants: by the last validation loss when there is one, else by the last training loss."""
-        def score(st: dict) -> float:
-            val = (st.get("val") or {}).get("loss")
-            value = val if val is not None else st.get("loss_last")
-            return math.inf if value is None or st["paused"] else value
+        def val_loss(st: StageSummary) -> float | None:
+            return validation_loss(st.val)
 
-        ranked = sorted(summary["stages"], key=score)
-        summary["ranking"] = [{"rank": i + 1, "variant": st["variant"], "overrides": st["overrides"],
-                               "metric": "val_loss" if (st.get("val") or {}).get("loss") is not None else "loss_last",
-                               "value": None if score(st) == math.inf else score(st),
-                               "steps_per_second": summary.get("steps_per_second"),
-                               "peak_memory_bytes": st["peak_memory_bytes"], "paused": st["paused"]}
-                              for i, st in enumerate(ranked)]
-        return summary
+        def score(st: StageSummary) -> float:
+            val = val_loss(st)
+            value = val if val is not None else st.own.loss_last
+            return math.inf if value is None or st.variant.paused else value
+
+        ranked = sorted(summary.stages, key=score)
+        ranking = [Ranked(i + 1, st.variant.variant, st.variant.overrides,
+                          "val_loss" if val_loss(st) is not None else "loss_last",
+                          None if score(st) == math.inf else score(st), summary.steps_per_second,
+                          st.peak_memory_bytes, st.variant.paused)
+                   for i, st in enumerate(ranked)]
+        return replace(summary, side_by_side=replace(summary.side_by_side, ranking=ranking))

@@ -6,6 +6,7 @@ import os
 from typing import Sequence
 
 from chain.planning.planner import Placement
+from chain.records.summaries import Ranked
 from chain.stages.stage import Stage, stage_name
 from chain.state.atomic import writing
 
@@ -35,14 +36,14 @@ def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequen
     return "\n".join(lines)
 
 
-def ranking_table(ranking: Sequence[dict]) -> str:
+def ranking_table(ranking: Sequence[Ranked]) -> str:
     """mode=side_by_side: the variants, best first, with their metric, speed and peak memory."""
     rows = [("rank", "variant", "metric", "value", "steps/s", "peak memory")]
     for r in ranking:
-        value = "paused" if r["paused"] else ("-" if r["value"] is None else f"{r['value']:.4f}")
-        speed = "-" if r["steps_per_second"] is None else f"{r['steps_per_second']:.1f}"
-        memory = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2 ** 20:.1f} MiB"
-        rows.append((str(r["rank"]), r["variant"], r["metric"], value, speed, memory))
+        value = "paused" if r.paused else ("-" if r.value is None else f"{r.value:.4f}")
+        speed = "-" if r.steps_per_second is None else f"{r.steps_per_second:.1f}"
+        memory = "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2 ** 20:.1f} MiB"
+        rows.append((str(r.rank), r.variant, r.metric, value, speed, memory))
     return "\n".join(_table(rows))
 
 

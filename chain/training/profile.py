@@ -28,9 +28,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from chain.records.measured import Advice, Measured
+from chain.records.serial import RecordError, from_json, to_json
+from chain.records.summaries import ProfileFields, StageTimes, Summary
+
 from chain.config.checks import profile_ports
 from chain.config.schema import Builder, KerasModel, StageSpec, plain
-from chain.errors import ConfigError
+from chain.errors import ChainError, ConfigError
 from chain.pipeline import timeline
 from chain.state.atomic import write_json, writing
 
@@ -39,7 +43,6 @@ log = logging.getLogger("chain")
 TIMELINE = "timeline.json"
 FIRST_CALL_S = 30.0  # a cluster trace that starts at step 1 (tracing, compiling): how long to trace the workers
 CUT_LABEL = re.compile(r" layers \d+-\d+ \(")  # chain.stages.cut.describe: "model.keras layers 0-3 (d1..d4)"
-SUMMARY_KEYS = ("busy_fraction", "busy_ms", "forward_ms", "backward_ms", "copy_ms", "copy_wait_ms", "update_ms")
 
 
 def worker_task(device: str) -> int | None:
@@ -227,49 +230,53 @@ class Window:
         run = self.run
         devices = [s.device for s in run.stages]
         result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum)
-        result["trace"] = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
-        result["advice"] = self.advice(result)
-        result["shared_threads"] = self.shared_threads()
+        result.trace = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
+        result.advice = self.advice(result)
+        result.shared_threads = self.shared_threads()
         with writing(os.path.join(run.run_dir, TIMELINE)):
-            write_json(os.path.join(run.run_dir, TIMELINE), result)
+            write_json(os.path.join(run.run_dir, TIMELINE), to_json(result))
         self.result = result
         plan = run.strategy.plan_text(full=True)
         note = ("\nnote: logical CPU devices of one process share its threads: the trace shows order, not overlap"
-                if result["shared_threads"] else "")
+                if result.shared_threads else "")
         log.info("planned and measured timelines (%s):\n%s\n%s%s", TIMELINE, plan,
                  timeline.render(result, run.schedule, devices), note)
-        if result["advice"]:
-            log.warning("balance: %s", result["advice"]["text"])
+        if result.advice:
+            log.warning("balance: %s", result.advice.text)
 
-    def advice(self, result: dict) -> dict | None:
+    def advice(self, result: Measured) -> Advice | None:
         """The balance advice from the measured busy times (None: balanced, or nothing measured)."""
-        if not result["per_stage"]:
+        if not result.per_stage:
             return None
         stages = self.run.stages
         layers, _ = layers_and_override(stages, None)
-        advice = timeline.advise([p["busy_ms"] for p in result["per_stage"]], layers, kinds=layer_kinds(stages))
+        advice = timeline.advise([p.busy_ms for p in result.per_stage], layers, kinds=layer_kinds(stages))
         if advice:
-            advice["override"] = layers_and_override(stages, advice["split"], self.run.settings.stage)[1]
-            if advice["split"] == advice["layers"]:
-                advice["override"] = None
-            advice["text"] = timeline.advice_text(advice, advice["override"])
+            advice.override = layers_and_override(stages, advice.split, self.run.settings.stage)[1]
+            if advice.split == advice.layers:
+                advice.override = None
+            advice.text = timeline.advice_text(advice, advice.override)
         return advice
 
-    def add_to(self, summary: dict) -> None:
-        """The measured fields of summary.json (from this run's trace, or the timeline.json that an
-        earlier run of this directory wrote when a resumed run starts after the window)."""
+    def add_to(self, summary: Summary) -> Summary:
+        """`summary` with the measured fields of summary.json (from this run's trace, or the
+        timeline.json that an earlier run of this directory wrote when a resumed run starts after
+        the window)."""
         result = self.result
         path = os.path.join(self.run.run_dir, TIMELINE)
         if result is None and os.path.exists(path):
-            import json
-
             with open(path) as f:
-                result = json.load(f)
+                try:
+                    result = from_json(Measured, json.load(f))
+                except (ValueError, RecordError) as e:
+                    raise ChainError(f"{path} is not a timeline chain wrote ({e})") from None
         if result is None:
-            return
-        summary["measured_bubble_fraction"] = result["measured_bubble_fraction"]
-        summary["profiled_steps"] = [s["step"] for s in result["steps"]]
-        summary["slowest_stage"] = result["slowest_stage"]
-        summary["balance_advice"] = result["advice"]["text"] if result.get("advice") else None
-        for stage, measured in zip(summary["stages"], result["per_stage"]):
-            stage.update({k: measured[k] for k in SUMMARY_KEYS})
+            return summary
+        profile = ProfileFields(result.measured_bubble_fraction, [s.step for s in result.steps], result.slowest_stage,
+                                result.advice.text if result.advice else None)
+        stages = list(summary.stages)
+        for k, measured in enumerate(result.per_stage[:len(stages)]):
+            stages[k] = replace(stages[k], measured=StageTimes(
+                measured.busy_fraction, measured.busy_ms, measured.forward_ms, measured.backward_ms, measured.copy_ms,
+                measured.copy_wait_ms, measured.update_ms))
+        return replace(summary, profile=profile, stages=stages)

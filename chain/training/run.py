@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from chain.config.schema import Settings
@@ -23,6 +23,9 @@ from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
 from chain.errors import ChainError, OutOfMemory, StorageError, first_line
 from chain.planning import cluster, memory
+from chain.records.results import LossHistory, LossRecord, StepResult
+from chain.records.serial import from_json, to_json
+from chain.records.summaries import StageSummary, Summary
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
 from chain.steps.numerics import NonFiniteError, finite_or_none, judge
@@ -45,8 +48,8 @@ class _Loop:
     checkpoints: Checkpoints | None  # this run's; None: the run has no directory
     best: Checkpoints | None  # best/'s (checkpoint.best)
     writers: Writers | None  # TensorBoard; None: the run has no directory
-    first: dict | None  # the loss record of step 1 (restored on resume)
-    last: dict | None  # the loss record of the newest step
+    first: LossRecord | None  # the loss record of step 1 (restored on resume)
+    last: LossRecord | None  # the loss record of the newest step
     resumed_from: int | None  # the restored step (resume=true), else None
     saved_at: int | None  # the step of the newest checkpoint (on resume, the restored one)
     evaluation: Evaluation | None = None  # the newest evaluation, made at step `evaluated_at`
@@ -89,6 +92,7 @@ class Run:
         self._checkpoints: dict[str, Any] = {}
         self._release = False  # fit took the run directory's lock and gives it back when done
         self.watchdog = None  # a multi-worker run's chain.planning.cluster.Watchdog: stopped when fit ends
+        self.summary: Summary | None = None  # what fit wrote to summary.json, as its record (None before)
 
     @property
     def schedule(self):
@@ -181,16 +185,17 @@ class Run:
         the data set's first target). Shapes, dtypes and labels are checked first: a value
         target may be (N,) or (N, 1); class labels are integers in range. With `trainer.grad_accum=N` the batch is cut into N
         equal chunks whose gradients are summed before the one update. Returns `loss`,
-        `stage_losses` and `skipped`. mode=local: each stage's own loss, and their sum.
+        `stage_losses` and `skipped` (a dict: `chain.records.results.StepResult` as JSON). mode=local:
+        each stage's own loss, and their sum.
         mode=e2e: the chain's mean loss over the batch; `stage_losses` is empty, because
         no stage has a loss of its own. `skipped` lists the stages whose update the
         numerics guard dropped; under `trainer.on_nan=stop` a dropped update raises
         `NonFiniteError` naming the stages and the step instead (a float16 loss-scale
         overflow is neither: see `chain.stages.loss_scale`).
         """
-        return self._train(*self._batch(x, y))
+        return to_json(self._train(*self._batch(x, y)))
 
-    def _train(self, x: Any, ys: dict) -> dict[str, Any]:
+    def _train(self, x: Any, ys: dict) -> StepResult:
         """One step on a batch known to be right (checked, or from the run's own data stream)."""
         return self._finish(self.strategy.call(x, ys))
 
@@ -203,14 +208,16 @@ class Run:
         `trainer.on_nan=stop` the call ends after the first step whose update the guard
         dropped (no later step runs or takes a batch) and NonFiniteError names that step.
         """
+        return [to_json(r) for r in self._steps(n)]
+
+    def _steps(self, n: int) -> list[StepResult]:
         return [self._finish(row) for row in self.strategy.call_many(self.iterator, n)]
 
-    def _finish(self, row: Any) -> dict[str, Any]:
+    def _finish(self, row: Any) -> StepResult:
         """Count a step and let the numerics guard judge it, from its report `row`."""
         self.global_step += 1
-        loss, stage_losses, skipped = self.strategy.read(row)
-        skipped = judge(self.global_step, skipped, self.settings.trainer.on_nan)
-        return {"loss": loss, "stage_losses": stage_losses, "skipped": skipped}
+        result = self.strategy.read(row)
+        return replace(result, skipped=judge(self.global_step, result.skipped, self.settings.trainer.on_nan))
 
     def trace(self, x: Any, y: Any):
         """The compiled step's concrete function for a batch like this one: its graph shows where
@@ -223,7 +230,7 @@ class Run:
 
         return forward(self.stages, x, self.strategy.chained)
 
-    def _start(self) -> tuple[Any, dict | None, dict | None]:
+    def _start(self) -> tuple[Any, LossRecord | None, LossRecord | None]:
         """Checkpoints of this run and, on resume, the restored state: (checkpoints, loss_first, loss_last)."""
         if not self.run_dir:
             if self.settings.resume:
@@ -242,7 +249,8 @@ class Run:
                 raise ChainError(f"the checkpoint is at step {m['step']}, past trainer.steps={steps}; "
                                  f"set trainer.steps to {m['step']} or more")
             log.info("resumed from step %d (%s)", m["step"], os.path.join(self.run_dir, "checkpoint.json"))
-            return ckpts, m["loss_first"], m["loss_last"]
+            losses = from_json(LossHistory, m)
+            return ckpts, losses.loss_first, losses.loss_last
         manifest.require_none(self.run_dir)
         return ckpts, None, None
 
@@ -256,14 +264,15 @@ class Run:
         (what the evaluations had found included). Returns the summary (also written to
         `summary.json` when the run has a directory). The run directory is locked while it
         trains (`chain.state.lock`). `callback(step, out)` is called after each step with
-        what `step` returns.
+        what `step` returns. The summary is a dict (`chain.records.summaries.Summary` as JSON).
         """
         import tensorflow as tf
 
         t = self.settings.trainer
         workers = self.placement.cluster or self.placement.multi_worker  # other processes a step needs
         try:
-            return self._fit(t, callback)
+            self.summary = self._fit(t, callback)
+            return to_json(self.summary)
         except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError):
             if not workers:
                 raise
@@ -285,7 +294,7 @@ class Run:
                 lock.release(self.run_dir)
                 self._release = False
 
-    def _fit(self, t, callback) -> dict[str, Any]:
+    def _fit(self, t, callback) -> Summary:
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -305,7 +314,7 @@ class Run:
                     loop.timed(len(outs))
                     for step, out in enumerate(outs, self.global_step - len(outs) + 1):
                         self._after_step(step, out, loop, cadences, callback)
-                    bar.set_postfix(loss=f"{outs[-1]['loss']:.4f}", refresh=False)
+                    bar.set_postfix(loss=f"{outs[-1].loss:.4f}", refresh=False)
                     bar.update(len(outs))
             summary = self._close(loop, window)
         finally:
@@ -314,8 +323,7 @@ class Run:
                 window.close()
             if loop.writers:
                 loop.writers.close()
-        self._write(summary, loop)
-        return summary
+        return self._write(summary, loop)
 
     def _open(self) -> _Loop:
         """The loop's state at its start: this run's checkpoints (restored from on resume), `best/`
@@ -329,28 +337,28 @@ class Run:
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         return _Loop(ckpts, best, writers, first, last, resumed_from, saved_at=resumed_from)
 
-    def _call(self, n: int, window) -> list[dict[str, Any]]:
+    def _call(self, n: int, window) -> list[StepResult]:
         """The next `n` steps in one call (a single step: `_train` on the next batch), traced inside
         the profiled window; a NonFiniteError says what survives."""
         try:
             with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
-                return self.steps(n) if n > 1 else [self._train(*next(self.iterator))]
+                return self._steps(n) if n > 1 else [self._train(*next(self.iterator))]
         except NonFiniteError as e:
             raise NonFiniteError(e.stages, e.step, f"; {self.intact(hint=False)}") from None
 
-    def _after_step(self, step: int, out: dict[str, Any], loop: _Loop, cadences: Cadences, callback) -> None:
+    def _after_step(self, step: int, out: StepResult, loop: _Loop, cadences: Cadences, callback) -> None:
         """What follows step `step` (its result `out`), each when its cadence is due: the loss
         record, TensorBoard point, log line, evaluation and checkpoint; then the test hooks and `callback`."""
         from chain import testhooks
 
-        record = {"loss": finite_or_none(out["loss"]), "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
+        record = LossRecord(finite_or_none(out.loss), [finite_or_none(v) for v in out.stage_losses])
         if step == 1:
             loop.first = record
         loop.last = record
         if loop.writers and cadences.logging.point(step):
-            loop.writers.scalars(step, [{"loss": v} for v in out["stage_losses"]], {"loss": out["loss"]})
+            loop.writers.scalars(step, [{"loss": v} for v in out.stage_losses], {"loss": out.loss})
         if cadences.logging.due(step):
-            log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
+            log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out.stage_losses or [out.loss]))
         if cadences.evaluation.due(step):
             loop.evaluation, loop.evaluated_at = self._evaluate(step, loop), step
         if cadences.checkpoint.due(step):
@@ -360,9 +368,9 @@ class Run:
                 loop.writers.flush()  # the curves up to a checkpoint survive a kill
         testhooks.after_step(step)
         if callback is not None:
-            callback(step, out)
+            callback(step, to_json(out))
 
-    def _close(self, loop: _Loop, window) -> dict[str, Any]:
+    def _close(self, loop: _Loop, window) -> Summary:
         """After the last step: the final evaluation (every run ends evaluated), why it stopped
         early, and the summary (with the profiled window's measurements and the speed's point)."""
         elapsed = loop.elapsed()
@@ -374,24 +382,25 @@ class Run:
         summary = self.strategy.complete(
             self._summary(loop.first, loop.last, loop.resumed_from, loop.timed_steps, elapsed, loop.evaluation))
         if window:
-            window.add_to(summary)
+            summary = window.add_to(summary)
         if loop.writers:
-            loop.writers.scalars(self.global_step, [], {"examples_per_second": summary["examples_per_second"] or 0.0})
+            loop.writers.scalars(self.global_step, [], {"examples_per_second": summary.examples_per_second or 0.0})
         return summary
 
-    def _write(self, summary: dict[str, Any], loop: _Loop) -> None:
+    def _write(self, summary: Summary, loop: _Loop) -> Summary:
         """The run's last checkpoint (unless its last step saved one), exports, summary.json and report."""
         if loop.checkpoints and loop.saved_at != self.global_step:
             loop.checkpoints.save(self.global_step, loop.first, loop.last, self.tracker.state())
         if self.run_dir:
             if self.settings.checkpoint.export:
-                self._export(summary)
+                summary = self._export(summary)
             with writing(os.path.join(self.run_dir, "summary.json")):
-                write_json(os.path.join(self.run_dir, "summary.json"), summary)
+                write_json(os.path.join(self.run_dir, "summary.json"), to_json(summary))
             if self.settings.report:
                 from chain.report import write_report
 
                 log.info("report: %s", write_report(self.run_dir))
+        return summary
 
     def intact(self, hint: bool = True) -> str:
         """What survives if the run stops now, in words (for a one-line error); `hint`: and how to go on."""
@@ -403,21 +412,21 @@ class Run:
             return "its checkpoint.json is damaged"
         return f"the last complete checkpoint (step {step}) is intact" + (": resume with resume=true" if hint else "")
 
-    def _export(self, summary: dict[str, Any]) -> None:
+    def _export(self, summary: Summary) -> Summary:
         """Write the .keras exports into the summary; a model Keras cannot serialise (a user's
         layer that is not registered) is a warning and an `export_error`, not a failed run."""
         from chain.state.export import export
 
         try:
             with writing(f"the exports (.keras files) in {self.run_dir}"):
-                summary["exports"] = [os.path.basename(p)
-                                      for p in export(self.stages, self.run_dir, self.strategy.chained)]
+                return replace(summary, exports=[os.path.basename(p)
+                                                 for p in export(self.stages, self.run_dir, self.strategy.chained)])
         except StorageError:
             raise
         except Exception as e:  # Keras' serialisation raises TypeError, ValueError, NotImplementedError, ...
             text = first_line(e)
             log.warning("exports skipped: Keras cannot save this chain (%s); checkpoints are complete", text)
-            summary["exports"], summary["export_error"] = [], text
+            return replace(summary, exports=[], export_error=text)
 
     def _evaluate(self, step: int, loop: _Loop) -> Evaluation | None:
         """Evaluate at `step`: log it, write its TensorBoard scalars, count it for the best
@@ -432,56 +441,57 @@ class Run:
             loop.best.save(step, loop.first, loop.last, self.tracker.state())
         return evaluation
 
-    def _summary(self, first, last, resumed_from, timed_steps, elapsed, evaluation: Evaluation | None
-                 ) -> dict[str, Any]:
+    def _summary(self, first: LossRecord | None, last: LossRecord | None, resumed_from: int | None,
+                 timed_steps: int, elapsed: float, evaluation: Evaluation | None) -> Summary:
         skipped = [int(s.skipped.numpy()) for s in self.stages]
-        none = {"loss": None, "stage_losses": [None] * len(self.stages)}
+        none = LossRecord(None, [None] * len(self.stages))
         first, last = first or none, last or none
-        stages = [{**self._stage_summary(s, skipped[s.index]), **self.strategy.stage_summary(s, first, last),
-                   "model": s.describe(), "physical": self.placement.physical.get(s.device)}  # the report's table
+        vals = evaluation.stages if evaluation else []  # mode=local: each stage's own validation metrics
+        stages = [replace(self.strategy.stage_summary(s, self._stage_summary(s, skipped[s.index]), first, last),
+                          model=s.describe(), physical=self.placement.physical.get(s.device),  # the report's table
+                          val=vals[s.index] if s.index < len(vals) else None)
                   for s in self.stages]
-        for entry, metrics in zip(stages, evaluation.stages if evaluation else []):
-            entry["val"] = metrics  # mode=local: each stage's own validation metrics
         info = self.dataset.info
-        return {
-            "mode": self.settings.mode,
-            "strategy": self.strategy.name,
-            "steps": self.global_step,
-            "early_stopped": self.global_step < self.settings.trainer.steps,
-            "resumed_from": resumed_from,
-            "batch_size": self.batch_size,
-            "grad_accum": self.grad_accum,
-            "examples_per_step": self.examples_per_step,
-            "train_examples": info.examples,
-            "val_examples": info.val_examples,
-            "precision": self.settings.precision,
-            "jit_compile": self.settings.trainer.jit_compile,
-            "seed": self.settings.seed,
+        speed = timed_steps and elapsed > 0
+        summary = Summary(
+            mode=self.settings.mode,
+            strategy=self.strategy.name,
+            steps=self.global_step,
+            early_stopped=self.global_step < self.settings.trainer.steps,
+            resumed_from=resumed_from,
+            batch_size=self.batch_size,
+            grad_accum=self.grad_accum,
+            examples_per_step=self.examples_per_step,
+            train_examples=info.examples,
+            val_examples=info.val_examples,
+            precision=self.settings.precision,
+            jit_compile=self.settings.trainer.jit_compile,
+            seed=self.settings.seed,
             # Every example of every chunk counts: a step is one optimizer update.
-            "examples_per_second": (timed_steps * self.examples_per_step / elapsed) if timed_steps and elapsed > 0 else None,
-            "steps_per_second": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
-            "loss_first": first["loss"],
-            "loss_last": last["loss"],
+            examples_per_second=(timed_steps * self.examples_per_step / elapsed) if speed else None,
+            steps_per_second=timed_steps / elapsed if speed else None,
+            loss_first=first.loss,
+            loss_last=last.loss,
             # The last evaluation (at the end): the chain's (mode=e2e; mode=local: per stage).
-            "val": evaluation.chain if evaluation else None,
-            "best_step": self.tracker.best_step,
-            "skipped_steps": sum(skipped),
-            "peak_memory_scope": memory.scope(self.strategy.memory_devices()[0]),
-            "stages": stages,
-            **self.strategy.summary(),
-        }
+            val=evaluation.chain if evaluation else None,
+            best_step=self.tracker.best_step,
+            skipped_steps=sum(skipped),
+            peak_memory_scope=memory.scope(self.strategy.memory_devices()[0]),
+            stages=stages,
+        )
+        return self.strategy.summary(summary)
 
     @staticmethod
-    def _stage_summary(s, skipped: int) -> dict[str, Any]:
-        return {
-            "index": s.index,
-            "device": s.device,
-            "variable_devices": s.variable_devices(),
-            "params": s.params,
-            "peak_memory_bytes": memory.peak_bytes(s.device) if s.device else None,  # None: mirrored
-            "skipped_steps": skipped,
+    def _stage_summary(s, skipped: int) -> StageSummary:
+        return StageSummary(
+            index=s.index,
+            device=s.device,
+            variable_devices=s.variable_devices(),
+            params=s.params,
+            peak_memory_bytes=memory.peak_bytes(s.device) if s.device else None,  # None: mirrored
+            skipped_steps=skipped,
             # precision=mixed_float16: the stage's loss scale now, and steps skipped for overflow
             # (the same for every stage in mode=e2e, where the chain shares one scale).
-            "loss_scale": float(s.loss_scale.scale.numpy()) if s.loss_scale is not None else None,
-            "overflow_steps": int(s.loss_scale.overflows.numpy()) if s.loss_scale is not None else 0,
-        }
+            loss_scale=float(s.loss_scale.scale.numpy()) if s.loss_scale is not None else None,
+            overflow_steps=int(s.loss_scale.overflows.numpy()) if s.loss_scale is not None else 0,
+        )

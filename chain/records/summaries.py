@@ -1,0 +1,172 @@
+"""summary.json: a run in figures, and each stage's entry in it.
+
+Every field says what it means (`help`): the field list of docs/run-directory.md is generated
+from these definitions (`scripts/summary_reference.py`, checked by tests/test_records.py).
+Optional groups of fields (`section=True`) exist only for the runs they apply to; in the file
+they sit beside the run's own fields, as they always have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chain.records.serial import item
+
+
+@dataclass(frozen=True)
+class StageLosses:
+    """mode=local (and side by side): what the stage learns on its own head."""
+
+    target: str | None = item("the target the stage's head learns")
+    loss_first: float | None = item("the stage's own loss at step 1")
+    loss_last: float | None = item("the stage's own loss at the last step")
+
+
+@dataclass(frozen=True)
+class VariantFields:
+    """mode=side_by_side: which variant the stage is."""
+
+    variant: str | None = item("the variant's name")
+    overrides: dict | None = item("the variant's overrides of the stage template")
+    batch_size: int | None = item("the variant's batch size at the end (after any out-of-memory backoff)")
+    paused: bool | None = item("whether the variant was paused (kept and checkpointed, not trained)")
+
+
+@dataclass
+class StageTimes:
+    """trainer.profile: the stage's measured times, means per profiled step (see measuring.md)."""
+
+    busy_fraction: float | None = item("the share of the step's span in which any of its actions ran")
+    busy_ms: float | None = item("the time any of its actions ran (ms)")
+    forward_ms: float | None = item("its forwards (ms)")
+    backward_ms: float | None = item("its backwards (ms)")
+    copy_ms: float | None = item("the transfer ops inside its actions (ms)")
+    copy_wait_ms: float | None = item("idle time after its next input was ready on another device (ms)")
+    update_ms: float | None = item("its optimizer update (ms)")
+
+
+@dataclass(frozen=True)
+class StageSummary:
+    """One stage's entry in summary.json (`stages`)."""
+
+    index: int | None = item("the stage's position in the chain, from 0")
+    device: str | None = item("the device it ran on (null: mirrored, every replica holds it)")
+    variable_devices: list[str] | None = item("the devices its variables live on")
+    params: int | None = item("its parameter count")
+    peak_memory_bytes: int | None = item("the peak memory of its device (null: mirrored)")
+    skipped_steps: int | None = item("steps whose update of this stage the numerics guard dropped")
+    loss_scale: float | None = item("precision=mixed_float16: the stage's loss scale at the end (else null)")
+    overflow_steps: int | None = item("precision=mixed_float16: steps skipped for a loss-scale overflow")
+    own: StageLosses | None = item("mode=local and side by side: the stage's own target and losses",
+                                   default=None, section=True)
+    variant: VariantFields | None = item("mode=side_by_side: the variant", default=None, section=True)
+    model: str | None = item("what the stage is (the placement table's description)", default=None)
+    physical: str | None = item("the physical device behind its logical one", default=None)
+    val: dict[str, float] | None = item("mode=local: the stage's last validation metrics (only with a "
+                                        "validation set)", default=None, omit_none=True)
+    measured: StageTimes | None = item("trainer.profile: the stage's measured times", default=None, section=True)
+
+
+@dataclass(frozen=True)
+class ChainFields:
+    """mode=e2e: the chain's one loss."""
+
+    loss_fn: str | None = item("the chain's loss function (`loss`)")
+    target: str | None = item("the target the chain learns")
+
+
+@dataclass(frozen=True)
+class PipelineFields:
+    """mode=e2e, pipelined: the schedule."""
+
+    schedule: str | None = item("the pipeline schedule's name")
+    microbatches: int | None = item("microbatches per step")
+    bubble_fraction: float | None = item("the planned bubble fraction (unit-time actions)")
+
+
+@dataclass(frozen=True)
+class MirroredFields:
+    """placement.fallback=mirrored: the replicas."""
+
+    replica_devices: list[str] | None = item("every replica's device")
+    per_replica_batch_size: int | None = item("examples per replica per chunk")
+    replica_peak_memory_bytes: list[int | None] | None = item("each replica's peak memory (null: another host's)")
+
+
+@dataclass(frozen=True)
+class OomEvent:
+    """mode=side_by_side: one out-of-memory backoff."""
+
+    step: int | None = item("the step that ran out of memory")
+    device: str | None = item("the device that ran out (null: not named by TensorFlow)")
+    batch_sizes: dict[str, list[int]] | None = item("each shrunk variant's batch size, [before, after]")
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """mode=side_by_side: one variant's place in the ranking."""
+
+    rank: int | None = item("its place, from 1")
+    variant: str | None = item("the variant's name")
+    overrides: dict | None = item("its overrides")
+    metric: str | None = item("what ranks it: val_loss, or loss_last without a validation set")
+    value: float | None = item("that metric's value (null: paused, or not finite)")
+    steps_per_second: float | None = item("the run's steps per second")
+    peak_memory_bytes: int | None = item("its device's peak memory")
+    paused: bool | None = item("whether it was paused")
+
+
+@dataclass(frozen=True)
+class SideBySideFields:
+    """mode=side_by_side: the policy, the backoffs and the ranking."""
+
+    policy: str | None = item("side_by_side.policy")
+    oom_events: list[OomEvent] | None = item("every out-of-memory backoff")
+    ranking: list[Ranked] | None = item("the variants ranked, best first")
+
+
+@dataclass(frozen=True)
+class ProfileFields:
+    """trainer.profile: what the trace measured (timeline.json holds the rest)."""
+
+    measured_bubble_fraction: float | None = item("idle stage time over stages x span, over the profiled steps")
+    profiled_steps: list[int] | None = item("the steps traced")
+    slowest_stage: int | None = item("the busiest stage")
+    balance_advice: str | None = item("the balance advice in one line (null: balanced)")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """summary.json: what every run writes, then what the way of training adds."""
+
+    mode: str | None = item("`mode`: local, e2e or side_by_side")
+    strategy: str | None = item("the way of training (pipeline, mirrored, side_by_side)")
+    steps: int | None = item("optimizer steps taken (the global step at the end)")
+    early_stopped: bool | None = item("whether early stopping ended the run before trainer.steps")
+    resumed_from: int | None = item("the step this process resumed from (null: a fresh run)")
+    batch_size: int | None = item("`data.batch_size`: examples per chunk")
+    grad_accum: int | None = item("`trainer.grad_accum`: chunks per optimizer step")
+    examples_per_step: int | None = item("examples behind one optimizer step")
+    train_examples: int | None = item("training examples in the data set")
+    val_examples: int | None = item("validation examples (0: none)")
+    precision: str | None = item("the config's `precision`")
+    jit_compile: bool | None = item("the config's `trainer.jit_compile`")
+    seed: int | None = item("the config's `seed`")
+    examples_per_second: float | None = item("examples trained per second, the first call (which compiles) "
+                                             "left out (null: the run made one call)")
+    steps_per_second: float | None = item("optimizer steps per second, measured as examples_per_second")
+    loss_first: float | None = item("the loss of step 1")
+    loss_last: float | None = item("the loss of the last step")
+    val: dict[str, float] | None = item("mode=e2e: the chain's last validation metrics (null: none, or mode=local)")
+    best_step: int | None = item("the step of the lowest validation loss (null: no validation)")
+    skipped_steps: int | None = item("stage updates the numerics guard dropped, over all stages")
+    peak_memory_scope: str | None = item("what a peak memory figure covers: device, or process (logical CPUs)")
+    stages: list[StageSummary] | None = item("one entry per stage (the fields below)")
+    chain: ChainFields | None = item("mode=e2e", default=None, section=True)
+    pipeline: PipelineFields | None = item("mode=e2e, pipelined", default=None, section=True)
+    mirrored: MirroredFields | None = item("a mirrored run (placement.fallback=mirrored)", default=None, section=True)
+    side_by_side: SideBySideFields | None = item("mode=side_by_side", default=None, section=True)
+    profile: ProfileFields | None = item("trainer.profile", default=None, section=True)
+    exports: list[str] | None = item("checkpoint.export: the .keras files written", default=None, omit_none=True)
+    export_error: str | None = item("why the exports were skipped (only when Keras could not save the chain)",
+                                    default=None, omit_none=True)
