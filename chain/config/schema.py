@@ -182,8 +182,14 @@ MODEL = model_check
 
 @dataclass(frozen=True, kw_only=True)
 class Optimizer:
+    """What every optimizer has: its learning rate and gradient clipping (at most one kind)."""
+
     name: str = setting(string, "the optimizer: adam or sgd")
     lr: float = setting(number(positive=True), "learning rate")
+    clip_norm: float | None = setting(optional(number(positive=True)),
+        "clip each variable's gradient to this norm (Keras' clipnorm); null: no clipping")
+    clip_global_norm: float | None = setting(optional(number(positive=True)),
+        "clip by the norm over all gradients (Keras' global_clipnorm); mode=e2e: over every stage's; null: none")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,6 +64,7 @@ from chain.pipeline.schedules import FORWARD, Action, Schedule, simulate, update
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
+from chain.steps.clipping import clip_global
 from chain.steps.forward import chain_forward
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.report import dropped, report
@@ -140,9 +141,11 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True) -> Callable:
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True,
+             clip_global_norm: float | None = None) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
-    stage's guard flag, then the mean batch loss: `Layout.chain`).
+    stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
+    gradient norm: `Layout.chain`).
 
     `loss(y, pred)` is the mean loss of one microbatch; `target` names the entry of
     `ys` that the last stage learns. `grad_accum` rounds of the schedule make one
@@ -151,6 +154,8 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     hold each stage to the schedule's order (an ablation for benchmarks: the executor then
     runs every op as soon as its inputs are ready); `release=False` leaves out the host
     releases after sending actions (an ablation: the step as it was before them).
+    `clip_global_norm=C` clips the accumulated, unscaled gradients of every stage by their
+    global norm (`chain.steps.clipping`, computed on the last stage's device).
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
@@ -233,12 +238,17 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                 grads.append(unscale(s, accumulated[s.index]))
             scopes.append(scope)
         outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
+        norm = None
+        if clip_global_norm is not None:  # after unscaling and the overflow decision, before the updates
+            grads, norm = clip_global(stages, grads, clip_global_norm, stages[last].device)
         values = []
         for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
             # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
             with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[s.index]):
                 values.append([dropped(updates[s.index](g, None, outcome))])
         values[last].append(total)
+        if norm is not None:
+            values[last].append(norm)
         return report(stages, values, stages[last].device)
 
     return step

@@ -43,6 +43,9 @@ FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_
         "placement.cpu_memory_mb")
 _STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
+# Settings added after checkpoints were first written whose null is the behaviour from before them:
+# a checkpoint without them resumes under null.
+_ADDED_OFF = ("optim.clip_norm", "optim.clip_global_norm")
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
 
@@ -143,6 +146,8 @@ def check(saved: RunSettings, settings: Settings, step: int) -> list[str]:
     notes = []
     for c in changes(saved, RunSettings.of(settings)):
         key = c.general
+        if c.old == _MISSING and c.new is None and _matches(key, _ADDED_OFF):
+            continue
         if key == "precision":
             check_precision({"precision": c.old}, settings)  # float16 holds loss scales: refused there
         if _matches(key, FREE) or (mode != "e2e" and settings.mode != "e2e" and _matches(key, _E2E_ONLY)):

@@ -294,6 +294,12 @@ class ChainObjective(Strategy):
     def target(self):
         return self.stages[-1].target
 
+    @property
+    def clip_global_norm(self) -> float | None:
+        """`optim.clip_global_norm`: the chain's gradients are clipped by their global norm (the
+        same on every stage, `chain.config.checks.check_clipping`), and each step reports it."""
+        return self.settings.stages[-1].optim.clip_global_norm
+
     def loss_fn(self) -> Callable:
         """`fn(y, pred)`: the chain's mean loss (`loss=`)."""
         return losses.make(self.settings.loss, self.target)
@@ -306,14 +312,15 @@ class ChainObjective(Strategy):
 
     @functools.cached_property
     def layout(self):
-        return Layout.chain(len(self.stages))
+        return Layout.chain(len(self.stages), norm=self.clip_global_norm is not None)
 
     def read(self, row: Any) -> tuple[float, list[float], list[int]]:
         losses, skipped = self.layout.decode(row)
         return losses[0], [], skipped  # no stage has a loss of its own
 
     def report_values(self, flags: list, losses: dict[str, Any]) -> list[list]:
-        return [[f] for f in flags[:-1]] + [[flags[-1], losses["loss"]]]
+        norm = [losses["grad_norm"]] if self.layout.norm is not None else []
+        return [[f] for f in flags[:-1]] + [[flags[-1], losses["loss"], *norm]]
 
     def summary(self) -> dict[str, Any]:
         return {"loss_fn": self.settings.loss, "target": self.target.name, **super().summary()}

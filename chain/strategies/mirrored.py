@@ -39,6 +39,7 @@ from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import DeviceError
 from chain.planning.planner import MIRRORED, Placement
+from chain.steps.clipping import clip_global
 from chain.steps.replica import e2e_replica_step, local_replica_step
 from chain.steps.report import dropped, report
 from chain.steps.update import apply_update, shared_outcomes, unscale
@@ -110,6 +111,11 @@ class Mirrored(Strategy):
         """Each stage's float16 loss-scale outcome; None: each stage decides from its own loss."""
         return [None] * len(self.stages)
 
+    def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
+        """The summed gradients clipped by the chain's global norm, and that norm (None: the
+        optimizers clip, if at all: each stage is a model of its own)."""
+        return grads, None
+
     def make_step(self) -> Callable:
         per_replica_step = self.replica_step()
         stages, strategy = self.stages, self.strategy
@@ -121,8 +127,12 @@ class Mirrored(Strategy):
             per_replica_losses, per_replica_grads = strategy.run(per_replica_step, args=(batch,))
             losses = {k: total(v) for k, v in per_replica_losses.items()}
             grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
+            outcomes = self.outcomes(grads, losses)
+            grads, norm = self.clip(grads)  # after the all-reduce, unscaling and the overflow decision
+            if norm is not None:
+                losses["grad_norm"] = norm
             flags = []
-            for s, g, outcome in zip(stages, grads, self.outcomes(grads, losses)):
+            for s, g, outcome in zip(stages, grads, outcomes):
                 own = losses.get(f"stage_{s.index}")  # mode=local: the stage's loss joins the guard
                 flags.append(dropped(apply_update(s, g, own, outcome)))
             return report(stages, self.report_values(flags, losses), None)  # no devices: no copies
@@ -184,3 +194,8 @@ class MirroredChain(ChainObjective, Mirrored):
 
     def outcomes(self, grads: list, total: dict[str, tf.Tensor]) -> list:
         return shared_outcomes(self.stages, grads, total["loss"], None)  # one decision for the chain
+
+    def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
+        if self.clip_global_norm is None:
+            return grads, None
+        return clip_global(self.stages, grads, self.clip_global_norm, None)

@@ -210,7 +210,11 @@ class Run:
         self.global_step += 1
         loss, stage_losses, skipped = self.strategy.read(row)
         skipped = judge(self.global_step, skipped, self.settings.trainer.on_nan)
-        return {"loss": loss, "stage_losses": stage_losses, "skipped": skipped}
+        out = {"loss": loss, "stage_losses": stage_losses, "skipped": skipped}
+        norm = self.strategy.layout.grad_norm(row)  # optim.clip_global_norm (mode=e2e) only
+        if norm is not None:
+            out["grad_norm"] = norm
+        return out
 
     def trace(self, x: Any, y: Any):
         """The compiled step's concrete function for a batch like this one: its graph shows where
@@ -344,11 +348,15 @@ class Run:
         from chain import testhooks
 
         record = {"loss": finite_or_none(out["loss"]), "stage_losses": [finite_or_none(v) for v in out["stage_losses"]]}
+        chain_scalars = {"loss": out["loss"]}
+        if "grad_norm" in out:  # the global gradient norm before clipping (optim.clip_global_norm)
+            record["grad_norm"] = finite_or_none(out["grad_norm"])
+            chain_scalars["grad_norm"] = out["grad_norm"]
         if step == 1:
             loop.first = record
         loop.last = record
         if loop.writers and cadences.logging.point(step):
-            loop.writers.scalars(step, [{"loss": v} for v in out["stage_losses"]], {"loss": out["loss"]})
+            loop.writers.scalars(step, [{"loss": v} for v in out["stage_losses"]], chain_scalars)
         if cadences.logging.due(step):
             log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out["stage_losses"] or [out["loss"]]))
         if cadences.evaluation.due(step):
@@ -462,6 +470,8 @@ class Run:
             "steps_per_second": timed_steps / elapsed if timed_steps and elapsed > 0 else None,
             "loss_first": first["loss"],
             "loss_last": last["loss"],
+            **({"grad_norm_first": first.get("grad_norm"), "grad_norm_last": last.get("grad_norm")}
+               if self.strategy.layout.norm is not None else {}),
             # The last evaluation (at the end): the chain's (mode=e2e; mode=local: per stage).
             "val": evaluation.chain if evaluation else None,
             "best_step": self.tracker.best_step,
