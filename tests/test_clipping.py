@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import chain
 from chain.errors import ConfigError
+from chain.training import compiled_clipping
 from compare import rel_diff
 from conftest import DEVICES
 
@@ -159,3 +160,36 @@ def test_clipping_settings_that_cannot_hold_are_one_line(overrides, message):
         assert str(e.value) == message
     else:
         assert "optim.clip_global_norm" in str(e.value)
+
+
+def compiled_mlp(**clips) -> keras.Model:
+    """A 3-layer Keras model compiled with an optimizer that clips (`clips`: Keras' arguments)."""
+    keras.utils.set_random_seed(5)
+    x = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="tanh", name="d0")(keras.layers.Dense(8, activation="tanh", name="d1")(x))
+    model = keras.Model(x, keras.layers.Dense(4, name="out")(h))
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(**clips)), loss="mse")
+    return model
+
+
+CUT = ["+stages=3", "mode=e2e", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64",
+       "data.batch_size=16", "trainer.progress=false", "optim=sgd"]
+
+
+def test_a_compiled_models_clipping_is_kept_with_a_note_in_a_file_and_in_python(tmp_path):
+    """Before, the chain dropped a compiled model's optimizer, its clipping with it, without a word."""
+    path = str(tmp_path / "clipped.keras")
+    compiled_mlp(global_clipnorm=0.25).save(path)
+    run = chain.build(chain.compose(CUT + ["model=keras", f"model.path={path}"]))
+    assert [s.spec.optim.clip_global_norm for s in run.stages] == [0.25] * 3
+    assert run.strategy.clip_global_norm == 0.25 and "grad_norm" in run.step(*next(iter(run.batches())))
+    assert f"{path} was compiled with global_clipnorm=0.25: the chain clips as optim.clip_global_norm=0.25 " \
+           "(set optim.clip_norm or optim.clip_global_norm to choose otherwise)" in run.notes
+    run = chain.build(chain.compose(CUT + ["optim.clip_norm=0.5"]), model=compiled_mlp(clipnorm=0.125))
+    assert [s.optimizer.clipnorm for s in run.stages] == [0.5] * 3  # the config's own clipping wins
+    assert any("compiled with clipnorm=0.125: the config's optim.clip_* apply instead" in n for n in run.notes)
+    settings, notes = compiled_clipping.adopt(run.settings, compiled_clipping.of_model(compiled_mlp(clipvalue=3.0)),
+                                              "m")
+    assert settings == run.settings  # nothing to adopt, but not silently dropped either
+    assert notes == ["m was compiled with clipvalue=3.0: not applied (the chain clips by norm only: optim.clip_norm, "
+                     "optim.clip_global_norm)"]

@@ -79,6 +79,7 @@ def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stag
     """Validate (unless given `Settings`), plan and build a run (see `chain.build`)."""
     import keras
 
+    from chain.training import compiled_clipping
     from chain.training.user_bodies import resolve
 
     settings = validate(cfg)
@@ -91,6 +92,7 @@ def build(cfg: Settings | DictConfig | dict, run_dir: str | None = None, *, stag
         check_memory(settings, placement, dataset.info, inventory)
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
+    settings = compiled_clipping.honour(settings, model, placement.notes)  # a compiled model's clipping is kept
     strategy = strategies.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
     run = Run(settings, strategy, dataset, run_dir)
     if placement.cluster:  # the workers serve on after the run: watched as long as this process lives
