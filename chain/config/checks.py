@@ -213,10 +213,15 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     notes = []
     if s.mode == "e2e":
         microbatches_divide(s.pipeline.microbatches, s.data.batch_size)
+        if s.pipeline.batch_norm == "deferred" and t.jit_compile:
+            raise ConfigError("pipeline.batch_norm=deferred records each microbatch's statistics from the stage's "
+                              "forward as the step traces it, which trainer.jit_compile=true compiles apart: set "
+                              "one of them")
     else:
         ignored = [f"pipeline.{k}={v}" for k, v in (("schedule", s.pipeline.schedule),
-                                                   ("microbatches", s.pipeline.microbatches))
-                   if v != {"schedule": "gpipe", "microbatches": 1}[k]]
+                                                   ("microbatches", s.pipeline.microbatches),
+                                                   ("batch_norm", s.pipeline.batch_norm))
+                   if v != {"schedule": "gpipe", "microbatches": 1, "batch_norm": "microbatch"}[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
         if ignored:

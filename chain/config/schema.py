@@ -29,6 +29,7 @@ FALLBACKS = ("virtual", "mirrored", "error")
 ON_NAN = ("stop", "skip")
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
 BALANCES = ("even", "params", "time")
+BATCH_NORMS = ("microbatch", "deferred")
 
 # Bounds that keep every value within what the code (and validation, in O(1)) handles.
 MAX_STAGES = 512
@@ -380,6 +381,9 @@ class Pipeline:
     schedule: str = setting(choice(*SCHEDULES), "mode=e2e: the pipeline schedule")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),
         "mode=e2e: microbatches per batch; must divide data.batch_size")
+    batch_norm: str = setting(choice(*BATCH_NORMS),
+        "mode=e2e: BatchNormalization's moving statistics: microbatch (updated per microbatch) or deferred "
+        "(once per step, from the whole batch)")
 
 
 @dataclass(frozen=True, kw_only=True)

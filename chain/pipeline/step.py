@@ -55,6 +55,7 @@ stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -65,6 +66,7 @@ from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.clipping import clip_global
+from chain.steps.deferred_norm import Deferred
 from chain.steps.forward import chain_forward
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.report import dropped, report
@@ -142,7 +144,7 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True,
-             clip_global_norm: float | None = None) -> Callable:
+             clip_global_norm: float | None = None, batch_norm: str = "microbatch") -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
     gradient norm: `Layout.chain`).
@@ -156,6 +158,8 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     releases after sending actions (an ablation: the step as it was before them).
     `clip_global_norm=C` clips the accumulated, unscaled gradients of every stage by their
     global norm (`chain.steps.clipping`, computed on the last stage's device).
+    `batch_norm="deferred"` updates every BatchNormalization layer's moving statistics once,
+    from the whole batch, in each stage's update (`chain.steps.deferred_norm`).
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
@@ -166,8 +170,13 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
                                    xla.forward_name(s.index)) for s in stages]
     updates = [stage_update(s, jit_compile) for s in stages]
+    deferred = Deferred(stages) if batch_norm == "deferred" else None
 
     def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+        with deferred.recording() if deferred else contextlib.nullcontext():
+            return body(x, ys)
+
+    def body(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
         # The batch and its labels cross to the first and last stage once; each is cut
         # into microbatches on the device that consumes it.
         x0 = copy_to(x, stages[0].device, "input")
@@ -236,6 +245,8 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
             with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
                     tf.control_dependencies(previous[s.index]):
                 grads.append(unscale(s, accumulated[s.index]))
+                if deferred:  # the moving statistics' one update, from every microbatch of the step
+                    deferred.update(s)
             scopes.append(scope)
         outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
         norm = None

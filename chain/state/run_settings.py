@@ -43,9 +43,9 @@ FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_
         "placement.cpu_memory_mb")
 _STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
-# Settings added after checkpoints were first written whose null is the behaviour from before them:
-# a checkpoint without them resumes under null.
-_ADDED_OFF = ("optim.clip_norm", "optim.clip_global_norm")
+# Settings added after checkpoints were first written, with the value that is the behaviour from
+# before them: a checkpoint without one resumes under that value.
+_ADDED = {"optim.clip_norm": None, "optim.clip_global_norm": None, "pipeline.batch_norm": "microbatch"}
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
 
@@ -146,7 +146,7 @@ def check(saved: RunSettings, settings: Settings, step: int) -> list[str]:
     notes = []
     for c in changes(saved, RunSettings.of(settings)):
         key = c.general
-        if c.old == _MISSING and c.new is None and _matches(key, _ADDED_OFF):
+        if c.old == _MISSING and key in _ADDED and c.new == _ADDED[key]:
             continue
         if key == "precision":
             check_precision({"precision": c.old}, settings)  # float16 holds loss scales: refused there

@@ -185,6 +185,9 @@ class MirroredChain(ChainObjective, Mirrored):
         if settings.pipeline.microbatches > 1:
             placement.notes.append(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
                                    "a mirrored replica runs its whole share of the batch at once")
+        if settings.pipeline.batch_norm != "microbatch":
+            placement.notes.append(f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
+                                   "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
         super().__init__(settings, placement, info, **bodies)
 
     def replica_step(self) -> Callable:
