@@ -29,6 +29,12 @@ the last backward the whole chain takes one loss-scale decision
 (`chain.steps.update.shared_outcomes`): every stage unscales by the same scale and all skip
 together on an overflow.
 
+With `optim.clip_global_norm` the unscaled, accumulated gradients are then clipped by the
+chain's global norm (`chain.steps.clipping`: one scalar per stage to the last stage's device,
+the factor back); with `pipeline.batch_norm=deferred` each stage's update also updates its
+BatchNormalization moving statistics once, from every microbatch of the step
+(`chain.steps.deferred_norm`).
+
 A dataflow graph runs any op whose inputs are ready, so the order a schedule gives a
 stage would be lost, and with it 1F1B's bound on live activations: every action's ops
 are created under `tf.control_dependencies` on the previous action of the same stage.
