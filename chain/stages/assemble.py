@@ -126,4 +126,20 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
         shape = out_shape
+    refuse_shared_variables(stages)
     return stages
+
+
+def refuse_shared_variables(stages: Sequence[Stage]) -> None:
+    """A ConfigError if one variable belongs to two stages (a layer object a user's builders put in
+    both): it lives on one device, and each stage's optimizer would update it, twice a step.
+    Weights shared across stages are not supported yet."""
+    owner: dict[int, int] = {}
+    for s in stages:
+        head = s.head.variables if s.head is not None else []
+        for v in list(s.model.variables) + list(head):
+            k = owner.setdefault(id(v), s.index)
+            if k != s.index:
+                raise ConfigError(f"stage {s.index} ({s.describe()}) uses the variable {v.path!r} of stage {k}; a "
+                                  "weight shared by two stages is not supported yet (it would live on one stage's "
+                                  "device and both stages' optimizers would update it): give each stage its own layers")
