@@ -15,14 +15,14 @@ from compare import rel_diff
 
 L = keras.layers
 M = 4
-RUN = ["mode=e2e", "+stages=3", "placement.split=[3,6,3]", "data=digits", "data.batch_size=32",
+RUN = ["mode=e2e", "+stages=2", "placement.split=[3,9]", "data=digits", "data.batch_size=16",
        "pipeline.schedule=1f1b", f"pipeline.microbatches={M}", "optim=sgd", "optim.lr=0.1",
        "trainer.progress=false", "checkpoint.export=false"]
 
 
 def resnet_style() -> keras.Model:
     """Conv-BN-ReLU, a residual block of two Conv-BN with a skip, pooling and a read-out (12 layers;
-    cut [3, 6, 3]: the stem, the block, the head)."""
+    cut [3, 9]: the stem, then the block and the head)."""
     keras.utils.set_random_seed(3)
     x = keras.Input((8, 8, 1))
     h = L.ReLU()(L.BatchNormalization(momentum=0.9)(L.Conv2D(8, 3, padding="same")(x)))
