@@ -17,7 +17,9 @@ its own config (`check`), key by key:
   model, the loss, the data and its batch, the seed, the mode, gradient accumulation, the
   pipeline's schedule and microbatches (they change float rounding, so the resumed run would
   match no uninterrupted one), XLA, float16 precision, the mirrored fallback and its replicas,
-  the cut of a Keras model.
+  the cut of a Keras model, gradient clipping (`optim.clip_*`), `pipeline.batch_norm`;
+- a checkpoint written before a setting existed resumes when the config leaves it at the value
+  that was the behaviour before it (`_ADDED`).
 """
 
 from __future__ import annotations
