@@ -18,6 +18,7 @@ from chain.errors import ConfigError
 from chain.training import compiled_clipping
 from compare import rel_diff
 from conftest import DEVICES
+from graph_audit import audit
 
 LR = 0.1
 CLIP = 0.1  # well below the gradients' global norm here (about 0.5 to 1): every step clips
@@ -93,6 +94,17 @@ def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(ov
     model, step = keras_reference(run, keras.optimizers.SGD(learning_rate=LR, global_clipnorm=CLIP))
     norms = assert_trains_like(run, model, step)
     assert min(norms) > 2 * CLIP  # clipping triggered in every step
+    if run.stages[0].device is not None:  # pipelined: only one scalar per stage crosses, each way
+        audited = audit(run.trace(*next(iter(run.batches()))))
+        last = run.stages[-1].device
+        assert audited.misplaced([s.device for s in run.stages]) == []
+        assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in audited.crossings())
+        copies = {op.name.split("/")[-1]: op for op in audited.copies() if "clip_global_norm" in op.name}
+        assert sorted(copies) == sorted([f"copy_to_squared_sum_s{k}" for k in range(2)]
+                                        + [f"copy_to_clip_factor_s{k}" for k in range(2)])
+        for name, op in copies.items():
+            assert op.outputs[0].shape.rank == 0
+            assert audited.device[op] == (last if "squared_sum" in name else run.stages[int(name[-1])].device)
 
 
 def test_float16_clips_the_unscaled_gradients_as_keras_loss_scale_optimizer():
