@@ -1,5 +1,6 @@
 """`pipeline.batch_norm=deferred`: BatchNormalization's moving statistics updated once per step
-from the whole batch, as full-batch training updates them (torchgpipe's deferred batch norm).
+from the whole batch, as Keras' layer updates them when called on the whole batch of the inputs
+it saw (torchgpipe's deferred batch norm).
 
 In a pipeline every microbatch goes through a stage's `BatchNormalization` layers on its own:
 by default (`microbatch`) each microbatch is normalized with its own statistics and the
@@ -17,9 +18,9 @@ and the moving statistics take one update with the layer's momentum, on the stag
 what `BatchNormalization` does on the whole batch at once. The recorded moments are tensors
 of the stage's forward, so the step must trace the forward inline (not under
 `trainer.jit_compile`, checked in the config). Layers that are frozen (`trainable=False`) or
-in inference mode record nothing and keep their moving statistics, as in Keras. Renorm and
-masked inputs are refused when the step is traced (their statistics are not the plain
-moments).
+in inference mode record nothing and keep their moving statistics, as in Keras. Renorm is
+refused when the step is built, masked inputs when it is traced (their statistics are not the
+plain moments).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class Deferred:
 
     def __init__(self, stages: Sequence[Stage]):
         self.layers = {s.index: norm_layers(s.model) for s in stages}
+        for layer in (layer for ls in self.layers.values() for layer in ls):
+            if layer.renorm:
+                raise ConfigError(f"pipeline.batch_norm=deferred: layer {layer.name!r} uses batch renormalization, "
+                                  "whose statistics are not the batch's moments; use pipeline.batch_norm=microbatch")
         self.moments: dict[int, list[tuple[tf.Tensor, tf.Tensor]]] = {}  # id(layer) -> one (mean, var) per call
         self.momentum: dict[int, float] = {}
 
@@ -54,9 +59,6 @@ class Deferred:
         self.moments = {}
         layers = [layer for ls in self.layers.values() for layer in ls]
         for layer in layers:
-            if layer.renorm:
-                raise ConfigError(f"pipeline.batch_norm=deferred: layer {layer.name!r} uses batch renormalization, "
-                                  "whose statistics are not the batch's moments; use pipeline.batch_norm=microbatch")
             self.momentum[id(layer)] = layer.momentum
             layer.momentum = 1.0
             object.__setattr__(layer, "_moments", self._recorder(layer))  # Keras' hook for the batch's moments
