@@ -294,3 +294,21 @@ def test_a_new_run_from_the_command_line_keeps_an_old_runs_checkpoints(copy, tmp
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith(f"error: {copy} already holds checkpoints"), lines[0]
     assert sorted(os.listdir(os.path.join(copy, "stage_00"))) == files
+
+
+def test_a_checkpoint_from_before_clipping_and_batch_norm_settings_resumes_only_under_their_old_behaviour():
+    """A checkpoint written before `optim.clip_*` and `pipeline.batch_norm` existed records none of
+    them: it resumes under null / microbatch (what it trained with), and is refused under anything else."""
+    from chain.config import validate
+    from chain.state.run_settings import RunSettings, check
+
+    settings = validate(chain.compose(SMALL + E2E))
+    old = RunSettings.of(settings).values
+    old = {**old, "pipeline": {k: v for k, v in old["pipeline"].items() if k != "batch_norm"},
+           "stages": [{**s, "optim": {k: v for k, v in s["optim"].items() if not k.startswith("clip_")}}
+                      for s in old["stages"]]}
+    assert check(RunSettings(old), settings, 3) == []
+    for override, key in [("optim.clip_global_norm=1", "optim.clip_global_norm"),
+                          ("pipeline.batch_norm=deferred", "pipeline.batch_norm")]:
+        with pytest.raises(ChainError, match=rf"^the checkpoint was written with {key}='\(unset\)'"):
+            check(RunSettings(old), validate(chain.compose(SMALL + E2E + [override])), 3)

@@ -164,6 +164,22 @@ def profile_ports(workers, ports) -> None:
                           "port per worker (each started with python -m chain.worker --profile-port PORT)")
 
 
+def check_clipping(s: Settings) -> None:
+    """One kind of clipping per optimizer (Keras allows one); mode=e2e clips the chain's gradients by
+    one global norm, so every stage names the same `clip_global_norm` (or none)."""
+    for k, spec in enumerate(s.stages):
+        o = spec.optim
+        if o.clip_norm is not None and o.clip_global_norm is not None:
+            key = "optim" if len(set(s.stages)) == 1 else f"stages[{k}].optim"
+            raise ConfigError(f"{key}.clip_norm={o.clip_norm} and {key}.clip_global_norm={o.clip_global_norm} are "
+                              "both set; clip each variable's gradient or all of them by one norm, not both")
+    norms = [spec.optim.clip_global_norm for spec in s.stages]
+    if s.mode == "e2e" and len(set(norms)) > 1:
+        k = next(i for i, n in enumerate(norms) if n != norms[0])
+        raise ConfigError(f"stages[{k}].optim.clip_global_norm={norms[k]} differs from stages[0]'s {norms[0]}; "
+                          "mode=e2e clips the whole chain's gradients by one global norm: give every stage the same")
+
+
 def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     """Raise a ConfigError for the first inconsistency of `s` (with the data `info` describes,
     when known); return notes on ignored settings."""
@@ -191,15 +207,21 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     if info is not None:
         check_data(s, info)
     check_cut(s)
+    check_clipping(s)
     if s.placement.fallback == "mirrored" and s.placement.replicas is not None:
         batch_over_replicas(s.data.batch_size, s.placement.replicas)
     notes = []
     if s.mode == "e2e":
         microbatches_divide(s.pipeline.microbatches, s.data.batch_size)
+        if s.pipeline.batch_norm == "deferred" and t.jit_compile:
+            raise ConfigError("pipeline.batch_norm=deferred records each microbatch's statistics from the stage's "
+                              "forward as the step traces it, which trainer.jit_compile=true compiles apart: set "
+                              "one of them")
     else:
         ignored = [f"pipeline.{k}={v}" for k, v in (("schedule", s.pipeline.schedule),
-                                                   ("microbatches", s.pipeline.microbatches))
-                   if v != {"schedule": "gpipe", "microbatches": 1}[k]]
+                                                   ("microbatches", s.pipeline.microbatches),
+                                                   ("batch_norm", s.pipeline.batch_norm))
+                   if v != {"schedule": "gpipe", "microbatches": 1, "batch_norm": "microbatch"}[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
         if ignored:

@@ -31,6 +31,7 @@ FALLBACKS = ("virtual", "mirrored", "error")
 ON_NAN = ("stop", "skip")
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
 BALANCES = ("even", "params", "time")
+BATCH_NORMS = ("microbatch", "deferred")
 
 # Bounds that keep every value within what the code (and validation, in O(1)) handles.
 MAX_STAGES = 512
@@ -175,8 +176,14 @@ MODEL = model_check
 
 @dataclass(frozen=True, kw_only=True)
 class Optimizer:
+    """What every optimizer has: its learning rate and gradient clipping (at most one kind)."""
+
     name: str = setting(string, "the optimizer: adam or sgd")
     lr: float = setting(number(positive=True), "learning rate")
+    clip_norm: float | None = setting(optional(number(positive=True)),
+        "clip each variable's gradient to this norm (Keras' clipnorm); null: no clipping")
+    clip_global_norm: float | None = setting(optional(number(positive=True)),
+        "clip by the norm over all gradients (Keras' global_clipnorm); mode=e2e: over every stage's; null: none")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,6 +262,9 @@ class Pipeline:
     schedule: str = setting(string, "mode=e2e: the pipeline schedule")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),
         "mode=e2e: microbatches per batch; must divide data.batch_size")
+    batch_norm: str = setting(choice(*BATCH_NORMS),
+        "mode=e2e: BatchNormalization's moving statistics: microbatch (updated per microbatch) or deferred "
+        "(once per step, from the whole batch)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,6 +29,12 @@ the last backward the whole chain takes one loss-scale decision
 (`chain.steps.update.shared_outcomes`): every stage unscales by the same scale and all skip
 together on an overflow.
 
+With `optim.clip_global_norm` the unscaled, accumulated gradients are then clipped by the
+chain's global norm (`chain.steps.clipping`: one scalar per stage to the last stage's device,
+the factor back); with `pipeline.batch_norm=deferred` each stage's update also updates its
+BatchNormalization moving statistics once, from every microbatch of the step
+(`chain.steps.deferred_norm`).
+
 A dataflow graph runs any op whose inputs are ready, so the order a schedule gives a
 stage would be lost, and with it 1F1B's bound on live activations: every action's ops
 are created under `tf.control_dependencies` on the previous action of the same stage.
@@ -55,6 +61,7 @@ stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -64,6 +71,8 @@ from chain.pipeline.schedules import DONE, FORWARD, Action, Schedule, simulate, 
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
+from chain.steps.clipping import clip_global
+from chain.steps.deferred_norm import Deferred
 from chain.steps.forward import chain_forward
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.report import dropped, report
@@ -140,9 +149,11 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True) -> Callable:
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True,
+             clip_global_norm: float | None = None, batch_norm: str = "microbatch") -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
-    stage's guard flag, then the mean batch loss: `Layout.chain`).
+    stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
+    gradient norm: `Layout.chain`).
 
     `loss(y, pred)` is the mean loss of one microbatch; `target` names the entry of
     `ys` that the last stage learns. `grad_accum` rounds of the schedule make one
@@ -151,6 +162,10 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     hold each stage to the schedule's order (an ablation for benchmarks: the executor then
     runs every op as soon as its inputs are ready); `release=False` leaves out the host
     releases after sending actions (an ablation: the step as it was before them).
+    `clip_global_norm=C` clips the accumulated, unscaled gradients of every stage by their
+    global norm (`chain.steps.clipping`, computed on the last stage's device).
+    `batch_norm="deferred"` updates every BatchNormalization layer's moving statistics once,
+    from the whole batch, in each stage's update (`chain.steps.deferred_norm`).
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
@@ -161,8 +176,13 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
                                    xla.forward_name(s.index)) for s in stages]
     updates = [stage_update(s, jit_compile) for s in stages]
+    deferred = Deferred(stages) if batch_norm == "deferred" else None
 
     def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+        with deferred.recording() if deferred else contextlib.nullcontext():
+            return body(x, ys)
+
+    def body(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
         # The batch and its labels cross to the first and last stage once; each is cut
         # into microbatches on the device that consumes it.
         x0 = copy_to(x, stages[0].device, "input")
@@ -231,14 +251,21 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
             with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
                     tf.control_dependencies(previous[s.index]):
                 grads.append(unscale(s, accumulated[s.index]))
+                if deferred:  # the moving statistics' one update, from every microbatch of the step
+                    deferred.update(s)
             scopes.append(scope)
         outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
+        norm = None
+        if clip_global_norm is not None:  # after unscaling and the overflow decision, before the updates
+            grads, norm = clip_global(stages, grads, clip_global_norm, stages[last].device)
         values = []
         for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
             # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
             with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[s.index]):
                 values.append([dropped(updates[s.index](g, None, outcome))])
         values[last].append(total)
+        if norm is not None:
+            values[last].append(norm)
         return report(stages, values, stages[last].device)
 
     return step

@@ -32,7 +32,8 @@ class PipelinedChain(ChainObjective, Pipelined):
 
     def make_step(self) -> Callable:
         t = self.settings.trainer
-        return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile)
+        return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile,
+                        clip_global_norm=self.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm)
 
     def batch_divisor(self) -> int:
         return self.settings.trainer.grad_accum * self.schedule.microbatches

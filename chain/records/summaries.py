@@ -76,6 +76,15 @@ class ChainFields:
 
 
 @dataclass(frozen=True)
+class ClippingFields:
+    """optim.clip_global_norm (mode=e2e): the global gradient norm, before clipping (every step's is
+    TensorBoard's `grad_norm`)."""
+
+    grad_norm_first: float | None = item("the global gradient norm of step 1")
+    grad_norm_last: float | None = item("the global gradient norm of the last step")
+
+
+@dataclass(frozen=True)
 class PipelineFields:
     """mode=e2e, pipelined: the schedule."""
 
@@ -164,6 +173,7 @@ class Summary:
     stages: list[StageSummary] | None = item("one entry per stage (the fields below)")
     chain: ChainFields | None = item("mode=e2e", default=None, section=True)
     pipeline: PipelineFields | None = item("mode=e2e, pipelined", default=None, section=True)
+    clipping: ClippingFields | None = item("optim.clip_global_norm (mode=e2e)", default=None, section=True)
     mirrored: MirroredFields | None = item("a mirrored run (placement.fallback=mirrored)", default=None, section=True)
     side_by_side: SideBySideFields | None = item("mode=side_by_side", default=None, section=True)
     profile: ProfileFields | None = item("trainer.profile", default=None, section=True)

@@ -58,11 +58,18 @@ def output_layers(target: Target, input_shape: tuple[int, ...]) -> list[keras.la
     return flat + [keras.layers.Dense(target.classes or 1, dtype=policy)]
 
 
-def make_optimizer(spec: Optim, name: str | None = None) -> keras.optimizers.Optimizer:
-    """A Keras optimizer from a validated `optim` section."""
+def make_optimizer(spec: Optim, name: str | None = None, global_clip: bool = True) -> keras.optimizers.Optimizer:
+    """A Keras optimizer from a validated `optim` section.
+
+    `optim.clip_norm` is Keras' `clipnorm` (per variable, so the same on one stage as on one
+    device). `optim.clip_global_norm` is Keras' `global_clipnorm` only with `global_clip`: an
+    optimizer over a stage of a chain with one loss (mode=e2e) would clip by the stage's norm,
+    not the chain's, so there the step clips (`chain.steps.clipping`) and the optimizer does not.
+    """
+    clips = {"clipnorm": spec.clip_norm, "global_clipnorm": spec.clip_global_norm if global_clip else None}
     if isinstance(spec, Sgd):
-        return keras.optimizers.SGD(learning_rate=spec.lr, momentum=spec.momentum, name=name)
-    return keras.optimizers.Adam(learning_rate=spec.lr, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name)
+        return keras.optimizers.SGD(learning_rate=spec.lr, momentum=spec.momentum, name=name, **clips)
+    return keras.optimizers.Adam(learning_rate=spec.lr, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name, **clips)
 
 
 def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info: DataInfo, *,
@@ -111,11 +118,28 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
             head = None
             if heads:
                 head = keras.Sequential([keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}")
-            optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}")
+            # mode=e2e (`readout`): one loss for the chain, whose step clips by the chain's global norm
+            optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}", global_clip=not readout)
             loss_scale = LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}") if scaled else None
             stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale,
                           label=labels[k] if labels else None)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
         shape = out_shape
+    refuse_shared_variables(stages)
     return stages
+
+
+def refuse_shared_variables(stages: Sequence[Stage]) -> None:
+    """A ConfigError if one variable belongs to two stages (a layer object a user's builders put in
+    both): it lives on one device, and each stage's optimizer would update it, twice a step.
+    Weights shared across stages are not supported yet."""
+    owner: dict[int, int] = {}
+    for s in stages:
+        head = s.head.variables if s.head is not None else []
+        for v in list(s.model.variables) + list(head):
+            k = owner.setdefault(id(v), s.index)
+            if k != s.index:
+                raise ConfigError(f"stage {s.index} ({s.describe()}) uses the variable {v.path!r} of stage {k}; a "
+                                  "weight shared by two stages is not supported yet (it would live on one stage's "
+                                  "device and both stages' optimizers would update it): give each stage its own layers")

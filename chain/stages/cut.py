@@ -1,7 +1,8 @@
 """One Keras model cut into stages: where it may be cut, how to cut it, and stage bodies that
 compute exactly what its layers computed.
 
-A model (Sequential or functional, one input, one output, no layer called twice) may be cut
+A model (Sequential or functional, one input, one output, no layer called twice, no variable
+held by two layers: shared weights are refused, not silently untied) may be cut
 before layer c only where one tensor crosses between the layers before c and the layers from
 c on. What happens inside a stage is free: skips, branches, a layer taking several tensors
 (`MultiHeadAttention()(x, x)`), a layer with several outputs. A cut that more than one tensor
@@ -82,6 +83,21 @@ def _calls(graph: keras.Model) -> dict[int, list[Any]]:
     return calls
 
 
+def _refuse_shared_weights(layers: Sequence[keras.layers.Layer], name: str) -> None:
+    """A ConfigError if two layers hold the same variable (a tied weight, e.g. an embedding reused by
+    the read-out through a custom layer): each layer is re-created from its config on its stage,
+    so the two would silently get two copies that train apart."""
+    owner: dict[int, keras.layers.Layer] = {}
+    for layer in layers:
+        for v in layer.weights:
+            first = owner.setdefault(id(v), layer)
+            if first is not layer:
+                raise ConfigError(f"{name}: layers {first.name!r} and {layer.name!r} share the variable {v.path!r} (a tied "
+                                  "weight); a model cut into stages cannot share a weight between layers yet (each "
+                                  "layer is re-created on its stage, which would untie them): untie it, or train the "
+                                  "model uncut")
+
+
 def analyse(model: keras.Model, name: str) -> Cuttable:
     """Check that `model` can be cut into a chain of stages and find where; `name` names it in errors.
 
@@ -101,6 +117,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
             raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
                               "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
         nodes.append(found[0])
+    _refuse_shared_weights(layers, name)
     made: dict[int, tuple[int, int]] = {id(graph.inputs[0]): (-1, 0)}  # id(tensor) -> (producer, its output k)
     tensors = {id(graph.inputs[0]): graph.inputs[0]}
     last_use: dict[int, tuple[int, str]] = {}  # id(tensor) -> (its last consumer, that consumer's name)

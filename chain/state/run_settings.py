@@ -17,7 +17,9 @@ its own config (`check`), key by key:
   model, the loss, the data and its batch, the seed, the mode, gradient accumulation, the
   pipeline's schedule and microbatches (they change float rounding, so the resumed run would
   match no uninterrupted one), XLA, float16 precision, the mirrored fallback and its replicas,
-  the cut of a Keras model.
+  the cut of a Keras model, gradient clipping (`optim.clip_*`), `pipeline.batch_norm`;
+- a checkpoint written before a setting existed resumes when the config leaves it at the value
+  that was the behaviour before it (`_ADDED`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_
         "placement.cpu_memory_mb")
 _STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
+# Settings added after checkpoints were first written, with the value that is the behaviour from
+# before them: a checkpoint without one resumes under that value.
+_ADDED = {"optim.clip_norm": None, "optim.clip_global_norm": None, "pipeline.batch_norm": "microbatch"}
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
 
@@ -143,6 +148,8 @@ def check(saved: RunSettings, settings: Settings, step: int) -> list[str]:
     notes = []
     for c in changes(saved, RunSettings.of(settings)):
         key = c.general
+        if c.old == _MISSING and key in _ADDED and c.new == _ADDED[key]:
+            continue
         if key == "precision":
             check_precision({"precision": c.old}, settings)  # float16 holds loss scales: refused there
         if _matches(key, FREE) or (mode != "e2e" and settings.mode != "e2e" and _matches(key, _E2E_ONLY)):

@@ -23,12 +23,14 @@ class Layout:
     """Where each value sits in a step's report (a float32 vector of `size` values).
 
     `losses`: mode=local one per stage, mode=e2e the chain's one; `skipped`: one per
-    stage, 1.0 when the numerics guard dropped that stage's update in that step.
+    stage, 1.0 when the numerics guard dropped that stage's update in that step; `norm`:
+    the chain's global gradient norm (mode=e2e with `optim.clip_global_norm`), else None.
     """
 
     size: int
     losses: tuple[int, ...]
     skipped: tuple[int, ...]
+    norm: int | None = None
 
     @staticmethod
     def per_stage(n_stages: int) -> "Layout":
@@ -36,9 +38,14 @@ class Layout:
         return Layout(2 * n_stages, tuple(range(0, 2 * n_stages, 2)), tuple(range(1, 2 * n_stages, 2)))
 
     @staticmethod
-    def chain(n_stages: int) -> "Layout":
-        """Stage k reports [skipped_k]; the last stage then adds the chain's loss (mode=e2e)."""
-        return Layout(n_stages + 1, (n_stages,), tuple(range(n_stages)))
+    def chain(n_stages: int, norm: bool = False) -> "Layout":
+        """Stage k reports [skipped_k]; the last stage then adds the chain's loss (mode=e2e) and,
+        with `norm`, the global norm of the chain's gradients (`chain.steps.clipping`)."""
+        return Layout(n_stages + 1 + norm, (n_stages,), tuple(range(n_stages)), n_stages + 1 if norm else None)
+
+    def grad_norm(self, row) -> float | None:
+        """One step's global gradient norm from its report row (None when the step reports none)."""
+        return None if self.norm is None else float(row[self.norm])
 
     def decode(self, row) -> tuple[list[float], list[int]]:
         """One step's report (a NumPy row) -> (its losses as floats, indices of the skipped stages)."""

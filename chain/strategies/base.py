@@ -232,9 +232,10 @@ class Strategy:
         stages whose update the numerics guard dropped (before `chain.steps.numerics.judge`)."""
         raise NotImplementedError
 
-    def report_values(self, flags: list, losses: ReplicaLosses) -> list[list]:
+    def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
         """Each stage's values in the step's report, from its guard flag and the step's losses
-        (each stage's own, or the chain's), laid out as `layout` says."""
+        (each stage's own, or the chain's) and the global gradient norm (`optim.clip_global_norm`),
+        laid out as `layout` says."""
         raise NotImplementedError
 
     def stage_summary(self, stage: Stage, entry: StageSummary, first: LossRecord, last: LossRecord) -> StageSummary:
@@ -272,7 +273,7 @@ class LocalObjective(Strategy):
         losses, skipped = self.layout.decode(row)
         return StepResult(float(sum(losses)), losses, skipped)  # the step's loss: the sum of the stages'
 
-    def report_values(self, flags: list, losses: ReplicaLosses) -> list[list]:
+    def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
         return [[losses.stages[s.index], f] for s, f in zip(self.stages, flags)]
 
     def stage_summary(self, stage: Stage, entry: StageSummary, first: LossRecord, last: LossRecord) -> StageSummary:
@@ -297,6 +298,12 @@ class ChainObjective(Strategy):
     def target(self):
         return self.stages[-1].target
 
+    @property
+    def clip_global_norm(self) -> float | None:
+        """`optim.clip_global_norm`: the chain's gradients are clipped by their global norm (the
+        same on every stage, `chain.config.checks.check_clipping`), and each step reports it."""
+        return self.settings.stages[-1].optim.clip_global_norm
+
     def loss_fn(self) -> Callable:
         """`fn(y, pred)`: the chain's mean loss (`loss=`)."""
         return losses.make(self.settings.loss, self.target)
@@ -309,14 +316,15 @@ class ChainObjective(Strategy):
 
     @functools.cached_property
     def layout(self):
-        return Layout.chain(len(self.stages))
+        return Layout.chain(len(self.stages), norm=self.clip_global_norm is not None)
 
     def read(self, row: Any) -> StepResult:
         losses, skipped = self.layout.decode(row)
-        return StepResult(losses[0], [], skipped)  # no stage has a loss of its own
+        return StepResult(losses[0], [], skipped, self.layout.grad_norm(row))  # no stage has a loss of its own
 
-    def report_values(self, flags: list, losses: ReplicaLosses) -> list[list]:
-        return [[f] for f in flags[:-1]] + [[flags[-1], losses.chain[0]]]
+    def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
+        extra = [norm] if self.layout.norm is not None else []
+        return [[f] for f in flags[:-1]] + [[flags[-1], losses.chain[0], *extra]]
 
     def summary(self, summary: Summary) -> Summary:
         return super().summary(replace(summary, chain=ChainFields(self.settings.loss, self.target.name)))

@@ -42,6 +42,7 @@ from chain.errors import DeviceError
 from chain.planning.planner import MIRRORED, Placement
 from chain.records.results import ReplicaLosses
 from chain.records.summaries import MirroredFields, Summary
+from chain.steps.clipping import clip_global
 from chain.steps.replica import e2e_replica_step, local_replica_step
 from chain.steps.report import dropped, report
 from chain.steps.update import apply_update, shared_outcomes, unscale
@@ -113,6 +114,11 @@ class Mirrored(Strategy):
         """Each stage's float16 loss-scale outcome; None: each stage decides from its own loss."""
         return [None] * len(self.stages)
 
+    def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
+        """The summed gradients clipped by the chain's global norm, and that norm (None: the
+        optimizers clip, if at all: each stage is a model of its own)."""
+        return grads, None
+
     def make_step(self) -> Callable:
         per_replica_step = self.replica_step()
         stages, strategy = self.stages, self.strategy
@@ -125,11 +131,13 @@ class Mirrored(Strategy):
             losses = ReplicaLosses(tuple(total(v) for v in per_replica_losses.stages),
                                    tuple(total(v) for v in per_replica_losses.chain))
             grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
+            outcomes = self.outcomes(grads, losses)
+            grads, norm = self.clip(grads)  # after the all-reduce, unscaling and the overflow decision
             flags = []
-            for s, g, outcome in zip(stages, grads, self.outcomes(grads, losses)):
+            for s, g, outcome in zip(stages, grads, outcomes):
                 own = losses.stages[s.index] if losses.stages else None  # mode=local: the stage's loss joins the guard
                 flags.append(dropped(apply_update(s, g, own, outcome)))
-            return report(stages, self.report_values(flags, losses), None)  # no devices: no copies
+            return report(stages, self.report_values(flags, losses, norm), None)  # no devices: no copies
 
         return train
 
@@ -179,6 +187,9 @@ class MirroredChain(ChainObjective, Mirrored):
         if settings.pipeline.microbatches > 1:
             placement.notes.append(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
                                    "a mirrored replica runs its whole share of the batch at once")
+        if settings.pipeline.batch_norm != "microbatch":
+            placement.notes.append(f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
+                                   "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
         super().__init__(settings, placement, info, **bodies)
 
     def replica_step(self) -> Callable:
@@ -188,3 +199,8 @@ class MirroredChain(ChainObjective, Mirrored):
 
     def outcomes(self, grads: list, total: ReplicaLosses) -> list:
         return shared_outcomes(self.stages, grads, total.chain[0], None)  # one decision for the chain
+
+    def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
+        if self.clip_global_norm is None:
+            return grads, None
+        return clip_global(self.stages, grads, self.clip_global_norm, None)

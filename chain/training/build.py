@@ -45,6 +45,7 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     """Prepare (unless given a prepared `RunSpec`), apply the placement and build a run (see `chain.build`)."""
     import keras
 
+    from chain.training import compiled_clipping
     from chain.training.user_bodies import resolve
 
     spec = prepare(cfg)
@@ -56,6 +57,7 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     settings, placement = spec.settings, spec.placement
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
+    settings = compiled_clipping.honour(settings, model, placement.notes)  # a compiled model's clipping is kept
     strategy = ways.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
     run = Run(settings, strategy, dataset, run_dir)
     if placement.cluster:  # the workers serve on after the run: watched as long as this process lives

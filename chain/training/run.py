@@ -25,7 +25,7 @@ from chain.errors import ChainError, OutOfMemory, StorageError, first_line
 from chain.planning import cluster, memory
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
-from chain.records.summaries import StageSummary, Summary
+from chain.records.summaries import ClippingFields, StageSummary, Summary
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
 from chain.steps.numerics import NonFiniteError, finite_or_none, judge
@@ -351,12 +351,16 @@ class Run:
         record, TensorBoard point, log line, evaluation and checkpoint; then the test hooks and `callback`."""
         from chain import testhooks
 
-        record = LossRecord(finite_or_none(out.loss), [finite_or_none(v) for v in out.stage_losses])
+        record = LossRecord(finite_or_none(out.loss), [finite_or_none(v) for v in out.stage_losses],
+                            finite_or_none(out.grad_norm) if out.grad_norm is not None else None)
+        chain_scalars = {"loss": out.loss}
+        if out.grad_norm is not None:  # the global gradient norm before clipping (optim.clip_global_norm)
+            chain_scalars["grad_norm"] = out.grad_norm
         if step == 1:
             loop.first = record
         loop.last = record
         if loop.writers and cadences.logging.point(step):
-            loop.writers.scalars(step, [{"loss": v} for v in out.stage_losses], {"loss": out.loss})
+            loop.writers.scalars(step, [{"loss": v} for v in out.stage_losses], chain_scalars)
         if cadences.logging.due(step):
             log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out.stage_losses or [out.loss]))
         if cadences.evaluation.due(step):
@@ -472,6 +476,7 @@ class Run:
             steps_per_second=timed_steps / elapsed if speed else None,
             loss_first=first.loss,
             loss_last=last.loss,
+            clipping=ClippingFields(first.grad_norm, last.grad_norm) if self.strategy.layout.norm is not None else None,
             # The last evaluation (at the end): the chain's (mode=e2e; mode=local: per stage).
             val=evaluation.chain if evaluation else None,
             best_step=self.tracker.best_step,
