@@ -299,3 +299,27 @@ def test_a_bare_label_array_is_the_chains_target():
         h = s.model(h)
     expected = float(np.mean((h.numpy()[:, 0] - ys["value"].numpy()) ** 2))
     assert run.step(x, ys["value"])["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_schedule(trained, schedule, tmp_path,
+                                                                                          capsys):
+    from chain.__main__ import show_plan
+
+    path = tmp_path / f"{schedule}.csv"
+    show_plan(chain.compose(BASE + [f"pipeline.schedule={schedule}", "pipeline.microbatches=2", "plan_only=true",
+                                    f"pipeline.schedule_out={path}"]))
+    assert f"schedule written to {path}" in capsys.readouterr().out
+    t = trained(schedule, 2, "crossentropy")
+    run = chain.build(chain.compose(BASE + ["pipeline.schedule=file", f"pipeline.schedule_file={path}",
+                                            "pipeline.microbatches=2"]))
+    assert run.schedule.name == "file" and run.schedule.actions == t["run"].schedule.actions
+    for s, initial in zip(run.stages, t["initial"]):  # the same start
+        for layer, before in zip(s.model.layers, initial):
+            assert all(np.array_equal(w, b) for w, b in zip(layer.get_weights(), before))
+    it = iter(run.batches())
+    losses = [run.step(*next(it))["loss"] for _ in range(STEPS)]
+    assert losses == t["chain_losses"]  # bit for bit
+    for s, ref in zip(run.stages, t["run"].stages):
+        for w, r in zip(s.trainable_variables, ref.trainable_variables):
+            assert np.array_equal(w.numpy(), r.numpy()), (s.index, w.name)

@@ -22,6 +22,7 @@ from chain.config.shapes import stage_shapes
 from chain.data import files
 from chain.data.catalog import DataInfo, describe
 from chain.errors import ConfigError, DeviceError
+from chain.pipeline import schedule_file, schedules
 from chain.planning.devices import canonical
 
 DEFAULT_STEPS = 400  # trainer.steps when neither it nor trainer.epochs is set (digits: ~16 epochs)
@@ -35,6 +36,42 @@ def microbatches_divide(microbatches: int, batch_size: int) -> None:
         raise ConfigError(
             f"pipeline.microbatches={microbatches} does not divide data.batch_size={batch_size}; microbatches must "
             f"be equal: use pipeline.microbatches={fits} or data.batch_size={bigger} (a multiple of {microbatches})")
+
+
+def pipeline_schedule(s: Settings) -> schedules.Schedule:
+    """mode=e2e's schedule: the built-in `pipeline.schedule`, or the one `pipeline.schedule_file` holds
+    (read and checked here: a ConfigError naming the key for a file that cannot run)."""
+    p, n_stages = s.pipeline, len(s.stages)
+    if p.schedule != schedules.FILE:
+        return schedules.build(p.schedule, n_stages, p.microbatches)
+    if p.schedule_file is None:
+        raise ConfigError("pipeline.schedule=file reads the schedule from pipeline.schedule_file, which is not set; "
+                          "give a CSV (one row per device, cells like F3, B3, W3), or a built-in schedule: "
+                          f"{', '.join(schedules.NAMES)}")
+    path = files.existing(p.schedule_file, "pipeline.schedule_file")
+    try:
+        return schedule_file.read(path, n_stages, p.microbatches)
+    except schedule_file.ScheduleFileError as e:
+        raise ConfigError(f"pipeline.schedule_file={path!r} {e}") from None
+
+
+def check_pipeline(s: Settings) -> None:
+    """mode=e2e: the schedule can run (`pipeline_schedule`), its file is given only for schedule=file,
+    and pipeline.schedule_out is written by plan_only=true into a folder that exists."""
+    p = s.pipeline
+    if p.schedule_file is not None and p.schedule != schedules.FILE:
+        raise ConfigError(f"pipeline.schedule_file is read only with pipeline.schedule=file (is {p.schedule}); "
+                          "set pipeline.schedule=file or remove pipeline.schedule_file")
+    if p.schedule_out is not None:
+        if not s.plan_only:
+            raise ConfigError("pipeline.schedule_out is written by plan_only=true (which trains nothing); "
+                              "add plan_only=true or remove pipeline.schedule_out")
+        folder = os.path.dirname(os.path.abspath(p.schedule_out))
+        if not os.path.isdir(folder) or os.path.isdir(p.schedule_out):
+            raise ConfigError(f"pipeline.schedule_out={p.schedule_out!r}: "
+                              + ("is a directory; name a file" if os.path.isdir(p.schedule_out)
+                                 else f"the folder {folder} does not exist"))
+    pipeline_schedule(s)
 
 
 def batch_over_replicas(batch_size: int, replicas: int) -> int:
@@ -196,10 +233,10 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     notes = []
     if s.mode == "e2e":
         microbatches_divide(s.pipeline.microbatches, s.data.batch_size)
+        check_pipeline(s)
     else:
-        ignored = [f"pipeline.{k}={v}" for k, v in (("schedule", s.pipeline.schedule),
-                                                   ("microbatches", s.pipeline.microbatches))
-                   if v != {"schedule": "gpipe", "microbatches": 1}[k]]
+        defaults = {"schedule": "gpipe", "microbatches": 1, "schedule_file": None, "schedule_out": None}
+        ignored = [f"pipeline.{k}={v}" for k, v in ((k, getattr(s.pipeline, k)) for k in defaults) if v != defaults[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
         if ignored:

@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Union
 from chain.config.fields import (Check, address, boolean, choice, dotted_name, feature, int_or_list, integer,
                                  list_of, mapping, number, optional, power_of_two, required, step_window, string)
 from chain.errors import ConfigError
-from chain.pipeline.schedules import NAMES as SCHEDULES
+from chain.pipeline.schedules import CHOICES as SCHEDULES
 
 MODES = ("local", "e2e", "side_by_side")
 POLICIES = ("lockstep", "round_robin")
@@ -371,9 +371,14 @@ class Trainer:
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
-    schedule: str = setting(choice(*SCHEDULES), "mode=e2e: the pipeline schedule")
+    schedule: str = setting(choice(*SCHEDULES),
+        "mode=e2e: the pipeline schedule (zb1: zero bubble ZB-H1; file: read from pipeline.schedule_file)")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),
         "mode=e2e: microbatches per batch; must divide data.batch_size")
+    schedule_file: str | None = setting(optional(string),
+        "schedule=file: a CSV, one row per device, one action per cell (F3, B3, W3), checked before training")
+    schedule_out: str | None = setting(optional(string),
+        "plan_only=true: write the schedule to this CSV (the form pipeline.schedule_file reads)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chain.errors import ChainError, first_line
-from chain.pipeline import schedules
+from chain.pipeline import schedule_file, schedules
 from chain.report import scalars
 
 
@@ -48,6 +48,11 @@ class RunRecord:
         name, m = self.get("schedule"), self.get("microbatches")
         if not name or not m or not self.stages:
             return None
+        if name == schedules.FILE:  # read again from its file, if it is still there and still runs
+            try:
+                return schedule_file.read(self.get("schedule_file") or "", len(self.stages), m)
+            except schedule_file.ScheduleFileError:
+                return None
         return schedules.build(name, len(self.stages), m)
 
 
@@ -55,7 +60,7 @@ class RunRecord:
 # file edited or damaged into other types is refused naming the key, not drawn as something else.
 _NUMBER = (int, float)
 SUMMARY_TYPES: dict[str, type | tuple[type, ...]] = {
-    "mode": str, "strategy": str, "schedule": str, "microbatches": int, "batch_size": int, "steps": int,
+    "mode": str, "strategy": str, "schedule": str, "schedule_file": str, "microbatches": int, "batch_size": int, "steps": int,
     "resumed_from": int,
     "stages": list, "replica_devices": list, "replica_peak_memory_bytes": list, "peak_memory_scope": str,
     "examples_per_second": _NUMBER, "examples_per_step": _NUMBER, "loss_first": _NUMBER, "loss_last": _NUMBER,
@@ -108,8 +113,8 @@ def _check_summary(summary: Any, path: str) -> dict:
         if not _typed(summary.get(key), types):
             raise wrong(key, f"{'a number' if types is _NUMBER else f'a {types.__name__}'} or null, "
                              f"not {json.dumps(summary[key])[:40]}")
-    if summary.get("schedule") is not None and summary["schedule"] not in schedules.NAMES:
-        raise wrong("schedule", f"one of {', '.join(schedules.NAMES)}")
+    if summary.get("schedule") is not None and summary["schedule"] not in schedules.CHOICES:
+        raise wrong("schedule", f"one of {', '.join(schedules.CHOICES)}")
     m, batch = summary.get("microbatches"), summary.get("batch_size")
     if m is not None and not (isinstance(batch, int) and 1 <= m <= batch):  # a run's divide its batch
         raise wrong("microbatches", "between 1 and batch_size")

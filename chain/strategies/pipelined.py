@@ -7,8 +7,10 @@ network with a pipeline schedule over microbatches (`chain.pipeline.step`).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
+from chain.config.checks import pipeline_schedule
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.pipeline import schedules
@@ -36,8 +38,7 @@ class PipelinedChain(ChainObjective, Pipelined):
     """mode=e2e, pipelined: `pipeline.schedule` over `pipeline.microbatches` per batch."""
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
-        p = settings.pipeline
-        self.schedule = schedules.build(p.schedule, len(settings.stages), p.microbatches)
+        self.schedule = pipeline_schedule(settings)  # a built-in one, or pipeline.schedule_file's
         super().__init__(settings, placement, info, **bodies)
 
     def make_step(self) -> Callable:
@@ -61,8 +62,11 @@ class PipelinedChain(ChainObjective, Pipelined):
         return schedules.simulate(self.schedule)
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "schedule": self.schedule.name, "microbatches": self.schedule.microbatches,
-                "bubble_fraction": self.timeline().bubble_fraction}
+        out = {**super().summary(), "schedule": self.schedule.name, "microbatches": self.schedule.microbatches,
+               "bubble_fraction": self.timeline().bubble_fraction}
+        if self.schedule.name == schedules.FILE:
+            out["schedule_file"] = os.path.abspath(self.settings.pipeline.schedule_file)
+        return out
 
     def plan_text(self, full: bool) -> str:
         timeline = self.timeline()
