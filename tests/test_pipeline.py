@@ -31,8 +31,8 @@ LOSSES = {  # name -> (overrides, Keras' own loss on (y, output of the last stag
     "mse_value": (["loss=mse", "stage.target=value"], lambda y, out: keras.losses.MeanSquaredError()(y, out[:, 0])),
     "mse_onehot": (["loss=mse"], lambda y, out: keras.losses.MeanSquaredError()(tf.one_hot(y, 4), out)),
 }
-CASES = [(name, m, "crossentropy") for name in schedules.NAMES for m in (1, 2, 4)] + [
-    ("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
+CASES = [(name, m, "crossentropy") for name in ("sequential", "gpipe", "1f1b") for m in (1, 2, 4)] + [
+    ("zb1", m, "crossentropy") for m in (2, 4, 8)] + [("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
 
 
 def keras_reference(run, initial: list[list[np.ndarray]], loss):
@@ -323,3 +323,33 @@ def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_s
     for s, ref in zip(run.stages, t["run"].stages):
         for w, r in zip(s.trainable_variables, ref.trainable_variables):
             assert np.array_equal(w.numpy(), r.numpy()), (s.index, w.name)
+
+
+def live_ops(graph) -> set[str]:
+    """The ops a call of the compiled step runs: what its results and stateful ops need (a function
+    prunes the rest, such as the weight products a tape builds for a B that only wants dL/dinput)."""
+    stack = [t.op for t in graph.outputs] + list(graph.control_outputs)
+    stack += [op for op in graph.get_operations() if op.type.startswith(("Assign", "ReadVariable", "Resource"))]
+    seen: set[str] = set()
+    while stack:
+        op = stack.pop()
+        if op.name not in seen:
+            seen.add(op.name)
+            stack += [i.op for i in op.inputs] + list(op.control_inputs)
+    return seen
+
+
+def test_zb1_splits_each_backward_without_running_any_matmul_twice(trained):
+    """B computes what the previous stage waits for, W the weights' gradients from the gradients B
+    left at each layer's output: together they run exactly 1F1B's backward matrix products (the
+    extra work is each activation's derivative, elementwise, once more in W)."""
+    counts = {}
+    for schedule in ("1f1b", "zb1"):
+        run, ops, _ = step_graph(trained(schedule, 2, "crossentropy"))
+        alive = live_ops(ops[0].graph)
+        kinds = [schedules.Action.parse(op.name).kind for op in ops
+                 if op.type == "MatMul" and op.name in alive and schedules.Action.parse(op.name) is not None]
+        counts[schedule] = {kind: kinds.count(kind) for kind in "FBW"}
+    assert counts["zb1"]["W"] > 0 and counts["zb1"]["B"] > 0
+    assert counts["zb1"]["F"] == counts["1f1b"]["F"]
+    assert counts["zb1"]["B"] + counts["zb1"]["W"] == counts["1f1b"]["B"], counts

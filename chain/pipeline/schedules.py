@@ -213,7 +213,7 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
     return Schedule("zb1", stages, microbatches, tuple(tuple(r) for r in rows))
 
 
-BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b}
+BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b, "zb1": zero_bubble_h1}
 NAMES = tuple(BUILDERS)  # the one list of built-in schedule names
 FILE = "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.pipeline.schedule_file`)
 CHOICES = NAMES + (FILE,)  # what pipeline.schedule may be (the config schema takes it from here)
