@@ -372,9 +372,12 @@ class Trainer:
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
     schedule: str = setting(choice(*SCHEDULES),
-        "mode=e2e: the pipeline schedule (zb1: zero bubble ZB-H1; file: read from pipeline.schedule_file)")
+        "mode=e2e: the pipeline schedule (zb1: zero bubble ZB-H1; interleaved: virtual stages; file: read from "
+        "pipeline.schedule_file)")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),
         "mode=e2e: microbatches per batch; must divide data.batch_size")
+    virtual_stages: int = setting(integer(1, MAX_STAGES),
+        "schedule=interleaved: stages per device V; stage k runs on device k mod (stages / V)")
     schedule_file: str | None = setting(optional(string),
         "schedule=file: a CSV, one row per device, one action per cell (F3, B3, W3), checked before training")
     schedule_out: str | None = setting(optional(string),

@@ -1,9 +1,10 @@
 """A pipeline schedule as a CSV file: `pipeline.schedule=file pipeline.schedule_file=my.csv`.
 
-One row per device (here: per stage, stage k's device), one action per cell, in the order the
-device runs them: `F3` (forward of microbatch 3), `B3` (its backward; in a split schedule only the
+One row per device, one action per cell, in the order the device runs them: `F3` (forward of microbatch 3), `B3` (its backward; in a split schedule only the
 input's gradient), `W3` (the weights' gradients of a split schedule). A cell may name its stage,
-`F3@s2`, and torch.distributed.pipelining's compute-only form is read too (`2F3`: stage first;
+`F3@s2` (a cell without it is the stage of its row's number: row 1 is stage 0's); a row
+may hold several stages (interleaved: the planner then puts stage k on device k mod D, the
+only placement it makes for shared devices), and torch.distributed.pipelining's compute-only form is read too (`2F3`: stage first;
 its `I3`, the input-gradient half, is our `B3`). Empty cells are skipped, so a grid with idle
 slots reads as its order. `write` puts any schedule into this form
 (`plan_only=true pipeline.schedule_out=x.csv`), and `read` gives back the same `Schedule`.
@@ -86,9 +87,10 @@ def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Sche
     rows = [[c for c in line if c.strip()] for line in csv.reader(io.StringIO(text))]
     while rows and not rows[-1]:
         rows.pop()
-    if len(rows) != stages:
-        raise ScheduleFileError(f"has {len(rows)} rows, but the chain has {stages} stages on {stages} devices: "
-                                "one row per device")
+    if not 1 <= len(rows) <= stages:
+        raise ScheduleFileError(f"has {len(rows)} rows, but the chain has {stages} stages: one row per device, "
+                                f"at most {stages}")
+    home: dict[int, int] = {}  # stage -> the row (device) that runs it
     actions = []
     for r, line in enumerate(rows):
         seen: dict[Action, int] = {}
@@ -99,9 +101,11 @@ def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Sche
             except ScheduleFileError as e:
                 raise ScheduleFileError(f"row {r + 1}, cell {c + 1}: {e}") from None
             where = f"row {r + 1}, cell {c + 1}: {cell(a, True)}"
-            if a.stage != r:
-                raise ScheduleFileError(f"{where} is stage {a.stage}'s, but row {r + 1} is the device of stage {r} "
-                                        "(stages on a shared device are not supported yet)")
+            if a.stage >= stages:
+                raise ScheduleFileError(f"{where}: stage {a.stage}, but the chain has stages 0..{stages - 1}")
+            if home.setdefault(a.stage, r) != r:
+                raise ScheduleFileError(f"{where}: stage {a.stage} is on row {home[a.stage] + 1}'s device already; "
+                                        "each stage runs on one device")
             if a.microbatch >= microbatches:
                 raise ScheduleFileError(f"{where}: microbatch {a.microbatch}, but pipeline.microbatches="
                                         f"{microbatches} numbers them 0..{microbatches - 1}")
@@ -110,28 +114,28 @@ def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Sche
             seen[a] = c
             out.append(a)
         actions.append(tuple(out))
+    missing = [k for k in range(stages) if k not in home]
+    if missing:
+        raise ScheduleFileError(f"no row runs stage {missing[0]}: every stage's actions are on the row of its device")
     split = any(a.kind == WEIGHT for row in actions for a in row)
     kinds = KINDS if split else (FORWARD, BACKWARD)
-    for k, row in enumerate(actions):
-        have = set(row)
+    for k in range(stages):
+        have = set(actions[home[k]])
         for m in range(microbatches):
             for kind in kinds:
                 if Action(k, m, kind) not in have:
                     why = " (a W anywhere splits every backward: each stage needs W of every microbatch)" \
                         if kind == WEIGHT else ""
-                    raise ScheduleFileError(f"row {r_label(k)} never runs {cell(Action(k, m, kind), True)}{why}")
-    schedule = Schedule(name, stages, microbatches, tuple(actions))
+                    raise ScheduleFileError(f"row {home[k] + 1} never runs {cell(Action(k, m, kind), True)}{why}")
+    placement = tuple(home[k] for k in range(stages))
+    identity = placement == tuple(range(stages))
+    schedule = Schedule(name, stages, microbatches, tuple(actions), () if identity else placement)
     try:
         validate(schedule)
         simulate(schedule)
     except ValueError as e:
         raise ScheduleFileError(str(e).removeprefix(f"{name}: ")) from None
     return schedule
-
-
-def r_label(stage: int) -> str:
-    """The row of stage `stage`'s device, counted from 1 as a spreadsheet shows it."""
-    return str(stage + 1)
 
 
 def read(path: str, stages: int, microbatches: int) -> Schedule:

@@ -91,13 +91,29 @@ def _stage_scope(op_name: str) -> tuple[int, str] | None:
 class Schedule:
     """A named schedule for `stages` stages and `microbatches` microbatches.
 
-    `actions[k]` is stage k's ordered list of actions: the order the engine enforces.
+    `actions[r]` is device r's ordered list of actions: the order the engine enforces. Stage k
+    runs on device `row(k)`: device k itself unless `placement` (stage -> device) says otherwise,
+    as interleaved stages do (several stages on one device).
     """
 
     name: str
     stages: int
     microbatches: int
     actions: tuple[tuple[Action, ...], ...]
+    placement: tuple[int, ...] = ()  # stage k -> its device's row; () is stage k on device k
+
+    @property
+    def devices(self) -> int:
+        """How many devices (rows) the schedule runs on."""
+        return max(self.placement) + 1 if self.placement else self.stages
+
+    def row(self, stage: int) -> int:
+        """The device (row of `actions`) that runs `stage`."""
+        return self.placement[stage] if self.placement else stage
+
+    def row_stages(self, row: int) -> list[int]:
+        """The stages device `row` runs."""
+        return [k for k in range(self.stages) if self.row(k) == row]
 
 
 @dataclass(frozen=True)
@@ -213,16 +229,61 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
     return Schedule("zb1", stages, microbatches, tuple(tuple(r) for r in rows))
 
 
-BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b, "zb1": zero_bubble_h1}
+def interleaved(stages: int, microbatches: int, devices: int | None = None) -> Schedule:
+    """Interleaved 1F1B (Megatron-LM's virtual pipeline stages, torch's Interleaved1F1B): `stages`
+    stages on `devices` devices, stage k on device k mod D ("loop" placement), so each device
+    holds V = stages / D of them and a microbatch passes every device V times.
+
+    Each device runs its (stage, microbatch) forwards in groups of D microbatches per stage, its
+    own stages in turn (stage order for forwards, reversed for backwards), after Megatron's
+    warm-up of 2 (D - d - 1) + (V - 1) D forwards on device d, then one forward / one backward,
+    then the remaining backwards. M must be a multiple of D. With unit-time actions the bubble
+    is (D - 1) / (V M + D - 1): V times smaller than 1F1B's on the same devices.
+    Without `devices` (or with D = stages) it is 1F1B.
+    """
+    _check(stages, microbatches)
+    d_count = devices or stages
+    if d_count < 1 or stages % d_count:
+        raise ValueError(f"interleaved stages need a device count that divides the {stages} stages, got {d_count}")
+    if microbatches % d_count:
+        raise ValueError(f"interleaved: {microbatches} microbatches are not a multiple of the {d_count} devices")
+    v = stages // d_count
+    total = microbatches * v
+
+    def forward(d: int, i: int) -> Action:
+        chunk = (i // d_count) % v
+        return Action(chunk * d_count + d, (i // (d_count * v)) * d_count + i % d_count, FORWARD)
+
+    def backward(d: int, i: int) -> Action:
+        chunk = v - 1 - (i // d_count) % v
+        return Action(chunk * d_count + d, (i // (d_count * v)) * d_count + i % d_count, BACKWARD)
+
+    rows = []
+    for d in range(d_count):
+        warmup = total if microbatches == d_count else min((d_count - d - 1) * 2 + (v - 1) * d_count, total)
+        row = [forward(d, i) for i in range(warmup)]
+        for i in range(total - warmup):
+            row += [forward(d, warmup + i), backward(d, i)]
+        row += [backward(d, i) for i in range(total - warmup, total)]
+        rows.append(tuple(row))
+    placement = tuple(k % d_count for k in range(stages)) if d_count < stages else ()
+    return Schedule("interleaved", stages, microbatches, tuple(rows), placement)
+
+
+BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b, "zb1": zero_bubble_h1,
+            "interleaved": interleaved}
 NAMES = tuple(BUILDERS)  # the one list of built-in schedule names
 FILE = "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.pipeline.schedule_file`)
 CHOICES = NAMES + (FILE,)  # what pipeline.schedule may be (the config schema takes it from here)
 
 
-def build(name: str, stages: int, microbatches: int) -> Schedule:
-    """The built-in schedule called `name` (one of `NAMES`)."""
+def build(name: str, stages: int, microbatches: int, devices: int | None = None) -> Schedule:
+    """The built-in schedule called `name` (one of `NAMES`); `devices` (interleaved only): how many
+    devices share the stages (stage k on device k mod devices)."""
     if name not in BUILDERS:
         raise ValueError(f"schedule {name!r} is not known; allowed: {', '.join(NAMES)}")
+    if name == "interleaved":
+        return interleaved(stages, microbatches, devices)
     return BUILDERS[name](stages, microbatches)
 
 
@@ -251,20 +312,32 @@ def dependencies(action: Action, stages: int, split: bool = False) -> list[Actio
 
 def validate(schedule: Schedule) -> None:
     """Raise ValueError unless every stage runs each microbatch's F and B (and, in a split schedule,
-    W) exactly once, each after what it needs of its own stage (B after F, W after B)."""
-    if len(schedule.actions) != schedule.stages:
-        raise ValueError(f"{schedule.name}: {len(schedule.actions)} rows for {schedule.stages} stages")
+    W) exactly once on its device, each after what it needs of its own device (B after F, W after B)."""
+    if len(schedule.actions) != schedule.devices:
+        raise ValueError(f"{schedule.name}: {len(schedule.actions)} rows for {schedule.devices} devices")
     kinds = KINDS if is_split(schedule) else (FORWARD, BACKWARD)
-    for k, row in enumerate(schedule.actions):
-        want = {Action(k, m, kind) for m in range(schedule.microbatches) for kind in kinds}
+    for r, row in enumerate(schedule.actions):
+        mine = schedule.row_stages(r)
+        want = {Action(k, m, kind) for k in mine for m in range(schedule.microbatches) for kind in kinds}
         if len(row) != len(want) or set(row) != want:
-            raise ValueError(f"{schedule.name}: stage {k} must run {' and '.join(kinds)} of each of "
+            raise ValueError(f"{schedule.name}: {_name(schedule, r)} must run {' and '.join(kinds)} of each of "
                              f"{schedule.microbatches} microbatches once")
         position = {a: i for i, a in enumerate(row)}
         for a in row:
             for d in dependencies(a, schedule.stages):
-                if d.stage == k and position[d] > position[a]:
-                    raise ValueError(f"{schedule.name}: stage {k} runs {a} before {d}")
+                if schedule.row(d.stage) == r and position[d] > position[a]:
+                    raise ValueError(f"{schedule.name}: {_name(schedule, r)} runs {_cell(schedule, a)} before "
+                                     f"{_cell(schedule, d)}")
+
+
+def _name(schedule: Schedule, row: int) -> str:
+    """How messages name a row: `stage k` when each stage has its device, else `device r`."""
+    return f"device {row}" if schedule.placement else f"stage {row}"
+
+
+def _cell(schedule: Schedule, action: Action) -> str:
+    """An action as a grid shows it: `F3`, or `F3@s2` when devices hold several stages."""
+    return f"{action}@s{action.stage}" if schedule.placement else str(action)
 
 
 def simulate(schedule: Schedule) -> Timeline:
@@ -292,7 +365,7 @@ def simulate(schedule: Schedule) -> Timeline:
                 started.append(action)
                 nxt[k] += 1
         if not started:
-            raise ValueError(f"{schedule.name}: deadlock at slot {t}; {_stuck(rows, nxt, schedule.stages)}")
+            raise ValueError(f"{schedule.name}: deadlock at slot {t}; {_stuck(schedule, nxt)}")
         for a in started:
             done_at[a] = t
         remaining -= len(started)
@@ -300,15 +373,20 @@ def simulate(schedule: Schedule) -> Timeline:
     return Timeline(tuple(tuple(r) for r in grid))
 
 
-def _stuck(rows: Sequence[Sequence[Action]], nxt: Sequence[int], stages: int) -> str:
-    """What a deadlocked schedule waits on: the first stage's next action, which can never run, the
-    action it needs, and what that action's stage runs first."""
-    k = next(k for k, row in enumerate(rows) if nxt[k] < len(row))
-    action = rows[k][nxt[k]]
-    need = next(d for d in dependencies(action, stages) if d not in rows[d.stage][:nxt[d.stage]])
-    head = rows[need.stage][nxt[need.stage]]
-    return (f"{action} of stage {k} (its action {nxt[k] + 1}) can never run: it needs {need} of stage {need.stage}, "
-            f"which stage {need.stage} runs only after {head}, itself waiting")
+def _stuck(schedule: Schedule, nxt: Sequence[int]) -> str:
+    """What a deadlocked schedule waits on: the first device's next action, which can never run, the
+    action it needs, and what that action's device runs first."""
+    rows = schedule.actions
+    r = next(r for r, row in enumerate(rows) if nxt[r] < len(row))
+    action = rows[r][nxt[r]]
+    need = next(d for d in dependencies(action, schedule.stages) if d not in rows[schedule.row(d.stage)][:nxt[schedule.row(d.stage)]])
+    q = schedule.row(need.stage)
+    head = rows[q][nxt[q]]
+    if not schedule.placement:
+        return (f"{action} of stage {r} (its action {nxt[r] + 1}) can never run: it needs {need} of stage {q}, "
+                f"which stage {q} runs only after {head}, itself waiting")
+    return (f"{_cell(schedule, action)} (action {nxt[r] + 1} of device {r}) can never run: it needs "
+            f"{_cell(schedule, need)}, which device {q} runs only after {_cell(schedule, head)}, itself waiting")
 
 
 def live_activations(row: Sequence[Action]) -> list[int]:
@@ -322,26 +400,36 @@ def live_activations(row: Sequence[Action]) -> list[int]:
     return out
 
 
-def rows(timeline: Timeline, devices: Sequence[str] | None = None) -> list[str]:
+def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None) -> list[str]:
     """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).
+    `devices[k]` is stage k's device; a `schedule` whose devices hold several stages labels each
+    row with its device and stages, and each cell with its stage (`F3@s2`).
 
         stage 0  /device:CPU:0  F0 F1 .  .  B0 B1
     """
-    width = max([len(str(a)) for row in timeline.grid for a in row if a is not None] or [1])
-    labels = [f"stage {k}" + (f"  {devices[k]}" if devices else "") for k in range(len(timeline.grid))]
+    shared = schedule is not None and bool(schedule.placement)
+    text = (lambda a: _cell(schedule, a)) if shared else str
+    width = max([len(text(a)) for row in timeline.grid for a in row if a is not None] or [1])
+    if shared:
+        mine = [schedule.row_stages(r) for r in range(len(timeline.grid))]
+        labels = [f"device {r} (stages {', '.join(map(str, ks))})" + (f"  {devices[ks[0]]}" if devices else "")
+                  for r, ks in enumerate(mine)]
+    else:
+        labels = [f"stage {k}" + (f"  {devices[k]}" if devices else "") for k in range(len(timeline.grid))]
     pad = max(len(s) for s in labels)
     lines = []
     for label, row in zip(labels, timeline.grid):
-        cells = " ".join((str(a) if a is not None else ".").ljust(width) for a in row)
+        cells = " ".join((text(a) if a is not None else ".").ljust(width) for a in row)
         lines.append(f"{label.ljust(pad)}  {cells}".rstrip())
     return lines
 
 
 def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None = None) -> str:
     """The timeline as text: a header, one row per stage/device, one column per slot, then the bubble."""
-    lines = [f"schedule: {schedule.name}, {schedule.stages} stages x {schedule.microbatches} microbatches, "
+    on = f" on {schedule.devices} devices" if schedule.placement else ""
+    lines = [f"schedule: {schedule.name}, {schedule.stages} stages{on} x {schedule.microbatches} microbatches, "
              f"{timeline.slots} slots (F: forward, B: backward{_w_legend(schedule)}, digit: microbatch, .: idle)"]
-    lines += rows(timeline, devices)
+    lines += rows(timeline, devices, schedule)
     lines.append(f"bubble fraction: {timeline.bubble_fraction:.3f} (idle slots / all slots)")
     return "\n".join(lines)
 

@@ -31,7 +31,8 @@ together on an overflow.
 
 A dataflow graph runs any op whose inputs are ready, so the order a schedule gives a
 stage would be lost, and with it 1F1B's bound on live activations: every action's ops
-are created under `tf.control_dependencies` on the previous action of the same stage.
+are created under `tf.control_dependencies` on the previous action of the same stage (of the
+same device, when interleaved stages share one: `Schedule.row`).
 Copies belong to the receiving action, so an activation is used on a device only when
 that device's schedule has reached it. Actions are traced in the order of the
 schedule's simulated timeline, a topological order of all their dependencies
@@ -193,6 +194,9 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
+    for r in range(schedule.devices):  # a row's order is one device's: its stages must share that device
+        if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
+            raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
     order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
     n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
     devices = [s.device for s in stages]
@@ -221,7 +225,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         outputs: dict[tuple[int, int], tf.Tensor] = {}  # forward results waiting for stage k+1
         input_grads: dict[tuple[int, int], tf.Tensor] = {}  # dL/dinput waiting for stage k-1
         accumulated: list[list | None] = [None] * n_stages
-        previous: list[list[tf.Operation]] = [[] for _ in stages]  # each stage's last action's `done`
+        previous: list[list[tf.Operation]] = [[] for _ in range(schedule.devices)]  # each device's last action's `done`
         microbatch_losses = []
         regs: list[list[tf.Tensor]] = [[] for _ in stages]  # stages before the last: weighted regularization
         graph = tf.compat.v1.get_default_graph()
@@ -231,7 +235,8 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
             s = stages[k]
             first_op = len(graph.get_operations())
             done_ops = None  # the ops the stage's next action waits for (None: every op of this one)
-            with tf.name_scope(action.scope()), tf.control_dependencies(previous[k]):
+            row = schedule.row(k)  # the device whose order this action follows (interleaved: shared by stages)
+            with tf.name_scope(action.scope()), tf.control_dependencies(previous[row]):
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
                     with tf.device(s.device):
@@ -286,9 +291,9 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                     done_ops = [g.op for g in grads if g is not None]  # not the side branches tf.gradients leaves
                 if ordered:
                     ops = graph.get_operations()[first_op:] if done_ops is None else done_ops
-                    previous[k] = [_done(ops, s.device)]
+                    previous[row] = [_done(ops, s.device)]
             if ordered and release and sends(action, devices):  # let the send go out before the stage goes on
-                previous[k] = [_release(previous[k][0], action)]
+                previous[row] = [_release(previous[row][0], action)]
 
         # The reported loss is what the chain minimizes: every stage's regularization included.
         reported = microbatch_losses + regularization_total(regs, stages, stages[last].device)
@@ -297,14 +302,14 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         grads, scopes = [], []
         for s in stages:  # the update is each stage's last action
             with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
-                    tf.control_dependencies(previous[s.index]):
+                    tf.control_dependencies(previous[schedule.row(s.index)]):
                 grads.append(unscale(s, accumulated[s.index]))
             scopes.append(scope)
         outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
         values = []
         for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
             # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
-            with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[s.index]):
+            with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[schedule.row(s.index)]):
                 values.append([dropped(updates[s.index](g, None, outcome))])
         values[last].append(total)
         return report(stages, values, stages[last].device)

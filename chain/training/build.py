@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from chain import data, strategies
 from chain.config import Settings, validate
-from chain.config.checks import with_data
+from chain.config.checks import pipeline_devices, with_data
 from chain.config.shapes import memory_bytes, stage_shapes
 from chain.data.catalog import DataInfo, describe
 from chain.errors import ConfigError
@@ -53,15 +53,18 @@ def plan(settings: Settings, info: DataInfo | None = None) -> tuple[planner.Plac
         cluster.multi_worker_strategy()  # before anything starts the runtime
         return placement, inventory
     addresses = cluster.workers(settings.cluster.workers)
+    n_stages = len(settings.stages)
+    shared = None if settings.placement.devices or settings.mode != "e2e" else pipeline_devices(settings)
+    n = shared or n_stages  # interleaved stages: plan their D devices, then stage k on device k mod D
     if addresses:
         cluster.check_reachable(addresses, settings.cluster.lost_after_s)
         cluster.connect(addresses)
         inventory = Inventory()
-        placement = planner.plan_cluster(settings.placement, len(settings.stages),
-                                         cluster.remote_devices(len(addresses)), addresses)
+        placement = planner.plan_cluster(settings.placement, n, cluster.remote_devices(len(addresses)), addresses)
     else:
         inventory = discover()
-        placement = planner.plan(settings.placement, len(settings.stages), inventory)
+        placement = planner.plan(settings.placement, n, inventory)
+    placement = planner.loop(placement, n_stages)
     planner.check_batch(settings.data.batch_size, placement)
     if info is not None:
         check_memory(settings, placement, info, inventory)
