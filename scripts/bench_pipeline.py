@@ -22,6 +22,9 @@ tapes, no control dependencies, plain SGD: what the runtime itself allows); with
 `--ablations before`, the chain's steps without the host releases (`e2e_step(...,
 release=False)`: the step as it was before them).
 
+`interleaved` cuts the same layers into K x `--virtual` stages (each `--depth`/`--virtual` layers),
+stage k on worker k mod K.
+
 Schedules against each other (`--schedules 1f1b zb1 --against 1f1b`): for each M, the median
 over repeats of time(1f1b, split) / time(zb1, split), both measured in the same repeat (one
 after the other, their order alternating): above 1, zb1 is faster on the same workers.
@@ -55,9 +58,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]) -> list[str]:
-    """The benchmark's chain (see the module docstring) on these workers and devices."""
-    return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
-            "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "model.activation=tanh",
+    """The benchmark's chain (see the module docstring) on these workers and devices. Interleaved:
+    the same layers cut into `--virtual` times as many stages, stage k on worker k mod K (on one
+    worker, the `one` baseline runs that cut with 1F1B: every stage on one device)."""
+    stages, depth, extra = a.stages, a.depth, []
+    if schedule == "interleaved":
+        stages, depth = a.stages * a.virtual, a.depth // a.virtual
+        devices = [d for _ in range(a.virtual) for d in devices]
+        if len(set(devices)) > 1:
+            extra = [f"pipeline.virtual_stages={a.virtual}"]
+        else:
+            schedule = "1f1b"
+    return [f"+stages={stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}", *extra,
+            "model=mlp", f"model.width={a.width}", f"model.depth={depth}", "model.activation=tanh",
             "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
             f"data.samples={a.micro_size * m}", "data.val_fraction=0", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
             f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
@@ -211,13 +224,14 @@ def model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--micro-size", type=int, default=128, help="examples per microbatch")
+    p.add_argument("--virtual", type=int, default=2, help="interleaved: stages per worker (--depth must divide by it)")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_arguments(p)
     p.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="microbatch counts M")
-    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=["gpipe", "1f1b", "zb1"])
+    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=["gpipe", "1f1b", "zb1", "interleaved"])
     p.add_argument("--against", default="", help="a schedule of --schedules: the others' paired ratios to it (split)")
     p.add_argument("--ablations", nargs="*", default=[], choices=["before"])
     p.add_argument("--no-hand", dest="hand", action="store_false", help="skip the hand-written reference")
