@@ -53,14 +53,18 @@ class RunRecord:
                 return schedule_file.read(self.get("schedule_file") or "", len(self.stages), m)
             except schedule_file.ScheduleFileError:
                 return None
-        return schedules.build(name, len(self.stages), m)
+        devices = self.get("schedule_devices") if name == "interleaved" else None
+        try:
+            return schedules.build(name, len(self.stages), m, devices)
+        except ValueError:  # a summary edited into a schedule that cannot be built
+            return None
 
 
 # The keys of summary.json the report reads and the types a run writes (None: not filled in). A
 # file edited or damaged into other types is refused naming the key, not drawn as something else.
 _NUMBER = (int, float)
 SUMMARY_TYPES: dict[str, type | tuple[type, ...]] = {
-    "mode": str, "strategy": str, "schedule": str, "schedule_file": str, "microbatches": int, "batch_size": int, "steps": int,
+    "mode": str, "strategy": str, "schedule": str, "schedule_file": str, "schedule_devices": int, "microbatches": int, "batch_size": int, "steps": int,
     "resumed_from": int,
     "stages": list, "replica_devices": list, "replica_peak_memory_bytes": list, "peak_memory_scope": str,
     "examples_per_second": _NUMBER, "examples_per_step": _NUMBER, "loss_first": _NUMBER, "loss_last": _NUMBER,

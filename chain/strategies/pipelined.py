@@ -66,6 +66,8 @@ class PipelinedChain(ChainObjective, Pipelined):
                "bubble_fraction": self.timeline().bubble_fraction}
         if self.schedule.name == schedules.FILE:
             out["schedule_file"] = os.path.abspath(self.settings.pipeline.schedule_file)
+        if self.schedule.placement:  # interleaved: stage k on device k mod schedule_devices
+            out["schedule_devices"] = self.schedule.devices
         return out
 
     def plan_text(self, full: bool) -> str:
