@@ -306,19 +306,22 @@ def test_a_bare_label_array_is_the_chains_target():
     assert run.step(x, ys["value"])["loss"] == pytest.approx(expected, rel=1e-5)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
 def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_schedule(trained, schedule, tmp_path,
                                                                                           capsys):
     from chain.__main__ import show_plan
 
+    base = INTERLEAVED if schedule == "interleaved" else BASE
     path = tmp_path / f"{schedule}.csv"
-    show_plan(chain.compose(BASE + [f"pipeline.schedule={schedule}", "pipeline.microbatches=2", "plan_only=true",
+    show_plan(chain.compose(base + [f"pipeline.schedule={schedule}", "pipeline.microbatches=2", "plan_only=true",
                                     f"pipeline.schedule_out={path}"]))
     assert f"schedule written to {path}" in capsys.readouterr().out
     t = trained(schedule, 2, "crossentropy")
-    run = chain.build(chain.compose(BASE + ["pipeline.schedule=file", f"pipeline.schedule_file={path}",
+    base = [o for o in base if not o.startswith("pipeline.virtual_stages")]  # a file's rows place the stages
+    run = chain.build(chain.compose(base + ["pipeline.schedule=file", f"pipeline.schedule_file={path}",
                                             "pipeline.microbatches=2"]))
     assert run.schedule.name == "file" and run.schedule.actions == t["run"].schedule.actions
+    assert [s.device for s in run.stages] == [s.device for s in t["run"].stages]
     for s, initial in zip(run.stages, t["initial"]):  # the same start
         for layer, before in zip(s.model.layers, initial):
             assert all(np.array_equal(w, b) for w, b in zip(layer.get_weights(), before))
@@ -383,3 +386,19 @@ def test_interleaved_stages_train_like_one_keras_model_on_one_device(trained, m)
                 prev = action_ops(ops, before)
                 ends = {op.name for op in prev} - set().union(*[ancestors[op.name] for op in prev])
                 assert ends and all(ends <= ancestors[op.name] for op in action_ops(ops, after)), (before, after)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["pipeline.microbatches=1"], "pipeline.microbatches=1 is not a multiple of the 2 devices of pipeline.schedule="
+                                  "interleaved (4 stages / pipeline.virtual_stages=2); use pipeline.microbatches=2 (or a multiple)"),
+    (["data.batch_size=24", "pipeline.microbatches=3"], "use pipeline.microbatches=2 or 4"),
+    (["pipeline.virtual_stages=3", "pipeline.microbatches=2"], "pipeline.virtual_stages=3 does not divide the 4 stages"),
+    (["pipeline.schedule=1f1b"], "pipeline.virtual_stages=2 puts several stages on each device, which only "
+                                 "pipeline.schedule=interleaved runs (is 1f1b)"),
+    (["pipeline.microbatches=2", "placement.devices=[/CPU:0,/CPU:1,/CPU:1,/CPU:0]"],
+     "placement.devices[2]=/CPU:1: pipeline.schedule=interleaved runs stage k on device k mod 2"),
+])
+def test_interleaved_settings_that_cannot_work_are_one_config_error(overrides, message):
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose(INTERLEAVED + ["pipeline.schedule=interleaved"] + overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)

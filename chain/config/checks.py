@@ -92,7 +92,8 @@ def check_interleaved(s: Settings) -> None:
     if p.microbatches % d:
         raise ConfigError(f"pipeline.microbatches={p.microbatches} is not a multiple of the {d} devices of "
                           f"pipeline.schedule=interleaved ({n_stages} stages / pipeline.virtual_stages={v}); use "
-                          f"pipeline.microbatches={d * max(1, p.microbatches // d)} or {d * (p.microbatches // d + 1)}")
+                          + (f"pipeline.microbatches={d * (p.microbatches // d)} or {d * (p.microbatches // d + 1)}"
+                             if p.microbatches > d else f"pipeline.microbatches={d} (or a multiple)"))
     if v > 1 and isinstance(s.placement.memory_limit_mb, (list, tuple)):
         raise ConfigError(f"placement.memory_limit_mb: with pipeline.schedule=interleaved each device holds "
                           f"{v} stages (pipeline.virtual_stages); give one number (MB per logical GPU)")
