@@ -130,7 +130,8 @@ def preflight(spec: RunSpec, run_dir: str, overrides: list[str]) -> tuple[Prefli
 
 
 def show_plan(spec: RunSpec) -> None:
-    """plan_only=true: print the placement and the plan, write nothing (no run directory)."""
+    """plan_only=true: print the placement and the plan, write nothing (no run directory) but the
+    schedule when `pipeline.schedule_out` asks for it."""
     import_tensorflow_quietly()
     from chain.training.build import build
     from chain.training.logs import placement_table
@@ -141,6 +142,16 @@ def show_plan(spec: RunSpec) -> None:
     plan = run.strategy.plan_text(full=True)
     if plan:
         print(plan)
+    out = settings.pipeline.schedule_out
+    if out is not None and run.schedule is not None:
+        from chain.errors import StorageError
+        from chain.pipeline import schedule_file
+
+        try:
+            schedule_file.write(run.schedule, out)
+        except OSError as e:
+            raise StorageError(f"pipeline.schedule_out={out!r} could not be written: {e.strerror or e}") from None
+        print(f"schedule written to {out} (pipeline.schedule=file pipeline.schedule_file={out} runs it)")
 
 
 @hydra.main(config_path="pkg://chain.conf", config_name="config", version_base="1.3")

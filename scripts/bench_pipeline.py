@@ -22,6 +22,13 @@ tapes, no control dependencies, plain SGD: what the runtime itself allows); with
 `--ablations before`, the chain's steps without the host releases (`e2e_step(...,
 release=False)`: the step as it was before them).
 
+`interleaved` cuts the same layers into K x `--virtual` stages (each `--depth`/`--virtual` layers),
+stage k on worker k mod K.
+
+Schedules against each other (`--schedules 1f1b zb1 --against 1f1b`): for each M, the median
+over repeats of time(1f1b, split) / time(zb1, split), both measured in the same repeat (one
+after the other, their order alternating): above 1, zb1 is faster on the same workers.
+
 Speed-up = time(one) / time(split): the median over repeats of each repeat's paired ratio
 (both placements back to back, in alternating order). Ideal = K*M/(M+K-1), the pipeline
 bubble's limit; efficiency = speed-up / ideal. Each measurement records how much CPU other
@@ -51,9 +58,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]) -> list[str]:
-    """The benchmark's chain (see the module docstring) on these workers and devices."""
-    return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
-            "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "model.activation=tanh",
+    """The benchmark's chain (see the module docstring) on these workers and devices. Interleaved:
+    the same layers cut into `--virtual` times as many stages, stage k on worker k mod K (on one
+    worker, the `one` baseline runs that cut with 1F1B: every stage on one device)."""
+    stages, depth, extra = a.stages, a.depth, []
+    if schedule == "interleaved":
+        stages, depth = a.stages * a.virtual, a.depth // a.virtual
+        devices = [d for _ in range(a.virtual) for d in devices]
+        if len(set(devices)) > 1:
+            extra = [f"pipeline.virtual_stages={a.virtual}"]
+        else:
+            schedule = "1f1b"
+    return [f"+stages={stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}", *extra,
+            "model=mlp", f"model.width={a.width}", f"model.depth={depth}", "model.activation=tanh",
             "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
             f"data.samples={a.micro_size * m}", "data.val_fraction=0", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
             f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
@@ -185,19 +202,37 @@ def quiet_pairs(a, one: list, split: list) -> list[float]:
     return [o[0] / s[0] for o, s in zip(one, split) if max(o[1], s[1]) < a.quiet]
 
 
+def against(a, times: dict) -> list[dict]:
+    """Each schedule against `--against` on the split placement: the median of the paired ratios
+    time(against) / time(schedule), pairs taken from the same repeat (and quiet pairs apart)."""
+    out = []
+    for m in a.micro:
+        base = times.get((a.against, m, "split"), [])
+        for name in a.schedules:
+            if name == a.against or (name, m, "split") not in times:
+                continue
+            pairs = list(zip(base, times[name, m, "split"]))
+            quiet = [b[0] / t[0] for b, t in pairs if max(b[1], t[1]) < a.quiet]
+            out.append(dict(step=name, M=m, pairs=len(pairs), ratio=statistics.median(b[0] / t[0] for b, t in pairs),
+                            quiet=len(quiet), quiet_ratio=statistics.median(quiet) if quiet else None))
+    return out
+
+
 def model_arguments(p: argparse.ArgumentParser) -> None:
     """The options that shape the benchmark's chain (`overrides`)."""
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--micro-size", type=int, default=128, help="examples per microbatch")
+    p.add_argument("--virtual", type=int, default=2, help="interleaved: stages per worker (--depth must divide by it)")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_arguments(p)
     p.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="microbatch counts M")
-    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=["gpipe", "1f1b"])
+    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=["gpipe", "1f1b", "zb1", "interleaved"])
+    p.add_argument("--against", default="", help="a schedule of --schedules: the others' paired ratios to it (split)")
     p.add_argument("--ablations", nargs="*", default=[], choices=["before"])
     p.add_argument("--no-hand", dest="hand", action="store_false", help="skip the hand-written reference")
     p.add_argument("--repeats", type=int, default=5)
@@ -273,9 +308,17 @@ def main() -> None:
                   f"{row['speedup'] / row['ideal']:.2f} | {row['quiet']} | {qs:.2f} | {qs / row['ideal']:.2f} |"
                   if qs else f"| {row['step']} | {row['M']} | {row['ideal']:.2f} | {row['speedup']:.2f} | "
                   f"{row['speedup'] / row['ideal']:.2f} | 0 | - | - |")
+    versus = against(a, times) if a.against else []
+    if versus:
+        print(f"\nsplit placement, paired ratio time({a.against}) / time(schedule), median over repeats (>1: faster "
+              f"than {a.against})")
+        print(f"{'schedule':12s} {'M':>3s} {'pairs':>5s} {'ratio':>7s} {'quiet':>5s} {'ratio':>7s}")
+        for v in versus:
+            q = f"{v['quiet_ratio']:7.3f}" if v["quiet"] else f"{'-':>7s}"
+            print(f"{v['step']:12s} {v['M']:3d} {v['pairs']:5d} {v['ratio']:7.3f} {v['quiet']:5d} {q}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(args=vars(a), load=load, rows=rows), f, indent=1)
+            json.dump(dict(args=vars(a), load=load, rows=rows, versus=versus), f, indent=1)
     sys.stdout.flush()
     os._exit(0)  # the workers are gone: skip the runtime's teardown RPCs (they only log "Socket closed")
 

@@ -33,7 +33,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_arguments(p)
     p.add_argument("--micro", type=int, default=8, help="microbatches M")
-    p.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "sequential"])
+    p.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "sequential", "zb1", "interleaved"])
     p.add_argument("--steps", type=int, default=8, help="steps per run; the last --traced are profiled")
     p.add_argument("--traced", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3, help="runs (each a new run directory)")

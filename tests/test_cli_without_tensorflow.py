@@ -116,7 +116,11 @@ def test_config_errors_need_no_tensorflow(no_tensorflow, user_files, tmp_path_fa
 # GPUs, a profile window outside mode=e2e. Also raised without TensorFlow.
 PREPARED = [
     (["mode=e2e", "pipeline.schedule=zigzag"], "pipeline.schedule='zigzag' is not known; allowed: sequential, "
-                                               "gpipe, 1f1b"),
+                                               "gpipe, 1f1b, zb1, interleaved, file"),
+    (["mode=e2e", "pipeline.schedule=file"], "pipeline.schedule=file reads the schedule from pipeline.schedule_file, "
+                                             "which is not set"),
+    (["mode=e2e", "+stages=3", "pipeline.schedule=interleaved", "pipeline.virtual_stages=2"],
+     "pipeline.virtual_stages=2 does not divide the 3 stages"),
     (["placement.fallback=error"], "placement.fallback=error: 2 stages need 2 GPUs, 0 visible"),
     (["placement.cpu_memory_mb=1", "model.width=4096"], "allowed (placement.cpu_memory_mb)"),
     (["trainer.profile=[1,2]"], "trainer.profile measures a pipeline schedule's actions: it needs mode=e2e"),

@@ -31,8 +31,8 @@ LOSSES = {  # name -> (overrides, Keras' own loss on (y, output of the last stag
     "mse_value": (["loss=mse", "stage.target=value"], lambda y, out: keras.losses.MeanSquaredError()(y, out[:, 0])),
     "mse_onehot": (["loss=mse"], lambda y, out: keras.losses.MeanSquaredError()(tf.one_hot(y, 4), out)),
 }
-CASES = [(name, m, "crossentropy") for name in schedules.NAMES for m in (1, 2, 4)] + [
-    ("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
+CASES = [(name, m, "crossentropy") for name in ("sequential", "gpipe", "1f1b") for m in (1, 2, 4)] + [
+    ("zb1", m, "crossentropy") for m in (2, 4, 8)] + [("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
 
 
 def keras_reference(run, initial: list[list[np.ndarray]], loss):
@@ -62,10 +62,15 @@ def keras_reference(run, initial: list[list[np.ndarray]], loss):
     return model, layers, step
 
 
+# Interleaved: 4 stages, 2 per device (stage k on device k mod 2).
+INTERLEAVED = [o for o in BASE if o != "+stages=3"] + ["+stages=4", "pipeline.virtual_stages=2"]
+
+
 def train_case(schedule: str, m: int, loss: str) -> dict:
     """Build the chain for one case, train it and the Keras reference 5 steps."""
     overrides, keras_loss = LOSSES[loss]
-    run = chain.build(chain.compose(BASE + overrides + [f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}"]))
+    base = INTERLEAVED if schedule == "interleaved" else BASE
+    run = chain.build(chain.compose(base + overrides + [f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}"]))
     initial = [[layer.get_weights() for layer in s.model.layers] for s in run.stages]
     model, layers, ref_step = keras_reference(run, initial, keras_loss)
     target = run.stages[-1].target.name
@@ -121,7 +126,7 @@ def stage_of(op_name: str) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("schedule", schedules.NAMES)
+@pytest.mark.parametrize("schedule", [n for n in schedules.NAMES if n != "interleaved"])  # a device per stage
 def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossings(trained, schedule):
     m = 2
     t = trained(schedule, m, "crossentropy")
@@ -299,3 +304,101 @@ def test_a_bare_label_array_is_the_chains_target():
         h = s.model(h)
     expected = float(np.mean((h.numpy()[:, 0] - ys["value"].numpy()) ** 2))
     assert run.step(x, ys["value"])["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_schedule(trained, schedule, tmp_path,
+                                                                                          capsys):
+    from chain.__main__ import show_plan
+
+    base = INTERLEAVED if schedule == "interleaved" else BASE
+    path = tmp_path / f"{schedule}.csv"
+    show_plan(chain.compose(base + [f"pipeline.schedule={schedule}", "pipeline.microbatches=2", "plan_only=true",
+                                    f"pipeline.schedule_out={path}"]))
+    assert f"schedule written to {path}" in capsys.readouterr().out
+    t = trained(schedule, 2, "crossentropy")
+    base = [o for o in base if not o.startswith("pipeline.virtual_stages")]  # a file's rows place the stages
+    run = chain.build(chain.compose(base + ["pipeline.schedule=file", f"pipeline.schedule_file={path}",
+                                            "pipeline.microbatches=2"]))
+    assert run.schedule.name == "file" and run.schedule.actions == t["run"].schedule.actions
+    assert [s.device for s in run.stages] == [s.device for s in t["run"].stages]
+    for s, initial in zip(run.stages, t["initial"]):  # the same start
+        for layer, before in zip(s.model.layers, initial):
+            assert all(np.array_equal(w, b) for w, b in zip(layer.get_weights(), before))
+    it = iter(run.batches())
+    losses = [run.step(*next(it))["loss"] for _ in range(STEPS)]
+    assert losses == t["chain_losses"]  # bit for bit
+    for s, ref in zip(run.stages, t["run"].stages):
+        for w, r in zip(s.trainable_variables, ref.trainable_variables):
+            assert np.array_equal(w.numpy(), r.numpy()), (s.index, w.name)
+
+
+def live_ops(graph) -> set[str]:
+    """The ops a call of the compiled step runs: what its results and stateful ops need (a function
+    prunes the rest, such as the weight products a tape builds for a B that only wants dL/dinput)."""
+    stack = [t.op for t in graph.outputs] + list(graph.control_outputs)
+    stack += [op for op in graph.get_operations() if op.type.startswith(("Assign", "ReadVariable", "Resource"))]
+    seen: set[str] = set()
+    while stack:
+        op = stack.pop()
+        if op.name not in seen:
+            seen.add(op.name)
+            stack += [i.op for i in op.inputs] + list(op.control_inputs)
+    return seen
+
+
+def test_zb1_splits_each_backward_without_running_any_matmul_twice(trained):
+    """B computes what the previous stage waits for, W the weights' gradients from the gradients B
+    left at each layer's output: together they run exactly 1F1B's backward matrix products (the
+    extra work is each activation's derivative, elementwise, once more in W)."""
+    counts = {}
+    for schedule in ("1f1b", "zb1"):
+        run, ops, _ = step_graph(trained(schedule, 2, "crossentropy"))
+        alive = live_ops(ops[0].graph)
+        kinds = [schedules.Action.parse(op.name).kind for op in ops
+                 if op.type == "MatMul" and op.name in alive and schedules.Action.parse(op.name) is not None]
+        counts[schedule] = {kind: kinds.count(kind) for kind in "FBW"}
+    assert counts["zb1"]["W"] > 0 and counts["zb1"]["B"] > 0
+    assert counts["zb1"]["F"] == counts["1f1b"]["F"]
+    assert counts["zb1"]["B"] + counts["zb1"]["W"] == counts["1f1b"]["B"], counts
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_interleaved_stages_train_like_one_keras_model_on_one_device(trained, m):
+    """4 stages on 2 devices, stage k on device k mod 2, in Megatron's interleaved 1F1B order."""
+    t = trained("interleaved", m, "crossentropy")
+    run = t["run"]
+    assert [s.device for s in run.stages] == [DEVICES[0], DEVICES[1], DEVICES[0], DEVICES[1]]
+    assert run.schedule.name == "interleaved" and run.schedule.devices == 2 and run.schedule.placement == (0, 1, 0, 1)
+    np.testing.assert_allclose(t["chain_losses"], t["ref_losses"], rtol=1e-5)
+    ref_layers = iter(t["layers"])
+    for s, initial in zip(run.stages, t["initial"]):
+        for layer, before in zip(s.model.layers, initial):
+            ref = next(ref_layers)
+            for w, r, w0 in zip(layer.get_weights(), ref.get_weights(), before):
+                assert rel_diff(w, r) <= 1e-5, (s.index, layer.name)
+                assert rel_diff(w, w0) > 1e-3, (s.index, layer.name)
+    assert next(ref_layers, None) is None
+    if m == 2:  # each device runs its stages' actions in the schedule's one order for that device
+        _, ops, ancestors = step_graph(t)
+        for row in run.schedule.actions:
+            for before, after in zip(row, row[1:]):
+                prev = action_ops(ops, before)
+                ends = {op.name for op in prev} - set().union(*[ancestors[op.name] for op in prev])
+                assert ends and all(ends <= ancestors[op.name] for op in action_ops(ops, after)), (before, after)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["pipeline.microbatches=1"], "pipeline.microbatches=1 is not a multiple of the 2 devices of pipeline.schedule="
+                                  "interleaved (4 stages / pipeline.virtual_stages=2); use pipeline.microbatches=2 (or a multiple)"),
+    (["data.batch_size=24", "pipeline.microbatches=3"], "use pipeline.microbatches=2 or 4"),
+    (["pipeline.virtual_stages=3", "pipeline.microbatches=2"], "pipeline.virtual_stages=3 does not divide the 4 stages"),
+    (["pipeline.schedule=1f1b"], "pipeline.virtual_stages=2 puts several stages on each device, which only "
+                                 "pipeline.schedule=interleaved runs (is 1f1b)"),
+    (["pipeline.microbatches=2", "placement.devices=[/CPU:0,/CPU:1,/CPU:1,/CPU:0]"],
+     "placement.devices[2]=/CPU:1: pipeline.schedule=interleaved runs stage k on device k mod 2"),
+])
+def test_interleaved_settings_that_cannot_work_are_one_config_error(overrides, message):
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose(INTERLEAVED + ["pipeline.schedule=interleaved"] + overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)

@@ -91,9 +91,10 @@ def trains_like_fit(run, reference: keras.Model) -> None:
     ("kernel", ["pipeline.microbatches=2", "pipeline.schedule=gpipe", "trainer.grad_accum=2"]),
     ("activity", ["pipeline.microbatches=4", "pipeline.schedule=gpipe"]),
     ("activity", ["pipeline.microbatches=2", "trainer.jit_compile=true"]),
+    ("both", ["pipeline.microbatches=2", "pipeline.schedule=zb1"]),
     ("kernel", ["placement.fallback=mirrored"]),
     ("activity", ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
-], ids=["e2e-M1", "e2e-1f1b-M4", "e2e-gpipe-M2-accum2", "e2e-activity-M4", "e2e-activity-xla",
+], ids=["e2e-M1", "e2e-1f1b-M4", "e2e-gpipe-M2-accum2", "e2e-activity-M4", "e2e-activity-xla", "e2e-zb1-both",
         "mirrored-e2e", "mirrored-activity-accum2"])
 def test_e2e_trains_like_model_fit_regularizers_included(kind, overrides):
     """mode=e2e (pipelined or mirrored): the logged losses and the weights after 3 Adam steps equal

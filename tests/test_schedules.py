@@ -6,11 +6,13 @@ import sys
 
 import pytest
 
-from chain.pipeline import schedules
+from chain.pipeline import schedule_file, schedules
 from chain.pipeline.schedules import BACKWARD, FORWARD, Action
 
 SIZES = [(1, 1), (1, 4), (2, 1), (2, 2), (3, 2), (3, 4), (4, 1), (4, 3), (4, 8), (5, 16), (8, 8)]
-ALL = [(name, k, m) for name in schedules.NAMES for k, m in SIZES]
+# F and B only, a device per stage (interleaved has tests of its own below)
+UNSPLIT = [name for name in schedules.NAMES if name != "interleaved" and not schedules.is_split(schedules.build(name, 2, 2))]
+ALL = [(name, k, m) for name in UNSPLIT for k, m in SIZES]
 
 
 @pytest.mark.parametrize("name, k, m", ALL)
@@ -115,7 +117,7 @@ def test_schedules_module_does_not_import_tensorflow():
     assert out.strip() == "False"
 
 
-@pytest.mark.parametrize("name, k, m", ALL)
+@pytest.mark.parametrize("name, k, m", ALL + [("zb1", k, m) for k, m in SIZES])
 def test_every_action_is_parsed_back_from_the_names_of_its_ops(name, k, m):
     """One vocabulary: the scope an action gives its ops reads back as that action, its
     forward's tape gradients as its backward, and the stage's update scope as the stage."""
@@ -138,3 +140,61 @@ def test_every_action_is_parsed_back_from_the_names_of_its_ops(name, k, m):
 def test_names_outside_every_action_parse_to_none(op_name):
     assert Action.parse(op_name) is None
     assert schedules.update_stage(op_name) is None or op_name == "s1_update"
+
+
+@pytest.mark.parametrize("k, m", SIZES)
+def test_zb1_runs_f_b_and_w_of_each_microbatch_once_in_order_and_keeps_1f1bs_peak(k, m):
+    s = schedules.build("zb1", k, m)
+    assert schedules.is_split(s) and not schedules.is_split(schedules.build("1f1b", k, m))
+    for stage, row in enumerate(s.actions):
+        assert sorted(row) == sorted(Action(stage, mb, kind) for mb in range(m) for kind in "FBW")
+        for mb in range(m):
+            assert row.index(Action(stage, mb, "F")) < row.index(Action(stage, mb, "B")) < row.index(Action(stage, mb, "W"))
+        # F and B keep 1F1B's order; only the W's move.
+        assert [a for a in row if a.kind != "W"] == list(schedules.build("1f1b", k, m).actions[stage])
+        # W frees what F saved: no stage holds more microbatches than 1F1B's first stage (k).
+        assert max(schedules.live_activations(row)) <= min(k, m) and schedules.live_activations(row)[-1] == 0
+    tl = schedules.simulate(s)
+    slot = {a: t for row in tl.grid for t, a in enumerate(row) if a is not None}
+    for a, t in slot.items():
+        assert all(slot[d] < t for d in schedules.dependencies(a, k))
+        if a.kind == "W":
+            assert slot[Action(a.stage, a.microbatch, "B")] < t
+
+
+@pytest.mark.parametrize("k, m", [(k, m) for k, m in itertools.product([2, 3, 4, 8], [1, 2, 4, 8, 16]) if m >= k])
+def test_zb1_idles_a_third_of_1f1bs_bubble(k, m):
+    """F, B and W of one slot each: every stage idles k-1 slots, where 1F1B with a whole backward
+    (B + W, two slots) idles 3(k-1): the bubble is (k-1)/(3m+k-1) (Qi et al., ZB-H1)."""
+    tl = schedules.simulate(schedules.build("zb1", k, m))
+    assert [sum(a is None for a in row) for row in tl.grid] == [k - 1] * k
+    assert tl.bubble_fraction == pytest.approx((k - 1) / (3 * m + k - 1), abs=1e-12)
+
+
+INTERLEAVED = [(k, d, m) for k, d in [(2, 1), (4, 2), (6, 2), (6, 3), (8, 4), (8, 2), (9, 3)] for m in (d, 2 * d, 4 * d)]
+
+
+@pytest.mark.parametrize("k, d, m", INTERLEAVED)
+def test_interleaved_puts_stage_k_on_device_k_mod_d_and_runs_every_action_once_in_order(k, d, m):
+    s = schedules.build("interleaved", k, m, d)
+    assert s.devices == d and [s.row(stage) for stage in range(k)] == [stage % d for stage in range(k)]
+    for r, row in enumerate(s.actions):
+        assert sorted(row) == sorted(Action(stage, mb, kind) for stage in range(r, k, d) for mb in range(m)
+                                     for kind in "FB")
+    tl = schedules.simulate(s)
+    slot = {a: t for row in tl.grid for t, a in enumerate(row) if a is not None}
+    for a, t in slot.items():
+        assert all(slot[dep] < t for dep in schedules.dependencies(a, k))
+    for r, row in enumerate(s.actions):
+        assert [a for a in tl.grid[r] if a is not None] == list(row)
+    # The anchors' bubble: V times smaller than 1F1B's on the same D devices.
+    assert tl.bubble_fraction == pytest.approx((d - 1) / (k // d * m + d - 1), abs=1e-12)
+    back = schedule_file.loads(schedule_file.dumps(s), k, m)
+    assert back.actions == s.actions and back.placement == s.placement
+
+
+def test_interleaved_needs_microbatches_a_multiple_of_the_devices():
+    with pytest.raises(ValueError, match="3 microbatches are not a multiple of the 2 devices"):
+        schedules.build("interleaved", 4, 3, 2)
+    text = schedules.render(schedules.build("interleaved", 4, 2, 2), schedules.simulate(schedules.build("interleaved", 4, 2, 2)))
+    assert "device 0 (stages 0, 2)" in text and "F0@s2" in text and "4 stages on 2 devices" in text

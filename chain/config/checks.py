@@ -218,10 +218,9 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
                               "forward as the step traces it, which trainer.jit_compile=true compiles apart: set "
                               "one of them")
     else:
-        ignored = [f"pipeline.{k}={v}" for k, v in (("schedule", s.pipeline.schedule),
-                                                   ("microbatches", s.pipeline.microbatches),
-                                                   ("batch_norm", s.pipeline.batch_norm))
-                   if v != {"schedule": "gpipe", "microbatches": 1, "batch_norm": "microbatch"}[k]]
+        defaults = {"schedule": "gpipe", "microbatches": 1, "batch_norm": "microbatch", "virtual_stages": 1,
+                    "schedule_file": None, "schedule_out": None}
+        ignored = [f"pipeline.{k}={v}" for k, v in ((k, getattr(s.pipeline, k)) for k in defaults) if v != defaults[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
         if ignored:

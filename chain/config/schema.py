@@ -259,12 +259,20 @@ class Trainer:
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
     # Its names are chain.pipeline.schedules' (a later layer): checked by the preparation pass, chain.spec.
-    schedule: str = setting(string, "mode=e2e: the pipeline schedule")
+    schedule: str = setting(string,
+        "mode=e2e: the pipeline schedule: sequential, gpipe, 1f1b, zb1 (zero bubble ZB-H1), interleaved (virtual "
+        "stages) or file (read from pipeline.schedule_file)")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),
         "mode=e2e: microbatches per batch; must divide data.batch_size")
     batch_norm: str = setting(choice(*BATCH_NORMS),
         "mode=e2e: BatchNormalization's moving statistics: microbatch (updated per microbatch) or deferred "
         "(once per step, from the whole batch)")
+    virtual_stages: int = setting(integer(1, MAX_STAGES),
+        "schedule=interleaved: stages per device V; stage k runs on device k mod (stages / V)")
+    schedule_file: str | None = setting(optional(string),
+        "schedule=file: a CSV, one row per device, one action per cell (F3, B3, W3), checked before training")
+    schedule_out: str | None = setting(optional(string),
+        "plan_only=true: write the schedule to this CSV (the form pipeline.schedule_file reads)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,10 @@
 """Pipeline schedules as data: which stage does which microbatch's forward or backward, in what order.
 
-A schedule lists, for every stage, the ordered actions `(stage, microbatch, "F"|"B")`
-that stage performs in one training step. Builders here are pure functions, so their
+A schedule lists, for every stage, the ordered actions `(stage, microbatch, "F"|"B"|"W")`
+that stage performs in one training step. A schedule without "W" actions runs each backward
+whole ("B": the gradients of the stage's input and of its weights); a *split* schedule (zero
+bubble, `zb1`) runs "B" for the input's gradient only (what the previous stage waits for) and
+"W" for the weights' gradients later, where the stage would otherwise idle. Builders here are pure functions, so their
 properties (every forward precedes its backward, 1F1B's bound on live activations, the
 bubble) are checked without TensorFlow; `chain.pipeline.step` executes a schedule inside
 one `tf.function`, chaining each stage's actions in this order.
@@ -23,13 +26,15 @@ from typing import NamedTuple, Sequence
 
 FORWARD = "F"
 BACKWARD = "B"
+WEIGHT = "W"  # a split schedule's weight-gradient half of a backward
+KINDS = (FORWARD, BACKWARD, WEIGHT)
 UPDATE = "update"  # after its last backward, each stage applies its gradients (not an action of the schedule)
 GRADIENT_TAPE = "gradient_tape/"  # the prefix `tf.GradientTape` gives the gradient ops of a scope's ops
 DONE = "done"  # the no-op that ends each action in the step: it waits on the action's ops, it is not their work
 
 
 class Action(NamedTuple):
-    """One unit of pipeline work: stage `stage` runs `kind` ("F" or "B") on microbatch `microbatch`.
+    """One unit of pipeline work: stage `stage` runs `kind` ("F", "B" or "W") on microbatch `microbatch`.
 
     Its ops carry its name scope (`scope()`, e.g. `s1_F0`), and `Action.parse` reads the action
     back from an op's name: the one vocabulary the step names its ops in and a trace is read in.
@@ -53,7 +58,7 @@ class Action(NamedTuple):
         The tape's gradient ops of F(k, m) (`gradient_tape/s{k}_F{m}/...`) run in B(k, m)."""
         gradient = op_name.startswith(GRADIENT_TAPE)
         parsed = _stage_scope(op_name[len(GRADIENT_TAPE):] if gradient else op_name)
-        if parsed is None or parsed[1][:1] not in (FORWARD, BACKWARD) or not _is_number(parsed[1][1:]):
+        if parsed is None or parsed[1][:1] not in KINDS or not _is_number(parsed[1][1:]):
             return None
         stage, rest = parsed
         return cls(stage, int(rest[1:]), BACKWARD if gradient else rest[0])
@@ -87,13 +92,29 @@ def _stage_scope(op_name: str) -> tuple[int, str] | None:
 class Schedule:
     """A named schedule for `stages` stages and `microbatches` microbatches.
 
-    `actions[k]` is stage k's ordered list of actions: the order the engine enforces.
+    `actions[r]` is device r's ordered list of actions: the order the engine enforces. Stage k
+    runs on device `row(k)`: device k itself unless `placement` (stage -> device) says otherwise,
+    as interleaved stages do (several stages on one device).
     """
 
     name: str
     stages: int
     microbatches: int
     actions: tuple[tuple[Action, ...], ...]
+    placement: tuple[int, ...] = ()  # stage k -> its device's row; () is stage k on device k
+
+    @property
+    def devices(self) -> int:
+        """How many devices (rows) the schedule runs on."""
+        return max(self.placement) + 1 if self.placement else self.stages
+
+    def row(self, stage: int) -> int:
+        """The device (row of `actions`) that runs `stage`."""
+        return self.placement[stage] if self.placement else stage
+
+    def row_stages(self, row: int) -> list[int]:
+        """The stages device `row` runs."""
+        return [k for k in range(self.stages) if self.row(k) == row]
 
 
 @dataclass(frozen=True)
@@ -166,26 +187,124 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     return Schedule("1f1b", stages, microbatches, tuple(rows))
 
 
-BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b}
-NAMES = tuple(BUILDERS)  # the one list of schedule names (the config schema takes it from here)
+def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
+    """Zero bubble ZB-H1 (Qi et al., 2023): 1F1B's order of forwards and input-gradient backwards
+    ("B"), each stage's weight gradients ("W") moved into the slots where 1F1B idles.
+
+    Built by playing the stages on unit-time actions: in each slot a stage runs its next F or B
+    (in 1F1B's order) if its inputs are there; else, or when one more forward would hold more
+    than `stages` microbatches' activations (1F1B's peak, on its first stage), the oldest W
+    whose B has run. W keeps the activations a forward saved, so a stage holds at most
+    `stages` microbatches between F and W: the same peak as 1F1B. With F, B and W of one slot
+    each, every stage idles `stages - 1` slots, against 1F1B's `3 (stages - 1)` with a whole
+    backward of two: a third of the bubble.
+    """
+    _check(stages, microbatches)
+    queues = [[a for a in row] for row in one_f_one_b(stages, microbatches).actions]
+    rows: list[list[Action]] = [[] for _ in range(stages)]
+    done: set[Action] = set()
+    pending: list[list[Action]] = [[] for _ in range(stages)]  # W's whose B has run, oldest first
+    live = [0] * stages
+    while any(queues) or any(pending):
+        started = []
+        for k in range(stages):
+            head = queues[k][0] if queues[k] else None
+            ready = head is not None and all(d in done for d in dependencies(head, stages, split=True))
+            if ready and head.kind == FORWARD and live[k] >= stages:
+                ready = False  # memory: retire a W first
+            if ready:
+                queues[k].pop(0)
+                action = head
+                if head.kind == FORWARD:
+                    live[k] += 1
+                else:
+                    pending[k].append(Action(k, head.microbatch, WEIGHT))
+            elif pending[k]:
+                action = pending[k].pop(0)
+                live[k] -= 1
+            else:
+                continue
+            rows[k].append(action)
+            started.append(action)
+        done.update(started)
+    return Schedule("zb1", stages, microbatches, tuple(tuple(r) for r in rows))
 
 
-def build(name: str, stages: int, microbatches: int) -> Schedule:
-    """The schedule called `name` ("sequential", "gpipe" or "1f1b")."""
+def interleaved(stages: int, microbatches: int, devices: int | None = None) -> Schedule:
+    """Interleaved 1F1B (Megatron-LM's virtual pipeline stages, torch's Interleaved1F1B): `stages`
+    stages on `devices` devices, stage k on device k mod D ("loop" placement), so each device
+    holds V = stages / D of them and a microbatch passes every device V times.
+
+    Each device runs its (stage, microbatch) forwards in groups of D microbatches per stage, its
+    own stages in turn (stage order for forwards, reversed for backwards), after Megatron's
+    warm-up of 2 (D - d - 1) + (V - 1) D forwards on device d, then one forward / one backward,
+    then the remaining backwards. M must be a multiple of D. With unit-time actions the bubble
+    is (D - 1) / (V M + D - 1): V times smaller than 1F1B's on the same devices.
+    Without `devices` (or with D = stages) it is 1F1B.
+    """
+    _check(stages, microbatches)
+    d_count = devices or stages
+    if d_count < 1 or stages % d_count:
+        raise ValueError(f"interleaved stages need a device count that divides the {stages} stages, got {d_count}")
+    if microbatches % d_count:
+        raise ValueError(f"interleaved: {microbatches} microbatches are not a multiple of the {d_count} devices")
+    v = stages // d_count
+    total = microbatches * v
+
+    def forward(d: int, i: int) -> Action:
+        chunk = (i // d_count) % v
+        return Action(chunk * d_count + d, (i // (d_count * v)) * d_count + i % d_count, FORWARD)
+
+    def backward(d: int, i: int) -> Action:
+        chunk = v - 1 - (i // d_count) % v
+        return Action(chunk * d_count + d, (i // (d_count * v)) * d_count + i % d_count, BACKWARD)
+
+    rows = []
+    for d in range(d_count):
+        warmup = total if microbatches == d_count else min((d_count - d - 1) * 2 + (v - 1) * d_count, total)
+        row = [forward(d, i) for i in range(warmup)]
+        for i in range(total - warmup):
+            row += [forward(d, warmup + i), backward(d, i)]
+        row += [backward(d, i) for i in range(total - warmup, total)]
+        rows.append(tuple(row))
+    placement = tuple(k % d_count for k in range(stages)) if d_count < stages else ()
+    return Schedule("interleaved", stages, microbatches, tuple(rows), placement)
+
+
+BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b, "zb1": zero_bubble_h1,
+            "interleaved": interleaved}
+NAMES = tuple(BUILDERS)  # the one list of built-in schedule names
+FILE = "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.pipeline.schedule_file`)
+CHOICES = NAMES + (FILE,)  # what pipeline.schedule may be (the config schema takes it from here)
+
+
+def build(name: str, stages: int, microbatches: int, devices: int | None = None) -> Schedule:
+    """The built-in schedule called `name` (one of `NAMES`); `devices` (interleaved only): how many
+    devices share the stages (stage k on device k mod devices)."""
     if name not in BUILDERS:
         raise ValueError(f"schedule {name!r} is not known; allowed: {', '.join(NAMES)}")
+    if name == "interleaved":
+        return interleaved(stages, microbatches, devices)
     return BUILDERS[name](stages, microbatches)
 
 
-def dependencies(action: Action, stages: int) -> list[Action]:
+def is_split(schedule: Schedule) -> bool:
+    """Whether `schedule` splits its backwards into B (input gradient) and W (weight gradients)."""
+    return any(a.kind == WEIGHT for row in schedule.actions for a in row)
+
+
+def dependencies(action: Action, stages: int, split: bool = False) -> list[Action]:
     """The actions of other stages (or the same microbatch's forward) that `action` needs.
 
     F(k,m) needs F(k-1,m)'s output; B(k,m) needs B(k+1,m)'s input gradient and
-    F(k,m)'s saved activations. (The last stage's backward starts from its own loss.)
+    F(k,m)'s saved activations (the last stage's backward starts from its own loss);
+    W(k,m) needs B(k,m) (`split`: the schedule has W actions; it changes nothing else).
     """
     k, m, kind = action
     if kind == FORWARD:
         return [Action(k - 1, m, FORWARD)] if k > 0 else []
+    if kind == WEIGHT:
+        return [Action(k, m, BACKWARD)]
     deps = [Action(k, m, FORWARD)]
     if k < stages - 1:
         deps.append(Action(k + 1, m, BACKWARD))
@@ -193,17 +312,33 @@ def dependencies(action: Action, stages: int) -> list[Action]:
 
 
 def validate(schedule: Schedule) -> None:
-    """Raise ValueError unless every stage runs each microbatch's F and B exactly once, F first."""
-    if len(schedule.actions) != schedule.stages:
-        raise ValueError(f"{schedule.name}: {len(schedule.actions)} rows for {schedule.stages} stages")
-    for k, row in enumerate(schedule.actions):
-        want = {Action(k, m, kind) for m in range(schedule.microbatches) for kind in (FORWARD, BACKWARD)}
+    """Raise ValueError unless every stage runs each microbatch's F and B (and, in a split schedule,
+    W) exactly once on its device, each after what it needs of its own device (B after F, W after B)."""
+    if len(schedule.actions) != schedule.devices:
+        raise ValueError(f"{schedule.name}: {len(schedule.actions)} rows for {schedule.devices} devices")
+    kinds = KINDS if is_split(schedule) else (FORWARD, BACKWARD)
+    for r, row in enumerate(schedule.actions):
+        mine = schedule.row_stages(r)
+        want = {Action(k, m, kind) for k in mine for m in range(schedule.microbatches) for kind in kinds}
         if len(row) != len(want) or set(row) != want:
-            raise ValueError(f"{schedule.name}: stage {k} must run F and B of each of {schedule.microbatches} microbatches once")
+            raise ValueError(f"{schedule.name}: {_name(schedule, r)} must run {' and '.join(kinds)} of each of "
+                             f"{schedule.microbatches} microbatches once")
         position = {a: i for i, a in enumerate(row)}
-        for m in range(schedule.microbatches):
-            if position[Action(k, m, BACKWARD)] < position[Action(k, m, FORWARD)]:
-                raise ValueError(f"{schedule.name}: stage {k} runs B{m} before F{m}")
+        for a in row:
+            for d in dependencies(a, schedule.stages):
+                if schedule.row(d.stage) == r and position[d] > position[a]:
+                    raise ValueError(f"{schedule.name}: {_name(schedule, r)} runs {_cell(schedule, a)} before "
+                                     f"{_cell(schedule, d)}")
+
+
+def _name(schedule: Schedule, row: int) -> str:
+    """How messages name a row: `stage k` when each stage has its device, else `device r`."""
+    return f"device {row}" if schedule.placement else f"stage {row}"
+
+
+def _cell(schedule: Schedule, action: Action) -> str:
+    """An action as a grid shows it: `F3`, or `F3@s2` when devices hold several stages."""
+    return f"{action}@s{action.stage}" if schedule.placement else str(action)
 
 
 def simulate(schedule: Schedule) -> Timeline:
@@ -211,7 +346,8 @@ def simulate(schedule: Schedule) -> Timeline:
 
     An action may start in slot t when the stage's previous action has finished and
     every dependency finished in a slot before t. Raises ValueError if the schedule
-    deadlocks (a stage waits on something that its order never lets happen).
+    deadlocks (a stage waits on something that its order never lets happen), naming the first
+    action that can never run and what it waits for.
     """
     validate(schedule)
     rows = schedule.actions
@@ -230,8 +366,7 @@ def simulate(schedule: Schedule) -> Timeline:
                 started.append(action)
                 nxt[k] += 1
         if not started:
-            waiting = [str(row[nxt[k]]) + f"@stage{k}" for k, row in enumerate(rows) if nxt[k] < len(row)]
-            raise ValueError(f"{schedule.name}: deadlock at slot {t}; waiting: {', '.join(waiting)}")
+            raise ValueError(f"{schedule.name}: deadlock at slot {t}; {_stuck(schedule, nxt)}")
         for a in started:
             done_at[a] = t
         remaining -= len(started)
@@ -239,34 +374,66 @@ def simulate(schedule: Schedule) -> Timeline:
     return Timeline(tuple(tuple(r) for r in grid))
 
 
+def _stuck(schedule: Schedule, nxt: Sequence[int]) -> str:
+    """What a deadlocked schedule waits on: the first device's next action, which can never run, the
+    action it needs, and what that action's device runs first."""
+    rows = schedule.actions
+    r = next(r for r, row in enumerate(rows) if nxt[r] < len(row))
+    action = rows[r][nxt[r]]
+    need = next(d for d in dependencies(action, schedule.stages) if d not in rows[schedule.row(d.stage)][:nxt[schedule.row(d.stage)]])
+    q = schedule.row(need.stage)
+    head = rows[q][nxt[q]]
+    if not schedule.placement:
+        return (f"{action} of stage {r} (its action {nxt[r] + 1}) can never run: it needs {need} of stage {q}, "
+                f"which stage {q} runs only after {head}, itself waiting")
+    return (f"{_cell(schedule, action)} (action {nxt[r] + 1} of device {r}) can never run: it needs "
+            f"{_cell(schedule, need)}, which device {q} runs only after {_cell(schedule, head)}, itself waiting")
+
+
 def live_activations(row: Sequence[Action]) -> list[int]:
-    """Microbatches whose activations a stage holds after each action of `row` (forwards minus backwards done)."""
+    """Microbatches whose activations a stage holds after each action of `row` (forwards minus
+    backwards done; in a split schedule, minus W's done: W still reads what the forward saved)."""
+    release = WEIGHT if any(a.kind == WEIGHT for a in row) else BACKWARD
     live, out = 0, []
     for a in row:
-        live += 1 if a.kind == FORWARD else -1
+        live += 1 if a.kind == FORWARD else -1 if a.kind == release else 0
         out.append(live)
     return out
 
 
-def rows(timeline: Timeline, devices: Sequence[str] | None = None) -> list[str]:
+def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None) -> list[str]:
     """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).
+    `devices[k]` is stage k's device; a `schedule` whose devices hold several stages labels each
+    row with its device and stages, and each cell with its stage (`F3@s2`).
 
         stage 0  /device:CPU:0  F0 F1 .  .  B0 B1
     """
-    width = max([len(str(a)) for row in timeline.grid for a in row if a is not None] or [1])
-    labels = [f"stage {k}" + (f"  {devices[k]}" if devices else "") for k in range(len(timeline.grid))]
+    shared = schedule is not None and bool(schedule.placement)
+    text = (lambda a: _cell(schedule, a)) if shared else str
+    width = max([len(text(a)) for row in timeline.grid for a in row if a is not None] or [1])
+    if shared:
+        mine = [schedule.row_stages(r) for r in range(len(timeline.grid))]
+        labels = [f"device {r} (stages {', '.join(map(str, ks))})" + (f"  {devices[ks[0]]}" if devices else "")
+                  for r, ks in enumerate(mine)]
+    else:
+        labels = [f"stage {k}" + (f"  {devices[k]}" if devices else "") for k in range(len(timeline.grid))]
     pad = max(len(s) for s in labels)
     lines = []
     for label, row in zip(labels, timeline.grid):
-        cells = " ".join((str(a) if a is not None else ".").ljust(width) for a in row)
+        cells = " ".join((text(a) if a is not None else ".").ljust(width) for a in row)
         lines.append(f"{label.ljust(pad)}  {cells}".rstrip())
     return lines
 
 
 def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None = None) -> str:
     """The timeline as text: a header, one row per stage/device, one column per slot, then the bubble."""
-    lines = [f"schedule: {schedule.name}, {schedule.stages} stages x {schedule.microbatches} microbatches, "
-             f"{timeline.slots} slots (F: forward, B: backward, digit: microbatch, .: idle)"]
-    lines += rows(timeline, devices)
+    on = f" on {schedule.devices} devices" if schedule.placement else ""
+    lines = [f"schedule: {schedule.name}, {schedule.stages} stages{on} x {schedule.microbatches} microbatches, "
+             f"{timeline.slots} slots (F: forward, B: backward{_w_legend(schedule)}, digit: microbatch, .: idle)"]
+    lines += rows(timeline, devices, schedule)
     lines.append(f"bubble fraction: {timeline.bubble_fraction:.3f} (idle slots / all slots)")
     return "\n".join(lines)
+
+
+def _w_legend(schedule: Schedule) -> str:
+    return " (input gradient), W: weight gradients" if is_split(schedule) else ""

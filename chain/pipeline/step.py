@@ -37,7 +37,8 @@ BatchNormalization moving statistics once, from every microbatch of the step
 
 A dataflow graph runs any op whose inputs are ready, so the order a schedule gives a
 stage would be lost, and with it 1F1B's bound on live activations: every action's ops
-are created under `tf.control_dependencies` on the previous action of the same stage.
+are created under `tf.control_dependencies` on the previous action of the same stage (of the
+same device, when interleaved stages share one: `Schedule.row`).
 Copies belong to the receiving action, so an activation is used on a device only when
 that device's schedule has reached it. Actions are traced in the order of the
 schedule's simulated timeline, a topological order of all their dependencies
@@ -67,13 +68,13 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain.data.catalog import Target
-from chain.pipeline.schedules import DONE, FORWARD, Action, Schedule, simulate, update_scope
+from chain.pipeline.schedules import BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, is_split, simulate, update_scope
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred
-from chain.steps.forward import chain_forward
+from chain.steps.forward import chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.report import dropped, report
 from chain.steps.update import shared_outcomes, stage_update, unscale
@@ -127,6 +128,8 @@ def sends(action: Action, devices: Sequence[str]) -> bool:
     a backward's input gradient to stage k-1 (the last forward and the first backward send
     nothing, nor does an action whose neighbour shares its device)."""
     k, _, kind = action
+    if kind == WEIGHT:
+        return False  # W's gradients stay on the stage
     to = k + 1 if kind == FORWARD else k - 1
     return 0 <= to < len(devices) and canonical(devices[k]) != canonical(devices[to])
 
@@ -146,6 +149,43 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
     chain to the others.)"""
     with tf.device(host()), tf.control_dependencies([done]):
         return tf.raw_ops.RandomUniform(shape=[1], dtype=tf.float32, seed=1, seed2=1, name=release_name(action)).op
+
+
+def _seeds(out: tf.Tensor, g: tf.Tensor | None, scaled_reg: tf.Tensor | None) -> tuple:
+    """(targets, their output gradients) that a stage's backward starts from: its output with dL/doutput
+    (the last stage: its loss, from 1), and the stage's own regularization term, from 1."""
+    if scaled_reg is None:
+        return out, g
+    return [out, scaled_reg], [g, tf.ones_like(scaled_reg)]
+
+
+def weight_gradients(stage: Stage, targets, start, kept: Sequence[tf.Tensor] | None,
+                     kept_grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
+    """W of a split backward: the gradients of `stage`'s trainable variables (in their order).
+
+    With every layer's output kept (`kept`, and `kept_grads`, the gradients B computed there), each
+    layer's weights take their gradient from its own output's: only that layer's backward runs
+    again (its activation's derivative, elementwise, and the weight products), not the whole stage's.
+    What reaches the weights directly (a kernel regularizer's term in `targets`) is added with the
+    layer outputs held fixed. Without them (a model that is not a Sequential, or XLA), the whole
+    backward runs again from `targets` (`start`: their output gradients). `tf.gradients` names
+    its ops in the current scope (`s{k}_W{m}/gradients/...`), so a trace reads them back as W."""
+    variables = stage.trainable_variables
+    handles = [v.value if hasattr(v, "value") else v for v in variables]  # Keras 3 wraps the tf.Variable
+    if kept is None:
+        return tf.gradients(targets, handles, grad_ys=start)
+    mine: dict[int, tf.Tensor] = {}
+    for layer, out, grad in zip(stage.model.layers, kept, kept_grads):
+        own = layer.trainable_variables
+        if own and grad is not None:
+            for v, g in zip(own, tf.gradients(out, [v.value for v in own], grad_ys=grad)):
+                mine[id(v)] = g
+    direct = tf.gradients(targets, handles, grad_ys=start, stop_gradients=list(kept))
+    out = []
+    for v, d in zip(variables, direct):
+        g = mine.get(id(v))
+        out.append(d if g is None else g if d is None else g + d)
+    return out
 
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
@@ -169,11 +209,18 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
+    for r in range(schedule.devices):  # a row's order is one device's: its stages must share that device
+        if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
+            raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
     order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
     n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
     devices = [s.device for s in stages]
     last = n_stages - 1
-    forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
+    split = is_split(schedule)
+    # A split backward keeps every layer's output where the model allows it (not under XLA, whose
+    # compiled forward shows none of them): W then starts from the gradients B left there.
+    keeps = [split and not jit_compile and layer_by_layer(s) for s in stages]
+    forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None, keeps[s.index]), jit_compile,
                                    xla.forward_name(s.index)) for s in stages]
     updates = [stage_update(s, jit_compile) for s in stages]
     deferred = Deferred(stages) if batch_norm == "deferred" else None
@@ -192,11 +239,13 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         with tf.device(stages[last].device):
             labels = tf.split(y_last, n_micro, name="microbatch_labels")
 
-        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss)
+        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss, reg, kept outputs)
+        seeds: dict[tuple[int, int], tuple] = {}  # split: (k, m) -> what the backward starts from (B to W)
+        kept_grads: dict[tuple[int, int], list] = {}  # split: (k, m) -> gradients at the kept outputs
         outputs: dict[tuple[int, int], tf.Tensor] = {}  # forward results waiting for stage k+1
         input_grads: dict[tuple[int, int], tf.Tensor] = {}  # dL/dinput waiting for stage k-1
         accumulated: list[list | None] = [None] * n_stages
-        previous: list[list[tf.Operation]] = [[] for _ in stages]  # each stage's last action's `done`
+        previous: list[list[tf.Operation]] = [[] for _ in range(schedule.devices)]  # each device's last action's `done`
         microbatch_losses = []
         regs: list[list[tf.Tensor]] = [[] for _ in stages]  # stages before the last: weighted regularization
         graph = tf.compat.v1.get_default_graph()
@@ -205,27 +254,32 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
             k, m, kind = action
             s = stages[k]
             first_op = len(graph.get_operations())
-            with tf.name_scope(action.scope()), tf.control_dependencies(previous[k]):
+            done_ops = None  # the ops the stage's next action waits for (None: every op of this one)
+            row = schedule.row(k)  # the device whose order this action follows (interleaved: shared by stages)
+            with tf.name_scope(action.scope()), tf.control_dependencies(previous[row]):
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
                     with tf.device(s.device):
-                        with tf.GradientTape() as tape:
+                        with tf.GradientTape(persistent=split) as tape:  # a split backward asks it twice
                             if k > 0:
                                 tape.watch(h)
                             reg = scaled_reg = None
+                            result = forwards[k](h, labels[m], 1.0 / n_micro) if k == last else forwards[k](h, 1.0 / n_micro)
+                            kept = result[-1] if keeps[k] else None
+                            result = result[:-1] if keeps[k] else result
                             if k == last:
-                                value, out = forwards[k](h, labels[m], 1.0 / n_micro)
+                                value, out = result
                             else:
-                                out, reg, scaled_reg = forwards[k](h, 1.0 / n_micro)
-                    saved[(k, m)] = (tape, h, out, scaled_reg)
+                                out, reg, scaled_reg = result
+                    saved[(k, m)] = (tape, h, out, scaled_reg, kept)
                     if k == last:
                         microbatch_losses.append(value)
                     else:
                         outputs[(k, m)] = out
                         if reg is not None:
                             regs[k].append(reg)
-                else:
-                    tape, h, out, scaled_reg = saved.pop((k, m))
+                elif kind == BACKWARD and not split:
+                    tape, h, out, scaled_reg, _ = saved.pop((k, m))
                     g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
                     with tf.device(s.device):
                         variables = s.trainable_variables
@@ -237,10 +291,29 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                             input_grads[(k, m)] = grads[0]
                             grads = grads[1:]
                         accumulated[k] = add_grads(accumulated[k], grads)
+                elif kind == BACKWARD:  # split: the input's gradient now, and the gradients at each kept output
+                    tape, h, out, scaled_reg, kept = saved[(k, m)]
+                    g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
+                    with tf.device(s.device):
+                        targets, start = seeds[(k, m)] = _seeds(out, g, scaled_reg)
+                        sources = ([h] if k > 0 else []) + (kept or [])
+                        grads = tape.gradient(targets, sources, output_gradients=start) if sources else []
+                        if k > 0:
+                            input_grads[(k, m)] = grads[0]
+                        done_ops = [g.op for g in grads if g is not None]  # not the weights' products the
+                        kept_grads[(k, m)] = grads[1:] if k > 0 else grads  # tape builds too: W's, later
+                else:  # W: the weights' gradients, from what B left
+                    _, _, _, _, kept = saved.pop((k, m))
+                    targets, start = seeds.pop((k, m))
+                    with tf.device(s.device):
+                        grads = weight_gradients(s, targets, start, kept, kept_grads.pop((k, m)))
+                        accumulated[k] = add_grads(accumulated[k], grads)
+                    done_ops = [g.op for g in grads if g is not None]  # not the side branches tf.gradients leaves
                 if ordered:
-                    previous[k] = [_done(graph.get_operations()[first_op:], s.device)]
+                    ops = graph.get_operations()[first_op:] if done_ops is None else done_ops
+                    previous[row] = [_done(ops, s.device)]
             if ordered and release and sends(action, devices):  # let the send go out before the stage goes on
-                previous[k] = [_release(previous[k][0], action)]
+                previous[row] = [_release(previous[row][0], action)]
 
         # The reported loss is what the chain minimizes: every stage's regularization included.
         reported = microbatch_losses + regularization_total(regs, stages, stages[last].device)
@@ -249,7 +322,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         grads, scopes = [], []
         for s in stages:  # the update is each stage's last action
             with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
-                    tf.control_dependencies(previous[s.index]):
+                    tf.control_dependencies(previous[schedule.row(s.index)]):
                 grads.append(unscale(s, accumulated[s.index]))
                 if deferred:  # the moving statistics' one update, from every microbatch of the step
                     deferred.update(s)
@@ -261,7 +334,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         values = []
         for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
             # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
-            with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[s.index]):
+            with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[schedule.row(s.index)]):
                 values.append([dropped(updates[s.index](g, None, outcome))])
         values[last].append(total)
         if norm is not None:

@@ -9,12 +9,14 @@ summary.json records of it. It shares the `Pipelined` distribution with `Pipelin
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any, Callable
 
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.pipeline import schedules
+from chain.pipeline.selection import pipeline_schedule
 from chain.pipeline.step import e2e_step
 from chain.planning.planner import Placement
 from chain.records.summaries import PipelineFields, Summary
@@ -26,8 +28,7 @@ class PipelinedChain(ChainObjective, Pipelined):
     """mode=e2e, pipelined: `pipeline.schedule` over `pipeline.microbatches` per batch."""
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
-        p = settings.pipeline
-        self.schedule = schedules.build(p.schedule, len(settings.stages), p.microbatches)
+        self.schedule = pipeline_schedule(settings)  # a built-in one, or pipeline.schedule_file's
         super().__init__(settings, placement, info, **bodies)
 
     def make_step(self) -> Callable:
@@ -52,7 +53,10 @@ class PipelinedChain(ChainObjective, Pipelined):
         return schedules.simulate(self.schedule)
 
     def summary(self, summary: Summary) -> Summary:
-        pipeline = PipelineFields(self.schedule.name, self.schedule.microbatches, self.timeline().bubble_fraction)
+        path = self.settings.pipeline.schedule_file
+        pipeline = PipelineFields(self.schedule.name, self.schedule.microbatches, self.timeline().bubble_fraction,
+                                  os.path.abspath(path) if self.schedule.name == schedules.FILE else None,
+                                  self.schedule.devices if self.schedule.placement else None)
         return replace(super().summary(summary), pipeline=pipeline)
 
     def plan_text(self, full: bool) -> str:

@@ -45,8 +45,8 @@ from typing import Any, Iterable, Sequence
 
 from chain.planning import balance
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
-from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, Action, Schedule, Timeline, rows, simulate,
-                                      update_stage)
+from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, Timeline, rows,
+                                      simulate, update_stage)
 
 MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)
 SLOW = 0.2  # a stage busier than the mean by more than this share is the bottleneck the advice evens
@@ -146,7 +146,10 @@ def read_trace(paths: Iterable[str]) -> tuple[list[OpEvent], dict[int, tuple[int
 
 def producer(a: Action, stages: int) -> Action | None:
     """The action whose result `a` takes: F(k-1, m) for F(k, m); B(k+1, m) for B(k, m), or the
-    last stage's own F(m) for its B(m); None for F(0, m), which takes the batch."""
+    last stage's own F(m) for its B(m); its own B(k, m) for W(k, m) (a split schedule); None for
+    F(0, m), which takes the batch."""
+    if a.kind == WEIGHT:
+        return Action(a.stage, a.microbatch, BACKWARD)
     if a.kind == FORWARD:
         return Action(a.stage - 1, a.microbatch, FORWARD) if a.stage > 0 else None
     if a.stage < stages - 1:
@@ -256,7 +259,7 @@ def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Seque
             mine = [a for a in acts if a.stage == k]
             per[k].busy_ms += union((a.start_ms, a.end_ms) for a in mine)
             per[k].forward_ms += sum(a.end_ms - a.start_ms for a in mine if a.kind == FORWARD)
-            per[k].backward_ms += sum(a.end_ms - a.start_ms for a in mine if a.kind == BACKWARD)
+            per[k].backward_ms += sum(a.end_ms - a.start_ms for a in mine if a.kind in (BACKWARD, WEIGHT))
             per[k].copy_ms += sum(a.copy_ms for a in mine)
         for u in s.updates:
             per[u.stage].update_ms += u.end_ms - u.start_ms

@@ -21,7 +21,7 @@ from chain.errors import ConfigError, DeviceError
 from chain.planning.devices import canonical
 from chain.planning.inventory import Gpu, Inventory
 
-__all__ = ["Placement", "plan", "check_batch", "PIPELINE", "MIRRORED"]
+__all__ = ["Placement", "plan", "loop", "check_batch", "PIPELINE", "MIRRORED"]
 
 PIPELINE = "pipeline"
 MIRRORED = "mirrored"
@@ -374,6 +374,17 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None:
             p.notes.append(f"placement.{key} ignored: it configures this machine's devices; a worker has its own")
+    return p
+
+
+def loop(p: Placement, n_stages: int) -> Placement:
+    """`p`, planned for D devices, with `n_stages` stages on them: stage k on device k mod D (the
+    "loop" placement of interleaved virtual stages, `pipeline.schedule=interleaved`)."""
+    d = len(p.devices)
+    if p.strategy == MIRRORED or d >= n_stages:
+        return p
+    p.devices = [p.devices[k % d] for k in range(n_stages)]
+    p.notes.append(f"pipeline.schedule=interleaved: {n_stages} stages on {d} devices, stage k on device k mod {d}")
     return p
 
 

@@ -124,10 +124,13 @@ def timeline_section(rec: RunRecord) -> str:
     devices = [s.device or "" for s in rec.stages]
     labels = [f"stage {k}  {d}" for k, d in enumerate(devices)]
     planned = schedules.simulate(schedule)
+    # The plan has a row per device; interleaved stages share one (the measured chart: a row per stage).
+    rows = [f"device {r} (stages {', '.join(map(str, schedule.row_stages(r)))})" for r in range(schedule.devices)] \
+        if schedule.placement else labels
     out = ['<h2 id="timeline">Timeline</h2>',
            f"<p>{esc(schedule.name)}, {schedule.stages} stages x {schedule.microbatches} microbatches; "
            f"planned bubble fraction {planned.bubble_fraction:.3f} (unit-time actions)</p>",
-           image(plots.gantt(planned_rows(schedule), labels, "planned (unit-time actions)", "slot"), "planned timeline")]
+           image(plots.gantt(planned_rows(schedule), rows, "planned (unit-time actions)", "slot"), "planned timeline")]
     try:
         return "\n".join(out + measured_section(rec, labels))
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:

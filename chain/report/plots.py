@@ -8,7 +8,7 @@ from typing import Sequence
 
 from chain.report.scalars import Series
 
-COLORS = {"F": "#4C72B0", "B": "#DD8452", "update": "#8C8C8C", "copy": "#55A868"}
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#C44E52", "update": "#8C8C8C", "copy": "#55A868"}
 
 
 def _pyplot():
@@ -81,8 +81,10 @@ def gantt(rows: Sequence[Sequence[tuple[float, float, str, str]]], labels: Seque
     ax.set_xlim(0, end)
     ax.set_xlabel(xlabel)
     ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("F", "B", "update")]
-    ax.legend(handles, ["forward", "backward", "update"], fontsize=7, loc="upper right", ncol=3)
+    kinds = ["F", "B"] + (["W"] if any(kind == "W" for row in rows for _, _, kind, _ in row) else []) + ["update"]
+    names = {"F": "forward", "B": "backward", "W": "weight gradients", "update": "update"}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in kinds]
+    ax.legend(handles, [names[k] for k in kinds], fontsize=7, loc="upper right", ncol=len(kinds))
     ax.set_title(title, fontsize=10)
     return png(fig)
 

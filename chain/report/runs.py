@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chain.errors import ChainError, first_line
-from chain.pipeline import schedules
+from chain.pipeline import schedule_file, schedules
 from chain.records.measured import Measured
 from chain.records.serial import RecordError, from_json
 from chain.records.summaries import MirroredFields, PipelineFields, ProfileFields, StageSummary, Summary
@@ -68,7 +68,16 @@ class RunRecord:
         name, m = self.pipeline.schedule, self.pipeline.microbatches
         if not name or not m or not self.stages:
             return None
-        return schedules.build(name, len(self.stages), m)
+        if name == schedules.FILE:  # read again from its file, if it is still there and still runs
+            try:
+                return schedule_file.read(self.pipeline.schedule_file or "", len(self.stages), m)
+            except schedule_file.ScheduleFileError:
+                return None
+        devices = self.pipeline.schedule_devices if name == "interleaved" else None
+        try:
+            return schedules.build(name, len(self.stages), m, devices)
+        except ValueError:  # a summary edited into a schedule that cannot be built
+            return None
 
 
 EMPTY = from_json(Summary, {})

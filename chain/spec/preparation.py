@@ -28,7 +28,8 @@ from chain.data import sources
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
 from chain.fields import choice
-from chain.pipeline.schedules import NAMES as SCHEDULES
+from chain.pipeline import selection
+from chain.pipeline.schedules import CHOICES as SCHEDULES
 from chain.planning import cluster, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
 from chain.spec.run_spec import RunSpec
@@ -47,6 +48,8 @@ def check(cfg: Any) -> RunSpec:
     else:
         settings, info = config.check(cfg)
     choice(*SCHEDULES)("pipeline.schedule", settings.pipeline.schedule)
+    if settings.mode == "e2e":
+        selection.check_pipeline(settings)  # the schedule can run (a schedule file read and checked)
     return RunSpec(settings, info)
 
 
@@ -66,16 +69,19 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
         inventory = inventory or discover()
         placement = planner.plan_multi_worker(s.placement, len(s.stages), *multi_worker, inventory.gpus)
     else:
+        n_stages = len(s.stages)
+        shared = None if s.placement.devices or s.mode != "e2e" else selection.pipeline_devices(s)
+        n = shared or n_stages  # interleaved stages: plan their D devices, then stage k on device k mod D
         addresses = cluster.workers(s.cluster.workers)
         if addresses:
             cluster.check_reachable(addresses, s.cluster.lost_after_s)
             cluster.connect(addresses)  # the workers' devices are known only through TensorFlow
             inventory = Inventory()
-            placement = planner.plan_cluster(s.placement, len(s.stages), cluster.remote_devices(len(addresses)),
-                                             addresses)
+            placement = planner.plan_cluster(s.placement, n, cluster.remote_devices(len(addresses)), addresses)
         else:
             inventory = inventory or discover()
-            placement = planner.plan(s.placement, len(s.stages), inventory)
+            placement = planner.plan(s.placement, n, inventory)
+        placement = planner.loop(placement, n_stages)
     placement.per_replica_batch = planner.check_batch(s.data.batch_size, placement)  # once, here
     spec = replace(spec, placement=placement, inventory=inventory)
     if spec.data_info is not None:

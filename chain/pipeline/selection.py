@@ -1,0 +1,109 @@
+"""The schedule a run's settings ask for, and the checks that need the schedules to answer.
+
+`pipeline.schedule` names a built-in schedule (`chain.pipeline.schedules`) or `file`, a CSV that
+`chain.pipeline.schedule_file` reads; with `interleaved` (or a file whose rows hold several
+stages) the stages share devices. The config cannot ask these (it is a lower layer): the
+preparation pass (`chain.spec`) calls `check_pipeline`, the strategy `pipeline_schedule`, and
+the planning `pipeline_devices`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from chain.config.device_names import canonical
+from chain.config.schema import Settings
+from chain.data import files
+from chain.errors import ConfigError
+from chain.pipeline import schedule_file, schedules
+
+
+def pipeline_schedule(s: Settings) -> schedules.Schedule:
+    """mode=e2e's schedule: the built-in `pipeline.schedule`, or the one `pipeline.schedule_file` holds
+    (read and checked here: a ConfigError naming the key for a file that cannot run)."""
+    p, n_stages = s.pipeline, len(s.stages)
+    if p.schedule != schedules.FILE:
+        return schedules.build(p.schedule, n_stages, p.microbatches, pipeline_devices(s))
+    if p.schedule_file is None:
+        raise ConfigError("pipeline.schedule=file reads the schedule from pipeline.schedule_file, which is not set; "
+                          "give a CSV (one row per device, cells like F3, B3, W3), or a built-in schedule: "
+                          f"{', '.join(schedules.NAMES)}")
+    path = files.existing(p.schedule_file, "pipeline.schedule_file")
+    try:
+        schedule = schedule_file.read(path, n_stages, p.microbatches)
+    except schedule_file.ScheduleFileError as e:
+        raise ConfigError(f"pipeline.schedule_file={path!r} {e}") from None
+    d = schedule.devices
+    if schedule.placement and any(schedule.row(k) != k % d for k in range(n_stages)):
+        k = next(k for k in range(n_stages) if schedule.row(k) != k % d)
+        raise ConfigError(f"pipeline.schedule_file={path!r} runs stage {k} on row {schedule.row(k) + 1}: stages share "
+                          f"devices only as interleaved stages do, stage k on row (k mod {d}) + 1")
+    return schedule
+
+
+def pipeline_devices(s: Settings) -> int | None:
+    """How many devices the stages share: stages / pipeline.virtual_stages with schedule=interleaved,
+    or a schedule file's rows when they hold several stages (stage k on device k mod that), else
+    None (a device per stage)."""
+    p = s.pipeline
+    if p.schedule == schedules.FILE and p.schedule_file is not None:
+        schedule = pipeline_schedule(s)  # a file whose rows hold several stages each
+        return schedule.devices if schedule.placement else None
+    if p.schedule != "interleaved" or p.virtual_stages == 1:
+        return None
+    return len(s.stages) // p.virtual_stages
+
+
+def check_interleaved(s: Settings) -> None:
+    """schedule=interleaved: V stages per device divide the stages, M is a multiple of the devices
+    (the anchors' requirement), and stages named on devices follow the loop placement."""
+    p, n_stages = s.pipeline, len(s.stages)
+    if p.schedule != "interleaved":
+        if p.virtual_stages != 1:
+            raise ConfigError(f"pipeline.virtual_stages={p.virtual_stages} puts several stages on each device, which "
+                              f"only pipeline.schedule=interleaved runs (is {p.schedule}); set pipeline.virtual_stages=1 "
+                              "or pipeline.schedule=interleaved")
+        return
+    v = p.virtual_stages
+    if n_stages % v:
+        raise ConfigError(f"pipeline.virtual_stages={v} does not divide the {n_stages} stages: each device holds "
+                          f"pipeline.virtual_stages of them (e.g. {max(d for d in range(1, n_stages + 1) if n_stages % d == 0 and d <= v)})")
+    d = n_stages // v
+    if p.microbatches % d:
+        raise ConfigError(f"pipeline.microbatches={p.microbatches} is not a multiple of the {d} devices of "
+                          f"pipeline.schedule=interleaved ({n_stages} stages / pipeline.virtual_stages={v}); use "
+                          + (f"pipeline.microbatches={d * (p.microbatches // d)} or {d * (p.microbatches // d + 1)}"
+                             if p.microbatches > d else f"pipeline.microbatches={d} (or a multiple)"))
+    if v > 1 and isinstance(s.placement.memory_limit_mb, (list, tuple)):
+        raise ConfigError(f"placement.memory_limit_mb: with pipeline.schedule=interleaved each device holds "
+                          f"{v} stages (pipeline.virtual_stages); give one number (MB per logical GPU)")
+    given = s.placement.devices
+    if given and v > 1:
+        for k in range(d, n_stages):
+            if canonical(given[k]) != canonical(given[k % d]):
+                raise ConfigError(f"placement.devices[{k}]={given[k]}: pipeline.schedule=interleaved runs stage k on "
+                                  f"device k mod {d} ({n_stages} stages / pipeline.virtual_stages={v}), so stage {k} "
+                                  f"belongs on placement.devices[{k % d}]={given[k % d]}")
+        if len({canonical(x) for x in given[:d]}) < d:
+            raise ConfigError(f"placement.devices: pipeline.schedule=interleaved needs {d} different devices for "
+                              f"stages 0-{d - 1} ({n_stages} stages / pipeline.virtual_stages={v})")
+
+
+def check_pipeline(s: Settings) -> None:
+    """mode=e2e: the schedule can run (`pipeline_schedule`), its file is given only for schedule=file,
+    and pipeline.schedule_out is written by plan_only=true into a folder that exists."""
+    p = s.pipeline
+    check_interleaved(s)
+    if p.schedule_file is not None and p.schedule != schedules.FILE:
+        raise ConfigError(f"pipeline.schedule_file is read only with pipeline.schedule=file (is {p.schedule}); "
+                          "set pipeline.schedule=file or remove pipeline.schedule_file")
+    if p.schedule_out is not None:
+        if not s.plan_only:
+            raise ConfigError("pipeline.schedule_out is written by plan_only=true (which trains nothing); "
+                              "add plan_only=true or remove pipeline.schedule_out")
+        folder = os.path.dirname(os.path.abspath(p.schedule_out))
+        if not os.path.isdir(folder) or os.path.isdir(p.schedule_out):
+            raise ConfigError(f"pipeline.schedule_out={p.schedule_out!r}: "
+                              + ("is a directory; name a file" if os.path.isdir(p.schedule_out)
+                                 else f"the folder {folder} does not exist"))
+    pipeline_schedule(s)
