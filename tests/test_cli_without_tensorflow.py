@@ -161,7 +161,7 @@ def test_the_preparation_pass_raises_every_such_error_without_tensorflow(no_tens
     cases = [([o.replace("{files}", user_files) for o in overrides], message.replace("{files}", user_files)
               .replace("{keras}", keras_home)) for overrides, message in CASES + PREPARED
              if any(o.startswith(reach) for o in overrides)]
-    assert len(cases) == 14
+    assert len(cases) == 16
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([no_tensorflow, os.environ.get("PYTHONPATH", "")]),
                KERAS_HOME=keras_home)
     r = subprocess.run([sys.executable, "-c", PREPARE, json.dumps([o for o, _ in cases] + [o for o, _ in VALID])],
