@@ -140,7 +140,7 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True) -> Callable:
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss: `Layout.chain`).
 
@@ -156,6 +156,11 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
     order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
     n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
+    # With one microbatch a stage has one forward and one backward, which its data already
+    # orders (the backward reads the forward's tape): the chaining would bound nothing and only
+    # make each action wait for the previous one's side branches, and the releases exist only to
+    # break that chain. Leaving both out changes no value (stateful ops stay in trace order).
+    ordered = n_micro > 1 if ordered is None else ordered
     devices = [s.device for s in stages]
     last = n_stages - 1
     forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
