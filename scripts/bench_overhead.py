@@ -1,40 +1,50 @@
-"""The trainer's steps per second against a hand-written `tf.function` loop doing the same math.
+"""The trainer's steps per second against Keras' own `model.fit` (or a hand-written loop) doing the same math.
 
-    python scripts/bench_overhead.py                        # small and large, 25 repeats
-    python scripts/bench_overhead.py --sizes small --repeats 40 --cases local1 e2e2
+    python scripts/bench_overhead.py --markdown              # vs Keras fit: e2e1 e2e2 e2e2x, small and large
+    python scripts/bench_overhead.py --ablate --repeats 10   # the same, and where the difference goes
+    python scripts/bench_overhead.py --anchor hand           # vs a hand-written loop (local1, fit8 fit32 ...)
 
 Not a test: it prints medians and ratios (and, with --markdown, a table for docs/benchmarks.md).
 
-Everything runs in one process on one device (`/CPU:0`); the loops under comparison take
+Everything runs in one process (two logical CPU devices); the loops under comparison take
 turns: each repeat runs one block of steps of every loop, in a random order, so that drift
-on a shared machine hits all of them alike, and every block starts with 2 untimed steps of
-its own (the block before trained another model). The ratio is steps/second of a trainer
-loop over steps/second of the hand-written loop: the median of the per-repeat (paired)
-ratios, with a 95% bootstrap interval. Sizes (the issue's): small = width 256, batch 64;
-large = width 1024, batch 256; two Dense layers, Adam, synthetic data with 128 features.
+on a shared machine hits all of them alike, and every block starts with 2 untimed steps (one
+untimed call) of its own (the block before trained another model). A ratio is steps/second
+of a loop over steps/second of the anchor: the median of the per-repeat (paired) ratios,
+with a 95% bootstrap interval, on the wall clock and on the process's CPU time. Sizes (the
+issue's): small = width 256, batch 64; large = width 1024, batch 256; two Dense layers per
+stage, Adam, synthetic data with 128 features, no validation split (an evaluation at the end
+of a timed block would be timed).
 
-Cases (the trainer's config; the hand-written loop does exactly the same math):
+Anchors:
 
-- `local1` (default): mode=local, one stage: the stage's body and its read-out head trained
-  with one loss and one Adam, which is what a hand-written classifier step does. Nothing
-  crosses devices: what is left is the trainer's own machinery.
-- `e2e2`: mode=e2e, two stages on /CPU:0, one microbatch: the same math as one model of both
-  bodies and the read-out (Adam is per variable: two optimizers over two halves equal one).
+- `keras` (default): `keras{N}`, Keras' `model.fit(steps_per_execution=N)` (N = the first
+  `--calls`, default 8 = the trainer's default `trainer.steps_per_call`) on the chain's
+  stages cloned into one `keras.Sequential` on /CPU:0 with the trainer's initial weights,
+  the same Adam and loss (`jit_compile=False`, Keras' own choice on a CPU-only machine), on
+  the trainer's own `tf.data` stream; timed from one execution's `on_train_batch_end` to the
+  last. Before timing, two steps of Keras' fit and of the trainer on the same batches must
+  give the same weights.
+- `hand`: `x, ys = next(it); step(x, ys["label"])` on a hand-written `tf.function` (one step
+  per call, the loss not read); two steps of it and of the trainer must give the same losses.
+
+Cases (the trainer's config):
+
+- `e2e1`: mode=e2e, one stage on /CPU:0; `e2e2`: two stages, both on /CPU:0; `e2e2x`: two
+  stages on two logical devices (/CPU:0, /CPU:1: one thread pool, so copies and partitions
+  cost, nothing overlaps); one microbatch (the default);
+- `local1` (the hand anchor's default): mode=local, one stage: its body and read-out head
+  with one loss and one Adam.
 
 Loops:
 
-- `hand`: `x, ys = next(it); step(x, ys["label"])` on a `tf.function` (the loss not read);
-- `fit`: `Run.fit`'s loop (trainer.steps_per_call=1), timed from one step's callback to the
-  next: the whole per-step path, the report read and judged included;
-- `fitN`: the same with `trainer.steps_per_call=N` (N steps per call of the compiled function;
-  N=8 is the trainer's default);
-- `step`: `Run.step(x, y)` on batches of the stream: the public API, which checks each batch;
-- `guarded`: the hand-written loop with the trainer's numerics guard added (the update under a
-  `tf.cond` on `all_finite(loss, grads)`): what the guard alone costs.
-
-Every model is built with the same seed, the hand-written one from the trainer's layer
-configs with the trainer's initial weights, on the same `tf.data` pipeline; before timing,
-two steps of `hand` and of the trainer on the same batches must give the same losses.
+- `fitN`: `Run.fit`'s loop with `trainer.steps_per_call=N`, timed from one step's callback
+  to the next (the report read and judged included); `fit` the same with one step per call;
+- `step` (hand anchor): `Run.step(x, y)`, the public API, which checks each batch;
+- `guarded` (hand anchor): the hand-written loop plus the trainer's numerics guard;
+- with `--ablate` (keras anchor), `fitN` on fresh runs whose step adds or leaves out one
+  piece (`ablated`): `rebuilt` (nothing: the control), `ordered`, `noguard`, `noreport`,
+  `bare`; each row also shows its speed over `fitN`'s, paired.
 """
 
 from __future__ import annotations
