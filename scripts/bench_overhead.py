@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 SIZES = {"small": (256, 64), "large": (1024, 256)}
@@ -130,7 +131,7 @@ def hand_written(run, guard: bool = False):
     return step
 
 
-def keras_fit(run, per_call: int, reference) -> callable:
+def keras_fit(run, per_call: int, reference) -> Callable:
     """`block(n)`: Keras' own `model.fit(steps_per_execution=per_call)` on the chain's model cloned into
     one `keras.Sequential` on /CPU:0 (`clone`), the same Adam, loss, batches and data pipeline;
     timed like the trainer's `fit`, from one call's end (`on_train_batch_end`, once per
