@@ -1,40 +1,50 @@
-"""The trainer's steps per second against a hand-written `tf.function` loop doing the same math.
+"""The trainer's steps per second against Keras' own `model.fit` (or a hand-written loop) doing the same math.
 
-    python scripts/bench_overhead.py                        # small and large, 25 repeats
-    python scripts/bench_overhead.py --sizes small --repeats 40 --cases local1 e2e2
+    python scripts/bench_overhead.py --markdown              # vs Keras fit: e2e1 e2e2 e2e2x, small and large
+    python scripts/bench_overhead.py --ablate --repeats 10   # the same, and where the difference goes
+    python scripts/bench_overhead.py --anchor hand           # vs a hand-written loop (local1, fit8 fit32 ...)
 
 Not a test: it prints medians and ratios (and, with --markdown, a table for docs/benchmarks.md).
 
-Everything runs in one process on one device (`/CPU:0`); the loops under comparison take
+Everything runs in one process (two logical CPU devices); the loops under comparison take
 turns: each repeat runs one block of steps of every loop, in a random order, so that drift
-on a shared machine hits all of them alike, and every block starts with 2 untimed steps of
-its own (the block before trained another model). The ratio is steps/second of a trainer
-loop over steps/second of the hand-written loop: the median of the per-repeat (paired)
-ratios, with a 95% bootstrap interval. Sizes (the issue's): small = width 256, batch 64;
-large = width 1024, batch 256; two Dense layers, Adam, synthetic data with 128 features.
+on a shared machine hits all of them alike, and every block starts with 2 untimed steps (one
+untimed call) of its own (the block before trained another model). A ratio is steps/second
+of a loop over steps/second of the anchor: the median of the per-repeat (paired) ratios,
+with a 95% bootstrap interval, on the wall clock and on the process's CPU time. Sizes (the
+issue's): small = width 256, batch 64; large = width 1024, batch 256; two Dense layers per
+stage, Adam, synthetic data with 128 features, no validation split (an evaluation at the end
+of a timed block would be timed).
 
-Cases (the trainer's config; the hand-written loop does exactly the same math):
+Anchors:
 
-- `local1` (default): mode=local, one stage: the stage's body and its read-out head trained
-  with one loss and one Adam, which is what a hand-written classifier step does. Nothing
-  crosses devices: what is left is the trainer's own machinery.
-- `e2e2`: mode=e2e, two stages on /CPU:0, one microbatch: the same math as one model of both
-  bodies and the read-out (Adam is per variable: two optimizers over two halves equal one).
+- `keras` (default): `keras{N}`, Keras' `model.fit(steps_per_execution=N)` (N = the first
+  `--calls`, default 8 = the trainer's default `trainer.steps_per_call`) on the chain's
+  stages cloned into one `keras.Sequential` on /CPU:0 with the trainer's initial weights,
+  the same Adam and loss (`jit_compile=False`, Keras' own choice on a CPU-only machine), on
+  the trainer's own `tf.data` stream; timed from one execution's `on_train_batch_end` to the
+  last. Before timing, two steps of Keras' fit and of the trainer on the same batches must
+  give the same weights.
+- `hand`: `x, ys = next(it); step(x, ys["label"])` on a hand-written `tf.function` (one step
+  per call, the loss not read); two steps of it and of the trainer must give the same losses.
+
+Cases (the trainer's config):
+
+- `e2e1`: mode=e2e, one stage on /CPU:0; `e2e2`: two stages, both on /CPU:0; `e2e2x`: two
+  stages on two logical devices (/CPU:0, /CPU:1: one thread pool, so copies and partitions
+  cost, nothing overlaps); one microbatch (the default);
+- `local1` (the hand anchor's default): mode=local, one stage: its body and read-out head
+  with one loss and one Adam.
 
 Loops:
 
-- `hand`: `x, ys = next(it); step(x, ys["label"])` on a `tf.function` (the loss not read);
-- `fit`: `Run.fit`'s loop (trainer.steps_per_call=1), timed from one step's callback to the
-  next: the whole per-step path, the report read and judged included;
-- `fitN`: the same with `trainer.steps_per_call=N` (N steps per call of the compiled function;
-  N=8 is the trainer's default);
-- `step`: `Run.step(x, y)` on batches of the stream: the public API, which checks each batch;
-- `guarded`: the hand-written loop with the trainer's numerics guard added (the update under a
-  `tf.cond` on `all_finite(loss, grads)`): what the guard alone costs.
-
-Every model is built with the same seed, the hand-written one from the trainer's layer
-configs with the trainer's initial weights, on the same `tf.data` pipeline; before timing,
-two steps of `hand` and of the trainer on the same batches must give the same losses.
+- `fitN`: `Run.fit`'s loop with `trainer.steps_per_call=N`, timed from one step's callback
+  to the next (the report read and judged included); `fit` the same with one step per call;
+- `step` (hand anchor): `Run.step(x, y)`, the public API, which checks each batch;
+- `guarded` (hand anchor): the hand-written loop plus the trainer's numerics guard;
+- with `--ablate` (keras anchor), `fitN` on fresh runs whose step adds or leaves out one
+  piece (`ablated`): `rebuilt` (nothing: the control), `ordered`, `noguard`, `noreport`,
+  `bare`; each row also shows its speed over `fitN`'s, paired.
 """
 
 from __future__ import annotations
@@ -47,30 +57,33 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 SIZES = {"small": (256, 64), "large": (1024, 256)}
 WARM = 2  # untimed steps at the start of every block
 
 
+CASES = {"local1": ["+stages=1", "placement.devices=[/CPU:0]"],
+         "e2e1": ["+stages=1", "placement.devices=[/CPU:0]", "mode=e2e"],
+         "e2e2": ["+stages=2", "placement.devices=[/CPU:0,/CPU:0]", "mode=e2e"],
+         "e2e2x": ["+stages=2", "placement.devices=[/CPU:0,/CPU:1]", "mode=e2e"]}
+ABLATIONS = ("rebuilt", "ordered", "noguard", "noreport", "bare")
+
+
 def overrides(size: str, case: str) -> list[str]:
     width, batch = SIZES[size]
     base = ["model=mlp", f"model.width={width}", "model.depth=2", "optim=adam", "data=synthetic",
-            "data.features=128", "data.samples=8192", "data.classes=10", f"data.batch_size={batch}",
+            "data.features=128", "data.samples=8192", "data.classes=10", "data.val_fraction=0", f"data.batch_size={batch}",
             "trainer.progress=false", "trainer.log_every=1000000", "trainer.steps=1000000"]
-    return base + {"local1": ["+stages=1", "placement.devices=[/CPU:0]"],
-                   "e2e2": ["+stages=2", "placement.devices=[/CPU:0,/CPU:0]", "mode=e2e"]}[case]
+    return base + CASES[case]
 
 
-def hand_written(run, guard: bool = False):
-    """`step(x, y) -> loss`: the chain's math written by hand on /CPU:0, from its layers' configs and weights.
-    `guard`: the update only when the loss and gradients are finite (`chain.steps.numerics.all_finite`
-    and a `tf.cond`, as the trainer's guard does), to measure what the guard costs."""
+def clone(run):
+    """The chain's stages (bodies, heads, read-out) cloned into one `keras.Sequential` on /CPU:0,
+    with the trainer's initial weights, and an Adam with the stages' settings (built)."""
     import keras
     import tensorflow as tf
-
-    from chain.stages.losses import make
-    from chain.steps.numerics import all_finite
 
     parts = [p for s in run.stages for p in ([s.model] + ([s.head] if s.head is not None else []))]
     source = [layer for p in parts for layer in p.layers]
@@ -83,6 +96,19 @@ def hand_written(run, guard: bool = False):
         o = run.settings.stages[0].optim
         opt = keras.optimizers.Adam(learning_rate=o.lr, beta_1=o.beta_1, beta_2=o.beta_2)
         opt.build(model.trainable_variables)
+    return model, opt
+
+
+def hand_written(run, guard: bool = False):
+    """`step(x, y) -> loss`: the chain's math written by hand on /CPU:0, from its layers' configs and weights.
+    `guard`: the update only when the loss and gradients are finite (`chain.steps.numerics.all_finite`
+    and a `tf.cond`, as the trainer's guard does), to measure what the guard costs."""
+    import tensorflow as tf
+
+    from chain.stages.losses import make
+    from chain.steps.numerics import all_finite
+
+    model, opt = clone(run)
     loss_fn = make("sparse_categorical_crossentropy", run.stages[-1].target)
 
     @tf.function
@@ -105,12 +131,124 @@ def hand_written(run, guard: bool = False):
     return step
 
 
-def loops(size: str, case: str, calls: list[int]) -> dict:
+def keras_fit(run, per_call: int, reference) -> Callable:
+    """`block(n)`: Keras' own `model.fit(steps_per_execution=per_call)` on the chain's model cloned into
+    one `keras.Sequential` on /CPU:0 (`clone`), the same Adam, loss, batches and data pipeline;
+    timed like the trainer's `fit`, from one call's end (`on_train_batch_end`, once per
+    execution) to the last one's. `reference`: the trainer's stages after two steps on the
+    stream's first two batches; Keras' two steps on them must give the same weights."""
+    import keras
+    import numpy as np
+
+    model, _ = clone(run)
+    o = run.settings.stages[0].optim
+    target = run.stages[-1].target.name
+    data = run.batches().map(lambda x, ys: (x, ys[target]))
+
+    def compile_(n):
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=o.lr, beta_1=o.beta_1, beta_2=o.beta_2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=n, jit_compile=False)
+
+    compile_(1)
+    model.fit(data.take(2), epochs=1, verbose=0, shuffle=False)
+    ours = [w for s in reference for p in ([s.model] + ([s.head] if s.head is not None else [])) for w in p.get_weights()]
+    for a, b in zip(model.get_weights(), ours):
+        if not np.allclose(a, b, rtol=1e-5, atol=1e-6):
+            raise SystemExit(f"Keras' fit does not do the chain's math (max difference {np.max(np.abs(a - b))})")
+    compile_(per_call)
+
+    def block(n):  # n: a whole number of calls
+        warm = -(-WARM // per_call)  # untimed calls
+        stamps = []
+        stamp = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: stamps.append(clock()))
+        model.fit(data, epochs=1, steps_per_epoch=warm * per_call + n, verbose=0, callbacks=[stamp], shuffle=False)
+        return per_step(stamps[warm - 1], stamps[-1], n)
+
+    return block
+
+
+def clock():
+    return time.perf_counter(), time.process_time()
+
+
+def per_step(t0, t1, n):
+    return (t1[0] - t0[0]) / n, (t1[1] - t0[1]) / n
+
+
+def ablated(size: str, case: str, what: str):
+    """A fresh run of `case` whose compiled step adds or leaves out one piece of the trainer's
+    machinery (what it costs is the difference to `rebuilt`, the control, which changes
+    nothing): `ordered` keeps the per-action control dependencies and the host releases after
+    sending actions even at one microbatch (the step before they were left out there:
+    `chain.pipeline.step`); `noguard` applies every update unconditionally (no `tf.cond`, no
+    verdict to wait for); `noreport` returns a constant report (no stacking, no copies to the
+    last device; the host reads zeros); `bare` leaves out all three (and the control
+    dependencies at any number of microbatches). Timing only: not the trainer's results."""
+    from unittest import mock
+
+    import tensorflow as tf
+
+    import chain
+    from chain.pipeline.step import e2e_step
+    from chain.steps import update
+
+    run = chain.build(chain.compose(overrides(size, case)))
+    st = run.strategy
+    names = {"bare": ("noguard", "unordered", "noreport"), "rebuilt": ()}.get(what, (what,))
+    t = run.settings.trainer
+    body = e2e_step(st.stages, st.schedule, st.loss_fn(), st.target, t.grad_accum, t.jit_compile,
+                    ordered=False if "unordered" in names else True if "ordered" in names else None)
+
+    def unguarded(skipped, finite, apply):
+        apply()
+        return tf.constant(False)
+
+    def step(x, ys):
+        with mock.patch.object(update, "guarded_update", unguarded) if "noguard" in names else mock.MagicMock():
+            out = body(x, ys)
+        return tf.zeros([st.layout.size]) if "noreport" in names else out
+
+    st.set_step(step)
+    return run
+
+
+def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool) -> dict:
     """name -> block(n): (wall, CPU) seconds per step over a block of n steps."""
     import chain
 
     settings = chain.compose(overrides(size, case))
     run = chain.build(settings)
+
+    def block_fit(n, per_call=1, r=run):
+        warm = -(-WARM // per_call) * per_call  # whole calls
+        trainer = dataclasses.replace(r.settings.trainer, steps=r.global_step + warm + n, steps_per_call=per_call)
+        r.settings = dataclasses.replace(r.settings, trainer=trainer)
+        stamps = []
+        r.fit(callback=lambda step, out: stamps.append(clock()))
+        return per_step(stamps[warm - 1], stamps[-1], n)
+
+    def whole(k, n):
+        return max(k, n // k * k)
+
+    if anchor == "keras":
+        out = {}
+        reference = chain.build(settings)
+        first = iter(reference.batches())
+        for _ in range(2):  # Keras' fit must do the same math (`keras_fit` compares the weights)
+            reference.step(*next(first))
+        for k in calls:
+            out[f"keras{k}"] = (lambda n, f=keras_fit(run, k, reference.stages), k=k: f(whole(k, n)))
+            out[f"fit{k}"] = lambda n, k=k: block_fit(whole(k, n), k)
+        if ablate:
+            k = calls[0]
+            for what in ABLATIONS:
+                if case == "local1":
+                    raise SystemExit("--ablate is for the e2e cases")
+                r = ablated(size, case, what)
+                out[what] = lambda n, r=r, k=k: block_fit(whole(k, n), k, r)
+        return out
+
     hand, guarded = hand_written(run), hand_written(run, guard=True)
     check = iter(run.batches())
     for _ in range(2):  # the same math: the same losses on the same batches
@@ -119,12 +257,6 @@ def loops(size: str, case: str, calls: list[int]) -> dict:
         if abs(a - b) > 1e-5 * max(1.0, abs(b)):
             raise SystemExit(f"{size} {case}: the hand-written loop does not do the chain's math ({a} vs {b})")
     hand_it, guarded_it = iter(run.batches()), iter(run.batches())
-
-    def clock():
-        return time.perf_counter(), time.process_time()
-
-    def per_step(t0, t1, n):
-        return (t1[0] - t0[0]) / n, (t1[1] - t0[1]) / n
 
     def block_hand(n, fn=hand, it=hand_it):
         for i in range(WARM + n):
@@ -141,18 +273,10 @@ def loops(size: str, case: str, calls: list[int]) -> dict:
             run.step(*next(run.iterator))
         return per_step(t0, clock(), n)
 
-    def block_fit(n, per_call=1):
-        warm = -(-WARM // per_call) * per_call  # whole calls
-        trainer = dataclasses.replace(run.settings.trainer, steps=run.global_step + warm + n, steps_per_call=per_call)
-        run.settings = dataclasses.replace(run.settings, trainer=trainer)
-        stamps = []
-        run.fit(callback=lambda step, out: stamps.append(clock()))
-        return per_step(stamps[warm - 1], stamps[-1], n)
-
     out = {"hand": block_hand, "fit": block_fit, "step": block_step,
            "guarded": lambda n: block_hand(n, guarded, guarded_it)}
     for k in calls:
-        out[f"fit{k}"] = lambda n, k=k: block_fit(max(k, n // k * k), k)
+        out[f"fit{k}"] = lambda n, k=k: block_fit(whole(k, n), k)
     return out
 
 
@@ -163,7 +287,7 @@ def bootstrap(paired: list[float], rounds: int = 2000) -> tuple[float, float]:
 
 
 def measure(size: str, case: str, a) -> dict:
-    fns = loops(size, case, a.calls)
+    fns = loops(size, case, a.calls, a.anchor, a.ablate)
     block = a.block if size == "small" else a.block_large
     for fn in fns.values():  # trace, allocate, warm the caches
         fn(max(block // 4, 4))
@@ -178,56 +302,78 @@ def measure(size: str, case: str, a) -> dict:
     return {"wall": wall, "cpu": cpu}
 
 
-def rows(size: str, case: str, times: dict) -> list[dict]:
+def paired(times: list[float], anchor: list[float]) -> tuple[float, tuple[float, float]]:
+    """Median of the per-repeat ratios anchor time / time (steps per second over the anchor's), 95% CI."""
+    ratios = [h / t for h, t in zip(anchor, times)]
+    return statistics.median(ratios), bootstrap(ratios)
+
+
+def rows(size: str, case: str, times: dict, anchor: str, base: str) -> list[dict]:
+    """One row per loop but the anchor: its speed over the anchor's (wall and CPU clocks) and,
+    for ablations, over `base` (the trainer's loop they modify: > 1 is what the piece costs)."""
     out = []
     for name in times["wall"]:
-        if name == "hand":
+        if name == anchor:
             continue
         row = {"size": size, "case": case, "loop": name}
         for clock in ("wall", "cpu"):
-            paired = [h / t for h, t in zip(times[clock]["hand"], times[clock][name])]
-            row[clock] = statistics.median(paired)
-            row[f"{clock}_ci"] = bootstrap(paired)
+            row[clock], row[f"{clock}_ci"] = paired(times[clock][name], times[clock][anchor])
+        row["vs_base"] = paired(times["wall"][name], times["wall"][base]) if name in ABLATIONS else None
         row["ms"] = statistics.median(times["wall"][name]) * 1e3
-        row["hand_ms"] = statistics.median(times["wall"]["hand"]) * 1e3
+        row["anchor_ms"] = statistics.median(times["wall"][anchor]) * 1e3
         out.append(row)
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--anchor", choices=["keras", "hand"], default="keras",
+                   help="keras: Keras' model.fit(steps_per_execution=N); hand: a hand-written loop, one step per call")
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    p.add_argument("--cases", nargs="+", default=["local1"], choices=["local1", "e2e2"])
-    p.add_argument("--calls", nargs="*", type=int, default=[8, 32], help="trainer.steps_per_call values to time")
+    p.add_argument("--cases", nargs="+", default=None, choices=list(CASES),
+                   help="default: e2e1 e2e2 e2e2x (keras), local1 (hand)")
+    p.add_argument("--calls", nargs="*", type=int, default=None,
+                   help="trainer.steps_per_call values to time (default: 8 (keras), 8 32 (hand))")
+    p.add_argument("--ablate", action="store_true", help="also time the trainer without each piece (keras anchor)")
     p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--block", type=int, default=32, help="steps per timed block (small)")
-    p.add_argument("--block-large", type=int, default=8, help="steps per timed block (large)")
+    p.add_argument("--block-large", type=int, default=None, help="steps per timed block (large; default 16 keras, 8 hand)")
     p.add_argument("--markdown", action="store_true", help="also print a table for docs/benchmarks.md")
     a = p.parse_args()
+    keras_anchor = a.anchor == "keras"
+    a.cases = a.cases or (["e2e1", "e2e2", "e2e2x"] if keras_anchor else ["local1"])
+    a.calls = a.calls or ([8] if keras_anchor else [8, 32])
+    a.block_large = a.block_large or (16 if keras_anchor else 8)
+    anchor = f"keras{a.calls[0]}" if keras_anchor else "hand"
+    base = f"fit{a.calls[0]}"
 
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    tf.config.list_logical_devices()  # start the runtime now: the planner of a 1-stage run would make it one device
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"start: {load}", flush=True)
     table = []
     for size in a.sizes:
         for case in a.cases:
-            print(f"== {size} {case}", flush=True)
-            for r in rows(size, case, measure(size, case, a)):
+            print(f"== {size} {case} (anchor {anchor})", flush=True)
+            for r in rows(size, case, measure(size, case, a), anchor, base):
                 table.append(r)
-                print(f"  {r['loop']:6s} steps/s vs hand: wall {r['wall']:.3f} [{r['wall_ci'][0]:.3f}-"
-                      f"{r['wall_ci'][1]:.3f}]  CPU {r['cpu']:.3f}   ({r['ms']:.3f} ms/step; hand {r['hand_ms']:.3f})",
-                      flush=True)
+                extra = f"  vs {base} {r['vs_base'][0]:.3f}" if r["vs_base"] else ""
+                print(f"  {r['loop']:9s} steps/s vs {anchor}: wall {r['wall']:.3f} [{r['wall_ci'][0]:.3f}-"
+                      f"{r['wall_ci'][1]:.3f}]  CPU {r['cpu']:.3f}   ({r['ms']:.3f} ms/step; {anchor} "
+                      f"{r['anchor_ms']:.3f}){extra}", flush=True)
     end = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"end: {end}")
     if a.markdown:
-        print("\n| size | case | loop | ratio (wall, median paired) | 95% CI | ratio (CPU) | ms/step | hand ms/step |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(f"\n| size | case | loop | ratio to {anchor} (wall, median paired) | 95% CI | ratio (CPU) | "
+              f"vs {base} | ms/step | {anchor} ms/step |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in table:
+            vs = f"{r['vs_base'][0]:.3f}" if r["vs_base"] else ""
             print(f"| {r['size']} | {r['case']} | {r['loop']} | {r['wall']:.3f} | {r['wall_ci'][0]:.3f}-"
-                  f"{r['wall_ci'][1]:.3f} | {r['cpu']:.3f} | {r['ms']:.3f} | {r['hand_ms']:.3f} |")
+                  f"{r['wall_ci'][1]:.3f} | {r['cpu']:.3f} | {vs} | {r['ms']:.3f} | {r['anchor_ms']:.3f} |")
     sys.stdout.flush()
 
 

@@ -230,6 +230,28 @@ def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_
             assert nxt and all(release.name in ancestors[op.name] for op in nxt), (before, after)
 
 
+def test_at_one_microbatch_the_step_is_not_chained_and_updates_bit_for_bit_as_the_chained_one():
+    """At M=1 the step leaves out the per-action control dependencies and releases (they bound
+    nothing there: chain.pipeline.step), and trains exactly as the step that keeps them."""
+    runs = [chain.build(chain.compose(BASE)) for _ in range(2)]
+    st = runs[1].strategy
+    st.set_step(pipeline.e2e_step(st.stages, st.schedule, st.loss_fn(), st.target, ordered=True))
+    batches = [b for b, _ in zip(runs[0].batches(), range(3))]
+    for run in runs:
+        for x, ys in batches:
+            run.step(x, ys)
+    graphs = [run.trace(*batches[0]).graph.get_operations() for run in runs]
+    done = [[op for op in ops if op.name.endswith("/done")] for ops in graphs]
+    releases = [[op for op in ops if op.name.startswith("release_") and "/" not in op.name] for ops in graphs]
+    assert (len(done[0]), len(releases[0])) == (0, 0)
+    assert len(done[1]) == 2 * K and len(releases[1]) == 2 * (K - 1)  # what the chained step has
+    for a, b in zip(runs[0].stages, runs[1].stages):
+        mine, chained = ([v.numpy() for v in s.model.variables + s.optimizer.variables] for s in (a, b))
+        assert len(mine) == len(chained)
+        for u, v in zip(mine, chained):
+            np.testing.assert_array_equal(u, v)
+
+
 def test_every_op_of_the_step_is_read_back_as_the_action_that_made_it(trained):
     """The step names its ops in the schedule's vocabulary (`Action.scope`), and the timeline reads
     them back with `Action.parse`: each action's ops, and the updates, are found, and no other op."""

@@ -189,7 +189,7 @@ def weight_gradients(stage: Stage, targets, start, kept: Sequence[tf.Tensor] | N
 
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True,
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
              clip_global_norm: float | None = None, batch_norm: str = "microbatch") -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
@@ -214,6 +214,11 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
             raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
     order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
     n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
+    # With one microbatch a stage has one forward and one backward, which its data already
+    # orders (the backward reads the forward's tape): the chaining would bound nothing and only
+    # make each action wait for the previous one's side branches, and the releases exist only to
+    # break that chain. Leaving both out changes no value (stateful ops stay in trace order).
+    ordered = n_micro > 1 if ordered is None else ordered
     devices = [s.device for s in stages]
     last = n_stages - 1
     split = is_split(schedule)
