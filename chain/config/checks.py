@@ -198,8 +198,9 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
         microbatches_divide(s.pipeline.microbatches, s.data.batch_size)
     else:
         ignored = [f"pipeline.{k}={v}" for k, v in (("schedule", s.pipeline.schedule),
-                                                   ("microbatches", s.pipeline.microbatches))
-                   if v != {"schedule": "gpipe", "microbatches": 1}[k]]
+                                                   ("microbatches", s.pipeline.microbatches),
+                                                   ("recompute", s.pipeline.recompute))
+                   if v != {"schedule": "gpipe", "microbatches": 1, "recompute": "never"}[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
         if ignored:

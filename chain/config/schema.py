@@ -29,6 +29,7 @@ FALLBACKS = ("virtual", "mirrored", "error")
 ON_NAN = ("stop", "skip")
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
 BALANCES = ("even", "params", "time")
+RECOMPUTE = ("never", "except_last", "always")  # torchgpipe's checkpoint=...
 
 # Bounds that keep every value within what the code (and validation, in O(1)) handles.
 MAX_STAGES = 512
@@ -374,6 +375,9 @@ class Pipeline:
     schedule: str = setting(choice(*SCHEDULES), "mode=e2e: the pipeline schedule")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),
         "mode=e2e: microbatches per batch; must divide data.batch_size")
+    recompute: str = setting(choice(*RECOMPUTE),
+        "mode=e2e: keep each stage's input only and redo its forward in the backward (except_last: "
+        "all but each round's last microbatch); less activation memory, one more forward")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -63,7 +63,7 @@ from chain.data.catalog import Target
 from chain.pipeline.schedules import DONE, FORWARD, Action, Schedule, simulate, update_scope
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
-from chain.steps import xla
+from chain.steps import recompute, xla
 from chain.steps.forward import chain_forward
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.report import dropped, report
@@ -140,7 +140,8 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True) -> Callable:
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True,
+             recompute_policy: str = recompute.NEVER) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss: `Layout.chain`).
 
@@ -151,6 +152,8 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     hold each stage to the schedule's order (an ablation for benchmarks: the executor then
     runs every op as soon as its inputs are ready); `release=False` leaves out the host
     releases after sending actions (an ablation: the step as it was before them).
+    `recompute_policy` (`pipeline.recompute`): which microbatches keep only their input and run
+    their forward again in their backward (`chain.steps.recompute`).
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
@@ -172,7 +175,27 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         with tf.device(stages[last].device):
             labels = tf.split(y_last, n_micro, name="microbatch_labels")
 
-        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss)
+        def forward(k: int, h: tf.Tensor, m: int) -> tuple:
+            """Stage k's forward on microbatch m: (what its backward differentiates: the output, or
+            the last stage's scaled loss; the scaled regularization the backward starts from too,
+            or None; the value reported: the last stage's loss, else the weighted regularization or
+            None)."""
+            if k == last:
+                value, scaled = forwards[k](h, labels[m], 1.0 / n_micro)
+                return scaled, None, value
+            out, reg, scaled_reg = forwards[k](h, 1.0 / n_micro)
+            return out, scaled_reg, reg
+
+        def taped(k: int, h: tf.Tensor, m: int) -> tuple:
+            """`forward(k, h, m)` under a tape that watches `h`: (tape, forward's result)."""
+            with tf.GradientTape() as tape:
+                if k > 0:
+                    tape.watch(h)
+                result = forward(k, h, m)
+            return tape, result
+
+        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss, scaled reg);
+        # recomputed: (None, input, the model's state before the forward, None)
         outputs: dict[tuple[int, int], tf.Tensor] = {}  # forward results waiting for stage k+1
         input_grads: dict[tuple[int, int], tf.Tensor] = {}  # dL/dinput waiting for stage k-1
         accumulated: list[list | None] = [None] * n_stages
@@ -189,25 +212,26 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
                     with tf.device(s.device):
-                        with tf.GradientTape() as tape:
-                            if k > 0:
-                                tape.watch(h)
-                            reg = scaled_reg = None
-                            if k == last:
-                                value, out = forwards[k](h, labels[m], 1.0 / n_micro)
-                            else:
-                                out, reg, scaled_reg = forwards[k](h, 1.0 / n_micro)
-                    saved[(k, m)] = (tape, h, out, scaled_reg)
+                        if recompute.recomputed(recompute_policy, m % schedule.microbatches, schedule.microbatches):
+                            # No tape: the intermediates die here; only `h` and the state are kept.
+                            state = recompute.snapshot(s.model)
+                            out, _, value = forward(k, h, m)
+                            saved[(k, m)] = (None, h, state, None)
+                        else:
+                            tape, (out, scaled_reg, value) = taped(k, h, m)
+                            saved[(k, m)] = (tape, h, out, scaled_reg)
                     if k == last:
                         microbatch_losses.append(value)
                     else:
                         outputs[(k, m)] = out
-                        if reg is not None:
-                            regs[k].append(reg)
+                        if value is not None:
+                            regs[k].append(value)
                 else:
                     tape, h, out, scaled_reg = saved.pop((k, m))
                     g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
                     with tf.device(s.device):
+                        if tape is None:  # recomputed: the forward again, from its input, with its state
+                            tape, (out, scaled_reg, _) = recompute.replay(s.model, out, lambda: taped(k, h, m))
                         variables = s.trainable_variables
                         sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx
                         if scaled_reg is not None:  # the stage's own term starts its backward too

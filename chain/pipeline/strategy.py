@@ -30,7 +30,8 @@ class PipelinedChain(ChainObjective, Pipelined):
 
     def make_step(self) -> Callable:
         t = self.settings.trainer
-        return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile)
+        return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile,
+                        recompute_policy=self.settings.pipeline.recompute)
 
     def batch_divisor(self) -> int:
         return self.settings.trainer.grad_accum * self.schedule.microbatches
@@ -56,5 +57,7 @@ class PipelinedChain(ChainObjective, Pipelined):
         timeline = self.timeline()
         if full:
             return schedules.render(self.schedule, timeline, [s.device for s in self.stages])
+        recompute = self.settings.pipeline.recompute
         return (f"schedule: {self.schedule.name}, {self.schedule.microbatches} microbatches, "
-                f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)")
+                f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)"
+                + ("" if recompute == "never" else f"; recompute={recompute}"))
