@@ -14,11 +14,12 @@ import pytest
 
 import chain
 from chain.pipeline import schedules
+from chain.pipeline import step as pipeline_step
 from chain.pipeline.step import e2e_step
 from chain.steps import recompute
 
 STEPS = 2
-_REPLAY = recompute.replay
+_REPLAY = pipeline_step.replay
 BASE = ["+stages=2", "mode=e2e", "model.depth=1", "model.width=8", "model.dropout=0.3", "optim=sgd", "optim.lr=0.1",
         "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64", "data.batch_size=16",
         "data.shuffle=false", "pipeline.microbatches=4"]
@@ -37,7 +38,7 @@ class Replayer:
 
     def play(self, schedule: str, m: int, policy: str) -> tuple[list[float], list[np.ndarray]]:
         """The losses of STEPS steps and every variable after them (played once per case)."""
-        if (schedule, m, policy) not in self.played or recompute.replay is not _REPLAY:
+        if (schedule, m, policy) not in self.played or pipeline_step.replay is not _REPLAY:
             self.played[(schedule, m, policy)] = self._play(schedule, m, policy)
         return self.played[(schedule, m, policy)]
 
@@ -77,7 +78,7 @@ def test_recomputed_stages_train_bit_for_bit_like_stages_that_keep_activations_d
 def test_a_replay_without_the_models_state_draws_other_dropout_masks(mlp, monkeypatch):
     """The control: the dropout above matters, so the replayed seed state is what makes them equal."""
     never = mlp.play("gpipe", 4, "never")
-    monkeypatch.setattr(recompute, "replay", lambda model, saved, forward: forward())
+    monkeypatch.setattr(pipeline_step, "replay", lambda model, saved, forward: forward())
     naive = mlp.play("gpipe", 4, "always")
     assert naive[0][0] != never[0][0] or any(not np.array_equal(a, b) for a, b in zip(naive[1], never[1]))
 

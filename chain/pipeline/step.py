@@ -63,9 +63,10 @@ from chain.data.catalog import Target
 from chain.pipeline.schedules import DONE, FORWARD, Action, Schedule, simulate, update_scope
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
-from chain.steps import recompute, xla
+from chain.steps import xla
 from chain.steps.forward import chain_forward
 from chain.steps.ops import add_grads, copy_to
+from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
 from chain.steps.update import shared_outcomes, stage_update, unscale
 
@@ -141,7 +142,7 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True,
-             recompute_policy: str = recompute.NEVER) -> Callable:
+             recompute_policy: str = NEVER) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss: `Layout.chain`).
 
@@ -212,9 +213,9 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
                     with tf.device(s.device):
-                        if recompute.recomputed(recompute_policy, m % schedule.microbatches, schedule.microbatches):
+                        if recomputed(recompute_policy, m % schedule.microbatches, schedule.microbatches):
                             # No tape: the intermediates die here; only `h` and the state are kept.
-                            state = recompute.snapshot(s.model)
+                            state = snapshot(s.model)
                             out, _, value = forward(k, h, m)
                             saved[(k, m)] = (None, h, state, None)
                         else:
@@ -231,7 +232,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                     g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
                     with tf.device(s.device):
                         if tape is None:  # recomputed: the forward again, from its input, with its state
-                            tape, (out, scaled_reg, _) = recompute.replay(s.model, out, lambda: taped(k, h, m))
+                            tape, (out, scaled_reg, _) = replay(s.model, out, lambda: taped(k, h, m))
                         variables = s.trainable_variables
                         sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx
                         if scaled_reg is not None:  # the stage's own term starts its backward too
