@@ -51,7 +51,7 @@ class PipelinedChain(ChainObjective, Pipelined):
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "schedule": self.schedule.name, "microbatches": self.schedule.microbatches,
-                "bubble_fraction": self.timeline().bubble_fraction}
+                "bubble_fraction": self.timeline().bubble_fraction, "recompute": self.settings.pipeline.recompute}
 
     def plan_text(self, full: bool) -> str:
         timeline = self.timeline()
