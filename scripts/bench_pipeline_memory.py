@@ -186,7 +186,19 @@ def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> lis
             tr = statistics.median(x["seconds_per_step"] / b["seconds_per_step"] for x, b in zip(runs, base))
             stages = ", ".join(mib(p) for p in runs[0].get("stage_peaks", []))
             lines.append(f"| {schedule} | {r} | {mib(peak)} | {pr:.2f} | {tr:.2f} | {stages} |")
-    lines.append("")
+    fixed = 2 * 4 * results[SCHEDULES[0]][0]["params"]  # float32 weights and their gradient sums (SGD: no slots)
+    held = a.batch * (a.features + a.width * (a.stages - 1)) * 4  # every stage's input, all microbatches
+    act = {r: statistics.median(x["peak_bytes"] for x in (results["gpipe"] if r == "never" else results[f"gpipe {r}"]))
+           - fixed for r in ("never", "always")}
+    lines += [
+        "",
+        f"Activation memory, read as the peak less the weights and their gradient sums ({mib(fixed)} MiB): "
+        f"GPipe `never` {mib(act['never'])} MiB, `always` {mib(act['always'])} MiB "
+        f"({act['always'] / act['never']:.2f}). What `always` must keep is every stage's input for every "
+        f"microbatch, {mib(held)} MiB here (with {a.depth} layers per stage the input is a large share of a "
+        "stage's activations: deeper stages save more), plus one microbatch's intermediates during a replay.",
+        "",
+    ]
     return lines
 
 
