@@ -79,6 +79,40 @@ def worker(a: argparse.Namespace) -> None:
     print(json.dumps({"peak_bytes": max(peaks), "stage_peaks": peaks, "seconds_per_step": seconds, "params": params}))
 
 
+def paired_times(a: argparse.Namespace) -> None:
+    """Step time of each recompute policy against `never`, in one process: one chain, one step
+    per policy over the same stages (`Strategy.set_step`), played in turn step by step, so each
+    ratio compares steps a moment apart. Prints the median ratio per schedule and policy."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import chain
+    from chain.pipeline import schedules
+    from chain.pipeline.step import e2e_step
+
+    run = chain.build(chain.compose(overrides(a, SCHEDULES[0]) + a.extra))
+    st = run.strategy
+    it = iter(run.batches())
+    batch = next(it)
+    for schedule in SCHEDULES:
+        plan = schedules.build(schedule, a.stages, 2 * a.stages)
+        fns = {}
+        for policy in RECOMPUTE:
+            st.set_step(e2e_step(run.stages, plan, st.loss_fn(), st.target, recompute_policy=policy))
+            for _ in range(a.warmup):
+                run.step(*batch)
+            fns[policy] = (st.step_fn, st._concrete)
+        times: dict[str, list[float]] = {p: [] for p in RECOMPUTE}
+        for _ in range(a.steps):
+            for policy in RECOMPUTE:
+                st.step_fn, st._concrete = fns[policy]
+                started = time.perf_counter()
+                run.step(*batch)
+                times[policy].append(time.perf_counter() - started)
+        for policy in RECOMPUTE[1:]:
+            ratio = statistics.median(t / n for t, n in zip(times[policy], times["never"]))
+            print(f"{schedule} {policy}: step time / never's, median of {a.steps} paired ratios: {ratio:.2f} "
+                  f"(never median {statistics.median(times['never']):.3f} s)", flush=True)
+
+
 def measure(a: argparse.Namespace, variant: str) -> dict:
     """One variant ("gpipe", "1f1b always", "gpipe unchained") measured in a fresh process."""
     schedule, _, rest = variant.partition(" ")
@@ -235,10 +269,15 @@ def main() -> None:
     p.add_argument("--recompute", choices=RECOMPUTE, default="never", help=argparse.SUPPRESS)
     p.add_argument("--extra", action="append", default=[], help="one more override for the chain (repeatable), "
                    "e.g. --extra=placement.devices=[/GPU:0,/GPU:1]")
+    p.add_argument("--paired", action="store_true", help="only step times of each recompute policy against never, "
+                   "interleaved step by step in one process (--steps pairs)")
     p.add_argument("--no-recompute", action="store_true", help="leave out the pipeline.recompute rows")
     a = p.parse_args()
     if a.worker:
         worker(a)
+        return
+    if a.paired:
+        paired_times(a)
         return
     variants = list(SCHEDULES) + ([] if a.no_recompute else [f"{s} {r}" for s in SCHEDULES for r in RECOMPUTE[1:]]) + (
         [f"{s} unchained" for s in SCHEDULES] if a.ablation else [])
