@@ -14,6 +14,10 @@ inside its stage's device scope:
   starts from its loss), `tape.gradient(output, [input] + variables,
   output_gradients=g)`, and add the variable gradients to stage k's accumulator.
 
+With `pipeline.recompute` (`chain.steps.recompute`), F(k, m) of a recomputed microbatch runs
+without a tape and keeps only its input and the stage model's state; B(k, m) runs the
+forward again from them under a tape before taking its gradient.
+
 After its last backward, each stage applies its accumulated gradients once through
 `chain.steps.update.apply_update`, so every schedule computes the full-batch update.
 
