@@ -1,7 +1,9 @@
-"""Peak memory of GPipe against 1F1B on the same chain, M = 2K microbatches.
+"""Peak memory of GPipe against 1F1B on the same chain, M = 2K microbatches, each with
+pipeline.recompute=never|except_last|always, and their step times.
 
     python scripts/bench_pipeline_memory.py                 # defaults below, 5 repeats
     python scripts/bench_pipeline_memory.py --repeats 3 --width 256
+    python scripts/bench_pipeline_memory.py --extra='placement.devices=[/GPU:0,/GPU:1,/GPU:2,/GPU:3]'
 
 Not a test: it prints medians and writes them to docs/benchmarks.md (its own section;
 other sections of that file are kept).
@@ -11,6 +13,8 @@ allocator and `tf.config.experimental.get_memory_info` reports the process-wide 
 worker builds the chain, runs warm-up steps (tracing and first-run allocations), resets
 the peak, runs the measured steps and reports the peak. The schedules alternate
 between repeats so that drift on a shared machine hits both alike.
+
+On GPUs each stage's device has its own allocator, and the table shows each stage's peak.
 
 Sizes are chosen so that activations dominate: wide layers, a large batch, SGD (no
 optimizer slots). GPipe holds all M microbatches' activations on every stage; 1F1B holds
@@ -35,24 +39,27 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "bench_pipeline_memory"
 SCHEDULES = ("gpipe", "1f1b")
+RECOMPUTE = ("never", "except_last", "always")
 
 
-def overrides(a: argparse.Namespace, schedule: str) -> list[str]:
+def overrides(a: argparse.Namespace, schedule: str, recompute: str = "never") -> list[str]:
     """The chain under test, as command-line overrides."""
     return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={2 * a.stages}",
+            f"pipeline.recompute={recompute}",
             "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "optim=sgd", "optim.lr=0.01",
             "data=synthetic", f"data.features={a.features}", "data.classes=10", f"data.samples={a.batch}", "data.val_fraction=0",
             f"data.batch_size={a.batch}", "data.shuffle=false", "trainer.progress=false"]
 
 
 def worker(a: argparse.Namespace) -> None:
-    """One measurement in this process: print {"peak_bytes", "seconds_per_step"} as JSON."""
+    """One measurement in this process: print {"peak_bytes", "stage_peaks", "seconds_per_step", "params"}
+    as JSON (`stage_peaks`: each stage's device's peak; on CPU all the process's one figure)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import chain
     from chain.pipeline.step import e2e_step
     from chain.planning import memory
 
-    run = chain.build(chain.compose(overrides(a, a.schedule)))
+    run = chain.build(chain.compose(overrides(a, a.schedule, a.recompute) + a.extra))
     if a.unchained:  # the same step without the per-stage order: each action waits for nothing
         strategy = run.strategy
         strategy.set_step(e2e_step(run.stages, run.schedule, strategy.loss_fn(), strategy.target, ordered=False))
@@ -65,17 +72,54 @@ def worker(a: argparse.Namespace) -> None:
     for _ in range(a.steps):
         run.step(*next(it))
     seconds = (time.perf_counter() - started) / a.steps
-    peaks = {memory.peak_bytes(d) for d in devices}
-    if len(peaks) != 1 or None in peaks:
-        raise SystemExit(f"expected one process-wide figure on CPU, got {peaks}")
+    peaks = [memory.peak_bytes(d) for d in devices]
+    if None in peaks or (all(memory.scope(d) == "process" for d in devices) and len(set(peaks)) != 1):
+        raise SystemExit(f"expected a peak per device (one process-wide figure on CPU), got {peaks}")
     params = sum(s.params for s in run.stages)
-    print(json.dumps({"peak_bytes": peaks.pop(), "seconds_per_step": seconds, "params": params}))
+    print(json.dumps({"peak_bytes": max(peaks), "stage_peaks": peaks, "seconds_per_step": seconds, "params": params}))
+
+
+def paired_times(a: argparse.Namespace) -> None:
+    """Step time of each recompute policy against `never`, in one process: one chain, one step
+    per policy over the same stages (`Strategy.set_step`), played in turn step by step, so each
+    ratio compares steps a moment apart. Prints the median ratio per schedule and policy."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import chain
+    from chain.pipeline import schedules
+    from chain.pipeline.step import e2e_step
+
+    run = chain.build(chain.compose(overrides(a, SCHEDULES[0]) + a.extra))
+    st = run.strategy
+    it = iter(run.batches())
+    batch = next(it)
+    for schedule in SCHEDULES:
+        plan = schedules.build(schedule, a.stages, 2 * a.stages)
+        fns = {}
+        for policy in RECOMPUTE:
+            st.set_step(e2e_step(run.stages, plan, st.loss_fn(), st.target, recompute_policy=policy))
+            for _ in range(a.warmup):
+                run.step(*batch)
+            fns[policy] = (st.step_fn, st._concrete)
+        times: dict[str, list[float]] = {p: [] for p in RECOMPUTE}
+        for _ in range(a.steps):
+            for policy in RECOMPUTE:
+                st.step_fn, st._concrete = fns[policy]
+                started = time.perf_counter()
+                run.step(*batch)
+                times[policy].append(time.perf_counter() - started)
+        for policy in RECOMPUTE[1:]:
+            ratio = statistics.median(t / n for t, n in zip(times[policy], times["never"]))
+            print(f"{schedule} {policy}: step time / never's, median of {a.steps} paired ratios: {ratio:.2f} "
+                  f"(never median {statistics.median(times['never']):.3f} s)", flush=True)
 
 
 def measure(a: argparse.Namespace, variant: str) -> dict:
-    schedule, _, unchained = variant.partition(" ")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--schedule", schedule] + (
-        ["--unchained"] if unchained else []) + [
+    """One variant ("gpipe", "1f1b always", "gpipe unchained") measured in a fresh process."""
+    schedule, _, rest = variant.partition(" ")
+    unchained = rest == "unchained"
+    recompute = rest if rest in RECOMPUTE else "never"
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--schedule", schedule, "--recompute", recompute] + (
+        ["--unchained"] if unchained else []) + [f"--extra={e}" for e in a.extra] + [
         f"--{k}={getattr(a, k)}" for k in ("stages", "width", "depth", "features", "batch", "warmup", "steps")]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -114,7 +158,7 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
         "| schedule | microbatches held (sum over stages) | peak memory, MiB (median) | all repeats, MiB | s/step (median) |",
         "|---|---|---|---|---|",
     ]
-    for s in results:
+    for s in [v for v in results if v.rpartition(" ")[2] not in RECOMPUTE[1:]]:
         runs = ", ".join(mib(r["peak_bytes"]) for r in results[s])
         held = live_microbatches(s, a.stages, m) if s in SCHEDULES else "not enforced"
         lines.append(f"| {s} | {held} | {mib(med[s])} | {runs} | {sec[s]:.2f} |")
@@ -132,6 +176,8 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
         "already allocated.",
         "",
     ]
+    if not a.no_recompute:
+        lines += recompute_rows(a, results)
     if a.ablation:
         lines += [
             "The *unchained* rows remove the per-stage control dependencies between "
@@ -144,10 +190,50 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
     lines += [
         f"Measured {time.strftime('%Y-%m-%d')} with `python scripts/bench_pipeline_memory.py "
         f"--repeats {a.repeats} --stages {a.stages} --width {a.width} --depth {a.depth} --batch {a.batch}"
-        + (" --ablation`." if a.ablation else "`."),
+        + (" --ablation" if a.ablation else "") + (" --no-recompute" if a.no_recompute else "") + "`.",
         f"<!-- {SECTION}:end -->",
     ]
     return "\n".join(lines) + "\n"
+
+
+def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> list[str]:
+    """The pipeline.recompute part of the section: each policy's peak and step time against
+    `never` of the same schedule, as medians of the ratios within each repeat (the variants of
+    one repeat ran back to back, so they saw the same machine)."""
+    mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
+    lines = [
+        "### Activation recomputation (`pipeline.recompute`)",
+        "",
+        "Each stage keeps only its input per microbatch and runs its forward again in the backward "
+        "(`always`), or does so for all but each round's last microbatch (`except_last`). Ratios are "
+        "medians over repeats of the ratio to `never` of the same schedule measured in the same repeat.",
+        "",
+        "| schedule | recompute | peak memory, MiB (median) | peak / never's | step time / never's | per-stage peaks, MiB (first repeat) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for schedule in SCHEDULES:
+        base = results[schedule]
+        for r in RECOMPUTE:
+            runs = base if r == "never" else results[f"{schedule} {r}"]
+            peak = statistics.median(x["peak_bytes"] for x in runs)
+            pr = statistics.median(x["peak_bytes"] / b["peak_bytes"] for x, b in zip(runs, base))
+            tr = statistics.median(x["seconds_per_step"] / b["seconds_per_step"] for x, b in zip(runs, base))
+            stages = ", ".join(mib(p) for p in runs[0].get("stage_peaks", []))
+            lines.append(f"| {schedule} | {r} | {mib(peak)} | {pr:.2f} | {tr:.2f} | {stages} |")
+    fixed = 2 * 4 * results[SCHEDULES[0]][0]["params"]  # float32 weights and their gradient sums (SGD: no slots)
+    held = a.batch * (a.features + a.width * (a.stages - 1)) * 4  # every stage's input, all microbatches
+    act = {r: statistics.median(x["peak_bytes"] for x in (results["gpipe"] if r == "never" else results[f"gpipe {r}"]))
+           - fixed for r in ("never", "always")}
+    lines += [
+        "",
+        f"Activation memory, read as the peak less the weights and their gradient sums ({mib(fixed)} MiB): "
+        f"GPipe `never` {mib(act['never'])} MiB, `always` {mib(act['always'])} MiB "
+        f"({act['always'] / act['never']:.2f}). What `always` must keep is every stage's input for every "
+        f"microbatch, {mib(held)} MiB here (with {a.depth} layers per stage the input is a large share of a "
+        "stage's activations: deeper stages save more), plus one microbatch's intermediates during a replay.",
+        "",
+    ]
+    return lines
 
 
 def write_section(path: str, section: str) -> None:
@@ -180,11 +266,21 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--unchained", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--schedule", choices=SCHEDULES, help=argparse.SUPPRESS)
+    p.add_argument("--recompute", choices=RECOMPUTE, default="never", help=argparse.SUPPRESS)
+    p.add_argument("--extra", action="append", default=[], help="one more override for the chain (repeatable), "
+                   "e.g. --extra=placement.devices=[/GPU:0,/GPU:1]")
+    p.add_argument("--paired", action="store_true", help="only step times of each recompute policy against never, "
+                   "interleaved step by step in one process (--steps pairs)")
+    p.add_argument("--no-recompute", action="store_true", help="leave out the pipeline.recompute rows")
     a = p.parse_args()
     if a.worker:
         worker(a)
         return
-    variants = list(SCHEDULES) + ([f"{s} unchained" for s in SCHEDULES] if a.ablation else [])
+    if a.paired:
+        paired_times(a)
+        return
+    variants = list(SCHEDULES) + ([] if a.no_recompute else [f"{s} {r}" for s in SCHEDULES for r in RECOMPUTE[1:]]) + (
+        [f"{s} unchained" for s in SCHEDULES] if a.ablation else [])
     results: dict[str, list[dict]] = {s: [] for s in variants}
     for r in range(a.repeats):
         for s in variants if r % 2 == 0 else variants[::-1]:

@@ -19,6 +19,10 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # peak memory on any 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+# On a GPU host this process must not take every card's memory when its runtime starts: the
+# GPU tests (tests/test_gpu.py) run their cases in fresh processes on the same cards.
+for _gpu in tf.config.list_physical_devices("GPU"):
+    tf.config.experimental.set_memory_growth(_gpu, True)
 N_DEVICES = 4
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES

@@ -217,9 +217,13 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
             raise ConfigError("pipeline.batch_norm=deferred records each microbatch's statistics from the stage's "
                               "forward as the step traces it, which trainer.jit_compile=true compiles apart: set "
                               "one of them")
+        if s.pipeline.recompute != "never" and s.pipeline.batch_norm == "deferred":
+            raise ConfigError(f"pipeline.recompute={s.pipeline.recompute} runs a stage's forward again in its backward, "
+                              "whose batch statistics pipeline.batch_norm=deferred would count twice: set "
+                              "pipeline.recompute=never or pipeline.batch_norm=microbatch")
     else:
-        defaults = {"schedule": "gpipe", "microbatches": 1, "batch_norm": "microbatch", "virtual_stages": 1,
-                    "schedule_file": None, "schedule_out": None}
+        defaults = {"schedule": "gpipe", "microbatches": 1, "batch_norm": "microbatch", "recompute": "never",
+                    "virtual_stages": 1, "schedule_file": None, "schedule_out": None}
         ignored = [f"pipeline.{k}={v}" for k, v in ((k, getattr(s.pipeline, k)) for k in defaults) if v != defaults[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")

@@ -32,6 +32,7 @@ ON_NAN = ("stop", "skip")
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
 BALANCES = ("even", "params", "time")
 BATCH_NORMS = ("microbatch", "deferred")
+RECOMPUTE = ("never", "except_last", "always")  # torchgpipe's checkpoint=...
 
 # Bounds that keep every value within what the code (and validation, in O(1)) handles.
 MAX_STAGES = 512
@@ -273,6 +274,9 @@ class Pipeline:
         "schedule=file: a CSV, one row per device, one action per cell (F3, B3, W3), checked before training")
     schedule_out: str | None = setting(optional(string),
         "plan_only=true: write the schedule to this CSV (the form pipeline.schedule_file reads)")
+    recompute: str = setting(choice(*RECOMPUTE),
+        "mode=e2e: keep each stage's input only and redo its forward in the backward (except_last: "
+        "all but each round's last microbatch); less activation memory, one more forward")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -106,4 +106,8 @@ def check_pipeline(s: Settings) -> None:
             raise ConfigError(f"pipeline.schedule_out={p.schedule_out!r}: "
                               + ("is a directory; name a file" if os.path.isdir(p.schedule_out)
                                  else f"the folder {folder} does not exist"))
-    pipeline_schedule(s)
+    schedule = pipeline_schedule(s)
+    if p.recompute != "never" and schedules.is_split(schedule):
+        raise ConfigError(f"pipeline.recompute={p.recompute} is not available with a split backward (pipeline.schedule="
+                          f"{p.schedule} runs B and W apart, and W needs what the forward kept): use "
+                          "pipeline.recompute=never, or pipeline.schedule=1f1b or gpipe")

@@ -14,6 +14,10 @@ inside its stage's device scope:
   starts from its loss), `tape.gradient(output, [input] + variables,
   output_gradients=g)`, and add the variable gradients to stage k's accumulator.
 
+With `pipeline.recompute` (`chain.steps.recompute`), F(k, m) of a recomputed microbatch runs
+without a tape and keeps only its input and the stage model's state; B(k, m) runs the
+forward again from them under a tape before taking its gradient.
+
 After its last backward, each stage applies its accumulated gradients once through
 `chain.steps.update.apply_update`, so every schedule computes the full-batch update.
 
@@ -76,6 +80,7 @@ from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred
 from chain.steps.forward import chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, copy_to
+from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
 from chain.steps.update import shared_outcomes, stage_update, unscale
 
@@ -190,7 +195,8 @@ def weight_gradients(stage: Stage, targets, start, kept: Sequence[tf.Tensor] | N
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
-             clip_global_norm: float | None = None, batch_norm: str = "microbatch") -> Callable:
+             clip_global_norm: float | None = None, batch_norm: str = "microbatch", recompute_policy: str = NEVER
+             ) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
     gradient norm: `Layout.chain`).
@@ -206,9 +212,13 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     global norm (`chain.steps.clipping`, computed on the last stage's device).
     `batch_norm="deferred"` updates every BatchNormalization layer's moving statistics once,
     from the whole batch, in each stage's update (`chain.steps.deferred_norm`).
+    `recompute_policy` (`pipeline.recompute`): which microbatches keep only their input and run
+    their forward again in their backward (`chain.steps.recompute`).
     """
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
+    if recompute_policy != NEVER and is_split(schedule):
+        raise ValueError(f"{schedule.name}: a split backward (B and W) does not recompute (recompute_policy=NEVER)")
     for r in range(schedule.devices):  # a row's order is one device's: its stages must share that device
         if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
             raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
@@ -244,9 +254,28 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         with tf.device(stages[last].device):
             labels = tf.split(y_last, n_micro, name="microbatch_labels")
 
-        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss, reg, kept outputs)
+        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss, reg, kept outputs);
         seeds: dict[tuple[int, int], tuple] = {}  # split: (k, m) -> what the backward starts from (B to W)
         kept_grads: dict[tuple[int, int], list] = {}  # split: (k, m) -> gradients at the kept outputs
+        # recomputed: (None, input, the model's state before the forward, None, None)
+
+        def taped(k: int, h: tf.Tensor, m: int, persistent: bool = False) -> tuple:
+            """Stage k's forward on microbatch m under a tape that watches `h`: (tape, what its backward
+            differentiates: the output, or the last stage's scaled loss; the value reported: the last
+            stage's loss, else its weighted regularization or None; the scaled regularization the
+            backward starts from too, or None; the kept layer outputs, or None)."""
+            with tf.GradientTape(persistent=persistent) as tape:  # a split backward asks it twice
+                if k > 0:
+                    tape.watch(h)
+                result = forwards[k](h, labels[m], 1.0 / n_micro) if k == last else forwards[k](h, 1.0 / n_micro)
+                kept = result[-1] if keeps[k] else None
+                result = result[:-1] if keeps[k] else result
+                if k == last:
+                    value, out = result
+                    return tape, out, value, None, kept
+                out, reg, scaled_reg = result
+                return tape, out, reg, scaled_reg, kept
+
         outputs: dict[tuple[int, int], tf.Tensor] = {}  # forward results waiting for stage k+1
         input_grads: dict[tuple[int, int], tf.Tensor] = {}  # dL/dinput waiting for stage k-1
         accumulated: list[list | None] = [None] * n_stages
@@ -265,28 +294,26 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
                     with tf.device(s.device):
-                        with tf.GradientTape(persistent=split) as tape:  # a split backward asks it twice
-                            if k > 0:
-                                tape.watch(h)
-                            reg = scaled_reg = None
-                            result = forwards[k](h, labels[m], 1.0 / n_micro) if k == last else forwards[k](h, 1.0 / n_micro)
-                            kept = result[-1] if keeps[k] else None
-                            result = result[:-1] if keeps[k] else result
-                            if k == last:
-                                value, out = result
-                            else:
-                                out, reg, scaled_reg = result
-                    saved[(k, m)] = (tape, h, out, scaled_reg, kept)
+                        if recomputed(recompute_policy, m % schedule.microbatches, schedule.microbatches):
+                            # No tape kept: the intermediates die here; only `h` and the model's state stay.
+                            state = snapshot(s.model)
+                            _, out, value, _, _ = taped(k, h, m)
+                            saved[(k, m)] = (None, h, state, None, None)
+                        else:
+                            tape, out, value, scaled_reg, kept = taped(k, h, m, persistent=split)
+                            saved[(k, m)] = (tape, h, out, scaled_reg, kept)
                     if k == last:
                         microbatch_losses.append(value)
                     else:
                         outputs[(k, m)] = out
-                        if reg is not None:
-                            regs[k].append(reg)
+                        if value is not None:
+                            regs[k].append(value)
                 elif kind == BACKWARD and not split:
                     tape, h, out, scaled_reg, _ = saved.pop((k, m))
                     g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
                     with tf.device(s.device):
+                        if tape is None:  # recomputed: the forward again, from its input, with its state
+                            tape, out, _, scaled_reg, _ = replay(s.model, out, lambda: taped(k, h, m))
                         variables = s.trainable_variables
                         sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx
                         if scaled_reg is not None:  # the stage's own term starts its backward too

@@ -34,7 +34,8 @@ class PipelinedChain(ChainObjective, Pipelined):
     def make_step(self) -> Callable:
         t = self.settings.trainer
         return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile,
-                        clip_global_norm=self.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm)
+                        clip_global_norm=self.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm,
+                        recompute_policy=self.settings.pipeline.recompute)
 
     def batch_divisor(self) -> int:
         return self.settings.trainer.grad_accum * self.schedule.microbatches
@@ -55,6 +56,7 @@ class PipelinedChain(ChainObjective, Pipelined):
     def summary(self, summary: Summary) -> Summary:
         path = self.settings.pipeline.schedule_file
         pipeline = PipelineFields(self.schedule.name, self.schedule.microbatches, self.timeline().bubble_fraction,
+                                  self.settings.pipeline.recompute,
                                   os.path.abspath(path) if self.schedule.name == schedules.FILE else None,
                                   self.schedule.devices if self.schedule.placement else None)
         return replace(super().summary(summary), pipeline=pipeline)
@@ -63,5 +65,7 @@ class PipelinedChain(ChainObjective, Pipelined):
         timeline = self.timeline()
         if full:
             return schedules.render(self.schedule, timeline, [s.device for s in self.stages])
+        recompute = self.settings.pipeline.recompute
         return (f"schedule: {self.schedule.name}, {self.schedule.microbatches} microbatches, "
-                f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)")
+                f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)"
+                + ("" if recompute == "never" else f"; recompute={recompute}"))

@@ -91,6 +91,7 @@ class PipelineFields:
     schedule: str | None = item("the pipeline schedule's name")
     microbatches: int | None = item("microbatches per step")
     bubble_fraction: float | None = item("the planned bubble fraction (unit-time actions)")
+    recompute: str | None = item("pipeline.recompute: never, except_last or always", default=None, omit_none=True)
     schedule_file: str | None = item("pipeline.schedule=file: the schedule file's absolute path", default=None,
                                      omit_none=True)
     schedule_devices: int | None = item("interleaved stages: the devices they share (stage k on device k mod this)",

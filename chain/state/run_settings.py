@@ -12,7 +12,8 @@ its own config (`check`), key by key:
   continue), `precision` between float32 and mixed_bfloat16 (the same state);
 - may change without a word (not the math): the run's length, log/evaluation/checkpoint
   cadence, steps per call (bit for bit the same), `trainer.on_nan`, early stopping's
-  patience, profiling, devices and memory limits, cluster addresses, `checkpoint.*`, `oom.*`;
+  patience, profiling, devices and memory limits, cluster addresses, `checkpoint.*`, `oom.*`,
+  `pipeline.recompute` (what a stage keeps for its backward, not what it computes);
 - everything else is refused in one line naming the key with its old and new value: the
   model, the loss, the data and its batch, the seed, the mode, gradient accumulation, the
   pipeline's schedule and microbatches (they change float rounding, so the resumed run would
@@ -42,7 +43,8 @@ FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_
         "trainer.initial_loss_scale",  # float16: the scale itself is restored; this only set its start
         "checkpoint.", "cluster.", "oom.", "placement.devices", "placement.visible", "placement.memory_limit_mb",
         "placement.reserve_mb", "placement.memory_growth", "placement.log_device_placement",
-        "placement.cpu_memory_mb")
+        "placement.cpu_memory_mb",
+        "pipeline.recompute")  # what a stage keeps for its backward, not what it computes
 _STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
 # Settings added after checkpoints were first written, with the value that is the behaviour from

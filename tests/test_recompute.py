@@ -1,0 +1,111 @@
+"""pipeline.recompute: a recomputed stage trains exactly as one that keeps its activations.
+
+One chain per case is built once; each policy and schedule is a new step over the same stages
+(`Strategy.set_step`), started from the same variables (weights, optimizer, dropout seeds and
+batch-norm statistics) and fed the same batches. Recomputation replays the same ops on the
+same values, so the tests ask for bit-for-bit equality, not a tolerance.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import chain
+from chain.pipeline import schedules
+from chain.pipeline import step as pipeline_step
+from chain.pipeline.step import e2e_step
+from chain.steps import recompute
+
+STEPS = 2
+_REPLAY = pipeline_step.replay
+BASE = ["+stages=2", "mode=e2e", "model.depth=1", "model.width=8", "model.dropout=0.3", "optim=sgd", "optim.lr=0.1",
+        "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64", "data.batch_size=16",
+        "data.shuffle=false", "pipeline.microbatches=4"]
+
+
+class Replayer:
+    """Steps of one built chain under any schedule and policy, each from the same start."""
+
+    def __init__(self, run):
+        self.run = run
+        self.variables = [v for s in run.stages for v in list(s.model.variables) + list(s.optimizer.variables)]
+        self.start = [v.numpy() for v in self.variables]
+        it = iter(run.batches())
+        self.batches = [next(it) for _ in range(STEPS)]
+        self.played: dict[tuple, tuple] = {}
+
+    def play(self, schedule: str, m: int, policy: str) -> tuple[list[float], list[np.ndarray]]:
+        """The losses of STEPS steps and every variable after them (played once per case)."""
+        if (schedule, m, policy) not in self.played or pipeline_step.replay is not _REPLAY:
+            self.played[(schedule, m, policy)] = self._play(schedule, m, policy)
+        return self.played[(schedule, m, policy)]
+
+    def _play(self, schedule: str, m: int, policy: str) -> tuple[list[float], list[np.ndarray]]:
+        for v, value in zip(self.variables, self.start):
+            v.assign(value)
+        st, run = self.run.strategy, self.run
+        st.set_step(e2e_step(run.stages, schedules.build(schedule, len(run.stages), m), st.loss_fn(), st.target,
+                             jit_compile=run.settings.trainer.jit_compile, recompute_policy=policy))
+        losses = [run.step(*b)["loss"] for b in self.batches]
+        return losses, [v.numpy() for v in self.variables]
+
+    def assert_equal(self, got, want) -> None:
+        assert got[0] == want[0]
+        for a, b in zip(got[1], want[1], strict=True):
+            np.testing.assert_array_equal(a, b)
+        # Training moved the weights: equality is not trivial.
+        trainable = {id(v) for s in self.run.stages for v in s.trainable_variables}
+        assert max(float(np.max(np.abs(a - a0))) for v, a, a0 in zip(self.variables, got[1], self.start)
+                   if id(v) in trainable) > 1e-2
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return Replayer(chain.build(chain.compose(BASE)))
+
+
+@pytest.mark.parametrize("schedule, m, policies", [
+    ("gpipe", 4, ("always",)), ("1f1b", 2, ("always", "except_last")), ("gpipe", 1, ("always",))])
+def test_recomputed_stages_train_bit_for_bit_like_stages_that_keep_activations_dropout_included(mlp, schedule, m,
+                                                                                                policies):
+    never = mlp.play(schedule, m, "never")
+    for policy in policies:
+        mlp.assert_equal(mlp.play(schedule, m, policy), never)
+
+
+def test_a_replay_without_the_models_state_draws_other_dropout_masks(mlp, monkeypatch):
+    """The control: the dropout above matters, so the replayed seed state is what makes them equal."""
+    never = mlp.play("gpipe", 4, "never")
+    monkeypatch.setattr(pipeline_step, "replay", lambda model, saved, forward: forward())
+    naive = mlp.play("gpipe", 4, "always")
+    assert naive[0][0] != never[0][0] or any(not np.array_equal(a, b) for a, b in zip(naive[1], never[1]))
+
+
+def test_recompute_with_float16_and_xla_matches_keeping_activations():
+    r = Replayer(chain.build(chain.compose(BASE + ["precision=mixed_float16", "trainer.jit_compile=true"])))
+    r.assert_equal(r.play("1f1b", 2, "always"), r.play("1f1b", 2, "never"))
+
+
+def test_recompute_of_a_cut_keras_model_with_batch_norm_updates_its_statistics_once():
+    keras.utils.set_random_seed(3)
+    x = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="relu", name="d1")(x)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.layers.Dropout(0.3, name="drop")(h)
+    h = keras.layers.Dense(8, activation="relu", name="d2")(h)
+    model = keras.Model(x, keras.layers.Dense(4, name="out")(h))
+    over = [o for o in BASE if not o.startswith("model.")] + ["placement.split=[3,2]"]
+    r = Replayer(chain.build(chain.compose(over), model=model))
+    never = r.play("gpipe", 2, "never")
+    r.assert_equal(r.play("gpipe", 2, "always"), never)  # moving mean and variance included
+
+
+def test_recompute_is_a_pipeline_setting_with_three_values():
+    assert chain.compose(BASE + ["pipeline.recompute=except_last"]).pipeline.recompute == "except_last"
+    from chain.errors import ConfigError
+    with pytest.raises(ConfigError, match="pipeline.recompute"):
+        chain.compose(BASE + ["pipeline.recompute=sometimes"])
+    assert [recompute.recomputed(p, m, 4) for p in ("never", "except_last", "always") for m in (0, 3)] == [
+        False, False, True, False, True, True]
