@@ -55,6 +55,7 @@ stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -152,6 +153,30 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     runs every op as soon as its inputs are ready); `release=False` leaves out the host
     releases after sending actions (an ablation: the step as it was before them).
     """
+    play = e2e_play(stages, schedule, loss, target, grad_accum, jit_compile, ordered, release)
+    updates = [stage_update(s, jit_compile) for s in stages]
+
+    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+        return finish(stages, updates, play(x, ys))
+
+    return step
+
+
+@dataclass
+class Played:
+    """What one play of the schedule leaves for the update: each stage's summed (still loss-scaled)
+    gradients on its device, the batch's loss on the last stage's device (every stage's
+    regularization included), and each stage's last action (the update waits for it)."""
+
+    grads: list[list[tf.Tensor]]
+    total: tf.Tensor
+    previous: list[list[tf.Operation]]
+
+
+def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True) -> Callable:
+    """`play(x, ys) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
+    pipeline (`chain.pipeline.replicas`) plays it once per replica and sums the gradients first."""
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
     order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
@@ -160,9 +185,8 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     last = n_stages - 1
     forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
                                    xla.forward_name(s.index)) for s in stages]
-    updates = [stage_update(s, jit_compile) for s in stages]
 
-    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+    def play(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> Played:
         # The batch and its labels cross to the first and last stage once; each is cut
         # into microbatches on the device that consumes it.
         x0 = copy_to(x, stages[0].device, "input")
@@ -226,19 +250,26 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         reported = microbatch_losses + regularization_total(regs, stages, stages[last].device)
         with tf.device(stages[last].device):
             total = tf.add_n(reported)
-        grads, scopes = [], []
-        for s in stages:  # the update is each stage's last action
-            with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
-                    tf.control_dependencies(previous[s.index]):
-                grads.append(unscale(s, accumulated[s.index]))
-            scopes.append(scope)
-        outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
-        values = []
-        for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
-            # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
-            with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[s.index]):
-                values.append([dropped(updates[s.index](g, None, outcome))])
-        values[last].append(total)
-        return report(stages, values, stages[last].device)
+        return Played(accumulated, total, previous)
 
-    return step
+    return play
+
+
+def finish(stages: Sequence[Stage], updates: Sequence[Callable], played: Played) -> tf.Tensor:
+    """Each stage's update from `played` (`updates[k]`: `stage_update`), after its last action, and
+    the step's report on the last stage's device."""
+    last = len(stages) - 1
+    grads, scopes = [], []
+    for s in stages:  # the update is each stage's last action
+        with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
+                tf.control_dependencies(played.previous[s.index]):
+            grads.append(unscale(s, played.grads[s.index]))
+        scopes.append(scope)
+    outcomes = shared_outcomes(stages, grads, played.total, stages[last].device)  # float16 only
+    values = []
+    for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
+        # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
+        with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(played.previous[s.index]):
+            values.append([dropped(updates[s.index](g, None, outcome))])
+    values[last].append(played.total)
+    return report(stages, values, stages[last].device)
