@@ -64,3 +64,50 @@ def test_two_copies_of_a_two_stage_pipeline_train_like_one_keras_model_on_the_wh
     assert run.strategy.placement.grid == GRID and run.strategy.batch_divisor() == 2 * m * accum
     trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
     assert_copies_identical(run)
+
+
+def test_float16_copies_train_like_one_copy_with_as_many_microbatches():
+    """precision=mixed_float16: two copies of one microbatch each equal one copy of two microbatches
+    (whose float16 training test_precision holds to Keras); loss scales stay identical."""
+    runs = [build("precision=mixed_float16", *o) for o in (["placement.replicas=2"], ["pipeline.microbatches=2"])]
+    start = weights(runs[1])
+    it = iter(runs[1].batches())
+    for _ in range(2):
+        x, ys = next(it)
+        got, want = (r.step(x, ys) for r in runs)
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6)
+    for a, b, b0 in zip(weights(runs[0]), weights(runs[1]), start, strict=True):
+        assert rel_diff(a, b) <= 1e-5 and rel_diff(b, b0) > 1e-3
+    assert_copies_identical(runs[0])
+
+
+def fit_steps(run_dir, steps: int, *overrides):
+    run = build(f"trainer.steps={steps}", "checkpoint.every=2", *overrides, run_dir=str(run_dir))
+    run.fit()
+    return run
+
+
+def test_a_run_resumes_with_another_number_of_copies(tmp_path):
+    """Checkpoints hold one copy of each stage: 2 steps on one copy, resumed on two, end where 4 steps
+    on two copies end (float rounding of the split batch apart), and both copies hold the restored state."""
+    whole = fit_steps(tmp_path / "whole", 4, "placement.replicas=2")
+    fit_steps(tmp_path / "resumed", 2, "placement.replicas=1")
+    resumed = fit_steps(tmp_path / "resumed", 4, "placement.replicas=2", "resume=true")
+    assert resumed.global_step == 4
+    start = weights(build())
+    for a, b, b0 in zip(weights(resumed), weights(whole), start, strict=True):
+        assert rel_diff(a, b) <= 1e-5 and rel_diff(b, b0) > 1e-3
+    assert_copies_identical(resumed)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mode=local", "placement.replicas=2"], "placement.replicas=2 copies a pipeline, which needs mode=e2e (is local)"),
+    (["placement.replicas=2", "pipeline.microbatches=4", "data.batch_size=12"],
+     "data.batch_size=12 does not cut into placement.replicas=2 shares of pipeline.microbatches=4 equal microbatches"),
+    (["placement.replicas=2", "placement.devices=[/CPU:0,/CPU:1]"], "remove placement.devices"),
+    (["placement.replicas=two"], "placement.replicas='two' must be an integer or auto"),
+])
+def test_replicas_that_cannot_work_are_one_config_line(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        chain.compose([*BASE, *overrides])
+    assert message in str(e.value) and "\n" not in str(e.value)
