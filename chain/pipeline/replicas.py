@@ -147,6 +147,5 @@ class ReplicatedChain(PipelinedChain):
         return {**super().summary(), "replicas": self.replicas, "grid": [list(row) for row in self.placement.grid]}
 
     def plan_text(self, full: bool) -> str:
-        grid = "; ".join(f"replica {r}: {', '.join(row)}" for r, row in enumerate(self.placement.grid))
-        return (f"{self.replicas} copies of the pipeline ({grid}), each playing on its 1/{self.replicas} of every "
-                f"batch:\n{super().plan_text(full)}")
+        return (f"{self.replicas} copies of the pipeline (the grid above), each playing this schedule on its "
+                f"1/{self.replicas} of every batch:\n{super().plan_text(full)}")

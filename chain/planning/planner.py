@@ -189,7 +189,7 @@ def _replicated(pcfg: PlacementSettings, n_stages: int, copies: int, gpus: Seque
     p.devices = list(p.grid[0])
     p.strategy = REPLICATED
     p.notes.insert(0, f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
-                      f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are summed over its "
+                      f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
                       "copies before each copy's identical update")
     return p
 
@@ -456,7 +456,7 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
     p = Placement(devices=list(grid[0]), kind="GPU" if "/device:GPU:" in pool[0] else "CPU", strategy=REPLICATED,
                   grid=grid, physical={d: where.get(d, "-") for d in devices}, cluster=list(addresses))
     p.notes.append(f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker "
-                   "devices; each copy trains its share of every batch, stage gradients summed over the copies")
+                   "devices; each copy trains its share of every batch, stage gradients averaged over the copies")
     p.notes.append(f"cluster: {len(addresses)} workers ({', '.join(addresses)}); this process is the client")
     return p
 
