@@ -176,7 +176,7 @@ class Played:
 def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool = True, release: bool = True) -> Callable:
     """`play(x, ys) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
-    pipeline (`chain.pipeline.replicas`) plays it once per replica and sums the gradients first."""
+    pipeline (`chain.pipeline.replicas`) plays it once per copy and averages the gradients over the copies first."""
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
     order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
