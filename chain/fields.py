@@ -131,6 +131,20 @@ def int_or_list(minimum: int, maximum: int | None = None) -> Check:
     return check
 
 
+def int_or_word(word: str, minimum: int, maximum: int | None = None) -> Check:
+    """One integer, or the string `word` (e.g. `auto`)."""
+    one = integer(minimum, maximum)
+
+    def check(key: str, v: Any) -> Any:
+        if v == word:
+            return v
+        if isinstance(v, str):
+            raise ConfigError(f"{key}={v!r} must be an integer or {word}")
+        return one(key, v)
+
+    return check
+
+
 def address(key: str, v: Any) -> str:
     """`host:port` of a server (a cluster worker)."""
     if not isinstance(v, str) or v.count(":") != 1:

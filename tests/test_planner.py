@@ -390,3 +390,31 @@ def test_discover_reads_a_real_nvidia_smi_process(tmp_path, monkeypatch):
 def test_mig_instances_leave_memory_unknown():
     inv = inventory(1, parse_smi(SMI), "MIG-0123abcd")
     assert inv.gpus[0].memory_mb is None and "MIG" in inv.notes[0]
+
+
+# --- copies of the pipeline: placement.replicas without the mirrored fallback ----------------
+
+
+def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
+    from chain.planning.planner import REPLICATED
+
+    p = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(8, 80 * GB))
+    assert p.strategy == REPLICATED and p.devices == gpu_devices(2)
+    assert p.grid == [gpu_devices(8)[r * 2:r * 2 + 2] for r in range(4)]
+    assert p.notes[0].startswith("layout: pipeline x replicas, 4 copies of the 2-stage pipeline")
+    assert check_batch(64, p, microbatches=4) == 16
+    with pytest.raises(ConfigError, match="does not cut into 4 replicas' shares"):
+        check_batch(24, p, microbatches=4)
+    one = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))
+    assert one.strategy == PIPELINE and one.grid == [] and one.notes[0].startswith("layout: pipeline (a device per stage")
+
+
+def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():
+    p = plan(pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3"), 2, Inventory.of(2, 60 * GB))
+    assert p.grid == [gpu_devices(6)[r * 2:r * 2 + 2] for r in range(3)] and p.split == {0: 3, 1: 3}
+    with pytest.raises(DeviceError, match="placement.replicas=3: 3 copies of 2 stages need 6 GPUs, 2 visible"):
+        plan(pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3", "placement.fallback=error"), 2, Inventory.of(2, 60 * GB))
+    cpu = plan(pcfg("mode=e2e", "placement.replicas=2"), 3, Inventory())
+    assert cpu.grid == [[f"/device:CPU:{k}" for k in range(r * 3, r * 3 + 3)] for r in range(2)] and cpu.split == {0: 6}
+    mirrored = plan(pcfg("placement.replicas=2", "placement.fallback=mirrored"), 3, Inventory.of(2))
+    assert mirrored.strategy == MIRRORED and mirrored.notes[0].startswith("layout: mirrored")

@@ -49,7 +49,7 @@ OTHER_FORMATS: dict[str, tuple[set[str], str]] = {
     "chain/training/run.py": ({"step"}, _MANIFEST),
     "chain/__main__.py": ({"step"}, _MANIFEST),
     "chain/restage.py": ({"step", "overrides"}, "the restage report of chain.state.remap.restage"),
-    "chain/config/__init__.py": ({"stages"}, "a Hydra config dict"),
+    "chain/config/__init__.py": ({"stages", "grid"}, "a Hydra config dict (+grid: side-by-side variants)"),
     "chain/config/variants.py": ({"paused"}, "a variant's config dict"),
     "chain/training/profile.py": ({"model", "target"}, "a stage's spec as a config dict (the advised override)"),
     "chain/planning/cluster.py": ({"index"}, "TF_CONFIG's task"),

@@ -261,11 +261,12 @@ def test_every_module_says_what_it_holds():
 
 def test_one_strategy_per_placement_and_mode():
     from chain.config.schema import MODES
-    from chain.planning.planner import MIRRORED, PIPELINE
+    from chain.planning.planner import MIRRORED, PIPELINE, REPLICATED
     from chain.training.ways import TABLE
 
     chains = [m for m in MODES if m != "side_by_side"]  # independent models are never mirrored (config checks)
-    assert set(TABLE) == {(p, m) for p in (PIPELINE, MIRRORED) for m in chains} | {(PIPELINE, "side_by_side")}
+    assert set(TABLE) == ({(p, m) for p in (PIPELINE, MIRRORED) for m in chains} | {(PIPELINE, "side_by_side")}
+                          | {(REPLICATED, "e2e")})  # copies of a pipeline: mode=e2e only (config checks)
     assert len(set(TABLE.values())) == len(TABLE)
 
 

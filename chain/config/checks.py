@@ -47,6 +47,37 @@ def batch_over_replicas(batch_size: int, replicas: int) -> int:
     return batch_size // replicas
 
 
+def replicated_pipeline(s: Settings) -> None:
+    """`placement.replicas` without the mirrored fallback copies the pipeline (mode=e2e): each copy on
+    its own devices (so none named per stage) and its equal share of every batch, cut into microbatches."""
+    r = s.placement.replicas
+    if s.placement.fallback == "mirrored" or r is None or r == 1:
+        return
+    if s.mode != "e2e":
+        raise ConfigError(f"placement.replicas={r} copies a pipeline, which needs mode=e2e (is {s.mode}); for data "
+                          "parallel training of other modes use placement.fallback=mirrored, or remove placement.replicas")
+    if s.placement.devices:
+        raise ConfigError(f"placement.devices names one device per stage, but placement.replicas={r} places "
+                          f"{r} copies of every stage: remove placement.devices (the planner places the grid)")
+    unsupported = [key for key, on in (("optim.clip_global_norm", any(st.optim.clip_global_norm is not None
+                                                                      for st in s.stages)),
+                                       ("pipeline.batch_norm=deferred", s.pipeline.batch_norm == "deferred")) if on]
+    if unsupported:
+        raise ConfigError(f"placement.replicas={r} copies the pipeline, whose copies do not yet support "
+                          f"{unsupported[0]}: remove one of them")
+    if s.pipeline.virtual_stages != 1 or s.pipeline.schedule == "file":
+        what = "pipeline.virtual_stages" if s.pipeline.virtual_stages != 1 else "pipeline.schedule=file"
+        raise ConfigError(f"placement.replicas={r} copies a pipeline with a device per stage; {what} shares devices "
+                          "between stages, which copies do not support yet: remove one of them")
+    if r != "auto":
+        per = r * s.pipeline.microbatches
+        if s.data.batch_size % per:
+            raise ConfigError(
+                f"data.batch_size={s.data.batch_size} does not cut into placement.replicas={r} shares of "
+                f"pipeline.microbatches={s.pipeline.microbatches} equal microbatches: use a multiple of {per}, "
+                f"e.g. data.batch_size={max(per, s.data.batch_size // per * per)}")
+
+
 def placement_fits(p: PlacementSettings, n_stages: int) -> None:
     """What `placement` must say whatever the machine: one memory limit, or one per stage; stages
     on named devices, or every stage on every replica (placement.fallback=mirrored), not both."""
@@ -208,8 +239,9 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
         check_data(s, info)
     check_cut(s)
     check_clipping(s)
-    if s.placement.fallback == "mirrored" and s.placement.replicas is not None:
+    if s.placement.fallback == "mirrored" and s.placement.replicas not in (None, "auto"):
         batch_over_replicas(s.data.batch_size, s.placement.replicas)
+    replicated_pipeline(s)
     notes = []
     if s.mode == "e2e":
         microbatches_divide(s.pipeline.microbatches, s.data.batch_size)

@@ -17,8 +17,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Union
 
-from chain.fields import (Check, address, boolean, choice, int_or_list, integer, list_of, number, optional,
-                          power_of_two, setting, step_window, string)
+from chain.fields import (Check, address, boolean, choice, int_or_list, int_or_word, integer, list_of, number,
+                          optional, power_of_two, setting, step_window, string)
 from chain.data.data_source import MAX_BATCH
 from chain.data.sources import settings_classes
 from chain.errors import ConfigError
@@ -291,8 +291,9 @@ class PlacementSettings:
     visible: tuple[int, ...] | None = setting(optional(list_of(integer(0, 4096), 1)),
         "the physical GPUs to use (TensorFlow's numbering); null: all")
     log_device_placement: bool = setting(boolean, "TensorFlow logs the device of every op")
-    replicas: int | None = setting(optional(integer(1, MAX_STAGES)),
-        "fallback=mirrored: replica count; null: every visible GPU, or 2 logical CPUs")
+    replicas: int | str | None = setting(optional(int_or_word("auto", 1, MAX_STAGES)),
+        "fallback=mirrored: replica count (null: every visible GPU, or 2 logical CPUs); a pipeline (mode=e2e): "
+        "copies of it, each on its own devices and share of the batch (auto: as many as the GPUs allow; null: 1)")
     cpu_memory_mb: int | None = setting(optional(integer(1, 1 << 40)),
         "without GPUs: memory the chain may use (its estimate is checked first); null: the machine's")
     split: tuple[int, ...] | None = setting(optional(list_of(integer(1), 1, MAX_STAGES)),

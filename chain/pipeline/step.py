@@ -67,6 +67,7 @@ stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -215,6 +216,34 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     `recompute_policy` (`pipeline.recompute`): which microbatches keep only their input and run
     their forward again in their backward (`chain.steps.recompute`).
     """
+    play = e2e_play(stages, schedule, loss, target, grad_accum, jit_compile, ordered, release, recompute_policy)
+    updates = [stage_update(s, jit_compile) for s in stages]
+    deferred = Deferred(stages) if batch_norm == "deferred" else None
+
+    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+        with deferred.recording() if deferred else contextlib.nullcontext():
+            return finish(stages, schedule, updates, play(x, ys), clip_global_norm, deferred)
+
+    return step
+
+
+@dataclass
+class Played:
+    """What one play of the schedule leaves for the update: each stage's summed (still loss-scaled)
+    gradients on its device, the batch's loss on the last stage's device (every stage's
+    regularization included), and each device row's last action (the update waits for it)."""
+
+    grads: list[list[tf.Tensor]]
+    total: tf.Tensor
+    previous: list[list[tf.Operation]]
+
+
+def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
+             grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
+             recompute_policy: str = NEVER) -> Callable:
+    """`play(x, ys) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
+    pipeline (`chain.pipeline.replicas`) plays it once per copy and averages the gradients over the
+    copies first."""
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
     if recompute_policy != NEVER and is_split(schedule):
@@ -237,14 +266,7 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     keeps = [split and not jit_compile and layer_by_layer(s) for s in stages]
     forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None, keeps[s.index]), jit_compile,
                                    xla.forward_name(s.index)) for s in stages]
-    updates = [stage_update(s, jit_compile) for s in stages]
-    deferred = Deferred(stages) if batch_norm == "deferred" else None
-
-    def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
-        with deferred.recording() if deferred else contextlib.nullcontext():
-            return body(x, ys)
-
-    def body(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+    def play(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> Played:
         # The batch and its labels cross to the first and last stage once; each is cut
         # into microbatches on the device that consumes it.
         x0 = copy_to(x, stages[0].device, "input")
@@ -351,26 +373,35 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         reported = microbatch_losses + regularization_total(regs, stages, stages[last].device)
         with tf.device(stages[last].device):
             total = tf.add_n(reported)
-        grads, scopes = [], []
-        for s in stages:  # the update is each stage's last action
-            with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
-                    tf.control_dependencies(previous[schedule.row(s.index)]):
-                grads.append(unscale(s, accumulated[s.index]))
-                if deferred:  # the moving statistics' one update, from every microbatch of the step
-                    deferred.update(s)
-            scopes.append(scope)
-        outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
-        norm = None
-        if clip_global_norm is not None:  # after unscaling and the overflow decision, before the updates
-            grads, norm = clip_global(stages, grads, clip_global_norm, stages[last].device)
-        values = []
-        for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
-            # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
-            with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[schedule.row(s.index)]):
-                values.append([dropped(updates[s.index](g, None, outcome))])
-        values[last].append(total)
-        if norm is not None:
-            values[last].append(norm)
-        return report(stages, values, stages[last].device)
+        return Played(accumulated, total, previous)
 
-    return step
+    return play
+
+
+def finish(stages: Sequence[Stage], schedule: Schedule, updates: Sequence[Callable], played: Played,
+           clip_global_norm: float | None = None, deferred: Deferred | None = None) -> tf.Tensor:
+    """Each stage's update from `played` (`updates[k]`: `stage_update`), after its row's last action,
+    and the step's report on the last stage's device (see `e2e_step`)."""
+    last = len(stages) - 1
+    accumulated, total, previous = played.grads, played.total, played.previous
+    grads, scopes = [], []
+    for s in stages:  # the update is each stage's last action
+        with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
+                tf.control_dependencies(previous[schedule.row(s.index)]):
+            grads.append(unscale(s, accumulated[s.index]))
+            if deferred:  # the moving statistics' one update, from every microbatch of the step
+                deferred.update(s)
+        scopes.append(scope)
+    outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
+    norm = None
+    if clip_global_norm is not None:  # after unscaling and the overflow decision, before the updates
+        grads, norm = clip_global(stages, grads, clip_global_norm, stages[last].device)
+    values = []
+    for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
+        # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
+        with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[schedule.row(s.index)]):
+            values.append([dropped(updates[s.index](g, None, outcome))])
+    values[last].append(total)
+    if norm is not None:
+        values[last].append(norm)
+    return report(stages, values, stages[last].device)

@@ -12,7 +12,7 @@ relies on that numbering.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from chain.config.checks import batch_over_replicas, placement_fits
@@ -21,10 +21,11 @@ from chain.errors import ConfigError, DeviceError
 from chain.planning.devices import canonical
 from chain.planning.inventory import Gpu, Inventory
 
-__all__ = ["Placement", "plan", "loop", "check_batch", "PIPELINE", "MIRRORED"]
+__all__ = ["Placement", "plan", "loop", "check_batch", "PIPELINE", "MIRRORED", "REPLICATED"]
 
 PIPELINE = "pipeline"
 MIRRORED = "mirrored"
+REPLICATED = "pipeline_replicas"  # R copies of the pipeline, each on its own devices (placement.replicas)
 CPU_REPLICAS = 2  # mirrored without a GPU: enough replicas to exercise the all-reduce
 
 
@@ -41,7 +42,9 @@ class Placement:
     the physical GPUs TensorFlow may use (None: all). `physical` maps each logical
     device the plan uses to the physical device behind it. `per_replica_batch` is the
     examples each replica takes of a `data.batch_size` batch (the batch itself unless
-    mirrored), worked out once by the preparation pass (`chain.spec`, with `check_batch`).
+    mirrored; a copy's share with `placement.replicas`), worked out once by the preparation
+    pass (`chain.spec`, with `check_batch`). `grid[r][k]` is replica r's stage k when `strategy`
+    is "pipeline_replicas" (R copies of the pipeline; `devices` is then `grid[0]`); empty otherwise.
     """
 
     devices: list[str | None]
@@ -58,6 +61,7 @@ class Placement:
     multi_worker: list[str] = field(default_factory=list)  # TF_CONFIG's workers when every host trains a replica
     task: int = 0  # this process's worker index in `multi_worker`
     per_replica_batch: int | None = None
+    grid: list[list[str]] = field(default_factory=list)  # replica -> stage -> device (strategy "pipeline_replicas")
 
     @property
     def local_replicas(self) -> list[str]:
@@ -102,7 +106,10 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placem
     """
     placement_fits(pcfg, n_stages)  # checked with the settings already; `plan` is also called on its own
     gpus = _visible(pcfg.visible, inventory)
-    if pcfg.devices:
+    copies = pipeline_copies(pcfg, n_stages, len(gpus))
+    if copies > 1:
+        p = _replicated(pcfg, n_stages, copies, gpus, inventory.cuda_visible_devices)
+    elif pcfg.devices:
         p = _explicit(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
     elif len(gpus) >= n_stages:
         p = _one_per_stage(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
@@ -123,13 +130,70 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placem
         p.visible = [g.index for g in gpus]
     if p.kind == "CPU" and pcfg.memory_limit_mb is not None:
         p.notes.append("placement.memory_limit_mb ignored: memory limits apply to GPUs only")
-    if pcfg.replicas is not None and p.strategy != MIRRORED:
-        p.notes.append("placement.replicas ignored: it applies to placement.fallback=mirrored only")
+    if p.strategy != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
+        p.notes.insert(0, _layout(pcfg, p, n_stages, len(gpus)))
     _growth(pcfg, p, gpus)
     if inventory.cuda_visible_devices is not None and gpus:
         behind = ", ".join(f"GPU:{g.index} is card {g.card}" for g in gpus if g.card is not None)
         p.notes.append(f"CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices}" + (f": {behind}" if behind else ""))
     p.notes[:0] = list(inventory.notes)
+    return p
+
+
+def _layout(pcfg: PlacementSettings, p: Placement, n_stages: int, n_gpus: int) -> str:
+    """Which of the three layouts the plan is, and why: one line."""
+    if p.strategy == MIRRORED:
+        return (f"layout: mirrored (placement.fallback=mirrored, {n_gpus} GPU(s) for {n_stages} stages): every "
+                "replica holds the whole chain")
+    if pcfg.replicas is None:
+        why = "placement.replicas unset"
+    elif pcfg.fallback == MIRRORED:
+        why = (f"placement.replicas={pcfg.replicas} ignored: placement.fallback=mirrored is not needed with a device "
+               "per stage; for copies of the pipeline use placement.fallback=virtual")
+    elif pcfg.replicas == "auto":
+        why = f"placement.replicas=auto: {n_gpus} GPU(s) hold one copy of {n_stages} stages"
+    else:
+        why = "placement.replicas=1"
+    return f"layout: pipeline (a device per stage, one copy; {why})"
+
+
+def pipeline_copies(pcfg: PlacementSettings, n_stages: int, n_gpus: int) -> int:
+    """How many copies of the pipeline `placement.replicas` asks for (1: none besides the pipeline
+    itself). `auto`: as many as the GPUs hold, a device per stage each; on a CPU, one (logical CPU
+    devices share one thread pool: copies would add no compute)."""
+    r = pcfg.replicas
+    if pcfg.fallback == MIRRORED or r is None:
+        return 1
+    if r == "auto":
+        return max(1, n_gpus // n_stages)
+    return r
+
+
+def _replicated(pcfg: PlacementSettings, n_stages: int, copies: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+    """`copies` copies of the pipeline: R x K devices planned as for R*K stages (one GPU each, the
+    cards split with fallback=virtual, or the CPU split), replica r's stages on devices r*K .. r*K+K-1."""
+    n = copies * n_stages
+    if isinstance(pcfg.memory_limit_mb, (list, tuple)):  # one limit per stage: the same for every copy
+        pcfg = replace(pcfg, memory_limit_mb=tuple(pcfg.memory_limit_mb) * copies)
+    if len(gpus) >= n:
+        p = _one_per_stage(pcfg, n, gpus, cvd)
+        why = f"{len(gpus)} GPUs hold {copies} copies of {n_stages} stages, a GPU each"
+    elif not gpus:
+        p = _cpu([f"/device:CPU:{k}" for k in range(n)], n)
+        why = "no GPU: a logical CPU device per replica and stage"
+    elif pcfg.fallback == "error":
+        raise DeviceError(f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} GPUs, "
+                          f"{len(gpus)} visible; use placement.replicas={max(1, len(gpus) // n_stages)} "
+                          "or placement.fallback=virtual (split the GPUs)")
+    else:
+        p = _virtual(pcfg, n, gpus, cvd)
+        why = f"{len(gpus)} GPU(s) < {n} replica stages: split with placement.fallback=virtual"
+    p.grid = [list(p.devices[r * n_stages:(r + 1) * n_stages]) for r in range(copies)]
+    p.devices = list(p.grid[0])
+    p.strategy = REPLICATED
+    p.notes.insert(0, f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
+                      f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
+                      "copies before each copy's identical update")
     return p
 
 
@@ -214,7 +278,7 @@ def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
     if isinstance(pcfg.memory_limit_mb, (list, tuple)):
         raise ConfigError("placement.memory_limit_mb: a list gives one limit per stage, but with "
                           "placement.fallback=mirrored every replica holds all stages; give one number")
-    n = pcfg.replicas
+    n = None if pcfg.replicas == "auto" else pcfg.replicas
     if not gpus:
         n = n or CPU_REPLICAS
         replicas = [f"/device:CPU:{i}" for i in range(n)]
@@ -351,6 +415,10 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
     fallbacks). `tasks[i]` lists worker i's devices. Pure."""
     where = {d: f"worker {i} {addresses[i]} {d.rsplit('device:', 1)[1]}" for i, t in enumerate(tasks) for d in t}
     gpus = [d for t in tasks for d in t if "/device:GPU:" in d]
+    pool = gpus or [next(d for d in t if "/device:CPU:" in d) for t in tasks if t]
+    copies = max(1, len(pool) // n_stages) if pcfg.replicas == "auto" else pipeline_copies(pcfg, n_stages, 0)
+    if copies > 1:
+        return _cluster_grid(pcfg, n_stages, copies, pool, where, addresses)
     if pcfg.devices:
         devices = [canonical(d) for d in pcfg.devices]
     else:
@@ -372,7 +440,7 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
         p.notes.append(f"{len(set(devices))} devices < {n_stages} stages: neighbouring stages share a worker's device "
                        "(a worker's devices are not split from the client)")
     for key in ("memory_limit_mb", "visible", "replicas"):
-        if getattr(pcfg, key) is not None:
+        if getattr(pcfg, key) is not None and (key != "replicas" or pcfg.fallback == MIRRORED):
             p.notes.append(f"placement.{key} ignored: it configures this machine's devices; a worker has its own")
     return p
 
@@ -388,8 +456,34 @@ def loop(p: Placement, n_stages: int) -> Placement:
     return p
 
 
-def check_batch(batch_size: int, placement: Placement) -> int:
-    """The per-replica batch: `data.batch_size` is the global batch, split evenly over replicas."""
+def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Sequence[str], where: dict[str, str],
+                  addresses: Sequence[str]) -> Placement:
+    """`copies` copies of the pipeline on the workers' devices, in task order: replica r's stage k on
+    device r*K+k; a worker device each (R x K workers), never shared."""
+    n = copies * n_stages
+    if len(pool) < n:
+        raise DeviceError(f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} devices, "
+                          f"the cluster's {len(addresses)} workers have {len(pool)}; give cluster.workers {n} workers "
+                          f"or use placement.replicas={max(1, len(pool) // n_stages)}")
+    grid = [list(pool[r * n_stages:(r + 1) * n_stages]) for r in range(copies)]
+    devices = [d for row in grid for d in row]
+    p = Placement(devices=list(grid[0]), kind="GPU" if "/device:GPU:" in pool[0] else "CPU", strategy=REPLICATED,
+                  grid=grid, physical={d: where.get(d, "-") for d in devices}, cluster=list(addresses))
+    p.notes.append(f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker "
+                   "devices; each copy trains its share of every batch, stage gradients averaged over the copies")
+    p.notes.append(f"cluster: {len(addresses)} workers ({', '.join(addresses)}); this process is the client")
+    return p
+
+
+def check_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> int:
+    """The per-replica batch: `data.batch_size` is the global batch, split evenly over replicas (and,
+    for copies of a pipeline, each share into `microbatches` equal microbatches)."""
+    if placement.strategy == REPLICATED:
+        r, per = len(placement.grid), len(placement.grid) * microbatches
+        if batch_size % per:
+            raise ConfigError(f"data.batch_size={batch_size} does not cut into {r} replicas' shares (placement.replicas) "
+                              f"of pipeline.microbatches={microbatches} equal microbatches: use a multiple of {per}")
+        return batch_size // r
     if placement.strategy != MIRRORED:
         return batch_size
     return batch_over_replicas(batch_size, len(placement.replicas))
@@ -407,7 +501,7 @@ def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory
     from chain.config.shapes import human
 
     MB = 1 << 20
-    copies = len(placement.replicas) if placement.strategy == MIRRORED else 1
+    copies = len(placement.replicas) if placement.strategy == MIRRORED else max(1, len(placement.grid))
     if placement.cluster:
         return  # the workers' memory is theirs to know
     if placement.kind == "CPU":
@@ -423,11 +517,13 @@ def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory
         return
     memory = {g.index: g.memory_mb for g in inventory.gpus}
     per_card: dict[int, int] = {}
-    for k, device in enumerate(placement.devices if placement.strategy != MIRRORED else placement.replicas):
+    grid = [d for row in placement.grid for d in row]  # copies of a pipeline: stage k is device k mod K
+    for k, device in enumerate(grid or (placement.devices if placement.strategy != MIRRORED else placement.replicas)):
         physical = placement.physical.get(device, "")
         if physical.startswith("GPU:"):
             card = int(physical.split()[0].split(":")[1])
-            per_card[card] = per_card.get(card, 0) + (sum(need) if placement.strategy == MIRRORED else need[k])
+            per_card[card] = per_card.get(card, 0) + (sum(need) if placement.strategy == MIRRORED
+                                                      else need[k % len(need)])
     for card, total in per_card.items():
         if memory.get(card) and total > memory[card] * MB:
             raise DeviceError(f"the stages on GPU {card} need about {human(total)} of memory, more than its "

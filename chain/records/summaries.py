@@ -99,6 +99,14 @@ class PipelineFields:
 
 
 @dataclass(frozen=True)
+class ReplicasFields:
+    """placement.replicas (mode=e2e): copies of the pipeline, trained data parallel."""
+
+    replicas: int | None = item("the copies of the pipeline")
+    grid: list[list[str]] | None = item("each copy's devices, stage by stage (grid[r][k]: copy r's stage k)")
+
+
+@dataclass(frozen=True)
 class MirroredFields:
     """placement.fallback=mirrored: the replicas."""
 
@@ -178,6 +186,7 @@ class Summary:
     stages: list[StageSummary] | None = item("one entry per stage (the fields below)")
     chain: ChainFields | None = item("mode=e2e", default=None, section=True)
     pipeline: PipelineFields | None = item("mode=e2e, pipelined", default=None, section=True)
+    replicas: ReplicasFields | None = item("placement.replicas: copies of the pipeline", default=None, section=True)
     clipping: ClippingFields | None = item("optim.clip_global_norm (mode=e2e)", default=None, section=True)
     mirrored: MirroredFields | None = item("a mirrored run (placement.fallback=mirrored)", default=None, section=True)
     side_by_side: SideBySideFields | None = item("mode=side_by_side", default=None, section=True)

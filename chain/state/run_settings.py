@@ -17,7 +17,8 @@ its own config (`check`), key by key:
 - everything else is refused in one line naming the key with its old and new value: the
   model, the loss, the data and its batch, the seed, the mode, gradient accumulation, the
   pipeline's schedule and microbatches (they change float rounding, so the resumed run would
-  match no uninterrupted one), XLA, float16 precision, the mirrored fallback and its replicas,
+  match no uninterrupted one), XLA, float16 precision, the mirrored fallback and its replicas
+  (a pipeline's copies, `placement.replicas` without the mirrored fallback, may change freely),
   the cut of a Keras model, gradient clipping (`optim.clip_*`), `pipeline.batch_norm`;
 - a checkpoint written before a setting existed resumes when the config leaves it at the value
   that was the behaviour before it (`_ADDED`).
@@ -156,6 +157,9 @@ def check(saved: RunSettings, settings: Settings, step: int) -> list[str]:
             check_precision({"precision": c.old}, settings)  # float16 holds loss scales: refused there
         if _matches(key, FREE) or (mode != "e2e" and settings.mode != "e2e" and _matches(key, _E2E_ONLY)):
             continue
+        if key == "placement.replicas" and "mirrored" not in (saved.values.get("placement", {}).get("fallback"),
+                                                              settings.placement.fallback):
+            continue  # copies of a pipeline: a checkpoint holds one copy of each stage
         if key == "optim.momentum" and 0.0 in (c.old, c.new):
             raise _refuse(c, "SGD keeps momentum slots only with a momentum above 0, so there is nothing to "
                              "continue from (or to drop); start a new run to change it")

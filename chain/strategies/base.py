@@ -168,6 +168,10 @@ class Strategy:
         """The compiled step's concrete function for this batch's shapes (its graph, for audits)."""
         return self.step_fn.get_concrete_function(*self.arguments(x, ys))
 
+    def restored(self) -> None:
+        """Called after a checkpoint was restored into `self.stages` (a strategy holding more copies
+        of them brings the others along)."""
+
     def batch_divisor(self) -> int:
         """A whole batch's size must be a multiple of this (its chunks, microbatches, replicas)."""
         return self.settings.trainer.grad_accum

@@ -35,6 +35,11 @@ def apply(spec: RunSpec) -> None:
     devices.configure(placement, settings.placement)
     if placement.strategy == planner.MIRRORED:
         placement.replicas = devices.check_devices(placement.replicas, given=False, role="replica")
+    elif placement.strategy == planner.REPLICATED:  # every copy's devices; replica 0's are `devices`
+        k = len(placement.devices)
+        flat = devices.check_devices([d for row in placement.grid for d in row], given=False, role="replica stage")
+        placement.grid = [flat[r * k:(r + 1) * k] for r in range(len(placement.grid))]
+        placement.devices = list(placement.grid[0])
     else:
         given = settings.placement.devices  # checked as the user wrote them, so errors quote them
         placement.devices = devices.check_devices(given or placement.devices, given=bool(given))

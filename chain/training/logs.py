@@ -21,12 +21,16 @@ def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequen
     the placement's notes and `notes`, one `note:` line each.
 
     A mirrored run shows its replicas (device and physical device) first; each stage
-    then lives on every replica.
+    then lives on every replica. Copies of a pipeline show their grid (replica x stage ->
+    device) first; the stage rows are replica 0's.
     """
     lines = []
     if placement.replicas:
         lines += _table([("replica", "device", "physical")] + [
             (str(i), d, placement.physical.get(d, "-")) for i, d in enumerate(placement.replicas)])
+    if len(placement.grid) > 1:  # copies of the pipeline: replica x stage -> device
+        lines += _table([("replica", *(f"stage {k}" for k in range(len(placement.grid[0]))))] + [
+            (str(r), *row) for r, row in enumerate(placement.grid)])
     rows = [("stage", "device", "physical", "params", "model")]
     for s in stages:
         device = s.device or f"all {len(placement.replicas)} replicas"

@@ -167,6 +167,7 @@ class Run:
         that verifies, which `fallback=True` restores instead.
         """
         m = self.checkpoints(run_dir).restore(fallback=fallback)
+        self.strategy.restored()
         self.global_step = m["step"]
         self.tracker.restore(m.get("validation", {}).get(str(m["step"])))
         return m

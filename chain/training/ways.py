@@ -4,6 +4,7 @@
 |---|---|---|
 | `pipeline` (a device per stage) | `PipelinedLocal` | `PipelinedChain` |
 | `mirrored` (every stage on every replica) | `MirroredLocal` | `MirroredChain` |
+| `pipeline_replicas` (copies of the pipeline) | - | `ReplicatedChain` |
 
 and mode=side_by_side (independent models, a device each or shared): `SideBySide`.
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
+from chain.pipeline.replicas import ReplicatedChain
 from chain.pipeline.strategy import PipelinedChain
-from chain.planning.planner import MIRRORED, PIPELINE, Placement
+from chain.planning.planner import MIRRORED, PIPELINE, REPLICATED, Placement
 from chain.strategies.base import Strategy
 from chain.strategies.mirrored import MirroredChain, MirroredLocal
 from chain.strategies.pipelined import PipelinedLocal
@@ -30,6 +32,7 @@ TABLE: dict[tuple[str, str], type[Strategy]] = {
     (MIRRORED, "local"): MirroredLocal,
     (MIRRORED, "e2e"): MirroredChain,
     (PIPELINE, "side_by_side"): SideBySide,
+    (REPLICATED, "e2e"): ReplicatedChain,
 }
 
 

@@ -1,0 +1,156 @@
+"""`ReplicatedChain`: R copies of the K-stage pipeline (`placement.replicas=R`), data parallel.
+
+The planner places replica r's stage k on its own device (`Placement.grid[r][k]`). One compiled
+step cuts each batch into R equal shares, and every copy plays the schedule on its share
+(`chain.pipeline.step.e2e_play`: its microbatches, grad_accum rounds, float16 loss scaling).
+Before the update, stage k's summed gradients are reduced over its R copies: each copy's
+device receives the other copies' gradients (explicit copies, as every crossing in the step)
+and adds all R in replica order, then divides by R (each copy's gradients are of its share's
+mean loss). Every device thus computes the same sums in the same order, bit for bit, and every
+copy applies the same update (`chain.pipeline.step.finish`, with the batch's mean loss for
+float16's shared decision): the copies stay identical without ever being compared.
+
+Checkpoints, exports and evaluation see replica 0's stages only (`self.stages`): one copy of
+each stage, so a run resumes with another R. After a restore (`restored`), and once when built,
+replica 0's state (weights, optimizer slots, loss scales, counters, dropout seeds) is copied
+into every other copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from chain.config.schema import Settings
+from chain.data.catalog import DataInfo
+from chain.errors import ConfigError
+from chain.pipeline.step import Played, e2e_play, finish, host
+from chain.pipeline.strategy import PipelinedChain
+from chain.planning.planner import REPLICATED, Placement
+from chain.records.summaries import ReplicasFields, Summary
+from chain.stages.assemble import build_stages
+from chain.stages.stage import Stage
+from chain.steps.ops import copy_to
+from chain.steps.update import stage_update
+
+
+def stage_state(stage: Stage) -> list[tf.Variable]:
+    """Every variable that makes a stage what it is: weights (with dropout seeds), the optimizer's
+    state, the numerics guard's count and the loss scale; in an order the same for every copy."""
+    head = stage.head.variables if stage.head is not None else []
+    out = list(stage.model.variables) + list(head) + list(stage.optimizer.variables) + [stage.skipped]
+    if stage.loss_scale is not None:
+        ls = stage.loss_scale
+        out += [ls.scale, ls.good_steps, ls.overflows]
+    return out
+
+
+def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name: str) -> list[tf.Tensor | None]:
+    """`values[r]` (on `devices[r]`) averaged over r, on every device: each adds all R, copied in,
+    in replica order, so every device holds the same bits."""
+    if values[0] is None:
+        return [None] * len(values)
+    values = [tf.convert_to_tensor(v) for v in values]  # sparse gradients (embeddings) made dense
+    out = []
+    for r, device in enumerate(devices):
+        parts = [v if i == r else copy_to(v, device, f"{name}_from_r{i}_to_r{r}") for i, v in enumerate(values)]
+        with tf.device(device):
+            out.append(tf.add_n(parts) * (1.0 / len(values)))
+    return out
+
+
+class ReplicatedChain(PipelinedChain):
+    """mode=e2e on `placement.grid`: R copies of the pipeline, each its share of every batch."""
+
+    name = REPLICATED
+
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
+        self.copies: list[list[Stage]] = []
+        super().__init__(settings, placement, info, **bodies)
+
+    @property
+    def replicas(self) -> int:
+        return len(self.placement.grid)
+
+    def build_stages(self) -> list[Stage]:
+        """Replica 0's stages (`self.stages`: what checkpoints hold), then every other copy's on its
+        devices, each built from the same seed and then set to replica 0's state."""
+        first = super().build_stages()
+        s = self.settings
+        self.copies = [first]
+        for row in self.placement.grid[1:]:
+            self.copies.append(build_stages(
+                s.stages, row, self.info, heads=self.heads, readout=self.readout, precision_name=s.precision,
+                initial_loss_scale=s.trainer.initial_loss_scale, bodies=self.bodies, labels=self.labels,
+                chained=self.chained, seed=s.seed))
+        for copy in self.copies[1:]:
+            for a, b in zip(first, copy):
+                if {id(v) for v in a.model.variables} & {id(v) for v in b.model.variables}:
+                    raise ConfigError(f"placement.replicas={s.placement.replicas}: stage {a.index}'s body returns the "
+                                      "same model each time it is built, so its copies would share one set of weights; "
+                                      "give a function that builds a new model, or remove placement.replicas")
+        self.sync()
+        return first
+
+    def sync(self) -> None:
+        """Copy replica 0's state into every other copy (eagerly, once: not per step)."""
+        for copy in self.copies[1:]:
+            for a, b in zip(self.copies[0], copy):
+                for va, vb in zip(stage_state(a), stage_state(b), strict=True):
+                    vb.assign(va)
+
+    def restored(self) -> None:
+        self.sync()
+
+    def make_step(self) -> Callable:
+        t = self.settings.trainer
+        loss = self.loss_fn()
+        plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
+                          recompute_policy=self.settings.pipeline.recompute)
+                 for stages in self.copies]
+        updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
+        copies, n = self.copies, len(self.copies)
+
+        def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+            with tf.device(host()):  # each share crosses to its copy's first (and last) stage from here
+                xs = tf.split(x, n, name="replica_shares")
+                shares = {key: tf.split(y, n, name=f"replica_{key}") for key, y in ys.items()}
+            played = [play(xs[r], {key: v[r] for key, v in shares.items()}) for r, play in enumerate(plays)]
+            per_replica: list[list[list]] = [[[] for _ in copies[0]] for _ in copies]
+            for k in range(len(copies[0])):
+                devices = [c[k].device for c in copies]
+                for j in range(len(played[0].grads[k])):
+                    mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}")
+                    for r in range(n):
+                        per_replica[r][k].append(mean[r])
+            totals = reduce_mean([p.total for p in played], [c[-1].device for c in copies], "allreduce_loss")
+            reports = [finish(copies[r], self.schedule, updates[r],
+                              Played(per_replica[r], totals[r], played[r].previous))
+                       for r in range(n)]
+            with tf.device(copies[0][-1].device), tf.control_dependencies(reports[1:]):
+                return tf.identity(reports[0])  # every copy's update runs, replica 0 reports
+
+        return step
+
+    def batch_divisor(self) -> int:
+        return self.replicas * super().batch_divisor()
+
+    def parts(self) -> str | None:
+        # Copies do not count (each computes its share's terms whole, as Keras per replica).
+        return PipelinedChain.cut_description(self) if super().batch_divisor() > 1 else None
+
+    def cut_description(self) -> str:
+        return f"{self.replicas} replicas' shares (placement.replicas), each {super().cut_description()}"
+
+    def memory_devices(self) -> list[str]:
+        return [s.device for copy in self.copies for s in copy]
+
+    def summary(self, summary: Summary) -> Summary:
+        copies = ReplicasFields(self.replicas, [list(row) for row in self.placement.grid])
+        return replace(super().summary(summary), replicas=copies)
+
+    def plan_text(self, full: bool) -> str:
+        return (f"{self.replicas} copies of the pipeline (the grid above), each playing this schedule on its "
+                f"1/{self.replicas} of every batch:\n{super().plan_text(full)}")

@@ -1,0 +1,113 @@
+"""Copies of the pipeline (`placement.replicas=R`, mode=e2e): R=2 copies of a K=2 chain on the
+session's 4 logical CPUs train exactly like one Keras model on one device on the whole batch
+(every schedule, M in {1, 2, 4}, grad_accum, float16), the copies stay identical, and a
+checkpoint holds one copy of each stage, so a run resumes with another R."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import chain
+from chain.errors import ConfigError
+from chain.pipeline.replicas import stage_state
+from compare import rel_diff, trains_like_one_device, weights
+from conftest import DEVICES
+
+LR = 0.1
+BASE = ["+stages=2", "mode=e2e", "model.depth=1", "model.width=8", "optim=sgd", f"optim.lr={LR}",
+        "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
+        "trainer.progress=false", "checkpoint.export=false"]
+GRID = [DEVICES[:2], DEVICES[2:]]
+
+
+def build(*overrides, run_dir=None):
+    return chain.build(chain.compose([*BASE, *overrides]), run_dir=run_dir)
+
+
+def one_device_copy(run) -> keras.Model:
+    """One `keras.Sequential` on one device with copies of the chain's layers and current weights."""
+    with tf.device(DEVICES[0]):
+        layers = []
+        for s in run.stages:
+            for layer in s.model.layers:
+                cfg = layer.get_config()
+                cfg.pop("name")
+                layers.append(layer.__class__.from_config(cfg))
+        model = keras.Sequential([keras.Input(run.dataset.input_shape)] + layers)
+        for layer, source in zip(layers, [lay for s in run.stages for lay in s.model.layers]):
+            layer.set_weights(source.get_weights())
+    return model
+
+
+def assert_copies_identical(run) -> None:
+    """Every copy's state (weights, optimizer, counters, loss scale) equals replica 0's, bit for bit,
+    and lives on its own device of the grid."""
+    copies = run.strategy.copies
+    assert [[s.device for s in c] for c in copies] == GRID
+    for copy in copies[1:]:
+        for a, b in zip(copies[0], copy):
+            assert b.variable_devices() == [b.device]
+            for va, vb in zip(stage_state(a), stage_state(b), strict=True):
+                np.testing.assert_array_equal(np.asarray(va.numpy()), np.asarray(vb.numpy()))
+
+
+CASES = [(s, m, 2 if (s, m) == ("1f1b", 2) else 1) for s in ("gpipe", "1f1b") for m in (1, 2, 4)]  # one with grad_accum
+
+
+@pytest.mark.parametrize("schedule, m, accum", CASES)
+def test_two_copies_of_a_two_stage_pipeline_train_like_one_keras_model_on_the_whole_batch(schedule, m, accum):
+    run = build("placement.replicas=2", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
+                f"trainer.grad_accum={accum}")
+    assert run.strategy.placement.grid == GRID and run.strategy.batch_divisor() == 2 * m * accum
+    trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
+    assert_copies_identical(run)
+
+
+def test_float16_copies_train_like_one_copy_with_as_many_microbatches():
+    """precision=mixed_float16: two copies of one microbatch each equal one copy of two microbatches
+    (whose float16 training test_precision holds to Keras); loss scales stay identical."""
+    runs = [build("precision=mixed_float16", *o) for o in (["placement.replicas=2"], ["pipeline.microbatches=2"])]
+    start = weights(runs[1])
+    it = iter(runs[1].batches())
+    for _ in range(2):
+        x, ys = next(it)
+        got, want = (r.step(x, ys) for r in runs)
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6)
+    for a, b, b0 in zip(weights(runs[0]), weights(runs[1]), start, strict=True):
+        assert rel_diff(a, b) <= 1e-5 and rel_diff(b, b0) > 1e-3
+    assert_copies_identical(runs[0])
+
+
+def fit_steps(run_dir, steps: int, *overrides):
+    run = build(f"trainer.steps={steps}", "checkpoint.every=2", *overrides, run_dir=str(run_dir))
+    run.fit()
+    return run
+
+
+def test_a_run_resumes_with_another_number_of_copies(tmp_path):
+    """Checkpoints hold one copy of each stage: 2 steps on one copy, resumed on two, end where 4 steps
+    on two copies end (float rounding of the split batch apart), and both copies hold the restored state."""
+    whole = fit_steps(tmp_path / "whole", 4, "placement.replicas=2")
+    fit_steps(tmp_path / "resumed", 2, "placement.replicas=1")
+    resumed = fit_steps(tmp_path / "resumed", 4, "placement.replicas=2", "resume=true")
+    assert resumed.global_step == 4
+    start = weights(build())
+    for a, b, b0 in zip(weights(resumed), weights(whole), start, strict=True):
+        assert rel_diff(a, b) <= 1e-5 and rel_diff(b, b0) > 1e-3
+    assert_copies_identical(resumed)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mode=local", "placement.replicas=2"], "placement.replicas=2 copies a pipeline, which needs mode=e2e (is local)"),
+    (["placement.replicas=2", "pipeline.microbatches=4", "data.batch_size=12"],
+     "data.batch_size=12 does not cut into placement.replicas=2 shares of pipeline.microbatches=4 equal microbatches"),
+    (["placement.replicas=2", "placement.devices=[/CPU:0,/CPU:1]"], "remove placement.devices"),
+    (["placement.replicas=two"], "placement.replicas='two' must be an integer or auto"),
+])
+def test_replicas_that_cannot_work_are_one_config_line(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        chain.compose([*BASE, *overrides])
+    assert message in str(e.value) and "\n" not in str(e.value)
