@@ -97,22 +97,27 @@ def trained():
     return get
 
 
+def assert_trained_like_keras(t) -> None:
+    """The chain's losses and every layer's weights equal the one-device Keras model's (<= 1e-5),
+    and training moved the weights far more than the tolerance (equality is not trivial)."""
+    np.testing.assert_allclose(t["chain_losses"], t["ref_losses"], rtol=1e-5)
+    ref_layers = iter(t["layers"])
+    for s, initial in zip(t["run"].stages, t["initial"]):
+        for layer, before in zip(s.model.layers, initial):
+            ref = next(ref_layers)
+            for w, r, w0 in zip(layer.get_weights(), ref.get_weights(), before):
+                assert rel_diff(w, r) <= 1e-5, (s.index, layer.name)
+                assert rel_diff(w, w0) > 1e-3, (s.index, layer.name)
+    assert next(ref_layers, None) is None
+
+
 @pytest.mark.parametrize("schedule, m, loss", CASES)
 def test_every_schedule_trains_like_one_keras_model_on_one_device(trained, schedule, m, loss):
     t = trained(schedule, m, loss)
     run = t["run"]
     assert [s.device for s in run.stages] == DEVICES[:K]
     assert run.schedule.name == schedule and run.schedule.microbatches == m
-    np.testing.assert_allclose(t["chain_losses"], t["ref_losses"], rtol=1e-5)
-    ref_layers = iter(t["layers"])
-    for s, initial in zip(run.stages, t["initial"]):
-        for layer, before in zip(s.model.layers, initial):
-            ref = next(ref_layers)
-            for w, r, w0 in zip(layer.get_weights(), ref.get_weights(), before):
-                assert rel_diff(w, r) <= 1e-5, (s.index, layer.name)
-                # Training moved the weights far more than the tolerance: equality is not trivial.
-                assert rel_diff(w, w0) > 1e-3, (s.index, layer.name)
-    assert next(ref_layers, None) is None
+    assert_trained_like_keras(t)
 
 
 def stage_of(op_name: str) -> int | None:
@@ -335,7 +340,7 @@ def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_s
 
     base = INTERLEAVED if schedule == "interleaved" else BASE
     path = tmp_path / f"{schedule}.csv"
-    show_plan(chain.compose(base + [f"pipeline.schedule={schedule}", "pipeline.microbatches=2", "plan_only=true",
+    show_plan(chain.prepare(base + [f"pipeline.schedule={schedule}", "pipeline.microbatches=2", "plan_only=true",
                                     f"pipeline.schedule_out={path}"]))
     assert f"schedule written to {path}" in capsys.readouterr().out
     t = trained(schedule, 2, "crossentropy")
@@ -392,15 +397,7 @@ def test_interleaved_stages_train_like_one_keras_model_on_one_device(trained, m)
     run = t["run"]
     assert [s.device for s in run.stages] == [DEVICES[0], DEVICES[1], DEVICES[0], DEVICES[1]]
     assert run.schedule.name == "interleaved" and run.schedule.devices == 2 and run.schedule.placement == (0, 1, 0, 1)
-    np.testing.assert_allclose(t["chain_losses"], t["ref_losses"], rtol=1e-5)
-    ref_layers = iter(t["layers"])
-    for s, initial in zip(run.stages, t["initial"]):
-        for layer, before in zip(s.model.layers, initial):
-            ref = next(ref_layers)
-            for w, r, w0 in zip(layer.get_weights(), ref.get_weights(), before):
-                assert rel_diff(w, r) <= 1e-5, (s.index, layer.name)
-                assert rel_diff(w, w0) > 1e-3, (s.index, layer.name)
-    assert next(ref_layers, None) is None
+    assert_trained_like_keras(t)
     if m == 2:  # each device runs its stages' actions in the schedule's one order for that device
         _, ops, ancestors = step_graph(t)
         for row in run.schedule.actions:
