@@ -1,0 +1,144 @@
+"""Streaming TFRecord shards (`data.stream=true`): records read while training, never loaded into
+NumPy. Host memory stays bounded by the buffers (a data set several times larger than the memory a
+run may add), the stream's iterator is part of every checkpoint (a resumed run equals the
+uninterrupted one bit for bit), and what the stream needs up front is said in one line."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import chain
+from chain.errors import ConfigError
+from conftest import stage_values
+
+D = 4096  # floats per example of the large shards: 16 KB a record
+TINY = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=tfrecord", "data.y=y",
+        "data.stream=true", "data.classes={label: 2}"]
+
+
+def _templates(width: int) -> list[tuple[bytes, bytes]]:
+    """A serialized `tf.train.Example` {x: float32[width], y: int64} around its x, per label 0 and 1:
+    records are the two halves around x's bytes (packed floats), so writing one costs no protobuf."""
+    x = np.arange(1, width + 1, dtype="float32")
+    out = []
+    for label in (0, 1):
+        f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+             "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
+        b = tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString()
+        at = b.find(x.tobytes())
+        out.append((b[:at], b[at + x.nbytes:]))
+    return out
+
+
+def write_shards(root, shards: int, per: int, width: int, seed: int = 0) -> None:
+    """`shards` files of `per` examples {x: `width` uniform floats, y: x[0] > 0.5}."""
+    os.makedirs(root, exist_ok=True)
+    halves, rng = _templates(width), np.random.default_rng(seed)
+    for s in range(shards):
+        x = rng.random((per, width), dtype=np.float32)
+        with tf.io.TFRecordWriter(os.path.join(root, f"part-{s:03d}.tfrecord")) as w:
+            for row in x:
+                head, tail = halves[int(row[0] > 0.5)]
+                w.write(head + row.tobytes() + tail)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_growth(work) -> tuple[object, int]:
+    """`work()`'s result and how far this process's resident memory rose above where it started
+    while `work` ran (sampled every 5 ms)."""
+    base, peak, done = _rss(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.005)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        result = work()
+    finally:
+        done.set()
+        t.join()
+    return result, max(peak[0], _rss()) - base
+
+
+def test_a_stream_several_times_larger_than_its_memory_bound_trains_and_evaluates(tmp_path):
+    big, small = tmp_path / "big", tmp_path / "small"
+    write_shards(big, shards=32, per=250, width=D)  # 8000 records, 125 MB
+    write_shards(small, shards=2, per=250, width=D, seed=1)
+    size = sum(os.path.getsize(big / f) for f in os.listdir(big))
+    args = [*TINY, "data.batch_size=100", "data.shuffle_buffer=100", f"data.features={{x: 'float32[{D}]', y: int64}}",
+            "trainer.epochs=1", "data.val_fraction=0.1"]
+
+    def fit(root):
+        return lambda: chain.build(chain.compose([*args, f"data.files={root}/*.tfrecord"])).fit()
+
+    peak_rss_growth(fit(small))  # the same run on 2 files: TensorFlow's and Keras' one-time costs paid first
+    summary, grew = peak_rss_growth(fit(big))
+    # 3 of 32 files held out (round(3.2)); an epoch of the other 29 x 250 records: 73 batches of 100.
+    assert (summary["train_examples"], summary["val_examples"], summary["steps"]) == (7250, 750, 73)
+    assert set(summary["stages"][1]["val"]) == {"loss", "accuracy"}  # evaluated on the streamed held-out files
+    assert np.isfinite(summary["loss_last"])
+    # Loading the records (data.stream=false) adds more than their size (about 2.3x, measured); streaming
+    # adds the buffers: a batch, the shuffle buffer, the prefetched batches (about 18 MB, measured).
+    assert grew < size / 4, f"resident memory rose {grew / 2**20:.0f} MB over a run on {size / 2**20:.0f} MB of records"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    write_shards(root, shards=4, per=40, width=8)
+    return str(root)
+
+
+def small(shards, *more):
+    return chain.compose([*TINY, f"data.files={shards}/*.tfrecord", "data.features={x: 'float32[8]', y: int64}",
+                          "data.batch_size=16", "data.shuffle_buffer=24", "model.dropout=0.2", *more])
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_stream_interrupted_and_resumed_equals_the_uninterrupted_run(shards, tmp_path):
+    n, every, crash_at = 14, 4, 10  # past an epoch (120 training records: 7 batches), crash 2 steps after a save
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    args = [f"trainer.steps={n}", f"checkpoint.every={every}"]
+    chain.build(small(shards, *args), run_dir=straight).fit()
+
+    def crash(step, out):
+        if step == crash_at:
+            raise Crash
+
+    with pytest.raises(Crash):
+        chain.build(small(shards, *args), run_dir=resumed).fit(callback=crash)
+    summary = chain.build(small(shards, *args, "resume=true"), run_dir=resumed).fit()
+    assert summary["resumed_from"] == 8
+    for k in range(2):
+        a, b = stage_values(straight, f"stage_{k:02d}"), stage_values(resumed, f"stage_{k:02d}")
+        assert set(a) == set(b)
+        for key in a:
+            assert np.array_equal(a[key], b[key]), (k, key)
+
+
+@pytest.mark.parametrize("more, message", [
+    (["data.classes=null"], "data.classes.label is needed with data.stream=true"),
+    (["data.val_fraction=0.5", "data.files={shards}/part-000.tfrecord"],
+     "data.val_fraction=0.5 with data.stream=true holds out whole files, and data.files='{shards}/part-000.tfrecord' "
+     "matches 1 file"),
+])
+def test_what_a_stream_needs_up_front_is_one_line_naming_the_key(shards, more, message):
+    with pytest.raises(ConfigError, match="^" + message.format(shards=shards).replace(".", r"\.").replace("*", r"\*")
+                       .replace("(", r"\(")):
+        chain.spec.check(small(shards, *[m.format(shards=shards) for m in more]))
