@@ -7,9 +7,16 @@ a buffer of `shuffle_buffer`, batched and prefetched. Host memory holds the buff
 set. Every stage is checkpointable, so the iterator's state (file positions and the shuffle
 buffer's examples) goes into every checkpoint as the in-memory stream's does, and a resumed run
 sees the batches it would have seen.
+
+Bad records found mid-run (a missing feature, a feature with more or fewer values than declared)
+stop the run with one line naming the file and the record's number in it (`bad_record`, raised by
+`chain.training.run.Run.fit`), or, with `data.on_bad_record=skip`, are left out.
 """
 
 from __future__ import annotations
+
+import math
+import re
 
 import tensorflow as tf
 
@@ -18,22 +25,71 @@ from chain.data.shards import Shards
 CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
 
 
-def _parse(shards: Shards):
-    """One serialized `tf.train.Example` -> (x float32, {target: int32 label or float32 value})."""
-    spec = {name: tf.io.FixedLenFeature(shape, tf.float32 if dtype == "float32" else tf.int64)
-            for name, (dtype, shape) in shards.features}
+MARK = "chain-bad-record"  # starts the assertion's data, so the host finds it in TensorFlow's message
+END = "<end>"  # ends the assertion's reason, which may hold brackets itself
+_BAD = re.compile(MARK + r"\]\s*\[(.*?)\]\s*\[(\d+)\]\s*\[(.*?)" + END, re.S)
 
-    def parse(record):
+
+def _numbered(path) -> tf.data.Dataset:
+    """The records of one file, each with its file and its number in the file (for error lines)."""
+    return tf.data.TFRecordDataset(path).enumerate().map(lambda i, r: (path, i, r))
+
+
+def _checked(shards: Shards):
+    """(file, number, serialized `tf.train.Example`) -> (x, ys, ok, why): every declared feature
+    parsed with whatever number of values it holds, `ok` when each holds as many as declared, `why`
+    naming those that do not."""
+    features = dict(shards.features)
+    spec = {name: tf.io.VarLenFeature(tf.float32 if dtype == "float32" else tf.int64)
+            for name, (dtype, _) in features.items()}
+
+    def check(path, i, record):
         ex = tf.io.parse_single_example(record, spec)
-        ys = {name: tf.cast(tf.reshape(ex[key], []), tf.int32 if classes else tf.float32)
-              for name, key, classes in shards.targets}
-        return tf.cast(ex[shards.x], tf.float32), ys
+        sizes = {name: tf.size(ex[name].values) for name in spec}
+        wrong = [tf.where(tf.equal(n, math.prod(features[name][1])), "",
+                          tf.strings.join([f"feature {name} holds ", tf.strings.as_string(n),
+                                           f" values, declared {_declared(features[name])}; "]))
+                 for name, n in sizes.items()]
+        ok = tf.reduce_all([tf.equal(n, math.prod(features[name][1])) for name, n in sizes.items()])
+        return ex, ok, tf.strings.join(wrong + [END])
 
-    return parse
+    return check
 
 
-def _records(paths) -> tf.data.Dataset:
-    return tf.data.TFRecordDataset(paths)
+def _declared(feature: tuple) -> str:
+    dtype, shape = feature
+    return dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
+
+
+def _examples(records: tf.data.Dataset, shards: Shards, skip: bool) -> tf.data.Dataset:
+    """(file, number, record) -> (x float32, {target: int32 label or float32 value}); a bad record
+    fails the stream naming its file and number, or (`skip`) is left out."""
+    features, check = dict(shards.features), _checked(shards)
+
+    def dense(ex, ok, why, path, i):
+        assertion = [] if skip else [tf.debugging.Assert(ok, [MARK, path, i, why], summarize=1)]
+        with tf.control_dependencies(assertion):
+            x = tf.cast(tf.reshape(ex[shards.x].values, features[shards.x][1]), tf.float32)
+            ys = {name: tf.cast(tf.reshape(ex[key].values, []), tf.int32 if classes else tf.float32)
+                  for name, key, classes in shards.targets}
+        return x, ys
+
+    checked = records.map(lambda path, i, r: (*check(path, i, r), path, i), num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=True)
+    if skip:
+        checked = checked.filter(lambda ex, ok, why, path, i: ok)
+    return checked.map(dense, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def bad_record(error: BaseException, key: str) -> str | None:
+    """The one line for a bad record that stopped the stream (`key`: the glob's key, e.g.
+    `data.files`), or None when `error` is not one."""
+    found = _BAD.search(str(error))
+    if not found:
+        return None
+    path, i, why = found.groups()
+    return (f"{key}: record {i} of {path} is not as data.features declares it: {why.strip().rstrip(';')} "
+            "(data.on_bad_record=skip leaves such records out)")
 
 
 def training(shards: Shards, batch: int, shuffle: bool, seed: int) -> tf.data.Dataset:
@@ -41,9 +97,9 @@ def training(shards: Shards, batch: int, shuffle: bool, seed: int) -> tf.data.Da
     files = tf.data.Dataset.from_tensor_slices(list(shards.paths))
     if shuffle:
         files = files.shuffle(len(shards.paths), seed=seed, reshuffle_each_iteration=True)
-    records = files.repeat().interleave(_records, cycle_length=min(CYCLE, len(shards.paths)), block_length=1,
+    records = files.repeat().interleave(_numbered, cycle_length=min(CYCLE, len(shards.paths)), block_length=1,
                                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    examples = records.map(_parse(shards), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    examples = _examples(records, shards, shards.skip_bad)
     if shuffle:
         examples = examples.shuffle(shards.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return examples.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -53,6 +109,6 @@ def validation(shards: Shards, batch: int) -> tf.data.Dataset | None:
     """The validation files' records once, in order, in batches of at most `batch`; None without any."""
     if not shards.val_paths:
         return None
-    examples = _records(list(shards.val_paths)).map(_parse(shards), num_parallel_calls=tf.data.AUTOTUNE,
-                                                   deterministic=True)
+    files = tf.data.Dataset.from_tensor_slices(list(shards.val_paths))
+    examples = _examples(files.flat_map(_numbered), shards, shards.skip_bad)
     return examples.batch(batch).prefetch(tf.data.AUTOTUNE)

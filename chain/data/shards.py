@@ -23,7 +23,8 @@ class Shards:
     """Files streamed in a run: training `paths` and validation `val_paths` (empty: none), each
     file's record count (`counts`, `val_counts`), the features to parse (`features`: name ->
     (dtype, shape), as `data.features`), the input feature `x`, the targets as (name, feature,
-    classes) and the shuffle buffer in examples."""
+    classes), the shuffle buffer in examples and whether bad records are left out (`skip_bad`,
+    `data.on_bad_record=skip`) or stop the run."""
 
     paths: tuple[str, ...]
     counts: tuple[int, ...]
@@ -33,6 +34,7 @@ class Shards:
     x: str
     targets: tuple[tuple[str, str, int], ...]
     shuffle_buffer: int
+    skip_bad: bool = False
 
     @property
     def examples(self) -> int:

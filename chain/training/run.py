@@ -21,7 +21,7 @@ from chain.config.schema import Settings
 from chain.data import verify as checks
 from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
-from chain.errors import ChainError, OutOfMemory, StorageError, first_line
+from chain.errors import ChainError, ConfigError, OutOfMemory, StorageError, first_line
 from chain.planning import cluster, memory
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
@@ -268,6 +268,11 @@ class Run:
             if not workers:
                 raise
             raise cluster.lost(workers, self.intact(), wait=self.settings.cluster.lost_after_s) from None
+        except tf.errors.OpError as e:
+            bad = self._bad_record(e)
+            if bad is None:
+                raise
+            raise ConfigError(f"{bad}; {self.intact(hint=False)}") from None
         except (StorageError, OutOfMemory) as e:
             # a save that read a worker's variables as the worker went away: the worker is lost, not the disk
             gone = cluster.find_lost(workers, self.intact()) if workers and isinstance(e, StorageError) else None
@@ -284,6 +289,14 @@ class Run:
 
                 lock.release(self.run_dir)
                 self._release = False
+
+    def _bad_record(self, e: BaseException) -> str | None:
+        """The one line for a bad record that stopped a streamed data set (`data.stream=true`), else None."""
+        if self.dataset.shards is None:
+            return None
+        from chain.data.record_stream import bad_record
+
+        return bad_record(e, "data.files")
 
     def _fit(self, t, callback) -> dict[str, Any]:
         from tqdm import tqdm

@@ -17,7 +17,7 @@ from chain.data.catalog import DataInfo, Target, split_size, target_keys, val_fr
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.shards import Shards, count
 from chain.errors import ConfigError
-from chain.fields import boolean, feature, integer, mapping, optional, required, setting, string
+from chain.fields import boolean, choice, feature, integer, mapping, optional, required, setting, string
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +38,8 @@ class TFRecord(Labelled):
                            "memory); needs data.classes for class targets")
     shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
         "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
+    on_bad_record: str = setting(choice("fail", "skip"),
+        "data.stream=true: a record unlike data.features stops the run naming its file (fail) or is left out (skip)")
 
 
 def describe(data: TFRecord) -> None:
@@ -107,7 +109,8 @@ def shards(data: TFRecord) -> Shards:
     counts = count(paths, f"data.files={data.files!r}")
     if not sum(counts):
         raise ConfigError(f"data.files={data.files!r} holds no records")
-    return Shards(tuple(paths), counts, tuple(val), val_counts, data.features, data.x, targets, data.shuffle_buffer)
+    return Shards(tuple(paths), counts, tuple(val), val_counts, data.features, data.x, targets, data.shuffle_buffer,
+                  data.on_bad_record == "skip")
 
 
 def read(data: TFRecord, seed: int, info: DataInfo | None = None) -> Read:
