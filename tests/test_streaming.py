@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import chain
 from chain.errors import ConfigError
-from conftest import stage_values
+from conftest import manifest, stage_values
 
 D = 4096  # floats per example of the large shards: 16 KB a record
 TINY = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=tfrecord", "data.y=y",
@@ -124,7 +124,7 @@ def test_a_stream_interrupted_and_resumed_equals_the_uninterrupted_run(shards, t
     with pytest.raises(Crash):
         chain.build(small(shards, *args), run_dir=resumed).fit(callback=crash)
     summary = chain.build(small(shards, *args, "resume=true"), run_dir=resumed).fit()
-    assert summary["resumed_from"] == 8
+    assert summary["resumed_from"] == 8 and summary["skipped_records"] == 0
     for k in range(2):
         a, b = stage_values(straight, f"stage_{k:02d}"), stage_values(resumed, f"stage_{k:02d}")
         assert set(a) == set(b)
@@ -142,3 +142,65 @@ def test_what_a_stream_needs_up_front_is_one_line_naming_the_key(shards, more, m
     with pytest.raises(ConfigError, match="^" + message.format(shards=shards).replace(".", r"\.").replace("*", r"\*")
                        .replace("(", r"\(")):
         chain.spec.check(small(shards, *[m.format(shards=shards) for m in more]))
+
+
+@pytest.fixture(scope="module")
+def bad_shards(tmp_path_factory):
+    """3 files of 64 records {x: float32[8], y: int64}; record 9 of part-001 has no y, record 40 of
+    part-002 holds 7 floats. Read in order (data.shuffle=false), file by file in turn, they are the
+    stream's 29th (step 4's batch of 8) and 123rd (step 16's)."""
+    root = tmp_path_factory.mktemp("bad_shards")
+    write_shards(root, shards=3, per=64, width=8)
+
+    def example(x, y=None):
+        f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=x))}
+        if y is not None:
+            f["y"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[y]))
+        return tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString()
+
+    for name, bad, record in (("part-001", 9, example(np.ones(8))), ("part-002", 40, example(np.ones(7), 1))):
+        records = [r.numpy() for r in tf.data.TFRecordDataset(str(root / f"{name}.tfrecord"))]
+        records[bad] = record
+        with tf.io.TFRecordWriter(str(root / f"{name}.tfrecord")) as w:
+            for r in records:
+                w.write(r)
+    return str(root)
+
+
+def test_a_bad_record_mid_run_is_one_line_naming_its_file_and_keeps_the_last_checkpoint(bad_shards, tmp_path):
+    s = small(bad_shards, "data.shuffle=false", "data.val_fraction=0", "trainer.steps=20", "checkpoint.every=2")
+    with pytest.raises(ConfigError) as e:
+        chain.build(s, run_dir=str(tmp_path)).fit()
+    assert e.value.exit_code == 2
+    # The first bad record read is record 9 of part-001 (no y), in step 4's batch: the run stops there,
+    # or at the save of step 2 if the batches read ahead, which a save holds, had reached it.
+    text = str(e.value)
+    assert "\n" not in text and text.startswith(
+        f"data.files: record 9 of {bad_shards}/part-001.tfrecord is not as data.features declares it: feature y "
+        "holds 0 values, declared int64 (data.on_bad_record=skip leaves such records out); "), text
+    if text.endswith("no checkpoint had been saved"):
+        assert not os.path.exists(tmp_path / "checkpoint.json")
+    else:
+        assert text.endswith("the last complete checkpoint (step 2) is intact") and manifest(tmp_path)["step"] == 2
+
+
+def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards):
+    from chain.data.record_stream import bad_record, training
+    from chain.data.sources.tfrecord_data import shards
+
+    s = small(bad_shards, "data.shuffle=false", "data.val_fraction=0", f"data.files={bad_shards}/part-002.tfrecord")
+    stream = iter(training(shards(s.data), 8, False, 0))
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        for _ in range(6):  # record 40 is in the 6th batch
+            next(stream)
+    assert bad_record(e.value, "data.files") == (
+        f"data.files: record 40 of {bad_shards}/part-002.tfrecord is not as data.features declares it: feature x "
+        "holds 7 values, declared float32[8] (data.on_bad_record=skip leaves such records out)")
+
+
+def test_on_bad_record_skip_counts_the_records_left_out(bad_shards, tmp_path):
+    summary = chain.build(small(bad_shards, "data.on_bad_record=skip", "data.val_fraction=0", "trainer.steps=4"),
+                          run_dir=str(tmp_path)).fit()
+    # 4 batches of 8 and the shuffle buffer (24) take at least 56 records: record 9 of part-001 is among
+    # them whatever the files' order. The count is of records read, read-ahead included.
+    assert summary["steps"] == 4 and np.isfinite(summary["loss_last"]) and summary["skipped_records"] >= 1

@@ -18,6 +18,7 @@ the target it names (the first one by default).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,12 @@ class Dataset:
     val_x: np.ndarray | None = None
     val_y: dict[str, np.ndarray] | None = None
     shards: Shards | None = None
+    skipped: Any = None  # a stream's count of bad records left out (a tf.Variable; data.on_bad_record=skip)
+
+    @property
+    def skipped_records(self) -> int:
+        """Bad records this process left out of its stream (`data.on_bad_record=skip`); 0 for loaded data."""
+        return int(self.skipped.numpy()) if self.skipped is not None else 0
 
     @property
     def name(self) -> str:

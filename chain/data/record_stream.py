@@ -61,13 +61,13 @@ def _declared(feature: tuple) -> str:
     return dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
 
 
-def _examples(records: tf.data.Dataset, shards: Shards, skip: bool) -> tf.data.Dataset:
+def _examples(records: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -> tf.data.Dataset:
     """(file, number, record) -> (x float32, {target: int32 label or float32 value}); a bad record
-    fails the stream naming its file and number, or (`skip`) is left out."""
+    fails the stream naming its file and number, or (`skip`: a counter) is counted and left out."""
     features, check = dict(shards.features), _checked(shards)
 
     def dense(ex, ok, why, path, i):
-        assertion = [] if skip else [tf.debugging.Assert(ok, [MARK, path, i, why], summarize=1)]
+        assertion = [] if skip is not None else [tf.debugging.Assert(ok, [MARK, path, i, why], summarize=1)]
         with tf.control_dependencies(assertion):
             x = tf.cast(tf.reshape(ex[shards.x].values, features[shards.x][1]), tf.float32)
             ys = {name: tf.cast(tf.reshape(ex[key].values, []), tf.int32 if classes else tf.float32)
@@ -76,8 +76,17 @@ def _examples(records: tf.data.Dataset, shards: Shards, skip: bool) -> tf.data.D
 
     checked = records.map(lambda path, i, r: (*check(path, i, r), path, i), num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=True)
-    if skip:
-        checked = checked.filter(lambda ex, ok, why, path, i: ok)
+    if skip is not None:
+        def keep(ex, ok, why, path, i):
+            with tf.control_dependencies([skip.assign_add(tf.cast(tf.logical_not(ok), tf.int64))]):
+                return tf.identity(ok)
+
+        checked = checked.filter(keep)
+        # The counter is state outside the stream: a checkpoint saves the stream without it (so a
+        # resumed run counts from 0 again), which tf.data refuses unless told.
+        options = tf.data.Options()
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        checked = checked.with_options(options)
     return checked.map(dense, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
@@ -92,23 +101,31 @@ def bad_record(error: BaseException, key: str) -> str | None:
             "(data.on_bad_record=skip leaves such records out)")
 
 
-def training(shards: Shards, batch: int, shuffle: bool, seed: int) -> tf.data.Dataset:
-    """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module)."""
+def skip_counter(shards: Shards) -> tf.Variable | None:
+    """The count of bad records left out (`data.on_bad_record=skip`), or None when they stop the run."""
+    return tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_records") if shards.skip_bad else None
+
+
+def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.Variable | None = None
+             ) -> tf.data.Dataset:
+    """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
+    records are counted in `skipped` and left out (`skip_counter`), or stop it (None)."""
     files = tf.data.Dataset.from_tensor_slices(list(shards.paths))
     if shuffle:
         files = files.shuffle(len(shards.paths), seed=seed, reshuffle_each_iteration=True)
     records = files.repeat().interleave(_numbered, cycle_length=min(CYCLE, len(shards.paths)), block_length=1,
                                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    examples = _examples(records, shards, shards.skip_bad)
+    examples = _examples(records, shards, skipped)
     if shuffle:
         examples = examples.shuffle(shards.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return examples.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def validation(shards: Shards, batch: int) -> tf.data.Dataset | None:
-    """The validation files' records once, in order, in batches of at most `batch`; None without any."""
+def validation(shards: Shards, batch: int, skipped: tf.Variable | None = None) -> tf.data.Dataset | None:
+    """The validation files' records once, in order, in batches of at most `batch`; None without any.
+    Bad records as for `training` (counted on every evaluation that reads them)."""
     if not shards.val_paths:
         return None
     files = tf.data.Dataset.from_tensor_slices(list(shards.val_paths))
-    examples = _examples(files.flat_map(_numbered), shards, shards.skip_bad)
+    examples = _examples(files.flat_map(_numbered), shards, skipped)
     return examples.batch(batch).prefetch(tf.data.AUTOTUNE)

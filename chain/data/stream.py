@@ -23,7 +23,9 @@ def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int):
     if ds.shards is not None:
         from chain.data import record_stream
 
-        return record_stream.training(ds.shards, batch, shuffle, seed)
+        if ds.skipped is None:
+            ds.skipped = record_stream.skip_counter(ds.shards)
+        return record_stream.training(ds.shards, batch, shuffle, seed, ds.skipped)
     x = tf.constant(ds.x)
     ys = {k: tf.constant(v) for k, v in ds.y.items()}
     order = tf.data.Dataset.range(len(ds.x))
@@ -41,7 +43,9 @@ def validation_batches(ds: Dataset, batch: int):
     if ds.shards is not None:
         from chain.data import record_stream
 
-        return record_stream.validation(ds.shards, batch)
+        if ds.skipped is None:
+            ds.skipped = record_stream.skip_counter(ds.shards)
+        return record_stream.validation(ds.shards, batch, ds.skipped)
     if ds.val_x is None:
         return None
     return tf.data.Dataset.from_tensor_slices((ds.val_x, ds.val_y)).batch(batch).prefetch(tf.data.AUTOTUNE)

@@ -381,6 +381,9 @@ class Run:
         elapsed = loop.elapsed()
         if loop.evaluated_at != self.global_step:
             loop.evaluation = self._evaluate(self.global_step, loop)
+        if self.dataset.skipped_records:
+            log.warning("%d bad records left out of the stream (data.on_bad_record=skip; counted as read, read-ahead "
+                        "included)", self.dataset.skipped_records)
         if self.global_step < self.settings.trainer.steps:
             log.info("stopped early at step %d: no lower validation loss in %d evaluations (best: step %s)",
                      self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
@@ -479,6 +482,7 @@ class Run:
             "val": evaluation.chain if evaluation else None,
             "best_step": self.tracker.best_step,
             "skipped_steps": sum(skipped),
+            "skipped_records": self.dataset.skipped_records,  # data.on_bad_record=skip (this process's)
             "peak_memory_scope": memory.scope(self.strategy.memory_devices()[0]),
             "stages": stages,
             **self.strategy.summary(),
