@@ -204,3 +204,41 @@ def test_on_bad_record_skip_counts_the_records_left_out(bad_shards, tmp_path):
     # 4 batches of 8 and the shuffle buffer (24) take at least 56 records: record 9 of part-001 is among
     # them whatever the files' order. The count is of records read, read-ahead included.
     assert summary["steps"] == 4 and np.isfinite(summary["loss_last"]) and summary["skipped_records"] >= 1
+
+
+def test_a_damaged_record_or_a_feature_of_another_type_is_one_line(tmp_path):
+    from chain.data.record_stream import bad_record, training
+    from chain.data.sources.tfrecord_data import shards
+
+    write_shards(tmp_path, shards=1, per=20, width=8)
+    whole = (tmp_path / "part-000.tfrecord").read_bytes()
+    damaged = bytearray(whole)
+    damaged[200] ^= 0xFF  # inside record 2's data: its checksum fails
+    y_float = tf.train.Example(features=tf.train.Features(feature={
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(8))),
+        "y": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))})).SerializeToString()
+    lines = []
+    for name, write in (("damaged", lambda p: p.write_bytes(bytes(damaged))),
+                        ("typed", lambda p: _rewrite(p, whole, 3, y_float))):
+        (tmp_path / name).mkdir()
+        write(tmp_path / name / "part-000.tfrecord")
+        s = small(str(tmp_path / name), "data.shuffle=false", "data.val_fraction=0", "data.batch_size=4")
+        stream = iter(training(shards(s.data), 4, False, 0))
+        with pytest.raises(tf.errors.OpError) as e:
+            for _ in range(5):
+                next(stream)
+        lines.append(bad_record(e.value, "data.files"))
+    end = ": a damaged record, or a feature whose type is not the one data.features declares; TensorFlow does not say in which file"
+    assert lines == ["data.files: a record cannot be read (corrupted record at 158)" + end,
+                     "data.files: a record cannot be read (Key: y. Data types don't match. Expected type: int64, Actual "
+                     "type: float)" + end]
+
+
+def _rewrite(path, whole: bytes, i: int, record: bytes) -> None:
+    """`whole`'s records written to `path`, record `i` replaced by `record`."""
+    path.with_suffix(".src").write_bytes(whole)
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(path.with_suffix(".src")))]
+    records[i] = record
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for r in records:
+            w.write(r)

@@ -93,7 +93,13 @@ def _examples(records: tf.data.Dataset, shards: Shards, skip: tf.Variable | None
 def bad_record(error: BaseException, key: str) -> str | None:
     """The one line for a bad record that stopped the stream (`key`: the glob's key, e.g.
     `data.files`), or None when `error` is not one."""
-    found = _BAD.search(str(error))
+    text = str(error)
+    found = _BAD.search(text)
+    if not found and (isinstance(error, tf.errors.DataLossError) or "Data types don't match" in text):
+        said = re.sub(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*|\s+", " ", text.splitlines()[0] if text else "").strip()
+        said = said[said.index("Key: "):] if "Key: " in said else said  # past tf.data's "Error in user-defined ..."
+        return (f"{key}: a record cannot be read ({said}): a damaged record, or a feature whose type is not the one "
+                "data.features declares; TensorFlow does not say in which file")
     if not found:
         return None
     path, i, why = found.groups()
