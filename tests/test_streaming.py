@@ -189,11 +189,12 @@ def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards):
     from chain.data.sources.tfrecord_data import shards
 
     s = small(bad_shards, "data.shuffle=false", "data.val_fraction=0", f"data.files={bad_shards}/part-002.tfrecord")
-    stream = iter(training(shards(s.data), 8, False, 0))
+    files = shards(s.data)
+    stream = iter(training(files, 8, False, 0))
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         for _ in range(6):  # record 40 is in the 6th batch
             next(stream)
-    assert bad_record(e.value, "data.files") == (
+    assert bad_record(e.value, files) == (
         f"data.files: record 40 of {bad_shards}/part-002.tfrecord is not as data.features declares it: feature x "
         "holds 7 values, declared float32[8] (data.on_bad_record=skip leaves such records out)")
 
@@ -223,11 +224,12 @@ def test_a_damaged_record_or_a_feature_of_another_type_is_one_line(tmp_path):
         (tmp_path / name).mkdir()
         write(tmp_path / name / "part-000.tfrecord")
         s = small(str(tmp_path / name), "data.shuffle=false", "data.val_fraction=0", "data.batch_size=4")
-        stream = iter(training(shards(s.data), 4, False, 0))
+        files = shards(s.data)
+        stream = iter(training(files, 4, False, 0))
         with pytest.raises(tf.errors.OpError) as e:
             for _ in range(5):
                 next(stream)
-        lines.append(bad_record(e.value, "data.files"))
+        lines.append(bad_record(e.value, files))
     end = ": a damaged record, or a feature whose type is not the one data.features declares; TensorFlow does not say in which file"
     assert lines == ["data.files: a record cannot be read (corrupted record at 158)" + end,
                      "data.files: a record cannot be read (Key: y. Data types don't match. Expected type: int64, Actual "

@@ -90,9 +90,10 @@ def _examples(records: tf.data.Dataset, shards: Shards, skip: tf.Variable | None
     return checked.map(dense, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def bad_record(error: BaseException, key: str) -> str | None:
-    """The one line for a bad record that stopped the stream (`key`: the glob's key, e.g.
-    `data.files`), or None when `error` is not one."""
+def bad_record(error: BaseException, shards: Shards) -> str | None:
+    """The one line for a bad record that stopped the stream of `shards` (naming the key whose glob
+    matched its file), or None when `error` is not one."""
+    key = "data.files" if shards.val_key == "data.files" else "data.files or data.val_files"
     text = str(error)
     found = _BAD.search(text)
     if not found and (isinstance(error, tf.errors.DataLossError) or "Data types don't match" in text):
@@ -103,7 +104,7 @@ def bad_record(error: BaseException, key: str) -> str | None:
     if not found:
         return None
     path, i, why = found.groups()
-    return (f"{key}: record {i} of {path} is not as data.features declares it: {why.strip().rstrip(';')} "
+    return (f"{shards.key(path)}: record {i} of {path} is not as data.features declares it: {why.strip().rstrip(';')} "
             "(data.on_bad_record=skip leaves such records out)")
 
 

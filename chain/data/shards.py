@@ -24,7 +24,8 @@ class Shards:
     file's record count (`counts`, `val_counts`), the features to parse (`features`: name ->
     (dtype, shape), as `data.features`), the input feature `x`, the targets as (name, feature,
     classes), the shuffle buffer in examples and whether bad records are left out (`skip_bad`,
-    `data.on_bad_record=skip`) or stop the run."""
+    `data.on_bad_record=skip`) or stop the run; `val_key` is the key that names the validation
+    files (`data.val_files`, or `data.files` when they are held out of it)."""
 
     paths: tuple[str, ...]
     counts: tuple[int, ...]
@@ -35,6 +36,11 @@ class Shards:
     targets: tuple[tuple[str, str, int], ...]
     shuffle_buffer: int
     skip_bad: bool = False
+    val_key: str = "data.files"
+
+    def key(self, path: str) -> str:
+        """The key whose glob matched `path` (for error lines)."""
+        return self.val_key if path in self.val_paths else "data.files"
 
     @property
     def examples(self) -> int:

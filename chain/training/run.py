@@ -296,7 +296,7 @@ class Run:
             return None
         from chain.data.record_stream import bad_record
 
-        return bad_record(e, "data.files")
+        return bad_record(e, self.dataset.shards)
 
     def _fit(self, t, callback) -> dict[str, Any]:
         from tqdm import tqdm

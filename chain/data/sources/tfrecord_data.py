@@ -110,7 +110,7 @@ def shards(data: TFRecord) -> Shards:
     if not sum(counts):
         raise ConfigError(f"data.files={data.files!r} holds no records")
     return Shards(tuple(paths), counts, tuple(val), val_counts, data.features, data.x, targets, data.shuffle_buffer,
-                  data.on_bad_record == "skip")
+                  data.on_bad_record == "skip", "data.files" if data.val_files is None else "data.val_files")
 
 
 def read(data: TFRecord, seed: int, info: DataInfo | None = None) -> Read:
