@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import chain
 from chain.errors import ConfigError
-from conftest import manifest, stage_values
+from conftest import manifest, run_cli, stage_values
 
 D = 4096  # floats per example of the large shards: 16 KB a record
 TINY = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=tfrecord", "data.y=y",
@@ -107,23 +107,16 @@ def small(shards, *more):
                           "data.batch_size=16", "data.shuffle_buffer=24", "model.dropout=0.2", *more])
 
 
-class Crash(Exception):
-    pass
-
-
-def test_a_stream_interrupted_and_resumed_equals_the_uninterrupted_run(shards, tmp_path):
-    n, every, crash_at = 14, 4, 10  # past an epoch (120 training records: 7 batches), crash 2 steps after a save
+def test_a_stream_killed_and_resumed_equals_the_uninterrupted_run(shards, tmp_path):
+    n, every, kill_at = 14, 4, 10  # past an epoch (120 training records: 7 batches), killed 2 steps after a save
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    args = [f"trainer.steps={n}", f"checkpoint.every={every}"]
-    chain.build(small(shards, *args), run_dir=straight).fit()
-
-    def crash(step, out):
-        if step == crash_at:
-            raise Crash
-
-    with pytest.raises(Crash):
-        chain.build(small(shards, *args), run_dir=resumed).fit(callback=crash)
-    summary = chain.build(small(shards, *args, "resume=true"), run_dir=resumed).fit()
+    args = [*TINY, f"data.files={shards}/*.tfrecord", "data.features={x: 'float32[8]', y: int64}", "data.batch_size=16",
+            "data.shuffle_buffer=24", "model.dropout=0.2", f"trainer.steps={n}", f"checkpoint.every={every}"]
+    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", env={"CHAIN_TEST_KILL_AT_STEP": str(kill_at)})
+    assert r.returncode == -9, r.stderr  # SIGKILL after step 10: no cleanup ran
+    assert manifest(resumed)["step"] == 8
+    chain.build(chain.compose(args), run_dir=straight).fit()
+    summary = chain.build(chain.compose([*args, "resume=true"]), run_dir=resumed).fit()
     assert summary["resumed_from"] == 8 and summary["skipped_records"] == 0
     for k in range(2):
         a, b = stage_values(straight, f"stage_{k:02d}"), stage_values(resumed, f"stage_{k:02d}")
