@@ -23,6 +23,13 @@ import tensorflow as tf
 from chain.data.shards import Shards
 
 CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
+CHUNK_BYTES = 1 << 16  # records parsed in one op, up to this many input bytes: a parse per record would
+MAX_CHUNK = 256        # make the stream the bottleneck for small examples, large chunks cost memory
+
+
+def _chunk(shards: Shards) -> int:
+    """Records parsed in one op: 256 small ones, fewer large ones (64 KB of inputs at most)."""
+    return max(1, min(MAX_CHUNK, CHUNK_BYTES // (4 * math.prod(dict(shards.features)[shards.x][1]))))
 
 
 MARK = "chain-bad-record"  # starts the assertion's data, so the host finds it in TensorFlow's message
@@ -30,30 +37,17 @@ END = "<end>"  # ends the assertion's reason, which may hold brackets itself
 _BAD = re.compile(MARK + r"\]\s*\[(.*?)\]\s*\[(\d+)\]\s*\[(.*?)" + END, re.S)
 
 
-def _numbered(path) -> tf.data.Dataset:
-    """The records of one file, each with its file and its number in the file (for error lines)."""
-    return tf.data.TFRecordDataset(path).enumerate().map(lambda i, r: (path, i, r))
+def _numbered(chunk: int):
+    """path -> the records of that file in chunks of `chunk`, each with its file and its number in
+    the file (for error lines)."""
+    def records(path) -> tf.data.Dataset:
+        def number(k, rs):
+            n = tf.shape(rs, out_type=tf.int64)[0]
+            return tf.fill([n], path), k * chunk + tf.range(n), rs
 
+        return tf.data.TFRecordDataset(path).batch(chunk).enumerate().map(number)
 
-def _checked(shards: Shards):
-    """(file, number, serialized `tf.train.Example`) -> (x, ys, ok, why): every declared feature
-    parsed with whatever number of values it holds, `ok` when each holds as many as declared, `why`
-    naming those that do not."""
-    features = dict(shards.features)
-    spec = {name: tf.io.VarLenFeature(tf.float32 if dtype == "float32" else tf.int64)
-            for name, (dtype, _) in features.items()}
-
-    def check(path, i, record):
-        ex = tf.io.parse_single_example(record, spec)
-        sizes = {name: tf.size(ex[name].values) for name in spec}
-        wrong = [tf.where(tf.equal(n, math.prod(features[name][1])), "",
-                          tf.strings.join([f"feature {name} holds ", tf.strings.as_string(n),
-                                           f" values, declared {_declared(features[name])}; "]))
-                 for name, n in sizes.items()]
-        ok = tf.reduce_all([tf.equal(n, math.prod(features[name][1])) for name, n in sizes.items()])
-        return ex, ok, tf.strings.join(wrong + [END])
-
-    return check
+    return records
 
 
 def _declared(feature: tuple) -> str:
@@ -61,33 +55,64 @@ def _declared(feature: tuple) -> str:
     return dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
 
 
-def _examples(records: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -> tf.data.Dataset:
-    """(file, number, record) -> (x float32, {target: int32 label or float32 value}); a bad record
-    fails the stream naming its file and number, or (`skip`: a counter) is counted and left out."""
-    features, check = dict(shards.features), _checked(shards)
+def _parse_chunk(shards: Shards, skip: bool):
+    """A chunk of (files, numbers, serialized `tf.train.Example`s) -> (x, ys, ok) per record, parsed
+    in one op: every declared feature read with whatever number of values it holds, `ok` where each
+    holds as many as declared. Unless `skip`, a chunk with a bad record fails, naming the first one
+    (the reason is worked out only then: formatting it for every record would cost the stream)."""
+    features = dict(shards.features)
+    spec = {name: tf.io.VarLenFeature(tf.float32 if dtype == "float32" else tf.int64)
+            for name, (dtype, _) in features.items()}
+    want = {name: math.prod(shape) for name, (_, shape) in features.items()}
 
-    def dense(ex, ok, why, path, i):
-        assertion = [] if skip is not None else [tf.debugging.Assert(ok, [MARK, path, i, why], summarize=1)]
-        with tf.control_dependencies(assertion):
-            x = tf.cast(tf.reshape(ex[shards.x].values, features[shards.x][1]), tf.float32)
-            ys = {name: tf.cast(tf.reshape(ex[key].values, []), tf.int32 if classes else tf.float32)
+    def parse(paths, numbers, records):
+        n = tf.shape(records)[0]
+        ex = tf.io.parse_example(records, spec)
+        counts = {name: tf.math.bincount(tf.cast(ex[name].indices[:, 0], tf.int32), minlength=n, maxlength=n)
+                  for name in spec}
+        ok = tf.reduce_all(tf.stack([tf.equal(counts[name], want[name]) for name in spec]), axis=0)
+
+        def fail():
+            first = tf.argmin(tf.cast(ok, tf.int32))
+            why = tf.strings.join([tf.where(tf.equal(counts[name][first], want[name]), "", tf.strings.join(
+                [f"feature {name} holds ", tf.strings.as_string(counts[name][first]),
+                 f" values, declared {_declared(features[name])}; "])) for name in spec] + [END])
+            with tf.control_dependencies([tf.debugging.Assert(False, [MARK, paths[first], numbers[first], why])]):
+                return tf.constant(False)
+
+        checked = [] if skip else [tf.cond(tf.reduce_all(ok), lambda: tf.constant(True), fail)]
+        with tf.control_dependencies(checked):
+            def dense(name):  # a bad record's values left out (it becomes zeros, then is filtered out)
+                sp = tf.sparse.retain(ex[name], tf.gather(ok, ex[name].indices[:, 0]))
+                sp = tf.SparseTensor(sp.indices, sp.values, tf.stack([tf.cast(n, tf.int64), want[name]]))
+                return tf.reshape(tf.sparse.to_dense(sp), [n, *features[name][1]])
+
+            x = tf.cast(dense(shards.x), tf.float32)
+            ys = {name: tf.cast(tf.reshape(dense(key), [n]), tf.int32 if classes else tf.float32)
                   for name, key, classes in shards.targets}
-        return x, ys
+        return x, ys, ok
 
-    checked = records.map(lambda path, i, r: (*check(path, i, r), path, i), num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=True)
+    return parse
+
+
+def _examples(chunks: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -> tf.data.Dataset:
+    """Chunks of (files, numbers, records) -> examples (x float32, {target: int32 label or float32
+    value}); a bad record fails the stream naming its file and number, or (`skip`: a counter) is
+    counted and left out."""
+    examples = chunks.map(_parse_chunk(shards, skip is not None), num_parallel_calls=tf.data.AUTOTUNE,
+                                        deterministic=True).unbatch()
     if skip is not None:
-        def keep(ex, ok, why, path, i):
+        def keep(x, ys, ok):
             with tf.control_dependencies([skip.assign_add(tf.cast(tf.logical_not(ok), tf.int64))]):
                 return tf.identity(ok)
 
-        checked = checked.filter(keep)
+        examples = examples.filter(keep)
         # The counter is state outside the stream: a checkpoint saves the stream without it (so a
         # resumed run counts from 0 again), which tf.data refuses unless told.
         options = tf.data.Options()
         options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-        checked = checked.with_options(options)
-    return checked.map(dense, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        examples = examples.with_options(options)
+    return examples.map(lambda x, ys, ok: (x, ys))
 
 
 def bad_record(error: BaseException, shards: Shards) -> str | None:
@@ -120,9 +145,9 @@ def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.V
     files = tf.data.Dataset.from_tensor_slices(list(shards.paths))
     if shuffle:
         files = files.shuffle(len(shards.paths), seed=seed, reshuffle_each_iteration=True)
-    records = files.repeat().interleave(_numbered, cycle_length=min(CYCLE, len(shards.paths)), block_length=1,
-                                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    examples = _examples(records, shards, skipped)
+    chunks = files.repeat().interleave(_numbered(_chunk(shards)), cycle_length=min(CYCLE, len(shards.paths)), block_length=1,
+                                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    examples = _examples(chunks, shards, skipped)
     if shuffle:
         examples = examples.shuffle(shards.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return examples.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -134,5 +159,5 @@ def validation(shards: Shards, batch: int, skipped: tf.Variable | None = None) -
     if not shards.val_paths:
         return None
     files = tf.data.Dataset.from_tensor_slices(list(shards.val_paths))
-    examples = _examples(files.flat_map(_numbered), shards, skipped)
+    examples = _examples(files.flat_map(_numbered(_chunk(shards))), shards, skipped)
     return examples.batch(batch).prefetch(tf.data.AUTOTUNE)
