@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import chain
+import chain.spec
 from chain.errors import ConfigError
 from conftest import manifest, run_cli, stage_values
 
