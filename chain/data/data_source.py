@@ -4,9 +4,11 @@
   user's data with named targets), its `KIND` (or `KINDS`) being the `data.name` that picks it;
 - its description, `describe(data) -> DataInfo | None` (None: only TensorFlow can read it, so it
   is described from its arrays once they are read);
-- its reader, `read(data, seed, info) -> Read`, given the description (None as above).
+- its reader, `read(data, seed, info) -> Read`, given the description (None as above);
+- optionally, for `data.stream=true`, `shards(data) -> chain.data.shards.Shards`: the files a
+  run streams instead of loading them.
 
-`Source` holds the three; `chain.data.sources` collects every module's `SOURCE`.
+`Source` holds these; `chain.data.sources` collects every module's `SOURCE`.
 No TensorFlow here.
 """
 
@@ -68,11 +70,13 @@ class Read:
 
 @dataclass(frozen=True)
 class Source:
-    """One data source: its settings class, its description and its reader (see the module)."""
+    """One data source: its settings class, its description, its reader and, for a source that
+    can stream (`data.stream=true`), what it streams (see the module)."""
 
     settings: type
     describe: Callable[[Any], DataInfo | None]
     read: Callable[[Any, int, DataInfo | None], Read]
+    shards: Callable[[Any], Any] | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:

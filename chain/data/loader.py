@@ -8,6 +8,9 @@ every source goes the same way: validation examples held out (`split`, seeded), 
 checked once against the data set's description with the rules `Run.step` applies to a
 batch (`chain.data.verify.arrays`), and one input stream (`chain.data.stream`).
 
+With `data.stream=true` nothing is loaded: the `Dataset` holds the files to stream
+(`chain.data.shards.Shards`) and `chain.data.stream` reads them while training.
+
 A data set has inputs `x` and one or more named targets; a stage in `mode=local` learns
 the target it names (the first one by default).
 """
@@ -15,12 +18,14 @@ the target it names (the first one by default).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from chain.data import sources
 from chain.data.catalog import DataInfo, Target, input_shape, name_targets, split_info
 from chain.data.data_source import Read
+from chain.data.shards import Shards
 from chain.data.verify import arrays
 from chain.errors import ConfigError
 
@@ -32,13 +37,21 @@ class Dataset:
     """Arrays of one data set; `info` describes them (`info.targets` in the order of `y`).
 
     `x`, `y` are the training examples, `val_x`, `val_y` the validation examples (None when
-    the data set has none: `data.val_fraction=0`)."""
+    the data set has none: `data.val_fraction=0`). A streamed data set (`data.stream=true`) has
+    no arrays (`x` None, `y` empty): `shards` says which files hold its examples."""
 
     info: DataInfo
-    x: np.ndarray
+    x: np.ndarray | None
     y: dict[str, np.ndarray]
     val_x: np.ndarray | None = None
     val_y: dict[str, np.ndarray] | None = None
+    shards: Shards | None = None
+    skipped: Any = None  # a stream's count of bad records left out (a tf.Variable; data.on_bad_record=skip)
+
+    @property
+    def skipped_records(self) -> int:
+        """Bad records this process left out of its stream (`data.on_bad_record=skip`); 0 for loaded data."""
+        return int(self.skipped.numpy()) if self.skipped is not None else 0
 
     @property
     def name(self) -> str:
@@ -46,7 +59,7 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
+        return tuple(self.info.input_shape)
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -85,6 +98,8 @@ def load(data, seed: int, info: DataInfo | None = _UNSET) -> Dataset:
     left out, it is described here first."""
     if info is _UNSET:
         info = sources.describe(data)
+    if getattr(data, "stream", False):  # described up front (counted), read while training
+        return Dataset(info, None, {}, shards=sources.SOURCES[data.name].shards(data))
     read = sources.read(data, seed, info)
     info = info or _describe_read(data, read)
     names = [t.name for t in info.targets]

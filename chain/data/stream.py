@@ -1,5 +1,6 @@
 """The input stream, the same for every data source: one `tf.data` stream of training batches
-shared by every stage, and the validation set in batches."""
+shared by every stage, and the validation set in batches. A streamed data set
+(`data.stream=true`) is read from its files by `chain.data.record_stream`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int):
     """
     import tensorflow as tf
 
+    if ds.shards is not None:
+        from chain.data import record_stream
+
+        if ds.skipped is None:
+            ds.skipped = record_stream.skip_counter(ds.shards)
+        return record_stream.training(ds.shards, batch, shuffle, seed, ds.skipped)
     x = tf.constant(ds.x)
     ys = {k: tf.constant(v) for k, v in ds.y.items()}
     order = tf.data.Dataset.range(len(ds.x))
@@ -33,6 +40,12 @@ def validation_batches(ds: Dataset, batch: int):
     """The validation examples once, in order, in batches of at most `batch`; None without any."""
     import tensorflow as tf
 
+    if ds.shards is not None:
+        from chain.data import record_stream
+
+        if ds.skipped is None:
+            ds.skipped = record_stream.skip_counter(ds.shards)
+        return record_stream.validation(ds.shards, batch, ds.skipped)
     if ds.val_x is None:
         return None
     return tf.data.Dataset.from_tensor_slices((ds.val_x, ds.val_y)).batch(batch).prefetch(tf.data.AUTOTUNE)

@@ -194,3 +194,5 @@ class Summary:
     exports: list[str] | None = item("checkpoint.export: the .keras files written", default=None, omit_none=True)
     export_error: str | None = item("why the exports were skipped (only when Keras could not save the chain)",
                                     default=None, omit_none=True)
+    skipped_records: int | None = item("data.stream with data.on_bad_record=skip: the bad records skipped (by this "
+                                       "process: a resume counts from 0)", default=None, omit_none=True)

@@ -21,7 +21,7 @@ from chain.config.schema import Settings
 from chain.data import verify as checks
 from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
-from chain.errors import ChainError, OutOfMemory, StorageError, first_line
+from chain.errors import ChainError, ConfigError, OutOfMemory, StorageError, first_line
 from chain.planning import cluster, memory
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
@@ -278,6 +278,11 @@ class Run:
             if not workers:
                 raise
             raise cluster.lost(workers, self.intact(), wait=self.settings.cluster.lost_after_s) from None
+        except tf.errors.OpError as e:
+            bad = self._bad_record(e)
+            if bad is None:
+                raise
+            raise ConfigError(f"{bad}; {self.intact(hint=False)}") from None
         except (StorageError, OutOfMemory) as e:
             # a save that read a worker's variables as the worker went away: the worker is lost, not the disk
             gone = cluster.find_lost(workers, self.intact()) if workers and isinstance(e, StorageError) else None
@@ -294,6 +299,14 @@ class Run:
 
                 lock.release(self.run_dir)
                 self._release = False
+
+    def _bad_record(self, e: BaseException) -> str | None:
+        """The one line for a bad record that stopped a streamed data set (`data.stream=true`), else None."""
+        if self.dataset.shards is None:
+            return None
+        from chain.data.record_stream import bad_record
+
+        return bad_record(e, self.dataset.shards)
 
     def _fit(self, t, callback) -> Summary:
         from tqdm import tqdm
@@ -381,6 +394,9 @@ class Run:
         elapsed = loop.elapsed()
         if loop.evaluated_at != self.global_step:
             loop.evaluation = self._evaluate(self.global_step, loop)
+        if self.dataset.skipped_records:
+            log.warning("%d bad records left out of the stream (data.on_bad_record=skip; counted as read, read-ahead "
+                        "included)", self.dataset.skipped_records)
         if self.global_step < self.settings.trainer.steps:
             log.info("stopped early at step %d: no lower validation loss in %d evaluations (best: step %s)",
                      self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
@@ -484,6 +500,7 @@ class Run:
             skipped_steps=sum(skipped),
             peak_memory_scope=memory.scope(self.strategy.memory_devices()[0]),
             stages=stages,
+            skipped_records=self.dataset.skipped_records,  # data.on_bad_record=skip (this process's)
         )
         return self.strategy.summary(summary)
 

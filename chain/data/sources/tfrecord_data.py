@@ -1,7 +1,11 @@
 """`data=tfrecord`: the user's TFRecord files of `tf.train.Example`s: its settings, description and
 reader. Only TensorFlow reads the records (`chain.data.tensors.records`, imported when they are
 read), so the description checks what it can without it (the globs match files, the features
-read are declared) and the data set is described from its arrays once read."""
+read are declared) and the data set is described from its arrays once read.
+
+With `data.stream=true` the records are never loaded: the description comes from the declared
+features (the input's shape), `data.classes` (each class target's number of classes) and a count
+of the records (`chain.data.shards`), and `shards` says what `chain.data.record_stream` reads."""
 
 from __future__ import annotations
 
@@ -9,10 +13,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from chain.data import files
-from chain.data.catalog import DataInfo, target_keys, val_fraction
-from chain.data.data_source import Labelled, Read, Source, from_files
+from chain.data.catalog import DataInfo, Target, split_size, target_keys, val_fraction
+from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
+from chain.data.shards import Shards, count
 from chain.errors import ConfigError
-from chain.fields import feature, mapping, optional, required, setting, string
+from chain.fields import boolean, choice, feature, integer, mapping, optional, required, setting, string
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +34,12 @@ class TFRecord(Labelled):
     features: tuple[tuple[str, tuple], ...] = setting(
         required(mapping(feature), "data.features={x: 'float32[8]', label: int64} (every feature read)"),
         "every feature read: {name: float32[d1,...] or int64} (required)")
+    stream: bool = setting(boolean, "read the records while training instead of loading them (data larger than "
+                           "memory); needs data.classes for class targets")
+    shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
+    on_bad_record: str = setting(choice("fail", "skip"),
+        "data.stream=true: a record unlike data.features stops the run naming its file (fail) or is left out (skip)")
 
 
 def describe(data: TFRecord) -> None:
@@ -42,15 +53,73 @@ def describe(data: TFRecord) -> None:
         if key not in features:
             raise ConfigError(f"{where}={key!r} is not in data.features ({', '.join(features)}); declare every "
                               "feature read, e.g. data.features={x: 'float32[8]', label: int64}")
+    if data.stream:
+        s = shards(data)
+        return DataInfo("tfrecord", tuple(features[data.x][1]), s.examples,
+                        tuple(Target(name, classes) for name, _, classes in s.targets), s.val_examples)
     return None
 
 
+def _stream_targets(data: TFRecord) -> tuple[tuple[str, str, int], ...]:
+    """(name, feature, classes) of each target of a stream: int64 features are classes, whose number
+    `data.classes` must give (finding it would need a pass over every record); float32 are values."""
+    features, given = dict(data.features), dict(data.classes or ())
+    out = []
+    for name, key, where in target_keys(data):
+        dtype, shape = features[key]
+        if shape not in ((), (1,)):
+            raise ConfigError(f"{where}={key!r} is declared {dtype}{list(shape)}; a target holds one value per "
+                              "example (int64 or float32)")
+        name = name or ("label" if dtype == "int64" else "value")
+        classes = given.pop(name, None)
+        if classes is None and dtype == "int64":
+            raise ConfigError(f"data.classes.{name} is needed with data.stream=true: the number of classes of "
+                              f"{where}={key!r} is known only after reading every record; e.g. "
+                              f"data.classes={{{name}: 10}} (0: learn it as a real value)")
+        if classes == 1:
+            raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
+        out.append((name, key, classes or 0))
+    if given:
+        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data=tfrecord; "
+                          f"its targets: {', '.join(t[0] for t in out)}")
+    return tuple(out)
+
+
+def shards(data: TFRecord) -> Shards:
+    """What a stream (`data.stream=true`) reads: the training and validation files, their record
+    counts, the features and targets. Validation is `data.val_files`, or the last whole files of
+    `data.files` in sorted order (`data.val_fraction` of the files, at least one)."""
+    if data.features and dict(data.features)[data.x][0] != "float32":
+        raise ConfigError(f"data.x={data.x!r} is declared {dict(data.features)[data.x][0]}; the inputs are float32")
+    targets = _stream_targets(data)
+    paths = files.matching(data.files, "data.files")
+    if data.val_files is not None:
+        val = files.matching(data.val_files, "data.val_files")
+        key = f"data.val_files={data.val_files!r}"
+        val_counts = count(val, key)
+    else:
+        fraction = val_fraction(data)
+        held = split_size(len(paths), fraction)
+        if fraction > 0 and not held:
+            raise ConfigError(f"data.val_fraction={fraction:g} with data.stream=true holds out whole files, and "
+                              f"data.files={data.files!r} matches {len(paths)} file; give data.val_files, or "
+                              "data.val_fraction=0 (no validation)")
+        paths, val = paths[:len(paths) - held], paths[len(paths) - held:]
+        val_counts = count(val, f"data.files={data.files!r}")
+    counts = count(paths, f"data.files={data.files!r}")
+    if not sum(counts):
+        raise ConfigError(f"data.files={data.files!r} holds no records")
+    return Shards(tuple(paths), counts, tuple(val), val_counts, data.features, data.x, targets, data.shuffle_buffer,
+                  data.on_bad_record == "skip", "data.files" if data.val_files is None else "data.val_files")
+
+
 def read(data: TFRecord, seed: int, info: DataInfo | None = None) -> Read:
-    """The records of `data.files` (and `data.val_files`), parsed by TensorFlow."""
+    """The records of `data.files` (and `data.val_files`), parsed by TensorFlow (not called for a
+    stream: `chain.data.loader.load` asks `shards`)."""
     from chain.data import tensors
 
     return from_files(data, lambda path, key: tensors.records(data, path, key), "files", "val_files",
                       [name for name, _, _ in target_keys(data)])
 
 
-SOURCE = Source(TFRecord, describe, read)
+SOURCE = Source(TFRecord, describe, read, shards)

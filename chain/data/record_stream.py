@@ -1,0 +1,163 @@
+"""The `tf.data` stream of a streamed data set (`data.stream=true`, `chain.data.shards.Shards`):
+records read from their files while training, never gathered into NumPy.
+
+Training: the file names, shuffled per epoch from `seed`; their records read several files at a
+time (`interleave`, in parallel, in a deterministic order); each parsed; the examples shuffled in
+a buffer of `shuffle_buffer`, batched and prefetched. Host memory holds the buffers, not the data
+set. Every stage is checkpointable, so the iterator's state (file positions and the shuffle
+buffer's examples) goes into every checkpoint as the in-memory stream's does, and a resumed run
+sees the batches it would have seen.
+
+Bad records found mid-run (a missing feature, a feature with more or fewer values than declared)
+stop the run with one line naming the file and the record's number in it (`bad_record`, raised by
+`chain.training.run.Run.fit`), or, with `data.on_bad_record=skip`, are left out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import tensorflow as tf
+
+from chain.data.shards import Shards
+
+CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
+CHUNK_BYTES = 1 << 16  # records parsed in one op, up to this many input bytes: a parse per record would
+MAX_CHUNK = 256        # make the stream the bottleneck for small examples, large chunks cost memory
+
+
+def _chunk(shards: Shards) -> int:
+    """Records parsed in one op: 256 small ones, fewer large ones (64 KB of inputs at most)."""
+    return max(1, min(MAX_CHUNK, CHUNK_BYTES // (4 * math.prod(dict(shards.features)[shards.x][1]))))
+
+
+MARK = "chain-bad-record"  # starts the assertion's data, so the host finds it in TensorFlow's message
+END = "<end>"  # ends the assertion's reason, which may hold brackets itself
+_BAD = re.compile(MARK + r"\]\s*\[(.*?)\]\s*\[(\d+)\]\s*\[(.*?)" + END, re.S)
+
+
+def _numbered(chunk: int):
+    """path -> the records of that file in chunks of `chunk`, each with its file and its number in
+    the file (for error lines)."""
+    def records(path) -> tf.data.Dataset:
+        def number(k, rs):
+            n = tf.shape(rs, out_type=tf.int64)[0]
+            return tf.fill([n], path), k * chunk + tf.range(n), rs
+
+        return tf.data.TFRecordDataset(path).batch(chunk).enumerate().map(number)
+
+    return records
+
+
+def _declared(feature: tuple) -> str:
+    dtype, shape = feature
+    return dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
+
+
+def _parse_chunk(shards: Shards, skip: bool):
+    """A chunk of (files, numbers, serialized `tf.train.Example`s) -> (x, ys, ok) per record, parsed
+    in one op: every declared feature read with whatever number of values it holds, `ok` where each
+    holds as many as declared. Unless `skip`, a chunk with a bad record fails, naming the first one
+    (the reason is worked out only then: formatting it for every record would cost the stream)."""
+    features = dict(shards.features)
+    spec = {name: tf.io.VarLenFeature(tf.float32 if dtype == "float32" else tf.int64)
+            for name, (dtype, _) in features.items()}
+    want = {name: math.prod(shape) for name, (_, shape) in features.items()}
+
+    def parse(paths, numbers, records):
+        n = tf.shape(records)[0]
+        ex = tf.io.parse_example(records, spec)
+        counts = {name: tf.math.bincount(tf.cast(ex[name].indices[:, 0], tf.int32), minlength=n, maxlength=n)
+                  for name in spec}
+        ok = tf.reduce_all(tf.stack([tf.equal(counts[name], want[name]) for name in spec]), axis=0)
+
+        def fail():
+            first = tf.argmin(tf.cast(ok, tf.int32))
+            why = tf.strings.join([tf.where(tf.equal(counts[name][first], want[name]), "", tf.strings.join(
+                [f"feature {name} holds ", tf.strings.as_string(counts[name][first]),
+                 f" values, declared {_declared(features[name])}; "])) for name in spec] + [END])
+            with tf.control_dependencies([tf.debugging.Assert(False, [MARK, paths[first], numbers[first], why])]):
+                return tf.constant(False)
+
+        checked = [] if skip else [tf.cond(tf.reduce_all(ok), lambda: tf.constant(True), fail)]
+        with tf.control_dependencies(checked):
+            def dense(name):  # a bad record's values left out (it becomes zeros, then is filtered out)
+                sp = tf.sparse.retain(ex[name], tf.gather(ok, ex[name].indices[:, 0]))
+                sp = tf.SparseTensor(sp.indices, sp.values, tf.stack([tf.cast(n, tf.int64), want[name]]))
+                return tf.reshape(tf.sparse.to_dense(sp), [n, *features[name][1]])
+
+            x = tf.cast(dense(shards.x), tf.float32)
+            ys = {name: tf.cast(tf.reshape(dense(key), [n]), tf.int32 if classes else tf.float32)
+                  for name, key, classes in shards.targets}
+        return x, ys, ok
+
+    return parse
+
+
+def _examples(chunks: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -> tf.data.Dataset:
+    """Chunks of (files, numbers, records) -> examples (x float32, {target: int32 label or float32
+    value}); a bad record fails the stream naming its file and number, or (`skip`: a counter) is
+    counted and left out."""
+    examples = chunks.map(_parse_chunk(shards, skip is not None), num_parallel_calls=tf.data.AUTOTUNE,
+                                        deterministic=True).unbatch()
+    if skip is not None:
+        def keep(x, ys, ok):
+            with tf.control_dependencies([skip.assign_add(tf.cast(tf.logical_not(ok), tf.int64))]):
+                return tf.identity(ok)
+
+        examples = examples.filter(keep)
+        # The counter is state outside the stream: a checkpoint saves the stream without it (so a
+        # resumed run counts from 0 again), which tf.data refuses unless told.
+        options = tf.data.Options()
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        examples = examples.with_options(options)
+    return examples.map(lambda x, ys, ok: (x, ys))
+
+
+def bad_record(error: BaseException, shards: Shards) -> str | None:
+    """The one line for a bad record that stopped the stream of `shards` (naming the key whose glob
+    matched its file), or None when `error` is not one."""
+    key = "data.files" if shards.val_key == "data.files" else "data.files or data.val_files"
+    text = str(error)
+    found = _BAD.search(text)
+    if not found and (isinstance(error, tf.errors.DataLossError) or "Data types don't match" in text):
+        said = re.sub(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*|\s+", " ", text.splitlines()[0] if text else "").strip()
+        said = said[said.index("Key: "):] if "Key: " in said else said  # past tf.data's "Error in user-defined ..."
+        return (f"{key}: a record cannot be read ({said}): a damaged record, or a feature whose type is not the one "
+                "data.features declares; TensorFlow does not say in which file")
+    if not found:
+        return None
+    path, i, why = found.groups()
+    return (f"{shards.key(path)}: record {i} of {path} is not as data.features declares it: {why.strip().rstrip(';')} "
+            "(data.on_bad_record=skip leaves such records out)")
+
+
+def skip_counter(shards: Shards) -> tf.Variable | None:
+    """The count of bad records left out (`data.on_bad_record=skip`), or None when they stop the run."""
+    return tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_records") if shards.skip_bad else None
+
+
+def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.Variable | None = None
+             ) -> tf.data.Dataset:
+    """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
+    records are counted in `skipped` and left out (`skip_counter`), or stop it (None)."""
+    files = tf.data.Dataset.from_tensor_slices(list(shards.paths))
+    if shuffle:
+        files = files.shuffle(len(shards.paths), seed=seed, reshuffle_each_iteration=True)
+    chunks = files.repeat().interleave(_numbered(_chunk(shards)), cycle_length=min(CYCLE, len(shards.paths)), block_length=1,
+                                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    examples = _examples(chunks, shards, skipped)
+    if shuffle:
+        examples = examples.shuffle(shards.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return examples.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def validation(shards: Shards, batch: int, skipped: tf.Variable | None = None) -> tf.data.Dataset | None:
+    """The validation files' records once, in order, in batches of at most `batch`; None without any.
+    Bad records as for `training` (counted on every evaluation that reads them)."""
+    if not shards.val_paths:
+        return None
+    files = tf.data.Dataset.from_tensor_slices(list(shards.val_paths))
+    examples = _examples(files.flat_map(_numbered(_chunk(shards))), shards, skipped)
+    return examples.batch(batch).prefetch(tf.data.AUTOTUNE)

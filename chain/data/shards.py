@@ -1,0 +1,77 @@
+"""A data set streamed from files rather than loaded (`data.stream=true`): which files, how their
+records parse, and how many records each holds. No TensorFlow: the preparation pass makes it
+(`chain.data.sources.tfrecord_data.shards`) and `chain.data.record_stream` reads it.
+
+Validation without `data.val_files` holds out whole files, the last ones in sorted order: the
+same files on every run, never a random subset of records that would change between runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+from chain.data import files
+
+log = logging.getLogger("chain")
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Files streamed in a run: training `paths` and validation `val_paths` (empty: none), each
+    file's record count (`counts`, `val_counts`), the features to parse (`features`: name ->
+    (dtype, shape), as `data.features`), the input feature `x`, the targets as (name, feature,
+    classes), the shuffle buffer in examples and whether bad records are left out (`skip_bad`,
+    `data.on_bad_record=skip`) or stop the run; `val_key` is the key that names the validation
+    files (`data.val_files`, or `data.files` when they are held out of it)."""
+
+    paths: tuple[str, ...]
+    counts: tuple[int, ...]
+    val_paths: tuple[str, ...]
+    val_counts: tuple[int, ...]
+    features: tuple[tuple[str, tuple], ...]
+    x: str
+    targets: tuple[tuple[str, str, int], ...]
+    shuffle_buffer: int
+    skip_bad: bool = False
+    val_key: str = "data.files"
+
+    def key(self, path: str) -> str:
+        """The key whose glob matched `path` (for error lines)."""
+        return self.val_key if path in self.val_paths else "data.files"
+
+    @property
+    def examples(self) -> int:
+        """Training records in all the files."""
+        return sum(self.counts)
+
+    @property
+    def val_examples(self) -> int:
+        """Validation records in all the files."""
+        return sum(self.val_counts)
+
+
+def count(paths: list[str], key: str) -> tuple[int, ...]:
+    """The records of each file (`key` names the glob, for error lines), counted from the files'
+    framing, once per version of each file in this process; the pass is logged."""
+    fresh = [p for p in paths if (p, *_version(p)) not in _seen]
+    if fresh:
+        log.info("counting the records of %d file(s) of %s (a pass over their framing, once per file version)",
+                 len(fresh), key)
+    return tuple(_count(p, *_version(p), key) for p in paths)
+
+
+def _version(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_mtime_ns, st.st_size
+
+
+_seen: set[tuple] = set()
+
+
+@functools.lru_cache(maxsize=65536)
+def _count(path: str, mtime: int, size: int, key: str) -> int:
+    _seen.add((path, mtime, size))
+    return files.tfrecord_whole(path, key)
