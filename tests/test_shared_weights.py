@@ -50,22 +50,26 @@ def tied_embedding_model() -> keras.Model:
 
 @pytest.mark.parametrize("overrides", [
     ["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9", "pipeline.schedule=gpipe", "pipeline.microbatches=2"],
-    ["optim=adam", "optim.lr=0.05", "pipeline.schedule=1f1b", "pipeline.microbatches=4"],
-], ids=["gpipe-sgd-M2", "1f1b-adam-M4"])
+    ["optim=adam", "optim.lr=0.05", "pipeline.schedule=1f1b", "pipeline.microbatches=4", "optim.clip_global_norm=0.01"],
+], ids=["gpipe-sgd-M2", "1f1b-adam-M4-clipped"])
 def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(overrides):
     run = chain.build(chain.compose(["mode=e2e", *RUN, *overrides]), model=tied_embedding_model())
     copies = [v for s in run.stages for v in s.trainable_variables if v.path == "embed/embeddings"]
     assert [len(s.shared) for s in run.stages] == [1, 1] and len(copies) == 2  # one copy per stage ...
     assert [canonical(c.value.device) for c in copies] == [s.device for s in run.stages]  # ... on its device
     reference = tied_embedding_model()
-    reference.compile(optimizer=type(run.stages[0].optimizer).from_config(run.stages[0].optimizer.get_config()),
+    clip = run.settings.stages[0].optim.clip_global_norm  # the tied weight counts once in the global norm
+    config = {**run.stages[0].optimizer.get_config(), "global_clipnorm": clip}
+    reference.compile(optimizer=type(run.stages[0].optimizer).from_config(config),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     start = {v.path: v.numpy() for v in reference.trainable_variables}
     rng = np.random.default_rng(0)
     for _ in range(3):
         x = rng.integers(0, 4, (16, 6)).astype("float32")
         y = rng.integers(0, 4, 16).astype("int32")
-        np.testing.assert_allclose(run.step(x, {"label": y})["loss"], reference.train_on_batch(x, y), rtol=RTOL)
+        got = run.step(x, {"label": y})
+        np.testing.assert_allclose(got["loss"], reference.train_on_batch(x, y), rtol=RTOL)
+        assert clip is None or got["grad_norm"] > clip  # the clipping triggers
     want = {v.path: v.numpy() for v in reference.trainable_variables}
     for s in run.stages:
         for v in s.trainable_variables:
