@@ -1,47 +1,90 @@
-"""A weight shared by two layers of a cut model, or by two stages, is refused in one line: never
-silently untied (two copies training apart) nor updated twice a step by two stages' optimizers.
-(Training such models with one copy per owning stage and summed gradients is not built yet.)"""
+"""Weights shared by several stages. A model cut into stages whose later layer reuses an earlier
+layer's weight (a tied embedding) trains with one copy per stage holding it, the copies'
+gradients summed before each update (`chain.steps.tied`): equal to the uncut model trained by
+Keras on one device, copies identical. What is still refused is refused in one line: a layer
+object two stage builders share (never silently untied, nor updated twice a step by two stages'
+optimizers), and a tied weight across stages under a strategy whose step does not sum it."""
 
 from __future__ import annotations
 
 import keras
+import numpy as np
 import pytest
 
 import chain
+from compare import rel_diff
 from chain.errors import ConfigError
+from chain.planning.devices import canonical
 
 L = keras.layers
-RUN = ["mode=e2e", "+stages=2", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64",
+RUN = ["+stages=2", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64",
        "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]
+RTOL = 1e-5
 
 
 class TiedReadout(L.Layer):
-    """Logits from the embedding's own matrix (a tied embedding): it holds the Embedding layer."""
+    """Logits from the embedding's own matrix (a tied embedding): it holds the Embedding layer, which
+    its config leaves out (the cut binds the stage's copy of it)."""
 
     def __init__(self, embedding=None, **kwargs):
         super().__init__(**kwargs)
         self.embedding = embedding
+
+    def get_config(self):
+        return super().get_config()
 
     def call(self, h):
         return h @ keras.ops.transpose(self.embedding.embeddings)
 
 
 def tied_embedding_model() -> keras.Model:
+    """Token ids (as floats: Embedding casts them) -> embedding, mean, Dense -> logits through the
+    embedding's matrix: cut 2 + 2, the matrix is used on both stages."""
     keras.utils.set_random_seed(2)
-    x = keras.Input((6,), dtype="int32")
+    x = keras.Input((6,))
     embedding = L.Embedding(4, 8, name="embed")
     h = L.GlobalAveragePooling1D(name="pool")(embedding(x))
     h = L.Dense(8, activation="tanh", name="mix")(h)
     return keras.Model(x, TiedReadout(embedding, name="tied")(h), name="tied_lm")
 
 
-def test_a_cut_model_with_a_tied_embedding_is_refused_in_one_line():
+@pytest.mark.parametrize("overrides", [
+    ["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9", "pipeline.schedule=gpipe", "pipeline.microbatches=2"],
+    ["optim=adam", "optim.lr=0.05", "pipeline.schedule=1f1b", "pipeline.microbatches=4", "optim.clip_global_norm=0.01"],
+], ids=["gpipe-sgd-M2", "1f1b-adam-M4-clipped"])
+def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(overrides):
+    run = chain.build(chain.compose(["mode=e2e", *RUN, *overrides]), model=tied_embedding_model())
+    copies = [v for s in run.stages for v in s.trainable_variables if v.path == "embed/embeddings"]
+    assert [len(s.shared) for s in run.stages] == [1, 1] and len(copies) == 2  # one copy per stage ...
+    assert [canonical(c.value.device) for c in copies] == [s.device for s in run.stages]  # ... on its device
+    reference = tied_embedding_model()
+    clip = run.settings.stages[0].optim.clip_global_norm  # the tied weight counts once in the global norm
+    config = {**run.stages[0].optimizer.get_config(), "global_clipnorm": clip}
+    reference.compile(optimizer=type(run.stages[0].optimizer).from_config(config),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    start = {v.path: v.numpy() for v in reference.trainable_variables}
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.integers(0, 4, (16, 6)).astype("float32")
+        y = rng.integers(0, 4, 16).astype("int32")
+        got = run.step(x, {"label": y})
+        np.testing.assert_allclose(got["loss"], reference.train_on_batch(x, y), rtol=RTOL)
+        assert clip is None or got["grad_norm"] > clip  # the clipping triggers
+    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    for s in run.stages:
+        for v in s.trainable_variables:
+            assert rel_diff(v.numpy(), want[v.path]) <= RTOL, v.path
+    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())  # the copies stay identical
+    assert rel_diff(want["embed/embeddings"], start["embed/embeddings"]) > 100 * RTOL  # training moved it
+
+
+def test_a_tied_weight_across_stages_is_refused_in_one_line_where_the_step_does_not_sum_it():
     with pytest.raises(ConfigError) as e:
-        chain.build(chain.compose(RUN), model=tied_embedding_model())
+        chain.build(chain.compose(["mode=local", *RUN]), model=tied_embedding_model())
     assert str(e.value) == (
-        "tied_lm: layers 'embed' and 'tied' share the variable 'embed/embeddings' (a tied weight); a model cut into "
-        "stages cannot share a weight between layers yet (each layer is re-created on its stage, which would untie "
-        "them): untie it, or train the model uncut")
+        "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e with "
+        "one pipeline (a device per stage, placement.replicas=1) sums its copies' gradients, not PipelinedLocal: "
+        "use mode=e2e, or cut the model so one stage holds every layer using it")
 
 
 def test_a_layer_two_stage_builders_share_is_refused_in_one_line():
@@ -54,7 +97,7 @@ def test_a_layer_two_stage_builders_share_is_refused_in_one_line():
         return [shared, L.Dense(4)]
 
     with pytest.raises(ConfigError) as e:
-        chain.build(chain.compose(RUN), stages=[first, second])
+        chain.build(chain.compose(["mode=e2e", *RUN]), stages=[first, second])
     assert str(e.value).startswith("stage 1 (") and "uses the variable 'stage_00/shared/kernel' of stage 0; a weight shared " \
         "by two stages is not supported yet" in str(e.value)
     assert "\n" not in str(e.value)

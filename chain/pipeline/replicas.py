@@ -64,6 +64,8 @@ def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name
 class ReplicatedChain(PipelinedChain):
     """mode=e2e on `placement.grid`: R copies of the pipeline, each its share of every batch."""
 
+    shared_weights = False  # copies of a pipeline: a tied weight's sum across copies is not built
+
     name = REPLICATED
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):

@@ -83,6 +83,7 @@ from chain.steps.forward import chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
+from chain.steps.tied import repeated, sum_shared
 from chain.steps.update import shared_outcomes, stage_update, unscale
 
 
@@ -392,10 +393,11 @@ def finish(stages: Sequence[Stage], schedule: Schedule, updates: Sequence[Callab
             if deferred:  # the moving statistics' one update, from every microbatch of the step
                 deferred.update(s)
         scopes.append(scope)
+    grads = sum_shared(stages, grads)  # a weight several stages hold: every copy gets the summed gradient
     outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
     norm = None
     if clip_global_norm is not None:  # after unscaling and the overflow decision, before the updates
-        grads, norm = clip_global(stages, grads, clip_global_norm, stages[last].device)
+        grads, norm = clip_global(stages, grads, clip_global_norm, stages[last].device, repeated(stages))
     values = []
     for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
         # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.

@@ -27,6 +27,8 @@ from chain.strategies.pipelined import Pipelined
 class PipelinedChain(ChainObjective, Pipelined):
     """mode=e2e, pipelined: `pipeline.schedule` over `pipeline.microbatches` per batch."""
 
+    shared_weights = True  # the step sums a tied weight's copies' gradients (`chain.steps.tied`)
+
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         self.schedule = pipeline_schedule(settings)  # a built-in one, or pipeline.schedule_file's
         super().__init__(settings, placement, info, **bodies)

@@ -18,6 +18,7 @@ from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError
 from chain.stages import precision
 from chain.stages.bodies import Body, check_prediction
+from chain.stages.cut import Piece
 from chain.stages.loss_scale import LossScale
 from chain.stages.stage import Stage, stage_name
 
@@ -121,8 +122,9 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
             # mode=e2e (`readout`): one loss for the chain, whose step clips by the chain's global norm
             optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}", global_clip=not readout)
             loss_scale = LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}") if scaled else None
+            shared = bodies[k].shared if isinstance(bodies[k], Piece) else ()  # a cut model's tied weights
             stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale,
-                          label=labels[k] if labels else None)
+                          label=labels[k] if labels else None, shared=shared)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
         shape = out_shape
@@ -133,7 +135,7 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
 def refuse_shared_variables(stages: Sequence[Stage]) -> None:
     """A ConfigError if one variable belongs to two stages (a layer object a user's builders put in
     both): it lives on one device, and each stage's optimizer would update it, twice a step.
-    Weights shared across stages are not supported yet."""
+    (A cut model's tied weight is different: each stage holding it gets its own copy, `Stage.shared`.)"""
     owner: dict[int, int] = {}
     for s in stages:
         head = s.head.variables if s.head is not None else []

@@ -1,8 +1,7 @@
 """One Keras model cut into stages: where it may be cut, how to cut it, and stage bodies that
 compute exactly what its layers computed.
 
-A model (Sequential or functional, one input, one output, no layer called twice, no variable
-held by two layers: shared weights are refused, not silently untied) may be cut
+A model (Sequential or functional, one input, one output, no layer called twice) may be cut
 before layer c only where one tensor crosses between the layers before c and the layers from
 c on. What happens inside a stage is free: skips, branches, a layer taking several tensors
 (`MultiHeadAttention()(x, x)`), a layer with several outputs. A cut that more than one tensor
@@ -13,6 +12,12 @@ device scope, replays the model's own calls among them (the graph's nodes, with 
 arguments) from the tensor crossing into the stage to the one crossing out, and copies their
 weights, so the stages together compute the original model's function exactly (the chain's
 predictions equal `model.predict` before training).
+
+A variable two layers hold (a tied weight: a custom layer holding the Embedding layer whose
+matrix it reuses) is re-created once per stage that uses it: the re-created later layer gets
+its stage's copy of the first holder (the clone on the same stage, or a copy made on its stage's
+device), bound to the same attribute. Every copy starts from the model's values; each stage
+lists its copies (`Stage.shared`), and the pipeline step sums their gradients (`chain.steps.tied`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import keras
 from chain.errors import ConfigError, first_line
 from chain.planning import balance
 from chain.stages.bodies import Body
+from chain.stages.stage import SharedCopy
 
 
 @dataclass
@@ -47,6 +53,7 @@ class Cuttable:
     allowed: list[int]
     boundary: dict[int, Any]
     blocked: dict[int, str] = field(default_factory=dict)  # cut position -> why it is not allowed
+    tied: dict[int, int] = field(default_factory=dict)  # id(variable two layers hold) -> its first holder's index
 
     def params(self) -> list[int]:
         """Trainable parameters of each layer."""
@@ -83,19 +90,17 @@ def _calls(graph: keras.Model) -> dict[int, list[Any]]:
     return calls
 
 
-def _refuse_shared_weights(layers: Sequence[keras.layers.Layer], name: str) -> None:
-    """A ConfigError if two layers hold the same variable (a tied weight, e.g. an embedding reused by
-    the read-out through a custom layer): each layer is re-created from its config on its stage,
-    so the two would silently get two copies that train apart."""
-    owner: dict[int, keras.layers.Layer] = {}
-    for layer in layers:
+def _tied(layers: Sequence[keras.layers.Layer]) -> dict[int, int]:
+    """id(variable) -> the index of the first layer holding it, for every variable two layers hold
+    (a tied weight, e.g. an embedding whose matrix a custom read-out layer also uses)."""
+    owner: dict[int, int] = {}
+    tied: dict[int, int] = {}
+    for i, layer in enumerate(layers):
         for v in layer.weights:
-            first = owner.setdefault(id(v), layer)
-            if first is not layer:
-                raise ConfigError(f"{name}: layers {first.name!r} and {layer.name!r} share the variable {v.path!r} (a tied "
-                                  "weight); a model cut into stages cannot share a weight between layers yet (each "
-                                  "layer is re-created on its stage, which would untie them): untie it, or train the "
-                                  "model uncut")
+            first = owner.setdefault(id(v), i)
+            if first != i:
+                tied[id(v)] = first
+    return tied
 
 
 def analyse(model: keras.Model, name: str) -> Cuttable:
@@ -117,7 +122,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
             raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
                               "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
         nodes.append(found[0])
-    _refuse_shared_weights(layers, name)
+    tied = _tied(layers)
     made: dict[int, tuple[int, int]] = {id(graph.inputs[0]): (-1, 0)}  # id(tensor) -> (producer, its output k)
     tensors = {id(graph.inputs[0]): graph.inputs[0]}
     last_use: dict[int, tuple[int, str]] = {}  # id(tensor) -> (its last consumer, that consumer's name)
@@ -151,7 +156,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
     allowed = [c for c in range(1, len(layers)) if c not in blocked]
     boundary = {0: graph.inputs[0], len(layers): out, **{c: tensors[crossing[c][0]] for c in allowed}}
     shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked)
+    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied)
 
 
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
@@ -214,31 +219,97 @@ def _clone(c: Cuttable, layer: keras.layers.Layer, policy: Any) -> keras.layers.
                           "get_config() must return its constructor's arguments)") from None
 
 
-def piece(c: Cuttable, start: int, end: int, last_policy: Any = None) -> Body:
-    """The body of the stage holding layers [start, end) of `c` (both allowed cut points).
+def _holder_copy(c: Cuttable, owner: int, policy: Any) -> keras.layers.Layer:
+    """A copy of layer `owner` made on the current stage's device, built and with its weights: what a
+    stage without that layer holds in its place for a later layer that uses its weights."""
+    layer = c.layers[owner]
+    copy = _clone(c, layer, policy)
+    copy.build_from_config(layer.get_build_config())
+    copy.set_weights(layer.get_weights())
+    return copy
+
+
+def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, holder: Any) -> None:
+    """Bind `clone`'s attributes that hold an earlier layer (or that layer's variable) in `layer` to
+    the stage's copy of it, `holder(index)`."""
+    index = {id(x): i for i, x in enumerate(c.layers)}
+    for attr, value in list(vars(layer).items()):
+        if isinstance(value, keras.layers.Layer) and c.tied and index.get(id(value), -1) in c.tied.values():
+            setattr(clone, attr, holder(index[id(value)]))
+        elif isinstance(value, keras.Variable) and c.layers[c.tied.get(id(value), 0)] is not layer \
+                and id(value) in c.tied:  # a variable of an earlier layer (not the layer's own)
+            owner = c.tied[id(value)]
+            copy = holder(owner)
+            setattr(clone, attr, copy.weights[[id(w) for w in c.layers[owner].weights].index(id(value))])
+
+
+def _check_retied(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, holder: Any) -> None:
+    """A ConfigError unless each variable `layer` shares with an earlier layer is, in `clone`, the
+    stage's copy of that variable."""
+    mine = [id(w) for w in clone.weights]
+    for i, v in enumerate(layer.weights):
+        owner = c.tied.get(id(v))
+        if owner is None or c.layers[owner] is layer:
+            continue
+        copy = holder(owner)
+        want = copy.weights[[id(w) for w in c.layers[owner].weights].index(id(v))]
+        if len(mine) != len(layer.weights) or mine[i] != id(want):
+            raise ConfigError(f"{c.name}: layers {c.layers[owner].name!r} and {layer.name!r} share the variable "
+                              f"{v.path!r} (a tied weight), but {layer.name!r} does not hold it as an attribute "
+                              f"naming {c.layers[owner].name!r} or its variable, so the cut cannot re-create the tie "
+                              "on a stage: hold the layer itself as an attribute (self.embedding = embedding)")
+
+
+class Piece:
+    """The body of the stage holding layers [start, end) of `c` (both allowed cut points), a `Body`.
 
     Called inside the stage's device scope on the shape crossing into it: re-creates each
     layer (in the stage's dtype policy; the model's last layer in `last_policy`, float32 by
-    default, as the chain's read-outs are), replays the model's calls among them, copies
-    their weights.
+    default, as the chain's read-outs are), re-binds tied weights to the stage's copies,
+    replays the model's calls among them, copies their weights. After the call, `shared`
+    holds the stage's copies of the model's tied weights.
     """
-    def body(input_shape: tuple, policy: Any, name: str) -> keras.Model:
+
+    def __init__(self, c: Cuttable, start: int, end: int, last_policy: Any = None):
+        self.c, self.start, self.end, self.last_policy = c, start, end, last_policy
+        self.shared: tuple[SharedCopy, ...] = ()
+
+    def __call__(self, input_shape: tuple, policy: Any, name: str) -> keras.Model:
+        c, start, end = self.c, self.start, self.end
         inp = keras.Input(tuple(input_shape))
         made = {id(c.boundary[start]): inp}  # id(the model's tensor) -> its tensor in the new model
-        clones = []
+        clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
+        copies: dict[int, keras.layers.Layer] = {}  # layer index -> this stage's copy of it
+
+        def holder(owner: int) -> keras.layers.Layer:
+            if owner not in copies:  # a holder on an earlier stage: its copy, made here
+                copies[owner] = _holder_copy(c, owner, policy)
+            return copies[owner]
+
         for i in range(start, end):
             layer, node = c.layers[i], c.nodes[i]
-            clone = _clone(c, layer, last_policy if i == len(c.layers) - 1 else policy)
+            clone = _clone(c, layer, self.last_policy if i == len(c.layers) - 1 else policy)
+            copies[i] = clone
+            _retie(c, layer, clone, holder)
             args, kwargs = node.arguments.fill_in(made)  # the call's own arguments, tensors replaced
             outputs = keras.tree.flatten(clone(*args, **kwargs))
             made.update({id(t): y for t, y in zip(node.outputs, outputs)})
+            _check_retied(c, layer, clone, holder)
             clones.append((clone, layer))
         model = keras.Model(inp, made[id(c.boundary[end])], name=name)
+        shared: dict[str, SharedCopy] = {}
         for clone, layer in clones:
             clone.set_weights(layer.get_weights())
+            for v, copy in zip(layer.weights, clone.weights):
+                if id(v) in c.tied:
+                    shared.setdefault(v.path, SharedCopy(v.path, copy))
+        self.shared = tuple(shared.values())
         return model
 
-    return body
+
+def piece(c: Cuttable, start: int, end: int, last_policy: Any = None) -> Body:
+    """The body of the stage holding layers [start, end) of `c` (`Piece`)."""
+    return Piece(c, start, end, last_policy)
 
 
 def pieces(c: Cuttable, sizes: Sequence[int]) -> list[Body]:

@@ -19,6 +19,16 @@ def stage_name(index: int) -> str:
     return f"stage_{index:02d}"
 
 
+@dataclass(frozen=True)
+class SharedCopy:
+    """A stage's copy of a weight several stages hold (a tied weight of a model cut into stages):
+    `name` is the model's variable path, the same on every stage holding a copy; `variable` is
+    this stage's copy, on its device (`chain.steps.tied` sums the copies' gradients)."""
+
+    name: str
+    variable: tf.Variable
+
+
 @dataclass
 class Stage:
     """One stage of the chain, bound to `device`.
@@ -29,6 +39,7 @@ class Stage:
     only) is the stage's copy of its dynamic loss scale (`chain.stages.loss_scale`).
     `spec` is the stage's validated settings (`chain.config.schema.StageSpec`); `label`
     describes a body that is not the chain's own (a builder, a piece of a cut model).
+    `shared`: its copies of weights that other stages hold too (a cut model's tied weights).
     """
 
     index: int
@@ -41,6 +52,7 @@ class Stage:
     skipped: tf.Variable | None = None
     loss_scale: LossScale | None = None
     label: str | None = None
+    shared: tuple[SharedCopy, ...] = ()
 
     def __post_init__(self) -> None:
         # Updates dropped by the numerics guard. A variable (not a Python int) so the

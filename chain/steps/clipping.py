@@ -15,7 +15,7 @@ the all-reduce, with gradient accumulation the accumulated sum.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Set
 
 import tensorflow as tf
 
@@ -36,15 +36,17 @@ def factor(norm: tf.Tensor, clip: float) -> tf.Tensor:
 
 
 def clip_global(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]], clip: float,
-                device: str | None) -> tuple[list[list[tf.Tensor | None]], tf.Tensor]:
+                device: str | None, repeated: Set[tuple[int, int]] = frozenset()
+                ) -> tuple[list[list[tf.Tensor | None]], tf.Tensor]:
     """Every stage's gradients scaled by the factor of their global norm (`clip`, see the module
     doc), and that norm (on `device`, where it is computed: None in a mirrored run, whose stages
-    have no device)."""
+    have no device). `repeated`: (stage, position) of gradients left out of the norm (the second
+    and later copies of a weight several stages hold, `chain.steps.tied`: one weight counts once)."""
     with tf.name_scope("clip_global_norm"):
         sums = []
         for s, g in zip(stages, grads):
             with tf.device(s.device):
-                own = squared_sum(g)
+                own = squared_sum([None if (s.index, i) in repeated else x for i, x in enumerate(g)])
             sums.append(own if s.device == device else copy_to(own, device, f"squared_sum_s{s.index}"))
         with tf.device(device):
             norm = tf.sqrt(tf.add_n(sums), name="global_norm")

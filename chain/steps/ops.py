@@ -3,7 +3,7 @@ a batch, gradient sums."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 
@@ -26,10 +26,15 @@ def chunks(t: tf.Tensor, n: int) -> list[tf.Tensor]:
 
 
 def add_grads(acc: list | None, grads: Sequence) -> list:
-    """Accumulate `grads` into `acc` elementwise (None: no gradient so far)."""
+    """Accumulate `grads` into `acc` elementwise (None: no gradient so far). An embedding's gradient
+    (IndexedSlices, which has no `+`) is summed as a dense tensor."""
     if acc is None:
         return list(grads)
-    return [g if a is None else a if g is None else a + g for a, g in zip(acc, grads)]
+    return [g if a is None else a if g is None else _dense(a) + _dense(g) for a, g in zip(acc, grads)]
+
+
+def _dense(g: Any) -> Any:
+    return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
 
 
 def after(grads: list | None) -> list[tf.Tensor]:

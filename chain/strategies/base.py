@@ -26,6 +26,7 @@ from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summ
 from chain.stages import losses
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
+from chain.steps import tied
 from chain.steps.report import Layout
 from chain.steps.evaluate import Readout, evaluation
 
@@ -68,6 +69,7 @@ class Strategy:
     chained: bool = True  # stage k takes stage k-1's output (False: every stage takes the data)
     steps_in_one_call: bool = True  # False: `call_many` calls one step at a time (`_call_each`)
     schedule = None
+    shared_weights: bool = False  # True: its step sums the gradients of a weight several stages hold
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, bodies: Sequence | None = None,
                  labels: Sequence[str | None] | None = None):
@@ -92,6 +94,7 @@ class Strategy:
         stages = build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,
                               precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
                               bodies=self.bodies, labels=self.labels, chained=self.chained, seed=s.seed)
+        self._refuse_shared_weights(stages)
         parts = self.parts()
         if parts is not None:
             for stage, body in zip(stages, self.bodies or [None] * len(stages)):
@@ -102,6 +105,18 @@ class Strategy:
             self.placement.notes.append(f"the loss of stage(s) {', '.join(with_terms)} includes their regularizers "
                                         "(model.losses), as Keras' fit: the logged loss is the loss plus these terms")
         return stages
+
+    def _refuse_shared_weights(self, stages: Sequence[Stage]) -> None:
+        """A ConfigError if two stages hold copies of one weight (a cut model's tied weight) and this
+        strategy's step does not sum their gradients (only mode=e2e's pipeline step does)."""
+        found = tied.groups(stages)
+        if found and not self.shared_weights:
+            name, copies = next(iter(found.items()))
+            (a, _), (b, _) = copies[:2]
+            raise ConfigError(f"stages {a} and {b} both use the weight {name!r} (a tied weight of the cut model); only "
+                              f"mode=e2e with one pipeline (a device per stage, placement.replicas=1) sums its copies' "
+                              f"gradients, not {type(self).__name__}: use mode=e2e, or cut the model so one stage "
+                              "holds every layer using it")
 
     def parts(self) -> str | None:
         """How a device splits a batch to compute a stage's loss (its chunks), or None when it

@@ -1,0 +1,64 @@
+"""Weights several stages hold (a cut model's tied weights): their copies' gradients summed.
+
+A model cut into stages whose later layer reuses an earlier layer's variable (a tied
+embedding: the input Embedding's matrix as the read-out's projection) gets one copy of that
+variable on every stage using it (`chain.stages.cut`, `Stage.shared`); the copies start
+equal. On one device the variable's gradient is the sum of what its uses contribute, so
+before the updates each copy's (unscaled) gradient crosses to the first holder's device, the
+sum is taken there and sent back, and every stage applies that same sum with its own
+optimizer, whose slots started equal too: every copy takes the identical update and the
+copies stay identical. The global norm (`chain.steps.clipping`) counts the variable once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from chain.stages.stage import Stage
+from chain.steps.ops import copy_to
+
+
+def groups(stages: Sequence[Stage]) -> dict[str, list[tuple[int, int]]]:
+    """Each weight held by two or more stages (by its path in the model) -> its copies' (stage index,
+    position in that stage's `trainable_variables`), first holder first."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for s in stages:
+        position = {id(v): i for i, v in enumerate(s.trainable_variables)}
+        for copy in s.shared:
+            if id(copy.variable) in position:
+                found.setdefault(copy.name, []).append((s.index, position[id(copy.variable)]))
+    return {name: g for name, g in found.items() if len(g) > 1}
+
+
+def repeated(stages: Sequence[Stage]) -> set[tuple[int, int]]:
+    """The copies after each weight's first: left out of the global norm, which counts a weight once."""
+    return {c for g in groups(stages).values() for c in g[1:]}
+
+
+def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]]
+               ) -> list[list[tf.Tensor | None]]:
+    """`grads` (per stage, in `trainable_variables` order) with every shared weight's copies given
+    the sum of their gradients: summed on the first holder's device, the sum copied back."""
+    out = [list(g) for g in grads]
+    found = groups(stages)
+    if not found:
+        return out
+    with tf.name_scope("shared_weights"):
+        for n, group in enumerate(found.values()):
+            home = stages[group[0][0]].device
+            parts = []
+            for k, i in group:
+                if out[k][i] is None:
+                    continue
+                with tf.device(stages[k].device):  # an embedding's gradient may be IndexedSlices
+                    g = tf.convert_to_tensor(out[k][i])
+                parts.append(g if stages[k].device == home else copy_to(g, home, f"shared{n}_s{k}"))
+            if not parts:
+                continue
+            with tf.device(home):
+                total = tf.add_n(parts)
+            for k, i in group:
+                out[k][i] = total if stages[k].device == home else copy_to(total, stages[k].device, f"shared{n}_sum_s{k}")
+    return out
