@@ -21,6 +21,7 @@ import re
 import tensorflow as tf
 
 from chain.data.shards import Shards
+from chain.errors import first_line
 
 CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
 CHUNK_BYTES = 1 << 16  # records parsed in one op, up to this many input bytes: a parse per record would
@@ -122,7 +123,7 @@ def bad_record(error: BaseException, shards: Shards) -> str | None:
     text = str(error)
     found = _BAD.search(text)
     if not found and (isinstance(error, tf.errors.DataLossError) or "Data types don't match" in text):
-        said = re.sub(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*|\s+", " ", text.splitlines()[0] if text else "").strip()
+        said = re.sub(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*|\s+", " ", first_line(error, typed=False)).strip()
         said = said[said.index("Key: "):] if "Key: " in said else said  # past tf.data's "Error in user-defined ..."
         return (f"{key}: a record cannot be read ({said}): a damaged record, or a feature whose type is not the one "
                 "data.features declares; TensorFlow does not say in which file")
