@@ -9,6 +9,7 @@ the planning `pipeline_devices`.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from chain.config.device_names import canonical
@@ -29,16 +30,23 @@ def pipeline_schedule(s: Settings) -> schedules.Schedule:
                           "give a CSV (one row per device, cells like F3, B3, W3), or a built-in schedule: "
                           f"{', '.join(schedules.NAMES)}")
     path = files.existing(p.schedule_file, "pipeline.schedule_file")
-    try:
-        schedule = schedule_file.read(path, n_stages, p.microbatches)
-    except schedule_file.ScheduleFileError as e:
-        raise ConfigError(f"pipeline.schedule_file={path!r} {e}") from None
+    schedule = _read(path, os.stat(path).st_mtime_ns, n_stages, p.microbatches)
     d = schedule.devices
     if schedule.placement and any(schedule.row(k) != k % d for k in range(n_stages)):
         k = next(k for k in range(n_stages) if schedule.row(k) != k % d)
         raise ConfigError(f"pipeline.schedule_file={path!r} runs stage {k} on row {schedule.row(k) + 1}: stages share "
                           f"devices only as interleaved stages do, stage k on row (k mod {d}) + 1")
     return schedule
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, version: int, n_stages: int, microbatches: int) -> schedules.Schedule:
+    """A schedule file read and checked once per version of the file (`version`: its mtime): the
+    preparation pass, the planning and the strategy all ask for it."""
+    try:
+        return schedule_file.read(path, n_stages, microbatches)
+    except schedule_file.ScheduleFileError as e:
+        raise ConfigError(f"pipeline.schedule_file={path!r} {e}") from None
 
 
 def pipeline_devices(s: Settings) -> int | None:

@@ -339,9 +339,8 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                             tape, out, _, scaled_reg, _ = replay(s.model, out, lambda: taped(k, h, m))
                         variables = s.trainable_variables
                         sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx
-                        if scaled_reg is not None:  # the stage's own term starts its backward too
-                            out, g = [out, scaled_reg], [g, tf.ones_like(scaled_reg)]
-                        grads = tape.gradient(out, sources, output_gradients=g)
+                        targets, start = _seeds(out, g, scaled_reg)  # the stage's own term starts it too
+                        grads = tape.gradient(targets, sources, output_gradients=start)
                         if k > 0:
                             input_grads[(k, m)] = grads[0]
                             grads = grads[1:]
