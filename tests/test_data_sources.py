@@ -185,6 +185,11 @@ def test_digits_are_what_the_catalog_says():
     ds = load(chain.compose([]).data, 0)
     assert ds.x.shape[1:] == DIGITS_SHAPE and len(ds.x) + len(ds.val_x) == DIGITS_EXAMPLES
     assert len(ds.val_x) == 180  # data.val_fraction unset: 0.1 held out
+    x = np.concatenate([ds.x, ds.val_x])
+    assert set(np.unique(x * 16.0)) == set(range(17))  # pixel counts 0..16, scaled to [0, 1]
+    labels = np.concatenate([ds.y["label"], ds.val_y["label"]])
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]  # UCI's test set
+    assert (np.concatenate([ds.y["parity"], ds.val_y["parity"]]) == labels % 2).all()
 
 
 BAD = {
