@@ -86,7 +86,7 @@ def _time_piece(model: keras.Model, x: tf.Tensor, device: str, overhead: float) 
 def _overhead(device: str, x: tf.Tensor) -> float:
     """A call's own cost: a call that passes its input through nothing (paid once per step in
     training, not once per piece)."""
-    @tf.function
+    @tf.function(autograph=False)
     def nothing(x):
         with tf.device(device):
             return tf.identity(x)

@@ -62,6 +62,7 @@ def evaluation(stages: Sequence[Stage], readouts: Sequence[Readout], chained: bo
     """`evaluate(dataset) -> [{"loss": mean, "accuracy" | "mae": mean} per read-out]` over every
     batch `(x, {target: y})` of `dataset` (finite); `chained=False`: every stage takes `x`."""
 
+    @tf.autograph.experimental.do_not_convert  # only `totals` loops over a dataset (see set_step)
     def batch(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], ...]:
         out = forward(stages, x, chained)
         regs = {}  # each stage's regularization of this batch's call (Keras' evaluate adds it too)

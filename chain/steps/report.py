@@ -88,7 +88,7 @@ def repeat(body: Callable, layout: Layout, stop_on_skip: bool) -> Callable:
     """
     skipped = list(layout.skipped)
 
-    @tf.function
+    @tf.function(autograph=False)  # the loop is an explicit tf.while_loop
     def steps(iterator, n):
         def more(i, stop, rows):
             return tf.logical_and(i < n, tf.logical_not(stop))

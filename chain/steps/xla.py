@@ -40,7 +40,7 @@ def stage_function(fn: Callable, jit_compile: bool, name: str) -> Callable:
     import tensorflow as tf
 
     fn.__name__ = name
-    return tf.function(fn, jit_compile=True)
+    return tf.function(fn, jit_compile=True, autograph=False)
 
 
 def forward_name(stage: int) -> str:

@@ -133,7 +133,9 @@ class Strategy:
         """Use `body` (traceable: one step, inside `repeat`'s loop too) as the step, dropping every
         trace and compiled loop made from the one before."""
         self.body = body
-        self.step_fn = tf.function(body)
+        # autograph=False: the steps' Python control flow is over Python values (unrolled on purpose);
+        # converting them cost about 2 s of CPU per process, a fifth of a short run.
+        self.step_fn = tf.function(body, autograph=False)
         self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
         self._multi: Callable | None = None
 

@@ -72,7 +72,7 @@ class SideBySide(LocalObjective):
 
     def _model_steps(self) -> list[Callable | None]:
         jit = self.settings.trainer.jit_compile
-        return [None if p else tf.function(model_step(s, b, jit))
+        return [None if p else tf.function(model_step(s, b, jit), autograph=False)
                 for s, b, p in zip(self.stages, self.batch_sizes, self.paused)]
 
     def call(self, x: Any, ys: dict[str, Any]) -> Any:
