@@ -76,7 +76,9 @@ def worker(a: argparse.Namespace) -> None:
     if None in peaks or (all(memory.scope(d) == "process" for d in devices) and len(set(peaks)) != 1):
         raise SystemExit(f"expected a peak per device (one process-wide figure on CPU), got {peaks}")
     params = sum(s.params for s in run.stages)
-    print(json.dumps({"peak_bytes": max(peaks), "stage_peaks": peaks, "seconds_per_step": seconds, "params": params}))
+    estimate = [f.total for f in run.placement.footprints]  # chain.planning.footprint, before training
+    print(json.dumps({"peak_bytes": max(peaks), "stage_peaks": peaks, "seconds_per_step": seconds, "params": params,
+                      "estimate_bytes": sum(estimate), "stage_estimates": estimate}))
 
 
 def paired_times(a: argparse.Namespace) -> None:
