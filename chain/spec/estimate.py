@@ -46,8 +46,14 @@ def held(s: Settings) -> list[int]:
 
 def footprints(s: Settings, info: DataInfo, placement: Placement) -> list[Footprint | None]:
     """Each stage's estimated peak for `s` planned as `placement` (its per-replica batch)."""
+    return from_costs(s, placement, stage_costs(s, info))
+
+
+def from_costs(s: Settings, placement: Placement, costs: list[StageCost | None]) -> list[Footprint | None]:
+    """Each stage's estimated peak from its `StageCost` (the config's, or a cut model's layers'), for
+    `s`'s schedule, microbatches, recompute and optimizers, planned as `placement`."""
     e2e = s.mode == "e2e"
-    return estimates(stage_costs(s, info), slots=[optimizer_slots(st.optim) for st in s.stages],
+    return estimates(costs, slots=[optimizer_slots(st.optim) for st in s.stages],
                      batch=placement.per_replica_batch or s.data.batch_size,
                      microbatches=s.pipeline.microbatches if e2e else 1, held=held(s),
                      recompute=s.pipeline.recompute if e2e else "never",

@@ -14,10 +14,10 @@ from chain.config.schema import Builder, KerasModel, Settings
 from chain.config.shapes import human, optimizer_slots
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, first_line
-from chain.pipeline import schedules, selection
 from chain.planning import balance, footprint
 from chain.planning.planner import MIRRORED, Placement
 from chain.stages import cut
+from chain.spec import estimate
 from chain.stages.bodies import Body, from_builder
 
 
@@ -74,20 +74,18 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
         measured = piece_times(c, devices, placement.physical, max(1, micro), tuple(info.input_shape),
                                progress=settings.trainer.progress)
         costs = [measured.layer_costs(d) for d in devices]
-    e2e = settings.mode == "e2e"
-    held = schedules.held_counts(selection.pipeline_schedule(settings)) if e2e else [1] * k
-    recompute = settings.pipeline.recompute if e2e else footprint.NEVER
-    slots = optimizer_slots(settings.stages[0].optim)
     if p.balance == "memory" and p.split is None:
-        costs = footprint.layer_costs(c.params(), c.outputs(), held, slots=slots, microbatch=max(1, micro),
-                                      recompute=recompute)
+        e2e = settings.mode == "e2e"
+        costs = footprint.layer_costs(c.params(), c.outputs(), estimate.held(settings),
+                                      slots=optimizer_slots(settings.stages[0].optim), microbatch=max(1, micro),
+                                      recompute=settings.pipeline.recompute if e2e else footprint.NEVER)
     sizes = cut.split(c, k, p.split, p.balance, costs)
-    placement.footprints = _footprints(c, sizes, settings, placement, held, info)
+    placement.footprints = _footprints(c, sizes, settings, placement)
     if p.balance == "memory" and p.split is None:
         even = cut.split(c, k, None, "even", None)
 
         def peaks(s):
-            return " / ".join(human(f.total) for f in _footprints(c, s, settings, placement, held, info))
+            return " / ".join(human(f.total) for f in _footprints(c, s, settings, placement))
 
         notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(sizes)}; "
                      f"the even split {even}: {peaks(even)}")
@@ -110,20 +108,14 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     return cut.pieces(c, sizes), labels, notes
 
 
-def _footprints(c: cut.Cuttable, sizes, settings: Settings, placement: Placement, held, info: DataInfo
+def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, placement: Placement
                 ) -> list[footprint.Footprint | None]:
     """Each stage's estimated peak for a cut of `c` into `sizes` layers per stage (`chain.planning.footprint`)."""
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     params, outputs = c.params(), c.outputs()
     costs = [footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b))
              for a, b in zip(bounds, bounds[1:])]
-    e2e = settings.mode == "e2e"
-    return footprint.estimates(
-        costs, slots=[optimizer_slots(s.optim) for s in settings.stages],
-        batch=placement.per_replica_batch or settings.data.batch_size,
-        microbatches=settings.pipeline.microbatches if e2e else 1, held=held,
-        recompute=settings.pipeline.recompute if e2e else footprint.NEVER,
-        own_inputs=placement.kind == "GPU" or bool(placement.cluster), chained=settings.mode != "side_by_side")
+    return estimate.from_costs(settings, placement, costs)
 
 
 def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Sequence[Callable] | None = None,
