@@ -471,3 +471,14 @@ def test_balance_by_memory_gives_earlier_stages_fewer_layers_under_1f1b():
     assert balance.partition(rows["gpipe"], 3, range(1, 6)) == [2, 2, 2]
     sizes = balance.partition(rows["1f1b"], 3, range(1, 6))
     assert sizes[0] < sizes[-1], sizes
+
+
+def test_interleaved_stages_on_one_logical_gpu_add_up_against_its_limit():
+    """Stages 0 and 2 share GPU:0 (interleaved, V=2): each under the 4 MiB limit alone, over it together."""
+    cfg = ["mode=e2e", "+stages=4", "pipeline.schedule=interleaved", "pipeline.virtual_stages=2",
+           "pipeline.microbatches=4", "model.width=256", "placement.memory_limit_mb=4"]
+    with pytest.raises(DeviceError) as e:
+        prepare(chain.compose(cfg), Inventory.of(1, 8 * GB))
+    assert re.match(r"stages 0, 2 need about [\d.]+ MB together on /device:GPU:0 \(the largest, stage 2", str(e.value))
+    alone = prepare(chain.compose([*cfg, "placement.memory_limit_mb=null"]), Inventory.of(1, 8 * GB)).placement
+    assert max(f.total for f in alone.footprints) < 4 << 20 < alone.footprints[0].total + alone.footprints[2].total

@@ -93,10 +93,11 @@ def check(placement: Placement, footprints: Sequence[Footprint | None], inventor
             advice = f"neither {' nor '.join(tried)} brings it under; "
         else:
             advice = ""
-        what = (f"stage {k} needs about {human(f.total)}" if len(known) == 1 else
-                f"stages {', '.join(map(str, known))} need about {human(total)} together (stage {k}: {human(f.total)})")
+        what = (f"stage {k} needs about {human(f.total)} on {device} ({_parts(f)})" if len(known) == 1 else
+                f"stages {', '.join(map(str, known))} need about {human(total)} together on {device} (the largest, "
+                f"stage {k}, {human(f.total)}: {_parts(f)})")
         raise DeviceError(
-            f"{what} on {device} ({_parts(f)}), more than its {human(limit * MB)} "
+            f"{what}, more than its {human(limit * MB)} "
             f"({_source(placement, device, inventory, limit)}); {advice}or split the model differently (placement.split, "
             "placement.balance=memory, more stages), or use a smaller model or data.batch_size")
 
