@@ -16,7 +16,7 @@ docs/architecture.md draws it, tests/test_structure.py checks it):
     errors, fields, cli, testhooks    leaves: exceptions, setting fields, command-line helpers, test hooks
     data/        catalog (shapes, targets), sources (one module per source), loader (arrays), stream (tf.data)
     config/      settings: compose, schema, checks, shapes (no TensorFlow)
-    planning/    devices, inventory, planner, cluster, balance, memory
+    planning/    devices, inventory, planner, cluster, balance, memory, footprint (estimated peaks), fit
     stages/      Stage, build_stages, bodies (user code), cut (one model into stages), precision, ...
     steps/       the compiled steps: local, replica, independent; update, numerics, xla, evaluate
     strategies/  one object per way of training (pipelined/mirrored x local/e2e, side by side)

@@ -139,6 +139,11 @@ def show_plan(spec: RunSpec) -> None:
     settings = spec.settings
     run = build(spec)
     print(placement_table(run.placement, run.stages, settings.notes))
+    if run.placement.footprints:
+        from chain.planning import fit
+        from chain.planning.inventory import Inventory
+
+        print(fit.table(run.placement, run.placement.footprints, spec.inventory or Inventory()))
     plan = run.strategy.plan_text(full=True)
     if plan:
         print(plan)

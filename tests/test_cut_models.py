@@ -274,3 +274,31 @@ def test_the_balance_note_compares_with_the_split_even_really_gives():
     (note,) = [n for n in run.notes if n.startswith("placement.balance=params")]
     assert f"the even split {sizes}:" in note, note
     assert sizes != [2, 2, 2, 1]  # the plain even split cuts across the skip
+
+
+# --- issue 21 item 4: placement.balance=memory on a cut model with an uneven layer list ------
+
+
+def uneven_layers() -> keras.Model:
+    """A wide first layer and a parameter-free activation, then narrow layers: parameter counts and
+    activation memory disagree about where to cut."""
+    keras.utils.set_random_seed(3)
+    x = keras.Input((6,))
+    h = L.ReLU(name="r1")(L.Dense(64, name="wide")(x))
+    for i in range(4):
+        h = L.Dense(8, name=f"d{i}")(h)
+    return keras.Model(x, L.Dense(4, name="out")(h), name="uneven")
+
+
+def test_balance_by_memory_makes_the_largest_estimated_peak_smallest():
+    cfg = ["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", *SYNTH, "data.samples=512",
+           "data.batch_size=128"]
+    peaks = {}
+    for how in ("even", "params", "memory"):
+        run = chain.build(chain.compose([*cfg, f"placement.balance={how}"]), model=uneven_layers())
+        peaks[how] = ([len(s.model.layers) - 1 for s in run.stages], max(f.total for f in run.placement.footprints))
+    (note,) = [n for n in run.notes if n.startswith("placement.balance=memory")]
+    assert f"split {peaks['memory'][0]}: estimated peaks" in note and "the even split [3, 2, 2]" in note, note
+    assert peaks["memory"][0] not in (peaks["even"][0], peaks["params"][0]), peaks
+    # the first layer alone is stage 0's floor, which params reaches too: memory's split is lighter later on
+    assert peaks["memory"][1] < peaks["even"][1] and peaks["memory"][1] <= peaks["params"][1], peaks

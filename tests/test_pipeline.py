@@ -312,6 +312,11 @@ def test_fit_writes_the_pipeline_summary(tmp_path):
     # On CPU the figure is the process's: every logical device reports the same number.
     peaks = {st["peak_memory_bytes"] for st in summary["stages"]}
     assert len(peaks) == 1 and isinstance(peaks.pop(), int)
+    # The estimate beside it (issue 21): per stage, and their sum for the process-wide peak; 1F1B holds
+    # min(M, K-k) microbatches on stage k.
+    estimates = [st["estimated_peak_bytes"] for st in summary["stages"]]
+    assert all(isinstance(e, int) and e > 0 for e in estimates) and summary["estimated_peak_bytes"] == sum(estimates)
+    assert [f.held for f in run.placement.footprints] == [min(4, K - k) for k in range(K)]
 
 
 def test_peak_memory_sees_a_large_tensor_on_a_stage_device():

@@ -5,6 +5,7 @@ tests also check that every key is spelled as a user would spell it.
 """
 
 import os
+import re
 
 import pytest
 
@@ -418,3 +419,66 @@ def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():
     assert cpu.grid == [[f"/device:CPU:{k}" for k in range(r * 3, r * 3 + 3)] for r in range(2)] and cpu.split == {0: 6}
     mirrored = plan(pcfg("placement.replicas=2", "placement.fallback=mirrored"), 3, Inventory.of(2))
     assert mirrored.strategy == MIRRORED and mirrored.notes[0].startswith("layout: mirrored")
+
+
+# --- issue 21: the memory estimate, a plan that says whether it fits ----------------------
+
+from chain.pipeline import schedules  # noqa: E402
+from chain.planning import balance, footprint  # noqa: E402
+from chain.spec import prepare  # noqa: E402
+
+WIDE = ["+stages=2", "mode=e2e", "pipeline.schedule=gpipe", "pipeline.microbatches=2", "model=mlp", "model.width=2048",
+        "model.depth=4", "optim=sgd", "data=synthetic", "data.features=64", "data.samples=4096", "data.batch_size=2048",
+        "data.val_fraction=0"]
+
+
+def test_a_plan_over_a_logical_gpus_limit_is_refused_before_training():
+    """Two logical GPUs of 200 and 300 MiB on a synthetic 16 GB card: stage 0 (about 229 MB with GPipe's two
+    microbatches held) is over its 200 MiB; the line names it, its device and limit, and the change that fits."""
+    inv = Inventory.of(1, 16 * GB)
+    with pytest.raises(DeviceError) as e:
+        prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[200,300]"]), inv)
+    line = str(e.value)
+    assert "\n" not in line
+    assert re.match(r"stage 0 needs about [\d.]+ MB on /device:GPU:0 \(weights .*activations .* \(2 microbatches "
+                    r"held\).*\), more than its 210 MB \(its memory limit, 200 MiB", line), line
+    assert "it would fit with pipeline.recompute=always (about" in line and "pipeline.microbatches=4" not in line, line
+    fits = prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[200,300]", "pipeline.recompute=always"]), inv)
+    assert fits.placement.footprints[0].total <= 200 << 20 < prepare(chain.compose(WIDE), inv).placement.footprints[0].total
+    whole = prepare(chain.compose(WIDE), Inventory.of(2, 16 * GB))  # a card each: the same chain fits
+    assert [f.held for f in whole.placement.footprints] == [2, 2]
+
+
+def test_the_estimate_counts_what_the_schedule_holds_and_the_optimizer():
+    gpipe = prepare(chain.compose([*WIDE, "pipeline.microbatches=4"]), Inventory.of(2, 16 * GB)).placement.footprints
+    one = prepare(chain.compose([*WIDE, "pipeline.microbatches=4", "pipeline.schedule=1f1b"]),
+                  Inventory.of(2, 16 * GB)).placement.footprints
+    adam = prepare(chain.compose([*WIDE, "optim=adam"]), Inventory.of(2, 16 * GB)).placement.footprints
+    assert [f.held for f in gpipe] == [4, 4] and [f.held for f in one] == [2, 1]
+    assert one[0].activations < gpipe[0].activations and one[0].weights == gpipe[0].weights
+    params = 64 * 2048 + 2048 + 3 * (2048 * 2048 + 2048)  # stage 0's Dense layers
+    assert gpipe[0].weights == 4 * params and gpipe[0].optimizer == 0 and adam[0].optimizer == 2 * 4 * params
+    micro = 2048 // 4
+    assert gpipe[0].activations == 4 * (4 * 2048 * micro * 4) + 2048 * micro * 4  # 4 layers' outputs x 4 held
+
+
+def test_balance_by_memory_gives_earlier_stages_fewer_layers_under_1f1b():
+    """Six equal layers, 3 stages: GPipe holds M microbatches on every stage (an even split); 1F1B holds
+    3, 2, 1, so the memory split gives stage 0 the fewest layers."""
+    rows = {name: footprint.layer_costs([0] * 6, [100] * 6, schedules.held_counts(schedules.build(name, 3, 6)),
+                                        slots=0, microbatch=8)
+            for name in ("gpipe", "1f1b")}
+    assert balance.partition(rows["gpipe"], 3, range(1, 6)) == [2, 2, 2]
+    sizes = balance.partition(rows["1f1b"], 3, range(1, 6))
+    assert sizes[0] < sizes[-1], sizes
+
+
+def test_interleaved_stages_on_one_logical_gpu_add_up_against_its_limit():
+    """Stages 0 and 2 share GPU:0 (interleaved, V=2): each under the 4 MiB limit alone, over it together."""
+    cfg = ["mode=e2e", "+stages=4", "pipeline.schedule=interleaved", "pipeline.virtual_stages=2",
+           "pipeline.microbatches=4", "model.width=256", "placement.memory_limit_mb=4"]
+    with pytest.raises(DeviceError) as e:
+        prepare(chain.compose(cfg), Inventory.of(1, 8 * GB))
+    assert re.match(r"stages 0, 2 need about [\d.]+ MB together on /device:GPU:0 \(the largest, stage 2", str(e.value))
+    alone = prepare(chain.compose([*cfg, "placement.memory_limit_mb=null"]), Inventory.of(1, 8 * GB)).placement
+    assert max(f.total for f in alone.footprints) < 4 << 20 < alone.footprints[0].total + alone.footprints[2].total

@@ -30,7 +30,7 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 FALLBACKS = ("virtual", "mirrored", "error")
 ON_NAN = ("stop", "skip")
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
-BALANCES = ("even", "params", "time")
+BALANCES = ("even", "params", "time", "memory")
 BATCH_NORMS = ("microbatch", "deferred")
 RECOMPUTE = ("never", "except_last", "always")  # torchgpipe's checkpoint=...
 
@@ -299,7 +299,8 @@ class PlacementSettings:
     split: tuple[int, ...] | None = setting(optional(list_of(integer(1), 1, MAX_STAGES)),
         "model=keras: layers per stage; null: placement.balance decides")
     balance: str = setting(choice(*BALANCES),
-        "model=keras without split: near-equal layer counts, parameter counts or measured time")
+        "model=keras without split: near-equal layer counts, parameter counts or measured time, or memory (the "
+        "smallest largest estimated peak: weights, gradients, optimizer slots and the activations the schedule holds)")
 
 
 @dataclass(frozen=True, kw_only=True)

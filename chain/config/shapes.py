@@ -94,14 +94,6 @@ def optimizer_slots(optim: Optim) -> int:
     return 1 if isinstance(optim, Sgd) and optim.momentum > 0 else 0
 
 
-def memory_bytes(shape: StageShape, optim: Optim, batch: int) -> int:
-    """An estimate of one stage's memory when training on `batch` examples at a time: weights,
-    gradients and optimizer slots, plus its activations and their gradients."""
-    state = shape.params * FLOAT_BYTES * (2 + optimizer_slots(optim))
-    activations = 2 * batch * (shape.activations_per_example + math.prod(shape.input_shape)) * FLOAT_BYTES
-    return state + activations
-
-
 def human(n: float) -> str:
     """Bytes as a short text: 1.5 GB, 12 MB."""
     for unit in ("B", "KB", "MB", "GB", "TB", "PB"):

@@ -401,6 +401,17 @@ def live_activations(row: Sequence[Action]) -> list[int]:
     return out
 
 
+def held_counts(schedule: Schedule) -> list[int]:
+    """Per stage, the most microbatches whose activations it holds at once in `schedule` (forwards
+    done minus backwards done, or W's in a split schedule): GPipe M on every stage, 1F1B
+    min(M, K-k) on stage k. What `chain.planning.footprint` multiplies a microbatch's activations by."""
+    out = []
+    for k in range(schedule.stages):
+        mine = [a for a in schedule.actions[schedule.row(k)] if a.stage == k]
+        out.append(max(live_activations(mine), default=0))
+    return out
+
+
 def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None) -> list[str]:
     """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).
     `devices[k]` is stage k's device; a `schedule` whose devices hold several stages labels each

@@ -6,4 +6,6 @@ anything is built.
 - `devices`: device names (`canonical`, pure), `configure` (apply a plan to TensorFlow)
   and `check_devices` (the devices that exist).
 - `memory`: each device's peak memory, as far as TensorFlow can report it.
+- `footprint`: each stage's estimated peak memory (`Footprint`), pure; `fit`: a plan against
+  its devices' memory (the one-line refusal, the `plan_only` table).
 """

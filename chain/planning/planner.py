@@ -19,6 +19,7 @@ from chain.config.checks import batch_over_replicas, placement_fits
 from chain.config.schema import PlacementSettings
 from chain.errors import ConfigError, DeviceError
 from chain.planning.devices import canonical
+from chain.planning.footprint import Footprint
 from chain.planning.inventory import Gpu, Inventory
 
 __all__ = ["Placement", "plan", "loop", "check_batch", "PIPELINE", "MIRRORED", "REPLICATED"]
@@ -45,6 +46,8 @@ class Placement:
     mirrored; a copy's share with `placement.replicas`), worked out once by the preparation
     pass (`chain.spec`, with `check_batch`). `grid[r][k]` is replica r's stage k when `strategy`
     is "pipeline_replicas" (R copies of the pipeline; `devices` is then `grid[0]`); empty otherwise.
+    `footprints[k]` is stage k's estimated peak memory (`chain.planning.footprint`; None: known once
+    built), filled by the preparation pass; empty before.
     """
 
     devices: list[str | None]
@@ -62,6 +65,7 @@ class Placement:
     task: int = 0  # this process's worker index in `multi_worker`
     per_replica_batch: int | None = None
     grid: list[list[str]] = field(default_factory=list)  # replica -> stage -> device (strategy "pipeline_replicas")
+    footprints: list[Footprint | None] = field(default_factory=list)  # each stage's estimated peak (chain.spec.estimate)
 
     @property
     def local_replicas(self) -> list[str]:

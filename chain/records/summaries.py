@@ -65,6 +65,10 @@ class StageSummary:
     val: dict[str, float] | None = item("mode=local: the stage's last validation metrics (only with a "
                                         "validation set)", default=None, omit_none=True)
     measured: StageTimes | None = item("trainer.profile: the stage's measured times", default=None, section=True)
+    estimated_peak_bytes: int | None = item(
+        "the stage's estimated peak memory before training (weights, gradients, optimizer slots, activations "
+        "its schedule holds, inputs), beside `peak_memory_bytes` (null: not known before it was built)",
+        default=None, omit_none=True)
 
 
 @dataclass(frozen=True)
@@ -194,5 +198,8 @@ class Summary:
     exports: list[str] | None = item("checkpoint.export: the .keras files written", default=None, omit_none=True)
     export_error: str | None = item("why the exports were skipped (only when Keras could not save the chain)",
                                     default=None, omit_none=True)
+    estimated_peak_bytes: int | None = item(
+        "the sum of the stages' estimated peaks: on logical CPUs (`peak_memory_scope` process) what the one "
+        "process-wide peak is compared with (null: a stage's estimate unknown)", default=None, omit_none=True)
     skipped_records: int | None = item("data.stream with data.on_bad_record=skip: the bad records skipped (by this "
                                        "process: a resume counts from 0)", default=None, omit_none=True)

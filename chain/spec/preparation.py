@@ -23,15 +23,15 @@ from typing import Any
 
 from chain import config
 from chain.config import Settings, checks
-from chain.config.shapes import memory_bytes, stage_shapes
 from chain.data import sources
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
 from chain.fields import choice
 from chain.pipeline import selection
 from chain.pipeline.schedules import CHOICES as SCHEDULES
-from chain.planning import cluster, planner
+from chain.planning import cluster, fit, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
+from chain.spec import estimate
 from chain.spec.run_spec import RunSpec
 
 
@@ -101,9 +101,13 @@ def with_data(spec: RunSpec, info: DataInfo) -> RunSpec:
 
 
 def check_memory(spec: RunSpec) -> None:
-    """Refuse a chain whose estimated memory does not fit the devices it is placed on."""
+    """Each stage's estimated peak kept on the placement (`placement.footprints`, what plan_only=true
+    shows and summary.json records), and a chain refused whose estimate does not fit the devices it
+    is placed on: a device of known memory (`chain.planning.fit`), the host's memory on CPU."""
     s, placement = spec.settings, spec.placement
-    shapes = stage_shapes(s.stages, spec.data_info, s.mode)
-    need = [memory_bytes(shape, stage.optim, placement.per_replica_batch) if shape else 0  # a user's body: known once built
-            for shape, stage in zip(shapes, s.stages)]
+    placement.footprints = estimate.footprints(s, spec.data_info, placement)
+    if any(f is not None for f in placement.footprints):
+        fit.check(placement, placement.footprints, spec.inventory,
+                  lambda: estimate.alternatives(s, spec.data_info, placement))
+    need = [f.total if f else 0 for f in placement.footprints]  # a user's body: known once built
     planner.check_memory(placement, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())

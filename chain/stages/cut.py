@@ -59,6 +59,15 @@ class Cuttable:
         """Trainable parameters of each layer."""
         return [sum(math.prod(v.shape) for v in layer.trainable_variables) for layer in self.layers]
 
+    def outputs(self) -> list[int]:
+        """Floats per example of each layer's outputs (what a tape keeps of it), from the model's graph:
+        an unknown dimension (None, a sequence of any length) counts 1."""
+        return [sum(math.prod(d or 1 for d in t.shape[1:]) for t in node.outputs) for node in self.nodes]
+
+    def crossing(self, position: int) -> int:
+        """Floats per example of the tensor crossing cut `position` (0: the model's input)."""
+        return math.prod(d or 1 for d in self.boundary[position].shape[1:])
+
     def points(self) -> list[int]:
         """0, every allowed cut, and the layer count: the bounds of the pieces a stage is made of."""
         return [0, *self.allowed, len(self.layers)]
@@ -178,9 +187,10 @@ def check_sizes(c: Cuttable, sizes: Sequence[int], key: str) -> None:
 def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, costs: Sequence[Sequence[float]] | None
           ) -> list[int]:
     """Layers per stage: `sizes` as given (`placement.split`), or from `how` (`placement.balance`):
-    `even` layer counts, near-equal `params`, or near-equal measured `time` (`costs[k][i]`:
+    `even` layer counts, near-equal `params`, near-equal measured `time` (`costs[k][i]`:
     layer i's time on stage k's device; a piece between two allowed cuts may carry its whole
-    time on one of its layers)."""
+    time on one of its layers), or the smallest largest estimated peak, `memory` (`costs[k][i]`:
+    the bytes layer i adds to stage k's peak, `chain.planning.footprint.layer_costs`)."""
     if n_stages > len(c.layers):
         raise ConfigError(f"{n_stages} stages, but {c.name} has only {len(c.layers)} layers; every stage needs one")
     if sizes is not None:

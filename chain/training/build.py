@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from chain import data
 from chain.config import Settings
-from chain.planning import cluster, devices, planner
+from chain.planning import cluster, devices, fit, planner
 from chain.spec import RunSpec, prepare, with_data
 from chain.training import ways
 from chain.training.run import Run
@@ -62,6 +62,8 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     settings, placement = spec.settings, spec.placement
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
+    if bodies is not None and spec.inventory is not None:  # a cut model's stages are estimated once it is cut
+        fit.check(placement, placement.footprints, spec.inventory)
     settings = compiled_clipping.honour(settings, model, placement.notes)  # a compiled model's clipping is kept
     strategy = ways.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
     run = Run(settings, strategy, dataset, run_dir)

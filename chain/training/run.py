@@ -470,8 +470,10 @@ class Run:
         vals = evaluation.stages if evaluation else []  # mode=local: each stage's own validation metrics
         stages = [replace(self.strategy.stage_summary(s, self._stage_summary(s, skipped[s.index]), first, last),
                           model=s.describe(), physical=self.placement.physical.get(s.device),  # the report's table
-                          val=vals[s.index] if s.index < len(vals) else None)
+                          val=vals[s.index] if s.index < len(vals) else None,
+                          estimated_peak_bytes=self._estimate(s.index))
                   for s in self.stages]
+        estimates = [st.estimated_peak_bytes for st in stages]
         info = self.dataset.info
         speed = timed_steps and elapsed > 0
         summary = Summary(
@@ -501,8 +503,15 @@ class Run:
             peak_memory_scope=memory.scope(self.strategy.memory_devices()[0]),
             stages=stages,
             skipped_records=self.dataset.skipped_records,  # data.on_bad_record=skip (this process's)
+            # Logical CPUs share one allocator: their one process-wide peak is read against this sum.
+            estimated_peak_bytes=sum(estimates) if estimates and None not in estimates else None,
         )
         return self.strategy.summary(summary)
+
+    def _estimate(self, k: int) -> int | None:
+        """Stage k's estimated peak memory (`placement.footprints`, the preparation pass's), in bytes."""
+        footprints = self.placement.footprints
+        return footprints[k].total if k < len(footprints) and footprints[k] is not None else None
 
     @staticmethod
     def _stage_summary(s, skipped: int) -> StageSummary:

@@ -11,11 +11,13 @@ from typing import Callable, Sequence
 import keras
 
 from chain.config.schema import Builder, KerasModel, Settings
+from chain.config.shapes import human, optimizer_slots
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, first_line
-from chain.planning import balance
+from chain.planning import balance, footprint
 from chain.planning.planner import MIRRORED, Placement
 from chain.stages import cut
+from chain.spec import estimate
 from chain.stages.bodies import Body, from_builder
 
 
@@ -72,8 +74,22 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
         measured = piece_times(c, devices, placement.physical, max(1, micro), tuple(info.input_shape),
                                progress=settings.trainer.progress)
         costs = [measured.layer_costs(d) for d in devices]
+    if p.balance == "memory" and p.split is None:
+        e2e = settings.mode == "e2e"
+        costs = footprint.layer_costs(c.params(), c.outputs(), estimate.held(settings),
+                                      slots=optimizer_slots(settings.stages[0].optim), microbatch=max(1, micro),
+                                      recompute=settings.pipeline.recompute if e2e else footprint.NEVER)
     sizes = cut.split(c, k, p.split, p.balance, costs)
-    if costs is not None or p.balance == "params":
+    placement.footprints = _footprints(c, sizes, settings, placement)
+    if p.balance == "memory" and p.split is None:
+        even = cut.split(c, k, None, "even", None)
+
+        def peaks(s):
+            return " / ".join(human(f.total) for f in _footprints(c, s, settings, placement))
+
+        notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(sizes)}; "
+                     f"the even split {even}: {peaks(even)}")
+    elif costs is not None or p.balance == "params":
         rows = costs or [[float(n) for n in c.params()]] * k
         even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut
         m = settings.pipeline.microbatches if settings.mode == "e2e" else 1
@@ -90,6 +106,16 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     labels = [cut.describe(c, a, b) for a, b in zip(bounds, bounds[1:])]
     return cut.pieces(c, sizes), labels, notes
+
+
+def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, placement: Placement
+                ) -> list[footprint.Footprint | None]:
+    """Each stage's estimated peak for a cut of `c` into `sizes` layers per stage (`chain.planning.footprint`)."""
+    bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
+    params, outputs = c.params(), c.outputs()
+    costs = [footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b))
+             for a, b in zip(bounds, bounds[1:])]
+    return estimate.from_costs(settings, placement, costs)
 
 
 def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Sequence[Callable] | None = None,

@@ -1,0 +1,141 @@
+"""Whether a plan fits: each stage's estimated peak (`chain.planning.footprint`) against its device's memory.
+
+A logical GPU's memory is its limit (`placement.memory_limit_mb`, or its share of a split card),
+a whole GPU's is its card's (nvidia-smi); stages sharing a device (interleaved) add up. A plan
+over a known memory is refused before anything is built, in one line naming the stage, its
+estimate, the device's memory and what would make it fit. Logical CPU devices share the host's
+memory: `chain.planning.planner.check_memory` holds their sum to it; here they show no memory of
+their own. Pure: no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+from chain.config.shapes import human
+from chain.errors import DeviceError
+from chain.planning.footprint import Footprint
+from chain.planning.inventory import Inventory
+from chain.planning.planner import MIRRORED, Placement
+
+MB = 1 << 20  # TensorFlow's memory limits are in MiB
+
+
+def device_memory_mb(placement: Placement, inventory: Inventory) -> dict[str, int | None]:
+    """Each logical GPU of the plan (`/device:GPU:n`) and its memory in MB: its limit, or its card's
+    memory when the card is not split (None: unknown). Logical GPUs are numbered card after card
+    over the visible cards (see `chain.planning.planner`)."""
+    out: dict[str, int | None] = {}
+    n = 0
+    for g in inventory.gpus:
+        if placement.visible is not None and g.index not in placement.visible:
+            continue
+        limits = placement.memory_limits_mb.get(g.index)
+        for j in range(placement.split.get(g.index, 1)):
+            out[f"/device:GPU:{n}"] = limits[j] if limits else g.memory_mb
+            n += 1
+    return out
+
+
+def stage_devices(placement: Placement, n_stages: int) -> list[list[str]]:
+    """Per stage, the devices that hold a copy of it (copies of the pipeline: one per copy); [] when
+    mirrored (every replica holds the whole chain) or on cluster workers (their memory is theirs)."""
+    if placement.strategy == MIRRORED or placement.cluster:
+        return [[] for _ in range(n_stages)]
+    rows = placement.grid or [placement.devices]
+    return [[row[k] for row in rows if row[k] is not None] for k in range(n_stages)]
+
+
+def _on_device(placement: Placement, footprints: Sequence[Footprint | None]) -> dict[str, list[int]]:
+    """Each device and the stages it holds."""
+    out: dict[str, list[int]] = {}
+    for k, devices in enumerate(stage_devices(placement, len(footprints))):
+        for d in devices:
+            out.setdefault(d, []).append(k)
+    return out
+
+
+def _parts(f: Footprint) -> str:
+    return (f"weights {human(f.weights)}, gradients {human(f.gradients)}, optimizer {human(f.optimizer)}, "
+            f"activations {human(f.activations)} ({f.held} microbatch{'es' if f.held != 1 else ''} held), "
+            f"inputs {human(f.inputs)}")
+
+
+def check(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory,
+          alternatives: Callable[[], Mapping[str, Sequence[Footprint | None]]] | None = None) -> None:
+    """Refuse a plan in which a device with a known memory holds stages estimated above it: one
+    DeviceError line naming the stage, its estimate, the device's memory and what would make it fit.
+
+    `alternatives()` maps a change of settings (`pipeline.recompute=always`) to the footprints it
+    would give (asked only when refusing); those under the device's memory are offered. Stages of
+    unknown cost (None) count 0.
+    """
+    memory = device_memory_mb(placement, inventory)
+    for device, stages in _on_device(placement, footprints).items():
+        limit = memory.get(device)
+        known = [k for k in stages if footprints[k] is not None]
+        if limit is None or not known:
+            continue
+        total = sum(footprints[k].total for k in known)
+        if total <= limit * MB:
+            continue
+        k = max(known, key=lambda j: footprints[j].total)
+        f = footprints[k]
+        fits, tried = [], alternatives() if alternatives else {}
+        for change, others in tried.items():
+            if all(others[j] is not None for j in known):
+                theirs = sum(others[j].total for j in known)
+                if theirs <= limit * MB:
+                    fits.append(f"{change} (about {human(theirs)})")
+        if fits:
+            advice = "it would fit with " + " or ".join(fits) + "; "
+        elif tried:
+            advice = f"neither {' nor '.join(tried)} brings it under; "
+        else:
+            advice = ""
+        what = (f"stage {k} needs about {human(f.total)} on {device} ({_parts(f)})" if len(known) == 1 else
+                f"stages {', '.join(map(str, known))} need about {human(total)} together on {device} (the largest, "
+                f"stage {k}, {human(f.total)}: {_parts(f)})")
+        raise DeviceError(
+            f"{what}, more than its {human(limit * MB)} "
+            f"({_source(placement, device, inventory, limit)}); {advice}or split the model differently (placement.split, "
+            "placement.balance=memory, more stages), or use a smaller model or data.batch_size")
+
+
+def _source(placement: Placement, device: str, inventory: Inventory, limit: int) -> str:
+    """Where a device's memory figure comes from: a logical GPU's limit, or its card's memory."""
+    n = 0
+    for g in inventory.gpus:
+        if placement.visible is not None and g.index not in placement.visible:
+            continue
+        count = placement.split.get(g.index, 1)
+        if n <= int(device.rsplit(":", 1)[1]) < n + count:
+            return (f"its memory limit, {limit} MiB: placement.memory_limit_mb or its share of GPU {g.index}"
+                    if g.index in placement.memory_limits_mb else f"GPU {g.index}'s memory, nvidia-smi")
+        n += count
+    return "its memory"
+
+
+def table(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory) -> str:
+    """plan_only=true: each stage's estimated peak and its parts next to its device's memory, one
+    line per stage; on logical CPUs the sum next to the host's shared memory."""
+    memory = device_memory_mb(placement, inventory)
+    devices = stage_devices(placement, len(footprints))
+    lines = ["memory estimate (per stage: weights + gradients + optimizer + activations held + inputs):"]
+    for k, f in enumerate(footprints):
+        d = devices[k][0] if devices[k] else None
+        if f is None:
+            lines.append(f"  stage {k}: unknown before it is built")
+            continue
+        if d is None:
+            mem = "every replica holds it"
+        elif d in memory:
+            mem = f"{d}: {human(memory[d] * MB)}" if memory[d] is not None else f"{d}: memory unknown"
+        else:
+            mem = f"{d}: shares the host's memory"
+        lines.append(f"  stage {k}: {human(f.total)} ({_parts(f)}); {mem}")
+    known = [f.total for f in footprints if f is not None]
+    if placement.kind == "CPU" and known:
+        lines.append(f"  all stages: {human(sum(known))} (logical CPU devices share one allocator: the process's "
+                     "peak is compared with this sum)")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""A run's memory estimate from its settings: each stage's cost (`chain.config.shapes`), the
+microbatches its schedule holds (`chain.pipeline.schedules.held_counts`) and its batch, made into
+`chain.planning.footprint.Footprint`s; and the same for the changes that would make a plan fit
+(more microbatches, `pipeline.recompute=always`), which `chain.planning.fit` offers when it refuses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from chain.config import Settings
+from chain.config.shapes import optimizer_slots, stage_shapes
+from chain.data.catalog import DataInfo
+from chain.errors import ChainError
+from chain.pipeline import schedules, selection
+from chain.planning.footprint import Footprint, StageCost, estimates
+from chain.planning.planner import Placement
+
+ALWAYS = "always"
+
+
+def stage_costs(s: Settings, info: DataInfo) -> list[StageCost | None]:
+    """Each stage's `StageCost` as the config describes it (None for a builder's or a cut model's
+    stage and those after it: known once built). A stage with a head or read-out (every stage in
+    mode=local and side by side, the last in mode=e2e) also holds its logits."""
+    shapes = stage_shapes(s.stages, info, s.mode)
+    out: list[StageCost | None] = []
+    for k, (shape, stage) in enumerate(zip(shapes, s.stages)):
+        if shape is None:
+            out.append(None)
+            continue
+        head = s.mode != "e2e" or k == len(shapes) - 1
+        logits = (info.target(stage.target).classes or 1) if head else 0
+        out.append(StageCost(shape.params, shape.activations_per_example + logits, math.prod(shape.input_shape),
+                             math.prod(shape.output_shape)))
+    return out
+
+
+def held(s: Settings) -> list[int]:
+    """Per stage, the microbatches its schedule holds at once (1 outside mode=e2e: one batch)."""
+    if s.mode != "e2e":
+        return [1] * len(s.stages)
+    return schedules.held_counts(selection.pipeline_schedule(s))
+
+
+def footprints(s: Settings, info: DataInfo, placement: Placement) -> list[Footprint | None]:
+    """Each stage's estimated peak for `s` planned as `placement` (its per-replica batch)."""
+    return from_costs(s, placement, stage_costs(s, info))
+
+
+def from_costs(s: Settings, placement: Placement, costs: list[StageCost | None]) -> list[Footprint | None]:
+    """Each stage's estimated peak from its `StageCost` (the config's, or a cut model's layers'), for
+    `s`'s schedule, microbatches, recompute and optimizers, planned as `placement`."""
+    e2e = s.mode == "e2e"
+    return estimates(costs, slots=[optimizer_slots(st.optim) for st in s.stages],
+                     batch=placement.per_replica_batch or s.data.batch_size,
+                     microbatches=s.pipeline.microbatches if e2e else 1, held=held(s),
+                     recompute=s.pipeline.recompute if e2e else "never",
+                     own_inputs=placement.kind == "GPU" or bool(placement.cluster), chained=s.mode != "side_by_side")
+
+
+def alternatives(s: Settings, info: DataInfo, placement: Placement) -> dict[str, list[Footprint | None]]:
+    """The footprints of the changes that lower a pipeline's activations: pipeline.recompute=always,
+    and 2x and 4x the microbatches where the batch divides into them (built-in schedules only)."""
+    if s.mode != "e2e":
+        return {}
+    p, out = s.pipeline, {}
+    options = [] if p.recompute == ALWAYS else [(f"pipeline.recompute={ALWAYS}", replace(p, recompute=ALWAYS))]
+    per = placement.per_replica_batch or s.data.batch_size
+    for times in (2, 4):
+        m = p.microbatches * times
+        if p.schedule != schedules.FILE and per % m == 0:
+            options.append((f"pipeline.microbatches={m}", replace(p, microbatches=m)))
+    for change, pipeline in options:
+        try:
+            out[change] = footprints(replace(s, pipeline=pipeline), info, placement)
+        except ChainError:  # a schedule that cannot take that many microbatches: not offered
+            continue
+    return out
