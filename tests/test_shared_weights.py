@@ -40,7 +40,21 @@ class TiedReadout(L.Layer):
         return h @ keras.ops.transpose(self.embedding.embeddings)
 
 
-def tied_embedding_model() -> keras.Model:
+@keras.saving.register_keras_serializable("test_shared_weights")
+class SavedTiedReadout(TiedReadout):
+    """TiedReadout as a user who saves their model writes it: its config holds the Embedding, which
+    Keras' loading binds to the model's own layer again (one variable after `load_model`)."""
+
+    def __init__(self, embedding=None, **kwargs):
+        if isinstance(embedding, dict):
+            embedding = keras.saving.deserialize_keras_object(embedding)
+        super().__init__(embedding, **kwargs)
+
+    def get_config(self):
+        return {**super().get_config(), "embedding": keras.saving.serialize_keras_object(self.embedding)}
+
+
+def tied_embedding_model(readout: type = TiedReadout) -> keras.Model:
     """Token ids (as floats: Embedding casts them) -> embedding, mean, Dense -> logits through the
     embedding's matrix: cut 2 + 2, the matrix is used on both stages."""
     keras.utils.set_random_seed(2)
@@ -48,7 +62,7 @@ def tied_embedding_model() -> keras.Model:
     embedding = L.Embedding(4, 8, name="embed")
     h = L.GlobalAveragePooling1D(name="pool")(embedding(x))
     h = L.Dense(8, activation="tanh", name="mix")(h)
-    return keras.Model(x, TiedReadout(embedding, name="tied")(h), name="tied_lm")
+    return keras.Model(x, readout(embedding, name="tied")(h), name="tied_lm")
 
 
 @pytest.mark.parametrize("overrides", [
@@ -106,23 +120,31 @@ def test_a_layer_two_stage_builders_share_is_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
-def test_a_checkpoint_holds_a_tied_weight_once_and_resume_is_bit_exact(tmp_path, monkeypatch):
+def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_exact(tmp_path, monkeypatch):
     """The later copy (and its Adam slots) is not saved; a restore gives it the first holder's values.
     A run stopped and resumed from a checkpoint written before (every copy saved) equals the
-    uninterrupted one bit for bit."""
+    uninterrupted one bit for bit. chain.keras is the user's model, the weight once, loaded by
+    plain Keras and predicting what the chain predicts."""
     base = ["mode=e2e", *RUN, "optim=adam", "optim.lr=0.05", "pipeline.microbatches=2", "checkpoint.every=2",
             "data.val_fraction=0", "trainer.steps_per_call=1"]
 
     def fit(run_dir, steps, *more):
         run = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
-                          model=tied_embedding_model())
+                          model=tied_embedding_model(SavedTiedReadout))
         run.fit()
         return run
 
     def state(run):
         return [v.numpy() for s in run.stages for v in s.trainable_variables + s.optimizer.variables]
 
-    straight = fit(tmp_path / "straight", 4)
+    straight = fit(tmp_path / "straight", 4, "checkpoint.export=true")
+    exported = keras.models.load_model(str(tmp_path / "straight" / "chain.keras"))
+    assert sorted(v.path for v in exported.weights) == ["embed/embeddings", "mix/bias", "mix/kernel"]
+    x = np.random.default_rng(1).integers(0, 4, (8, 6)).astype("float32")
+    h = x
+    for s in straight.stages:
+        h = s.model(h)
+    np.testing.assert_allclose(exported.predict(x, verbose=0), h.numpy(), rtol=RTOL)
     embedding = straight.stages[0].trainable_variables[0]
     assert embedding.path == "embed/embeddings"
     held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
