@@ -82,13 +82,19 @@ def assert_trains_like(run, model, ref_step, steps: int = STEPS, rtol: float = 1
     return norms
 
 
-@pytest.mark.parametrize("overrides", [
-    ["pipeline.schedule=gpipe", "pipeline.microbatches=2"],
-    ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.grad_accum=2"],
-    ["placement.fallback=mirrored", "trainer.grad_accum=2"],
-], ids=["gpipe", "1f1b-accum", "mirrored-accum"])
-def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(overrides):
-    run = chain.build(chain.compose(BASE + [f"optim.clip_global_norm={CLIP}", *overrides]))
+INTERLEAVED = [o for o in BASE if o != "+stages=3"] + ["+stages=4", "pipeline.virtual_stages=2"]  # 2 per device
+
+
+@pytest.mark.parametrize("base, overrides", [
+    (BASE, ["pipeline.schedule=gpipe", "pipeline.microbatches=2"]),
+    (BASE, ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.grad_accum=2"]),
+    (BASE, ["pipeline.schedule=sequential", "pipeline.microbatches=2"]),
+    (BASE, ["pipeline.schedule=zb1", "pipeline.microbatches=4"]),
+    (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2"]),
+    (BASE, ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
+], ids=["gpipe", "1f1b-accum", "sequential", "zb1", "interleaved", "mirrored-accum"])
+def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(base, overrides):
+    run = chain.build(chain.compose(base + [f"optim.clip_global_norm={CLIP}", *overrides]))
     for s in run.stages:  # the step clips the chain's gradients; a stage's optimizer would see only its own
         assert s.optimizer.global_clipnorm is None
     model, step = keras_reference(run, keras.optimizers.SGD(learning_rate=LR, global_clipnorm=CLIP))
@@ -100,8 +106,9 @@ def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(ov
         assert audited.misplaced([s.device for s in run.stages]) == []
         assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in audited.crossings())
         copies = {op.name.split("/")[-1]: op for op in audited.copies() if "clip_global_norm" in op.name}
-        assert sorted(copies) == sorted([f"copy_to_squared_sum_s{k}" for k in range(2)]
-                                        + [f"copy_to_clip_factor_s{k}" for k in range(2)])
+        away = [s.index for s in run.stages if s.device != last]  # stages sharing the last's device send nothing
+        assert sorted(copies) == sorted([f"copy_to_squared_sum_s{k}" for k in away]
+                                        + [f"copy_to_clip_factor_s{k}" for k in away])
         for name, op in copies.items():
             assert op.outputs[0].shape.rank == 0
             assert audited.device[op] == (last if "squared_sum" in name else run.stages[int(name[-1])].device)

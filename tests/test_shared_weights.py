@@ -10,8 +10,11 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import chain
+from chain.state import tied_copies
+from chain.state.checkpoints import Checkpoints
 from compare import rel_diff
 from chain.errors import ConfigError
 from chain.planning.devices import canonical
@@ -37,7 +40,21 @@ class TiedReadout(L.Layer):
         return h @ keras.ops.transpose(self.embedding.embeddings)
 
 
-def tied_embedding_model() -> keras.Model:
+@keras.saving.register_keras_serializable("test_shared_weights")
+class SavedTiedReadout(TiedReadout):
+    """TiedReadout as a user who saves their model writes it: its config holds the Embedding, which
+    Keras' loading binds to the model's own layer again (one variable after `load_model`)."""
+
+    def __init__(self, embedding=None, **kwargs):
+        if isinstance(embedding, dict):
+            embedding = keras.saving.deserialize_keras_object(embedding)
+        super().__init__(embedding, **kwargs)
+
+    def get_config(self):
+        return {**super().get_config(), "embedding": keras.saving.serialize_keras_object(self.embedding)}
+
+
+def tied_embedding_model(readout: type = TiedReadout) -> keras.Model:
     """Token ids (as floats: Embedding casts them) -> embedding, mean, Dense -> logits through the
     embedding's matrix: cut 2 + 2, the matrix is used on both stages."""
     keras.utils.set_random_seed(2)
@@ -45,7 +62,7 @@ def tied_embedding_model() -> keras.Model:
     embedding = L.Embedding(4, 8, name="embed")
     h = L.GlobalAveragePooling1D(name="pool")(embedding(x))
     h = L.Dense(8, activation="tanh", name="mix")(h)
-    return keras.Model(x, TiedReadout(embedding, name="tied")(h), name="tied_lm")
+    return keras.Model(x, readout(embedding, name="tied")(h), name="tied_lm")
 
 
 @pytest.mark.parametrize("overrides", [
@@ -101,3 +118,51 @@ def test_a_layer_two_stage_builders_share_is_refused_in_one_line():
     assert str(e.value).startswith("stage 1 (") and "uses the variable 'stage_00/shared/kernel' of stage 0; a weight shared " \
         "by two stages is not supported yet" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_exact(tmp_path, monkeypatch):
+    """The later copy (and its Adam slots) is not saved; a restore gives it the first holder's values.
+    A run stopped and resumed from a checkpoint written before (every copy saved) equals the
+    uninterrupted one bit for bit. chain.keras is the user's model, the weight once, loaded by
+    plain Keras and predicting what the chain predicts."""
+    base = ["mode=e2e", *RUN, "optim=adam", "optim.lr=0.05", "pipeline.microbatches=2", "checkpoint.every=2",
+            "data.val_fraction=0", "trainer.steps_per_call=1"]
+
+    def fit(run_dir, steps, *more):
+        run = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
+                          model=tied_embedding_model(SavedTiedReadout))
+        run.fit()
+        return run
+
+    def state(run):
+        return [v.numpy() for s in run.stages for v in s.trainable_variables + s.optimizer.variables]
+
+    straight = fit(tmp_path / "straight", 4, "checkpoint.export=true")
+    exported = keras.models.load_model(str(tmp_path / "straight" / "chain.keras"))
+    assert sorted(v.path for v in exported.weights) == ["embed/embeddings", "mix/bias", "mix/kernel"]
+    x = np.random.default_rng(1).integers(0, 4, (8, 6)).astype("float32")
+    h = x
+    for s in straight.stages:
+        h = s.model(h)
+    np.testing.assert_allclose(exported.predict(x, verbose=0), h.numpy(), rtol=RTOL)
+    embedding = straight.stages[0].trainable_variables[0]
+    assert embedding.path == "embed/embeddings"
+    held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
+                if shape == [4, 8]] for k in range(2)}
+    assert len(held[0]) == 3 and held[1] == []  # the weight and its two slots, once: in the first holder's stage
+    reader = tf.train.load_checkpoint(str(tmp_path / "straight" / "stage_00" / "ckpt-4"))
+    assert any(np.array_equal(reader.get_tensor(n), embedding.numpy()) for n in held[0])
+    want = state(straight)
+    for v, _ in tied_copies.pairs(straight.stages):  # the later copy and its slots, scribbled over ...
+        v.assign(v + 1.0)
+    Checkpoints(str(tmp_path / "straight"), straight.stages, straight.iterator, straight.settings).restore()
+    for a, b in zip(state(straight), want, strict=True):  # ... are the saved step again, taken from the first holder
+        np.testing.assert_array_equal(a, b)
+    with monkeypatch.context() as m:  # a checkpoint as written before: every copy saved
+        m.setattr(tied_copies, "leave_out", lambda stages: None)
+        fit(tmp_path / "resumed", 2)
+    resumed = fit(tmp_path / "resumed", 4, "resume=true")
+    for a, b in zip(state(resumed), want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    copies = [s.trainable_variables[-1] for s in resumed.stages]
+    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())

@@ -123,8 +123,9 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
             optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}", global_clip=not readout)
             loss_scale = LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}") if scaled else None
             shared = bodies[k].shared if isinstance(bodies[k], Piece) else ()  # a cut model's tied weights
+            whole = bodies[k].whole if isinstance(bodies[k], Piece) else None
             stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale,
-                          label=labels[k] if labels else None, shared=shared)
+                          label=labels[k] if labels else None, shared=shared, whole=whole)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
         shape = out_shape

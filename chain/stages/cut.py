@@ -245,6 +245,12 @@ def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, ho
     index = {id(x): i for i, x in enumerate(c.layers)}
     for attr, value in list(vars(layer).items()):
         if isinstance(value, keras.layers.Layer) and c.tied and index.get(id(value), -1) in c.tied.values():
+            made = getattr(clone, attr, None)  # a layer whose config holds the layer made its own from it:
+            if isinstance(made, keras.layers.Layer):  # untracked, so its weights are not the clone's
+                for n, sub in enumerate(clone._layers):
+                    if sub is made:
+                        del clone._layers[n]
+                        break
             setattr(clone, attr, holder(index[id(value)]))
         elif isinstance(value, keras.Variable) and c.layers[c.tied.get(id(value), 0)] is not layer \
                 and id(value) in c.tied:  # a variable of an earlier layer (not the layer's own)
@@ -283,9 +289,11 @@ class Piece:
     def __init__(self, c: Cuttable, start: int, end: int, last_policy: Any = None):
         self.c, self.start, self.end, self.last_policy = c, start, end, last_policy
         self.shared: tuple[SharedCopy, ...] = ()
+        self.policy: Any = None  # the stage's dtype policy, once called
 
     def __call__(self, input_shape: tuple, policy: Any, name: str) -> keras.Model:
         c, start, end = self.c, self.start, self.end
+        self.policy = policy
         inp = keras.Input(tuple(input_shape))
         made = {id(c.boundary[start]): inp}  # id(the model's tensor) -> its tensor in the new model
         clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
@@ -315,6 +323,13 @@ class Piece:
                     shared.setdefault(v.path, SharedCopy(v.path, copy))
         self.shared = tuple(shared.values())
         return model
+
+    def whole(self) -> keras.Model:
+        """The uncut model re-created (every layer of `c` in one model, named as the user's, in this
+        piece's dtype policy, with the user's initial weights): each tied weight is one variable
+        again, as in the user's model. The export sets the trained weights into it."""
+        c = self.c
+        return Piece(c, 0, len(c.layers), self.last_policy)(c.input_shape, self.policy, c.model.name)
 
 
 def piece(c: Cuttable, start: int, end: int, last_policy: Any = None) -> Body:

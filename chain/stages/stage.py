@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import tensorflow as tf
@@ -40,6 +40,8 @@ class Stage:
     `spec` is the stage's validated settings (`chain.config.schema.StageSpec`); `label`
     describes a body that is not the chain's own (a builder, a piece of a cut model).
     `shared`: its copies of weights that other stages hold too (a cut model's tied weights).
+    `whole`: for a piece of a cut model, re-creates the uncut model (each tied weight once), which
+    the export fills with the stages' trained weights (`chain.state.export`).
     """
 
     index: int
@@ -53,6 +55,7 @@ class Stage:
     loss_scale: LossScale | None = None
     label: str | None = None
     shared: tuple[SharedCopy, ...] = ()
+    whole: Callable[[], keras.Model] | None = None
 
     def __post_init__(self) -> None:
         # Updates dropped by the numerics guard. A variable (not a Python int) so the

@@ -8,6 +8,9 @@ deletes checkpoints older than the `keep` newest complete ones. The managers nev
 delete anything themselves (`max_to_keep=None`): with their own pruning, a save killed
 half-way could already have deleted the only step every stage still shares.
 
+A weight several stages hold (a cut model's tied weight) is saved once, by its first holder
+with its slots, and the later copies take those values on restore (`chain.state.tied_copies`).
+
 A stage's checkpoint holds its model, head, optimizer (with slot variables), the
 state of its dropout seed generators (which `tf.train.Checkpoint(model=...)` leaves
 out), its count of skipped updates, its loss scale (precision=mixed_float16: scale,
@@ -47,6 +50,7 @@ from chain.records.results import LossHistory, LossRecord
 from chain.records.serial import from_json, to_json
 from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
+from chain.state import tied_copies
 from chain.state.atomic import reason, uninterrupted, write_text
 from chain.state.run_settings import RunSettings, check
 
@@ -136,6 +140,7 @@ class Checkpoints:
         self.steps: dict[str, tf.Variable] = {}
         self.identities: dict[str, tf.Variable] = {}
         self.managers: dict[str, tf.train.CheckpointManager] = {}  # made once: a new one would retrace its saver
+        tied_copies.leave_out(self.stages)  # a tied weight is saved once, by its first holder
         for s in self.stages:
             objects = {"model": s.model, "optimizer": s.optimizer, "random": s.random_variables(), "skipped": s.skipped}
             if s.head is not None:
@@ -384,6 +389,7 @@ class Checkpoints:
             if held and held != f"{self.run_id}/{name}" or int(self.steps[name].numpy()) != m["step"]:
                 raise CheckpointError(f"{where} holds {held or 'no identity'} at step {int(self.steps[name].numpy())}, "
                                       f"but {manifest_lib.FILENAME} says {self.run_id}/{name} at step {m['step']}")
+        tied_copies.take_from_first(self.stages)  # the copies a checkpoint leaves out: exactly the first's values
         notes += self._apply_learning_rates(m["step"], quiet=record is not None)
         for note in notes:
             log.info(note)

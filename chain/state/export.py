@@ -4,7 +4,8 @@ The files hold layer configs and weights only, no device code: they load with pl
 `keras.models.load_model` on any machine. `chain.keras` is one Sequential model of
 every stage's model in order, ending in what the last stage predicts (its head in
 mode=local; in mode=e2e the last stage's model already ends in the read-out), so
-`load_model("chain.keras").predict(x)` gives the chain's prediction.
+`load_model("chain.keras").predict(x)` gives the chain's prediction. A model cut into stages
+with a tied weight is exported as the user's own model (its weight once), not as nested stages.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ def chain_model(stages: Sequence[Stage]) -> keras.Model:
     """One Sequential model of the stages' models in order (shared, so the weights are the
     trained ones), ending in the last stage's head if it has one. Stage models nest whole,
     so a stage whose layers are not a plain sequence (a user's block with a skip
-    connection) exports as it computes."""
+    connection) exports as it computes. A cut model with a tied weight (held by several
+    stages, one copy each) exports as the user's own model instead (`uncut`): one copy."""
+    if stages[0].whole is not None and any(s.shared for s in stages):
+        return uncut(stages)
     parts = [s.model for s in stages] + ([stages[-1].head] if stages[-1].head is not None else [])
     return keras.Sequential([keras.Input(stages[0].model.input_shape[1:])] + parts, name="chain")
 
@@ -53,3 +57,15 @@ def export(stages: Sequence[Stage], run_dir: str, chained: bool = True) -> list[
         _save(chain_model(stages), path)
         written.append(path)
     return written
+
+
+def uncut(stages: Sequence[Stage]) -> keras.Model:
+    """The cut model re-created uncut (`Stage.whole`), each layer given the trained weights of its
+    stage's copy (layers keep the user's names across the cut). A tied weight is one variable
+    there, set from whichever stage's copy comes last: the copies are equal."""
+    model = stages[0].whole()
+    trained = {layer.name: layer for s in stages for layer in s.model.layers}
+    for layer in model.layers:
+        if layer.weights:
+            layer.set_weights(trained[layer.name].get_weights())
+    return model
