@@ -2,6 +2,7 @@
 
     python scripts/bench_pipeline.py                                   # K=2, M in 1 2 4 8 16, 5 repeats
     python scripts/bench_pipeline.py --micro 8 16 --min-quiet 8 --ablations before --markdown
+    python scripts/bench_pipeline.py --replicas --micro 8 --repeats 9  # data parallel x pipeline, 2 workers
 
 Not a test: it prints a table (`--markdown` also prints one for docs/benchmarks.md).
 
@@ -37,6 +38,19 @@ worker, and from the split placement far more than from the one-worker baseline)
 table gives medians over all pairs and over the quiet ones (other processes below
 `--quiet` cores during both runs); `--min-quiet N` repeats until every row has N quiet
 pairs (or `--max-minutes`). On a shared machine, trust the quiet columns.
+
+Copies of the pipeline (`--replicas`, `placement.replicas`): the same layers (`--stages` x `--depth`)
+and the same global batch (`--micro-size` x M) three ways on two single-core workers, each repeat
+timing the three back to back in rotating order:
+
+- `one`: the whole model as one stage on worker 0 (K=1, R=1), the reference;
+- `data`: two copies of that one stage, one per worker, each half the batch (K=1, R=2);
+- `pipe`: the model cut into two stages, one per worker, M microbatches (K=2, R=1).
+
+The batch starts on this process (the client), as `Run` feeds it, so every case pays for sending
+it out. Scaling efficiency, as the anchors define it, is throughput with 2 workers / (2 x
+throughput with 1) = time(one) / (2 x time(case)), paired within a repeat; the table gives the
+median over repeats (and over the quiet ones).
 
 Model (the issue's): K=2 stages of 4 Dense layers of width 1024 with tanh, microbatch 128
 examples (batch 128*M), SGD, float32; the last stage adds the 10-class read-out and the loss.
@@ -218,6 +232,96 @@ def against(a, times: dict) -> list[dict]:
     return out
 
 
+REPLICA_CASES = {"one": (1, 1), "data": (1, 2), "pipe": (2, 1)}  # name -> (stages K, copies R) of `--replicas`
+
+
+def replica_overrides(a, addresses: list[str], k: int, r: int, m: int) -> list[str]:
+    """`--replicas`: the benchmark's layers (`--stages` x `--depth`) cut into `k` stages, `r` copies,
+    the global batch micro_size x `m` (M microbatches for a pipeline, one for a single stage)."""
+    cut = argparse.Namespace(**{**vars(a), "stages": k, "depth": a.stages * a.depth // k})
+    out = overrides(cut, addresses, "1f1b", m, [f"/task:{i}/CPU:0" for i in range(k)])
+    out = [o.replace(f"pipeline.microbatches={m}", f"pipeline.microbatches={m if k > 1 else 1}") for o in out]
+    if r > 1:  # the planner lays the copies over the workers in task order (placement.devices is per stage)
+        out = [o for o in out if not o.startswith("placement.devices=")] + [f"placement.replicas={r}"]
+    return out
+
+
+def host_batch(a, m: int):
+    """A batch of micro_size*M examples on this process's CPU (the client), where `Run` feeds it from."""
+    import tensorflow as tf
+
+    from chain.pipeline.step import host
+
+    n = a.micro_size * m
+    with tf.device(host()):
+        x = tf.random.stateless_normal([n, a.width], seed=[1, m])
+        y = tf.random.stateless_uniform([n], seed=[2, m], maxval=10, dtype=tf.int32)
+    return x, {"label": y}
+
+
+def replicas_main(a) -> None:
+    """`--replicas`: K=1 R=1 on one worker against K=1 R=2 and K=2 R=1 on two (module docstring)."""
+    import chain
+
+    cores = [int(c) for c in a.cores.split(",")] if a.cores else [i % os.cpu_count() for i in range(2)]
+    started = time.time()
+    with LocalCluster(2, cpus=cores, threads=1) as cluster:
+        steps, batches = {}, {}
+        for m in a.micro:
+            batches[m] = host_batch(a, m)
+            for name, (k, r) in REPLICA_CASES.items():
+                run = chain.build(chain.compose(replica_overrides(a, cluster.addresses, k, r, m)))
+                steps[name, m] = run.strategy.call
+                for _ in range(a.warmup):
+                    steps[name, m](*batches[m])
+        print(f"# 2 workers ({', '.join(cluster.addresses)}) on cores {cores}, one thread each; built and warmed up "
+              f"in {time.time() - started:.0f} s", flush=True)
+        pids = [os.getpid(), *cluster.pids]
+        times = {key: [] for key in steps}
+        names = list(REPLICA_CASES)
+        for r in range(a.repeats):
+            for i, m in enumerate(a.micro):
+                shift = (r + i) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    times[name, m].append(timed(steps[name, m], *batches[m], a.steps, pids))
+            print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
+                  flush=True)
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(f"\n{a.stages * a.depth}x{a.width} tanh in all, global batch {a.micro_size} x M, {a.repeats} repeats x "
+          f"{a.steps} steps, {time.time() - started:.0f} s; load average at the end {load}")
+    print("scaling efficiency = time(one) / (2 x time(case)), paired per repeat, median; quiet: other processes "
+          f"below {a.quiet} cores during both runs of a pair")
+    print(f"{'case':6s} {'K':>2s} {'R':>2s} {'M':>3s} {'one s':>8s} {'case s':>8s} {'effic.':>7s} {'quiet':>5s} "
+          f"{'effic.':>7s}")
+    rows = []
+    for m in a.micro:
+        one = times["one", m]
+        for name in names[1:]:
+            k, r = REPLICA_CASES[name]
+            case = times[name, m]
+            effic = [o[0] / (2 * c[0]) for o, c in zip(one, case)]
+            quiet = [e for e, o, c in zip(effic, one, case) if max(o[1], c[1]) < a.quiet]
+            row = dict(case=name, K=k, R=r, M=m, one_s=statistics.median(t[0] for t in one),
+                       case_s=statistics.median(t[0] for t in case), efficiency=statistics.median(effic),
+                       quiet=len(quiet), quiet_efficiency=statistics.median(quiet) if quiet else None)
+            rows.append(row)
+            q = f"{row['quiet_efficiency']:7.3f}" if quiet else f"{'-':>7s}"
+            print(f"{name:6s} {k:2d} {r:2d} {m:3d} {row['one_s']:8.4f} {row['case_s']:8.4f} {row['efficiency']:7.3f} "
+                  f"{row['quiet']:5d} {q}")
+    if a.markdown:
+        print("\n| case | K | R | M | scaling efficiency (all pairs) | quiet pairs | scaling efficiency (quiet) |")
+        print("|---|---|---|---|---|---|---|")
+        for row in rows:
+            q = f"{row['quiet_efficiency']:.2f}" if row["quiet"] else "-"
+            print(f"| {row['case']} | {row['K']} | {row['R']} | {row['M']} | {row['efficiency']:.2f} | {row['quiet']} "
+                  f"| {q} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(args=vars(a), load=load, rows=rows), f, indent=1)
+    sys.stdout.flush()
+    os._exit(0)  # as main: skip the runtime's teardown RPCs to the stopped workers
+
+
 def model_arguments(p: argparse.ArgumentParser) -> None:
     """The options that shape the benchmark's chain (`overrides`)."""
     p.add_argument("--stages", type=int, default=2)
@@ -244,7 +348,11 @@ def main() -> None:
     p.add_argument("--cores", default="", help="worker i's core, comma-separated (default: core i)")
     p.add_argument("--json", default="")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--replicas", action="store_true",
+                   help="copies of the pipeline: K=1 R=1 on one worker against K=1 R=2 and K=2 R=1 on two")
     a = p.parse_args()
+    if a.replicas:
+        return replicas_main(a)
     k = a.stages
     cores = [int(c) for c in a.cores.split(",")] if a.cores else [i % os.cpu_count() for i in range(k)]
     started = time.time()
