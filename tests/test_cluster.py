@@ -263,24 +263,6 @@ def test_a_worker_of_a_localhost_cluster_listens_on_loopback_or_says_it_does_not
 
 
 
-def test_two_copies_on_two_workers_train_like_the_same_copies_in_process(workers, tmp_path):
-    """placement.replicas=2 of a one-stage chain on the module's two workers: one copy per worker in
-    task order, the gradients averaged across the workers, the same training as the same copies on
-    this process's logical devices. (2 copies x 2 stages on 4 workers passed the same comparison by
-    hand; the 2 x 2 grid on four workers is the next test.)"""
-    import chain
-
-    args = ["+stages=1", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false",
-            "mode=e2e", "pipeline.microbatches=2", "placement.replicas=2", "trainer.steps=3"]
-    r = run_cli(tmp_path, *args, workers.option, f"hydra.run.dir={tmp_path / 'cluster'}")
-    assert r.returncode == 0, r.stderr
-    assert ("0        /job:worker/replica:0/task:0/device:CPU:0\n"
-            "1        /job:worker/replica:0/task:1/device:CPU:0") in r.stdout, r.stdout
-    chain.build(chain.compose(args), run_dir=str(tmp_path / "local")).fit()
-    assert_values_alike(stage_values(tmp_path / "cluster", "stage_00"), stage_values(tmp_path / "local", "stage_00"),
-                        rtol=1e-6)
-
-
 GRID = ["+stages=2", "model.width=8", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false",
         "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2", "placement.replicas=2"]
 
