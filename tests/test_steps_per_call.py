@@ -14,6 +14,10 @@ MODES = {
     "local": [],
     "local-accum": ["trainer.grad_accum=2"],
     "e2e-1f1b": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
+    "e2e-zb1": ["mode=e2e", "pipeline.schedule=zb1", "pipeline.microbatches=2"],
+    # 4 stages on 2 devices, stage k on device k mod 2 (the later "+stages=4" wins over SMALL's 2)
+    "e2e-interleaved": ["mode=e2e", "pipeline.schedule=interleaved", "+stages=4", "pipeline.virtual_stages=2",
+                        "pipeline.microbatches=2"],
     "local-xla": ["trainer.jit_compile=true"],
     "e2e-float16": ["mode=e2e", "precision=mixed_float16", "pipeline.microbatches=2"],
     "mirrored-local": ["placement.fallback=mirrored"],
