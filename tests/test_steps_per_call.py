@@ -17,7 +17,7 @@ MODES = {
     "e2e-zb1": ["mode=e2e", "pipeline.schedule=zb1", "pipeline.microbatches=2"],
     # 4 stages on 2 devices, stage k on device k mod 2 (the later "+stages=4" wins over SMALL's 2)
     "e2e-interleaved": ["mode=e2e", "pipeline.schedule=interleaved", "+stages=4", "pipeline.virtual_stages=2",
-                        "pipeline.microbatches=2"],
+                        "pipeline.microbatches=2", "model.depth=1"],  # one layer a stage: four stages trace fast
     "local-xla": ["trainer.jit_compile=true"],
     "e2e-float16": ["mode=e2e", "precision=mixed_float16", "pipeline.microbatches=2"],
     "mirrored-local": ["placement.fallback=mirrored"],
@@ -56,11 +56,13 @@ def pair(*overrides):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_n_steps_in_one_call_equal_n_single_steps_bit_for_bit(mode, tmp_path):
-    """... and a run resumed from its checkpoint between the two calls ends where it ended."""
+    """N steps in one call are N single steps; and mode=e2e (every schedule, zb1 and interleaved
+    among them): a run resumed from its checkpoint between the two calls ends where it ended."""
     one, many = pair(*MODES[mode])
     singles = [one.step(*next(one.iterator)) for _ in range(2 * N)]
     called = many.steps(N)
-    many.checkpoints(str(tmp_path)).save(N, None, None)
+    if mode.startswith("e2e"):
+        many.checkpoints(str(tmp_path)).save(N, None, None)
     called += many.steps(N)  # the same function, called twice: no retrace needed
     assert [o["loss"] for o in called] == [o["loss"] for o in singles]
     assert [o["stage_losses"] for o in called] == [o["stage_losses"] for o in singles]
@@ -71,6 +73,8 @@ def test_n_steps_in_one_call_equal_n_single_steps_bit_for_bit(mode, tmp_path):
         assert many.strategy._multi.experimental_get_tracing_count() == 1
         many.steps(3)  # a shorter call reuses the same trace (n is a tensor)
         assert many.strategy._multi.experimental_get_tracing_count() == 1
+    if not mode.startswith("e2e"):
+        return  # the pipeline schedules resume below; the other modes' resumes have tests of their own
     # Resume: `many`, moved on past step 2N, restores its checkpoint of step N (every stage, the
     # optimizer slots, the dropout seeds, the data stream) and runs the second N steps again.
     assert many.restore(str(tmp_path))["step"] == N and many.global_step == N
