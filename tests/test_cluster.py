@@ -258,7 +258,7 @@ def test_split_backwards_and_interleaved_stages_on_two_workers_train_like_on_loc
                  for row in inter.actions)
     path = str(tmp_path / "split-interleaved.csv")
     schedule_file.write(Schedule("file", 4, 2, rows, inter.placement), path)
-    args = [*[o for o in TINY if o != "+stages=2"], "+stages=4", "mode=e2e", "pipeline.schedule=file",
+    args = [*[o for o in TINY if o != "+stages=2"], "+stages=4", "model.depth=1", "mode=e2e", "pipeline.schedule=file",
             f"pipeline.schedule_file={path}", "pipeline.microbatches=2", "trainer.steps=3"]
     r = run_cli(tmp_path, *args, workers.option, f"hydra.run.dir={tmp_path / 'cluster'}")
     assert r.returncode == 0, r.stderr
