@@ -263,6 +263,34 @@ def test_a_worker_of_a_localhost_cluster_listens_on_loopback_or_says_it_does_not
 
 
 
+def test_split_backwards_and_interleaved_stages_on_two_workers_train_like_on_local_devices(workers, tmp_path):
+    """zb1's split backward and interleaved stages in one run (a CLI run costs ~10 s): a schedule
+    file with 4 stages on the 2 workers (stage k on worker k mod 2, in Megatron's interleaved order)
+    whose backwards are split into B and W, each W at the end of its row, after other stages' work on
+    that worker. It trains like the same file on this process's logical devices."""
+    import chain
+    from chain.pipeline import schedule_file, schedules
+    from chain.pipeline.schedules import WEIGHT, Action, Schedule
+
+    inter = schedules.build("interleaved", 4, 2, 2)
+    rows = tuple(row + tuple(Action(a.stage, a.microbatch, WEIGHT) for a in row if a.kind == schedules.BACKWARD)
+                 for row in inter.actions)
+    path = str(tmp_path / "split-interleaved.csv")
+    schedule_file.write(Schedule("file", 4, 2, rows, inter.placement), path)
+    args = [*[o for o in TINY if o != "+stages=2"], "+stages=4", "model.depth=1", "mode=e2e", "pipeline.schedule=file",
+            f"pipeline.schedule_file={path}", "pipeline.microbatches=2", "trainer.steps=3"]
+    r = run_cli(tmp_path, *args, workers.option, f"hydra.run.dir={tmp_path / 'cluster'}")
+    assert r.returncode == 0, r.stderr
+    for k in range(4):  # the placement table: stage k on worker k mod 2
+        worker = k % 2
+        assert (f"{k}      /job:worker/replica:0/task:{worker}/device:CPU:0  worker {worker} "
+                f"{workers.addresses[worker]} CPU:0") in r.stdout, r.stdout
+    chain.build(chain.compose(args), run_dir=str(tmp_path / "local")).fit()
+    for k in range(4):
+        assert_values_alike(stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
+                            stage_values(tmp_path / "local", f"stage_{k:02d}"), rtol=1e-6)
+
+
 GRID = ["+stages=2", "model.width=8", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false",
         "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2", "placement.replicas=2"]
 

@@ -426,3 +426,40 @@ def test_interleaved_settings_that_cannot_work_are_one_config_error(overrides, m
     with pytest.raises(chain.ConfigError) as e:
         chain.compose(INTERLEAVED + ["pipeline.schedule=interleaved"] + overrides)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def skip_model() -> keras.Model:
+    """A functional model with a skip connection (Add) inside what becomes a stage: 6 -> 8 -> 8 -> 4."""
+    keras.utils.set_random_seed(3)
+    x = keras.Input((6,))
+    a = keras.layers.Dense(8, activation="relu", name="a")(x)
+    b = keras.layers.Dense(8, activation="tanh", name="b")(a)
+    c = keras.layers.Dense(8, activation="relu", name="c")(keras.layers.Add(name="skip")([a, b]))
+    return keras.Model(x, keras.layers.Dense(4, name="out")(c))
+
+
+def test_zb1_on_a_cut_functional_model_splits_each_backward_without_running_any_matmul_twice():
+    """A cut Keras model (functional stages, one with a skip connection): W starts from the gradients B
+    left at each weighted layer's output, as on Sequential stages, and trains as 1F1B does."""
+    from chain.steps.forward import layer_by_layer
+
+    counts, weights = {}, {}
+    for schedule in ("1f1b", "zb1"):
+        run = chain.build(chain.compose(["+stages=2", *BASE[1:], f"pipeline.schedule={schedule}",
+                                         "pipeline.microbatches=2"]), model=skip_model())
+        assert all(not isinstance(s.model, keras.Sequential) and layer_by_layer(s) for s in run.stages)
+        it = iter(run.batches())
+        for _ in range(3):
+            run.step(*next(it))
+        weights[schedule] = [v.numpy() for s in run.stages for v in s.trainable_variables]
+        x, ys = next(it)
+        ops = run.trace(x, ys).graph.get_operations()
+        alive = live_ops(ops[0].graph)
+        kinds = [schedules.Action.parse(op.name).kind for op in ops
+                 if op.type == "MatMul" and op.name in alive and schedules.Action.parse(op.name) is not None]
+        counts[schedule] = {kind: kinds.count(kind) for kind in "FBW"}
+    assert counts["zb1"]["W"] > 0 and counts["zb1"]["B"] > 0
+    assert counts["zb1"]["F"] == counts["1f1b"]["F"]
+    assert counts["zb1"]["B"] + counts["zb1"]["W"] == counts["1f1b"]["B"], counts
+    for a, b in zip(weights["zb1"], weights["1f1b"], strict=True):
+        assert rel_diff(a, b) <= 1e-6

@@ -5,6 +5,7 @@ the balance advice are checked on synthetic traces whose answer is known."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -70,6 +71,55 @@ def test_profiling_does_not_change_training(profiled):
     plain = chain.build(cfg).fit()
     assert plain["loss_last"] == summary["loss_last"]
 
+
+
+@pytest.mark.parametrize("schedule, overrides", [
+    ("zb1", ["+stages=2"]),
+    ("interleaved", ["+stages=4", "pipeline.virtual_stages=2"]),  # 4 stages on 2 devices
+])
+def test_zb1_and_interleaved_are_measured_action_by_action(schedule, overrides, tmp_path, caplog, monkeypatch):
+    """Every F, B and W of every stage is in the measured timeline, in the schedule's order for
+    that stage. The log's plan and the report's planned chart have one row per device (interleaved:
+    two stages each, every cell naming its stage), the report's measured chart one per stage, and
+    both charts draw W bars for zb1. (The measured text grid is not checked cell by cell: on a
+    loaded machine a short action may fill no slot of it.)"""
+    run_dir = str(tmp_path)
+    cfg = chain.compose([*overrides, "mode=e2e", f"pipeline.schedule={schedule}", "pipeline.microbatches=2", *SMALL,
+                         "trainer.steps=3", "trainer.profile=[2,3]"])
+    run = chain.build(cfg, run_dir=run_dir)
+    with caplog.at_level(logging.INFO, logger="chain"):
+        summary = run.fit()
+    with open(os.path.join(run_dir, "timeline.json")) as f:
+        measured = json.load(f)
+    kinds = "BFW" if schedule == "zb1" else "BF"
+    assert [s["step"] for s in measured["steps"]] == [2, 3] and all(s["complete"] for s in measured["steps"])
+    for step in measured["steps"]:
+        for k in range(len(run.stages)):
+            planned = [a for row in run.schedule.actions for a in row if a.stage == k]
+            assert "".join(sorted({a.kind for a in planned})) == kinds
+            mine = sorted((a for a in step["actions"] if a["stage"] == k), key=lambda a: a["start_ms"])
+            assert [Action(k, a["microbatch"], a["kind"]) for a in mine] == planned, k
+    assert 0.0 <= summary["measured_bubble_fraction"] < 1.0
+    (text,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planned and measured timelines")]
+    plan = text.split("\nmeasured: step ", 1)[0].splitlines()
+    if schedule == "zb1":
+        assert "W: weight gradients" in plan[1] and {"W0", "W1"} <= set(plan[2].split())  # stage 0's row
+        devices = ["stage 0  /device:CPU:0", "stage 1  /device:CPU:1"]
+    else:
+        devices = ["device 0 (stages 0, 2)", "device 1 (stages 1, 3)"]
+        assert plan[2].startswith(devices[0]) and "F0@s2" in plan[2].split() and "B1@s3" in plan[3].split()
+    # The report: what its two timeline charts draw (the charts themselves are PNGs).
+    from chain.report import page, runs
+
+    charts = {}
+    monkeypatch.setattr(page.plots, "gantt", lambda rows, labels, title, xlabel: charts.setdefault(
+        title.split(":")[0].split(" ")[0], (rows, labels)) and b"")
+    page.timeline_section(runs.load(run_dir))
+    (planned_rows, planned_labels), (measured_rows, measured_labels) = charts["planned"], charts["measured"]
+    assert planned_labels == devices
+    assert measured_labels == [f"stage {k}  {s.device}" for k, s in enumerate(run.stages)]
+    for rows in (planned_rows, measured_rows):
+        assert "".join(sorted({kind for row in rows for _, _, kind, _ in row} - {"update"})) == kinds
 
 # --- the statistics, on synthetic traces ---------------------------------------------------------
 

@@ -57,6 +57,7 @@ OTHER_FORMATS: dict[str, tuple[set[str], str]] = {
     "chain/steps/evaluate.py": ({"loss"}, "evaluation metrics, metric name -> mean (made here)"),
     "chain/strategies/base.py": ({"loss"}, "evaluation metrics, metric name -> mean"),
     "chain/training/validation.py": ({"loss", "best_step"}, "evaluation metrics; the tracker's checkpointed state"),
+    "chain/data/sources/digits_data.py": ({"target"}, "the arrays of the shipped digits.npz"),
 }
 
 

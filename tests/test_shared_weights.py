@@ -68,7 +68,9 @@ def tied_embedding_model(readout: type = TiedReadout) -> keras.Model:
 @pytest.mark.parametrize("overrides", [
     ["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9", "pipeline.schedule=gpipe", "pipeline.microbatches=2"],
     ["optim=adam", "optim.lr=0.05", "pipeline.schedule=1f1b", "pipeline.microbatches=4", "optim.clip_global_norm=0.01"],
-], ids=["gpipe-sgd-M2", "1f1b-adam-M4-clipped"])
+    # zb1: W from each weighted layer's kept output, the tied read-out's use of the matrix included
+    ["optim=adam", "optim.lr=0.05", "pipeline.schedule=zb1", "pipeline.microbatches=2"],
+], ids=["gpipe-sgd-M2", "1f1b-adam-M4-clipped", "zb1-adam-M2"])
 def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(overrides):
     run = chain.build(chain.compose(["mode=e2e", *RUN, *overrides]), model=tied_embedding_model())
     copies = [v for s in run.stages for v in s.trainable_variables if v.path == "embed/embeddings"]

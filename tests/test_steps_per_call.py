@@ -14,6 +14,10 @@ MODES = {
     "local": [],
     "local-accum": ["trainer.grad_accum=2"],
     "e2e-1f1b": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
+    "e2e-zb1": ["mode=e2e", "pipeline.schedule=zb1", "pipeline.microbatches=2"],
+    # 4 stages on 2 devices, stage k on device k mod 2 (the later "+stages=4" wins over SMALL's 2)
+    "e2e-interleaved": ["mode=e2e", "pipeline.schedule=interleaved", "+stages=4", "pipeline.virtual_stages=2",
+                        "pipeline.microbatches=2", "model.depth=1"],  # one layer a stage: four stages trace fast
     "local-xla": ["trainer.jit_compile=true"],
     "e2e-float16": ["mode=e2e", "precision=mixed_float16", "pipeline.microbatches=2"],
     "mirrored-local": ["placement.fallback=mirrored"],
@@ -51,10 +55,15 @@ def pair(*overrides):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_n_steps_in_one_call_equal_n_single_steps_bit_for_bit(mode):
+def test_n_steps_in_one_call_equal_n_single_steps_bit_for_bit(mode, tmp_path):
+    """N steps in one call are N single steps; and mode=e2e (every schedule, zb1 and interleaved
+    among them): a run resumed from its checkpoint between the two calls ends where it ended."""
     one, many = pair(*MODES[mode])
     singles = [one.step(*next(one.iterator)) for _ in range(2 * N)]
-    called = many.steps(N) + many.steps(N)  # the same function, called twice: no retrace needed
+    called = many.steps(N)
+    if mode.startswith("e2e"):
+        many.checkpoints(str(tmp_path)).save(N, None, None)
+    called += many.steps(N)  # the same function, called twice: no retrace needed
     assert [o["loss"] for o in called] == [o["loss"] for o in singles]
     assert [o["stage_losses"] for o in called] == [o["stage_losses"] for o in singles]
     assert many.global_step == one.global_step == 2 * N
@@ -64,6 +73,14 @@ def test_n_steps_in_one_call_equal_n_single_steps_bit_for_bit(mode):
         assert many.strategy._multi.experimental_get_tracing_count() == 1
         many.steps(3)  # a shorter call reuses the same trace (n is a tensor)
         assert many.strategy._multi.experimental_get_tracing_count() == 1
+    if not mode.startswith("e2e"):
+        return  # the pipeline schedules resume below; the other modes' resumes have tests of their own
+    # Resume: `many`, moved on past step 2N, restores its checkpoint of step N (every stage, the
+    # optimizer slots, the dropout seeds, the data stream) and runs the second N steps again.
+    assert many.restore(str(tmp_path))["step"] == N and many.global_step == N
+    again = many.steps(N)
+    assert [o["loss"] for o in again] == [o["loss"] for o in called[N:]]
+    assert same(state(many), state(one))
 
 
 def test_the_iterator_checkpoint_after_a_call_resumes_at_the_next_batch(tmp_path):
@@ -131,3 +148,4 @@ def test_fit_with_steps_per_call_matches_fit_without_and_resumes_bit_exact(tmp_p
     resumed = chain.build(chain.compose([*common, "trainer.steps=7", "resume=true"]), run_dir=str(tmp_path / "resumed"))
     assert resumed.fit()["resumed_from"] == 4
     assert same(state(resumed), state(a))
+

@@ -79,7 +79,7 @@ from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred
-from chain.steps.forward import chain_forward, layer_by_layer
+from chain.steps.forward import Kept, chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
@@ -166,33 +166,33 @@ def _seeds(out: tf.Tensor, g: tf.Tensor | None, scaled_reg: tf.Tensor | None) ->
     return [out, scaled_reg], [g, tf.ones_like(scaled_reg)]
 
 
-def weight_gradients(stage: Stage, targets, start, kept: Sequence[tf.Tensor] | None,
+def weight_gradients(stage: Stage, targets, start, kept: Sequence[Kept] | None,
                      kept_grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
     """W of a split backward: the gradients of `stage`'s trainable variables (in their order).
 
-    With every layer's output kept (`kept`, and `kept_grads`, the gradients B computed there), each
-    layer's weights take their gradient from its own output's: only that layer's backward runs
-    again (its activation's derivative, elementwise, and the weight products), not the whole stage's.
-    What reaches the weights directly (a kernel regularizer's term in `targets`) is added with the
-    layer outputs held fixed. Without them (a model that is not a Sequential, or XLA), the whole
-    backward runs again from `targets` (`start`: their output gradients). `tf.gradients` names
-    its ops in the current scope (`s{k}_W{m}/gradients/...`), so a trace reads them back as W."""
+    With every weighted layer's call kept (`kept`: its inputs and output, and `kept_grads`, the
+    gradients B computed at those outputs), each call gives the weights it reads their gradient from
+    its own output's, differentiated back to its inputs only: only that layer's backward runs again
+    (its activation's derivative, elementwise, and the weight products), not the whole stage's. A
+    weight read by several calls (tied) sums what each gives. What reaches the weights otherwise (a
+    kernel regularizer's term in `targets`) is added with the kept outputs held fixed. Without them
+    (a model `layer_by_layer` refuses, or XLA), the whole backward runs again from `targets`
+    (`start`: their output gradients). `tf.gradients` names its ops in the current scope
+    (`s{k}_W{m}/gradients/...`), so a trace reads them back as W."""
     variables = stage.trainable_variables
     handles = [v.value if hasattr(v, "value") else v for v in variables]  # Keras 3 wraps the tf.Variable
     if kept is None:
         return tf.gradients(targets, handles, grad_ys=start)
-    mine: dict[int, tf.Tensor] = {}
-    for layer, out, grad in zip(stage.model.layers, kept, kept_grads):
-        own = layer.trainable_variables
-        if own and grad is not None:
-            for v, g in zip(own, tf.gradients(out, [v.value for v in own], grad_ys=grad)):
-                mine[id(v)] = g
-    direct = tf.gradients(targets, handles, grad_ys=start, stop_gradients=list(kept))
-    out = []
-    for v, d in zip(variables, direct):
-        g = mine.get(id(v))
-        out.append(d if g is None else g if d is None else g + d)
-    return out
+    total: list[tf.Tensor | None] = list(tf.gradients(targets, handles, grad_ys=start,
+                                                      stop_gradients=[c.output for c in kept]))
+    for call, grad in zip(kept, kept_grads):
+        if grad is None:
+            continue
+        # The call's own weights first (the common case); any other weight it reads (tied) too.
+        for i, g in enumerate(tf.gradients(call.output, handles, grad_ys=grad, stop_gradients=call.inputs)):
+            if g is not None:
+                total[i] = g if total[i] is None else total[i] + g
+    return total
 
 
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
@@ -350,7 +350,7 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                     g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
                     with tf.device(s.device):
                         targets, start = seeds[(k, m)] = _seeds(out, g, scaled_reg)
-                        sources = ([h] if k > 0 else []) + (kept or [])
+                        sources = ([h] if k > 0 else []) + [c.output for c in kept or []]
                         grads = tape.gradient(targets, sources, output_gradients=start) if sources else []
                         if k > 0:
                             input_grads[(k, m)] = grads[0]

@@ -6,31 +6,86 @@ the gradients at those outputs instead of going through the whole backward again
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import keras
 import tensorflow as tf
+from keras.src import tree
+from keras.src.models import functional
+from keras.src.models.functional import Functional
 
 from chain.stages import losses
 from chain.stages.stage import Stage
 
 
+class Kept(NamedTuple):
+    """A layer's call in a kept forward: the layer, the tensors it was given, its output."""
+
+    layer: keras.layers.Layer
+    inputs: list[tf.Tensor]
+    output: tf.Tensor
+
+
+def _functional_calls(model: keras.Model) -> list[keras.layers.Layer] | None:
+    """The layers a plain functional model calls, in the order it calls them, when each layer that
+    has trainable weights is called once and gives one tensor; else None (then its layers' outputs
+    are not kept). A subclass with its own `call` is not plain: its graph may not be what runs."""
+    if not isinstance(model, Functional) or type(model).call is not Functional.call:
+        return None
+    calls, outputs = [], {}
+    for depth in sorted(model._nodes_by_depth, reverse=True):  # the order `_run_through_graph` runs
+        for node in model._nodes_by_depth[depth]:
+            if node.operation is not None and not node.is_input:
+                calls.append(node.operation)
+                outputs[id(node.operation)] = len(tree.flatten(node.outputs))
+    trainable = [op for op in calls if getattr(op, "trainable_variables", None)]
+    if len({id(op) for op in trainable}) != len(trainable):
+        return None  # a layer called twice: one output would not hold all its weights' uses
+    if any(not isinstance(op, keras.layers.Layer) or outputs[id(op)] != 1 for op in trainable):
+        return None
+    return calls
+
+
 def layer_by_layer(stage: Stage) -> bool:
-    """Whether the stage's model is a `keras.Sequential` of distinct layers, which calling one
-    layer after the other computes exactly (so each layer's output can be kept)."""
-    layers = stage.model.layers
-    return isinstance(stage.model, keras.Sequential) and len({id(layer) for layer in layers}) == len(layers) > 0
+    """Whether each layer's output can be kept while the stage's model runs exactly as it does when
+    called: a `keras.Sequential` of distinct layers (called one after the other), or a plain
+    functional model (a cut Keras model, a functional builder; `_functional_calls`)."""
+    model = stage.model
+    layers = model.layers
+    if not layers or len({id(layer) for layer in layers}) != len(layers):
+        return False
+    return isinstance(model, keras.Sequential) or _functional_calls(model) is not None
 
 
-def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[tf.Tensor] | None]:
-    """The model's output, and with `keep` every layer's output (the last is the model's)."""
+def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[Kept] | None]:
+    """The model's output, and with `keep` every layer call that has trainable weights (`Kept`)."""
     if not keep:
         return stage.model(h, training=True), None
-    outputs = []
-    for layer in stage.model.layers:
-        h = layer(h, training=True)
-        outputs.append(h)
-    return h, outputs
+    kept = []  # the weighted calls, in order (no annotation: autograph converts this function)
+    if isinstance(stage.model, keras.Sequential):
+        for layer in stage.model.layers:
+            out = layer(h, training=True)
+            if layer.trainable_variables:
+                kept.append(Kept(layer, [h], out))
+            h = out
+        return h, kept
+
+    def recorded(op):
+        call = functional.operation_fn(op, training=True)  # what `Functional.call` runs for each node
+        if not getattr(op, "trainable_variables", None):
+            return call
+
+        def run(*args, **kwargs):
+            out = call(*args, **kwargs)
+            kept.append(Kept(op, [t for t in tree.flatten((args, kwargs)) if tf.is_tensor(t)], out))
+            return out
+        return run
+
+    # The functional model's own graph walk (Keras' private `_run_through_graph`, which its `call`
+    # runs with the same per-node wrapper), recording each weighted layer's call on the way.
+    model = stage.model
+    out = model._run_through_graph(model._standardize_inputs(h), operation_fn=recorded)
+    return functional.unpack_singleton(out), kept
 
 
 def chain_forward(stage: Stage, loss: Callable | None = None, keep: bool = False) -> Callable:
