@@ -97,6 +97,38 @@ def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(override
     assert rel_diff(want["embed/embeddings"], start["embed/embeddings"]) > 100 * RTOL  # training moved it
 
 
+@tf.custom_gradient
+def _nan_gradient(w):
+    return tf.identity(w), lambda dy: dy * float("nan")
+
+
+class NonFiniteGradient(L.Layer):
+    """Passes its input through; its own weight's gradient is NaN."""
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(), initializer="zeros", name="w")
+
+    def call(self, h):
+        return h + 0.0 * _nan_gradient(self.w)
+
+
+def test_a_holder_whose_own_update_is_dropped_takes_every_other_holder_with_it():
+    """The guard judges each stage alone: stage 0's NaN gradient (not the tied weight's) drops its
+    update; stage 1 holds a copy of the tied weight, so it skips too, and the copies stay equal."""
+    keras.utils.set_random_seed(2)
+    x = keras.Input((6,))
+    embedding = L.Embedding(4, 8, name="embed")
+    h = NonFiniteGradient(name="poison")(L.GlobalAveragePooling1D(name="pool")(embedding(x)))
+    model = keras.Model(x, TiedReadout(embedding, name="tied")(L.Dense(8, activation="tanh", name="mix")(h)))
+    run = chain.build(chain.compose(["mode=e2e", *RUN, "optim=sgd", "optim.lr=0.5", "trainer.on_nan=skip",
+                                     "placement.split=[3,2]"]), model=model)
+    copies = [v for s in run.stages for v in s.trainable_variables if v.path == "embed/embeddings"]
+    x = np.random.default_rng(0).integers(0, 4, (16, 6)).astype("float32")
+    run.step(x, {"label": np.arange(16, dtype="int32") % 4})
+    assert [int(s.skipped.numpy()) for s in run.stages] == [1, 1]
+    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())
+
+
 def test_a_tied_weight_across_stages_is_refused_in_one_line_where_the_step_does_not_sum_it():
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose(["mode=local", *RUN]), model=tied_embedding_model())

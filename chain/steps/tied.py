@@ -8,6 +8,11 @@ before the updates each copy's (unscaled) gradient crosses to the first holder's
 sum is taken there and sent back, and every stage applies that same sum with its own
 optimizer, whose slots started equal too: every copy takes the identical update and the
 copies stay identical. The global norm (`chain.steps.clipping`) counts the variable once.
+
+The numerics guard (`chain.steps.numerics`) judges each stage's update alone, so a stage whose
+other gradients are not finite would skip while another holder applies the tied update, and the
+copies would part. So the sum is NaN whenever any holder's gradients are not finite: every holder
+then skips (on one device Keras skips the whole model's update).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from chain.stages.stage import Stage
+from chain.steps.numerics import all_finite
 from chain.steps.ops import copy_to
 
 
@@ -57,8 +63,14 @@ def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | Non
                 parts.append(g if stages[k].device == home else copy_to(g, home, f"shared{n}_s{k}"))
             if not parts:
                 continue
+            finite = []  # each holder's verdict on all its gradients (the guard's, before the sum)
+            for k in sorted({k for k, _ in group}):
+                with tf.device(stages[k].device):
+                    ok = all_finite(None, out[k])
+                finite.append(ok if stages[k].device == home else copy_to(ok, home, f"shared{n}_finite_s{k}"))
             with tf.device(home):
                 total = tf.add_n(parts)
+                total = tf.where(tf.reduce_all(tf.stack(finite)), total, tf.fill(tf.shape(total), tf.constant(float("nan"), total.dtype)))
             for k, i in group:
                 out[k][i] = total if stages[k].device == home else copy_to(total, stages[k].device, f"shared{n}_sum_s{k}")
     return out

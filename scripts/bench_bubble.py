@@ -1,0 +1,58 @@
+"""Measured bubble of each schedule on two single-core workers (`trainer.profile`).
+
+`scripts/bench_pipeline.py` times the schedules; this runs the same chain (its model and
+`overrides`) once per schedule and M with `trainer.profile` over the last steps, on two workers
+pinned to one core each that serve TensorFlow's profiler, and prints the planned and the
+measured bubble fraction from each run's summary.json (idle stage time over stages x span).
+
+    python scripts/bench_bubble.py --micro 4 8 --schedules 1f1b zb1 interleaved
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_pipeline import model_arguments, overrides  # noqa: E402
+
+from chain.worker import LocalCluster  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_arguments(p)
+    p.add_argument("--micro", type=int, nargs="+", default=[4, 8], help="microbatch counts M")
+    p.add_argument("--schedules", nargs="+", default=["1f1b", "zb1", "interleaved"],
+                   choices=["gpipe", "1f1b", "zb1", "interleaved"])
+    p.add_argument("--steps", type=int, default=8, help="steps per run; the last half are profiled")
+    a = p.parse_args()
+    import chain
+
+    rows = []
+    with LocalCluster(a.stages, cpus=[i % os.cpu_count() for i in range(a.stages)], threads=1, profile=True) as cluster:
+        devices = [f"/task:{i}/CPU:0" for i in range(a.stages)]
+        for m in a.micro:
+            for schedule in a.schedules:
+                with tempfile.TemporaryDirectory() as run_dir:
+                    args = [*overrides(a, cluster.addresses, schedule, m, devices), f"trainer.steps={a.steps}",
+                            f"trainer.profile=[{a.steps // 2 + 1},{a.steps}]", cluster.profile_option,
+                            "checkpoint.every=0", "checkpoint.export=false"]
+                    chain.build(chain.compose(args), run_dir=run_dir).fit()
+                    with open(os.path.join(run_dir, "summary.json")) as f:
+                        s = json.load(f)
+                rows.append((schedule, m, s["pipeline"]["bubble_fraction"], s["measured_bubble_fraction"]))
+                print(f"# {schedule} M={m}: planned {rows[-1][2]:.3f} measured {rows[-1][3]}", flush=True)
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(f"\nK={a.stages}, {a.depth}x{a.width} tanh per stage, microbatch {a.micro_size}; load average {load}")
+    print("| schedule | M | planned bubble | measured bubble |\n|---|---|---|---|")
+    for schedule, m, planned, measured in rows:
+        print(f"| {schedule} | {m} | {planned:.3f} | {'-' if measured is None else f'{measured:.3f}'} |")
+
+
+if __name__ == "__main__":
+    main()
