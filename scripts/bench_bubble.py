@@ -45,7 +45,7 @@ def main() -> None:
                     chain.build(chain.compose(args), run_dir=run_dir).fit()
                     with open(os.path.join(run_dir, "summary.json")) as f:
                         s = json.load(f)
-                rows.append((schedule, m, s["pipeline"]["bubble_fraction"], s["measured_bubble_fraction"]))
+                rows.append((schedule, m, s["bubble_fraction"], s["measured_bubble_fraction"]))
                 print(f"# {schedule} M={m}: planned {rows[-1][2]:.3f} measured {rows[-1][3]}", flush=True)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
     print(f"\nK={a.stages}, {a.depth}x{a.width} tanh per stage, microbatch {a.micro_size}; load average {load}")

@@ -133,23 +133,25 @@ def synthetic(schedule, durations, step=(0, 10 ** 9), gap=0):
         for t, a in enumerate(row):
             if a is not None:
                 start = step[0] + t * slot
-                scope = f"s{k}_{a.kind}{a.microbatch}" if a.kind == "F" else f"gradient_tape/s{k}_F{a.microbatch}"
+                scope = f"s{a.stage}_{a.kind}{a.microbatch}" if a.kind == "F" else f"gradient_tape/s{a.stage}_F{a.microbatch}"
                 events.append(OpEvent(f"{scope}/matmul", "MatMul", start, start + durations[a.kind], "vm"))
                 events.append(OpEvent(f"{scope}/w/ReadVariableOp", "ReadVariableOp", step[0], step[0] + 1, "vm"))
     return events
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved"])
 def test_unit_time_actions_measure_the_planned_bubble(name):
-    s = schedules.build(name, 3, 4)
+    # interleaved: 6 stages on 3 devices; a device is idle only while none of its stages works
+    s = schedules.build(name, 6, 3, 3) if name == "interleaved" else schedules.build(name, 3, 3)
     events = synthetic(s, {"F": 1000, "B": 1000})
-    m = timeline.measure(s, events, {7: (0, 10 ** 9)}, ["/d:0", "/d:1", "/d:2"])
+    m = timeline.measure(s, events, {7: (0, 10 ** 9)}, [f"/d:{k % 3}" for k in range(s.stages)])
     assert m.steps[0].complete
     assert m.measured_bubble_fraction == pytest.approx(schedules.simulate(s).bubble_fraction)
     assert m.planned_bubble_fraction == pytest.approx(schedules.simulate(s).bubble_fraction)
-    assert [p.forward_ms for p in m.per_stage] == pytest.approx([4 * 1e-3] * 3)
-    # the text grid of a step that followed the plan is the plan
-    assert timeline.grid(m, m.steps[0], schedules.simulate(s).slots) == schedules.simulate(s).grid
+    assert [p.forward_ms for p in m.per_stage] == pytest.approx([3 * 1e-3] * s.stages)
+    if name != "interleaved":  # the measured text grid has a row per stage, the plan one per device
+        # the text grid of a step that followed the plan is the plan
+        assert timeline.grid(m, m.steps[0], schedules.simulate(s).slots) == schedules.simulate(s).grid
 
 
 def test_a_missing_action_leaves_its_step_out_of_the_statistics():

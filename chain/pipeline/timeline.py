@@ -22,8 +22,9 @@ on no earlier action of its own, so its weight reads and, on the last stage, the
 its labels run as the step starts. (Across machines this assumes clocks that agree better
 than a transfer takes.) A stage is *busy* while any of its actions runs
 (the union of their intervals); the step's span runs from the first action's start to the
-last action's end; the **measured bubble fraction** is the idle share of stages x span, the
-measured counterpart of the planned one (`Timeline.bubble_fraction`, unit-time actions).
+last action's end; the **measured bubble fraction** is the idle share of devices x span (a
+device is busy while any of its stages is: interleaved stages share one), the measured
+counterpart of the planned one (`Timeline.bubble_fraction`, unit-time actions).
 Updates come after the schedule and are reported apart (`update_ms`), as the plan leaves them
 out. `copy_wait_ms` is the time a stage sat idle after the input of its next action was
 ready on another device: the transfer, and the host round trip of the release, stalling it.
@@ -249,10 +250,13 @@ def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Seque
     if not done:
         return Statistics(None, [], None, None)
     per = [StageTime(k, devices[k], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0) for k in range(n_stages)]
-    spans = 0.0
+    hosts = sorted(set(devices[:n_stages]))  # interleaved: several stages on one device
+    spans, device_busy = 0.0, 0.0
     for s in done:
         acts = s.actions
         spans += max(a.end_ms for a in acts) - min(a.start_ms for a in acts)
+        for d in hosts:  # a device is busy while any of its stages is
+            device_busy += union((a.start_ms, a.end_ms) for a in acts if devices[a.stage] == d)
         for k, wait in enumerate(_waits(acts, schedule, devices)):
             per[k].copy_wait_ms += wait
         for k in range(n_stages):
@@ -268,8 +272,7 @@ def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Seque
         p.busy_fraction = p.busy_ms / spans if spans else None
         p.busy_ms, p.forward_ms, p.backward_ms = p.busy_ms / n, p.forward_ms / n, p.backward_ms / n
         p.copy_ms, p.copy_wait_ms, p.update_ms = p.copy_ms / n, p.copy_wait_ms / n, p.update_ms / n
-    busy = sum(p.busy_ms for p in per) * n
-    return Statistics(1.0 - busy / (n_stages * spans) if spans else None, per,
+    return Statistics(1.0 - device_busy / (len(hosts) * spans) if spans else None, per,
                       max(range(n_stages), key=lambda k: per[k].busy_ms), spans / n)
 
 

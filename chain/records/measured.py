@@ -95,7 +95,7 @@ class Measured:
     devices: list[str] = item("each stage's device")
     steps: list[MeasuredStep] = item("every profiled step")
     planned_bubble_fraction: float = item("the plan's bubble fraction (unit-time actions)")
-    measured_bubble_fraction: float | None = item("idle stage time over stages x span (null: no complete step)")
+    measured_bubble_fraction: float | None = item("idle device time over devices x span (null: no complete step)")
     per_stage: list[StageTime] = item("each stage's times")
     slowest_stage: int | None = item("the busiest stage")
     step_ms: float | None = item("the mean span of a step, first action to last")

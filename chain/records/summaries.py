@@ -155,7 +155,7 @@ class SideBySideFields:
 class ProfileFields:
     """trainer.profile: what the trace measured (timeline.json holds the rest)."""
 
-    measured_bubble_fraction: float | None = item("idle stage time over stages x span, over the profiled steps")
+    measured_bubble_fraction: float | None = item("idle device time over devices x span, over the profiled steps")
     profiled_steps: list[int] | None = item("the steps traced")
     slowest_stage: int | None = item("the busiest stage")
     balance_advice: str | None = item("the balance advice in one line (null: balanced)")
