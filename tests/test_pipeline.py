@@ -379,6 +379,21 @@ def live_ops(graph) -> set[str]:
     return seen
 
 
+def matmuls_by_kind(ops) -> dict[str, int]:
+    """How many live MatMul ops each kind of action (F, B, W) of a traced step runs."""
+    alive = live_ops(ops[0].graph)
+    kinds = [schedules.Action.parse(op.name).kind for op in ops
+             if op.type == "MatMul" and op.name in alive and schedules.Action.parse(op.name) is not None]
+    return {kind: kinds.count(kind) for kind in "FBW"}
+
+
+def assert_split_backward_runs_the_same_products(counts: dict[str, dict[str, int]]) -> None:
+    """zb1's B and W together run exactly 1F1B's backward products, and both kinds run."""
+    assert counts["zb1"]["W"] > 0 and counts["zb1"]["B"] > 0
+    assert counts["zb1"]["F"] == counts["1f1b"]["F"]
+    assert counts["zb1"]["B"] + counts["zb1"]["W"] == counts["1f1b"]["B"], counts
+
+
 def test_zb1_splits_each_backward_without_running_any_matmul_twice(trained):
     """B computes what the previous stage waits for, W the weights' gradients from the gradients B
     left at each layer's output: together they run exactly 1F1B's backward matrix products (the
@@ -386,13 +401,8 @@ def test_zb1_splits_each_backward_without_running_any_matmul_twice(trained):
     counts = {}
     for schedule in ("1f1b", "zb1"):
         run, ops, _ = step_graph(trained(schedule, 2, "crossentropy"))
-        alive = live_ops(ops[0].graph)
-        kinds = [schedules.Action.parse(op.name).kind for op in ops
-                 if op.type == "MatMul" and op.name in alive and schedules.Action.parse(op.name) is not None]
-        counts[schedule] = {kind: kinds.count(kind) for kind in "FBW"}
-    assert counts["zb1"]["W"] > 0 and counts["zb1"]["B"] > 0
-    assert counts["zb1"]["F"] == counts["1f1b"]["F"]
-    assert counts["zb1"]["B"] + counts["zb1"]["W"] == counts["1f1b"]["B"], counts
+        counts[schedule] = matmuls_by_kind(ops)
+    assert_split_backward_runs_the_same_products(counts)
 
 
 @pytest.mark.parametrize("m", [2, 4, 8])
@@ -454,12 +464,7 @@ def test_zb1_on_a_cut_functional_model_splits_each_backward_without_running_any_
         weights[schedule] = [v.numpy() for s in run.stages for v in s.trainable_variables]
         x, ys = next(it)
         ops = run.trace(x, ys).graph.get_operations()
-        alive = live_ops(ops[0].graph)
-        kinds = [schedules.Action.parse(op.name).kind for op in ops
-                 if op.type == "MatMul" and op.name in alive and schedules.Action.parse(op.name) is not None]
-        counts[schedule] = {kind: kinds.count(kind) for kind in "FBW"}
-    assert counts["zb1"]["W"] > 0 and counts["zb1"]["B"] > 0
-    assert counts["zb1"]["F"] == counts["1f1b"]["F"]
-    assert counts["zb1"]["B"] + counts["zb1"]["W"] == counts["1f1b"]["B"], counts
+        counts[schedule] = matmuls_by_kind(ops)
+    assert_split_backward_runs_the_same_products(counts)
     for a, b in zip(weights["zb1"], weights["1f1b"], strict=True):
         assert rel_diff(a, b) <= 1e-6
