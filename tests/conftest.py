@@ -98,8 +98,11 @@ def cli(tmp_path):
 # processes). With `-n 2 --dist loadfile --no-loadscope-reorder` (the README's command) a
 # worker takes whole modules in collection order, so starting with these keeps one of them
 # from running alone on one core after the other worker has finished.
-LONGEST_FIRST = ["test_stress.py", "test_applications.py", "test_cli_faults.py", "test_resume.py", "test_cluster.py", "test_multi_worker.py", "test_run_dir.py", "test_speed_cli.py",
-                 "test_restage.py", "test_damaged_data.py", "test_resume_settings.py", "test_report.py", "test_devices_cli.py"]
+LONGEST_FIRST = ["test_cluster.py", "test_stress.py", "test_resume.py", "test_cli_faults.py", "test_user_models.py",
+                 "test_multi_worker.py", "test_run_dir.py", "test_speed_cli.py", "test_side_by_side.py",
+                 "test_applications.py", "test_restage.py", "test_steps_per_call.py", "test_cut_models.py",
+                 "test_profile.py", "test_regularization.py", "test_devices_cli.py", "test_cli.py", "test_report.py",
+                 "test_damaged_data.py", "test_resume_settings.py"]
 
 
 def pytest_configure(config):
