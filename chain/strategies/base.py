@@ -133,8 +133,9 @@ class Strategy:
         """Use `body` (traceable: one step, inside `repeat`'s loop too) as the step, dropping every
         trace and compiled loop made from the one before."""
         self.body = body
-        # autograph=False: the steps' Python control flow is over Python values (unrolled on purpose);
-        # converting them cost about 2 s of CPU per process, a fifth of a short run.
+        # autograph=False: the steps' Python control flow is over Python values (unrolled on purpose),
+        # and Keras 3 traces its own train step unconverted too (do_not_convert), so user layers see
+        # what they see in model.fit; converting cost about 2 s of CPU per process.
         self.step_fn = tf.function(body, autograph=False)
         self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
         self._multi: Callable | None = None
