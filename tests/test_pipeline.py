@@ -353,6 +353,8 @@ def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_s
     run = chain.build(chain.compose(base + ["pipeline.schedule=file", f"pipeline.schedule_file={path}",
                                             "pipeline.microbatches=2"]))
     assert run.schedule.name == "file" and run.schedule.actions == t["run"].schedule.actions
+    if schedule == "interleaved":  # the planner's note names the setting the run has
+        assert "pipeline.schedule=file: 4 stages on 2 devices, stage k on device k mod 2" in run.placement.notes
     assert [s.device for s in run.stages] == [s.device for s in t["run"].stages]
     for s, initial in zip(run.stages, t["initial"]):  # the same start
         for layer, before in zip(s.model.layers, initial):

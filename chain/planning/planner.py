@@ -449,14 +449,15 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
     return p
 
 
-def loop(p: Placement, n_stages: int) -> Placement:
+def loop(p: Placement, n_stages: int, schedule: str = "interleaved") -> Placement:
     """`p`, planned for D devices, with `n_stages` stages on them: stage k on device k mod D (the
-    "loop" placement of interleaved virtual stages, `pipeline.schedule=interleaved`)."""
+    "loop" placement of interleaved virtual stages: `pipeline.schedule=interleaved`, or a schedule
+    file with several stages a device); `schedule` names the setting in the note."""
     d = len(p.devices)
     if p.strategy == MIRRORED or d >= n_stages:
         return p
     p.devices = [p.devices[k % d] for k in range(n_stages)]
-    p.notes.append(f"pipeline.schedule=interleaved: {n_stages} stages on {d} devices, stage k on device k mod {d}")
+    p.notes.append(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices, stage k on device k mod {d}")
     return p
 
 

@@ -81,7 +81,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
         else:
             inventory = inventory or discover()
             placement = planner.plan(s.placement, n, inventory)
-        placement = planner.loop(placement, n_stages)
+        placement = planner.loop(placement, n_stages, s.pipeline.schedule)
     placement.per_replica_batch = planner.check_batch(s.data.batch_size, placement, s.pipeline.microbatches)  # once
     spec = replace(spec, placement=placement, inventory=inventory)
     if spec.data_info is not None:
