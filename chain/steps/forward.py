@@ -61,7 +61,7 @@ def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[Kept
     """The model's output, and with `keep` every layer call that has trainable weights (`Kept`)."""
     if not keep:
         return stage.model(h, training=True), None
-    kept = []  # the weighted calls, in order (no annotation: autograph converts this function)
+    kept = []  # the weighted calls, in order
     if isinstance(stage.model, keras.Sequential):
         for layer in stage.model.layers:
             out = layer(h, training=True)
