@@ -21,20 +21,23 @@ from chain.planning.planner import MIRRORED, Placement
 MB = 1 << 20  # TensorFlow's memory limits are in MiB
 
 
-def device_memory_mb(placement: Placement, inventory: Inventory) -> dict[str, int | None]:
-    """Each logical GPU of the plan (`/device:GPU:n`) and its memory in MB: its limit, or its card's
-    memory when the card is not split (None: unknown). Logical GPUs are numbered card after card
-    over the visible cards (see `chain.planning.planner`)."""
-    out: dict[str, int | None] = {}
-    n = 0
+def _logical_gpus(placement: Placement, inventory: Inventory) -> dict[str, tuple[int, int | None]]:
+    """Each logical GPU of the plan (`/device:GPU:n`) -> (its card's index, its memory in MB: its
+    limit, or its card's memory when the card is not split; None: unknown). Logical GPUs are
+    numbered card after card over the visible cards (see `chain.planning.planner`)."""
+    out: dict[str, tuple[int, int | None]] = {}
     for g in inventory.gpus:
         if placement.visible is not None and g.index not in placement.visible:
             continue
         limits = placement.memory_limits_mb.get(g.index)
         for j in range(placement.split.get(g.index, 1)):
-            out[f"/device:GPU:{n}"] = limits[j] if limits else g.memory_mb
-            n += 1
+            out[f"/device:GPU:{len(out)}"] = (g.index, limits[j] if limits else g.memory_mb)
     return out
+
+
+def device_memory_mb(placement: Placement, inventory: Inventory) -> dict[str, int | None]:
+    """Each logical GPU of the plan and its memory in MB (None: unknown)."""
+    return {d: mb for d, (_, mb) in _logical_gpus(placement, inventory).items()}
 
 
 def stage_devices(placement: Placement, n_stages: int) -> list[list[str]]:
@@ -104,16 +107,11 @@ def check(placement: Placement, footprints: Sequence[Footprint | None], inventor
 
 def _source(placement: Placement, device: str, inventory: Inventory, limit: int) -> str:
     """Where a device's memory figure comes from: a logical GPU's limit, or its card's memory."""
-    n = 0
-    for g in inventory.gpus:
-        if placement.visible is not None and g.index not in placement.visible:
-            continue
-        count = placement.split.get(g.index, 1)
-        if n <= int(device.rsplit(":", 1)[1]) < n + count:
-            return (f"its memory limit, {limit} MiB: placement.memory_limit_mb or its share of GPU {g.index}"
-                    if g.index in placement.memory_limits_mb else f"GPU {g.index}'s memory, nvidia-smi")
-        n += count
-    return "its memory"
+    card = _logical_gpus(placement, inventory).get(device)
+    if card is None:
+        return "its memory"
+    return (f"its memory limit, {limit} MiB: placement.memory_limit_mb or its share of GPU {card[0]}"
+            if card[0] in placement.memory_limits_mb else f"GPU {card[0]}'s memory, nvidia-smi")
 
 
 def table(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory) -> str:

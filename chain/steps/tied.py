@@ -11,8 +11,8 @@ copies stay identical. The global norm (`chain.steps.clipping`) counts the varia
 
 The numerics guard (`chain.steps.numerics`) judges each stage's update alone, so a stage whose
 other gradients are not finite would skip while another holder applies the tied update, and the
-copies would part. So the sum is NaN whenever any holder's gradients are not finite: every holder
-then skips (on one device Keras skips the whole model's update).
+copies would part. So every sum is NaN whenever any holder's gradients are not finite: every
+holder then skips (on one device Keras skips the whole model's update).
 """
 
 from __future__ import annotations
@@ -52,6 +52,16 @@ def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | Non
     if not found:
         return out
     with tf.name_scope("shared_weights"):
+        # One verdict for every holder of any tied weight (a stage may hold several, linking the
+        # groups): all apply, or all skip. Each holder's own, on its device, before any sum.
+        first = stages[next(iter(found.values()))[0][0]].device
+        flags = []
+        for k in sorted({k for group in found.values() for k, _ in group}):
+            with tf.device(stages[k].device):
+                ok = all_finite(None, grads[k])
+            flags.append(ok if stages[k].device == first else copy_to(ok, first, f"shared_finite_s{k}"))
+        with tf.device(first):
+            all_ok = tf.reduce_all(tf.stack(flags))
         for n, group in enumerate(found.values()):
             home = stages[group[0][0]].device
             parts = []
@@ -63,14 +73,10 @@ def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | Non
                 parts.append(g if stages[k].device == home else copy_to(g, home, f"shared{n}_s{k}"))
             if not parts:
                 continue
-            finite = []  # each holder's verdict on all its gradients (the guard's, before the sum)
-            for k in sorted({k for k, _ in group}):
-                with tf.device(stages[k].device):
-                    ok = all_finite(None, out[k])
-                finite.append(ok if stages[k].device == home else copy_to(ok, home, f"shared{n}_finite_s{k}"))
+            ok = all_ok if home == first else copy_to(all_ok, home, f"shared{n}_finite")
             with tf.device(home):
                 total = tf.add_n(parts)
-                total = tf.where(tf.reduce_all(tf.stack(finite)), total, tf.fill(tf.shape(total), tf.constant(float("nan"), total.dtype)))
+                total = tf.where(ok, total, tf.fill(tf.shape(total), tf.constant(float("nan"), total.dtype)))
             for k, i in group:
                 out[k][i] = total if stages[k].device == home else copy_to(total, stages[k].device, f"shared{n}_sum_s{k}")
     return out

@@ -81,17 +81,15 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
                                       recompute=settings.pipeline.recompute if e2e else footprint.NEVER)
     sizes = cut.split(c, k, p.split, p.balance, costs)
     placement.footprints = _footprints(c, sizes, settings, placement)
+    even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
     if p.balance == "memory" and p.split is None:
-        even = cut.split(c, k, None, "even", None)
+        def peaks(footprints):
+            return " / ".join(human(f.total) for f in footprints)
 
-        def peaks(s):
-            return " / ".join(human(f.total) for f in _footprints(c, s, settings, placement))
-
-        notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(sizes)}; "
-                     f"the even split {even}: {peaks(even)}")
+        notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(placement.footprints)}; "
+                     f"the even split {even}: {peaks(_footprints(c, even, settings, placement))}")
     elif costs is not None or p.balance == "params":
         rows = costs or [[float(n) for n in c.params()]] * k
-        even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut
         m = settings.pipeline.microbatches if settings.mode == "e2e" else 1
 
         def show(s):
