@@ -83,7 +83,11 @@ def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]
             extra = [f"pipeline.virtual_stages={a.virtual}"]
         else:
             schedule = "1f1b"
-    return [f"+stages={stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}", *extra,
+    cut = f"+stages={stages}"
+    if getattr(a, "first_extra", 0):  # the first stage deeper: it computes no gradient for its input
+        cut = "+stages=[" + ",".join(f"{{model: {{depth: {depth + (a.first_extra if k == 0 else 0)}}}}}"
+                                     for k in range(stages)) + "]"
+    return [cut, "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}", *extra,
             "model=mlp", f"model.width={a.width}", f"model.depth={depth}", "model.activation=tanh",
             "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
             f"data.samples={a.micro_size * m}", "data.val_fraction=0", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
@@ -117,7 +121,8 @@ def hand_step(a, devices: list[str], m: int):
     models = []
     for k, d in enumerate(devices):
         with tf.device(d):
-            layers = [keras.Input((a.width,))] + [keras.layers.Dense(a.width, activation="tanh") for _ in range(a.depth)]
+            depth = a.depth + (getattr(a, "first_extra", 0) if k == 0 else 0)
+            layers = [keras.Input((a.width,))] + [keras.layers.Dense(a.width, activation="tanh") for _ in range(depth)]
             if k == len(devices) - 1:
                 layers.append(keras.layers.Dense(10))
             models.append(keras.Sequential(layers))
@@ -329,6 +334,9 @@ def model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--micro-size", type=int, default=128, help="examples per microbatch")
     p.add_argument("--virtual", type=int, default=2, help="interleaved: stages per worker (--depth must divide by it)")
+    p.add_argument("--first-extra", type=int, default=0,
+                   help="layers added to the first stage (of every cut), which computes no input gradient: a "
+                        "balanced pipeline (0: every stage --depth layers, --depth/--virtual interleaved)")
 
 
 def main() -> None:

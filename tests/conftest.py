@@ -1,7 +1,7 @@
 """Test session set-up: 4 logical CPU devices, configured before TensorFlow's runtime starts.
 
 Logical devices can be set once per process, so in-process tests share these four and
-CLI cases run as subprocesses (see `run_cli`).
+CLI cases run as separate processes (see `run_cli`: forked from `tests/zygote.py`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import contextlib
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # peak memory on any CPU, as the CLI does (chain.cli)
@@ -39,10 +41,71 @@ def run_cli(cwd, *overrides: str, module: str = "chain", timeout: int = 300,
     """Run `python -m chain OVERRIDES` in `cwd` (a fresh process: its own logical devices).
 
     `env` adds environment variables (e.g. the fault-injection hooks of `chain.testhooks`).
+    The process is forked from `tests/zygote.py`, which has the heavy imports done (set
+    CHAIN_TEST_NO_ZYGOTE=1 to start each from scratch instead).
     """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    if os.environ.get("CHAIN_TEST_NO_ZYGOTE"):
+        return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    return _zygote().run(list(overrides), module, str(cwd), env, timeout)
+
+
+class _Zygote:
+    """The client of this test process's `tests/zygote.py` (one command line at a time)."""
+
+    def __init__(self):
+        read, write = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "zygote.py"), str(write)],
+                                     stdin=subprocess.PIPE, pass_fds=(write,), text=True,
+                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        os.close(write)
+        self.answers, self.pending = read, b""
+
+    def _answer(self, timeout: float | None) -> dict | None:
+        """The next JSON line from the zygote, or None if none came within `timeout` seconds."""
+        import select
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.answers], [], [], left)[0]:
+                return None
+            chunk = os.read(self.answers, 65536)
+            if not chunk:
+                raise RuntimeError(f"the test zygote ended (exit {self.proc.wait()})")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, argv: list[str], module: str, cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        import tempfile
+
+        args = [sys.executable, "-m", module, *argv]
+        with tempfile.TemporaryDirectory() as d:
+            out, err = os.path.join(d, "out"), os.path.join(d, "err")
+            self.proc.stdin.write(json.dumps({"argv": argv, "module": module, "cwd": cwd, "env": env,
+                                              "out": out, "err": err}) + "\n")
+            self.proc.stdin.flush()
+            pid = self._answer(60)["pid"]
+            done = self._answer(timeout)
+            if done is None:
+                os.kill(pid, signal.SIGKILL)
+                self._answer(None)
+            with open(out, errors="replace") as f, open(err, errors="replace") as g:
+                stdout, stderr = f.read(), g.read()
+        if done is None:
+            raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(args, done["status"], stdout, stderr)
+
+
+_client: list[_Zygote] = []
+
+
+def _zygote() -> _Zygote:
+    if not _client:
+        _client.append(_Zygote())
+    return _client[0]
 
 
 def run_dirs(cwd) -> list[str]:
