@@ -35,7 +35,7 @@ def _saveable(dataset: tf.data.Dataset, what: str) -> None:
         dataset._as_serialized_graph(external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
     except (tf.errors.OpError, ValueError) as e:
         reason = first_line(e, typed=False).split("Failed to serialize the input pipeline graph: ")[-1]
-        reason = reason.split(" [Op:")[0].strip()
+        reason = reason.split(" [Op:")[0].strip().rstrip(".")
         raise ConfigError(f"{what} returned a dataset that cannot be saved in a checkpoint ({reason}: a Python "
                           "generator or tf.py_function?); data.stream=true saves the stream's position in every "
                           "checkpoint so that a resumed run is exact: build it from tensors or files "
