@@ -441,13 +441,20 @@ CALL = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false",
         "data.stream=true", "data.batch_size=8", "data.shuffle_buffer=16"]
 
 
-def test_a_callable_stream_trains_on_the_dataset_as_it_is():
+def test_a_callable_stream_trains_on_the_dataset_as_it_is(tmp_path):
+    from chain.data import function_stream
+    from chain.data.sources.callable_data import shards as callable_shards
+
     s = chain.compose([*CALL, "data._target_=user_datasets.make_dataset", "+data.several=true",
                        "data.classes={cls: 2}", "trainer.steps=2"])
     summary = chain.build(s).fit()
     # 48 examples (its cardinality), the first 5 held out for validation
     assert (summary["train_examples"], summary["val_examples"], summary["steps"]) == (43, 5, 2)
     assert np.isfinite(summary["loss_last"])
+    data = callable_shards(s.data)
+    stream = iter(function_stream.training(data, 8, True, 0))
+    next(stream)
+    _resumes_exact(stream, tmp_path)
 
 
 @pytest.mark.parametrize("target, more, message", [
