@@ -6,7 +6,7 @@ hidden from globs), keyed by the file's absolute path, size and modification tim
 was counted; where that folder is not writable, in the user's cache folder
 (`$XDG_CACHE_HOME/chain/counts.json`, `~/.cache/chain/counts.json` by default). A file changed in
 any of these is counted again. The log says, per glob, whether the files were counted or their
-counts read from the cache. Within a process the counts are also kept in memory (and said once).
+counts read from the cache. Within a process the counts are also kept in memory.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 log = logging.getLogger("chain")
 
 NAME = ".chain-counts.json"
-_memory: dict[tuple, int] = {}
+_memory: dict[tuple, tuple[int, str]] = {}  # (path, stamp) -> (count, 'counted' or 'cache')
 
 
 def _user_cache() -> str:
@@ -58,10 +58,10 @@ def _write(cache: str, table: dict) -> bool:
 
 def counts(paths: list[str], key: str, what: str, count: Callable[[str], int]) -> tuple[int, ...]:
     """Each file's count of `what` (e.g. 'tfrecord records'), by `count(path)` or from the cache;
-    `key` names the glob in the log line that says which."""
+    `key` names the glob in the log lines that say which (said again on every call: the command
+    line's first call comes before its log file is open)."""
     entries = [_entry(p, what) for p in paths]
-    found: dict[int, int] = {i: _memory[e] for i, e in enumerate(entries) if e in _memory}  # said once already
-    known = len(found)
+    found: dict[int, tuple[int, str]] = {i: _memory[e] for i, e in enumerate(entries) if e in _memory}
     tables: dict[str, dict] = {}
     for i, (path, stamp) in enumerate(entries):
         if i in found:
@@ -70,19 +70,23 @@ def counts(paths: list[str], key: str, what: str, count: Callable[[str], int]) -
             table = tables.setdefault(cache, _read(cache))
             n = table.get(path, {}).get(stamp)
             if isinstance(n, int):
-                found[i] = _memory[path, stamp] = n
+                found[i] = _memory[path, stamp] = (n, "cache")
                 break
     fresh = [i for i in range(len(paths)) if i not in found]
     if fresh:
         log.info("counting the %s of %d file(s) of %s (a pass over them; the counts are cached)", what, len(fresh), key)
         for i in fresh:
             path, stamp = entries[i]
-            found[i] = _memory[path, stamp] = count(paths[i])
-        _store([entries[i] + (found[i],) for i in fresh])
-    if len(fresh) + known < len(paths):
-        log.info("%s of %d file(s) of %s: from the count cache (%s beside the data, or %s)", what,
-                 len(paths) - len(fresh) - known, key, NAME, _user_cache())
-    return tuple(found[i] for i in range(len(paths)))
+            found[i] = _memory[path, stamp] = (count(paths[i]), "counted")
+        _store([entries[i] + (found[i][0],) for i in fresh])
+    hits = [how for i, (_, how) in found.items() if i not in fresh]
+    if hits.count("cache"):
+        log.info("%s of %d file(s) of %s: from the count cache (%s beside the data, or %s)", what, hits.count("cache"),
+                 key, NAME, _user_cache())
+    if hits.count("counted"):
+        log.info("%s of %d file(s) of %s: counted by a pass over them earlier in this process", what,
+                 hits.count("counted"), key)
+    return tuple(found[i][0] for i in range(len(paths)))
 
 
 def forget() -> None:
