@@ -241,3 +241,229 @@ def _rewrite(path, whole: bytes, i: int, record: bytes) -> None:
     with tf.io.TFRecordWriter(str(path)) as w:
         for r in records:
             w.write(r)
+
+
+# --- CSV, .npz and the user's dataset streamed (issue 20: every file source) ---------------------
+
+CSV = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=csv", "data.y=y",
+       "data.stream=true", "data.classes={label: 2}", "data.batch_size=16", "data.shuffle_buffer=24",
+       "model.dropout=0.2", "data.val_fraction=0"]
+
+
+def write_csv(root, files: int, rows: int, seed: int = 0) -> None:
+    """`files` CSV files of `rows` rows: columns a..d uniform, y = a > 0.5; a blank line inside each."""
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for k in range(files):
+        x = rng.random((rows, 4))
+        lines = ["a,b,c,d,y"] + [",".join(f"{v:.6f}" for v in r) + f",{int(r[0] > 0.5)}" for r in x]
+        lines.insert(rows // 2, "")
+        (root / f"part-{k}.csv").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def csv_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("csv")
+    write_csv(root, files=3, rows=40)
+    return root
+
+
+def _weights_equal(a_dir, b_dir) -> None:
+    for k in range(2):
+        a, b = stage_values(a_dir, f"stage_{k:02d}"), stage_values(b_dir, f"stage_{k:02d}")
+        assert set(a) == set(b)
+        for key in a:
+            assert np.array_equal(a[key], b[key]), (k, key)
+
+
+def _resumes_exact(stream, tmp_path, steps: int = 4) -> None:
+    """The iterator `stream`, saved in a checkpoint and restored, gives the same batches again, bit for bit
+    (what a resumed run's stream does: `Run` saves its iterator in every checkpoint)."""
+    checkpoint = tf.train.Checkpoint(it=stream)
+    saved = checkpoint.save(str(tmp_path / "it" / "c"))
+    after = [tf.nest.map_structure(lambda t: t.numpy(), next(stream)) for _ in range(steps)]
+    checkpoint.restore(saved)
+    for a in after:
+        b = next(stream)
+        assert np.array_equal(a[0], b[0].numpy()) and all(np.array_equal(a[1][k], b[1][k].numpy()) for k in a[1])
+
+
+def test_a_csv_stream_trains_and_resumes_bit_exact(csv_files, tmp_path, caplog):
+    from chain.data import count_cache, csv_stream
+    from chain.data.sources.csv_data import shards as csv_shards
+
+    count_cache.forget()
+    with caplog.at_level("INFO", logger="chain"):
+        s = chain.compose([*CSV, f"data.path={csv_files}/*.csv", "trainer.steps=3"])
+        summary = chain.build(s).fit()
+    # 3 files of 40 rows (a blank line in each, left out)
+    assert (summary["train_examples"], summary["steps"]) == (120, 3) and np.isfinite(summary["loss_last"])
+    assert "counting the csv rows of 3 file(s)" in caplog.text
+    files = csv_shards(s.data)
+    stream = iter(csv_stream.training(files, 16, True, 3))
+    epoch = np.concatenate([next(stream)[0].numpy() for _ in range(7)])  # 112 of the 120 rows
+    assert len(np.unique(epoch, axis=0)) == 112  # no row twice in an epoch
+    _resumes_exact(stream, tmp_path)  # mid-epoch 2, the shuffle buffer full
+
+
+def test_the_count_cache_spares_a_second_run_the_count(csv_files, shards, caplog):
+    from chain.data import count_cache
+
+    for s in (chain.compose([*CSV, f"data.path={csv_files}/*.csv"]), small(shards)):
+        chain.spec.check(s)  # counted (or cached by an earlier test): the counts are on disk beside the files
+        count_cache.forget()  # a new process: nothing in memory
+        caplog.clear()
+        with caplog.at_level("INFO", logger="chain"):
+            chain.spec.check(s)
+        assert "counting" not in caplog.text and "file(s) of data." in caplog.text and "from the count cache" in \
+            caplog.text, caplog.text
+    assert os.path.exists(os.path.join(csv_files, count_cache.NAME))
+
+
+@pytest.fixture(scope="module")
+def bad_csv(tmp_path_factory):
+    """2 files of 30 rows: line 12 of part-0 holds 'x7' in column c, line 20 of part-1 has 4 fields."""
+    root = tmp_path_factory.mktemp("bad_csv")
+    rng = np.random.default_rng(3)
+    for k, (line, cells) in enumerate(((12, "0.1,0.2,x7,0.4,1"), (20, "0.1,0.2,0.3,1"))):
+        rows = ["a,b,c,d,y"] + [",".join(f"{v:.4f}" for v in r) + f",{int(r[0] > 0.5)}" for r in rng.random((30, 4))]
+        rows[line - 1] = cells
+        (root / f"part-{k}.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_a_bad_csv_row_mid_run_is_one_line_naming_file_and_line(bad_csv):
+    s = chain.compose([*CSV, f"data.path={bad_csv}/*.csv", "data.shuffle=false", "data.batch_size=8",
+                       "trainer.steps=7", "trainer.steps_per_call=1"])
+    with pytest.raises(ConfigError) as e:
+        chain.build(s).fit()
+    assert e.value.exit_code == 2
+    text = str(e.value)
+    assert "\n" not in text and text.startswith(
+        f"data.path: line 12 of {bad_csv}/part-0.csv: column 'c' holds 'x7', not a finite number "
+        "(data.on_bad_record=skip leaves such rows out); "), text
+
+
+def test_a_csv_row_with_too_few_fields_or_a_label_out_of_range_names_its_line_or_is_counted(bad_csv, tmp_path):
+    from chain.data import csv_stream
+    from chain.data.sources.csv_data import shards as csv_shards
+
+    (tmp_path / "label.csv").write_text("a,b,c,d,y\n" + "0.1,0.2,0.3,0.4,1\n" * 5 + "0.1,0.2,0.3,0.4,2\n")
+    lines = []
+    for path in (f"{bad_csv}/part-1.csv", f"{tmp_path}/label.csv"):
+        files = csv_shards(chain.compose([*CSV, f"data.path={path}", "data.batch_size=4"]).data)
+        with pytest.raises(tf.errors.InvalidArgumentError) as e:
+            for _ in iter(csv_stream.training(files, 4, False, 0)):
+                pass
+        lines.append(csv_stream.bad_record(e.value, files))
+    assert lines == [f"data.path: line 20 of {bad_csv}/part-1.csv: it has 4 fields, the header has 5 "
+                     "(data.on_bad_record=skip leaves such rows out)",
+                     f"data.path: line 7 of {tmp_path}/label.csv: column 'y' holds 2, not a class label 0..1 "
+                     "(data.classes.label=2) (data.on_bad_record=skip leaves such rows out)"]
+    # data.on_bad_record=skip: the two bad rows of bad_csv left out and counted, an epoch of the other 58
+    files = csv_shards(chain.compose([*CSV, f"data.path={bad_csv}/*.csv", "data.on_bad_record=skip"]).data)
+    skipped = csv_stream.skip_counter(files)
+    stream = iter(csv_stream.training(files, 29, True, 0, skipped))
+    rows = np.concatenate([next(stream)[0].numpy() for _ in range(2)])
+    # the count is of rows read, read-ahead (the next epoch's) included
+    assert int(skipped.numpy()) >= 2 and len(np.unique(rows, axis=0)) == 58 and (rows[:, 2] != 0).all()
+
+
+@pytest.fixture(scope="module")
+def npz_file(tmp_path_factory):
+    root = tmp_path_factory.mktemp("npz")
+    x = np.random.default_rng(5).random((200, 6), dtype=np.float32)
+    np.savez(root / "a.npz", x=x, y=(x[:, 0] > 0.5).astype("int64"), v=x.sum(1))
+    np.savez_compressed(root / "c.npz", x=x, y=(x[:, 0] > 0.5).astype("int64"))
+    return root, x
+
+
+NPZ = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=npz", "data.stream=true",
+       "data.batch_size=16", "data.shuffle_buffer=24"]
+
+
+def test_an_npz_stream_trains_reads_every_example_once_an_epoch_and_resumes_exact(npz_file, tmp_path):
+    from chain.data import array_stream
+    from chain.data.sources.npz_data import shards as npz_shards
+
+    root, x = npz_file
+    s = chain.compose([*NPZ, f"data.path={root}/a.npz", "data.targets={label: y, v: v}", "data.classes={label: 2}",
+                       "trainer.steps=2"])
+    summary = chain.build(s).fit()
+    assert (summary["train_examples"], summary["val_examples"]) == (180, 20)  # the last 20 rows held out
+    assert np.isfinite(summary["loss_last"])
+    files = npz_shards(s.data)
+    stream = iter(array_stream.training(files, 20, True, 7))  # 180 rows: 9 batches an epoch
+    epoch = [next(stream) for _ in range(9)]
+    seen = np.concatenate([b[0].numpy() for b in epoch])
+    assert not np.array_equal(seen, x[:180])  # shuffled ...
+    assert np.array_equal(seen[np.lexsort(seen.T[::-1])], x[:180][np.lexsort(x[:180].T[::-1])])  # ... each row once
+    labels = np.concatenate([b[1]["label"].numpy() for b in epoch])
+    assert np.array_equal(labels, (seen[:, 0] > 0.5).astype("int32"))  # the targets read with their inputs
+    assert np.allclose(np.concatenate([b[1]["v"].numpy() for b in epoch]), seen.sum(1))
+    _resumes_exact(stream, tmp_path)
+    val = np.concatenate([b[0].numpy() for b in array_stream.validation(files, 16)])
+    assert np.array_equal(val, x[180:])
+
+
+def test_a_compressed_npz_cannot_stream_one_line(npz_file):
+    root, _ = npz_file
+    with pytest.raises(ConfigError, match=r"^data\.path='.*c\.npz' is compressed \(np\.savez_compressed\): "
+                       r"data\.stream=true reads its arrays in place, .*save it with np\.savez"):
+        chain.spec.check(chain.compose([*NPZ, f"data.path={root}/c.npz", "data.y=y", "data.classes={label: 2}"]))
+
+
+def test_an_npz_stream_holds_its_buffers_not_its_array(tmp_path):
+    from chain.data import array_stream
+    from chain.data.sources.npz_data import shards as npz_shards
+
+    def read(path):
+        files = npz_shards(chain.compose([*NPZ, f"data.path={path}", "data.y=y", "data.classes={label: 2}",
+                                          "data.shuffle_buffer=64"]).data)
+        stream = iter(array_stream.training(files, 64, True, 0))
+
+        def epoch():
+            for _ in range(files.examples // 64):
+                next(stream)  # each batch dropped once read, as a training step drops it
+
+        return epoch
+
+    for name, n in (("small", 2048), ("big", 16384)):  # 8 MB in 32 blocks: every buffer of the stream used once
+        np.savez(tmp_path / f"{name}.npz", x=np.ones((n, 1024), np.float32), y=np.zeros(n, np.int64))
+    peak_rss_growth(read(tmp_path / "small.npz"))  # TensorFlow's one-time costs paid first (about 8 MB)
+    _, grew = peak_rss_growth(read(tmp_path / "big.npz"))
+    size = os.path.getsize(tmp_path / "big.npz")  # 64 MB
+    # the stream's buffers: about 4.5 MB measured (loading the file would add its 64 MB)
+    assert grew < size / 4, f"resident memory rose {grew / 2**20:.0f} MB over an epoch of {size / 2**20:.0f} MB"
+
+
+CALL = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=callable",
+        "data.stream=true", "data.batch_size=8", "data.shuffle_buffer=16"]
+
+
+def test_a_callable_stream_trains_on_the_dataset_as_it_is(tmp_path):
+    from chain.data import function_stream
+    from chain.data.sources.callable_data import shards as callable_shards
+
+    s = chain.compose([*CALL, "data._target_=user_datasets.make_dataset", "+data.several=true",
+                       "data.classes={cls: 2}", "trainer.steps=2"])
+    summary = chain.build(s).fit()
+    # 48 examples (its cardinality), the first 5 held out for validation
+    assert (summary["train_examples"], summary["val_examples"], summary["steps"]) == (43, 5, 2)
+    assert np.isfinite(summary["loss_last"])
+    data = callable_shards(s.data)
+    stream = iter(function_stream.training(data, 8, True, 0))
+    next(stream)
+    _resumes_exact(stream, tmp_path)
+
+
+@pytest.mark.parametrize("target, more, message", [
+    ("endless", [], "data._target_=user_datasets.endless returned a dataset that cannot be saved in a checkpoint "),
+    ("make_dataset", ["data.classes=null"], "data.classes.label is needed with data.stream=true"),
+])
+def test_a_callable_stream_needs_a_checkpointable_dataset_and_its_classes(target, more, message):
+    from chain.data.sources.callable_data import shards as callable_shards
+
+    with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
+        callable_shards(chain.compose([*CALL, f"data._target_=user_datasets.{target}", "data.classes={label: 2}",
+                                       *more]).data)

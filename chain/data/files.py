@@ -7,8 +7,10 @@ column name, a cell that is not a finite number, a TFRecord file cut short, a Ke
 missing from the cache.
 
 - `npz_shape`, `npz_array`: one array of an `.npz` file (its shape from the header alone).
+- `npz_member`: where an array's data lies inside an uncompressed `.npz` file (for streaming it).
 - `csv_table`: a CSV file with a header row, as column names and a float64 matrix (cached,
-  since both the config checks and the build read it).
+  since both the config checks and the build read it); `csv_header`, `csv_rows`: a CSV file's
+  header and its number of rows, without reading it into memory (for streaming it).
 - `keras_home`, `keras_arrays`, `KERAS`: the Keras data sets, read from Keras' own cache
   files; missing files are an error that says how to fill the cache, never a download.
 - `keras_model_file`: a `.keras` model file that is whole (not empty, not cut short).
@@ -108,6 +110,66 @@ def npz_array(path: str, array: str, key: str, path_key: str) -> np.ndarray:
         raise _damaged(path, path_key, member, e) from None
 
 
+@dataclass(frozen=True)
+class Member:
+    """Where an array of an uncompressed `.npz` file lies in the file: its data starts at byte
+    `offset` and holds `shape` (C order) of `dtype` (NumPy's string, e.g. '<f4'); `size` is the
+    file's size in bytes."""
+
+    path: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+    size: int
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one example (one row along the first axis)."""
+        return np.dtype(self.dtype).itemsize * math.prod(self.shape[1:])
+
+
+_LOCAL_HEADER = 30  # a zip member's local header, before its file name and extra field
+
+
+def npz_member(path: str, array: str, key: str, path_key: str) -> Member:
+    """Where `array` of the `.npz` file `path` lies (its `.npy` header read, not its data); one line
+    naming `path_key` when the member is compressed (`np.savez_compressed`), stored in Fortran order,
+    or not of plain numbers: only an uncompressed C-order member can be read in place."""
+    member = _member(existing(path, path_key), array, key, path_key)
+    try:
+        with zipfile.ZipFile(path) as z:
+            info = z.getinfo(member)
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ConfigError(f"{path_key}={path!r} is compressed (np.savez_compressed): data.stream=true reads its "
+                              "arrays in place, which needs them stored as they are; save it with np.savez, or give "
+                              "data.stream=false")
+        with open(path, "rb") as f:
+            f.seek(info.header_offset)
+            head = f.read(_LOCAL_HEADER)
+            if len(head) < _LOCAL_HEADER or head[:4] != b"PK\x03\x04":
+                raise zipfile.BadZipFile(f"no local header for {member}")
+            names, extra = struct.unpack("<HH", head[26:30])
+            f.seek(info.header_offset + _LOCAL_HEADER + names + extra)
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+    except _DAMAGE as e:
+        raise _damaged(path, path_key, member, e) from None
+    except ValueError as e:  # not a .npy header
+        raise _damaged(path, path_key, member, e) from None
+    if fortran and len(shape) > 1:
+        raise ConfigError(f"{key}={array!r} of {path} is stored in Fortran order; data.stream=true reads one example "
+                          "per row: save np.ascontiguousarray of it")
+    if dtype.kind not in "iufb" or dtype.fields is not None:
+        raise ConfigError(f"{key}={array!r} of {path} holds {dtype}; data.stream=true reads numbers (int, uint, "
+                          "float, bool)")
+    end = offset + dtype.itemsize * math.prod(shape)
+    if end > os.path.getsize(path):
+        raise _damaged(path, path_key, member, EOFError("the array's data is cut short"))
+    return Member(path, offset, tuple(shape), dtype.str, os.path.getsize(path))
+
+
 # --- CSV -------------------------------------------------------------------------------------
 
 
@@ -184,6 +246,32 @@ def _csv_table(path: str, mtime: int, size: int, key: str) -> Table:
     if not rows:
         raise ConfigError(f"{key}={path!r} has a header but no rows")
     return Table(path, tuple(header), np.array(rows, dtype=np.float64))
+
+
+def csv_header(path: str, key: str) -> tuple[str, ...]:
+    """The column names of the CSV file `path` (its first line), without reading the rest."""
+    with open(existing(path, key), "rb") as f:
+        first = f.readline()
+    if first.startswith(codecs.BOM_UTF8):
+        first = first[len(codecs.BOM_UTF8):]
+    try:
+        text = first.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}={path!r}: its header (line 1) is not UTF-8 text; save it as UTF-8") from None
+    header = next(csv.reader([text.rstrip("\r\n")]), None)
+    if not header:
+        raise ConfigError(f"{key}={path!r} is empty; a CSV file needs a header row naming its columns")
+    return tuple(_header(header, path, key))
+
+
+def csv_rows(path: str, key: str) -> int:
+    """The rows of the CSV file `path`: its lines that are not blank, the header's left out (a pass
+    over the file, line by line)."""
+    n = 0
+    with open(existing(path, key), "rb") as f:
+        for line in f:
+            n += bool(line.strip())
+    return max(0, n - 1)
 
 
 def _is_number(v: str) -> bool:

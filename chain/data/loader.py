@@ -8,8 +8,9 @@ every source goes the same way: validation examples held out (`split`, seeded), 
 checked once against the data set's description with the rules `Run.step` applies to a
 batch (`chain.data.verify.arrays`), and one input stream (`chain.data.stream`).
 
-With `data.stream=true` nothing is loaded: the `Dataset` holds the files to stream
-(`chain.data.shards.Shards`) and `chain.data.stream` reads them while training.
+With `data.stream=true` nothing is loaded: the `Dataset` holds what to stream (TFRecord files,
+`chain.data.shards.Shards`; CSV files, an `.npz` file's arrays or the user's dataset,
+`chain.data.streamed`) and `chain.data.stream` reads it while training.
 
 A data set has inputs `x` and one or more named targets; a stage in `mode=local` learns
 the target it names (the first one by default).
@@ -26,6 +27,7 @@ from chain.data import sources
 from chain.data.catalog import DataInfo, Target, input_shape, name_targets, split_info
 from chain.data.data_source import Read
 from chain.data.shards import Shards
+from chain.data.streamed import ArrayFiles, CsvFiles, FunctionData
 from chain.data.verify import arrays
 from chain.errors import ConfigError
 
@@ -38,14 +40,14 @@ class Dataset:
 
     `x`, `y` are the training examples, `val_x`, `val_y` the validation examples (None when
     the data set has none: `data.val_fraction=0`). A streamed data set (`data.stream=true`) has
-    no arrays (`x` None, `y` empty): `shards` says which files hold its examples."""
+    no arrays (`x` None, `y` empty): `shards` says what holds its examples."""
 
     info: DataInfo
     x: np.ndarray | None
     y: dict[str, np.ndarray]
     val_x: np.ndarray | None = None
     val_y: dict[str, np.ndarray] | None = None
-    shards: Shards | None = None
+    shards: Shards | CsvFiles | ArrayFiles | FunctionData | None = None
     skipped: Any = None  # a stream's count of bad records left out (a tf.Variable; data.on_bad_record=skip)
 
     @property
@@ -99,7 +101,8 @@ def load(data, seed: int, info: DataInfo | None = _UNSET) -> Dataset:
     if info is _UNSET:
         info = sources.describe(data)
     if getattr(data, "stream", False):  # described up front (counted), read while training
-        return Dataset(info, None, {}, shards=sources.SOURCES[data.name].shards(data))
+        plan = sources.SOURCES[data.name].shards(data)
+        return Dataset(info if info is not None else plan.info, None, {}, shards=plan)  # the user's dataset: its own
     read = sources.read(data, seed, info)
     info = info or _describe_read(data, read)
     names = [t.name for t in info.targets]

@@ -8,14 +8,9 @@ same files on every run, never a random subset of records that would change betw
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
 from dataclasses import dataclass
 
-from chain.data import files
-
-log = logging.getLogger("chain")
+from chain.data import count_cache, files
 
 
 @dataclass(frozen=True)
@@ -55,23 +50,5 @@ class Shards:
 
 def count(paths: list[str], key: str) -> tuple[int, ...]:
     """The records of each file (`key` names the glob, for error lines), counted from the files'
-    framing, once per version of each file in this process; the pass is logged."""
-    fresh = [p for p in paths if (p, *_version(p)) not in _seen]
-    if fresh:
-        log.info("counting the records of %d file(s) of %s (a pass over their framing, once per file version)",
-                 len(fresh), key)
-    return tuple(_count(p, *_version(p), key) for p in paths)
-
-
-def _version(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_mtime_ns, st.st_size
-
-
-_seen: set[tuple] = set()
-
-
-@functools.lru_cache(maxsize=65536)
-def _count(path: str, mtime: int, size: int, key: str) -> int:
-    _seen.add((path, mtime, size))
-    return files.tfrecord_whole(path, key)
+    framing (a pass, logged), or read from the count cache (`chain.data.count_cache`)."""
+    return count_cache.counts(paths, key, "tfrecord records", lambda p: files.tfrecord_whole(p, key))

@@ -123,9 +123,9 @@ def _call(data) -> tf.data.Dataset:
     return result
 
 
-def call(data) -> tuple:
-    """The fields of a `chain.data.data_source.Read` of the user's function (`data=callable`): its
-    inputs, targets, their names (None: a bare y, named by its kind) and where each came from."""
+def function_dataset(data) -> tf.data.Dataset:
+    """The user's function's dataset (`data=callable`), its elements checked to be single examples
+    `(x, y)` or `(x, {name: y})` of fixed shapes; not read."""
     dataset = _call(data)
     what = f"data._target_={data._target_}"
     spec = dataset.element_spec
@@ -138,6 +138,14 @@ def call(data) -> tuple:
     if not all(s.shape.is_fully_defined() for s in [spec[0], *ys]):
         raise ConfigError(f"{what} returned examples of unknown shape ({spec}); every x and every y must have "
                           "one fixed shape (do not batch the dataset: chain does)")
+    return dataset
+
+
+def call(data) -> tuple:
+    """The fields of a `chain.data.data_source.Read` of the user's function (`data=callable`): its
+    inputs, targets, their names (None: a bare y, named by its kind) and where each came from."""
+    dataset = function_dataset(data)
+    what = f"data._target_={data._target_}"
     x, y = _gather(dataset, what, data.max_examples, data.read_timeout_s)
     if isinstance(y, dict):
         names = list(y)

@@ -302,11 +302,9 @@ class Run:
 
     def _bad_record(self, e: BaseException) -> str | None:
         """The one line for a bad record that stopped a streamed data set (`data.stream=true`), else None."""
-        if self.dataset.shards is None:
-            return None
-        from chain.data.record_stream import bad_record
+        from chain.data.stream import bad_record
 
-        return bad_record(e, self.dataset.shards)
+        return bad_record(e, self.dataset)
 
     def _fit(self, t, callback) -> Summary:
         from tqdm import tqdm

@@ -1,6 +1,9 @@
 """`data=callable`: the user's function returning a finite `tf.data.Dataset`: its settings,
 description and reader. Only TensorFlow reads it (`chain.data.tensors.call`, imported when it is
-read), so the data set is described from its arrays once read."""
+read), so the data set is described from its arrays once read.
+
+With `data.stream=true` the dataset is used as it is, never read whole
+(`chain.data.function_stream`): described from its element spec, `data.classes` and its size."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import ClassVar
 
 from chain.data.catalog import DataInfo
 from chain.data.data_source import MAX_BATCH, MAX_CLASSES, DataSet, Read, Source
-from chain.fields import dotted_name, integer, mapping, number, optional, required, setting
+from chain.fields import boolean, dotted_name, integer, mapping, number, optional, required, setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +32,13 @@ class FromCallable(DataSet):
     max_examples: int = setting(integer(1, MAX_BATCH), "more examples than this is refused (an endless dataset?)")
     read_timeout_s: float = setting(number(positive=True, maximum=86400.0),
         "seconds the read may wait for a batch of examples")
+    stream: bool = setting(boolean, "use the dataset as it is while training instead of reading it whole (data "
+                           "larger than memory; it must be checkpointable: no Python generator or py_function); "
+                           "needs data.classes for integer targets")
+    examples: int | None = setting(optional(integer(1, MAX_BATCH)),
+        "data.stream=true: the dataset's number of examples when TensorFlow cannot tell; null: counted (a pass)")
+    shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
     kwargs: dict = field(default_factory=dict)
 
 
@@ -44,4 +54,12 @@ def read(data: FromCallable, seed: int, info: DataInfo | None = None) -> Read:
     return Read(*tensors.call(data))
 
 
-SOURCE = Source(FromCallable, describe, read)
+def shards(data: FromCallable):
+    """What a stream (`data.stream=true`) uses: the function's dataset, described
+    (`chain.data.function_stream.plan`, with TensorFlow)."""
+    from chain.data import function_stream
+
+    return function_stream.plan(data)
+
+
+SOURCE = Source(FromCallable, describe, read, shards)

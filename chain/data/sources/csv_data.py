@@ -1,6 +1,11 @@
 """`data=csv`: the user's CSV file with a header row (and an optional second one for validation):
 its settings, description and reader. The table is parsed once per version of the file
-(`chain.data.files.csv_table`), for the description and the reader alike."""
+(`chain.data.files.csv_table`), for the description and the reader alike.
+
+With `data.stream=true` the rows are never loaded: `data.path` may be a glob of files with one
+header, the description comes from the header (the input columns), `data.classes` (every target's
+kind) and a count of the rows (cached, `chain.data.count_cache`), and `shards` says what
+`chain.data.csv_stream` reads."""
 
 from __future__ import annotations
 
@@ -9,11 +14,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from chain.data import files
-from chain.data.catalog import DataInfo, name_targets, split_info, target_keys
-from chain.data.data_source import Labelled, Read, Source, from_files
+from chain.data import count_cache, files
+from chain.data.catalog import DataInfo, Target, name_targets, split_info, target_keys, val_fraction
+from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
+from chain.data.streamed import CsvFiles, held_files
 from chain.errors import ConfigError
-from chain.fields import list_of, optional, required, setting, string
+from chain.fields import boolean, choice, integer, list_of, optional, required, setting, string
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,10 +29,18 @@ class Csv(Labelled):
 
     KIND: ClassVar[str] = "csv"
     path: str = setting(required(string, "data=csv data.path=FILE.csv data.y=COLUMN"),
-        "the .csv file with a header row (required)")
-    val_path: str | None = setting(optional(string), "a second CSV file with the same columns, for validation")
+        "the .csv file with a header row (required); data.stream=true: a glob of such files")
+    val_path: str | None = setting(optional(string), "a second CSV file with the same columns, for validation "
+                                   "(data.stream=true: a glob)")
     x: tuple[str, ...] | None = setting(optional(list_of(string, 1)),
         "the input columns; null: every column that is not a target")
+    stream: bool = setting(boolean, "read the rows while training instead of loading them (data larger than "
+                           "memory); needs data.classes for every target")
+    shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
+    on_bad_record: str = setting(choice("fail", "skip"),
+        "data.stream=true: a row that is not numbers, one per column, stops the run naming its file and line "
+        "(fail) or is left out (skip)")
 
 
 def csv_columns(data: Csv, table: files.Table) -> list[str]:
@@ -46,7 +60,12 @@ def csv_columns(data: Csv, table: files.Table) -> list[str]:
 
 
 def describe(data: Csv) -> DataInfo:
-    """The number of input columns; the targets' kinds from their values (whole numbers: classes)."""
+    """The number of input columns; the targets' kinds from their values (whole numbers: classes),
+    or, streamed, from `data.classes` and the rows counted."""
+    if data.stream:
+        s = shards(data)
+        return DataInfo("csv", (len(s.x),), s.examples, tuple(Target(name, c) for name, _, c in s.targets),
+                        s.val_examples)
     table = files.csv_table(data.path, "data.path")
     columns = csv_columns(data, table)
     tables = [table] + ([files.csv_table(data.val_path, "data.val_path")] if data.val_path else [])
@@ -71,4 +90,58 @@ def read(data: Csv, seed: int, info: DataInfo | None = None) -> Read:
     return from_files(data, one, "path", "val_path", [name for name, _, _ in target_keys(data)])
 
 
-SOURCE = Source(Csv, describe, read)
+def _stream_targets(data: Csv, columns: tuple[str, ...], path: str) -> tuple[tuple[str, int, int], ...]:
+    """(name, column index, classes) of each target of a stream: every kind from `data.classes`
+    (telling classes from values by the values would need a pass over every row)."""
+    given = dict(data.classes or ())
+    out = []
+    for name, key, where in target_keys(data):
+        if key not in columns:
+            raise ConfigError(f"{where}={key!r} is not a column of {path}; its columns: {', '.join(columns)}")
+        name = name or ("value" if "value" in given and "label" not in given else "label")
+        classes = given.pop(name, None)
+        if classes is None:
+            raise ConfigError(f"data.classes.{name} is needed with data.stream=true: whether {where}={key!r} holds "
+                              f"class labels or values is known only after reading every row; e.g. "
+                              f"data.classes={{{name}: 10}} (0: a real value)")
+        if classes == 1:
+            raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
+        out.append((name, columns.index(key), classes))
+    if given:
+        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data=csv; "
+                          f"its targets: {', '.join(t[0] for t in out)}")
+    return tuple(out)
+
+
+def _rows(paths: list[str], key: str, pattern: str) -> tuple[int, ...]:
+    return count_cache.counts(paths, f"{key}={pattern!r}", "csv rows", lambda p: files.csv_rows(p, key))
+
+
+def shards(data: Csv) -> CsvFiles:
+    """What a stream (`data.stream=true`) reads: the files of the glob `data.path` (one header, checked
+    in every file), their rows counted, the input and target columns. Validation is `data.val_path`,
+    or the last whole files of `data.path` in sorted order (`data.val_fraction` of the files)."""
+    paths = files.matching(data.path, "data.path")
+    columns = files.csv_header(paths[0], "data.path")
+    x = csv_columns(data, files.Table(paths[0], columns, np.empty((0, len(columns)))))
+    targets = _stream_targets(data, columns, paths[0])
+    if data.val_path is not None:
+        val = files.matching(data.val_path, "data.val_path")
+        val_key = "data.val_path"
+    else:
+        paths, val = held_files(paths, val_fraction(data), "data.path", data.path)
+        val_key = "data.path"
+    for path in paths + val:
+        key = val_key if path in val else "data.path"
+        if files.csv_header(path, key) != columns:
+            raise ConfigError(f"{key}: the header of {path} is not the header of {paths[0]} "
+                              f"({', '.join(columns)}); every file streamed has the same columns")
+    counts = _rows(paths, "data.path", data.path)
+    if not sum(counts):
+        raise ConfigError(f"data.path={data.path!r} holds no rows")
+    val_counts = _rows(val, val_key, data.val_path or data.path) if val else ()
+    return CsvFiles(tuple(paths), counts, tuple(val), val_counts, columns, tuple(columns.index(c) for c in x),
+                    targets, data.shuffle_buffer, data.on_bad_record == "skip", val_key)
+
+
+SOURCE = Source(Csv, describe, read, shards)

@@ -4,6 +4,10 @@ settings, description and reader.
 The description reads the input array's header (its shape) and the target arrays (their kinds:
 classes or values); the reader then reads the inputs and takes the targets the description read
 (`_targets`, kept per version of the file), so each array of the file is read once per run.
+
+With `data.stream=true` no array is loaded: the description comes from the arrays' headers (the
+input's shape, the number of examples) and `data.classes` (each integer target's number of classes),
+and `shards` says where in the file each array's data lies, for `chain.data.array_stream`.
 """
 
 from __future__ import annotations
@@ -16,9 +20,15 @@ from typing import ClassVar
 import numpy as np
 
 from chain.data import files
-from chain.data.catalog import DataInfo, input_shape, name_targets, split_info, target_keys
-from chain.data.data_source import Labelled, Read, Source, from_files
-from chain.fields import optional, required, setting, string
+from chain.data.catalog import DataInfo, Target, input_shape, name_targets, split_info, split_size, target_keys
+from chain.data.catalog import val_fraction
+from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
+from chain.data.streamed import ArrayFiles, ArrayPart
+from chain.errors import ConfigError
+from chain.fields import boolean, integer, optional, required, setting, string
+
+BLOCKS = 256  # a stream's training rows are cut into about this many blocks (what is shuffled per epoch)
+MIN_BLOCK = 64  # examples, at least, in a block (a block is read in chunks of up to 256)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +41,10 @@ class Npz(Labelled):
         "the .npz file (required)")
     val_path: str | None = setting(optional(string), "a second .npz file with the same keys, for validation")
     x: str = setting(string, "the key of the inputs: one example per row")
+    stream: bool = setting(boolean, "read the arrays in place while training instead of loading them (data "
+                           "larger than memory; an uncompressed np.savez file); needs data.classes for integer targets")
+    shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
 
 
 def _targets(data: Npz, path: str, path_key: str) -> list[np.ndarray]:
@@ -47,7 +61,12 @@ def _read_targets(path: str, mtime: int, size: int, keys: tuple, path_key: str) 
 
 
 def describe(data: Npz) -> DataInfo:
-    """The inputs' shape from the header of `data.x`, the targets' kinds from their values."""
+    """The inputs' shape from the header of `data.x`, the targets' kinds from their values (streamed:
+    from their dtypes and `data.classes`, read from the headers alone)."""
+    if data.stream:
+        s = shards(data)
+        return DataInfo("npz", s.train.x.shape[1:], s.examples, tuple(Target(n, c) for n, c in s.targets),
+                        s.val_examples)
     counts, shape = [], ()
     labels: dict[str, list] = {}
     for path, path_key in ((data.path, "data.path"), (data.val_path, "data.val_path")):
@@ -72,4 +91,50 @@ def read(data: Npz, seed: int, info: DataInfo | None = None) -> Read:
     return from_files(data, one, "path", "val_path", [name for name, _, _ in target_keys(data)])
 
 
-SOURCE = Source(Npz, describe, read)
+def _part(data: Npz, path: str, path_key: str) -> tuple[ArrayPart, tuple[tuple[str, int], ...]]:
+    """Every row of the arrays of `path` as read in place, and the targets' (name, classes): integer
+    targets are classes, whose number `data.classes` must give (finding it needs every label)."""
+    x = files.npz_member(path, data.x, "data.x", path_key)
+    input_shape(x.shape, f"data.x={data.x!r} in {path}")
+    given, ys, targets = dict(data.classes or ()), [], []
+    for name, key, where in target_keys(data):
+        y = files.npz_member(path, key, where, path_key)
+        if y.shape not in ((x.shape[0],), (x.shape[0], 1)):
+            raise ConfigError(f"{where}={key!r} of {path} has shape {y.shape}; a target holds one value per example "
+                              f"of data.x ({x.shape[0]},)")
+        integral = np.dtype(y.dtype).kind in "iub"
+        name = name or ("label" if integral else "value")
+        classes = given.pop(name, None)
+        if classes is None and integral:
+            raise ConfigError(f"data.classes.{name} is needed with data.stream=true: the number of classes of "
+                              f"{where}={key!r} is known only after reading every label; e.g. "
+                              f"data.classes={{{name}: 10}} (0: learn it as a real value)")
+        if classes == 1:
+            raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
+        ys.append(y)
+        targets.append((name, classes or 0))
+    if given:
+        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data=npz; "
+                          f"its targets: {', '.join(t[0] for t in targets)}")
+    return ArrayPart(x, tuple(ys), 0, x.shape[0]), tuple(targets)
+
+
+def shards(data: Npz) -> ArrayFiles:
+    """What a stream (`data.stream=true`) reads: where each array lies in `data.path` (and
+    `data.val_path`). Validation without `data.val_path` is the last `data.val_fraction` of the rows:
+    the same rows on every run (shuffle the arrays before saving them if their order is sorted)."""
+    train, targets = _part(data, data.path, "data.path")
+    if data.val_path is not None:
+        val, val_targets = _part(data, data.val_path, "data.val_path")
+        if val.x.shape[1:] != train.x.shape[1:] or val_targets != targets:
+            raise ConfigError(f"data.val_path={data.val_path!r}: its arrays are not shaped as those of "
+                              f"data.path={data.path!r} ({data.x}: {val.x.shape[1:]} vs {train.x.shape[1:]})")
+    else:
+        held = split_size(train.rows, val_fraction(data))
+        val = ArrayPart(train.x, train.ys, train.stop - held, train.stop)
+        train = ArrayPart(train.x, train.ys, 0, train.stop - held)
+    block = max(MIN_BLOCK, -(-train.rows // BLOCKS))
+    return ArrayFiles(train, val if val.rows else None, targets, block, data.shuffle_buffer)
+
+
+SOURCE = Source(Npz, describe, read, shards)

@@ -1,0 +1,156 @@
+"""The `tf.data` stream of CSV files (`data=csv data.stream=true`, `chain.data.streamed.CsvFiles`):
+rows read from their files while training, never gathered into NumPy.
+
+Training: the file names, shuffled per epoch from `seed`; each file's lines (`TextLineDataset`,
+its header skipped), numbered and cut into chunks, several files read at a time (`interleave`, in
+parallel, in a deterministic order); each chunk parsed in one op; the examples shuffled in a
+buffer of `shuffle_buffer`; all that repeated (every row exactly once an epoch), batched and
+prefetched. Every stage is checkpointable: the iterator's
+state goes into every checkpoint and a resumed run sees the batches it would have seen. Blank lines
+are left out, as the loaded CSV source leaves them out.
+
+A bad row found mid-run (a cell that is not a finite number, more or fewer cells than the header
+has columns, a class label that is not a whole number in 0..C-1) stops the run with one line naming
+the file and the line (`bad_record`), or, with `data.on_bad_record=skip`, is counted and left out.
+Cells are plain numbers: a quoted cell is a bad row.
+"""
+
+from __future__ import annotations
+
+import re
+
+import tensorflow as tf
+
+from chain.data.streamed import CsvFiles
+
+CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
+CHUNK = 256  # lines parsed in one op: a parse per line would make the stream the bottleneck
+
+# Python's float() spellings of a finite number (no nan/inf: the loaded source refuses them too)
+NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+MARK = "chain-bad-row"  # starts the assertion's data, so the host finds it in TensorFlow's message
+END = "<end>"  # ends the assertion's reason, which may hold brackets itself
+BAD = re.compile(MARK + r"\]\s*\[(.*?)\]\s*\[(\d+)\]\s*\[(.*?)" + END, re.S)
+
+
+def _numbered(path) -> tf.data.Dataset:
+    """The lines of the file `path` after its header, in chunks, each line with its file and its
+    line number (1-based, the header being line 1)."""
+    lines = tf.data.TextLineDataset(path).enumerate().skip(1).batch(CHUNK)
+    return lines.map(lambda k, text: (tf.fill(tf.shape(k), path), k + 1, text))
+
+
+def _parse_chunk(files: CsvFiles, skip: tf.Variable | None):
+    """A chunk of (files, line numbers, lines) -> the chunk's good rows as (x, ys), parsed in one op.
+    Unless `skip` (a counter of the rows left out), a chunk with a bad row fails naming the first."""
+    width = len(files.columns)
+    columns = tf.constant(list(files.columns))
+
+    def parse(paths, numbers, lines):
+        n = tf.shape(lines)[0]
+        lines = tf.strings.regex_replace(lines, "\r$", "")
+        present = tf.strings.length(tf.strings.strip(lines)) > 0
+        cells = tf.strings.split(lines, ",")
+        lengths = cells.row_lengths()
+        text = tf.strings.strip(cells.flat_values)
+        number = tf.strings.regex_full_match(text, NUMBER)
+        values = tf.strings.to_number(tf.where(number, text, "0"), tf.float64)
+        good = number & tf.math.is_finite(values)
+        good_rows = tf.reduce_all(tf.RaggedTensor.from_row_lengths(good, lengths), axis=1)
+        dense = tf.RaggedTensor.from_row_lengths(values, lengths).to_tensor(shape=[None, width])
+        fits = tf.equal(lengths, width)
+        labels = []
+        for _, column, classes in files.targets:
+            v = dense[:, column]
+            labels.append(tf.ones([n], tf.bool) if not classes else
+                          tf.equal(v, tf.round(v)) & (v >= 0) & (v < classes))
+        in_range = tf.reduce_all(tf.stack(labels, 1), axis=1)
+        ok = fits & good_rows & in_range
+        bad = present & tf.logical_not(ok)
+
+        def fail():
+            first = tf.argmax(tf.cast(bad, tf.int32))
+            row_cells = tf.RaggedTensor.from_row_lengths(good, lengths)[first]
+            cell = tf.argmin(tf.cast(row_cells, tf.int32))
+            raw = tf.RaggedTensor.from_row_lengths(cells.flat_values, lengths)[first]
+            q = lambda s: tf.strings.join(["'", s, "'"])  # noqa: E731 (Python's repr of a plain cell)
+            not_number = tf.strings.join(["column ", q(tf.gather(columns, tf.minimum(cell, width - 1))), " holds ",
+                                          q(tf.gather(raw, cell, batch_dims=0)), ", not a finite number"])
+            fields = tf.strings.join(["it has ", tf.strings.as_string(lengths[first]), f" fields, the header has {width}"])
+            target = tf.argmin(tf.cast(tf.stack(labels, 1)[first], tf.int32))
+            label_why = [tf.strings.join([f"column '{files.columns[column]}' holds ",
+                                          tf.strings.as_string(dense[first, column], shortest=True),
+                                          f", not a class label 0..{classes - 1} (data.classes.{name}={classes})"])
+                         for name, column, classes in files.targets]
+            why = tf.where(tf.logical_not(fits[first]), fields,
+                           tf.where(tf.logical_not(good_rows[first]), not_number, tf.gather(label_why, target)))
+            with tf.control_dependencies([tf.debugging.Assert(
+                    False, [MARK, paths[first], numbers[first], tf.strings.join([why, END])])]):
+                return tf.constant(False)
+
+        checks = [] if skip is not None else [tf.cond(tf.reduce_any(bad), fail, lambda: tf.constant(True))]
+        if skip is not None:
+            checks.append(skip.assign_add(tf.reduce_sum(tf.cast(bad, tf.int64))))
+        with tf.control_dependencies(checks):
+            keep = present & ok
+            rows = tf.boolean_mask(dense, keep)
+        x = tf.cast(tf.gather(rows, list(files.x), axis=1), tf.float32)
+        ys = {name: tf.cast(rows[:, column], tf.int32 if classes else tf.float32)
+              for name, column, classes in files.targets}
+        return x, ys
+
+    return parse
+
+
+def _examples(chunks: tf.data.Dataset, files: CsvFiles, skip: tf.Variable | None) -> tf.data.Dataset:
+    """Chunks of (files, numbers, lines) -> examples (x float32, {target: int32 label or float32 value})."""
+    examples = chunks.map(_parse_chunk(files, skip), num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=True).unbatch()
+    if skip is not None:
+        # The counter is state outside the stream: a checkpoint saves the stream without it (so a
+        # resumed run counts from 0 again), which tf.data refuses unless told.
+        options = tf.data.Options()
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        examples = examples.with_options(options)
+    return examples
+
+
+def bad_record(error: BaseException, files: CsvFiles) -> str | None:
+    """The one line for a bad row that stopped the stream of `files` (naming the key whose glob
+    matched its file and the line), or None when `error` is not one."""
+    found = BAD.search(str(error))
+    if not found:
+        return None
+    path, line, why = found.groups()
+    why = why.replace("\\'", "'")  # TensorFlow's message escapes the quotes the reason puts around a cell
+    return (f"{files.key(path)}: line {line} of {path}: {why.strip()} "
+            "(data.on_bad_record=skip leaves such rows out)")
+
+
+def skip_counter(files: CsvFiles) -> tf.Variable | None:
+    """The count of bad rows left out (`data.on_bad_record=skip`), or None when they stop the run."""
+    return tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_records") if files.skip_bad else None
+
+
+def training(files: CsvFiles, batch: int, shuffle: bool, seed: int, skipped: tf.Variable | None = None
+             ) -> tf.data.Dataset:
+    """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
+    rows are counted in `skipped` and left out, or stop it (None)."""
+    names = tf.data.Dataset.from_tensor_slices(list(files.paths))
+    if shuffle:
+        names = names.shuffle(len(files.paths), seed=seed, reshuffle_each_iteration=True)
+    chunks = names.interleave(_numbered, cycle_length=min(CYCLE, len(files.paths)), block_length=1,
+                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    examples = _examples(chunks, files, skipped)
+    if shuffle:
+        examples = examples.shuffle(files.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    # repeated last: every row exactly once an epoch (the shuffles drawn again each epoch)
+    return examples.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def validation(files: CsvFiles, batch: int, skipped: tf.Variable | None = None) -> tf.data.Dataset | None:
+    """The validation files' rows once, in order, in batches of at most `batch`; None without any."""
+    if not files.val_paths:
+        return None
+    names = tf.data.Dataset.from_tensor_slices(list(files.val_paths))
+    return _examples(names.flat_map(_numbered), files, skipped).batch(batch).prefetch(tf.data.AUTOTUNE)
