@@ -18,7 +18,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_pipeline import model_arguments, overrides  # noqa: E402
+from bench_pipeline import kernels, model_arguments, overrides  # noqa: E402
 
 from chain.worker import LocalCluster  # noqa: E402
 
@@ -31,6 +31,7 @@ def main() -> None:
                    choices=["gpipe", "1f1b", "zb1", "interleaved"])
     p.add_argument("--steps", type=int, default=8, help="steps per run; the last half are profiled")
     a = p.parse_args()
+    used = kernels(a)
     import chain
 
     rows = []
@@ -48,7 +49,7 @@ def main() -> None:
                 rows.append((schedule, m, s["bubble_fraction"], s["measured_bubble_fraction"]))
                 print(f"# {schedule} M={m}: planned {rows[-1][2]:.3f} measured {rows[-1][3]}", flush=True)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\nK={a.stages}, {a.depth}x{a.width} tanh per stage, microbatch {a.micro_size}; load average {load}")
+    print(f"\n{used}; K={a.stages}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}; load average {load}")
     print("| schedule | M | planned bubble | measured bubble |\n|---|---|---|---|")
     for schedule, m, planned, measured in rows:
         print(f"| {schedule} | {m} | {planned:.3f} | {'-' if measured is None else f'{measured:.3f}'} |")

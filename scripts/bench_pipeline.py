@@ -292,7 +292,7 @@ def replicas_main(a) -> None:
             print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
                   flush=True)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\n{a.stages * a.depth}x{a.width} tanh in all, global batch {a.micro_size} x M, {a.repeats} repeats x "
+    print(f"\n{kernels(a)}; {a.stages * a.depth}x{a.width} tanh in all, global batch {a.micro_size} x M, {a.repeats} repeats x "
           f"{a.steps} steps, {time.time() - started:.0f} s; load average at the end {load}")
     print("scaling efficiency = time(one) / (2 x time(case)), paired per repeat, median; quiet: other processes "
           f"below {a.quiet} cores during both runs of a pair")
@@ -337,6 +337,17 @@ def model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-extra", type=int, default=0,
                    help="layers added to the first stage (of every cut), which computes no input gradient: a "
                         "balanced pipeline (0: every stage --depth layers, --depth/--virtual interleaved)")
+    p.add_argument("--onednn", action="store_true",
+                   help="the workers use TensorFlow's oneDNN kernels (TF_ENABLE_ONEDNN_OPTS=1; TensorFlow's default "
+                        "only on x86 CPUs with AVX512-VNNI or AMX), not its Eigen kernels")
+
+
+def kernels(a) -> str:
+    """Set the kernels the workers (started after this) use, from `--onednn`; their name, for the printout."""
+    if a.onednn:
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    return {"1": "oneDNN kernels", "0": "Eigen kernels"}.get(os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+                                                            "TensorFlow's default kernels")
 
 
 def main() -> None:
@@ -359,6 +370,7 @@ def main() -> None:
     p.add_argument("--replicas", action="store_true",
                    help="copies of the pipeline: K=1 R=1 on one worker against K=1 R=2 and K=2 R=1 on two")
     a = p.parse_args()
+    kernels(a)  # before the workers start: they inherit it
     if a.replicas:
         return replicas_main(a)
     k = a.stages
@@ -406,7 +418,7 @@ def main() -> None:
                          one_s=statistics.median(t[0] for t in one), split_s=statistics.median(t[0] for t in split),
                          foreign=statistics.median(t[1] for t in one + split)))
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\nK={k}, {a.depth}x{a.width} tanh per stage, microbatch {a.micro_size}, {r} repeats x {a.steps} steps, "
+    print(f"\n{kernels(a)}; K={k}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}, {r} repeats x {a.steps} steps, "
           f"{time.time() - started:.0f} s; load average at the end {load}")
     print(f"{'step':12s} {'M':>3s} {'one s':>8s} {'split s':>8s} {'speedup':>8s} {'ideal':>6s} {'effic.':>6s} "
           f"{'foreign':>7s} {'quiet':>5s} {'speedup':>8s} {'effic.':>6s}")
