@@ -18,6 +18,7 @@ into every other copy.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -32,6 +33,7 @@ from chain.planning.planner import REPLICATED, Placement
 from chain.records.summaries import ReplicasFields, Summary
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
+from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.ops import copy_to
 from chain.steps.update import stage_update
 
@@ -114,8 +116,15 @@ class ReplicatedChain(PipelinedChain):
                  for stages in self.copies]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
         copies, n = self.copies, len(self.copies)
+        deferred = [Deferred(stages) for stages in copies] if self.settings.pipeline.batch_norm == "deferred" else None
 
         def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+            with contextlib.ExitStack() as recording:  # pipeline.batch_norm=deferred: every copy's moments
+                for d in deferred or []:
+                    recording.enter_context(d.recording())
+                return replicated(x, ys)
+
+        def replicated(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
             with tf.device(host()):  # each share crosses to its copy's first (and last) stage from here
                 xs = tf.split(x, n, name="replica_shares")
                 shares = {key: tf.split(y, n, name=f"replica_{key}") for key, y in ys.items()}
@@ -128,8 +137,11 @@ class ReplicatedChain(PipelinedChain):
                     for r in range(n):
                         per_replica[r][k].append(mean[r])
             totals = reduce_mean([p.total for p in played], [c[-1].device for c in copies], "allreduce_loss")
+            # Every copy clips by the norm of the averaged gradients (the same on every copy, computed
+            # after the reduction) and updates its batch norms' statistics from every copy's microbatches.
             reports = [finish(copies[r], self.schedule, updates[r],
-                              Played(per_replica[r], totals[r], played[r].previous))
+                              Played(per_replica[r], totals[r], played[r].previous), self.clip_global_norm,
+                              Pooled(deferred, r) if deferred else None)
                        for r in range(n)]
             with tf.device(copies[0][-1].device), tf.control_dependencies(reports[1:]):
                 return tf.identity(reports[0])  # every copy's update runs, replica 0 reports

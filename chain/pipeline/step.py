@@ -78,7 +78,7 @@ from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.clipping import clip_global
-from chain.steps.deferred_norm import Deferred
+from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.forward import Kept, chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
@@ -379,7 +379,7 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
 
 
 def finish(stages: Sequence[Stage], schedule: Schedule, updates: Sequence[Callable], played: Played,
-           clip_global_norm: float | None = None, deferred: Deferred | None = None) -> tf.Tensor:
+           clip_global_norm: float | None = None, deferred: Deferred | Pooled | None = None) -> tf.Tensor:
     """Each stage's update from `played` (`updates[k]`: `stage_update`), after its row's last action,
     and the step's report on the last stage's device (see `e2e_step`)."""
     last = len(stages) - 1
