@@ -112,8 +112,8 @@ class ReplicatedChain(PipelinedChain):
         t = self.settings.trainer
         loss = self.loss_fn()
         plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
-                          recompute_policy=self.settings.pipeline.recompute)
-                 for stages in self.copies]
+                          recompute_policy=self.settings.pipeline.recompute, replica=r)
+                 for r, stages in enumerate(self.copies)]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
         copies, n = self.copies, len(self.copies)
         deferred = [Deferred(stages) for stages in copies] if self.settings.pipeline.batch_norm == "deferred" else None
@@ -141,7 +141,7 @@ class ReplicatedChain(PipelinedChain):
             # after the reduction) and updates its batch norms' statistics from every copy's microbatches.
             reports = [finish(copies[r], self.schedule, updates[r],
                               Played(per_replica[r], totals[r], played[r].previous), self.clip_global_norm,
-                              Pooled(deferred, r) if deferred else None)
+                              Pooled(deferred, r) if deferred else None, replica=r)
                        for r in range(n)]
             with tf.device(copies[0][-1].device), tf.control_dependencies(reports[1:]):
                 return tf.identity(reports[0])  # every copy's update runs, replica 0 reports
