@@ -233,6 +233,11 @@ def against(a, times: dict) -> list[dict]:
 
 
 REPLICA_CASES = {"one": (1, 1), "data": (1, 2), "pipe": (2, 1)}  # name -> (stages K, copies R) of `--replicas`
+# `--replicas --decompose`: where the `data` case's time goes (not training cases a user runs).
+# `half`: one copy alone on worker 0 with its half of the batch (what each copy computes, no exchange);
+# `apart`: the `data` case with its reduction left out (each copy updates from its own gradients:
+# wrong training, the two workers' compute and the client's feeding without the gradients' exchange).
+DECOMPOSE = {"half": (1, 1), "apart": (1, 2)}
 
 
 def replica_overrides(a, addresses: list[str], k: int, r: int, m: int) -> list[str]:
@@ -246,13 +251,14 @@ def replica_overrides(a, addresses: list[str], k: int, r: int, m: int) -> list[s
     return out
 
 
-def host_batch(a, m: int):
-    """A batch of micro_size*M examples on this process's CPU (the client), where `Run` feeds it from."""
+def host_batch(a, m: int, share: int = 1):
+    """A batch of micro_size*M examples (1/`share` of it) on this process's CPU (the client), where `Run`
+    feeds it from."""
     import tensorflow as tf
 
     from chain.pipeline.step import host
 
-    n = a.micro_size * m
+    n = a.micro_size * m // share
     with tf.device(host()):
         x = tf.random.stateless_normal([n, a.width], seed=[1, m])
         y = tf.random.stateless_uniform([n], seed=[2, m], maxval=10, dtype=tf.int32)
@@ -265,25 +271,37 @@ def replicas_main(a) -> None:
 
     cores = [int(c) for c in a.cores.split(",")] if a.cores else [i % os.cpu_count() for i in range(2)]
     started = time.time()
+    import chain.pipeline.replicas as replicas
+
+    cases = {**REPLICA_CASES, **(DECOMPOSE if a.decompose else {})}
     with LocalCluster(2, cpus=cores, threads=1) as cluster:
         steps, batches = {}, {}
         for m in a.micro:
-            batches[m] = host_batch(a, m)
-            for name, (k, r) in REPLICA_CASES.items():
-                run = chain.build(chain.compose(replica_overrides(a, cluster.addresses, k, r, m)))
+            for name, (k, r) in cases.items():
+                batches[name, m] = host_batch(a, m, 2 if name == "half" else 1)
+                options = replica_overrides(a, cluster.addresses, k, r, m)
+                if name == "half":
+                    options += [f"data.batch_size={a.micro_size * m // 2}"]
+                run = chain.build(chain.compose(options))
                 steps[name, m] = run.strategy.call
-                for _ in range(a.warmup):
-                    steps[name, m](*batches[m])
+                reduce = replicas.reduce_mean
+                if name == "apart":  # traced on the first call: each copy keeps its own values
+                    replicas.reduce_mean = lambda values, devices, name: list(values)
+                try:
+                    for _ in range(a.warmup):
+                        steps[name, m](*batches[name, m])
+                finally:
+                    replicas.reduce_mean = reduce
         print(f"# 2 workers ({', '.join(cluster.addresses)}) on cores {cores}, one thread each; built and warmed up "
               f"in {time.time() - started:.0f} s", flush=True)
         pids = [os.getpid(), *cluster.pids]
         times = {key: [] for key in steps}
-        names = list(REPLICA_CASES)
+        names = list(cases)
         for r in range(a.repeats):
             for i, m in enumerate(a.micro):
                 shift = (r + i) % len(names)
                 for name in names[shift:] + names[:shift]:
-                    times[name, m].append(timed(steps[name, m], *batches[m], a.steps, pids))
+                    times[name, m].append(timed(steps[name, m], *batches[name, m], a.steps, pids))
             print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
                   flush=True)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
@@ -297,7 +315,7 @@ def replicas_main(a) -> None:
     for m in a.micro:
         one = times["one", m]
         for name in names[1:]:
-            k, r = REPLICA_CASES[name]
+            k, r = cases[name]
             case = times[name, m]
             effic = [o[0] / (2 * c[0]) for o, c in zip(one, case)]
             quiet = [e for e, o, c in zip(effic, one, case) if max(o[1], c[1]) < a.quiet]
@@ -308,6 +326,12 @@ def replicas_main(a) -> None:
             q = f"{row['quiet_efficiency']:7.3f}" if quiet else f"{'-':>7s}"
             print(f"{name:6s} {k:2d} {r:2d} {m:3d} {row['one_s']:8.4f} {row['case_s']:8.4f} {row['efficiency']:7.3f} "
                   f"{row['quiet']:5d} {q}")
+    if a.decompose:
+        print("decomposition, medians of paired ratios: " + "; ".join(
+            f"M={m}: time(half) / time(data) {statistics.median(h[0] / d[0] for h, d in zip(times['half', m], times['data', m])):.3f}, "
+            f"time(apart) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['apart', m], times['data', m])):.3f}, "
+            f"time(one) / (2 x time(half)) {statistics.median(o[0] / (2 * h[0]) for o, h in zip(one, times['half', m])):.3f}"
+            for m in a.micro))
     if a.markdown:
         print("\n| case | K | R | M | scaling efficiency (all pairs) | quiet pairs | scaling efficiency (quiet) |")
         print("|---|---|---|---|---|---|---|")
@@ -350,6 +374,8 @@ def main() -> None:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--replicas", action="store_true",
                    help="copies of the pipeline: K=1 R=1 on one worker against K=1 R=2 and K=2 R=1 on two")
+    p.add_argument("--decompose", action="store_true",
+                   help="--replicas: also time `half` (one copy's share alone) and `apart` (data without its exchange)")
     a = p.parse_args()
     if a.replicas:
         return replicas_main(a)

@@ -8,7 +8,13 @@ device receives the other copies' gradients (explicit copies, as every crossing 
 and adds all R in replica order, then divides by R (each copy's gradients are of its share's
 mean loss). Every device thus computes the same sums in the same order, bit for bit, and every
 copy applies the same update (`chain.pipeline.step.finish`, with the batch's mean loss for
-float16's shared decision): the copies stay identical without ever being compared.
+float16's shared decision): the copies stay identical without ever being compared. With
+`optim.clip_global_norm` each copy clips by the norm of the averaged gradients (the same bits on
+every copy, computed after the reduction); with `pipeline.batch_norm=deferred` each copy's moving
+statistics take one update from every copy's microbatches (`chain.steps.deferred_norm.Pooled`).
+Copy r names its actions' scopes `Action(..., replica=r).scope()` (`r1_s0_F0`), so a trace of the
+step shows every copy (`chain.pipeline.timeline`). Interleaved stages and schedule files whose
+rows hold several stages loop over each copy's own devices (`placement.grid`).
 
 Checkpoints, exports and evaluation see replica 0's stages only (`self.stages`): one copy of
 each stage, so a run resumes with another R. After a restore (`restored`), and once when built,

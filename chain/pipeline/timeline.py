@@ -7,7 +7,8 @@ under the trace's directory: planes of lines (threads) of events (start, duratio
 metadata names an op as `op_name:op_type`. An op belongs to the action whose name scope it
 carries (`Action.scope`, read back by `Action.parse`: `chain.pipeline.schedules`): `s{k}_F{m}/...` is F(k, m); `s{k}_B{m}/...` and the tape's
 gradient ops `gradient_tape/s{k}_F{m}/...` are B(k, m); `s{k}_update/...` is stage k's
-update; the host releases (`release_s{k}_...`) and the ops outside every scope (the split
+update; in copy r > 0 of a replicated pipeline each of these names starts with `r{r}_` (`copy_of`), and
+every copy's stages are measured, copy 0's first (`row_of`); the host releases (`release_s{k}_...`) and the ops outside every scope (the split
 into microbatches, the report) belong to no stage. A step is the interval of its marker
 (`MARKER`, with the step's number), which `chain.training.profile` puts around each call.
 
