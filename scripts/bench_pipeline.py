@@ -237,7 +237,9 @@ REPLICA_CASES = {"one": (1, 1), "data": (1, 2), "pipe": (2, 1)}  # name -> (stag
 # `half`: one copy alone on worker 0 with its half of the batch (what each copy computes, no exchange);
 # `apart`: the `data` case with its reduction left out (each copy updates from its own gradients:
 # wrong training, the two workers' compute and the client's feeding without the gradients' exchange).
-DECOMPOSE = {"half": (1, 1), "apart": (1, 2)}
+# `owner`: the `data` case with each gradient averaged by one copy, which sends the mean back
+# (`ReplicatedChain.reduction`: one sum per gradient instead of one per copy; the same bits).
+DECOMPOSE = {"half": (1, 1), "apart": (1, 2), "owner": (1, 2)}
 
 
 def replica_overrides(a, addresses: list[str], k: int, r: int, m: int) -> list[str]:
@@ -248,7 +250,7 @@ def replica_overrides(a, addresses: list[str], k: int, r: int, m: int) -> list[s
     out = [o.replace(f"pipeline.microbatches={m}", f"pipeline.microbatches={m if k > 1 else 1}") for o in out]
     if r > 1:  # the planner lays the copies over the workers in task order (placement.devices is per stage)
         out = [o for o in out if not o.startswith("placement.devices=")] + [f"placement.replicas={r}"]
-    return out
+    return out + ["cluster.lost_after_s=120"]  # a loaded machine's worker may not answer the watchdog for 5 s
 
 
 def host_batch(a, m: int, share: int = 1):
@@ -283,6 +285,8 @@ def replicas_main(a) -> None:
                 if name == "half":
                     options += [f"data.batch_size={a.micro_size * m // 2}"]
                 run = chain.build(chain.compose(options))
+                if name == "owner":
+                    run.strategy.reduction = "owner"
                 steps[name, m] = run.strategy.call
                 reduce = replicas.reduce_mean
                 if name == "apart":  # traced on the first call: each copy keeps its own values
@@ -330,6 +334,7 @@ def replicas_main(a) -> None:
         print("decomposition, medians of paired ratios: " + "; ".join(
             f"M={m}: time(half) / time(data) {statistics.median(h[0] / d[0] for h, d in zip(times['half', m], times['data', m])):.3f}, "
             f"time(apart) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['apart', m], times['data', m])):.3f}, "
+            f"time(owner) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['owner', m], times['data', m])):.3f}, "
             f"time(one) / (2 x time(half)) {statistics.median(o[0] / (2 * h[0]) for o, h in zip(one, times['half', m])):.3f}"
             for m in a.micro))
     if a.markdown:

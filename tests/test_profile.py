@@ -126,7 +126,7 @@ def test_every_copy_of_the_pipeline_is_measured_action_by_action(tmp_path, caplo
     copy's stages in the schedule's order with its update; the log's measured grid and the report's
     measured chart have a row per device of every copy."""
     run_dir = str(tmp_path)
-    cfg = chain.compose(["+stages=2", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2",
+    cfg = chain.compose(["+stages=2", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=1",
                          "placement.replicas=2", *SMALL, "trainer.steps=2", "trainer.profile=[2,2]"])
     run = chain.build(cfg, run_dir=run_dir)
     with caplog.at_level(logging.INFO, logger="chain"):

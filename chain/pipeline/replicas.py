@@ -55,12 +55,23 @@ def stage_state(stage: Stage) -> list[tf.Variable]:
     return out
 
 
-def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name: str) -> list[tf.Tensor | None]:
-    """`values[r]` (on `devices[r]`) averaged over r, on every device: each adds all R, copied in,
-    in replica order, so every device holds the same bits."""
+def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name: str,
+                owner: int | None = None) -> list[tf.Tensor | None]:
+    """`values[r]` (on `devices[r]`) averaged over r, on every device, the same bits everywhere: the
+    R values added in replica order, then times 1/R.
+
+    `owner=None`: every device receives the others' values and adds all R itself (R(R-1) copies,
+    R sums). `owner=o`: device o alone receives and adds them, and sends the mean back (2(R-1)
+    copies, one sum; the same bits, as o's sum is the one every device would compute, one hop more)."""
     if values[0] is None:
         return [None] * len(values)
     values = [tf.convert_to_tensor(v) for v in values]  # sparse gradients (embeddings) made dense
+    if owner is not None:
+        home = devices[owner]
+        parts = [v if i == owner else copy_to(v, home, f"{name}_from_r{i}_to_r{owner}") for i, v in enumerate(values)]
+        with tf.device(home):
+            mean = tf.add_n(parts) * (1.0 / len(values))
+        return [mean if r == owner else copy_to(mean, device, f"{name}_mean_to_r{r}") for r, device in enumerate(devices)]
     out = []
     for r, device in enumerate(devices):
         parts = [v if i == r else copy_to(v, device, f"{name}_from_r{i}_to_r{r}") for i, v in enumerate(values)]
@@ -75,6 +86,10 @@ class ReplicatedChain(PipelinedChain):
     shared_weights = False  # copies of a pipeline: a tied weight's sum across copies is not built
 
     name = REPLICATED
+    # How stage k's j-th gradient is averaged (`reduce_mean`): "every" device sums all copies, or the
+    # "owner" copy (k + j) mod R sums and sends the mean back. The same bits either way; a benchmark's
+    # choice (scripts/bench_pipeline.py --replicas --decompose), read when the step is traced.
+    reduction = "every"
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         self.copies: list[list[Stage]] = []
@@ -139,7 +154,8 @@ class ReplicatedChain(PipelinedChain):
             for k in range(len(copies[0])):
                 devices = [c[k].device for c in copies]
                 for j in range(len(played[0].grads[k])):
-                    mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}")
+                    owner = (k + j) % n if self.reduction == "owner" else None
+                    mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}", owner)
                     for r in range(n):
                         per_replica[r][k].append(mean[r])
             totals = reduce_mean([p.total for p in played], [c[-1].device for c in copies], "allreduce_loss")
