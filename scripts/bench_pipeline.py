@@ -43,9 +43,16 @@ Copies of the pipeline (`--replicas`, `placement.replicas`): the same layers (`-
 and the same global batch (`--micro-size` x M) three ways on two single-core workers, each repeat
 timing the three back to back in rotating order:
 
-- `one`: the whole model as one stage on worker 0 (K=1, R=1), the reference;
-- `data`: two copies of that one stage, one per worker, each half the batch (K=1, R=2);
+- `one`: the whole model as one stage on worker 0 (K=1, R=1, one microbatch: the whole batch), the reference;
+- `data`: two copies of that one stage, one per worker, each half the batch as one microbatch
+  (K=1, R=2, pipeline.microbatches=1: what a user runs, a single stage needs no microbatches);
 - `pipe`: the model cut into two stages, one per worker, M microbatches (K=2, R=1).
+
+M sets the global batch (`--micro-size` x M) of all three. `--decompose` adds, in the same rotation,
+`half` (one copy's half batch alone on worker 0: what each copy computes), `apart` (`data` with
+its reduction left out: each copy updates from its own gradients, no exchange; not training) and
+`owner` (`data` with each gradient summed by one copy, which sends the mean back:
+`ReplicatedChain.reduction`), with their time ratios to `data`.
 
 The batch starts on this process (the client), as `Run` feeds it, so every case pays for sending
 it out. Scaling efficiency, as the anchors define it, is throughput with 2 workers / (2 x
@@ -290,7 +297,7 @@ def replicas_main(a) -> None:
                 steps[name, m] = run.strategy.call
                 reduce = replicas.reduce_mean
                 if name == "apart":  # traced on the first call: each copy keeps its own values
-                    replicas.reduce_mean = lambda values, devices, name: list(values)
+                    replicas.reduce_mean = lambda values, devices, name, owner=None: list(values)
                 try:
                     for _ in range(a.warmup):
                         steps[name, m](*batches[name, m])
