@@ -43,9 +43,16 @@ Copies of the pipeline (`--replicas`, `placement.replicas`): the same layers (`-
 and the same global batch (`--micro-size` x M) three ways on two single-core workers, each repeat
 timing the three back to back in rotating order:
 
-- `one`: the whole model as one stage on worker 0 (K=1, R=1), the reference;
-- `data`: two copies of that one stage, one per worker, each half the batch (K=1, R=2);
+- `one`: the whole model as one stage on worker 0 (K=1, R=1, one microbatch: the whole batch), the reference;
+- `data`: two copies of that one stage, one per worker, each half the batch as one microbatch
+  (K=1, R=2, pipeline.microbatches=1: what a user runs, a single stage needs no microbatches);
 - `pipe`: the model cut into two stages, one per worker, M microbatches (K=2, R=1).
+
+M sets the global batch (`--micro-size` x M) of all three. `--decompose` adds, in the same rotation,
+`half` (one copy's half batch alone on worker 0: what each copy computes), `apart` (`data` with
+its reduction left out: each copy updates from its own gradients, no exchange; not training) and
+`owner` (`data` with each gradient summed by one copy, which sends the mean back:
+`ReplicatedChain.reduction`), with their time ratios to `data`.
 
 The batch starts on this process (the client), as `Run` feeds it, so every case pays for sending
 it out. Scaling efficiency, as the anchors define it, is throughput with 2 workers / (2 x
@@ -238,6 +245,13 @@ def against(a, times: dict) -> list[dict]:
 
 
 REPLICA_CASES = {"one": (1, 1), "data": (1, 2), "pipe": (2, 1)}  # name -> (stages K, copies R) of `--replicas`
+# `--replicas --decompose`: where the `data` case's time goes (not training cases a user runs).
+# `half`: one copy alone on worker 0 with its half of the batch (what each copy computes, no exchange);
+# `apart`: the `data` case with its reduction left out (each copy updates from its own gradients:
+# wrong training, the two workers' compute and the client's feeding without the gradients' exchange).
+# `owner`: the `data` case with each gradient averaged by one copy, which sends the mean back
+# (`ReplicatedChain.reduction`: one sum per gradient instead of one per copy; the same bits).
+DECOMPOSE = {"half": (1, 1), "apart": (1, 2), "owner": (1, 2)}
 
 
 def replica_overrides(a, addresses: list[str], k: int, r: int, m: int) -> list[str]:
@@ -248,16 +262,17 @@ def replica_overrides(a, addresses: list[str], k: int, r: int, m: int) -> list[s
     out = [o.replace(f"pipeline.microbatches={m}", f"pipeline.microbatches={m if k > 1 else 1}") for o in out]
     if r > 1:  # the planner lays the copies over the workers in task order (placement.devices is per stage)
         out = [o for o in out if not o.startswith("placement.devices=")] + [f"placement.replicas={r}"]
-    return out
+    return out + ["cluster.lost_after_s=120"]  # a loaded machine's worker may not answer the watchdog for 5 s
 
 
-def host_batch(a, m: int):
-    """A batch of micro_size*M examples on this process's CPU (the client), where `Run` feeds it from."""
+def host_batch(a, m: int, share: int = 1):
+    """A batch of micro_size*M examples (1/`share` of it) on this process's CPU (the client), where `Run`
+    feeds it from."""
     import tensorflow as tf
 
     from chain.pipeline.step import host
 
-    n = a.micro_size * m
+    n = a.micro_size * m // share
     with tf.device(host()):
         x = tf.random.stateless_normal([n, a.width], seed=[1, m])
         y = tf.random.stateless_uniform([n], seed=[2, m], maxval=10, dtype=tf.int32)
@@ -270,25 +285,39 @@ def replicas_main(a) -> None:
 
     cores = [int(c) for c in a.cores.split(",")] if a.cores else [i % os.cpu_count() for i in range(2)]
     started = time.time()
+    import chain.pipeline.replicas as replicas
+
+    cases = {**REPLICA_CASES, **(DECOMPOSE if a.decompose else {})}
     with LocalCluster(2, cpus=cores, threads=1) as cluster:
         steps, batches = {}, {}
         for m in a.micro:
-            batches[m] = host_batch(a, m)
-            for name, (k, r) in REPLICA_CASES.items():
-                run = chain.build(chain.compose(replica_overrides(a, cluster.addresses, k, r, m)))
+            for name, (k, r) in cases.items():
+                batches[name, m] = host_batch(a, m, 2 if name == "half" else 1)
+                options = replica_overrides(a, cluster.addresses, k, r, m)
+                if name == "half":
+                    options += [f"data.batch_size={a.micro_size * m // 2}"]
+                run = chain.build(chain.compose(options))
+                if name == "owner":
+                    run.strategy.reduction = "owner"
                 steps[name, m] = run.strategy.call
-                for _ in range(a.warmup):
-                    steps[name, m](*batches[m])
+                reduce = replicas.reduce_mean
+                if name == "apart":  # traced on the first call: each copy keeps its own values
+                    replicas.reduce_mean = lambda values, devices, name, owner=None: list(values)
+                try:
+                    for _ in range(a.warmup):
+                        steps[name, m](*batches[name, m])
+                finally:
+                    replicas.reduce_mean = reduce
         print(f"# 2 workers ({', '.join(cluster.addresses)}) on cores {cores}, one thread each; built and warmed up "
               f"in {time.time() - started:.0f} s", flush=True)
         pids = [os.getpid(), *cluster.pids]
         times = {key: [] for key in steps}
-        names = list(REPLICA_CASES)
+        names = list(cases)
         for r in range(a.repeats):
             for i, m in enumerate(a.micro):
                 shift = (r + i) % len(names)
                 for name in names[shift:] + names[:shift]:
-                    times[name, m].append(timed(steps[name, m], *batches[m], a.steps, pids))
+                    times[name, m].append(timed(steps[name, m], *batches[name, m], a.steps, pids))
             print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
                   flush=True)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
@@ -302,7 +331,7 @@ def replicas_main(a) -> None:
     for m in a.micro:
         one = times["one", m]
         for name in names[1:]:
-            k, r = REPLICA_CASES[name]
+            k, r = cases[name]
             case = times[name, m]
             effic = [o[0] / (2 * c[0]) for o, c in zip(one, case)]
             quiet = [e for e, o, c in zip(effic, one, case) if max(o[1], c[1]) < a.quiet]
@@ -313,6 +342,13 @@ def replicas_main(a) -> None:
             q = f"{row['quiet_efficiency']:7.3f}" if quiet else f"{'-':>7s}"
             print(f"{name:6s} {k:2d} {r:2d} {m:3d} {row['one_s']:8.4f} {row['case_s']:8.4f} {row['efficiency']:7.3f} "
                   f"{row['quiet']:5d} {q}")
+    if a.decompose:
+        print("decomposition, medians of paired ratios: " + "; ".join(
+            f"M={m}: time(half) / time(data) {statistics.median(h[0] / d[0] for h, d in zip(times['half', m], times['data', m])):.3f}, "
+            f"time(apart) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['apart', m], times['data', m])):.3f}, "
+            f"time(owner) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['owner', m], times['data', m])):.3f}, "
+            f"time(one) / (2 x time(half)) {statistics.median(o[0] / (2 * h[0]) for o, h in zip(one, times['half', m])):.3f}"
+            for m in a.micro))
     if a.markdown:
         print("\n| case | K | R | M | scaling efficiency (all pairs) | quiet pairs | scaling efficiency (quiet) |")
         print("|---|---|---|---|---|---|---|")
@@ -369,6 +405,8 @@ def main() -> None:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--replicas", action="store_true",
                    help="copies of the pipeline: K=1 R=1 on one worker against K=1 R=2 and K=2 R=1 on two")
+    p.add_argument("--decompose", action="store_true",
+                   help="--replicas: also time `half` (one copy's share alone) and `apart` (data without its exchange)")
     a = p.parse_args()
     kernels(a)  # before the workers start: they inherit it
     if a.replicas:

@@ -92,7 +92,8 @@ INTERLEAVED = [o for o in BASE if o != "+stages=3"] + ["+stages=4", "pipeline.vi
     (BASE, ["pipeline.schedule=zb1", "pipeline.microbatches=4"]),
     (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2"]),
     (BASE, ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
-], ids=["gpipe", "1f1b-accum", "sequential", "zb1", "interleaved", "mirrored-accum"])
+    (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2", "placement.replicas=2"]),
+], ids=["gpipe", "1f1b-accum", "sequential", "zb1", "interleaved", "mirrored-accum", "interleaved-copies"])
 def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(base, overrides):
     run = chain.build(chain.compose(base + [f"optim.clip_global_norm={CLIP}", *overrides]))
     for s in run.stages:  # the step clips the chain's gradients; a stage's optimizer would see only its own
@@ -100,7 +101,13 @@ def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(ba
     model, step = keras_reference(run, keras.optimizers.SGD(learning_rate=LR, global_clipnorm=CLIP))
     norms = assert_trains_like(run, model, step)
     assert min(norms) > 2 * CLIP  # clipping triggered in every step
-    if run.stages[0].device is not None:  # pipelined: only one scalar per stage crosses, each way
+    if run.placement.grid:  # copies of the pipeline: each clips by the norm of the averaged gradients
+        copies = run.strategy.copies
+        for copy in copies[1:]:
+            for a, b in zip(copies[0], copy):
+                for va, vb in zip(a.trainable_variables, b.trainable_variables, strict=True):
+                    np.testing.assert_array_equal(va.numpy(), vb.numpy())
+    elif run.stages[0].device is not None:  # pipelined: only one scalar per stage crosses, each way
         audited = audit(run.trace(*next(iter(run.batches()))))
         last = run.stages[-1].device
         assert audited.misplaced([s.device for s in run.stages]) == []

@@ -53,12 +53,17 @@ def whole_batch_statistics(model: keras.Model, x) -> list[tuple[np.ndarray, np.n
     return out
 
 
-def one_step(batch_norm: str) -> tuple[list, list]:
-    """(the chain's moving statistics after one step of M microbatches, `whole_batch_statistics`)."""
+def one_step(batch_norm: str, *overrides: str, keep=None) -> tuple[list, list]:
+    """(the chain's moving statistics after one step of M microbatches, `whole_batch_statistics`);
+    `overrides` replace RUN's keys they set; `keep`: a list the run is appended to."""
     model = resnet_style()
     reference = keras.models.clone_model(model)
     reference.set_weights(model.get_weights())
-    run = chain.build(chain.compose(RUN + [f"pipeline.batch_norm={batch_norm}"]), model=model)
+    given = {o.split("=", 1)[0] for o in overrides}
+    cfg = [o for o in RUN if o.split("=", 1)[0] not in given] + list(overrides)
+    run = chain.build(chain.compose(cfg + [f"pipeline.batch_norm={batch_norm}"]), model=model)
+    if keep is not None:
+        keep.append(run)
     x, ys = next(iter(run.batches()))
     want = whole_batch_statistics(reference, x.numpy())
     run.step(x, ys)
@@ -84,3 +89,19 @@ def test_deferred_batch_norm_with_xla_is_one_line():
     with pytest.raises(ConfigError, match=r"^pipeline.batch_norm=deferred records each microbatch's statistics "
                                           r"[^\n]*set one of them$"):
         chain.compose(RUN + ["pipeline.batch_norm=deferred", "trainer.jit_compile=true"])
+
+
+def test_copies_of_the_pipeline_update_their_statistics_from_the_whole_global_batch():
+    """placement.replicas=2, 2 microbatches per copy: each copy's one update takes the moments of all
+    4 microbatches (both copies'), as one device's layer on the whole batch; both copies stay equal."""
+    start = [(layer.moving_mean.numpy(), layer.moving_variance.numpy()) for layer in norms(resnet_style().layers)]
+    runs = []
+    got, want = one_step("deferred", "placement.replicas=2", f"pipeline.microbatches={M // 2}", keep=runs)
+    assert len(got) == len(want) == 3
+    for g, w, w0 in zip(got, want, start):
+        for a, b, b0 in zip(g, w, w0):
+            assert rel_diff(a, b) <= 1e-5
+            assert rel_diff(b, b0) > 1e-2
+    first, second = ([v.numpy() for s in copy for v in s.model.variables] for copy in runs[0].strategy.copies)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)

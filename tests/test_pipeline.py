@@ -167,7 +167,7 @@ def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossin
 
 
 def action_ops(graph_ops, action: schedules.Action) -> list:
-    k, mb, kind = action
+    k, mb, kind = action.stage, action.microbatch, action.kind
     prefixes = (f"s{k}_F{mb}/",) if kind == "F" else (f"s{k}_B{mb}/", f"gradient_tape/s{k}_F{mb}/")
     return [op for op in graph_ops if op.name.startswith(prefixes) and op.type != "Placeholder"]
 

@@ -121,6 +121,55 @@ def test_zb1_and_interleaved_are_measured_action_by_action(schedule, overrides, 
     for rows in (planned_rows, measured_rows):
         assert "".join(sorted({kind for row in rows for _, _, kind, _ in row} - {"update"})) == kinds
 
+def test_every_copy_of_the_pipeline_is_measured_action_by_action(tmp_path, caplog, monkeypatch):
+    """placement.replicas=2: the trace holds F and B of both copies (copy 1's scopes `r1_s{k}_...`), each
+    copy's stages in the schedule's order with its update; the log's measured grid and the report's
+    measured chart have a row per device of every copy."""
+    run_dir = str(tmp_path)
+    cfg = chain.compose(["+stages=2", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=1",
+                         "placement.replicas=2", *SMALL, "trainer.steps=2", "trainer.profile=[2,2]"])
+    run = chain.build(cfg, run_dir=run_dir)
+    with caplog.at_level(logging.INFO, logger="chain"):
+        run.fit()
+    with open(os.path.join(run_dir, "timeline.json")) as f:
+        measured = json.load(f)
+    grid = run.placement.grid
+    assert measured["replicas"] == 2 and measured["devices"] == [d for row in grid for d in row]
+    (step,) = measured["steps"]
+    assert step["complete"]
+    for r in range(2):
+        for k, planned in enumerate(run.schedule.actions):
+            mine = sorted((a for a in step["actions"] if (a["replica"], a["stage"]) == (r, k)), key=lambda a: a["start_ms"])
+            assert [Action(k, a["microbatch"], a["kind"], r) for a in mine] == [a._replace(replica=r) for a in planned]
+    assert sorted((u["replica"], u["stage"]) for u in step["updates"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(p["replica"], p["stage"], p["device"]) for p in measured["per_stage"]] == [
+        (r, k, grid[r][k]) for r in range(2) for k in range(2)]
+    (text,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planned and measured timelines")]
+    measured_rows = text.split("\nmeasured: step ", 1)[1].splitlines()[1:5]
+    assert [row.split("  ")[0] for row in measured_rows] == [f"copy {r} stage {k}" for r in range(2) for k in range(2)]
+    from chain.report import page, runs
+
+    charts = {}
+    monkeypatch.setattr(page.plots, "gantt", lambda rows, labels, title, xlabel: charts.setdefault(
+        title.split(":")[0].split(" ")[0], (rows, labels)) and b"")
+    page.timeline_section(runs.load(run_dir))
+    rows, labels = charts["measured"]
+    assert labels == [f"copy {r} stage {k}  {grid[r][k]}" for r in range(2) for k in range(2)]
+    assert all({kind for _, _, kind, _ in row} == {"F", "B", "update"} for row in rows)
+
+
+def test_the_vocabulary_carries_the_copy_of_the_pipeline():
+    """One format, printed and parsed by `Action`: copy 0 (and a pipeline without copies) as before."""
+    for a in [Action(1, 3, "F"), Action(0, 12, "B", 1), Action(2, 0, "W", 3)]:
+        assert Action.parse(a.scope()) == a and Action.parse(f"{a.scope()}/stage_01/dense/MatMul") == a
+    assert Action(1, 0, "F", 2).scope() == "r2_s1_F0" and Action(1, 0, "F").scope() == "s1_F0"
+    tape, update = "gradient_tape/r1_s0_F2/stage_00_1/dense/MatMul", "r1_s1_update/Sum"
+    assert (timeline.owner(tape), timeline.copy_of(tape)) == (("B", 0, 2), 1)
+    assert (timeline.owner(update), timeline.copy_of(update)) == (("update", 1, -1), 1)
+    assert timeline.copy_of("s1_update/Sum") == 0 and timeline.copy_of("gradient_tape/s0_F2/x") == 0
+    assert timeline.owner("release_r1_s0_F1") is None and Action.parse("r1_x") is None
+
+
 # --- the statistics, on synthetic traces ---------------------------------------------------------
 
 

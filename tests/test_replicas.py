@@ -12,7 +12,8 @@ import tensorflow as tf
 
 import chain
 from chain.errors import ConfigError
-from chain.pipeline.replicas import stage_state
+from chain.pipeline import schedule_file, schedules
+from chain.pipeline.replicas import reduce_mean, stage_state
 from compare import rel_diff, trains_like_one_device, weights
 from conftest import DEVICES
 
@@ -42,11 +43,11 @@ def one_device_copy(run) -> keras.Model:
     return model
 
 
-def assert_copies_identical(run) -> None:
+def assert_copies_identical(run, grid=GRID) -> None:
     """Every copy's state (weights, optimizer, counters, loss scale) equals replica 0's, bit for bit,
     and lives on its own device of the grid."""
     copies = run.strategy.copies
-    assert [[s.device for s in c] for c in copies] == GRID
+    assert [[s.device for s in c] for c in copies] == grid
     for copy in copies[1:]:
         for a, b in zip(copies[0], copy):
             assert b.variable_devices() == [b.device]
@@ -64,6 +65,22 @@ def test_two_copies_of_a_two_stage_pipeline_train_like_one_keras_model_on_the_wh
     assert run.strategy.placement.grid == GRID and run.strategy.batch_divisor() == 2 * m * accum
     trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
     assert_copies_identical(run)
+
+
+SHARED = [[DEVICES[0], DEVICES[1]] * 2, [DEVICES[2], DEVICES[3]] * 2]  # 4 stages, 2 on each device, per copy
+
+
+def test_copies_of_a_pipeline_from_a_schedule_file_whose_rows_hold_two_stages_train_like_one_keras_model(tmp_path):
+    """pipeline.schedule=file with interleaved rows (two stages each): every copy's 4 stages loop over its
+    own 2 devices. (pipeline.virtual_stages with copies: tests/test_clipping.py, `interleaved-copies`.)"""
+    path = tmp_path / "interleaved.csv"
+    schedule_file.write(schedules.interleaved(4, 2, 2), str(path))
+    run = chain.build(chain.compose([o for o in BASE if o != "+stages=2"] + [
+        "+stages=4", "placement.replicas=2", "pipeline.schedule=file", f"pipeline.schedule_file={path}",
+        "pipeline.microbatches=2"]))
+    assert run.strategy.placement.grid == SHARED and run.schedule.devices == 2
+    trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
+    assert_copies_identical(run, SHARED)
 
 
 def test_float16_copies_train_like_one_copy_with_as_many_microbatches():
@@ -111,3 +128,20 @@ def test_replicas_that_cannot_work_are_one_config_line(overrides, message):
     with pytest.raises(ConfigError) as e:
         chain.compose([*BASE, *overrides])
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_owner_copys_reduction_gives_every_copy_the_bits_every_copy_summing_gives():
+    """`reduce_mean(..., owner=o)` (one sum, the mean sent back) against every device summing all R."""
+    rng = np.random.default_rng(0)
+    values = []
+    for d in DEVICES[:3]:
+        with tf.device(d):
+            values.append(tf.constant(rng.normal(size=(64, 33)).astype(np.float32)))
+    every = reduce_mean(values, DEVICES[:3], "t")
+    assert all(t.device.endswith(d) for t, d in zip(every, DEVICES[:3]))
+    for owner in range(3):
+        got = reduce_mean(values, DEVICES[:3], f"t{owner}", owner)
+        assert all(t.device.endswith(d) for t, d in zip(got, DEVICES[:3]))
+        for a, b in zip(got, every, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_allclose(every[0].numpy(), np.mean([v.numpy() for v in values], axis=0), rtol=1e-6, atol=1e-7)

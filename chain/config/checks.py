@@ -59,16 +59,6 @@ def replicated_pipeline(s: Settings) -> None:
     if s.placement.devices:
         raise ConfigError(f"placement.devices names one device per stage, but placement.replicas={r} places "
                           f"{r} copies of every stage: remove placement.devices (the planner places the grid)")
-    unsupported = [key for key, on in (("optim.clip_global_norm", any(st.optim.clip_global_norm is not None
-                                                                      for st in s.stages)),
-                                       ("pipeline.batch_norm=deferred", s.pipeline.batch_norm == "deferred")) if on]
-    if unsupported:
-        raise ConfigError(f"placement.replicas={r} copies the pipeline, whose copies do not yet support "
-                          f"{unsupported[0]}: remove one of them")
-    if s.pipeline.virtual_stages != 1 or s.pipeline.schedule == "file":
-        what = "pipeline.virtual_stages" if s.pipeline.virtual_stages != 1 else "pipeline.schedule=file"
-        raise ConfigError(f"placement.replicas={r} copies a pipeline with a device per stage; {what} shares devices "
-                          "between stages, which copies do not support yet: remove one of them")
     if r != "auto":
         per = r * s.pipeline.microbatches
         if s.data.batch_size % per:

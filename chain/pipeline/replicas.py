@@ -8,7 +8,13 @@ device receives the other copies' gradients (explicit copies, as every crossing 
 and adds all R in replica order, then divides by R (each copy's gradients are of its share's
 mean loss). Every device thus computes the same sums in the same order, bit for bit, and every
 copy applies the same update (`chain.pipeline.step.finish`, with the batch's mean loss for
-float16's shared decision): the copies stay identical without ever being compared.
+float16's shared decision): the copies stay identical without ever being compared. With
+`optim.clip_global_norm` each copy clips by the norm of the averaged gradients (the same bits on
+every copy, computed after the reduction); with `pipeline.batch_norm=deferred` each copy's moving
+statistics take one update from every copy's microbatches (`chain.steps.deferred_norm.Pooled`).
+Copy r names its actions' scopes `Action(..., replica=r).scope()` (`r1_s0_F0`), so a trace of the
+step shows every copy (`chain.pipeline.timeline`). Interleaved stages and schedule files whose
+rows hold several stages loop over each copy's own devices (`placement.grid`).
 
 Checkpoints, exports and evaluation see replica 0's stages only (`self.stages`): one copy of
 each stage, so a run resumes with another R. After a restore (`restored`), and once when built,
@@ -18,6 +24,7 @@ into every other copy.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -32,6 +39,7 @@ from chain.planning.planner import REPLICATED, Placement
 from chain.records.summaries import ReplicasFields, Summary
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
+from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.ops import copy_to
 from chain.steps.update import stage_update
 
@@ -47,12 +55,23 @@ def stage_state(stage: Stage) -> list[tf.Variable]:
     return out
 
 
-def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name: str) -> list[tf.Tensor | None]:
-    """`values[r]` (on `devices[r]`) averaged over r, on every device: each adds all R, copied in,
-    in replica order, so every device holds the same bits."""
+def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name: str,
+                owner: int | None = None) -> list[tf.Tensor | None]:
+    """`values[r]` (on `devices[r]`) averaged over r, on every device, the same bits everywhere: the
+    R values added in replica order, then times 1/R.
+
+    `owner=None`: every device receives the others' values and adds all R itself (R(R-1) copies,
+    R sums). `owner=o`: device o alone receives and adds them, and sends the mean back (2(R-1)
+    copies, one sum; the same bits, as o's sum is the one every device would compute, one hop more)."""
     if values[0] is None:
         return [None] * len(values)
     values = [tf.convert_to_tensor(v) for v in values]  # sparse gradients (embeddings) made dense
+    if owner is not None:
+        home = devices[owner]
+        parts = [v if i == owner else copy_to(v, home, f"{name}_from_r{i}_to_r{owner}") for i, v in enumerate(values)]
+        with tf.device(home):
+            mean = tf.add_n(parts) * (1.0 / len(values))
+        return [mean if r == owner else copy_to(mean, device, f"{name}_mean_to_r{r}") for r, device in enumerate(devices)]
     out = []
     for r, device in enumerate(devices):
         parts = [v if i == r else copy_to(v, device, f"{name}_from_r{i}_to_r{r}") for i, v in enumerate(values)]
@@ -67,6 +86,10 @@ class ReplicatedChain(PipelinedChain):
     shared_weights = False  # copies of a pipeline: a tied weight's sum across copies is not built
 
     name = REPLICATED
+    # How stage k's j-th gradient is averaged (`reduce_mean`): "every" device sums all copies, or the
+    # "owner" copy (k + j) mod R sums and sends the mean back. The same bits either way; a benchmark's
+    # choice (scripts/bench_pipeline.py --replicas --decompose), read when the step is traced.
+    reduction = "every"
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         self.copies: list[list[Stage]] = []
@@ -110,12 +133,19 @@ class ReplicatedChain(PipelinedChain):
         t = self.settings.trainer
         loss = self.loss_fn()
         plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
-                          recompute_policy=self.settings.pipeline.recompute)
-                 for stages in self.copies]
+                          recompute_policy=self.settings.pipeline.recompute, replica=r)
+                 for r, stages in enumerate(self.copies)]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
         copies, n = self.copies, len(self.copies)
+        deferred = [Deferred(stages) for stages in copies] if self.settings.pipeline.batch_norm == "deferred" else None
 
         def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
+            with contextlib.ExitStack() as recording:  # pipeline.batch_norm=deferred: every copy's moments
+                for d in deferred or []:
+                    recording.enter_context(d.recording())
+                return replicated(x, ys)
+
+        def replicated(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
             with tf.device(host()):  # each share crosses to its copy's first (and last) stage from here
                 xs = tf.split(x, n, name="replica_shares")
                 shares = {key: tf.split(y, n, name=f"replica_{key}") for key, y in ys.items()}
@@ -124,12 +154,16 @@ class ReplicatedChain(PipelinedChain):
             for k in range(len(copies[0])):
                 devices = [c[k].device for c in copies]
                 for j in range(len(played[0].grads[k])):
-                    mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}")
+                    owner = (k + j) % n if self.reduction == "owner" else None
+                    mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}", owner)
                     for r in range(n):
                         per_replica[r][k].append(mean[r])
             totals = reduce_mean([p.total for p in played], [c[-1].device for c in copies], "allreduce_loss")
+            # Every copy clips by the norm of the averaged gradients (the same on every copy, computed
+            # after the reduction) and updates its batch norms' statistics from every copy's microbatches.
             reports = [finish(copies[r], self.schedule, updates[r],
-                              Played(per_replica[r], totals[r], played[r].previous))
+                              Played(per_replica[r], totals[r], played[r].previous), self.clip_global_norm,
+                              Pooled(deferred, r) if deferred else None, replica=r)
                        for r in range(n)]
             with tf.device(copies[0][-1].device), tf.control_dependencies(reports[1:]):
                 return tf.identity(reports[0])  # every copy's update runs, replica 0 reports

@@ -34,22 +34,26 @@ DONE = "done"  # the no-op that ends each action in the step: it waits on the ac
 
 
 class Action(NamedTuple):
-    """One unit of pipeline work: stage `stage` runs `kind` ("F", "B" or "W") on microbatch `microbatch`.
+    """One unit of pipeline work: stage `stage` runs `kind` ("F", "B" or "W") on microbatch `microbatch`,
+    in copy `replica` of the pipeline (`placement.replicas`; 0 without copies: a schedule's actions).
 
-    Its ops carry its name scope (`scope()`, e.g. `s1_F0`), and `Action.parse` reads the action
-    back from an op's name: the one vocabulary the step names its ops in and a trace is read in.
+    Its ops carry its name scope (`scope()`, e.g. `s1_F0`, or `r1_s1_F0` in copy 1), and `Action.parse`
+    reads the action back from an op's name: the one vocabulary the step names its ops in and a trace
+    is read in (as torch.distributed.pipelining's `_Action` prints and parses one format).
     """
 
     stage: int
     microbatch: int
     kind: str
+    replica: int = 0
 
     def __str__(self) -> str:
         return f"{self.kind}{self.microbatch}"
 
     def scope(self) -> str:
-        """The name scope of this action's ops in the step, e.g. `s1_F0` (stage 1, forward, microbatch 0)."""
-        return f"s{self.stage}_{self.kind}{self.microbatch}"
+        """The name scope of this action's ops in the step, e.g. `s1_F0` (stage 1, forward, microbatch 0);
+        copy r > 0 of the pipeline prefixes `r{r}_` (`r1_s1_F0`)."""
+        return replica_prefix(self.replica) + f"s{self.stage}_{self.kind}{self.microbatch}"
 
     @classmethod
     def parse(cls, op_name: str) -> Action | None:
@@ -57,22 +61,44 @@ class Action(NamedTuple):
 
         The tape's gradient ops of F(k, m) (`gradient_tape/s{k}_F{m}/...`) run in B(k, m)."""
         gradient = op_name.startswith(GRADIENT_TAPE)
-        parsed = _stage_scope(op_name[len(GRADIENT_TAPE):] if gradient else op_name)
+        replica, name = split_replica(op_name[len(GRADIENT_TAPE):] if gradient else op_name)
+        parsed = _stage_scope(name)
         if parsed is None or parsed[1][:1] not in KINDS or not _is_number(parsed[1][1:]):
             return None
         stage, rest = parsed
-        return cls(stage, int(rest[1:]), BACKWARD if gradient else rest[0])
+        return cls(stage, int(rest[1:]), BACKWARD if gradient else rest[0], replica)
 
 
-def update_scope(stage: int) -> str:
-    """The name scope of stage `stage`'s optimizer update in the step, e.g. `s1_update`."""
-    return f"s{stage}_{UPDATE}"
+def replica_prefix(replica: int) -> str:
+    """What copy `replica` of the pipeline puts before its scopes' names: `r{r}_`, nothing for copy 0."""
+    return f"r{replica}_" if replica else ""
+
+
+def split_replica(op_name: str) -> tuple[int, str]:
+    """An op name's copy of the pipeline (its `replica_prefix`; 0 without one) and the name without it."""
+    head, underscore, rest = op_name.partition("_")
+    if head.startswith("r") and underscore and _is_number(head[1:]) and int(head[1:]) > 0:
+        return int(head[1:]), rest
+    return 0, op_name
+
+
+def update_scope(stage: int, replica: int = 0) -> str:
+    """The name scope of stage `stage`'s optimizer update in the step, e.g. `s1_update` (`r1_s1_update`
+    in copy 1 of the pipeline)."""
+    return replica_prefix(replica) + f"s{stage}_{UPDATE}"
 
 
 def update_stage(op_name: str) -> int | None:
-    """The stage whose update an op belongs to (its first name scope is `update_scope(k)`), or None."""
-    parsed = _stage_scope(op_name)
-    return parsed[0] if parsed is not None and parsed[1] == UPDATE else None
+    """The stage whose update an op belongs to (its first name scope is `update_scope(k, r)`), or None."""
+    found = update_of(op_name)
+    return found[1] if found is not None else None
+
+
+def update_of(op_name: str) -> tuple[int, int] | None:
+    """(copy, stage) of the update an op belongs to (its first name scope is `update_scope(k, r)`), or None."""
+    replica, name = split_replica(op_name)
+    parsed = _stage_scope(name)
+    return (replica, parsed[0]) if parsed is not None and parsed[1] == UPDATE else None
 
 
 def _is_number(text: str) -> bool:
@@ -300,14 +326,14 @@ def dependencies(action: Action, stages: int, split: bool = False) -> list[Actio
     F(k,m)'s saved activations (the last stage's backward starts from its own loss);
     W(k,m) needs B(k,m) (`split`: the schedule has W actions; it changes nothing else).
     """
-    k, m, kind = action
+    k, m, kind, r = action
     if kind == FORWARD:
-        return [Action(k - 1, m, FORWARD)] if k > 0 else []
+        return [Action(k - 1, m, FORWARD, r)] if k > 0 else []
     if kind == WEIGHT:
-        return [Action(k, m, BACKWARD)]
-    deps = [Action(k, m, FORWARD)]
+        return [Action(k, m, BACKWARD, r)]
+    deps = [Action(k, m, FORWARD, r)]
     if k < stages - 1:
-        deps.append(Action(k + 1, m, BACKWARD))
+        deps.append(Action(k + 1, m, BACKWARD, r))
     return deps
 
 
@@ -412,10 +438,12 @@ def held_counts(schedule: Schedule) -> list[int]:
     return out
 
 
-def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None) -> list[str]:
+def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None,
+         replicas: int = 1) -> list[str]:
     """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).
     `devices[k]` is stage k's device; a `schedule` whose devices hold several stages labels each
-    row with its device and stages, and each cell with its stage (`F3@s2`).
+    row with its device and stages, and each cell with its stage (`F3@s2`). With `replicas` copies
+    of the pipeline the grid holds copy 0's stages, then copy 1's, ...: each row says its copy.
 
         stage 0  /device:CPU:0  F0 F1 .  .  B0 B1
     """
@@ -427,7 +455,9 @@ def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Sch
         labels = [f"device {r} (stages {', '.join(map(str, ks))})" + (f"  {devices[ks[0]]}" if devices else "")
                   for r, ks in enumerate(mine)]
     else:
-        labels = [f"stage {k}" + (f"  {devices[k]}" if devices else "") for k in range(len(timeline.grid))]
+        per = len(timeline.grid) // max(1, replicas)
+        copy = (lambda i: f"copy {i // per} ") if replicas > 1 else (lambda i: "")  # noqa: E731
+        labels = [f"{copy(i)}stage {i % per}" + (f"  {devices[i]}" if devices else "") for i in range(len(timeline.grid))]
     pad = max(len(s) for s in labels)
     lines = []
     for label, row in zip(labels, timeline.grid):

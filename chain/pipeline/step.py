@@ -78,7 +78,7 @@ from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.clipping import clip_global
-from chain.steps.deferred_norm import Deferred
+from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.forward import Kept, chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
@@ -97,9 +97,9 @@ def gradient_copy(stage: int, microbatch: int) -> str:
     return f"grad_s{stage}_mb{microbatch}"
 
 
-def rounds(order: Sequence[Action], microbatches: int, grad_accum: int) -> list[Action]:
-    """`order` played `grad_accum` times, round r on microbatches r*M .. r*M+M-1."""
-    return [Action(k, r * microbatches + m, kind) for r in range(grad_accum) for k, m, kind in order]
+def rounds(order: Sequence[Action], microbatches: int, grad_accum: int, replica: int = 0) -> list[Action]:
+    """`order` played `grad_accum` times, round r on microbatches r*M .. r*M+M-1, by copy `replica`."""
+    return [Action(a.stage, r * microbatches + a.microbatch, a.kind, replica) for r in range(grad_accum) for a in order]
 
 
 def regularization_total(regs: Sequence[Sequence[tf.Tensor]], stages: Sequence[Stage], device: str) -> list[tf.Tensor]:
@@ -134,7 +134,7 @@ def sends(action: Action, devices: Sequence[str]) -> bool:
     """Whether `action`'s result goes to another device: a forward's activation to stage k+1,
     a backward's input gradient to stage k-1 (the last forward and the first backward send
     nothing, nor does an action whose neighbour shares its device)."""
-    k, _, kind = action
+    k, kind = action.stage, action.kind
     if kind == WEIGHT:
         return False  # W's gradients stay on the stage
     to = k + 1 if kind == FORWARD else k - 1
@@ -241,10 +241,10 @@ class Played:
 
 def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
-             recompute_policy: str = NEVER) -> Callable:
+             recompute_policy: str = NEVER, replica: int = 0) -> Callable:
     """`play(x, ys) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
-    pipeline (`chain.pipeline.replicas`) plays it once per copy and averages the gradients over the
-    copies first."""
+    pipeline (`chain.pipeline.replicas`) plays it once per copy (`replica`: its actions' scopes say
+    which, `Action.scope`) and averages the gradients over the copies first."""
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
     if recompute_policy != NEVER and is_split(schedule):
@@ -252,7 +252,7 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     for r in range(schedule.devices):  # a row's order is one device's: its stages must share that device
         if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
             raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
-    order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
+    order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum, replica)  # simulate validates
     n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
     # With one microbatch a stage has one forward and one backward, which its data already
     # orders (the backward reads the forward's tape): the chaining would bound nothing and only
@@ -308,7 +308,7 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         graph = tf.compat.v1.get_default_graph()
 
         for action in order:
-            k, m, kind = action
+            k, m, kind = action.stage, action.microbatch, action.kind
             s = stages[k]
             first_op = len(graph.get_operations())
             done_ops = None  # the ops the stage's next action waits for (None: every op of this one)
@@ -379,14 +379,16 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
 
 
 def finish(stages: Sequence[Stage], schedule: Schedule, updates: Sequence[Callable], played: Played,
-           clip_global_norm: float | None = None, deferred: Deferred | None = None) -> tf.Tensor:
+           clip_global_norm: float | None = None, deferred: Deferred | Pooled | None = None, replica: int = 0
+           ) -> tf.Tensor:
     """Each stage's update from `played` (`updates[k]`: `stage_update`), after its row's last action,
-    and the step's report on the last stage's device (see `e2e_step`)."""
+    and the step's report on the last stage's device (see `e2e_step`); `replica`: the copy of the
+    pipeline whose update this is (its scopes' names, `update_scope`)."""
     last = len(stages) - 1
     accumulated, total, previous = played.grads, played.total, played.previous
     grads, scopes = [], []
     for s in stages:  # the update is each stage's last action
-        with tf.name_scope(update_scope(s.index)) as scope, tf.device(s.device), \
+        with tf.name_scope(update_scope(s.index, replica)) as scope, tf.device(s.device), \
                 tf.control_dependencies(previous[schedule.row(s.index)]):
             grads.append(unscale(s, accumulated[s.index]))
             if deferred:  # the moving statistics' one update, from every microbatch of the step

@@ -7,7 +7,8 @@ under the trace's directory: planes of lines (threads) of events (start, duratio
 metadata names an op as `op_name:op_type`. An op belongs to the action whose name scope it
 carries (`Action.scope`, read back by `Action.parse`: `chain.pipeline.schedules`): `s{k}_F{m}/...` is F(k, m); `s{k}_B{m}/...` and the tape's
 gradient ops `gradient_tape/s{k}_F{m}/...` are B(k, m); `s{k}_update/...` is stage k's
-update; the host releases (`release_s{k}_...`) and the ops outside every scope (the split
+update; in copy r > 0 of a replicated pipeline each of these names starts with `r{r}_` (`copy_of`), and
+every copy's stages are measured, copy 0's first (`row_of`); the host releases (`release_s{k}_...`) and the ops outside every scope (the split
 into microbatches, the report) belong to no stage. A step is the interval of its marker
 (`MARKER`, with the step's number), which `chain.training.profile` puts around each call.
 
@@ -47,7 +48,7 @@ from typing import Any, Iterable, Sequence
 from chain.planning import balance
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
 from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, Timeline, rows,
-                                      simulate, update_stage)
+                                      simulate, update_of)
 
 MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)
 SLOW = 0.2  # a stage busier than the mean by more than this share is the bottleneck the advice evens
@@ -74,13 +75,23 @@ class OpEvent:
 
 
 def owner(name: str) -> tuple[str, int, int] | None:
-    """Which part of the step an op belongs to, from its name: ("F"|"B", stage, microbatch),
-    ("update", stage, -1), or None (no stage's: a release, the split into microbatches, ...)."""
+    """Which part of the step an op belongs to, from its name: ("F"|"B"|"W", stage, microbatch),
+    ("update", stage, -1), or None (no stage's: a release, the split into microbatches, ...); in
+    which copy of the pipeline: `copy_of`."""
     action = Action.parse(name)  # the step's own vocabulary (`Action.scope`), read back
     if action is not None:
         return action.kind, action.stage, action.microbatch
-    stage = update_stage(name)
-    return (UPDATE, stage, -1) if stage is not None else None
+    update = update_of(name)
+    return (UPDATE, update[1], -1) if update is not None else None
+
+
+def copy_of(name: str) -> int:
+    """The copy of the pipeline (placement.replicas) an op of `owner` belongs to: 0 without copies."""
+    action = Action.parse(name)
+    if action is not None:
+        return action.replica
+    update = update_of(name)
+    return update[0] if update is not None else 0
 
 
 def is_copy(e: OpEvent) -> bool:
@@ -148,14 +159,14 @@ def read_trace(paths: Iterable[str]) -> tuple[list[OpEvent], dict[int, tuple[int
 def producer(a: Action, stages: int) -> Action | None:
     """The action whose result `a` takes: F(k-1, m) for F(k, m); B(k+1, m) for B(k, m), or the
     last stage's own F(m) for its B(m); its own B(k, m) for W(k, m) (a split schedule); None for
-    F(0, m), which takes the batch."""
+    F(0, m), which takes the batch. The same copy of the pipeline's."""
     if a.kind == WEIGHT:
-        return Action(a.stage, a.microbatch, BACKWARD)
+        return a._replace(kind=BACKWARD)
     if a.kind == FORWARD:
-        return Action(a.stage - 1, a.microbatch, FORWARD) if a.stage > 0 else None
+        return a._replace(stage=a.stage - 1) if a.stage > 0 else None
     if a.stage < stages - 1:
-        return Action(a.stage + 1, a.microbatch, BACKWARD)
-    return Action(a.stage, a.microbatch, FORWARD)
+        return a._replace(stage=a.stage + 1, kind=BACKWARD)
+    return a._replace(kind=FORWARD)
 
 
 def union(intervals: Iterable[tuple[float, float]]) -> float:
@@ -169,23 +180,34 @@ def union(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
+def row_of(stage: int, replica: int, stages: int) -> int:
+    """The row of copy `replica`'s stage `stage` among every copy's stages (copy 0's, then copy 1's, ...)."""
+    return replica * stages + stage
+
+
 def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tuple[int, int]],
-            devices: Sequence[str], sources: Sequence[str | None] | None = None, grad_accum: int = 1) -> Measured:
+            devices: Sequence[str], sources: Sequence[str | None] | None = None, grad_accum: int = 1,
+            replicas: int = 1) -> Measured:
     """The measured timeline of the marked `steps` (`timeline.json`'s record, see
     docs/measuring.md): every step's actions with their times in ms from the first step's start,
     and per stage its busy time, forward, backward, copy and update times (means per step).
 
-    `sources[k]`: the trace whose events count for stage k (None: every event). A step in which
+    `replicas` copies of the pipeline (`placement.replicas`): every copy's actions are measured, and
+    `devices`, `sources` and the per stage figures hold a row per stage of every copy (`row_of`).
+    `sources[row]`: the trace whose events count for that stage (None: every event). A step in which
     some action of the schedule has no op is kept but left out of the statistics (`complete`).
     """
     n_stages = schedule.stages
-    sources = list(sources) if sources is not None else [None] * n_stages
+    n_rows = n_stages * replicas
+    sources = list(sources) if sources is not None else [None] * n_rows
     m = schedule.microbatches  # every action of a step, producers first (`grad_accum` rounds: chain.pipeline.step)
-    played = [Action(a.stage, r * m + a.microbatch, a.kind) for r in range(grad_accum) for a in simulate(schedule).order()]
+    played = [Action(a.stage, r * m + a.microbatch, a.kind, c) for c in range(replicas) for r in range(grad_accum)
+              for a in simulate(schedule).order()]
     origin = min(start for start, _ in steps.values()) if steps else 0
     ms = lambda ns: (ns - origin) / 1e6  # noqa: E731
-    owned = [(who, e) for e in events  # each event's action, once (a trace holds many events)
-             if (who := owner(e.name)) is not None and who[1] < n_stages and sources[who[1]] in (None, e.source)]
+    owned = [(who, e) for e in events  # each event's action and copy, once (a trace holds many events)
+             if (found := owner(e.name)) is not None and (who := (*found, copy_of(e.name)))[1] < n_stages
+             and who[3] < replicas and sources[row_of(who[1], who[3], n_stages)] in (None, e.source)]
     out_steps = []
     for number in sorted(steps):
         lo, hi = steps[number]
@@ -195,7 +217,7 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
                 ops.setdefault(who, []).append(e)
         actions, since = [], {}  # since[a]: when a's result could first be used (ns)
         for a in played:  # producers before consumers
-            found = ops.get((a.kind, a.stage, a.microbatch))
+            found = ops.get((a.kind, a.stage, a.microbatch, a.replica))
             found = [e for e in found or () if e.type not in READS] or found
             p = producer(a, n_stages)
             if found and p in since:  # work done before its input existed is not work on it
@@ -207,26 +229,30 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
                 since[a] = max(compute) if a.kind == FORWARD and compute else min(e.start for e in found)
                 actions.append(MeasuredAction(a.stage, a.microbatch, a.kind, ms(min(e.start for e in found)),
                                               ms(max(e.end for e in found)),
-                                              sum(e.end - e.start for e in found if is_copy(e)) / 1e6, len(found)))
-        actions.sort(key=lambda a: (a.stage, a.start_ms))
-        updates = [MeasuredUpdate(k, ms(min(e.start for e in found)), ms(max(e.end for e in found)))
-                   for k in range(n_stages) if (found := ops.get((UPDATE, k, -1)))]
+                                              sum(e.end - e.start for e in found if is_copy(e)) / 1e6, len(found),
+                                              a.replica))
+        actions.sort(key=lambda a: (a.replica, a.stage, a.start_ms))
+        updates = [MeasuredUpdate(k, ms(min(e.start for e in found)), ms(max(e.end for e in found)), c)
+                   for c in range(replicas) for k in range(n_stages) if (found := ops.get((UPDATE, k, -1, c)))]
         out_steps.append(MeasuredStep(number, ms(lo), ms(hi), len(actions) == len(played), actions, updates))
-    stats = statistics(out_steps, schedule, devices)
+    stats = statistics(out_steps, schedule, devices, replicas)
     return Measured(schedule.name, n_stages, schedule.microbatches, grad_accum, list(devices), out_steps,
                     simulate(schedule).bubble_fraction, stats.measured_bubble_fraction, stats.per_stage,
-                    stats.slowest_stage, stats.step_ms)
+                    stats.slowest_stage, stats.step_ms, replicas=replicas)
 
 
-def _waits(actions: Sequence[MeasuredAction], schedule: Schedule, devices: Sequence[str]) -> list[float]:
-    """Per stage, the time it sat idle after an input of its next action was ready on another device."""
+def _waits(actions: Sequence[MeasuredAction], schedule: Schedule, devices: Sequence[str],
+           replicas: int = 1) -> list[float]:
+    """Per stage (of every copy: `row_of`), the time it sat idle after an input of its next action was
+    ready on another device."""
     by = {a.key(): a for a in actions}  # keyed like an Action
-    waits = [0.0] * schedule.stages
+    n = schedule.stages
+    waits = [0.0] * (n * replicas)
     previous_end: dict[int, float] = {}
     for a in sorted(actions, key=lambda a: a.start_ms):
-        k = a.stage
-        p = producer(Action(*a.key()), schedule.stages)
-        if p is not None and tuple(p) in by and devices[p.stage] != devices[k]:
+        k = row_of(a.stage, a.replica, n)
+        p = producer(Action(*a.key()), n)
+        if p is not None and tuple(p) in by and devices[row_of(p.stage, p.replica, n)] != devices[k]:
             ready = max(by[tuple(p)].end_ms, previous_end.get(k, float("-inf")))
             waits[k] += max(0.0, a.start_ms - ready)
         previous_end[k] = a.end_ms
@@ -243,30 +269,35 @@ class Statistics:
     step_ms: float | None
 
 
-def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Sequence[str]) -> Statistics:
-    """Per stage means over the complete steps, the measured bubble fraction and the slowest stage."""
+def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Sequence[str],
+               replicas: int = 1) -> Statistics:
+    """Per stage (of every copy) means over the complete steps, the measured bubble fraction over every
+    device and the slowest stage (of copy 0: every copy runs the same work)."""
     done = [s for s in steps if s.complete]
     n_stages = schedule.stages
+    n_rows = n_stages * replicas
     if not done:
         return Statistics(None, [], None, None)
-    per = [StageTime(k, devices[k], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0) for k in range(n_stages)]
-    hosts = sorted(set(devices[:n_stages]))  # interleaved: several stages on one device
+    per = [StageTime(i % n_stages, devices[i], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, replica=i // n_stages)
+           for i in range(n_rows)]
+    hosts = sorted(set(devices[:n_rows]))  # interleaved: several stages on one device
     spans, device_busy = 0.0, 0.0
     for s in done:
         acts = s.actions
         spans += max(a.end_ms for a in acts) - min(a.start_ms for a in acts)
         for d in hosts:  # a device is busy while any of its stages is
-            device_busy += union((a.start_ms, a.end_ms) for a in acts if devices[a.stage] == d)
-        for k, wait in enumerate(_waits(acts, schedule, devices)):
+            device_busy += union((a.start_ms, a.end_ms) for a in acts
+                                 if devices[row_of(a.stage, a.replica, n_stages)] == d)
+        for k, wait in enumerate(_waits(acts, schedule, devices, replicas)):
             per[k].copy_wait_ms += wait
-        for k in range(n_stages):
-            mine = [a for a in acts if a.stage == k]
+        for k in range(n_rows):
+            mine = [a for a in acts if row_of(a.stage, a.replica, n_stages) == k]
             per[k].busy_ms += union((a.start_ms, a.end_ms) for a in mine)
             per[k].forward_ms += sum(a.end_ms - a.start_ms for a in mine if a.kind == FORWARD)
             per[k].backward_ms += sum(a.end_ms - a.start_ms for a in mine if a.kind in (BACKWARD, WEIGHT))
             per[k].copy_ms += sum(a.copy_ms for a in mine)
         for u in s.updates:
-            per[u.stage].update_ms += u.end_ms - u.start_ms
+            per[row_of(u.stage, u.replica, n_stages)].update_ms += u.end_ms - u.start_ms
     n = len(done)
     for p in per:
         p.busy_fraction = p.busy_ms / spans if spans else None
@@ -330,13 +361,13 @@ def advice_text(advice: Advice, override: str | None) -> str:
 
 def grid(measured: Measured, step: MeasuredStep, slots: int) -> tuple[tuple[Action | None, ...], ...]:
     """`step`'s actions on a grid of `slots` equal time slots over its span: in each slot, the
-    action that fills most of it on each stage (idle when none fills half)."""
+    action that fills most of it on each stage (of every copy: `row_of`; idle when none fills half)."""
     acts = step.actions
     t0 = min(a.start_ms for a in acts)
     width = (max(a.end_ms for a in acts) - t0) / slots
     out = []
-    for k in range(measured.stages):
-        mine = [a for a in acts if a.stage == k]
+    for k in range(measured.stages * (measured.replicas or 1)):  # None: a timeline.json from before copies
+        mine = [a for a in acts if row_of(a.stage, a.replica or 0, measured.stages) == k]
         row = []
         for t in range(slots):
             lo, hi = t0 + t * width, t0 + (t + 1) * width
@@ -385,7 +416,7 @@ def render(measured: Measured, schedule: Schedule, devices: Sequence[str] | None
     span = max(a.end_ms for a in step.actions) - min(a.start_ms for a in step.actions)
     lines = [f"measured: step {step.step}, {span:.2f} ms in {slots} slots of {span / slots:.3f} ms "
              "(each slot: the action that filled most of it)"]
-    lines += rows(Timeline(cells), devices)
+    lines += rows(Timeline(cells), devices, replicas=measured.replicas or 1)
     lines.append(f"measured bubble fraction: {measured.measured_bubble_fraction:.3f} (idle time / all time, "
                  f"mean of {len(done)} step{'s' if len(done) > 1 else ''}); planned: {planned.bubble_fraction:.3f}")
     return "\n".join(lines)

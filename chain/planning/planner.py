@@ -457,7 +457,12 @@ def loop(p: Placement, n_stages: int, schedule: str = "interleaved") -> Placemen
     if p.strategy == MIRRORED or d >= n_stages:
         return p
     p.devices = [p.devices[k % d] for k in range(n_stages)]
-    p.notes.append(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices, stage k on device k mod {d}")
+    p.grid = [[row[k % d] for k in range(n_stages)] for row in p.grid]  # copies of the pipeline: each copy's row
+    each = " (in every copy)" if p.grid else ""
+    # the layout's note was written for the D devices of a copy: say how many stages they hold
+    p.notes = [n.replace(f"copies of the {d}-stage pipeline", f"copies of the {n_stages}-stage pipeline on {d} devices")
+               for n in p.notes]
+    p.notes.append(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices{each}, stage k on device k mod {d}")
     return p
 
 

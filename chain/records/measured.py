@@ -24,10 +24,11 @@ class MeasuredAction:
     end_ms: float = item("its last op's end")
     copy_ms: float = item("the transfer ops inside it")
     ops: int = item("the op events that made it")
+    replica: int = item("the copy of the pipeline that ran it (placement.replicas; 0 without copies)", default=0)
 
-    def key(self) -> tuple[int, int, str]:
-        """(stage, microbatch, kind): the fields of `chain.pipeline.schedules.Action`."""
-        return self.stage, self.microbatch, self.kind
+    def key(self) -> tuple[int, int, str, int]:
+        """(stage, microbatch, kind, replica): the fields of `chain.pipeline.schedules.Action`."""
+        return self.stage, self.microbatch, self.kind, self.replica or 0  # None: a timeline.json from before copies
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class MeasuredUpdate:
     stage: int = item("the stage")
     start_ms: float = item("its first op's start")
     end_ms: float = item("its last op's end")
+    replica: int = item("the copy of the pipeline (placement.replicas; 0 without copies)", default=0)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class StageTime:
     copy_wait_ms: float = item("idle time after its next input was ready on another device")
     update_ms: float = item("its update")
     busy_fraction: float | None = item("busy_ms over the step's span", default=None)
+    replica: int = item("the copy of the pipeline (placement.replicas; 0 without copies)", default=0)
 
 
 @dataclass
@@ -92,14 +95,15 @@ class Measured:
     stages: int = item("its stages")
     microbatches: int = item("its microbatches")
     grad_accum: int = item("trainer.grad_accum (rounds of the schedule per step)")
-    devices: list[str] = item("each stage's device")
+    devices: list[str] = item("each stage's device (with copies of the pipeline: copy 0's stages, then copy 1's, ...)")
     steps: list[MeasuredStep] = item("every profiled step")
     planned_bubble_fraction: float = item("the plan's bubble fraction (unit-time actions)")
     measured_bubble_fraction: float | None = item("idle device time over devices x span (null: no complete step)")
-    per_stage: list[StageTime] = item("each stage's times")
-    slowest_stage: int | None = item("the busiest stage")
+    per_stage: list[StageTime] = item("each stage's times (with copies: copy 0's stages, then copy 1's, ...)")
+    slowest_stage: int | None = item("the busiest stage (of copy 0)")
     step_ms: float | None = item("the mean span of a step, first action to last")
     trace: list[str] | None = item("the trace's directories, relative to the run directory", default=None)
     advice: Advice | None = item("the balance advice (null: balanced, or nothing measured)", default=None)
     shared_threads: bool | None = item("whether the stages were logical CPU devices of one process",
                                        default=None)
+    replicas: int = item("copies of the pipeline (placement.replicas): every copy's actions are measured", default=1)

@@ -107,13 +107,17 @@ def planned_rows(schedule: schedules.Schedule) -> list[list[tuple[float, float, 
 
 
 def measured_rows(measured: Measured, step: MeasuredStep) -> list[list[tuple[float, float, str, str]]]:
+    """A row per stage of every copy of the pipeline (`timeline.row_of`: copy 0's stages first)."""
     t0 = min(a.start_ms for a in step.actions)
-    rows: list[list] = [[] for _ in range(measured.stages)]
+    k = measured.stages
+    rows: list[list] = [[] for _ in range(k * (measured.replicas or 1))]  # None: a timeline.json from before copies
     for a in step.actions:
         action = measured_timeline.action(a)  # the schedule's action, named as the plan names it
-        rows[a.stage].append((a.start_ms - t0, a.end_ms - a.start_ms, action.kind, str(action)))
+        rows[measured_timeline.row_of(a.stage, action.replica, k)].append(
+            (a.start_ms - t0, a.end_ms - a.start_ms, action.kind, str(action)))
     for u in step.updates:
-        rows[u.stage].append((u.start_ms - t0, u.end_ms - u.start_ms, "update", ""))
+        rows[measured_timeline.row_of(u.stage, u.replica or 0, k)].append(
+            (u.start_ms - t0, u.end_ms - u.start_ms, "update", ""))
     return rows
 
 
@@ -147,14 +151,17 @@ def measured_section(rec: RunRecord, labels: Sequence[str]) -> list[str]:
     if step is None:
         out.append("<p class='note'>not profiled: run with trainer.profile=[START,STOP] to measure the timeline.</p>")
         return out
+    copies = m.replicas or 1  # None: a timeline.json from before copies
+    if copies > 1:  # copies of the pipeline: a row per device of every copy
+        labels = [f"copy {i // m.stages} stage {i % m.stages}  {d}" for i, d in enumerate(m.devices)]
     out.append(image(plots.gantt(measured_rows(m, step), labels, f"measured: step {step.step}", "ms"),
                      "measured timeline"))
     out.append(f"<p>measured bubble fraction <b>{m.measured_bubble_fraction:.3f}</b> (idle time / all time over "
                f"the profiled steps {', '.join(str(s.step) for s in m.steps if s.complete)}), planned "
                f"{m.planned_bubble_fraction:.3f}; step {m.step_ms:.2f} ms from the first action to the last; "
                f"slowest stage: {m.slowest_stage}</p>")
-    rows = [(p.stage, p.device, p.busy_ms, p.busy_fraction, p.forward_ms, p.backward_ms, p.copy_ms,
-             p.copy_wait_ms, p.update_ms) for p in m.per_stage]
+    rows = [(p.stage if copies == 1 else f"{p.stage} (copy {p.replica})", p.device, p.busy_ms, p.busy_fraction,
+             p.forward_ms, p.backward_ms, p.copy_ms, p.copy_wait_ms, p.update_ms) for p in m.per_stage]
     out.append(table(("stage", "device", "busy ms", "busy fraction", "forward ms", "backward ms", "copy ms",
                       "copy wait ms", "update ms"), rows, "measured"))
     shared = (" These stages are logical CPU devices of one process, which share one thread pool: the trace "

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from chain.errors import ConfigError
 from chain.stages.stage import Stage
+from chain.steps.ops import copy_to
 
 
 def norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
@@ -86,9 +87,11 @@ class Deferred:
         """The one update of `stage`'s moving statistics from its microbatches' moments (call in the
         stage's device scope, after its last backward)."""
         for layer in self.layers[stage.index]:
-            found = self.moments.get(id(layer))
-            if not found:
-                continue  # frozen, or not called in training
+            self._update(layer, self.moments.get(id(layer)))
+
+    def _update(self, layer: keras.layers.BatchNormalization, found: list[tuple[tf.Tensor, tf.Tensor]] | None) -> None:
+        """`layer`'s one update from the moments of equal microbatches `found` (None or empty: none)."""
+        if found:
             means = tf.stack([tf.stop_gradient(m) for m, _ in found])
             variances = tf.stack([tf.stop_gradient(v) for _, v in found])
             mean = tf.reduce_mean(means, axis=0)
@@ -98,3 +101,30 @@ class Deferred:
             moving_variance = tf.cast(layer.moving_variance, variance.dtype)
             layer.moving_mean.assign(moving_mean * momentum + mean * (1.0 - momentum))
             layer.moving_variance.assign(moving_variance * momentum + variance * (1.0 - momentum))
+
+
+class Pooled:
+    """Copy `replica`'s deferred statistics among copies of a pipeline (`placement.replicas`): each
+    copy records its own microbatches (`group[r]`, one `Deferred` per copy), and stage k's update of
+    every copy takes the moments of every copy's microbatches, copied onto its device in replica
+    order: the statistics of the whole global batch (its R x M microbatches are equal), the same
+    bits on every copy, as one `Deferred` over the whole batch computes them on one device."""
+
+    def __init__(self, group: Sequence[Deferred], replica: int):
+        self.group, self.replica = list(group), replica
+
+    def update(self, stage: Stage) -> None:
+        """`Deferred.update` for this copy's `stage`, from every copy's moments (in the stage's device scope)."""
+        k, mine = stage.index, self.group[self.replica]
+        for i, layer in enumerate(mine.layers[k]):
+            pooled = []
+            for q, d in enumerate(self.group):
+                found = d.moments.get(id(d.layers[k][i])) or []
+                if q == self.replica:
+                    pooled += found
+                    continue
+                for j, (mean, variance) in enumerate(found):  # a few channels' moments: small copies
+                    name = f"moments_s{k}_l{i}_m{j}_from_r{q}_to_r{self.replica}"
+                    pooled.append((copy_to(mean, stage.device, f"mean_{name}"),
+                                   copy_to(variance, stage.device, f"variance_{name}")))
+            mine._update(layer, pooled)

@@ -209,27 +209,34 @@ class Window:
         with contextlib.suppress(Exception):
             self._stop()
 
+    def devices(self) -> list[str]:
+        """Every stage's device, of every copy of the pipeline (`placement.grid`): copy 0's stages first."""
+        grid = self.run.placement.grid
+        return [d for row in grid for d in row] if grid else [s.device for s in self.run.stages]
+
     def sources(self) -> list[str | None]:
-        """Per stage, the trace file (host) whose events are its device's: its worker's in a cluster."""
+        """Per stage (of every copy), the trace file (host) whose events are its device's: its worker's in
+        a cluster."""
         if not self.remote:
-            return [None] * len(self.run.stages)
+            return [None] * len(self.devices())
         out = []
-        for s in self.run.stages:
-            task = worker_task(s.device)
+        for device in self.devices():
+            task = worker_task(device)
             out.append(self.remote[task].replace(":", "_") if task is not None and task < len(self.remote) else None)
         return out
 
     def shared_threads(self) -> bool:
         """Whether the stages are logical CPU devices of this process (one thread pool for all)."""
-        return not self.remote and all("CPU" in s.device.upper() for s in self.run.stages)
+        return not self.remote and all("CPU" in d.upper() for d in self.devices())
 
     def _end(self) -> None:
         self._stop()
         files = [f for f in timeline.trace_files(self.logdir) if f not in self._before]
         events, steps = timeline.read_trace(files)
         run = self.run
-        devices = [s.device for s in run.stages]
-        result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum)
+        devices = self.devices()
+        result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum,
+                                  max(1, len(run.placement.grid)))
         result.trace = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
         result.advice = self.advice(result)
         result.shared_threads = self.shared_threads()
@@ -250,7 +257,8 @@ class Window:
             return None
         stages = self.run.stages
         layers, _ = layers_and_override(stages, None)
-        advice = timeline.advise([p.busy_ms for p in result.per_stage], layers, kinds=layer_kinds(stages))
+        busy = [p.busy_ms for p in result.per_stage if not p.replica]  # copies run the same stages' work
+        advice = timeline.advise(busy, layers, kinds=layer_kinds(stages))
         if advice:
             advice.override = layers_and_override(stages, advice.split, self.run.settings.stage)[1]
             if advice.split == advice.layers:
