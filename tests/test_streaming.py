@@ -246,7 +246,8 @@ def _rewrite(path, whole: bytes, i: int, record: bytes) -> None:
 def _inputs(path) -> np.ndarray:
     """The x of every record of a file, in the file's order."""
     spec = {"x": tf.io.FixedLenFeature([8], tf.float32)}
-    return np.concatenate([tf.io.parse_example(rs, spec)["x"].numpy() for rs in tf.data.TFRecordDataset(path).batch(64)])
+    chunks = tf.data.TFRecordDataset(path).batch(64)
+    return np.concatenate([tf.io.parse_example(rs, spec)["x"].numpy() for rs in chunks])
 
 
 def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples(shards, tmp_path):
@@ -268,7 +269,7 @@ def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples
     single = chain.build(chain.compose([*args, f"placement.devices=[{DEVICES[2]},{DEVICES[2]}]"]))
     assert_same_start(mirrored, single)
     files = mirrored.dataset.shards
-    assert len(files.paths) == 3  # part-003 held out for validation: replica 0 reads part-000 and -002, replica 1 part-001
+    assert len(files.paths) == 3  # part-003 held out: replica 0 reads part-000 and -002, replica 1 part-001
     owner = {row.tobytes(): j % 2 for j, path in enumerate(files.paths) for row in _inputs(path)}
     it = mirrored.iterator  # the run's own stream, the one its checkpoints save
     batches = [next(it) for _ in range(2)]
