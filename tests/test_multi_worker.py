@@ -1,19 +1,22 @@
 """`placement.fallback=mirrored` across hosts: every worker of TF_CONFIG runs the same command and
 trains the whole chain data parallel (MultiWorkerMirroredStrategy). Two such workers on
 loopback train like one process mirrored over two logical CPU replicas, on the same global
-batches; a host that dies or stops answering stops the others with one line (exit 5); a TF_CONFIG
-task without the mirrored fallback is one line."""
+batches (a streamed data set: each host reading only its own replica's files); a host that dies
+or stops answering stops the others with one line (exit 5); a TF_CONFIG task without the mirrored
+fallback is one line."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 import chain
 
@@ -24,7 +27,10 @@ from servers import FakeServer
 
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false",
         "placement.fallback=mirrored", "trainer.steps=5"]
-MODES = {"e2e": ["mode=e2e"], "local": ["mode=local"]}
+# mode=local reads streamed TFRecord files (data.stream=true): each host only its own replica's files
+STREAM = ["data=tfrecord", "data.y=y", "data.stream=true", "data.classes={label: 2}", "data.shuffle_buffer=24",
+          "data.features={x: 'float32[8]', y: int64}", "data.val_fraction=0.2"]
+MODES = {"e2e": ["mode=e2e"], "local-stream": ["mode=local", *STREAM]}
 
 
 def tf_config(addresses: list[str], index: int) -> str:
@@ -35,11 +41,33 @@ def final(run_dir) -> dict:
     return {k: stage_values(run_dir, f"stage_{k:02d}") for k in range(2)}
 
 
+def stream_files(root) -> list[list[str]]:
+    """5 TFRecord files (4 training, 1 held out for validation) in `root`, and a copy of them per worker in
+    which the other worker's training files are damaged (record 0 has no y): a host that read another's
+    replica's files would stop with a bad record. Each worker's data.files override, then the one process's."""
+    from test_streaming import write_shards
+
+    write_shards(root / "files", shards=5, per=40, width=8)
+    bad = tf.train.Example(features=tf.train.Features(feature={
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5] * 8))})).SerializeToString()
+    for w in range(2):
+        shutil.copytree(root / "files", root / f"files{w}")
+        for j in range(4):  # replica j % 2 reads training file j (one replica per worker here)
+            if j % 2 != w:
+                path = str(root / f"files{w}" / f"part-{j:03d}.tfrecord")
+                records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+                with tf.io.TFRecordWriter(path) as out:
+                    for r in [bad, *records[1:]]:
+                        out.write(r)
+    return [[f"data.files={root}/{d}/*.tfrecord"] for d in ("files0", "files1", "files")]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path, mode):
     addresses = free_addresses(2)
+    files = stream_files(tmp_path) if "data.stream=true" in MODES[mode] else [[], [], []]
     args = [sys.executable, "-m", "chain", *TINY, *MODES[mode]]
-    procs = [subprocess.Popen([*args, f"hydra.run.dir={tmp_path / f'w{i}'}"], cwd=tmp_path, text=True,
+    procs = [subprocess.Popen([*args, *files[i], f"hydra.run.dir={tmp_path / f'w{i}'}"], cwd=tmp_path, text=True,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=tf_config(addresses, i)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
     try:
@@ -50,7 +78,7 @@ def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path,
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     assert f"this is worker 1 of 2 ({addresses[1]})" in outs[1][0]
-    r = run_cli(tmp_path, *TINY, *MODES[mode], f"hydra.run.dir={tmp_path / 'one'}")
+    r = run_cli(tmp_path, *TINY, *MODES[mode], *files[2], f"hydra.run.dir={tmp_path / 'one'}")
     assert r.returncode == 0, r.stderr
 
     w0, w1, one = final(tmp_path / "w0"), final(tmp_path / "w1"), final(tmp_path / "one")

@@ -243,6 +243,76 @@ def _rewrite(path, whole: bytes, i: int, record: bytes) -> None:
             w.write(r)
 
 
+def _inputs(path) -> np.ndarray:
+    """The x of every record of a file, in the file's order."""
+    spec = {"x": tf.io.FixedLenFeature([8], tf.float32)}
+    chunks = tf.data.TFRecordDataset(path).batch(64)
+    return np.concatenate([tf.io.parse_example(rs, spec)["x"].numpy() for rs in chunks])
+
+
+def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples(shards, tmp_path):
+    """placement.fallback=mirrored over 2 replicas: replica r reads only the training files r, r+2, ...
+    (its part of every batch comes from them), as a stream of a data set of just its files would; a
+    checkpoint of the stream holds both replicas' positions (a run resumed from it trains on the batches
+    that followed); the run trains as the one-device chain on those batches and evaluates on every
+    validation record."""
+    from dataclasses import replace
+
+    from chain.data import record_stream
+    from compare import assert_same_start, rel_diff, weights
+    from conftest import DEVICES
+
+    steps = 4
+    args = [*TINY, f"data.files={shards}/*.tfrecord", "data.features={x: 'float32[8]', y: int64}", "data.batch_size=16",
+            "data.shuffle_buffer=24", "data.val_fraction=0.25", f"trainer.steps={steps}"]
+    mirrored = chain.build(chain.compose([*args, "placement.fallback=mirrored"]))
+    single = chain.build(chain.compose([*args, f"placement.devices=[{DEVICES[2]},{DEVICES[2]}]"]))
+    assert_same_start(mirrored, single)
+    files = mirrored.dataset.shards
+    assert len(files.paths) == 3  # part-003 held out: replica 0 reads part-000 and -002, replica 1 part-001
+    owner = {row.tobytes(): j % 2 for j, path in enumerate(files.paths) for row in _inputs(path)}
+    it = mirrored.iterator  # the run's own stream, the one its checkpoints save
+    batches = [next(it) for _ in range(2)]
+    saved = tf.train.Checkpoint(stream=it).write(str(tmp_path / "stream"))
+    batches += [next(it) for _ in range(steps)]
+    seen = [[], []]
+    for x, _ in batches:
+        for r, part in enumerate(np.split(x.numpy(), 2)):
+            assert {owner[row.tobytes()] for row in part} == {r}  # each replica's part from its own files only
+            seen[r] += [row.tobytes() for row in part]
+    # 48 of replica 0's 80 records: none twice (a second pass cannot reach past the 24-record buffer before its 57th)
+    assert len(set(seen[0])) == 48
+    # Each replica's part is the batch a stream of its own files alone reads, with its share of the batch.
+    own = [iter(record_stream.training(replace(files, paths=files.paths[r::2], counts=files.counts[r::2]), 8, True,
+                                       mirrored.settings.seed)) for r in range(2)]
+    for x, ys in batches:
+        parts = [next(o) for o in own]
+        np.testing.assert_array_equal(x.numpy(), np.concatenate([p[0].numpy() for p in parts]))
+        for k in ys:
+            np.testing.assert_array_equal(ys[k].numpy(), np.concatenate([p[1][k].numpy() for p in parts]))
+    # The stream restored to its state after 2 batches: the run trains on batches 3-6.
+    tf.train.Checkpoint(stream=it).read(saved).assert_consumed()
+    summary = mirrored.fit()
+    for x, ys in batches[2:]:
+        single.step(x, ys)
+    for a, b in zip(weights(mirrored), weights(single), strict=True):
+        assert rel_diff(a, b) <= 1e-5
+    # Evaluation still reads every validation record once: the one-device chain's evaluation of the same weights.
+    assert summary["val_examples"] == 40
+    assert summary["stages"][1]["val"]["loss"] == pytest.approx(single.evaluate().stages[1]["loss"], rel=1e-5)
+
+
+def test_fewer_training_files_than_mirrored_replicas_is_one_line(shards):
+    args = [*TINY, f"data.files={shards}/part-00*.tfrecord", "data.features={x: 'float32[8]', y: int64}",
+            "data.batch_size=16", "data.val_fraction=0.75", "placement.fallback=mirrored"]
+    with pytest.raises(ConfigError) as e:
+        chain.build(chain.compose(args))
+    assert str(e.value) == (
+        f"data.files='{shards}/part-00*.tfrecord' gives 1 training file(s) (after the files data.val_fraction "
+        "holds out), and with data.stream=true each of the 2 mirrored replicas reads files of its own: give data.files "
+        "at least 2 training files, or data.stream=false")
+
+
 # --- CSV, .npz and the user's dataset streamed (issue 20: every file source) ---------------------
 
 CSV = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=csv", "data.y=y",
@@ -318,6 +388,14 @@ def test_the_count_cache_spares_a_second_run_the_count(csv_files, shards, caplog
         assert "counting" not in caplog.text and "file(s) of data." in caplog.text and "from the count cache" in \
             caplog.text, caplog.text
     assert os.path.exists(os.path.join(csv_files, count_cache.NAME))
+
+
+def test_a_csv_stream_over_mirrored_replicas_is_one_line(csv_files):
+    # Only TFRecord streams are read in replicas' shares: another stream would be cut wrongly, so it is refused.
+    with pytest.raises(ConfigError) as e:
+        chain.build(chain.compose([*CSV, f"data.path={csv_files}/part-*.csv", "placement.fallback=mirrored"]))
+    assert str(e.value).startswith("data.stream=true with 2 mirrored replicas: each replica reads files of its own, "
+                                   "which only data=tfrecord streams do so far")
 
 
 @pytest.fixture(scope="module")

@@ -139,19 +139,33 @@ def skip_counter(shards: Shards) -> tf.Variable | None:
     return tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_records") if shards.skip_bad else None
 
 
-def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.Variable | None = None
-             ) -> tf.data.Dataset:
+def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.Variable | None = None,
+             share: tuple[int, int] | None = None) -> tf.data.Dataset:
     """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
-    records are counted in `skipped` and left out (`skip_counter`), or stop it (None)."""
-    files = tf.data.Dataset.from_tensor_slices(list(shards.paths))
+    records are counted in `skipped` and left out (`skip_counter`), or stop it (None).
+
+    `share=(r, R)`: only replica r's files of R replicas, `shards.paths[r::R]` (a fixed deal, see
+    `replica_files`), as the stream of a data set of just those files would read them."""
+    paths = replica_files(shards, *share) if share is not None else list(shards.paths)
+    files = tf.data.Dataset.from_tensor_slices(paths)
     if shuffle:
-        files = files.shuffle(len(shards.paths), seed=seed, reshuffle_each_iteration=True)
-    chunks = files.repeat().interleave(_numbered(_chunk(shards)), cycle_length=min(CYCLE, len(shards.paths)), block_length=1,
+        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    chunks = files.repeat().interleave(_numbered(_chunk(shards)), cycle_length=min(CYCLE, len(paths)), block_length=1,
                                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     examples = _examples(chunks, shards, skipped)
     if shuffle:
         examples = examples.shuffle(shards.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return examples.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def replica_files(shards: Shards, replica: int, replicas: int) -> list[str]:
+    """Replica `replica`'s training files of `replicas`: the files `replica`, `replica + replicas`, ...
+    in sorted order, the same in every epoch. A fixed deal rather than one redrawn per epoch: a file
+    is then read by one replica only, even when replicas whose files hold more records fall a pass
+    behind the others, and a host opens only its own replicas' files while training."""
+    if not 0 <= replica < replicas <= len(shards.paths):
+        raise ValueError(f"replica {replica} of {replicas} over {len(shards.paths)} files")
+    return list(shards.paths[replica::replicas])
 
 
 def validation(shards: Shards, batch: int, skipped: tf.Variable | None = None) -> tf.data.Dataset | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from chain.data.loader import Dataset
 from chain.data.shards import Shards
+from chain.data.stream_shares import StreamShares
 from chain.data.streamed import ArrayFiles, CsvFiles
 
 
@@ -42,9 +43,16 @@ def bad_record(error: BaseException, ds: Dataset) -> str | None:
     return None
 
 
-def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int):
+def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int, shares: StreamShares | None = None):
     """The run's endless `tf.data` stream of `(x, {target: y})` batches of `batch` examples
     (one optimizer step's: `trainer.grad_accum` x `data.batch_size`), shuffled with `seed`.
+
+    `shares` (mirrored replicas, `chain.data.stream_shares`): a streamed data set is read as one
+    stream per replica of this process, each over its own files with its share of the batch
+    (`batch / shares.replicas`), and a batch is their batches one after the other in replica order
+    (`shares.count` shares: a host of a multi-host run reads its own replicas' only). One iterator
+    over them all, so a checkpoint holds every replica's stream. Only a streamed data set is read
+    in shares (data in memory: every process reads whole batches, and `shares` must be None).
 
     What is shuffled, repeated and batched is the examples' indices; each batch of indices
     then gathers its examples from the arrays in one graph op (no Python per batch). The
@@ -56,7 +64,20 @@ def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int):
     import tensorflow as tf
 
     if ds.shards is not None:
-        return _streamed(ds, batch, True, shuffle, seed)
+        if shares is None:
+            return _streamed(ds, batch, True, shuffle, seed)
+        from chain.data import record_stream
+
+        if not isinstance(ds.shards, Shards):  # refused before training (stream_shares.check_files)
+            raise ValueError("only TFRecord streams are read in replicas' shares")
+        if ds.skipped is None:
+            ds.skipped = record_stream.skip_counter(ds.shards)
+        part = batch // shares.replicas
+        streams = tuple(record_stream.training(ds.shards, part, shuffle, seed, ds.skipped, (r, shares.replicas))
+                        for r in shares.indices)
+        return tf.data.Dataset.zip(streams).map(_joined).prefetch(tf.data.AUTOTUNE)
+    if shares is not None:
+        raise ValueError("data in memory is read in whole batches, not in replicas' shares")
     x = tf.constant(ds.x)
     ys = {k: tf.constant(v) for k, v in ds.y.items()}
     order = tf.data.Dataset.range(len(ds.x))
@@ -65,6 +86,14 @@ def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int):
     batches = order.repeat().batch(batch, drop_remainder=True)
     return batches.map(lambda i: (tf.gather(x, i), {k: tf.gather(v, i) for k, v in ys.items()})
                        ).prefetch(tf.data.AUTOTUNE)
+
+
+def _joined(*parts):
+    """Replicas' batches `(x, {target: y})` -> one batch: theirs one after the other, in replica order."""
+    import tensorflow as tf
+
+    xs, ys = zip(*parts)
+    return tf.concat(xs, 0), {k: tf.concat([y[k] for y in ys], 0) for k in ys[0]}
 
 
 def validation_batches(ds: Dataset, batch: int):

@@ -20,6 +20,7 @@ import tensorflow as tf
 from chain.config.schema import Settings
 from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
+from chain.data.stream_shares import StreamShares
 from chain.planning.planner import Placement
 from chain.records.results import LossRecord, ReplicaLosses, StepResult
 from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summary
@@ -189,6 +190,11 @@ class Strategy:
     def restored(self) -> None:
         """Called after a checkpoint was restored into `self.stages` (a strategy holding more copies
         of them brings the others along)."""
+
+    def stream_shares(self) -> StreamShares | None:
+        """The replicas whose own shares of a streamed data set this process reads
+        (`chain.data.stream_shares`); None: one stream of whole batches."""
+        return None
 
     def batch_divisor(self) -> int:
         """A whole batch's size must be a multiple of this (its chunks, microbatches, replicas)."""

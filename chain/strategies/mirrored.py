@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
+from chain.data.stream_shares import StreamShares
 from chain.errors import DeviceError
 from chain.planning.planner import MIRRORED, Placement
 from chain.records.results import ReplicaLosses
@@ -144,12 +145,25 @@ class Mirrored(Strategy):
     def call(self, x: Any, ys: dict[str, Any]) -> Any:
         return self.step_fn(*self.arguments(x, ys)).numpy()  # per-replica arguments: tf.function dispatches
 
+    def stream_shares(self) -> StreamShares | None:
+        """A streamed data set (`data.stream=true`) is read by every replica from its own files
+        (`chain.data.stream_shares`): this process's replicas' shares (a host of a multi-host run:
+        its own replicas, numbered as the run numbers them); None for data in memory."""
+        if not getattr(self.settings.data, "stream", False):
+            return None
+        local = self.placement.local_replicas
+        return StreamShares(self.placement.replicas.index(local[0]), len(local), len(self.placement.replicas))
+
     def arguments(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple:
-        """One global batch as per-replica values: replica i gets the i-th contiguous part."""
-        n = x.shape[0] // self.strategy.num_replicas_in_sync
+        """One batch as per-replica values, each replica's part contiguous: replica i gets the i-th
+        part of a global batch. A host of a multi-host run reading a streamed data set holds only its
+        own replicas' parts (`stream_shares`): its batch is cut into those, in order."""
+        shares = self.stream_shares()
+        first, count = (shares.first, shares.count) if shares else (0, self.strategy.num_replicas_in_sync)
+        n = x.shape[0] // count
 
         def part(ctx: tf.distribute.experimental.ValueContext) -> tuple:
-            i = ctx.replica_id_in_sync_group
+            i = ctx.replica_id_in_sync_group - first  # this process's replicas only are asked for
             return x[i * n:(i + 1) * n], {k: v[i * n:(i + 1) * n] for k, v in ys.items()}
 
         return (self.strategy.experimental_distribute_values_from_function(part),)

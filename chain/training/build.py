@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from chain import data
 from chain.config import Settings
+from chain.data import stream_shares
 from chain.planning import cluster, devices, fit, planner
 from chain.spec import RunSpec, prepare, with_data
 from chain.training import ways
@@ -60,6 +61,8 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     dataset = data.load(settings.data, settings.seed, spec.data_info)
     spec = with_data(spec, dataset.info)
     settings, placement = spec.settings, spec.placement
+    if dataset.shards is not None and placement.strategy == planner.MIRRORED:  # each replica streams its own files
+        stream_shares.check_files(dataset.shards, len(placement.replicas), getattr(settings.data, "files", None))
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels = resolve(settings, placement, dataset.info, stages, model)
     if bodies is not None and spec.inventory is not None:  # a cut model's stages are estimated once it is cut

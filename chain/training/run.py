@@ -124,8 +124,10 @@ class Run:
         return self.settings.examples_per_step
 
     def batches(self):
-        """The shared `tf.data` pipeline of training batches, one per step (`examples_per_step` each)."""
-        return training_batches(self.dataset, self.examples_per_step, self.settings.data.shuffle, self.settings.seed)
+        """The shared `tf.data` pipeline of training batches, one per step (`examples_per_step` each;
+        a host of a multi-host mirrored run streaming its data: its own replicas' shares of them)."""
+        return training_batches(self.dataset, self.examples_per_step, self.settings.data.shuffle, self.settings.seed,
+                                self.strategy.stream_shares())
 
     @property
     def iterator(self):
