@@ -17,6 +17,7 @@ from chain.pipeline import schedules
 from chain.pipeline import step as pipeline_step
 from chain.pipeline.step import e2e_step
 from chain.steps import recompute
+from graph_audit import live_ops
 
 STEPS = 2
 _REPLAY = pipeline_step.replay
@@ -50,6 +51,21 @@ class Replayer:
                              jit_compile=run.settings.trainer.jit_compile, recompute_policy=policy))
         losses = [run.step(*b)["loss"] for b in self.batches]
         return losses, [v.numpy() for v in self.variables]
+
+    def matmuls(self, schedule: str, m: int, policy: str) -> dict[tuple[str, int], int]:
+        """How many MatMul ops a call of the step runs per (action kind, stage): the work, counted."""
+        st, run = self.run.strategy, self.run
+        st.set_step(e2e_step(run.stages, schedules.build(schedule, len(run.stages), m), st.loss_fn(), st.target,
+                             recompute_policy=policy))
+        graph = run.trace(*self.batches[0]).graph
+        alive = live_ops(graph)
+        actions = [schedules.Action.parse(op.name) for op in graph.get_operations()
+                   if op.type == "MatMul" and op.name in alive]
+        counts: dict[tuple[str, int], int] = {}
+        for a in actions:
+            if a is not None:
+                counts[(a.kind, a.stage)] = counts.get((a.kind, a.stage), 0) + 1
+        return counts
 
     def assert_equal(self, got, want) -> None:
         assert got[0] == want[0]
@@ -109,3 +125,17 @@ def test_recompute_is_a_pipeline_setting_with_three_values():
         chain.compose(BASE + ["pipeline.recompute=sometimes"])
     assert [recompute.recomputed(p, m, 4) for p in ("never", "except_last", "always") for m in (0, 3)] == [
         False, False, True, False, True, True]
+
+
+@pytest.mark.parametrize("schedule, last_replays", [("1f1b", False), ("gpipe", True)])
+def test_a_recomputed_step_runs_one_more_forward_and_nothing_where_a_replay_saves_nothing(mlp, schedule, last_replays):
+    """`always` adds exactly one forward's products per microbatch on a stage that replays, none in
+    its forward; 1F1B's last stage runs each backward right after its forward, so a replay there
+    would rebuild what the tape holds at that moment (the same memory): it replays nothing. Under
+    GPipe the last stage's backwards come after all its forwards, and it replays."""
+    never, always = (mlp.matmuls(schedule, 2, p) for p in ("never", "always"))
+    last = len(mlp.run.stages) - 1
+    for k in range(last + 1):
+        assert always[("F", k)] == never[("F", k)], k
+        replays = k < last or last_replays
+        assert always[("B", k)] == never[("B", k)] + (never[("F", k)] if replays else 0), (k, never, always)

@@ -16,7 +16,9 @@ inside its stage's device scope:
 
 With `pipeline.recompute` (`chain.steps.recompute`), F(k, m) of a recomputed microbatch runs
 without a tape and keeps only its input and the stage model's state; B(k, m) runs the
-forward again from them under a tape before taking its gradient.
+forward again from them under a tape before taking its gradient. The last stage keeps its
+activations when its backward is its very next action (`schedules.backward_at_once`: every
+microbatch under 1F1B): a replay there would rebuild the same tensors at the same moment.
 
 After its last backward, each stage applies its accumulated gradients once through
 `chain.steps.update.apply_update`, so every schedule computes the full-batch update.
@@ -73,7 +75,8 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain.data.catalog import Target
-from chain.pipeline.schedules import BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, is_split, simulate, update_scope
+from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
+                                      simulate, update_scope)
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
@@ -253,6 +256,12 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
             raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
     order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum)  # simulate validates
+    at_once = backward_at_once(schedule)  # kept under every policy: a replay would hold the same, at once
+
+    def replayed(k: int, m: int) -> bool:
+        """Whether F(k, m) keeps only its input and B(k, m) runs it again (`m` over all rounds)."""
+        within = m % schedule.microbatches
+        return recomputed(recompute_policy, within, schedule.microbatches) and (k, within) not in at_once
     n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
     # With one microbatch a stage has one forward and one backward, which its data already
     # orders (the backward reads the forward's tape): the chaining would bound nothing and only
@@ -317,7 +326,7 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
                     with tf.device(s.device):
-                        if recomputed(recompute_policy, m % schedule.microbatches, schedule.microbatches):
+                        if replayed(k, m):
                             # No tape kept: the intermediates die here; only `h` and the model's state stay.
                             state = snapshot(s.model)
                             _, out, value, _, _ = taped(k, h, m)
