@@ -127,15 +127,18 @@ def test_recompute_is_a_pipeline_setting_with_three_values():
         False, False, True, False, True, True]
 
 
-@pytest.mark.parametrize("schedule, last_replays", [("1f1b", False), ("gpipe", True)])
-def test_a_recomputed_step_runs_one_more_forward_and_nothing_where_a_replay_saves_nothing(mlp, schedule, last_replays):
-    """`always` adds exactly one forward's products per microbatch on a stage that replays, none in
-    its forward; 1F1B's last stage runs each backward right after its forward, so a replay there
-    would rebuild what the tape holds at that moment (the same memory): it replays nothing. Under
-    GPipe the last stage's backwards come after all its forwards, and it replays."""
+@pytest.mark.parametrize("schedule, last_forwards", [("1f1b", "in F"), ("gpipe", "in B")])
+def test_recomputation_adds_one_forward_on_each_stage_before_the_last_and_none_on_the_last(mlp, schedule,
+                                                                                         last_forwards):
+    """`always` adds exactly one forward's products per microbatch on a stage before the last, none to
+    its forwards. The last stage's output goes nowhere but into its loss: under 1F1B each backward runs
+    right after its forward, and a replay would only rebuild what the tape holds then (it keeps it);
+    under GPipe its F keeps only the input and B runs the forward, once. Either way it runs the
+    products of `never`, no more."""
     never, always = (mlp.matmuls(schedule, 2, p) for p in ("never", "always"))
     last = len(mlp.run.stages) - 1
-    for k in range(last + 1):
+    for k in range(last):
         assert always[("F", k)] == never[("F", k)], k
-        replays = k < last or last_replays
-        assert always[("B", k)] == never[("B", k)] + (never[("F", k)] if replays else 0), (k, never, always)
+        assert always[("B", k)] == never[("B", k)] + never[("F", k)], (k, never, always)
+    assert always.get(("F", last), 0) + always[("B", last)] == never[("F", last)] + never[("B", last)], (never, always)
+    assert always.get(("F", last), 0) == (never[("F", last)] if last_forwards == "in F" else 0), always
