@@ -202,7 +202,7 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
         f"{results[SCHEDULES[0]][0]['params']:,} parameters; interleaved: the same {a.stages} stages on "
         f"{a.stages // VIRTUAL} devices (`pipeline.virtual_stages={VIRTUAL}`, stage k on device k mod {a.stages // VIRTUAL}). "
         f"Peak of the process's CPU allocator over {a.steps} steps after {a.warmup} warm-up steps, "
-        f"each schedule in its own process, {a.repeats} repeats, median. Activations: the peak less the "
+        f"each schedule in its own process, {a.repeats} repeat{'s' if a.repeats > 1 else ''}, median. Activations: the peak less the "
         f"weights and their gradient sums ({mib(fixed)} MiB, the same in every row). "
         f"Machine: {os.cpu_count()} CPU cores, logical CPU devices (shared with other jobs while measured).",
         "",
