@@ -1,5 +1,6 @@
 """Peak memory of GPipe against 1F1B on the same chain, M = 2K microbatches, each with
-pipeline.recompute=never|except_last|always, and their step times.
+pipeline.recompute=never|except_last|always, and their step times; zb1 and interleaved
+(K stages on K/2 devices, pipeline.virtual_stages=2) beside them, without recomputation.
 
     python scripts/bench_pipeline_memory.py                 # defaults below, 5 repeats
     python scripts/bench_pipeline_memory.py --repeats 3 --width 256
@@ -38,14 +39,17 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "bench_pipeline_memory"
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b")  # each with every recompute policy
+SPLIT_AND_LOOPED = ("zb1", "interleaved")  # recompute=never only (a split backward does not recompute)
+VIRTUAL = 2  # interleaved: stages per device (pipeline.virtual_stages)
 RECOMPUTE = ("never", "except_last", "always")
 
 
 def overrides(a: argparse.Namespace, schedule: str, recompute: str = "never") -> list[str]:
     """The chain under test, as command-line overrides."""
+    looped = [f"pipeline.virtual_stages={VIRTUAL}"] if schedule == "interleaved" else []
     return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={2 * a.stages}",
-            f"pipeline.recompute={recompute}",
+            f"pipeline.recompute={recompute}"] + looped + [
             "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "optim=sgd", "optim.lr=0.01",
             "data=synthetic", f"data.features={a.features}", "data.classes=10", f"data.samples={a.batch}", "data.val_fraction=0",
             f"data.batch_size={a.batch}", "data.shuffle=false", "trainer.progress=false"]
@@ -103,16 +107,20 @@ def paired_times(a: argparse.Namespace) -> None:
                 run.step(*batch)
             fns[policy] = (st.step_fn, st._concrete)
         times: dict[str, list[float]] = {p: [] for p in RECOMPUTE}
-        for _ in range(a.steps):
+        cpu: dict[str, list[float]] = {p: [] for p in RECOMPUTE}  # the process's CPU seconds: the work done,
+        for _ in range(a.steps):  # which other jobs on the machine change less than the wall clock
             for policy in RECOMPUTE:
                 st.step_fn, st._concrete = fns[policy]
-                started = time.perf_counter()
+                started, started_cpu = time.perf_counter(), time.process_time()
                 run.step(*batch)
                 times[policy].append(time.perf_counter() - started)
+                cpu[policy].append(time.process_time() - started_cpu)
         for policy in RECOMPUTE[1:]:
             ratio = statistics.median(t / n for t, n in zip(times[policy], times["never"]))
+            cpu_ratio = statistics.median(t / n for t, n in zip(cpu[policy], cpu["never"]))
             print(f"{schedule} {policy}: step time / never's, median of {a.steps} paired ratios: {ratio:.2f} "
-                  f"(never median {statistics.median(times['never']):.3f} s)", flush=True)
+                  f"(never median {statistics.median(times['never']):.3f} s); CPU time / never's: {cpu_ratio:.2f}",
+                  flush=True)
 
 
 def measure(a: argparse.Namespace, variant: str) -> dict:
@@ -123,19 +131,56 @@ def measure(a: argparse.Namespace, variant: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--schedule", schedule, "--recompute", recompute] + (
         ["--unchained"] if unchained else []) + [f"--extra={e}" for e in a.extra] + [
         f"--{k}={getattr(a, k)}" for k in ("stages", "width", "depth", "features", "batch", "warmup", "steps")]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # The BFC allocator keeps the peak on any CPU (as the command line sets it: chain.cli).
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CPU_ALLOCATOR_USE_BFC=os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "true"))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode:
         raise SystemExit(f"worker failed ({variant}):\n{r.stderr}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def live_microbatches(schedule: str, stages: int, microbatches: int) -> int:
-    """Microbatch activations held at once, summed over stages, by the schedule itself."""
+def plan(schedule: str, stages: int, microbatches: int):
+    """The schedule as the benchmark runs it (interleaved: `VIRTUAL` stages per device)."""
     from chain.pipeline import schedules
 
-    s = schedules.build(schedule, stages, microbatches)
-    return sum(max(schedules.live_activations(row)) for row in s.actions)
+    devices = stages // VIRTUAL if schedule == "interleaved" else None
+    return schedules.build(schedule, stages, microbatches, devices)
+
+
+def live_microbatches(schedule: str, stages: int, microbatches: int) -> int:
+    """Microbatch activations held at once, summed over devices, by the schedule itself."""
+    from chain.pipeline import schedules
+
+    return sum(max(schedules.live_activations(row)) for row in plan(schedule, stages, microbatches).actions)
+
+
+def held_per_stage(schedule: str, stages: int, microbatches: int) -> list[int]:
+    """Per stage, the most microbatches whose activations it holds at once (1F1B: min(M, K-k))."""
+    from chain.pipeline import schedules
+
+    return schedules.held_counts(plan(schedule, stages, microbatches))
+
+
+def pending_weight_gradients(schedule: str, stages: int, microbatches: int) -> list[int]:
+    """Per stage, the most microbatches between their B and their W at once (zb1: what B leaves for W,
+    the gradients at every layer's output; 0 for a schedule without W)."""
+    from chain.pipeline.schedules import BACKWARD, WEIGHT
+
+    s, out = plan(schedule, stages, microbatches), []
+    for k in range(stages):
+        pending, most = 0, 0
+        for action in s.actions[s.row(k)]:
+            if action.stage == k:
+                pending += 1 if action.kind == BACKWARD else -1 if action.kind == WEIGHT else 0
+                most = max(most, pending)
+        out.append(most if any(x.kind == WEIGHT for x in s.actions[s.row(k)]) else 0)
+    return out
+
+
+def fixed_bytes(results: dict[str, list[dict]]) -> int:
+    """The float32 weights and their gradient sums (SGD: no optimizer slots): what every row holds
+    whatever its schedule; the peak less this is read as activation memory."""
+    return 2 * 4 * results[SCHEDULES[0]][0]["params"]
 
 
 def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
@@ -145,34 +190,41 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
     sec = {s: statistics.median(r["seconds_per_step"] for r in results[s]) for s in results}
     mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
     act_mb = a.batch // m * a.width * 4 / 2**20
+    fixed = fixed_bytes(results)
+    known = SCHEDULES + SPLIT_AND_LOOPED
     lines = [
         f"<!-- {SECTION}:start -->",
-        "## Pipeline memory: GPipe vs 1F1B (`scripts/bench_pipeline_memory.py`)",
+        "## Pipeline memory: GPipe, 1F1B, zb1, interleaved (`scripts/bench_pipeline_memory.py`)",
         "",
         f"Chain: {a.stages} stages of `mlp(width={a.width}, depth={a.depth})` on `synthetic` "
         f"({a.features} features), SGD, batch {a.batch} in M = 2K = {m} microbatches "
         f"({a.batch // m} examples, {act_mb:.2f} MiB per {a.width}-wide activation), "
-        f"{results[SCHEDULES[0]][0]['params']:,} parameters. "
+        f"{results[SCHEDULES[0]][0]['params']:,} parameters; interleaved: the same {a.stages} stages on "
+        f"{a.stages // VIRTUAL} devices (`pipeline.virtual_stages={VIRTUAL}`, stage k on device k mod {a.stages // VIRTUAL}). "
         f"Peak of the process's CPU allocator over {a.steps} steps after {a.warmup} warm-up steps, "
-        f"each schedule in its own process, {a.repeats} repeats, median. "
+        f"each schedule in its own process, {a.repeats} repeat{'s' if a.repeats > 1 else ''}, median. Activations: the peak less the "
+        f"weights and their gradient sums ({mib(fixed)} MiB, the same in every row). "
         f"Machine: {os.cpu_count()} CPU cores, logical CPU devices (shared with other jobs while measured).",
         "",
-        "| schedule | microbatches held (sum over stages) | peak memory, MiB (median) | all repeats, MiB | s/step (median) "
-        "| estimate, MiB (sum over stages) | estimate / peak |",
-        "|---|---|---|---|---|---|---|",
+        "| schedule | microbatches held per stage (the schedule's bound) | held, sum | peak memory, MiB (median) "
+        "| all repeats, MiB | activations, MiB | s/step (median) | estimate, MiB (sum over stages) | estimate / peak |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in [v for v in results if v.rpartition(" ")[2] not in RECOMPUTE[1:]]:
         runs = ", ".join(mib(r["peak_bytes"]) for r in results[s])
-        held = live_microbatches(s, a.stages, m) if s in SCHEDULES else "not enforced"
-        est = results[s][0].get("estimate_bytes") if s in SCHEDULES else None
+        bound = ", ".join(map(str, held_per_stage(s, a.stages, m))) if s in known else "not enforced"
+        held = live_microbatches(s, a.stages, m) if s in known else "-"
+        est = results[s][0].get("estimate_bytes") if s in known else None
         cols = f"{mib(est)} | {est / med[s]:.2f}" if est else "- | -"
-        lines.append(f"| {s} | {held} | {mib(med[s])} | {runs} | {sec[s]:.2f} | {cols} |")
+        lines.append(f"| {s} | {bound} | {held} | {mib(med[s])} | {runs} | {mib(med[s] - fixed)} | {sec[s]:.2f} | {cols} |")
     lines += [
         "",
-        f"1F1B / GPipe peak memory: **{med['1f1b'] / med['gpipe']:.2f}** "
+        f"1F1B / GPipe peak memory: **{med['1f1b'] / med['gpipe']:.2f}**, activations "
+        f"{(med['1f1b'] - fixed) / (med['gpipe'] - fixed):.2f} "
         f"(schedule's own count of held microbatches: "
         f"{live_microbatches('1f1b', a.stages, m) / live_microbatches('gpipe', a.stages, m):.2f}; "
-        "weights, gradient accumulators and the batch are the same in both).",
+        "weights, gradient accumulators and the batch are the same in both). 1F1B's bound is min(M, K-k) "
+        "microbatches on stage k, the column above.",
         "",
         "The estimate is what the preparation pass computes before training (`chain.planning.footprint`, "
         "summed over the stages: logical CPUs share one allocator, so the process's one peak is compared "
@@ -185,6 +237,8 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
         "already allocated.",
         "",
     ]
+    if all(s in results for s in SPLIT_AND_LOOPED):
+        lines += new_schedules(a, results, med, fixed)
     if not a.no_recompute:
         lines += recompute_rows(a, results)
     if a.ablation:
@@ -205,44 +259,94 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def new_schedules(a: argparse.Namespace, results: dict[str, list[dict]], med: dict[str, float], fixed: int) -> list[str]:
+    """What zb1 and interleaved hold, against 1F1B: zb1's layer-output gradients between B and W."""
+    m = 2 * a.stages
+    mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
+    pending = pending_weight_gradients("zb1", a.stages, m)
+    # B leaves the gradient at every weighted layer's output (`chain.steps.forward.Kept`): depth
+    # width-wide outputs per stage, and the read-out's (classes wide) on the last one.
+    per_microbatch = [a.batch // m * 4 * (a.depth * a.width + (10 if k == a.stages - 1 else 0)) for k in range(a.stages)]
+    grads = sum(p * b for p, b in zip(pending, per_microbatch))
+    act = {s: med[s] - fixed for s in ("1f1b",) + SPLIT_AND_LOOPED}
+    return [
+        f"zb1 against 1F1B: activations {mib(act['zb1'])} against {mib(act['1f1b'])} MiB "
+        f"({act['zb1'] / act['1f1b']:.2f}). zb1's W runs after its B and reads what the forward "
+        "kept, so its activations live until W (the held column counts them so), and between B and W "
+        "it also holds the gradients B computed at every layer's output, as large as the layer outputs "
+        f"themselves: up to {', '.join(map(str, pending))} microbatches at once on stages 0..{a.stages - 1} "
+        f"(the schedule's count), {mib(per_microbatch[0])} MiB per microbatch on a stage here, "
+        f"{mib(grads)} MiB if every stage's most were held at the same moment.",
+        "",
+        f"Interleaved against 1F1B: activations {mib(act['interleaved'])} against {mib(act['1f1b'])} MiB "
+        f"({act['interleaved'] / act['1f1b']:.2f}); the schedule holds "
+        f"{live_microbatches('interleaved', a.stages, m)} stage-microbatches at once in all "
+        f"(1F1B {live_microbatches('1f1b', a.stages, m)}), on {a.stages // VIRTUAL} devices instead of "
+        f"{a.stages}: per device, the most is {max(max(held_on_devices('interleaved', a.stages, m)), 0)} "
+        f"(1F1B's stage 0: {held_per_stage('1f1b', a.stages, m)[0]}).",
+        "",
+    ]
+
+
+def held_on_devices(schedule: str, stages: int, microbatches: int) -> list[int]:
+    """Per device (row), the most stage-microbatches whose activations it holds at once."""
+    from chain.pipeline import schedules
+
+    return [max(schedules.live_activations(row)) for row in plan(schedule, stages, microbatches).actions]
+
+
 def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> list[str]:
     """The pipeline.recompute part of the section: each policy's peak and step time against
     `never` of the same schedule, as medians of the ratios within each repeat (the variants of
-    one repeat ran back to back, so they saw the same machine)."""
+    one repeat ran back to back, so they saw the same machine), and GPipe's `always` against
+    issue 21's goal and against what it must keep."""
     mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
+    m = 2 * a.stages
+    fixed = fixed_bytes(results)
     lines = [
         "### Activation recomputation (`pipeline.recompute`)",
         "",
         "Each stage keeps only its input per microbatch and runs its forward again in the backward "
-        "(`always`), or does so for all but each round's last microbatch (`except_last`). Ratios are "
-        "medians over repeats of the ratio to `never` of the same schedule measured in the same repeat.",
+        "(`always`), or does so for all but each round's last microbatch (`except_last`); the last stage "
+        "keeps a microbatch whose backward is its next action (every one under 1F1B: "
+        "`schedules.backward_at_once`). Ratios are medians over repeats of the ratio to `never` of the "
+        "same schedule measured in the same repeat (step times: in separate processes, see `--paired`).",
         "",
-        "| schedule | recompute | peak memory, MiB (median) | peak / never's | step time / never's | per-stage peaks, MiB "
-        "(first repeat) | estimate / peak |",
-        "|---|---|---|---|---|---|---|",
+        "| schedule | recompute | peak memory, MiB (median) | activations, MiB | peak / never's | activations / never's "
+        "| step time / never's | estimate / peak |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    act: dict[tuple[str, str], float] = {}
     for schedule in SCHEDULES:
         base = results[schedule]
         for r in RECOMPUTE:
             runs = base if r == "never" else results[f"{schedule} {r}"]
             peak = statistics.median(x["peak_bytes"] for x in runs)
+            act[(schedule, r)] = peak - fixed
             pr = statistics.median(x["peak_bytes"] / b["peak_bytes"] for x, b in zip(runs, base))
+            ar = statistics.median((x["peak_bytes"] - fixed) / (b["peak_bytes"] - fixed) for x, b in zip(runs, base))
             tr = statistics.median(x["seconds_per_step"] / b["seconds_per_step"] for x, b in zip(runs, base))
-            stages = ", ".join(mib(p) for p in runs[0].get("stage_peaks", []))
             est = runs[0].get("estimate_bytes")
-            lines.append(f"| {schedule} | {r} | {mib(peak)} | {pr:.2f} | {tr:.2f} | {stages} | "
+            lines.append(f"| {schedule} | {r} | {mib(peak)} | {mib(peak - fixed)} | {pr:.2f} | {ar:.2f} | {tr:.2f} | "
                          f"{f'{est / peak:.2f}' if est else '-'} |")
-    fixed = 2 * 4 * results[SCHEDULES[0]][0]["params"]  # float32 weights and their gradient sums (SGD: no slots)
-    held = a.batch * (a.features + a.width * (a.stages - 1)) * 4  # every stage's input, all microbatches
-    act = {r: statistics.median(x["peak_bytes"] for x in (results["gpipe"] if r == "never" else results[f"gpipe {r}"]))
-           - fixed for r in ("never", "always")}
+    inputs = a.batch * (a.features + a.width * (a.stages - 1)) * 4  # every stage's input, all M microbatches
+    never = act[("gpipe", "never")]
+    one = never / m  # one microbatch's activations, every stage: what the replays rebuild if all run at once
+    grads = 4 * results[SCHEDULES[0]][0]["params"]  # one microbatch's weight gradients, before they are summed
+    always = act[("gpipe", "always")]
     lines += [
         "",
-        f"Activation memory, read as the peak less the weights and their gradient sums ({mib(fixed)} MiB): "
-        f"GPipe `never` {mib(act['never'])} MiB, `always` {mib(act['always'])} MiB "
-        f"({act['always'] / act['never']:.2f}). What `always` must keep is every stage's input for every "
-        f"microbatch, {mib(held)} MiB here (with {a.depth} layers per stage the input is a large share of a "
-        "stage's activations: deeper stages save more), plus one microbatch's intermediates during a replay.",
+        f"Issue 21's goal for GPipe `always`: at most 1/M of `never`'s activations plus one microbatch's, "
+        f"{mib(never)} / {m} + {mib(one)} = **{mib(never / m + one)} MiB** (one microbatch's read as every "
+        f"stage's, since each stage may replay one at the same moment). Measured: **{mib(always)} MiB** "
+        f"({always / (never / m + one):.2f} of the goal). What `always` must keep is every stage's input "
+        f"for every microbatch, {mib(inputs)} MiB here, and while replaying one microbatch's intermediates "
+        f"per stage ({mib(one)} MiB): {mib(inputs + one)} MiB in all; besides activations, a backward "
+        f"allocates one microbatch's weight gradients before adding them to the sums ({mib(grads)} MiB for "
+        f"all stages, counted by the estimate): {mib(inputs + one + grads)} MiB with them. "
+        f"With {a.depth} layers per stage a stage's input is "
+        f"about 1/{a.depth + 1} of the layer outputs it would keep; the goal can hold only where that share "
+        f"is near 1/M or less.",
         "",
     ]
     return lines
@@ -277,13 +381,14 @@ def main() -> None:
     p.add_argument("--ablation", action="store_true", help="also measure without per-stage control dependencies")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--unchained", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--schedule", choices=SCHEDULES, help=argparse.SUPPRESS)
+    p.add_argument("--schedule", choices=SCHEDULES + SPLIT_AND_LOOPED, help=argparse.SUPPRESS)
     p.add_argument("--recompute", choices=RECOMPUTE, default="never", help=argparse.SUPPRESS)
     p.add_argument("--extra", action="append", default=[], help="one more override for the chain (repeatable), "
                    "e.g. --extra=placement.devices=[/GPU:0,/GPU:1]")
     p.add_argument("--paired", action="store_true", help="only step times of each recompute policy against never, "
                    "interleaved step by step in one process (--steps pairs)")
     p.add_argument("--no-recompute", action="store_true", help="leave out the pipeline.recompute rows")
+    p.add_argument("--no-split-or-looped", action="store_true", help="leave out the zb1 and interleaved rows")
     a = p.parse_args()
     if a.worker:
         worker(a)
@@ -291,7 +396,8 @@ def main() -> None:
     if a.paired:
         paired_times(a)
         return
-    variants = list(SCHEDULES) + ([] if a.no_recompute else [f"{s} {r}" for s in SCHEDULES for r in RECOMPUTE[1:]]) + (
+    variants = list(SCHEDULES) + ([] if a.no_split_or_looped else list(SPLIT_AND_LOOPED)) + (
+        [] if a.no_recompute else [f"{s} {r}" for s in SCHEDULES for r in RECOMPUTE[1:]]) + (
         [f"{s} unchained" for s in SCHEDULES] if a.ablation else [])
     results: dict[str, list[dict]] = {s: [] for s in variants}
     for r in range(a.repeats):

@@ -161,3 +161,17 @@ def ancestors(op) -> set:
                 out.add(parent.name)
                 stack.append(parent)
     return out
+
+
+def live_ops(graph) -> set[str]:
+    """The ops a call of the compiled step runs: what its results and stateful ops need (a function
+    prunes the rest, such as the weight products a tape builds for a B that only wants dL/dinput)."""
+    stack = [t.op for t in graph.outputs] + list(graph.control_outputs)
+    stack += [op for op in graph.get_operations() if op.type.startswith(("Assign", "ReadVariable", "Resource"))]
+    seen: set[str] = set()
+    while stack:
+        op = stack.pop()
+        if op.name not in seen:
+            seen.add(op.name)
+            stack += [i.op for i in op.inputs] + list(op.control_inputs)
+    return seen

@@ -17,7 +17,7 @@ from chain.pipeline import step as pipeline
 from chain.planning import memory
 from chain.planning.devices import canonical
 from conftest import DEVICES
-from graph_audit import audit
+from graph_audit import audit, live_ops
 from compare import rel_diff
 
 STEPS = 5
@@ -365,20 +365,6 @@ def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_s
     for s, ref in zip(run.stages, t["run"].stages):
         for w, r in zip(s.trainable_variables, ref.trainable_variables):
             assert np.array_equal(w.numpy(), r.numpy()), (s.index, w.name)
-
-
-def live_ops(graph) -> set[str]:
-    """The ops a call of the compiled step runs: what its results and stateful ops need (a function
-    prunes the rest, such as the weight products a tape builds for a B that only wants dL/dinput)."""
-    stack = [t.op for t in graph.outputs] + list(graph.control_outputs)
-    stack += [op for op in graph.get_operations() if op.type.startswith(("Assign", "ReadVariable", "Resource"))]
-    seen: set[str] = set()
-    while stack:
-        op = stack.pop()
-        if op.name not in seen:
-            seen.add(op.name)
-            stack += [i.op for i in op.inputs] + list(op.control_inputs)
-    return seen
 
 
 def matmuls_by_kind(ops) -> dict[str, int]:

@@ -17,6 +17,7 @@ from chain.pipeline import schedules
 from chain.pipeline import step as pipeline_step
 from chain.pipeline.step import e2e_step
 from chain.steps import recompute
+from graph_audit import live_ops
 
 STEPS = 2
 _REPLAY = pipeline_step.replay
@@ -50,6 +51,21 @@ class Replayer:
                              jit_compile=run.settings.trainer.jit_compile, recompute_policy=policy))
         losses = [run.step(*b)["loss"] for b in self.batches]
         return losses, [v.numpy() for v in self.variables]
+
+    def matmuls(self, schedule: str, m: int, policy: str) -> dict[tuple[str, int], int]:
+        """How many MatMul ops a call of the step runs per (action kind, stage): the work, counted."""
+        st, run = self.run.strategy, self.run
+        st.set_step(e2e_step(run.stages, schedules.build(schedule, len(run.stages), m), st.loss_fn(), st.target,
+                             recompute_policy=policy))
+        graph = run.trace(*self.batches[0]).graph
+        alive = live_ops(graph)
+        actions = [schedules.Action.parse(op.name) for op in graph.get_operations()
+                   if op.type == "MatMul" and op.name in alive]
+        counts: dict[tuple[str, int], int] = {}
+        for a in actions:
+            if a is not None:
+                counts[(a.kind, a.stage)] = counts.get((a.kind, a.stage), 0) + 1
+        return counts
 
     def assert_equal(self, got, want) -> None:
         assert got[0] == want[0]
@@ -109,3 +125,20 @@ def test_recompute_is_a_pipeline_setting_with_three_values():
         chain.compose(BASE + ["pipeline.recompute=sometimes"])
     assert [recompute.recomputed(p, m, 4) for p in ("never", "except_last", "always") for m in (0, 3)] == [
         False, False, True, False, True, True]
+
+
+@pytest.mark.parametrize("schedule, last_forwards", [("1f1b", "in F"), ("gpipe", "in B")])
+def test_recomputation_adds_one_forward_on_each_stage_before_the_last_and_none_on_the_last(mlp, schedule,
+                                                                                         last_forwards):
+    """`always` adds exactly one forward's products per microbatch on a stage before the last, none to
+    its forwards. The last stage's output goes nowhere but into its loss: under 1F1B each backward runs
+    right after its forward, and a replay would only rebuild what the tape holds then (it keeps it);
+    under GPipe its F keeps only the input and B runs the forward, once. Either way it runs the
+    products of `never`, no more."""
+    never, always = (mlp.matmuls(schedule, 2, p) for p in ("never", "always"))
+    last = len(mlp.run.stages) - 1
+    for k in range(last):
+        assert always[("F", k)] == never[("F", k)], k
+        assert always[("B", k)] == never[("B", k)] + never[("F", k)], (k, never, always)
+    assert always.get(("F", last), 0) + always[("B", last)] == never[("F", last)] + never[("B", last)], (never, always)
+    assert always.get(("F", last), 0) == (never[("F", last)] if last_forwards == "in F" else 0), always

@@ -276,7 +276,8 @@ class Pipeline:
         "plan_only=true: write the schedule to this CSV (the form pipeline.schedule_file reads)")
     recompute: str = setting(choice(*RECOMPUTE),
         "mode=e2e: keep each stage's input only and redo its forward in the backward (except_last: "
-        "all but each round's last microbatch); less activation memory, one more forward")
+        "all but each round's last microbatch); less activation memory, one more forward on each stage "
+        "but the last")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -438,6 +438,18 @@ def held_counts(schedule: Schedule) -> list[int]:
     return out
 
 
+def backward_at_once(schedule: Schedule) -> frozenset[tuple[int, int]]:
+    """The (stage, microbatch) pairs whose backward is their device's very next action after their
+    forward and waits for no other stage: the last stage's (its backward starts from its own loss),
+    as in every step of 1F1B's steady state there. Recomputing such a forward (`pipeline.recompute`)
+    would only rebuild, at once, what the forward's tape holds at that moment: the same memory, for
+    one more forward, so `chain.pipeline.step` keeps their activations under every policy."""
+    last = schedule.stages - 1
+    row = schedule.actions[schedule.row(last)]
+    return frozenset((a.stage, a.microbatch) for a, b in zip(row, row[1:])
+                     if a == Action(last, a.microbatch, FORWARD) and b == Action(last, a.microbatch, BACKWARD))
+
+
 def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None,
          replicas: int = 1) -> list[str]:
     """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).

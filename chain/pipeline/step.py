@@ -16,7 +16,12 @@ inside its stage's device scope:
 
 With `pipeline.recompute` (`chain.steps.recompute`), F(k, m) of a recomputed microbatch runs
 without a tape and keeps only its input and the stage model's state; B(k, m) runs the
-forward again from them under a tape before taking its gradient.
+forward again from them under a tape before taking its gradient. The last stage keeps its
+activations when its backward is its very next action (`schedules.backward_at_once`: every
+microbatch under 1F1B): a replay there would rebuild the same tensors at the same moment.
+Otherwise (GPipe) the last stage's recomputed F keeps only its input and runs nothing: its
+output goes nowhere but into its loss, so its forward runs once, in B, and the loss is
+reported from there (`deferred_forwards`).
 
 After its last backward, each stage applies its accumulated gradients once through
 `chain.steps.update.apply_update`, so every schedule computes the full-batch update.
@@ -73,7 +78,8 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain.data.catalog import Target
-from chain.pipeline.schedules import BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, is_split, simulate, update_scope
+from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
+                                      simulate, update_scope)
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
@@ -166,6 +172,25 @@ def _seeds(out: tf.Tensor, g: tf.Tensor | None, scaled_reg: tf.Tensor | None) ->
     return [out, scaled_reg], [g, tf.ones_like(scaled_reg)]
 
 
+def deferred_forwards(order: Sequence[Action], last: int, replayed: Callable[[int, int], bool]) -> frozenset[int]:
+    """The microbatches (numbered over all rounds) whose forward on the last stage waits for their
+    backward and runs there once, instead of once in F and again in B's replay.
+
+    A recomputed forward of a stage before the last must run in F, since the next stage needs its
+    output; the last stage's output goes nowhere but into its own loss, which its backward
+    recomputes anyway: its F need only keep the input. Deferring keeps the results bit for bit when
+    the last stage's forwards still run in the order of its F actions (its model's state, dropout
+    seeds and batch-norm statistics, advances forward by forward): so every recomputed microbatch
+    is deferred, or none (GPipe's backwards run in the forwards' order; under `except_last` the kept
+    last microbatch would run first, and nothing is deferred)."""
+    mine = [a for a in order if a.stage == last]
+    forwards = [a.microbatch for a in mine if a.kind == FORWARD]
+    waiting = {m for m in forwards if replayed(last, m)}
+    runs = [a.microbatch for a in mine
+            if a.kind == (BACKWARD if a.microbatch in waiting else FORWARD) and a.kind != WEIGHT]
+    return frozenset(waiting) if runs == forwards else frozenset()
+
+
 def weight_gradients(stage: Stage, targets, start, kept: Sequence[Kept] | None,
                      kept_grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
     """W of a split backward: the gradients of `stage`'s trainable variables (in their order).
@@ -253,6 +278,13 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
             raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
     order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum, replica)  # simulate validates
+    at_once = backward_at_once(schedule)  # kept under every policy: a replay would hold the same, at once
+
+    def replayed(k: int, m: int) -> bool:
+        """Whether F(k, m) keeps only its input and B(k, m) runs it again (`m` over all rounds)."""
+        within = m % schedule.microbatches
+        return recomputed(recompute_policy, within, schedule.microbatches) and (k, within) not in at_once
+
     n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
     # With one microbatch a stage has one forward and one backward, which its data already
     # orders (the backward reads the forward's tape): the chaining would bound nothing and only
@@ -261,6 +293,7 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     ordered = n_micro > 1 if ordered is None else ordered
     devices = [s.device for s in stages]
     last = n_stages - 1
+    deferred = deferred_forwards(order, last, replayed)  # the last stage's forwards that run once, in B
     split = is_split(schedule)
     # A split backward keeps every layer's output where the model allows it (not under XLA, whose
     # compiled forward shows none of them): W then starts from the gradients B left there.
@@ -303,7 +336,8 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         input_grads: dict[tuple[int, int], tf.Tensor] = {}  # dL/dinput waiting for stage k-1
         accumulated: list[list | None] = [None] * n_stages
         previous: list[list[tf.Operation]] = [[] for _ in range(schedule.devices)]  # each device's last action's `done`
-        microbatch_losses = []
+        microbatch_losses: list[tf.Tensor | None] = []  # the last stage's, in the order of its forwards
+        loss_slot: dict[int, int] = {}  # a deferred forward's microbatch -> its place in microbatch_losses
         regs: list[list[tf.Tensor]] = [[] for _ in stages]  # stages before the last: weighted regularization
         graph = tf.compat.v1.get_default_graph()
 
@@ -317,7 +351,10 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
                     with tf.device(s.device):
-                        if recomputed(recompute_policy, m % schedule.microbatches, schedule.microbatches):
+                        if k == last and m in deferred:
+                            # Nothing runs yet: only the input is kept, and B runs the forward, once.
+                            saved[(k, m)] = (None, h, None, None, None)
+                        elif replayed(k, m):
                             # No tape kept: the intermediates die here; only `h` and the model's state stay.
                             state = snapshot(s.model)
                             _, out, value, _, _ = taped(k, h, m)
@@ -325,7 +362,10 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         else:
                             tape, out, value, scaled_reg, kept = taped(k, h, m, persistent=split)
                             saved[(k, m)] = (tape, h, out, scaled_reg, kept)
-                    if k == last:
+                    if k == last and m in deferred:
+                        loss_slot[m] = len(microbatch_losses)
+                        microbatch_losses.append(None)  # B's forward fills it
+                    elif k == last:
                         microbatch_losses.append(value)
                     else:
                         outputs[(k, m)] = out
@@ -335,7 +375,10 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                     tape, h, out, scaled_reg, _ = saved.pop((k, m))
                     g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
                     with tf.device(s.device):
-                        if tape is None:  # recomputed: the forward again, from its input, with its state
+                        if tape is None and k == last and m in deferred:  # the forward now, its only run
+                            tape, out, value, scaled_reg, _ = taped(k, h, m)
+                            microbatch_losses[loss_slot.pop(m)] = value
+                        elif tape is None:  # recomputed: the forward again, from its input, with its state
                             tape, out, _, scaled_reg, _ = replay(s.model, out, lambda: taped(k, h, m))
                         variables = s.trainable_variables
                         sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx

@@ -8,7 +8,11 @@ intermediates die with the forward); its backward runs the forward again under a
 the saved input, and takes the gradient at once. Peak activation memory drops to the inputs
 plus one microbatch's intermediates, for one more forward per microbatch (torchgpipe's
 `checkpoint=never|except_last|always`; `except_last` keeps each round's last microbatch,
-whose backward follows its forward soonest).
+whose backward follows its forward soonest under 1F1B; chain's GPipe runs its backwards in
+the forwards' order, so there it saves one replay per round and no more). The last stage
+never pays the extra forward: `chain.pipeline.step` keeps its activations when its backward
+follows its forward at once (1F1B), and otherwise runs its forward only once, in the backward
+(its output feeds nothing but its own loss).
 
 The replay must compute what the first forward computed: the same dropout masks and no
 second update of batch-norm statistics. Keras 3 keeps both in the model's non-trainable
