@@ -462,6 +462,19 @@ def test_the_estimate_counts_what_the_schedule_holds_and_the_optimizer():
     assert gpipe[0].activations == 4 * (4 * 2048 * micro * 4) + 2048 * micro * 4  # 4 layers' outputs x 4 held
 
 
+def test_the_estimate_of_zb1_counts_the_output_gradients_held_between_b_and_w():
+    """zb1 (K=2, M=4) holds 2 microbatches' activations on both stages, and between a B and its W the gradients at
+    every layer's output (the last stage: up to 2 sets, as large as its outputs, beyond its busiest activations)."""
+    assert schedules.output_gradients_held(schedules.build("zb1", 2, 4)) == [1, 2]
+    assert schedules.output_gradients_held(schedules.build("1f1b", 2, 4)) == [0, 0]
+    zb1 = prepare(chain.compose([*WIDE, "pipeline.microbatches=4", "pipeline.schedule=zb1"]),
+                  Inventory.of(2, 16 * GB)).placement.footprints
+    micro, arriving = 2048 // 4, 2048 * (2048 // 4) * 4
+    outputs = 4 * 2048 * micro * 4  # stage 0's 4 layers' outputs, one microbatch
+    assert [f.held for f in zb1] == [2, 2]
+    assert zb1[0].activations == (2 + 1) * outputs + arriving
+
+
 def test_balance_by_memory_gives_earlier_stages_fewer_layers_under_1f1b():
     """Six equal layers, 3 stages: GPipe holds M microbatches on every stage (an even split); 1F1B holds
     3, 2, 1, so the memory split gives stage 0 the fewest layers."""

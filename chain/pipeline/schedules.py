@@ -438,6 +438,22 @@ def held_counts(schedule: Schedule) -> list[int]:
     return out
 
 
+def output_gradients_held(schedule: Schedule) -> list[int]:
+    """Per stage, how many microbatches' layer-output gradients a split schedule (zb1) adds to its
+    busiest moment: B keeps the gradients at each layer's output until W reads them, each set as
+    large as the layer outputs themselves. The most of activations plus those gradients held at
+    once, less `held_counts`; 0 on a stage without W's."""
+    out = []
+    for k in range(schedule.stages):
+        mine = [a for a in schedule.actions[schedule.row(k)] if a.stage == k]
+        live, waiting, both = live_activations(mine), 0, []
+        for a, held in zip(mine, live):
+            waiting += 1 if a.kind == BACKWARD else -1 if a.kind == WEIGHT else 0
+            both.append(held + (waiting if any(b.kind == WEIGHT for b in mine) else 0))
+        out.append(max(both, default=0) - max(live, default=0))
+    return out
+
+
 def backward_at_once(schedule: Schedule) -> frozenset[tuple[int, int]]:
     """The (stage, microbatch) pairs whose backward is their device's very next action after their
     forward and waits for no other stage: the last stage's (its backward starts from its own loss),

@@ -11,7 +11,8 @@ activations make this an over-estimate):
 - activations: every layer output of a microbatch (what its tape keeps), times the
   microbatches the schedule holds at once on that stage (`held`: GPipe M on every stage, 1F1B
   min(M, K-k) on stage k, zb1 and interleaved what their action lists hold, `held_counts` in
-  `chain.pipeline.schedules`). With `pipeline.recompute` (`except_last` or `always`) a stage
+  `chain.pipeline.schedules`); zb1 also holds, between each B and its W, the gradients at every
+  layer's output (`output_gradients_held`). With `pipeline.recompute` (`except_last` or `always`) a stage
   keeps only its input per held microbatch, plus one microbatch's layer outputs (the
   microbatch being replayed, or except_last's kept one, whose backward follows at once);
 - its input per held microbatch, when it lives in memory of its own: always on the first stage
@@ -66,14 +67,16 @@ class Footprint:
 
 def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompute: str = NEVER,
              first: bool = False, last: bool = False, batch: int = 0, label_floats: int = 1,
-             own_input: bool = True) -> Footprint:
+             own_input: bool = True, output_gradients: int = 0) -> Footprint:
     """A stage's `Footprint` (see the module's docstring).
 
     `slots`: optimizer floats per weight; `microbatch`: examples per microbatch; `held`: the
     microbatches the schedule holds at once on this stage; `recompute`: `pipeline.recompute`;
     `first`/`last`: the chain's first or last stage (the batch; the labels, `label_floats` per
     example); `batch`: examples per step on this stage; `own_input`: whether the stage's input
-    is a buffer of its own (False for a later stage on a logical CPU device).
+    is a buffer of its own (False for a later stage on a logical CPU device); `output_gradients`:
+    the microbatches whose layer-output gradients a split schedule adds at its busiest moment
+    (`schedules.output_gradients_held`), each as large as its layer outputs.
     """
     b = FLOAT_BYTES
     weights = cost.params * b
@@ -81,7 +84,7 @@ def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompu
     one_input = cost.input_per_example * microbatch * b
     kept_input = first or own_input or recompute != NEVER  # recomputed: the sender no longer keeps it
     if recompute == NEVER:
-        activations = held * outputs
+        activations = (held + output_gradients) * outputs
     else:
         activations = outputs  # one microbatch's outputs: replayed, or except_last's kept one
     activations += cost.output_per_example * microbatch * b  # the gradient arriving at the output
@@ -96,16 +99,18 @@ def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompu
 
 def estimates(costs: Sequence[StageCost | None], *, slots: Sequence[int], batch: int, microbatches: int,
               held: Sequence[int], recompute: str = NEVER, own_inputs: bool = True, label_floats: int = 1,
-              chained: bool = True) -> list[Footprint | None]:
+              chained: bool = True, output_gradients: Sequence[int] | None = None) -> list[Footprint | None]:
     """Every stage's `Footprint` (None where its cost is unknown before it is built): `held[k]`
-    microbatches of `batch // microbatches` examples on stage k, `slots[k]` optimizer floats per weight.
+    microbatches of `batch // microbatches` examples on stage k, `slots[k]` optimizer floats per weight,
+    `output_gradients[k]` more microbatches' layer-output gradients (a split schedule; None: none).
     `chained=False` (mode=side_by_side): every stage takes the batch and has its labels."""
     micro = max(1, batch // max(1, microbatches))
     n = len(costs)
+    extra = output_gradients or [0] * n
     return [None if c is None else
             estimate(c, slots=slots[k], microbatch=micro, held=held[k], recompute=recompute,
                      first=k == 0 or not chained, last=k == n - 1 or not chained, batch=batch,
-                     label_floats=label_floats, own_input=own_inputs)
+                     label_floats=label_floats, own_input=own_inputs, output_gradients=extra[k])
             for k, c in enumerate(costs)]
 
 

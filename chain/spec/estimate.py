@@ -44,6 +44,12 @@ def held(s: Settings) -> list[int]:
     return schedules.held_counts(selection.pipeline_schedule(s))
 
 
+def output_gradients(s: Settings) -> list[int] | None:
+    """Per stage, the microbatches' layer-output gradients a split schedule (zb1) adds to its busiest
+    moment (None outside mode=e2e)."""
+    return schedules.output_gradients_held(selection.pipeline_schedule(s)) if s.mode == "e2e" else None
+
+
 def footprints(s: Settings, info: DataInfo, placement: Placement) -> list[Footprint | None]:
     """Each stage's estimated peak for `s` planned as `placement` (its per-replica batch)."""
     return from_costs(s, placement, stage_costs(s, info))
@@ -56,6 +62,7 @@ def from_costs(s: Settings, placement: Placement, costs: list[StageCost | None])
     return estimates(costs, slots=[optimizer_slots(st.optim) for st in s.stages],
                      batch=placement.per_replica_batch or s.data.batch_size,
                      microbatches=s.pipeline.microbatches if e2e else 1, held=held(s),
+                     output_gradients=output_gradients(s),
                      recompute=s.pipeline.recompute if e2e else "never",
                      own_inputs=placement.kind == "GPU" or bool(placement.cluster), chained=s.mode != "side_by_side")
 
