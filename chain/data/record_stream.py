@@ -2,11 +2,13 @@
 records read from their files while training, never gathered into NumPy.
 
 Training: the file names, shuffled per epoch from `seed`; their records read several files at a
-time (`interleave`, in parallel, in a deterministic order); each parsed; the examples shuffled in
-a buffer of `shuffle_buffer`, batched and prefetched. Host memory holds the buffers, not the data
-set. Every stage is checkpointable, so the iterator's state (file positions and the shuffle
-buffer's examples) goes into every checkpoint as the in-memory stream's does, and a resumed run
-sees the batches it would have seen.
+time (`interleave`, in parallel, in a deterministic order) in chunks, each chunk parsed in one op;
+the chunks shuffled whole and permuted in groups of `shuffle_buffer` examples (`_mixed`), batches
+cut from them (`rebatch`) and prefetched. No stage handles one example at a time. Host memory
+holds the buffers, not the data set. Every stage is checkpointable, so the iterator's state (file
+positions, the shuffle buffer's chunks, the group being cut, the batches read ahead) goes into
+every checkpoint as the in-memory stream's does, and a resumed run sees the batches it would have
+seen.
 
 Bad records found mid-run (a missing feature, a feature with more or fewer values than declared)
 stop the run with one line naming the file and the record's number in it (`bad_record`, raised by
