@@ -3,6 +3,7 @@ exactly where an uninterrupted run ends.
 
     python scripts/stress_kill.py                      # 25 kills per mode, local and e2e (1F1B)
     python scripts/stress_kill.py --kills 3 --modes local
+    python scripts/stress_kill.py --stream --kills 20  # on TFRecord shards streamed (data.stream=true)
 
 Not a test (tests/test_stress.py runs it briefly). For each mode: one uninterrupted run,
 then one victim run directory that is started, killed at a uniformly random moment between
@@ -17,6 +18,11 @@ Counted and printed: kills, kills that landed mid-save, torn checkpoints a resum
 (a resume verifies every file against the digests of checkpoint.json: one that refused a
 checkpoint, or a final mismatch, counts), leftover temporary folders after a resume, and
 whether the final weights are bit-exact. Exit status 1 if any check failed.
+
+With `--stream` both runs train on TFRecord shards generated into the work directory (5 files
+of 64 records of 64 floats, 10 classes; one file held out for validation), streamed
+(`data.stream=true`, a shuffle buffer of 48): 12 steps of 32 examples cross an epoch of the 256
+training records, so the resumed stream must also restore the files' order and the shuffle.
 """
 
 from __future__ import annotations
@@ -39,6 +45,29 @@ MODES = {
 }
 BASE = ["+stages=2", "model.width=16", "model.dropout=0.2", "data.batch_size=32", "trainer.progress=false",
         "checkpoint.export=false", "trainer.log_every=1", "checkpoint.every=1", "checkpoint.keep=2"]
+
+
+STREAM = ["data=tfrecord", "data.y=y", "data.features={x: 'float32[64]', y: int64}", "data.classes={label: 10}",
+          "data.stream=true", "data.shuffle_buffer=48", "data.val_fraction=0.2"]
+
+
+def write_shards(root: str, shards: int = 5, per: int = 64, seed: int = 0) -> str:
+    """`shards` TFRecord files of `per` records {x: 64 uniform floats, y: int64 label of x[0]}; their glob."""
+    from chain.cli import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
+    import numpy as np
+    import tensorflow as tf
+
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for s in range(shards):
+        with tf.io.TFRecordWriter(os.path.join(root, f"part-{s:03d}.tfrecord")) as w:
+            for row in rng.random((per, 64), dtype=np.float32):
+                f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                     "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(row[0] * 10)]))}
+                w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+    return os.path.join(root, "*.tfrecord")
 
 
 def run(cwd: str, args: list[str], env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -103,8 +132,9 @@ class Victim:
         return code, "".join(self.lines)
 
 
-def stress(mode: str, kills: int, steps: int, workdir: str, rng: random.Random, pause: float) -> dict:
-    args = [*MODES[mode], *BASE, f"trainer.steps={steps}"]
+def stress(mode: str, kills: int, steps: int, workdir: str, rng: random.Random, pause: float,
+           data: list[str] = ()) -> dict:
+    args = [*MODES[mode], *BASE, *data, f"trainer.steps={steps}"]
     straight = os.path.join(workdir, f"{mode}-straight")
     v = Victim(workdir, [*args, f"hydra.run.dir={straight}"], pause)
     v.first_step.wait()
@@ -160,12 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause", type=float, default=0.3, help="seconds of pause after each part of a save")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--stream", action="store_true", help="train on generated TFRecord shards, data.stream=true")
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     workdir = a.workdir or tempfile.mkdtemp(prefix="stress_kill_")
+    data = [*STREAM, f"data.files={write_shards(os.path.join(workdir, 'shards'))}"] if a.stream else []
     ok = True
     for mode in a.modes.split(","):
-        r = stress(mode, a.kills, a.steps, workdir, rng, a.pause)
+        r = stress(mode, a.kills, a.steps, workdir, rng, a.pause, data)
         line = (f"{mode}: {r['kills']} kills ({r['mid_save']} in the middle of a save, {r['kills'] - r['mid_save']} "
                 f"between saves), {r['resumes']} of them killed resumes, "
                 f"torn checkpoints used: {r['refused']}, leftovers after resume: {r['leftovers']}, "

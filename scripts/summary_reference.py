@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from chain.records.serial import fields_of
-from chain.records.summaries import OomEvent, Ranked, StageSummary, Summary
+from chain.records.summaries import DataWait, OomEvent, Ranked, StageSummary, Summary
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "run-directory.md"
@@ -47,6 +47,7 @@ def render() -> str:
              "", "What the way of training adds:"]
     lines += _sections(Summary, "top level")
     lines += _sections(StageSummary, "per stage")
+    lines += ["", "`data_wait_ms`:", "", *_rows(DataWait)]
     lines += ["", "Each of `oom_events`:", "", *_rows(OomEvent),
               "", "Each of `ranking`:", "", *_rows(Ranked), "", END]
     return "\n".join(lines)

@@ -15,6 +15,9 @@ def test_main_job_three_stages_on_three_devices(cli, tmp_path):
     (run_dir,) = run_dirs(tmp_path)
     s = read_summary(run_dir)
     assert s["mode"] == "local" and s["steps"] == 50 and s["examples_per_second"] > 0
+    # Each step's wait for its batch, over the calls after the first (6 calls of 8 steps, then 2).
+    wait = s["data_wait_ms"]
+    assert wait["steps"] == 42 and 0 <= wait["mean"] and 0 <= wait["p95"] and "data_wait_ms, 42 steps" in r.stdout
     devices = [st["device"] for st in s["stages"]]
     assert len(set(devices)) == 3
     for st in s["stages"]:

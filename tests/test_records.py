@@ -111,7 +111,7 @@ def finished_summary() -> dict:
     return {"mode": "e2e", "strategy": "pipeline", "steps": 3, "early_stopped": False, "resumed_from": None,
             "batch_size": 8, "grad_accum": 1, "examples_per_step": 8, "train_examples": 64, "val_examples": 0,
             "precision": "float32", "jit_compile": False, "seed": 0, "examples_per_second": 100.5,
-            "steps_per_second": 12.5, "loss_first": 2.5, "loss_last": 1.25, "val": None, "best_step": None,
+            "steps_per_second": 12.5, "data_wait_ms": {"mean": 0.5, "p95": 1.5, "steps": 2}, "loss_first": 2.5, "loss_last": 1.25, "val": None, "best_step": None,
             "skipped_steps": 0, "peak_memory_scope": "process", "stages": [stage, {**stage, "index": 1}],
             "loss_fn": "auto", "target": "label", "schedule": "gpipe", "microbatches": 2, "bubble_fraction": 0.2,
             "measured_bubble_fraction": 0.3, "profiled_steps": [2, 3], "slowest_stage": 1, "balance_advice": None}

@@ -243,6 +243,49 @@ def _rewrite(path, whole: bytes, i: int, record: bytes) -> None:
             w.write(r)
 
 
+
+def _late(x, ys):
+    """The batch, 40 ms later (a sleep on the host, outside TensorFlow's math)."""
+    pause = tf.py_function(lambda: time.sleep(0.04) or 0.0, [], tf.float32)
+    pause.set_shape([])
+    return x + tf.cast(pause, x.dtype) * 0, ys
+
+
+@pytest.mark.parametrize("per_call", [8, 1])  # the batch taken inside the compiled loop, or on the host
+def test_a_slow_stream_shows_in_data_wait_ms(per_call):
+    args = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "trainer.steps=16",
+            f"trainer.steps_per_call={per_call}", "data.val_fraction=0"]
+    waits = {}
+    for slow in (False, True):
+        run = chain.build(chain.compose(args))
+        if slow:  # every batch 40 ms late: the step (about 1 ms) waits for it
+            batches = run.batches
+            run.batches = lambda: batches().map(_late)
+        waits[slow] = run.fit()["data_wait_ms"]
+    fast, slow = waits[False], waits[True]
+    # Every call but the first is timed: the second call's 8 steps, or 15 calls of one step.
+    assert fast["steps"] == slow["steps"] == (8 if per_call == 8 else 15)
+    assert 0 <= fast["mean"] <= fast["p95"] and 0 <= slow["mean"] <= slow["p95"]
+    assert slow["mean"] > 25 and slow["mean"] > 3 * fast["mean"], waits
+
+
+def test_the_stream_is_a_function_of_seed_and_files_and_changes_every_epoch(shards):
+    from chain.data.record_stream import training
+    from chain.data.sources.tfrecord_data import shards as shards_of
+
+    files = shards_of(small(shards, "data.val_fraction=0").data)  # 4 files of 40 records, x[1] distinct
+
+    def seen(seed, n):  # the first n batches' examples, each named by its x[1]
+        it = iter(training(files, 16, True, seed))
+        return np.concatenate([next(it)[0].numpy()[:, 1] for _ in range(n)])
+
+    a, b, other = seen(0, 20), seen(0, 20), seen(1, 20)
+    assert np.array_equal(a, b) and not np.array_equal(a, other)
+    first, second = a[:160], a[160:]
+    assert len(set(first)) > 150 and len(set(second)) > 150  # an epoch holds (nearly) every record once:
+    assert not np.array_equal(first, second)  # epochs blur only at their border; shuffled anew on the second
+
+
 def _inputs(path) -> np.ndarray:
     """The x of every record of a file, in the file's order."""
     spec = {"x": tf.io.FixedLenFeature([8], tf.float32)}

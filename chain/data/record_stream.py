@@ -2,11 +2,13 @@
 records read from their files while training, never gathered into NumPy.
 
 Training: the file names, shuffled per epoch from `seed`; their records read several files at a
-time (`interleave`, in parallel, in a deterministic order); each parsed; the examples shuffled in
-a buffer of `shuffle_buffer`, batched and prefetched. Host memory holds the buffers, not the data
-set. Every stage is checkpointable, so the iterator's state (file positions and the shuffle
-buffer's examples) goes into every checkpoint as the in-memory stream's does, and a resumed run
-sees the batches it would have seen.
+time (`interleave`, in parallel, in a deterministic order) in chunks, each chunk parsed in one op;
+the chunks shuffled whole and permuted in groups of `shuffle_buffer` examples (`_mixed`), batches
+cut from them (`rebatch`) and prefetched. No stage handles one example at a time. Host memory
+holds the buffers, not the data set. Every stage is checkpointable, so the iterator's state (file
+positions, the shuffle buffer's chunks, the group being cut, the batches read ahead) goes into
+every checkpoint as the in-memory stream's does, and a resumed run sees the batches it would have
+seen.
 
 Bad records found mid-run (a missing feature, a feature with more or fewer values than declared)
 stop the run with one line naming the file and the record's number in it (`bad_record`, raised by
@@ -26,6 +28,12 @@ from chain.errors import first_line
 CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
 CHUNK_BYTES = 1 << 16  # records parsed in one op, up to this many input bytes: a parse per record would
 MAX_CHUNK = 256        # make the stream the bottleneck for small examples, large chunks cost memory
+# Files read and chunks parsed at a time. Not AUTOTUNE: its buffers grow while a consumer pulls
+# fast (a group of data.shuffle_buffer examples) and every element they hold is in every checkpoint
+# (measured: 14 to 43 MB for the same stream, from one save to the next); the order is the same
+# either way (deterministic), and two keep both cores busy.
+PARALLEL = 2
+AHEAD = 2  # batches read ahead: an AUTOTUNE prefetch grew from one save to the next (10, 16, 27 MB of a checkpoint)
 
 
 def _chunk(shards: Shards) -> int:
@@ -81,12 +89,20 @@ def _parse_chunk(shards: Shards, skip: bool):
             with tf.control_dependencies([tf.debugging.Assert(False, [MARK, paths[first], numbers[first], why])]):
                 return tf.constant(False)
 
-        checked = [] if skip else [tf.cond(tf.reduce_all(ok), lambda: tf.constant(True), fail)]
+        all_ok = tf.reduce_all(ok)
+        checked = [] if skip else [tf.cond(all_ok, lambda: tf.constant(True), fail)]
         with tf.control_dependencies(checked):
-            def dense(name):  # a bad record's values left out (it becomes zeros, then is filtered out)
-                sp = tf.sparse.retain(ex[name], tf.gather(ok, ex[name].indices[:, 0]))
-                sp = tf.SparseTensor(sp.indices, sp.values, tf.stack([tf.cast(n, tf.int64), want[name]]))
-                return tf.reshape(tf.sparse.to_dense(sp), [n, *features[name][1]])
+            def dense(name):
+                # A chunk of good records (the rule): the sparse values are already the dense ones in
+                # row-major order, so a reshape is all it takes. Otherwise a bad record's values are
+                # left out (it becomes zeros, then is masked out): sparse ops, 3x the parse's cost.
+                def bad():
+                    sp = tf.sparse.retain(ex[name], tf.gather(ok, ex[name].indices[:, 0]))
+                    sp = tf.SparseTensor(sp.indices, sp.values, tf.stack([tf.cast(n, tf.int64), want[name]]))
+                    return tf.sparse.to_dense(sp)
+
+                values = tf.cond(all_ok, lambda: ex[name].values, bad) if skip else ex[name].values
+                return tf.reshape(values, [n, *features[name][1]])
 
             x = tf.cast(dense(shards.x), tf.float32)
             ys = {name: tf.cast(tf.reshape(dense(key), [n]), tf.int32 if classes else tf.float32)
@@ -96,24 +112,52 @@ def _parse_chunk(shards: Shards, skip: bool):
     return parse
 
 
-def _examples(chunks: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -> tf.data.Dataset:
-    """Chunks of (files, numbers, records) -> examples (x float32, {target: int32 label or float32
-    value}); a bad record fails the stream naming its file and number, or (`skip`: a counter) is
-    counted and left out."""
-    examples = chunks.map(_parse_chunk(shards, skip is not None), num_parallel_calls=tf.data.AUTOTUNE,
-                                        deterministic=True).unbatch()
-    if skip is not None:
-        def keep(x, ys, ok):
-            with tf.control_dependencies([skip.assign_add(tf.cast(tf.logical_not(ok), tf.int64))]):
-                return tf.identity(ok)
+def _parsed(chunks: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -> tf.data.Dataset:
+    """Chunks of (files, numbers, records) -> parsed chunks (x float32 [n, ...], {target: int32
+    label or float32 value [n]}, ok [n]); a bad record fails the stream naming its file and number
+    (unless `skip`: a counter, for `_kept`)."""
+    return chunks.map(_parse_chunk(shards, skip is not None), num_parallel_calls=PARALLEL,
+                      deterministic=True)
 
-        examples = examples.filter(keep)
-        # The counter is state outside the stream: a checkpoint saves the stream without it (so a
-        # resumed run counts from 0 again), which tf.data refuses unless told.
-        options = tf.data.Options()
-        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-        examples = examples.with_options(options)
-    return examples.map(lambda x, ys, ok: (x, ys))
+
+def _kept(chunks: tf.data.Dataset, skip: tf.Variable | None) -> tf.data.Dataset:
+    """Parsed chunks (x, ys, ok) -> chunks (x, ys) of their good records: with `skip` (a counter)
+    the bad ones are counted and left out, a whole chunk at a time (one mask per chunk, not an op
+    per example)."""
+    if skip is None:
+        return chunks.map(lambda x, ys, ok: (x, ys))
+
+    def keep(x, ys, ok):
+        with tf.control_dependencies([skip.assign_add(tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64)))]):
+            return tf.boolean_mask(x, ok), {k: tf.boolean_mask(v, ok) for k, v in ys.items()}
+
+    # The counter is state outside the stream: a checkpoint saves the stream without it (so a
+    # resumed run counts from 0 again), which tf.data refuses unless told.
+    options = tf.data.Options()
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    return chunks.map(keep).with_options(options)
+
+
+def _mixed(chunks: tf.data.Dataset, shards: Shards, chunk: int, seed: int) -> tf.data.Dataset:
+    """Parsed chunks, shuffled without an op per example (a per-example `unbatch`, `shuffle` and
+    `batch` made the stream 4 to 10x slower than training on small examples): the chunks pass a
+    shuffle buffer of about `data.shuffle_buffer` examples (whole chunks), are cut into groups of
+    `data.shuffle_buffer` examples (`rebatch`, no copy per example), and each group is permuted
+    by a stateless shuffle seeded from (`seed`, the group's number in the run). Deterministic
+    from `seed` and the files, different on every epoch (the files' order and the groups'
+    numbers change), and checkpointable: the numbering is `enumerate`'s counter, which the
+    iterator's state holds."""
+    buffer = shards.shuffle_buffer
+    chunks = chunks.shuffle(max(1, math.ceil(buffer / chunk)), seed=seed, reshuffle_each_iteration=True)
+
+    def permute(g, parsed):
+        x, ys, ok = parsed
+        order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(ok)[0]),
+                                                          seed=tf.stack([tf.constant(seed, tf.int64), g]))
+        return tf.gather(x, order), {k: tf.gather(v, order) for k, v in ys.items()}, tf.gather(ok, order)
+
+    # Not a parallel map: it would hold several groups read ahead, each in every checkpoint.
+    return chunks.rebatch(buffer).enumerate().map(permute)
 
 
 def bad_record(error: BaseException, shards: Shards) -> str | None:
@@ -144,18 +188,29 @@ def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.V
     """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
     records are counted in `skipped` and left out (`skip_counter`), or stop it (None).
 
+    Every stage works on chunks of records, never on one example (`_mixed`): the batches are
+    cut from the chunks by `rebatch`. Without `shuffle` the records come in the files' order,
+    a chunk of each file in turn.
+
     `share=(r, R)`: only replica r's files of R replicas, `shards.paths[r::R]` (a fixed deal, see
     `replica_files`), as the stream of a data set of just those files would read them."""
     paths = replica_files(shards, *share) if share is not None else list(shards.paths)
     files = tf.data.Dataset.from_tensor_slices(paths)
     if shuffle:
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-    chunks = files.repeat().interleave(_numbered(_chunk(shards)), cycle_length=min(CYCLE, len(paths)), block_length=1,
-                                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    examples = _examples(chunks, shards, skipped)
+    chunk = _chunk(shards)
+    cycle = min(CYCLE, len(paths))
+    chunks = files.repeat().interleave(_numbered(chunk), cycle_length=cycle, block_length=1,
+                                       num_parallel_calls=min(PARALLEL, cycle), deterministic=True)
+    parsed = _parsed(chunks, shards, skipped)
     if shuffle:
-        examples = examples.shuffle(shards.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    return examples.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        parsed = _mixed(parsed, shards, chunk, seed)
+    # tf.data's own rewrites would make the sequential maps parallel and add prefetches with
+    # autotuned buffers: groups of data.shuffle_buffer examples read ahead, all in every checkpoint.
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False
+    options.experimental_optimization.inject_prefetch = False
+    return _kept(parsed, skipped).rebatch(batch, drop_remainder=True).prefetch(AHEAD).with_options(options)
 
 
 def replica_files(shards: Shards, replica: int, replicas: int) -> list[str]:
@@ -174,5 +229,5 @@ def validation(shards: Shards, batch: int, skipped: tf.Variable | None = None) -
     if not shards.val_paths:
         return None
     files = tf.data.Dataset.from_tensor_slices(list(shards.val_paths))
-    examples = _examples(files.flat_map(_numbered(_chunk(shards))), shards, skipped)
-    return examples.batch(batch).prefetch(tf.data.AUTOTUNE)
+    chunks = _parsed(files.flat_map(_numbered(_chunk(shards))), shards, skipped)
+    return _kept(chunks, skipped).rebatch(batch).prefetch(tf.data.AUTOTUNE)

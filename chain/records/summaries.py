@@ -162,6 +162,17 @@ class ProfileFields:
 
 
 @dataclass(frozen=True)
+class DataWait:
+    """`data_wait_ms`: how long a step waited for its batch (the time in the iterator's get-next
+    before the step could start), over the steps of every call but the process's first (as the
+    speed: the first call starts the stream and traces)."""
+
+    mean: float | None = item("the mean wait of a step (ms)")
+    p95: float | None = item("the 95th percentile of a step's wait (ms)")
+    steps: int | None = item("the steps measured")
+
+
+@dataclass(frozen=True)
 class Summary:
     """summary.json: what every run writes, then what the way of training adds."""
 
@@ -181,6 +192,9 @@ class Summary:
     examples_per_second: float | None = item("examples trained per second, the first call (which compiles) "
                                              "left out (null: the run made one call)")
     steps_per_second: float | None = item("optimizer steps per second, measured as examples_per_second")
+    data_wait_ms: DataWait | None = item("the time each optimizer step waited for its batch, per step (not per "
+                                         "call of trainer.steps_per_call steps): mean and 95th percentile in ms "
+                                         "(null: the run made one call)")
     loss_first: float | None = item("the loss of step 1")
     loss_last: float | None = item("the loss of the last step")
     val: dict[str, float] | None = item("mode=e2e: the chain's last validation metrics (null: none, or mode=local)")

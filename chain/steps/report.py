@@ -4,7 +4,8 @@ A compiled step returns one float32 vector, its *report* (`Layout` says where ea
 sits): the step's losses and, per stage, whether the numerics guard dropped its update.
 The host reads it once per step, instead of one read per loss and per stage counter.
 `repeat` runs N steps in one call of the compiled function (`trainer.steps_per_call`)
-and the host reads an [N, size] array once per call: no host round trip between steps.
+and the host reads an [N, size] array once per call: no host round trip between steps, and
+with it how long each step waited for its batch (`Reports.waits_ms`, for `data_wait_ms`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from chain.stages.stage import Stage
@@ -52,6 +54,17 @@ class Layout:
         return [float(row[i]) for i in self.losses], [k for k, i in enumerate(self.skipped) if row[i]]
 
 
+@dataclass(frozen=True)
+class Reports:
+    """What one call of the compiled step(s) returns to the host: its steps' reports (`rows`, an
+    [m, size] NumPy array, one row per step as `Layout` says) and, per step, the milliseconds the
+    step waited for its batch (`waits_ms`: the time in the iterator's get-next, measured where it
+    ran: in the graph for steps in one call, on the host for a step per call)."""
+
+    rows: np.ndarray
+    waits_ms: tuple[float, ...]
+
+
 def dropped(flag: tf.Tensor) -> tf.Tensor:
     """The report's skipped value from `apply_update`'s result: 1.0 if the guard dropped the update."""
     return tf.cast(flag, tf.float32)
@@ -74,7 +87,7 @@ def report(stages: Sequence[Stage], values: Sequence[Sequence[tf.Tensor]], devic
 
 
 def repeat(body: Callable, layout: Layout, stop_on_skip: bool) -> Callable:
-    """`steps(iterator, n) -> [m, layout.size]`: up to `n` steps of `body(x, ys) -> report`
+    """`steps(iterator, n) -> ([m, layout.size], [m])`: up to `n` steps of `body(x, ys) -> report`
     in one call, each on the iterator's next batch (`trainer.steps_per_call`).
 
     The steps run in a `tf.while_loop`, traced once for any `n` (a Python loop would trace
@@ -84,24 +97,32 @@ def repeat(body: Callable, layout: Layout, stop_on_skip: bool) -> Callable:
     With `stop_on_skip` (trainer.on_nan=stop) the loop ends after the first step in which
     the guard dropped an update: later steps neither run nor take a batch, so the state is
     the state right after that step, as with one step per call; `m` (the rows returned)
-    counts the steps that ran.
+    counts the steps that ran. The second array holds each step's wait for its batch, in seconds.
     """
     skipped = list(layout.skipped)
 
     @tf.function(autograph=False)  # the loop is an explicit tf.while_loop
     def steps(iterator, n):
-        def more(i, stop, rows):
+        def more(i, stop, rows, waits):
             return tf.logical_and(i < n, tf.logical_not(stop))
 
-        def one(i, stop, rows):
-            x, ys = iterator.get_next()
+        def one(i, stop, rows, waits):
+            # The host clock around the get-next: an iteration starts after every stateful op of
+            # the one before (see above), so this is the time the step waited for its batch.
+            # Neither timestamp feeds the step's math.
+            start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                x, ys = iterator.get_next()
+            with tf.control_dependencies(tf.nest.flatten((x, ys))):
+                wait = tf.timestamp() - start
             row = body(x, ys)
             if stop_on_skip:
                 stop = tf.reduce_any(tf.gather(row, skipped) > 0)
-            return i + 1, stop, rows.write(i, row)
+            return i + 1, stop, rows.write(i, row), waits.write(i, wait)
 
         rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[layout.size])
-        _, _, rows = tf.while_loop(more, one, (tf.constant(0), tf.constant(False), rows))
-        return rows.stack()
+        waits = tf.TensorArray(tf.float64, size=0, dynamic_size=True, element_shape=[])
+        _, _, rows, waits = tf.while_loop(more, one, (tf.constant(0), tf.constant(False), rows, waits))
+        return rows.stack(), waits.stack()
 
     return steps

@@ -11,6 +11,7 @@ interface and never asks which one it has.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -28,7 +29,7 @@ from chain.stages import losses
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
 from chain.steps import tied
-from chain.steps.report import Layout
+from chain.steps.report import Layout, Reports
 from chain.steps.evaluate import Readout, evaluation
 
 
@@ -163,25 +164,31 @@ class Strategy:
             fn = self._concrete[key] = self.step_fn.get_concrete_function(*args)
         return fn(*args).numpy()
 
-    def call_many(self, iterator: Any, n: int) -> Any:
+    def call_many(self, iterator: Any, n: int) -> Reports:
         """Up to `n` steps on the iterator's next batches in one call (`chain.steps.report.repeat`);
-        their reports as an [m, size] NumPy array, m < n only when on_nan=stop ended the call."""
+        their reports (`Reports`: an [m, size] NumPy array, m < n only when on_nan=stop ended the
+        call, and each step's wait for its batch)."""
         from chain.steps.report import repeat
 
         if not self.steps_in_one_call:
             return self._call_each(iterator, n)
         if self._multi is None:
             self._multi = repeat(self.body, self.layout, self.settings.trainer.on_nan == "stop")
-        return self._multi(iterator, tf.constant(n, tf.int32)).numpy()
+        rows, waits = self._multi(iterator, tf.constant(n, tf.int32))
+        return Reports(rows.numpy(), tuple(1000.0 * waits.numpy()))
 
-    def _call_each(self, iterator: Any, n: int) -> Any:
-        """`n` calls of `call`, one step each: the same results as one call of `n` steps."""
-        rows = []
+    def _call_each(self, iterator: Any, n: int) -> Reports:
+        """`n` calls of `call`, one step each: the same results as one call of `n` steps (each
+        batch's wait timed on the host, around `next`)."""
+        rows, waits = [], []
         for _ in range(n):
-            rows.append(self.call(*next(iterator)))
+            start = time.perf_counter()
+            batch = next(iterator)
+            waits.append(1000.0 * (time.perf_counter() - start))
+            rows.append(self.call(*batch))
             if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
                 break  # as the in-graph loop: no step after one whose update was dropped
-        return np.stack(rows)
+        return Reports(np.stack(rows), tuple(waits))
 
     def trace(self, x: Any, ys: dict[str, Any]):
         """The compiled step's concrete function for this batch's shapes (its graph, for audits)."""

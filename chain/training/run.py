@@ -10,11 +10,13 @@ how many steps each call of the compiled step runs, `chain.training.cadence` say
 
 from __future__ import annotations
 
+import array
 import contextlib
 import logging
+import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from chain.config.schema import Settings
@@ -25,7 +27,7 @@ from chain.errors import ChainError, ConfigError, OutOfMemory, StorageError, fir
 from chain.planning import cluster, memory
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
-from chain.records.summaries import ClippingFields, StageSummary, Summary
+from chain.records.summaries import ClippingFields, DataWait, StageSummary, Summary
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
 from chain.steps.numerics import NonFiniteError, finite_or_none, judge
@@ -56,13 +58,24 @@ class _Loop:
     evaluated_at: int | None = None
     started: float | None = None  # when the first call ended: the speed leaves it out (it traces)
     timed_steps: int = 0  # steps taken since `started`
+    waits: array.array = field(default_factory=lambda: array.array("d"))  # ms each timed step waited for its batch
 
-    def timed(self, n: int) -> None:
-        """Count a call of `n` steps for the speed: the first call of the process only starts the clock."""
+    def timed(self, waits_ms: tuple[float, ...]) -> None:
+        """Count a call for the speed and the data wait (its steps' waits for their batches, in
+        ms): the first call of the process only starts the clock (it starts the stream and traces)."""
         if self.started is None:
             self.started = time.perf_counter()
         else:
-            self.timed_steps += n
+            self.timed_steps += len(waits_ms)
+            self.waits.extend(waits_ms)
+
+    def data_wait(self) -> DataWait | None:
+        """Mean and 95th percentile of the timed steps' waits (None: no step was timed)."""
+        if not self.waits:
+            return None
+        ordered = sorted(self.waits)
+        p95 = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]  # nearest rank
+        return DataWait(mean=sum(ordered) / len(ordered), p95=p95, steps=len(ordered))
 
     def elapsed(self) -> float:
         """Seconds since the first call ended (0: no call has)."""
@@ -211,10 +224,12 @@ class Run:
         `trainer.on_nan=stop` the call ends after the first step whose update the guard
         dropped (no later step runs or takes a batch) and NonFiniteError names that step.
         """
-        return [to_json(r) for r in self._steps(n)]
+        return [to_json(r) for r in self._steps(n)[0]]
 
-    def _steps(self, n: int) -> list[StepResult]:
-        return [self._finish(row) for row in self.strategy.call_many(self.iterator, n)]
+    def _steps(self, n: int) -> tuple[list[StepResult], tuple[float, ...]]:
+        """`n` steps in one call: their results, and how long each waited for its batch (ms)."""
+        reports = self.strategy.call_many(self.iterator, n)
+        return [self._finish(row) for row in reports.rows], reports.waits_ms
 
     def _finish(self, row: Any) -> StepResult:
         """Count a step and let the numerics guard judge it, from its report `row`."""
@@ -324,8 +339,8 @@ class Run:
             # Log lines go through tqdm, so they do not break the progress bar.
             with logging_redirect_tqdm(loggers=[logging.getLogger()]):
                 while self.global_step < t.steps and not self.tracker.exhausted:  # exhausted: stopped early
-                    outs = self._call(cadences.call_length(self.global_step), window)
-                    loop.timed(len(outs))
+                    outs, waits = self._call(cadences.call_length(self.global_step), window)
+                    loop.timed(waits)
                     for step, out in enumerate(outs, self.global_step - len(outs) + 1):
                         self._after_step(step, out, loop, cadences, callback)
                     bar.set_postfix(loss=f"{outs[-1].loss:.4f}", refresh=False)
@@ -351,12 +366,18 @@ class Run:
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         return _Loop(ckpts, best, writers, first, last, resumed_from, saved_at=resumed_from)
 
-    def _call(self, n: int, window) -> list[StepResult]:
+    def _call(self, n: int, window) -> tuple[list[StepResult], tuple[float, ...]]:
         """The next `n` steps in one call (a single step: `_train` on the next batch), traced inside
-        the profiled window; a NonFiniteError says what survives."""
+        the profiled window, and each step's wait for its batch in ms; a NonFiniteError says what
+        survives."""
         try:
             with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
-                return self._steps(n) if n > 1 else [self._train(*next(self.iterator))]
+                if n > 1:
+                    return self._steps(n)
+                start = time.perf_counter()
+                batch = next(self.iterator)
+                wait = 1000.0 * (time.perf_counter() - start)
+                return [self._train(*batch)], (wait,)
         except NonFiniteError as e:
             raise NonFiniteError(e.stages, e.step, f"; {self.intact(hint=False)}") from None
 
@@ -402,6 +423,12 @@ class Run:
                      self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
         summary = self.strategy.complete(
             self._summary(loop.first, loop.last, loop.resumed_from, loop.timed_steps, elapsed, loop.evaluation))
+        summary = replace(summary, data_wait_ms=loop.data_wait())
+        if summary.steps_per_second is not None and summary.data_wait_ms is not None:
+            wait = summary.data_wait_ms
+            log.info("speed: %.1f steps/s (%.0f examples/s); a step waited for its batch %.3f ms on average, "
+                     "%.3f ms at the 95th percentile (data_wait_ms, %d steps)", summary.steps_per_second,
+                     summary.examples_per_second, wait.mean, wait.p95, wait.steps)
         if window:
             summary = window.add_to(summary)
         if loop.writers:
@@ -493,6 +520,7 @@ class Run:
             # Every example of every chunk counts: a step is one optimizer update.
             examples_per_second=(timed_steps * self.examples_per_step / elapsed) if speed else None,
             steps_per_second=timed_steps / elapsed if speed else None,
+            data_wait_ms=None,  # the loop's (`_Loop.data_wait`), added by `_close`
             loss_first=first.loss,
             loss_last=last.loss,
             clipping=ClippingFields(first.grad_norm, last.grad_norm) if self.strategy.layout.norm is not None else None,

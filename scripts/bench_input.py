@@ -1,0 +1,149 @@
+"""The input stream against the training step: in-memory data vs the same records streamed from files.
+
+    python scripts/bench_input.py                      # default and large models, 5 repeats
+    python scripts/bench_input.py --markdown           # the table for docs/benchmarks.md
+    python scripts/bench_input.py --sizes default --repeats 3 --calls 20
+
+Not a test: it prints medians of paired ratios. One process (two logical CPU devices, as every
+run on this machine); the data are TFRecord shards generated into a temporary directory, read
+whole into memory (`data.stream=false`) by one run and streamed (`data.stream=true`) by the
+other, so both train on the very same examples.
+
+(a) the stream alone: examples/second of `Run.batches()` iterated on the host (`next()`, no
+    training), for the in-memory and the streamed source;
+(b) training: steps/second of `Run.steps(trainer.steps_per_call)` (the fit loop's calls: the
+    default 8 steps per call), the in-memory run and the streamed run built side by side.
+
+Every repeat measures each of (a) and (b) for both sources, in a random order, each block
+after one untimed call (or batch) of its own; a ratio is streamed over in-memory of one
+repeat (paired), and the figure is the median of the repeats' ratios (min and max beside).
+
+Sizes: `default` is the default model (mlp width 64, depth 2, 2 stages, mode=local) on
+batches of 64 examples of 64 floats (the figure docs/your-data.md quoted); `large` is
+scripts/bench_overhead.py's large (width 1024, batch 256) on 128 floats, 10 classes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# name -> (model width, batch, floats per example)
+SIZES = {"default": (64, 64, 64), "large": (1024, 256, 128)}
+SHARDS, PER_SHARD = 8, 2048  # 16384 records per size: several epochs of batches for the stream alone
+
+
+def write_shards(root: str, width: int, classes: int, seed: int = 0) -> None:
+    """`SHARDS` files of `PER_SHARD` records {x: float32[width], y: int64 in [0, classes)}."""
+    import numpy as np
+    import tensorflow as tf
+
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for s in range(SHARDS):
+        x = rng.random((PER_SHARD, width), dtype=np.float32)
+        y = (x[:, 0] * classes).astype(np.int64)
+        with tf.io.TFRecordWriter(os.path.join(root, f"part-{s:03d}.tfrecord")) as w:
+            for row, label in zip(x, y):
+                f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                     "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
+                w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+
+
+def overrides(size: str, root: str, stream: bool) -> list[str]:
+    width, batch, floats = SIZES[size]
+    model = [] if size == "default" else [f"model.width={width}"]
+    return [*model, "data=tfrecord", f"data.files={root}/*.tfrecord", "data.y=y", f"data.batch_size={batch}",
+            f"data.features={{x: 'float32[{floats}]', y: int64}}", "data.classes={label: 10}", "data.val_fraction=0",
+            f"data.stream={str(stream).lower()}", "trainer.progress=false", "trainer.steps=1000000"]
+
+
+def stream_rate(run, batches: int) -> float:
+    """Examples/second of `batches` batches of the run's stream, after one untimed batch."""
+    it = iter(run.batches())
+    next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * run.examples_per_step / (time.perf_counter() - t0)
+
+
+def train_rate(run, calls: int) -> float:
+    """Steps/second of `calls` calls of `trainer.steps_per_call` steps on the run's own stream, after one
+    untimed call (the first of a run traces)."""
+    n = run.settings.trainer.steps_per_call
+    run.steps(n)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run.steps(n)
+    return calls * n / (time.perf_counter() - t0)
+
+
+def measure(size: str, repeats: int, calls: int, batches: int, root: str, rng: random.Random) -> dict:
+    """Per repeat: the stream alone and training, in memory and streamed (random order); the ratios."""
+    import chain
+
+    runs = {s: chain.build(chain.compose(overrides(size, root, s))) for s in (False, True)}
+    rates: dict[tuple[str, bool], list[float]] = {(k, s): [] for k in ("stream", "train") for s in (False, True)}
+    for _ in range(repeats):
+        order = [(k, s) for k in ("stream", "train") for s in (False, True)]
+        rng.shuffle(order)
+        for k, s in order:
+            rates[k, s].append(stream_rate(runs[s], batches) if k == "stream" else train_rate(runs[s], calls))
+    out = {}
+    for k in ("stream", "train"):
+        ratios = [b / a for a, b in zip(rates[k, False], rates[k, True])]
+        out[k] = {"memory": statistics.median(rates[k, False]), "streamed": statistics.median(rates[k, True]),
+                  "ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="default,large")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=20, help="timed calls (of trainer.steps_per_call steps) per block")
+    ap.add_argument("--batches", type=int, default=200, help="timed batches of the stream alone per block")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--markdown", action="store_true", help="print the table for docs/benchmarks.md")
+    a = ap.parse_args(argv)
+    rng = random.Random(a.seed)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench_input_") as tmp:
+        for size in a.sizes.split(","):
+            root = os.path.join(tmp, size)
+            write_shards(root, SIZES[size][2], 10)
+            results[size] = measure(size, a.repeats, a.calls, a.batches, root, rng)
+    head = (f"{a.repeats} paired repeats; stream alone: {a.batches} batches a block; training: {a.calls} calls of 8 "
+            f"steps a block; load before: {load}")
+    if a.markdown:
+        print(head + "\n")
+        print("| model | measured | in memory | streamed | streamed / in memory (median, min-max) |")
+        print("|---|---|---|---|---|")
+        for size, r in results.items():
+            width, batch, floats = SIZES[size]
+            name = f"{size} (width {width}, batch {batch}, {floats} floats)"
+            for k, unit in (("stream", "examples/s"), ("train", "steps/s")):
+                v = r[k]
+                what = "stream alone" if k == "stream" else "training"
+                print(f"| {name} | {what} ({unit}) | {v['memory']:.0f} | {v['streamed']:.0f} | "
+                      f"**{v['ratio']:.3f}** ({v['min']:.3f}-{v['max']:.3f}) |")
+    else:
+        print(head)
+        for size, r in results.items():
+            for k, v in r.items():
+                print(f"{size:8s} {k:7s} in memory {v['memory']:10.1f}  streamed {v['streamed']:10.1f}  "
+                      f"ratio {v['ratio']:.3f} ({v['min']:.3f}-{v['max']:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
