@@ -156,3 +156,23 @@ def input_shape(shape: tuple[int, ...], key: str) -> tuple[int, ...]:
     if len(shape) < 2:
         raise ConfigError(f"{key} has shape {tuple(shape)}; expected one example per row, (N, features...)")
     return tuple(shape[1:])
+
+
+def stream_classes(given: dict, name: str, known_after: str, *, needed: bool) -> int:
+    """A streamed target's number of classes from `data.classes` (`given`, name -> classes, from which
+    `name` is taken), 0 for a value. A stream cannot count the classes without a pass over the data:
+    one line naming the key when `needed` and missing (`known_after`: what would have to be read)."""
+    classes = given.pop(name, None)
+    if classes is None and needed:
+        raise ConfigError(f"data.classes.{name} is needed with data.stream=true: {known_after}; e.g. "
+                          f"data.classes={{{name}: 10}} (0: learn it as a real value)")
+    if classes == 1:
+        raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
+    return classes or 0
+
+
+def no_other_classes(given: dict, source: str, targets: list[str]) -> None:
+    """One line when `data.classes` (what `stream_classes` left of it) names a target `source` does not have."""
+    if given:
+        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of {source}; "
+                          f"its targets: {', '.join(targets)}")

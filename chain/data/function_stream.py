@@ -22,7 +22,7 @@ import logging
 import tensorflow as tf
 
 from chain.data import tensors
-from chain.data.catalog import DataInfo, Target, split_size, val_fraction
+from chain.data.catalog import DataInfo, Target, no_other_classes, split_size, stream_classes, val_fraction
 from chain.data.streamed import FunctionData
 from chain.errors import ConfigError, first_line
 
@@ -74,17 +74,10 @@ def plan(data) -> FunctionData:
             raise ConfigError(f"{what}: its target {name or 'y'} has shape {spec.shape}; a target holds one value "
                               "per example")
         name = name or ("label" if integral else "value")
-        classes = given.pop(name, None)
-        if classes is None and integral:
-            raise ConfigError(f"data.classes.{name} is needed with data.stream=true: the number of classes of "
-                              f"{what}'s target {name} is known only after reading every example; e.g. "
-                              f"data.classes={{{name}: 10}} (0: learn it as a real value)")
-        if classes == 1:
-            raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
-        targets.append(Target(name, classes or 0))
-    if given:
-        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of {what}; its targets: "
-                          f"{', '.join(t.name for t in targets)}")
+        classes = stream_classes(given, name, f"the number of classes of {what}'s target {name} is known only "
+                                 "after reading every example", needed=integral)
+        targets.append(Target(name, classes))
+    no_other_classes(given, what, [t.name for t in targets])
     n = _size(dataset, data, what)
     held = split_size(n, val_fraction(data))
     if n - held < 1:

@@ -14,7 +14,28 @@ from chain.data import count_cache, files
 
 
 @dataclass(frozen=True)
-class Shards:
+class FileCounts:
+    """The files a stream reads and the examples each holds: training `paths` with `counts`, and
+    validation `val_paths` (empty: none) with `val_counts`. What every file stream's record shares."""
+
+    paths: tuple[str, ...]
+    counts: tuple[int, ...]
+    val_paths: tuple[str, ...]
+    val_counts: tuple[int, ...]
+
+    @property
+    def examples(self) -> int:
+        """Training examples in all the files."""
+        return sum(self.counts)
+
+    @property
+    def val_examples(self) -> int:
+        """Validation examples in all the files."""
+        return sum(self.val_counts)
+
+
+@dataclass(frozen=True)
+class Shards(FileCounts):
     """Files streamed in a run: training `paths` and validation `val_paths` (empty: none), each
     file's record count (`counts`, `val_counts`), the features to parse (`features`: name ->
     (dtype, shape), as `data.features`), the input feature `x`, the targets as (name, feature,
@@ -22,10 +43,6 @@ class Shards:
     `data.on_bad_record=skip`) or stop the run; `val_key` is the key that names the validation
     files (`data.val_files`, or `data.files` when they are held out of it)."""
 
-    paths: tuple[str, ...]
-    counts: tuple[int, ...]
-    val_paths: tuple[str, ...]
-    val_counts: tuple[int, ...]
     features: tuple[tuple[str, tuple], ...]
     x: str
     targets: tuple[tuple[str, str, int], ...]
@@ -36,16 +53,6 @@ class Shards:
     def key(self, path: str) -> str:
         """The key whose glob matched `path` (for error lines)."""
         return self.val_key if path in self.val_paths else "data.files"
-
-    @property
-    def examples(self) -> int:
-        """Training records in all the files."""
-        return sum(self.counts)
-
-    @property
-    def val_examples(self) -> int:
-        """Validation records in all the files."""
-        return sum(self.val_counts)
 
 
 def count(paths: list[str], key: str) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from chain.data.catalog import DataInfo, split_size
 from chain.data.files import Member
+from chain.data.shards import FileCounts
 from chain.errors import ConfigError
 
 
@@ -29,16 +30,12 @@ def held_files(paths: list[str], fraction: float, key: str, pattern: str) -> tup
 
 
 @dataclass(frozen=True)
-class CsvFiles:
+class CsvFiles(FileCounts):
     """CSV files streamed (`data=csv data.stream=true`): training `paths` and validation `val_paths`,
     each file's row count, their shared header (`columns`), the input columns' indices (`x`), the
     targets as (name, column index, classes: 0 for a value), the shuffle buffer in examples and
     whether bad rows are left out (`skip_bad`); `val_key` names the validation files' key."""
 
-    paths: tuple[str, ...]
-    counts: tuple[int, ...]
-    val_paths: tuple[str, ...]
-    val_counts: tuple[int, ...]
     columns: tuple[str, ...]
     x: tuple[int, ...]
     targets: tuple[tuple[str, int, int], ...]
@@ -49,16 +46,6 @@ class CsvFiles:
     def key(self, path: str) -> str:
         """The key whose glob matched `path` (for error lines)."""
         return self.val_key if path in self.val_paths else "data.path"
-
-    @property
-    def examples(self) -> int:
-        """Training rows in all the files."""
-        return sum(self.counts)
-
-    @property
-    def val_examples(self) -> int:
-        """Validation rows in all the files."""
-        return sum(self.val_counts)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from typing import ClassVar
 import numpy as np
 
 from chain.data import count_cache, files
-from chain.data.catalog import DataInfo, Target, name_targets, split_info, target_keys, val_fraction
+from chain.data.catalog import (DataInfo, Target, name_targets, no_other_classes, split_info, stream_classes,
+                                target_keys, val_fraction)
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.streamed import CsvFiles, held_files
 from chain.errors import ConfigError
@@ -99,17 +100,10 @@ def _stream_targets(data: Csv, columns: tuple[str, ...], path: str) -> tuple[tup
         if key not in columns:
             raise ConfigError(f"{where}={key!r} is not a column of {path}; its columns: {', '.join(columns)}")
         name = name or ("value" if "value" in given and "label" not in given else "label")
-        classes = given.pop(name, None)
-        if classes is None:
-            raise ConfigError(f"data.classes.{name} is needed with data.stream=true: whether {where}={key!r} holds "
-                              f"class labels or values is known only after reading every row; e.g. "
-                              f"data.classes={{{name}: 10}} (0: a real value)")
-        if classes == 1:
-            raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
+        classes = stream_classes(given, name, f"whether {where}={key!r} holds class labels or values is known "
+                                 "only after reading every row", needed=True)  # a column has no type: even a value's 0
         out.append((name, columns.index(key), classes))
-    if given:
-        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data=csv; "
-                          f"its targets: {', '.join(t[0] for t in out)}")
+    no_other_classes(given, "data=csv", [t[0] for t in out])
     return tuple(out)
 
 

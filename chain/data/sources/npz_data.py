@@ -21,7 +21,7 @@ import numpy as np
 
 from chain.data import files
 from chain.data.catalog import DataInfo, Target, input_shape, name_targets, split_info, split_size, target_keys
-from chain.data.catalog import val_fraction
+from chain.data.catalog import no_other_classes, stream_classes, val_fraction
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.streamed import ArrayFiles, ArrayPart
 from chain.errors import ConfigError
@@ -104,18 +104,11 @@ def _part(data: Npz, path: str, path_key: str) -> tuple[ArrayPart, tuple[tuple[s
                               f"of data.x ({x.shape[0]},)")
         integral = np.dtype(y.dtype).kind in "iub"
         name = name or ("label" if integral else "value")
-        classes = given.pop(name, None)
-        if classes is None and integral:
-            raise ConfigError(f"data.classes.{name} is needed with data.stream=true: the number of classes of "
-                              f"{where}={key!r} is known only after reading every label; e.g. "
-                              f"data.classes={{{name}: 10}} (0: learn it as a real value)")
-        if classes == 1:
-            raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
+        classes = stream_classes(given, name, f"the number of classes of {where}={key!r} is known only after "
+                                 "reading every label", needed=integral)
         ys.append(y)
-        targets.append((name, classes or 0))
-    if given:
-        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data=npz; "
-                          f"its targets: {', '.join(t[0] for t in targets)}")
+        targets.append((name, classes))
+    no_other_classes(given, "data=npz", [t[0] for t in targets])
     return ArrayPart(x, tuple(ys), 0, x.shape[0]), tuple(targets)
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from chain.data import files
-from chain.data.catalog import DataInfo, Target, split_size, target_keys, val_fraction
+from chain.data.catalog import (DataInfo, Target, no_other_classes, split_size, stream_classes, target_keys,
+                                val_fraction)
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.shards import Shards, count
 from chain.errors import ConfigError
@@ -71,17 +72,10 @@ def _stream_targets(data: TFRecord) -> tuple[tuple[str, str, int], ...]:
             raise ConfigError(f"{where}={key!r} is declared {dtype}{list(shape)}; a target holds one value per "
                               "example (int64 or float32)")
         name = name or ("label" if dtype == "int64" else "value")
-        classes = given.pop(name, None)
-        if classes is None and dtype == "int64":
-            raise ConfigError(f"data.classes.{name} is needed with data.stream=true: the number of classes of "
-                              f"{where}={key!r} is known only after reading every record; e.g. "
-                              f"data.classes={{{name}: 10}} (0: learn it as a real value)")
-        if classes == 1:
-            raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
-        out.append((name, key, classes or 0))
-    if given:
-        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data=tfrecord; "
-                          f"its targets: {', '.join(t[0] for t in out)}")
+        classes = stream_classes(given, name, f"the number of classes of {where}={key!r} is known only after "
+                                 "reading every record", needed=dtype == "int64")
+        out.append((name, key, classes))
+    no_other_classes(given, "data=tfrecord", [t[0] for t in out])
     return tuple(out)
 
 
