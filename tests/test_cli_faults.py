@@ -158,9 +158,12 @@ def test_ctrl_c_is_one_line_with_the_newest_checkpoint_and_the_resume_command(tm
     else:  # as soon as a step is done, wherever the run is then
         env, cue = {"CHAIN_TEST_ANNOUNCE": "1"}, "test-hook: step 12 done"
     args = [*TINY, "trainer.steps=100000", "checkpoint.every=5", f"hydra.run.dir={run_dir}"]
+    # As from a terminal: Ctrl-C reaches a process that has not inherited an ignored SIGINT (a test run
+    # started in the background by a non-interactive shell ignores it, and Python then leaves it ignored).
     p = subprocess.Popen([sys.executable, "-m", "chain", *args], cwd=tmp_path,
                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in p.stderr:
             if cue in line:
