@@ -321,7 +321,7 @@ def replicas_main(a) -> None:
             print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
                   flush=True)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\n{kernels(a)}; {a.stages * a.depth}x{a.width} tanh in all, global batch {a.micro_size} x M, {a.repeats} repeats x "
+    print(f"\n{kernel_name()}; {a.stages * a.depth}x{a.width} tanh in all, global batch {a.micro_size} x M, {a.repeats} repeats x "
           f"{a.steps} steps, {time.time() - started:.0f} s; load average at the end {load}")
     print("scaling efficiency = time(one) / (2 x time(case)), paired per repeat, median; quiet: other processes "
           f"below {a.quiet} cores during both runs of a pair")
@@ -382,6 +382,11 @@ def kernels(a) -> str:
     """Set the kernels the workers (started after this) use, from `--onednn`; their name, for the printout."""
     if a.onednn:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    return kernel_name()
+
+
+def kernel_name() -> str:
+    """The kernels this process's workers use, as `kernels` set them."""
     return {"1": "oneDNN kernels", "0": "Eigen kernels"}.get(os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
                                                             "TensorFlow's default kernels")
 
@@ -456,7 +461,7 @@ def main() -> None:
                          one_s=statistics.median(t[0] for t in one), split_s=statistics.median(t[0] for t in split),
                          foreign=statistics.median(t[1] for t in one + split)))
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\n{kernels(a)}; K={k}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}, {r} repeats x {a.steps} steps, "
+    print(f"\n{kernel_name()}; K={k}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}, {r} repeats x {a.steps} steps, "
           f"{time.time() - started:.0f} s; load average at the end {load}")
     print(f"{'step':12s} {'M':>3s} {'one s':>8s} {'split s':>8s} {'speedup':>8s} {'ideal':>6s} {'effic.':>6s} "
           f"{'foreign':>7s} {'quiet':>5s} {'speedup':>8s} {'effic.':>6s}")

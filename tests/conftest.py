@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import compileall
 import contextlib
+import functools
 import glob
 import json
 import os
@@ -99,13 +100,10 @@ class _Zygote:
         return subprocess.CompletedProcess(args, done["status"], stdout, stderr)
 
 
-_client: list[_Zygote] = []
-
-
+@functools.cache
 def _zygote() -> _Zygote:
-    if not _client:
-        _client.append(_Zygote())
-    return _client[0]
+    """This test process's one zygote, started on first use."""
+    return _Zygote()
 
 
 def run_dirs(cwd) -> list[str]:

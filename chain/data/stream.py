@@ -12,17 +12,22 @@ from chain.data.stream_shares import StreamShares
 from chain.data.streamed import ArrayFiles, CsvFiles
 
 
+def _counter(ds: Dataset, reader):
+    """The stream's count of bad records left out (made once per data set by its `reader`)."""
+    if ds.skipped is None:
+        ds.skipped = reader.skip_counter(ds.shards)
+    return ds.skipped
+
+
 def _streamed(ds: Dataset, batch: int, train: bool, shuffle: bool = False, seed: int = 0):
     """The stream of a streamed data set (`ds.shards`), from the module that reads its kind."""
     if isinstance(ds.shards, (Shards, CsvFiles)):
         from chain.data import csv_stream, record_stream
 
         reader = record_stream if isinstance(ds.shards, Shards) else csv_stream
-        if ds.skipped is None:
-            ds.skipped = reader.skip_counter(ds.shards)
         if train:
-            return reader.training(ds.shards, batch, shuffle, seed, ds.skipped)
-        return reader.validation(ds.shards, batch, ds.skipped)
+            return reader.training(ds.shards, batch, shuffle, seed, _counter(ds, reader))
+        return reader.validation(ds.shards, batch, _counter(ds, reader))
     from chain.data import array_stream, function_stream
 
     reader = array_stream if isinstance(ds.shards, ArrayFiles) else function_stream
@@ -70,10 +75,8 @@ def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int, shares: 
 
         if not isinstance(ds.shards, Shards):  # refused before training (stream_shares.check_files)
             raise ValueError("only TFRecord streams are read in replicas' shares")
-        if ds.skipped is None:
-            ds.skipped = record_stream.skip_counter(ds.shards)
-        part = batch // shares.replicas
-        streams = tuple(record_stream.training(ds.shards, part, shuffle, seed, ds.skipped, (r, shares.replicas))
+        part, skipped = batch // shares.replicas, _counter(ds, record_stream)
+        streams = tuple(record_stream.training(ds.shards, part, shuffle, seed, skipped, (r, shares.replicas))
                         for r in shares.indices)
         return tf.data.Dataset.zip(streams).map(_joined).prefetch(tf.data.AUTOTUNE)
     if shares is not None:

@@ -446,11 +446,14 @@ def output_gradients_held(schedule: Schedule) -> list[int]:
     out = []
     for k in range(schedule.stages):
         mine = [a for a in schedule.actions[schedule.row(k)] if a.stage == k]
+        if not any(a.kind == WEIGHT for a in mine):
+            out.append(0)
+            continue
         live, waiting, both = live_activations(mine), 0, []
         for a, held in zip(mine, live):
             waiting += 1 if a.kind == BACKWARD else -1 if a.kind == WEIGHT else 0
-            both.append(held + (waiting if any(b.kind == WEIGHT for b in mine) else 0))
-        out.append(max(both, default=0) - max(live, default=0))
+            both.append(held + waiting)
+        out.append(max(both) - max(live))
     return out
 
 
