@@ -42,6 +42,9 @@ Loops:
   to the next (the report read and judged included); `fit` the same with one step per call;
 - `step` (hand anchor): `Run.step(x, y)`, the public API, which checks each batch;
 - `guarded` (hand anchor): the hand-written loop plus the trainer's numerics guard;
+- `fusedN` (keras anchor, `--fused`): `fitN` on a run with `optim.fused=true` (TensorFlow's fused
+  update kernel: for Adam, the same math as Keras' within float32 rounding, not bit for bit);
+  its row also shows its speed over `fitN`'s, paired;
 - with `--ablate` (keras anchor), `fitN` on fresh runs whose step adds or leaves out one
   piece (`ablated`): `rebuilt` (nothing: the control), `ordered`, `noguard`, `noreport`,
   `bare`; each row also shows its speed over `fitN`'s, paired.
@@ -213,7 +216,7 @@ def ablated(size: str, case: str, what: str):
     return run
 
 
-def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool) -> dict:
+def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool, fused: bool = False) -> dict:
     """name -> block(n): (wall, CPU) seconds per step over a block of n steps."""
     import chain
 
@@ -240,6 +243,9 @@ def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool) -> 
         for k in calls:
             out[f"keras{k}"] = (lambda n, f=keras_fit(run, k, reference.stages), k=k: f(whole(k, n)))
             out[f"fit{k}"] = lambda n, k=k: block_fit(whole(k, n), k)
+        if fused:
+            k, fr = calls[0], chain.build(chain.compose(overrides(size, case) + ["optim.fused=true"]))
+            out[f"fused{k}"] = lambda n, k=k, r=fr: block_fit(whole(k, n), k, r)
         if ablate:
             k = calls[0]
             for what in ABLATIONS:
@@ -287,7 +293,7 @@ def bootstrap(paired: list[float], rounds: int = 2000) -> tuple[float, float]:
 
 
 def measure(size: str, case: str, a) -> dict:
-    fns = loops(size, case, a.calls, a.anchor, a.ablate)
+    fns = loops(size, case, a.calls, a.anchor, a.ablate, a.fused)
     block = a.block if size == "small" else a.block_large
     for fn in fns.values():  # trace, allocate, warm the caches
         fn(max(block // 4, 4))
@@ -318,7 +324,8 @@ def rows(size: str, case: str, times: dict, anchor: str, base: str) -> list[dict
         row = {"size": size, "case": case, "loop": name}
         for clock in ("wall", "cpu"):
             row[clock], row[f"{clock}_ci"] = paired(times[clock][name], times[clock][anchor])
-        row["vs_base"] = paired(times["wall"][name], times["wall"][base]) if name in ABLATIONS else None
+        compared = name in ABLATIONS or name.startswith("fused")
+        row["vs_base"] = paired(times["wall"][name], times["wall"][base]) if compared else None
         row["ms"] = statistics.median(times["wall"][name]) * 1e3
         row["anchor_ms"] = statistics.median(times["wall"][anchor]) * 1e3
         out.append(row)
@@ -335,6 +342,7 @@ def main() -> None:
     p.add_argument("--calls", nargs="*", type=int, default=None,
                    help="trainer.steps_per_call values to time (default: 8 (keras), 8 32 (hand))")
     p.add_argument("--ablate", action="store_true", help="also time the trainer without each piece (keras anchor)")
+    p.add_argument("--fused", action="store_true", help="also time the trainer with optim.fused=true (keras anchor)")
     p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--block", type=int, default=32, help="steps per timed block (small)")
     p.add_argument("--block-large", type=int, default=None, help="steps per timed block (large; default 16 keras, 8 hand)")

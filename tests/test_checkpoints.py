@@ -105,6 +105,18 @@ def test_restoring_into_another_chain_is_a_clear_error_and_changes_nothing(train
     assert all(np.array_equal(a, b) for x, y in zip(before, after) for a, b in zip(x, y))
 
 
+def test_a_checkpoint_restores_with_optim_fused_switched(trained):
+    # The fused update keeps Keras' variables and slots: switching it is not another optimizer.
+    run_dir, run = trained
+    other = chain.build(chain.compose([*SMALL, "+stages=3", "optim.fused=true"]))
+    assert other.restore(str(run_dir))["step"] == 4
+    for mine, theirs in zip(other.stages, run.stages):
+        assert type(mine.optimizer).__name__ == "FusedAdam"
+        for a, b in zip(values(mine.model.weights + mine.optimizer.variables),
+                        values(theirs.model.weights + theirs.optimizer.variables)):
+            assert np.array_equal(a, b)
+
+
 def test_a_new_run_refuses_a_directory_that_holds_a_checkpoint(trained):
     run_dir, _ = trained
     with pytest.raises(chain.ChainError, match="already holds a checkpoint at step 4; pass resume=true"):

@@ -185,6 +185,9 @@ class Optimizer:
         "clip each variable's gradient to this norm (Keras' clipnorm); null: no clipping")
     clip_global_norm: float | None = setting(optional(number(positive=True)),
         "clip by the norm over all gradients (Keras' global_clipnorm); mode=e2e: over every stage's; null: none")
+    fused: bool = setting(boolean,
+        "update with TensorFlow's fused kernel (one pass over each variable): sgd's results are Keras' bit for bit "
+        "(its default: true); adam's differ from Keras' in the last bits (its default: false)")
 
 
 @dataclass(frozen=True, kw_only=True)

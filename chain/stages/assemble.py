@@ -66,11 +66,16 @@ def make_optimizer(spec: Optim, name: str | None = None, global_clip: bool = Tru
     device). `optim.clip_global_norm` is Keras' `global_clipnorm` only with `global_clip`: an
     optimizer over a stage of a chain with one loss (mode=e2e) would clip by the stage's norm,
     not the chain's, so there the step clips (`chain.steps.clipping`) and the optimizer does not.
+    `optim.fused` makes the update TensorFlow's fused kernel (`chain.stages.fused`).
     """
+    from chain.stages import fused
+
     clips = {"clipnorm": spec.clip_norm, "global_clipnorm": spec.clip_global_norm if global_clip else None}
     if isinstance(spec, Sgd):
-        return keras.optimizers.SGD(learning_rate=spec.lr, momentum=spec.momentum, name=name, **clips)
-    return keras.optimizers.Adam(learning_rate=spec.lr, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name, **clips)
+        sgd = fused.FusedSGD if spec.fused else keras.optimizers.SGD
+        return sgd(learning_rate=spec.lr, momentum=spec.momentum, name=name, **clips)
+    adam = fused.FusedAdam if spec.fused else keras.optimizers.Adam
+    return adam(learning_rate=spec.lr, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name, **clips)
 
 
 def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info: DataInfo, *,

@@ -156,10 +156,12 @@ def _layers(model) -> list[dict[str, Any]]:
 
 def layout(stages: Sequence) -> list[dict[str, Any]]:
     """What a checkpoint of `stages` must be restored into: per stage, layers and head."""
+    from chain.stages.fused import kind as optimizer_kind
+
     return [{
         "index": s.index,
         "target": s.target.name,
-        "optimizer": type(s.optimizer).__name__,
+        "optimizer": optimizer_kind(s.optimizer),
         "layers": _layers(s.model),
         "head": _layers(s.head) if s.head is not None else None,
     } for s in stages]

@@ -115,11 +115,12 @@ class _Copier:
         self.dst_slots = {s.index: _slot_lists(s.optimizer) for s in dst_stages}
 
     def copy(self, src_stage, src_layer, dst_stage, dst_layer) -> None:
+        from chain.stages.fused import kind
         from chain.stages.stage import random_variables
 
         if set(self.src_slots[src_stage.index]) != set(self.dst_slots[dst_stage.index]):
-            raise ChainError(f"DST stage {dst_stage.index} uses {type(dst_stage.optimizer).__name__}, SRC stage "
-                             f"{src_stage.index} {type(src_stage.optimizer).__name__} with different state; "
+            raise ChainError(f"DST stage {dst_stage.index} uses {kind(dst_stage.optimizer)}, SRC stage "
+                             f"{src_stage.index} {kind(src_stage.optimizer)} with different state; "
                              "restage keeps optimizer state, so keep the optimizers")
         src_index = {id(v): i for i, v in enumerate(src_stage.optimizer._trainable_variables)}
         dst_index = {id(v): i for i, v in enumerate(dst_stage.optimizer._trainable_variables)}
