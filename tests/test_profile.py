@@ -14,7 +14,7 @@ import chain
 from chain.errors import ConfigError
 from chain.pipeline import schedules
 from chain.pipeline.schedules import Action
-from chain.pipeline import timeline
+from chain.pipeline import idle, timeline
 from chain.pipeline.timeline import OpEvent
 
 SMALL = ["model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
@@ -182,7 +182,7 @@ def synthetic(schedule, durations, step=(0, 10 ** 9), gap=0):
         for t, a in enumerate(row):
             if a is not None:
                 start = step[0] + t * slot
-                scope = f"s{a.stage}_{a.kind}{a.microbatch}" if a.kind == "F" else f"gradient_tape/s{a.stage}_F{a.microbatch}"
+                scope = f"s{a.stage}_{a.kind}{a.microbatch}" if a.kind != "B" else f"gradient_tape/s{a.stage}_F{a.microbatch}"
                 events.append(OpEvent(f"{scope}/matmul", "MatMul", start, start + durations[a.kind], "vm"))
                 events.append(OpEvent(f"{scope}/w/ReadVariableOp", "ReadVariableOp", step[0], step[0] + 1, "vm"))
     return events
@@ -378,3 +378,35 @@ def test_a_profiled_chain_of_different_widths_is_advised_an_override_that_keeps_
         assert network(advised) == network(run) and network(run)[0] == 341_860
     else:
         assert "cannot be rebalanced without changing the network" in advice["text"] or "no cut" in advice["text"]
+
+
+# --- where a step idles, by cause (chain.pipeline.idle) ------------------------------------------
+
+
+def test_idle_splits_each_devices_span_into_busy_input_waits_overhead_and_tail():
+    s = schedules.build("sequential", 2, 1)  # F(0) F(1) B(1) B(0)
+    ev = [OpEvent("s0_F0/a", "MatMul", 0, 100, "vm"), OpEvent("s1_F0/a", "MatMul", 130, 200, "vm"),
+          OpEvent("gradient_tape/s1_F0/a", "MatMul", 200, 300, "vm"), OpEvent("gradient_tape/s0_F0/a", "MatMul", 350, 400, "vm")]
+    m = timeline.measure(s, ev, {1: (-20, 1000)}, ["/d:0", "/d:1"])
+    out = idle.explain(m, s)
+    got = [(d.busy_ms, d.input_wait_ms, d.overhead_ms, d.tail_ms) for d in out.devices]
+    # device 0 waits for B(1) from 100 to 300 (input), then 50 more (overhead); device 1 waits for F(0)
+    # until 100 (input), 30 more (overhead), and idles after its last action from 300 to 400 (tail)
+    assert got == [pytest.approx(x) for x in ([150e-6, 200e-6, 50e-6, 0.0], [170e-6, 100e-6, 30e-6, 100e-6])]
+    assert (out.head_ms, out.span_ms, out.finish_ms) == pytest.approx((20e-6, 400e-6, 600e-6))
+    assert (out.replayed_span_ms, out.replayed_bubble_fraction) == pytest.approx((320e-6, 1 - 320 / 640))
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb1", "interleaved"])
+def test_a_replay_with_unit_durations_is_the_plan_and_a_measured_step_adds_up_to_its_span(name):
+    s = schedules.build(name, 4, 4, 2) if name == "interleaved" else schedules.build(name, 3, 4)
+    plan = schedules.simulate(s)
+    span, bubble = idle.replay(s, {(k, kind): 1.0 for k in range(s.stages) for kind in "FBW"})
+    assert (span, bubble) == pytest.approx((plan.slots, plan.bubble_fraction))
+    durations = {"F": 1000, "B": 2000, "W": 700}  # unequal: each device's parts still sum to the span
+    m = timeline.measure(s, synthetic(s, durations, gap=300), {7: (0, 10 ** 9)}, [f"/d:{s.row(k)}" for k in range(s.stages)])
+    out = idle.explain(m, s)
+    assert out.replayed_bubble_fraction < m.measured_bubble_fraction  # the slots' gaps are overhead
+    for d in out.devices:
+        assert d.busy_ms + d.input_wait_ms + d.overhead_ms + d.tail_ms == pytest.approx(out.span_ms)
+    assert sum(d.overhead_ms for d in out.devices) > 0

@@ -1,0 +1,156 @@
+"""Where a measured pipeline step idles, by cause: what fills the gap between the planned bubble
+(unit-time actions) and the measured one (`timeline.json`, `chain.pipeline.timeline`).
+
+Each device's idle time within a step's span (first action to last) splits into:
+
+- **input wait**: the device's previous action had ended and the next action of its row still
+  lacked an input: a producer on another device (or its own F, for a W or B) had not finished. This
+  is the schedule's own bubble, as the actions' real durations play it.
+- **overhead**: the next action's inputs existed and the previous action had ended, yet the action
+  had not started: what the step adds to the schedule (the host release's round trip after a
+  sending action, a transfer between workers, an op that waits on the client).
+- **tail**: after the device's last action, until the step's last action ended.
+
+`replayed` plays the schedule again with each (stage, kind)'s mean measured duration and nothing
+else (no transfer, no release): the bubble the schedule has with these actions' costs, between the
+plan's unit-time figure and the measured one. With F, B and W of unequal cost (on a CPU, a layer's
+forward product may take twice its input-gradient product) a zero-bubble schedule's own bubble is
+well above its unit-time plan, and no removal of overhead closes that part.
+
+Outside the span: **head** (the step's marker to its first action: dispatching the step to the
+workers, the batch reaching the first stage) and **finish** (its last action to the marker's end:
+the updates, the report back to the client). Every schedule pays both alike.
+
+No TensorFlow here: it reads the records `chain.pipeline.timeline.measure` wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import fmean, median
+from typing import Sequence
+
+from chain.pipeline.schedules import Action, Schedule, dependencies, is_split
+from chain.records.measured import Measured, MeasuredAction, MeasuredStep
+
+
+@dataclass(frozen=True)
+class DeviceIdle:
+    """One device's time in a step (ms, median over the complete steps), by cause (module docstring)."""
+
+    device: int
+    busy_ms: float
+    input_wait_ms: float
+    overhead_ms: float
+    tail_ms: float
+
+
+@dataclass(frozen=True)
+class StepIdle:
+    """A measured timeline's step, by cause: per device (`devices`), the step's head and finish outside
+    its span, the span, and the bubble the schedule has when played with the measured mean durations."""
+
+    devices: list[DeviceIdle]
+    head_ms: float
+    span_ms: float
+    finish_ms: float
+    replayed_span_ms: float
+    replayed_bubble_fraction: float
+
+
+def played_rows(schedule: Schedule, grad_accum: int = 1) -> list[list[Action]]:
+    """Each device's actions in the order the step plays them: `grad_accum` rounds of its row, round r
+    on microbatches r*M .. r*M+M-1 (`chain.pipeline.step.rounds`)."""
+    m = schedule.microbatches
+    return [[Action(a.stage, r * m + a.microbatch, a.kind) for r in range(grad_accum) for a in row]
+            for row in schedule.actions]
+
+
+def step_idle(step: MeasuredStep, rows: Sequence[Sequence[Action]], schedule: Schedule) -> list[DeviceIdle]:
+    """Per device, `step`'s busy time and idle time by cause (copy 0 of a replicated pipeline only)."""
+    by = {a.key()[:3]: a for a in step.actions if (a.replica or 0) == 0}
+    split = is_split(schedule)
+    first = min(a.start_ms for a in by.values())
+    last = max(a.end_ms for a in by.values())
+    out = []
+    for r, row in enumerate(rows):
+        busy = input_wait = overhead = 0.0
+        previous = first
+        for action in row:
+            measured: MeasuredAction = by[(action.stage, action.microbatch, action.kind)]
+            inputs = max((by[(d.stage, d.microbatch, d.kind)].end_ms
+                          for d in dependencies(action, schedule.stages, split)), default=first)
+            ready = max(previous, inputs)
+            input_wait += max(0.0, min(inputs, measured.start_ms) - previous)
+            overhead += max(0.0, measured.start_ms - ready)
+            busy += max(0.0, measured.end_ms - max(measured.start_ms, previous))
+            previous = max(previous, measured.end_ms)
+        out.append(DeviceIdle(r, busy, input_wait, overhead, max(0.0, last - previous)))
+    return out
+
+
+def replay(schedule: Schedule, durations: dict[tuple[int, str], float], grad_accum: int = 1) -> tuple[float, float]:
+    """(span, bubble fraction) of `schedule` played with `durations[(stage, kind)]` per action and
+    nothing between actions: each starts when its row's previous action and its inputs have ended."""
+    rows = played_rows(schedule, grad_accum)
+    split = is_split(schedule)
+    end: dict[Action, float] = {}
+    free = [0.0] * len(rows)
+    busy = [0.0] * len(rows)
+    nxt = [0] * len(rows)
+    remaining = sum(len(r) for r in rows)
+    while remaining:
+        moved = False
+        for r, row in enumerate(rows):
+            while nxt[r] < len(row):
+                action = row[nxt[r]]
+                deps = dependencies(action, schedule.stages, split)
+                if any(d not in end for d in deps):
+                    break
+                took = durations[(action.stage, action.kind)]
+                end[action] = max([free[r]] + [end[d] for d in deps]) + took
+                free[r], busy[r] = end[action], busy[r] + took
+                nxt[r] += 1
+                remaining -= 1
+                moved = True
+        if not moved:
+            raise ValueError(f"{schedule.name}: deadlock in replay")  # simulate() refuses such schedules first
+    span = max(free)
+    return span, (1 - sum(busy) / (len(rows) * span)) if span else 0.0
+
+
+def mean_durations(steps: Sequence[MeasuredStep]) -> dict[tuple[int, str], float]:
+    """Each (stage, kind)'s mean action duration over `steps` (copy 0)."""
+    acc: dict[tuple[int, str], list[float]] = {}
+    for s in steps:
+        for a in s.actions:
+            if (a.replica or 0) == 0:
+                acc.setdefault((a.stage, a.kind), []).append(a.end_ms - a.start_ms)
+    return {k: fmean(v) for k, v in acc.items()}
+
+
+def explain(measured: Measured, schedule: Schedule) -> StepIdle | None:
+    """`measured`'s complete steps by cause, medians over them (a step slowed by another process moves
+    a median less than a mean), and the schedule replayed with the mean durations (None: no complete step)."""
+    steps = [s for s in measured.steps if s.complete]
+    if not steps:
+        return None
+    rows = played_rows(schedule, measured.grad_accum)
+    per = [step_idle(s, rows, schedule) for s in steps]
+    devices = [DeviceIdle(r, *(median(getattr(p[r], f) for p in per)
+                               for f in ("busy_ms", "input_wait_ms", "overhead_ms", "tail_ms")))
+               for r in range(len(rows))]
+    spans = [(min(a.start_ms for a in s.actions), max(a.end_ms for a in s.actions), s) for s in steps]
+    span, bubble = replay(schedule, mean_durations(steps), measured.grad_accum)
+    return StepIdle(devices, median(lo - s.start_ms for lo, _, s in spans), median(hi - lo for lo, hi, _ in spans),
+                    median(s.end_ms - hi for _, hi, s in spans), span, bubble)
+
+
+def render(idle: StepIdle) -> str:
+    """`idle` as lines of text: one per device, then the step's head, span and finish, and the replay."""
+    lines = [f"device {d.device}: busy {d.busy_ms:.1f} ms, waiting for inputs {d.input_wait_ms:.1f}, "
+             f"overhead {d.overhead_ms:.1f}, tail {d.tail_ms:.1f}" for d in idle.devices]
+    lines.append(f"step: head {idle.head_ms:.1f} ms, span {idle.span_ms:.1f}, finish {idle.finish_ms:.1f}; "
+                 f"replayed with the measured mean durations: span {idle.replayed_span_ms:.1f}, "
+                 f"bubble {idle.replayed_bubble_fraction:.3f}")
+    return "\n".join(lines)
