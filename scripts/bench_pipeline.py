@@ -52,7 +52,10 @@ M sets the global batch (`--micro-size` x M) of all three. `--decompose` adds, i
 `half` (one copy's half batch alone on worker 0: what each copy computes), `apart` (`data` with
 its reduction left out: each copy updates from its own gradients, no exchange; not training) and
 `owner` (`data` with each gradient summed by one copy, which sends the mean back:
-`ReplicatedChain.reduction`), with their time ratios to `data`.
+`ReplicatedChain.reduction`), with their time ratios to `data`. Every case also prints the CPU time
+(ms per step, median over repeats) of this process and of each worker: on single-core workers the
+exchange's serialization and socket copies run on the worker's one core, so `data` minus `apart`
+in a worker's CPU time is what the exchange costs it, overlapped or not.
 
 The batch starts on this process (the client), as `Run` feeds it, so every case pays for sending
 it out. Scaling efficiency, as the anchors define it, is throughput with 2 workers / (2 x
@@ -204,6 +207,27 @@ def cpu_ticks(pids: list[int]) -> tuple[int, int]:
     return busy, ours
 
 
+def process_ms(pids: list[int]) -> list[float]:
+    """CPU time (user + system, ms) each of `pids` has used so far, from /proc (0 for one that is gone)."""
+    out = []
+    for pid in pids:
+        try:
+            stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            out.append((int(stat[11]) + int(stat[12])) * 1000 / os.sysconf("SC_CLK_TCK"))
+        except OSError:
+            out.append(0.0)
+    return out
+
+
+def timed_cpu(step, x, ys, n: int, pids: list[int]) -> tuple[float, float, list[float]]:
+    """`timed`, and the CPU time (ms per step) each of `pids` used meanwhile: on single-core workers
+    a transfer's serialization and copies run on the worker's one core, so its CPU time per step
+    counts them whether or not they overlap with compute."""
+    before = process_ms(pids)
+    seconds, foreign = timed(step, x, ys, n, pids)
+    return seconds, foreign, [(b - a) / n for a, b in zip(before, process_ms(pids))]
+
+
 def timed(step, x, ys, n: int, pids: list[int]) -> tuple[float, float]:
     """(seconds per step over `n` steps, cores' worth of CPU other processes used meanwhile)."""
     def steps():
@@ -317,7 +341,7 @@ def replicas_main(a) -> None:
             for i, m in enumerate(a.micro):
                 shift = (r + i) % len(names)
                 for name in names[shift:] + names[:shift]:
-                    times[name, m].append(timed(steps[name, m], *batches[name, m], a.steps, pids))
+                    times[name, m].append(timed_cpu(steps[name, m], *batches[name, m], a.steps, pids))
             print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
                   flush=True)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
@@ -342,6 +366,9 @@ def replicas_main(a) -> None:
             q = f"{row['quiet_efficiency']:7.3f}" if quiet else f"{'-':>7s}"
             print(f"{name:6s} {k:2d} {r:2d} {m:3d} {row['one_s']:8.4f} {row['case_s']:8.4f} {row['efficiency']:7.3f} "
                   f"{row['quiet']:5d} {q}")
+    print("CPU time per step, ms (median over repeats; client, worker 0, worker 1): " + "; ".join(
+        f"{name} M={m}: " + ", ".join(f"{statistics.median(t[2][i] for t in times[name, m]):.0f}" for i in range(3))
+        for m in a.micro for name in names))
     if a.decompose:
         print("decomposition, medians of paired ratios: " + "; ".join(
             f"M={m}: time(half) / time(data) {statistics.median(h[0] / d[0] for h, d in zip(times['half', m], times['data', m])):.3f}, "
@@ -358,7 +385,9 @@ def replicas_main(a) -> None:
                   f"| {q} |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(args=vars(a), load=load, rows=rows), f, indent=1)
+            cpu = {f"{name} M={m}": [statistics.median(t[2][i] for t in times[name, m]) for i in range(3)]
+                   for m in a.micro for name in names}
+            json.dump(dict(args=vars(a), load=load, rows=rows, cpu_ms_per_step=cpu), f, indent=1)
     sys.stdout.flush()
     os._exit(0)  # as main: skip the runtime's teardown RPCs to the stopped workers
 

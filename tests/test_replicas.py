@@ -13,7 +13,7 @@ import tensorflow as tf
 import chain
 from chain.errors import ConfigError
 from chain.pipeline import schedule_file, schedules
-from chain.pipeline.replicas import reduce_mean, stage_state
+from chain.pipeline.replicas import owners, reduce_mean, stage_state
 from compare import rel_diff, trains_like_one_device, weights
 from conftest import DEVICES
 
@@ -128,6 +128,17 @@ def test_replicas_that_cannot_work_are_one_config_line(overrides, message):
     with pytest.raises(ConfigError) as e:
         chain.compose([*BASE, *overrides])
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_owners_share_a_stages_sums_evenly_by_bytes(replicas):
+    """`reduction="owner"`: 8 Dense layers' gradients (kernel, bias, kernel, ...) of one stage: every
+    copy sums as many kernels as any other (give or take one), not copy 0 every kernel."""
+    sizes = [1024 * 1024, 1024] * 8
+    owned = owners(sizes, replicas)
+    kernels = [sum(1 for j in range(0, len(sizes), 2) if owned[j] == r) for r in range(replicas)]
+    assert max(kernels) - min(kernels) <= 1 and sum(kernels) == 8, kernels
+    assert owners(sizes, replicas) == owned  # the same on every trace: each copy's step agrees
 
 
 def test_an_owner_copys_reduction_gives_every_copy_the_bits_every_copy_summing_gives():

@@ -80,15 +80,38 @@ def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name
     return out
 
 
+def owners(sizes: Sequence[int], replicas: int) -> list[int]:
+    """For `reduction="owner"`: which copy sums each of a stage's gradients (on that copy's device for
+    the stage), given their sizes (elements) in the step's order: each goes to the copy that owns the
+    fewest elements so far (the lowest index on a tie), so every copy sums about 1/R of the bytes.
+    (Owner (k + j) mod R, as before, put every kernel of a one-stage model on copy 0 and every bias
+    on copy 1: copy 0 did all the sums.)"""
+    load, out = [0] * replicas, []
+    for size in sizes:
+        r = min(range(replicas), key=lambda i: (load[i], i))
+        load[r] += size
+        out.append(r)
+    return out
+
+
+def elements(t: Any) -> int:
+    """A gradient's number of elements from its static shape (1 when unknown, or no gradient)."""
+    shape = getattr(t, "shape", None)
+    if shape is None or not shape.is_fully_defined():
+        return 1
+    return max(1, shape.num_elements())
+
+
 class ReplicatedChain(PipelinedChain):
     """mode=e2e on `placement.grid`: R copies of the pipeline, each its share of every batch."""
 
     shared_weights = False  # copies of a pipeline: a tied weight's sum across copies is not built
 
     name = REPLICATED
-    # How stage k's j-th gradient is averaged (`reduce_mean`): "every" device sums all copies, or the
-    # "owner" copy (k + j) mod R sums and sends the mean back. The same bits either way; a benchmark's
-    # choice (scripts/bench_pipeline.py --replicas --decompose), read when the step is traced.
+    # How stage k's j-th gradient is averaged (`reduce_mean`): "every" device sums all copies, or one
+    # "owner" copy (`owners`: each copy about 1/R of the bytes) sums and sends the mean back. The same
+    # bits either way; a benchmark's choice (scripts/bench_pipeline.py --replicas --decompose), read
+    # when the step is traced.
     reduction = "every"
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
@@ -153,8 +176,9 @@ class ReplicatedChain(PipelinedChain):
             per_replica: list[list[list]] = [[[] for _ in copies[0]] for _ in copies]
             for k in range(len(copies[0])):
                 devices = [c[k].device for c in copies]
+                owned = owners([elements(g) for g in played[0].grads[k]], n)  # per stage: its R devices
                 for j in range(len(played[0].grads[k])):
-                    owner = (k + j) % n if self.reduction == "owner" else None
+                    owner = owned[j] if self.reduction == "owner" else None
                     mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}", owner)
                     for r in range(n):
                         per_replica[r][k].append(mean[r])
