@@ -199,6 +199,25 @@ def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards, chunk, monkey
         "holds 7 values, declared float32[8] (data.on_bad_record=skip leaves such records out)")
 
 
+def test_a_chunk_whose_extra_and_missing_values_even_out_is_still_bad():
+    # One record with 9 floats, one with 7: the chunk holds as many values as 8 floats a record.
+    from chain.data.record_stream import _BAD, _parse_chunk
+    from chain.data.shards import Shards
+
+    def example(width):
+        f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(width))),
+             "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))}
+        return tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString()
+
+    files = Shards(("f",), (4,), (), (), (("x", ("float32", (8,))), ("y", ("int64", ()))), "x", (("label", "y", 2),), 8)
+    chunk = (tf.constant("f"), tf.constant(32, tf.int64), tf.constant([example(w) for w in (8, 9, 7, 8)]))
+    _, _, ok = tf.function(_parse_chunk(files, skip=True))(*chunk)
+    assert ok.numpy().tolist() == [True, False, False, True]
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        tf.function(_parse_chunk(files, skip=False))(*chunk)  # as in the stream: a graph
+    assert _BAD.search(str(e.value)).groups()[:2] == ("f", "33")
+
+
 def test_on_bad_record_skip_counts_the_records_left_out(bad_shards, tmp_path):
     summary = chain.build(small(bad_shards, "data.on_bad_record=skip", "data.val_fraction=0", "trainer.steps=14"),
                           run_dir=str(tmp_path)).fit()
