@@ -181,10 +181,13 @@ def test_a_bad_record_mid_run_is_one_line_naming_its_file_and_keeps_the_last_che
         assert step in (4, 8) and text.endswith(f"the last complete checkpoint (step {step}) is intact")
 
 
-def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards):
+@pytest.mark.parametrize("chunk", [256, 16])  # record 40: in the first chunk, or 8 records into the third
+def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards, chunk, monkeypatch):
+    from chain.data import record_stream
     from chain.data.record_stream import bad_record, training
     from chain.data.sources.tfrecord_data import shards
 
+    monkeypatch.setattr(record_stream, "MAX_CHUNK", chunk)  # a chunk says its file and first record's number once
     s = small(bad_shards, "data.shuffle=false", "data.val_fraction=0", f"data.files={bad_shards}/part-002.tfrecord")
     files = shards(s.data)
     stream = iter(training(files, 8, False, 0))
@@ -194,6 +197,25 @@ def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards):
     assert bad_record(e.value, files) == (
         f"data.files: record 40 of {bad_shards}/part-002.tfrecord is not as data.features declares it: feature x "
         "holds 7 values, declared float32[8] (data.on_bad_record=skip leaves such records out)")
+
+
+def test_a_chunk_whose_extra_and_missing_values_even_out_is_still_bad():
+    # One record with 9 floats, one with 7: the chunk holds as many values as 8 floats a record.
+    from chain.data.record_stream import _BAD, _parse_chunk
+    from chain.data.shards import Shards
+
+    def example(width):
+        f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(width))),
+             "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))}
+        return tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString()
+
+    files = Shards(("f",), (4,), (), (), (("x", ("float32", (8,))), ("y", ("int64", ()))), "x", (("label", "y", 2),), 8)
+    chunk = (tf.constant("f"), tf.constant(32, tf.int64), tf.constant([example(w) for w in (8, 9, 7, 8)]))
+    _, _, ok = tf.function(_parse_chunk(files, skip=True))(*chunk)
+    assert ok.numpy().tolist() == [True, False, False, True]
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        tf.function(_parse_chunk(files, skip=False))(*chunk)  # as in the stream: a graph
+    assert _BAD.search(str(e.value)).groups()[:2] == ("f", "33")
 
 
 def test_on_bad_record_skip_counts_the_records_left_out(bad_shards, tmp_path):
@@ -284,6 +306,29 @@ def test_the_stream_is_a_function_of_seed_and_files_and_changes_every_epoch(shar
     first, second = a[:160], a[160:]
     assert len(set(first)) > 150 and len(set(second)) > 150  # an epoch holds (nearly) every record once:
     assert not np.array_equal(first, second)  # epochs blur only at their border; shuffled anew on the second
+
+
+def _read_ahead(stream: tf.data.Dataset) -> int:
+    """The buffer of the stream's last prefetch (the batches it reads ahead), from its graph."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef.FromString(stream._as_serialized_graph().numpy())
+    nodes = {n.name: n for n in graph.node}
+    node = next(n for n in graph.node if n.op == "_Retval")
+    while node.op != "PrefetchDataset":  # past the options
+        node = nodes[node.input[0].split(":")[0]]
+    return int(tf.make_ndarray(nodes[node.input[1].split(":")[0]].attr["value"].tensor))
+
+
+def test_the_stream_reads_a_group_of_batches_ahead(shards):
+    # Its work comes in bursts, a group of data.shuffle_buffer examples at a time: with fewer batches
+    # read ahead, a short step waits for every burst (docs/your-data.md, "Speed").
+    from chain.data.record_stream import training
+    from chain.data.sources.tfrecord_data import shards as shards_of
+
+    files = shards_of(small(shards, "data.val_fraction=0", "data.shuffle_buffer=100").data)
+    for batch in (4, 16, 200):
+        assert _read_ahead(training(files, batch, True, 0)) == max(2, -(-100 // batch)), batch
 
 
 def _inputs(path) -> np.ndarray:
