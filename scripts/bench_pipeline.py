@@ -50,7 +50,8 @@ timing the three back to back in rotating order:
 
 M sets the global batch (`--micro-size` x M) of all three. `--decompose` adds, in the same rotation,
 `half` (one copy's half batch alone on worker 0: what each copy computes), `apart` (`data` with
-its reduction left out: each copy updates from its own gradients, no exchange; not training) and
+its reduction left out: each copy updates from its own gradients, no exchange; not training),
+`bf16` (`data` with `placement.exchange_dtype=bfloat16`: half the bytes, rounded) and
 `owner` (`data` with each gradient summed by one copy, which sends the mean back:
 `ReplicatedChain.reduction`), with their time ratios to `data`. Every case also prints the CPU time
 (ms per step, median over repeats) of this process and of each worker: on single-core workers the
@@ -275,7 +276,9 @@ REPLICA_CASES = {"one": (1, 1), "data": (1, 2), "pipe": (2, 1)}  # name -> (stag
 # wrong training, the two workers' compute and the client's feeding without the gradients' exchange).
 # `owner`: the `data` case with each gradient averaged by one copy, which sends the mean back
 # (`ReplicatedChain.reduction`: one sum per gradient instead of one per copy; the same bits).
-DECOMPOSE = {"half": (1, 1), "apart": (1, 2), "owner": (1, 2)}
+# `bf16`: the `data` case with its gradients travelling as bfloat16 (`placement.exchange_dtype=bfloat16`:
+# half the bytes, each copy's gradients rounded to 8 significant bits: not the float32 results).
+DECOMPOSE = {"half": (1, 1), "apart": (1, 2), "owner": (1, 2), "bf16": (1, 2)}
 
 
 def replica_overrides(a, addresses: list[str], k: int, r: int, m: int) -> list[str]:
@@ -320,13 +323,15 @@ def replicas_main(a) -> None:
                 options = replica_overrides(a, cluster.addresses, k, r, m)
                 if name == "half":
                     options += [f"data.batch_size={a.micro_size * m // 2}"]
+                if name == "bf16":
+                    options += ["placement.exchange_dtype=bfloat16"]
                 run = chain.build(chain.compose(options))
                 if name == "owner":
                     run.strategy.reduction = "owner"
                 steps[name, m] = run.strategy.call
                 reduce = replicas.reduce_mean
                 if name == "apart":  # traced on the first call: each copy keeps its own values
-                    replicas.reduce_mean = lambda values, devices, name, owner=None: list(values)
+                    replicas.reduce_mean = lambda values, *_: list(values)
                 try:
                     for _ in range(a.warmup):
                         steps[name, m](*batches[name, m])
@@ -374,6 +379,7 @@ def replicas_main(a) -> None:
             f"M={m}: time(half) / time(data) {statistics.median(h[0] / d[0] for h, d in zip(times['half', m], times['data', m])):.3f}, "
             f"time(apart) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['apart', m], times['data', m])):.3f}, "
             f"time(owner) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['owner', m], times['data', m])):.3f}, "
+            f"time(bf16) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['bf16', m], times['data', m])):.3f}, "
             f"time(one) / (2 x time(half)) {statistics.median(o[0] / (2 * h[0]) for o, h in zip(one, times['half', m])):.3f}"
             for m in a.micro))
     if a.markdown:

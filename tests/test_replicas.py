@@ -123,6 +123,9 @@ def test_a_run_resumes_with_another_number_of_copies(tmp_path):
      "data.batch_size=12 does not cut into placement.replicas=2 shares of pipeline.microbatches=4 equal microbatches"),
     (["placement.replicas=2", "placement.devices=[/CPU:0,/CPU:1]"], "remove placement.devices"),
     (["placement.replicas=two"], "placement.replicas='two' must be an integer or auto"),
+    (["placement.exchange_dtype=bfloat16"], "placement.exchange_dtype=bfloat16 is the dtype copies of a pipeline "
+                                            "exchange their gradients in, and this run has none"),
+    (["placement.replicas=2", "placement.exchange_dtype=float16"], "placement.exchange_dtype"),
 ])
 def test_replicas_that_cannot_work_are_one_config_line(overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -156,3 +159,39 @@ def test_an_owner_copys_reduction_gives_every_copy_the_bits_every_copy_summing_g
         for a, b in zip(got, every, strict=True):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
     np.testing.assert_allclose(every[0].numpy(), np.mean([v.numpy() for v in values], axis=0), rtol=1e-6, atol=1e-7)
+
+
+def test_copies_exchanging_bfloat16_gradients_stay_identical_and_train_close_to_float32():
+    """placement.exchange_dtype=bfloat16: every copy adds the same rounded values, so the copies stay
+    identical bit for bit; the result is the float32 exchange's within bfloat16's rounding, not equal."""
+    runs = {d: build("placement.replicas=2", "pipeline.microbatches=2", f"placement.exchange_dtype={d}")
+            for d in ("float32", "bfloat16")}
+    it = iter(runs["float32"].batches())
+    start = weights(runs["float32"])
+    for _ in range(4):
+        x, ys = next(it)
+        for r in runs.values():
+            r.step(x, ys)
+    assert_copies_identical(runs["bfloat16"])
+    exact, rounded = weights(runs["float32"]), weights(runs["bfloat16"])
+    assert any(not np.array_equal(a, b) for a, b in zip(exact, rounded))
+    for a, b, a0 in zip(exact, rounded, start, strict=True):
+        # bfloat16 keeps 8 significant bits (unit roundoff 2^-9): the updates, not the weights, differ by that share.
+        assert np.max(np.abs(b - a)) <= 2.0 ** -8 * np.max(np.abs(a - a0)) + 1e-7
+
+
+def test_a_bfloat16_exchange_rounds_each_value_once_and_every_copy_gets_the_same_bits():
+    rng = np.random.default_rng(1)
+    values = []
+    for d in DEVICES[:3]:
+        with tf.device(d):
+            values.append(tf.constant(rng.normal(size=(16, 9)).astype(np.float32)))
+    want = np.mean([tf.cast(tf.cast(v, tf.bfloat16), tf.float32).numpy() for v in values], axis=0)
+    every = reduce_mean(values, DEVICES[:3], "b", travel=tf.bfloat16)
+    for t, d in zip(every, DEVICES[:3]):
+        assert t.dtype == tf.float32 and t.device.endswith(d)
+        np.testing.assert_array_equal(t.numpy(), every[0].numpy())
+    np.testing.assert_allclose(every[0].numpy(), want, rtol=1e-6, atol=1e-7)
+    owned = reduce_mean(values, DEVICES[:3], "bo", owner=1, travel=tf.bfloat16)
+    for t in owned:  # the owner's mean is rounded for its trip back, and for the owner itself
+        np.testing.assert_array_equal(t.numpy(), tf.cast(tf.cast(every[0], tf.bfloat16), tf.float32).numpy())

@@ -52,6 +52,11 @@ def replicated_pipeline(s: Settings) -> None:
     its own devices (so none named per stage) and its equal share of every batch, cut into microbatches."""
     r = s.placement.replicas
     if s.placement.fallback == "mirrored" or r is None or r == 1:
+        if s.placement.exchange_dtype != "float32":
+            raise ConfigError(f"placement.exchange_dtype={s.placement.exchange_dtype} is the dtype copies of a pipeline "
+                              f"exchange their gradients in, and this run has none (placement.replicas={r}, "
+                              f"placement.fallback={s.placement.fallback}): set placement.replicas=2 or more with "
+                              "mode=e2e, or remove placement.exchange_dtype")
         return
     if s.mode != "e2e":
         raise ConfigError(f"placement.replicas={r} copies a pipeline, which needs mode=e2e (is {s.mode}); for data "

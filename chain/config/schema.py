@@ -298,6 +298,9 @@ class PlacementSettings:
     replicas: int | str | None = setting(optional(int_or_word("auto", 1, MAX_STAGES)),
         "fallback=mirrored: replica count (null: every visible GPU, or 2 logical CPUs); a pipeline (mode=e2e): "
         "copies of it, each on its own devices and share of the batch (auto: as many as the GPUs allow; null: 1)")
+    exchange_dtype: str = setting(choice("float32", "bfloat16"),
+        "copies of a pipeline (placement.replicas >= 2): the dtype their gradients travel in to be averaged; bfloat16 "
+        "halves the bytes and rounds each copy's gradients to 8 significant bits (not float32's results)")
     cpu_memory_mb: int | None = setting(optional(integer(1, 1 << 40)),
         "without GPUs: memory the chain may use (its estimate is checked first); null: the machine's")
     split: tuple[int, ...] | None = setting(optional(list_of(integer(1), 1, MAX_STAGES)),

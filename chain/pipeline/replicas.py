@@ -6,7 +6,7 @@ step cuts each batch into R equal shares, and every copy plays the schedule on i
 Before the update, stage k's summed gradients are reduced over its R copies: each copy's
 device receives the other copies' gradients (explicit copies, as every crossing in the step)
 and adds all R in replica order, then divides by R (each copy's gradients are of its share's
-mean loss). Every device thus computes the same sums in the same order, bit for bit, and every
+mean loss; with `placement.exchange_dtype=bfloat16` they travel rounded to 16 bits). Every device thus computes the same sums in the same order, bit for bit, and every
 copy applies the same update (`chain.pipeline.step.finish`, with the batch's mean loss for
 float16's shared decision): the copies stay identical without ever being compared. With
 `optim.clip_global_norm` each copy clips by the norm of the averaged gradients (the same bits on
@@ -56,16 +56,24 @@ def stage_state(stage: Stage) -> list[tf.Variable]:
 
 
 def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name: str,
-                owner: int | None = None) -> list[tf.Tensor | None]:
+                owner: int | None = None, travel: tf.DType | None = None) -> list[tf.Tensor | None]:
     """`values[r]` (on `devices[r]`) averaged over r, on every device, the same bits everywhere: the
     R values added in replica order, then times 1/R.
 
     `owner=None`: every device receives the others' values and adds all R itself (R(R-1) copies,
     R sums). `owner=o`: device o alone receives and adds them, and sends the mean back (2(R-1)
-    copies, one sum; the same bits, as o's sum is the one every device would compute, one hop more)."""
+    copies, one sum; the same bits, as o's sum is the one every device would compute, one hop more).
+
+    `travel` (`placement.exchange_dtype=bfloat16`): each value is rounded to that dtype on its own
+    device before it travels (half the bytes of float32), and every device adds the rounded values,
+    its own included, in the values' dtype: still the same bits on every device, but each copy's
+    values rounded to 8 significant bits (an owner's mean is rounded for its trip back as well)."""
     if values[0] is None:
         return [None] * len(values)
     values = [tf.convert_to_tensor(v) for v in values]  # sparse gradients (embeddings) made dense
+    dtype = values[0].dtype
+    if travel is not None and travel != dtype:
+        return _rounded_mean(values, devices, name, owner, travel)
     if owner is not None:
         home = devices[owner]
         parts = [v if i == owner else copy_to(v, home, f"{name}_from_r{i}_to_r{owner}") for i, v in enumerate(values)]
@@ -77,6 +85,38 @@ def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name
         parts = [v if i == r else copy_to(v, device, f"{name}_from_r{i}_to_r{r}") for i, v in enumerate(values)]
         with tf.device(device):
             out.append(tf.add_n(parts) * (1.0 / len(values)))
+    return out
+
+
+def _rounded_mean(values: list[tf.Tensor], devices: Sequence[str], name: str, owner: int | None,
+                  travel: tf.DType) -> list[tf.Tensor]:
+    """`reduce_mean` with every value (and an owner's mean) travelling as `travel`."""
+    dtype = values[0].dtype
+    low = []
+    for v, device in zip(values, devices):
+        with tf.device(device):
+            low.append(tf.cast(v, travel))
+
+    def arrived(i: int, r: int) -> tf.Tensor:  # value i as device r adds it
+        moved = low[i] if i == r else copy_to(low[i], devices[r], f"{name}_from_r{i}_to_r{r}")
+        with tf.device(devices[r]):
+            return tf.cast(moved, dtype)
+
+    if owner is None:
+        out = []
+        for r, device in enumerate(devices):
+            parts = [arrived(i, r) for i in range(len(values))]
+            with tf.device(device):
+                out.append(tf.add_n(parts) * (1.0 / len(values)))
+        return out
+    parts = [arrived(i, owner) for i in range(len(values))]
+    with tf.device(devices[owner]):
+        mean = tf.cast(tf.add_n(parts) * (1.0 / len(values)), travel)
+    out = []
+    for r, device in enumerate(devices):
+        moved = mean if r == owner else copy_to(mean, device, f"{name}_mean_to_r{r}")
+        with tf.device(device):
+            out.append(tf.cast(moved, dtype))
     return out
 
 
@@ -160,6 +200,8 @@ class ReplicatedChain(PipelinedChain):
                  for r, stages in enumerate(self.copies)]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
         copies, n = self.copies, len(self.copies)
+        exchange = self.settings.placement.exchange_dtype
+        travel = None if exchange == "float32" else tf.as_dtype(exchange)
         deferred = [Deferred(stages) for stages in copies] if self.settings.pipeline.batch_norm == "deferred" else None
 
         def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
@@ -179,7 +221,8 @@ class ReplicatedChain(PipelinedChain):
                 owned = owners([elements(g) for g in played[0].grads[k]], n)  # per stage: its R devices
                 for j in range(len(played[0].grads[k])):
                     owner = owned[j] if self.reduction == "owner" else None
-                    mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}", owner)
+                    mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}", owner,
+                                       travel)
                     for r in range(n):
                         per_replica[r][k].append(mean[r])
             totals = reduce_mean([p.total for p in played], [c[-1].device for c in copies], "allreduce_loss")

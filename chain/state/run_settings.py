@@ -38,7 +38,8 @@ from chain.errors import ChainError
 # stage's expanded spec is recorded instead).
 _SKIPPED = {"resume", "plan_only", "report", "model", "optim", "stage", "stages", "variants", "notes", "source"}
 
-APPLIED = ("optim.lr", "optim.beta_1", "optim.beta_2", "optim.momentum", "optim.fused", "precision")
+APPLIED = ("optim.lr", "optim.beta_1", "optim.beta_2", "optim.momentum", "optim.fused", "precision",
+           "placement.exchange_dtype")
 FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_stop_patience", "trainer.log_every",
         "trainer.progress", "trainer.steps_per_call", "trainer.on_nan", "trainer.profile",
         "trainer.initial_loss_scale",  # float16: the scale itself is restored; this only set its start
@@ -51,7 +52,7 @@ _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say
 # Settings added after checkpoints were first written, with the value that is the behaviour from
 # before them: a checkpoint without one resumes under that value.
 _ADDED = {"optim.clip_norm": None, "optim.clip_global_norm": None, "pipeline.batch_norm": "microbatch",
-          "optim.fused": False}
+          "optim.fused": False, "placement.exchange_dtype": "float32"}
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
 
