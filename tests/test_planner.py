@@ -408,6 +408,10 @@ def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
         check_batch(24, p, microbatches=4)
     one = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))
     assert one.strategy == PIPELINE and one.grid == [] and one.notes[0].startswith("layout: pipeline (a device per stage")
+    # A 16-bit exchange asked for where `auto` finds room for one copy only: said, not silently dropped.
+    rounded = plan(pcfg("mode=e2e", "placement.replicas=auto", "placement.exchange_dtype=bfloat16"), 2,
+                   Inventory.of(3, 80 * GB))
+    assert "placement.exchange_dtype=bfloat16 unused: no copies exchange gradients" in rounded.notes[0]
 
 
 def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():

@@ -158,6 +158,8 @@ def _layout(pcfg: PlacementSettings, p: Placement, n_stages: int, n_gpus: int) -
         why = f"placement.replicas=auto: {n_gpus} GPU(s) hold one copy of {n_stages} stages"
     else:
         why = "placement.replicas=1"
+    if pcfg.exchange_dtype != "float32":  # only `auto` gets here with it (checks refuse it without copies)
+        why += f"; placement.exchange_dtype={pcfg.exchange_dtype} unused: no copies exchange gradients"
     return f"layout: pipeline (a device per stage, one copy; {why})"
 
 
