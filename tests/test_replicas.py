@@ -144,13 +144,19 @@ def test_owners_share_a_stages_sums_evenly_by_bytes(replicas):
     assert owners(sizes, replicas) == owned  # the same on every trace: each copy's step agrees
 
 
-def test_an_owner_copys_reduction_gives_every_copy_the_bits_every_copy_summing_gives():
-    """`reduce_mean(..., owner=o)` (one sum, the mean sent back) against every device summing all R."""
-    rng = np.random.default_rng(0)
+def values_on_three_devices(seed: int, shape: tuple[int, ...]) -> list[tf.Tensor]:
+    """A random float32 value on each of the first three logical devices (what three copies reduce)."""
+    rng = np.random.default_rng(seed)
     values = []
     for d in DEVICES[:3]:
         with tf.device(d):
-            values.append(tf.constant(rng.normal(size=(64, 33)).astype(np.float32)))
+            values.append(tf.constant(rng.normal(size=shape).astype(np.float32)))
+    return values
+
+
+def test_an_owner_copys_reduction_gives_every_copy_the_bits_every_copy_summing_gives():
+    """`reduce_mean(..., owner=o)` (one sum, the mean sent back) against every device summing all R."""
+    values = values_on_three_devices(0, (64, 33))
     every = reduce_mean(values, DEVICES[:3], "t")
     assert all(t.device.endswith(d) for t, d in zip(every, DEVICES[:3]))
     for owner in range(3):
@@ -181,11 +187,7 @@ def test_copies_exchanging_bfloat16_gradients_stay_identical_and_train_close_to_
 
 
 def test_a_bfloat16_exchange_rounds_each_value_once_and_every_copy_gets_the_same_bits():
-    rng = np.random.default_rng(1)
-    values = []
-    for d in DEVICES[:3]:
-        with tf.device(d):
-            values.append(tf.constant(rng.normal(size=(16, 9)).astype(np.float32)))
+    values = values_on_three_devices(1, (16, 9))
     want = np.mean([tf.cast(tf.cast(v, tf.bfloat16), tf.float32).numpy() for v in values], axis=0)
     every = reduce_mean(values, DEVICES[:3], "b", travel=tf.bfloat16)
     for t, d in zip(every, DEVICES[:3]):
