@@ -9,6 +9,7 @@ same files on every run, never a random subset of records that would change betw
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from chain.data import count_cache, files
 
@@ -33,6 +34,12 @@ class FileCounts:
         """Validation examples in all the files."""
         return sum(self.val_counts)
 
+    TRAIN_KEY: ClassVar[str]  # the key whose glob names the training files; a subclass's `val_key` the validation's
+
+    def key(self, path: str) -> str:
+        """The key whose glob matched `path` (for error lines)."""
+        return self.val_key if path in self.val_paths else self.TRAIN_KEY
+
 
 @dataclass(frozen=True)
 class Shards(FileCounts):
@@ -48,11 +55,8 @@ class Shards(FileCounts):
     targets: tuple[tuple[str, str, int], ...]
     shuffle_buffer: int
     skip_bad: bool = False
-    val_key: str = "data.files"
-
-    def key(self, path: str) -> str:
-        """The key whose glob matched `path` (for error lines)."""
-        return self.val_key if path in self.val_paths else "data.files"
+    TRAIN_KEY: ClassVar[str] = "data.files"
+    val_key: str = TRAIN_KEY
 
 
 def count(paths: list[str], key: str) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ files held out, the last ones in sorted order, the same on every run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from chain.data.catalog import DataInfo, split_size
 from chain.data.files import Member
@@ -41,11 +41,8 @@ class CsvFiles(FileCounts):
     targets: tuple[tuple[str, int, int], ...]
     shuffle_buffer: int
     skip_bad: bool = False
-    val_key: str = "data.path"
-
-    def key(self, path: str) -> str:
-        """The key whose glob matched `path` (for error lines)."""
-        return self.val_key if path in self.val_paths else "data.path"
+    TRAIN_KEY: ClassVar[str] = "data.path"
+    val_key: str = TRAIN_KEY
 
 
 @dataclass(frozen=True)

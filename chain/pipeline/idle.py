@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from statistics import fmean, median
 from typing import Sequence
 
-from chain.pipeline.schedules import Action, Schedule, dependencies, is_split
+from chain.pipeline.schedules import Action, Schedule, dependencies, is_split, rounds
 from chain.records.measured import Measured, MeasuredAction, MeasuredStep
 
 
@@ -59,11 +59,8 @@ class StepIdle:
 
 
 def played_rows(schedule: Schedule, grad_accum: int = 1) -> list[list[Action]]:
-    """Each device's actions in the order the step plays them: `grad_accum` rounds of its row, round r
-    on microbatches r*M .. r*M+M-1 (`chain.pipeline.step.rounds`)."""
-    m = schedule.microbatches
-    return [[Action(a.stage, r * m + a.microbatch, a.kind) for r in range(grad_accum) for a in row]
-            for row in schedule.actions]
+    """Each device's actions in the order the step plays them: `grad_accum` rounds of its row."""
+    return [rounds(row, schedule.microbatches, grad_accum) for row in schedule.actions]
 
 
 def step_idle(step: MeasuredStep, rows: Sequence[Sequence[Action]], schedule: Schedule) -> list[DeviceIdle]:

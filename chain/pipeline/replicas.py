@@ -71,52 +71,32 @@ def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name
     if values[0] is None:
         return [None] * len(values)
     values = [tf.convert_to_tensor(v) for v in values]  # sparse gradients (embeddings) made dense
-    dtype = values[0].dtype
-    if travel is not None and travel != dtype:
-        return _rounded_mean(values, devices, name, owner, travel)
-    if owner is not None:
-        home = devices[owner]
-        parts = [v if i == owner else copy_to(v, home, f"{name}_from_r{i}_to_r{owner}") for i, v in enumerate(values)]
-        with tf.device(home):
-            mean = tf.add_n(parts) * (1.0 / len(values))
-        return [mean if r == owner else copy_to(mean, device, f"{name}_mean_to_r{r}") for r, device in enumerate(devices)]
-    out = []
-    for r, device in enumerate(devices):
-        parts = [v if i == r else copy_to(v, device, f"{name}_from_r{i}_to_r{r}") for i, v in enumerate(values)]
-        with tf.device(device):
-            out.append(tf.add_n(parts) * (1.0 / len(values)))
-    return out
+    dtype, n = values[0].dtype, len(values)
+    rounded = travel is not None and travel != dtype
 
-
-def _rounded_mean(values: list[tf.Tensor], devices: Sequence[str], name: str, owner: int | None,
-                  travel: tf.DType) -> list[tf.Tensor]:
-    """`reduce_mean` with every value (and an owner's mean) travelling as `travel`."""
-    dtype = values[0].dtype
-    low = []
-    for v, device in zip(values, devices):
+    def cast(t: tf.Tensor, device: str, to: tf.DType) -> tf.Tensor:  # on `device`; nothing without `travel`
+        if not rounded:
+            return t
         with tf.device(device):
-            low.append(tf.cast(v, travel))
+            return tf.cast(t, to)
+
+    sent = [cast(v, device, travel) for v, device in zip(values, devices)]
 
     def arrived(i: int, r: int) -> tf.Tensor:  # value i as device r adds it
-        moved = low[i] if i == r else copy_to(low[i], devices[r], f"{name}_from_r{i}_to_r{r}")
-        with tf.device(devices[r]):
-            return tf.cast(moved, dtype)
+        moved = sent[i] if i == r else copy_to(sent[i], devices[r], f"{name}_from_r{i}_to_r{r}")
+        return cast(moved, devices[r], dtype)
 
-    if owner is None:
-        out = []
-        for r, device in enumerate(devices):
-            parts = [arrived(i, r) for i in range(len(values))]
-            with tf.device(device):
-                out.append(tf.add_n(parts) * (1.0 / len(values)))
-        return out
-    parts = [arrived(i, owner) for i in range(len(values))]
-    with tf.device(devices[owner]):
-        mean = tf.cast(tf.add_n(parts) * (1.0 / len(values)), travel)
+    if owner is not None:
+        parts = [arrived(i, owner) for i in range(n)]
+        with tf.device(devices[owner]):
+            mean = cast(tf.add_n(parts) * (1.0 / n), devices[owner], travel)
+        return [cast(mean if r == owner else copy_to(mean, device, f"{name}_mean_to_r{r}"), device, dtype)
+                for r, device in enumerate(devices)]
     out = []
     for r, device in enumerate(devices):
-        moved = mean if r == owner else copy_to(mean, device, f"{name}_mean_to_r{r}")
+        parts = [arrived(i, r) for i in range(n)]
         with tf.device(device):
-            out.append(tf.cast(moved, dtype))
+            out.append(tf.add_n(parts) * (1.0 / n))
     return out
 
 

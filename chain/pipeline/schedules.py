@@ -337,6 +337,13 @@ def dependencies(action: Action, stages: int, split: bool = False) -> list[Actio
     return deps
 
 
+def rounds(order: Sequence[Action], microbatches: int, grad_accum: int, replica: int = 0) -> list[Action]:
+    """`order` played `grad_accum` times, round r on microbatches r*M .. r*M+M-1, by copy `replica`:
+    the actions a step runs (`chain.pipeline.step`), a trace is read against (`timeline`) and a
+    replay plays (`idle`)."""
+    return [Action(a.stage, r * microbatches + a.microbatch, a.kind, replica) for r in range(grad_accum) for a in order]
+
+
 def validate(schedule: Schedule) -> None:
     """Raise ValueError unless every stage runs each microbatch's F and B (and, in a split schedule,
     W) exactly once on its device, each after what it needs of its own device (B after F, W after B)."""

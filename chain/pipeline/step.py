@@ -79,7 +79,7 @@ import tensorflow as tf
 
 from chain.data.catalog import Target
 from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
-                                      simulate, update_scope)
+                                      rounds, simulate, update_scope)
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
@@ -101,11 +101,6 @@ def activation_copy(stage: int, microbatch: int) -> str:
 def gradient_copy(stage: int, microbatch: int) -> str:
     """The `copy_to` name of microbatch `microbatch`'s output gradient arriving at `stage`."""
     return f"grad_s{stage}_mb{microbatch}"
-
-
-def rounds(order: Sequence[Action], microbatches: int, grad_accum: int, replica: int = 0) -> list[Action]:
-    """`order` played `grad_accum` times, round r on microbatches r*M .. r*M+M-1, by copy `replica`."""
-    return [Action(a.stage, r * microbatches + a.microbatch, a.kind, replica) for r in range(grad_accum) for a in order]
 
 
 def regularization_total(regs: Sequence[Sequence[tf.Tensor]], stages: Sequence[Stage], device: str) -> list[tf.Tensor]:

@@ -47,7 +47,7 @@ from typing import Any, Iterable, Sequence
 
 from chain.planning import balance
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
-from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, Timeline, rows,
+from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, Timeline, rounds, rows,
                                       simulate, update_of)
 
 MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)
@@ -200,9 +200,8 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
     n_stages = schedule.stages
     n_rows = n_stages * replicas
     sources = list(sources) if sources is not None else [None] * n_rows
-    m = schedule.microbatches  # every action of a step, producers first (`grad_accum` rounds: chain.pipeline.step)
-    played = [Action(a.stage, r * m + a.microbatch, a.kind, c) for c in range(replicas) for r in range(grad_accum)
-              for a in simulate(schedule).order()]
+    order = simulate(schedule).order()  # every action of a step, producers first, in `grad_accum` rounds
+    played = [a for c in range(replicas) for a in rounds(order, schedule.microbatches, grad_accum, c)]
     origin = min(start for start, _ in steps.values()) if steps else 0
     ms = lambda ns: (ns - origin) / 1e6  # noqa: E731
     owned = [(who, e) for e in events  # each event's action and copy, once (a trace holds many events)
