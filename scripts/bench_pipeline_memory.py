@@ -85,6 +85,59 @@ def worker(a: argparse.Namespace) -> None:
                       "estimate_bytes": sum(estimate), "stage_estimates": estimate}))
 
 
+def trace(a: argparse.Namespace) -> None:
+    """What is live at the peak of one step (`--schedule`, `--recompute`), tensor by tensor: the
+    chain's warm-up steps, then one step under TensorFlow's profiler, whose allocator events
+    `chain.pipeline.memory_trace` reads back. Prints the breakdown by category (requested and
+    allocated bytes), the largest ops of each, and the allocator's own peak of that step."""
+    # The BFC allocator records every allocation in the trace on CPU; set before TensorFlow starts.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tempfile
+
+    import tensorflow as tf
+
+    import chain
+    from chain.pipeline import memory_trace, timeline
+    from chain.planning import memory
+
+    if a.warmup < 1:
+        raise SystemExit("--trace: --warmup must be at least 1 (the first step traces the function)")
+    run = chain.build(chain.compose(overrides(a, a.schedule, a.recompute) + a.extra))
+    if a.weights_late:  # the step as it was: a backward's weight products queued behind its input gradients
+        from chain.pipeline.step import e2e_step
+
+        st = run.strategy
+        st.set_step(e2e_step(run.stages, run.schedule, st.loss_fn(), st.target, recompute_policy=a.recompute,
+                             weights_early=False))
+    it = iter(run.batches())
+    for _ in range(a.warmup - 1):
+        run.step(*next(it))
+    devices = [s.device for s in run.stages]
+    with tempfile.TemporaryDirectory() as logdir:
+        # The last warm-up step is traced too, to name what a step leaves for the next (the
+        # iterator's next batch); the breakdown is the measured step's peak.
+        tf.profiler.experimental.start(logdir)
+        with tf.profiler.experimental.Trace(timeline.MARKER, step_num=0, _r=1):
+            run.step(*next(it))
+        memory.reset(devices)
+        with tf.profiler.experimental.Trace(timeline.MARKER, step_num=1, _r=1):
+            run.step(*next(it))
+        tf.profiler.experimental.stop()
+        peak = memory_trace.peak_of(logdir, step=1)
+    measured = max(memory.peak_bytes(d) or 0 for d in devices)
+    mib = 2.0 ** 20
+    print(f"{a.schedule} recompute={a.recompute}{' weights_early=False' if a.weights_late else ''}: allocator peak of the traced step {measured / mib:.2f} MiB, "
+          f"traced peak {peak.in_use / mib:.2f} MiB; weights {4 * sum(s.params for s in run.stages) / mib:.2f} MiB; "
+          f"estimate {sum(f.total for f in run.placement.footprints) / mib:.2f} MiB (chain.planning.footprint)")
+    print("\n".join(memory_trace.table(peak)))
+    for name in memory_trace.CATEGORIES[1:]:
+        ops = peak.by_op(name)
+        if ops:
+            top = ", ".join(f"{op} {r / mib:.2f}/{b / mib:.2f}" for op, (r, b) in list(ops.items())[:a.top])
+            print(f"  {name}: {len(ops)} ops; largest (requested/allocated MiB): {top}")
+
+
 def paired_times(a: argparse.Namespace) -> None:
     """Step time of each recompute policy against `never`, in one process: one chain, one step
     per policy over the same stages (`Strategy.set_step`), played in turn step by step, so each
@@ -381,15 +434,23 @@ def main() -> None:
     p.add_argument("--ablation", action="store_true", help="also measure without per-stage control dependencies")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--unchained", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--schedule", choices=SCHEDULES + SPLIT_AND_LOOPED, help=argparse.SUPPRESS)
-    p.add_argument("--recompute", choices=RECOMPUTE, default="never", help=argparse.SUPPRESS)
+    p.add_argument("--schedule", choices=SCHEDULES + SPLIT_AND_LOOPED, default="gpipe", help="--trace: the schedule")
+    p.add_argument("--recompute", choices=RECOMPUTE, default="never", help="--trace: the recompute policy")
     p.add_argument("--extra", action="append", default=[], help="one more override for the chain (repeatable), "
                    "e.g. --extra=placement.devices=[/GPU:0,/GPU:1]")
     p.add_argument("--paired", action="store_true", help="only step times of each recompute policy against never, "
                    "interleaved step by step in one process (--steps pairs)")
     p.add_argument("--no-recompute", action="store_true", help="leave out the pipeline.recompute rows")
     p.add_argument("--no-split-or-looped", action="store_true", help="leave out the zb1 and interleaved rows")
+    p.add_argument("--trace", action="store_true", help="only trace one step of --schedule/--recompute after "
+                   "warm-up and print what is live at its peak, by category (chain.pipeline.memory_trace)")
+    p.add_argument("--weights-late", action="store_true", help="--trace: the step without `weights_first`'s "
+                   "edges (chain.pipeline.step: weights_early=False), as it was before them")
+    p.add_argument("--top", type=int, default=4, help="--trace: how many of each category's largest ops to name")
     a = p.parse_args()
+    if a.trace:
+        trace(a)
+        return
     if a.worker:
         worker(a)
         return
