@@ -12,7 +12,10 @@ inside its stage's device scope:
   microbatches to the last stage, where the chain's loss is reported.
 - B(k, m): copy dL/d(output) from stage k+1 onto stage k's device (the last stage
   starts from its loss), `tape.gradient(output, [input] + variables,
-  output_gradients=g)`, and add the variable gradients to stage k's accumulator.
+  output_gradients=g)`, and add the variable gradients to stage k's accumulator. Each
+  layer's weight-gradient products run before the gradient goes on past the layer
+  (`weights_first`: control edges only), so a backward holds about one layer's gradient at a
+  time, not every layer's at once.
 
 With `pipeline.recompute` (`chain.steps.recompute`), F(k, m) of a recomputed microbatch runs
 without a tape and keeps only its input and the stage model's state; B(k, m) runs the
@@ -252,6 +255,17 @@ def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Ope
 _GRADIENT_SCOPE = "gradient_tape/"
 
 
+def summed_in_turn(sums: Sequence, done: Sequence[tf.Operation]) -> list[tf.Operation]:
+    """The ops of a W's running gradient sums not already in `done`, for the stage's next action to wait on.
+
+    Otherwise nothing reads a W's partial sum but the next W's addition, and Grappler's arithmetic
+    optimizer folds the stage's whole chain of additions into one AddN over every microbatch's
+    gradients: each W's weight gradients then stay alive until the stage's last W (the memory trace
+    of zb1 found 16 microbatches' worth, 33 MiB, at its peak; docs/benchmarks.md). An AddN adds its
+    inputs in order, as the chain does: the same bits."""
+    return [t.op for t in sums if isinstance(t, tf.Tensor) and t.op not in done]
+
+
 def _is_weight_product(op: tf.Operation, weight_grads: Sequence[tf.Tensor | None]) -> bool:
     return any(g is not None and isinstance(g, tf.Tensor) and g.op is op for g in weight_grads)
 
@@ -459,6 +473,8 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         grads = weight_gradients(s, targets, start, kept, kept_grads.pop((k, m)))
                         accumulated[k] = add_grads(accumulated[k], grads)
                     done_ops = [g.op for g in grads if g is not None]  # not the side branches tf.gradients leaves
+                    if weights_early:  # and the sums: see `summed_in_turn`
+                        done_ops += summed_in_turn(accumulated[k], done_ops)
                 if ordered:
                     ops = graph.get_operations()[first_op:] if done_ops is None else done_ops
                     previous[row] = [_done(ops, s.device)]
