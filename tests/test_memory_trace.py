@@ -67,3 +67,27 @@ def test_a_profiled_function_shows_its_kept_tensor_live_at_the_peak(tmp_path):
     assert ops.get("s0_F0/Sin") == MIB, ops
     assert peak.breakdown()[mt.FORWARD_ACTIVATIONS][0] == MIB
     assert peak.breakdown()[mt.REPLAY_ACTIVATIONS][0] >= MIB  # the cosine (or the product, reusing it)
+
+
+def test_zb1_adds_each_ws_weight_gradients_to_the_sums_before_its_next_action(tmp_path):
+    """The trace of a zb1 step: at its peak no stage holds more than about one layer's weight gradients
+    besides the sums. Before `step.summed_in_turn`, Grappler folded each stage's additions into one AddN
+    after its last W, and every W's gradients lived until then (M-1 microbatches' worth per stage)."""
+    import tensorflow as tf
+
+    import chain
+
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", "pipeline.schedule=zb1", "pipeline.microbatches=4",
+                                     "model=mlp", "model.width=64", "model.depth=2", "optim=sgd", "data=synthetic",
+                                     "data.features=16", "data.batch_size=64", "data.samples=256",
+                                     "trainer.progress=false"]))
+    it = iter(run.batches())
+    run.step(*next(it))
+    tf.profiler.experimental.start(str(tmp_path))
+    run.step(*next(it))
+    tf.profiler.experimental.stop()
+    parts = mt.peak_of(str(tmp_path)).breakdown()
+    weights = 4 * sum(s.params for s in run.stages)
+    layer = 4 * (64 * 64 + 64)  # the largest layer's weights
+    assert parts[mt.GRADIENT_SUMS][0] >= weights - layer, (parts, weights)  # the sums are found
+    assert parts[mt.WEIGHT_GRADIENTS][0] <= 2 * layer, (parts, weights)
