@@ -5,6 +5,12 @@ pipeline.recompute=never|except_last|always, and their step times; zb1 and inter
     python scripts/bench_pipeline_memory.py                 # defaults below, 5 repeats
     python scripts/bench_pipeline_memory.py --repeats 3 --width 256
     python scripts/bench_pipeline_memory.py --extra='placement.devices=[/GPU:0,/GPU:1,/GPU:2,/GPU:3]'
+    python scripts/bench_pipeline_memory.py --trace --schedule gpipe --recompute always --width 256 --depth 8
+
+`--trace` measures nothing into the docs: it profiles one step after warm-up and prints what is live
+at that step's memory peak, by category, in requested and allocated bytes
+(`chain.pipeline.memory_trace`); `--weights-late` traces the step as it was before
+`chain.pipeline.step.weights_first` and `summed_in_turn`.
 
 Not a test: it prints medians and writes them to docs/benchmarks.md (its own section;
 other sections of that file are kept).
@@ -283,11 +289,10 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
         "summed over the stages: logical CPUs share one allocator, so the process's one peak is compared "
         "with the sum); issue 21's goal is within 25% of the measured peak.",
         "",
-        "1F1B saves less than the count of held microbatches suggests. Our reading (from "
-        "the sizes, not traced op by op): the weights, counted in the peak, are the same "
-        "for both, and GPipe peaks at the end of its forwards, before any gradient exists, "
-        "while 1F1B peaks in its steady state, with every stage's gradient accumulator "
-        "already allocated.",
+        "1F1B saves less than the count of held microbatches suggests: the weights, counted in the peak, "
+        "are the same for both, and (traced with `--trace`, docs/benchmarks.md) GPipe peaks as its first "
+        "backwards start, with few gradient sums allocated yet, while 1F1B peaks in its steady state, with "
+        "every stage's sums allocated; both also hold the input pipeline's prefetched batches (2-2.6 MiB here).",
         "",
     ]
     if all(s in results for s in SPLIT_AND_LOOPED):
@@ -385,7 +390,6 @@ def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> lis
     inputs = a.batch * (a.features + a.width * (a.stages - 1)) * 4  # every stage's input, all M microbatches
     never = act[("gpipe", "never")]
     one = never / m  # one microbatch's activations, every stage: what the replays rebuild if all run at once
-    grads = 4 * results[SCHEDULES[0]][0]["params"]  # one microbatch's weight gradients, before they are summed
     always = act[("gpipe", "always")]
     lines += [
         "",
@@ -394,10 +398,10 @@ def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> lis
         f"stage's, since each stage may replay one at the same moment). Measured: **{mib(always)} MiB** "
         f"({always / (never / m + one):.2f} of the goal). What `always` must keep is every stage's input "
         f"for every microbatch, {mib(inputs)} MiB here, and while replaying one microbatch's intermediates "
-        f"per stage ({mib(one)} MiB): {mib(inputs + one)} MiB in all; besides activations, a backward "
-        f"allocates one microbatch's weight gradients before adding them to the sums ({mib(grads)} MiB for "
-        f"all stages, counted by the estimate): {mib(inputs + one + grads)} MiB with them. "
-        f"With {a.depth} layers per stage a stage's input is "
+        f"per stage ({mib(one)} MiB): {mib(inputs + one)} MiB in all. The peak less weights and sums also "
+        f"counts what is not an activation (the input pipeline's batches) and leaves out sums GPipe `never` "
+        f"has not allocated at its peak: what is live at the peak, tensor by tensor, is `--trace`'s "
+        f"(docs/benchmarks.md). With {a.depth} layers per stage a stage's input is "
         f"about 1/{a.depth + 1} of the layer outputs it would keep; the goal can hold only where that share "
         f"is near 1/M or less.",
         "",
