@@ -240,13 +240,14 @@ def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Ope
         w = g.op
         while w.type == "Identity" and w.inputs and w.inputs[0].op in mine:  # the product behind a pass-through
             w = w.inputs[0].op
-        ancestors = _ancestors(w, mine)
-        for t in w.inputs:
-            if t.op not in mine or not t.op.name.startswith(_GRADIENT_SCOPE):
-                continue  # only a gradient: an activation's other readers are the forward, before W
-            for c in t.consumers():
-                if c is w or c not in mine or c in ancestors or w in c.control_inputs or _is_weight_product(c, weight_grads):
-                    continue
+        # The other readers of the gradients it reads (an activation's other readers are the forward's).
+        gradients = [t for t in w.inputs if t.op in mine and t.op.name.startswith(_GRADIENT_SCOPE)]
+        later = list(dict.fromkeys(c for t in gradients for c in t.consumers()
+                                   if c is not w and c in mine and w not in c.control_inputs
+                                   and not _is_weight_product(c, weight_grads)))
+        ancestors = _ancestors(w, mine) if later else set()
+        for c in later:
+            if c not in ancestors:
                 c._add_control_input(w)  # noqa: SLF001  (the graph is still being built)
                 added += 1
     return added
@@ -304,7 +305,8 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     `recompute_policy` (`pipeline.recompute`): which microbatches keep only their input and run
     their forward again in their backward (`chain.steps.recompute`). `weights_early=False` leaves out
     the edges that make a backward compute each layer's weight gradients before going on past it
-    (`weights_first`; an ablation: the step as it was before them, the same values).
+    (`weights_first`) and a W's stage wait for its gradient sums (`summed_in_turn`): an ablation,
+    the step as it was before them, with the same values and more memory held.
     """
     play = e2e_play(stages, schedule, loss, target, grad_accum, jit_compile, ordered, release, recompute_policy,
                     weights_early=weights_early)
