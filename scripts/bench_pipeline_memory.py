@@ -5,6 +5,12 @@ pipeline.recompute=never|except_last|always, and their step times; zb1 and inter
     python scripts/bench_pipeline_memory.py                 # defaults below, 5 repeats
     python scripts/bench_pipeline_memory.py --repeats 3 --width 256
     python scripts/bench_pipeline_memory.py --extra='placement.devices=[/GPU:0,/GPU:1,/GPU:2,/GPU:3]'
+    python scripts/bench_pipeline_memory.py --trace --schedule gpipe --recompute always --width 256 --depth 8
+
+`--trace` measures nothing into the docs: it profiles one step after warm-up and prints what is live
+at that step's memory peak, by category, in requested and allocated bytes
+(`chain.pipeline.memory_trace`); `--weights-late` traces the step as it was before
+`chain.pipeline.step.weights_first` and `summed_in_turn`.
 
 Not a test: it prints medians and writes them to docs/benchmarks.md (its own section;
 other sections of that file are kept).
@@ -83,6 +89,59 @@ def worker(a: argparse.Namespace) -> None:
     estimate = [f.total for f in run.placement.footprints]  # chain.planning.footprint, before training
     print(json.dumps({"peak_bytes": max(peaks), "stage_peaks": peaks, "seconds_per_step": seconds, "params": params,
                       "estimate_bytes": sum(estimate), "stage_estimates": estimate}))
+
+
+def trace(a: argparse.Namespace) -> None:
+    """What is live at the peak of one step (`--schedule`, `--recompute`), tensor by tensor: the
+    chain's warm-up steps, then one step under TensorFlow's profiler, whose allocator events
+    `chain.pipeline.memory_trace` reads back. Prints the breakdown by category (requested and
+    allocated bytes), the largest ops of each, and the allocator's own peak of that step."""
+    # The BFC allocator records every allocation in the trace on CPU; set before TensorFlow starts.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tempfile
+
+    import tensorflow as tf
+
+    import chain
+    from chain.pipeline import memory_trace, timeline
+    from chain.planning import memory
+
+    if a.warmup < 1:
+        raise SystemExit("--trace: --warmup must be at least 1 (the first step traces the function)")
+    run = chain.build(chain.compose(overrides(a, a.schedule, a.recompute) + a.extra))
+    if a.weights_late:  # the step as it was: a backward's weight products queued behind its input gradients
+        from chain.pipeline.step import e2e_step
+
+        st = run.strategy
+        st.set_step(e2e_step(run.stages, run.schedule, st.loss_fn(), st.target, recompute_policy=a.recompute,
+                             weights_early=False))
+    it = iter(run.batches())
+    for _ in range(a.warmup - 1):
+        run.step(*next(it))
+    devices = [s.device for s in run.stages]
+    with tempfile.TemporaryDirectory() as logdir:
+        # The last warm-up step is traced too, to name what a step leaves for the next (the
+        # iterator's next batch); the breakdown is the measured step's peak.
+        tf.profiler.experimental.start(logdir)
+        with tf.profiler.experimental.Trace(timeline.MARKER, step_num=0, _r=1):
+            run.step(*next(it))
+        memory.reset(devices)
+        with tf.profiler.experimental.Trace(timeline.MARKER, step_num=1, _r=1):
+            run.step(*next(it))
+        tf.profiler.experimental.stop()
+        peak = memory_trace.peak_of(logdir, step=1)
+    measured = max(memory.peak_bytes(d) or 0 for d in devices)
+    mib = 2.0 ** 20
+    print(f"{a.schedule} recompute={a.recompute}{' weights_early=False' if a.weights_late else ''}: allocator peak of the traced step {measured / mib:.2f} MiB, "
+          f"traced peak {peak.in_use / mib:.2f} MiB; weights {4 * sum(s.params for s in run.stages) / mib:.2f} MiB; "
+          f"estimate {sum(f.total for f in run.placement.footprints) / mib:.2f} MiB (chain.planning.footprint)")
+    print("\n".join(memory_trace.table(peak)))
+    for name in memory_trace.CATEGORIES[1:]:
+        ops = peak.by_op(name)
+        if ops:
+            top = ", ".join(f"{op} {r / mib:.2f}/{b / mib:.2f}" for op, (r, b) in list(ops.items())[:a.top])
+            print(f"  {name}: {len(ops)} ops; largest (requested/allocated MiB): {top}")
 
 
 def paired_times(a: argparse.Namespace) -> None:
@@ -230,11 +289,10 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
         "summed over the stages: logical CPUs share one allocator, so the process's one peak is compared "
         "with the sum); issue 21's goal is within 25% of the measured peak.",
         "",
-        "1F1B saves less than the count of held microbatches suggests. Our reading (from "
-        "the sizes, not traced op by op): the weights, counted in the peak, are the same "
-        "for both, and GPipe peaks at the end of its forwards, before any gradient exists, "
-        "while 1F1B peaks in its steady state, with every stage's gradient accumulator "
-        "already allocated.",
+        "1F1B saves less than the count of held microbatches suggests: the weights, counted in the peak, "
+        "are the same for both, and (traced with `--trace`, docs/benchmarks.md) GPipe peaks as its first "
+        "backwards start, with few gradient sums allocated yet, while 1F1B peaks in its steady state, with "
+        "every stage's sums allocated; both also hold the input pipeline's prefetched batches (2-2.6 MiB here).",
         "",
     ]
     if all(s in results for s in SPLIT_AND_LOOPED):
@@ -332,7 +390,6 @@ def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> lis
     inputs = a.batch * (a.features + a.width * (a.stages - 1)) * 4  # every stage's input, all M microbatches
     never = act[("gpipe", "never")]
     one = never / m  # one microbatch's activations, every stage: what the replays rebuild if all run at once
-    grads = 4 * results[SCHEDULES[0]][0]["params"]  # one microbatch's weight gradients, before they are summed
     always = act[("gpipe", "always")]
     lines += [
         "",
@@ -341,10 +398,10 @@ def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> lis
         f"stage's, since each stage may replay one at the same moment). Measured: **{mib(always)} MiB** "
         f"({always / (never / m + one):.2f} of the goal). What `always` must keep is every stage's input "
         f"for every microbatch, {mib(inputs)} MiB here, and while replaying one microbatch's intermediates "
-        f"per stage ({mib(one)} MiB): {mib(inputs + one)} MiB in all; besides activations, a backward "
-        f"allocates one microbatch's weight gradients before adding them to the sums ({mib(grads)} MiB for "
-        f"all stages, counted by the estimate): {mib(inputs + one + grads)} MiB with them. "
-        f"With {a.depth} layers per stage a stage's input is "
+        f"per stage ({mib(one)} MiB): {mib(inputs + one)} MiB in all. The peak less weights and sums also "
+        f"counts what is not an activation (the input pipeline's batches) and leaves out sums GPipe `never` "
+        f"has not allocated at its peak: what is live at the peak, tensor by tensor, is `--trace`'s "
+        f"(docs/benchmarks.md). With {a.depth} layers per stage a stage's input is "
         f"about 1/{a.depth + 1} of the layer outputs it would keep; the goal can hold only where that share "
         f"is near 1/M or less.",
         "",
@@ -381,15 +438,23 @@ def main() -> None:
     p.add_argument("--ablation", action="store_true", help="also measure without per-stage control dependencies")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--unchained", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--schedule", choices=SCHEDULES + SPLIT_AND_LOOPED, help=argparse.SUPPRESS)
-    p.add_argument("--recompute", choices=RECOMPUTE, default="never", help=argparse.SUPPRESS)
+    p.add_argument("--schedule", choices=SCHEDULES + SPLIT_AND_LOOPED, default="gpipe", help="--trace: the schedule")
+    p.add_argument("--recompute", choices=RECOMPUTE, default="never", help="--trace: the recompute policy")
     p.add_argument("--extra", action="append", default=[], help="one more override for the chain (repeatable), "
                    "e.g. --extra=placement.devices=[/GPU:0,/GPU:1]")
     p.add_argument("--paired", action="store_true", help="only step times of each recompute policy against never, "
                    "interleaved step by step in one process (--steps pairs)")
     p.add_argument("--no-recompute", action="store_true", help="leave out the pipeline.recompute rows")
     p.add_argument("--no-split-or-looped", action="store_true", help="leave out the zb1 and interleaved rows")
+    p.add_argument("--trace", action="store_true", help="only trace one step of --schedule/--recompute after "
+                   "warm-up and print what is live at its peak, by category (chain.pipeline.memory_trace)")
+    p.add_argument("--weights-late", action="store_true", help="--trace: the step without `weights_first`'s "
+                   "edges (chain.pipeline.step: weights_early=False), as it was before them")
+    p.add_argument("--top", type=int, default=4, help="--trace: how many of each category's largest ops to name")
     a = p.parse_args()
+    if a.trace:
+        trace(a)
+        return
     if a.worker:
         worker(a)
         return

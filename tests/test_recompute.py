@@ -142,3 +142,30 @@ def test_recomputation_adds_one_forward_on_each_stage_before_the_last_and_none_o
         assert always[("B", k)] == never[("B", k)] + never[("F", k)], (k, never, always)
     assert always.get(("F", last), 0) + always[("B", last)] == never[("F", last)] + never[("B", last)], (never, always)
     assert always.get(("F", last), 0) == (never[("F", last)] if last_forwards == "in F" else 0), always
+
+
+def test_a_backward_computes_each_layers_weight_gradients_before_going_on_past_it_with_the_same_bits(mlp):
+    """`step.weights_first`: the product that carries a layer's gradient on to its input waits for that
+    layer's weight product, so a backward does not hold every layer's gradient at once (the memory trace
+    of GPipe `always`, docs/benchmarks.md). Only the order changes: the same bits as without the edges."""
+    run, st = mlp.run, mlp.run.strategy
+    plan = schedules.build("gpipe", len(run.stages), 4)
+
+    def waits(early: bool) -> list[bool]:
+        st.set_step(e2e_step(run.stages, plan, st.loss_fn(), st.target, recompute_policy="always", weights_early=early))
+        ops = {op.name: op for op in run.trace(*mlp.batches[0]).graph.get_operations()}
+        # TensorFlow's MatMul gradient: `.../MatMul` the input's gradient, `.../MatMul_1` the kernel's
+        return [ops[name[:-len("MatMul")] + "MatMul_1"] in op.control_inputs for name, op in ops.items()
+                if name.startswith("gradient_tape/") and name.endswith("/MatMul/MatMul")
+                and name[:-len("MatMul")] + "MatMul_1" in ops]
+
+    early, late = waits(True), waits(False)
+    assert early and all(early), early
+    assert not any(late), late
+    played = {}
+    for flag in (True, False):
+        for v, value in zip(mlp.variables, mlp.start):
+            v.assign(value)
+        st.set_step(e2e_step(run.stages, plan, st.loss_fn(), st.target, recompute_policy="always", weights_early=flag))
+        played[flag] = ([run.step(*b)["loss"] for b in mlp.batches], [v.numpy() for v in mlp.variables])
+    mlp.assert_equal(played[True], played[False])

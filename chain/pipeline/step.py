@@ -12,7 +12,10 @@ inside its stage's device scope:
   microbatches to the last stage, where the chain's loss is reported.
 - B(k, m): copy dL/d(output) from stage k+1 onto stage k's device (the last stage
   starts from its loss), `tape.gradient(output, [input] + variables,
-  output_gradients=g)`, and add the variable gradients to stage k's accumulator.
+  output_gradients=g)`, and add the variable gradients to stage k's accumulator. Each
+  layer's weight-gradient products run before the gradient goes on past the layer
+  (`weights_first`: control edges only), so a backward holds about one layer's gradient at a
+  time, not every layer's at once.
 
 With `pipeline.recompute` (`chain.steps.recompute`), F(k, m) of a recomputed microbatch runs
 without a tape and keeps only its input and the stage model's state; B(k, m) runs the
@@ -215,10 +218,76 @@ def weight_gradients(stage: Stage, targets, start, kept: Sequence[Kept] | None,
     return total
 
 
+def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Operation]) -> int:
+    """Make each layer's weight-gradient products run before the backward goes on past the layer:
+    every other consumer of a gradient that a weight's gradient reads (the product that carries the
+    gradient on to the layer's input) waits for that weight's gradient. Returns the edges added.
+
+    Without it the executor runs the chain of input-gradient products first, the backward's
+    critical path, and leaves the weight products queued behind it: every layer's output gradient
+    and the activation its weight product reads then stay alive at once, as the memory trace of
+    GPipe `always` shows (`chain.pipeline.memory_trace`, docs/benchmarks.md: 5-6 layers' gradients
+    per stage at the peak). With the edges a backward holds about one layer's gradient at a time.
+    Only the order changes: the same ops on the same inputs, so the same bits. `ops` are the ops of
+    the backward (the action's, from its first); an edge that would close a cycle is left out."""
+    mine = set(ops)
+    if not mine:
+        return 0
+    added = 0
+    for g in weight_grads:
+        if g is None or not isinstance(g, tf.Tensor) or g.op not in mine:
+            continue
+        w = g.op
+        while w.type == "Identity" and w.inputs and w.inputs[0].op in mine:  # the product behind a pass-through
+            w = w.inputs[0].op
+        # The other readers of the gradients it reads (an activation's other readers are the forward's).
+        gradients = [t for t in w.inputs if t.op in mine and t.op.name.startswith(_GRADIENT_SCOPE)]
+        later = list(dict.fromkeys(c for t in gradients for c in t.consumers()
+                                   if c is not w and c in mine and w not in c.control_inputs
+                                   and not _is_weight_product(c, weight_grads)))
+        ancestors = _ancestors(w, mine) if later else set()
+        for c in later:
+            if c not in ancestors:
+                c._add_control_input(w)  # noqa: SLF001  (the graph is still being built)
+                added += 1
+    return added
+
+
+_GRADIENT_SCOPE = "gradient_tape/"
+
+
+def summed_in_turn(sums: Sequence, done: Sequence[tf.Operation]) -> list[tf.Operation]:
+    """The ops of a W's running gradient sums not already in `done`, for the stage's next action to wait on.
+
+    Otherwise nothing reads a W's partial sum but the next W's addition, and Grappler's arithmetic
+    optimizer folds the stage's whole chain of additions into one AddN over every microbatch's
+    gradients: each W's weight gradients then stay alive until the stage's last W (the memory trace
+    of zb1 found 16 microbatches' worth, 33 MiB, at its peak; docs/benchmarks.md). The results were
+    bit for bit those of the folded sum in every case checked (`tests/test_pipeline.py`, and zb1
+    with dropout and Adam at M = 2 and 4)."""
+    return [t.op for t in sums if isinstance(t, tf.Tensor) and t.op not in done]
+
+
+def _is_weight_product(op: tf.Operation, weight_grads: Sequence[tf.Tensor | None]) -> bool:
+    return any(g is not None and isinstance(g, tf.Tensor) and g.op is op for g in weight_grads)
+
+
+def _ancestors(op: tf.Operation, within: set) -> set:
+    """The ops of `within` that `op` depends on, through data and control edges."""
+    seen, todo = set(), [op]
+    while todo:
+        o = todo.pop()
+        for p in [t.op for t in o.inputs] + list(o.control_inputs):
+            if p in within and p not in seen:
+                seen.add(p)
+                todo.append(p)
+    return seen
+
+
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
-             clip_global_norm: float | None = None, batch_norm: str = "microbatch", recompute_policy: str = NEVER
-             ) -> Callable:
+             clip_global_norm: float | None = None, batch_norm: str = "microbatch", recompute_policy: str = NEVER,
+             weights_early: bool = True) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
     gradient norm: `Layout.chain`).
@@ -235,9 +304,13 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     `batch_norm="deferred"` updates every BatchNormalization layer's moving statistics once,
     from the whole batch, in each stage's update (`chain.steps.deferred_norm`).
     `recompute_policy` (`pipeline.recompute`): which microbatches keep only their input and run
-    their forward again in their backward (`chain.steps.recompute`).
+    their forward again in their backward (`chain.steps.recompute`). `weights_early=False` leaves out
+    the edges that make a backward compute each layer's weight gradients before going on past it
+    (`weights_first`) and a W's stage wait for its gradient sums (`summed_in_turn`): an ablation,
+    the step as it was before them, with the same values and more memory held.
     """
-    play = e2e_play(stages, schedule, loss, target, grad_accum, jit_compile, ordered, release, recompute_policy)
+    play = e2e_play(stages, schedule, loss, target, grad_accum, jit_compile, ordered, release, recompute_policy,
+                    weights_early=weights_early)
     updates = [stage_update(s, jit_compile) for s in stages]
     deferred = Deferred(stages) if batch_norm == "deferred" else None
 
@@ -261,7 +334,7 @@ class Played:
 
 def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
-             recompute_policy: str = NEVER, replica: int = 0) -> Callable:
+             recompute_policy: str = NEVER, replica: int = 0, weights_early: bool = True) -> Callable:
     """`play(x, ys) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
     pipeline (`chain.pipeline.replicas`) plays it once per copy (`replica`: its actions' scopes say
     which, `Action.scope`) and averages the gradients over the copies first."""
@@ -382,6 +455,8 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         if k > 0:
                             input_grads[(k, m)] = grads[0]
                             grads = grads[1:]
+                        if weights_early and not jit_compile:  # compiled: one call op, no products to order
+                            weights_first(grads, graph.get_operations()[first_op:])
                         accumulated[k] = add_grads(accumulated[k], grads)
                 elif kind == BACKWARD:  # split: the input's gradient now, and the gradients at each kept output
                     tape, h, out, scaled_reg, kept = saved[(k, m)]
@@ -401,6 +476,8 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                         grads = weight_gradients(s, targets, start, kept, kept_grads.pop((k, m)))
                         accumulated[k] = add_grads(accumulated[k], grads)
                     done_ops = [g.op for g in grads if g is not None]  # not the side branches tf.gradients leaves
+                    if weights_early:  # and the sums: see `summed_in_turn`
+                        done_ops += summed_in_turn(accumulated[k], done_ops)
                 if ordered:
                     ops = graph.get_operations()[first_op:] if done_ops is None else done_ops
                     previous[row] = [_done(ops, s.device)]
