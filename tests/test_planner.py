@@ -437,18 +437,18 @@ WIDE = ["+stages=2", "mode=e2e", "pipeline.schedule=gpipe", "pipeline.microbatch
 
 
 def test_a_plan_over_a_logical_gpus_limit_is_refused_before_training():
-    """Two logical GPUs of 200 and 300 MiB on a synthetic 16 GB card: stage 0 (about 229 MB with GPipe's two
-    microbatches held) is over its 200 MiB; the line names it, its device and limit, and the change that fits."""
+    """Two logical GPUs of 170 and 300 MiB on a synthetic 16 GB card: stage 0 (about 195 MB with GPipe's two
+    microbatches held) is over its 170 MiB; the line names it, its device and limit, and the change that fits."""
     inv = Inventory.of(1, 16 * GB)
     with pytest.raises(DeviceError) as e:
-        prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[200,300]"]), inv)
+        prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[170,300]"]), inv)
     line = str(e.value)
     assert "\n" not in line
     assert re.match(r"stage 0 needs about [\d.]+ MB on /device:GPU:0 \(weights .*activations .* \(2 microbatches "
-                    r"held\).*\), more than its 210 MB \(its memory limit, 200 MiB", line), line
+                    r"held\).*\), more than its 178 MB \(its memory limit, 170 MiB", line), line
     assert "it would fit with pipeline.recompute=always (about" in line and "pipeline.microbatches=4" not in line, line
-    fits = prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[200,300]", "pipeline.recompute=always"]), inv)
-    assert fits.placement.footprints[0].total <= 200 << 20 < prepare(chain.compose(WIDE), inv).placement.footprints[0].total
+    fits = prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[170,300]", "pipeline.recompute=always"]), inv)
+    assert fits.placement.footprints[0].total <= 170 << 20 < prepare(chain.compose(WIDE), inv).placement.footprints[0].total
     whole = prepare(chain.compose(WIDE), Inventory.of(2, 16 * GB))  # a card each: the same chain fits
     assert [f.held for f in whole.placement.footprints] == [2, 2]
 
@@ -464,6 +464,11 @@ def test_the_estimate_counts_what_the_schedule_holds_and_the_optimizer():
     assert gpipe[0].weights == 4 * params and gpipe[0].optimizer == 0 and adam[0].optimizer == 2 * 4 * params
     micro = 2048 // 4
     assert gpipe[0].activations == 4 * (4 * 2048 * micro * 4) + 2048 * micro * 4  # 4 layers' outputs x 4 held
+    # A backward holds one layer's weight gradients at a time (step.weights_first), compiled every layer's.
+    assert gpipe[0].gradients == 4 * params + 4 * (2048 * 2048 + 2048)
+    xla = prepare(chain.compose([*WIDE, "pipeline.microbatches=4", "trainer.jit_compile=true"]),
+                  Inventory.of(2, 16 * GB)).placement.footprints
+    assert xla[0].gradients == 2 * 4 * params
 
 
 def test_the_estimate_of_zb1_counts_the_output_gradients_held_between_b_and_w():

@@ -47,15 +47,21 @@ class Replayer:
         for v, value in zip(self.variables, self.start):
             v.assign(value)
         st, run = self.run.strategy, self.run
-        st.set_step(e2e_step(run.stages, schedules.build(schedule, len(run.stages), m), st.loss_fn(), st.target,
+        st.set_step(e2e_step(run.stages, self.plan(schedule, m), st.loss_fn(), st.target,
                              jit_compile=run.settings.trainer.jit_compile, recompute_policy=policy))
         losses = [run.step(*b)["loss"] for b in self.batches]
         return losses, [v.numpy() for v in self.variables]
 
+    def plan(self, schedule: str, m: int) -> schedules.Schedule:
+        """The built-in `schedule` with `m` microbatches over this chain (interleaved: stage k on device
+        k mod the devices the stages use)."""
+        devices = len({s.device for s in self.run.stages})
+        return schedules.build(schedule, len(self.run.stages), m, devices if schedule == "interleaved" else None)
+
     def matmuls(self, schedule: str, m: int, policy: str) -> dict[tuple[str, int], int]:
         """How many MatMul ops a call of the step runs per (action kind, stage): the work, counted."""
         st, run = self.run.strategy, self.run
-        st.set_step(e2e_step(run.stages, schedules.build(schedule, len(run.stages), m), st.loss_fn(), st.target,
+        st.set_step(e2e_step(run.stages, self.plan(schedule, m), st.loss_fn(), st.target,
                              recompute_policy=policy))
         graph = run.trace(*self.batches[0]).graph
         alive = live_ops(graph)
@@ -97,6 +103,16 @@ def test_a_replay_without_the_models_state_draws_other_dropout_masks(mlp, monkey
     monkeypatch.setattr(pipeline_step, "replay", lambda model, saved, forward: forward())
     naive = mlp.play("gpipe", 4, "always")
     assert naive[0][0] != never[0][0] or any(not np.array_equal(a, b) for a, b in zip(naive[1], never[1]))
+
+
+def test_interleaved_stages_recompute_bit_for_bit_like_stages_that_keep_activations():
+    r = Replayer(chain.build(chain.compose([o.replace("+stages=2", "+stages=4") for o in BASE]
+                                           + ["pipeline.schedule=interleaved", "pipeline.virtual_stages=2"])))
+    assert len({s.device for s in r.run.stages}) == 2
+    assert sum(r.matmuls("interleaved", 4, "always").values()) > sum(r.matmuls("interleaved", 4, "never").values())
+    never = r.play("interleaved", 4, "never")
+    for policy in ("always", "except_last"):
+        r.assert_equal(r.play("interleaved", 4, policy), never)
 
 
 def test_recompute_with_float16_and_xla_matches_keeping_activations():

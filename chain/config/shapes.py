@@ -21,12 +21,14 @@ FLOAT_BYTES = 4  # weights, optimizer slots and activations are float32 (mixed p
 @dataclass(frozen=True)
 class StageShape:
     """One stage as the config describes it: what it takes, what it gives, its trainable parameters
-    (body plus head or read-out) and the floats of activation it keeps per example."""
+    (body plus head or read-out), the floats of activation it keeps per example, and its largest
+    layer's parameters."""
 
     input_shape: tuple[int, ...]
     output_shape: tuple[int, ...]
     params: int
     activations_per_example: int
+    largest_layer: int
 
 
 def body_shape(model: Model, input_shape: tuple[int, ...], where: str) -> tuple[int, ...]:
@@ -40,13 +42,13 @@ def body_shape(model: Model, input_shape: tuple[int, ...], where: str) -> tuple[
     return (model.width,)
 
 
-def body_params(model: Model, input_shape: tuple[int, ...]) -> int:
-    """Trainable parameters of a stage body (kernels and biases)."""
+def layer_params(model: Model, input_shape: tuple[int, ...]) -> list[int]:
+    """Trainable parameters of each layer of a stage body (kernel and bias)."""
     if isinstance(model, Conv):
         k2, f = model.kernel_size ** 2, model.filters
-        return (k2 * input_shape[-1] * f + f) + (model.depth - 1) * (k2 * f * f + f)
+        return [k2 * input_shape[-1] * f + f] + [k2 * f * f + f] * (model.depth - 1)
     w = model.width
-    return (math.prod(input_shape) * w + w) + (model.depth - 1) * (w * w + w)
+    return [math.prod(input_shape) * w + w] + [w * w + w] * (model.depth - 1)
 
 
 def body_activations(model: Model, output_shape: tuple[int, ...]) -> int:
@@ -78,11 +80,11 @@ def stage_shapes(stages, info: DataInfo, mode: str) -> list[StageShape | None]:
             shape = None
             continue
         output = body_shape(spec.model, shape, where)
-        params = body_params(spec.model, shape)
+        layers = layer_params(spec.model, shape)
         target = info.target(spec.target)
         if mode != "e2e" or k == len(stages) - 1:
-            params += readout_params(target, output)
-        out.append(StageShape(shape, output, params, body_activations(spec.model, output)))
+            layers.append(readout_params(target, output))
+        out.append(StageShape(shape, output, sum(layers), body_activations(spec.model, output), max(layers)))
         shape = output
     return out
 

@@ -6,8 +6,10 @@ activations make this an over-estimate):
 
 - weights, their gradient sums over the microbatches, and the optimizer's slots (Adam 2 per
   weight, SGD with momentum 1, plain SGD 0);
-- the backward's working set: one microbatch's weight gradients before they are added to the
-  sums, and the gradient arriving at the stage's output;
+- the backward's working set: weight gradients of one microbatch before they are added to the
+  sums (a pipeline's backward, not compiled, holds about one layer's at a time: its weight
+  products run before the gradient goes on past the layer, `chain.pipeline.step.weights_first`;
+  otherwise the whole stage's), and the gradient arriving at the stage's output;
 - activations: every layer output of a microbatch (what its tape keeps), times the
   microbatches the schedule holds at once on that stage (`held`: GPipe M on every stage, 1F1B
   min(M, K-k) on stage k, zb1 and interleaved what their action lists hold, `held_counts` in
@@ -40,12 +42,13 @@ NEVER = "never"
 class StageCost:
     """What a stage is made of, per example where it says so: its trainable parameters, the floats
     its layers output (what its tape keeps: every layer's output, the read-out's logits on the last
-    stage), the floats of its input and of its output."""
+    stage), the floats of its input and of its output, and its largest layer's parameters."""
 
     params: int
     activations_per_example: int
     input_per_example: int
     output_per_example: int
+    largest_layer: int
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Footprint:
     """One stage's estimated peak memory, in bytes, and its parts (`total` is their sum)."""
 
     weights: int
-    gradients: int  # the gradient sums over microbatches plus one microbatch's gradients in the backward
+    gradients: int  # the gradient sums over microbatches plus the backward's weight gradients not yet added
     optimizer: int
     activations: int  # layer outputs held (or, recomputed, one microbatch's) and the gradient at the output
     inputs: int  # the stage's inputs held (the whole batch on the first stage, the labels on the last)
@@ -67,7 +70,7 @@ class Footprint:
 
 def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompute: str = NEVER,
              first: bool = False, last: bool = False, batch: int = 0, label_floats: int = 1,
-             own_input: bool = True, output_gradients: int = 0) -> Footprint:
+             own_input: bool = True, output_gradients: int = 0, layer_by_layer: bool = False) -> Footprint:
     """A stage's `Footprint` (see the module's docstring).
 
     `slots`: optimizer floats per weight; `microbatch`: examples per microbatch; `held`: the
@@ -76,10 +79,12 @@ def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompu
     example); `batch`: examples per step on this stage; `own_input`: whether the stage's input
     is a buffer of its own (False for a later stage on a logical CPU device); `output_gradients`:
     the microbatches whose layer-output gradients a split schedule adds at its busiest moment
-    (`schedules.output_gradients_held`), each as large as its layer outputs.
+    (`schedules.output_gradients_held`), each as large as its layer outputs; `layer_by_layer`: the
+    backward holds one layer's weight gradients at a time (a pipeline's, not compiled), else every one.
     """
     b = FLOAT_BYTES
     weights = cost.params * b
+    working = (cost.largest_layer if layer_by_layer else cost.params) * b
     outputs = cost.activations_per_example * microbatch * b
     one_input = cost.input_per_example * microbatch * b
     kept_input = first or own_input or recompute != NEVER  # recomputed: the sender no longer keeps it
@@ -93,24 +98,27 @@ def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompu
         inputs += cost.input_per_example * batch * b
     if last:
         inputs += label_floats * batch * b
-    return Footprint(weights=weights, gradients=2 * weights, optimizer=slots * weights, activations=activations,
+    return Footprint(weights=weights, gradients=weights + working, optimizer=slots * weights, activations=activations,
                      inputs=inputs, held=held)
 
 
 def estimates(costs: Sequence[StageCost | None], *, slots: Sequence[int], batch: int, microbatches: int,
               held: Sequence[int], recompute: str = NEVER, own_inputs: bool = True, label_floats: int = 1,
-              chained: bool = True, output_gradients: Sequence[int] | None = None) -> list[Footprint | None]:
+              chained: bool = True, output_gradients: Sequence[int] | None = None,
+              layer_by_layer: bool = False) -> list[Footprint | None]:
     """Every stage's `Footprint` (None where its cost is unknown before it is built): `held[k]`
     microbatches of `batch // microbatches` examples on stage k, `slots[k]` optimizer floats per weight,
     `output_gradients[k]` more microbatches' layer-output gradients (a split schedule; None: none).
-    `chained=False` (mode=side_by_side): every stage takes the batch and has its labels."""
+    `chained=False` (mode=side_by_side): every stage takes the batch and has its labels;
+    `layer_by_layer`: see `estimate`."""
     micro = max(1, batch // max(1, microbatches))
     n = len(costs)
     extra = output_gradients or [0] * n
     return [None if c is None else
             estimate(c, slots=slots[k], microbatch=micro, held=held[k], recompute=recompute,
                      first=k == 0 or not chained, last=k == n - 1 or not chained, batch=batch,
-                     label_floats=label_floats, own_input=own_inputs, output_gradients=extra[k])
+                     label_floats=label_floats, own_input=own_inputs, output_gradients=extra[k],
+                     layer_by_layer=layer_by_layer)
             for k, c in enumerate(costs)]
 
 

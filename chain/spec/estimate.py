@@ -33,7 +33,7 @@ def stage_costs(s: Settings, info: DataInfo) -> list[StageCost | None]:
         head = s.mode != "e2e" or k == len(shapes) - 1
         logits = (info.target(stage.target).classes or 1) if head else 0
         out.append(StageCost(shape.params, shape.activations_per_example + logits, math.prod(shape.input_shape),
-                             math.prod(shape.output_shape)))
+                             math.prod(shape.output_shape), shape.largest_layer))
     return out
 
 
@@ -64,7 +64,8 @@ def from_costs(s: Settings, placement: Placement, costs: list[StageCost | None])
                      microbatches=s.pipeline.microbatches if e2e else 1, held=held(s),
                      output_gradients=output_gradients(s),
                      recompute=s.pipeline.recompute if e2e else "never",
-                     own_inputs=placement.kind == "GPU" or bool(placement.cluster), chained=s.mode != "side_by_side")
+                     own_inputs=placement.kind == "GPU" or bool(placement.cluster), chained=s.mode != "side_by_side",
+                     layer_by_layer=e2e and not s.trainer.jit_compile)  # chain.pipeline.step.weights_first
 
 
 def alternatives(s: Settings, info: DataInfo, placement: Placement) -> dict[str, list[Footprint | None]]:

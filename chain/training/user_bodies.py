@@ -111,7 +111,7 @@ def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, place
     """Each stage's estimated peak for a cut of `c` into `sizes` layers per stage (`chain.planning.footprint`)."""
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     params, outputs = c.params(), c.outputs()
-    costs = [footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b))
+    costs = [footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b), max(params[a:b]))
              for a, b in zip(bounds, bounds[1:])]
     return estimate.from_costs(settings, placement, costs)
 
