@@ -156,7 +156,7 @@ def cli(tmp_path):
 
 
 # Modules with the longest single tests (kill-and-resume loops, cluster workers, many CLI
-# processes). With `-n 4 --dist loadfile --no-loadscope-reorder` (the README's command) a
+# processes). With `-n 3 --dist loadfile --no-loadscope-reorder` (the README's command) a
 # worker takes whole modules in collection order, so starting with these keeps one of them
 # from running alone on one core after the other workers have finished.
 LONGEST_FIRST = ["test_cluster.py", "test_stress.py", "test_resume.py", "test_cli_faults.py", "test_user_models.py",
