@@ -27,7 +27,7 @@ the first microbatch's buffer: TensorFlow forwards an addition's input buffer to
 `breakdown` splits them: per stage and weight, the oldest live gradient is its sum, any later one a
 backward's gradient not yet added.
 
-No TensorFlow at import: `read_events` imports the protobuf reader when called.
+No TensorFlow at import: `read_events` reads the files through `chain.pipeline.timeline.trace_events`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from chain.pipeline.schedules import BACKWARD, FORWARD, GRADIENT_TAPE, WEIGHT, Action, update_of
-from chain.pipeline.timeline import MARKER, trace_files
+from chain.pipeline.timeline import trace_events, trace_files
 
 ALLOCATION = "MemoryAllocation"
 DEALLOCATION = "MemoryDeallocation"
@@ -127,37 +127,20 @@ def read_events(paths: Iterable[str]) -> tuple[list[MemoryEvent], dict[int, tupl
     """Every allocator event in the trace files `paths` (`trace_files(logdir)`), in time order, and
     each marked step's (start, end) in the events' time (`MARKER` with its `step_num`, as
     `chain.training.profile` marks a step)."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
     events, steps = [], {}
-    for path in paths:
-        space = xplane_pb2.XSpace()
-        with open(path, "rb") as f:
-            space.ParseFromString(f.read())
-        for plane in space.planes:
-            names = {k: v.name for k, v in plane.stat_metadata.items()}
-            kinds = {k: v.name for k, v in plane.event_metadata.items()}
-            for line in plane.lines:
-                for e in line.events:
-                    kind = kinds.get(e.metadata_id)
-                    if kind == MARKER:
-                        number = [x.int64_value or x.uint64_value for x in e.stats
-                                  if names.get(x.metadata_id) == "step_num"]
-                        start = line.timestamp_ns * 1000 + e.offset_ps
-                        if number:
-                            steps[number[0]] = (start, start + e.duration_ps)
-                    if kind not in (ALLOCATION, DEALLOCATION):
-                        continue
-                    # String stats are references into the stat metadata's names.
-                    stats = {names.get(s.metadata_id): (names.get(s.ref_value, "") if s.ref_value
-                                                        else s.str_value or s.int64_value or s.uint64_value)
-                             for s in e.stats}
-                    events.append(MemoryEvent(
-                        allocated=kind == ALLOCATION, time_ps=line.timestamp_ns * 1000 + e.offset_ps,
-                        addr=int(stats.get("addr") or 0), requested=int(stats.get("requested_bytes") or 0),
-                        chunk=int(stats.get("allocation_bytes") or 0), in_use=int(stats.get("bytes_allocated") or 0),
-                        op=str(stats.get("tf_op") or ""), shape=str(stats.get("shape") or ""),
-                        region=str(stats.get("region_type") or "")))
+    for t in trace_events(paths):
+        number = t.step_number()
+        if number is not None:
+            steps[number] = (t.start_ps, t.start_ps + t.event.duration_ps)
+        if t.name not in (ALLOCATION, DEALLOCATION):
+            continue
+        stats = t.stats()
+        events.append(MemoryEvent(
+            allocated=t.name == ALLOCATION, time_ps=t.start_ps,
+            addr=int(stats.get("addr") or 0), requested=int(stats.get("requested_bytes") or 0),
+            chunk=int(stats.get("allocation_bytes") or 0), in_use=int(stats.get("bytes_allocated") or 0),
+            op=str(stats.get("tf_op") or ""), shape=str(stats.get("shape") or ""),
+            region=str(stats.get("region_type") or "")))
     events.sort(key=lambda e: e.time_ps)
     return events, steps
 

@@ -233,9 +233,10 @@ def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Ope
     mine = set(ops)
     if not mine:
         return 0
+    products = {g.op for g in weight_grads if isinstance(g, tf.Tensor)}  # the ops that give a weight's gradient
     added = 0
     for g in weight_grads:
-        if g is None or not isinstance(g, tf.Tensor) or g.op not in mine:
+        if not isinstance(g, tf.Tensor) or g.op not in mine:
             continue
         w = g.op
         while w.type == "Identity" and w.inputs and w.inputs[0].op in mine:  # the product behind a pass-through
@@ -243,8 +244,7 @@ def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Ope
         # The other readers of the gradients it reads (an activation's other readers are the forward's).
         gradients = [t for t in w.inputs if t.op in mine and t.op.name.startswith(_GRADIENT_SCOPE)]
         later = list(dict.fromkeys(c for t in gradients for c in t.consumers()
-                                   if c is not w and c in mine and w not in c.control_inputs
-                                   and not _is_weight_product(c, weight_grads)))
+                                   if c is not w and c in mine and w not in c.control_inputs and c not in products))
         ancestors = _ancestors(w, mine) if later else set()
         for c in later:
             if c not in ancestors:
@@ -266,10 +266,6 @@ def summed_in_turn(sums: Sequence, done: Sequence[tf.Operation]) -> list[tf.Oper
     bit for bit those of the folded sum in every case checked (`tests/test_pipeline.py`, and zb1
     with dropout and Adam at M = 2 and 4)."""
     return [t.op for t in sums if isinstance(t, tf.Tensor) and t.op not in done]
-
-
-def _is_weight_product(op: tf.Operation, weight_grads: Sequence[tf.Tensor | None]) -> bool:
-    return any(g is not None and isinstance(g, tf.Tensor) and g.op is op for g in weight_grads)
 
 
 def _ancestors(op: tf.Operation, within: set) -> set:

@@ -35,7 +35,7 @@ interleave on the same cores: the trace shows order and placement, and a stage's
 includes time the threads spent on other stages' ops; only separate devices (GPUs, cluster
 workers) measure overlap. Events from different hosts are compared on their wall clocks.
 
-No TensorFlow at import: `read_trace` imports the protobuf reader when called.
+No TensorFlow at import: `trace_events` imports the protobuf reader when called.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from chain.planning import balance
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
@@ -123,33 +123,70 @@ def profile_start(space) -> int:
     return 0
 
 
-def read_trace(paths: Iterable[str]) -> tuple[list[OpEvent], dict[int, tuple[int, int]]]:
-    """The op events of the trace files `paths`, and each marked step's (start, end), in ns since
-    the epoch (each host's wall clock)."""
+@dataclass(frozen=True)
+class TraceEvent:
+    """One event of a trace file, as `trace_events` reads it: its `name`, the XEvent itself
+    (`event`), its line's timestamp (`line_ns`, from the file's start), its plane's stat names
+    (`names`, by metadata id), the host it came from (`source`) and the file's start (`origin_ns`,
+    ns since the epoch)."""
+
+    name: str
+    event: Any
+    line_ns: int
+    names: dict
+    source: str
+    origin_ns: int
+
+    @property
+    def start_ps(self) -> int:
+        """When it began, in ps from the file's start."""
+        return self.line_ns * 1000 + self.event.offset_ps
+
+    def stats(self) -> dict[str, Any]:
+        """Its stats by name; a string stat is a reference into the stat names (`ref_value`)."""
+        return {self.names.get(s.metadata_id): (self.names.get(s.ref_value, "") if s.ref_value
+                                                else s.str_value or s.int64_value or s.uint64_value)
+                for s in self.event.stats}
+
+    def step_number(self) -> int | None:
+        """The step a `MARKER` event marks (its `step_num` stat), else None."""
+        if self.name != MARKER:
+            return None
+        number = [s.int64_value or s.uint64_value for s in self.event.stats
+                  if self.names.get(s.metadata_id) == "step_num"]
+        return number[0] if number else None
+
+
+def trace_events(paths: Iterable[str]) -> Iterator[TraceEvent]:
+    """Every event of the trace files `paths`, file by file, plane by plane, line by line."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    events, steps = [], {}
     for path in paths:
         space = xplane_pb2.XSpace()
         with open(path, "rb") as f:
             space.ParseFromString(f.read())
-        source = source_of(path)
-        origin = profile_start(space)
+        source, origin = source_of(path), profile_start(space)
         for plane in space.planes:
-            stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+            names = {k: v.name for k, v in plane.stat_metadata.items()}
+            kinds = {k: v.name for k, v in plane.event_metadata.items()}
             for line in plane.lines:
                 for e in line.events:
-                    name = plane.event_metadata[e.metadata_id].name
-                    start = origin + line.timestamp_ns + e.offset_ps // 1000
-                    end = start + e.duration_ps // 1000
-                    if name == MARKER:
-                        number = [s.int64_value or s.uint64_value for s in e.stats
-                                  if stat_names.get(s.metadata_id) == "step_num"]
-                        if number:
-                            steps[number[0]] = (start, end)
-                    elif ":" in name:
-                        op, kind = name.rsplit(":", 1)
-                        events.append(OpEvent(op, kind, start, end, source))
+                    yield TraceEvent(kinds.get(e.metadata_id, ""), e, line.timestamp_ns, names, source, origin)
+
+
+def read_trace(paths: Iterable[str]) -> tuple[list[OpEvent], dict[int, tuple[int, int]]]:
+    """The op events of the trace files `paths`, and each marked step's (start, end), in ns since
+    the epoch (each host's wall clock)."""
+    events, steps = [], {}
+    for t in trace_events(paths):
+        start = t.origin_ns + t.start_ps // 1000
+        end = start + t.event.duration_ps // 1000
+        number = t.step_number()
+        if number is not None:
+            steps[number] = (start, end)
+        elif t.name != MARKER and ":" in t.name:
+            op, kind = t.name.rsplit(":", 1)
+            events.append(OpEvent(op, kind, start, end, t.source))
     return events, steps
 
 
