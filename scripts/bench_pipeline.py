@@ -380,7 +380,7 @@ def replicas_main(a) -> None:
             f"time(apart) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['apart', m], times['data', m])):.3f}, "
             f"time(owner) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['owner', m], times['data', m])):.3f}, "
             f"time(bf16) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['bf16', m], times['data', m])):.3f}, "
-            f"time(one) / (2 x time(half)) {statistics.median(o[0] / (2 * h[0]) for o, h in zip(one, times['half', m])):.3f}"
+            f"time(one) / (2 x time(half)) {statistics.median(o[0] / (2 * h[0]) for o, h in zip(times['one', m], times['half', m])):.3f}"
             for m in a.micro))
     if a.markdown:
         print("\n| case | K | R | M | scaling efficiency (all pairs) | quiet pairs | scaling efficiency (quiet) |")
