@@ -1,11 +1,12 @@
 """Stages on TensorFlow cluster workers (`python -m chain.worker`) on loopback: the same training as
 on local logical devices, a lost worker (killed or stopped) stops the client fast with one line, a
 resume after the worker is back is bit-exact, and an unreachable worker or an address that is not a
-TensorFlow server fails at once. The workers are always shut down (and continued), also when a
-test fails."""
+TensorFlow server fails at once; a traced run reads each worker's own trace. The workers are always
+shut down (and continued), also when a test fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,9 +15,10 @@ import time
 
 import pytest
 
+from chain.pipeline import timeline
 from chain.worker import LocalCluster, free_addresses
 from compare import assert_values_alike
-from conftest import manifest, run_cli, stage_values
+from conftest import manifest, read_summary, run_cli, stage_values
 from servers import FakeServer
 
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
@@ -25,8 +27,9 @@ MODES = {"e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"
 
 @pytest.fixture(scope="module")
 def cluster():
-    # four workers, started once: the 2 x 2 grid uses all four, every other test the first two
-    with LocalCluster(4) as started:
+    # four workers, started once: the 2 x 2 grid uses all four, every other test the first two; each also
+    # serves TensorFlow's profiler (for the traced run), which costs nothing until a run traces it
+    with LocalCluster(4, profile=True) as started:
         yield started
 
 
@@ -43,6 +46,14 @@ class Workers:
     @property
     def addresses(self) -> list[str]:
         return self.cluster.addresses[:self.n]
+
+    @property
+    def profile_option(self) -> str:
+        return f"cluster.profile_ports=[{','.join(map(str, self.profile_ports))}]"
+
+    @property
+    def profile_ports(self) -> list[int]:
+        return self.cluster.profile_ports[:self.n]
 
     @property
     def pids(self) -> list[int]:
@@ -311,6 +322,23 @@ def test_two_copies_of_two_stages_on_four_workers_train_like_the_same_grid_in_pr
     for k in range(2):
         assert_values_alike(stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
                             stage_values(tmp_path / "local", f"stage_{k:02d}"), rtol=1e-6)
+
+
+def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
+    """trainer.profile: each stage's actions come from its own worker's trace (the workers serve
+    TensorFlow's profiler)."""
+    run_dir = tmp_path / "run"
+    r = run_cli(tmp_path, *TINY, "mode=e2e", "pipeline.microbatches=2", "trainer.steps=4", "trainer.profile=[3,4]",
+                workers.option, workers.profile_option, f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr
+    hosts = [f"localhost_{p}" for p in workers.profile_ports]
+    with open(run_dir / "timeline.json") as f:
+        measured = json.load(f)
+    assert [s["step"] for s in measured["steps"]] == [3, 4] and all(s["complete"] for s in measured["steps"])
+    files = timeline.trace_files(str(run_dir / "tb" / "chain"))
+    assert set(hosts) <= {timeline.source_of(f) for f in files}  # each worker's trace, beside the client's
+    assert read_summary(run_dir)["measured_bubble_fraction"] is not None
+    assert "measured bubble fraction" in r.stdout + r.stderr
 
 
 def test_a_lost_worker_of_the_second_copy_stops_the_run_with_one_line(four_workers, tmp_path):

@@ -261,26 +261,6 @@ def test_bad_profile_settings_are_one_line_naming_the_key(overrides, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_cluster_run_is_traced_on_its_workers(tmp_path):
-    """Each stage's actions come from its own worker's trace (the workers serve TensorFlow's profiler)."""
-    from chain.worker import LocalCluster
-    from conftest import read_summary, run_cli
-
-    run_dir = tmp_path / "run"
-    with LocalCluster(2, profile=True) as workers:
-        r = run_cli(tmp_path, "+stages=2", "mode=e2e", "pipeline.microbatches=2", *SMALL, "trainer.steps=4",
-                    "trainer.profile=[3,4]", workers.option, workers.profile_option, f"hydra.run.dir={run_dir}")
-        assert r.returncode == 0, r.stderr
-        hosts = [f"localhost_{p}" for p in workers.profile_ports]
-    with open(run_dir / "timeline.json") as f:
-        measured = json.load(f)
-    assert [s["step"] for s in measured["steps"]] == [3, 4] and all(s["complete"] for s in measured["steps"])
-    files = timeline.trace_files(str(run_dir / "tb" / "chain"))
-    assert set(hosts) <= {timeline.source_of(f) for f in files}  # each worker's trace, beside the client's
-    assert read_summary(run_dir)["measured_bubble_fraction"] is not None
-    assert "measured bubble fraction" in r.stdout + r.stderr
-
-
 def test_a_mirrored_run_has_no_schedule_to_profile(tmp_path):
     cfg = chain.compose(["+stages=2", "mode=e2e", "placement.fallback=mirrored", *SMALL, "trainer.steps=2",
                          "trainer.profile=[1,1]"])
