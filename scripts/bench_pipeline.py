@@ -2,7 +2,7 @@
 
     python scripts/bench_pipeline.py                                   # K=2, M in 1 2 4 8 16, 5 repeats
     python scripts/bench_pipeline.py --micro 8 16 --min-quiet 8 --ablations before --markdown
-    python scripts/bench_pipeline.py --replicas --micro 8 --repeats 9  # data parallel x pipeline, 2 workers
+    python scripts/bench_pipeline.py --replicas --micro 8 16 32 --repeats 7  # data parallel x pipeline, 2 workers
 
 Not a test: it prints a table (`--markdown` also prints one for docs/benchmarks.md).
 
