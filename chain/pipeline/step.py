@@ -265,6 +265,7 @@ def summed_in_turn(sums: Sequence, done: Sequence[tf.Operation]) -> list[tf.Oper
     of zb1 found 16 microbatches' worth, 33 MiB, at its peak; docs/benchmarks.md). The results were
     bit for bit those of the folded sum in every case checked (`tests/test_pipeline.py`, and zb1
     with dropout and Adam at M = 2 and 4)."""
+    done = set(done)
     return [t.op for t in sums if isinstance(t, tf.Tensor) and t.op not in done]
 
 
