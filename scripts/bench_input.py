@@ -41,27 +41,33 @@ SHARDS, PER_SHARD = 8, 2048  # 16384 records per size: several epochs of batches
 
 
 def write_shards(root: str, width: int, classes: int, seed: int = 0) -> None:
-    """`SHARDS` files of `PER_SHARD` records {x: float32[width], y: int64 in [0, classes)}."""
+    """`SHARDS` files of `PER_SHARD` records {x: float32[width], y: int64 in [0, classes)}, and the
+    same records in one uncompressed `data.npz` (x, y)."""
     import numpy as np
     import tensorflow as tf
 
     os.makedirs(root, exist_ok=True)
     rng = np.random.default_rng(seed)
+    xs, ys = [], []
     for s in range(SHARDS):
         x = rng.random((PER_SHARD, width), dtype=np.float32)
         y = (x[:, 0] * classes).astype(np.int64)
+        xs.append(x)
+        ys.append(y)
         with tf.io.TFRecordWriter(os.path.join(root, f"part-{s:03d}.tfrecord")) as w:
             for row, label in zip(x, y):
                 f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
                      "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
                 w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+    np.savez(os.path.join(root, "data.npz"), x=np.concatenate(xs), y=np.concatenate(ys))
 
 
-def overrides(size: str, root: str, stream: bool) -> list[str]:
+def overrides(size: str, root: str, stream: bool, source: str = "tfrecord") -> list[str]:
     width, batch, floats = SIZES[size]
     model = [] if size == "default" else [f"model.width={width}"]
-    return [*model, "data=tfrecord", f"data.files={root}/*.tfrecord", "data.y=y", f"data.batch_size={batch}",
-            f"data.features={{x: 'float32[{floats}]', y: int64}}", "data.classes={label: 10}", "data.val_fraction=0",
+    data = (["data=npz", f"data.path={root}/data.npz", "data.x=x"] if source == "npz" else
+            ["data=tfrecord", f"data.files={root}/*.tfrecord", f"data.features={{x: 'float32[{floats}]', y: int64}}"])
+    return [*model, *data, "data.y=y", f"data.batch_size={batch}", "data.classes={label: 10}", "data.val_fraction=0",
             f"data.stream={str(stream).lower()}", "trainer.progress=false", "trainer.steps=1000000"]
 
 
@@ -86,11 +92,12 @@ def train_rate(run, calls: int) -> float:
     return calls * n / (time.perf_counter() - t0)
 
 
-def measure(size: str, repeats: int, calls: int, batches: int, root: str, rng: random.Random) -> dict:
+def measure(size: str, repeats: int, calls: int, batches: int, root: str, rng: random.Random,
+            source: str = "tfrecord") -> dict:
     """Per repeat: the stream alone and training, in memory and streamed (random order); the ratios."""
     import chain
 
-    runs = {s: chain.build(chain.compose(overrides(size, root, s))) for s in (False, True)}
+    runs = {s: chain.build(chain.compose(overrides(size, root, s, source))) for s in (False, True)}
     rates: dict[tuple[str, bool], list[float]] = {(k, s): [] for k in ("stream", "train") for s in (False, True)}
     for _ in range(repeats):
         order = [(k, s) for k in ("stream", "train") for s in (False, True)]
@@ -112,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=20, help="timed calls (of trainer.steps_per_call steps) per block")
     ap.add_argument("--batches", type=int, default=200, help="timed batches of the stream alone per block")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--source", choices=["tfrecord", "npz"], default="tfrecord",
+                    help="the files both runs read: TFRecord shards, or one uncompressed .npz of the same records")
     ap.add_argument("--markdown", action="store_true", help="print the table for docs/benchmarks.md")
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
@@ -121,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         for size in a.sizes.split(","):
             root = os.path.join(tmp, size)
             write_shards(root, SIZES[size][2], 10)
-            results[size] = measure(size, a.repeats, a.calls, a.batches, root, rng)
-    head = (f"{a.repeats} paired repeats; stream alone: {a.batches} batches a block; training: {a.calls} calls of 8 "
+            results[size] = measure(size, a.repeats, a.calls, a.batches, root, rng, a.source)
+    head = (f"{a.source}; {a.repeats} paired repeats; stream alone: {a.batches} batches a block; training: {a.calls} calls of 8 "
             f"steps a block; load before: {load}")
     if a.markdown:
         print(head + "\n")

@@ -183,11 +183,11 @@ def test_a_bad_record_mid_run_is_one_line_naming_its_file_and_keeps_the_last_che
 
 @pytest.mark.parametrize("chunk", [256, 16])  # record 40: in the first chunk, or 8 records into the third
 def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards, chunk, monkeypatch):
-    from chain.data import record_stream
+    from chain.data import chunks
     from chain.data.record_stream import bad_record, training
     from chain.data.sources.tfrecord_data import shards
 
-    monkeypatch.setattr(record_stream, "MAX_CHUNK", chunk)  # a chunk says its file and first record's number once
+    monkeypatch.setattr(chunks, "MAX_CHUNK", chunk)  # a chunk says its file and first record's number once
     s = small(bad_shards, "data.shuffle=false", "data.val_fraction=0", f"data.files={bad_shards}/part-002.tfrecord")
     files = shards(s.data)
     stream = iter(training(files, 8, False, 0))
@@ -570,6 +570,21 @@ def test_an_npz_stream_trains_reads_every_example_once_an_epoch_and_resumes_exac
     _resumes_exact(stream, tmp_path)
     val = np.concatenate([b[0].numpy() for b in array_stream.validation(files, 16)])
     assert np.array_equal(val, x[180:])
+
+
+def test_a_stream_saved_as_another_version_built_it_is_refused_in_one_line(npz_file, tmp_path, monkeypatch):
+    from chain.data import chunks
+    from chain.errors import CheckpointError
+
+    root, _ = npz_file
+    args = [*NPZ, f"data.path={root}/a.npz", "data.y=y", "data.classes={label: 2}", "checkpoint.every=2"]
+    chain.build(chain.compose([*args, "trainer.steps=2"]), run_dir=str(tmp_path)).fit()
+    batched = chunks.batched  # what another version of chain might build from the same settings (as the
+    monkeypatch.setattr("chain.data.array_stream.batched",  # stream before chunks did): examples one at a time
+                        lambda examples, *a: batched(examples.unbatch().batch(64), *a))
+    with pytest.raises(CheckpointError, match=r"^data/ckpt-2 holds the position of another input stream than this "
+                       r"run builds: .*another version of chain reads them differently\); resume with the version"):
+        chain.build(chain.compose([*args, "trainer.steps=4", "resume=true"]), run_dir=str(tmp_path)).fit()
 
 
 def test_a_compressed_npz_cannot_stream_one_line(npz_file):

@@ -3,8 +3,8 @@ records read from their files while training, never gathered into NumPy.
 
 Training: the file names, shuffled per epoch from `seed`; their records read several files at a
 time (`interleave`, in parallel, in a deterministic order) in chunks, each chunk parsed in one op;
-the chunks shuffled whole and permuted in groups of `shuffle_buffer` examples (`_mixed`), batches
-cut from them (`rebatch`) and prefetched. No stage handles one example at a time. Host memory
+the chunks shuffled whole and permuted in groups of `shuffle_buffer` examples, batches cut from
+them (`rebatch`) and prefetched (`chain.data.chunks`). No stage handles one example at a time. Host memory
 holds the buffers, not the data set. Every stage is checkpointable, so the iterator's state (file
 positions, the shuffle buffer's chunks, the group being cut, the batches read ahead) goes into
 every checkpoint as the in-memory stream's does, and a resumed run sees the batches it would have
@@ -22,33 +22,21 @@ import re
 
 import tensorflow as tf
 
+from chain.data.chunks import batched, chunk_rows, grouped, permuted
 from chain.data.shards import Shards
 from chain.errors import first_line
 
 CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
-CHUNK_BYTES = 1 << 16  # records parsed in one op, up to this many input bytes: a parse per record would
-MAX_CHUNK = 256        # make the stream the bottleneck for small examples, large chunks cost memory
 # Files read and chunks parsed at a time. Not AUTOTUNE: its buffers grow while a consumer pulls
 # fast (a group of data.shuffle_buffer examples) and every element they hold is in every checkpoint
 # (measured: 14 to 43 MB for the same stream, from one save to the next); the order is the same
 # either way (deterministic), and two keep both cores busy.
 PARALLEL = 2
-AHEAD = 2  # batches read ahead at least; not AUTOTUNE: its buffer grew from one save to the next (10, 16, 27 MB)
-
-
-def read_ahead(shards: Shards, batch: int) -> int:
-    """Batches of `batch` examples read ahead: a group's worth (`data.shuffle_buffer` examples, at
-    least `AHEAD` batches). The stream's work comes in bursts (a group read, parsed and permuted
-    once every `shuffle_buffer / batch` batches, `_mixed`); with two batches read ahead a short step
-    waited for that burst (the default model: 0.8x the in-memory run's steps/s), with a group's
-    worth the stream makes the next group while the steps take the batches read ahead. Every batch
-    read ahead is in every checkpoint: about `shuffle_buffer` examples more."""
-    return max(AHEAD, math.ceil(shards.shuffle_buffer / batch))
 
 
 def _chunk(shards: Shards) -> int:
-    """Records parsed in one op: 256 small ones, fewer large ones (64 KB of inputs at most)."""
-    return max(1, min(MAX_CHUNK, CHUNK_BYTES // (4 * math.prod(dict(shards.features)[shards.x][1]))))
+    """Records parsed in one op (`chain.data.chunks.chunk_rows` of the inputs' float32 values)."""
+    return chunk_rows(4 * math.prod(dict(shards.features)[shards.x][1]))
 
 
 MARK = "chain-bad-record"  # starts the assertion's data, so the host finds it in TensorFlow's message
@@ -159,28 +147,6 @@ def _kept(chunks: tf.data.Dataset, skip: tf.Variable | None) -> tf.data.Dataset:
     return chunks.map(keep).with_options(options)
 
 
-def _mixed(chunks: tf.data.Dataset, shards: Shards, chunk: int, seed: int) -> tf.data.Dataset:
-    """Parsed chunks, shuffled without an op per example (a per-example `unbatch`, `shuffle` and
-    `batch` made the stream 4 to 10x slower than training on small examples): the chunks pass a
-    shuffle buffer of about `data.shuffle_buffer` examples (whole chunks), are cut into groups of
-    `data.shuffle_buffer` examples (`rebatch`, no copy per example), and each group is permuted
-    by a stateless shuffle seeded from (`seed`, the group's number in the run). Deterministic
-    from `seed` and the files, different on every epoch (the files' order and the groups'
-    numbers change), and checkpointable: the numbering is `enumerate`'s counter, which the
-    iterator's state holds."""
-    buffer = shards.shuffle_buffer
-    chunks = chunks.shuffle(max(1, math.ceil(buffer / chunk)), seed=seed, reshuffle_each_iteration=True)
-
-    def permute(g, parsed):
-        x, ys, ok = parsed
-        order = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(ok)[0]),
-                                                          seed=tf.stack([tf.constant(seed, tf.int64), g]))
-        return tf.gather(x, order), {k: tf.gather(v, order) for k, v in ys.items()}, tf.gather(ok, order)
-
-    # Not a parallel map: it would hold several groups read ahead, each in every checkpoint.
-    return chunks.rebatch(buffer).enumerate().map(permute)
-
-
 def bad_record(error: BaseException, shards: Shards) -> str | None:
     """The one line for a bad record that stopped the stream of `shards` (naming the key whose glob
     matched its file), or None when `error` is not one."""
@@ -209,7 +175,7 @@ def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.V
     """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
     records are counted in `skipped` and left out (`skip_counter`), or stop it (None).
 
-    Every stage works on chunks of records, never on one example (`_mixed`): the batches are
+    Every stage works on chunks of records, never on one example (`chain.data.chunks`): the batches are
     cut from the chunks by `rebatch`. Without `shuffle` the records come in the files' order,
     a chunk of each file in turn.
 
@@ -225,14 +191,8 @@ def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.V
                                        num_parallel_calls=min(PARALLEL, cycle), deterministic=True)
     parsed = _parsed(chunks, shards, skipped)
     if shuffle:
-        parsed = _mixed(parsed, shards, chunk, seed)
-    # tf.data's own rewrites would make the sequential maps parallel and add prefetches with
-    # autotuned buffers: groups of data.shuffle_buffer examples read ahead, all in every checkpoint.
-    options = tf.data.Options()
-    options.experimental_optimization.map_parallelization = False
-    options.experimental_optimization.inject_prefetch = False
-    batches = _kept(parsed, skipped).rebatch(batch, drop_remainder=True)
-    return batches.prefetch(read_ahead(shards, batch)).with_options(options)
+        parsed = permuted(grouped(parsed, shards.shuffle_buffer, chunk, seed), seed)
+    return batched(_kept(parsed, skipped), batch, shards.shuffle_buffer)
 
 
 def replica_files(shards: Shards, replica: int, replicas: int) -> list[str]:

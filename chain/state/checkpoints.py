@@ -384,6 +384,12 @@ class Checkpoints:
             except AssertionError as e:
                 raise CheckpointError(f"{where} does not match the built chain ({name}): {reason(e, file=True)}") from None
             except (tf.errors.OpError, ValueError) as e:
+                if name == DATA_DIR and "dataset definition has not changed" in str(e):
+                    # TensorFlow's own words name the stages of the stream, not why they differ
+                    raise CheckpointError(
+                        f"{where} holds the position of another input stream than this run builds: the stream of "
+                        "these data settings changed since the run was saved (another version of chain reads them "
+                        "differently); resume with the version that started the run, or start a new run") from None
                 raise CheckpointError(f"{where} cannot be restored: {reason(e, file=True)}") from None
             held = self.identities[name].numpy().decode()
             if held and held != f"{self.run_id}/{name}" or int(self.steps[name].numpy()) != m["step"]:
