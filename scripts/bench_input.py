@@ -3,11 +3,13 @@
     python scripts/bench_input.py                      # default and large models, 5 repeats
     python scripts/bench_input.py --markdown           # the table for docs/benchmarks.md
     python scripts/bench_input.py --sizes default --repeats 3 --calls 20
+    python scripts/bench_input.py --source npz        # the same records in one .npz (or --source csv)
 
 Not a test: it prints medians of paired ratios. One process (two logical CPU devices, as every
-run on this machine); the data are TFRecord shards generated into a temporary directory, read
-whole into memory (`data.stream=false`) by one run and streamed (`data.stream=true`) by the
-other, so both train on the very same examples.
+run on this machine); the data are generated into a temporary directory (TFRecord shards, or with
+`--source` the same records in one uncompressed `.npz` or one CSV file), read whole into memory
+(`data.stream=false`) by one run and streamed (`data.stream=true`) by the other, so both train on
+the very same examples.
 
 (a) the stream alone: examples/second of `Run.batches()` iterated on the host (`next()`, no
     training), for the in-memory and the streamed source;
@@ -42,7 +44,7 @@ SHARDS, PER_SHARD = 8, 2048  # 16384 records per size: several epochs of batches
 
 def write_shards(root: str, width: int, classes: int, seed: int = 0) -> None:
     """`SHARDS` files of `PER_SHARD` records {x: float32[width], y: int64 in [0, classes)}, and the
-    same records in one uncompressed `data.npz` (x, y)."""
+    same records in one uncompressed `data.npz` (x, y) and in one `data.csv` (columns x0.., y)."""
     import numpy as np
     import tensorflow as tf
 
@@ -59,14 +61,20 @@ def write_shards(root: str, width: int, classes: int, seed: int = 0) -> None:
                 f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
                      "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
                 w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
-    np.savez(os.path.join(root, "data.npz"), x=np.concatenate(xs), y=np.concatenate(ys))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    np.savez(os.path.join(root, "data.npz"), x=x, y=y)
+    with open(os.path.join(root, "data.csv"), "w") as f:
+        f.write(",".join([f"x{i}" for i in range(width)] + ["y"]) + "\n")
+        f.writelines(",".join(map(repr, row.tolist())) + f",{label}\n" for row, label in zip(x, y))
 
 
 def overrides(size: str, root: str, stream: bool, source: str = "tfrecord") -> list[str]:
     width, batch, floats = SIZES[size]
     model = [] if size == "default" else [f"model.width={width}"]
-    data = (["data=npz", f"data.path={root}/data.npz", "data.x=x"] if source == "npz" else
-            ["data=tfrecord", f"data.files={root}/*.tfrecord", f"data.features={{x: 'float32[{floats}]', y: int64}}"])
+    data = {"npz": ["data=npz", f"data.path={root}/data.npz", "data.x=x"],
+            "csv": ["data=csv", f"data.path={root}/data.csv"],
+            "tfrecord": ["data=tfrecord", f"data.files={root}/*.tfrecord",
+                         f"data.features={{x: 'float32[{floats}]', y: int64}}"]}[source]
     return [*model, *data, "data.y=y", f"data.batch_size={batch}", "data.classes={label: 10}", "data.val_fraction=0",
             f"data.stream={str(stream).lower()}", "trainer.progress=false", "trainer.steps=1000000"]
 
@@ -119,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=20, help="timed calls (of trainer.steps_per_call steps) per block")
     ap.add_argument("--batches", type=int, default=200, help="timed batches of the stream alone per block")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--source", choices=["tfrecord", "npz"], default="tfrecord",
-                    help="the files both runs read: TFRecord shards, or one uncompressed .npz of the same records")
+    ap.add_argument("--source", choices=["tfrecord", "npz", "csv"], default="tfrecord",
+                    help="the files both runs read: TFRecord shards, or the same records in one uncompressed .npz "
+                         "or one CSV file")
     ap.add_argument("--markdown", action="store_true", help="print the table for docs/benchmarks.md")
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)

@@ -535,6 +535,31 @@ def test_a_csv_row_with_too_few_fields_or_a_label_out_of_range_names_its_line_or
     assert int(skipped.numpy()) >= 2 and len(np.unique(rows, axis=0)) == 58 and (rows[:, 2] != 0).all()
 
 
+def test_a_regular_csv_chunk_reads_as_a_checked_one_and_an_overflow_is_named(tmp_path):
+    from chain.data import csv_stream
+    from chain.data.sources.csv_data import shards as csv_shards
+
+    rows = ["a,b,c,d,y", " 0.5 ,+1,.25,1e-3,1\r", "1.,2,3,-4e2,0"]
+    (tmp_path / "regular.csv").write_text("\n".join(rows) + "\n")  # every line a row of numbers: the quick parse
+    (tmp_path / "blank.csv").write_text("\n".join([*rows[:2], "", rows[2]]) + "\n")  # not: each cell checked
+    (tmp_path / "overflow.csv").write_text("a,b,c,d,y\n0,1e999,0,0,1\n")  # a number, but not a finite one
+
+    def read(name):
+        files = csv_shards(chain.compose([*CSV, f"data.path={tmp_path}/{name}.csv", "data.batch_size=2"]).data)
+        x, ys = next(iter(csv_stream.training(files, 2, False, 0)))
+        return x.numpy(), ys["label"].numpy()
+
+    (x, y), (x_checked, y_checked) = read("regular"), read("blank")
+    assert np.array_equal(x, np.float32([[0.5, 1, 0.25, 1e-3], [1, 2, 3, -400]])) and list(y) == [1, 0]
+    assert np.array_equal(x, x_checked) and np.array_equal(y, y_checked)
+    files = csv_shards(chain.compose([*CSV, f"data.path={tmp_path}/overflow.csv", "data.batch_size=1"]).data)
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        next(iter(csv_stream.training(files, 1, False, 0)))
+    assert csv_stream.bad_record(e.value, files) == (
+        f"data.path: line 2 of {tmp_path}/overflow.csv: column 'b' holds '1e999', not a finite number "
+        "(data.on_bad_record=skip leaves such rows out)")
+
+
 @pytest.fixture(scope="module")
 def npz_file(tmp_path_factory):
     root = tmp_path_factory.mktemp("npz")
