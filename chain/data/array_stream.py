@@ -46,8 +46,10 @@ def _chunks(member: Member, start, stop, chunk: int) -> tf.data.Dataset:
     whole = start + (stop - start) // chunk * chunk
 
     def rows(first, last, per_record):
+        # a read buffer of one chunk: the default (256 KB) held per open block doubled the stream's memory
         return tf.data.FixedLengthRecordDataset(member.path, per_record * rb, header_bytes=member.offset + first * rb,
-                                                footer_bytes=member.size - member.offset - last * rb)
+                                                footer_bytes=member.size - member.offset - last * rb,
+                                                buffer_size=chunk * rb)
 
     # an empty byte range holds no record, so the rest is nothing when the chunks end at `stop`
     return rows(start, whole, chunk).concatenate(rows(whole, stop, tf.maximum(stop - whole, 1)))
