@@ -4,6 +4,7 @@ exactly where an uninterrupted run ends.
     python scripts/stress_kill.py                      # 25 kills per mode, local and e2e (1F1B)
     python scripts/stress_kill.py --kills 3 --modes local
     python scripts/stress_kill.py --stream --kills 20  # on TFRecord shards streamed (data.stream=true)
+    python scripts/stress_kill.py --stream npz --kills 8  # the same records in one .npz (or csv: CSV files)
 
 Not a test (tests/test_stress.py runs it briefly). For each mode: one uninterrupted run,
 then one victim run directory that is started, killed at a uniformly random moment between
@@ -23,6 +24,8 @@ With `--stream` both runs train on TFRecord shards generated into the work direc
 of 64 records of 64 floats, 10 classes; one file held out for validation), streamed
 (`data.stream=true`, a shuffle buffer of 48): 12 steps of 32 examples cross an epoch of the 256
 training records, so the resumed stream must also restore the files' order and the shuffle.
+`--stream npz` and `--stream csv` write the same records into one `.npz` (the last 64 rows held
+out) or five CSV files (the last held out) instead.
 """
 
 from __future__ import annotations
@@ -47,8 +50,30 @@ BASE = ["+stages=2", "model.width=16", "model.dropout=0.2", "data.batch_size=32"
         "checkpoint.export=false", "trainer.log_every=1", "checkpoint.every=1", "checkpoint.keep=2"]
 
 
-STREAM = ["data=tfrecord", "data.y=y", "data.features={x: 'float32[64]', y: int64}", "data.classes={label: 10}",
-          "data.stream=true", "data.shuffle_buffer=48", "data.val_fraction=0.2"]
+STREAM = ["data.y=y", "data.classes={label: 10}", "data.stream=true", "data.shuffle_buffer=48", "data.val_fraction=0.2"]
+SOURCES = {"tfrecord": ["data=tfrecord", "data.features={x: 'float32[64]', y: int64}"], "npz": ["data=npz", "data.x=x"],
+           "csv": ["data=csv"]}
+
+
+def write_data(root: str, source: str) -> list[str]:
+    """The data of `write_shards` as `source` reads it (TFRecord shards, one .npz, CSV files); its settings."""
+    if source == "tfrecord":
+        return [*SOURCES[source], *STREAM, f"data.files={write_shards(root)}"]
+    import numpy as np
+
+    os.makedirs(root, exist_ok=True)
+
+    x = np.random.default_rng(0).random((5 * 64, 64), dtype=np.float32)  # write_shards' records, in its order
+    y = (x[:, 0] * 10).astype(np.int64)
+    if source == "npz":
+        np.savez(os.path.join(root, "data.npz"), x=x, y=y)
+        return [*SOURCES[source], *STREAM, f"data.path={root}/data.npz"]
+    for s in range(5):  # val_fraction 0.2 holds out the last of the five files
+        with open(os.path.join(root, f"part-{s}.csv"), "w") as f:
+            f.write(",".join([f"x{i}" for i in range(64)] + ["y"]) + "\n")
+            f.writelines(",".join(map(repr, r.tolist())) + f",{label}\n" for r, label in
+                         zip(x[s * 64:(s + 1) * 64], y[s * 64:(s + 1) * 64]))
+    return [*SOURCES[source], *STREAM, f"data.path={root}/*.csv"]
 
 
 def write_shards(root: str, shards: int = 5, per: int = 64, seed: int = 0) -> str:
@@ -190,11 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause", type=float, default=0.3, help="seconds of pause after each part of a save")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--stream", action="store_true", help="train on generated TFRecord shards, data.stream=true")
+    ap.add_argument("--stream", nargs="?", const="tfrecord", choices=list(SOURCES),
+                    help="train on generated files, data.stream=true: TFRecord shards (the default), the same "
+                         "records in one .npz (npz) or in CSV files (csv)")
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     workdir = a.workdir or tempfile.mkdtemp(prefix="stress_kill_")
-    data = [*STREAM, f"data.files={write_shards(os.path.join(workdir, 'shards'))}"] if a.stream else []
+    data = write_data(os.path.join(workdir, "shards"), a.stream) if a.stream else []
     ok = True
     for mode in a.modes.split(","):
         r = stress(mode, a.kills, a.steps, workdir, rng, a.pause, data)
