@@ -1,6 +1,6 @@
 """Streams of chunks of examples, shuffled and batched without an op per example: what the
-TFRecord stream (`chain.data.record_stream`) and the `.npz` stream (`chain.data.array_stream`)
-share once they have read a chunk.
+TFRecord, CSV and `.npz` streams (`chain.data.record_stream`, `csv_stream`, `array_stream`) share
+once they have read a chunk.
 
 A per-example `unbatch`, `shuffle` and `batch` made a stream 4 to 10x slower than training on
 small examples. Here whole chunks pass a shuffle buffer, are cut into groups of

@@ -65,11 +65,11 @@ def _parse_chunk(files: CsvFiles, skip: tf.Variable | None):
         regular pays."""
         n = tf.shape(lines)[0]
 
-        def numbers():
+        def converted():
             dense = tf.reshape(tf.strings.to_number(tf.strings.split(lines, ",").flat_values, tf.float64), [n, width])
             return dense, tf.reduce_all(tf.math.is_finite(dense)) & tf.reduce_all(tf.stack(labels_ok(dense)))
 
-        return tf.cond(tf.reduce_all(tf.strings.regex_full_match(lines, line)), numbers,
+        return tf.cond(tf.reduce_all(tf.strings.regex_full_match(lines, line)), converted,
                        lambda: (tf.zeros([n, width], tf.float64), tf.constant(False)))
 
     def checked(paths, numbers, lines):
