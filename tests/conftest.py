@@ -155,15 +155,19 @@ def cli(tmp_path):
     return lambda *overrides, **kw: run_cli(tmp_path, *overrides, **kw)
 
 
-# Modules with the longest single tests (kill-and-resume loops, cluster workers, many CLI
-# processes). With `-n 3 --dist loadfile --no-loadscope-reorder` (the README's command) a
-# worker takes whole modules in collection order, so starting with these keeps one of them
-# from running alone on one core after the other workers have finished.
-LONGEST_FIRST = ["test_cluster.py", "test_stress.py", "test_resume.py", "test_cli_faults.py", "test_user_models.py",
-                 "test_multi_worker.py", "test_run_dir.py", "test_speed_cli.py", "test_side_by_side.py",
-                 "test_applications.py", "test_restage.py", "test_steps_per_call.py", "test_cut_models.py",
-                 "test_profile.py", "test_regularization.py", "test_devices_cli.py", "test_cli.py", "test_report.py",
-                 "test_damaged_data.py", "test_resume_settings.py"]
+# The modules that take longest (20 s or more), longest first, as measured per test on a fresh
+# clone's run (kill-and-resume loops, cluster workers, many CLI processes). With `-n 3 --dist
+# loadfile --no-loadscope-reorder` (the README's command) a worker takes whole modules in
+# collection order, so starting with these keeps one of them from running alone on one core
+# after the other workers have finished.
+LONGEST_FIRST = ["test_cluster.py", "test_steps_per_call.py", "test_stress.py", "test_cli_faults.py",
+                 "test_regularization.py", "test_side_by_side.py", "test_applications.py", "test_multi_worker.py",
+                 "test_pipeline.py", "test_streaming.py", "test_resume.py", "test_restage.py", "test_precision.py",
+                 "test_speed_cli.py", "test_resume_settings.py", "test_user_models.py", "test_cut_models.py",
+                 "test_checkpoints.py", "test_run_dir.py", "test_examples.py", "test_profile.py", "test_mirrored.py",
+                 "test_recompute.py", "test_cli_without_tensorflow.py", "test_replicas.py", "test_validation.py",
+                 "test_grad_accum.py", "test_clipping.py", "test_devices_cli.py", "test_packaging.py", "test_xla.py",
+                 "test_cli.py", "test_planner.py"]
 
 
 def pytest_configure(config):
