@@ -42,30 +42,37 @@ SIZES = {"default": (64, 64, 64), "large": (1024, 256, 128)}
 SHARDS, PER_SHARD = 8, 2048  # 16384 records per size: several epochs of batches for the stream alone
 
 
+def write_tfrecord(path: str, x, y) -> None:
+    """One TFRecord file of `tf.train.Example` records {x: float32[...], y: int64}, one per row of `x`."""
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(path) as w:
+        for row, label in zip(x, y):
+            f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                 "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
+            w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+
+
+def write_csv(path: str, x, y) -> None:
+    """One CSV file with a header (x0, x1, ..., y) and a row per row of `x` (floats as Python writes them)."""
+    with open(path, "w") as f:
+        f.write(",".join([f"x{i}" for i in range(x.shape[1])] + ["y"]) + "\n")
+        f.writelines(",".join(map(repr, row.tolist())) + f",{label}\n" for row, label in zip(x, y))
+
+
 def write_shards(root: str, width: int, classes: int, seed: int = 0) -> None:
     """`SHARDS` files of `PER_SHARD` records {x: float32[width], y: int64 in [0, classes)}, and the
     same records in one uncompressed `data.npz` (x, y) and in one `data.csv` (columns x0.., y)."""
     import numpy as np
-    import tensorflow as tf
 
     os.makedirs(root, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    xs, ys = [], []
+    x = np.random.default_rng(seed).random((SHARDS * PER_SHARD, width), dtype=np.float32)
+    y = (x[:, 0] * classes).astype(np.int64)
     for s in range(SHARDS):
-        x = rng.random((PER_SHARD, width), dtype=np.float32)
-        y = (x[:, 0] * classes).astype(np.int64)
-        xs.append(x)
-        ys.append(y)
-        with tf.io.TFRecordWriter(os.path.join(root, f"part-{s:03d}.tfrecord")) as w:
-            for row, label in zip(x, y):
-                f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
-                     "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
-                w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
-    x, y = np.concatenate(xs), np.concatenate(ys)
+        part = slice(s * PER_SHARD, (s + 1) * PER_SHARD)
+        write_tfrecord(os.path.join(root, f"part-{s:03d}.tfrecord"), x[part], y[part])
     np.savez(os.path.join(root, "data.npz"), x=x, y=y)
-    with open(os.path.join(root, "data.csv"), "w") as f:
-        f.write(",".join([f"x{i}" for i in range(width)] + ["y"]) + "\n")
-        f.writelines(",".join(map(repr, row.tolist())) + f",{label}\n" for row, label in zip(x, y))
+    write_csv(os.path.join(root, "data.csv"), x, y)
 
 
 def overrides(size: str, root: str, stream: bool, source: str = "tfrecord") -> list[str]:
@@ -140,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             root = os.path.join(tmp, size)
             write_shards(root, SIZES[size][2], 10)
             results[size] = measure(size, a.repeats, a.calls, a.batches, root, rng, a.source)
-    head = (f"{a.source}; {a.repeats} paired repeats; stream alone: {a.batches} batches a block; training: {a.calls} calls of 8 "
-            f"steps a block; load before: {load}")
+    head = (f"{a.source}; {a.repeats} paired repeats; stream alone: {a.batches} batches a block; "
+            f"training: {a.calls} calls of 8 steps a block; load before: {load}")
     if a.markdown:
         print(head + "\n")
         print("| model | measured | in memory | streamed | streamed / in memory (median, min-max) |")

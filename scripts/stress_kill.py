@@ -42,6 +42,8 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_input's writers
+
 MODES = {
     "local": ["mode=local"],
     "e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
@@ -56,43 +58,25 @@ SOURCES = {"tfrecord": ["data=tfrecord", "data.features={x: 'float32[64]', y: in
 
 
 def write_data(root: str, source: str) -> list[str]:
-    """The data of `write_shards` as `source` reads it (TFRecord shards, one .npz, CSV files); its settings."""
-    if source == "tfrecord":
-        return [*SOURCES[source], *STREAM, f"data.files={write_shards(root)}"]
-    import numpy as np
-
-    os.makedirs(root, exist_ok=True)
-
-    x = np.random.default_rng(0).random((5 * 64, 64), dtype=np.float32)  # write_shards' records, in its order
-    y = (x[:, 0] * 10).astype(np.int64)
-    if source == "npz":
-        np.savez(os.path.join(root, "data.npz"), x=x, y=y)
-        return [*SOURCES[source], *STREAM, f"data.path={root}/data.npz"]
-    for s in range(5):  # val_fraction 0.2 holds out the last of the five files
-        with open(os.path.join(root, f"part-{s}.csv"), "w") as f:
-            f.write(",".join([f"x{i}" for i in range(64)] + ["y"]) + "\n")
-            f.writelines(",".join(map(repr, r.tolist())) + f",{label}\n" for r, label in
-                         zip(x[s * 64:(s + 1) * 64], y[s * 64:(s + 1) * 64]))
-    return [*SOURCES[source], *STREAM, f"data.path={root}/*.csv"]
-
-
-def write_shards(root: str, shards: int = 5, per: int = 64, seed: int = 0) -> str:
-    """`shards` TFRecord files of `per` records {x: 64 uniform floats, y: int64 label of x[0]}; their glob."""
+    """5 files of 64 records {x: 64 uniform floats, y: int64 label of x[0]} as `source` reads them
+    (TFRecord or CSV files; one .npz of the same records in the same order); the settings that read them."""
     from chain.cli import import_tensorflow_quietly
 
     import_tensorflow_quietly()
     import numpy as np
-    import tensorflow as tf
+    from bench_input import write_csv, write_tfrecord
 
     os.makedirs(root, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for s in range(shards):
-        with tf.io.TFRecordWriter(os.path.join(root, f"part-{s:03d}.tfrecord")) as w:
-            for row in rng.random((per, 64), dtype=np.float32):
-                f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
-                     "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(row[0] * 10)]))}
-                w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
-    return os.path.join(root, "*.tfrecord")
+    x = np.random.default_rng(0).random((5 * 64, 64), dtype=np.float32)
+    y = (x[:, 0] * 10).astype(np.int64)
+    if source == "npz":  # val_fraction 0.2: the last 64 rows held out
+        np.savez(os.path.join(root, "data.npz"), x=x, y=y)
+        return [*SOURCES[source], *STREAM, f"data.path={root}/data.npz"]
+    tfrecord = source == "tfrecord"
+    write, ext, key = (write_tfrecord, "tfrecord", "data.files") if tfrecord else (write_csv, "csv", "data.path")
+    for s in range(5):  # val_fraction 0.2 holds out the last of the five files
+        write(os.path.join(root, f"part-{s:03d}.{ext}"), x[s * 64:(s + 1) * 64], y[s * 64:(s + 1) * 64])
+    return [*SOURCES[source], *STREAM, f"{key}={root}/*.{ext}"]
 
 
 def run(cwd: str, args: list[str], env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

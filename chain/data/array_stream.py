@@ -24,12 +24,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from chain.data.chunks import CHUNK_BYTES, batched, chunk_rows, grouped, permuted
+from chain.data.chunks import CHUNK_BYTES, batched, chunk_rows, grouped, interleaved, permuted
 from chain.data.files import Member
 from chain.data.streamed import ArrayFiles, ArrayPart
-
-CYCLE = 4  # blocks read at a time
-PARALLEL = 2  # blocks read in parallel; not AUTOTUNE: its buffers are in every checkpoint (record_stream)
 
 
 def _dtype(member: Member) -> tuple[tf.DType, bool]:
@@ -96,10 +93,7 @@ def training(files: ArrayFiles, batch: int, shuffle: bool, seed: int) -> tf.data
     count = -(-part.rows // files.block)
     if shuffle:
         blocks = blocks.shuffle(count, seed=seed, reshuffle_each_iteration=True)
-    cycle = min(CYCLE, count)
-    chunks = blocks.interleave(_block(files, part, chunk), cycle_length=cycle, block_length=1,
-                               num_parallel_calls=min(PARALLEL, cycle), deterministic=True)
-    chunks = chunks.map(_decoded(files, part))
+    chunks = interleaved(blocks, _block(files, part, chunk), count).map(_decoded(files, part))
     if shuffle:
         chunks = grouped(chunks, files.shuffle_buffer, chunk, seed)
     # repeated once the groups are cut: every example exactly once an epoch (the shuffles drawn

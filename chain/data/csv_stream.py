@@ -22,14 +22,10 @@ import re
 
 import tensorflow as tf
 
-from chain.data.chunks import batched, grouped, permuted
+from chain.data.chunks import PARALLEL, batched, grouped, interleaved, permuted
 from chain.data.streamed import CsvFiles
 
-CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
 CHUNK = 256  # lines parsed in one op: a parse per line would make the stream the bottleneck
-# Files read and chunks parsed at a time; not AUTOTUNE: its buffers are in every checkpoint and
-# grew from one save to the next (chain.data.record_stream)
-PARALLEL = 2
 
 # Python's float() spellings of a finite number (no nan/inf: the loaded source refuses them too)
 NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
@@ -166,8 +162,7 @@ def training(files: CsvFiles, batch: int, shuffle: bool, seed: int, skipped: tf.
     names = tf.data.Dataset.from_tensor_slices(list(files.paths))
     if shuffle:
         names = names.shuffle(len(files.paths), seed=seed, reshuffle_each_iteration=True)
-    chunks = names.interleave(_numbered, cycle_length=min(CYCLE, len(files.paths)), block_length=1,
-                              num_parallel_calls=min(PARALLEL, len(files.paths)), deterministic=True)
+    chunks = interleaved(names, _numbered, len(files.paths))
     parsed = _parsed(chunks, files, skipped)
     if shuffle:
         parsed = grouped(parsed, files.shuffle_buffer, CHUNK, seed)

@@ -22,16 +22,9 @@ import re
 
 import tensorflow as tf
 
-from chain.data.chunks import batched, chunk_rows, grouped, permuted
+from chain.data.chunks import PARALLEL, batched, chunk_rows, grouped, interleaved, permuted
 from chain.data.shards import Shards
 from chain.errors import first_line
-
-CYCLE = 4  # files read at a time: enough to mix files and keep the reader busy, few open buffers
-# Files read and chunks parsed at a time. Not AUTOTUNE: its buffers grow while a consumer pulls
-# fast (a group of data.shuffle_buffer examples) and every element they hold is in every checkpoint
-# (measured: 14 to 43 MB for the same stream, from one save to the next); the order is the same
-# either way (deterministic), and two keep both cores busy.
-PARALLEL = 2
 
 
 def _chunk(shards: Shards) -> int:
@@ -186,9 +179,7 @@ def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.V
     if shuffle:
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
     chunk = _chunk(shards)
-    cycle = min(CYCLE, len(paths))
-    chunks = files.repeat().interleave(_numbered(chunk), cycle_length=cycle, block_length=1,
-                                       num_parallel_calls=min(PARALLEL, cycle), deterministic=True)
+    chunks = interleaved(files.repeat(), _numbered(chunk), len(paths))
     parsed = _parsed(chunks, shards, skipped)
     if shuffle:
         parsed = permuted(grouped(parsed, shards.shuffle_buffer, chunk, seed), seed)
