@@ -340,7 +340,7 @@ def test_a_bare_label_array_is_the_chains_target():
     assert run.step(x, ys["value"])["loss"] == pytest.approx(expected, rel=1e-5)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+@pytest.mark.parametrize("schedule", schedules.NAMES)  # every built-in schedule
 def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_schedule(trained, schedule, tmp_path,
                                                                                           capsys):
     from chain.__main__ import show_plan
