@@ -41,9 +41,12 @@ def _numbered(chunk: int):
     """path -> the records of that file in chunks of `chunk`, each chunk with its file and the
     number of its first record in the file (for error lines). A chunk comes from one file, so a
     scalar of each says it: a file name and a number per record (`tf.fill`) cost about a quarter of
-    the reading's CPU time on small examples (measured alone), for an error line about one record."""
+    the reading's CPU time on small examples (measured alone), for an error line about one record.
+    Zipped, not mapped: with a map's function call per chunk (`enumerate().map`) the reading took
+    0.21 ms of CPU per 64 records of 64 floats, zipped 0.15 (measured alone)."""
     def records(path) -> tf.data.Dataset:
-        return tf.data.TFRecordDataset(path).batch(chunk).enumerate().map(lambda k, rs: (path, k * chunk, rs))
+        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(path).repeat(), tf.data.Dataset.range(0, 2**62, chunk),
+                                    tf.data.TFRecordDataset(path).batch(chunk)))
 
     return records
 
@@ -54,10 +57,11 @@ def _declared(feature: tuple) -> str:
 
 
 def _parse_chunk(shards: Shards, skip: bool):
-    """A chunk of (file, first number, serialized `tf.train.Example`s) -> (x, ys, ok) per record, parsed
-    in one op: every declared feature read with whatever number of values it holds, `ok` where each
-    holds as many as declared. Unless `skip`, a chunk with a bad record fails, naming the first one
-    (the reason is worked out only then: formatting it for every record would cost the stream)."""
+    """A chunk of (file, first number, serialized `tf.train.Example`s) -> (x, ys), with `skip` (x, ys, ok)
+    per record, parsed in one op: every declared feature read with whatever number of values it
+    holds, `ok` where each holds as many as declared. Unless `skip`, a chunk with a bad record fails,
+    naming the first one (the reason is worked out only then: formatting it for every record would
+    cost the stream)."""
     features = dict(shards.features)
     spec = {name: tf.io.VarLenFeature(tf.float32 if dtype == "float32" else tf.int64)
             for name, (dtype, _) in features.items()}
@@ -109,15 +113,15 @@ def _parse_chunk(shards: Shards, skip: bool):
             x = tf.cast(dense(shards.x), tf.float32)
             ys = {name: tf.cast(tf.reshape(dense(key), [n]), tf.int32 if classes else tf.float32)
                   for name, key, classes in shards.targets}
-        return x, ys, ok
+        return (x, ys, ok) if skip else (x, ys)
 
     return parse
 
 
 def _parsed(chunks: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -> tf.data.Dataset:
     """Chunks of (file, first number, records) -> parsed chunks (x float32 [n, ...], {target: int32
-    label or float32 value [n]}, ok [n]); a bad record fails the stream naming its file and number
-    (unless `skip`: a counter, for `_kept`)."""
+    label or float32 value [n]}); a bad record fails the stream naming its file and number, unless
+    `skip` (a counter): then each chunk also holds ok [n], for `_kept`."""
     return chunks.map(_parse_chunk(shards, skip is not None), num_parallel_calls=PARALLEL,
                       deterministic=True)
 
@@ -126,8 +130,8 @@ def _kept(chunks: tf.data.Dataset, skip: tf.Variable | None) -> tf.data.Dataset:
     """Parsed chunks (x, ys, ok) -> chunks (x, ys) of their good records: with `skip` (a counter)
     the bad ones are counted and left out, a whole chunk at a time (one mask per chunk, not an op
     per example)."""
-    if skip is None:
-        return chunks.map(lambda x, ys, ok: (x, ys))
+    if skip is None:  # parsed as (x, ys): every record is good or the stream stopped
+        return chunks
 
     def keep(x, ys, ok):
         with tf.control_dependencies([skip.assign_add(tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64)))]):
