@@ -127,9 +127,9 @@ def _parsed(chunks: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -
 
 
 def _kept(chunks: tf.data.Dataset, skip: tf.Variable | None) -> tf.data.Dataset:
-    """Parsed chunks (x, ys, ok) -> chunks (x, ys) of their good records: with `skip` (a counter)
-    the bad ones are counted and left out, a whole chunk at a time (one mask per chunk, not an op
-    per example)."""
+    """Parsed chunks -> chunks (x, ys) of their good records: with `skip` (a counter) the chunks
+    hold (x, ys, ok) and the bad ones are counted and left out, a whole chunk at a time (one mask
+    per chunk, not an op per example); without, they are already (x, ys)."""
     if skip is None:  # parsed as (x, ys): every record is good or the stream stopped
         return chunks
 
