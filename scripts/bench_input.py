@@ -60,19 +60,23 @@ def write_csv(path: str, x, y) -> None:
         f.writelines(",".join(map(repr, row.tolist())) + f",{label}\n" for row, label in zip(x, y))
 
 
-def write_shards(root: str, width: int, classes: int, seed: int = 0) -> None:
-    """`SHARDS` files of `PER_SHARD` records {x: float32[width], y: int64 in [0, classes)}, and the
-    same records in one uncompressed `data.npz` (x, y) and in one `data.csv` (columns x0.., y)."""
+def write_data(root: str, width: int, classes: int, source: str, seed: int = 0) -> None:
+    """`SHARDS * PER_SHARD` records {x: float32[width], y: int64 in [0, classes)} as `source` is read
+    (`overrides`): `SHARDS` TFRecord files of `PER_SHARD` records, one uncompressed `data.npz` (x, y) or
+    one `data.csv` (columns x0.., y); the same records in the same order for every source."""
     import numpy as np
 
     os.makedirs(root, exist_ok=True)
     x = np.random.default_rng(seed).random((SHARDS * PER_SHARD, width), dtype=np.float32)
     y = (x[:, 0] * classes).astype(np.int64)
-    for s in range(SHARDS):
-        part = slice(s * PER_SHARD, (s + 1) * PER_SHARD)
-        write_tfrecord(os.path.join(root, f"part-{s:03d}.tfrecord"), x[part], y[part])
-    np.savez(os.path.join(root, "data.npz"), x=x, y=y)
-    write_csv(os.path.join(root, "data.csv"), x, y)
+    if source == "npz":
+        np.savez(os.path.join(root, "data.npz"), x=x, y=y)
+    elif source == "csv":
+        write_csv(os.path.join(root, "data.csv"), x, y)
+    else:
+        for s in range(SHARDS):
+            part = slice(s * PER_SHARD, (s + 1) * PER_SHARD)
+            write_tfrecord(os.path.join(root, f"part-{s:03d}.tfrecord"), x[part], y[part])
 
 
 def overrides(size: str, root: str, stream: bool, source: str = "tfrecord") -> list[str]:
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_input_") as tmp:
         for size in a.sizes.split(","):
             root = os.path.join(tmp, size)
-            write_shards(root, SIZES[size][2], 10)
+            write_data(root, SIZES[size][2], 10, a.source)
             results[size] = measure(size, a.repeats, a.calls, a.batches, root, rng, a.source)
     head = (f"{a.source}; {a.repeats} paired repeats; stream alone: {a.batches} batches a block; "
             f"training: {a.calls} calls of 8 steps a block; load before: {load}")
