@@ -349,6 +349,9 @@ class CheckpointSettings:
     fallback: bool = setting(boolean,
         "resume=true with a damaged newest checkpoint: resume from the newest older one that verifies")
     best: bool = setting(boolean, "keep the checkpoint of the lowest validation loss in RUN_DIR/best/")
+    accept_changed_files: bool = setting(boolean,
+        "resume=true over a stream's files that changed (data.stream=true): train on them as they are now, the "
+        "stream restarted, instead of refusing")
 
 
 @dataclass(frozen=True, kw_only=True)

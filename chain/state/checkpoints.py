@@ -23,8 +23,11 @@ that differs is named, with what it holds instead when it can be read (another s
 checkpoint, another run's, another step's); the newest older complete step that verifies
 is offered (`checkpoint.fallback=true` resumes from it). A damaged `checkpoint.json` is
 rebuilt from the stage directories when every part agrees on a step that reads back whole.
-The data part also holds the step's `Record` (the run's settings, losses and evaluations), so
-what a resume checks and continues from is verified with the weights, not read from the manifest.
+The data part also holds the step's `Record` (the run's settings, losses and evaluations, and a
+streamed data set's files as the run found them at its start: `chain.data.identity`), so what a
+resume checks and continues from is verified with the weights, not read from the manifest. A
+resume over files that changed is refused before anything is restored, or, with
+`checkpoint.accept_changed_files=true`, restores everything but the stream's position.
 A save that fails (disk full, read-only) removes what it wrote of that step and raises a
 `StorageError`; the previous complete checkpoint stays the newest.
 """
@@ -45,9 +48,11 @@ import tensorflow as tf
 
 from chain import testhooks
 from chain.config.schema import Settings
-from chain.errors import CheckpointError, StorageError
+from chain.data import identity
+from chain.errors import CheckpointError, ConfigError, StorageError
 from chain.records.results import LossHistory, LossRecord
 from chain.records.serial import from_json, to_json
+from chain.records.stream_files import StreamFiles
 from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
 from chain.state import tied_copies
@@ -69,24 +74,29 @@ log = logging.getLogger("chain")
 class Record:
     """What a checkpoint holds besides the state it restores (as JSON, in `data/ckpt-N`, whose
     digest the save records): the settings the run was trained with, its first and last
-    losses and what its evaluations had found by that step. A resume reads these from the
-    verified checkpoint, not from `checkpoint.json`, which may be torn (and rebuilt) or edited."""
+    losses, what its evaluations had found by that step and the files of a streamed data set
+    (`files`: None when not streamed from files, or recorded before files were). A resume reads
+    these from the verified checkpoint, not from `checkpoint.json`, which may be torn (and rebuilt)
+    or edited."""
 
     settings: RunSettings
     losses: LossHistory
     validation: dict | None
+    files: StreamFiles | None = None
 
     def to_json(self) -> str:
         """The record as a checkpoint stores it."""
-        return json.dumps({"settings": self.settings.values, **to_json(self.losses), "validation": self.validation},
-                          sort_keys=True)
+        return json.dumps({"settings": self.settings.values, **to_json(self.losses), "validation": self.validation,
+                           **to_json(self.files or StreamFiles(None))}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Record:
         """A record read back from a checkpoint (`CheckpointError` if it is not one)."""
         try:
             raw = json.loads(text)
-            return cls(RunSettings(dict(raw["settings"])), from_json(LossHistory, raw), raw["validation"])
+            files = from_json(StreamFiles, raw)
+            return cls(RunSettings(dict(raw["settings"])), from_json(LossHistory, raw), raw["validation"],
+                       files if files.files is not None else None)
         except (ValueError, KeyError, TypeError):
             raise CheckpointError("the checkpoint's record of its settings cannot be read") from None
 
@@ -125,15 +135,18 @@ class Checkpoints:
     """All-or-nothing, verified checkpoints of a chain and its data stream in one run directory.
 
     `iterator` is the `tf.data` iterator the run draws batches from: saving it is what
-    makes the first batch after a resume the batch the run would have seen. `run_id` is
-    the run's identity: drawn here, replaced by the manifest's on restore.
+    makes the first batch after a resume the batch the run would have seen. `files` are the
+    stamps of the files it streams (`chain.data.identity.stamps`; None: not streamed from
+    files), recorded with every save and compared on restore. `run_id` is the run's identity:
+    drawn here, replaced by the manifest's on restore.
     """
 
     def __init__(self, run_dir: str, stages: Sequence[Stage], iterator: Any, settings: Settings,
-                 keep: int | None = None):
+                 keep: int | None = None, files: StreamFiles | None = None):
         self.run_dir = run_dir
         self.stages = list(stages)
         self.settings = settings
+        self.files = files
         self.keep = keep or settings.checkpoint.keep
         self.run_id = uuid.uuid4().hex
         self.parts: dict[str, tf.train.Checkpoint] = {}
@@ -154,6 +167,9 @@ class Checkpoints:
         # A checkpoint written before records were kept restores without one.
         self.unrecorded = tf.train.Checkpoint(step=self.steps[DATA_DIR], identity=self.identities[DATA_DIR],
                                               iterator=iterator)
+        # The data part without the stream's position: a resume over changed files on purpose.
+        self.restarted = tf.train.Checkpoint(step=self.steps[DATA_DIR], identity=self.identities[DATA_DIR],
+                                             record=self.record)
 
     def _part(self, name: str, device: str | None, objects: dict[str, Any]) -> None:
         with tf.device(device):
@@ -191,7 +207,7 @@ class Checkpoints:
         checkpoints, digests = {}, {}
         record = RunSettings.of(self.settings)
         losses = LossHistory(loss_first, loss_last)
-        self.record.assign(Record(record, losses, validation).to_json())
+        self.record.assign(Record(record, losses, validation, self.files).to_json())
         try:
             for name, ckpt in self.parts.items():
                 self.steps[name].assign(step)
@@ -366,8 +382,13 @@ class Checkpoints:
                  "digests": {k: v for k, v in m.get("digests", {}).items() if int(k) in complete}}
         # The settings the verified step was written with (not the manifest's copy, which may be edited).
         record = self.recorded(m["step"])
+        restart = False
         if record is not None:
             notes = check(record.settings, self.settings, m["step"])
+            changed = self._changed_files(record, m["step"])
+            if changed:
+                notes.append(changed)
+                restart = True
             # ... and so are the losses and evaluations the run continues from.
             m = {**m, **to_json(record.losses),
                  "validation": {**m.get("validation", {}), str(m["step"]): record.validation}}
@@ -380,7 +401,11 @@ class Checkpoints:
             if name == DATA_DIR and record is None:
                 ckpt = self.unrecorded
             try:
-                ckpt.restore(os.path.join(self.run_dir, where)).assert_consumed()
+                if name == DATA_DIR and restart:  # the stream restarts: its saved position is left unread
+                    self.restarted.restore(os.path.join(self.run_dir, where)).assert_existing_objects_matched() \
+                        .expect_partial()
+                else:
+                    ckpt.restore(os.path.join(self.run_dir, where)).assert_consumed()
             except AssertionError as e:
                 raise CheckpointError(f"{where} does not match the built chain ({name}): {reason(e, file=True)}") from None
             except (tf.errors.OpError, ValueError) as e:
@@ -404,6 +429,19 @@ class Checkpoints:
         if clean:
             self.clean(m)
         return m
+
+    def _changed_files(self, record: Record, step: int) -> str | None:
+        """None when the streamed files are those the checkpoint of `step` recorded (or either side
+        has none to compare); the note of a resume that accepts changed ones
+        (`checkpoint.accept_changed_files`); else a ConfigError naming the first change."""
+        if record.files is None or self.files is None:
+            return None
+        found = identity.changes(record.files, self.files)
+        if not found:
+            return None
+        if not self.settings.checkpoint.accept_changed_files:
+            raise ConfigError(identity.refusal(found, step))
+        return identity.accepted(found, step)
 
     def _apply_learning_rates(self, step: int, quiet: bool) -> list[str]:
         """Each stage's configured learning rate replaces the one its optimizer restored (a resume

@@ -232,6 +232,7 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     import keras
 
     from chain import data as data_lib
+    from chain.data.identity import stamps
     from chain.data.stream import training_batches
     from chain.stages.assemble import build_stages
     from chain.state.checkpoints import Checkpoints
@@ -263,7 +264,8 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
         built[name] = build_stages(s.stages, [device] * len(s.stages), dataset.info, heads=kind.heads,
                                    readout=kind.readout, precision_name=s.precision,
                                    initial_loss_scale=s.trainer.initial_loss_scale)
-    src_ckpts = Checkpoints(src, built["src"], iterator, src_settings)
+    files = stamps(dataset.shards) if dataset.shards is not None else None  # streamed: as SRC recorded them
+    src_ckpts = Checkpoints(src, built["src"], iterator, src_settings, files=files)
     m = src_ckpts.restore(clean=False)  # SRC is read, never changed
     notes, kept = map_stages(built["src"], built["dst"])
     losses = from_json(LossHistory, m)
@@ -275,7 +277,7 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
             os.makedirs(os.path.join(dst, ".hydra"), exist_ok=True)
             OmegaConf.save(OmegaConf.create(new), os.path.join(dst, ".hydra", "overrides.yaml"))
             OmegaConf.save(dst_settings.source, os.path.join(dst, ".hydra", "config.yaml"))
-            Checkpoints(dst, built["dst"], iterator, dst_settings).save(m["step"], first, last)
+            Checkpoints(dst, built["dst"], iterator, dst_settings, files=files).save(m["step"], first, last)
     finally:
         lock.release(dst)
     shown = [f"+stages={o.partition('=')[2]}" if override_key(o) == "stages" else o for o in new]

@@ -103,6 +103,7 @@ class Run:
         self._validation = None
         self.tracker = validation.Tracker(settings.trainer.early_stop_patience)
         self._checkpoints: dict[str, Any] = {}
+        self._files: Any = False  # the streamed files' stamps (chain.data.identity), taken once: False before
         self._release = False  # fit took the run directory's lock and gives it back when done
         self.watchdog = None  # a multi-worker run's chain.planning.cluster.Watchdog: stopped when fit ends
         self.summary: Summary | None = None  # what fit wrote to summary.json, as its record (None before)
@@ -171,8 +172,19 @@ class Run:
         if run_dir is None:
             raise ChainError("this run has no directory: build it with chain.build(cfg, run_dir=...) to checkpoint")
         if run_dir not in self._checkpoints:
-            self._checkpoints[run_dir] = Checkpoints(run_dir, self.stages, self.iterator, self.settings, keep)
+            self._checkpoints[run_dir] = Checkpoints(run_dir, self.stages, self.iterator, self.settings, keep,
+                                                     self.stream_files())
         return self._checkpoints[run_dir]
+
+    def stream_files(self):
+        """The stamps of the files a streamed data set reads (`chain.records.stream_files.StreamFiles`),
+        taken once, when the run first checkpoints or restores: every checkpoint records them and a
+        resume compares them (`chain.data.identity`); None when the data is not streamed from files."""
+        if self._files is False:
+            from chain.data.identity import stamps
+
+            self._files = stamps(self.dataset.shards) if self.dataset.shards is not None else None
+        return self._files
 
     def restore(self, run_dir: str | None = None, fallback: bool = False) -> dict[str, Any]:
         """Restore the newest complete checkpoint of `run_dir` (default: this run's); returns its manifest.
