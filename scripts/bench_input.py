@@ -4,6 +4,7 @@
     python scripts/bench_input.py --markdown           # the table for docs/benchmarks.md
     python scripts/bench_input.py --sizes default --repeats 3 --calls 20
     python scripts/bench_input.py --source npz        # the same records in one .npz (or --source csv)
+    python scripts/bench_input.py --identity --sizes default   # the stream's file check against a run's steps
 
 Not a test: it prints medians of paired ratios. One process (two logical CPU devices, as every
 run on this machine); the data are generated into a temporary directory (TFRecord shards, or with
@@ -19,6 +20,12 @@ the very same examples.
 Every repeat measures each of (a) and (b) for both sources, in a random order, each block
 after one untimed call (or batch) of its own; a ratio is streamed over in-memory of one
 repeat (paired), and the figure is the median of the repeats' ratios (min and max beside).
+
+`--identity`: what a streamed run's check of its files costs (`chain.data.identity`: every file
+stamped with its size, modification time and digest at start, and compared with a checkpoint's on
+resume), against the run it guards: the check's time (median of the repeats, the files in the page
+cache) over the time of 1000 steps of the streamed run (the median step time of the repeats, each
+`--calls` calls of 8 steps).
 
 Sizes: `default` is the default model (mlp width 64, depth 2, 2 stages, mode=local) on
 batches of 64 examples of 64 floats (the figure docs/your-data.md quoted); `large` is
@@ -131,6 +138,27 @@ def measure(size: str, repeats: int, calls: int, batches: int, root: str, rng: r
     return out
 
 
+def identity_cost(size: str, root: str, source: str, repeats: int, calls: int) -> dict:
+    """The file check of a resume (stamp every file, compare with the stamps a checkpoint recorded) and
+    the step time of the streamed run, each the median of `repeats` (the check and a block of training
+    alternated)."""
+    import chain
+    from chain.data import identity
+
+    run = chain.build(chain.compose(overrides(size, root, True, source)))
+    saved = identity.stamps(run.dataset.shards)  # what the checkpoint recorded
+    checks, steps = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        found = identity.changes(saved, identity.stamps(run.dataset.shards))
+        checks.append(time.perf_counter() - t0)
+        assert not found, found
+        steps.append(1 / train_rate(run, calls))
+    sizes = [f.size for f in saved.files]
+    return {"check_s": statistics.median(checks), "step_s": statistics.median(steps), "files": len(sizes),
+            "bytes": sum(sizes), "schemes": sorted({f.digest.partition(":")[0] for f in saved.files})}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="default,large")
@@ -142,9 +170,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="the files both runs read: TFRecord shards, or the same records in one uncompressed .npz "
                          "or one CSV file")
     ap.add_argument("--markdown", action="store_true", help="print the table for docs/benchmarks.md")
+    ap.add_argument("--identity", action="store_true",
+                    help="measure the stream's file check (chain.data.identity) against 1000 steps of the run")
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    if a.identity:
+        with tempfile.TemporaryDirectory(prefix="bench_input_") as tmp:
+            print(f"{a.source}; {a.repeats} repeats; training: {a.calls} calls of 8 steps a repeat; load before: {load}")
+            for size in a.sizes.split(","):
+                root = os.path.join(tmp, size)
+                write_data(root, SIZES[size][2], 10, a.source)
+                r = identity_cost(size, root, a.source, a.repeats, a.calls)
+                run_s = 1000 * r["step_s"]
+                print(f"{size:8s} check {1000 * r['check_s']:.2f} ms ({r['files']} file(s), {r['bytes'] / 2**20:.1f} MiB, "
+                      f"digest {'/'.join(r['schemes'])})  step {1000 * r['step_s']:.2f} ms  1000 steps {run_s:.1f} s  "
+                      f"check / 1000 steps {100 * r['check_s'] / run_s:.4f}%")
+        return 0
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_input_") as tmp:
         for size in a.sizes.split(","):

@@ -177,11 +177,11 @@ def test_accepting_changed_files_trains_says_from_which_step_and_records_them(co
 
 def test_a_large_file_is_digested_from_blocks_and_a_change_between_them_shows_as_modified(tmp_path):
     path = tmp_path / "big.bin"
-    data = bytearray(np.random.default_rng(0).bytes(3 * identity.WHOLE))
+    data = bytearray(np.random.default_rng(0).bytes(1 << 20))
     path.write_bytes(bytes(data))
     saved = identity.stamp(str(path), "data.files", identity.TRAIN)
     assert saved.digest.startswith(f"{identity.BLOCKS}x{identity.BLOCK}:")
-    data[100_000] ^= 1  # a byte no block covers: the first is bytes 0..4 KiB, the second starts at 204 KiB
+    data[identity.BLOCK + 100] ^= 1  # a byte no block covers: the first is its first 4 KiB, the second at 68 KiB
     path.write_bytes(bytes(data))
     os.utime(path, ns=(saved.mtime_ns + 10**9, saved.mtime_ns + 10**9))
     (change,) = identity.changes(StreamFiles([saved]),

@@ -2,10 +2,11 @@
 streams, and what a resume finds changed. No TensorFlow.
 
 At start a streamed run stamps every file it reads (`stamps`): its size, its modification time and
-a sha256 digest, of the whole file up to `WHOLE` bytes and above that of `BLOCKS` blocks of `BLOCK`
-bytes spread evenly over it (the first at its start, the last at its end). A whole digest of a large
-file would read it all at every start (a 100 GB data set: minutes); the sampled one reads 64 KiB a
-file, and a file rewritten with other values differs in every block. What a sample cannot see (some
+a sha256 digest, of the whole file up to `WHOLE` bytes (64 KiB) and above that of `BLOCKS` blocks of
+`BLOCK` bytes spread evenly over it (the first at its start, the last at its end): 64 KiB read a file
+either way. A whole digest of a large file would read it all at every start (a 100 GB data set:
+minutes; 8 files of 0.6 MB already cost 0.6% of a 1000-step run of the default model, measured),
+and a file rewritten with other values differs in every block. What a sample cannot see (some
 bytes of a large file changed in place, its size and modification time put back) is said in
 docs/your-data.md. The checkpoints keep the stamps (`chain.records.stream_files`), and a resume
 compares them with its own (`changes`): a file added, removed, moved between training and
@@ -27,8 +28,8 @@ from chain.data.streamed import ArrayFiles
 from chain.errors import ConfigError
 from chain.records.stream_files import FileStamp, StreamFiles
 
-WHOLE = 1 << 20  # files up to 1 MiB are digested whole (at most a few ms each)
-BLOCKS, BLOCK = 16, 4096  # larger files: 16 blocks of 4 KiB spread over them
+BLOCKS, BLOCK = 16, 4096  # a file is digested from 16 blocks of 4 KiB spread over it ...
+WHOLE = BLOCKS * BLOCK  # ... or whole when that reads no more (64 KiB): no file costs more than 64 KiB read
 TRAIN, VAL = "train", "val"
 OVERRIDE = "checkpoint.accept_changed_files"
 
