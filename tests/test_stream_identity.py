@@ -18,6 +18,7 @@ import tensorflow as tf
 import chain
 from chain.data import identity
 from chain.errors import ConfigError
+from chain.records.serial import from_json
 from chain.records.stream_files import StreamFiles
 from conftest import manifest, run_cli
 from test_streaming import CSV, NPZ, TINY, write_csv, write_shards
@@ -167,12 +168,12 @@ def test_accepting_changed_files_trains_says_from_which_step_and_records_them(co
                      f"{os.path.getsize(path)} bytes) since step 2; the stream restarts at step 3 with the first batch "
                      "of a new stream over the files as they are now (the position saved at step 2 and the batches it "
                      "had read ahead are dropped)"]
-    # the checkpoints since record the files as they are now: the next resume needs no override
+    # the checkpoints since record the files as they are now, so the next resume needs no override
     record = json.loads(tf.train.load_checkpoint("run/data/ckpt-4").get_tensor(
         "record/.ATTRIBUTES/VARIABLE_VALUE").decode())
+    now = [identity.stamp(f"c/part-{k}.csv", "data.path", identity.TRAIN) for k in range(3)]
+    assert identity.changes(from_json(StreamFiles, record), StreamFiles(now)) == []
     assert {f["path"]: f["size"] for f in record["files"]}["c/part-2.csv"] == os.path.getsize(path)
-    summary = chain.build(chain.compose([*CSV_GLOB, *RUN, "trainer.steps=6", "resume=true"]), run_dir="run").fit()
-    assert summary["resumed_from"] == 4 and summary["steps"] == 6
 
 
 def test_a_large_file_is_digested_from_blocks_and_a_change_between_them_shows_as_modified(tmp_path):
