@@ -119,8 +119,14 @@ def shards(data: Npz) -> ArrayFiles:
     `data.val_path`). Validation without `data.val_path` is the last `data.val_fraction` of the rows:
     the same rows on every run (shuffle the arrays before saving them if their order is sorted)."""
     train, targets = _part(data, data.path, "data.path")
+    if not train.rows:
+        raise ConfigError(f"data.path={data.path!r}: its arrays hold no rows ({data.x}: {train.x.shape})")
     if data.val_path is not None:
         val, val_targets = _part(data, data.val_path, "data.val_path")
+        if not val.rows:
+            raise ConfigError(f"data.val_path={data.val_path!r}: its arrays hold no rows ({data.x}: {val.x.shape}), "
+                              "so there is nothing to validate on; give a file that holds examples, or leave "
+                              "data.val_path out")
         if val.x.shape[1:] != train.x.shape[1:] or val_targets != targets:
             raise ConfigError(f"data.val_path={data.val_path!r}: its arrays are not shaped as those of "
                               f"data.path={data.path!r} ({data.x}: {val.x.shape[1:]} vs {train.x.shape[1:]})")
