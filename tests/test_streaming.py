@@ -250,7 +250,10 @@ def test_a_damaged_record_or_a_feature_of_another_type_is_one_line(tmp_path):
                 next(stream)
         lines.append(bad_record(e.value, files))
     end = ": a damaged record, or a feature whose type is not the one data.features declares; TensorFlow does not say in which file"
-    assert lines == ["data.files: a record cannot be read (corrupted record at 158)" + end,
+    # TensorFlow names the damaged record's byte offset only (its data's, 12 bytes into record 2 of 73 bytes)
+    assert lines == [f"data.files: record 2 of {tmp_path}/damaged/part-000.tfrecord is damaged: its checksum fails "
+                     "(TensorFlow: corrupted record at byte 158); write the file again, or leave it out "
+                     "(data.on_bad_record=skip does not leave out a damaged record)",
                      "data.files: a record cannot be read (Key: y, Index: 3. Data types don't match. Expected type: int64, Actual "
                      "type: float)" + end]
 
