@@ -87,6 +87,12 @@ def root(tmp_path_factory):
     for k in range(2):
         _records(root / "empty_val" / f"part-{k}.tfrecord", 40)
     (root / "empty_val" / "part-2.tfrecord").write_bytes(b"")
+    (root / "narrow").mkdir()  # the second file's examples hold 2 floats, not 3
+    _records(root / "narrow" / "part-0.tfrecord", 40)
+    with tf.io.TFRecordWriter(str(root / "narrow" / "part-1.tfrecord")) as w:
+        w.write(tf.train.Example(features=tf.train.Features(feature={
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5, 0.5])),
+            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})).SerializeToString())
     (root / "empty.keras").write_bytes(b"")
     _keras_file(root / "whole.keras")
     whole = (root / "whole.keras").read_bytes()
@@ -134,6 +140,10 @@ CASES = {
                                r"^error: data.files: .* holds no records, and it is held out for validation \(the last 1 "
                                r"file\(s\) of data.files in sorted order\); every file streamed holds at least one: "
                                r"remove it, or change data.files$"),
+    "tfrecord file of another shape": (["data=tfrecord", "data.files={root}/narrow/*.tfrecord", "data.y=y",
+                                        "data.features={x: 'float32[3]', y: int64}"], "narrow/part-1.tfrecord",
+                                       r"^error: data.files: record 0 of .* is not as data.features declares it: "
+                                       r"feature x holds 2 values, declared float32\[3\] \(each file's first record"),
     "endless generator": ([*CALL, "data._target_=user_datasets.endless", "data.max_examples=50"], None,
                           r"^error: data._target_=user_datasets.endless gave more than data.max_examples=50 examples "
                           r"\(an endless dataset\?\); return each example once, or raise data.max_examples$"),

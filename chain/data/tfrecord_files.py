@@ -14,6 +14,7 @@ CRC-32C of those 8 bytes, the data, the masked CRC-32C of the data.
 
 from __future__ import annotations
 
+import os
 import struct
 
 HEAD = 12  # the length and its checksum
@@ -67,6 +68,8 @@ def first_record(path: str) -> bytes | None:
         if len(head) < HEAD:
             return None
         length = struct.unpack("<Q", head[:8])[0]
+        if length > os.fstat(f.fileno()).st_size - HEAD:  # not a record's length (never read 2**60 bytes)
+            return None
         data = f.read(length)
     return data if len(data) == length else None
 

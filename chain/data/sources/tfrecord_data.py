@@ -59,6 +59,9 @@ def describe(data: TFRecord) -> None:
         s = shards(data)
         return DataInfo("tfrecord", tuple(features[data.x][1]), s.examples,
                         tuple(Target(name, classes) for name, _, classes in s.targets), s.val_examples)
+    for key, pattern in (("data.files", data.files), ("data.val_files", data.val_files)):
+        for path in files.matching(pattern, key) if pattern is not None else ():
+            _first_as_declared(path, data.features, key)  # TensorFlow's parser would not name the file
     return None
 
 
@@ -84,11 +87,14 @@ def _first_as_declared(path: str, features: tuple[tuple[str, tuple], ...], key: 
     """One line when the first record of `path` (`key` names its glob) is not as `data.features`
     declares: a feature missing, with another number of values or of another type. A stream reads
     its records while training, so a file of examples unlike the others' would stop the run on its
-    first record, or (`data.on_bad_record=skip`) be left out whole: refused before training."""
+    first record, or (`data.on_bad_record=skip`) be left out whole; a load's parser would fail
+    without naming the file: refused before training, naming it."""
     where = f"{key}: record 0 of {path}"
     record = tfrecord_files.first_record(path)
+    if record is None:  # no whole record: a stream refuses it by its count, a load reads none from it
+        return
     try:
-        held = tfrecord_files.example_features(record or b"")
+        held = tfrecord_files.example_features(record)
     except ValueError:
         raise ConfigError(f"{where} is not a tf.train.Example; a stream reads files of tf.train.Example records") \
             from None
