@@ -143,7 +143,8 @@ CASES = {
     "tfrecord file of another shape": (["data=tfrecord", "data.files={root}/narrow/*.tfrecord", "data.y=y",
                                         "data.features={x: 'float32[3]', y: int64}"], "narrow/part-1.tfrecord",
                                        r"^error: data.files: record 0 of .* is not as data.features declares it: "
-                                       r"feature x holds 2 values, declared float32\[3\] \(each file's first record"),
+                                       r"feature x holds 2 values, declared float32\[3\] \(each file.s first record is checked "
+                                       r"before training\)$"),
     "endless generator": ([*CALL, "data._target_=user_datasets.endless", "data.max_examples=50"], None,
                           r"^error: data._target_=user_datasets.endless gave more than data.max_examples=50 examples "
                           r"\(an endless dataset\?\); return each example once, or raise data.max_examples$"),

@@ -163,7 +163,7 @@ def odd_files(tmp_path_factory):
 
 
 EVERY = "every file streamed holds at least one: remove it, or change"
-FIRST = "(each file's first record is checked before training: a file of other examples than the others?)"
+FIRST = "(each file's first record is checked before training)"
 TFRECORD = "data.features={x: 'float32[8]', y: int64}"
 
 

@@ -104,8 +104,7 @@ def _first_as_declared(path: str, features: tuple[tuple[str, tuple], ...], key: 
         if n != math.prod(shape) or (n and kind != dtype):
             what = f"{n} values" if not n or kind == dtype else f"{n} {kind} values"
             raise ConfigError(f"{where} is not as data.features declares it: feature {name} holds {what}, declared "
-                              f"{declared} (each file's first record is checked before training: a file of other "
-                              "examples than the others?)")
+                              f"{declared} (each file's first record is checked before training)")
 
 
 def shards(data: TFRecord) -> Shards:
