@@ -143,8 +143,8 @@ CASES = {
     "tfrecord file of another shape": (["data=tfrecord", "data.files={root}/narrow/*.tfrecord", "data.y=y",
                                         "data.features={x: 'float32[3]', y: int64}"], "narrow/part-1.tfrecord",
                                        r"^error: data.files: record 0 of .* is not as data.features declares it: "
-                                       r"feature x holds 2 values, declared float32\[3\] \(each file.s first record is checked "
-                                       r"before training\)$"),
+                                       r"feature x holds 2 values, declared float32\[3\] \(each file.s first record "
+                                       r"is checked before training\)$"),
     "endless generator": ([*CALL, "data._target_=user_datasets.endless", "data.max_examples=50"], None,
                           r"^error: data._target_=user_datasets.endless gave more than data.max_examples=50 examples "
                           r"\(an endless dataset\?\); return each example once, or raise data.max_examples$"),
@@ -246,3 +246,6 @@ def test_records_read_without_tensorflow_agree_with_its_reader(tmp_path):
     assert tfrecord_files.example_features(record) == {"x": ("float32", 3), "y": ("int64", 2)}
     assert tfrecord_files.example_features(tfrecord_files.first_record(str(tmp_path / "a.tfrecord"))) == {
         "x": ("float32", 3), "y": ("int64", 1)}
+    for garbage in (b"\xff\xff", bytes([0x0A, 0x09, 0x0A])):  # a varint that never ends; a field past the end
+        with pytest.raises(ValueError):
+            tfrecord_files.example_features(garbage)

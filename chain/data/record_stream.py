@@ -22,8 +22,8 @@ import re
 
 import tensorflow as tf
 
-from chain.data.chunks import PARALLEL, batched, chunk_rows, grouped, interleaved, permuted
 from chain.data import tfrecord_files
+from chain.data.chunks import PARALLEL, batched, chunk_rows, grouped, interleaved, permuted
 from chain.data.shards import Shards
 from chain.errors import first_line
 

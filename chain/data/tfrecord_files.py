@@ -2,11 +2,11 @@
 what a `tf.train.Example` record holds (each feature's kind and number of values, from the
 protobuf wire format). No TensorFlow: the preparation pass uses it before TensorFlow starts.
 
-`first_features` is how a stream (`data.stream=true`) refuses, before training, a file whose
-examples are not shaped as `data.features` declares (another shape or type than the other
-files'): its first record is read and compared, one record a file (records past the first are
-checked as they are read, `chain.data.record_stream`). `damaged` finds which record of which file
-a failed checksum is in: TensorFlow's reader says only `corrupted record at N`, a byte offset.
+`first_record` and `example_features` are how `data=tfrecord` refuses, before training, a file
+whose examples are not shaped as `data.features` declares (another shape or type than the other
+files'): its first record is read and compared, one record a file (a stream checks the records
+past the first as it reads them, `chain.data.record_stream`). `damaged` finds which record of a
+file a failed checksum is in: TensorFlow's reader says only `corrupted record at N`, a byte offset.
 
 A record is framed as TensorFlow writes it: its length (uint64, little-endian), the masked
 CRC-32C of those 8 bytes, the data, the masked CRC-32C of the data.

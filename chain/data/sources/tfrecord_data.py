@@ -96,8 +96,8 @@ def _first_as_declared(path: str, features: tuple[tuple[str, tuple], ...], key: 
     try:
         held = tfrecord_files.example_features(record)
     except ValueError:
-        raise ConfigError(f"{where} is not a tf.train.Example; a stream reads files of tf.train.Example records") \
-            from None
+        raise ConfigError(f"{where} is not a tf.train.Example; data=tfrecord reads files of tf.train.Example "
+                          "records") from None
     for name, (dtype, shape) in features:
         kind, n = held.get(name, ("", 0))
         declared = dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
