@@ -83,6 +83,16 @@ def root(tmp_path_factory):
     # TensorFlow stops without a word), and in its data (where TensorFlow says "truncated record").
     (root / "cut.tfrecord").write_bytes(whole[:180 * size + 7])
     (root / "cut-data.tfrecord").write_bytes(whole[:180 * size + size // 2])
+    (root / "empty_val").mkdir()  # a stream of 3 files, the last (held out for validation) empty: issue 39's crash
+    for k in range(2):
+        _records(root / "empty_val" / f"part-{k}.tfrecord", 40)
+    (root / "empty_val" / "part-2.tfrecord").write_bytes(b"")
+    (root / "narrow").mkdir()  # the second file's examples hold 2 floats, not 3
+    _records(root / "narrow" / "part-0.tfrecord", 40)
+    with tf.io.TFRecordWriter(str(root / "narrow" / "part-1.tfrecord")) as w:
+        w.write(tf.train.Example(features=tf.train.Features(feature={
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5, 0.5])),
+            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})).SerializeToString())
     (root / "empty.keras").write_bytes(b"")
     _keras_file(root / "whole.keras")
     whole = (root / "whole.keras").read_bytes()
@@ -124,6 +134,17 @@ CASES = {
     "truncated tfrecord data": (["data=tfrecord", "data.files={root}/cut-data.tfrecord", "data.y=y",
                                  "data.features={x: 'float32[3]', y: int64}"], "cut-data.tfrecord",
                                 r"\.tfrecord ends inside record 180 \(180 whole records before it\)"),
+    "empty validation shard": (["data=tfrecord", "data.files={root}/empty_val/*.tfrecord", "data.y=y", "data.stream=true",
+                                "data.classes={label: 2}", "data.val_fraction=0.3",
+                                "data.features={x: 'float32[3]', y: int64}"], "empty_val/part-2.tfrecord",
+                               r"^error: data.files: .* holds no records, and it is held out for validation \(the last 1 "
+                               r"file\(s\) of data.files in sorted order\); every file streamed holds at least one: "
+                               r"remove it, or change data.files$"),
+    "tfrecord file of another shape": (["data=tfrecord", "data.files={root}/narrow/*.tfrecord", "data.y=y",
+                                        "data.features={x: 'float32[3]', y: int64}"], "narrow/part-1.tfrecord",
+                                       r"^error: data.files: record 0 of .* is not as data.features declares it: "
+                                       r"feature x holds 2 values, declared float32\[3\] \(each file.s first record "
+                                       r"is checked before training\)$"),
     "endless generator": ([*CALL, "data._target_=user_datasets.endless", "data.max_examples=50"], None,
                           r"^error: data._target_=user_datasets.endless gave more than data.max_examples=50 examples "
                           r"\(an endless dataset\?\); return each example once, or raise data.max_examples$"),
@@ -178,3 +199,53 @@ def test_negative_integer_labels_learn_as_a_real_value_when_told(root):
     assert [(t.name, t.classes) for t in describe(s.data).targets] == [("label", 0)]
     ds = load(s.data, 0)
     assert ds.y["label"].dtype == np.float32 and ds.y["label"].max() == -1
+
+
+def test_a_damaged_checksum_mid_stream_names_the_file_and_the_record(tmp_path):
+    """TensorFlow's reader says only `corrupted record at N` (a byte offset), and a compiled loop's error
+    starts `Graph execution error:`: the line names the file and the record all the same."""
+    (tmp_path / "data").mkdir()
+    size = [_records(tmp_path / "data" / f"part-{k}.tfrecord", 40) for k in range(2)][0]
+    damaged = bytearray((tmp_path / "data" / "part-1.tfrecord").read_bytes())
+    damaged[25 * size + 20] ^= 0xFF  # in record 25's data
+    (tmp_path / "data" / "part-1.tfrecord").write_bytes(bytes(damaged))
+    r = run_cli(tmp_path, *SMALL, "data=tfrecord", f"data.files={tmp_path}/data/*.tfrecord", "data.y=y",
+                "data.stream=true", "data.classes={label: 2}", "data.val_fraction=0", "data.shuffle=false",
+                "data.features={x: 'float32[3]', y: int64}", "trainer.steps=8", timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0] == (f"error: data.files: record 25 of {tmp_path}/data/part-1.tfrecord is damaged: its checksum fails "
+                        f"(TensorFlow: corrupted record at byte {25 * size + 12}); write the file again, or leave it "
+                        "out (data.on_bad_record=skip does not leave out a damaged record); no checkpoint had been saved")
+
+
+def test_records_read_without_tensorflow_agree_with_its_reader(tmp_path):
+    from chain.data import tfrecord_files
+
+    size = _records(tmp_path / "a.tfrecord", 5)
+    whole = (tmp_path / "a.tfrecord").read_bytes()
+    for at, name in ((3 * size + 2, "length"), (3 * size + 30, "data")):  # record 3's length, then its data
+        damaged = bytearray(whole)
+        damaged[at] ^= 0x01
+        (tmp_path / name).write_bytes(bytes(damaged))
+        with pytest.raises(tf.errors.DataLossError) as e:
+            list(tf.data.TFRecordDataset(str(tmp_path / name)))
+        offset = int(re.search(r"corrupted record at (\d+)", str(e.value)).group(1))
+        assert tfrecord_files.damaged(str(tmp_path / name), offset) == 3, name
+        assert tfrecord_files.damaged(str(tmp_path / "a.tfrecord"), offset) is None  # the same place, intact
+    # Unpacked repeated values (a writer other than TensorFlow's may write them so) count as packed ones do.
+    floats = b"".join(b"\x0d" + np.float32(v).tobytes() for v in (1, 2, 3))  # FloatList.value, one field each
+    ints = bytes([0x08, 0x01, 0x08, 0xAC, 0x02])  # Int64List.value: 1, 300
+    feature = {"x": bytes([0x12, len(floats)]) + floats, "y": bytes([0x1A, len(ints)]) + ints}
+    entries = b"".join(bytes([0x0A, 5 + len(v)]) + b"\x0a\x01" + k.encode() + bytes([0x12, len(v)]) + v
+                       for k, v in feature.items())
+    record = bytes([0x0A, len(entries)]) + entries
+    parsed = tf.io.parse_single_example(record, {"x": tf.io.VarLenFeature(tf.float32),
+                                                 "y": tf.io.VarLenFeature(tf.int64)})
+    assert parsed["x"].values.numpy().tolist() == [1, 2, 3] and parsed["y"].values.numpy().tolist() == [1, 300]
+    assert tfrecord_files.example_features(record) == {"x": ("float32", 3), "y": ("int64", 2)}
+    assert tfrecord_files.example_features(tfrecord_files.first_record(str(tmp_path / "a.tfrecord"))) == {
+        "x": ("float32", 3), "y": ("int64", 1)}
+    for garbage in (b"\xff\xff", bytes([0x0A, 0x09, 0x0A])):  # a varint that never ends; a field past the end
+        with pytest.raises(ValueError):
+            tfrecord_files.example_features(garbage)

@@ -56,6 +56,12 @@ def data(tmp_path_factory):
                 feature = {"image": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].ravel())),
                            "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])]))}
                 w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    (root / "late").mkdir()  # records of images.npz, but the 6th holds 8 floats: past the first record checked
+    with tf.io.TFRecordWriter(str(root / "late" / "records.tfrecord")) as w:
+        for i in range(10):
+            feature = {"image": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].ravel()[:8 if i == 5 else 16])),
+                       "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])]))}
+            w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return {"root": str(root), "x": x, "y": y, "v": v, "table": table}
 
 
@@ -215,10 +221,16 @@ BAD = {
     "a conv stage on flat data": (["data=csv", "data.path={root}/table.csv", "data.y=label", "+stages=[{model: conv}]"],
                                   "stages[0].model=conv needs image input (height, width, channels), but receives "
                                   "shape (4,)"),
-    # Found once the data is read (TensorFlow reads TFRecords and runs the function), still before training:
     "records that do not parse": (["data=tfrecord", "data.files={root}/*.tfrecord", "data.x=image", "data.y=digit",
                                    "data.features={image: 'float32[8]', digit: int64}"],
-                                  "data.files='{root}/*.tfrecord' with data.features cannot be read: InvalidArgumentError"),
+                                  "data.files: record 0 of {root}/records-0.tfrecord is not as data.features declares "
+                                  "it: feature image holds 16 values, declared float32[8] (each file's first record is "
+                                  "checked before training)"),
+    # Found once the data is read (TensorFlow reads TFRecords and runs the function), still before training:
+    "a record past the first that does not parse": (["data=tfrecord", "data.files={root}/late/*.tfrecord", "data.x=image",
+                                                     "data.y=digit", "data.features={image: 'float32[16]', digit: int64}"],
+                                                    "data.files='{root}/late/*.tfrecord' with data.features cannot be "
+                                                    "read: InvalidArgumentError"),
     "labels out of range": (["data=npz", "data.path={root}/images.npz", "data.y=z", "data.classes={label: 3}"],
                             "data.y='z'[{first}] = 3 is out of range: target 'label' has 3 classes, 0..2"),
     "not a dataset": (["data=callable", "data._target_=user_datasets.not_a_dataset"],

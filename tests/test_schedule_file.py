@@ -46,7 +46,7 @@ ONE_F_ONE_B = "F0,F1,B0,B1\nF0,B0,F1,B1\n"  # 2 stages, 2 microbatches
                                    "B0 of stage 1, which stage 1 runs only after F1, itself waiting"),
     ("F0,F1,B0,B1\nB0,F0,F1,B1\n", "stage 1 runs B0 before F0"),
     ("F0,F1,B0,B1\n", "no row runs stage 1"),
-    ("F0,F1,B0,B1\nF0,B0,F1,B1\nF0\n", "has 3 rows, but the chain has 2 stages: one row per device, at most 2"),
+    ("F0,F1,B0,B1\nF0,B0,F1,B1\nF0\n", "has more than 2 rows, but the chain has 2 stages: one row per device, at most 2"),
     ("F0,F1,B0,B1\nF0,B0,F1,B1,F2\n", "row 2, cell 5: F2@s1: microbatch 2, but pipeline.microbatches=2 numbers them 0..1"),
     ("F0,F1,B0,X1\nF0,B0,F1,B1\n", "row 1, cell 4: 'X1' is not an action"),
     ("F0,F1,B0,B1\nF0,B0,F1,B1@s0\n", "row 2, cell 4: B1@s0: stage 0 is on row 1's device already"),
@@ -87,3 +87,32 @@ def test_the_command_line_refuses_a_bad_file_with_one_line_and_exit_2(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == "error: pipeline.schedule_file='s.csv' row 1 never runs B1@s0", r.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("cell, message", [
+    ("F" * (1 << 20), "line 2 holds a cell of more than 131072 characters; a cell is F3, B3 or W3"),  # past csv's limit
+    ("F" + "1" * 5000, "row 2, cell 4: 'F11111111111'... (5001 characters) is not an action"),  # past int()'s digits
+    ("F1@s" + "1" * 5000, "row 2, cell 4: 'F1@s11111111'... (5004 characters) is not an action"),
+])
+def test_a_file_under_the_size_limit_with_a_huge_cell_is_one_line(tmp_path, cell, message):
+    path = tmp_path / "s.csv"
+    path.write_text(f"F0,F1,B0,B1\nF0,B0,F1,{cell}\n")
+    assert path.stat().st_size < schedule_file.MAX_BYTES
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose(BASE + ["pipeline.schedule=file", f"pipeline.schedule_file={path}"])
+    assert str(e.value).startswith(f"pipeline.schedule_file={str(path)!r} {message}") and len(str(e.value)) < 300
+    assert "\n" not in str(e.value)
+
+
+def test_a_file_just_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    path = tmp_path / "s.csv"
+    path.write_bytes(ONE_F_ONE_B.encode() + b"\n" * (schedule_file.MAX_BYTES + 1 - len(ONE_F_ONE_B)))
+    monkeypatch.setattr(schedule_file, "loads", lambda *a: pytest.fail("parsed"))
+    with pytest.raises(schedule_file.ScheduleFileError, match=r"^is larger than 16 MiB; a schedule file is a few lines$"):
+        schedule_file.read(str(path), 2, 2)
+    path.write_bytes(path.read_bytes()[:-1])  # exactly at the limit: read and parsed
+    monkeypatch.undo()
+    assert schedule_file.read(str(path), 2, 2).actions == schedules.build("1f1b", 2, 2).actions
+    path.write_bytes(ONE_F_ONE_B.replace("\n", "\n" * (schedule_file.MAX_BYTES - 40), 1).encode())  # blank lines inside
+    with pytest.raises(schedule_file.ScheduleFileError, match=r"^has more than 2 rows, but the chain has 2 stages"):
+        schedule_file.read(str(path), 2, 2)

@@ -140,6 +140,66 @@ def test_what_a_stream_needs_up_front_is_one_line_naming_the_key(shards, more, m
 
 
 @pytest.fixture(scope="module")
+def odd_files(tmp_path_factory):
+    """Folders of files to stream, each with one file that is empty or unlike the others."""
+    root = tmp_path_factory.mktemp("odd")
+    for name in ("empty_train", "empty_val", "wider", "typed"):
+        write_shards(root / name, shards=3, per=8, width=8)
+    (root / "empty_train" / "part-001.tfrecord").write_bytes(b"")
+    (root / "empty_val" / "part-002.tfrecord").write_bytes(b"")  # the file data.val_fraction holds out
+    write_shards(root / "narrow", shards=1, per=8, width=4)
+    os.replace(root / "narrow" / "part-000.tfrecord", root / "wider" / "part-001.tfrecord")
+    y_float = tf.train.Example(features=tf.train.Features(feature={
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(8))),
+        "y": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))})).SerializeToString()
+    with tf.io.TFRecordWriter(str(root / "typed" / "part-001.tfrecord")) as w:
+        for _ in range(8):
+            w.write(y_float)
+    write_csv(root / "csv", files=3, rows=10)
+    (root / "csv" / "part-2.csv").write_text("a,b,c,d,y\n")  # a header, no rows
+    np.savez(root / "none.npz", x=np.zeros((0, 6), "float32"), y=np.zeros(0, "int64"))
+    np.savez(root / "some.npz", x=np.ones((40, 6), "float32"), y=np.arange(40) % 2)
+    return str(root)
+
+
+EVERY = "every file streamed holds at least one: remove it, or change"
+FIRST = "(each file's first record is checked before training)"
+TFRECORD = "data.features={x: 'float32[8]', y: int64}"
+
+
+@pytest.mark.parametrize("more, message", [
+    (["data.files={root}/empty_train/*.tfrecord", "data.val_fraction=0"],
+     f"data.files: {{root}}/empty_train/part-001.tfrecord holds no records; {EVERY} data.files"),
+    (["data.files={root}/empty_val/*.tfrecord", "data.val_fraction=0.3"],  # issue 39: 20 steps, then ZeroDivisionError
+     f"data.files: {{root}}/empty_val/part-002.tfrecord holds no records, and it is held out for validation (the last "
+     f"1 file(s) of data.files in sorted order); {EVERY} data.files"),
+    (["data.files={root}/wider/part-000.tfrecord", "data.val_files={root}/empty_val/part-002.tfrecord"],
+     f"data.val_files: {{root}}/empty_val/part-002.tfrecord holds no records; {EVERY} data.val_files"),
+    (["data.files={root}/wider/*.tfrecord", "data.val_fraction=0"],
+     f"data.files: record 0 of {{root}}/wider/part-001.tfrecord is not as data.features declares it: feature x holds 4 "
+     f"values, declared float32[8] {FIRST}"),
+    (["data.files={root}/typed/*.tfrecord", "data.val_fraction=0.3"],
+     f"data.files: record 0 of {{root}}/typed/part-001.tfrecord is not as data.features declares it: feature y holds 1 "
+     f"float32 values, declared int64 {FIRST}"),
+    (["data=csv", "data.path={root}/csv/*.csv", "data.val_fraction=0.3"],
+     f"data.path: {{root}}/csv/part-2.csv holds no rows, and it is held out for validation (the last 1 file(s) of "
+     f"data.path in sorted order); {EVERY} data.path"),
+    (["data=npz", "data.path={root}/some.npz", "data.val_path={root}/none.npz"],
+     "data.val_path='{root}/none.npz': its arrays hold no rows (x: (0, 6)), so there is nothing to validate on; give "
+     "a file that holds examples, or leave data.val_path out"),
+], ids=["empty training file", "empty validation file", "empty data.val_files", "another shape", "another type",
+        "empty csv held out", "npz val_path of no rows"])
+def test_an_empty_or_odd_file_is_refused_before_training_naming_it(odd_files, more, message):
+    more = [m.format(root=odd_files) for m in more]
+    kind = [m for m in more if m.startswith("data=")]
+    args = [*TINY[:4], *(kind or ["data=tfrecord", TFRECORD]), "data.y=y", "data.stream=true", "data.classes={label: 2}",
+            "data.batch_size=4", *[m for m in more if not m.startswith("data=")]]
+    with pytest.raises(ConfigError) as e:
+        chain.spec.check(chain.compose(args))
+    assert str(e.value) == message.format(root=odd_files)
+
+
+@pytest.fixture(scope="module")
 def bad_shards(tmp_path_factory):
     """3 files of 64 records {x: float32[8], y: int64}; record 9 of part-001 has no y, record 40 of
     part-002 holds 7 floats. Read in order (data.shuffle=false), a chunk of each file in turn (all its
@@ -250,7 +310,10 @@ def test_a_damaged_record_or_a_feature_of_another_type_is_one_line(tmp_path):
                 next(stream)
         lines.append(bad_record(e.value, files))
     end = ": a damaged record, or a feature whose type is not the one data.features declares; TensorFlow does not say in which file"
-    assert lines == ["data.files: a record cannot be read (corrupted record at 158)" + end,
+    # TensorFlow names the damaged record's byte offset only (its data's, 12 bytes into record 2 of 73 bytes)
+    assert lines == [f"data.files: record 2 of {tmp_path}/damaged/part-000.tfrecord is damaged: its checksum fails "
+                     "(TensorFlow: corrupted record at byte 158); write the file again, or leave it out "
+                     "(data.on_bad_record=skip does not leave out a damaged record)",
                      "data.files: a record cannot be read (Key: y, Index: 3. Data types don't match. Expected type: int64, Actual "
                      "type: float)" + end]
 

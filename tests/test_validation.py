@@ -107,6 +107,25 @@ def test_epochs_set_the_steps_and_no_validation_is_allowed():
     assert summary["val"] is None and summary["best_step"] is None and "val" not in summary["stages"][0]
 
 
+def test_an_evaluation_of_no_example_is_one_line_not_a_division_by_zero():
+    # What only reading shows (the sources refuse an empty validation file up front): a set that gives nothing.
+    run = chain.build(chain.compose([*SMALL, "+stages=2", "trainer.steps=1"]))
+    nothing = tf.data.Dataset.from_tensor_slices((run.dataset.val_x, run.dataset.val_y)).take(0).batch(16)
+    with pytest.raises(chain.ConfigError) as e:
+        run.strategy.evaluate(nothing)
+    assert str(e.value) == ("the validation set gave no example, so its loss and metrics are undefined; give validation "
+                            "data that holds examples, or data.val_fraction=0 (no validation)")
+
+
+def test_a_split_that_would_hold_out_no_example_is_one_line(tmp_path):
+    np.savez(tmp_path / "one.npz", x=np.ones((1, 3), "float32"), y=np.zeros(1, "int64"))
+    args = [*SMALL, "data=npz", f"data.path={tmp_path}/one.npz", "data.y=y", "data.batch_size=1"]
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose(args)
+    assert str(e.value) == ("data.val_fraction=0.1 (the default) holds out none of the 1 example of data=npz: validation "
+                            "and training need one each; give more examples, or data.val_fraction=0 (no validation)")
+    assert chain.compose([*args, "data.val_fraction=0"]).data.val_fraction == 0
+
 def test_best_checkpoint_and_early_stopping(tmp_path):
     overrides = [*SMALL, "+stages=2", "data.batch_size=32", "optim.lr=0.05", "trainer.steps=60",
                  "trainer.eval_every=2", "trainer.early_stop_patience=2", "checkpoint.best=true"]

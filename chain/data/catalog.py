@@ -95,11 +95,24 @@ def split_size(n: int, fraction: float) -> int:
     return min(n - 1, max(1, round(n * fraction)))
 
 
+def held_out(n: int, data, what: str) -> int:
+    """`split_size` of `n` examples (`what` says which) for `val_fraction(data)`; one line when a
+    fraction above 0 holds none out of a single example, rather than a run with no validation."""
+    fraction = val_fraction(data)
+    held = split_size(n, fraction)
+    if fraction > 0 and n == 1:
+        default = "" if data.val_fraction is not None else " (the default)"
+        raise ConfigError(f"data.val_fraction={fraction:g}{default} holds out none of the 1 example of {what}: "
+                          "validation and training need one each; give more examples, or data.val_fraction=0 "
+                          "(no validation)")
+    return held
+
+
 def split_info(name: str, shape: tuple[int, ...], n: int, targets: tuple[Target, ...], data, own: int = 0
                ) -> DataInfo:
     """The `DataInfo` of `n` examples of which `val_fraction(data)` is held out for validation;
     `own`: validation examples the data set brings besides (`data.val_path`)."""
-    held = split_size(n, val_fraction(data))
+    held = held_out(n, data, f"data={name}")
     return DataInfo(name, shape, n - held, targets, held + own)
 
 

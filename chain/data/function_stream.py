@@ -22,7 +22,7 @@ import logging
 import tensorflow as tf
 
 from chain.data import tensors
-from chain.data.catalog import DataInfo, Target, no_other_classes, split_size, stream_classes, val_fraction
+from chain.data.catalog import DataInfo, Target, held_out, no_other_classes, stream_classes
 from chain.data.streamed import FunctionData
 from chain.errors import ConfigError, first_line
 
@@ -79,7 +79,7 @@ def plan(data) -> FunctionData:
         targets.append(Target(name, classes))
     no_other_classes(given, what, [t.name for t in targets])
     n = _size(dataset, data, what)
-    held = split_size(n, val_fraction(data))
+    held = held_out(n, data, what)
     if n - held < 1:
         raise ConfigError(f"{what} holds no examples")
     info = DataInfo("callable", tuple(x_spec.shape), n - held, tuple(targets), held)

@@ -22,6 +22,7 @@ import re
 
 import tensorflow as tf
 
+from chain.data import tfrecord_files
 from chain.data.chunks import PARALLEL, batched, chunk_rows, grouped, interleaved, permuted
 from chain.data.shards import Shards
 from chain.errors import first_line
@@ -35,6 +36,8 @@ def _chunk(shards: Shards) -> int:
 MARK = "chain-bad-record"  # starts the assertion's data, so the host finds it in TensorFlow's message
 END = "<end>"  # ends the assertion's reason, which may hold brackets itself
 _BAD = re.compile(MARK + r"\]\s*\[(.*?)\]\s*\[(\d+)\]\s*\[(.*?)" + END, re.S)
+_CORRUPTED = re.compile(r"corrupted record at (\d+)")  # TensorFlow's reader: a checksum failed at that byte
+_MISMATCH = re.compile(r"Key: [^\n]*?Data types don't match\.[^\n\[]*[^\s\[]")
 
 
 def _numbered(chunk: int):
@@ -151,8 +154,19 @@ def bad_record(error: BaseException, shards: Shards) -> str | None:
     text = str(error)
     found = _BAD.search(text)
     if not found and (isinstance(error, tf.errors.DataLossError) or "Data types don't match" in text):
-        said = re.sub(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*|\s+", " ", first_line(error, typed=False)).strip()
-        said = said[said.index("Key: "):] if "Key: " in said else said  # past tf.data's "Error in user-defined ..."
+        corrupted = _CORRUPTED.search(text)
+        if corrupted:  # TensorFlow names the byte offset only: the file is the one whose checksum fails there
+            at = int(corrupted.group(1))
+            for path in (*shards.paths, *shards.val_paths):
+                record = tfrecord_files.damaged(path, at)
+                if record is not None:
+                    return (f"{shards.key(path)}: record {record} of {path} is damaged: its checksum fails "
+                            f"(TensorFlow: corrupted record at byte {at}); write the file again, or leave it out "
+                            "(data.on_bad_record=skip does not leave out a damaged record)")
+        # The reason, wherever it sits: a compiled loop's error starts "Graph execution error:", an eager
+        # one with tf.data's "Error in user-defined ..."
+        reason = corrupted or _MISMATCH.search(text)
+        said = re.sub(r"\s+", " ", reason.group(0)).strip() if reason else first_line(error, typed=False)
         return (f"{key}: a record cannot be read ({said}): a damaged record, or a feature whose type is not the one "
                 "data.features declares; TensorFlow does not say in which file")
     if not found:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from chain.data import count_cache, files
+from chain.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,15 @@ def count(paths: list[str], key: str) -> tuple[int, ...]:
     """The records of each file (`key` names the glob, for error lines), counted from the files'
     framing (a pass, logged), or read from the count cache (`chain.data.count_cache`)."""
     return count_cache.counts(paths, key, "tfrecord records", lambda p: files.tfrecord_whole(p, key))
+
+
+def none_empty(paths: list[str], counts: tuple[int, ...], key: str, what: str, held: bool = False) -> None:
+    """One line naming the first of `paths` that holds no `what` (`key` names their glob; `held`:
+    they are the validation files held out of it). An empty file is refused before training: an
+    empty validation set has no loss to report, and an empty training file is no file of the data."""
+    for path, n in zip(paths, counts):
+        if not n:
+            role = (f", and it is held out for validation (the last {len(paths)} file(s) of {key} in sorted order)"
+                    if held else "")
+            raise ConfigError(f"{key}: {path} holds no {what}{role}; every file streamed holds at least one: remove "
+                              f"it, or change {key}")

@@ -24,6 +24,7 @@ import io
 from chain.pipeline.schedules import BACKWARD, FORWARD, KINDS, WEIGHT, Action, Schedule, simulate, validate
 
 MAX_BYTES = 16 << 20  # a schedule of 4096 microbatches x 512 stages is far below this
+MAX_CELL = 32  # characters: the longest action, torch's `511F4095` or `F4095@s511`, has 10
 
 
 class ScheduleFileError(ValueError):
@@ -64,6 +65,9 @@ def write(schedule: Schedule, path: str) -> None:
 def parse_cell(text: str, row: int) -> Action:
     """One cell as an action of stage `row` unless it names another (`F3@s2`, `2F3`)."""
     t = text.strip()
+    if len(t) > MAX_CELL:  # shown cut short; and no int() of thousands of digits (Python refuses past 4300)
+        raise ScheduleFileError(f"{t[:12]!r}... ({len(t)} characters) is not an action; a cell is F3, B3 or W3, "
+                                "F3@s2 for stage 2")
     stage = row
     if "@" in t:
         t, _, where = t.partition("@")
@@ -84,12 +88,22 @@ def parse_cell(text: str, row: int) -> Action:
 def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Schedule:
     """The schedule in `text` for `stages` stages and `microbatches` microbatches, checked (see the
     module's docstring); ScheduleFileError otherwise."""
-    rows = [[c for c in line if c.strip()] for line in csv.reader(io.StringIO(text))]
-    while rows and not rows[-1]:
-        rows.pop()
-    if not 1 <= len(rows) <= stages:
-        raise ScheduleFileError(f"has {len(rows)} rows, but the chain has {stages} stages: one row per device, "
-                                f"at most {stages}")
+    # Trailing blank lines and empty cells are no rows; past `stages` rows the file is refused as soon
+    # as the row is read (a 16 MiB file of blank lines took the csv module 25 s to the end).
+    reader = csv.reader(io.StringIO(text.rstrip(" \t\r\n,")))
+    rows: list[list[str]] = []
+    try:
+        for line in reader:
+            if len(rows) == stages:
+                raise ScheduleFileError(f"has more than {stages} rows, but the chain has {stages} stages: one row per "
+                                        f"device, at most {stages}")
+            rows.append([c for c in line if c.strip()])
+    except csv.Error as e:  # a cell past the csv module's field limit (128 KiB): no action is like that
+        what = (f"holds a cell of more than {csv.field_size_limit()} characters" if "field limit" in str(e)
+                else f"is not CSV ({e})")
+        raise ScheduleFileError(f"line {reader.line_num} {what}; a cell is F3, B3 or W3, F3@s2 for stage 2") from None
+    if not rows or not rows[0] and len(rows) == 1:
+        raise ScheduleFileError("has no rows: one row per device, its actions in order (F3, B3, W3)")
     home: dict[int, int] = {}  # stage -> the row (device) that runs it
     actions = []
     for r, line in enumerate(rows):

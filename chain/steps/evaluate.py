@@ -7,7 +7,10 @@ read-out's sums are computed on its stage's device: the loss times the examples,
 correct predictions (class labels) or the absolute errors (values), and the examples. A
 read-out's loss includes the regularization of the stages it follows (`Readout.regularized`),
 as the training loss and Keras' `evaluate` do.
-Summed over the batches in float64, they become means: `loss`, and `accuracy` or `mae`.
+Summed over the batches in float64, they become means: `loss`, and `accuracy` or `mae`. A
+validation set that gives no example has no mean: a one-line ConfigError, never a 0 or a
+division by zero (the sources refuse an empty validation file before training; this guards
+what shows only while reading, e.g. a user's dataset shorter than `data.examples` says).
 
 Nothing is trained and no random state is drawn (dropout is off), so evaluating leaves a
 run exactly where it was. In a mirrored run the models are read in cross-replica context
@@ -22,6 +25,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain.data.catalog import Target
+from chain.errors import ConfigError
 from chain.stages import losses
 from chain.stages.stage import Stage
 from chain.steps.inference import forward
@@ -91,6 +95,9 @@ def evaluation(stages: Sequence[Stage], readouts: Sequence[Readout], chained: bo
         out = []
         for t in totals(dataset):
             n = float(t["count"].numpy())
+            if n == 0:
+                raise ConfigError("the validation set gave no example, so its loss and metrics are undefined; "
+                                  "give validation data that holds examples, or data.val_fraction=0 (no validation)")
             out.append({k: float(v.numpy()) / n for k, v in t.items() if k != "count"})
         return out
 

@@ -18,6 +18,7 @@ from chain.data import count_cache, files
 from chain.data.catalog import (DataInfo, Target, name_targets, no_other_classes, split_info, stream_classes,
                                 target_keys, val_fraction)
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
+from chain.data.shards import none_empty
 from chain.data.streamed import CsvFiles, held_files
 from chain.errors import ConfigError
 from chain.fields import boolean, choice, integer, list_of, optional, required, setting, string
@@ -131,9 +132,9 @@ def shards(data: Csv) -> CsvFiles:
             raise ConfigError(f"{key}: the header of {path} is not the header of {paths[0]} "
                               f"({', '.join(columns)}); every file streamed has the same columns")
     counts = _rows(paths, "data.path", data.path)
-    if not sum(counts):
-        raise ConfigError(f"data.path={data.path!r} holds no rows")
+    none_empty(paths, counts, "data.path", "rows")
     val_counts = _rows(val, val_key, data.val_path or data.path) if val else ()
+    none_empty(val, val_counts, val_key, "rows", held=data.val_path is None)
     return CsvFiles(tuple(paths), counts, tuple(val), val_counts, columns, tuple(columns.index(c) for c in x),
                     targets, data.shuffle_buffer, data.on_bad_record == "skip", val_key)
 

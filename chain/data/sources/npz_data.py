@@ -20,8 +20,8 @@ from typing import ClassVar
 import numpy as np
 
 from chain.data import files
-from chain.data.catalog import DataInfo, Target, input_shape, name_targets, split_info, split_size, target_keys
-from chain.data.catalog import no_other_classes, stream_classes, val_fraction
+from chain.data.catalog import DataInfo, Target, held_out, input_shape, name_targets, split_info, target_keys
+from chain.data.catalog import no_other_classes, stream_classes
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.streamed import ArrayFiles, ArrayPart
 from chain.errors import ConfigError
@@ -119,13 +119,19 @@ def shards(data: Npz) -> ArrayFiles:
     `data.val_path`). Validation without `data.val_path` is the last `data.val_fraction` of the rows:
     the same rows on every run (shuffle the arrays before saving them if their order is sorted)."""
     train, targets = _part(data, data.path, "data.path")
+    if not train.rows:
+        raise ConfigError(f"data.path={data.path!r}: its arrays hold no rows ({data.x}: {train.x.shape})")
     if data.val_path is not None:
         val, val_targets = _part(data, data.val_path, "data.val_path")
+        if not val.rows:
+            raise ConfigError(f"data.val_path={data.val_path!r}: its arrays hold no rows ({data.x}: {val.x.shape}), "
+                              "so there is nothing to validate on; give a file that holds examples, or leave "
+                              "data.val_path out")
         if val.x.shape[1:] != train.x.shape[1:] or val_targets != targets:
             raise ConfigError(f"data.val_path={data.val_path!r}: its arrays are not shaped as those of "
                               f"data.path={data.path!r} ({data.x}: {val.x.shape[1:]} vs {train.x.shape[1:]})")
     else:
-        held = split_size(train.rows, val_fraction(data))
+        held = held_out(train.rows, data, f"data.path={data.path!r}")
         val = ArrayPart(train.x, train.ys, train.stop - held, train.stop)
         train = ArrayPart(train.x, train.ys, 0, train.stop - held)
     block = max(-(-MIN_BLOCK_BYTES // max(1, train.x.row_bytes)), -(-train.rows // BLOCKS))

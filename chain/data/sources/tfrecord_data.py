@@ -9,14 +9,15 @@ of the records (`chain.data.shards`), and `shards` says what `chain.data.record_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from chain.data import files
+from chain.data import files, tfrecord_files
 from chain.data.catalog import (DataInfo, Target, no_other_classes, split_size, stream_classes, target_keys,
                                 val_fraction)
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
-from chain.data.shards import Shards, count
+from chain.data.shards import Shards, count, none_empty
 from chain.errors import ConfigError
 from chain.fields import boolean, choice, feature, integer, mapping, optional, required, setting, string
 
@@ -58,6 +59,9 @@ def describe(data: TFRecord) -> None:
         s = shards(data)
         return DataInfo("tfrecord", tuple(features[data.x][1]), s.examples,
                         tuple(Target(name, classes) for name, _, classes in s.targets), s.val_examples)
+    for key, pattern in (("data.files", data.files), ("data.val_files", data.val_files)):
+        for path in files.matching(pattern, key) if pattern is not None else ():
+            _first_as_declared(path, data.features, key)  # TensorFlow's parser would not name the file
     return None
 
 
@@ -77,6 +81,30 @@ def _stream_targets(data: TFRecord) -> tuple[tuple[str, str, int], ...]:
         out.append((name, key, classes))
     no_other_classes(given, "data=tfrecord", [t[0] for t in out])
     return tuple(out)
+
+
+def _first_as_declared(path: str, features: tuple[tuple[str, tuple], ...], key: str) -> None:
+    """One line when the first record of `path` (`key` names its glob) is not as `data.features`
+    declares: a feature missing, with another number of values or of another type. A stream reads
+    its records while training, so a file of examples unlike the others' would stop the run on its
+    first record, or (`data.on_bad_record=skip`) be left out whole; a load's parser would fail
+    without naming the file: refused before training, naming it."""
+    where = f"{key}: record 0 of {path}"
+    record = tfrecord_files.first_record(path)
+    if record is None:  # no whole record: a stream refuses it by its count, a load reads none from it
+        return
+    try:
+        held = tfrecord_files.example_features(record)
+    except ValueError:
+        raise ConfigError(f"{where} is not a tf.train.Example; data=tfrecord reads files of tf.train.Example "
+                          "records") from None
+    for name, (dtype, shape) in features:
+        kind, n = held.get(name, ("", 0))
+        declared = dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
+        if n != math.prod(shape) or (n and kind != dtype):
+            what = f"{n} values" if not n or kind == dtype else f"{n} {kind} values"
+            raise ConfigError(f"{where} is not as data.features declares it: feature {name} holds {what}, declared "
+                              f"{declared} (each file's first record is checked before training)")
 
 
 def shards(data: TFRecord) -> Shards:
@@ -101,8 +129,11 @@ def shards(data: TFRecord) -> Shards:
         paths, val = paths[:len(paths) - held], paths[len(paths) - held:]
         val_counts = count(val, f"data.files={data.files!r}")
     counts = count(paths, f"data.files={data.files!r}")
-    if not sum(counts):
-        raise ConfigError(f"data.files={data.files!r} holds no records")
+    val_key = "data.files" if data.val_files is None else "data.val_files"
+    none_empty(paths, counts, "data.files", "records")
+    none_empty(val, val_counts, val_key, "records", held=data.val_files is None)
+    for path in paths + val:
+        _first_as_declared(path, data.features, val_key if path in val else "data.files")
     return Shards(tuple(paths), counts, tuple(val), val_counts, data.features, data.x, targets, data.shuffle_buffer,
                   data.on_bad_record == "skip", "data.files" if data.val_files is None else "data.val_files")
 
