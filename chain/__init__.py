@@ -57,11 +57,12 @@ def prepare(overrides: Sequence[str] = ()):
     """Compose and prepare a run (`chain.spec.prepare`): a `RunSpec` of the checked settings, the
     data set's description and the placement, before TensorFlow's runtime starts; `build` takes it
     without describing the data again."""
-    import_tensorflow_quietly()  # the inventory asks TensorFlow for the GPUs
     from chain.config.hydra import compose_config
     from chain.spec import prepare as _prepare
 
-    return _prepare(compose_config(overrides))
+    cfg = compose_config(overrides)  # a bad override is one line before TensorFlow is imported
+    import_tensorflow_quietly()  # the inventory asks TensorFlow for the GPUs
+    return _prepare(cfg)
 
 
 def build(cfg, run_dir=None, *, stages=None, model=None):
