@@ -8,7 +8,9 @@
     run.step(x, y)                  # one optimizer step on one batch
     summary = run.fit()             # trains trainer.steps steps
 
-Importing this package does not import TensorFlow; `build` does.
+Importing this package does not import TensorFlow; `prepare` and `build` do, with its start-up
+banner hidden and TensorFlow's C++ log level set to 3 unless TF_CPP_MIN_LOG_LEVEL is set
+(`chain.cli.quiet_environment`, set here, before anything imports TensorFlow).
 
 The package, layer by layer, bottom first (each imports only the layers before it;
 docs/architecture.md draws it, tests/test_structure.py checks it):
@@ -31,7 +33,10 @@ docs/architecture.md draws it, tests/test_structure.py checks it):
 from typing import Sequence
 
 import chain.config  # noqa: F401 (TensorFlow-free; `chain.config` as an attribute of the package)
+from chain.cli import import_tensorflow_quietly, quiet_environment
 from chain.errors import ChainError, ConfigError, DeviceError
+
+quiet_environment()  # before TensorFlow is imported, by chain or by the caller: its C++ level is read then
 
 __all__ = ["compose", "prepare", "build", "ChainError", "ConfigError", "DeviceError"]
 
@@ -55,7 +60,9 @@ def prepare(overrides: Sequence[str] = ()):
     from chain.config.hydra import compose_config
     from chain.spec import prepare as _prepare
 
-    return _prepare(compose_config(overrides))
+    cfg = compose_config(overrides)  # a bad override is one line before TensorFlow is imported
+    import_tensorflow_quietly()  # the inventory asks TensorFlow for the GPUs
+    return _prepare(cfg)
 
 
 def build(cfg, run_dir=None, *, stages=None, model=None):
@@ -69,6 +76,7 @@ def build(cfg, run_dir=None, *, stages=None, model=None):
     keras.Model or a list of layers; or `model=keras_model`, one model cut into the
     config's stages (`placement.split`, `placement.balance`).
     """
+    import_tensorflow_quietly()
     from chain.training.build import build as _build
 
     return _build(cfg, run_dir=run_dir, stages=stages, model=model)

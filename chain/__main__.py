@@ -29,18 +29,15 @@ import signal
 import sys
 from dataclasses import dataclass, replace
 
-_USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")  # set by the user: never overridden
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from chain import sweep  # noqa: E402
-from chain.cli import fail, import_tensorflow_quietly  # noqa: E402
-from chain.config import normalize_overrides  # noqa: E402
-from chain.errors import ChainError  # noqa: E402
-from chain.spec import RunSpec, check  # noqa: E402
+from chain import sweep  # `import chain` first set TensorFlow's C++ log level (chain.cli.quiet_environment)
+from chain.cli import fail, import_tensorflow_quietly
+from chain.config import normalize_overrides
+from chain.errors import ChainError
+from chain.spec import RunSpec, check
 
 
 @dataclass
@@ -162,9 +159,11 @@ def show_plan(spec: RunSpec) -> None:
 @hydra.main(config_path="pkg://chain.conf", config_name="config", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
-    # TensorFlow's checkpoint writer logs every shard at INFO through absl, which
-    # Hydra's logging set-up would print on every save.
+    # Hydra's logging set-up prints INFO, which TensorFlow's loggers would use: its checkpoint writer
+    # logs every shard through absl, a mirrored step's tracing "Reduce to ... then broadcast to ..."
+    # ten times. Their level stays TensorFlow's default (WARNING) as outside Hydra.
     logging.getLogger("absl").setLevel(logging.WARNING)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     from chain.training.logfile import guard_all
 
     guard_all()  # the log on a full device: one StorageError line, not logging's tracebacks
@@ -245,10 +244,6 @@ def main() -> None:
             check_job_name(cfg)
             spec = check(cfg)  # every config error that needs no TensorFlow
             settings = spec.settings
-            if (settings.cluster.workers or os.environ.get("TF_CONFIG")) and _USER_LOG_LEVEL is None:
-                # A lost worker is one line of ours; TensorFlow's C++ runtime would add its own
-                # multi-line gRPC errors (TF_CPP_MIN_LOG_LEVEL=2 shows them).
-                os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
             if settings.plan_only:
                 return show_plan(spec)
             _preflight, overrides = preflight(spec, str(cfg.hydra.run.dir), overrides)

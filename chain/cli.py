@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import NoReturn
 
 EXIT_USAGE = 2
+
+# TensorFlow's lines that are known harmless, as (what the line holds, ...) per line; each says why.
+HARMLESS = (
+    # A checkpoint whose variables live on more than one task (stages on cluster workers, with the client's
+    # save counter and data iterator) is saved through a tf.function that TensorFlow 2.21 makes anew for every
+    # eager save, on purpose (`MultiDeviceSaver.save`: "the retrace is needed"); from the fifth save of a
+    # process on, each save warns. Nothing of chain's retraces.
+    ("MultiDeviceSaver.save.<locals>.tf_function_save", "triggered tf.function retracing"),
+)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -15,19 +25,53 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     sys.exit(code)
 
 
-def import_tensorflow_quietly() -> None:
-    """Import TensorFlow with its C++ start-up notices (oneDNN, CPU features) hidden.
+def quiet_environment() -> None:
+    """Set TensorFlow's C++ log level for chain's processes, unless the user set one: read once,
+    when TensorFlow is imported, so this must come first (`import chain` calls it).
 
-    They are written by absl before TF_CPP_MIN_LOG_LEVEL is read, so only silencing
+    Level 3 keeps FATAL lines only. TensorFlow's C++ ERROR lines in a run are either the text of
+    an error that reaches Python as an exception, which chain prints in its own line, or notes of
+    something TensorFlow recovers from by itself: Grappler skipping a pass it cannot apply
+    (`layout failed: INVALID_ARGUMENT: The graph couldn't be sorted in topological order`, on the
+    steps of `trainer.grad_accum` > 1, whose constant folding and arithmetic passes leave a graph
+    the later passes cannot sort; the step runs as written), a lost worker's gRPC errors (chain
+    says which worker in one line), the start-up probe for a GPU (`failed call to cuInit`).
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+class _Harmless(logging.Filter):
+    """Drops the records of TensorFlow's logger that `HARMLESS` lists; passes every other."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(all(part in text for part in parts) for parts in HARMLESS)
+
+
+def quiet_tensorflow_logs() -> None:
+    """Keep `HARMLESS`'s lines out of TensorFlow's Python logger (`tensorflow`), once per process."""
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _Harmless) for f in logger.filters):
+        logger.addFilter(_Harmless())
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow with its C++ start-up notices (oneDNN, CPU features) hidden, and its known
+    harmless log lines (`HARMLESS`) filtered out (also when TensorFlow was imported before).
+
+    The notices are written by absl before TF_CPP_MIN_LOG_LEVEL is read, so only silencing
     file descriptor 2 during the import removes them; an import that fails shows them.
     """
     import tempfile
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_tensorflow_logs()
+    quiet_environment()
     # TensorFlow's plain CPU allocator keeps no statistics (its BFC allocator does, and is the
     # default only where oneDNN is on, e.g. recent Intel CPUs): without them the peak memory per
     # stage would be missing on other CPUs. Read once, when the runtime starts.
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    if "tensorflow" in sys.modules:
+        return  # imported already (its notices, if any, are printed)
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as sink:
         os.dup2(sink.fileno(), 2)

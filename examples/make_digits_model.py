@@ -10,7 +10,10 @@ weights, and trains it as a pipeline.
 
 import sys
 
-import keras
+from chain.cli import import_tensorflow_quietly
+
+import_tensorflow_quietly()  # as chain's commands do: without TensorFlow's start-up banner
+import keras  # noqa: E402
 
 
 def digits_model() -> keras.Model:
