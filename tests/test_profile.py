@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -217,6 +218,25 @@ def test_sources_pick_each_stages_worker():
     m = timeline.measure(s, events + [stray], {1: (0, 10 ** 6)}, ["/w0", "/w1"], sources=["vm", "vm"])
     f = [a for a in m.steps[0].actions if (a.stage, a.kind) == (1, "F")][0]
     assert f.end_ms < 500 / 1e6
+
+
+def test_a_step_that_a_workers_trace_does_not_hold_is_not_measured():
+    """Two steps, each stage's ops from its own worker's trace: a trace that began after step 1 began
+    (or ended before it ended) holds only part of it, whose actions would look shorter than they ran."""
+    s = schedules.build("gpipe", 2, 2)
+    steps = {1: (0, 10 ** 5), 2: (10 ** 6, 10 ** 6 + 10 ** 5)}
+    events = [replace(e, source=f"w{Action.parse(e.name.removeprefix('gradient_tape/')).stage}")
+              for step in steps.values() for e in synthetic(s, {"F": 10, "B": 10}, step=step)]
+    both = {"w0": (0, 2 * 10 ** 6), "w1": (-5, 2 * 10 ** 6)}
+    whole = timeline.measure(s, events, steps, ["/w0", "/w1"], sources=["w0", "w1"], spans=both)
+    assert [st.complete for st in whole.steps] == [True, True]
+    for late in [{**both, "w1": (50, 2 * 10 ** 6)}, {**both, "w0": (0, 10 ** 5 - 1)}]:  # began in step 1 / ended in it
+        m = timeline.measure(s, events, steps, ["/w0", "/w1"], sources=["w0", "w1"], spans=late)
+        held = [st.complete for st in m.steps]
+        assert held == ([False, True] if late["w1"][0] == 50 else [False, False])
+        assert all(len(st.actions) == 8 for st in m.steps)  # every action has ops: only the spans tell
+    gone = timeline.measure(s, events, steps, ["/w0", "/w1"], sources=["w0", "w1"], spans={"w0": both["w0"]})
+    assert not any(st.complete for st in gone.steps) and gone.measured_bubble_fraction is None
 
 
 def test_owner_maps_scopes_to_actions():
