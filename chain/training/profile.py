@@ -155,7 +155,7 @@ class Window:
 
             self._workers = WorkerTraces(self.remote, [f"cluster.profile_ports[{i}]={a.rsplit(':', 1)[1]}"
                                                        for i, a in enumerate(self.remote)])
-            self._workers.check()  # before the first step: a port that is not a profiler is one line, not a lost trace
+        self._checked = False  # the workers' profilers answered (before the first step that runs before the window)
 
     def _remote_addresses(self) -> list[str]:
         """`host:port` of each worker's profiler, in task order (empty: not a cluster run)."""
@@ -169,6 +169,9 @@ class Window:
     @contextlib.contextmanager
     def call(self, first: int, n: int):
         """Around one call of `n` steps from step `first`: traced and marked inside the window."""
+        if self._workers is not None and not self._checked and first <= self.stop:
+            self._workers.check()  # before the run's first step: a port that is no profiler is one line, not a lost trace
+            self._checked = True
         if not self.start <= first <= self.stop:
             yield
             return
@@ -198,9 +201,10 @@ class Window:
 
         if self.active:
             self.active = False
-            tf.profiler.experimental.stop()
-            if self._workers is not None:
-                for problem in self._workers.stop():
+            try:
+                tf.profiler.experimental.stop()
+            finally:  # the workers' sessions end with the client's, however that ends
+                for problem in self._workers.stop() if self._workers is not None else ():
                     log.warning("profile: %s", problem)
 
     def close(self) -> None:

@@ -71,13 +71,16 @@ def terminate_request(session: str) -> bytes:
     return _field(1, session)
 
 
-def _detail(e: Any) -> str:
-    """A gRPC error in a few words: its status code and the first line of its details."""
+def _detail(e: BaseException) -> str:
+    """An error of a call in a few words: a gRPC status code and the first line of its details
+    (`grpc.FutureTimeoutError`, which has neither: what it means)."""
+    if not hasattr(e, "code"):
+        return f"no answer in {WRITE_S:.0f} s"
     details = (e.details() or "").strip()
     return f"{e.code().name}: {details.splitlines()[0]}" if details else e.code().name
 
 
-def _refused(e: Any) -> bool:
+def _refused(e: BaseException) -> bool:
     """Whether a trace request was refused because a session was running."""
     import grpc
 
@@ -166,5 +169,6 @@ class WorkerTraces:
         return problems
 
     def close(self) -> None:
+        """Close the connections to the profilers."""
         for c in self._channels:
             c.close()
