@@ -354,9 +354,10 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
     assert "Starting to trace" not in r.stdout + r.stderr and "profile:" not in r.stderr, r.stdout + r.stderr
 
 
-def test_a_profile_port_must_be_an_idle_profiler(workers, tmp_path):
+def test_a_profile_port_must_be_an_idle_profiler_whose_session_runs_from_start_to_stop(workers, tmp_path):
     """cluster.profile_ports checked at the start of a traced run: a port where no profiler answers and
-    a profiler that is already tracing are each one line naming the key."""
+    a profiler that is already tracing are each one line naming the key. A session runs from when
+    `start` returns until `stop` is called, however long that is (no duration fixed in advance)."""
     from chain.errors import ConfigError
     from chain.training.worker_trace import WorkerTraces
 
@@ -368,13 +369,17 @@ def test_a_profile_port_must_be_an_idle_profiler(workers, tmp_path):
     profiler = f"localhost:{workers.profile_ports[1]}"
     busy = WorkerTraces([profiler], ["first"])
     busy.start("chain_test_busy", str(tmp_path))
+    started = time.time_ns()
     try:
         with pytest.raises(ConfigError, match=r"^cluster.profile_ports\[1\]=\d+: the profiler at .* already tracing"):
             WorkerTraces([profiler], [f"cluster.profile_ports[1]={workers.profile_ports[1]}"]).check()
     finally:
+        stopping = time.time_ns()
         assert busy.stop() == []
     WorkerTraces([profiler], ["again"]).check()  # idle once the session has ended
-    assert (tmp_path / "chain_test_busy" / f"{profiler.replace(':', '_')}.xplane.pb").exists()
+    written = tmp_path / "chain_test_busy" / f"{profiler.replace(':', '_')}.xplane.pb"
+    begun, ended = timeline.trace_spans([str(written)])[profiler.replace(":", "_")]
+    assert begun <= started < stopping <= ended  # the same host's clock
 
 
 def test_a_lost_worker_of_the_second_copy_stops_the_run_with_one_line(four_workers, tmp_path):
