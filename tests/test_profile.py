@@ -239,6 +239,24 @@ def test_a_step_that_a_workers_trace_does_not_hold_is_not_measured():
     assert not any(st.complete for st in gone.steps) and gone.measured_bubble_fraction is None
 
 
+def test_a_worker_whose_trace_does_not_hold_a_step_is_named_with_the_steps(caplog):
+    from chain.training.profile import Window
+
+    window = Window.__new__(Window)  # only what the warning reads: the workers' profilers and each stage's trace
+    window.remote = ["localhost:2232", "localhost:2233", "localhost:2234"]  # the third holds no stage
+    window.sources = lambda: ["localhost_2232", "localhost_2233"]
+    steps = {3: (10, 20), 4: (30, 40)}
+    with caplog.at_level(logging.WARNING, logger="chain"):
+        window.warn_unheld(steps, {"localhost_2232": (0, 100), "localhost_2233": (15, 100)})
+        window.warn_unheld(steps, {"localhost_2232": (0, 35)})
+    assert caplog.messages == [
+        "profile: the trace of worker 1 (localhost:2233) began after or ended before step 3 (not held whole): "
+        "not measured",
+        "profile: the trace of worker 0 (localhost:2232) began after or ended before step 4 (not held whole): "
+        "not measured",
+        "profile: worker 1 (localhost:2233) wrote no trace: steps 3, 4 not measured"]
+
+
 def test_owner_maps_scopes_to_actions():
     assert timeline.owner("s2_F3/stage_02_1/dense/MatMul") == ("F", 2, 3)
     assert timeline.owner("gradient_tape/s1_F0/stage_01_1/dense/MatMul") == ("B", 1, 0)

@@ -182,6 +182,11 @@ def trace_spans(paths: Iterable[str]) -> dict[str, tuple[int, int]]:
     return spans
 
 
+def holds(spans: dict[str, tuple[int, int]], source: str, step: tuple[int, int]) -> bool:
+    """Whether the trace of `source` (`trace_spans`) holds the marked `step` (start, end) whole."""
+    return source in spans and spans[source][0] <= step[0] <= step[1] <= spans[source][1]
+
+
 def trace_events(paths: Iterable[str]) -> Iterator[TraceEvent]:
     """Every event of the trace files `paths`, file by file, plane by plane, line by line."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -299,7 +304,7 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
         actions.sort(key=lambda a: (a.replica, a.stage, a.start_ms))
         updates = [MeasuredUpdate(k, ms(min(e.start for e in found)), ms(max(e.end for e in found)), c)
                    for c in range(replicas) for k in range(n_stages) if (found := ops.get((UPDATE, k, -1, c)))]
-        held = spans is None or all(s in spans and spans[s][0] <= lo and hi <= spans[s][1] for s in used)
+        held = spans is None or all(holds(spans, s, (lo, hi)) for s in used)
         out_steps.append(MeasuredStep(number, ms(lo), ms(hi), held and len(actions) == len(played), actions, updates))
     stats = statistics(out_steps, schedule, devices, replicas)
     return Measured(schedule.name, n_stages, schedule.microbatches, grad_accum, list(devices), out_steps,

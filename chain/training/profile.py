@@ -242,7 +242,7 @@ class Window:
         devices = self.devices()
         spans = timeline.trace_spans(files) if self.remote else None
         if spans is not None:
-            self._warn_unheld(steps, spans)
+            self.warn_unheld(steps, spans)
         result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum,
                                   max(1, len(run.placement.grid)), spans)
         result.trace = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
@@ -259,7 +259,7 @@ class Window:
         if result.advice:
             log.warning("balance: %s", result.advice.text)
 
-    def _warn_unheld(self, steps: dict[int, tuple[int, int]], spans: dict[str, tuple[int, int]]) -> None:
+    def warn_unheld(self, steps: dict[int, tuple[int, int]], spans: dict[str, tuple[int, int]]) -> None:
         """A warning per worker whose trace does not hold every profiled step (`timeline.measure` leaves
         those steps out): which steps, and what its trace holds."""
         used = set(self.sources())
@@ -267,13 +267,13 @@ class Window:
             source = address.replace(":", "_")
             if source not in used:
                 continue
-            span = spans.get(source)
-            unheld = [n for n, (lo, hi) in sorted(steps.items()) if span is None or not span[0] <= lo <= hi <= span[1]]
-            if unheld:
-                held = "no trace" if span is None else "a trace that does not hold them"
-                log.warning("profile: worker %d (%s) left %s for step%s %s: %s not measured", i, address, held,
-                            "s" if len(unheld) > 1 else "", ", ".join(map(str, unheld)),
-                            "they are" if len(unheld) > 1 else "it is")
+            unheld = [n for n, step in sorted(steps.items()) if not timeline.holds(spans, source, step)]
+            steps_text = f"step{'s' if len(unheld) > 1 else ''} {', '.join(map(str, unheld))}"
+            if unheld and source not in spans:
+                log.warning("profile: worker %d (%s) wrote no trace: %s not measured", i, address, steps_text)
+            elif unheld:
+                log.warning("profile: the trace of worker %d (%s) began after or ended before %s (not held whole): "
+                            "not measured", i, address, steps_text)
 
     def advice(self, result: Measured) -> Advice | None:
         """The balance advice from the measured busy times (None: balanced, or nothing measured)."""
