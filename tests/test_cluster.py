@@ -354,6 +354,19 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
     assert "Starting to trace" not in r.stdout + r.stderr and "profile:" not in r.stderr, r.stdout + r.stderr
 
 
+def test_a_profile_port_where_no_profiler_answers_is_one_line_before_anything_is_written(workers, tmp_path):
+    closed = int(free_addresses(1)[0].rsplit(":", 1)[1])
+    run_dir = tmp_path / "run"
+    r = run_cli(tmp_path, *TINY, "mode=e2e", "trainer.steps=2", "trainer.profile=[1,2]", workers.option,
+                f"cluster.profile_ports=[{workers.profile_ports[0]},{closed}]", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"error: cluster.profile_ports[1]={closed}: localhost:{closed} does not serve TensorFlow's profiler "
+        f"(UNAVAILABLE: "), r.stderr
+    assert r.stderr.strip().endswith(f"; start worker 1 with --profile-port {closed}") and "Traceback" not in r.stderr
+    assert not run_dir.exists()
+
+
 def test_a_profile_port_must_be_an_idle_profiler_whose_session_runs_from_start_to_stop(workers, tmp_path):
     """cluster.profile_ports checked at the start of a traced run: a port where no profiler answers and
     a profiler that is already tracing are each one line naming the key. A session runs from when

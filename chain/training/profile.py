@@ -11,8 +11,8 @@ TensorBoard events, where TensorBoard's profile plugin (when installed) shows it
 
 In one process the client's profiler sees every op. In a cluster the ops run in the workers:
 each must serve TensorFlow's profiler (`python -m chain.worker --profile-port P`), and the
-run names those ports in `cluster.profile_ports`, in task order. At the start of the run each
-must answer and be idle (one line naming the port, exit 2); the window's first step starts a
+run names those ports in `cluster.profile_ports`, in task order. Before the run writes anything
+each must answer and be idle (one line naming the port, exit 2); the window's first step starts a
 trace session on every worker and waits until each runs, the last one ends them
 (`chain.training.worker_trace`), so the workers' traces hold the whole window however long its
 steps take; the client traces itself for the step markers. A step that some worker's trace
@@ -155,7 +155,7 @@ class Window:
 
             self._workers = WorkerTraces(self.remote, [f"cluster.profile_ports[{i}]={a.rsplit(':', 1)[1]}"
                                                        for i, a in enumerate(self.remote)])
-        self._checked = False  # the workers' profilers answered (before the first step that runs before the window)
+            self._workers.check()  # before the run writes anything: a port that is no profiler is one line, exit 2
 
     def _remote_addresses(self) -> list[str]:
         """`host:port` of each worker's profiler, in task order (empty: not a cluster run)."""
@@ -169,9 +169,6 @@ class Window:
     @contextlib.contextmanager
     def call(self, first: int, n: int):
         """Around one call of `n` steps from step `first`: traced and marked inside the window."""
-        if self._workers is not None and not self._checked and first <= self.stop:
-            self._workers.check()  # before the run's first step: a port that is no profiler is one line, not a lost trace
-            self._checked = True
         if not self.start <= first <= self.stop:
             yield
             return
