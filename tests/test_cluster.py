@@ -326,7 +326,9 @@ def test_two_copies_of_two_stages_on_four_workers_train_like_the_same_grid_in_pr
 
 def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
     """trainer.profile: each stage's actions come from its own worker's trace (the workers serve
-    TensorFlow's profiler)."""
+    TensorFlow's profiler), every action of every profiled step, and the step that compiles the
+    one-step function (step 3: steps 1-2 ran as one call) is held whole however long it takes: the
+    workers trace from before the window's first step until its last has ended."""
     run_dir = tmp_path / "run"
     r = run_cli(tmp_path, *TINY, "mode=e2e", "pipeline.microbatches=2", "trainer.steps=4", "trainer.profile=[3,4]",
                 workers.option, workers.profile_option, f"hydra.run.dir={run_dir}")
@@ -335,10 +337,62 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
     with open(run_dir / "timeline.json") as f:
         measured = json.load(f)
     assert [s["step"] for s in measured["steps"]] == [3, 4] and all(s["complete"] for s in measured["steps"])
+    planned = {(k, m, kind) for k in range(2) for m in range(2) for kind in "FB"}
+    for step in measured["steps"]:
+        assert sorted((a["stage"], a["microbatch"], a["kind"]) for a in step["actions"]) == sorted(planned)
     files = timeline.trace_files(str(run_dir / "tb" / "chain"))
-    assert set(hosts) <= {timeline.source_of(f) for f in files}  # each worker's trace, beside the client's
+    assert sorted(timeline.source_of(f) for f in files if timeline.source_of(f) in hosts) == sorted(hosts)
+    events, steps = timeline.read_trace(files)  # the steps' markers: in the client's trace, beside the workers'
+    spans = timeline.trace_spans(files)
+    for k, host in enumerate(hosts):  # worker k's own trace holds every action of stage k in both steps, whole
+        assert spans[host][0] < steps[3][0] and steps[4][1] < spans[host][1], (host, spans[host], steps)
+        for n in (3, 4):
+            seen = {timeline.owner(e.name) for e in events if e.source == host and steps[n][0] <= e.start <= steps[n][1]}
+            assert {(stage, m, kind) for kind, stage, m in seen - {None}} >= {p for p in planned if p[0] == k}, (host, n)
     assert read_summary(run_dir)["measured_bubble_fraction"] is not None
     assert "measured bubble fraction" in r.stdout + r.stderr
+    assert "Starting to trace" not in r.stdout + r.stderr and "profile:" not in r.stderr, r.stdout + r.stderr
+
+
+def test_a_profile_port_where_no_profiler_answers_is_one_line_before_anything_is_written(workers, tmp_path):
+    closed = int(free_addresses(1)[0].rsplit(":", 1)[1])
+    run_dir = tmp_path / "run"
+    r = run_cli(tmp_path, *TINY, "mode=e2e", "trainer.steps=2", "trainer.profile=[1,2]", workers.option,
+                f"cluster.profile_ports=[{workers.profile_ports[0]},{closed}]", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"error: cluster.profile_ports[1]={closed}: localhost:{closed} does not serve TensorFlow's profiler "
+        f"(UNAVAILABLE: "), r.stderr
+    assert r.stderr.strip().endswith(f"; start worker 1 with --profile-port {closed}") and "Traceback" not in r.stderr
+    assert not run_dir.exists()
+
+
+def test_a_profile_port_must_be_an_idle_profiler_whose_session_runs_from_start_to_stop(workers, tmp_path):
+    """cluster.profile_ports checked at the start of a traced run: a port where no profiler answers and
+    a profiler that is already tracing are each one line naming the key. A session runs from when
+    `start` returns until `stop` is called, however long that is (no duration fixed in advance)."""
+    from chain.errors import ConfigError
+    from chain.training.worker_trace import WorkerTraces
+
+    closed = free_addresses(1)[0]  # nothing listens there
+    with pytest.raises(ConfigError, match=rf"^cluster.profile_ports\[0\]=7: {closed} does not serve TensorFlow's "
+                                          rf"profiler \(UNAVAILABLE: .*\); start worker 0 with --profile-port "
+                                          rf"{closed.rsplit(':', 1)[1]}$"):
+        WorkerTraces([closed], ["cluster.profile_ports[0]=7"]).check()
+    profiler = f"localhost:{workers.profile_ports[1]}"
+    busy = WorkerTraces([profiler], ["first"])
+    busy.start("chain_test_busy", str(tmp_path))
+    started = time.time_ns()
+    try:
+        with pytest.raises(ConfigError, match=r"^cluster.profile_ports\[1\]=\d+: the profiler at .* already tracing"):
+            WorkerTraces([profiler], [f"cluster.profile_ports[1]={workers.profile_ports[1]}"]).check()
+    finally:
+        stopping = time.time_ns()
+        assert busy.stop() == []
+    WorkerTraces([profiler], ["again"]).check()  # idle once the session has ended
+    written = tmp_path / "chain_test_busy" / f"{profiler.replace(':', '_')}.xplane.pb"
+    begun, ended = timeline.trace_spans([str(written)])[profiler.replace(":", "_")]
+    assert begun <= started < stopping <= ended  # the same host's clock
 
 
 def test_a_lost_worker_of_the_second_copy_stops_the_run_with_one_line(four_workers, tmp_path):

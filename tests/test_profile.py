@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -217,6 +218,43 @@ def test_sources_pick_each_stages_worker():
     m = timeline.measure(s, events + [stray], {1: (0, 10 ** 6)}, ["/w0", "/w1"], sources=["vm", "vm"])
     f = [a for a in m.steps[0].actions if (a.stage, a.kind) == (1, "F")][0]
     assert f.end_ms < 500 / 1e6
+
+
+def test_a_step_that_a_workers_trace_does_not_hold_is_not_measured():
+    """Two steps, each stage's ops from its own worker's trace: a trace that began after step 1 began
+    (or ended before it ended) holds only part of it, whose actions would look shorter than they ran."""
+    s = schedules.build("gpipe", 2, 2)
+    steps = {1: (0, 10 ** 5), 2: (10 ** 6, 10 ** 6 + 10 ** 5)}
+    events = [replace(e, source=f"w{Action.parse(e.name.removeprefix('gradient_tape/')).stage}")
+              for step in steps.values() for e in synthetic(s, {"F": 10, "B": 10}, step=step)]
+    both = {"w0": (0, 2 * 10 ** 6), "w1": (-5, 2 * 10 ** 6)}
+    whole = timeline.measure(s, events, steps, ["/w0", "/w1"], sources=["w0", "w1"], spans=both)
+    assert [st.complete for st in whole.steps] == [True, True]
+    for late in [{**both, "w1": (50, 2 * 10 ** 6)}, {**both, "w0": (0, 10 ** 5 - 1)}]:  # began in step 1 / ended in it
+        m = timeline.measure(s, events, steps, ["/w0", "/w1"], sources=["w0", "w1"], spans=late)
+        held = [st.complete for st in m.steps]
+        assert held == ([False, True] if late["w1"][0] == 50 else [False, False])
+        assert all(len(st.actions) == 8 for st in m.steps)  # every action has ops: only the spans tell
+    gone = timeline.measure(s, events, steps, ["/w0", "/w1"], sources=["w0", "w1"], spans={"w0": both["w0"]})
+    assert not any(st.complete for st in gone.steps) and gone.measured_bubble_fraction is None
+
+
+def test_a_worker_whose_trace_does_not_hold_a_step_is_named_with_the_steps(caplog):
+    from chain.training.profile import Window
+
+    window = Window.__new__(Window)  # only what the warning reads: the workers' profilers and each stage's trace
+    window.remote = ["localhost:2232", "localhost:2233", "localhost:2234"]  # the third holds no stage
+    window.sources = lambda: ["localhost_2232", "localhost_2233"]
+    steps = {3: (10, 20), 4: (30, 40)}
+    with caplog.at_level(logging.WARNING, logger="chain"):
+        window.warn_unheld(steps, {"localhost_2232": (0, 100), "localhost_2233": (15, 100)})
+        window.warn_unheld(steps, {"localhost_2232": (0, 35)})
+    assert caplog.messages == [
+        "profile: the trace of worker 1 (localhost:2233) began after or ended before step 3 (not held whole): "
+        "not measured",
+        "profile: the trace of worker 0 (localhost:2232) began after or ended before step 4 (not held whole): "
+        "not measured",
+        "profile: worker 1 (localhost:2233) wrote no trace: steps 3, 4 not measured"]
 
 
 def test_owner_maps_scopes_to_actions():

@@ -102,9 +102,14 @@ def is_copy(e: OpEvent) -> bool:
 # --- reading TensorFlow's trace files ----------------------------------------------------------
 
 
+def profile_root(logdir: str) -> str:
+    """Where TensorFlow's profiler keeps the traces of `logdir`: a folder per session under it."""
+    return os.path.join(logdir, "plugins", "profile")
+
+
 def trace_files(logdir: str) -> list[str]:
     """Every `.xplane.pb` file under `logdir/plugins/profile/`."""
-    return sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
+    return sorted(glob.glob(os.path.join(profile_root(logdir), "*", "*.xplane.pb")))
 
 
 def source_of(path: str) -> str:
@@ -115,10 +120,15 @@ def source_of(path: str) -> str:
 def profile_start(space) -> int:
     """When the trace began (ns since the epoch): a file's times count from its own start, so
     traces of several hosts (the client's, each worker's) line up only with it added."""
+    return _space_stat(space, "profile_start_time")
+
+
+def _space_stat(space, name: str) -> int:
+    """An integer stat of a trace's planes (`profile_start_time`, `profile_stop_time`), 0 if none has it."""
     for plane in space.planes:
         names = {k: v.name for k, v in plane.stat_metadata.items()}
         for stat in plane.stats:
-            if names.get(stat.metadata_id) == "profile_start_time":
+            if names.get(stat.metadata_id) == name:
                 return stat.int64_value or stat.uint64_value
     return 0
 
@@ -155,6 +165,26 @@ class TraceEvent:
         number = [s.int64_value or s.uint64_value for s in self.event.stats
                   if self.names.get(s.metadata_id) == "step_num"]
         return number[0] if number else None
+
+
+def trace_spans(paths: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """Per host (`source_of`), when its trace began and ended (ns since the epoch, its wall clock):
+    what it can hold. A step outside a span it needs is not measured (`measure`)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    spans = {}
+    for path in paths:
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
+        stop = _space_stat(space, "profile_stop_time") or 2 ** 63  # none: a TensorFlow that does not say
+        spans[source_of(path)] = (profile_start(space), stop)
+    return spans
+
+
+def holds(spans: dict[str, tuple[int, int]], source: str, step: tuple[int, int]) -> bool:
+    """Whether the trace of `source` (`trace_spans`) holds the marked `step` (start, end) whole."""
+    return source in spans and spans[source][0] <= step[0] <= step[1] <= spans[source][1]
 
 
 def trace_events(paths: Iterable[str]) -> Iterator[TraceEvent]:
@@ -224,7 +254,7 @@ def row_of(stage: int, replica: int, stages: int) -> int:
 
 def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tuple[int, int]],
             devices: Sequence[str], sources: Sequence[str | None] | None = None, grad_accum: int = 1,
-            replicas: int = 1) -> Measured:
+            replicas: int = 1, spans: dict[str, tuple[int, int]] | None = None) -> Measured:
     """The measured timeline of the marked `steps` (`timeline.json`'s record, see
     docs/measuring.md): every step's actions with their times in ms from the first step's start,
     and per stage its busy time, forward, backward, copy and update times (means per step).
@@ -232,7 +262,10 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
     `replicas` copies of the pipeline (`placement.replicas`): every copy's actions are measured, and
     `devices`, `sources` and the per stage figures hold a row per stage of every copy (`row_of`).
     `sources[row]`: the trace whose events count for that stage (None: every event). A step in which
-    some action of the schedule has no op is kept but left out of the statistics (`complete`).
+    some action of the schedule has no op is kept but left out of the statistics (`complete`), and so
+    is a step that a trace it reads does not hold from its marker's start to its end (`spans`, per
+    source: when its trace began and ended; a worker's trace that began late or ended early holds
+    part of a step, whose actions would look shorter than they ran).
     """
     n_stages = schedule.stages
     n_rows = n_stages * replicas
@@ -244,6 +277,7 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
     owned = [(who, e) for e in events  # each event's action and copy, once (a trace holds many events)
              if (found := owner(e.name)) is not None and (who := (*found, copy_of(e.name)))[1] < n_stages
              and who[3] < replicas and sources[row_of(who[1], who[3], n_stages)] in (None, e.source)]
+    used = {s for s in sources if s is not None}  # the traces a complete step needs
     out_steps = []
     for number in sorted(steps):
         lo, hi = steps[number]
@@ -270,7 +304,8 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
         actions.sort(key=lambda a: (a.replica, a.stage, a.start_ms))
         updates = [MeasuredUpdate(k, ms(min(e.start for e in found)), ms(max(e.end for e in found)), c)
                    for c in range(replicas) for k in range(n_stages) if (found := ops.get((UPDATE, k, -1, c)))]
-        out_steps.append(MeasuredStep(number, ms(lo), ms(hi), len(actions) == len(played), actions, updates))
+        held = spans is None or all(holds(spans, s, (lo, hi)) for s in used)
+        out_steps.append(MeasuredStep(number, ms(lo), ms(hi), held and len(actions) == len(played), actions, updates))
     stats = statistics(out_steps, schedule, devices, replicas)
     return Measured(schedule.name, n_stages, schedule.microbatches, grad_accum, list(devices), out_steps,
                     simulate(schedule).bubble_fraction, stats.measured_bubble_fraction, stats.per_stage,

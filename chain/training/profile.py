@@ -11,9 +11,12 @@ TensorBoard events, where TensorBoard's profile plugin (when installed) shows it
 
 In one process the client's profiler sees every op. In a cluster the ops run in the workers:
 each must serve TensorFlow's profiler (`python -m chain.worker --profile-port P`), and the
-run names those ports in `cluster.profile_ports`, in task order; the client traces them
-with `tf.profiler.experimental.client.trace` for a time it estimates from the steps before
-the window (30 s when the window starts at step 1), while it traces itself for the step markers.
+run names those ports in `cluster.profile_ports`, in task order. Before the run writes anything
+each must answer and be idle (one line naming the port, exit 2); the window's first step starts a
+trace session on every worker and waits until each runs, the last one ends them
+(`chain.training.worker_trace`), so the workers' traces hold the whole window however long its
+steps take; the client traces itself for the step markers. A step that some worker's trace
+does not hold from start to end is not measured (`timeline.measure`), and a warning says which.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import json
 import logging
 import os
 import re
-import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -41,7 +43,6 @@ from chain.state.atomic import write_json, writing
 log = logging.getLogger("chain")
 
 TIMELINE = "timeline.json"
-FIRST_CALL_S = 30.0  # a cluster trace that starts at step 1 (tracing, compiling): how long to trace the workers
 CUT_LABEL = re.compile(r" layers \d+-\d+ \(")  # chain.stages.cut.describe: "model.keras layers 0-3 (d1..d4)"
 
 
@@ -148,8 +149,13 @@ class Window:
         self.remote = self._remote_addresses()
         self.active, self.result = False, None
         self._before: set[str] = set()
-        self._thread: threading.Thread | None = None
-        self._step_s: float | None = None  # seconds per step of the last call before the window
+        self._workers = None  # the workers' profilers (chain.training.worker_trace.WorkerTraces)
+        if self.remote:
+            from chain.training.worker_trace import WorkerTraces
+
+            self._workers = WorkerTraces(self.remote, [f"cluster.profile_ports[{i}]={a.rsplit(':', 1)[1]}"
+                                                       for i, a in enumerate(self.remote)])
+            self._workers.check()  # before the run writes anything: a port that is no profiler is one line, exit 2
 
     def _remote_addresses(self) -> list[str]:
         """`host:port` of each worker's profiler, in task order (empty: not a cluster run)."""
@@ -164,9 +170,7 @@ class Window:
     def call(self, first: int, n: int):
         """Around one call of `n` steps from step `first`: traced and marked inside the window."""
         if not self.start <= first <= self.stop:
-            started = time.perf_counter()
             yield
-            self._step_s = (time.perf_counter() - started) / n
             return
         import tensorflow as tf
 
@@ -183,14 +187,8 @@ class Window:
         with writing(f"the profile in {self.logdir}"):
             os.makedirs(self.logdir, exist_ok=True)
         self._before = set(timeline.trace_files(self.logdir))
-        if self.remote:
-            steps = self.stop - first + 1
-            seconds = FIRST_CALL_S if self._step_s is None else max(2.0, 4 * steps * self._step_s + 1.0)
-            addresses = ",".join(f"grpc://{a}" for a in self.remote)
-            self._thread = threading.Thread(target=tf.profiler.experimental.client.trace, daemon=True,
-                                            args=(addresses, self.logdir, int(1000 * seconds)))
-            self._thread.start()
-            time.sleep(1.0)  # the workers' profilers start on the request
+        if self._workers is not None:  # returns once every worker traces: they hold the first step from its start
+            self._workers.start(time.strftime("%Y_%m_%d_%H_%M_%S"), timeline.profile_root(self.logdir))
         tf.profiler.experimental.start(self.logdir)
         self.active = True
         log.info("profiling steps %d-%d (trace in %s)", first, self.stop, self.logdir)
@@ -200,14 +198,18 @@ class Window:
 
         if self.active:
             self.active = False
-            tf.profiler.experimental.stop()
-            if self._thread is not None:
-                self._thread.join()
+            try:
+                tf.profiler.experimental.stop()
+            finally:  # the workers' sessions end with the client's, however that ends
+                for problem in self._workers.stop() if self._workers is not None else ():
+                    log.warning("profile: %s", problem)
 
     def close(self) -> None:
         """Stop a trace the run left unfinished (it stopped inside the window)."""
         with contextlib.suppress(Exception):
             self._stop()
+        if self._workers is not None:
+            self._workers.close()
 
     def devices(self) -> list[str]:
         """Every stage's device, of every copy of the pipeline (`placement.grid`): copy 0's stages first."""
@@ -235,8 +237,11 @@ class Window:
         events, steps = timeline.read_trace(files)
         run = self.run
         devices = self.devices()
+        spans = timeline.trace_spans(files) if self.remote else None
+        if spans is not None:
+            self.warn_unheld(steps, spans)
         result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum,
-                                  max(1, len(run.placement.grid)))
+                                  max(1, len(run.placement.grid)), spans)
         result.trace = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
         result.advice = self.advice(result)
         result.shared_threads = self.shared_threads()
@@ -250,6 +255,22 @@ class Window:
                  timeline.render(result, run.schedule, devices), note)
         if result.advice:
             log.warning("balance: %s", result.advice.text)
+
+    def warn_unheld(self, steps: dict[int, tuple[int, int]], spans: dict[str, tuple[int, int]]) -> None:
+        """A warning per worker whose trace does not hold every profiled step (`timeline.measure` leaves
+        those steps out): which steps, and what its trace holds."""
+        used = set(self.sources())
+        for i, address in enumerate(self.remote):
+            source = address.replace(":", "_")
+            if source not in used:
+                continue
+            unheld = [n for n, step in sorted(steps.items()) if not timeline.holds(spans, source, step)]
+            steps_text = f"step{'s' if len(unheld) > 1 else ''} {', '.join(map(str, unheld))}"
+            if unheld and source not in spans:
+                log.warning("profile: worker %d (%s) wrote no trace: %s not measured", i, address, steps_text)
+            elif unheld:
+                log.warning("profile: the trace of worker %d (%s) began after or ended before %s (not held whole): "
+                            "not measured", i, address, steps_text)
 
     def advice(self, result: Measured) -> Advice | None:
         """The balance advice from the measured busy times (None: balanced, or nothing measured)."""
