@@ -2,15 +2,18 @@
 
     import chain
     settings = chain.compose(["+stages=3", "trainer.steps=20"])  # validated, typed Settings
+    chain.setup(settings)           # its logical devices, before any tensor or Keras model is made
     run = chain.build(settings)     # plans devices, builds stages on them
     spec = chain.prepare(["+stages=3"])  # or: checked settings, data description and placement
     run = chain.build(spec)         #   (chain.spec.RunSpec), then the run
     run.step(x, y)                  # one optimizer step on one batch
     summary = run.fit()             # trains trainer.steps steps
 
-Importing this package does not import TensorFlow; `prepare` and `build` do, with its start-up
-banner hidden and TensorFlow's C++ log level set to 3 unless TF_CPP_MIN_LOG_LEVEL is set
-(`chain.cli.quiet_environment`, set here, before anything imports TensorFlow).
+Importing this package does not import TensorFlow; `setup`, `prepare` and `build` do, with its
+start-up banner hidden and TensorFlow's C++ log level set to 3 unless TF_CPP_MIN_LOG_LEVEL is set
+(`chain.cli.quiet_environment`, set here, before anything imports TensorFlow). Their errors (and
+`compose`'s) are chain's exceptions (`chain.errors`), one line each, raised with a traceback of the
+caller's frames and this module's only.
 
 The package, layer by layer, bottom first (each imports only the layers before it;
 docs/architecture.md draws it, tests/test_structure.py checks it):
@@ -30,7 +33,8 @@ docs/architecture.md draws it, tests/test_structure.py checks it):
     sweep, restage, worker, __main__    the command lines
 """
 
-from typing import Sequence
+import functools
+from typing import Callable, Sequence, TypeVar
 
 import chain.config  # noqa: F401 (TensorFlow-free; `chain.config` as an attribute of the package)
 from chain.cli import import_tensorflow_quietly, quiet_environment
@@ -38,9 +42,25 @@ from chain.errors import ChainError, ConfigError, DeviceError
 
 quiet_environment()  # before TensorFlow is imported, by chain or by the caller: its C++ level is read then
 
-__all__ = ["compose", "prepare", "build", "ChainError", "ConfigError", "DeviceError"]
+__all__ = ["compose", "prepare", "setup", "build", "ChainError", "ConfigError", "DeviceError"]
+
+F = TypeVar("F", bound=Callable)
 
 
+def _one_line(fn: F) -> F:
+    """`fn`, raising its `ChainError`s from here: the message says all a user can act on, so a
+    notebook shows it under the user's own call, not under chain's internal frames (an error the
+    user's code raised inside it stays attached as the cause, with its own traceback)."""
+    @functools.wraps(fn)
+    def api(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ChainError as e:
+            raise e.with_traceback(None)  # noqa: B904 (the cause, if any, is kept)
+    return api  # type: ignore[return-value]
+
+
+@_one_line
 def compose(overrides: Sequence[str] = ()):
     """Compose the packaged configs with command-line style overrides and check them as the command
     line does (`chain.spec.check`: every error that needs no TensorFlow); returns the `Settings`.
@@ -53,6 +73,7 @@ def compose(overrides: Sequence[str] = ()):
     return check(compose_config(overrides)).settings
 
 
+@_one_line
 def prepare(overrides: Sequence[str] = ()):
     """Compose and prepare a run (`chain.spec.prepare`): a `RunSpec` of the checked settings, the
     data set's description and the placement, before TensorFlow's runtime starts; `build` takes it
@@ -65,6 +86,28 @@ def prepare(overrides: Sequence[str] = ()):
     return _prepare(cfg)
 
 
+@_one_line
+def setup(*cfgs) -> None:
+    """Configure TensorFlow's logical devices for every config this process will build, now: call
+    it before anything makes a tensor (building or loading a Keras model does), as a notebook's
+    first cell. TensorFlow fixes its devices when its runtime starts, and a chain needs one per
+    stage (on a machine without GPUs the CPU is split into logical devices).
+
+    Each of `cfgs` is what `build` takes (`Settings`, a `RunSpec`, a composed config). The plan
+    using the most devices is applied; every later `build` reuses those devices when its plan
+    needs no more than exist (each stage still on a device of its own) and raises a one-line
+    `DeviceError` when it needs more. Example: `chain.setup(cfg)`, or `chain.setup(cfg, other)`
+    before building both.
+    """
+    from chain.training.build import setup as _setup
+
+    if not cfgs:
+        raise ConfigError("chain.setup needs the config(s) this process will build: chain.setup(cfg, ...)")
+    import_tensorflow_quietly()
+    _setup(cfgs)
+
+
+@_one_line
 def build(cfg, run_dir=None, *, stages=None, model=None):
     """Plan devices and build every stage on its device; returns a `chain.training.run.Run`.
 
@@ -74,7 +117,8 @@ def build(cfg, run_dir=None, *, stages=None, model=None):
     nothing to disk. Your own models: `stages=[fn, ...]`, one callable per stage, each
     called as `fn(input_shape=...)` on its stage's device and returning a keras.Layer, a
     keras.Model or a list of layers; or `model=keras_model`, one model cut into the
-    config's stages (`placement.split`, `placement.balance`).
+    config's stages (`placement.split`, `placement.balance`), which may be built before this call
+    if `setup` came before it.
     """
     import_tensorflow_quietly()
     from chain.training.build import build as _build

@@ -18,27 +18,44 @@ if TYPE_CHECKING:
     from chain.config.schema import PlacementSettings
     from chain.planning.planner import Placement
 
-__all__ = ["LOCAL_JOB", "WORKER_JOB", "canonical", "configure", "check_devices"]
+__all__ = ["LOCAL_JOB", "WORKER_JOB", "canonical", "configure", "check_devices", "count"]
+
+# What a missing device's error adds when TensorFlow's runtime started before `configure` could make it.
+TOO_LATE = ("TensorFlow's runtime has started (an earlier chain.setup or chain.build, a tensor or a Keras model), and "
+            "its devices cannot change in this process: call chain.setup(cfg, ...) with every config this process "
+            "builds before making any model or tensor (docs/python-api.md), or restart it")
 
 
-def configure(placement: Placement, pcfg: PlacementSettings) -> None:
-    """Apply the plan to TensorFlow. Must run before the first tensor exists.
+def count(placement: Placement) -> int:
+    """How many distinct devices the plan uses (its stages', replicas' and copies' together)."""
+    used = {*placement.devices, *(placement.replicas or ()), *(d for row in placement.grid or () for d in row)}
+    return len(used - {None})
 
-    If the runtime already started (a notebook, or the test session that split the CPU
-    in conftest.py), the existing logical devices are kept, a note says so, and
-    `check_devices` reports any device the plan needs that is missing.
+
+def configure(placement: Placement, pcfg: PlacementSettings) -> bool:
+    """Apply the plan to TensorFlow. Must run before the first tensor exists. False when it could not.
+
+    If the runtime already started (a notebook after `chain.setup`, a model made first, or the test
+    session that split the CPU in conftest.py), the existing logical devices are kept, a note says
+    so, and `check_devices` reports any device the plan needs that is missing (with `late`). A CPU
+    already split into at least as many logical devices as the plan's is kept as it is too: a plan
+    needing fewer never shrinks a split a larger one (or the user) asked for.
     """
     import tensorflow as tf
 
     if pcfg.log_device_placement:
         tf.debugging.set_log_device_placement(True)
     if placement.cluster:
-        return  # the devices are the workers'; this machine configures none
+        return True  # the devices are the workers'; this machine configures none
     try:
         if placement.kind == "CPU":
             cpu = tf.config.list_physical_devices("CPU")[0]
+            split = tf.config.get_logical_device_configuration(cpu)
+            if split and len(split) >= placement.split[0]:
+                placement.notes.append(f"the CPU was already split into {len(split)} logical devices: kept")
+                return True
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * placement.split[0])
-            return
+            return True
         physical = tf.config.list_physical_devices("GPU")
         if placement.visible is not None:
             tf.config.set_visible_devices([physical[i] for i in placement.visible], "GPU")
@@ -49,16 +66,20 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> None:
             for i, dev in enumerate(physical):
                 if placement.visible is None or i in placement.visible:
                     tf.config.experimental.set_memory_growth(dev, True)
+        return True
     except RuntimeError:
         kept = ", ".join(canonical(d.name) for d in tf.config.list_logical_devices())
         placement.notes.append(f"TensorFlow's runtime had already started: kept its logical devices ({kept})")
+        return False
 
 
-def check_devices(devices: Sequence[str], given: bool = True, role: str = "stage") -> list[str]:
+def check_devices(devices: Sequence[str], given: bool = True, role: str = "stage", late: str | None = None) -> list[str]:
     """Canonical names of `devices`, or a DeviceError naming the first that does not exist.
 
     `given`: the devices come from `placement.devices` (the error names that key);
-    otherwise the planner chose them for each `role` ("stage" or "replica").
+    otherwise the planner chose them for each `role` ("stage" or "replica"). `late`: the kind of
+    device ("CPU", "GPU") `configure` would have made but could not, the runtime having started;
+    a missing device of that kind gets `TOO_LATE`'s advice in its line.
     """
     import tensorflow as tf
 
@@ -71,6 +92,7 @@ def check_devices(devices: Sequence[str], given: bool = True, role: str = "stage
         except DeviceError as e:
             raise DeviceError(f"placement.devices[{k}]: {e}") from None
         if c not in existing:
-            raise DeviceError(f"{where} does not exist; available: {', '.join(existing)}")
+            why = f"; {TOO_LATE}" if late and f"/device:{late}:" in c else ""
+            raise DeviceError(f"{where} does not exist; available: {', '.join(existing)}{why}")
         out.append(c)
     return out

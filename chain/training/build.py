@@ -33,17 +33,29 @@ def apply(spec: RunSpec) -> None:
         cluster.check_peers(placement.multi_worker, placement.task, settings.cluster.lost_after_s)
         cluster.multi_worker_strategy()
         return
-    devices.configure(placement, settings.placement)
+    late = None if devices.configure(placement, settings.placement) else placement.kind
     if placement.strategy == planner.MIRRORED:
-        placement.replicas = devices.check_devices(placement.replicas, given=False, role="replica")
+        placement.replicas = devices.check_devices(placement.replicas, given=False, role="replica", late=late)
     elif placement.strategy == planner.REPLICATED:  # every copy's devices; replica 0's are `devices`
         k = len(placement.devices)
-        flat = devices.check_devices([d for row in placement.grid for d in row], given=False, role="replica stage")
+        flat = devices.check_devices([d for row in placement.grid for d in row], given=False, role="replica stage",
+                                     late=late)
         placement.grid = [flat[r * k:(r + 1) * k] for r in range(len(placement.grid))]
         placement.devices = list(placement.grid[0])
     else:
         given = settings.placement.devices  # checked as the user wrote them, so errors quote them
-        placement.devices = devices.check_devices(given or placement.devices, given=bool(given))
+        placement.devices = devices.check_devices(given or placement.devices, given=bool(given), late=late)
+
+
+def setup(cfgs: Sequence[RunSpec | Settings | DictConfig | dict]) -> None:
+    """Configure TensorFlow's logical devices now for every config this process will build (see
+    `chain.setup`): the plan using the most devices is applied, and every plan is then checked
+    against the devices that exist (the others reuse them, each stage still on its own device).
+    A multi-worker run's devices are its hosts': nothing to set up here."""
+    specs = [prepare(c) for c in cfgs]
+    local = [s for s in specs if not s.placement.multi_worker]
+    for spec in sorted(local, key=lambda s: devices.count(s.placement), reverse=True):
+        apply(spec)
 
 
 def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = None, *,
