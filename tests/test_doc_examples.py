@@ -8,8 +8,9 @@ that makes a file serves the ones after it), with the repository's examples/ bes
   runs as written and its output (stdout, then stderr) must be those lines. In an expected line `...`
   stands for any text, and a line that is only `...` for any number of lines (dates, timings, paths).
 - A `python` block runs as one script, in the page's directory.
-- Everything else a block holds is listed below with the reason it is not run (SKIP); a command
-  neither planned, run nor listed fails the test, and so does a list entry no page holds any more.
+- Everything else a block holds is listed below with the reason it is not run or compared (SKIP,
+  SHOWN, TEXT); a command neither planned, run nor listed fails the test, and so does a list entry
+  no page holds any more.
 
 The `<!-- examples -->` blocks are run in full by tests/test_examples.py and skipped here.
 """
@@ -85,6 +86,19 @@ SHOWN = {
     ("your-data.md", "error: data.files: a record cannot be read"): "tests/test_streaming.py",
     ("your-data.md", "error: data.path: line 12 of tables/part-0.csv"): "tests/test_streaming.py",
     ("your-models.md", "error: placement.split=[4, 1, 2] cuts skipper"): "tests/test_cut_models.py",
+}
+
+# Text blocks that are neither transcripts nor error lines, by a piece of their first line: why not compared.
+TEXT = {
+    ("architecture.md", "command line / chain.compose"): "a diagram of the layers",
+    ("index.md", "chain/"): "the source tree",
+    ("run-directory.md", "outputs/DATE/TIME/"): "the run directory's files",
+    ("benchmarks.md", "measured: step 8"): "a measured timeline (times of a profiled run on two workers)",
+    ("measuring.md", "schedule: gpipe, 2 stages x 8 microbatches"): "a measured timeline (times of a profiled run "
+                                                                    "on two workers)",
+    ("measuring.md", "balance: stage 1 is the bottleneck"): "advice from measured times",
+    ("pipeline.md", "stage 0  F0 F1 F2 F3 .  .  .  B0 W0"): "zb1's schedule drawn without devices; plan_only's form "
+                                                            "is compared in the transcripts",
 }
 
 # Commands of bash blocks run in full (their output is compared in a transcript, or a later block needs them).
@@ -191,6 +205,13 @@ class Player:
 
     def text(self, block: Block) -> None:
         if not transcript(block.text):
+            if not any(line.startswith("error:") for line in block.text.splitlines()):
+                key = listed(TEXT, block.page, block.text.splitlines()[0] if block.text.strip() else "")
+                if key:
+                    self.used.add(key[0])
+                else:
+                    self.problems.append(f"{block.page}:{block.line}: a text block that is no transcript "
+                                         f"(`$ COMMAND` lines), no error lines, and not listed in TEXT")
             for line in block.text.splitlines():
                 shown = listed(SHOWN, block.page, line) if line.startswith("error:") else None
                 if shown:
@@ -253,7 +274,7 @@ def play(page: Path, cwd: Path) -> Player:
     return player
 
 
-PLAYED = [p for p in PAGES if any(b.lang in ("bash", "python") or transcript(b.text) for b in blocks(p))]
+PLAYED = [p for p in PAGES if any(b.lang in ("bash", "python", "text") for b in blocks(p))]
 # Pages known not to run yet, each with the issue that fixes it; strict: the day it runs, this must go.
 NOT_YET = {"python-api.md": "issue 38, item 1: its block stops at the second chain.build (stage 3 needs "
                             "/device:CPU:3) and restores a placeholder outputs/DATE/TIME"}
@@ -265,14 +286,14 @@ def test_a_pages_examples_run_as_the_page_shows(page, tmp_path):
     player = play(page, tmp_path)
     for command, seconds in player.done:  # shown with -s, or on a failure: where the time goes
         print(f"{seconds:6.1f} s  {command[:140]}")
-    stale = [key for key in [*SKIP, *RUN, *SHOWN] if key[0] == page.name and key not in player.used]
+    stale = [key for key in [*SKIP, *RUN, *SHOWN, *TEXT] if key[0] == page.name and key not in player.used]
     assert not stale, f"listed in SKIP or RUN but on no block of {page.name} any more: {stale}"
     assert not player.problems, "\n\n".join(player.problems)
 
 
 def test_every_page_with_examples_is_played_and_every_listed_page_exists():
     names = {p.name for p in PAGES}
-    assert {key[0] for key in [*SKIP, *RUN, *SHOWN]} <= names
+    assert {key[0] for key in [*SKIP, *RUN, *SHOWN, *TEXT]} <= names
     assert {"README.md", "your-data.md", "pipeline.md", "python-api.md"} <= {p.name for p in PLAYED}
 
 
