@@ -99,8 +99,8 @@ SETUP = {"README.md": digits_npz, "your-data.md": small_tables}
 # Error lines a page shows without a command (a fault during a run): the test that asserts the message.
 SHOWN = {
     ("checkpoints.md", "error: stage 1: loss or gradients are not finite"): "tests/test_checkpoints.py",
-    ("cluster.md", "error: cluster worker 1 (localhost:40213) is lost"): "tests/test_cluster.py (a worker killed "
-                                                                         "mid-run)",
+    ("cluster.md", "error: cluster worker 1 (localhost:40213) is lost"): "tests/test_cluster.py kills a worker; "
+                                                                         "the line's form is compared below",
     ("pipeline.md", "error: stage 0 needs about 195 MB on /device:GPU:0"): "needs a GPU; tests/test_planner.py",
     ("your-data.md", "error: data.files: record 9 of shards/train-001.tfrecord"): "tests/test_streaming.py",
     ("your-data.md", "error: data.files: a record cannot be read"): "tests/test_streaming.py",
@@ -326,3 +326,22 @@ def test_the_matcher_takes_elisions_and_nothing_else():
     assert not matches(["step 10  loss 2.2558"], ["step 10  loss 2.2379"])
     assert not matches(["a"], ["a", "b"])
     assert commands("x \\\n    y  # comment\n# only a comment\na && b\n") == ["x y", "a", "b"]
+
+
+def test_the_lost_worker_line_cluster_md_shows_is_the_one_the_client_prints():
+    """cluster.md shows the line a client prints when a worker is killed mid-run (tests/test_cluster.py
+    kills one); here the same line, for a port where nothing listens, against the page's."""
+    import socket
+
+    from chain.planning.cluster import find_lost
+
+    (shown,) = [line for b in blocks(ROOT / "docs" / "cluster.md") for line in b.text.splitlines()
+                if " is lost: " in line]
+    m = re.fullmatch(r"error: cluster worker (\d+) \((\S+)\) is lost: (.*?); (.*)", shown)
+    assert m, shown
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    lost = find_lost([f"localhost:{port}"], m.group(4))
+    assert lost is not None
+    assert f"error: {lost}" == shown.replace(f"worker {m.group(1)} ({m.group(2)})", f"worker 0 (localhost:{port})")
