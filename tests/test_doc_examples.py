@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # (page, a piece of the command or block) -> why it is not run here. A piece matches a command
-# (continuation lines joined, comments dropped) or the first line of a python block.
+# (continuation lines joined, comments dropped, as shlex quotes it), a transcript's `$ COMMAND`
+# line, or any part of a python block.
 SKIP = {
     ("README.md", "python -m venv"): "makes a venv (the test runs in the installed checkout)",
     ("README.md", ". .venv/bin/activate"): "activates that venv",
@@ -179,7 +180,8 @@ def matches(expected: list[str], actual: list[str]) -> bool:
     return bool(actual) and re.fullmatch(pattern, actual[0]) is not None and matches(expected[1:], actual[1:])
 
 
-def listed(table, page: str, text: str):
+def listed(table: dict | set, page: str, text: str) -> tuple[tuple[str, str], str | None] | None:
+    """The first (key, reason) of `table` for `page` whose piece is in `text`, or None."""
     return next(((key, table[key] if isinstance(table, dict) else None) for key in table
                  if key[0] == page and key[1] in text), None)
 
