@@ -163,6 +163,7 @@ def cli(tmp_path):
 LONGEST_FIRST = ["test_cluster.py", "test_steps_per_call.py", "test_stress.py", "test_cli_faults.py",
                  "test_regularization.py", "test_side_by_side.py", "test_applications.py", "test_multi_worker.py",
                  "test_pipeline.py", "test_streaming.py", "test_resume.py", "test_restage.py", "test_precision.py",
+                 "test_doc_examples.py",
                  "test_speed_cli.py", "test_resume_settings.py", "test_user_models.py", "test_cut_models.py",
                  "test_checkpoints.py", "test_run_dir.py", "test_examples.py", "test_profile.py", "test_mirrored.py",
                  "test_recompute.py", "test_cli_without_tensorflow.py", "test_replicas.py", "test_validation.py",

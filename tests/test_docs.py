@@ -150,3 +150,10 @@ def test_every_command_on_the_front_page_is_a_config_chain_accepts():
             chain.compose(args)
         except ConfigError as e:  # only the user's own files, which the examples name, may be missing
             assert re.match(r"(model|data)\.path='[\w.]+': (no such file|the file does not exist)", str(e)), (args, e)
+
+
+def test_the_reference_lists_every_value_pipeline_schedule_takes():
+    from chain.pipeline.schedules import CHOICES
+
+    row = re.search(r"^\| `pipeline\.schedule` \| `str` \| `\w+` \| ([^|]+) \|", (DOCS / "config.md").read_text(), re.M)
+    assert row and row.group(1).strip() == ", ".join(f"`{name}`" for name in CHOICES) and "`file`" in row.group(1)

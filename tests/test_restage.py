@@ -69,13 +69,13 @@ def test_restage_4_to_2_from_the_command_line_keeps_outputs_and_training_continu
     assert r.returncode == 0, r.stderr
     assert "stage 1: head of SRC stage 3 kept" in r.stdout and "heads of SRC stages 0, 2 dropped" in r.stdout
     check_mapping(restored(dst, "+stages=2", "model.depth=4"), restored(src, "+stages=4", "model.depth=2"), 2)
-    # The printed command continues training (with more steps).
+    # The printed command, as printed, trains on: SRC had reached its trainer.steps=3, so it asks for 3 more.
     (command,) = [line.split("continue with: ", 1)[1] for line in r.stdout.splitlines() if "continue with: " in line]
-    overrides = [o if not o.startswith("trainer.steps=") else "trainer.steps=5" for o in shlex.split(command)[3:]]
-    r = run_cli(tmp_path, *overrides)
+    assert shlex.split(command)[-1] == "trainer.steps=6" and command.count("trainer.steps=") == 1
+    r = run_cli(tmp_path, *shlex.split(command)[3:])
     assert r.returncode == 0, r.stderr
     s = read_summary(dst)
-    assert s["resumed_from"] == 3 and s["steps"] == 5 and len(s["stages"]) == 2
+    assert s["resumed_from"] == 3 and s["steps"] == 6 and len(s["stages"]) == 2
     assert all(np.isfinite(st["loss_last"]) for st in s["stages"])
 
 
@@ -158,3 +158,12 @@ def test_restage_e2e_keeps_the_chains_predictions_and_training_continues(tmp_pat
     s = chain.build(chain.compose([*BASE, *e2e, "+stages=2", "model.depth=4", "resume=true", "trainer.steps=5"]),
                     run_dir=two).fit()
     assert s["resumed_from"] == 3 and np.isfinite(s["loss_last"])
+
+
+def test_the_continue_command_moves_a_reached_target_and_keeps_one_ahead():
+    from chain.state.remap import continuing
+
+    assert continuing(["+stages=2", "trainer.steps=2000"], 1200, 2000) == ["+stages=2", "trainer.steps=2000"]
+    assert continuing(["+stages=2", "trainer.steps=300"], 300, 300) == ["+stages=2", "trainer.steps=600"]
+    assert continuing(["trainer.epochs=2", "+stages=2"], 90, 90) == ["+stages=2", "trainer.steps=180"]
+    assert continuing(["+stages=2"], 400, 400) == ["+stages=2", "trainer.steps=800"]  # the default target

@@ -4,7 +4,8 @@ Layers are the unit of a chain and stages are groups of layers, so a checkpoint 
 split can be mapped onto another layer by layer: weights, optimizer slots (Adam's
 moments, SGD's momentum), dropout seed-generator state, and the data stream all carry
 over, and `python -m chain hydra.run.dir=DST resume=true <overrides>` continues
-training from SRC's newest complete step.
+training from SRC's newest complete step (the printed command trains on: a SRC that had
+reached its `trainer.steps` gets `trainer.steps` of that step plus as many again).
 
 The DST config is SRC's (its `.hydra/overrides.yaml`) with the given overrides on top.
 `+stages=K` alone re-splits a homogeneous chain evenly (4 stages of depth 2 -> 2 of
@@ -30,6 +31,7 @@ from typing import Any, Sequence
 from omegaconf import OmegaConf
 
 from chain.config import Settings, compose, override_key, validate
+from chain.config.checks import steps as target_steps
 from chain.config.hydra import quoted
 from chain.config.schema import Conv, Mlp
 from chain.errors import ChainError
@@ -71,6 +73,16 @@ def dst_overrides(src_overrides: Sequence[str], new: Sequence[str], src_settings
     replaced = {override_key(o) for o in new}
     kept = [o for o in src_overrides if override_key(o) not in replaced and override_key(o) != "resume" and not override_key(o).startswith("hydra.")]
     return kept + new
+
+
+def continuing(overrides: list[str], step: int, target: int | None) -> list[str]:
+    """`overrides` made to train on from `step`: a SRC that had reached its target (`trainer.steps`, or
+    what `trainer.epochs` makes) would resume to it and train 0 steps, so the target moves to `step`
+    plus that many steps (another run as long as SRC's); a target still ahead is kept."""
+    if target is None or step < target:
+        return overrides
+    kept = [o for o in overrides if override_key(o) not in ("trainer.steps", "trainer.epochs")]
+    return [*kept, f"trainer.steps={step + target}"]
 
 
 def _load_src(src: str) -> tuple[dict[str, Any], list[str], Settings]:
@@ -281,7 +293,8 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     finally:
         lock.release(dst)
     shown = [f"+stages={o.partition('=')[2]}" if override_key(o) == "stages" else o for o in new]
-    resume = ["python", "-m", "chain", pinned, "resume=true"] + shown
+    resume = ["python", "-m", "chain", pinned, "resume=true"] + continuing(shown, m["step"],
+                                                                          target_steps(dst_settings, dataset.info))
     return {"step": m["step"], "src_stages": len(built["src"]), "dst_stages": len(built["dst"]),
             "overrides": new, "heads": notes, "resume_command": shlex.join(resume)}
 

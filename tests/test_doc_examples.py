@@ -1,0 +1,349 @@
+"""Every example in README.md and docs/ is a test: each page's fenced `bash`, `python` and `text`
+blocks, read when the test runs, are played in the page's order in one fresh directory (so a block
+that makes a file serves the ones after it), with the repository's examples/ beside them.
+
+- A `python -m chain ...` command of a `bash` block is planned (`plan_only=true` added: its overrides
+  compose, its data and devices are checked and placed, nothing trains), unless RUN lists it.
+- A `text` block of `$ COMMAND` lines, each followed by what it prints, is a transcript: the command
+  runs as written and its output (stdout, then stderr) must be those lines. In an expected line `...`
+  stands for any text, and a line that is only `...` for any number of lines (dates, timings, paths).
+- A `python` block runs as one script, in the page's directory.
+- Everything else a block holds is listed below with the reason it is not run or compared (SKIP,
+  SHOWN, TEXT); a command neither planned, run nor listed fails the test, and so does a list entry
+  no page holds any more.
+
+The `<!-- examples -->` blocks are run in full by tests/test_examples.py and skipped here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# (page, a piece of the command or block) -> why it is not run here. A piece matches a command
+# (continuation lines joined, comments dropped, as shlex quotes it), a transcript's `$ COMMAND`
+# line, or any part of a python block.
+SKIP = {
+    ("README.md", "python -m venv"): "makes a venv (the test runs in the installed checkout)",
+    ("README.md", ". .venv/bin/activate"): "activates that venv",
+    ("README.md", "pip install"): "installs the package (the test runs in the installed checkout)",
+    ("README.md", "python -m pytest"): "runs the test suite itself",
+    ("README.md", "cluster.workers=[hostA:2222,hostB:2222]"): "needs cluster workers on hostA and hostB",
+    ("README.md", "model.path=digits_model.keras"): "the reader's .keras file; docs/your-models.md makes and runs it "
+                                                    "(tests/test_examples.py)",
+    ("README.md", "hydra.run.dir=outputs/2026-11-29/09-25-31 resume=true"): "resumes a run the reader killed earlier",
+    ("devices.md", "CUDA_VISIBLE_DEVICES=3,1"): "needs GPUs 1 and 3",
+    ("devices.md", "pip install"): "installs the gpu extra (needs a CUDA host)",
+    ("devices.md", "python -m pytest -m gpu"): "runs the GPU tests (needs a GPU)",
+    ("checkpoints.md", "hydra.run.dir=outputs/2026-11-29/09-25-31 resume=true"): "resumes a run the reader killed at "
+                                                                                  "step 1234",
+    ("checkpoints.md", "hydra.run.dir=outputs/... resume=true"): "resumes a run of the reader's (outputs/...)",
+    ("cluster.md", "python -m chain.worker"): "a cluster worker serves until it is killed (tests/test_cluster.py)",
+    ("cluster.md", "cluster.workers=[hostA:2222,hostB:2222]"): "needs cluster workers on hostA and hostB",
+    ("cluster.md", "TF_CONFIG="): "one process of a two-host TF_CONFIG cluster: needs the other host",
+    ("measuring.md", "python -m chain.worker"): "a cluster worker serves until it is killed (tests/test_profile.py)",
+    ("measuring.md", "cluster.workers=[localhost:2222,localhost:2223]"): "needs the two workers the lines before start",
+    ("measuring.md", "python -m chain.report outputs/2026-11-29"): "compares two runs of the reader's",
+    ("measuring.md", "cluster.workers=[...]"): "needs the reader's cluster workers (elided: [...])",
+    ("precision-and-speed.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores "
+                                                          "(docs/benchmarks.md)",
+    ("your-data.md", "data=keras data.name=fashion_mnist"): "reads fashion_mnist from the Keras cache, which chain "
+                                                            "never downloads (empty here)",
+    ("your-data.md", "data._target_=mypackage.data.make_dataset"): "the reader's own package (mypackage)",
+    ("your-data.md", "data.path=table.csv"): "the reader's own table.csv",
+    ("your-data.md", "'data.files=records/*.tfrecord'"): "the reader's own TFRecord files",
+    ("your-data.md", "'data.files=shards/train-*.tfrecord'"): "the reader's own TFRecord shards",
+    ("your-data.md", "'data.path=tables/part-*.csv'"): "the reader's own CSV files",
+    ("your-data.md", "'data.files=data/*.tfrecord'"): "the reader's own damaged TFRecord files",
+    ("your-data.md", "$ python -m chain data=keras"): "names the home directory of the machine it ran on",
+    ("your-models.md", "run = chain.build(cfg, stages=[build_encoder, build_head])"): "a fragment: cfg, the builders "
+                                                                                       "and the model are the reader's",
+}
+
+
+
+def digits_npz(cwd: Path) -> None:
+    """train.npz as the README's data=npz example has it: the shipped digits as `images` and `labels`."""
+    import numpy as np
+
+    d = np.load(ROOT / "chain" / "data" / "sources" / "digits.npz")
+    np.savez(cwd / "train.npz", images=d["images"].reshape(len(d["images"]), -1) / 16.0, labels=d["target"])
+
+
+def small_tables(cwd: Path) -> None:
+    """data/a.npz (arrays x, y, v) and data/a.csv (columns f1, f2, f3, label, value), the files
+    your-data.md's error transcripts name."""
+    import numpy as np
+
+    (cwd / "data").mkdir()
+    rng = np.random.default_rng(0)
+    np.savez(cwd / "data" / "a.npz", x=rng.random((40, 3)), y=rng.integers(0, 2, 40), v=rng.random(40))
+    rows = [f"{a:.3f},{b:.3f},{c:.3f},{k % 2},{a + b:.3f}" for k, (a, b, c) in enumerate(rng.random((40, 3)))]
+    (cwd / "data" / "a.csv").write_text("f1,f2,f3,label,value\n" + "\n".join(rows) + "\n")
+
+
+# The reader's own files a page's commands name, made before the page is played (the rest are in SKIP).
+SETUP = {"README.md": digits_npz, "your-data.md": small_tables}
+
+# Error lines a page shows without a command (a fault during a run): the test that asserts the message.
+SHOWN = {
+    ("checkpoints.md", "error: stage 1: loss or gradients are not finite"): "tests/test_checkpoints.py",
+    ("cluster.md", "error: cluster worker 1 (localhost:40213) is lost"): "tests/test_cluster.py kills a worker; "
+                                                                         "the line's form is compared below",
+    ("pipeline.md", "error: stage 0 needs about 195 MB on /device:GPU:0"): "needs a GPU; tests/test_planner.py",
+    ("your-data.md", "error: data.files: record 9 of shards/train-001.tfrecord"): "tests/test_streaming.py",
+    ("your-data.md", "error: data.files: a record cannot be read"): "tests/test_streaming.py",
+    ("your-data.md", "error: data.path: line 12 of tables/part-0.csv"): "tests/test_streaming.py",
+    ("your-models.md", "error: placement.split=[4, 1, 2] cuts skipper"): "tests/test_cut_models.py",
+}
+
+# Text blocks that are neither transcripts nor error lines, by a piece of their first line: why not compared.
+TEXT = {
+    ("architecture.md", "command line / chain.compose"): "a diagram of the layers",
+    ("index.md", "chain/"): "the source tree",
+    ("run-directory.md", "outputs/DATE/TIME/"): "the run directory's files",
+    ("benchmarks.md", "measured: step 8"): "a measured timeline (times of a profiled run on two workers)",
+    ("measuring.md", "schedule: gpipe, 2 stages x 8 microbatches"): "a measured timeline (times of a profiled run "
+                                                                    "on two workers)",
+    ("measuring.md", "balance: stage 1 is the bottleneck"): "advice from measured times",
+    ("pipeline.md", "stage 0  F0 F1 F2 F3 .  .  .  B0 W0"): "zb1's schedule drawn without devices; plan_only's form "
+                                                            "is compared in the transcripts",
+}
+
+# Commands of bash blocks run in full (their output is compared in a transcript, or a later block needs them).
+RUN = {
+    ("checkpoints.md", "python -m chain +stages=4 trainer.steps=100 hydra.run.dir=outputs/4-stage-run"),
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    lang: str
+    text: str
+
+
+def blocks(page: Path) -> list[Block]:
+    """The page's fenced blocks in order, with the line their fence opens on."""
+    text = page.read_text()
+    return [Block(page.name, text[:m.start()].count("\n") + 1, m.group(1), m.group(2))
+            for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)]
+
+
+def commands(block: str) -> list[str]:
+    """The shell commands of a bash block: continuation lines joined, comment lines dropped, `&&` split."""
+    joined = re.sub(r"\\\n\s*", "", block)
+    out = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        while "&&" in words:
+            at = words.index("&&")
+            out.append(shlex.join(words[:at]))
+            words = words[at + 1:]
+        out.append(shlex.join(words))
+    return out
+
+
+def transcript(block: str) -> list[tuple[str, list[str]]]:
+    """The (command, expected lines) pairs of a text block of `$ COMMAND` lines; [] for other text."""
+    pairs: list[tuple[str, list[str]]] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            pairs.append((line[2:], []))
+        elif pairs:
+            pairs[-1][1].append(line)
+    return pairs
+
+
+def matches(expected: list[str], actual: list[str]) -> bool:
+    """`actual` is `expected` line by line, `...` standing for any text (a line of only `...`: any lines)."""
+    if not expected:
+        return not actual
+    if expected[0].strip() == "...":
+        return any(matches(expected[1:], actual[i:]) for i in range(len(actual) + 1))
+    pattern = ".*".join(re.escape(piece) for piece in expected[0].split("..."))
+    return bool(actual) and re.fullmatch(pattern, actual[0]) is not None and matches(expected[1:], actual[1:])
+
+
+def listed(table: dict | set, page: str, text: str) -> tuple[tuple[str, str], str | None] | None:
+    """The first (key, reason) of `table` for `page` whose piece is in `text`, or None."""
+    return next(((key, table[key] if isinstance(table, dict) else None) for key in table
+                 if key[0] == page and key[1] in text), None)
+
+
+class Player:
+    """Plays one page's blocks in `cwd`, collecting what disagrees with the page."""
+
+    def __init__(self, cwd: Path):
+        self.cwd, self.problems, self.used, self.done = cwd, [], set(), []
+
+    def shell(self, command: str) -> subprocess.CompletedProcess:
+        """Run one command line: `python -m MODULE ...` through the test zygote, anything else in bash."""
+        words = shlex.split(command)
+        env = {}
+        while words and re.match(r"[A-Z_]+=", words[0]):
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        if words[:2] == ["python", "-m"] and "&" not in words:
+            return run_cli(self.cwd, *words[3:], module=words[2], env=env, timeout=600)
+        return subprocess.run(["bash", "-c", command], cwd=self.cwd, capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env))
+
+    def bash(self, block: Block) -> None:
+        for command in commands(block.text):
+            where = f"{block.page}:{block.line}: {command}"
+            skip = listed(SKIP, block.page, command)
+            if skip:
+                self.used.add(skip[0])
+                continue
+            run = listed(RUN, block.page, command)
+            if run:
+                self.used.add(run[0])
+            elif command.startswith("python -m chain ") and "plan_only=true" not in command:
+                command += " plan_only=true"
+            elif not command.startswith("python -m chain "):
+                self.problems.append(f"{where}: not a chain command line and not listed in SKIP or RUN")
+                continue
+            start = time.monotonic()
+            r = self.shell(command)
+            self.done.append((command, time.monotonic() - start))
+            if r.returncode != 0:
+                self.problems.append(f"{where}: exit {r.returncode}: {(r.stderr or r.stdout).strip()[-600:]}")
+
+    def text(self, block: Block) -> None:
+        if not transcript(block.text):
+            if not any(line.startswith("error:") for line in block.text.splitlines()):
+                key = listed(TEXT, block.page, block.text.splitlines()[0] if block.text.strip() else "")
+                if key:
+                    self.used.add(key[0])
+                else:
+                    self.problems.append(f"{block.page}:{block.line}: a text block that is no transcript "
+                                         f"(`$ COMMAND` lines), no error lines, and not listed in TEXT")
+            for line in block.text.splitlines():
+                shown = listed(SHOWN, block.page, line) if line.startswith("error:") else None
+                if shown:
+                    self.used.add(shown[0])
+                elif line.startswith("error:"):
+                    self.problems.append(f"{block.page}:{block.line}: an error line shown without its command "
+                                         f"and not listed in SHOWN: {line[:100]}")
+        for command, expected in transcript(block.text):
+            where = f"{block.page}:{block.line}: $ {command}"
+            skip = listed(SKIP, block.page, "$ " + command) or listed(SKIP, block.page, command)
+            if skip:
+                self.used.add(skip[0])
+                continue
+            start = time.monotonic()
+            r = self.shell(command)
+            self.done.append((command, time.monotonic() - start))
+            actual = (r.stdout + r.stderr).rstrip("\n").splitlines()
+            while expected and not expected[-1].strip():
+                expected = expected[:-1]
+            if not matches(expected, actual):
+                self.problems.append(f"{where}: the page shows\n  " + "\n  ".join(expected)
+                                     + f"\nbut it printed (exit {r.returncode})\n  " + "\n  ".join(actual[-40:]))
+
+    def python(self, block: Block) -> None:
+        where = f"{block.page}:{block.line}: python block"
+        first = block.text.strip().splitlines()[0] if block.text.strip() else ""
+        skip = listed(SKIP, block.page, block.text)
+        if skip:
+            self.used.add(skip[0])
+            return
+        # Run as `python -m` of a file holding it, forked from the test zygote (TensorFlow imported once).
+        module = f"doc_block_line_{block.line}"
+        (self.cwd / f"{module}.py").write_text(block.text)
+        start = time.monotonic()
+        r = run_cli(self.cwd, module=module, timeout=600)
+        self.done.append((first, time.monotonic() - start))
+        if r.returncode != 0:
+            self.problems.append(f"{where}: exit {r.returncode}: {r.stderr.strip()[-1500:]}")
+
+
+def examples_blocks(page: Path) -> set[int]:
+    """Lines of the `<!-- examples -->` blocks (tests/test_examples.py runs them)."""
+    text = page.read_text()
+    return {text[:m.start()].count("\n") + 2 for m in re.finditer(r"<!-- examples -->\n```bash\n", text)}
+
+
+def play(page: Path, cwd: Path) -> Player:
+    os.symlink(ROOT / "examples", cwd / "examples")
+    if page.name in SETUP:
+        SETUP[page.name](cwd)
+    player = Player(cwd)
+    handled = examples_blocks(page)
+    for block in blocks(page):
+        if block.line in handled:
+            continue
+        if block.lang == "bash":
+            player.bash(block)
+        elif block.lang == "python":
+            player.python(block)
+        elif block.lang == "text":
+            player.text(block)
+    return player
+
+
+PLAYED = [p for p in PAGES if any(b.lang in ("bash", "python", "text") for b in blocks(p))]
+# Pages known not to run yet, each with the issue that fixes it; strict: the day it runs, this must go.
+NOT_YET = {"python-api.md": "issue 38, item 1: its block stops at the second chain.build (stage 3 needs "
+                            "/device:CPU:3) and restores a placeholder outputs/DATE/TIME"}
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[p.name]))
+                                  if p.name in NOT_YET else p for p in PLAYED], ids=[p.name for p in PLAYED])
+def test_a_pages_examples_run_as_the_page_shows(page, tmp_path):
+    player = play(page, tmp_path)
+    for command, seconds in player.done:  # shown with -s, or on a failure: where the time goes
+        print(f"{seconds:6.1f} s  {command[:140]}")
+    stale = [key for key in [*SKIP, *RUN, *SHOWN, *TEXT] if key[0] == page.name and key not in player.used]
+    assert not stale, f"listed in SKIP or RUN but on no block of {page.name} any more: {stale}"
+    assert not player.problems, "\n\n".join(player.problems)
+
+
+def test_every_page_with_examples_is_played_and_every_listed_page_exists():
+    names = {p.name for p in PAGES}
+    assert {key[0] for key in [*SKIP, *RUN, *SHOWN, *TEXT]} <= names
+    assert {"README.md", "your-data.md", "pipeline.md", "python-api.md"} <= {p.name for p in PLAYED}
+
+
+def test_the_matcher_takes_elisions_and_nothing_else():
+    assert matches(["a", "...", "[...] b ...", "c"], ["a", "x", "y", "[2026] b 1 2", "c"])
+    assert matches(["a", "...", "c"], ["a", "c"])
+    assert not matches(["a", "c"], ["a", "x", "c"])
+    assert not matches(["step 10  loss 2.2558"], ["step 10  loss 2.2379"])
+    assert not matches(["a"], ["a", "b"])
+    assert commands("x \\\n    y  # comment\n# only a comment\na && b\n") == ["x y", "a", "b"]
+
+
+def test_the_lost_worker_line_cluster_md_shows_is_the_one_the_client_prints():
+    """cluster.md shows the line a client prints when a worker is killed mid-run (tests/test_cluster.py
+    kills one); here the same line, for a port where nothing listens, against the page's."""
+    import socket
+
+    from chain.planning.cluster import find_lost
+
+    (shown,) = [line for b in blocks(ROOT / "docs" / "cluster.md") for line in b.text.splitlines()
+                if " is lost: " in line]
+    m = re.fullmatch(r"error: cluster worker (\d+) \((\S+)\) is lost: (.*?); (.*)", shown)
+    assert m, shown
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    lost = find_lost([f"localhost:{port}"], m.group(4))
+    assert lost is not None
+    assert f"error: {lost}" == shown.replace(f"worker {m.group(1)} ({m.group(2)})", f"worker 0 (localhost:{port})")
