@@ -189,6 +189,8 @@ def _app(cfg: DictConfig) -> None:
 
             print(ranking_table(summary.side_by_side.ranking))
         print(f"done: {summary.steps} steps, summary in {os.path.join(run_dir, 'summary.json')}")
+        if sweep.in_job():
+            sweep.record_done(summary)  # the sweep's table of its jobs
     except ChainError as e:
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
         if sweep.in_job():
@@ -263,7 +265,11 @@ def main() -> None:
     except ChainError as e:
         fail(str(e), e.exit_code)
     sys.argv = [sys.argv[0], *overrides]
-    sweep.run(_app) if multirun else _app()
+    try:
+        sweep.run(_app) if multirun else _app()
+    except BrokenPipeError:  # `python -m chain --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
 
 
 if __name__ == "__main__":
