@@ -126,9 +126,12 @@ def _shown(path: str) -> str:
 
 
 def table(outcomes: Sequence[JobOutcome]) -> str:
-    """The jobs' table as the console shows it (columns aligned, run directories relative to here)."""
+    """The jobs' table as the console shows it: columns aligned, of each job's overrides those that
+    are not the same in every job (jobs.csv has them all), run directories relative to here."""
     body = rows(outcomes)
-    body[1:] = [[*r[:-1], r[-1] if r[-1] == _short(None) else _shown(r[-1])] for r in body[1:]]
+    common = set.intersection(*(set(o.overrides or ()) for o in outcomes)) if len(outcomes) > 1 else set()
+    body[1:] = [[*r[:-2], " ".join(x for x in o.overrides or () if x not in common) or _short(None),
+                 r[-1] if r[-1] == _short(None) else _shown(r[-1])] for r, o in zip(body[1:], outcomes)]
     widths = [max(len(r[i]) for r in body) for i in range(len(body[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body)
 

@@ -4,6 +4,7 @@ TensorBoard directory; resume is bit-exact; out of memory shrinks the batch and 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 
@@ -126,6 +127,23 @@ def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(
     assert r.returncode == 0, r.stderr
     summaries = sorted((tmp_path / "multirun").glob("*/*/*/summary.json"))
     assert [len(json.load(open(p))["stages"]) for p in summaries] == [1, 3]
+    # The sweep ends with a table of its jobs, also written as the sweep directory's jobs.csv.
+    (sweep_dir,) = (tmp_path / "multirun").glob("*/*")
+    with open(sweep_dir / "jobs.csv") as f:
+        jobs = list(csv.DictReader(f))
+    assert [(j["job"], j["exit"], j["steps"], j["overrides"]) for j in jobs] == [  # as Hydra passed them on
+        ("0", "0", "2", "++stages=1 trainer.steps=2 trainer.progress=False"),
+        ("1", "0", "2", "++stages=3 trainer.steps=2 trainer.progress=False")]
+    table = r.stdout[r.stdout.index("job  exit  steps  loss"):].splitlines()
+    for job, path, row, k in zip(jobs, summaries, table[1:], (1, 3)):
+        s = json.load(open(path))
+        assert job["run_dir"] == str(path.parent) and float(job["loss"]) == s["loss_last"]
+        assert job["val_loss"] == " / ".join(repr(st["val"]["loss"]) for st in s["stages"])  # each stage's
+        assert row.split()[:4] == [job["job"], "0", "2", f"{s['loss_last']:.4g}"]
+        assert f" ++stages={k} " in row and "trainer.steps" not in row  # what the jobs differ in
+        assert row.endswith(os.path.relpath(path.parent, tmp_path))
+    assert f"jobs: {os.path.relpath(sweep_dir / 'jobs.csv', tmp_path)}" in r.stdout
+    assert not [p for p in (tmp_path / "multirun").rglob("*") if "%" in p.name]  # no stray .submitit/%j
 
 
 # --- each variant's result comes from the seed and the variant itself, never from its neighbours ---------
