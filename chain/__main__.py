@@ -129,6 +129,11 @@ def preflight(spec: RunSpec, run_dir: str, overrides: list[str]) -> tuple[Prefli
     return Preflight(spec, run_dir, created), [*overrides, *extra]
 
 
+def _unit(mode: str) -> str:
+    """What the placement's rows are: a chain's stages, or side by side's variants (independent models)."""
+    return "variant" if mode == "side_by_side" else "stage"
+
+
 def show_plan(spec: RunSpec) -> None:
     """plan_only=true: print the placement and the plan, write nothing (no run directory) but the
     schedule when `pipeline.schedule_out` asks for it."""
@@ -138,12 +143,13 @@ def show_plan(spec: RunSpec) -> None:
 
     settings = spec.settings
     run = build(spec)
-    print(placement_table(run.placement, run.stages, settings.notes))
+    print(placement_table(run.placement, run.stages, settings.notes, unit=_unit(settings.mode)))
     if run.placement.footprints:
         from chain.planning import fit
         from chain.planning.inventory import Inventory
 
-        print(fit.table(run.placement, run.placement.footprints, spec.inventory or Inventory()))
+        print(fit.table(run.placement, run.placement.footprints, spec.inventory or Inventory(),
+                        unit=_unit(settings.mode)))
     plan = run.strategy.plan_text(full=True)
     if plan:
         print(plan)
@@ -178,7 +184,7 @@ def _app(cfg: DictConfig) -> None:
         from chain.training.logs import placement_table
 
         run = build(spec, run_dir)
-        print(placement_table(run.placement, run.stages, settings.notes), flush=True)
+        print(placement_table(run.placement, run.stages, settings.notes, unit=_unit(settings.mode)), flush=True)
         plan = run.strategy.plan_text(full=False)
         if plan:
             print(plan, flush=True)
@@ -235,6 +241,14 @@ def _hydra_flags(args: list[str]) -> bool:
 
 def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
+    try:
+        _main()
+    except BrokenPipeError:  # `python -m chain --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+def _main() -> None:
     global _preflight
     args = sys.argv[1:]
     multirun = False
@@ -265,11 +279,7 @@ def main() -> None:
     except ChainError as e:
         fail(str(e), e.exit_code)
     sys.argv = [sys.argv[0], *overrides]
-    try:
-        sweep.run(_app) if multirun else _app()
-    except BrokenPipeError:  # `python -m chain --help | head`: the reader left; no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    sweep.run(_app) if multirun else _app()
 
 
 if __name__ == "__main__":

@@ -120,6 +120,10 @@ def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
     values = [r["value"] for r in s["ranking"]]
     assert values == sorted(values) and {r["variant"] for r in s["ranking"]} == set(names)
     assert "rank  variant" in r.stdout and "chain.keras" not in s["exports"]
+    # Variants, not stages of a pipeline: the placement table's rows and the layout note say so.
+    assert "\nvariant  device " in "\n" + r.stdout and "stage  device" not in r.stdout
+    assert "note: layout: side by side (4 independent models, a device per variant)" in r.stdout
+    assert "layout: pipeline" not in r.stdout
 
 
 def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(cli, tmp_path):

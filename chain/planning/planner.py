@@ -101,12 +101,13 @@ def _describe(gpu: Gpu, cvd: str | None) -> str:
     return f"GPU:{gpu.index}"
 
 
-def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placement:
+def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_side: bool = False) -> Placement:
     """Decide where every stage runs (see DESIGN.md, "Device rules" and docs/devices.md).
 
     `pcfg` is the validated `placement` section. Pure: no TensorFlow runtime. Raises
     ConfigError for settings that cannot work anywhere and DeviceError for settings this
-    machine cannot satisfy; both name the key.
+    machine cannot satisfy; both name the key. `side_by_side`: the stages are independent
+    models (mode=side_by_side), which the layout note says.
     """
     placement_fits(pcfg, n_stages)  # checked with the settings already; `plan` is also called on its own
     gpus = _visible(pcfg.visible, inventory)
@@ -134,7 +135,9 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placem
         p.visible = [g.index for g in gpus]
     if p.kind == "CPU" and pcfg.memory_limit_mb is not None:
         p.notes.append("placement.memory_limit_mb ignored: memory limits apply to GPUs only")
-    if p.strategy != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
+    if side_by_side and p.strategy != MIRRORED:
+        p.notes.insert(0, _side_by_side_layout(p, n_stages))
+    elif p.strategy != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
         p.notes.insert(0, _layout(pcfg, p, n_stages, len(gpus)))
     _growth(pcfg, p, gpus)
     if inventory.cuda_visible_devices is not None and gpus:
@@ -142,6 +145,13 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placem
         p.notes.append(f"CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices}" + (f": {behind}" if behind else ""))
     p.notes[:0] = list(inventory.notes)
     return p
+
+
+def _side_by_side_layout(p: Placement, n_models: int) -> str:
+    """mode=side_by_side's layout in one line: independent models, not stages of a pipeline."""
+    devices = len(set(p.devices))
+    where = "a device per variant" if devices == n_models else f"on {devices} device{'s' * (devices != 1)}"
+    return f"layout: side by side ({n_models} independent model{'s' * (n_models != 1)}, {where})"
 
 
 def _layout(pcfg: PlacementSettings, p: Placement, n_stages: int, n_gpus: int) -> str:
