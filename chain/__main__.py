@@ -39,7 +39,7 @@ from omegaconf import DictConfig  # noqa: E402
 from chain import sweep  # noqa: E402
 from chain.cli import fail, import_tensorflow_quietly  # noqa: E402
 from chain.config import normalize_overrides  # noqa: E402
-from chain.errors import ChainError  # noqa: E402
+from chain.errors import ChainError, plural  # noqa: E402
 from chain.spec import RunSpec, check  # noqa: E402
 
 
@@ -194,7 +194,7 @@ def _app(cfg: DictConfig) -> None:
             from chain.training.logs import ranking_table
 
             print(ranking_table(summary.side_by_side.ranking))
-        print(f"done: {summary.steps} steps, summary in {os.path.join(run_dir, 'summary.json')}")
+        print(f"done: {plural(summary.steps, 'step')}, summary in {os.path.join(run_dir, 'summary.json')}")
         if sweep.in_job():
             sweep.record_done(summary)  # the sweep's table of its jobs
     except ChainError as e:

@@ -100,3 +100,10 @@ def did_you_mean(key: str, known: Iterable[str]) -> str:
         near = closest(leaf, siblings)
         found = [siblings[near]] if near else []
     return f"; did you mean {' or '.join(found[:3])}?" if found else ""
+
+
+def plural(n: int, word: str) -> str:
+    """`n` and `word`, plural unless `n` is 1: `1 microbatch`, `4 microbatches`, `2 stages`."""
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word}es" if word.endswith(("ch", "sh", "s", "x")) else f"{n} {word}s"

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
+from chain.errors import plural
+
 FORWARD = "F"
 BACKWARD = "B"
 WEIGHT = "W"  # a split schedule's weight-gradient half of a backward
@@ -506,9 +508,10 @@ def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Sch
 
 def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None = None) -> str:
     """The timeline as text: a header, one row per stage/device, one column per slot, then the bubble."""
-    on = f" on {schedule.devices} devices" if schedule.placement else ""
-    lines = [f"schedule: {schedule.name}, {schedule.stages} stages{on} x {schedule.microbatches} microbatches, "
-             f"{timeline.slots} slots (F: forward, B: backward{_w_legend(schedule)}, digit: microbatch, .: idle)"]
+    on = f" on {plural(schedule.devices, 'device')}" if schedule.placement else ""
+    lines = [f"schedule: {schedule.name}, {plural(schedule.stages, 'stage')}{on} x "
+             f"{plural(schedule.microbatches, 'microbatch')}, "
+             f"{plural(timeline.slots, 'slot')} (F: forward, B: backward{_w_legend(schedule)}, digit: microbatch, .: idle)"]
     lines += rows(timeline, devices, schedule)
     lines.append(f"bubble fraction: {timeline.bubble_fraction:.3f} (idle slots / all slots)")
     return "\n".join(lines)

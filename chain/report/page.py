@@ -14,7 +14,7 @@ import html
 import os
 from typing import Iterable, Sequence
 
-from chain.errors import ChainError
+from chain.errors import ChainError, plural
 from chain.pipeline import schedules
 from chain.pipeline import timeline as measured_timeline
 from chain.records.measured import Measured, MeasuredStep
@@ -132,7 +132,7 @@ def timeline_section(rec: RunRecord) -> str:
     rows = [f"device {r} (stages {', '.join(map(str, schedule.row_stages(r)))})" for r in range(schedule.devices)] \
         if schedule.placement else labels
     out = ['<h2 id="timeline">Timeline</h2>',
-           f"<p>{esc(schedule.name)}, {schedule.stages} stages x {schedule.microbatches} microbatches; "
+           f"<p>{esc(schedule.name)}, {plural(schedule.stages, 'stage')} x {plural(schedule.microbatches, 'microbatch')}; "
            f"planned bubble fraction {planned.bubble_fraction:.3f} (unit-time actions)</p>",
            image(plots.gantt(planned_rows(schedule), rows, "planned (unit-time actions)", "slot"), "planned timeline")]
     try:
