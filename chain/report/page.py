@@ -66,22 +66,32 @@ def mib(n) -> float | None:
 # --- sections of one run -----------------------------------------------------------------------
 
 
+def scalar_list(tags: dict) -> str:
+    """What a curve image draws: each tag and its number of points."""
+    return "scalars: " + ", ".join(f"{t} ({plural(len(p), 'point')})" for t, p in sorted(tags.items()))
+
+
 def curve_section(rec: RunRecord) -> str:
+    """Every scalar of tb/: the chain's (once), then each stage's own; a stage that logged none
+    (mode=e2e: one loss, the chain's) is named in a note, not drawn again with the chain's."""
     out = ["<h2>Curves</h2>"]
     chain_tags = rec.curves.get("chain", {})
     if chain_tags:
         out.append(image(plots.curves({"": chain_tags}, f"{rec.name}: the chain (tb/chain)"), "chain curves"))
-    e2e = rec.facts.mode == "e2e"
+        out.append(f'<p class="note" id="scalars-chain">{esc(scalar_list(chain_tags))}</p>')
+    silent = []
     for k, writer in enumerate(rec.stage_writers()):
         tags = rec.curves.get(writer, {})
-        title = f"stage {k} ({writer})"
-        if not tags and chain_tags:  # mode=e2e: no stage has a loss of its own; every stage learns the chain's
-            tags, title = chain_tags, f"stage {k}: the chain's loss (mode=e2e: one loss for every stage)"
+        if not tags:
+            silent.append(k)
+            continue
         out.append(f'<h3 id="curves-stage-{k}">stage {k}</h3>')
-        out.append(image(plots.curves({"": tags}, title), f"stage {k} curves"))
-    if e2e:
-        out.append('<p class="note">mode=e2e: the chain has one loss, logged in tb/chain; '
-                   "each stage's panel shows it with the stage's own scalars, if any.</p>")
+        out.append(image(plots.curves({"": tags}, f"stage {k} ({writer})"), f"stage {k} curves"))
+        out.append(f'<p class="note" id="scalars-stage-{k}">{esc(scalar_list(tags))}</p>')
+    if silent:
+        why = " (mode=e2e: the chain has one loss, drawn above)" if rec.facts.mode == "e2e" else ""
+        out.append(f'<p class="note" id="silent-stages">{plural(len(silent), "stage")} ('
+                   f"{', '.join(map(str, silent))}) logged no scalars of their own{why}.</p>")
     return "\n".join(out)
 
 
