@@ -111,7 +111,8 @@ def test_out_of_memory_below_the_floor_stops_with_one_line(tmp_path):
 
 
 def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
-    r = cli(*BASE, "+grid={optim.lr: [0.003, 0.0003], model.width: [8, 16]}", "trainer.steps=20", "checkpoint.export=true")
+    r = cli(*BASE, "+grid={optim.lr: [0.003, 0.0003], model.width: [8, 16]}", "trainer.steps=20", "checkpoint.export=true",
+            "report=true")
     assert r.returncode == 0, r.stderr
     s = read_summary(run_dirs(tmp_path)[0])
     names = [st["variant"] for st in s["stages"]]
@@ -124,6 +125,8 @@ def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
     assert "\nvariant  device " in "\n" + r.stdout and "stage  device" not in r.stdout
     assert "note: layout: side by side (4 independent models, a device per variant)" in r.stdout
     assert "layout: pipeline" not in r.stdout
+    with open(os.path.join(run_dirs(tmp_path)[0], "report.html")) as f:
+        assert '<table id="placement"><tr><th>variant</th>' in f.read()  # the report's placement table too
 
 
 def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(cli, tmp_path):

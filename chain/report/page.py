@@ -101,7 +101,8 @@ def placement_section(rec: RunRecord) -> str:
         rows.append((s.index, s.device or "every replica", s.physical, s.params, s.model, mib(s.peak_memory_bytes),
                      s.measured.busy_fraction if s.measured else None))
     out = ["<h2>Placement</h2>",
-           table(("stage", "device", "physical", "params", "model", "peak memory (MiB)", "measured busy fraction"),
+           table(("variant" if rec.facts.mode == "side_by_side" else "stage", "device", "physical", "params", "model",
+                  "peak memory (MiB)", "measured busy fraction"),
                  rows, "placement")]
     if rec.mirrored.replica_devices:
         out.append(f"<p class='note'>mirrored over {esc(', '.join(rec.mirrored.replica_devices))}</p>")
