@@ -103,7 +103,14 @@ def did_you_mean(key: str, known: Iterable[str]) -> str:
 
 
 def plural(n: int, word: str) -> str:
-    """`n` and `word`, plural unless `n` is 1: `1 microbatch`, `4 microbatches`, `2 stages`."""
+    """`n` and `word`, plural unless `n` is 1: `1 microbatch`, `4 microbatches`, `2 stages`, `3 entries`."""
     if n == 1:
         return f"{n} {word}"
+    if word.endswith("y") and word[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return f"{n} {word[:-1]}ies"
     return f"{n} {word}es" if word.endswith(("ch", "sh", "s", "x")) else f"{n} {word}s"
+
+
+def there_are(n: int, word: str) -> str:
+    """`there is 1 stage`, `there are 3 stages`."""
+    return f"there {'is' if n == 1 else 'are'} {plural(n, word)}"

@@ -208,7 +208,9 @@ def test_the_schedule_line_counts_in_words():
     single = schedules.build("gpipe", 1, 2)
     assert schedules.render(single, schedules.simulate(single)).splitlines()[0].startswith(
         "schedule: gpipe, 1 stage x 2 microbatches, ")
-    from chain.errors import plural
+    from chain.errors import plural, there_are
 
-    assert [plural(n, w) for n, w in [(1, "step"), (0, "step"), (3, "microbatch"), (1, "device")]] == [
-        "1 step", "0 steps", "3 microbatches", "1 device"]
+    assert [plural(n, w) for n, w in [(1, "step"), (0, "step"), (3, "microbatch"), (1, "device"), (2, "entry"),
+                                      (2, "day")]] == ["1 step", "0 steps", "3 microbatches", "1 device", "2 entries",
+                                                       "2 days"]
+    assert (there_are(1, "stage"), there_are(2, "stage")) == ("there is 1 stage", "there are 2 stages")
