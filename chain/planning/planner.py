@@ -17,7 +17,7 @@ from typing import Sequence
 
 from chain.config.checks import batch_over_replicas, placement_fits
 from chain.config.schema import PlacementSettings
-from chain.errors import ConfigError, DeviceError
+from chain.errors import ConfigError, DeviceError, plural
 from chain.planning.devices import canonical
 from chain.planning.footprint import Footprint
 from chain.planning.inventory import Gpu, Inventory
@@ -443,7 +443,7 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
             devices = pool[:n_stages]
         elif pcfg.fallback == "error":
             raise DeviceError(f"placement.fallback=error: {n_stages} stages need {n_stages} devices, the cluster's "
-                              f"{len(tasks)} workers have {len(pool)} {'GPUs' if gpus else 'CPUs'}")
+                              f"{plural(len(tasks), 'worker')} have {plural(len(pool), 'GPU' if gpus else 'CPU')}")
         elif pcfg.fallback == MIRRORED:
             raise DeviceError("placement.fallback=mirrored across hosts is data parallel: run the same command on every "
                               "host with its own TF_CONFIG instead of cluster.workers (see docs/cluster.md)")
@@ -451,9 +451,9 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
             devices = [pool[k * len(pool) // n_stages] for k in range(n_stages)]
     p = Placement(devices=devices, kind="GPU" if gpus else "CPU", physical={d: where.get(d, "-") for d in devices},
                   cluster=list(addresses))
-    p.notes.append(f"cluster: {len(addresses)} workers ({', '.join(addresses)}); this process is the client")
+    p.notes.append(f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
     if not pcfg.devices and len(set(devices)) < n_stages:
-        p.notes.append(f"{len(set(devices))} devices < {n_stages} stages: neighbouring stages share a worker's device "
+        p.notes.append(f"{plural(len(set(devices)), 'device')} < {n_stages} stages: neighbouring stages share a worker's device "
                        "(a worker's devices are not split from the client)")
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None and (key != "replicas" or pcfg.fallback == MIRRORED):
@@ -485,7 +485,7 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
     n = copies * n_stages
     if len(pool) < n:
         raise DeviceError(f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} devices, "
-                          f"the cluster's {len(addresses)} workers have {len(pool)}; give cluster.workers {n} workers "
+                          f"the cluster's {plural(len(addresses), 'worker')} have {len(pool)}; give cluster.workers {n} workers "
                           f"or use placement.replicas={max(1, len(pool) // n_stages)}")
     grid = [list(pool[r * n_stages:(r + 1) * n_stages]) for r in range(copies)]
     devices = [d for row in grid for d in row]
@@ -493,7 +493,7 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
                   grid=grid, physical={d: where.get(d, "-") for d in devices}, cluster=list(addresses))
     p.notes.append(f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker "
                    "devices; each copy trains its share of every batch, stage gradients averaged over the copies")
-    p.notes.append(f"cluster: {len(addresses)} workers ({', '.join(addresses)}); this process is the client")
+    p.notes.append(f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
     return p
 
 
