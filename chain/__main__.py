@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 from chain import sweep  # `import chain` first set TensorFlow's C++ log level (chain.cli.quiet_environment)
 from chain.cli import fail, import_tensorflow_quietly
 from chain.config import normalize_overrides
-from chain.errors import ChainError
+from chain.errors import ChainError, plural
 from chain.spec import RunSpec, check
 
 
@@ -126,6 +126,11 @@ def preflight(spec: RunSpec, run_dir: str, overrides: list[str]) -> tuple[Prefli
     return Preflight(spec, run_dir, created), [*overrides, *extra]
 
 
+def _unit(mode: str) -> str:
+    """What the placement's rows are: a chain's stages, or side by side's variants (independent models)."""
+    return "variant" if mode == "side_by_side" else "stage"
+
+
 def show_plan(spec: RunSpec) -> None:
     """plan_only=true: print the placement and the plan, write nothing (no run directory) but the
     schedule when `pipeline.schedule_out` asks for it."""
@@ -135,12 +140,13 @@ def show_plan(spec: RunSpec) -> None:
 
     settings = spec.settings
     run = build(spec)
-    print(placement_table(run.placement, run.stages, settings.notes))
+    print(placement_table(run.placement, run.stages, settings.notes, unit=_unit(settings.mode)))
     if run.placement.footprints:
         from chain.planning import fit
         from chain.planning.inventory import Inventory
 
-        print(fit.table(run.placement, run.placement.footprints, spec.inventory or Inventory()))
+        print(fit.table(run.placement, run.placement.footprints, spec.inventory or Inventory(),
+                        unit=_unit(settings.mode)))
     plan = run.strategy.plan_text(full=True)
     if plan:
         print(plan)
@@ -177,7 +183,7 @@ def _app(cfg: DictConfig) -> None:
         from chain.training.logs import placement_table
 
         run = build(spec, run_dir)
-        print(placement_table(run.placement, run.stages, settings.notes), flush=True)
+        print(placement_table(run.placement, run.stages, settings.notes, unit=_unit(settings.mode)), flush=True)
         plan = run.strategy.plan_text(full=False)
         if plan:
             print(plan, flush=True)
@@ -187,7 +193,9 @@ def _app(cfg: DictConfig) -> None:
             from chain.training.logs import ranking_table
 
             print(ranking_table(summary.side_by_side.ranking))
-        print(f"done: {summary.steps} steps, summary in {os.path.join(run_dir, 'summary.json')}")
+        print(f"done: {plural(summary.steps, 'step')}, summary in {os.path.join(run_dir, 'summary.json')}")
+        if sweep.in_job():
+            sweep.record_done(summary)  # the sweep's table of its jobs
     except ChainError as e:
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
         if sweep.in_job():
@@ -232,6 +240,14 @@ def _hydra_flags(args: list[str]) -> bool:
 
 def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
+    try:
+        _main()
+    except BrokenPipeError:  # `python -m chain --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+def _main() -> None:
     global _preflight
     args = sys.argv[1:]
     multirun = False

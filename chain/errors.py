@@ -8,6 +8,8 @@
     6  out of memory with the smallest batch allowed (OutOfMemory, mode=side_by_side)
 """
 
+from collections.abc import Iterable
+
 
 class ChainError(Exception):
     """An error the user can fix; the CLI prints its message alone and exits `exit_code`."""
@@ -71,3 +73,44 @@ def instantiate_error(e: BaseException, what: str) -> ConfigError:
         if cause is not None:
             e = cause
     return ConfigError(f"{what} raised {first_line(e)}")
+
+
+def closest(word: str, options: Iterable[str]) -> str | None:
+    """The option closest to a mistyped `word` by difflib's ratio, or None: among the options
+    that contain it if any (`float16` -> `mixed_float16`), else among all (a ratio of at least 0.6)."""
+    import difflib
+
+    options = [str(o) for o in options]
+    holding = [o for o in options if len(str(word)) >= 3 and str(word) in o]
+    found = difflib.get_close_matches(str(word), holding or options, n=1, cutoff=0.0 if holding else 0.6)
+    return found[0] if found else None
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+    """`; did you mean K?` for an unknown dotted `key` (`trainer.stpes`), or '' when nothing is close.
+
+    `known` are the dotted keys that exist. K is a key of another section with the same last part
+    (`steps` -> `trainer.steps`, `trainer.lr` -> `optim.lr`); failing that, the key of the same
+    section whose last part is closest (`trainer.stpes` -> `trainer.steps`)."""
+    parent, _, leaf = key.rpartition(".")
+    known = [str(k) for k in known]
+    found = sorted(k for k in known if k.rpartition(".")[2] == leaf and k != key)
+    if not found:
+        siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == parent}
+        near = closest(leaf, siblings)
+        found = [siblings[near]] if near else []
+    return f"; did you mean {' or '.join(found[:3])}?" if found else ""
+
+
+def plural(n: int, word: str) -> str:
+    """`n` and `word`, plural unless `n` is 1: `1 microbatch`, `4 microbatches`, `2 stages`, `3 entries`."""
+    if n == 1:
+        return f"{n} {word}"
+    if word.endswith("y") and word[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return f"{n} {word[:-1]}ies"
+    return f"{n} {word}es" if word.endswith(("ch", "sh", "s", "x")) else f"{n} {word}s"
+
+
+def there_are(n: int, word: str) -> str:
+    """`there is 1 stage`, `there are 3 stages`."""
+    return f"there {'is' if n == 1 else 'are'} {plural(n, word)}"

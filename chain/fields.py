@@ -16,7 +16,7 @@ import math
 from dataclasses import field
 from typing import Any, Callable
 
-from chain.errors import ConfigError
+from chain.errors import ConfigError, closest
 
 Check = Callable[[str, Any], Any]
 
@@ -87,7 +87,9 @@ def choice(*allowed: str) -> Check:
     """One of `allowed`."""
     def check(key: str, v: Any) -> str:
         if v not in allowed:
-            raise ConfigError(f"{key}={v!r} is not known; allowed: {', '.join(allowed)}")
+            near = closest(v, allowed) if isinstance(v, str) else None
+            hint = f"; did you mean {key}={near}?" if near else ""
+            raise ConfigError(f"{key}={v!r} is not known; allowed: {', '.join(allowed)}{hint}")
         return v
 
     return check

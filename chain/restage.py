@@ -7,7 +7,7 @@ import sys
 from typing import Sequence
 
 from chain.cli import fail, import_tensorflow_quietly
-from chain.errors import ChainError
+from chain.errors import ChainError, plural
 
 USAGE = "usage: python -m chain.restage SRC_RUN_DIR DST_RUN_DIR [overrides...]   e.g. +stages=2"
 
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         report = restage(args[0], args[1], overrides)
     except ChainError as e:
         fail(str(e), e.exit_code)
-    print(f"restaged step {report['step']}: {report['src_stages']} stages -> {report['dst_stages']} stages "
+    print(f"restaged step {report['step']}: {plural(report['src_stages'], 'stage')} -> {plural(report['dst_stages'], 'stage')} "
           f"({' '.join(report['overrides'])})")
     for line in report["heads"]:
         print(f"  {line}")

@@ -52,7 +52,7 @@ def test_heterogeneous_chain_from_the_command_line(cli, tmp_path):
     (["optim.lr=0"], "optim.lr=0 must be > 0"),
     (["data.batch_size=-4"], "data.batch_size=-4 must be >= 1"),
     (["+trainer.stepz=5"], "unknown key trainer.stepz"),
-    (["placement.devices=[/CPU:0]"], "placement.devices has 1 entries, but there are 2 stages"),
+    (["placement.devices=[/CPU:0]"], "placement.devices has 1 entry, but there are 2 stages"),
     (["placement.devices=[/CPU:0,/GPU:3]"], "placement.devices[1]='/GPU:3' does not exist; available: /device:CPU:0"),
     (["+stages=3", "placement.devices=[/CPU:0,/CPU:1,/CPU:7]"], "placement.devices[2]='/CPU:7' does not exist"),
 ])

@@ -6,6 +6,7 @@ nothing half-written. CLI cases are fresh processes."""
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import os
@@ -118,6 +119,11 @@ def test_a_sweep_job_failing_while_it_runs_is_one_line(tmp_path):
     line = one_line(r)
     assert line.startswith("error: job 0 (") and "placement.devices[1]='/CPU:7' does not exist" in line
     assert not os.path.exists(tmp_path / "sweep" / "0")  # the job failed before training: nothing of it left
+    # The jobs' table (stdout) and jobs.csv show it with its exit code, and the error in the file.
+    assert re.search(r"^0\s+2\s+-\s+-\s+model.width=8 .*\s-$", r.stdout, re.M), r.stdout
+    with open(tmp_path / "sweep" / "jobs.csv") as f:
+        (job,) = list(csv.DictReader(f))
+    assert (job["exit"], job["run_dir"], job["error"]) == ("2", "", line[len("error: job 0 ("):].split("): ", 1)[1])
 
 
 @pytest.mark.parametrize("args, says", [

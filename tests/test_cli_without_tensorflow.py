@@ -32,7 +32,7 @@ CASES = [
     (["model.depth=100000"], "model.depth=100000 must be <= 1024"),
     (["mode=e2e", "data.batch_size=1000000000000", "pipeline.microbatches=7"],
      "data.batch_size=1000000000000 must be <= 2147483647"),
-    (["placement.devices=[/CPU:0]"], "placement.devices has 1 entries, but there are 2 stages"),
+    (["placement.devices=[/CPU:0]"], "placement.devices has 1 entry, but there are 2 stages"),
     (["placement.devices=[/CPU:0,garbage]"], "placement.devices[1]: 'garbage' is not a device name"),
     (["placement.memory_limit_mb=[100,200,300]"], "placement.memory_limit_mb has 3 entries, but there are 2 stages"),
     (["placement.devices=[/CPU:0,/CPU:1]", "placement.fallback=mirrored"],

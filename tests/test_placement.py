@@ -99,7 +99,7 @@ def test_heterogeneous_chain_builds_and_trains():
 
 @pytest.mark.parametrize("devices, message", [
     ("[/CPU:0,/CPU:9]", "placement.devices[1]='/CPU:9' does not exist; available:"),
-    ("[/CPU:0]", "placement.devices has 1 entries, but there are 2 stages"),
+    ("[/CPU:0]", "placement.devices has 1 entry, but there are 2 stages"),
     ("[/CPU:0,garbage]", "placement.devices[1]"),
 ])
 def test_bad_devices_are_refused(devices, message):

@@ -504,3 +504,18 @@ def test_interleaved_stages_on_one_logical_gpu_add_up_against_its_limit():
     assert re.match(r"stages 0, 2 need about [\d.]+ MB together on /device:GPU:0 \(the largest, stage 2", str(e.value))
     alone = prepare(chain.compose([*cfg, "placement.memory_limit_mb=null"]), Inventory.of(1, 8 * GB)).placement
     assert max(f.total for f in alone.footprints) < 4 << 20 < alone.footprints[0].total + alone.footprints[2].total
+
+
+def test_side_by_side_says_variants_in_its_layout_note_and_memory_table():
+    """mode=side_by_side's models are variants, not stages of a pipeline (issue 38)."""
+    from chain.planning import fit
+    from chain.planning.footprint import Footprint
+
+    p = plan(pcfg(), 3, Inventory(), side_by_side=True)
+    assert p.notes[0] == "layout: side by side (3 independent models, a device per variant)"
+    shared = plan(pcfg("+stages=3", "placement.devices=[/CPU:0,/CPU:0,/CPU:1]"), 3, Inventory(), side_by_side=True)
+    assert shared.notes[0] == "layout: side by side (3 independent models, on 2 devices)"
+    assert plan(pcfg(), 3, Inventory()).notes[0].startswith("layout: pipeline (a device per stage")
+    sizes = Footprint(weights=1024, gradients=1024, optimizer=2048, activations=512, inputs=256, held=1)
+    text = fit.table(p, [sizes] * 3, Inventory(), unit="variant")
+    assert text.startswith("memory estimate (per variant:") and "  variant 2: " in text and "stage" not in text

@@ -4,7 +4,7 @@ and serialized in one module.
 - No module of chain/ reads a record's field by string key (`x["loss_last"]`, `x.get("stages")`)
   but `chain/records/serial.py`, the one module that turns records into JSON and back. What the
   check covers: every JSON key of a step's result, the loss records, summary.json (its stages,
-  sections, out-of-memory events and ranking) and timeline.json, found by `ast` as a subscript
+  sections, out-of-memory events and ranking), timeline.json and a sweep job's outcome, found by `ast` as a subscript
   read or a `.get`/`.pop`/`.setdefault` call with that key as a string constant. What it cannot
   tell apart: a dict of another format that happens to use the same key. Those reads are listed
   in OTHER_FORMATS below, each with the format it reads (config dicts, checkpoint.json's file
@@ -29,11 +29,12 @@ from chain.records import serial
 from chain.records.measured import Measured
 from chain.records.results import LossHistory, StepResult
 from chain.records.summaries import Summary
+from chain.records.sweeps import JobOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "chain"
 SERIALIZER = PACKAGE / "records" / "serial.py"
-RECORD_KEYS = set().union(*(serial.keys(r) for r in (StepResult, LossHistory, Summary, Measured)))
+RECORD_KEYS = set().union(*(serial.keys(r) for r in (StepResult, LossHistory, Summary, Measured, JobOutcome)))
 READS = {"get", "pop", "setdefault"}
 
 # module -> (keys, the format read): string-key reads of dicts that are NOT records, though the key
@@ -53,7 +54,6 @@ OTHER_FORMATS: dict[str, tuple[set[str], str]] = {
     "chain/config/variants.py": ({"paused"}, "a variant's config dict"),
     "chain/training/profile.py": ({"model", "target"}, "a stage's spec as a config dict (the advised override)"),
     "chain/planning/cluster.py": ({"index"}, "TF_CONFIG's task"),
-    "chain/sweep.py": ({"overrides"}, "the sweep's record of a failed job"),
     "chain/steps/evaluate.py": ({"loss"}, "evaluation metrics, metric name -> mean (made here)"),
     "chain/strategies/base.py": ({"loss"}, "evaluation metrics, metric name -> mean"),
     "chain/training/validation.py": ({"loss", "best_step"}, "evaluation metrics; the tracker's checkpointed state"),

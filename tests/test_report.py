@@ -39,8 +39,14 @@ def test_report_true_writes_a_self_contained_page_with_curves_placement_and_time
     with open(os.path.join(finished, "report.html")) as f:
         page = f.read()
     found = images(page)
-    for k in range(3):
-        assert found[f"stage {k} curves"].startswith(b"\x89PNG"), k
+    # mode=e2e: the chain's loss drawn once, not again in a panel per stage (the stages log none of their own)
+    assert found["chain curves"].startswith(b"\x89PNG") and not [a for a in found if a.startswith("stage ")]
+    assert "3 stages (0, 1, 2) logged no scalars of their own (mode=e2e" in page
+    # Every scalar tb/chain holds is drawn, the one evaluation at the end (no trainer.eval_every) included.
+    held = scalars.read_run(finished)["chain"]
+    assert {"loss", "val_loss", "val_accuracy"} <= set(held) and len(held["val_loss"]) == 1
+    drawn = re.search(r'<p class="note" id="scalars-chain">scalars: (.*?)</p>', page).group(1)
+    assert drawn == ", ".join(f"{t} ({len(p)} point{'s' * (len(p) != 1)})" for t, p in sorted(held.items()))
     assert found["planned timeline"].startswith(b"\x89PNG") and found["measured timeline"].startswith(b"\x89PNG")
     assert found["peak memory"].startswith(b"\x89PNG")
     placement = re.search(r'<table id="placement">(.*?)</table>', page, re.S).group(1)

@@ -198,3 +198,19 @@ def test_interleaved_needs_microbatches_a_multiple_of_the_devices():
         schedules.build("interleaved", 4, 3, 2)
     text = schedules.render(schedules.build("interleaved", 4, 2, 2), schedules.simulate(schedules.build("interleaved", 4, 2, 2)))
     assert "device 0 (stages 0, 2)" in text and "F0@s2" in text and "4 stages on 2 devices" in text
+
+
+def test_the_schedule_line_counts_in_words():
+    """`1 microbatch`, not `1 microbatches` (issue 38); other counts plural."""
+    one = schedules.build("gpipe", 2, 1)
+    assert schedules.render(one, schedules.simulate(one)).splitlines()[0].startswith(
+        "schedule: gpipe, 2 stages x 1 microbatch, 4 slots (")
+    single = schedules.build("gpipe", 1, 2)
+    assert schedules.render(single, schedules.simulate(single)).splitlines()[0].startswith(
+        "schedule: gpipe, 1 stage x 2 microbatches, ")
+    from chain.errors import plural, there_are
+
+    assert [plural(n, w) for n, w in [(1, "step"), (0, "step"), (3, "microbatch"), (1, "device"), (2, "entry"),
+                                      (2, "day")]] == ["1 step", "0 steps", "3 microbatches", "1 device", "2 entries",
+                                                       "2 days"]
+    assert (there_are(1, "stage"), there_are(2, "stage")) == ("there is 1 stage", "there are 2 stages")

@@ -4,6 +4,7 @@ TensorBoard directory; resume is bit-exact; out of memory shrinks the batch and 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 
@@ -110,7 +111,8 @@ def test_out_of_memory_below_the_floor_stops_with_one_line(tmp_path):
 
 
 def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
-    r = cli(*BASE, "+grid={optim.lr: [0.003, 0.0003], model.width: [8, 16]}", "trainer.steps=20", "checkpoint.export=true")
+    r = cli(*BASE, "+grid={optim.lr: [0.003, 0.0003], model.width: [8, 16]}", "trainer.steps=20", "checkpoint.export=true",
+            "report=true")
     assert r.returncode == 0, r.stderr
     s = read_summary(run_dirs(tmp_path)[0])
     names = [st["variant"] for st in s["stages"]]
@@ -119,6 +121,12 @@ def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
     values = [r["value"] for r in s["ranking"]]
     assert values == sorted(values) and {r["variant"] for r in s["ranking"]} == set(names)
     assert "rank  variant" in r.stdout and "chain.keras" not in s["exports"]
+    # Variants, not stages of a pipeline: the placement table's rows and the layout note say so.
+    assert "\nvariant  device " in "\n" + r.stdout and "stage  device" not in r.stdout
+    assert "note: layout: side by side (4 independent models, a device per variant)" in r.stdout
+    assert "layout: pipeline" not in r.stdout
+    with open(os.path.join(run_dirs(tmp_path)[0], "report.html")) as f:
+        assert '<table id="placement"><tr><th>variant</th>' in f.read()  # the report's placement table too
 
 
 def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(cli, tmp_path):
@@ -126,6 +134,23 @@ def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(
     assert r.returncode == 0, r.stderr
     summaries = sorted((tmp_path / "multirun").glob("*/*/*/summary.json"))
     assert [len(json.load(open(p))["stages"]) for p in summaries] == [1, 3]
+    # The sweep ends with a table of its jobs, also written as the sweep directory's jobs.csv.
+    (sweep_dir,) = (tmp_path / "multirun").glob("*/*")
+    with open(sweep_dir / "jobs.csv") as f:
+        jobs = list(csv.DictReader(f))
+    assert [(j["job"], j["exit"], j["steps"], j["overrides"]) for j in jobs] == [  # as Hydra passed them on
+        ("0", "0", "2", "++stages=1 trainer.steps=2 trainer.progress=False"),
+        ("1", "0", "2", "++stages=3 trainer.steps=2 trainer.progress=False")]
+    table = r.stdout[r.stdout.index("job  exit  steps  loss"):].splitlines()
+    for job, path, row, k in zip(jobs, summaries, table[1:], (1, 3)):
+        s = json.load(open(path))
+        assert job["run_dir"] == str(path.parent) and float(job["loss"]) == s["loss_last"]
+        assert job["val_loss"] == " / ".join(repr(st["val"]["loss"]) for st in s["stages"])  # each stage's
+        assert row.split()[:4] == [job["job"], "0", "2", f"{s['loss_last']:.4g}"]
+        assert f" ++stages={k} " in row and "trainer.steps" not in row  # what the jobs differ in
+        assert row.endswith(os.path.relpath(path.parent, tmp_path))
+    assert f"jobs: {os.path.relpath(sweep_dir / 'jobs.csv', tmp_path)}" in r.stdout
+    assert not [p for p in (tmp_path / "multirun").rglob("*") if "%" in p.name]  # no stray .submitit/%j
 
 
 # --- each variant's result comes from the seed and the variant itself, never from its neighbours ---------

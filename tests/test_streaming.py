@@ -736,3 +736,29 @@ def test_a_callable_stream_needs_a_checkpointable_dataset_and_its_classes(target
     with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
         callable_shards(chain.compose([*CALL, f"data._target_=user_datasets.{target}", "data.classes={label: 2}",
                                        *more]).data)
+
+
+def test_a_count_found_in_memory_says_what_was_counted_and_when(tmp_path, caplog):
+    """The command line counts while it checks the config, before the run's log is open; the run's
+    log then says what that pass counted (the total) and when, not only that it happened."""
+    import time
+
+    from chain.data import count_cache
+
+    paths = []
+    for k, rows in enumerate((3, 5)):
+        paths.append(str(tmp_path / f"part-{k}.csv"))
+        with open(paths[-1], "w") as f:
+            f.write("x\n" * rows)
+    rows_of = lambda p: sum(1 for _ in open(p))  # noqa: E731
+    count_cache.forget()
+    before = time.strftime("%H:%M:%S")
+    with caplog.at_level("INFO", logger="chain"):
+        assert count_cache.counts(paths, "data.path='*.csv'", "csv rows", rows_of) == (3, 5)  # not logged by the CLI
+        caplog.clear()
+        assert count_cache.counts(paths, "data.path='*.csv'", "csv rows", rows_of) == (3, 5)  # the run's log
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("csv rows of 2 file(s) of data.path='*.csv': 8 in all, counted by a pass over them at ")
+    at = line.split(" at ", 1)[1][:8]
+    assert before <= at <= time.strftime("%H:%M:%S") and "earlier in this process" in line
+    count_cache.forget()

@@ -21,7 +21,7 @@ from chain.config.schema import MAX_BATCH, KerasModel, PlacementSettings, Settin
 from chain.config.shapes import stage_shapes
 from chain.data import files
 from chain.data.catalog import DataInfo
-from chain.errors import ConfigError, DeviceError
+from chain.errors import ConfigError, DeviceError, plural, there_are
 from chain.config.device_names import canonical
 
 DEFAULT_STEPS = 400  # trainer.steps when neither it nor trainer.epochs is set (digits: ~16 epochs)
@@ -78,7 +78,7 @@ def placement_fits(p: PlacementSettings, n_stages: int) -> None:
     on named devices, or every stage on every replica (placement.fallback=mirrored), not both."""
     given = p.memory_limit_mb
     if isinstance(given, (list, tuple)) and len(given) != n_stages:
-        raise ConfigError(f"placement.memory_limit_mb has {len(given)} entries, but there are {n_stages} stages; "
+        raise ConfigError(f"placement.memory_limit_mb has {plural(len(given), 'entry')}, but {there_are(n_stages, 'stage')}; "
                           "give one number (MB per logical GPU) or one per stage")
     if p.devices and p.fallback == "mirrored":
         raise ConfigError("placement.devices puts each stage on a device, placement.fallback=mirrored puts "
@@ -110,7 +110,7 @@ def check_cut(s: Settings) -> None:
     if p.split is not None and p.balance != "even":
         raise ConfigError(f"placement.split and placement.balance={p.balance} both say where to cut: set one of them")
     if p.split is not None and len(p.split) != len(s.stages):
-        raise ConfigError(f"placement.split has {len(p.split)} entries, but there are {len(s.stages)} stages; "
+        raise ConfigError(f"placement.split has {plural(len(p.split), 'entry')}, but {there_are(len(s.stages), 'stage')}; "
                           "give the layers of each stage")
 
 
@@ -211,7 +211,7 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     when known); return notes on ignored settings."""
     devices = s.placement.devices
     if devices is not None and len(devices) != len(s.stages):
-        raise ConfigError(f"placement.devices has {len(devices)} entries, but there are {len(s.stages)} stages; "
+        raise ConfigError(f"placement.devices has {plural(len(devices), 'entry')}, but {there_are(len(s.stages), 'stage')}; "
                           "give one device per stage")
     for k, d in enumerate(devices or ()):
         try:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from chain.errors import ConfigError, first_line
+from chain.errors import ConfigError, closest, did_you_mean, first_line
 
 CONFIG_MODULE = "chain.conf"
 GROUPS = ("model", "optim", "data")
@@ -24,10 +24,17 @@ def group_options(group: str) -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+def unknown_option(group: str, name: str) -> str:
+    """The one-line message for `group=name`, an option the group does not have."""
+    near = closest(name, group_options(group))
+    hint = f"; did you mean {group}={near}?" if near else ""
+    return f"{group}={name!r} is not known; allowed: {', '.join(group_options(group))}{hint}"
+
+
 def group_defaults(group: str, name: str) -> dict:
     """The packaged config `group/name.yaml` as a dict, or a ConfigError naming the options."""
     if name not in group_options(group):
-        raise ConfigError(f"{group}={name!r} is not known; allowed: {', '.join(group_options(group))}")
+        raise ConfigError(unknown_option(group, name))
     text = resources.files(CONFIG_MODULE).joinpath(group, f"{name}.yaml").read_text()
     return OmegaConf.to_container(OmegaConf.create(text))
 
@@ -58,7 +65,7 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
             o = f"++{bare}={value}"
         elif bare in GROUPS and sep and not key.startswith("~"):
             if value not in group_options(bare):
-                raise ConfigError(f"{bare}={value!r} is not known; allowed: {', '.join(group_options(bare))}")
+                raise ConfigError(unknown_option(bare, value))
         elif builder and bare.startswith("model.") and sep:
             o = f"{bare}={value}" if bare == "model._target_" else f"++{bare}={value}"
         out.append(o)
@@ -78,18 +85,32 @@ def _compose(overrides: Sequence[str], with_hydra: bool) -> DictConfig:
         GlobalHydra.instance().clear()
 
 
+def dotted_keys(node: object, prefix: str = "") -> list[str]:
+    """Every key of a plain config mapping, dotted (`trainer.steps`), nested ones included."""
+    if not isinstance(node, dict):
+        return []
+    out = []
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        out += [key, *dotted_keys(v, f"{key}.")]
+    return out
+
+
 def _unknown_key(key: str, overrides: Sequence[str]) -> str:
-    """The one-line message for `key=value` on a key the config does not have."""
+    """The one-line message for `key=value` on a key the config does not have, with the nearest
+    key it may have meant (`chain.errors.did_you_mean`)."""
     parent, _, leaf = key.rpartition(".")
     try:
-        node = _compose([o for o in overrides if override_key(o) != key], False)
+        cfg = _compose([o for o in overrides if override_key(o) != key], False)
+        node = cfg
         for part in parent.split(".") if parent else ():
             node = node[part]
         allowed = ", ".join(sorted(str(k) for k in node))
     except Exception:  # the parent is not a mapping either: say what we can
         return f"unknown key {key}"
     where = f"of {parent}" if parent else "at the top level"
-    return f"unknown key {key}; allowed keys {where}: {allowed}"
+    known = dotted_keys(OmegaConf.to_container(cfg, resolve=False))
+    return f"unknown key {key}; allowed keys {where}: {allowed}{did_you_mean(key, known)}"
 
 
 def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> DictConfig:

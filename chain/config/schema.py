@@ -21,7 +21,7 @@ from chain.fields import (Check, address, boolean, choice, int_or_list, int_or_w
                           optional, power_of_two, setting, step_window, string)
 from chain.data.data_source import MAX_BATCH
 from chain.data.sources import settings_classes
-from chain.errors import ConfigError
+from chain.errors import ConfigError, closest, did_you_mean
 
 MODES = ("local", "e2e", "side_by_side")
 POLICIES = ("lockstep", "round_robin")
@@ -52,7 +52,9 @@ def parse(cls: type, key: str, raw: Any) -> Any:
     extra = getattr(cls, "EXTRA", None)  # a section that passes the keys it does not know on
     if unknown and extra is None:
         where = f"of {key}" if key else "at the top level"
-        raise ConfigError(f"unknown key {join(unknown[0])}; allowed keys {where}: {', '.join(sorted(checked))}")
+        known = [join(k) for k in checked] + (_nested_keys(raw) if not key else [])
+        raise ConfigError(f"unknown key {join(unknown[0])}; allowed keys {where}: {', '.join(sorted(checked))}"
+                          f"{did_you_mean(join(unknown[0]), known)}")
     missing = sorted(set(checked) - set(raw))
     if missing:
         raise ConfigError(f"missing key {join(missing[0])}")
@@ -60,6 +62,11 @@ def parse(cls: type, key: str, raw: Any) -> Any:
     if extra is not None:
         values[extra] = {k: raw[k] for k in unknown}
     return cls(**values)
+
+
+def _nested_keys(raw: dict) -> list[str]:
+    """The dotted keys one level inside the sections of the whole config `raw` (`trainer.steps`)."""
+    return [f"{k}.{inner}" for k, v in raw.items() if isinstance(v, dict) for inner in v]
 
 
 def section(cls: type) -> Check:
@@ -444,7 +451,9 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
             raise ConfigError(f"{key}={over!r} must be a mapping of overrides, e.g. {{model: {{width: 32}}}}")
         unknown = sorted(set(over) - set(base), key=str)
         if unknown:
-            raise ConfigError(f"unknown key {key}.{unknown[0]}; allowed keys of a stage: {', '.join(sorted(base))}")
+            near = closest(unknown[0], base)
+            hint = f"; did you mean {key}.{near}?" if near else ""
+            raise ConfigError(f"unknown key {key}.{unknown[0]}; allowed keys of a stage: {', '.join(sorted(base))}{hint}")
         spec = _merge(base, {k: v for k, v in over.items() if k not in ("model", "optim")})
         for group in ("model", "optim"):
             value = over.get(group, {})

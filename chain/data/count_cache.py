@@ -6,7 +6,9 @@ hidden from globs), keyed by the file's absolute path, size and modification tim
 was counted; where that folder is not writable, in the user's cache folder
 (`$XDG_CACHE_HOME/chain/counts.json`, `~/.cache/chain/counts.json` by default). A file changed in
 any of these is counted again. The log says, per glob, whether the files were counted or their
-counts read from the cache. Within a process the counts are also kept in memory.
+counts read from the cache, and how many there are in all. Within a process the counts are also
+kept in memory, with when they were counted: the command line counts while it checks the config,
+before the run's log is open, and the run's log then says when that was.
 """
 
 from __future__ import annotations
@@ -15,12 +17,24 @@ import json
 import logging
 import os
 import tempfile
-from typing import Callable
+import time
+from typing import Callable, NamedTuple
 
 log = logging.getLogger("chain")
 
 NAME = ".chain-counts.json"
-_memory: dict[tuple, tuple[int, str]] = {}  # (path, stamp) -> (count, 'counted' or 'cache')
+
+
+class _Known(NamedTuple):
+    """A file's count kept in this process: how it was found ('counted' or 'cache'), when, and the pass's seconds."""
+
+    count: int
+    how: str
+    when: float
+    seconds: float
+
+
+_memory: dict[tuple, _Known] = {}  # (path, stamp) -> what this process found
 
 
 def _user_cache() -> str:
@@ -61,7 +75,7 @@ def counts(paths: list[str], key: str, what: str, count: Callable[[str], int]) -
     `key` names the glob in the log lines that say which (said again on every call: the command
     line's first call comes before its log file is open)."""
     entries = [_entry(p, what) for p in paths]
-    found: dict[int, tuple[int, str]] = {i: _memory[e] for i, e in enumerate(entries) if e in _memory}
+    found: dict[int, _Known] = {i: _memory[e] for i, e in enumerate(entries) if e in _memory}
     tables: dict[str, dict] = {}
     for i, (path, stamp) in enumerate(entries):
         if i in found:
@@ -70,23 +84,29 @@ def counts(paths: list[str], key: str, what: str, count: Callable[[str], int]) -
             table = tables.setdefault(cache, _read(cache))
             n = table.get(path, {}).get(stamp)
             if isinstance(n, int):
-                found[i] = _memory[path, stamp] = (n, "cache")
+                found[i] = _memory[path, stamp] = _Known(n, "cache", time.time(), 0.0)
                 break
     fresh = [i for i in range(len(paths)) if i not in found]
     if fresh:
         log.info("counting the %s of %d file(s) of %s (a pass over them; the counts are cached)", what, len(fresh), key)
         for i in fresh:
             path, stamp = entries[i]
-            found[i] = _memory[path, stamp] = (count(paths[i]), "counted")
-        _store([entries[i] + (found[i][0],) for i in fresh])
-    hits = [how for i, (_, how) in found.items() if i not in fresh]
-    if hits.count("cache"):
-        log.info("%s of %d file(s) of %s: from the count cache (%s beside the data, or %s)", what, hits.count("cache"),
-                 key, NAME, _user_cache())
-    if hits.count("counted"):
-        log.info("%s of %d file(s) of %s: counted by a pass over them earlier in this process", what,
-                 hits.count("counted"), key)
-    return tuple(found[i][0] for i in range(len(paths)))
+            start = time.time()
+            n = count(paths[i])
+            found[i] = _memory[path, stamp] = _Known(n, "counted", start, time.time() - start)
+        _store([entries[i] + (found[i].count,) for i in fresh])
+    for how in ("cache", "counted"):
+        known = [k for i, k in found.items() if i not in fresh and k.how == how]
+        if not known:
+            continue
+        total = f"{what} of {len(known)} file(s) of {key}: {sum(k.count for k in known):,} in all"
+        if how == "cache":
+            log.info("%s, from the count cache (%s beside the data, or %s)", total, NAME, _user_cache())
+        else:
+            when = time.strftime("%H:%M:%S", time.localtime(min(k.when for k in known)))
+            log.info("%s, counted by a pass over them at %s earlier in this process (%.2f s; the counts are cached)",
+                     total, when, sum(k.seconds for k in known))
+    return tuple(found[i].count for i in range(len(paths)))
 
 
 def forget() -> None:

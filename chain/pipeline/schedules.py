@@ -506,9 +506,13 @@ def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Sch
 
 def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None = None) -> str:
     """The timeline as text: a header, one row per stage/device, one column per slot, then the bubble."""
-    on = f" on {schedule.devices} devices" if schedule.placement else ""
-    lines = [f"schedule: {schedule.name}, {schedule.stages} stages{on} x {schedule.microbatches} microbatches, "
-             f"{timeline.slots} slots (F: forward, B: backward{_w_legend(schedule)}, digit: microbatch, .: idle)"]
+    def count(n: int, word: str, words: str) -> str:  # `1 microbatch`, `2 microbatches` (nothing of chain here)
+        return f"{n} {word if n == 1 else words}"
+
+    on = f" on {count(schedule.devices, 'device', 'devices')}" if schedule.placement else ""
+    lines = [f"schedule: {schedule.name}, {count(schedule.stages, 'stage', 'stages')}{on} x "
+             f"{count(schedule.microbatches, 'microbatch', 'microbatches')}, "
+             f"{count(timeline.slots, 'slot', 'slots')} (F: forward, B: backward{_w_legend(schedule)}, digit: microbatch, .: idle)"]
     lines += rows(timeline, devices, schedule)
     lines.append(f"bubble fraction: {timeline.bubble_fraction:.3f} (idle slots / all slots)")
     return "\n".join(lines)

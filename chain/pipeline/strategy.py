@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
+from chain.errors import plural
 from chain.pipeline import schedules
 from chain.pipeline.selection import pipeline_schedule
 from chain.pipeline.step import e2e_step
@@ -68,6 +69,6 @@ class PipelinedChain(ChainObjective, Pipelined):
         if full:
             return schedules.render(self.schedule, timeline, [s.device for s in self.stages])
         recompute = self.settings.pipeline.recompute
-        return (f"schedule: {self.schedule.name}, {self.schedule.microbatches} microbatches, "
+        return (f"schedule: {self.schedule.name}, {plural(self.schedule.microbatches, 'microbatch')}, "
                 f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)"
                 + ("" if recompute == "never" else f"; recompute={recompute}"))

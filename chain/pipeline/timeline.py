@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from chain.planning import balance
+from chain.errors import plural
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
 from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, Timeline, rounds, rows,
                                       simulate, update_of)
@@ -485,7 +486,7 @@ def render(measured: Measured, schedule: Schedule, devices: Sequence[str] | None
     slots = columns(step, planned.slots)
     cells = grid(measured, step, slots)
     span = max(a.end_ms for a in step.actions) - min(a.start_ms for a in step.actions)
-    lines = [f"measured: step {step.step}, {span:.2f} ms in {slots} slots of {span / slots:.3f} ms "
+    lines = [f"measured: step {step.step}, {span:.2f} ms in {plural(slots, 'slot')} of {span / slots:.3f} ms "
              "(each slot: the action that filled most of it)"]
     lines += rows(Timeline(cells), devices, replicas=measured.replicas or 1)
     lines.append(f"measured bubble fraction: {measured.measured_bubble_fraction:.3f} (idle time / all time, "

@@ -114,16 +114,18 @@ def _source(placement: Placement, device: str, inventory: Inventory, limit: int)
             if card[0] in placement.memory_limits_mb else f"GPU {card[0]}'s memory, nvidia-smi")
 
 
-def table(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory) -> str:
+def table(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory,
+          unit: str = "stage") -> str:
     """plan_only=true: each stage's estimated peak and its parts next to its device's memory, one
-    line per stage; on logical CPUs the sum next to the host's shared memory."""
+    line per stage; on logical CPUs the sum next to the host's shared memory. `unit` names a stage
+    (`variant` side by side)."""
     memory = device_memory_mb(placement, inventory)
     devices = stage_devices(placement, len(footprints))
-    lines = ["memory estimate (per stage: weights + gradients + optimizer + activations held + inputs):"]
+    lines = [f"memory estimate (per {unit}: weights + gradients + optimizer + activations held + inputs):"]
     for k, f in enumerate(footprints):
         d = devices[k][0] if devices[k] else None
         if f is None:
-            lines.append(f"  stage {k}: unknown before it is built")
+            lines.append(f"  {unit} {k}: unknown before it is built")
             continue
         if d is None:
             mem = "every replica holds it"
@@ -131,9 +133,9 @@ def table(placement: Placement, footprints: Sequence[Footprint | None], inventor
             mem = f"{d}: {human(memory[d] * MB)}" if memory[d] is not None else f"{d}: memory unknown"
         else:
             mem = f"{d}: shares the host's memory"
-        lines.append(f"  stage {k}: {human(f.total)} ({_parts(f)}); {mem}")
+        lines.append(f"  {unit} {k}: {human(f.total)} ({_parts(f)}); {mem}")
     known = [f.total for f in footprints if f is not None]
     if placement.kind == "CPU" and known:
-        lines.append(f"  all stages: {human(sum(known))} (logical CPU devices share one allocator: the process's "
+        lines.append(f"  all {unit}s: {human(sum(known))} (logical CPU devices share one allocator: the process's "
                      "peak is compared with this sum)")
     return "\n".join(lines)

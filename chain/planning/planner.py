@@ -17,7 +17,7 @@ from typing import Sequence
 
 from chain.config.checks import batch_over_replicas, placement_fits
 from chain.config.schema import PlacementSettings
-from chain.errors import ConfigError, DeviceError
+from chain.errors import ConfigError, DeviceError, plural
 from chain.planning.devices import canonical
 from chain.planning.footprint import Footprint
 from chain.planning.inventory import Gpu, Inventory
@@ -101,12 +101,13 @@ def _describe(gpu: Gpu, cvd: str | None) -> str:
     return f"GPU:{gpu.index}"
 
 
-def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placement:
+def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_side: bool = False) -> Placement:
     """Decide where every stage runs (see DESIGN.md, "Device rules" and docs/devices.md).
 
     `pcfg` is the validated `placement` section. Pure: no TensorFlow runtime. Raises
     ConfigError for settings that cannot work anywhere and DeviceError for settings this
-    machine cannot satisfy; both name the key.
+    machine cannot satisfy; both name the key. `side_by_side`: the stages are independent
+    models (mode=side_by_side), which the layout note says.
     """
     placement_fits(pcfg, n_stages)  # checked with the settings already; `plan` is also called on its own
     gpus = _visible(pcfg.visible, inventory)
@@ -134,7 +135,9 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placem
         p.visible = [g.index for g in gpus]
     if p.kind == "CPU" and pcfg.memory_limit_mb is not None:
         p.notes.append("placement.memory_limit_mb ignored: memory limits apply to GPUs only")
-    if p.strategy != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
+    if side_by_side and p.strategy != MIRRORED:
+        p.notes.insert(0, _side_by_side_layout(p, n_stages))
+    elif p.strategy != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
         p.notes.insert(0, _layout(pcfg, p, n_stages, len(gpus)))
     _growth(pcfg, p, gpus)
     if inventory.cuda_visible_devices is not None and gpus:
@@ -142,6 +145,13 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory) -> Placem
         p.notes.append(f"CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices}" + (f": {behind}" if behind else ""))
     p.notes[:0] = list(inventory.notes)
     return p
+
+
+def _side_by_side_layout(p: Placement, n_models: int) -> str:
+    """mode=side_by_side's layout in one line: independent models, not stages of a pipeline."""
+    devices = len(set(p.devices))
+    where = "a device per variant" if devices == n_models else f"on {devices} device{'s' * (devices != 1)}"
+    return f"layout: side by side ({n_models} independent model{'s' * (n_models != 1)}, {where})"
 
 
 def _layout(pcfg: PlacementSettings, p: Placement, n_stages: int, n_gpus: int) -> str:
@@ -433,7 +443,7 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
             devices = pool[:n_stages]
         elif pcfg.fallback == "error":
             raise DeviceError(f"placement.fallback=error: {n_stages} stages need {n_stages} devices, the cluster's "
-                              f"{len(tasks)} workers have {len(pool)} {'GPUs' if gpus else 'CPUs'}")
+                              f"{plural(len(tasks), 'worker')} have {plural(len(pool), 'GPU' if gpus else 'CPU')}")
         elif pcfg.fallback == MIRRORED:
             raise DeviceError("placement.fallback=mirrored across hosts is data parallel: run the same command on every "
                               "host with its own TF_CONFIG instead of cluster.workers (see docs/cluster.md)")
@@ -441,9 +451,9 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
             devices = [pool[k * len(pool) // n_stages] for k in range(n_stages)]
     p = Placement(devices=devices, kind="GPU" if gpus else "CPU", physical={d: where.get(d, "-") for d in devices},
                   cluster=list(addresses))
-    p.notes.append(f"cluster: {len(addresses)} workers ({', '.join(addresses)}); this process is the client")
+    p.notes.append(f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
     if not pcfg.devices and len(set(devices)) < n_stages:
-        p.notes.append(f"{len(set(devices))} devices < {n_stages} stages: neighbouring stages share a worker's device "
+        p.notes.append(f"{plural(len(set(devices)), 'device')} < {n_stages} stages: neighbouring stages share a worker's device "
                        "(a worker's devices are not split from the client)")
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None and (key != "replicas" or pcfg.fallback == MIRRORED):
@@ -475,7 +485,7 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
     n = copies * n_stages
     if len(pool) < n:
         raise DeviceError(f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} devices, "
-                          f"the cluster's {len(addresses)} workers have {len(pool)}; give cluster.workers {n} workers "
+                          f"the cluster's {plural(len(addresses), 'worker')} have {len(pool)}; give cluster.workers {n} workers "
                           f"or use placement.replicas={max(1, len(pool) // n_stages)}")
     grid = [list(pool[r * n_stages:(r + 1) * n_stages]) for r in range(copies)]
     devices = [d for row in grid for d in row]
@@ -483,7 +493,7 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
                   grid=grid, physical={d: where.get(d, "-") for d in devices}, cluster=list(addresses))
     p.notes.append(f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker "
                    "devices; each copy trains its share of every batch, stage gradients averaged over the copies")
-    p.notes.append(f"cluster: {len(addresses)} workers ({', '.join(addresses)}); this process is the client")
+    p.notes.append(f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
     return p
 
 

@@ -14,7 +14,7 @@ import html
 import os
 from typing import Iterable, Sequence
 
-from chain.errors import ChainError
+from chain.errors import ChainError, plural
 from chain.pipeline import schedules
 from chain.pipeline import timeline as measured_timeline
 from chain.records.measured import Measured, MeasuredStep
@@ -66,22 +66,32 @@ def mib(n) -> float | None:
 # --- sections of one run -----------------------------------------------------------------------
 
 
+def scalar_list(tags: dict) -> str:
+    """What a curve image draws: each tag and its number of points."""
+    return "scalars: " + ", ".join(f"{t} ({plural(len(p), 'point')})" for t, p in sorted(tags.items()))
+
+
 def curve_section(rec: RunRecord) -> str:
+    """Every scalar of tb/: the chain's (once), then each stage's own; a stage that logged none
+    (mode=e2e: one loss, the chain's) is named in a note, not drawn again with the chain's."""
     out = ["<h2>Curves</h2>"]
     chain_tags = rec.curves.get("chain", {})
     if chain_tags:
         out.append(image(plots.curves({"": chain_tags}, f"{rec.name}: the chain (tb/chain)"), "chain curves"))
-    e2e = rec.facts.mode == "e2e"
+        out.append(f'<p class="note" id="scalars-chain">{esc(scalar_list(chain_tags))}</p>')
+    silent = []
     for k, writer in enumerate(rec.stage_writers()):
         tags = rec.curves.get(writer, {})
-        title = f"stage {k} ({writer})"
-        if not tags and chain_tags:  # mode=e2e: no stage has a loss of its own; every stage learns the chain's
-            tags, title = chain_tags, f"stage {k}: the chain's loss (mode=e2e: one loss for every stage)"
+        if not tags:
+            silent.append(k)
+            continue
         out.append(f'<h3 id="curves-stage-{k}">stage {k}</h3>')
-        out.append(image(plots.curves({"": tags}, title), f"stage {k} curves"))
-    if e2e:
-        out.append('<p class="note">mode=e2e: the chain has one loss, logged in tb/chain; '
-                   "each stage's panel shows it with the stage's own scalars, if any.</p>")
+        out.append(image(plots.curves({"": tags}, f"stage {k} ({writer})"), f"stage {k} curves"))
+        out.append(f'<p class="note" id="scalars-stage-{k}">{esc(scalar_list(tags))}</p>')
+    if silent:
+        why = " (mode=e2e: the chain has one loss, drawn above)" if rec.facts.mode == "e2e" else ""
+        out.append(f'<p class="note" id="silent-stages">{plural(len(silent), "stage")} ('
+                   f"{', '.join(map(str, silent))}) logged no scalars of their own{why}.</p>")
     return "\n".join(out)
 
 
@@ -91,7 +101,8 @@ def placement_section(rec: RunRecord) -> str:
         rows.append((s.index, s.device or "every replica", s.physical, s.params, s.model, mib(s.peak_memory_bytes),
                      s.measured.busy_fraction if s.measured else None))
     out = ["<h2>Placement</h2>",
-           table(("stage", "device", "physical", "params", "model", "peak memory (MiB)", "measured busy fraction"),
+           table(("variant" if rec.facts.mode == "side_by_side" else "stage", "device", "physical", "params", "model",
+                  "peak memory (MiB)", "measured busy fraction"),
                  rows, "placement")]
     if rec.mirrored.replica_devices:
         out.append(f"<p class='note'>mirrored over {esc(', '.join(rec.mirrored.replica_devices))}</p>")
@@ -132,7 +143,7 @@ def timeline_section(rec: RunRecord) -> str:
     rows = [f"device {r} (stages {', '.join(map(str, schedule.row_stages(r)))})" for r in range(schedule.devices)] \
         if schedule.placement else labels
     out = ['<h2 id="timeline">Timeline</h2>',
-           f"<p>{esc(schedule.name)}, {schedule.stages} stages x {schedule.microbatches} microbatches; "
+           f"<p>{esc(schedule.name)}, {plural(schedule.stages, 'stage')} x {plural(schedule.microbatches, 'microbatch')}; "
            f"planned bubble fraction {planned.bubble_fraction:.3f} (unit-time actions)</p>",
            image(plots.gantt(planned_rows(schedule), rows, "planned (unit-time actions)", "slot"), "planned timeline")]
     try:

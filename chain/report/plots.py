@@ -36,10 +36,11 @@ def family(tag: str) -> str:
 
 def curves(series: dict[str, dict[str, Series]], title: str) -> bytes:
     """One panel per family of tags; `series[label][tag]` is drawn as `label tag` (one label per run
-    when runs are compared, or one empty label for a single run). A tag with one point (a figure
-    logged once, such as examples_per_second at the end) is no curve: it is left out."""
+    when runs are compared, or one empty label for a single run). Every tag is drawn: one with a
+    single point (the validation of a run that evaluates only at its end, examples_per_second) as
+    a dot."""
     plt = _pyplot()
-    series = {label: {t: p for t, p in tags.items() if len(p) > 1} for label, tags in series.items()}
+    series = {label: {t: p for t, p in tags.items() if p} for label, tags in series.items()}
     families = sorted({family(t) for tags in series.values() for t in tags}, key=lambda f: (f != "loss", f))
     fig, axes = plt.subplots(1, max(1, len(families)), figsize=(4.2 * max(1, len(families)), 3.0), squeeze=False)
     for ax, fam in zip(axes[0], families):
@@ -48,8 +49,8 @@ def curves(series: dict[str, dict[str, Series]], title: str) -> bytes:
                 points = tags[tag]
                 name = f"{label} {tag}".strip()
                 style = "--" if tag.startswith("val_") else "-"
-                ax.plot([s for s, _ in points], [v for _, v in points], style, marker="." if len(points) < 30 else None,
-                        label=name)
+                marker = "o" if len(points) == 1 else "." if len(points) < 30 else None
+                ax.plot([s for s, _ in points], [v for _, v in points], style, marker=marker, label=name)
         ax.set_title(fam)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -80,7 +80,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
             placement = planner.plan_cluster(s.placement, n, cluster.remote_devices(len(addresses)), addresses)
         else:
             inventory = inventory or discover()
-            placement = planner.plan(s.placement, n, inventory)
+            placement = planner.plan(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
         placement = planner.loop(placement, n_stages, s.pipeline.schedule)
     placement.per_replica_batch = planner.check_batch(s.data.batch_size, placement, s.pipeline.microbatches)  # once
     spec = replace(spec, placement=placement, inventory=inventory)

@@ -16,9 +16,11 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequence[str] = ()) -> str:
+def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequence[str] = (),
+                    unit: str = "stage") -> str:
     """A short table: stage, device, the physical device behind it, parameters, model; then
-    the placement's notes and `notes`, one `note:` line each.
+    the placement's notes and `notes`, one `note:` line each. `unit` heads the first column
+    (`variant` side by side, whose models are not stages of a chain).
 
     A mirrored run shows its replicas (device and physical device) first; each stage
     then lives on every replica. Copies of a pipeline show their grid (replica x stage ->
@@ -31,7 +33,7 @@ def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequen
     if len(placement.grid) > 1:  # copies of the pipeline: replica x stage -> device
         lines += _table([("replica", *(f"stage {k}" for k in range(len(placement.grid[0]))))] + [
             (str(r), *row) for r, row in enumerate(placement.grid)])
-    rows = [("stage", "device", "physical", "params", "model")]
+    rows = [(unit, "device", "physical", "params", "model")]
     for s in stages:
         device = s.device or f"all {len(placement.replicas)} replicas"
         rows.append((str(s.index), device, placement.physical.get(s.device, "-"), f"{s.params:,}", s.describe()))
