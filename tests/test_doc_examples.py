@@ -59,6 +59,7 @@ SKIP = {
     ("measuring.md", "cluster.workers=[...]"): "needs the reader's cluster workers (elided: [...])",
     ("precision-and-speed.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores "
                                                           "(docs/benchmarks.md)",
+    ("benchmarks.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores",
     ("your-data.md", "data=keras data.name=fashion_mnist"): "reads fashion_mnist from the Keras cache, which chain "
                                                             "never downloads (empty here)",
     ("your-data.md", "data._target_=mypackage.data.make_dataset"): "the reader's own package (mypackage)",
@@ -67,6 +68,8 @@ SKIP = {
     ("your-data.md", "'data.files=shards/train-*.tfrecord'"): "the reader's own TFRecord shards",
     ("your-data.md", "'data.path=tables/part-*.csv'"): "the reader's own CSV files",
     ("your-data.md", "'data.files=data/*.tfrecord'"): "the reader's own damaged TFRecord files",
+    ("your-data.md", "$ python -m chain ... 'data.files=shards/*.tfrecord' hydra.run.dir=outputs/run resume=true"):
+        "a resume of the reader's run after a shard was removed (tests/test_stream_identity.py)",
     ("your-data.md", "$ python -m chain data=keras"): "names the home directory of the machine it ran on",
     ("your-models.md", "run = chain.build(cfg, stages=[build_encoder, build_head])"): "a fragment: cfg, the builders "
                                                                                        "and the model are the reader's",
@@ -106,6 +109,12 @@ SHOWN = {
     ("your-data.md", "error: data.files: record 9 of shards/train-001.tfrecord"): "tests/test_streaming.py",
     ("your-data.md", "error: data.files: a record cannot be read"): "tests/test_streaming.py",
     ("your-data.md", "error: data.path: line 12 of tables/part-0.csv"): "tests/test_streaming.py",
+    ("measuring.md", "error: cluster.profile_ports[1]=2233"): "tests/test_cluster.py (a profile port that does "
+                                                              "not answer)",
+    ("your-data.md", "error: data.files: shards/train-004.tfrecord holds no records"): "tests/test_damaged_data.py",
+    ("your-data.md", "error: data.files: record 0 of shards/train-002.tfrecord"): "tests/test_damaged_data.py",
+    ("your-data.md", "error: data.val_path='val.npz': its arrays hold no rows"): "tests/test_streaming.py",
+    ("your-data.md", "error: data.files: record 25 of shards/train-001.tfrecord"): "tests/test_damaged_data.py",
     ("your-models.md", "error: placement.split=[4, 1, 2] cuts skipper"): "tests/test_cut_models.py",
 }
 
@@ -117,6 +126,10 @@ TEXT = {
     ("benchmarks.md", "measured: step 8"): "a measured timeline (times of a profiled run on two workers)",
     ("measuring.md", "schedule: gpipe, 2 stages x 8 microbatches"): "a measured timeline (times of a profiled run "
                                                                     "on two workers)",
+    ("measuring.md", "planned and measured timelines"): "a measured timeline (times of a profiled run on two "
+                                                        "workers)",
+    ("your-data.md", "note: checkpoint.accept_changed_files=true"): "a resume over the reader's changed files "
+                                                                    "(tests/test_stream_identity.py)",
     ("measuring.md", "balance: stage 1 is the bottleneck"): "advice from measured times",
     ("pipeline.md", "stage 0  F0 F1 F2 F3 .  .  .  B0 W0"): "zb1's schedule drawn without devices; plan_only's form "
                                                             "is compared in the transcripts",
