@@ -43,8 +43,8 @@ def final(run_dir) -> dict:
 
 def stream_files(root) -> list[list[str]]:
     """5 TFRecord files (4 training, 1 held out for validation) in `root`, and a copy of them per worker in
-    which the other worker's training files are damaged (record 0 has no y): a host that read another's
-    replica's files would stop with a bad record. Each worker's data.files override, then the one process's."""
+    which the other worker's training files are damaged (record 1 has no y; record 0, which chain checks
+    before training, is whole): a host that read another's replica's files would stop with a bad record. Each worker's data.files override, then the one process's."""
     from test_streaming import write_shards
 
     write_shards(root / "files", shards=5, per=40, width=8)
@@ -57,7 +57,7 @@ def stream_files(root) -> list[list[str]]:
                 path = str(root / f"files{w}" / f"part-{j:03d}.tfrecord")
                 records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
                 with tf.io.TFRecordWriter(path) as out:
-                    for r in [bad, *records[1:]]:
+                    for r in [records[0], bad, *records[2:]]:
                         out.write(r)
     return [[f"data.files={root}/{d}/*.tfrecord"] for d in ("files0", "files1", "files")]
 

@@ -302,4 +302,5 @@ def test_initial_loss_scale_must_be_a_power_of_two(value, message):
 def test_an_unknown_precision_is_one_line_naming_the_key():
     with pytest.raises(chain.ConfigError) as e:
         chain.compose(["precision=float8"])
-    assert str(e.value) == "precision='float8' is not known; allowed: float32, mixed_float16, mixed_bfloat16"
+    assert str(e.value) == ("precision='float8' is not known; allowed: float32, mixed_float16, mixed_bfloat16; "
+                            "did you mean precision=float32?")

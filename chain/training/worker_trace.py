@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from chain.errors import ChainError, ConfigError
+from chain.errors import ChainError, ConfigError, first_line
 
 PROFILE = "/tensorflow.ProfilerService/Profile"
 TERMINATE = "/tensorflow.ProfilerService/Terminate"
@@ -77,7 +77,7 @@ def _detail(e: BaseException) -> str:
     if not hasattr(e, "code"):
         return f"no answer in {WRITE_S:.0f} s"
     details = (e.details() or "").strip()
-    return f"{e.code().name}: {details.splitlines()[0]}" if details else e.code().name
+    return f"{e.code().name}: {first_line(RuntimeError(details), typed=False)}" if details else e.code().name
 
 
 def _refused(e: BaseException) -> bool:
