@@ -41,9 +41,10 @@ class Progress:
             return self.started.assign_add(1, name="step_begun") * self.stride
 
     def mark(self, base: tf.Tensor, row: int, finished: int, done: tf.Operation, name: str) -> None:
-        """In the step: after `done` (an action's end), row `row` has finished `finished` actions."""
-        with tf.device(self.host), tf.control_dependencies([done]):
-            self.markers[row].assign(base + finished, name=name)
+        """In the step: after `done` (an action's end), row `row` has finished `finished` actions (the
+        ops in name scope `name`)."""
+        with tf.name_scope(name), tf.device(self.host), tf.control_dependencies([done]):
+            self.markers[row].assign(base + finished, read_value=False)
 
     def read(self) -> Position:
         """Where the running (or last) step is, read eagerly from the host's variables (any thread)."""
