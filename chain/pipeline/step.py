@@ -80,8 +80,8 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
-from chain.data.catalog import Target
 from chain import testhooks
+from chain.data.catalog import Target
 from chain.pipeline.progress import Progress
 from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
                                       rounds, simulate, update_scope)
