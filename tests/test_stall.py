@@ -53,6 +53,18 @@ def test_the_markers_read_back_name_each_devices_last_action_and_what_it_waits_f
         "stage 2: finished every action (s2_B3 last)"]
 
 
+def test_interleaved_stages_and_copies_of_the_pipeline_are_named_as_their_devices():
+    lines = where(schedules.interleaved(4, 2, 2), 1, ["a", "b", "a", "b"], Position(3, (3, 3)))
+    assert lines[0].split()[:6] == ["device", "0", "(stages", "0,", "2)", "a"] and ">F1@s2" in lines[0].split()
+    assert lines[2:] == ["device 0 (stages 0, 2): finished s2_F0; in s2_F1, which has every input: the wait is inside it",
+                         "device 1 (stages 1, 3): finished s3_F0; waits in s3_F1 for s2_F1 (device 0: stages 0, 2)"]
+    lines = where(schedules.one_f_one_b(2, 2), 1, ["a", "b", "c", "d"], Position(1, (4, 4, 3, 2)), replicas=2)
+    assert lines[4:] == ["copy 0 stage 0: finished every action (s0_B1 last)",
+                         "copy 0 stage 1: finished every action (s1_B1 last)",
+                         "copy 1 stage 0: finished r1_s0_B0; waits in r1_s0_B1 for r1_s1_B1 (copy 1 stage 1)",
+                         "copy 1 stage 1: finished r1_s1_B0; in r1_s1_F1, which has every input: the wait is inside it"]
+
+
 class _Markers:
     """A strategy as the watch sees it: markers it can read (`started`: steps begun), or none."""
 

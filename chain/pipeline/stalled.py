@@ -73,7 +73,7 @@ def where(schedule: Schedule, grad_accum: int, devices: Sequence[str], position:
         missing = [d for d in dependencies(nxt, schedule.stages, split) if d not in finished]
         where_ = f"{nxt.scope()}{_round(nxt, schedule, grad_accum)}"
         if missing:
-            needs = ", ".join(f"{d.scope()} ({_row_name(schedule, schedule.row(d.stage), d.replica, replicas)})"
+            needs = ", ".join(f"{d.scope()} ({_row_name(schedule, schedule.row(d.stage), d.replica, replicas, ':')})"
                               for d in missing)
             text.append(f"{name}: {last}; waits in {where_} for {needs}")
         else:
@@ -87,9 +87,11 @@ def _round(action: Action, schedule: Schedule, grad_accum: int) -> str:
     return f" (round {action.microbatch // schedule.microbatches + 1} of {grad_accum})" if grad_accum > 1 else ""
 
 
-def _row_name(schedule: Schedule, row: int, replica: int, replicas: int) -> str:
-    """A device row as the report names it: `stage 1`, `device 0 (stages 0, 2)`, `copy 1 stage 0`."""
+def _row_name(schedule: Schedule, row: int, replica: int, replicas: int, inside: str = "") -> str:
+    """A device row as the report names it: `stage 1`, `device 0 (stages 0, 2)`, `copy 1 stage 0`;
+    `inside=":"`: `device 0: stages 0, 2`, for inside parentheses."""
     copy = f"copy {replica} " if replicas > 1 else ""
     if schedule.placement:
-        return f"{copy}device {row} (stages {', '.join(map(str, schedule.row_stages(row)))})"
+        stages = ", ".join(map(str, schedule.row_stages(row)))
+        return f"{copy}device {row}: stages {stages}" if inside else f"{copy}device {row} (stages {stages})"
     return f"{copy}stage {row}"
