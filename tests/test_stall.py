@@ -157,3 +157,17 @@ def test_stall_action_stop_ends_the_run_with_one_line_and_exit_7(tmp_path):
                       "stop); the last complete checkpoint (step 2) is intact: resume with resume=true"]
     assert r.stderr.rstrip().endswith(errors[0])
     assert not os.path.exists(run_dir / "summary.json")
+
+
+def test_a_resume_may_change_or_add_the_stall_settings_without_a_word():
+    """They are the watch, not the math: a checkpoint written with others, or before they existed, resumes."""
+    import chain
+    from chain.config import validate
+    from chain.state.run_settings import RunSettings, check
+
+    settings = validate(chain.compose(["mode=e2e", "+stages=2"]))
+    saved = RunSettings.of(settings).values
+    older = {**saved, "trainer": {k: v for k, v in saved["trainer"].items() if not k.startswith("stall_")}}
+    changed = validate(chain.compose(["mode=e2e", "+stages=2", "trainer.stall_s=0", "trainer.stall_action=stop"]))
+    for record in (saved, older):
+        assert check(RunSettings(record), changed, 3) == []
