@@ -100,11 +100,12 @@ class StallWatch(threading.Thread):
 
     def _report(self, call: _Call, position: Any, waited: float) -> None:
         """Log where the step waits; with `stop`, end the process with one line."""
+        grid = position is not None and position.started != call.started
         if position is None:
             step = call.step
             where = [f"step {step} has not completed (a call of steps {step}..{step + call.n - 1}); this run's "
                      "step has no schedule to show where it waits"]
-        elif position.started == call.started:
+        elif not grid:
             step = call.step
             where = [f"step {step} has not begun: its batch has not come, or the step before has not finished "
                      "its updates"]
@@ -113,8 +114,8 @@ class StallWatch(threading.Thread):
             where = self.strategy.waiting(position)
         then = "stopping (trainer.stall_action=stop)" if self.stop_run else \
             "still waiting (trainer.stall_action=report)"
-        log.warning("no step completed for %.0f s (trainer.stall_s=%g): step %d waits; %s; each device's last "
-                    "finished action and the one it waits in (>):\n%s", waited, self.seconds, step, then,
+        log.warning("no step completed for %.0f s (trainer.stall_s=%g): step %d waits; %s%s\n%s", waited, self.seconds,
+                    step, then, "; each device's last finished action and the one it waits in (>):" if grid else ":",
                     "\n".join(where))
         if self.stop_run:
             for handler in logging.getLogger().handlers + log.handlers:
