@@ -127,6 +127,23 @@ def _done(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
         return tf.group(*[op for op in ops if op.type != "Placeholder"], name=DONE)
 
 
+def _finished(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
+    """A no-op on `device` that runs after an action's last ops (those whose results no other op of
+    `ops` reads), for the stall markers of a step whose actions are not chained (one microbatch).
+
+    It waits on an identity of each of their results, not on them: a control edge out of an op
+    that Grappler's remapper would fuse with the ops before it (a layer's MatMul, BiasAdd and
+    activation) keeps the fusion from happening, and the unfused kernels round otherwise (float16
+    drifted from Keras' own step by 4e-5 in tests/test_clipping.py); an identity is a reader like
+    any other."""
+    mine = set(ops)
+    last = [op for op in ops if not any(c in mine for t in op.outputs for c in t.consumers())]
+    with tf.device(device):
+        ends = [tf.identity(t).op if t.dtype not in (tf.resource, tf.variant) else op
+                for op in last for t in op.outputs[:1]] + [op for op in last if not op.outputs]
+        return tf.group(*ends, name=DONE)
+
+
 def host() -> str:
     """This process's CPU, fully named (`/job:localhost/replica:0/task:0/device:CPU:0`); in a
     cluster, the client's. (A partial `/device:CPU:0` leaves the job and task to the placer,
@@ -490,7 +507,7 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                 end = None
                 if ordered or marked:
                     ops = graph.get_operations()[first_op:] if done_ops is None else done_ops
-                    end = _done(ops, s.device)
+                    end = _done(ops, s.device) if ordered else _finished(ops, s.device)
                 if ordered:
                     previous[row] = [end]
             if marked:  # outside the action's scope: a host op, not the action's work in a trace
