@@ -122,27 +122,33 @@ def test_a_fresh_call_is_watched_from_its_first_step_begun():
     assert said.count("no step completed") == 1 and "step 1 waits" in said and "where step 1 waits" in said
 
 
-@pytest.mark.parametrize("schedule, per_call, lines", [
-    ("gpipe", 2, ["stage 0: finished s0_F3; waits in s0_B0 for s1_B0 (stage 1)",
-                  "stage 1: finished s1_F1; in s1_F2, which has every input: the wait is inside it",
-                  "stage 2: finished s2_F1; waits in s2_F2 for s1_F2 (stage 1)"]),
-    ("1f1b", 1, ["stage 0: finished s0_F3; waits in s0_B1 for s1_B1 (stage 1)",
-                 "stage 1: finished s1_B0; in s1_F2, which has every input: the wait is inside it",
-                 "stage 2: finished s2_B1; waits in s2_F2 for s1_F2 (stage 1)"]),
+@pytest.mark.parametrize("schedule, per_call, held, lines", [
+    ("gpipe", 2, "s1_F2", ["stage 0: finished s0_F3; waits in s0_B0 for s1_B0 (stage 1)",
+                           "stage 1: finished s1_F1; in s1_F2, which has every input: the wait is inside it",
+                           "stage 2: finished s2_F1; waits in s2_F2 for s1_F2 (stage 1)"]),
+    ("1f1b", 1, "s1_F2", ["stage 0: finished s0_F3; waits in s0_B1 for s1_B1 (stage 1)",
+                          "stage 1: finished s1_B0; in s1_F2, which has every input: the wait is inside it",
+                          "stage 2: finished s2_B1; waits in s2_F2 for s1_F2 (stage 1)"]),
+    # one microbatch: the actions are not chained, and the markers wait on their last results
+    ("gpipe pipeline.microbatches=1", 1, "s1_B0", ["stage 0: finished s0_F0; waits in s0_B0 for s1_B0 (stage 1)",
+                                                   "stage 1: finished s1_F0; in s1_B0, which has every input: the "
+                                                   "wait is inside it",
+                                                   "stage 2: finished every action (s2_B0 last)"]),
 ])
-def test_a_held_action_is_named_in_the_report_and_the_run_goes_on(tmp_path, schedule, per_call, lines):
-    """Stage 1's forward of microbatch 2 held for 2 s in step 3 (of 6): one report, naming it, and
-    nothing about the other steps (the first call traces, a call of 2 steps shows each step begin);
-    the run then ends as usual (stall_action=report)."""
-    r = run_cli(tmp_path, *TINY, f"pipeline.schedule={schedule}", f"trainer.steps_per_call={per_call}",
-                "trainer.steps=6", f"hydra.run.dir={tmp_path / 'run'}", env={"CHAIN_TEST_HOLD": "s1_F2@3,2"})
+def test_a_held_action_is_named_in_the_report_and_the_run_goes_on(tmp_path, schedule, per_call, held, lines):
+    """An action of stage 1 held for 2 s in step 3 (of 6): one report, naming
+    it, and nothing about the other steps (the first call traces, a call of 2 steps shows each step
+    begin); the run then ends as usual (stall_action=report)."""
+    r = run_cli(tmp_path, *TINY, f"pipeline.schedule={schedule.split()[0]}", *schedule.split()[1:],
+                f"trainer.steps_per_call={per_call}", "trainer.steps=6", f"hydra.run.dir={tmp_path / 'run'}",
+                env={"CHAIN_TEST_HOLD": f"{held}@3,2"})
     assert r.returncode == 0, r.stderr
     said = report(r.stdout)
     assert "no step completed for 1 s (trainer.stall_s=1): step 3 waits; still waiting " \
            "(trainer.stall_action=report)" in said[0]
-    assert said[2].split()[:3] == ["stage", "1", "/device:CPU:1"] and ">F2" in said[2].split()
+    assert said[2].split()[:3] == ["stage", "1", "/device:CPU:1"] and f">{held[3:]}" in said[2].split()
     assert said[4:] == lines
-    assert r.stderr == "test-hook: holding s1_F2 in step 3\n"
+    assert r.stderr == f"test-hook: holding {held} in step 3\n"
     assert read_summary(tmp_path / "run")["steps"] == 6
 
 
