@@ -6,6 +6,7 @@
     4  the file system failed during a run (StorageError): full, read-only, gone
     5  a cluster worker was lost during a run (WorkerLost)
     6  out of memory with the smallest batch allowed (OutOfMemory, mode=side_by_side)
+    7  no step completed for trainer.stall_s seconds, with trainer.stall_action=stop (Stalled)
 """
 
 from collections.abc import Iterable
@@ -45,6 +46,14 @@ class OutOfMemory(ChainError):
     """A device ran out of memory and the batch cannot shrink further (`oom.min_batch_size`)."""
 
     exit_code = 6
+
+
+class Stalled(ChainError):
+    """No step completed for `trainer.stall_s` seconds and `trainer.stall_action=stop`: the run's
+    watch prints where the step waits and ends the process with this code (its training thread is
+    inside TensorFlow and cannot be interrupted)."""
+
+    exit_code = 7
 
 
 def first_line(e: BaseException, typed: bool = True) -> str:

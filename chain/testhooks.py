@@ -20,6 +20,13 @@ set them. Unset (the normal case), every hook is a no-op.
                                  device" (OSError ENOSPC) just before writing PART
                                  (default: data, after every stage was written), as a
                                  full disk would.
+    CHAIN_TEST_HOLD=SCOPE@STEP[,SEC]
+                                 (mode=e2e) the action whose ops carry the name scope SCOPE
+                                 (`Action.scope`, e.g. s1_F2: stage 1's forward of
+                                 microbatch 2) waits SEC seconds (default: an hour) before
+                                 it starts, in the STEP-th step this process runs: a stalled
+                                 step, for trainer.stall_s. The wait is a host op the
+                                 action depends on (it runs on the client in a cluster).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ ANNOUNCE = "CHAIN_TEST_ANNOUNCE"
 SAVE_PAUSE = "CHAIN_TEST_SAVE_PAUSE"
 FAIL_SAVE = "CHAIN_TEST_FAIL_SAVE"
 OOM = "CHAIN_TEST_OOM"
+HOLD = "CHAIN_TEST_HOLD"
 _oom_raised: set[int] = set()
 
 
@@ -83,3 +91,30 @@ def before_step(step: int) -> None:
         raise tf.errors.ResourceExhaustedError(
             None, None, f"OOM when allocating tensor with shape[64,256] and type float on "
                         f"{device or '/device:CPU:0'} by allocator (injected by {OOM})")
+
+
+def hold(scope: str, after: list, device: str):
+    """While the step is traced: for the action named `scope`, if `CHAIN_TEST_HOLD` names it, an op
+    on `device` that runs after `after` and waits there in the step it names (the action's ops are
+    made to wait for it); else None."""
+    value = os.environ.get(HOLD)
+    if not value:
+        return None
+    name, _, rest = value.partition("@")
+    at, _, seconds = rest.partition(",")
+    if name != scope:
+        return None
+    import numpy as np
+    import tensorflow as tf
+
+    runs = [0]
+
+    def wait() -> np.ndarray:
+        runs[0] += 1
+        if runs[0] == int(at):
+            print(f"test-hook: holding {scope} in step {runs[0]}", file=sys.stderr, flush=True)
+            time.sleep(float(seconds or 3600))
+        return np.int32(0)
+
+    with tf.device(device), tf.control_dependencies(after):
+        return tf.py_function(wait, [], tf.int32, name=f"hold_{scope}").op

@@ -47,7 +47,7 @@ Loops:
   its row also shows its speed over `fitN`'s, paired;
 - with `--ablate` (keras anchor), `fitN` on fresh runs whose step adds or leaves out one
   piece (`ablated`): `rebuilt` (nothing: the control), `ordered`, `noguard`, `noreport`,
-  `bare`; each row also shows its speed over `fitN`'s, paired.
+  `bare`, `nostall`; each row also shows its speed over `fitN`'s, paired (`--ablations`: some of them).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ CASES = {"local1": ["+stages=1", "placement.devices=[/CPU:0]"],
          "e2e1": ["+stages=1", "placement.devices=[/CPU:0]", "mode=e2e"],
          "e2e2": ["+stages=2", "placement.devices=[/CPU:0,/CPU:0]", "mode=e2e"],
          "e2e2x": ["+stages=2", "placement.devices=[/CPU:0,/CPU:1]", "mode=e2e"]}
-ABLATIONS = ("rebuilt", "ordered", "noguard", "noreport", "bare")
+ABLATIONS = ("rebuilt", "ordered", "noguard", "noreport", "bare", "nostall")
 
 
 def overrides(size: str, case: str) -> list[str]:
@@ -187,7 +187,9 @@ def ablated(size: str, case: str, what: str):
     `chain.pipeline.step`); `noguard` applies every update unconditionally (no `tf.cond`, no
     verdict to wait for); `noreport` returns a constant report (no stacking, no copies to the
     last device; the host reads zeros); `bare` leaves out all three (and the control
-    dependencies at any number of microbatches). Timing only: not the trainer's results."""
+    dependencies at any number of microbatches); `nostall` is the run with `trainer.stall_s=0`: no
+    progress markers in the step (`chain.pipeline.progress`), no watch thread. Timing only: not the
+    trainer's results."""
     from unittest import mock
 
     import tensorflow as tf
@@ -196,12 +198,13 @@ def ablated(size: str, case: str, what: str):
     from chain.pipeline.step import e2e_step
     from chain.steps import update
 
-    run = chain.build(chain.compose(overrides(size, case)))
-    st = run.strategy
     names = {"bare": ("noguard", "unordered", "noreport"), "rebuilt": ()}.get(what, (what,))
+    run = chain.build(chain.compose(overrides(size, case) + (["trainer.stall_s=0"] if "nostall" in names else [])))
+    st = run.strategy
     t = run.settings.trainer
     body = e2e_step(st.stages, st.schedule, st.loss_fn(), st.target, t.grad_accum, t.jit_compile,
-                    ordered=False if "unordered" in names else True if "ordered" in names else None)
+                    ordered=False if "unordered" in names else True if "ordered" in names else None,
+                    progress=st.progress)  # the trainer's markers (trainer.stall_s), None under nostall
 
     def unguarded(skipped, finite, apply):
         apply()
@@ -216,7 +219,8 @@ def ablated(size: str, case: str, what: str):
     return run
 
 
-def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool, fused: bool = False) -> dict:
+def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool, fused: bool = False,
+          ablations: tuple[str, ...] = ABLATIONS) -> dict:
     """name -> block(n): (wall, CPU) seconds per step over a block of n steps."""
     import chain
 
@@ -248,7 +252,7 @@ def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool, fus
             out[f"fused{k}"] = lambda n, k=k, r=fr: block_fit(whole(k, n), k, r)
         if ablate:
             k = calls[0]
-            for what in ABLATIONS:
+            for what in ablations:
                 if case == "local1":
                     raise SystemExit("--ablate is for the e2e cases")
                 r = ablated(size, case, what)
@@ -293,7 +297,7 @@ def bootstrap(paired: list[float], rounds: int = 2000) -> tuple[float, float]:
 
 
 def measure(size: str, case: str, a) -> dict:
-    fns = loops(size, case, a.calls, a.anchor, a.ablate, a.fused)
+    fns = loops(size, case, a.calls, a.anchor, a.ablate, a.fused, tuple(a.ablations))
     block = a.block if size == "small" else a.block_large
     for fn in fns.values():  # trace, allocate, warm the caches
         fn(max(block // 4, 4))
@@ -342,6 +346,8 @@ def main() -> None:
     p.add_argument("--calls", nargs="*", type=int, default=None,
                    help="trainer.steps_per_call values to time (default: 8 (keras), 8 32 (hand))")
     p.add_argument("--ablate", action="store_true", help="also time the trainer without each piece (keras anchor)")
+    p.add_argument("--ablations", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS),
+                   help="with --ablate: which pieces (default: all)")
     p.add_argument("--fused", action="store_true", help="also time the trainer with optim.fused=true (keras anchor)")
     p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--block", type=int, default=32, help="steps per timed block (small)")

@@ -205,6 +205,24 @@ def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
     assert took < 30, took  # a few multiples of cluster.lost_after_s, not minutes
 
 
+def test_a_stalled_step_on_workers_says_where_it_waits(workers, tmp_path):
+    """trainer.stall_s: stage 1's forward of microbatch 2 held for 2 s in step 3 (CHAIN_TEST_HOLD, a
+    wait on the client that the action depends on): the markers on the client name it, and stage 0
+    (worker 0) waiting for its gradient; the run then goes on."""
+    r = run_cli(tmp_path, *TINY, "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.steps=4",
+                "trainer.steps_per_call=1", "trainer.stall_s=1", workers.option, f"hydra.run.dir={tmp_path / 'run'}",
+                env={"CHAIN_TEST_HOLD": "s1_F2@3,2"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    at = [i for i, line in enumerate(lines) if "no step completed for" in line]
+    assert len(at) == 1 and "step 3 waits" in lines[at[0]], r.stdout
+    grid, said = lines[at[0] + 1:at[0] + 3], lines[at[0] + 3:at[0] + 5]
+    assert grid[1].split()[:3] == ["stage", "1", "/job:worker/replica:0/task:1/device:CPU:0"], grid
+    assert ">F2" in grid[1].split() and ">B2" in grid[0].split(), grid
+    assert said == ["stage 0: finished s0_F3; waits in s0_B2 for s1_B2 (stage 1)",
+                    "stage 1: finished s1_B1; in s1_F2, which has every input: the wait is inside it"], said
+
+
 @pytest.mark.parametrize("kind", ["silent", "http"])
 def test_an_address_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, kind):
     with FakeServer(kind) as server:

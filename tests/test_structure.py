@@ -291,7 +291,7 @@ def test_the_training_loop_does_not_branch_on_the_mode():
 
 
 @pytest.mark.parametrize("module", ["chain", "chain.spec", "chain.config", "chain.pipeline.schedules", "chain.pipeline.timeline",
-                                    "chain.pipeline.idle", "chain.pipeline.memory_trace",
+                                    "chain.pipeline.idle", "chain.pipeline.memory_trace", "chain.pipeline.stalled",
                                     "chain.planning.planner",
                                     "chain.data.catalog", "chain.__main__"])
 def test_modules_before_the_build_do_not_import_tensorflow(module):

@@ -29,6 +29,7 @@ LOSSES = ("sparse_categorical_crossentropy", "mse")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 FALLBACKS = ("virtual", "mirrored", "error")
 ON_NAN = ("stop", "skip")
+STALL_ACTIONS = ("report", "stop")  # trainer.stall_action
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
 BALANCES = ("even", "params", "time", "memory")
 BATCH_NORMS = ("microbatch", "deferred")
@@ -265,6 +266,12 @@ class Trainer:
     on_nan: str = setting(choice(*ON_NAN), "a non-finite loss or gradient: stop (exit 3) or skip that update")
     profile: tuple[int, int] | None = setting(optional(step_window),
         "[START,STOP]: trace those steps (mode=e2e) and measure the schedule's timeline")
+    stall_s: float = setting(number(minimum=0.0, maximum=10 ** 6),
+        "seconds without a completed step before the run says where the step waits (mode=e2e: each "
+        "device's last finished action); 0: off")
+    stall_action: str = setting(choice(*STALL_ACTIONS),
+        "after trainer.stall_s without a step: report (say where it waits, once, and keep waiting) or stop "
+        "(the same, then exit 7)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,8 @@ package only.
   (it shares the `Pipelined` distribution of `chain.strategies.pipelined` with `PipelinedLocal`).
 - `timeline`: a profiler trace of that step read back into the measured actions
   (`Action.parse`), their statistics and the balance advice.
+- `progress`: the host's markers of how far each device of a running step has come
+  (`trainer.stall_s`); `stalled`: where a stalled step waits, from them (no TensorFlow).
 
 This package comes after `chain.strategies` in the layer order (docs/architecture.md). This
 file imports nothing, so that importing `chain.pipeline.schedules` or `chain.pipeline.timeline`

@@ -33,6 +33,7 @@ import tensorflow as tf
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
+from chain.pipeline.stalled import Position, where
 from chain.pipeline.step import Played, e2e_play, finish, host
 from chain.pipeline.strategy import PipelinedChain
 from chain.planning.planner import REPLICATED, Placement
@@ -175,8 +176,9 @@ class ReplicatedChain(PipelinedChain):
     def make_step(self) -> Callable:
         t = self.settings.trainer
         loss = self.loss_fn()
+        self.progress = progress = self.markers(len(self.copies))
         plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
-                          recompute_policy=self.settings.pipeline.recompute, replica=r)
+                          recompute_policy=self.settings.pipeline.recompute, replica=r, progress=progress)
                  for r, stages in enumerate(self.copies)]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
         copies, n = self.copies, len(self.copies)
@@ -194,7 +196,8 @@ class ReplicatedChain(PipelinedChain):
             with tf.device(host()):  # each share crosses to its copy's first (and last) stage from here
                 xs = tf.split(x, n, name="replica_shares")
                 shares = {key: tf.split(y, n, name=f"replica_{key}") for key, y in ys.items()}
-            played = [play(xs[r], {key: v[r] for key, v in shares.items()}) for r, play in enumerate(plays)]
+            base = progress.begin([x]) if progress else None  # once per step, for every copy's markers
+            played = [play(xs[r], {key: v[r] for key, v in shares.items()}, base) for r, play in enumerate(plays)]
             per_replica: list[list[list]] = [[[] for _ in copies[0]] for _ in copies]
             for k in range(len(copies[0])):
                 devices = [c[k].device for c in copies]
@@ -229,6 +232,9 @@ class ReplicatedChain(PipelinedChain):
 
     def memory_devices(self) -> list[str]:
         return [s.device for copy in self.copies for s in copy]
+
+    def waiting(self, position: Position) -> list[str]:
+        return where(self.schedule, self.settings.trainer.grad_accum, self.memory_devices(), position, self.replicas)
 
     def summary(self, summary: Summary) -> Summary:
         copies = ReplicasFields(self.replicas, [list(row) for row in self.placement.grid])

@@ -477,17 +477,19 @@ def backward_at_once(schedule: Schedule) -> frozenset[tuple[int, int]]:
 
 
 def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None,
-         replicas: int = 1) -> list[str]:
+         replicas: int = 1, marked: Sequence[Action | None] = ()) -> list[str]:
     """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).
     `devices[k]` is stage k's device; a `schedule` whose devices hold several stages labels each
     row with its device and stages, and each cell with its stage (`F3@s2`). With `replicas` copies
     of the pipeline the grid holds copy 0's stages, then copy 1's, ...: each row says its copy.
+    `marked[i]`: the action of row i drawn `>F2` (a stalled step's, `chain.pipeline.stalled`).
 
         stage 0  /device:CPU:0  F0 F1 .  .  B0 B1
     """
     shared = schedule is not None and bool(schedule.placement)
-    text = (lambda a: _cell(schedule, a)) if shared else str
-    width = max([len(text(a)) for row in timeline.grid for a in row if a is not None] or [1])
+    plain = (lambda a: _cell(schedule, a)) if shared else str
+    mark = list(marked) + [None] * (len(timeline.grid) - len(marked))
+    width = max([len(plain(a)) for row in timeline.grid for a in row if a is not None] or [1]) + any(mark)
     if shared:
         mine = [schedule.row_stages(r) for r in range(len(timeline.grid))]
         labels = [f"device {r} (stages {', '.join(map(str, ks))})" + (f"  {devices[ks[0]]}" if devices else "")
@@ -498,8 +500,9 @@ def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Sch
         labels = [f"{copy(i)}stage {i % per}" + (f"  {devices[i]}" if devices else "") for i in range(len(timeline.grid))]
     pad = max(len(s) for s in labels)
     lines = []
-    for label, row in zip(labels, timeline.grid):
-        cells = " ".join((text(a) if a is not None else ".").ljust(width) for a in row)
+    flag = (lambda a, here: ">" if a is not None and a == here else " ") if any(mark) else (lambda a, here: "")
+    for label, row, here in zip(labels, timeline.grid, mark):
+        cells = " ".join((flag(a, here) + (plain(a) if a is not None else ".")).ljust(width) for a in row)
         lines.append(f"{label.ljust(pad)}  {cells}".rstrip())
     return lines
 

@@ -80,7 +80,9 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
+from chain import testhooks
 from chain.data.catalog import Target
+from chain.pipeline.progress import Progress
 from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
                                       rounds, simulate, update_scope)
 from chain.planning.devices import canonical
@@ -123,6 +125,23 @@ def _done(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
     an action may leave side branches, such as a shape computation nobody reads)."""
     with tf.device(device):
         return tf.group(*[op for op in ops if op.type != "Placeholder"], name=DONE)
+
+
+def _finished(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
+    """A no-op on `device` that runs after an action's last ops (those whose results no other op of
+    `ops` reads), for the stall markers of a step whose actions are not chained (one microbatch).
+
+    It waits on an identity of each of their results, not on them: a control edge out of an op
+    that Grappler's remapper would fuse with the ops before it (a layer's MatMul, BiasAdd and
+    activation) keeps the fusion from happening, and the unfused kernels round otherwise (float16
+    drifted from Keras' own step by 4e-5 in tests/test_clipping.py); an identity is a reader like
+    any other."""
+    mine = set(ops)
+    last = [op for op in ops if not any(c in mine for t in op.outputs for c in t.consumers())]
+    with tf.device(device):
+        ends = [tf.identity(t).op if t.dtype not in (tf.resource, tf.variant) else op
+                for op in last for t in op.outputs[:1]] + [op for op in last if not op.outputs]
+        return tf.group(*ends, name=DONE)
 
 
 def host() -> str:
@@ -284,7 +303,7 @@ def _ancestors(op: tf.Operation, within: set) -> set:
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
              clip_global_norm: float | None = None, batch_norm: str = "microbatch", recompute_policy: str = NEVER,
-             weights_early: bool = True) -> Callable:
+             weights_early: bool = True, progress: Progress | None = None) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
     gradient norm: `Layout.chain`).
@@ -305,15 +324,18 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     the edges that make a backward compute each layer's weight gradients before going on past it
     (`weights_first`) and a W's stage wait for its gradient sums (`summed_in_turn`): an ablation,
     the step as it was before them, with the same values and more memory held.
+    `progress` (`trainer.stall_s`): the host's markers each action updates when it is done
+    (`chain.pipeline.progress`), so a stalled step can say where it waits.
     """
     play = e2e_play(stages, schedule, loss, target, grad_accum, jit_compile, ordered, release, recompute_policy,
-                    weights_early=weights_early)
+                    weights_early=weights_early, progress=progress)
     updates = [stage_update(s, jit_compile) for s in stages]
     deferred = Deferred(stages) if batch_norm == "deferred" else None
 
     def step(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
         with deferred.recording() if deferred else contextlib.nullcontext():
-            return finish(stages, schedule, updates, play(x, ys), clip_global_norm, deferred)
+            base = progress.begin([x]) if progress else None
+            return finish(stages, schedule, updates, play(x, ys, base), clip_global_norm, deferred)
 
     return step
 
@@ -331,10 +353,12 @@ class Played:
 
 def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
-             recompute_policy: str = NEVER, replica: int = 0, weights_early: bool = True) -> Callable:
-    """`play(x, ys) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
+             recompute_policy: str = NEVER, replica: int = 0, weights_early: bool = True,
+             progress: Progress | None = None) -> Callable:
+    """`play(x, ys, base) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
     pipeline (`chain.pipeline.replicas`) plays it once per copy (`replica`: its actions' scopes say
-    which, `Action.scope`) and averages the gradients over the copies first."""
+    which, `Action.scope`) and averages the gradients over the copies first. With `progress`, `base`
+    (`Progress.begin`'s, once per step) starts the values of the markers each action sets when done."""
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
     if recompute_policy != NEVER and is_split(schedule):
@@ -365,7 +389,7 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     keeps = [split and not jit_compile and layer_by_layer(s) for s in stages]
     forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None, keeps[s.index]), jit_compile,
                                    xla.forward_name(s.index)) for s in stages]
-    def play(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> Played:
+    def play(x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
         # The batch and its labels cross to the first and last stage once; each is cut
         # into microbatches on the device that consumes it.
         x0 = copy_to(x, stages[0].device, "input")
@@ -405,6 +429,8 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
         loss_slot: dict[int, int] = {}  # a deferred forward's microbatch -> its place in microbatch_losses
         regs: list[list[tf.Tensor]] = [[] for _ in stages]  # stages before the last: weighted regularization
         graph = tf.compat.v1.get_default_graph()
+        marked = progress is not None and base is not None
+        finished = [0] * schedule.devices  # each row's actions traced so far: its marker's count after the next
 
         for action in order:
             k, m, kind = action.stage, action.microbatch, action.kind
@@ -412,6 +438,9 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
             first_op = len(graph.get_operations())
             done_ops = None  # the ops the stage's next action waits for (None: every op of this one)
             row = schedule.row(k)  # the device whose order this action follows (interleaved: shared by stages)
+            held = testhooks.hold(action.scope(), previous[row], host())  # tests only: None unless asked
+            if held is not None:
+                previous[row] = [held]
             with tf.name_scope(action.scope()), tf.control_dependencies(previous[row]):
                 if kind == FORWARD:
                     h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
@@ -475,9 +504,15 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
                     done_ops = [g.op for g in grads if g is not None]  # not the side branches tf.gradients leaves
                     if weights_early:  # and the sums: see `summed_in_turn`
                         done_ops += summed_in_turn(accumulated[k], done_ops)
-                if ordered:
+                end = None
+                if ordered or marked:
                     ops = graph.get_operations()[first_op:] if done_ops is None else done_ops
-                    previous[row] = [_done(ops, s.device)]
+                    end = _done(ops, s.device) if ordered else _finished(ops, s.device)
+                if ordered:
+                    previous[row] = [end]
+            if marked:  # outside the action's scope: a host op, not the action's work in a trace
+                finished[row] += 1
+                progress.mark(base, replica * schedule.devices + row, finished[row], end, f"progress_{action.scope()}")
             if ordered and release and sends(action, devices):  # let the send go out before the stage goes on
                 previous[row] = [_release(previous[row][0], action)]
 

@@ -16,9 +16,10 @@ from typing import Any, Callable
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import plural
-from chain.pipeline import schedules
+from chain.pipeline import schedules, stalled
+from chain.pipeline.progress import Progress
 from chain.pipeline.selection import pipeline_schedule
-from chain.pipeline.step import e2e_step
+from chain.pipeline.step import e2e_step, host
 from chain.planning.planner import Placement
 from chain.records.summaries import PipelineFields, Summary
 from chain.strategies.base import ChainObjective
@@ -36,9 +37,21 @@ class PipelinedChain(ChainObjective, Pipelined):
 
     def make_step(self) -> Callable:
         t = self.settings.trainer
+        self.progress = self.markers(1)
         return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile,
                         clip_global_norm=self.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm,
-                        recompute_policy=self.settings.pipeline.recompute)
+                        recompute_policy=self.settings.pipeline.recompute, progress=self.progress)
+
+    def markers(self, replicas: int) -> Progress | None:
+        """The step's progress markers when `trainer.stall_s` watches it (`chain.pipeline.progress`), else None."""
+        t = self.settings.trainer
+        return Progress(self.schedule, t.grad_accum, host(), replicas) if t.stall_s > 0 else None
+
+    def position(self) -> stalled.Position | None:
+        return self.progress.read() if self.progress is not None else None
+
+    def waiting(self, position: stalled.Position) -> list[str]:
+        return stalled.where(self.schedule, self.settings.trainer.grad_accum, [s.device for s in self.stages], position)
 
     def batch_divisor(self) -> int:
         return self.settings.trainer.grad_accum * self.schedule.microbatches

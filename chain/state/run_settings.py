@@ -12,7 +12,7 @@ its own config (`check`), key by key:
   continue), `precision` between float32 and mixed_bfloat16 (the same state);
 - may change without a word (not the math): the run's length, log/evaluation/checkpoint
   cadence, steps per call (bit for bit the same), `trainer.on_nan`, early stopping's
-  patience, profiling, devices and memory limits, cluster addresses, `checkpoint.*`, `oom.*`,
+  patience, profiling, the stall watch (`trainer.stall_s`, `trainer.stall_action`), devices and memory limits, cluster addresses, `checkpoint.*`, `oom.*`,
   `pipeline.recompute` (what a stage keeps for its backward, not what it computes);
 - everything else is refused in one line naming the key with its old and new value: the
   model, the loss, the data and its batch, the seed, the mode, gradient accumulation, the
@@ -42,6 +42,7 @@ APPLIED = ("optim.lr", "optim.beta_1", "optim.beta_2", "optim.momentum", "optim.
            "placement.exchange_dtype")
 FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_stop_patience", "trainer.log_every",
         "trainer.progress", "trainer.steps_per_call", "trainer.on_nan", "trainer.profile",
+        "trainer.stall_s", "trainer.stall_action",  # the watch of a stalled step, not the math
         "trainer.initial_loss_scale",  # float16: the scale itself is restored; this only set its start
         "checkpoint.", "cluster.", "oom.", "placement.devices", "placement.visible", "placement.memory_limit_mb",
         "placement.reserve_mb", "placement.memory_growth", "placement.log_device_placement",

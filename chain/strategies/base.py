@@ -71,6 +71,7 @@ class Strategy:
     chained: bool = True  # stage k takes stage k-1's output (False: every stage takes the data)
     steps_in_one_call: bool = True  # False: `call_many` calls one step at a time (`_call_each`)
     schedule = None
+    progress = None  # a pipeline step's markers (`trainer.stall_s`: `position`, `waiting`)
     shared_weights: bool = False  # True: its step sums the gradients of a weight several stages hold
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, bodies: Sequence | None = None,
@@ -189,6 +190,15 @@ class Strategy:
             if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
                 break  # as the in-graph loop: no step after one whose update was dropped
         return Reports(np.stack(rows), tuple(waits))
+
+    def position(self) -> Any:
+        """Where the running step is, readable from another thread while it runs (a pipeline step's
+        `chain.pipeline.stalled.Position`), or None: this strategy's step leaves no markers."""
+        return None
+
+    def waiting(self, position: Any) -> list[str]:
+        """`position` in words: the schedule's grid and where each device waits (a pipeline step's)."""
+        return []
 
     def trace(self, x: Any, ys: dict[str, Any]):
         """The compiled step's concrete function for this batch's shapes (its graph, for audits)."""

@@ -342,6 +342,7 @@ class Run:
         from chain.training.profile import Window
 
         window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
+        watch = self._watch(t)  # trainer.stall_s: says where a step waits
         loop = self._open()
         cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0)
         memory.reset(self.strategy.memory_devices())
@@ -351,7 +352,12 @@ class Run:
             # Log lines go through tqdm, so they do not break the progress bar.
             with logging_redirect_tqdm(loggers=[logging.getLogger()]):
                 while self.global_step < t.steps and not self.tracker.exhausted:  # exhausted: stopped early
-                    outs, waits = self._call(cadences.call_length(self.global_step), window)
+                    n = cadences.call_length(self.global_step)
+                    if watch:
+                        watch.begin(self.global_step + 1, n)
+                    outs, waits = self._call(n, window)
+                    if watch:
+                        watch.end(n)
                     loop.timed(waits)
                     for step, out in enumerate(outs, self.global_step - len(outs) + 1):
                         self._after_step(step, out, loop, cadences, callback)
@@ -359,12 +365,24 @@ class Run:
                     bar.update(len(outs))
             summary = self._close(loop, window)
         finally:
+            if watch:
+                watch.stop()
             bar.close()
             if window:
                 window.close()
             if loop.writers:
                 loop.writers.close()
         return self._write(summary, loop)
+
+    def _watch(self, t):
+        """The running watch of `trainer.stall_s` (`chain.training.stall`), or None when it is 0."""
+        if not t.stall_s:
+            return None
+        from chain.training.stall import StallWatch
+
+        watch = StallWatch(t.stall_s, t.stall_action == "stop", self.strategy, self.intact)
+        watch.start()
+        return watch
 
     def _open(self) -> _Loop:
         """The loop's state at its start: this run's checkpoints (restored from on resume), `best/`
