@@ -179,9 +179,9 @@ def check_job_name(cfg: DictConfig) -> None:
 def check_flag_order(args: Sequence[str]) -> None:
     """A ConfigError for overrides Hydra's command line would not read: Hydra takes one group of
     overrides, so `a=b --multirun c=d` fails on `c=d` with a usage dump."""
-    from hydra._internal.utils import get_args_parser
+    from chain.internals.hydra_private import args_parser
 
-    _, unread = get_args_parser().parse_known_args(list(args))
+    _, unread = args_parser().parse_known_args(list(args))
     stray = [a for a in unread if not a.startswith("-")]
     if stray:
         raise ConfigError(f"{' '.join(stray)}: overrides on both sides of a flag are not read by Hydra; put the "
@@ -191,12 +191,13 @@ def check_flag_order(args: Sequence[str]) -> None:
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
     """The jobs `--multirun` makes of `overrides` (each one's overrides), as Hydra's basic sweeper
     expands them (`optim.lr=0.1,0.01 seed=0,1`: four jobs)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
+
+    from chain.internals.hydra_private import split_sweep
 
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(first_line(e, typed=False)) from None
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    return [job for batch in split_sweep(parsed) for job in batch]

@@ -25,6 +25,7 @@ from chain.data import tensors
 from chain.data.catalog import DataInfo, Target, held_out, no_other_classes, stream_classes
 from chain.data.streamed import FunctionData
 from chain.errors import ConfigError, first_line
+from chain.internals.tf_private import serialize_dataset
 
 log = logging.getLogger("chain")
 
@@ -32,7 +33,7 @@ log = logging.getLogger("chain")
 def _saveable(dataset: tf.data.Dataset, what: str) -> None:
     """Nothing if `dataset`'s state can be saved in a checkpoint; else one line saying what to do."""
     try:  # what a checkpoint of its iterator does first: serialize the dataset's graph, refusing external state
-        dataset._as_serialized_graph(external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
+        serialize_dataset(dataset)
     except (tf.errors.OpError, ValueError) as e:
         reason = first_line(e, typed=False).split("Failed to serialize the input pipeline graph: ")[-1]
         reason = reason.split(" [Op:")[0].strip().rstrip(".")

@@ -82,6 +82,7 @@ import tensorflow as tf
 
 from chain import testhooks
 from chain.data.catalog import Target
+from chain.internals.tf_private import add_control_input, host_address_space
 from chain.pipeline.progress import Progress
 from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
                                       rounds, simulate, update_scope)
@@ -148,9 +149,7 @@ def host() -> str:
     """This process's CPU, fully named (`/job:localhost/replica:0/task:0/device:CPU:0`); in a
     cluster, the client's. (A partial `/device:CPU:0` leaves the job and task to the placer,
     which may pick a worker's CPU, a stage's own included.)"""
-    from tensorflow.python.eager import context
-
-    return context.context().host_address_space() + "/device:CPU:0"
+    return host_address_space() + "/device:CPU:0"
 
 
 def sends(action: Action, devices: Sequence[str]) -> bool:
@@ -267,7 +266,7 @@ def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Ope
         ancestors = _ancestors(w, mine) if later else set()
         for c in later:
             if c not in ancestors:
-                c._add_control_input(w)  # noqa: SLF001  (the graph is still being built)
+                add_control_input(c, w)  # the graph is still being built
                 added += 1
     return added
 

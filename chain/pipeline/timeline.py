@@ -171,13 +171,11 @@ class TraceEvent:
 def trace_spans(paths: Iterable[str]) -> dict[str, tuple[int, int]]:
     """Per host (`source_of`), when its trace began and ended (ns since the epoch, its wall clock):
     what it can hold. A step outside a span it needs is not measured (`measure`)."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    from chain.internals.tf_private import read_xspace
 
     spans = {}
     for path in paths:
-        space = xplane_pb2.XSpace()
-        with open(path, "rb") as f:
-            space.ParseFromString(f.read())
+        space = read_xspace(path)
         stop = _space_stat(space, "profile_stop_time") or 2 ** 63  # none: a TensorFlow that does not say
         spans[source_of(path)] = (profile_start(space), stop)
     return spans
@@ -190,12 +188,10 @@ def holds(spans: dict[str, tuple[int, int]], source: str, step: tuple[int, int])
 
 def trace_events(paths: Iterable[str]) -> Iterator[TraceEvent]:
     """Every event of the trace files `paths`, file by file, plane by plane, line by line."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    from chain.internals.tf_private import read_xspace
 
     for path in paths:
-        space = xplane_pb2.XSpace()
-        with open(path, "rb") as f:
-            space.ParseFromString(f.read())
+        space = read_xspace(path)
         source, origin = source_of(path), profile_start(space)
         for plane in space.planes:
             names = {k: v.name for k, v in plane.stat_metadata.items()}

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from chain.config.checks import batch_over_replicas, placement_fits
+from chain.config.device_names import canonical
 from chain.config.schema import PlacementSettings
 from chain.errors import ConfigError, DeviceError, plural
-from chain.planning.devices import canonical
 from chain.planning.footprint import Footprint
 from chain.planning.inventory import Gpu, Inventory
 

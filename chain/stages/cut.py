@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import keras
 
 from chain.errors import ConfigError, first_line
+from chain.internals.keras_private import graph_nodes, untrack_sublayer
 from chain.planning import balance
 from chain.stages.bodies import Body
 from chain.stages.stage import SharedCopy
@@ -92,10 +93,9 @@ def _graph(model: keras.Model, name: str) -> keras.Model:
 def _calls(graph: keras.Model) -> dict[int, list[Any]]:
     """id(layer) -> its calls (graph nodes) in `graph`."""
     calls: dict[int, list[Any]] = {}
-    for depth in sorted(graph._nodes_by_depth, reverse=True):  # Keras keeps no public view of a model's nodes
-        for node in graph._nodes_by_depth[depth]:
-            if not node.is_input:
-                calls.setdefault(id(node.operation), []).append(node)
+    for node in graph_nodes(graph):  # Keras keeps no public view of a model's nodes
+        if not node.is_input:
+            calls.setdefault(id(node.operation), []).append(node)
     return calls
 
 
@@ -247,10 +247,7 @@ def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, ho
         if isinstance(value, keras.layers.Layer) and c.tied and index.get(id(value), -1) in c.tied.values():
             made = getattr(clone, attr, None)  # a layer whose config holds the layer made its own from it:
             if isinstance(made, keras.layers.Layer):  # untracked, so its weights are not the clone's
-                for n, sub in enumerate(clone._layers):
-                    if sub is made:
-                        del clone._layers[n]
-                        break
+                untrack_sublayer(clone, made)
             setattr(clone, attr, holder(index[id(value)]))
         elif isinstance(value, keras.Variable) and c.layers[c.tied.get(id(value), 0)] is not layer \
                 and id(value) in c.tied:  # a variable of an earlier layer (not the layer's own)

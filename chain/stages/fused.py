@@ -18,6 +18,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from chain.internals.keras_private import adam_slots, variable_index
+
 
 def _handle(variable) -> tf.Tensor:
     """The resource handle of a Keras variable (or of the tf.Variable Keras hands `update_step`)."""
@@ -32,9 +34,9 @@ class FusedAdam(keras.optimizers.Adam):
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
         step = tf.cast(self.iterations + 1, dtype)
-        index = self._get_variable_index(variable)
+        m, v = adam_slots(self, variable_index(self, variable))
         tf.raw_ops.ResourceApplyAdam(
-            var=_handle(variable), m=_handle(self._momentums[index]), v=_handle(self._velocities[index]),
+            var=_handle(variable), m=_handle(m), v=_handle(v),
             beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
             beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
             lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype), beta2=tf.cast(self.beta_2, dtype),
@@ -51,7 +53,7 @@ class FusedSGD(keras.optimizers.SGD):
         if self.momentum == 0:
             tf.raw_ops.ResourceApplyGradientDescent(var=_handle(variable), alpha=lr, delta=grad)
             return
-        accum = self.momentums[self._get_variable_index(variable)]
+        accum = self.momentums[variable_index(self, variable)]
         tf.raw_ops.ResourceApplyKerasMomentum(var=_handle(variable), accum=_handle(accum), lr=lr, grad=grad,
                                               momentum=tf.cast(self.momentum, dtype), use_nesterov=self.nesterov)
 

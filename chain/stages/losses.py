@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from chain.data.catalog import Target
+from chain.internals.keras_private import all_layers
 
 
 def head_loss(target: Target) -> Callable:
@@ -78,7 +79,7 @@ def added_losses(model: Any) -> int:
     """
     import keras
 
-    switched = [layer for layer in model._flatten_layers() if layer.activity_regularizer is not None]
+    switched = [layer for layer in all_layers(model) if layer.activity_regularizer is not None]
     kept = [layer.activity_regularizer for layer in switched]
     inp = model.inputs[0]
     try:
@@ -97,6 +98,6 @@ def regularized(*models: Any) -> bool:
     without calling them (an `add_loss` term shows only in a call: `added_losses`)."""
     for m in models:
         if m is not None and (any(w.regularizer is not None for w in m.trainable_weights)
-                              or any(layer.activity_regularizer is not None for layer in m._flatten_layers())):
+                              or any(layer.activity_regularizer is not None for layer in all_layers(m))):
             return True
     return False

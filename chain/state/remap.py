@@ -35,6 +35,7 @@ from chain.config.checks import steps as target_steps
 from chain.config.hydra import quoted
 from chain.config.schema import Conv, Mlp
 from chain.errors import ChainError
+from chain.internals.keras_private import built_for, slot_lists
 from chain.records.results import LossHistory, LossRecord
 from chain.records.serial import from_json
 from chain.state import lock
@@ -101,17 +102,11 @@ def _load_src(src: str) -> tuple[dict[str, Any], list[str], Settings]:
 def _slot_lists(optimizer) -> dict[str, list]:
     """Slot variables of a Keras optimizer by slot kind, aligned with the variables it was built for.
 
-    Keras 3 keeps them as lists parallel to its (private) `_trainable_variables`, e.g.
-    Adam's `_momentums` and `_velocities`; we find them by that shape, and refuse an
-    optimizer with state we do not recognise rather than drop it silently.
+    Keras 3 keeps them as private lists parallel to the variables it was built for
+    (`chain.internals.keras_private.slot_lists`); we refuse an optimizer with state we do not
+    recognise rather than drop it silently.
     """
-    import keras
-
-    built_for = optimizer._trainable_variables
-    n = len(built_for)
-    slots = {name: value for name, value in vars(optimizer).items()
-             if name not in ("_trainable_variables", "_variables") and isinstance(value, list) and n
-             and len(value) == n and all(isinstance(v, keras.Variable) for v in value)}
+    slots = slot_lists(optimizer)
     known = {id(v) for lst in slots.values() for v in lst} | {id(optimizer.iterations), id(optimizer.learning_rate)}
     unknown = [v.path for v in optimizer.variables if id(v) not in known]
     if unknown:
@@ -134,8 +129,8 @@ class _Copier:
             raise ChainError(f"DST stage {dst_stage.index} uses {kind(dst_stage.optimizer)}, SRC stage "
                              f"{src_stage.index} {kind(src_stage.optimizer)} with different state; "
                              "restage keeps optimizer state, so keep the optimizers")
-        src_index = {id(v): i for i, v in enumerate(src_stage.optimizer._trainable_variables)}
-        dst_index = {id(v): i for i, v in enumerate(dst_stage.optimizer._trainable_variables)}
+        src_index = {id(v): i for i, v in enumerate(built_for(src_stage.optimizer))}
+        dst_index = {id(v): i for i, v in enumerate(built_for(dst_stage.optimizer))}
         for a, b in zip(src_layer.weights, dst_layer.weights):
             b.assign(a)
             if id(a) in src_index and id(b) in dst_index:

@@ -32,13 +32,14 @@ import keras
 import tensorflow as tf
 
 from chain.errors import ConfigError
+from chain.internals.keras_private import all_layers, own_moments, patch_moments, unpatch_moments
 from chain.stages.stage import Stage
 from chain.steps.ops import copy_to
 
 
 def norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:
     """Every BatchNormalization layer of `model`, nested models included."""
-    return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    return [layer for layer in all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)]
 
 
 class Deferred:
@@ -62,22 +63,22 @@ class Deferred:
         for layer in layers:
             self.momentum[id(layer)] = layer.momentum
             layer.momentum = 1.0
-            object.__setattr__(layer, "_moments", self._recorder(layer))  # Keras' hook for the batch's moments
+            patch_moments(layer, self._recorder(layer))  # Keras' hook for the batch's moments
         try:
             yield
         finally:
             for layer in layers:
                 layer.momentum = self.momentum[id(layer)]
-                object.__delattr__(layer, "_moments")
+                unpatch_moments(layer)
 
     def _recorder(self, layer: keras.layers.BatchNormalization):
-        own = type(layer)._moments
+        own = own_moments(layer)
 
         def moments(inputs, mask):
             if mask is not None:
                 raise ConfigError(f"pipeline.batch_norm=deferred: layer {layer.name!r} gets a mask; deferred "
                                   "statistics take unmasked inputs: use pipeline.batch_norm=microbatch")
-            mean, variance = own(layer, inputs, mask)
+            mean, variance = own(inputs, mask)
             self.moments.setdefault(id(layer), []).append((mean, variance))
             return mean, variance
 

@@ -10,10 +10,8 @@ from typing import Callable, NamedTuple
 
 import keras
 import tensorflow as tf
-from keras.src import tree
-from keras.src.models import functional
-from keras.src.models.functional import Functional
 
+from chain.internals.keras_private import graph_nodes, plain_functional, run_graph
 from chain.stages import losses
 from chain.stages.stage import Stage
 
@@ -30,14 +28,13 @@ def _functional_calls(model: keras.Model) -> list[keras.layers.Layer] | None:
     """The layers a plain functional model calls, in the order it calls them, when each layer that
     has trainable weights is called once and gives one tensor; else None (then its layers' outputs
     are not kept). A subclass with its own `call` is not plain: its graph may not be what runs."""
-    if not isinstance(model, Functional) or type(model).call is not Functional.call:
+    if not plain_functional(model):
         return None
     calls, outputs = [], {}
-    for depth in sorted(model._nodes_by_depth, reverse=True):  # the order `_run_through_graph` runs
-        for node in model._nodes_by_depth[depth]:
-            if node.operation is not None and not node.is_input:
-                calls.append(node.operation)
-                outputs[id(node.operation)] = len(tree.flatten(node.outputs))
+    for node in graph_nodes(model):  # in the order its graph walk runs them
+        if node.operation is not None and not node.is_input:
+            calls.append(node.operation)
+            outputs[id(node.operation)] = len(keras.tree.flatten(node.outputs))
     trainable = [op for op in calls if getattr(op, "trainable_variables", None)]
     if len({id(op) for op in trainable}) != len(trainable):
         return None  # a layer called twice: one output would not hold all its weights' uses
@@ -70,22 +67,19 @@ def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[Kept
             h = out
         return h, kept
 
-    def recorded(op):
-        call = functional.operation_fn(op, training=True)  # what `Functional.call` runs for each node
+    def recorded(op, call):  # `call`: what `Functional.call` runs for the node
         if not getattr(op, "trainable_variables", None):
             return call
 
         def run(*args, **kwargs):
             out = call(*args, **kwargs)
-            kept.append(Kept(op, [t for t in tree.flatten((args, kwargs)) if tf.is_tensor(t)], out))
+            kept.append(Kept(op, [t for t in keras.tree.flatten((args, kwargs)) if tf.is_tensor(t)], out))
             return out
         return run
 
-    # The functional model's own graph walk (Keras' private `_run_through_graph`, which its `call`
-    # runs with the same per-node wrapper), recording each weighted layer's call on the way.
-    model = stage.model
-    out = model._run_through_graph(model._standardize_inputs(h), operation_fn=recorded)
-    return functional.unpack_singleton(out), kept
+    # The functional model's own graph walk (the one its `call` runs, with the same per-node call),
+    # recording each weighted layer's call on the way.
+    return run_graph(stage.model, h, recorded, training=True), kept
 
 
 def chain_forward(stage: Stage, loss: Callable | None = None, keep: bool = False) -> Callable:

@@ -13,11 +13,10 @@ answers. The session is known to run when a second, empty request is refused wit
 service's "Another profiling session active" (one session per process); the probe asks for
 its trace in the answer (`emit_xspace`), so it writes no file.
 
-The two requests are encoded here (the `tensorflow.ProfilerService` of
-`tsl/profiler/protobuf/profiler_service.proto`, whose Python classes TensorFlow does not ship):
-`ProfileRequest` {1 duration_ms, 4 opts (a `ProfileOptions`, which it ships), 5 repository_root,
-6 session_id, 7 host_name, 9 emit_xspace}, `TerminateRequest` {1 session_id}. The answers are
-not read: the call's status says whether the trace was written.
+The two requests (`ProfileRequest`, `TerminateRequest` of the `tensorflow.ProfilerService`, whose
+Python classes TensorFlow does not ship) are encoded by `chain.internals.tf_private`, with the
+service's method names. The answers are not read: the call's status says whether the trace was
+written.
 """
 
 from __future__ import annotations
@@ -27,48 +26,12 @@ import time
 from typing import Any, Sequence
 
 from chain.errors import ChainError, ConfigError, first_line
+from chain.internals.tf_private import ACTIVE, PROFILE, TERMINATE, profile_request, terminate_request
 
-PROFILE = "/tensorflow.ProfilerService/Profile"
-TERMINATE = "/tensorflow.ProfilerService/Terminate"
-ACTIVE = "Another profiling session active"  # the service's refusal while a session runs
 LONGEST_MS = 3_600_000  # a session nobody terminates ends after this (a client that dies cancels its call at once)
 ANSWER_S = 10.0  # how long a worker's profiler may take to answer one request
 START_S = 60.0  # how long every worker's session may take to start
 WRITE_S = 300.0  # how long a worker may take to write its trace after Terminate
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, value: int | bytes | str) -> bytes:
-    """One protobuf field: an int as a varint (wire type 0), bytes or a string length-delimited (2)."""
-    if isinstance(value, int):
-        return _varint(number << 3) + _varint(value)
-    data = value.encode() if isinstance(value, str) else value
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def profile_request(session: str, root: str, host: str, duration_ms: int, emit: bool = False) -> bytes:
-    """A `ProfileRequest`: trace for up to `duration_ms` (or until `Terminate(session)`) with the
-    options `tf.profiler.experimental.client.trace` uses by default, then write the trace to
-    `root/session/host.xplane.pb` (`emit`: return it in the answer instead)."""
-    from tensorflow.tsl.profiler.protobuf import profiler_options_pb2
-
-    options = profiler_options_pb2.ProfileOptions(version=1, host_tracer_level=2, device_tracer_level=1,
-                                                  python_tracer_level=0, duration_ms=duration_ms)
-    return (_field(1, duration_ms) + _field(4, options.SerializeToString()) + _field(5, root) + _field(6, session)
-            + _field(7, host) + (_field(9, 1) if emit else b""))
-
-
-def terminate_request(session: str) -> bytes:
-    """A `TerminateRequest` for `session`."""
-    return _field(1, session)
 
 
 def _detail(e: BaseException) -> str:
