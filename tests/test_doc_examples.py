@@ -60,6 +60,9 @@ SKIP = {
     ("precision-and-speed.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores "
                                                           "(docs/benchmarks.md)",
     ("benchmarks.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores",
+    ("benchmarks.md", "python scripts/stress_"): "a stress run: minutes of kills and races (tests/test_stress.py runs "
+                                                 "both briefly)",
+    ("benchmarks-history.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores",
     ("your-data.md", "data=keras data.name=fashion_mnist"): "reads fashion_mnist from the Keras cache, which chain "
                                                             "never downloads (empty here)",
     ("your-data.md", "data._target_=mypackage.data.make_dataset"): "the reader's own package (mypackage)",
@@ -123,7 +126,7 @@ TEXT = {
     ("architecture.md", "command line / chain.compose"): "a diagram of the layers",
     ("index.md", "chain/"): "the source tree",
     ("run-directory.md", "outputs/DATE/TIME/"): "the run directory's files",
-    ("benchmarks.md", "measured: step 8"): "a measured timeline (times of a profiled run on two workers)",
+    ("benchmarks-history.md", "measured: step 8"): "a measured timeline (times of a profiled run on two workers)",
     ("measuring.md", "schedule: gpipe, 2 stages x 8 microbatches"): "a measured timeline (times of a profiled run "
                                                                     "on two workers)",
     ("measuring.md", "planned and measured timelines"): "a measured timeline (times of a profiled run on two "

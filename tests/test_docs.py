@@ -157,3 +157,21 @@ def test_the_reference_lists_every_value_pipeline_schedule_takes():
 
     row = re.search(r"^\| `pipeline\.schedule` \| `str` \| `\w+` \| ([^|]+) \|", (DOCS / "config.md").read_text(), re.M)
     assert row and row.group(1).strip() == ", ".join(f"`{name}`" for name in CHOICES) and "`file`" in row.group(1)
+
+
+def test_benchmarks_is_a_record_under_400_lines_with_every_scripts_command():
+    """docs/benchmarks.md holds each benchmark's current figures, not the diary (that is
+    benchmarks-history.md): under 400 lines, every bench_*.py and stress_*.py script run by a
+    command in a bash block, and every section with its table of figures and its command."""
+    text = (DOCS / "benchmarks.md").read_text()
+    assert len(text.splitlines()) < 400, f"docs/benchmarks.md has {len(text.splitlines())} lines"
+    commands = [line.strip() for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
+                for line in block.splitlines()]
+    scripts = sorted(p.name for p in (ROOT / "scripts").glob("*.py") if p.name.startswith(("bench_", "stress_")))
+    assert len(scripts) >= 9
+    missing = [name for name in scripts if not any(c.startswith(f"python scripts/{name}") for c in commands)]
+    assert not missing, f"scripts with no command in docs/benchmarks.md: {missing}"
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        title = section.splitlines()[0]
+        assert re.search(r"^\|---", section, re.M), f"no table of figures under '{title}'"
+        assert "```bash\npython scripts/" in section, f"no command under '{title}'"
