@@ -456,8 +456,8 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None and (key != "replicas" or pcfg.fallback == MIRRORED):
             notes.append(f"placement.{key} ignored: it configures this machine's devices; a worker has its own")
-    return Placement(devices=tuple(devices), kind="GPU" if gpus else "CPU", physical={d: where.get(d, "-") for d in devices},
-                     cluster=tuple(addresses), notes=tuple(notes))
+    return Placement(devices=tuple(devices), kind="GPU" if gpus else "CPU",
+                     physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=tuple(notes))
 
 
 def loop(p: Placement, n_stages: int, schedule: str = "interleaved") -> Placement:
@@ -488,11 +488,11 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
                           f"or use placement.replicas={max(1, len(pool) // n_stages)}")
     rows = tuple(tuple(pool[r * n_stages:(r + 1) * n_stages]) for r in range(copies))
     devices = [d for row in rows for d in row]
+    notes = (f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker devices; "
+             "each copy trains its share of every batch, stage gradients averaged over the copies",
+             f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
     return Placement(devices=rows[0], kind="GPU" if "/device:GPU:" in pool[0] else "CPU", strategy=REPLICATED,
-                     copies=rows, physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses),
-                     notes=(f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker "
-                            "devices; each copy trains its share of every batch, stage gradients averaged over the copies",
-                            f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client"))
+                     copies=rows, physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=notes)
 
 
 def check_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> int:
