@@ -101,7 +101,7 @@ def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(ba
     model, step = keras_reference(run, keras.optimizers.SGD(learning_rate=LR, global_clipnorm=CLIP))
     norms = assert_trains_like(run, model, step)
     assert min(norms) > 2 * CLIP  # clipping triggered in every step
-    if run.placement.grid:  # copies of the pipeline: each clips by the norm of the averaged gradients
+    if run.placement.copies:  # copies of the pipeline: each clips by the norm of the averaged gradients
         copies = run.strategy.copies
         for copy in copies[1:]:
             for a, b in zip(copies[0], copy):

@@ -34,7 +34,7 @@ def assert_same_weights(run_a, run_b):
 def test_mirrored_run_holds_every_stage_on_every_replica():
     run = chain.build(chain.compose([*TINY, "placement.fallback=mirrored"]))
     assert isinstance(run.strategy, Mirrored)
-    assert run.placement.replicas == DEVICES[:2] and run.strategy.strategy.num_replicas_in_sync == 2
+    assert run.placement.mirrored_devices == tuple(DEVICES[:2]) and run.strategy.strategy.num_replicas_in_sync == 2
     assert run.strategy.per_replica_batch == 16
     for s in run.stages:
         assert s.device is None

@@ -23,7 +23,7 @@ def pcfg(*overrides: str):
 
 
 def gpu_devices(n):
-    return [f"/device:GPU:{k}" for k in range(n)]
+    return tuple(f"/device:GPU:{k}" for k in range(n))
 
 
 def assert_limits_fit(p, inv, reserve=None):
@@ -52,7 +52,7 @@ def test_eight_80gb_gpus_three_stages_uses_three_and_hides_the_rest():
     inv = Inventory.of(8, 80 * GB)
     p = plan(pcfg(), 3, inv)
     assert p.devices == gpu_devices(3) and p.split == {}
-    assert p.visible == [0, 1, 2]  # TensorFlow would otherwise reserve memory on all eight
+    assert p.visible == (0, 1, 2)  # TensorFlow would otherwise reserve memory on all eight
     assert any("GPU 3, 4, 5, 6, 7 unused" in n for n in p.notes)
 
 
@@ -150,7 +150,7 @@ def test_fallback_error_refuses_too_few_cards():
 def test_no_gpu_splits_the_cpu_one_logical_device_per_stage():
     p = plan(pcfg(), 3, Inventory())
     assert p.kind == "CPU" and p.split == {0: 3} and p.memory_limits_mb == {}
-    assert p.devices == [f"/device:CPU:{k}" for k in range(3)]
+    assert p.devices == tuple(f"/device:CPU:{k}" for k in range(3))
     assert {p.physical[d] for d in p.devices} == {"CPU:0"}
 
 
@@ -164,22 +164,22 @@ def test_no_gpu_fallback_error_refuses():
 def test_mirrored_without_gpu_two_cpu_replicas_by_default():
     p = plan(pcfg("placement.fallback=mirrored"), 3, Inventory())
     assert p.strategy == MIRRORED and p.kind == "CPU"
-    assert p.replicas == ["/device:CPU:0", "/device:CPU:1"] and p.split == {0: 2}
-    assert p.devices == [None] * 3
+    assert p.mirrored_devices == ("/device:CPU:0", "/device:CPU:1") and p.split == {0: 2}
+    assert p.devices == (None,) * 3
 
 
 def test_mirrored_replica_count_from_the_command_line():
     p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"), 5, Inventory())
-    assert p.replicas == [f"/device:CPU:{i}" for i in range(3)] and p.split == {0: 3}
+    assert p.mirrored_devices == tuple(f"/device:CPU:{i}" for i in range(3)) and p.split == {0: 3}
 
 
 def test_mirrored_on_two_gpus_uses_both_cards_whole():
     p = plan(pcfg("placement.fallback=mirrored"), 5, Inventory.of(2, 16 * GB))
-    assert p.strategy == MIRRORED and p.replicas == gpu_devices(2)
+    assert p.strategy == MIRRORED and p.mirrored_devices == gpu_devices(2)
     assert p.split == {} and p.visible is None
     p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=1", "placement.memory_limit_mb=9000"), 5,
              Inventory.of(2, 16 * GB))
-    assert p.replicas == gpu_devices(1) and p.visible == [0] and p.memory_limits_mb == {0: [9000]}
+    assert p.mirrored_devices == gpu_devices(1) and p.visible == (0,) and p.memory_limits_mb == {0: [9000]}
 
 
 def test_mirrored_is_not_used_when_there_are_enough_cards():
@@ -197,12 +197,12 @@ def test_mirrored_global_batch_is_split_over_replicas():
 
 def test_explicit_devices_without_gpu_are_canonical():
     p = plan(pcfg("+stages=3", "placement.devices=[/cpu:0,CPU:0,/CPU:1]"), 3, Inventory())
-    assert p.devices == ["/device:CPU:0", "/device:CPU:0", "/device:CPU:1"]
+    assert p.devices == ("/device:CPU:0", "/device:CPU:0", "/device:CPU:1")
 
 
 def test_explicit_devices_within_the_cards_need_no_split():
     p = plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:0,/GPU:1]"), 3, Inventory.of(2, 16 * GB))
-    assert p.split == {} and p.devices == ["/device:GPU:0", "/device:GPU:0", "/device:GPU:1"]
+    assert p.split == {} and p.devices == ("/device:GPU:0", "/device:GPU:0", "/device:GPU:1")
 
 
 def test_explicit_devices_beyond_the_cards_split_each_card_evenly():
@@ -239,13 +239,13 @@ def test_visible_picks_cards_in_tensorflows_order():
     p = plan(pcfg("placement.visible=[3,1]"), 2, Inventory.of(4, 16 * GB))
     assert p.devices == gpu_devices(2)
     assert [p.physical[d] for d in p.devices] == ["GPU:1", "GPU:3"]  # TensorFlow numbers visible cards in order
-    assert p.visible == [1, 3]
+    assert p.visible == (1, 3)
 
 
 def test_visible_one_card_split_for_three_stages():
     p = plan(pcfg("placement.visible=[2]"), 3, Inventory.of(4, 16 * GB))
     assert p.split == {2: 3} and {p.physical[d] for d in p.devices} == {"GPU:2"}
-    assert p.visible == [2]
+    assert p.visible == (2,)
 
 
 SMI = """0, GPU-aaaa1111, NVIDIA A100-SXM4-80GB, 81920
@@ -354,7 +354,7 @@ def test_configure_applies_visible_cards_and_limits(monkeypatch):
 
     fake = FakeConfig(monkeypatch, 4)
     cfg = pcfg("+stages=3", "placement.visible=[1,3]", "placement.memory_limit_mb=[1000,2000,3000]")
-    configure(plan(cfg, 3, Inventory.of(4, 16 * GB)), cfg)
+    assert configure(plan(cfg, 3, Inventory.of(4, 16 * GB)), cfg) == (True, None)
     assert [d.name for d in fake.visible] == ["/physical_device:GPU:1", "/physical_device:GPU:3"]
     # Stages 0-1 share card 1; stage 2 has card 3 to itself, limited as asked.
     assert fake.logical == {"/physical_device:GPU:1": [1000, 2000], "/physical_device:GPU:3": [3000]}
@@ -401,13 +401,13 @@ def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
 
     p = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(8, 80 * GB))
     assert p.strategy == REPLICATED and p.devices == gpu_devices(2)
-    assert p.grid == [gpu_devices(8)[r * 2:r * 2 + 2] for r in range(4)]
+    assert p.copies == tuple(gpu_devices(8)[r * 2:r * 2 + 2] for r in range(4))
     assert p.notes[0].startswith("layout: pipeline x replicas, 4 copies of the 2-stage pipeline")
     assert check_batch(64, p, microbatches=4) == 16
     with pytest.raises(ConfigError, match="does not cut into 4 replicas' shares"):
         check_batch(24, p, microbatches=4)
     one = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))
-    assert one.strategy == PIPELINE and one.grid == [] and one.notes[0].startswith("layout: pipeline (a device per stage")
+    assert one.strategy == PIPELINE and one.copies == () and one.notes[0].startswith("layout: pipeline (a device per stage")
     # A 16-bit exchange asked for where `auto` finds room for one copy only: said, not silently dropped.
     rounded = plan(pcfg("mode=e2e", "placement.replicas=auto", "placement.exchange_dtype=bfloat16"), 2,
                    Inventory.of(3, 80 * GB))
@@ -416,11 +416,11 @@ def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
 
 def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():
     p = plan(pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3"), 2, Inventory.of(2, 60 * GB))
-    assert p.grid == [gpu_devices(6)[r * 2:r * 2 + 2] for r in range(3)] and p.split == {0: 3, 1: 3}
+    assert p.copies == tuple(gpu_devices(6)[r * 2:r * 2 + 2] for r in range(3)) and p.split == {0: 3, 1: 3}
     with pytest.raises(DeviceError, match="placement.replicas=3: 3 copies of 2 stages need 6 GPUs, 2 visible"):
         plan(pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3", "placement.fallback=error"), 2, Inventory.of(2, 60 * GB))
     cpu = plan(pcfg("mode=e2e", "placement.replicas=2"), 3, Inventory())
-    assert cpu.grid == [[f"/device:CPU:{k}" for k in range(r * 3, r * 3 + 3)] for r in range(2)] and cpu.split == {0: 6}
+    assert cpu.copies == tuple(tuple(f"/device:CPU:{k}" for k in range(r * 3, r * 3 + 3)) for r in range(2)) and cpu.split == {0: 6}
     mirrored = plan(pcfg("placement.replicas=2", "placement.fallback=mirrored"), 3, Inventory.of(2))
     assert mirrored.strategy == MIRRORED and mirrored.notes[0].startswith("layout: mirrored")
 

@@ -134,7 +134,7 @@ def test_every_copy_of_the_pipeline_is_measured_action_by_action(tmp_path, caplo
         run.fit()
     with open(os.path.join(run_dir, "timeline.json")) as f:
         measured = json.load(f)
-    grid = run.placement.grid
+    grid = run.placement.copies
     assert measured["replicas"] == 2 and measured["devices"] == [d for row in grid for d in row]
     (step,) = measured["steps"]
     assert step["complete"]

@@ -21,7 +21,7 @@ LR = 0.1
 BASE = ["+stages=2", "mode=e2e", "model.depth=1", "model.width=8", "optim=sgd", f"optim.lr={LR}",
         "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
         "trainer.progress=false", "checkpoint.export=false"]
-GRID = [DEVICES[:2], DEVICES[2:]]
+GRID = (tuple(DEVICES[:2]), tuple(DEVICES[2:]))
 
 
 def build(*overrides, run_dir=None):
@@ -47,7 +47,7 @@ def assert_copies_identical(run, grid=GRID) -> None:
     """Every copy's state (weights, optimizer, counters, loss scale) equals replica 0's, bit for bit,
     and lives on its own device of the grid."""
     copies = run.strategy.copies
-    assert [[s.device for s in c] for c in copies] == grid
+    assert tuple(tuple(s.device for s in c) for c in copies) == grid
     for copy in copies[1:]:
         for a, b in zip(copies[0], copy):
             assert b.variable_devices() == [b.device]
@@ -62,12 +62,12 @@ CASES = [(s, m, 2 if (s, m) == ("1f1b", 2) else 1) for s in ("gpipe", "1f1b") fo
 def test_two_copies_of_a_two_stage_pipeline_train_like_one_keras_model_on_the_whole_batch(schedule, m, accum):
     run = build("placement.replicas=2", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
                 f"trainer.grad_accum={accum}")
-    assert run.strategy.placement.grid == GRID and run.strategy.batch_divisor() == 2 * m * accum
+    assert run.strategy.placement.copies == GRID and run.strategy.batch_divisor() == 2 * m * accum
     trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
     assert_copies_identical(run)
 
 
-SHARED = [[DEVICES[0], DEVICES[1]] * 2, [DEVICES[2], DEVICES[3]] * 2]  # 4 stages, 2 on each device, per copy
+SHARED = ((DEVICES[0], DEVICES[1]) * 2, (DEVICES[2], DEVICES[3]) * 2)  # 4 stages, 2 on each device, per copy
 
 
 def test_copies_of_a_pipeline_from_a_schedule_file_whose_rows_hold_two_stages_train_like_one_keras_model(tmp_path):
@@ -78,7 +78,7 @@ def test_copies_of_a_pipeline_from_a_schedule_file_whose_rows_hold_two_stages_tr
     run = chain.build(chain.compose([o for o in BASE if o != "+stages=2"] + [
         "+stages=4", "placement.replicas=2", "pipeline.schedule=file", f"pipeline.schedule_file={path}",
         "pipeline.microbatches=2"]))
-    assert run.strategy.placement.grid == SHARED and run.schedule.devices == 2
+    assert run.strategy.placement.copies == SHARED and run.schedule.devices == 2
     trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
     assert_copies_identical(run, SHARED)
 

@@ -1,6 +1,6 @@
 """`ReplicatedChain`: R copies of the K-stage pipeline (`placement.replicas=R`), data parallel.
 
-The planner places replica r's stage k on its own device (`Placement.grid[r][k]`). One compiled
+The planner places replica r's stage k on its own device (`Placement.copies[r][k]`). One compiled
 step cuts each batch into R equal shares, and every copy plays the schedule on its share
 (`chain.pipeline.step.e2e_play`: its microbatches, grad_accum rounds, float16 loss scaling).
 Before the update, stage k's summed gradients are reduced over its R copies: each copy's
@@ -14,7 +14,7 @@ every copy, computed after the reduction); with `pipeline.batch_norm=deferred` e
 statistics take one update from every copy's microbatches (`chain.steps.deferred_norm.Pooled`).
 Copy r names its actions' scopes `Action(..., replica=r).scope()` (`r1_s0_F0`), so a trace of the
 step shows every copy (`chain.pipeline.timeline`). Interleaved stages and schedule files whose
-rows hold several stages loop over each copy's own devices (`placement.grid`).
+rows hold several stages loop over each copy's own devices (`placement.copies`).
 
 Checkpoints, exports and evaluation see replica 0's stages only (`self.stages`): one copy of
 each stage, so a run resumes with another R. After a restore (`restored`), and once when built,
@@ -124,7 +124,7 @@ def elements(t: Any) -> int:
 
 
 class ReplicatedChain(PipelinedChain):
-    """mode=e2e on `placement.grid`: R copies of the pipeline, each its share of every batch."""
+    """mode=e2e on `placement.copies`: R copies of the pipeline, each its share of every batch."""
 
     shared_weights = False  # copies of a pipeline: a tied weight's sum across copies is not built
 
@@ -141,7 +141,7 @@ class ReplicatedChain(PipelinedChain):
 
     @property
     def replicas(self) -> int:
-        return len(self.placement.grid)
+        return len(self.placement.copies)
 
     def build_stages(self) -> list[Stage]:
         """Replica 0's stages (`self.stages`: what checkpoints hold), then every other copy's on its
@@ -149,7 +149,7 @@ class ReplicatedChain(PipelinedChain):
         first = super().build_stages()
         s = self.settings
         self.copies = [first]
-        for row in self.placement.grid[1:]:
+        for row in self.placement.copies[1:]:
             self.copies.append(build_stages(
                 s.stages, row, self.info, heads=self.heads, readout=self.readout, precision_name=s.precision,
                 initial_loss_scale=s.trainer.initial_loss_scale, bodies=self.bodies, labels=self.labels,
@@ -237,7 +237,7 @@ class ReplicatedChain(PipelinedChain):
         return where(self.schedule, self.settings.trainer.grad_accum, self.memory_devices(), position, self.replicas)
 
     def summary(self, summary: Summary) -> Summary:
-        copies = ReplicasFields(self.replicas, [list(row) for row in self.placement.grid])
+        copies = ReplicasFields(self.replicas, [list(row) for row in self.placement.copies])
         return replace(super().summary(summary), replicas=copies)
 
     def plan_text(self, full: bool) -> str:

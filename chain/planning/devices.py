@@ -28,12 +28,13 @@ TOO_LATE = ("TensorFlow's runtime has started (an earlier chain.setup or chain.b
 
 def count(placement: Placement) -> int:
     """How many distinct devices the plan uses (its stages', replicas' and copies' together)."""
-    used = {*placement.devices, *(placement.replicas or ()), *(d for row in placement.grid or () for d in row)}
+    used = {*placement.devices, *placement.mirrored_devices, *(d for row in placement.copies for d in row)}
     return len(used - {None})
 
 
-def configure(placement: Placement, pcfg: PlacementSettings) -> bool:
-    """Apply the plan to TensorFlow. Must run before the first tensor exists. False when it could not.
+def configure(placement: Placement, pcfg: PlacementSettings) -> tuple[bool, str | None]:
+    """Apply the plan to TensorFlow. Must run before the first tensor exists. (False, ...) when it
+    could not; the second item is a note for the run (None: nothing to say).
 
     If the runtime already started (a notebook after `chain.setup`, a model made first, or the test
     session that split the CPU in conftest.py), the existing logical devices are kept, a note says
@@ -46,16 +47,15 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> bool:
     if pcfg.log_device_placement:
         tf.debugging.set_log_device_placement(True)
     if placement.cluster:
-        return True  # the devices are the workers'; this machine configures none
+        return True, None  # the devices are the workers'; this machine configures none
     try:
         if placement.kind == "CPU":
             cpu = tf.config.list_physical_devices("CPU")[0]
             split = tf.config.get_logical_device_configuration(cpu)
             if split and len(split) >= placement.split[0]:
-                placement.notes.append(f"the CPU was already split into {len(split)} logical devices: kept")
-                return True
+                return True, f"the CPU was already split into {len(split)} logical devices: kept"
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * placement.split[0])
-            return True
+            return True, None
         physical = tf.config.list_physical_devices("GPU")
         if placement.visible is not None:
             tf.config.set_visible_devices([physical[i] for i in placement.visible], "GPU")
@@ -66,11 +66,10 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> bool:
             for i, dev in enumerate(physical):
                 if placement.visible is None or i in placement.visible:
                     tf.config.experimental.set_memory_growth(dev, True)
-        return True
+        return True, None
     except RuntimeError:
         kept = ", ".join(canonical(d.name) for d in tf.config.list_logical_devices())
-        placement.notes.append(f"TensorFlow's runtime had already started: kept its logical devices ({kept})")
-        return False
+        return False, f"TensorFlow's runtime had already started: kept its logical devices ({kept})"
 
 
 def check_devices(devices: Sequence[str], given: bool = True, role: str = "stage", late: str | None = None) -> list[str]:

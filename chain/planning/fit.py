@@ -45,7 +45,7 @@ def stage_devices(placement: Placement, n_stages: int) -> list[list[str]]:
     mirrored (every replica holds the whole chain) or on cluster workers (their memory is theirs)."""
     if placement.strategy == MIRRORED or placement.cluster:
         return [[] for _ in range(n_stages)]
-    rows = placement.grid or [placement.devices]
+    rows = placement.copies or [placement.devices]
     return [[row[k] for row in rows if row[k] is not None] for k in range(n_stages)]
 
 

@@ -30,13 +30,14 @@ REPLICATED = "pipeline_replicas"  # R copies of the pipeline, each on its own de
 CPU_REPLICAS = 2  # mirrored without a GPU: enough replicas to exercise the all-reduce
 
 
-@dataclass
+@dataclass(frozen=True)
 class Placement:
-    """The planner's decision.
+    """The planner's decision, frozen: what is settled after planning (the per-replica batch, the
+    footprints, the devices checked to exist, later notes) makes a new record (`replace`, `noted`).
 
     `devices[k]` is stage k's device (canonical `/device:GPU:1` form); None for every
     stage when `strategy` is "mirrored", where each replica holds all stages and
-    `replicas` lists the replica devices. `kind` is the device type the plan splits
+    `mirrored_devices` lists the replicas' devices. `kind` is the device type the plan splits
     ("GPU" or "CPU"). `split[p]` is how many logical devices physical device p is cut
     into, `memory_limits_mb[p]` their limits (GPUs only); a physical device absent from
     `split` keeps TensorFlow's default (one logical device, no limit). `visible` lists
@@ -44,35 +45,39 @@ class Placement:
     device the plan uses to the physical device behind it. `per_replica_batch` is the
     examples each replica takes of a `data.batch_size` batch (the batch itself unless
     mirrored; a copy's share with `placement.replicas`), worked out once by the preparation
-    pass (`chain.spec`, with `check_batch`). `grid[r][k]` is replica r's stage k when `strategy`
-    is "pipeline_replicas" (R copies of the pipeline; `devices` is then `grid[0]`); empty otherwise.
+    pass (`chain.spec`, with `check_batch`). `copies[r][k]` is copy r's stage k when `strategy`
+    is "pipeline_replicas" (R copies of the pipeline; `devices` is then `copies[0]`); empty otherwise.
     `footprints[k]` is stage k's estimated peak memory (`chain.planning.footprint`; None: known once
     built), filled by the preparation pass; empty before.
     """
 
-    devices: list[str | None]
+    devices: tuple[str | None, ...]
     kind: str
-    split: dict[int, int] = field(default_factory=dict)
+    split: dict[int, int] = field(default_factory=dict)  # (dicts: never changed after planning, tests/test_frozen.py)
     memory_limits_mb: dict[int, list[int]] = field(default_factory=dict)
     strategy: str = PIPELINE
-    replicas: list[str] = field(default_factory=list)
+    mirrored_devices: tuple[str, ...] = ()  # one per replica (strategy "mirrored")
     physical: dict[str, str] = field(default_factory=dict)
-    visible: list[int] | None = None
+    visible: tuple[int, ...] | None = None
     memory_growth: bool = False
-    notes: list[str] = field(default_factory=list)
-    cluster: list[str] = field(default_factory=list)  # the workers' addresses when stages run on them
-    multi_worker: list[str] = field(default_factory=list)  # TF_CONFIG's workers when every host trains a replica
+    notes: tuple[str, ...] = ()
+    cluster: tuple[str, ...] = ()  # the workers' addresses when stages run on them
+    multi_worker: tuple[str, ...] = ()  # TF_CONFIG's workers when every host trains a replica
     task: int = 0  # this process's worker index in `multi_worker`
     per_replica_batch: int | None = None
-    grid: list[list[str]] = field(default_factory=list)  # replica -> stage -> device (strategy "pipeline_replicas")
-    footprints: list[Footprint | None] = field(default_factory=list)  # each stage's estimated peak (chain.spec.estimate)
+    copies: tuple[tuple[str, ...], ...] = ()  # copy -> stage -> device (strategy "pipeline_replicas")
+    footprints: tuple[Footprint | None, ...] = ()  # each stage's estimated peak (chain.spec.estimate)
 
     @property
-    def local_replicas(self) -> list[str]:
-        """The replicas this process runs (a multi-worker run's other replicas are on other hosts)."""
+    def local_mirrored_devices(self) -> tuple[str, ...]:
+        """The mirrored devices this process runs (a multi-worker run's other replicas are on other hosts)."""
         if not self.multi_worker:
-            return list(self.replicas)
-        return [r for r in self.replicas if f"/task:{self.task}/" in r]
+            return self.mirrored_devices
+        return tuple(d for d in self.mirrored_devices if f"/task:{self.task}/" in d)
+
+    def noted(self, *notes: str) -> Placement:
+        """This placement with `notes` added after its own."""
+        return replace(self, notes=(*self.notes, *notes))
 
 
 def _index(device: str) -> int:
@@ -119,7 +124,7 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_s
     elif len(gpus) >= n_stages:
         p = _one_per_stage(pcfg, n_stages, gpus, inventory.cuda_visible_devices)
         if pcfg.fallback == MIRRORED:
-            p.notes.append(f"placement.fallback=mirrored not needed: {len(gpus)} GPUs for {n_stages} stages, one each")
+            p = p.noted(f"placement.fallback=mirrored not needed: {len(gpus)} GPUs for {n_stages} stages, one each")
     elif pcfg.fallback == "error":
         raise DeviceError(
             f"placement.fallback=error: {n_stages} stages need {n_stages} GPUs, {len(gpus)} visible; "
@@ -132,19 +137,18 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_s
     else:
         p = _cpu([f"/device:CPU:{k}" for k in range(n_stages)], n_stages)
     if p.visible is None and pcfg.visible is not None:
-        p.visible = [g.index for g in gpus]
+        p = replace(p, visible=tuple(g.index for g in gpus))
     if p.kind == "CPU" and pcfg.memory_limit_mb is not None:
-        p.notes.append("placement.memory_limit_mb ignored: memory limits apply to GPUs only")
+        p = p.noted("placement.memory_limit_mb ignored: memory limits apply to GPUs only")
     if side_by_side and p.strategy != MIRRORED:
-        p.notes.insert(0, _side_by_side_layout(p, n_stages))
+        p = replace(p, notes=(_side_by_side_layout(p, n_stages), *p.notes))
     elif p.strategy != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
-        p.notes.insert(0, _layout(pcfg, p, n_stages, len(gpus)))
-    _growth(pcfg, p, gpus)
+        p = replace(p, notes=(_layout(pcfg, p, n_stages, len(gpus)), *p.notes))
+    p = _growth(pcfg, p, gpus)
     if inventory.cuda_visible_devices is not None and gpus:
         behind = ", ".join(f"GPU:{g.index} is card {g.card}" for g in gpus if g.card is not None)
-        p.notes.append(f"CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices}" + (f": {behind}" if behind else ""))
-    p.notes[:0] = list(inventory.notes)
-    return p
+        p = p.noted(f"CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices}" + (f": {behind}" if behind else ""))
+    return replace(p, notes=(*inventory.notes, *p.notes))
 
 
 def _side_by_side_layout(p: Placement, n_models: int) -> str:
@@ -204,13 +208,11 @@ def _replicated(pcfg: PlacementSettings, n_stages: int, copies: int, gpus: Seque
     else:
         p = _virtual(pcfg, n, gpus, cvd)
         why = f"{len(gpus)} GPU(s) < {n} replica stages: split with placement.fallback=virtual"
-    p.grid = [list(p.devices[r * n_stages:(r + 1) * n_stages]) for r in range(copies)]
-    p.devices = list(p.grid[0])
-    p.strategy = REPLICATED
-    p.notes.insert(0, f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
-                      f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
-                      "copies before each copy's identical update")
-    return p
+    rows = tuple(tuple(p.devices[r * n_stages:(r + 1) * n_stages]) for r in range(copies))
+    layout = (f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
+              f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
+              "copies before each copy's identical update")
+    return replace(p, copies=rows, devices=rows[0], strategy=REPLICATED, notes=(layout, *p.notes))
 
 
 def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]:
@@ -228,11 +230,11 @@ def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]
     return tuple(g for g in inventory.gpus if g.index in visible)
 
 
-def _cpu(devices: list[str], n_stages: int) -> Placement:
+def _cpu(devices: Sequence[str], n_stages: int) -> Placement:
     """Rule 4: no GPU; the CPU split into one logical device per stage."""
-    return Placement(devices=devices, kind="CPU", split={0: n_stages},
+    return Placement(devices=tuple(devices), kind="CPU", split={0: n_stages},
                      physical={d: "CPU:0" for d in devices if d.startswith("/device:CPU:")},
-                     notes=[f"no GPU: CPU split into {n_stages} logical devices"])
+                     notes=(f"no GPU: CPU split into {n_stages} logical devices",))
 
 
 def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
@@ -240,14 +242,14 @@ def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], 
     used = list(gpus[:n_stages])
     devices = [f"/device:GPU:{k}" for k in range(n_stages)]
     split, limits, notes = _limits(pcfg, used, [1] * n_stages, list(range(n_stages)))
-    p = Placement(devices=devices, kind="GPU", split=split, memory_limits_mb=limits, notes=notes,
-                  physical={d: _describe(g, cvd) for d, g in zip(devices, used)})
+    visible = None
     if len(gpus) > n_stages:
         # TensorFlow reserves memory on every visible GPU when its runtime starts.
-        p.visible = [g.index for g in used]
-        p.notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n_stages:])} unused: hidden from TensorFlow "
-                       "so it takes none of their memory")
-    return p
+        visible = tuple(g.index for g in used)
+        notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n_stages:])} unused: hidden from TensorFlow "
+                     "so it takes none of their memory")
+    return Placement(devices=tuple(devices), kind="GPU", split=split, memory_limits_mb=limits, notes=tuple(notes),
+                     physical={d: _describe(g, cvd) for d, g in zip(devices, used)}, visible=visible)
 
 
 def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
@@ -260,7 +262,7 @@ def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: s
     split, limits, notes = _limits(pcfg, gpus, per_card, list(range(n_stages)))
     notes.insert(0, f"{len(gpus)} GPU(s) < {n_stages} stages: split into {n_stages} logical GPUs "
                     f"(GPU {'; '.join(_ranges(owner, len(gpus)))})")
-    return Placement(devices=devices, kind="GPU", split=split, memory_limits_mb=limits, notes=notes,
+    return Placement(devices=tuple(devices), kind="GPU", split=split, memory_limits_mb=limits, notes=tuple(notes),
                      physical={d: _describe(gpus[p], cvd) for d, p in zip(devices, owner)})
 
 
@@ -286,7 +288,8 @@ def _explicit(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
             physical[d] = _describe(gpus[_index(d) // per], cvd)
         elif d == "/device:CPU:0":
             physical[d] = "CPU:0"
-    return Placement(devices=devices, kind="GPU", split=split, memory_limits_mb=limits, physical=physical, notes=notes)
+    return Placement(devices=tuple(devices), kind="GPU", split=split, memory_limits_mb=limits, physical=physical,
+                     notes=tuple(notes))
 
 
 def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
@@ -297,24 +300,24 @@ def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
     n = None if pcfg.replicas == "auto" else pcfg.replicas
     if not gpus:
         n = n or CPU_REPLICAS
-        replicas = [f"/device:CPU:{i}" for i in range(n)]
-        p = Placement(devices=[None] * n_stages, kind="CPU", split={0: n}, strategy=MIRRORED, replicas=replicas,
-                      physical={d: "CPU:0" for d in replicas},
-                      notes=[f"no GPU: the whole chain on each of {n} logical CPU replicas (MirroredStrategy)"])
-        return p
+        replicas = tuple(f"/device:CPU:{i}" for i in range(n))
+        return Placement(devices=(None,) * n_stages, kind="CPU", split={0: n}, strategy=MIRRORED,
+                         mirrored_devices=replicas, physical={d: "CPU:0" for d in replicas},
+                         notes=(f"no GPU: the whole chain on each of {n} logical CPU replicas (MirroredStrategy)",))
     n = n or len(gpus)
     if n > len(gpus):
         raise DeviceError(f"placement.replicas={n}: only {len(gpus)} GPU(s) visible; one replica per GPU")
     used = list(gpus[:n])
-    replicas = [f"/device:GPU:{i}" for i in range(n)]
+    replicas = tuple(f"/device:GPU:{i}" for i in range(n))
     split, limits, notes = _limits(pcfg, used, [1] * n, [])  # one number or none here
     notes.insert(0, f"{len(gpus)} GPU(s) < {n_stages} stages: the whole chain on each of {n} GPU replicas (MirroredStrategy)")
-    p = Placement(devices=[None] * n_stages, kind="GPU", split=split, memory_limits_mb=limits, strategy=MIRRORED,
-                  replicas=replicas, physical={d: _describe(g, cvd) for d, g in zip(replicas, used)}, notes=notes)
+    visible = None
     if n < len(gpus):
-        p.visible = [g.index for g in used]
-        p.notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n:])} unused: hidden from TensorFlow")
-    return p
+        visible = tuple(g.index for g in used)
+        notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n:])} unused: hidden from TensorFlow")
+    return Placement(devices=(None,) * n_stages, kind="GPU", split=split, memory_limits_mb=limits, strategy=MIRRORED,
+                     mirrored_devices=replicas, physical={d: _describe(g, cvd) for d, g in zip(replicas, used)},
+                     notes=tuple(notes), visible=visible)
 
 
 def _limits(pcfg: PlacementSettings, cards: Sequence[Gpu], per_card: Sequence[int],
@@ -382,20 +385,18 @@ def _limits(pcfg: PlacementSettings, cards: Sequence[Gpu], per_card: Sequence[in
     return split, limits, notes
 
 
-def _growth(pcfg: PlacementSettings, p: Placement, gpus: Sequence[Gpu]) -> None:
-    """placement.memory_growth where TensorFlow allows it: every GPU or none."""
+def _growth(pcfg: PlacementSettings, p: Placement, gpus: Sequence[Gpu]) -> Placement:
+    """`p` with placement.memory_growth where TensorFlow allows it: every GPU or none."""
     if not pcfg.memory_growth:
-        return
+        return p
     if p.kind != "GPU" or not gpus:
-        p.notes.append("placement.memory_growth ignored: it applies to GPUs only")
-    elif p.split:
+        return p.noted("placement.memory_growth ignored: it applies to GPUs only")
+    if p.split:
         # TensorFlow cannot grow a GPU that has logical devices, and growth must be the
         # same on every visible GPU, so one split card rules it out everywhere.
-        p.notes.append(f"placement.memory_growth not applied: GPU {', '.join(map(str, p.split))} "
+        return p.noted(f"placement.memory_growth not applied: GPU {', '.join(map(str, p.split))} "
                        "has logical devices with memory limits, and TensorFlow needs the same setting on every GPU")
-    else:
-        p.memory_growth = True
-        p.notes.append("memory growth on: each GPU allocates memory as needed")
+    return replace(p, memory_growth=True).noted("memory growth on: each GPU allocates memory as needed")
 
 
 def plan_multi_worker(pcfg: PlacementSettings, n_stages: int, addresses: Sequence[str], task: int,
@@ -414,14 +415,13 @@ def plan_multi_worker(pcfg: PlacementSettings, n_stages: int, addresses: Sequenc
     kind = "GPU" if gpus else "CPU"
     physical = {f"/job:worker/replica:0/task:{t}/device:{kind}:{i}": f"worker {t} {address}"
                 for t, address in enumerate(addresses) for i in range(len(gpus) or 1)}
-    p = Placement(devices=[None] * n_stages, kind=kind, strategy=MIRRORED, replicas=list(physical),
-                  physical=physical, multi_worker=list(addresses), task=task)
-    p.notes.append(f"TF_CONFIG: this is worker {task} of {len(addresses)} ({addresses[task]}); every worker trains the "
-                   f"whole chain on its share of each batch (MultiWorkerMirroredStrategy) and keeps its own run directory")
+    notes = [f"TF_CONFIG: this is worker {task} of {len(addresses)} ({addresses[task]}); every worker trains the "
+             f"whole chain on its share of each batch (MultiWorkerMirroredStrategy) and keeps its own run directory"]
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None:
-            p.notes.append(f"placement.{key} ignored: a multi-worker run uses every worker's {kind}s, one replica each")
-    return p
+            notes.append(f"placement.{key} ignored: a multi-worker run uses every worker's {kind}s, one replica each")
+    return Placement(devices=(None,) * n_stages, kind=kind, strategy=MIRRORED, mirrored_devices=tuple(physical),
+                     physical=physical, multi_worker=tuple(addresses), task=task, notes=tuple(notes))
 
 
 def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequence[str]],
@@ -449,16 +449,15 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
                               "host with its own TF_CONFIG instead of cluster.workers (see docs/cluster.md)")
         else:
             devices = [pool[k * len(pool) // n_stages] for k in range(n_stages)]
-    p = Placement(devices=devices, kind="GPU" if gpus else "CPU", physical={d: where.get(d, "-") for d in devices},
-                  cluster=list(addresses))
-    p.notes.append(f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
+    notes = [f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client"]
     if not pcfg.devices and len(set(devices)) < n_stages:
-        p.notes.append(f"{plural(len(set(devices)), 'device')} < {n_stages} stages: neighbouring stages share a worker's device "
-                       "(a worker's devices are not split from the client)")
+        notes.append(f"{plural(len(set(devices)), 'device')} < {n_stages} stages: neighbouring stages share a worker's device "
+                     "(a worker's devices are not split from the client)")
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None and (key != "replicas" or pcfg.fallback == MIRRORED):
-            p.notes.append(f"placement.{key} ignored: it configures this machine's devices; a worker has its own")
-    return p
+            notes.append(f"placement.{key} ignored: it configures this machine's devices; a worker has its own")
+    return Placement(devices=tuple(devices), kind="GPU" if gpus else "CPU",
+                     physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=tuple(notes))
 
 
 def loop(p: Placement, n_stages: int, schedule: str = "interleaved") -> Placement:
@@ -468,14 +467,14 @@ def loop(p: Placement, n_stages: int, schedule: str = "interleaved") -> Placemen
     d = len(p.devices)
     if p.strategy == MIRRORED or d >= n_stages:
         return p
-    p.devices = [p.devices[k % d] for k in range(n_stages)]
-    p.grid = [[row[k % d] for k in range(n_stages)] for row in p.grid]  # copies of the pipeline: each copy's row
-    each = " (in every copy)" if p.grid else ""
+    each = " (in every copy)" if p.copies else ""
     # the layout's note was written for the D devices of a copy: say how many stages they hold
-    p.notes = [n.replace(f"copies of the {d}-stage pipeline", f"copies of the {n_stages}-stage pipeline on {d} devices")
-               for n in p.notes]
-    p.notes.append(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices{each}, stage k on device k mod {d}")
-    return p
+    notes = tuple(n.replace(f"copies of the {d}-stage pipeline", f"copies of the {n_stages}-stage pipeline on {d} devices")
+                  for n in p.notes)
+    return replace(p, devices=tuple(p.devices[k % d] for k in range(n_stages)),
+                   copies=tuple(tuple(row[k % d] for k in range(n_stages)) for row in p.copies),  # each copy's row
+                   notes=notes).noted(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices{each}, "
+                                      f"stage k on device k mod {d}")
 
 
 def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Sequence[str], where: dict[str, str],
@@ -487,28 +486,27 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
         raise DeviceError(f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} devices, "
                           f"the cluster's {plural(len(addresses), 'worker')} have {len(pool)}; give cluster.workers {n} workers "
                           f"or use placement.replicas={max(1, len(pool) // n_stages)}")
-    grid = [list(pool[r * n_stages:(r + 1) * n_stages]) for r in range(copies)]
-    devices = [d for row in grid for d in row]
-    p = Placement(devices=list(grid[0]), kind="GPU" if "/device:GPU:" in pool[0] else "CPU", strategy=REPLICATED,
-                  grid=grid, physical={d: where.get(d, "-") for d in devices}, cluster=list(addresses))
-    p.notes.append(f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker "
-                   "devices; each copy trains its share of every batch, stage gradients averaged over the copies")
-    p.notes.append(f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
-    return p
+    rows = tuple(tuple(pool[r * n_stages:(r + 1) * n_stages]) for r in range(copies))
+    devices = [d for row in rows for d in row]
+    notes = (f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker devices; "
+             "each copy trains its share of every batch, stage gradients averaged over the copies",
+             f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
+    return Placement(devices=rows[0], kind="GPU" if "/device:GPU:" in pool[0] else "CPU", strategy=REPLICATED,
+                     copies=rows, physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=notes)
 
 
 def check_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> int:
     """The per-replica batch: `data.batch_size` is the global batch, split evenly over replicas (and,
     for copies of a pipeline, each share into `microbatches` equal microbatches)."""
     if placement.strategy == REPLICATED:
-        r, per = len(placement.grid), len(placement.grid) * microbatches
+        r, per = len(placement.copies), len(placement.copies) * microbatches
         if batch_size % per:
             raise ConfigError(f"data.batch_size={batch_size} does not cut into {r} replicas' shares (placement.replicas) "
                               f"of pipeline.microbatches={microbatches} equal microbatches: use a multiple of {per}")
         return batch_size // r
     if placement.strategy != MIRRORED:
         return batch_size
-    return batch_over_replicas(batch_size, len(placement.replicas))
+    return batch_over_replicas(batch_size, len(placement.mirrored_devices))
 
 
 def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory, cpu_memory_mb: int | None,
@@ -523,7 +521,7 @@ def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory
     from chain.config.shapes import human
 
     MB = 1 << 20
-    copies = len(placement.replicas) if placement.strategy == MIRRORED else max(1, len(placement.grid))
+    copies = len(placement.mirrored_devices) if placement.strategy == MIRRORED else max(1, len(placement.copies))
     if placement.cluster:
         return  # the workers' memory is theirs to know
     if placement.kind == "CPU":
@@ -539,8 +537,9 @@ def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory
         return
     memory = {g.index: g.memory_mb for g in inventory.gpus}
     per_card: dict[int, int] = {}
-    grid = [d for row in placement.grid for d in row]  # copies of a pipeline: stage k is device k mod K
-    for k, device in enumerate(grid or (placement.devices if placement.strategy != MIRRORED else placement.replicas)):
+    grid = [d for row in placement.copies for d in row]  # copies of a pipeline: stage k is device k mod K
+    for k, device in enumerate(grid or (placement.devices if placement.strategy != MIRRORED
+                                        else placement.mirrored_devices)):
         physical = placement.physical.get(device, "")
         if physical.startswith("GPU:"):
             card = int(physical.split()[0].split(":")[1])

@@ -82,10 +82,10 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
             inventory = inventory or discover()
             placement = planner.plan(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
         placement = planner.loop(placement, n_stages, s.pipeline.schedule)
-    placement.per_replica_batch = planner.check_batch(s.data.batch_size, placement, s.pipeline.microbatches)  # once
-    spec = replace(spec, placement=placement, inventory=inventory)
+    batch = planner.check_batch(s.data.batch_size, placement, s.pipeline.microbatches)  # once
+    spec = replace(spec, placement=replace(placement, per_replica_batch=batch), inventory=inventory)
     if spec.data_info is not None:
-        check_memory(spec)
+        spec = with_footprints(spec)
     return spec
 
 
@@ -96,18 +96,19 @@ def with_data(spec: RunSpec, info: DataInfo) -> RunSpec:
     if spec.data_info is not None:
         return spec
     spec = replace(spec, settings=checks.with_data(spec.settings, info), data_info=info)
-    check_memory(spec)
-    return spec
+    return with_footprints(spec)
 
 
-def check_memory(spec: RunSpec) -> None:
-    """Each stage's estimated peak kept on the placement (`placement.footprints`, what plan_only=true
-    shows and summary.json records), and a chain refused whose estimate does not fit the devices it
-    is placed on: a device of known memory (`chain.planning.fit`), the host's memory on CPU."""
-    s, placement = spec.settings, spec.placement
-    placement.footprints = estimate.footprints(s, spec.data_info, placement)
-    if any(f is not None for f in placement.footprints):
-        fit.check(placement, placement.footprints, spec.inventory,
-                  lambda: estimate.alternatives(s, spec.data_info, placement))
-    need = [f.total if f else 0 for f in placement.footprints]  # a user's body: known once built
+def with_footprints(spec: RunSpec) -> RunSpec:
+    """`spec` with each stage's estimated peak on its placement (`placement.footprints`, what
+    plan_only=true shows and summary.json records), after refusing a chain whose estimate does not
+    fit the devices it is placed on: a device of known memory (`chain.planning.fit`), the host's
+    memory on CPU."""
+    s = spec.settings
+    footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement))
+    placement = replace(spec.placement, footprints=footprints)
+    if any(f is not None for f in footprints):
+        fit.check(placement, footprints, spec.inventory, lambda: estimate.alternatives(s, spec.data_info, placement))
+    need = [f.total if f else 0 for f in footprints]  # a user's body: known once built
     planner.check_memory(placement, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())
+    return replace(spec, placement=placement)

@@ -105,8 +105,9 @@ class Strategy:
                     _refuse_added_losses(stage, parts)
         with_terms = [str(st.index) for st in stages if losses.regularized(st.model, st.head)]
         if with_terms:
-            self.placement.notes.append(f"the loss of stage(s) {', '.join(with_terms)} includes their regularizers "
-                                        "(model.losses), as Keras' fit: the logged loss is the loss plus these terms")
+            self.placement = self.placement.noted(  # a new record: the one planned is never changed
+                f"the loss of stage(s) {', '.join(with_terms)} includes their regularizers "
+                "(model.losses), as Keras' fit: the logged loss is the loss plus these terms")
         return stages
 
     def _refuse_shared_weights(self, stages: Sequence[Stage]) -> None:

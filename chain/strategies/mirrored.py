@@ -92,11 +92,11 @@ class Mirrored(Strategy):
             from chain.planning.cluster import multi_worker_strategy
 
             self.strategy = multi_worker_strategy()
-            if self.strategy.num_replicas_in_sync != len(placement.replicas):
+            if self.strategy.num_replicas_in_sync != len(placement.mirrored_devices):
                 raise DeviceError(f"the workers of TF_CONFIG hold {self.strategy.num_replicas_in_sync} replicas, this "
-                                  f"one planned {len(placement.replicas)}: every worker needs the same number of GPUs")
+                                  f"one planned {len(placement.mirrored_devices)}: every worker needs the same number of GPUs")
         else:
-            self.strategy = strategy_for(placement.replicas)
+            self.strategy = strategy_for(placement.mirrored_devices)
         self.per_replica_batch = placement.per_replica_batch  # worked out once, by chain.spec
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
         # ignored there, so stages get no device), and each optimizer captures the
@@ -151,8 +151,9 @@ class Mirrored(Strategy):
         its own replicas, numbered as the run numbers them); None for data in memory."""
         if not getattr(self.settings.data, "stream", False):
             return None
-        local = self.placement.local_replicas
-        return StreamShares(self.placement.replicas.index(local[0]), len(local), len(self.placement.replicas))
+        local = self.placement.local_mirrored_devices
+        return StreamShares(self.placement.mirrored_devices.index(local[0]), len(local),
+                            len(self.placement.mirrored_devices))
 
     def arguments(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple:
         """One batch as per-replica values, each replica's part contiguous: replica i gets the i-th
@@ -176,13 +177,13 @@ class Mirrored(Strategy):
                 f"{self.settings.trainer.grad_accum} equal chunks")
 
     def memory_devices(self) -> list[str]:
-        return self.placement.local_replicas  # another host's memory cannot be read from here
+        return list(self.placement.local_mirrored_devices)  # another host's memory cannot be read from here
 
     def summary(self, summary: Summary) -> Summary:
         # Every replica holds every stage, so memory is measured per replica, not per stage.
-        mirrored = MirroredFields(list(self.placement.replicas), self.per_replica_batch,
+        mirrored = MirroredFields(list(self.placement.mirrored_devices), self.per_replica_batch,
                                   [memory.peak_bytes(d) if d in self.memory_devices() else None
-                                   for d in self.placement.replicas])
+                                   for d in self.placement.mirrored_devices])
         return replace(super().summary(summary), mirrored=mirrored)
 
 
@@ -198,12 +199,12 @@ class MirroredChain(ChainObjective, Mirrored):
     """mode=e2e on every replica: the composed chain, one loss; microbatches do not apply."""
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
-        if settings.pipeline.microbatches > 1:
-            placement.notes.append(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
-                                   "a mirrored replica runs its whole share of the batch at once")
+        if settings.pipeline.microbatches > 1:  # notes on a new record: the one planned is never changed
+            placement = placement.noted(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
+                                        "a mirrored replica runs its whole share of the batch at once")
         if settings.pipeline.batch_norm != "microbatch":
-            placement.notes.append(f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
-                                   "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
+            placement = placement.noted(f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
+                                        "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
         super().__init__(settings, placement, info, **bodies)
 
     def replica_step(self) -> Callable:

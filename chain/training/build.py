@@ -11,6 +11,7 @@ Data only TensorFlow reads (TFRecord files, the user's function) is checked once
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from omegaconf import DictConfig
@@ -19,32 +20,38 @@ from chain import data
 from chain.config import Settings
 from chain.data import stream_shares
 from chain.planning import cluster, devices, fit, planner
+from chain.planning.planner import Placement
 from chain.spec import RunSpec, prepare, with_data
 from chain.training import ways
 from chain.training.run import Run
 
 
-def apply(spec: RunSpec) -> None:
+def apply(spec: RunSpec) -> Placement:
     """Apply the placement to TensorFlow (its logical devices, before the runtime starts) and check
-    that every device the plan uses exists; a multi-worker run checks its peers and makes its
+    that every device the plan uses exists: the placement with the checked devices (and a note
+    `devices.configure` had), a new record; a multi-worker run checks its peers and makes its
     strategy instead (before anything starts the runtime)."""
     settings, placement = spec.settings, spec.placement
     if placement.multi_worker:
         cluster.check_peers(placement.multi_worker, placement.task, settings.cluster.lost_after_s)
         cluster.multi_worker_strategy()
-        return
-    late = None if devices.configure(placement, settings.placement) else placement.kind
+        return placement
+    applied, note = devices.configure(placement, settings.placement)
+    late = None if applied else placement.kind
+    if note is not None:
+        placement = placement.noted(note)
     if placement.strategy == planner.MIRRORED:
-        placement.replicas = devices.check_devices(placement.replicas, given=False, role="replica", late=late)
-    elif placement.strategy == planner.REPLICATED:  # every copy's devices; replica 0's are `devices`
+        checked = devices.check_devices(placement.mirrored_devices, given=False, role="replica", late=late)
+        return replace(placement, mirrored_devices=tuple(checked))
+    if placement.strategy == planner.REPLICATED:  # every copy's devices; copy 0's are `devices`
         k = len(placement.devices)
-        flat = devices.check_devices([d for row in placement.grid for d in row], given=False, role="replica stage",
+        flat = devices.check_devices([d for row in placement.copies for d in row], given=False, role="replica stage",
                                      late=late)
-        placement.grid = [flat[r * k:(r + 1) * k] for r in range(len(placement.grid))]
-        placement.devices = list(placement.grid[0])
-    else:
-        given = settings.placement.devices  # checked as the user wrote them, so errors quote them
-        placement.devices = devices.check_devices(given or placement.devices, given=bool(given), late=late)
+        copies = tuple(tuple(flat[r * k:(r + 1) * k]) for r in range(len(placement.copies)))
+        return replace(placement, copies=copies, devices=copies[0])
+    given = settings.placement.devices  # checked as the user wrote them, so errors quote them
+    checked = devices.check_devices(given or placement.devices, given=bool(given), late=late)
+    return replace(placement, devices=tuple(checked))
 
 
 def setup(cfgs: Sequence[RunSpec | Settings | DictConfig | dict]) -> None:
@@ -67,19 +74,21 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     from chain.training.user_bodies import resolve
 
     spec = prepare(cfg)
-    apply(spec)
+    spec = replace(spec, placement=apply(spec))  # a new record: a `RunSpec` given is never changed
     settings = spec.settings
     keras.utils.set_random_seed(settings.seed)  # the user's function may draw random numbers
     dataset = data.load(settings.data, settings.seed, spec.data_info)
     spec = with_data(spec, dataset.info)
     settings, placement = spec.settings, spec.placement
     if dataset.shards is not None and placement.strategy == planner.MIRRORED:  # each replica streams its own files
-        stream_shares.check_files(dataset.shards, len(placement.replicas), getattr(settings.data, "files", None))
+        stream_shares.check_files(dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "files", None))
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
-    bodies, labels = resolve(settings, placement, dataset.info, stages, model)
+    bodies, labels, placement = resolve(settings, placement, dataset.info, stages, model)
     if bodies is not None and spec.inventory is not None:  # a cut model's stages are estimated once it is cut
         fit.check(placement, placement.footprints, spec.inventory)
-    settings = compiled_clipping.honour(settings, model, placement.notes)  # a compiled model's clipping is kept
+    clipping_notes: list[str] = []
+    settings = compiled_clipping.honour(settings, model, clipping_notes)  # a compiled model's clipping is kept
+    placement = placement.noted(*clipping_notes)
     strategy = ways.create(settings, placement, dataset.info, bodies=bodies, labels=labels)
     run = Run(settings, strategy, dataset, run_dir)
     if placement.cluster:  # the workers serve on after the run: watched as long as this process lives

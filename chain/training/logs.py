@@ -27,15 +27,15 @@ def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequen
     device) first; the stage rows are replica 0's.
     """
     lines = []
-    if placement.replicas:
+    if placement.mirrored_devices:
         lines += _table([("replica", "device", "physical")] + [
-            (str(i), d, placement.physical.get(d, "-")) for i, d in enumerate(placement.replicas)])
-    if len(placement.grid) > 1:  # copies of the pipeline: replica x stage -> device
-        lines += _table([("replica", *(f"stage {k}" for k in range(len(placement.grid[0]))))] + [
-            (str(r), *row) for r, row in enumerate(placement.grid)])
+            (str(i), d, placement.physical.get(d, "-")) for i, d in enumerate(placement.mirrored_devices)])
+    if len(placement.copies) > 1:  # copies of the pipeline: replica x stage -> device
+        lines += _table([("replica", *(f"stage {k}" for k in range(len(placement.copies[0]))))] + [
+            (str(r), *row) for r, row in enumerate(placement.copies)])
     rows = [(unit, "device", "physical", "params", "model")]
     for s in stages:
-        device = s.device or f"all {len(placement.replicas)} replicas"
+        device = s.device or f"all {len(placement.mirrored_devices)} replicas"
         rows.append((str(s.index), device, placement.physical.get(s.device, "-"), f"{s.params:,}", s.describe()))
     lines += _table(rows)
     lines += [f"note: {n}" for n in [*placement.notes, *notes]]

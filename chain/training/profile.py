@@ -212,9 +212,9 @@ class Window:
             self._workers.close()
 
     def devices(self) -> list[str]:
-        """Every stage's device, of every copy of the pipeline (`placement.grid`): copy 0's stages first."""
-        grid = self.run.placement.grid
-        return [d for row in grid for d in row] if grid else [s.device for s in self.run.stages]
+        """Every stage's device, of every copy of the pipeline (`placement.copies`): copy 0's stages first."""
+        copies = self.run.placement.copies
+        return [d for row in copies for d in row] if copies else [s.device for s in self.run.stages]
 
     def sources(self) -> list[str | None]:
         """Per stage (of every copy), the trace file (host) whose events are its device's: its worker's in
@@ -241,7 +241,7 @@ class Window:
         if spans is not None:
             self.warn_unheld(steps, spans)
         result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum,
-                                  max(1, len(run.placement.grid)), spans)
+                                  max(1, len(run.placement.copies)), spans)
         result.trace = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
         result.advice = self.advice(result)
         result.shared_threads = self.shared_threads()

@@ -6,7 +6,8 @@ or the pieces of one Keras model cut into stages (`model=keras`, or `chain.build
 from __future__ import annotations
 
 import re
-from typing import Callable, Sequence
+from dataclasses import replace
+from typing import Callable, NamedTuple, Sequence
 
 import keras
 
@@ -56,8 +57,18 @@ def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
                           "remove the softmax from the model (the chain's predictions are then its logits)")
 
 
+class Resolved(NamedTuple):
+    """What `resolve` found: the stage bodies not built from the config's own models (None where a stage
+    is; None: every stage is), their labels for the placement table, and the placement with what a cut
+    model adds (its stages' footprints, the balance's notes): a new record, the one given unchanged."""
+
+    bodies: list[Body | None] | None
+    labels: list[str | None] | None
+    placement: Placement
+
+
 def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str
-         ) -> tuple[list[Body], list[str], list[str]]:
+         ) -> tuple[list[Body], list[str], Placement]:
     c = cut.analyse(model, name)
     if not cut.fits(c.input_shape, info.input_shape):
         any_size = " (None: any size)" if None in c.input_shape else ""
@@ -70,7 +81,7 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     if p.balance == "time" and p.split is None:
         from chain.stages.timing import piece_times
 
-        devices = [placement.local_replicas[0]] * k if placement.strategy == MIRRORED else list(placement.devices)
+        devices = [placement.local_mirrored_devices[0]] * k if placement.strategy == MIRRORED else list(placement.devices)
         measured = piece_times(c, devices, placement.physical, max(1, micro), tuple(info.input_shape),
                                progress=settings.trainer.progress)
         costs = [measured.layer_costs(d) for d in devices]
@@ -80,13 +91,13 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
                                       slots=optimizer_slots(settings.stages[0].optim), microbatch=max(1, micro),
                                       recompute=settings.pipeline.recompute if e2e else footprint.NEVER)
     sizes = cut.split(c, k, p.split, p.balance, costs)
-    placement.footprints = _footprints(c, sizes, settings, placement)
+    footprints = tuple(_footprints(c, sizes, settings, placement))
     even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
     if p.balance == "memory" and p.split is None:
         def peaks(footprints):
             return " / ".join(human(f.total) for f in footprints)
 
-        notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(placement.footprints)}; "
+        notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
                      f"the even split {even}: {peaks(_footprints(c, even, settings, placement))}")
     elif costs is not None or p.balance == "params":
         rows = costs or [[float(n) for n in c.params()]] * k
@@ -103,7 +114,7 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
                      f"the even split {even}: {show(even)}")
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     labels = [cut.describe(c, a, b) for a, b in zip(bounds, bounds[1:])]
-    return cut.pieces(c, sizes), labels, notes
+    return cut.pieces(c, sizes), labels, replace(placement, footprints=footprints).noted(*notes)
 
 
 def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, placement: Placement
@@ -117,9 +128,9 @@ def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, place
 
 
 def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Sequence[Callable] | None = None,
-            model: keras.Model | None = None) -> tuple[list[Body | None] | None, list[str | None] | None]:
+            model: keras.Model | None = None) -> Resolved:
     """Stage bodies not built from the config's own models (None where a stage is), their labels for the
-    placement table; notes (balance) go to `placement.notes`."""
+    placement table, and the placement with a cut model's footprints and notes (balance): `Resolved`."""
     k = len(settings.stages)
     p = settings.placement
     keras_spec = settings.stages[0].model if isinstance(settings.stages[0].model, KerasModel) else None
@@ -134,14 +145,12 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Se
             raise ConfigError(f"chain.build got {len(stages)} stage builders, but the config has {k} stages "
                               f"(+stages={len(stages)})")
         names = [getattr(fn, "__qualname__", type(fn).__name__) for fn in stages]
-        return [from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names
+        return Resolved([from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement)
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
-        bodies, labels, notes = _cut(settings, placement, info, model if model is not None else _load(keras_spec), name)
-        placement.notes.extend(notes)
-        return bodies, labels
+        return Resolved(*_cut(settings, placement, info, model if model is not None else _load(keras_spec), name))
     if not any(isinstance(s.model, Builder) for s in settings.stages):
-        return None, None
+        return Resolved(None, None, placement)
     bodies, labels = [], []
     for i, s in enumerate(settings.stages):
         if isinstance(s.model, Builder):
@@ -150,4 +159,4 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Se
         else:
             bodies.append(None)
             labels.append(None)
-    return bodies, labels
+    return Resolved(bodies, labels, placement)
