@@ -75,7 +75,8 @@ stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -350,6 +351,126 @@ class Played:
     previous: list[list[tf.Operation]]
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How a step plays its schedule (`e2e_step` says what each option does; `replica`: the copy of the
+    pipeline whose actions these are; `progress`: the stall markers, `trainer.stall_s`)."""
+
+    grad_accum: int = 1
+    jit_compile: bool = False
+    ordered: bool | None = None  # None: chained when a stage has more than one action of a kind
+    release: bool = True
+    recompute_policy: str = NEVER
+    replica: int = 0
+    weights_early: bool = True
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
+class Taped:
+    """Stage k's forward on one microbatch under a tape that watches its input."""
+
+    tape: tf.GradientTape
+    output: tf.Tensor  # what its backward differentiates: the output, or the last stage's scaled loss
+    value: tf.Tensor | None  # reported: the last stage's loss, else its weighted regularization (or None)
+    scaled_reg: tf.Tensor | None  # the scaled regularization the backward starts from too (last stage: None)
+    kept: Sequence[Kept] | None  # a split backward's kept layer outputs
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """F → B: a forward that kept its tape."""
+
+    input: tf.Tensor
+    taped: Taped
+
+
+@dataclass(frozen=True)
+class Replayable:
+    """F → B: a recomputed forward kept only its input and its model's state before it (`snapshot`)."""
+
+    input: tf.Tensor
+    state: list[tf.Tensor]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """F → B: a deferred forward of the last stage kept its input only; B runs it, once."""
+
+    input: tf.Tensor
+
+
+@dataclass(frozen=True)
+class Halfway:
+    """B → W of a split backward: what the weights' gradients start from."""
+
+    targets: list[tf.Tensor] | tf.Tensor
+    start: list[tf.Tensor | None] | tf.Tensor | None  # the targets' output gradients
+    kept: Sequence[Kept] | None
+    kept_grads: list[tf.Tensor | None]  # the gradients B computed at the kept outputs
+
+
+@dataclass(frozen=True)
+class PlayPlan:
+    """What every play of one step's schedule shares, worked out once (`play_plan`)."""
+
+    stages: Sequence[Stage]
+    schedule: Schedule
+    target: Target
+    options: StepOptions
+    order: list[Action]  # every action, in the order traced (the simulated timeline's, over the rounds)
+    ordered: bool  # each stage's actions chained in the schedule's order
+    at_once: frozenset[tuple[int, int]]  # kept under every recompute policy (`backward_at_once`)
+    deferred: frozenset[int]  # the last stage's forwards that run once, in B (`deferred_forwards`)
+    split: bool  # B and W: the input's gradient, then the weights'
+    keeps: tuple[bool, ...]  # per stage: whether its forward keeps every layer's output (split only)
+    forwards: tuple[Callable, ...]  # per stage: its forward (`chain_forward`, compiled with XLA if asked)
+
+    @property
+    def last(self) -> int:
+        return len(self.stages) - 1
+
+    @property
+    def n_micro(self) -> int:
+        """Microbatches per step, over all rounds."""
+        return self.schedule.microbatches * self.options.grad_accum
+
+    def replayed(self, k: int, m: int) -> bool:
+        """Whether F(k, m) keeps only its input and B(k, m) runs it again (`m` over all rounds)."""
+        within = m % self.schedule.microbatches
+        return (recomputed(self.options.recompute_policy, within, self.schedule.microbatches)
+                and (k, within) not in self.at_once)
+
+    def kind(self, action: Action) -> str:
+        """The handler `action` needs (`HANDLERS`): a split schedule's B is an input gradient."""
+        return INPUT_GRADIENT if action.kind == BACKWARD and self.split else action.kind
+
+
+@dataclass
+class PlayState:
+    """One play's state while its actions are traced (`_start`): the microbatches and what actions leave
+    for later ones, keyed by (stage, microbatch)."""
+
+    xs: list[tf.Tensor]  # the input's microbatches, on stage 0's device
+    labels: list[tf.Tensor]  # their labels, on the last stage's device
+    base: tf.Tensor | None  # `Progress.begin`'s, when the markers are set
+    marked: bool
+    graph: tf.Graph
+    saved: dict[tuple[int, int], Forwarded | Replayable | Waiting] = field(default_factory=dict)  # F → B
+    halfway: dict[tuple[int, int], Halfway] = field(default_factory=dict)  # split: B → W
+    outputs: dict[tuple[int, int], tf.Tensor] = field(default_factory=dict)  # forward results waiting for stage k+1
+    input_grads: dict[tuple[int, int], tf.Tensor] = field(default_factory=dict)  # dL/dinput waiting for stage k-1
+    accumulated: list[list | None] = field(default_factory=list)  # each stage's gradient sums
+    previous: list[list[tf.Operation]] = field(default_factory=list)  # each device row's last action's `done`
+    microbatch_losses: list[tf.Tensor | None] = field(default_factory=list)  # the last stage's, in its forwards' order
+    loss_slot: dict[int, int] = field(default_factory=dict)  # a deferred forward's microbatch -> its place above
+    regs: list[list[tf.Tensor]] = field(default_factory=list)  # stages before the last: weighted regularization
+    finished: list[int] = field(default_factory=list)  # each row's actions traced so far (its marker's count)
+
+
+INPUT_GRADIENT = "B_input"  # the key of a split backward's B in `HANDLERS` (its actions' kind stays "B")
+
+
 def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
              recompute_policy: str = NEVER, replica: int = 0, weights_early: bool = True,
@@ -358,170 +479,211 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     pipeline (`chain.pipeline.replicas`) plays it once per copy (`replica`: its actions' scopes say
     which, `Action.scope`) and averages the gradients over the copies first. With `progress`, `base`
     (`Progress.begin`'s, once per step) starts the values of the markers each action sets when done."""
+    options = StepOptions(grad_accum, jit_compile, ordered, release, recompute_policy, replica, weights_early, progress)
+    plan = play_plan(stages, schedule, loss, target, options)
+
+    def play(x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
+        return play_schedule(plan, x, ys, base)
+
+    return play
+
+
+def play_plan(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
+              options: StepOptions) -> PlayPlan:
+    """The `PlayPlan` of `schedule` over `stages`; refuses a schedule the stages cannot play."""
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
-    if recompute_policy != NEVER and is_split(schedule):
+    split = is_split(schedule)
+    if options.recompute_policy != NEVER and split:
         raise ValueError(f"{schedule.name}: a split backward (B and W) does not recompute (recompute_policy=NEVER)")
     for r in range(schedule.devices):  # a row's order is one device's: its stages must share that device
         if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
             raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
-    order = rounds(simulate(schedule).order(), schedule.microbatches, grad_accum, replica)  # simulate validates
-    at_once = backward_at_once(schedule)  # kept under every policy: a replay would hold the same, at once
-
-    def replayed(k: int, m: int) -> bool:
-        """Whether F(k, m) keeps only its input and B(k, m) runs it again (`m` over all rounds)."""
-        within = m % schedule.microbatches
-        return recomputed(recompute_policy, within, schedule.microbatches) and (k, within) not in at_once
-
-    n_stages, n_micro = len(stages), schedule.microbatches * grad_accum
+    order = rounds(simulate(schedule).order(), schedule.microbatches, options.grad_accum, options.replica)  # validates
     # With one microbatch a stage has one forward and one backward, which its data already
     # orders (the backward reads the forward's tape): the chaining would bound nothing and only
     # make each action wait for the previous one's side branches, and the releases exist only to
     # break that chain. Leaving both out changes no value (stateful ops stay in trace order).
-    ordered = n_micro > 1 if ordered is None else ordered
-    devices = [s.device for s in stages]
-    last = n_stages - 1
-    deferred = deferred_forwards(order, last, replayed)  # the last stage's forwards that run once, in B
-    split = is_split(schedule)
+    ordered = schedule.microbatches * options.grad_accum > 1 if options.ordered is None else options.ordered
+    last = len(stages) - 1
     # A split backward keeps every layer's output where the model allows it (not under XLA, whose
     # compiled forward shows none of them): W then starts from the gradients B left there.
-    keeps = [split and not jit_compile and layer_by_layer(s) for s in stages]
-    forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None, keeps[s.index]), jit_compile,
-                                   xla.forward_name(s.index)) for s in stages]
-    def play(x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
-        # The batch and its labels cross to the first and last stage once; each is cut
-        # into microbatches on the device that consumes it.
-        x0 = copy_to(x, stages[0].device, "input")
-        y_last = copy_to(ys[target.name], stages[last].device, "labels")
-        with tf.device(stages[0].device):
-            xs = tf.split(x0, n_micro, name="microbatches")
-        with tf.device(stages[last].device):
-            labels = tf.split(y_last, n_micro, name="microbatch_labels")
+    keeps = tuple(split and not options.jit_compile and layer_by_layer(s) for s in stages)
+    forwards = tuple(xla.stage_function(chain_forward(s, loss if s.index == last else None, keeps[s.index]),
+                                        options.jit_compile, xla.forward_name(s.index)) for s in stages)
+    plan = PlayPlan(stages, schedule, target, options, order, ordered,
+                    at_once=backward_at_once(schedule),  # kept under every policy: a replay would hold the same, at once
+                    deferred=frozenset(), split=split, keeps=keeps, forwards=forwards)
+    return dataclasses.replace(plan, deferred=deferred_forwards(order, last, plan.replayed))
 
-        saved: dict[tuple[int, int], tuple] = {}  # (k, m) -> (tape, input, output or loss, reg, kept outputs);
-        seeds: dict[tuple[int, int], tuple] = {}  # split: (k, m) -> what the backward starts from (B to W)
-        kept_grads: dict[tuple[int, int], list] = {}  # split: (k, m) -> gradients at the kept outputs
-        # recomputed: (None, input, the model's state before the forward, None, None)
 
-        def taped(k: int, h: tf.Tensor, m: int, persistent: bool = False) -> tuple:
-            """Stage k's forward on microbatch m under a tape that watches `h`: (tape, what its backward
-            differentiates: the output, or the last stage's scaled loss; the value reported: the last
-            stage's loss, else its weighted regularization or None; the scaled regularization the
-            backward starts from too, or None; the kept layer outputs, or None)."""
-            with tf.GradientTape(persistent=persistent) as tape:  # a split backward asks it twice
-                if k > 0:
-                    tape.watch(h)
-                result = forwards[k](h, labels[m], 1.0 / n_micro) if k == last else forwards[k](h, 1.0 / n_micro)
-                kept = result[-1] if keeps[k] else None
-                result = result[:-1] if keeps[k] else result
-                if k == last:
-                    value, out = result
-                    return tape, out, value, None, kept
-                out, reg, scaled_reg = result
-                return tape, out, reg, scaled_reg, kept
+def play_schedule(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
+    """The driver: every action of `plan.order` traced by its kind's handler, then the batch's loss."""
+    state = _start(plan, x, ys, base)
+    for action in plan.order:
+        _act(plan, state, action)
+    # The reported loss is what the chain minimizes: every stage's regularization included.
+    device = plan.stages[plan.last].device
+    reported = state.microbatch_losses + regularization_total(state.regs, plan.stages, device)
+    with tf.device(device):
+        total = tf.add_n(reported)
+    return Played(state.accumulated, total, state.previous)
 
-        outputs: dict[tuple[int, int], tf.Tensor] = {}  # forward results waiting for stage k+1
-        input_grads: dict[tuple[int, int], tf.Tensor] = {}  # dL/dinput waiting for stage k-1
-        accumulated: list[list | None] = [None] * n_stages
-        previous: list[list[tf.Operation]] = [[] for _ in range(schedule.devices)]  # each device's last action's `done`
-        microbatch_losses: list[tf.Tensor | None] = []  # the last stage's, in the order of its forwards
-        loss_slot: dict[int, int] = {}  # a deferred forward's microbatch -> its place in microbatch_losses
-        regs: list[list[tf.Tensor]] = [[] for _ in stages]  # stages before the last: weighted regularization
-        graph = tf.compat.v1.get_default_graph()
-        marked = progress is not None and base is not None
-        finished = [0] * schedule.devices  # each row's actions traced so far: its marker's count after the next
 
-        for action in order:
-            k, m, kind = action.stage, action.microbatch, action.kind
-            s = stages[k]
-            first_op = len(graph.get_operations())
-            done_ops = None  # the ops the stage's next action waits for (None: every op of this one)
-            row = schedule.row(k)  # the device whose order this action follows (interleaved: shared by stages)
-            held = testhooks.hold(action.scope(), previous[row], host())  # tests only: None unless asked
-            if held is not None:
-                previous[row] = [held]
-            with tf.name_scope(action.scope()), tf.control_dependencies(previous[row]):
-                if kind == FORWARD:
-                    h = xs[m] if k == 0 else copy_to(outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
-                    with tf.device(s.device):
-                        if k == last and m in deferred:
-                            # Nothing runs yet: only the input is kept, and B runs the forward, once.
-                            saved[(k, m)] = (None, h, None, None, None)
-                        elif replayed(k, m):
-                            # No tape kept: the intermediates die here; only `h` and the model's state stay.
-                            state = snapshot(s.model)
-                            _, out, value, _, _ = taped(k, h, m)
-                            saved[(k, m)] = (None, h, state, None, None)
-                        else:
-                            tape, out, value, scaled_reg, kept = taped(k, h, m, persistent=split)
-                            saved[(k, m)] = (tape, h, out, scaled_reg, kept)
-                    if k == last and m in deferred:
-                        loss_slot[m] = len(microbatch_losses)
-                        microbatch_losses.append(None)  # B's forward fills it
-                    elif k == last:
-                        microbatch_losses.append(value)
-                    else:
-                        outputs[(k, m)] = out
-                        if value is not None:
-                            regs[k].append(value)
-                elif kind == BACKWARD and not split:
-                    tape, h, out, scaled_reg, _ = saved.pop((k, m))
-                    g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
-                    with tf.device(s.device):
-                        if tape is None and k == last and m in deferred:  # the forward now, its only run
-                            tape, out, value, scaled_reg, _ = taped(k, h, m)
-                            microbatch_losses[loss_slot.pop(m)] = value
-                        elif tape is None:  # recomputed: the forward again, from its input, with its state
-                            tape, out, _, scaled_reg, _ = replay(s.model, out, lambda: taped(k, h, m))
-                        variables = s.trainable_variables
-                        sources = ([h] if k > 0 else []) + variables  # stage 0 needs no dL/dx
-                        targets, start = _seeds(out, g, scaled_reg)  # the stage's own term starts it too
-                        grads = tape.gradient(targets, sources, output_gradients=start)
-                        if k > 0:
-                            input_grads[(k, m)] = grads[0]
-                            grads = grads[1:]
-                        if weights_early and not jit_compile:  # compiled: one call op, no products to order
-                            weights_first(grads, graph.get_operations()[first_op:])
-                        accumulated[k] = add_grads(accumulated[k], grads)
-                elif kind == BACKWARD:  # split: the input's gradient now, and the gradients at each kept output
-                    tape, h, out, scaled_reg, kept = saved[(k, m)]
-                    g = None if k == last else copy_to(input_grads.pop((k + 1, m)), s.device, gradient_copy(k, m))
-                    with tf.device(s.device):
-                        targets, start = seeds[(k, m)] = _seeds(out, g, scaled_reg)
-                        sources = ([h] if k > 0 else []) + [c.output for c in kept or []]
-                        grads = tape.gradient(targets, sources, output_gradients=start) if sources else []
-                        if k > 0:
-                            input_grads[(k, m)] = grads[0]
-                        done_ops = [g.op for g in grads if g is not None]  # not the weights' products the
-                        kept_grads[(k, m)] = grads[1:] if k > 0 else grads  # tape builds too: W's, later
-                else:  # W: the weights' gradients, from what B left
-                    _, _, _, _, kept = saved.pop((k, m))
-                    targets, start = seeds.pop((k, m))
-                    with tf.device(s.device):
-                        grads = weight_gradients(s, targets, start, kept, kept_grads.pop((k, m)))
-                        accumulated[k] = add_grads(accumulated[k], grads)
-                    done_ops = [g.op for g in grads if g is not None]  # not the side branches tf.gradients leaves
-                    if weights_early:  # and the sums: see `summed_in_turn`
-                        done_ops += summed_in_turn(accumulated[k], done_ops)
-                end = None
-                if ordered or marked:
-                    ops = graph.get_operations()[first_op:] if done_ops is None else done_ops
-                    end = _done(ops, s.device) if ordered else _finished(ops, s.device)
-                if ordered:
-                    previous[row] = [end]
-            if marked:  # outside the action's scope: a host op, not the action's work in a trace
-                finished[row] += 1
-                progress.mark(base, replica * schedule.devices + row, finished[row], end, f"progress_{action.scope()}")
-            if ordered and release and sends(action, devices):  # let the send go out before the stage goes on
-                previous[row] = [_release(previous[row][0], action)]
+def _start(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None) -> PlayState:
+    """A play's state, with the batch and its labels cut into microbatches: each crosses to the first or
+    last stage once and is cut on the device that consumes it."""
+    stages, last = plan.stages, plan.last
+    x0 = copy_to(x, stages[0].device, "input")
+    y_last = copy_to(ys[plan.target.name], stages[last].device, "labels")
+    with tf.device(stages[0].device):
+        xs = tf.split(x0, plan.n_micro, name="microbatches")
+    with tf.device(stages[last].device):
+        labels = tf.split(y_last, plan.n_micro, name="microbatch_labels")
+    rows = plan.schedule.devices
+    return PlayState(xs, labels, base, plan.options.progress is not None and base is not None,
+                     tf.compat.v1.get_default_graph(), accumulated=[None] * len(stages),
+                     previous=[[] for _ in range(rows)], regs=[[] for _ in stages], finished=[0] * rows)
 
-        # The reported loss is what the chain minimizes: every stage's regularization included.
-        reported = microbatch_losses + regularization_total(regs, stages, stages[last].device)
-        with tf.device(stages[last].device):
-            total = tf.add_n(reported)
-        return Played(accumulated, total, previous)
 
-    return play
+def _act(plan: PlayPlan, state: PlayState, action: Action) -> None:
+    """One action: its handler's ops in its name scope, after its device row's previous action; then the
+    op it ends with (the row's next action waits on it), its stall marker and its release."""
+    device, row, options = plan.stages[action.stage].device, plan.schedule.row(action.stage), plan.options
+    first_op = len(state.graph.get_operations())
+    held = testhooks.hold(action.scope(), state.previous[row], host())  # tests only: None unless asked
+    if held is not None:
+        state.previous[row] = [held]
+    with tf.name_scope(action.scope()), tf.control_dependencies(state.previous[row]):
+        done_ops = HANDLERS[plan.kind(action)](plan, state, action, first_op)  # None: every op of the action
+        end = None
+        if plan.ordered or state.marked:
+            ops = state.graph.get_operations()[first_op:] if done_ops is None else done_ops
+            end = _done(ops, device) if plan.ordered else _finished(ops, device)
+        if plan.ordered:
+            state.previous[row] = [end]
+    if state.marked:  # outside the action's scope: a host op, not the action's work in a trace
+        state.finished[row] += 1
+        options.progress.mark(state.base, options.replica * plan.schedule.devices + row, state.finished[row], end,
+                              f"progress_{action.scope()}")
+    if plan.ordered and options.release and sends(action, [s.device for s in plan.stages]):
+        state.previous[row] = [_release(state.previous[row][0], action)]  # the send goes out before the stage goes on
+
+
+def _taped(plan: PlayPlan, state: PlayState, k: int, h: tf.Tensor, m: int, persistent: bool = False) -> Taped:
+    """Stage k's forward on microbatch m from `h`, under a tape (`persistent`: a split backward asks it twice)."""
+    with tf.GradientTape(persistent=persistent) as tape:
+        if k > 0:
+            tape.watch(h)
+        forward, share = plan.forwards[k], 1.0 / plan.n_micro
+        result = forward(h, state.labels[m], share) if k == plan.last else forward(h, share)
+        kept = result[-1] if plan.keeps[k] else None
+        result = result[:-1] if plan.keeps[k] else result
+        if k == plan.last:
+            value, out = result
+            return Taped(tape, out, value, None, kept)
+        out, reg, scaled_reg = result
+        return Taped(tape, out, reg, scaled_reg, kept)
+
+
+def _forward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -> None:
+    """F(k, m): the activation from stage k-1 (stage 0: its microbatch), the forward, and what B needs."""
+    k, m, s = action.stage, action.microbatch, plan.stages[action.stage]
+    h = state.xs[m] if k == 0 else copy_to(state.outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
+    with tf.device(s.device):
+        if k == plan.last and m in plan.deferred:  # nothing runs yet: only the input is kept, and B runs it, once
+            state.saved[(k, m)] = Waiting(h)
+            state.loss_slot[m] = len(state.microbatch_losses)
+            state.microbatch_losses.append(None)  # B's forward fills it
+            return None
+        if plan.replayed(k, m):  # no tape kept: the intermediates die here; only `h` and the model's state stay
+            saved = Replayable(h, snapshot(s.model))
+            taped = _taped(plan, state, k, h, m)
+        else:
+            taped = _taped(plan, state, k, h, m, persistent=plan.split)
+            saved = Forwarded(h, taped)
+        state.saved[(k, m)] = saved
+    if k == plan.last:
+        state.microbatch_losses.append(taped.value)
+    else:
+        state.outputs[(k, m)] = taped.output
+        if taped.value is not None:
+            state.regs[k].append(taped.value)
+    return None
+
+
+def _output_gradient(plan: PlayPlan, state: PlayState, k: int, m: int) -> tf.Tensor | None:
+    """dL/d(output) of F(k, m), copied from stage k+1 (the last stage: None, it starts from its loss)."""
+    if k == plan.last:
+        return None
+    return copy_to(state.input_grads.pop((k + 1, m)), plan.stages[k].device, gradient_copy(k, m))
+
+
+def _retaped(plan: PlayPlan, state: PlayState, saved: Forwarded | Replayable | Waiting, k: int, m: int) -> Taped:
+    """The tape B(k, m) differentiates: F's, or the forward run now (deferred: its only run; recomputed:
+    again, from its input, with the model's state as F found it)."""
+    if isinstance(saved, Waiting):
+        taped = _taped(plan, state, k, saved.input, m)
+        state.microbatch_losses[state.loss_slot.pop(m)] = taped.value
+        return taped
+    if isinstance(saved, Replayable):
+        return replay(plan.stages[k].model, saved.state, lambda: _taped(plan, state, k, saved.input, m))
+    return saved.taped
+
+
+def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -> None:
+    """B(k, m) of a schedule that does not split it: the input's and the weights' gradients, the latter
+    added to stage k's sums (`first_op`: the action's first op, for `weights_first`)."""
+    k, m, s = action.stage, action.microbatch, plan.stages[action.stage]
+    saved = state.saved.pop((k, m))
+    g = _output_gradient(plan, state, k, m)
+    with tf.device(s.device):
+        taped = _retaped(plan, state, saved, k, m)
+        sources = ([saved.input] if k > 0 else []) + s.trainable_variables  # stage 0 needs no dL/dx
+        targets, start = _seeds(taped.output, g, taped.scaled_reg)  # the stage's own term starts it too
+        grads = taped.tape.gradient(targets, sources, output_gradients=start)
+        if k > 0:
+            state.input_grads[(k, m)] = grads[0]
+            grads = grads[1:]
+        if plan.options.weights_early and not plan.options.jit_compile:  # compiled: one call op, nothing to order
+            weights_first(grads, state.graph.get_operations()[first_op:])
+        state.accumulated[k] = add_grads(state.accumulated[k], grads)
+    return None
+
+
+def _input_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -> list[tf.Operation]:
+    """B(k, m) of a split schedule: the input's gradient now, and the gradients at each kept output for W."""
+    k, m, s = action.stage, action.microbatch, plan.stages[action.stage]
+    saved = state.saved.pop((k, m))  # a `Forwarded`: a split backward does not recompute
+    g = _output_gradient(plan, state, k, m)
+    with tf.device(s.device):
+        taped = saved.taped
+        targets, start = _seeds(taped.output, g, taped.scaled_reg)
+        sources = ([saved.input] if k > 0 else []) + [c.output for c in taped.kept or []]
+        grads = taped.tape.gradient(targets, sources, output_gradients=start) if sources else []
+        if k > 0:
+            state.input_grads[(k, m)] = grads[0]
+        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[1:] if k > 0 else grads)
+    return [t.op for t in grads if t is not None]  # not the weights' products the tape builds too: W's, later
+
+
+def _weight_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -> list[tf.Operation]:
+    """W(k, m): the weights' gradients, from what B left, added to stage k's sums."""
+    k, s = action.stage, plan.stages[action.stage]
+    half = state.halfway.pop((k, action.microbatch))
+    with tf.device(s.device):
+        grads = weight_gradients(s, half.targets, half.start, half.kept, half.kept_grads)
+        state.accumulated[k] = add_grads(state.accumulated[k], grads)
+    done_ops = [t.op for t in grads if t is not None]  # not the side branches tf.gradients leaves
+    if plan.options.weights_early:  # and the sums: see `summed_in_turn`
+        done_ops += summed_in_turn(state.accumulated[k], done_ops)
+    return done_ops
+
+
+# One handler per kind of action: (plan, state, action, the action's first op) -> the ops the stage's next
+# action waits for (None: every op of the action).
+HANDLERS: dict[str, Callable[[PlayPlan, PlayState, Action, int], list[tf.Operation] | None]] = {
+    FORWARD: _forward, BACKWARD: _backward, INPUT_GRADIENT: _input_gradient, WEIGHT: _weight_gradient}
 
 
 def finish(stages: Sequence[Stage], schedule: Schedule, updates: Sequence[Callable], played: Played,
