@@ -70,6 +70,12 @@ workers: efficiency 0.66 without releases, 0.86 with them, docs/benchmarks.md). 
 release stops the chain after each such action; the queued send goes out while the round
 trip to the host (a fraction of a millisecond) lets the stage go on. The order of each
 stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait.
+
+The code follows the same shape: `play_schedule` walks the schedule's actions and `play_action` calls the
+handler of each action's kind from `HANDLERS` (forward, backward, and a split schedule's input and weight
+gradients); what an action leaves for a later one is a named record (`Forwarded`, `Replayable`, `Waiting`,
+`Halfway`) in the play's one `PlayState`; what every play shares is one frozen `PlayPlan`, its options
+one `StepOptions`.
 """
 
 from __future__ import annotations
@@ -521,7 +527,7 @@ def play_schedule(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: 
     """The driver: every action of `plan.order` traced by its kind's handler, then the batch's loss."""
     state = _start(plan, x, ys, base)
     for action in plan.order:
-        _act(plan, state, action)
+        play_action(plan, state, action)
     # The reported loss is what the chain minimizes: every stage's regularization included.
     device = plan.stages[plan.last].device
     reported = state.microbatch_losses + regularization_total(state.regs, plan.stages, device)
@@ -546,7 +552,7 @@ def _start(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tens
                      previous=[[] for _ in range(rows)], regs=[[] for _ in stages], finished=[0] * rows)
 
 
-def _act(plan: PlayPlan, state: PlayState, action: Action) -> None:
+def play_action(plan: PlayPlan, state: PlayState, action: Action) -> None:
     """One action: its handler's ops in its name scope, after its device row's previous action; then the
     op it ends with (the row's next action waits on it), its stall marker and its release."""
     device, row, options = plan.stages[action.stage].device, plan.schedule.row(action.stage), plan.options

@@ -1,0 +1,38 @@
+"""The e2e step reads like its schedule (issue 40): a short driver walks the actions and calls one
+handler per kind of action from a table; what passes between handlers is a named, frozen record."""
+
+import dataclasses
+import inspect
+
+from chain.pipeline import step
+from chain.pipeline.schedules import KINDS
+
+DRIVER_LINES = 40  # play_schedule and play_action together
+HANDLER_LINES = 35  # each handler, and each helper a handler calls
+
+
+def lines(fn) -> int:
+    return len(inspect.getsource(fn).rstrip("\n").split("\n"))
+
+
+def test_the_driver_is_at_most_40_lines():
+    counted = {fn.__name__: lines(fn) for fn in (step.play_schedule, step.play_action)}
+    assert sum(counted.values()) <= DRIVER_LINES, counted
+
+
+def test_every_kind_of_action_has_one_handler_of_at_most_35_lines():
+    assert set(step.HANDLERS) == set(KINDS) | {step.INPUT_GRADIENT}
+    assert len(set(step.HANDLERS.values())) == len(step.HANDLERS)  # one each, no shared if/elif
+    helpers = [step._taped, step._retaped, step._output_gradient, step._start, step.play_plan]
+    too_long = {fn.__name__: lines(fn) for fn in [*step.HANDLERS.values(), *helpers] if lines(fn) > HANDLER_LINES}
+    assert not too_long
+
+
+def test_what_passes_between_actions_and_the_options_are_frozen_named_records():
+    for record in (step.StepOptions, step.PlayPlan, step.Taped, step.Forwarded, step.Replayable, step.Waiting,
+                   step.Halfway):
+        assert dataclasses.is_dataclass(record) and record.__dataclass_params__.frozen, record
+    # The F -> B and B -> W stores hold those records, not tuples.
+    hints = {f.name: f.type for f in dataclasses.fields(step.PlayState)}
+    assert "Forwarded | Replayable | Waiting" in hints["saved"] and "Halfway" in hints["halfway"]
+    assert "tuple" not in str(inspect.signature(step._taped).return_annotation)
