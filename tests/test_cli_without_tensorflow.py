@@ -135,7 +135,7 @@ from chain.config import normalize_overrides
 from chain.config.hydra import compose_config
 from chain.errors import ChainError
 from chain.planning.inventory import Inventory
-from chain.spec import prepare
+from chain.prepared import prepare
 
 out = []
 for overrides in json.loads(sys.argv[1]):
@@ -150,9 +150,9 @@ print(json.dumps([out, sorted(m for m in ("tensorflow", "keras") if m in sys.mod
 
 def test_the_preparation_pass_raises_every_such_error_without_tensorflow(no_tensorflow, user_files, tmp_path_factory,
                                                                          tmp_path):
-    """`chain.spec.prepare`, the one pass before TensorFlow starts, in one process that cannot import
+    """`chain.prepared.prepare`, the one pass before TensorFlow starts, in one process that cannot import
     it: the pass's own cases and those of the cases above that reach furthest into it (the command
-    line runs every case above through its first half, `chain.spec.check`), one line each, exit code
+    line runs every case above through its first half, `chain.prepared.check_config`), one line each, exit code
     2; and a good config planned whole (its per-replica batch on the placement)."""
     keras_home = str(tmp_path_factory.mktemp("keras_home"))
     # The cases that reach furthest: the placement, the user's files and the Keras cache (each

@@ -429,7 +429,7 @@ def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():
 
 from chain.pipeline import schedules  # noqa: E402
 from chain.planning import balance, footprint  # noqa: E402
-from chain.spec import prepare  # noqa: E402
+from chain.prepared import prepare  # noqa: E402
 
 WIDE = ["+stages=2", "mode=e2e", "pipeline.schedule=gpipe", "pipeline.microbatches=2", "model=mlp", "model.width=2048",
         "model.depth=4", "optim=sgd", "data=synthetic", "data.features=64", "data.samples=4096", "data.batch_size=2048",

@@ -64,7 +64,7 @@ def _parts(f: Footprint) -> str:
             f"inputs {human(f.inputs)}")
 
 
-def check(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory,
+def check_stages_fit(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory,
           alternatives: Callable[[], Mapping[str, Sequence[Footprint | None]]] | None = None) -> None:
     """Refuse a plan in which a device with a known memory holds stages estimated above it: one
     DeviceError line naming the stage, its estimate, the device's memory and what would make it fit.

@@ -45,7 +45,7 @@ class Placement:
     device the plan uses to the physical device behind it. `per_replica_batch` is the
     examples each replica takes of a `data.batch_size` batch (the batch itself unless
     mirrored; a copy's share with `placement.replicas`), worked out once by the preparation
-    pass (`chain.spec`, with `check_batch`). `copies[r][k]` is copy r's stage k when `strategy`
+    pass (`chain.prepared`, with `check_batch`). `copies[r][k]` is copy r's stage k when `strategy`
     is "pipeline_replicas" (R copies of the pipeline; `devices` is then `copies[0]`); empty otherwise.
     `footprints[k]` is stage k's estimated peak memory (`chain.planning.footprint`; None: known once
     built), filled by the preparation pass; empty before.
@@ -66,7 +66,7 @@ class Placement:
     task: int = 0  # this process's worker index in `multi_worker`
     per_replica_batch: int | None = None
     copies: tuple[tuple[str, ...], ...] = ()  # copy -> stage -> device (strategy "pipeline_replicas")
-    footprints: tuple[Footprint | None, ...] = ()  # each stage's estimated peak (chain.spec.estimate)
+    footprints: tuple[Footprint | None, ...] = ()  # each stage's estimated peak (chain.prepared.estimate)
 
     @property
     def local_mirrored_devices(self) -> tuple[str, ...]:

@@ -97,7 +97,7 @@ class Mirrored(Strategy):
                                   f"one planned {len(placement.mirrored_devices)}: every worker needs the same number of GPUs")
         else:
             self.strategy = strategy_for(placement.mirrored_devices)
-        self.per_replica_batch = placement.per_replica_batch  # worked out once, by chain.spec
+        self.per_replica_batch = placement.per_replica_batch  # worked out once, by chain.prepared
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
         # ignored there, so stages get no device), and each optimizer captures the
         # strategy that sums its gradients.

@@ -2,11 +2,11 @@
 
 Everything that needs no TensorFlow runtime (every config error, the data set's description,
 the placement with its per-replica batch, the memory estimate) is settled by the preparation
-pass, `chain.spec.prepare`, into one `RunSpec`; this module reads it. What needs the runtime
+pass, `chain.prepared.prepare`, into one `RunSpec`; this module reads it. What needs the runtime
 is done here, in `apply`, before anything is built, printed or written: the logical devices
 configured, the devices the plan uses checked to exist, a multi-worker run's strategy made.
 Data only TensorFlow reads (TFRecord files, the user's function) is checked once loaded
-(`chain.spec.with_data`).
+(`chain.prepared.with_loaded_data`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from chain.config import Settings
 from chain.data import stream_shares
 from chain.planning import cluster, devices, fit, planner
 from chain.planning.planner import Placement
-from chain.spec import RunSpec, prepare, with_data
+from chain.prepared import RunSpec, prepare, with_loaded_data
 from chain.training import ways
 from chain.training.run import Run
 
@@ -78,14 +78,14 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     settings = spec.settings
     keras.utils.set_random_seed(settings.seed)  # the user's function may draw random numbers
     dataset = data.load(settings.data, settings.seed, spec.data_info)
-    spec = with_data(spec, dataset.info)
+    spec = with_loaded_data(spec, dataset.info)
     settings, placement = spec.settings, spec.placement
     if dataset.shards is not None and placement.strategy == planner.MIRRORED:  # each replica streams its own files
         stream_shares.check_files(dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "files", None))
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels, placement = resolve(settings, placement, dataset.info, stages, model)
     if bodies is not None and spec.inventory is not None:  # a cut model's stages are estimated once it is cut
-        fit.check(placement, placement.footprints, spec.inventory)
+        fit.check_stages_fit(placement, placement.footprints, spec.inventory)
     clipping_notes: list[str] = []
     settings = compiled_clipping.honour(settings, model, clipping_notes)  # a compiled model's clipping is kept
     placement = placement.noted(*clipping_notes)

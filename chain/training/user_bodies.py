@@ -18,7 +18,7 @@ from chain.errors import ConfigError, first_line
 from chain.planning import balance, footprint
 from chain.planning.planner import MIRRORED, Placement
 from chain.stages import cut
-from chain.spec import estimate
+from chain.prepared import estimate
 from chain.stages.bodies import Body, from_builder
 
 
