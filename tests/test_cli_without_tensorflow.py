@@ -125,7 +125,7 @@ PREPARED = [
     (["placement.cpu_memory_mb=1", "model.width=4096"], "allowed (placement.cpu_memory_mb)"),
     (["trainer.profile=[1,2]"], "trainer.profile measures a pipeline schedule's actions: it needs mode=e2e"),
 ]
-# Configs that prepare whole: (strategy, per-replica batch, data described).
+# Configs that prepare whole: (layout, per-replica batch, data described).
 VALID = [(["+stages=3"], ["pipeline", 64, True]),
          (["placement.fallback=mirrored", "data.batch_size=64"], ["mirrored", 32, True])]
 
@@ -141,7 +141,7 @@ out = []
 for overrides in json.loads(sys.argv[1]):
     try:
         spec = prepare(compose_config(normalize_overrides(overrides)), inventory=Inventory())  # no GPU
-        out.append([0, [spec.placement.strategy, spec.placement.per_replica_batch, spec.data_info is not None]])
+        out.append([0, [spec.placement.layout, spec.placement.per_replica_batch, spec.data_info is not None]])
     except ChainError as e:
         out.append([e.exit_code, str(e)])
 print(json.dumps([out, sorted(m for m in ("tensorflow", "keras") if m in sys.modules)]))

@@ -43,7 +43,7 @@ def device_memory_mb(placement: Placement, inventory: Inventory) -> dict[str, in
 def stage_devices(placement: Placement, n_stages: int) -> list[list[str]]:
     """Per stage, the devices that hold a copy of it (copies of the pipeline: one per copy); [] when
     mirrored (every replica holds the whole chain) or on cluster workers (their memory is theirs)."""
-    if placement.strategy == MIRRORED or placement.cluster:
+    if placement.layout == MIRRORED or placement.cluster:
         return [[] for _ in range(n_stages)]
     rows = placement.copies or [placement.devices]
     return [[row[k] for row in rows if row[k] is not None] for k in range(n_stages)]
