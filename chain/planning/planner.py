@@ -107,7 +107,7 @@ def _describe(gpu: Gpu, cvd: str | None) -> str:
 
 
 def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_side: bool = False) -> Placement:
-    """Decide where every stage runs (see DESIGN.md, "Device rules" and docs/devices.md).
+    """Decide where every stage runs (the rules: docs/devices.md, its table of what the planner does).
 
     `pcfg` is the validated `placement` section. Pure: no TensorFlow runtime. Raises
     ConfigError for settings that cannot work anywhere and DeviceError for settings this
