@@ -5,7 +5,7 @@
     chain.setup(settings)           # its logical devices, before any tensor or Keras model is made
     run = chain.build(settings)     # plans devices, builds stages on them
     spec = chain.prepare(["+stages=3"])  # or: checked settings, data description and placement
-    run = chain.build(spec)         #   (chain.spec.RunSpec), then the run
+    run = chain.build(spec)         #   (chain.prepared.RunSpec), then the run
     run.step(x, y)                  # one optimizer step on one batch
     summary = run.fit()             # trains trainer.steps steps
 
@@ -28,7 +28,7 @@ docs/architecture.md draws it, tests/test_structure.py checks it):
     pipeline/    schedules, mode=e2e's step, PipelinedChain, a trace's measured actions
     state/       checkpoints, manifest, exports, remap (restage), atomic writes
     report/      python -m chain.report: a run directory as one HTML page
-    spec/        the preparation pass: config -> RunSpec (settings, data description, placement)
+    prepared/    the preparation pass: config -> RunSpec (settings, data description, placement)
     training/    build (RunSpec -> Run), ways (the table of strategies), the Run loop, logs
     sweep, restage, worker, __main__    the command lines
 """
@@ -63,23 +63,23 @@ def _one_line(fn: F) -> F:
 @_one_line
 def compose(overrides: Sequence[str] = ()):
     """Compose the packaged configs with command-line style overrides and check them as the command
-    line does (`chain.spec.check`: every error that needs no TensorFlow); returns the `Settings`.
+    line does (`chain.prepared.check_config`: every error that needs no TensorFlow); returns the `Settings`.
 
     Example: `chain.compose(["+stages=3", "trainer.steps=5"])`.
     """
     from chain.config.hydra import compose_config
-    from chain.spec import check
+    from chain.prepared import check_config
 
-    return check(compose_config(overrides)).settings
+    return check_config(compose_config(overrides)).settings
 
 
 @_one_line
 def prepare(overrides: Sequence[str] = ()):
-    """Compose and prepare a run (`chain.spec.prepare`): a `RunSpec` of the checked settings, the
+    """Compose and prepare a run (`chain.prepared.prepare`): a `RunSpec` of the checked settings, the
     data set's description and the placement, before TensorFlow's runtime starts; `build` takes it
     without describing the data again."""
     from chain.config.hydra import compose_config
-    from chain.spec import prepare as _prepare
+    from chain.prepared import prepare as _prepare
 
     cfg = compose_config(overrides)  # a bad override is one line before TensorFlow is imported
     import_tensorflow_quietly()  # the inventory asks TensorFlow for the GPUs
@@ -111,7 +111,7 @@ def setup(*cfgs) -> None:
 def build(cfg, run_dir=None, *, stages=None, model=None):
     """Plan devices and build every stage on its device; returns a `chain.training.run.Run`.
 
-    `cfg` is a `chain.config.Settings` (what `compose` returns), a `chain.spec.RunSpec` (what
+    `cfg` is a `chain.config.Settings` (what `compose` returns), a `chain.prepared.RunSpec` (what
     `prepare` returns) or a composed config.
     `run_dir` is where checkpoints, TensorBoard logs and summary.json go; None writes
     nothing to disk. Your own models: `stages=[fn, ...]`, one callable per stage, each

@@ -37,13 +37,13 @@ from chain import sweep  # `import chain` first set TensorFlow's C++ log level (
 from chain.cli import fail, import_tensorflow_quietly
 from chain.config import normalize_overrides
 from chain.errors import ChainError, plural
-from chain.spec import RunSpec, check
+from chain.prepared import RunSpec, check_config
 
 
 @dataclass
 class Preflight:
     """What `main` settled before handing over to Hydra: the checked config (settings and the data
-    set's description, `chain.spec.check`), the run directory, and the first directory of its path
+    set's description, `chain.prepared.check_config`), the run directory, and the first directory of its path
     this job created (None: it existed)."""
 
     spec: RunSpec
@@ -176,7 +176,7 @@ def _app(cfg: DictConfig) -> None:
     created = _preflight.created if _preflight else os.path.abspath(run_dir)
     run = None
     try:
-        spec = _preflight.spec if _preflight else check(cfg)  # checked once
+        spec = _preflight.spec if _preflight else check_config(cfg)  # checked once
         settings = spec.settings
         import_tensorflow_quietly()
         from chain.training.build import build
@@ -258,7 +258,7 @@ def _main() -> None:
 
             cfg = compose_config(overrides, with_hydra=True)
             check_job_name(cfg)
-            spec = check(cfg)  # every config error that needs no TensorFlow
+            spec = check_config(cfg)  # every config error that needs no TensorFlow
             settings = spec.settings
             if settings.plan_only:
                 return show_plan(spec)
@@ -270,7 +270,7 @@ def _main() -> None:
             flags = [a for a in args if a.startswith("-")]
             multirun = all(a in ("-m", "--multirun") for a in flags)  # other flags (--cfg, -cn, ...): Hydra's own
             if multirun:
-                sweep.check([o for o in overrides if not o.startswith("-")])
+                sweep.check_jobs([o for o in overrides if not o.startswith("-")])
     except ChainError as e:
         fail(str(e), e.exit_code)
     sys.argv = [sys.argv[0], *overrides]

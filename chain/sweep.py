@@ -39,10 +39,10 @@ def _refuse(jobs: list[tuple[int, list[str], str, int]]) -> None:
         sys.exit(jobs[0][3])
 
 
-def check(overrides: Sequence[str]) -> None:
+def check_jobs(overrides: Sequence[str]) -> None:
     """Compose and validate every job `overrides` sweep over; exit with one line per bad job."""
     from chain.config.hydra import check_job_name, compose_config, sweep_jobs
-    from chain.spec import check as check_config
+    from chain.prepared import check_config
 
     bad = []
     for num, job in enumerate(sweep_jobs(overrides)):

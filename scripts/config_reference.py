@@ -102,7 +102,7 @@ PLAIN = {
 }
 
 
-# Keys whose values a later layer knows, checked by the preparation pass (chain.spec), not the schema.
+# Keys whose values a later layer knows, checked by the preparation pass (chain.prepared), not the schema.
 LATER = {"pipeline.schedule": ", ".join(f"`{name}`" for name in SCHEDULES)}
 
 

@@ -125,7 +125,7 @@ PREPARED = [
     (["placement.cpu_memory_mb=1", "model.width=4096"], "allowed (placement.cpu_memory_mb)"),
     (["trainer.profile=[1,2]"], "trainer.profile measures a pipeline schedule's actions: it needs mode=e2e"),
 ]
-# Configs that prepare whole: (strategy, per-replica batch, data described).
+# Configs that prepare whole: (layout, per-replica batch, data described).
 VALID = [(["+stages=3"], ["pipeline", 64, True]),
          (["placement.fallback=mirrored", "data.batch_size=64"], ["mirrored", 32, True])]
 
@@ -135,13 +135,13 @@ from chain.config import normalize_overrides
 from chain.config.hydra import compose_config
 from chain.errors import ChainError
 from chain.planning.inventory import Inventory
-from chain.spec import prepare
+from chain.prepared import prepare
 
 out = []
 for overrides in json.loads(sys.argv[1]):
     try:
         spec = prepare(compose_config(normalize_overrides(overrides)), inventory=Inventory())  # no GPU
-        out.append([0, [spec.placement.strategy, spec.placement.per_replica_batch, spec.data_info is not None]])
+        out.append([0, [spec.placement.layout, spec.placement.per_replica_batch, spec.data_info is not None]])
     except ChainError as e:
         out.append([e.exit_code, str(e)])
 print(json.dumps([out, sorted(m for m in ("tensorflow", "keras") if m in sys.modules)]))
@@ -150,9 +150,9 @@ print(json.dumps([out, sorted(m for m in ("tensorflow", "keras") if m in sys.mod
 
 def test_the_preparation_pass_raises_every_such_error_without_tensorflow(no_tensorflow, user_files, tmp_path_factory,
                                                                          tmp_path):
-    """`chain.spec.prepare`, the one pass before TensorFlow starts, in one process that cannot import
+    """`chain.prepared.prepare`, the one pass before TensorFlow starts, in one process that cannot import
     it: the pass's own cases and those of the cases above that reach furthest into it (the command
-    line runs every case above through its first half, `chain.spec.check`), one line each, exit code
+    line runs every case above through its first half, `chain.prepared.check_config`), one line each, exit code
     2; and a good config planned whole (its per-replica batch on the placement)."""
     keras_home = str(tmp_path_factory.mktemp("keras_home"))
     # The cases that reach furthest: the placement, the user's files and the Keras cache (each

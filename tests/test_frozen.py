@@ -16,7 +16,7 @@ import pytest
 import chain
 from chain.planning.inventory import Inventory
 from chain.planning.planner import Placement, plan
-from chain.spec import RunSpec
+from chain.prepared import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["model.depth=1", "model.width=8", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256",
@@ -42,7 +42,7 @@ def test_placement_and_run_spec_are_frozen_with_tuples():
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_build_leaves_the_run_spec_it_was_given_unchanged(name):
-    spec = chain.spec.prepare(chain.compose([*SMALL, *CONFIGS[name]]))
+    spec = chain.prepared.prepare(chain.compose([*SMALL, *CONFIGS[name]]))
     before = copy.deepcopy(spec)
     run = chain.build(spec)
     assert spec == before and spec.placement == before.placement

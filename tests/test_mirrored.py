@@ -34,7 +34,7 @@ def assert_same_weights(run_a, run_b):
 def test_mirrored_run_holds_every_stage_on_every_replica():
     run = chain.build(chain.compose([*TINY, "placement.fallback=mirrored"]))
     assert isinstance(run.strategy, Mirrored)
-    assert run.placement.mirrored_devices == tuple(DEVICES[:2]) and run.strategy.strategy.num_replicas_in_sync == 2
+    assert run.placement.mirrored_devices == tuple(DEVICES[:2]) and run.strategy.tf_strategy.num_replicas_in_sync == 2
     assert run.strategy.per_replica_batch == 16
     for s in run.stages:
         assert s.device is None
@@ -86,7 +86,7 @@ def test_one_process_one_replica_set():
     """A second set of replicas would collide with the first's all-reduce: refused, not crashed."""
     first = chain.build(chain.compose([*TINY, "placement.fallback=mirrored"]))
     again = chain.build(chain.compose([*TINY, "placement.fallback=mirrored", "mode=e2e"]))
-    assert again.strategy.strategy is first.strategy.strategy  # rebuilt runs reuse the MirroredStrategy
+    assert again.strategy.tf_strategy is first.strategy.tf_strategy  # rebuilt runs reuse the MirroredStrategy
     assert np.isfinite(again.step(*next(iter(again.batches())))["loss"])
     with pytest.raises(chain.DeviceError, match=r"already trains mirrored runs over /device:CPU:0, /device:CPU:1"):
         chain.build(chain.compose([*TINY, "placement.fallback=mirrored", "placement.replicas=4"]))

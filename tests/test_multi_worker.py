@@ -151,4 +151,4 @@ def test_every_workers_gpus_are_replicas_named_by_task():
     p = plan_multi_worker(pcfg, 3, ["a:1", "b:2"], 1, Inventory.of(2).gpus)
     assert p.mirrored_devices == tuple(f"/job:worker/replica:0/task:{t}/device:GPU:{i}" for t in (0, 1) for i in (0, 1))
     assert p.local_mirrored_devices == p.mirrored_devices[2:] and p.physical[p.mirrored_devices[2]] == "worker 1 b:2"
-    assert p.devices == (None,) * 3 and p.strategy == "mirrored"
+    assert p.devices == (None,) * 3 and p.layout == "mirrored"

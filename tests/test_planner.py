@@ -42,7 +42,7 @@ def assert_limits_fit(p, inv, reserve=None):
 def test_eight_80gb_gpus_eight_stages_one_card_each_no_split():
     inv = Inventory.of(8, 80 * GB)
     p = plan(pcfg(), 8, inv)
-    assert p.strategy == PIPELINE and p.kind == "GPU"
+    assert p.layout == PIPELINE and p.kind == "GPU"
     assert p.devices == gpu_devices(8)
     assert p.split == {} and p.memory_limits_mb == {} and p.visible is None
     assert [p.physical[d] for d in p.devices] == [f"GPU:{k}" for k in range(8)]
@@ -163,7 +163,7 @@ def test_no_gpu_fallback_error_refuses():
 
 def test_mirrored_without_gpu_two_cpu_replicas_by_default():
     p = plan(pcfg("placement.fallback=mirrored"), 3, Inventory())
-    assert p.strategy == MIRRORED and p.kind == "CPU"
+    assert p.layout == MIRRORED and p.kind == "CPU"
     assert p.mirrored_devices == ("/device:CPU:0", "/device:CPU:1") and p.split == {0: 2}
     assert p.devices == (None,) * 3
 
@@ -175,7 +175,7 @@ def test_mirrored_replica_count_from_the_command_line():
 
 def test_mirrored_on_two_gpus_uses_both_cards_whole():
     p = plan(pcfg("placement.fallback=mirrored"), 5, Inventory.of(2, 16 * GB))
-    assert p.strategy == MIRRORED and p.mirrored_devices == gpu_devices(2)
+    assert p.layout == MIRRORED and p.mirrored_devices == gpu_devices(2)
     assert p.split == {} and p.visible is None
     p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=1", "placement.memory_limit_mb=9000"), 5,
              Inventory.of(2, 16 * GB))
@@ -184,7 +184,7 @@ def test_mirrored_on_two_gpus_uses_both_cards_whole():
 
 def test_mirrored_is_not_used_when_there_are_enough_cards():
     p = plan(pcfg("placement.fallback=mirrored"), 2, Inventory.of(2, 16 * GB))
-    assert p.strategy == PIPELINE and p.devices == gpu_devices(2)
+    assert p.layout == PIPELINE and p.devices == gpu_devices(2)
 
 
 def test_mirrored_global_batch_is_split_over_replicas():
@@ -400,14 +400,14 @@ def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
     from chain.planning.planner import REPLICATED
 
     p = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(8, 80 * GB))
-    assert p.strategy == REPLICATED and p.devices == gpu_devices(2)
+    assert p.layout == REPLICATED and p.devices == gpu_devices(2)
     assert p.copies == tuple(gpu_devices(8)[r * 2:r * 2 + 2] for r in range(4))
     assert p.notes[0].startswith("layout: pipeline x replicas, 4 copies of the 2-stage pipeline")
     assert check_batch(64, p, microbatches=4) == 16
     with pytest.raises(ConfigError, match="does not cut into 4 replicas' shares"):
         check_batch(24, p, microbatches=4)
     one = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))
-    assert one.strategy == PIPELINE and one.copies == () and one.notes[0].startswith("layout: pipeline (a device per stage")
+    assert one.layout == PIPELINE and one.copies == () and one.notes[0].startswith("layout: pipeline (a device per stage")
     # A 16-bit exchange asked for where `auto` finds room for one copy only: said, not silently dropped.
     rounded = plan(pcfg("mode=e2e", "placement.replicas=auto", "placement.exchange_dtype=bfloat16"), 2,
                    Inventory.of(3, 80 * GB))
@@ -422,14 +422,14 @@ def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():
     cpu = plan(pcfg("mode=e2e", "placement.replicas=2"), 3, Inventory())
     assert cpu.copies == tuple(tuple(f"/device:CPU:{k}" for k in range(r * 3, r * 3 + 3)) for r in range(2)) and cpu.split == {0: 6}
     mirrored = plan(pcfg("placement.replicas=2", "placement.fallback=mirrored"), 3, Inventory.of(2))
-    assert mirrored.strategy == MIRRORED and mirrored.notes[0].startswith("layout: mirrored")
+    assert mirrored.layout == MIRRORED and mirrored.notes[0].startswith("layout: mirrored")
 
 
 # --- issue 21: the memory estimate, a plan that says whether it fits ----------------------
 
 from chain.pipeline import schedules  # noqa: E402
 from chain.planning import balance, footprint  # noqa: E402
-from chain.spec import prepare  # noqa: E402
+from chain.prepared import prepare  # noqa: E402
 
 WIDE = ["+stages=2", "mode=e2e", "pipeline.schedule=gpipe", "pipeline.microbatches=2", "model=mlp", "model.width=2048",
         "model.depth=4", "optim=sgd", "data=synthetic", "data.features=64", "data.samples=4096", "data.batch_size=2048",

@@ -300,15 +300,15 @@ def test_a_checkpoint_from_before_clipping_and_batch_norm_settings_resumes_only_
     """A checkpoint written before `optim.clip_*` and `pipeline.batch_norm` existed records none of
     them: it resumes under null / microbatch (what it trained with), and is refused under anything else."""
     from chain.config import validate
-    from chain.state.run_settings import RunSettings, check
+    from chain.state.run_settings import RunSettings, check_resume
 
     settings = validate(chain.compose(SMALL + E2E))
     old = RunSettings.of(settings).values
     old = {**old, "pipeline": {k: v for k, v in old["pipeline"].items() if k != "batch_norm"},
            "stages": [{**s, "optim": {k: v for k, v in s["optim"].items() if not k.startswith("clip_")}}
                       for s in old["stages"]]}
-    assert check(RunSettings(old), settings, 3) == []
+    assert check_resume(RunSettings(old), settings, 3) == []
     for override, key in [("optim.clip_global_norm=1", "optim.clip_global_norm"),
                           ("pipeline.batch_norm=deferred", "pipeline.batch_norm")]:
         with pytest.raises(ChainError, match=rf"^the checkpoint was written with {key}='\(unset\)'"):
-            check(RunSettings(old), validate(chain.compose(SMALL + E2E + [override])), 3)
+            check_resume(RunSettings(old), validate(chain.compose(SMALL + E2E + [override])), 3)

@@ -169,11 +169,11 @@ def test_a_resume_may_change_or_add_the_stall_settings_without_a_word():
     """They are the watch, not the math: a checkpoint written with others, or before they existed, resumes."""
     import chain
     from chain.config import validate
-    from chain.state.run_settings import RunSettings, check
+    from chain.state.run_settings import RunSettings, check_resume
 
     settings = validate(chain.compose(["mode=e2e", "+stages=2"]))
     saved = RunSettings.of(settings).values
     older = {**saved, "trainer": {k: v for k, v in saved["trainer"].items() if not k.startswith("stall_")}}
     changed = validate(chain.compose(["mode=e2e", "+stages=2", "trainer.stall_s=0", "trainer.stall_action=stop"]))
     for record in (saved, older):
-        assert check(RunSettings(record), changed, 3) == []
+        assert check_resume(RunSettings(record), changed, 3) == []

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import chain
-import chain.spec
+import chain.prepared
 from chain.errors import ConfigError
 from conftest import manifest, run_cli, stage_values
 
@@ -136,7 +136,7 @@ def test_a_stream_killed_and_resumed_equals_the_uninterrupted_run(shards, tmp_pa
 def test_what_a_stream_needs_up_front_is_one_line_naming_the_key(shards, more, message):
     with pytest.raises(ConfigError, match="^" + message.format(shards=shards).replace(".", r"\.").replace("*", r"\*")
                        .replace("(", r"\(")):
-        chain.spec.check(small(shards, *[m.format(shards=shards) for m in more]))
+        chain.prepared.check_config(small(shards, *[m.format(shards=shards) for m in more]))
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def test_an_empty_or_odd_file_is_refused_before_training_naming_it(odd_files, mo
     args = [*TINY[:4], *(kind or ["data=tfrecord", TFRECORD]), "data.y=y", "data.stream=true", "data.classes={label: 2}",
             "data.batch_size=4", *[m for m in more if not m.startswith("data=")]]
     with pytest.raises(ConfigError) as e:
-        chain.spec.check(chain.compose(args))
+        chain.prepared.check_config(chain.compose(args))
     assert str(e.value) == message.format(root=odd_files)
 
 
@@ -531,11 +531,11 @@ def test_the_count_cache_spares_a_second_run_the_count(csv_files, shards, caplog
     from chain.data import count_cache
 
     for s in (chain.compose([*CSV, f"data.path={csv_files}/*.csv"]), small(shards)):
-        chain.spec.check(s)  # counted (or cached by an earlier test): the counts are on disk beside the files
+        chain.prepared.check_config(s)  # counted (or cached by an earlier test): the counts are on disk beside the files
         count_cache.forget()  # a new process: nothing in memory
         caplog.clear()
         with caplog.at_level("INFO", logger="chain"):
-            chain.spec.check(s)
+            chain.prepared.check_config(s)
         assert "counting" not in caplog.text and "file(s) of data." in caplog.text and "from the count cache" in \
             caplog.text, caplog.text
     assert os.path.exists(os.path.join(csv_files, count_cache.NAME))
@@ -679,7 +679,7 @@ def test_a_compressed_npz_cannot_stream_one_line(npz_file):
     root, _ = npz_file
     with pytest.raises(ConfigError, match=r"^data\.path='.*c\.npz' is compressed \(np\.savez_compressed\): "
                        r"data\.stream=true reads its arrays in place, .*save it with np\.savez"):
-        chain.spec.check(chain.compose([*NPZ, f"data.path={root}/c.npz", "data.y=y", "data.classes={label: 2}"]))
+        chain.prepared.check_config(chain.compose([*NPZ, f"data.path={root}/c.npz", "data.y=y", "data.classes={label: 2}"]))
 
 
 def test_an_npz_stream_holds_its_buffers_not_its_array(tmp_path):

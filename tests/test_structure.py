@@ -75,7 +75,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("chain.pipeline",),
     ("chain.state",),
     ("chain.report",),
-    ("chain.spec",),
+    ("chain.prepared",),
     ("chain.training",),
     ("chain.sweep", "chain.restage", "chain.worker"),  # the command lines' work
     ("chain", "chain.__main__"),  # `python -m chain` (it runs `chain.sweep` for --multirun)
@@ -408,7 +408,7 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         assert word not in source, word
 
 
-@pytest.mark.parametrize("module", ["chain", "chain.spec", "chain.config", "chain.pipeline.schedules", "chain.pipeline.timeline",
+@pytest.mark.parametrize("module", ["chain", "chain.prepared", "chain.config", "chain.pipeline.schedules", "chain.pipeline.timeline",
                                     "chain.pipeline.idle", "chain.pipeline.memory_trace", "chain.pipeline.stalled",
                                     "chain.planning.planner",
                                     "chain.data.catalog", "chain.__main__"])

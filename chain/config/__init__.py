@@ -4,14 +4,14 @@ well under a second).
 
     settings = chain.config.compose(["+stages=3", "trainer.steps=5"])   # -> Settings
     settings = chain.config.validate(hydra_cfg)                          # a composed DictConfig
-    settings, info = chain.config.check(hydra_cfg)                       # and the data's description
+    settings, info = chain.config.validate_and_describe(hydra_cfg)      # and the data's description
 
 Modules: `schema` (the sections as dataclasses; each key's check comes from `chain.fields`, the
 `data` section's forms from `chain.data.sources`), `checks` (what must hold across keys),
 `shapes` (stage shapes and sizes from the config alone), `device_names` (device-name syntax),
 `variants` (side-by-side models), `hydra` (the packaged config groups and overrides).
 What the config cannot know by itself (the pipeline schedules' names, the devices) is checked
-by the preparation pass, `chain.spec`.
+by the preparation pass, `chain.prepared`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from chain.data.catalog import DataInfo
 from chain.data.sources import describe
 from chain.errors import ConfigError, first_line
 
-__all__ = ["Settings", "check", "compose", "validate", "group_options", "normalize_overrides", "override_key"]
+__all__ = ["Settings", "compose", "validate", "validate_and_describe", "group_options", "normalize_overrides",
+           "override_key"]
 
 
 def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
@@ -37,10 +38,10 @@ def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
 
     Raises `ConfigError` with one line naming the key. A `Settings` is returned as it is.
     """
-    return cfg if isinstance(cfg, Settings) else check(cfg)[0]
+    return cfg if isinstance(cfg, Settings) else validate_and_describe(cfg)[0]
 
 
-def check(cfg: DictConfig | dict[str, Any]) -> tuple[Settings, DataInfo | None]:
+def validate_and_describe(cfg: DictConfig | dict[str, Any]) -> tuple[Settings, DataInfo | None]:
     """`validate`, returning also the data set's description it checked the settings against
     (made once, here; None for data only TensorFlow reads)."""
     s = _parse(cfg)

@@ -1,13 +1,13 @@
 """Checks across settings: what must hold between keys, known without TensorFlow.
 
-`check(settings, info)` raises one `ConfigError` line for the first problem and returns the
+`check_across_keys(settings, info)` raises one `ConfigError` line for the first problem and returns the
 `note:` lines for settings the run will ignore; `settle` adds those notes and the number of
 steps (`trainer.steps`, or what `trainer.epochs` makes of the training examples). What depends
 on the data (`check_data`) is checked here, once, against the description the caller made
-(`chain.config.check`), or by the preparation pass (`chain.spec.with_data`) once the data is
+(`chain.config.validate_and_describe`), or by the preparation pass (`chain.prepared.with_loaded_data`) once the data is
 loaded when only TensorFlow reads it (TFRecord files, the user's function).
 Everything here is O(1) in configured numbers (a batch size of 10^12 costs nothing to
-refuse). The placement (the planner's rules, the memory estimate) is checked by `chain.spec`;
+refuse). The placement (the planner's rules, the memory estimate) is checked by `chain.prepared`;
 what needs the runtime (devices that exist) by `chain.training.build`.
 """
 
@@ -135,7 +135,7 @@ def check_side_by_side(s: Settings) -> None:
 def check_data(s: Settings, info: DataInfo) -> None:
     """What must hold between the settings and the data: batch vs data size, targets, stage
     shapes, loss vs target, validation for best checkpoints and early stopping. Run once: by the
-    config checks when the data is known without TensorFlow, else by `chain.spec.with_data`
+    config checks when the data is known without TensorFlow, else by `chain.prepared.with_loaded_data`
     once the data is loaded (before anything is printed or written)."""
     per_step = s.examples_per_step
     if per_step > info.examples:
@@ -206,7 +206,7 @@ def check_clipping(s: Settings) -> None:
                           "mode=e2e clips the whole chain's gradients by one global norm: give every stage the same")
 
 
-def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
+def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     """Raise a ConfigError for the first inconsistency of `s` (with the data `info` describes,
     when known); return notes on ignored settings."""
     devices = s.placement.devices
@@ -262,15 +262,15 @@ def check(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
 
 
 def settle(s: Settings, info: DataInfo | None) -> Settings:
-    """`s` checked (`check`) against the data `info` describes (None: known once TensorFlow reads
+    """`s` checked (`check_across_keys`) against the data `info` describes (None: known once TensorFlow reads
     it), with its notes and, where the data is known, its steps."""
-    notes = check(s, info)
+    notes = check_across_keys(s, info)
     n_steps = steps(s, info)
     check_profile(s, n_steps)
     return replace(s, notes=notes, trainer=replace(s.trainer, steps=n_steps))
 
 
-def with_data(s: Settings, info: DataInfo) -> Settings:
+def settle_loaded_data(s: Settings, info: DataInfo) -> Settings:
     """`s` checked against the loaded data (`check_data`), with its steps known."""
     check_data(s, info)
     n_steps = steps(s, info)

@@ -276,7 +276,7 @@ class Trainer:
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
-    # Its names are chain.pipeline.schedules' (a later layer): checked by the preparation pass, chain.spec.
+    # Its names are chain.pipeline.schedules' (a later layer): checked by the preparation pass, chain.prepared.
     schedule: str = setting(string,
         "mode=e2e: the pipeline schedule: sequential, gpipe, 1f1b, zb1 (zero bubble ZB-H1), interleaved (virtual "
         "stages) or file (read from pipeline.schedule_file)")

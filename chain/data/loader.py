@@ -1,7 +1,7 @@
 """Loading a data set: its arrays in memory, split into training and validation examples.
 
 Every source (`chain.data.sources`: one module each) is read into NumPy arrays once, at build
-time, given the description the preparation pass made of it (`chain.spec`): the built-in data
+time, given the description the preparation pass made of it (`chain.prepared`): the built-in data
 sets, the user's `.npz` and CSV files and the Keras cache with NumPy (`chain.data.files`),
 TFRecord files and the user's `tf.data.Dataset` with TensorFlow (`chain.data.tensors`). Then
 every source goes the same way: validation examples held out (`split`, seeded), every array

@@ -3,7 +3,7 @@
 `pipeline.schedule` names a built-in schedule (`chain.pipeline.schedules`) or `file`, a CSV that
 `chain.pipeline.schedule_file` reads; with `interleaved` (or a file whose rows hold several
 stages) the stages share devices. The config cannot ask these (it is a lower layer): the
-preparation pass (`chain.spec`) calls `check_pipeline`, the strategy `pipeline_schedule`, and
+preparation pass (`chain.prepared`) calls `check_pipeline`, the strategy `pipeline_schedule`, and
 the planning `pipeline_devices`.
 """
 

@@ -69,7 +69,7 @@ def _tf_config() -> tuple[list[str], int | None] | None:
 _multi_worker: list = []  # the process's one MultiWorkerMirroredStrategy
 
 
-def multi_worker_strategy():
+def multi_worker_tf_strategy():
     """The process's MultiWorkerMirroredStrategy (from TF_CONFIG), created on first use. Its first
     use must come before TensorFlow's runtime starts: it configures the runtime's collectives
     and serves this worker's address."""

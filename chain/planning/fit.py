@@ -43,7 +43,7 @@ def device_memory_mb(placement: Placement, inventory: Inventory) -> dict[str, in
 def stage_devices(placement: Placement, n_stages: int) -> list[list[str]]:
     """Per stage, the devices that hold a copy of it (copies of the pipeline: one per copy); [] when
     mirrored (every replica holds the whole chain) or on cluster workers (their memory is theirs)."""
-    if placement.strategy == MIRRORED or placement.cluster:
+    if placement.layout == MIRRORED or placement.cluster:
         return [[] for _ in range(n_stages)]
     rows = placement.copies or [placement.devices]
     return [[row[k] for row in rows if row[k] is not None] for k in range(n_stages)]
@@ -64,7 +64,7 @@ def _parts(f: Footprint) -> str:
             f"inputs {human(f.inputs)}")
 
 
-def check(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory,
+def check_stages_fit(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory,
           alternatives: Callable[[], Mapping[str, Sequence[Footprint | None]]] | None = None) -> None:
     """Refuse a plan in which a device with a known memory holds stages estimated above it: one
     DeviceError line naming the stage, its estimate, the device's memory and what would make it fit.

@@ -36,7 +36,7 @@ class Placement:
     footprints, the devices checked to exist, later notes) makes a new record (`replace`, `noted`).
 
     `devices[k]` is stage k's device (canonical `/device:GPU:1` form); None for every
-    stage when `strategy` is "mirrored", where each replica holds all stages and
+    stage when `layout` is "mirrored", where each replica holds all stages and
     `mirrored_devices` lists the replicas' devices. `kind` is the device type the plan splits
     ("GPU" or "CPU"). `split[p]` is how many logical devices physical device p is cut
     into, `memory_limits_mb[p]` their limits (GPUs only); a physical device absent from
@@ -45,7 +45,7 @@ class Placement:
     device the plan uses to the physical device behind it. `per_replica_batch` is the
     examples each replica takes of a `data.batch_size` batch (the batch itself unless
     mirrored; a copy's share with `placement.replicas`), worked out once by the preparation
-    pass (`chain.spec`, with `check_batch`). `copies[r][k]` is copy r's stage k when `strategy`
+    pass (`chain.prepared`, with `check_batch`). `copies[r][k]` is copy r's stage k when `layout`
     is "pipeline_replicas" (R copies of the pipeline; `devices` is then `copies[0]`); empty otherwise.
     `footprints[k]` is stage k's estimated peak memory (`chain.planning.footprint`; None: known once
     built), filled by the preparation pass; empty before.
@@ -55,8 +55,8 @@ class Placement:
     kind: str
     split: dict[int, int] = field(default_factory=dict)  # (dicts: never changed after planning, tests/test_frozen.py)
     memory_limits_mb: dict[int, list[int]] = field(default_factory=dict)
-    strategy: str = PIPELINE
-    mirrored_devices: tuple[str, ...] = ()  # one per replica (strategy "mirrored")
+    layout: str = PIPELINE  # which of the three layouts (the planner's `layout:` note)
+    mirrored_devices: tuple[str, ...] = ()  # one per replica (layout "mirrored")
     physical: dict[str, str] = field(default_factory=dict)
     visible: tuple[int, ...] | None = None
     memory_growth: bool = False
@@ -65,8 +65,8 @@ class Placement:
     multi_worker: tuple[str, ...] = ()  # TF_CONFIG's workers when every host trains a replica
     task: int = 0  # this process's worker index in `multi_worker`
     per_replica_batch: int | None = None
-    copies: tuple[tuple[str, ...], ...] = ()  # copy -> stage -> device (strategy "pipeline_replicas")
-    footprints: tuple[Footprint | None, ...] = ()  # each stage's estimated peak (chain.spec.estimate)
+    copies: tuple[tuple[str, ...], ...] = ()  # copy -> stage -> device (layout "pipeline_replicas")
+    footprints: tuple[Footprint | None, ...] = ()  # each stage's estimated peak (chain.prepared.estimate)
 
     @property
     def local_mirrored_devices(self) -> tuple[str, ...]:
@@ -107,7 +107,7 @@ def _describe(gpu: Gpu, cvd: str | None) -> str:
 
 
 def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_side: bool = False) -> Placement:
-    """Decide where every stage runs (see DESIGN.md, "Device rules" and docs/devices.md).
+    """Decide where every stage runs (the rules: docs/devices.md, its table of what the planner does).
 
     `pcfg` is the validated `placement` section. Pure: no TensorFlow runtime. Raises
     ConfigError for settings that cannot work anywhere and DeviceError for settings this
@@ -140,9 +140,9 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_s
         p = replace(p, visible=tuple(g.index for g in gpus))
     if p.kind == "CPU" and pcfg.memory_limit_mb is not None:
         p = p.noted("placement.memory_limit_mb ignored: memory limits apply to GPUs only")
-    if side_by_side and p.strategy != MIRRORED:
+    if side_by_side and p.layout != MIRRORED:
         p = replace(p, notes=(_side_by_side_layout(p, n_stages), *p.notes))
-    elif p.strategy != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
+    elif p.layout != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
         p = replace(p, notes=(_layout(pcfg, p, n_stages, len(gpus)), *p.notes))
     p = _growth(pcfg, p, gpus)
     if inventory.cuda_visible_devices is not None and gpus:
@@ -160,7 +160,7 @@ def _side_by_side_layout(p: Placement, n_models: int) -> str:
 
 def _layout(pcfg: PlacementSettings, p: Placement, n_stages: int, n_gpus: int) -> str:
     """Which of the three layouts the plan is, and why: one line."""
-    if p.strategy == MIRRORED:
+    if p.layout == MIRRORED:
         return (f"layout: mirrored (placement.fallback=mirrored, {n_gpus} GPU(s) for {n_stages} stages): every "
                 "replica holds the whole chain")
     if pcfg.replicas is None:
@@ -209,10 +209,10 @@ def _replicated(pcfg: PlacementSettings, n_stages: int, copies: int, gpus: Seque
         p = _virtual(pcfg, n, gpus, cvd)
         why = f"{len(gpus)} GPU(s) < {n} replica stages: split with placement.fallback=virtual"
     rows = tuple(tuple(p.devices[r * n_stages:(r + 1) * n_stages]) for r in range(copies))
-    layout = (f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
-              f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
-              "copies before each copy's identical update")
-    return replace(p, copies=rows, devices=rows[0], strategy=REPLICATED, notes=(layout, *p.notes))
+    note = (f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
+            f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
+            "copies before each copy's identical update")
+    return replace(p, copies=rows, devices=rows[0], layout=REPLICATED, notes=(note, *p.notes))
 
 
 def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]:
@@ -301,7 +301,7 @@ def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
     if not gpus:
         n = n or CPU_REPLICAS
         replicas = tuple(f"/device:CPU:{i}" for i in range(n))
-        return Placement(devices=(None,) * n_stages, kind="CPU", split={0: n}, strategy=MIRRORED,
+        return Placement(devices=(None,) * n_stages, kind="CPU", split={0: n}, layout=MIRRORED,
                          mirrored_devices=replicas, physical={d: "CPU:0" for d in replicas},
                          notes=(f"no GPU: the whole chain on each of {n} logical CPU replicas (MirroredStrategy)",))
     n = n or len(gpus)
@@ -315,7 +315,7 @@ def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
     if n < len(gpus):
         visible = tuple(g.index for g in used)
         notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n:])} unused: hidden from TensorFlow")
-    return Placement(devices=(None,) * n_stages, kind="GPU", split=split, memory_limits_mb=limits, strategy=MIRRORED,
+    return Placement(devices=(None,) * n_stages, kind="GPU", split=split, memory_limits_mb=limits, layout=MIRRORED,
                      mirrored_devices=replicas, physical={d: _describe(g, cvd) for d, g in zip(replicas, used)},
                      notes=tuple(notes), visible=visible)
 
@@ -420,7 +420,7 @@ def plan_multi_worker(pcfg: PlacementSettings, n_stages: int, addresses: Sequenc
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None:
             notes.append(f"placement.{key} ignored: a multi-worker run uses every worker's {kind}s, one replica each")
-    return Placement(devices=(None,) * n_stages, kind=kind, strategy=MIRRORED, mirrored_devices=tuple(physical),
+    return Placement(devices=(None,) * n_stages, kind=kind, layout=MIRRORED, mirrored_devices=tuple(physical),
                      physical=physical, multi_worker=tuple(addresses), task=task, notes=tuple(notes))
 
 
@@ -465,7 +465,7 @@ def loop(p: Placement, n_stages: int, schedule: str = "interleaved") -> Placemen
     "loop" placement of interleaved virtual stages: `pipeline.schedule=interleaved`, or a schedule
     file with several stages a device); `schedule` names the setting in the note."""
     d = len(p.devices)
-    if p.strategy == MIRRORED or d >= n_stages:
+    if p.layout == MIRRORED or d >= n_stages:
         return p
     each = " (in every copy)" if p.copies else ""
     # the layout's note was written for the D devices of a copy: say how many stages they hold
@@ -491,20 +491,20 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
     notes = (f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker devices; "
              "each copy trains its share of every batch, stage gradients averaged over the copies",
              f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
-    return Placement(devices=rows[0], kind="GPU" if "/device:GPU:" in pool[0] else "CPU", strategy=REPLICATED,
+    return Placement(devices=rows[0], kind="GPU" if "/device:GPU:" in pool[0] else "CPU", layout=REPLICATED,
                      copies=rows, physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=notes)
 
 
 def check_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> int:
     """The per-replica batch: `data.batch_size` is the global batch, split evenly over replicas (and,
     for copies of a pipeline, each share into `microbatches` equal microbatches)."""
-    if placement.strategy == REPLICATED:
+    if placement.layout == REPLICATED:
         r, per = len(placement.copies), len(placement.copies) * microbatches
         if batch_size % per:
             raise ConfigError(f"data.batch_size={batch_size} does not cut into {r} replicas' shares (placement.replicas) "
                               f"of pipeline.microbatches={microbatches} equal microbatches: use a multiple of {per}")
         return batch_size // r
-    if placement.strategy != MIRRORED:
+    if placement.layout != MIRRORED:
         return batch_size
     return batch_over_replicas(batch_size, len(placement.mirrored_devices))
 
@@ -521,7 +521,7 @@ def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory
     from chain.config.shapes import human
 
     MB = 1 << 20
-    copies = len(placement.mirrored_devices) if placement.strategy == MIRRORED else max(1, len(placement.copies))
+    copies = len(placement.mirrored_devices) if placement.layout == MIRRORED else max(1, len(placement.copies))
     if placement.cluster:
         return  # the workers' memory is theirs to know
     if placement.kind == "CPU":
@@ -538,12 +538,12 @@ def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory
     memory = {g.index: g.memory_mb for g in inventory.gpus}
     per_card: dict[int, int] = {}
     grid = [d for row in placement.copies for d in row]  # copies of a pipeline: stage k is device k mod K
-    for k, device in enumerate(grid or (placement.devices if placement.strategy != MIRRORED
+    for k, device in enumerate(grid or (placement.devices if placement.layout != MIRRORED
                                         else placement.mirrored_devices)):
         physical = placement.physical.get(device, "")
         if physical.startswith("GPU:"):
             card = int(physical.split()[0].split(":")[1])
-            per_card[card] = per_card.get(card, 0) + (sum(need) if placement.strategy == MIRRORED
+            per_card[card] = per_card.get(card, 0) + (sum(need) if placement.layout == MIRRORED
                                                       else need[k % len(need)])
     for card, total in per_card.items():
         if memory.get(card) and total > memory[card] * MB:

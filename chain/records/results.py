@@ -39,11 +39,11 @@ class LossHistory:
 
 class ReplicaLosses(NamedTuple):
     """One replica's losses in a mirrored step (tensors, each scaled by the replica's share of the
-    global batch), which the strategy sums over the replicas field by field.
+    global batch), which the mirrored step sums over the replicas field by field.
 
     `stages[k]`: stage k's own loss (mode=local; else empty). `chain`: the chain's loss as a
     one-element tuple (mode=e2e; else empty): an empty tuple, not None, so that `tf.nest` and the
-    distribution strategy map over it. A NamedTuple, not a dataclass: `tf.nest` walks NamedTuples.
+    tf.distribute strategy map over it. A NamedTuple, not a dataclass: `tf.nest` walks NamedTuples.
     """
 
     stages: tuple[Any, ...] = ()

@@ -5,7 +5,7 @@ Keras 3's Adam and SGD update a variable with one TensorFlow op per term of thei
 ops (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`, `ResourceApplyGradientDescent`) do the
 same arithmetic in one pass. These subclasses replace only Keras' `update_step`, so everything
 around it stays Keras' own: clipping, the iteration count, variable constraints, the slots
-(checkpoints are the same), distribution strategies.
+(checkpoints are the same), tf.distribute strategies.
 
 The results: SGD (plain or with momentum) is the same arithmetic in the same order, bit for bit
 (tests/test_fused.py). Adam is not: the kernel computes `1 - beta_1` and `1 - beta_2` in float32

@@ -57,7 +57,7 @@ from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
 from chain.state import tied_copies
 from chain.state.atomic import reason, uninterrupted, write_text
-from chain.state.run_settings import RunSettings, check
+from chain.state.run_settings import RunSettings, check_resume
 
 DATA_DIR = "data"
 PREFIX = manifest_lib.PREFIX
@@ -384,7 +384,7 @@ class Checkpoints:
         record = self.recorded(m["step"])
         restart = False
         if record is not None:
-            notes = check(record.settings, self.settings, m["step"])
+            notes = check_resume(record.settings, self.settings, m["step"])
             changed = self._changed_files(record, m["step"])
             if changed:
                 notes.append(changed)

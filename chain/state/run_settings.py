@@ -144,7 +144,7 @@ def _refuse(c: Change, why: str) -> ChainError:
                       f"resume needs the same {c.key}: {why}")
 
 
-def check(saved: RunSettings, settings: Settings, step: int) -> list[str]:
+def check_resume(saved: RunSettings, settings: Settings, step: int) -> list[str]:
     """Compare the settings a checkpoint of `step` was written with against the resuming config:
     returns the `note:` lines of the changes applied from `step` on; raises a one-line
     ChainError naming the first change a resume cannot make."""

@@ -1,6 +1,6 @@
 """Strategies: one object per way of training, chosen once from the placement and the mode.
 
-| placement strategy | mode=local | mode=e2e |
+| `placement.layout` | mode=local | mode=e2e |
 |---|---|---|
 | `pipeline` (a device per stage) | `PipelinedLocal` | `PipelinedChain` (in `chain.pipeline.strategy`) |
 | `mirrored` (every stage on every replica) | `MirroredLocal` | `MirroredChain` |

@@ -4,7 +4,7 @@ A *distribution* says where the stages live and how one batch becomes one update
 (`Pipelined`: each stage on its device; `Mirrored`: every stage on every replica). An
 *objective* says what is learned (`LocalObjective`: each stage its own head and loss;
 `ChainObjective`: the chain is one network with one loss). A strategy is one of each
-(`chain.training.ways.TABLE`); `chain.training.Run` drives any of them through this
+(`chain.training.ways.TABLE`); `chain.training.run.Run` drives any of them through this
 interface and never asks which one it has.
 """
 

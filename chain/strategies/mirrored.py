@@ -50,38 +50,38 @@ from chain.steps.update import apply_update, shared_outcomes, unscale
 from chain.strategies.base import ChainObjective, LocalObjective, Strategy
 from chain.planning import memory
 
-_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
+_TF_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
 
 
-def strategy_for(replicas: Sequence[str]) -> tf.distribute.MirroredStrategy:
+def tf_strategy_for(replicas: Sequence[str]) -> tf.distribute.MirroredStrategy:
     """The process's one MirroredStrategy over `replicas`.
 
-    Reused, never rebuilt: each strategy numbers its collective all-reduce groups and
+    Reused, never rebuilt: each tf.distribute strategy numbers its collective all-reduce groups and
     instances from the same start, and TensorFlow caches them per process, so a second
     strategy's all-reduce collides with the first's ("Shape mismatch in the collective
     instance", or "joining a group with size 4, but that group has size 2"). Hence, too,
     one process can train mirrored runs over one set of replicas only.
     """
     key = tuple(replicas)
-    if key not in _STRATEGIES:
-        if _STRATEGIES:
-            (other,) = _STRATEGIES
+    if key not in _TF_STRATEGIES:
+        if _TF_STRATEGIES:
+            (other,) = _TF_STRATEGIES
             raise DeviceError(f"this process already trains mirrored runs over {', '.join(other)}; "
                               f"TensorFlow's all-reduce cannot also serve {', '.join(key)} (start a new process)")
         log = logging.getLogger("tensorflow")
         level = log.level
         log.setLevel(max(level, logging.WARNING))  # the placement table already names the replicas
         try:
-            _STRATEGIES[key] = tf.distribute.MirroredStrategy(list(key))
+            _TF_STRATEGIES[key] = tf.distribute.MirroredStrategy(list(key))
         finally:
             log.setLevel(level)
-    return _STRATEGIES[key]
+    return _TF_STRATEGIES[key]
 
 
 class Mirrored(Strategy):
     """Every stage on every replica of `placement.replicas`; one global batch split evenly over them.
 
-    Runs of one process share one `tf.distribute.MirroredStrategy` (see `strategy_for`).
+    Runs of one process share one `tf.distribute.MirroredStrategy` (see `tf_strategy_for`).
     """
 
     name = MIRRORED
@@ -89,19 +89,19 @@ class Mirrored(Strategy):
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
         if placement.multi_worker:
-            from chain.planning.cluster import multi_worker_strategy
+            from chain.planning.cluster import multi_worker_tf_strategy
 
-            self.strategy = multi_worker_strategy()
-            if self.strategy.num_replicas_in_sync != len(placement.mirrored_devices):
-                raise DeviceError(f"the workers of TF_CONFIG hold {self.strategy.num_replicas_in_sync} replicas, this "
+            self.tf_strategy = multi_worker_tf_strategy()
+            if self.tf_strategy.num_replicas_in_sync != len(placement.mirrored_devices):
+                raise DeviceError(f"the workers of TF_CONFIG hold {self.tf_strategy.num_replicas_in_sync} replicas, this "
                                   f"one planned {len(placement.mirrored_devices)}: every worker needs the same number of GPUs")
         else:
-            self.strategy = strategy_for(placement.mirrored_devices)
-        self.per_replica_batch = placement.per_replica_batch  # worked out once, by chain.spec
+            self.tf_strategy = tf_strategy_for(placement.mirrored_devices)
+        self.per_replica_batch = placement.per_replica_batch  # worked out once, by chain.prepared
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
         # ignored there, so stages get no device), and each optimizer captures the
-        # strategy that sums its gradients.
-        with self.strategy.scope():
+        # tf.distribute strategy that sums its gradients.
+        with self.tf_strategy.scope():
             super().__init__(settings, placement, info, **bodies)
 
     def devices(self) -> Sequence[str | None]:
@@ -122,13 +122,13 @@ class Mirrored(Strategy):
 
     def make_step(self) -> Callable:
         per_replica_step = self.replica_step()
-        stages, strategy = self.stages, self.strategy
+        stages, tf_strategy = self.stages, self.tf_strategy
 
         def total(per_replica: Any) -> tf.Tensor:
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            return tf_strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         def train(batch: Any) -> tf.Tensor:
-            per_replica_losses, per_replica_grads = strategy.run(per_replica_step, args=(batch,))
+            per_replica_losses, per_replica_grads = tf_strategy.run(per_replica_step, args=(batch,))
             losses = ReplicaLosses(tuple(total(v) for v in per_replica_losses.stages),
                                    tuple(total(v) for v in per_replica_losses.chain))
             grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
@@ -160,20 +160,20 @@ class Mirrored(Strategy):
         part of a global batch. A host of a multi-host run reading a streamed data set holds only its
         own replicas' parts (`stream_shares`): its batch is cut into those, in order."""
         shares = self.stream_shares()
-        first, count = (shares.first, shares.count) if shares else (0, self.strategy.num_replicas_in_sync)
+        first, count = (shares.first, shares.count) if shares else (0, self.tf_strategy.num_replicas_in_sync)
         n = x.shape[0] // count
 
         def part(ctx: tf.distribute.experimental.ValueContext) -> tuple:
             i = ctx.replica_id_in_sync_group - first  # this process's replicas only are asked for
             return x[i * n:(i + 1) * n], {k: v[i * n:(i + 1) * n] for k, v in ys.items()}
 
-        return (self.strategy.experimental_distribute_values_from_function(part),)
+        return (self.tf_strategy.experimental_distribute_values_from_function(part),)
 
     def batch_divisor(self) -> int:
-        return self.strategy.num_replicas_in_sync * self.settings.trainer.grad_accum
+        return self.tf_strategy.num_replicas_in_sync * self.settings.trainer.grad_accum
 
     def cut_description(self) -> str:
-        return (f"{self.strategy.num_replicas_in_sync} replicas x trainer.grad_accum="
+        return (f"{self.tf_strategy.num_replicas_in_sync} replicas x trainer.grad_accum="
                 f"{self.settings.trainer.grad_accum} equal chunks")
 
     def memory_devices(self) -> list[str]:

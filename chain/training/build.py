@@ -2,11 +2,11 @@
 
 Everything that needs no TensorFlow runtime (every config error, the data set's description,
 the placement with its per-replica batch, the memory estimate) is settled by the preparation
-pass, `chain.spec.prepare`, into one `RunSpec`; this module reads it. What needs the runtime
+pass, `chain.prepared.prepare`, into one `RunSpec`; this module reads it. What needs the runtime
 is done here, in `apply`, before anything is built, printed or written: the logical devices
-configured, the devices the plan uses checked to exist, a multi-worker run's strategy made.
+configured, the devices the plan uses checked to exist, a multi-worker run's tf.distribute strategy made.
 Data only TensorFlow reads (TFRecord files, the user's function) is checked once loaded
-(`chain.spec.with_data`).
+(`chain.prepared.with_loaded_data`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from chain.config import Settings
 from chain.data import stream_shares
 from chain.planning import cluster, devices, fit, planner
 from chain.planning.planner import Placement
-from chain.spec import RunSpec, prepare, with_data
+from chain.prepared import RunSpec, prepare, with_loaded_data
 from chain.training import ways
 from chain.training.run import Run
 
@@ -30,20 +30,20 @@ def apply(spec: RunSpec) -> Placement:
     """Apply the placement to TensorFlow (its logical devices, before the runtime starts) and check
     that every device the plan uses exists: the placement with the checked devices (and a note
     `devices.configure` had), a new record; a multi-worker run checks its peers and makes its
-    strategy instead (before anything starts the runtime)."""
+    tf.distribute strategy instead (before anything starts the runtime)."""
     settings, placement = spec.settings, spec.placement
     if placement.multi_worker:
         cluster.check_peers(placement.multi_worker, placement.task, settings.cluster.lost_after_s)
-        cluster.multi_worker_strategy()
+        cluster.multi_worker_tf_strategy()
         return placement
     applied, note = devices.configure(placement, settings.placement)
     late = None if applied else placement.kind
     if note is not None:
         placement = placement.noted(note)
-    if placement.strategy == planner.MIRRORED:
+    if placement.layout == planner.MIRRORED:
         checked = devices.check_devices(placement.mirrored_devices, given=False, role="replica", late=late)
         return replace(placement, mirrored_devices=tuple(checked))
-    if placement.strategy == planner.REPLICATED:  # every copy's devices; copy 0's are `devices`
+    if placement.layout == planner.REPLICATED:  # every copy's devices; copy 0's are `devices`
         k = len(placement.devices)
         flat = devices.check_devices([d for row in placement.copies for d in row], given=False, role="replica stage",
                                      late=late)
@@ -78,14 +78,14 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     settings = spec.settings
     keras.utils.set_random_seed(settings.seed)  # the user's function may draw random numbers
     dataset = data.load(settings.data, settings.seed, spec.data_info)
-    spec = with_data(spec, dataset.info)
+    spec = with_loaded_data(spec, dataset.info)
     settings, placement = spec.settings, spec.placement
-    if dataset.shards is not None and placement.strategy == planner.MIRRORED:  # each replica streams its own files
+    if dataset.shards is not None and placement.layout == planner.MIRRORED:  # each replica streams its own files
         stream_shares.check_files(dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "files", None))
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels, placement = resolve(settings, placement, dataset.info, stages, model)
     if bodies is not None and spec.inventory is not None:  # a cut model's stages are estimated once it is cut
-        fit.check(placement, placement.footprints, spec.inventory)
+        fit.check_stages_fit(placement, placement.footprints, spec.inventory)
     clipping_notes: list[str] = []
     settings = compiled_clipping.honour(settings, model, clipping_notes)  # a compiled model's clipping is kept
     placement = placement.noted(*clipping_notes)

@@ -2,7 +2,7 @@
 logs and summary.
 
 `Run` never asks which way of training it drives: the strategy
-(`chain.strategies.Strategy`) builds the stages, compiles the step, checks and splits a
+(`chain.strategies.base.Strategy`) builds the stages, compiles the step, checks and splits a
 batch, turns the step's outputs into losses, evaluates the chain on the validation set and
 adds its own summary fields. Which steps save a checkpoint, evaluate, log or are profiled, and
 how many steps each call of the compiled step runs, `chain.training.cadence` says.

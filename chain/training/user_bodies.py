@@ -18,7 +18,7 @@ from chain.errors import ConfigError, first_line
 from chain.planning import balance, footprint
 from chain.planning.planner import MIRRORED, Placement
 from chain.stages import cut
-from chain.spec import estimate
+from chain.prepared import estimate
 from chain.stages.bodies import Body, from_builder
 
 
@@ -81,7 +81,7 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     if p.balance == "time" and p.split is None:
         from chain.stages.timing import piece_times
 
-        devices = [placement.local_mirrored_devices[0]] * k if placement.strategy == MIRRORED else list(placement.devices)
+        devices = [placement.local_mirrored_devices[0]] * k if placement.layout == MIRRORED else list(placement.devices)
         measured = piece_times(c, devices, placement.physical, max(1, micro), tuple(info.input_shape),
                                progress=settings.trainer.progress)
         costs = [measured.layer_costs(d) for d in devices]

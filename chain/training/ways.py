@@ -1,6 +1,6 @@
-"""The ways of training: which strategy class trains a (placement strategy, mode) pair.
+"""The ways of training: which strategy class trains a (placement layout, mode) pair.
 
-| placement strategy | mode=local | mode=e2e |
+| `placement.layout` | mode=local | mode=e2e |
 |---|---|---|
 | `pipeline` (a device per stage) | `PipelinedLocal` | `PipelinedChain` |
 | `mirrored` (every stage on every replica) | `MirroredLocal` | `MirroredChain` |
@@ -36,10 +36,10 @@ TABLE: dict[tuple[str, str], type[Strategy]] = {
 }
 
 
-def for_mode(mode: str, placement: str = PIPELINE) -> type[Strategy]:
-    """The strategy class that trains `mode` on a `placement` strategy (pipeline: a device per
+def for_mode(mode: str, layout: str = PIPELINE) -> type[Strategy]:
+    """The strategy class that trains `mode` on a placement's `layout` (pipeline: a device per
     stage); its `heads` and `readout` say what its stages are built with."""
-    return TABLE[(placement, mode)]
+    return TABLE[(layout, mode)]
 
 
 def create(settings: Settings, placement: Placement, info: DataInfo, **bodies) -> Strategy:
@@ -47,4 +47,4 @@ def create(settings: Settings, placement: Placement, info: DataInfo, **bodies) -
 
     `bodies`: `bodies=` and `labels=` for stages not built from the config (`chain.stages.bodies`).
     """
-    return for_mode(settings.mode, placement.strategy)(settings, placement, info, **bodies)
+    return for_mode(settings.mode, placement.layout)(settings, placement, info, **bodies)

@@ -1,15 +1,15 @@
 """The preparation pass: from a config to a `RunSpec`, every check that needs no TensorFlow done
 once, in order, before anything starts TensorFlow's runtime.
 
-1. `check(cfg)`: the settings (`chain.config.check`: every key, every rule between keys, the data
+1. `check_config(cfg)`: the settings (`chain.config.validate_and_describe`: every key, every rule between keys, the data
    set described once and the settings checked against it) and what the config cannot know by
    itself (`pipeline.schedule` among `chain.pipeline.schedules`). Imports no TensorFlow: the
    command line runs it before Hydra writes anything.
-2. `prepare(cfg)`: `check`, then the devices planned (the machine's inventory, the planner's
+2. `prepare(cfg)`: `check_config`, then the devices planned (the machine's inventory, the planner's
    rules, the per-replica batch, the memory estimate when the data is described). Planning asks
    TensorFlow how many GPUs there are (without starting its runtime), and a cluster's placement
    needs the devices its workers report, so `prepare` connects to them first.
-3. `with_data(spec, info)`: data only TensorFlow reads, checked once loaded (the same checks as
+3. `with_loaded_data(spec, info)`: data only TensorFlow reads, checked once loaded (the same checks as
    1 and 2 make for the rest).
 
 What needs the runtime (logical devices configured, the devices that exist) is
@@ -31,11 +31,11 @@ from chain.pipeline import selection
 from chain.pipeline.schedules import CHOICES as SCHEDULES
 from chain.planning import cluster, fit, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
-from chain.spec import estimate
-from chain.spec.run_spec import RunSpec
+from chain.prepared import estimate
+from chain.prepared.run_spec import RunSpec
 
 
-def check(cfg: Any) -> RunSpec:
+def check_config(cfg: Any) -> RunSpec:
     """A config (a composed `DictConfig`, a dict, `Settings` or a `RunSpec`) checked without
     TensorFlow: a `RunSpec` without a placement. One `ConfigError` line for the first problem.
 
@@ -46,7 +46,7 @@ def check(cfg: Any) -> RunSpec:
     if isinstance(cfg, Settings):
         settings, info = cfg, sources.describe(cfg.data)
     else:
-        settings, info = config.check(cfg)
+        settings, info = config.validate_and_describe(cfg)
     choice(*SCHEDULES)("pipeline.schedule", settings.pipeline.schedule)
     if settings.mode == "e2e":
         selection.check_pipeline(settings)  # the schedule can run (a schedule file read and checked)
@@ -54,10 +54,10 @@ def check(cfg: Any) -> RunSpec:
 
 
 def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
-    """`check(cfg)`, then the placement planned on `inventory` (None: this machine's, or the
+    """`check_config(cfg)`, then the placement planned on `inventory` (None: this machine's, or the
     cluster's workers) with its per-replica batch, and the memory estimate checked when the data
     is described. A `RunSpec` that has a placement is returned as it is."""
-    spec = check(cfg)
+    spec = check_config(cfg)
     if spec.placement is not None:
         return spec
     s = spec.settings
@@ -89,13 +89,13 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
     return spec
 
 
-def with_data(spec: RunSpec, info: DataInfo) -> RunSpec:
+def with_loaded_data(spec: RunSpec, info: DataInfo) -> RunSpec:
     """`spec` for data described only once read (`spec.data_info` None): its settings checked
-    against `info` (`chain.config.checks.with_data`) and its memory estimate. A spec whose data was
+    against `info` (`chain.config.checks.settle_loaded_data`) and its memory estimate. A spec whose data was
     described is returned as it is: it was checked."""
     if spec.data_info is not None:
         return spec
-    spec = replace(spec, settings=checks.with_data(spec.settings, info), data_info=info)
+    spec = replace(spec, settings=checks.settle_loaded_data(spec.settings, info), data_info=info)
     return with_footprints(spec)
 
 
@@ -108,7 +108,8 @@ def with_footprints(spec: RunSpec) -> RunSpec:
     footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement))
     placement = replace(spec.placement, footprints=footprints)
     if any(f is not None for f in footprints):
-        fit.check(placement, footprints, spec.inventory, lambda: estimate.alternatives(s, spec.data_info, placement))
+        fit.check_stages_fit(placement, footprints, spec.inventory,
+                             lambda: estimate.alternatives(s, spec.data_info, placement))
     need = [f.total if f else 0 for f in footprints]  # a user's body: known once built
     planner.check_memory(placement, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())
     return replace(spec, placement=placement)

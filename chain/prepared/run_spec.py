@@ -1,5 +1,5 @@
 """`RunSpec`: what a run is, settled once before TensorFlow's runtime starts, by the preparation
-pass (`chain.spec.preparation`); the build (`chain.training.build`) reads it and nothing else."""
+pass (`chain.prepared.preparation`); the build (`chain.training.build`) reads it and nothing else."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class RunSpec:
     """The settings, checked; the data set's description (`data_info`; None until the data is read
     when only TensorFlow reads it: TFRecord files, the user's function); and where every stage runs
     (`placement`, with the per-replica batch) on which machine (`inventory`). `placement` and
-    `inventory` are None for a spec of `chain.spec.check`, which plans nothing."""
+    `inventory` are None for a spec of `chain.prepared.check_config`, which plans nothing."""
 
     settings: Settings
     data_info: DataInfo | None
