@@ -181,6 +181,8 @@ def transcript(block: str) -> list[tuple[str, list[str]]]:
     for line in block.splitlines():
         if line.startswith("$ "):
             pairs.append((line[2:], []))
+        elif pairs and not pairs[-1][1] and pairs[-1][0].endswith("\\"):  # a command continued on this line
+            pairs[-1] = (pairs[-1][0][:-1].rstrip() + " " + line.strip(), [])
         elif pairs:
             pairs[-1][1].append(line)
     return pairs
@@ -346,6 +348,7 @@ def test_the_matcher_takes_elisions_and_nothing_else():
     assert not matches(["step 10  loss 2.2558"], ["step 10  loss 2.2379"])
     assert not matches(["a"], ["a", "b"])
     assert commands("x \\\n    y  # comment\n# only a comment\na && b\n") == ["x y", "a", "b"]
+    assert transcript("$ x \\\n    y \\\n  z\nout\n$ w\n") == [("x y z", ["out"]), ("w", [])]
 
 
 def test_the_lost_worker_line_cluster_md_shows_is_the_one_the_client_prints():
