@@ -120,7 +120,8 @@ def test_a_run_resumes_with_another_number_of_copies(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["mode=local", "placement.replicas=2"], "placement.replicas=2 copies a pipeline, which needs mode=e2e (is local)"),
     (["placement.replicas=2", "pipeline.microbatches=4", "data.batch_size=12"],
-     "data.batch_size=12 does not cut into placement.replicas=2 shares of pipeline.microbatches=4 equal microbatches"),
+     "data.batch_size=12 does not cut into 2 replicas' shares (placement.replicas) of pipeline.microbatches=4 "
+     "equal microbatches: use a multiple of 8, e.g. data.batch_size=8"),
     (["placement.replicas=2", "placement.devices=[/CPU:0,/CPU:1]"], "remove placement.devices"),
     (["placement.replicas=two"], "placement.replicas='two' must be an integer or auto"),
     (["placement.exchange_dtype=bfloat16"], "placement.exchange_dtype=bfloat16 is the dtype copies of a pipeline "

@@ -27,24 +27,29 @@ from chain.config.device_names import canonical
 DEFAULT_STEPS = 400  # trainer.steps when neither it nor trainer.epochs is set (digits: ~16 epochs)
 
 
-def microbatches_divide(microbatches: int, batch_size: int) -> None:
-    """mode=e2e cuts every batch into equal microbatches: M must divide the batch size."""
-    if batch_size % microbatches:
+def batch_cut(batch_size: int, replicas: int = 1, microbatches: int = 1, mirrored: bool = False) -> int:
+    """The one rule of a step's batch: `data.batch_size` (the global batch) cuts into `replicas` equal
+    shares (mirrored replicas, or copies of a pipeline) of `microbatches` equal microbatches each
+    (mode=e2e). Returns the per-replica batch; one ConfigError line naming the keys otherwise. The
+    config's checks and the planner (for the replicas it planned) both ask it."""
+    per = replicas * microbatches
+    if batch_size % per == 0:
+        return batch_size // replicas
+    if replicas == 1:
         fits = math.gcd(microbatches, batch_size)
         bigger = batch_size + microbatches - batch_size % microbatches
         raise ConfigError(
             f"pipeline.microbatches={microbatches} does not divide data.batch_size={batch_size}; microbatches must "
             f"be equal: use pipeline.microbatches={fits} or data.batch_size={bigger} (a multiple of {microbatches})")
-
-
-def batch_over_replicas(batch_size: int, replicas: int) -> int:
-    """The per-replica batch of a mirrored run, or a ConfigError if `replicas` do not divide `batch_size`."""
-    if batch_size % replicas:
+    if mirrored:
         raise ConfigError(
             f"data.batch_size={batch_size} does not divide over {replicas} replicas (placement.replicas); with "
             f"placement.fallback=mirrored data.batch_size is the global batch: use a multiple of {replicas}, "
             f"e.g. {max(replicas, batch_size // replicas * replicas)}")
-    return batch_size // replicas
+    raise ConfigError(
+        f"data.batch_size={batch_size} does not cut into {replicas} replicas' shares (placement.replicas) of "
+        f"pipeline.microbatches={microbatches} equal microbatches: use a multiple of {per}, "
+        f"e.g. data.batch_size={max(per, batch_size // per * per)}")
 
 
 def replicated_pipeline(s: Settings) -> None:
@@ -65,12 +70,7 @@ def replicated_pipeline(s: Settings) -> None:
         raise ConfigError(f"placement.devices names one device per stage, but placement.replicas={r} places "
                           f"{r} copies of every stage: remove placement.devices (the planner places the grid)")
     if r != "auto":
-        per = r * s.pipeline.microbatches
-        if s.data.batch_size % per:
-            raise ConfigError(
-                f"data.batch_size={s.data.batch_size} does not cut into placement.replicas={r} shares of "
-                f"pipeline.microbatches={s.pipeline.microbatches} equal microbatches: use a multiple of {per}, "
-                f"e.g. data.batch_size={max(per, s.data.batch_size // per * per)}")
+        batch_cut(s.data.batch_size, r, s.pipeline.microbatches)
 
 
 def placement_fits(p: PlacementSettings, n_stages: int) -> None:
@@ -235,11 +235,11 @@ def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     check_cut(s)
     check_clipping(s)
     if s.placement.fallback == "mirrored" and s.placement.replicas not in (None, "auto"):
-        batch_over_replicas(s.data.batch_size, s.placement.replicas)
+        batch_cut(s.data.batch_size, s.placement.replicas, mirrored=True)
     replicated_pipeline(s)
     notes = []
     if s.mode == "e2e":
-        microbatches_divide(s.pipeline.microbatches, s.data.batch_size)
+        batch_cut(s.data.batch_size, microbatches=s.pipeline.microbatches)
         if s.pipeline.batch_norm == "deferred" and t.jit_compile:
             raise ConfigError("pipeline.batch_norm=deferred records each microbatch's statistics from the stage's "
                               "forward as the step traces it, which trainer.jit_compile=true compiles apart: set "

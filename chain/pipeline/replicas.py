@@ -33,6 +33,7 @@ import tensorflow as tf
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
+from chain.pipeline.schedules import Schedule
 from chain.pipeline.stalled import Position, where
 from chain.pipeline.step import Played, e2e_play, finish, host
 from chain.pipeline.strategy import PipelinedChain
@@ -135,9 +136,9 @@ class ReplicatedChain(PipelinedChain):
     # when the step is traced.
     reduction = "every"
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, schedule: Schedule, **bodies: Any):
         self.copies: list[list[Stage]] = []
-        super().__init__(settings, placement, info, **bodies)
+        super().__init__(settings, placement, info, schedule, **bodies)
 
     @property
     def replicas(self) -> int:

@@ -97,9 +97,10 @@ def check_interleaved(s: Settings) -> None:
                               f"stages 0-{d - 1} ({n_stages} stages / pipeline.virtual_stages={v})")
 
 
-def check_pipeline(s: Settings) -> None:
+def check_pipeline(s: Settings) -> schedules.Schedule:
     """mode=e2e: the schedule can run (`pipeline_schedule`), its file is given only for schedule=file,
-    and pipeline.schedule_out is written by plan_only=true into a folder that exists."""
+    and pipeline.schedule_out is written by plan_only=true into a folder that exists. Returns the
+    schedule, built here once per run (the preparation pass keeps it on the `RunSpec`)."""
     p = s.pipeline
     check_interleaved(s)
     if p.schedule_file is not None and p.schedule != schedules.FILE:
@@ -119,3 +120,10 @@ def check_pipeline(s: Settings) -> None:
         raise ConfigError(f"pipeline.recompute={p.recompute} is not available with a split backward (pipeline.schedule="
                           f"{p.schedule} runs B and W apart, and W needs what the forward kept): use "
                           "pipeline.recompute=never, or pipeline.schedule=1f1b or gpipe")
+    return schedule
+
+
+def shared_devices(schedule: schedules.Schedule) -> int | None:
+    """How many devices `schedule`'s stages share (interleaved stages, a file whose rows hold several
+    stages: stage k on device k mod that), or None (a device per stage)."""
+    return schedule.devices if schedule.placement else None

@@ -1,6 +1,6 @@
 """`PipelinedChain`: mode=e2e on a device per stage, the strategy that runs a pipeline schedule.
 
-It builds the schedule (`chain.pipeline.schedules`), compiles the step that runs it
+It runs the schedule the preparation pass built (`RunSpec.schedule`), compiles the step that runs it
 (`chain.pipeline.step`), and says what the plan looks like (`plan_only=true`) and what
 summary.json records of it. It shares the `Pipelined` distribution with `PipelinedLocal`
 (`chain.strategies.pipelined`) and the chain's objective with `MirroredChain`
@@ -18,7 +18,6 @@ from chain.data.catalog import DataInfo
 from chain.errors import plural
 from chain.pipeline import schedules, stalled
 from chain.pipeline.progress import Progress
-from chain.pipeline.selection import pipeline_schedule
 from chain.pipeline.step import e2e_step, host
 from chain.planning.planner import Placement
 from chain.records.summaries import PipelineFields, Summary
@@ -31,8 +30,9 @@ class PipelinedChain(ChainObjective, Pipelined):
 
     shared_weights = True  # the step sums a tied weight's copies' gradients (`chain.steps.tied`)
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
-        self.schedule = pipeline_schedule(settings)  # a built-in one, or pipeline.schedule_file's
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, schedule: schedules.Schedule,
+                 **bodies: Any):
+        self.schedule = schedule  # the run's, built once by the preparation pass (`RunSpec.schedule`)
         super().__init__(settings, placement, info, **bodies)
 
     def make_step(self) -> Callable:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from chain.config.checks import batch_over_replicas, placement_fits
+from chain.config.checks import batch_cut, placement_fits
 from chain.config.device_names import canonical
 from chain.config.schema import PlacementSettings
 from chain.errors import ConfigError, DeviceError, plural
@@ -496,17 +496,14 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
 
 
 def check_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> int:
-    """The per-replica batch: `data.batch_size` is the global batch, split evenly over replicas (and,
-    for copies of a pipeline, each share into `microbatches` equal microbatches)."""
+    """The per-replica batch: `data.batch_size` is the global batch, split evenly over the replicas
+    this plan made (and, for copies of a pipeline, each share into `microbatches` equal
+    microbatches): the rule of `chain.config.checks.batch_cut`, for the replicas planned."""
     if placement.layout == REPLICATED:
-        r, per = len(placement.copies), len(placement.copies) * microbatches
-        if batch_size % per:
-            raise ConfigError(f"data.batch_size={batch_size} does not cut into {r} replicas' shares (placement.replicas) "
-                              f"of pipeline.microbatches={microbatches} equal microbatches: use a multiple of {per}")
-        return batch_size // r
+        return batch_cut(batch_size, len(placement.copies), microbatches)
     if placement.layout != MIRRORED:
         return batch_size
-    return batch_over_replicas(batch_size, len(placement.mirrored_devices))
+    return batch_cut(batch_size, len(placement.mirrored_devices), mirrored=True)
 
 
 def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory, cpu_memory_mb: int | None,

@@ -14,6 +14,7 @@ from chain.config.shapes import optimizer_slots, stage_shapes
 from chain.data.catalog import DataInfo
 from chain.errors import ChainError
 from chain.pipeline import schedules, selection
+from chain.pipeline.schedules import Schedule
 from chain.planning.footprint import Footprint, StageCost, estimates
 from chain.planning.planner import Placement
 
@@ -37,40 +38,46 @@ def stage_costs(s: Settings, info: DataInfo) -> list[StageCost | None]:
     return out
 
 
-def held(s: Settings) -> list[int]:
-    """Per stage, the microbatches its schedule holds at once (1 outside mode=e2e: one batch)."""
+def held(s: Settings, schedule: Schedule | None) -> list[int]:
+    """Per stage, the microbatches `schedule` (the run's, `RunSpec.schedule`) holds at once (1
+    outside mode=e2e: one batch)."""
     if s.mode != "e2e":
         return [1] * len(s.stages)
-    return schedules.held_counts(selection.pipeline_schedule(s))
+    return schedules.held_counts(schedule)
 
 
-def output_gradients(s: Settings) -> list[int] | None:
+def output_gradients(s: Settings, schedule: Schedule | None) -> list[int] | None:
     """Per stage, the microbatches' layer-output gradients a split schedule (zb1) adds to its busiest
     moment (None outside mode=e2e)."""
-    return schedules.output_gradients_held(selection.pipeline_schedule(s)) if s.mode == "e2e" else None
+    return schedules.output_gradients_held(schedule) if s.mode == "e2e" else None
 
 
-def footprints(s: Settings, info: DataInfo, placement: Placement) -> list[Footprint | None]:
-    """Each stage's estimated peak for `s` planned as `placement` (its per-replica batch)."""
-    return from_costs(s, placement, stage_costs(s, info))
+def footprints(s: Settings, info: DataInfo, placement: Placement, schedule: Schedule | None) -> list[Footprint | None]:
+    """Each stage's estimated peak for `s` planned as `placement` (its per-replica batch), with
+    `schedule` (the run's; None outside mode=e2e)."""
+    return from_costs(s, placement, stage_costs(s, info), schedule)
 
 
-def from_costs(s: Settings, placement: Placement, costs: list[StageCost | None]) -> list[Footprint | None]:
+def from_costs(s: Settings, placement: Placement, costs: list[StageCost | None], schedule: Schedule | None
+               ) -> list[Footprint | None]:
     """Each stage's estimated peak from its `StageCost` (the config's, or a cut model's layers'), for
-    `s`'s schedule, microbatches, recompute and optimizers, planned as `placement`."""
+    `schedule` (`s`'s, built once by the preparation pass) and `s`'s microbatches, recompute and
+    optimizers, planned as `placement`."""
     e2e = s.mode == "e2e"
     return estimates(costs, slots=[optimizer_slots(st.optim) for st in s.stages],
                      batch=placement.per_replica_batch or s.data.batch_size,
-                     microbatches=s.pipeline.microbatches if e2e else 1, held=held(s),
-                     output_gradients=output_gradients(s),
+                     microbatches=s.pipeline.microbatches if e2e else 1, held=held(s, schedule),
+                     output_gradients=output_gradients(s, schedule),
                      recompute=s.pipeline.recompute if e2e else "never",
                      own_inputs=placement.kind == "GPU" or bool(placement.cluster), chained=s.mode != "side_by_side",
                      layer_by_layer=e2e and not s.trainer.jit_compile)  # chain.pipeline.step.weights_first
 
 
-def alternatives(s: Settings, info: DataInfo, placement: Placement) -> dict[str, list[Footprint | None]]:
-    """The footprints of the changes that lower a pipeline's activations: pipeline.recompute=always,
-    and 2x and 4x the microbatches where the batch divides into them (built-in schedules only)."""
+def alternatives(s: Settings, info: DataInfo, placement: Placement, schedule: Schedule | None
+                 ) -> dict[str, list[Footprint | None]]:
+    """The footprints of the changes that lower a pipeline's activations: pipeline.recompute=always
+    (on `schedule`, the run's), and 2x and 4x the microbatches where the batch divides into them
+    (built-in schedules only; each such schedule built here, as the run would build it)."""
     if s.mode != "e2e":
         return {}
     p, out = s.pipeline, {}
@@ -82,7 +89,9 @@ def alternatives(s: Settings, info: DataInfo, placement: Placement) -> dict[str,
             options.append((f"pipeline.microbatches={m}", replace(p, microbatches=m)))
     for change, pipeline in options:
         try:
-            out[change] = footprints(replace(s, pipeline=pipeline), info, placement)
+            other = replace(s, pipeline=pipeline)
+            same = pipeline.microbatches == p.microbatches  # recompute changes the estimate, not the schedule
+            out[change] = footprints(other, info, placement, schedule if same else selection.pipeline_schedule(other))
         except ChainError:  # a schedule that cannot take that many microbatches: not offered
             continue
     return out

@@ -5,6 +5,7 @@ once, in order, before anything starts TensorFlow's runtime.
    set described once and the settings checked against it) and what the config cannot know by
    itself (`pipeline.schedule` among `chain.pipeline.schedules`). Imports no TensorFlow: the
    command line runs it before Hydra writes anything.
+   mode=e2e's schedule is built (or its file read) here, once, and kept on the `RunSpec`.
 2. `prepare(cfg)`: `check_config`, then the devices planned (the machine's inventory, the planner's
    rules, the per-replica batch, the memory estimate when the data is described). Planning asks
    TensorFlow how many GPUs there are (without starting its runtime), and a cluster's placement
@@ -41,16 +42,18 @@ def check_config(cfg: Any) -> RunSpec:
 
     `Settings` were checked when made (`chain.config.validate`); their data set is described here
     (the files it reads are kept per version of the file: not read again)."""
-    if isinstance(cfg, RunSpec):
-        return cfg
+    if isinstance(cfg, RunSpec):  # checked; one made by hand may lack its schedule
+        if cfg.schedule is not None or cfg.settings.mode != "e2e":
+            return cfg
+        return replace(cfg, schedule=selection.check_pipeline(cfg.settings))
     if isinstance(cfg, Settings):
         settings, info = cfg, sources.describe(cfg.data)
     else:
         settings, info = config.validate_and_describe(cfg)
     choice(*SCHEDULES)("pipeline.schedule", settings.pipeline.schedule)
-    if settings.mode == "e2e":
-        selection.check_pipeline(settings)  # the schedule can run (a schedule file read and checked)
-    return RunSpec(settings, info)
+    # the schedule can run (a schedule file read and checked), built here once: what follows reads it
+    schedule = selection.check_pipeline(settings) if settings.mode == "e2e" else None
+    return RunSpec(settings, info, schedule=schedule)
 
 
 def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
@@ -70,7 +73,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
         placement = planner.plan_multi_worker(s.placement, len(s.stages), *multi_worker, inventory.gpus)
     else:
         n_stages = len(s.stages)
-        shared = None if s.placement.devices or s.mode != "e2e" else selection.pipeline_devices(s)
+        shared = None if s.placement.devices or s.mode != "e2e" else selection.shared_devices(spec.schedule)
         n = shared or n_stages  # interleaved stages: plan their D devices, then stage k on device k mod D
         addresses = cluster.workers(s.cluster.workers)
         if addresses:
@@ -105,11 +108,11 @@ def with_footprints(spec: RunSpec) -> RunSpec:
     fit the devices it is placed on: a device of known memory (`chain.planning.fit`), the host's
     memory on CPU."""
     s = spec.settings
-    footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement))
+    footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement, spec.schedule))
     placement = replace(spec.placement, footprints=footprints)
     if any(f is not None for f in footprints):
         fit.check_stages_fit(placement, footprints, spec.inventory,
-                             lambda: estimate.alternatives(s, spec.data_info, placement))
+                             lambda: estimate.alternatives(s, spec.data_info, placement, spec.schedule))
     need = [f.total if f else 0 for f in footprints]  # a user's body: known once built
     planner.check_memory(placement, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())
     return replace(spec, placement=placement)

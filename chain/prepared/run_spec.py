@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from chain.config import Settings
 from chain.data.catalog import DataInfo
+from chain.pipeline.schedules import Schedule
 from chain.planning.inventory import Inventory
 from chain.planning.planner import Placement
 
@@ -16,9 +17,12 @@ class RunSpec:
     """The settings, checked; the data set's description (`data_info`; None until the data is read
     when only TensorFlow reads it: TFRecord files, the user's function); and where every stage runs
     (`placement`, with the per-replica batch) on which machine (`inventory`). `placement` and
-    `inventory` are None for a spec of `chain.prepared.check_config`, which plans nothing."""
+    `inventory` are None for a spec of `chain.prepared.check_config`, which plans nothing.
+    `schedule`: mode=e2e's pipeline schedule (`pipeline.schedule`, built or read once here: the
+    planning, the memory estimate and the strategy read it); None in the other modes."""
 
     settings: Settings
     data_info: DataInfo | None
     placement: Placement | None = None
     inventory: Inventory | None = None
+    schedule: Schedule | None = None

@@ -15,6 +15,7 @@ from chain.config.schema import Builder, KerasModel, Settings
 from chain.config.shapes import human, optimizer_slots
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, first_line
+from chain.pipeline.schedules import Schedule
 from chain.planning import balance, footprint
 from chain.planning.planner import MIRRORED, Placement
 from chain.stages import cut
@@ -67,8 +68,8 @@ class Resolved(NamedTuple):
     placement: Placement
 
 
-def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str
-         ) -> tuple[list[Body], list[str], Placement]:
+def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str,
+         schedule: Schedule | None) -> tuple[list[Body], list[str], Placement]:
     c = cut.analyse(model, name)
     if not cut.fits(c.input_shape, info.input_shape):
         any_size = " (None: any size)" if None in c.input_shape else ""
@@ -87,18 +88,18 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
         costs = [measured.layer_costs(d) for d in devices]
     if p.balance == "memory" and p.split is None:
         e2e = settings.mode == "e2e"
-        costs = footprint.layer_costs(c.params(), c.outputs(), estimate.held(settings),
+        costs = footprint.layer_costs(c.params(), c.outputs(), estimate.held(settings, schedule),
                                       slots=optimizer_slots(settings.stages[0].optim), microbatch=max(1, micro),
                                       recompute=settings.pipeline.recompute if e2e else footprint.NEVER)
     sizes = cut.split(c, k, p.split, p.balance, costs)
-    footprints = tuple(_footprints(c, sizes, settings, placement))
+    footprints = tuple(_footprints(c, sizes, settings, placement, schedule))
     even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
     if p.balance == "memory" and p.split is None:
         def peaks(footprints):
             return " / ".join(human(f.total) for f in footprints)
 
         notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
-                     f"the even split {even}: {peaks(_footprints(c, even, settings, placement))}")
+                     f"the even split {even}: {peaks(_footprints(c, even, settings, placement, schedule))}")
     elif costs is not None or p.balance == "params":
         rows = costs or [[float(n) for n in c.params()]] * k
         m = settings.pipeline.microbatches if settings.mode == "e2e" else 1
@@ -117,20 +118,21 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     return cut.pieces(c, sizes), labels, replace(placement, footprints=footprints).noted(*notes)
 
 
-def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, placement: Placement
-                ) -> list[footprint.Footprint | None]:
+def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, placement: Placement,
+                schedule: Schedule | None) -> list[footprint.Footprint | None]:
     """Each stage's estimated peak for a cut of `c` into `sizes` layers per stage (`chain.planning.footprint`)."""
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     params, outputs = c.params(), c.outputs()
     costs = [footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b), max(params[a:b]))
              for a, b in zip(bounds, bounds[1:])]
-    return estimate.from_costs(settings, placement, costs)
+    return estimate.from_costs(settings, placement, costs, schedule)
 
 
 def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Sequence[Callable] | None = None,
-            model: keras.Model | None = None) -> Resolved:
+            model: keras.Model | None = None, schedule: Schedule | None = None) -> Resolved:
     """Stage bodies not built from the config's own models (None where a stage is), their labels for the
-    placement table, and the placement with a cut model's footprints and notes (balance): `Resolved`."""
+    placement table, and the placement with a cut model's footprints and notes (balance): `Resolved`.
+    `schedule`: the run's (`RunSpec.schedule`, mode=e2e), which a cut model's estimate reads."""
     k = len(settings.stages)
     p = settings.placement
     keras_spec = settings.stages[0].model if isinstance(settings.stages[0].model, KerasModel) else None
@@ -148,7 +150,8 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Se
         return Resolved([from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement)
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
-        return Resolved(*_cut(settings, placement, info, model if model is not None else _load(keras_spec), name))
+        return Resolved(*_cut(settings, placement, info, model if model is not None else _load(keras_spec), name,
+                              schedule))
     if not any(isinstance(s.model, Builder) for s in settings.stages):
         return Resolved(None, None, placement)
     bodies, labels = [], []

@@ -19,6 +19,7 @@ from __future__ import annotations
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.pipeline.replicas import ReplicatedChain
+from chain.pipeline.schedules import Schedule
 from chain.pipeline.strategy import PipelinedChain
 from chain.planning.planner import MIRRORED, PIPELINE, REPLICATED, Placement
 from chain.strategies.base import Strategy
@@ -42,9 +43,17 @@ def for_mode(mode: str, layout: str = PIPELINE) -> type[Strategy]:
     return TABLE[(layout, mode)]
 
 
-def create(settings: Settings, placement: Placement, info: DataInfo, **bodies) -> Strategy:
+def create(settings: Settings, placement: Placement, info: DataInfo, schedule: Schedule | None = None,
+           **bodies) -> Strategy:
     """The strategy for this placement and mode, with its stages built and its step compiled.
 
+    `schedule`: the run's pipeline schedule (`RunSpec.schedule`, built once by the preparation pass),
+    which the strategies that run one (`PipelinedChain` and its copies) are given.
     `bodies`: `bodies=` and `labels=` for stages not built from the config (`chain.stages.bodies`).
     """
-    return for_mode(settings.mode, placement.layout)(settings, placement, info, **bodies)
+    cls = for_mode(settings.mode, placement.layout)
+    if issubclass(cls, PipelinedChain):
+        if schedule is None:
+            raise ValueError(f"{cls.__name__} runs a pipeline schedule: give the RunSpec's (chain.prepared.prepare)")
+        return cls(settings, placement, info, schedule, **bodies)
+    return cls(settings, placement, info, **bodies)
