@@ -30,13 +30,18 @@ if TYPE_CHECKING:
 OUTCOMES = "CHAIN_SWEEP_OUTCOMES"
 
 
-def _refuse(jobs: list[tuple[int, list[str], str, int]]) -> None:
+def _number(o: JobOutcome) -> int:
+    """A job's place in the sweep's order (-1: unnumbered)."""
+    return o.job if o.job is not None else -1
+
+
+def _refuse(failed: Sequence[JobOutcome]) -> None:
     """One line per failed job (job number, its overrides, the error), then exit with the first one's code."""
-    if jobs:
-        jobs = sorted(jobs)
-        for num, overrides, message, _ in jobs:
-            print(f"error: job {num} ({' '.join(overrides)}): {message}", file=sys.stderr)
-        sys.exit(jobs[0][3])
+    if failed:
+        failed = sorted(failed, key=_number)
+        for o in failed:
+            print(f"error: job {o.job} ({' '.join(o.overrides or ())}): {o.message}", file=sys.stderr)
+        sys.exit(failed[0].code)
 
 
 def check_jobs(overrides: Sequence[str]) -> None:
@@ -51,7 +56,7 @@ def check_jobs(overrides: Sequence[str]) -> None:
             check_job_name(cfg)
             check_config(cfg)
         except ChainError as e:
-            bad.append((num, job, str(e), e.exit_code))
+            bad.append(JobOutcome(job=num, overrides=list(job), code=e.exit_code, message=str(e)))
     _refuse(bad)
 
 
@@ -95,7 +100,7 @@ def _outcomes(folder: str) -> list[JobOutcome]:
     for name in os.listdir(folder):
         with open(os.path.join(folder, name)) as f:
             out.append(from_json(JobOutcome, json.load(f)))
-    return sorted(out, key=lambda o: o.job if o.job is not None else -1)
+    return sorted(out, key=_number)
 
 
 def _short(v: float | None) -> str:
@@ -155,7 +160,7 @@ def run(sweep: Callable[[], None]) -> None:
         finally:  # what the jobs that ended recorded, even when Hydra stopped on one that crashed
             outcomes = _outcomes(folder)
             _report(outcomes)
-    _refuse([(o.job, o.overrides, o.message, o.code) for o in outcomes if o.code])
+    _refuse([o for o in outcomes if o.code])
 
 
 def _report(outcomes: Sequence[JobOutcome]) -> None:

@@ -14,7 +14,6 @@ missing from the cache.
 - `keras_home`, `keras_arrays`, `KERAS`: the Keras data sets, read from Keras' own cache
   files; missing files are an error that says how to fill the cache, never a download.
 - `keras_model_file`: a `.keras` model file that is whole (not empty, not cut short).
-- `tfrecord_whole`: a TFRecord file's records counted from their framing, refusing one cut short.
 - `matching`: the files of a glob.
 """
 
@@ -420,29 +419,6 @@ def keras_model_file(path: str, key: str) -> str:
         raise ConfigError(f"{key}={path!r} is damaged (not a whole .keras zip file: "
                           f"{first_line(e, typed=False)}); save the model again") from None
     return path
-
-
-# --- TFRecord framing ------------------------------------------------------------------------
-
-_RECORD_HEAD = 12  # uint64 length, uint32 masked CRC of the length; then the data and its uint32 CRC
-
-
-def tfrecord_whole(path: str, where: str) -> int:
-    """The number of records of the uncompressed TFRecord file `path`, counted from their framing;
-    one line (naming `where`, the key and its glob) when the file ends inside a record: TensorFlow's
-    reader takes a file cut inside a record's header for its end, and reads the records before
-    it without a word."""
-    size, at, n = os.path.getsize(path), 0, 0
-    with open(path, "rb") as f:
-        while at < size:
-            head = f.read(_RECORD_HEAD)
-            end = at + _RECORD_HEAD + 4 + struct.unpack("<Q", head[:8])[0] if len(head) == _RECORD_HEAD else size + 1
-            if end > size:
-                raise ConfigError(f"{where}: {path} ends inside record {n} ({n} whole records before it): the file is "
-                                  "cut short, or that record's length is damaged")
-            f.seek(end)
-            at, n = end, n + 1
-    return n
 
 
 # --- globs -----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from chain.data.shards import FileCounts
 from chain.data.streamed import ArrayFiles
-from chain.errors import ConfigError
+from chain.errors import ConfigError, plural
 from chain.records.stream_files import FileStamp, StreamFiles
 
 BLOCKS, BLOCK = 16, 4096  # a file is digested from 16 blocks of 4 KiB spread over it ...
@@ -133,7 +133,7 @@ def changes(saved: StreamFiles, now: StreamFiles) -> list[Change]:
 
 def _more(found: list[Change]) -> str:
     n = len(found) - 1
-    return f" (and {n} more file{'s' if n > 1 else ''} changed)" if n else ""
+    return f" (and {plural(n, 'more file')} changed)" if n else ""
 
 
 def refusal(found: list[Change], step: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from chain.data import count_cache, files
+from chain.data import count_cache, tfrecord_files
 from chain.errors import ConfigError
 
 
@@ -63,7 +63,7 @@ class Shards(FileCounts):
 def count(paths: list[str], key: str) -> tuple[int, ...]:
     """The records of each file (`key` names the glob, for error lines), counted from the files'
     framing (a pass, logged), or read from the count cache (`chain.data.count_cache`)."""
-    return count_cache.counts(paths, key, "tfrecord records", lambda p: files.tfrecord_whole(p, key))
+    return count_cache.counts(paths, key, "tfrecord records", lambda p: tfrecord_files.whole_records(p, key))
 
 
 def none_empty(paths: list[str], counts: tuple[int, ...], key: str, what: str, held: bool = False) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 
-from chain.data import files
+from chain.data import files, tfrecord_files
 from chain.data.catalog import target_keys
 from chain.errors import ConfigError, first_line, instantiate_error
 
@@ -92,7 +92,7 @@ def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray],
     keys = target_keys(data)
     paths = files.matching(pattern, key)
     # TensorFlow's reader stops without a word at a file cut inside a record's header: count them.
-    whole = sum(files.tfrecord_whole(p, f"{key}={pattern!r}") for p in paths)
+    whole = sum(tfrecord_files.whole_records(p, f"{key}={pattern!r}") for p in paths)
     parsed = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     arrays = _gather(parsed, f"{key}={pattern!r} with data.features")
     if whole != len(arrays[data.x]):

@@ -5,7 +5,8 @@ protobuf wire format). No TensorFlow: the preparation pass uses it before Tensor
 `first_record` and `example_features` are how `data=tfrecord` refuses, before training, a file
 whose examples are not shaped as `data.features` declares (another shape or type than the other
 files'): its first record is read and compared, one record a file (a stream checks the records
-past the first as it reads them, `chain.data.record_stream`). `damaged` finds which record of a
+past the first as it reads them, `chain.data.record_stream`). `whole_records` counts a file's
+records from their framing (a stream's and a load's count), refusing a file cut short. `damaged` finds which record of a
 file a failed checksum is in: TensorFlow's reader says only `corrupted record at N`, a byte offset.
 
 A record is framed as TensorFlow writes it: its length (uint64, little-endian), the masked
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import os
 import struct
+
+from chain.errors import ConfigError
 
 HEAD = 12  # the length and its checksum
 FOOT = 4  # the data's checksum
@@ -59,6 +62,24 @@ def damaged(path: str, offset: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+def whole_records(path: str, where: str) -> int:
+    """The number of records of the uncompressed TFRecord file `path`, counted from their framing;
+    one line (naming `where`, the key and its glob) when the file ends inside a record: TensorFlow's
+    reader takes a file cut inside a record's header for its end, and reads the records before
+    it without a word."""
+    size, at, n = os.path.getsize(path), 0, 0
+    with open(path, "rb") as f:
+        while at < size:
+            head = f.read(HEAD)
+            end = at + HEAD + FOOT + struct.unpack("<Q", head[:8])[0] if len(head) == HEAD else size + 1
+            if end > size:
+                raise ConfigError(f"{where}: {path} ends inside record {n} ({n} whole records before it): the file is "
+                                  "cut short, or that record's length is damaged")
+            f.seek(end)
+            at, n = end, n + 1
+    return n
 
 
 def first_record(path: str) -> bytes | None:
