@@ -299,7 +299,7 @@ def test_a_build_describes_checks_and_reads_the_data_set_once(data, tmp_path, mo
                         raising=False)  # the CSV reader's open
     calls = _counted(monkeypatch, "npz")
     spec = chain.prepare([*SMALL, "data=npz", f"data.path={tmp_path}/images.npz", "data.y=y", "trainer.steps=1"])
-    assert isinstance(spec, chain.prepared.RunSpec) and spec.placement.per_replica_batch == 8
+    assert isinstance(spec, chain.prepared.RunSpec) and spec.batch_cut.per_replica == 8
     run = chain.build(spec)
     assert run.dataset.info is spec.data_info
     assert calls == {"describe": 1, "check_data": 1, "read": 1}

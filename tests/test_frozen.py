@@ -48,7 +48,7 @@ def test_build_leaves_the_run_spec_it_was_given_unchanged(name):
     assert spec == before and spec.placement == before.placement
     # the build's additions are on its own record: the configure note (the test session's CPUs were split first)
     assert run.placement is not spec.placement and len(run.placement.notes) > len(spec.placement.notes)
-    assert run.placement.per_replica_batch == spec.placement.per_replica_batch
+    assert run.strategy.batch_cut is spec.batch_cut  # the batch's cut, worked out once, read as it is
     if name == "mirrored":
         assert any(n.startswith("pipeline.microbatches=2 ignored") for n in run.placement.notes)
         assert not any(n.startswith("pipeline.microbatches=2 ignored") for n in spec.placement.notes)

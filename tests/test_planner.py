@@ -189,8 +189,8 @@ def test_mirrored_is_not_used_when_there_are_enough_cards():
 
 def test_mirrored_global_batch_is_split_over_replicas():
     p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=4"), 3, Inventory())
-    assert check_batch(64, p) == 16
-    assert check_batch(63, plan(pcfg(), 3, Inventory())) == 63  # pipelined: no split
+    assert check_batch(64, p).per_replica == 16
+    assert check_batch(63, plan(pcfg(), 3, Inventory())).per_replica == 63  # pipelined: no split
 
 
 # --- explicit devices ----------------------------------------------------------------------
@@ -403,7 +403,7 @@ def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
     assert p.layout == REPLICATED and p.devices == gpu_devices(2)
     assert p.copies == tuple(gpu_devices(8)[r * 2:r * 2 + 2] for r in range(4))
     assert p.notes[0].startswith("layout: pipeline x replicas, 4 copies of the 2-stage pipeline")
-    assert check_batch(64, p, microbatches=4) == 16
+    assert check_batch(64, p, microbatches=4).per_replica == 16
     with pytest.raises(ConfigError, match="does not cut into 4 replicas' shares"):
         check_batch(24, p, microbatches=4)
     one = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))

@@ -38,7 +38,7 @@ def test_a_build_builds_its_schedule_once(monkeypatch, overrides):
 def test_the_batch_rule_is_one_line_whether_the_config_or_the_plan_finds_it(replicas):
     """`data.batch_size` cut into R shares of M microbatches: the config's check (R given) and the
     planner's (R planned: `auto` makes 2 copies of a 2-stage pipeline on 4 GPUs) give the same line."""
-    from chain.config.checks import batch_cut
+    from chain.config.checks import BatchCut, batch_cut
     from chain.planning.inventory import Inventory
     from chain.planning.planner import check_batch, plan
 
@@ -52,4 +52,5 @@ def test_the_batch_rule_is_one_line_whether_the_config_or_the_plan_finds_it(repl
         with pytest.raises(chain.ConfigError) as given:
             chain.compose([*ok, "data.batch_size=12"])
         assert str(given.value) == line
-    assert batch_cut(16, 2, 4) == 8 and batch_cut(16, microbatches=4) == 16 and batch_cut(16, 2, mirrored=True) == 8
+    assert batch_cut(16, 2, 4) == BatchCut(replicas=2, microbatches=4, per_replica=8, per_microbatch=2)
+    assert batch_cut(16, microbatches=4).per_replica == 16 and batch_cut(16, 2, mirrored=True).per_replica == 8

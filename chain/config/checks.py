@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from chain.config.schema import MAX_BATCH, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
@@ -27,14 +27,28 @@ from chain.config.device_names import canonical
 DEFAULT_STEPS = 400  # trainer.steps when neither it nor trainer.epochs is set (digits: ~16 epochs)
 
 
-def batch_cut(batch_size: int, replicas: int = 1, microbatches: int = 1, mirrored: bool = False) -> int:
+@dataclass(frozen=True)
+class BatchCut:
+    """How one step's `data.batch_size` examples are cut, worked out once (`batch_cut`, for the replicas
+    the run planned: `RunSpec.batch_cut`): into `replicas` equal shares (mirrored replicas, or copies
+    of a pipeline; 1 without either) of `per_replica` examples, each cut into `microbatches` equal
+    microbatches (mode=e2e's pipeline; 1 otherwise) of `per_microbatch` examples. With
+    `trainer.grad_accum=N` a step takes N such batches, each cut the same way."""
+
+    replicas: int
+    microbatches: int
+    per_replica: int
+    per_microbatch: int
+
+
+def batch_cut(batch_size: int, replicas: int = 1, microbatches: int = 1, mirrored: bool = False) -> BatchCut:
     """The one rule of a step's batch: `data.batch_size` (the global batch) cuts into `replicas` equal
     shares (mirrored replicas, or copies of a pipeline) of `microbatches` equal microbatches each
-    (mode=e2e). Returns the per-replica batch; one ConfigError line naming the keys otherwise. The
-    config's checks and the planner (for the replicas it planned) both ask it."""
+    (mode=e2e). Returns the cut; one ConfigError line naming the keys otherwise. The config's checks
+    (for the replicas given) and the preparation pass (for the replicas planned) both ask it."""
     per = replicas * microbatches
     if batch_size % per == 0:
-        return batch_size // replicas
+        return BatchCut(replicas, microbatches, batch_size // replicas, batch_size // per)
     if replicas == 1:
         fits = math.gcd(microbatches, batch_size)
         bigger = batch_size + microbatches - batch_size % microbatches

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
@@ -136,9 +137,10 @@ class ReplicatedChain(PipelinedChain):
     # when the step is traced.
     reduction = "every"
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, schedule: Schedule, **bodies: Any):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 schedule: Schedule, **bodies: Any):
         self.copies: list[list[Stage]] = []
-        super().__init__(settings, placement, info, schedule, **bodies)
+        super().__init__(settings, placement, info, batch_cut, schedule, **bodies)
 
     @property
     def replicas(self) -> int:
@@ -220,13 +222,6 @@ class ReplicatedChain(PipelinedChain):
                 return tf.identity(reports[0])  # every copy's update runs, replica 0 reports
 
         return step
-
-    def batch_divisor(self) -> int:
-        return self.replicas * super().batch_divisor()
-
-    def parts(self) -> str | None:
-        # Copies do not count (each computes its share's terms whole, as Keras per replica).
-        return PipelinedChain.cut_description(self) if super().batch_divisor() > 1 else None
 
     def cut_description(self) -> str:
         return f"{self.replicas} replicas' shares (placement.replicas), each {super().cut_description()}"

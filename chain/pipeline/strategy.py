@@ -13,6 +13,7 @@ import os
 from dataclasses import replace
 from typing import Any, Callable
 
+from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import plural
@@ -30,10 +31,10 @@ class PipelinedChain(ChainObjective, Pipelined):
 
     shared_weights = True  # the step sums a tied weight's copies' gradients (`chain.steps.tied`)
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, schedule: schedules.Schedule,
-                 **bodies: Any):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 schedule: schedules.Schedule, **bodies: Any):
         self.schedule = schedule  # the run's, built once by the preparation pass (`RunSpec.schedule`)
-        super().__init__(settings, placement, info, **bodies)
+        super().__init__(settings, placement, info, batch_cut, **bodies)
 
     def make_step(self) -> Callable:
         t = self.settings.trainer
@@ -53,14 +54,14 @@ class PipelinedChain(ChainObjective, Pipelined):
     def waiting(self, position: stalled.Position) -> list[str]:
         return stalled.where(self.schedule, self.settings.trainer.grad_accum, [s.device for s in self.stages], position)
 
-    def batch_divisor(self) -> int:
-        return self.settings.trainer.grad_accum * self.schedule.microbatches
-
     def parts(self) -> str | None:
-        return self.cut_description() if self.batch_divisor() > 1 else None
+        # Copies of the pipeline do not count (each computes its share's terms whole, as Keras per replica).
+        if self.settings.trainer.grad_accum * self.batch_cut.microbatches == 1:
+            return None
+        return PipelinedChain.cut_description(self)
 
     def cut_description(self) -> str:
-        m, n = self.schedule.microbatches, self.settings.trainer.grad_accum
+        m, n = self.batch_cut.microbatches, self.settings.trainer.grad_accum
         if n == 1:
             return f"pipeline.microbatches={m} equal microbatches"
         return f"trainer.grad_accum={n} chunks of pipeline.microbatches={m} equal microbatches"

@@ -102,20 +102,20 @@ def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompu
                      inputs=inputs, held=held)
 
 
-def estimates(costs: Sequence[StageCost | None], *, slots: Sequence[int], batch: int, microbatches: int,
+def estimates(costs: Sequence[StageCost | None], *, slots: Sequence[int], batch: int, microbatch: int,
               held: Sequence[int], recompute: str = NEVER, own_inputs: bool = True, label_floats: int = 1,
               chained: bool = True, output_gradients: Sequence[int] | None = None,
               layer_by_layer: bool = False) -> list[Footprint | None]:
     """Every stage's `Footprint` (None where its cost is unknown before it is built): `held[k]`
-    microbatches of `batch // microbatches` examples on stage k, `slots[k]` optimizer floats per weight,
-    `output_gradients[k]` more microbatches' layer-output gradients (a split schedule; None: none).
+    microbatches of `microbatch` examples on stage k (a step's `batch` cut as `chain.config.checks.BatchCut`
+    says), `slots[k]` optimizer floats per weight, `output_gradients[k]` more microbatches' layer-output
+    gradients (a split schedule; None: none).
     `chained=False` (mode=side_by_side): every stage takes the batch and has its labels;
     `layer_by_layer`: see `estimate`."""
-    micro = max(1, batch // max(1, microbatches))
     n = len(costs)
     extra = output_gradients or [0] * n
     return [None if c is None else
-            estimate(c, slots=slots[k], microbatch=micro, held=held[k], recompute=recompute,
+            estimate(c, slots=slots[k], microbatch=microbatch, held=held[k], recompute=recompute,
                      first=k == 0 or not chained, last=k == n - 1 or not chained, batch=batch,
                      label_floats=label_floats, own_input=own_inputs, output_gradients=extra[k],
                      layer_by_layer=layer_by_layer)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from chain.config.checks import batch_cut, placement_fits
+from chain.config.checks import BatchCut, batch_cut, placement_fits
 from chain.config.device_names import canonical
 from chain.config.schema import PlacementSettings
 from chain.errors import ConfigError, DeviceError, plural
@@ -32,8 +32,9 @@ CPU_REPLICAS = 2  # mirrored without a GPU: enough replicas to exercise the all-
 
 @dataclass(frozen=True)
 class Placement:
-    """The planner's decision, frozen: what is settled after planning (the per-replica batch, the
-    footprints, the devices checked to exist, later notes) makes a new record (`replace`, `noted`).
+    """The planner's decision, frozen: what is settled after planning (the footprints, the devices
+    checked to exist, later notes) makes a new record (`replace`, `noted`). How a batch cuts over its
+    replicas is the run's, not the placement's (`RunSpec.batch_cut`, `check_batch`).
 
     `devices[k]` is stage k's device (canonical `/device:GPU:1` form); None for every
     stage when `layout` is "mirrored", where each replica holds all stages and
@@ -42,11 +43,8 @@ class Placement:
     into, `memory_limits_mb[p]` their limits (GPUs only); a physical device absent from
     `split` keeps TensorFlow's default (one logical device, no limit). `visible` lists
     the physical GPUs TensorFlow may use (None: all). `physical` maps each logical
-    device the plan uses to the physical device behind it. `per_replica_batch` is the
-    examples each replica takes of a `data.batch_size` batch (the batch itself unless
-    mirrored; a copy's share with `placement.replicas`), worked out once by the preparation
-    pass (`chain.prepared`, with `check_batch`). `copies[r][k]` is copy r's stage k when `layout`
-    is "pipeline_replicas" (R copies of the pipeline; `devices` is then `copies[0]`); empty otherwise.
+    device the plan uses to the physical device behind it. `copies[r][k]` is copy r's stage k when
+    `layout` is "pipeline_replicas" (R copies of the pipeline; `devices` is then `copies[0]`); empty otherwise.
     `footprints[k]` is stage k's estimated peak memory (`chain.planning.footprint`; None: known once
     built), filled by the preparation pass; empty before.
     """
@@ -64,7 +62,6 @@ class Placement:
     cluster: tuple[str, ...] = ()  # the workers' addresses when stages run on them
     multi_worker: tuple[str, ...] = ()  # TF_CONFIG's workers when every host trains a replica
     task: int = 0  # this process's worker index in `multi_worker`
-    per_replica_batch: int | None = None
     copies: tuple[tuple[str, ...], ...] = ()  # copy -> stage -> device (layout "pipeline_replicas")
     footprints: tuple[Footprint | None, ...] = ()  # each stage's estimated peak (chain.prepared.estimate)
 
@@ -495,15 +492,13 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
                      copies=rows, physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=notes)
 
 
-def check_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> int:
-    """The per-replica batch: `data.batch_size` is the global batch, split evenly over the replicas
-    this plan made (and, for copies of a pipeline, each share into `microbatches` equal
-    microbatches): the rule of `chain.config.checks.batch_cut`, for the replicas planned."""
-    if placement.layout == REPLICATED:
-        return batch_cut(batch_size, len(placement.copies), microbatches)
-    if placement.layout != MIRRORED:
-        return batch_size
-    return batch_cut(batch_size, len(placement.mirrored_devices), mirrored=True)
+def check_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> BatchCut:
+    """How `data.batch_size`, the global batch, cuts over the replicas this plan made (mirrored replicas,
+    or copies of a pipeline) and, on a pipeline, into `microbatches` (mode=e2e's; a mirrored replica
+    runs its share whole): the rule of `chain.config.checks.batch_cut`, for the replicas planned."""
+    if placement.layout == MIRRORED:
+        return batch_cut(batch_size, len(placement.mirrored_devices), mirrored=True)
+    return batch_cut(batch_size, len(placement.copies) or 1, microbatches)
 
 
 def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory, cpu_memory_mb: int | None,

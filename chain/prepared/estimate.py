@@ -10,13 +10,14 @@ import math
 from dataclasses import replace
 
 from chain.config import Settings
+from chain.config.checks import BatchCut, batch_cut
 from chain.config.shapes import optimizer_slots, stage_shapes
 from chain.data.catalog import DataInfo
 from chain.errors import ChainError
 from chain.pipeline import schedules, selection
 from chain.pipeline.schedules import Schedule
 from chain.planning.footprint import Footprint, StageCost, estimates
-from chain.planning.planner import Placement
+from chain.planning.planner import MIRRORED, Placement
 
 ALWAYS = "always"
 
@@ -38,60 +39,69 @@ def stage_costs(s: Settings, info: DataInfo) -> list[StageCost | None]:
     return out
 
 
+def played(s: Settings, placement: Placement, schedule: Schedule | None) -> Schedule | None:
+    """The schedule the run plays: mode=e2e's (the run's, `RunSpec.schedule`), unless mirrored replicas
+    run the chain whole (`placement.fallback=mirrored`: microbatches do not apply); else None."""
+    return schedule if s.mode == "e2e" and placement.layout != MIRRORED else None
+
+
 def held(s: Settings, schedule: Schedule | None) -> list[int]:
-    """Per stage, the microbatches `schedule` (the run's, `RunSpec.schedule`) holds at once (1
-    outside mode=e2e: one batch)."""
-    if s.mode != "e2e":
+    """Per stage, the microbatches `schedule` (what the run plays, `played`) holds at once (1 without
+    one: one batch)."""
+    if schedule is None:
         return [1] * len(s.stages)
     return schedules.held_counts(schedule)
 
 
-def output_gradients(s: Settings, schedule: Schedule | None) -> list[int] | None:
+def output_gradients(schedule: Schedule | None) -> list[int] | None:
     """Per stage, the microbatches' layer-output gradients a split schedule (zb1) adds to its busiest
-    moment (None outside mode=e2e)."""
-    return schedules.output_gradients_held(schedule) if s.mode == "e2e" else None
+    moment (None without a schedule played)."""
+    return None if schedule is None else schedules.output_gradients_held(schedule)
 
 
-def footprints(s: Settings, info: DataInfo, placement: Placement, schedule: Schedule | None) -> list[Footprint | None]:
-    """Each stage's estimated peak for `s` planned as `placement` (its per-replica batch), with
-    `schedule` (the run's; None outside mode=e2e)."""
-    return from_costs(s, placement, stage_costs(s, info), schedule)
-
-
-def from_costs(s: Settings, placement: Placement, costs: list[StageCost | None], schedule: Schedule | None
+def footprints(s: Settings, info: DataInfo, placement: Placement, cut: BatchCut, schedule: Schedule | None
                ) -> list[Footprint | None]:
+    """Each stage's estimated peak for `s` planned as `placement`, its batch cut as `cut` (the run's,
+    `RunSpec.batch_cut`), with `schedule` (the run's; None outside mode=e2e)."""
+    return from_costs(s, placement, cut, stage_costs(s, info), schedule)
+
+
+def from_costs(s: Settings, placement: Placement, cut: BatchCut, costs: list[StageCost | None],
+               schedule: Schedule | None) -> list[Footprint | None]:
     """Each stage's estimated peak from its `StageCost` (the config's, or a cut model's layers'), for
-    `schedule` (`s`'s, built once by the preparation pass) and `s`'s microbatches, recompute and
-    optimizers, planned as `placement`."""
-    e2e = s.mode == "e2e"
+    `cut` (each replica's share and microbatch), `schedule` (`s`'s, built once by the preparation pass)
+    where the run plays it, and `s`'s recompute and optimizers, planned as `placement`."""
+    schedule = played(s, placement, schedule)
+    pipelined = schedule is not None
     return estimates(costs, slots=[optimizer_slots(st.optim) for st in s.stages],
-                     batch=placement.per_replica_batch or s.data.batch_size,
-                     microbatches=s.pipeline.microbatches if e2e else 1, held=held(s, schedule),
-                     output_gradients=output_gradients(s, schedule),
-                     recompute=s.pipeline.recompute if e2e else "never",
+                     batch=cut.per_replica, microbatch=cut.per_microbatch, held=held(s, schedule),
+                     output_gradients=output_gradients(schedule),
+                     recompute=s.pipeline.recompute if pipelined else "never",
                      own_inputs=placement.kind == "GPU" or bool(placement.cluster), chained=s.mode != "side_by_side",
-                     layer_by_layer=e2e and not s.trainer.jit_compile)  # chain.pipeline.step.weights_first
+                     layer_by_layer=pipelined and not s.trainer.jit_compile)  # chain.pipeline.step.weights_first
 
 
-def alternatives(s: Settings, info: DataInfo, placement: Placement, schedule: Schedule | None
+def alternatives(s: Settings, info: DataInfo, placement: Placement, cut: BatchCut, schedule: Schedule | None
                  ) -> dict[str, list[Footprint | None]]:
     """The footprints of the changes that lower a pipeline's activations: pipeline.recompute=always
-    (on `schedule`, the run's), and 2x and 4x the microbatches where the batch divides into them
-    (built-in schedules only; each such schedule built here, as the run would build it)."""
-    if s.mode != "e2e":
+    (on `schedule` and `cut`, the run's), and 2x and 4x the microbatches where the batch cuts into them
+    (`batch_cut`'s rule; built-in schedules only; each such schedule built here, as the run would build it)."""
+    if played(s, placement, schedule) is None:
         return {}
     p, out = s.pipeline, {}
     options = [] if p.recompute == ALWAYS else [(f"pipeline.recompute={ALWAYS}", replace(p, recompute=ALWAYS))]
-    per = placement.per_replica_batch or s.data.batch_size
-    for times in (2, 4):
-        m = p.microbatches * times
-        if p.schedule != schedules.FILE and per % m == 0:
-            options.append((f"pipeline.microbatches={m}", replace(p, microbatches=m)))
+    if p.schedule != schedules.FILE:
+        options += [(f"pipeline.microbatches={p.microbatches * times}", replace(p, microbatches=p.microbatches * times))
+                    for times in (2, 4)]
     for change, pipeline in options:
         try:
             other = replace(s, pipeline=pipeline)
-            same = pipeline.microbatches == p.microbatches  # recompute changes the estimate, not the schedule
-            out[change] = footprints(other, info, placement, schedule if same else selection.pipeline_schedule(other))
-        except ChainError:  # a schedule that cannot take that many microbatches: not offered
+            if pipeline.microbatches == p.microbatches:  # recompute changes the estimate, not the schedule
+                out[change] = footprints(other, info, placement, cut, schedule)
+            else:
+                batch = cut.per_replica * cut.replicas
+                other_cut = batch_cut(batch, cut.replicas, pipeline.microbatches)
+                out[change] = footprints(other, info, placement, other_cut, selection.pipeline_schedule(other))
+        except ChainError:  # a batch or schedule that cannot take that many microbatches: not offered
             continue
     return out

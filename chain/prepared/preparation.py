@@ -7,7 +7,7 @@ once, in order, before anything starts TensorFlow's runtime.
    command line runs it before Hydra writes anything.
    mode=e2e's schedule is built (or its file read) here, once, and kept on the `RunSpec`.
 2. `prepare(cfg)`: `check_config`, then the devices planned (the machine's inventory, the planner's
-   rules, the per-replica batch, the memory estimate when the data is described). Planning asks
+   rules, the batch cut over the replicas planned, the memory estimate when the data is described). Planning asks
    TensorFlow how many GPUs there are (without starting its runtime), and a cluster's placement
    needs the devices its workers report, so `prepare` connects to them first.
 3. `with_loaded_data(spec, info)`: data only TensorFlow reads, checked once loaded (the same checks as
@@ -58,7 +58,7 @@ def check_config(cfg: Any) -> RunSpec:
 
 def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
     """`check_config(cfg)`, then the placement planned on `inventory` (None: this machine's, or the
-    cluster's workers) with its per-replica batch, and the memory estimate checked when the data
+    cluster's workers), how a batch cuts over it (`RunSpec.batch_cut`), and the memory estimate checked when the data
     is described. A `RunSpec` that has a placement is returned as it is."""
     spec = check_config(cfg)
     if spec.placement is not None:
@@ -85,8 +85,9 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
             inventory = inventory or discover()
             placement = planner.plan(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
         placement = planner.loop(placement, n_stages, s.pipeline.schedule)
-    batch = planner.check_batch(s.data.batch_size, placement, s.pipeline.microbatches)  # once
-    spec = replace(spec, placement=replace(placement, per_replica_batch=batch), inventory=inventory)
+    microbatches = s.pipeline.microbatches if s.mode == "e2e" else 1
+    cut = planner.check_batch(s.data.batch_size, placement, microbatches)  # once: what follows reads it
+    spec = replace(spec, placement=placement, inventory=inventory, batch_cut=cut)
     if spec.data_info is not None:
         spec = with_footprints(spec)
     return spec
@@ -108,11 +109,11 @@ def with_footprints(spec: RunSpec) -> RunSpec:
     fit the devices it is placed on: a device of known memory (`chain.planning.fit`), the host's
     memory on CPU."""
     s = spec.settings
-    footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement, spec.schedule))
+    footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement, spec.batch_cut, spec.schedule))
     placement = replace(spec.placement, footprints=footprints)
     if any(f is not None for f in footprints):
         fit.check_stages_fit(placement, footprints, spec.inventory,
-                             lambda: estimate.alternatives(s, spec.data_info, placement, spec.schedule))
+                             lambda: estimate.alternatives(s, spec.data_info, placement, spec.batch_cut, spec.schedule))
     need = [f.total if f else 0 for f in footprints]  # a user's body: known once built
     planner.check_memory(placement, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())
     return replace(spec, placement=placement)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chain.config import Settings
+from chain.config.checks import BatchCut
 from chain.data.catalog import DataInfo
 from chain.pipeline.schedules import Schedule
 from chain.planning.inventory import Inventory
@@ -16,8 +17,9 @@ from chain.planning.planner import Placement
 class RunSpec:
     """The settings, checked; the data set's description (`data_info`; None until the data is read
     when only TensorFlow reads it: TFRecord files, the user's function); and where every stage runs
-    (`placement`, with the per-replica batch) on which machine (`inventory`). `placement` and
-    `inventory` are None for a spec of `chain.prepared.check_config`, which plans nothing.
+    (`placement`) on which machine (`inventory`), and how each step's batch cuts over the replicas
+    planned and into microbatches (`batch_cut`). `placement`, `inventory` and `batch_cut` are None
+    for a spec of `chain.prepared.check_config`, which plans nothing.
     `schedule`: mode=e2e's pipeline schedule (`pipeline.schedule`, built or read once here: the
     planning, the memory estimate and the strategy read it); None in the other modes."""
 
@@ -26,3 +28,4 @@ class RunSpec:
     placement: Placement | None = None
     inventory: Inventory | None = None
     schedule: Schedule | None = None
+    batch_cut: BatchCut | None = None

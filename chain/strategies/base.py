@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
@@ -63,7 +64,8 @@ class Strategy:
     Subclasses set `heads`/`readout` (what the stages are built with), implement
     `make_step` (a traceable step returning the step's report, `chain.steps.report`), and
     may override the hooks below. `schedule` is the pipeline schedule (None when the
-    strategy has none).
+    strategy has none); `batch_cut` how a batch cuts over replicas and microbatches (the run's,
+    `RunSpec.batch_cut`: the strategy reads it, never the settings, for those numbers).
     """
 
     heads: bool = False
@@ -74,11 +76,12 @@ class Strategy:
     progress = None  # a pipeline step's markers (`trainer.stall_s`: `position`, `waiting`)
     shared_weights: bool = False  # True: its step sums the gradients of a weight several stages hold
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, bodies: Sequence | None = None,
-                 labels: Sequence[str | None] | None = None):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 bodies: Sequence | None = None, labels: Sequence[str | None] | None = None):
         self.settings = settings
         self.placement = placement
         self.info = info
+        self.batch_cut = batch_cut
         self.bodies, self.labels = bodies, labels  # stage bodies not from the config (chain.stages.bodies)
         self.stages: list[Stage] = self.build_stages()
         self.set_step(self.make_step())
@@ -215,8 +218,9 @@ class Strategy:
         return None
 
     def batch_divisor(self) -> int:
-        """A whole batch's size must be a multiple of this (its chunks, microbatches, replicas)."""
-        return self.settings.trainer.grad_accum
+        """A whole batch's size must be a multiple of this: its chunks (`trainer.grad_accum`), each cut as
+        the run's `batch_cut` says (replicas, microbatches)."""
+        return self.settings.trainer.grad_accum * self.batch_cut.replicas * self.batch_cut.microbatches
 
     def check_batch(self, n: int) -> None:
         """ValueError unless a batch of `n` examples cuts into what the step needs, described whole."""

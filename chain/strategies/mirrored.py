@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
+from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.data.stream_shares import StreamShares
@@ -87,7 +88,8 @@ class Mirrored(Strategy):
     name = MIRRORED
     steps_in_one_call = False  # the batch is split over the replicas on the host: `repeat`'s loop does not apply
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 **bodies: Any):
         if placement.multi_worker:
             from chain.planning.cluster import multi_worker_tf_strategy
 
@@ -97,12 +99,11 @@ class Mirrored(Strategy):
                                   f"one planned {len(placement.mirrored_devices)}: every worker needs the same number of GPUs")
         else:
             self.tf_strategy = tf_strategy_for(placement.mirrored_devices)
-        self.per_replica_batch = placement.per_replica_batch  # worked out once, by chain.prepared
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
         # ignored there, so stages get no device), and each optimizer captures the
         # tf.distribute strategy that sums its gradients.
         with self.tf_strategy.scope():
-            super().__init__(settings, placement, info, **bodies)
+            super().__init__(settings, placement, info, batch_cut, **bodies)
 
     def devices(self) -> Sequence[str | None]:
         return [None] * len(self.settings.stages)
@@ -169,11 +170,8 @@ class Mirrored(Strategy):
 
         return (self.tf_strategy.experimental_distribute_values_from_function(part),)
 
-    def batch_divisor(self) -> int:
-        return self.tf_strategy.num_replicas_in_sync * self.settings.trainer.grad_accum
-
     def cut_description(self) -> str:
-        return (f"{self.tf_strategy.num_replicas_in_sync} replicas x trainer.grad_accum="
+        return (f"{self.batch_cut.replicas} replicas x trainer.grad_accum="
                 f"{self.settings.trainer.grad_accum} equal chunks")
 
     def memory_devices(self) -> list[str]:
@@ -181,7 +179,7 @@ class Mirrored(Strategy):
 
     def summary(self, summary: Summary) -> Summary:
         # Every replica holds every stage, so memory is measured per replica, not per stage.
-        mirrored = MirroredFields(list(self.placement.mirrored_devices), self.per_replica_batch,
+        mirrored = MirroredFields(list(self.placement.mirrored_devices), self.batch_cut.per_replica,
                                   [memory.peak_bytes(d) if d in self.memory_devices() else None
                                    for d in self.placement.mirrored_devices])
         return replace(super().summary(summary), mirrored=mirrored)
@@ -198,14 +196,15 @@ class MirroredLocal(LocalObjective, Mirrored):
 class MirroredChain(ChainObjective, Mirrored):
     """mode=e2e on every replica: the composed chain, one loss; microbatches do not apply."""
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 **bodies: Any):
         if settings.pipeline.microbatches > 1:  # notes on a new record: the one planned is never changed
             placement = placement.noted(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
                                         "a mirrored replica runs its whole share of the batch at once")
         if settings.pipeline.batch_norm != "microbatch":
             placement = placement.noted(f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
                                         "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
-        super().__init__(settings, placement, info, **bodies)
+        super().__init__(settings, placement, info, batch_cut, **bodies)
 
     def replica_step(self) -> Callable:
         t = self.settings.trainer

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from chain import testhooks
+from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import OutOfMemory
@@ -54,14 +55,15 @@ class SideBySide(LocalObjective):
     # (a step that ran out changed no model; inside a loop of N steps, the steps before it would have).
     steps_in_one_call = False
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 **bodies: Any):
         self.variants = settings.variants
         self.batch_sizes = [v.batch_size for v in self.variants]
         self.paused = [v.paused for v in self.variants]
         self.oom_events: list[OomEvent] = []
         self.attempts = 0  # steps tried in this process (the test hook's clock)
         self._pending: list | None = None  # round robin: the models that finished the step in progress
-        super().__init__(settings, placement, info, **bodies)
+        super().__init__(settings, placement, info, batch_cut, **bodies)
         for st, v in zip(self.stages, self.variants):  # the placement table names each model
             st.label = f"{v.name}: {st.describe()}" + (" (paused)" if v.paused else "")
         self.round_robin = settings.side_by_side.policy == "round_robin"

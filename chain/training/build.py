@@ -83,13 +83,14 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     if dataset.shards is not None and placement.layout == planner.MIRRORED:  # each replica streams its own files
         stream_shares.check_files(dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "files", None))
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
-    bodies, labels, placement = resolve(settings, placement, dataset.info, stages, model, spec.schedule)
+    bodies, labels, placement = resolve(settings, placement, dataset.info, spec.batch_cut, stages, model, spec.schedule)
     if bodies is not None and spec.inventory is not None:  # a cut model's stages are estimated once it is cut
         fit.check_stages_fit(placement, placement.footprints, spec.inventory)
     clipping_notes: list[str] = []
     settings = compiled_clipping.honour(settings, model, clipping_notes)  # a compiled model's clipping is kept
     placement = placement.noted(*clipping_notes)
-    strategy = ways.create(settings, placement, dataset.info, spec.schedule, bodies=bodies, labels=labels)
+    strategy = ways.create(settings, placement, dataset.info, spec.batch_cut, spec.schedule, bodies=bodies,
+                           labels=labels)
     run = Run(settings, strategy, dataset, run_dir)
     if placement.cluster:  # the workers serve on after the run: watched as long as this process lives
         cluster.Watchdog(placement.cluster, settings.cluster.lost_after_s, run.intact).start()

@@ -11,6 +11,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import keras
 
+from chain.config.checks import BatchCut
 from chain.config.schema import Builder, KerasModel, Settings
 from chain.config.shapes import human, optimizer_slots
 from chain.data.catalog import DataInfo
@@ -68,7 +69,7 @@ class Resolved(NamedTuple):
     placement: Placement
 
 
-def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str,
+def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str, batch_cut: BatchCut,
          schedule: Schedule | None) -> tuple[list[Body], list[str], Placement]:
     c = cut.analyse(model, name)
     if not cut.fits(c.input_shape, info.input_shape):
@@ -78,38 +79,37 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     _refuse_softmax(c, settings)
     k, p = len(settings.stages), settings.placement
     costs, notes = None, []
-    micro = settings.data.batch_size // (settings.pipeline.microbatches if settings.mode == "e2e" else 1)
     if p.balance == "time" and p.split is None:
         from chain.stages.timing import piece_times
 
         devices = [placement.local_mirrored_devices[0]] * k if placement.layout == MIRRORED else list(placement.devices)
-        measured = piece_times(c, devices, placement.physical, max(1, micro), tuple(info.input_shape),
+        measured = piece_times(c, devices, placement.physical, batch_cut.per_microbatch, tuple(info.input_shape),
                                progress=settings.trainer.progress)
         costs = [measured.layer_costs(d) for d in devices]
     if p.balance == "memory" and p.split is None:
-        e2e = settings.mode == "e2e"
-        costs = footprint.layer_costs(c.params(), c.outputs(), estimate.held(settings, schedule),
-                                      slots=optimizer_slots(settings.stages[0].optim), microbatch=max(1, micro),
-                                      recompute=settings.pipeline.recompute if e2e else footprint.NEVER)
+        played = estimate.played(settings, placement, schedule)
+        costs = footprint.layer_costs(c.params(), c.outputs(), estimate.held(settings, played),
+                                      slots=optimizer_slots(settings.stages[0].optim),
+                                      microbatch=batch_cut.per_microbatch,
+                                      recompute=settings.pipeline.recompute if played is not None else footprint.NEVER)
     sizes = cut.split(c, k, p.split, p.balance, costs)
-    footprints = tuple(_footprints(c, sizes, settings, placement, schedule))
+    footprints = tuple(_footprints(c, sizes, settings, placement, batch_cut, schedule))
     even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
     if p.balance == "memory" and p.split is None:
         def peaks(footprints):
             return " / ".join(human(f.total) for f in footprints)
 
         notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
-                     f"the even split {even}: {peaks(_footprints(c, even, settings, placement, schedule))}")
+                     f"the even split {even}: {peaks(_footprints(c, even, settings, placement, batch_cut, schedule))}")
     elif costs is not None or p.balance == "params":
         rows = costs or [[float(n) for n in c.params()]] * k
-        m = settings.pipeline.microbatches if settings.mode == "e2e" else 1
 
         def show(s):
             per = balance.stage_costs(rows, s)
             if costs is None:
                 return " / ".join(f"{int(v):,}" for v in per) + " parameters"
             return (" / ".join(f"{v * 1e3:.3g}" for v in per) + f" ms per microbatch; predicted step "
-                    f"{balance.predicted_step(per, m) * 1e3:.3g} ms")
+                    f"{balance.predicted_step(per, batch_cut.microbatches) * 1e3:.3g} ms")
 
         notes.append(f"placement.balance={p.balance}: split {sizes}: {show(sizes)}; "
                      f"the even split {even}: {show(even)}")
@@ -118,21 +118,23 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     return cut.pieces(c, sizes), labels, replace(placement, footprints=footprints).noted(*notes)
 
 
-def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, placement: Placement,
+def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, placement: Placement, batch_cut: BatchCut,
                 schedule: Schedule | None) -> list[footprint.Footprint | None]:
     """Each stage's estimated peak for a cut of `c` into `sizes` layers per stage (`chain.planning.footprint`)."""
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     params, outputs = c.params(), c.outputs()
     costs = [footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b), max(params[a:b]))
              for a, b in zip(bounds, bounds[1:])]
-    return estimate.from_costs(settings, placement, costs, schedule)
+    return estimate.from_costs(settings, placement, batch_cut, costs, schedule)
 
 
-def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Sequence[Callable] | None = None,
-            model: keras.Model | None = None, schedule: Schedule | None = None) -> Resolved:
+def resolve(settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+            stages: Sequence[Callable] | None = None, model: keras.Model | None = None,
+            schedule: Schedule | None = None) -> Resolved:
     """Stage bodies not built from the config's own models (None where a stage is), their labels for the
     placement table, and the placement with a cut model's footprints and notes (balance): `Resolved`.
-    `schedule`: the run's (`RunSpec.schedule`, mode=e2e), which a cut model's estimate reads."""
+    `batch_cut` and `schedule`: the run's (`RunSpec.batch_cut`, `RunSpec.schedule`), which a cut model's
+    timing and estimate read."""
     k = len(settings.stages)
     p = settings.placement
     keras_spec = settings.stages[0].model if isinstance(settings.stages[0].model, KerasModel) else None
@@ -151,7 +153,7 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, stages: Se
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
         return Resolved(*_cut(settings, placement, info, model if model is not None else _load(keras_spec), name,
-                              schedule))
+                              batch_cut, schedule))
     if not any(isinstance(s.model, Builder) for s in settings.stages):
         return Resolved(None, None, placement)
     bodies, labels = [], []

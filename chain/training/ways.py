@@ -16,6 +16,7 @@ strategy), a row here, and its keys in the config schema.
 
 from __future__ import annotations
 
+from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.pipeline.replicas import ReplicatedChain
@@ -43,17 +44,18 @@ def for_mode(mode: str, layout: str = PIPELINE) -> type[Strategy]:
     return TABLE[(layout, mode)]
 
 
-def create(settings: Settings, placement: Placement, info: DataInfo, schedule: Schedule | None = None,
-           **bodies) -> Strategy:
+def create(settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+           schedule: Schedule | None = None, **bodies) -> Strategy:
     """The strategy for this placement and mode, with its stages built and its step compiled.
 
-    `schedule`: the run's pipeline schedule (`RunSpec.schedule`, built once by the preparation pass),
-    which the strategies that run one (`PipelinedChain` and its copies) are given.
+    `batch_cut`: how a batch cuts over the replicas and into microbatches (`RunSpec.batch_cut`);
+    `schedule`: the run's pipeline schedule (`RunSpec.schedule`); both worked out once by the
+    preparation pass. The strategies that run a schedule (`PipelinedChain` and its copies) are given it.
     `bodies`: `bodies=` and `labels=` for stages not built from the config (`chain.stages.bodies`).
     """
     cls = for_mode(settings.mode, placement.layout)
     if issubclass(cls, PipelinedChain):
         if schedule is None:
             raise ValueError(f"{cls.__name__} runs a pipeline schedule: give the RunSpec's (chain.prepared.prepare)")
-        return cls(settings, placement, info, schedule, **bodies)
-    return cls(settings, placement, info, **bodies)
+        return cls(settings, placement, info, batch_cut, schedule, **bodies)
+    return cls(settings, placement, info, batch_cut, **bodies)
