@@ -153,7 +153,7 @@ def show_plan(spec: RunSpec) -> None:
     out = settings.pipeline.schedule_out
     if out is not None and run.schedule is not None:
         from chain.errors import StorageError
-        from chain.pipeline import schedule_file
+        from chain.schedule import schedule_file
 
         try:
             schedule_file.write(run.schedule, out)

@@ -150,7 +150,7 @@ def paired_times(a: argparse.Namespace) -> None:
     ratio compares steps a moment apart. Prints the median ratio per schedule and policy."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import chain
-    from chain.pipeline import schedules
+    from chain.schedule import schedules
     from chain.pipeline.step import e2e_step
 
     run = chain.build(chain.compose(overrides(a, SCHEDULES[0]) + a.extra))
@@ -200,7 +200,7 @@ def measure(a: argparse.Namespace, variant: str) -> dict:
 
 def plan(schedule: str, stages: int, microbatches: int):
     """The schedule as the benchmark runs it (interleaved: `VIRTUAL` stages per device)."""
-    from chain.pipeline import schedules
+    from chain.schedule import schedules
 
     devices = stages // VIRTUAL if schedule == "interleaved" else None
     return schedules.build(schedule, stages, microbatches, devices)
@@ -208,14 +208,14 @@ def plan(schedule: str, stages: int, microbatches: int):
 
 def live_microbatches(schedule: str, stages: int, microbatches: int) -> int:
     """Microbatch activations held at once, summed over devices, by the schedule itself."""
-    from chain.pipeline import schedules
+    from chain.schedule import schedules
 
     return sum(max(schedules.live_activations(row)) for row in plan(schedule, stages, microbatches).actions)
 
 
 def held_per_stage(schedule: str, stages: int, microbatches: int) -> list[int]:
     """Per stage, the most microbatches whose activations it holds at once (1F1B: min(M, K-k))."""
-    from chain.pipeline import schedules
+    from chain.schedule import schedules
 
     return schedules.held_counts(plan(schedule, stages, microbatches))
 
@@ -223,7 +223,7 @@ def held_per_stage(schedule: str, stages: int, microbatches: int) -> list[int]:
 def pending_weight_gradients(schedule: str, stages: int, microbatches: int) -> list[int]:
     """Per stage, the most microbatches between their B and their W at once (zb1: what B leaves for W,
     the gradients at every layer's output; 0 for a schedule without W)."""
-    from chain.pipeline.schedules import BACKWARD, WEIGHT
+    from chain.schedule.schedules import BACKWARD, WEIGHT
 
     s, out = plan(schedule, stages, microbatches), []
     for k in range(stages):
@@ -348,7 +348,7 @@ def new_schedules(a: argparse.Namespace, results: dict[str, list[dict]], med: di
 
 def held_on_devices(schedule: str, stages: int, microbatches: int) -> list[int]:
     """Per device (row), the most stage-microbatches whose activations it holds at once."""
-    from chain.pipeline import schedules
+    from chain.schedule import schedules
 
     return [max(schedules.live_activations(row)) for row in plan(schedule, stages, microbatches).actions]
 

@@ -24,7 +24,7 @@ from chain import fields as checks
 from chain.config import schema
 from chain.config.hydra import compose_config, group_defaults
 from chain.data.sources import settings_classes
-from chain.pipeline.schedules import CHOICES as SCHEDULES  # the built-in names and file
+from chain.schedule.schedules import CHOICES as SCHEDULES  # the built-in names and file
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]

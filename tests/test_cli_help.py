@@ -11,7 +11,7 @@ import pytest
 import chain
 from chain.config.hydra import dotted_keys, group_options, GROUPS
 from chain.config.schema import MODES
-from chain.pipeline.schedules import NAMES as SCHEDULES
+from chain.schedule.schedules import NAMES as SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -298,8 +298,8 @@ def test_split_backwards_and_interleaved_stages_on_two_workers_train_like_on_loc
     whose backwards are split into B and W, each W at the end of its row, after other stages' work on
     that worker. It trains like the same file on this process's logical devices."""
     import chain
-    from chain.pipeline import schedule_file, schedules
-    from chain.pipeline.schedules import WEIGHT, Action, Schedule
+    from chain.schedule import schedule_file, schedules
+    from chain.schedule.schedules import WEIGHT, Action, Schedule
 
     inter = schedules.build("interleaved", 4, 2, 2)
     rows = tuple(row + tuple(Action(a.stage, a.microbatch, WEIGHT) for a in row if a.kind == schedules.BACKWARD)

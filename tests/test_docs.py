@@ -153,7 +153,7 @@ def test_every_command_on_the_front_page_is_a_config_chain_accepts():
 
 
 def test_the_reference_lists_every_value_pipeline_schedule_takes():
-    from chain.pipeline.schedules import CHOICES
+    from chain.schedule.schedules import CHOICES
 
     row = re.search(r"^\| `pipeline\.schedule` \| `str` \| `\w+` \| ([^|]+) \|", (DOCS / "config.md").read_text(), re.M)
     assert row and row.group(1).strip() == ", ".join(f"`{name}`" for name in CHOICES) and "`file`" in row.group(1)

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import chain
-from chain.pipeline import schedules
+from chain.schedule import schedules
 from chain.pipeline import step as pipeline
 from chain.planning import memory
 from chain.planning.devices import canonical

@@ -427,7 +427,7 @@ def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():
 
 # --- issue 21: the memory estimate, a plan that says whether it fits ----------------------
 
-from chain.pipeline import schedules  # noqa: E402
+from chain.schedule import schedules  # noqa: E402
 from chain.planning import balance, footprint  # noqa: E402
 from chain.prepared import prepare  # noqa: E402
 

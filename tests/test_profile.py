@@ -13,8 +13,8 @@ import pytest
 
 import chain
 from chain.errors import ConfigError
-from chain.pipeline import schedules
-from chain.pipeline.schedules import Action
+from chain.schedule import schedules
+from chain.schedule.schedules import Action
 from chain.pipeline import idle, timeline
 from chain.pipeline.timeline import OpEvent
 

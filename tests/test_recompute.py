@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import chain
-from chain.pipeline import schedules
+from chain.schedule import schedules
 from chain.pipeline import step as pipeline_step
 from chain.pipeline.step import e2e_step
 from chain.steps import recompute

@@ -135,7 +135,8 @@ def test_a_value_of_another_type_is_an_error_naming_its_key(damage, named):
 
 
 def test_timeline_json_reads_back_into_the_same_file():
-    from chain.pipeline import schedules, timeline
+    from chain.schedule import schedules
+    from chain.pipeline import timeline
     from chain.pipeline.timeline import OpEvent
 
     s = schedules.build("1f1b", 2, 2)

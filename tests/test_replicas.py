@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import chain
 from chain.errors import ConfigError
-from chain.pipeline import schedule_file, schedules
+from chain.schedule import schedule_file, schedules
 from chain.pipeline.replicas import owners, reduce_mean, stage_state
 from compare import rel_diff, trains_like_one_device, weights
 from conftest import DEVICES

@@ -4,8 +4,8 @@ itself, and a file that cannot run is refused before training with the action th
 import pytest
 
 import chain
-from chain.pipeline import schedule_file, schedules
-from chain.pipeline.schedules import Action
+from chain.schedule import schedule_file, schedules
+from chain.schedule.schedules import Action
 from conftest import run_cli
 
 SIZES = [(1, 1), (2, 4), (3, 2), (4, 8)]

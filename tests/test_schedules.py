@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from chain.pipeline import schedule_file, schedules
-from chain.pipeline.schedules import BACKWARD, FORWARD, Action
+from chain.schedule import schedule_file, schedules
+from chain.schedule.schedules import BACKWARD, FORWARD, Action
 
 SIZES = [(1, 1), (1, 4), (2, 1), (2, 2), (3, 2), (3, 4), (4, 1), (4, 3), (4, 8), (5, 16), (8, 8)]
 # F and B only, a device per stage (interleaved has tests of its own below)
@@ -112,7 +112,7 @@ def test_render_one_row_per_device_one_column_per_slot():
 
 
 def test_schedules_module_does_not_import_tensorflow():
-    code = "import sys, chain.pipeline.schedules as s; s.simulate(s.build('1f1b', 4, 8)); print('tensorflow' in sys.modules)"
+    code = "import sys, chain.schedule.schedules as s; s.simulate(s.build('1f1b', 4, 8)); print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

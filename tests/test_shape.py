@@ -8,7 +8,7 @@ import pytest
 
 import chain
 from chain.config.hydra import compose_config
-from chain.pipeline import schedules
+from chain.schedule import schedules
 
 SMALL = ["model.depth=1", "model.width=8", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256",
          "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false", "mode=e2e"]

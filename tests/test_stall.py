@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from chain.pipeline import schedules
+from chain.schedule import schedules
 from chain.pipeline.stalled import Position, decode, stride, where
 from chain.training.stall import StallWatch
 from conftest import read_summary, run_cli

@@ -5,7 +5,7 @@ import dataclasses
 import inspect
 
 from chain.pipeline import step
-from chain.pipeline.schedules import KINDS
+from chain.schedule.schedules import KINDS
 
 DRIVER_LINES = 40  # play_schedule and play_action together
 HANDLER_LINES = 35  # each handler, and each helper a handler calls

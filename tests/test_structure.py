@@ -65,7 +65,8 @@ def imports(module: str, typing: bool = False, source: str | None = None) -> lis
 # package and the packages of earlier rows only, at run time or for type checking alike.
 LAYERS: list[tuple[str, ...]] = [
     ("chain.errors",),  # the exceptions: import nothing of chain
-    ("chain.fields", "chain.cli", "chain.testhooks", "chain.records", "chain.internals"),  # leaves: chain.errors at most
+    ("chain.fields", "chain.cli", "chain.testhooks", "chain.records", "chain.internals",
+     "chain.schedule"),  # leaves: chain.errors at most
     ("chain.data",),
     ("chain.config",),
     ("chain.planning",),
@@ -127,12 +128,12 @@ def test_every_import_goes_to_an_earlier_layer():
 
 def test_the_order_check_names_an_edge_to_a_later_layer():
     """A TYPE_CHECKING import inside a function of chain.state, from chain.training, is found and
-    named; an import from chain.pipeline (an earlier layer) is not; two leaves of one row may
+    named; an import from chain.schedule (an earlier layer) is not; two leaves of one row may
     not import each other; the bottom row imports nothing."""
     source = ("from typing import TYPE_CHECKING\n"
               "def f():\n    if TYPE_CHECKING:\n        from chain.training.run import Run\n"
-              "    from chain.pipeline.schedules import Action\n")
-    assert imports("chain.state.remap", source=source) == [("chain.pipeline.schedules", ["Action"])]  # run time
+              "    from chain.schedule.schedules import Action\n")
+    assert imports("chain.state.remap", source=source) == [("chain.schedule.schedules", ["Action"])]  # run time
     assert order_violations(package_edges("chain.state.remap", source)) == [
         "chain.state.remap imports chain.training.run: chain.state (layer 10) may import only layers 1-9 of LAYERS, "
         "and chain.training is layer 13"]
@@ -226,10 +227,11 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
 
 
 def test_the_schedule_vocabulary_imports_nothing_of_chain():
-    """`chain.pipeline.schedules` is the schedules as data and the op-name vocabulary: it and
-    its package's `__init__` import nothing of chain, so the TensorFlow-free readers of a
-    schedule (the timeline, the report) take it without the step or its strategy."""
-    assert imports("chain.pipeline.schedules") == [] and imports("chain.pipeline") == []
+    """`chain.schedule.schedules` is the schedules as data and the op-name vocabulary: it and
+    its package's `__init__` import nothing of chain, so the config and the TensorFlow-free readers
+    of a schedule (the timeline, the report) take it without the step or its strategy."""
+    assert imports("chain.schedule.schedules") == [] and imports("chain.schedule") == []
+    assert imports("chain.pipeline") == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -408,8 +410,8 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         assert word not in source, word
 
 
-@pytest.mark.parametrize("module", ["chain", "chain.prepared", "chain.config", "chain.pipeline.schedules", "chain.pipeline.timeline",
-                                    "chain.pipeline.idle", "chain.pipeline.memory_trace", "chain.pipeline.stalled",
+@pytest.mark.parametrize("module", ["chain", "chain.prepared", "chain.config", "chain.schedule.schedules",
+                                    "chain.schedule.schedule_file", "chain.pipeline.timeline", "chain.pipeline.idle", "chain.pipeline.memory_trace", "chain.pipeline.stalled",
                                     "chain.planning.planner",
                                     "chain.data.catalog", "chain.__main__"])
 def test_modules_before_the_build_do_not_import_tensorflow(module):

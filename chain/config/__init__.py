@@ -9,9 +9,10 @@ well under a second).
 Modules: `schema` (the sections as dataclasses; each key's check comes from `chain.fields`, the
 `data` section's forms from `chain.data.sources`), `checks` (what must hold across keys),
 `shapes` (stage shapes and sizes from the config alone), `device_names` (device-name syntax),
-`variants` (side-by-side models), `hydra` (the packaged config groups and overrides).
-What the config cannot know by itself (the pipeline schedules' names, the devices) is checked
-by the preparation pass, `chain.prepared`.
+`variants` (side-by-side models), `hydra` (the packaged config groups and overrides), the schedule
+a run's settings ask for and its checks (`schedule_choice`, over `chain.schedule`; `pipeline.schedule`'s
+names are the schema's choice, from `chain.schedule.schedules`). What the config cannot know by
+itself (the devices, the schedule built once for the run) is the preparation pass's, `chain.prepared`.
 """
 
 from __future__ import annotations

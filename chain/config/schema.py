@@ -22,6 +22,7 @@ from chain.fields import (Check, address, boolean, choice, int_or_list, int_or_w
 from chain.data.data_source import MAX_BATCH
 from chain.data.sources import settings_classes
 from chain.errors import ConfigError, closest, did_you_mean
+from chain.schedule.schedules import CHOICES as SCHEDULES  # the built-in schedules' names and `file`
 
 MODES = ("local", "e2e", "side_by_side")
 POLICIES = ("lockstep", "round_robin")
@@ -276,8 +277,7 @@ class Trainer:
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
-    # Its names are chain.pipeline.schedules' (a later layer): checked by the preparation pass, chain.prepared.
-    schedule: str = setting(string,
+    schedule: str = setting(choice(*SCHEDULES),
         "mode=e2e: the pipeline schedule: sequential, gpipe, 1f1b, zb1 (zero bubble ZB-H1), interleaved (virtual "
         "stages) or file (read from pipeline.schedule_file)")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),

@@ -1,11 +1,8 @@
-"""The pipeline: everything a pipeline schedule is, in one place, so a new schedule touches this
-package only.
+"""The pipeline: a schedule run, in one place. The schedule as data (`Action`, `Schedule`, the
+builders, `simulate`, the op names) is `chain.schedule`'s, a lower layer that the config reads too.
 
-- `schedules`: the schedule as data (`Action`, `Schedule`, the builders, `simulate`, the
-  rendered plan) and the vocabulary of op names (`Action.scope` / `Action.parse`,
-  `update_scope` / `update_stage`). No TensorFlow.
 - `step`: mode=e2e's step, a schedule run in one `tf.function`, its ops named by `Action.scope`.
-- `strategy`: `PipelinedChain`, the strategy that builds the schedule and compiles the step
+- `strategy`: `PipelinedChain`, the strategy that runs the run's schedule and compiles the step
   (it shares the `Pipelined` distribution of `chain.strategies.pipelined` with `PipelinedLocal`).
 - `timeline`: a profiler trace of that step read back into the measured actions
   (`Action.parse`), their statistics and the balance advice.
@@ -13,6 +10,5 @@ package only.
   (`trainer.stall_s`); `stalled`: where a stalled step waits, from them (no TensorFlow).
 
 This package comes after `chain.strategies` in the layer order (docs/architecture.md). This
-file imports nothing, so that importing `chain.pipeline.schedules` or `chain.pipeline.timeline`
-stays free of TensorFlow.
+file imports nothing, so that importing `chain.pipeline.timeline` stays free of TensorFlow.
 """

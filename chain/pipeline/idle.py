@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from statistics import fmean, median
 from typing import Sequence
 
-from chain.pipeline.schedules import Action, Schedule, dependencies, is_split, rounds
+from chain.schedule.schedules import Action, Schedule, dependencies, is_split, rounds
 from chain.records.measured import Measured, MeasuredAction, MeasuredStep
 
 

@@ -37,7 +37,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from chain.pipeline.schedules import BACKWARD, FORWARD, GRADIENT_TAPE, WEIGHT, Action, update_of
+from chain.schedule.schedules import BACKWARD, FORWARD, GRADIENT_TAPE, WEIGHT, Action, update_of
 from chain.pipeline.timeline import trace_events, trace_files
 
 ALLOCATION = "MemoryAllocation"

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from chain.pipeline.schedules import Schedule
+from chain.schedule.schedules import Schedule
 from chain.pipeline.stalled import Position, decode, stride
 
 

@@ -34,7 +34,7 @@ from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
-from chain.pipeline.schedules import Schedule
+from chain.schedule.schedules import Schedule
 from chain.pipeline.stalled import Position, where
 from chain.pipeline.step import Played, e2e_play, finish, host
 from chain.pipeline.strategy import PipelinedChain

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from chain.pipeline.schedules import Action, Schedule, Timeline, dependencies, is_split, rounds, rows, simulate
+from chain.schedule.schedules import Action, Schedule, Timeline, dependencies, is_split, rounds, rows, simulate
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ from chain import testhooks
 from chain.data.catalog import Target
 from chain.internals.tf_private import add_control_input, host_address_space
 from chain.pipeline.progress import Progress
-from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
+from chain.schedule.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
                                       rounds, simulate, update_scope)
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage

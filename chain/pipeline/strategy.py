@@ -17,7 +17,8 @@ from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import plural
-from chain.pipeline import schedules, stalled
+from chain.schedule import schedules
+from chain.pipeline import stalled
 from chain.pipeline.progress import Progress
 from chain.pipeline.step import e2e_step, host
 from chain.planning.planner import Placement

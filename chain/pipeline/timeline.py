@@ -5,7 +5,7 @@ slowest stage). `chain.training.profile` takes the trace; this module reads it.
 **Reading a trace.** TensorFlow's profiler writes `plugins/profile/<session>/<host>.xplane.pb`
 under the trace's directory: planes of lines (threads) of events (start, duration) whose
 metadata names an op as `op_name:op_type`. An op belongs to the action whose name scope it
-carries (`Action.scope`, read back by `Action.parse`: `chain.pipeline.schedules`): `s{k}_F{m}/...` is F(k, m); `s{k}_B{m}/...` and the tape's
+carries (`Action.scope`, read back by `Action.parse`: `chain.schedule.schedules`): `s{k}_F{m}/...` is F(k, m); `s{k}_B{m}/...` and the tape's
 gradient ops `gradient_tape/s{k}_F{m}/...` are B(k, m); `s{k}_update/...` is stage k's
 update; in copy r > 0 of a replicated pipeline each of these names starts with `r{r}_` (`copy_of`), and
 every copy's stages are measured, copy 0's first (`row_of`); the host releases (`release_s{k}_...`) and the ops outside every scope (the split
@@ -48,7 +48,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from chain.planning import balance
 from chain.errors import plural
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
-from chain.pipeline.schedules import (BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, Timeline, rounds, rows,
+from chain.schedule.schedules import (BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, Timeline, rounds, rows,
                                       simulate, update_of)
 
 MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)

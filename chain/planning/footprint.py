@@ -13,7 +13,7 @@ activations make this an over-estimate):
 - activations: every layer output of a microbatch (what its tape keeps), times the
   microbatches the schedule holds at once on that stage (`held`: GPipe M on every stage, 1F1B
   min(M, K-k) on stage k, zb1 and interleaved what their action lists hold, `held_counts` in
-  `chain.pipeline.schedules`); zb1 also holds, between each B and its W, the gradients at every
+  `chain.schedule.schedules`); zb1 also holds, between each B and its W, the gradients at every
   layer's output (`output_gradients_held`). With `pipeline.recompute` (`except_last` or `always`) a stage
   keeps only its input per held microbatch, plus one microbatch's layer outputs (the
   microbatch being replayed, or except_last's kept one, whose backward follows at once);

@@ -1,5 +1,5 @@
 """A run's memory estimate from its settings: each stage's cost (`chain.config.shapes`), the
-microbatches its schedule holds (`chain.pipeline.schedules.held_counts`) and its batch, made into
+microbatches its schedule holds (`chain.schedule.schedules.held_counts`) and its batch, made into
 `chain.planning.footprint.Footprint`s; and the same for the changes that would make a plan fit
 (more microbatches, `pipeline.recompute=always`), which `chain.planning.fit` offers when it refuses.
 """
@@ -9,15 +9,15 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from chain.config import Settings
+from chain.config import Settings, schedule_choice
 from chain.config.checks import BatchCut, batch_cut
 from chain.config.shapes import optimizer_slots, stage_shapes
 from chain.data.catalog import DataInfo
 from chain.errors import ChainError
-from chain.pipeline import schedules, selection
-from chain.pipeline.schedules import Schedule
 from chain.planning.footprint import Footprint, StageCost, estimates
 from chain.planning.planner import MIRRORED, Placement
+from chain.schedule import schedules
+from chain.schedule.schedules import Schedule
 
 ALWAYS = "always"
 
@@ -101,7 +101,7 @@ def alternatives(s: Settings, info: DataInfo, placement: Placement, cut: BatchCu
             else:
                 batch = cut.per_replica * cut.replicas
                 other_cut = batch_cut(batch, cut.replicas, pipeline.microbatches)
-                out[change] = footprints(other, info, placement, other_cut, selection.pipeline_schedule(other))
+                out[change] = footprints(other, info, placement, other_cut, schedule_choice.pipeline_schedule(other))
         except ChainError:  # a batch or schedule that cannot take that many microbatches: not offered
             continue
     return out

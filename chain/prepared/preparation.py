@@ -2,12 +2,13 @@
 once, in order, before anything starts TensorFlow's runtime.
 
 1. `check_config(cfg)`: the settings (`chain.config.validate_and_describe`: every key, every rule between keys, the data
-   set described once and the settings checked against it) and what the config cannot know by
-   itself (`pipeline.schedule` among `chain.pipeline.schedules`). Imports no TensorFlow: the
+   set described once and the settings checked against it). Imports no TensorFlow: the
    command line runs it before Hydra writes anything.
-   mode=e2e's schedule is built (or its file read) here, once, and kept on the `RunSpec`.
+   mode=e2e's schedule is built (or its file read) here, once (`chain.config.schedule_choice`), and kept
+   on the `RunSpec`.
 2. `prepare(cfg)`: `check_config`, then the devices planned (the machine's inventory, the planner's
-   rules, the batch cut over the replicas planned, the memory estimate when the data is described). Planning asks
+   rules), how a batch cuts over the replicas planned (`RunSpec.batch_cut`, once), the memory estimate
+   when the data is described. Planning asks
    TensorFlow how many GPUs there are (without starting its runtime), and a cluster's placement
    needs the devices its workers report, so `prepare` connects to them first.
 3. `with_loaded_data(spec, info)`: data only TensorFlow reads, checked once loaded (the same checks as
@@ -23,13 +24,10 @@ from dataclasses import replace
 from typing import Any
 
 from chain import config
-from chain.config import Settings, checks
+from chain.config import Settings, checks, schedule_choice
 from chain.data import sources
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
-from chain.fields import choice
-from chain.pipeline import selection
-from chain.pipeline.schedules import CHOICES as SCHEDULES
 from chain.planning import cluster, fit, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
 from chain.prepared import estimate
@@ -45,14 +43,13 @@ def check_config(cfg: Any) -> RunSpec:
     if isinstance(cfg, RunSpec):  # checked; one made by hand may lack its schedule
         if cfg.schedule is not None or cfg.settings.mode != "e2e":
             return cfg
-        return replace(cfg, schedule=selection.check_pipeline(cfg.settings))
+        return replace(cfg, schedule=schedule_choice.check_pipeline(cfg.settings))
     if isinstance(cfg, Settings):
         settings, info = cfg, sources.describe(cfg.data)
     else:
         settings, info = config.validate_and_describe(cfg)
-    choice(*SCHEDULES)("pipeline.schedule", settings.pipeline.schedule)
     # the schedule can run (a schedule file read and checked), built here once: what follows reads it
-    schedule = selection.check_pipeline(settings) if settings.mode == "e2e" else None
+    schedule = schedule_choice.check_pipeline(settings) if settings.mode == "e2e" else None
     return RunSpec(settings, info, schedule=schedule)
 
 
@@ -73,7 +70,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
         placement = planner.plan_multi_worker(s.placement, len(s.stages), *multi_worker, inventory.gpus)
     else:
         n_stages = len(s.stages)
-        shared = None if s.placement.devices or s.mode != "e2e" else selection.shared_devices(spec.schedule)
+        shared = None if s.placement.devices or s.mode != "e2e" else schedule_choice.shared_devices(spec.schedule)
         n = shared or n_stages  # interleaved stages: plan their D devices, then stage k on device k mod D
         addresses = cluster.workers(s.cluster.workers)
         if addresses:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from chain.config import Settings
 from chain.config.checks import BatchCut
 from chain.data.catalog import DataInfo
-from chain.pipeline.schedules import Schedule
+from chain.schedule.schedules import Schedule
 from chain.planning.inventory import Inventory
 from chain.planning.planner import Placement
 

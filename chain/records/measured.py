@@ -2,7 +2,7 @@
 steps, per stage statistics and the balance advice (`chain.pipeline.timeline` makes them,
 `chain.training.profile` writes them, the report reads them back).
 
-An action here is stage, microbatch and kind, as `chain.pipeline.schedules.Action` names one
+An action here is stage, microbatch and kind, as `chain.schedule.schedules.Action` names one
 (`MeasuredAction.key`); times are ms from the first profiled step's start.
 """
 
@@ -27,7 +27,7 @@ class MeasuredAction:
     replica: int = item("the copy of the pipeline that ran it (placement.replicas; 0 without copies)", default=0)
 
     def key(self) -> tuple[int, int, str, int]:
-        """(stage, microbatch, kind, replica): the fields of `chain.pipeline.schedules.Action`."""
+        """(stage, microbatch, kind, replica): the fields of `chain.schedule.schedules.Action`."""
         return self.stage, self.microbatch, self.kind, self.replica or 0  # None: a timeline.json from before copies
 
 

@@ -15,7 +15,7 @@ import os
 from typing import Iterable, Sequence
 
 from chain.errors import ChainError, plural
-from chain.pipeline import schedules
+from chain.schedule import schedules
 from chain.pipeline import timeline as measured_timeline
 from chain.records.measured import Measured, MeasuredStep
 from chain.report import plots

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chain.errors import ChainError, first_line
-from chain.pipeline import schedule_file, schedules
+from chain.schedule import schedule_file, schedules
 from chain.records.measured import Measured
 from chain.records.serial import RecordError, from_json
 from chain.records.summaries import MirroredFields, PipelineFields, ProfileFields, StageSummary, Summary

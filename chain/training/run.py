@@ -110,7 +110,7 @@ class Run:
 
     @property
     def schedule(self):
-        """The pipeline schedule the step runs (`chain.pipeline.schedules.Schedule`), or None."""
+        """The pipeline schedule the step runs (`chain.schedule.schedules.Schedule`), or None."""
         return self.strategy.schedule
 
     def timeline(self):

@@ -16,7 +16,7 @@ from chain.config.schema import Builder, KerasModel, Settings
 from chain.config.shapes import human, optimizer_slots
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, first_line
-from chain.pipeline.schedules import Schedule
+from chain.schedule.schedules import Schedule
 from chain.planning import balance, footprint
 from chain.planning.planner import MIRRORED, Placement
 from chain.stages import cut

@@ -20,7 +20,7 @@ from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.pipeline.replicas import ReplicatedChain
-from chain.pipeline.schedules import Schedule
+from chain.schedule.schedules import Schedule
 from chain.pipeline.strategy import PipelinedChain
 from chain.planning.planner import MIRRORED, PIPELINE, REPLICATED, Placement
 from chain.strategies.base import Strategy

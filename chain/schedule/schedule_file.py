@@ -13,7 +13,7 @@ slots reads as its order. `write` puts any schedule into this form
 `pipeline.microbatches`, F and B, and W for all or none), each after what it needs on its own
 stage, and no deadlock (`schedules.simulate` names the first action that can never run). Its
 errors are one line (`ScheduleFileError`); the config turns them into a ConfigError naming
-`pipeline.schedule_file`. No TensorFlow, and nothing of chain but `chain.pipeline.schedules`.
+`pipeline.schedule_file`. No TensorFlow, and nothing of chain but `chain.schedule.schedules`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import io
 
-from chain.pipeline.schedules import BACKWARD, FORWARD, KINDS, WEIGHT, Action, Schedule, simulate, validate
+from chain.schedule.schedules import BACKWARD, FORWARD, KINDS, WEIGHT, Action, Schedule, simulate, validate
 
 MAX_BYTES = 16 << 20  # a schedule of 4096 microbatches x 512 stages is far below this
 MAX_CELL = 32  # characters: the longest action, torch's `511F4095` or `F4095@s511`, has 10

@@ -1,10 +1,10 @@
 """The schedule a run's settings ask for, and the checks that need the schedules to answer.
 
-`pipeline.schedule` names a built-in schedule (`chain.pipeline.schedules`) or `file`, a CSV that
-`chain.pipeline.schedule_file` reads; with `interleaved` (or a file whose rows hold several
-stages) the stages share devices. The config cannot ask these (it is a lower layer): the
-preparation pass (`chain.prepared`) calls `check_pipeline`, the strategy `pipeline_schedule`, and
-the planning `pipeline_devices`.
+`pipeline.schedule` names a built-in schedule (`chain.schedule.schedules`) or `file`, a CSV that
+`chain.schedule.schedule_file` reads; with `interleaved` (or a file whose rows hold several
+stages) the stages share devices. No TensorFlow: the preparation pass (`chain.prepared`) calls
+`check_pipeline` once per run and keeps the schedule it returns on the `RunSpec`; the memory
+estimate builds the schedules of the changes it offers with `pipeline_schedule`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from chain.config.device_names import canonical
 from chain.config.schema import Settings
 from chain.data import files
 from chain.errors import ConfigError
-from chain.pipeline import schedule_file, schedules
+from chain.schedule import schedule_file, schedules
 
 
 def pipeline_schedule(s: Settings) -> schedules.Schedule:

@@ -300,7 +300,7 @@ def interleaved(stages: int, microbatches: int, devices: int | None = None) -> S
 BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b, "zb1": zero_bubble_h1,
             "interleaved": interleaved}
 NAMES = tuple(BUILDERS)  # the one list of built-in schedule names
-FILE = "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.pipeline.schedule_file`)
+FILE = "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.schedule.schedule_file`)
 CHOICES = NAMES + (FILE,)  # what pipeline.schedule may be (the config schema takes it from here)
 
 
