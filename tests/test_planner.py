@@ -12,7 +12,8 @@ import pytest
 import chain
 from chain.errors import ConfigError, DeviceError
 from chain.planning.inventory import Card, Gpu, Inventory, inventory, parse_smi, visible_cards
-from chain.planning.planner import MIRRORED, PIPELINE, check_batch, plan
+from chain.planning.planner import MIRRORED, PIPELINE, plan
+from chain.prepared.preparation import cut_batch
 
 GB = 1024  # MB
 
@@ -189,8 +190,8 @@ def test_mirrored_is_not_used_when_there_are_enough_cards():
 
 def test_mirrored_global_batch_is_split_over_replicas():
     p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=4"), 3, Inventory())
-    assert check_batch(64, p).per_replica == 16
-    assert check_batch(63, plan(pcfg(), 3, Inventory())).per_replica == 63  # pipelined: no split
+    assert cut_batch(64, p).per_replica == 16
+    assert cut_batch(63, plan(pcfg(), 3, Inventory())).per_replica == 63  # pipelined: no split
 
 
 # --- explicit devices ----------------------------------------------------------------------
@@ -325,7 +326,7 @@ def test_visible_error_mentions_cuda_visible_devices():
 def test_mirrored_batch_that_does_not_divide_names_both_keys():
     p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"), 3, Inventory())
     with pytest.raises(ConfigError, match=r"data.batch_size=64 does not divide over 3 replicas \(placement.replicas\)"):
-        check_batch(64, p)
+        cut_batch(64, p)
 
 
 def test_gpu_dataclass_defaults_unknown_memory():
@@ -403,9 +404,9 @@ def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
     assert p.layout == REPLICATED and p.devices == gpu_devices(2)
     assert p.copies == tuple(gpu_devices(8)[r * 2:r * 2 + 2] for r in range(4))
     assert p.notes[0].startswith("layout: pipeline x replicas, 4 copies of the 2-stage pipeline")
-    assert check_batch(64, p, microbatches=4).per_replica == 16
+    assert cut_batch(64, p, microbatches=4).per_replica == 16
     with pytest.raises(ConfigError, match="does not cut into 4 replicas' shares"):
-        check_batch(24, p, microbatches=4)
+        cut_batch(24, p, microbatches=4)
     one = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))
     assert one.layout == PIPELINE and one.copies == () and one.notes[0].startswith("layout: pipeline (a device per stage")
     # A 16-bit exchange asked for where `auto` finds room for one copy only: said, not silently dropped.

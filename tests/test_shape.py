@@ -40,13 +40,14 @@ def test_the_batch_rule_is_one_line_whether_the_config_or_the_plan_finds_it(repl
     planner's (R planned: `auto` makes 2 copies of a 2-stage pipeline on 4 GPUs) give the same line."""
     from chain.config.checks import BatchCut, batch_cut
     from chain.planning.inventory import Inventory
-    from chain.planning.planner import check_batch, plan
+    from chain.planning.planner import plan
+    from chain.prepared import cut_batch
 
     line = ("data.batch_size=12 does not cut into 2 replicas' shares (placement.replicas) of pipeline.microbatches=4 "
             "equal microbatches: use a multiple of 8, e.g. data.batch_size=8")
     ok = [*SMALL, "+stages=2", f"placement.replicas={replicas}", "pipeline.microbatches=4", "data.batch_size=16"]
     with pytest.raises(chain.ConfigError) as planned:
-        check_batch(12, plan(chain.compose(ok).placement, 2, Inventory.of(4, 80 * 1024)), microbatches=4)
+        cut_batch(12, plan(chain.compose(ok).placement, 2, Inventory.of(4, 80 * 1024)), microbatches=4)
     assert str(planned.value) == line
     if replicas == "2":
         with pytest.raises(chain.ConfigError) as given:

@@ -181,10 +181,11 @@ class ReplicatedChain(PipelinedChain):
         loss = self.loss_fn()
         self.progress = progress = self.markers(len(self.copies))
         plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
-                          recompute_policy=self.settings.pipeline.recompute, replica=r, progress=progress)
+                          recompute_policy=self.settings.pipeline.recompute, replica=r, progress=progress,
+                          batch_cut=self.batch_cut)
                  for r, stages in enumerate(self.copies)]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
-        copies, n = self.copies, len(self.copies)
+        copies, n = self.copies, self.batch_cut.replicas  # a share of every batch per copy
         exchange = self.settings.placement.exchange_dtype
         travel = None if exchange == "float32" else tf.as_dtype(exchange)
         deferred = [Deferred(stages) for stages in copies] if self.settings.pipeline.batch_norm == "deferred" else None

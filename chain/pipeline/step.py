@@ -88,6 +88,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from chain import testhooks
+from chain.config.checks import BatchCut
 from chain.data.catalog import Target
 from chain.internals.tf_private import add_control_input, host_address_space
 from chain.pipeline.progress import Progress
@@ -309,7 +310,8 @@ def _ancestors(op: tf.Operation, within: set) -> set:
 def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
              clip_global_norm: float | None = None, batch_norm: str = "microbatch", recompute_policy: str = NEVER,
-             weights_early: bool = True, progress: Progress | None = None) -> Callable:
+             weights_early: bool = True, progress: Progress | None = None,
+             batch_cut: BatchCut | None = None) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
     gradient norm: `Layout.chain`).
@@ -331,10 +333,12 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     (`weights_first`) and a W's stage wait for its gradient sums (`summed_in_turn`): an ablation,
     the step as it was before them, with the same values and more memory held.
     `progress` (`trainer.stall_s`): the host's markers each action updates when it is done
-    (`chain.pipeline.progress`), so a stalled step can say where it waits.
+    (`chain.pipeline.progress`), so a stalled step can say where it waits. `batch_cut`: how the run
+    cuts a batch (`RunSpec.batch_cut`): its microbatches, which `schedule` must play (None: the
+    schedule's own count, for a step made by hand).
     """
     play = e2e_play(stages, schedule, loss, target, grad_accum, jit_compile, ordered, release, recompute_policy,
-                    weights_early=weights_early, progress=progress)
+                    weights_early=weights_early, progress=progress, batch_cut=batch_cut)
     updates = [stage_update(s, jit_compile) for s in stages]
     deferred = Deferred(stages) if batch_norm == "deferred" else None
 
@@ -424,6 +428,7 @@ class PlayPlan:
     schedule: Schedule
     target: Target
     options: StepOptions
+    microbatches: int  # each round's batch cut into this many (the run's `BatchCut`; the schedule's count)
     order: list[Action]  # every action, in the order traced (the simulated timeline's, over the rounds)
     ordered: bool  # each stage's actions chained in the schedule's order
     at_once: frozenset[tuple[int, int]]  # kept under every recompute policy (`backward_at_once`)
@@ -439,7 +444,7 @@ class PlayPlan:
     @property
     def n_micro(self) -> int:
         """Microbatches per step, over all rounds."""
-        return self.schedule.microbatches * self.options.grad_accum
+        return self.microbatches * self.options.grad_accum
 
     def replayed(self, k: int, m: int) -> bool:
         """Whether F(k, m) keeps only its input and B(k, m) runs it again (`m` over all rounds)."""
@@ -480,13 +485,13 @@ INPUT_GRADIENT = "B_input"  # the key of a split backward's B in `HANDLERS` (its
 def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
              grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
              recompute_policy: str = NEVER, replica: int = 0, weights_early: bool = True,
-             progress: Progress | None = None) -> Callable:
+             progress: Progress | None = None, batch_cut: BatchCut | None = None) -> Callable:
     """`play(x, ys, base) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
     pipeline (`chain.pipeline.replicas`) plays it once per copy (`replica`: its actions' scopes say
     which, `Action.scope`) and averages the gradients over the copies first. With `progress`, `base`
     (`Progress.begin`'s, once per step) starts the values of the markers each action sets when done."""
     options = StepOptions(grad_accum, jit_compile, ordered, release, recompute_policy, replica, weights_early, progress)
-    plan = play_plan(stages, schedule, loss, target, options)
+    plan = play_plan(stages, schedule, loss, target, options, batch_cut)
 
     def play(x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
         return play_schedule(plan, x, ys, base)
@@ -495,10 +500,15 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
 
 
 def play_plan(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-              options: StepOptions) -> PlayPlan:
-    """The `PlayPlan` of `schedule` over `stages`; refuses a schedule the stages cannot play."""
+              options: StepOptions, batch_cut: BatchCut | None = None) -> PlayPlan:
+    """The `PlayPlan` of `schedule` over `stages`, each round's batch cut as `batch_cut` says (None:
+    into the schedule's microbatches); refuses a schedule the stages or the cut cannot play."""
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
+    microbatches = schedule.microbatches if batch_cut is None else batch_cut.microbatches
+    if microbatches != schedule.microbatches:
+        raise ValueError(f"{schedule.name} plays {schedule.microbatches} microbatches, the batch is cut into "
+                         f"{microbatches}")
     split = is_split(schedule)
     if options.recompute_policy != NEVER and split:
         raise ValueError(f"{schedule.name}: a split backward (B and W) does not recompute (recompute_policy=NEVER)")
@@ -517,7 +527,7 @@ def play_plan(stages: Sequence[Stage], schedule: Schedule, loss: Callable, targe
     keeps = tuple(split and not options.jit_compile and layer_by_layer(s) for s in stages)
     forwards = tuple(xla.stage_function(chain_forward(s, loss if s.index == last else None, keeps[s.index]),
                                         options.jit_compile, xla.forward_name(s.index)) for s in stages)
-    plan = PlayPlan(stages, schedule, target, options, order, ordered,
+    plan = PlayPlan(stages, schedule, target, options, microbatches, order, ordered,
                     at_once=backward_at_once(schedule),  # kept under every policy: a replay would hold the same, at once
                     deferred=frozenset(), split=split, keeps=keeps, forwards=forwards)
     return dataclasses.replace(plan, deferred=deferred_forwards(order, last, plan.replayed))

@@ -42,7 +42,8 @@ class PipelinedChain(ChainObjective, Pipelined):
         self.progress = self.markers(1)
         return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile,
                         clip_global_norm=self.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm,
-                        recompute_policy=self.settings.pipeline.recompute, progress=self.progress)
+                        recompute_policy=self.settings.pipeline.recompute, progress=self.progress,
+                        batch_cut=self.batch_cut)
 
     def markers(self, replicas: int) -> Progress | None:
         """The step's progress markers when `trainer.stall_s` watches it (`chain.pipeline.progress`), else None."""

@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from chain.config.checks import BatchCut, batch_cut, placement_fits
+from chain.config.checks import placement_fits
 from chain.config.device_names import canonical
 from chain.config.schema import PlacementSettings
 from chain.errors import ConfigError, DeviceError, plural
 from chain.planning.footprint import Footprint
 from chain.planning.inventory import Gpu, Inventory
 
-__all__ = ["Placement", "plan", "loop", "check_batch", "PIPELINE", "MIRRORED", "REPLICATED"]
+__all__ = ["Placement", "plan", "loop", "PIPELINE", "MIRRORED", "REPLICATED"]
 
 PIPELINE = "pipeline"
 MIRRORED = "mirrored"
@@ -34,7 +34,7 @@ CPU_REPLICAS = 2  # mirrored without a GPU: enough replicas to exercise the all-
 class Placement:
     """The planner's decision, frozen: what is settled after planning (the footprints, the devices
     checked to exist, later notes) makes a new record (`replace`, `noted`). How a batch cuts over its
-    replicas is the run's, not the placement's (`RunSpec.batch_cut`, `check_batch`).
+    replicas is the run's, not the placement's (`RunSpec.batch_cut`, `chain.prepared.cut_batch`).
 
     `devices[k]` is stage k's device (canonical `/device:GPU:1` form); None for every
     stage when `layout` is "mirrored", where each replica holds all stages and
@@ -490,15 +490,6 @@ def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Seq
              f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
     return Placement(devices=rows[0], kind="GPU" if "/device:GPU:" in pool[0] else "CPU", layout=REPLICATED,
                      copies=rows, physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=notes)
-
-
-def check_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> BatchCut:
-    """How `data.batch_size`, the global batch, cuts over the replicas this plan made (mirrored replicas,
-    or copies of a pipeline) and, on a pipeline, into `microbatches` (mode=e2e's; a mirrored replica
-    runs its share whole): the rule of `chain.config.checks.batch_cut`, for the replicas planned."""
-    if placement.layout == MIRRORED:
-        return batch_cut(batch_size, len(placement.mirrored_devices), mirrored=True)
-    return batch_cut(batch_size, len(placement.copies) or 1, microbatches)
 
 
 def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory, cpu_memory_mb: int | None,

@@ -25,11 +25,13 @@ from typing import Any
 
 from chain import config
 from chain.config import Settings, checks, schedule_choice
+from chain.config.checks import BatchCut
 from chain.data import sources
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
 from chain.planning import cluster, fit, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
+from chain.planning.planner import Placement
 from chain.prepared import estimate
 from chain.prepared.run_spec import RunSpec
 
@@ -82,12 +84,21 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
             inventory = inventory or discover()
             placement = planner.plan(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
         placement = planner.loop(placement, n_stages, s.pipeline.schedule)
-    microbatches = s.pipeline.microbatches if s.mode == "e2e" else 1
-    cut = planner.check_batch(s.data.batch_size, placement, microbatches)  # once: what follows reads it
+    cut = cut_batch(s.data.batch_size, placement, s.pipeline.microbatches if s.mode == "e2e" else 1)  # once
     spec = replace(spec, placement=placement, inventory=inventory, batch_cut=cut)
     if spec.data_info is not None:
         spec = with_footprints(spec)
     return spec
+
+
+def cut_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> BatchCut:
+    """How `batch_size` (`data.batch_size`, the global batch) cuts over the replicas `placement` planned
+    (mirrored replicas, or copies of a pipeline) and, on a pipeline, into `microbatches` (mode=e2e's; a
+    mirrored replica runs its share whole): `chain.config.checks.batch_cut`'s rule and line, for the
+    replicas planned (`placement.replicas=auto` is known only here)."""
+    if placement.layout == planner.MIRRORED:
+        return checks.batch_cut(batch_size, len(placement.mirrored_devices), mirrored=True)
+    return checks.batch_cut(batch_size, len(placement.copies) or 1, microbatches)
 
 
 def with_loaded_data(spec: RunSpec, info: DataInfo) -> RunSpec:
