@@ -55,3 +55,41 @@ def test_the_batch_rule_is_one_line_whether_the_config_or_the_plan_finds_it(repl
         assert str(given.value) == line
     assert batch_cut(16, 2, 4) == BatchCut(replicas=2, microbatches=4, per_replica=8, per_microbatch=2)
     assert batch_cut(16, microbatches=4).per_replica == 16 and batch_cut(16, 2, mirrored=True).per_replica == 8
+
+
+@pytest.mark.parametrize("overrides, gpus, replicas, microbatches", [
+    (["placement.replicas=auto", "pipeline.microbatches=4"], 4, 2, 4),  # the planner's 2 copies on 4 GPUs
+    (["placement.fallback=mirrored", "pipeline.microbatches=4"], 0, 2, 1),  # 2 CPU replicas, each runs its share whole
+    (["pipeline.microbatches=4"], 0, 1, 4)])
+def test_the_batch_cut_is_worked_out_once_for_the_replicas_planned(overrides, gpus, replicas, microbatches):
+    """`RunSpec.batch_cut` is the cut for the replicas the planner made (`auto` is known only once
+    planned): as many shares as the placement has copies or mirrored devices, and the microbatches a
+    replica's step plays (none on a mirrored replica, which runs its share whole)."""
+    from chain.config.checks import BatchCut
+    from chain.planning.inventory import Inventory
+
+    inventory = Inventory.of(gpus, 80 * 1024) if gpus else Inventory()
+    spec = chain.prepared.prepare(compose_config([*SMALL, "+stages=2", *overrides]), inventory=inventory)
+    planned = len(spec.placement.copies) or len(spec.placement.mirrored_devices) or 1
+    assert planned == replicas
+    assert spec.batch_cut == BatchCut(replicas, microbatches, 16 // replicas, 16 // replicas // microbatches)
+
+
+def test_pipeline_schedule_is_a_schema_choice():
+    """`pipeline.schedule` is checked by its schema field, before anything is prepared: the schema's
+    one line, the allowed names from `chain.schedule.schedules`, and its guess."""
+    from chain.config import compose
+
+    with pytest.raises(chain.ConfigError) as e:
+        compose([*SMALL, "+stages=2", "pipeline.schedule=1fb1"])
+    assert str(e.value) == (f"pipeline.schedule='1fb1' is not known; allowed: {', '.join(schedules.CHOICES)}; "
+                            "did you mean pipeline.schedule=1f1b?")
+
+
+def test_a_step_refuses_a_cut_its_schedule_does_not_play():
+    from chain.config.checks import batch_cut
+    from chain.pipeline.step import StepOptions, play_plan
+
+    schedule = schedules.build("1f1b", 2, 4)
+    with pytest.raises(ValueError, match="1f1b plays 4 microbatches, the batch is cut into 2"):
+        play_plan([None, None], schedule, None, None, StepOptions(), batch_cut(16, microbatches=2))

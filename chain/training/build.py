@@ -1,7 +1,7 @@
 """From a config to a ready `Run`: prepare once, apply the placement, load the data, build the strategy.
 
 Everything that needs no TensorFlow runtime (every config error, the data set's description,
-the placement with its per-replica batch, the memory estimate) is settled by the preparation
+the placement, the schedule, the batch's cut over the replicas, the memory estimate) is settled by the preparation
 pass, `chain.prepared.prepare`, into one `RunSpec`; this module reads it. What needs the runtime
 is done here, in `apply`, before anything is built, printed or written: the logical devices
 configured, the devices the plan uses checked to exist, a multi-worker run's tf.distribute strategy made.
