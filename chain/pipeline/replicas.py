@@ -142,10 +142,6 @@ class ReplicatedChain(PipelinedChain):
         self.copies: list[list[Stage]] = []
         super().__init__(settings, placement, info, batch_cut, schedule, **bodies)
 
-    @property
-    def replicas(self) -> int:
-        return len(self.placement.copies)
-
     def build_stages(self) -> list[Stage]:
         """Replica 0's stages (`self.stages`: what checkpoints hold), then every other copy's on its
         devices, each built from the same seed and then set to replica 0's state."""
@@ -225,18 +221,20 @@ class ReplicatedChain(PipelinedChain):
         return step
 
     def cut_description(self) -> str:
-        return f"{self.replicas} replicas' shares (placement.replicas), each {super().cut_description()}"
+        return f"{self.batch_cut.replicas} replicas' shares (placement.replicas), each {super().cut_description()}"
 
     def memory_devices(self) -> list[str]:
         return [s.device for copy in self.copies for s in copy]
 
     def waiting(self, position: Position) -> list[str]:
-        return where(self.schedule, self.settings.trainer.grad_accum, self.memory_devices(), position, self.replicas)
+        return where(self.schedule, self.settings.trainer.grad_accum, self.memory_devices(), position,
+                     self.batch_cut.replicas)
 
     def summary(self, summary: Summary) -> Summary:
-        copies = ReplicasFields(self.replicas, [list(row) for row in self.placement.copies])
+        copies = ReplicasFields(self.batch_cut.replicas, [list(row) for row in self.placement.copies])
         return replace(super().summary(summary), replicas=copies)
 
     def plan_text(self, full: bool) -> str:
-        return (f"{self.replicas} copies of the pipeline (the grid above), each playing this schedule on its "
-                f"1/{self.replicas} of every batch:\n{super().plan_text(full)}")
+        r = self.batch_cut.replicas
+        return (f"{r} copies of the pipeline (the grid above), each playing this schedule on its "
+                f"1/{r} of every batch:\n{super().plan_text(full)}")
