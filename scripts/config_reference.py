@@ -24,7 +24,6 @@ from chain import fields as checks
 from chain.config import schema
 from chain.config.hydra import compose_config, group_defaults
 from chain.data.sources import settings_classes
-from chain.schedule.schedules import CHOICES as SCHEDULES  # the built-in names and file
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,10 +101,6 @@ PLAIN = {
 }
 
 
-# Keys whose values a later layer knows, checked by the preparation pass (chain.prepared), not the schema.
-LATER = {"pipeline.schedule": ", ".join(f"`{name}`" for name in SCHEDULES)}
-
-
 def describe(check: Callable) -> str:
     """The values `check` accepts, in words; an unknown kind of check is an error, not a guess."""
     if check in PLAIN:
@@ -151,7 +146,7 @@ def _rows(cls: type, prefix: str, defaults: dict) -> list[str]:
             default = _value(value) if value is not None else "(below)"
         else:
             default = _value(value)
-        allowed = LATER.get(f"{prefix}{f.name}") or describe(f.metadata["check"])
+        allowed = describe(f.metadata["check"])
         kinds = getattr(cls, "KINDS", None) or ((cls.KIND,) if hasattr(cls, "KIND") else None)
         if f.name == "name" and kinds:  # a group's form is chosen by its name
             allowed = ", ".join(f"`{k}`" for k in kinds)
