@@ -36,14 +36,14 @@ from chain.errors import ConfigError
 from chain.pipeline.schedules import Schedule
 from chain.pipeline.stalled import Position, where
 from chain.pipeline.step import Played, e2e_play, finish, host
-from chain.pipeline.strategy import PipelinedChain
+from chain.pipeline.strategy import Scheduled
 from chain.planning.planner import REPLICATED, Placement
 from chain.records.summaries import ReplicasFields, Summary
-from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.ops import copy_to
 from chain.steps.update import stage_update
+from chain.strategies.objectives import ChainObjective
 
 
 def stage_state(stage: Stage) -> list[tf.Variable]:
@@ -124,21 +124,24 @@ def elements(t: Any) -> int:
     return max(1, shape.num_elements())
 
 
-class ReplicatedChain(PipelinedChain):
-    """mode=e2e on `placement.copies`: R copies of the pipeline, each its share of every batch."""
+class Replicated(Scheduled):
+    """`placement.copies`: R copies of the scheduled pipeline, each its share of every batch (with the
+    chain's objective, mode=e2e: ReplicatedChain)."""
 
     shared_weights = False  # copies of a pipeline: a tied weight's sum across copies is not built
 
     name = REPLICATED
+    title = "Replicated"
     # How stage k's j-th gradient is averaged (`reduce_mean`): "every" device sums all copies, or one
     # "owner" copy (`owners`: each copy about 1/R of the bytes) sums and sends the mean back. The same
     # bits either way; a benchmark's choice (scripts/bench_pipeline.py --replicas --decompose), read
     # when the step is traced.
     reduction = "every"
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, schedule: Schedule, **bodies: Any):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, learns: type[ChainObjective],
+                 schedule: Schedule, **bodies: Any):
         self.copies: list[list[Stage]] = []
-        super().__init__(settings, placement, info, schedule, **bodies)
+        super().__init__(settings, placement, info, learns, schedule, **bodies)
 
     @property
     def replicas(self) -> int:
@@ -151,10 +154,7 @@ class ReplicatedChain(PipelinedChain):
         s = self.settings
         self.copies = [first]
         for row in self.placement.copies[1:]:
-            self.copies.append(build_stages(
-                s.stages, row, self.info, heads=self.heads, readout=self.readout, precision_name=s.precision,
-                initial_loss_scale=s.trainer.initial_loss_scale, bodies=self.bodies, labels=self.labels,
-                chained=self.chained, seed=s.seed))
+            self.copies.append(self.build_copy(row))
         for copy in self.copies[1:]:
             for a, b in zip(first, copy):
                 if {id(v) for v in a.model.variables} & {id(v) for v in b.model.variables}:
@@ -175,10 +175,10 @@ class ReplicatedChain(PipelinedChain):
         self.sync()
 
     def make_step(self) -> Callable:
-        t = self.settings.trainer
-        loss = self.loss_fn()
+        t, chain = self.settings.trainer, self.objective
+        loss = chain.loss_fn()
         self.progress = progress = self.markers(len(self.copies))
-        plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
+        plays = [e2e_play(stages, self.schedule, loss, chain.target, t.grad_accum, t.jit_compile,
                           recompute_policy=self.settings.pipeline.recompute, replica=r, progress=progress)
                  for r, stages in enumerate(self.copies)]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
@@ -226,7 +226,7 @@ class ReplicatedChain(PipelinedChain):
 
     def parts(self) -> str | None:
         # Copies do not count (each computes its share's terms whole, as Keras per replica).
-        return PipelinedChain.cut_description(self) if super().batch_divisor() > 1 else None
+        return Scheduled.cut_description(self) if super().batch_divisor() > 1 else None
 
     def cut_description(self) -> str:
         return f"{self.replicas} replicas' shares (placement.replicas), each {super().cut_description()}"

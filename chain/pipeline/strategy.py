@@ -1,10 +1,11 @@
-"""`PipelinedChain`: mode=e2e on a device per stage, the strategy that runs a pipeline schedule.
+"""`Scheduled`: the distribution that runs a pipeline schedule, a device per stage.
 
-It runs the schedule the preparation pass built (`RunSpec.schedule`), compiles the step that runs it
+Given the chain's objective (`chain.strategies.objectives.ChainObjective`, mode=e2e) it runs the
+schedule the preparation pass built (`RunSpec.schedule`), compiles the step that runs it
 (`chain.pipeline.step`), and says what the plan looks like (`plan_only=true`) and what
-summary.json records of it. It shares the `Pipelined` distribution with `PipelinedLocal`
-(`chain.strategies.pipelined`) and the chain's objective with `MirroredChain`
-(`chain.strategies.base.ChainObjective`).
+summary.json records of it. Its stages live where `chain.strategies.pipelined.Pipelined`'s do
+(stage k on `placement.devices[k]`); the objective is the one `chain.strategies.mirrored.Mirrored`
+is given for mode=e2e.
 """
 
 from __future__ import annotations
@@ -19,27 +20,35 @@ from chain.errors import plural
 from chain.pipeline import schedules, stalled
 from chain.pipeline.progress import Progress
 from chain.pipeline.step import e2e_step, host
-from chain.planning.planner import Placement
+from chain.planning.planner import PIPELINE, Placement
 from chain.records.summaries import PipelineFields, Summary
-from chain.strategies.base import ChainObjective
-from chain.strategies.pipelined import Pipelined
+from chain.strategies.base import Strategy
+from chain.strategies.objectives import ChainObjective
 
 
-class PipelinedChain(ChainObjective, Pipelined):
-    """mode=e2e, pipelined: `pipeline.schedule` over `pipeline.microbatches` per batch."""
+class Scheduled(Strategy):
+    """A device per stage, `pipeline.schedule` over `pipeline.microbatches` per batch, one loss."""
 
+    name = PIPELINE
+    title = "Pipelined"  # with the chain's objective: PipelinedChain
     shared_weights = True  # the step sums a tied weight's copies' gradients (`chain.steps.tied`)
+    objective: ChainObjective  # a schedule's step learns the chain's one loss
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, schedule: schedules.Schedule,
-                 **bodies: Any):
+    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, learns: type[ChainObjective],
+                 schedule: schedules.Schedule, **bodies: Any):
         self.schedule = schedule  # the run's, built once by the preparation pass (`RunSpec.schedule`)
-        super().__init__(settings, placement, info, **bodies)
+        super().__init__(settings, placement, info, learns, **bodies)
+
+    @property
+    def clip_global_norm(self) -> float | None:
+        """`optim.clip_global_norm` (the objective's): the step clips by the global norm and reports it."""
+        return self.objective.clip_global_norm
 
     def make_step(self) -> Callable:
-        t = self.settings.trainer
+        t, chain = self.settings.trainer, self.objective
         self.progress = self.markers(1)
-        return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile,
-                        clip_global_norm=self.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm,
+        return e2e_step(self.stages, self.schedule, chain.loss_fn(), chain.target, t.grad_accum, t.jit_compile,
+                        clip_global_norm=chain.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm,
                         recompute_policy=self.settings.pipeline.recompute, progress=self.progress)
 
     def markers(self, replicas: int) -> Progress | None:
