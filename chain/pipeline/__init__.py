@@ -5,8 +5,9 @@ package only.
   rendered plan) and the vocabulary of op names (`Action.scope` / `Action.parse`,
   `update_scope` / `update_stage`). No TensorFlow.
 - `step`: mode=e2e's step, a schedule run in one `tf.function`, its ops named by `Action.scope`.
-- `strategy`: `PipelinedChain`, the strategy that builds the schedule and compiles the step
-  (it shares the `Pipelined` distribution of `chain.strategies.pipelined` with `PipelinedLocal`).
+- `strategy`: `Scheduled`, the distribution that runs the schedule and compiles the step (given
+  the chain's objective, `chain.strategies.objectives.ChainObjective`); `replicas`: `Replicated`,
+  R copies of it.
 - `timeline`: a profiler trace of that step read back into the measured actions
   (`Action.parse`), their statistics and the balance advice.
 - `progress`: the host's markers of how far each device of a running step has come

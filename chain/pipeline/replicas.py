@@ -1,4 +1,4 @@
-"""`ReplicatedChain`: R copies of the K-stage pipeline (`placement.replicas=R`), data parallel.
+"""`Replicated`: R copies of the K-stage pipeline (`placement.replicas=R`), data parallel.
 
 The planner places replica r's stage k on its own device (`Placement.copies[r][k]`). One compiled
 step cuts each batch into R equal shares, and every copy plays the schedule on its share

@@ -318,9 +318,10 @@ class Run:
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         from chain.training.profile import Window
+        from chain.training.stall import started
 
         window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
-        watch = self._watch(t)  # trainer.stall_s: says where a step waits
+        watch = started(t, self.strategy, self.intact)  # trainer.stall_s: says where a step waits
         loop = self._open()
         cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0)
         memory.reset(self.strategy.memory_devices())
@@ -351,16 +352,6 @@ class Run:
             if loop.writers:
                 loop.writers.close()
         return self._write(summary, loop)
-
-    def _watch(self, t):
-        """The running watch of `trainer.stall_s` (`chain.training.stall`), or None when it is 0."""
-        if not t.stall_s:
-            return None
-        from chain.training.stall import StallWatch
-
-        watch = StallWatch(t.stall_s, t.stall_action == "stop", self.strategy, self.intact)
-        watch.start()
-        return watch
 
     def _open(self) -> _Loop:
         """The loop's state at its start: this run's checkpoints (restored from on resume), `best/`
