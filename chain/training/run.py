@@ -117,7 +117,7 @@ class Run:
 
     def timeline(self):
         """The schedule played with unit-time actions (for its bubble and the plan), or None."""
-        return self.strategy.timeline() if self.schedule is not None else None
+        return self.strategy.timeline()
 
     @property
     def notes(self) -> list[str]:
