@@ -11,7 +11,7 @@ Anything else passes unchanged.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from chain.data.loader import Dataset
 from chain.data.stream import bad_record
@@ -33,12 +33,12 @@ def intact(run_dir: str | None, hint: bool = True) -> str:
 
 
 @contextlib.contextmanager
-def one_line(run_dir: str | None, dataset: Dataset, workers: tuple | list | None,
-             lost_after_s: float) -> Iterator[None]:
+def one_line(run_dir: str | None, dataset: Dataset, workers: Sequence[str], lost_after_s: float) -> Iterator[None]:
     """Around a run's training: its failures as one-line errors saying what survives in `run_dir`.
 
-    `workers`: the other processes a step needs (a cluster's, or a multi-worker run's peers), whose
-    loss explains a cancelled step or a failed save; `lost_after_s`: `cluster.lost_after_s`.
+    `workers`: the addresses of the other processes a step needs (a cluster's, or a multi-worker
+    run's peers; empty: none), whose loss explains a cancelled step or a failed save;
+    `lost_after_s`: `cluster.lost_after_s`.
     """
     import tensorflow as tf
 
