@@ -72,9 +72,7 @@ def worker(a: argparse.Namespace) -> None:
     run = chain.build(chain.compose(overrides(a, a.schedule, a.recompute) + a.extra))
     if a.unchained:  # the same step without the per-stage order: each action waits for nothing
         strategy = run.strategy
-        chain_objective = strategy.objective
-        strategy.set_step(e2e_step(run.stages, run.schedule, chain_objective.loss_fn(), chain_objective.target,
-                                   ordered=False))
+        strategy.set_step(e2e_step(run.stages, run.schedule, strategy.loss_fn(), strategy.target, ordered=False))
     it = iter(run.batches())
     for _ in range(a.warmup):
         run.step(*next(it))

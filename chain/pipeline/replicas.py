@@ -175,10 +175,10 @@ class Replicated(Scheduled):
         self.sync()
 
     def make_step(self) -> Callable:
-        t, chain = self.settings.trainer, self.objective
-        loss = chain.loss_fn()
+        t = self.settings.trainer
+        loss = self.loss_fn()
         self.progress = progress = self.markers(len(self.copies))
-        plays = [e2e_play(stages, self.schedule, loss, chain.target, t.grad_accum, t.jit_compile,
+        plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
                           recompute_policy=self.settings.pipeline.recompute, replica=r, progress=progress)
                  for r, stages in enumerate(self.copies)]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]

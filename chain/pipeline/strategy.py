@@ -44,11 +44,20 @@ class Scheduled(Strategy):
         """`optim.clip_global_norm` (the objective's): the step clips by the global norm and reports it."""
         return self.objective.clip_global_norm
 
+    @property
+    def target(self):
+        """The chain's target (the objective's), which the last stage's read-out learns."""
+        return self.objective.target
+
+    def loss_fn(self) -> Callable:
+        """`fn(y, pred)`: the chain's mean loss (the objective's), as the step computes it."""
+        return self.objective.loss_fn()
+
     def make_step(self) -> Callable:
-        t, chain = self.settings.trainer, self.objective
+        t = self.settings.trainer
         self.progress = self.markers(1)
-        return e2e_step(self.stages, self.schedule, chain.loss_fn(), chain.target, t.grad_accum, t.jit_compile,
-                        clip_global_norm=chain.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm,
+        return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile,
+                        clip_global_norm=self.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm,
                         recompute_policy=self.settings.pipeline.recompute, progress=self.progress)
 
     def markers(self, replicas: int) -> Progress | None:
