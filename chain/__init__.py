@@ -24,8 +24,8 @@ docs/architecture.md draws it, tests/test_structure.py checks it):
     planning/    devices, inventory, planner, cluster, balance, memory, footprint (estimated peaks), fit
     stages/      Stage, build_stages, bodies (user code), cut (one model into stages), precision, ...
     steps/       the compiled steps: local, replica, independent; update, numerics, xla, evaluate
-    strategies/  one object per way of training (pipelined/mirrored x local/e2e, side by side)
-    pipeline/    schedules, mode=e2e's step, PipelinedChain, a trace's measured actions
+    strategies/  one object per way of training: a distribution given an objective (local, e2e, side by side)
+    pipeline/    schedules, mode=e2e's step, Scheduled (its distribution), a trace's measured actions
     state/       checkpoints, manifest, exports, remap (restage), atomic writes
     report/      python -m chain.report: a run directory as one HTML page
     prepared/    the preparation pass: config -> RunSpec (settings, data description, placement)

@@ -53,7 +53,7 @@ M sets the global batch (`--micro-size` x M) of all three. `--decompose` adds, i
 its reduction left out: each copy updates from its own gradients, no exchange; not training),
 `bf16` (`data` with `placement.exchange_dtype=bfloat16`: half the bytes, rounded) and
 `owner` (`data` with each gradient summed by one copy, which sends the mean back:
-`ReplicatedChain.reduction`), with their time ratios to `data`. Every case also prints the CPU time
+`Replicated.reduction`), with their time ratios to `data`. Every case also prints the CPU time
 (ms per step, median over repeats) of this process and of each worker: on single-core workers the
 exchange's serialization and socket copies run on the worker's one core, so `data` minus `apart`
 in a worker's CPU time is what the exchange costs it, overlapped or not.
@@ -275,7 +275,7 @@ REPLICA_CASES = {"one": (1, 1), "data": (1, 2), "pipe": (2, 1)}  # name -> (stag
 # `apart`: the `data` case with its reduction left out (each copy updates from its own gradients:
 # wrong training, the two workers' compute and the client's feeding without the gradients' exchange).
 # `owner`: the `data` case with each gradient averaged by one copy, which sends the mean back
-# (`ReplicatedChain.reduction`: one sum per gradient instead of one per copy; the same bits).
+# (`Replicated.reduction`: one sum per gradient instead of one per copy; the same bits).
 # `bf16`: the `data` case with its gradients travelling as bfloat16 (`placement.exchange_dtype=bfloat16`:
 # half the bytes, each copy's gradients rounded to 8 significant bits: not the float32 results).
 DECOMPOSE = {"half": (1, 1), "apart": (1, 2), "owner": (1, 2), "bf16": (1, 2)}

@@ -48,6 +48,7 @@ OTHER_FORMATS: dict[str, tuple[set[str], str]] = {
     "chain/state/run_settings.py": ({"stages", "mode"}, "the settings record's values (a config as plain data)"),
     "chain/state/remap.py": ({"step"}, _MANIFEST),
     "chain/training/run.py": ({"step"}, _MANIFEST),
+    "chain/training/failures.py": ({"step"}, _MANIFEST),
     "chain/__main__.py": ({"step"}, _MANIFEST),
     "chain/restage.py": ({"step", "overrides"}, "the restage report of chain.state.remap.restage"),
     "chain/config/__init__.py": ({"stages", "grid"}, "a Hydra config dict (+grid: side-by-side variants)"),
@@ -55,7 +56,7 @@ OTHER_FORMATS: dict[str, tuple[set[str], str]] = {
     "chain/training/profile.py": ({"model", "target"}, "a stage's spec as a config dict (the advised override)"),
     "chain/planning/cluster.py": ({"index"}, "TF_CONFIG's task"),
     "chain/steps/evaluate.py": ({"loss"}, "evaluation metrics, metric name -> mean (made here)"),
-    "chain/strategies/base.py": ({"loss"}, "evaluation metrics, metric name -> mean"),
+    "chain/strategies/objectives.py": ({"loss"}, "evaluation metrics, metric name -> mean"),
     "chain/training/validation.py": ({"loss", "best_step"}, "evaluation metrics; the tracker's checkpointed state"),
     "chain/data/sources/digits_data.py": ({"target"}, "the arrays of the shipped digits.npz"),
 }

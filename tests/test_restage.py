@@ -121,8 +121,8 @@ def test_bad_restaging_from_the_command_line_is_one_line(src, tmp_path):
 
 def test_restage_asks_the_strategy_what_a_mode_builds_and_refuses_independent_models(tmp_path):
     """Which heads and read-out a mode's stages have, and whether they form a chain, is the
-    mode's strategy's answer (`chain.strategies.objectives.objective`, the class every strategy
-    of the mode subclasses), not restage's reading of mode strings: mode=side_by_side (every
+    mode's strategy's answer (`chain.strategies.objectives.objective`, the objective every way
+    of training of the mode is given), not restage's reading of mode strings: mode=side_by_side (every
     model its own head, every model taking the data) has no chain to regroup, and says so in
     one line, writing nothing."""
     from chain.strategies.objectives import objective

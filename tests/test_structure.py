@@ -392,14 +392,66 @@ def test_one_strategy_per_placement_and_mode():
 
 def test_every_way_of_training_learns_its_modes_objective():
     """What restage asks (`chain.strategies.objectives.objective`) is what the run's strategy
-    builds: every strategy of a mode subclasses that mode's objective and keeps its answers."""
+    builds: every way of a mode gives its distribution that mode's objective, whose answers
+    (`heads`, `readout`, `chained`) the strategy builds its stages with."""
     from chain.strategies.objectives import objective
     from chain.training.ways import TABLE
 
-    for (_, mode), kind in TABLE.items():
-        answer = objective(mode)
-        assert issubclass(kind, answer), (kind, answer)
-        assert (kind.heads, kind.readout, kind.chained) == (answer.heads, answer.readout, answer.chained), kind
+    for (_, mode), way in TABLE.items():
+        assert way.objective is objective(mode), (way, mode)
+
+
+def test_a_way_of_training_is_a_distribution_given_an_objective():
+    """Composition, not a class per pair: no distribution is an objective (nor the reverse), each
+    of the table's classes is complete (nothing abstract left: `inspect.isabstract`), a
+    distribution serves every objective the table gives it (the mirrored one both), and no
+    strategy or objective has a method that raises NotImplementedError."""
+    from chain.strategies.base import Strategy
+    from chain.strategies.objectives import Objective
+    from chain.training.ways import TABLE
+
+    for way in TABLE.values():
+        assert issubclass(way.distribution, Strategy) and not issubclass(way.distribution, Objective), way
+        assert issubclass(way.objective, Objective) and not issubclass(way.objective, Strategy), way
+        assert not inspect.isabstract(way.distribution) and not inspect.isabstract(way.objective), way
+    assert len({way.distribution for way in TABLE.values()}) < len(TABLE)  # one distribution, two objectives
+    files = [*(PACKAGE / "strategies").glob("*.py"), PACKAGE / "pipeline" / "strategy.py",
+             PACKAGE / "pipeline" / "replicas.py"]
+    raising = [f.name for f in files if "NotImplementedError" in f.read_text()]
+    assert raising == []
+
+
+def _attributes_used_on(name: str, path: Path) -> set[str]:
+    """The attributes read from a variable or attribute called `name` in `path` (`strategy.call`,
+    `self.strategy.read`, `run.strategy.plan_text`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == name) or \
+                    (isinstance(owner, ast.Attribute) and owner.attr == name):
+                found.add(node.attr)
+    return found
+
+
+def test_every_strategy_method_the_run_calls_is_on_the_interface():
+    """`Run` and everything around it (the build, the profile, the stall watch, the command line)
+    call only what `chain.strategies.base.Strategy` declares (or sets in its constructor), so a
+    distribution is never asked for a method only another has (as `timeline()` once was)."""
+    from chain.strategies.base import Strategy
+
+    tree = ast.parse((PACKAGE / "strategies" / "base.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Strategy"]
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    set_in_init = {t.attr for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets
+                   if isinstance(t, ast.Attribute)} | {t.target.attr for t in ast.walk(init)
+                                                        if isinstance(t, ast.AnnAssign)
+                                                        and isinstance(t.target, ast.Attribute)}
+    declared = set(dir(Strategy)) | set_in_init | set(Strategy.__annotations__)
+    callers = [*(PACKAGE / "training").glob("*.py"), PACKAGE / "__main__.py"]
+    used = {(f.name, a) for f in callers for a in _attributes_used_on("strategy", f)}
+    assert ("run.py", "timeline") in used  # the check sees what the loop calls
+    assert sorted((f, a) for f, a in used if a not in declared) == []
 
 
 def test_the_training_loop_does_not_branch_on_the_mode():

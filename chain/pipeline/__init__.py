@@ -2,8 +2,9 @@
 builders, `simulate`, the op names) is `chain.schedule`'s, a lower layer that the config reads too.
 
 - `step`: mode=e2e's step, a schedule run in one `tf.function`, its ops named by `Action.scope`.
-- `strategy`: `PipelinedChain`, the strategy that runs the run's schedule and compiles the step
-  (it shares the `Pipelined` distribution of `chain.strategies.pipelined` with `PipelinedLocal`).
+- `strategy`: `Scheduled`, the distribution that runs the schedule and compiles the step (given
+  the chain's objective, `chain.strategies.objectives.ChainObjective`); `replicas`: `Replicated`,
+  R copies of it.
 - `timeline`: a profiler trace of that step read back into the measured actions
   (`Action.parse`), their statistics and the balance advice.
 - `progress`: the host's markers of how far each device of a running step has come

@@ -1,4 +1,4 @@
-"""`ReplicatedChain`: R copies of the K-stage pipeline (`placement.replicas=R`), data parallel.
+"""`Replicated`: R copies of the K-stage pipeline (`placement.replicas=R`), data parallel.
 
 The planner places replica r's stage k on its own device (`Placement.copies[r][k]`). One compiled
 step cuts each batch into R equal shares, and every copy plays the schedule on its share
@@ -37,14 +37,14 @@ from chain.errors import ConfigError
 from chain.schedule.schedules import Schedule
 from chain.pipeline.stalled import Position, where
 from chain.pipeline.step import Played, e2e_play, finish, host
-from chain.pipeline.strategy import PipelinedChain
+from chain.pipeline.strategy import Scheduled
 from chain.planning.planner import REPLICATED, Placement
 from chain.records.summaries import ReplicasFields, Summary
-from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.ops import copy_to
 from chain.steps.update import stage_update
+from chain.strategies.objectives import ChainObjective
 
 
 def stage_state(stage: Stage) -> list[tf.Variable]:
@@ -125,12 +125,14 @@ def elements(t: Any) -> int:
     return max(1, shape.num_elements())
 
 
-class ReplicatedChain(PipelinedChain):
-    """mode=e2e on `placement.copies`: R copies of the pipeline, each its share of every batch."""
+class Replicated(Scheduled):
+    """`placement.copies`: R copies of the scheduled pipeline, each its share of every batch (with the
+    chain's objective, mode=e2e: ReplicatedChain)."""
 
     shared_weights = False  # copies of a pipeline: a tied weight's sum across copies is not built
 
     name = REPLICATED
+    title = "Replicated"
     # How stage k's j-th gradient is averaged (`reduce_mean`): "every" device sums all copies, or one
     # "owner" copy (`owners`: each copy about 1/R of the bytes) sums and sends the mean back. The same
     # bits either way; a benchmark's choice (scripts/bench_pipeline.py --replicas --decompose), read
@@ -138,9 +140,14 @@ class ReplicatedChain(PipelinedChain):
     reduction = "every"
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 learns: type[ChainObjective],
                  schedule: Schedule, **bodies: Any):
         self.copies: list[list[Stage]] = []
-        super().__init__(settings, placement, info, batch_cut, schedule, **bodies)
+        super().__init__(settings, placement, info, batch_cut, learns, schedule, **bodies)
+
+    @property
+    def replicas(self) -> int:
+        return len(self.placement.copies)
 
     def build_stages(self) -> list[Stage]:
         """Replica 0's stages (`self.stages`: what checkpoints hold), then every other copy's on its
@@ -149,10 +156,7 @@ class ReplicatedChain(PipelinedChain):
         s = self.settings
         self.copies = [first]
         for row in self.placement.copies[1:]:
-            self.copies.append(build_stages(
-                s.stages, row, self.info, heads=self.heads, readout=self.readout, precision_name=s.precision,
-                initial_loss_scale=s.trainer.initial_loss_scale, bodies=self.bodies, labels=self.labels,
-                chained=self.chained, seed=s.seed))
+            self.copies.append(self.build_copy(row))
         for copy in self.copies[1:]:
             for a, b in zip(first, copy):
                 if {id(v) for v in a.model.variables} & {id(v) for v in b.model.variables}:

@@ -1,10 +1,11 @@
-"""`PipelinedChain`: mode=e2e on a device per stage, the strategy that runs a pipeline schedule.
+"""`Scheduled`: the distribution that runs a pipeline schedule, a device per stage.
 
-It runs the schedule the preparation pass built (`RunSpec.schedule`), compiles the step that runs it
+Given the chain's objective (`chain.strategies.objectives.ChainObjective`, mode=e2e) it runs the
+schedule the preparation pass built (`RunSpec.schedule`), compiles the step that runs it
 (`chain.pipeline.step`), and says what the plan looks like (`plan_only=true`) and what
-summary.json records of it. It shares the `Pipelined` distribution with `PipelinedLocal`
-(`chain.strategies.pipelined`) and the chain's objective with `MirroredChain`
-(`chain.strategies.base.ChainObjective`).
+summary.json records of it. Its stages live where `chain.strategies.pipelined.Pipelined`'s do
+(stage k on `placement.devices[k]`); the objective is the one `chain.strategies.mirrored.Mirrored`
+is given for mode=e2e.
 """
 
 from __future__ import annotations
@@ -21,21 +22,39 @@ from chain.schedule import schedules
 from chain.pipeline import stalled
 from chain.pipeline.progress import Progress
 from chain.pipeline.step import e2e_step, host
-from chain.planning.planner import Placement
+from chain.planning.planner import PIPELINE, Placement
 from chain.records.summaries import PipelineFields, Summary
-from chain.strategies.base import ChainObjective
-from chain.strategies.pipelined import Pipelined
+from chain.strategies.base import Strategy
+from chain.strategies.objectives import ChainObjective
 
 
-class PipelinedChain(ChainObjective, Pipelined):
-    """mode=e2e, pipelined: `pipeline.schedule` over `pipeline.microbatches` per batch."""
+class Scheduled(Strategy):
+    """A device per stage, `pipeline.schedule` over `pipeline.microbatches` per batch, one loss."""
 
+    name = PIPELINE
+    title = "Pipelined"  # with the chain's objective: PipelinedChain
     shared_weights = True  # the step sums a tied weight's copies' gradients (`chain.steps.tied`)
+    objective: ChainObjective  # a schedule's step learns the chain's one loss
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 learns: type[ChainObjective],
                  schedule: schedules.Schedule, **bodies: Any):
         self.schedule = schedule  # the run's, built once by the preparation pass (`RunSpec.schedule`)
-        super().__init__(settings, placement, info, batch_cut, **bodies)
+        super().__init__(settings, placement, info, batch_cut, learns, **bodies)
+
+    @property
+    def clip_global_norm(self) -> float | None:
+        """`optim.clip_global_norm` (the objective's): the step clips by the global norm and reports it."""
+        return self.objective.clip_global_norm
+
+    @property
+    def target(self):
+        """The chain's target (the objective's), which the last stage's read-out learns."""
+        return self.objective.target
+
+    def loss_fn(self) -> Callable:
+        """`fn(y, pred)`: the chain's mean loss (the objective's), as the step computes it."""
+        return self.objective.loss_fn()
 
     def make_step(self) -> Callable:
         t = self.settings.trainer
@@ -60,7 +79,7 @@ class PipelinedChain(ChainObjective, Pipelined):
         # Copies of the pipeline do not count (each computes its share's terms whole, as Keras per replica).
         if self.settings.trainer.grad_accum * self.batch_cut.microbatches == 1:
             return None
-        return PipelinedChain.cut_description(self)
+        return Scheduled.cut_description(self)
 
     def cut_description(self) -> str:
         m, n = self.batch_cut.microbatches, self.settings.trainer.grad_accum

@@ -1,17 +1,19 @@
-"""Strategies: one object per way of training, chosen once from the placement and the mode.
+"""Strategies: one object per way of training, a distribution given an objective, chosen once
+from the placement and the mode.
 
-| `placement.layout` | mode=local | mode=e2e |
+| `placement.layout` | mode=local (`LocalObjective`) | mode=e2e (`ChainObjective`) |
 |---|---|---|
-| `pipeline` (a device per stage) | `PipelinedLocal` | `PipelinedChain` (in `chain.pipeline.strategy`) |
-| `mirrored` (every stage on every replica) | `MirroredLocal` | `MirroredChain` |
+| `pipeline` (a device per stage) | `Pipelined` | `Scheduled` (in `chain.pipeline.strategy`) |
+| `mirrored` (every stage on every replica) | `Mirrored` | `Mirrored` |
 
-and mode=side_by_side (independent models, a device each or shared): `SideBySide`.
+and mode=side_by_side (independent models, a device each or shared): `SideBySide` with `Independent`.
 
-A strategy builds the stages in its scope, compiles the step, splits a batch for it and
-reports its own summary fields (`chain.strategies.base.Strategy`). What each mode learns
-(its stages' heads and read-out) is its objective (`chain.strategies.objectives`). The table
-of every way of training, which imports every strategy, is `chain.training.ways.TABLE`: a
-layer above this package and `chain.pipeline`, whose `PipelinedChain` builds on this one.
+A strategy (a distribution: `chain.strategies.base.Strategy`) builds the stages in its scope,
+compiles the step, splits a batch for it and reports its own summary fields. What each mode
+learns (its stages' heads and read-out, its targets, losses and read-outs) is its objective
+(`chain.strategies.objectives`), which the strategy holds. The table of every way of training,
+which imports every distribution, is `chain.training.ways.TABLE`: a layer above this package
+and `chain.pipeline`, whose `Scheduled` builds on this one.
 
 This file imports nothing, so that `chain.pipeline.strategy` can import `chain.strategies`.
 """

@@ -1,18 +1,23 @@
-"""What every way of training provides, in two halves that a strategy combines.
+"""What every way of training provides: the `Strategy` interface, a distribution holding an objective.
 
-A *distribution* says where the stages live and how one batch becomes one update
-(`Pipelined`: each stage on its device; `Mirrored`: every stage on every replica). An
-*objective* says what is learned (`LocalObjective`: each stage its own head and loss;
-`ChainObjective`: the chain is one network with one loss). A strategy is one of each
-(`chain.training.ways.TABLE`); `chain.training.run.Run` drives any of them through this
-interface and never asks which one it has.
+A *distribution* (a subclass of `Strategy`) says where the stages live and how one batch
+becomes one update (`chain.strategies.pipelined.Pipelined`: each stage on its device, each
+learning on its own; `chain.pipeline.strategy.Scheduled`: a pipeline schedule over
+microbatches; `chain.strategies.mirrored.Mirrored`: every stage on every replica; ...). An
+*objective* (`chain.strategies.objectives`) says what is learned (`LocalObjective`: each stage
+its own head and loss; `ChainObjective`: the chain is one network with one loss). A strategy is
+one distribution given one objective (`chain.training.ways.TABLE` pairs them), not a class per
+pair: the objective's answers are `strategy.objective`'s, and the methods below that are the
+objective's pass its answers on. `chain.training.run.Run` drives any strategy through this
+interface (every method it calls is declared here, with a default where one makes sense) and
+never asks which one it has.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, replace
+from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -24,14 +29,15 @@ from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
 from chain.data.stream_shares import StreamShares
 from chain.planning.planner import Placement
-from chain.records.results import LossRecord, ReplicaLosses, StepResult
-from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summary
+from chain.records.results import LossRecord, StepResult
+from chain.records.summaries import StageSummary, Summary
 from chain.stages import losses
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
 from chain.steps import tied
 from chain.steps.report import Layout, Reports
-from chain.steps.evaluate import Readout, evaluation
+from chain.steps.evaluate import evaluation
+from chain.strategies.objectives import Evaluation, Objective
 
 
 def _refuse_added_losses(stage: Stage, parts: str) -> None:
@@ -46,46 +52,46 @@ def _refuse_added_losses(stage: Stage, parts: str) -> None:
                           "activity_regularizer (Keras averages those over the batch)")
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    """The chain on the whole validation set: `loss`, the one number a lower value of which is
-    better (what `checkpoint.best` and early stopping follow); `stages`, each stage's metrics
-    (mode=local; else empty); `chain`, the chain's (mode=e2e; else None). Metrics are means over
-    the examples: `loss`, and `accuracy` (class labels) or `mae` (a value)."""
+class Strategy(ABC):
+    """One way of training: a distribution (this class's subclass) holding an objective.
 
-    loss: float
-    stages: list[dict[str, float]]
-    chain: dict[str, float] | None
-
-
-class Strategy:
-    """One way of training: builds the stages, compiles the step, runs it on whole batches.
-
-    Subclasses set `heads`/`readout` (what the stages are built with), implement
-    `make_step` (a traceable step returning the step's report, `chain.steps.report`), and
-    may override the hooks below. `schedule` is the pipeline schedule (None when the
-    strategy has none); `batch_cut` how a batch cuts over replicas and microbatches (the run's,
-    `RunSpec.batch_cut`: the strategy reads it, never the settings, for those numbers).
+    Built from its objective's class (`learns`, whose `heads`, `readout` and `chained` say what
+    the stages are built with); once the stages are built, `objective` is that objective over
+    them. A distribution implements `make_step` (a traceable step returning the step's report,
+    `chain.steps.report`) and overrides the hooks below where its default does not hold.
+    `schedule` is the pipeline schedule (None when the strategy has none).
     """
 
-    heads: bool = False
-    readout: bool = False
-    chained: bool = True  # stage k takes stage k-1's output (False: every stage takes the data)
+    name: str  # summary.json's `strategy`: the distribution's (`Placement.layout`, or side_by_side)
+    title: str  # the distribution's word in the way's name (`way`: PipelinedLocal, MirroredChain, ...)
     steps_in_one_call: bool = True  # False: `call_many` calls one step at a time (`_call_each`)
     schedule = None
     progress = None  # a pipeline step's markers (`trainer.stall_s`: `position`, `waiting`)
     shared_weights: bool = False  # True: its step sums the gradients of a weight several stages hold
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 learns: type[Objective],
                  bodies: Sequence | None = None, labels: Sequence[str | None] | None = None):
         self.settings = settings
         self.placement = placement
         self.info = info
         self.batch_cut = batch_cut
+        self.learns = learns
         self.bodies, self.labels = bodies, labels  # stage bodies not from the config (chain.stages.bodies)
         self.stages: list[Stage] = self.build_stages()
+        self.objective: Objective = learns(settings, info, self.stages)
         self.set_step(self.make_step())
         self.eval_fn: Callable | None = None  # compiled on the first evaluation
+
+    @property
+    def way(self) -> str:
+        """This way of training's name in messages: the distribution's word, then the objective's."""
+        return f"{self.title}{self.learns.title}"
+
+    @property
+    def chained(self) -> bool:
+        """Stage k takes stage k-1's output (False: every stage takes the data): the objective's."""
+        return self.learns.chained
 
     # --- distribution: where the stages live and how a batch becomes an update --------------
 
@@ -96,10 +102,7 @@ class Strategy:
     def build_stages(self) -> list[Stage]:
         """Every stage built on its device (`chain.stages.assemble`); a user's model with `add_loss`
         terms is refused when a device computes its loss on parts of a batch (`parts`)."""
-        s = self.settings
-        stages = build_stages(s.stages, self.devices(), self.info, heads=self.heads, readout=self.readout,
-                              precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
-                              bodies=self.bodies, labels=self.labels, chained=self.chained, seed=s.seed)
+        stages = self.build_copy(self.devices())
         self._refuse_shared_weights(stages)
         parts = self.parts()
         if parts is not None:
@@ -113,6 +116,14 @@ class Strategy:
                 "(model.losses), as Keras' fit: the logged loss is the loss plus these terms")
         return stages
 
+    def build_copy(self, devices: Sequence[str | None]) -> list[Stage]:
+        """One set of the stages on `devices`, built as the objective says (its heads, read-out and
+        chaining) from the run's seed."""
+        s, kind = self.settings, self.learns
+        return build_stages(s.stages, devices, self.info, heads=kind.heads, readout=kind.readout,
+                            precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
+                            bodies=self.bodies, labels=self.labels, chained=kind.chained, seed=s.seed)
+
     def _refuse_shared_weights(self, stages: Sequence[Stage]) -> None:
         """A ConfigError if two stages hold copies of one weight (a cut model's tied weight) and this
         strategy's step does not sum their gradients (only mode=e2e's pipeline step does)."""
@@ -122,7 +133,7 @@ class Strategy:
             (a, _), (b, _) = copies[:2]
             raise ConfigError(f"stages {a} and {b} both use the weight {name!r} (a tied weight of the cut model); only "
                               f"mode=e2e with one pipeline (a device per stage, placement.replicas=1) sums its copies' "
-                              f"gradients, not {type(self).__name__}: use mode=e2e, or cut the model so one stage "
+                              f"gradients, not {self.way}: use mode=e2e, or cut the model so one stage "
                               "holds every layer using it")
 
     def parts(self) -> str | None:
@@ -132,9 +143,9 @@ class Strategy:
         n = self.settings.trainer.grad_accum
         return f"trainer.grad_accum={n} equal chunks" if n > 1 else None
 
+    @abstractmethod
     def make_step(self) -> Callable:
         """The step, traceable: `fn(*self.arguments(x, ys)) -> report` trains one batch."""
-        raise NotImplementedError
 
     def set_step(self, body: Callable) -> None:
         """Use `body` (traceable: one step, inside `repeat`'s loop too) as the step, dropping every
@@ -237,8 +248,9 @@ class Strategy:
         return [s.device for s in self.stages]
 
     def summary(self, summary: Summary) -> Summary:
-        """`summary` with the strategy's own fields of summary.json (its sections) filled in."""
-        return summary
+        """`summary` with the strategy's own fields of summary.json (its sections) filled in: the
+        objective's, then the distribution's (a subclass adds its own to this)."""
+        return self.objective.summary(summary)
 
     def complete(self, summary: Summary) -> Summary:
         """The finished summary, with anything the strategy derives from the whole of it."""
@@ -254,136 +266,40 @@ class Strategy:
         Each stage's forward pass runs where the stage lives: on its device (pipelined), or
         in cross-replica context over the mirrored variables (every replica holds the same).
         """
-        return evaluation(self.stages, self.readouts(), self.chained)
+        return evaluation(self.stages, self.objective.readouts(), self.chained)
 
     def evaluate(self, dataset: tf.data.Dataset) -> Evaluation:
         """The chain on every batch of `dataset` (the validation set)."""
         if self.eval_fn is None:
             self.eval_fn = self.make_eval()
-        return self.evaluation(self.eval_fn(dataset))
+        return self.objective.evaluation(self.eval_fn(dataset))
 
-    # --- objective: what the chain learns ----------------------------------------------------
+    def timeline(self) -> Any:
+        """The schedule played with unit-time actions (`chain.pipeline.schedules.Timeline`: its plan
+        and bubble), or None: this strategy runs no schedule."""
+        return None
+
+    # --- the objective's answers (`self.objective`), asked through the strategy -----------------
 
     def wanted_targets(self) -> list[str]:
         """The targets the step reads (each batch must hold them)."""
-        raise NotImplementedError
+        return self.objective.wanted_targets()
 
     def default_target(self) -> str | None:
         """The target a bare `y` given to `Run.step` stands for (None: a bare y is ambiguous)."""
-        raise NotImplementedError
+        return self.objective.default_target()
 
     @property
-    def layout(self):
+    def layout(self) -> Layout:
         """Where the step's report holds its losses and guard flags (`chain.steps.report.Layout`)."""
-        raise NotImplementedError
+        return self.objective.layout
 
     def read(self, row: Any) -> StepResult:
         """A step's report -> its loss, each stage's own loss ([] when stages have none) and the
         stages whose update the numerics guard dropped (before `chain.steps.numerics.judge`)."""
-        raise NotImplementedError
-
-    def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
-        """Each stage's values in the step's report, from its guard flag and the step's losses
-        (each stage's own, or the chain's) and the global gradient norm (`optim.clip_global_norm`),
-        laid out as `layout` says."""
-        raise NotImplementedError
+        return self.objective.read(row)
 
     def stage_summary(self, stage: Stage, entry: StageSummary, first: LossRecord, last: LossRecord) -> StageSummary:
-        """`entry` (stage's in summary.json) with the objective's per-stage fields filled in, from
-        the loss records of the first and last steps."""
-        return entry
-
-    def readouts(self) -> list[Readout]:
-        """The predictions evaluation scores (`chain.steps.evaluate.Readout`)."""
-        raise NotImplementedError
-
-    def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
-        """The read-outs' metrics as an `Evaluation`."""
-        raise NotImplementedError
-
-
-class LocalObjective(Strategy):
-    """mode=local: every stage learns its own target through a head, with its own loss."""
-
-    heads = True
-
-    def wanted_targets(self) -> list[str]:
-        return sorted({s.target.name for s in self.stages})
-
-    def default_target(self) -> str | None:
-        # A bare array is the data set's first target, when every stage learns that one.
-        first = self.info.targets[0].name
-        return first if self.wanted_targets() == [first] else None
-
-    @functools.cached_property
-    def layout(self):
-        return Layout.per_stage(len(self.stages))
-
-    def read(self, row: Any) -> StepResult:
-        losses, skipped = self.layout.decode(row)
-        return StepResult(float(sum(losses)), losses, skipped)  # the step's loss: the sum of the stages'
-
-    def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
-        return [[losses.stages[s.index], f] for s, f in zip(self.stages, flags)]
-
-    def stage_summary(self, stage: Stage, entry: StageSummary, first: LossRecord, last: LossRecord) -> StageSummary:
-        own = StageLosses(stage.target.name, first.stage_losses[stage.index], last.stage_losses[stage.index])
-        return replace(entry, own=own)
-
-    def readouts(self) -> list[Readout]:
-        return [Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target), (s.index,))
-                for s in self.stages]
-
-    def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
-        # Like the training loss, the validation loss is the sum of the stages' own losses.
-        return Evaluation(sum(m["loss"] for m in metrics), metrics, None)
-
-
-class ChainObjective(Strategy):
-    """mode=e2e: the chain is one network; the last stage ends in a read-out, one loss after it."""
-
-    readout = True
-
-    @property
-    def target(self):
-        return self.stages[-1].target
-
-    @property
-    def clip_global_norm(self) -> float | None:
-        """`optim.clip_global_norm`: the chain's gradients are clipped by their global norm (the
-        same on every stage, `chain.config.checks.check_clipping`), and each step reports it."""
-        return self.settings.stages[-1].optim.clip_global_norm
-
-    def loss_fn(self) -> Callable:
-        """`fn(y, pred)`: the chain's mean loss (`loss=`)."""
-        return losses.make(self.settings.loss, self.target)
-
-    def wanted_targets(self) -> list[str]:
-        return [self.target.name]
-
-    def default_target(self) -> str | None:
-        return self.target.name  # one loss: a bare array is the chain's target
-
-    @functools.cached_property
-    def layout(self):
-        return Layout.chain(len(self.stages), norm=self.clip_global_norm is not None)
-
-    def read(self, row: Any) -> StepResult:
-        losses, skipped = self.layout.decode(row)
-        return StepResult(losses[0], [], skipped, self.layout.grad_norm(row))  # no stage has a loss of its own
-
-    def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
-        extra = [norm] if self.layout.norm is not None else []
-        return [[f] for f in flags[:-1]] + [[flags[-1], losses.chain[0], *extra]]
-
-    def summary(self, summary: Summary) -> Summary:
-        return super().summary(replace(summary, chain=ChainFields(self.settings.loss, self.target.name)))
-
-    def readouts(self) -> list[Readout]:
-        last = self.stages[-1]
-        return [Readout(f"body_{last.index}", last.device, self.target, self.loss_fn(),
-                        tuple(s.index for s in self.stages))]
-
-    def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
-        (chain,) = metrics
-        return Evaluation(chain["loss"], [], chain)
+        """`entry` (stage's in summary.json) with the per-stage fields filled in, from the loss
+        records of the first and last steps (the objective's; a distribution may add its own)."""
+        return self.objective.stage_summary(stage, entry, first, last)

@@ -10,9 +10,10 @@ applies each stage's update once, in cross-replica context: the numerics guard w
 every update in a `tf.cond`, and an all-reduce (a synchronisation point) may not sit
 inside one.
 
-`MirroredLocal` keeps mode=local's meaning on every replica: each stage its own head,
-loss and optimizer, the gradient stopped between stages. `MirroredChain` (mode=e2e) runs
-the composed chain with one loss after the last stage. In both, one mirrored step
+With `LocalObjective` it keeps mode=local's meaning on every replica: each stage its own head,
+loss and optimizer, the gradient stopped between stages. With `ChainObjective` (mode=e2e) it runs
+the composed chain with one loss after the last stage (the objective gives the replica's step,
+the float16 decision and the clipping: `replica_step`, `outcomes`, `clip`). In both, one mirrored step
 computes the same losses and the same update as one pipelined step on the same global
 batch (for e2e: any schedule, any number of microbatches).
 
@@ -44,11 +45,10 @@ from chain.errors import DeviceError
 from chain.planning.planner import MIRRORED, Placement
 from chain.records.results import ReplicaLosses
 from chain.records.summaries import MirroredFields, Summary
-from chain.steps.clipping import clip_global
-from chain.steps.replica import e2e_replica_step, local_replica_step
 from chain.steps.report import dropped, report
-from chain.steps.update import apply_update, shared_outcomes, unscale
-from chain.strategies.base import ChainObjective, LocalObjective, Strategy
+from chain.steps.update import apply_update, unscale
+from chain.strategies.base import Strategy
+from chain.strategies.objectives import Objective
 from chain.planning import memory
 
 _TF_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
@@ -86,10 +86,14 @@ class Mirrored(Strategy):
     """
 
     name = MIRRORED
+    title = "Mirrored"
     steps_in_one_call = False  # the batch is split over the replicas on the host: `repeat`'s loop does not apply
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 learns: type[Objective],
                  **bodies: Any):
+        if learns.microbatched:  # notes on a new record: the one planned is never changed
+            placement = self._ignored(settings, placement)
         if placement.multi_worker:
             from chain.planning.cluster import multi_worker_tf_strategy
 
@@ -103,26 +107,25 @@ class Mirrored(Strategy):
         # ignored there, so stages get no device), and each optimizer captures the
         # tf.distribute strategy that sums its gradients.
         with self.tf_strategy.scope():
-            super().__init__(settings, placement, info, batch_cut, **bodies)
+            super().__init__(settings, placement, info, batch_cut, learns, **bodies)
+
+    @staticmethod
+    def _ignored(settings: Settings, placement: Placement) -> Placement:
+        """`placement` noting the pipeline settings a mirrored replica ignores: it runs its whole share at once."""
+        if settings.pipeline.microbatches > 1:
+            placement = placement.noted(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
+                                        "a mirrored replica runs its whole share of the batch at once")
+        if settings.pipeline.batch_norm != "microbatch":
+            placement = placement.noted(f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
+                                        "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
+        return placement
 
     def devices(self) -> Sequence[str | None]:
         return [None] * len(self.settings.stages)
 
-    def replica_step(self) -> Callable:
-        """One replica's step: `fn((x, ys)) -> (losses, per-stage gradients)` (`chain.steps.replica`)."""
-        raise NotImplementedError
-
-    def outcomes(self, grads: list, total: ReplicaLosses) -> list:
-        """Each stage's float16 loss-scale outcome; None: each stage decides from its own loss."""
-        return [None] * len(self.stages)
-
-    def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
-        """The summed gradients clipped by the chain's global norm, and that norm (None: the
-        optimizers clip, if at all: each stage is a model of its own)."""
-        return grads, None
-
     def make_step(self) -> Callable:
-        per_replica_step = self.replica_step()
+        objective = self.objective
+        per_replica_step = objective.replica_step()
         stages, tf_strategy = self.stages, self.tf_strategy
 
         def total(per_replica: Any) -> tf.Tensor:
@@ -133,13 +136,13 @@ class Mirrored(Strategy):
             losses = ReplicaLosses(tuple(total(v) for v in per_replica_losses.stages),
                                    tuple(total(v) for v in per_replica_losses.chain))
             grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
-            outcomes = self.outcomes(grads, losses)
-            grads, norm = self.clip(grads)  # after the all-reduce, unscaling and the overflow decision
+            outcomes = objective.outcomes(grads, losses)
+            grads, norm = objective.clip(grads)  # after the all-reduce, unscaling and the overflow decision
             flags = []
             for s, g, outcome in zip(stages, grads, outcomes):
                 own = losses.stages[s.index] if losses.stages else None  # mode=local: the stage's loss joins the guard
                 flags.append(dropped(apply_update(s, g, own, outcome)))
-            return report(stages, self.report_values(flags, losses, norm), None)  # no devices: no copies
+            return report(stages, objective.report_values(flags, losses, norm), None)  # no devices: no copies
 
         return train
 
@@ -183,38 +186,3 @@ class Mirrored(Strategy):
                                   [memory.peak_bytes(d) if d in self.memory_devices() else None
                                    for d in self.placement.mirrored_devices])
         return replace(super().summary(summary), mirrored=mirrored)
-
-
-class MirroredLocal(LocalObjective, Mirrored):
-    """mode=local on every replica."""
-
-    def replica_step(self) -> Callable:
-        t = self.settings.trainer
-        return local_replica_step(self.stages, self.settings.examples_per_step, t.grad_accum, t.jit_compile)
-
-
-class MirroredChain(ChainObjective, Mirrored):
-    """mode=e2e on every replica: the composed chain, one loss; microbatches do not apply."""
-
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
-                 **bodies: Any):
-        if settings.pipeline.microbatches > 1:  # notes on a new record: the one planned is never changed
-            placement = placement.noted(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
-                                        "a mirrored replica runs its whole share of the batch at once")
-        if settings.pipeline.batch_norm != "microbatch":
-            placement = placement.noted(f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
-                                        "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
-        super().__init__(settings, placement, info, batch_cut, **bodies)
-
-    def replica_step(self) -> Callable:
-        t = self.settings.trainer
-        return e2e_replica_step(self.stages, self.settings.examples_per_step, self.loss_fn(), t.grad_accum,
-                                t.jit_compile)
-
-    def outcomes(self, grads: list, total: ReplicaLosses) -> list:
-        return shared_outcomes(self.stages, grads, total.chain[0], None)  # one decision for the chain
-
-    def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
-        if self.clip_global_norm is None:
-            return grads, None
-        return clip_global(self.stages, grads, self.clip_global_norm, None)

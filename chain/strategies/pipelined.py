@@ -1,9 +1,9 @@
-"""Pipelined strategies: each stage on its own device, one `tf.function` per step.
+"""The `Pipelined` distribution: each stage on its own device, each learning on its own.
 
-`Pipelined` is the distribution (stage k on `placement.devices[k]`); `PipelinedLocal`
-(mode=local) runs every stage on its own head and loss, activations passed forward
-(`chain.steps.local`). Its mode=e2e sibling, `PipelinedChain`, runs a pipeline schedule and
-lives with the schedules in `chain.pipeline.strategy`.
+Stage k lives on `placement.devices[k]`; one `tf.function` per step runs every stage on its own
+head and loss, activations passed forward with their gradient stopped (`chain.steps.local`):
+mode=local's `LocalObjective`. The chain's objective on a device per stage runs a pipeline
+schedule instead, the `Scheduled` distribution of `chain.pipeline.strategy`.
 """
 
 from __future__ import annotations
@@ -12,17 +12,14 @@ from typing import Callable
 
 from chain.planning.planner import PIPELINE
 from chain.steps.local import local_step
-from chain.strategies.base import LocalObjective, Strategy
+from chain.strategies.base import Strategy
 
 
 class Pipelined(Strategy):
     """Stage k on `placement.devices[k]`; data crosses devices only through explicit copies."""
 
     name = PIPELINE
-
-
-class PipelinedLocal(LocalObjective, Pipelined):
-    """mode=local, pipelined: each stage learns from the previous stage's output, gradient stopped."""
+    title = "Pipelined"
 
     def make_step(self) -> Callable:
         t = self.settings.trainer

@@ -40,22 +40,26 @@ from chain.records.results import LossRecord
 from chain.records.summaries import OomEvent, Ranked, SideBySideFields, StageSummary, Summary, VariantFields
 from chain.steps.evaluate import validation_loss
 from chain.steps.independent import lockstep_step, model_step
-from chain.strategies.base import LocalObjective
+from chain.strategies.base import Strategy
+from chain.strategies.objectives import Objective
 
 log = logging.getLogger("chain")
 SIDE_BY_SIDE = "side_by_side"
 
 
-class SideBySide(LocalObjective):
-    """Independent models on one data stream (see the module docstring)."""
+class SideBySide(Strategy):
+    """Independent models on one data stream (see the module docstring): the distribution of
+    mode=side_by_side, whose objective (`chain.strategies.objectives.Independent`) gives each model
+    its own head and loss, every model taking the data."""
 
     name = SIDE_BY_SIDE
-    chained = False
+    title = "SideBySide"
     # One step per call under both policies: the out-of-memory backoff needs each step's boundary
     # (a step that ran out changed no model; inside a loop of N steps, the steps before it would have).
     steps_in_one_call = False
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
+                 learns: type[Objective],
                  **bodies: Any):
         self.variants = settings.variants
         self.batch_sizes = [v.batch_size for v in self.variants]
@@ -63,7 +67,7 @@ class SideBySide(LocalObjective):
         self.oom_events: list[OomEvent] = []
         self.attempts = 0  # steps tried in this process (the test hook's clock)
         self._pending: list | None = None  # round robin: the models that finished the step in progress
-        super().__init__(settings, placement, info, batch_cut, **bodies)
+        super().__init__(settings, placement, info, batch_cut, learns, **bodies)
         for st, v in zip(self.stages, self.variants):  # the placement table names each model
             st.label = f"{v.name}: {st.describe()}" + (" (paused)" if v.paused else "")
         self.round_robin = settings.side_by_side.policy == "round_robin"

@@ -23,17 +23,19 @@ from chain.config.schema import Settings
 from chain.data import verify as checks
 from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
-from chain.errors import ChainError, ConfigError, OutOfMemory, StorageError, first_line
-from chain.planning import cluster, memory
+from chain.errors import ChainError, StorageError, first_line
+from chain.planning import memory
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
-from chain.records.summaries import ClippingFields, DataWait, StageSummary, Summary
+from chain.records.summaries import DataWait, Summary
 from chain.state import manifest
 from chain.state.atomic import write_json, writing
-from chain.steps.numerics import NonFiniteError, finite_or_none, judge
-from chain.strategies.base import Evaluation, Strategy
-from chain.training import validation
+from chain.steps.numerics import finite_or_none, judge
+from chain.strategies.base import Strategy
+from chain.strategies.objectives import Evaluation
+from chain.training import failures, validation
 from chain.training.cadence import Cadences
+from chain.training.summary import Ending, summarize
 
 if TYPE_CHECKING:
     from chain.state.checkpoints import Checkpoints
@@ -115,7 +117,7 @@ class Run:
 
     def timeline(self):
         """The schedule played with unit-time actions (for its bubble and the plan), or None."""
-        return self.strategy.timeline() if self.schedule is not None else None
+        return self.strategy.timeline()
 
     @property
     def notes(self) -> list[str]:
@@ -296,30 +298,12 @@ class Run:
         trains (`chain.state.lock`). `callback(step, out)` is called after each step with
         what `step` returns. The summary is a dict (`chain.records.summaries.Summary` as JSON).
         """
-        import tensorflow as tf
-
         t = self.settings.trainer
         workers = self.placement.cluster or self.placement.multi_worker  # other processes a step needs
         try:
-            self.summary = self._fit(t, callback)
+            with failures.one_line(self.run_dir, self.dataset, workers, self.settings.cluster.lost_after_s):
+                self.summary = self._fit(t, callback)
             return to_json(self.summary)
-        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError):
-            if not workers:
-                raise
-            raise cluster.lost(workers, self.intact(), wait=self.settings.cluster.lost_after_s) from None
-        except tf.errors.OpError as e:
-            bad = self._bad_record(e)
-            if bad is None:
-                raise
-            raise ConfigError(f"{bad}; {self.intact(hint=False)}") from None
-        except (StorageError, OutOfMemory) as e:
-            # a save that read a worker's variables as the worker went away: the worker is lost, not the disk
-            gone = cluster.find_lost(workers, self.intact()) if workers and isinstance(e, StorageError) else None
-            if gone:
-                raise gone from None
-            if "last complete checkpoint" in str(e) or not self.run_dir:
-                raise
-            raise type(e)(f"{e}; {self.intact(hint=False)}") from None
         finally:
             if self.watchdog is not None:
                 self.watchdog.stop()
@@ -329,20 +313,15 @@ class Run:
                 lock.release(self.run_dir)
                 self._release = False
 
-    def _bad_record(self, e: BaseException) -> str | None:
-        """The one line for a bad record that stopped a streamed data set (`data.stream=true`), else None."""
-        from chain.data.stream import bad_record
-
-        return bad_record(e, self.dataset)
-
     def _fit(self, t, callback) -> Summary:
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         from chain.training.profile import Window
+        from chain.training.stall import started
 
         window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
-        watch = self._watch(t)  # trainer.stall_s: says where a step waits
+        watch = started(t, self.strategy, self.intact)  # trainer.stall_s: says where a step waits
         loop = self._open()
         cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0)
         memory.reset(self.strategy.memory_devices())
@@ -374,16 +353,6 @@ class Run:
                 loop.writers.close()
         return self._write(summary, loop)
 
-    def _watch(self, t):
-        """The running watch of `trainer.stall_s` (`chain.training.stall`), or None when it is 0."""
-        if not t.stall_s:
-            return None
-        from chain.training.stall import StallWatch
-
-        watch = StallWatch(t.stall_s, t.stall_action == "stop", self.strategy, self.intact)
-        watch.start()
-        return watch
-
     def _open(self) -> _Loop:
         """The loop's state at its start: this run's checkpoints (restored from on resume), `best/`
         (`checkpoint.best`) and TensorBoard writers when it has a directory."""
@@ -398,18 +367,14 @@ class Run:
 
     def _call(self, n: int, window) -> tuple[list[StepResult], tuple[float, ...]]:
         """The next `n` steps in one call (a single step: `_train` on the next batch), traced inside
-        the profiled window, and each step's wait for its batch in ms; a NonFiniteError says what
-        survives."""
-        try:
-            with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
-                if n > 1:
-                    return self._steps(n)
-                start = time.perf_counter()
-                batch = next(self.iterator)
-                wait = 1000.0 * (time.perf_counter() - start)
-                return [self._train(*batch)], (wait,)
-        except NonFiniteError as e:
-            raise NonFiniteError(e.stages, e.step, f"; {self.intact(hint=False)}") from None
+        the profiled window, and each step's wait for its batch in ms."""
+        with window.call(self.global_step + 1, n) if window else contextlib.nullcontext():
+            if n > 1:
+                return self._steps(n)
+            start = time.perf_counter()
+            batch = next(self.iterator)
+            wait = 1000.0 * (time.perf_counter() - start)
+            return [self._train(*batch)], (wait,)
 
     def _after_step(self, step: int, out: StepResult, loop: _Loop, cadences: Cadences, callback) -> None:
         """What follows step `step` (its result `out`), each when its cadence is due: the loss
@@ -451,8 +416,9 @@ class Run:
         if self.global_step < self.settings.trainer.steps:
             log.info("stopped early at step %d: no lower validation loss in %d evaluations (best: step %s)",
                      self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
-        summary = self.strategy.complete(
-            self._summary(loop.first, loop.last, loop.resumed_from, loop.timed_steps, elapsed, loop.evaluation))
+        ending = Ending(self.global_step, loop.first, loop.last, loop.resumed_from, loop.timed_steps, elapsed,
+                        loop.evaluation, self.tracker.best_step)
+        summary = self.strategy.complete(summarize(self.settings, self.strategy, self.dataset, ending))
         summary = replace(summary, data_wait_ms=loop.data_wait())
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
@@ -482,13 +448,7 @@ class Run:
 
     def intact(self, hint: bool = True) -> str:
         """What survives if the run stops now, in words (for a one-line error); `hint`: and how to go on."""
-        if not self.run_dir or not manifest.exists(self.run_dir):
-            return "no checkpoint had been saved"
-        try:
-            step = manifest.read(self.run_dir)["step"]
-        except ChainError:
-            return "its checkpoint.json is damaged"
-        return f"the last complete checkpoint (step {step}) is intact" + (": resume with resume=true" if hint else "")
+        return failures.intact(self.run_dir, hint)
 
     def _export(self, summary: Summary) -> Summary:
         """Write the .keras exports into the summary; a model Keras cannot serialise (a user's
@@ -518,70 +478,3 @@ class Run:
         if self.tracker.record(step, evaluation.loss) and loop.best:
             loop.best.save(step, loop.first, loop.last, self.tracker.state())
         return evaluation
-
-    def _summary(self, first: LossRecord | None, last: LossRecord | None, resumed_from: int | None,
-                 timed_steps: int, elapsed: float, evaluation: Evaluation | None) -> Summary:
-        skipped = [int(s.skipped.numpy()) for s in self.stages]
-        none = LossRecord(None, [None] * len(self.stages))
-        first, last = first or none, last or none
-        vals = evaluation.stages if evaluation else []  # mode=local: each stage's own validation metrics
-        stages = [replace(self.strategy.stage_summary(s, self._stage_summary(s, skipped[s.index]), first, last),
-                          model=s.describe(), physical=self.placement.physical.get(s.device),  # the report's table
-                          val=vals[s.index] if s.index < len(vals) else None,
-                          estimated_peak_bytes=self._estimate(s.index))
-                  for s in self.stages]
-        estimates = [st.estimated_peak_bytes for st in stages]
-        info = self.dataset.info
-        speed = timed_steps and elapsed > 0
-        summary = Summary(
-            mode=self.settings.mode,
-            strategy=self.strategy.name,
-            steps=self.global_step,
-            early_stopped=self.global_step < self.settings.trainer.steps,
-            resumed_from=resumed_from,
-            batch_size=self.batch_size,
-            grad_accum=self.grad_accum,
-            examples_per_step=self.examples_per_step,
-            train_examples=info.examples,
-            val_examples=info.val_examples,
-            precision=self.settings.precision,
-            jit_compile=self.settings.trainer.jit_compile,
-            seed=self.settings.seed,
-            # Every example of every chunk counts: a step is one optimizer update.
-            examples_per_second=(timed_steps * self.examples_per_step / elapsed) if speed else None,
-            steps_per_second=timed_steps / elapsed if speed else None,
-            data_wait_ms=None,  # the loop's (`_Loop.data_wait`), added by `_close`
-            loss_first=first.loss,
-            loss_last=last.loss,
-            clipping=ClippingFields(first.grad_norm, last.grad_norm) if self.strategy.layout.norm is not None else None,
-            # The last evaluation (at the end): the chain's (mode=e2e; mode=local: per stage).
-            val=evaluation.chain if evaluation else None,
-            best_step=self.tracker.best_step,
-            skipped_steps=sum(skipped),
-            peak_memory_scope=memory.scope(self.strategy.memory_devices()[0]),
-            stages=stages,
-            skipped_records=self.dataset.skipped_records,  # data.on_bad_record=skip (this process's)
-            # Logical CPUs share one allocator: their one process-wide peak is read against this sum.
-            estimated_peak_bytes=sum(estimates) if estimates and None not in estimates else None,
-        )
-        return self.strategy.summary(summary)
-
-    def _estimate(self, k: int) -> int | None:
-        """Stage k's estimated peak memory (`placement.footprints`, the preparation pass's), in bytes."""
-        footprints = self.placement.footprints
-        return footprints[k].total if k < len(footprints) and footprints[k] is not None else None
-
-    @staticmethod
-    def _stage_summary(s, skipped: int) -> StageSummary:
-        return StageSummary(
-            index=s.index,
-            device=s.device,
-            variable_devices=s.variable_devices(),
-            params=s.params,
-            peak_memory_bytes=memory.peak_bytes(s.device) if s.device else None,  # None: mirrored
-            skipped_steps=skipped,
-            # precision=mixed_float16: the stage's loss scale now, and steps skipped for overflow
-            # (the same for every stage in mode=e2e, where the chain shares one scale).
-            loss_scale=float(s.loss_scale.scale.numpy()) if s.loss_scale is not None else None,
-            overflow_steps=int(s.loss_scale.overflows.numpy()) if s.loss_scale is not None else 0,
-        )

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from chain.config.schema import Trainer
 from chain.errors import Stalled
 
 log = logging.getLogger("chain")
@@ -124,3 +125,13 @@ class StallWatch(threading.Thread):
                   f"{self.seconds:g}, trainer.stall_action=stop); {self.intact()}", file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(Stalled.exit_code)  # the training thread is inside TensorFlow: nothing else ends it
+
+
+def started(trainer: Trainer, strategy: Any, intact: Callable[[], str]) -> StallWatch | None:
+    """The running watch of `trainer.stall_s` over `strategy`'s step, or None when it is 0 (`Run.fit`
+    starts it, and stops it when the loop ends)."""
+    if not trainer.stall_s:
+        return None
+    watch = StallWatch(trainer.stall_s, trainer.stall_action == "stop", strategy, intact)
+    watch.start()
+    return watch

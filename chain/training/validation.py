@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from chain.strategies.base import Evaluation
+from chain.strategies.objectives import Evaluation
 
 
 @dataclass

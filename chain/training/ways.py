@@ -1,46 +1,61 @@
-"""The ways of training: which strategy class trains a (placement layout, mode) pair.
+"""The ways of training: which distribution, given which objective, trains a (placement layout, mode) pair.
 
-| `placement.layout` | mode=local | mode=e2e |
+| `placement.layout` | mode=local (`LocalObjective`) | mode=e2e (`ChainObjective`) |
 |---|---|---|
-| `pipeline` (a device per stage) | `PipelinedLocal` | `PipelinedChain` |
-| `mirrored` (every stage on every replica) | `MirroredLocal` | `MirroredChain` |
-| `pipeline_replicas` (copies of the pipeline) | - | `ReplicatedChain` |
+| `pipeline` (a device per stage) | `Pipelined` | `Scheduled` (a pipeline schedule) |
+| `mirrored` (every stage on every replica) | `Mirrored` | `Mirrored` |
+| `pipeline_replicas` (copies of the pipeline) | - | `Replicated` |
 
-and mode=side_by_side (independent models, a device each or shared): `SideBySide`.
+and mode=side_by_side (independent models, a device each or shared): `SideBySide` with the
+`Independent` objective.
 
-The table imports every strategy, `chain.pipeline.strategy.PipelinedChain` included, so it
+The table imports every distribution, `chain.pipeline.strategy.Scheduled` included, so it
 lives above both `chain.strategies` and `chain.pipeline` (docs/architecture.md, the layers).
-A new way of training is a class (in `chain.strategies`, or `chain.pipeline` for a schedule's
-strategy), a row here, and its keys in the config schema.
+A new way of training is a row here: an objective (`chain.strategies.objectives`) given to a
+distribution (in `chain.strategies`, or `chain.pipeline` for one that runs a schedule), either
+of them reused where one fits, and its keys in the config schema.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from chain.config.checks import BatchCut
 from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
-from chain.pipeline.replicas import ReplicatedChain
+from chain.pipeline.replicas import Replicated
 from chain.schedule.schedules import Schedule
-from chain.pipeline.strategy import PipelinedChain
+from chain.pipeline.strategy import Scheduled
 from chain.planning.planner import MIRRORED, PIPELINE, REPLICATED, Placement
 from chain.strategies.base import Strategy
-from chain.strategies.mirrored import MirroredChain, MirroredLocal
-from chain.strategies.pipelined import PipelinedLocal
+from chain.strategies.mirrored import Mirrored
+from chain.strategies.objectives import ChainObjective, Independent, LocalObjective, Objective
+from chain.strategies.pipelined import Pipelined
 from chain.strategies.side_by_side import SideBySide
 
-TABLE: dict[tuple[str, str], type[Strategy]] = {
-    (PIPELINE, "local"): PipelinedLocal,
-    (PIPELINE, "e2e"): PipelinedChain,
-    (MIRRORED, "local"): MirroredLocal,
-    (MIRRORED, "e2e"): MirroredChain,
-    (PIPELINE, "side_by_side"): SideBySide,
-    (REPLICATED, "e2e"): ReplicatedChain,
+
+@dataclass(frozen=True)
+class Way:
+    """One way of training: a distribution (where the stages live, how a batch becomes an update)
+    given an objective (what is learned)."""
+
+    distribution: type[Strategy]
+    objective: type[Objective]
+
+
+TABLE: dict[tuple[str, str], Way] = {
+    (PIPELINE, "local"): Way(Pipelined, LocalObjective),
+    (PIPELINE, "e2e"): Way(Scheduled, ChainObjective),
+    (MIRRORED, "local"): Way(Mirrored, LocalObjective),
+    (MIRRORED, "e2e"): Way(Mirrored, ChainObjective),
+    (PIPELINE, "side_by_side"): Way(SideBySide, Independent),
+    (REPLICATED, "e2e"): Way(Replicated, ChainObjective),
 }
 
 
-def for_mode(mode: str, layout: str = PIPELINE) -> type[Strategy]:
-    """The strategy class that trains `mode` on a placement's `layout` (pipeline: a device per
-    stage); its `heads` and `readout` say what its stages are built with."""
+def for_mode(mode: str, layout: str = PIPELINE) -> Way:
+    """The way that trains `mode` on a placement's `layout` (pipeline: a device per stage); its
+    objective's `heads` and `readout` say what its stages are built with."""
     return TABLE[(layout, mode)]
 
 
@@ -48,14 +63,14 @@ def create(settings: Settings, placement: Placement, info: DataInfo, batch_cut: 
            schedule: Schedule | None = None, **bodies) -> Strategy:
     """The strategy for this placement and mode, with its stages built and its step compiled.
 
-    `batch_cut`: how a batch cuts over the replicas and into microbatches (`RunSpec.batch_cut`);
-    `schedule`: the run's pipeline schedule (`RunSpec.schedule`); both worked out once by the
-    preparation pass. The strategies that run a schedule (`PipelinedChain` and its copies) are given it.
+    `schedule`: the run's pipeline schedule (`RunSpec.schedule`, built once by the preparation pass),
+    which the distributions that run one (`Scheduled` and its copies) are given.
     `bodies`: `bodies=` and `labels=` for stages not built from the config (`chain.stages.bodies`).
     """
-    cls = for_mode(settings.mode, placement.layout)
-    if issubclass(cls, PipelinedChain):
+    way = for_mode(settings.mode, placement.layout)
+    if issubclass(way.distribution, Scheduled):
         if schedule is None:
-            raise ValueError(f"{cls.__name__} runs a pipeline schedule: give the RunSpec's (chain.prepared.prepare)")
-        return cls(settings, placement, info, batch_cut, schedule, **bodies)
-    return cls(settings, placement, info, batch_cut, **bodies)
+            name = f"{way.distribution.title}{way.objective.title}"
+            raise ValueError(f"{name} runs a pipeline schedule: give the RunSpec's (chain.prepared.prepare)")
+        return way.distribution(settings, placement, info, batch_cut, way.objective, schedule, **bodies)
+    return way.distribution(settings, placement, info, batch_cut, way.objective, **bodies)
