@@ -29,7 +29,7 @@ from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
 from chain.fields import choice
 from chain.pipeline import selection
-from chain.pipeline.schedules import CHOICES as SCHEDULES
+from chain.pipeline.schedules import CHOICES as SCHEDULES, placement_rule
 from chain.planning import cluster, fit, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
 from chain.prepared import estimate
@@ -74,7 +74,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
     else:
         n_stages = len(s.stages)
         shared = None if s.placement.devices or s.mode != "e2e" else selection.shared_devices(spec.schedule)
-        n = shared or n_stages  # interleaved stages: plan their D devices, then stage k on device k mod D
+        n = shared or n_stages  # stages sharing devices: plan their D devices, then put each stage on its own
         addresses = cluster.workers(s.cluster.workers)
         if addresses:
             cluster.check_reachable(addresses, s.cluster.lost_after_s)
@@ -84,7 +84,9 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
         else:
             inventory = inventory or discover()
             placement = planner.plan(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
-        placement = planner.loop(placement, n_stages, s.pipeline.schedule)
+        if shared:  # stage k on the device of its row of the schedule
+            placement = planner.shared(placement, spec.schedule.placement, s.pipeline.schedule,
+                                       placement_rule(spec.schedule))
     batch = planner.check_batch(s.data.batch_size, placement, s.pipeline.microbatches)  # once
     spec = replace(spec, placement=replace(placement, per_replica_batch=batch), inventory=inventory)
     if spec.data_info is not None:
