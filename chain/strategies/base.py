@@ -114,6 +114,10 @@ class Strategy:
         """A ConfigError if two stages hold copies of one weight (a cut model's tied weight) and this
         strategy's step does not sum their gradients (only mode=e2e's pipeline step does)."""
         found = tied.groups(stages)
+        for s in stages:  # a tied weight read from an earlier stage on the same device: one variable, a group too
+            for b in s.borrowed:
+                owner = next(t.index for t in stages if any(v is b.variable for v in t.trainable_variables))
+                found.setdefault(b.name, [(owner, 0), (s.index, 0)])
         if found and not self.shared_weights:
             name, copies = next(iter(found.items()))
             (a, _), (b, _) = copies[:2]
