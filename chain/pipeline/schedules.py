@@ -3,7 +3,7 @@
 A schedule lists, for every stage, the ordered actions `(stage, microbatch, "F"|"B"|"W")`
 that stage performs in one training step. A schedule without "W" actions runs each backward
 whole ("B": the gradients of the stage's input and of its weights); a *split* schedule (zero
-bubble, `zb1`) runs "B" for the input's gradient only (what the previous stage waits for) and
+bubble, `zb1` and `zbv`) runs "B" for the input's gradient only (what the previous stage waits for) and
 "W" for the weights' gradients later, where the stage would otherwise idle. Builders here are pure functions, so their
 properties (every forward precedes its backward, 1F1B's bound on live activations, the
 bubble) are checked without TensorFlow; `chain.pipeline.step` executes a schedule inside
@@ -120,7 +120,7 @@ class Schedule:
 
     `actions[r]` is device r's ordered list of actions: the order the engine enforces. Stage k
     runs on device `row(k)`: device k itself unless `placement` (stage -> device) says otherwise,
-    as interleaved stages do (several stages on one device).
+    as interleaved and zbv stages do (several stages on one device; the planner follows this map).
     """
 
     name: str

@@ -22,7 +22,7 @@ from chain.errors import ConfigError, DeviceError, plural
 from chain.planning.footprint import Footprint
 from chain.planning.inventory import Gpu, Inventory
 
-__all__ = ["Placement", "plan", "loop", "check_batch", "PIPELINE", "MIRRORED", "REPLICATED"]
+__all__ = ["Placement", "plan", "shared", "check_batch", "PIPELINE", "MIRRORED", "REPLICATED"]
 
 PIPELINE = "pipeline"
 MIRRORED = "mirrored"
