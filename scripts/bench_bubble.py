@@ -9,7 +9,7 @@ has when replayed with the measured actions' durations, and per device, the ms o
 spent busy, waiting for an input, waiting after its inputs were there (overhead: releases,
 transfers) and idle after its last action, with the step's head and finish outside the span.
 
-    python scripts/bench_bubble.py --micro 4 8 --schedules 1f1b zb1 interleaved
+    python scripts/bench_bubble.py --micro 4 8 --schedules 1f1b zb1 interleaved zbv
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_pipeline import kernels, model_arguments, overrides  # noqa: E402
+from bench_pipeline import SCHEDULES, kernels, model_arguments, overrides  # noqa: E402
 
 from chain.pipeline import idle  # noqa: E402
 from chain.records.measured import Measured  # noqa: E402
@@ -34,8 +34,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_arguments(p)
     p.add_argument("--micro", type=int, nargs="+", default=[4, 8], help="microbatch counts M")
-    p.add_argument("--schedules", nargs="+", default=["1f1b", "zb1", "interleaved"],
-                   choices=["gpipe", "1f1b", "zb1", "interleaved"])
+    p.add_argument("--schedules", nargs="+", default=["1f1b", "zb1", "interleaved", "zbv"], choices=SCHEDULES)
     p.add_argument("--steps", type=int, default=8, help="steps per run; the last half are profiled")
     a = p.parse_args()
     used = kernels(a)

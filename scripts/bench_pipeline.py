@@ -24,7 +24,9 @@ tapes, no control dependencies, plain SGD: what the runtime itself allows); with
 release=False)`: the step as it was before them).
 
 `interleaved` cuts the same layers into K x `--virtual` stages (each `--depth`/`--virtual` layers),
-stage k on worker k mod K.
+stage k on worker k mod K. `zbv` cuts them into 2K stages (each `--depth`/2 layers) in a V, stages k
+and 2K-1-k on worker k (its first and last stages on worker 0). On one worker (the `one` baseline)
+both run their cut with 1F1B: every stage on one device.
 
 Schedules against each other (`--schedules 1f1b zb1 --against 1f1b`): for each M, the median
 over repeats of time(1f1b, split) / time(zb1, split), both measured in the same repeat (one
@@ -32,7 +34,9 @@ after the other, their order alternating): above 1, zb1 is faster on the same wo
 
 Speed-up = time(one) / time(split): the median over repeats of each repeat's paired ratio
 (both placements back to back, in alternating order). Ideal = K*M/(M+K-1), the pipeline
-bubble's limit; efficiency = speed-up / ideal. Each measurement records how much CPU other
+bubble's limit (1F1B's, GPipe's); efficiency = speed-up / ideal. Plan = K x (1 - the schedule's
+planned bubble fraction, unit-time actions): the limit of that schedule's own order (zbv at K=2,
+M=8: 1.96; the bubble-free limit is K). Each measurement records how much CPU other
 processes took meanwhile (in cores; on a 2-core machine anything else running steals from a
 worker, and from the split placement far more than from the one-worker baseline): the
 table gives medians over all pairs and over the quiet ones (other processes below
@@ -81,19 +85,24 @@ from chain.worker import LocalCluster
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+SCHEDULES = ["gpipe", "1f1b", "zb1", "interleaved", "zbv"]  # what --schedules takes (bench_bubble.py too)
+
 
 def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]) -> list[str]:
     """The benchmark's chain (see the module docstring) on these workers and devices. Interleaved:
-    the same layers cut into `--virtual` times as many stages, stage k on worker k mod K (on one
-    worker, the `one` baseline runs that cut with 1F1B: every stage on one device)."""
+    the same layers cut into `--virtual` times as many stages, stage k on worker k mod K; zbv: cut
+    into 2K stages, stages k and 2K-1-k on worker k (on one worker, the `one` baseline runs either
+    cut with 1F1B: every stage on one device)."""
     stages, depth, extra = a.stages, a.depth, []
-    if schedule == "interleaved":
-        stages, depth = a.stages * a.virtual, a.depth // a.virtual
-        devices = [d for _ in range(a.virtual) for d in devices]
-        if len(set(devices)) > 1:
-            extra = [f"pipeline.virtual_stages={a.virtual}"]
-        else:
+    if schedule in ("interleaved", "zbv"):
+        v = a.virtual if schedule == "interleaved" else 2
+        stages, depth = a.stages * v, a.depth // v
+        devices = ([d for _ in range(v) for d in devices] if schedule == "interleaved"
+                   else devices + devices[::-1])  # the V: worker k holds stages k and 2K-1-k
+        if len(set(devices)) == 1:
             schedule = "1f1b"
+        elif schedule == "interleaved":
+            extra = [f"pipeline.virtual_stages={v}"]
     cut = f"+stages={stages}"
     if getattr(a, "first_extra", 0):  # the first stage deeper: it computes no gradient for its input
         cut = "+stages=[" + ",".join(f"{{model: {{depth: {depth + (a.first_extra if k == 0 else 0)}}}}}"
@@ -316,7 +325,7 @@ def replicas_main(a) -> None:
 
     cases = {**REPLICA_CASES, **(DECOMPOSE if a.decompose else {})}
     with LocalCluster(2, cpus=cores, threads=1) as cluster:
-        steps, batches = {}, {}
+        steps, batches, planned = {}, {}, {}
         for m in a.micro:
             for name, (k, r) in cases.items():
                 batches[name, m] = host_batch(a, m, 2 if name == "half" else 1)
@@ -430,7 +439,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_arguments(p)
     p.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="microbatch counts M")
-    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=["gpipe", "1f1b", "zb1", "interleaved"])
+    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=SCHEDULES)
     p.add_argument("--against", default="", help="a schedule of --schedules: the others' paired ratios to it (split)")
     p.add_argument("--ablations", nargs="*", default=[], choices=["before"])
     p.add_argument("--no-hand", dest="hand", action="store_false", help="skip the hand-written reference")
@@ -457,7 +466,7 @@ def main() -> None:
     with LocalCluster(k, cpus=cores, threads=1) as cluster:
         addresses, worker_pids = cluster.addresses, cluster.pids
         placements = {"one": ["/task:0/CPU:0"] * k, "split": [f"/task:{i}/CPU:0" for i in range(k)]}
-        steps, batches = {}, {}
+        steps, batches, planned = {}, {}, {}
         for place, devices in placements.items():
             for m in a.micro:
                 for schedule in a.schedules:
@@ -465,6 +474,8 @@ def main() -> None:
                     full = [s.device for s in run.stages]
                     batches[place, m] = batch(a, m, full)
                     steps[schedule, m, place] = run.strategy.call
+                    if place == "split":  # the schedule's own limit: K x (1 - its planned bubble)
+                        planned[schedule, m] = k * (1 - run.strategy.timeline().bubble_fraction)
                     for ablation in a.ablations:
                         steps[f"{schedule}/{ablation}", m, place] = without_releases(run)
                 if a.hand:
@@ -491,7 +502,7 @@ def main() -> None:
         one, split = times[name, m, "one"], times[name, m, "split"]
         ideal = k * m / (m + k - 1)
         quiet = quiet_pairs(a, one, split)
-        rows.append(dict(step=name, M=m, ideal=ideal, speedup=statistics.median(o[0] / s[0] for o, s in zip(one, split)),
+        rows.append(dict(step=name, M=m, ideal=ideal, planned=planned.get((name, m)), speedup=statistics.median(o[0] / s[0] for o, s in zip(one, split)),
                          quiet=len(quiet), quiet_speedup=statistics.median(quiet) if quiet else None,
                          one_s=statistics.median(t[0] for t in one), split_s=statistics.median(t[0] for t in split),
                          foreign=statistics.median(t[1] for t in one + split)))
@@ -499,12 +510,13 @@ def main() -> None:
     print(f"\n{kernel_name()}; K={k}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}, {r} repeats x {a.steps} steps, "
           f"{time.time() - started:.0f} s; load average at the end {load}")
     print(f"{'step':12s} {'M':>3s} {'one s':>8s} {'split s':>8s} {'speedup':>8s} {'ideal':>6s} {'effic.':>6s} "
-          f"{'foreign':>7s} {'quiet':>5s} {'speedup':>8s} {'effic.':>6s}")
+          f"{'foreign':>7s} {'quiet':>5s} {'speedup':>8s} {'effic.':>6s} {'plan':>6s}")
     for row in rows:
         q = (f"{row['quiet_speedup']:8.2f} {row['quiet_speedup'] / row['ideal']:6.2f}" if row["quiet"]
              else f"{'-':>8s} {'-':>6s}")
         print(f"{row['step']:12s} {row['M']:3d} {row['one_s']:8.4f} {row['split_s']:8.4f} {row['speedup']:8.2f} "
-              f"{row['ideal']:6.2f} {row['speedup'] / row['ideal']:6.2f} {row['foreign']:7.2f} {row['quiet']:5d} {q}")
+              f"{row['ideal']:6.2f} {row['speedup'] / row['ideal']:6.2f} {row['foreign']:7.2f} {row['quiet']:5d} {q} "
+              + (f"{row['planned']:6.2f}" if row["planned"] else f"{'-':>6s}"))
     if a.markdown:
         print("\n| step | M | ideal | speed-up (all pairs) | efficiency | quiet pairs | speed-up (quiet) | efficiency (quiet) |")
         print("|---|---|---|---|---|---|---|---|")

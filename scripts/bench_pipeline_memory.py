@@ -1,6 +1,7 @@
 """Peak memory of GPipe against 1F1B on the same chain, M = 2K microbatches, each with
-pipeline.recompute=never|except_last|always, and their step times; zb1 and interleaved
-(K stages on K/2 devices, pipeline.virtual_stages=2) beside them, without recomputation.
+pipeline.recompute=never|except_last|always, and their step times; zb1, interleaved
+(K stages on K/2 devices, pipeline.virtual_stages=2) and zbv (K stages on K/2 devices in a V, stages
+k and K-1-k on device k) beside them, without recomputation.
 
     python scripts/bench_pipeline_memory.py                 # defaults below, 5 repeats
     python scripts/bench_pipeline_memory.py --repeats 3 --width 256
@@ -46,7 +47,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "bench_pipeline_memory"
 SCHEDULES = ("gpipe", "1f1b")  # each with every recompute policy
-SPLIT_AND_LOOPED = ("zb1", "interleaved")  # recompute=never only (a split backward does not recompute)
+SPLIT_AND_LOOPED = ("zb1", "interleaved", "zbv")  # recompute=never only (a split backward does not recompute)
 VIRTUAL = 2  # interleaved: stages per device (pipeline.virtual_stages)
 RECOMPUTE = ("never", "except_last", "always")
 
@@ -295,7 +296,7 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
         "every stage's sums allocated; both also hold the input pipeline's prefetched batches (2-2.6 MiB here).",
         "",
     ]
-    if all(s in results for s in SPLIT_AND_LOOPED):
+    if all(s in results for s in ("zb1", "interleaved")):
         lines += new_schedules(a, results, med, fixed)
     if not a.no_recompute:
         lines += recompute_rows(a, results)
@@ -326,7 +327,7 @@ def new_schedules(a: argparse.Namespace, results: dict[str, list[dict]], med: di
     # width-wide outputs per stage, and the read-out's (classes wide) on the last one.
     per_microbatch = [a.batch // m * 4 * (a.depth * a.width + (10 if k == a.stages - 1 else 0)) for k in range(a.stages)]
     grads = sum(p * b for p, b in zip(pending, per_microbatch))
-    act = {s: med[s] - fixed for s in ("1f1b",) + SPLIT_AND_LOOPED}
+    act = {s: med[s] - fixed for s in ("1f1b", "zb1", "interleaved")}
     return [
         f"zb1 against 1F1B: activations {mib(act['zb1'])} against {mib(act['1f1b'])} MiB "
         f"({act['zb1'] / act['1f1b']:.2f}). zb1's W runs after its B and reads what the forward "

@@ -116,7 +116,7 @@ def test_config_errors_need_no_tensorflow(no_tensorflow, user_files, tmp_path_fa
 # GPUs, a profile window outside mode=e2e. Also raised without TensorFlow.
 PREPARED = [
     (["mode=e2e", "pipeline.schedule=zigzag"], "pipeline.schedule='zigzag' is not known; allowed: sequential, "
-                                               "gpipe, 1f1b, zb1, interleaved, file"),
+                                               "gpipe, 1f1b, zb1, interleaved, zbv, file"),
     (["mode=e2e", "pipeline.schedule=file"], "pipeline.schedule=file reads the schedule from pipeline.schedule_file, "
                                              "which is not set"),
     (["mode=e2e", "+stages=3", "pipeline.schedule=interleaved", "pipeline.virtual_stages=2"],

@@ -83,6 +83,7 @@ def assert_trains_like(run, model, ref_step, steps: int = STEPS, rtol: float = 1
 
 
 INTERLEAVED = [o for o in BASE if o != "+stages=3"] + ["+stages=4", "pipeline.virtual_stages=2"]  # 2 per device
+ZBV = [o for o in BASE if o != "+stages=3"] + ["+stages=4"]  # a V: stages 0 and 3 on one device, 1 and 2 on the other
 
 
 @pytest.mark.parametrize("base, overrides", [
@@ -93,7 +94,8 @@ INTERLEAVED = [o for o in BASE if o != "+stages=3"] + ["+stages=4", "pipeline.vi
     (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2"]),
     (BASE, ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
     (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2", "placement.replicas=2"]),
-], ids=["gpipe", "1f1b-accum", "sequential", "zb1", "interleaved", "mirrored-accum", "interleaved-copies"])
+    (ZBV, ["pipeline.schedule=zbv", "pipeline.microbatches=4"]),
+], ids=["gpipe", "1f1b-accum", "sequential", "zb1", "interleaved", "mirrored-accum", "interleaved-copies", "zbv"])
 def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(base, overrides):
     run = chain.build(chain.compose(base + [f"optim.clip_global_norm={CLIP}", *overrides]))
     for s in run.stages:  # the step clips the chain's gradients; a stage's optimizer would see only its own

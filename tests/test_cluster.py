@@ -320,6 +320,27 @@ def test_split_backwards_and_interleaved_stages_on_two_workers_train_like_on_loc
                             stage_values(tmp_path / "local", f"stage_{k:02d}"), rtol=1e-6)
 
 
+@pytest.mark.parametrize("m", [4, 8])  # M = 2D and 4D
+def test_zbv_on_two_workers_trains_like_on_local_devices(workers, tmp_path, m):
+    """pipeline.schedule=zbv on 2 workers: stages 0 and 3 on worker 0, 1 and 2 on worker 1 (the V), each
+    backward split into B and W. It trains like the same run on this process's logical devices (which
+    train like one Keras model on one device: tests/test_pipeline.py)."""
+    import chain
+
+    args = [*[o for o in TINY if o != "+stages=2"], "+stages=4", "model.depth=1", "mode=e2e", "pipeline.schedule=zbv",
+            f"pipeline.microbatches={m}", "trainer.steps=3"]
+    r = run_cli(tmp_path, *args, workers.option, f"hydra.run.dir={tmp_path / 'cluster'}")
+    assert r.returncode == 0, r.stderr
+    for k in range(4):  # the placement table: stage k on worker min(k, 3 - k)
+        worker = min(k, 3 - k)
+        assert (f"{k}      /job:worker/replica:0/task:{worker}/device:CPU:0  worker {worker} "
+                f"{workers.addresses[worker]} CPU:0") in r.stdout, r.stdout
+    chain.build(chain.compose(args), run_dir=str(tmp_path / "local")).fit()
+    for k in range(4):
+        assert_values_alike(stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
+                            stage_values(tmp_path / "local", f"stage_{k:02d}"), rtol=1e-6)
+
+
 GRID = ["+stages=2", "model.width=8", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false",
         "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2", "placement.replicas=2"]
 

@@ -64,12 +64,15 @@ def keras_reference(run, initial: list[list[np.ndarray]], loss):
 
 # Interleaved: 4 stages, 2 per device (stage k on device k mod 2).
 INTERLEAVED = [o for o in BASE if o != "+stages=3"] + ["+stages=4", "pipeline.virtual_stages=2"]
+# zbv: 4 stages on 2 devices in a V (stages 0 and 3 on the first, 1 and 2 on the second).
+ZBV = [o for o in BASE if o != "+stages=3"] + ["+stages=4"]
+BASES = {"interleaved": INTERLEAVED, "zbv": ZBV}  # the schedules whose stages share devices; the rest: BASE
 
 
 def train_case(schedule: str, m: int, loss: str) -> dict:
     """Build the chain for one case, train it and the Keras reference 5 steps."""
     overrides, keras_loss = LOSSES[loss]
-    base = INTERLEAVED if schedule == "interleaved" else BASE
+    base = BASES.get(schedule, BASE)
     run = chain.build(chain.compose(base + overrides + [f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}"]))
     initial = [[layer.get_weights() for layer in s.model.layers] for s in run.stages]
     model, layers, ref_step = keras_reference(run, initial, keras_loss)
@@ -131,7 +134,7 @@ def stage_of(op_name: str) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("schedule", [n for n in schedules.NAMES if n != "interleaved"])  # a device per stage
+@pytest.mark.parametrize("schedule", [n for n in schedules.NAMES if n not in BASES])  # a device per stage
 def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossings(trained, schedule):
     m = 2
     t = trained(schedule, m, "crossentropy")
@@ -347,7 +350,7 @@ def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_s
                                                                                           capsys):
     from chain.__main__ import show_plan
 
-    base = INTERLEAVED if schedule == "interleaved" else BASE
+    base = BASES.get(schedule, BASE)
     path = tmp_path / f"{schedule}.csv"
     show_plan(chain.prepare(base + [f"pipeline.schedule={schedule}", "pipeline.microbatches=2", "plan_only=true",
                                     f"pipeline.schedule_out={path}"]))
@@ -357,8 +360,9 @@ def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_s
     run = chain.build(chain.compose(base + ["pipeline.schedule=file", f"pipeline.schedule_file={path}",
                                             "pipeline.microbatches=2"]))
     assert run.schedule.name == "file" and run.schedule.actions == t["run"].schedule.actions
-    if schedule == "interleaved":  # the planner's note names the setting the run has
-        assert "pipeline.schedule=file: 4 stages on 2 devices, stage k on device k mod 2" in run.placement.notes
+    if schedule in BASES:  # the planner's note names the setting the run has, and the schedule's placement
+        rule = "stage k on device k mod 2" if schedule == "interleaved" else "stage k and stage 3-k on device k"
+        assert f"pipeline.schedule=file: 4 stages on 2 devices, {rule}" in run.placement.notes
     assert [s.device for s in run.stages] == [s.device for s in t["run"].stages]
     for s, initial in zip(run.stages, t["initial"]):  # the same start
         for layer, before in zip(s.model.layers, initial):
@@ -412,6 +416,43 @@ def test_interleaved_stages_train_like_one_keras_model_on_one_device(trained, m)
                 prev = action_ops(ops, before)
                 ends = {op.name for op in prev} - set().union(*[ancestors[op.name] for op in prev])
                 assert ends and all(ends <= ancestors[op.name] for op in action_ops(ops, after)), (before, after)
+
+
+@pytest.mark.parametrize("m", [4, 8])  # M = 2D and 4D
+def test_zbv_trains_like_one_keras_model_on_one_device(trained, m):
+    """4 stages on 2 devices in a V (stages 0 and 3 on the first device, 1 and 2 on the second), each
+    backward split into B and W, in torch's ZB-V order."""
+    t = trained("zbv", m, "crossentropy")
+    run = t["run"]
+    assert [s.device for s in run.stages] == [DEVICES[0], DEVICES[1], DEVICES[1], DEVICES[0]]
+    assert run.schedule.name == "zbv" and run.schedule.devices == 2 and run.schedule.placement == (0, 1, 1, 0)
+    assert "pipeline.schedule=zbv: 4 stages on 2 devices, stage k and stage 3-k on device k" in run.placement.notes
+    assert_trained_like_keras(t)
+    if m == 4:  # each device runs its two stages' actions (F, B and W) in the schedule's one order for that device:
+        _, ops, ancestors = step_graph(t)  # every op of an action waits for the end of the device's previous one
+        for row in run.schedule.actions:
+            for before, after in zip(row, row[1:]):
+                mine = [op for op in ops if op.name.startswith(after.scope() + "/") and op.type != "Placeholder"]
+                assert mine and all(f"{before.scope()}/done" in ancestors[op.name] for op in mine), (before, after)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+stages=3"], "pipeline.schedule=zbv runs two stages on each device (stage k and stage 2D-1-k on device k), so "
+                    "the chain needs an even number of stages, not 3; use 2 or 4 stages, or another schedule"),
+    (["pipeline.virtual_stages=2"], "pipeline.virtual_stages=2 is interleaved's setting; pipeline.schedule=zbv always "
+                                    "runs two stages on each device: set pipeline.virtual_stages=1"),
+    (["placement.devices=[/CPU:0,/CPU:1,/CPU:0,/CPU:1]"],
+     "placement.devices[2]=/CPU:0: pipeline.schedule=zbv runs stage k and stage 3-k on device k, so stage 2 belongs "
+     "on placement.devices[1]=/CPU:1"),
+    (["placement.devices=[/CPU:0,/CPU:0,/CPU:0,/CPU:0]"],
+     "placement.devices: pipeline.schedule=zbv needs 2 different devices for stages 0, 1"),
+    (["pipeline.recompute=always"], "pipeline.recompute=always is not available with a split backward "
+                                    "(pipeline.schedule=zbv runs B and W apart"),
+])
+def test_zbv_settings_that_cannot_work_are_one_config_error(overrides, message):
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose(ZBV + ["pipeline.schedule=zbv", "pipeline.microbatches=4"] + overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -507,6 +507,20 @@ def test_interleaved_stages_on_one_logical_gpu_add_up_against_its_limit():
     assert max(f.total for f in alone.footprints) < 4 << 20 < alone.footprints[0].total + alone.footprints[2].total
 
 
+def test_zbv_puts_the_first_and_last_stage_on_one_logical_gpu_and_adds_them_up_against_its_limit():
+    """zbv (4 stages, M=4): stages 0 and 3 share GPU:0, 1 and 2 GPU:1 (the V); stage k holds 2D-k = 4-k
+    microbatches' activations; each under the limit alone, stages 0 and 3 over it together."""
+    cfg = ["mode=e2e", "+stages=4", "pipeline.schedule=zbv", "pipeline.microbatches=4", "model.width=256",
+           "placement.memory_limit_mb=4"]
+    with pytest.raises(DeviceError) as e:
+        prepare(chain.compose(cfg), Inventory.of(1, 8 * GB))
+    assert re.match(r"stages 0, 3 need about [\d.]+ MB together on /device:GPU:0 ", str(e.value)), str(e.value)
+    alone = prepare(chain.compose([*cfg, "placement.memory_limit_mb=null"]), Inventory.of(1, 8 * GB)).placement
+    assert [d.split("device:")[-1] for d in alone.devices] == ["GPU:0", "GPU:1", "GPU:1", "GPU:0"]
+    assert [f.held for f in alone.footprints] == [4, 3, 2, 1]
+    assert max(f.total for f in alone.footprints) < 4 << 20 < alone.footprints[0].total + alone.footprints[3].total
+
+
 def test_side_by_side_says_variants_in_its_layout_note_and_memory_table():
     """mode=side_by_side's models are variants, not stages of a pipeline (issue 38)."""
     from chain.planning import fit

@@ -77,12 +77,13 @@ def test_profiling_does_not_change_training(profiled):
 @pytest.mark.parametrize("schedule, overrides", [
     ("zb1", ["+stages=2"]),
     ("interleaved", ["+stages=4", "pipeline.virtual_stages=2"]),  # 4 stages on 2 devices
+    ("zbv", ["+stages=4"]),  # 4 stages on 2 devices in a V, split backwards
 ])
-def test_zb1_and_interleaved_are_measured_action_by_action(schedule, overrides, tmp_path, caplog, monkeypatch):
+def test_zb1_interleaved_and_zbv_are_measured_action_by_action(schedule, overrides, tmp_path, caplog, monkeypatch):
     """Every F, B and W of every stage is in the measured timeline, in the schedule's order for
-    that stage. The log's plan and the report's planned chart have one row per device (interleaved:
-    two stages each, every cell naming its stage), the report's measured chart one per stage, and
-    both charts draw W bars for zb1. (The measured text grid is not checked cell by cell: on a
+    that stage. The log's plan and the report's planned chart have one row per device (interleaved,
+    zbv: two stages each, every cell naming its stage), the report's measured chart one per stage, and
+    both charts draw W bars for zb1 and zbv. (The measured text grid is not checked cell by cell: on a
     loaded machine a short action may fill no slot of it.)"""
     run_dir = str(tmp_path)
     cfg = chain.compose([*overrides, "mode=e2e", f"pipeline.schedule={schedule}", "pipeline.microbatches=2", *SMALL,
@@ -92,7 +93,7 @@ def test_zb1_and_interleaved_are_measured_action_by_action(schedule, overrides, 
         summary = run.fit()
     with open(os.path.join(run_dir, "timeline.json")) as f:
         measured = json.load(f)
-    kinds = "BFW" if schedule == "zb1" else "BF"
+    kinds = "BF" if schedule == "interleaved" else "BFW"
     assert [s["step"] for s in measured["steps"]] == [2, 3] and all(s["complete"] for s in measured["steps"])
     for step in measured["steps"]:
         for k in range(len(run.stages)):
@@ -106,9 +107,12 @@ def test_zb1_and_interleaved_are_measured_action_by_action(schedule, overrides, 
     if schedule == "zb1":
         assert "W: weight gradients" in plan[1] and {"W0", "W1"} <= set(plan[2].split())  # stage 0's row
         devices = ["stage 0  /device:CPU:0", "stage 1  /device:CPU:1"]
-    else:
+    elif schedule == "interleaved":
         devices = ["device 0 (stages 0, 2)", "device 1 (stages 1, 3)"]
         assert plan[2].startswith(devices[0]) and "F0@s2" in plan[2].split() and "B1@s3" in plan[3].split()
+    else:  # the V: the first and last stages on device 0
+        devices = ["device 0 (stages 0, 3)", "device 1 (stages 1, 2)"]
+        assert plan[2].startswith(devices[0]) and "W0@s3" in plan[2].split() and "B1@s2" in plan[3].split()
     # The report: what its two timeline charts draw (the charts themselves are PNGs).
     from chain.report import page, runs
 
@@ -415,9 +419,10 @@ def test_idle_splits_each_devices_span_into_busy_input_waits_overhead_and_tail()
     assert (out.replayed_span_ms, out.replayed_bubble_fraction) == pytest.approx((320e-6, 1 - 320 / 640))
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb1", "interleaved"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb1", "interleaved", "zbv"])
 def test_a_replay_with_unit_durations_is_the_plan_and_a_measured_step_adds_up_to_its_span(name):
-    s = schedules.build(name, 4, 4, 2) if name == "interleaved" else schedules.build(name, 3, 4)
+    s = schedules.build(name, 4, 4, 2 if name == "interleaved" else None) if name in ("interleaved", "zbv") \
+        else schedules.build(name, 3, 4)
     plan = schedules.simulate(s)
     span, bubble = idle.replay(s, {(k, kind): 1.0 for k in range(s.stages) for kind in "FBW"})
     assert (span, bubble) == pytest.approx((plan.slots, plan.bubble_fraction))

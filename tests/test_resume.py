@@ -22,6 +22,8 @@ MODES = {
     "local": ["mode=local"],
     "e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
     "mirrored": ["mode=local", "placement.fallback=mirrored"],
+    # 4 stages in a V on 2 devices, split backwards (the later "+stages=4" wins over TINY's 2)
+    "e2e-zbv": ["mode=e2e", "pipeline.schedule=zbv", "pipeline.microbatches=4", "+stages=4"],
 }
 # Dropout > 0: a resume that lost the seed generators' state would differ from step 1 on.
 TINY = ["+stages=2", "model.width=16", "model.dropout=0.2", "data.batch_size=32", "trainer.progress=false"]
@@ -38,7 +40,8 @@ def event_steps(path) -> list[int]:
 @pytest.mark.parametrize("mode", MODES)
 def test_resume_after_kill_is_bit_exact(tmp_path, mode):
     n, every, kill_at = 8, 3, 5  # killed two steps after the checkpoint at step 3
-    args = [*MODES[mode], *TINY, f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.log_every=1"]
+    args = [*TINY, *MODES[mode], f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.log_every=1"]
+    n_stages = 4 if "+stages=4" in MODES[mode] else 2
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     r = cli(tmp_path, *args, f"hydra.run.dir={straight}")
     assert r.returncode == 0, r.stderr
@@ -49,7 +52,7 @@ def test_resume_after_kill_is_bit_exact(tmp_path, mode):
     r = cli(tmp_path, *args, f"hydra.run.dir={resumed}", "resume=true")
     assert r.returncode == 0, r.stderr
 
-    for k in range(2):
+    for k in range(n_stages):
         a, b = stage_values(straight, f"stage_{k:02d}"), stage_values(resumed, f"stage_{k:02d}")
         assert set(a) == set(b)
         assert any(key.startswith("random/") for key in a)  # dropout seed state is in the checkpoint

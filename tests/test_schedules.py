@@ -214,3 +214,53 @@ def test_the_schedule_line_counts_in_words():
                                       (2, "day")]] == ["1 step", "0 steps", "3 microbatches", "1 device", "2 entries",
                                                        "2 days"]
     assert (there_are(1, "stage"), there_are(2, "stage")) == ("there is 1 stage", "there are 2 stages")
+
+
+ZBV = [(d, m) for d in (1, 2, 3, 4) for m in (1, 2, 2 * d - 1, 2 * d, 3 * d, 4 * d)]
+
+
+@pytest.mark.parametrize("d, m", ZBV)
+def test_zbv_puts_stages_k_and_2d_1_k_on_device_k_and_runs_f_b_w_of_each_microbatch_once_in_order(d, m):
+    k = 2 * d
+    s = schedules.build("zbv", k, m)
+    assert s.devices == d and s.placement == tuple(min(stage, k - 1 - stage) for stage in range(k))
+    assert schedules.placement_rule(s) == f"stage k and stage {k - 1}-k on device k" or d == 1
+    for r, row in enumerate(s.actions):
+        assert sorted(row) == sorted(Action(stage, mb, kind) for stage in (r, k - 1 - r) for mb in range(m)
+                                     for kind in "FBW")
+        for stage in (r, k - 1 - r):
+            for mb in range(m):
+                assert row.index(Action(stage, mb, "F")) < row.index(Action(stage, mb, "B")) < row.index(Action(stage, mb, "W"))
+    tl = schedules.simulate(s)  # no deadlock, at any M (torch's builder plays max(M, 2D-1) and drops the rest)
+    slot = {a: t for row in tl.grid for t, a in enumerate(row) if a is not None}
+    for a, t in slot.items():
+        assert all(slot[dep] < t for dep in schedules.dependencies(a, k, split=True))
+    for r, row in enumerate(s.actions):
+        assert [a for a in tl.grid[r] if a is not None] == list(row)
+    back = schedule_file.loads(schedule_file.dumps(s), k, m)
+    assert back.actions == s.actions and back.placement == s.placement
+
+
+@pytest.mark.parametrize("d, m", [(d, m) for d, m in ZBV if m >= 2 * d])
+def test_zbv_idles_half_of_zb1s_bubble_on_the_same_devices(d, m):
+    """F, B and W of one slot each: at M >= 2D every device idles only D-1 slots, waiting for its first
+    forward, and the V's turn and cool-down leave no gap. zb1 on the same D devices runs stages twice
+    the size (F, B, W of two slots each) and idles D-1 of its slots: twice zbv's idle time. A device
+    holds at most 2D microbatches' activations of a half-size stage at once: 1F1B's peak (D of a whole
+    stage) on its first device, here on every device. Stage k's own peak is 2D-k."""
+    tl = schedules.simulate(schedules.build("zbv", 2 * d, m))
+    assert [sum(a is None for a in row) for row in tl.grid] == [d - 1] * d
+    assert tl.bubble_fraction == pytest.approx((d - 1) / (6 * m + d - 1), abs=1e-12)
+    zb1 = schedules.simulate(schedules.build("zb1", d, m))
+    assert [2 * sum(a is None for a in row) for row in zb1.grid] == [2 * (d - 1)] * d
+    s = schedules.build("zbv", 2 * d, m)
+    assert schedules.held_counts(s) == [2 * d - k for k in range(2 * d)]
+    assert [max(schedules.live_activations(row)) for row in s.actions] == [2 * d] * d
+    assert max(schedules.live_activations(schedules.build("1f1b", d, m).actions[0])) == d
+
+
+def test_zbv_needs_an_even_number_of_stages():
+    with pytest.raises(ValueError, match="3 stages is not an even number"):
+        schedules.build("zbv", 3, 4)
+    text = schedules.render(schedules.build("zbv", 4, 4), schedules.simulate(schedules.build("zbv", 4, 4)))
+    assert "device 0 (stages 0, 3)" in text and "device 1 (stages 1, 2)" in text and "4 stages on 2 devices" in text

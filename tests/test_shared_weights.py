@@ -200,3 +200,47 @@ def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_e
         np.testing.assert_array_equal(a, b)
     copies = [s.trainable_variables[-1] for s in resumed.stages]
     np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())
+
+
+def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_one_variable(tmp_path):
+    """zbv (4 stages on 2 devices, stages 0 and 3 on the first): the tied read-out on stage 3 reads stage
+    0's embedding itself, no copy and no exchange; stage 3's gradient joins stage 0's sums, stage 0's
+    one optimizer applies it: trains like the uncut model (Keras' fit on one device). The checkpoint holds
+    the weight once (stage 0's), and a resumed run is bit for bit the uninterrupted one."""
+    base = ["mode=e2e", *[o for o in RUN if o != "+stages=2"], "+stages=4", "pipeline.schedule=zbv",
+            "pipeline.microbatches=4", "optim=adam", "optim.lr=0.05", "data.val_fraction=0", "checkpoint.every=2",
+            "trainer.steps_per_call=1"]
+    run = chain.build(chain.compose([*base, "trainer.steps=3"]), run_dir=str(tmp_path / "eq"), model=tied_embedding_model())
+    first, last = run.stages[0], run.stages[3]
+    assert first.device == last.device and [len(s.borrowed) for s in run.stages] == [0, 0, 0, 1]
+    (embedding,) = [v for v in first.trainable_variables if v.path == "embed/embeddings"]
+    assert last.borrowed[0].variable is embedding  # one variable, read by both stages
+    assert all(v.path != "embed/embeddings" for s in run.stages[1:] for v in s.trainable_variables)
+    reference = tied_embedding_model()
+    reference.compile(optimizer=type(first.optimizer).from_config(first.optimizer.get_config()),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    start = embedding.numpy()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.integers(0, 4, (16, 6)).astype("float32")
+        y = rng.integers(0, 4, 16).astype("int32")
+        np.testing.assert_allclose(run.step(x, {"label": y})["loss"], reference.train_on_batch(x, y), rtol=RTOL)
+    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    for s in run.stages:
+        for v in s.trainable_variables:
+            assert rel_diff(v.numpy(), want[v.path]) <= RTOL, v.path
+    assert rel_diff(embedding.numpy(), start) > 100 * RTOL  # both stages' uses moved it
+
+    def fit(run_dir, steps, *more):
+        r = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
+                        model=tied_embedding_model())
+        r.fit()
+        return [v.numpy() for s in r.stages for v in s.trainable_variables + s.optimizer.variables]
+
+    straight = fit(tmp_path / "straight", 4)
+    held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
+                if shape == [4, 8]] for k in range(4)}
+    assert len(held[0]) == 3 and held[1] == held[2] == held[3] == []  # the weight and its Adam slots, once
+    fit(tmp_path / "resumed", 2)
+    for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
+        np.testing.assert_array_equal(a, b)

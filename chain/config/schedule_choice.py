@@ -1,8 +1,8 @@
 """The schedule a run's settings ask for, and the checks that need the schedules to answer.
 
 `pipeline.schedule` names a built-in schedule (`chain.schedule.schedules`) or `file`, a CSV that
-`chain.schedule.schedule_file` reads; with `interleaved` (or a file whose rows hold several
-stages) the stages share devices. No TensorFlow: the preparation pass (`chain.prepared`) calls
+`chain.schedule.schedule_file` reads; with `interleaved`, `zbv` (or a file whose rows hold several
+stages) the stages share devices, as the schedule's `placement` says. No TensorFlow: the preparation pass (`chain.prepared`) calls
 `check_pipeline` once per run and keeps the schedule it returns on the `RunSpec`; the memory
 estimate builds the schedules of the changes it offers with `pipeline_schedule`.
 """
@@ -30,13 +30,7 @@ def pipeline_schedule(s: Settings) -> schedules.Schedule:
                           "give a CSV (one row per device, cells like F3, B3, W3), or a built-in schedule: "
                           f"{', '.join(schedules.NAMES)}")
     path = files.existing(p.schedule_file, "pipeline.schedule_file")
-    schedule = _read(path, os.stat(path).st_mtime_ns, n_stages, p.microbatches)
-    d = schedule.devices
-    if schedule.placement and any(schedule.row(k) != k % d for k in range(n_stages)):
-        k = next(k for k in range(n_stages) if schedule.row(k) != k % d)
-        raise ConfigError(f"pipeline.schedule_file={path!r} runs stage {k} on row {schedule.row(k) + 1}: stages share "
-                          f"devices only as interleaved stages do, stage k on row (k mod {d}) + 1")
-    return schedule
+    return _read(path, os.stat(path).st_mtime_ns, n_stages, p.microbatches)
 
 
 @functools.lru_cache(maxsize=8)
@@ -50,13 +44,9 @@ def _read(path: str, version: int, n_stages: int, microbatches: int) -> schedule
 
 
 def pipeline_devices(s: Settings) -> int | None:
-    """How many devices the stages share: stages / pipeline.virtual_stages with schedule=interleaved,
-    or a schedule file's rows when they hold several stages (stage k on device k mod that), else
-    None (a device per stage)."""
+    """How many devices interleaved stages share (stages / pipeline.virtual_stages), else None: the
+    other built-in schedules place their stages themselves (zbv two a device, the rest one)."""
     p = s.pipeline
-    if p.schedule == schedules.FILE and p.schedule_file is not None:
-        schedule = pipeline_schedule(s)  # a file whose rows hold several stages each
-        return schedule.devices if schedule.placement else None
     if p.schedule != "interleaved" or p.virtual_stages == 1:
         return None
     return len(s.stages) // p.virtual_stages
@@ -64,9 +54,13 @@ def pipeline_devices(s: Settings) -> int | None:
 
 def check_interleaved(s: Settings) -> None:
     """schedule=interleaved: V stages per device divide the stages, M is a multiple of the devices
-    (the anchors' requirement), and stages named on devices follow the loop placement."""
+    (the anchors' requirement), and one memory limit for the stages a device shares. (Stages named on
+    devices: `check_given_devices`.)"""
     p, n_stages = s.pipeline, len(s.stages)
     if p.schedule != "interleaved":
+        if p.virtual_stages != 1 and p.schedule == "zbv":
+            raise ConfigError(f"pipeline.virtual_stages={p.virtual_stages} is interleaved's setting; pipeline.schedule=zbv "
+                              "always runs two stages on each device: set pipeline.virtual_stages=1")
         if p.virtual_stages != 1:
             raise ConfigError(f"pipeline.virtual_stages={p.virtual_stages} puts several stages on each device, which "
                               f"only pipeline.schedule=interleaved runs (is {p.schedule}); set pipeline.virtual_stages=1 "
@@ -85,16 +79,6 @@ def check_interleaved(s: Settings) -> None:
     if v > 1 and isinstance(s.placement.memory_limit_mb, (list, tuple)):
         raise ConfigError(f"placement.memory_limit_mb: with pipeline.schedule=interleaved each device holds "
                           f"{v} stages (pipeline.virtual_stages); give one number (MB per logical GPU)")
-    given = s.placement.devices
-    if given and v > 1:
-        for k in range(d, n_stages):
-            if canonical(given[k]) != canonical(given[k % d]):
-                raise ConfigError(f"placement.devices[{k}]={given[k]}: pipeline.schedule=interleaved runs stage k on "
-                                  f"device k mod {d} ({n_stages} stages / pipeline.virtual_stages={v}), so stage {k} "
-                                  f"belongs on placement.devices[{k % d}]={given[k % d]}")
-        if len({canonical(x) for x in given[:d]}) < d:
-            raise ConfigError(f"placement.devices: pipeline.schedule=interleaved needs {d} different devices for "
-                              f"stages 0-{d - 1} ({n_stages} stages / pipeline.virtual_stages={v})")
 
 
 def check_pipeline(s: Settings) -> schedules.Schedule:
@@ -115,7 +99,9 @@ def check_pipeline(s: Settings) -> schedules.Schedule:
             raise ConfigError(f"pipeline.schedule_out={p.schedule_out!r}: "
                               + ("is a directory; name a file" if os.path.isdir(p.schedule_out)
                                  else f"the folder {folder} does not exist"))
+    check_zbv(s)
     schedule = pipeline_schedule(s)
+    check_given_devices(s, schedule)
     if p.recompute != "never" and schedules.is_split(schedule):
         raise ConfigError(f"pipeline.recompute={p.recompute} is not available with a split backward (pipeline.schedule="
                           f"{p.schedule} runs B and W apart, and W needs what the forward kept): use "
@@ -123,7 +109,43 @@ def check_pipeline(s: Settings) -> schedules.Schedule:
     return schedule
 
 
+def check_zbv(s: Settings) -> None:
+    """schedule=zbv: an even number of stages (two on each device), and no pipeline.virtual_stages
+    (the V's two stages a device are not a setting)."""
+    if s.pipeline.schedule != "zbv":
+        return
+    n_stages = len(s.stages)
+    if n_stages % 2:
+        raise ConfigError(f"pipeline.schedule=zbv runs two stages on each device (stage k and stage 2D-1-k on device k), "
+                          f"so the chain needs an even number of stages, not {n_stages}; use "
+                          + (f"{n_stages - 1} or {n_stages + 1}" if n_stages > 1 else "2") + " stages, or another schedule")
+    if isinstance(s.placement.memory_limit_mb, (list, tuple)):
+        raise ConfigError("placement.memory_limit_mb: with pipeline.schedule=zbv each device holds 2 stages; give one "
+                          "number (MB per logical GPU)")
+
+
+def check_given_devices(s: Settings, schedule: schedules.Schedule) -> None:
+    """Stages named on devices (`placement.devices`) follow a shared schedule's placement: the stages of
+    one row of the schedule on one device (`schedules.placement_rule`), different rows on different ones."""
+    given = s.placement.devices
+    if not given or not schedule.placement:
+        return
+    p, n_stages, d = s.pipeline, len(s.stages), schedule.devices
+    why = (f" ({n_stages} stages / pipeline.virtual_stages={p.virtual_stages})"
+           if p.schedule == "interleaved" else "")
+    head = [schedule.row_stages(r)[0] for r in range(d)]  # each row's first stage names its device
+    for k in range(n_stages):
+        j = head[schedule.row(k)]
+        if canonical(given[k]) != canonical(given[j]):
+            raise ConfigError(f"placement.devices[{k}]={given[k]}: pipeline.schedule={p.schedule} runs "
+                              f"{schedules.placement_rule(schedule)}{why}, so stage {k} belongs on "
+                              f"placement.devices[{j}]={given[j]}")
+    if len({canonical(given[j]) for j in head}) < d:
+        raise ConfigError(f"placement.devices: pipeline.schedule={p.schedule} needs {d} different devices for "
+                          f"stages {', '.join(map(str, head))}{why}")
+
+
 def shared_devices(schedule: schedules.Schedule) -> int | None:
-    """How many devices `schedule`'s stages share (interleaved stages, a file whose rows hold several
-    stages: stage k on device k mod that), or None (a device per stage)."""
+    """How many devices `schedule`'s stages share (interleaved stages, zbv's V, a file whose rows hold
+    several stages: `Schedule.placement` says which stage runs on which), or None (a device per stage)."""
     return schedule.devices if schedule.placement else None

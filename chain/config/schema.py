@@ -279,7 +279,7 @@ class Trainer:
 class Pipeline:
     schedule: str = setting(choice(*SCHEDULES),
         "mode=e2e: the pipeline schedule: sequential, gpipe, 1f1b, zb1 (zero bubble ZB-H1), interleaved (virtual "
-        "stages) or file (read from pipeline.schedule_file)")
+        "stages), zbv (V-shaped zero bubble: stage k and 2D-1-k on device k) or file (read from pipeline.schedule_file)")
     microbatches: int = setting(integer(1, MAX_MICROBATCHES),
         "mode=e2e: microbatches per batch; must divide data.batch_size")
     batch_norm: str = setting(choice(*BATCH_NORMS),

@@ -1,6 +1,6 @@
 """Keras' private parts chain uses: a functional model's graph nodes (`_nodes_by_depth`) and its
 own graph walk (`_run_through_graph`, `_standardize_inputs`, `keras.src.models.functional`), a
-layer's tracked sublayers (`_layers`) and every layer under a model (`_flatten_layers`),
+layer's tracked sublayers (`_layers`) and attributes (`_delete_tracking`) and every layer under a model (`_flatten_layers`),
 BatchNormalization's batch moments (`_moments`, patched per layer), and an optimizer's variable
 index and slot lists (`_get_variable_index`, `_trainable_variables`, Adam's `_momentums` and
 `_velocities`). Keras has no public view of these. Keras is imported only inside the functions."""
@@ -46,6 +46,12 @@ def untrack_sublayer(layer: Any, sub: Any) -> None:
         if tracked is sub:
             del layer._layers[n]
             break
+
+
+def untrack_attribute(layer: Any, name: str) -> None:
+    """Stop TensorFlow's checkpoints following `layer`'s attribute `name` (`_delete_tracking` of its
+    `AutoTrackable` base): what the attribute holds is saved by its owner, not through `layer`."""
+    layer._delete_tracking(name)
 
 
 def all_layers(model: Any) -> list[Any]:

@@ -103,7 +103,7 @@ from chain.steps.forward import Kept, chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, copy_to
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
-from chain.steps.tied import repeated, sum_shared
+from chain.steps.tied import lend_back, repeated, sum_shared
 from chain.steps.update import shared_outcomes, stage_update, unscale
 
 
@@ -216,8 +216,8 @@ def deferred_forwards(order: Sequence[Action], last: int, replayed: Callable[[in
 
 
 def weight_gradients(stage: Stage, targets, start, kept: Sequence[Kept] | None,
-                     kept_grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
-    """W of a split backward: the gradients of `stage`'s trainable variables (in their order).
+                     kept_grads: Sequence[tf.Tensor | None], inputs: Sequence[tf.Tensor] = ()) -> list[tf.Tensor | None]:
+    """W of a split backward: the gradients of `stage`'s `gradient_variables` (in their order).
 
     With every weighted layer's call kept (`kept`: its inputs and output, and `kept_grads`, the
     gradients B computed at those outputs), each call gives the weights it reads their gradient from
@@ -227,13 +227,15 @@ def weight_gradients(stage: Stage, targets, start, kept: Sequence[Kept] | None,
     kernel regularizer's term in `targets`) is added with the kept outputs held fixed. Without them
     (a model `layer_by_layer` refuses, or XLA), the whole backward runs again from `targets`
     (`start`: their output gradients). `tf.gradients` names its ops in the current scope
-    (`s{k}_W{m}/gradients/...`), so a trace reads them back as W."""
-    variables = stage.trainable_variables
+    (`s{k}_W{m}/gradients/...`), so a trace reads them back as W. `inputs` (the stage's input) stop
+    the walk: `tf.gradients` follows the graph, not a tape, and past the stage's input it would reach
+    the earlier stages' uses of a weight the stage borrows (`Stage.borrowed`) and count them again."""
+    variables = stage.gradient_variables
     handles = [v.value if hasattr(v, "value") else v for v in variables]  # Keras 3 wraps the tf.Variable
     if kept is None:
-        return tf.gradients(targets, handles, grad_ys=start)
+        return tf.gradients(targets, handles, grad_ys=start, stop_gradients=list(inputs))
     total: list[tf.Tensor | None] = list(tf.gradients(targets, handles, grad_ys=start,
-                                                      stop_gradients=[c.output for c in kept]))
+                                                      stop_gradients=[c.output for c in kept] + list(inputs)))
     for call, grad in zip(kept, kept_grads):
         if grad is None:
             continue
@@ -418,6 +420,7 @@ class Halfway:
     start: list[tf.Tensor | None] | tf.Tensor | None  # the targets' output gradients
     kept: Sequence[Kept] | None
     kept_grads: list[tf.Tensor | None]  # the gradients B computed at the kept outputs
+    input: tf.Tensor  # the stage's input (where W's walk back stops)
 
 
 @dataclass(frozen=True)
@@ -655,7 +658,7 @@ def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -
     g = _output_gradient(plan, state, k, m)
     with tf.device(s.device):
         taped = _retaped(plan, state, saved, k, m)
-        sources = ([saved.input] if k > 0 else []) + s.trainable_variables  # stage 0 needs no dL/dx
+        sources = ([saved.input] if k > 0 else []) + s.gradient_variables  # stage 0 needs no dL/dx
         targets, start = _seeds(taped.output, g, taped.scaled_reg)  # the stage's own term starts it too
         grads = taped.tape.gradient(targets, sources, output_gradients=start)
         if k > 0:
@@ -663,7 +666,7 @@ def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -
             grads = grads[1:]
         if plan.options.weights_early and not plan.options.jit_compile:  # compiled: one call op, nothing to order
             weights_first(grads, state.graph.get_operations()[first_op:])
-        state.accumulated[k] = add_grads(state.accumulated[k], grads)
+        state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
     return None
 
 
@@ -679,7 +682,7 @@ def _input_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: 
         grads = taped.tape.gradient(targets, sources, output_gradients=start) if sources else []
         if k > 0:
             state.input_grads[(k, m)] = grads[0]
-        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[1:] if k > 0 else grads)
+        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[1:] if k > 0 else grads, saved.input)
     return [t.op for t in grads if t is not None]  # not the weights' products the tape builds too: W's, later
 
 
@@ -688,8 +691,8 @@ def _weight_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op:
     k, s = action.stage, plan.stages[action.stage]
     half = state.halfway.pop((k, action.microbatch))
     with tf.device(s.device):
-        grads = weight_gradients(s, half.targets, half.start, half.kept, half.kept_grads)
-        state.accumulated[k] = add_grads(state.accumulated[k], grads)
+        grads = weight_gradients(s, half.targets, half.start, half.kept, half.kept_grads, [half.input])
+        state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
     done_ops = [t.op for t in grads if t is not None]  # not the side branches tf.gradients leaves
     if plan.options.weights_early:  # and the sums: see `summed_in_turn`
         done_ops += summed_in_turn(state.accumulated[k], done_ops)

@@ -22,7 +22,7 @@ from chain.errors import ConfigError, DeviceError, plural
 from chain.planning.footprint import Footprint
 from chain.planning.inventory import Gpu, Inventory
 
-__all__ = ["Placement", "plan", "loop", "PIPELINE", "MIRRORED", "REPLICATED"]
+__all__ = ["Placement", "plan", "shared", "PIPELINE", "MIRRORED", "REPLICATED"]
 
 PIPELINE = "pipeline"
 MIRRORED = "mirrored"
@@ -457,21 +457,21 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
                      physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=tuple(notes))
 
 
-def loop(p: Placement, n_stages: int, schedule: str = "interleaved") -> Placement:
-    """`p`, planned for D devices, with `n_stages` stages on them: stage k on device k mod D (the
-    "loop" placement of interleaved virtual stages: `pipeline.schedule=interleaved`, or a schedule
-    file with several stages a device); `schedule` names the setting in the note."""
-    d = len(p.devices)
+def shared(p: Placement, rows: Sequence[int], schedule: str, rule: str) -> Placement:
+    """`p`, planned for D devices, with the schedule's stages on them: stage k on device `rows[k]`
+    (the schedule's own map: interleaved's loop, stage k on device k mod D; zbv's V, stage k and
+    2D-1-k on device k; a schedule file's rows). `schedule` names the setting and `rule` says the
+    map in words (`chain.schedule.schedules.placement_rule`), both for the note."""
+    d, n_stages = len(p.devices), len(rows)
     if p.layout == MIRRORED or d >= n_stages:
         return p
     each = " (in every copy)" if p.copies else ""
     # the layout's note was written for the D devices of a copy: say how many stages they hold
     notes = tuple(n.replace(f"copies of the {d}-stage pipeline", f"copies of the {n_stages}-stage pipeline on {d} devices")
                   for n in p.notes)
-    return replace(p, devices=tuple(p.devices[k % d] for k in range(n_stages)),
-                   copies=tuple(tuple(row[k % d] for k in range(n_stages)) for row in p.copies),  # each copy's row
-                   notes=notes).noted(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices{each}, "
-                                      f"stage k on device k mod {d}")
+    return replace(p, devices=tuple(p.devices[r] for r in rows),
+                   copies=tuple(tuple(row[r] for r in rows) for row in p.copies),  # each copy's row
+                   notes=notes).noted(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices{each}, {rule}")
 
 
 def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Sequence[str], where: dict[str, str],

@@ -29,6 +29,7 @@ from chain.config.checks import BatchCut
 from chain.data import sources
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
+from chain.schedule.schedules import placement_rule
 from chain.planning import cluster, fit, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
 from chain.planning.planner import Placement
@@ -73,7 +74,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
     else:
         n_stages = len(s.stages)
         shared = None if s.placement.devices or s.mode != "e2e" else schedule_choice.shared_devices(spec.schedule)
-        n = shared or n_stages  # interleaved stages: plan their D devices, then stage k on device k mod D
+        n = shared or n_stages  # stages sharing devices: plan their D devices, then put each stage on its own
         addresses = cluster.workers(s.cluster.workers)
         if addresses:
             cluster.check_reachable(addresses, s.cluster.lost_after_s)
@@ -83,7 +84,9 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
         else:
             inventory = inventory or discover()
             placement = planner.plan(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
-        placement = planner.loop(placement, n_stages, s.pipeline.schedule)
+        if shared:  # stage k on the device of its row of the schedule
+            placement = planner.shared(placement, spec.schedule.placement, s.pipeline.schedule,
+                                       placement_rule(spec.schedule))
     cut = cut_batch(s.data.batch_size, placement, s.pipeline.microbatches if s.mode == "e2e" else 1)  # once
     spec = replace(spec, placement=placement, inventory=inventory, batch_cut=cut)
     if spec.data_info is not None:

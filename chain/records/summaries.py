@@ -98,7 +98,7 @@ class PipelineFields:
     recompute: str | None = item("pipeline.recompute: never, except_last or always", default=None, omit_none=True)
     schedule_file: str | None = item("pipeline.schedule=file: the schedule file's absolute path", default=None,
                                      omit_none=True)
-    schedule_devices: int | None = item("interleaved stages: the devices they share (stage k on device k mod this)",
+    schedule_devices: int | None = item("stages sharing devices (interleaved: stage k on device k mod this; zbv: stage k and 2D-1-k on device k): the devices they share",
                                         default=None, omit_none=True)
 
 

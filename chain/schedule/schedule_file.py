@@ -3,8 +3,8 @@
 One row per device, one action per cell, in the order the device runs them: `F3` (forward of microbatch 3), `B3` (its backward; in a split schedule only the
 input's gradient), `W3` (the weights' gradients of a split schedule). A cell may name its stage,
 `F3@s2` (a cell without it is the stage of its row's number: row 1 is stage 0's); a row
-may hold several stages (interleaved: the planner then puts stage k on device k mod D, the
-only placement it makes for shared devices), and torch.distributed.pipelining's compute-only form is read too (`2F3`: stage first;
+may hold several stages (interleaved's loop, zbv's V, or any other map: the planner puts each
+stage on its row's device), and torch.distributed.pipelining's compute-only form is read too (`2F3`: stage first;
 its `I3`, the input-gradient half, is our `B3`). Empty cells are skipped, so a grid with idle
 slots reads as its order. `write` puts any schedule into this form
 (`plan_only=true pipeline.schedule_out=x.csv`), and `read` gives back the same `Schedule`.

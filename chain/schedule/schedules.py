@@ -3,7 +3,7 @@
 A schedule lists, for every stage, the ordered actions `(stage, microbatch, "F"|"B"|"W")`
 that stage performs in one training step. A schedule without "W" actions runs each backward
 whole ("B": the gradients of the stage's input and of its weights); a *split* schedule (zero
-bubble, `zb1`) runs "B" for the input's gradient only (what the previous stage waits for) and
+bubble, `zb1` and `zbv`) runs "B" for the input's gradient only (what the previous stage waits for) and
 "W" for the weights' gradients later, where the stage would otherwise idle. Builders here are pure functions, so their
 properties (every forward precedes its backward, 1F1B's bound on live activations, the
 bubble) are checked without TensorFlow; `chain.pipeline.step` executes a schedule inside
@@ -120,7 +120,7 @@ class Schedule:
 
     `actions[r]` is device r's ordered list of actions: the order the engine enforces. Stage k
     runs on device `row(k)`: device k itself unless `placement` (stage -> device) says otherwise,
-    as interleaved stages do (several stages on one device).
+    as interleaved and zbv stages do (several stages on one device; the planner follows this map).
     """
 
     name: str
@@ -297,8 +297,71 @@ def interleaved(stages: int, microbatches: int, devices: int | None = None) -> S
     return Schedule("interleaved", stages, microbatches, tuple(rows), placement)
 
 
+def v_placement(stages: int) -> tuple[int, ...]:
+    """The V placement of `stages` = 2D stages on D devices: stage k and stage 2D-1-k on device k, so a
+    microbatch goes down the devices and back up, and the first and last stages share device 0."""
+    return tuple(min(k, stages - 1 - k) for k in range(stages))
+
+
+def zero_bubble_v(stages: int, microbatches: int) -> Schedule:
+    """ZB-V (Qi et al., 2024, section 6; torch.distributed.pipelining's `ScheduleZBVZeroBubble`):
+    2D stages on D devices in a V (`v_placement`), each backward split into B and W as zb1's.
+
+    Device d holds its "down" stage d and its "up" stage 2D-1-d, and plays, as torch builds it for
+    max(M, 2D-1) microbatches (the actions of microbatches past M then left out):
+    2(D-d)-1 forwards of the down stage; d pairs (up forward, down forward); D-d triples (up F, B,
+    W); then, while forwards remain, (down F, down B, down W, up F, up B, up W); then d pairs
+    (down B, up B), D-d pairs (down B, its oldest W), and the W's still owed, the up stage's first.
+    The first and last stages share device 0, so its warm-up (the first stage's forwards) and its
+    cool-down (the last stage's backwards) overlap. With F, B and W of one slot each every device
+    idles D-1 slots for M >= 2D: a bubble of (D-1)/(6M+D-1), half of zb1's on the same devices
+    (whose actions, over a stage twice the size, take two slots each). Stage k holds at most 2D-k
+    microbatches' activations, and a device at most 2D of its half-size stages' at once: 1F1B's
+    peak on its first device (D microbatches of a whole stage), here on every device.
+    """
+    _check(stages, microbatches)
+    if stages % 2:
+        raise ValueError(f"zbv runs two stages on each device (stage k and 2D-1-k on device k): {stages} stages "
+                         "is not an even number")
+    d_count = stages // 2
+    played = max(microbatches, 2 * d_count - 1)  # enough microbatches to fill the V; the extra ones dropped below
+    rows = []
+    for d in range(d_count):
+        down, up = d, stages - 1 - d
+        row: list[Action] = []
+        count = {(k, kind): 0 for k in (down, up) for kind in KINDS}
+
+        def add(k: int, *kinds: str) -> None:
+            for kind in kinds:
+                row.append(Action(k, count[(k, kind)], kind))
+                count[(k, kind)] += 1
+
+        for _ in range(2 * (d_count - d) - 1):
+            add(down, FORWARD)
+        for _ in range(d):
+            add(up, FORWARD)
+            add(down, FORWARD)
+        for _ in range(d_count - d):
+            add(up, FORWARD, BACKWARD, WEIGHT)
+        while count[(up, FORWARD)] < count[(down, FORWARD)] or count[(down, FORWARD)] < played:
+            if count[(down, FORWARD)] < played:
+                add(down, FORWARD)
+            add(down, BACKWARD, WEIGHT)
+            add(up, FORWARD, BACKWARD, WEIGHT)
+        for _ in range(d):
+            add(down, BACKWARD)
+            add(up, BACKWARD)
+        for _ in range(d_count - d):
+            add(down, BACKWARD, WEIGHT)
+        for k in (up, down):
+            while count[(k, WEIGHT)] < count[(k, BACKWARD)]:
+                add(k, WEIGHT)
+        rows.append(tuple(a for a in row if a.microbatch < microbatches))
+    return Schedule("zbv", stages, microbatches, tuple(rows), v_placement(stages))
+
+
 BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b, "zb1": zero_bubble_h1,
-            "interleaved": interleaved}
+            "interleaved": interleaved, "zbv": zero_bubble_v}
 NAMES = tuple(BUILDERS)  # the one list of built-in schedule names
 FILE = "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.schedule.schedule_file`)
 CHOICES = NAMES + (FILE,)  # what pipeline.schedule may be (the config schema takes it from here)
@@ -306,12 +369,26 @@ CHOICES = NAMES + (FILE,)  # what pipeline.schedule may be (the config schema ta
 
 def build(name: str, stages: int, microbatches: int, devices: int | None = None) -> Schedule:
     """The built-in schedule called `name` (one of `NAMES`); `devices` (interleaved only): how many
-    devices share the stages (stage k on device k mod devices)."""
+    devices share the stages (stage k on device k mod devices). zbv always puts two stages on each
+    device (`v_placement`)."""
     if name not in BUILDERS:
         raise ValueError(f"schedule {name!r} is not known; allowed: {', '.join(NAMES)}")
     if name == "interleaved":
         return interleaved(stages, microbatches, devices)
     return BUILDERS[name](stages, microbatches)
+
+
+def placement_rule(schedule: Schedule) -> str:
+    """Where `schedule` puts its stages, in words for notes and messages: `stage k on device k mod 2`
+    (interleaved), `stage k and stage 3-k on device k` (zbv), or each stage's device (a file's rows)."""
+    d, k_count = schedule.devices, schedule.stages
+    if not schedule.placement:
+        return "stage k on device k"
+    if schedule.placement == tuple(k % d for k in range(k_count)):
+        return f"stage k on device k mod {d}"
+    if schedule.placement == v_placement(k_count):
+        return f"stage k and stage {k_count - 1}-k on device k"
+    return ", ".join(f"stage {k} on device {r}" for k, r in enumerate(schedule.placement))
 
 
 def is_split(schedule: Schedule) -> bool:

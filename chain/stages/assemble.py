@@ -16,6 +16,7 @@ import tensorflow as tf
 from chain.config.schema import Conv, Model, Optim, Sgd, StageSpec
 from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError
+from chain.planning.devices import canonical
 from chain.stages import precision
 from chain.stages.bodies import Body, check_prediction
 from chain.stages.cut import Piece
@@ -117,6 +118,8 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
                     for layer in output_layers(target, tuple(model.output_shape[1:])):
                         model.add(layer)
             else:
+                if isinstance(bodies[k], Piece) and device is not None:  # an earlier piece's tied weight, on
+                    bodies[k].device = canonical(device)  # this device, is read from it, not copied
                 model = bodies[k](shape, policy, stage_name(k))
                 if readout and last:
                     check_prediction(model, target, f"stage {k} ({labels[k] if labels else 'a user model'})")
@@ -129,8 +132,9 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
             loss_scale = LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}") if scaled else None
             shared = bodies[k].shared if isinstance(bodies[k], Piece) else ()  # a cut model's tied weights
             whole = bodies[k].whole if isinstance(bodies[k], Piece) else None
+            borrowed = bodies[k].borrowed if isinstance(bodies[k], Piece) else ()
             stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale,
-                          label=labels[k] if labels else None, shared=shared, whole=whole)
+                          label=labels[k] if labels else None, shared=shared, whole=whole, borrowed=borrowed)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
         shape = out_shape

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import keras
 
 from chain.errors import ConfigError, first_line
-from chain.internals.keras_private import graph_nodes, untrack_sublayer
+from chain.internals.keras_private import graph_nodes, untrack_attribute, untrack_sublayer
 from chain.planning import balance
 from chain.stages.bodies import Body
 from chain.stages.stage import SharedCopy
@@ -55,6 +55,9 @@ class Cuttable:
     boundary: dict[int, Any]
     blocked: dict[int, str] = field(default_factory=dict)  # cut position -> why it is not allowed
     tied: dict[int, int] = field(default_factory=dict)  # id(variable two layers hold) -> its first holder's index
+    # (device, layer index) -> that layer's clone on a stage of that device: a later stage on the same device
+    # (zbv's last stage, with the first on device 0) reads a tied weight from it, one variable, not a copy
+    clones: dict[tuple[str, int], keras.layers.Layer] = field(default_factory=dict)
 
     def params(self) -> list[int]:
         """Trainable parameters of each layer."""
@@ -248,11 +251,15 @@ def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, ho
             made = getattr(clone, attr, None)  # a layer whose config holds the layer made its own from it:
             if isinstance(made, keras.layers.Layer):  # untracked, so its weights are not the clone's
                 untrack_sublayer(clone, made)
-            setattr(clone, attr, holder(index[id(value)]))
+            bound = holder(index[id(value)])
+            setattr(clone, attr, bound)
+            if holder.lent(index[id(value)]):  # another stage's layer: its weights stay that stage's (its
+                untrack_sublayer(clone, bound)  # optimizer's, its checkpoint's)
+                untrack_attribute(clone, attr)
         elif isinstance(value, keras.Variable) and c.layers[c.tied.get(id(value), 0)] is not layer \
                 and id(value) in c.tied:  # a variable of an earlier layer (not the layer's own)
             owner = c.tied[id(value)]
-            copy = holder(owner)
+            copy = holder(owner, lend=False)  # a variable attribute is tracked as the clone's own: never lent
             setattr(clone, attr, copy.weights[[id(w) for w in c.layers[owner].weights].index(id(value))])
 
 
@@ -260,13 +267,14 @@ def _check_retied(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.La
     """A ConfigError unless each variable `layer` shares with an earlier layer is, in `clone`, the
     stage's copy of that variable."""
     mine = [id(w) for w in clone.weights]
-    for i, v in enumerate(layer.weights):
+    held = [v for v in layer.weights if not holder.lent(c.tied.get(id(v), -1))]  # what the clone holds itself
+    for i, v in enumerate(held):
         owner = c.tied.get(id(v))
         if owner is None or c.layers[owner] is layer:
             continue
         copy = holder(owner)
         want = copy.weights[[id(w) for w in c.layers[owner].weights].index(id(v))]
-        if len(mine) != len(layer.weights) or mine[i] != id(want):
+        if len(mine) != len(held) or mine[i] != id(want):
             raise ConfigError(f"{c.name}: layers {c.layers[owner].name!r} and {layer.name!r} share the variable "
                               f"{v.path!r} (a tied weight), but {layer.name!r} does not hold it as an attribute "
                               f"naming {c.layers[owner].name!r} or its variable, so the cut cannot re-create the tie "
@@ -286,6 +294,8 @@ class Piece:
     def __init__(self, c: Cuttable, start: int, end: int, last_policy: Any = None):
         self.c, self.start, self.end, self.last_policy = c, start, end, last_policy
         self.shared: tuple[SharedCopy, ...] = ()
+        self.borrowed: tuple[SharedCopy, ...] = ()  # tied weights read from an earlier stage on `device`
+        self.device: str | None = None  # the stage's device, set before the call (None: never borrows)
         self.policy: Any = None  # the stage's dtype policy, once called
 
     def __call__(self, input_shape: tuple, policy: Any, name: str) -> keras.Model:
@@ -295,11 +305,18 @@ class Piece:
         made = {id(c.boundary[start]): inp}  # id(the model's tensor) -> its tensor in the new model
         clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
         copies: dict[int, keras.layers.Layer] = {}  # layer index -> this stage's copy of it
+        lent: dict[int, keras.layers.Layer] = {}  # layer index -> an earlier stage's clone on this device
 
-        def holder(owner: int) -> keras.layers.Layer:
-            if owner not in copies:  # a holder on an earlier stage: its copy, made here
-                copies[owner] = _holder_copy(c, owner, policy)
+        def holder(owner: int, lend: bool = True) -> keras.layers.Layer:
+            if owner in copies or owner in lent:
+                return copies.get(owner) or lent[owner]
+            if lend and self.device is not None and (self.device, owner) in c.clones:  # one variable on one device
+                lent[owner] = c.clones[self.device, owner]
+                return lent[owner]
+            copies[owner] = _holder_copy(c, owner, policy)  # a holder on an earlier stage: its copy, made here
             return copies[owner]
+
+        holder.lent = lambda owner: owner in lent  # type: ignore[attr-defined]
 
         for i in range(start, end):
             layer, node = c.layers[i], c.nodes[i]
@@ -313,12 +330,25 @@ class Piece:
             clones.append((clone, layer))
         model = keras.Model(inp, made[id(c.boundary[end])], name=name)
         shared: dict[str, SharedCopy] = {}
-        for clone, layer in clones:
-            clone.set_weights(layer.get_weights())
-            for v, copy in zip(layer.weights, clone.weights):
+        borrowed: dict[str, SharedCopy] = {}
+        for i, (clone, layer) in zip(range(start, end), clones):
+            held = [v for v in layer.weights if c.tied.get(id(v), -1) not in lent]
+            if len(held) == len(layer.weights):
+                clone.set_weights(layer.get_weights())
+            else:  # the model's weights but the lent ones, which the earlier stage's clone holds
+                for v, copy in zip(held, clone.weights, strict=True):
+                    copy.assign(v)
+            for v, copy in zip(held, clone.weights):
                 if id(v) in c.tied:
                     shared.setdefault(v.path, SharedCopy(v.path, copy))
-        self.shared = tuple(shared.values())
+            for v in layer.weights:
+                owner = c.tied.get(id(v), -1)
+                if owner in lent:
+                    own = lent[owner].weights[[id(w) for w in c.layers[owner].weights].index(id(v))]
+                    borrowed.setdefault(v.path, SharedCopy(v.path, own))
+            if self.device is not None:
+                c.clones[self.device, i] = clone
+        self.shared, self.borrowed = tuple(shared.values()), tuple(borrowed.values())
         return model
 
     def whole(self) -> keras.Model:

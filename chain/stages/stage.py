@@ -40,6 +40,10 @@ class Stage:
     `spec` is the stage's validated settings (`chain.config.schema.StageSpec`); `label`
     describes a body that is not the chain's own (a builder, a piece of a cut model).
     `shared`: its copies of weights that other stages hold too (a cut model's tied weights).
+    `borrowed`: tied weights this stage's model reads but an earlier stage on the same device owns
+    (zbv's first and last stages share device 0): one variable, not a copy. They are not this stage's
+    `trainable_variables` (its optimizer, checkpoint and global norm leave them to the owner); its
+    backward differentiates them too (`gradient_variables`) and adds their gradients to the owner's.
     `whole`: for a piece of a cut model, re-creates the uncut model (each tied weight once), which
     the export fills with the stages' trained weights (`chain.state.export`).
     """
@@ -56,6 +60,7 @@ class Stage:
     label: str | None = None
     shared: tuple[SharedCopy, ...] = ()
     whole: Callable[[], keras.Model] | None = None
+    borrowed: tuple[SharedCopy, ...] = ()
 
     def __post_init__(self) -> None:
         # Updates dropped by the numerics guard. A variable (not a Python int) so the
@@ -68,6 +73,12 @@ class Stage:
     def trainable_variables(self) -> list[tf.Variable]:
         head = self.head.trainable_variables if self.head is not None else []
         return list(self.model.trainable_variables) + list(head)
+
+    @property
+    def gradient_variables(self) -> list[tf.Variable]:
+        """What the stage's backward differentiates: its `trainable_variables`, then the `borrowed`
+        weights another stage on its device owns (their gradients go to that stage's sums)."""
+        return self.trainable_variables + [b.variable for b in self.borrowed]
 
     @property
     def params(self) -> int:

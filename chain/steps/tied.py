@@ -9,6 +9,10 @@ sum is taken there and sent back, and every stage applies that same sum with its
 optimizer, whose slots started equal too: every copy takes the identical update and the
 copies stay identical. The global norm (`chain.steps.clipping`) counts the variable once.
 
+When the later holder is on the first holder's device (zbv's last stage shares device 0 with the
+first), it holds no copy: it reads the first holder's variable (`Stage.borrowed`), and its backward
+adds its gradient to the first holder's sums (`lend_back`), where the one optimizer applies it.
+
 The numerics guard (`chain.steps.numerics`) judges each stage's update alone, so a stage whose
 other gradients are not finite would skip while another holder applies the tied update, and the
 copies would part. So every sum is NaN whenever any holder's gradients are not finite: every
@@ -23,7 +27,7 @@ import tensorflow as tf
 
 from chain.stages.stage import Stage
 from chain.steps.numerics import all_finite
-from chain.steps.ops import copy_to
+from chain.steps.ops import add_grads, copy_to
 
 
 def groups(stages: Sequence[Stage]) -> dict[str, list[tuple[int, int]]]:
@@ -41,6 +45,24 @@ def groups(stages: Sequence[Stage]) -> dict[str, list[tuple[int, int]]]:
 def repeated(stages: Sequence[Stage]) -> set[tuple[int, int]]:
     """The copies after each weight's first: left out of the global norm, which counts a weight once."""
     return {c for g in groups(stages).values() for c in g[1:]}
+
+
+def lend_back(stages: Sequence[Stage], accumulated: list[list | None], k: int, grads: Sequence) -> list:
+    """Stage k's gradients over its `gradient_variables` split in two: the `borrowed` weights' (a tied
+    weight an earlier stage on the same device owns: one variable, `chain.stages.cut`) added to the
+    owner's running sums in `accumulated`, on that device; the rest, stage k's own, returned."""
+    own = len(stages[k].trainable_variables)
+    if not stages[k].borrowed:
+        return list(grads)
+    where = {id(v): (s.index, i) for s in stages for i, v in enumerate(s.trainable_variables)}
+    for b, g in zip(stages[k].borrowed, grads[own:], strict=True):
+        if g is None:
+            continue
+        j, i = where[id(b.variable)]
+        sums = list(accumulated[j] or [None] * len(stages[j].trainable_variables))
+        sums[i] = add_grads([sums[i]], [g])[0]
+        accumulated[j] = sums
+    return list(grads[:own])
 
 
 def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]]

@@ -128,6 +128,10 @@ class Strategy(ABC):
         """A ConfigError if two stages hold copies of one weight (a cut model's tied weight) and this
         strategy's step does not sum their gradients (only mode=e2e's pipeline step does)."""
         found = tied.groups(stages)
+        for s in stages:  # a tied weight read from an earlier stage on the same device: one variable, a group too
+            for b in s.borrowed:
+                owner = next(t.index for t in stages if any(v is b.variable for v in t.trainable_variables))
+                found.setdefault(b.name, [(owner, 0), (s.index, 0)])
         if found and not self.shared_weights:
             name, copies = next(iter(found.items()))
             (a, _), (b, _) = copies[:2]
@@ -275,7 +279,7 @@ class Strategy(ABC):
         return self.objective.evaluation(self.eval_fn(dataset))
 
     def timeline(self) -> Any:
-        """The schedule played with unit-time actions (`chain.pipeline.schedules.Timeline`: its plan
+        """The schedule played with unit-time actions (`chain.schedule.schedules.Timeline`: its plan
         and bubble), or None: this strategy runs no schedule."""
         return None
 
