@@ -10,7 +10,11 @@ around it stays Keras' own: clipping, the iteration count, variable constraints,
 The results: SGD (plain or with momentum) is the same arithmetic in the same order, bit for bit
 (tests/test_fused.py). Adam is not: the kernel computes `1 - beta_1` and `1 - beta_2` in float32
 from float32 betas (0.9f gives 0.100000024), where Keras rounds Python's `1 - 0.9` to float32
-(0.1f), so the moments differ from Keras' in the last bits. Hence an option, off by default.
+(0.1f), so the moments differ from Keras' in the last bits. Both are the default all the same
+(`conf/optim/*.yaml`): chain's promise is that pipelining does not change the math, which its
+equality tests check against one device through the same kernel, not Keras' Adam bit for bit;
+and the fused update is what makes the default as fast as Keras' own `model.fit`
+(docs/benchmarks.md). `optim.fused=false` gives Keras' own update.
 """
 
 from __future__ import annotations
