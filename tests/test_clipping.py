@@ -123,6 +123,31 @@ def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(ba
             assert audited.device[op] == (last if "squared_sum" in name else run.stages[int(name[-1])].device)
 
 
+@pytest.mark.parametrize("k, overrides", [(3, []), (2, ["pipeline.microbatches=2", "placement.replicas=2"])],
+                         ids=["pipeline", "copies"])
+def test_the_guard_reads_its_verdict_from_the_clipped_norm_and_still_drops_a_non_finite_step(k, overrides):
+    """With clipping the guard makes no pass of its own over the gradients (no sum in an update's
+    scope: the clip factor, finite exactly when the global norm is, is its verdict), and a NaN
+    step is still never applied, on every stage (the norm, and so every factor, is NaN)."""
+    base = [f"+stages={k}"] + BASE[1:4] + ["model.activation=linear"] + BASE[5:] + ["trainer.on_nan=skip", *overrides]
+    plain, run = (chain.build(chain.compose(base + clip)) for clip in ([], [f"optim.clip_global_norm={CLIP}"]))
+    x, ys = next(iter(run.batches()))
+
+    def guard_sums(r):
+        return [op.name for op in r.trace(x, ys).graph.get_operations() if op.type == "Sum" and "_update/" in op.name]
+
+    assert guard_sums(plain) and not guard_sums(run)
+    stages = [s for copy in run.strategy.copies for s in copy] if run.placement.copies else run.stages
+    assert run.step(x, ys)["skipped"] == []
+    before = [v.numpy().copy() for s in stages for v in s.trainable_variables + s.optimizer.variables]
+    bad = x.numpy().copy()
+    bad[0, 0] = np.nan  # linear stages carry it to the loss, and back into every stage's gradients
+    assert run.step(bad, ys)["skipped"] == list(range(k))
+    after = [v.numpy() for s in stages for v in s.trainable_variables + s.optimizer.variables]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))  # weights, moments, iteration counts
+    assert [int(s.skipped.numpy()) for s in stages] == [1] * len(stages)
+
+
 def test_float16_clips_the_unscaled_gradients_as_keras_loss_scale_optimizer():
     run = chain.build(chain.compose(BASE + [f"optim.clip_global_norm={CLIP}", "precision=mixed_float16",
                                             "pipeline.schedule=1f1b", "pipeline.microbatches=1"]))

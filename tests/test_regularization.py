@@ -47,7 +47,8 @@ def copy_of(model: keras.Model) -> keras.Model:
 
 
 def compiled(model: keras.Model, run) -> keras.Model:
-    model.compile(optimizer=keras.optimizers.Adam.from_config(run.stages[0].optimizer.get_config()),
+    # The stages' own Adam class (the fused kernel by default, `optim.fused`): Keras' fit with it is the oracle.
+    model.compile(optimizer=type(run.stages[0].optimizer).from_config(run.stages[0].optimizer.get_config()),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     return model
 

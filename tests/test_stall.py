@@ -74,6 +74,9 @@ class _Markers:
     def position(self):
         return Position(self.started, (0, 0)) if self.markers else None
 
+    def steps_begun(self):
+        return self.started if self.markers else None
+
     def waiting(self, position):
         return [f"where step {position.started} waits"]
 

@@ -195,8 +195,8 @@ class Optimizer:
     clip_global_norm: float | None = setting(optional(number(positive=True)),
         "clip by the norm over all gradients (Keras' global_clipnorm); mode=e2e: over every stage's; null: none")
     fused: bool = setting(boolean,
-        "update with TensorFlow's fused kernel (one pass over each variable): sgd's results are Keras' bit for bit "
-        "(its default: true); adam's differ from Keras' in the last bits (its default: false)")
+        "update with TensorFlow's fused kernel (one pass over each variable; the default): sgd's results are Keras' "
+        "bit for bit, adam's differ from Keras' in the last bits; false: Keras' own update")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,6 +46,10 @@ class Progress:
         with tf.name_scope(name), tf.device(self.host), tf.control_dependencies([done]):
             self.markers[row].assign(base + finished, read_value=False)
 
+    def begun(self) -> int:
+        """How many steps have begun (the one variable a call's start needs; `read` reads them all)."""
+        return int(self.started.numpy())
+
     def read(self) -> Position:
         """Where the running (or last) step is, read eagerly from the host's variables (any thread)."""
         started = int(self.started.numpy())

@@ -723,14 +723,15 @@ def finish(stages: Sequence[Stage], schedule: Schedule, updates: Sequence[Callab
         scopes.append(scope)
     grads = sum_shared(stages, grads)  # a weight several stages hold: every copy gets the summed gradient
     outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
-    norm = None
+    norm, verdicts = None, [None] * len(stages)
     if clip_global_norm is not None:  # after unscaling and the overflow decision, before the updates
-        grads, norm = clip_global(stages, grads, clip_global_norm, stages[last].device, repeated(stages))
+        clipped = clip_global(stages, grads, clip_global_norm, stages[last].device, repeated(stages))
+        grads, norm, verdicts = clipped.grads, clipped.norm, clipped.finite  # the norm is the guard's verdict
     values = []
-    for s, g, outcome, scope in zip(stages, grads, outcomes, scopes):
+    for s, g, outcome, verdict, scope in zip(stages, grads, outcomes, verdicts, scopes):
         # `scope` ends in "/": the same name scope again, not a new `s{k}_update_1`.
         with tf.name_scope(scope), tf.device(s.device), tf.control_dependencies(previous[schedule.row(s.index)]):
-            values.append([dropped(updates[s.index](g, None, outcome))])
+            values.append([dropped(updates[s.index](g, None, outcome, verdict))])
     values[last].append(total)
     if norm is not None:
         values[last].append(norm)

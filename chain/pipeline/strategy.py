@@ -72,6 +72,9 @@ class Scheduled(Strategy):
     def position(self) -> stalled.Position | None:
         return self.progress.read() if self.progress is not None else None
 
+    def steps_begun(self) -> int | None:
+        return self.progress.begun() if self.progress is not None else None
+
     def waiting(self, position: stalled.Position) -> list[str]:
         return stalled.where(self.schedule, self.settings.trainer.grad_accum, [s.device for s in self.stages], position)
 

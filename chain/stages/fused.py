@@ -10,7 +10,11 @@ around it stays Keras' own: clipping, the iteration count, variable constraints,
 The results: SGD (plain or with momentum) is the same arithmetic in the same order, bit for bit
 (tests/test_fused.py). Adam is not: the kernel computes `1 - beta_1` and `1 - beta_2` in float32
 from float32 betas (0.9f gives 0.100000024), where Keras rounds Python's `1 - 0.9` to float32
-(0.1f), so the moments differ from Keras' in the last bits. Hence an option, off by default.
+(0.1f), so the moments differ from Keras' in the last bits. Both are the default all the same
+(`conf/optim/*.yaml`): chain's promise is that pipelining does not change the math, which its
+equality tests check against one device through the same kernel, not Keras' Adam bit for bit;
+and the fused update is what makes the default as fast as Keras' own `model.fit`
+(docs/benchmarks.md). `optim.fused=false` gives Keras' own update.
 """
 
 from __future__ import annotations
@@ -26,21 +30,49 @@ def _handle(variable) -> tf.Tensor:
     return (variable.value if isinstance(variable, keras.Variable) else variable).handle
 
 
+# The scalars of the update being traced, per optimizer (by id) and (dtype, device): `FusedAdam.apply`
+# opens the entry and drops it. Not an attribute: Keras and TensorFlow track an optimizer's attributes.
+_SCALARS: dict[int, dict[tuple, dict[str, tf.Tensor]]] = {}
+
+
 class FusedAdam(keras.optimizers.Adam):
-    """`keras.optimizers.Adam` whose update is `ResourceApplyAdam` (one pass per variable)."""
+    """`keras.optimizers.Adam` whose update is `ResourceApplyAdam` (one pass per variable).
+
+    The kernel's scalars (the betas' powers at this step, the learning rate, the betas and epsilon
+    in the variable's dtype) are the same for every variable of one update: they are computed once
+    per update (and dtype and device), not once per variable, which was two `Pow`s, five `Cast`s
+    and a read of the iteration count per variable, each an op the executor schedules."""
+
+    def apply(self, grads, trainable_variables=None):
+        _SCALARS[id(self)] = {}
+        try:
+            return super().apply(grads, trainable_variables)
+        finally:
+            _SCALARS.pop(id(self), None)
+
+    def _scalars(self, dtype: tf.DType, device: str, learning_rate) -> dict[str, tf.Tensor]:
+        """The kernel's scalars for a variable of `dtype` on `device`: this update's, made once."""
+        memo = _SCALARS.get(id(self))  # None: `update_step` called outside `apply`
+        key = (dtype, device)
+        if memo is not None and key in memo:
+            return memo[key]
+        step = tf.cast(self.iterations + 1, dtype)
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        out = {"beta1_power": tf.pow(beta_1, step), "beta2_power": tf.pow(beta_2, step),
+               "lr": tf.cast(learning_rate, dtype), "beta1": beta_1, "beta2": beta_2,
+               "epsilon": tf.cast(self.epsilon, dtype)}
+        if memo is not None:
+            memo[key] = out
+        return out
 
     def update_step(self, gradient, variable, learning_rate):
         if self.amsgrad:  # not what chain builds (`make_optimizer`); Keras' own update does it
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
         m, v = adam_slots(self, variable_index(self, variable))
-        tf.raw_ops.ResourceApplyAdam(
-            var=_handle(variable), m=_handle(m), v=_handle(v),
-            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
-            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype), beta2=tf.cast(self.beta_2, dtype),
-            epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype))
+        tf.raw_ops.ResourceApplyAdam(var=_handle(variable), m=_handle(m), v=_handle(v),
+                                     grad=tf.cast(gradient, dtype),
+                                     **self._scalars(dtype, _handle(variable).device, learning_rate))
 
 
 class FusedSGD(keras.optimizers.SGD):

@@ -6,8 +6,10 @@ gradients, not each stage's own (which is what one `global_clipnorm` optimizer p
 would do, silently). Each stage sums its gradients' squares on its device; those scalars,
 one per stage, cross to one device, where the norm and the factor
 `C * min(1/norm, 1/C)` are computed (Keras' `clip_by_global_norm`, NaN when the norm is not
-finite, so the numerics guard drops such an update); the factor crosses back and each stage
-multiplies its gradients by it on its device. Only scalars cross.
+finite); the factor crosses back and each stage multiplies its gradients by it on its device. Only
+scalars cross. The factor is also the numerics guard's verdict (`Clipped.finite`): it is finite exactly
+when the norm is, that is when every gradient it sums is finite (and their squares' sum does not
+overflow), and then so are the clipped gradients; the guard needs no pass of its own over them.
 
 Callers pass true gradients: under float16 after unscaling, with mirrored replicas after
 the all-reduce, with gradient accumulation the accumulated sum.
@@ -15,6 +17,7 @@ the all-reduce, with gradient accumulation the accumulated sum.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence, Set
 
 import tensorflow as tf
@@ -35,13 +38,23 @@ def factor(norm: tf.Tensor, clip: float) -> tf.Tensor:
     return clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
 
 
+@dataclass(frozen=True)
+class Clipped:
+    """The chain's gradients clipped by their global norm (`clip_global`)."""
+
+    grads: list[list[tf.Tensor | None]]  # each stage's, scaled by the factor
+    norm: tf.Tensor  # the global norm, on the device that computed it
+    finite: list[tf.Tensor]  # each stage's guard verdict, on its device: the factor (so the norm) is finite
+
+
 def clip_global(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]], clip: float,
-                device: str | None, repeated: Set[tuple[int, int]] = frozenset()
-                ) -> tuple[list[list[tf.Tensor | None]], tf.Tensor]:
+                device: str | None, repeated: Set[tuple[int, int]] = frozenset()) -> Clipped:
     """Every stage's gradients scaled by the factor of their global norm (`clip`, see the module
-    doc), and that norm (on `device`, where it is computed: None in a mirrored run, whose stages
-    have no device). `repeated`: (stage, position) of gradients left out of the norm (the second
-    and later copies of a weight several stages hold, `chain.steps.tied`: one weight counts once)."""
+    doc), that norm (on `device`, where it is computed: None in a mirrored run, whose stages
+    have no device) and each stage's verdict for the numerics guard. `repeated`: (stage, position)
+    of gradients left out of the norm (the second and later copies of a weight several stages hold,
+    `chain.steps.tied`: one weight counts once; each is the same summed gradient as the first copy,
+    which the norm holds)."""
     with tf.name_scope("clip_global_norm"):
         sums = []
         for s, g in zip(stages, grads):
@@ -51,9 +64,10 @@ def clip_global(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | No
         with tf.device(device):
             norm = tf.sqrt(tf.add_n(sums), name="global_norm")
             scale = factor(norm, clip)
-        out = []
+        out, finite = [], []
         for s, g in zip(stages, grads):
             f = scale if s.device == device else copy_to(scale, s.device, f"clip_factor_s{s.index}")
             with tf.device(s.device):
                 out.append([None if x is None else x * tf.cast(f, x.dtype) for x in g])
-        return out, norm
+                finite.append(tf.math.is_finite(f, name="finite"))
+        return Clipped(out, norm, finite)

@@ -21,7 +21,7 @@ def unscale(stage: Stage, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor |
 
 
 def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | None = None,
-                 outcome: tuple[tf.Tensor, tf.Tensor] | None = None) -> tf.Tensor:
+                 outcome: tuple[tf.Tensor, tf.Tensor] | None = None, finite: tf.Tensor | None = None) -> tf.Tensor:
     """Apply one update of `stage`'s optimizer (call inside the stage's device scope).
 
     `grads` are true (unscaled, see `unscale`) gradients. The update is applied only if
@@ -29,8 +29,10 @@ def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | Non
     scaling, `outcome` is the stage's share of its group's decision from `shared_outcomes`
     (a chain with one loss): the decision and this stage's gradients' finite flag, computed
     there once; without it the stage is a group of its own and decides from `loss` and
-    `grads`. Returns whether the numerics guard dropped the update (what `skipped` counts):
-    False on a float16 overflow, which the loss scale skips and counts itself.
+    `grads`. `finite` (without loss scaling): the verdict on `grads` when the step has one already
+    (`chain.steps.clipping.Clipped.finite`: the global norm it clipped by is finite), so the guard
+    makes no pass of its own over them. Returns whether the numerics guard dropped the update (what
+    `skipped` counts): False on a float16 overflow, which the loss scale skips and counts itself.
     """
     variables = stage.trainable_variables
 
@@ -39,7 +41,10 @@ def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | Non
             stage.optimizer.apply_gradients(zip(grads, variables))
 
     if stage.loss_scale is None:
-        return guarded_update(stage.skipped, all_finite(loss, grads), apply)
+        if finite is None:
+            return guarded_update(stage.skipped, all_finite(loss, grads), apply)
+        return guarded_update(stage.skipped, finite if loss is None else tf.logical_and(finite, all_finite(loss, [])),
+                              apply)
     decided, grads_ok = (None, all_finite(None, grads)) if outcome is None else outcome
     loss_ok = loss_scale.loss_finite(loss)
     if decided is None:
@@ -49,10 +54,10 @@ def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | Non
 
 
 def stage_update(stage: Stage, jit_compile: bool = False) -> Callable:
-    """`fn(grads, loss=None, outcome=None)`: `apply_update` for `stage`, compiled with XLA if asked."""
+    """`fn(grads, loss=None, outcome=None, finite=None)`: `apply_update` for `stage`, compiled with XLA if asked."""
 
-    def fn(grads, loss=None, outcome=None):
-        return apply_update(stage, grads, loss, outcome)
+    def fn(grads, loss=None, outcome=None, finite=None):
+        return apply_update(stage, grads, loss, outcome, finite)
 
     return xla.stage_function(fn, jit_compile, xla.update_name(stage.index))
 

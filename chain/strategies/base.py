@@ -215,6 +215,10 @@ class Strategy(ABC):
         `chain.pipeline.stalled.Position`), or None: this strategy's step leaves no markers."""
         return None
 
+    def steps_begun(self) -> int | None:
+        """`position().started` alone (one read where `position` reads every marker), or None: no markers."""
+        return None
+
     def waiting(self, position: Any) -> list[str]:
         """`position` in words: the schedule's grid and where each device waits (a pipeline step's)."""
         return []

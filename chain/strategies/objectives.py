@@ -228,7 +228,8 @@ class ChainObjective(Objective):
     def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
         if self.clip_global_norm is None:
             return grads, None
-        return clip_global(self.stages, grads, self.clip_global_norm, None)
+        clipped = clip_global(self.stages, grads, self.clip_global_norm, None)
+        return clipped.grads, clipped.norm
 
 
 OBJECTIVES: dict[str, type[Objective]] = {

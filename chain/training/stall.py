@@ -60,9 +60,7 @@ class StallWatch(threading.Thread):
 
     def begin(self, step: int, n: int) -> None:
         """Before a call of `n` steps from `step` (the training thread)."""
-        position = self.strategy.position()
-        call = _Call(step, n, time.monotonic(), (n > 1) not in self._ran,
-                     position.started if position is not None else None)
+        call = _Call(step, n, time.monotonic(), (n > 1) not in self._ran, self.strategy.steps_begun())
         call.seen = call.started
         with self._lock:
             self._call = call
