@@ -26,21 +26,42 @@ def _handle(variable) -> tf.Tensor:
     return (variable.value if isinstance(variable, keras.Variable) else variable).handle
 
 
-class FusedAdam(keras.optimizers.Adam):
-    """`keras.optimizers.Adam` whose update is `ResourceApplyAdam` (one pass per variable)."""
+def _fused_adam_update(optimizer: keras.optimizers.Adam, gradient, variable, learning_rate) -> None:
+    """One variable's Adam update by `ResourceApplyAdam`."""
+    dtype = variable.dtype
+    step = tf.cast(optimizer.iterations + 1, dtype)
+    m, v = adam_slots(optimizer, variable_index(optimizer, variable))
+    tf.raw_ops.ResourceApplyAdam(
+        var=_handle(variable), m=_handle(m), v=_handle(v),
+        beta1_power=tf.pow(tf.cast(optimizer.beta_1, dtype), step),
+        beta2_power=tf.pow(tf.cast(optimizer.beta_2, dtype), step),
+        lr=tf.cast(learning_rate, dtype), beta1=tf.cast(optimizer.beta_1, dtype),
+        beta2=tf.cast(optimizer.beta_2, dtype), epsilon=tf.cast(optimizer.epsilon, dtype),
+        grad=tf.cast(gradient, dtype))
+
+
+class _FusedAdamUpdate:
+    """Adam's update by `ResourceApplyAdam`, for a subclass of Keras' Adam or AdamW.
+
+    A sparse gradient (an embedding's `IndexedSlices`) is Keras' own update: TensorFlow has no
+    sparse Adam kernel (`ResourceSparseApplyAdam` does not exist), and densifying it first would
+    not be Keras' sparse update, which `model.fit` makes (docs/precision-and-speed.md)."""
 
     def update_step(self, gradient, variable, learning_rate):
-        if self.amsgrad:  # not what chain builds (`make_optimizer`); Keras' own update does it
+        # amsgrad is not what chain builds (`make_optimizer`); Keras' own update does it
+        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable, learning_rate)
-        dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
-        m, v = adam_slots(self, variable_index(self, variable))
-        tf.raw_ops.ResourceApplyAdam(
-            var=_handle(variable), m=_handle(m), v=_handle(v),
-            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
-            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype), beta2=tf.cast(self.beta_2, dtype),
-            epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype))
+        _fused_adam_update(self, gradient, variable, learning_rate)
+
+
+class FusedAdam(_FusedAdamUpdate, keras.optimizers.Adam):
+    """`keras.optimizers.Adam` whose update is `ResourceApplyAdam` (one pass per variable)."""
+
+
+class FusedAdamW(_FusedAdamUpdate, keras.optimizers.AdamW):
+    """`keras.optimizers.AdamW` whose Adam update is `ResourceApplyAdam`. The decoupled decay is
+    Keras' own (`var -= var x weight_decay x lr` for every variable, before their updates), so it
+    is AdamW's arithmetic in AdamW's order; only the Adam part differs, as FusedAdam's does."""
 
 
 class FusedSGD(keras.optimizers.SGD):
