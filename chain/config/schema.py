@@ -193,6 +193,7 @@ class Recipe:
     The schedule counts the optimizer's own updates (its `iterations`, which checkpoints restore):
     one per step, whatever the microbatches and gradient accumulation, on every stage alike."""
 
+    name: str = setting(string, "the optimizer: adam, adamw or sgd (target: the one optim._target_ names)")
     lr: float = setting(number(positive=True), "learning rate (with a schedule: its peak, after the warm-up)")
     schedule: str = setting(choice(*SCHEDULES),
         "the learning rate over the steps: constant, or a linear warm-up from 0 to optim.lr over "
@@ -215,7 +216,6 @@ class Recipe:
 class Optimizer(Recipe):
     """One of chain's own optimizers, chosen by `name`."""
 
-    name: str = setting(string, "the optimizer: adam, adamw or sgd (or optim._target_=keras.optimizers.NAME)")
     fused: bool = setting(boolean,
         "update with TensorFlow's fused kernel (one pass over each variable): sgd's results are Keras' bit for bit "
         "(its default: true); adam's differ from Keras' in the last bits (its default: false)")
@@ -267,7 +267,6 @@ class KerasOptimizer(Recipe):
     KIND: ClassVar[str] = "target"
     SELECTED_BY: ClassVar[str] = "_target_"
     EXTRA: ClassVar[str] = "kwargs"
-    name: str = setting(string, "target: the optimizer named by optim._target_")
     _target_: str = setting(required(optimizer_path, "optim._target_=keras.optimizers.RMSprop"),
         "a Keras optimizer's import path (keras.optimizers.RMSprop), created through Hydra's instantiate")
     kwargs: dict = field(default_factory=dict)

@@ -45,7 +45,7 @@ class _FusedAdamUpdate:
 
     A sparse gradient (an embedding's `IndexedSlices`) is Keras' own update: TensorFlow has no
     sparse Adam kernel (`ResourceSparseApplyAdam` does not exist), and densifying it first would
-    not be Keras' sparse update, which `model.fit` makes (docs/precision-and-speed.md)."""
+    not be Keras' sparse update, which `model.fit` makes (docs/optimizers.md)."""
 
     def update_step(self, gradient, variable, learning_rate):
         # amsgrad is not what chain builds (`make_optimizer`); Keras' own update does it

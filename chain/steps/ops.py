@@ -31,7 +31,7 @@ def add_grads(acc: list | None, grads: Sequence) -> list:
     An embedding's gradient (IndexedSlices: one row per token) is summed by joining the rows: the
     sum of microbatches' sparse gradients is then the whole batch's sparse gradient, row for row,
     which Keras' optimizers update as `model.fit` does on one device (Adam's sparse update is not
-    its update of the same gradient densified: docs/precision-and-speed.md). A sparse and a dense
+    its update of the same gradient densified: docs/optimizers.md). A sparse and a dense
     gradient of one variable are summed dense."""
     if acc is None:
         return list(grads)
