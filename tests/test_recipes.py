@@ -197,7 +197,8 @@ def densified_adam_weights(data) -> np.ndarray:
     ["pipeline.schedule=zb1", "pipeline.microbatches=2"],
     ["pipeline.schedule=gpipe", "pipeline.microbatches=2", "optim.fused=true"],
     ["pipeline.microbatches=2", "trainer.grad_accum=2"],
-], ids=["gpipe-M1", "1f1b-M4", "zb1-M2", "fused-M2", "M2-accum2"])
+    ["pipeline.microbatches=2", "optim.clip_global_norm=0.01"],
+], ids=["gpipe-M1", "1f1b-M4", "zb1-M2", "fused-M2", "M2-accum2", "M2-clipped"])
 def test_an_embedding_under_adam_trains_like_keras_sparse_update(overrides):
     """Chain's reference for an embedding under Adam is Keras' own sparse update (what `model.fit`
     does): the microbatches' sparse gradients are joined row for row, never densified, so the table
@@ -205,7 +206,8 @@ def test_an_embedding_under_adam_trains_like_keras_sparse_update(overrides):
     accum = 2 if "trainer.grad_accum=2" in overrides else 1
     run = chain.build(chain.compose([*RUN, "optim=adam", "optim.lr=0.05", *overrides]), model=embedding_model())
     reference = embedding_model()
-    opt = type(run.stages[0].optimizer).from_config(run.stages[0].optimizer.get_config())
+    clip = run.settings.stages[0].optim.clip_global_norm  # the step clips the chain; Keras' optimizer, the model
+    opt = type(run.stages[0].optimizer).from_config({**run.stages[0].optimizer.get_config(), "global_clipnorm": clip})
     assert isinstance(opt, FusedAdam) == ("optim.fused=true" in overrides)
     data = batches(3 * accum, vocab=VOCAB)
     if accum == 1:
