@@ -9,7 +9,8 @@ sparse Adam update of an Embedding, through `train_on_batch` of the uncut model 
 
 from __future__ import annotations
 
-import math
+import glob
+import os
 
 import keras
 import numpy as np
@@ -252,3 +253,10 @@ def test_a_schedule_resumes_bit_exact_from_a_checkpoint_inside_the_warmup(tmp_pa
             assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), (k, key)
     s, t = read_summary(straight), read_summary(resumed)
     assert t["resumed_from"] == every and (t["loss_first"], t["loss_last"]) == (s["loss_first"], s["loss_last"])
+    if "optim=adamw" in recipe:  # TensorBoard's lr: the rate each step's update used, Keras' CosineDecay's
+        logged = {e.step: float(tf.make_ndarray(v.tensor)) for path in glob.glob(os.path.join(straight, "tb", "chain", "*"))
+                  for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value if v.tag == "lr"}
+        cosine = keras.optimizers.schedules.CosineDecay(0.0, n - 6, warmup_target=0.01, warmup_steps=6)
+        assert sorted(logged) == list(range(1, n + 1))
+        np.testing.assert_allclose([logged[k] for k in sorted(logged)], [float(cosine(k - 1)) for k in sorted(logged)],
+                                   rtol=1e-6)

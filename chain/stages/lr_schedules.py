@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import keras
 
+from typing import Callable, Sequence
+
 from chain.config.schema import Recipe
 
 
@@ -64,3 +66,12 @@ def scheduled(optimizer: keras.optimizers.Optimizer) -> bool:
     """Whether `optimizer`'s learning rate follows a schedule (a resume then leaves it alone: the
     restored step count sets it), rather than a variable a resume may set (`optim.lr`)."""
     return not isinstance(optimizer.learning_rate, keras.Variable)
+
+
+def rates(specs: Sequence[Recipe]) -> Callable[[int], list[float]] | None:
+    """For the logs: `fn(update)`, each stage's learning rate at its optimizer's update `update`
+    (0 is the first step's), or None when no stage's learning rate changes over the steps."""
+    if all(s.schedule == "constant" and s.warmup_steps == 0 for s in specs):
+        return None
+    made = [learning_rate(s) for s in specs]
+    return lambda update: [float(m(update)) if callable(m) else m for m in made]
