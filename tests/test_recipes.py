@@ -163,6 +163,13 @@ def test_any_keras_optimizer_by_target_with_a_schedule():
     assert_trains_like(run, compiled(reference, keras.optimizers.RMSprop(cosine, rho=0.8)), batches(3))
 
 
+def test_a_stage_may_name_its_own_keras_optimizer():
+    s = chain.compose(["+stages=[{optim: {_target_: keras.optimizers.SGD, momentum: 0.5}},{optim: {lr: 0.1}}]"])
+    first, second = (st.optim for st in s.stages)
+    assert (first._target_, first.kwargs, first.lr) == ("keras.optimizers.SGD", {"momentum": 0.5}, 0.001)
+    assert (second.name, second.lr) == ("adam", 0.1)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["optim.schedule=cosine"], "optim.schedule='cosine' is not known; allowed: constant, warmup_cosine, "
                                 "warmup_linear; did you mean optim.schedule=warmup_cosine?"),

@@ -530,8 +530,8 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
         spec = _merge(base, {k: v for k, v in over.items() if k not in ("model", "optim")})
         for group in ("model", "optim"):
             value = over.get(group, {})
-            if isinstance(value, dict) and "_target_" in value:  # a builder replaces the template's model
-                start = {}
+            if isinstance(value, dict) and "_target_" in value:  # a builder (any Keras optimizer) replaces the template's
+                start = {} if group == "model" else group_defaults(group, "target")
             elif isinstance(value, str):  # `model: conv`: that group's packaged defaults
                 start, value = group_defaults(group, value), {}
             elif isinstance(value, dict) and value.get("name", base[group].get("name")) != base[group].get("name"):
