@@ -174,7 +174,7 @@ def test_a_stage_may_name_its_own_keras_optimizer():
     (["optim.schedule=cosine"], "optim.schedule='cosine' is not known; allowed: constant, warmup_cosine, "
                                 "warmup_linear; did you mean optim.schedule=warmup_cosine?"),
     (["optim.schedule=warmup_cosine", "optim.warmup_steps=10", "trainer.steps=10"],
-     "stages[0].optim.schedule=warmup_cosine decays from step optim.warmup_steps=10 to trainer.steps=10 "
+     "optim.schedule=warmup_cosine decays from step optim.warmup_steps=10 to trainer.steps=10 "
      "(optim.decay_steps=null): the decay must end after the warm-up; raise optim.decay_steps or lower "
      "optim.warmup_steps"),
     (["optim.floor=2"], "optim.floor=2 must be <= 1"),
@@ -287,7 +287,8 @@ def test_a_schedule_resumes_bit_exact_from_a_checkpoint_inside_the_warmup(tmp_pa
     s, t = read_summary(straight), read_summary(resumed)
     assert t["resumed_from"] == every and (t["loss_first"], t["loss_last"]) == (s["loss_first"], s["loss_last"])
     if "optim=adamw" in recipe:  # TensorBoard's lr: the rate each step's update used, Keras' CosineDecay's
-        logged = {e.step: float(tf.make_ndarray(v.tensor)) for path in glob.glob(os.path.join(straight, "tb", "chain", "*"))
+        events = glob.glob(os.path.join(straight, "tb", "chain", "*"))
+        logged = {e.step: float(tf.make_ndarray(v.tensor)) for path in events
                   for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value if v.tag == "lr"}
         cosine = keras.optimizers.schedules.CosineDecay(0.0, n - 6, warmup_target=0.01, warmup_steps=6)
         assert sorted(logged) == list(range(1, n + 1))

@@ -266,15 +266,17 @@ def settle_schedules(s: Settings, n_steps: int | None) -> Settings:
     steps, once known), so that checkpoints record the number and a resume that lengthens the run
     keeps its schedule only when it says so; a ConfigError when the decay would end before the warm-up does."""
     specs = []
+    alike = all(st.optim == s.stages[0].optim for st in s.stages)
     for k, st in enumerate(s.stages):
-        o = st.optim
+        o, key = st.optim, "optim" if alike else f"stages[{k}].optim"
         if o.schedule != "constant":
             end = o.decay_steps if o.decay_steps is not None else n_steps
             if end is not None and end <= o.warmup_steps:
-                given = f"optim.decay_steps={end}" if o.decay_steps is not None else f"trainer.steps={end} (optim.decay_steps=null)"
-                raise ConfigError(f"stages[{k}].optim.schedule={o.schedule} decays from step optim.warmup_steps={o.warmup_steps} "
-                                  f"to {given}: the decay must end after the warm-up; raise optim.decay_steps or lower "
-                                  "optim.warmup_steps")
+                given = f"{key}.decay_steps={end}" if o.decay_steps is not None else \
+                    f"trainer.steps={end} ({key}.decay_steps=null)"
+                raise ConfigError(f"{key}.schedule={o.schedule} decays from step {key}.warmup_steps={o.warmup_steps} "
+                                  f"to {given}: the decay must end after the warm-up; raise {key}.decay_steps or "
+                                  f"lower {key}.warmup_steps")
             st = replace(st, optim=replace(o, decay_steps=end))
         specs.append(st)
     return replace(s, stages=tuple(specs))

@@ -246,8 +246,9 @@ class AdamW(Adam):
     KIND: ClassVar[str] = "adamw"
     weight_decay: float = setting(number(minimum=0.0), "decoupled weight decay (Keras' AdamW weight_decay)")
     no_decay: tuple[str, ...] = setting(list_of(string),
-        f"variables left out of the decay: `{NO_DECAY_NORM}` (every variable of a normalization layer: LayerNormalization, "
-        "BatchNormalization, RMS norms, any layer whose class name holds 'Norm') or a part of a variable's path "
+        f"variables left out of the decay: `{NO_DECAY_NORM}` (every variable of a normalization layer: "
+        "LayerNormalization, BatchNormalization, RMS norms, any layer whose class name holds 'Norm') or a part of a "
+        "variable's path "
         "(`bias`, `embeddings`, `dense_1/kernel`); []: decay everything")
 
 
@@ -452,7 +453,8 @@ class Settings:
     plan_only: bool = setting(boolean, "print the placement (and, mode=e2e, the schedule) and exit without training")
     report: bool = setting(boolean, "write report.html in the run directory at the end")
     model: Model = setting(MODEL, "the stage template's body (model=mlp|conv|keras, or model._target_=...)")
-    optim: Optim = setting(OPTIM, "the stage template's optimizer (optim=adam|adamw|sgd, or optim._target_=keras.optimizers.NAME)")
+    optim: Optim = setting(OPTIM,
+        "the stage template's optimizer (optim=adam|adamw|sgd, or optim._target_=keras.optimizers.NAME)")
     data: Data = setting(DATA, "the data source (data=digits|synthetic|npz|csv|tfrecord|keras|callable)")
     stage: StageSpec = setting(section(StageSpec), "the template every stage starts from")
     trainer: Trainer = setting(section(Trainer), "how long and how a run trains")
@@ -530,7 +532,7 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
         spec = _merge(base, {k: v for k, v in over.items() if k not in ("model", "optim")})
         for group in ("model", "optim"):
             value = over.get(group, {})
-            if isinstance(value, dict) and "_target_" in value:  # a builder (any Keras optimizer) replaces the template's
+            if isinstance(value, dict) and "_target_" in value:  # a builder (a Keras optimizer) replaces the template
                 start = {} if group == "model" else group_defaults(group, "target")
             elif isinstance(value, str):  # `model: conv`: that group's packaged defaults
                 start, value = group_defaults(group, value), {}
