@@ -98,6 +98,8 @@ PLAIN = {
     checks.feature: "`float32[d1,...]` or `int64` (a fixed-length feature)",
     checks.step_window: "`[START,STOP]`, 1 <= START <= STOP",
     schema.model_check: "`mlp`, `conv`, `keras`, or a builder (`_target_`)",
+    schema.optim_check: "`adam`, `adamw`, `sgd`, or any Keras optimizer (`_target_`)",
+    schema.optimizer_path: "an optimizer's import path, e.g. `keras.optimizers.RMSprop`",
 }
 
 
@@ -119,7 +121,9 @@ def _value(v: Any) -> str:
         return "required"
     if isinstance(v, str) and v.startswith("${"):
         return f"`{v}`"
-    return f"`{OmegaConf.to_yaml({'v': v}).strip()[3:].strip()}`" if isinstance(v, (list, dict)) else \
+    if isinstance(v, list):
+        return f"`[{', '.join(str(x) for x in v)}]`"
+    return f"`{OmegaConf.to_yaml({'v': v}).strip()[3:].strip()}`" if isinstance(v, dict) else \
         "`null`" if v is None else f"`{str(v).lower() if isinstance(v, bool) else v}`"
 
 
@@ -201,7 +205,10 @@ def render() -> str:
                  f"| `model._target_` | `str` | {_value(builder['_target_'])} | "
                  f"{PLAIN[checks.dotted_name]} | the builder's import path |\n"
                  "| `model.KEY` | any | | | a keyword argument of the builder |")
-    parts += _variant_tables("optim", [schema.Sgd, schema.Adam])
+    parts += _variant_tables("optim", [schema.Sgd, schema.Adam, schema.AdamW])
+    parts.append(_table("optim=target", f"`optim._target_=keras.optimizers.NAME`: {_doc(schema.KerasOptimizer)}",
+                        schema.KerasOptimizer, "optim.", group_defaults("optim", "target"))
+                 + "\n| `optim.KEY` | any | | | a keyword argument of the optimizer |")
     parts += _variant_tables("data", list(settings_classes()))  # one per module of chain.data.sources
     return "\n".join(parts).rstrip() + "\n"
 

@@ -166,4 +166,7 @@ def test_the_continue_command_moves_a_reached_target_and_keeps_one_ahead():
     assert continuing(["+stages=2", "trainer.steps=2000"], 1200, 2000) == ["+stages=2", "trainer.steps=2000"]
     assert continuing(["+stages=2", "trainer.steps=300"], 300, 300) == ["+stages=2", "trainer.steps=600"]
     assert continuing(["trainer.epochs=2", "+stages=2"], 90, 90) == ["+stages=2", "trainer.steps=180"]
+    # a schedule's end settled from the old target stays (the checkpoint recorded it)
+    assert continuing(["+stages=2", "trainer.steps=300"], 300, 300, 300) == \
+        ["+stages=2", "trainer.steps=600", "optim.decay_steps=300"]
     assert continuing(["+stages=2"], 400, 400) == ["+stages=2", "trainer.steps=800"]  # the default target

@@ -275,13 +275,34 @@ def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def settle_schedules(s: Settings, n_steps: int | None) -> Settings:
+    """Each stage's learning-rate schedule with its `optim.decay_steps` settled (null: the run's
+    steps, once known), so that checkpoints record the number and a resume that lengthens the run
+    keeps its schedule only when it says so; a ConfigError when the decay would end before the warm-up does."""
+    specs = []
+    alike = all(st.optim == s.stages[0].optim for st in s.stages)
+    for k, st in enumerate(s.stages):
+        o, key = st.optim, "optim" if alike else f"stages[{k}].optim"
+        if o.schedule != "constant":
+            end = o.decay_steps if o.decay_steps is not None else n_steps
+            if end is not None and end <= o.warmup_steps:
+                given = f"{key}.decay_steps={end}" if o.decay_steps is not None else \
+                    f"trainer.steps={end} ({key}.decay_steps=null)"
+                raise ConfigError(f"{key}.schedule={o.schedule} decays from step {key}.warmup_steps={o.warmup_steps} "
+                                  f"to {given}: the decay must end after the warm-up; raise {key}.decay_steps or "
+                                  f"lower {key}.warmup_steps")
+            st = replace(st, optim=replace(o, decay_steps=end))
+        specs.append(st)
+    return replace(s, stages=tuple(specs))
+
+
 def settle(s: Settings, info: DataInfo | None) -> Settings:
     """`s` checked (`check_across_keys`) against the data `info` describes (None: known once TensorFlow reads
     it), with its notes and, where the data is known, its steps."""
     notes = check_across_keys(s, info)
     n_steps = steps(s, info)
     check_profile(s, n_steps)
-    return replace(s, notes=notes, trainer=replace(s.trainer, steps=n_steps))
+    return settle_schedules(replace(s, notes=notes, trainer=replace(s.trainer, steps=n_steps)), n_steps)
 
 
 def settle_loaded_data(s: Settings, info: DataInfo) -> Settings:
@@ -289,4 +310,4 @@ def settle_loaded_data(s: Settings, info: DataInfo) -> Settings:
     check_data(s, info)
     n_steps = steps(s, info)
     check_profile(s, n_steps)
-    return replace(s, trainer=replace(s.trainer, steps=n_steps))
+    return settle_schedules(replace(s, trainer=replace(s.trainer, steps=n_steps)), n_steps)

@@ -16,6 +16,8 @@ from chain.errors import ConfigError, closest, did_you_mean, first_line
 
 CONFIG_MODULE = "chain.conf"
 GROUPS = ("model", "optim", "data")
+# The option a `GROUP._target_=...` override selects: a callable of the user's in place of a packaged option.
+TARGET_OPTIONS = {"model": "builder", "optim": "target"}
 
 
 def group_options(group: str) -> list[str]:
@@ -53,21 +55,22 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
     """
     out = []
     # `model._target_=mypkg.nets.block`: the model is a builder (conf/model/builder.yaml) whose
-    # other keys are new ones, the builder's keyword arguments (Hydra needs ++ to add them).
-    builder = any(override_key(o) == "model._target_" for o in overrides) and \
-        not any(override_key(o) == "model" for o in overrides)
-    if builder:
-        out.append("model=builder")
+    # other keys are new ones, the builder's keyword arguments (Hydra needs ++ to add them);
+    # `optim._target_=keras.optimizers.RMSprop` likewise selects conf/optim/target.yaml.
+    targets = [g for g in TARGET_OPTIONS if any(override_key(o) == f"{g}._target_" for o in overrides)
+               and not any(override_key(o) == g for o in overrides)]
+    out += [f"{g}={TARGET_OPTIONS[g]}" for g in targets]
     for o in overrides:
         key, sep, value = o.partition("=")
         bare = override_key(o)
+        group = bare.partition(".")[0]
         if bare in ("stages", "variants", "grid") and sep:
             o = f"++{bare}={value}"
         elif bare in GROUPS and sep and not key.startswith("~"):
             if value not in group_options(bare):
                 raise ConfigError(unknown_option(bare, value))
-        elif builder and bare.startswith("model.") and sep:
-            o = f"{bare}={value}" if bare == "model._target_" else f"++{bare}={value}"
+        elif group in targets and "." in bare and sep:
+            o = f"{bare}={value}" if bare == f"{group}._target_" else f"++{bare}={value}"
         out.append(o)
     return out
 

@@ -17,8 +17,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Union
 
-from chain.fields import (Check, address, boolean, choice, int_or_list, int_or_word, integer, list_of, number,
-                          optional, power_of_two, setting, step_window, string)
+from chain.fields import (Check, address, boolean, choice, int_or_list, int_or_word, integer, list_of,
+                          number, optional, power_of_two, required, setting, step_window, string)
 from chain.data.data_source import MAX_BATCH
 from chain.data.sources import settings_classes
 from chain.errors import ConfigError, closest, did_you_mean
@@ -183,17 +183,40 @@ MODEL = model_check
 
 # --- optimizers ------------------------------------------------------------------------------
 
+SCHEDULES = ("constant", "warmup_cosine", "warmup_linear")  # optim.schedule (chain.stages.lr_schedules)
+NO_DECAY_NORM = "norm"  # optim.no_decay's word for every variable of a normalization layer
+
 
 @dataclass(frozen=True, kw_only=True)
-class Optimizer:
-    """What every optimizer has: its learning rate and gradient clipping (at most one kind)."""
+class Recipe:
+    """What every optimizer has: its learning rate and its schedule, gradient clipping (at most one kind).
 
-    name: str = setting(string, "the optimizer: adam or sgd")
-    lr: float = setting(number(positive=True), "learning rate")
+    The schedule counts the optimizer's own updates (its `iterations`, which checkpoints restore):
+    one per step, whatever the microbatches and gradient accumulation, on every stage alike."""
+
+    name: str = setting(string, "the optimizer: adam, adamw or sgd (target: the one optim._target_ names)")
+    lr: float = setting(number(positive=True), "learning rate (with a schedule: its peak, after the warm-up)")
+    schedule: str = setting(choice(*SCHEDULES),
+        "the learning rate over the steps: constant, or a linear warm-up from 0 to optim.lr over "
+        "optim.warmup_steps, then a cosine (warmup_cosine) or linear (warmup_linear) decay to optim.floor x optim.lr "
+        "at step optim.decay_steps")
+    warmup_steps: int = setting(integer(0, 10 ** 12),
+        "steps of the linear warm-up from 0 to optim.lr (0: none; step s < warmup_steps has lr x s / warmup_steps)")
+    decay_steps: int | None = setting(optional(integer(1, 10 ** 12)),
+        "the step at which the decay reaches its floor, counted from the first step (warm-up included); "
+        "null: trainer.steps")
+    floor: float = setting(number(minimum=0.0, maximum=1.0),
+        "the decay's final learning rate as a fraction of optim.lr (0.1: a tenth)")
     clip_norm: float | None = setting(optional(number(positive=True)),
         "clip each variable's gradient to this norm (Keras' clipnorm); null: no clipping")
     clip_global_norm: float | None = setting(optional(number(positive=True)),
         "clip by the norm over all gradients (Keras' global_clipnorm); mode=e2e: over every stage's; null: none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Optimizer(Recipe):
+    """One of chain's own optimizers, chosen by `name`."""
+
     fused: bool = setting(boolean,
         "update with TensorFlow's fused kernel (one pass over each variable; the default): sgd's results are Keras' "
         "bit for bit, adam's differ from Keras' in the last bits; false: Keras' own update")
@@ -216,8 +239,50 @@ class Adam(Optimizer):
     beta_2: float = setting(number(minimum=0.0, below=1.0), "decay of the second-moment estimate")
 
 
-Optim = Union[Sgd, Adam]
-OPTIM = variants(Sgd, Adam)
+@dataclass(frozen=True, kw_only=True)
+class AdamW(Adam):
+    """Adam with decoupled weight decay (`keras.optimizers.AdamW`): before each update every variable
+    not excluded by `no_decay` shrinks by lr x weight_decay of itself."""
+
+    KIND: ClassVar[str] = "adamw"
+    weight_decay: float = setting(number(minimum=0.0), "decoupled weight decay (Keras' AdamW weight_decay)")
+    no_decay: tuple[str, ...] = setting(list_of(string),
+        f"variables left out of the decay: `{NO_DECAY_NORM}` (every variable of a normalization layer: "
+        "LayerNormalization, BatchNormalization, RMS norms, any layer whose class name holds 'Norm') or a part of a "
+        "variable's path "
+        "(`bias`, `embeddings`, `dense_1/kernel`); []: decay everything")
+
+
+def optimizer_path(key: str, v: Any) -> str:
+    """An optimizer class's dotted import path (what Hydra's `_target_` takes)."""
+    parts = v.split(".") if isinstance(v, str) else []
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        raise ConfigError(f"{key}={v!r} must be an optimizer's import path, e.g. keras.optimizers.RMSprop")
+    return v
+
+
+@dataclass(frozen=True, kw_only=True)
+class KerasOptimizer(Recipe):
+    """Any Keras optimizer by its import path (Hydra's `_target_`), one instance per stage; every key
+    that is not a `Recipe` key is its keyword argument (`+optim.rho=0.8`); `optim.learning_rate` is `optim.lr`."""
+
+    KIND: ClassVar[str] = "target"
+    SELECTED_BY: ClassVar[str] = "_target_"
+    EXTRA: ClassVar[str] = "kwargs"
+    _target_: str = setting(required(optimizer_path, "optim._target_=keras.optimizers.RMSprop"),
+        "a Keras optimizer's import path (keras.optimizers.RMSprop), created through Hydra's instantiate")
+    kwargs: dict = field(default_factory=dict)
+
+
+def optim_check(key: str, raw: Any) -> Any:
+    """An optimizer section: chain's own (`name: adam|adamw|sgd`) or any Keras optimizer (`_target_`)."""
+    if isinstance(raw, dict) and "learning_rate" in raw and "_target_" in raw:
+        raw = {k: v for k, v in raw.items() if k != "learning_rate"} | {"lr": raw["learning_rate"]}
+    return variants(Sgd, Adam, AdamW, KerasOptimizer)(key, raw)
+
+
+Optim = Union[Sgd, Adam, AdamW, KerasOptimizer]
+OPTIM = optim_check
 
 
 # --- data sets ---------------------------------------------------------------------------
@@ -237,7 +302,7 @@ class StageSpec:
     """One stage: its body, its optimizer and (mode=local) the target its head learns."""
 
     model: Model = setting(MODEL, "the stage's body: model=mlp|conv|keras or a builder (_target_)")
-    optim: Optim = setting(OPTIM, "the stage's optimizer: optim=adam|sgd")
+    optim: Optim = setting(OPTIM, "the stage's optimizer: optim=adam|adamw|sgd or optim._target_=keras.optimizers.NAME")
     target: str | None = setting(optional(string),
         "mode=local: the data target this stage learns (null: the data's first)")
 
@@ -388,7 +453,8 @@ class Settings:
     plan_only: bool = setting(boolean, "print the placement (and, mode=e2e, the schedule) and exit without training")
     report: bool = setting(boolean, "write report.html in the run directory at the end")
     model: Model = setting(MODEL, "the stage template's body (model=mlp|conv|keras, or model._target_=...)")
-    optim: Optim = setting(OPTIM, "the stage template's optimizer (optim=adam|sgd)")
+    optim: Optim = setting(OPTIM,
+        "the stage template's optimizer (optim=adam|adamw|sgd, or optim._target_=keras.optimizers.NAME)")
     data: Data = setting(DATA, "the data source (data=digits|synthetic|npz|csv|tfrecord|keras|callable)")
     stage: StageSpec = setting(section(StageSpec), "the template every stage starts from")
     trainer: Trainer = setting(section(Trainer), "how long and how a run trains")
@@ -450,6 +516,8 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
     base = plain(template)
     if isinstance(template.model, Builder):  # as the config wrote it, so a stage can override its arguments
         base["model"] = {"_target_": template.model.target, **template.model.kwargs}
+    if isinstance(template.optim, KerasOptimizer):  # its keyword arguments as the config wrote them
+        base["optim"] = {**{k: v for k, v in base["optim"].items() if k != "kwargs"}, **template.optim.kwargs}
     specs = []
     for i, over in enumerate(stages):
         key = f"{key_name}[{i}]"
@@ -464,8 +532,8 @@ def expand_stages(stages: Any, template: StageSpec, group_defaults: Callable[[st
         spec = _merge(base, {k: v for k, v in over.items() if k not in ("model", "optim")})
         for group in ("model", "optim"):
             value = over.get(group, {})
-            if isinstance(value, dict) and "_target_" in value:  # a builder replaces the template's model
-                start = {}
+            if isinstance(value, dict) and "_target_" in value:  # a builder (a Keras optimizer) replaces the template
+                start = {} if group == "model" else group_defaults(group, "target")
             elif isinstance(value, str):  # `model: conv`: that group's packaged defaults
                 start, value = group_defaults(group, value), {}
             elif isinstance(value, dict) and value.get("name", base[group].get("name")) != base[group].get("name"):

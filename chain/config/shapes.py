@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chain.config.schema import Adam, Conv, Mlp, Model, Optim, Sgd
+from chain.config.schema import Adam, Conv, KerasOptimizer, Mlp, Model, Optim, Sgd
 from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError
 
@@ -90,8 +90,9 @@ def stage_shapes(stages, info: DataInfo, mode: str) -> list[StageShape | None]:
 
 
 def optimizer_slots(optim: Optim) -> int:
-    """Floats of optimizer state per parameter (Adam: two moments; SGD: momentum, if any)."""
-    if isinstance(optim, Adam):
+    """Floats of optimizer state per parameter (Adam, AdamW: two moments; SGD: momentum, if any;
+    an optimizer by `_target_`: two, what most of Keras' keep at most)."""
+    if isinstance(optim, (Adam, KerasOptimizer)):
         return 2
     return 1 if isinstance(optim, Sgd) and optim.momentum > 0 else 0
 

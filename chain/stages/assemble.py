@@ -13,11 +13,12 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from chain.config.schema import Conv, Model, Optim, Sgd, StageSpec
+from chain.config.schema import NO_DECAY_NORM, AdamW, Conv, KerasOptimizer, Model, Optim, Sgd, StageSpec
 from chain.data.catalog import DataInfo, Target
-from chain.errors import ConfigError
+from chain.errors import ConfigError, instantiate_error
+from chain.internals.keras_private import all_layers
 from chain.planning.devices import canonical
-from chain.stages import precision
+from chain.stages import lr_schedules, precision
 from chain.stages.bodies import Body, check_prediction
 from chain.stages.cut import Piece
 from chain.stages.loss_scale import LossScale
@@ -67,16 +68,59 @@ def make_optimizer(spec: Optim, name: str | None = None, global_clip: bool = Tru
     device). `optim.clip_global_norm` is Keras' `global_clipnorm` only with `global_clip`: an
     optimizer over a stage of a chain with one loss (mode=e2e) would clip by the stage's norm,
     not the chain's, so there the step clips (`chain.steps.clipping`) and the optimizer does not.
-    `optim.fused` makes the update TensorFlow's fused kernel (`chain.stages.fused`).
+    `optim.fused` makes the update TensorFlow's fused kernel (`chain.stages.fused`); `optim.schedule`
+    makes the learning rate a Keras schedule (`chain.stages.lr_schedules`); `optim._target_` names
+    any Keras optimizer, created through Hydra's `instantiate`. AdamW's exclusions from the decay
+    are the stage's to set (`exclude_from_decay`), once its variables exist.
     """
     from chain.stages import fused
 
     clips = {"clipnorm": spec.clip_norm, "global_clipnorm": spec.clip_global_norm if global_clip else None}
+    lr = lr_schedules.learning_rate(spec)
+    if isinstance(spec, KerasOptimizer):
+        return _instantiated(spec, lr, name, clips)
     if isinstance(spec, Sgd):
         sgd = fused.FusedSGD if spec.fused else keras.optimizers.SGD
-        return sgd(learning_rate=spec.lr, momentum=spec.momentum, name=name, **clips)
+        return sgd(learning_rate=lr, momentum=spec.momentum, name=name, **clips)
+    if isinstance(spec, AdamW):
+        adamw = fused.FusedAdamW if spec.fused else keras.optimizers.AdamW
+        return adamw(learning_rate=lr, weight_decay=spec.weight_decay, beta_1=spec.beta_1, beta_2=spec.beta_2,
+                     name=name, **clips)
     adam = fused.FusedAdam if spec.fused else keras.optimizers.Adam
-    return adam(learning_rate=spec.lr, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name, **clips)
+    return adam(learning_rate=lr, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name, **clips)
+
+
+def _instantiated(spec: KerasOptimizer, lr, name: str | None, clips: dict) -> keras.optimizers.Optimizer:
+    """`optim._target_`'s optimizer, through Hydra's `instantiate`; one ConfigError line naming the key
+    when it cannot be made or is not a Keras optimizer."""
+    from hydra.utils import instantiate
+
+    what = f"optim._target_={spec._target_}"
+    try:
+        optimizer = instantiate({"_target_": spec._target_, **spec.kwargs}, learning_rate=lr, name=name,
+                                **{k: v for k, v in clips.items() if v is not None})
+    except Exception as e:  # noqa: BLE001 - whatever the user's target raises is one line naming it
+        raise instantiate_error(e, what) from None
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ConfigError(f"{what} made a {type(optimizer).__name__}, not a Keras optimizer "
+                          "(keras.optimizers.Optimizer); name an optimizer class, e.g. keras.optimizers.RMSprop")
+    return optimizer
+
+
+def exclude_from_decay(optimizer: keras.optimizers.Optimizer, spec: Optim, stage: Stage) -> None:
+    """Leave `optim.no_decay`'s variables of `stage` out of AdamW's weight decay (before the
+    optimizer is built): `norm` names every variable of a normalization layer (a layer whose class
+    name holds `Norm`, nested ones included), any other word a part of a variable's path (`bias`)."""
+    if not isinstance(spec, AdamW):
+        return
+    variables = stage.trainable_variables
+    words = [w for w in spec.no_decay if w != NO_DECAY_NORM]
+    excluded = [v for v in variables if any(w in v.path for w in words)]
+    if NO_DECAY_NORM in spec.no_decay:
+        norms = {id(v) for m in (stage.model, stage.head) if m is not None for layer in all_layers(m)
+                 if layer is not m and "Norm" in type(layer).__name__ for v in layer.trainable_variables}
+        excluded += [v for v in variables if id(v) in norms]
+    optimizer.exclude_from_weight_decay(var_list=excluded)
 
 
 def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info: DataInfo, *,
@@ -135,6 +179,7 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
             borrowed = bodies[k].borrowed if isinstance(bodies[k], Piece) else ()
             stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale,
                           label=labels[k] if labels else None, shared=shared, whole=whole, borrowed=borrowed)
+            exclude_from_decay(optimizer, spec.optim, stage)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
         shape = out_shape

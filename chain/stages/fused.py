@@ -30,13 +30,17 @@ def _handle(variable) -> tf.Tensor:
     return (variable.value if isinstance(variable, keras.Variable) else variable).handle
 
 
-# The scalars of the update being traced, per optimizer (by id) and (dtype, device): `FusedAdam.apply`
-# opens the entry and drops it. Not an attribute: Keras and TensorFlow track an optimizer's attributes.
+# The scalars of the update being traced, per optimizer (by id) and (dtype, device): `apply` opens
+# the entry and drops it. Not an attribute: Keras and TensorFlow track an optimizer's attributes.
 _SCALARS: dict[int, dict[tuple, dict[str, tf.Tensor]]] = {}
 
 
-class FusedAdam(keras.optimizers.Adam):
-    """`keras.optimizers.Adam` whose update is `ResourceApplyAdam` (one pass per variable).
+class _FusedAdamUpdate:
+    """Adam's update by `ResourceApplyAdam`, for a subclass of Keras' Adam or AdamW.
+
+    A sparse gradient (an embedding's `IndexedSlices`) is Keras' own update: TensorFlow has no
+    sparse Adam kernel (`ResourceSparseApplyAdam` does not exist), and densifying it first would
+    not be Keras' sparse update, which `model.fit` makes (docs/optimizers.md).
 
     The kernel's scalars (the betas' powers at this step, the learning rate, the betas and epsilon
     in the variable's dtype) are the same for every variable of one update: they are computed once
@@ -66,13 +70,25 @@ class FusedAdam(keras.optimizers.Adam):
         return out
 
     def update_step(self, gradient, variable, learning_rate):
-        if self.amsgrad:  # not what chain builds (`make_optimizer`); Keras' own update does it
+        # amsgrad is not what chain builds (`make_optimizer`); Keras' own update does it
+        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
         m, v = adam_slots(self, variable_index(self, variable))
         tf.raw_ops.ResourceApplyAdam(var=_handle(variable), m=_handle(m), v=_handle(v),
                                      grad=tf.cast(gradient, dtype),
                                      **self._scalars(dtype, _handle(variable).device, learning_rate))
+
+
+
+class FusedAdam(_FusedAdamUpdate, keras.optimizers.Adam):
+    """`keras.optimizers.Adam` whose update is `ResourceApplyAdam` (one pass per variable)."""
+
+
+class FusedAdamW(_FusedAdamUpdate, keras.optimizers.AdamW):
+    """`keras.optimizers.AdamW` whose Adam update is `ResourceApplyAdam`. The decoupled decay is
+    Keras' own (`var -= var x weight_decay x lr` for every variable, before their updates), so it
+    is AdamW's arithmetic in AdamW's order; only the Adam part differs, as FusedAdam's does."""
 
 
 class FusedSGD(keras.optimizers.SGD):

@@ -65,7 +65,7 @@ class LossScale(tf.Module):
 
     def unscale(self, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
         """Gradients of a scaled loss divided by the scale (exact: it is a power of two)."""
-        return [None if g is None else g / tf.cast(self.scale, g.dtype) for g in grads]
+        return [None if g is None else on_values(lambda v: v / tf.cast(self.scale, v.dtype), g) for g in grads]
 
     def update(self, outcome: tf.Tensor, guarded: Callable[[], tf.Tensor]) -> tf.Tensor:
         """Act on this step's `outcome` (see the module doc); `guarded()` applies the update
@@ -113,3 +113,13 @@ def outcome_of(loss_ok: tf.Tensor, finite: Sequence[tf.Tensor], scale: tf.Tensor
     grads_ok = tf.reduce_all(tf.stack(list(finite)))
     overflow = tf.logical_and(loss_ok, scale > MIN_SCALE)
     return tf.where(tf.logical_and(loss_ok, grads_ok), FINITE, tf.where(overflow, OVERFLOW, NONFINITE))
+
+
+
+def on_values(fn: Callable[[tf.Tensor], tf.Tensor], gradient):
+    """`fn(gradient)` for an elementwise `fn` (a scaling); an embedding's sparse gradient
+    (IndexedSlices) stays sparse, `fn` applied to its rows, so the optimizer still makes Keras'
+    sparse update of it (TensorFlow's operators would densify it)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(gradient.values), gradient.indices, gradient.dense_shape)
+    return fn(gradient)

@@ -53,6 +53,7 @@ from chain.errors import CheckpointError, ConfigError, StorageError
 from chain.records.results import LossHistory, LossRecord
 from chain.records.serial import from_json, to_json
 from chain.records.stream_files import StreamFiles
+from chain.stages import lr_schedules
 from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
 from chain.state import tied_copies
@@ -450,6 +451,8 @@ class Checkpoints:
         notes = []
         for s in self.stages:
             spec = self.settings.stages[s.index].optim
+            if lr_schedules.scheduled(s.optimizer):  # made from the config's optim.lr; the restored step sets it
+                continue
             variable = s.optimizer.learning_rate
             old = variable.numpy()
             if old != np.asarray(spec.lr, dtype=old.dtype):  # unchanged: untouched, bit for bit

@@ -76,14 +76,18 @@ def dst_overrides(src_overrides: Sequence[str], new: Sequence[str], src_settings
     return kept + new
 
 
-def continuing(overrides: list[str], step: int, target: int | None) -> list[str]:
+def continuing(overrides: list[str], step: int, target: int | None, decay_steps: int | None = None) -> list[str]:
     """`overrides` made to train on from `step`: a SRC that had reached its target (`trainer.steps`, or
     what `trainer.epochs` makes) would resume to it and train 0 steps, so the target moves to `step`
-    plus that many steps (another run as long as SRC's); a target still ahead is kept."""
+    plus that many steps (another run as long as SRC's); a target still ahead is kept. `decay_steps`:
+    the learning-rate schedule's end that `optim.decay_steps=null` settled to the old target, kept
+    as it is (the checkpoint recorded it; a resume refuses another)."""
     if target is None or step < target:
         return overrides
     kept = [o for o in overrides if override_key(o) not in ("trainer.steps", "trainer.epochs")]
-    return [*kept, f"trainer.steps={step + target}"]
+    pinned = [f"optim.decay_steps={decay_steps}"] if decay_steps is not None and \
+        not any(override_key(o) == "optim.decay_steps" for o in overrides) else []
+    return [*kept, f"trainer.steps={step + target}", *pinned]
 
 
 def _load_src(src: str) -> tuple[dict[str, Any], list[str], Settings]:
@@ -288,8 +292,11 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     finally:
         lock.release(dst)
     shown = [f"+stages={o.partition('=')[2]}" if override_key(o) == "stages" else o for o in new]
+    template = dst_settings.optim  # its schedule's end, when decay_steps=null made it the old target
+    decay = dst_settings.stages[0].optim.decay_steps if template.schedule != "constant" and \
+        template.decay_steps is None else None
     resume = ["python", "-m", "chain", pinned, "resume=true"] + continuing(shown, m["step"],
-                                                                          target_steps(dst_settings, dataset.info))
+                                                                          target_steps(dst_settings, dataset.info), decay)
     return {"step": m["step"], "src_stages": len(built["src"]), "dst_stages": len(built["dst"]),
             "overrides": new, "heads": notes, "resume_command": shlex.join(resume)}
 

@@ -53,7 +53,8 @@ _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say
 # Settings added after checkpoints were first written, with the value that is the behaviour from
 # before them: a checkpoint without one resumes under that value.
 _ADDED = {"optim.clip_norm": None, "optim.clip_global_norm": None, "pipeline.batch_norm": "microbatch",
-          "optim.fused": False, "placement.exchange_dtype": "float32"}
+          "optim.fused": False, "placement.exchange_dtype": "float32", "optim.schedule": "constant",
+          "optim.warmup_steps": 0, "optim.decay_steps": None, "optim.floor": 0.0}
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
 

@@ -27,8 +27,12 @@ from chain.steps.ops import copy_to
 
 
 def squared_sum(grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
-    """The sum of the squares of every element of `grads` (float32; 0 without gradients)."""
-    parts = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads if g is not None]
+    """The sum of the squares of every element of `grads` (float32; 0 without gradients); of an
+    IndexedSlices, of its rows (Keras' `global_norm` of the same gradient: a token's row counts
+    once per occurrence, not their sum)."""
+    # An embedding's sparse gradient counts each token's row (its values), as Keras' global_norm does
+    parts = [tf.reduce_sum(tf.square(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32)))
+             for g in grads if g is not None]
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
@@ -68,6 +72,7 @@ def clip_global(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | No
         for s, g in zip(stages, grads):
             f = scale if s.device == device else copy_to(scale, s.device, f"clip_factor_s{s.index}")
             with tf.device(s.device):
+                # x * f makes an embedding's sparse gradient dense, as Keras' clip_by_global_norm does
                 out.append([None if x is None else x * tf.cast(f, x.dtype) for x in g])
                 finite.append(tf.math.is_finite(f, name="finite"))
         return Clipped(out, norm, finite)

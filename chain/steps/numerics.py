@@ -54,7 +54,9 @@ def all_finite(loss: tf.Tensor | None, grads: Sequence[tf.Tensor | None]) -> tf.
     (elements near 3.4e38 / size) also count as not finite; gradients that large already
     overflow Adam's second moment (g^2 passes 3.4e38 from |g| ~ 1.8e19).
     """
-    sums = [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads if g is not None]
+    # An embedding's sparse gradient: its rows (a table-sized dense copy only to check them would cost)
+    sums = [tf.reduce_sum(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32))
+            for g in grads if g is not None]
     if loss is not None:
         sums.append(tf.reduce_sum(tf.cast(loss, tf.float32)))
     if not sums:

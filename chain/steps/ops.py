@@ -26,11 +26,23 @@ def chunks(t: tf.Tensor, n: int) -> list[tf.Tensor]:
 
 
 def add_grads(acc: list | None, grads: Sequence) -> list:
-    """Accumulate `grads` into `acc` elementwise (None: no gradient so far). An embedding's gradient
-    (IndexedSlices, which has no `+`) is summed as a dense tensor."""
+    """Accumulate `grads` into `acc` elementwise (None: no gradient so far).
+
+    An embedding's gradient (IndexedSlices: one row per token) is summed by joining the rows: the
+    sum of microbatches' sparse gradients is then the whole batch's sparse gradient, row for row,
+    which Keras' optimizers update as `model.fit` does on one device (Adam's sparse update is not
+    its update of the same gradient densified: docs/optimizers.md). A sparse and a dense
+    gradient of one variable are summed dense."""
     if acc is None:
         return list(grads)
-    return [g if a is None else a if g is None else _dense(a) + _dense(g) for a, g in zip(acc, grads)]
+    return [g if a is None else a if g is None else _sum(a, g) for a, g in zip(acc, grads)]
+
+
+def _sum(a: Any, b: Any) -> Any:
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
+                                a.dense_shape)
+    return _dense(a) + _dense(b)
 
 
 def _dense(g: Any) -> Any:

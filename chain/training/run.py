@@ -109,6 +109,7 @@ class Run:
         self._release = False  # fit took the run directory's lock and gives it back when done
         self.watchdog = None  # a multi-worker run's chain.planning.cluster.Watchdog: stopped when fit ends
         self.summary: Summary | None = None  # what fit wrote to summary.json, as its record (None before)
+        self._rates: Any = False  # each stage's scheduled learning rate by update (lr_schedules.rates): False before
 
     @property
     def schedule(self):
@@ -389,10 +390,16 @@ class Run:
         if step == 1:
             loop.first = record
         loop.last = record
-        if loop.writers and cadences.logging.point(step):
+        point, due = loop.writers and cadences.logging.point(step), cadences.logging.due(step)
+        lrs = self._learning_rates(step) if point or due else None
+        if lrs is not None:  # optim.schedule: the rate this step's update used, on every stage
+            chain_scalars.update({"lr": lrs[0]} if len(set(lrs)) == 1 else
+                                 {f"lr/stage_{k:02d}": v for k, v in enumerate(lrs)})
+        if point:
             loop.writers.scalars(step, [{"loss": v} for v in out.stage_losses], chain_scalars)
-        if cadences.logging.due(step):
-            log.info("step %d  loss %s", step, "  ".join(f"{v:.4f}" for v in out.stage_losses or [out.loss]))
+        if due:
+            lr = "" if lrs is None else "  lr " + " ".join(f"{v:.3g}" for v in sorted(set(lrs), key=lrs.index))
+            log.info("step %d  loss %s%s", step, "  ".join(f"{v:.4f}" for v in out.stage_losses or [out.loss]), lr)
         if cadences.evaluation.due(step):
             loop.evaluation, loop.evaluated_at = self._evaluate(step, loop), step
         if cadences.checkpoint.due(step):
@@ -403,6 +410,15 @@ class Run:
         testhooks.after_step(step)
         if callback is not None:
             callback(step, to_json(out))
+
+    def _learning_rates(self, step: int) -> list[float] | None:
+        """Each stage's learning rate at step `step` (its optimizer's update step - 1), or None
+        without a schedule (`chain.stages.lr_schedules.rates`, made once)."""
+        if self._rates is False:
+            from chain.stages import lr_schedules
+
+            self._rates = lr_schedules.rates([s.optim for s in self.settings.stages])
+        return None if self._rates is None else self._rates(step - 1)
 
     def _close(self, loop: _Loop, window) -> Summary:
         """After the last step: the final evaluation (every run ends evaluated), why it stopped
