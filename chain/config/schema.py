@@ -183,7 +183,7 @@ MODEL = model_check
 
 # --- optimizers ------------------------------------------------------------------------------
 
-SCHEDULES = ("constant", "warmup_cosine", "warmup_linear")  # optim.schedule (chain.stages.lr_schedules)
+LR_SCHEDULES = ("constant", "warmup_cosine", "warmup_linear")  # optim.schedule (chain.stages.lr_schedules)
 NO_DECAY_NORM = "norm"  # optim.no_decay's word for every variable of a normalization layer
 
 
@@ -196,7 +196,7 @@ class Recipe:
 
     name: str = setting(string, "the optimizer: adam, adamw or sgd (target: the one optim._target_ names)")
     lr: float = setting(number(positive=True), "learning rate (with a schedule: its peak, after the warm-up)")
-    schedule: str = setting(choice(*SCHEDULES),
+    schedule: str = setting(choice(*LR_SCHEDULES),
         "the learning rate over the steps: constant, or a linear warm-up from 0 to optim.lr over "
         "optim.warmup_steps, then a cosine (warmup_cosine) or linear (warmup_linear) decay to optim.floor x optim.lr "
         "at step optim.decay_steps")
