@@ -53,12 +53,18 @@ def finite(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def target(y: Any, t: Target, n: int, name: str) -> np.ndarray:
-    """One target for `n` examples: shape (n,) or (n, 1), returned as (n,); labels int32 in range."""
+    """One target for `n` examples: shape (n,) or (n, 1), returned as (n,) (a label per position:
+    (n, *t.shape), kept); labels int32 in range."""
     a = _array(y, name)
-    if a.shape not in ((n,), (n, 1)):
+    if t.shape:
+        if a.shape != (n, *t.shape):
+            raise ValueError(f"{name} has shape {a.shape}; expected {_shape((n, *t.shape))}: one label per "
+                             f"position of each example of x ({n} examples)")
+    elif a.shape not in ((n,), (n, 1)):
         raise ValueError(f"{name} has shape {a.shape}; expected ({n},) or ({n}, 1): one "
                          f"{'label' if t.classes else 'value'} per example of x ({n} examples)")
-    a = a.reshape(n)
+    else:
+        a = a.reshape(n)
     if a.dtype.kind not in "fiub":
         raise ValueError(f"{name} has dtype {a.dtype}; expected "
                          f"{'integer class labels' if t.classes else 'real values'}")
@@ -67,15 +73,17 @@ def target(y: Any, t: Target, n: int, name: str) -> np.ndarray:
             raise ValueError(f"{name} holds {a[~np.isfinite(a)][0]} at index {int(np.flatnonzero(~np.isfinite(a))[0])}; "
                              "values must be finite")
         return a.astype(np.float32, copy=False)
+    flat = a.reshape(-1)  # a label per position: indices name (example, position)
+    place = (lambda i: str(i)) if not t.shape else (lambda i: ", ".join(map(str, np.unravel_index(i, a.shape))))
     if a.dtype.kind == "f":
-        bad = np.flatnonzero(~np.isfinite(a) | (a != np.round(a)))
+        bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
         if bad.size:
-            raise ValueError(f"{name}[{bad[0]}] = {a[bad[0]]!r} is not a class label: target {t.name!r} takes "
-                             f"integers 0..{t.classes - 1}")
-    out_of_range = np.flatnonzero((a < 0) | (a >= t.classes))
+            raise ValueError(f"{name}[{place(bad[0])}] = {flat[bad[0]]!r} is not a class label: target {t.name!r} "
+                             f"takes integers 0..{t.classes - 1}")
+    out_of_range = np.flatnonzero((flat < 0) | (flat >= t.classes))
     if out_of_range.size:
         i = out_of_range[0]
-        raise ValueError(f"{name}[{i}] = {a[i].item()!r} is out of range: target {t.name!r} has "
+        raise ValueError(f"{name}[{place(i)}] = {flat[i].item()!r} is out of range: target {t.name!r} has "
                          f"{t.classes} classes, 0..{t.classes - 1}")
     return a.astype(np.int32)
 

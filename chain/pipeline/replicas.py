@@ -44,6 +44,7 @@ from chain.stages.stage import Stage
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.ops import copy_to
 from chain.steps.update import stage_update
+from chain.strategies.base import unweighted_shares
 
 
 def stage_state(stage: Stage) -> list[tf.Variable]:
@@ -137,6 +138,7 @@ class ReplicatedChain(PipelinedChain):
     reduction = "every"
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, schedule: Schedule, **bodies: Any):
+        unweighted_shares(settings, f"copies of the pipeline (placement.replicas={len(placement.copies)})")
         self.copies: list[list[Stage]] = []
         super().__init__(settings, placement, info, schedule, **bodies)
 

@@ -335,6 +335,15 @@ class LocalObjective(Strategy):
         return Evaluation(sum(m["loss"] for m in metrics), metrics, None)
 
 
+def unweighted_shares(settings: Any, what: str) -> None:
+    """One line for `ignore_class` where the batch is cut into shares that each take their own mean
+    (`what`): their real labels' numbers would weigh them, which only one pipeline's step does."""
+    if settings.ignore_class is not None:
+        raise ConfigError(f"ignore_class={settings.ignore_class} is not supported with {what}: each share of the "
+                          "batch would average its own real labels; train on one pipeline (a device per stage), or "
+                          "ignore_class=null")
+
+
 class ChainObjective(Strategy):
     """mode=e2e: the chain is one network; the last stage ends in a read-out, one loss after it."""
 
@@ -351,8 +360,8 @@ class ChainObjective(Strategy):
         return self.settings.stages[-1].optim.clip_global_norm
 
     def loss_fn(self) -> Callable:
-        """`fn(y, pred)`: the chain's mean loss (`loss=`)."""
-        return losses.make(self.settings.loss, self.target)
+        """`fn(y, pred)`: the chain's mean loss (`loss=`, without the labels `ignore_class=` names)."""
+        return losses.make(self.settings.loss, self.target, self.settings.ignore_class)
 
     def wanted_targets(self) -> list[str]:
         return [self.target.name]

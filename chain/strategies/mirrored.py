@@ -47,7 +47,7 @@ from chain.steps.clipping import clip_global
 from chain.steps.replica import e2e_replica_step, local_replica_step
 from chain.steps.report import dropped, report
 from chain.steps.update import apply_update, shared_outcomes, unscale
-from chain.strategies.base import ChainObjective, LocalObjective, Strategy
+from chain.strategies.base import ChainObjective, LocalObjective, Strategy, unweighted_shares
 from chain.planning import memory
 
 _TF_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
@@ -199,6 +199,7 @@ class MirroredChain(ChainObjective, Mirrored):
     """mode=e2e on every replica: the composed chain, one loss; microbatches do not apply."""
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, **bodies: Any):
+        unweighted_shares(settings, "a mirrored run (placement.fallback=mirrored)")
         if settings.pipeline.microbatches > 1:  # notes on a new record: the one planned is never changed
             placement = placement.noted(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
                                         "a mirrored replica runs its whole share of the batch at once")
