@@ -26,8 +26,19 @@ def _array(value: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} is not an array ({type(value).__name__}: {first_line(e, typed=False)})") from None
 
 
+def input_dtype(dtype: np.dtype) -> np.dtype:
+    """What inputs of `dtype` train as: integers (token ids) stay integers, int32 or, for ids that may not
+    fit it (uint32, 64-bit), int64, since float32 holds whole numbers exactly only up to 2^24; anything
+    else is float32. A model whose input is float32 casts integers itself (Keras converts a model's
+    inputs to its `Input`'s dtype), as before."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return np.dtype(np.int64 if dtype.itemsize > 4 or dtype == np.uint32 else np.int32)
+    return np.dtype(np.float32)
+
+
 def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
-    """`x` as a float array of shape (N, *info.input_shape), N >= 1."""
+    """`x` of shape (N, *info.input_shape), N >= 1, as float32 or, for integers, int32/int64 (`input_dtype`)."""
     a = _array(x, name)
     want = ("N", *info.input_shape)
     if a.dtype.kind not in "fiub":
@@ -38,7 +49,7 @@ def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
     if tuple(a.shape[1:]) != tuple(info.input_shape):
         raise ValueError(f"{name} has shape {a.shape}; data={info.name} examples have shape "
                          f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}")
-    return a.astype(np.float32, copy=False)
+    return a.astype(input_dtype(a.dtype), copy=False)
 
 
 def finite(x: np.ndarray, name: str) -> np.ndarray:

@@ -58,6 +58,9 @@ def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[Kept
     """The model's output, and with `keep` every layer call that has trainable weights (`Kept`)."""
     if not keep:
         return stage.model(h, training=True), None
+    want = stage.model.inputs[0].dtype if stage.model.inputs else None
+    if want is not None and h.dtype != want:  # as the model's own call converts (integer ids, a float Input)
+        h = tf.cast(h, want)
     kept = []  # the weighted calls, in order
     if isinstance(stage.model, keras.Sequential):
         for layer in stage.model.layers:
