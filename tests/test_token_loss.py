@@ -143,3 +143,32 @@ def test_bad_ignore_class_is_one_line(tmp_path, overrides, message):
     token_data(path)
     with pytest.raises(chain.ConfigError, match=message):
         chain.build(config(path, "+stages=2", *overrides), model=model())
+
+
+def test_perplexity_and_bits_per_token_reach_logs_tensorboard_summary_and_report(tmp_path, caplog):
+    """A per-token run's validation shows its token accuracy, perplexity (exp of the mean token loss)
+    and bits per token (it over ln 2) in the log line, TensorBoard's chain writer, summary.json and
+    the report's curves."""
+    import logging
+    import math
+
+    from test_validation import events
+
+    path = tmp_path / "tokens.npz"
+    token_data(path)
+    run_dir = tmp_path / "run"
+    run = chain.build(config(path, "+stages=2", "pipeline.microbatches=2", "data.val_fraction=0.25",
+                             "trainer.steps=4", "trainer.eval_every=2", "report=true"), model=model(),
+                      run_dir=str(run_dir))
+    with caplog.at_level(logging.INFO, logger="chain"):
+        summary = run.fit()
+    val = summary["val"]
+    assert set(val) == {"loss", "accuracy", "perplexity", "bits_per_token"}
+    assert val["perplexity"] == pytest.approx(math.exp(val["loss"]), rel=1e-12)
+    assert val["bits_per_token"] == pytest.approx(val["loss"] / math.log(2), rel=1e-12)
+    tb = events(run_dir / "tb" / "chain")
+    assert sorted(tb["val_perplexity"]) == sorted(tb["val_bits_per_token"]) == [2, 4]
+    assert tb["val_perplexity"][4] == pytest.approx(val["perplexity"], rel=1e-6)  # float32
+    assert any(f"val_perplexity {val['perplexity']:.4f}" in r.getMessage() for r in caplog.records)
+    page = (run_dir / "report.html").read_text()
+    assert "val_perplexity (2 points)" in page and "val_bits_per_token (2 points)" in page

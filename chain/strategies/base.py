@@ -11,6 +11,7 @@ interface and never asks which one it has.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -335,6 +336,12 @@ class LocalObjective(Strategy):
         return Evaluation(sum(m["loss"] for m in metrics), metrics, None)
 
 
+def token_metrics(loss: float) -> dict[str, float]:
+    """What a per-token cross-entropy (nats per token, the mean over real tokens) is usually read as:
+    `perplexity` (its exponential; inf past float range) and `bits_per_token` (it over ln 2)."""
+    return {"perplexity": math.inf if loss > 709 else math.exp(loss), "bits_per_token": loss / math.log(2)}
+
+
 def unweighted_shares(settings: Any, what: str) -> None:
     """One line for `ignore_class` where the batch is cut into shares that each take their own mean
     (`what`): their real labels' numbers would weigh them, which only one pipeline's step does."""
@@ -391,4 +398,7 @@ class ChainObjective(Strategy):
 
     def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
         (chain,) = metrics
+        if self.settings.loss == "sparse_categorical_crossentropy" and (
+                self.target.shape or self.settings.ignore_class is not None):
+            chain = {**chain, **token_metrics(chain["loss"])}
         return Evaluation(chain["loss"], [], chain)
