@@ -139,3 +139,17 @@ def test_a_killed_token_run_resumes_bit_exact(tmp_path, windows):
         for key in a:
             assert np.array_equal(a[key], b[key]), (k, key)
     assert os.path.exists(os.path.join(resumed, "summary.json"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mode=local"], "has a label per position (8,), which only mode=e2e learns"),
+    (["model=mlp"], "the last stage must output logits per position, shape (8, 40), which model=mlp does not"),
+])
+def test_labels_per_position_need_e2e_and_a_model_that_outputs_them(tmp_path, overrides, message):
+    """Refused before TensorFlow starts, in one line, instead of a shape error in the first step."""
+    import re
+
+    token_file(tmp_path / "train.bin")
+    with pytest.raises(chain.ConfigError, match=re.escape(message)):
+        chain.prepare(["mode=e2e", "+stages=2", "data=tokens", f"data.path={tmp_path / 'train.bin'}",
+                       f"data.seq_len={SEQ}", *overrides])

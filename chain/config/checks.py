@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import replace
 
-from chain.config.schema import MAX_BATCH, KerasModel, PlacementSettings, Settings
+from chain.config.schema import MAX_BATCH, Conv, KerasModel, Mlp, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
 from chain.data import files
 from chain.data.catalog import DataInfo
@@ -93,6 +93,24 @@ def loss_fits_target(loss: str, target, data: str) -> None:
             "use loss=mse (or a class target: stage.target=label)")
 
 
+def per_position(s: Settings, info: DataInfo) -> None:
+    """A target with a label per position (token data) is learned by one per-token loss: mode=e2e, whose
+    last stage outputs logits per position, which the config's own stage bodies (flat mlp, conv) do not."""
+    for k, spec in enumerate(s.stages):
+        target = info.target(spec.target)
+        if not target.shape or (s.mode == "e2e" and k < len(s.stages) - 1):
+            continue
+        if s.mode != "e2e":
+            raise ConfigError(f"target {target.name!r} of data={info.name} has a label per position {target.shape}, "
+                              f"which only mode=e2e learns (one per-token loss after the last stage); mode={s.mode} "
+                              "heads learn one label per example")
+        if isinstance(spec.model, (Mlp, Conv)):
+            raise ConfigError(f"target {target.name!r} of data={info.name} has a label per position {target.shape}: "
+                              f"the last stage must output logits per position, shape {(*target.shape, target.classes)}, "
+                              f"which model={'mlp' if isinstance(spec.model, Mlp) else 'conv'} does not; give your model "
+                              "(model=keras, a builder, or chain.build(cfg, model=...))")
+
+
 def ignored_class_fits(ignore_class: int | None, target, data: str) -> None:
     """`ignore_class` is one of the target's class labels (a padding id the data holds)."""
     if ignore_class is not None and not 0 <= ignore_class < target.classes:
@@ -155,6 +173,7 @@ def check_data(s: Settings, info: DataInfo) -> None:
                           f"{per_step} examples per step is more than data={info.name} has ({have})")
     for spec in s.stages:
         info.target(spec.target)
+    per_position(s, info)
     stage_shapes(s.stages, info, s.mode)  # a stage that cannot take its input
     if s.mode == "e2e":
         loss_fits_target(s.loss, info.target(s.stages[-1].target), info.name)
