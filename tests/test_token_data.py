@@ -114,16 +114,21 @@ def test_bad_token_settings_are_one_line(tmp_path, overrides, message):
         chain.build(config(tmp_path / "train.bin", *overrides), model=lm())
 
 
-@pytest.mark.parametrize("windows", ["sequential", "random"])
-def test_a_killed_token_run_resumes_bit_exact(tmp_path, windows):
+@pytest.mark.parametrize("source, windows", [("tokens", "sequential"), ("tokens", "random"), ("text", "sequential")])
+def test_a_killed_token_run_resumes_bit_exact(tmp_path, source, windows):
     """Killed two steps after its checkpoint and resumed, a run ends with the weights, optimizer state
     and losses of a run never interrupted: the stream resumed at the window it had reached."""
-    token_file(tmp_path / "train.bin")
-    lm().save(tmp_path / "lm.keras")
+    if source == "tokens":
+        token_file(tmp_path / "train.bin")
+        data = ["data=tokens", f"data.path={tmp_path / 'train.bin'}"]
+        lm().save(tmp_path / "lm.keras")
+    else:
+        text_files(tmp_path)
+        data = ["data=text", f"data.files={tmp_path / 'corpus' / '*.txt'}"]
+        lm(256).save(tmp_path / "lm.keras")
     n, every, kill_at = 6, 3, 5
-    args = ["mode=e2e", "+stages=2", "model=keras", f"model.path={tmp_path / 'lm.keras'}", "data=tokens",
-            f"data.path={tmp_path / 'train.bin'}", f"data.seq_len={SEQ}", f"data.windows={windows}",
-            "data.batch_size=4", "pipeline.microbatches=2", "optim=adam", "trainer.progress=false",
+    args = ["mode=e2e", "+stages=2", "model=keras", f"model.path={tmp_path / 'lm.keras'}", *data,
+            f"data.seq_len={SEQ}", f"data.windows={windows}", "data.batch_size=4", "pipeline.microbatches=2", "optim=adam", "trainer.progress=false",
             f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.steps_per_call=1"]
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}")
@@ -146,10 +151,39 @@ def test_a_killed_token_run_resumes_bit_exact(tmp_path, windows):
     (["model=mlp"], "the last stage must output logits per position, shape (8, 40), which model=mlp does not"),
 ])
 def test_labels_per_position_need_e2e_and_a_model_that_outputs_them(tmp_path, overrides, message):
-    """Refused before TensorFlow starts, in one line, instead of a shape error in the first step."""
+    """Refused in one line (mode=local before TensorFlow starts), not a shape error in the first step."""
     import re
 
     token_file(tmp_path / "train.bin")
     with pytest.raises(chain.ConfigError, match=re.escape(message)):
-        chain.prepare(["mode=e2e", "+stages=2", "data=tokens", f"data.path={tmp_path / 'train.bin'}",
-                       f"data.seq_len={SEQ}", *overrides])
+        chain.build(chain.compose(["mode=e2e", "+stages=2", "data=tokens", f"data.path={tmp_path / 'train.bin'}",
+                                   f"data.seq_len={SEQ}", *overrides]))
+
+
+def text_files(root) -> bytes:
+    """Three UTF-8 files (one empty, characters of 1 to 3 bytes) and their bytes in sorted order."""
+    (root / "corpus").mkdir()
+    texts = {"b.txt": "déjà vu: ünïcödé → ok. " * 12, "a.txt": "the quick brown fox jumps over the lazy dog\n" * 9,
+             "c.txt": ""}
+    for name, text in texts.items():
+        (root / "corpus" / name).write_text(text, encoding="utf-8")
+    return b"".join(texts[k].encode() for k in sorted(texts))
+
+
+def test_text_is_its_utf8_bytes_in_sorted_file_order_across_file_boundaries(tmp_path):
+    data = np.frombuffer(text_files(tmp_path), np.uint8)
+    run = chain.build(chain.compose(["mode=e2e", "+stages=2", "data=text", f"data.files={tmp_path / 'corpus' / '*.txt'}",
+                                     f"data.seq_len={SEQ}", "data.batch_size=5", "data.shuffle=false",
+                                     "data.val_fraction=0", "trainer.progress=false"]), model=lm(256))
+    assert run.dataset.targets[0].classes == 256 and run.dataset.info.examples == (len(data) - 1) // SEQ
+    x, y = take(run, 15)  # 75 windows: past the end of a.txt (405 bytes) into b.txt
+    assert len(data) > 75 * SEQ + 1 > 405
+    np.testing.assert_array_equal(x, windows_of(data, range(0, 75 * SEQ, SEQ))[0])
+    np.testing.assert_array_equal(y, windows_of(data, range(0, 75 * SEQ, SEQ))[1])
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
+    text_files(tmp_path)
+    (tmp_path / "corpus" / "d.txt").write_bytes(b"ok \xff\xfe then")
+    with pytest.raises(chain.ConfigError, match=r"d.txt is not UTF-8 text \(byte 3 is 0xff\)"):
+        chain.prepare(["mode=e2e", "data=text", f"data.files={tmp_path / 'corpus' / '*.txt'}", f"data.seq_len={SEQ}"])

@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import replace
 
-from chain.config.schema import MAX_BATCH, Conv, KerasModel, Mlp, PlacementSettings, Settings
+from chain.config.schema import MAX_BATCH, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
 from chain.data import files
 from chain.data.catalog import DataInfo
@@ -94,21 +94,14 @@ def loss_fits_target(loss: str, target, data: str) -> None:
 
 
 def per_position(s: Settings, info: DataInfo) -> None:
-    """A target with a label per position (token data) is learned by one per-token loss: mode=e2e, whose
-    last stage outputs logits per position, which the config's own stage bodies (flat mlp, conv) do not."""
-    for k, spec in enumerate(s.stages):
+    """A target with a label per position (token data) is learned by one per-token loss: mode=e2e (whose
+    last stage must then output logits per position: `chain.stages.assemble.per_position_body`)."""
+    for spec in s.stages:
         target = info.target(spec.target)
-        if not target.shape or (s.mode == "e2e" and k < len(s.stages) - 1):
-            continue
-        if s.mode != "e2e":
+        if target.shape and s.mode != "e2e":
             raise ConfigError(f"target {target.name!r} of data={info.name} has a label per position {target.shape}, "
                               f"which only mode=e2e learns (one per-token loss after the last stage); mode={s.mode} "
                               "heads learn one label per example")
-        if isinstance(spec.model, (Mlp, Conv)):
-            raise ConfigError(f"target {target.name!r} of data={info.name} has a label per position {target.shape}: "
-                              f"the last stage must output logits per position, shape {(*target.shape, target.classes)}, "
-                              f"which model={'mlp' if isinstance(spec.model, Mlp) else 'conv'} does not; give your model "
-                              "(model=keras, a builder, or chain.build(cfg, model=...))")
 
 
 def ignored_class_fits(ignore_class: int | None, target, data: str) -> None:

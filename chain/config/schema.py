@@ -392,7 +392,7 @@ class Settings:
     report: bool = setting(boolean, "write report.html in the run directory at the end")
     model: Model = setting(MODEL, "the stage template's body (model=mlp|conv|keras, or model._target_=...)")
     optim: Optim = setting(OPTIM, "the stage template's optimizer (optim=adam|sgd)")
-    data: Data = setting(DATA, "the data source (data=digits|synthetic|npz|csv|tfrecord|keras|callable|tokens)")
+    data: Data = setting(DATA, "the data source (data=digits|synthetic|npz|csv|tfrecord|keras|callable|tokens|text)")
     stage: StageSpec = setting(section(StageSpec), "the template every stage starts from")
     trainer: Trainer = setting(section(Trainer), "how long and how a run trains")
     pipeline: Pipeline = setting(section(Pipeline), "mode=e2e: the pipeline schedule")

@@ -72,9 +72,9 @@ def _files(shards) -> list[tuple[str, str, str]]:
             out.append((shards.val.x.path, "data.val_path", VAL))
         return out
     if isinstance(shards, TokenFiles):
-        out = [(shards.train.path, "data.path", TRAIN)]
-        if shards.val is not None and shards.val.path != shards.train.path:  # data.val_path
-            out.append((shards.val.path, "data.val_path", VAL))
+        out = [(p, shards.TRAIN_KEY, TRAIN) for p in shards.train.paths]
+        if shards.val is not None and shards.val.paths != shards.train.paths:  # data.val_path, data.val_files
+            out += [(p, shards.val_key, VAL) for p in shards.val.paths]
         return out
     return []  # the user's tf.data.Dataset: no files of ours to stamp
 

@@ -24,9 +24,19 @@ from chain.data.streamed import TokenFiles, TokenPart
 from chain.data.verify import input_dtype
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def _ids(path: str, dtype: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _tokens(part: TokenPart, start: int, stop: int) -> np.ndarray:
+    """Tokens `start`..`stop` of the part's files one after the other (a window may span two)."""
+    pieces, first = [], 0
+    for path, n in zip(part.paths, part.sizes):
+        if first < stop and start < first + n:
+            pieces.append(_ids(path, part.dtype)[max(start - first, 0):min(stop - first, n)])
+        first += n
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def _reader(part: TokenPart):
@@ -35,8 +45,8 @@ def _reader(part: TokenPart):
     s = part.seq_len
 
     def read(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ids = _ids(part.path, part.dtype)
-        windows = np.stack([ids[i:i + s + 1] for i in starts.tolist()]) if len(starts) else np.zeros((0, s + 1))
+        windows = np.stack([_tokens(part, i, i + s + 1) for i in starts.tolist()]) if len(starts) else \
+            np.zeros((0, s + 1))
         return windows[:, :-1].astype(x_dtype), windows[:, 1:].astype(np.int32)
 
     def batch(starts):

@@ -80,28 +80,41 @@ def largest(path: str, dtype: str) -> int:
     return _largest(path, dtype, st.st_mtime_ns, st.st_size)
 
 
-def _part(path: str, key: str, data: Tokens, start: int, stop: int, what: str) -> TokenPart:
-    part = TokenPart(path, data.dtype, start, stop, data.seq_len)
-    if not part.windows:
-        raise ConfigError(f"{key}={path!r}: {what} holds {stop - start} tokens, fewer than one window of "
-                          f"data.seq_len={data.seq_len} + 1; give more tokens or a smaller data.seq_len")
-    return part
+def part(paths: list[str], sizes: list[int], dtype: str, seq_len: int, start: int, stop: int, where: str
+         ) -> TokenPart:
+    """Tokens `start`..`stop` of `paths` (their `sizes`); one line (`where`: the key, the file and which of
+    its tokens) when they hold no whole window. Files of no token are left out (nothing to map)."""
+    kept = [(p, n) for p, n in zip(paths, sizes) if n]
+    out = TokenPart(tuple(p for p, _ in kept), tuple(n for _, n in kept), dtype, start, stop, seq_len)
+    if not out.windows:
+        raise ConfigError(f"{where} holds {stop - start} tokens, fewer than one window of data.seq_len={seq_len} "
+                          "+ 1; give more tokens or a smaller data.seq_len")
+    return out
+
+
+def split(paths: list[str], sizes: list[int], val: tuple[list[str], list[int]] | None, data, key: str,
+          what: str) -> tuple[TokenPart, TokenPart | None]:
+    """The training part and the validation part: the files `val` (a key of their own), or the last
+    `data.val_fraction` of the tokens (default 0.1, as nanoGPT's 90/10 split)."""
+    dtype, s, n = getattr(data, "dtype", "uint8"), data.seq_len, sum(sizes)  # data=text: bytes
+    if val is not None:
+        train = part(paths, sizes, dtype, s, 0, n, f"{key}={what}")
+        return train, part(*val, dtype, s, 0, sum(val[1]), f"the validation files of {key}")
+    held = held_out(n, data, f"data={data.name} ({what})")
+    train = part(paths, sizes, dtype, s, 0, n - held, f"{key}={what}: its training share")
+    return train, part(paths, sizes, dtype, s, n - held, n, f"{key}={what}: its validation share") if held else None
 
 
 def shards(data: Tokens) -> TokenFiles:
     """The training and validation tokens, their windows and the vocabulary (the ids checked against it)."""
     n = _tokens(data.path, "data.path", data.dtype)
+    val = None
     if data.val_path is not None:
         if data.val_fraction is not None:
             raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_path are both set; give one")
-        train = _part(data.path, "data.path", data, 0, n, "the file")
-        val_n = _tokens(data.val_path, "data.val_path", data.dtype)
-        val = _part(data.val_path, "data.val_path", data, 0, val_n, "the file")
-    else:
-        held = held_out(n, data, f"data=tokens ({data.path})")  # the last tokens, as nanoGPT's 90/10 split
-        train = _part(data.path, "data.path", data, 0, n - held, "its training share")
-        val = _part(data.path, "data.path", data, n - held, n, "its validation share") if held else None
-    top = max(largest(p.path, data.dtype) for p in (train, val) if p is not None)
+        val = ([data.val_path], [_tokens(data.val_path, "data.val_path", data.dtype)])
+    train, val = split([data.path], [n], val, data, "data.path", repr(data.path))
+    top = max(largest(path, data.dtype) for p in (train, val) if p is not None for path in p.paths)
     vocab = data.vocab if data.vocab is not None else max(2, top + 1)
     if top >= vocab:
         raise ConfigError(f"data.vocab={vocab}, but the token files hold the id {top}; ids are 0..vocab-1: set "
@@ -109,16 +122,20 @@ def shards(data: Tokens) -> TokenFiles:
     return TokenFiles(train, val, vocab, data.windows)
 
 
-def describe(data: Tokens) -> DataInfo:
+def describe_files(data, s: TokenFiles) -> DataInfo:
     """Examples of `seq_len` ids with the target `next` (the following id at each position, `vocab` classes)."""
-    s = shards(data)
-    return DataInfo("tokens", (data.seq_len,), s.examples, (Target(TokenFiles.TARGET, s.vocab, (data.seq_len,)),),
+    return DataInfo(data.name, (data.seq_len,), s.examples, (Target(TokenFiles.TARGET, s.vocab, (data.seq_len,)),),
                     s.val.windows if s.val else 0)
 
 
-def read(data: Tokens, seed: int, info: DataInfo | None = None) -> Read:
-    """Never called: a token file is streamed (`shards`)."""
-    raise ConfigError("data=tokens is read while training, never loaded")
+def describe(data: Tokens) -> DataInfo:
+    """Examples of `seq_len` ids with the target `next` (the following id at each position, `vocab` classes)."""
+    return describe_files(data, shards(data))
+
+
+def read(data, seed: int, info: DataInfo | None = None) -> Read:
+    """Never called: token files are streamed (`shards`)."""
+    raise ConfigError(f"data={data.name} is read while training, never loaded")
 
 
 SOURCE = Source(Tokens, describe, read, shards)
