@@ -16,34 +16,25 @@ from typing import ClassVar
 
 from chain.data import files
 from chain.data.catalog import DataInfo
-from chain.data.data_source import DataSet, Source
-from chain.data.sources.tokens_data import MAX_SEQ_LEN, WINDOWS, describe_files, read, split
+from chain.data.data_source import Source
+from chain.data.sources.tokens_data import Windowed, describe_files, read, split
 from chain.data.streamed import TokenFiles
 from chain.errors import ConfigError
-from chain.fields import choice, integer, optional, required, setting, string
+from chain.fields import optional, required, setting, string
 
 BYTES = 256  # byte-level ids
 CHECK_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
-class Text(DataSet):
+class Text(Windowed):
     """UTF-8 text files, their bytes the ids, cut into windows of `seq_len + 1` bytes."""
 
     KIND: ClassVar[str] = "text"
     files: str = setting(required(string, "data=text 'data.files=corpus/*.txt' data.seq_len=N"),
         "a glob of UTF-8 text files (read in sorted order, one after the other)")
     val_files: str | None = setting(optional(string), "a glob of UTF-8 text files for validation")
-    seq_len: int = setting(integer(1, MAX_SEQ_LEN), "bytes per example (a window holds one more: the targets)")
-    windows: str = setting(choice(*WINDOWS),
-        "sequential: every window at a stride of seq_len (shuffled per epoch with data.shuffle); random: each "
-        "starting at a random byte")
     tokenizer: str | None = setting(optional(string), "not supported yet: byte-level ids only (leave null)")
-
-    @property
-    def stream(self) -> bool:
-        """Text files are always read in place while training, never loaded."""
-        return True
 
 
 def _utf8(path: str, key: str) -> int:

@@ -36,7 +36,22 @@ MAX_SEQ_LEN = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
-class Tokens(DataSet):
+class Windowed(DataSet):
+    """Ids cut into windows of `seq_len + 1` (what `data=tokens` and `data=text` share), always streamed."""
+
+    seq_len: int = setting(integer(1, MAX_SEQ_LEN), "tokens per example (a window holds one more: the targets)")
+    windows: str = setting(choice(*WINDOWS),
+        "sequential: every window at a stride of seq_len (shuffled per epoch with data.shuffle); random: each "
+        "starting at a random token")
+
+    @property
+    def stream(self) -> bool:
+        """Token files are always read in place while training, never loaded."""
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tokens(Windowed):
     """A flat binary file of token ids, cut into windows of `seq_len + 1` tokens."""
 
     KIND: ClassVar[str] = "tokens"
@@ -44,17 +59,8 @@ class Tokens(DataSet):
         "the token file: ids one after the other, no header (as nanoGPT's train.bin)")
     val_path: str | None = setting(optional(string), "a second token file, for validation")
     dtype: str = setting(choice(*DTYPES), "the ids' type in the file")
-    seq_len: int = setting(integer(1, MAX_SEQ_LEN), "tokens per example (a window holds one more: the targets)")
     vocab: int | None = setting(optional(integer(2, MAX_CLASSES)),
         "ids are 0..vocab-1 (the model's output width); null: the file's largest id + 1")
-    windows: str = setting(choice(*WINDOWS),
-        "sequential: every window at a stride of seq_len (shuffled per epoch with data.shuffle); random: each "
-        "starting at a random token")
-
-    @property
-    def stream(self) -> bool:
-        """A token file is always read in place while training, never loaded."""
-        return True
 
 
 def _tokens(path: str, key: str, dtype: str) -> int:
