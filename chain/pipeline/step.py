@@ -6,7 +6,9 @@ inside its stage's device scope:
 - F(k, m): copy microbatch m's activation from stage k-1 (stage 0: its slice of the
   input) onto stage k's device, run stage k's model under a GradientTape. The last
   stage also computes the loss of microbatch m, divided by M so that the sum over
-  microbatches is the full-batch mean loss. Every stage adds its model's regularization
+  microbatches is the full-batch mean loss (with `ignore_class`, its mean over its real labels
+  times its share of the batch's real labels instead, counted from the labels before any
+  backward: `chain.stages.losses.Loss.weights`). Every stage adds its model's regularization
   (`model.losses`, as Keras' `fit`) on its device, inside its tape, divided by M too; a
   stage before the last starts its backward from it as well, and sends its sum over the
   microbatches to the last stage, where the chain's loss is reported.
