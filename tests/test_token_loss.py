@@ -65,7 +65,8 @@ def in_order(run, steps: int) -> list:
     ["+stages=3", "pipeline.microbatches=4", "pipeline.schedule=zb1"],
     ["+stages=2", "pipeline.microbatches=4", "pipeline.recompute=always"],
     ["+stages=1", "pipeline.microbatches=4"],
-], ids=["gpipe-M4", "1f1b-M4", "M2-accum2", "zb1-K3-M4", "recompute-M4", "one-stage-M4"])
+    ["+stages=2", "pipeline.microbatches=4", "trainer.jit_compile=true"],
+], ids=["gpipe-M4", "1f1b-M4", "M2-accum2", "zb1-K3-M4", "recompute-M4", "one-stage-M4", "xla-M4"])
 def test_per_token_loss_with_padding_trains_like_model_fit(tmp_path, overrides):
     """The logged losses and the weights after 3 SGD steps equal `model.fit` with Keras' own
     `ignore_class` loss on the same batches, though the microbatches hold unequal real tokens."""
