@@ -107,6 +107,26 @@ def loss_fits_target(loss: str, target, data: str) -> None:
             "use loss=mse (or a class target: stage.target=label)")
 
 
+def per_position(s: Settings, info: DataInfo) -> None:
+    """A target with a label per position (token data) is learned by one per-token loss: mode=e2e (whose
+    last stage must then output logits per position: `chain.stages.assemble.per_position_body`)."""
+    for spec in s.stages:
+        target = info.target(spec.target)
+        if target.shape and s.mode != "e2e":
+            raise ConfigError(f"target {target.name!r} of data={info.name} has a label per position {target.shape}, "
+                              f"which only mode=e2e learns (one per-token loss after the last stage); mode={s.mode} "
+                              "heads learn one label per example")
+
+
+def ignored_class_fits(ignore_class: int | None, target, data: str) -> None:
+    """`ignore_class` is one of the target's class labels (a padding id the data holds)."""
+    if ignore_class is not None and not 0 <= ignore_class < target.classes:
+        allowed = f"0..{target.classes - 1}" if target.classes else "none: it is a real value"
+        raise ConfigError(f"ignore_class={ignore_class} is not a class label of target {target.name!r} of "
+                          f"data={data} (its labels: {allowed}); give the padding id the labels hold, or "
+                          "ignore_class=null")
+
+
 def check_cut(s: Settings) -> None:
     """`model=keras` cuts one model into all the stages; `placement.split`/`balance` say where."""
     keras_models = {spec.model for spec in s.stages if isinstance(spec.model, KerasModel)}
@@ -160,9 +180,11 @@ def check_data(s: Settings, info: DataInfo) -> None:
                           f"{per_step} examples per step is more than data={info.name} has ({have})")
     for spec in s.stages:
         info.target(spec.target)
+    per_position(s, info)
     stage_shapes(s.stages, info, s.mode)  # a stage that cannot take its input
     if s.mode == "e2e":
         loss_fits_target(s.loss, info.target(s.stages[-1].target), info.name)
+        ignored_class_fits(s.ignore_class, info.target(s.stages[-1].target), info.name)
     if not info.val_examples:
         wants = [k for k, on in (("checkpoint.best=true", s.checkpoint.best),
                                  (f"trainer.early_stop_patience={s.trainer.early_stop_patience}",
@@ -268,6 +290,8 @@ def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
         ignored = [f"pipeline.{k}={v}" for k, v in ((k, getattr(s.pipeline, k)) for k in defaults) if v != defaults[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
+        if s.ignore_class is not None:
+            ignored.append(f"ignore_class={s.ignore_class}")
         if ignored:
             notes.append(f"{', '.join(ignored)} ignored: mode={s.mode} trains each "
                          f"{'stage' if s.mode == 'local' else 'model'}'s head with its own loss "

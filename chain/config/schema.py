@@ -448,6 +448,9 @@ class Settings:
         "local: each stage learns its own target through a small head; e2e: one network, one loss; "
         "side_by_side: independent models")
     loss: str = setting(choice(*LOSSES), "mode=e2e: cross-entropy on class labels (from logits), or squared error")
+    ignore_class: int | None = setting(optional(integer(0, 2 ** 31 - 1)),
+        "mode=e2e: a class label the loss ignores (padding): the loss is the mean over the other labels, as "
+        "Keras' ignore_class")
     precision: str = setting(choice(*PRECISIONS), "what stage bodies compute in; weights stay float32")
     resume: bool = setting(boolean, "continue the run in hydra.run.dir from its newest complete checkpoint")
     plan_only: bool = setting(boolean, "print the placement (and, mode=e2e, the schedule) and exit without training")
@@ -455,7 +458,7 @@ class Settings:
     model: Model = setting(MODEL, "the stage template's body (model=mlp|conv|keras, or model._target_=...)")
     optim: Optim = setting(OPTIM,
         "the stage template's optimizer (optim=adam|adamw|sgd, or optim._target_=keras.optimizers.NAME)")
-    data: Data = setting(DATA, "the data source (data=digits|synthetic|npz|csv|tfrecord|keras|callable)")
+    data: Data = setting(DATA, "the data source (data=digits|synthetic|npz|csv|tfrecord|keras|callable|tokens|text)")
     stage: StageSpec = setting(section(StageSpec), "the template every stage starts from")
     trainer: Trainer = setting(section(Trainer), "how long and how a run trains")
     pipeline: Pipeline = setting(section(Pipeline), "mode=e2e: the pipeline schedule")

@@ -27,6 +27,7 @@ import tensorflow as tf
 from chain.data.chunks import CHUNK_BYTES, batched, chunk_rows, grouped, interleaved, permuted
 from chain.data.files import Member
 from chain.data.streamed import ArrayFiles, ArrayPart
+from chain.data.verify import input_dtype
 
 
 def _dtype(member: Member) -> tuple[tf.DType, bool]:
@@ -79,7 +80,8 @@ def _decoded(files: ArrayFiles, part: ArrayPart):
     """Records (the inputs' and each target's bytes of a chunk of rows) -> (x, {target: y}). A map
     of its own, not inside each block's dataset: a function in the dataset that `interleave` makes
     per block is instantiated again per block (about 2 ms of CPU each, measured)."""
-    decoders = [_decode(part.x, tf.float32, False)] + [
+    x_dtype = tf.as_dtype(input_dtype(part.x.dtype))  # integers stay integers
+    decoders = [_decode(part.x, x_dtype, False)] + [
         _decode(m, tf.int32 if classes else tf.float32, True) for m, (_, classes) in zip(part.ys, files.targets)]
     names = [name for name, _ in files.targets]
     return lambda *records: (decoders[0](records[0]), {n: d(r) for n, d, r in zip(names, decoders[1:], records[1:])})

@@ -32,10 +32,13 @@ DEFAULT_VAL_FRACTION = 0.1
 
 @dataclass(frozen=True)
 class Target:
-    """A named target: `classes` > 0 for class labels, 0 for a real value."""
+    """A named target: `classes` > 0 for class labels, 0 for a real value. `shape` is one example's
+    labels: () for one label, `(seq,)` for one label per position (a language model's next tokens,
+    learned by a per-token loss from outputs of shape `(seq, classes)`)."""
 
     name: str
     classes: int
+    shape: tuple[int, ...] = ()
 
     @property
     def is_regression(self) -> bool:
@@ -157,11 +160,23 @@ def name_targets(data, labels: list[tuple[str | None, np.ndarray, str]], by_valu
             classes = max(2, int(a.max()) + 1) if integral and a.size and a.max() >= 0 else 0
         elif classes == 1:
             raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
-        targets.append(Target(name, classes))
+        targets.append(Target(name, classes, _label_shape(a, classes, where)))
     if given:
         raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data={data.name}; "
                           f"its targets: {', '.join(t.name for t in targets)}")
     return tuple(targets)
+
+
+def _label_shape(a: np.ndarray, classes: int, where: str) -> tuple[int, ...]:
+    """One example's labels in `a` (every example's, first axis): () for one label ((N,) or (N, 1)),
+    `(seq,)` for a class label per position ((N, seq)); a value per position is not learned."""
+    shape = tuple(a.shape[1:])
+    if shape in ((), (1,)):
+        return ()
+    if len(shape) != 1 or not classes:
+        raise ConfigError(f"{where} has shape {tuple(a.shape)}; a target is one label or value per example "
+                          "((N,) or (N, 1)), or one class label per position ((N, seq): integers)")
+    return shape
 
 
 def input_shape(shape: tuple[int, ...], key: str) -> tuple[int, ...]:

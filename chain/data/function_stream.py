@@ -24,6 +24,7 @@ import tensorflow as tf
 from chain.data import tensors
 from chain.data.catalog import DataInfo, Target, held_out, no_other_classes, stream_classes
 from chain.data.streamed import FunctionData
+from chain.data.verify import input_dtype
 from chain.errors import ConfigError, first_line
 from chain.internals.tf_private import serialize_dataset
 
@@ -88,12 +89,14 @@ def plan(data) -> FunctionData:
 
 
 def _examples(data: FunctionData) -> tf.data.Dataset:
-    """The dataset's examples as (x float32, {target: int32 label or float32 value})."""
+    """The dataset's examples as (x float32, or integers kept: `chain.data.verify.input_dtype`; {target:
+    int32 label or float32 value})."""
     targets = data.info.targets
 
     def cast(x, y):
         ys = [y[n] for n in data.names] if isinstance(y, dict) else [y]
-        return tf.cast(x, tf.float32), {t.name: tf.cast(tf.reshape(v, []), tf.int32 if t.classes else tf.float32)
+        kept = tf.as_dtype(input_dtype(x.dtype.as_numpy_dtype)) if x.dtype.is_integer else tf.float32
+        return tf.cast(x, kept), {t.name: tf.cast(tf.reshape(v, []), tf.int32 if t.classes else tf.float32)
                                         for t, v in zip(targets, ys)}
 
     return data.dataset.map(cast, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from chain.data.shards import FileCounts
-from chain.data.streamed import ArrayFiles
+from chain.data.streamed import ArrayFiles, TokenFiles
 from chain.errors import ConfigError, plural
 from chain.records.stream_files import FileStamp, StreamFiles
 
@@ -70,6 +70,11 @@ def _files(shards) -> list[tuple[str, str, str]]:
         out = [(shards.train.x.path, "data.path", TRAIN)]
         if shards.val is not None and shards.val.x.path != shards.train.x.path:  # data.val_path
             out.append((shards.val.x.path, "data.val_path", VAL))
+        return out
+    if isinstance(shards, TokenFiles):
+        out = [(p, shards.TRAIN_KEY, TRAIN) for p in shards.train.paths]
+        if shards.val is not None and shards.val.paths != shards.train.paths:  # data.val_path, data.val_files
+            out += [(p, shards.val_key, VAL) for p in shards.val.paths]
         return out
     return []  # the user's tf.data.Dataset: no files of ours to stamp
 

@@ -27,7 +27,7 @@ from chain.data import sources
 from chain.data.catalog import DataInfo, Target, input_shape, name_targets, split_info
 from chain.data.data_source import Read
 from chain.data.shards import Shards
-from chain.data.streamed import ArrayFiles, CsvFiles, FunctionData
+from chain.data.streamed import ArrayFiles, CsvFiles, FunctionData, TokenFiles
 from chain.data.verify import arrays
 from chain.errors import ConfigError
 
@@ -47,7 +47,7 @@ class Dataset:
     y: dict[str, np.ndarray]
     val_x: np.ndarray | None = None
     val_y: dict[str, np.ndarray] | None = None
-    shards: Shards | CsvFiles | ArrayFiles | FunctionData | None = None
+    shards: Shards | CsvFiles | ArrayFiles | FunctionData | TokenFiles | None = None
     skipped: Any = None  # a stream's count of bad records left out (a tf.Variable; data.on_bad_record=skip)
 
     @property

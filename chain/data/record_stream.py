@@ -113,7 +113,7 @@ def _parse_chunk(shards: Shards, skip: bool):
                 values = tf.cond(all_ok, lambda: ex[name].values, bad) if skip else ex[name].values
                 return tf.reshape(values, [n, *features[name][1]])
 
-            x = tf.cast(dense(shards.x), tf.float32)
+            x = dense(shards.x)  # float32, or int64 (token ids, kept whole: float32 is exact only below 2^24)
             ys = {name: tf.cast(tf.reshape(dense(key), [n]), tf.int32 if classes else tf.float32)
                   for name, key, classes in shards.targets}
         return (x, ys, ok) if skip else (x, ys)

@@ -2,14 +2,15 @@
 shared by every stage, and the validation set in batches. A streamed data set
 (`data.stream=true`) is read while training by its own stream: TFRecord files by
 `chain.data.record_stream`, CSV files by `chain.data.csv_stream`, an `.npz` file's arrays by
-`chain.data.array_stream`, the user's dataset by `chain.data.function_stream`."""
+`chain.data.array_stream`, a token file by `chain.data.token_stream`, the user's dataset by
+`chain.data.function_stream`."""
 
 from __future__ import annotations
 
 from chain.data.loader import Dataset
 from chain.data.shards import Shards
 from chain.data.stream_shares import StreamShares
-from chain.data.streamed import ArrayFiles, CsvFiles
+from chain.data.streamed import ArrayFiles, CsvFiles, TokenFiles
 
 
 def _counter(ds: Dataset, reader):
@@ -28,6 +29,11 @@ def _streamed(ds: Dataset, batch: int, train: bool, shuffle: bool = False, seed:
         if train:
             return reader.training(ds.shards, batch, shuffle, seed, _counter(ds, reader))
         return reader.validation(ds.shards, batch, _counter(ds, reader))
+    if isinstance(ds.shards, TokenFiles):
+        from chain.data import token_stream
+
+        return token_stream.training(ds.shards, batch, shuffle, seed) if train else \
+            token_stream.validation(ds.shards, batch)
     from chain.data import array_stream, function_stream
 
     reader = array_stream if isinstance(ds.shards, ArrayFiles) else function_stream

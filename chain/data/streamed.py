@@ -96,3 +96,42 @@ class FunctionData:
     held: int
     shuffle_buffer: int
     what: str
+
+
+@dataclass(frozen=True)
+class TokenPart:
+    """Tokens `start`..`stop` of the ids of `paths` one after the other (each file `sizes[k]` ids of NumPy
+    `dtype`; one file for `data=tokens`, a glob's UTF-8 files as bytes for `data=text`), cut into windows
+    of `seq_len + 1` tokens (the inputs and, one token on, their targets): `windows` of them."""
+
+    paths: tuple[str, ...]
+    sizes: tuple[int, ...]
+    dtype: str
+    start: int
+    stop: int
+    seq_len: int
+
+    @property
+    def windows(self) -> int:
+        """Whole windows the part holds at a stride of `seq_len` (each needs one more token)."""
+        return max(0, (self.stop - self.start - 1) // self.seq_len)
+
+
+@dataclass(frozen=True)
+class TokenFiles:
+    """Token files streamed (`data=tokens`, `data=text`): the training tokens (`train`), the validation tokens
+    (`val`, None: none), the vocabulary (`vocab`: ids 0..vocab-1) and how training windows are
+    drawn (`windows`: `sequential`, every window of the part at a stride of seq_len, in order or
+    shuffled per epoch; `random`, each starting at a random token, as nanoGPT's `get_batch`)."""
+
+    train: TokenPart
+    val: TokenPart | None
+    vocab: int
+    windows: str
+    TRAIN_KEY: str = "data.path"  # what names the training files, and the validation files
+    val_key: str = "data.val_path"
+    TARGET: ClassVar[str] = "next"  # the target: the next token at every position
+
+    @property
+    def examples(self) -> int:
+        return self.train.windows

@@ -26,8 +26,19 @@ def _array(value: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} is not an array ({type(value).__name__}: {first_line(e, typed=False)})") from None
 
 
+def input_dtype(dtype: np.dtype) -> np.dtype:
+    """What inputs of `dtype` train as: integers (token ids) stay integers, int32 or, for ids that may not
+    fit it (uint32, 64-bit), int64, since float32 holds whole numbers exactly only up to 2^24; anything
+    else is float32. A model whose input is float32 casts integers itself (Keras converts a model's
+    inputs to its `Input`'s dtype), as before."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return np.dtype(np.int64 if dtype.itemsize > 4 or dtype == np.uint32 else np.int32)
+    return np.dtype(np.float32)
+
+
 def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
-    """`x` as a float array of shape (N, *info.input_shape), N >= 1."""
+    """`x` of shape (N, *info.input_shape), N >= 1, as float32 or, for integers, int32/int64 (`input_dtype`)."""
     a = _array(x, name)
     want = ("N", *info.input_shape)
     if a.dtype.kind not in "fiub":
@@ -38,7 +49,7 @@ def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
     if tuple(a.shape[1:]) != tuple(info.input_shape):
         raise ValueError(f"{name} has shape {a.shape}; data={info.name} examples have shape "
                          f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}")
-    return a.astype(np.float32, copy=False)
+    return a.astype(input_dtype(a.dtype), copy=False)
 
 
 def finite(x: np.ndarray, name: str) -> np.ndarray:
@@ -53,12 +64,18 @@ def finite(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def target(y: Any, t: Target, n: int, name: str) -> np.ndarray:
-    """One target for `n` examples: shape (n,) or (n, 1), returned as (n,); labels int32 in range."""
+    """One target for `n` examples: shape (n,) or (n, 1), returned as (n,) (a label per position:
+    (n, *t.shape), kept); labels int32 in range."""
     a = _array(y, name)
-    if a.shape not in ((n,), (n, 1)):
+    if t.shape:
+        if a.shape != (n, *t.shape):
+            raise ValueError(f"{name} has shape {a.shape}; expected {_shape((n, *t.shape))}: one label per "
+                             f"position of each example of x ({n} examples)")
+    elif a.shape not in ((n,), (n, 1)):
         raise ValueError(f"{name} has shape {a.shape}; expected ({n},) or ({n}, 1): one "
                          f"{'label' if t.classes else 'value'} per example of x ({n} examples)")
-    a = a.reshape(n)
+    else:
+        a = a.reshape(n)
     if a.dtype.kind not in "fiub":
         raise ValueError(f"{name} has dtype {a.dtype}; expected "
                          f"{'integer class labels' if t.classes else 'real values'}")
@@ -67,15 +84,17 @@ def target(y: Any, t: Target, n: int, name: str) -> np.ndarray:
             raise ValueError(f"{name} holds {a[~np.isfinite(a)][0]} at index {int(np.flatnonzero(~np.isfinite(a))[0])}; "
                              "values must be finite")
         return a.astype(np.float32, copy=False)
+    flat = a.reshape(-1)  # a label per position: indices name (example, position)
+    place = (lambda i: str(i)) if not t.shape else (lambda i: ", ".join(map(str, np.unravel_index(i, a.shape))))
     if a.dtype.kind == "f":
-        bad = np.flatnonzero(~np.isfinite(a) | (a != np.round(a)))
+        bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
         if bad.size:
-            raise ValueError(f"{name}[{bad[0]}] = {a[bad[0]]!r} is not a class label: target {t.name!r} takes "
-                             f"integers 0..{t.classes - 1}")
-    out_of_range = np.flatnonzero((a < 0) | (a >= t.classes))
+            raise ValueError(f"{name}[{place(bad[0])}] = {flat[bad[0]]!r} is not a class label: target {t.name!r} "
+                             f"takes integers 0..{t.classes - 1}")
+    out_of_range = np.flatnonzero((flat < 0) | (flat >= t.classes))
     if out_of_range.size:
         i = out_of_range[0]
-        raise ValueError(f"{name}[{i}] = {a[i].item()!r} is out of range: target {t.name!r} has "
+        raise ValueError(f"{name}[{place(i)}] = {flat[i].item()!r} is out of range: target {t.name!r} has "
                          f"{t.classes} classes, 0..{t.classes - 1}")
     return a.astype(np.int32)
 

@@ -44,7 +44,7 @@ from chain.stages.stage import Stage
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.ops import copy_to
 from chain.steps.update import stage_update
-from chain.strategies.objectives import ChainObjective
+from chain.strategies.objectives import ChainObjective, unweighted_shares
 
 
 def stage_state(stage: Stage) -> list[tf.Variable]:
@@ -142,6 +142,7 @@ class Replicated(Scheduled):
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
                  learns: type[ChainObjective],
                  schedule: Schedule, **bodies: Any):
+        unweighted_shares(settings, f"copies of the pipeline (placement.replicas={len(placement.copies)})")
         self.copies: list[list[Stage]] = []
         super().__init__(settings, placement, info, batch_cut, learns, schedule, **bodies)
 

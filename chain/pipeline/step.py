@@ -6,7 +6,9 @@ inside its stage's device scope:
 - F(k, m): copy microbatch m's activation from stage k-1 (stage 0: its slice of the
   input) onto stage k's device, run stage k's model under a GradientTape. The last
   stage also computes the loss of microbatch m, divided by M so that the sum over
-  microbatches is the full-batch mean loss. Every stage adds its model's regularization
+  microbatches is the full-batch mean loss (with `ignore_class`, its mean over its real labels
+  times its share of the batch's real labels instead, counted from the labels before any
+  backward: `chain.stages.losses.Loss.weights`). Every stage adds its model's regularization
   (`model.losses`, as Keras' `fit`) on its device, inside its tape, divided by M too; a
   stage before the last starts its backward from it as well, and sends its sum over the
   microbatches to the last stage, where the chain's loss is reported.
@@ -439,6 +441,7 @@ class PlayPlan:
     split: bool  # B and W: the input's gradient, then the weights'
     keeps: tuple[bool, ...]  # per stage: whether its forward keeps every layer's output (split only)
     forwards: tuple[Callable, ...]  # per stage: its forward (`chain_forward`, compiled with XLA if asked)
+    loss_weights: Callable | None = None  # the microbatches' labels -> their weights in the loss (None: 1/M)
 
     @property
     def last(self) -> int:
@@ -467,6 +470,7 @@ class PlayState:
 
     xs: list[tf.Tensor]  # the input's microbatches, on stage 0's device
     labels: list[tf.Tensor]  # their labels, on the last stage's device
+    loss_weights: list[tf.Tensor] | None  # each microbatch's weight in the loss, where not 1/M (`Loss.weights`)
     base: tf.Tensor | None  # `Progress.begin`'s, when the markers are set
     marked: bool
     graph: tf.Graph
@@ -532,7 +536,8 @@ def play_plan(stages: Sequence[Stage], schedule: Schedule, loss: Callable, targe
                                         options.jit_compile, xla.forward_name(s.index)) for s in stages)
     plan = PlayPlan(stages, schedule, target, options, microbatches, order, ordered,
                     at_once=backward_at_once(schedule),  # kept under every policy: a replay would hold the same, at once
-                    deferred=frozenset(), split=split, keeps=keeps, forwards=forwards)
+                    deferred=frozenset(), split=split, keeps=keeps, forwards=forwards,
+                    loss_weights=getattr(loss, "weights", None))
     return dataclasses.replace(plan, deferred=deferred_forwards(order, last, plan.replayed))
 
 
@@ -559,8 +564,9 @@ def _start(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tens
         xs = tf.split(x0, plan.n_micro, name="microbatches")
     with tf.device(stages[last].device):
         labels = tf.split(y_last, plan.n_micro, name="microbatch_labels")
+        weights = plan.loss_weights(labels) if plan.loss_weights else None  # before any backward needs them
     rows = plan.schedule.devices
-    return PlayState(xs, labels, base, plan.options.progress is not None and base is not None,
+    return PlayState(xs, labels, weights, base, plan.options.progress is not None and base is not None,
                      tf.compat.v1.get_default_graph(), accumulated=[None] * len(stages),
                      previous=[[] for _ in range(rows)], regs=[[] for _ in stages], finished=[0] * rows)
 
@@ -595,7 +601,12 @@ def _taped(plan: PlayPlan, state: PlayState, k: int, h: tf.Tensor, m: int, persi
         if k > 0:
             tape.watch(h)
         forward, share = plan.forwards[k], 1.0 / plan.n_micro
-        result = forward(h, state.labels[m], share) if k == plan.last else forward(h, share)
+        if k != plan.last:
+            result = forward(h, share)
+        elif state.loss_weights is None:
+            result = forward(h, state.labels[m], share)
+        else:  # its real labels' share of the batch's (`ignore_class`)
+            result = forward(h, state.labels[m], share, state.loss_weights[m])
         kept = result[-1] if plan.keeps[k] else None
         result = result[:-1] if plan.keeps[k] else result
         if k == plan.last:

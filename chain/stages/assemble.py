@@ -54,6 +54,16 @@ def model_layers(spec: Model, input_shape: tuple[int, ...], dtype: keras.DTypePo
     return layers
 
 
+def per_position_body(target: Target, spec: Model) -> None:
+    """mode=e2e: a target with a label per position needs logits per position from the last stage, which
+    the config's own bodies (flat mlp, conv) and their read-out do not give: one line, not a shape error."""
+    if target.shape:
+        raise ConfigError(f"target {target.name!r} has a label per position {target.shape}: the last stage must "
+                          f"output logits per position, shape {(*target.shape, target.classes)}, which "
+                          f"model={'conv' if isinstance(spec, Conv) else 'mlp'} does not; give your model (model=keras, "
+                          "a builder, or chain.build(cfg, model=...))")
+
+
 def output_layers(target: Target, input_shape: tuple[int, ...]) -> list[keras.layers.Layer]:
     """A linear read-out of `target`: logits for classes, one unit for a value; always float32."""
     policy = precision.readout_policy()
@@ -159,6 +169,7 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
                 model = keras.Sequential([keras.Input(shape)] + model_layers(spec.model, shape, policy),
                                          name=stage_name(k))
                 if readout and last:
+                    per_position_body(target, spec.model)
                     for layer in output_layers(target, tuple(model.output_shape[1:])):
                         model.add(layer)
             else:

@@ -87,7 +87,7 @@ def from_builder(target: str | Callable, kwargs: dict | None, what: str) -> Body
 def check_prediction(model: keras.Model, target, where: str) -> None:
     """mode=e2e: a user's last stage must output the prediction of `target` (logits, or one value)."""
     shape = tuple(model.output_shape[1:])
-    want = (target.classes,) if target.classes else (1,)
+    want = (*target.shape, target.classes) if target.classes else (1,)  # a label per position: logits per position
     if shape != want and not (not target.classes and shape == ()):
         kind = f"{target.classes} logits" if target.classes else "one value"
         raise ConfigError(f"{where} outputs shape {shape}, but the last stage of a mode=e2e chain must output the "

@@ -301,7 +301,10 @@ class Piece:
     def __call__(self, input_shape: tuple, policy: Any, name: str) -> keras.Model:
         c, start, end = self.c, self.start, self.end
         self.policy = policy
-        inp = keras.Input(tuple(input_shape))
+        # An integer (or boolean) tensor crosses as it is (token ids: float32 is exact only below 2^24).
+        crossing = keras.backend.standardize_dtype(c.boundary[start].dtype)
+        whole = crossing.startswith(("int", "uint", "bool"))
+        inp = keras.Input(tuple(input_shape), dtype=crossing if whole else None)
         made = {id(c.boundary[start]): inp}  # id(the model's tensor) -> its tensor in the new model
         clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
         copies: dict[int, keras.layers.Layer] = {}  # layer index -> this stage's copy of it

@@ -17,7 +17,8 @@ To that loss every stage adds its models' regularization (`regularization`), as 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from chain.data.catalog import Target
 from chain.internals.keras_private import all_layers
@@ -29,25 +30,82 @@ def head_loss(target: Target) -> Callable:
     return make("mse" if target.is_regression else "sparse_categorical_crossentropy", target)
 
 
-def make(name: str, target: Target) -> Callable:
-    """`fn(y, pred)`: the mean loss over the examples of `pred` (logits, or one value per example)."""
+@dataclass(frozen=True)
+class Loss:
+    """A loss `fn(y, pred)` and what the steps need to weigh it over microbatches.
+
+    Without `ignore_class` every label counts and a microbatch's mean loss has weight 1/M (its
+    share of the batch's examples). With `ignore_class=P`, labels equal to P (padding) count for
+    nothing: a microbatch's loss is the mean over its real labels, and its weight is its real
+    labels' share of the whole batch's (`weights`), so that the batch's loss is the mean over all
+    its real labels, as one device computes it, whatever number each microbatch holds.
+    """
+
+    fn: Callable
+    ignore_class: int | None = None
+
+    def __call__(self, y, pred):
+        return self.fn(y, pred)
+
+    def real(self, y):
+        """How many labels of `y` count (float32): all, or those that are not `ignore_class`."""
+        import tensorflow as tf
+
+        if self.ignore_class is None:
+            return tf.cast(tf.size(y), tf.float32)
+        return tf.reduce_sum(tf.cast(tf.not_equal(tf.cast(y, tf.int32), self.ignore_class), tf.float32))
+
+    def weights(self, labels: Sequence) -> list | None:
+        """Each microbatch's weight in the batch's loss, given every microbatch's labels (all of the
+        step's, before any is used: the backward needs the weight): its real labels over all of them.
+        None without `ignore_class` (then every microbatch weighs 1/M)."""
+        import tensorflow as tf
+
+        if self.ignore_class is None:
+            return None
+        counts = [self.real(y) for y in labels]
+        total = tf.maximum(tf.add_n(counts), 1.0)  # a batch of padding only: every weight 0, not NaN
+        return [c / total for c in counts]
+
+
+def make(name: str, target: Target, ignore_class: int | None = None) -> Loss:
+    """`Loss(fn)`, `fn(y, pred)`: the mean loss over the labels of `pred` (logits, or one value per
+    example; a label per position: logits of shape (N, seq, classes), every position a label) that
+    are not `ignore_class` (a padding id; None: all count)."""
     import tensorflow as tf
 
     # Targets are flattened to (N,) here too, so that a (N, 1) target can never broadcast
     # against (N,) predictions into an (N, N) loss (chain.data.verify normalises them first).
+    # Labels per position and their logits are flattened alike: (N x seq,) and (N x seq, classes).
     if name == "sparse_categorical_crossentropy":
-        def fn(y, pred):
-            return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
-                tf.reshape(y, [-1]), tf.cast(pred, tf.float32), from_logits=True))
+        def each(y, pred):
+            return tf.keras.losses.sparse_categorical_crossentropy(
+                y, tf.reshape(tf.cast(pred, tf.float32), [-1, target.classes]), from_logits=True)
     elif target.is_regression:
         def fn(y, pred):
             return tf.reduce_mean(tf.square(tf.reshape(tf.cast(pred, tf.float32), [-1])
                                             - tf.reshape(tf.cast(y, tf.float32), [-1])))
+        return Loss(fn)
+    else:
+        def each(y, pred):
+            one_hot = tf.one_hot(y, target.classes, dtype=tf.float32)
+            return tf.reduce_mean(tf.square(tf.reshape(tf.cast(pred, tf.float32), [-1, target.classes]) - one_hot), -1)
+
+    if ignore_class is None and name != "sparse_categorical_crossentropy":
+        def fn(y, pred):  # one mean over labels and classes (as before labels per position)
+            one_hot = tf.one_hot(tf.reshape(tf.cast(y, tf.int32), [-1]), target.classes, dtype=tf.float32)
+            return tf.reduce_mean(tf.square(tf.reshape(tf.cast(pred, tf.float32), [-1, target.classes]) - one_hot))
+    elif ignore_class is None:
+        def fn(y, pred):
+            return tf.reduce_mean(each(tf.reshape(y, [-1]), pred))
     else:
         def fn(y, pred):
-            one_hot = tf.one_hot(tf.reshape(tf.cast(y, tf.int32), [-1]), target.classes, dtype=tf.float32)
-            return tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - one_hot))
-    return fn
+            y = tf.reshape(tf.cast(y, tf.int32), [-1])
+            real = tf.not_equal(y, ignore_class)
+            terms = each(tf.where(real, y, tf.zeros_like(y)), pred) * tf.cast(real, tf.float32)
+            # The mean over the real labels (a microbatch of padding only: 0, weighed 0 by `weights`).
+            return tf.reduce_sum(terms) / tf.maximum(tf.reduce_sum(tf.cast(real, tf.float32)), 1.0)
+    return Loss(fn, ignore_class)
 
 
 def regularization(*models: Any) -> Any:

@@ -51,6 +51,9 @@ class Readout:
 
 def _sums(r: Readout, pred: tf.Tensor, y: tf.Tensor, extra: tf.Tensor | None) -> dict[str, tf.Tensor]:
     pred = tf.cast(pred, tf.float32)
+    ignore_class = getattr(r.loss, "ignore_class", None)
+    if r.target.shape or ignore_class is not None:
+        return _label_sums(r, pred, y, extra, ignore_class)
     n = tf.shape(pred)[0]
     if r.target.is_regression:
         score = tf.reduce_sum(tf.abs(tf.reshape(pred, [-1]) - tf.reshape(tf.cast(y, tf.float32), [-1])))
@@ -59,6 +62,22 @@ def _sums(r: Readout, pred: tf.Tensor, y: tf.Tensor, extra: tf.Tensor | None) ->
         score = tf.reduce_sum(tf.cast(hits, tf.float32))
     loss = r.loss(y, pred)
     loss = (loss if extra is None else loss + extra) * tf.cast(n, tf.float32)
+    return {"loss": tf.cast(loss, tf.float64), r.metric: tf.cast(score, tf.float64), "count": tf.cast(n, tf.float64)}
+
+
+def _label_sums(r: Readout, pred: tf.Tensor, y: tf.Tensor, extra: tf.Tensor | None, ignore_class: int | None
+                ) -> dict[str, tf.Tensor]:
+    """`_sums` counted per label (a label per position, or labels `ignore_class` leaves out): the loss
+    and the correct predictions over the labels that count, and their number, so that the means are
+    per token over the whole validation set (a token's accuracy, the loss a one-device run logs)."""
+    labels = tf.reshape(tf.cast(y, tf.int32), [-1])
+    real = tf.ones_like(labels, tf.bool) if ignore_class is None else tf.not_equal(labels, ignore_class)
+    n = tf.reduce_sum(tf.cast(real, tf.float32))
+    guesses = tf.argmax(tf.reshape(pred, [-1, r.target.classes]), axis=-1, output_type=tf.int32)
+    score = tf.reduce_sum(tf.cast(tf.logical_and(real, tf.equal(guesses, labels)), tf.float32))
+    # The regularization is per batch, as for labels per example (Keras' evaluate adds it to each batch's mean).
+    loss = r.loss(y, pred)
+    loss = (loss if extra is None else loss + extra) * n
     return {"loss": tf.cast(loss, tf.float64), r.metric: tf.cast(score, tf.float64), "count": tf.cast(n, tf.float64)}
 
 

@@ -58,6 +58,9 @@ def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[Kept
     """The model's output, and with `keep` every layer call that has trainable weights (`Kept`)."""
     if not keep:
         return stage.model(h, training=True), None
+    want = stage.model.inputs[0].dtype if stage.model.inputs else None
+    if want is not None and h.dtype != want:  # as the model's own call converts (integer ids, a float Input)
+        h = tf.cast(h, want)
     kept = []  # the weighted calls, in order
     if isinstance(stage.model, keras.Sequential):
         for layer in stage.model.layers:
@@ -85,8 +88,10 @@ def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[Kept
 def chain_forward(stage: Stage, loss: Callable | None = None, keep: bool = False) -> Callable:
     """One stage of the chain. A stage before the last: `fn(h, weight) -> (output,
     regularization x weight, the same scaled for the tape)`, both None when the stage has no
-    regularization (`losses.regularization`); the last stage (given `loss`): `fn(h, y, weight)
-    -> ((loss + its regularization) x weight, the same scaled for the tape)`. With `keep` (a
+    regularization (`losses.regularization`); the last stage (given `loss`): `fn(h, y, weight,
+    loss_weight=weight) -> (loss x loss_weight + its regularization x weight, the same scaled for the
+    tape)` (`loss_weight`: the microbatch's share of the batch's real labels, `losses.Loss.weights`,
+    where it differs from its share of the examples). With `keep` (a
     model that `layer_by_layer` allows), each result ends with the list of every layer's output."""
     if loss is None:
         def body(h, weight):
@@ -97,11 +102,14 @@ def chain_forward(stage: Stage, loss: Callable | None = None, keep: bool = False
 
         return body
 
-    def fn(h, y, weight):
+    def fn(h, y, weight, loss_weight=None):
         out, outputs = _model(stage, h, keep)
         value = loss(y, out)
         reg = losses.regularization(stage.model)
-        value = (value if reg is None else value + reg) * weight
+        if loss_weight is None:
+            value = (value if reg is None else value + reg) * weight
+        else:
+            value = value * loss_weight if reg is None else value * loss_weight + reg * weight
         result = (value, _scaled(stage, value))
         return result + (outputs,) if keep else result
 

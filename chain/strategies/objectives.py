@@ -13,6 +13,7 @@ module's objective for it.
 from __future__ import annotations
 
 import functools
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -20,6 +21,7 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from chain.config.schema import Settings
+from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
 from chain.records.results import LossRecord, ReplicaLosses, StepResult
 from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summary
@@ -166,6 +168,21 @@ class Independent(LocalObjective):
     title = ""  # the distribution's name says it all: SideBySide
 
 
+def token_metrics(loss: float) -> dict[str, float]:
+    """What a per-token cross-entropy (nats per token, the mean over real tokens) is usually read as:
+    `perplexity` (its exponential; inf past float range) and `bits_per_token` (it over ln 2)."""
+    return {"perplexity": math.inf if loss > 709 else math.exp(loss), "bits_per_token": loss / math.log(2)}
+
+
+def unweighted_shares(settings: Any, what: str) -> None:
+    """One line for `ignore_class` where the batch is cut into shares that each take their own mean
+    (`what`): their real labels' numbers would weigh them, which only one pipeline's step does."""
+    if settings.ignore_class is not None:
+        raise ConfigError(f"ignore_class={settings.ignore_class} is not supported with {what}: each share of the "
+                          "batch would average its own real labels; train on one pipeline (a device per stage), or "
+                          "ignore_class=null")
+
+
 class ChainObjective(Objective):
     """mode=e2e: the chain is one network; the last stage ends in a read-out, one loss after it."""
 
@@ -184,8 +201,8 @@ class ChainObjective(Objective):
         return self.settings.stages[-1].optim.clip_global_norm
 
     def loss_fn(self) -> Callable:
-        """`fn(y, pred)`: the chain's mean loss (`loss=`)."""
-        return losses.make(self.settings.loss, self.target)
+        """`fn(y, pred)`: the chain's mean loss (`loss=`, without the labels `ignore_class=` names)."""
+        return losses.make(self.settings.loss, self.target, self.settings.ignore_class)
 
     def wanted_targets(self) -> list[str]:
         return [self.target.name]
@@ -215,6 +232,9 @@ class ChainObjective(Objective):
 
     def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
         (chain,) = metrics
+        if self.settings.loss == "sparse_categorical_crossentropy" and (
+                self.target.shape or self.settings.ignore_class is not None):
+            chain = {**chain, **token_metrics(chain["loss"])}
         return Evaluation(chain["loss"], [], chain)
 
     def replica_step(self) -> Callable:

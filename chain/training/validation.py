@@ -59,7 +59,7 @@ class Tracker:
         self.evals_since_best, self.last_step = state.get("evals_since_best", 0), state.get("last_step", 0)
 
 
-METRICS = ("accuracy", "mae")
+METRICS = ("accuracy", "mae", "perplexity", "bits_per_token")  # the last two: per-token losses
 
 
 def entries(ev: Evaluation) -> list[dict[str, float]]:

@@ -78,9 +78,19 @@ def describe(data: Npz) -> DataInfo:
         counts.append(x_shape[0])
         shape = shape or input_shape(x_shape, f"data.x={data.x!r} in {path}")
         for (name, key, where), y in zip(target_keys(data), _targets(data, path, path_key)):
-            labels.setdefault(where, [name, f"{where}={key!r} of {path}"]).append(y.reshape(-1))
-    targets = name_targets(data, [(v[0], np.concatenate(v[2:]), v[1]) for v in labels.values()])
+            # A label per position ((N, seq)) keeps its shape: the target's (`name_targets`).
+            labels.setdefault(where, [name, f"{where}={key!r} of {path}"]).append(
+                y.reshape(len(y), *y.shape[1:]) if y.ndim > 1 and y.shape[1:] != (1,) else y.reshape(-1))
+    targets = name_targets(data, [(v[0], _together(v[2:], v[1]), v[1]) for v in labels.values()])
     return split_info("npz", shape, counts[0], targets, data, own=sum(counts[1:]))
+
+
+def _together(arrays: list[np.ndarray], where: str) -> np.ndarray:
+    """A target's arrays of the training and the validation file as one (their labels per example must agree)."""
+    if len({a.shape[1:] for a in arrays}) > 1:
+        raise ConfigError(f"{where} has labels of shape {arrays[0].shape[1:]} per example in data.path but "
+                          f"{arrays[1].shape[1:]} in data.val_path; both files must agree")
+    return np.concatenate(arrays)
 
 
 def read(data: Npz, seed: int, info: DataInfo | None = None) -> Read:

@@ -111,8 +111,6 @@ def shards(data: TFRecord) -> Shards:
     """What a stream (`data.stream=true`) reads: the training and validation files, their record
     counts, the features and targets. Validation is `data.val_files`, or the last whole files of
     `data.files` in sorted order (`data.val_fraction` of the files, at least one)."""
-    if data.features and dict(data.features)[data.x][0] != "float32":
-        raise ConfigError(f"data.x={data.x!r} is declared {dict(data.features)[data.x][0]}; the inputs are float32")
     targets = _stream_targets(data)
     paths = files.matching(data.files, "data.files")
     if data.val_files is not None:

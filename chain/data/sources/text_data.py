@@ -1,0 +1,87 @@
+"""`data=text`: UTF-8 text files (a glob), their bytes the token ids (0..255), one file after the other
+in sorted order, cut into windows of `data.seq_len + 1` as `data=tokens` cuts a token file, and
+streamed the same way (`chain.data.token_stream`): read in place, the position saved with every
+checkpoint. A byte-level model needs no vocabulary: the target `next` has 256 classes. Validation is
+`data.val_files` (another glob) or the last `data.val_fraction` of the bytes (default 0.1).
+
+Each file is checked to be UTF-8 (one line naming the file and the first byte that is not). A
+tokenizer (a keras_hub vocabulary) is not read here: `data.tokenizer` is refused in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+from chain.data import files
+from chain.data.catalog import DataInfo
+from chain.data.data_source import Source
+from chain.data.sources.tokens_data import Windowed, describe_files, read, split
+from chain.data.streamed import TokenFiles
+from chain.errors import ConfigError
+from chain.fields import optional, required, setting, string
+
+BYTES = 256  # byte-level ids
+CHECK_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Text(Windowed):
+    """UTF-8 text files, their bytes the ids, cut into windows of `seq_len + 1` bytes."""
+
+    KIND: ClassVar[str] = "text"
+    files: str = setting(required(string, "data=text 'data.files=corpus/*.txt' data.seq_len=N"),
+        "a glob of UTF-8 text files (read in sorted order, one after the other)")
+    val_files: str | None = setting(optional(string), "a glob of UTF-8 text files for validation")
+    tokenizer: str | None = setting(optional(string), "not supported yet: byte-level ids only (leave null)")
+
+
+def _utf8(path: str, key: str) -> int:
+    """The file's size in bytes, once it is known to be UTF-8 (read in blocks; a character cut
+    between two blocks is carried to the next)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done = 0
+    with open(path, "rb") as f:
+        while block := f.read(CHECK_BLOCK):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{key}: {path} is not UTF-8 text (byte {done + e.start} is {block[e.start]:#04x}); "
+                                  "data=text reads UTF-8 files") from None
+            done += len(block)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}: {path} is not UTF-8 text (it ends inside a character)") from None
+    return os.path.getsize(path)
+
+
+def _files(pattern: str, key: str) -> tuple[list[str], list[int]]:
+    paths = files.matching(pattern, key)
+    return paths, [_utf8(p, f"{key}={pattern!r}") for p in paths]
+
+
+def shards(data: Text) -> TokenFiles:
+    """The training and validation bytes and their windows."""
+    if data.tokenizer is not None:
+        raise ConfigError(f"data.tokenizer={data.tokenizer!r}: data=text reads byte-level ids only so far; leave "
+                          "data.tokenizer=null, or write token ids with your tokenizer and use data=tokens")
+    val = None
+    if data.val_files is not None:
+        if data.val_fraction is not None:
+            raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_files are both set; give one")
+        val = _files(data.val_files, "data.val_files")
+    paths, sizes = _files(data.files, "data.files")
+    train, val_part = split(paths, sizes, val, data, "data.files", repr(data.files))
+    return TokenFiles(train, val_part, BYTES, data.windows, "data.files", "data.val_files")
+
+
+def describe(data: Text) -> DataInfo:
+    """Examples of `seq_len` byte ids with the target `next` (the following byte at each position, 256 classes)."""
+    return describe_files(data, shards(data))
+
+
+SOURCE = Source(Text, describe, read, shards)
