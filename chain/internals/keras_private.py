@@ -100,3 +100,11 @@ def slot_lists(optimizer: Any) -> dict[str, list[Any]]:
     return {name: value for name, value in vars(optimizer).items()
             if name not in ("_trainable_variables", "_variables") and isinstance(value, list) and n
             and len(value) == n and all(isinstance(v, keras.Variable) for v in value)}
+
+
+def keras_mask(tensor: Any) -> Any:
+    """The implicit mask Keras attached to `tensor` (`Embedding(mask_zero=True)` and the layers after
+    it: `keras.src.backend.get_keras_mask`, the `_keras_mask` attribute), or None."""
+    from keras.src.backend import get_keras_mask
+
+    return get_keras_mask(tensor)

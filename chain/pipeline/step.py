@@ -99,7 +99,7 @@ from chain.steps import xla
 from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.forward import Kept, chain_forward, layer_by_layer
-from chain.steps.ops import add_grads, copy_to
+from chain.steps.ops import add_grads, copy_to, differentiable, input_gradient
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
 from chain.steps.tied import repeated, sum_shared
@@ -190,6 +190,12 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 def _seeds(out: tf.Tensor, g: tf.Tensor | None, scaled_reg: tf.Tensor | None) -> tuple:
     """(targets, their output gradients) that a stage's backward starts from: its output with dL/doutput
     (the last stage: its loss, from 1), and the stage's own regularization term, from 1."""
+    if not tf.is_tensor(out):  # several tensors cross: the floating ones, each with its gradient
+        out = differentiable(out)
+        g = [None] * len(out) if g is None else list(g)
+        if scaled_reg is None:
+            return out, g
+        return [*out, scaled_reg], [*g, tf.ones_like(scaled_reg)]
     if scaled_reg is None:
         return out, g
     return [out, scaled_reg], [g, tf.ones_like(scaled_reg)]
@@ -580,7 +586,7 @@ def _taped(plan: PlayPlan, state: PlayState, k: int, h: tf.Tensor, m: int, persi
     """Stage k's forward on microbatch m from `h`, under a tape (`persistent`: a split backward asks it twice)."""
     with tf.GradientTape(persistent=persistent) as tape:
         if k > 0:
-            tape.watch(h)
+            tape.watch(differentiable(h))
         forward, share = plan.forwards[k], 1.0 / plan.n_micro
         result = forward(h, state.labels[m], share) if k == plan.last else forward(h, share)
         kept = result[-1] if plan.keeps[k] else None
@@ -645,12 +651,13 @@ def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -
     g = _output_gradient(plan, state, k, m)
     with tf.device(s.device):
         taped = _retaped(plan, state, saved, k, m)
-        sources = ([saved.input] if k > 0 else []) + s.trainable_variables  # stage 0 needs no dL/dx
+        ins = differentiable(saved.input) if k > 0 else []  # stage 0 needs no dL/dx
+        sources = ins + s.trainable_variables
         targets, start = _seeds(taped.output, g, taped.scaled_reg)  # the stage's own term starts it too
         grads = taped.tape.gradient(targets, sources, output_gradients=start)
         if k > 0:
-            state.input_grads[(k, m)] = grads[0]
-            grads = grads[1:]
+            state.input_grads[(k, m)] = input_gradient(saved.input, grads[:len(ins)])
+        grads = grads[len(ins):]
         if plan.options.weights_early and not plan.options.jit_compile:  # compiled: one call op, nothing to order
             weights_first(grads, state.graph.get_operations()[first_op:])
         state.accumulated[k] = add_grads(state.accumulated[k], grads)
@@ -665,11 +672,12 @@ def _input_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: 
     with tf.device(s.device):
         taped = saved.taped
         targets, start = _seeds(taped.output, g, taped.scaled_reg)
-        sources = ([saved.input] if k > 0 else []) + [c.output for c in taped.kept or []]
+        ins = differentiable(saved.input) if k > 0 else []
+        sources = ins + [c.output for c in taped.kept or []]
         grads = taped.tape.gradient(targets, sources, output_gradients=start) if sources else []
         if k > 0:
-            state.input_grads[(k, m)] = grads[0]
-        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[1:] if k > 0 else grads)
+            state.input_grads[(k, m)] = input_gradient(saved.input, grads[:len(ins)])
+        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[len(ins):])
     return [t.op for t in grads if t is not None]  # not the weights' products the tape builds too: W's, later
 
 

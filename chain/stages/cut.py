@@ -30,9 +30,10 @@ from typing import Any, Sequence
 import keras
 
 from chain.errors import ConfigError, first_line
-from chain.internals.keras_private import graph_nodes, untrack_sublayer
+from chain.internals.keras_private import graph_nodes, keras_mask, untrack_sublayer
 from chain.planning import balance
 from chain.stages.bodies import Body
+from chain.stages.masks import MaskOf, WithMask
 from chain.stages.stage import SharedCopy
 
 
@@ -42,8 +43,9 @@ class Cuttable:
     and the cuts it allows.
 
     `nodes[i]` is layer i's call (a Keras graph node: its arguments, its output tensors);
-    `boundary[c]` the one tensor crossing cut position c (0: the model's input, `len(layers)`:
-    its output), for every allowed position.
+    `boundary[c]` the tensors crossing cut position c (0: the model's input, `len(layers)`:
+    its output), for every position; `allowed` the positions one tensor crosses (with its mask,
+    if it carries one), which the balancing prefers.
     """
 
     model: keras.Model
@@ -55,6 +57,8 @@ class Cuttable:
     boundary: dict[int, Any]
     blocked: dict[int, str] = field(default_factory=dict)  # cut position -> why it is not allowed
     tied: dict[int, int] = field(default_factory=dict)  # id(variable two layers hold) -> its first holder's index
+    ops: dict[int, list[Any]] = field(default_factory=dict)  # layer index (-1: none yet) -> op nodes run after it
+    masked: frozenset[int] = frozenset()  # id(crossing tensor) for those carrying an implicit Keras mask
 
     def params(self) -> list[int]:
         """Trainable parameters of each layer."""
@@ -66,8 +70,9 @@ class Cuttable:
         return [sum(math.prod(d or 1 for d in t.shape[1:]) for t in node.outputs) for node in self.nodes]
 
     def crossing(self, position: int) -> int:
-        """Floats per example of the tensor crossing cut `position` (0: the model's input)."""
-        return math.prod(d or 1 for d in self.boundary[position].shape[1:])
+        """Values per example of the tensors crossing cut `position` (0: the model's input), masks included."""
+        return sum(math.prod(d or 1 for d in t.shape[1:]) * (1 + (id(t) in self.masked))
+                   for t in self.boundary[position])
 
     def points(self) -> list[int]:
         """0, every allowed cut, and the layer count: the bounds of the pieces a stage is made of."""
@@ -112,12 +117,18 @@ def _tied(layers: Sequence[keras.layers.Layer]) -> dict[int, int]:
     return tied
 
 
+def _op_name(node: Any) -> str:
+    return getattr(node.operation, "name", type(node.operation).__name__)
+
+
 def analyse(model: keras.Model, name: str) -> Cuttable:
     """Check that `model` can be cut into a chain of stages and find where; `name` names it in errors.
 
     The connections come from the model's graph (each layer's call: which tensors it takes,
     which it makes), not from the layers' `input`/`output` attributes, which a loaded
-    Sequential does not keep consistent.
+    Sequential does not keep consistent. A node of the graph that is not one of the model's
+    layers (an op: `x[:, -1]`, `x * c`, the `not_equal` of a mask) has no weights: it stays on the
+    stage of the latest layer whose output it takes (stage 0 when it takes only the model's input).
     """
     graph = _graph(model, name)
     layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
@@ -131,23 +142,48 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
             raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
                               "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
         nodes.append(found[0])
+    mine = {id(layer) for layer in layers}
+    pending = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in mine]
     tied = _tied(layers)
     made: dict[int, tuple[int, int]] = {id(graph.inputs[0]): (-1, 0)}  # id(tensor) -> (producer, its output k)
     tensors = {id(graph.inputs[0]): graph.inputs[0]}
     last_use: dict[int, tuple[int, str]] = {}  # id(tensor) -> (its last consumer, that consumer's name)
+    ops: dict[int, list[Any]] = {}  # layer index (-1: before the first) -> the op nodes that run after it
+
+    def use(t: Any, q: int, consumer: str) -> None:
+        if last_use.get(id(t), (-2,))[0] <= q:
+            last_use[id(t)] = (q, consumer)
+
+    def settle() -> None:  # every op whose inputs exist runs after the latest layer that made one
+        ready = True
+        while ready:
+            ready = [n for n in pending if all(id(t) in made for t in n.input_tensors)]
+            for n in ready:
+                p = max((made[id(t)][0] for t in n.input_tensors), default=-1)
+                ops.setdefault(p, []).append(n)
+                pending.remove(n)
+                for t in n.input_tensors:
+                    use(t, p, _op_name(n))
+                for k, t in enumerate(n.outputs):
+                    made[id(t)], tensors[id(t)] = (p, k), t
+
     for i, (layer, node) in enumerate(zip(layers, nodes)):
+        settle()
         for t in node.input_tensors:
             if id(t) not in made:
                 raise ConfigError(f"{name}: layer {layer.name!r} takes a tensor that no earlier layer of the model "
                                   "makes; a model cut into stages lists its layers in call order")
-            last_use[id(t)] = (i, layer.name)
+            use(t, i, layer.name)
         for k, t in enumerate(node.outputs):
             made[id(t)], tensors[id(t)] = (i, k), t
+    settle()
+    if pending:
+        raise ConfigError(f"{name}: {_op_name(pending[0])!r} takes a tensor that no layer of the model makes")
     out = graph.outputs[0]
     if made.get(id(out), (None,))[0] != len(layers) - 1:
         raise ConfigError(f"{name}: its output is not its last layer's ({layers[-1].name!r}); "
                           "a model cut into stages ends in its last layer")
-    last_use[id(out)] = (len(layers), "the model's output")
+    use(out, len(layers), "the model's output")
     crossing: dict[int, list[int]] = {c: [] for c in range(1, len(layers))}
     blocked: dict[int, str] = {}
     for t, (q, consumer) in sorted(last_use.items(), key=lambda kv: made[kv[0]]):
@@ -163,9 +199,10 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
         if len(ts) > 1:
             blocked.setdefault(c, f"layer {layers[c - 1].name!r} (layer {c - 1}) passes {len(ts)} tensors across it")
     allowed = [c for c in range(1, len(layers)) if c not in blocked]
-    boundary = {0: graph.inputs[0], len(layers): out, **{c: tensors[crossing[c][0]] for c in allowed}}
+    boundary = {0: [graph.inputs[0]], len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
+    masked = frozenset(t for ts in crossing.values() for t in ts if keras_mask(tensors[t]) is not None)
     shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied)
+    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied, ops, masked)
 
 
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
@@ -174,14 +211,11 @@ def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
 
 
 def check_sizes(c: Cuttable, sizes: Sequence[int], key: str) -> None:
-    """A ConfigError unless `sizes` (layers per stage) cut `c` at allowed positions."""
+    """A ConfigError unless `sizes` (layers per stage) add up to `c`'s layers. Any cut is legal:
+    where several tensors cross (a skip, a mask), they all cross."""
     if sum(sizes) != len(c.layers):
         raise ConfigError(f"{key}={list(sizes)} adds up to {sum(sizes)} layers, but {c.name} has {len(c.layers)} "
                           f"({', '.join(layer.name for layer in c.layers)})")
-    for k, at in enumerate(balance.sizes_to_cuts(sizes)):
-        if at in c.blocked:
-            raise ConfigError(f"{key}={list(sizes)} cuts {c.name} before layer {c.layers[at].name!r} (between stages "
-                              f"{k} and {k + 1}), but {c.blocked[at]}; a model is cut where one tensor crosses")
 
 
 def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, costs: Sequence[Sequence[float]] | None
@@ -205,10 +239,10 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
         rows = [[float(p) for p in c.params()]] * n_stages
     else:
         rows = [list(r) for r in costs]
-    found = balance.partition(rows, n_stages, c.allowed)
+    # Cuts one tensor crosses first (the least to send); where they are too few, any cut.
+    found = balance.partition(rows, n_stages, c.allowed) or balance.partition(rows, n_stages, range(1, len(c.layers)))
     if found is None:
-        raise ConfigError(f"{c.name} cannot be cut into {n_stages} stages where one tensor crosses: it allows cuts "
-                          f"before layers {', '.join(c.layers[i].name for i in c.allowed) or 'none'}")
+        raise ConfigError(f"{c.name} cannot be cut into {n_stages} stages")
     return found
 
 
@@ -273,6 +307,20 @@ def _check_retied(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.La
                               "on a stage: hold the layer itself as an attribute (self.embedding = embedding)")
 
 
+def _kept_dtype(t: Any) -> str | None:
+    """The dtype of a stage's input standing for `t`: an integer or boolean tensor keeps its own; a float
+    one takes Keras' default (float32), as a stage's input always has, and its layers cast it."""
+    return None if "float" in str(t.dtype) else str(t.dtype)
+
+
+def _run_ops(c: Cuttable, after: int, made: dict[int, Any]) -> None:
+    """Replay the graph's op nodes that run after layer `after` (no weights: the op itself is
+    called again on the stage's tensors), adding their outputs to `made`."""
+    for node in c.ops.get(after, []):
+        args, kwargs = node.arguments.fill_in(made)
+        made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(node.operation(*args, **kwargs)))})
+
+
 class Piece:
     """The body of the stage holding layers [start, end) of `c` (both allowed cut points), a `Body`.
 
@@ -291,8 +339,7 @@ class Piece:
     def __call__(self, input_shape: tuple, policy: Any, name: str) -> keras.Model:
         c, start, end = self.c, self.start, self.end
         self.policy = policy
-        inp = keras.Input(tuple(input_shape))
-        made = {id(c.boundary[start]): inp}  # id(the model's tensor) -> its tensor in the new model
+        inputs, made = self._inputs(input_shape)  # made: id(the model's tensor) -> its tensor in the new model
         clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
         copies: dict[int, keras.layers.Layer] = {}  # layer index -> this stage's copy of it
 
@@ -301,6 +348,8 @@ class Piece:
                 copies[owner] = _holder_copy(c, owner, policy)
             return copies[owner]
 
+        if start == 0:
+            _run_ops(c, -1, made)
         for i in range(start, end):
             layer, node = c.layers[i], c.nodes[i]
             clone = _clone(c, layer, self.last_policy if i == len(c.layers) - 1 else policy)
@@ -311,7 +360,13 @@ class Piece:
             made.update({id(t): y for t, y in zip(node.outputs, outputs)})
             _check_retied(c, layer, clone, holder)
             clones.append((clone, layer))
-        model = keras.Model(inp, made[id(c.boundary[end])], name=name)
+            _run_ops(c, i, made)
+        leaves = []
+        for t in c.boundary[end]:  # each crossing tensor, then its implicit mask (if it carries one)
+            leaves.append(made[id(t)])
+            if id(t) in c.masked and end < len(c.layers):
+                leaves.append(MaskOf(name=f"mask_of_{len(leaves) - 1}")(made[id(t)]))
+        model = keras.Model(inputs, leaves[0] if len(leaves) == 1 else leaves, name=name)
         shared: dict[str, SharedCopy] = {}
         for clone, layer in clones:
             clone.set_weights(layer.get_weights())
@@ -320,6 +375,23 @@ class Piece:
                     shared.setdefault(v.path, SharedCopy(v.path, copy))
         self.shared = tuple(shared.values())
         return model
+
+    def _inputs(self, input_shape: tuple) -> tuple[Any, dict[int, Any]]:
+        """The stage model's input(s) (one tensor, or a list: several tensors and masks cross into it)
+        and the model's tensors they stand for (each masked one carrying its mask again)."""
+        c, crossing = self.c, self.c.boundary[self.start]
+        if len(crossing) == 1 and id(crossing[0]) not in c.masked:  # the shape the previous stage gives
+            inp = keras.Input(tuple(input_shape), dtype=_kept_dtype(crossing[0]) if self.start else None)
+            return inp, {id(crossing[0]): inp}
+        inputs, made = [], {}
+        for t in crossing:
+            inputs.append(keras.Input(tuple(t.shape[1:]), dtype=_kept_dtype(t)))
+            made[id(t)] = inputs[-1]
+            if id(t) in c.masked:
+                mask = keras_mask(t)
+                inputs.append(keras.Input(tuple(mask.shape[1:]), dtype=mask.dtype))
+                made[id(t)] = WithMask()([made[id(t)], inputs[-1]])
+        return inputs, made
 
     def whole(self) -> keras.Model:
         """The uncut model re-created (every layer of `c` in one model, named as the user's, in this

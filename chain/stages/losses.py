@@ -81,12 +81,12 @@ def added_losses(model: Any) -> int:
 
     switched = [layer for layer in all_layers(model) if layer.activity_regularizer is not None]
     kept = [layer.activity_regularizer for layer in switched]
-    inp = model.inputs[0]
+    zeros = [keras.ops.zeros((2, *inp.shape[1:]), dtype=inp.dtype) for inp in model.inputs]  # one per input
     try:
         for layer in switched:
             layer.activity_regularizer = None
         with keras.StatelessScope(collect_losses=True) as scope:
-            model(keras.ops.zeros((2, *inp.shape[1:]), dtype=inp.dtype), training=True)
+            model(zeros[0] if len(zeros) == 1 else zeros, training=True)
         return len(scope.losses)
     finally:
         for layer, regularizer in zip(switched, kept):

@@ -35,7 +35,8 @@ def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | Non
     variables = stage.trainable_variables
 
     def apply() -> None:
-        stage.optimizer.apply_gradients(zip(grads, variables))
+        if variables:  # a stage without weights (a cut leaving only a pooling or an Add on it) has no update
+            stage.optimizer.apply_gradients(zip(grads, variables))
 
     if stage.loss_scale is None:
         return guarded_update(stage.skipped, all_finite(loss, grads), apply)
