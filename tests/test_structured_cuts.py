@@ -50,3 +50,61 @@ def test_an_implicit_mask_crosses_with_its_tensor(tmp_path, stages):
     got = run.forward(x[:16])[f"body_{stages - 1}"].numpy()
     np.testing.assert_allclose(got, model.predict(x[:16], verbose=0), rtol=0, atol=1e-6)
     trains_like_one_device(run, masked_encoder(), DEVICES[3], steps=3)
+
+
+SYNTH = ["data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
+         "trainer.progress=false", "checkpoint.export=false", "optim=sgd", "optim.lr=0.1"]
+
+
+def with_a_weightless_layer() -> keras.Model:
+    keras.utils.set_random_seed(5)
+    x = keras.Input((6,))
+    h = L.Dense(8, activation="tanh", name="d0")(x)
+    h = L.Dense(8, name="d1")(h)
+    h = L.Activation("relu", name="act")(h)
+    return keras.Model(x, L.Dense(4, name="out")(h), name="weightless")
+
+
+@pytest.mark.parametrize("how", ["even", "params"])
+def test_balancing_never_leaves_a_stage_without_weights(how):
+    from chain.stages import cut
+
+    c = cut.analyse(with_a_weightless_layer(), "weightless")
+    assert cut.split(c, 3, None, how, None) == [1, 1, 2]  # 'act' goes with 'd1' or 'out', never alone
+    with pytest.raises(chain.ConfigError, match="cannot be cut into 4 stages that each hold weights: 3 of its 4"):
+        cut.split(c, 4, None, how, None)
+
+
+def test_an_explicit_split_with_a_stage_without_weights_trains_like_the_model():
+    model = with_a_weightless_layer()
+    run = chain.build(chain.compose(["+stages=4", "mode=e2e", "placement.split=[1,1,1,1]", "pipeline.microbatches=2",
+                                     *SYNTH]), model=model)
+    assert run.stages[2].model.trainable_variables == []
+    x, _ = next(iter(run.batches()))
+    np.testing.assert_allclose(run.forward(x)["body_3"].numpy(), model.predict(x, verbose=0), rtol=0, atol=1e-6)
+    trains_like_one_device(run, with_a_weightless_layer(), DEVICES[3], steps=3)
+
+
+def with_ops() -> keras.Model:
+    """A sequence model whose graph holds ops that are not layers: `x * c` and `x[:, -1, :]`
+    (as keras_hub's BERT and Gemma graphs do)."""
+    keras.utils.set_random_seed(6)
+    x = keras.Input((SEQ, 3))
+    h = L.Dense(8, activation="tanh", name="d0")(x) * 0.5
+    h = L.Dense(8, activation="tanh", name="d1")(h)
+    h = L.Dense(8, name="d2")(h)[:, -1, :]
+    return keras.Model(x, L.Dense(CLASSES, name="out")(h), name="ops")
+
+
+@pytest.mark.parametrize("split", ["[1,3]", "[2,2]", "[3,1]"])
+def test_ops_that_are_not_layers_stay_in_their_stage(tmp_path, split):
+    x = np.random.default_rng(0).normal(size=(64, SEQ, 3)).astype("float32")
+    np.savez(tmp_path / "seq.npz", x=x, y=np.random.default_rng(1).integers(0, CLASSES, 64))
+    model = with_ops()
+    data = ["data=npz", f"data.path={tmp_path / 'seq.npz'}", "data.y=y", "data.batch_size=16", "data.shuffle=false",
+            "trainer.progress=false", "checkpoint.export=false", "optim=sgd", "optim.lr=0.1"]
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", f"placement.split={split}", "pipeline.microbatches=2",
+                                     *data]), model=model)
+    np.testing.assert_allclose(run.forward(x[:16])["body_1"].numpy(), model.predict(x[:16], verbose=0),
+                               rtol=0, atol=1e-6)
+    trains_like_one_device(run, with_ops(), DEVICES[3], steps=3)

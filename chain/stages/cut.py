@@ -64,6 +64,10 @@ class Cuttable:
         """Trainable parameters of each layer."""
         return [sum(math.prod(v.shape) for v in layer.trainable_variables) for layer in self.layers]
 
+    def weights(self) -> list[int]:
+        """Variables of each layer (trainable or not): a stage must hold some."""
+        return [len(layer.weights) for layer in self.layers]
+
     def outputs(self) -> list[int]:
         """Floats per example of each layer's outputs (what a tape keeps of it), from the model's graph:
         an unknown dimension (None, a sequence of any length) counts 1."""
@@ -232,17 +236,23 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
         return list(sizes)
     if how == "even":
         sizes = balance.even(len(c.layers), n_stages)
-        if not set(balance.sizes_to_cuts(sizes)) & set(c.blocked):
+        if not set(balance.sizes_to_cuts(sizes)) & set(c.blocked) and balance.weighted(sizes, c.weights()):
             return sizes
         rows = [[1.0] * len(c.layers)] * n_stages  # the most even split the model's cuts allow
     elif how == "params":
         rows = [[float(p) for p in c.params()]] * n_stages
     else:
         rows = [list(r) for r in costs]
-    # Cuts one tensor crosses first (the least to send); where they are too few, any cut.
-    found = balance.partition(rows, n_stages, c.allowed) or balance.partition(rows, n_stages, range(1, len(c.layers)))
+    # Cuts one tensor crosses first (the least to send); where they are too few, any cut. Never a
+    # stage without weights: it would hold a device to pass tensors on.
+    weights = c.weights()
+    found = (balance.partition(rows, n_stages, c.allowed, weights=weights)
+             or balance.partition(rows, n_stages, range(1, len(c.layers)), weights=weights))
     if found is None:
-        raise ConfigError(f"{c.name} cannot be cut into {n_stages} stages")
+        holding = sum(1 for w in weights if w)
+        raise ConfigError(f"{c.name} cannot be cut into {n_stages} stages that each hold weights: {holding} of its "
+                          f"{len(c.layers)} layers have weights; use fewer stages, or placement.split to place a "
+                          "layer without weights on a stage of its own")
     return found
 
 

@@ -93,14 +93,17 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
                                       recompute=settings.pipeline.recompute if e2e else footprint.NEVER)
     sizes = cut.split(c, k, p.split, p.balance, costs)
     footprints = tuple(_footprints(c, sizes, settings, placement, schedule))
-    even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
+    try:
+        even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
+    except ConfigError:  # a given split with a stage that holds no weights: balancing has none to show
+        even = None
     if p.balance == "memory" and p.split is None:
         def peaks(footprints):
             return " / ".join(human(f.total) for f in footprints)
 
         notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
                      f"the even split {even}: {peaks(_footprints(c, even, settings, placement, schedule))}")
-    elif costs is not None or p.balance == "params":
+    elif even is not None and (costs is not None or p.balance == "params"):
         rows = costs or [[float(n) for n in c.params()]] * k
         m = settings.pipeline.microbatches if settings.mode == "e2e" else 1
 
