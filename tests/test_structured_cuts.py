@@ -108,3 +108,42 @@ def test_ops_that_are_not_layers_stay_in_their_stage(tmp_path, split):
     np.testing.assert_allclose(run.forward(x[:16])["body_1"].numpy(), model.predict(x[:16], verbose=0),
                                rtol=0, atol=1e-6)
     trains_like_one_device(run, with_ops(), DEVICES[3], steps=3)
+
+
+def padding_mask_encoder(blocks: int = 3) -> keras.Model:
+    """Two named inputs, as keras_hub's backbones take: token ids and an explicit padding mask that
+    every attention block reads (so the mask crosses every cut between blocks with the activations)."""
+    keras.utils.set_random_seed(22)
+    ids = keras.Input((SEQ,), dtype="int32", name="token_ids")
+    pad = keras.Input((SEQ,), dtype="int32", name="padding_mask")
+    mask = keras.ops.cast(pad, "bool")
+    h = L.Embedding(VOCAB, 8, name="embed")(ids)
+    for b in range(blocks):
+        a = L.MultiHeadAttention(num_heads=2, key_dim=4, name=f"mha{b}")(h, h, query_mask=mask, value_mask=mask)
+        h = L.LayerNormalization(name=f"ln{b}")(L.Add(name=f"res{b}")([h, a]))
+    h = L.GlobalAveragePooling1D(name="pool")(h, mask=mask)
+    return keras.Model({"token_ids": ids, "padding_mask": pad}, L.Dense(CLASSES, name="logits")(h), name="padded")
+
+
+def token_batches(n_batches: int, batch: int = 16):
+    rng = np.random.default_rng(4)
+    out = []
+    for _ in range(n_batches):
+        ids = rng.integers(1, VOCAB, size=(batch, SEQ)).astype("int32")
+        pad = (np.arange(SEQ)[None, :] < rng.integers(2, SEQ + 1, size=batch)[:, None]).astype("int32")
+        out.append(({"token_ids": ids * pad, "padding_mask": pad}, {"label": rng.integers(0, CLASSES, batch)}))
+    return out
+
+
+@pytest.mark.parametrize("stages, schedule", [(2, "gpipe"), (4, "1f1b")])
+def test_a_model_with_named_inputs_and_a_padding_mask_is_cut_between_blocks(stages, schedule):
+    model = padding_mask_encoder()
+    run = chain.build(chain.compose([f"+stages={stages}", "mode=e2e", f"pipeline.schedule={schedule}",
+                                     "pipeline.microbatches=4", *SYNTH]), model=model)
+    assert len(run.stages) == stages
+    assert any(len(s.model.inputs) > 1 for s in run.stages[1:])  # the mask crosses with the activations
+    batches = token_batches(3)
+    x = batches[0][0]
+    np.testing.assert_allclose(run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0),
+                               rtol=0, atol=1e-6)
+    trains_like_one_device(run, padding_mask_encoder(), DEVICES[3], steps=3, batches=batches)

@@ -26,8 +26,12 @@ def _array(value: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} is not an array ({type(value).__name__}: {first_line(e, typed=False)})") from None
 
 
-def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
-    """`x` as a float array of shape (N, *info.input_shape), N >= 1."""
+def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray | dict[str, np.ndarray]:
+    """`x` as a float array of shape (N, *info.input_shape), N >= 1; a dict of arrays (the inputs of a
+    model with several, as keras_hub's `{"token_ids", "padding_mask"}`) as a dict of arrays with N
+    examples each, integers and booleans kept as they are (ids stay exact), floats as float32."""
+    if isinstance(x, dict):
+        return structured(x, name)
     a = _array(x, name)
     want = ("N", *info.input_shape)
     if a.dtype.kind not in "fiub":
@@ -39,6 +43,22 @@ def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
         raise ValueError(f"{name} has shape {a.shape}; data={info.name} examples have shape "
                          f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}")
     return a.astype(np.float32, copy=False)
+
+
+def structured(x: dict, name: str = "x") -> dict[str, np.ndarray]:
+    """A dict of input arrays, each numeric with the same number (>= 1) of examples (`inputs`)."""
+    out, n = {}, None
+    for key, value in x.items():
+        a = _array(value, f"{name}[{key!r}]")
+        if a.dtype.kind not in "fiub" or a.ndim == 0 or a.shape[0] == 0:
+            raise ValueError(f"{name}[{key!r}] has dtype {a.dtype} and shape {a.shape}; expected numbers, one row per "
+                             "example")
+        if n is not None and a.shape[0] != n:
+            raise ValueError(f"{name}[{key!r}] has {a.shape[0]} examples, but {name}'s other inputs have {n}")
+        n = a.shape[0]
+        out[key] = a.astype(np.float32, copy=False) if a.dtype.kind == "f" else \
+            a.astype(np.int32, copy=False) if a.dtype.kind in "iu" else a
+    return out
 
 
 def finite(x: np.ndarray, name: str) -> np.ndarray:
@@ -89,7 +109,7 @@ def batch(x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | 
     """
     wanted = list(wanted)
     x = inputs(x, info)
-    n = x.shape[0]
+    n = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
     known = {t.name: t for t in info.targets}
     if not isinstance(y, dict) and default is None:
         raise ValueError(f"the stages learn targets {', '.join(repr(w) for w in wanted)}: pass y as a dict of them")

@@ -99,7 +99,7 @@ from chain.steps import xla
 from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.forward import Kept, chain_forward, layer_by_layer
-from chain.steps.ops import add_grads, copy_to, differentiable, input_gradient
+from chain.steps.ops import add_grads, chunks_of, copy_to, differentiable, input_gradient
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
 from chain.steps.tied import repeated, sum_shared
@@ -549,7 +549,7 @@ def _start(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tens
     x0 = copy_to(x, stages[0].device, "input")
     y_last = copy_to(ys[plan.target.name], stages[last].device, "labels")
     with tf.device(stages[0].device):
-        xs = tf.split(x0, plan.n_micro, name="microbatches")
+        xs = tf.split(x0, plan.n_micro, name="microbatches") if tf.is_tensor(x0) else chunks_of(x0, plan.n_micro)
     with tf.device(stages[last].device):
         labels = tf.split(y_last, plan.n_micro, name="microbatch_labels")
     rows = plan.schedule.devices

@@ -93,9 +93,9 @@ def _graph(model: keras.Model, name: str) -> keras.Model:
         raise ConfigError(f"{name} is a {type(model).__name__} whose connections are Python code (a subclassed model, "
                           "or a Sequential without keras.Input): a model cut into stages is Sequential or functional, "
                           "built on keras.Input")
-    if len(inputs) != 1 or len(outputs) != 1:
-        raise ConfigError(f"{name} has {len(inputs)} inputs and {len(outputs)} outputs; a model cut into "
-                          "a chain of stages has one of each")
+    if len(outputs) != 1:
+        raise ConfigError(f"{name} has {len(outputs)} outputs; a model cut into a chain of stages has one "
+                          "(the prediction its loss reads)")
     return keras.Model(inputs, outputs) if isinstance(model, keras.Sequential) else model
 
 
@@ -149,8 +149,8 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
     mine = {id(layer) for layer in layers}
     pending = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in mine]
     tied = _tied(layers)
-    made: dict[int, tuple[int, int]] = {id(graph.inputs[0]): (-1, 0)}  # id(tensor) -> (producer, its output k)
-    tensors = {id(graph.inputs[0]): graph.inputs[0]}
+    made: dict[int, tuple[int, int]] = {id(t): (-1, k) for k, t in enumerate(graph.inputs)}  # -> (producer, output k)
+    tensors = {id(t): t for t in graph.inputs}
     last_use: dict[int, tuple[int, str]] = {}  # id(tensor) -> (its last consumer, that consumer's name)
     ops: dict[int, list[Any]] = {}  # layer index (-1: before the first) -> the op nodes that run after it
 
@@ -203,7 +203,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
         if len(ts) > 1:
             blocked.setdefault(c, f"layer {layers[c - 1].name!r} (layer {c - 1}) passes {len(ts)} tensors across it")
     allowed = [c for c in range(1, len(layers)) if c not in blocked]
-    boundary = {0: [graph.inputs[0]], len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
+    boundary = {0: list(graph.inputs), len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
     masked = frozenset(t for ts in crossing.values() for t in ts if keras_mask(tensors[t]) is not None)
     shape = tuple(model.inputs[0].shape[1:])
     return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied, ops, masked)
@@ -212,6 +212,9 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
     """Whether a model taking `shape` (None: any size) takes examples of shape `data`."""
     return len(shape) == len(data) and all(s is None or s == d for s, d in zip(shape, data))
+
+
+ONE_TENSOR_SLACK = 1.5  # how much costlier a largest stage may be to cut only where one tensor crosses
 
 
 def check_sizes(c: Cuttable, sizes: Sequence[int], key: str) -> None:
@@ -243,11 +246,15 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
         rows = [[float(p) for p in c.params()]] * n_stages
     else:
         rows = [list(r) for r in costs]
-    # Cuts one tensor crosses first (the least to send); where they are too few, any cut. Never a
-    # stage without weights: it would hold a device to pass tensors on.
+    # Cuts one tensor crosses first (the least to send) unless they balance much worse than any cut (an
+    # explicit mask every block reads crosses every cut between blocks); never a stage without weights,
+    # which would hold a device only to pass tensors on.
     weights = c.weights()
-    found = (balance.partition(rows, n_stages, c.allowed, weights=weights)
-             or balance.partition(rows, n_stages, range(1, len(c.layers)), weights=weights))
+    one = balance.partition(rows, n_stages, c.allowed, weights=weights)
+    found = balance.partition(rows, n_stages, range(1, len(c.layers)), weights=weights)
+    if one is not None and (found is None or max(balance.stage_costs(rows, one))
+                            <= ONE_TENSOR_SLACK * max(balance.stage_costs(rows, found))):
+        found = one
     if found is None:
         holding = sum(1 for w in weights if w)
         raise ConfigError(f"{c.name} cannot be cut into {n_stages} stages that each hold weights: {holding} of its "
@@ -390,6 +397,11 @@ class Piece:
         """The stage model's input(s) (one tensor, or a list: several tensors and masks cross into it)
         and the model's tensors they stand for (each masked one carrying its mask again)."""
         c, crossing = self.c, self.c.boundary[self.start]
+        if self.start == 0 and len(crossing) > 1:  # the model's own inputs (a dict, as keras_hub's), named as its
+            struct = c.model.input
+            flat = keras.tree.flatten(struct)
+            new = [keras.Input(tuple(t.shape[1:]), dtype=t.dtype, name=t.name) for t in flat]
+            return keras.tree.pack_sequence_as(struct, new), {id(t): n for t, n in zip(flat, new)}
         if len(crossing) == 1 and id(crossing[0]) not in c.masked:  # the shape the previous stage gives
             inp = keras.Input(tuple(input_shape), dtype=_kept_dtype(crossing[0]) if self.start else None)
             return inp, {id(crossing[0]): inp}

@@ -81,12 +81,13 @@ def added_losses(model: Any) -> int:
 
     switched = [layer for layer in all_layers(model) if layer.activity_regularizer is not None]
     kept = [layer.activity_regularizer for layer in switched]
-    zeros = [keras.ops.zeros((2, *inp.shape[1:]), dtype=inp.dtype) for inp in model.inputs]  # one per input
+    zeros = keras.tree.map_structure(lambda inp: keras.ops.zeros((2, *inp.shape[1:]), dtype=inp.dtype),
+                                     model.input)  # the model's input structure (a dict of named inputs)
     try:
         for layer in switched:
             layer.activity_regularizer = None
         with keras.StatelessScope(collect_losses=True) as scope:
-            model(zeros[0] if len(zeros) == 1 else zeros, training=True)
+            model(zeros, training=True)
         return len(scope.losses)
     finally:
         for layer, regularizer in zip(switched, kept):
