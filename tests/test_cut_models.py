@@ -299,6 +299,7 @@ def test_balance_by_memory_makes_the_largest_estimated_peak_smallest():
         peaks[how] = ([len(s.model.layers) - 1 for s in run.stages], max(f.total for f in run.placement.footprints))
     (note,) = [n for n in run.notes if n.startswith("placement.balance=memory")]
     assert f"split {peaks['memory'][0]}: estimated peaks" in note and "the even split [3, 2, 2]" in note, note
-    assert peaks["memory"][0] not in (peaks["even"][0], peaks["params"][0]), peaks
-    # the first layer alone is stage 0's floor, which params reaches too: memory's split is lighter later on
+    # the first layer alone is stage 0's floor, which params reaches too; memory once put the weightless
+    # 'r1' on a stage of its own ([1, 1, 5]), which no balance chooses now: it ties with params' split
+    assert peaks["memory"][0] == [1, 2, 4], peaks
     assert peaks["memory"][1] < peaks["even"][1] and peaks["memory"][1] <= peaks["params"][1], peaks

@@ -177,11 +177,15 @@ def test_even_and_balanced_splits_avoid_the_cuts_a_skip_forbids():
     assert sum(sizes) == 7 and max(sizes) == 2 and 4 not in [sum(sizes[:k]) for k in range(1, 4)]
 
 
-def test_a_model_with_two_inputs_is_refused():
-    a, b = keras.Input((3,)), keras.Input((3,))
-    model = keras.Model([a, b], keras.layers.Dense(4)(keras.layers.Concatenate()([a, b])))
-    with pytest.raises(chain.ConfigError, match=r"has 2 inputs and 1 outputs; a model cut into a chain of stages"):
-        chain.build(chain.compose(["mode=e2e", *SYNTH]), model=model)
+def test_a_model_with_two_inputs_is_cut_and_one_with_two_outputs_refused():
+    a, b = keras.Input((3,), name="a"), keras.Input((3,), name="b")
+    h = keras.layers.Dense(4, name="d0")(keras.layers.Concatenate()([a, b]))
+    model = keras.Model([a, b], keras.layers.Dense(4, name="d1")(h))
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH]), model=model)
+    assert len(run.stages[0].model.inputs) == 2
+    two = keras.Model([a, b], [h, keras.layers.Dense(4)(h)])
+    with pytest.raises(chain.ConfigError, match=r"has 2 outputs; a model cut into a chain of stages has one"):
+        chain.build(chain.compose(["mode=e2e", *SYNTH]), model=two)
 
 
 @pytest.mark.parametrize("overrides, message", [
