@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import keras
 
 from chain.errors import ConfigError, first_line
-from chain.internals.keras_private import graph_nodes, keras_mask, untrack_sublayer
+from chain.internals.keras_private import graph_nodes, keras_mask, plain_functional, untrack_sublayer
 from chain.planning import balance
 from chain.stages.bodies import Body
 from chain.stages.masks import MaskOf, WithMask
@@ -59,6 +59,7 @@ class Cuttable:
     tied: dict[int, int] = field(default_factory=dict)  # id(variable two layers hold) -> its first holder's index
     ops: dict[int, list[Any]] = field(default_factory=dict)  # layer index (-1: none yet) -> op nodes run after it
     masked: frozenset[int] = frozenset()  # id(crossing tensor) for those carrying an implicit Keras mask
+    alias: dict[int, Any] = field(default_factory=dict)  # id(a nested model's input or output) -> what it stands for
 
     def params(self) -> list[int]:
         """Trainable parameters of each layer."""
@@ -125,66 +126,133 @@ def _op_name(node: Any) -> str:
     return getattr(node.operation, "name", type(node.operation).__name__)
 
 
+def resolve(alias: dict[int, Any], t: Any) -> Any:
+    """The tensor `t` stands for: a nested model's input is the tensor its caller gave it, the caller's
+    output the nested model's own output."""
+    while id(t) in alias:
+        t = alias[id(t)]
+    return t
+
+
+class Made(dict):
+    """id(the model's tensor) -> its tensor in a stage's model, looked up through `Cuttable.alias`
+    (what Keras' `SymbolicArguments.fill_in` reads)."""
+
+    def __init__(self, alias: dict[int, Any], *args: Any) -> None:
+        super().__init__(*args)
+        self.alias = alias
+
+    def _key(self, k: int) -> int:
+        while k in self.alias:
+            k = id(self.alias[k])
+        return k
+
+    def __getitem__(self, k: int) -> Any:
+        return super().__getitem__(self._key(k))
+
+    def get(self, k: int, default: Any = None) -> Any:
+        return super().get(self._key(k), default)
+
+    def __contains__(self, k: object) -> bool:
+        return super().__contains__(self._key(k))  # type: ignore[arg-type]
+
+    def __setitem__(self, k: int, v: Any) -> None:
+        super().__setitem__(self._key(k), v)
+
+    def update(self, other: Any = (), **kw: Any) -> None:  # type: ignore[override]
+        for k, v in dict(other, **kw).items():
+            self[k] = v
+
+
+def _flatten(graph: keras.Model, model: keras.Model, name: str, alias: dict[int, Any]
+             ) -> tuple[list[keras.layers.Layer], list[Any], list[Any]]:
+    """`model`'s layers in call order with their calls in `graph`, and the graph's op nodes; a
+    plain functional model among its layers is replaced by its own layers (recursively), its inputs
+    and outputs recorded in `alias` as the tensors they stand for."""
+    calls = _calls(graph)
+    mine = {id(layer) for layer in model.layers}
+    ops = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in mine]
+    layers: list[keras.layers.Layer] = []
+    nodes: list[Any] = []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        found = calls.get(id(layer), [])
+        if len(found) != 1:
+            raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
+                              "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
+        node = found[0]
+        if isinstance(layer, keras.Model) and plain_functional(layer) \
+                and len(layer.inputs) == len(node.input_tensors) and len(layer.outputs) == len(node.outputs):
+            for inner, outer in zip(layer.inputs, node.input_tensors):
+                if inner is not outer:  # a keras_hub task calls its backbone on the backbone's own inputs
+                    alias[id(inner)] = outer
+            for outer, inner in zip(node.outputs, layer.outputs):
+                if inner is not outer:
+                    alias[id(outer)] = inner
+            more = _flatten(layer, layer, name, alias)
+            layers, nodes, ops = layers + more[0], nodes + more[1], ops + more[2]
+            continue
+        layers.append(layer)
+        nodes.append(node)
+    return layers, nodes, ops
+
+
 def analyse(model: keras.Model, name: str) -> Cuttable:
     """Check that `model` can be cut into a chain of stages and find where; `name` names it in errors.
 
     The connections come from the model's graph (each layer's call: which tensors it takes,
     which it makes), not from the layers' `input`/`output` attributes, which a loaded
-    Sequential does not keep consistent. A node of the graph that is not one of the model's
+    Sequential does not keep consistent. A functional model inside the model (a keras_hub
+    backbone inside its task model) is cut through: its layers are the model's. A node of the graph that is not one of the model's
     layers (an op: `x[:, -1]`, `x * c`, the `not_equal` of a mask) has no weights: it stays on the
     stage of the latest layer whose output it takes (stage 0 when it takes only the model's input).
     """
     graph = _graph(model, name)
-    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    alias: dict[int, Any] = {}
+    layers, nodes, pending = _flatten(graph, model, name, alias)
     if not layers:
         raise ConfigError(f"{name} has no layers to cut")
-    calls = _calls(graph)
-    nodes = []
-    for layer in layers:
-        found = calls.get(id(layer), [])
-        if len(found) != 1:
-            raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
-                              "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
-        nodes.append(found[0])
-    mine = {id(layer) for layer in layers}
-    pending = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in mine]
+
+    def key(t: Any) -> int:
+        return id(resolve(alias, t))
     tied = _tied(layers)
-    made: dict[int, tuple[int, int]] = {id(t): (-1, k) for k, t in enumerate(graph.inputs)}  # -> (producer, output k)
-    tensors = {id(t): t for t in graph.inputs}
+    made: dict[int, tuple[int, int]] = {key(t): (-1, k) for k, t in enumerate(graph.inputs)}  # -> (producer, output k)
+    tensors = {key(t): t for t in graph.inputs}
     last_use: dict[int, tuple[int, str]] = {}  # id(tensor) -> (its last consumer, that consumer's name)
     ops: dict[int, list[Any]] = {}  # layer index (-1: before the first) -> the op nodes that run after it
 
     def use(t: Any, q: int, consumer: str) -> None:
-        if last_use.get(id(t), (-2,))[0] <= q:
-            last_use[id(t)] = (q, consumer)
+        if last_use.get(key(t), (-2,))[0] <= q:
+            last_use[key(t)] = (q, consumer)
 
     def settle() -> None:  # every op whose inputs exist runs after the latest layer that made one
         ready = True
         while ready:
-            ready = [n for n in pending if all(id(t) in made for t in n.input_tensors)]
+            ready = [n for n in pending if all(key(t) in made for t in n.input_tensors)]
             for n in ready:
-                p = max((made[id(t)][0] for t in n.input_tensors), default=-1)
+                p = max((made[key(t)][0] for t in n.input_tensors), default=-1)
                 ops.setdefault(p, []).append(n)
                 pending.remove(n)
                 for t in n.input_tensors:
                     use(t, p, _op_name(n))
                 for k, t in enumerate(n.outputs):
-                    made[id(t)], tensors[id(t)] = (p, k), t
+                    made[key(t)], tensors[key(t)] = (p, k), resolve(alias, t)
 
     for i, (layer, node) in enumerate(zip(layers, nodes)):
         settle()
         for t in node.input_tensors:
-            if id(t) not in made:
+            if key(t) not in made:
                 raise ConfigError(f"{name}: layer {layer.name!r} takes a tensor that no earlier layer of the model "
                                   "makes; a model cut into stages lists its layers in call order")
             use(t, i, layer.name)
         for k, t in enumerate(node.outputs):
-            made[id(t)], tensors[id(t)] = (i, k), t
+            made[key(t)], tensors[key(t)] = (i, k), resolve(alias, t)
     settle()
     if pending:
         raise ConfigError(f"{name}: {_op_name(pending[0])!r} takes a tensor that no layer of the model makes")
     out = graph.outputs[0]
-    if made.get(id(out), (None,))[0] != len(layers) - 1:
+    if made.get(key(out), (None,))[0] != len(layers) - 1:
         raise ConfigError(f"{name}: its output is not its last layer's ({layers[-1].name!r}); "
                           "a model cut into stages ends in its last layer")
     use(out, len(layers), "the model's output")
@@ -206,7 +274,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
     boundary = {0: list(graph.inputs), len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
     masked = frozenset(t for ts in crossing.values() for t in ts if keras_mask(tensors[t]) is not None)
     shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied, ops, masked)
+    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied, ops, masked, alias)
 
 
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
@@ -356,7 +424,9 @@ class Piece:
     def __call__(self, input_shape: tuple, policy: Any, name: str) -> keras.Model:
         c, start, end = self.c, self.start, self.end
         self.policy = policy
-        inputs, made = self._inputs(input_shape)  # made: id(the model's tensor) -> its tensor in the new model
+        inputs, given = self._inputs(input_shape)
+        made = Made(c.alias)  # id(the model's tensor) -> its tensor in the new model
+        made.update(given)
         clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
         copies: dict[int, keras.layers.Layer] = {}  # layer index -> this stage's copy of it
 
@@ -369,6 +439,15 @@ class Piece:
             _run_ops(c, -1, made)
         for i in range(start, end):
             layer, node = c.layers[i], c.nodes[i]
+            first = next(j for j, other in enumerate(c.layers) if other is layer)
+            if first != i:  # a layer called again (keras_hub's `token_embedding(x, reverse=True)`): its clone
+                again = holder(first)  # on this stage, or a copy of it made here, whose gradients are summed
+                args, kwargs = node.arguments.fill_in(made)
+                made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(again(*args, **kwargs)))})
+                if all(again is not x for x, _ in clones):
+                    clones.append((again, layer))
+                _run_ops(c, i, made)
+                continue
             clone = _clone(c, layer, self.last_policy if i == len(c.layers) - 1 else policy)
             copies[i] = clone
             _retie(c, layer, clone, holder)

@@ -81,7 +81,7 @@ def added_losses(model: Any) -> int:
 
     switched = [layer for layer in all_layers(model) if layer.activity_regularizer is not None]
     kept = [layer.activity_regularizer for layer in switched]
-    zeros = keras.tree.map_structure(lambda inp: keras.ops.zeros((2, *inp.shape[1:]), dtype=inp.dtype),
+    zeros = keras.tree.map_structure(lambda inp: keras.ops.zeros((2, *[d or 1 for d in inp.shape[1:]]), dtype=inp.dtype),
                                      model.input if len(model.inputs) > 1 else model.inputs[0])  # a dict of named inputs
     try:
         for layer in switched:
