@@ -37,6 +37,16 @@ def bert_classifier() -> keras.Model:
     return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(pooled), name="bert_classifier")
 
 
+def gemma_next_token() -> keras.Model:
+    """GemmaCausalLM as shipped (its graph scales the embedding by an op, `x * c`), read at its last position."""
+    keras.utils.set_random_seed(3)
+    backbone = keras_hub.models.GemmaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
+                                              dropout=0.0)
+    lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+    return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="gemma_next_token")
+
+
 def batches(n: int, segments: bool = False):
     rng = np.random.default_rng(0)
     out = []
@@ -65,6 +75,11 @@ def test_gpt2_causal_lm_cut_between_blocks_predicts_and_trains_like_keras(data, 
 def test_bert_backbone_with_a_classifier_head_cut_in_4_stages_predicts_and_trains_like_keras():
     run = predicts_and_trains_like_keras(bert_classifier, batches(3, segments=True), 4, "1f1b")
     assert any("transformer_layer_0" in [layer.name for layer in s.model.layers] for s in run.stages[1:])
+
+
+def test_gemma_causal_lm_cut_between_blocks_predicts_and_trains_like_keras(data):
+    run = predicts_and_trains_like_keras(gemma_next_token, data, 2, "gpipe")
+    assert [layer.name for layer in run.stages[-1].model.layers][-1] == "token_embedding"  # the tied read-out
 
 
 def predicts_and_trains_like_keras(make, data, stages: int, schedule: str):
