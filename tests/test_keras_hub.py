@@ -47,6 +47,16 @@ def gemma_next_token() -> keras.Model:
     return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="gemma_next_token")
 
 
+def llama_next_token() -> keras.Model:
+    """LlamaCausalLM as shipped: keras_hub 0.32's LlamaTransformerDecoder cannot be re-created from its config
+    (`get_config` raises), so its stage reuses the layer object, its variables re-created on the stage's device."""
+    keras.utils.set_random_seed(4)
+    backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, dropout=0.0)
+    lm = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="llama_next_token")
+
+
 def batches(n: int, segments: bool = False):
     rng = np.random.default_rng(0)
     out = []
@@ -80,6 +90,14 @@ def test_bert_backbone_with_a_classifier_head_cut_in_4_stages_predicts_and_train
 def test_gemma_causal_lm_cut_between_blocks_predicts_and_trains_like_keras(data):
     run = predicts_and_trains_like_keras(gemma_next_token, data, 2, "gpipe")
     assert [layer.name for layer in run.stages[-1].model.layers][-1] == "token_embedding"  # the tied read-out
+
+
+def test_llama_causal_lm_whose_blocks_have_no_config_is_cut_and_trains_like_keras(data):
+    run = predicts_and_trains_like_keras(llama_next_token, data, 2, "1f1b")
+    from chain.planning.devices import canonical
+
+    for s in run.stages:  # the reused blocks' variables live on their stage's device
+        assert {canonical(v.value.device) for v in s.model.weights} == {canonical(s.device)}
 
 
 def predicts_and_trains_like_keras(make, data, stages: int, schedule: str):

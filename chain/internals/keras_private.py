@@ -108,3 +108,16 @@ def keras_mask(tensor: Any) -> Any:
     from keras.src.backend import get_keras_mask
 
     return get_keras_mask(tensor)
+
+
+
+def move_variables(layer: Any) -> None:
+    """Re-create every variable of `layer` under the caller's device scope, with its value: the
+    TensorFlow variable inside each Keras variable (`_value`) is replaced, so the layer object (and
+    every model holding it) now reads and updates the new one. For a layer chain reuses as it is
+    because its config does not re-create it."""
+    import tensorflow as tf
+
+    for v in layer.weights:
+        old = v.value
+        v._value = tf.Variable(old.read_value(), trainable=old.trainable, name=old.name.split(":")[0])

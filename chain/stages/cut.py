@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import keras
 
 from chain.errors import ConfigError, first_line
-from chain.internals.keras_private import graph_nodes, keras_mask, plain_functional, untrack_sublayer
+from chain.internals.keras_private import graph_nodes, move_variables, keras_mask, plain_functional, untrack_sublayer
 from chain.planning import balance
 from chain.stages.bodies import Body
 from chain.stages.masks import MaskOf, WithMask
@@ -343,6 +343,12 @@ def _clone(c: Cuttable, layer: keras.layers.Layer, policy: Any) -> keras.layers.
         unsafe = {"safe_mode": False} if "safe_mode" in inspect.signature(from_config).parameters else {}
         return from_config(config, **unsafe)
     except Exception as e:  # a user's layer may raise anything here
+        if policy is None or keras.dtype_policies.serialize(policy) == keras.dtype_policies.serialize(layer.dtype_policy):
+            # A layer whose config does not re-create it (keras_hub 0.32's LlamaTransformerDecoder) but that
+            # trains: the layer object itself, its variables re-created on the stage's device (the user's
+            # model then shares them with the chain).
+            move_variables(layer)
+            return layer
         raise ConfigError(f"{c.name}: layer {layer.name!r} ({type(layer).__name__}) cannot be re-created on its stage's "
                           f"device from its config: {first_line(e)} (a custom layer's "
                           "get_config() must return its constructor's arguments)") from None
