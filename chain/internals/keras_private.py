@@ -3,7 +3,8 @@ own graph walk (`_run_through_graph`, `_standardize_inputs`, `keras.src.models.f
 layer's tracked sublayers (`_layers`) and every layer under a model (`_flatten_layers`),
 BatchNormalization's batch moments (`_moments`, patched per layer), and an optimizer's variable
 index and slot lists (`_get_variable_index`, `_trainable_variables`, Adam's `_momentums` and
-`_velocities`). Keras has no public view of these. Keras is imported only inside the functions."""
+`_velocities`), a tensor's implicit mask (`get_keras_mask`) and the TensorFlow variable inside a Keras
+variable (`_value`). Keras has no public view of these. Keras is imported only inside the functions."""
 
 from __future__ import annotations
 
@@ -108,7 +109,6 @@ def keras_mask(tensor: Any) -> Any:
     from keras.src.backend import get_keras_mask
 
     return get_keras_mask(tensor)
-
 
 
 def move_variables(layer: Any) -> None:
