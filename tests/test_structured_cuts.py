@@ -147,3 +147,25 @@ def test_a_model_with_named_inputs_and_a_padding_mask_is_cut_between_blocks(stag
     np.testing.assert_allclose(run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0),
                                rtol=0, atol=1e-6)
     trains_like_one_device(run, padding_mask_encoder(), DEVICES[3], steps=3, batches=batches)
+
+
+def masked_sequential() -> keras.Model:
+    """The mask only implicit: a Sequential passes it from layer to layer at run time (no op in its graph)."""
+    keras.utils.set_random_seed(23)
+    return keras.Sequential([keras.Input((SEQ,)), L.Embedding(VOCAB, 8, mask_zero=True, name="embed"),
+                             L.LSTM(8, return_sequences=True, name="lstm"), L.Dense(8, activation="tanh", name="ff"),
+                             L.GlobalAveragePooling1D(name="pool"), L.Dense(CLASSES, name="logits")], name="seqmask")
+
+
+def test_an_implicit_mask_of_a_sequential_crosses_with_its_tensor(tmp_path):
+    """An LSTM and an average pooling that read the mask on later stages (before: refused, the mask's own
+    ops read as tensors no layer makes)."""
+    x = padded(tmp_path / "tokens.npz")
+    model = masked_sequential()
+    data = ["data=npz", f"data.path={tmp_path / 'tokens.npz'}", "data.y=y", "data.batch_size=16",
+            "data.shuffle=false", "trainer.progress=false", "checkpoint.export=false"]
+    run = chain.build(chain.compose(["+stages=3", "mode=e2e", "optim=sgd", "optim.lr=0.1", "placement.split=[1,2,2]",
+                                     "pipeline.microbatches=4", *data]), model=model)
+    np.testing.assert_allclose(run.forward(x[:16])["body_2"].numpy(), model.predict(x[:16], verbose=0), rtol=0,
+                               atol=1e-6)
+    trains_like_one_device(run, masked_sequential(), DEVICES[3], steps=3)
