@@ -100,13 +100,13 @@ def sgd_step(reference, device: str, lr: float):
     return step
 
 
-def trains_like_one_device(run, reference, device: str, steps: int = 4, lr: float = 0.1) -> None:
+def trains_like_one_device(run, reference, device: str, steps: int = 4, lr: float = 0.1, batches=None) -> None:
     """`steps` SGD steps of the chain equal the same steps of `reference` (a copy of the uncut
-    model) in a tape loop on `device` on the same batches (losses and weights within 1e-5), and
-    the weights moved."""
+    model) in a tape loop on `device` on the same batches (`batches`, (x, {"label": y}) pairs; default
+    the run's own) (losses and weights within 1e-5), and the weights moved."""
     start = [v.numpy() for v in reference.trainable_variables]
     ref_step = sgd_step(reference, device, lr)
-    it = iter(run.batches())
+    it = iter(run.batches() if batches is None else batches)
     for _ in range(steps):
         x, ys = next(it)
         np.testing.assert_allclose(run.step(x, ys)["loss"], float(ref_step(x, ys["label"])), rtol=1e-5)

@@ -207,14 +207,16 @@ class NoConfig(L.Layer):
         return x * self.factor.value
 
 
-def test_a_layer_that_cannot_be_recreated_is_one_line():
+def test_a_layer_that_cannot_be_recreated_is_reused_on_its_stage_device():
+    """It used to be refused (`cannot be re-created ... from its config`): it trains on one device, so its
+    stage reuses the layer object, its variables (here none) re-created on the stage's device."""
+    keras.utils.set_random_seed(7)
     x = keras.Input((6,))
     model = keras.Model(x, L.Dense(4)(NoConfig(Factor(2.0), name="noconf")(L.Dense(8)(x))), name="nc")
-    with pytest.raises(chain.ConfigError) as e:
-        chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH]), model=model)
-    text = str(e.value)
-    assert "\n" not in text and text.startswith("nc: layer 'noconf' (NoConfig) cannot be re-created on its stage's "
-                                                "device from its config: NotImplementedError: ") and "get_config" in text
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH]), model=model)
+    assert any(layer is model.get_layer("noconf") for s in run.stages for layer in s.model.layers)
+    xb, _ = next(iter(run.batches()))
+    np.testing.assert_allclose(chain_predictions(run, xb), model.predict(xb, verbose=0), rtol=0, atol=1e-6)
 
 
 def test_a_keras_file_with_a_lambda_is_one_line_naming_the_option_and_runs_with_it(tmp_path):
@@ -299,6 +301,7 @@ def test_balance_by_memory_makes_the_largest_estimated_peak_smallest():
         peaks[how] = ([len(s.model.layers) - 1 for s in run.stages], max(f.total for f in run.placement.footprints))
     (note,) = [n for n in run.notes if n.startswith("placement.balance=memory")]
     assert f"split {peaks['memory'][0]}: estimated peaks" in note and "the even split [3, 2, 2]" in note, note
-    assert peaks["memory"][0] not in (peaks["even"][0], peaks["params"][0]), peaks
-    # the first layer alone is stage 0's floor, which params reaches too: memory's split is lighter later on
+    # the first layer alone is stage 0's floor, which params reaches too; memory once put the weightless
+    # 'r1' on a stage of its own ([1, 1, 5]), which no balance chooses now: it ties with params' split
+    assert peaks["memory"][0] == [1, 2, 4], peaks
     assert peaks["memory"][1] < peaks["even"][1] and peaks["memory"][1] <= peaks["params"][1], peaks

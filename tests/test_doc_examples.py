@@ -118,7 +118,6 @@ SHOWN = {
     ("your-data.md", "error: data.files: record 0 of shards/train-002.tfrecord"): "tests/test_damaged_data.py",
     ("your-data.md", "error: data.val_path='val.npz': its arrays hold no rows"): "tests/test_streaming.py",
     ("your-data.md", "error: data.files: record 25 of shards/train-001.tfrecord"): "tests/test_damaged_data.py",
-    ("your-models.md", "error: placement.split=[4, 1, 2] cuts skipper"): "tests/test_cut_models.py",
 }
 
 # Text blocks that are neither transcripts nor error lines, by a piece of their first line: why not compared.

@@ -157,13 +157,16 @@ def test_a_functional_model_with_a_skip_inside_a_stage_is_cut_exactly():
     np.testing.assert_allclose(chain_predictions(run, x), model.predict(x, verbose=0), rtol=0, atol=1e-6)
 
 
-def test_a_skip_connection_across_a_cut_is_refused_naming_the_layer_and_the_cut():
-    with pytest.raises(chain.ConfigError) as e:
-        chain.build(chain.compose(["+stages=3", "mode=e2e", *SYNTH, "placement.split=[4,1,2]"]),
-                    model=functional_with_a_skip())
-    assert str(e.value) == ("placement.split=[4, 1, 2] cuts skipper before layer 'add' (between stages 0 and 1), but "
-                            "layer 'add' (layer 4) takes the output of 'd2' (layer 2) across it; a model is cut where "
-                            "one tensor crosses")
+def test_a_skip_connection_across_a_cut_crosses_with_the_other_tensor():
+    """placement.split=[4,1,2] cuts before 'add', which takes d2's output across the cut: both tensors
+    cross (it was refused when one tensor crossed a cut)."""
+    model = functional_with_a_skip()
+    run = chain.build(chain.compose(["+stages=3", "mode=e2e", *SYNTH, "placement.split=[4,1,2]",
+                                     "pipeline.microbatches=2", "optim=sgd", "optim.lr=0.1"]), model=model)
+    assert len(run.stages[1].model.inputs) == 2  # d2's and d3's outputs
+    x, _ = next(iter(run.batches()))
+    np.testing.assert_allclose(chain_predictions(run, x), model.predict(x, verbose=0), rtol=0, atol=1e-6)
+    trains_like_one_device(run, functional_with_a_skip(), DEVICES[3], steps=3)
 
 
 def test_even_and_balanced_splits_avoid_the_cuts_a_skip_forbids():
@@ -174,11 +177,15 @@ def test_even_and_balanced_splits_avoid_the_cuts_a_skip_forbids():
     assert sum(sizes) == 7 and max(sizes) == 2 and 4 not in [sum(sizes[:k]) for k in range(1, 4)]
 
 
-def test_a_model_with_two_inputs_is_refused():
-    a, b = keras.Input((3,)), keras.Input((3,))
-    model = keras.Model([a, b], keras.layers.Dense(4)(keras.layers.Concatenate()([a, b])))
-    with pytest.raises(chain.ConfigError, match=r"has 2 inputs and 1 outputs; a model cut into a chain of stages"):
-        chain.build(chain.compose(["mode=e2e", *SYNTH]), model=model)
+def test_a_model_with_two_inputs_is_cut_and_one_with_two_outputs_refused():
+    a, b = keras.Input((3,), name="a"), keras.Input((3,), name="b")
+    h = keras.layers.Dense(4, name="d0")(keras.layers.Concatenate()([a, b]))
+    model = keras.Model([a, b], keras.layers.Dense(4, name="d1")(h))
+    run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH]), model=model)
+    assert len(run.stages[0].model.inputs) == 2
+    two = keras.Model([a, b], [h, keras.layers.Dense(4)(h)])
+    with pytest.raises(chain.ConfigError, match=r"has 2 outputs; a model cut into a chain of stages has one"):
+        chain.build(chain.compose(["mode=e2e", *SYNTH]), model=two)
 
 
 @pytest.mark.parametrize("overrides, message", [

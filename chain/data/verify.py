@@ -37,8 +37,12 @@ def input_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32)
 
 
-def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
-    """`x` of shape (N, *info.input_shape), N >= 1, as float32 or, for integers, int32/int64 (`input_dtype`)."""
+def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray | dict[str, np.ndarray]:
+    """`x` of shape (N, *info.input_shape), N >= 1, as float32 or, for integers, int32/int64 (`input_dtype`);
+    a dict of arrays (the inputs of a model with several, as keras_hub's `{"token_ids", "padding_mask"}`)
+    as a dict of arrays with N examples each, the same dtypes (booleans kept as they are)."""
+    if isinstance(x, dict):
+        return structured(x, name)
     a = _array(x, name)
     want = ("N", *info.input_shape)
     if a.dtype.kind not in "fiub":
@@ -50,6 +54,21 @@ def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray:
         raise ValueError(f"{name} has shape {a.shape}; data={info.name} examples have shape "
                          f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}")
     return a.astype(input_dtype(a.dtype), copy=False)
+
+
+def structured(x: dict, name: str = "x") -> dict[str, np.ndarray]:
+    """A dict of input arrays, each numeric with the same number (>= 1) of examples (`inputs`)."""
+    out, n = {}, None
+    for key, value in x.items():
+        a = _array(value, f"{name}[{key!r}]")
+        if a.dtype.kind not in "fiub" or a.ndim == 0 or a.shape[0] == 0:
+            raise ValueError(f"{name}[{key!r}] has dtype {a.dtype} and shape {a.shape}; expected numbers, one row per "
+                             "example")
+        if n is not None and a.shape[0] != n:
+            raise ValueError(f"{name}[{key!r}] has {a.shape[0]} examples, but {name}'s other inputs have {n}")
+        n = a.shape[0]
+        out[key] = a if a.dtype.kind == "b" else a.astype(input_dtype(a.dtype), copy=False)
+    return out
 
 
 def finite(x: np.ndarray, name: str) -> np.ndarray:
@@ -108,7 +127,7 @@ def batch(x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | 
     """
     wanted = list(wanted)
     x = inputs(x, info)
-    n = x.shape[0]
+    n = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
     known = {t.name: t for t in info.targets}
     if not isinstance(y, dict) and default is None:
         raise ValueError(f"the stages learn targets {', '.join(repr(w) for w in wanted)}: pass y as a dict of them")

@@ -3,7 +3,8 @@ own graph walk (`_run_through_graph`, `_standardize_inputs`, `keras.src.models.f
 layer's tracked sublayers (`_layers`) and attributes (`_delete_tracking`) and every layer under a model (`_flatten_layers`),
 BatchNormalization's batch moments (`_moments`, patched per layer), and an optimizer's variable
 index and slot lists (`_get_variable_index`, `_trainable_variables`, Adam's `_momentums` and
-`_velocities`). Keras has no public view of these. Keras is imported only inside the functions."""
+`_velocities`), a tensor's implicit mask (`get_keras_mask`) and the TensorFlow variable inside a Keras
+variable (`_value`). Keras has no public view of these. Keras is imported only inside the functions."""
 
 from __future__ import annotations
 
@@ -106,3 +107,23 @@ def slot_lists(optimizer: Any) -> dict[str, list[Any]]:
     return {name: value for name, value in vars(optimizer).items()
             if name not in ("_trainable_variables", "_variables") and isinstance(value, list) and n
             and len(value) == n and all(isinstance(v, keras.Variable) for v in value)}
+
+
+def keras_mask(tensor: Any) -> Any:
+    """The implicit mask Keras attached to `tensor` (`Embedding(mask_zero=True)` and the layers after
+    it: `keras.src.backend.get_keras_mask`, the `_keras_mask` attribute), or None."""
+    from keras.src.backend import get_keras_mask
+
+    return get_keras_mask(tensor)
+
+
+def move_variables(layer: Any) -> None:
+    """Re-create every variable of `layer` under the caller's device scope, with its value: the
+    TensorFlow variable inside each Keras variable (`_value`) is replaced, so the layer object (and
+    every model holding it) now reads and updates the new one. For a layer chain reuses as it is
+    because its config does not re-create it."""
+    import tensorflow as tf
+
+    for v in layer.weights:
+        old = v.value
+        v._value = tf.Variable(old.read_value(), trainable=old.trainable, name=old.name.split(":")[0])

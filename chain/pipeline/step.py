@@ -85,7 +85,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
@@ -102,7 +102,7 @@ from chain.steps import xla
 from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.forward import Kept, chain_forward, layer_by_layer
-from chain.steps.ops import add_grads, copy_to
+from chain.steps.ops import add_grads, chunks_of, copy_to, differentiable, input_gradient
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
 from chain.steps.tied import lend_back, repeated, sum_shared
@@ -193,6 +193,12 @@ def _release(done: tf.Operation, action: Action) -> tf.Operation:
 def _seeds(out: tf.Tensor, g: tf.Tensor | None, scaled_reg: tf.Tensor | None) -> tuple:
     """(targets, their output gradients) that a stage's backward starts from: its output with dL/doutput
     (the last stage: its loss, from 1), and the stage's own regularization term, from 1."""
+    if not tf.is_tensor(out):  # several tensors cross: the floating ones, each with its gradient
+        out = differentiable(out)
+        g = [None] * len(out) if g is None else list(g)
+        if scaled_reg is None:
+            return out, g
+        return [*out, scaled_reg], [*g, tf.ones_like(scaled_reg)]
     if scaled_reg is None:
         return out, g
     return [out, scaled_reg], [g, tf.ones_like(scaled_reg)]
@@ -422,7 +428,7 @@ class Halfway:
     start: list[tf.Tensor | None] | tf.Tensor | None  # the targets' output gradients
     kept: Sequence[Kept] | None
     kept_grads: list[tf.Tensor | None]  # the gradients B computed at the kept outputs
-    input: tf.Tensor  # the stage's input (where W's walk back stops)
+    input: Any  # the stage's input, a tensor or a structure (where W's walk back stops)
 
 
 @dataclass(frozen=True)
@@ -561,7 +567,7 @@ def _start(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tens
     x0 = copy_to(x, stages[0].device, "input")
     y_last = copy_to(ys[plan.target.name], stages[last].device, "labels")
     with tf.device(stages[0].device):
-        xs = tf.split(x0, plan.n_micro, name="microbatches")
+        xs = tf.split(x0, plan.n_micro, name="microbatches") if tf.is_tensor(x0) else chunks_of(x0, plan.n_micro)
     with tf.device(stages[last].device):
         labels = tf.split(y_last, plan.n_micro, name="microbatch_labels")
         weights = plan.loss_weights(labels) if plan.loss_weights else None  # before any backward needs them
@@ -599,7 +605,7 @@ def _taped(plan: PlayPlan, state: PlayState, k: int, h: tf.Tensor, m: int, persi
     """Stage k's forward on microbatch m from `h`, under a tape (`persistent`: a split backward asks it twice)."""
     with tf.GradientTape(persistent=persistent) as tape:
         if k > 0:
-            tape.watch(h)
+            tape.watch(differentiable(h))
         forward, share = plan.forwards[k], 1.0 / plan.n_micro
         if k != plan.last:
             result = forward(h, share)
@@ -669,12 +675,13 @@ def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -
     g = _output_gradient(plan, state, k, m)
     with tf.device(s.device):
         taped = _retaped(plan, state, saved, k, m)
-        sources = ([saved.input] if k > 0 else []) + s.gradient_variables  # stage 0 needs no dL/dx
+        ins = differentiable(saved.input) if k > 0 else []  # stage 0 needs no dL/dx
+        sources = ins + s.gradient_variables
         targets, start = _seeds(taped.output, g, taped.scaled_reg)  # the stage's own term starts it too
         grads = taped.tape.gradient(targets, sources, output_gradients=start)
         if k > 0:
-            state.input_grads[(k, m)] = grads[0]
-            grads = grads[1:]
+            state.input_grads[(k, m)] = input_gradient(saved.input, grads[:len(ins)])
+        grads = grads[len(ins):]
         if plan.options.weights_early and not plan.options.jit_compile:  # compiled: one call op, nothing to order
             weights_first(grads, state.graph.get_operations()[first_op:])
         state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
@@ -689,11 +696,12 @@ def _input_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: 
     with tf.device(s.device):
         taped = saved.taped
         targets, start = _seeds(taped.output, g, taped.scaled_reg)
-        sources = ([saved.input] if k > 0 else []) + [c.output for c in taped.kept or []]
+        ins = differentiable(saved.input) if k > 0 else []
+        sources = ins + [c.output for c in taped.kept or []]
         grads = taped.tape.gradient(targets, sources, output_gradients=start) if sources else []
         if k > 0:
-            state.input_grads[(k, m)] = grads[0]
-        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[1:] if k > 0 else grads, saved.input)
+            state.input_grads[(k, m)] = input_gradient(saved.input, grads[:len(ins)])
+        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[len(ins):], saved.input)
     return [t.op for t in grads if t is not None]  # not the weights' products the tape builds too: W's, later
 
 
@@ -702,7 +710,7 @@ def _weight_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op:
     k, s = action.stage, plan.stages[action.stage]
     half = state.halfway.pop((k, action.microbatch))
     with tf.device(s.device):
-        grads = weight_gradients(s, half.targets, half.start, half.kept, half.kept_grads, [half.input])
+        grads = weight_gradients(s, half.targets, half.start, half.kept, half.kept_grads, tf.nest.flatten(half.input))
         state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
     done_ops = [t.op for t in grads if t is not None]  # not the side branches tf.gradients leaves
     if plan.options.weights_early:  # and the sums: see `summed_in_turn`

@@ -37,13 +37,21 @@ def stage_costs(costs: Sequence[Sequence[float]], sizes: Sequence[int]) -> list[
     return out
 
 
+def weighted(sizes: Sequence[int], weights: Sequence[int]) -> bool:
+    """Whether every stage of `sizes` holds at least one of the layers' `weights` (per layer)."""
+    bounds = [0, *sizes_to_cuts(sizes), sum(sizes)]
+    return all(sum(weights[a:b]) > 0 for a, b in zip(bounds, bounds[1:]))
+
+
 def partition(costs: Sequence[Sequence[float]], n_stages: int, allowed: Sequence[int],
-              required: Sequence[int] = ()) -> list[int] | None:
+              required: Sequence[int] = (), weights: Sequence[int] | None = None) -> list[int] | None:
     """Layers per stage minimising the largest stage cost, cutting only at `allowed` positions.
 
     `costs[k][i]`: layer i's cost on stage k's device (give the same row K times when every
     device is alike); `allowed`: positions 1..L-1 a cut may take; `required`: positions that
-    must be cuts (no stage spans them). Returns None when K non-empty stages cannot be cut so.
+    must be cuts (no stage spans them); `weights` (per layer, when given): every stage must hold
+    some (a stage without weights would be a device that only passes tensors on). Returns None when
+    K non-empty stages cannot be cut so.
     Ties go to the earliest cuts.
     """
     n = len(costs[0])
@@ -53,17 +61,20 @@ def partition(costs: Sequence[Sequence[float]], n_stages: int, allowed: Sequence
     for k in range(n_stages):
         for c in costs[k]:
             prefix[k].append(prefix[k][-1] + c)
+    held = [0]  # weights of layers [0, i)
+    for w in weights or [1] * n:
+        held.append(held[-1] + w)
     inf = float("inf")
     # best[k][p]: the smallest possible largest-stage cost of stages 0..k covering layers [0, points[p]).
     best = [[inf] * len(points) for _ in range(n_stages)]
     back = [[-1] * len(points) for _ in range(n_stages)]
     for p in range(1, len(points)):
-        if not any(w < points[p] for w in walls):
+        if not any(w < points[p] for w in walls) and held[points[p]] > 0:
             best[0][p] = prefix[0][points[p]]
     for k in range(1, n_stages):
         for p in range(1, len(points)):
             for q in range(1, p):
-                if any(points[q] < w < points[p] for w in walls):
+                if any(points[q] < w < points[p] for w in walls) or held[points[p]] == held[points[q]]:
                     continue
                 cost = max(best[k - 1][q], prefix[k][points[p]] - prefix[k][points[q]])
                 if cost < best[k][p]:

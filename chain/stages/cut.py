@@ -30,9 +30,11 @@ from typing import Any, Sequence
 import keras
 
 from chain.errors import ConfigError, first_line
-from chain.internals.keras_private import graph_nodes, untrack_attribute, untrack_sublayer
+from chain.internals.keras_private import (graph_nodes, keras_mask, move_variables, plain_functional, untrack_attribute,
+                                           untrack_sublayer)
 from chain.planning import balance
 from chain.stages.bodies import Body
+from chain.stages.masks import MaskOf, WithMask
 from chain.stages.stage import SharedCopy
 
 
@@ -42,8 +44,9 @@ class Cuttable:
     and the cuts it allows.
 
     `nodes[i]` is layer i's call (a Keras graph node: its arguments, its output tensors);
-    `boundary[c]` the one tensor crossing cut position c (0: the model's input, `len(layers)`:
-    its output), for every allowed position.
+    `boundary[c]` the tensors crossing cut position c (0: the model's input, `len(layers)`:
+    its output), for every position; `allowed` the positions one tensor crosses (with its mask,
+    if it carries one), which the balancing prefers.
     """
 
     model: keras.Model
@@ -58,10 +61,17 @@ class Cuttable:
     # (device, layer index) -> that layer's clone on a stage of that device: a later stage on the same device
     # (zbv's last stage, with the first on device 0) reads a tied weight from it, one variable, not a copy
     clones: dict[tuple[str, int], keras.layers.Layer] = field(default_factory=dict)
+    ops: dict[int, list[Any]] = field(default_factory=dict)  # layer index (-1: none yet) -> op nodes run after it
+    masked: frozenset[int] = frozenset()  # id(crossing tensor) for those carrying an implicit Keras mask
+    alias: dict[int, Any] = field(default_factory=dict)  # id(a nested model's input or output) -> what it stands for
 
     def params(self) -> list[int]:
         """Trainable parameters of each layer."""
         return [sum(math.prod(v.shape) for v in layer.trainable_variables) for layer in self.layers]
+
+    def weights(self) -> list[int]:
+        """Variables of each layer (trainable or not): a stage must hold some."""
+        return [len(layer.weights) for layer in self.layers]
 
     def outputs(self) -> list[int]:
         """Floats per example of each layer's outputs (what a tape keeps of it), from the model's graph:
@@ -69,8 +79,9 @@ class Cuttable:
         return [sum(math.prod(d or 1 for d in t.shape[1:]) for t in node.outputs) for node in self.nodes]
 
     def crossing(self, position: int) -> int:
-        """Floats per example of the tensor crossing cut `position` (0: the model's input)."""
-        return math.prod(d or 1 for d in self.boundary[position].shape[1:])
+        """Values per example of the tensors crossing cut `position` (0: the model's input), masks included."""
+        return sum(math.prod(d or 1 for d in t.shape[1:]) * (1 + (id(t) in self.masked))
+                   for t in self.boundary[position])
 
     def points(self) -> list[int]:
         """0, every allowed cut, and the layer count: the bounds of the pieces a stage is made of."""
@@ -87,9 +98,9 @@ def _graph(model: keras.Model, name: str) -> keras.Model:
         raise ConfigError(f"{name} is a {type(model).__name__} whose connections are Python code (a subclassed model, "
                           "or a Sequential without keras.Input): a model cut into stages is Sequential or functional, "
                           "built on keras.Input")
-    if len(inputs) != 1 or len(outputs) != 1:
-        raise ConfigError(f"{name} has {len(inputs)} inputs and {len(outputs)} outputs; a model cut into "
-                          "a chain of stages has one of each")
+    if len(outputs) != 1:
+        raise ConfigError(f"{name} has {len(outputs)} outputs; a model cut into a chain of stages has one "
+                          "(the prediction its loss reads)")
     return keras.Model(inputs, outputs) if isinstance(model, keras.Sequential) else model
 
 
@@ -115,42 +126,140 @@ def _tied(layers: Sequence[keras.layers.Layer]) -> dict[int, int]:
     return tied
 
 
+def _op_name(node: Any) -> str:
+    return getattr(node.operation, "name", type(node.operation).__name__)
+
+
+def resolve(alias: dict[int, Any], t: Any) -> Any:
+    """The tensor `t` stands for: a nested model's input is the tensor its caller gave it, the caller's
+    output the nested model's own output."""
+    while id(t) in alias:
+        t = alias[id(t)]
+    return t
+
+
+class Made(dict):
+    """id(the model's tensor) -> its tensor in a stage's model, looked up through `Cuttable.alias`
+    (what Keras' `SymbolicArguments.fill_in` reads)."""
+
+    def __init__(self, alias: dict[int, Any], *args: Any) -> None:
+        super().__init__(*args)
+        self.alias = alias
+
+    def _key(self, k: int) -> int:
+        while k in self.alias:
+            k = id(self.alias[k])
+        return k
+
+    def __getitem__(self, k: int) -> Any:
+        return super().__getitem__(self._key(k))
+
+    def get(self, k: int, default: Any = None) -> Any:
+        return super().get(self._key(k), default)
+
+    def __contains__(self, k: object) -> bool:
+        return super().__contains__(self._key(k))  # type: ignore[arg-type]
+
+    def __setitem__(self, k: int, v: Any) -> None:
+        super().__setitem__(self._key(k), v)
+
+    def update(self, other: Any = (), **kw: Any) -> None:  # type: ignore[override]
+        for k, v in dict(other, **kw).items():
+            self[k] = v
+
+
+def _flatten(graph: keras.Model, model: keras.Model, name: str, alias: dict[int, Any]
+             ) -> tuple[list[keras.layers.Layer], list[Any], list[Any]]:
+    """`model`'s layers in call order with their calls in `graph`, and the graph's op nodes; a
+    plain functional model among its layers is replaced by its own layers (recursively), its inputs
+    and outputs recorded in `alias` as the tensors they stand for."""
+    calls = _calls(graph)
+    mine = {id(layer) for layer in model.layers}
+    ops = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in mine]
+    layers: list[keras.layers.Layer] = []
+    nodes: list[Any] = []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        found = calls.get(id(layer), [])
+        if len(found) != 1:
+            raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
+                              "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
+        node = found[0]
+        if isinstance(layer, keras.Model) and plain_functional(layer) \
+                and len(layer.inputs) == len(node.input_tensors) and len(layer.outputs) == len(node.outputs):
+            for inner, outer in zip(layer.inputs, node.input_tensors):
+                if inner is not outer:  # a keras_hub task calls its backbone on the backbone's own inputs
+                    alias[id(inner)] = outer
+            for outer, inner in zip(node.outputs, layer.outputs):
+                if inner is not outer:
+                    alias[id(outer)] = inner
+            more = _flatten(layer, layer, name, alias)
+            layers, nodes, ops = layers + more[0], nodes + more[1], ops + more[2]
+            continue
+        layers.append(layer)
+        nodes.append(node)
+    return layers, nodes, ops
+
+
 def analyse(model: keras.Model, name: str) -> Cuttable:
     """Check that `model` can be cut into a chain of stages and find where; `name` names it in errors.
 
     The connections come from the model's graph (each layer's call: which tensors it takes,
     which it makes), not from the layers' `input`/`output` attributes, which a loaded
-    Sequential does not keep consistent.
+    Sequential does not keep consistent. A functional model inside the model (a keras_hub
+    backbone inside its task model) is cut through: its layers are the model's. A node of the graph that is not one of the model's
+    layers (an op: `x[:, -1]`, `x * c`, the `not_equal` of a mask) has no weights: it stays on the
+    stage of the latest layer whose output it takes (stage 0 when it takes only the model's input).
     """
     graph = _graph(model, name)
-    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    alias: dict[int, Any] = {}
+    layers, nodes, pending = _flatten(graph, model, name, alias)
     if not layers:
         raise ConfigError(f"{name} has no layers to cut")
-    calls = _calls(graph)
-    nodes = []
-    for layer in layers:
-        found = calls.get(id(layer), [])
-        if len(found) != 1:
-            raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
-                              "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
-        nodes.append(found[0])
+
+    def key(t: Any) -> int:
+        return id(resolve(alias, t))
     tied = _tied(layers)
-    made: dict[int, tuple[int, int]] = {id(graph.inputs[0]): (-1, 0)}  # id(tensor) -> (producer, its output k)
-    tensors = {id(graph.inputs[0]): graph.inputs[0]}
+    made: dict[int, tuple[int, int]] = {key(t): (-1, k) for k, t in enumerate(graph.inputs)}  # -> (producer, output k)
+    tensors = {key(t): t for t in graph.inputs}
     last_use: dict[int, tuple[int, str]] = {}  # id(tensor) -> (its last consumer, that consumer's name)
+    ops: dict[int, list[Any]] = {}  # layer index (-1: before the first) -> the op nodes that run after it
+
+    def use(t: Any, q: int, consumer: str) -> None:
+        if last_use.get(key(t), (-2,))[0] <= q:
+            last_use[key(t)] = (q, consumer)
+
+    def settle() -> None:  # every op whose inputs exist runs after the latest layer that made one
+        ready = True
+        while ready:
+            ready = [n for n in pending if all(key(t) in made for t in n.input_tensors)]
+            for n in ready:
+                p = max((made[key(t)][0] for t in n.input_tensors), default=-1)
+                ops.setdefault(p, []).append(n)
+                pending.remove(n)
+                for t in n.input_tensors:
+                    use(t, p, _op_name(n))
+                for k, t in enumerate(n.outputs):
+                    made[key(t)], tensors[key(t)] = (p, k), resolve(alias, t)
+
     for i, (layer, node) in enumerate(zip(layers, nodes)):
+        settle()
         for t in node.input_tensors:
-            if id(t) not in made:
+            if key(t) not in made:
                 raise ConfigError(f"{name}: layer {layer.name!r} takes a tensor that no earlier layer of the model "
                                   "makes; a model cut into stages lists its layers in call order")
-            last_use[id(t)] = (i, layer.name)
+            use(t, i, layer.name)
         for k, t in enumerate(node.outputs):
-            made[id(t)], tensors[id(t)] = (i, k), t
+            made[key(t)], tensors[key(t)] = (i, k), resolve(alias, t)
+    settle()
+    if pending:
+        raise ConfigError(f"{name}: {_op_name(pending[0])!r} takes a tensor that no layer of the model makes")
     out = graph.outputs[0]
-    if made.get(id(out), (None,))[0] != len(layers) - 1:
+    if made.get(key(out), (None,))[0] != len(layers) - 1:
         raise ConfigError(f"{name}: its output is not its last layer's ({layers[-1].name!r}); "
                           "a model cut into stages ends in its last layer")
-    last_use[id(out)] = (len(layers), "the model's output")
+    use(out, len(layers), "the model's output")
     crossing: dict[int, list[int]] = {c: [] for c in range(1, len(layers))}
     blocked: dict[int, str] = {}
     for t, (q, consumer) in sorted(last_use.items(), key=lambda kv: made[kv[0]]):
@@ -166,9 +275,10 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
         if len(ts) > 1:
             blocked.setdefault(c, f"layer {layers[c - 1].name!r} (layer {c - 1}) passes {len(ts)} tensors across it")
     allowed = [c for c in range(1, len(layers)) if c not in blocked]
-    boundary = {0: graph.inputs[0], len(layers): out, **{c: tensors[crossing[c][0]] for c in allowed}}
+    boundary = {0: list(graph.inputs), len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
+    masked = frozenset(t for ts in crossing.values() for t in ts if keras_mask(tensors[t]) is not None)
     shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied)
+    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied, ops, masked, alias)
 
 
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
@@ -176,15 +286,15 @@ def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
     return len(shape) == len(data) and all(s is None or s == d for s, d in zip(shape, data))
 
 
+ONE_TENSOR_SLACK = 1.5  # how much costlier a largest stage may be to cut only where one tensor crosses
+
+
 def check_sizes(c: Cuttable, sizes: Sequence[int], key: str) -> None:
-    """A ConfigError unless `sizes` (layers per stage) cut `c` at allowed positions."""
+    """A ConfigError unless `sizes` (layers per stage) add up to `c`'s layers. Any cut is legal:
+    where several tensors cross (a skip, a mask), they all cross."""
     if sum(sizes) != len(c.layers):
         raise ConfigError(f"{key}={list(sizes)} adds up to {sum(sizes)} layers, but {c.name} has {len(c.layers)} "
                           f"({', '.join(layer.name for layer in c.layers)})")
-    for k, at in enumerate(balance.sizes_to_cuts(sizes)):
-        if at in c.blocked:
-            raise ConfigError(f"{key}={list(sizes)} cuts {c.name} before layer {c.layers[at].name!r} (between stages "
-                              f"{k} and {k + 1}), but {c.blocked[at]}; a model is cut where one tensor crosses")
 
 
 def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, costs: Sequence[Sequence[float]] | None
@@ -201,17 +311,27 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
         return list(sizes)
     if how == "even":
         sizes = balance.even(len(c.layers), n_stages)
-        if not set(balance.sizes_to_cuts(sizes)) & set(c.blocked):
+        if not set(balance.sizes_to_cuts(sizes)) & set(c.blocked) and balance.weighted(sizes, c.weights()):
             return sizes
         rows = [[1.0] * len(c.layers)] * n_stages  # the most even split the model's cuts allow
     elif how == "params":
         rows = [[float(p) for p in c.params()]] * n_stages
     else:
         rows = [list(r) for r in costs]
-    found = balance.partition(rows, n_stages, c.allowed)
+    # Cuts one tensor crosses first (the least to send) unless they balance much worse than any cut (an
+    # explicit mask every block reads crosses every cut between blocks); never a stage without weights,
+    # which would hold a device only to pass tensors on.
+    weights = c.weights()
+    one = balance.partition(rows, n_stages, c.allowed, weights=weights)
+    found = balance.partition(rows, n_stages, range(1, len(c.layers)), weights=weights)
+    if one is not None and (found is None or max(balance.stage_costs(rows, one))
+                            <= ONE_TENSOR_SLACK * max(balance.stage_costs(rows, found))):
+        found = one
     if found is None:
-        raise ConfigError(f"{c.name} cannot be cut into {n_stages} stages where one tensor crosses: it allows cuts "
-                          f"before layers {', '.join(c.layers[i].name for i in c.allowed) or 'none'}")
+        holding = sum(1 for w in weights if w)
+        raise ConfigError(f"{c.name} cannot be cut into {n_stages} stages that each hold weights: {holding} of its "
+                          f"{len(c.layers)} layers have weights; use fewer stages, or placement.split to place a "
+                          "layer without weights on a stage of its own")
     return found
 
 
@@ -227,6 +347,12 @@ def _clone(c: Cuttable, layer: keras.layers.Layer, policy: Any) -> keras.layers.
         unsafe = {"safe_mode": False} if "safe_mode" in inspect.signature(from_config).parameters else {}
         return from_config(config, **unsafe)
     except Exception as e:  # a user's layer may raise anything here
+        if policy is None or keras.dtype_policies.serialize(policy) == keras.dtype_policies.serialize(layer.dtype_policy):
+            # A layer whose config does not re-create it (keras_hub 0.32's LlamaTransformerDecoder) but that
+            # trains: the layer object itself, its variables re-created on the stage's device (the user's
+            # model then shares them with the chain).
+            move_variables(layer)
+            return layer
         raise ConfigError(f"{c.name}: layer {layer.name!r} ({type(layer).__name__}) cannot be re-created on its stage's "
                           f"device from its config: {first_line(e)} (a custom layer's "
                           "get_config() must return its constructor's arguments)") from None
@@ -281,6 +407,20 @@ def _check_retied(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.La
                               "on a stage: hold the layer itself as an attribute (self.embedding = embedding)")
 
 
+def _kept_dtype(t: Any) -> str | None:
+    """The dtype of a stage's input standing for `t`: an integer or boolean tensor keeps its own; a float
+    one takes Keras' default (float32), as a stage's input always has, and its layers cast it."""
+    return None if "float" in str(t.dtype) else str(t.dtype)
+
+
+def _run_ops(c: Cuttable, after: int, made: dict[int, Any]) -> None:
+    """Replay the graph's op nodes that run after layer `after` (no weights: the op itself is
+    called again on the stage's tensors), adding their outputs to `made`."""
+    for node in c.ops.get(after, []):
+        args, kwargs = node.arguments.fill_in(made)
+        made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(node.operation(*args, **kwargs)))})
+
+
 class Piece:
     """The body of the stage holding layers [start, end) of `c` (both allowed cut points), a `Body`.
 
@@ -301,12 +441,10 @@ class Piece:
     def __call__(self, input_shape: tuple, policy: Any, name: str) -> keras.Model:
         c, start, end = self.c, self.start, self.end
         self.policy = policy
-        # An integer (or boolean) tensor crosses as it is (token ids: float32 is exact only below 2^24).
-        crossing = keras.backend.standardize_dtype(c.boundary[start].dtype)
-        whole = crossing.startswith(("int", "uint", "bool"))
-        inp = keras.Input(tuple(input_shape), dtype=crossing if whole else None)
-        made = {id(c.boundary[start]): inp}  # id(the model's tensor) -> its tensor in the new model
-        clones: list[tuple[keras.layers.Layer, keras.layers.Layer]] = []
+        inputs, given = self._inputs(input_shape)
+        made = Made(c.alias)  # id(the model's tensor) -> its tensor in the new model
+        made.update(given)
+        clones: list[tuple[int, keras.layers.Layer, keras.layers.Layer]] = []  # (layer index, its clone, the layer)
         copies: dict[int, keras.layers.Layer] = {}  # layer index -> this stage's copy of it
         lent: dict[int, keras.layers.Layer] = {}  # layer index -> an earlier stage's clone on this device
 
@@ -320,9 +458,23 @@ class Piece:
             return copies[owner]
 
         holder.lent = lambda owner: owner in lent  # type: ignore[attr-defined]
+        again_lent: list[keras.layers.Layer] = []  # layers called again here through a clone lent on this device
 
+        if start == 0:
+            _run_ops(c, -1, made)
         for i in range(start, end):
             layer, node = c.layers[i], c.nodes[i]
+            first = next(j for j, other in enumerate(c.layers) if other is layer)
+            if first != i:  # a layer called again (keras_hub's `token_embedding(x, reverse=True)`): its clone
+                again = holder(first)  # on this stage, or a copy of it made here, whose gradients are summed
+                args, kwargs = node.arguments.fill_in(made)
+                made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(again(*args, **kwargs)))})
+                if holder.lent(first):  # one variable on one device: borrowed, not copied (below)
+                    again_lent.append(layer)
+                elif all(again is not x for _, x, _ in clones):
+                    clones.append((first, again, layer))
+                _run_ops(c, i, made)
+                continue
             clone = _clone(c, layer, self.last_policy if i == len(c.layers) - 1 else policy)
             copies[i] = clone
             _retie(c, layer, clone, holder)
@@ -330,11 +482,17 @@ class Piece:
             outputs = keras.tree.flatten(clone(*args, **kwargs))
             made.update({id(t): y for t, y in zip(node.outputs, outputs)})
             _check_retied(c, layer, clone, holder)
-            clones.append((clone, layer))
-        model = keras.Model(inp, made[id(c.boundary[end])], name=name)
+            clones.append((i, clone, layer))
+            _run_ops(c, i, made)
+        leaves = []
+        for t in c.boundary[end]:  # each crossing tensor, then its implicit mask (if it carries one)
+            leaves.append(made[id(t)])
+            if id(t) in c.masked and end < len(c.layers):
+                leaves.append(MaskOf(name=f"mask_of_{len(leaves) - 1}")(made[id(t)]))
+        model = keras.Model(inputs, leaves[0] if len(leaves) == 1 else leaves, name=name)
         shared: dict[str, SharedCopy] = {}
         borrowed: dict[str, SharedCopy] = {}
-        for i, (clone, layer) in zip(range(start, end), clones):
+        for i, clone, layer in clones:
             held = [v for v in layer.weights if c.tied.get(id(v), -1) not in lent]
             if len(held) == len(layer.weights):
                 clone.set_weights(layer.get_weights())
@@ -344,15 +502,38 @@ class Piece:
             for v, copy in zip(held, clone.weights):
                 if id(v) in c.tied:
                     shared.setdefault(v.path, SharedCopy(v.path, copy))
+            if self.device is not None and i >= start:  # this stage's own clone (not a copy of an earlier one's)
+                c.clones[self.device, i] = clone
+        for layer in [x for _, _, x in clones] + again_lent:
             for v in layer.weights:
                 owner = c.tied.get(id(v), -1)
                 if owner in lent:
                     own = lent[owner].weights[[id(w) for w in c.layers[owner].weights].index(id(v))]
                     borrowed.setdefault(v.path, SharedCopy(v.path, own))
-            if self.device is not None:
-                c.clones[self.device, i] = clone
         self.shared, self.borrowed = tuple(shared.values()), tuple(borrowed.values())
         return model
+
+    def _inputs(self, input_shape: tuple) -> tuple[Any, dict[int, Any]]:
+        """The stage model's input(s) (one tensor, or a list: several tensors and masks cross into it)
+        and the model's tensors they stand for (each masked one carrying its mask again)."""
+        c, crossing = self.c, self.c.boundary[self.start]
+        if self.start == 0 and len(crossing) > 1:  # the model's own inputs (a dict, as keras_hub's), named as its
+            struct = c.model.input
+            flat = keras.tree.flatten(struct)
+            new = [keras.Input(tuple(t.shape[1:]), dtype=t.dtype, name=t.name) for t in flat]
+            return keras.tree.pack_sequence_as(struct, new), {id(t): n for t, n in zip(flat, new)}
+        if len(crossing) == 1 and id(crossing[0]) not in c.masked:  # the shape the previous stage gives
+            inp = keras.Input(tuple(input_shape), dtype=_kept_dtype(crossing[0]))  # token ids stay integers
+            return inp, {id(crossing[0]): inp}
+        inputs, made = [], {}
+        for t in crossing:
+            inputs.append(keras.Input(tuple(t.shape[1:]), dtype=_kept_dtype(t)))
+            made[id(t)] = inputs[-1]
+            if id(t) in c.masked:
+                mask = keras_mask(t)
+                inputs.append(keras.Input(tuple(mask.shape[1:]), dtype=mask.dtype))
+                made[id(t)] = WithMask()([made[id(t)], inputs[-1]])
+        return inputs, made
 
     def whole(self) -> keras.Model:
         """The uncut model re-created (every layer of `c` in one model, named as the user's, in this

@@ -139,12 +139,13 @@ def added_losses(model: Any) -> int:
 
     switched = [layer for layer in all_layers(model) if layer.activity_regularizer is not None]
     kept = [layer.activity_regularizer for layer in switched]
-    inp = model.inputs[0]
+    zeros = keras.tree.map_structure(lambda inp: keras.ops.zeros((2, *[d or 1 for d in inp.shape[1:]]), dtype=inp.dtype),
+                                     model.input if len(model.inputs) > 1 else model.inputs[0])  # a dict of named inputs
     try:
         for layer in switched:
             layer.activity_regularizer = None
         with keras.StatelessScope(collect_losses=True) as scope:
-            model(keras.ops.zeros((2, *inp.shape[1:]), dtype=inp.dtype), training=True)
+            model(zeros, training=True)
         return len(scope.losses)
     finally:
         for layer, regularizer in zip(switched, kept):

@@ -17,7 +17,7 @@ def forward(stages: Sequence[Stage], x: Any, chained: bool = True) -> dict[str, 
     Used for evaluation, and to compare a chain with its exports and with a re-staged copy of itself.
     """
     out = {}
-    x = h = tf.convert_to_tensor(x)
+    x = h = tf.nest.map_structure(tf.convert_to_tensor, x)  # a dict of a model's named inputs too
     for s in stages:
         h = copy_to(h if chained else x, s.device, f"stage_{s.index}")
         with tf.device(s.device):

@@ -10,14 +10,44 @@ import tensorflow as tf
 COPY_PREFIX = "copy_to_"
 
 
-def copy_to(tensor: tf.Tensor, device: str, what: str) -> tf.Tensor:
+def copy_to(tensor: Any, device: str, what: str) -> Any:
     """Copy `tensor` onto `device`: the only way data moves between stages' devices.
 
     An identity op placed on the destination device, named `copy_to_<what>`, so the graph
-    states every transfer (the graph audit in tests/ relies on the name).
+    states every transfer (the graph audit in tests/ relies on the name). A structure of tensors
+    (several tensors crossing a cut, a dict of inputs) is copied leaf by leaf, the first leaf
+    named `copy_to_<what>`, leaf i `copy_to_<what>_<i>`.
     """
-    with tf.device(device):
-        return tf.identity(tensor, name=f"{COPY_PREFIX}{what}")
+    if tf.is_tensor(tensor):
+        with tf.device(device):
+            return tf.identity(tensor, name=f"{COPY_PREFIX}{what}")
+    flat = tf.nest.flatten(tensor)
+    return tf.nest.pack_sequence_as(tensor, [copy_to(t, device, what if i == 0 else f"{what}_{i}")
+                                             for i, t in enumerate(flat)])
+
+
+def differentiable(h: Any) -> list[tf.Tensor]:
+    """The leaves of `h` (a tensor or a structure) a gradient flows through: the floating ones.
+    Integer and boolean leaves (token ids, masks) cross a cut without a gradient."""
+    return [t for t in tf.nest.flatten(h) if t.dtype.is_floating]
+
+
+def input_gradient(h: Any, grads: Sequence) -> Any:
+    """What goes back to the previous stage for input `h`, from the gradients of `differentiable(h)`:
+    the one gradient of a single tensor (as it was), else a list with zeros where none reached a
+    leaf (the previous stage's backward takes one gradient per floating output)."""
+    if tf.is_tensor(h):
+        return grads[0]
+    return [tf.zeros_like(t) if g is None else tf.convert_to_tensor(g) for t, g in zip(differentiable(h), grads)]
+
+
+def chunks_of(t: Any, n: int) -> list[Any]:
+    """`chunks` of every leaf of `t` (a tensor or a structure): n structures, each leaf cut along the
+    batch axis."""
+    if tf.is_tensor(t):
+        return chunks(t, n)
+    parts = [chunks(leaf, n) for leaf in tf.nest.flatten(t)]
+    return [tf.nest.pack_sequence_as(t, [p[i] for p in parts]) for i in range(n)]
 
 
 def chunks(t: tf.Tensor, n: int) -> list[tf.Tensor]:

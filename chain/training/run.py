@@ -206,7 +206,7 @@ class Run:
         """A batch given to `step` or `trace`, checked once (`chain.data.verify`): one ValueError
         line naming the argument for a wrong shape, dtype, label or target."""
         x, ys = checks.batch(x, y, self.dataset.info, self.strategy.wanted_targets(), self.strategy.default_target())
-        self.strategy.check_batch(len(x))
+        self.strategy.check_batch(len(next(iter(x.values()))) if isinstance(x, dict) else len(x))
         return x, ys
 
     def step(self, x: Any, y: Any) -> dict[str, Any]:

@@ -72,7 +72,9 @@ class Resolved(NamedTuple):
 def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str, batch_cut: BatchCut,
          schedule: Schedule | None) -> tuple[list[Body], list[str], Placement]:
     c = cut.analyse(model, name)
-    if not cut.fits(c.input_shape, info.input_shape):
+    # A model with several inputs (a dict, as keras_hub's) takes its batches from `Run.step(x_dict, y)`:
+    # the config's data set has one input array, so there is nothing to fit it to.
+    if len(c.boundary[0]) == 1 and not cut.fits(c.input_shape, info.input_shape):
         any_size = " (None: any size)" if None in c.input_shape else ""
         raise ConfigError(f"{name} takes input of shape {c.input_shape}{any_size}, but data={info.name} examples have "
                           f"shape {tuple(info.input_shape)}")
@@ -94,14 +96,17 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
                                       recompute=settings.pipeline.recompute if played is not None else footprint.NEVER)
     sizes = cut.split(c, k, p.split, p.balance, costs)
     footprints = tuple(_footprints(c, sizes, settings, placement, batch_cut, schedule))
-    even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
+    try:
+        even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
+    except ConfigError:  # a given split with a stage that holds no weights: balancing has none to show
+        even = None
     if p.balance == "memory" and p.split is None:
         def peaks(footprints):
             return " / ".join(human(f.total) for f in footprints)
 
         notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
                      f"the even split {even}: {peaks(_footprints(c, even, settings, placement, batch_cut, schedule))}")
-    elif costs is not None or p.balance == "params":
+    elif even is not None and (costs is not None or p.balance == "params"):
         rows = costs or [[float(n) for n in c.params()]] * k
 
         def show(s):
