@@ -278,7 +278,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
     boundary = {0: list(graph.inputs), len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
     masked = frozenset(t for ts in crossing.values() for t in ts if keras_mask(tensors[t]) is not None)
     shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied, ops, masked, alias)
+    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied, ops=ops, masked=masked, alias=alias)
 
 
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
