@@ -121,6 +121,20 @@ def manifest(run_dir) -> dict:
         return json.load(f)
 
 
+def straight_and_resumed(tmp_path, args: list[str], every: int, kill_at: int) -> tuple[str, str]:
+    """Two runs of `python -m chain ARGS` (a checkpoint every `every` steps): one straight through, one
+    killed at step `kill_at` (after its checkpoint of step `every`) and resumed; their run directories."""
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}")
+    assert r.returncode == 0, r.stderr
+    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", env={"CHAIN_TEST_KILL_AT_STEP": str(kill_at)})
+    assert r.returncode == -9, r.stderr
+    assert manifest(resumed)["step"] == every
+    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", "resume=true")
+    assert r.returncode == 0, r.stderr
+    return straight, resumed
+
+
 def stage_values(run_dir, stage: str) -> dict:
     """Every variable of one stage's newest complete checkpoint, by checkpoint key (its identity,
     which names the run that wrote it, left out: two runs compare by what they computed)."""

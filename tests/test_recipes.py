@@ -21,7 +21,7 @@ import chain
 from chain.errors import ConfigError
 from chain.stages.fused import FusedAdam, FusedAdamW
 from compare import rel_diff
-from conftest import read_summary, run_cli, stage_values, manifest
+from conftest import read_summary, stage_values, straight_and_resumed
 
 L = keras.layers
 RUN = ["+stages=2", "mode=e2e", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64",
@@ -271,14 +271,7 @@ def test_a_schedule_resumes_bit_exact_from_a_checkpoint_inside_the_warmup(tmp_pa
     args = ["+stages=2", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2", "model.width=16",
             "model.dropout=0.2", "data.batch_size=32", "trainer.progress=false", *recipe, "optim.lr=0.01",
             f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.log_every=1"]
-    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}")
-    assert r.returncode == 0, r.stderr
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", env={"CHAIN_TEST_KILL_AT_STEP": str(kill_at)})
-    assert r.returncode == -9, r.stderr
-    assert manifest(resumed)["step"] == every
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", "resume=true")
-    assert r.returncode == 0, r.stderr
+    straight, resumed = straight_and_resumed(tmp_path, args, every, kill_at)
     for k in range(2):
         a, b = stage_values(straight, f"stage_{k:02d}"), stage_values(resumed, f"stage_{k:02d}")
         assert set(a) == set(b)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import chain
-from conftest import manifest, run_cli, stage_values
+from conftest import stage_values, straight_and_resumed
 
 SEQ, VOCAB, TOKENS = 8, 40, 1001  # 125 windows at a stride of 8 (each needs 9 tokens)
 
@@ -130,14 +130,7 @@ def test_a_killed_token_run_resumes_bit_exact(tmp_path, source, windows):
     args = ["mode=e2e", "+stages=2", "model=keras", f"model.path={tmp_path / 'lm.keras'}", *data,
             f"data.seq_len={SEQ}", f"data.windows={windows}", "data.batch_size=4", "pipeline.microbatches=2", "optim=adam", "trainer.progress=false",
             f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.steps_per_call=1"]
-    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}")
-    assert r.returncode == 0, r.stderr
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", env={"CHAIN_TEST_KILL_AT_STEP": str(kill_at)})
-    assert r.returncode == -9, r.stderr
-    assert manifest(resumed)["step"] == every
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", "resume=true")
-    assert r.returncode == 0, r.stderr
+    straight, resumed = straight_and_resumed(tmp_path, args, every, kill_at)
     for k in range(2):
         a, b = stage_values(straight, f"stage_{k:02d}"), stage_values(resumed, f"stage_{k:02d}")
         assert set(a) == set(b)

@@ -16,8 +16,9 @@ from typing import ClassVar
 
 from chain.data import files
 from chain.data.catalog import DataInfo
-from chain.data.data_source import Source
-from chain.data.sources.tokens_data import Windowed, describe_files, read, split
+from chain.data.data_source import Read, Source
+from chain.data.sources import tokens_data
+from chain.data.sources.tokens_data import Windowed, describe_files, split
 from chain.data.streamed import TokenFiles
 from chain.errors import ConfigError
 from chain.fields import optional, required, setting, string
@@ -82,6 +83,11 @@ def shards(data: Text) -> TokenFiles:
 def describe(data: Text) -> DataInfo:
     """Examples of `seq_len` byte ids with the target `next` (the following byte at each position, 256 classes)."""
     return describe_files(data, shards(data))
+
+
+def read(data: Text, seed: int, info: DataInfo | None = None) -> Read:
+    """Never called: text files are streamed (`shards`), as token files are."""
+    return tokens_data.read(data, seed, info)
 
 
 SOURCE = Source(Text, describe, read, shards)
