@@ -325,7 +325,7 @@ def replicas_main(a) -> None:
 
     cases = {**REPLICA_CASES, **(DECOMPOSE if a.decompose else {})}
     with LocalCluster(2, cpus=cores, threads=1) as cluster:
-        steps, batches, planned = {}, {}, {}
+        steps, batches = {}, {}
         for m in a.micro:
             for name, (k, r) in cases.items():
                 batches[name, m] = host_batch(a, m, 2 if name == "half" else 1)
