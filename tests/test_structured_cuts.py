@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import chain
+from chain.errors import ConfigError
 from compare import trains_like_one_device
 from conftest import DEVICES
 
@@ -135,7 +136,7 @@ def token_batches(n_batches: int, batch: int = 16):
     return out
 
 
-@pytest.mark.parametrize("stages, schedule", [(2, "gpipe"), (4, "1f1b")])
+@pytest.mark.parametrize("stages, schedule", [(2, "gpipe"), (4, "1f1b"), (2, "zb1"), (4, "zbv")])
 def test_a_model_with_named_inputs_and_a_padding_mask_is_cut_between_blocks(stages, schedule):
     model = padding_mask_encoder()
     run = chain.build(chain.compose([f"+stages={stages}", "mode=e2e", f"pipeline.schedule={schedule}",
@@ -169,3 +170,10 @@ def test_an_implicit_mask_of_a_sequential_crosses_with_its_tensor(tmp_path):
     np.testing.assert_allclose(run.forward(x[:16])["body_2"].numpy(), model.predict(x[:16], verbose=0), rtol=0,
                                atol=1e-6)
     trains_like_one_device(run, masked_sequential(), DEVICES[3], steps=3)
+
+
+def test_balance_by_time_refuses_a_model_with_several_inputs_in_one_line():
+    """Timing feeds each piece one float tensor: a model with named inputs and a mask is refused, naming what to use."""
+    with pytest.raises(ConfigError) as e:
+        chain.build(chain.compose(["+stages=2", "mode=e2e", "placement.balance=time", *SYNTH]), model=padding_mask_encoder())
+    assert str(e.value).startswith("placement.balance=time times pieces that take one tensor") and "\n" not in str(e.value)

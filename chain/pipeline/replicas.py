@@ -146,10 +146,6 @@ class Replicated(Scheduled):
         self.copies: list[list[Stage]] = []
         super().__init__(settings, placement, info, batch_cut, learns, schedule, **bodies)
 
-    @property
-    def replicas(self) -> int:
-        return len(self.placement.copies)
-
     def build_stages(self) -> list[Stage]:
         """Replica 0's stages (`self.stages`: what checkpoints hold), then every other copy's on its
         devices, each built from the same seed and then set to replica 0's state."""

@@ -1,11 +1,13 @@
 """One Keras model cut into stages: where it may be cut, how to cut it, and stage bodies that
 compute exactly what its layers computed.
 
-A model (Sequential or functional, one input, one output, no layer called twice) may be cut
-before layer c only where one tensor crosses between the layers before c and the layers from
-c on. What happens inside a stage is free: skips, branches, a layer taking several tensors
-(`MultiHeadAttention()(x, x)`), a layer with several outputs. A cut that more than one tensor
-would cross is refused, naming a layer and the cut.
+A model (Sequential or functional, one output; one input or several, a list or a dict) may be cut
+before any layer: every tensor the layers from there on still need crosses the cut as one structure
+(a Keras implicit mask with its tensor, `chain.stages.masks`; integer and boolean leaves without
+gradients). Balancing prefers cuts that one tensor crosses (`allowed`) unless they make the largest
+stage much costlier, and never leaves a stage without weights. What happens inside a stage is free:
+skips, branches, a layer taking several tensors (`MultiHeadAttention()(x, x)`), ops that are not layers
+(kept with the layer before them), a layer called again (keras_hub's `token_embedding(x, reverse=True)`).
 Each stage's body re-creates its layers (`cls.from_config(layer.get_config())`, as
 `keras.models.clone_model` does: no registry, no config file round trip) inside the stage's
 device scope, replays the model's own calls among them (the graph's nodes, with their
@@ -84,7 +86,7 @@ class Cuttable:
                    for t in self.boundary[position])
 
     def points(self) -> list[int]:
-        """0, every allowed cut, and the layer count: the bounds of the pieces a stage is made of."""
+        """0, every cut one tensor crosses (`allowed`), and the layer count: the pieces `balance=time` times."""
         return [0, *self.allowed, len(self.layers)]
 
 

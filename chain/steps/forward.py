@@ -59,8 +59,8 @@ def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[Kept
     if not keep:
         return stage.model(h, training=True), None
     want = stage.model.inputs[0].dtype if stage.model.inputs else None
-    if want is not None and h.dtype != want:  # as the model's own call converts (integer ids, a float Input)
-        h = tf.cast(h, want)
+    if want is not None and tf.is_tensor(h) and h.dtype != want:  # as the model's own call converts (integer
+        h = tf.cast(h, want)  # ids, a float Input); a structure (several tensors cross) keeps its leaves' dtypes
     kept = []  # the weighted calls, in order
     if isinstance(stage.model, keras.Sequential):
         for layer in stage.model.layers:

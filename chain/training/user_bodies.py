@@ -84,6 +84,11 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     if p.balance == "time" and p.split is None:
         from chain.stages.timing import piece_times
 
+        if len(c.boundary[0]) > 1 or c.masked:  # timing feeds each piece one float tensor
+            raise ConfigError(f"placement.balance=time times pieces that take one tensor, but {name} takes several "
+                              "inputs or carries a Keras mask across its cuts: use placement.balance=params, memory "
+                              "or even, or placement.split")
+
         devices = [placement.local_mirrored_devices[0]] * k if placement.layout == MIRRORED else list(placement.devices)
         measured = piece_times(c, devices, placement.physical, batch_cut.per_microbatch, tuple(info.input_shape),
                                progress=settings.trainer.progress)
