@@ -288,3 +288,15 @@ def test_a_schedule_resumes_bit_exact_from_a_checkpoint_inside_the_warmup(tmp_pa
         assert sorted(logged) == list(range(1, n + 1))
         np.testing.assert_allclose([logged[k] for k in sorted(logged)], [float(cosine(k - 1)) for k in sorted(logged)],
                                    rtol=1e-6)
+
+
+def test_a_warmup_schedule_round_trips_through_the_optimizers_config():
+    """`optimizer.get_config()` / `from_config` (what a user's copy of a stage's optimizer does) rebuild the
+    warm-up and the decay after it: the same rates at every step."""
+    from chain.stages.lr_schedules import Warmup
+
+    warm = Warmup(0.1, 4, keras.optimizers.schedules.PolynomialDecay(0.1, 10, end_learning_rate=0.01, power=1.0))
+    config = keras.optimizers.Adam.from_config(keras.optimizers.Adam(learning_rate=warm).get_config()).get_config()
+    again = keras.optimizers.schedules.deserialize(config["learning_rate"])
+    assert isinstance(again, Warmup)
+    assert [float(again(s)) for s in range(16)] == [float(warm(s)) for s in range(16)]

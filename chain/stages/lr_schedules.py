@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 from chain.config.schema import Recipe
 
 
+@keras.saving.register_keras_serializable(package="chain")
 class Warmup(keras.optimizers.schedules.LearningRateSchedule):
     """A linear warm-up from 0 to `peak` over `steps` steps (Keras' `CosineDecay` formula), then
     `after` (a schedule, or None: `peak`) counted from the warm-up's end."""
@@ -46,6 +47,12 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
     def get_config(self) -> dict:
         return {"peak": self.peak, "steps": self.steps,
                 "after": None if self.after is None else keras.optimizers.schedules.serialize(self.after)}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Warmup":
+        after = config.get("after")
+        return cls(config["peak"], config["steps"],
+                   None if after is None else keras.optimizers.schedules.deserialize(after))
 
 
 def learning_rate(spec: Recipe) -> float | keras.optimizers.schedules.LearningRateSchedule:
