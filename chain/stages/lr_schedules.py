@@ -50,9 +50,9 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
 
     @classmethod
     def from_config(cls, config: dict) -> "Warmup":
-        after = config.get("after")
-        return cls(config["peak"], config["steps"],
-                   None if after is None else keras.optimizers.schedules.deserialize(after))
+        args = dict(config)  # get_config's keys are the constructor's
+        after = args.pop("after", None)
+        return cls(**args, after=None if after is None else keras.optimizers.schedules.deserialize(after))
 
 
 def learning_rate(spec: Recipe) -> float | keras.optimizers.schedules.LearningRateSchedule:
