@@ -311,9 +311,10 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
     if sizes is not None:
         check_sizes(c, sizes, "placement.split")
         return list(sizes)
+    weights = c.weights()
     if how == "even":
         sizes = balance.even(len(c.layers), n_stages)
-        if not set(balance.sizes_to_cuts(sizes)) & set(c.blocked) and balance.weighted(sizes, c.weights()):
+        if not set(balance.sizes_to_cuts(sizes)) & set(c.blocked) and balance.weighted(sizes, weights):
             return sizes
         rows = [[1.0] * len(c.layers)] * n_stages  # the most even split the model's cuts allow
     elif how == "params":
@@ -323,7 +324,6 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
     # Cuts one tensor crosses first (the least to send) unless they balance much worse than any cut (an
     # explicit mask every block reads crosses every cut between blocks); never a stage without weights,
     # which would hold a device only to pass tensors on.
-    weights = c.weights()
     one = balance.partition(rows, n_stages, c.allowed, weights=weights)
     found = balance.partition(rows, n_stages, range(1, len(c.layers)), weights=weights)
     if one is not None and (found is None or max(balance.stage_costs(rows, one))
@@ -462,11 +462,14 @@ class Piece:
         holder.lent = lambda owner: owner in lent  # type: ignore[attr-defined]
         again_lent: list[keras.layers.Layer] = []  # layers called again here through a clone lent on this device
 
+        first_call: dict[int, int] = {}  # id(layer) -> the index of its first call (a layer may be called again)
+        for j, x in enumerate(c.layers):
+            first_call.setdefault(id(x), j)
         if start == 0:
             _run_ops(c, -1, made)
         for i in range(start, end):
             layer, node = c.layers[i], c.nodes[i]
-            first = next(j for j, other in enumerate(c.layers) if other is layer)
+            first = first_call[id(layer)]
             if first != i:  # a layer called again (keras_hub's `token_embedding(x, reverse=True)`): its clone
                 again = holder(first)  # on this stage, or a copy of it made here, whose gradients are summed
                 args, kwargs = node.arguments.fill_in(made)
