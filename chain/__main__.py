@@ -131,9 +131,10 @@ def _unit(mode: str) -> str:
     return "variant" if mode == "side_by_side" else "stage"
 
 
-def show_plan(spec: RunSpec) -> None:
-    """plan_only=true: print the placement and the plan, write nothing (no run directory) but the
-    schedule when `pipeline.schedule_out` asks for it."""
+def show_plan(spec: RunSpec, overrides: list[str] | None = None) -> None:
+    """plan_only=true: print the placement and the plan (with placement.plan=auto, the best candidates
+    and the command that runs the chosen one by hand, from the command line's `overrides`), write nothing
+    (no run directory) but the schedule when `pipeline.schedule_out` asks for it."""
     import_tensorflow_quietly()
     from chain.training.build import build
     from chain.training.logs import placement_table
@@ -150,6 +151,10 @@ def show_plan(spec: RunSpec) -> None:
     plan = run.strategy.plan_text(full=True)
     if plan:
         print(plan)
+    if run.auto_plan is not None:
+        from chain.planning import plan_table
+
+        print(plan_table.render(run.auto_plan, overrides))
     out = settings.pipeline.schedule_out
     if out is not None and run.schedule is not None:
         from chain.errors import StorageError
@@ -187,6 +192,10 @@ def _app(cfg: DictConfig) -> None:
         plan = run.strategy.plan_text(full=False)
         if plan:
             print(plan, flush=True)
+        if run.auto_plan is not None:  # logged: chain.log keeps what was chosen, and why
+            from chain.planning import plan_table
+
+            logging.getLogger("chain").info("%s", plan_table.one_line(run.auto_plan))
         run.fit()
         summary = run.summary  # the typed record summary.json was written from
         if summary.side_by_side and summary.side_by_side.ranking:
@@ -261,7 +270,7 @@ def _main() -> None:
             spec = check_config(cfg)  # every config error that needs no TensorFlow
             settings = spec.settings
             if settings.plan_only:
-                return show_plan(spec)
+                return show_plan(spec, overrides)
             _preflight, overrides = preflight(spec, str(cfg.hydra.run.dir), overrides)
         else:
             from chain.config.hydra import check_flag_order

@@ -1,8 +1,8 @@
 """Write the field list of summary.json in docs/run-directory.md from the records it is written from.
 
-Walks `chain.records.summaries.Summary` (and its stages, sections, out-of-memory events and
-ranking) with `chain.records.serial.fields_of`: each JSON key with its meaning (the field's
-`help`). The list sits between the two marker lines of docs/run-directory.md; the rest of the
+Walks `chain.records.summaries.Summary` (and its stages, sections, out-of-memory events, ranking
+and plan=auto's plan) with `chain.records.serial.fields_of`: each JSON key with its meaning (the
+field's `help`). The list sits between the two marker lines of docs/run-directory.md; the rest of the
 page is prose. No TensorFlow is imported.
 
     python scripts/summary_reference.py           # rewrite the list in docs/run-directory.md
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from chain.records.serial import fields_of
-from chain.records.summaries import DataWait, OomEvent, Ranked, StageSummary, Summary
+from chain.records.summaries import DataWait, OomEvent, PlanFields, PlannedCandidate, Ranked, StageSummary, Summary
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "run-directory.md"
@@ -48,6 +48,8 @@ def render() -> str:
     lines += _sections(Summary, "top level")
     lines += _sections(StageSummary, "per stage")
     lines += ["", "`data_wait_ms`:", "", *_rows(DataWait)]
+    lines += ["", "`plan` (placement.plan=auto):", "", *_rows(PlanFields),
+              "", "Each of `plan.ranked`:", "", *_rows(PlannedCandidate)]
     lines += ["", "Each of `oom_events`:", "", *_rows(OomEvent),
               "", "Each of `ranking`:", "", *_rows(Ranked), "", END]
     return "\n".join(lines)

@@ -173,6 +173,40 @@ class DataWait:
 
 
 @dataclass(frozen=True)
+class PlannedCandidate:
+    """placement.plan=auto: one of the best candidates the search ranked (`plan.ranked`)."""
+
+    rank: int | None = item("its place, from 1: the chosen plan first, then the others by predicted step")
+    overrides: list[str] | None = item("the overrides that run it by hand")
+    predicted_step_ms: float | None = item("its predicted step (ms): its schedule replayed on the measured times")
+    examples_per_second: float | None = item("the global batch over the predicted step")
+    bubble_fraction: float | None = item("the idle share of its devices in that replay")
+    devices: list[str] | None = item("the devices it uses (null: left to the planner)")
+    peak_bytes: list[int] | None = item("each used device's estimated peak memory")
+    memory_bytes: list[int | None] | None = item("each used device's memory (null: not known, as logical CPUs)")
+
+
+@dataclass(frozen=True)
+class PlanFields:
+    """placement.plan=auto: the plan the search chose, its predicted step next to the run's measured one."""
+
+    overrides: list[str] | None = item("the chosen plan's overrides: after the run's own (without placement.plan), "
+                                       "they run it by hand")
+    predicted_step_ms: float | None = item("the chosen plan's predicted step (ms)")
+    measured_step_ms: float | None = item(
+        "the run's measured step (ms): the median over its timed steps (every call but the first, which traces; a "
+        "call of trainer.steps_per_call steps counts as that many steps of its mean time); null: the run made one call")
+    ratio: float | None = item("measured_step_ms / predicted_step_ms (null: not measured)")
+    measuring_s: float | None = item("seconds spent measuring the pieces (0: read from the run directory's cache)")
+    searching_s: float | None = item("seconds spent predicting and ranking the candidates")
+    cached: bool | None = item("whether the measurements were read from the run directory (a resume measures "
+                               "nothing)")
+    candidates: int | None = item("the candidates predicted")
+    dropped_for_memory: int | None = item("the candidates dropped: over a device's memory by the estimate")
+    ranked: list[PlannedCandidate] | None = item("the best candidates, the chosen first (each: the fields below)")
+
+
+@dataclass(frozen=True)
 class Summary:
     """summary.json: what every run writes, then what the way of training adds."""
 
@@ -217,3 +251,5 @@ class Summary:
         "process-wide peak is compared with (null: a stage's estimate unknown)", default=None, omit_none=True)
     skipped_records: int | None = item("data.stream with data.on_bad_record=skip: the bad records skipped (by this "
                                        "process: a resume counts from 0)", default=None, omit_none=True)
+    plan: PlanFields | None = item("placement.plan=auto: the chosen plan, predicted against measured (absent with "
+                                   "placement.plan=manual)", default=None, omit_none=True)

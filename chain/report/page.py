@@ -1,9 +1,10 @@
 """The report as one self-contained HTML page: every figure is a PNG embedded as a data URI,
 the styles are inline, nothing is fetched when the page is viewed.
 
-One run (`single`): its curves (the chain's, then each stage's), the placement table, the
-planned and measured timelines with the measured statistics and the balance advice, peak
-memory per device, throughput, and the config with its overrides. Several runs
+One run (`single`): its curves (the chain's, then each stage's), the placement table, with
+placement.plan=auto the chosen plan's predicted step beside the measured one and the ranked
+candidates, the planned and measured timelines with the measured statistics and the balance
+advice, peak memory per device, throughput, and the config with its overrides. Several runs
 (`comparison`): a table of final metrics, and curves overlaid run on run.
 """
 
@@ -109,6 +110,36 @@ def placement_section(rec: RunRecord) -> str:
     if rec.facts.peak_memory_scope == "process":
         out.append("<p class='note'>peak memory on CPU is the process's (logical CPU devices share one allocator): "
                    "every stage shows the same figure.</p>")
+    return "\n".join(out)
+
+
+def plan_section(rec: RunRecord) -> str:
+    """placement.plan=auto: predicted against measured (step and examples/s), the chosen plan's overrides,
+    the planning's times, and the best candidates; nothing for a plan by hand."""
+    plan = rec.facts.plan
+    if plan is None:
+        return ""
+    per_step = rec.facts.examples_per_step
+
+    def rate(ms):
+        return per_step * 1000.0 / ms if isinstance(ms, (int, float)) and ms > 0 and per_step else None
+
+    rows = [("step (ms)", plan.predicted_step_ms, plan.measured_step_ms),
+            ("examples per second", rate(plan.predicted_step_ms), rate(plan.measured_step_ms))]
+    ratio = f"{plan.ratio:.2f}×" if plan.ratio is not None else "not measured (the run made one call)"
+    measuring = ("read from the run directory's cache" if plan.cached else
+                 f"measured in {number(plan.measuring_s, 3)} s")
+    out = ['<h2 id="plan">Plan</h2>', table(("", "predicted", "measured"), rows, "plan"),
+           f"<p>measured / predicted: <b>{esc(ratio)}</b> (measured: the median timed step)</p>",
+           f"<p>chosen: <code>{esc(' '.join(plan.overrides or []))}</code></p>",
+           f"<p class='note'>planning: {esc(measuring)}, searched {number(plan.candidates)} candidates in "
+           f"{number(plan.searching_s, 3)} s ({number(plan.dropped_for_memory)} dropped: over memory)</p>"]
+    if plan.ranked:
+        out.append(table(("rank", "overrides", "predicted step (ms)", "examples/s", "bubble", "peak / memory (MiB)"),
+                         [(r.rank, " ".join(r.overrides or []), r.predicted_step_ms, r.examples_per_second,
+                           r.bubble_fraction, ", ".join(f"{number(mib(pk), 3)} / {number(mib(m), 4) if m is not None else '—'}"
+                                                        for pk, m in zip(r.peak_bytes or [], r.memory_bytes or [])))
+                          for r in plan.ranked], "candidates"))
     return "\n".join(out)
 
 
@@ -218,7 +249,7 @@ def single(rec: RunRecord) -> str:
     if rec.summary is None:
         facts.append("no summary.json (the run did not finish)")
     body = [f"<h1>chain run {esc(rec.name)}</h1>", f"<p>{esc(rec.path)}: {esc(', '.join(facts))}</p>",
-            curve_section(rec), placement_section(rec), timeline_section(rec), memory_section(rec), config_section(rec)]
+            curve_section(rec), placement_section(rec), plan_section(rec), timeline_section(rec), memory_section(rec), config_section(rec)]
     return document(f"chain run {rec.name}", body)
 
 

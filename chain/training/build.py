@@ -91,7 +91,7 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     placement = placement.noted(*clipping_notes)
     strategy = ways.create(settings, placement, dataset.info, spec.batch_cut, spec.schedule, bodies=bodies,
                            labels=labels)
-    run = Run(settings, strategy, dataset, run_dir)
+    run = Run(settings, strategy, dataset, run_dir, spec.auto_plan)
     if placement.cluster:  # the workers serve on after the run: watched as long as this process lives
         cluster.Watchdog(placement.cluster, settings.cluster.lost_after_s, run.intact).start()
     elif placement.multi_worker:  # every host ends its own run: its peers are watched while it trains

@@ -7,7 +7,9 @@ run?" (`limit`). `Cadences.call_length` asks them all: a call of up to
 evaluation (each sees the state of its own step, and so do the test hooks after a
 checkpoint), and inside the profiled window (`trainer.profile`) every step is a call of its
 own, so each step has its own interval in the trace. Logging ends no call: its lines and
-TensorBoard points are written after the call, from each step's losses.
+TensorBoard points are written after the call, from each step's losses. With
+`placement.plan=auto` one more check is due once (`PlanCheck`): the measured step against the
+plan's prediction, after the first `PLAN_CHECK_STEPS` timed steps.
 
 Steps count from 1; `done` is the number of steps taken so far (`Run.global_step`: on
 resume, the restored checkpoint's step), so a resumed run is due at the same steps as one
@@ -78,6 +80,29 @@ class Logging:
         return n
 
 
+PLAN_CHECK_STEPS = 10  # plan=auto: the timed steps (the first call, which traces, left out) the check waits for
+PLAN_MARGIN = 0.25  # plan=auto: a measured step further than this share from the predicted one is reported
+
+
+@dataclass(frozen=True)
+class PlanCheck:
+    """placement.plan=auto: the measured step against the predicted one, once a run: when the timed steps
+    (every call's but the first's) first reach `after`, or at the end of a run that timed fewer."""
+
+    predicted_ms: float
+    after: int = PLAN_CHECK_STEPS
+    margin: float = PLAN_MARGIN
+
+    def due(self, before: int, now: int, last: bool) -> bool:
+        """Whether the call that took the timed steps from `before` to `now` (`last`: the run's last
+        call) is the one to check after."""
+        return before < self.after <= now or (last and 0 < now < self.after)
+
+    def off(self, measured_ms: float) -> bool:
+        """Whether `measured_ms` is further from the prediction than `margin` of it, either way."""
+        return abs(measured_ms - self.predicted_ms) > self.margin * self.predicted_ms
+
+
 @dataclass(frozen=True)
 class Cadences:
     """Every cadence of one run, and the call lengths they leave (`call_length`)."""
@@ -88,14 +113,17 @@ class Cadences:
     evaluation: Every
     logging: Logging
     profile: Span | None = None
+    plan: PlanCheck | None = None  # placement.plan=auto: ends no call
 
     @classmethod
-    def of(cls, trainer: Trainer, checkpoint_every: int) -> Cadences:
+    def of(cls, trainer: Trainer, checkpoint_every: int, predicted_ms: float | None = None) -> Cadences:
         """The cadences `trainer` sets; `checkpoint_every`: `checkpoint.every` when the run saves
-        checkpoints (it has a directory), else 0."""
+        checkpoints (it has a directory), else 0; `predicted_ms`: plan=auto's predicted step (None:
+        a plan by hand, nothing to check)."""
         return cls(steps=trainer.steps, per_call=trainer.steps_per_call, checkpoint=Every(checkpoint_every),
                    evaluation=Every(trainer.eval_every), logging=Logging(trainer.log_every, trainer.steps),
-                   profile=Span(*trainer.profile) if trainer.profile else None)
+                   profile=Span(*trainer.profile) if trainer.profile else None,
+                   plan=PlanCheck(predicted_ms) if predicted_ms is not None else None)
 
     def call_length(self, done: int) -> int:
         """How many steps the call after step `done` runs: up to `per_call`, never past `steps`,

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
@@ -25,6 +26,7 @@ from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
 from chain.errors import ChainError, StorageError, first_line
 from chain.planning import memory
+from chain.planning.candidates import AutoPlan
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
 from chain.records.summaries import DataWait, Summary
@@ -34,8 +36,8 @@ from chain.steps.numerics import finite_or_none, judge
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import Evaluation
 from chain.training import failures, validation
-from chain.training.cadence import Cadences
-from chain.training.summary import Ending, summarize
+from chain.training.cadence import Cadences, PlanCheck
+from chain.training.summary import Ending, plan_fields, summarize
 
 if TYPE_CHECKING:
     from chain.state.checkpoints import Checkpoints
@@ -61,15 +63,22 @@ class _Loop:
     started: float | None = None  # when the first call ended: the speed leaves it out (it traces)
     timed_steps: int = 0  # steps taken since `started`
     waits: array.array = field(default_factory=lambda: array.array("d"))  # ms each timed step waited for its batch
+    step_ms: array.array = field(default_factory=lambda: array.array("d"))  # each timed step's share of its call (ms)
 
-    def timed(self, waits_ms: tuple[float, ...]) -> None:
-        """Count a call for the speed and the data wait (its steps' waits for their batches, in
-        ms): the first call of the process only starts the clock (it starts the stream and traces)."""
+    def timed(self, waits_ms: tuple[float, ...], call_s: float = 0.0) -> None:
+        """Count a call for the speed, the data wait (its steps' waits for their batches, in ms) and the
+        step time (`call_s`: the call's seconds, shared evenly among its steps): the first call of the
+        process only starts the clock (it starts the stream and traces)."""
         if self.started is None:
             self.started = time.perf_counter()
         else:
             self.timed_steps += len(waits_ms)
             self.waits.extend(waits_ms)
+            self.step_ms.extend([1000.0 * call_s / len(waits_ms)] * len(waits_ms))
+
+    def median_step_ms(self) -> float | None:
+        """The median of the timed steps' times in ms (None: no step was timed)."""
+        return statistics.median(self.step_ms) if self.step_ms else None
 
     def data_wait(self) -> DataWait | None:
         """Mean and 95th percentile of the timed steps' waits (None: no step was timed)."""
@@ -93,7 +102,8 @@ class Run:
     evaluations on the validation set (`chain.training.validation`).
     """
 
-    def __init__(self, settings: Settings, strategy: Strategy, dataset: Dataset, run_dir: str | None):
+    def __init__(self, settings: Settings, strategy: Strategy, dataset: Dataset, run_dir: str | None,
+                 auto_plan: AutoPlan | None = None):
         self.settings = settings
         self.strategy = strategy
         self.dataset = dataset
@@ -110,6 +120,7 @@ class Run:
         self.watchdog = None  # a multi-worker run's chain.planning.cluster.Watchdog: stopped when fit ends
         self.summary: Summary | None = None  # what fit wrote to summary.json, as its record (None before)
         self._rates: Any = False  # each stage's scheduled learning rate by update (lr_schedules.rates): False before
+        self.auto_plan = auto_plan  # placement.plan=auto: what the search chose (None: a plan by hand)
 
     @property
     def schedule(self):
@@ -324,7 +335,8 @@ class Run:
         window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
         watch = started(t, self.strategy, self.intact)  # trainer.stall_s: says where a step waits
         loop = self._open()
-        cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0)
+        predicted = 1000.0 * self.auto_plan.chosen.step_s if self.auto_plan else None
+        cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0, predicted)
         memory.reset(self.strategy.memory_devices())
         bar = tqdm(total=t.steps, initial=self.global_step, desc="train", unit="step",
                    disable=not t.progress or None, leave=False)
@@ -335,12 +347,16 @@ class Run:
                     n = cadences.call_length(self.global_step)
                     if watch:
                         watch.begin(self.global_step + 1, n)
+                    begun, before = time.perf_counter(), loop.timed_steps
                     outs, waits = self._call(n, window)
                     if watch:
                         watch.end(n)
-                    loop.timed(waits)
+                    loop.timed(waits, time.perf_counter() - begun)
                     for step, out in enumerate(outs, self.global_step - len(outs) + 1):
                         self._after_step(step, out, loop, cadences, callback)
+                    last = self.global_step >= t.steps or self.tracker.exhausted
+                    if cadences.plan and cadences.plan.due(before, loop.timed_steps, last):
+                        self._check_plan(cadences.plan, loop)
                     bar.set_postfix(loss=f"{outs[-1].loss:.4f}", refresh=False)
                     bar.update(len(outs))
             summary = self._close(loop, window)
@@ -435,7 +451,7 @@ class Run:
         ending = Ending(self.global_step, loop.first, loop.last, loop.resumed_from, loop.timed_steps, elapsed,
                         loop.evaluation, self.tracker.best_step)
         summary = self.strategy.complete(summarize(self.settings, self.strategy, self.dataset, ending))
-        summary = replace(summary, data_wait_ms=loop.data_wait())
+        summary = replace(summary, data_wait_ms=loop.data_wait(), plan=plan_fields(self.auto_plan, loop.median_step_ms()))
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
             log.info("speed: %.1f steps/s (%.0f examples/s); a step waited for its batch %.3f ms on average, "
@@ -446,6 +462,18 @@ class Run:
         if loop.writers:
             loop.writers.scalars(self.global_step, [], {"examples_per_second": summary.examples_per_second or 0.0})
         return summary
+
+    def _check_plan(self, check: PlanCheck, loop: _Loop) -> None:
+        """plan=auto: one warning line when the measured step (the median so far) is further from the
+        prediction than the check's margin, naming what may explain it."""
+        from chain.planning import plan_table
+
+        measured, wait, p = loop.median_step_ms(), loop.data_wait(), self.placement
+        if measured is not None and check.off(measured):
+            log.warning("%s", plan_table.mismatch(self.auto_plan, measured, loop.timed_steps,
+                                                  shared_threads=p.kind == "CPU" and not (p.cluster or p.multi_worker),
+                                                  data_wait_ms=wait.mean if wait else None,
+                                                  traced=bool(self.settings.trainer.profile)))
 
     def _write(self, summary: Summary, loop: _Loop) -> Summary:
         """The run's last checkpoint (unless its last step saved one), exports, summary.json and report."""
