@@ -67,11 +67,11 @@ def planning_line(plan: AutoPlan) -> str:
 
 
 def by_hand(plan: AutoPlan, user: Sequence[str]) -> str:
-    """The command that runs the chosen plan by hand: the user's overrides but `placement.plan` and the
-    keys the plan sets, then the plan's overrides."""
+    """The command that runs the chosen plan by hand: the user's overrides but `placement.plan`,
+    `plan_only` and the keys the plan sets, then the plan's overrides."""
     chosen = plan.chosen.candidate.overrides()
-    keys = {override_key(o) for o in chosen}
-    kept = [o for o in user if override_key(o) not in keys and not override_key(o).startswith("placement.plan")]
+    dropped = {override_key(o) for o in chosen} | {"plan_only", "placement.plan", "placement.plan_budget_s"}
+    kept = [o for o in user if override_key(o) not in dropped]
     return shlex.join(["python", "-m", "chain", *kept, *chosen])
 
 
@@ -122,5 +122,5 @@ def mismatch(plan: AutoPlan, measured_ms: float, steps: int, *, shared_threads: 
     else:
         causes.append("the machine was busier while planning than now" +
                       (" (the measurements came from the run directory's cache)" if plan.cached else ""))
-    return (f"plan=auto predicted {predicted:.2f} ms per step, measured {measured_ms:.2f} ms ({ratio:.2f}×, the median "
-            f"of the first {plural(steps, 'timed step')}): " + "; or ".join(causes))
+    return (f"plan=auto predicted {predicted:.2f} ms per step, measured {measured_ms:.2f} ms ({ratio:.2f}×, the "
+            f"median of the first {plural(steps, 'timed step')}): " + "; or ".join(causes))

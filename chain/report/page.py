@@ -135,11 +135,13 @@ def plan_section(rec: RunRecord) -> str:
            f"<p class='note'>planning: {esc(measuring)}, searched {number(plan.candidates)} candidates in "
            f"{number(plan.searching_s, 3)} s ({number(plan.dropped_for_memory)} dropped: over memory)</p>"]
     if plan.ranked:
+        def memory(r) -> str:
+            return ", ".join(f"{number(mib(peak), 3)} / {'—' if m is None else number(mib(m), 4)}"
+                             for peak, m in zip(r.peak_bytes or [], r.memory_bytes or []))
+
         out.append(table(("rank", "overrides", "predicted step (ms)", "examples/s", "bubble", "peak / memory (MiB)"),
                          [(r.rank, " ".join(r.overrides or []), r.predicted_step_ms, r.examples_per_second,
-                           r.bubble_fraction, ", ".join(f"{number(mib(pk), 3)} / {number(mib(m), 4) if m is not None else '—'}"
-                                                        for pk, m in zip(r.peak_bytes or [], r.memory_bytes or [])))
-                          for r in plan.ranked], "candidates"))
+                           r.bubble_fraction, memory(r)) for r in plan.ranked], "candidates"))
     return "\n".join(out)
 
 

@@ -451,7 +451,8 @@ class Run:
         ending = Ending(self.global_step, loop.first, loop.last, loop.resumed_from, loop.timed_steps, elapsed,
                         loop.evaluation, self.tracker.best_step)
         summary = self.strategy.complete(summarize(self.settings, self.strategy, self.dataset, ending))
-        summary = replace(summary, data_wait_ms=loop.data_wait(), plan=plan_fields(self.auto_plan, loop.median_step_ms()))
+        summary = replace(summary, data_wait_ms=loop.data_wait(),
+                          plan=plan_fields(self.auto_plan, loop.median_step_ms()))  # None: a plan by hand
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
             log.info("speed: %.1f steps/s (%.0f examples/s); a step waited for its batch %.3f ms on average, "
