@@ -56,11 +56,11 @@ def test_the_table_shows_each_candidate_its_devices_peaks_against_memory_and_the
     for row, line, p in zip(rows, [line for line in lines if re.match(r"\s+\d\*?\s", line)], plan.ranked):
         assert plan_table.compact(p.candidate.overrides()) in line
         assert f"{1000 * p.step_s:.2f}" in row and f"{p.examples_per_s:,.0f}" in row and f"{p.bubble:.2f}" in row
-        shown = re.findall(r"(\S+ ?\d*) (\d+\.\d)/(\S+?)(?:,|$)", line.split(f"{p.bubble:.2f}", 1)[1].strip())
-        assert [(float(peak), None if mem == "—" else float(mem)) for _, peak, mem in shown] == \
-            [(round(pk / MiB, 1), None if m is None else m / MiB) for pk, m in zip(p.peaks, p.memory)]
-    assert "CPU:0 3.0/—, CPU:1 2.5/—" in text  # the chosen's named devices, memory unknown
-    assert "device 0 1.0/512, device 1 1.0/512, device 2 2.0/—, device 3 2.0/—" in text
+        cells = [c.rsplit(" ", 1)[1].split("/") for c in line.split(f"  {p.bubble:.2f}  ", 1)[1].strip().split(", ")]
+        assert [(float(peak), None if mem == "—" else float(mem)) for peak, mem in cells] == \
+            [(pytest.approx(pk / MiB, rel=5e-3), None if m is None else m / MiB) for pk, m in zip(p.peaks, p.memory)]
+    assert "CPU:0 3/—, CPU:1 2.5/—" in text  # the chosen's named devices, memory unknown
+    assert "device 0 1/512, device 1 1/512, device 2 2/—, device 3 2/—" in text
     assert f"chosen: {' '.join(plan.chosen.candidate.overrides())}" in lines
     assert lines[-1] == "planning: measured in 2.5 s, searched 40 candidates in 0.12 s (7 dropped: over memory)"
     cached = plan_table.render(replace(plan, measuring_s=0.0, cached=True)).splitlines()[-1]
@@ -118,6 +118,17 @@ def test_the_check_is_due_once_after_its_timed_steps_and_off_past_its_margin():
         assert due.count(True) == 1 and counts[due.index(True) + 1] >= PLAN_CHECK_STEPS
     assert check.due(0, 3, last=True) and not check.due(0, 3, last=False)  # a short run: checked at its end
     assert not check.due(0, 0, last=True)  # nothing timed: nothing to compare
+
+
+def test_the_warning_names_the_causes_that_apply():
+    plan = hand_made()
+    slow = plan_table.mismatch(plan, 20.0, 10, shared_threads=False, data_wait_ms=5.0, traced=True)
+    assert slow.startswith("plan=auto predicted 10.00 ms per step, measured 20.00 ms (2.00×, the median of the first "
+                           "10 timed steps): ") and "\n" not in slow
+    assert "waited 5.00 ms for its batch" in slow and "trainer.profile" in slow and "thread pool" not in slow
+    assert "waited" not in plan_table.mismatch(plan, 20.0, 10, data_wait_ms=1.0)  # 5% of the step: not a cause
+    fast = plan_table.mismatch(replace(plan, cached=True), 5.0, 10, shared_threads=True)
+    assert "(0.50×" in fast and "cache" in fast and "thread pool" not in fast
 
 
 def test_the_loops_step_time_is_the_median_of_its_calls_shared_among_their_steps():

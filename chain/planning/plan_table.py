@@ -47,9 +47,14 @@ def memory_cells(p: Prediction) -> str:
     """Each device's predicted peak against its memory, in MB: `CPU:0 12.3/—, CPU:1 11.9/—`."""
     cells = []
     for name, peak, memory in zip(devices(p), p.peaks, p.memory):
-        mem = UNKNOWN if memory is None else f"{memory / MB:.0f}"
-        cells.append(f"{name} {peak / MB:.1f}/{mem}")
+        cells.append(f"{name} {_mb(peak)}/{UNKNOWN if memory is None else _mb(memory)}")
     return ", ".join(cells)
+
+
+def _mb(n: int) -> str:
+    """Bytes in MB: three significant digits below 100 MB (`0.0635`, `12.3`), whole MB above."""
+    mb = n / MB
+    return f"{mb:.0f}" if mb >= 100 else f"{mb:.3g}"
 
 
 def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -105,7 +110,7 @@ def mismatch(plan: AutoPlan, measured_ms: float, steps: int, *, shared_threads: 
     """The one line a run logs when its measured step (`measured_ms`, the median over its first `steps`
     timed steps) is far from the prediction, with what may explain it: logical CPU devices of one
     process (they share one thread pool, so stages do not overlap as the replay assumes), the wait
-    for batches (`data_wait_ms` a step, which the prediction leaves out), profiling (`traced`), or
+    for batches (`data_wait_ms`: a step's median wait, which the prediction leaves out), profiling (`traced`), or
     a machine busier (or quieter) than when the measurements were taken."""
     predicted = 1000 * plan.chosen.step_s
     ratio = measured_ms / predicted if predicted > 0 else float("inf")
@@ -115,7 +120,8 @@ def mismatch(plan: AutoPlan, measured_ms: float, steps: int, *, shared_threads: 
             causes.append("the stages are logical CPU devices of one process, which share one thread pool, so they "
                           "do not overlap as the prediction's replay assumes")
         if data_wait_ms is not None and data_wait_ms > 0.1 * measured_ms:
-            causes.append(f"a step waited {data_wait_ms:.2f} ms for its batch, which the prediction leaves out")
+            causes.append(f"a step waited {data_wait_ms:.2f} ms for its batch (the median), which the prediction "
+                          "leaves out")
         if traced:
             causes.append("trainer.profile traced these steps")
         causes.append("other work on the machine, or costs the measurements missed")

@@ -121,8 +121,8 @@ def plan_section(rec: RunRecord) -> str:
         return ""
     per_step = rec.facts.examples_per_step
 
-    def rate(ms):
-        return per_step * 1000.0 / ms if isinstance(ms, (int, float)) and ms > 0 and per_step else None
+    def rate(ms) -> int | None:
+        return round(per_step * 1000.0 / ms) if isinstance(ms, (int, float)) and ms > 0 and per_step else None
 
     rows = [("step (ms)", plan.predicted_step_ms, plan.measured_step_ms),
             ("examples per second", rate(plan.predicted_step_ms), rate(plan.measured_step_ms))]
@@ -140,7 +140,7 @@ def plan_section(rec: RunRecord) -> str:
                              for peak, m in zip(r.peak_bytes or [], r.memory_bytes or []))
 
         out.append(table(("rank", "overrides", "predicted step (ms)", "examples/s", "bubble", "peak / memory (MiB)"),
-                         [(r.rank, " ".join(r.overrides or []), r.predicted_step_ms, r.examples_per_second,
+                         [(r.rank, " ".join(r.overrides or []), r.predicted_step_ms, rate(r.predicted_step_ms),
                            r.bubble_fraction, memory(r)) for r in plan.ranked], "candidates"))
     return "\n".join(out)
 

@@ -469,11 +469,11 @@ class Run:
         prediction than the check's margin, naming what may explain it."""
         from chain.planning import plan_table
 
-        measured, wait, p = loop.median_step_ms(), loop.data_wait(), self.placement
+        measured, p = loop.median_step_ms(), self.placement
         if measured is not None and check.off(measured):
             log.warning("%s", plan_table.mismatch(self.auto_plan, measured, loop.timed_steps,
                                                   shared_threads=p.kind == "CPU" and not (p.cluster or p.multi_worker),
-                                                  data_wait_ms=wait.mean if wait else None,
+                                                  data_wait_ms=statistics.median(loop.waits),
                                                   traced=bool(self.settings.trainer.profile)))
 
     def _write(self, summary: Summary, loop: _Loop) -> Summary:
