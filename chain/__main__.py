@@ -192,10 +192,6 @@ def _app(cfg: DictConfig) -> None:
         plan = run.strategy.plan_text(full=False)
         if plan:
             print(plan, flush=True)
-        if run.auto_plan is not None:  # logged: chain.log keeps what was chosen, and why
-            from chain.planning import plan_table
-
-            logging.getLogger("chain").info("%s", plan_table.one_line(run.auto_plan))
         run.fit()
         summary = run.summary  # the typed record summary.json was written from
         if summary.side_by_side and summary.side_by_side.ranking:

@@ -143,13 +143,15 @@ def test_the_loops_step_time_is_the_median_of_its_calls_shared_among_their_steps
 
 def planned_run(tmp_path, measured_ms: float, caplog, monkeypatch, *extra: str) -> tuple[dict, list[str]]:
     """A tiny run carrying `hand_made()` (predicted 10 ms) whose measured median step is `measured_ms`;
-    its summary and the plan warnings it logged."""
+    its summary and the plan warnings it logged (after the chosen plan's line, logged once, first)."""
     monkeypatch.setattr(run_module._Loop, "median_step_ms", lambda self: measured_ms if self.step_ms else None)
     spec = replace(chain.prepare([*TINY, "trainer.steps=4", *extra]), auto_plan=hand_made())
     run_dir = str(tmp_path / "run")
-    with caplog.at_level(logging.WARNING, logger="chain"):
+    with caplog.at_level(logging.INFO, logger="chain"):
         chain.build(spec, run_dir=run_dir).fit()
-    return read_summary(run_dir), [r.getMessage() for r in caplog.records if "plan=auto predicted" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if r.name == "chain"]
+    assert lines[0] == plan_table.one_line(hand_made()) and lines.count(lines[0]) == 1
+    return read_summary(run_dir), [line for line in lines if "plan=auto predicted" in line]
 
 
 def test_a_run_off_its_prediction_by_two_says_so_once_and_its_summary_and_report_show_both(

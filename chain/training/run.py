@@ -335,7 +335,12 @@ class Run:
         window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
         watch = started(t, self.strategy, self.intact)  # trainer.stall_s: says where a step waits
         loop = self._open()
-        predicted = 1000.0 * self.auto_plan.chosen.step_s if self.auto_plan else None
+        predicted = None
+        if self.auto_plan is not None:  # logged after the placement table: chain.log keeps what was chosen
+            from chain.planning import plan_table
+
+            log.info("%s", plan_table.one_line(self.auto_plan))
+            predicted = 1000.0 * self.auto_plan.chosen.step_s
         cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0, predicted)
         memory.reset(self.strategy.memory_devices())
         bar = tqdm(total=t.steps, initial=self.global_step, desc="train", unit="step",
