@@ -113,8 +113,8 @@ def test_the_check_is_due_once_after_its_timed_steps_and_off_past_its_margin():
     assert check.off(20.0) and check.off(5.0)  # twice, or half, the prediction
     assert not check.off(10.0 * (1 + PLAN_MARGIN) - 0.01) and not check.off(10.0 * (1 - PLAN_MARGIN) + 0.01)
     for per_call in (1, 3, PLAN_CHECK_STEPS + 2):  # trainer.steps_per_call
-        counts = [0] + [min(i * per_call, 40) for i in range(1, 40 // per_call + 2)]  # timed steps after each call
-        due = [check.due(a, b, b == 40) for a, b in zip(counts, counts[1:])]
+        counts = [0] + [min(i * per_call, 100) for i in range(1, 100 // per_call + 2)]  # timed steps after each call
+        due = [check.due(a, b, b == 100) for a, b in zip(counts, counts[1:])]
         assert due.count(True) == 1 and counts[due.index(True) + 1] >= PLAN_CHECK_STEPS
     assert check.due(0, 3, last=True) and not check.due(0, 3, last=False)  # a short run: checked at its end
     assert not check.due(0, 0, last=True)  # nothing timed: nothing to compare

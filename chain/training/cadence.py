@@ -80,7 +80,9 @@ class Logging:
         return n
 
 
-PLAN_CHECK_STEPS = 10  # plan=auto: the timed steps (the first call, which traces, left out) the check waits for
+# plan=auto: the timed steps (the first call, which traces, left out) the check waits for: three calls of the
+# default trainer.steps_per_call=8, so that one slow call (the machine, a thread pool warming up) is not the median
+PLAN_CHECK_STEPS = 24
 PLAN_MARGIN = 0.25  # plan=auto: a measured step further than this share from the predicted one is reported
 
 
