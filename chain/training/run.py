@@ -25,7 +25,7 @@ from chain.data import verify as checks
 from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
 from chain.errors import ChainError, StorageError, first_line
-from chain.planning import memory
+from chain.planning import memory, plan_table
 from chain.planning.candidates import AutoPlan
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
@@ -337,8 +337,6 @@ class Run:
         loop = self._open()
         predicted = None
         if self.auto_plan is not None:  # logged after the placement table: chain.log keeps what was chosen
-            from chain.planning import plan_table
-
             log.info("%s", plan_table.one_line(self.auto_plan))
             predicted = 1000.0 * self.auto_plan.chosen.step_s
         cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0, predicted)
@@ -472,8 +470,6 @@ class Run:
     def _check_plan(self, check: PlanCheck, loop: _Loop) -> None:
         """plan=auto: one warning line when the measured step (the median so far) is further from the
         prediction than the check's margin, naming what may explain it."""
-        from chain.planning import plan_table
-
         measured, p = loop.median_step_ms(), self.placement
         if measured is not None and check.off(measured):
             log.warning("%s", plan_table.mismatch(self.auto_plan, measured, loop.timed_steps,
