@@ -31,6 +31,11 @@ FLOAT_BYTES = 4
 SCHEDULES = ("gpipe", "1f1b", "zb1", "interleaved", "zbv")  # what the search tries (sequential never wins)
 RECOMPUTES = ("never", "except_last", "always")
 SHOWN = 5  # predictions kept in AutoPlan.ranked
+# What the run's loop adds to each step outside the compiled step (reading the batch, the step's report,
+# the bookkeeping): measured on this repository's CPU machine as a one-stage run's step less its
+# compiled step's own time.
+LOOP_S = 4e-4
+TIE = 0.02  # predictions this close to the best are taken as equal (the measuring's noise is larger)
 
 
 @dataclass(frozen=True)
@@ -183,7 +188,7 @@ def replay(schedule: Schedule, times: Sequence[StageTimes], costs: Costs, *, rep
         busy[i] += d
     span = max(free)
     bubble = (1 - sum(busy) / (len(rows) * span)) if span else 0.0
-    return span + costs.step_s, bubble
+    return span + costs.step_s + LOOP_S, bubble
 
 
 def _divisors(n: int) -> list[int]:
@@ -297,9 +302,13 @@ def search(costs: Costs, batch: int, stages: Sequence[int], *, grad_accum: int =
     fitting = [p for p in found if p.fits]
     if not fitting:
         raise ConfigError(refusal(found, batch))
-    order = {id(p): i for i, p in enumerate(found)}
-    ranked = sorted(fitting, key=lambda p: (round(p.step_s, 9), order[id(p)]))
-    return AutoPlan(ranked[0], tuple(ranked[:SHOWN]), len(found), len(found) - len(fitting), costs.measuring_s,
+    ranked = sorted(fitting, key=lambda p: p.step_s)  # stable: ties keep `candidates`' order
+    best = ranked[0].step_s
+    # within TIE of the best is within the prediction's error: the simplest such plan (fewest stages, copies and
+    # microbatches, the plainest schedule, least recompute: the order `candidates` lists them in) is chosen
+    chosen = next(p for p in fitting if p.step_s <= best * (1 + TIE))
+    ranked = [chosen, *(p for p in ranked if p is not chosen)]
+    return AutoPlan(chosen, tuple(ranked[:SHOWN]), len(found), len(found) - len(fitting), costs.measuring_s,
                     time.perf_counter() - started)
 
 

@@ -55,7 +55,7 @@ _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say
 _ADDED = {"optim.clip_norm": None, "optim.clip_global_norm": None, "pipeline.batch_norm": "microbatch",
           "optim.fused": False, "placement.exchange_dtype": "float32", "optim.schedule": "constant",
           "optim.warmup_steps": 0, "optim.decay_steps": None, "optim.floor": 0.0,
-          "placement.plan": "manual", "placement.plan_budget_s": 20.0}
+          "placement.plan": "manual", "placement.plan_budget_s": 0.2}
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
 
