@@ -27,6 +27,7 @@ import tensorflow as tf
 from chain.planning.search import Costs
 
 CALLS = 5  # timed calls per measurement at most (the least is taken)
+MIN_CALLS = 3  # and at least, whatever the budget
 REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of one
 ACTIONS = 4  # the chain of small actions whose cost per action is measured
 # The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
@@ -91,7 +92,7 @@ class _Piece:
         one, many = tf.constant(1), tf.constant(1 + REPEAT)
         _seconds(fn, x, g, one)
         lows, highs = [_seconds(fn, x, g, one)], [_seconds(fn, x, g, many)]
-        while len(lows) < calls and time.perf_counter() < deadline:
+        while len(lows) < calls and (len(lows) < MIN_CALLS or time.perf_counter() < deadline):
             lows.append(_seconds(fn, x, g, one))
             highs.append(_seconds(fn, x, g, many))
         return max(min(highs) - min(lows), 0.0) / REPEAT  # other processes only add time: the least is the pass's
@@ -206,13 +207,17 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
                                           else found[(kind, same[j], size)])
 
     for size in ends:
-        at(size, ("F", "FBW"))
-    split = time.perf_counter() < deadline
-    if split:
+        at(size, ("FBW",))
+    kinds = ["FBW"]
+    for kind, cut in (("F", "F, B and W not timed apart (each taken as a third of the pass, as a Dense layer's "
+                            "three products)"),
+                      ("FB", "B and W not timed apart (each taken as half the backward)")):
+        if time.perf_counter() > deadline:
+            notes.append(f"placement.plan_budget_s: {cut}")
+            break
         for size in ends:
-            at(size, ("FB",))
-    else:
-        notes.append("placement.plan_budget_s: B and W not timed apart (each taken as half the backward)")
+            at(size, (kind,))
+        kinds.append(kind)
     measured = list(ends)
     middle = _between(order[1:-1])
     for i, size in enumerate(middle):
@@ -220,14 +225,15 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
             notes.append(f"placement.plan_budget_s: microbatch sizes {sorted(middle[i:])} not measured "
                          f"(interpolated from {sorted(measured)})")
             break
-        at(size, ("F", "FB", "FBW") if split else ("F", "FBW"))
+        at(size, kinds)
         measured.append(size)
     measured.sort()
     forward, input_grad, weight_grad = [], [], []
     for j in range(len(timed)):
-        f = [found[("F", j, n)] for n in measured]
-        fbw = [max(found[("FBW", j, n)], a) for n, a in zip(measured, f)]
-        fb = [min(max(found[("FB", j, n)], a), c) if split else (a + c) / 2 for n, a, c in zip(measured, f, fbw)]
+        fbw = [found[("FBW", j, n)] for n in measured]
+        f = [min(found[("F", j, n)], c) if "F" in kinds else c / 3 for n, c in zip(measured, fbw)]
+        fb = [min(max(found[("FB", j, n)], a), c) if "FB" in kinds else (a + c) / 2
+              for n, a, c in zip(measured, f, fbw)]
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))

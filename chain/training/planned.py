@@ -76,10 +76,13 @@ def _pool(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
     from chain.planning.devices import canonical
 
     p = spec.placement
-    used = [d for row in (p.copies or (p.devices,)) for d in row if d is not None]
-    if p.cluster:
-        pool = list(dict.fromkeys(used))
-        return pool, {d: d for d in pool}
+    if p.cluster:  # as `chain.planning.planner.plan_cluster` pools them: the workers' GPUs, else each one's CPU
+        from chain.planning import cluster
+
+        tasks = cluster.remote_devices(len(p.cluster))
+        gpus = [d for t in tasks for d in t if "/device:GPU:" in d]
+        pool = gpus or [next(d for d in t if "/device:CPU:" in d) for t in tasks if t]
+        return pool, {d: d for d in pool}  # each worker device computes on its own
     pool = [canonical(d.name) for d in tf.config.list_logical_devices(p.kind)]
     physical = {d: p.physical.get(d, "CPU:0" if p.kind == "CPU" else d) for d in pool}
     return pool, physical
