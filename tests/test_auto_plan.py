@@ -137,6 +137,7 @@ def test_on_devices_with_memory_limits_only_plans_the_estimate_fits_are_chosen()
     spec = gpu_spec(limit_mb)
     plan = plan_choice.choose(spec, gpu_costs(spec))
     assert plan.dropped_for_memory > 0
+    assert plan_choice.predict(spec, gpu_costs(spec), plan.chosen.candidate) == plan.chosen  # a given plan alike
     for p in plan.ranked:
         assert p.fits and max(p.peaks) <= limit_mb << 20
     # the chosen plan, prepared as the user would write it, passes the manual plan's own memory check
