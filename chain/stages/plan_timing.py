@@ -27,7 +27,8 @@ import tensorflow as tf
 from chain.planning.search import Costs
 
 CALLS = 5  # timed calls per measurement at most (the least is taken)
-MIN_CALLS = 3  # and at least, whatever the budget
+MIN_CALLS = 3  # and at least, whatever the budget (a pass shorter than LONG)
+LONG = 0.02  # seconds: a pass this long is timed alone (a call's own cost is small beside it)
 REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of one
 ACTIONS = 4  # the chain of small actions whose cost per action is measured
 # The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
@@ -82,16 +83,23 @@ class _Piece:
 
         self.passes = {"F": looped(forward), "FB": looped(gradients([])), "FBW": looped(gradients(variables))}
 
-    def time(self, kind: str, size: int, calls: int, deadline: float) -> float:
-        """Seconds of one pass `kind` on `size` examples: the least of up to `calls` calls of REPEAT
-        passes less one pass (the first call, which may trace, untimed; fewer calls past `deadline`)."""
+    def time(self, kind: str, size: int, calls: int, deadline: float, call_s: float) -> float:
+        """Seconds of one pass `kind` on `size` examples: the least of up to `calls` calls of 1 + REPEAT
+        passes less the least of one pass (the first call, which may trace, untimed; fewer calls past
+        `deadline`). A pass that takes LONG or more is timed alone, less a call's own cost `call_s`,
+        once past the deadline (that cost is then a small share of it, and each call is expensive)."""
         with tf.device(self.device):
             x = tf.random.stateless_normal((size, *self.in_shape), seed=(1, size))
             g = tf.random.stateless_normal((size, *self.out_shape), seed=(2, size))
         fn = self.passes[kind]
         one, many = tf.constant(1), tf.constant(1 + REPEAT)
         _seconds(fn, x, g, one)
-        lows, highs = [_seconds(fn, x, g, one)], [_seconds(fn, x, g, many)]
+        lows = [_seconds(fn, x, g, one)]
+        if lows[0] >= LONG:
+            while len(lows) < calls and time.perf_counter() < deadline:
+                lows.append(_seconds(fn, x, g, one))
+            return max(min(lows) - call_s, 0.0)
+        highs = [_seconds(fn, x, g, many)]
         while len(lows) < calls and (len(lows) < MIN_CALLS or time.perf_counter() < deadline):
             lows.append(_seconds(fn, x, g, one))
             highs.append(_seconds(fn, x, g, many))
@@ -199,11 +207,12 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
     found: dict[tuple[str, int, int], float] = {}  # (pass, piece, size) -> seconds
 
     same = list(same) if same is not None else list(range(len(models)))
+    call = _call_cost(device)
 
     def at(size: int, kinds: Sequence[str]) -> None:
         for j, piece in enumerate(timed):
             for kind in kinds:
-                found[(kind, j, size)] = (piece.time(kind, size, CALLS, deadline) if same[j] == j
+                found[(kind, j, size)] = (piece.time(kind, size, CALLS, deadline, call) if same[j] == j
                                           else found[(kind, same[j], size)])
 
     for size in ends:
@@ -237,7 +246,6 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
-    call = _call_cost(device)
     action = ACTION_SCALE * _action_cost(pool[:2])
     largest = max(range(len(models)), key=lambda j: params[j])
     update_l = max(0.0, _update(models[largest], optimizer(), device) - call)

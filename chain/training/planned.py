@@ -65,6 +65,9 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
 
         source = model if model is not None else load_model(s.stages[0].model)
         cuttable = cut.analyse(source, source.name or "model")
+        if len(cuttable.boundary[0]) > 1 or cuttable.masked:  # the timing feeds each piece one float tensor
+            raise ConfigError(f"placement.plan=auto times pieces that take one tensor, but {cuttable.name} takes "
+                              "several inputs or carries a Keras mask across its cuts: set placement.plan=manual")
     if costs is None:
         cached = False
         costs = _measure(s, spec, pool, physical, cuttable)
