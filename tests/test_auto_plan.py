@@ -21,7 +21,7 @@ from chain.prepared import plan_choice, prepare
 from chain.stages import plan_timing
 from chain.training import build as building, planned
 from compare import trains_like_one_device, weights
-from conftest import DEVICES, run_cli
+from conftest import DEVICES, read_summary, run_cli
 
 L = keras.layers
 BASE = ["mode=e2e", "optim=sgd", "optim.lr=0.1", "data=synthetic", "data.features=6", "data.classes=4",
@@ -137,6 +137,7 @@ def test_on_devices_with_memory_limits_only_plans_the_estimate_fits_are_chosen()
     spec = gpu_spec(limit_mb)
     plan = plan_choice.choose(spec, gpu_costs(spec))
     assert plan.dropped_for_memory > 0
+    assert plan_choice.predict(spec, gpu_costs(spec), plan.chosen.candidate) == plan.chosen  # a given plan alike
     for p in plan.ranked:
         assert p.fits and max(p.peaks) <= limit_mb << 20
     # the chosen plan, prepared as the user would write it, passes the manual plan's own memory check
@@ -173,6 +174,11 @@ def test_the_command_line_runs_plan_auto_and_refuses_it_outside_e2e(tmp_path):
     r = run_cli(tmp_path, *BASE, "+stages=2", "trainer.steps=3", "hydra.run.dir=out")
     assert r.returncode == 0, r.stderr
     assert os.path.isfile(tmp_path / "out" / planned.CACHE) and os.path.isfile(tmp_path / "out" / "summary.json")
+    stamp = os.stat(tmp_path / "out" / planned.CACHE).st_mtime_ns
+    r = run_cli(tmp_path, *BASE, "+stages=2", "trainer.steps=5", "hydra.run.dir=out", "resume=true")
+    assert r.returncode == 0, r.stderr  # the same plan again, from the cache: the checkpoint's settings match
+    assert read_summary(tmp_path / "out")["resumed_from"] == 3
+    assert os.stat(tmp_path / "out" / planned.CACHE).st_mtime_ns == stamp
     r = run_cli(tmp_path, *[o for o in BASE if o != "mode=e2e"], "mode=local", "hydra.run.dir=bad")
     assert r.returncode != 0 and "placement.plan=auto" in r.stderr and "mode=e2e" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -19,7 +19,7 @@ from chain.config import Settings, checks
 from chain.config.schema import Body, KerasModel
 from chain.errors import ConfigError
 from chain.planning import fit, search
-from chain.planning.candidates import AutoPlan, Candidate
+from chain.planning.candidates import AutoPlan, Candidate, Prediction
 from chain.planning.footprint import StageCost
 from chain.planning.search import Costs
 from chain.prepared import estimate
@@ -144,6 +144,18 @@ def choose(spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCo
     costs = replace(costs, step_s=costs.step_s / s.trainer.steps_per_call)  # a call runs steps_per_call steps
     return search.search(costs, s.data.batch_size, stage_counts(s, costs), grad_accum=s.trainer.grad_accum,
                          peaks=peaks_of(spec, costs, stage_cost), memory=device_memory(spec, costs.devices))
+
+
+def predict(spec: RunSpec, costs: Costs, c: Candidate, stage_cost: Callable[[int, int], StageCost] | None = None
+            ) -> Prediction:
+    """One given candidate's prediction for `spec` (as `choose` predicts each: its step, bubble, and each
+    device's estimated peak against its memory), e.g. a benchmark's grid plan. A cut model's candidate
+    gives its `split` (layers per stage, on the pieces' bounds); a built-in model's has none."""
+    s = spec.settings
+    stage_cost = stage_cost or stage_range_costs(s, spec)
+    costs = replace(costs, step_s=costs.step_s / s.trainer.steps_per_call)
+    return search.predict(costs, c, _piece_bounds(costs, c), s.data.batch_size, grad_accum=s.trainer.grad_accum,
+                          peaks=peaks_of(spec, costs, stage_cost), memory=device_memory(spec, costs.devices))
 
 
 def planned(spec: RunSpec, plan: AutoPlan) -> RunSpec:

@@ -27,6 +27,8 @@ import tensorflow as tf
 from chain.planning.search import Costs
 
 CALLS = 5  # timed calls per measurement at most (the least is taken)
+MIN_CALLS = 3  # and at least, whatever the budget (a pass shorter than LONG)
+LONG = 0.02  # seconds: a pass this long is timed alone (a call's own cost is small beside it)
 REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of one
 ACTIONS = 4  # the chain of small actions whose cost per action is measured
 # The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
@@ -81,17 +83,24 @@ class _Piece:
 
         self.passes = {"F": looped(forward), "FB": looped(gradients([])), "FBW": looped(gradients(variables))}
 
-    def time(self, kind: str, size: int, calls: int, deadline: float) -> float:
-        """Seconds of one pass `kind` on `size` examples: the least of up to `calls` calls of REPEAT
-        passes less one pass (the first call, which may trace, untimed; fewer calls past `deadline`)."""
+    def time(self, kind: str, size: int, calls: int, deadline: float, call_s: float) -> float:
+        """Seconds of one pass `kind` on `size` examples: the least of up to `calls` calls of 1 + REPEAT
+        passes less the least of one pass (the first call, which may trace, untimed; fewer calls past
+        `deadline`). A pass that takes LONG or more is timed alone, less a call's own cost `call_s`, twice
+        past the deadline (that cost is then a small share of it, and each call is expensive)."""
         with tf.device(self.device):
             x = tf.random.stateless_normal((size, *self.in_shape), seed=(1, size))
             g = tf.random.stateless_normal((size, *self.out_shape), seed=(2, size))
         fn = self.passes[kind]
         one, many = tf.constant(1), tf.constant(1 + REPEAT)
         _seconds(fn, x, g, one)
-        lows, highs = [_seconds(fn, x, g, one)], [_seconds(fn, x, g, many)]
-        while len(lows) < calls and time.perf_counter() < deadline:
+        lows = [_seconds(fn, x, g, one)]
+        if lows[0] >= LONG:
+            while len(lows) < calls and (len(lows) < 2 or time.perf_counter() < deadline):
+                lows.append(_seconds(fn, x, g, one))
+            return max(min(lows) - call_s, 0.0)
+        highs = [_seconds(fn, x, g, many)]
+        while len(lows) < calls and (len(lows) < MIN_CALLS or time.perf_counter() < deadline):
             lows.append(_seconds(fn, x, g, one))
             highs.append(_seconds(fn, x, g, many))
         return max(min(highs) - min(lows), 0.0) / REPEAT  # other processes only add time: the least is the pass's
@@ -198,21 +207,26 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
     found: dict[tuple[str, int, int], float] = {}  # (pass, piece, size) -> seconds
 
     same = list(same) if same is not None else list(range(len(models)))
+    call = _call_cost(device)
 
     def at(size: int, kinds: Sequence[str]) -> None:
         for j, piece in enumerate(timed):
             for kind in kinds:
-                found[(kind, j, size)] = (piece.time(kind, size, CALLS, deadline) if same[j] == j
+                found[(kind, j, size)] = (piece.time(kind, size, CALLS, deadline, call) if same[j] == j
                                           else found[(kind, same[j], size)])
 
     for size in ends:
-        at(size, ("F", "FBW"))
-    split = time.perf_counter() < deadline
-    if split:
+        at(size, ("FBW",))
+    kinds = ["FBW"]
+    for kind, cut in (("F", "F, B and W not timed apart (each taken as a third of the pass, as a Dense layer's "
+                            "three products)"),
+                      ("FB", "B and W not timed apart (each taken as half the backward)")):
+        if time.perf_counter() > deadline:
+            notes.append(f"placement.plan_budget_s: {cut}")
+            break
         for size in ends:
-            at(size, ("FB",))
-    else:
-        notes.append("placement.plan_budget_s: B and W not timed apart (each taken as half the backward)")
+            at(size, (kind,))
+        kinds.append(kind)
     measured = list(ends)
     middle = _between(order[1:-1])
     for i, size in enumerate(middle):
@@ -220,18 +234,18 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
             notes.append(f"placement.plan_budget_s: microbatch sizes {sorted(middle[i:])} not measured "
                          f"(interpolated from {sorted(measured)})")
             break
-        at(size, ("F", "FB", "FBW") if split else ("F", "FBW"))
+        at(size, kinds)
         measured.append(size)
     measured.sort()
     forward, input_grad, weight_grad = [], [], []
     for j in range(len(timed)):
-        f = [found[("F", j, n)] for n in measured]
-        fbw = [max(found[("FBW", j, n)], a) for n, a in zip(measured, f)]
-        fb = [min(max(found[("FB", j, n)], a), c) if split else (a + c) / 2 for n, a, c in zip(measured, f, fbw)]
+        fbw = [found[("FBW", j, n)] for n in measured]
+        f = [min(found[("F", j, n)], c) if "F" in kinds else c / 3 for n, c in zip(measured, fbw)]
+        fb = [min(max(found[("FB", j, n)], a), c) if "FB" in kinds else (a + c) / 2
+              for n, a, c in zip(measured, f, fbw)]
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
-    call = _call_cost(device)
     action = ACTION_SCALE * _action_cost(pool[:2])
     largest = max(range(len(models)), key=lambda j: params[j])
     update_l = max(0.0, _update(models[largest], optimizer(), device) - call)

@@ -14,8 +14,8 @@ import json
 import math
 import os
 import time
-from dataclasses import replace
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 import keras
 
@@ -35,9 +35,20 @@ def wanted(spec: RunSpec) -> bool:
     return plan_choice.is_auto(spec.settings) and spec.auto_plan is None
 
 
-def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> RunSpec:
-    """The chosen plan's `RunSpec` (`RunSpec.auto_plan` set) for a `spec` whose placement was applied;
-    `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
+@dataclass(frozen=True)
+class Measured:
+    """What the search reads for a spec: the `Costs` (measured, or the run directory's cache: `cached`) and,
+    for a cut model, each stage's memory cost by its piece range (None: a built-in model's, from the config)."""
+
+    costs: Costs
+    cached: bool
+    stage_cost: Callable[[int, int], StageCost] | None
+
+
+def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> Measured:
+    """The costs of `spec`'s model on the devices its applied placement has (the pool), from
+    RUN_DIR/plan_costs.json when a run there measured them on these devices, else measured now and
+    written there. `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
     s = spec.settings
     cut_model = model is not None or plan_choice.is_cut_model(s)
     plan_choice.refuse_given(s, cut_model)
@@ -54,6 +65,9 @@ def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None)
 
         source = model if model is not None else load_model(s.stages[0].model)
         cuttable = cut.analyse(source, source.name or "model")
+        if len(cuttable.boundary[0]) > 1 or cuttable.masked:  # the timing feeds each piece one float tensor
+            raise ConfigError(f"placement.plan=auto times pieces that take one tensor, but {cuttable.name} takes "
+                              "several inputs or carries a Keras mask across its cuts: set placement.plan=manual")
     if costs is None:
         cached = False
         costs = _measure(s, spec, pool, physical, cuttable)
@@ -62,9 +76,15 @@ def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None)
 
             os.makedirs(run_dir, exist_ok=True)
             write_json(path, serial.to_json(costs))
-    stage_cost = _cut_costs(cuttable, costs) if cuttable is not None else None
-    plan = plan_choice.choose(spec, costs, stage_cost)
-    plan = replace(plan, measuring_s=0.0 if cached else costs.measuring_s, cached=cached)
+    return Measured(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None)
+
+
+def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> RunSpec:
+    """The chosen plan's `RunSpec` (`RunSpec.auto_plan` set) for a `spec` whose placement was applied
+    (`measured`, then `chain.prepared.plan_choice.choose` and `planned`)."""
+    m = measured(spec, run_dir, model)
+    plan = plan_choice.choose(spec, m.costs, m.stage_cost)
+    plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached)
     return plan_choice.planned(spec, plan)
 
 
@@ -76,10 +96,13 @@ def _pool(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
     from chain.planning.devices import canonical
 
     p = spec.placement
-    used = [d for row in (p.copies or (p.devices,)) for d in row if d is not None]
-    if p.cluster:
-        pool = list(dict.fromkeys(used))
-        return pool, {d: d for d in pool}
+    if p.cluster:  # as `chain.planning.planner.plan_cluster` pools them: the workers' GPUs, else each one's CPU
+        from chain.planning import cluster
+
+        tasks = cluster.remote_devices(len(p.cluster))
+        gpus = [d for t in tasks for d in t if "/device:GPU:" in d]
+        pool = gpus or [next(d for d in t if "/device:CPU:" in d) for t in tasks if t]
+        return pool, {d: d for d in pool}  # each worker device computes on its own
     pool = [canonical(d.name) for d in tf.config.list_logical_devices(p.kind)]
     physical = {d: p.physical.get(d, "CPU:0" if p.kind == "CPU" else d) for d in pool}
     return pool, physical
