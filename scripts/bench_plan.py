@@ -1,6 +1,6 @@
 """`placement.plan=auto` against a grid of plans, each measured end to end on two single-core workers.
 
-    python scripts/bench_plan.py                           # three models, >= 24 plans each, 5 repeats
+    python scripts/bench_plan.py                           # three models, 28 plans each, 5 rounds
     python scripts/bench_plan.py --models wide --repeats 9 --markdown
     python scripts/bench_plan.py --quick                   # smoke: tiny models, a few plans, 1 repeat
 
@@ -18,14 +18,15 @@ search may choose its cut:
 - `mobilenet`: keras.applications MobileNetV2 (alpha 0.35, weights=None, 32x32x3, 10 classes), batch 64.
 
 SGD, float32, `trainer.steps_per_call=1` (a call of the compiled step is one step). For each model,
-first `placement.plan=auto` plans on the two workers (`chain.training.planned.settle`, the build's own
-path: the measuring, cached in a scratch run directory, and the search), then the grid: copies R and
-stages K in {K=1 R=1, K=1 R=2, K=2 R=1} x M in {1, 2, 4, 8} x schedule in {gpipe, 1f1b, zb1} (K=1 has one
-schedule: gpipe), 1F1B and GPipe with `recompute=always` at M = 4 and 8, interleaved and zbv (K=4 on the two
-workers) at M = 4 and 8: 26 plans where all are legal. Each plan is a `Candidate` of the search itself
-(`chain.planning.search.candidates` on the measured costs: its cut and devices are the ones plan=auto
-would run), so every grid plan has its predicted step too (`chain.planning.search.predict`); the plan
-auto chose is in the grid (added when the grid lacks it).
+first `placement.plan=auto` plans on the two workers (`chain.training.planned.measured`, then
+`chain.prepared.plan_choice.choose`: what the build's `planned.settle` does; the measurements cached in a
+scratch run directory), then the grid: copies R and stages K in {K=1 R=1, K=1 R=2, K=2 R=1} x M in
+{1, 2, 4, 8} x schedule in {gpipe, 1f1b, zb1} (K=1 has one schedule: gpipe), 1F1B and GPipe with
+`recompute=always` at M = 4 and 8, interleaved and zbv (K=4 on the two workers) at M = 4 and 8: 28 plans
+where all are legal. Each plan is a `Candidate` of the search itself (`chain.planning.search.candidates`
+on the measured costs: its cut and devices are the ones plan=auto would run), with its predicted step
+(`plan_choice.predict`); the plan auto chose is in the grid (added when the grid lacks it), and the run
+plan=auto builds is timed beside it (`auto/hand`: the same plan, so about 1).
 
 Each plan's step is timed through `Run.strategy.call` (the call `fit` makes) on a batch that starts on
 this process, as `Run` feeds it, after `--warmup` calls; the plans are timed in `--repeats` rounds, each
@@ -131,48 +132,45 @@ def host_batch(shape: Shape):
     return x, {"label": y}
 
 
-def plan_auto(shape: Shape, base: list[str], run_dir: str):
-    """plan=auto's own planning (the build's path): the planned `RunSpec` and the seconds it took."""
+def plan_auto(shape: Shape, base: list[str], run_dir: str, budget: float | None):
+    """plan=auto's own planning, the build's path (`budget`: placement.plan_budget_s, None: its default):
+    the spec it plans from (placement applied), what it measured (cached in `run_dir`), the planned
+    `RunSpec` and the seconds planning took."""
     import chain
-    from chain.prepared import prepare
+    from chain.prepared import plan_choice, prepare
     from chain.training import build as building, planned
 
     started = time.perf_counter()
-    spec = prepare(chain.compose([*base, "placement.plan=auto"]))
+    extra = [] if budget is None else [f"placement.plan_budget_s={budget}"]
+    spec = prepare(chain.compose([*base, "placement.plan=auto", *extra]))
     spec = replace(spec, placement=building.apply(spec))
-    spec = planned.settle(spec, run_dir, make(shape))
-    return spec, time.perf_counter() - started
+    m = planned.measured(spec, run_dir, make(shape))  # as `planned.settle` does
+    plan = plan_choice.choose(spec, m.costs, m.stage_cost)
+    plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached)
+    chosen = plan_choice.planned(spec, plan)
+    return spec, m, chosen, time.perf_counter() - started
 
 
-def grid(shape: Shape, spec, run_dir: str, wanted: list[tuple]) -> tuple[list, object]:
-    """The grid's candidates as the search makes them (its cut and devices), each with its prediction,
-    and the measured costs; the chosen candidate added when the grid lacks it."""
-    import json
-
+def grid(shape: Shape, spec, m, chosen, wanted: list[tuple]) -> list:
+    """The grid's candidates as the search makes them (its cut and devices), each with its predicted step
+    (`plan_choice.predict`, as the search predicts each); the chosen candidate added when the grid lacks it."""
     from chain.planning import search
     from chain.prepared import plan_choice
-    from chain.records import serial
-    from chain.training import planned
 
-    with open(os.path.join(run_dir, planned.CACHE)) as f:
-        costs = serial.from_json(search.Costs, json.load(f))
-    # as `plan_choice.choose` predicts: a call runs steps_per_call steps (1 here)
-    per_step = replace(costs, step_s=costs.step_s / spec.settings.trainer.steps_per_call)
-    found = {(c.stages, c.replicas, c.microbatches, c.schedule, c.recompute): (c, b)
-             for c, b in search.candidates(costs, shape.batch, plan_choice.stage_counts(spec.settings, costs))}
-    chosen = spec.auto_plan.chosen.candidate
+    found = {(c.stages, c.replicas, c.microbatches, c.schedule, c.recompute): c
+             for c, _ in search.candidates(m.costs, shape.batch, plan_choice.stage_counts(spec.settings, m.costs))}
     keys = [k for k in wanted if k in found]
     key = (chosen.stages, chosen.replicas, chosen.microbatches, chosen.schedule, chosen.recompute)
     if key not in keys:
         keys.append(key)
     out = []
     for k in keys:
-        c, bounds = found[k]
+        c = found[k]
         if k == key and c != chosen:  # the same search on the same costs: not expected
             print(f"# {shape.name}: the search's candidate {c} differs from the chosen {chosen}", flush=True)
             c = chosen
-        out.append((c, search.predict(per_step, c, bounds, shape.batch).step_s))
-    return out, costs
+        out.append((c, plan_choice.predict(spec, m.costs, c, m.stage_cost).step_s))
+    return out
 
 
 def name_of(c) -> str:
@@ -193,17 +191,18 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
     base = base_overrides(shape, cluster.option, scratch)
     run_dir = os.path.join(scratch, shape.name)
     os.makedirs(run_dir, exist_ok=True)
-    spec, planning_s = plan_auto(shape, base, run_dir)
-    plan = spec.auto_plan
+    before, measured, spec, planning_s = plan_auto(shape, base, run_dir, a.plan_budget)
+    plan, costs = spec.auto_plan, measured.costs
     chosen = plan.chosen.candidate
     print(f"# {shape.name}: plan=auto chose {name_of(chosen)} ({' '.join(chosen.overrides())}), predicted "
           f"{plan.chosen.step_s * 1e3:.1f} ms; planning {planning_s:.1f} s (measuring {plan.measuring_s:.1f} s, "
           f"searching {plan.searching_s:.2f} s, {plan.candidates} candidates)", flush=True)
-    plans, costs = grid(shape, spec, run_dir, QUICK_GRID if a.quick else GRID)
+    plans = grid(shape, before, measured, chosen, QUICK_GRID if a.quick else GRID)
     x, ys = host_batch(shape)
     steps, started = [], time.time()
-    for c, _ in plans:
+    for i, (c, _) in enumerate(plans):
         steps.append(chain.build(chain.compose([*base, *c.overrides()]), model=make(shape)).strategy.call)
+        print(f"# {shape.name}: built {i + 1}/{len(plans)} at {time.time() - started:.0f} s", end="\r", flush=True)
     # the run plan=auto makes: timed beside its overrides written by hand
     steps.append(chain.build(spec, model=make(shape)).strategy.call)
     for _ in range(a.warmup):  # after every build: the first calls after another plan's build are slow
@@ -240,9 +239,22 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
                 auto_ms=medians[-1] * 1e3, ratio=statistics.median(paired), quiet_pairs=len(quiet_paired),
                 quiet_ratio=median(quiet_paired), predicted_ms=plan.chosen.step_s * 1e3,
                 planning_s=planning_s, measuring_s=plan.measuring_s, searching_s=plan.searching_s,
-                candidates=plan.candidates, notes=costs.notes,
+                candidates=plan.candidates, notes=costs.notes, costs=costs_summary(costs),
                 foreign=statistics.median(t[1] for ts in times for t in ts),
                 auto_vs_hand=statistics.median(u[0] / h[0] for u, h in zip(auto_ts, times[ci])))
+
+
+def costs_summary(costs) -> str:
+    """What plan=auto measured, in brief: per microbatch size the pieces' summed F, B and W; the fixed
+    costs; the transfer and the exchange."""
+    sizes = "; ".join(f"size {n}: F {sum(costs.at(costs.forward, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
+                      f"B {sum(costs.at(costs.input_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
+                      f"W {sum(costs.at(costs.weight_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} ms"
+                      for n in costs.sizes)
+    return (f"{len(costs.pieces)} pieces, measured {sizes}; updates {sum(costs.update) * 1e3:.2f} ms; action "
+            f"{costs.action_s * 1e3:.3f} ms; step (a call) {costs.step_s * 1e3:.2f} ms; transfer "
+            f"{costs.transfer_latency_s * 1e3:.3f} ms + {costs.transfer_s_per_byte * 1e9:.3f} ns/B; exchange "
+            f"{costs.exchange_latency_s * 1e3:.3f} ms + {costs.exchange_s_per_byte * 1e9:.3f} ns/B")
 
 
 def write_findings(a, result: dict) -> None:
@@ -251,7 +263,7 @@ def write_findings(a, result: dict) -> None:
     load = " ".join(open("/proc/loadavg").read().split()[:3])
     lines = [f"\n## {stamp} bench_plan.py {result['model']} (batch {result['batch']}, {a.repeats} rounds x {a.steps} "
              f"steps, two single-core workers, {kernel_name()}, load {load}, foreign CPU median "
-             f"{result['foreign']:.2f} cores{', QUICK smoke run: not figures' if a.quick else ''})"]
+             f"{result['foreign']:.2f} cores, plan_budget_s {a.plan_budget or 'default'}{', QUICK smoke run: not figures' if a.quick else ''})"]
     for row in result["rows"]:
         q = f"{row['quiet_ms']:.1f}" if row["quiet"] else "-"
         lines.append(f"- {stamp} {result['model']} `{row['overrides']}`: measured {row['measured_ms']:.1f} ms "
@@ -261,6 +273,7 @@ def write_findings(a, result: dict) -> None:
                  f"best {result['best']} {result['best_ms']:.1f} ms; time(chosen)/time(best) {result['ratio']:.3f}; "
                  f"predicted/measured {result['predicted_ms'] / result['chosen_ms']:.3f}; planning "
                  f"{result['planning_s']:.1f} s; cost notes: {'; '.join(result['notes']) or 'none'}")
+    lines.append(f"- {stamp} {result['model']}: the costs plan=auto measured: {result['costs']}")
     with open(a.findings, "a") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -305,6 +318,7 @@ def main() -> None:
     p.add_argument("--quiet", type=float, default=0.2, help="foreign CPU (cores) below which a measurement is quiet")
     p.add_argument("--quick", action="store_true", help="smoke test: tiny models, 4 plans (+ the chosen), 1 round")
     p.add_argument("--findings", default=FINDINGS, help="append each plan's figures here ('' : nowhere)")
+    p.add_argument("--plan-budget", type=float, default=None, help="placement.plan_budget_s (default: its default)")
     p.add_argument("--markdown", action="store_true")
     a = p.parse_args()
     if a.quick:
