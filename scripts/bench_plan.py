@@ -15,7 +15,10 @@ search may choose its cut:
 
 - `wide`: 8 Dense(1024, tanh) and a 10-class read-out (bench_pipeline.py's layers), batch 256;
 - `deep`: 16 Dense(256, tanh) and the read-out (narrow and deep: many short actions), batch 256;
-- `mobilenet`: keras.applications MobileNetV2 (alpha 0.35, weights=None, 32x32x3, 10 classes), batch 64.
+- `transformer`: a small pre-norm transformer encoder written here (4 blocks of 4-head attention and a 4x
+  feed-forward, width 128, 32 positions, mean-pooled), batch 64;
+- `mobilenet`: keras.applications MobileNetV2 (alpha 0.35, weights=None, 32x32x3, 10 classes), batch 64
+  (not in the default run: 155 layers, each of the 28 plans takes minutes to build on 2 shared cores).
 
 SGD, float32, `trainer.steps_per_call=1` (a call of the compiled step is one step). For each model,
 first `placement.plan=auto` plans on the two workers (`chain.training.planned.measured`, then
@@ -56,7 +59,7 @@ from chain.worker import LocalCluster
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 FINDINGS = "/work/briefs/s3/benchplan-findings.md"
-MODELS = ("wide", "deep", "mobilenet")
+MODELS = ("wide", "deep", "transformer", "mobilenet")
 # (K, R) x M x schedule: the grid (module docstring); recompute=always and the two-stages-per-device
 # schedules fill it where K=1 has one schedule only.
 GRID = ([(1, 1, m, "gpipe", "never") for m in (1, 2, 4, 8)] + [(1, 2, m, "gpipe", "never") for m in (1, 2, 4, 8)]
@@ -76,14 +79,15 @@ class Shape:
     width: int = 0
     depth: int = 0
     image: bool = False
+    seq: int = 0  # a transformer: its sequence length (its input is seq x width floats, flattened)
 
 
 def shapes(quick: bool) -> dict[str, Shape]:
     if quick:
         return {"wide": Shape("wide", 32, 64, 4), "deep": Shape("deep", 32, 16, 8),
-                "mobilenet": Shape("mobilenet", 8, image=True)}
+                "transformer": Shape("transformer", 8, 16, 2, seq=8), "mobilenet": Shape("mobilenet", 8, image=True)}
     return {"wide": Shape("wide", 256, 1024, 8), "deep": Shape("deep", 256, 256, 16),
-            "mobilenet": Shape("mobilenet", 64, image=True)}
+            "transformer": Shape("transformer", 64, 128, 4, seq=32), "mobilenet": Shape("mobilenet", 64, image=True)}
 
 
 def make(shape: Shape):
@@ -94,11 +98,34 @@ def make(shape: Shape):
     if shape.image:
         return keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), classes=10, alpha=0.35,
                                               classifier_activation=None)
+    if shape.seq:
+        return transformer(shape)
     x = keras.Input((shape.width,))
     h = x
     for i in range(shape.depth):
         h = keras.layers.Dense(shape.width, activation="tanh", name=f"dense_{i}")(h)
     return keras.Model(x, keras.layers.Dense(10, name="readout")(h), name=shape.name)
+
+
+def transformer(shape: Shape):
+    """A small pre-norm transformer encoder, written here: `depth` blocks (4-head self-attention and a 4x
+    feed-forward, each a residual) over `seq` positions of `width` features, mean-pooled into the read-out.
+    Its input is flat (the synthetic data's vectors), reshaped first."""
+    import keras
+
+    L = keras.layers
+    x = keras.Input((shape.seq * shape.width,))
+    h = L.Reshape((shape.seq, shape.width))(x)
+    for i in range(shape.depth):
+        a = L.LayerNormalization(name=f"ln_a{i}")(h)
+        a = L.MultiHeadAttention(4, shape.width // 4, name=f"attention_{i}")(a, a)
+        h = L.Add(name=f"residual_a{i}")([h, a])
+        f = L.LayerNormalization(name=f"ln_f{i}")(h)
+        f = L.Dense(4 * shape.width, activation="gelu", name=f"up_{i}")(f)
+        f = L.Dense(shape.width, name=f"down_{i}")(f)
+        h = L.Add(name=f"residual_f{i}")([h, f])
+    h = L.GlobalAveragePooling1D()(L.LayerNormalization(name="ln_out")(h))
+    return keras.Model(x, L.Dense(10, name="readout")(h), name="transformer")
 
 
 def base_overrides(shape: Shape, cluster_option: str, scratch: str) -> list[str]:
@@ -112,7 +139,8 @@ def base_overrides(shape: Shape, cluster_option: str, scratch: str) -> list[str]
                  y=(np.arange(n) % 10).astype("int64"))
         data = ["data=npz", f"data.path={path}", "data.y=y"]
     else:
-        data = ["data=synthetic", f"data.features={shape.width}", "data.classes=10", f"data.samples={shape.batch}"]
+        features = shape.width * (shape.seq or 1)
+        data = ["data=synthetic", f"data.features={features}", "data.classes=10", f"data.samples={shape.batch}"]
     return ["mode=e2e", "optim=sgd", "optim.lr=0.001", *data, f"data.batch_size={shape.batch}", "data.val_fraction=0",
             "trainer.progress=false", "trainer.steps_per_call=1", "checkpoint.export=false", cluster_option,
             "cluster.lost_after_s=120"]  # a loaded machine's worker may not answer the watchdog for 5 s
@@ -125,7 +153,7 @@ def host_batch(shape: Shape):
     from chain.pipeline.step import host
 
     with tf.device(host()):
-        dims = [shape.batch, 32, 32, 3] if shape.image else [shape.batch, shape.width]
+        dims = [shape.batch, 32, 32, 3] if shape.image else [shape.batch, shape.width * (shape.seq or 1)]
         x = tf.random.stateless_normal(dims, seed=[1, 2])
         y = tf.random.stateless_uniform([shape.batch], seed=[2, 3], maxval=10, dtype=tf.int64 if shape.image
                                         else tf.int32)
@@ -311,7 +339,7 @@ def print_tables(a, results: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--models", nargs="+", default=["wide", "deep", "transformer"], choices=MODELS)
     p.add_argument("--repeats", type=int, default=5, help="rounds: every plan timed once per round")
     p.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=2)
