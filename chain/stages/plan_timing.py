@@ -156,21 +156,33 @@ def _action_cost(pool: Sequence[str]) -> float:
 
 
 def _transfer(a: str, b: str) -> tuple[float, float]:
-    """(seconds per byte, latency) of a copy from device `a` to `b`: two sizes, a line through them."""
-    @tf.function(input_signature=[tf.TensorSpec((None,), tf.float32)], autograph=False)
-    def copy(x):
+    """(seconds per byte, latency) of a copy from device `a` to `b`: a tensor made on `a` and summed on `b`
+    in one call, at two sizes, a line through them (less the call's own cost, as measured at the small
+    size: the latency is the small copy's time beyond a call that copies nothing)."""
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def copy(n):
+        with tf.device(a):
+            x = tf.fill(tf.reshape(n, [1]), 1.0) * 1.0
         with tf.device(b):
             return tf.reduce_sum(tf.identity(x))
 
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def stay(n):
+        with tf.device(a):
+            x = tf.fill(tf.reshape(n, [1]), 1.0) * 1.0
+            return tf.reduce_sum(x)
+
     points = []
     for n in (256, 1 << 18):
-        with tf.device(a):
-            x = tf.ones((n,))
-        _seconds(copy, x)
-        points.append((4 * n, min(_seconds(copy, x) for _ in range(5))))
+        size = tf.constant(n)
+        _seconds(copy, size)
+        _seconds(stay, size)
+        moved = min(_seconds(copy, size) for _ in range(3))
+        kept = min(_seconds(stay, size) for _ in range(3))
+        points.append((4 * n, max(moved - kept, 0.0)))
     (b0, t0), (b1, t1) = points
     per_byte = max(0.0, (t1 - t0) / (b1 - b0))
-    return per_byte, max(0.0, t0 - per_byte * b0 - _call_cost(b))
+    return per_byte, max(0.0, t0 - per_byte * b0)
 
 
 def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: str) -> float:
@@ -203,7 +215,9 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
     notes = []
     timed = [_Piece(m, device) for m in models]  # (traced only when first called)
     order = sorted(set(sizes), reverse=True)
-    ends = [order[0]] + ([order[-1]] if len(order) > 1 else [])  # always measured: the search needs two points
+    # always measured: the largest and smallest size and the one halfway between (by ratio), since a pass's
+    # time is not linear in its size between them (caches, kernels): two points and one to bend the line
+    ends = list(dict.fromkeys([order[0], order[-1], order[len(order) // 2]]))
     found: dict[tuple[str, int, int], float] = {}  # (pass, piece, size) -> seconds
 
     same = list(same) if same is not None else list(range(len(models)))
@@ -228,7 +242,7 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
             at(size, (kind,))
         kinds.append(kind)
     measured = list(ends)
-    middle = _between(order[1:-1])
+    middle = _between([n for n in order[1:-1] if n not in ends])
     for i, size in enumerate(middle):
         if time.perf_counter() > deadline:
             notes.append(f"placement.plan_budget_s: microbatch sizes {sorted(middle[i:])} not measured "
