@@ -160,10 +160,11 @@ def test_when_nothing_fits_plan_auto_refuses_in_one_line_naming_the_shortfall():
     (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
     (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),
     (["pipeline.schedule=file", "pipeline.schedule_file=x.csv"], None),
+    (["+stages=[{model: {width: 4}},{}]"], "gives the stages settings of their own"),
 ])
 def test_keys_plan_auto_chooses_given_by_hand_are_one_line(overrides, message, tmp_path):
     try:
-        spec = applied(["+stages=2", *overrides])
+        spec = applied([*([] if any(o.startswith("+stages") for o in overrides) else ["+stages=2"]), *overrides])
     except ConfigError:
         return  # refused before (a schedule file that does not exist)
     with pytest.raises(ConfigError, match=message or "placement.plan"):
