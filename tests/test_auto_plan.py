@@ -183,3 +183,17 @@ def test_the_command_line_runs_plan_auto_and_refuses_it_outside_e2e(tmp_path):
     r = run_cli(tmp_path, *[o for o in BASE if o != "mode=e2e"], "mode=local", "hydra.run.dir=bad")
     assert r.returncode != 0 and "placement.plan=auto" in r.stderr and "mode=e2e" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("candidate", [
+    search.Candidate(2, 2, 2, "1f1b"),
+    search.Candidate(1, 4, 4, "interleaved", virtual_stages=2, devices=(DEVICES[0], DEVICES[1]) * 2),
+    search.Candidate(1, 3, 2, "zb1", devices=tuple(DEVICES[:3])),
+    search.Candidate(1, 2, 4, "gpipe", "always", devices=tuple(DEVICES[:2])),
+])
+def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
+    """What plan=auto runs is what `prepare` makes of the user's config with the candidate's overrides."""
+    settings = chain.compose([*BASE, "+stages=2"])
+    auto = prepare(plan_choice.chosen_settings(settings, candidate))
+    hand = prepare(chain.compose([*BASE, *candidate.overrides()]))
+    assert auto.settings == hand.settings and replace(auto, settings=None) == replace(hand, settings=None)
