@@ -65,9 +65,13 @@ class _Piece:
             @tf.function(input_signature=signature, autograph=False)
             def passes(x, g, n):
                 def body(i, acc):
-                    with tf.device(device):
-                        return i + 1, acc + one(x + acc * 0.0, g)  # each pass after the one before
-                return tf.while_loop(lambda i, acc: i < n, body, (tf.constant(0), tf.constant(0.0)))[1]
+                    return i + 1, acc + one(x + acc * 0.0, g)  # each pass after the one before
+
+                # the loop itself on the device too: on a cluster worker, a loop driven from the client would
+                # add a round trip to every pass
+                with tf.device(device):
+                    return tf.identity(tf.while_loop(lambda i, acc: i < n, body,
+                                                     (tf.constant(0), tf.constant(0.0)))[1])
             return passes
 
         def forward(x, g):
@@ -186,20 +190,26 @@ def _transfer(a: str, b: str) -> tuple[float, float]:
 
 
 def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: str) -> float:
-    """Seconds of one optimizer update of `model`'s weights (made-up gradients)."""
+    """Seconds of one optimizer update of `model`'s weights (made-up gradients, made on the device): a call
+    of 1 + REPEAT updates less a call of one, per update (the call's own cost is not the update's)."""
     variables = model.trainable_variables
     with tf.device(device):
         optimizer.build(variables)
-        grads = [tf.ones_like(v) * 1e-3 for v in variables]
 
-    @tf.function(autograph=False)
-    def step():
-        with tf.device(device):
-            optimizer.apply(grads, variables)
-            return tf.constant(0.0)
+    def updates(count: int):
+        @tf.function(autograph=False)
+        def step():
+            with tf.device(device):
+                grads = [tf.fill(tf.shape(v), 1e-3) for v in variables]
+                for _ in range(count):
+                    optimizer.apply(grads, variables)
+                return tf.identity(tf.constant(0.0))
+        return step
 
-    _seconds(step)
-    return min(_seconds(step) for _ in range(5))
+    one, many = updates(1), updates(1 + REPEAT)
+    _seconds(one)
+    _seconds(many)
+    return max(min(_seconds(many) for _ in range(3)) - min(_seconds(one) for _ in range(3)), 0.0) / REPEAT
 
 
 def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], params: Sequence[int],
@@ -262,7 +272,7 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
     action = ACTION_SCALE * _action_cost(pool[:2])
     largest = max(range(len(models)), key=lambda j: params[j])
-    update_l = max(0.0, _update(models[largest], optimizer(), device) - call)
+    update_l = _update(models[largest], optimizer(), device)
     update = tuple(action + update_l * params[j] / max(params[largest], 1) for j in range(len(models)))
     if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
         per_byte, latency = _transfer(pool[0], pool[1])
