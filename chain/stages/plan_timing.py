@@ -17,7 +17,7 @@ cut and `Costs.notes` says what.
 
 from __future__ import annotations
 
-import statistics
+import logging
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -219,6 +219,16 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
     """`Costs` of `models` (the pieces, built on `pool[0]`, layers `pieces[j]` each, `params[j]` weights)
     at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
     an earlier piece built alike (the same layers on the same input), whose times piece j takes."""
+    logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
+    level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
+    logger.setLevel(logging.ERROR)
+    try:
+        return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same)
+    finally:
+        logger.setLevel(level)
+
+
+def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same) -> Costs:
     started = time.perf_counter()
     deadline = started + budget_s
     device = pool[0]
