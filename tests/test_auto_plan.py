@@ -110,6 +110,9 @@ def test_the_cache_spares_a_resume_the_measuring(tmp_path, monkeypatch):
     assert again.auto_plan.chosen.candidate == first.auto_plan.chosen.candidate
     with pytest.raises(AssertionError, match="measured again"):  # another directory: measured
         planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path / "other"))
+    (tmp_path / planned.CACHE).write_text('{"sizes": "damaged"')
+    with pytest.raises(AssertionError, match="measured again"):  # a damaged cache: measured again
+        planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path))
 
 
 GB = 1 << 30
