@@ -191,25 +191,28 @@ def _transfer(a: str, b: str) -> tuple[float, float]:
 
 def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: str) -> float:
     """Seconds of one optimizer update of `model`'s weights (made-up gradients, made on the device): a call
-    of 1 + REPEAT updates less a call of one, per update (the call's own cost is not the update's)."""
+    of 1 + REPEAT updates (a loop on the device) less a call of one, per update (the call's own cost is not
+    the update's)."""
     variables = model.trainable_variables
     with tf.device(device):
         optimizer.build(variables)
 
-    def updates(count: int):
-        @tf.function(autograph=False)
-        def step():
-            with tf.device(device):
-                grads = [tf.fill(tf.shape(v), 1e-3) for v in variables]
-                for _ in range(count):
-                    optimizer.apply(grads, variables)
-                return tf.identity(tf.constant(0.0))
-        return step
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def updates(n):
+        with tf.device(device):
+            grads = [tf.fill(tf.shape(v), 1e-3) for v in variables]
 
-    one, many = updates(1), updates(1 + REPEAT)
-    _seconds(one)
-    _seconds(many)
-    return max(min(_seconds(many) for _ in range(3)) - min(_seconds(one) for _ in range(3)), 0.0) / REPEAT
+            def body(i):
+                optimizer.apply(grads, variables)  # stateful: the loop's body runs it every iteration
+                return i + 1
+
+            return tf.identity(tf.while_loop(lambda i: i < n, body, [tf.constant(0)])[0])
+
+    one, many = tf.constant(1), tf.constant(1 + REPEAT)
+    _seconds(updates, one)
+    low = min(_seconds(updates, one) for _ in range(3))
+    high = min(_seconds(updates, many) for _ in range(3))
+    return max(high - low, 0.0) / REPEAT
 
 
 def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], params: Sequence[int],
