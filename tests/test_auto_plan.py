@@ -110,6 +110,9 @@ def test_the_cache_spares_a_resume_the_measuring(tmp_path, monkeypatch):
     assert again.auto_plan.chosen.candidate == first.auto_plan.chosen.candidate
     with pytest.raises(AssertionError, match="measured again"):  # another directory: measured
         planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path / "other"))
+    (tmp_path / planned.CACHE).write_text('{"sizes": "damaged"')
+    with pytest.raises(AssertionError, match="measured again"):  # a damaged cache: measured again
+        planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path))
 
 
 GB = 1 << 30
@@ -160,10 +163,11 @@ def test_when_nothing_fits_plan_auto_refuses_in_one_line_naming_the_shortfall():
     (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
     (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),
     (["pipeline.schedule=file", "pipeline.schedule_file=x.csv"], None),
+    (["+stages=[{model: {width: 4}},{}]"], "gives the stages settings of their own"),
 ])
 def test_keys_plan_auto_chooses_given_by_hand_are_one_line(overrides, message, tmp_path):
     try:
-        spec = applied(["+stages=2", *overrides])
+        spec = applied([*([] if any(o.startswith("+stages") for o in overrides) else ["+stages=2"]), *overrides])
     except ConfigError:
         return  # refused before (a schedule file that does not exist)
     with pytest.raises(ConfigError, match=message or "placement.plan"):
@@ -182,3 +186,17 @@ def test_the_command_line_runs_plan_auto_and_refuses_it_outside_e2e(tmp_path):
     r = run_cli(tmp_path, *[o for o in BASE if o != "mode=e2e"], "mode=local", "hydra.run.dir=bad")
     assert r.returncode != 0 and "placement.plan=auto" in r.stderr and "mode=e2e" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("candidate", [
+    search.Candidate(2, 2, 2, "1f1b"),
+    search.Candidate(1, 4, 4, "interleaved", virtual_stages=2, devices=(DEVICES[0], DEVICES[1]) * 2),
+    search.Candidate(1, 3, 2, "zb1", devices=tuple(DEVICES[:3])),
+    search.Candidate(1, 2, 4, "gpipe", "always", devices=tuple(DEVICES[:2])),
+])
+def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
+    """What plan=auto runs is what `prepare` makes of the user's config with the candidate's overrides."""
+    settings = chain.compose([*BASE, "+stages=2"])
+    auto = prepare(plan_choice.chosen_settings(settings, candidate))
+    hand = prepare(chain.compose([*BASE, *candidate.overrides()]))
+    assert auto.settings == hand.settings and replace(auto, settings=None) == replace(hand, settings=None)

@@ -392,7 +392,8 @@ class PlacementSettings:
         "manual: the settings as given; auto (mode=e2e): measure the model's pieces on the run's devices and choose "
         "the stages, split, microbatches, schedule, recompute and copies with the smallest predicted step")
     plan_budget_s: float = setting(number(positive=True, maximum=86400),
-        "placement.plan=auto: seconds the measuring may take (fewer microbatch sizes and calls when short)")
+        "placement.plan=auto: seconds its measuring may take beyond the minimum (each piece's forward and backward "
+        "at the smallest, middle and largest microbatch): F, B, W apart and more sizes while it lasts")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,9 @@ def refuse_given(s: Settings, cut_model: bool) -> None:
     if p.balance != "even":
         raise ConfigError(f"placement.balance={p.balance}: placement.plan=auto cuts the model by its measured times "
                           "itself; remove placement.balance, or set placement.plan=manual")
+    if any(st != s.stages[0] for st in s.stages):  # the chosen plan is written +stages=K: K alike stages
+        raise ConfigError("placement.plan=auto writes its plan as +stages=K of the stage template, but +stages=[...] "
+                          "gives the stages settings of their own: give +stages=N, or set placement.plan=manual")
     if s.pipeline.schedule == "file":
         raise ConfigError("pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
                           "set placement.plan=manual to run a schedule file")

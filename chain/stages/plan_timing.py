@@ -17,7 +17,7 @@ cut and `Costs.notes` says what.
 
 from __future__ import annotations
 
-import statistics
+import logging
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -65,9 +65,13 @@ class _Piece:
             @tf.function(input_signature=signature, autograph=False)
             def passes(x, g, n):
                 def body(i, acc):
-                    with tf.device(device):
-                        return i + 1, acc + one(x + acc * 0.0, g)  # each pass after the one before
-                return tf.while_loop(lambda i, acc: i < n, body, (tf.constant(0), tf.constant(0.0)))[1]
+                    return i + 1, acc + one(x + acc * 0.0, g)  # each pass after the one before
+
+                # the loop itself on the device too: on a cluster worker, a loop driven from the client would
+                # add a round trip to every pass
+                with tf.device(device):
+                    return tf.identity(tf.while_loop(lambda i, acc: i < n, body,
+                                                     (tf.constant(0), tf.constant(0.0)))[1])
             return passes
 
         def forward(x, g):
@@ -119,26 +123,25 @@ def _call_cost(device: str) -> float:
 
 
 def _action_cost(pool: Sequence[str]) -> float:
-    """What an action of a pipeline step costs beyond its work: a chain of ACTIONS small actions built as
-    the step builds them (`chain.pipeline.step`: the input copied in from the previous device, a little
-    work, its sum added to a variable of the device, the action's end as a control edge, a release op on
-    the host and the host's progress marker assigned), less a chain of one, per action."""
+    """What an action of a pipeline step costs beyond its work: a chain of ACTIONS small actions on one
+    device built as the step builds them (`chain.pipeline.step`: a little work, its sum added to a variable
+    of the device, the action's end as a control edge, a release op on the host and the host's progress
+    marker assigned), less a chain of one, per action. A copy between devices is not in it: the replay
+    adds the measured transfer on each crossing."""
     host = "/device:CPU:0"
     with tf.device(host):
         marker = tf.Variable(0, dtype=tf.int64, trainable=False)
-    sums = []
-    for d in pool:
-        with tf.device(d):
-            sums.append(tf.Variable(tf.zeros((8,)), trainable=False))
+    with tf.device(pool[0]):
+        sums = [tf.Variable(tf.zeros((8,)), trainable=False)]
 
     def chained(count: int):
         @tf.function(autograph=False)
         def actions(x):
             done = []
             for i in range(count):
-                with tf.device(pool[i % len(pool)]), tf.control_dependencies(done):
-                    x = tf.identity(x) * 1.0 + 1.0
-                    end = tf.group(sums[i % len(pool)].assign_add(x, read_value=False))
+                with tf.device(pool[0]), tf.control_dependencies(done):
+                    x = x * 1.0 + 1.0
+                    end = tf.group(sums[0].assign_add(x, read_value=False))
                 with tf.device(host), tf.control_dependencies([end]):
                     release = tf.raw_ops.RandomUniform(shape=[1], dtype=tf.float32, seed=1, seed2=1).op
                     done = [release, marker.assign(i, read_value=False)]
@@ -156,38 +159,59 @@ def _action_cost(pool: Sequence[str]) -> float:
 
 
 def _transfer(a: str, b: str) -> tuple[float, float]:
-    """(seconds per byte, latency) of a copy from device `a` to `b`: two sizes, a line through them."""
-    @tf.function(input_signature=[tf.TensorSpec((None,), tf.float32)], autograph=False)
-    def copy(x):
+    """(seconds per byte, latency) of a copy from device `a` to `b`: a tensor made on `a` and summed on `b`
+    in one call, at two sizes, a line through them (less the call's own cost, as measured at the small
+    size: the latency is the small copy's time beyond a call that copies nothing)."""
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def copy(n):
+        with tf.device(a):
+            x = tf.fill(tf.reshape(n, [1]), 1.0) * 1.0
         with tf.device(b):
             return tf.reduce_sum(tf.identity(x))
 
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def stay(n):
+        with tf.device(a):
+            x = tf.fill(tf.reshape(n, [1]), 1.0) * 1.0
+            return tf.reduce_sum(x)
+
     points = []
     for n in (256, 1 << 18):
-        with tf.device(a):
-            x = tf.ones((n,))
-        _seconds(copy, x)
-        points.append((4 * n, min(_seconds(copy, x) for _ in range(5))))
+        size = tf.constant(n)
+        _seconds(copy, size)
+        _seconds(stay, size)
+        moved = min(_seconds(copy, size) for _ in range(3))
+        kept = min(_seconds(stay, size) for _ in range(3))
+        points.append((4 * n, max(moved - kept, 0.0)))
     (b0, t0), (b1, t1) = points
     per_byte = max(0.0, (t1 - t0) / (b1 - b0))
-    return per_byte, max(0.0, t0 - per_byte * b0 - _call_cost(b))
+    return per_byte, max(0.0, t0 - per_byte * b0)
 
 
 def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: str) -> float:
-    """Seconds of one optimizer update of `model`'s weights (made-up gradients)."""
+    """Seconds of one optimizer update of `model`'s weights (made-up gradients, made on the device): a call
+    of 1 + REPEAT updates (a loop on the device) less a call of one, per update (the call's own cost is not
+    the update's)."""
     variables = model.trainable_variables
     with tf.device(device):
         optimizer.build(variables)
-        grads = [tf.ones_like(v) * 1e-3 for v in variables]
 
-    @tf.function(autograph=False)
-    def step():
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def updates(n):
         with tf.device(device):
-            optimizer.apply(grads, variables)
-            return tf.constant(0.0)
+            grads = [tf.fill(tf.shape(v), 1e-3) for v in variables]
 
-    _seconds(step)
-    return min(_seconds(step) for _ in range(5))
+            def body(i):
+                optimizer.apply(grads, variables)  # stateful: the loop's body runs it every iteration
+                return i + 1
+
+            return tf.identity(tf.while_loop(lambda i: i < n, body, [tf.constant(0)])[0])
+
+    one, many = tf.constant(1), tf.constant(1 + REPEAT)
+    _seconds(updates, one)
+    low = min(_seconds(updates, one) for _ in range(3))
+    high = min(_seconds(updates, many) for _ in range(3))
+    return max(high - low, 0.0) / REPEAT
 
 
 def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], params: Sequence[int],
@@ -197,13 +221,25 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
     """`Costs` of `models` (the pieces, built on `pool[0]`, layers `pieces[j]` each, `params[j]` weights)
     at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
     an earlier piece built alike (the same layers on the same input), whose times piece j takes."""
+    logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
+    level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
+    logger.setLevel(logging.ERROR)
+    try:
+        return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same)
+    finally:
+        logger.setLevel(level)
+
+
+def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same) -> Costs:
     started = time.perf_counter()
     deadline = started + budget_s
     device = pool[0]
     notes = []
     timed = [_Piece(m, device) for m in models]  # (traced only when first called)
     order = sorted(set(sizes), reverse=True)
-    ends = [order[0]] + ([order[-1]] if len(order) > 1 else [])  # always measured: the search needs two points
+    # always measured: the largest and smallest size and the one halfway between (by ratio), since a pass's
+    # time is not linear in its size between them (caches, kernels): two points and one to bend the line
+    ends = list(dict.fromkeys([order[0], order[-1], order[len(order) // 2]]))
     found: dict[tuple[str, int, int], float] = {}  # (pass, piece, size) -> seconds
 
     same = list(same) if same is not None else list(range(len(models)))
@@ -228,7 +264,7 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
             at(size, (kind,))
         kinds.append(kind)
     measured = list(ends)
-    middle = _between(order[1:-1])
+    middle = _between([n for n in order[1:-1] if n not in ends])
     for i, size in enumerate(middle):
         if time.perf_counter() > deadline:
             notes.append(f"placement.plan_budget_s: microbatch sizes {sorted(middle[i:])} not measured "
@@ -246,9 +282,9 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
-    action = ACTION_SCALE * _action_cost(pool[:2])
+    action = ACTION_SCALE * _action_cost(pool[:1])
     largest = max(range(len(models)), key=lambda j: params[j])
-    update_l = max(0.0, _update(models[largest], optimizer(), device) - call)
+    update_l = _update(models[largest], optimizer(), device)
     update = tuple(action + update_l * params[j] / max(params[largest], 1) for j in range(len(models)))
     if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
         per_byte, latency = _transfer(pool[0], pool[1])

@@ -112,8 +112,11 @@ def _cached(path: str | None, pool: Sequence[str]) -> Costs | None:
     """The costs a run in this directory measured on these devices (None: none, or other devices)."""
     if not path or not os.path.isfile(path):
         return None
-    with open(path) as f:
-        costs = serial.from_json(Costs, json.load(f))
+    try:
+        with open(path) as f:
+            costs = serial.from_json(Costs, json.load(f))
+    except (OSError, ValueError):  # unreadable or damaged (json's and serial's errors are ValueErrors): measure again
+        return None
     return costs if list(costs.devices) == list(pool) else None
 
 
