@@ -61,7 +61,7 @@ def _only_hydra_files(run_dir: str) -> bool:
         entries = os.listdir(run_dir)
     except FileNotFoundError:
         return True
-    return all(e in (".hydra", ".lock") or e.endswith(".log") for e in entries)
+    return all(e in (".hydra", ".lock", "plan_costs.json") or e.endswith(".log") for e in entries)
 
 
 def _first_missing(run_dir: str) -> str | None:

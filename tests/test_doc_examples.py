@@ -109,6 +109,8 @@ SHOWN = {
     ("cluster.md", "error: cluster worker 1 (localhost:40213) is lost"): "tests/test_cluster.py kills a worker; "
                                                                          "the line's form is compared below",
     ("pipeline.md", "error: stage 0 needs about 195 MB on /device:GPU:0"): "needs a GPU; tests/test_planner.py",
+    ("pipeline.md", "error: placement.plan=auto: no plan fits the devices' memory"): "logical GPUs with memory "
+                                                                                     "limits; tests/test_auto_plan.py",
     ("your-data.md", "error: data.files: record 9 of shards/train-001.tfrecord"): "tests/test_streaming.py",
     ("your-data.md", "error: data.files: a record cannot be read"): "tests/test_streaming.py",
     ("your-data.md", "error: data.path: line 12 of tables/part-0.csv"): "tests/test_streaming.py",

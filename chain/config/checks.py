@@ -255,6 +255,9 @@ def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
         except DeviceError as e:
             raise ConfigError(f"placement.devices[{k}]: {e}") from None
     placement_fits(s.placement, len(s.stages))
+    if s.placement.plan == "auto" and s.mode != "e2e":
+        raise ConfigError(f"placement.plan=auto chooses a pipeline's stages, microbatches and schedule, which only "
+                          f"mode=e2e has (is {s.mode}); set mode=e2e or placement.plan=manual")
     if s.examples_per_step > MAX_BATCH:
         raise ConfigError(f"trainer.grad_accum x data.batch_size = {s.examples_per_step} examples per step; "
                           f"at most {MAX_BATCH}")

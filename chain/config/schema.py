@@ -33,6 +33,7 @@ ON_NAN = ("stop", "skip")
 STALL_ACTIONS = ("report", "stop")  # trainer.stall_action
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "linear")
 BALANCES = ("even", "params", "time", "memory")
+PLANS = ("manual", "auto")  # placement.plan
 BATCH_NORMS = ("microbatch", "deferred")
 RECOMPUTE = ("never", "except_last", "always")  # torchgpipe's checkpoint=...
 
@@ -387,6 +388,12 @@ class PlacementSettings:
     balance: str = setting(choice(*BALANCES),
         "model=keras without split: near-equal layer counts, parameter counts or measured time, or memory (the "
         "smallest largest estimated peak: weights, gradients, optimizer slots and the activations the schedule holds)")
+    plan: str = setting(choice(*PLANS),
+        "manual: the settings as given; auto (mode=e2e): measure the model's pieces on the run's devices and choose "
+        "the stages, split, microbatches, schedule, recompute and copies with the smallest predicted step")
+    plan_budget_s: float = setting(number(positive=True, maximum=86400),
+        "placement.plan=auto: seconds its measuring may take beyond the minimum (each piece's forward and backward "
+        "at the smallest, middle and largest microbatch): F, B, W apart and more sizes while it lasts")
 
 
 @dataclass(frozen=True, kw_only=True)

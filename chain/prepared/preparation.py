@@ -122,7 +122,7 @@ def with_footprints(spec: RunSpec) -> RunSpec:
     s = spec.settings
     footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement, spec.batch_cut, spec.schedule))
     placement = replace(spec.placement, footprints=footprints)
-    if any(f is not None for f in footprints):
+    if any(f is not None for f in footprints) and s.placement.plan != "auto":  # plan=auto's search drops those itself
         fit.check_stages_fit(placement, footprints, spec.inventory,
                              lambda: estimate.alternatives(s, spec.data_info, placement, spec.batch_cut, spec.schedule))
     need = [f.total if f else 0 for f in footprints]  # a user's body: known once built

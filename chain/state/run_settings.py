@@ -46,7 +46,7 @@ FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_
         "trainer.initial_loss_scale",  # float16: the scale itself is restored; this only set its start
         "checkpoint.", "cluster.", "oom.", "placement.devices", "placement.visible", "placement.memory_limit_mb",
         "placement.reserve_mb", "placement.memory_growth", "placement.log_device_placement",
-        "placement.cpu_memory_mb",
+        "placement.cpu_memory_mb", "placement.plan", "placement.plan_budget_s",  # plan=auto's choice is in the others
         "pipeline.recompute")  # what a stage keeps for its backward, not what it computes
 _STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
@@ -54,7 +54,8 @@ _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say
 # before them: a checkpoint without one resumes under that value.
 _ADDED = {"optim.clip_norm": None, "optim.clip_global_norm": None, "pipeline.batch_norm": "microbatch",
           "optim.fused": False, "placement.exchange_dtype": "float32", "optim.schedule": "constant",
-          "optim.warmup_steps": 0, "optim.decay_steps": None, "optim.floor": 0.0}
+          "optim.warmup_steps": 0, "optim.decay_steps": None, "optim.floor": 0.0,
+          "placement.plan": "manual", "placement.plan_budget_s": 0.2}
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
 

@@ -22,7 +22,7 @@ from chain.data import stream_shares
 from chain.planning import cluster, devices, fit, planner
 from chain.planning.planner import Placement
 from chain.prepared import RunSpec, prepare, with_loaded_data
-from chain.training import ways
+from chain.training import planned, ways
 from chain.training.run import Run
 
 
@@ -75,6 +75,9 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
 
     spec = prepare(cfg)
     spec = replace(spec, placement=apply(spec))  # a new record: a `RunSpec` given is never changed
+    if planned.wanted(spec):  # placement.plan=auto: measured on the devices just applied, then the chosen plan's
+        spec = planned.settle(spec, run_dir, model)
+        spec = replace(spec, placement=apply(spec))
     settings = spec.settings
     keras.utils.set_random_seed(settings.seed)  # the user's function may draw random numbers
     dataset = data.load(settings.data, settings.seed, spec.data_info)

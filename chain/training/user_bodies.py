@@ -24,7 +24,7 @@ from chain.prepared import estimate
 from chain.stages.bodies import Body, from_builder
 
 
-def _load(spec: KerasModel) -> keras.Model:
+def load_model(spec: KerasModel) -> keras.Model:
     """The model of `model.path`, after importing `model.imports`; what Keras cannot rebuild is one line."""
     import importlib
 
@@ -162,7 +162,7 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, batch_cut:
         return Resolved([from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement)
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
-        return Resolved(*_cut(settings, placement, info, model if model is not None else _load(keras_spec), name,
+        return Resolved(*_cut(settings, placement, info, model if model is not None else load_model(keras_spec), name,
                               batch_cut, schedule))
     if not any(isinstance(s.model, Builder) for s in settings.stages):
         return Resolved(None, None, placement)

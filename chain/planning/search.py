@@ -1,0 +1,339 @@
+"""`placement.plan=auto`'s search: every candidate plan predicted from measured costs, best first.
+
+`Costs` is what the measuring found (`chain.stages.plan_timing`): per piece of the model (a cut
+model's pieces between its allowed cuts, or a built-in model's stages) and per measured microbatch
+size, the forward (F), input-gradient (B) and weight-gradient (W) seconds; each piece's update, the
+bytes per example crossing a cut after it, its parameters; a fixed cost per action and per step;
+the transfer between two devices and the copies' gradient exchange (seconds per byte and latency);
+and which physical device is behind each device of the pool.
+
+`candidates` enumerates the plans (copies R, stages K, the cut, microbatches M, schedule, recompute;
+only legal combinations), `predict` replays each one's schedule on those costs (`replay`), and
+`search` ranks them by predicted step among those the memory estimate says fit (`peaks`, given by
+the caller: `chain.prepared.auto_plan` asks the estimate). Pure: no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from chain.config.shapes import human
+from chain.errors import ConfigError
+from chain.planning import balance
+from chain.planning.candidates import AutoPlan, Candidate, Prediction
+from chain.schedule import schedules
+from chain.schedule.schedules import Action, Schedule
+
+FLOAT_BYTES = 4
+SCHEDULES = ("gpipe", "1f1b", "zb1", "interleaved", "zbv")  # what the search tries (sequential never wins)
+RECOMPUTES = ("never", "except_last", "always")
+SHOWN = 5  # predictions kept in AutoPlan.ranked
+# What the run's loop adds to each step outside the compiled step (reading the batch, the step's report,
+# the bookkeeping): measured on this repository's CPU machine as a one-stage run's step less its
+# compiled step's own time.
+LOOP_S = 4e-4
+TIE = 0.02  # predictions this close to the best are taken as equal (the measuring's noise is larger)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What `placement.plan=auto` measured (module docstring). `pieces[j]`: layers [a, b) of piece j
+    (a built-in model: stage j, `fixed_cut`); `sizes`: the microbatch sizes measured; `forward[j][i]`,
+    `input_grad[j][i]`, `weight_grad[j][i]`: piece j's seconds at `sizes[i]`; `update[j]`: its optimizer
+    update's seconds; `crossing[j]`: floats per example leaving piece j (what a cut after it sends);
+    `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `transfer_*`,
+    `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
+    exchange; `devices`: the pool the plans draw from, `physical[i]`: the physical device behind
+    `devices[i]` (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
+
+    pieces: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
+    forward: tuple[tuple[float, ...], ...]
+    input_grad: tuple[tuple[float, ...], ...]
+    weight_grad: tuple[tuple[float, ...], ...]
+    update: tuple[float, ...]
+    crossing: tuple[int, ...]
+    params: tuple[int, ...]
+    action_s: float
+    step_s: float
+    transfer_s_per_byte: float
+    transfer_latency_s: float
+    exchange_s_per_byte: float
+    exchange_latency_s: float
+    devices: tuple[str, ...]
+    physical: tuple[str, ...]
+    fixed_cut: bool = False
+    measuring_s: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    def at(self, row: Sequence[Sequence[float]], j: int, size: int) -> float:
+        """Piece j's seconds of `row` (forward, input_grad, weight_grad) at microbatch `size`: measured,
+        or linear between the two nearest sizes (beyond them: the nearest two's line, never below
+        the nearest's per-example cost scaled down)."""
+        values, sizes = row[j], self.sizes
+        if len(sizes) == 1:
+            return values[0] * size / sizes[0]
+        i = min(max(bisect.bisect_left(sizes, size), 1), len(sizes) - 1)
+        (s0, s1), (v0, v1) = (sizes[i - 1], sizes[i]), (values[i - 1], values[i])
+        out = v0 + (v1 - v0) * (size - s0) / (s1 - s0)
+        return max(out, min(v0, v1) * min(1.0, size / min(s0, s1)), 0.0)
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """One stage's seconds per action at the candidate's microbatch: F, B (input gradient), W (weight
+    gradients), its update, and the bytes per microbatch crossing the cut after it."""
+
+    forward: float
+    input_grad: float
+    weight_grad: float
+    update: float
+    out_bytes: int
+    params: int
+
+
+def stage_times(costs: Costs, bounds: Sequence[int], size: int) -> list[StageTimes]:
+    """Each stage's `StageTimes`: stage k holds pieces [bounds[k], bounds[k+1])."""
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        js = range(a, b)
+        out.append(StageTimes(sum(costs.at(costs.forward, j, size) for j in js),
+                              sum(costs.at(costs.input_grad, j, size) for j in js),
+                              sum(costs.at(costs.weight_grad, j, size) for j in js),
+                              sum(costs.update[j] for j in js), costs.crossing[b - 1] * size * FLOAT_BYTES,
+                              sum(costs.params[j] for j in js)))
+    return out
+
+
+def replay(schedule: Schedule, times: Sequence[StageTimes], costs: Costs, *, replicas: int = 1,
+           recompute: str = "never", grad_accum: int = 1, rows_physical: Sequence[Sequence[str]] | None = None
+           ) -> tuple[float, float]:
+    """(predicted step seconds, bubble) of `replicas` copies of `schedule` with `times` per stage:
+    `chain.pipeline.idle.replay` extended with a fixed cost per action, a transfer on each crossing
+    between devices, the recomputed forwards (`recompute`), each stage's update after its last action
+    (after the copies' gradient exchange), the step's fixed cost, and devices that share a physical
+    device (`rows_physical[r][d]`: copy r's device d's) running one action at a time."""
+    split = schedules.is_split(schedule)
+    m = schedule.microbatches
+    at_once = schedules.backward_at_once(schedule)
+    rows: list[list[Action]] = []
+    phys: list[str] = []
+    for r in range(replicas):
+        for d, row in enumerate(schedule.actions):
+            rows.append(schedules.rounds(row, m, grad_accum, replica=r))
+            phys.append(rows_physical[r][d] if rows_physical else f"{r}:{d}")
+    n_rows = len(schedule.actions)
+
+    def took(a: Action) -> float:
+        t = times[a.stage]
+        if a.kind == schedules.FORWARD:
+            return t.forward + costs.action_s
+        if a.kind == schedules.WEIGHT:
+            return t.weight_grad + costs.action_s
+        own = a.microbatch % m
+        again = recompute != "never" and (a.stage, own) not in at_once and \
+            (recompute == "always" or own != m - 1)
+        return t.input_grad + (0.0 if split else t.weight_grad) + (t.forward if again else 0.0) + costs.action_s
+
+    def crossing(k_from: int, k_to: int) -> float:
+        if schedule.row(k_from) == schedule.row(k_to):
+            return 0.0
+        lo = min(k_from, k_to)
+        return costs.transfer_latency_s + times[lo].out_bytes * costs.transfer_s_per_byte
+
+    end: dict[Action, float] = {}
+    free = [0.0] * len(rows)
+    busy = [0.0] * len(rows)
+    nxt = [0] * len(rows)
+    phys_free: dict[str, float] = {p: 0.0 for p in phys}
+    remaining = sum(len(r) for r in rows)
+    while remaining:
+        best, best_start = -1, float("inf")
+        for i, row in enumerate(rows):
+            if nxt[i] >= len(row):
+                continue
+            action = row[nxt[i]]
+            deps = schedules.dependencies(action, schedule.stages, split)
+            if any(d not in end for d in deps):
+                continue
+            ready = max([free[i], phys_free[phys[i]]] + [end[d] + crossing(d.stage, action.stage) for d in deps])
+            if ready < best_start:
+                best, best_start = i, ready
+        if best < 0:
+            raise ValueError(f"{schedule.name}: deadlock in replay")  # schedules.simulate refuses such schedules
+        action = rows[best][nxt[best]]
+        d = took(action)
+        end[action] = best_start + d
+        free[best] = phys_free[phys[best]] = end[action]
+        busy[best] += d
+        nxt[best] += 1
+        remaining -= 1
+    # each stage's update after its last action in every copy and the exchange of its gradients
+    last = {}
+    for i, row in enumerate(rows):
+        for a in row:
+            last[a.stage] = max(last.get(a.stage, 0.0), end[a])
+    updates = []
+    for k in range(schedule.stages):
+        exchange = (costs.exchange_latency_s + times[k].params * FLOAT_BYTES * costs.exchange_s_per_byte
+                    if replicas > 1 else 0.0)
+        for r in range(replicas):
+            updates.append((last[k] + exchange, r * n_rows + schedule.row(k), times[k].update))
+    for ready, i, d in sorted(updates):
+        start = max(ready, free[i], phys_free[phys[i]])
+        free[i] = phys_free[phys[i]] = start + d
+        busy[i] += d
+    span = max(free)
+    bubble = (1 - sum(busy) / (len(rows) * span)) if span else 0.0
+    return span + costs.step_s + LOOP_S, bubble
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def cut_for(costs: Costs, n_stages: int, size: int) -> list[int] | None:
+    """Pieces per stage for `n_stages` stages: `chain.planning.balance.partition` on each piece's
+    measured F + B + W at microbatch `size` (the slowest stage paces a pipeline); every stage holds
+    weights. None when the pieces do not make that many stages."""
+    n = len(costs.pieces)
+    if n_stages > n:
+        return None
+    row = [costs.at(costs.forward, j, size) + costs.at(costs.input_grad, j, size) + costs.at(costs.weight_grad, j, size)
+           for j in range(n)]
+    return balance.partition([row] * n_stages, n_stages, list(range(1, n)), weights=list(costs.params))
+
+
+def candidates(costs: Costs, batch: int, stages: Sequence[int], max_microbatches: int = 64) -> list[tuple[Candidate, list[int]]]:
+    """Every legal plan on `costs.devices` for a global batch of `batch`, with K among `stages`: (the
+    candidate, its stage bounds in pieces). R copies x the devices a copy uses <= the pool; R divides
+    the batch, M the copy's share (at most `max_microbatches`); interleaved with 2 stages per device
+    and zbv (2 per device) where K allows; recompute only with a whole backward."""
+    pool = len(costs.devices)
+    out = []
+    for k in stages:
+        for r in _divisors(batch):
+            share = batch // r
+            for m in [d for d in _divisors(share) if d <= max_microbatches]:
+                if costs.fixed_cut:
+                    sizes = [1] * k
+                else:
+                    sizes = cut_for(costs, k, share // m)
+                    if sizes is None:
+                        continue
+                bounds = [0, *balance.sizes_to_cuts(sizes), sum(sizes)]
+                split = None if costs.fixed_cut else tuple(costs.pieces[b - 1][1] - costs.pieces[a][0]
+                                                           for a, b in zip(bounds, bounds[1:]))
+                for name in SCHEDULES:
+                    shared = name in ("interleaved", "zbv")
+                    if shared and (k % 2 or k < 2):
+                        continue
+                    per_copy = k // 2 if shared else k
+                    if r * per_copy > pool:
+                        continue
+                    try:
+                        schedules.build(name, k, m, per_copy if name == "interleaved" else None)
+                    except ValueError:
+                        continue
+                    for rc in (("never",) if name in ("zb1", "zbv") else RECOMPUTES):
+                        if rc != "never" and k == 1:
+                            continue  # one stage: its only backward follows its forward at once
+                        out.append((Candidate(r, k, m, name, rc, 2 if name == "interleaved" else 1, split,
+                                              _devices(costs, k, per_copy, name, r)), bounds))
+    return out
+
+
+def _devices(costs: Costs, k: int, per_copy: int, name: str, replicas: int) -> tuple[str, ...] | None:
+    """`placement.devices` of a one-copy plan: stage k on the pool's device of its schedule row (None
+    with copies: the planner's own, one device per copy's stage)."""
+    if replicas > 1:
+        return None
+    rows = (schedules.build(name, k, per_copy if name == "interleaved" else 2 * per_copy,
+                            per_copy if name == "interleaved" else None))
+    return tuple(costs.devices[rows.row(s)] for s in range(k))
+
+
+def used_devices(costs: Costs, c: Candidate, schedule: Schedule) -> list[list[str]]:
+    """Copy r's device of each schedule row: the pool's devices, copy after copy."""
+    d = schedule.devices
+    return [[costs.devices[r * d + i] if c.devices is None else c.devices[schedule.row_stages(i)[0]]
+             for i in range(d)] for r in range(c.replicas)]
+
+
+def predict(costs: Costs, c: Candidate, bounds: Sequence[int], batch: int, *, grad_accum: int = 1,
+            peaks: Callable[[Candidate, Schedule], Sequence[int]] | None = None,
+            memory: Mapping[str, int | None] | None = None) -> Prediction:
+    """`c`'s predicted step (its schedule replayed on `costs`), bubble, and each used device's estimated
+    peak (`peaks(c, schedule)`: per stage, bytes; stages sharing a device add up) against its memory."""
+    schedule = schedules.build(c.schedule, c.stages, c.microbatches,
+                               c.stages // c.virtual_stages if c.schedule == "interleaved" else None)
+    size = batch // c.replicas // c.microbatches
+    times = stage_times(costs, bounds, size)
+    where = used_devices(costs, c, schedule)
+    physical = dict(zip(costs.devices, costs.physical))
+    step, bubble = replay(schedule, times, costs, replicas=c.replicas, recompute=c.recompute, grad_accum=grad_accum,
+                          rows_physical=[[physical.get(d, d) for d in row] for row in where])
+    per_stage = list(peaks(c, schedule)) if peaks else [0] * c.stages
+    flat = [d for row in where for d in row]
+    totals = {d: 0 for d in flat}
+    for row in where:
+        for i, d in enumerate(row):
+            totals[d] += sum(per_stage[k] for k in schedule.row_stages(i))
+    mem = memory or {}
+    return Prediction(c, step, bubble, tuple(totals.values()),
+                      tuple(mem.get(d) for d in totals), batch * grad_accum)
+
+
+def search(costs: Costs, batch: int, stages: Sequence[int], *, grad_accum: int = 1,
+           peaks: Callable[[Candidate, Schedule], Sequence[int]] | None = None,
+           memory: Mapping[str, int | None] | None = None, max_microbatches: int = 64) -> AutoPlan:
+    """Every candidate predicted, those over a device's memory dropped, the rest ranked by predicted
+    step (ties: fewer devices, fewer microbatches, the simpler schedule, less recompute: the order
+    `candidates` lists them in). Nothing fits: a ConfigError naming the smallest shortfall."""
+    started = time.perf_counter()
+    found = [predict(costs, c, b, batch, grad_accum=grad_accum, peaks=peaks, memory=memory)
+             for c, b in candidates(costs, batch, stages, max_microbatches)]
+    if not found:
+        raise ConfigError(f"placement.plan=auto: no plan of {', '.join(map(str, stages))} stages runs on the "
+                          f"{len(costs.devices)} device(s) {', '.join(costs.devices)} with data.batch_size={batch}")
+    fitting = [p for p in found if p.fits]
+    if not fitting:
+        raise ConfigError(refusal(found, batch))
+    ranked = sorted(fitting, key=lambda p: p.step_s)  # stable: ties keep `candidates`' order
+    best = ranked[0].step_s
+    # within TIE of the best is within the prediction's error: the simplest such plan (fewest stages, copies and
+    # microbatches, the plainest schedule, least recompute: the order `candidates` lists them in) is chosen
+    chosen = next(p for p in fitting if p.step_s <= best * (1 + TIE))
+    ranked = [chosen, *(p for p in ranked if p is not chosen)]
+    return AutoPlan(chosen, tuple(ranked[:SHOWN]), len(found), len(found) - len(fitting), costs.measuring_s,
+                    time.perf_counter() - started)
+
+
+def refusal(found: Sequence[Prediction], batch: int) -> str:
+    """No candidate fits: one line naming the closest plan, its device and the bytes it lacks, and what
+    would fit."""
+    closest = min(found, key=lambda p: p.shortfall)
+    i = max(range(len(closest.peaks)),
+            key=lambda j: closest.peaks[j] - (closest.memory[j] if closest.memory[j] is not None else closest.peaks[j]))
+    devices = used_devices_of(closest)
+    device = devices[i] if i < len(devices) else f"device {i}"
+    return (f"placement.plan=auto: no plan fits the devices' memory; the closest ({' '.join(closest.candidate.overrides())}) "
+            f"needs about {human(closest.peaks[i])} on {device}, {human(closest.shortfall)} more than its "
+            f"{human(closest.memory[i])}; it would fit with a smaller data.batch_size (at most about "
+            f"{_smaller(closest, batch)}), more devices (or more memory per device: placement.memory_limit_mb), or a "
+            "smaller model")
+
+
+def used_devices_of(p: Prediction) -> list[str]:
+    """The devices a prediction's peaks are listed for (its candidate's, or numbered when planned)."""
+    c = p.candidate
+    return list(dict.fromkeys(c.devices)) if c.devices is not None else [f"device {i}" for i in range(len(p.peaks))]
+
+
+def _smaller(p: Prediction, batch: int) -> int:
+    """A rough batch that would fit: the batch scaled by the tightest device's memory over its peak."""
+    ratios = [m / peak for peak, m in zip(p.peaks, p.memory) if m is not None and peak > 0]
+    return max(1, int(batch * min(ratios, default=1.0)))

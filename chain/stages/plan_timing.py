@@ -1,0 +1,314 @@
+"""Measuring what `placement.plan=auto` predicts from (`chain.planning.search.Costs`), on the run's devices.
+
+Each piece of the model (a cut model's pieces between its allowed cuts, or a built-in model's stages)
+is timed on one device of the pool (logical devices cut from one physical device share its compute,
+as `chain.stages.timing` times them: once per physical device kind, not per candidate), at a few
+microbatch sizes: its forward (F), forward and input gradient (F+B) and forward and every gradient
+(F+B+W), each one compiled function whose batch dimension is free (one trace serves every size), so
+B = (F+B) - F and W = (F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a
+call's own cost (the step's fixed cost), the update of the piece with the most parameters (the
+others scaled by their parameters), and a copy between two devices of the pool at two sizes (seconds
+per byte and latency; the copies' gradient exchange is taken as two such copies: there and back).
+
+`budget_s` bounds the measuring: the largest size first (every piece), then the smallest, then sizes
+between; each measurement is the least of up to `CALLS` calls (another process only adds time); when the budget runs out the rest is
+cut and `Costs.notes` says what.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Mapping, Sequence
+
+import keras
+import tensorflow as tf
+
+from chain.planning.search import Costs
+
+CALLS = 5  # timed calls per measurement at most (the least is taken)
+MIN_CALLS = 3  # and at least, whatever the budget (a pass shorter than LONG)
+LONG = 0.02  # seconds: a pass this long is timed alone (a call's own cost is small beside it)
+REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of one
+ACTIONS = 4  # the chain of small actions whose cost per action is measured
+# The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
+# example's measured steps (3 stages, gpipe M = 1, 4, 16, 1f1b and zb1 M = 4, logical CPUs) its cost per
+# action came out about 1.5 times too small.
+ACTION_SCALE = 1.5
+
+
+def _seconds(fn: Callable, *args) -> float:
+    started = time.perf_counter()
+    out = fn(*args)
+    out.numpy()
+    return time.perf_counter() - started
+
+
+class _Piece:
+    """One piece's three compiled passes (F, F+B, F+B+W), their batch dimension free, each run `n` times
+    in one call (a loop in the graph: the difference between two counts is the passes' own time, without
+    the call's cost, which a step pays once for all its actions)."""
+
+    def __init__(self, model: keras.Model, device: str):
+        self.model, self.device = model, device
+        shape = tuple(model.input_shape[1:])
+        out = tuple(model.output_shape[1:])
+        self.in_shape, self.out_shape = shape, out
+        signature = [tf.TensorSpec((None, *shape), tf.float32), tf.TensorSpec((None, *out), tf.float32),
+                     tf.TensorSpec((), tf.int32)]
+        variables = model.trainable_variables
+
+        def total(ts):
+            return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in ts if t is not None])
+
+        def looped(one):
+            @tf.function(input_signature=signature, autograph=False)
+            def passes(x, g, n):
+                def body(i, acc):
+                    return i + 1, acc + one(x + acc * 0.0, g)  # each pass after the one before
+
+                # the loop itself on the device too: on a cluster worker, a loop driven from the client would
+                # add a round trip to every pass
+                with tf.device(device):
+                    return tf.identity(tf.while_loop(lambda i, acc: i < n, body,
+                                                     (tf.constant(0), tf.constant(0.0)))[1])
+            return passes
+
+        def forward(x, g):
+            return total([model(x, training=True)])
+
+        def gradients(wrt):
+            def one(x, g):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = model(x, training=True)
+                return total(tape.gradient(y, [x, *wrt], output_gradients=tf.cast(g, y.dtype)))
+            return one
+
+        self.passes = {"F": looped(forward), "FB": looped(gradients([])), "FBW": looped(gradients(variables))}
+
+    def time(self, kind: str, size: int, calls: int, deadline: float, call_s: float) -> float:
+        """Seconds of one pass `kind` on `size` examples: the least of up to `calls` calls of 1 + REPEAT
+        passes less the least of one pass (the first call, which may trace, untimed; fewer calls past
+        `deadline`). A pass that takes LONG or more is timed alone, less a call's own cost `call_s`, twice
+        past the deadline (that cost is then a small share of it, and each call is expensive)."""
+        with tf.device(self.device):
+            x = tf.random.stateless_normal((size, *self.in_shape), seed=(1, size))
+            g = tf.random.stateless_normal((size, *self.out_shape), seed=(2, size))
+        fn = self.passes[kind]
+        one, many = tf.constant(1), tf.constant(1 + REPEAT)
+        _seconds(fn, x, g, one)
+        lows = [_seconds(fn, x, g, one)]
+        if lows[0] >= LONG:
+            while len(lows) < calls and (len(lows) < 2 or time.perf_counter() < deadline):
+                lows.append(_seconds(fn, x, g, one))
+            return max(min(lows) - call_s, 0.0)
+        highs = [_seconds(fn, x, g, many)]
+        while len(lows) < calls and (len(lows) < MIN_CALLS or time.perf_counter() < deadline):
+            lows.append(_seconds(fn, x, g, one))
+            highs.append(_seconds(fn, x, g, many))
+        return max(min(highs) - min(lows), 0.0) / REPEAT  # other processes only add time: the least is the pass's
+
+
+def _call_cost(device: str) -> float:
+    """A call's own cost: a compiled call that passes a scalar through (once per step call)."""
+    @tf.function(autograph=False)
+    def nothing(x):
+        with tf.device(device):
+            return tf.identity(x)
+
+    x = tf.constant(1.0)
+    _seconds(nothing, x)
+    return min(_seconds(nothing, x) for _ in range(7))
+
+
+def _action_cost(pool: Sequence[str]) -> float:
+    """What an action of a pipeline step costs beyond its work: a chain of ACTIONS small actions on one
+    device built as the step builds them (`chain.pipeline.step`: a little work, its sum added to a variable
+    of the device, the action's end as a control edge, a release op on the host and the host's progress
+    marker assigned), less a chain of one, per action. A copy between devices is not in it: the replay
+    adds the measured transfer on each crossing."""
+    host = "/device:CPU:0"
+    with tf.device(host):
+        marker = tf.Variable(0, dtype=tf.int64, trainable=False)
+    with tf.device(pool[0]):
+        sums = [tf.Variable(tf.zeros((8,)), trainable=False)]
+
+    def chained(count: int):
+        @tf.function(autograph=False)
+        def actions(x):
+            done = []
+            for i in range(count):
+                with tf.device(pool[0]), tf.control_dependencies(done):
+                    x = x * 1.0 + 1.0
+                    end = tf.group(sums[0].assign_add(x, read_value=False))
+                with tf.device(host), tf.control_dependencies([end]):
+                    release = tf.raw_ops.RandomUniform(shape=[1], dtype=tf.float32, seed=1, seed2=1).op
+                    done = [release, marker.assign(i, read_value=False)]
+            with tf.control_dependencies(done):
+                return tf.identity(tf.reduce_sum(x))
+        return actions
+
+    x = tf.ones((8,))
+    one, many = chained(1), chained(ACTIONS + 1)
+    _seconds(one, x)
+    _seconds(many, x)
+    low = min(_seconds(one, x) for _ in range(5))
+    high = min(_seconds(many, x) for _ in range(5))
+    return max(high - low, 0.0) / ACTIONS
+
+
+def _transfer(a: str, b: str) -> tuple[float, float]:
+    """(seconds per byte, latency) of a copy from device `a` to `b`: a tensor made on `a` and summed on `b`
+    in one call, at two sizes, a line through them (less the call's own cost, as measured at the small
+    size: the latency is the small copy's time beyond a call that copies nothing)."""
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def copy(n):
+        with tf.device(a):
+            x = tf.fill(tf.reshape(n, [1]), 1.0) * 1.0
+        with tf.device(b):
+            return tf.reduce_sum(tf.identity(x))
+
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def stay(n):
+        with tf.device(a):
+            x = tf.fill(tf.reshape(n, [1]), 1.0) * 1.0
+            return tf.reduce_sum(x)
+
+    points = []
+    for n in (256, 1 << 18):
+        size = tf.constant(n)
+        _seconds(copy, size)
+        _seconds(stay, size)
+        moved = min(_seconds(copy, size) for _ in range(3))
+        kept = min(_seconds(stay, size) for _ in range(3))
+        points.append((4 * n, max(moved - kept, 0.0)))
+    (b0, t0), (b1, t1) = points
+    per_byte = max(0.0, (t1 - t0) / (b1 - b0))
+    return per_byte, max(0.0, t0 - per_byte * b0)
+
+
+def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: str) -> float:
+    """Seconds of one optimizer update of `model`'s weights (made-up gradients, made on the device): a call
+    of 1 + REPEAT updates (a loop on the device) less a call of one, per update (the call's own cost is not
+    the update's)."""
+    variables = model.trainable_variables
+    with tf.device(device):
+        optimizer.build(variables)
+
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def updates(n):
+        with tf.device(device):
+            grads = [tf.fill(tf.shape(v), 1e-3) for v in variables]
+
+            def body(i):
+                optimizer.apply(grads, variables)  # stateful: the loop's body runs it every iteration
+                return i + 1
+
+            return tf.identity(tf.while_loop(lambda i: i < n, body, [tf.constant(0)])[0])
+
+    one, many = tf.constant(1), tf.constant(1 + REPEAT)
+    _seconds(updates, one)
+    low = min(_seconds(updates, one) for _ in range(3))
+    high = min(_seconds(updates, many) for _ in range(3))
+    return max(high - low, 0.0) / REPEAT
+
+
+def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], params: Sequence[int],
+            pool: Sequence[str], physical: Mapping[str, str], sizes: Sequence[int], budget_s: float,
+            optimizer: Callable[[], keras.optimizers.Optimizer], fixed_cut: bool,
+            same: Sequence[int] | None = None) -> Costs:
+    """`Costs` of `models` (the pieces, built on `pool[0]`, layers `pieces[j]` each, `params[j]` weights)
+    at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
+    an earlier piece built alike (the same layers on the same input), whose times piece j takes."""
+    logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
+    level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
+    logger.setLevel(logging.ERROR)
+    try:
+        return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same)
+    finally:
+        logger.setLevel(level)
+
+
+def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same) -> Costs:
+    started = time.perf_counter()
+    deadline = started + budget_s
+    device = pool[0]
+    notes = []
+    timed = [_Piece(m, device) for m in models]  # (traced only when first called)
+    order = sorted(set(sizes), reverse=True)
+    # always measured: the largest and smallest size and the one halfway between (by ratio), since a pass's
+    # time is not linear in its size between them (caches, kernels): two points and one to bend the line
+    ends = list(dict.fromkeys([order[0], order[-1], order[len(order) // 2]]))
+    found: dict[tuple[str, int, int], float] = {}  # (pass, piece, size) -> seconds
+
+    same = list(same) if same is not None else list(range(len(models)))
+    call = _call_cost(device)
+
+    def at(size: int, kinds: Sequence[str]) -> None:
+        for j, piece in enumerate(timed):
+            for kind in kinds:
+                found[(kind, j, size)] = (piece.time(kind, size, CALLS, deadline, call) if same[j] == j
+                                          else found[(kind, same[j], size)])
+
+    for size in ends:
+        at(size, ("FBW",))
+    kinds = ["FBW"]
+    for kind, cut in (("F", "F, B and W not timed apart (each taken as a third of the pass, as a Dense layer's "
+                            "three products)"),
+                      ("FB", "B and W not timed apart (each taken as half the backward)")):
+        if time.perf_counter() > deadline:
+            notes.append(f"placement.plan_budget_s: {cut}")
+            break
+        for size in ends:
+            at(size, (kind,))
+        kinds.append(kind)
+    measured = list(ends)
+    middle = _between([n for n in order[1:-1] if n not in ends])
+    for i, size in enumerate(middle):
+        if time.perf_counter() > deadline:
+            notes.append(f"placement.plan_budget_s: microbatch sizes {sorted(middle[i:])} not measured "
+                         f"(interpolated from {sorted(measured)})")
+            break
+        at(size, kinds)
+        measured.append(size)
+    measured.sort()
+    forward, input_grad, weight_grad = [], [], []
+    for j in range(len(timed)):
+        fbw = [found[("FBW", j, n)] for n in measured]
+        f = [min(found[("F", j, n)], c) if "F" in kinds else c / 3 for n, c in zip(measured, fbw)]
+        fb = [min(max(found[("FB", j, n)], a), c) if "FB" in kinds else (a + c) / 2
+              for n, a, c in zip(measured, f, fbw)]
+        forward.append(tuple(f))
+        input_grad.append(tuple(b - a for a, b in zip(f, fb)))
+        weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
+    action = ACTION_SCALE * _action_cost(pool[:1])
+    largest = max(range(len(models)), key=lambda j: params[j])
+    update_l = _update(models[largest], optimizer(), device)
+    update = tuple(action + update_l * params[j] / max(params[largest], 1) for j in range(len(models)))
+    if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
+        per_byte, latency = _transfer(pool[0], pool[1])
+    else:  # logical devices of one physical device: a copy is the sending device's tensor (its cost is the action's)
+        per_byte, latency = 0.0, 0.0
+    crossing = tuple(_floats(m.output_shape[1:]) for m in models)
+    return Costs(pieces=tuple(tuple(p) for p in pieces), sizes=tuple(measured), forward=tuple(forward),
+                 input_grad=tuple(input_grad), weight_grad=tuple(weight_grad), update=update, crossing=crossing,
+                 params=tuple(params), action_s=action, step_s=call, transfer_s_per_byte=per_byte,
+                 transfer_latency_s=latency, exchange_s_per_byte=2 * per_byte, exchange_latency_s=2 * latency,
+                 devices=tuple(pool), physical=tuple(physical.get(d, d) for d in pool), fixed_cut=fixed_cut,
+                 measuring_s=time.perf_counter() - started, notes=tuple(notes))
+
+
+def _between(sizes: Sequence[int]) -> list[int]:
+    """The sizes between the largest and the smallest, the middle ones first (each halves a gap)."""
+    out, rest = [], list(sizes)
+    while rest:
+        out.append(rest.pop(len(rest) // 2))
+    return out
+
+
+def _floats(shape: Sequence[int | None]) -> int:
+    n = 1
+    for d in shape:
+        n *= d or 1
+    return n

@@ -1,0 +1,187 @@
+"""`placement.plan=auto` in the build: measure the model on the run's devices (or read the run
+directory's cache of it), search, and make the chosen plan's `RunSpec` (`chain.prepared.plan_choice`).
+
+Runs after the user's plan was applied (`chain.training.build.apply`): logical devices are configured
+once per process, so the pool the search draws from is the devices that exist then (this machine's
+logical devices of the plan's kind, or the cluster workers' devices), and a chosen plan names its
+devices among them (`placement.devices`). The measurements are written to RUN_DIR/plan_costs.json
+(`chain.records.serial`, atomically): a resume reads them and measures nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import keras
+
+from chain.config import Settings
+from chain.config.schema import Conv
+from chain.errors import ConfigError
+from chain.planning.footprint import StageCost
+from chain.planning.search import Costs
+from chain.prepared import RunSpec, plan_choice
+from chain.records import serial
+
+CACHE = "plan_costs.json"
+
+
+def wanted(spec: RunSpec) -> bool:
+    """Whether `spec` asks for plan=auto and has not been planned yet."""
+    return plan_choice.is_auto(spec.settings) and spec.auto_plan is None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the search reads for a spec: the `Costs` (measured, or the run directory's cache: `cached`) and,
+    for a cut model, each stage's memory cost by its piece range (None: a built-in model's, from the config)."""
+
+    costs: Costs
+    cached: bool
+    stage_cost: Callable[[int, int], StageCost] | None
+
+
+def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> Measured:
+    """The costs of `spec`'s model on the devices its applied placement has (the pool), from
+    RUN_DIR/plan_costs.json when a run there measured them on these devices, else measured now and
+    written there. `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
+    s = spec.settings
+    cut_model = model is not None or plan_choice.is_cut_model(s)
+    plan_choice.refuse_given(s, cut_model)
+    if spec.data_info is None:
+        raise ConfigError(f"placement.plan=auto measures the model on examples of the data's shape, which data="
+                          f"{s.data.name} gives only once TensorFlow reads it: set placement.plan=manual")
+    pool, physical = _pool(spec)
+    path = os.path.join(run_dir, CACHE) if run_dir else None
+    costs, cached = _cached(path, pool), True
+    cuttable = None
+    if cut_model:
+        from chain.stages import cut
+        from chain.training.user_bodies import load_model
+
+        source = model if model is not None else load_model(s.stages[0].model)
+        cuttable = cut.analyse(source, source.name or "model")
+        if len(cuttable.boundary[0]) > 1 or cuttable.masked:  # the timing feeds each piece one float tensor
+            raise ConfigError(f"placement.plan=auto times pieces that take one tensor, but {cuttable.name} takes "
+                              "several inputs or carries a Keras mask across its cuts: set placement.plan=manual")
+    if costs is None:
+        cached = False
+        costs = _measure(s, spec, pool, physical, cuttable)
+        if path:
+            from chain.state.atomic import write_json
+
+            os.makedirs(run_dir, exist_ok=True)
+            write_json(path, serial.to_json(costs))
+    return Measured(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None)
+
+
+def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> RunSpec:
+    """The chosen plan's `RunSpec` (`RunSpec.auto_plan` set) for a `spec` whose placement was applied
+    (`measured`, then `chain.prepared.plan_choice.choose` and `planned`)."""
+    m = measured(spec, run_dir, model)
+    plan = plan_choice.choose(spec, m.costs, m.stage_cost)
+    plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached)
+    return plan_choice.planned(spec, plan)
+
+
+def _pool(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
+    """The devices plans may use and the physical device behind each: a cluster's, the plan's own;
+    else every logical device of the plan's kind that exists (configured once: what the run has)."""
+    import tensorflow as tf
+
+    from chain.planning.devices import canonical
+
+    p = spec.placement
+    if p.cluster:  # as `chain.planning.planner.plan_cluster` pools them: the workers' GPUs, else each one's CPU
+        from chain.planning import cluster
+
+        tasks = cluster.remote_devices(len(p.cluster))
+        gpus = [d for t in tasks for d in t if "/device:GPU:" in d]
+        pool = gpus or [next(d for d in t if "/device:CPU:" in d) for t in tasks if t]
+        return pool, {d: d for d in pool}  # each worker device computes on its own
+    pool = [canonical(d.name) for d in tf.config.list_logical_devices(p.kind)]
+    physical = {d: p.physical.get(d, "CPU:0" if p.kind == "CPU" else d) for d in pool}
+    return pool, physical
+
+
+def _cached(path: str | None, pool: Sequence[str]) -> Costs | None:
+    """The costs a run in this directory measured on these devices (None: none, or other devices)."""
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            costs = serial.from_json(Costs, json.load(f))
+    except (OSError, ValueError):  # unreadable or damaged (json's and serial's errors are ValueErrors): measure again
+        return None
+    return costs if list(costs.devices) == list(pool) else None
+
+
+def _sizes(batch: int, pool: int, max_microbatches: int = 64) -> list[int]:
+    """Every microbatch size a candidate may run: the batch over R copies and M microbatches."""
+    out = set()
+    for r in range(1, min(batch, pool) + 1):
+        if batch % r == 0:
+            share = batch // r
+            out.update(share // m for m in range(1, min(share, max_microbatches) + 1) if share % m == 0)
+    return sorted(out)
+
+
+def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, str], cuttable) -> Costs:
+    """Build the pieces on the pool's first device and time them (`chain.stages.plan_timing`)."""
+    import tensorflow as tf
+
+    from chain.stages import assemble, plan_timing
+
+    started = time.perf_counter()
+    info = spec.data_info
+    if cuttable is None:
+        models, shape, same, seen = [], tuple(info.input_shape), [], {}
+        with tf.device(pool[0]):
+            for k, st in enumerate(s.stages):
+                # stages built alike are timed once (an mlp flattens its input first: its size is what counts)
+                key = (shape if isinstance(st.model, Conv) else math.prod(shape), st.model, k == len(s.stages) - 1)
+                same.append(seen.setdefault(key, k))
+                # as `assemble.build_stages` builds them (float32), without optimizers
+                m = keras.Sequential([keras.Input(shape), *assemble.model_layers(st.model, shape)], name=f"plan_{k}")
+                if k == len(s.stages) - 1:
+                    for layer in assemble.output_layers(info.target(st.target), tuple(m.output_shape[1:])):
+                        m.add(layer)
+                models.append(m)
+                shape = tuple(m.output_shape[1:])
+        pieces = [(k, k + 1) for k in range(len(models))]
+        params = [int(sum(v.numpy().size for v in m.trainable_variables)) for m in models]
+    else:
+        from chain.stages.cut import piece
+
+        points = cuttable.points()
+        pieces = list(zip(points, points[1:]))
+        layer_params = cuttable.params()
+        params = [sum(layer_params[a:b]) for a, b in pieces]
+        same = None
+        models, shape = [], tuple(info.input_shape)
+        with tf.device(pool[0]):
+            for a, b in pieces:
+                m = piece(cuttable, a, b, keras.DTypePolicy("float32"))(shape, None, f"plan_{a}")
+                models.append(m)
+                shape = tuple(m.output_shape[1:])
+    sizes = _sizes(s.data.batch_size, len(pool))
+    budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
+    costs = plan_timing.measure(models, pieces, params, pool, physical, sizes, budget,
+                                lambda: assemble.make_optimizer(s.stages[0].optim), fixed_cut=cuttable is None,
+                                same=same)
+    return replace(costs, measuring_s=time.perf_counter() - started)
+
+
+def _cut_costs(c, costs: Costs):
+    """A cut model's stage cost by piece range, from its layers (as `chain.training.user_bodies` estimates
+    a cut): parameters, layer outputs, the tensors crossing its two cuts, its largest layer."""
+    params, outputs = c.params(), c.outputs()
+
+    def of(a: int, b: int) -> StageCost:
+        lo, hi = costs.pieces[a][0], costs.pieces[b - 1][1]
+        return StageCost(sum(params[lo:hi]), sum(outputs[lo:hi]), c.crossing(lo), c.crossing(hi), max(params[lo:hi]))
+    return of

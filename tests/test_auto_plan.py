@@ -1,0 +1,202 @@
+"""placement.plan=auto end to end: the chosen plan trains bit for bit like its overrides written by
+hand and like one device within 1e-5; on devices with memory limits it picks only plans the estimate
+says fit, and refuses in one line when none does; the run directory's cache spares a resume the
+measuring; the command line runs it. (The search on synthetic costs: tests/test_auto_plan_search.py.)"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import keras
+import numpy as np
+import pytest
+
+import chain
+from chain.errors import ConfigError
+from chain.planning import search
+from chain.planning.inventory import Inventory
+from chain.planning.search import Costs
+from chain.prepared import plan_choice, prepare
+from chain.stages import plan_timing
+from chain.training import build as building, planned
+from compare import trains_like_one_device, weights
+from conftest import DEVICES, read_summary, run_cli
+
+L = keras.layers
+BASE = ["mode=e2e", "optim=sgd", "optim.lr=0.1", "data=synthetic", "data.features=6", "data.classes=4",
+        "data.samples=256", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false",
+        "placement.plan=auto"]
+
+
+def small_model() -> keras.Model:
+    keras.utils.set_random_seed(7)
+    x = keras.Input((6,))
+    h = L.Dense(8, activation="relu", name="a")(x)
+    h = L.Dense(8, activation="relu", name="b")(h)
+    h = L.Dense(8, activation="relu", name="c")(h)
+    return keras.Model(x, L.Dense(4, name="out")(h), name="small")
+
+
+def applied(overrides, **kw):
+    """The spec `chain.build` plans before choosing: prepared, its placement applied."""
+    spec = prepare(chain.compose([*BASE, *overrides]))
+    return replace(spec, placement=building.apply(spec))
+
+
+def assert_bit_identical(a, b, steps: int = 3) -> None:
+    it = iter(a.batches())
+    for _ in range(steps):
+        x, ys = next(it)
+        assert a.step(x, ys)["loss"] == b.step(x, ys)["loss"]
+    for u, v in zip(weights(a), weights(b), strict=True):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_a_cut_model_measured_trains_bit_for_bit_like_its_overrides_by_hand_and_like_one_device(tmp_path):
+    spec = planned.settle(applied(["+stages=2"]), str(tmp_path), small_model())
+    plan = spec.auto_plan
+    assert plan is not None and plan.chosen is plan.ranked[0] and not plan.cached
+    assert plan.measuring_s > 0 and os.path.isfile(tmp_path / planned.CACHE)
+    overrides = plan.chosen.candidate.overrides()
+    auto = chain.build(spec, model=small_model())
+    hand = chain.build(chain.compose([*BASE[:-1], *overrides]), model=small_model())
+    assert len(auto.stages) == len(hand.stages) == plan.chosen.candidate.stages
+    assert_bit_identical(auto, hand)
+    # the build path itself (chain.build on the config) chooses the same from the cache and trains alike
+    again = chain.build(chain.compose([*BASE, "+stages=2"]), str(tmp_path), model=small_model())
+    fresh = chain.build(chain.compose([*BASE[:-1], *overrides]), model=small_model())
+    assert_bit_identical(again, fresh)
+    trains_like_one_device(chain.build(spec, model=small_model()), small_model(), DEVICES[3])
+
+
+def forced_costs(pool, physical=None) -> Costs:
+    """Two heavy pieces on devices each its own physical device: copies of the pipeline pay off."""
+    rows = ((1e-3, 8e-3),) * 2
+    return Costs(pieces=((0, 1), (1, 2)), sizes=(2, 16), forward=rows, input_grad=rows, weight_grad=rows,
+                 update=(1e-5, 1e-5), crossing=(8, 4), params=(56, 36), action_s=1e-5, step_s=1e-5,
+                 transfer_s_per_byte=1e-9, transfer_latency_s=1e-5, exchange_s_per_byte=1e-9, exchange_latency_s=1e-5,
+                 devices=tuple(pool), physical=tuple(physical or pool), fixed_cut=True, measuring_s=0.5)
+
+
+def test_a_chosen_plan_with_copies_trains_bit_for_bit_like_it_by_hand_and_like_one_device(tmp_path, monkeypatch):
+    monkeypatch.setattr(planned, "_measure", lambda s, spec, pool, physical, c: forced_costs(pool))
+    base = ["+stages=2", "model.depth=1", "model.width=8"]
+    spec = planned.settle(applied(base), str(tmp_path))
+    c = spec.auto_plan.chosen.candidate
+    assert c.replicas > 1 and spec.placement.copies  # copies of the pipeline on the four devices
+    auto = chain.build(spec)
+    hand = chain.build(chain.compose([*BASE[:-1], *base, *c.overrides()]))
+    assert_bit_identical(auto, hand)
+    run = chain.build(spec)
+    with keras.device(DEVICES[0]):
+        reference = keras.Sequential([keras.Input((6,)), *[layer.__class__.from_config(
+            {k: v for k, v in layer.get_config().items() if k != "name"}) for s in run.stages for layer in s.model.layers]])
+    for layer, source in zip(reference.layers, [lay for s in run.stages for lay in s.model.layers]):
+        layer.set_weights(source.get_weights())
+    trains_like_one_device(run, reference, DEVICES[0], steps=2)
+
+
+def test_the_cache_spares_a_resume_the_measuring(tmp_path, monkeypatch):
+    first = planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path))
+    assert not first.auto_plan.cached and first.auto_plan.measuring_s > 0
+
+    def refuse(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(plan_timing, "measure", refuse)
+    again = planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8", "resume=true"]), str(tmp_path))
+    assert again.auto_plan.cached and again.auto_plan.measuring_s == 0
+    assert again.auto_plan.chosen.candidate == first.auto_plan.chosen.candidate
+    with pytest.raises(AssertionError, match="measured again"):  # another directory: measured
+        planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path / "other"))
+    (tmp_path / planned.CACHE).write_text('{"sizes": "damaged"')
+    with pytest.raises(AssertionError, match="measured again"):  # a damaged cache: measured again
+        planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path))
+
+
+GB = 1 << 30
+WIDE = [*BASE, "+stages=2", "model.width=256", "model.depth=2", "data.features=256", "data.batch_size=64",
+        "optim=adam"]
+
+
+def gpu_spec(limit_mb: int):
+    """A machine of one 24 GB card split into 2 logical GPUs of `limit_mb` each (planned, never built)."""
+    return prepare(chain.compose([*WIDE, f"placement.memory_limit_mb={limit_mb}"]), Inventory.of(1, 24 * GB))
+
+
+def gpu_costs(spec) -> Costs:
+    pool = [d for d in spec.placement.devices]
+    return replace(forced_costs(pool, ["GPU:0"] * len(pool)), params=(0, 0))
+
+
+def test_on_devices_with_memory_limits_only_plans_the_estimate_fits_are_chosen():
+    free = gpu_spec(20000)
+    every = search.candidates(gpu_costs(free), 64, [2])
+    peaks = plan_choice.peaks_of(free, gpu_costs(free), plan_choice.stage_range_costs(free.settings, free))
+    highest = sorted({max(search.predict(gpu_costs(free), c, b, 64, peaks=peaks).peaks) for c, b in every})
+    assert len(highest) > 2
+    limit_mb = (highest[len(highest) // 2] >> 20) + 1  # about half the plans fit
+    spec = gpu_spec(limit_mb)
+    plan = plan_choice.choose(spec, gpu_costs(spec))
+    assert plan.dropped_for_memory > 0
+    assert plan_choice.predict(spec, gpu_costs(spec), plan.chosen.candidate) == plan.chosen  # a given plan alike
+    for p in plan.ranked:
+        assert p.fits and max(p.peaks) <= limit_mb << 20
+    # the chosen plan, prepared as the user would write it, passes the manual plan's own memory check
+    chosen = prepare(chain.compose([*WIDE, f"placement.memory_limit_mb={limit_mb}",
+                                    *plan.chosen.candidate.overrides()]), Inventory.of(1, 24 * GB))
+    assert max(f.total for f in chosen.placement.footprints) <= limit_mb << 20
+
+
+def test_when_nothing_fits_plan_auto_refuses_in_one_line_naming_the_shortfall():
+    spec = gpu_spec(2)
+    with pytest.raises(ConfigError) as e:
+        plan_choice.choose(spec, gpu_costs(spec))
+    text = str(e.value)
+    assert "\n" not in text
+    assert "no plan fits" in text and "on /device:GPU:" in text and " more than its " in text
+    assert "data.batch_size" in text and "more devices" in text
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
+    (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),
+    (["pipeline.schedule=file", "pipeline.schedule_file=x.csv"], None),
+    (["+stages=[{model: {width: 4}},{}]"], "gives the stages settings of their own"),
+])
+def test_keys_plan_auto_chooses_given_by_hand_are_one_line(overrides, message, tmp_path):
+    try:
+        spec = applied([*([] if any(o.startswith("+stages") for o in overrides) else ["+stages=2"]), *overrides])
+    except ConfigError:
+        return  # refused before (a schedule file that does not exist)
+    with pytest.raises(ConfigError, match=message or "placement.plan"):
+        planned.settle(spec, str(tmp_path))
+
+
+def test_the_command_line_runs_plan_auto_and_refuses_it_outside_e2e(tmp_path):
+    r = run_cli(tmp_path, *BASE, "+stages=2", "trainer.steps=3", "hydra.run.dir=out")
+    assert r.returncode == 0, r.stderr
+    assert os.path.isfile(tmp_path / "out" / planned.CACHE) and os.path.isfile(tmp_path / "out" / "summary.json")
+    stamp = os.stat(tmp_path / "out" / planned.CACHE).st_mtime_ns
+    r = run_cli(tmp_path, *BASE, "+stages=2", "trainer.steps=5", "hydra.run.dir=out", "resume=true")
+    assert r.returncode == 0, r.stderr  # the same plan again, from the cache: the checkpoint's settings match
+    assert read_summary(tmp_path / "out")["resumed_from"] == 3
+    assert os.stat(tmp_path / "out" / planned.CACHE).st_mtime_ns == stamp
+    r = run_cli(tmp_path, *[o for o in BASE if o != "mode=e2e"], "mode=local", "hydra.run.dir=bad")
+    assert r.returncode != 0 and "placement.plan=auto" in r.stderr and "mode=e2e" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("candidate", [
+    search.Candidate(2, 2, 2, "1f1b"),
+    search.Candidate(1, 4, 4, "interleaved", virtual_stages=2, devices=(DEVICES[0], DEVICES[1]) * 2),
+    search.Candidate(1, 3, 2, "zb1", devices=tuple(DEVICES[:3])),
+    search.Candidate(1, 2, 4, "gpipe", "always", devices=tuple(DEVICES[:2])),
+])
+def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
+    """What plan=auto runs is what `prepare` makes of the user's config with the candidate's overrides."""
+    settings = chain.compose([*BASE, "+stages=2"])
+    auto = prepare(plan_choice.chosen_settings(settings, candidate))
+    hand = prepare(chain.compose([*BASE, *candidate.overrides()]))
+    assert auto.settings == hand.settings and replace(auto, settings=None) == replace(hand, settings=None)
