@@ -19,13 +19,38 @@ RUN = ["mode=e2e", "pipeline.microbatches=4", "data=synthetic", "data.features=6
        "optim=sgd", "optim.lr=0.1"]
 
 
-def gpt2_next_token() -> keras.Model:
-    """GPT2CausalLM as shipped, read at its last position (the per-token loss is another piece of work)."""
+def gpt2_lm() -> keras.Model:
+    """GPT2CausalLM as shipped: logits per position, `(batch, seq, vocab)`."""
     keras.utils.set_random_seed(1)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
                                              intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
-    lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="next_token")
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def gemma_lm() -> keras.Model:
+    """GemmaCausalLM as shipped (its graph scales the embedding by an op, `x * c`)."""
+    keras.utils.set_random_seed(3)
+    backbone = keras_hub.models.GemmaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
+                                              dropout=0.0)
+    return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def llama_lm() -> keras.Model:
+    """LlamaCausalLM as shipped: keras_hub 0.32's LlamaTransformerDecoder cannot be re-created from its config
+    (`get_config` raises), so its stage reuses the layer object, its variables re-created on the stage's device."""
+    keras.utils.set_random_seed(4)
+    backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, dropout=0.0)
+    return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def next_token(make):
+    """The causal LM `make()` read at its last position: one label per example."""
+    def read_last() -> keras.Model:
+        lm = make()
+        return keras.Model(lm.input, lm(lm.input)[:, -1, :], name=f"{lm.name}_next_token")
+    return read_last
 
 
 def bert_classifier() -> keras.Model:
@@ -37,24 +62,9 @@ def bert_classifier() -> keras.Model:
     return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(pooled), name="bert_classifier")
 
 
-def gemma_next_token() -> keras.Model:
-    """GemmaCausalLM as shipped (its graph scales the embedding by an op, `x * c`), read at its last position."""
-    keras.utils.set_random_seed(3)
-    backbone = keras_hub.models.GemmaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
-                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
-                                              dropout=0.0)
-    lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
-    return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="gemma_next_token")
-
-
-def llama_next_token() -> keras.Model:
-    """LlamaCausalLM as shipped: keras_hub 0.32's LlamaTransformerDecoder cannot be re-created from its config
-    (`get_config` raises), so its stage reuses the layer object, its variables re-created on the stage's device."""
-    keras.utils.set_random_seed(4)
-    backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
-                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, dropout=0.0)
-    lm = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
-    return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="llama_next_token")
+# The done-when's models, each read as one label per example: (the model, whether it takes segment ids).
+MODELS = {"gpt2": (next_token(gpt2_lm), False), "bert": (bert_classifier, True),
+          "gemma": (next_token(gemma_lm), False), "llama": (next_token(llama_lm), False)}
 
 
 def batches(n: int, segments: bool = False):
@@ -70,41 +80,45 @@ def batches(n: int, segments: bool = False):
     return out
 
 
-@pytest.fixture(scope="module")
-def data():
-    return batches(3)
-
-
 @pytest.mark.parametrize("stages, schedule", [(2, "gpipe"), (4, "1f1b")])
-def test_gpt2_causal_lm_cut_between_blocks_predicts_and_trains_like_keras(data, stages, schedule):
-    run = predicts_and_trains_like_keras(gpt2_next_token, data, stages, schedule)
+@pytest.mark.parametrize("name", MODELS)
+def test_keras_hub_model_cut_between_blocks_predicts_and_trains_like_keras(name, stages, schedule):
+    """Each model of issue 36's done-when, as shipped, in 2 stages (GPipe) and 4 (1F1B) at M=4."""
+    make, segments = MODELS[name]
+    run = predicts_and_trains_like_keras(make, batches(3, segments), stages, schedule, between_blocks(make, stages))
     names = [[layer.name for layer in s.model.layers] for s in run.stages]
-    assert "token_embedding" in names[0] and "token_embedding" in names[-1]  # tied: on the first and last stage
+    blocks = [[n for n in stage if n.startswith(BLOCKS)] for stage in names]
+    assert sum(map(len, blocks)) == 2 and max(map(len, blocks)) == 1  # the two blocks on two stages: cut between them
+    if name != "bert":  # the tied read-out (`token_embedding(x, reverse=True)`) on the last stage
+        assert "token_embedding" in names[0] and names[-1][-1] == "token_embedding"
+    if name == "llama":
+        from chain.planning.devices import canonical
+
+        for s in run.stages:  # the reused blocks' variables live on their stage's device
+            assert {canonical(v.value.device) for v in s.model.weights} == {canonical(s.device)}
 
 
-def test_bert_backbone_with_a_classifier_head_cut_in_4_stages_predicts_and_trains_like_keras():
-    run = predicts_and_trains_like_keras(bert_classifier, batches(3, segments=True), 4, "1f1b")
-    assert any("transformer_layer_0" in [layer.name for layer in s.model.layers] for s in run.stages[1:])
+BLOCKS = ("transformer_layer_", "decoder_block_")  # the transformer blocks' names in these models
 
 
-def test_gemma_causal_lm_cut_between_blocks_predicts_and_trains_like_keras(data):
-    run = predicts_and_trains_like_keras(gemma_next_token, data, 2, "gpipe")
-    assert [layer.name for layer in run.stages[-1].model.layers][-1] == "token_embedding"  # the tied read-out
+def between_blocks(make, stages: int) -> list[str]:
+    """2 stages: `placement.split` cutting between the two transformer blocks (`even` keeps both on stage 0,
+    the cut after them being the one where a single tensor crosses); 4 stages: `even` cuts between them."""
+    if stages != 2:
+        return []
+    from chain.stages.cut import analyse
+
+    layers = [layer.name for layer in analyse(make(), "model").layers]
+    first = [i for i, n in enumerate(layers) if n.startswith(BLOCKS)][1]
+    return [f"placement.split=[{first},{len(layers) - first}]"]
 
 
-def test_llama_causal_lm_whose_blocks_have_no_config_is_cut_and_trains_like_keras(data):
-    run = predicts_and_trains_like_keras(llama_next_token, data, 2, "1f1b")
-    from chain.planning.devices import canonical
-
-    for s in run.stages:  # the reused blocks' variables live on their stage's device
-        assert {canonical(v.value.device) for v in s.model.weights} == {canonical(s.device)}
-
-
-def predicts_and_trains_like_keras(make, data, stages: int, schedule: str):
+def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overrides=()):
     """`make()` cut into `stages` under `schedule`: predictions equal `model.predict` on padded inputs, and
     3 SGD steps equal Keras' own `train_on_batch` (losses and every weight within 1e-5); returns the run."""
     model = make()
-    run = chain.build(chain.compose([f"+stages={stages}", f"pipeline.schedule={schedule}", *RUN]), model=model)
+    run = chain.build(chain.compose([f"+stages={stages}", f"pipeline.schedule={schedule}", *RUN, *overrides]),
+                      model=model)
     x = data[0][0]
     np.testing.assert_allclose(run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0),
                                rtol=0, atol=1e-6)

@@ -88,7 +88,11 @@ def check_prediction(model: keras.Model, target, where: str) -> None:
     """mode=e2e: a user's last stage must output the prediction of `target` (logits, or one value)."""
     shape = tuple(model.output_shape[1:])
     want = (*target.shape, target.classes) if target.classes else (1,)  # a label per position: logits per position
-    if shape != want and not (not target.classes and shape == ()):
+    # A `None` size before the classes (a keras_hub causal LM's `(batch, None, vocab)`: any sequence length)
+    # takes the data's length, as an input's `None` takes the data's size.
+    fits = len(shape) == len(want) and shape[-1:] == want[-1:] and all(
+        got is None or got == size for got, size in zip(shape[:-1], want[:-1]))
+    if not fits and not (not target.classes and shape == ()):
         kind = f"{target.classes} logits" if target.classes else "one value"
         raise ConfigError(f"{where} outputs shape {shape}, but the last stage of a mode=e2e chain must output the "
                           f"prediction of target {target.name!r}: {kind}, shape {want}")
