@@ -5,6 +5,7 @@ last stage). Oracles: `model.predict` on padded inputs, and Keras' own `train_on
 
 from __future__ import annotations
 
+import glob
 import os
 
 import keras
@@ -216,3 +217,73 @@ def test_adam_equals_keras_adam_with_its_sparse_embedding_update(name, stages, s
     make, segments = MODELS[name]
     predicts_and_trains_like_keras(make, batches(3, segments), stages, schedule,
                                    [*between_blocks(make, stages), f"optim.fused={str(fused).lower()}"], adam=True)
+
+
+HUBNETS = f'''
+import keras, keras_hub
+
+
+def gpt2(input_shape=None, seed=1):
+    """GPT2CausalLM from a tiny config, as test_keras_hub.gpt2_lm makes it: a builder (`model._target_`)."""
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size={VOCAB}, num_layers=2, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length={SEQ}, dropout=0.0)
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+'''
+
+
+def test_gpt2_from_a_keras_file_and_from_a_builder_trains_on_token_data_through_the_command_line_like_keras(tmp_path):
+    """`model=keras` (a GPT2CausalLM saved to a `.keras` file, `model.imports=[keras_hub]`, cut in 2 stages) and
+    `model=builder` (the same model from `model._target_`, one stage) trained by `python -m chain` on
+    `data=tokens`, whose windows become the model's `token_ids` with a `padding_mask` of ones: the exported
+    weights equal Keras' own `train_on_batch` on the batches the run streams (per token, SGD, 2 steps)."""
+    from conftest import run_cli
+
+    (tmp_path / "hubnets.py").write_text(HUBNETS)
+    (np.arange(40 * SEQ + 1) * 7 % VOCAB).astype(np.uint16).tofile(tmp_path / "train.bin")
+    path = str(tmp_path / "gpt2.keras")
+    gpt2_lm().save(path)
+    common = ["mode=e2e", "data=tokens", f"data.path={tmp_path / 'train.bin'}", f"data.seq_len={SEQ}",
+              f"data.vocab={VOCAB}", f"data.batch_size={BATCH}", "data.shuffle=false", "pipeline.microbatches=4",
+              "optim=sgd", "optim.lr=0.1", "trainer.steps=2", "trainer.progress=false"]
+    from_file = ["model=keras", f"model.path={path}", "model.imports=[keras_hub]", "+stages=2", *common]
+    runs = {}
+    for name, overrides in {"file": from_file, "builder": ["model._target_=hubnets.gpt2", "+stages=1", *common]}.items():
+        (tmp_path / name).mkdir()
+        r = run_cli(tmp_path / name, *overrides, env={"PYTHONPATH": str(tmp_path)})
+        assert r.returncode == 0, r.stderr
+        runs[name] = keras.models.load_model(glob.glob(str(tmp_path / name / "outputs" / "*" / "*" / "chain.keras"))[0])
+
+    it = iter(chain.build(chain.compose(from_file)).batches())  # what the runs streamed: the same config
+    data = [next(it) for _ in range(2)]
+    ids = np.fromfile(tmp_path / "train.bin", np.uint16).astype(np.int32)
+    for k, (x, ys) in enumerate(data):
+        windows = np.stack([ids[i * SEQ:(i + 1) * SEQ] for i in range(k * BATCH, (k + 1) * BATCH)])
+        np.testing.assert_array_equal(x["token_ids"], windows)
+        np.testing.assert_array_equal(x["padding_mask"], np.ones_like(windows))  # full windows: no padding
+    reference = keras.models.load_model(path)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    start = [v.numpy() for v in reference.trainable_variables]
+    for x, ys in data:
+        reference.train_on_batch({k: v.numpy() for k, v in x.items()}, ys["next"].numpy())
+    assert rel_diff(reference.trainable_variables[0].numpy(), start[0]) > 1e-3  # the token embedding moved
+    for name, trained in runs.items():
+        got = [v.numpy() for v in trained.trainable_variables]
+        assert len(got) == len(start), name
+        for a, b, b0, v in zip(got, [v.numpy() for v in reference.trainable_variables], start,
+                               reference.trainable_variables):
+            if np.abs(b - b0).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
+                continue
+            assert rel_diff(a, b) <= 1e-5, (name, v.path)
+
+
+def test_named_inputs_one_array_cannot_make_are_refused_in_one_line():
+    """A model naming an input besides `token_ids`, `padding_mask` and `segment_ids` cannot take the config's
+    one array of ids: one line naming the key, when the run's data first meets the model."""
+    ids, other = keras.Input((SEQ,), dtype="int32", name="token_ids"), keras.Input((SEQ,), name="positions")
+    h = keras.layers.Embedding(VOCAB, 4)(ids) + keras.layers.Dense(4)(keras.ops.expand_dims(other, -1))
+    model = keras.Model({"token_ids": ids, "positions": other}, keras.layers.Dense(VOCAB)(h))
+    run = chain.build(chain.compose(["+stages=1", *per_token_data()]), model=model)
+    with pytest.raises(chain.ConfigError, match=r"named inputs \['positions', 'token_ids'\].*no other input \('positions'\)"):
+        run.batches()

@@ -52,7 +52,12 @@ def layers_of(result: Any, what: str) -> list[keras.layers.Layer]:
 
 def assemble(layers: Sequence[keras.layers.Layer], input_shape: tuple, name: str, what: str) -> keras.Model:
     """The stage's model: `layers` in a Sequential on `input_shape`; a layer that cannot take its
-    input is a ConfigError naming the builder."""
+    input is a ConfigError naming the builder. A model of named inputs (a keras_hub model's
+    `{"token_ids", "padding_mask"}`) keeps its own inputs, which no one shape describes: the stage's
+    model calls it on them (the config's token ids become those inputs: `chain.stages.named_inputs`)."""
+    if len(layers) == 1 and isinstance(layers[0], keras.Model) and isinstance(getattr(layers[0], "input", None), dict):
+        model = layers[0]
+        return keras.Model(model.input, model(model.input), name=name)
     try:
         return keras.Sequential([keras.Input(input_shape), *layers], name=name)
     except Exception as e:  # Keras raises ValueError, TypeError, ... for a shape that does not fit
