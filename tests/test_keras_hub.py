@@ -287,3 +287,65 @@ def test_named_inputs_one_array_cannot_make_are_refused_in_one_line():
     run = chain.build(chain.compose(["+stages=1", *per_token_data()]), model=model)
     with pytest.raises(chain.ConfigError, match=r"named inputs \['positions', 'token_ids'\].*no other input \('positions'\)"):
         run.batches()
+
+
+WORDPIECE = ["[PAD]", "[UNK]", "the", "cat", "sat", "on", "mat", "##s", "a", "dog", ".", ","]
+BPE_VOCAB = {"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "Ġ": 4, "ab": 5, "Ġa": 6, "Ġab": 7, "d": 8, ".": 9,
+             "Ċ": 10, "Ġc": 11}
+BPE_MERGES = ["a b", "Ġ a", "Ġa b", "Ġ c"]
+TEXTS = {"wordpiece": ["the cat sat on the mat. the cats sat, a dog sat on a cat.\n" * 3, "a dog. the mats sat.\n" * 4],
+         "bpe": ["ab ab c d. cab dab\nab c\n" * 3, "d c ab. abc\n" * 4]}
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_text_with_a_keras_hub_tokenizer_streams_the_tokenizers_own_ids(tmp_path, monkeypatch, kind):
+    """`data=text data.tokenizer=PATH` (a local vocabulary: WordPiece's vocab.txt, byte-pair's vocab.json and
+    merges.txt), without tensorflow-text: the ids of each file are keras_hub's own `tokenizer(text)`, the files'
+    ids one after the other; the stream's windows are those ids, and the target has the vocabulary's classes."""
+    import json
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if kind == "wordpiece":
+        (tmp_path / "vocab.txt").write_text("\n".join(WORDPIECE) + "\n")
+        tokenizer = keras_hub.tokenizers.WordPieceTokenizer(vocabulary=str(tmp_path / "vocab.txt"))
+        given = str(tmp_path / "vocab.txt")
+    else:
+        (tmp_path / "vocab.json").write_text(json.dumps(BPE_VOCAB))
+        (tmp_path / "merges.txt").write_text("\n".join(BPE_MERGES) + "\n")
+        tokenizer = keras_hub.tokenizers.BytePairTokenizer(vocabulary=str(tmp_path / "vocab.json"),
+                                                           merges=str(tmp_path / "merges.txt"))
+        given = str(tmp_path)  # the folder holding both
+    for k, text in enumerate(TEXTS[kind]):
+        (tmp_path / f"corpus_{k}.txt").write_text(text)
+    ids = np.concatenate([np.asarray(tokenizer(text)) for text in TEXTS[kind]])
+    assert len(np.unique(ids)) > 5 and len(ids) > 40
+    seq, batch = 4, 2
+    cfg = chain.compose(["+stages=1", "mode=e2e", "data=text", f"data.files={tmp_path / 'corpus_*.txt'}",
+                         f"data.tokenizer={given}", f"data.seq_len={seq}", f"data.batch_size={batch}",
+                         "data.shuffle=false", "data.val_fraction=0", "trainer.progress=false", "checkpoint.export=false"])
+    vocab = tokenizer.vocabulary_size()
+    model = keras.Sequential([keras.Input((seq,), dtype="int32"), keras.layers.Embedding(vocab, 4),
+                              keras.layers.Dense(vocab)])
+    run = chain.build(cfg, model=model)
+    assert run.dataset.info.target("next").classes == vocab
+    it = iter(run.batches())
+    for step in range(3):
+        x, ys = next(it)
+        starts = [(step * batch + i) * seq for i in range(batch)]
+        np.testing.assert_array_equal(x, np.stack([ids[s:s + seq] for s in starts]))
+        np.testing.assert_array_equal(ys["next"], np.stack([ids[s + 1:s + seq + 1] for s in starts]))
+    assert np.isfinite(run.step(x, ys)["loss"])
+
+
+@pytest.mark.parametrize("files, given, message", [
+    ({"vocab.json": "{}"}, "vocab.json", "is a byte-pair vocabulary, which needs merges.txt beside it"),
+    ({}, "missing.txt", "the file does not exist"),
+    ({"vocab.bin": ""}, "vocab.bin", "is neither a vocab.txt"),
+])
+def test_a_bad_tokenizer_is_one_line_naming_the_key(tmp_path, files, given, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "corpus.txt").write_text("the cat sat\n" * 20)
+    with pytest.raises(chain.ConfigError, match=rf"^data.tokenizer=.*{message}"):
+        chain.prepare(["+stages=1", "mode=e2e", "data=text", f"data.files={tmp_path / 'corpus.txt'}",
+                       f"data.tokenizer={tmp_path / given}", "data.seq_len=4"])
