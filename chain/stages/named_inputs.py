@@ -21,7 +21,10 @@ FILLED = {"padding_mask": 1, "segment_ids": 0}  # the inputs made for a full win
 def feeder(model: Any) -> Callable[[Any], Any] | None:
     """The function making `model`'s named inputs from one batch of token ids, or None when `model` takes
     one tensor (or a list) itself. Raises the `refusal` ConfigError for named inputs it cannot make."""
-    inputs = model.input
+    try:
+        inputs = model.input
+    except AttributeError:  # a model never called (a Sequential built from its layers' shapes, a subclass): one tensor
+        return None
     if not isinstance(inputs, dict):
         return None
     problem = refusal(sorted(inputs))
