@@ -18,21 +18,27 @@ TOKEN_IDS = "token_ids"
 FILLED = {"padding_mask": 1, "segment_ids": 0}  # the inputs made for a full window, and the value of each
 
 
-def feeder(model: Any) -> Callable[[Any], Any] | None:
-    """The function making `model`'s named inputs from one batch of token ids, or None when `model` takes
-    one tensor (or a list) itself. Raises the `refusal` ConfigError for named inputs it cannot make."""
+def named(model: Any) -> dict | None:
+    """`model`'s named inputs (its `Input` tensors by name), or None when it takes one tensor or a list."""
     try:
         inputs = model.input
     except AttributeError:  # a model never called (a Sequential built from its layers' shapes, a subclass): one tensor
         return None
-    if not isinstance(inputs, dict):
+    return inputs if isinstance(inputs, dict) else None
+
+
+def feeder(model: Any) -> Callable[[Any], Any] | None:
+    """The function making `model`'s named inputs from one batch of token ids, or None when `model` takes
+    one tensor (or a list) itself. Raises the `refusal` ConfigError for named inputs it cannot make."""
+    inputs = named(model)
+    if inputs is None:
         return None
     problem = refusal(sorted(inputs))
     if problem is not None:
         raise ConfigError(problem)
     dtypes = {key: inputs[key].dtype for key in inputs}
 
-    def named(x):
+    def make(x):
         import tensorflow as tf
 
         x = tf.convert_to_tensor(x)
@@ -41,7 +47,7 @@ def feeder(model: Any) -> Callable[[Any], Any] | None:
             out[key] = tf.fill(tf.shape(x), tf.constant(FILLED[key], dtypes[key]))
         return out
 
-    return named
+    return make
 
 
 def refusal(keys: list[str]) -> str | None:

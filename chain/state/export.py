@@ -15,6 +15,7 @@ from typing import Sequence
 
 import keras
 
+from chain.stages import named_inputs
 from chain.stages.stage import Stage, stage_name
 
 CHAIN_FILE = "chain.keras"
@@ -29,8 +30,8 @@ def chain_model(stages: Sequence[Stage]) -> keras.Model:
     if stages[0].whole is not None and any(s.shared for s in stages):
         return uncut(stages)
     parts = [s.model for s in stages] + ([stages[-1].head] if stages[-1].head is not None else [])
-    first = stages[0].model.input
-    if isinstance(first, dict):  # named inputs (a keras_hub model from a builder): one shape cannot say them
+    first = named_inputs.named(stages[0].model)
+    if first is not None:  # named inputs (a keras_hub model from a builder): one shape cannot say them
         inputs = {k: keras.Input(t.shape[1:], dtype=t.dtype, name=k) for k, t in first.items()}
         h = inputs
         for part in parts:
