@@ -40,7 +40,7 @@ from chain.pipeline.step import Played, e2e_play, finish, host
 from chain.pipeline.strategy import Scheduled
 from chain.planning.planner import REPLICATED, Placement
 from chain.records.summaries import ReplicasFields, Summary
-from chain.stages.losses import ShareOfBatch
+from chain.stages.losses import ShareOfBatch, WholeBatch
 from chain.stages.stage import Stage
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.ops import copy_to
@@ -175,7 +175,7 @@ class Replicated(Scheduled):
 
     def make_step(self) -> Callable:
         t = self.settings.trainer
-        loss, whole = self.loss_fn(), {}
+        loss, whole = self.loss_fn(), WholeBatch()
         if loss.ignore_class is not None:  # each copy's microbatches weighed against the whole batch's real labels
             loss = ShareOfBatch(loss, self.batch_cut.replicas, whole)
         self.progress = progress = self.markers(len(self.copies))
@@ -200,7 +200,7 @@ class Replicated(Scheduled):
                 xs = tf.split(x, n, name="replica_shares")
                 shares = {key: tf.split(y, n, name=f"replica_{key}") for key, y in ys.items()}
                 if isinstance(loss, ShareOfBatch):
-                    whole["real"] = loss.loss.real(ys[self.target.name])
+                    whole.real = loss.loss.real(ys[self.target.name])
             base = progress.begin([x]) if progress else None  # once per step, for every copy's markers
             played = [play(xs[r], {key: v[r] for key, v in shares.items()}, base) for r, play in enumerate(plays)]
             per_replica: list[list[list]] = [[[] for _ in copies[0]] for _ in copies]

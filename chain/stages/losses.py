@@ -70,22 +70,30 @@ class Loss:
         return [c * scale / total for c in counts]
 
 
+@dataclass
+class WholeBatch:
+    """The real labels of the whole batch a step is tracing (`real`, a tensor of its graph; None before the
+    step sets it): what each copy's share is weighed against (`ShareOfBatch`)."""
+
+    real: Any = None
+
+
 @dataclass(frozen=True)
 class ShareOfBatch:
     """A copy's loss when R copies of a pipeline each take a share of the batch (`placement.replicas`) and
     their gradients and losses are averaged: with `ignore_class`, a microbatch weighs its real labels over
-    the whole batch's (`whole["real"]`, set by the step as it traces, before any copy plays), times R, so
+    the whole batch's (`whole.real`, set by the step as it traces, before any copy plays), times R, so
     that the average over the copies is the mean over the whole batch's real labels, as on one device."""
 
     loss: Loss
     copies: int
-    whole: dict  # "real": the step's whole batch's real labels (a tensor of the graph being traced)
+    whole: WholeBatch
 
     def __call__(self, y, pred):
         return self.loss(y, pred)
 
     def weights(self, labels: Sequence) -> list | None:
-        return self.loss.weights(labels, self.whole["real"], float(self.copies))
+        return self.loss.weights(labels, self.whole.real, float(self.copies))
 
 
 def make(name: str, target: Target, ignore_class: int | None = None) -> Loss:
