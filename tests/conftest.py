@@ -174,7 +174,7 @@ def cli(tmp_path):
 # loadfile --no-loadscope-reorder` (the README's command) a worker takes whole modules in
 # collection order, so starting with these keeps one of them from running alone on one core
 # after the other workers have finished.
-LONGEST_FIRST = ["test_cluster.py", "test_steps_per_call.py", "test_stress.py", "test_cli_faults.py",
+LONGEST_FIRST = ["test_cluster.py", "test_steps_per_call.py", "test_keras_hub.py", "test_stress.py", "test_cli_faults.py",
                  "test_regularization.py", "test_side_by_side.py", "test_applications.py", "test_multi_worker.py",
                  "test_pipeline.py", "test_streaming.py", "test_resume.py", "test_restage.py", "test_precision.py",
                  "test_doc_examples.py",

@@ -5,6 +5,9 @@ last stage). Oracles: `model.predict` on padded inputs, and Keras' own `train_on
 
 from __future__ import annotations
 
+import glob
+import os
+
 import keras
 import keras_hub  # the `lm` extra and keras-hub without its dependencies (README's test command)
 import numpy as np
@@ -19,13 +22,38 @@ RUN = ["mode=e2e", "pipeline.microbatches=4", "data=synthetic", "data.features=6
        "optim=sgd", "optim.lr=0.1"]
 
 
-def gpt2_next_token() -> keras.Model:
-    """GPT2CausalLM as shipped, read at its last position (the per-token loss is another piece of work)."""
+def gpt2_lm() -> keras.Model:
+    """GPT2CausalLM as shipped: logits per position, `(batch, seq, vocab)`."""
     keras.utils.set_random_seed(1)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
                                              intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
-    lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="next_token")
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def gemma_lm() -> keras.Model:
+    """GemmaCausalLM as shipped (its graph scales the embedding by an op, `x * c`)."""
+    keras.utils.set_random_seed(3)
+    backbone = keras_hub.models.GemmaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
+                                              dropout=0.0)
+    return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def llama_lm() -> keras.Model:
+    """LlamaCausalLM as shipped: keras_hub 0.32's LlamaTransformerDecoder cannot be re-created from its config
+    (`get_config` raises), so its stage reuses the layer object, its variables re-created on the stage's device."""
+    keras.utils.set_random_seed(4)
+    backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, dropout=0.0)
+    return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def next_token(make):
+    """The causal LM `make()` read at its last position: one label per example."""
+    def read_last() -> keras.Model:
+        lm = make()
+        return keras.Model(lm.input, lm(lm.input)[:, -1, :], name=f"{lm.name}_next_token")
+    return read_last
 
 
 def bert_classifier() -> keras.Model:
@@ -37,24 +65,9 @@ def bert_classifier() -> keras.Model:
     return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(pooled), name="bert_classifier")
 
 
-def gemma_next_token() -> keras.Model:
-    """GemmaCausalLM as shipped (its graph scales the embedding by an op, `x * c`), read at its last position."""
-    keras.utils.set_random_seed(3)
-    backbone = keras_hub.models.GemmaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
-                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
-                                              dropout=0.0)
-    lm = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
-    return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="gemma_next_token")
-
-
-def llama_next_token() -> keras.Model:
-    """LlamaCausalLM as shipped: keras_hub 0.32's LlamaTransformerDecoder cannot be re-created from its config
-    (`get_config` raises), so its stage reuses the layer object, its variables re-created on the stage's device."""
-    keras.utils.set_random_seed(4)
-    backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
-                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, dropout=0.0)
-    lm = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
-    return keras.Model(lm.input, lm(lm.input)[:, -1, :], name="llama_next_token")
+# The done-when's models, each read as one label per example: (the model, whether it takes segment ids).
+MODELS = {"gpt2": (next_token(gpt2_lm), False), "bert": (bert_classifier, True),
+          "gemma": (next_token(gemma_lm), False), "llama": (next_token(llama_lm), False)}
 
 
 def batches(n: int, segments: bool = False):
@@ -70,55 +83,85 @@ def batches(n: int, segments: bool = False):
     return out
 
 
-@pytest.fixture(scope="module")
-def data():
-    return batches(3)
-
-
 @pytest.mark.parametrize("stages, schedule", [(2, "gpipe"), (4, "1f1b")])
-def test_gpt2_causal_lm_cut_between_blocks_predicts_and_trains_like_keras(data, stages, schedule):
-    run = predicts_and_trains_like_keras(gpt2_next_token, data, stages, schedule)
+@pytest.mark.parametrize("name", MODELS)
+def test_keras_hub_model_cut_between_blocks_predicts_and_trains_like_keras(name, stages, schedule):
+    """Each model of issue 36's done-when, as shipped, in 2 stages (GPipe) and 4 (1F1B) at M=4."""
+    make, segments = MODELS[name]
+    run = predicts_and_trains_like_keras(make, batches(3, segments), stages, schedule, between_blocks(make, stages))
     names = [[layer.name for layer in s.model.layers] for s in run.stages]
-    assert "token_embedding" in names[0] and "token_embedding" in names[-1]  # tied: on the first and last stage
+    blocks = [[n for n in stage if n.startswith(BLOCKS)] for stage in names]
+    assert sum(map(len, blocks)) == 2 and max(map(len, blocks)) == 1  # the two blocks on two stages: cut between them
+    if name != "bert":  # the tied read-out (`token_embedding(x, reverse=True)`) on the last stage
+        assert "token_embedding" in names[0] and names[-1][-1] == "token_embedding"
+    if name == "llama":
+        from chain.planning.devices import canonical
+
+        for s in run.stages:  # the reused blocks' variables live on their stage's device
+            assert {canonical(v.value.device) for v in s.model.weights} == {canonical(s.device)}
 
 
-def test_bert_backbone_with_a_classifier_head_cut_in_4_stages_predicts_and_trains_like_keras():
-    run = predicts_and_trains_like_keras(bert_classifier, batches(3, segments=True), 4, "1f1b")
-    assert any("transformer_layer_0" in [layer.name for layer in s.model.layers] for s in run.stages[1:])
+BLOCKS = ("transformer_layer_", "decoder_block_")  # the transformer blocks' names in these models
 
 
-def test_gemma_causal_lm_cut_between_blocks_predicts_and_trains_like_keras(data):
-    run = predicts_and_trains_like_keras(gemma_next_token, data, 2, "gpipe")
-    assert [layer.name for layer in run.stages[-1].model.layers][-1] == "token_embedding"  # the tied read-out
+def between_blocks(make, stages: int) -> list[str]:
+    """2 stages: `placement.split` cutting between the two transformer blocks (`even` keeps both on stage 0,
+    the cut after them being the one where a single tensor crosses); 4 stages: `even` cuts between them."""
+    if stages != 2:
+        return []
+    from chain.stages.cut import analyse
+
+    layers = [layer.name for layer in analyse(make(), "model").layers]
+    first = [i for i, n in enumerate(layers) if n.startswith(BLOCKS)][1]
+    return [f"placement.split=[{first},{len(layers) - first}]"]
 
 
-def test_llama_causal_lm_whose_blocks_have_no_config_is_cut_and_trains_like_keras(data):
-    run = predicts_and_trains_like_keras(llama_next_token, data, 2, "1f1b")
-    from chain.planning.devices import canonical
-
-    for s in run.stages:  # the reused blocks' variables live on their stage's device
-        assert {canonical(v.value.device) for v in s.model.weights} == {canonical(s.device)}
-
-
-def predicts_and_trains_like_keras(make, data, stages: int, schedule: str):
+def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overrides=(), per_token: bool = False,
+                                   adam: bool = False):
     """`make()` cut into `stages` under `schedule`: predictions equal `model.predict` on padded inputs, and
-    3 SGD steps equal Keras' own `train_on_batch` (losses and every weight within 1e-5); returns the run."""
+    3 steps equal Keras' own `train_on_batch` (losses and every weight within 1e-5); returns the run.
+
+    `per_token`: the causal LM's logits per position learn a label per position (`data=tokens`' target `next`),
+    padding positions (label PAD) left out, in the chain by `ignore_class` and in Keras by its loss's own.
+    `adam`: `optim=adam` against Adam of the same settings in Keras' `train_on_batch`, whose update of an
+    Embedding's sparse gradient is the reference (docs/optimizers.md): `keras.optimizers.Adam` under
+    `optim.fused=false`, and under the fused default Keras' Adam whose dense update is TensorFlow's kernel
+    (`chain.stages.fused.FusedAdam`: the kernel rounds `1 - beta` apart from Keras, which moves a weight of
+    BERT by 1.25e-5 of Keras' Adam after 3 steps, on one device as in the chain); SGD otherwise."""
     model = make()
-    run = chain.build(chain.compose([f"+stages={stages}", f"pipeline.schedule={schedule}", *RUN]), model=model)
+    target = "next" if per_token else "label"
+    optim = ["optim=adam", f"optim.lr={ADAM_LR}"] if adam else ["optim=sgd", "optim.lr=0.1"]
+    run = chain.build(chain.compose([f"+stages={stages}", f"pipeline.schedule={schedule}",
+                                     *(per_token_data() if per_token else RUN), *optim, *overrides]), model=model)
     x = data[0][0]
     np.testing.assert_allclose(run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0),
                                rtol=0, atol=1e-6)
     reference = make()
-    reference.compile(optimizer=keras.optimizers.SGD(0.1),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    if adam:
+        from chain.stages.fused import FusedAdam
+
+        fused = "optim.fused=false" not in overrides
+        optimizer = FusedAdam(ADAM_LR) if fused else keras.optimizers.Adam(ADAM_LR)
+    else:
+        optimizer = keras.optimizers.SGD(0.1)
+    reference.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                      ignore_class=PAD if per_token else None),
+                      jit_compile=False)
     start = {v.path: v.numpy() for v in reference.trainable_variables}
     for x, y in data:
-        np.testing.assert_allclose(run.step(x, {"label": y})["loss"], reference.train_on_batch(x, y), rtol=1e-5)
+        want = reference.train_on_batch(x, y)  # a keras_hub task model adds its metrics: the loss comes first
+        np.testing.assert_allclose(run.step(x, {target: y})["loss"], want[0] if isinstance(want, list) else want,
+                                   rtol=1e-5)
     want = {v.path: v.numpy() for v in reference.trainable_variables}
     seen = set()
     for s in run.stages:
         for v in s.trainable_variables:
             seen.add(v.path)
+            if adam and v.path.endswith("key/bias"):
+                # Attention's key bias has a gradient of 0 in exact arithmetic: Adam normalizes its float noise
+                # (1e-10) into O(lr) steps that differ between any two equal loops (docs: TRAPS, tested with SGD).
+                continue
             if np.abs(want[v.path] - start[v.path]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
                 assert np.abs(v.numpy() - start[v.path]).max() < 1e-6, v.path
                 continue
@@ -126,3 +169,183 @@ def predicts_and_trains_like_keras(make, data, stages: int, schedule: str):
     assert seen == set(want)
     assert rel_diff(want["token_embedding/embeddings"], start["token_embedding/embeddings"]) > 1e-3
     return run
+
+
+PAD = 0  # the padding id of the per-token tests (real tokens are 1..VOCAB-1)
+ADAM_LR = 0.01
+
+
+def per_token_data() -> list[str]:
+    """A `data=tokens` config whose target `next` is a label per position (`(SEQ,)`, VOCAB classes), PAD
+    ignored: the batches are the test's own (`run.step`), the file only describes them."""
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="keras_hub_tokens_"), "train.bin")
+    (np.arange(20 * SEQ) % VOCAB).astype(np.uint16).tofile(path)
+    return [*[o for o in RUN if not o.startswith(("data", "optim"))], "data=tokens", f"data.path={path}",
+            f"data.seq_len={SEQ}", f"data.vocab={VOCAB}", f"data.batch_size={BATCH}", f"ignore_class={PAD}"]
+
+
+def token_batches(n: int):
+    """`n` padded batches with a next-token label per position, PAD where the input is padding: the
+    microbatches (M=4) hold different numbers of real tokens."""
+    out = []
+    for x, _ in batches(n):
+        rng = np.random.default_rng(len(out))
+        y = rng.integers(1, VOCAB, (BATCH, SEQ)).astype("int32") * x["padding_mask"]
+        assert len({int(c) for c in (y != PAD).reshape(4, -1).sum(-1)}) > 1  # unequal real tokens per microbatch
+        out.append((x, y))
+    return out
+
+
+@pytest.mark.parametrize("name, stages, schedule", [("gpt2", 2, "gpipe"), ("gpt2", 4, "1f1b"), ("gemma", 4, "1f1b"),
+                                                    ("llama", 2, "gpipe")])
+def test_causal_lm_as_shipped_learns_every_position_with_padding_ignored_like_keras(name, stages, schedule):
+    """The causal LM's own `(batch, seq, vocab)` output against integer labels per position, padding ignored
+    (`ignore_class`): the mean over the batch's real tokens, though the microbatches hold unequal numbers."""
+    make = {"gpt2": gpt2_lm, "gemma": gemma_lm, "llama": llama_lm}[name]
+    predicts_and_trains_like_keras(make, token_batches(3), stages, schedule, between_blocks(make, stages),
+                                   per_token=True)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("name, stages, schedule", [("gpt2", 4, "1f1b"), ("bert", 2, "gpipe")])
+def test_adam_equals_keras_adam_with_its_sparse_embedding_update(name, stages, schedule, fused):
+    """optim=adam (the fused kernel, and Keras' own update) against Keras' Adam in `train_on_batch`: GPT2's tied
+    embedding (the read-out's dense gradient summed with the input's, dense as on one device) and BERT's
+    untied ones (sparse, Keras' sparse update)."""
+    make, segments = MODELS[name]
+    predicts_and_trains_like_keras(make, batches(3, segments), stages, schedule,
+                                   [*between_blocks(make, stages), f"optim.fused={str(fused).lower()}"], adam=True)
+
+
+HUBNETS = f'''
+import keras, keras_hub
+
+
+def gpt2(input_shape=None, seed=1):
+    """GPT2CausalLM from a tiny config, as test_keras_hub.gpt2_lm makes it: a builder (`model._target_`)."""
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size={VOCAB}, num_layers=2, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length={SEQ}, dropout=0.0)
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+'''
+
+
+def test_gpt2_from_a_keras_file_and_from_a_builder_trains_on_token_data_through_the_command_line_like_keras(tmp_path):
+    """`model=keras` (a GPT2CausalLM saved to a `.keras` file, `model.imports=[keras_hub]`, cut in 2 stages) and
+    `model=builder` (the same model from `model._target_`, one stage) trained by `python -m chain` on
+    `data=tokens`, whose windows become the model's `token_ids` with a `padding_mask` of ones: the exported
+    weights equal Keras' own `train_on_batch` on the batches the run streams (per token, SGD, 2 steps)."""
+    from conftest import run_cli
+
+    (tmp_path / "hubnets.py").write_text(HUBNETS)
+    (np.arange(40 * SEQ + 1) * 7 % VOCAB).astype(np.uint16).tofile(tmp_path / "train.bin")
+    path = str(tmp_path / "gpt2.keras")
+    gpt2_lm().save(path)
+    common = ["mode=e2e", "data=tokens", f"data.path={tmp_path / 'train.bin'}", f"data.seq_len={SEQ}",
+              f"data.vocab={VOCAB}", f"data.batch_size={BATCH}", "data.shuffle=false", "pipeline.microbatches=4",
+              "optim=sgd", "optim.lr=0.1", "trainer.steps=2", "trainer.progress=false"]
+    from_file = ["model=keras", f"model.path={path}", "model.imports=[keras_hub]", "+stages=2", *common]
+    runs = {}
+    for name, overrides in {"file": from_file, "builder": ["model._target_=hubnets.gpt2", "+stages=1", *common]}.items():
+        (tmp_path / name).mkdir()
+        r = run_cli(tmp_path / name, *overrides, env={"PYTHONPATH": str(tmp_path)})
+        assert r.returncode == 0, r.stderr
+        runs[name] = keras.models.load_model(glob.glob(str(tmp_path / name / "outputs" / "*" / "*" / "chain.keras"))[0])
+
+    it = iter(chain.build(chain.compose(from_file)).batches())  # what the runs streamed: the same config
+    data = [next(it) for _ in range(2)]
+    ids = np.fromfile(tmp_path / "train.bin", np.uint16).astype(np.int32)
+    for k, (x, ys) in enumerate(data):
+        windows = np.stack([ids[i * SEQ:(i + 1) * SEQ] for i in range(k * BATCH, (k + 1) * BATCH)])
+        np.testing.assert_array_equal(x["token_ids"], windows)
+        np.testing.assert_array_equal(x["padding_mask"], np.ones_like(windows))  # full windows: no padding
+    reference = keras.models.load_model(path)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    start = [v.numpy() for v in reference.trainable_variables]
+    for x, ys in data:
+        reference.train_on_batch({k: v.numpy() for k, v in x.items()}, ys["next"].numpy())
+    assert rel_diff(reference.trainable_variables[0].numpy(), start[0]) > 1e-3  # the token embedding moved
+    for name, trained in runs.items():
+        got = [v.numpy() for v in trained.trainable_variables]
+        assert len(got) == len(start), name
+        for a, b, b0, v in zip(got, [v.numpy() for v in reference.trainable_variables], start,
+                               reference.trainable_variables):
+            if np.abs(b - b0).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
+                continue
+            assert rel_diff(a, b) <= 1e-5, (name, v.path)
+
+
+def test_named_inputs_one_array_cannot_make_are_refused_in_one_line():
+    """A model naming an input besides `token_ids`, `padding_mask` and `segment_ids` cannot take the config's
+    one array of ids: one line naming the key, when the run's data first meets the model."""
+    ids, other = keras.Input((SEQ,), dtype="int32", name="token_ids"), keras.Input((SEQ,), name="positions")
+    h = keras.layers.Embedding(VOCAB, 4)(ids) + keras.layers.Dense(4)(keras.ops.expand_dims(other, -1))
+    model = keras.Model({"token_ids": ids, "positions": other}, keras.layers.Dense(VOCAB)(h))
+    run = chain.build(chain.compose(["+stages=1", *per_token_data()]), model=model)
+    with pytest.raises(chain.ConfigError, match=r"named inputs \['positions', 'token_ids'\].*no other input \('positions'\)"):
+        run.batches()
+
+
+WORDPIECE = ["[PAD]", "[UNK]", "the", "cat", "sat", "on", "mat", "##s", "a", "dog", ".", ","]
+BPE_VOCAB = {"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "Ġ": 4, "ab": 5, "Ġa": 6, "Ġab": 7, "d": 8, ".": 9,
+             "Ċ": 10, "Ġc": 11}
+BPE_MERGES = ["a b", "Ġ a", "Ġa b", "Ġ c"]
+TEXTS = {"wordpiece": ["the cat sat on the mat. the cats sat, a dog sat on a cat.\n" * 3, "a dog. the mats sat.\n" * 4],
+         "bpe": ["ab ab c d. cab dab\nab c\n" * 3, "d c ab. abc\n" * 4]}
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_text_with_a_keras_hub_tokenizer_streams_the_tokenizers_own_ids(tmp_path, monkeypatch, kind):
+    """`data=text data.tokenizer=PATH` (a local vocabulary: WordPiece's vocab.txt, byte-pair's vocab.json and
+    merges.txt), without tensorflow-text: the ids of each file are keras_hub's own `tokenizer(text)`, the files'
+    ids one after the other; the stream's windows are those ids, and the target has the vocabulary's classes."""
+    import json
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if kind == "wordpiece":
+        (tmp_path / "vocab.txt").write_text("\n".join(WORDPIECE) + "\n")
+        tokenizer = keras_hub.tokenizers.WordPieceTokenizer(vocabulary=str(tmp_path / "vocab.txt"))
+        given = str(tmp_path / "vocab.txt")
+    else:
+        (tmp_path / "vocab.json").write_text(json.dumps(BPE_VOCAB))
+        (tmp_path / "merges.txt").write_text("\n".join(BPE_MERGES) + "\n")
+        tokenizer = keras_hub.tokenizers.BytePairTokenizer(vocabulary=str(tmp_path / "vocab.json"),
+                                                           merges=str(tmp_path / "merges.txt"))
+        given = str(tmp_path)  # the folder holding both
+    for k, text in enumerate(TEXTS[kind]):
+        (tmp_path / f"corpus_{k}.txt").write_text(text)
+    ids = np.concatenate([np.asarray(tokenizer(text)) for text in TEXTS[kind]])
+    assert len(np.unique(ids)) > 5 and len(ids) > 40
+    seq, batch = 4, 2
+    cfg = chain.compose(["+stages=1", "mode=e2e", "data=text", f"data.files={tmp_path / 'corpus_*.txt'}",
+                         f"data.tokenizer={given}", f"data.seq_len={seq}", f"data.batch_size={batch}",
+                         "data.shuffle=false", "data.val_fraction=0", "trainer.progress=false", "checkpoint.export=false"])
+    vocab = tokenizer.vocabulary_size()
+    model = keras.Sequential([keras.Input((seq,), dtype="int32"), keras.layers.Embedding(vocab, 4),
+                              keras.layers.Dense(vocab)])
+    run = chain.build(cfg, model=model)
+    assert run.dataset.info.target("next").classes == vocab
+    it = iter(run.batches())
+    for step in range(3):
+        x, ys = next(it)
+        starts = [(step * batch + i) * seq for i in range(batch)]
+        np.testing.assert_array_equal(x, np.stack([ids[s:s + seq] for s in starts]))
+        np.testing.assert_array_equal(ys["next"], np.stack([ids[s + 1:s + seq + 1] for s in starts]))
+    assert np.isfinite(run.step(x, ys)["loss"])
+
+
+@pytest.mark.parametrize("files, given, message", [
+    ({"vocab.json": "{}"}, "vocab.json", "is a byte-pair vocabulary, which needs merges.txt beside it"),
+    ({}, "missing.txt", "the file does not exist"),
+    ({"vocab.bin": ""}, "vocab.bin", "is neither a vocab.txt"),
+])
+def test_a_bad_tokenizer_is_one_line_naming_the_key(tmp_path, files, given, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "corpus.txt").write_text("the cat sat\n" * 20)
+    with pytest.raises(chain.ConfigError, match=rf"^data.tokenizer=.*{message}"):
+        chain.prepare(["+stages=1", "mode=e2e", "data=text", f"data.files={tmp_path / 'corpus.txt'}",
+                       f"data.tokenizer={tmp_path / given}", "data.seq_len=4"])

@@ -40,11 +40,12 @@ from chain.pipeline.step import Played, e2e_play, finish, host
 from chain.pipeline.strategy import Scheduled
 from chain.planning.planner import REPLICATED, Placement
 from chain.records.summaries import ReplicasFields, Summary
+from chain.stages.losses import ShareOfBatch, WholeBatch
 from chain.stages.stage import Stage
 from chain.steps.deferred_norm import Deferred, Pooled
 from chain.steps.ops import copy_to
 from chain.steps.update import stage_update
-from chain.strategies.objectives import ChainObjective, unweighted_shares
+from chain.strategies.objectives import ChainObjective
 
 
 def stage_state(stage: Stage) -> list[tf.Variable]:
@@ -142,7 +143,6 @@ class Replicated(Scheduled):
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
                  learns: type[ChainObjective],
                  schedule: Schedule, **bodies: Any):
-        unweighted_shares(settings, f"copies of the pipeline (placement.replicas={len(placement.copies)})")
         self.copies: list[list[Stage]] = []
         super().__init__(settings, placement, info, batch_cut, learns, schedule, **bodies)
 
@@ -175,7 +175,9 @@ class Replicated(Scheduled):
 
     def make_step(self) -> Callable:
         t = self.settings.trainer
-        loss = self.loss_fn()
+        loss, whole = self.loss_fn(), WholeBatch()
+        if loss.ignore_class is not None:  # each copy's microbatches weighed against the whole batch's real labels
+            loss = ShareOfBatch(loss, self.batch_cut.replicas, whole)
         self.progress = progress = self.markers(len(self.copies))
         plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
                           recompute_policy=self.settings.pipeline.recompute, replica=r, progress=progress,
@@ -197,6 +199,8 @@ class Replicated(Scheduled):
             with tf.device(host()):  # each share crosses to its copy's first (and last) stage from here
                 xs = tf.split(x, n, name="replica_shares")
                 shares = {key: tf.split(y, n, name=f"replica_{key}") for key, y in ys.items()}
+                if isinstance(loss, ShareOfBatch):
+                    whole.real = loss.loss.real(ys[self.target.name])
             base = progress.begin([x]) if progress else None  # once per step, for every copy's markers
             played = [play(xs[r], {key: v[r] for key, v in shares.items()}, base) for r, play in enumerate(plays)]
             per_replica: list[list[list]] = [[[] for _ in copies[0]] for _ in copies]

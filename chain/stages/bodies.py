@@ -52,7 +52,12 @@ def layers_of(result: Any, what: str) -> list[keras.layers.Layer]:
 
 def assemble(layers: Sequence[keras.layers.Layer], input_shape: tuple, name: str, what: str) -> keras.Model:
     """The stage's model: `layers` in a Sequential on `input_shape`; a layer that cannot take its
-    input is a ConfigError naming the builder."""
+    input is a ConfigError naming the builder. A model of named inputs (a keras_hub model's
+    `{"token_ids", "padding_mask"}`) keeps its own inputs, which no one shape describes: the stage's
+    model calls it on them (the config's token ids become those inputs: `chain.stages.named_inputs`)."""
+    if len(layers) == 1 and isinstance(layers[0], keras.Model) and isinstance(getattr(layers[0], "input", None), dict):
+        model = layers[0]
+        return keras.Model(model.input, model(model.input), name=name)
     try:
         return keras.Sequential([keras.Input(input_shape), *layers], name=name)
     except Exception as e:  # Keras raises ValueError, TypeError, ... for a shape that does not fit
@@ -88,7 +93,11 @@ def check_prediction(model: keras.Model, target, where: str) -> None:
     """mode=e2e: a user's last stage must output the prediction of `target` (logits, or one value)."""
     shape = tuple(model.output_shape[1:])
     want = (*target.shape, target.classes) if target.classes else (1,)  # a label per position: logits per position
-    if shape != want and not (not target.classes and shape == ()):
+    # A `None` size before the classes (a keras_hub causal LM's `(batch, None, vocab)`: any sequence length)
+    # takes the data's length, as an input's `None` takes the data's size.
+    fits = len(shape) == len(want) and shape[-1:] == want[-1:] and all(
+        got is None or got == size for got, size in zip(shape[:-1], want[:-1]))
+    if not fits and not (not target.classes and shape == ()):
         kind = f"{target.classes} logits" if target.classes else "one value"
         raise ConfigError(f"{where} outputs shape {shape}, but the last stage of a mode=e2e chain must output the "
                           f"prediction of target {target.name!r}: {kind}, shape {want}")

@@ -55,17 +55,45 @@ class Loss:
             return tf.cast(tf.size(y), tf.float32)
         return tf.reduce_sum(tf.cast(tf.not_equal(tf.cast(y, tf.int32), self.ignore_class), tf.float32))
 
-    def weights(self, labels: Sequence) -> list | None:
+    def weights(self, labels: Sequence, total: Any = None, scale: float = 1.0) -> list | None:
         """Each microbatch's weight in the batch's loss, given every microbatch's labels (all of the
-        step's, before any is used: the backward needs the weight): its real labels over all of them.
-        None without `ignore_class` (then every microbatch weighs 1/M)."""
+        step's, before any is used: the backward needs the weight): its real labels over all of them
+        (`total`: over a whole batch of which `labels` are a share, times `scale`: R copies of a pipeline,
+        each a share, whose gradients are averaged). None without `ignore_class` (then every microbatch
+        weighs 1/M)."""
         import tensorflow as tf
 
         if self.ignore_class is None:
             return None
         counts = [self.real(y) for y in labels]
-        total = tf.maximum(tf.add_n(counts), 1.0)  # a batch of padding only: every weight 0, not NaN
-        return [c / total for c in counts]
+        total = tf.maximum(tf.add_n(counts) if total is None else total, 1.0)  # padding only: weights 0, not NaN
+        return [c * scale / total for c in counts]
+
+
+@dataclass
+class WholeBatch:
+    """The real labels of the whole batch a step is tracing (`real`, a tensor of its graph; None before the
+    step sets it): what each copy's share is weighed against (`ShareOfBatch`)."""
+
+    real: Any = None
+
+
+@dataclass(frozen=True)
+class ShareOfBatch:
+    """A copy's loss when R copies of a pipeline each take a share of the batch (`placement.replicas`) and
+    their gradients and losses are averaged: with `ignore_class`, a microbatch weighs its real labels over
+    the whole batch's (`whole.real`, set by the step as it traces, before any copy plays), times R, so
+    that the average over the copies is the mean over the whole batch's real labels, as on one device."""
+
+    loss: Loss
+    copies: int
+    whole: WholeBatch
+
+    def __call__(self, y, pred):
+        return self.loss(y, pred)
+
+    def weights(self, labels: Sequence) -> list | None:
+        return self.loss.weights(labels, self.whole.real, float(self.copies))
 
 
 def make(name: str, target: Target, ignore_class: int | None = None) -> Loss:

@@ -1,7 +1,7 @@
 """Exports: each stage as `stage_NN.keras` (and `head_NN.keras`), the whole chain as `chain.keras`.
 
 The files hold layer configs and weights only, no device code: they load with plain
-`keras.models.load_model` on any machine. `chain.keras` is one Sequential model of
+`keras.models.load_model` on any machine. `chain.keras` is one Sequential model (a functional one for named inputs) of
 every stage's model in order, ending in what the last stage predicts (its head in
 mode=local; in mode=e2e the last stage's model already ends in the read-out), so
 `load_model("chain.keras").predict(x)` gives the chain's prediction. A model cut into stages
@@ -15,6 +15,7 @@ from typing import Sequence
 
 import keras
 
+from chain.stages import named_inputs
 from chain.stages.stage import Stage, stage_name
 
 CHAIN_FILE = "chain.keras"
@@ -29,6 +30,13 @@ def chain_model(stages: Sequence[Stage]) -> keras.Model:
     if stages[0].whole is not None and any(s.shared for s in stages):
         return uncut(stages)
     parts = [s.model for s in stages] + ([stages[-1].head] if stages[-1].head is not None else [])
+    first = named_inputs.named(stages[0].model)
+    if first is not None:  # named inputs (a keras_hub model from a builder): one shape cannot say them
+        inputs = {k: keras.Input(t.shape[1:], dtype=t.dtype, name=k) for k, t in first.items()}
+        h = inputs
+        for part in parts:
+            h = part(h)
+        return keras.Model(inputs, h, name="chain")
     return keras.Sequential([keras.Input(stages[0].model.input_shape[1:])] + parts, name="chain")
 
 

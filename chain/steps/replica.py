@@ -62,7 +62,8 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
     regularization added, scaled by this replica's share of the global batch, as in
     `local_replica_step` (Keras under a `MirroredStrategy` divides each replica's
     `model.losses` by the number of replicas: the same share, replicas' batches being
-    equal). Gradients are of the loss-scaled loss under float16.
+    equal). With `ignore_class` the loss of a chunk is weighed by its real labels' share of the
+    global batch's instead. Gradients are of the loss-scaled loss under float16.
     """
     target = stages[-1].target
     last = len(stages) - 1
@@ -75,7 +76,15 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
         labels = chunks(ys[target.name], grad_accum)
         per_stage = [s.trainable_variables for s in stages]
         total, flat = None, None
-        for h, y in zip(xs, labels):
+        weights = [None] * len(labels)
+        if getattr(loss, "ignore_class", None) is not None:
+            # Each chunk weighs its real labels over every replica's (summed across the replicas, before
+            # any backward), so that the replicas' summed losses and gradients are the mean over the
+            # global batch's real labels, as on one device, whatever number each replica holds.
+            whole = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                                   loss.real(ys[target.name]))
+            weights = loss.weights(labels, whole)
+        for h, y, loss_weight in zip(xs, labels, weights):
             with tf.control_dependencies(after(flat)):
                 with tf.GradientTape() as tape:
                     regs, scaled_regs = [], []
@@ -84,7 +93,7 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
                         if reg is not None:
                             regs.append(reg)
                             scaled_regs.append(scaled_reg)
-                    value, scaled = forwards[last](h, y, share)
+                    value, scaled = forwards[last](h, y, share, loss_weight)
                     if regs:  # every stage's regularization is part of the chain's loss
                         value, scaled = tf.add_n([value, *regs]), tf.add_n([scaled, *scaled_regs])
                 flat = add_grads(flat, tape.gradient(scaled, [v for vs in per_stage for v in vs]))

@@ -48,7 +48,7 @@ from chain.records.summaries import MirroredFields, Summary
 from chain.steps.report import dropped, report
 from chain.steps.update import apply_update, unscale
 from chain.strategies.base import Strategy
-from chain.strategies.objectives import Objective, unweighted_shares
+from chain.strategies.objectives import Objective
 from chain.planning import memory
 
 _TF_STRATEGIES: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
@@ -93,7 +93,6 @@ class Mirrored(Strategy):
                  learns: type[Objective],
                  **bodies: Any):
         if learns.microbatched:  # notes on a new record: the one planned is never changed
-            unweighted_shares(settings, "a mirrored run (placement.fallback=mirrored)")
             placement = self._ignored(settings, placement)
         if placement.multi_worker:
             from chain.planning.cluster import multi_worker_tf_strategy

@@ -21,7 +21,6 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from chain.config.schema import Settings
-from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
 from chain.records.results import LossRecord, ReplicaLosses, StepResult
 from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summary
@@ -172,15 +171,6 @@ def token_metrics(loss: float) -> dict[str, float]:
     """What a per-token cross-entropy (nats per token, the mean over real tokens) is usually read as:
     `perplexity` (its exponential; inf past float range) and `bits_per_token` (it over ln 2)."""
     return {"perplexity": math.inf if loss > 709 else math.exp(loss), "bits_per_token": loss / math.log(2)}
-
-
-def unweighted_shares(settings: Any, what: str) -> None:
-    """One line for `ignore_class` where the batch is cut into shares that each take their own mean
-    (`what`): their real labels' numbers would weigh them, which only one pipeline's step does."""
-    if settings.ignore_class is not None:
-        raise ConfigError(f"ignore_class={settings.ignore_class} is not supported with {what}: each share of the "
-                          "batch would average its own real labels; train on one pipeline (a device per stage), or "
-                          "ignore_class=null")
 
 
 class ChainObjective(Objective):

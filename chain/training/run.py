@@ -121,6 +121,7 @@ class Run:
         self.summary: Summary | None = None  # what fit wrote to summary.json, as its record (None before)
         self._rates: Any = False  # each stage's scheduled learning rate by update (lr_schedules.rates): False before
         self.auto_plan = auto_plan  # placement.plan=auto: what the search chose (None: a plan by hand)
+        self._feeder: Any = False  # the first model's named inputs from one array (named_inputs.feeder): False before
 
     @property
     def schedule(self):
@@ -153,9 +154,26 @@ class Run:
 
     def batches(self):
         """The shared `tf.data` pipeline of training batches, one per step (`examples_per_step` each;
-        a host of a multi-host mirrored run streaming its data: its own replicas' shares of them)."""
-        return training_batches(self.dataset, self.examples_per_step, self.settings.data.shuffle, self.settings.seed,
-                                self.strategy.stream_shares())
+        a host of a multi-host mirrored run streaming its data: its own replicas' shares of them), its
+        arrays made the first model's named inputs when it has them (`chain.stages.named_inputs`)."""
+        return self._named(training_batches(self.dataset, self.examples_per_step, self.settings.data.shuffle,
+                                            self.settings.seed, self.strategy.stream_shares()))
+
+    def _named(self, batches):
+        """`batches` of `(x, ys)` with `x` made the first model's named inputs, when it takes some."""
+        if batches is None or self._named_inputs() is None:
+            return batches
+        named = self._named_inputs()
+        return batches.map(lambda x, ys: (named(x), ys))
+
+    def _named_inputs(self):
+        """`named_inputs.feeder` of the first stage's model (None: it takes the array), made once; a model
+        whose named inputs one array cannot make is refused here, when the config's data first meets it."""
+        from chain.stages import named_inputs
+
+        if self._feeder is False:
+            self._feeder = named_inputs.feeder(self.stages[0].model)
+        return self._feeder
 
     @property
     def iterator(self):
@@ -168,7 +186,7 @@ class Run:
         """The validation set in batches (`tf.data`, of `examples_per_step` at most), or None when
         the data set has none."""
         if self._validation is None:
-            self._validation = validation_batches(self.dataset, self.examples_per_step)
+            self._validation = self._named(validation_batches(self.dataset, self.examples_per_step))
         return self._validation
 
     def evaluate(self) -> Evaluation | None:
@@ -218,6 +236,8 @@ class Run:
         line naming the argument for a wrong shape, dtype, label or target."""
         x, ys = checks.batch(x, y, self.dataset.info, self.strategy.wanted_targets(), self.strategy.default_target())
         self.strategy.check_batch(len(next(iter(x.values()))) if isinstance(x, dict) else len(x))
+        if not isinstance(x, dict) and self._named_inputs() is not None:  # token ids for a model of named inputs
+            x = self._named_inputs()(x)
         return x, ys
 
     def step(self, x: Any, y: Any) -> dict[str, Any]:

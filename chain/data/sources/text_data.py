@@ -4,8 +4,9 @@ streamed the same way (`chain.data.token_stream`): read in place, the position s
 checkpoint. A byte-level model needs no vocabulary: the target `next` has 256 classes. Validation is
 `data.val_files` (another glob) or the last `data.val_fraction` of the bytes (default 0.1).
 
-Each file is checked to be UTF-8 (one line naming the file and the first byte that is not). A
-tokenizer (a keras_hub vocabulary) is not read here: `data.tokenizer` is refused in one line.
+Each file is checked to be UTF-8 (one line naming the file and the first byte that is not). With
+`data.tokenizer` (a keras_hub vocabulary: `chain.data.text_tokens`) the ids are that tokenizer's of each
+file's text instead, tokenized once and kept on disk, and the target has the vocabulary's classes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import ClassVar
 
-from chain.data import files
+from chain.data import files, text_tokens
 from chain.data.catalog import DataInfo
 from chain.data.data_source import Read, Source
 from chain.data.sources import tokens_data
@@ -35,7 +36,9 @@ class Text(Windowed):
     files: str = setting(required(string, "data=text 'data.files=corpus/*.txt' data.seq_len=N"),
         "a glob of UTF-8 text files (read in sorted order, one after the other)")
     val_files: str | None = setting(optional(string), "a glob of UTF-8 text files for validation")
-    tokenizer: str | None = setting(optional(string), "not supported yet: byte-level ids only (leave null)")
+    tokenizer: str | None = setting(optional(string),
+        "a keras_hub tokenizer's local vocabulary: vocab.txt (WordPiece), vocab.json with merges.txt beside it "
+        "(byte-pair), or their folder; null: byte-level ids")
 
 
 def _utf8(path: str, key: str) -> int:
@@ -67,21 +70,26 @@ def _files(pattern: str, key: str) -> tuple[list[str], list[int]]:
 
 def shards(data: Text) -> TokenFiles:
     """The training and validation bytes and their windows."""
-    if data.tokenizer is not None:
-        raise ConfigError(f"data.tokenizer={data.tokenizer!r}: data=text reads byte-level ids only so far; leave "
-                          "data.tokenizer=null, or write token ids with your tokenizer and use data=tokens")
     val = None
     if data.val_files is not None:
         if data.val_fraction is not None:
             raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_files are both set; give one")
         val = _files(data.val_files, "data.val_files")
     paths, sizes = _files(data.files, "data.files")
-    train, val_part = split(paths, sizes, val, data, "data.files", repr(data.files))
-    return TokenFiles(train, val_part, BYTES, data.windows, "data.files", "data.val_files")
+    if data.tokenizer is None:
+        train, val_part = split(paths, sizes, val, data, "data.files", repr(data.files))
+        return TokenFiles(train, val_part, BYTES, data.windows, "data.files", "data.val_files")
+    vocabulary = text_tokens.vocabulary(data.tokenizer)
+    paths, sizes, vocab = text_tokens.token_files(paths, vocabulary)
+    if val is not None:
+        val = text_tokens.token_files(val[0], vocabulary)[:2]
+    train, val_part = split(paths, sizes, val, data, "data.files", repr(data.files), text_tokens.DTYPE)
+    return TokenFiles(train, val_part, vocab, data.windows, "data.files", "data.val_files")
 
 
 def describe(data: Text) -> DataInfo:
-    """Examples of `seq_len` byte ids with the target `next` (the following byte at each position, 256 classes)."""
+    """Examples of `seq_len` ids (bytes, or the tokenizer's) with the target `next` (the following id at each
+    position: 256 classes, or the tokenizer's vocabulary)."""
     return describe_files(data, shards(data))
 
 

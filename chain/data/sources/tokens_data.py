@@ -99,10 +99,11 @@ def part(paths: list[str], sizes: list[int], dtype: str, seq_len: int, start: in
 
 
 def split(paths: list[str], sizes: list[int], val: tuple[list[str], list[int]] | None, data, key: str,
-          what: str) -> tuple[TokenPart, TokenPart | None]:
+          what: str, dtype: str | None = None) -> tuple[TokenPart, TokenPart | None]:
     """The training part and the validation part: the files `val` (a key of their own), or the last
-    `data.val_fraction` of the tokens (default 0.1, as nanoGPT's 90/10 split)."""
-    dtype, s, n = getattr(data, "dtype", "uint8"), data.seq_len, sum(sizes)  # data=text: bytes
+    `data.val_fraction` of the tokens (default 0.1, as nanoGPT's 90/10 split). The ids are `dtype`
+    (default: `data.dtype`, or bytes for data=text)."""
+    dtype, s, n = dtype or getattr(data, "dtype", "uint8"), data.seq_len, sum(sizes)  # data=text: bytes
     if val is not None:
         train = part(paths, sizes, dtype, s, 0, n, f"{key}={what}")
         return train, part(*val, dtype, s, 0, sum(val[1]), f"the validation files of {key}")
