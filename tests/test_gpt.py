@@ -85,3 +85,75 @@ def test_model_gpt_refuses_what_it_cannot_train_in_one_line(corpus, overrides, m
     with pytest.raises(ConfigError) as e:
         chain.compose([*base, *overrides])
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """A short model=gpt run on 2 stages (its exports: stage_NN.keras, chain.keras)."""
+    from conftest import run_cli
+
+    cwd = tmp_path_factory.mktemp("gpt_run")
+    r = run_cli(cwd, *gpt_run(corpus, "+stages=2", "pipeline.microbatches=2", "optim=adamw", "optim.lr=0.01",
+                              "trainer.steps=30", "checkpoint.export=true", "hydra.run.dir=run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return cwd
+
+
+def generate(cwd, *args: str):
+    from conftest import run_cli
+
+    return run_cli(cwd, *args, module="chain.generate")
+
+
+def oracle(path, prompt: bytes, n: int) -> bytes:
+    """The argmax loop over the exported whole model's `predict` (the window: the last SEQ bytes, padded
+    on the right; read at the context's last position)."""
+    from chain.stages import gpt  # noqa: F401 - registers TokenEmbedding
+
+    model = keras.models.load_model(path)
+    ids = list(prompt)
+    for _ in range(n):
+        context = ids[-SEQ:]
+        x = np.zeros((1, SEQ), "int32")
+        x[0, :len(context)] = context
+        ids.append(int(np.argmax(model.predict(x, verbose=0)[0, len(context) - 1])))
+    return bytes(ids)
+
+
+def test_generate_continues_the_prompt_greedily_as_the_exported_model_predicts(trained):
+    first = generate(trained, "run", "--prompt", "the qu", "--tokens", "12")
+    again = generate(trained, "run", "--prompt", "the qu", "--tokens", "12")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == again.stdout
+    assert first.stdout == oracle(trained / "run" / "chain.keras", b"the qu", 12).decode(errors="replace") + "\n"
+
+
+def test_generate_samples_reproducibly_at_a_temperature_and_crops_a_long_prompt(trained):
+    runs = [generate(trained, "run", "--prompt", "the lazy dog jumps", "--tokens", "20", "--temperature", "1.5",
+                     "--seed", str(seed)) for seed in (1, 1, 2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout != runs[2].stdout
+    assert runs[0].stdout.startswith("the lazy dog jumps")
+    assert "note: the prompt is 18 bytes, the model reads 8 (model.seq_len): it continues the last 8" in runs[0].stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nowhere", "--prompt", "x"], "error: nowhere: no such run directory"),
+    (["run", "--prompt", ""], "error: --prompt is empty"),
+    (["run", "--prompt", "x", "--tokens", "0"], "error: --tokens=0 must be at least 1"),
+    (["run", "--prompt", "x", "--temperature", "-1"], "error: --temperature=-1.0 must be a finite number >= 0"),
+    (["run"], "error: the following arguments are required: --prompt"),
+])
+def test_generate_refuses_bad_input_in_one_line(trained, args, message):
+    r = generate(trained, *args)
+    assert r.returncode == 2 and r.stderr.startswith(message) and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_generate_refuses_a_run_that_is_not_a_byte_level_language_model(tmp_path):
+    import chain.config.hydra as hydra_config
+    from omegaconf import OmegaConf
+
+    (tmp_path / "digits" / ".hydra").mkdir(parents=True)  # the config a default run (digits, mode=local) writes
+    OmegaConf.save(hydra_config.compose_config([]), tmp_path / "digits" / ".hydra" / "config.yaml")
+    r = generate(tmp_path, "digits", "--prompt", "x")
+    assert r.returncode == 2 and "is not a byte-level language model's run (mode=local, data=digits)" in r.stderr
