@@ -3,7 +3,10 @@ blocks, read when the test runs, are played in the page's order in one fresh dir
 that makes a file serves the ones after it), with the repository's examples/ beside them.
 
 - A `python -m chain ...` command of a `bash` block is planned (`plan_only=true` added: its overrides
-  compose, its data and devices are checked and placed, nothing trains), unless RUN lists it.
+  compose, its data and devices are checked and placed, nothing trains), unless RUN lists it (run as
+  written) or SHORT does (run with SHORT's overrides appended: a few steps of a longer run).
+- A line `NAME=$(COMMAND)` of a `bash` block sets a shell variable: bash runs it, and `$NAME` in the
+  commands after it on the page stands for its value.
 - A `text` block of `$ COMMAND` lines, each followed by what it prints, is a transcript: the command
   runs as written and its output (stdout, then stderr) must be those lines. In an expected line `...`
   stands for any text, and a line that is only `...` for any number of lines (dates, timings, paths).
@@ -140,6 +143,14 @@ TEXT = {
 # Commands of bash blocks run in full (their output is compared in a transcript, or a later block needs them).
 RUN = {
     ("checkpoints.md", "python -m chain +stages=4 trainer.steps=100 hydra.run.dir=outputs/4-stage-run"),
+    ("language-models.md", "python -m chain.generate outputs/gpt-stdlib"),
+}
+
+# Commands of bash blocks run short (a later block needs their run): the overrides appended (the last value
+# of a key wins), so a run of minutes takes seconds here.
+SHORT = {
+    ("language-models.md", "python -m chain mode=e2e model=gpt"):
+        "trainer.steps=3 trainer.log_every=1 data.val_fraction=0.001 trainer.progress=false",
 }
 
 
@@ -158,11 +169,18 @@ def blocks(page: Path) -> list[Block]:
             for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)]
 
 
+ASSIGNMENT = re.compile(r"([A-Z_][A-Z0-9_]*)=(\$\(.*\))")  # NAME=$(COMMAND): a shell variable
+
+
 def commands(block: str) -> list[str]:
-    """The shell commands of a bash block: continuation lines joined, comment lines dropped, `&&` split."""
+    """The shell commands of a bash block: continuation lines joined, comment lines dropped, `&&` split;
+    a variable's assignment (`ASSIGNMENT`) kept as written."""
     joined = re.sub(r"\\\n\s*", "", block)
     out = []
     for line in joined.splitlines():
+        if ASSIGNMENT.fullmatch(line.strip()):
+            out.append(line.strip())
+            continue
         words = shlex.split(line, comments=True)
         if not words:
             continue
@@ -208,9 +226,13 @@ class Player:
 
     def __init__(self, cwd: Path):
         self.cwd, self.problems, self.used, self.done = cwd, [], set(), []
+        self.variables: dict[str, str] = {}  # NAME -> value, set by a block's `NAME=$(COMMAND)`
 
     def shell(self, command: str) -> subprocess.CompletedProcess:
-        """Run one command line: `python -m MODULE ...` through the test zygote, anything else in bash."""
+        """Run one command line: `python -m MODULE ...` through the test zygote, anything else in bash;
+        the page's variables (`$NAME`) replaced by their values first."""
+        for name, value in self.variables.items():
+            command = command.replace(f"${name}", value)
         words = shlex.split(command)
         env = {}
         while words and re.match(r"[A-Z_]+=", words[0]):
@@ -228,9 +250,22 @@ class Player:
             if skip:
                 self.used.add(skip[0])
                 continue
+            assignment = ASSIGNMENT.fullmatch(command)
+            if assignment:
+                name = assignment.group(1)
+                r = subprocess.run(["bash", "-c", f'{command} && printf %s "${name}"'], cwd=self.cwd,
+                                   capture_output=True, text=True, timeout=60)
+                if r.returncode != 0 or not r.stdout:
+                    self.problems.append(f"{where}: exit {r.returncode}, value {r.stdout!r}: {r.stderr.strip()[-600:]}")
+                self.variables[name] = r.stdout
+                continue
             run = listed(RUN, block.page, command)
+            short = listed(SHORT, block.page, command)
             if run:
                 self.used.add(run[0])
+            elif short:
+                self.used.add(short[0])
+                command += " " + short[1]
             elif command.startswith("python -m chain ") and "plan_only=true" not in command:
                 command += " plan_only=true"
             elif not command.startswith("python -m chain "):
@@ -326,14 +361,14 @@ def test_a_pages_examples_run_as_the_page_shows(page, tmp_path):
     player = play(page, tmp_path)
     for command, seconds in player.done:  # shown with -s, or on a failure: where the time goes
         print(f"{seconds:6.1f} s  {command[:140]}")
-    stale = [key for key in [*SKIP, *RUN, *SHOWN, *TEXT] if key[0] == page.name and key not in player.used]
+    stale = [key for key in [*SKIP, *RUN, *SHORT, *SHOWN, *TEXT] if key[0] == page.name and key not in player.used]
     assert not stale, f"listed in SKIP or RUN but on no block of {page.name} any more: {stale}"
     assert not player.problems, "\n\n".join(player.problems)
 
 
 def test_every_page_with_examples_is_played_and_every_listed_page_exists():
     names = {p.name for p in PAGES}
-    assert {key[0] for key in [*SKIP, *RUN, *SHOWN, *TEXT]} <= names
+    assert {key[0] for key in [*SKIP, *RUN, *SHORT, *SHOWN, *TEXT]} <= names
     assert {"README.md", "your-data.md", "pipeline.md"} <= {p.name for p in PLAYED}
     played = {p.name for p in PLAYED} | set(ELSEWHERE)
     with_blocks = {p.name for p in PAGES if any(b.lang in ("bash", "python", "text") for b in blocks(p))}
@@ -347,6 +382,7 @@ def test_the_matcher_takes_elisions_and_nothing_else():
     assert not matches(["step 10  loss 2.2558"], ["step 10  loss 2.2379"])
     assert not matches(["a"], ["a", "b"])
     assert commands("x \\\n    y  # comment\n# only a comment\na && b\n") == ["x y", "a", "b"]
+    assert commands("DIR=$(python -c 'print(1)')\n") == ["DIR=$(python -c 'print(1)')"]
     assert transcript("$ x \\\n    y \\\n  z\nout\n$ w\n") == [("x y z", ["out"]), ("w", [])]
 
 

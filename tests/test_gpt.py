@@ -10,7 +10,7 @@ import pytest
 
 import chain
 from chain.errors import ConfigError
-from compare import rel_diff
+from compare import assert_trained_like_keras, rel_diff
 
 SEQ, BATCH = 8, 8
 
@@ -54,18 +54,9 @@ def test_gpt_cut_into_stages_predicts_and_trains_like_the_same_model_on_one_devi
     reference.compile(optimizer=keras.optimizers.SGD(0.5),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     start = {v.path: v.numpy() for v in reference.trainable_variables}
-    for x, y in data:
-        np.testing.assert_allclose(run.step(x, {"next": y})["loss"], reference.train_on_batch(x, y), rtol=1e-5)
+    assert_trained_like_keras(run, reference, data, start)
     want = {v.path: v.numpy() for v in reference.trainable_variables}
-    seen = set()
-    for s in run.stages:
-        for v in s.trainable_variables:
-            seen.add(v.path)
-            if np.abs(want[v.path] - start[v.path]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
-                assert np.abs(v.numpy() - start[v.path]).max() < 1e-6, v.path
-                continue
-            assert rel_diff(v.numpy(), want[v.path]) <= 1e-5, v.path
-    assert seen == set(want)
+    assert rel_diff(want["token_embedding/embeddings"], start["token_embedding/embeddings"]) > 1e-3  # it learned
     names = [[layer.name for layer in s.model.layers] for s in run.stages]
     assert ("token_embedding" in names[-1]) == tied  # tied: the read-out is the embedding, on the last stage too
 
