@@ -1,5 +1,6 @@
 """`python -m chain.generate RUN_DIR --prompt TEXT [--tokens N] [--temperature T] [--seed S]`: text from a
 trained byte-level language model (mode=e2e on data=text, e.g. model=gpt), sampled through its stages.
+A run on data=tokens (ids without a tokenizer) takes and prints ids instead: `--prompt '464 2068 7586'`.
 
 The run's exported stages (`stage_00.keras`, `stage_01.keras`, ..., written at the end of a run with
 checkpoint.export=true, the default) are loaded and called in order, each stage's output the next one's
@@ -9,7 +10,7 @@ earlier position sees), greedily at `--temperature 0` (the default) or drawn fro
 NumPy's generator seeded by `--seed` (the same seed, the same text). A context longer than the model's
 window (`model.seq_len`) keeps its last `seq_len` bytes; a prompt longer than that is cut so, and says so.
 The prompt and its continuation are printed as UTF-8 (a byte sequence that is not valid UTF-8 shows as
-U+FFFD). Bad input is one line and exit 2.
+U+FFFD), or, for data=tokens, as ids separated by spaces. Bad input is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m chain.generate", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of python -m chain (its exported stages)")
-    p.add_argument("--prompt", required=True, help="the text the model continues (its UTF-8 bytes)")
-    p.add_argument("--tokens", type=int, default=100, help="bytes to generate (default 100)")
+    p.add_argument("--prompt", required=True,
+                   help="the text the model continues (its UTF-8 bytes; a data=tokens run: ids separated by spaces)")
+    p.add_argument("--tokens", type=int, default=100, help="bytes (or ids) to generate (default 100)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0: the most likely byte each time (default); T > 0: drawn from softmax(logits / T)")
     p.add_argument("--seed", type=int, default=0, help="seeds the draws at temperature > 0 (default 0)")
@@ -68,9 +70,10 @@ def _request(argv: Sequence[str]) -> Request:
     return Request(a.run_dir, a.prompt, a.tokens, a.temperature, a.seed)
 
 
-def _run_config(run_dir: str) -> Any:
-    """The run's composed config (Hydra's `.hydra/config.yaml`), read as written (its data need not exist
-    any more); one line if it is not a byte-level language model's run."""
+def _run_config(run_dir: str) -> str:
+    """The data the run's model learned, `text` or `tokens`, from its composed config (Hydra's
+    `.hydra/config.yaml`, read as written: its data need not exist any more); one line if it is not a
+    language model's run."""
     from omegaconf import OmegaConf
 
     if not os.path.isdir(run_dir):
@@ -80,15 +83,15 @@ def _run_config(run_dir: str) -> Any:
         fail(f"{path} is missing: generate reads a run directory written by python -m chain")
     cfg = OmegaConf.load(path)
     mode, data = OmegaConf.select(cfg, "mode"), OmegaConf.select(cfg, "data.name")
-    if mode != "e2e" or data != "text":
-        fail(f"{run_dir} is not a byte-level language model's run (mode={mode}, data={data}): generate continues "
-             "text with a model trained by mode=e2e on data=text (e.g. model=gpt)")
-    return cfg
+    if mode != "e2e" or data not in ("text", "tokens"):
+        fail(f"{run_dir} is not a language model's run (mode={mode}, data={data}): generate continues text with a "
+             "model trained by mode=e2e on data=text (or ids, on data=tokens), e.g. model=gpt")
+    return data
 
 
-def stages(run_dir: str) -> list[Any]:
+def stages(run_dir: str, vocab: int | None) -> list[Any]:
     """The run's exported stage models (`stage_NN.keras`), in order; one line if there are none, or if
-    they do not make a model of byte ids to logits per position."""
+    they do not make a model of ids to logits per position (`vocab` of them, when given)."""
     import keras
 
     from chain.stages import gpt  # noqa: F401 - registers model=gpt's TokenEmbedding for load_model
@@ -106,10 +109,10 @@ def stages(run_dir: str) -> list[Any]:
     inputs, outputs = models[0].inputs, models[-1].outputs
     if len(inputs) != 1 or len(inputs[0].shape) != 2 or inputs[0].shape[1] is None \
             or "int" not in str(inputs[0].dtype) or len(outputs) != 1 or len(outputs[0].shape) != 3 \
-            or outputs[0].shape[-1] != BYTES:
+            or (vocab is not None and outputs[0].shape[-1] != vocab):
         fail(f"{run_dir}'s chain takes {[tuple(t.shape) for t in inputs]} and gives "
-             f"{[tuple(t.shape) for t in outputs]}: generate needs a model of byte ids (batch, seq_len) to logits "
-             f"per position (batch, seq_len, {BYTES})")
+             f"{[tuple(t.shape) for t in outputs]}: generate needs a model of integer ids (batch, seq_len) to "
+             f"logits per position (batch, seq_len, {vocab or 'vocab'})")
     return models
 
 
@@ -149,16 +152,31 @@ def continuation(models: Sequence[Any], prompt: Sequence[int], tokens: int, temp
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of `python -m chain.generate RUN_DIR --prompt TEXT ...`."""
     r = _request(list(sys.argv[1:] if argv is None else argv))
-    _run_config(r.run_dir)
+    text = _run_config(r.run_dir) == "text"
+    prompt = list(r.prompt.encode("utf-8")) if text else _ids(r.prompt)
     import_tensorflow_quietly()
-    models = stages(r.run_dir)
-    prompt = list(r.prompt.encode("utf-8"))
-    seq_len = int(models[0].inputs[0].shape[1])
+    models = stages(r.run_dir, BYTES if text else None)
+    vocab, seq_len = int(models[-1].outputs[0].shape[-1]), int(models[0].inputs[0].shape[1])
+    if max(prompt) >= vocab:
+        fail(f"--prompt holds the id {max(prompt)}, but the model's ids are 0..{vocab - 1}")
+    unit = "bytes" if text else "ids"
     if len(prompt) > seq_len:
-        print(f"note: the prompt is {len(prompt)} bytes, the model reads {seq_len} (model.seq_len): it continues "
+        print(f"note: the prompt is {len(prompt)} {unit}, the model reads {seq_len} (model.seq_len): it continues "
               f"the last {seq_len}", file=sys.stderr)
     new = continuation(models, prompt[-seq_len:], r.tokens, r.temperature, r.seed)
-    print(bytes(prompt + new).decode("utf-8", errors="replace"))
+    print(bytes(prompt + new).decode("utf-8", errors="replace") if text else " ".join(map(str, prompt + new)))
+
+
+def _ids(prompt: str) -> list[int]:
+    """A data=tokens run's prompt: ids separated by spaces; one line otherwise."""
+    try:
+        ids = [int(word) for word in prompt.split()]
+    except ValueError:
+        fail(f"--prompt={prompt!r}: a run on data=tokens (ids without a tokenizer) takes ids separated by spaces, "
+             "e.g. --prompt '464 2068 7586'")
+    if not ids or min(ids) < 0:
+        fail(f"--prompt={prompt!r}: give ids >= 0, separated by spaces")
+    return ids
 
 
 if __name__ == "__main__":

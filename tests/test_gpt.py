@@ -147,4 +147,27 @@ def test_generate_refuses_a_run_that_is_not_a_byte_level_language_model(tmp_path
     (tmp_path / "digits" / ".hydra").mkdir(parents=True)  # the config a default run (digits, mode=local) writes
     OmegaConf.save(hydra_config.compose_config([]), tmp_path / "digits" / ".hydra" / "config.yaml")
     r = generate(tmp_path, "digits", "--prompt", "x")
-    assert r.returncode == 2 and "is not a byte-level language model's run (mode=local, data=digits)" in r.stderr
+    assert r.returncode == 2 and "is not a language model's run (mode=local, data=digits)" in r.stderr
+
+
+def test_generate_continues_ids_of_a_token_file_run_as_the_exported_model_predicts(tmp_path):
+    """data=tokens (ids without a tokenizer): the prompt and the output are ids; greedy equals the oracle."""
+    from conftest import run_cli
+
+    rng = np.random.default_rng(0)
+    rng.integers(0, 300, 4000).astype(np.uint16).tofile(tmp_path / "train.bin")
+    r = run_cli(tmp_path, "mode=e2e", "model=gpt", "model.vocab=300", "model.width=8", "model.heads=2",
+                "model.depth=1", "data=tokens", "data.path=train.bin", "data.vocab=300", f"data.seq_len={SEQ}",
+                "trainer.steps=2", "trainer.progress=false", "hydra.run.dir=run")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = generate(tmp_path, "run", "--prompt", "5 299 17", "--tokens", "6")
+    assert out.returncode == 0, out.stderr
+    model = keras.models.load_model(tmp_path / "run" / "chain.keras")
+    ids = [5, 299, 17]
+    for _ in range(6):
+        x = np.zeros((1, SEQ), "int32")
+        x[0, :len(ids[-SEQ:])] = ids[-SEQ:]
+        ids.append(int(np.argmax(model.predict(x, verbose=0)[0, len(ids[-SEQ:]) - 1])))
+    assert out.stdout == " ".join(map(str, ids)) + "\n"
+    bad = generate(tmp_path, "run", "--prompt", "5 300")
+    assert bad.returncode == 2 and bad.stderr == "error: --prompt holds the id 300, but the model's ids are 0..299\n"
