@@ -171,3 +171,9 @@ def test_generate_continues_ids_of_a_token_file_run_as_the_exported_model_predic
     assert out.stdout == " ".join(map(str, ids)) + "\n"
     bad = generate(tmp_path, "run", "--prompt", "5 300")
     assert bad.returncode == 2 and bad.stderr == "error: --prompt holds the id 300, but the model's ids are 0..299\n"
+
+
+def test_gpt_is_balanced_by_measured_time(corpus):
+    """placement.balance=time times each piece's forward and backward (an embedding's gradient is sparse)."""
+    run = chain.build(chain.compose(gpt_run(corpus, "+stages=2", "placement.balance=time")))
+    assert any(n.startswith("placement.balance=time: split [") for n in run.notes)
