@@ -22,7 +22,7 @@ docs/architecture.md draws it, tests/test_structure.py checks it):
     data/        catalog (shapes, targets), sources (one module per source), loader (arrays), stream (tf.data)
     config/      settings: compose, schema, checks, shapes (no TensorFlow)
     planning/    devices, inventory, planner, cluster, balance, memory, footprint (estimated peaks), fit
-    stages/      Stage, build_stages, bodies (user code), cut (one model into stages), precision, ...
+    stages/      Stage, build_stages, bodies (user code), cut (one model into stages), gpt (model=gpt), precision, ...
     steps/       the compiled steps: local, replica, independent; update, numerics, xla, evaluate
     strategies/  one object per way of training: a distribution given an objective (local, e2e, side by side)
     pipeline/    schedules, mode=e2e's step, Scheduled (its distribution), a trace's measured actions
@@ -30,7 +30,7 @@ docs/architecture.md draws it, tests/test_structure.py checks it):
     report/      python -m chain.report: a run directory as one HTML page
     prepared/    the preparation pass: config -> RunSpec (settings, data description, placement)
     training/    build (RunSpec -> Run), ways (the table of strategies), the Run loop, logs
-    sweep, restage, worker, __main__    the command lines
+    sweep, restage, generate, worker, __main__    the command lines
 """
 
 import functools

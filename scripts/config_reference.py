@@ -97,7 +97,7 @@ PLAIN = {
     checks.dotted_name: "a dotted import path, e.g. `mypackage.data.make_dataset`",
     checks.feature: "`float32[d1,...]` or `int64` (a fixed-length feature)",
     checks.step_window: "`[START,STOP]`, 1 <= START <= STOP",
-    schema.model_check: "`mlp`, `conv`, `keras`, or a builder (`_target_`)",
+    schema.model_check: "`mlp`, `conv`, `keras`, `gpt`, or a builder (`_target_`)",
     schema.optim_check: "`adam`, `adamw`, `sgd`, or any Keras optimizer (`_target_`)",
     schema.optimizer_path: "an optimizer's import path, e.g. `keras.optimizers.RMSprop`",
 }
@@ -198,7 +198,7 @@ def render() -> str:
     parts.append("\n## Groups\n\n`model`, `optim` and `data` each take one of several forms, chosen by the group "
                  "(`data=npz`) or by `name`; each form has its own keys. A stage's `model`/`optim` "
                  "(`+stages=[{model: conv}]`) takes the same keys.")
-    parts += _variant_tables("model", [schema.Mlp, schema.Conv, schema.KerasModel])
+    parts += _variant_tables("model", [schema.Mlp, schema.Conv, schema.KerasModel, schema.Gpt])
     builder = group_defaults("model", "builder")
     parts.append(f"\n## model=builder\n\n`model._target_=pkg.mod.fn`: {_doc(schema.Builder)}\n\n"
                  "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n"

@@ -33,6 +33,25 @@ def assert_values_alike(a: dict, b: dict, rtol: float = 0.0) -> None:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
+def assert_trained_like_keras(run, reference, data, start: dict) -> None:
+    """`run.step` on each `(x, y)` of `data` (y the target `next` or `label`, whichever the run learns) against
+    Keras' own `reference.train_on_batch` (compiled): each loss within 1e-5, and every trainable variable of
+    every stage (by path; `start`: the reference's before training) within 1e-5 of the reference's after them."""
+    target = run.stages[-1].target.name
+    for x, y in data:
+        np.testing.assert_allclose(run.step(x, {target: y})["loss"], reference.train_on_batch(x, y), rtol=1e-5)
+    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    seen = set()
+    for s in run.stages:
+        for v in s.trainable_variables:
+            seen.add(v.path)
+            if np.abs(want[v.path] - start[v.path]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
+                assert np.abs(v.numpy() - start[v.path]).max() < 1e-6, v.path
+                continue
+            assert rel_diff(v.numpy(), want[v.path]) <= 1e-5, v.path
+    assert seen == set(want)
+
+
 def rel_diff(a, b) -> float:
     """Largest elementwise difference relative to the largest magnitude of the reference `b`."""
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))

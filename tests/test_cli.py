@@ -46,7 +46,7 @@ def test_heterogeneous_chain_from_the_command_line(cli, tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["+stages=0"], "stages=0 must be a positive integer"),
     (["+stages=-1"], "stages=-1 must be a positive integer"),
-    (["model=transformer"], "model='transformer' is not known; allowed: builder, conv, keras, mlp"),
+    (["model=transformer"], "model='transformer' is not known; allowed: builder, conv, gpt, keras, mlp"),
     (["optim=lion"], "optim='lion' is not known; allowed: adam, adamw, sgd, target"),
     (["data=imagenet"], "data='imagenet' is not known; allowed: callable, csv, digits, keras, npz, synthetic, text, tfrecord, tokens"),
     (["optim.lr=0"], "optim.lr=0 must be > 0"),

@@ -19,7 +19,7 @@ from messages import says
 CASES = [
     (["+stages=0"], "stages=0 must be a positive integer"),
     (["+stages=100000"], "stages=100000 must be a positive integer (at most 512)"),
-    (["model=transformer"], "model='transformer' is not known; allowed: builder, conv, keras, mlp"),
+    (["model=transformer"], "model='transformer' is not known; allowed: builder, conv, gpt, keras, mlp"),
     (["optim.lr=0"], "optim.lr=0 must be > 0"),
     (["optim.lr=inf"], "optim.lr=inf must be a finite number"),
     (["data.batch_size=-4"], "data.batch_size=-4 must be >= 1"),

@@ -78,7 +78,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("chain.report",),
     ("chain.prepared",),
     ("chain.training",),
-    ("chain.sweep", "chain.restage", "chain.worker"),  # the command lines' work
+    ("chain.sweep", "chain.restage", "chain.generate", "chain.worker"),  # the command lines' work
     ("chain", "chain.__main__"),  # `python -m chain` (it runs `chain.sweep` for --multirun)
 ]
 ROW = {package: row for row, packages in enumerate(LAYERS) for package in packages}

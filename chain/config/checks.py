@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from chain.config.schema import MAX_BATCH, KerasModel, PlacementSettings, Settings
+from chain.config.schema import CUT_MODELS, MAX_BATCH, Gpt, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
 from chain.data import files
 from chain.data.catalog import DataInfo
@@ -128,13 +128,14 @@ def ignored_class_fits(ignore_class: int | None, target, data: str) -> None:
 
 
 def check_cut(s: Settings) -> None:
-    """`model=keras` cuts one model into all the stages; `placement.split`/`balance` say where."""
-    keras_models = {spec.model for spec in s.stages if isinstance(spec.model, KerasModel)}
-    if keras_models:
-        (model, *others) = keras_models
-        if others or any(not isinstance(spec.model, KerasModel) for spec in s.stages):
-            raise ConfigError("model=keras cuts one model into every stage; per-stage models do not go with it "
+    """`model=keras` and `model=gpt` cut one model into all the stages; `placement.split`/`balance` say where."""
+    cut_models = {spec.model for spec in s.stages if isinstance(spec.model, CUT_MODELS)}
+    if cut_models:
+        (model, *others) = cut_models
+        if others or any(not isinstance(spec.model, CUT_MODELS) for spec in s.stages):
+            raise ConfigError(f"model={model.name} cuts one model into every stage; per-stage models do not go with it "
                               "(drop them from +stages=[...], or use builders: model._target_=...)")
+    if isinstance(model := s.stages[0].model, KerasModel):
         if not model.path.endswith(".keras"):
             raise ConfigError(f"model.path={model.path!r} must be a Keras model file (.keras)")
         if not os.path.isfile(model.path):
@@ -146,6 +147,39 @@ def check_cut(s: Settings) -> None:
     if p.split is not None and len(p.split) != len(s.stages):
         raise ConfigError(f"placement.split has {plural(len(p.split), 'entry')}, but {there_are(len(s.stages), 'stage')}; "
                           "give the layers of each stage")
+
+
+TOKEN_DATA = ("text", "tokens")  # the sources whose examples are windows of token ids (data.seq_len)
+
+
+def gpt(s: Settings) -> Settings:
+    """`model=gpt` learns the next token of token data end to end: mode=e2e on data=text or data=tokens, a
+    width its heads divide, and the data's window (`model.seq_len` null: `data.seq_len`, set here; else
+    equal). Returns `s` with every stage's `model.seq_len` settled; `s` itself for any other model."""
+    model = s.stages[0].model if s.stages else None
+    if not isinstance(model, Gpt):
+        return s
+    if s.mode != "e2e":
+        raise ConfigError(f"model=gpt is one network trained by one per-token loss: it needs mode=e2e (is {s.mode})")
+    if s.data.name not in TOKEN_DATA:
+        raise ConfigError(f"model=gpt reads token ids: it needs data=text or data=tokens (is data={s.data.name})")
+    if model.width % model.heads:
+        raise ConfigError(f"model.width={model.width} must be a multiple of model.heads={model.heads} (each head "
+                          "takes width / heads of it)")
+    if model.seq_len is not None and model.seq_len != s.data.seq_len:
+        raise ConfigError(f"model.seq_len={model.seq_len} differs from data.seq_len={s.data.seq_len}, the window "
+                          f"the model reads: set one of them (model.seq_len=null takes the data's)")
+    return replace(s, stages=tuple(replace(st, model=replace(st.model, seq_len=s.data.seq_len))
+                                   if isinstance(st.model, Gpt) else st for st in s.stages))
+
+
+def gpt_vocab(s: Settings, info: DataInfo) -> None:
+    """`model=gpt`'s `vocab` is the data's number of token ids (its output width)."""
+    model = s.stages[0].model if s.stages else None
+    classes = info.target(s.stages[-1].target).classes if s.stages else None
+    if isinstance(model, Gpt) and model.vocab != classes:
+        raise ConfigError(f"model.vocab={model.vocab} differs from data={info.name}'s {classes} token ids "
+                          f"(its target's classes): set model.vocab={classes}")
 
 
 def check_side_by_side(s: Settings) -> None:
@@ -181,6 +215,7 @@ def check_data(s: Settings, info: DataInfo) -> None:
     for spec in s.stages:
         info.target(spec.target)
     per_position(s, info)
+    gpt_vocab(s, info)
     stage_shapes(s.stages, info, s.mode)  # a stage that cannot take its input
     if s.mode == "e2e":
         loss_fits_target(s.loss, info.target(s.stages[-1].target), info.name)
@@ -326,6 +361,7 @@ def settle_schedules(s: Settings, n_steps: int | None) -> Settings:
 def settle(s: Settings, info: DataInfo | None) -> Settings:
     """`s` checked (`check_across_keys`) against the data `info` describes (None: known once TensorFlow reads
     it), with its notes and, where the data is known, its steps."""
+    s = gpt(s)
     notes = check_across_keys(s, info)
     n_steps = steps(s, info)
     check_profile(s, n_steps)

@@ -171,14 +171,39 @@ def builder(key: str, raw: dict) -> Builder:
     return Builder(target=target, kwargs={k: v for k, v in raw.items() if k != "_target_"})
 
 
+@dataclass(frozen=True, kw_only=True)
+class Gpt:
+    """The built-in decoder-only transformer (`chain.stages.gpt`): one Keras model cut into the chain's stages
+    like `model=keras` (`placement.split`/`balance`); mode=e2e on token data (data=text or data=tokens)."""
+
+    KIND: ClassVar[str] = "gpt"
+    name: str = setting(string, "gpt: a decoder-only transformer cut into the stages")
+    vocab: int = setting(integer(2, 1 << 24),
+        "token ids 0..vocab-1 and the logits per position (256: bytes, data=text); must equal the data's classes")
+    seq_len: int | None = setting(optional(integer(1, 1 << 20)),
+        "tokens per example (the learned position embedding's length); null: the data's data.seq_len, which it "
+        "must equal")
+    width: int = setting(integer(1, MAX_WIDTH), "the model's width (embedding size); a multiple of model.heads")
+    depth: int = setting(integer(1, MAX_DEPTH), "transformer blocks")
+    heads: int = setting(integer(1, 4096), "attention heads per block (each of width / heads)")
+    tied: bool = setting(boolean, "the read-out is the token embedding's transpose (one weight); false: a Dense read-out")
+    dropout: float = setting(number(minimum=0.0, below=1.0),
+        "dropout rate on the embeddings, attention weights and each block's two residual branches (0: none)")
+
+    def describe(self) -> str:
+        return f"gpt(width={self.width}, depth={self.depth}, heads={self.heads})"
+
+
 def model_check(key: str, raw: Any) -> Any:
-    """A stage body: the chain's own (`name: mlp|conv`), a cut Keras model (`name: keras`), or a builder (`_target_`)."""
+    """A stage body: the chain's own (`name: mlp|conv`), a cut Keras model (`name: keras`), the built-in
+    transformer (`name: gpt`), or a builder (`_target_`)."""
     if isinstance(raw, dict) and "_target_" in raw:
         return builder(key, raw)
-    return variants(Mlp, Conv, KerasModel)(key, raw)
+    return variants(Mlp, Conv, KerasModel, Gpt)(key, raw)
 
 
-Model = Union[Mlp, Conv, KerasModel, Builder]
+Model = Union[Mlp, Conv, KerasModel, Gpt, Builder]
+CUT_MODELS = (KerasModel, Gpt)  # one model cut into every stage (`placement.split`/`balance`)
 MODEL = model_check
 
 
@@ -302,7 +327,7 @@ DATA = variants(*DataSets)
 class StageSpec:
     """One stage: its body, its optimizer and (mode=local) the target its head learns."""
 
-    model: Model = setting(MODEL, "the stage's body: model=mlp|conv|keras or a builder (_target_)")
+    model: Model = setting(MODEL, "the stage's body: model=mlp|conv|keras|gpt or a builder (_target_)")
     optim: Optim = setting(OPTIM, "the stage's optimizer: optim=adam|adamw|sgd or optim._target_=keras.optimizers.NAME")
     target: str | None = setting(optional(string),
         "mode=local: the data target this stage learns (null: the data's first)")
@@ -462,7 +487,7 @@ class Settings:
     resume: bool = setting(boolean, "continue the run in hydra.run.dir from its newest complete checkpoint")
     plan_only: bool = setting(boolean, "print the placement (and, mode=e2e, the schedule) and exit without training")
     report: bool = setting(boolean, "write report.html in the run directory at the end")
-    model: Model = setting(MODEL, "the stage template's body (model=mlp|conv|keras, or model._target_=...)")
+    model: Model = setting(MODEL, "the stage template's body (model=mlp|conv|keras|gpt, or model._target_=...)")
     optim: Optim = setting(OPTIM,
         "the stage template's optimizer (optim=adam|adamw|sgd, or optim._target_=keras.optimizers.NAME)")
     data: Data = setting(DATA, "the data source (data=digits|synthetic|npz|csv|tfrecord|keras|callable|tokens|text)")

@@ -60,8 +60,8 @@ def per_position_body(target: Target, spec: Model) -> None:
     if target.shape:
         raise ConfigError(f"target {target.name!r} has a label per position {target.shape}: the last stage must "
                           f"output logits per position, shape {(*target.shape, target.classes)}, which "
-                          f"model={'conv' if isinstance(spec, Conv) else 'mlp'} does not; give your model (model=keras, "
-                          "a builder, or chain.build(cfg, model=...))")
+                          f"model={'conv' if isinstance(spec, Conv) else 'mlp'} does not; use model=gpt (data=text, "
+                          "data=tokens) or give your model (model=keras, a builder, or chain.build(cfg, model=...))")
 
 
 def output_layers(target: Target, input_shape: tuple[int, ...]) -> list[keras.layers.Layer]:

@@ -59,7 +59,8 @@ def _settled(samples: list[float]) -> bool:
 
 def _call_seconds(fn, *args) -> float:
     started = time.perf_counter()
-    tf.nest.map_structure(lambda t: None if t is None else t.numpy(), fn(*args))
+    # expand_composites: an embedding's gradient is IndexedSlices, read as its tensors
+    tf.nest.map_structure(lambda t: None if t is None else t.numpy(), fn(*args), expand_composites=True)
     return time.perf_counter() - started
 
 

@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple, Sequence
 import keras
 
 from chain.config.checks import BatchCut
-from chain.config.schema import Builder, KerasModel, Settings
+from chain.config.schema import Builder, Gpt, KerasModel, Settings
 from chain.config.shapes import human, optimizer_slots
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, first_line
@@ -148,9 +148,10 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, batch_cut:
     k = len(settings.stages)
     p = settings.placement
     keras_spec = settings.stages[0].model if isinstance(settings.stages[0].model, KerasModel) else None
-    if (p.split is not None or p.balance != "even") and model is None and keras_spec is None:
+    gpt_spec = settings.stages[0].model if isinstance(settings.stages[0].model, Gpt) else None
+    if (p.split is not None or p.balance != "even") and model is None and keras_spec is None and gpt_spec is None:
         key = "placement.split" if p.split is not None else f"placement.balance={p.balance}"
-        raise ConfigError(f"{key} cuts one model into stages: it needs model=keras model.path=FILE.keras "
+        raise ConfigError(f"{key} cuts one model into stages: it needs model=keras model.path=FILE.keras, model=gpt "
                           "(or chain.build(cfg, model=...))")
     if stages is not None:
         if model is not None:
@@ -160,6 +161,13 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, batch_cut:
                               f"(+stages={len(stages)})")
         names = [getattr(fn, "__qualname__", type(fn).__name__) for fn in stages]
         return Resolved([from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement)
+    if gpt_spec is not None and stages is None and model is None:  # the built-in transformer, cut as a file's model
+        from chain.data.verify import input_dtype
+        from chain.stages import gpt
+
+        ids = input_dtype(getattr(settings.data, "dtype", "uint8"))  # data=text: bytes (int32)
+        return Resolved(*_cut(settings, placement, info, gpt.build(gpt_spec, ids.name), "model=gpt", batch_cut,
+                              schedule))
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
         return Resolved(*_cut(settings, placement, info, model if model is not None else load_model(keras_spec), name,
