@@ -319,17 +319,16 @@ def main() -> None:
         print(f"{case:8s} {row['tokens_s']:9.0f} {anchor or '-':>7s} " + (f"{ratio:6.3f}" if ratio else f"{'-':>6s}")
               + f" {quiet:5d} " + (f"{quiet_ratio:6.3f}" if quiet_ratio else f"{'-':>6s}")
               + f" {row['other']:6.2f}  {WHAT[case]}")
-    if a.markdown:
-        print(f"\n| case | what | tokens/s | ratio (all {a.repeats} pairs) | quiet pairs | ratio (quiet) | "
-              "other processes, cores |")
-        print("|---|---|---|---|---|---|---|")
-        for row in rows:
-            against = f" / `{row['anchor']}`" if row["anchor"] else ""
-            r = f"{row['ratio']:.3f}{against}" if row["ratio"] else "-"
-            q = f"{row['quiet_ratio']:.3f}" if row["quiet_ratio"] else "-"
-            print(f"| `{row['case']}` | {WHAT[row['case']]} | {row['tokens_s']:.0f} | {r} | {row['quiet']} | {q} | "
-                  f"{row['other']:.2f} |")
-
+    if a.markdown:  # one column per case
+        print("\n| | " + " | ".join(f"`{row['case']}`" for row in rows) + " |")
+        print("|---|" + "---|" * len(rows))
+        print("| tokens/s | " + " | ".join(f"{row['tokens_s']:.0f}" for row in rows) + " |")
+        print(f"| ratio, all {a.repeats} pairs | " + " | ".join(
+            f"{row['ratio']:.3f} (`{row['anchor']}`)" if row["ratio"] else "-" for row in rows) + " |")
+        print("| ratio, quiet pairs (how many) | " + " | ".join(
+            f"{row['quiet_ratio']:.3f} ({row['quiet']})" if row["quiet_ratio"] else f"- ({row['quiet']})"
+            for row in rows) + " |")
+        print("| other processes, cores | " + " | ".join(f"{row['other']:.2f}" for row in rows) + " |")
 
 if __name__ == "__main__":
     main()
