@@ -349,3 +349,48 @@ def test_a_bad_tokenizer_is_one_line_naming_the_key(tmp_path, files, given, mess
     with pytest.raises(chain.ConfigError, match=rf"^data.tokenizer=.*{message}"):
         chain.prepare(["+stages=1", "mode=e2e", "data=text", f"data.files={tmp_path / 'corpus.txt'}",
                        f"data.tokenizer={tmp_path / given}", "data.seq_len=4"])
+
+def gpt2_per_token(static: bool) -> keras.Model:
+    """GPT2CausalLM as shipped (its `(batch, seq, vocab)` logits); `static`: called on token ids of a fixed
+    length, its padding mask all ones (`ops.ones_like`, an op kept on the first stage), the backbone's own
+    graph still open in its length (None) inside."""
+    keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
+    lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    if not static:
+        return lm
+    ids = keras.Input((SEQ,), dtype="int32", name="token_ids")
+    return keras.Model(ids, lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}), name="gpt2_static")
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["as-shipped", "static-length"])
+def test_gpt2_causal_lm_per_token_cut_between_blocks_trains_like_keras(tmp_path, static):
+    """The next token learnt at every position (padding left out, `ignore_class=0`), the model cut between
+    its blocks (the hidden states and the padding mask cross): stages built from a graph whose sequence
+    length is open (None) take the length the stage before gives, or any. 3 SGD steps equal Keras' own
+    `train_on_batch` with the same loss."""
+    lm, reference = gpt2_per_token(static), gpt2_per_token(static)
+    steps = [(x["token_ids"] if static else x, np.roll(x["token_ids"], -1, axis=1) * x["padding_mask"])
+             for x, _ in batches(3)]
+    ids = np.arange(VOCAB * SEQ).reshape(VOCAB, SEQ) % VOCAB  # the data set declares the target: SEQ ids of VOCAB
+    np.savez(tmp_path / "ids.npz", x=ids, y=ids)
+    run = chain.build(chain.compose(["+stages=2", "placement.split=[5,3]", "pipeline.schedule=gpipe", "mode=e2e",
+                                     "pipeline.microbatches=4", "data=npz", f"data.path={tmp_path / 'ids.npz'}",
+                                     "data.x=x", "data.y=y", f"data.batch_size={BATCH}", "data.val_fraction=0",
+                                     "ignore_class=0", "trainer.progress=false", "checkpoint.export=false",
+                                     "optim=sgd", "optim.lr=0.1"]), model=lm)
+    assert "transformer_layer_1" in [layer.name for layer in run.stages[1].model.layers]
+    assert run.stages[-1].model.output_shape == (None, SEQ if static else None, VOCAB)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False, weighted_metrics=[],  # the loss alone
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0))
+    start = {v.path: v.numpy() for v in reference.trainable_variables}
+    for x, y in steps:
+        np.testing.assert_allclose(run.step(x, {"label": y})["loss"], reference.train_on_batch(x, y), rtol=1e-5)
+    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    for s in run.stages:
+        for v in s.trainable_variables:
+            if np.abs(want[v.path] - start[v.path]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
+                continue
+            assert rel_diff(v.numpy(), want[v.path]) <= 1e-5, v.path
+    assert rel_diff(want["token_embedding/embeddings"], start["token_embedding/embeddings"]) > 1e-3

@@ -193,7 +193,10 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
             exclude_from_decay(optimizer, spec.optim, stage)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
-        shape = out_shape
+        # Several tensors crossing to the next stage: each one's shape as this stage gives it (a keras_hub
+        # backbone's own graph leaves the sequence length open; this stage, built on the data's shape, knows it).
+        several = isinstance(model.output_shape, list)
+        shape = [tuple(s[1:]) for s in model.output_shape] if several else out_shape
     refuse_shared_variables(stages)
     return stages
 

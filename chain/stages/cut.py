@@ -530,13 +530,20 @@ class Piece:
         if len(crossing) == 1 and id(crossing[0]) not in c.masked:  # the shape the previous stage gives
             inp = keras.Input(tuple(input_shape), dtype=_kept_dtype(crossing[0]))  # token ids stay integers
             return inp, {id(crossing[0]): inp}
+        given = list(input_shape) if isinstance(input_shape, list) else []  # the previous stage's leaves' shapes
+
+        def shape(t: Any) -> tuple:  # the graph's shape, its open sizes (None) as the previous stage gives them
+            own = tuple(t.shape[1:])
+            prev = tuple(given[len(inputs)]) if len(given) > len(inputs) else ()
+            return tuple(p if d is None else d for d, p in zip(own, prev)) if len(prev) == len(own) else own
+
         inputs, made = [], {}
         for t in crossing:
-            inputs.append(keras.Input(tuple(t.shape[1:]), dtype=_kept_dtype(t)))
+            inputs.append(keras.Input(shape(t), dtype=_kept_dtype(t)))
             made[id(t)] = inputs[-1]
             if id(t) in c.masked:
                 mask = keras_mask(t)
-                inputs.append(keras.Input(tuple(mask.shape[1:]), dtype=mask.dtype))
+                inputs.append(keras.Input(shape(mask), dtype=mask.dtype))
                 made[id(t)] = WithMask()([made[id(t)], inputs[-1]])
         return inputs, made
 

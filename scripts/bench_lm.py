@@ -1,0 +1,334 @@
+"""Language-model training speed: tokens per second of a keras_hub GPT2CausalLM trained by chain, against
+keras_hub's own `model.fit` on one device.
+
+    python scripts/bench_lm.py --repeats 9 --markdown   # every case; --markdown adds rows for docs/benchmarks.md
+    python scripts/bench_lm.py --quick                  # a smoke test: a tiny model, one repeat of one call each
+
+Not a test: it prints a table of tokens/s (tokens = batch x seq_len per step) and ratios.
+
+The model: `keras_hub.models.GPT2CausalLM` from a small config (random weights, no download, no dropout:
+`--vocab`, `--seq`, `--hidden`, `--layers`, `--heads`, intermediate size 4 x hidden), learning the next
+token at every position: logits (batch, seq, vocab) against integer targets (batch, seq), the mean
+cross-entropy over every position. The data: random ids in a token file (`data=tokens`: windows of seq + 1
+ids, the inputs and the targets one token on), batches of `--batch`. Adam at lr 1e-3 everywhere, 8 steps
+per call everywhere (Keras' `steps_per_execution`, the trainer's default `trainer.steps_per_call`).
+
+Cases of the first process (one process, 4 logical CPU devices, which share one thread pool over the
+machine's cores):
+
+- `keras`: keras_hub's own `GPT2CausalLM.fit(steps_per_execution=8)` on /CPU:0, as a user runs it without a
+  preprocessor: `{"token_ids", "padding_mask"}` (the mask all ones) and the targets, Keras' Adam, its
+  `SparseCategoricalCrossentropy(from_logits=True)`, no metrics (the trainer computes none while training),
+  `jit_compile=False` (Keras' own choice on a CPU), fed the trainer's own stream (the same batches);
+- `chain1`: `Run.fit` of the same model on one stage (the model called on token ids of length `--seq`, its
+  padding mask all ones inside: the trainer's `data=tokens` stream gives one tensor), the trainer's default
+  Adam (TensorFlow's fused kernel, `optim.fused=true`); `chain1k`: the same with Keras' own Adam update
+  (`optim.fused=false`);
+- `chain2`, `chain4`: the model cut into 2 and 4 stages between its transformer blocks (1F1B, M=4
+  microbatches), one logical CPU device per stage. They share one thread pool: the pipeline's overhead
+  (microbatches, copies, the schedule's order), never overlap.
+
+Before timing, the keras model and `chain1k` take two steps on the same two batches from the same initial
+weights: their losses must agree (1e-5 on the first step, 1e-4 on the second), else the script stops.
+
+Cases of the second process (bench_pipeline.py's method: real overlap on a CPU): two `python -m chain.worker`
+processes on loopback, each pinned to one core with one intra-op and one inter-op thread, and this script's
+second process their client, feeding the batches:
+
+- `w1`: the same model on one stage on worker 0, the same M=4 microbatches (their gradients summed): the
+  baseline. (bench_pipeline.py's baseline keeps the cut, both stages on worker 0; here chain refuses it: the
+  keras_hub tied embedding, `token_embedding(x, reverse=True)`, on two stages of one device is refused as "a
+  weight shared by two stages".)
+- `chain2w`: stage k on worker k; its speed-up is time(w1) / time(chain2w).
+
+Four stages on four single-core workers need four cores: on a 2-core machine they would share cores and
+measure nothing; not run.
+
+Timing (bench_overhead.py's and bench_pipeline.py's method): every block first makes one untimed call
+(8 steps), then is timed from that call's end to the last call's end (`--calls` calls); each repeat times
+one block of every case of the process, in an order rotated by one each repeat; a ratio is the median of
+the per-repeat (paired) ratios. Each block records how much CPU other processes took meanwhile (in cores:
+the machine's busy time less this process's, and its workers'); a pair is quiet when both blocks' other
+processes stayed below `--quiet` cores. On a shared machine, trust the quiet columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from bench_pipeline import cpu_ticks  # noqa: E402
+
+LOCAL = ["keras", "chain1", "chain1k", "chain2", "chain4"]  # the first process's cases
+WORKERS = ["w1", "chain2w"]  # the second process's cases
+PER_CALL = 8  # Keras' steps_per_execution = the trainer's default trainer.steps_per_call
+MICRO = 4  # microbatches of the cut cases
+LR = 1e-3
+
+
+def token_file(a, path: str) -> None:
+    """Random ids below `--vocab`, enough for every window the run reads (the stream wraps around after)."""
+    import numpy as np
+
+    np.random.default_rng(0).integers(0, a.vocab, 64 * a.batch * (a.seq + 1)).astype("uint16").tofile(path)
+
+
+def settings(a, path: str, case: str, addresses: list[str] | None = None):
+    """The trainer's config of `case` on the token file at `path`."""
+    import chain
+
+    stages = {"chain1": 1, "chain1k": 1, "chain2": 2, "chain4": 4, "w1": 1, "chain2w": 2}[case]
+    out = ["mode=e2e", f"+stages={stages}", "data=tokens", f"data.path={path}", f"data.seq_len={a.seq}",
+           f"data.vocab={a.vocab}", f"data.batch_size={a.batch}", "data.val_fraction=0", "optim=adam",
+           f"optim.lr={LR}", f"trainer.steps_per_call={PER_CALL}", "trainer.progress=false",
+           "trainer.log_every=1000000", "trainer.steps=1000000", "checkpoint.export=false"]
+    if stages > 1 or case == "w1":  # w1: the same microbatches, summed on one stage
+        out += ["pipeline.schedule=1f1b", f"pipeline.microbatches={MICRO}"]
+    if case == "chain1k":
+        out += ["optim.fused=false"]
+    if addresses:
+        workers = ["/task:0/CPU:0"] if case == "w1" else ["/task:0/CPU:0", "/task:1/CPU:0"]
+        out += [f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(workers)}]",
+                "cluster.lost_after_s=120"]  # a shared machine: a busy worker may answer late
+    return chain.compose(out)
+
+
+def gpt2(a):
+    """(GPT2CausalLM as keras_hub ships it, the same model called on token ids of length --seq with its padding
+    mask all ones), the same initial weights every call."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=a.vocab, num_layers=a.layers, num_heads=a.heads,
+                                             hidden_dim=a.hidden, intermediate_dim=4 * a.hidden,
+                                             max_sequence_length=a.seq, dropout=0.0)
+    lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    ids = keras.Input((a.seq,), dtype="int32", name="token_ids")
+    return lm, keras.Model(ids, lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}), name="gpt2")
+
+
+def clock() -> float:
+    return time.perf_counter()
+
+
+def chain_block(run):
+    """`block(calls)`: seconds per step of `Run.fit` over `calls` calls of PER_CALL steps after one untimed call."""
+    import dataclasses
+
+    def block(calls: int) -> float:
+        trainer = dataclasses.replace(run.settings.trainer, steps=run.global_step + (1 + calls) * PER_CALL)
+        run.settings = dataclasses.replace(run.settings, trainer=trainer)
+        stamps = []
+        run.fit(callback=lambda step, out: stamps.append(clock()))
+        return (stamps[-1] - stamps[PER_CALL - 1]) / (calls * PER_CALL)
+
+    return block
+
+
+def keras_block(lm, data):
+    """`block(calls)`: seconds per step of keras_hub's `lm.fit(steps_per_execution=PER_CALL)` on `data`, timed
+    as `chain_block` (Keras calls `on_train_batch_end` once per execution)."""
+    import keras
+
+    def block(calls: int) -> float:
+        stamps = []
+        stamp = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: stamps.append(clock()))
+        lm.fit(data, epochs=1, steps_per_epoch=(1 + calls) * PER_CALL, verbose=0, callbacks=[stamp], shuffle=False)
+        return (stamps[-1] - stamps[0]) / (calls * PER_CALL)
+
+    return block
+
+
+def compile_keras(lm, per_call: int) -> None:
+    import keras
+
+    lm.compile(optimizer=keras.optimizers.Adam(learning_rate=LR), weighted_metrics=[], jit_compile=False,
+               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=per_call)
+
+
+def as_keras(data):
+    """The trainer's batches as keras_hub's GPT2CausalLM takes them without a preprocessor."""
+    import tensorflow as tf
+
+    return data.map(lambda x, ys: ({"token_ids": x, "padding_mask": tf.ones_like(x)}, ys["next"]))
+
+
+def same_math(lm, run) -> None:
+    """Two steps of Keras' `train_on_batch` and of `run` (Keras' own Adam) on the same batches from the same
+    weights: the same losses, else SystemExit (the comparison would not be of the same training)."""
+    import numpy as np
+
+    compile_keras(lm, 1)
+    for i, (x, ys) in enumerate(as_keras(run.batches()).take(2)):
+        ours = float(run.step(x["token_ids"], {"next": ys})["loss"])
+        theirs = float(np.atleast_1d(lm.train_on_batch(x, ys))[0])
+        if abs(ours - theirs) > (1e-5 if i == 0 else 1e-4) * abs(theirs):
+            raise SystemExit(f"keras_hub's fit does not do the trainer's math: step {i + 1} loss {theirs} "
+                             f"(Keras), {ours} (chain)")
+
+
+def measure(cases: dict, a, pids: list[int]) -> dict:
+    """case -> [(seconds per step, other processes' cores), ...] over `--repeats` rounds, each case once a
+    round, in an order rotated by one each round (after one untimed block each)."""
+    names = list(cases)
+    for name in names:  # trace, allocate, warm the caches
+        cases[name](1)
+    times = {name: [] for name in names}
+    started = time.time()
+    for r in range(a.repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            b0, o0 = cpu_ticks(pids)
+            t0 = time.perf_counter()
+            seconds = cases[name](a.calls)
+            wall = time.perf_counter() - t0
+            b1, o1 = cpu_ticks(pids)
+            times[name].append((seconds, max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall))
+        print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
+              file=sys.stderr, flush=True)
+    return times
+
+
+def local_phase(a, path: str) -> dict:
+    """The first process's cases (module docstring)."""
+    import chain
+
+    chain.setup(settings(a, path, "chain4"))  # 4 logical CPU devices, before any tensor exists
+    import tensorflow as tf
+
+    wanted = [c for c in LOCAL if c in a.cases]
+    cases, runs = {}, {}
+    for case in wanted:
+        if case != "keras":
+            runs[case] = chain.build(settings(a, path, case), model=gpt2(a)[1])
+            cases[case] = chain_block(runs[case])
+    if "keras" in wanted:
+        with tf.device("/CPU:0"):
+            lm = gpt2(a)[0]
+            if "chain1k" in runs:
+                same_math(lm, runs["chain1k"])
+            compile_keras(lm, PER_CALL)
+            source = next(iter(runs.values())) if runs else chain.build(settings(a, path, "chain1"), model=gpt2(a)[1])
+            cases = {"keras": keras_block(lm, as_keras(source.batches())), **cases}
+    return measure(cases, a, [os.getpid()])
+
+
+def workers_phase(a, path: str) -> dict:
+    """The second process's cases: 2 single-core workers, this process their client (module docstring)."""
+    import chain
+    from chain.worker import LocalCluster
+
+    cores = [i % os.cpu_count() for i in range(2)]
+    with LocalCluster(2, cpus=cores, threads=1) as cluster:
+        configs = {case: settings(a, path, case, cluster.addresses) for case in WORKERS}
+        chain.setup(*configs.values())  # connects to the workers, before any tensor exists
+        cases = {case: chain_block(chain.build(cfg, model=gpt2(a)[1])) for case, cfg in configs.items()}
+        return measure(cases, a, [os.getpid(), *cluster.pids])  # the workers stop as the block ends
+
+
+def phase(a, name: str, path: str) -> dict:
+    """Run one phase in a process of its own (its own devices: logical CPUs, or a connection to workers)."""
+    args = [sys.executable, os.path.abspath(__file__), "--phase", name, "--data", path, "--cases", *a.cases,
+            "--repeats", str(a.repeats), "--calls", str(a.calls), "--vocab", str(a.vocab), "--seq", str(a.seq),
+            "--hidden", str(a.hidden), "--layers", str(a.layers), "--heads", str(a.heads), "--batch", str(a.batch)]
+    r = subprocess.run(args, stdout=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"the {name} phase failed (exit {r.returncode})")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def ratios(times: dict, case: str, anchor: str, quiet: float) -> tuple[float, int, float | None]:
+    """(median paired ratio time(anchor) / time(case), quiet pairs, their median ratio or None)."""
+    pairs = list(zip(times[anchor], times[case]))
+    quiet_ratios = [b[0] / t[0] for b, t in pairs if max(b[1], t[1]) < quiet]
+    return (statistics.median(b[0] / t[0] for b, t in pairs), len(quiet_ratios),
+            statistics.median(quiet_ratios) if quiet_ratios else None)
+
+
+WHAT = {"keras": "keras_hub `GPT2CausalLM.fit`, one device, Keras' Adam",
+        "chain1": "chain, 1 stage, fused Adam (default)",
+        "chain1k": "chain, 1 stage, Keras' Adam (`optim.fused=false`)",
+        "chain2": "chain, 2 stages, 1F1B, M=4, logical CPUs (overhead, no overlap)",
+        "chain4": "chain, 4 stages, 1F1B, M=4, logical CPUs (overhead, no overlap)",
+        "w1": "chain, 1 stage, M=4, on one single-core worker",
+        "chain2w": "chain, 2 stages, 1F1B, M=4, one single-core worker each"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--calls", type=int, default=2, help="timed calls of 8 steps per block")
+    p.add_argument("--cases", nargs="+", default=LOCAL + WORKERS, choices=LOCAL + WORKERS)
+    p.add_argument("--quiet", type=float, default=0.2, help="other processes' CPU (cores) below which a pair is quiet")
+    p.add_argument("--quick", action="store_true", help="a smoke test: a tiny model, one repeat of one call per case")
+    p.add_argument("--markdown", action="store_true", help="also print rows for docs/benchmarks.md")
+    p.add_argument("--phase", choices=["local", "workers"], help=argparse.SUPPRESS)  # one process's cases
+    p.add_argument("--data", help=argparse.SUPPRESS)  # the token file, given to a phase
+    a = p.parse_args()
+    if a.quick:
+        a.vocab, a.seq, a.hidden, a.heads, a.batch, a.repeats, a.calls = 64, 16, 16, 2, 8, 1, 1
+    if a.phase:
+        times = local_phase(a, a.data) if a.phase == "local" else workers_phase(a, a.data)
+        print(json.dumps(times), flush=True)
+        os._exit(0)  # the workers are gone: skip the runtime's teardown RPCs (as bench_pipeline.py does)
+    if "w1" in a.cases and "chain2w" in a.cases and os.cpu_count() < 2:
+        raise SystemExit("chain2w needs 2 cores (one per worker)")
+    started = time.time()
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    times = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tokens.bin")
+        token_file(a, path)
+        if any(c in LOCAL for c in a.cases):
+            times.update(phase(a, "local", path))
+        if "w1" in a.cases and "chain2w" in a.cases:
+            times.update(phase(a, "workers", path))
+    tokens = a.batch * a.seq
+    end = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(f"\nGPT2CausalLM vocab {a.vocab}, seq {a.seq}, hidden {a.hidden}, {a.layers} layers, {a.heads} heads; batch "
+          f"{a.batch} ({tokens} tokens a step), Adam, {PER_CALL} steps a call; {a.repeats} repeats x {a.calls} calls; "
+          f"{time.time() - started:.0f} s; load average {load} at the start, {end} at the end")
+    print("chain2/chain4 share this process's cores on logical CPU devices: the pipeline's overhead, not overlap. "
+          "chain2w: two single-core workers against one (w1). 4 workers need 4 cores: not run.")
+    print(f"ratio: tokens/s over the anchor's, median of paired repeats; quiet: other processes below {a.quiet} "
+          "cores during both blocks of a pair")
+    print(f"{'case':8s} {'tokens/s':>9s} {'anchor':>7s} {'ratio':>6s} {'quiet':>5s} {'ratio':>6s} {'other':>6s}  what")
+    rows = []
+    for case in [c for c in LOCAL + WORKERS if c in times]:
+        anchor = "w1" if case == "chain2w" else "keras" if case in LOCAL and case != "keras" and "keras" in times else None
+        ratio, quiet, quiet_ratio = ratios(times, case, anchor, a.quiet) if anchor else (None, 0, None)
+        row = dict(case=case, tokens_s=tokens / statistics.median(t[0] for t in times[case]), anchor=anchor,
+                   ratio=ratio, quiet=quiet, quiet_ratio=quiet_ratio, other=statistics.median(t[1] for t in times[case]))
+        rows.append(row)
+        print(f"{case:8s} {row['tokens_s']:9.0f} {anchor or '-':>7s} " + (f"{ratio:6.3f}" if ratio else f"{'-':>6s}")
+              + f" {quiet:5d} " + (f"{quiet_ratio:6.3f}" if quiet_ratio else f"{'-':>6s}")
+              + f" {row['other']:6.2f}  {WHAT[case]}")
+    if a.markdown:  # one column per case
+        print("\n| | " + " | ".join(f"`{row['case']}`" for row in rows) + " |")
+        print("|---|" + "---|" * len(rows))
+        print("| tokens/s | " + " | ".join(f"{row['tokens_s']:.0f}" for row in rows) + " |")
+        print(f"| ratio, all {a.repeats} pairs | " + " | ".join(
+            f"{row['ratio']:.3f} (`{row['anchor']}`)" if row["ratio"] else "-" for row in rows) + " |")
+        print("| ratio, quiet pairs (how many) | " + " | ".join(
+            f"{row['quiet_ratio']:.3f} ({row['quiet']})" if row["quiet_ratio"] else f"- ({row['quiet']})"
+            for row in rows) + " |")
+        print("| other processes, cores | " + " | ".join(f"{row['other']:.2f}" for row in rows) + " |")
+
+if __name__ == "__main__":
+    main()
