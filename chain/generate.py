@@ -24,6 +24,7 @@ from typing import Any, NoReturn, Sequence
 import numpy as np
 
 from chain.cli import fail, import_tensorflow_quietly
+from chain.errors import first_line
 
 BYTES = 256  # a byte-level model's vocabulary
 
@@ -102,7 +103,7 @@ def stages(run_dir: str, vocab: int | None) -> list[Any]:
         try:
             models.append(keras.models.load_model(path, compile=False))
         except Exception as e:  # Keras raises many kinds for a file it cannot read
-            fail(f"{path} cannot be loaded: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+            fail(f"{path} cannot be loaded: {first_line(e, typed=False)}")
     if not models:
         fail(f"{run_dir} has no exported stages ({stage_name(0)}.keras ...): they are written when a run ends with "
              "checkpoint.export=true (the default)")

@@ -25,7 +25,7 @@ def test_wheel_install_runs_from_another_directory(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(target), TF_CPP_MIN_LOG_LEVEL="2")
     where = subprocess.run([sys.executable, "-c", "import chain, chain.config as c; print(chain.__file__); print(c.group_options('model'))"],
                            cwd=elsewhere, env=env, capture_output=True, text=True)
-    assert where.stdout.splitlines() == [str(target / "chain" / "__init__.py"), "['builder', 'conv', 'keras', 'mlp']"], where.stderr
+    assert where.stdout.splitlines() == [str(target / "chain" / "__init__.py"), "['builder', 'conv', 'gpt', 'keras', 'mlp']"], where.stderr
     r = subprocess.run([sys.executable, "-m", "chain", "+stages=2", "trainer.steps=3", "data=synthetic"],
                        cwd=elsewhere, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
