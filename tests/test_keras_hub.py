@@ -101,6 +101,24 @@ def test_keras_hub_model_cut_between_blocks_predicts_and_trains_like_keras(name,
             assert {canonical(v.value.device) for v in s.model.weights} == {canonical(s.device)}
 
 
+def test_gpt2_tied_embedding_on_two_stages_of_one_device_is_one_variable_and_trains_like_keras(tmp_path):
+    """GPT2CausalLM in 2 stages on ONE device (`placement.devices=[/CPU:0,/CPU:0]`): the read-out
+    (`token_embedding(h, reverse=True)`) on stage 1 reads stage 0's embedding itself (`Stage.borrowed`, no copy),
+    whose one optimizer applies both uses' gradients: 3 SGD steps equal Keras' `train_on_batch` (M=4, GPipe).
+    Stage 1 saved alone (its `stage_01.keras`) loads and computes as it does, the embedding saved with it."""
+    make = next_token(gpt2_lm)
+    run = predicts_and_trains_like_keras(make, batches(3), 2, "gpipe",
+                                         [*between_blocks(make, 2), "placement.devices=[/CPU:0,/CPU:0]"])
+    first, last = run.stages
+    assert first.device == last.device and not first.borrowed and not last.shared
+    (embedding,) = [v for v in first.trainable_variables if v.path == "token_embedding/embeddings"]
+    assert [b.variable for b in last.borrowed] == [embedding]  # one variable, read by both stages
+    assert all(v.path != "token_embedding/embeddings" for v in last.model.variables)
+    last.model.save(tmp_path / "stage_01.keras")
+    h, = (run.stages[0].model(x) for x, _ in batches(1))
+    np.testing.assert_allclose(keras.models.load_model(tmp_path / "stage_01.keras")(h), last.model(h), rtol=0, atol=1e-6)
+
+
 BLOCKS = ("transformer_layer_", "decoder_block_")  # the transformer blocks' names in these models
 
 

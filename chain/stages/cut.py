@@ -20,6 +20,8 @@ matrix it reuses) is re-created once per stage that uses it: the re-created late
 its stage's copy of the first holder (the clone on the same stage, or a copy made on its stage's
 device), bound to the same attribute. Every copy starts from the model's values; each stage
 lists its copies (`Stage.shared`), and the pipeline step sums their gradients (`chain.steps.tied`).
+A later stage on the first holder's device holds no copy: it reads the first holder's clone itself
+(bound to the attribute, or, for a layer called again, called through `Lent`), `Stage.borrowed`.
 """
 
 from __future__ import annotations
@@ -423,6 +425,33 @@ def _run_ops(c: Cuttable, after: int, made: dict[int, Any]) -> None:
         made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(node.operation(*args, **kwargs)))})
 
 
+@keras.saving.register_keras_serializable(package="chain")
+class Lent(keras.layers.Layer):
+    """An earlier stage's clone on this stage's device, called again here (keras_hub's
+    `token_embedding(h, reverse=True)` on a later stage of the same device): the stage's model calls
+    it through this layer, which does not hold it, so its variable stays the earlier stage's (that
+    stage's optimizer and checkpoint) and this stage borrows it (`Stage.borrowed`). The stage's own
+    file (`stage_NN.keras`, the stage as it computes) saves the layer and its weights with it."""
+
+    def __init__(self, layer: keras.layers.Layer, **kwargs):
+        kwargs.setdefault("name", f"{layer.name}_lent")
+        super().__init__(dtype=layer.dtype_policy, **{k: v for k, v in kwargs.items() if k != "dtype"})
+        self.layer = layer
+        untrack_sublayer(self, layer)  # its weights are not this layer's (nor the stage model's)
+        untrack_attribute(self, "layer")  # nor in this stage's checkpoint
+        self.built = True
+
+    def call(self, inputs, **kwargs):
+        return self.layer(inputs, **kwargs)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "layer": keras.saving.serialize_keras_object(self.layer)}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Lent":
+        return cls(keras.saving.deserialize_keras_object(config.pop("layer")), **config)
+
+
 class Piece:
     """The body of the stage holding layers [start, end) of `c` (both allowed cut points), a `Body`.
 
@@ -472,8 +501,9 @@ class Piece:
             first = first_call[id(layer)]
             if first != i:  # a layer called again (keras_hub's `token_embedding(x, reverse=True)`): its clone
                 again = holder(first)  # on this stage, or a copy of it made here, whose gradients are summed
+                call = Lent(again) if holder.lent(first) else again  # an earlier stage's clone: called, not held
                 args, kwargs = node.arguments.fill_in(made)
-                made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(again(*args, **kwargs)))})
+                made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(call(*args, **kwargs)))})
                 if holder.lent(first):  # one variable on one device: borrowed, not copied (below)
                     again_lent.append(layer)
                 elif all(again is not x for _, x, _ in clones):

@@ -10,7 +10,7 @@ optimizer, whose slots started equal too: every copy takes the identical update 
 copies stay identical. The global norm (`chain.steps.clipping`) counts the variable once.
 
 When the later holder is on the first holder's device (zbv's last stage shares device 0 with the
-first), it holds no copy: it reads the first holder's variable (`Stage.borrowed`), and its backward
+first; `placement.devices` naming one device twice), it holds no copy: it reads the first holder's variable (`Stage.borrowed`), and its backward
 adds its gradient to the first holder's sums (`lend_back`), where the one optimizer applies it.
 
 The numerics guard (`chain.steps.numerics`) judges each stage's update alone, so a stage whose
