@@ -37,9 +37,10 @@ class _Known(NamedTuple):
 _memory: dict[tuple, _Known] = {}  # (path, stamp) -> what this process found
 
 
-def _user_cache() -> str:
+def user_cache(name: str) -> str:
+    """`name` in chain's folder of the user's cache: `$XDG_CACHE_HOME/chain/`, `~/.cache/chain/` by default."""
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "chain", "counts.json")
+    return os.path.join(root, "chain", name)
 
 
 def _entry(path: str, what: str) -> tuple[str, str]:
@@ -80,7 +81,7 @@ def counts(paths: list[str], key: str, what: str, count: Callable[[str], int]) -
     for i, (path, stamp) in enumerate(entries):
         if i in found:
             continue
-        for cache in (os.path.join(os.path.dirname(path), NAME), _user_cache()):
+        for cache in (os.path.join(os.path.dirname(path), NAME), user_cache("counts.json")):
             table = tables.setdefault(cache, _read(cache))
             n = table.get(path, {}).get(stamp)
             if isinstance(n, int):
@@ -101,7 +102,7 @@ def counts(paths: list[str], key: str, what: str, count: Callable[[str], int]) -
             continue
         total = f"{what} of {len(known)} file(s) of {key}: {sum(k.count for k in known):,} in all"
         if how == "cache":
-            log.info("%s, from the count cache (%s beside the data, or %s)", total, NAME, _user_cache())
+            log.info("%s, from the count cache (%s beside the data, or %s)", total, NAME, user_cache("counts.json"))
         else:
             when = time.strftime("%H:%M:%S", time.localtime(min(k.when for k in known)))
             log.info("%s, counted by a pass over them at %s earlier in this process (%.2f s; the counts are cached)",
@@ -120,7 +121,7 @@ def _store(counted: list[tuple[str, str, int]]) -> None:
     for path, stamp, n in counted:
         by_cache.setdefault(os.path.join(os.path.dirname(path), NAME), []).append((path, stamp, n))
     for cache, items in by_cache.items():
-        for target in (cache, _user_cache()):
+        for target in (cache, user_cache("counts.json")):
             table = _read(target)
             for path, stamp, n in items:
                 table[path] = {stamp: n}  # the file's older versions dropped

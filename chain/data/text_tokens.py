@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from chain.data.count_cache import user_cache
 from chain.errors import ConfigError, first_line
 
 log = logging.getLogger("chain")
@@ -89,16 +90,11 @@ def _stamp(path: str) -> str:
     return f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns}"
 
 
-def _cache_folder() -> str:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "chain", "tokens")
-
-
 def token_files(paths: list[str], v: Vocabulary) -> tuple[list[str], list[int], int]:
     """Each text file of `paths` as a file of the tokenizer's ids (uint32; made once, then read from the
     cache), how many ids each holds, and the vocabulary's size."""
     made, sizes, tok = [], [], None
-    folder = _cache_folder()
+    folder = user_cache("tokens")
     key = "|".join(_stamp(p) for p in v.paths)
     for path in paths:
         name = hashlib.sha256(f"{key}|{_stamp(path)}".encode()).hexdigest()[:32]

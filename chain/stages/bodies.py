@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 import keras
 
 from chain.errors import ConfigError, first_line, instantiate_error
+from chain.stages import named_inputs
 
 Body = Callable[[tuple, Any, str], keras.Model]
 
@@ -55,7 +56,7 @@ def assemble(layers: Sequence[keras.layers.Layer], input_shape: tuple, name: str
     input is a ConfigError naming the builder. A model of named inputs (a keras_hub model's
     `{"token_ids", "padding_mask"}`) keeps its own inputs, which no one shape describes: the stage's
     model calls it on them (the config's token ids become those inputs: `chain.stages.named_inputs`)."""
-    if len(layers) == 1 and isinstance(layers[0], keras.Model) and isinstance(getattr(layers[0], "input", None), dict):
+    if len(layers) == 1 and isinstance(layers[0], keras.Model) and named_inputs.named(layers[0]) is not None:
         model = layers[0]
         return keras.Model(model.input, model(model.input), name=name)
     try:
