@@ -1,6 +1,7 @@
 """`python -m chain.generate RUN_DIR --prompt TEXT [--tokens N] [--temperature T] [--seed S]`: text from a
 trained byte-level language model (mode=e2e on data=text, e.g. model=gpt), sampled through its stages.
-A run on data=tokens (ids without a tokenizer) takes and prints ids instead: `--prompt '464 2068 7586'`.
+A run on data=tokens (ids without a tokenizer) takes and prints ids instead: `--prompt '464 2068 7586'`;
+a run on data=text with `data.tokenizer` (a keras_hub tokenizer's ids, not bytes) is refused in one line.
 
 The run's exported stages (`stage_00.keras`, `stage_01.keras`, ..., written at the end of a run with
 checkpoint.export=true, the default) are loaded and called in order, each stage's output the next one's
@@ -87,6 +88,10 @@ def _run_config(run_dir: str) -> str:
     if mode != "e2e" or data not in ("text", "tokens"):
         fail(f"{run_dir} is not a language model's run (mode={mode}, data={data}): generate continues text with a "
              "model trained by mode=e2e on data=text (or ids, on data=tokens), e.g. model=gpt")
+    tokenizer = OmegaConf.select(cfg, "data.tokenizer") if data == "text" else None
+    if tokenizer is not None:  # its ids are a keras_hub tokenizer's, not bytes: a prompt's bytes would mean nothing
+        fail(f"{run_dir} learned data.tokenizer={tokenizer}'s ids, not bytes: generate continues a byte-level "
+             "model's text (data=text with data.tokenizer=null) or ids (data=tokens)")
     return data
 
 

@@ -148,6 +148,13 @@ def test_generate_refuses_a_run_that_is_not_a_byte_level_language_model(tmp_path
     OmegaConf.save(hydra_config.compose_config([]), tmp_path / "digits" / ".hydra" / "config.yaml")
     r = generate(tmp_path, "digits", "--prompt", "x")
     assert r.returncode == 2 and "is not a language model's run (mode=local, data=digits)" in r.stderr
+    (tmp_path / "wordpiece" / ".hydra").mkdir(parents=True)  # text tokenized by keras_hub: its ids are not bytes
+    OmegaConf.save(hydra_config.compose_config(["mode=e2e", "model=gpt", "data=text", "data.tokenizer=vocab.txt"]),
+                   tmp_path / "wordpiece" / ".hydra" / "config.yaml")
+    r = generate(tmp_path, "wordpiece", "--prompt", "x")
+    assert r.returncode == 2 and r.stderr == ("error: wordpiece learned data.tokenizer=vocab.txt's ids, not bytes: generate "
+                                              "continues a byte-level model's text (data=text with data.tokenizer=null) "
+                                              "or ids (data=tokens)\n"), r.stderr
 
 
 def test_generate_continues_ids_of_a_token_file_run_as_the_exported_model_predicts(tmp_path):
