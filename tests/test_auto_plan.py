@@ -74,7 +74,7 @@ def forced_costs(pool, physical=None) -> Costs:
     """Two heavy pieces on devices each its own physical device: copies of the pipeline pay off."""
     rows = ((1e-3, 8e-3),) * 2
     return Costs(pieces=((0, 1), (1, 2)), sizes=(2, 16), forward=rows, input_grad=rows, weight_grad=rows,
-                 update=(1e-5, 1e-5), crossing=(8, 4), params=(56, 36), action_s=1e-5, step_s=1e-5,
+                 update=(1e-5, 1e-5), crossing=(8, 4), params=(56, 36), action_s=1e-5, update_s=1e-5, step_s=1e-5,
                  transfer_s_per_byte=1e-9, transfer_latency_s=1e-5, exchange_s_per_byte=1e-9, exchange_latency_s=1e-5,
                  devices=tuple(pool), physical=tuple(physical or pool), fixed_cut=True, measuring_s=0.5)
 
