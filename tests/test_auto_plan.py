@@ -118,23 +118,18 @@ def test_the_cache_spares_a_resume_the_measuring(tmp_path, monkeypatch):
 
 def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_update(monkeypatch):
     """The pieces' times are scaled to the whole model's at each size (`plan_timing._scales`) and the update
-    is the whole's, shared by weights: with made-up timings (a piece's pass 1 ms however small, the whole's,
-    timed alone, 2.5 ms at the smallest size and 3 ms at the others; an update 0.1 ms per thousand
-    weights), the pieces' F+B+W sum to the whole's at every measured size, keep their relative shares, and
-    their updates sum to the whole's."""
-    def fake_time(self, kind, size, calls, deadline, call_s):
-        assert self.model.name != "plan_whole"  # the whole is timed alone
-        return 1e-3
-
-    def fake_alone(self, size, calls, call_s):
-        assert self.model.name == "plan_whole"
-        return 2.5e-3 if size == 2 else 3e-3
+    is the whole's, shared by weights: with made-up timings (a piece's pass 1 ms however small, the whole's
+    2.5 ms at the smallest size and 3 ms at the others; an update 0.1 ms per thousand weights), the pieces'
+    F+B+W sum to the whole's at every measured size, keep their relative shares, and their updates sum to
+    the whole's."""
+    def fake_time(self, kind, size, calls, deadline, call_s, repeat=plan_timing.REPEAT):
+        whole = self.model.name == "plan_whole"
+        return (2.5e-3 if size == 2 else 3e-3) if whole else 1e-3
 
     def fake_update(model, optimizer, device, call_s):
         return 1e-7 * sum(int(np.prod(v.shape)) for v in model.trainable_variables)
 
     monkeypatch.setattr(plan_timing._Piece, "time", fake_time)
-    monkeypatch.setattr(plan_timing._Piece, "alone", fake_alone)
     monkeypatch.setattr(plan_timing, "_update", fake_update)
     spec = applied(["+stages=2"])
     costs = planned.measured(spec, None, small_model()).costs

@@ -7,18 +7,16 @@ microbatch sizes: its forward (F), forward and input gradient (F+B) and forward 
 (F+B+W), each one compiled function whose batch dimension is free (one trace serves every size), so
 B = (F+B) - F and W = (F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a
 call's own cost (the step's fixed cost), the update of the piece with the most parameters (the
-others scaled by their parameters; a cut model's: the whole's), and a copy between two devices of the pool at two sizes (seconds
+others scaled by their parameters), and a copy between two devices of the pool at two sizes (seconds
 per byte and latency; the copies' gradient exchange is taken as two such copies: there and back).
 
 A cut model's pieces are also checked against the whole: the model as one piece is timed (F+B+W) at
 every size the pieces were, and every piece's times at a size are scaled by the whole's time over the
 pieces' sum there: a pass of a piece carries a
 call's and a loop pass's own cost that a stage of many pieces pays once, and the pieces were timed one
-after another while the machine's load varied; the whole is what a one-stage step computes. The
-whole's pass is timed alone (one pass per compiled call, as a step computes it: `_Piece.alone`). Its
-update, too, is timed whole (each piece's share by its weights).
-
-Updates are timed with enough of them per call to outweigh a call's own cost (`OUTWEIGH`).
+after another while the machine's load varied; the whole is what a one-stage step computes. Its
+update, too, is timed whole (each piece's share by its weights). The whole and the update are timed
+with enough passes per call to outweigh a call's own cost (`OUTWEIGH`).
 
 `budget_s` bounds the measuring: the largest size first (every piece), then the smallest, then sizes
 between; each measurement is the least of up to `CALLS` calls (another process only adds time); when the budget runs out the rest is
@@ -41,8 +39,9 @@ CALLS = 5  # timed calls per measurement at most (the least is taken)
 MIN_CALLS = 3  # and at least, whatever the budget (a pass shorter than LONG)
 LONG = 0.02  # seconds: a pass this long is timed alone (a call's own cost is small beside it)
 REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of one
-# an update is timed with updates enough per call that they take OUTWEIGH times a call's own cost (whose
-# jitter would swamp a few short updates), at most MAX_REPEAT
+# what the model as a whole and its update are timed with (every prediction stands on them): passes enough
+# that they take OUTWEIGH times a call's own cost (whose jitter would swamp a few short passes), at most
+# MAX_REPEAT
 OUTWEIGH = 10
 MAX_REPEAT = 64
 WHOLE_CALLS = 7  # calls the whole model's pass is timed with alone (the least is taken)
@@ -127,14 +126,14 @@ class _Piece:
             return (tf.random.stateless_normal((size, *self.in_shape), seed=(1, size)),
                     tf.random.stateless_normal((size, *self.out_shape), seed=(2, size)))
 
-    def time(self, kind: str, size: int, calls: int, deadline: float, call_s: float) -> float:
+    def time(self, kind: str, size: int, calls: int, deadline: float, call_s: float, repeat: int = REPEAT) -> float:
         """Seconds of one pass `kind` on `size` examples: the least of up to `calls` calls of 1 + REPEAT
         passes less the least of one pass (the first call, which may trace, untimed; fewer calls past
         `deadline`). A pass that takes LONG or more is timed alone, less a call's own cost `call_s`, twice
         past the deadline (that cost is then a small share of it, and each call is expensive)."""
         x, g = self._inputs(size)
         fn = self.passes[kind]
-        one, many = tf.constant(1), tf.constant(1 + REPEAT)
+        one, many = tf.constant(1), tf.constant(1 + repeat)
         _seconds(fn, x, g, one)
         lows = [_seconds(fn, x, g, one)]
         if lows[0] >= LONG:
@@ -145,7 +144,7 @@ class _Piece:
         while len(lows) < calls and (len(lows) < MIN_CALLS or time.perf_counter() < deadline):
             lows.append(_seconds(fn, x, g, one))
             highs.append(_seconds(fn, x, g, many))
-        return max(min(highs) - min(lows), 0.0) / REPEAT  # other processes only add time: the least is the pass's
+        return max(min(highs) - min(lows), 0.0) / repeat  # other processes only add time: the least is the pass's
 
 
 def _call_cost(device: str) -> float:
@@ -317,7 +316,7 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         at(size, kinds)
         measured.append(size)
     measured.sort()
-    scale = _scales(whole, measured, found, len(timed), device, call)
+    scale = _scales(whole, measured, found, len(timed), device, deadline, call)
     forward, input_grad, weight_grad = [], [], []
     for j in range(len(timed)):
         for kind in kinds:
@@ -352,10 +351,10 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
 
 
 def _scales(whole: keras.Model | None, measured: Sequence[int], found: Mapping[tuple[str, int, int], float],
-            n: int, device: str, call: float) -> dict[int, float]:
-    """Per measured size, the factor the pieces' times take: the whole model's F+B+W (timed alone,
-    WHOLE_CALLS calls whatever the budget: the prediction stands on it) over the pieces' summed F+B+W
-    at that size (1 without a `whole`)."""
+            n: int, device: str, deadline: float, call: float) -> dict[int, float]:
+    """Per measured size, the factor the pieces' times take: the whole model's F+B+W over the pieces'
+    summed F+B+W at that size (1 without a `whole`). The whole is timed at least MIN_CALLS times at
+    each size whatever the deadline: it is what the prediction stands on."""
     if whole is None:
         return {size: 1.0 for size in measured}
     piece = _Piece(whole, device)
