@@ -44,7 +44,6 @@ REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of 
 # MAX_REPEAT
 OUTWEIGH = 10
 MAX_REPEAT = 64
-WHOLE_CALLS = 7  # calls the whole model's pass is timed with alone (the least is taken)
 ACTIONS = 4  # the chain of small actions whose cost per action is measured
 # The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
 # example's measured steps (3 stages, gpipe M = 1, 4, 16, 1f1b and zb1 M = 4, logical CPUs) its cost per
@@ -71,7 +70,6 @@ class _Piece:
         self.in_shape, self.out_shape = shape, out
         signature = [tf.TensorSpec((None, *shape), tf.float32), tf.TensorSpec((None, *out), tf.float32),
                      tf.TensorSpec((), tf.int32)]
-        self.signature = signature
         variables = model.trainable_variables
 
         def total(ts):
@@ -102,36 +100,15 @@ class _Piece:
             return one
 
         self.passes = {"F": looped(forward), "FB": looped(gradients([])), "FBW": looped(gradients(variables))}
-        self._one = gradients(variables)
-        self._alone = None
-
-    def alone(self, size: int, calls: int, call_s: float) -> float:
-        """Seconds of F+B+W on `size` examples as a step computes it: one pass in a compiled call of its
-        own (no loop: a loop's pass costs more than a step's when its ops are many and short), the least of
-        `calls` calls less a call's own cost `call_s` (the first call, which traces, untimed)."""
-        if self._alone is None:
-            one, device = self._one, self.device
-
-            @tf.function(input_signature=self.signature[:2], autograph=False)
-            def alone(x, g):
-                with tf.device(device):
-                    return tf.identity(one(x, g))
-            self._alone = alone
-        x, g = self._inputs(size)
-        _seconds(self._alone, x, g)
-        return max(min(_seconds(self._alone, x, g) for _ in range(calls)) - call_s, 0.0)
-
-    def _inputs(self, size: int) -> tuple[tf.Tensor, tf.Tensor]:
-        with tf.device(self.device):
-            return (tf.random.stateless_normal((size, *self.in_shape), seed=(1, size)),
-                    tf.random.stateless_normal((size, *self.out_shape), seed=(2, size)))
 
     def time(self, kind: str, size: int, calls: int, deadline: float, call_s: float, repeat: int = REPEAT) -> float:
         """Seconds of one pass `kind` on `size` examples: the least of up to `calls` calls of 1 + REPEAT
         passes less the least of one pass (the first call, which may trace, untimed; fewer calls past
         `deadline`). A pass that takes LONG or more is timed alone, less a call's own cost `call_s`, twice
         past the deadline (that cost is then a small share of it, and each call is expensive)."""
-        x, g = self._inputs(size)
+        with tf.device(self.device):
+            x = tf.random.stateless_normal((size, *self.in_shape), seed=(1, size))
+            g = tf.random.stateless_normal((size, *self.out_shape), seed=(2, size))
         fn = self.passes[kind]
         one, many = tf.constant(1), tf.constant(1 + repeat)
         _seconds(fn, x, g, one)
@@ -360,8 +337,9 @@ def _scales(whole: keras.Model | None, measured: Sequence[int], found: Mapping[t
     piece = _Piece(whole, device)
     out = {}
     for size in measured:
-        summed = sum(found[("FBW", j, size)] for j in range(n))
-        out[size] = piece.alone(size, WHOLE_CALLS, call) / summed if summed > 0 else 1.0
+        summed = sum(found[("FBW", j, size)] for j in range(n))  # about the whole's pass: its repeats from it
+        repeat = min(MAX_REPEAT, max(REPEAT, math.ceil(OUTWEIGH * call / max(summed, 1e-6))))
+        out[size] = piece.time("FBW", size, CALLS, deadline, call, repeat) / summed if summed > 0 else 1.0
     return out
 
 
