@@ -7,7 +7,7 @@ microbatch sizes: its forward (F), forward and input gradient (F+B) and forward 
 (F+B+W), each one compiled function whose batch dimension is free (one trace serves every size), so
 B = (F+B) - F and W = (F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a
 call's own cost (the step's fixed cost), the update of the piece with the most parameters (the
-others scaled by their parameters), and a copy between two devices of the pool at two sizes (seconds
+others scaled by their parameters; a cut model's: the whole's), and a copy between two devices of the pool at two sizes (seconds
 per byte and latency; the copies' gradient exchange is taken as two such copies: there and back).
 
 A cut model's pieces are also checked against the whole: the model as one piece is timed (F+B+W) at
