@@ -74,7 +74,7 @@ def forced_costs(pool, physical=None) -> Costs:
     """Two heavy pieces on devices each its own physical device: copies of the pipeline pay off."""
     rows = ((1e-3, 8e-3),) * 2
     return Costs(pieces=((0, 1), (1, 2)), sizes=(2, 16), forward=rows, input_grad=rows, weight_grad=rows,
-                 update=(1e-5, 1e-5), crossing=(8, 4), params=(56, 36), action_s=1e-5, step_s=1e-5,
+                 update=(1e-5, 1e-5), crossing=(8, 4), params=(56, 36), action_s=1e-5, update_s=1e-5, step_s=1e-5,
                  transfer_s_per_byte=1e-9, transfer_latency_s=1e-5, exchange_s_per_byte=1e-9, exchange_latency_s=1e-5,
                  devices=tuple(pool), physical=tuple(physical or pool), fixed_cut=True, measuring_s=0.5)
 
@@ -113,6 +113,36 @@ def test_the_cache_spares_a_resume_the_measuring(tmp_path, monkeypatch):
     (tmp_path / planned.CACHE).write_text('{"sizes": "damaged"')
     with pytest.raises(AssertionError, match="measured again"):  # a damaged cache: measured again
         planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path))
+
+
+
+def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_update(monkeypatch):
+    """The pieces' times are scaled to the whole model's at each size (`plan_timing._scales`) and the update
+    is the whole's, shared by weights: with made-up timings (a piece's pass 1 ms however small, the whole's
+    2.5 ms at the smallest size and 3 ms at the others; an update 0.1 ms per thousand weights), the pieces'
+    F+B+W sum to the whole's at every measured size, keep their relative shares, and their updates sum to
+    the whole's."""
+    def fake_time(self, kind, size, calls, deadline, call_s, repeat=plan_timing.REPEAT):
+        whole = self.model.name == "plan_whole"
+        return (2.5e-3 if size == 2 else 3e-3) if whole else 1e-3
+
+    def fake_update(model, optimizer, device, call_s):
+        return 1e-7 * sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+
+    monkeypatch.setattr(plan_timing._Piece, "time", fake_time)
+    monkeypatch.setattr(plan_timing, "_update", fake_update)
+    spec = applied(["+stages=2"])
+    costs = planned.measured(spec, None, small_model()).costs
+    n = len(costs.pieces)
+    assert n == 4 and len(costs.sizes) >= 2
+    for i, size in enumerate(costs.sizes):
+        passes = [costs.forward[j][i] + costs.input_grad[j][i] + costs.weight_grad[j][i] for j in range(n)]
+        assert sum(passes) == pytest.approx(2.5e-3 if size == 2 else 3e-3)
+        assert passes == pytest.approx([passes[0]] * n)  # equal pieces stay equal
+    whole_params = sum(int(np.prod(v.shape)) for v in small_model().trainable_variables)
+    assert sum(costs.update) == pytest.approx(1e-7 * whole_params)
+    assert [u / costs.update[0] for u in costs.update] == pytest.approx([p / costs.params[0] for p in costs.params])
+    assert costs.update_s == costs.action_s  # one action per stage's update, not per piece
 
 
 GB = 1 << 30

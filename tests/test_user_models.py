@@ -231,12 +231,12 @@ def test_split_without_a_model_to_cut_is_refused():
 
 
 def test_balance_by_time_moves_the_cut_away_from_a_heavy_layer():
-    """Two layers (256->1024, 1024->256) each do 4x the work of the 256->256 layers around
-    them, both in the even split's first stage (about 11 units against 3): balance=time,
-    from times measured per layer, moves the cut and predicts a shorter step than the even
-    split's."""
+    """Two layers (256->2048, 2048->256) each do 8x the work of the 256->256 layers around
+    them, both in the even split's first stage (about 19 units against 3: a margin that another
+    process's load on the shared machine does not cover): balance=time, from times measured per
+    layer, moves the cut and predicts a shorter step than the even split's."""
     keras.utils.set_random_seed(5)
-    widths = [256] * 3 + [1024] + [256] * 4
+    widths = [256] * 3 + [2048] + [256] * 4
     layers = [keras.layers.Dense(w, activation="tanh") for w in widths] + [keras.layers.Dense(4)]
     model = keras.Sequential([keras.Input((256,)), *layers])
     data = ["data=synthetic", "data.features=256", "data.classes=4", "data.samples=512", "data.batch_size=256",

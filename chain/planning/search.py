@@ -44,7 +44,8 @@ class Costs:
     (a built-in model: stage j, `fixed_cut`); `sizes`: the microbatch sizes measured; `forward[j][i]`,
     `input_grad[j][i]`, `weight_grad[j][i]`: piece j's seconds at `sizes[i]`; `update[j]`: its optimizer
     update's seconds; `crossing[j]`: floats per example leaving piece j (what a cut after it sends);
-    `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `transfer_*`,
+    `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `update_s`: a
+    stage's update's fixed cost (`update[j]` is piece j's share by its weights); `transfer_*`,
     `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
     exchange; `devices`: the pool the plans draw from, `physical[i]`: the physical device behind
     `devices[i]` (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
@@ -58,6 +59,7 @@ class Costs:
     crossing: tuple[int, ...]
     params: tuple[int, ...]
     action_s: float
+    update_s: float
     step_s: float
     transfer_s_per_byte: float
     transfer_latency_s: float
@@ -103,7 +105,8 @@ def stage_times(costs: Costs, bounds: Sequence[int], size: int) -> list[StageTim
         out.append(StageTimes(sum(costs.at(costs.forward, j, size) for j in js),
                               sum(costs.at(costs.input_grad, j, size) for j in js),
                               sum(costs.at(costs.weight_grad, j, size) for j in js),
-                              sum(costs.update[j] for j in js), costs.crossing[b - 1] * size * FLOAT_BYTES,
+                              costs.update_s + sum(costs.update[j] for j in js),
+                              costs.crossing[b - 1] * size * FLOAT_BYTES,
                               sum(costs.params[j] for j in js)))
     return out
 

@@ -7,8 +7,16 @@ microbatch sizes: its forward (F), forward and input gradient (F+B) and forward 
 (F+B+W), each one compiled function whose batch dimension is free (one trace serves every size), so
 B = (F+B) - F and W = (F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a
 call's own cost (the step's fixed cost), the update of the piece with the most parameters (the
-others scaled by their parameters), and a copy between two devices of the pool at two sizes (seconds
+others scaled by their parameters; a cut model's: the whole's), and a copy between two devices of the pool at two sizes (seconds
 per byte and latency; the copies' gradient exchange is taken as two such copies: there and back).
+
+A cut model's pieces are also checked against the whole: the model as one piece is timed (F+B+W) at
+every size the pieces were, and every piece's times at a size are scaled by the whole's time over the
+pieces' sum there: a pass of a piece carries a
+call's and a loop pass's own cost that a stage of many pieces pays once, and the pieces were timed one
+after another while the machine's load varied; the whole is what a one-stage step computes. Its
+update, too, is timed whole (each piece's share by its weights). The whole and the update are timed
+with enough passes per call to outweigh a call's own cost (`OUTWEIGH`).
 
 `budget_s` bounds the measuring: the largest size first (every piece), then the smallest, then sizes
 between; each measurement is the least of up to `CALLS` calls (another process only adds time); when the budget runs out the rest is
@@ -18,6 +26,7 @@ cut and `Costs.notes` says what.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -30,6 +39,11 @@ CALLS = 5  # timed calls per measurement at most (the least is taken)
 MIN_CALLS = 3  # and at least, whatever the budget (a pass shorter than LONG)
 LONG = 0.02  # seconds: a pass this long is timed alone (a call's own cost is small beside it)
 REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of one
+# what the model as a whole and its update are timed with (every prediction stands on them): passes enough
+# that they take OUTWEIGH times a call's own cost (whose jitter would swamp a few short passes), at most
+# MAX_REPEAT
+OUTWEIGH = 10
+MAX_REPEAT = 64
 ACTIONS = 4  # the chain of small actions whose cost per action is measured
 # The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
 # example's measured steps (3 stages, gpipe M = 1, 4, 16, 1f1b and zb1 M = 4, logical CPUs) its cost per
@@ -87,7 +101,7 @@ class _Piece:
 
         self.passes = {"F": looped(forward), "FB": looped(gradients([])), "FBW": looped(gradients(variables))}
 
-    def time(self, kind: str, size: int, calls: int, deadline: float, call_s: float) -> float:
+    def time(self, kind: str, size: int, calls: int, deadline: float, call_s: float, repeat: int = REPEAT) -> float:
         """Seconds of one pass `kind` on `size` examples: the least of up to `calls` calls of 1 + REPEAT
         passes less the least of one pass (the first call, which may trace, untimed; fewer calls past
         `deadline`). A pass that takes LONG or more is timed alone, less a call's own cost `call_s`, twice
@@ -96,7 +110,7 @@ class _Piece:
             x = tf.random.stateless_normal((size, *self.in_shape), seed=(1, size))
             g = tf.random.stateless_normal((size, *self.out_shape), seed=(2, size))
         fn = self.passes[kind]
-        one, many = tf.constant(1), tf.constant(1 + REPEAT)
+        one, many = tf.constant(1), tf.constant(1 + repeat)
         _seconds(fn, x, g, one)
         lows = [_seconds(fn, x, g, one)]
         if lows[0] >= LONG:
@@ -107,7 +121,7 @@ class _Piece:
         while len(lows) < calls and (len(lows) < MIN_CALLS or time.perf_counter() < deadline):
             lows.append(_seconds(fn, x, g, one))
             highs.append(_seconds(fn, x, g, many))
-        return max(min(highs) - min(lows), 0.0) / REPEAT  # other processes only add time: the least is the pass's
+        return max(min(highs) - min(lows), 0.0) / repeat  # other processes only add time: the least is the pass's
 
 
 def _call_cost(device: str) -> float:
@@ -188,10 +202,11 @@ def _transfer(a: str, b: str) -> tuple[float, float]:
     return per_byte, max(0.0, t0 - per_byte * b0)
 
 
-def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: str) -> float:
+def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: str, call_s: float) -> float:
     """Seconds of one optimizer update of `model`'s weights (made-up gradients, made on the device): a call
-    of 1 + REPEAT updates (a loop on the device) less a call of one, per update (the call's own cost is not
-    the update's)."""
+    of 1 + r updates (a loop on the device) less a call of one, per update (the call's own cost is not
+    the update's); r is REPEAT, or more when r updates are short beside `call_s` (whose jitter they would
+    not outweigh)."""
     variables = model.trainable_variables
     with tf.device(device):
         optimizer.build(variables)
@@ -207,30 +222,35 @@ def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: s
 
             return tf.identity(tf.while_loop(lambda i: i < n, body, [tf.constant(0)])[0])
 
-    one, many = tf.constant(1), tf.constant(1 + REPEAT)
+    one = tf.constant(1)
     _seconds(updates, one)
     low = min(_seconds(updates, one) for _ in range(3))
-    high = min(_seconds(updates, many) for _ in range(3))
-    return max(high - low, 0.0) / REPEAT
+    repeat = REPEAT
+    while True:
+        per = max(min(_seconds(updates, tf.constant(1 + repeat)) for _ in range(3)) - low, 0.0) / repeat
+        if repeat >= MAX_REPEAT or per * repeat >= OUTWEIGH * call_s:
+            return per
+        repeat = min(MAX_REPEAT, max(4 * repeat, math.ceil(OUTWEIGH * call_s / max(per, 1e-6))))
 
 
 def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], params: Sequence[int],
             pool: Sequence[str], physical: Mapping[str, str], sizes: Sequence[int], budget_s: float,
             optimizer: Callable[[], keras.optimizers.Optimizer], fixed_cut: bool,
-            same: Sequence[int] | None = None) -> Costs:
+            same: Sequence[int] | None = None, whole: keras.Model | None = None) -> Costs:
     """`Costs` of `models` (the pieces, built on `pool[0]`, layers `pieces[j]` each, `params[j]` weights)
     at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
-    an earlier piece built alike (the same layers on the same input), whose times piece j takes."""
+    an earlier piece built alike (the same layers on the same input), whose times piece j takes. `whole`:
+    the pieces as one model (a cut model's), which scales the pieces' times (module docstring)."""
     logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
     level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
     logger.setLevel(logging.ERROR)
     try:
-        return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same)
+        return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole)
     finally:
         logger.setLevel(level)
 
 
-def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same) -> Costs:
+def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole) -> Costs:
     started = time.perf_counter()
     deadline = started + budget_s
     device = pool[0]
@@ -273,8 +293,12 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         at(size, kinds)
         measured.append(size)
     measured.sort()
+    scale = _scales(whole, measured, found, len(timed), device, deadline, call)
     forward, input_grad, weight_grad = [], [], []
     for j in range(len(timed)):
+        for kind in kinds:
+            for n in measured:
+                found[(kind, j, n)] *= scale[n]
         fbw = [found[("FBW", j, n)] for n in measured]
         f = [min(found[("F", j, n)], c) if "F" in kinds else c / 3 for n, c in zip(measured, fbw)]
         fb = [min(max(found[("FB", j, n)], a), c) if "FB" in kinds else (a + c) / 2
@@ -284,8 +308,11 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
     action = ACTION_SCALE * _action_cost(pool[:1])
     largest = max(range(len(models)), key=lambda j: params[j])
-    update_l = _update(models[largest], optimizer(), device)
-    update = tuple(action + update_l * params[j] / max(params[largest], 1) for j in range(len(models)))
+    # the whole's update when there is one (timed once, all the weights), else the largest piece's; each
+    # piece's share by its weights, a stage's update one action more
+    held, held_params = (whole, sum(params)) if whole is not None else (models[largest], params[largest])
+    per_param = _update(held, optimizer(), device, call) / max(held_params, 1)
+    update = tuple(per_param * params[j] for j in range(len(models)))
     if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
         per_byte, latency = _transfer(pool[0], pool[1])
     else:  # logical devices of one physical device: a copy is the sending device's tensor (its cost is the action's)
@@ -293,10 +320,27 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     crossing = tuple(_floats(m.output_shape[1:]) for m in models)
     return Costs(pieces=tuple(tuple(p) for p in pieces), sizes=tuple(measured), forward=tuple(forward),
                  input_grad=tuple(input_grad), weight_grad=tuple(weight_grad), update=update, crossing=crossing,
-                 params=tuple(params), action_s=action, step_s=call, transfer_s_per_byte=per_byte,
+                 params=tuple(params), action_s=action, update_s=action, step_s=call,
+                 transfer_s_per_byte=per_byte,
                  transfer_latency_s=latency, exchange_s_per_byte=2 * per_byte, exchange_latency_s=2 * latency,
                  devices=tuple(pool), physical=tuple(physical.get(d, d) for d in pool), fixed_cut=fixed_cut,
                  measuring_s=time.perf_counter() - started, notes=tuple(notes))
+
+
+def _scales(whole: keras.Model | None, measured: Sequence[int], found: Mapping[tuple[str, int, int], float],
+            n: int, device: str, deadline: float, call: float) -> dict[int, float]:
+    """Per measured size, the factor the pieces' times take: the whole model's F+B+W over the pieces'
+    summed F+B+W at that size (1 without a `whole`). The whole is timed at least MIN_CALLS times at
+    each size whatever the deadline: it is what the prediction stands on."""
+    if whole is None:
+        return {size: 1.0 for size in measured}
+    piece = _Piece(whole, device)
+    out = {}
+    for size in measured:
+        summed = sum(found[("FBW", j, size)] for j in range(n))  # about the whole's pass: its repeats from it
+        repeat = min(MAX_REPEAT, max(REPEAT, math.ceil(OUTWEIGH * call / max(summed, 1e-6))))
+        out[size] = piece.time("FBW", size, CALLS, deadline, call, repeat) / summed if summed > 0 else 1.0
+    return out
 
 
 def _between(sizes: Sequence[int]) -> list[int]:

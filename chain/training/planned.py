@@ -138,6 +138,7 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
 
     started = time.perf_counter()
     info = spec.data_info
+    whole = None
     if cuttable is None:
         models, shape, same, seen = [], tuple(info.input_shape), [], {}
         with tf.device(pool[0]):
@@ -168,11 +169,14 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
                 m = piece(cuttable, a, b, keras.DTypePolicy("float32"))(shape, None, f"plan_{a}")
                 models.append(m)
                 shape = tuple(m.output_shape[1:])
+            if len(pieces) > 1:  # the pieces' times are checked against the whole's
+                whole = piece(cuttable, pieces[0][0], pieces[-1][1], keras.DTypePolicy("float32"))(
+                    tuple(info.input_shape), None, "plan_whole")
     sizes = _sizes(s.data.batch_size, len(pool))
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
     costs = plan_timing.measure(models, pieces, params, pool, physical, sizes, budget,
                                 lambda: assemble.make_optimizer(s.stages[0].optim), fixed_cut=cuttable is None,
-                                same=same)
+                                same=same, whole=whole)
     return replace(costs, measuring_s=time.perf_counter() - started)
 
 
