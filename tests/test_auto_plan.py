@@ -189,6 +189,16 @@ def test_when_nothing_fits_plan_auto_refuses_in_one_line_naming_the_shortfall():
     assert "data.batch_size" in text and "more devices" in text
 
 
+def test_model_gpt_is_refused_in_one_line_that_names_it(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    spec = prepare(chain.compose(["model=gpt", "data=text", f"data.files={text}", "data.seq_len=16", "mode=e2e",
+                                  "+stages=2", "placement.plan=auto", "trainer.progress=false"]))
+    spec = replace(spec, placement=building.apply(spec))
+    with pytest.raises(ConfigError, match="model=gpt takes token ids: set placement.plan=manual"):
+        planned.settle(spec, str(tmp_path))
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
     (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),

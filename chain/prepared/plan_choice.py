@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from chain.config import Settings, checks
-from chain.config.schema import Body, KerasModel
+from chain.config.schema import Body, Gpt, KerasModel
 from chain.errors import ConfigError
 from chain.planning import fit, search
 from chain.planning.candidates import AutoPlan, Candidate, Prediction
@@ -56,6 +56,9 @@ def refuse_given(s: Settings, cut_model: bool) -> None:
     if s.pipeline.schedule == "file":
         raise ConfigError("pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
                           "set placement.plan=manual to run a schedule file")
+    if isinstance(s.stages[0].model, Gpt):  # not a builder of the user's: its own line
+        raise ConfigError("placement.plan=auto times pieces on float examples, and model=gpt takes token ids: set "
+                          "placement.plan=manual (and cut it with placement.split or placement.balance)")
     if not cut_model and any(not isinstance(st.model, Body) for st in s.stages):
         raise ConfigError("placement.plan=auto times the config's own models (model=mlp, conv) or one model cut "
                           "into stages (model=keras); the user's stage builders (_target_) are not measured: "
