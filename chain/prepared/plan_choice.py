@@ -146,8 +146,7 @@ def choose(spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCo
     """The search on `costs` for `spec`'s model and global batch: every candidate predicted, those the
     memory estimate says do not fit their devices dropped (a ConfigError when none fits), best first."""
     s = spec.settings
-    stage_cost = stage_cost or stage_range_costs(s, spec)
-    costs = replace(costs, step_s=costs.step_s / s.trainer.steps_per_call)  # a call runs steps_per_call steps
+    costs, stage_cost = _per_step(spec, costs, stage_cost)
     return search.search(costs, s.data.batch_size, stage_counts(s, costs), grad_accum=s.trainer.grad_accum,
                          peaks=peaks_of(spec, costs, stage_cost), memory=device_memory(spec, costs.devices))
 
@@ -158,10 +157,18 @@ def predict(spec: RunSpec, costs: Costs, c: Candidate, stage_cost: Callable[[int
     device's estimated peak against its memory), e.g. a benchmark's grid plan. A cut model's candidate
     gives its `split` (layers per stage, on the pieces' bounds); a built-in model's has none."""
     s = spec.settings
-    stage_cost = stage_cost or stage_range_costs(s, spec)
-    costs = replace(costs, step_s=costs.step_s / s.trainer.steps_per_call)
+    costs, stage_cost = _per_step(spec, costs, stage_cost)
     return search.predict(costs, c, _piece_bounds(costs, c), s.data.batch_size, grad_accum=s.trainer.grad_accum,
                           peaks=peaks_of(spec, costs, stage_cost), memory=device_memory(spec, costs.devices))
+
+
+def _per_step(spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCost] | None
+              ) -> tuple[Costs, Callable[[int, int], StageCost]]:
+    """What `choose` and `predict` read: the call's cost shared by the steps a call runs
+    (`trainer.steps_per_call`), and the stage cost (a built-in model's from the config when none is given)."""
+    s = spec.settings
+    return (replace(costs, step_s=costs.step_s / s.trainer.steps_per_call),
+            stage_cost or stage_range_costs(s, spec))
 
 
 def planned(spec: RunSpec, plan: AutoPlan) -> RunSpec:
