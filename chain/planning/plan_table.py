@@ -19,6 +19,7 @@ from chain.config import override_key
 from chain.errors import plural
 from chain.planning.candidates import AutoPlan, Prediction
 from chain.planning.fit import MB
+from chain.planning.search import used_devices_of
 
 _LOCAL = re.compile(r"(^|[\[,])/device:")  # a local device's prefix in a list of devices
 UNKNOWN = "—"  # a device whose memory is not known (logical CPUs share the host's)
@@ -37,10 +38,7 @@ def compact(overrides: Sequence[str]) -> str:
 def devices(p: Prediction) -> list[str]:
     """The names of the devices a prediction's peaks are for: its candidate's (short: `CPU:1`), or
     numbered when the candidate leaves its devices to the planner."""
-    named = p.candidate.devices
-    if named is None:
-        return [f"device {i}" for i in range(len(p.peaks))]
-    return [_LOCAL.sub(r"\1", d) for d in dict.fromkeys(named)]
+    return [_LOCAL.sub(r"\1", d) for d in used_devices_of(p)]
 
 
 def memory_cells(p: Prediction) -> str:
