@@ -7,8 +7,12 @@ microbatch sizes: its forward (F), forward and input gradient (F+B) and forward 
 (F+B+W), each one compiled function whose batch dimension is free (one trace serves every size), so
 B = (F+B) - F and W = (F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a
 call's own cost (the step's fixed cost), the update of the piece with the most parameters (the
-others scaled by their parameters; a cut model's: the whole's), and a copy between two devices of the pool at two sizes (seconds
-per byte and latency; the copies' gradient exchange is taken as two such copies: there and back).
+others scaled by their parameters; a cut model's: the whole's), a copy between two devices of the pool at two sizes (seconds
+per byte and latency), and the copies' gradient exchange as a step runs it (`_exchange`: the model on two devices of the
+pool, each computing its gradients, then each device receiving the other's and adding them, less the same without
+the exchange). Gradients the model's own backward made cross between workers several times slower than a tensor
+made alone (on two single-core cluster workers, 8 Dense(1024) layers: about 1.1 ns/B against 0.15), so two copies of
+the model compute them here.
 
 A cut model's pieces are also checked against the whole: the model as one piece is timed (F+B+W) at
 every size the pieces were, and every piece's times at a size are scaled by the whole's time over the
@@ -233,24 +237,71 @@ def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: s
         repeat = min(MAX_REPEAT, max(4 * repeat, math.ceil(OUTWEIGH * call_s / max(per, 1e-6))))
 
 
+def _exchange(copies: Sequence[Sequence[keras.Model]], devices: Sequence[str], size: int,
+              reduce: Callable[[list, list, str], list]) -> float:
+    """Seconds the copies' gradient exchange adds to a step: `copies[r]` (the model's chain of pieces, built
+    on `devices[r]`) each compute their gradients on `size` examples, and `reduce` (`chain.pipeline.replicas.
+    reduce_mean`'s signature: values per device, the devices, a name) averages each gradient on every device;
+    the least of a few calls less the least of the same calls without the exchange."""
+    shape = tuple(copies[0][0].input_shape[1:])
+
+    def step(exchanged: bool):
+        @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+        def run(seed):
+            grads = []
+            for chain, device in zip(copies, devices):
+                with tf.device(device):
+                    h = tf.random.stateless_normal((size, *shape), seed=tf.stack([seed, 0]))
+                    variables = [v for m in chain for v in m.trainable_variables]
+                    with tf.GradientTape() as tape:
+                        for m in chain:
+                            h = m(h, training=True)
+                        loss = tf.reduce_sum(h)
+                    grads.append(tape.gradient(loss, variables))
+            means = [reduce([g[j] for g in grads], list(devices), f"plan_exchange_{j}") if exchanged
+                     else [g[j] for g in grads] for j in range(len(grads[0]))]
+            sums = []
+            for r, device in enumerate(devices):
+                with tf.device(device):
+                    sums.append(tf.add_n([tf.reduce_sum(m[r]) for m in means]))
+            with tf.device(devices[0]):
+                return tf.identity(tf.add_n([tf.identity(t) for t in sums]))
+        return run
+
+    with_exchange, without = step(True), step(False)
+    seed = tf.constant(1)
+    _seconds(with_exchange, seed)
+    _seconds(without, seed)
+    a, b = [], []
+    for _ in range(MIN_CALLS + 1):  # alternated: a change of the machine's load shows in both
+        a.append(_seconds(with_exchange, seed))
+        b.append(_seconds(without, seed))
+    return max(min(a) - min(b), 0.0)
+
+
 def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], params: Sequence[int],
             pool: Sequence[str], physical: Mapping[str, str], sizes: Sequence[int], budget_s: float,
             optimizer: Callable[[], keras.optimizers.Optimizer], fixed_cut: bool,
-            same: Sequence[int] | None = None, whole: keras.Model | None = None) -> Costs:
+            same: Sequence[int] | None = None, whole: keras.Model | None = None,
+            twin: Sequence[keras.Model] | None = None, reduce: Callable | None = None) -> Costs:
     """`Costs` of `models` (the pieces, built on `pool[0]`, layers `pieces[j]` each, `params[j]` weights)
     at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
     an earlier piece built alike (the same layers on the same input), whose times piece j takes. `whole`:
-    the pieces as one model (a cut model's), which scales the pieces' times (module docstring)."""
+    the pieces as one model (a cut model's), which scales the pieces' times (module docstring). `twin`: the
+    model again (its chain of pieces) on `pool[1]`, with `reduce` the copies' averaging, which times their
+    exchange (else it is taken as two copies, there and back)."""
     logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
     level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
     logger.setLevel(logging.ERROR)
     try:
-        return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole)
+        return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole,
+                        twin, reduce)
     finally:
         logger.setLevel(level)
 
 
-def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole) -> Costs:
+def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole, twin,
+             reduce) -> Costs:
     started = time.perf_counter()
     deadline = started + budget_s
     device = pool[0]
@@ -313,8 +364,14 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     held, held_params = (whole, sum(params)) if whole is not None else (models[largest], params[largest])
     per_param = _update(held, optimizer(), device, call) / max(held_params, 1)
     update = tuple(per_param * params[j] for j in range(len(models)))
+    exchange_per_byte, exchange_latency = 0.0, 0.0
     if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
         per_byte, latency = _transfer(pool[0], pool[1])
+        exchange_per_byte, exchange_latency = 2 * per_byte, 2 * latency
+        if twin is not None and reduce is not None:  # the exchange as a step runs it: seconds per byte of gradients
+            own = [whole] if whole is not None else list(models)
+            exchange_per_byte = _exchange([own, list(twin)], pool[:2], measured[0], reduce) / max(4 * sum(params), 1)
+            exchange_latency = 0.0
     else:  # logical devices of one physical device: a copy is the sending device's tensor (its cost is the action's)
         per_byte, latency = 0.0, 0.0
     crossing = tuple(_floats(m.output_shape[1:]) for m in models)
@@ -322,7 +379,8 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
                  input_grad=tuple(input_grad), weight_grad=tuple(weight_grad), update=update, crossing=crossing,
                  params=tuple(params), action_s=action, update_s=action, step_s=call,
                  transfer_s_per_byte=per_byte,
-                 transfer_latency_s=latency, exchange_s_per_byte=2 * per_byte, exchange_latency_s=2 * latency,
+                 transfer_latency_s=latency, exchange_s_per_byte=exchange_per_byte,
+                 exchange_latency_s=exchange_latency,
                  devices=tuple(pool), physical=tuple(physical.get(d, d) for d in pool), fixed_cut=fixed_cut,
                  measuring_s=time.perf_counter() - started, notes=tuple(notes))
 

@@ -132,52 +132,76 @@ def _sizes(batch: int, pool: int, max_microbatches: int = 64) -> list[int]:
 
 def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, str], cuttable) -> Costs:
     """Build the pieces on the pool's first device and time them (`chain.stages.plan_timing`)."""
-    import tensorflow as tf
-
     from chain.stages import assemble, plan_timing
 
     started = time.perf_counter()
     info = spec.data_info
-    whole = None
+    whole, twin, reduce = None, None, None
     if cuttable is None:
-        models, shape, same, seen = [], tuple(info.input_shape), [], {}
-        with tf.device(pool[0]):
-            for k, st in enumerate(s.stages):
-                # stages built alike are timed once (an mlp flattens its input first: its size is what counts)
-                key = (shape if isinstance(st.model, Conv) else math.prod(shape), st.model, k == len(s.stages) - 1)
-                same.append(seen.setdefault(key, k))
-                # as `assemble.build_stages` builds them (float32), without optimizers
-                m = keras.Sequential([keras.Input(shape), *assemble.model_layers(st.model, shape)], name=f"plan_{k}")
-                if k == len(s.stages) - 1:
-                    for layer in assemble.output_layers(info.target(st.target), tuple(m.output_shape[1:])):
-                        m.add(layer)
-                models.append(m)
-                shape = tuple(m.output_shape[1:])
+        models, same = _built_in(s, spec, pool[0])
         pieces = [(k, k + 1) for k in range(len(models))]
         params = [int(sum(v.numpy().size for v in m.trainable_variables)) for m in models]
     else:
-        from chain.stages.cut import piece
-
         points = cuttable.points()
         pieces = list(zip(points, points[1:]))
         layer_params = cuttable.params()
         params = [sum(layer_params[a:b]) for a, b in pieces]
         same = None
-        models, shape = [], tuple(info.input_shape)
-        with tf.device(pool[0]):
-            for a, b in pieces:
-                m = piece(cuttable, a, b, keras.DTypePolicy("float32"))(shape, None, f"plan_{a}")
-                models.append(m)
-                shape = tuple(m.output_shape[1:])
-            if len(pieces) > 1:  # the pieces' times are checked against the whole's
-                whole = piece(cuttable, pieces[0][0], pieces[-1][1], keras.DTypePolicy("float32"))(
-                    tuple(info.input_shape), None, "plan_whole")
+        models = _cut(cuttable, pieces, tuple(info.input_shape), pool[0])
+        if len(pieces) > 1:  # the pieces' times are checked against the whole's
+            whole = _cut(cuttable, [(pieces[0][0], pieces[-1][1])], tuple(info.input_shape), pool[0], "whole")[0]
+    if len(pool) > 1 and physical[pool[0]] != physical[pool[1]]:  # copies may run: their exchange is timed
+        from chain.pipeline.replicas import reduce_mean
+
+        reduce = reduce_mean
+        twin = (_built_in(s, spec, pool[1])[0] if cuttable is None
+                else _cut(cuttable, [(pieces[0][0], pieces[-1][1])], tuple(info.input_shape), pool[1]))
     sizes = _sizes(s.data.batch_size, len(pool))
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
     costs = plan_timing.measure(models, pieces, params, pool, physical, sizes, budget,
                                 lambda: assemble.make_optimizer(s.stages[0].optim), fixed_cut=cuttable is None,
-                                same=same, whole=whole)
+                                same=same, whole=whole, twin=twin, reduce=reduce)
     return replace(costs, measuring_s=time.perf_counter() - started)
+
+
+def _built_in(s: Settings, spec: RunSpec, device: str) -> tuple[list[keras.Model], list[int]]:
+    """A built-in model's stages on `device`, as `assemble.build_stages` builds them (float32, without
+    optimizers), and for each the first stage built alike (the same layers on the same input)."""
+    import tensorflow as tf
+
+    from chain.stages import assemble
+
+    info = spec.data_info
+    models, shape, same, seen = [], tuple(info.input_shape), [], {}
+    with tf.device(device):
+        for k, st in enumerate(s.stages):
+            # stages built alike are timed once (an mlp flattens its input first: its size is what counts)
+            key = (shape if isinstance(st.model, Conv) else math.prod(shape), st.model, k == len(s.stages) - 1)
+            same.append(seen.setdefault(key, k))
+            m = keras.Sequential([keras.Input(shape), *assemble.model_layers(st.model, shape)], name=f"plan_{k}")
+            if k == len(s.stages) - 1:
+                for layer in assemble.output_layers(info.target(st.target), tuple(m.output_shape[1:])):
+                    m.add(layer)
+            models.append(m)
+            shape = tuple(m.output_shape[1:])
+    return models, same
+
+
+def _cut(cuttable, pieces: Sequence[tuple[int, int]], shape: tuple[int, ...], device: str, name: str = "plan"
+         ) -> list[keras.Model]:
+    """A cut model's `pieces` (layer ranges) as models on `device`, the first taking `shape`, named
+    `name` and their first layer's index."""
+    import tensorflow as tf
+
+    from chain.stages.cut import piece
+
+    models = []
+    with tf.device(device):
+        for a, b in pieces:
+            m = piece(cuttable, a, b, keras.DTypePolicy("float32"))(shape, None, f"{name}_{a}")
+            models.append(m)
+            shape = tuple(m.output_shape[1:])
+    return models
 
 
 def _cut_costs(c, costs: Costs):
