@@ -240,3 +240,56 @@ def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
     auto = prepare(plan_choice.chosen_settings(settings, candidate))
     hand = prepare(chain.compose([*BASE, *candidate.overrides()]))
     assert auto.settings == hand.settings and replace(auto, settings=None) == replace(hand, settings=None)
+
+
+def test_the_copies_exchange_is_timed_as_a_step_runs_it_and_only_between_physical_devices(monkeypatch):
+    """With two physical devices in the pool, the copies' exchange is `plan_timing._exchange` of the whole
+    model on each (its gradients from the model's own backward), per byte of gradients; on logical
+    devices of one physical device nothing crosses (0)."""
+    seen = []
+
+    def fake_exchange(copies, devices, size, reduce):
+        seen.append((copies, list(devices), size, reduce))
+        return 4e-3
+
+    monkeypatch.setattr(plan_timing, "_exchange", fake_exchange)
+    monkeypatch.setattr(plan_timing, "_crossing", lambda *a: 0.0)
+    spec = applied(["+stages=2"])
+    same = planned.measured(spec, None, small_model()).costs
+    assert not seen and same.exchange_s_per_byte == 0 and same.exchange_latency_s == 0
+    pool = DEVICES[:2]
+    monkeypatch.setattr(planned, "_pool", lambda spec: (pool, {pool[0]: "A", pool[1]: "B"}))
+    costs = planned.measured(spec, None, small_model()).costs
+    [(copies, devices, size, reduce)] = seen
+    from chain.pipeline.replicas import reduce_mean
+
+    assert devices == pool and size == min(costs.sizes) and reduce is reduce_mean
+    assert [len(c) for c in copies] == [len(costs.pieces)] * 2  # the model's pieces on each device
+    for chain_, device in zip(copies, pool):
+        assert all(v.value.device.endswith(device) for m in chain_ for v in m.trainable_variables)
+    assert costs.exchange_s_per_byte == pytest.approx(4e-3 / (4 * sum(costs.params)))
+    assert costs.exchange_latency_s == 0
+
+
+def test_the_exchange_measured_is_what_the_averaging_adds_to_the_step():
+    """`plan_timing._exchange` takes the step with the averaging less the step without: an averaging that
+    waits 30 ms is measured at about that, the plain one (a tiny model's, on logical devices) far below."""
+    import time as clock
+
+    import tensorflow as tf
+
+    from chain.pipeline.replicas import reduce_mean
+
+    def slow(values, devices, name):
+        out = reduce_mean(values, devices, name)
+        if not name.endswith("_0"):
+            return out
+        waited = tf.numpy_function(lambda: np.float32(clock.sleep(0.03) or 0), [], tf.float32)
+        return [v + tf.cast(waited, v.dtype) for v in out]
+
+    copies = []
+    for device in DEVICES[:2]:
+        with tf.device(device):
+            copies.append([small_model()])
+    assert 0.025 <= plan_timing._exchange(copies, DEVICES[:2], 4, slow) < 0.3
+    assert plan_timing._exchange(copies, DEVICES[:2], 4, reduce_mean) < 0.015

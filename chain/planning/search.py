@@ -47,7 +47,7 @@ class Costs:
     `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `update_s`: a
     stage's update's fixed cost (`update[j]` is piece j's share by its weights); `transfer_*`,
     `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
-    exchange; `devices`: the pool the plans draw from, `physical[i]`: the physical device behind
+    exchange (what it adds to a step beyond the backward it overlaps, per byte of a device's gradients); `devices`: the pool the plans draw from, `physical[i]`: the physical device behind
     `devices[i]` (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
 
     pieces: tuple[tuple[int, int], ...]
@@ -180,11 +180,17 @@ def replay(schedule: Schedule, times: Sequence[StageTimes], costs: Costs, *, rep
         for a in row:
             last[a.stage] = max(last.get(a.stage, 0.0), end[a])
     updates = []
-    for k in range(schedule.stages):
-        exchange = (costs.exchange_latency_s + times[k].params * FLOAT_BYTES * costs.exchange_s_per_byte
-                    if replicas > 1 else 0.0)
-        for r in range(replicas):
-            updates.append((last[k] + exchange, r * n_rows + schedule.row(k), times[k].update))
+    for row in range(n_rows):
+        # a device's stages exchange their gradients together, after its last action: the exchange was measured
+        # as the time it adds to a step beyond the backward it overlaps (`Costs`), so a stage whose backward ends
+        # before its device's last does not overlap it again
+        stages = schedule.row_stages(row)
+        exchange = (costs.exchange_latency_s + sum(times[k].params for k in stages) * FLOAT_BYTES
+                    * costs.exchange_s_per_byte if replicas > 1 else 0.0)
+        ready = max(last[k] for k in stages) + exchange
+        for k in stages:
+            for r in range(replicas):
+                updates.append((ready if replicas > 1 else last[k], r * n_rows + row, times[k].update))
     for ready, i, d in sorted(updates):
         start = max(ready, free[i], phys_free[phys[i]])
         free[i] = phys_free[phys[i]] = start + d

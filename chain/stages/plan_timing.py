@@ -237,46 +237,89 @@ def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: s
         repeat = min(MAX_REPEAT, max(4 * repeat, math.ceil(OUTWEIGH * call_s / max(per, 1e-6))))
 
 
+def _chain_step(chain: Sequence[tuple[keras.Model, str]], size: int, shape: tuple[int, ...]):
+    """A compiled F+B+W of `chain` (each model on its device, in turn: a tensor crossing where the device
+    changes) on `size` examples made on the first device: its gradients, one list per device."""
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def run(seed):
+        with tf.device(chain[0][1]):
+            h = tf.random.stateless_normal((size, *shape), seed=tf.stack([seed, 0]))
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            for m, device in chain:
+                with tf.device(device):
+                    h = m(tf.identity(h), training=True)
+            loss = tf.reduce_sum(h)
+        grads = tape.gradient(loss, [v for m, _ in chain for v in m.trainable_variables])
+        return grads
+    return run
+
+
+def _least_apart(a: Callable, b: Callable, *args) -> float:
+    """The least of a few calls of `a` less the least of as many of `b` (alternated: a change of the
+    machine's load shows in both)."""
+    _seconds(a, *args)
+    _seconds(b, *args)
+    ta, tb = [], []
+    for _ in range(MIN_CALLS + 1):
+        ta.append(_seconds(a, *args))
+        tb.append(_seconds(b, *args))
+    return max(min(ta) - min(tb), 0.0)
+
+
+def _summed(fn: Callable, devices: Sequence[str]) -> Callable:
+    """`fn`'s tensors (a list per device of `devices`) summed on their device, then into one scalar (what a
+    timed call returns: each device's work, and no more bytes crossing than the step's own)."""
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def run(seed):
+        parts = []
+        for ts, device in zip(fn(seed), devices):
+            with tf.device(device):
+                parts.append(tf.add_n([tf.reduce_sum(x) for x in ts]))
+        with tf.device(devices[0]):
+            return tf.identity(tf.add_n([tf.identity(x) for x in parts]))
+    return run
+
+
 def _exchange(copies: Sequence[Sequence[keras.Model]], devices: Sequence[str], size: int,
               reduce: Callable[[list, list, str], list]) -> float:
     """Seconds the copies' gradient exchange adds to a step: `copies[r]` (the model's chain of pieces, built
     on `devices[r]`) each compute their gradients on `size` examples, and `reduce` (`chain.pipeline.replicas.
     reduce_mean`'s signature: values per device, the devices, a name) averages each gradient on every device;
-    the least of a few calls less the least of the same calls without the exchange."""
+    less the same step without the exchange."""
     shape = tuple(copies[0][0].input_shape[1:])
+    steps = [_chain_step([(m, d) for m in chain], size, shape) for chain, d in zip(copies, devices)]
 
-    def step(exchanged: bool):
-        @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
+    def both(exchanged: bool):
         def run(seed):
-            grads = []
-            for chain, device in zip(copies, devices):
-                with tf.device(device):
-                    h = tf.random.stateless_normal((size, *shape), seed=tf.stack([seed, 0]))
-                    variables = [v for m in chain for v in m.trainable_variables]
-                    with tf.GradientTape() as tape:
-                        for m in chain:
-                            h = m(h, training=True)
-                        loss = tf.reduce_sum(h)
-                    grads.append(tape.gradient(loss, variables))
-            means = [reduce([g[j] for g in grads], list(devices), f"plan_exchange_{j}") if exchanged
-                     else [g[j] for g in grads] for j in range(len(grads[0]))]
-            sums = []
-            for r, device in enumerate(devices):
-                with tf.device(device):
-                    sums.append(tf.add_n([tf.reduce_sum(m[r]) for m in means]))
-            with tf.device(devices[0]):
-                return tf.identity(tf.add_n([tf.identity(t) for t in sums]))
+            grads = [step(seed) for step in steps]
+            if not exchanged:
+                return grads
+            means = [reduce([g[j] for g in grads], list(devices), f"plan_exchange_{j}") for j in range(len(grads[0]))]
+            return [[m[r] for m in means] for r in range(len(devices))]
+        return _summed(run, devices)
+
+    return _least_apart(both(True), both(False), tf.constant(1))
+
+
+def _crossing(own: Sequence[keras.Model], twin: Sequence[keras.Model], devices: Sequence[str], size: int,
+              cut: int) -> float:
+    """Seconds one crossing between `devices` costs as a step runs it: F+B+W of the model's pieces with
+    those from `cut` on the second device (`twin`'s) less the same all on the first, over its two
+    crossings (forward there, the gradient back): in a step of one microbatch nothing overlaps them."""
+    shape = tuple(own[0].input_shape[1:])
+    first = sum(len(m.trainable_variables) for m in own[:cut])
+    apart = _chain_step([*((m, devices[0]) for m in own[:cut]), *((m, devices[1]) for m in twin[cut:])], size, shape)
+    together = _chain_step([(m, devices[0]) for m in own], size, shape)
+
+    def by_device(step: Callable) -> Callable:  # the first pieces' gradients, then the rest's
+        def run(seed):
+            grads = step(seed)
+            return [grads[:first], grads[first:]]
         return run
 
-    with_exchange, without = step(True), step(False)
-    seed = tf.constant(1)
-    _seconds(with_exchange, seed)
-    _seconds(without, seed)
-    a, b = [], []
-    for _ in range(MIN_CALLS + 1):  # alternated: a change of the machine's load shows in both
-        a.append(_seconds(with_exchange, seed))
-        b.append(_seconds(without, seed))
-    return max(min(a) - min(b), 0.0)
+    return _least_apart(_summed(by_device(apart), devices), _summed(by_device(together), [devices[0]] * 2),
+                        tf.constant(1)) / 2
 
 
 def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], params: Sequence[int],
@@ -288,8 +331,8 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
     at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
     an earlier piece built alike (the same layers on the same input), whose times piece j takes. `whole`:
     the pieces as one model (a cut model's), which scales the pieces' times (module docstring). `twin`: the
-    model again (its chain of pieces) on `pool[1]`, with `reduce` the copies' averaging, which times their
-    exchange (else it is taken as two copies, there and back)."""
+    model's pieces again on `pool[1]`, with `reduce` the copies' averaging: they time the copies' exchange and a
+    crossing as a step runs them (else the exchange is taken as two copies, there and back)."""
     logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
     level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
     logger.setLevel(logging.ERROR)
@@ -325,9 +368,17 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     for size in ends:
         at(size, ("FBW",))
     kinds = ["FBW"]
+    # on one physical device every action runs after the one before, whatever the schedule: a step is the sum of
+    # its actions, and F, B and W apart would only place a recomputed forward (each taken as a third)
+    apart = len({physical.get(d, d) for d in pool}) > 1
+    if not apart:
+        notes.append("one physical device: its actions run one at a time, so F, B and W are not timed apart (each "
+                      "taken as a third of the pass)")
     for kind, cut in (("F", "F, B and W not timed apart (each taken as a third of the pass, as a Dense layer's "
                             "three products)"),
                       ("FB", "B and W not timed apart (each taken as half the backward)")):
+        if not apart:
+            break
         if time.perf_counter() > deadline:
             notes.append(f"placement.plan_budget_s: {cut}")
             break
@@ -368,10 +419,15 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
         per_byte, latency = _transfer(pool[0], pool[1])
         exchange_per_byte, exchange_latency = 2 * per_byte, 2 * latency
-        if twin is not None and reduce is not None:  # the exchange as a step runs it: seconds per byte of gradients
-            own = [whole] if whole is not None else list(models)
-            exchange_per_byte = _exchange([own, list(twin)], pool[:2], measured[0], reduce) / max(4 * sum(params), 1)
+        if twin is not None and reduce is not None:  # as a step runs them: the exchange, per byte of gradients
+            exchange_per_byte = (_exchange([list(models), list(twin)], pool[:2], measured[0], reduce)
+                                 / max(4 * sum(params), 1))
             exchange_latency = 0.0
+            if len(models) > 1:  # and a crossing, at the middle piece's cut (its latency beyond its bytes' time)
+                cut = len(models) // 2
+                size = measured[len(measured) // 2]
+                ran = _crossing(models, twin, pool[:2], size, cut)
+                latency = max(latency, ran - per_byte * 4 * size * _floats(models[cut - 1].output_shape[1:]))
     else:  # logical devices of one physical device: a copy is the sending device's tensor (its cost is the action's)
         per_byte, latency = 0.0, 0.0
     crossing = tuple(_floats(m.output_shape[1:]) for m in models)

@@ -150,12 +150,12 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
         models = _cut(cuttable, pieces, tuple(info.input_shape), pool[0])
         if len(pieces) > 1:  # the pieces' times are checked against the whole's
             whole = _cut(cuttable, [(pieces[0][0], pieces[-1][1])], tuple(info.input_shape), pool[0], "whole")[0]
-    if len(pool) > 1 and physical[pool[0]] != physical[pool[1]]:  # copies may run: their exchange is timed
+    if len(pool) > 1 and physical[pool[0]] != physical[pool[1]]:  # the exchange and a crossing are timed
         from chain.pipeline.replicas import reduce_mean
 
         reduce = reduce_mean
         twin = (_built_in(s, spec, pool[1])[0] if cuttable is None
-                else _cut(cuttable, [(pieces[0][0], pieces[-1][1])], tuple(info.input_shape), pool[1]))
+                else _cut(cuttable, pieces, tuple(info.input_shape), pool[1]))
     sizes = _sizes(s.data.batch_size, len(pool))
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
     costs = plan_timing.measure(models, pieces, params, pool, physical, sizes, budget,
