@@ -293,3 +293,31 @@ def test_the_exchange_measured_is_what_the_averaging_adds_to_the_step():
             copies.append([small_model()])
     assert 0.025 <= plan_timing._exchange(copies, DEVICES[:2], 4, slow) < 0.3
     assert plan_timing._exchange(copies, DEVICES[:2], 4, reduce_mean) < 0.015
+
+
+def test_a_crossing_measured_is_what_moving_the_second_half_adds_over_its_two_crossings():
+    """`plan_timing._crossing` times the pieces with those from the cut on the second device (the twin's)
+    less all on the first, halved (a crossing there, its gradient back): a twin whose second half waits
+    20 ms more gives about 10 ms; the plain twin (logical devices of one CPU) far less."""
+    import time as clock
+
+    import tensorflow as tf
+
+    class Wait(L.Layer):
+        def call(self, x):
+            waited = tf.numpy_function(lambda: np.float32(clock.sleep(0.02) or 0), [], tf.float32)
+            return x + tf.reshape(waited, ())
+
+        def compute_output_shape(self, shape):
+            return shape
+
+    def pieces(device, wait=False):
+        with tf.device(device):
+            out = [keras.Sequential([keras.Input((6,)), L.Dense(6)]), keras.Sequential([keras.Input((6,)), L.Dense(6)])]
+            if wait:
+                out[1] = keras.Sequential([keras.Input((6,)), Wait(), L.Dense(6)])
+        return out
+
+    own = pieces(DEVICES[0])
+    assert 0.008 <= plan_timing._crossing(own, pieces(DEVICES[1], wait=True), DEVICES[:2], 4, 1) < 0.05
+    assert plan_timing._crossing(own, pieces(DEVICES[1]), DEVICES[:2], 4, 1) < 0.005

@@ -51,7 +51,10 @@ MAX_REPEAT = 64
 ACTIONS = 4  # the chain of small actions whose cost per action is measured
 # The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
 # example's measured steps (3 stages, gpipe M = 1, 4, 16, 1f1b and zb1 M = 4, logical CPUs) its cost per
-# action came out about 1.5 times too small.
+# action came out about 1.5 times too small. What is missing is the ops' own cost, not the trip to the host
+# and back that an action on a cluster worker also pays: there the chain is timed on this process's CPU too, and
+# half of that is added (on two single-core workers, 1.5 times the worker's chain over-predicted a one-stage
+# step of 8 microbatches by half).
 ACTION_SCALE = 1.5
 
 
@@ -408,7 +411,8 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
-    action = ACTION_SCALE * _action_cost(pool[:1])
+    action = _action_cost(pool[:1])
+    action += (ACTION_SCALE - 1) * (action if _is_local(pool[0]) else _action_cost(["/device:CPU:0"]))
     largest = max(range(len(models)), key=lambda j: params[j])
     # the whole's update when there is one (timed once, all the weights), else the largest piece's; each
     # piece's share by its weights, a stage's update one action more
@@ -455,6 +459,11 @@ def _scales(whole: keras.Model | None, measured: Sequence[int], found: Mapping[t
         repeat = min(MAX_REPEAT, max(REPEAT, math.ceil(OUTWEIGH * call / max(summed, 1e-6))))
         out[size] = piece.time("FBW", size, CALLS, deadline, call, repeat) / summed if summed > 0 else 1.0
     return out
+
+
+def _is_local(device: str) -> bool:
+    """Whether `device` is this process's own (not a cluster worker's)."""
+    return not device.startswith("/job:") or device.startswith("/job:localhost")
 
 
 def _between(sizes: Sequence[int]) -> list[int]:
