@@ -131,6 +131,10 @@ def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_updat
 
     monkeypatch.setattr(plan_timing._Piece, "time", fake_time)
     monkeypatch.setattr(plan_timing, "_update", fake_update)
+    monkeypatch.setattr(plan_timing, "_exchange", lambda *a: 0.0)
+    monkeypatch.setattr(plan_timing, "_crossing", lambda *a: 0.0)
+    pool = DEVICES[:2]  # two physical devices: the pieces are timed (on one, only the whole: the next test)
+    monkeypatch.setattr(planned, "_pool", lambda spec: (pool, {pool[0]: "A", pool[1]: "B"}))
     spec = applied(["+stages=2"])
     costs = planned.measured(spec, None, small_model()).costs
     n = len(costs.pieces)
@@ -240,6 +244,32 @@ def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
     auto = prepare(plan_choice.chosen_settings(settings, candidate))
     hand = prepare(chain.compose([*BASE, *candidate.overrides()]))
     assert auto.settings == hand.settings and replace(auto, settings=None) == replace(hand, settings=None)
+
+
+def test_on_one_physical_device_the_model_is_timed_once_and_its_pieces_share_it_by_weights(monkeypatch):
+    """Logical devices of one CPU run their actions one at a time: a step is the sum of its actions, so the
+    model is timed whole, once per size (a cut model's pieces and a built-in model's stages are not timed
+    apart), and each piece takes its share by weights; F, B and W each a third."""
+    timed = []
+
+    def fake_time(self, kind, size, calls, deadline, call_s, repeat=plan_timing.REPEAT):
+        timed.append((self.model.name, kind))
+        return 3e-3
+
+    monkeypatch.setattr(plan_timing._Piece, "time", fake_time)
+    for measure, whole in ((lambda: planned.measured(applied(["+stages=2"]), None, small_model()), "whole_0"),
+                           (lambda: planned.measured(applied(["+stages=3", "model.depth=1", "model.width=8"]), None),
+                            "plan_chain")):
+        costs = measure().costs
+        assert {name for name, _ in timed} == {whole} and {kind for _, kind in timed} == {"FBW"}
+        timed.clear()
+        n, total = len(costs.pieces), sum(costs.params)
+        assert n > 1 and any(note.startswith("one physical device") for note in costs.notes)
+        for i in range(len(costs.sizes)):
+            passes = [costs.forward[j][i] + costs.input_grad[j][i] + costs.weight_grad[j][i] for j in range(n)]
+            assert sum(passes) == pytest.approx(3e-3)
+            assert passes == pytest.approx([3e-3 * p / total for p in costs.params])
+            assert [costs.forward[j][i] for j in range(n)] == pytest.approx([t / 3 for t in passes])
 
 
 def test_the_copies_exchange_is_timed_as_a_step_runs_it_and_only_between_physical_devices(monkeypatch):

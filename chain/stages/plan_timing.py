@@ -352,14 +352,31 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     deadline = started + budget_s
     device = pool[0]
     notes = []
-    timed = [_Piece(m, device) for m in models]  # (traced only when first called)
+    # on one physical device every action runs after the one before, whatever the schedule: a step is the sum of
+    # its actions. F, B and W apart would only place a recomputed forward (each taken as a third), and each
+    # piece's share only its recomputed forward and its stage's balance, which then changes nothing: the model
+    # is timed as one piece, each piece's share of it by its weights
+    apart = len({physical.get(d, d) for d in pool}) > 1
+    shares = None
+    if not apart and len(models) > 1:
+        notes.append("one physical device: its actions run one at a time, so the model is timed whole (each piece's "
+                     "share by its weights) and F, B and W are not timed apart (each taken as a third of the pass)")
+        chained = whole or keras.Sequential([keras.Input(models[0].input_shape[1:]), *models], name="plan_chain")
+        total = sum(params)
+        shares = [p / total if total else 1 / len(models) for p in params]
+        timed, same = [_Piece(chained, device)], [0]
+    else:
+        if not apart:
+            notes.append("one physical device: its actions run one at a time, so F, B and W are not timed apart "
+                         "(each taken as a third of the pass)")
+        timed = [_Piece(m, device) for m in models]  # (traced only when first called)
     order = sorted(set(sizes), reverse=True)
     # always measured: the largest and smallest size and the one halfway between (by ratio), since a pass's
     # time is not linear in its size between them (caches, kernels): two points and one to bend the line
     ends = list(dict.fromkeys([order[0], order[-1], order[len(order) // 2]]))
     found: dict[tuple[str, int, int], float] = {}  # (pass, piece, size) -> seconds
 
-    same = list(same) if same is not None else list(range(len(models)))
+    same = list(same) if same is not None else list(range(len(timed)))
     call = _call_cost(device)
 
     def at(size: int, kinds: Sequence[str]) -> None:
@@ -371,12 +388,6 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     for size in ends:
         at(size, ("FBW",))
     kinds = ["FBW"]
-    # on one physical device every action runs after the one before, whatever the schedule: a step is the sum of
-    # its actions, and F, B and W apart would only place a recomputed forward (each taken as a third)
-    apart = len({physical.get(d, d) for d in pool}) > 1
-    if not apart:
-        notes.append("one physical device: its actions run one at a time, so F, B and W are not timed apart (each "
-                      "taken as a third of the pass)")
     for kind, cut in (("F", "F, B and W not timed apart (each taken as a third of the pass, as a Dense layer's "
                             "three products)"),
                       ("FB", "B and W not timed apart (each taken as half the backward)")):
@@ -398,7 +409,7 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         at(size, kinds)
         measured.append(size)
     measured.sort()
-    scale = _scales(whole, measured, found, len(timed), device, deadline, call)
+    scale = _scales(whole if shares is None else None, measured, found, len(timed), device, deadline, call)
     forward, input_grad, weight_grad = [], [], []
     for j in range(len(timed)):
         for kind in kinds:
@@ -411,6 +422,9 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
+    if shares is not None:  # the model timed as one piece: each piece its share
+        forward, input_grad, weight_grad = ([tuple(t * share for t in row[0]) for share in shares]
+                                            for row in (forward, input_grad, weight_grad))
     action = _action_cost(pool[:1])
     action += (ACTION_SCALE - 1) * (action if _is_local(pool[0]) else _action_cost(["/device:CPU:0"]))
     largest = max(range(len(models)), key=lambda j: params[j])
