@@ -8,11 +8,14 @@ microbatch sizes: its forward (F), forward and input gradient (F+B) and forward 
 B = (F+B) - F and W = (F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a
 call's own cost (the step's fixed cost), the update of the piece with the most parameters (the
 others scaled by their parameters; a cut model's: the whole's), a copy between two devices of the pool at two sizes (seconds
-per byte and latency), and the copies' gradient exchange as a step runs it (`_exchange`: the model on two devices of the
-pool, each computing its gradients, then each device receiving the other's and adding them, less the same without
-the exchange). Gradients the model's own backward made cross between workers several times slower than a tensor
-made alone (on two single-core cluster workers, 8 Dense(1024) layers: about 1.1 ns/B against 0.15), so two copies of
-the model compute them here.
+per byte and latency), and, as a step runs them, the copies' gradient exchange (`_exchange`: the model's pieces on two
+devices of the pool, each computing its gradients, then each device receiving the other's and adding them, less the
+same without the exchange) and a crossing (`_crossing`: the pieces' F+B+W with the second half on the other device,
+less all on one). Both cost a step far more than a copy timed alone: on two single-core cluster workers, gradients
+from the model's own backward crossed at about 1.1 ns/B against 0.15 for a tensor made alone.
+
+On one physical device (logical devices of one CPU or GPU) every action runs after the one before: a step is the
+sum of its actions whatever the schedule, so the model is timed whole and each piece takes its share by weights.
 
 A cut model's pieces are also checked against the whole: the model as one piece is timed (F+B+W) at
 every size the pieces were, and every piece's times at a size are scaled by the whole's time over the
@@ -242,7 +245,7 @@ def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: s
 
 def _chain_step(chain: Sequence[tuple[keras.Model, str]], size: int, shape: tuple[int, ...]):
     """A compiled F+B+W of `chain` (each model on its device, in turn: a tensor crossing where the device
-    changes) on `size` examples made on the first device: its gradients, one list per device."""
+    changes) on `size` examples made on the first device: the gradients of its weights, in the chain's order."""
     @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
     def run(seed):
         with tf.device(chain[0][1]):
@@ -253,8 +256,7 @@ def _chain_step(chain: Sequence[tuple[keras.Model, str]], size: int, shape: tupl
                 with tf.device(device):
                     h = m(tf.identity(h), training=True)
             loss = tf.reduce_sum(h)
-        grads = tape.gradient(loss, [v for m, _ in chain for v in m.trainable_variables])
-        return grads
+        return tape.gradient(loss, [v for m, _ in chain for v in m.trainable_variables])
     return run
 
 
