@@ -47,8 +47,9 @@ class Costs:
     `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `update_s`: a
     stage's update's fixed cost (`update[j]` is piece j's share by its weights); `transfer_*`,
     `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
-    exchange (what it adds to a step beyond the backward it overlaps, per byte of a device's gradients); `devices`: the pool the plans draw from, `physical[i]`: the physical device behind
-    `devices[i]` (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
+    exchange (what it adds to a step beyond the backward it overlaps, per byte of a device's gradients);
+    `devices`: the pool the plans draw from, `physical[i]`: the physical device behind `devices[i]`
+    (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
 
     pieces: tuple[tuple[int, int], ...]
     sizes: tuple[int, ...]

@@ -1,18 +1,18 @@
 """Measuring what `placement.plan=auto` predicts from (`chain.planning.search.Costs`), on the run's devices.
 
-Each piece of the model (a cut model's pieces between its allowed cuts, or a built-in model's stages)
-is timed on one device of the pool (logical devices cut from one physical device share its compute,
-as `chain.stages.timing` times them: once per physical device kind, not per candidate), at a few
-microbatch sizes: its forward (F), forward and input gradient (F+B) and forward and every gradient
-(F+B+W), each one compiled function whose batch dimension is free (one trace serves every size), so
-B = (F+B) - F and W = (F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a
-call's own cost (the step's fixed cost), the update of the piece with the most parameters (the
-others scaled by their parameters; a cut model's: the whole's), a copy between two devices of the pool at two sizes (seconds
-per byte and latency), and, as a step runs them, the copies' gradient exchange (`_exchange`: the model's pieces on two
-devices of the pool, each computing its gradients, then each device receiving the other's and adding them, less the
-same without the exchange) and a crossing (`_crossing`: the pieces' F+B+W with the second half on the other device,
-less all on one). Both cost a step far more than a copy timed alone: on two single-core cluster workers, gradients
-from the model's own backward crossed at about 1.1 ns/B against 0.15 for a tensor made alone.
+Each piece of the model (a cut model's pieces between its allowed cuts, or a built-in model's stages) is timed
+on one device of the pool (logical devices cut from one physical device share its compute, as
+`chain.stages.timing` times them: once per physical device kind, not per candidate), at a few microbatch
+sizes: its forward (F), forward and input gradient (F+B) and forward and every gradient (F+B+W), each one
+compiled function whose batch dimension is free (one trace serves every size), so B = (F+B) - F and W =
+(F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a call's own cost (the step's fixed
+cost), the update of the piece with the most parameters (the others scaled by their parameters; a cut model's:
+the whole's), a copy between two devices of the pool at two sizes (seconds per byte and latency), and, as a
+step runs them, the copies' gradient exchange (`_exchange`: the model's pieces on two devices of the pool,
+each computing its gradients, then each device receiving the other's and adding them, less the same without
+the exchange) and a crossing (`_crossing`: the pieces' F+B+W with the second half on the other device, less
+all on one). The exchange costs a step far more than a copy timed alone: on two single-core cluster workers,
+gradients from the model's own backward crossed at about 1.1 ns/B against 0.15 for a tensor made alone.
 
 On one physical device (logical devices of one CPU or GPU) every action runs after the one before: a step is the
 sum of its actions whatever the schedule, so the model is timed whole and each piece takes its share by weights.
