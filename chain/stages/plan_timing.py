@@ -337,7 +337,7 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
     an earlier piece built alike (the same layers on the same input), whose times piece j takes. `whole`:
     the pieces as one model (a cut model's), which scales the pieces' times (module docstring). `twin`: the
     model's pieces again on `pool[1]`, with `reduce` the copies' averaging: they time the copies' exchange and a
-    crossing as a step runs them (else the exchange is taken as two copies, there and back)."""
+    crossing as a step runs them (needed when `pool[0]` and `pool[1]` are two physical devices)."""
     logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
     level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
     logger.setLevel(logging.ERROR)
@@ -435,28 +435,28 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     held, held_params = (whole, sum(params)) if whole is not None else (models[largest], params[largest])
     per_param = _update(held, optimizer(), device, call) / max(held_params, 1)
     update = tuple(per_param * params[j] for j in range(len(models)))
-    exchange_per_byte, exchange_latency = 0.0, 0.0
     if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
+        if twin is None or reduce is None:
+            raise ValueError("plan_timing.measure: two physical devices need the model's twin on the second and the "
+                             "copies' averaging, to time the exchange and a crossing as a step runs them")
         per_byte, latency = _transfer(pool[0], pool[1])
-        exchange_per_byte, exchange_latency = 2 * per_byte, 2 * latency
-        if twin is not None and reduce is not None:  # as a step runs them: the exchange, per byte of gradients
-            exchange_per_byte = (_exchange([list(models), list(twin)], pool[:2], measured[0], reduce)
-                                 / max(4 * sum(params), 1))
-            exchange_latency = 0.0
-            if len(models) > 1:  # and a crossing, at the middle piece's cut (its latency beyond its bytes' time)
-                cut = len(models) // 2
-                size = measured[len(measured) // 2]
-                ran = _crossing(models, twin, pool[:2], size, cut)
-                latency = max(latency, ran - per_byte * 4 * size * _floats(models[cut - 1].output_shape[1:]))
+        # as a step runs them: the exchange, per byte of gradients, and a crossing at the middle piece's cut (its
+        # latency beyond its bytes' time)
+        exchanged = _exchange([list(models), list(twin)], pool[:2], measured[0], reduce)
+        exchange_per_byte = exchanged / max(4 * sum(params), 1)
+        if len(models) > 1:
+            cut = len(models) // 2
+            size = measured[len(measured) // 2]
+            ran = _crossing(models, twin, pool[:2], size, cut)
+            latency = max(latency, ran - per_byte * 4 * size * _floats(models[cut - 1].output_shape[1:]))
     else:  # logical devices of one physical device: a copy is the sending device's tensor (its cost is the action's)
-        per_byte, latency = 0.0, 0.0
+        per_byte, latency, exchange_per_byte = 0.0, 0.0, 0.0
     crossing = tuple(_floats(m.output_shape[1:]) for m in models)
     return Costs(pieces=tuple(tuple(p) for p in pieces), sizes=tuple(measured), forward=tuple(forward),
                  input_grad=tuple(input_grad), weight_grad=tuple(weight_grad), update=update, crossing=crossing,
                  params=tuple(params), action_s=action, update_s=action, step_s=call,
                  transfer_s_per_byte=per_byte,
-                 transfer_latency_s=latency, exchange_s_per_byte=exchange_per_byte,
-                 exchange_latency_s=exchange_latency,
+                 transfer_latency_s=latency, exchange_s_per_byte=exchange_per_byte, exchange_latency_s=0.0,
                  devices=tuple(pool), physical=tuple(physical.get(d, d) for d in pool), fixed_cut=fixed_cut,
                  measuring_s=time.perf_counter() - started, notes=tuple(notes))
 
