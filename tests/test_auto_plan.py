@@ -44,6 +44,15 @@ def applied(overrides, **kw):
     return replace(spec, placement=building.apply(spec))
 
 
+def two_physical(monkeypatch) -> list[str]:
+    """plan=auto's pool made two logical devices taken as two physical ones (the crossing's timing made
+    nothing): the pool."""
+    pool = DEVICES[:2]
+    monkeypatch.setattr(planned, "_pool", lambda spec: (pool, {pool[0]: "A", pool[1]: "B"}))
+    monkeypatch.setattr(plan_timing, "_crossing", lambda *a: 0.0)
+    return pool
+
+
 def assert_bit_identical(a, b, steps: int = 3) -> None:
     it = iter(a.batches())
     for _ in range(steps):
@@ -132,9 +141,7 @@ def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_updat
     monkeypatch.setattr(plan_timing._Piece, "time", fake_time)
     monkeypatch.setattr(plan_timing, "_update", fake_update)
     monkeypatch.setattr(plan_timing, "_exchange", lambda *a: 0.0)
-    monkeypatch.setattr(plan_timing, "_crossing", lambda *a: 0.0)
-    pool = DEVICES[:2]  # two physical devices: the pieces are timed (on one, only the whole: the next test)
-    monkeypatch.setattr(planned, "_pool", lambda spec: (pool, {pool[0]: "A", pool[1]: "B"}))
+    two_physical(monkeypatch)  # the pieces are timed apart (on one physical device, only the whole: the next test)
     spec = applied(["+stages=2"])
     costs = planned.measured(spec, None, small_model()).costs
     n = len(costs.pieces)
@@ -273,8 +280,8 @@ def test_on_one_physical_device_the_model_is_timed_once_and_its_pieces_share_it_
 
 
 def test_the_copies_exchange_is_timed_as_a_step_runs_it_and_only_between_physical_devices(monkeypatch):
-    """With two physical devices in the pool, the copies' exchange is `plan_timing._exchange` of the whole
-    model on each (its gradients from the model's own backward), per byte of gradients; on logical
+    """With two physical devices in the pool, the copies' exchange is `plan_timing._exchange` of the model's
+    pieces on each (its gradients from the model's own backward), per byte of gradients; on logical
     devices of one physical device nothing crosses (0)."""
     seen = []
 
@@ -283,12 +290,10 @@ def test_the_copies_exchange_is_timed_as_a_step_runs_it_and_only_between_physica
         return 4e-3
 
     monkeypatch.setattr(plan_timing, "_exchange", fake_exchange)
-    monkeypatch.setattr(plan_timing, "_crossing", lambda *a: 0.0)
     spec = applied(["+stages=2"])
     same = planned.measured(spec, None, small_model()).costs
     assert not seen and same.exchange_s_per_byte == 0 and same.exchange_latency_s == 0
-    pool = DEVICES[:2]
-    monkeypatch.setattr(planned, "_pool", lambda spec: (pool, {pool[0]: "A", pool[1]: "B"}))
+    pool = two_physical(monkeypatch)
     costs = planned.measured(spec, None, small_model()).costs
     [(copies, devices, size, reduce)] = seen
     from chain.pipeline.replicas import reduce_mean

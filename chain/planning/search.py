@@ -184,16 +184,18 @@ def replay(schedule: Schedule, times: Sequence[StageTimes], costs: Costs, *, rep
             last[a.stage] = max(last.get(a.stage, 0.0), end[a])
     updates = []
     for row in range(n_rows):
-        # a device's stages exchange their gradients together, after its last action: the exchange was measured
-        # as the time it adds to a step beyond the backward it overlaps (`Costs`), so a stage whose backward ends
-        # before its device's last does not overlap it again
         stages = schedule.row_stages(row)
-        exchange = (costs.exchange_latency_s + sum(times[k].params for k in stages) * FLOAT_BYTES
-                    * costs.exchange_s_per_byte if replicas > 1 else 0.0)
-        ready = max(last[k] for k in stages) + exchange
+        ready = {k: last[k] for k in stages}
+        if replicas > 1:
+            # a device's stages exchange their gradients together, after its last action: the exchange was measured
+            # as the time it adds to a step beyond the backward it overlaps (`Costs`), so a stage whose backward
+            # ends before its device's last does not overlap it again
+            exchanged = max(ready.values()) + costs.exchange_latency_s + \
+                sum(times[k].params for k in stages) * FLOAT_BYTES * costs.exchange_s_per_byte
+            ready = dict.fromkeys(stages, exchanged)
         for k in stages:
             for r in range(replicas):
-                updates.append((ready if replicas > 1 else last[k], r * n_rows + row, times[k].update))
+                updates.append((ready[k], r * n_rows + row, times[k].update))
     for ready, i, d in sorted(updates):
         start = max(ready, free[i], phys_free[phys[i]])
         free[i] = phys_free[phys[i]] = start + d

@@ -40,6 +40,7 @@ from typing import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from chain.planning.devices import canonical
 from chain.planning.search import Costs
 
 CALLS = 5  # timed calls per measurement at most (the least is taken)
@@ -152,7 +153,7 @@ def _action_cost(pool: Sequence[str]) -> float:
     of the device, the action's end as a control edge, a release op on the host and the host's progress
     marker assigned), less a chain of one, per action. A copy between devices is not in it: the replay
     adds the measured transfer on each crossing."""
-    host = "/device:CPU:0"
+    host = _host()
     with tf.device(host):
         marker = tf.Variable(0, dtype=tf.int64, trainable=False)
     with tf.device(pool[0]):
@@ -173,13 +174,7 @@ def _action_cost(pool: Sequence[str]) -> float:
                 return tf.identity(tf.reduce_sum(x))
         return actions
 
-    x = tf.ones((8,))
-    one, many = chained(1), chained(ACTIONS + 1)
-    _seconds(one, x)
-    _seconds(many, x)
-    low = min(_seconds(one, x) for _ in range(5))
-    high = min(_seconds(many, x) for _ in range(5))
-    return max(high - low, 0.0) / ACTIONS
+    return _least_apart(chained(ACTIONS + 1), chained(1), tf.ones((8,)), calls=5) / ACTIONS
 
 
 def _transfer(a: str, b: str) -> tuple[float, float]:
@@ -199,15 +194,7 @@ def _transfer(a: str, b: str) -> tuple[float, float]:
             x = tf.fill(tf.reshape(n, [1]), 1.0) * 1.0
             return tf.reduce_sum(x)
 
-    points = []
-    for n in (256, 1 << 18):
-        size = tf.constant(n)
-        _seconds(copy, size)
-        _seconds(stay, size)
-        moved = min(_seconds(copy, size) for _ in range(3))
-        kept = min(_seconds(stay, size) for _ in range(3))
-        points.append((4 * n, max(moved - kept, 0.0)))
-    (b0, t0), (b1, t1) = points
+    (b0, t0), (b1, t1) = [(4 * n, _least_apart(copy, stay, tf.constant(n), calls=3)) for n in (256, 1 << 18)]
     per_byte = max(0.0, (t1 - t0) / (b1 - b0))
     return per_byte, max(0.0, t0 - per_byte * b0)
 
@@ -260,13 +247,13 @@ def _chain_step(chain: Sequence[tuple[keras.Model, str]], size: int, shape: tupl
     return run
 
 
-def _least_apart(a: Callable, b: Callable, *args) -> float:
-    """The least of a few calls of `a` less the least of as many of `b` (alternated: a change of the
-    machine's load shows in both)."""
+def _least_apart(a: Callable, b: Callable, *args, calls: int = MIN_CALLS + 1) -> float:
+    """The least of `calls` calls of `a` less the least of as many of `b`, after one untimed call of each
+    (which may trace); alternated, so a change of the machine's load shows in both."""
     _seconds(a, *args)
     _seconds(b, *args)
     ta, tb = [], []
-    for _ in range(MIN_CALLS + 1):
+    for _ in range(calls):
         ta.append(_seconds(a, *args))
         tb.append(_seconds(b, *args))
     return max(min(ta) - min(tb), 0.0)
@@ -360,17 +347,16 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     # is timed as one piece, each piece's share of it by its weights
     apart = len({physical.get(d, d) for d in pool}) > 1
     shares = None
+    if not apart:
+        notes.append("one physical device: its actions run one at a time, so " +
+                     ("the model is timed whole (each piece's share by its weights) and " if len(models) > 1 else "") +
+                     "F, B and W are not timed apart (each taken as a third of the pass)")
     if not apart and len(models) > 1:
-        notes.append("one physical device: its actions run one at a time, so the model is timed whole (each piece's "
-                     "share by its weights) and F, B and W are not timed apart (each taken as a third of the pass)")
         chained = whole or keras.Sequential([keras.Input(models[0].input_shape[1:]), *models], name="plan_chain")
         total = sum(params)
         shares = [p / total if total else 1 / len(models) for p in params]
         timed, same = [_Piece(chained, device)], [0]
     else:
-        if not apart:
-            notes.append("one physical device: its actions run one at a time, so F, B and W are not timed apart "
-                         "(each taken as a third of the pass)")
         timed = [_Piece(m, device) for m in models]  # (traced only when first called)
     order = sorted(set(sizes), reverse=True)
     # always measured: the largest and smallest size and the one halfway between (by ratio), since a pass's
@@ -428,7 +414,8 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         forward, input_grad, weight_grad = ([tuple(t * share for t in row[0]) for share in shares]
                                             for row in (forward, input_grad, weight_grad))
     action = _action_cost(pool[:1])
-    action += (ACTION_SCALE - 1) * (action if _is_local(pool[0]) else _action_cost(["/device:CPU:0"]))
+    local = not canonical(pool[0]).startswith("/job:")  # this process's device, not a cluster worker's
+    action += (ACTION_SCALE - 1) * (action if local else _action_cost([_host()]))
     largest = max(range(len(models)), key=lambda j: params[j])
     # the whole's update when there is one (timed once, all the weights), else the largest piece's; each
     # piece's share by its weights, a stage's update one action more
@@ -477,9 +464,12 @@ def _scales(whole: keras.Model | None, measured: Sequence[int], found: Mapping[t
     return out
 
 
-def _is_local(device: str) -> bool:
-    """Whether `device` is this process's own (not a cluster worker's)."""
-    return not device.startswith("/job:") or device.startswith("/job:localhost")
+def _host() -> str:
+    """This process's CPU, fully named, as the step names its host (`chain.pipeline.step.host`): a partial
+    `/device:CPU:0` leaves the job and task to the placer, which in a cluster may pick a worker's CPU."""
+    from chain.internals import tf_private
+
+    return tf_private.host_address_space() + "/device:CPU:0"
 
 
 def _between(sizes: Sequence[int]) -> list[int]:

@@ -42,9 +42,9 @@ class Stage:
     `shared`: its copies of weights that other stages hold too (a cut model's tied weights).
     `borrowed`: tied weights this stage's model reads but an earlier stage on the same device owns
     (zbv's first and last stages share device 0; or `placement.devices` names one device twice): one
-    variable, not a copy. They are not this stage's
-    `trainable_variables` (its optimizer, checkpoint and global norm leave them to the owner); its
-    backward differentiates them too (`gradient_variables`) and adds their gradients to the owner's.
+    variable, not a copy. They are not this stage's `trainable_variables` (its optimizer, checkpoint and
+    global norm leave them to the owner); its backward differentiates them too (`gradient_variables`)
+    and adds their gradients to the owner's.
     `whole`: for a piece of a cut model, re-creates the uncut model (each tied weight once), which
     the export fills with the stages' trained weights (`chain.state.export`).
     """

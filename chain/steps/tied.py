@@ -10,8 +10,9 @@ optimizer, whose slots started equal too: every copy takes the identical update 
 copies stay identical. The global norm (`chain.steps.clipping`) counts the variable once.
 
 When the later holder is on the first holder's device (zbv's last stage shares device 0 with the
-first; `placement.devices` naming one device twice), it holds no copy: it reads the first holder's variable (`Stage.borrowed`), and its backward
-adds its gradient to the first holder's sums (`lend_back`), where the one optimizer applies it.
+first; `placement.devices` naming one device twice), it holds no copy: it reads the first holder's
+variable (`Stage.borrowed`), and its backward adds its gradient to the first holder's sums
+(`lend_back`), where the one optimizer applies it.
 
 The numerics guard (`chain.steps.numerics`) judges each stage's update alone, so a stage whose
 other gradients are not finite would skip while another holder applies the tied update, and the
