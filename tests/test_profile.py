@@ -15,7 +15,9 @@ import chain
 from chain.errors import ConfigError
 from chain.schedule import schedules
 from chain.schedule.schedules import Action
-from chain.pipeline import idle, timeline
+from chain.pipeline import idle, measured_grid, timeline
+from chain.records.measured import Measured
+from chain.records.serial import from_json
 from chain.pipeline.timeline import OpEvent
 
 SMALL = ["model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
@@ -65,6 +67,15 @@ def test_the_summary_holds_the_measured_figures(profiled):
     assert timeline.trace_files(os.path.join(run_dir, "tb", "chain"))
 
 
+def test_the_measured_grid_lists_every_action_of_every_stage_in_its_order(profiled):
+    """The log's measured grid: a cell per action (4 F and 4 B per stage), each row in the plan's order."""
+    run, _, measured, _ = profiled
+    lines = measured_grid.render(from_json(Measured, measured), run.schedule, measured["devices"]).splitlines()
+    for k, (line, planned) in enumerate(zip(lines[1:4], run.schedule.actions)):
+        assert line.startswith(f"stage {k}  {measured['devices'][k]}  "), line
+        assert [c for c in line.split()[3:] if c not in "-."] == [str(a) for a in planned], line
+
+
 def test_profiling_does_not_change_training(profiled):
     run, summary, _, _ = profiled
     cfg = chain.compose(["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", *SMALL,
@@ -83,8 +94,8 @@ def test_zb1_interleaved_and_zbv_are_measured_action_by_action(schedule, overrid
     """Every F, B and W of every stage is in the measured timeline, in the schedule's order for
     that stage. The log's plan and the report's planned chart have one row per device (interleaved,
     zbv: two stages each, every cell naming its stage), the report's measured chart one per stage, and
-    both charts draw W bars for zb1 and zbv. (The measured text grid is not checked cell by cell: on a
-    loaded machine a short action may fill no slot of it.)"""
+    both charts draw W bars for zb1 and zbv; the log's measured grid has a row per stage with a cell
+    per action."""
     run_dir = str(tmp_path)
     cfg = chain.compose([*overrides, "mode=e2e", f"pipeline.schedule={schedule}", "pipeline.microbatches=2", *SMALL,
                          "trainer.steps=3", "trainer.profile=[2,3]"])
@@ -104,6 +115,9 @@ def test_zb1_interleaved_and_zbv_are_measured_action_by_action(schedule, overrid
     assert 0.0 <= summary["measured_bubble_fraction"] < 1.0
     (text,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planned and measured timelines")]
     plan = text.split("\nmeasured: step ", 1)[0].splitlines()
+    for k, line in enumerate(text.split("\nmeasured: step ", 1)[1].splitlines()[1:1 + len(run.stages)]):
+        planned = [str(a) for row in run.schedule.actions for a in row if a.stage == k]
+        assert [c for c in line.split()[3:] if c not in "-."] == planned, line
     if schedule == "zb1":
         assert "W: weight gradients" in plan[1] and {"W0", "W1"} <= set(plan[2].split())  # stage 0's row
         devices = ["stage 0  /device:CPU:0", "stage 1  /device:CPU:1"]
@@ -205,7 +219,8 @@ def test_unit_time_actions_measure_the_planned_bubble(name):
     assert [p.forward_ms for p in m.per_stage] == pytest.approx([3 * 1e-3] * s.stages)
     if name != "interleaved":  # the measured text grid has a row per stage, the plan one per device
         # the text grid of a step that followed the plan is the plan
-        assert timeline.grid(m, m.steps[0], schedules.simulate(s).slots) == schedules.simulate(s).grid
+        laid = measured_grid.grid(m, m.steps[0])
+        assert laid.cells == schedules.simulate(s).grid and not any(map(any, laid.running))
 
 
 def test_a_missing_action_leaves_its_step_out_of_the_statistics():
@@ -338,10 +353,8 @@ def network(run) -> tuple[int, list[tuple[str, list[tuple]]]]:
 
 def advice_for(run, busy, tmp_path) -> dict | None:
     """The advice the profiler gives `run` for measured busy times `busy` (ms per step, per stage)."""
+    from chain.records.serial import to_json
     from chain.training.profile import Window
-
-    from chain.records.measured import Measured
-    from chain.records.serial import from_json, to_json
 
     advice = Window(run, 1, 1).advice(from_json(Measured, {"per_stage": [{"busy_ms": b} for b in busy]}))
     return None if advice is None else to_json(advice)  # as timeline.json holds it

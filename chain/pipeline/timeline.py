@@ -46,10 +46,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from chain.planning import balance
-from chain.errors import plural
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
-from chain.schedule.schedules import (BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, Timeline, rounds, rows,
-                                      simulate, update_of)
+from chain.schedule.schedules import BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, rounds, simulate, update_of
 
 MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)
 SLOW = 0.2  # a stage busier than the mean by more than this share is the bottleneck the advice evens
@@ -424,29 +422,7 @@ def advice_text(advice: Advice, override: str | None) -> str:
     return f"{text}: {override}" if override else text
 
 
-# --- the text grid -----------------------------------------------------------------------------
-
-
-def grid(measured: Measured, step: MeasuredStep, slots: int) -> tuple[tuple[Action | None, ...], ...]:
-    """`step`'s actions on a grid of `slots` equal time slots over its span: in each slot, the
-    action that fills most of it on each stage (of every copy: `row_of`; idle when none fills half)."""
-    acts = step.actions
-    t0 = min(a.start_ms for a in acts)
-    width = (max(a.end_ms for a in acts) - t0) / slots
-    out = []
-    for k in range(measured.stages * (measured.replicas or 1)):  # None: a timeline.json from before copies
-        mine = [a for a in acts if row_of(a.stage, a.replica or 0, measured.stages) == k]
-        row = []
-        for t in range(slots):
-            lo, hi = t0 + t * width, t0 + (t + 1) * width
-            best, cover = None, 0.0
-            for a in mine:
-                c = min(hi, a.end_ms) - max(lo, a.start_ms)
-                if c > cover:
-                    best, cover = a, c
-            row.append(action(best) if best and cover >= width / 2 else None)
-        out.append(tuple(row))
-    return tuple(out)
+# --- what a timeline shows (the text grid: `chain.pipeline.measured_grid`) ---------------------
 
 
 def action(measured: MeasuredAction) -> Action:
@@ -458,33 +434,3 @@ def shown(measured: Measured) -> MeasuredStep | None:
     """The step a timeline shows: the last complete one (the first may include tracing the step)."""
     done = [s for s in measured.steps if s.complete]
     return done[-1] if done else None
-
-
-def columns(step: MeasuredStep, planned_slots: int) -> int:
-    """How many slots the measured grid of `step` gets: one per shortest kind of action (the mean F
-    or B, whichever is shorter), so every action shows; between the plan's count and 4 times it."""
-    acts = step.actions
-    span = max(a.end_ms for a in acts) - min(a.start_ms for a in acts)
-    means = [sum(d) / len(d) for kind in (FORWARD, BACKWARD)
-             if (d := [a.end_ms - a.start_ms for a in acts if a.kind == kind])]
-    shortest = min(means) if means and min(means) > 0 else span / planned_slots
-    return max(planned_slots, min(4 * planned_slots, round(span / shortest)))
-
-
-def render(measured: Measured, schedule: Schedule, devices: Sequence[str] | None = None) -> str:
-    """The `shown` step as the plan's text grid, in real time: equal slots over the step's span,
-    each as long as the shorter kind of action takes (`columns`), then the measured and planned bubble."""
-    step = shown(measured)
-    if step is None:
-        return "measured timeline: no profiled step holds every action of the schedule"
-    done = [s for s in measured.steps if s.complete]
-    planned = simulate(schedule)
-    slots = columns(step, planned.slots)
-    cells = grid(measured, step, slots)
-    span = max(a.end_ms for a in step.actions) - min(a.start_ms for a in step.actions)
-    lines = [f"measured: step {step.step}, {span:.2f} ms in {plural(slots, 'slot')} of {span / slots:.3f} ms "
-             "(each slot: the action that filled most of it)"]
-    lines += rows(Timeline(cells), devices, replicas=measured.replicas or 1)
-    lines.append(f"measured bubble fraction: {measured.measured_bubble_fraction:.3f} (idle time / all time, "
-                 f"mean of {len(done)} step{'s' if len(done) > 1 else ''}); planned: {planned.bubble_fraction:.3f}")
-    return "\n".join(lines)

@@ -30,6 +30,7 @@ WEIGHT = "W"  # a split schedule's weight-gradient half of a backward
 KINDS = (FORWARD, BACKWARD, WEIGHT)
 UPDATE = "update"  # after its last backward, each stage applies its gradients (not an action of the schedule)
 GRADIENT_TAPE = "gradient_tape/"  # the prefix `tf.GradientTape` gives the gradient ops of a scope's ops
+IDLE, RUNNING = ".", "-"  # a grid's empty cell: its row idles; its row still runs an action to its left (measured)
 DONE = "done"  # the no-op that ends each action in the step: it waits on the action's ops, it is not their work
 
 
@@ -554,12 +555,15 @@ def backward_at_once(schedule: Schedule) -> frozenset[tuple[int, int]]:
 
 
 def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None,
-         replicas: int = 1, marked: Sequence[Action | None] = ()) -> list[str]:
+         replicas: int = 1, marked: Sequence[Action | None] = (),
+         running: Sequence[Sequence[bool]] = ()) -> list[str]:
     """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).
     `devices[k]` is stage k's device; a `schedule` whose devices hold several stages labels each
     row with its device and stages, and each cell with its stage (`F3@s2`). With `replicas` copies
     of the pipeline the grid holds copy 0's stages, then copy 1's, ...: each row says its copy.
     `marked[i]`: the action of row i drawn `>F2` (a stalled step's, `chain.pipeline.stalled`).
+    `running[i][t]`: row i's empty cell t drawn `-` (still running an action to its left: a measured
+    step's, `chain.pipeline.measured_grid`), not `.` (idle).
 
         stage 0  /device:CPU:0  F0 F1 .  .  B0 B1
     """
@@ -578,8 +582,12 @@ def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Sch
     pad = max(len(s) for s in labels)
     lines = []
     flag = (lambda a, here: ">" if a is not None and a == here else " ") if any(mark) else (lambda a, here: "")
-    for label, row, here in zip(labels, timeline.grid, mark):
-        cells = " ".join((flag(a, here) + (plain(a) if a is not None else ".")).ljust(width) for a in row)
+    def empty(i: int, t: int) -> str:
+        return RUNNING if i < len(running) and t < len(running[i]) and running[i][t] else IDLE
+
+    for i, (label, row, here) in enumerate(zip(labels, timeline.grid, mark)):
+        cells = " ".join((flag(a, here) + (plain(a) if a is not None else empty(i, t))).ljust(width)
+                         for t, a in enumerate(row))
         lines.append(f"{label.ljust(pad)}  {cells}".rstrip())
     return lines
 

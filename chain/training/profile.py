@@ -37,7 +37,7 @@ from chain.records.summaries import ProfileFields, StageTimes, Summary
 from chain.config.checks import profile_ports
 from chain.config.schema import Builder, KerasModel, StageSpec, plain
 from chain.errors import ChainError, ConfigError
-from chain.pipeline import timeline
+from chain.pipeline import measured_grid, timeline
 from chain.state.atomic import write_json, writing
 
 log = logging.getLogger("chain")
@@ -252,7 +252,7 @@ class Window:
         note = ("\nnote: logical CPU devices of one process share its threads: the trace shows order, not overlap"
                 if result.shared_threads else "")
         log.info("planned and measured timelines (%s):\n%s\n%s%s", TIMELINE, plan,
-                 timeline.render(result, run.schedule, devices), note)
+                 measured_grid.render(result, run.schedule, devices), note)
         if result.advice:
             log.warning("balance: %s", result.advice.text)
 
