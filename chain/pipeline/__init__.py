@@ -6,7 +6,8 @@ builders, `simulate`, the op names) is `chain.schedule`'s, a lower layer that th
   the chain's objective, `chain.strategies.objectives.ChainObjective`); `replicas`: `Replicated`,
   R copies of it.
 - `timeline`: a profiler trace of that step read back into the measured actions
-  (`Action.parse`), their statistics and the balance advice.
+  (`Action.parse`), their statistics and the balance advice; `measured_grid`: a measured step as
+  the plan's text grid, a cell per action (no TensorFlow).
 - `progress`: the host's markers of how far each device of a running step has come
   (`trainer.stall_s`); `stalled`: where a stalled step waits, from them (no TensorFlow).
 
