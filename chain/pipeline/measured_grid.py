@@ -49,6 +49,11 @@ class MeasuredGrid:
         return Timeline(self.cells)
 
 
+def _row(a: MeasuredAction, stages: int) -> int:
+    """The grid's row of `a`: its stage in its copy of the pipeline (`row_of`)."""
+    return row_of(a.stage, a.replica or 0, stages)  # None: a timeline.json from before copies
+
+
 def ticks(actions: Sequence[MeasuredAction], stages: int) -> list[int]:
     """The column of each of `actions` (one step's), by the rules of this module's docstring."""
     order = sorted(range(len(actions)), key=lambda i: actions[i].start_ms)  # stable: a row's own order on ties
@@ -58,7 +63,7 @@ def ticks(actions: Sequence[MeasuredAction], stages: int) -> list[int]:
     frontier = 0
     for n, i in enumerate(order):
         a = actions[i]
-        row = row_of(a.stage, a.replica or 0, stages)
+        row = _row(a, stages)
         mine = action(a)
         before = [column[j] + 1 for j in order[:n] if actions[j].end_ms <= a.start_ms]
         after = [last[row] + 1] if row in last else []
@@ -72,7 +77,7 @@ def ticks(actions: Sequence[MeasuredAction], stages: int) -> list[int]:
 def grid(measured: Measured, step: MeasuredStep) -> MeasuredGrid:
     """`step`'s actions on ticks (`ticks`), a row per stage of every copy (`row_of`)."""
     acts = step.actions
-    n_rows = measured.stages * (measured.replicas or 1)  # None: a timeline.json from before copies
+    n_rows = measured.stages * (measured.replicas or 1)
     column = ticks(acts, measured.stages)
     width = max(column) + 1
     starts = [min(a.start_ms for a, c in zip(acts, column) if c == t) for t in range(width)]
@@ -80,11 +85,10 @@ def grid(measured: Measured, step: MeasuredStep) -> MeasuredGrid:
     cells: list[list[Action | None]] = [[None] * width for _ in range(n_rows)]
     running = [[False] * width for _ in range(n_rows)]
     for a, c in zip(acts, column):
-        cells[row_of(a.stage, a.replica or 0, measured.stages)][c] = action(a)
+        cells[_row(a, measured.stages)][c] = action(a)
     pause = MEASURABLE * sum(a.end_ms - a.start_ms for a in acts) / len(acts)
     for r in range(n_rows):
-        busy = _merged([(a.start_ms, a.end_ms) for a in acts if row_of(a.stage, a.replica or 0, measured.stages) == r],
-                       pause)
+        busy = _merged([(a.start_ms, a.end_ms) for a in acts if _row(a, measured.stages) == r], pause)
         first = next((t for t in range(width) if cells[r][t] is not None), width)
         for t in range(first + 1, width):
             if cells[r][t] is None:
@@ -115,7 +119,7 @@ def durations(measured: Measured, step: MeasuredStep) -> str:
     n_rows = measured.stages * (measured.replicas or 1)
     parts = []
     for r in range(n_rows):
-        mine = [a for a in step.actions if row_of(a.stage, a.replica or 0, measured.stages) == r]
+        mine = [a for a in step.actions if _row(a, measured.stages) == r]
         means = [f"{kind} {sum(d) / len(d):.3f}" for kind in KINDS
                  if (d := [a.end_ms - a.start_ms for a in mine if a.kind == kind])]
         copy = f"copy {r // measured.stages} " if (measured.replicas or 1) > 1 else ""
@@ -133,7 +137,7 @@ def render(measured: Measured, schedule: Schedule, devices: Sequence[str] | None
     laid = grid(measured, step)
     span = max(a.end_ms for a in step.actions) - min(a.start_ms for a in step.actions)
     lines = [f"measured: step {step.step}, {span:.2f} ms, {plural(len(laid.starts_ms), 'tick')} (a cell per action, "
-             "right of every action that ended before it started; -: still running, .: idle)"]
+             "in the order they started; -: still running, .: idle)"]
     lines += rows(laid.timeline(), devices, replicas=measured.replicas or 1, running=laid.running)
     lines.append(durations(measured, step))
     lines.append(f"measured bubble fraction: {measured.measured_bubble_fraction:.3f} (idle time / all time, "

@@ -582,6 +582,7 @@ def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Sch
     pad = max(len(s) for s in labels)
     lines = []
     flag = (lambda a, here: ">" if a is not None and a == here else " ") if any(mark) else (lambda a, here: "")
+
     def empty(i: int, t: int) -> str:
         return RUNNING if i < len(running) and t < len(running[i]) and running[i][t] else IDLE
 
