@@ -87,6 +87,22 @@ class Cuttable:
         return sum(math.prod(d or 1 for d in t.shape[1:]) * (1 + (id(t) in self.masked))
                    for t in self.boundary[position])
 
+    def structure(self) -> list[Any]:
+        """What the model computes, as plain values (its weights' values aside): each layer's class, its
+        configuration (its name aside), its outputs' and weights' shapes; the ops between layers; the shapes
+        crossing each cut. Two models alike in these take the same time."""
+        layers = []
+        for layer, node in zip(self.layers, self.nodes):
+            try:
+                config = {k: v for k, v in layer.get_config().items() if k != "name"}
+            except Exception:  # a user's layer may raise anything here: its class and shapes stand for it
+                config = None
+            layers.append([f"{type(layer).__module__}.{type(layer).__qualname__}", config,
+                           [list(t.shape) for t in node.outputs], [list(v.shape) for v in layer.weights]])
+        ops = {str(k): [type(n.operation).__name__ for n in nodes] for k, nodes in sorted(self.ops.items())}
+        cuts = [[list(t.shape) for t in self.boundary[c]] for c in sorted(self.boundary)]
+        return [layers, ops, cuts]
+
     def points(self) -> list[int]:
         """0, every cut one tensor crosses (`allowed`), and the layer count: the pieces `balance=time` times."""
         return [0, *self.allowed, len(self.layers)]
