@@ -174,7 +174,7 @@ def plan_auto(shape: Shape, base: list[str], run_dir: str, budget: float | None)
     spec = replace(spec, placement=building.apply(spec))
     m = planned.measured(spec, run_dir, make(shape))  # as `planned.settle` does
     plan = plan_choice.choose(spec, m.costs, m.stage_cost)
-    plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached)
+    plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached, cache=m.cache)
     chosen = plan_choice.planned(spec, plan)
     return spec, m, chosen, time.perf_counter() - started
 

@@ -5,7 +5,9 @@ measuring; the command line runs it. (The search on synthetic costs: tests/test_
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from dataclasses import replace
 
 import keras
@@ -14,10 +16,11 @@ import pytest
 
 import chain
 from chain.errors import ConfigError
-from chain.planning import search
+from chain.planning import cost_cache, plan_table, search
 from chain.planning.inventory import Inventory
 from chain.planning.search import Costs
 from chain.prepared import plan_choice, prepare
+from chain.records import serial
 from chain.stages import plan_timing
 from chain.training import build as building, planned
 from compare import trains_like_one_device, weights
@@ -123,6 +126,54 @@ def test_the_cache_spares_a_resume_the_measuring(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="measured again"):  # a damaged cache: measured again
         planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path))
 
+
+
+def test_the_cache_is_read_only_by_a_run_of_the_same_model_batch_and_devices_and_says_whose(tmp_path, monkeypatch):
+    """Issue 48: a run of another model in the directory read the earlier model's measurements (the log
+    said only "measured by an earlier run"). Now each part of the key that differs is measured again, named."""
+    calls = []
+    monkeypatch.setattr(planned, "_measure", lambda s, spec, pool, physical, c: calls.append(1) or forced_costs(pool))
+    narrow, wide = ["+stages=2", "model.depth=1", "model.width=8"], ["+stages=2", "model.depth=1", "model.width=16"]
+    first = planned.settle(applied(narrow), str(tmp_path)).auto_plan
+    assert not first.cached and first.cache is None and len(calls) == 1
+    narrow_key = written_key(tmp_path)
+    other = planned.settle(applied(wide), str(tmp_path)).auto_plan
+    assert not other.cached and other.cache.differs == ("model",) and len(calls) == 2
+    line = plan_table.planning_line(other)
+    assert re.search(r"planning: measured in 0\.5 s \(the run directory's plan_costs\.json held the measurements of "
+                     rf"another model, key {narrow_key}, measured by the run of [-\d]+ [:\d]+ UTC "
+                     rf"\(pid {os.getpid()}, mlp\(width=8, depth=1\)\); this run's key {other.cache.key}\)", line), line
+    again = planned.settle(applied([*wide, "resume=true", "trainer.steps=9"]), str(tmp_path)).auto_plan
+    assert again.cached and again.cache.key == other.cache.key and len(calls) == 2
+    assert re.search(r"planning: measurements read from the run directory's plan_costs\.json \(measured by the run "
+                     rf"of .* \(pid {os.getpid()}, mlp\(width=16, depth=1\)\): the same model, batch, devices, "
+                     rf"settings and versions, key {other.cache.key}\)", plan_table.planning_line(again))
+    key = cost_cache.read(str(tmp_path / planned.CACHE)).key
+    for changed, word in [("data.batch_size=32", "batch"), ("optim.lr=0.2", "settings"), ("model.width=9", "model")]:
+        spec = applied([*wide, changed])
+        assert cost_cache.differences(key, planned.cost_key(spec, *planned._pool(spec))) == (word,)
+    (tmp_path / planned.CACHE).write_text(json.dumps(serial.to_json(forced_costs(DEVICES))))  # an earlier version's
+    plan = planned.settle(applied(wide), str(tmp_path)).auto_plan
+    assert not plan.cached and "plan_costs.json held none this version reads" in plan_table.planning_line(plan)
+
+
+def written_key(run_dir) -> str:
+    """The digest of the key the run directory's cache holds."""
+    return cost_cache.read(str(run_dir / planned.CACHE)).key.digest
+
+
+def test_two_models_cut_in_one_run_directory_are_each_measured(tmp_path):
+    """Issue 48: the second of two `model=keras` models in one run directory read the first's pieces and failed
+    with `KeyError: 8` from chain/stages/cut.py."""
+    keras.utils.set_random_seed(3)
+    x = keras.Input((6,))
+    other = keras.Model(x, L.Dense(4, name="out")(L.Dense(16, activation="relu", name="a")(x)), name="other")
+    planned.settle(applied(["+stages=2"]), str(tmp_path), small_model())
+    small_key = written_key(tmp_path)
+    second = planned.settle(applied(["+stages=2"]), str(tmp_path), other).auto_plan
+    assert not second.cached and second.cache.differs == ("model",)
+    assert second.cache.their_key == small_key != second.cache.key == written_key(tmp_path)
+    assert second.chosen.candidate.stages <= 2 and "measured by the run of" in plan_table.planning_line(second)
 
 
 def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_update(monkeypatch):
@@ -233,6 +284,8 @@ def test_the_command_line_runs_plan_auto_and_refuses_it_outside_e2e(tmp_path):
     r = run_cli(tmp_path, *BASE, "+stages=2", "trainer.steps=5", "hydra.run.dir=out", "resume=true")
     assert r.returncode == 0, r.stderr  # the same plan again, from the cache: the checkpoint's settings match
     assert read_summary(tmp_path / "out")["resumed_from"] == 3
+    whose = read_summary(tmp_path / "out")["plan"]["measured_by"]  # the first run's, with the key both share
+    assert re.fullmatch(r"the run of [-\d]+ [:\d]+ UTC \(pid \d+, mlp\(width=\d+, depth=\d+\)\), key [0-9a-f]{12}", whose)
     assert os.stat(tmp_path / "out" / planned.CACHE).st_mtime_ns == stamp
     r = run_cli(tmp_path, *[o for o in BASE if o != "mode=e2e"], "mode=local", "hydra.run.dir=bad")
     assert r.returncode != 0 and "placement.plan=auto" in r.stderr and "mode=e2e" in r.stderr

@@ -99,6 +99,36 @@ def test_time_is_measured_once_per_physical_device_per_piece_between_cuts():
     assert 1 <= max(measured.calls) <= 40  # stopped once the median settled, within the cap
 
 
+
+def test_mode_local_refuses_a_split_two_tensors_cross_in_one_line_and_writes_nothing(tmp_path):
+    """Issue 48: mode=local's head reads its stage's output, one tensor; a split where the skip's two
+    tensors cross was a ValueError and a 39-line traceback (exit 1), the run directory left behind."""
+    path = str(tmp_path / "skip.keras")
+    skip_model().save(path)
+    r = run_cli(tmp_path, "model=keras", f"model.path={path}", "placement.split=[2,2]", "trainer.steps=2", *SYNTH,
+                "hydra.run.dir=out")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: mode=local: placement.split=[2, 2] cuts {path} before layer 2 ('add'), "
+                               "where layer 'add' (layer 2) takes the output of 'a' (layer 0) across it"), r.stderr
+    assert "set mode=e2e, or a placement.split whose cuts one tensor crosses: before layers 1 ('b'), 3 ('out')" \
+        in r.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_mode_local_balances_only_where_one_tensor_crosses():
+    """The data read again by the read-out crosses every cut but the last: mode=e2e cuts anywhere,
+    mode=local only there, and refuses what needs another cut in one line."""
+    from chain.stages import cut
+
+    x = keras.Input((6,))
+    h = L.Dense(8, name="d2")(L.Dense(8, name="d1")(x))
+    c = cut.analyse(keras.Model(x, L.Dense(4, name="out")(L.Concatenate(name="cat")([h, x]))), "wide")
+    assert c.allowed == [3] and cut.split(c, 3, None, "params", None) == [1, 1, 2]
+    assert cut.split(c, 2, None, "even", None, "mode=local") == [3, 1]
+    with pytest.raises(chain.ConfigError, match=r"^mode=local: wide cannot be cut into 3 stages that each hold weights "
+                       r"where one tensor crosses each cut \(cuts one tensor crosses: before layers 3 \('out'\)\)"):
+        cut.split(c, 3, None, "params", None, "mode=local")
+
 # --- item 3: a layer taking two tensors inside a stage (Transformer blocks) ------------------
 
 

@@ -72,11 +72,29 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class CacheUse:
+    """What plan=auto found in RUN_DIR/plan_costs.json (`chain.planning.cost_cache`): this run's key (`key`,
+    its digest), the run that measured the file's costs (`measured_by`; None: unknown), what of their key
+    differs from this run's (`differs`, in words: `model`, `batch`, `devices`, `settings`, `versions`, or
+    `file`: none could be read; empty: the costs were read), and their key's digest (`their_key`)."""
+
+    key: str
+    measured_by: str | None
+    differs: tuple[str, ...]
+    their_key: str | None = None
+
+    @property
+    def read(self) -> bool:
+        """Whether the file's costs were read (measured by a run with this run's key)."""
+        return not self.differs
+
+
+@dataclass(frozen=True)
 class AutoPlan:
     """What `placement.plan=auto` found: the chosen prediction, the best few (`ranked`, best first, the
     chosen among them), how many candidates were predicted and how many were dropped for memory, and
     the seconds spent measuring (0 when the measurements came from the run directory's cache) and
-    searching."""
+    searching; `cache`: what the run directory's cache held (None: nothing)."""
 
     chosen: Prediction
     ranked: tuple[Prediction, ...]
@@ -85,3 +103,4 @@ class AutoPlan:
     measuring_s: float
     searching_s: float
     cached: bool = False
+    cache: CacheUse | None = None

@@ -18,6 +18,7 @@ from typing import Sequence
 from chain.config import override_key
 from chain.errors import plural
 from chain.planning.candidates import AutoPlan, Prediction
+from chain.planning.cost_cache import NAME as CACHE
 from chain.planning.fit import MB
 from chain.planning.search import used_devices_of
 
@@ -62,11 +63,29 @@ def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def planning_line(plan: AutoPlan) -> str:
-    """How long planning took: `planning: measured in X s, searched N candidates in Y s (Z dropped: over memory)`."""
-    measured = ("measurements read from the run directory's cache (measured by an earlier run)" if plan.cached
-                else f"measured in {plan.measuring_s:.1f} s")
-    return (f"planning: {measured}, searched {plural(plan.candidates, 'candidate')} in {plan.searching_s:.2f} s "
+    """How long planning took: `planning: measured in X s, searched N candidates in Y s (Z dropped: over memory)`,
+    with whose measurements the run directory's cache held and why they were read or measured again."""
+    return (f"planning: {measuring(plan)}, searched {plural(plan.candidates, 'candidate')} in {plan.searching_s:.2f} s "
             f"({plan.dropped_for_memory} dropped: over memory)")
+
+
+def measuring(plan: AutoPlan) -> str:
+    """Where the measurements came from: the run directory's cache (whose, and the key that matched), or
+    measured now (and why the cache's were not read)."""
+    use = plan.cache
+    whose = f"measured by {use.measured_by}" if use is not None and use.measured_by else "measured by an earlier run"
+    if plan.cached and use is not None:
+        return (f"measurements read from the run directory's {CACHE} ({whose}: the same model, batch, devices, "
+                f"settings and versions, key {use.key})")
+    if plan.cached:
+        return f"measurements read from the run directory's cache ({whose})"
+    now = f"measured in {plan.measuring_s:.1f} s"
+    if use is None:
+        return now
+    if use.differs == ("file",):
+        return f"{now} (the run directory's {CACHE} held none this version reads)"
+    return (f"{now} (the run directory's {CACHE} held the measurements of another {' and '.join(use.differs)}, "
+            f"key {use.their_key}, {whose}; this run's key {use.key})")
 
 
 def by_hand(plan: AutoPlan, user: Sequence[str]) -> str:

@@ -200,7 +200,9 @@ class PlanFields:
     measuring_s: float | None = item("seconds spent measuring the pieces (0: read from the run directory's cache)")
     searching_s: float | None = item("seconds spent predicting and ranking the candidates")
     cached: bool | None = item("whether the measurements were read from the run directory (a resume measures "
-                               "nothing)")
+                               "nothing; a run of another model, batch, devices, settings or versions measures again)")
+    measured_by: str | None = item("cached: the run that measured them (its time, process and model), and the key "
+                                   "both runs share; absent when this run measured", omit_none=True)
     candidates: int | None = item("the candidates predicted")
     dropped_for_memory: int | None = item("the candidates dropped: over a device's memory by the estimate")
     ranked: list[PlannedCandidate] | None = item("the best candidates, the chosen first (each: the fields below)")

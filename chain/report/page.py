@@ -127,7 +127,8 @@ def plan_section(rec: RunRecord) -> str:
     rows = [("step (ms)", plan.predicted_step_ms, plan.measured_step_ms),
             ("examples per second", rate(plan.predicted_step_ms), rate(plan.measured_step_ms))]
     ratio = f"{plan.ratio:.2f}×" if plan.ratio is not None else "not measured (the run made one call)"
-    measuring = ("read from the run directory's cache" if plan.cached else
+    measuring = (f"read from the run directory's cache (measured by {plan.measured_by})" if plan.measured_by else
+                 "read from the run directory's cache" if plan.cached else
                  f"measured in {number(plan.measuring_s, 3)} s")
     out = ['<h2 id="plan">Plan</h2>', table(("", "predicted", "measured"), rows, "plan"),
            f"<p>measured / predicted: <b>{esc(ratio)}</b> (measured: the median timed step)</p>",

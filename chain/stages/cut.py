@@ -87,6 +87,22 @@ class Cuttable:
         return sum(math.prod(d or 1 for d in t.shape[1:]) * (1 + (id(t) in self.masked))
                    for t in self.boundary[position])
 
+    def structure(self) -> list[Any]:
+        """What the model computes, as plain values (its weights' values aside): each layer's class, its
+        configuration (its name aside), its outputs' and weights' shapes; the ops between layers; the shapes
+        crossing each cut. Two models alike in these take the same time."""
+        layers = []
+        for layer, node in zip(self.layers, self.nodes):
+            try:
+                config = {k: v for k, v in layer.get_config().items() if k != "name"}
+            except Exception:  # a user's layer may raise anything here: its class and shapes stand for it
+                config = None
+            layers.append([f"{type(layer).__module__}.{type(layer).__qualname__}", config,
+                           [list(t.shape) for t in node.outputs], [list(v.shape) for v in layer.weights]])
+        ops = {str(k): [type(n.operation).__name__ for n in nodes] for k, nodes in sorted(self.ops.items())}
+        cuts = [[list(t.shape) for t in self.boundary[c]] for c in sorted(self.boundary)]
+        return [layers, ops, cuts]
+
     def points(self) -> list[int]:
         """0, every cut one tensor crosses (`allowed`), and the layer count: the pieces `balance=time` times."""
         return [0, *self.allowed, len(self.layers)]
@@ -301,17 +317,21 @@ def check_sizes(c: Cuttable, sizes: Sequence[int], key: str) -> None:
                           f"({', '.join(layer.name for layer in c.layers)})")
 
 
-def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, costs: Sequence[Sequence[float]] | None
-          ) -> list[int]:
+def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, costs: Sequence[Sequence[float]] | None,
+          one_tensor: str | None = None) -> list[int]:
     """Layers per stage: `sizes` as given (`placement.split`), or from `how` (`placement.balance`):
     `even` layer counts, near-equal `params`, near-equal measured `time` (`costs[k][i]`:
     layer i's time on stage k's device; a piece between two allowed cuts may carry its whole
     time on one of its layers), or the smallest largest estimated peak, `memory` (`costs[k][i]`:
-    the bytes layer i adds to stage k's peak, `chain.planning.footprint.layer_costs`)."""
+    the bytes layer i adds to stage k's peak, `chain.planning.footprint.layer_costs`).
+    `one_tensor`: the `mode=...` whose stages each pass on one tensor (mode=local: a head reads it),
+    which takes only cuts one tensor crosses and refuses a given split that cuts elsewhere (None: any cut)."""
     if n_stages > len(c.layers):
         raise ConfigError(f"{n_stages} stages, but {c.name} has only {len(c.layers)} layers; every stage needs one")
     if sizes is not None:
         check_sizes(c, sizes, "placement.split")
+        if one_tensor is not None:
+            _refuse_several(c, sizes, one_tensor)
         return list(sizes)
     weights = c.weights()
     if how == "even":
@@ -327,6 +347,13 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
     # explicit mask every block reads crosses every cut between blocks); never a stage without weights,
     # which would hold a device only to pass tensors on.
     one = balance.partition(rows, n_stages, c.allowed, weights=weights)
+    if one_tensor is not None:
+        if one is None:
+            raise ConfigError(f"{one_tensor}: {c.name} cannot be cut into {n_stages} stages that each hold weights "
+                              "where one tensor crosses each cut (cuts one tensor crosses: "
+                              f"{_one_tensor_cuts(c)}), and each stage's head in {one_tensor} reads one tensor, its "
+                              "stage's output: use fewer stages, or mode=e2e")
+        return one
     found = balance.partition(rows, n_stages, range(1, len(c.layers)), weights=weights)
     if one is not None and (found is None or max(balance.stage_costs(rows, one))
                             <= ONE_TENSOR_SLACK * max(balance.stage_costs(rows, found))):
@@ -337,6 +364,25 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
                           f"{len(c.layers)} layers have weights; use fewer stages, or placement.split to place a "
                           "layer without weights on a stage of its own")
     return found
+
+
+def _one_tensor_cuts(c: Cuttable) -> str:
+    """The cuts one tensor crosses, in words: `before layers 1 ('b'), 3 ('out')`."""
+    if not c.allowed:
+        return "none"
+    return "before layers " + ", ".join(f"{i} ({c.layers[i].name!r})" for i in c.allowed)
+
+
+def _refuse_several(c: Cuttable, sizes: Sequence[int], mode: str) -> None:
+    """A ConfigError naming the first cut of `sizes` that several tensors cross: `mode`'s stages each pass
+    on one tensor (mode=local's head reads a stage's output; of several, none is the stage's alone)."""
+    at = next((k for k in balance.sizes_to_cuts(sizes) if k not in c.allowed), None)
+    if at is None:
+        return
+    raise ConfigError(f"{mode}: placement.split={list(sizes)} cuts {c.name} before layer {at} "
+                      f"({c.layers[at].name!r}), where {c.blocked[at]}, but each stage's head in {mode} reads one "
+                      f"tensor, its stage's output: set mode=e2e, or a placement.split whose cuts one tensor "
+                      f"crosses: {_one_tensor_cuts(c)}")
 
 
 def _clone(c: Cuttable, layer: keras.layers.Layer, policy: Any) -> keras.layers.Layer:

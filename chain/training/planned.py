@@ -5,29 +5,37 @@ Runs after the user's plan was applied (`chain.training.build.apply`): logical d
 once per process, so the pool the search draws from is the devices that exist then (this machine's
 logical devices of the plan's kind, or the cluster workers' devices), and a chosen plan names its
 devices among them (`placement.devices`). The measurements are written to RUN_DIR/plan_costs.json
-(`chain.records.serial`, atomically): a resume reads them and measures nothing.
+(`chain.records.serial`, atomically) with the key of what they depend on (`chain.planning.cost_cache`): a
+resume, whose key is the same, reads them and measures nothing; a run of another model, batch, devices,
+settings or versions in the directory measures again.
 """
 
 from __future__ import annotations
 
-import json
+import importlib.metadata
 import math
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import keras
 
 from chain.config import Settings
 from chain.config.schema import Conv
 from chain.errors import ConfigError
+from chain.planning import cost_cache
+from chain.planning.candidates import CacheUse
+from chain.planning.cost_cache import CostFile, CostKey
 from chain.planning.footprint import StageCost
 from chain.planning.search import Costs
 from chain.prepared import RunSpec, plan_choice
 from chain.records import serial
 
-CACHE = "plan_costs.json"
+if TYPE_CHECKING:
+    from chain.stages.cut import Cuttable
+
+CACHE = cost_cache.NAME
 
 
 def wanted(spec: RunSpec) -> bool:
@@ -37,18 +45,21 @@ def wanted(spec: RunSpec) -> bool:
 
 @dataclass(frozen=True)
 class Measured:
-    """What the search reads for a spec: the `Costs` (measured, or the run directory's cache: `cached`) and,
-    for a cut model, each stage's memory cost by its piece range (None: a built-in model's, from the config)."""
+    """What the search reads for a spec: the `Costs` (measured, or the run directory's cache: `cached`),
+    what the cache held (`cache`: None, nothing) and, for a cut model, each stage's memory cost by its
+    piece range (None: a built-in model's, from the config)."""
 
     costs: Costs
     cached: bool
     stage_cost: Callable[[int, int], StageCost] | None
+    cache: CacheUse | None = None
 
 
 def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> Measured:
     """The costs of `spec`'s model on the devices its applied placement has (the pool), from
-    RUN_DIR/plan_costs.json when a run there measured them on these devices, else measured now and
-    written there. `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
+    RUN_DIR/plan_costs.json when a run there measured them with this run's `CostKey` (the same model,
+    batch, devices, settings and versions), else measured now and written there with the key and this run's
+    name. `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
     s = spec.settings
     cut_model = model is not None or plan_choice.is_cut_model(s)
     plan_choice.refuse_given(s, cut_model)
@@ -56,8 +67,6 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
         raise ConfigError(f"placement.plan=auto measures the model on examples of the data's shape, which data="
                           f"{s.data.name} gives only once TensorFlow reads it: set placement.plan=manual")
     pool, physical = _pool(spec)
-    path = os.path.join(run_dir, CACHE) if run_dir else None
-    costs, cached = _cached(path, pool), True
     cuttable = None
     if cut_model:
         from chain.stages import cut
@@ -68,15 +77,54 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
         if len(cuttable.boundary[0]) > 1 or cuttable.masked:  # the timing feeds each piece one float tensor
             raise ConfigError(f"placement.plan=auto times pieces that take one tensor, but {cuttable.name} takes "
                               "several inputs or carries a Keras mask across its cuts: set placement.plan=manual")
+    key = cost_key(spec, pool, physical, cuttable)
+    path = os.path.join(run_dir, CACHE) if run_dir else None
+    costs, use = cost_cache.lookup(cost_cache.read(path), key) if path else (None, None)
+    cached = costs is not None
     if costs is None:
-        cached = False
         costs = _measure(s, spec, pool, physical, cuttable)
         if path:
             from chain.state.atomic import write_json
 
             os.makedirs(run_dir, exist_ok=True)
-            write_json(path, serial.to_json(costs))
-    return Measured(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None)
+            label = cuttable.name if model is not None else s.stages[0].model.describe()  # keras(FILE), mlp(...)
+            write_json(path, serial.to_json(CostFile(key, _this_run(label), costs)))
+    return Measured(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None, use)
+
+
+def cost_key(spec: RunSpec, pool: Sequence[str], physical: Mapping[str, str], cuttable: Cuttable | None = None
+             ) -> CostKey:
+    """Everything the measurements of `spec`'s model on `pool` depend on (`chain.planning.cost_cache`): a cut
+    model's structure (`cuttable`), else the config's stages, their targets and the data's shape; the batch and the
+    microbatch sizes measured; the devices; the optimizer and the measuring's budget; the libraries' versions."""
+    s, info = spec.settings, spec.data_info
+    if cuttable is not None:
+        model = cost_cache.digest(cuttable.structure())
+    else:  # a built-in model is what its stages' settings and the data's shape and targets make of it
+        model = cost_cache.digest([repr(st.model) for st in s.stages] + [repr(info.target(s.stages[-1].target))])
+    settings = f"optim={s.stages[0].optim!r} placement.plan_budget_s={s.placement.plan_budget_s!r}"
+    return CostKey(model=model, input_shape=tuple(info.input_shape), batch_size=s.data.batch_size,
+                   sizes=tuple(_sizes(s.data.batch_size, len(pool))), devices=tuple(pool),
+                   physical=tuple(physical[d] for d in pool), settings=settings, tensorflow=_version("tensorflow"),
+                   keras=keras.version(), chain=_version("chain"))
+
+
+def _version(package: str) -> str:
+    """An installed package's version (TensorFlow's as it says itself: its distribution has several names;
+    "unknown": not installed as a distribution)."""
+    if package == "tensorflow":
+        import tensorflow as tf
+
+        return tf.__version__
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _this_run(model: str) -> str:
+    """This run, as a later run's planning line names whose measurements it found: when, which process, what model."""
+    return f"the run of {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} (pid {os.getpid()}, {model})"
 
 
 def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> RunSpec:
@@ -84,7 +132,7 @@ def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None)
     (`measured`, then `chain.prepared.plan_choice.choose` and `planned`)."""
     m = measured(spec, run_dir, model)
     plan = plan_choice.choose(spec, m.costs, m.stage_cost)
-    plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached)
+    plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached, cache=m.cache)
     return plan_choice.planned(spec, plan)
 
 
@@ -106,18 +154,6 @@ def _pool(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
     pool = [canonical(d.name) for d in tf.config.list_logical_devices(p.kind)]
     physical = {d: p.physical.get(d, "CPU:0" if p.kind == "CPU" else d) for d in pool}
     return pool, physical
-
-
-def _cached(path: str | None, pool: Sequence[str]) -> Costs | None:
-    """The costs a run in this directory measured on these devices (None: none, or other devices)."""
-    if not path or not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            costs = serial.from_json(Costs, json.load(f))
-    except (OSError, ValueError):  # unreadable or damaged (json's and serial's errors are ValueErrors): measure again
-        return None
-    return costs if list(costs.devices) == list(pool) else None
 
 
 def _sizes(batch: int, pool: int, max_microbatches: int = 64) -> list[int]:

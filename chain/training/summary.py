@@ -126,6 +126,7 @@ def plan_fields(plan: AutoPlan | None, measured_ms: float | None) -> PlanFields 
         measuring_s=plan.measuring_s,
         searching_s=plan.searching_s,
         cached=plan.cached,
+        measured_by=f"{plan.cache.measured_by}, key {plan.cache.key}" if plan.cached and plan.cache else None,
         candidates=plan.candidates,
         dropped_for_memory=plan.dropped_for_memory,
         ranked=[planned(rank, p) for rank, p in enumerate(plan.ranked, 1)],

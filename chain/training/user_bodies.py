@@ -22,6 +22,7 @@ from chain.planning.planner import MIRRORED, Placement
 from chain.stages import cut
 from chain.prepared import estimate
 from chain.stages.bodies import Body, from_builder
+from chain.strategies.objectives import objective
 
 
 def load_model(spec: KerasModel) -> keras.Model:
@@ -99,7 +100,10 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
                                       slots=optimizer_slots(settings.stages[0].optim),
                                       microbatch=batch_cut.per_microbatch,
                                       recompute=settings.pipeline.recompute if played is not None else footprint.NEVER)
-    sizes = cut.split(c, k, p.split, p.balance, costs)
+    # mode=local's head reads its stage's output, one tensor: of several crossing a cut none is the stage's alone
+    learns = objective(settings.mode)
+    one_tensor = f"mode={settings.mode}" if learns.heads and learns.chained else None
+    sizes = cut.split(c, k, p.split, p.balance, costs, one_tensor)
     footprints = tuple(_footprints(c, sizes, settings, placement, batch_cut, schedule))
     try:
         even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
