@@ -10,7 +10,7 @@ least a quarter of the even ones are not, or every odd position below 16 while a
 the even ones are not; and the file's size is a whole number of uint32 ids. A file of fewer than
 `MIN_PAIRS` pairs is not judged. Were its positions independent draws of one distribution, a file
 would trip a rule with a chance below e^(-0.19 n) for n pairs sampled (Chernoff's bound; at most
-at a share of 1/8 of ids at or above the rule's bound): 10^-10 at `MIN_PAIRS`, nothing at `PAIRS`.
+at a share of 1/8 of ids at or above the rule's bound): 10^-10 at `MIN_PAIRS`, 10^-300 at `PAIRS`.
 
 The other mistake, a uint16 file read as uint32, makes ids of two ids each (`a + 65536 b`): at or
 above 2^20, over `data.vocab`'s limit, as soon as one of the odd ids is 16 or more. `wide` is the
