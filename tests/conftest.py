@@ -121,16 +121,21 @@ def manifest(run_dir) -> dict:
         return json.load(f)
 
 
-def straight_and_resumed(tmp_path, args: list[str], every: int, kill_at: int) -> tuple[str, str]:
+def straight_and_resumed(tmp_path, args: list[str], every: int, kill_at: int, env: dict | None = None,
+                         before_resume=None) -> tuple[str, str]:
     """Two runs of `python -m chain ARGS` (a checkpoint every `every` steps): one straight through, one
-    killed at step `kill_at` (after its checkpoint of step `every`) and resumed; their run directories."""
+    killed at step `kill_at` (after its checkpoint of step `every`) and resumed; their run directories.
+    `env` adds environment variables to the first two runs; `before_resume()`, if given, runs after the
+    kill and returns the resume's."""
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}")
+    r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}", env=env)
     assert r.returncode == 0, r.stderr
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", env={"CHAIN_TEST_KILL_AT_STEP": str(kill_at)})
+    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}",
+                env={**(env or {}), "CHAIN_TEST_KILL_AT_STEP": str(kill_at)})
     assert r.returncode == -9, r.stderr
     assert manifest(resumed)["step"] == every
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", "resume=true")
+    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", "resume=true",
+                env=before_resume() if before_resume is not None else env)
     assert r.returncode == 0, r.stderr
     return straight, resumed
 

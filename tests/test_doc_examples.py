@@ -123,6 +123,8 @@ SHOWN = {
     ("your-data.md", "error: data.files: record 0 of shards/train-002.tfrecord"): "tests/test_damaged_data.py",
     ("your-data.md", "error: data.val_path='val.npz': its arrays hold no rows"): "tests/test_streaming.py",
     ("your-data.md", "error: data.files: record 25 of shards/train-001.tfrecord"): "tests/test_damaged_data.py",
+    ("your-data.md", "error: data.path='u32.bin' looks like uint32 ids"): "tests/test_token_data.py",
+    ("your-data.md", "error: data.path='u16.bin' read as data.dtype=uint32"): "tests/test_token_data.py",
 }
 
 # Text blocks that are neither transcripts nor error lines, by a piece of their first line: why not compared.

@@ -201,3 +201,32 @@ def test_a_large_file_is_digested_from_blocks_and_a_change_between_them_shows_as
     assert first.digest.startswith("whole:")
     assert identity.changes(StreamFiles([first]),
                             StreamFiles([identity.stamp(str(small), "data.files", identity.TRAIN)])) == []
+
+
+def test_a_tokenizers_stream_is_its_texts_and_vocabulary_not_the_cache_of_its_ids(tmp_path, monkeypatch):
+    """`data=text data.tokenizer`: the stamps are the texts' and the vocabulary's, so ids made again in
+    another cache folder change nothing, while an edited vocabulary (or text) is still a change."""
+    from chain.data import loader
+
+    pytest.importorskip("keras_hub")
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\nthe\ncat\nsat\n.\n")
+    (tmp_path / "a.txt").write_text("the cat sat.\n" * 20)
+    monkeypatch.chdir(tmp_path)
+    data = chain.compose(["mode=e2e", "data=text", "data.files=a.txt", "data.tokenizer=vocab.txt",
+                          "data.seq_len=4"]).data
+
+    def now(cache: str) -> StreamFiles:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / cache))
+        return identity.stamps(loader.load(data, 0).shards)
+
+    first = now("cache")
+    assert [(f.path, f.key, f.role) for f in first.files] == [("a.txt", "data.files", "train"),
+                                                              ("vocab.txt", "data.tokenizer", "vocabulary")]
+    shutil.rmtree(tmp_path / "cache")
+    assert identity.changes(first, now("other_cache")) == []
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\nthe\ndog\nsat\n.\n")  # other ids, the same size
+    with open("a.txt", "a") as f:
+        f.write("the cat.\n")
+    assert [c.line() for c in identity.changes(first, now("other_cache"))] == [
+        "data.files: a.txt was resized (260 -> 269 bytes)",
+        "data.tokenizer: vocab.txt was rewritten (the same 26 bytes, other contents)"]

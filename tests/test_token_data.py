@@ -8,12 +8,15 @@ Resume: a run killed after a checkpoint and resumed ends bit for bit where an un
 from __future__ import annotations
 
 import os
+import re
+import shutil
 
 import keras
 import numpy as np
 import pytest
 
 import chain
+from chain.data.data_source import MAX_CLASSES
 from conftest import stage_values, straight_and_resumed
 
 SEQ, VOCAB, TOKENS = 8, 40, 1001  # 125 windows at a stride of 8 (each needs 9 tokens)
@@ -87,15 +90,15 @@ def test_random_windows_start_anywhere_and_validation_is_the_last_tokens(tmp_pat
     np.testing.assert_array_equal(val_x, windows_of(ids, range(TOKENS - held, TOKENS - SEQ - 1 + 1, SEQ))[0])
 
 
-def test_uint32_ids_above_2_to_the_24_stay_exact(tmp_path):
+def test_uint32_ids_up_to_the_vocab_limit_stay_exact(tmp_path):
     ids = token_file(tmp_path / "train.bin", np.uint32)
-    ids += np.uint32(2 ** 24)  # ids 2^24 .. 2^24 + 39, odd ones included
+    ids += np.uint32(MAX_CLASSES - VOCAB)  # ids up to data.vocab's limit 2^20 - 1, odd ones included
     ids.tofile(tmp_path / "train.bin")
     cfg = config(tmp_path / "train.bin", "data.dtype=uint32", "data.shuffle=false", "data.val_fraction=0")
     from chain.data import loader, stream
 
-    ds = loader.load(cfg.data, 0)  # no model: an Embedding of 2^24 rows is too large for a test
-    assert ds.targets[0].classes == 2 ** 24 + VOCAB
+    ds = loader.load(cfg.data, 0)  # no model: an Embedding of 2^20 rows is too large for a test
+    assert ds.targets[0].classes == MAX_CLASSES
     x, ys = next(iter(stream.training_batches(ds, 5, shuffle=False, seed=0)))
     assert x.dtype.name == "int64"
     np.testing.assert_array_equal(x.numpy(), windows_of(ids, range(0, 5 * SEQ, SEQ))[0])
@@ -114,10 +117,58 @@ def test_bad_token_settings_are_one_line(tmp_path, overrides, message):
         chain.build(config(tmp_path / "train.bin", *overrides), model=lm())
 
 
-@pytest.mark.parametrize("source, windows", [("tokens", "sequential"), ("text", "random")])
+WORDPIECE = ["[PAD]", "[UNK]", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "vu", ":", "→", "ok",
+             "."]  # text_files' words (the accented ones unknown)
+
+
+def _prepare(path, *overrides: str):
+    return chain.prepare(["mode=e2e", "+stages=2", "data=tokens", f"data.path={path}", f"data.seq_len={SEQ}",
+                          *overrides])
+
+
+@pytest.mark.parametrize("top, said", [(VOCAB, "0"), (100_000, "below 16")])
+def test_uint32_ids_read_as_uint16_are_refused_naming_data_dtype(tmp_path, top, said):
+    """The default data.dtype=uint16 over a uint32 file reads the high half of each id as an id of its
+    own: 0 (below 16 for ids past 65535) at every odd position. One line naming data.dtype, not a run
+    that learns to predict the zeros; a real uint16 file of many zeros is not taken for one."""
+    token_file(tmp_path / "u32.bin", np.uint32, top)
+    with pytest.raises(chain.ConfigError) as e:
+        _prepare(tmp_path / "u32.bin", "data.vocab=256")
+    found = re.fullmatch(re.escape(f"data.path={str(tmp_path / 'u32.bin')!r} looks like uint32 ids read as "
+                                   f"data.dtype=uint16: at {TOKENS} pairs of positions sampled over it, every second "
+                                   f"id is {said} (the high half of a uint32 id) and ") + r"(\d+)" +
+                         re.escape(" of the others are not; set data.dtype=uint32"), str(e.value))
+    assert found and TOKENS // 4 <= int(found[1]) <= TOKENS, str(e.value)
+    _prepare(tmp_path / "u32.bin", "data.dtype=uint32")  # read at its width, it is taken
+    # zeros anywhere in a real uint16 file, even at every odd position of half of it, leave it alone
+    ids = np.random.default_rng(4).integers(0, VOCAB, 8000).astype(np.uint16)
+    ids[np.random.default_rng(5).random(8000) < 0.7] = 0
+    ids[1:4000:2] = 0
+    ids.tofile(tmp_path / "u16.bin")
+    _prepare(tmp_path / "u16.bin")
+
+
+def test_uint16_ids_read_as_uint32_are_refused_naming_the_width_not_a_vocab_over_the_limit(tmp_path):
+    """A uint16 file read as uint32 makes ids of two ids each, over data.vocab's limit: one line naming
+    data.dtype=uint16 whether data.vocab is given or derived, never advising a vocabulary over the limit."""
+    ids = np.random.default_rng(4).integers(0, VOCAB, TOKENS - 1).astype(np.uint16)  # a whole number of uint32
+    ids.tofile(tmp_path / "u16.bin")
+    top = int(ids.view(np.uint32).max())
+    for vocab in ([], [f"data.vocab={VOCAB}"]):
+        with pytest.raises(chain.ConfigError) as e:
+            _prepare(tmp_path / "u16.bin", "data.dtype=uint32", *vocab)
+        assert str(e.value) == (f"data.path={str(tmp_path / 'u16.bin')!r} read as data.dtype=uint32 holds the id "
+                                f"{top}, over data.vocab's limit of 1048576 ids: if it holds uint16 ids (each of these "
+                                f"is two of them), set data.dtype=uint16 (its ids are then 0..{VOCAB - 1})")
+
+
+@pytest.mark.parametrize("source, windows", [("tokens", "sequential"), ("text", "random"), ("tokenizer", "sequential")])
 def test_a_killed_token_run_resumes_bit_exact(tmp_path, source, windows):
     """Killed two steps after its checkpoint and resumed, a run ends with the weights, optimizer state
-    and losses of a run never interrupted: the stream resumed at the window it had reached."""
+    and losses of a run never interrupted: the stream resumed at the window it had reached. A tokenizer's
+    run resumes so after its cache of ids was deleted and made again elsewhere (another `$HOME`): the
+    stream's identity is its texts and vocabulary, not the cache's files."""
+    env, before_resume = None, None
     if source == "tokens":
         token_file(tmp_path / "train.bin")
         data = ["data=tokens", f"data.path={tmp_path / 'train.bin'}"]
@@ -125,12 +176,23 @@ def test_a_killed_token_run_resumes_bit_exact(tmp_path, source, windows):
     else:
         text_files(tmp_path)
         data = ["data=text", f"data.files={tmp_path / 'corpus' / '*.txt'}"]
-        lm(256).save(tmp_path / "lm.keras")
+        lm(256 if source == "text" else len(WORDPIECE)).save(tmp_path / "lm.keras")
+    if source == "tokenizer":
+        (tmp_path / "vocab.txt").write_text("\n".join(WORDPIECE) + "\n", encoding="utf-8")
+        data.append(f"data.tokenizer={tmp_path / 'vocab.txt'}")
+        env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+        def before_resume():
+            assert os.listdir(tmp_path / "cache" / "chain" / "tokens")
+            shutil.rmtree(tmp_path / "cache")
+            return {"XDG_CACHE_HOME": str(tmp_path / "other_cache")}
     n, every, kill_at = 6, 3, 5
     args = ["mode=e2e", "+stages=2", "model=keras", f"model.path={tmp_path / 'lm.keras'}", *data,
             f"data.seq_len={SEQ}", f"data.windows={windows}", "data.batch_size=4", "pipeline.microbatches=2", "optim=adam", "trainer.progress=false",
             f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.steps_per_call=1"]
-    straight, resumed = straight_and_resumed(tmp_path, args, every, kill_at)
+    straight, resumed = straight_and_resumed(tmp_path, args, every, kill_at, env, before_resume)
+    if source == "tokenizer":  # the ids were made again, under the other cache
+        assert os.listdir(tmp_path / "other_cache" / "chain" / "tokens")
     for k in range(2):
         a, b = stage_values(straight, f"stage_{k:02d}"), stage_values(resumed, f"stage_{k:02d}")
         assert set(a) == set(b)
@@ -145,7 +207,6 @@ def test_a_killed_token_run_resumes_bit_exact(tmp_path, source, windows):
 ])
 def test_labels_per_position_need_e2e_and_a_model_that_outputs_them(tmp_path, overrides, message):
     """Refused in one line (mode=local before TensorFlow starts), not a shape error in the first step."""
-    import re
 
     token_file(tmp_path / "train.bin")
     with pytest.raises(chain.ConfigError, match=re.escape(message)):

@@ -1,8 +1,10 @@
 """A stream's files are part of its identity (`data.stream=true`): what a run records of each file it
 streams, and what a resume finds changed. No TensorFlow.
 
-At start a streamed run stamps every file it reads (`stamps`): its size, its modification time and
-a sha256 digest, of the whole file up to `WHOLE` bytes (64 KiB) and above that of `BLOCKS` blocks of
+At start a streamed run stamps every file it reads (`stamps`; for a tokenizer's ids, the texts and
+the vocabulary they were made from, not the user's cache of them, which can be made again): its
+size, its modification time and a sha256 digest, of the whole file up to `WHOLE` bytes (64 KiB) and
+above that of `BLOCKS` blocks of
 `BLOCK` bytes spread evenly over it (the first at its start, the last at its end): 64 KiB read a file
 either way. A whole digest of a large file would read it all at every start (a 100 GB data set:
 minutes; 8 files of 0.6 MB already cost 0.6% of a 1000-step run of the default model, measured),
@@ -30,7 +32,8 @@ from chain.records.stream_files import FileStamp, StreamFiles
 
 BLOCKS, BLOCK = 16, 4096  # a file is digested from 16 blocks of 4 KiB spread over it ...
 WHOLE = BLOCKS * BLOCK  # ... or whole when that reads no more (64 KiB): no file costs more than 64 KiB read
-TRAIN, VAL = "train", "val"
+TRAIN, VAL, VOCABULARY = "train", "val", "vocabulary"
+_READ = {TRAIN: "read for training", VAL: "held out for validation", VOCABULARY: "read as data.tokenizer's vocabulary"}
 OVERRIDE = "checkpoint.accept_changed_files"
 
 
@@ -71,6 +74,11 @@ def _files(shards) -> list[tuple[str, str, str]]:
         if shards.val is not None and shards.val.x.path != shards.train.x.path:  # data.val_path
             out.append((shards.val.x.path, "data.val_path", VAL))
         return out
+    if isinstance(shards, TokenFiles) and shards.made_from is not None:  # the texts and vocabulary, not the ids' cache
+        made = shards.made_from
+        return [(p, shards.TRAIN_KEY, TRAIN) for p in made.texts] + \
+            [(p, shards.val_key, VAL) for p in made.val_texts] + \
+            [(p, made.VOCABULARY_KEY, VOCABULARY) for p in made.vocabulary]
     if isinstance(shards, TokenFiles):
         out = [(p, shards.TRAIN_KEY, TRAIN) for p in shards.train.paths]
         if shards.val is not None and shards.val.paths != shards.train.paths:  # data.val_path, data.val_files
@@ -109,9 +117,7 @@ def _when(ns: int) -> str:
 
 def _compare(old: FileStamp, new: FileStamp) -> Change | None:
     if old.role != new.role:
-        was, now = ("held out for validation", "read for training") if old.role == VAL else \
-            ("read for training", "held out for validation")
-        return Change(new.key, new.path, "moved", f"was {was} and is now {now}")
+        return Change(new.key, new.path, "moved", f"was {_READ[old.role]} and is now {_READ[new.role]}")
     if old.size != new.size:
         return Change(new.key, new.path, "resized", f"was resized ({old.size} -> {new.size} bytes)")
     how_old, _, _ = old.digest.partition(":")

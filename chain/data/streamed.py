@@ -118,11 +118,25 @@ class TokenPart:
 
 
 @dataclass(frozen=True)
+class Tokenized:
+    """What a tokenizer's token files were made from (`data=text data.tokenizer`): the training texts
+    (`texts`), the validation texts (`val_texts`, `data.val_files`; empty: held out of the training
+    texts' ids) and the vocabulary's files. They are the stream's identity, not the ids' files in the
+    user's cache, which a cleared cache, another `$HOME` or another machine makes again."""
+
+    texts: tuple[str, ...]
+    val_texts: tuple[str, ...]
+    vocabulary: tuple[str, ...]
+    VOCABULARY_KEY: ClassVar[str] = "data.tokenizer"
+
+
+@dataclass(frozen=True)
 class TokenFiles:
     """Token files streamed (`data=tokens`, `data=text`): the training tokens (`train`), the validation tokens
     (`val`, None: none), the vocabulary (`vocab`: ids 0..vocab-1) and how training windows are
     drawn (`windows`: `sequential`, every window of the part at a stride of seq_len, in order or
-    shuffled per epoch; `random`, each starting at a random token, as nanoGPT's `get_batch`)."""
+    shuffled per epoch; `random`, each starting at a random token, as nanoGPT's `get_batch`);
+    `made_from`: the texts and vocabulary a tokenizer made the files of (None: the files are the data)."""
 
     train: TokenPart
     val: TokenPart | None
@@ -130,6 +144,7 @@ class TokenFiles:
     windows: str
     TRAIN_KEY: str = "data.path"  # what names the training files, and the validation files
     val_key: str = "data.val_path"
+    made_from: Tokenized | None = None
     TARGET: ClassVar[str] = "next"  # the target: the next token at every position
 
     @property

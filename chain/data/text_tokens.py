@@ -9,7 +9,8 @@ are set up. Each text file's ids are `tokenizer(text)` on the file's whole text,
 to the user's cache folder (`$XDG_CACHE_HOME/chain/tokens/`, `~/.cache/chain/tokens/` by default)
 under a name made of the file's and the vocabulary's paths, sizes and modification times: a file or
 vocabulary changed is tokenized again, an unchanged one read in place (memory-mapped) as
-`data=tokens` reads its file.
+`data=tokens` reads its file. The cache is not the run's identity: a resume compares the texts and
+the vocabulary (`chain.data.streamed.Tokenized`), so ids made again elsewhere resume exactly.
 """
 
 from __future__ import annotations

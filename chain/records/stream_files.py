@@ -14,8 +14,8 @@ class FileStamp:
     """One file of a stream as it was when the run (or its last resume) started."""
 
     path: str = item("the file, as its key's glob (or path) gave it")
-    key: str = item("the key that names it: data.files, data.val_files, data.path or data.val_path")
-    role: str = item("what the run reads it for: train or val")
+    key: str = item("the key that names it: data.files, data.val_files, data.path, data.val_path or data.tokenizer")
+    role: str = item("what the run reads it for: train, val or vocabulary (data.tokenizer's files)")
     size: int = item("its size in bytes")
     mtime_ns: int = item("its modification time, in ns since the epoch")
     digest: str = item("'SCHEME:hex': sha256 of the whole file (whole) or of blocks spread over it (e.g. 16x4096)")

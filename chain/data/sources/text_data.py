@@ -20,7 +20,7 @@ from chain.data.catalog import DataInfo
 from chain.data.data_source import Read, Source
 from chain.data.sources import tokens_data
 from chain.data.sources.tokens_data import Windowed, describe_files, split
-from chain.data.streamed import TokenFiles
+from chain.data.streamed import TokenFiles, Tokenized
 from chain.errors import ConfigError
 from chain.fields import optional, required, setting, string
 
@@ -80,11 +80,12 @@ def shards(data: Text) -> TokenFiles:
         train, val_part = split(paths, sizes, val, data, "data.files", repr(data.files))
         return TokenFiles(train, val_part, BYTES, data.windows, "data.files", "data.val_files")
     vocabulary = text_tokens.vocabulary(data.tokenizer)
+    made_from = Tokenized(tuple(paths), tuple(val[0]) if val is not None else (), vocabulary.paths)
     paths, sizes, vocab = text_tokens.token_files(paths, vocabulary)
     if val is not None:
         val = text_tokens.token_files(val[0], vocabulary)[:2]
     train, val_part = split(paths, sizes, val, data, "data.files", repr(data.files), text_tokens.DTYPE)
-    return TokenFiles(train, val_part, vocab, data.windows, "data.files", "data.val_files")
+    return TokenFiles(train, val_part, vocab, data.windows, "data.files", "data.val_files", made_from)
 
 
 def describe(data: Text) -> DataInfo:

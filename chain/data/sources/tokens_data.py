@@ -11,7 +11,8 @@ The stream's position is saved with every checkpoint (`chain.data.token_stream`)
 reads the windows it would have read.
 
 No TensorFlow here. The ids are checked once: none may reach `data.vocab` (default: the largest id
-+ 1, found by reading the file once).
++ 1, found by reading the file once), nor its limit of 2^20; and a file that looks written at the
+other width than `data.dtype` is refused naming it (`chain.data.token_width`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from chain.data import files
+from chain.data import files, token_width
 from chain.data.catalog import DataInfo, Target, held_out
 from chain.data.data_source import MAX_CLASSES, DataSet, Read, Source
 from chain.data.streamed import TokenFiles, TokenPart
@@ -64,12 +65,15 @@ class Tokens(Windowed):
 
 
 def _tokens(path: str, key: str, dtype: str) -> int:
-    """How many ids `path` holds; one line if it is not a whole number of them."""
+    """How many ids `path` holds; one line if it is not a whole number of them, or if they look like
+    ids of the other width (`chain.data.token_width`)."""
     files.existing(path, key)
     size, width = os.path.getsize(path), np.dtype(dtype).itemsize
     if size % width:
         raise ConfigError(f"{key}={path!r} holds {size} bytes, not a whole number of data.dtype={dtype} ids "
                           f"({width} bytes each); give the dtype the file was written with")
+    if dtype == "uint16" and (line := token_width.narrow(path, key, size)) is not None:
+        raise ConfigError(line)
     return size // width
 
 
@@ -121,7 +125,12 @@ def shards(data: Tokens) -> TokenFiles:
             raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_path are both set; give one")
         val = ([data.val_path], [_tokens(data.val_path, "data.val_path", data.dtype)])
     train, val = split([data.path], [n], val, data, "data.path", repr(data.path))
-    top = max(largest(path, data.dtype) for p in (train, val) if p is not None for path in p.paths)
+    tops = {path: largest(path, data.dtype) for p in (train, val) if p is not None for path in p.paths}
+    for path, top in tops.items():
+        if top >= MAX_CLASSES:  # only a uint32 reading gets there: a uint16 id is below 65536
+            key = "data.path" if path == data.path else "data.val_path"
+            raise ConfigError(token_width.wide(path, key, top, largest(path, "uint16")))
+    top = max(tops.values())
     vocab = data.vocab if data.vocab is not None else max(2, top + 1)
     if top >= vocab:
         raise ConfigError(f"data.vocab={vocab}, but the token files hold the id {top}; ids are 0..vocab-1: set "
