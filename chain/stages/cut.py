@@ -552,7 +552,8 @@ class Piece:
         """The stage model's input(s) (one tensor, or a list: several tensors and masks cross into it)
         and the model's tensors they stand for (each masked one carrying its mask again)."""
         c, crossing = self.c, self.c.boundary[self.start]
-        if self.start == 0 and len(crossing) > 1:  # the model's own inputs (a dict, as keras_hub's), named as its
+        if self.start == 0 and (len(crossing) > 1 or isinstance(c.model.input, dict)):  # the model's own inputs (a
+            # dict, as keras_hub's, even of one key: a batch is matched to it by name), named as its
             struct = c.model.input
             flat = keras.tree.flatten(struct)
             new = [keras.Input(tuple(t.shape[1:]), dtype=t.dtype, name=t.name) for t in flat]
