@@ -100,6 +100,27 @@ def test_run_graph_runs_the_model_as_its_call_does_each_node_through_the_wrapper
     np.testing.assert_array_equal(out.numpy(), model(x, training=True).numpy())
 
 
+def test_run_nodes_gives_each_node_as_keras_walks_the_graph():
+    model, a, b = _functional()
+    x = tf.constant(np.random.default_rng(0).normal(size=(5, 4)), tf.float32)
+    seen = []
+
+    def wrap(node, call):
+        seen.append(node)
+        return call
+
+    out = keras_private.run_nodes(model, x, wrap)
+    assert [n.operation for n in seen] == [a, b] and seen[1].input_tensors == seen[0].outputs
+    np.testing.assert_array_equal(out.numpy(), model(x, training=False).numpy())
+
+
+def test_keras_mask_is_what_keras_attaches_when_it_runs_a_layer():
+    ids = tf.constant([[1, 2, 0]])
+    embedded = keras.layers.Embedding(3, 2, mask_zero=True)(ids)
+    np.testing.assert_array_equal(keras_private.keras_mask(embedded), [[True, True, False]])
+    assert keras_private.keras_mask(ids) is None
+
+
 def test_untrack_sublayer_drops_a_sublayers_weights_from_its_parent():
     class Outer(keras.layers.Layer):
         def __init__(self):
