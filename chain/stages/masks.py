@@ -96,12 +96,12 @@ def observe(graph: keras.Model, key: Callable[[Any], int]) -> tuple[list[Call], 
 
 
 def carried(graph: keras.Model, crossing: dict[int, list[int]], where: dict[int, int], key: Callable[[Any], int],
-            named: Callable[[int], str], recorded: Callable[[int], bool], name: str
+            describe: Callable[[int], str], recorded: Callable[[int], bool], name: str
             ) -> tuple[frozenset[tuple[int, int]], dict[int, str]]:
     """(position, tensor) for each tensor (`crossing[position]`, by id) that carries an implicit mask across
     a cut when Keras runs `graph`: the mask it carries as the first call after the cut (`where`: id(node) ->
     its layer's index, or the index of the layer an op runs after) takes it. Also the positions where a cut
-    cannot carry Keras' masks exactly, each with why (`named(t)`: a tensor in words; `recorded(t)`: whether
+    cannot carry Keras' masks exactly, each with why (`describe(t)`: a tensor in words; `recorded(t)`: whether
     the graph records a mask on it, which gives the mask's shape on the next stage)."""
     try:
         calls, values = observe(graph, key)
@@ -119,13 +119,13 @@ def carried(graph: keras.Model, crossing: dict[int, list[int]], where: dict[int,
                 continue
             alias = next((u for u in ts if u != t and values[u] is values[t]), None)
             if any(w < c and t in call.masked for w, call in placed[first + 1:]):
-                refused.setdefault(c, f"{named(t)} carries a Keras mask to the layers after the cut, but a layer "
+                refused.setdefault(c, f"{describe(t)} carries a Keras mask to the layers after the cut, but a layer "
                                       "before the cut runs later and may clear it")
             elif not recorded(t):
-                refused.setdefault(c, f"Keras attaches a mask to {named(t)} when the model runs, which its graph "
+                refused.setdefault(c, f"Keras attaches a mask to {describe(t)} when the model runs, which its graph "
                                       "does not record")
             elif alias is not None:  # a layer clearing one's mask clears the other's: not so across a cut
-                refused.setdefault(c, f"{named(t)} and {named(alias)} are one tensor when Keras runs the model (a "
+                refused.setdefault(c, f"{describe(t)} and {describe(alias)} are one tensor when Keras runs the model (a "
                                       "layer returned its input), but two across the cut, which Keras would mask apart")
             masked.add((c, t))
     return frozenset(masked), refused
