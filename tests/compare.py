@@ -46,17 +46,23 @@ def assert_trained_like_keras(run, reference, data, start: dict, leave_out: Sequ
         want = reference.train_on_batch(x, y)
         np.testing.assert_allclose(run.step(x, {target: y})["loss"], want[0] if isinstance(want, list) else want,
                                    rtol=1e-5)
-    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    assert_variables_like([v for s in run.stages for v in s.trainable_variables],
+                          {v.path: v.numpy() for v in reference.trainable_variables}, start, leave_out)
+
+
+def assert_variables_like(variables, want: dict, start: dict, leave_out: Sequence[str] = ()) -> None:
+    """`variables` (a cut model's, every stage's) against the reference's after training, `want` (by path;
+    `start`: before it), as `assert_trained_like_keras` compares them: the same paths, each within 1e-5, one
+    the reference left where it started within 1e-6 of its start, `leave_out` endings not compared."""
     seen = set()
-    for s in run.stages:
-        for v in s.trainable_variables:
-            seen.add(v.path)
-            if leave_out and v.path.endswith(tuple(leave_out)):
-                continue
-            if np.abs(want[v.path] - start[v.path]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
-                assert np.abs(v.numpy() - start[v.path]).max() < 1e-6, v.path
-                continue
-            assert rel_diff(v.numpy(), want[v.path]) <= 1e-5, v.path
+    for v in variables:
+        seen.add(v.path)
+        if leave_out and v.path.endswith(tuple(leave_out)):
+            continue
+        if np.abs(want[v.path] - start[v.path]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
+            assert np.abs(v.numpy() - start[v.path]).max() < 1e-6, v.path
+            continue
+        assert rel_diff(v.numpy(), want[v.path]) <= 1e-5, v.path
     assert seen == set(want)
 
 

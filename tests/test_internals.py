@@ -86,7 +86,7 @@ def test_plain_functional_tells_a_graph_run_by_keras_from_a_subclass_with_its_ow
     assert not keras_private.plain_functional(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]))
 
 
-def test_run_graph_runs_the_model_as_its_call_does_each_node_through_the_wrapper():
+def test_run_graph_and_run_nodes_run_the_model_as_its_call_does_each_node_through_the_wrapper():
     model, a, b = _functional()
     x = tf.constant(np.random.default_rng(0).normal(size=(5, 4)), tf.float32)
     seen = []
@@ -98,6 +98,17 @@ def test_run_graph_runs_the_model_as_its_call_does_each_node_through_the_wrapper
     out = keras_private.run_graph(model, x, wrap, training=True)
     assert seen == [a, b]
     np.testing.assert_array_equal(out.numpy(), model(x, training=True).numpy())
+    nodes = []  # run_nodes: the same walk, each node given
+    out = keras_private.run_nodes(model, x, lambda node, call: nodes.append(node) or call)
+    assert [n.operation for n in nodes] == [a, b] and nodes[1].input_tensors == nodes[0].outputs
+    np.testing.assert_array_equal(out.numpy(), model(x, training=False).numpy())
+
+
+def test_keras_mask_is_what_keras_attaches_when_it_runs_a_layer():
+    ids = tf.constant([[1, 2, 0]])
+    embedded = keras.layers.Embedding(3, 2, mask_zero=True)(ids)
+    np.testing.assert_array_equal(keras_private.keras_mask(embedded), [[True, True, False]])
+    assert keras_private.keras_mask(ids) is None
 
 
 def test_untrack_sublayer_drops_a_sublayers_weights_from_its_parent():

@@ -391,3 +391,30 @@ def test_gpt2_causal_lm_per_token_cut_between_blocks_trains_like_keras(tmp_path,
     assert_trained_like_keras(run, reference, steps, start)
     want = {v.path: v.numpy() for v in reference.trainable_variables}
     assert rel_diff(want["token_embedding/embeddings"], start["token_embedding/embeddings"]) > 1e-3
+
+
+def esm2_classifier() -> keras.Model:
+    """ESM2Backbone as shipped (its one input a dict of one key, `{"token_ids"}`: the padding is id 0) with a
+    classifier head on its first position."""
+    keras.utils.set_random_seed(5)
+    backbone = keras_hub.models.ESM2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
+    first = backbone(backbone.input)[:, 0, :]
+    return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(first), name="esm2_classifier")
+
+
+def one_key_encoder() -> keras.Model:
+    """The smallest model of one named input, `{"token_ids"}`."""
+    keras.utils.set_random_seed(6)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    h = keras.layers.GlobalAveragePooling1D(name="pool")(keras.layers.Embedding(VOCAB, 4, name="token_embedding")(ids))
+    return keras.Model({"token_ids": ids}, keras.layers.Dense(VOCAB, name="head")(h), name="one_key")
+
+
+@pytest.mark.parametrize("make, stages", [(esm2_classifier, 2), (one_key_encoder, 1)], ids=["esm2-K2", "one-key-K1"])
+def test_a_dict_of_one_key_is_matched_to_the_models_input_by_name(make, stages):
+    """ESM2 takes `{"token_ids": x}` (before: Keras' `Missing data for input "input_layer"`, the first stage's
+    input made unnamed, at every K): `run.forward` and `run.step` take the dict, equal to `model.predict` and
+    Keras' own `train_on_batch`, cut between ESM2's blocks, and a model of one named input whole."""
+    data = [({"token_ids": x["token_ids"]}, y) for x, y in batches(3)]
+    predicts_and_trains_like_keras(make, data, stages, "gpipe", between_blocks(make, 2) if stages == 2 else [])

@@ -1,5 +1,6 @@
 """Keras' private parts chain uses: a functional model's graph nodes (`_nodes_by_depth`) and its
-own graph walk (`_run_through_graph`, `_standardize_inputs`, `keras.src.models.functional`), a
+own graph walk (`_run_through_graph`, `_standardize_inputs`, `keras.src.models.functional`; the order it calls
+the nodes in), a
 layer's tracked sublayers (`_layers`) and attributes (`_delete_tracking`) and every layer under a model (`_flatten_layers`),
 BatchNormalization's batch moments (`_moments`, patched per layer), and an optimizer's variable
 index and slot lists (`_get_variable_index`, `_trainable_variables`, Adam's `_momentums` and
@@ -38,6 +39,21 @@ def run_graph(model: Any, inputs: Any, wrap: Callable[[Any, Callable], Callable]
 
     out = model._run_through_graph(model._standardize_inputs(inputs), operation_fn=operation_fn)
     return functional.unpack_singleton(out)
+
+
+def run_nodes(model: Any, inputs: Any, wrap: Callable[[Any, Callable], Callable], training: bool = False) -> Any:
+    """`run_graph`, each call passed through `wrap(node, call)`: the graph node it runs (its arguments,
+    its output tensors), not only its operation. Keras' graph walk calls the nodes in `graph_nodes`'
+    order (input nodes aside); a walk in another order raises RuntimeError."""
+    nodes = iter([node for node in graph_nodes(model) if not node.is_input])
+
+    def by_node(op: Any, call: Callable) -> Callable:
+        node = next(nodes, None)
+        if node is None or node.operation is not op:
+            raise RuntimeError(f"Keras' graph walk of {model.name!r} called {op.name!r} out of its nodes' order")
+        return wrap(node, call)
+
+    return run_graph(model, inputs, by_node, training=training)
 
 
 def untrack_sublayer(layer: Any, sub: Any) -> None:

@@ -38,7 +38,8 @@ from chain.internals.keras_private import (graph_nodes, keras_mask, move_variabl
                                            untrack_sublayer)
 from chain.planning import balance
 from chain.stages.bodies import Body
-from chain.stages.masks import MaskOf, WithMask
+from chain.stages.masks import MaskOf, WithMask, carried
+from chain.stages.named_inputs import named
 from chain.stages.stage import SharedCopy
 
 
@@ -66,7 +67,9 @@ class Cuttable:
     # (zbv's last stage, with the first on device 0) reads a tied weight from it, one variable, not a copy
     clones: dict[tuple[str, int], keras.layers.Layer] = field(default_factory=dict)
     ops: dict[int, list[Any]] = field(default_factory=dict)  # layer index (-1: none yet) -> op nodes run after it
-    masked: frozenset[int] = frozenset()  # id(crossing tensor) for those carrying an implicit Keras mask
+    # (cut position, id(crossing tensor)) for those carrying an implicit Keras mask across it when Keras runs the model
+    masked: frozenset[tuple[int, int]] = frozenset()
+    refused: dict[int, str] = field(default_factory=dict)  # cut position -> why no stage may start there
     alias: dict[int, Any] = field(default_factory=dict)  # id(a nested model's input or output) -> what it stands for
 
     def params(self) -> list[int]:
@@ -84,7 +87,7 @@ class Cuttable:
 
     def crossing(self, position: int) -> int:
         """Values per example of the tensors crossing cut `position` (0: the model's input), masks included."""
-        return sum(math.prod(d or 1 for d in t.shape[1:]) * (1 + (id(t) in self.masked))
+        return sum(math.prod(d or 1 for d in t.shape[1:]) * (1 + ((position, id(t)) in self.masked))
                    for t in self.boundary[position])
 
     def structure(self) -> list[Any]:
@@ -282,23 +285,35 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
     use(out, len(layers), "the model's output")
     crossing: dict[int, list[int]] = {c: [] for c in range(1, len(layers))}
     blocked: dict[int, str] = {}
-    for t, (q, consumer) in sorted(last_use.items(), key=lambda kv: made[kv[0]]):
+
+    def source(t: int) -> str:
         p, k = made[t]
+        if p < 0:
+            return "the model's input"
+        return f"output {k} of {layers[p].name!r} (layer {p})" if len(nodes[p].outputs) > 1 else \
+            f"the output of {layers[p].name!r} (layer {p})"
+    for t, (q, consumer) in sorted(last_use.items(), key=lambda kv: made[kv[0]]):
+        p = made[t][0]
         for c in range(max(p + 1, 1), min(q, len(layers) - 1) + 1):  # t crosses the cuts before layers p+1..q
             crossing[c].append(t)
-        source = "the model's input" if p < 0 else f"the output of {layers[p].name!r} (layer {p})"
-        if p >= 0 and len(nodes[p].outputs) > 1:
-            source = f"output {k} of {layers[p].name!r} (layer {p})"
         for c in range(p + 2, q + 1):  # cuts before layers p+2..q separate producer p from consumer q
-            blocked.setdefault(c, f"layer {consumer!r} (layer {q}) takes {source} across it")
+            blocked.setdefault(c, f"layer {consumer!r} (layer {q}) takes {source(t)} across it")
     for c, ts in crossing.items():
         if len(ts) > 1:
             blocked.setdefault(c, f"layer {layers[c - 1].name!r} (layer {c - 1}) passes {len(ts)} tensors across it")
     allowed = [c for c in range(1, len(layers)) if c not in blocked]
     boundary = {0: list(graph.inputs), len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
-    masked = frozenset(t for ts in crossing.values() for t in ts if keras_mask(tensors[t]) is not None)
+    masked, refused = frozenset(), {}
+
+    def recorded(t: int) -> bool:
+        return keras_mask(tensors[t]) is not None
+    if any(recorded(t) for ts in crossing.values() for t in ts):  # the graph's record: which ones Keras carries
+        where = {id(n): i for i, n in enumerate(nodes)} | {id(n): p for p, ns in ops.items() for n in ns}
+        masked, refused = carried(graph, crossing, where, key, source, recorded, name)
+        allowed = [c for c in allowed if c not in refused]
     shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, blocked, tied, ops=ops, masked=masked, alias=alias)
+    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, {**refused, **blocked}, tied, ops=ops,
+                    masked=masked, refused=refused, alias=alias)
 
 
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
@@ -315,6 +330,10 @@ def check_sizes(c: Cuttable, sizes: Sequence[int], key: str) -> None:
     if sum(sizes) != len(c.layers):
         raise ConfigError(f"{key}={list(sizes)} adds up to {sum(sizes)} layers, but {c.name} has {len(c.layers)} "
                           f"({', '.join(layer.name for layer in c.layers)})")
+    for at in balance.sizes_to_cuts(sizes):
+        if at in c.refused:
+            raise ConfigError(f"{key}={list(sizes)} cuts {c.name} before layer {c.layers[at].name!r} (layer {at}), "
+                              f"where {c.refused[at]}: cut elsewhere")
 
 
 def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, costs: Sequence[Sequence[float]] | None,
@@ -354,7 +373,8 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
                               f"{_one_tensor_cuts(c)}), and each stage's head in {one_tensor} reads one tensor, its "
                               "stage's output: use fewer stages, or mode=e2e")
         return one
-    found = balance.partition(rows, n_stages, range(1, len(c.layers)), weights=weights)
+    found = balance.partition(rows, n_stages, [p for p in range(1, len(c.layers)) if p not in c.refused],
+                              weights=weights)
     if one is not None and (found is None or max(balance.stage_costs(rows, one))
                             <= ONE_TENSOR_SLACK * max(balance.stage_costs(rows, found))):
         found = one
@@ -568,7 +588,7 @@ class Piece:
         leaves = []
         for t in c.boundary[end]:  # each crossing tensor, then its implicit mask (if it carries one)
             leaves.append(made[id(t)])
-            if id(t) in c.masked and end < len(c.layers):
+            if (end, id(t)) in c.masked:
                 leaves.append(MaskOf(name=f"mask_of_{len(leaves) - 1}")(made[id(t)]))
         model = keras.Model(inputs, leaves[0] if len(leaves) == 1 else leaves, name=name)
         shared: dict[str, SharedCopy] = {}
@@ -598,12 +618,13 @@ class Piece:
         """The stage model's input(s) (one tensor, or a list: several tensors and masks cross into it)
         and the model's tensors they stand for (each masked one carrying its mask again)."""
         c, crossing = self.c, self.c.boundary[self.start]
-        if self.start == 0 and len(crossing) > 1:  # the model's own inputs (a dict, as keras_hub's), named as its
+        if self.start == 0 and (len(crossing) > 1 or named(c.model) is not None):  # the model's own inputs (a dict,
+            # as keras_hub's, even of one key: a batch is matched to it by name), named as its
             struct = c.model.input
             flat = keras.tree.flatten(struct)
             new = [keras.Input(tuple(t.shape[1:]), dtype=t.dtype, name=t.name) for t in flat]
             return keras.tree.pack_sequence_as(struct, new), {id(t): n for t, n in zip(flat, new)}
-        if len(crossing) == 1 and id(crossing[0]) not in c.masked:  # the shape the previous stage gives
+        if len(crossing) == 1 and (self.start, id(crossing[0])) not in c.masked:  # the shape the previous stage gives
             inp = keras.Input(tuple(input_shape), dtype=_kept_dtype(crossing[0]))  # token ids stay integers
             return inp, {id(crossing[0]): inp}
         given = list(input_shape) if isinstance(input_shape, list) else []  # the previous stage's leaves' shapes
@@ -617,7 +638,7 @@ class Piece:
         for t in crossing:
             inputs.append(keras.Input(shape(t), dtype=_kept_dtype(t)))
             made[id(t)] = inputs[-1]
-            if id(t) in c.masked:
+            if (self.start, id(t)) in c.masked:
                 mask = keras_mask(t)
                 inputs.append(keras.Input(shape(mask), dtype=mask.dtype))
                 made[id(t)] = WithMask()([made[id(t)], inputs[-1]])
