@@ -9,6 +9,7 @@ from __future__ import annotations
 import keras
 
 
+@keras.saving.register_keras_serializable(package="chain")
 class MaskOf(keras.layers.Layer):
     """The implicit mask Keras attached to the tensor this layer is called on (a boolean tensor)."""
 
@@ -19,6 +20,7 @@ class MaskOf(keras.layers.Layer):
         return None
 
 
+@keras.saving.register_keras_serializable(package="chain")
 class WithMask(keras.layers.Layer):
     """`[tensor, mask]` -> the tensor, carrying `mask` as its implicit Keras mask again."""
 
