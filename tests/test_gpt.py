@@ -118,9 +118,10 @@ def test_generate_continues_the_prompt_greedily_as_the_exported_model_predicts(t
 
 
 def test_the_exports_load_with_plain_keras_in_a_fresh_interpreter_after_import_chain(trained):
-    """`import chain` imports no Keras, yet registers chain's Keras classes once Keras is imported: a fresh
-    interpreter loads the run's chain.keras (its TokenEmbedding) and stage files with `keras.models.load_model`,
-    and the whole model computes as it does here."""
+    """`import chain` imports no Keras, yet registers chain's Keras classes once Keras is imported (here by
+    TensorFlow's import, which looks Keras up before it imports it): a fresh interpreter loads the run's
+    chain.keras (its TokenEmbedding) and stage files with `keras.models.load_model`, and the whole model
+    computes as it does here."""
     import json
     import os
     import subprocess
@@ -130,7 +131,7 @@ def test_the_exports_load_with_plain_keras_in_a_fresh_interpreter_after_import_c
     paths = [str(run / name) for name in ("chain.keras", "stage_00.keras", "stage_01.keras")]
     code = ("import json, sys, numpy as np, chain\n"
             "assert 'keras' not in sys.modules\n"
-            "import keras\n"
+            "import tensorflow, keras\n"
             f"models = [keras.models.load_model(p) for p in {paths!r}]\n"
             f"x = np.arange({SEQ}, dtype='int32')[None]\n"
             "print(json.dumps(np.asarray(models[0](x)).tolist()))\n")

@@ -10,7 +10,7 @@ from chain.config.schema import Builder, KerasOptimizer, Settings
 from chain.data.sources.callable_data import FromCallable
 
 
-def optimizer_key(s: Settings, i: int) -> str:
+def _optimizer_key(s: Settings, i: int) -> str:
     """The key that set stage `i`'s optimizer: `optim._target_`, or `stages[i].optim._target_` when the
     stage names its own."""
     return "optim._target_" if s.stages[i].optim == s.optim else f"stages[{i}].optim._target_"
@@ -34,4 +34,4 @@ def check(s: Settings) -> None:
         if isinstance(st.model, Builder):
             targets.function(f"stages[{i}].model._target_", st.model.target, targets.BUILDER_RETURNS)
         if isinstance(st.optim, KerasOptimizer):
-            targets.optimizer_class(optimizer_key(s, i), st.optim._target_)
+            targets.optimizer_class(_optimizer_key(s, i), st.optim._target_)

@@ -23,23 +23,25 @@ def register() -> None:
 
 
 class _AfterKeras(importlib.abc.MetaPathFinder):
-    """Finds `keras` as the path finder does, with a loader that runs `register` once Keras is loaded;
-    off the meta path after its first find."""
+    """Finds `keras` as the path finder does, with a loader that runs `register` once Keras is loaded
+    (and takes this finder off the meta path). A find alone loads nothing: TensorFlow asks for Keras'
+    spec (`importlib.util.find_spec`) before it imports Keras."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "keras":
             return None
-        sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         load = spec.loader.exec_module
 
         def exec_module(module):
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             load(module)
             register()
 
-        spec.loader.exec_module = exec_module  # this spec's loader object only
+        spec.loader.exec_module = exec_module  # this spec's own loader object (each find makes one)
         return spec
 
 
