@@ -13,12 +13,15 @@ Importing this package does not import TensorFlow; `setup`, `prepare` and `build
 start-up banner hidden and TensorFlow's C++ log level set to 3 unless TF_CPP_MIN_LOG_LEVEL is set
 (`chain.cli.quiet_environment`, set here, before anything imports TensorFlow). Their errors (and
 `compose`'s) are chain's exceptions (`chain.errors`), one line each, raised with a traceback of the
-caller's frames and this module's only.
+caller's frames and this module's only. Once Keras is imported (before or after this package), chain's
+own Keras classes are registered with it (`chain.stages.registered`): a run's exports load with plain
+`keras.models.load_model`.
 
 The package, layer by layer, bottom first (each imports only the layers before it;
 docs/architecture.md draws it, tests/test_structure.py checks it):
 
     errors, fields, cli, testhooks    leaves: exceptions, setting fields, command-line helpers, test hooks
+    targets      a config's `_target_`s resolved and their kind checked before anything calls them
     data/        catalog (shapes, targets), sources (one module per source), loader (arrays), stream (tf.data)
     config/      settings: compose, schema, checks, shapes (no TensorFlow)
     planning/    devices, inventory, planner, cluster, balance, memory, footprint (estimated peaks), fit
@@ -39,8 +42,10 @@ from typing import Callable, Sequence, TypeVar
 import chain.config  # noqa: F401 (TensorFlow-free; `chain.config` as an attribute of the package)
 from chain.cli import import_tensorflow_quietly, quiet_environment
 from chain.errors import ChainError, ConfigError, DeviceError
+from chain.stages import registered
 
 quiet_environment()  # before TensorFlow is imported, by chain or by the caller: its C++ level is read then
+registered.when_keras_is_imported()  # a run's exports load with keras.models.load_model, Keras imported before or after
 
 __all__ = ["compose", "prepare", "setup", "build", "ChainError", "ConfigError", "DeviceError"]
 

@@ -99,8 +99,6 @@ def generate(cwd, *args: str):
 def oracle(path, prompt: bytes, n: int) -> bytes:
     """The argmax loop over the exported whole model's `predict` (the window: the last SEQ bytes, padded
     on the right; read at the context's last position)."""
-    from chain.stages import gpt  # noqa: F401 - registers TokenEmbedding
-
     model = keras.models.load_model(path)
     ids = list(prompt)
     for _ in range(n):
@@ -117,6 +115,32 @@ def test_generate_continues_the_prompt_greedily_as_the_exported_model_predicts(t
     assert first.returncode == 0, first.stderr
     assert first.stdout == again.stdout
     assert first.stdout == oracle(trained / "run" / "chain.keras", b"the qu", 12).decode(errors="replace") + "\n"
+
+
+def test_the_exports_load_with_plain_keras_in_a_fresh_interpreter_after_import_chain(trained):
+    """`import chain` imports no Keras, yet registers chain's Keras classes once Keras is imported (here by
+    TensorFlow's import, which looks Keras up before it imports it): a fresh interpreter loads the run's
+    chain.keras (its TokenEmbedding) and stage files with `keras.models.load_model`, and the whole model
+    computes as it does here."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    run = trained / "run"
+    paths = [str(run / name) for name in ("chain.keras", "stage_00.keras", "stage_01.keras")]
+    code = ("import json, sys, numpy as np, chain\n"
+            "assert 'keras' not in sys.modules\n"
+            "import tensorflow, keras\n"
+            f"models = [keras.models.load_model(p) for p in {paths!r}]\n"
+            f"x = np.arange({SEQ}, dtype='int32')[None]\n"
+            "print(json.dumps(np.asarray(models[0](x)).tolist()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    here = np.asarray(keras.models.load_model(paths[0])(np.arange(SEQ, dtype="int32")[None]))
+    np.testing.assert_allclose(np.array(json.loads(out.stdout.splitlines()[-1])), here, rtol=1e-5, atol=1e-6)
 
 
 def test_generate_samples_reproducibly_at_a_temperature_and_crops_a_long_prompt(trained):

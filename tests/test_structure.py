@@ -66,7 +66,7 @@ def imports(module: str, typing: bool = False, source: str | None = None) -> lis
 LAYERS: list[tuple[str, ...]] = [
     ("chain.errors",),  # the exceptions: import nothing of chain
     ("chain.fields", "chain.cli", "chain.testhooks", "chain.records", "chain.internals",
-     "chain.schedule"),  # leaves: chain.errors at most
+     "chain.schedule", "chain.targets"),  # leaves: chain.errors at most
     ("chain.data",),
     ("chain.config",),
     ("chain.planning",),

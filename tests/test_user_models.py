@@ -79,10 +79,10 @@ def test_bad_builders_are_one_line_and_leave_nothing(tmp_path, overrides, messag
 
 
 def test_a_target_that_cannot_be_imported_or_raises_reads_alike_for_models_and_data():
-    """Hydra's instantiate errors have one reading (`chain.errors.instantiate_error`) for a model
-    builder and a data function: an import that fails names Python's reason (not Hydra's advice
-    to set HYDRA_FULL_ERROR), a target that raises shows its own error's first line."""
-    why = "(ModuleNotFoundError(\"No module named 'no_such_pkg'\") Are you sure that module 'no_such_pkg' is installed?)"
+    """A target that cannot be imported reads alike for a model builder and a data function (Python's
+    reason, found when the config is checked); a target that raises when called shows its own error's
+    first line."""
+    why = "(ModuleNotFoundError: No module named 'no_such_pkg')"
     cases = {"no_such_pkg.nets.x": f"cannot import it {why}", "user_nets.broken": None,
              "user_datasets.broken": None}
     for target in cases:
@@ -99,6 +99,41 @@ def test_a_target_that_cannot_be_imported_or_raises_reads_alike_for_models_and_d
             assert said["model"] == f"{model} raised RuntimeError: the builder failed on purpose"
         else:
             assert said["data"] == f"data._target_={target} raised RuntimeError: the function failed on purpose"
+
+
+def test_a_target_of_the_wrong_kind_is_refused_before_it_is_called(tmp_path):
+    """`optim._target_` naming a function (here one that writes a file): one line naming the key, exit 2,
+    the function never called and no run directory."""
+    ran = tmp_path / "ran"
+    r = cli_with_nets(tmp_path, "optim._target_=user_nets.writes_a_file", f"+optim.file={ran}", "trainer.steps=2",
+                      *SYNTH)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and lines == [
+        "error: optim._target_=user_nets.writes_a_file is a function, not a Keras optimizer class (a subclass of "
+        "keras.optimizers.Optimizer): name one, e.g. keras.optimizers.RMSprop"], r.stderr
+    assert not ran.exists() and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim._target_=keras.layers.Dense"], "optim._target_=keras.layers.Dense is the class Dense, not a Keras "
+                                            "optimizer class (a subclass of keras.optimizers.Optimizer)"),
+    (["+stages=[{optim: {_target_: collections.OrderedDict}},{}]"],
+     "stages[0].optim._target_=collections.OrderedDict is the class OrderedDict, not a Keras optimizer class"),
+    (["optim._target_=keras.optimizers.Adam.no_such"],
+     "optim._target_=keras.optimizers.Adam.no_such: cannot import it (keras.optimizers.Adam has no 'no_such')"),
+    (["model._target_=user_nets.keras"], "stages[0].model._target_=user_nets.keras is a module, not a function: name "
+                                         "a function that returns a keras.Layer, a keras.Model or a list of layers"),
+    (["+stages=[{},{model: {_target_: user_nets.missing}}]"],
+     "stages[1].model._target_=user_nets.missing: cannot import it (user_nets has no 'missing')"),
+    (["data=callable", "data._target_=user_datasets.np"], "data._target_=user_datasets.np is a module, not a function: "
+                                                         "name a function that returns a tf.data.Dataset of (x, y)"),
+])
+def test_every_kind_of_target_is_checked_when_the_config_is(overrides, message):
+    """Each `_target_` is resolved and its kind checked by `chain.compose` (the preparation pass), before a
+    build could call it."""
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose(overrides)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
 # --- one model cut into stages ---------------------------------------------------------------

@@ -25,6 +25,13 @@ def broken(input_shape):
     raise RuntimeError("the builder failed on purpose")
 
 
+def writes_a_file(file, **kwargs):
+    """Code a config names that must not run where it does not belong (an optimizer's `_target_`):
+    calling it writes `file`."""
+    with open(file, "w") as f:
+        f.write("called")
+
+
 def not_a_layer(input_shape):
     return "a string"
 

@@ -1,6 +1,7 @@
 """Configs: compose the packaged Hydra configs with overrides and validate them, once, into
 a typed, frozen `Settings` (nothing here imports TensorFlow, so a bad config fails in
-well under a second).
+well under a second; a `_target_`'s module is imported to check what it names, and TensorFlow with it
+when the module needs it).
 
     settings = chain.config.compose(["+stages=3", "trainer.steps=5"])   # -> Settings
     settings = chain.config.validate(hydra_cfg)                          # a composed DictConfig
@@ -9,7 +10,8 @@ well under a second).
 Modules: `schema` (the sections as dataclasses; each key's check comes from `chain.fields`, the
 `data` section's forms from `chain.data.sources`), `checks` (what must hold across keys),
 `shapes` (stage shapes and sizes from the config alone), `device_names` (device-name syntax),
-`variants` (side-by-side models), `hydra` (the packaged config groups and overrides), the schedule
+`variants` (side-by-side models), `named_code` (every `_target_` resolved and its kind checked, nothing
+called), `hydra` (the packaged config groups and overrides), the schedule
 a run's settings ask for and its checks (`schedule_choice`, over `chain.schedule`; `pipeline.schedule`'s
 names are the schema's choice, from `chain.schedule.schedules`). What the config cannot know by
 itself (the devices, the schedule built once for the run) is the preparation pass's, `chain.prepared`.
@@ -22,7 +24,7 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf
 
-from chain.config import checks
+from chain.config import checks, named_code
 from chain.config.hydra import compose_config, group_defaults, group_options, normalize_overrides, override_key
 from chain.config.schema import Settings, expand_stages, parse
 from chain.config.variants import expand as expand_variants
@@ -44,10 +46,13 @@ def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
 
 def validate_and_describe(cfg: DictConfig | dict[str, Any]) -> tuple[Settings, DataInfo | None]:
     """`validate`, returning also the data set's description it checked the settings against
-    (made once, here; None for data only TensorFlow reads)."""
+    (made once, here; None for data only TensorFlow reads). Every `_target_` is resolved and its kind
+    checked last (`named_code`: it imports the targets' modules), nothing of it called."""
     s = _parse(cfg)
     info = describe(s.data)
-    return checks.settle(s, info), info
+    s = checks.settle(s, info)
+    named_code.check(s)
+    return s, info
 
 
 def _parse(cfg: DictConfig | dict[str, Any]) -> Settings:

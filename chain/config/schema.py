@@ -296,7 +296,8 @@ class KerasOptimizer(Recipe):
     SELECTED_BY: ClassVar[str] = "_target_"
     EXTRA: ClassVar[str] = "kwargs"
     _target_: str = setting(required(optimizer_path, "optim._target_=keras.optimizers.RMSprop"),
-        "a Keras optimizer's import path (keras.optimizers.RMSprop), created through Hydra's instantiate")
+        "a Keras optimizer class's import path (keras.optimizers.RMSprop), created through Hydra's instantiate; "
+        "anything else is refused before it is called")
     kwargs: dict = field(default_factory=dict)
 
 

@@ -1,6 +1,7 @@
 """The sources only TensorFlow can read, read into NumPy arrays once, at build time: TFRecord
 files (`records`, for `data=tfrecord`) and the user's function returning a `tf.data.Dataset`
-(`call`, for `data=callable`: called through Hydra's `instantiate`).
+(`call`, for `data=callable`: resolved and checked by `chain.targets`, then called through Hydra's
+`instantiate`).
 
 Reading everything once is what lets every source be checked whole before training (shapes,
 label ranges, the number of classes), split deterministically into training and validation
@@ -19,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 
+from chain import targets
 from chain.data import files, tfrecord_files
 from chain.data.catalog import target_keys
 from chain.errors import ConfigError, first_line, instantiate_error
@@ -106,17 +108,18 @@ def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray],
 
 
 def _call(data) -> tf.data.Dataset:
-    """Call the user's function through Hydra's `instantiate` (its checks on targets included)."""
+    """Call the user's function through Hydra's `instantiate` (its checks on targets included), once it is
+    resolved and checked to be callable (`chain.targets.function`)."""
     from hydra.utils import instantiate
 
     what = f"data._target_={data._target_}"
+    targets.function("data._target_", data._target_, targets.DATA_FUNCTION_RETURNS)
     try:
         result = instantiate({"_target_": data._target_, **data.kwargs})
     except Exception as e:  # noqa: BLE001 (the user's function may raise anything; Hydra wraps it)
         raise instantiate_error(e, what) from None
     if not isinstance(result, tf.data.Dataset):
-        raise ConfigError(f"{what} returned {type(result).__name__}; it must return a tf.data.Dataset of "
-                          "(x, y) or (x, {name: y}) examples")
+        raise ConfigError(f"{what} returned {type(result).__name__}; it must return {targets.DATA_FUNCTION_RETURNS}")
     if result.cardinality() == tf.data.INFINITE_CARDINALITY:
         raise ConfigError(f"{what} returned an endless dataset (it repeats); return each example once: "
                           "chain repeats and shuffles it")

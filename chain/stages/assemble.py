@@ -13,6 +13,7 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
+from chain import targets
 from chain.config.schema import NO_DECAY_NORM, AdamW, Conv, KerasOptimizer, Model, Optim, Sgd, StageSpec
 from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError, instantiate_error
@@ -80,8 +81,9 @@ def make_optimizer(spec: Optim, name: str | None = None, global_clip: bool = Tru
     not the chain's, so there the step clips (`chain.steps.clipping`) and the optimizer does not.
     `optim.fused` makes the update TensorFlow's fused kernel (`chain.stages.fused`); `optim.schedule`
     makes the learning rate a Keras schedule (`chain.stages.lr_schedules`); `optim._target_` names
-    any Keras optimizer, created through Hydra's `instantiate`. AdamW's exclusions from the decay
-    are the stage's to set (`exclude_from_decay`), once its variables exist.
+    any Keras optimizer class (checked to be one before it is called), created through Hydra's
+    `instantiate`. AdamW's exclusions from the decay are the stage's to set (`exclude_from_decay`),
+    once its variables exist.
     """
     from chain.stages import fused
 
@@ -101,20 +103,18 @@ def make_optimizer(spec: Optim, name: str | None = None, global_clip: bool = Tru
 
 
 def _instantiated(spec: KerasOptimizer, lr, name: str | None, clips: dict) -> keras.optimizers.Optimizer:
-    """`optim._target_`'s optimizer, through Hydra's `instantiate`; one ConfigError line naming the key
-    when it cannot be made or is not a Keras optimizer."""
+    """`optim._target_`'s optimizer: its class resolved and checked first (`chain.targets.optimizer_class`:
+    nothing of a wrong kind is called), then made through Hydra's `instantiate` (its policy on targets
+    too); one ConfigError line naming the key when it cannot be."""
     from hydra.utils import instantiate
 
     what = f"optim._target_={spec._target_}"
+    targets.optimizer_class("optim._target_", spec._target_)
     try:
-        optimizer = instantiate({"_target_": spec._target_, **spec.kwargs}, learning_rate=lr, name=name,
-                                **{k: v for k, v in clips.items() if v is not None})
+        return instantiate({"_target_": spec._target_, **spec.kwargs}, learning_rate=lr, name=name,
+                           **{k: v for k, v in clips.items() if v is not None})
     except Exception as e:  # noqa: BLE001 - whatever the user's target raises is one line naming it
         raise instantiate_error(e, what) from None
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ConfigError(f"{what} made a {type(optimizer).__name__}, not a Keras optimizer "
-                          "(keras.optimizers.Optimizer); name an optimizer class, e.g. keras.optimizers.RMSprop")
-    return optimizer
 
 
 def exclude_from_decay(optimizer: keras.optimizers.Optimizer, spec: Optim, stage: Stage) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import keras
 
+from chain import targets
 from chain.errors import ConfigError, first_line, instantiate_error
 from chain.stages import named_inputs
 
@@ -70,7 +71,12 @@ def from_builder(target: str | Callable, kwargs: dict | None, what: str) -> Body
 
     It is called as `target(input_shape=shape, **kwargs)` inside the stage's device scope,
     under the stage's dtype policy; `what` names it in errors (`stages[1].model._target_=...`).
+    An import path is resolved and checked to be callable first (`chain.targets.function`), then
+    called through Hydra's `instantiate`.
     """
+    if isinstance(target, str):
+        targets.function(what.partition("=")[0], target, targets.BUILDER_RETURNS)
+
     def body(input_shape: tuple, policy: Any, name: str) -> keras.Model:
         from hydra.utils import instantiate
 

@@ -23,6 +23,7 @@ from chain.errors import ConfigError, first_line
 from chain.internals.keras_private import keras_mask, plain_functional, run_nodes
 
 
+@keras.saving.register_keras_serializable(package="chain")
 class MaskOf(keras.layers.Layer):
     """The implicit mask Keras attached to the tensor this layer is called on (a boolean tensor)."""
 
@@ -33,6 +34,7 @@ class MaskOf(keras.layers.Layer):
         return None
 
 
+@keras.saving.register_keras_serializable(package="chain")
 class WithMask(keras.layers.Layer):
     """`[tensor, mask]` -> the tensor, carrying `mask` as its implicit Keras mask again."""
 

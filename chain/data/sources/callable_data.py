@@ -26,7 +26,8 @@ class FromCallable(DataSet):
     SELECTED_BY: ClassVar[str] = "_target_"
     EXTRA: ClassVar[str] = "kwargs"
     _target_: str = setting(required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"),
-        "your function's import path, called through Hydra; its arguments are +data.ARG keys (required)")
+        "your function's import path (checked to be callable before the run), called through Hydra; its arguments "
+        "are +data.ARG keys (required)")
     classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))),
         "a target's kind: {name: number of classes, or 0 for a real value}; default from its dtype")
     max_examples: int = setting(integer(1, MAX_BATCH), "more examples than this is refused (an endless dataset?)")
