@@ -227,7 +227,7 @@ def mixtral_lm() -> keras.Model:
     """MixtralCausalLM as shipped: each block's sparse mixture of 4 experts (top 2) adds its load-balancing loss
     with `add_loss` in training. Its coefficient stays the default 0.02: keras_hub 0.32's
     `MixtralTransformerDecoder.get_config` leaves `router_aux_loss_coef` out, so a block re-created from its
-    config (a cut stage's, as `clone_model`'s) has 0.02 whatever the model was built with (docs/your-models.md)."""
+    config (a cut stage's) has 0.02 whatever the model was built with (docs/your-models.md)."""
     keras.utils.set_random_seed(6)
     backbone = keras_hub.models.MixtralBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
                                                 num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, num_experts=4,

@@ -241,7 +241,7 @@ def test_add_loss_terms_are_part_of_the_loss_like_model_fit():
 
 @pytest.mark.parametrize("overrides, parts, way_out", [
     (["mode=e2e", "pipeline.microbatches=2"], "pipeline.microbatches=2 equal microbatches",
-     ": use pipeline.add_loss=per_microbatch (each part's terms weighed by its share"),
+     ": use pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "),
     (["mode=local", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks", ": use trainer.grad_accum=1"),
     (["mode=local", "trainer.grad_accum=2", "pipeline.add_loss=per_microbatch"], "trainer.grad_accum=2 equal chunks",
      ": pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not PipelinedLocal's: use trainer.grad_accum=1"),
@@ -333,11 +333,16 @@ def test_add_loss_per_microbatch_weighs_each_microbatch_s_terms_by_its_share(ove
         assert rel_diff(trained[v0.path], v.numpy()) <= 1e-5, v.path
 
 
+def test_add_loss_per_microbatch_outside_a_pipeline_is_noted_as_ignored():
+    notes = chain.compose([*SYNTH, "mode=local", "pipeline.add_loss=per_microbatch"]).notes
+    assert any(n.startswith("pipeline.add_loss=per_microbatch ignored: mode=local") for n in notes)
+
+
 def test_add_loss_on_microbatches_from_the_command_line_is_one_line_and_leaves_nothing(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     r = run_cli(tmp_path, "mode=e2e", "pipeline.microbatches=2", "trainer.steps=2", *SYNTH,
                 "+stages=[{model: {_target_: user_nets.with_added_loss}},{model: {_target_: user_nets.head}}]",
                 env={"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])})
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and "add_loss" in lines[0], r.stderr
+    assert r.returncode == 2 and len(lines) == 1 and "use pipeline.add_loss=per_microbatch" in lines[0], r.stderr
     assert not (tmp_path / "outputs").exists()

@@ -130,9 +130,9 @@ class Strategy(ABC):
             return
         stage, n = counts[0]
         if self.weighs_added_losses:
-            way_out = ("use pipeline.add_loss=per_microbatch (each part's terms weighed by its share, exact only for a "
-                       "mean over examples), or pipeline.microbatches=1 and trainer.grad_accum=1, or an "
-                       "activity_regularizer (Keras averages those over the batch)")
+            way_out = ("use pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "
+                       "pipeline.microbatches=1 and trainer.grad_accum=1, or an activity_regularizer (Keras averages "
+                       "those over the batch)")
         else:
             way_out = ((f"pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not {self.way}'s: "
                         if per_microbatch else "")
