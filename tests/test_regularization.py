@@ -309,9 +309,11 @@ PER_MICROBATCH = ["mode=e2e", "pipeline.microbatches=4", "pipeline.add_loss=per_
     (["pipeline.schedule=interleaved", "pipeline.virtual_stages=2", "+stages=4", "placement.split=[2,2,1,1]"], 4),
     (["pipeline.schedule=zbv", "+stages=4", "placement.split=[2,2,1,1]"], 4),
     (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]", "placement.replicas=2"], 8),
-], ids=["gpipe", "1f1b", "zb1", "interleaved", "zbv", "1f1b-copies"])
+    (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]", "trainer.grad_accum=2"], 8),
+], ids=["gpipe", "1f1b", "zb1", "interleaved", "zbv", "1f1b-copies", "gpipe-accum2"])
 def test_add_loss_per_microbatch_weighs_each_microbatch_s_terms_by_its_share(overrides, parts):
-    """`pipeline.add_loss=per_microbatch` (M=4; with 2 copies, each copy's share in 4: 8 parts): the step's
+    """`pipeline.add_loss=per_microbatch` (M=4; with 2 copies, each copy's share in 4; with
+    `trainer.grad_accum=2`, a step's two batches in 4 each: 8 parts): the step's
     loss is each microbatch's cross-entropy and `add_loss` terms weighed by its share, as computed by hand
     (which for a term over the batch differs from the whole batch's), and one SGD step equals a one-device
     tape loop summing the same weighted microbatches; the run's notes say so, and that such a term is not

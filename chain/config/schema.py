@@ -390,7 +390,7 @@ class Pipeline:
     add_loss: str = setting(choice(*ADD_LOSS),
         "mode=e2e: a model's add_loss terms with microbatches (or trainer.grad_accum): exact (refused unless the "
         "batch is computed whole) or per_microbatch (each microbatch's terms weighed by its share of the batch, as "
-        "Megatron and DeepSpeed: exact only for a term that is a mean over examples)")
+        "Megatron and DeepSpeed do: exact only for a term that is a mean over examples)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -130,16 +130,16 @@ class Strategy(ABC):
             return
         stage, n = counts[0]
         if self.weighs_added_losses:
-            way_out = ("use pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "
-                       "pipeline.microbatches=1 and trainer.grad_accum=1, or an activity_regularizer (Keras averages "
-                       "those over the batch)")
+            options = ("pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "
+                       "pipeline.microbatches=1 and trainer.grad_accum=1")
         else:
-            way_out = ((f"pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not {self.way}'s: "
-                        if per_microbatch else "")
-                       + "use trainer.grad_accum=1, or an activity_regularizer (Keras averages those over the batch)")
+            options = "trainer.grad_accum=1"
+        besides = (f"pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not {self.way}'s: "
+                   if per_microbatch and not self.weighs_added_losses else "")
         raise ConfigError(f"stage {stage.index} ({stage.describe()}) adds {n} loss term(s) with add_loss, and {parts} "
                           "would compute them on parts of each batch, which equals the whole batch's term only for a "
-                          f"mean over examples: {way_out}")
+                          f"mean over examples: {besides}use {options}, or an activity_regularizer (Keras averages "
+                          "those over the batch)")
 
     def build_copy(self, devices: Sequence[str | None]) -> list[Stage]:
         """One set of the stages on `devices`, built as the objective says (its heads, read-out and
