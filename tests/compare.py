@@ -133,6 +133,34 @@ def sgd_step(reference, device: str, lr: float):
     return step
 
 
+def microbatch_sgd_step(reference, device: str, lr: float, microbatches: int):
+    """`step(x, y) -> loss`: one SGD step of `reference` on `device` in a plain tape loop (eager: a
+    keras_hub model's dict inputs as they come), the batch cut into `microbatches` equal parts, each
+    part's cross-entropy from logits plus its own `reference.losses` (the `add_loss` terms of that part's
+    call) weighed by 1/microbatches, the gradients summed: the one-device oracle of
+    `pipeline.add_loss=per_microbatch`."""
+    with tf.device(device):
+        opt = keras.optimizers.SGD(learning_rate=lr)
+        opt.build(reference.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    variables = reference.trainable_variables
+
+    def step(x, y):
+        xs = [tf.nest.map_structure(lambda t, k=k: tf.split(t, microbatches)[k], x) for k in range(microbatches)]
+        total, sums = 0.0, [tf.zeros_like(v) for v in variables]
+        with tf.device(device):
+            for xm, ym in zip(xs, tf.split(y, microbatches)):
+                with tf.GradientTape() as tape:
+                    value = loss_fn(ym, reference(xm, training=True))
+                    value = (value + tf.add_n([tf.cast(t, tf.float32) for t in reference.losses])) / microbatches
+                sums = [a + tf.convert_to_tensor(g) for a, g in zip(sums, tape.gradient(value, variables))]
+                total += float(value)
+            opt.apply_gradients(zip(sums, variables))
+        return total
+
+    return step
+
+
 def trains_like_one_device(run, reference, device: str, steps: int = 4, lr: float = 0.1, batches=None) -> None:
     """`steps` SGD steps of the chain equal the same steps of `reference` (a copy of the uncut
     model) in a tape loop on `device` on the same batches (`batches`, (x, {"label": y}) pairs; default

@@ -125,10 +125,14 @@ SHOWN = {
     ("your-data.md", "error: data.files: record 25 of shards/train-001.tfrecord"): "tests/test_damaged_data.py",
     ("your-data.md", "error: data.path='u32.bin' looks like uint32 ids"): "tests/test_token_data.py",
     ("your-data.md", "error: data.path='u16.bin' read as data.dtype=uint32"): "tests/test_token_data.py",
+    ("pipeline.md", "error: stage 0 (with_added_loss) adds 1 loss term(s) with add_loss"): "a builder of the tests' "
+                                                                                            "(tests/test_regularization.py)",
 }
 
 # Text blocks that are neither transcripts nor error lines, by a piece of their first line: why not compared.
 TEXT = {
+    ("pipeline.md", "note: pipeline.add_loss=per_microbatch"): "a cut MoE's note (tests/test_keras_hub.py, "
+                                                                "tests/test_regularization.py)",
     ("architecture.md", "command line / chain.compose"): "a diagram of the layers",
     ("index.md", "chain/"): "the source tree",
     ("run-directory.md", "outputs/DATE/TIME/"): "the run directory's files",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import keras
 import keras_hub  # the `lm` extra and keras-hub without its dependencies (README's test command)
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import chain
-from compare import assert_trained_like_keras, rel_diff
+from compare import assert_trained_like_keras, microbatch_sgd_step, rel_diff
 
 VOCAB, SEQ, BATCH = 50, 8, 16
 RUN = ["mode=e2e", "pipeline.microbatches=4", "data=synthetic", "data.features=6", f"data.classes={VOCAB}",
@@ -220,6 +221,73 @@ def test_adam_equals_keras_adam_with_its_sparse_embedding_update(name, stages, s
     make, segments = MODELS[name]
     predicts_and_trains_like_keras(make, batches(3, segments), stages, schedule,
                                    [*between_blocks(make, stages), f"optim.fused={str(fused).lower()}"], adam=True)
+
+
+def mixtral_lm() -> keras.Model:
+    """MixtralCausalLM as shipped: each block's sparse mixture of 4 experts (top 2) adds its load-balancing loss
+    with `add_loss` in training. Its coefficient stays the default 0.02: keras_hub 0.32's
+    `MixtralTransformerDecoder.get_config` leaves `router_aux_loss_coef` out, so a block re-created from its
+    config (a cut stage's) has 0.02 whatever the model was built with (docs/your-models.md)."""
+    keras.utils.set_random_seed(6)
+    backbone = keras_hub.models.MixtralBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                                                num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, num_experts=4,
+                                                top_k=2, dropout=0.0)
+    return keras_hub.models.MixtralCausalLM(backbone=backbone, preprocessor=None)
+
+
+def qwen3_moe_lm() -> keras.Model:
+    """Qwen3MoeCausalLM as shipped: a mixture of 4 experts (top 2) per block, its load-balancing loss by `add_loss`
+    (its coefficient 1, not 0.001, so the term moves the weights visibly)."""
+    keras.utils.set_random_seed(7)
+    backbone = keras_hub.models.Qwen3MoeBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
+                                                 num_key_value_heads=1, hidden_dim=8, intermediate_dim=16,
+                                                 moe_intermediate_dim=8, num_experts=4, top_k=2, head_dim=4,
+                                                 router_aux_loss_coefficient=1.0, dropout=0.0)
+    return keras_hub.models.Qwen3MoeCausalLM(backbone=backbone, preprocessor=None)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_mixture_of_experts_trains_with_microbatches_its_load_balancing_loss_per_microbatch(name):
+    """A mixture of experts (read at its last position) in 2 stages, GPipe, M=4: refused by default in one line
+    naming `pipeline.add_loss=per_microbatch` (its load-balancing loss is an `add_loss` term over the batch's
+    tokens); with it, the forward equals `model.predict`, and one SGD step equals a one-device tape loop over the
+    same 4 microbatches, each's loss and load-balancing terms weighed 1/4 (not the whole batch's loss), loss and
+    every weight within 1e-5. (Tracing the pipelined step is most of the test's time: one step.)"""
+    make = next_token({"mixtral": mixtral_lm, "qwen3_moe": qwen3_moe_lm}[name])
+    model, reference = make(), make()
+    overrides = ["+stages=2", "pipeline.schedule=gpipe", *RUN, *between_blocks(make, 2)]
+    with pytest.raises(chain.ConfigError) as e:
+        chain.build(chain.compose(overrides), model=model)
+    assert str(e.value).startswith("stage 0 (") and "use pipeline.add_loss=per_microbatch" in str(e.value)
+    run = chain.build(chain.compose([*overrides, "pipeline.add_loss=per_microbatch"]), model=model)
+    assert any(n.startswith("pipeline.add_loss=per_microbatch: the add_loss terms of stage(s) 0, 1 ")
+               for n in run.placement.notes)
+    ((x, y),) = batches(1)
+    np.testing.assert_allclose(run.forward(x)["body_1"].numpy(), model.predict(x, verbose=0), rtol=0, atol=1e-6)
+    whole = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, reference(x, training=True))
+    whole = float(whole + sum(reference.losses))  # the batch's one load-balancing term per block
+    start = {v.path: v.numpy() for v in reference.trainable_variables}
+    got, oracle = float(run.step(x, {"label": y})["loss"]), microbatch_sgd_step(reference, "/CPU:0", 0.1, 4)(x, y)
+    np.testing.assert_allclose(got, oracle, rtol=1e-5)
+    assert abs(got - whole) > 1e-4 * abs(whole)  # the microbatches' terms, not the batch's
+    trained = {unnumbered(v.path): v.numpy() for s in run.stages for v in s.trainable_variables}
+    want = {unnumbered(v.path): v.numpy() for v in reference.trainable_variables}
+    start = {unnumbered(path): value for path, value in start.items()}
+    assert trained.keys() == want.keys() == start.keys() and len(want) == len(reference.trainable_variables)
+    for path, value in want.items():
+        if np.abs(value - start[path]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
+            assert np.abs(trained[path] - start[path]).max() < 1e-6, path
+            continue
+        assert rel_diff(trained[path], value) <= 1e-5, path
+    router = [path for path in want if path.endswith("sparse_feedforward_gate_dense/kernel")]
+    assert len(router) == 2 and all(rel_diff(want[path], start[path]) > 1e-4 for path in router)
+
+
+def unnumbered(path: str) -> str:
+    """A variable's path without the numbers Keras appends to a nested layer's default name (each block's
+    `mixtral_sparse_moe_block_8`, another in the copy): the model's own layers keep their names."""
+    first, *rest = path.split("/")
+    return "/".join([first, *[re.sub(r"_\d+$", "", part) for part in rest]])
 
 
 HUBNETS = f'''

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import chain
 import user_nets
-from compare import norm_rel_diff, rel_diff
+from compare import microbatch_sgd_step, norm_rel_diff, rel_diff
 from conftest import run_cli
 from graph_audit import audit
 
@@ -239,18 +239,105 @@ def test_add_loss_terms_are_part_of_the_loss_like_model_fit():
     trains_like_fit(run, reference)
 
 
-@pytest.mark.parametrize("overrides, parts", [
-    (["mode=e2e", "pipeline.microbatches=2"], "pipeline.microbatches=2 equal microbatches"),
-    (["mode=local", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks"),
-    (["mode=e2e", "placement.fallback=mirrored", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks"),
+@pytest.mark.parametrize("overrides, parts, way_out", [
+    (["mode=e2e", "pipeline.microbatches=2"], "pipeline.microbatches=2 equal microbatches",
+     ": use pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "),
+    (["mode=local", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks", ": use trainer.grad_accum=1"),
+    (["mode=local", "trainer.grad_accum=2", "pipeline.add_loss=per_microbatch"], "trainer.grad_accum=2 equal chunks",
+     ": pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not PipelinedLocal's: use trainer.grad_accum=1"),
+    (["mode=e2e", "placement.fallback=mirrored", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks",
+     ": use trainer.grad_accum=1"),
 ])
-def test_add_loss_terms_on_parts_of_a_batch_are_refused(overrides, parts):
+def test_add_loss_terms_on_parts_of_a_batch_are_refused(overrides, parts, way_out):
     """An `add_loss` term computed per microbatch or chunk need not add up to the whole batch's
-    (a sum over examples would not): refused in one line naming the stage and the keys."""
+    (a sum over examples would not): by default (`pipeline.add_loss=exact`), and where the step does not
+    weigh each part's terms (not a pipeline), refused in one line naming the stage, the keys and the way out."""
     with pytest.raises(chain.ConfigError) as e:
         chain.build(chain.compose([*SYNTH, *overrides]), stages=ADDED)
     message = str(e.value)
     assert message.startswith("stage 0 (") and "add_loss" in message and parts in message and "\n" not in message
+    assert way_out in message
+
+
+class SquaredBatchMean(keras.layers.Layer):
+    """Passes its input through and adds `weight x sum((the batch's mean activation)^2)`: a term over
+    the batch as a whole (a mean over examples only inside the square), as an MoE's load-balancing loss."""
+
+    def __init__(self, weight=0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.weight = weight
+
+    def call(self, x):
+        self.add_loss(self.weight * keras.ops.sum(keras.ops.square(keras.ops.mean(x, axis=0))))
+        return x
+
+
+def batch_terms_model() -> keras.Model:
+    """Six layers, one term over the batch (`SquaredBatchMean`) and one mean over examples (`MeanSquare`)."""
+    keras.utils.set_random_seed(8)
+    x = keras.Input((6,))
+    h = SquaredBatchMean(name="batch_term")(keras.layers.Dense(8, activation="tanh", name="d0")(x))
+    h = user_nets.MeanSquare(name="example_term")(keras.layers.Dense(8, activation="tanh", name="d1")(h))
+    return keras.Model(x, keras.layers.Dense(4, name="out")(keras.layers.Dense(8, activation="tanh", name="d2")(h)))
+
+
+def by_hand(model: keras.Model, x: np.ndarray, y: np.ndarray, m: int) -> tuple[float, float]:
+    """The loss in NumPy from `model`'s weights: (per microbatch: each of the `m` parts' cross-entropy and
+    terms weighed 1/m, summed; the whole batch's)."""
+    w = {layer.name: [v.numpy().astype(np.float64) for v in layer.weights] for layer in model.layers}
+
+    def loss(x, y):
+        h0 = np.tanh(x @ w["d0"][0] + w["d0"][1])
+        h1 = np.tanh(h0 @ w["d1"][0] + w["d1"][1])
+        logits = np.tanh(h1 @ w["d2"][0] + w["d2"][1]) @ w["out"][0] + w["out"][1]
+        logits -= logits.max(-1, keepdims=True)
+        ce = np.mean(np.log(np.exp(logits).sum(-1)) - logits[np.arange(len(y)), y])
+        return ce + 0.5 * np.sum(np.mean(h0, 0) ** 2) + 0.1 * np.mean(h1 ** 2)
+
+    parts = zip(np.split(x.astype(np.float64), m), np.split(y, m))
+    return sum(loss(xm, ym) for xm, ym in parts) / m, loss(x.astype(np.float64), y)
+
+
+PER_MICROBATCH = ["mode=e2e", "pipeline.microbatches=4", "pipeline.add_loss=per_microbatch", "optim=sgd", "optim.lr=0.5",
+                  *[o for o in SYNTH if not o.startswith("optim")]]
+
+
+@pytest.mark.parametrize("overrides, parts", [
+    (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]"], 4),
+    (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]"], 4),
+    (["pipeline.schedule=zb1", "+stages=2", "placement.split=[3,3]"], 4),
+    (["pipeline.schedule=interleaved", "pipeline.virtual_stages=2", "+stages=4", "placement.split=[2,2,1,1]"], 4),
+    (["pipeline.schedule=zbv", "+stages=4", "placement.split=[2,2,1,1]"], 4),
+    (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]", "placement.replicas=2"], 8),
+    (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]", "trainer.grad_accum=2"], 8),
+], ids=["gpipe", "1f1b", "zb1", "interleaved", "zbv", "1f1b-copies", "gpipe-accum2"])
+def test_add_loss_per_microbatch_weighs_each_microbatch_s_terms_by_its_share(overrides, parts):
+    """`pipeline.add_loss=per_microbatch` (M=4; with 2 copies, each copy's share in 4; with
+    `trainer.grad_accum=2`, a step's two batches in 4 each: 8 parts): the step's
+    loss is each microbatch's cross-entropy and `add_loss` terms weighed by its share, as computed by hand
+    (which for a term over the batch differs from the whole batch's), and one SGD step equals a one-device
+    tape loop summing the same weighted microbatches; the run's notes say so, and that such a term is not
+    the whole batch's."""
+    model = batch_terms_model()
+    reference = copy_of(model)
+    run = chain.build(chain.compose([*PER_MICROBATCH, *overrides]), model=model)
+    (note,) = [n for n in run.placement.notes if n.startswith("pipeline.add_loss=per_microbatch")]
+    assert "stage(s) 0, 1 " in note and "mean over examples" in note and "MoE" in note
+    x, ys = next(iter(run.batches()))
+    x, y = np.asarray(x), np.asarray(ys["label"])
+    per_part, whole = by_hand(reference, x, y, parts)
+    assert abs(per_part - whole) > 1e-3  # the batch term's square of a mean: the parts' terms are not the whole's
+    got = float(run.step(x, ys)["loss"])
+    want = microbatch_sgd_step(reference, "/CPU:0", 0.5, parts)(tf.constant(x), tf.constant(y))
+    np.testing.assert_allclose([got, want], per_part, rtol=1e-5)
+    trained = {v.path: v.numpy() for s in run.stages for v in s.model.trainable_variables}
+    for v, v0 in zip(reference.trainable_variables, model.trainable_variables):
+        assert rel_diff(trained[v0.path], v.numpy()) <= 1e-5, v.path
+
+
+def test_add_loss_per_microbatch_outside_a_pipeline_is_noted_as_ignored():
+    notes = chain.compose([*SYNTH, "mode=local", "pipeline.add_loss=per_microbatch"]).notes
+    assert any(n.startswith("pipeline.add_loss=per_microbatch ignored: mode=local") for n in notes)
 
 
 def test_add_loss_on_microbatches_from_the_command_line_is_one_line_and_leaves_nothing(tmp_path):
@@ -259,5 +346,5 @@ def test_add_loss_on_microbatches_from_the_command_line_is_one_line_and_leaves_n
                 "+stages=[{model: {_target_: user_nets.with_added_loss}},{model: {_target_: user_nets.head}}]",
                 env={"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])})
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and "add_loss" in lines[0], r.stderr
+    assert r.returncode == 2 and len(lines) == 1 and "use pipeline.add_loss=per_microbatch" in lines[0], r.stderr
     assert not (tmp_path / "outputs").exists()

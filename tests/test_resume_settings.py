@@ -312,3 +312,17 @@ def test_a_checkpoint_from_before_clipping_and_batch_norm_settings_resumes_only_
                           ("pipeline.batch_norm=deferred", "pipeline.batch_norm")]:
         with pytest.raises(ChainError, match=rf"^the checkpoint was written with {key}='\(unset\)'"):
             check_resume(RunSettings(old), validate(chain.compose(SMALL + E2E + [override])), 3)
+
+
+def test_pipeline_add_loss_may_change_on_resume_and_a_checkpoint_from_before_it_resumes_under_either():
+    """`pipeline.add_loss` says which `add_loss` terms a run accepts, not what a step computes: a checkpoint
+    written before it existed, or with the other value, resumes under either value without a note."""
+    from chain.config import validate
+    from chain.state.run_settings import RunSettings, check_resume
+
+    settings = validate(chain.compose(SMALL + E2E))
+    values = RunSettings.of(settings).values
+    before = {**values, "pipeline": {k: v for k, v in values["pipeline"].items() if k != "add_loss"}}
+    per_microbatch = validate(chain.compose(SMALL + E2E + ["pipeline.add_loss=per_microbatch"]))
+    for saved in (RunSettings(before), RunSettings.of(settings), RunSettings.of(per_microbatch)):
+        assert check_resume(saved, settings, 3) == [] and check_resume(saved, per_microbatch, 3) == []

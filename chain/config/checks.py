@@ -324,7 +324,7 @@ def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
                               "pipeline.recompute=never or pipeline.batch_norm=microbatch")
     else:
         defaults = {"schedule": "gpipe", "microbatches": 1, "batch_norm": "microbatch", "recompute": "never",
-                    "virtual_stages": 1, "schedule_file": None, "schedule_out": None}
+                    "virtual_stages": 1, "schedule_file": None, "schedule_out": None, "add_loss": "exact"}
         ignored = [f"pipeline.{k}={v}" for k, v in ((k, getattr(s.pipeline, k)) for k in defaults) if v != defaults[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")

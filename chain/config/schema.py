@@ -36,6 +36,7 @@ BALANCES = ("even", "params", "time", "memory")
 PLANS = ("manual", "auto")  # placement.plan
 BATCH_NORMS = ("microbatch", "deferred")
 RECOMPUTE = ("never", "except_last", "always")  # torchgpipe's checkpoint=...
+ADD_LOSS = ("exact", "per_microbatch")  # pipeline.add_loss
 
 # Bounds that keep every value within what the code (and validation, in O(1)) handles.
 MAX_STAGES = 512
@@ -387,6 +388,10 @@ class Pipeline:
         "mode=e2e: keep each stage's input only and redo its forward in the backward (except_last: "
         "all but each round's last microbatch); less activation memory, one more forward on each stage "
         "but the last")
+    add_loss: str = setting(choice(*ADD_LOSS),
+        "mode=e2e: a model's add_loss terms with microbatches (or trainer.grad_accum): exact (refused unless the "
+        "batch is computed whole) or per_microbatch (each microbatch's terms weighed by its share of the batch, as "
+        "Megatron and DeepSpeed do: exact only for a term that is a mean over examples)")
 
 
 @dataclass(frozen=True, kw_only=True)

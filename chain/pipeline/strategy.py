@@ -34,6 +34,7 @@ class Scheduled(Strategy):
     name = PIPELINE
     title = "Pipelined"  # with the chain's objective: PipelinedChain
     shared_weights = True  # the step sums a tied weight's copies' gradients (`chain.steps.tied`)
+    weighs_added_losses = True  # `chain.steps.forward` weighs each microbatch's `model.losses` by its share
     objective: ChainObjective  # a schedule's step learns the chain's one loss
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,

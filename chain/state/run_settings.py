@@ -13,7 +13,8 @@ its own config (`check`), key by key:
 - may change without a word (not the math): the run's length, log/evaluation/checkpoint
   cadence, steps per call (bit for bit the same), `trainer.on_nan`, early stopping's
   patience, profiling, the stall watch (`trainer.stall_s`, `trainer.stall_action`), devices and memory limits, cluster addresses, `checkpoint.*`, `oom.*`,
-  `pipeline.recompute` (what a stage keeps for its backward, not what it computes);
+  `pipeline.recompute` (what a stage keeps for its backward, not what it computes), `pipeline.add_loss`
+  (which `add_loss` terms a run accepts, not what a step computes);
 - everything else is refused in one line naming the key with its old and new value: the
   model, the loss, the data and its batch, the seed, the mode, gradient accumulation, the
   pipeline's schedule and microbatches (they change float rounding, so the resumed run would
@@ -47,7 +48,8 @@ FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_
         "checkpoint.", "cluster.", "oom.", "placement.devices", "placement.visible", "placement.memory_limit_mb",
         "placement.reserve_mb", "placement.memory_growth", "placement.log_device_placement",
         "placement.cpu_memory_mb", "placement.plan", "placement.plan_budget_s",  # plan=auto's choice is in the others
-        "pipeline.recompute")  # what a stage keeps for its backward, not what it computes
+        "pipeline.recompute",  # what a stage keeps for its backward, not what it computes
+        "pipeline.add_loss")  # which add_loss terms a run accepts (`exact` refuses what `per_microbatch` computes)
 _STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
 # Settings added after checkpoints were first written, with the value that is the behaviour from

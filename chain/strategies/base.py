@@ -40,16 +40,10 @@ from chain.steps.evaluate import evaluation
 from chain.strategies.objectives import Evaluation, Objective
 
 
-def _refuse_added_losses(stage: Stage, parts: str) -> None:
-    """ConfigError if `stage`'s model adds `add_loss` terms (`losses.added_losses`): computed on
-    parts of a batch they need not add up to the whole batch's, which Keras' `fit` minimizes."""
+def _added_losses(stage: Stage) -> int:
+    """How many `add_loss` terms `stage`'s model adds (`losses.added_losses`), probed on its device."""
     with tf.device(stage.device):
-        n = losses.added_losses(stage.model)
-    if n:
-        raise ConfigError(f"stage {stage.index} ({stage.describe()}) adds {n} loss term(s) with add_loss, and {parts} "
-                          "would compute them on parts of each batch, which equals the whole batch's term only for a "
-                          "mean over examples: use pipeline.microbatches=1 and trainer.grad_accum=1, or an "
-                          "activity_regularizer (Keras averages those over the batch)")
+        return losses.added_losses(stage.model)
 
 
 class Strategy(ABC):
@@ -68,6 +62,7 @@ class Strategy(ABC):
     schedule = None
     progress = None  # a pipeline step's markers (`trainer.stall_s`: `position`, `waiting`)
     shared_weights: bool = False  # True: its step sums the gradients of a weight several stages hold
+    weighs_added_losses: bool = False  # True: its step can weigh each part's add_loss terms (pipeline.add_loss)
 
     def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
                  learns: type[Objective],
@@ -106,15 +101,45 @@ class Strategy(ABC):
         self._refuse_shared_weights(stages)
         parts = self.parts()
         if parts is not None:
-            for stage, body in zip(stages, self.bodies or [None] * len(stages)):
-                if body is not None:  # the chain's own bodies add no losses
-                    _refuse_added_losses(stage, parts)
+            self._added_losses_on_parts(stages, parts)
         with_terms = [str(st.index) for st in stages if losses.regularized(st.model, st.head)]
         if with_terms:
             self.placement = self.placement.noted(  # a new record: the one planned is never changed
                 f"the loss of stage(s) {', '.join(with_terms)} includes their regularizers "
                 "(model.losses), as Keras' fit: the logged loss is the loss plus these terms")
         return stages
+
+    def _added_losses_on_parts(self, stages: Sequence[Stage], parts: str) -> None:
+        """A user's stages adding `add_loss` terms when a device computes its loss in `parts`: a note
+        under `pipeline.add_loss=per_microbatch` where the step weighs each part's terms by its share of
+        the batch (`weighs_added_losses`), else a ConfigError: on parts of a batch a term need not add
+        up to the whole batch's, which Keras' `fit` minimizes."""
+        counts = [(stage, _added_losses(stage)) for stage, body in zip(stages, self.bodies or [None] * len(stages))
+                  if body is not None]  # the chain's own bodies add no losses
+        counts = [(stage, n) for stage, n in counts if n]
+        if not counts:
+            return
+        per_microbatch = self.settings.pipeline.add_loss == "per_microbatch"
+        if per_microbatch and self.weighs_added_losses:
+            indices = ", ".join(str(st.index) for st, _ in counts)
+            self.placement = self.placement.noted(  # a new record: the one planned is never changed
+                f"pipeline.add_loss=per_microbatch: the add_loss terms of stage(s) {indices} "
+                f"are computed per microbatch ({self.cut_description()}) and weighed by its share of the batch (as "
+                "Megatron and DeepSpeed do): exact for a term that is a mean over examples, not for one computed over "
+                "the batch as a whole, such as an MoE's load-balancing loss over its tokens' routing")
+            return
+        stage, n = counts[0]
+        if self.weighs_added_losses:
+            options = ("pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "
+                       "pipeline.microbatches=1 and trainer.grad_accum=1")
+        else:
+            options = "trainer.grad_accum=1"
+        besides = (f"pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not {self.way}'s: "
+                   if per_microbatch and not self.weighs_added_losses else "")
+        raise ConfigError(f"stage {stage.index} ({stage.describe()}) adds {n} loss term(s) with add_loss, and {parts} "
+                          "would compute them on parts of each batch, which equals the whole batch's term only for a "
+                          f"mean over examples: {besides}use {options}, or an activity_regularizer (Keras averages "
+                          "those over the batch)")
 
     def build_copy(self, devices: Sequence[str | None]) -> list[Stage]:
         """One set of the stages on `devices`, built as the objective says (its heads, read-out and
