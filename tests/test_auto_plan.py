@@ -251,14 +251,97 @@ def test_when_nothing_fits_plan_auto_refuses_in_one_line_naming_the_shortfall():
     assert "data.batch_size" in text and "more devices" in text
 
 
-def test_model_gpt_is_refused_in_one_line_that_names_it(tmp_path):
+def gpt_config(tmp_path) -> list[str]:
+    """A tiny `model=gpt` on a text file's bytes, planned by plan=auto."""
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
-    spec = prepare(chain.compose(["model=gpt", "data=text", f"data.files={text}", "data.seq_len=16", "mode=e2e",
-                                  "+stages=2", "placement.plan=auto", "trainer.progress=false"]))
-    spec = replace(spec, placement=building.apply(spec))
-    with pytest.raises(ConfigError, match="model=gpt takes token ids: set placement.plan=manual"):
-        planned.settle(spec, str(tmp_path))
+    return ["model=gpt", "model.width=8", "model.depth=2", "model.heads=2", "data=text", f"data.files={text}",
+            "data.seq_len=8", "data.batch_size=8", "data.val_fraction=0", "mode=e2e", "optim=sgd", "optim.lr=0.1",
+            "trainer.progress=false", "checkpoint.export=false", "placement.plan=auto"]
+
+
+def test_model_gpt_is_planned_on_token_ids_and_trains_bit_for_bit_like_its_plan_by_hand(tmp_path):
+    """Issue 51: `model=gpt ... placement.plan=auto` ended `placement.plan=auto times pieces on float examples,
+    and model=gpt takes token ids`. It is now timed on ids of its vocabulary; the plan trains like it by hand."""
+    base = gpt_config(tmp_path)
+    spec = prepare(chain.compose([*base, "+stages=2"]))
+    spec = planned.settle(replace(spec, placement=building.apply(spec)), str(tmp_path))
+    plan = spec.auto_plan
+    assert len(cost_cache.read(str(tmp_path / planned.CACHE)).costs.pieces) > 2  # cut between its blocks
+    assert " ".join(plan.chosen.candidate.overrides()[:2]) in plan_table.render(plan)
+    auto = chain.build(spec)
+    hand = chain.build(chain.compose([*base[:-1], *plan.chosen.candidate.overrides()]))
+    assert len(auto.stages) == plan.chosen.candidate.stages
+    assert_bit_identical(auto, hand, steps=2)
+
+
+def embedded_model(seq: int = 6, vocab: int = 20) -> keras.Model:
+    """A user's model of integer ids: an Embedding first (its padding 0 masked: its graph carries the mask to
+    the average), a per-position Dense, the masked average, the logits."""
+    keras.utils.set_random_seed(9)
+    ids = keras.Input((seq,), dtype="int32")
+    h = L.Embedding(vocab, 8, mask_zero=True, name="embed")(ids)
+    h = L.Dense(8, activation="tanh", name="ff")(h)
+    return keras.Model(ids, L.Dense(4, name="logits")(L.GlobalAveragePooling1D(name="pool")(h)), name="embedded")
+
+
+def test_a_users_integer_input_model_with_a_mask_across_its_cuts_is_planned_and_trains_like_it_by_hand(
+        tmp_path, monkeypatch):
+    """Before: `placement.plan=auto times pieces that take one tensor, but embedded ... carries a Keras mask
+    across its cuts`. Its ids (data=npz, int32, no vocabulary) are drawn within its Embedding's (two devices
+    taken as two physical ones: each piece's F, B and W, and the copies' exchange, timed on them)."""
+    two_physical(monkeypatch)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ids.npz", x=rng.integers(0, 20, (64, 6)).astype("int32"), y=rng.integers(0, 4, 64))
+    data = ["data=npz", f"data.path={tmp_path / 'ids.npz'}", "data.y=y", "data.batch_size=16", "data.val_fraction=0"]
+    base = [*data, *(o for o in BASE if not o.startswith("data"))]  # placement.plan=auto last
+    spec = prepare(chain.compose([*base, "+stages=2"]))
+    spec = planned.settle(replace(spec, placement=building.apply(spec)), str(tmp_path), embedded_model())
+    costs = cost_cache.read(str(tmp_path / planned.CACHE)).costs
+    assert [tuple(p) for p in costs.pieces] == [(0, 3), (3, 4)] and list(costs.crossing) == [8, 4]
+    auto = chain.build(spec, model=embedded_model())
+    hand = chain.build(chain.compose([*base[:-1], *spec.auto_plan.chosen.candidate.overrides()]),
+                       model=embedded_model())
+    assert_bit_identical(auto, hand, steps=2)
+
+
+def test_examples_are_what_each_piece_takes():
+    """`chain.stages.examples`: ids within the vocabulary (also floats an Embedding reads), keras_hub's
+    padding_mask of ones and segment_ids of zeros, a mask true, the open length the data's."""
+    from chain.stages import examples
+
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    pad, seg = keras.Input((None,), dtype="int32", name="padding_mask"), keras.Input((None,), name="segment_ids")
+    floats = keras.Input((None,), name="floats")
+    h = L.Embedding(7, 2)(ids) + L.Embedding(7, 2)(floats) + keras.ops.expand_dims(keras.ops.cast(pad, "float32")
+                                                                                  + seg, -1)
+    model = keras.Model({"token_ids": ids, "padding_mask": pad, "segment_ids": seg, "floats": floats}, h)
+    signature = examples.first(model, examples.Feed((5,), vocab=3))
+    made = examples.make(signature, 64, 3)
+    assert signature["floats"].ids and signature["padding_mask"].fill == 1 and signature["segment_ids"].fill == 0
+    for key in ("token_ids", "floats"):
+        assert made[key].shape == (64, 5) and set(np.unique(made[key].numpy())) == {0, 1, 2}
+    assert made["token_ids"].dtype == "int32" and made["floats"].dtype == "float32"
+    assert np.all(made["padding_mask"].numpy() == 1) and np.all(made["segment_ids"].numpy() == 0)
+    (given,) = examples.chained([model], examples.Feed((5,), vocab=3))[1:]
+    assert given == examples.Leaf((5, 2), "float32")
+    # a piece giving a tensor and its mask, and the next taking both: the mask true, only floats differentiated
+    x = keras.Input((None,), dtype="int32")
+    masking = keras.Model(x, [L.Embedding(7, 2)(x), keras.ops.not_equal(x, -1)])
+    h, mask = keras.Input((None, 2)), keras.Input((None,), dtype="bool")
+    taking = keras.Model([h, mask], L.GlobalAveragePooling1D()(L.Dense(3)(h), mask=mask))
+    signatures = examples.chained([masking, taking], examples.Feed((5,), vocab=7))
+    assert signatures[1] == [examples.Leaf((5, 2), "float32"), examples.Leaf((5,), "bool", 1)]
+    assert examples.values(signatures[1]) == 15 and signatures[2] == examples.Leaf((3,), "float32")
+    piece = plan_timing._Piece(taking, DEVICES[0], signatures[1], signatures[2], 7)
+    assert piece.time("FBW", 4, 2, 0.0, 0.0) >= 0.0
+
+
+def test_the_command_line_prints_model_gpts_plan_table(tmp_path):
+    """`placement.plan=auto plan_only=true` for model=gpt: the best candidates' table, and nothing trained."""
+    r = run_cli(tmp_path, *gpt_config(tmp_path), "+stages=2", "plan_only=true", "placement.plan_budget_s=0.05")
+    assert r.returncode == 0, r.stderr
+    assert "planning: measured in" in r.stdout and "+stages=" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -338,7 +421,7 @@ def test_the_copies_exchange_is_timed_as_a_step_runs_it_and_only_between_physica
     devices of one physical device nothing crosses (0)."""
     seen = []
 
-    def fake_exchange(copies, devices, size, reduce):
+    def fake_exchange(copies, devices, size, reduce, fed=None):
         seen.append((copies, list(devices), size, reduce))
         return 4e-3
 

@@ -486,3 +486,24 @@ def test_a_dict_of_one_key_is_matched_to_the_models_input_by_name(make, stages):
     Keras' own `train_on_batch`, cut between ESM2's blocks, and a model of one named input whole."""
     data = [({"token_ids": x["token_ids"]}, y) for x, y in batches(3)]
     predicts_and_trains_like_keras(make, data, stages, "gpipe", between_blocks(make, 2) if stages == 2 else [])
+
+
+def test_gpt2_causal_lm_is_planned_by_plan_auto_and_trains_bit_for_bit_like_its_plan_by_hand(tmp_path):
+    """Issue 51: placement.plan=auto times GPT2CausalLM's pieces on what they take (its dict of token ids within
+    `data.vocab` and a padding mask of ones; before: `placement.plan=auto times pieces that take one tensor, but
+    gpt2_causal_lm takes several inputs`): the plan table lists the best candidates, and the chosen plan trains
+    bit for bit like its overrides written by hand."""
+    from chain.planning import plan_table
+
+    base = ["+stages=2", *per_token_data(), "placement.plan_budget_s=0.05"]
+    auto = chain.build(chain.compose([*base, "placement.plan=auto"]), str(tmp_path), model=gpt2_lm())
+    plan = auto.auto_plan
+    table = plan_table.render(plan)
+    assert table.startswith("placement.plan=auto: the best") and "chosen: " + " ".join(
+        plan.chosen.candidate.overrides()) in table
+    hand = chain.build(chain.compose([*base, *plan.chosen.candidate.overrides()]), model=gpt2_lm())
+    for x, y in token_batches(2):
+        assert auto.step(x, {"next": y})["loss"] == hand.step(x, {"next": y})["loss"]
+    for a, b in zip(auto.stages, hand.stages, strict=True):
+        for u, v in zip(a.trainable_variables, b.trainable_variables, strict=True):
+            np.testing.assert_array_equal(u.numpy(), v.numpy())

@@ -56,9 +56,6 @@ def refuse_given(s: Settings, cut_model: bool) -> None:
     if s.pipeline.schedule == "file":
         raise ConfigError("pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
                           "set placement.plan=manual to run a schedule file")
-    if isinstance(s.stages[0].model, Gpt):  # not a builder of the user's: its own line
-        raise ConfigError("placement.plan=auto times pieces on float examples, and model=gpt takes token ids: set "
-                          "placement.plan=manual (and cut it with placement.split or placement.balance)")
     if not cut_model and any(not isinstance(st.model, Body) for st in s.stages):
         raise ConfigError("placement.plan=auto times the config's own models (model=mlp, conv) or one model cut "
                           "into stages (model=keras); the user's stage builders (_target_) are not measured: "
@@ -66,6 +63,11 @@ def refuse_given(s: Settings, cut_model: bool) -> None:
     if s.cluster.workers is None and p.fallback == "mirrored":
         raise ConfigError("placement.fallback=mirrored runs the chain whole on each replica: placement.plan=auto "
                           "plans a pipeline; set placement.fallback=virtual or placement.plan=manual")
+
+
+def is_gpt(s: Settings) -> bool:
+    """Whether the stages are `model=gpt`'s transformer, cut as a model=keras file's model is."""
+    return isinstance(s.stages[0].model, Gpt)
 
 
 def is_cut_model(s: Settings) -> bool:

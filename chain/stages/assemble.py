@@ -21,7 +21,7 @@ from chain.internals.keras_private import all_layers
 from chain.planning.devices import canonical
 from chain.stages import lr_schedules, precision
 from chain.stages.bodies import Body, check_prediction
-from chain.stages.cut import Piece
+from chain.stages.cut import Piece, passed
 from chain.stages.loss_scale import LossScale
 from chain.stages.stage import Stage, stage_name
 
@@ -195,8 +195,7 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
         stages.append(stage)
         # Several tensors crossing to the next stage: each one's shape as this stage gives it (a keras_hub
         # backbone's own graph leaves the sequence length open; this stage, built on the data's shape, knows it).
-        several = isinstance(model.output_shape, list)
-        shape = [tuple(s[1:]) for s in model.output_shape] if several else out_shape
+        shape = passed(model) if isinstance(model.output_shape, list) else out_shape
     refuse_shared_variables(stages)
     return stages
 

@@ -652,6 +652,14 @@ class Piece:
         return Piece(c, 0, len(c.layers), self.last_policy)(c.input_shape, self.policy, c.model.name)
 
 
+def passed(model: keras.Model) -> tuple | list[tuple]:
+    """What a stage's (or piece's) model gives the next, as the next one's body takes it: one example's
+    shape, or a list of them (several tensors, a mask, crossing)."""
+    if isinstance(model.output_shape, list):
+        return [tuple(s[1:]) for s in model.output_shape]
+    return tuple(model.output_shape[1:])
+
+
 def piece(c: Cuttable, start: int, end: int, last_policy: Any = None) -> Body:
     """The body of the stage holding layers [start, end) of `c` (`Piece`)."""
     return Piece(c, start, end, last_policy)

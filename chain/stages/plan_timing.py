@@ -42,6 +42,8 @@ import tensorflow as tf
 
 from chain.planning.devices import canonical
 from chain.planning.search import Costs
+from chain.stages import examples
+from chain.stages.examples import Feed
 
 CALLS = 5  # timed calls per measurement at most (the least is taken)
 MIN_CALLS = 3  # and at least, whatever the budget (a pass shorter than LONG)
@@ -72,25 +74,20 @@ def _seconds(fn: Callable, *args) -> float:
 class _Piece:
     """One piece's three compiled passes (F, F+B, F+B+W), their batch dimension free, each run `n` times
     in one call (a loop in the graph: the difference between two counts is the passes' own time, without
-    the call's cost, which a step pays once for all its actions)."""
+    the call's cost, which a step pays once for all its actions). `inputs` and `outputs`: the `Leaf`
+    structures of what the piece takes and gives (`chain.stages.examples`); ids are drawn below `vocab`."""
 
-    def __init__(self, model: keras.Model, device: str):
+    def __init__(self, model: keras.Model, device: str, inputs, outputs, vocab: int):
         self.model, self.device = model, device
-        shape = tuple(model.input_shape[1:])
-        out = tuple(model.output_shape[1:])
-        self.in_shape, self.out_shape = shape, out
-        signature = [tf.TensorSpec((None, *shape), tf.float32), tf.TensorSpec((None, *out), tf.float32),
-                     tf.TensorSpec((), tf.int32)]
+        self.inputs, self.outputs, self.vocab = inputs, examples.floating(outputs), vocab
+        signature = [examples.spec(inputs), examples.spec(self.outputs), tf.TensorSpec((), tf.int32)]
         variables = model.trainable_variables
-
-        def total(ts):
-            return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in ts if t is not None])
 
         def looped(one):
             @tf.function(input_signature=signature, autograph=False)
             def passes(x, g, n):
                 def body(i, acc):
-                    return i + 1, acc + one(x + acc * 0.0, g)  # each pass after the one before
+                    return i + 1, acc + one(_after(x, acc), g)  # each pass after the one before
 
                 # the loop itself on the device too: on a cluster worker, a loop driven from the client would
                 # add a round trip to every pass
@@ -100,14 +97,16 @@ class _Piece:
             return passes
 
         def forward(x, g):
-            return total([model(x, training=True)])
+            return _total(keras.tree.flatten(model(x, training=True)))
 
         def gradients(wrt):
             def one(x, g):
+                given = _floats_of(x)
                 with tf.GradientTape() as tape:
-                    tape.watch(x)
-                    y = model(x, training=True)
-                return total(tape.gradient(y, [x, *wrt], output_gradients=tf.cast(g, y.dtype)))
+                    tape.watch(given)
+                    y = _floats_of(model(x, training=True))
+                return _total(tape.gradient(y, [*given, *wrt], output_gradients=[tf.cast(a, t.dtype)
+                                                                                  for a, t in zip(g, y)]))
             return one
 
         self.passes = {"F": looped(forward), "FB": looped(gradients([])), "FBW": looped(gradients(variables))}
@@ -118,8 +117,8 @@ class _Piece:
         `deadline`). A pass that takes LONG or more is timed alone, less a call's own cost `call_s`, twice
         past the deadline (that cost is then a small share of it, and each call is expensive)."""
         with tf.device(self.device):
-            x = tf.random.stateless_normal((size, *self.in_shape), seed=(1, size))
-            g = tf.random.stateless_normal((size, *self.out_shape), seed=(2, size))
+            x = examples.make(self.inputs, size, self.vocab, (1, size))
+            g = examples.make(self.outputs, size, self.vocab, (2, size))
         fn = self.passes[kind]
         one, many = tf.constant(1), tf.constant(1 + repeat)
         _seconds(fn, x, g, one)
@@ -133,6 +132,24 @@ class _Piece:
             lows.append(_seconds(fn, x, g, one))
             highs.append(_seconds(fn, x, g, many))
         return max(min(highs) - min(lows), 0.0) / repeat  # other processes only add time: the least is the pass's
+
+
+def _total(ts) -> tf.Tensor:
+    """The sum of every value of `ts` (None left out), one float32 scalar."""
+    parts = [tf.reduce_sum(tf.cast(t, tf.float32)) for t in ts if t is not None]
+    return tf.add_n(parts) if parts else tf.constant(0.0)
+
+
+def _floats_of(structure) -> list:
+    """The float tensors of `structure`, in order (what carries a gradient: not ids, nor masks)."""
+    return [t for t in keras.tree.flatten(structure) if t.dtype.is_floating]
+
+
+def _after(x, acc):
+    """`x` made to depend on `acc` (each numeric tensor plus nothing): a loop's pass runs after the one before."""
+    def later(t):
+        return t if t.dtype == tf.bool else t + tf.cast(acc * 0.0, t.dtype)
+    return keras.tree.map_structure(later, x)
 
 
 def _call_cost(device: str) -> float:
@@ -230,21 +247,30 @@ def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: s
         repeat = min(MAX_REPEAT, max(4 * repeat, math.ceil(OUTWEIGH * call_s / max(per, 1e-6))))
 
 
-def _chain_step(chain: Sequence[tuple[keras.Model, str]], size: int, shape: tuple[int, ...]):
-    """A compiled F+B+W of `chain` (each model on its device, in turn: a tensor crossing where the device
-    changes) on `size` examples made on the first device: the gradients of its weights, in the chain's order."""
+def _chain_step(chain: Sequence[tuple[keras.Model, str]], size: int, fed: Feed | None):
+    """A compiled F+B+W of `chain` (each model on its device, in turn: its tensors crossing where the device
+    changes) on `size` examples made on the first device (`chain.stages.examples`, as `fed`): the gradients of
+    its weights, in the chain's order."""
+    fed = fed or _float_feed(chain[0][0])
+    inputs = examples.first(chain[0][0], fed)
+
     @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
     def run(seed):
         with tf.device(chain[0][1]):
-            h = tf.random.stateless_normal((size, *shape), seed=tf.stack([seed, 0]))
+            h = examples.make(inputs, size, fed.vocab, tf.stack([seed, 0]))
         with tf.GradientTape() as tape:
-            tape.watch(h)
+            tape.watch(_floats_of(h))
             for m, device in chain:
                 with tf.device(device):
-                    h = m(tf.identity(h), training=True)
-            loss = tf.reduce_sum(h)
+                    h = m(keras.tree.map_structure(tf.identity, h), training=True)
+            loss = _total(_floats_of(h))
         return tape.gradient(loss, [v for m, _ in chain for v in m.trainable_variables])
     return run
+
+
+def _float_feed(model: keras.Model) -> Feed:
+    """A model's `Feed` without a data description: its own input's shape (a float tensor's)."""
+    return Feed(tuple(d or 1 for d in keras.tree.flatten(examples.model_inputs(model))[0].shape[1:]))
 
 
 def _least_apart(a: Callable, b: Callable, *args, calls: int = MIN_CALLS + 1) -> float:
@@ -274,13 +300,12 @@ def _summed(fn: Callable, devices: Sequence[str]) -> Callable:
 
 
 def _exchange(copies: Sequence[Sequence[keras.Model]], devices: Sequence[str], size: int,
-              reduce: Callable[[list, list, str], list]) -> float:
+              reduce: Callable[[list, list, str], list], fed: Feed | None = None) -> float:
     """Seconds the copies' gradient exchange adds to a step: `copies[r]` (the model's chain of pieces, built
     on `devices[r]`) each compute their gradients on `size` examples, and `reduce` (`chain.pipeline.replicas.
     reduce_mean`'s signature: values per device, the devices, a name) averages each gradient on every device;
-    less the same step without the exchange."""
-    shape = tuple(copies[0][0].input_shape[1:])
-    steps = [_chain_step([(m, d) for m in chain], size, shape) for chain, d in zip(copies, devices)]
+    less the same step without the exchange. `fed`: what the first piece takes (None: floats of its shape)."""
+    steps = [_chain_step([(m, d) for m in chain], size, fed) for chain, d in zip(copies, devices)]
 
     def both(exchanged: bool):
         def run(seed):
@@ -295,14 +320,13 @@ def _exchange(copies: Sequence[Sequence[keras.Model]], devices: Sequence[str], s
 
 
 def _crossing(own: Sequence[keras.Model], twin: Sequence[keras.Model], devices: Sequence[str], size: int,
-              cut: int) -> float:
+              cut: int, fed: Feed | None = None) -> float:
     """Seconds one crossing between `devices` costs as a step runs it: F+B+W of the model's pieces with
     those from `cut` on the second device (`twin`'s) less the same all on the first, over its two
     crossings (forward there, the gradient back): in a step of one microbatch nothing overlaps them."""
-    shape = tuple(own[0].input_shape[1:])
     first = sum(len(m.trainable_variables) for m in own[:cut])
-    apart = _chain_step([*((m, devices[0]) for m in own[:cut]), *((m, devices[1]) for m in twin[cut:])], size, shape)
-    together = _chain_step([(m, devices[0]) for m in own], size, shape)
+    apart = _chain_step([*((m, devices[0]) for m in own[:cut]), *((m, devices[1]) for m in twin[cut:])], size, fed)
+    together = _chain_step([(m, devices[0]) for m in own], size, fed)
 
     def by_device(step: Callable) -> Callable:  # the first pieces' gradients, then the rest's
         def run(seed):
@@ -318,29 +342,34 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
             pool: Sequence[str], physical: Mapping[str, str], sizes: Sequence[int], budget_s: float,
             optimizer: Callable[[], keras.optimizers.Optimizer], fixed_cut: bool,
             same: Sequence[int] | None = None, whole: keras.Model | None = None,
-            twin: Sequence[keras.Model] | None = None, reduce: Callable | None = None) -> Costs:
+            twin: Sequence[keras.Model] | None = None, reduce: Callable | None = None, fed: Feed | None = None
+            ) -> Costs:
     """`Costs` of `models` (the pieces, built on `pool[0]`, layers `pieces[j]` each, `params[j]` weights)
     at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
     an earlier piece built alike (the same layers on the same input), whose times piece j takes. `whole`:
     the pieces as one model (a cut model's), which scales the pieces' times (module docstring). `twin`: the
     model's pieces again on `pool[1]`, with `reduce` the copies' averaging: they time the copies' exchange and a
-    crossing as a step runs them (needed when `pool[0]` and `pool[1]` are two physical devices)."""
+    crossing as a step runs them (needed when `pool[0]` and `pool[1]` are two physical devices). `fed`: what the
+    first piece takes (`chain.stages.examples.feed`: the data's example shape and vocabulary; None: floats of
+    its input's shape); each later piece takes what the one before gives."""
     logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
     level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
     logger.setLevel(logging.ERROR)
     try:
         return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole,
-                        twin, reduce)
+                        twin, reduce, fed or _float_feed(models[0]))
     finally:
         logger.setLevel(level)
 
 
 def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole, twin,
-             reduce) -> Costs:
+             reduce, fed: Feed) -> Costs:
     started = time.perf_counter()
     deadline = started + budget_s
     device = pool[0]
     notes = []
+    with tf.device(device):
+        signatures = examples.chained(models, fed)  # each piece's inputs, then the last one's outputs
     # on one physical device every action runs after the one before, whatever the schedule: a step is the sum of
     # its actions. F, B and W apart would only place a recomputed forward (each taken as a third), and each
     # piece's share only its recomputed forward and its stage's balance, which then changes nothing: the model
@@ -355,9 +384,9 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         chained = whole or keras.Sequential([keras.Input(models[0].input_shape[1:]), *models], name="plan_chain")
         total = sum(params)
         shares = [p / total if total else 1 / len(models) for p in params]
-        timed, same = [_Piece(chained, device)], [0]
-    else:
-        timed = [_Piece(m, device) for m in models]  # (traced only when first called)
+        timed, same = [_Piece(chained, device, signatures[0], signatures[-1], fed.vocab)], [0]
+    else:  # (each traced only when first called)
+        timed = [_Piece(m, device, signatures[j], signatures[j + 1], fed.vocab) for j, m in enumerate(models)]
     order = sorted(set(sizes), reverse=True)
     # always measured: the largest and smallest size and the one halfway between (by ratio), since a pass's
     # time is not linear in its size between them (caches, kernels): two points and one to bend the line
@@ -397,7 +426,8 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         at(size, kinds)
         measured.append(size)
     measured.sort()
-    scale = _scales(whole if shares is None else None, measured, found, len(timed), device, deadline, call)
+    scale = _scales(whole if shares is None else None, measured, found, len(timed), device, deadline, call,
+                    (signatures[0], signatures[-1], fed.vocab))
     forward, input_grad, weight_grad = [], [], []
     for j in range(len(timed)):
         for kind in kinds:
@@ -429,16 +459,16 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
         per_byte, latency = _transfer(pool[0], pool[1])
         # as a step runs them: the exchange, per byte of gradients, and a crossing at the middle piece's cut (its
         # latency beyond its bytes' time)
-        exchanged = _exchange([list(models), list(twin)], pool[:2], measured[0], reduce)
+        exchanged = _exchange([list(models), list(twin)], pool[:2], measured[0], reduce, fed)
         exchange_per_byte = exchanged / max(4 * sum(params), 1)
         if len(models) > 1:
             cut = len(models) // 2
             size = measured[len(measured) // 2]
-            ran = _crossing(models, twin, pool[:2], size, cut)
-            latency = max(latency, ran - per_byte * 4 * size * _floats(models[cut - 1].output_shape[1:]))
+            ran = _crossing(models, twin, pool[:2], size, cut, fed)
+            latency = max(latency, ran - per_byte * 4 * size * examples.values(signatures[cut]))
     else:  # logical devices of one physical device: a copy is the sending device's tensor (its cost is the action's)
         per_byte, latency, exchange_per_byte = 0.0, 0.0, 0.0
-    crossing = tuple(_floats(m.output_shape[1:]) for m in models)
+    crossing = tuple(examples.values(given) for given in signatures[1:])
     return Costs(pieces=tuple(tuple(p) for p in pieces), sizes=tuple(measured), forward=tuple(forward),
                  input_grad=tuple(input_grad), weight_grad=tuple(weight_grad), update=update, crossing=crossing,
                  params=tuple(params), action_s=action, update_s=action, step_s=call,
@@ -449,13 +479,13 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
 
 
 def _scales(whole: keras.Model | None, measured: Sequence[int], found: Mapping[tuple[str, int, int], float],
-            n: int, device: str, deadline: float, call: float) -> dict[int, float]:
+            n: int, device: str, deadline: float, call: float, signature: tuple) -> dict[int, float]:
     """Per measured size, the factor the pieces' times take: the whole model's F+B+W over the pieces'
-    summed F+B+W at that size (1 without a `whole`). The whole is timed at least MIN_CALLS times at
+    summed F+B+W at that size (1 without a `whole`; `signature`: what it takes and gives, and the vocabulary). The whole is timed at least MIN_CALLS times at
     each size whatever the deadline: it is what the prediction stands on."""
     if whole is None:
         return {size: 1.0 for size in measured}
-    piece = _Piece(whole, device)
+    piece = _Piece(whole, device, *signature)
     out = {}
     for size in measured:
         summed = sum(found[("FBW", j, size)] for j in range(n))  # about the whole's pass: its repeats from it
@@ -478,10 +508,3 @@ def _between(sizes: Sequence[int]) -> list[int]:
     while rest:
         out.append(rest.pop(len(rest) // 2))
     return out
-
-
-def _floats(shape: Sequence[int | None]) -> int:
-    n = 1
-    for d in shape:
-        n *= d or 1
-    return n

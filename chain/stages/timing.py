@@ -2,7 +2,9 @@
 
 A piece is what lies between two neighbouring cuts the model allows (`Cuttable.points`):
 the smallest thing a stage can hold. A layer alone may not be computable (its input comes
-from a branch), a piece always is: one tensor in, one out. Logical devices cut from one
+from a branch), a piece always is: one tensor in (with its Keras mask, if it carries one; the first
+piece: the model's own inputs), one out. Each piece is fed what it really takes
+(`chain.stages.examples`: token ids within the vocabulary, keras_hub's named inputs, masks). Logical devices cut from one
 physical device share its compute, so each physical device is timed once and its time
 serves all its logical devices. Each piece is called until its time settles (the median of
 the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times.
@@ -18,7 +20,9 @@ from typing import Mapping, Sequence
 import keras
 import tensorflow as tf
 
-from chain.stages.cut import Cuttable, piece
+from chain.stages import examples
+from chain.stages.cut import Cuttable, passed, piece
+from chain.stages.examples import Feed
 
 WINDOW = 5  # the median of this many calls is the estimate
 SETTLED = 0.05  # stop when one more call moves the estimate by less than this fraction
@@ -64,18 +68,20 @@ def _call_seconds(fn, *args) -> float:
     return time.perf_counter() - started
 
 
-def _time_piece(model: keras.Model, x: tf.Tensor, device: str, overhead: float) -> tuple[float, int]:
-    """Seconds per forward-and-backward pass of `model` on `x` (less a call's own `overhead`),
-    and how many timed calls it took to settle."""
+def _time_piece(model: keras.Model, x, device: str, overhead: float) -> tuple[float, int]:
+    """Seconds per forward-and-backward pass of `model` on `x` (a tensor or the structure the model takes;
+    less a call's own `overhead`), and how many timed calls it took to settle."""
     variables = model.trainable_variables
 
     @tf.function(autograph=False)  # one pass, no loop: tracing is most of the cost, a loop doubles it
     def one_pass(x):
         with tf.device(device):
+            given = [t for t in keras.tree.flatten(x) if t.dtype.is_floating]  # not ids, nor masks
             with tf.GradientTape() as tape:
-                tape.watch(x)
-                y = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
-            return tape.gradient(y, [x, *variables])
+                tape.watch(given)
+                y = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in keras.tree.flatten(model(x, training=True))
+                              if t.dtype.is_floating])
+            return tape.gradient(y, [*given, *variables])
 
     _call_seconds(one_pass, x)  # trace and warm up
     samples: list[float] = []
@@ -97,11 +103,12 @@ def _overhead(device: str, x: tf.Tensor) -> float:
 
 
 def piece_times(c: Cuttable, devices: Sequence[str], physical: Mapping[str, str], batch: int,
-                input_shape: tuple[int, ...] | None = None, progress: bool | None = True) -> Measured:
-    """Each piece's forward-and-backward time on a batch of `batch` examples of `input_shape`
-    (default: the model's), built on the first of `devices` behind each physical device
-    (`physical`: logical device -> physical device; one absent is its own). `progress`: a
-    progress bar (None: on a terminal only, tqdm's convention; False: none)."""
+                fed: Feed | None = None, progress: bool | None = True) -> Measured:
+    """Each piece's forward-and-backward time on a batch of `batch` examples as `fed` describes them
+    (`chain.stages.examples.feed`; None: floats of the model's input shape), each later piece on what
+    the one before gives, built on the first of `devices` behind each physical device (`physical`:
+    logical device -> physical device; one absent is its own). `progress`: a progress bar (None: on a
+    terminal only, tqdm's convention; False: none)."""
     from tqdm import tqdm
 
     points = c.points()
@@ -115,17 +122,22 @@ def piece_times(c: Cuttable, devices: Sequence[str], physical: Mapping[str, str]
                disable=not progress or None)
     with bar:
         for logical in groups.values():
-            device, shape, row, calls = logical[0], tuple(input_shape or c.input_shape), [], []
+            given = fed or Feed(tuple(d or 1 for d in c.input_shape))
+            device, shape, row, calls = logical[0], given.shape, [], []
             with tf.device(device):
                 overhead = _overhead(device, tf.zeros((batch, *shape)))
+            signature = None
             for j, (a, b) in enumerate(bounds):
                 with tf.device(device):
                     model = piece(c, a, b, keras.DTypePolicy("float32"))(shape, None, f"profile_{a}")
-                    x = tf.random.stateless_normal((batch, *shape), seed=(0, j))
+                    signature = examples.first(model, given) if signature is None else signature
+                    x = examples.make(signature, batch, given.vocab, (0, j))
                 seconds, n = _time_piece(model, x, device, overhead)
                 row.append(seconds)
                 calls.append(n)
-                shape = tuple(model.output_shape[1:])
+                shape = passed(model)
+                with tf.device(device):  # the next piece takes what this one gives
+                    signature = examples.given(model(examples.make(signature, 1, given.vocab), training=False))
                 bar.update()
             for d in logical:
                 times[d] = row

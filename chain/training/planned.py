@@ -61,7 +61,7 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
     batch, devices, settings and versions), else measured now and written there with the key and this run's
     name. `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
     s = spec.settings
-    cut_model = model is not None or plan_choice.is_cut_model(s)
+    cut_model = model is not None or plan_choice.is_cut_model(s) or plan_choice.is_gpt(s)
     plan_choice.refuse_given(s, cut_model)
     if spec.data_info is None:
         raise ConfigError(f"placement.plan=auto measures the model on examples of the data's shape, which data="
@@ -70,13 +70,11 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
     cuttable = None
     if cut_model:
         from chain.stages import cut
-        from chain.training.user_bodies import load_model
+        from chain.training.user_bodies import gpt_model, load_model
 
-        source = model if model is not None else load_model(s.stages[0].model)
-        cuttable = cut.analyse(source, source.name or "model")
-        if len(cuttable.boundary[0]) > 1 or cuttable.masked:  # the timing feeds each piece one float tensor
-            raise ConfigError(f"placement.plan=auto times pieces that take one tensor, but {cuttable.name} takes "
-                              "several inputs or carries a Keras mask across its cuts: set placement.plan=manual")
+        source = (model if model is not None else gpt_model(s) if plan_choice.is_gpt(s)
+                  else load_model(s.stages[0].model))
+        cuttable = cut.analyse(source, "model=gpt" if plan_choice.is_gpt(s) and model is None else source.name or "model")
     key = cost_key(spec, pool, physical, cuttable)
     path = os.path.join(run_dir, CACHE) if run_dir else None
     costs, use = cost_cache.lookup(cost_cache.read(path), key) if path else (None, None)
@@ -95,11 +93,13 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
 def cost_key(spec: RunSpec, pool: Sequence[str], physical: Mapping[str, str], cuttable: Cuttable | None = None
              ) -> CostKey:
     """Everything the measurements of `spec`'s model on `pool` depend on (`chain.planning.cost_cache`): a cut
-    model's structure (`cuttable`), else the config's stages, their targets and the data's shape; the batch and the
+    model's structure (`cuttable`) and the vocabulary its ids are drawn from, else the config's stages, their targets and the data's shape; the batch and the
     microbatch sizes measured; the devices; the optimizer and the measuring's budget; the libraries' versions."""
     s, info = spec.settings, spec.data_info
     if cuttable is not None:
-        model = cost_cache.digest(cuttable.structure())
+        from chain.stages.examples import feed
+
+        model = cost_cache.digest([cuttable.structure(), feed(s, info, cuttable.layers).vocab])
     else:  # a built-in model is what its stages' settings and the data's shape and targets make of it
         model = cost_cache.digest([repr(st.model) for st in s.stages] + [repr(info.target(s.stages[-1].target))])
     settings = f"optim={s.stages[0].optim!r} placement.plan_budget_s={s.placement.plan_budget_s!r}"
@@ -168,7 +168,7 @@ def _sizes(batch: int, pool: int, max_microbatches: int = 64) -> list[int]:
 
 def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, str], cuttable) -> Costs:
     """Build the pieces on the pool's first device and time them (`chain.stages.plan_timing`)."""
-    from chain.stages import assemble, plan_timing
+    from chain.stages import assemble, examples, plan_timing
 
     started = time.perf_counter()
     info = spec.data_info
@@ -196,7 +196,8 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
     costs = plan_timing.measure(models, pieces, params, pool, physical, sizes, budget,
                                 lambda: assemble.make_optimizer(s.stages[0].optim), fixed_cut=cuttable is None,
-                                same=same, whole=whole, twin=twin, reduce=reduce)
+                                same=same, whole=whole, twin=twin, reduce=reduce,
+                                fed=examples.feed(s, info, cuttable.layers if cuttable is not None else ()))
     return replace(costs, measuring_s=time.perf_counter() - started)
 
 
@@ -229,14 +230,14 @@ def _cut(cuttable, pieces: Sequence[tuple[int, int]], shape: tuple[int, ...], de
     `name` and their first layer's index."""
     import tensorflow as tf
 
-    from chain.stages.cut import piece
+    from chain.stages.cut import passed, piece
 
     models = []
     with tf.device(device):
         for a, b in pieces:
             m = piece(cuttable, a, b, keras.DTypePolicy("float32"))(shape, None, f"{name}_{a}")
             models.append(m)
-            shape = tuple(m.output_shape[1:])
+            shape = passed(m)
     return models
 
 

@@ -60,6 +60,15 @@ def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
                           "remove the softmax from the model (the chain's predictions are then its logits)")
 
 
+def gpt_model(settings: Settings) -> keras.Model:
+    """`model=gpt`'s transformer (`chain.stages.gpt`), taking ids of the width the data gives them."""
+    from chain.data.verify import input_dtype
+    from chain.stages import gpt
+
+    ids = input_dtype(getattr(settings.data, "dtype", "uint8"))  # data=text: bytes (int32)
+    return gpt.build(settings.stages[0].model, ids.name)
+
+
 class Resolved(NamedTuple):
     """What `resolve` found: the stage bodies not built from the config's own models (None where a stage
     is; None: every stage is), their labels for the placement table, and the placement with what a cut
@@ -83,16 +92,12 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     k, p = len(settings.stages), settings.placement
     costs, notes = None, []
     if p.balance == "time" and p.split is None:
+        from chain.stages.examples import feed
         from chain.stages.timing import piece_times
 
-        if len(c.boundary[0]) > 1 or c.masked:  # timing feeds each piece one float tensor
-            raise ConfigError(f"placement.balance=time times pieces that take one tensor, but {name} takes several "
-                              "inputs or carries a Keras mask across its cuts: use placement.balance=params, memory "
-                              "or even, or placement.split")
-
         devices = [placement.local_mirrored_devices[0]] * k if placement.layout == MIRRORED else list(placement.devices)
-        measured = piece_times(c, devices, placement.physical, batch_cut.per_microbatch, tuple(info.input_shape),
-                               progress=settings.trainer.progress)
+        measured = piece_times(c, devices, placement.physical, batch_cut.per_microbatch,
+                               feed(settings, info, c.layers), progress=settings.trainer.progress)
         costs = [measured.layer_costs(d) for d in devices]
     if p.balance == "memory" and p.split is None:
         played = estimate.played(settings, placement, schedule)
@@ -166,12 +171,7 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, batch_cut:
         names = [getattr(fn, "__qualname__", type(fn).__name__) for fn in stages]
         return Resolved([from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement)
     if gpt_spec is not None and stages is None and model is None:  # the built-in transformer, cut as a file's model
-        from chain.data.verify import input_dtype
-        from chain.stages import gpt
-
-        ids = input_dtype(getattr(settings.data, "dtype", "uint8"))  # data=text: bytes (int32)
-        return Resolved(*_cut(settings, placement, info, gpt.build(gpt_spec, ids.name), "model=gpt", batch_cut,
-                              schedule))
+        return Resolved(*_cut(settings, placement, info, gpt_model(settings), "model=gpt", batch_cut, schedule))
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
         return Resolved(*_cut(settings, placement, info, model if model is not None else load_model(keras_spec), name,

@@ -1,0 +1,158 @@
+"""Example inputs for timing a model's pieces (`chain.stages.plan_timing` for `placement.plan=auto`,
+`chain.stages.timing` for `placement.balance=time`): what each piece really takes, made from its input
+signature and the data description.
+
+A piece's inputs are one tensor, a list (a tensor and its Keras mask crossing a cut, `chain.stages.masks`)
+or, for a model's first piece, the model's own inputs (keras_hub's dict `{"token_ids", "padding_mask"}`).
+Each leaf is made by its kind: floats normal; integer ids uniform in 0..vocab-1 (the data's vocabulary,
+`Feed.vocab`), as are float inputs an `Embedding` reads (ids given as floats); booleans (a mask) and keras_hub's filled inputs
+(`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of zeros) as the config's
+full windows give them. The first piece's open sizes (None) are the data's example's; each later piece's
+input is what the piece before it gives (`chained`: each piece run once on one example), so every size,
+dtype and mask is the one a step passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import keras
+import tensorflow as tf
+
+from chain.config.schema import Gpt, Settings
+from chain.data.catalog import DataInfo
+from chain.internals.keras_private import graph_nodes
+from chain.stages.named_inputs import FILLED
+
+FLOAT_VOCAB = 2  # ids 0..1 where neither the data nor the model bounds them: within any vocabulary
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What a model's first piece is fed: one example's shape (`shape`, the model's open sizes taken from
+    it by axis) and the vocabulary its integer inputs are ids of (`vocab`: ids 0..vocab-1)."""
+
+    shape: tuple[int, ...]
+    vocab: int = FLOAT_VOCAB
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One input tensor of a piece: one example's `shape`, its `dtype`, and `fill`, the value of every
+    position (a mask's 1, keras_hub's `padding_mask` 1 and `segment_ids` 0), or None: drawn at random,
+    whole numbers 0..vocab-1 for integers and for `ids` (floats an `Embedding` reads)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    fill: int | None = None
+    ids: bool = False
+
+
+def feed(settings: Settings, info: DataInfo, layers: Sequence[keras.layers.Layer] = ()) -> Feed:
+    """The `Feed` of `settings`' model on data described by `info`: the ids' vocabulary from the data (a
+    target of a class per position: `data.vocab`, data=text's bytes or tokenizer) or `model.vocab`
+    (model=gpt), else the least `input_dim` of the model's `Embedding` `layers` (the ids it can take)."""
+    vocab = [t.classes for t in info.targets if t.shape and t.classes]
+    model = settings.stages[0].model
+    if isinstance(model, Gpt):
+        vocab.append(model.vocab)
+    if not vocab:
+        vocab = [layer.input_dim for layer in layers if isinstance(layer, keras.layers.Embedding)]
+    return Feed(tuple(info.input_shape), min(vocab) if vocab else FLOAT_VOCAB)
+
+
+def first(model: keras.Model, given: Feed) -> Any:
+    """The `Leaf` structure of `model`'s inputs (its `Input` tensors in their structure) on the data `given`
+    describes."""
+    ids = _embedded(model)
+
+    def leaf(t: Any, name: str | None) -> Leaf:
+        shape = tuple(d if d is not None else (given.shape[i] if i < len(given.shape) else 1)
+                      for i, d in enumerate(t.shape[1:]))
+        dtype = keras.backend.standardize_dtype(t.dtype)
+        return Leaf(shape, dtype, 1 if dtype == "bool" else FILLED.get(name), id(t) in ids)
+
+    inputs = model_inputs(model)
+    if isinstance(inputs, dict):
+        return {k: leaf(t, k) for k, t in inputs.items()}
+    return keras.tree.map_structure(lambda t: leaf(t, None), inputs)
+
+
+def model_inputs(model: keras.Model) -> Any:
+    """`model`'s `Input` tensors in their structure; a Sequential never called (its input not made): one float
+    tensor of its input's shape."""
+    try:
+        return model.input
+    except AttributeError:
+        return keras.KerasTensor(model.input_shape, "float32")
+
+
+def _embedded(model: keras.Model) -> set[int]:
+    """The ids of `model`'s input tensors an `Embedding` layer of its graph takes (a functional model's;
+    none of a model whose graph is Python code)."""
+    try:
+        nodes = graph_nodes(model)
+    except AttributeError:
+        return set()
+    return {id(t) for node in nodes if isinstance(node.operation, keras.layers.Embedding)
+            for t in node.input_tensors}
+
+
+def make(signature: Any, size: int, vocab: int, seed: Any = (0, 0)) -> Any:
+    """`size` examples of `signature` (a `Leaf` structure): the tensors in the same structure. `seed`:
+    two integers (or a tensor of two), each leaf's drawn from it."""
+    base = tf.cast(tf.convert_to_tensor(seed), tf.int32)
+    leaves = keras.tree.flatten(signature)
+
+    def one(k: int, leaf: Leaf) -> tf.Tensor:
+        shape = (size, *leaf.shape)
+        dtype = tf.as_dtype(leaf.dtype)
+        if leaf.fill is not None:
+            return tf.fill(shape, tf.cast(leaf.fill, dtype))
+        at = base + tf.constant([0, 7919 * k])
+        if dtype.is_floating and not leaf.ids:
+            return tf.random.stateless_normal(shape, seed=at, dtype=dtype)
+        if dtype.is_integer or leaf.ids:
+            wide = tf.int64 if dtype.size > 4 or dtype == tf.uint32 else tf.int32
+            ids = tf.random.stateless_uniform(shape, seed=at, minval=0, maxval=vocab, dtype=wide)
+            return tf.cast(ids, dtype)
+        return tf.cast(tf.random.stateless_uniform(shape, seed=at) < 0.5, dtype)
+
+    return keras.tree.pack_sequence_as(signature, [one(k, leaf) for k, leaf in enumerate(leaves)])
+
+
+def given(made: Any) -> Any:
+    """The `Leaf` structure of tensors a piece gave (one example's shapes): the next piece's input, a mask
+    (boolean) every position true."""
+    def leaf(t: Any) -> Leaf:
+        dtype = keras.backend.standardize_dtype(t.dtype)
+        return Leaf(tuple(int(d) for d in t.shape[1:]), dtype, 1 if dtype == "bool" else None)
+    return keras.tree.map_structure(leaf, made)
+
+
+def chained(models: Sequence[keras.Model], fed: Feed) -> list[Any]:
+    """Each of `models`' input signatures (a chain: each takes what the one before gives) and, last, the
+    last one's output's: the first from its inputs and `fed`, each next from running the one before once
+    on one example (inference)."""
+    out = [first(models[0], fed)]
+    for m in models:
+        out.append(given(m(make(out[-1], 1, fed.vocab), training=False)))
+    return out
+
+
+def values(signature: Any) -> int:
+    """Values per example in `signature` (every leaf, masks and ids included)."""
+    return sum(math.prod(leaf.shape) for leaf in keras.tree.flatten(signature))
+
+
+def floating(signature: Any) -> list[Leaf]:
+    """The float leaves of `signature`, in order: what carries a gradient."""
+    return [leaf for leaf in keras.tree.flatten(signature) if tf.as_dtype(leaf.dtype).is_floating]
+
+
+def spec(signature: Any) -> Any:
+    """`signature` as `tf.TensorSpec`s of any batch size (a compiled function's input signature)."""
+    return keras.tree.map_structure(lambda leaf: tf.TensorSpec((None, *leaf.shape), tf.as_dtype(leaf.dtype)),
+                                    signature)
