@@ -322,4 +322,5 @@ def test_balance_by_time_times_a_model_with_named_inputs_and_a_mask():
     one before gives; the split follows the measured times."""
     run = chain.build(chain.compose(["+stages=2", "mode=e2e", "placement.balance=time", *SYNTH]),
                       model=padding_mask_encoder())
-    assert any(n.startswith("placement.balance=time: split ") and " ms per microbatch" in n for n in run.placement.notes)
+    notes = run.placement.notes
+    assert any(n.startswith("placement.balance=time: split ") and " ms per microbatch" in n for n in notes)

@@ -5,8 +5,8 @@ signature and the data description.
 A piece's inputs are one tensor, a list (a tensor and its Keras mask crossing a cut, `chain.stages.masks`)
 or, for a model's first piece, the model's own inputs (keras_hub's dict `{"token_ids", "padding_mask"}`).
 Each leaf is made by its kind: floats normal; integer ids uniform in 0..vocab-1 (the data's vocabulary,
-`Feed.vocab`), as are float inputs an `Embedding` reads (ids given as floats); booleans (a mask) and keras_hub's filled inputs
-(`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of zeros) as the config's
+`Feed.vocab`), as are float inputs an `Embedding` reads (ids given as floats); booleans (a mask) and
+keras_hub's filled inputs (`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of zeros) as the config's
 full windows give them. The first piece's open sizes (None) are the data's example's; each later piece's
 input is what the piece before it gives (`chained`: each piece run once on one example), so every size,
 dtype and mask is the one a step passes.
@@ -150,6 +150,11 @@ def values(signature: Any) -> int:
 def floating(signature: Any) -> list[Leaf]:
     """The float leaves of `signature`, in order: what carries a gradient."""
     return [leaf for leaf in keras.tree.flatten(signature) if tf.as_dtype(leaf.dtype).is_floating]
+
+
+def floats_of(tensors: Any) -> list:
+    """The float tensors of a structure of `tensors`, in order (what carries a gradient: not ids, nor masks)."""
+    return [t for t in keras.tree.flatten(tensors) if t.dtype.is_floating]
 
 
 def spec(signature: Any) -> Any:

@@ -101,10 +101,10 @@ class _Piece:
 
         def gradients(wrt):
             def one(x, g):
-                given = _floats_of(x)
+                given = examples.floats_of(x)
                 with tf.GradientTape() as tape:
                     tape.watch(given)
-                    y = _floats_of(model(x, training=True))
+                    y = examples.floats_of(model(x, training=True))
                 return _total(tape.gradient(y, [*given, *wrt], output_gradients=[tf.cast(a, t.dtype)
                                                                                   for a, t in zip(g, y)]))
             return one
@@ -138,11 +138,6 @@ def _total(ts) -> tf.Tensor:
     """The sum of every value of `ts` (None left out), one float32 scalar."""
     parts = [tf.reduce_sum(tf.cast(t, tf.float32)) for t in ts if t is not None]
     return tf.add_n(parts) if parts else tf.constant(0.0)
-
-
-def _floats_of(structure) -> list:
-    """The float tensors of `structure`, in order (what carries a gradient: not ids, nor masks)."""
-    return [t for t in keras.tree.flatten(structure) if t.dtype.is_floating]
 
 
 def _after(x, acc):
@@ -259,11 +254,11 @@ def _chain_step(chain: Sequence[tuple[keras.Model, str]], size: int, fed: Feed |
         with tf.device(chain[0][1]):
             h = examples.make(inputs, size, fed.vocab, tf.stack([seed, 0]))
         with tf.GradientTape() as tape:
-            tape.watch(_floats_of(h))
+            tape.watch(examples.floats_of(h))
             for m, device in chain:
                 with tf.device(device):
                     h = m(keras.tree.map_structure(tf.identity, h), training=True)
-            loss = _total(_floats_of(h))
+            loss = _total(examples.floats_of(h))
         return tape.gradient(loss, [v for m, _ in chain for v in m.trainable_variables])
     return run
 
@@ -481,8 +476,9 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
 def _scales(whole: keras.Model | None, measured: Sequence[int], found: Mapping[tuple[str, int, int], float],
             n: int, device: str, deadline: float, call: float, signature: tuple) -> dict[int, float]:
     """Per measured size, the factor the pieces' times take: the whole model's F+B+W over the pieces'
-    summed F+B+W at that size (1 without a `whole`; `signature`: what it takes and gives, and the vocabulary). The whole is timed at least MIN_CALLS times at
-    each size whatever the deadline: it is what the prediction stands on."""
+    summed F+B+W at that size (1 without a `whole`; `signature`: what it takes and gives, and the vocabulary).
+    The whole is timed at least MIN_CALLS times at each size whatever the deadline: it is what the prediction
+    stands on."""
     if whole is None:
         return {size: 1.0 for size in measured}
     piece = _Piece(whole, device, *signature)

@@ -3,8 +3,8 @@
 A piece is what lies between two neighbouring cuts the model allows (`Cuttable.points`):
 the smallest thing a stage can hold. A layer alone may not be computable (its input comes
 from a branch), a piece always is: one tensor in (with its Keras mask, if it carries one; the first
-piece: the model's own inputs), one out. Each piece is fed what it really takes
-(`chain.stages.examples`: token ids within the vocabulary, keras_hub's named inputs, masks). Logical devices cut from one
+piece: the model's own inputs), one out, and is fed what it really takes (`chain.stages.examples`:
+token ids within the vocabulary, keras_hub's named inputs, masks). Logical devices cut from one
 physical device share its compute, so each physical device is timed once and its time
 serves all its logical devices. Each piece is called until its time settles (the median of
 the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times.
@@ -76,11 +76,11 @@ def _time_piece(model: keras.Model, x, device: str, overhead: float) -> tuple[fl
     @tf.function(autograph=False)  # one pass, no loop: tracing is most of the cost, a loop doubles it
     def one_pass(x):
         with tf.device(device):
-            given = [t for t in keras.tree.flatten(x) if t.dtype.is_floating]  # not ids, nor masks
+            given = examples.floats_of(x)  # not ids, nor masks
             with tf.GradientTape() as tape:
                 tape.watch(given)
-                y = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in keras.tree.flatten(model(x, training=True))
-                              if t.dtype.is_floating])
+                y = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32))
+                              for t in examples.floats_of(model(x, training=True))] or [tf.constant(0.0)])
             return tape.gradient(y, [*given, *variables])
 
     _call_seconds(one_pass, x)  # trace and warm up

@@ -72,9 +72,9 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
         from chain.stages import cut
         from chain.training.user_bodies import gpt_model, load_model
 
-        source = (model if model is not None else gpt_model(s) if plan_choice.is_gpt(s)
-                  else load_model(s.stages[0].model))
-        cuttable = cut.analyse(source, "model=gpt" if plan_choice.is_gpt(s) and model is None else source.name or "model")
+        gpt = model is None and plan_choice.is_gpt(s)
+        source = model if model is not None else gpt_model(s) if gpt else load_model(s.stages[0].model)
+        cuttable = cut.analyse(source, "model=gpt" if gpt else source.name or "model")
     key = cost_key(spec, pool, physical, cuttable)
     path = os.path.join(run_dir, CACHE) if run_dir else None
     costs, use = cost_cache.lookup(cost_cache.read(path), key) if path else (None, None)
@@ -93,8 +93,9 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
 def cost_key(spec: RunSpec, pool: Sequence[str], physical: Mapping[str, str], cuttable: Cuttable | None = None
              ) -> CostKey:
     """Everything the measurements of `spec`'s model on `pool` depend on (`chain.planning.cost_cache`): a cut
-    model's structure (`cuttable`) and the vocabulary its ids are drawn from, else the config's stages, their targets and the data's shape; the batch and the
-    microbatch sizes measured; the devices; the optimizer and the measuring's budget; the libraries' versions."""
+    model's structure (`cuttable`) and the vocabulary its ids are drawn from, else the config's stages, their
+    targets and the data's shape; the batch and the microbatch sizes measured; the devices; the optimizer and the
+    measuring's budget; the libraries' versions."""
     s, info = spec.settings, spec.data_info
     if cuttable is not None:
         from chain.stages.examples import feed
