@@ -104,11 +104,11 @@ def setup(*cfgs) -> None:
     `DeviceError` when it needs more. Example: `chain.setup(cfg)`, or `chain.setup(cfg, other)`
     before building both.
     """
-    from chain.training.build import setup as _setup
-
     if not cfgs:
         raise ConfigError("chain.setup needs the config(s) this process will build: chain.setup(cfg, ...)")
-    import_tensorflow_quietly()
+    import_tensorflow_quietly()  # before chain.training, which imports Keras (and TensorFlow with it)
+    from chain.training.build import setup as _setup
+
     _setup(cfgs)
 
 
