@@ -95,7 +95,7 @@ def test_the_python_api_page_runs_top_to_bottom_a_keras_model_made_first_trains(
 def test_a_model_made_before_any_setup_trains_its_stages_on_the_one_cpu_device_like_a_setup_run(tmp_path):
     """No `chain.setup`: the model starts TensorFlow with one CPU device; `chain.build(cfg, model=...)` puts
     both stages of a mode=e2e pipeline on it, prints the note on stderr, and trains bit for bit as the same
-    run on a device per stage (this session's CPU:0 and CPU:1, what chain.setup gives). A build naming a
+    run after chain.setup, a device per stage (this session's CPU:0 and CPU:1). A build naming a
     second device then gets one DeviceError line, its traceback the script's call and chain's entry point."""
     import keras
     import numpy as np
@@ -114,11 +114,13 @@ def test_a_model_made_before_any_setup_trains_its_stages_on_the_one_cpu_device_l
     frames = re.findall(r'^  File "([^"]+)"', done.stderr, re.M)  # the zygote's and runpy's frames, then these
     assert frames[-2:] == [str(tmp_path / "notebook.py"), os.path.join(ROOT, "chain", "__init__.py")], frames
 
+    cfg = chain.compose(NO_SETUP_ARGS)
+    chain.setup(cfg)  # (this session's devices are split already, conftest.py: the setup keeps them)
     model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
                               keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
     with np.load(tmp_path / "start.npz") as start:
         model.set_weights([start[f"arr_{k}"] for k in range(len(start.files))])
-    run = chain.build(chain.compose(NO_SETUP_ARGS), model=model)
+    run = chain.build(cfg, model=model)
     assert [s.device for s in run.stages] == ["/device:CPU:0", "/device:CPU:1"]
     run.fit()
     with np.load(tmp_path / "end.npz") as end:
