@@ -97,6 +97,47 @@ def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(override
     assert rel_diff(want["embed/embeddings"], start["embed/embeddings"]) > 100 * RTOL  # training moved it
 
 
+COPIES = {"replicas": ["placement.replicas=2"], "mirrored": ["placement.fallback=mirrored"]}
+
+
+@pytest.mark.parametrize("optim", [["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9"],
+                                   ["optim=adam", "optim.lr=0.05", "optim.clip_global_norm=0.01"]],
+                         ids=["sgd", "adam-clipped"])
+@pytest.mark.parametrize("copies", list(COPIES))
+def test_a_tied_embedding_trains_like_the_uncut_model_with_copies_of_the_pipeline_and_mirrored(copies, optim):
+    """2 copies of the 2-stage pipeline (4 devices: each copy sums its holders' gradients, the sum averaged
+    across the copies once), and the mirrored fallback (the holders' all-reduced gradients summed): 3 steps
+    equal Keras on one device, every holder of every copy (and its slots) one value."""
+    run = chain.build(chain.compose(["mode=e2e", *RUN, *optim, "pipeline.microbatches=2", *COPIES[copies]]),
+                      model=tied_embedding_model())
+    pipelines = run.strategy.copies if copies == "replicas" else [run.stages]
+    assert len(pipelines) == (2 if copies == "replicas" else 1)
+    reference = tied_embedding_model()
+    clip = run.settings.stages[0].optim.clip_global_norm  # the tied weight counts once in the global norm
+    config = {**run.stages[0].optimizer.get_config(), "global_clipnorm": clip}
+    reference.compile(optimizer=type(run.stages[0].optimizer).from_config(config),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    start = reference.get_layer("embed").embeddings.numpy()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.integers(0, 4, (16, 6)).astype("float32")
+        y = rng.integers(0, 4, 16).astype("int32")
+        got = run.step(x, {"label": y})
+        np.testing.assert_allclose(got["loss"], reference.train_on_batch(x, y), rtol=RTOL)
+        assert clip is None or got["grad_norm"] > clip  # the clipping triggers
+    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    for s in run.stages:
+        for v in s.trainable_variables:
+            assert rel_diff(v.numpy(), want[v.path]) <= RTOL, v.path
+    assert rel_diff(want["embed/embeddings"], start) > 100 * RTOL  # training moved it
+    pairs = [tied_copies.pairs(stages) for stages in pipelines]  # per copy: (later holder's, first's) weight, slots
+    assert [len(p) for p in pairs] == [3 if clip else 2] * len(pipelines)  # SGD's momentum, or Adam's 2 slots
+    for p in pairs:
+        for a, b in zip(pairs[0], p, strict=True):  # every holder of every copy: one value
+            np.testing.assert_array_equal(a[1].numpy(), b[0].numpy())
+            np.testing.assert_array_equal(a[1].numpy(), b[1].numpy())
+
+
 @tf.custom_gradient
 def _nan_gradient(w):
     return tf.identity(w), lambda dy: dy * float("nan")
@@ -133,8 +174,8 @@ def test_a_tied_weight_across_stages_is_refused_in_one_line_where_the_step_does_
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose(["mode=local", *RUN]), model=tied_embedding_model())
     assert str(e.value) == (
-        "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e with "
-        "one pipeline (a device per stage, placement.replicas=1) sums its copies' gradients, not PipelinedLocal: "
+        "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e (its "
+        "pipeline, copies of it, or the mirrored fallback) sums its copies' gradients, not PipelinedLocal: "
         "use mode=e2e, or cut the model so one stage holds every layer using it")
 
 
