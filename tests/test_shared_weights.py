@@ -243,6 +243,29 @@ def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_e
     np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())
 
 
+@pytest.mark.parametrize("copies", list(COPIES))
+def test_copies_and_mirrored_runs_save_a_tied_weight_once_and_resume_bit_for_bit(tmp_path, copies):
+    """Replica 0's first holder alone saves the weight and its Adam slots; 2 steps resumed for 2 more end
+    bit for bit where 4 straight steps end, on every holder of every copy."""
+    base = ["mode=e2e", *RUN, *COPIES[copies], "optim=adam", "optim.lr=0.05", "pipeline.microbatches=2",
+            "checkpoint.every=2", "data.val_fraction=0", "trainer.steps_per_call=1"]
+
+    def fit(run_dir, steps, *more):
+        run = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
+                          model=tied_embedding_model())
+        run.fit()
+        pipelines = run.strategy.copies if copies == "replicas" else [run.stages]
+        return [v.numpy() for stages in pipelines for s in stages for v in s.trainable_variables + s.optimizer.variables]
+
+    straight = fit(tmp_path / "straight", 4)
+    held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
+                if shape == [4, 8]] for k in range(2)}
+    assert len(held[0]) == 3 and held[1] == []  # the weight and its two slots, once
+    fit(tmp_path / "resumed", 2)
+    for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_one_variable(tmp_path):
     """zbv (4 stages on 2 devices, stages 0 and 3 on the first): the tied read-out on stage 3 reads stage
     0's embedding itself, no copy and no exchange; stage 3's gradient joins stage 0's sums, stage 0's
