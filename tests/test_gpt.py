@@ -69,7 +69,7 @@ def test_gpt_with_its_tied_read_out_trains_like_one_device_with_copies_of_the_pi
     of their own, and data=text is a stream: the network is given as the user's model, on `.npz` token ids.)"""
     from chain.stages import gpt
 
-    cfg = chain.compose(gpt_run(corpus, "+stages=2", "pipeline.microbatches=2", "placement.replicas=2"))
+    cfg = chain.compose(gpt_run(corpus, "+stages=2", "placement.replicas=2"))
     keras.utils.set_random_seed(cfg.seed)  # as the chain seeds its models
     reference = gpt.build(cfg.stages[0].model)
     if copies == "replicas":
