@@ -223,6 +223,20 @@ def test_adam_equals_keras_adam_with_its_sparse_embedding_update(name, stages, s
                                    [*between_blocks(make, stages), f"optim.fused={str(fused).lower()}"], adam=True)
 
 
+def test_gpt2_tied_read_out_trains_like_keras_with_copies_of_the_pipeline_and_mirrored():
+    """GPT2CausalLM (`token_embedding(h, reverse=True)` on the last stage): 2 stages x 2 copies learning every
+    position with padding ignored (each copy's microbatches weighed by the whole batch's real tokens), and the
+    mirrored fallback reading the last position: 3 SGD steps equal Keras' `train_on_batch`."""
+    run = predicts_and_trains_like_keras(gpt2_lm, token_batches(3), 2, "gpipe",
+                                         [*between_blocks(gpt2_lm, 2), "pipeline.microbatches=2",
+                                          "placement.replicas=2"], per_token=True)
+    assert len(run.strategy.copies) == 2 and [len(s.shared) for s in run.stages] == [1, 1]
+    make = next_token(gpt2_lm)  # data=tokens streams, which the mirrored replicas do not read
+    run = predicts_and_trains_like_keras(make, batches(3), 2, "gpipe",
+                                         [*between_blocks(make, 2), "placement.fallback=mirrored"])
+    assert [len(s.shared) for s in run.stages] == [1, 1]
+
+
 def mixtral_lm() -> keras.Model:
     """MixtralCausalLM as shipped: each block's sparse mixture of 4 experts (top 2) adds its load-balancing loss
     with `add_loss` in training. Its coefficient stays the default 0.02: keras_hub 0.32's

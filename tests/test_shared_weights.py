@@ -76,6 +76,14 @@ def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(override
     copies = [v for s in run.stages for v in s.trainable_variables if v.path == "embed/embeddings"]
     assert [len(s.shared) for s in run.stages] == [1, 1] and len(copies) == 2  # one copy per stage ...
     assert [canonical(c.value.device) for c in copies] == [s.device for s in run.stages]  # ... on its device
+    trains_like_the_uncut_model(run)
+    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())  # the copies stay identical
+
+
+def trains_like_the_uncut_model(run) -> None:
+    """3 steps of `run` against Keras' `train_on_batch` of the uncut model (its optimizer, clipping by the
+    global norm that triggers when the run clips): each loss and every stage's weight within 1e-5, the
+    tied weight moved by training."""
     reference = tied_embedding_model()
     clip = run.settings.stages[0].optim.clip_global_norm  # the tied weight counts once in the global norm
     config = {**run.stages[0].optimizer.get_config(), "global_clipnorm": clip}
@@ -93,8 +101,31 @@ def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(override
     for s in run.stages:
         for v in s.trainable_variables:
             assert rel_diff(v.numpy(), want[v.path]) <= RTOL, v.path
-    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())  # the copies stay identical
     assert rel_diff(want["embed/embeddings"], start["embed/embeddings"]) > 100 * RTOL  # training moved it
+
+
+COPIES = {"replicas": ["placement.replicas=2"], "mirrored": ["placement.fallback=mirrored"]}
+
+
+@pytest.mark.parametrize("optim", [["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9"],
+                                   ["optim=adam", "optim.lr=0.05", "optim.clip_global_norm=0.01"]],
+                         ids=["sgd", "adam-clipped"])
+@pytest.mark.parametrize("copies", list(COPIES))
+def test_a_tied_embedding_trains_like_the_uncut_model_with_copies_of_the_pipeline_and_mirrored(copies, optim):
+    """2 copies of the 2-stage pipeline (4 devices: each copy sums its holders' gradients, the sum averaged
+    across the copies once), and the mirrored fallback (the holders' all-reduced gradients summed): 3 steps
+    equal Keras on one device, every holder of every copy (and its slots) one value."""
+    run = chain.build(chain.compose(["mode=e2e", *RUN, *optim, "pipeline.microbatches=2", *COPIES[copies]]),
+                      model=tied_embedding_model())
+    pipelines = run.strategy.copies if copies == "replicas" else [run.stages]
+    assert len(pipelines) == (2 if copies == "replicas" else 1)
+    trains_like_the_uncut_model(run)
+    pairs = [tied_copies.pairs(stages) for stages in pipelines]  # per copy: (later holder's, first's) weight, slots
+    assert [len(p) for p in pairs] == [3 if "optim=adam" in optim else 2] * len(pipelines)  # momentum, Adam's 2
+    for p in pairs:
+        for a, b in zip(pairs[0], p, strict=True):  # every holder of every copy: one value
+            np.testing.assert_array_equal(a[1].numpy(), b[0].numpy())
+            np.testing.assert_array_equal(a[1].numpy(), b[1].numpy())
 
 
 @tf.custom_gradient
@@ -133,8 +164,8 @@ def test_a_tied_weight_across_stages_is_refused_in_one_line_where_the_step_does_
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose(["mode=local", *RUN]), model=tied_embedding_model())
     assert str(e.value) == (
-        "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e with "
-        "one pipeline (a device per stage, placement.replicas=1) sums its copies' gradients, not PipelinedLocal: "
+        "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e (its "
+        "pipeline, copies of it, or the mirrored fallback) sums its copies' gradients, not PipelinedLocal: "
         "use mode=e2e, or cut the model so one stage holds every layer using it")
 
 
@@ -200,6 +231,29 @@ def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_e
         np.testing.assert_array_equal(a, b)
     copies = [s.trainable_variables[-1] for s in resumed.stages]
     np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())
+
+
+@pytest.mark.parametrize("copies", list(COPIES))
+def test_copies_and_mirrored_runs_save_a_tied_weight_once_and_resume_bit_for_bit(tmp_path, copies):
+    """Replica 0's first holder alone saves the weight and its Adam slots; 2 steps resumed for 2 more end
+    bit for bit where 4 straight steps end, on every holder of every copy."""
+    base = ["mode=e2e", *RUN, *COPIES[copies], "optim=adam", "optim.lr=0.05", "pipeline.microbatches=2",
+            "checkpoint.every=2", "data.val_fraction=0", "trainer.steps_per_call=1"]
+
+    def fit(run_dir, steps, *more):
+        run = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
+                          model=tied_embedding_model())
+        run.fit()
+        pipelines = run.strategy.copies if copies == "replicas" else [run.stages]
+        return [v.numpy() for stages in pipelines for s in stages for v in s.trainable_variables + s.optimizer.variables]
+
+    straight = fit(tmp_path / "straight", 4)
+    held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
+                if shape == [4, 8]] for k in range(2)}
+    assert len(held[0]) == 3 and held[1] == []  # the weight and its two slots, once
+    fit(tmp_path / "resumed", 2)
+    for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_one_variable(tmp_path):
