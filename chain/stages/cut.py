@@ -22,6 +22,10 @@ device), bound to the same attribute. Every copy starts from the model's values;
 lists its copies (`Stage.shared`), and the pipeline step sums their gradients (`chain.steps.tied`).
 A later stage on the first holder's device holds no copy: it reads the first holder's clone itself
 (bound to the attribute, or, for a layer called again, called through `Lent`), `Stage.borrowed`.
+A layer called several times (T5's embedding, by its encoder and its decoder; ALBERT's one block at
+every depth) is listed once per call, and a call after the first is such a tie; so is a layer inside
+an earlier one that the model calls itself (OPT's read-out, the token embedding inside its embedding
+layer: `Cuttable.within`), whose copy on another device is the inner layer alone.
 """
 
 from __future__ import annotations
