@@ -34,18 +34,23 @@ def assert_values_alike(a: dict, b: dict, rtol: float = 0.0) -> None:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def by_path(variables, numbered: str = "", tied: Iterable[str] = ()) -> dict[str, np.ndarray]:
-    """Each variable's value by its path. A path met k times before gets `#k` (T5 holds two relative attention
-    biases of one path), unless it is in `tied` (a tied weight's copies on several stages: one weight).
+def paths(variables, numbered: str = "", tied: Iterable[str] = ()) -> list[str]:
+    """Each variable's path. A path met k times before gets `#k` (T5 holds two relative attention biases
+    of one path), unless it is in `tied` (a tied weight's copies on several stages: one weight).
     `numbered`: a layer name Keras numbers (T5's `t5_layer_norm_7`; a stage's clone takes the next number),
     its number left out."""
-    out: dict[str, np.ndarray] = {}
+    out = []
     met: dict[str, int] = {}
     for v in variables:
         p = re.sub(rf"{numbered}_\d+", numbered, v.path) if numbered else v.path
         k = met[p] = 0 if v.path in tied else met.get(p, -1) + 1
-        out[f"{p}#{k}" if k else p] = v.numpy()
+        out.append(f"{p}#{k}" if k else p)
     return out
+
+
+def by_path(variables, numbered: str = "") -> dict[str, np.ndarray]:
+    """Each variable's value by its path (`paths`)."""
+    return {p: v.numpy() for p, v in zip(paths(variables, numbered), variables)}
 
 
 def assert_trained_like_keras(run, reference, data, start: dict, leave_out: Sequence[str] = (),
@@ -63,29 +68,26 @@ def assert_trained_like_keras(run, reference, data, start: dict, leave_out: Sequ
         want = reference.train_on_batch(x, y)
         np.testing.assert_allclose(run.step(x, {target: y})["loss"], want[0] if isinstance(want, list) else want,
                                    rtol=1e-5)
-    tied = {c.name for s in run.stages for c in s.shared}
-    for s in run.stages:  # each stage alone: a tied weight's copy on every stage holding one
-        assert_variables_like(s.trainable_variables, by_path(reference.trainable_variables, numbered), start,
-                              leave_out, numbered, tied, every=False)
     assert_variables_like([v for s in run.stages for v in s.trainable_variables],
-                          by_path(reference.trainable_variables, numbered), start, leave_out, numbered, tied)
+                          by_path(reference.trainable_variables, numbered), start, leave_out, numbered,
+                          {c.name for s in run.stages for c in s.shared})
 
 
 def assert_variables_like(variables, want: dict, start: dict, leave_out: Sequence[str] = (), numbered: str = "",
-                          tied: Iterable[str] = (), every: bool = True) -> None:
-    """`variables` (a cut model's, every stage's) against the reference's after training, `want` (`by_path`;
-    `start`: before it), as `assert_trained_like_keras` compares them: the same paths (`every`: all of
-    `want`'s), each within 1e-5, one the reference left where it started within 1e-6 of its start,
+                          tied: Iterable[str] = ()) -> None:
+    """`variables` (a cut model's, every stage's; the copies of a weight in `tied` each) against the
+    reference's after training, `want` (`by_path`; `start`: before it), as `assert_trained_like_keras` compares
+    them: the same paths, each within 1e-5, one the reference left where it started within 1e-6 of its start,
     `leave_out` endings not compared."""
-    got = by_path(variables, numbered, tied)
-    for p, value in got.items():
+    keys = paths(variables, numbered, tied)
+    for p, v in zip(keys, variables):
         if leave_out and p.endswith(tuple(leave_out)):
             continue
         if np.abs(want[p] - start[p]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
-            assert np.abs(value - start[p]).max() < 1e-6, p
+            assert np.abs(v.numpy() - start[p]).max() < 1e-6, p
             continue
-        assert rel_diff(value, want[p]) <= 1e-5, p
-    assert set(got) == set(want) if every else set(got) <= set(want)
+        assert rel_diff(v.numpy(), want[p]) <= 1e-5, p
+    assert set(keys) == set(want)
 
 
 def rel_diff(a, b) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import chain
-from compare import assert_trained_like_keras, by_path, microbatch_sgd_step, rel_diff
+from compare import assert_trained_like_keras, by_path, microbatch_sgd_step, paths, rel_diff
 
 VOCAB, SEQ, BATCH = 50, 8, 16
 RUN = ["mode=e2e", "pipeline.microbatches=4", "data=synthetic", "data.features=6", f"data.classes={VOCAB}",
@@ -536,25 +536,17 @@ def seq2seq_batches(n: int):
     return out
 
 
-def split_at(make, layer: str, call: int) -> list[str]:
-    """`placement.split` for 2 stages, the second beginning at the `call`-th call (0 first) of `layer`."""
-    from chain.stages.cut import analyse
-
-    layers = [x.name for x in analyse(make(), "model").layers]
-    first = [i for i, n in enumerate(layers) if n == layer][call]
-    return [f"placement.split=[{first},{len(layers) - first}]"]
-
-
-# Shared weights in every form, each model in 2 stages: (the model, its batches, (the layer and which of its
-# calls stage 1 begins at), the shared weight's path).
+# Shared weights in every form, each model in 2 stages: (the model, its batches, the layers of each stage, the
+# layer stage 1 begins with, the shared weight's path).
 SHARED = {
     # the read-out (stage 1) calls the token embedding inside stage 0's embedding layer
-    "opt": (next_token(opt_lm), batches(3), ("transformer_layer_1", 0), "embeddings/token_embedding/embeddings"),
-    # both embedding calls on stage 0, the read-out's on stage 1
-    "bart": (next_token(bart_lm), seq2seq_batches(3), ("transformer_encoder_layer_0", 0), "token_embedding/embeddings"),
-    "t5": (next_token(t5_lm), seq2seq_batches(3), ("transformer_decoder_layer_0", 0), "token_embedding/embeddings"),
+    "opt": (next_token(opt_lm), batches(3), [2, 3], "transformer_layer_1", "embeddings/token_embedding/embeddings"),
+    # both embedding calls on stage 0 (the decoder's right after the encoder's), the read-out's on stage 1
+    "bart": (next_token(bart_lm), seq2seq_batches(3), [10, 3], "transformer_encoder_layer_0",
+             "token_embedding/embeddings"),
+    "t5": (next_token(t5_lm), seq2seq_batches(3), [7, 4], "transformer_decoder_layer_0", "token_embedding/embeddings"),
     # the block's first call on stage 0, its second and third on stage 1
-    "albert": (albert_classifier, batches(3, segments=True), ("group_0_inner_layer_0", 1),
+    "albert": (albert_classifier, batches(3, segments=True), [8, 4], "group_0_inner_layer_0",
                "group_0_inner_layer_0/feedforward_output_dense/kernel"),
 }
 
@@ -563,16 +555,29 @@ SHARED = {
 def test_a_layer_called_again_or_inside_another_is_one_weight_and_trains_like_keras(name, devices):
     """OPT's tie through a nested layer, BART's and T5's embedding shared by encoder and decoder (and the read-out),
     ALBERT's one block called at every depth: cut into 2 stages with calls of the shared layer on both, they
-    predict like `model.predict` and 3 SGD steps equal Keras' `train_on_batch`. On two devices each stage holds
+    predict like `model.predict` and 3 SGD steps (GPipe, M=1) equal Keras' `train_on_batch`. On two devices each stage holds
     a copy (`Stage.shared`, gradients summed); on one device (`placement.devices=[/CPU:0,/CPU:0]`) the later
-    stage reads the earlier one's variable (`Stage.borrowed`) and holds none."""
-    make, data, (layer, call), tied = SHARED[name]
+    stage reads the earlier one's variable (`Stage.borrowed`) and holds none. Checkpoints save the weight once
+    (the later copy is one `tied_copies` leaves out) and the export (the model uncut) holds each weight once,
+    predicting what the chain predicts."""
+    from chain.state.export import uncut
+    from chain.steps.tied import groups
+
+    make, data, split, begins, tied = SHARED[name]
     one = ["placement.devices=[/CPU:0,/CPU:0]"] if devices == "one" else []
-    run = predicts_and_trains_like_keras(make, data, 2, "gpipe", [*split_at(make, layer, call), *one], tied=tied,
-                                         numbered="t5_layer_norm")
+    run = predicts_and_trains_like_keras(make, data, 2, "gpipe", [f"placement.split={split}", *one,
+                                                                  "pipeline.microbatches=1"],
+                                         tied=tied, numbered="t5_layer_norm")
     first, last = run.stages
+    assert [x for x in last.model.layers if not isinstance(x, keras.layers.InputLayer)][0].name.startswith(begins)
     if devices == "one":
-        assert tied in [b.name for b in last.borrowed] and not last.shared
+        assert tied in [b.name for b in last.borrowed] and not last.shared and not groups(run.stages)
         assert all(v.path != tied for v in last.trainable_variables)
     else:
-        assert tied in [c.name for c in first.shared] and tied in [c.name for c in last.shared]
+        assert tied in groups(run.stages)  # a copy on each stage: the later one's value is the first's
+    whole = uncut(run.stages)  # the stages' weights (the reference's, as compared above), each once (a second
+    shared = {c.name for s in run.stages for c in s.shared}  # variable of a path would be `path#1`)
+    assert set(paths(whole.trainable_variables, "t5_layer_norm")) == \
+        set(paths([v for s in run.stages for v in s.trainable_variables], "t5_layer_norm", shared))
+    x = data[0][0]
+    np.testing.assert_allclose(whole(x), run.forward(x)["body_1"], rtol=0, atol=1e-6)

@@ -234,9 +234,9 @@ def _call_order(graph: keras.Model, model: keras.Model, name: str) -> list[tuple
     rank = {id(layer): r for r, layer in enumerate(model.layers)}
     waiting = []
     for layer in model.layers:
-        found = calls.get(id(layer), [])
         if isinstance(layer, keras.layers.InputLayer):
             continue
+        found = calls.get(id(layer), [])
         if not found:
             raise ConfigError(f"{name}: layer {layer.name!r} is never called in the model's graph; a model cut into "
                               "stages calls every layer it holds")
@@ -270,10 +270,11 @@ def _flatten(graph: keras.Model, model: keras.Model, name: str, alias: dict[int,
     for layer, node in order:
         if isinstance(layer, keras.Model) and plain_functional(layer) \
                 and len(layer.inputs) == len(node.input_tensors) and len(layer.outputs) == len(node.outputs):
-            if sum(x is layer for x, _ in order) > 1:
-                raise ConfigError(f"{name}: the model {layer.name!r} inside it is called "
-                                  f"{sum(x is layer for x, _ in order)} times; a model cut into stages may call "
-                                  "a layer several times, but a model inside it once (call its layers instead)")
+            times = sum(x is layer for x, _ in order)
+            if times > 1:
+                raise ConfigError(f"{name}: the model {layer.name!r} inside it is called {times} times; a model cut "
+                                  "into stages may call a layer several times, but a model inside it once (call its "
+                                  "layers instead)")
             for inner, outer in zip(layer.inputs, node.input_tensors):
                 if inner is not outer:  # a keras_hub task calls its backbone on the backbone's own inputs
                     alias[id(inner)] = outer
@@ -578,8 +579,8 @@ class Lent(keras.layers.Layer):
     def call(self, inputs, **kwargs):
         return self.layer(inputs, **kwargs)
 
-    def compute_output_spec(self, inputs, **kwargs):
-        return self.layer.compute_output_spec(inputs, **kwargs)
+    def compute_output_spec(self, inputs, **kwargs):  # the lent layer's own (Keras' tracing of `call` failed
+        return self.layer.compute_output_spec(inputs, **kwargs)  # on T5's read-out)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "layer": keras.saving.serialize_keras_object(self.layer)}
@@ -634,6 +635,7 @@ class Piece:
             first_call.setdefault(id(x), j)
         if start == 0:
             _run_ops(c, -1, made)
+
         def again(i: int) -> tuple[keras.layers.Layer, int]:
             """What layer i's call calls, a layer called before (the one layer, or one inside an earlier
             layer): its clone on this stage, one lent on this device, or a copy made here (its gradients
