@@ -287,3 +287,17 @@ def test_a_layer_called_twice_is_one_weight_trained_like_keras_whichever_stage_i
     for s in run.stages:
         h = s.model(h)
     np.testing.assert_allclose(whole(x), h, rtol=RTOL)
+
+
+def test_a_model_inside_the_model_called_twice_is_refused_in_one_line():
+    """A layer may be called several times, but a functional model inside the model is cut through (its layers
+    become the model's), once: called twice, it is refused naming it."""
+    from chain.stages.cut import analyse
+
+    x = keras.Input((6,))
+    inner = keras.Model(x, L.Dense(6, name="d")(x), name="inner")
+    y = keras.Input((6,))
+    with pytest.raises(ConfigError) as e:
+        analyse(keras.Model(y, inner(inner(y)), name="outer"), "outer")
+    assert str(e.value) == ("outer: the model 'inner' inside it is called 2 times; a model cut into stages may call a "
+                            "layer several times, but a model inside it once (call its layers instead)")
