@@ -489,29 +489,29 @@ def test_a_dict_of_one_key_is_matched_to_the_models_input_by_name(make, stages):
     predicts_and_trains_like_keras(make, data, stages, "gpipe", between_blocks(make, 2) if stages == 2 else [])
 
 
+def shipped(seed: int, backbone: type, task: type, **config) -> keras.Model:
+    """keras_hub's `task` as shipped (no preprocessor) over a tiny `backbone(**config)` of random weights."""
+    keras.utils.set_random_seed(seed)
+    tiny = {"vocabulary_size": VOCAB, "num_layers": 1, "num_heads": 2, "hidden_dim": 8, "intermediate_dim": 16,
+            "dropout": 0.0}
+    return task(backbone=backbone(**{**tiny, **config}), preprocessor=None)
+
+
 def opt_lm() -> keras.Model:
     """OPTCausalLM as shipped: its read-out calls the token embedding inside its embedding layer
-    (`embeddings.token_embedding(x, reverse=True)`), a tie through a nested layer."""
-    keras.utils.set_random_seed(5)
-    backbone = keras_hub.models.OPTBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
-                                            intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
-    return keras_hub.models.OPTCausalLM(backbone=backbone, preprocessor=None)
+    (`embeddings.token_embedding(x, reverse=True)`), a tie through a nested layer. Two blocks: cut between them."""
+    models = keras_hub.models
+    return shipped(5, models.OPTBackbone, models.OPTCausalLM, num_layers=2, max_sequence_length=SEQ)
 
 
 def bart_lm() -> keras.Model:
     """BartSeq2SeqLM as shipped: the encoder and the decoder call one `token_embedding`, the read-out again."""
-    keras.utils.set_random_seed(6)
-    backbone = keras_hub.models.BartBackbone(vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=8,
-                                             intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
-    return keras_hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=None)
+    return shipped(6, keras_hub.models.BartBackbone, keras_hub.models.BartSeq2SeqLM, max_sequence_length=SEQ)
 
 
 def t5_lm() -> keras.Model:
     """T5Seq2SeqLM as shipped: the encoder and the decoder call one `token_embedding`, the read-out again."""
-    keras.utils.set_random_seed(7)
-    backbone = keras_hub.models.T5Backbone(vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=8,
-                                           intermediate_dim=16, key_value_dim=4, dropout=0.0)
-    return keras_hub.models.T5Seq2SeqLM(backbone=backbone, preprocessor=None)
+    return shipped(7, keras_hub.models.T5Backbone, keras_hub.models.T5Seq2SeqLM, key_value_dim=4)
 
 
 def albert_classifier() -> keras.Model:
