@@ -298,3 +298,60 @@ def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_
     fit(tmp_path / "resumed", 2)
     for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def dense_twice_model() -> keras.Model:
+    """One Dense layer called twice (`twice(tanh(twice(before(x))))`, then a head): the cut lists five layers,
+    `twice` at 1 and 3."""
+    keras.utils.set_random_seed(3)
+    x = keras.Input((6,))
+    twice = L.Dense(6, activation="tanh", name="twice")
+    h = twice(L.Dense(6, name="before")(x))
+    h = twice(L.Activation("tanh", name="between")(h))
+    return keras.Model(x, L.Dense(4, name="head")(h), name="dense_twice")
+
+
+@pytest.mark.parametrize("split", [[4, 1], [3, 2]], ids=["both-calls-on-stage-0", "a-call-on-each-stage"])
+def test_a_layer_called_twice_is_one_weight_trained_like_keras_whichever_stage_its_calls_are_on(split, tmp_path):
+    """Both calls of the shared Dense on one stage (`placement.split=[4,1]`: it is an ordinary layer there, on one
+    stage) or one on each (`[3,2]`: a copy per stage, their gradients summed): 3 SGD steps equal Keras'
+    `train_on_batch`; the export (the model uncut) holds the layer once and predicts what the chain predicts."""
+    run = chain.build(chain.compose(["mode=e2e", *RUN, "optim=sgd", "optim.lr=0.5", "pipeline.microbatches=2",
+                                     f"placement.split={split}"]), model=dense_twice_model())
+    holders = [[v.path for v in s.trainable_variables if v.path.startswith("twice/")] for s in run.stages]
+    assert holders == ([["twice/kernel", "twice/bias"], []] if split == [4, 1] else [["twice/kernel", "twice/bias"]] * 2)
+    reference = dense_twice_model()
+    reference.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    start = reference.get_layer("twice").kernel.numpy()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x, y = rng.normal(size=(16, 6)).astype("float32"), rng.integers(0, 4, 16).astype("int32")
+        np.testing.assert_allclose(run.step(x, {"label": y})["loss"], reference.train_on_batch(x, y), rtol=RTOL)
+    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    for s in run.stages:
+        for v in s.trainable_variables:
+            assert rel_diff(v.numpy(), want[v.path]) <= RTOL, v.path
+    assert rel_diff(want["twice/kernel"], start) > 100 * RTOL  # training moved it
+    from chain.state.export import uncut
+
+    whole = uncut(run.stages)
+    assert sorted(v.path for v in whole.weights) == sorted(want)  # the shared layer's weights once
+    h = x
+    for s in run.stages:
+        h = s.model(h)
+    np.testing.assert_allclose(whole(x), h, rtol=RTOL)
+
+
+def test_a_model_inside_the_model_called_twice_is_refused_in_one_line():
+    """A layer may be called several times, but a functional model inside the model is cut through (its layers
+    become the model's), once: called twice, it is refused naming it."""
+    from chain.stages.cut import analyse
+
+    x = keras.Input((6,))
+    inner = keras.Model(x, L.Dense(6, name="d")(x), name="inner")
+    y = keras.Input((6,))
+    with pytest.raises(ConfigError) as e:
+        analyse(keras.Model(y, inner(inner(y)), name="outer"), "outer")
+    assert str(e.value) == ("outer: the model 'inner' inside it is called 2 times; a model cut into stages may call a "
+                            "layer several times, but a model inside it once (call its layers instead)")
