@@ -6,10 +6,10 @@ A piece's inputs are one tensor, a list (a tensor and its Keras mask crossing a 
 or, for a model's first piece, the model's own inputs (keras_hub's dict `{"token_ids", "padding_mask"}`).
 Each leaf is made by its kind: floats normal; integer ids uniform in 0..vocab-1 (the data's vocabulary,
 `Feed.vocab`), as are float inputs an `Embedding` reads (ids given as floats); booleans (a mask) and
-keras_hub's filled inputs (`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of zeros) as the config's
-full windows give them. The first piece's open sizes (None) are the data's example's; each later piece's
-input is what the piece before it gives (`chained`: each piece run once on one example), so every size,
-dtype and mask is the one a step passes.
+keras_hub's filled inputs (`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of
+zeros) as the config's full windows give them. The first piece's open sizes (None) are the data's
+example's; each later piece's input is what the piece before it gives (`chained`: each piece run once on
+one example), so every size, dtype and mask is the one a step passes.
 """
 
 from __future__ import annotations
