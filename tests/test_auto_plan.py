@@ -257,7 +257,8 @@ def gpt_config(tmp_path) -> list[str]:
     text.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
     return ["model=gpt", "model.width=8", "model.depth=2", "model.heads=2", "data=text", f"data.files={text}",
             "data.seq_len=8", "data.batch_size=8", "data.val_fraction=0", "mode=e2e", "optim=sgd", "optim.lr=0.1",
-            "trainer.progress=false", "checkpoint.export=false", "placement.plan=auto"]
+            "trainer.progress=false", "checkpoint.export=false", "placement.plan_budget_s=0.05",
+            "placement.plan=auto"]
 
 
 def test_model_gpt_is_planned_on_token_ids_and_trains_bit_for_bit_like_its_plan_by_hand(tmp_path):
@@ -339,7 +340,7 @@ def test_examples_are_what_each_piece_takes():
 
 def test_the_command_line_prints_model_gpts_plan_table(tmp_path):
     """`placement.plan=auto plan_only=true` for model=gpt: the best candidates' table, and nothing trained."""
-    r = run_cli(tmp_path, *gpt_config(tmp_path), "+stages=2", "plan_only=true", "placement.plan_budget_s=0.05")
+    r = run_cli(tmp_path, *gpt_config(tmp_path), "+stages=2", "plan_only=true")
     assert r.returncode == 0, r.stderr
     assert "planning: measured in" in r.stdout and "+stages=" in r.stdout, r.stdout
 
