@@ -243,13 +243,46 @@ def _hydra_flags(args: list[str]) -> bool:
     return any(a.startswith("-") for a in args)
 
 
+_job_end: list = []  # under a scheduler: the client's chain.planning.job_end.JobEnd, told the exit code at the end
+
+
 def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
+    code: int | str | None = 1
     try:
         _main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+        raise
     except BrokenPipeError:  # `python -m chain --help | head`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    finally:
+        for ending in _job_end:  # the workers end with the job, with its exit code
+            ending.end(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def _scheduled(settings) -> None:
+    """Under a scheduler: `cluster.launcher=slurm` gives each task its GPUs and makes every task but
+    the first a worker (this call then never returns); the client (Slurm's task 0, TF_CONFIG's chief)
+    listens where its workers look for it, to tell them when the job ends."""
+    from chain.planning import cluster, job_end, slurm
+
+    c = settings.cluster
+    if c.launcher == "slurm" and not c.workers:
+        job = slurm.job(os.environ, c.port_base)
+        if job.visible_gpus is not None:  # before TensorFlow is imported: it reads it once
+            os.environ["CUDA_VISIBLE_DEVICES"] = job.visible_gpus
+        if job.task > 0:
+            from chain.worker import serve
+
+            serve(job.task - 1, job.workers, job.client, c.wait_s)
+    found = cluster.client_address(c)
+    if found is not None:
+        ending = job_end.JobEnd(*found)
+        ending.start()
+        _job_end.append(ending)
 
 
 def _main() -> None:
@@ -265,6 +298,7 @@ def _main() -> None:
             check_job_name(cfg)
             spec = check_config(cfg)  # every config error that needs no TensorFlow
             settings = spec.settings
+            _scheduled(settings)
             if settings.plan_only:
                 return show_plan(spec, overrides)
             _preflight, overrides = preflight(spec, str(cfg.hydra.run.dir), overrides)
