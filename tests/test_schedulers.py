@@ -7,6 +7,7 @@ starts is checked gone at its end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -167,6 +168,14 @@ def test_tf_config_tasks(monkeypatch, capsys):
         cluster.task()
     monkeypatch.setenv("TF_CONFIG", tf_config("worker", 1, chief=False))
     assert cluster.task() == (["w0:1", "w1:1"], 1)  # the data-parallel form stays
+    for key, value in {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_STEP_NODELIST": "localhost"}.items():
+        monkeypatch.setenv(key, value)
+    slurm_settings = dataclasses.replace(settings, launcher="slurm")
+    with pytest.raises(ConfigError, match="^cluster.launcher=slurm: this is task 1 of the step, a worker"):
+        cluster.workers(slurm_settings)  # only the command line serves a worker's task
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert cluster.workers(slurm_settings) == ["localhost:8889", "localhost:8890"]
+    assert cluster.client_address(slurm_settings)[0] == "localhost:8888"
     for kind, said in [("chief", "TF_CONFIG has the chief's task"), ("ps", "chain has no ps tasks")]:
         monkeypatch.setenv("TF_CONFIG", tf_config(kind))
         with pytest.raises(SystemExit) as e:

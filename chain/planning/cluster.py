@@ -80,7 +80,11 @@ def workers(settings: ClusterSettings) -> list[str] | None:
     if settings.workers:
         return list(settings.workers)
     if settings.launcher == "slurm":
-        return list(slurm.job(os.environ, settings.port_base).workers)
+        job = slurm.job(os.environ, settings.port_base)
+        if job.task > 0:  # the command line serves these tasks as workers before it gets here
+            raise ConfigError(f"cluster.launcher=slurm: this is task {job.task} of the step, a worker; only task 0 is "
+                              f"the client: start every task with srun python -m chain cluster.launcher=slurm ...")
+        return list(job.workers)
     found = tf_config()
     if found is None or found.kind == WORKER_JOB:
         return None  # no TF_CONFIG, or one that makes this process a worker (see `task`)
