@@ -42,11 +42,11 @@ def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[st
     try:
         return [p.communicate(timeout=timeout) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-                raise AssertionError(f"process {p.args} was still running")
+        left = [p for p in procs if p.poll() is None]
+        for p in left:
+            p.kill()
+            p.wait()
+        assert not left, f"still running: {[p.args for p in left]}"
 
 
 def consecutive_ports(n: int) -> int:
