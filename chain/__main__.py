@@ -16,6 +16,10 @@ stopped on a non-finite loss or gradient, 4 when the file system failed); a new 
 fails before training leaves no run directory behind, and a directory that already held a
 run is never removed. Ctrl-C is one line (where training was, the newest complete
 checkpoint, the command that resumes) and exit 130.
+
+Under a scheduler (`TF_CONFIG` with a chief, `cluster.launcher=slurm`) the client tells its
+workers the exit code when the command ends, and a Slurm task other than 0 serves as a worker
+(docs/cluster.md, "Under a scheduler").
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from omegaconf import DictConfig
 from chain import sweep  # `import chain` first set TensorFlow's C++ log level (chain.cli.quiet_environment)
 from chain.cli import fail, import_tensorflow_quietly, quiet_third_party_logs, reader_left
 from chain.config import normalize_overrides
+from chain.config.schema import Settings
 from chain.errors import ChainError, plural
 from chain.prepared import RunSpec, check_config
 
@@ -257,7 +262,7 @@ def main() -> None:
             ending.end(code if isinstance(code, int) else (0 if code is None else 1))
 
 
-def _scheduled(settings) -> None:
+def _scheduled(settings: Settings) -> None:
     """Under a scheduler: `cluster.launcher=slurm` gives each task its GPUs and makes every task but
     the first a worker (this call then never returns); the client (Slurm's task 0, TF_CONFIG's chief)
     listens where its workers look for it, to tell them when the job ends."""

@@ -5,8 +5,9 @@ the address it serves, and serves until stopped (SIGTERM or Ctrl-C end it cleanl
 --index and --cluster it reads both from `TF_CONFIG` (Kubeflow's TFJob); with a client to end
 with (`--client host:port`, or TF_CONFIG's `chief`) it exits when that client's job ends, with
 the client's exit code, or after `--wait-s` seconds without a word from it (exit 5, one line):
-see `chain.planning.job_end`. The
-server listens on every network interface (TensorFlow cannot bind it to one address) and
+see `chain.planning.job_end`.
+
+The server listens on every network interface (TensorFlow cannot bind it to one address) and
 runs what any client sends it: a warning says so at start; run workers on trusted networks. A
 training run then places stages on the workers' devices with `cluster.workers=[...]`
 (the same list, in the same order): `/job:worker/replica:0/task:I/device:CPU:0` (or GPU:M).
