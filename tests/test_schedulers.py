@@ -1,5 +1,6 @@
-"""Workers under a scheduler: a killed client leaves no worker after the bounded wait; workers end with
-their client's exit code (the end-of-job protocol in-process); Slurm's host lists, tasks and GPUs;
+"""Workers under a scheduler: a killed client leaves no worker after the bounded wait; a TFJob chief that
+fails ends its workers with its exit code; workers end with their client's code (the end-of-job
+protocol in-process); Slurm's host lists, tasks and GPUs;
 TF_CONFIG's tasks (a chief, evaluator/ps refused, the data-parallel form kept). The helpers start the
 processes of a simulated scheduler; tests/test_doc_examples.py runs docs/cluster.md's TFJob manifest
 and sbatch script with them (three processes each, trained like the local run). Every process a test
@@ -93,6 +94,27 @@ def test_a_killed_client_leaves_no_worker_after_the_bounded_wait(tmp_path):
     assert code == job_end.EXIT_GONE and errors == [f"error: worker 0 stops: no word from its client {client} for "
                                                     "2 s (cluster.wait_s, --wait-s)"], errors
     assert 2 - job_end.BEAT_S <= took < 10, took  # counted from the client's last word (a beat a second)
+
+
+def test_a_chief_that_fails_ends_its_workers_with_its_exit_code(tmp_path):
+    chief, *workers = free_addresses(3)
+
+    def tf_config(kind: str, index: int) -> dict:
+        return {"TF_CONFIG": json.dumps({"cluster": {"chief": [chief], "worker": workers},
+                                         "task": {"type": kind, "index": index}})}
+
+    w = start(tmp_path, ["chain.worker"], tf_config("worker", 0))  # worker 1 never starts
+    try:
+        assert os.read(w.stdout.fileno(), 200).startswith(b"worker 0 serving")
+    except BaseException:
+        w.kill()
+        w.wait()
+        raise
+    c = start(tmp_path, ["chain", *TINY, "+stages=2", "mode=e2e", "cluster.wait_s=4", f"hydra.run.dir={tmp_path / 'run'}"],
+              tf_config("chief", 0))
+    (_, chief_err), (worker_out, _) = finish([c, w], timeout=120)
+    assert c.returncode == 2 and chief_err.count("\n") == 1 and f"{workers[1]} is not reachable" in chief_err, chief_err
+    assert w.returncode == 2 and worker_out.splitlines()[-1] == "worker 0 stopped", worker_out  # the chief's code
 
 
 def test_workers_end_with_their_clients_code_and_one_that_never_came_is_waited_for_a_bounded_time():
