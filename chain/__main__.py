@@ -16,6 +16,10 @@ stopped on a non-finite loss or gradient, 4 when the file system failed); a new 
 fails before training leaves no run directory behind, and a directory that already held a
 run is never removed. Ctrl-C is one line (where training was, the newest complete
 checkpoint, the command that resumes) and exit 130.
+
+Under a scheduler (`TF_CONFIG` with a chief, `cluster.launcher=slurm`) the client tells its
+workers the exit code when the command ends, and a Slurm task other than 0 serves as a worker
+(docs/cluster.md, "Under a scheduler").
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from omegaconf import DictConfig
 from chain import sweep  # `import chain` first set TensorFlow's C++ log level (chain.cli.quiet_environment)
 from chain.cli import fail, import_tensorflow_quietly, quiet_third_party_logs, reader_left
 from chain.config import normalize_overrides
+from chain.config.schema import Settings
 from chain.errors import ChainError, plural
 from chain.prepared import RunSpec, check_config
 
@@ -238,12 +243,45 @@ def _hydra_flags(args: list[str]) -> bool:
     return any(a.startswith("-") for a in args)
 
 
+_job_end: list = []  # under a scheduler: the client's chain.planning.job_end.JobEnd, told the exit code at the end
+
+
 def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
+    code: int | str | None = 1
     try:
         _main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+        raise
     except BrokenPipeError:  # `python -m chain --help | head`: the reader left
         reader_left()
+    finally:
+        for ending in _job_end:  # the workers end with the job, with its exit code
+            ending.end(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def _scheduled(settings: Settings) -> None:
+    """Under a scheduler: `cluster.launcher=slurm` gives each task its GPUs and makes every task but
+    the first a worker (this call then never returns); the client (Slurm's task 0, TF_CONFIG's chief)
+    listens where its workers look for it, to tell them when the job ends."""
+    from chain.planning import cluster, job_end, slurm
+
+    c = settings.cluster
+    if c.launcher == "slurm" and not c.workers:
+        job = slurm.job(os.environ, c.port_base)
+        if job.visible_gpus is not None:  # before TensorFlow is imported: it reads it once
+            os.environ["CUDA_VISIBLE_DEVICES"] = job.visible_gpus
+        if job.task > 0:
+            from chain.worker import serve
+
+            serve(job.task - 1, job.workers, job.client, c.wait_s)
+    found = cluster.client_address(c)
+    if found is not None:
+        ending = job_end.JobEnd(*found)
+        ending.start()
+        _job_end.append(ending)
 
 
 def _main() -> None:
@@ -259,6 +297,7 @@ def _main() -> None:
             check_job_name(cfg)
             spec = check_config(cfg)  # every config error that needs no TensorFlow
             settings = spec.settings
+            _scheduled(settings)
             if settings.plan_only:
                 return show_plan(spec, overrides)
             _preflight, overrides = preflight(spec, str(cfg.hydra.run.dir), overrides)

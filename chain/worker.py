@@ -1,8 +1,13 @@
 """`python -m chain.worker --index I --cluster host:port,host:port,...`: one worker of a cluster.
 
 Starts a TensorFlow server (`tf.distribute.Server`) for task I of the job `worker`, prints
-the address it serves, and serves until stopped (SIGTERM or Ctrl-C end it cleanly). The
-server listens on every network interface (TensorFlow cannot bind it to one address) and
+the address it serves, and serves until stopped (SIGTERM or Ctrl-C end it cleanly). Without
+--index and --cluster it reads both from `TF_CONFIG` (Kubeflow's TFJob); with a client to end
+with (`--client host:port`, or TF_CONFIG's `chief`) it exits when that client's job ends, with
+the client's exit code, or after `--wait-s` seconds without a word from it (exit 5, one line):
+see `chain.planning.job_end`.
+
+The server listens on every network interface (TensorFlow cannot bind it to one address) and
 runs what any client sends it: a warning says so at start; run workers on trusted networks. A
 training run then places stages on the workers' devices with `cluster.workers=[...]`
 (the same list, in the same order): `/job:worker/replica:0/task:I/device:CPU:0` (or GPU:M).
@@ -143,21 +148,27 @@ class LocalCluster:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m chain.worker`."""
     ap = argparse.ArgumentParser(prog="python -m chain.worker", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--index", type=int, required=True, help="this worker's task index in --cluster")
-    ap.add_argument("--cluster", required=True, help="every worker's host:port, comma-separated, in task order")
+    ap.add_argument("--index", type=int, default=None, help="this worker's task index in --cluster (default: TF_CONFIG's)")
+    ap.add_argument("--cluster", default=None,
+                    help="every worker's host:port, comma-separated, in task order (default: TF_CONFIG's)")
+    ap.add_argument("--client", default=None,
+                    help="host:port of the client this worker ends with (default: TF_CONFIG's chief, if any; "
+                         "none: serve until stopped)")
+    ap.add_argument("--wait-s", type=float, default=60.0,
+                    help="with a client: end after this many seconds without a word from it (default 60)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op and inter-op threads (default: TensorFlow's)")
     ap.add_argument("--cpus", default=None, help="pin to these cores, e.g. 0 or 0,1 (Linux)")
     ap.add_argument("--profile-port", type=int, default=None,
                     help="also serve TensorFlow's profiler on this port (for trainer.profile)")
     a = ap.parse_args(argv)
     try:
-        workers = parse_cluster(a.cluster)
-        if not 0 <= a.index < len(workers):
-            raise ConfigError(f"--index={a.index}: the cluster has {len(workers)} workers (0..{len(workers) - 1})")
+        workers, index, client = _cluster(a)
         if a.threads is not None and a.threads < 1:
             raise ConfigError(f"--threads={a.threads} must be >= 1")
         if a.profile_port is not None and not 0 < a.profile_port < 65536:
             raise ConfigError(f"--profile-port={a.profile_port} must be a port in 1..65535")
+        if not a.wait_s > 0:
+            raise ConfigError(f"--wait-s={a.wait_s:g} must be > 0")
         if a.cpus is not None:
             try:
                 cores = {int(c) for c in a.cpus.split(",")}
@@ -166,37 +177,74 @@ def main(argv: list[str] | None = None) -> None:
                 raise ConfigError(f"--cpus={a.cpus}: cannot pin to those cores ({e})") from None
     except ConfigError as e:
         fail(str(e))
+    serve(index, workers, client, a.wait_s, a.threads, a.profile_port)
+
+
+def _cluster(a: argparse.Namespace) -> tuple[list[str], int, str | None]:
+    """The workers, this worker's index and its client's address (None: none) from the flags, or
+    from TF_CONFIG when neither --index nor --cluster is given."""
+    from chain.fields import address
+    from chain.planning.cluster import tf_config
+
+    client = address("--client", a.client) if a.client else None
+    if a.index is None and a.cluster is None:
+        found = tf_config()
+        if found is None:
+            raise ConfigError("give --index I --cluster HOST:PORT,... (or set TF_CONFIG, as Kubeflow's TFJob does)")
+        if found.kind != "worker":
+            what = "no task" if found.kind is None else "the chief's task: the chief runs python -m chain ..."
+            raise ConfigError(f"TF_CONFIG has {what}; python -m chain.worker serves a task of type worker")
+        return list(found.workers), found.index, client or found.chief
+    if a.index is None or a.cluster is None:
+        raise ConfigError("give both --index and --cluster, or neither (TF_CONFIG's)")
+    workers = parse_cluster(a.cluster)
+    if not 0 <= a.index < len(workers):
+        raise ConfigError(f"--index={a.index}: the cluster has {len(workers)} workers (0..{len(workers) - 1})")
+    return workers, a.index, client
+
+
+def serve(index: int, workers: Sequence[str], client: str | None, wait_s: float, threads: int | None = None,
+          profile_port: int | None = None) -> None:
+    """Serve as worker `index` of `workers` until stopped (SIGTERM, Ctrl-C), or, with a `client`,
+    until that client ends the job (exit with its code) or is silent for `wait_s` seconds (exit 5).
+    Never returns."""
     import_tensorflow_quietly()
     import tensorflow as tf
 
+    from chain.planning import job_end
+
     config = None
-    if a.threads is not None:
-        tf.config.threading.set_intra_op_parallelism_threads(a.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(a.threads)
-        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=a.threads,
-                                          inter_op_parallelism_threads=a.threads)
+    if threads is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
     try:
-        server = tf.distribute.Server(tf.train.ClusterSpec({"worker": workers}), job_name="worker",
-                                      task_index=a.index, config=config, start=True)
+        server = tf.distribute.Server(tf.train.ClusterSpec({"worker": list(workers)}), job_name="worker",
+                                      task_index=index, config=config, start=True)
     except (tf.errors.OpError, ValueError, RuntimeError) as e:
-        fail(f"worker {a.index} cannot serve {workers[a.index]}: {first_line(e, typed=False)}")
-    if a.profile_port is not None:
+        fail(f"worker {index} cannot serve {workers[index]}: {first_line(e, typed=False)}")
+    if profile_port is not None:
         try:
-            tf.profiler.experimental.server.start(a.profile_port)
+            tf.profiler.experimental.server.start(profile_port)
         except (tf.errors.OpError, ValueError, RuntimeError) as e:
-            fail(f"worker {a.index} cannot serve its profiler on port {a.profile_port}: {first_line(e, typed=False)}")
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    print(f"worker {a.index} serving {workers[a.index]} ({server.target})", flush=True)
-    print(f"warning: {open_to_network(workers[a.index])}", file=sys.stderr, flush=True)
+            fail(f"worker {index} cannot serve its profiler on port {profile_port}: {first_line(e, typed=False)}")
+    ended: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: ended.append(0))
+    print(f"worker {index} serving {workers[index]} ({server.target})", flush=True)
+    print(f"warning: {open_to_network(workers[index])}", file=sys.stderr, flush=True)
+    if client is not None:
+        def gone(why: str) -> None:
+            print(f"error: worker {index} stops: {why}", file=sys.stderr, flush=True)
+            ended.append(job_end.EXIT_GONE)
+
+        threading.Thread(target=job_end.watch_client, args=(client, wait_s, ended.append, gone), daemon=True).start()
     try:
-        while not stop:  # the server runs in its own threads; this thread only waits for a signal
+        while not ended:  # the server runs in its own threads; this thread only waits for the end
             time.sleep(0.2)
     except KeyboardInterrupt:
-        pass
-    print(f"worker {a.index} stopped", flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # the server's threads do not join; nothing is left to save
+        ended.append(0)
+    print(f"worker {index} stopped", flush=True)
+    os._exit(ended[0])  # the server's threads do not join; nothing is left to save
 
 
 if __name__ == "__main__":

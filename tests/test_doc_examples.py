@@ -20,6 +20,7 @@ The `<!-- examples -->` blocks are run in full by tests/test_examples.py and ski
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -56,6 +57,9 @@ SKIP = {
     ("cluster.md", "python -m chain.worker"): "a cluster worker serves until it is killed (tests/test_cluster.py)",
     ("cluster.md", "cluster.workers=[hostA:2222,hostB:2222]"): "needs cluster workers on hostA and hostB",
     ("cluster.md", "TF_CONFIG="): "one process of a two-host TF_CONFIG cluster: needs the other host",
+    ("cluster.md", "srun python -m chain cluster.launcher=slurm"): "an sbatch script's srun line: played as three "
+                                                                    "Slurm tasks on loopback by "
+                                                                    "test_cluster_md_sbatch_script_runs_as_three_slurm_tasks",
     ("measuring.md", "python -m chain.worker"): "a cluster worker serves until it is killed (tests/test_profile.py)",
     ("measuring.md", "cluster.workers=[localhost:2222,localhost:2223]"): "needs the two workers the lines before start",
     ("measuring.md", "python -m chain.report outputs/2026-11-29"): "compares two runs of the reader's",
@@ -111,6 +115,8 @@ SHOWN = {
     ("checkpoints.md", "error: stage 1: loss or gradients are not finite"): "tests/test_checkpoints.py",
     ("cluster.md", "error: cluster worker 1 (localhost:40213) is lost"): "tests/test_cluster.py kills a worker; "
                                                                          "the line's form is compared below",
+    ("cluster.md", "error: worker 0 stops: no word from its client"): "tests/test_schedulers.py kills a client (a "
+                                                                       "2 s wait there) and compares the line",
     ("pipeline.md", "error: stage 0 needs about 195 MB on /device:GPU:0"): "needs a GPU; tests/test_planner.py",
     ("pipeline.md", "error: placement.plan=auto: no plan fits the devices' memory"): "logical GPUs with memory "
                                                                                      "limits; tests/test_auto_plan.py",
@@ -415,3 +421,86 @@ def test_the_lost_worker_line_cluster_md_shows_is_the_one_the_client_prints():
     lost = find_lost([f"localhost:{port}"], m.group(4))
     assert lost is not None
     assert f"error: {lost}" == shown.replace(f"worker {m.group(1)} ({m.group(2)})", f"worker 0 (localhost:{port})")
+
+
+# docs/cluster.md's scheduler examples, simulated on loopback with the environment each scheduler sets (a yaml
+# block is not played above: the TFJob manifest is read here). Both run the same chain command, so one local
+# run is the reference of both.
+def cluster_md_examples() -> tuple[list[str], list[str], list[str]]:
+    """(the TFJob chief's command, the worker's, the sbatch script's srun command without srun's options)."""
+    import yaml
+
+    page = blocks(ROOT / "docs" / "cluster.md")
+    (manifest,) = [yaml.safe_load(b.text) for b in page if b.lang == "yaml"]
+    specs = manifest["spec"]["tfReplicaSpecs"]
+    chief, worker = (specs[k]["template"]["spec"]["containers"][0]["command"] for k in ("Chief", "Worker"))
+    assert specs["Chief"]["replicas"] == 1 and specs["Worker"]["replicas"] == 2
+    (srun,) = [shlex.split(c) for b in page if b.lang == "bash" for c in commands(b.text) if c.startswith("srun ")]
+    srun = srun[1:]
+    while srun[0].startswith("-"):
+        srun.pop(0)
+    return chief, worker, srun
+
+
+def chain_args(command: list[str]) -> list[str]:
+    """A `python -m chain ...` command's overrides, without the run directory and the launcher (the tests' own)."""
+    assert command[:3] == ["python", "-m", "chain"], command
+    return [a for a in command[3:] if not a.startswith(("hydra.run.dir=", "cluster.launcher="))]
+
+
+@pytest.fixture(scope="module")
+def cluster_md_local(tmp_path_factory):
+    """cluster.md's chain command run on this machine's logical devices: what both schedulers must train."""
+    from test_schedulers import TINY, final
+
+    root = tmp_path_factory.mktemp("local")
+    r = run_cli(root, *chain_args(cluster_md_examples()[0]), *TINY, f"hydra.run.dir={root / 'run'}")
+    assert r.returncode == 0, r.stderr
+    return final(root / "run")
+
+
+def test_cluster_md_tfjob_manifest_runs_as_a_chief_and_two_workers(tmp_path, cluster_md_local):
+    from compare import assert_values_alike
+    from chain.worker import free_addresses
+    from test_schedulers import TINY, final, finish, start
+
+    chief_command, worker_command, _ = cluster_md_examples()
+    chief, *workers = free_addresses(3)
+
+    def tf_config(kind: str, index: int) -> dict:  # as TFJob writes it into each pod
+        spec = {"chief": [chief], "worker": workers}
+        return {"TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": kind, "index": index}})}
+
+    assert worker_command == ["python", "-m", "chain.worker"]
+    # the operator starts pods in any order: the chief first here (it waits for its workers)
+    procs = [start(tmp_path, ["chain", *chain_args(chief_command), *TINY, f"hydra.run.dir={tmp_path / 'run'}"],
+                   tf_config("chief", 0)),
+             *(start(tmp_path, worker_command[2:], tf_config("worker", i)) for i in range(2))]
+    outs = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert f"worker 1 {workers[1]} CPU:0" in outs[0][0]
+    assert [o.splitlines()[-1] for o, _ in outs[1:]] == ["worker 0 stopped", "worker 1 stopped"], outs
+    ran = final(tmp_path / "run")
+    for k in range(2):
+        assert_values_alike(ran[k], cluster_md_local[k], rtol=1e-6)
+
+
+def test_cluster_md_sbatch_script_runs_as_three_slurm_tasks(tmp_path, cluster_md_local):
+    from compare import assert_values_alike
+    from test_schedulers import TINY, consecutive_ports, final, finish, start
+
+    _, _, srun = cluster_md_examples()
+    assert srun[:4] == ["python", "-m", "chain", "cluster.launcher=slurm"], srun
+    base = consecutive_ports(3)
+    args = ["chain", *srun[3:], f"cluster.port_base={base}", *TINY, f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {"SLURM_NTASKS": "3", "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "3"}
+    procs = [start(tmp_path, args, dict(env, SLURM_PROCID=str(i))) for i in range(3)]
+    outs = finish(procs)
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert f"worker 1 localhost:{base + 2} CPU:0" in outs[0][0]
+    assert [o.splitlines()[0] for o, _ in outs[1:]] == [f"worker {i} serving localhost:{base + 1 + i} "
+                                                        f"(grpc://localhost:{base + 1 + i})" for i in range(2)]
+    assert chain_args(srun) == chain_args(cluster_md_examples()[0])  # the reference's command
+    ran = final(tmp_path / "run")
+    for k in range(2):
+        assert_values_alike(ran[k], cluster_md_local[k], rtol=1e-6)

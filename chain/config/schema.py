@@ -456,6 +456,14 @@ class ClusterSettings:
         "a worker (or TF_CONFIG peer) silent this long stops the run (exit 5)")
     profile_ports: tuple[int, ...] | None = setting(optional(list_of(integer(1, 65535), 1, MAX_STAGES)),
         "trainer.profile on workers: each one's --profile-port, in task order")
+    launcher: str = setting(choice("none", "slurm"),
+        "slurm: every task of `srun python -m chain ...` runs the same command; task 0 is the client, the others "
+        "its workers (addresses from the step's node list and cluster.port_base)")
+    port_base: int = setting(integer(1, 65535 - MAX_STAGES),
+        "cluster.launcher=slurm: a task's port is this plus its rank on its node")
+    wait_s: float = setting(number(positive=True, maximum=86400),
+        "under a scheduler (TF_CONFIG with a chief, cluster.launcher=slurm): how long the client waits for its "
+        "workers to start, and a worker for its client to come (back)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,51 +19,102 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from chain.config.schema import ClusterSettings
 from chain.errors import ConfigError, DeviceError, WorkerLost, first_line
+from chain.planning import slurm
 from chain.planning.devices import WORKER_JOB, canonical
 
 EXIT_LOST = WorkerLost.exit_code
 
 
-def workers(configured: Sequence[str] | None) -> list[str] | None:
-    """The workers' addresses in task order: `cluster.workers`, else `TF_CONFIG`'s `worker` job, else None."""
-    if configured:
-        return list(configured)
-    found = _tf_config()
-    if found is None or found[1] is not None:
+@dataclass(frozen=True)
+class TfConfig:
+    """What `TF_CONFIG` says: the `worker` job's addresses, the `chief`'s (None: no chief), and this
+    process's task (`kind` None: no task)."""
+
+    workers: tuple[str, ...]
+    chief: str | None = None
+    kind: str | None = None
+    index: int = 0
+
+
+EXAMPLE = ('{"cluster": {"chief": ["host:2222"], "worker": ["host:2223", "host:2224"]}, '
+           '"task": {"type": "worker", "index": 0}}')
+
+
+def tf_config() -> TfConfig | None:
+    """`TF_CONFIG` read and checked (one ConfigError line), or None when it is not set. Its task may be
+    the `chief` (the client: it runs the program) or a `worker` (it serves, or trains data parallel);
+    an `evaluator` or `ps` task is refused: chain has neither."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+        found = tuple(str(a) for a in config["cluster"][WORKER_JOB])
+        chiefs = [str(a) for a in config["cluster"].get("chief") or []]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"TF_CONFIG is set but holds no cluster.worker list, e.g. {EXAMPLE}") from None
+    if len(chiefs) > 1:
+        raise ConfigError(f"TF_CONFIG's cluster has {len(chiefs)} chiefs ({', '.join(chiefs)}); a job has one")
+    chief = chiefs[0] if chiefs else None
+    t = config.get("task")
+    if not t:
+        return TfConfig(found, chief)
+    kind = t.get("type") if isinstance(t, dict) else None
+    if kind in ("evaluator", "ps"):
+        raise ConfigError(f"TF_CONFIG's task is {json.dumps(t)}: chain has no {kind} tasks (its client is the chief, "
+                          f"its stages on the workers); run this task as a worker, or leave it out of the job")
+    size = {WORKER_JOB: len(found), "chief": len(chiefs)}.get(kind, 0)
+    if not isinstance(t.get("index") if kind else None, int) or not 0 <= t["index"] < size:
+        raise ConfigError(f"TF_CONFIG's task must be the chief or a worker of its cluster, {{\"type\": \"worker\", "
+                          f"\"index\": I}} with 0 <= I < {len(found)}, or {{\"type\": \"chief\", \"index\": 0}} "
+                          f"when its cluster has a chief; got {json.dumps(t)}")
+    return TfConfig(found, chief, kind, t["index"])
+
+
+def workers(settings: ClusterSettings) -> list[str] | None:
+    """The workers' addresses in task order: `cluster.workers`, else the Slurm step's tasks after the
+    first (`cluster.launcher=slurm`), else `TF_CONFIG`'s `worker` job when this process is its client
+    (no task, or the chief), else None."""
+    if settings.workers:
+        return list(settings.workers)
+    if settings.launcher == "slurm":
+        job = slurm.job(os.environ, settings.port_base)
+        if job.task > 0:  # the command line serves these tasks as workers before it gets here
+            raise ConfigError(f"cluster.launcher=slurm: this is task {job.task} of the step, a worker; only task 0 is "
+                              f"the client: start every task with srun python -m chain cluster.launcher=slurm ...")
+        return list(job.workers)
+    found = tf_config()
+    if found is None or found.kind == WORKER_JOB:
         return None  # no TF_CONFIG, or one that makes this process a worker (see `task`)
-    return found[0]
+    return list(found.workers)
+
+
+def client_address(settings: ClusterSettings) -> tuple[str, str] | None:
+    """Where this process, as a scheduler's client, tells its workers that the job ended
+    (`chain.planning.job_end`), and the setting that names it: the Slurm step's task 0, or
+    TF_CONFIG's chief when this process is the chief. None otherwise (its workers serve on)."""
+    if settings.launcher == "slurm" and not settings.workers:
+        return slurm.job(os.environ, settings.port_base).client, "SLURM_STEP_NODELIST, cluster.port_base"
+    found = tf_config()
+    if found is not None and found.kind == "chief" and not settings.workers:
+        return found.chief, "TF_CONFIG's chief"
+    return None
 
 
 def task() -> tuple[list[str], int] | None:
     """(TF_CONFIG's workers, this process's index) when TF_CONFIG names this process a worker
-    (`"task": {"type": "worker", "index": I}`): the multi-worker mirrored form, in which every
-    host runs the same command. None otherwise."""
-    found = _tf_config()
-    if found is None or found[1] is None:
+    (`"task": {"type": "worker", "index": I}`) of a cluster without a chief: the multi-worker
+    mirrored form, in which every host runs the same command. None otherwise."""
+    found = tf_config()
+    if found is None or found.kind != WORKER_JOB:
         return None
-    return found[0], found[1]
-
-
-def _tf_config() -> tuple[list[str], int | None] | None:
-    """TF_CONFIG's worker addresses and task index (None: no task), or None without TF_CONFIG."""
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return None
-    example = '{"cluster": {"worker": ["host:2222", "host:2223"]}, "task": {"type": "worker", "index": 0}}'
-    try:
-        config = json.loads(raw)
-        found = [str(a) for a in config["cluster"][WORKER_JOB]]
-    except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"TF_CONFIG is set but holds no cluster.worker list, e.g. {example}") from None
-    if not config.get("task"):
-        return found, None
-    t = config["task"]
-    if not isinstance(t, dict) or t.get("type") != WORKER_JOB or not isinstance(t.get("index"), int) \
-            or not 0 <= t["index"] < len(found):
-        raise ConfigError(f"TF_CONFIG's task must be a worker of its cluster, {{\"type\": \"worker\", \"index\": I}} "
-                          f"with 0 <= I < {len(found)}; got {json.dumps(t)}")
-    return found, t["index"]
+    if found.chief is not None:
+        raise ConfigError(f"TF_CONFIG names this process worker {found.index} of a job whose chief "
+                          f"({found.chief}) runs the program: a worker serves the chief's stages with "
+                          f"python -m chain.worker (it reads TF_CONFIG)")
+    return list(found.workers), found.index
 
 
 _multi_worker: list = []  # the process's one MultiWorkerMirroredStrategy
@@ -145,11 +196,17 @@ def _refusal(subject: str, found: Silence, timeout: float, start: str | None) ->
     return f"{subject} {found.why}{how}"
 
 
-def check_reachable(addresses: Sequence[str], timeout: float) -> None:
+def check_reachable(addresses: Sequence[str], timeout: float, wait: float = 0.0) -> None:
     """A DeviceError naming the first worker that does not answer as a TensorFlow server within
-    `timeout` seconds, and how to start it (connecting to one that does not would wait forever)."""
+    `timeout` seconds, and how to start it (connecting to one that does not would wait forever).
+    `wait`: how long a worker that does not listen yet is waited for (a scheduler starts them with
+    the client)."""
+    deadline = time.monotonic() + wait
     for i, a in enumerate(addresses):
         found = silence(a, timeout)
+        while found and not found.connected and time.monotonic() < deadline:
+            time.sleep(0.5)
+            found = silence(a, timeout)
         if found:
             start = f"python -m chain.worker --index {i} --cluster {','.join(addresses)}"
             raise DeviceError(_refusal(f"cluster.workers[{i}]={a}", found, timeout, start))

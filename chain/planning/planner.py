@@ -405,7 +405,7 @@ def plan_multi_worker(pcfg: PlacementSettings, n_stages: int, addresses: Sequenc
     if pcfg.fallback != MIRRORED:
         raise ConfigError(f"TF_CONFIG names this process worker {task} of {len(addresses)} (its task): that form trains "
                           f"data parallel on every host and needs placement.fallback=mirrored (is {pcfg.fallback}); "
-                          "for stages on cluster workers, give the client cluster.workers, or TF_CONFIG without task")
+                          "for stages on cluster workers, give the client cluster.workers, or TF_CONFIG with a chief")
     if pcfg.devices:
         raise ConfigError("placement.devices puts each stage on a device, but TF_CONFIG with a task trains the whole chain "
                           "on every worker (placement.fallback=mirrored); remove placement.devices")

@@ -75,9 +75,10 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
         n_stages = len(s.stages)
         shared = None if s.placement.devices or s.mode != "e2e" else schedule_choice.shared_devices(spec.schedule)
         n = shared or n_stages  # stages sharing devices: plan their D devices, then put each stage on its own
-        addresses = cluster.workers(s.cluster.workers)
+        addresses = cluster.workers(s.cluster)
         if addresses:
-            cluster.check_reachable(addresses, s.cluster.lost_after_s)
+            scheduled = cluster.client_address(s.cluster) is not None  # its workers start with it
+            cluster.check_reachable(addresses, s.cluster.lost_after_s, wait=s.cluster.wait_s if scheduled else 0.0)
             cluster.connect(addresses)  # the workers' devices are known only through TensorFlow
             inventory = Inventory()
             placement = planner.plan_cluster(s.placement, n, cluster.remote_devices(len(addresses)), addresses)
