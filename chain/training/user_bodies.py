@@ -166,10 +166,11 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, batch_cut:
         names = [getattr(fn, "__qualname__", type(fn).__name__) for fn in stages]
         return Resolved([from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement)
     if gpt_spec is not None and stages is None and model is None:  # the built-in transformer, cut as a file's model
+        from chain.data.token_ids import ids as token_ids
         from chain.data.verify import input_dtype
         from chain.stages import gpt
 
-        ids = input_dtype(getattr(settings.data, "dtype", "uint8"))  # data=text: bytes (int32)
+        ids = input_dtype(token_ids(settings.data).dtype)  # as the data's stream gives them (bytes: int32)
         return Resolved(*_cut(settings, placement, info, gpt.build(gpt_spec, ids.name), "model=gpt", batch_cut,
                               schedule))
     if model is not None or keras_spec is not None:
