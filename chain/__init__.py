@@ -100,15 +100,16 @@ def setup(*cfgs) -> None:
 
     Each of `cfgs` is what `build` takes (`Settings`, a `RunSpec`, a composed config). The plan
     using the most devices is applied; every later `build` reuses those devices when its plan
-    needs no more than exist (each stage still on a device of its own) and raises a one-line
-    `DeviceError` when it needs more. Example: `chain.setup(cfg)`, or `chain.setup(cfg, other)`
-    before building both.
+    needs no more than exist (each stage still on a device of its own); one that needs more has its
+    stages share them, with a note, or raises a one-line `DeviceError` when its layout names or
+    fences its devices (`placement.devices`, GPU memory limits, copies, mirrored replicas).
+    Example: `chain.setup(cfg)`, or `chain.setup(cfg, other)` before building both.
     """
-    from chain.training.build import setup as _setup
-
     if not cfgs:
         raise ConfigError("chain.setup needs the config(s) this process will build: chain.setup(cfg, ...)")
-    import_tensorflow_quietly()
+    import_tensorflow_quietly()  # before chain.training, which imports Keras (and TensorFlow with it)
+    from chain.training.build import setup as _setup
+
     _setup(cfgs)
 
 
@@ -122,8 +123,9 @@ def build(cfg, run_dir=None, *, stages=None, model=None):
     nothing to disk. Your own models: `stages=[fn, ...]`, one callable per stage, each
     called as `fn(input_shape=...)` on its stage's device and returning a keras.Layer, a
     keras.Model or a list of layers; or `model=keras_model`, one model cut into the
-    config's stages (`placement.split`, `placement.balance`), which may be built before this call
-    if `setup` came before it.
+    config's stages (`placement.split`, `placement.balance`), which may be built before this call:
+    after `setup`, each stage on a device of its own; without it, the stages share the devices
+    TensorFlow started with, and a note (on stderr and in `run.notes`) says what `setup` would have given.
     """
     import_tensorflow_quietly()
     from chain.training.build import build as _build

@@ -21,7 +21,6 @@ checkpoint, the command that resumes) and exit 130.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import shlex
 import shutil
@@ -34,7 +33,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from chain import sweep  # `import chain` first set TensorFlow's C++ log level (chain.cli.quiet_environment)
-from chain.cli import fail, import_tensorflow_quietly
+from chain.cli import fail, import_tensorflow_quietly, quiet_third_party_logs, reader_left
 from chain.config import normalize_overrides
 from chain.errors import ChainError, plural
 from chain.prepared import RunSpec, check_config
@@ -170,11 +169,7 @@ def show_plan(spec: RunSpec, overrides: list[str] | None = None) -> None:
 @hydra.main(config_path="pkg://chain.conf", config_name="config", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
-    # Hydra's logging set-up prints INFO, which TensorFlow's loggers would use: its checkpoint writer
-    # logs every shard through absl, a mirrored step's tracing "Reduce to ... then broadcast to ..."
-    # ten times. Their level stays TensorFlow's default (WARNING) as outside Hydra.
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    quiet_third_party_logs()  # Hydra's logging set-up prints INFO: only chain's own, not the libraries'
     from chain.training.logfile import guard_all
 
     guard_all()  # the log on a full device: one StorageError line, not logging's tracebacks
@@ -247,9 +242,8 @@ def main() -> None:
     """Entry point of `python -m chain` and the `chain` command."""
     try:
         _main()
-    except BrokenPipeError:  # `python -m chain --help | head`: the reader left; no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    except BrokenPipeError:  # `python -m chain --help | head`: the reader left
+        reader_left()
 
 
 def _main() -> None:

@@ -19,10 +19,24 @@ HARMLESS = (
 )
 
 
+# The loggers of the libraries under chain. Hydra's logging set-up (a command line's) puts the root logger at INFO,
+# which their INFO lines would then reach: matplotlib's font cache on a fresh machine, TensorFlow's checkpoint shards
+# (through absl), a mirrored step's "Reduce to ... then broadcast to". They stay at WARNING, as without Hydra.
+THIRD_PARTY = ("absl", "tensorflow", "keras", "keras_hub", "matplotlib", "PIL", "h5py", "urllib3", "filelock", "fsspec",
+               "huggingface_hub")
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     """Print one readable line and exit non-zero."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def reader_left() -> NoReturn:
+    """Exit 1 without a traceback when stdout's reader has gone (`... | head`): what is still buffered for it
+    goes nowhere, so Python's own flush at exit fails no more."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1)
 
 
 def quiet_environment() -> None:
@@ -55,6 +69,13 @@ def quiet_tensorflow_logs() -> None:
         logger.addFilter(_Harmless())
 
 
+def quiet_third_party_logs() -> None:
+    """Keep `THIRD_PARTY`'s loggers at WARNING: call it where chain's command line configures logging (after
+    Hydra's set-up); chain's own logger (`chain`) and the user's keep their levels."""
+    for name in THIRD_PARTY:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def import_tensorflow_quietly() -> None:
     """Import TensorFlow with its C++ start-up notices (oneDNN, CPU features) hidden, and its known
     harmless log lines (`HARMLESS`) filtered out (also when TensorFlow was imported before).
@@ -77,7 +98,7 @@ def import_tensorflow_quietly() -> None:
         os.dup2(sink.fileno(), 2)
         try:
             import tensorflow  # noqa: F401
-        except BaseException:
+        except Exception:  # not Ctrl-C: the import did not fail, it was stopped
             os.dup2(saved, 2)
             sink.seek(0)
             sys.stderr.write(sink.read().decode(errors="replace"))

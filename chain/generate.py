@@ -11,23 +11,28 @@ earlier position sees), greedily at `--temperature 0` (the default) or drawn fro
 NumPy's generator seeded by `--seed` (the same seed, the same text). A context longer than the model's
 window (`model.seq_len`) keeps its last `seq_len` bytes; a prompt longer than that is cut so, and says so.
 The prompt and its continuation are printed as UTF-8 (a byte sequence that is not valid UTF-8 shows as
-U+FFFD), or, for data=tokens, as ids separated by spaces. Bad input is one line and exit 2.
+U+FFFD), or, for data=tokens, as ids separated by spaces, each byte (or id) as it is made; Ctrl-C ends the
+line there and says so in one line (exit 130). Bad input is one line and exit 2, and so is a run directory
+that a run still training holds (its lock: its stages' exports are replaced one after another when it ends).
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
+import signal
 import sys
 from dataclasses import dataclass
-from typing import Any, NoReturn, Sequence
+from typing import Any, Iterator, NoReturn, Sequence
 
 import numpy as np
 
-from chain.cli import fail, import_tensorflow_quietly
-from chain.errors import first_line
+from chain.cli import fail, import_tensorflow_quietly, reader_left
+from chain.errors import ChainError, first_line, plural
 
 BYTES = 256  # a byte-level model's vocabulary
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a process ended by SIGINT (128 + 2)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,11 +127,24 @@ def stages(run_dir: str, vocab: int | None) -> list[Any]:
     return models
 
 
+def locked_stages(run_dir: str, vocab: int | None) -> list[Any]:
+    """`stages(run_dir, vocab)`, read under the run directory's lock (`chain.state.lock.reading`, taken
+    before TensorFlow is imported); one line when a run still training holds it."""
+    from chain.state import lock
+
+    try:
+        with lock.reading(run_dir):
+            import_tensorflow_quietly()
+            return stages(run_dir, vocab)
+    except ChainError as e:
+        fail(str(e), e.exit_code)
+
+
 def continuation(models: Sequence[Any], prompt: Sequence[int], tokens: int, temperature: float, seed: int
-                 ) -> list[int]:
-    """`tokens` ids after `prompt` from the chain of `models` (byte ids -> logits per position): each read
-    at the context's last position, the context its last seq_len ids; greedy at temperature 0, else drawn
-    from softmax(logits / temperature) by NumPy's generator seeded with `seed`."""
+                 ) -> Iterator[int]:
+    """`tokens` ids after `prompt` from the chain of `models` (byte ids -> logits per position), each as it is
+    made: read at the context's last position, the context its last seq_len ids; greedy at temperature 0,
+    else drawn from softmax(logits / temperature) by NumPy's generator seeded with `seed`."""
     import tensorflow as tf
 
     seq_len = int(models[0].inputs[0].shape[1])
@@ -139,7 +157,7 @@ def continuation(models: Sequence[Any], prompt: Sequence[int], tokens: int, temp
         return x
 
     rng = np.random.default_rng(seed)
-    ids, new = list(prompt), []
+    ids = list(prompt)
     for _ in range(tokens):
         context = ids[-seq_len:]
         window = np.zeros((1, seq_len), dtype=str(dtype))
@@ -151,8 +169,31 @@ def continuation(models: Sequence[Any], prompt: Sequence[int], tokens: int, temp
             p = np.exp((row - row.max()) / temperature)
             nxt = int(rng.choice(len(row), p=p / p.sum()))
         ids.append(nxt)
-        new.append(nxt)
-    return new
+        yield nxt
+
+
+class Printed:
+    """Ids printed as they come, on one line: a byte-level run's as UTF-8 text (a byte that is not valid
+    UTF-8 as U+FFFD, an incomplete character held until its next byte), a data=tokens run's as numbers
+    separated by spaces; `count` of them so far."""
+
+    def __init__(self, text: bool):
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace") if text else None
+        self.count = 0
+
+    def add(self, ids: Sequence[int]) -> None:
+        if self.decoder is not None:
+            shown = self.decoder.decode(bytes(ids))
+        else:
+            shown = " " * (self.count > 0) + " ".join(map(str, ids))
+        self.count += len(ids)
+        sys.stdout.write(shown)
+        sys.stdout.flush()  # seen as it is made, and kept if Ctrl-C comes next
+
+    def end(self) -> None:
+        """The line's end (a character left incomplete shown as U+FFFD)."""
+        sys.stdout.write((self.decoder.decode(b"", final=True) if self.decoder is not None else "") + "\n")
+        sys.stdout.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -160,17 +201,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     r = _request(list(sys.argv[1:] if argv is None else argv))
     text = _run_config(r.run_dir) == "text"
     prompt = list(r.prompt.encode("utf-8")) if text else _ids(r.prompt)
-    import_tensorflow_quietly()
-    models = stages(r.run_dir, BYTES if text else None)
-    vocab, seq_len = int(models[-1].outputs[0].shape[-1]), int(models[0].inputs[0].shape[1])
-    if max(prompt) >= vocab:
-        fail(f"--prompt holds the id {max(prompt)}, but the model's ids are 0..{vocab - 1}")
-    unit = "bytes" if text else "ids"
-    if len(prompt) > seq_len:
-        print(f"note: the prompt is {len(prompt)} {unit}, the model reads {seq_len} (model.seq_len): it continues "
-              f"the last {seq_len}", file=sys.stderr)
-    new = continuation(models, prompt[-seq_len:], r.tokens, r.temperature, r.seed)
-    print(bytes(prompt + new).decode("utf-8", errors="replace") if text else " ".join(map(str, prompt + new)))
+    unit = "byte" if text else "id"
+    printed = None
+    try:
+        models = locked_stages(r.run_dir, BYTES if text else None)
+        vocab, seq_len = int(models[-1].outputs[0].shape[-1]), int(models[0].inputs[0].shape[1])
+        if max(prompt) >= vocab:
+            fail(f"--prompt holds the id {max(prompt)}, but the model's ids are 0..{vocab - 1}")
+        if len(prompt) > seq_len:
+            print(f"note: the prompt is {plural(len(prompt), unit)}, the model reads {seq_len} (model.seq_len): it "
+                  f"continues the last {seq_len}", file=sys.stderr)
+        printed = Printed(text)
+        printed.add(prompt)
+        for nxt in continuation(models, prompt[-seq_len:], r.tokens, r.temperature, r.seed):
+            printed.add([nxt])
+        printed.end()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the message short
+        if printed is None:
+            print("interrupted before generating", file=sys.stderr, flush=True)
+        else:
+            printed.end()
+            made = printed.count - len(prompt)
+            print(f"interrupted after {made} of {plural(r.tokens, unit)} (printed above)", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:  # `... | head -c 100`: the reader left
+        reader_left()
 
 
 def _ids(prompt: str) -> list[int]:

@@ -10,6 +10,7 @@ elementwise against 2.9e-3 in norm, 2u = 7.8e-3).
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, Sequence
 
 import keras
@@ -33,37 +34,60 @@ def assert_values_alike(a: dict, b: dict, rtol: float = 0.0) -> None:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def assert_trained_like_keras(run, reference, data, start: dict, leave_out: Sequence[str] = ()) -> None:
+def paths(variables, numbered: str = "", tied: Iterable[str] = ()) -> list[str]:
+    """Each variable's path. A path met k times before gets `#k` (T5 holds two relative attention biases
+    of one path), unless it is in `tied` (a tied weight's copies on several stages: one weight).
+    `numbered`: a layer name Keras numbers (T5's `t5_layer_norm_7`; a stage's clone takes the next number),
+    its number left out."""
+    out = []
+    met: dict[str, int] = {}
+    for v in variables:
+        p = re.sub(rf"{numbered}_\d+", numbered, v.path) if numbered else v.path
+        k = met[p] = 0 if v.path in tied else met.get(p, -1) + 1
+        out.append(f"{p}#{k}" if k else p)
+    return out
+
+
+def by_path(variables, numbered: str = "") -> dict[str, np.ndarray]:
+    """Each variable's value by its path (`paths`)."""
+    return {p: v.numpy() for p, v in zip(paths(variables, numbered), variables)}
+
+
+def assert_trained_like_keras(run, reference, data, start: dict, leave_out: Sequence[str] = (),
+                              numbered: str = "") -> None:
     """`run.step` on each `(x, y)` of `data` (y the target `next` or `label`, whichever the run learns) against
     Keras' own `reference.train_on_batch` (compiled; a keras_hub task model's list of loss and metrics is read
     for its loss, which comes first): each loss within 1e-5, and every trainable variable of every stage (by
-    path; `start`: the reference's before training) within 1e-5 of the reference's after them. A variable the
-    reference left where it started (attention's key bias: a gradient of 0 in exact arithmetic) must stay
-    within 1e-6 of its start. `leave_out`: endings of paths not compared (attention's key bias under Adam,
-    which normalizes the bias's float noise into steps of the learning rate's size; docs: TRAPS)."""
+    path, `by_path`: `start` is the reference's before training, `numbered` as there) within 1e-5 of the
+    reference's after them. A variable the reference left where it started (attention's key bias: a gradient
+    of 0 in exact arithmetic) must stay within 1e-6 of its start. `leave_out`: endings of paths not compared
+    (attention's key bias under Adam, which normalizes the bias's float noise into steps of the learning
+    rate's size; docs: TRAPS)."""
     target = run.stages[-1].target.name
     for x, y in data:
         want = reference.train_on_batch(x, y)
         np.testing.assert_allclose(run.step(x, {target: y})["loss"], want[0] if isinstance(want, list) else want,
                                    rtol=1e-5)
     assert_variables_like([v for s in run.stages for v in s.trainable_variables],
-                          {v.path: v.numpy() for v in reference.trainable_variables}, start, leave_out)
+                          by_path(reference.trainable_variables, numbered), start, leave_out, numbered,
+                          {c.name for s in run.stages for c in s.shared})
 
 
-def assert_variables_like(variables, want: dict, start: dict, leave_out: Sequence[str] = ()) -> None:
-    """`variables` (a cut model's, every stage's) against the reference's after training, `want` (by path;
-    `start`: before it), as `assert_trained_like_keras` compares them: the same paths, each within 1e-5, one
-    the reference left where it started within 1e-6 of its start, `leave_out` endings not compared."""
-    seen = set()
-    for v in variables:
-        seen.add(v.path)
-        if leave_out and v.path.endswith(tuple(leave_out)):
+def assert_variables_like(variables, want: dict, start: dict, leave_out: Sequence[str] = (), numbered: str = "",
+                          tied: Iterable[str] = ()) -> None:
+    """`variables` (a cut model's, every stage's; the copies of a weight in `tied` each) against the
+    reference's after training, `want` (`by_path`; `start`: before it), as `assert_trained_like_keras` compares
+    them: the same paths, each within 1e-5, one the reference left where it started within 1e-6 of its start,
+    `leave_out` endings not compared."""
+    keys = paths(variables, numbered, tied)
+    for p, v in zip(keys, variables):
+        if leave_out and p.endswith(tuple(leave_out)):
             continue
-        if np.abs(want[v.path] - start[v.path]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
-            assert np.abs(v.numpy() - start[v.path]).max() < 1e-6, v.path
+        if np.abs(want[p] - start[p]).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
+            assert np.abs(v.numpy() - start[p]).max() < 1e-6, p
             continue
-        assert rel_diff(v.numpy(), want[v.path]) <= 1e-5, v.path
-    assert seen == set(want)
+        assert rel_diff(v.numpy(), want[p]) <= 1e-5, p
+    assert set(keys) == set(want)
 
 
 def rel_diff(a, b) -> float:

@@ -61,6 +61,34 @@ def test_gpt_cut_into_stages_predicts_and_trains_like_the_same_model_on_one_devi
     assert ("token_embedding" in names[-1]) == tied  # tied: the read-out is the embedding, on the last stage too
 
 
+@pytest.mark.parametrize("copies", ["replicas", "mirrored"])
+def test_gpt_with_its_tied_read_out_trains_like_one_device_with_copies_of_the_pipeline_and_mirrored(
+        corpus, copies, tmp_path):
+    """model=gpt's default tied read-out on 2 stages x 2 copies (4 devices), and its network under the mirrored
+    fallback: 3 SGD steps equal Keras' own on one device. (The mirrored replicas read only TFRecord streams
+    of their own, and data=text is a stream: the network is given as the user's model, on `.npz` token ids.)"""
+    from chain.stages import gpt
+
+    cfg = chain.compose(gpt_run(corpus, "+stages=2", "placement.replicas=2"))
+    keras.utils.set_random_seed(cfg.seed)  # as the chain seeds its models
+    reference = gpt.build(cfg.stages[0].model)
+    if copies == "replicas":
+        run = chain.build(cfg)
+    else:
+        ids = np.random.default_rng(1).integers(0, 256, (4 * BATCH, SEQ + 1)).astype("int32")
+        np.savez(tmp_path / "ids.npz", x=ids[:, :-1], y=ids[:, 1:])
+        keras.utils.set_random_seed(cfg.seed)  # the reference's weights
+        run = chain.build(chain.compose([
+            *[o for o in gpt_run(corpus) if not o.startswith(("model", "data"))], "+stages=2", "data=npz",
+            f"data.path={tmp_path / 'ids.npz'}", "data.x=x", "data.y=y", f"data.batch_size={BATCH}",
+            "data.val_fraction=0", "placement.fallback=mirrored"]), model=gpt.build(cfg.stages[0].model))
+    reference.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    start = {v.path: v.numpy() for v in reference.trainable_variables}
+    assert_trained_like_keras(run, reference, batches(3), start)
+    assert [len(s.shared) for s in run.stages] == [1, 1]  # the embedding on both stages
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["mode=local"], "model=gpt is one network trained by one per-token loss: it needs mode=e2e (is local)"),
     (["data=digits"], "model=gpt reads token ids: it needs data=text, tokens, npz or tfrecord (is data=digits)"),

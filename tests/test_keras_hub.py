@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import chain
-from compare import assert_trained_like_keras, microbatch_sgd_step, rel_diff
+from compare import assert_trained_like_keras, by_path, microbatch_sgd_step, paths, rel_diff
 
 VOCAB, SEQ, BATCH = 50, 8, 16
 RUN = ["mode=e2e", "pipeline.microbatches=4", "data=synthetic", "data.features=6", f"data.classes={VOCAB}",
@@ -136,9 +136,10 @@ def between_blocks(make, stages: int) -> list[str]:
 
 
 def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overrides=(), per_token: bool = False,
-                                   adam: bool = False):
+                                   adam: bool = False, tied: str = "token_embedding/embeddings", numbered: str = ""):
     """`make()` cut into `stages` under `schedule`: predictions equal `model.predict` on padded inputs, and
-    3 steps equal Keras' own `train_on_batch` (losses and every weight within 1e-5); returns the run.
+    3 steps equal Keras' own `train_on_batch` (losses and every weight within 1e-5), the weight `tied` (its path)
+    moved by them (`numbered`: `assert_trained_like_keras`'s); returns the run.
 
     `per_token`: the causal LM's logits per position learn a label per position (`data=tokens`' target `next`),
     padding positions (label PAD) left out, in the chain by `ignore_class` and in Keras by its loss's own.
@@ -167,11 +168,11 @@ def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overr
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                                       ignore_class=PAD if per_token else None),
                       jit_compile=False)
-    start = {v.path: v.numpy() for v in reference.trainable_variables}
+    start = by_path(reference.trainable_variables, numbered)
     assert run.stages[-1].target.name == target
-    assert_trained_like_keras(run, reference, data, start, leave_out=("key/bias",) if adam else ())
-    want = {v.path: v.numpy() for v in reference.trainable_variables}
-    assert rel_diff(want["token_embedding/embeddings"], start["token_embedding/embeddings"]) > 1e-3
+    assert_trained_like_keras(run, reference, data, start, leave_out=("key/bias",) if adam else (), numbered=numbered)
+    want = by_path(reference.trainable_variables, numbered)
+    assert rel_diff(want[tied], start[tied]) > 1e-3
     return run
 
 
@@ -221,6 +222,20 @@ def test_adam_equals_keras_adam_with_its_sparse_embedding_update(name, stages, s
     make, segments = MODELS[name]
     predicts_and_trains_like_keras(make, batches(3, segments), stages, schedule,
                                    [*between_blocks(make, stages), f"optim.fused={str(fused).lower()}"], adam=True)
+
+
+def test_gpt2_tied_read_out_trains_like_keras_with_copies_of_the_pipeline_and_mirrored():
+    """GPT2CausalLM (`token_embedding(h, reverse=True)` on the last stage): 2 stages x 2 copies learning every
+    position with padding ignored (each copy's microbatches weighed by the whole batch's real tokens), and the
+    mirrored fallback reading the last position: 3 SGD steps equal Keras' `train_on_batch`."""
+    run = predicts_and_trains_like_keras(gpt2_lm, token_batches(3), 2, "gpipe",
+                                         [*between_blocks(gpt2_lm, 2), "pipeline.microbatches=2",
+                                          "placement.replicas=2"], per_token=True)
+    assert len(run.strategy.copies) == 2 and [len(s.shared) for s in run.stages] == [1, 1]
+    make = next_token(gpt2_lm)  # data=tokens streams, which the mirrored replicas do not read
+    run = predicts_and_trains_like_keras(make, batches(3), 2, "gpipe",
+                                         [*between_blocks(make, 2), "placement.fallback=mirrored"])
+    assert [len(s.shared) for s in run.stages] == [1, 1]
 
 
 def mixtral_lm() -> keras.Model:
@@ -486,3 +501,97 @@ def test_a_dict_of_one_key_is_matched_to_the_models_input_by_name(make, stages):
     Keras' own `train_on_batch`, cut between ESM2's blocks, and a model of one named input whole."""
     data = [({"token_ids": x["token_ids"]}, y) for x, y in batches(3)]
     predicts_and_trains_like_keras(make, data, stages, "gpipe", between_blocks(make, 2) if stages == 2 else [])
+
+
+def shipped(seed: int, backbone: type, task: type, **config) -> keras.Model:
+    """keras_hub's `task` as shipped (no preprocessor) over a tiny `backbone(**config)` of random weights."""
+    keras.utils.set_random_seed(seed)
+    tiny = {"vocabulary_size": VOCAB, "num_layers": 1, "num_heads": 2, "hidden_dim": 8, "intermediate_dim": 16,
+            "dropout": 0.0}
+    return task(backbone=backbone(**{**tiny, **config}), preprocessor=None)
+
+
+def opt_lm() -> keras.Model:
+    """OPTCausalLM as shipped: its read-out calls the token embedding inside its embedding layer
+    (`embeddings.token_embedding(x, reverse=True)`), a tie through a nested layer. Two blocks: cut between them."""
+    models = keras_hub.models
+    return shipped(5, models.OPTBackbone, models.OPTCausalLM, num_layers=2, max_sequence_length=SEQ)
+
+
+def bart_lm() -> keras.Model:
+    """BartSeq2SeqLM as shipped: the encoder and the decoder call one `token_embedding`, the read-out again."""
+    return shipped(6, keras_hub.models.BartBackbone, keras_hub.models.BartSeq2SeqLM, max_sequence_length=SEQ)
+
+
+def t5_lm() -> keras.Model:
+    """T5Seq2SeqLM as shipped: the encoder and the decoder call one `token_embedding`, the read-out again."""
+    return shipped(7, keras_hub.models.T5Backbone, keras_hub.models.T5Seq2SeqLM, key_value_dim=4)
+
+
+def albert_classifier() -> keras.Model:
+    """AlbertBackbone as designed (`num_groups=1`, `num_inner_repetitions=1`: one block called at every depth,
+    3 here) with a classifier head on its pooled output."""
+    keras.utils.set_random_seed(8)
+    backbone = keras_hub.models.AlbertBackbone(vocabulary_size=VOCAB, num_layers=3, num_heads=2, embedding_dim=4,
+                                               hidden_dim=8, intermediate_dim=16, num_groups=1,
+                                               num_inner_repetitions=1, max_sequence_length=SEQ, dropout=0.0)
+    pooled = backbone(backbone.input)["pooled_output"]
+    return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(pooled), name="albert_classifier")
+
+
+def seq2seq_batches(n: int):
+    """`n` batches of a sequence-to-sequence model's four named inputs, both sides padded."""
+    rng = np.random.default_rng(1)
+    out = []
+    for (enc, y), (dec, _) in zip(batches(n), batches(n + 1)[1:]):
+        x = {"encoder_token_ids": enc["token_ids"], "encoder_padding_mask": enc["padding_mask"],
+             "decoder_token_ids": dec["token_ids"], "decoder_padding_mask": dec["padding_mask"]}
+        out.append((x, rng.integers(0, VOCAB, BATCH).astype("int32")))
+    return out
+
+
+# Shared weights in every form, each model in 2 stages: (the model, its batches, the layers of each stage, the
+# layer stage 1 begins with, the shared weight's path).
+SHARED = {
+    # the read-out (stage 1) calls the token embedding inside stage 0's embedding layer
+    "opt": (next_token(opt_lm), batches(3), [2, 3], "transformer_layer_1", "embeddings/token_embedding/embeddings"),
+    # both embedding calls on stage 0 (the decoder's right after the encoder's), the read-out's on stage 1
+    "bart": (next_token(bart_lm), seq2seq_batches(3), [10, 3], "transformer_encoder_layer_0",
+             "token_embedding/embeddings"),
+    "t5": (next_token(t5_lm), seq2seq_batches(3), [7, 4], "transformer_decoder_layer_0", "token_embedding/embeddings"),
+    # the block's first call on stage 0, its second and third on stage 1
+    "albert": (albert_classifier, batches(3, segments=True), [8, 4], "group_0_inner_layer_0",
+               "group_0_inner_layer_0/feedforward_output_dense/kernel"),
+}
+
+
+@pytest.mark.parametrize("name, devices", [*((name, "two") for name in SHARED), ("opt", "one"), ("albert", "one")])
+def test_a_layer_called_again_or_inside_another_is_one_weight_and_trains_like_keras(name, devices):
+    """OPT's tie through a nested layer, BART's and T5's embedding shared by encoder and decoder (and the read-out),
+    ALBERT's one block called at every depth: cut into 2 stages with calls of the shared layer on both, they
+    predict like `model.predict` and 3 SGD steps (GPipe, M=1) equal Keras' `train_on_batch`. On two devices each stage holds
+    a copy (`Stage.shared`, gradients summed); on one device (`placement.devices=[/CPU:0,/CPU:0]`) the later
+    stage reads the earlier one's variable (`Stage.borrowed`) and holds none. Checkpoints save the weight once
+    (the later copy is one `tied_copies` leaves out) and the export (the model uncut) holds each weight once,
+    predicting what the chain predicts."""
+    from chain.state.export import uncut
+    from chain.steps.tied import groups
+
+    make, data, split, begins, tied = SHARED[name]
+    one = ["placement.devices=[/CPU:0,/CPU:0]"] if devices == "one" else []
+    run = predicts_and_trains_like_keras(make, data, 2, "gpipe", [f"placement.split={split}", *one,
+                                                                  "pipeline.microbatches=1"],
+                                         tied=tied, numbered="t5_layer_norm")
+    first, last = run.stages
+    assert [x for x in last.model.layers if not isinstance(x, keras.layers.InputLayer)][0].name.startswith(begins)
+    if devices == "one":
+        assert tied in [b.name for b in last.borrowed] and not last.shared and not groups(run.stages)
+        assert all(v.path != tied for v in last.trainable_variables)
+    else:
+        assert tied in groups(run.stages)  # a copy on each stage: the later one's value is the first's
+    whole = uncut(run.stages)  # the stages' weights (the reference's, as compared above), each once (a second
+    shared = {c.name for s in run.stages for c in s.shared}  # variable of a path would be `path#1`)
+    assert set(paths(whole.trainable_variables, "t5_layer_norm")) == \
+        set(paths([v for s in run.stages for v in s.trainable_variables], "t5_layer_norm", shared))
+    x = data[0][0]
+    np.testing.assert_allclose(whole(x), run.forward(x)["body_1"], rtol=0, atol=1e-6)

@@ -534,3 +534,39 @@ def test_side_by_side_says_variants_in_its_layout_note_and_memory_table():
     sizes = Footprint(weights=1024, gradients=1024, optimizer=2048, activations=512, inputs=256, held=1)
     text = fit.table(p, [sizes] * 3, Inventory(), unit="variant")
     assert text.startswith("memory estimate (per variant:") and "  variant 2: " in text and "stage" not in text
+
+
+def test_a_runtime_started_first_has_the_stages_share_the_devices_that_exist(monkeypatch):
+    """`share_existing` (the runtime started before `configure`): 6 planned CPU devices onto this session's 4
+    in contiguous runs; one GPU split in 3 onto the one logical GPU that exists, the limits chain.setup would
+    have set in the note; a layout that needs its devices (named, limited, copied, mirrored) is not shared."""
+    import tensorflow as tf
+
+    from chain.planning.devices import share_existing
+
+    cfg = pcfg("+stages=6")
+    p = share_existing(plan(cfg, 6, Inventory.of(0, 0)), cfg)  # the test session has CPU:0-3 (conftest.py)
+    assert p.devices == tuple(f"/device:CPU:{k}" for k in (0, 0, 1, 2, 2, 3)) and p.split == {}
+    assert p.physical == {f"/device:CPU:{k}": "CPU:0" for k in range(4)}
+    assert p.notes[-1].startswith("TensorFlow's runtime had started before chain could split the CPU into 6 logical "
+                                  "devices (a model or tensor made first, or an earlier build): the 6 stages share the "
+                                  "4 devices that exist, neighbouring stages together (/device:CPU:0, ")
+    assert share_existing(plan(pcfg("+stages=4"), 4, Inventory.of(0, 0)), pcfg("+stages=4")) is None  # all exist
+    needs_its_devices = (["placement.devices=[/CPU:0,/CPU:1,/CPU:2,/CPU:3,/CPU:4,/CPU:5]"],
+                         ["mode=e2e", "placement.replicas=2"], ["placement.fallback=mirrored", "placement.replicas=8"])
+    for needs in needs_its_devices:
+        cfg = pcfg("+stages=6", *needs)
+        assert share_existing(plan(cfg, 6, Inventory.of(0, 0)), cfg) is None, needs
+
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [
+        tf.config.LogicalDevice("/device:GPU:0", "GPU")] if kind == "GPU" else [])
+    cfg = pcfg("+stages=3")
+    p = share_existing(plan(cfg, 3, Inventory.of(1, 16 * GB)), cfg)
+    assert p.devices == ("/device:GPU:0",) * 3 and p.physical == {"/device:GPU:0": "GPU:0"}
+    assert (p.split, p.memory_limits_mb) == ({}, {})
+    assert p.notes[-1] == ("TensorFlow's runtime had started before chain could make 3 logical GPUs (a model or tensor "
+                           "made first, or an earlier build): the 3 stages share /device:GPU:0 instead, with no memory "
+                           "limit between them; chain.setup(cfg) first would have made them, each with a memory limit "
+                           "(GPU 0: 5290, 5290, 5290 MB)")
+    cfg = pcfg("+stages=3", "placement.memory_limit_mb=4000")
+    assert share_existing(plan(cfg, 3, Inventory.of(1, 16 * GB)), cfg) is None

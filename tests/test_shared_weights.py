@@ -76,6 +76,14 @@ def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(override
     copies = [v for s in run.stages for v in s.trainable_variables if v.path == "embed/embeddings"]
     assert [len(s.shared) for s in run.stages] == [1, 1] and len(copies) == 2  # one copy per stage ...
     assert [canonical(c.value.device) for c in copies] == [s.device for s in run.stages]  # ... on its device
+    trains_like_the_uncut_model(run)
+    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())  # the copies stay identical
+
+
+def trains_like_the_uncut_model(run) -> None:
+    """3 steps of `run` against Keras' `train_on_batch` of the uncut model (its optimizer, clipping by the
+    global norm that triggers when the run clips): each loss and every stage's weight within 1e-5, the
+    tied weight moved by training."""
     reference = tied_embedding_model()
     clip = run.settings.stages[0].optim.clip_global_norm  # the tied weight counts once in the global norm
     config = {**run.stages[0].optimizer.get_config(), "global_clipnorm": clip}
@@ -93,8 +101,31 @@ def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(override
     for s in run.stages:
         for v in s.trainable_variables:
             assert rel_diff(v.numpy(), want[v.path]) <= RTOL, v.path
-    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())  # the copies stay identical
     assert rel_diff(want["embed/embeddings"], start["embed/embeddings"]) > 100 * RTOL  # training moved it
+
+
+COPIES = {"replicas": ["placement.replicas=2"], "mirrored": ["placement.fallback=mirrored"]}
+
+
+@pytest.mark.parametrize("optim", [["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9"],
+                                   ["optim=adam", "optim.lr=0.05", "optim.clip_global_norm=0.01"]],
+                         ids=["sgd", "adam-clipped"])
+@pytest.mark.parametrize("copies", list(COPIES))
+def test_a_tied_embedding_trains_like_the_uncut_model_with_copies_of_the_pipeline_and_mirrored(copies, optim):
+    """2 copies of the 2-stage pipeline (4 devices: each copy sums its holders' gradients, the sum averaged
+    across the copies once), and the mirrored fallback (the holders' all-reduced gradients summed): 3 steps
+    equal Keras on one device, every holder of every copy (and its slots) one value."""
+    run = chain.build(chain.compose(["mode=e2e", *RUN, *optim, "pipeline.microbatches=2", *COPIES[copies]]),
+                      model=tied_embedding_model())
+    pipelines = run.strategy.copies if copies == "replicas" else [run.stages]
+    assert len(pipelines) == (2 if copies == "replicas" else 1)
+    trains_like_the_uncut_model(run)
+    pairs = [tied_copies.pairs(stages) for stages in pipelines]  # per copy: (later holder's, first's) weight, slots
+    assert [len(p) for p in pairs] == [3 if "optim=adam" in optim else 2] * len(pipelines)  # momentum, Adam's 2
+    for p in pairs:
+        for a, b in zip(pairs[0], p, strict=True):  # every holder of every copy: one value
+            np.testing.assert_array_equal(a[1].numpy(), b[0].numpy())
+            np.testing.assert_array_equal(a[1].numpy(), b[1].numpy())
 
 
 @tf.custom_gradient
@@ -133,8 +164,8 @@ def test_a_tied_weight_across_stages_is_refused_in_one_line_where_the_step_does_
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose(["mode=local", *RUN]), model=tied_embedding_model())
     assert str(e.value) == (
-        "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e with "
-        "one pipeline (a device per stage, placement.replicas=1) sums its copies' gradients, not PipelinedLocal: "
+        "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e (its "
+        "pipeline, copies of it, or the mirrored fallback) sums its copies' gradients, not PipelinedLocal: "
         "use mode=e2e, or cut the model so one stage holds every layer using it")
 
 
@@ -202,6 +233,29 @@ def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_e
     np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy())
 
 
+@pytest.mark.parametrize("copies", list(COPIES))
+def test_copies_and_mirrored_runs_save_a_tied_weight_once_and_resume_bit_for_bit(tmp_path, copies):
+    """Replica 0's first holder alone saves the weight and its Adam slots; 2 steps resumed for 2 more end
+    bit for bit where 4 straight steps end, on every holder of every copy."""
+    base = ["mode=e2e", *RUN, *COPIES[copies], "optim=adam", "optim.lr=0.05", "pipeline.microbatches=2",
+            "checkpoint.every=2", "data.val_fraction=0", "trainer.steps_per_call=1"]
+
+    def fit(run_dir, steps, *more):
+        run = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
+                          model=tied_embedding_model())
+        run.fit()
+        pipelines = run.strategy.copies if copies == "replicas" else [run.stages]
+        return [v.numpy() for stages in pipelines for s in stages for v in s.trainable_variables + s.optimizer.variables]
+
+    straight = fit(tmp_path / "straight", 4)
+    held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
+                if shape == [4, 8]] for k in range(2)}
+    assert len(held[0]) == 3 and held[1] == []  # the weight and its two slots, once
+    fit(tmp_path / "resumed", 2)
+    for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_one_variable(tmp_path):
     """zbv (4 stages on 2 devices, stages 0 and 3 on the first): the tied read-out on stage 3 reads stage
     0's embedding itself, no copy and no exchange; stage 3's gradient joins stage 0's sums, stage 0's
@@ -244,3 +298,60 @@ def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_
     fit(tmp_path / "resumed", 2)
     for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def dense_twice_model() -> keras.Model:
+    """One Dense layer called twice (`twice(tanh(twice(before(x))))`, then a head): the cut lists five layers,
+    `twice` at 1 and 3."""
+    keras.utils.set_random_seed(3)
+    x = keras.Input((6,))
+    twice = L.Dense(6, activation="tanh", name="twice")
+    h = twice(L.Dense(6, name="before")(x))
+    h = twice(L.Activation("tanh", name="between")(h))
+    return keras.Model(x, L.Dense(4, name="head")(h), name="dense_twice")
+
+
+@pytest.mark.parametrize("split", [[4, 1], [3, 2]], ids=["both-calls-on-stage-0", "a-call-on-each-stage"])
+def test_a_layer_called_twice_is_one_weight_trained_like_keras_whichever_stage_its_calls_are_on(split, tmp_path):
+    """Both calls of the shared Dense on one stage (`placement.split=[4,1]`: it is an ordinary layer there, on one
+    stage) or one on each (`[3,2]`: a copy per stage, their gradients summed): 3 SGD steps equal Keras'
+    `train_on_batch`; the export (the model uncut) holds the layer once and predicts what the chain predicts."""
+    run = chain.build(chain.compose(["mode=e2e", *RUN, "optim=sgd", "optim.lr=0.5", "pipeline.microbatches=2",
+                                     f"placement.split={split}"]), model=dense_twice_model())
+    holders = [[v.path for v in s.trainable_variables if v.path.startswith("twice/")] for s in run.stages]
+    assert holders == ([["twice/kernel", "twice/bias"], []] if split == [4, 1] else [["twice/kernel", "twice/bias"]] * 2)
+    reference = dense_twice_model()
+    reference.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    start = reference.get_layer("twice").kernel.numpy()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x, y = rng.normal(size=(16, 6)).astype("float32"), rng.integers(0, 4, 16).astype("int32")
+        np.testing.assert_allclose(run.step(x, {"label": y})["loss"], reference.train_on_batch(x, y), rtol=RTOL)
+    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    for s in run.stages:
+        for v in s.trainable_variables:
+            assert rel_diff(v.numpy(), want[v.path]) <= RTOL, v.path
+    assert rel_diff(want["twice/kernel"], start) > 100 * RTOL  # training moved it
+    from chain.state.export import uncut
+
+    whole = uncut(run.stages)
+    assert sorted(v.path for v in whole.weights) == sorted(want)  # the shared layer's weights once
+    h = x
+    for s in run.stages:
+        h = s.model(h)
+    np.testing.assert_allclose(whole(x), h, rtol=RTOL)
+
+
+def test_a_model_inside_the_model_called_twice_is_refused_in_one_line():
+    """A layer may be called several times, but a functional model inside the model is cut through (its layers
+    become the model's), once: called twice, it is refused naming it."""
+    from chain.stages.cut import analyse
+
+    x = keras.Input((6,))
+    inner = keras.Model(x, L.Dense(6, name="d")(x), name="inner")
+    y = keras.Input((6,))
+    with pytest.raises(ConfigError) as e:
+        analyse(keras.Model(y, inner(inner(y)), name="outer"), "outer")
+    assert str(e.value) == ("outer: the model 'inner' inside it is called 2 times; a model cut into stages may call a "
+                            "layer several times, but a model inside it once (call its layers instead)")

@@ -73,7 +73,10 @@ def vocabulary(path: str) -> Vocabulary:
 
 def tokenizer(v: Vocabulary) -> Any:
     """keras_hub's tokenizer of `v` (imported here, on demand: it imports TensorFlow, not its runtime)."""
+    from chain.cli import import_tensorflow_quietly
+
     try:
+        import_tensorflow_quietly()  # keras_hub imports TensorFlow: without its start-up banner
         import keras_hub
     except ImportError as e:
         raise ConfigError(f"{KEY} needs keras-hub ({first_line(e)}); install it (the `lm` extra and keras-hub, see "

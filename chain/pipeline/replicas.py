@@ -8,7 +8,10 @@ device receives the other copies' gradients (explicit copies, as every crossing 
 and adds all R in replica order, then divides by R (each copy's gradients are of its share's
 mean loss; with `placement.exchange_dtype=bfloat16` they travel rounded to 16 bits). Every device thus computes the same sums in the same order, bit for bit, and every
 copy applies the same update (`chain.pipeline.step.finish`, with the batch's mean loss for
-float16's shared decision): the copies stay identical without ever being compared. With
+float16's shared decision): the copies stay identical without ever being compared. A cut model's tied
+weight (held by the first and last stage, `chain.steps.tied`) is summed within each copy on its first
+holder's device before the reduction, so its gradient is averaged once, and every holder of every copy
+applies that mean: one value per holder and copy, all equal. With
 `optim.clip_global_norm` each copy clips by the norm of the averaged gradients (the same bits on
 every copy, computed after the reduction); with `pipeline.batch_norm=deferred` each copy's moving
 statistics take one update from every copy's microbatches (`chain.steps.deferred_norm.Pooled`).
@@ -43,7 +46,8 @@ from chain.records.summaries import ReplicasFields, Summary
 from chain.stages.losses import ShareOfBatch, WholeBatch
 from chain.stages.stage import Stage
 from chain.steps.deferred_norm import Deferred, Pooled
-from chain.steps.ops import copy_to
+from chain.steps.ops import chunks_of, copy_to
+from chain.steps.tied import gather_shared
 from chain.steps.update import stage_update
 from chain.strategies.objectives import ChainObjective
 
@@ -130,8 +134,6 @@ class Replicated(Scheduled):
     """`placement.copies`: R copies of the scheduled pipeline, each its share of every batch (with the
     chain's objective, mode=e2e: ReplicatedChain)."""
 
-    shared_weights = False  # copies of a pipeline: a tied weight's sum across copies is not built
-
     name = REPLICATED
     title = "Replicated"
     # How stage k's j-th gradient is averaged (`reduce_mean`): "every" device sums all copies, or one
@@ -197,20 +199,21 @@ class Replicated(Scheduled):
 
         def replicated(x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tf.Tensor:
             with tf.device(host()):  # each share crosses to its copy's first (and last) stage from here
-                xs = tf.split(x, n, name="replica_shares")
+                xs = chunks_of(x, n)  # a dict of inputs (keras_hub's) cut leaf by leaf
                 shares = {key: tf.split(y, n, name=f"replica_{key}") for key, y in ys.items()}
                 if isinstance(loss, ShareOfBatch):
                     whole.real = loss.loss.real(ys[self.target.name])
             base = progress.begin([x]) if progress else None  # once per step, for every copy's markers
             played = [play(xs[r], {key: v[r] for key, v in shares.items()}, base) for r, play in enumerate(plays)]
+            # A tied weight's gradients summed within each copy first: its mean crosses the copies once.
+            grads = [gather_shared(copies[r], p.grads) for r, p in enumerate(played)]
             per_replica: list[list[list]] = [[[] for _ in copies[0]] for _ in copies]
             for k in range(len(copies[0])):
                 devices = [c[k].device for c in copies]
-                owned = owners([elements(g) for g in played[0].grads[k]], n)  # per stage: its R devices
-                for j in range(len(played[0].grads[k])):
+                owned = owners([elements(g) for g in grads[0][k]], n)  # per stage: its R devices
+                for j in range(len(grads[0][k])):
                     owner = owned[j] if self.reduction == "owner" else None
-                    mean = reduce_mean([p.grads[k][j] for p in played], devices, f"allreduce_s{k}_g{j}", owner,
-                                       travel)
+                    mean = reduce_mean([g[k][j] for g in grads], devices, f"allreduce_s{k}_g{j}", owner, travel)
                     for r in range(n):
                         per_replica[r][k].append(mean[r])
             totals = reduce_mean([p.total for p in played], [c[-1].device for c in copies], "allreduce_loss")

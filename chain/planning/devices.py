@@ -2,23 +2,25 @@
 
 `canonical` parses a device name without TensorFlow (it lives in `chain.config.device_names`,
 which the config's checks use; re-exported here). `configure` applies a placement to
-TensorFlow (before its runtime starts) and `check_devices` validates device names against
-the devices that exist afterwards: soft placement would silently run a missing device's
-work on CPU:0.
+TensorFlow (before its runtime starts); when the runtime started first, `share_existing`
+puts the stages on the devices that exist where the plan allows it; `check_devices` validates
+device names against the devices that exist afterwards: soft placement would silently run a
+missing device's work on CPU:0.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
 from chain.config.device_names import LOCAL_JOB, WORKER_JOB, canonical
-from chain.errors import DeviceError
+from chain.errors import DeviceError, plural
+from chain.planning.planner import PIPELINE, Placement
 
 if TYPE_CHECKING:
     from chain.config.schema import PlacementSettings
-    from chain.planning.planner import Placement
 
-__all__ = ["LOCAL_JOB", "WORKER_JOB", "canonical", "configure", "check_devices", "count"]
+__all__ = ["LOCAL_JOB", "WORKER_JOB", "canonical", "configure", "share_existing", "check_devices", "count"]
 
 # What a missing device's error adds when TensorFlow's runtime started before `configure` could make it.
 TOO_LATE = ("TensorFlow's runtime has started (an earlier chain.setup or chain.build, a tensor or a Keras model), and "
@@ -38,7 +40,8 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> tuple[bool, str 
 
     If the runtime already started (a notebook after `chain.setup`, a model made first, or the test
     session that split the CPU in conftest.py), the existing logical devices are kept, a note says
-    so, and `check_devices` reports any device the plan needs that is missing (with `late`). A CPU
+    so; `share_existing` may put the stages on them, and `check_devices` reports any device the plan
+    still needs that is missing (with `late`). A CPU
     already split into at least as many logical devices as the plan's is kept as it is too: a plan
     needing fewer never shrinks a split a larger one (or the user) asked for.
     """
@@ -70,6 +73,47 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> tuple[bool, str 
     except RuntimeError:
         kept = ", ".join(canonical(d.name) for d in tf.config.list_logical_devices())
         return False, f"TensorFlow's runtime had already started: kept its logical devices ({kept})"
+
+
+def share_existing(placement: Placement, pcfg: PlacementSettings) -> Placement | None:
+    """The placement with its stages on the logical devices that exist, for when TensorFlow's runtime
+    started before `configure` could make the plan's (a notebook's Keras model made first): the plan's
+    devices in order onto the existing ones in contiguous runs (neighbouring stages share; on a CPU
+    with one device, all on /device:CPU:0), the split and limits that were not made dropped, and a note
+    saying so and what `chain.setup` would have given. None when every planned device exists, or the
+    layout needs its devices: `placement.devices` named, `placement.memory_limit_mb` on a GPU, copies of
+    the pipeline, mirrored replicas (`check_devices` then refuses in one line)."""
+    import tensorflow as tf
+
+    if placement.layout != PIPELINE or placement.cluster or pcfg.devices:
+        return None
+    if placement.kind == "GPU" and pcfg.memory_limit_mb is not None:
+        return None
+    existing = [canonical(d.name) for d in tf.config.list_logical_devices(placement.kind)]
+    planned = list(dict.fromkeys(placement.devices))  # distinct, in stage order (a schedule may share some already)
+    if not existing or all(d in existing for d in planned):
+        return None
+    onto = {d: existing[i * len(existing) // len(planned)] for i, d in enumerate(planned)}
+    devices = tuple(onto[d] for d in placement.devices)
+    used = list(dict.fromkeys(devices))
+    physical = {}
+    for old, new in onto.items():  # the physical device behind a planned device's first stage
+        physical.setdefault(new, "CPU:0" if placement.kind == "CPU" else placement.physical.get(old, "-"))
+    shares = (f"share {used[0]}" if len(used) == 1 else
+              f"share the {plural(len(used), 'device')} that exist, neighbouring stages together ({', '.join(used)})")
+    n = plural(len(devices), "stage")
+    if placement.kind == "CPU":
+        made = plural(len(planned), "logical device")
+        note = (f"TensorFlow's runtime had started before chain could split the CPU into {made} (a model or tensor "
+                f"made first, or an earlier build): the {n} {shares} instead; chain.setup(cfg) first would have made "
+                "them, and on a CPU they split nothing: logical CPU devices share one thread pool")
+    else:
+        limits = "; ".join(f"GPU {i}: {', '.join(map(str, m))} MB" for i, m in placement.memory_limits_mb.items())
+        note = (f"TensorFlow's runtime had started before chain could make {plural(len(planned), 'logical GPU')} (a model "
+                f"or tensor made first, or an earlier build): the {n} {shares} instead, with no memory limit between "
+                "them; chain.setup(cfg) first would have made them"
+                + (f", each with a memory limit ({limits})" if limits else ""))
+    return replace(placement, devices=devices, physical=physical, split={}, memory_limits_mb={}).noted(note)
 
 
 def check_devices(devices: Sequence[str], given: bool = True, role: str = "stage", late: str | None = None) -> list[str]:

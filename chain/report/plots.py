@@ -1,14 +1,20 @@
 """The report's figures as PNG bytes (matplotlib, Agg backend: no display needed): training and
-validation curves, Gantt charts of the planned and measured timelines, memory per device."""
+validation curves, Gantt charts of the planned and measured timelines, memory per device. Every text
+is drawn as written (`literal`: no mathtext, no LaTeX), whatever a run's names hold."""
 
 from __future__ import annotations
 
+import functools
 import io
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from chain.report.scalars import Series
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#C44E52", "update": "#8C8C8C", "copy": "#55A868"}
+# The figures draw the user's text (a run directory's name, devices, tags): matplotlib would read a `$...$` pair in
+# it as mathtext (a parse error, or a formula for a name) and all of it as LaTeX under the user's text.usetex.
+LITERAL = {"text.parse_math": False, "text.usetex": False}
+F = TypeVar("F", bound=Callable)
 
 
 def _pyplot():
@@ -18,6 +24,15 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def literal(draw: F) -> F:
+    """`draw` (a figure made and saved), with every text it draws shown as written (`LITERAL`)."""
+    @functools.wraps(draw)
+    def drawn(*args, **kwargs):
+        with _pyplot().rc_context(LITERAL):  # the texts read it when made, the ticks' when saved: both inside
+            return draw(*args, **kwargs)
+    return drawn  # type: ignore[return-value]
 
 
 def png(fig) -> bytes:
@@ -34,6 +49,7 @@ def family(tag: str) -> str:
     return tag[4:] if tag.startswith("val_") else tag
 
 
+@literal
 def curves(series: dict[str, dict[str, Series]], title: str) -> bytes:
     """One panel per family of tags; `series[label][tag]` is drawn as `label tag` (one label per run
     when runs are compared, or one empty label for a single run). Every tag is drawn: one with a
@@ -63,6 +79,7 @@ def curves(series: dict[str, dict[str, Series]], title: str) -> bytes:
     return png(fig)
 
 
+@literal
 def gantt(rows: Sequence[Sequence[tuple[float, float, str, str]]], labels: Sequence[str], title: str,
           xlabel: str) -> bytes:
     """A Gantt chart: `rows[k]` lists stage k's bars as (start, length, kind, text); kind picks the
@@ -90,6 +107,7 @@ def gantt(rows: Sequence[Sequence[tuple[float, float, str, str]]], labels: Seque
     return png(fig)
 
 
+@literal
 def bars(labels: Sequence[str], values: Sequence[float], title: str, ylabel: str) -> bytes:
     """A bar chart (e.g. peak memory per device)."""
     plt = _pyplot()

@@ -22,10 +22,15 @@ device), bound to the same attribute. Every copy starts from the model's values;
 lists its copies (`Stage.shared`), and the pipeline step sums their gradients (`chain.steps.tied`).
 A later stage on the first holder's device holds no copy: it reads the first holder's clone itself
 (bound to the attribute, or, for a layer called again, called through `Lent`), `Stage.borrowed`.
+A layer called several times (T5's embedding, by its encoder and its decoder; ALBERT's one block at
+every depth) is listed once per call, and a call after the first is such a tie; so is a layer inside
+an earlier one that the model calls itself (OPT's read-out, the token embedding inside its embedding
+layer: `Cuttable.within`), whose copy on another device is the inner layer alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -71,6 +76,9 @@ class Cuttable:
     masked: frozenset[tuple[int, int]] = frozenset()
     refused: dict[int, str] = field(default_factory=dict)  # cut position -> why no stage may start there
     alias: dict[int, Any] = field(default_factory=dict)  # id(a nested model's input or output) -> what it stands for
+    # layer index -> (an earlier layer holding it as a sublayer, the attributes leading to it): OPT's read-out
+    # calls the token embedding inside its embedding layer, a tie through a nested layer
+    within: dict[int, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
 
     def params(self) -> list[int]:
         """Trainable parameters of each layer."""
@@ -149,6 +157,32 @@ def _tied(layers: Sequence[keras.layers.Layer]) -> dict[int, int]:
     return tied
 
 
+def _path(outer: keras.layers.Layer, inner: keras.layers.Layer, depth: int = 3) -> tuple[str, ...] | None:
+    """The attributes leading from `outer` to its sublayer `inner` (`("token_embedding",)`), or None."""
+    for attr, value in vars(outer).items():
+        if value is inner:
+            return (attr,)
+        if isinstance(value, keras.layers.Layer) and depth > 1:
+            found = _path(value, inner, depth - 1)
+            if found is not None:
+                return (attr, *found)
+    return None
+
+
+def _within(layers: Sequence[keras.layers.Layer], tied: dict[int, int]) -> dict[int, tuple[int, tuple[str, ...]]]:
+    """Layer index -> (the earlier layer holding it as a sublayer, the attributes leading there), for each
+    layer whose every weight an earlier layer holds through a sublayer (OPT's `embeddings.token_embedding`,
+    called again as the read-out)."""
+    out = {}
+    for i, layer in enumerate(layers):
+        owners = {tied.get(id(v)) for v in layer.weights}
+        if len(owners) == 1 and None not in owners and layers[owner := owners.pop()] is not layer:
+            path = _path(layers[owner], layer)
+            if path is not None:
+                out[i] = (owner, path)
+    return out
+
+
 def _op_name(node: Any) -> str:
     return getattr(node.operation, "name", type(node.operation).__name__)
 
@@ -191,26 +225,56 @@ class Made(dict):
             self[k] = v
 
 
-def _flatten(graph: keras.Model, model: keras.Model, name: str, alias: dict[int, Any]
-             ) -> tuple[list[keras.layers.Layer], list[Any], list[Any]]:
-    """`model`'s layers in call order with their calls in `graph`, and the graph's op nodes; a
-    plain functional model among its layers is replaced by its own layers (recursively), its inputs
-    and outputs recorded in `alias` as the tensors they stand for."""
+def _call_order(graph: keras.Model, model: keras.Model, name: str) -> list[tuple[keras.layers.Layer, Any]]:
+    """Every call of `model`'s layers in `graph` (a layer called several times once per call), in
+    `model.layers`' order as far as the calls' inputs allow: a later call runs as soon as its inputs
+    exist, before the layers after it in `model.layers` (ALBERT's one block called at every depth
+    runs its calls in a row; T5's decoder embeds its ids right after the encoder does)."""
     calls = _calls(graph)
-    mine = {id(layer) for layer in model.layers}
-    ops = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in mine]
-    layers: list[keras.layers.Layer] = []
-    nodes: list[Any] = []
+    rank = {id(layer): r for r, layer in enumerate(model.layers)}
+    waiting = []
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
             continue
         found = calls.get(id(layer), [])
-        if len(found) != 1:
-            raise ConfigError(f"{name}: layer {layer.name!r} is called {len(found)} times; a model cut into stages "
-                              "calls each layer once (a shared layer's weights cannot live on two stages' devices)")
-        node = found[0]
+        if not found:
+            raise ConfigError(f"{name}: layer {layer.name!r} is never called in the model's graph; a model cut into "
+                              "stages calls every layer it holds")
+        waiting += [(rank[id(layer)], k, layer, node) for k, node in enumerate(found)]
+    ops = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in rank]
+    made = {id(t) for t in graph.inputs}
+    order: list[tuple[keras.layers.Layer, Any]] = []
+    while waiting:
+        ready = True
+        while ready:  # the ops whose inputs exist (they need no order of their own)
+            ready = [n for n in ops if all(id(t) in made for t in n.input_tensors)]
+            ops = [n for n in ops if n not in ready]
+            made.update(id(t) for n in ready for t in n.outputs)
+        call = next((w for w in waiting if all(id(t) in made for t in w[3].input_tensors)), waiting[0])
+        waiting.remove(call)  # (a call whose inputs never exist comes in its turn: analyse names it)
+        order.append(call[2:])
+        made.update(id(t) for t in call[3].outputs)
+    return order
+
+
+def _flatten(graph: keras.Model, model: keras.Model, name: str, alias: dict[int, Any]
+             ) -> tuple[list[keras.layers.Layer], list[Any], list[Any]]:
+    """`model`'s layers in call order with their calls in `graph` (a layer called n times is listed
+    n times), and the graph's op nodes; a plain functional model among its layers is replaced by its
+    own layers (recursively), its inputs and outputs recorded in `alias` as the tensors they stand for."""
+    mine = {id(layer) for layer in model.layers}
+    ops = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in mine]
+    layers: list[keras.layers.Layer] = []
+    nodes: list[Any] = []
+    order = _call_order(graph, model, name)
+    for layer, node in order:
         if isinstance(layer, keras.Model) and plain_functional(layer) \
                 and len(layer.inputs) == len(node.input_tensors) and len(layer.outputs) == len(node.outputs):
+            times = sum(x is layer for x, _ in order)
+            if times > 1:
+                raise ConfigError(f"{name}: the model {layer.name!r} inside it is called {times} times; a model cut "
+                                  "into stages may call a layer several times, but a model inside it once (call its "
+                                  "layers instead)")
             for inner, outer in zip(layer.inputs, node.input_tensors):
                 if inner is not outer:  # a keras_hub task calls its backbone on the backbone's own inputs
                     alias[id(inner)] = outer
@@ -313,7 +377,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
         allowed = [c for c in allowed if c not in refused]
     shape = tuple(model.inputs[0].shape[1:])
     return Cuttable(model, name, layers, nodes, shape, allowed, boundary, {**refused, **blocked}, tied, ops=ops,
-                    masked=masked, refused=refused, alias=alias)
+                    masked=masked, refused=refused, alias=alias, within=_within(layers, tied))
 
 
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
@@ -432,8 +496,10 @@ def _holder_copy(c: Cuttable, owner: int, policy: Any) -> keras.layers.Layer:
     """A copy of layer `owner` made on the current stage's device, built and with its weights: what a
     stage without that layer holds in its place for a later layer that uses its weights."""
     layer = c.layers[owner]
-    copy = _clone(c, layer, policy)
-    copy.build_from_config(layer.get_build_config())
+    scope = layer.path.rpartition("/")[0]  # a layer inside another (OPT's token embedding): its variables' paths
+    with keras.name_scope(scope) if scope else contextlib.nullcontext():  # the model's, as the stage's own are
+        copy = _clone(c, layer, policy)
+        copy.build_from_config(layer.get_build_config())
     copy.set_weights(layer.get_weights())
     return copy
 
@@ -441,7 +507,9 @@ def _holder_copy(c: Cuttable, owner: int, policy: Any) -> keras.layers.Layer:
 def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, holder: Any) -> None:
     """Bind `clone`'s attributes that hold an earlier layer (or that layer's variable) in `layer` to
     the stage's copy of it, `holder(index)`."""
-    index = {id(x): i for i, x in enumerate(c.layers)}
+    index: dict[int, int] = {}
+    for i, x in enumerate(c.layers):
+        index.setdefault(id(x), i)  # a layer called several times: its first call
     for attr, value in list(vars(layer).items()):
         if isinstance(value, keras.layers.Layer) and c.tied and index.get(id(value), -1) in c.tied.values():
             made = getattr(clone, attr, None)  # a layer whose config holds the layer made its own from it:
@@ -472,9 +540,10 @@ def _check_retied(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.La
         want = copy.weights[[id(w) for w in c.layers[owner].weights].index(id(v))]
         if len(mine) != len(held) or mine[i] != id(want):
             raise ConfigError(f"{c.name}: layers {c.layers[owner].name!r} and {layer.name!r} share the variable "
-                              f"{v.path!r} (a tied weight), but {layer.name!r} does not hold it as an attribute "
-                              f"naming {c.layers[owner].name!r} or its variable, so the cut cannot re-create the tie "
-                              "on a stage: hold the layer itself as an attribute (self.embedding = embedding)")
+                              f"{v.path!r} (a tied weight), but {layer.name!r} is not a layer inside "
+                              f"{c.layers[owner].name!r} nor holds it (or its variable) as an attribute, so the cut "
+                              "cannot re-create the tie on a stage: in your layer, hold the layer itself as an "
+                              "attribute (self.embedding = embedding)")
 
 
 def _kept_dtype(t: Any) -> str | None:
@@ -509,6 +578,9 @@ class Lent(keras.layers.Layer):
 
     def call(self, inputs, **kwargs):
         return self.layer(inputs, **kwargs)
+
+    def compute_output_spec(self, inputs, **kwargs):  # the lent layer's own (Keras' tracing of `call` failed
+        return self.layer.compute_output_spec(inputs, **kwargs)  # on T5's read-out)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "layer": keras.saving.serialize_keras_object(self.layer)}
@@ -556,24 +628,45 @@ class Piece:
 
         holder.lent = lambda owner: owner in lent  # type: ignore[attr-defined]
         again_lent: list[keras.layers.Layer] = []  # layers called again here through a clone lent on this device
+        lends: dict[int, Lent] = {}  # id(a lent clone) -> the one Lent calling it here
 
         first_call: dict[int, int] = {}  # id(layer) -> the index of its first call (a layer may be called again)
         for j, x in enumerate(c.layers):
             first_call.setdefault(id(x), j)
         if start == 0:
             _run_ops(c, -1, made)
+
+        def again(i: int) -> tuple[keras.layers.Layer, int]:
+            """What layer i's call calls, a layer called before (the one layer, or one inside an earlier
+            layer): its clone on this stage, one lent on this device, or a copy made here (its gradients
+            summed with the others'); and the index of the layer whose weights it holds."""
+            first = first_call[id(c.layers[i])]
+            if first != i:
+                return holder(first), first
+            owner, path = c.within[i]
+            if owner in copies or owner in lent or (self.device is not None and (self.device, owner) in c.clones):
+                inner = holder(owner)
+                for attr in path:
+                    inner = getattr(inner, attr)
+                return inner, owner
+            if i not in copies:  # the holder is on another device's stage: a copy of the inner layer alone
+                copies[i] = _holder_copy(c, i, policy)
+            return copies[i], i
+
         for i in range(start, end):
             layer, node = c.layers[i], c.nodes[i]
-            first = first_call[id(layer)]
-            if first != i:  # a layer called again (keras_hub's `token_embedding(x, reverse=True)`): its clone
-                again = holder(first)  # on this stage, or a copy of it made here, whose gradients are summed
-                call = Lent(again) if holder.lent(first) else again  # an earlier stage's clone: called, not held
+            if first_call[id(layer)] != i or i in c.within:  # a layer called again (keras_hub's
+                target, owner = again(i)  # `token_embedding(x, reverse=True)`; OPT's inside its embedding layer)
+                if holder.lent(owner):  # an earlier stage's clone: called, not held (one Lent per layer lent)
+                    call = lends.setdefault(id(target), Lent(target))
+                else:
+                    call = target
                 args, kwargs = node.arguments.fill_in(made)
                 made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(call(*args, **kwargs)))})
-                if holder.lent(first):  # one variable on one device: borrowed, not copied (below)
+                if holder.lent(owner):  # one variable on one device: borrowed, not copied (below)
                     again_lent.append(layer)
-                elif all(again is not x for _, x, _ in clones):
-                    clones.append((first, again, layer))
+                elif target is copies.get(owner) and all(target is not x for _, x, _ in clones):
+                    clones.append((owner, target, c.layers[owner]))
                 _run_ops(c, i, made)
                 continue
             clone = _clone(c, layer, self.last_policy if i == len(c.layers) - 1 else policy)

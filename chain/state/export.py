@@ -70,10 +70,12 @@ def export(stages: Sequence[Stage], run_dir: str, chained: bool = True) -> list[
 def uncut(stages: Sequence[Stage]) -> keras.Model:
     """The cut model re-created uncut (`Stage.whole`), each layer given the trained weights of its
     stage's copy (layers keep the user's names across the cut). A tied weight is one variable
-    there, set from whichever stage's copy comes last: the copies are equal."""
+    there, set from whichever stage's copy comes last: the copies are equal. A layer inside another
+    that the model also calls (OPT's read-out, its embedding layer's token embedding) takes its weights
+    with its holder's when no stage holds it apart."""
     model = stages[0].whole()
     trained = {layer.name: layer for s in stages for layer in s.model.layers}
     for layer in model.layers:
-        if layer.weights:
+        if layer.weights and layer.name in trained:
             layer.set_weights(trained[layer.name].get_weights())
     return model

@@ -7,7 +7,7 @@ replicas they are the global-batch mean, and returns its gradients; the strategy
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
@@ -16,13 +16,14 @@ from chain.stages.stage import Stage
 from chain.steps import xla
 from chain.steps.forward import chain_forward
 from chain.steps.local import local_forward
-from chain.steps.ops import add_grads, after, chunks
+from chain.steps.ops import add_grads, after, chunks, chunks_of
 
 
-def _shares(x: tf.Tensor, n: int, global_batch: int) -> tuple[list[tf.Tensor], tf.Tensor]:
-    """This replica's examples cut into `n` chunks, and one chunk's share of the global batch."""
-    xs = chunks(x, n)
-    return xs, tf.cast(tf.shape(xs[0])[0], tf.float32) / global_batch
+def _shares(x: Any, n: int, global_batch: int) -> tuple[list[Any], tf.Tensor]:
+    """This replica's examples (a tensor or a dict of them) cut into `n` chunks, and one chunk's share
+    of the global batch."""
+    xs = chunks_of(x, n)
+    return xs, tf.cast(tf.shape(tf.nest.flatten(xs[0])[0])[0], tf.float32) / global_batch
 
 
 def local_replica_step(stages: Sequence[Stage], global_batch: int, grad_accum: int = 1,

@@ -14,6 +14,12 @@ first; `placement.devices` naming one device twice), it holds no copy: it reads 
 variable (`Stage.borrowed`), and its backward adds its gradient to the first holder's sums
 (`lend_back`), where the one optimizer applies it.
 
+Copies of the pipeline (`placement.replicas=R`, `chain.pipeline.replicas`) hold the weight once per
+holder in every copy: before the copies' gradients are averaged, each copy adds its holders' gradients
+on its first holder's device (`gather_shared`), so the weight's gradient is averaged across the copies
+once, not once per holder; `sum_shared` then sends that mean back to the later holders of each copy.
+The mirrored fallback (`chain.strategies.mirrored`) sums the all-reduced gradients with `sum_shared`.
+
 The numerics guard (`chain.steps.numerics`) judges each stage's update alone, so a stage whose
 other gradients are not finite would skip while another holder applies the tied update, and the
 copies would part. So every sum is NaN whenever any holder's gradients are not finite: every
@@ -66,6 +72,37 @@ def lend_back(stages: Sequence[Stage], accumulated: list[list | None], k: int, g
     return list(grads[:own])
 
 
+def gather_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]]
+                  ) -> list[list[tf.Tensor | None]]:
+    """`grads` (per stage, in `trainable_variables` order) with each shared weight's gradients added on
+    its first holder's device, in the first holder's place; the later holders' places None (`sum_shared`
+    gives them the sum again, after the copies of the pipeline have averaged it once)."""
+    out = [list(g) for g in grads]
+    for n, group in enumerate(groups(stages).values()):
+        parts = _on_first_holder(stages, out, group, f"gathered{n}")
+        for k, i in group:
+            out[k][i] = None
+        if parts:
+            k, i = group[0]
+            with tf.device(stages[k].device):
+                out[k][i] = tf.add_n(parts)
+    return out
+
+
+def _on_first_holder(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]],
+                     group: Sequence[tuple[int, int]], name: str) -> list[tf.Tensor]:
+    """The group's gradients (None left out), dense, each copied to the first holder's device."""
+    home = stages[group[0][0]].device
+    parts = []
+    for k, i in group:
+        if grads[k][i] is None:
+            continue
+        with tf.device(stages[k].device):  # an embedding's gradient may be IndexedSlices
+            g = tf.convert_to_tensor(grads[k][i])
+        parts.append(g if stages[k].device == home else copy_to(g, home, f"{name}_s{k}"))
+    return parts
+
+
 def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]]
                ) -> list[list[tf.Tensor | None]]:
     """`grads` (per stage, in `trainable_variables` order) with every shared weight's copies given
@@ -87,13 +124,7 @@ def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | Non
             all_ok = tf.reduce_all(tf.stack(flags))
         for n, group in enumerate(found.values()):
             home = stages[group[0][0]].device
-            parts = []
-            for k, i in group:
-                if out[k][i] is None:
-                    continue
-                with tf.device(stages[k].device):  # an embedding's gradient may be IndexedSlices
-                    g = tf.convert_to_tensor(out[k][i])
-                parts.append(g if stages[k].device == home else copy_to(g, home, f"shared{n}_s{k}"))
+            parts = _on_first_holder(stages, out, group, f"shared{n}")
             if not parts:
                 continue
             ok = all_ok if home == first else copy_to(all_ok, home, f"shared{n}_finite")

@@ -151,7 +151,7 @@ class Strategy(ABC):
 
     def _refuse_shared_weights(self, stages: Sequence[Stage]) -> None:
         """A ConfigError if two stages hold copies of one weight (a cut model's tied weight) and this
-        strategy's step does not sum their gradients (only mode=e2e's pipeline step does)."""
+        strategy's step does not sum their gradients (mode=e2e's steps do)."""
         found = tied.groups(stages)
         for s in stages:  # a tied weight read from an earlier stage on the same device: one variable, a group too
             for b in s.borrowed:
@@ -161,7 +161,7 @@ class Strategy(ABC):
             name, copies = next(iter(found.items()))
             (a, _), (b, _) = copies[:2]
             raise ConfigError(f"stages {a} and {b} both use the weight {name!r} (a tied weight of the cut model); only "
-                              f"mode=e2e with one pipeline (a device per stage, placement.replicas=1) sums its copies' "
+                              f"mode=e2e (its pipeline, copies of it, or the mirrored fallback) sums its copies' "
                               f"gradients, not {self.way}: use mode=e2e, or cut the model so one stage "
                               "holds every layer using it")
 

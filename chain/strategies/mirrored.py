@@ -13,7 +13,9 @@ inside one.
 With `LocalObjective` it keeps mode=local's meaning on every replica: each stage its own head,
 loss and optimizer, the gradient stopped between stages. With `ChainObjective` (mode=e2e) it runs
 the composed chain with one loss after the last stage (the objective gives the replica's step,
-the float16 decision and the clipping: `replica_step`, `outcomes`, `clip`). In both, one mirrored step
+the float16 decision and the clipping: `replica_step`, `outcomes`, `clip`); a cut model's tied weight
+(a copy on every stage holding it, each mirrored) takes the sum of its holders' all-reduced gradients
+on every holder, the global norm counting it once. In both, one mirrored step
 computes the same losses and the same update as one pipelined step on the same global
 batch (for e2e: any schedule, any number of microbatches).
 
@@ -46,6 +48,7 @@ from chain.planning.planner import MIRRORED, Placement
 from chain.records.results import ReplicaLosses
 from chain.records.summaries import MirroredFields, Summary
 from chain.steps.report import dropped, report
+from chain.steps.tied import sum_shared
 from chain.steps.update import apply_update, unscale
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import Objective
@@ -120,6 +123,12 @@ class Mirrored(Strategy):
                                         "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
         return placement
 
+    @property
+    def shared_weights(self) -> bool:
+        """A cut model's tied weight trains with one loss through the chain (mode=e2e): its holders'
+        gradients, all-reduced, are summed (`chain.steps.tied`), as its uses' are on one device."""
+        return self.learns.readout
+
     def devices(self) -> Sequence[str | None]:
         return [None] * len(self.settings.stages)
 
@@ -136,6 +145,7 @@ class Mirrored(Strategy):
             losses = ReplicaLosses(tuple(total(v) for v in per_replica_losses.stages),
                                    tuple(total(v) for v in per_replica_losses.chain))
             grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
+            grads = sum_shared(stages, grads)  # a cut model's tied weight: every holder applies the sum of its uses
             outcomes = objective.outcomes(grads, losses)
             grads, norm = objective.clip(grads)  # after the all-reduce, unscaling and the overflow decision
             flags = []
@@ -165,11 +175,11 @@ class Mirrored(Strategy):
         own replicas' parts (`stream_shares`): its batch is cut into those, in order."""
         shares = self.stream_shares()
         first, count = (shares.first, shares.count) if shares else (0, self.tf_strategy.num_replicas_in_sync)
-        n = x.shape[0] // count
+        n = tf.nest.flatten(x)[0].shape[0] // count  # a dict of inputs (keras_hub's): every leaf cut alike
 
         def part(ctx: tf.distribute.experimental.ValueContext) -> tuple:
             i = ctx.replica_id_in_sync_group - first  # this process's replicas only are asked for
-            return x[i * n:(i + 1) * n], {k: v[i * n:(i + 1) * n] for k, v in ys.items()}
+            return tf.nest.map_structure(lambda v: v[i * n:(i + 1) * n], (x, ys))
 
         return (self.tf_strategy.experimental_distribute_values_from_function(part),)
 

@@ -30,6 +30,7 @@ from chain.steps.clipping import clip_global
 from chain.steps.evaluate import Readout
 from chain.steps.replica import e2e_replica_step, local_replica_step
 from chain.steps.report import Layout
+from chain.steps.tied import repeated
 from chain.steps.update import shared_outcomes
 
 
@@ -238,7 +239,7 @@ class ChainObjective(Objective):
     def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
         if self.clip_global_norm is None:
             return grads, None
-        clipped = clip_global(self.stages, grads, self.clip_global_norm, None)
+        clipped = clip_global(self.stages, grads, self.clip_global_norm, None, repeated(self.stages))
         return clipped.grads, clipped.norm
 
 

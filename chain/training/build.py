@@ -11,6 +11,7 @@ Data only TensorFlow reads (TFRecord files, the user's function) is checked once
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Callable, Sequence
 
@@ -26,11 +27,15 @@ from chain.prepared import RunSpec, prepare, with_loaded_data
 from chain.training import planned, ways
 from chain.training.run import Run
 
+log = logging.getLogger("chain")
+
 
 def apply(spec: RunSpec) -> Placement:
     """Apply the placement to TensorFlow (its logical devices, before the runtime starts) and check
     that every device the plan uses exists: the placement with the checked devices (and a note
-    `devices.configure` had), a new record; a multi-worker run checks its peers and makes its
+    `devices.configure` had), a new record; when the runtime had started first, the stages on the
+    devices that exist where the plan allows it (`devices.share_existing`, whose note is also logged
+    as a warning); a multi-worker run checks its peers and makes its
     tf.distribute strategy instead (before anything starts the runtime)."""
     settings, placement = spec.settings, spec.placement
     if placement.multi_worker:
@@ -39,7 +44,11 @@ def apply(spec: RunSpec) -> Placement:
         return placement
     applied, note = devices.configure(placement, settings.placement)
     late = None if applied else placement.kind
-    if note is not None:
+    shared = None if applied else devices.share_existing(placement, settings.placement)
+    if shared is not None:  # the stages on the devices that exist: said where a notebook shows it, not only in run.notes
+        log.warning("note: %s", shared.notes[-1])
+        placement = shared
+    elif note is not None:
         placement = placement.noted(note)
     if placement.layout == planner.MIRRORED:
         checked = devices.check_devices(placement.mirrored_devices, given=False, role="replica", late=late)
