@@ -111,10 +111,11 @@ def test_gpt_with_padded_targets_and_ignore_class_trains_like_keras(tmp_path):
     assert_trained_like_keras(run, reference, [(x[:BATCH], y[:BATCH]), (x[BATCH:], y[BATCH:])], start)
 
 
-def test_gpt_refuses_float_ids_in_one_line(ids, tmp_path):
+def test_gpt_refuses_float_ids_and_targets_not_per_position_in_one_line(ids, tmp_path):
     import tensorflow as tf
 
     np.savez(tmp_path / "floats.npz", x=np.zeros((WINDOWS, SEQ), np.float32), y=np.zeros((WINDOWS, SEQ), np.int32))
+    np.savez(tmp_path / "one.npz", x=np.zeros((WINDOWS, SEQ), np.int32), y=np.arange(WINDOWS) % VOCAB)
     with tf.io.TFRecordWriter(str(tmp_path / "floats.tfrecord")) as out:
         out.write(tf.train.Example(features=tf.train.Features(feature={
             "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.0] * SEQ)),
@@ -127,6 +128,8 @@ def test_gpt_refuses_float_ids_in_one_line(ids, tmp_path):
           f"data.features={{x: 'float32[{SEQ}]', y: 'int64[{SEQ}]'}}"],
          f"model=gpt reads token ids, one row of integer ids per example ((N, T)), but data.x='x' (data.features) "
          f"holds float32[{SEQ}] per example"),
+        (["data=npz", f"data.path={tmp_path / 'one.npz'}"], f"model=gpt learns a label per position of its {SEQ} "
+         "ids, but target 'label' of data=npz holds one label per example: give an (N, 8) array of integer ids"),
         (["data=npz", f"data.path={ids / 'x.npz'}", "model.seq_len=4"], f"model.seq_len=4 differs from data.x='x''s {SEQ} ids per example"),
     ]
     for overrides, message in cases:

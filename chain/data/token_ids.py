@@ -72,7 +72,7 @@ def check(data, x: np.ndarray | None, val_x: np.ndarray | None, shards, vocab: i
     """The user's arrays of ids (`data=npz`, `data=tfrecord`) within `[0, vocab)`, before training: the
     loaded inputs `x` and `val_x` (their targets are checked as every class label is), or a streamed
     `.npz` file's inputs and `target` (the one `model=gpt` learns), read in place once. A streamed TFRecord
-    is read only while training: its ids are not checked up front."""
+    is read only while training: its ids are not checked up front (TensorFlow's lookup stops the step)."""
     if data.name not in ARRAYS:
         return
     if x is not None:
