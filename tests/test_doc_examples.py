@@ -167,7 +167,7 @@ RUN = {
 # Commands of bash blocks run short (a later block needs their run): the overrides appended (the last value
 # of a key wins), so a run of minutes takes seconds here.
 SHORT = {
-    ("language-models.md", "python -m chain mode=e2e model=gpt"):
+    ("language-models.md", "python -m chain mode=e2e model=gpt model.width=128"):
         "trainer.steps=3 optim.warmup_steps=1 trainer.log_every=1 data.val_fraction=0.001 trainer.progress=false",
 }
 

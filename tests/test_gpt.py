@@ -91,7 +91,7 @@ def test_gpt_with_its_tied_read_out_trains_like_one_device_with_copies_of_the_pi
 
 @pytest.mark.parametrize("overrides, message", [
     (["mode=local"], "model=gpt is one network trained by one per-token loss: it needs mode=e2e (is local)"),
-    (["data=digits"], "model=gpt reads token ids: it needs data=text or data=tokens (is data=digits)"),
+    (["data=digits"], "model=gpt reads token ids: it needs data=text, tokens, npz or tfrecord (is data=digits)"),
     (["model.seq_len=16"], "model.seq_len=16 differs from data.seq_len=8"),
     (["model.vocab=300"], "model.vocab=300 differs from data=text's 256 token ids"),
     (["model.heads=3"], "model.width=8 must be a multiple of model.heads=3"),

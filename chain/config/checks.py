@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from chain.config.schema import CUT_MODELS, MAX_BATCH, Gpt, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
-from chain.data import files
+from chain.data import files, token_ids
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, DeviceError, plural, there_are
 from chain.config.device_names import canonical
@@ -149,37 +149,44 @@ def check_cut(s: Settings) -> None:
                           "give the layers of each stage")
 
 
-TOKEN_DATA = ("text", "tokens")  # the sources whose examples are windows of token ids (data.seq_len)
-
-
 def gpt(s: Settings) -> Settings:
-    """`model=gpt` learns the next token of token data end to end: mode=e2e on data=text or data=tokens, a
-    width its heads divide, and the data's window (`model.seq_len` null: `data.seq_len`, set here; else
-    equal). Returns `s` with every stage's `model.seq_len` settled; `s` itself for any other model."""
+    """`model=gpt` learns per-token targets of token ids end to end: mode=e2e on data=text, tokens, npz or
+    tfrecord (`(N, T)` integer ids: `chain.data.token_ids`), a width its heads divide, and the data's window
+    (`model.seq_len` null: `data.seq_len`, or the arrays' T, set here; else equal). Returns `s` with every
+    stage's `model.seq_len` settled; `s` itself for any other model."""
     model = s.stages[0].model if s.stages else None
     if not isinstance(model, Gpt):
         return s
     if s.mode != "e2e":
         raise ConfigError(f"model=gpt is one network trained by one per-token loss: it needs mode=e2e (is {s.mode})")
-    if s.data.name not in TOKEN_DATA:
-        raise ConfigError(f"model=gpt reads token ids: it needs data=text or data=tokens (is data={s.data.name})")
     if model.width % model.heads:
         raise ConfigError(f"model.width={model.width} must be a multiple of model.heads={model.heads} (each head "
                           "takes width / heads of it)")
-    if model.seq_len is not None and model.seq_len != s.data.seq_len:
-        raise ConfigError(f"model.seq_len={model.seq_len} differs from data.seq_len={s.data.seq_len}, the window "
-                          f"the model reads: set one of them (model.seq_len=null takes the data's)")
-    return replace(s, stages=tuple(replace(st, model=replace(st.model, seq_len=s.data.seq_len))
+    seq_len = token_ids.ids(s.data).seq_len
+    if model.seq_len is not None and model.seq_len != seq_len:
+        given = f"data.seq_len={seq_len}" if s.data.name in token_ids.WINDOWED else \
+            f"data.x={s.data.x!r}'s {seq_len} ids per example"
+        raise ConfigError(f"model.seq_len={model.seq_len} differs from {given}, the window the model reads: set "
+                          "one of them (model.seq_len=null takes the data's)")
+    return replace(s, stages=tuple(replace(st, model=replace(st.model, seq_len=seq_len))
                                    if isinstance(st.model, Gpt) else st for st in s.stages))
 
 
 def gpt_vocab(s: Settings, info: DataInfo) -> None:
-    """`model=gpt`'s `vocab` is the data's number of token ids (its output width)."""
+    """`model=gpt`'s `vocab` is the data's number of token ids (its output width), and its target a label
+    per position of the window it reads."""
     model = s.stages[0].model if s.stages else None
-    classes = info.target(s.stages[-1].target).classes if s.stages else None
-    if isinstance(model, Gpt) and model.vocab != classes:
-        raise ConfigError(f"model.vocab={model.vocab} differs from data={info.name}'s {classes} token ids "
-                          f"(its target's classes): set model.vocab={classes}")
+    if not isinstance(model, Gpt):
+        return
+    target = info.target(s.stages[-1].target)
+    if model.vocab != target.classes:
+        given = f", or data.classes={{{target.name}: {model.vocab}}}" if info.name in token_ids.ARRAYS else ""
+        raise ConfigError(f"model.vocab={model.vocab} differs from data={info.name}'s {target.classes} token ids "
+                          f"(its target's classes): set model.vocab={target.classes}{given}")
+    if target.shape != (model.seq_len,):
+        raise ConfigError(f"model=gpt learns a label per position of its {model.seq_len} ids, but target "
+                          f"{target.name!r} of data={info.name} holds {target.shape or 'one label'} per example: "
+                          f"give an (N, {model.seq_len}) array of integer ids (e.g. the inputs one token on)")
 
 
 def check_side_by_side(s: Settings) -> None:

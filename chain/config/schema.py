@@ -175,15 +175,15 @@ def builder(key: str, raw: dict) -> Builder:
 @dataclass(frozen=True, kw_only=True)
 class Gpt:
     """The built-in decoder-only transformer (`chain.stages.gpt`): one Keras model cut into the chain's stages
-    like `model=keras` (`placement.split`/`balance`); mode=e2e on token data (data=text or data=tokens)."""
+    like `model=keras` (`placement.split`/`balance`); mode=e2e on token ids (data=text, tokens, npz, tfrecord)."""
 
     KIND: ClassVar[str] = "gpt"
     name: str = setting(string, "gpt: a decoder-only transformer cut into the stages")
     vocab: int = setting(integer(2, 1 << 24),
         "token ids 0..vocab-1 and the logits per position (256: bytes, data=text); must equal the data's classes")
     seq_len: int | None = setting(optional(integer(1, 1 << 20)),
-        "tokens per example (the learned position embedding's length); null: the data's data.seq_len, which it "
-        "must equal")
+        "tokens per example (the learned position embedding's length); null: the data's (data.seq_len, or T of "
+        "npz/tfrecord (N, T) ids), which it must equal")
     width: int = setting(integer(1, MAX_WIDTH), "the model's width (embedding size); a multiple of model.heads")
     depth: int = setting(integer(1, MAX_DEPTH), "transformer blocks")
     heads: int = setting(integer(1, 4096), "attention heads per block (each of width / heads)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from chain.data.catalog import label_shape
 from chain.data.chunks import CHUNK_BYTES, batched, chunk_rows, grouped, interleaved, permuted
 from chain.data.files import Member
 from chain.data.streamed import ArrayFiles, ArrayPart
@@ -82,7 +83,8 @@ def _decoded(files: ArrayFiles, part: ArrayPart):
     per block is instantiated again per block (about 2 ms of CPU each, measured)."""
     x_dtype = tf.as_dtype(input_dtype(part.x.dtype))  # integers stay integers
     decoders = [_decode(part.x, x_dtype, False)] + [
-        _decode(m, tf.int32 if classes else tf.float32, True) for m, (_, classes) in zip(part.ys, files.targets)]
+        _decode(m, tf.int32 if classes else tf.float32, not label_shape(m.shape[1:]))  # labels per position kept
+        for m, (_, classes) in zip(part.ys, files.targets)]
     names = [name for name, _ in files.targets]
     return lambda *records: (decoders[0](records[0]), {n: d(r) for n, d, r in zip(names, decoders[1:], records[1:])})
 

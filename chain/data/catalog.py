@@ -167,13 +167,16 @@ def name_targets(data, labels: list[tuple[str | None, np.ndarray, str]], by_valu
     return tuple(targets)
 
 
+def label_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A target's `Target.shape` from one example's labels' shape: () for one label (() or (1,)), else as is."""
+    return () if tuple(shape) in ((), (1,)) else tuple(shape)
+
+
 def _label_shape(a: np.ndarray, classes: int, where: str) -> tuple[int, ...]:
     """One example's labels in `a` (every example's, first axis): () for one label ((N,) or (N, 1)),
     `(seq,)` for a class label per position ((N, seq)); a value per position is not learned."""
-    shape = tuple(a.shape[1:])
-    if shape in ((), (1,)):
-        return ()
-    if len(shape) != 1 or not classes:
+    shape = label_shape(a.shape[1:])
+    if shape and (len(shape) != 1 or not classes):
         raise ConfigError(f"{where} has shape {tuple(a.shape)}; a target is one label or value per example "
                           "((N,) or (N, 1)), or one class label per position ((N, seq): integers)")
     return shape

@@ -80,19 +80,24 @@ def _damaged(path: str, path_key: str, member: str, e: BaseException) -> ConfigE
                        "write it again")
 
 
-def npz_shape(path: str, array: str, key: str, path_key: str) -> tuple[int, ...]:
-    """The shape of `array` in the `.npz` file `path`, read from its header (`key` names it in errors)."""
+def npz_header(path: str, array: str, key: str, path_key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of `array` in the `.npz` file `path`, read from its header (`key` names it in errors)."""
     member = _member(existing(path, path_key), array, key, path_key)
     try:
         with zipfile.ZipFile(path) as z, z.open(member) as f:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, _ = read(f)
+            shape, _, dtype = read(f)
     except _DAMAGE as e:
         raise _damaged(path, path_key, member, e) from None
     except ValueError as e:  # not a .npy header
         raise _damaged(path, path_key, member, e) from None
-    return tuple(shape)
+    return tuple(shape), np.dtype(dtype)
+
+
+def npz_shape(path: str, array: str, key: str, path_key: str) -> tuple[int, ...]:
+    """The shape of `array` in the `.npz` file `path`, read from its header (`key` names it in errors)."""
+    return npz_header(path, array, key, path_key)[0]
 
 
 def npz_array(path: str, array: str, key: str, path_key: str) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from chain.data import sources
-from chain.data.catalog import DataInfo, Target, input_shape, name_targets, split_info
+from chain.data.catalog import DataInfo, Target, input_shape, label_shape, name_targets, split_info
 from chain.data.data_source import Read
 from chain.data.shards import Shards
 from chain.data.streamed import ArrayFiles, CsvFiles, FunctionData, TokenFiles
@@ -81,7 +81,10 @@ def split(n: int, held: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _describe_read(data, read: Read) -> DataInfo:
     """The `DataInfo` of data only TensorFlow could read, from its arrays."""
-    labels = [(name, np.concatenate([y.reshape(-1)] + ([read.val[1][k].reshape(-1)] if read.val else [])),
+    def rows(y: np.ndarray) -> np.ndarray:  # a label per position ((N, seq)) keeps its shape: the target's
+        return y.reshape(len(y), *label_shape(y.shape[1:]))
+
+    labels = [(name, np.concatenate([rows(y)] + ([rows(read.val[1][k])] if read.val else [])),
                read.where[k + 1]) for k, (name, y) in enumerate(zip(read.names, read.ys))]
     targets = name_targets(data, labels)
     shape = input_shape(read.x.shape, read.where[0])

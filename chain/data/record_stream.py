@@ -23,6 +23,7 @@ import re
 import tensorflow as tf
 
 from chain.data import tfrecord_files
+from chain.data.catalog import label_shape
 from chain.data.chunks import PARALLEL, batched, chunk_rows, grouped, interleaved, permuted
 from chain.data.shards import Shards
 from chain.errors import first_line
@@ -114,7 +115,8 @@ def _parse_chunk(shards: Shards, skip: bool):
                 return tf.reshape(values, [n, *features[name][1]])
 
             x = dense(shards.x)  # float32, or int64 (token ids, kept whole: float32 is exact only below 2^24)
-            ys = {name: tf.cast(tf.reshape(dense(key), [n]), tf.int32 if classes else tf.float32)
+            ys = {name: tf.cast(tf.reshape(dense(key), [n, *label_shape(features[key][1])]),  # per position: kept
+                                tf.int32 if classes else tf.float32)
                   for name, key, classes in shards.targets}
         return (x, ys, ok) if skip else (x, ys)
 

@@ -19,7 +19,8 @@ from omegaconf import DictConfig
 
 from chain import data
 from chain.config import Settings
-from chain.data import stream_shares
+from chain.config.schema import Gpt
+from chain.data import stream_shares, token_ids
 from chain.planning import cluster, devices, fit, planner
 from chain.planning.planner import Placement
 from chain.prepared import RunSpec, prepare, with_loaded_data
@@ -92,6 +93,9 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     dataset = data.load(settings.data, settings.seed, spec.data_info)
     spec = with_loaded_data(spec, dataset.info)
     settings, placement = spec.settings, spec.placement
+    if isinstance(settings.stages[0].model, Gpt):  # the user's arrays of ids: each within the vocabulary
+        token_ids.check(settings.data, dataset.x, dataset.val_x, dataset.shards, settings.stages[0].model.vocab,
+                        dataset.target(settings.stages[-1].target).name)
     if dataset.shards is not None and placement.layout == planner.MIRRORED:  # each replica streams its own files
         stream_shares.check_files(dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "files", None))
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew

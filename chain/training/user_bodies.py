@@ -62,10 +62,11 @@ def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
 
 def gpt_model(settings: Settings) -> keras.Model:
     """`model=gpt`'s transformer (`chain.stages.gpt`), taking ids of the width the data gives them."""
+    from chain.data.token_ids import ids as token_ids
     from chain.data.verify import input_dtype
     from chain.stages import gpt
 
-    ids = input_dtype(getattr(settings.data, "dtype", "uint8"))  # data=text: bytes (int32)
+    ids = input_dtype(token_ids(settings.data).dtype)  # as the data's stream gives them (bytes: int32)
     return gpt.build(settings.stages[0].model, ids.name)
 
 

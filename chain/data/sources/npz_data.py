@@ -21,7 +21,7 @@ import numpy as np
 
 from chain.data import files
 from chain.data.catalog import DataInfo, Target, held_out, input_shape, name_targets, split_info, target_keys
-from chain.data.catalog import no_other_classes, stream_classes
+from chain.data.catalog import label_shape, no_other_classes, stream_classes
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.streamed import ArrayFiles, ArrayPart
 from chain.errors import ConfigError
@@ -67,7 +67,8 @@ def describe(data: Npz) -> DataInfo:
     from their dtypes and `data.classes`, read from the headers alone)."""
     if data.stream:
         s = shards(data)
-        return DataInfo("npz", s.train.x.shape[1:], s.examples, tuple(Target(n, c) for n, c in s.targets),
+        return DataInfo("npz", s.train.x.shape[1:], s.examples,
+                        tuple(Target(n, c, label_shape(y.shape[1:])) for (n, c), y in zip(s.targets, s.train.ys)),
                         s.val_examples)
     counts, shape = [], ()
     labels: dict[str, list] = {}
@@ -111,10 +112,11 @@ def _part(data: Npz, path: str, path_key: str) -> tuple[ArrayPart, tuple[tuple[s
     given, ys, targets = dict(data.classes or ()), [], []
     for name, key, where in target_keys(data):
         y = files.npz_member(path, key, where, path_key)
-        if y.shape not in ((x.shape[0],), (x.shape[0], 1)):
-            raise ConfigError(f"{where}={key!r} of {path} has shape {y.shape}; a target holds one value per example "
-                              f"of data.x ({x.shape[0]},)")
         integral = np.dtype(y.dtype).kind in "iub"
+        labels = label_shape(y.shape[1:])
+        if y.shape[:1] != x.shape[:1] or len(labels) > 1 or (labels and not integral):
+            raise ConfigError(f"{where}={key!r} of {path} has shape {y.shape}; a target holds one value per example "
+                              f"of data.x ({x.shape[0]},), or one class label per position ((N, seq): integers)")
         name = name or ("label" if integral else "value")
         classes = stream_classes(given, name, f"the number of classes of {where}={key!r} is known only after "
                                  "reading every label", needed=integral)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from chain.data import files, tfrecord_files
-from chain.data.catalog import (DataInfo, Target, no_other_classes, split_size, stream_classes, target_keys,
-                                val_fraction)
+from chain.data.catalog import (DataInfo, Target, label_shape, no_other_classes, split_size, stream_classes,
+                                target_keys, val_fraction)
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.shards import Shards, count, none_empty
 from chain.errors import ConfigError
@@ -58,7 +58,8 @@ def describe(data: TFRecord) -> None:
     if data.stream:
         s = shards(data)
         return DataInfo("tfrecord", tuple(features[data.x][1]), s.examples,
-                        tuple(Target(name, classes) for name, _, classes in s.targets), s.val_examples)
+                        tuple(Target(name, classes, label_shape(features[key][1])) for name, key, classes in s.targets),
+                        s.val_examples)
     for key, pattern in (("data.files", data.files), ("data.val_files", data.val_files)):
         for path in files.matching(pattern, key) if pattern is not None else ():
             _first_as_declared(path, data.features, key)  # TensorFlow's parser would not name the file
@@ -72,9 +73,10 @@ def _stream_targets(data: TFRecord) -> tuple[tuple[str, str, int], ...]:
     out = []
     for name, key, where in target_keys(data):
         dtype, shape = features[key]
-        if shape not in ((), (1,)):
+        labels = label_shape(shape)
+        if len(labels) > 1 or (labels and dtype != "int64"):
             raise ConfigError(f"{where}={key!r} is declared {dtype}{list(shape)}; a target holds one value per "
-                              "example (int64 or float32)")
+                              "example (int64 or float32), or one class label per position (int64[seq])")
         name = name or ("label" if dtype == "int64" else "value")
         classes = stream_classes(given, name, f"the number of classes of {where}={key!r} is known only after "
                                  "reading every record", needed=dtype == "int64")

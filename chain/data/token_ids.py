@@ -1,0 +1,90 @@
+"""The token ids a data set gives `model=gpt`: how many per example (the window, `seq_len`) and their type,
+known without loading them, for every form of token data: windows of a token file or of text (`data=tokens`,
+`data=text`: `data.seq_len`) and the user's `(N, T)` arrays of ids (`data=npz`: the header of `data.x`;
+`data=tfrecord`: its declared feature), whose targets are the user's own `(N, T)` labels (nothing is
+shifted here: a window's targets one token on are what `data=tokens` makes).
+
+`ids(data)` refuses in one line an input that is not one row of integer ids per example (float ids: a model
+of token ids would round them), and `check` ids of the user's arrays outside `[0, vocab)`, naming the key
+and the file. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from chain.data import files
+from chain.data.catalog import target_keys
+from chain.data.streamed import ArrayFiles
+from chain.errors import ConfigError
+
+WINDOWED = ("text", "tokens")  # examples are windows of a token stream, `data.seq_len` ids each
+ARRAYS = ("npz", "tfrecord")  # examples are the rows of the user's (N, T) integer arrays
+
+
+@dataclass(frozen=True)
+class Ids:
+    """An example's token ids: `seq_len` of them, stored as `dtype` (NumPy's name; TFRecord: int64)."""
+
+    seq_len: int
+    dtype: str
+
+
+def ids(data) -> Ids:
+    """The ids `data` gives per example; one line when its inputs are not `(N, T)` integer ids."""
+    if data.name in WINDOWED:
+        return Ids(data.seq_len, getattr(data, "dtype", "uint8"))  # data=text: bytes
+    if data.name == "npz":
+        shape, dtype = files.npz_header(data.path, data.x, "data.x", "data.path")
+        where, held = f"data.x={data.x!r} of {data.path}", f"{dtype} of shape {shape}"
+    elif data.name == "tfrecord":
+        dtype_name, per_example = dict(data.features)[data.x]
+        shape, dtype = ("N", *per_example), np.dtype(np.int64 if dtype_name == "int64" else np.float32)
+        where, held = f"data.x={data.x!r} (data.features)", f"{dtype_name}{list(per_example)} per example"
+    else:
+        raise ConfigError(f"model=gpt reads token ids: it needs data=text, tokens, npz or tfrecord (is data={data.name})")
+    if dtype.kind not in "iu" or len(shape) != 2:
+        raise ConfigError(f"model=gpt reads token ids, one row of integer ids per example ((N, T)), but {where} holds "
+                          f"{held}; give integer ids (e.g. np.int32)")
+    return Ids(int(shape[1]), dtype.name)
+
+
+def in_vocab(x: np.ndarray, vocab: int, where: str) -> None:
+    """One line naming `where` (the key and file) when an id of `x` is outside `[0, vocab)`."""
+    low, top = (int(x.min()), int(x.max())) if x.size else (0, 0)
+    if low < 0 or top >= vocab:
+        raise ConfigError(f"{where} holds the id {low if low < 0 else top}; model.vocab={vocab} takes ids "
+                          f"0..{vocab - 1}: give model.vocab (and data.classes) the largest id + 1 or more")
+
+
+def _in_place(member: files.Member, vocab: int, where: str) -> None:
+    """`in_vocab` of an `.npz` member read in place (a stream's), a block of rows at a time."""
+    rows = np.memmap(member.path, np.dtype(member.dtype), "r", member.offset, member.shape)
+    step = max(1, (1 << 24) // max(1, math.prod(member.shape[1:])))
+    for i in range(0, len(rows), step):
+        in_vocab(np.asarray(rows[i:i + step]), vocab, where)
+
+
+def check(data, x: np.ndarray | None, val_x: np.ndarray | None, shards, vocab: int, target: str) -> None:
+    """The user's arrays of ids (`data=npz`, `data=tfrecord`) within `[0, vocab)`, before training: the
+    loaded inputs `x` and `val_x` (their targets are checked as every class label is), or a streamed
+    `.npz` file's inputs and `target` (the one `model=gpt` learns), read in place once. A streamed TFRecord
+    is read only while training: its ids are not checked up front (TensorFlow's lookup stops the step)."""
+    if data.name not in ARRAYS:
+        return
+    if x is not None:
+        own = f"data.x={data.x!r} of {getattr(data, 'path', None) or data.files}"
+        in_vocab(x, vocab, own)
+        if val_x is not None:
+            val = getattr(data, "val_path", None) or getattr(data, "val_files", None)
+            in_vocab(val_x, vocab, f"data.x={data.x!r} of {val}" if val else own)
+    elif isinstance(shards, ArrayFiles):
+        learned = [name for name, _ in shards.targets].index(target)
+        key = [f"{where}={key!r}" for _, key, where in target_keys(data)][learned]
+        members = {m: k for part in (shards.train, shards.val) if part is not None  # data.path's validation rows:
+                   for m, k in ((part.x, f"data.x={data.x!r}"), (part.ys[learned], key))}  # the same members
+        for member, k in members.items():
+            _in_place(member, vocab, f"{k} of {member.path}")
