@@ -252,11 +252,12 @@ def test_when_nothing_fits_plan_auto_refuses_in_one_line_naming_the_shortfall():
 
 
 def gpt_config(tmp_path) -> list[str]:
-    """A tiny `model=gpt` on a text file's bytes, planned by plan=auto."""
+    """A tiny `model=gpt` on a text file's bytes, planned by plan=auto (a batch of 2: at most 2 microbatches or
+    copies, so whichever plan the timings choose is quick to build and train)."""
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
     return ["model=gpt", "model.width=8", "model.depth=2", "model.heads=2", "data=text", f"data.files={text}",
-            "data.seq_len=8", "data.batch_size=8", "data.val_fraction=0", "mode=e2e", "optim=sgd", "optim.lr=0.1",
+            "data.seq_len=8", "data.batch_size=2", "data.val_fraction=0", "mode=e2e", "optim=sgd", "optim.lr=0.1",
             "trainer.progress=false", "checkpoint.export=false", "placement.plan_budget_s=0.05",
             "placement.plan=auto"]
 

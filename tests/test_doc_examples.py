@@ -139,6 +139,12 @@ SHOWN = {
 TEXT = {
     ("pipeline.md", "note: pipeline.add_loss=per_microbatch"): "a cut MoE's note (tests/test_keras_hub.py, "
                                                                 "tests/test_regularization.py)",
+    ("pipeline.md", "planning: measurements read from the run directory's"): "plan=auto's cache read by a resume "
+                                                                              "(times and keys of one run: "
+                                                                              "tests/test_auto_plan.py)",
+    ("pipeline.md", "planning: measured in 1.0 s (the run directory's"): "plan=auto's cache of another model "
+                                                                         "(times and keys of one run: "
+                                                                         "tests/test_auto_plan.py)",
     ("architecture.md", "command line / chain.compose"): "a diagram of the layers",
     ("index.md", "chain/"): "the source tree",
     ("run-directory.md", "outputs/DATE/TIME/"): "the run directory's files",

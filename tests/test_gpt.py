@@ -171,6 +171,22 @@ def test_the_exports_load_with_plain_keras_in_a_fresh_interpreter_after_import_c
     np.testing.assert_allclose(np.array(json.loads(out.stdout.splitlines()[-1])), here, rtol=1e-5, atol=1e-6)
 
 
+def test_a_module_of_chain_that_imports_keras_first_registers_chains_classes_without_an_import_cycle():
+    """Keras' import may end inside the import of any module of chain (here `chain.stages.stage`, the first to
+    import Keras): registering chain's classes then imports only `chain.stages.savable`, never a module half
+    imported (before, `chain.stages.cut` imported the half-imported `stage`: ImportError)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import chain.stages.stage, keras\n"
+            "names = keras.saving.get_custom_objects()\n"
+            "assert all(f'chain>{n}' in names for n in ('TokenEmbedding', 'Lent', 'MaskOf', 'WithMask', 'Warmup'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_generate_samples_reproducibly_at_a_temperature_and_crops_a_long_prompt(trained):
     runs = [generate(trained, "run", "--prompt", "the lazy dog jumps", "--tokens", "20", "--temperature", "1.5",
                      "--seed", str(seed)) for seed in (1, 1, 2)]

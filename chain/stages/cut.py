@@ -43,7 +43,8 @@ from chain.internals.keras_private import (graph_nodes, keras_mask, move_variabl
                                            untrack_sublayer)
 from chain.planning import balance
 from chain.stages.bodies import Body
-from chain.stages.masks import MaskOf, WithMask, carried
+from chain.stages.masks import carried
+from chain.stages.savable import Lent, MaskOf, WithMask
 from chain.stages.named_inputs import named
 from chain.stages.stage import SharedCopy
 
@@ -558,36 +559,6 @@ def _run_ops(c: Cuttable, after: int, made: dict[int, Any]) -> None:
     for node in c.ops.get(after, []):
         args, kwargs = node.arguments.fill_in(made)
         made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(node.operation(*args, **kwargs)))})
-
-
-@keras.saving.register_keras_serializable(package="chain")
-class Lent(keras.layers.Layer):
-    """An earlier stage's clone on this stage's device, called again here (keras_hub's
-    `token_embedding(h, reverse=True)` on a later stage of the same device): the stage's model calls
-    it through this layer, which does not hold it, so its variable stays the earlier stage's (that
-    stage's optimizer and checkpoint) and this stage borrows it (`Stage.borrowed`). The stage's own
-    file (`stage_NN.keras`, the stage as it computes) saves the layer and its weights with it."""
-
-    def __init__(self, layer: keras.layers.Layer, **kwargs):
-        kwargs.setdefault("name", f"{layer.name}_lent")
-        super().__init__(dtype=layer.dtype_policy, **{k: v for k, v in kwargs.items() if k != "dtype"})
-        self.layer = layer
-        untrack_sublayer(self, layer)  # its weights are not this layer's (nor the stage model's)
-        untrack_attribute(self, "layer")  # nor in this stage's checkpoint
-        self.built = True
-
-    def call(self, inputs, **kwargs):
-        return self.layer(inputs, **kwargs)
-
-    def compute_output_spec(self, inputs, **kwargs):  # the lent layer's own (Keras' tracing of `call` failed
-        return self.layer.compute_output_spec(inputs, **kwargs)  # on T5's read-out)
-
-    def get_config(self) -> dict:
-        return {**super().get_config(), "layer": keras.saving.serialize_keras_object(self.layer)}
-
-    @classmethod
-    def from_config(cls, config: dict) -> "Lent":
-        return cls(keras.saving.deserialize_keras_object(config.pop("layer")), **config)
 
 
 class Piece:

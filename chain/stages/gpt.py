@@ -20,31 +20,10 @@ import keras
 from keras import ops
 
 from chain.config.schema import Gpt
+from chain.stages.savable import TokenEmbedding
 
 INIT_STDDEV = 0.02  # GPT-2's initial weights: normal, standard deviation 0.02
 NORM_EPSILON = 1e-5
-
-
-@keras.saving.register_keras_serializable(package="chain")
-class TokenEmbedding(keras.layers.Embedding):
-    """`keras.layers.Embedding` that also reads out: `layer(h, reverse=True)` is `h @ embeddings^T`,
-    logits over the vocabulary from the same weight (keras_hub's `ReversibleEmbedding` call, without its
-    extras), so a tied model stays a Keras functional model the cut can split."""
-
-    def call(self, inputs, reverse: bool = False):
-        if reverse:
-            return ops.matmul(ops.cast(inputs, self.compute_dtype), ops.transpose(ops.cast(self.embeddings,
-                                                                                          self.compute_dtype)))
-        return super().call(inputs)
-
-    def compute_output_shape(self, input_shape, reverse: bool = False):
-        if reverse:
-            return (*tuple(input_shape)[:-1], self.input_dim)
-        return super().compute_output_shape(input_shape)
-
-    def compute_output_spec(self, inputs, reverse: bool = False):
-        shape = self.compute_output_shape(inputs.shape, reverse=reverse)
-        return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
 
 def build(spec: Gpt, input_dtype: str = "int32") -> keras.Model:

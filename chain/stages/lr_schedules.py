@@ -22,37 +22,7 @@ import keras
 from typing import Callable, Sequence
 
 from chain.config.schema import Recipe
-
-
-@keras.saving.register_keras_serializable(package="chain")
-class Warmup(keras.optimizers.schedules.LearningRateSchedule):
-    """A linear warm-up from 0 to `peak` over `steps` steps (Keras' `CosineDecay` formula), then
-    `after` (a schedule, or None: `peak`) counted from the warm-up's end."""
-
-    def __init__(self, peak: float, steps: int, after: keras.optimizers.schedules.LearningRateSchedule | None = None):
-        super().__init__()
-        self.peak, self.steps, self.after = peak, steps, after
-
-    def __call__(self, step):
-        from keras import ops
-
-        peak = ops.convert_to_tensor(self.peak)
-        step = ops.cast(step, peak.dtype)
-        if self.steps == 0:
-            return peak if self.after is None else self.after(step)
-        warm = ops.cast(self.steps, peak.dtype)
-        rest = (lambda: peak) if self.after is None else (lambda: self.after(step - warm))
-        return ops.cond(step < warm, lambda: peak * (step / warm), rest)
-
-    def get_config(self) -> dict:
-        return {"peak": self.peak, "steps": self.steps,
-                "after": None if self.after is None else keras.optimizers.schedules.serialize(self.after)}
-
-    @classmethod
-    def from_config(cls, config: dict) -> "Warmup":
-        args = dict(config)  # get_config's keys are the constructor's
-        after = args.pop("after", None)
-        return cls(**args, after=None if after is None else keras.optimizers.schedules.deserialize(after))
+from chain.stages.savable import Warmup
 
 
 def learning_rate(spec: Recipe) -> float | keras.optimizers.schedules.LearningRateSchedule:

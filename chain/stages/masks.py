@@ -23,28 +23,6 @@ from chain.errors import ConfigError, first_line
 from chain.internals.keras_private import keras_mask, plain_functional, run_nodes
 
 
-@keras.saving.register_keras_serializable(package="chain")
-class MaskOf(keras.layers.Layer):
-    """The implicit mask Keras attached to the tensor this layer is called on (a boolean tensor)."""
-
-    def call(self, inputs, mask=None):
-        return mask
-
-    def compute_mask(self, inputs, mask=None):
-        return None
-
-
-@keras.saving.register_keras_serializable(package="chain")
-class WithMask(keras.layers.Layer):
-    """`[tensor, mask]` -> the tensor, carrying `mask` as its implicit Keras mask again."""
-
-    def call(self, inputs):
-        return inputs[0]
-
-    def compute_mask(self, inputs, mask=None):
-        return inputs[1]
-
-
 PROBE_LENGTH = 4  # a sequence axis of open size (None) in the probe batch
 
 

@@ -1,7 +1,6 @@
-"""The Keras classes of chain's own that its saved files hold, registered with Keras by `import chain`:
-`model=gpt`'s `TokenEmbedding` (`gpt`), a cut model's borrowed layer `Lent` (`cut`) and its mask layers
-(`masks`), the warm-up schedule (`lr_schedules`). A run's exports (`chain.keras`, `stage_NN.keras`) then
-load with plain `keras.models.load_model` in any process that imported chain, before Keras or after it.
+"""The Keras classes of chain's own that its saved files hold (`chain.stages.savable`), registered with
+Keras by `import chain`. A run's exports (`chain.keras`, `stage_NN.keras`) then load with plain
+`keras.models.load_model` in any process that imported chain, before Keras or after it.
 
 Keras 3 finds a custom class only in its registry (a file names the class's module, but Keras imports
 a module itself only from its own packages: keras, keras_hub), and registering takes the class, so
@@ -17,9 +16,9 @@ import sys
 
 
 def register() -> None:
-    """Import the modules of chain's saved classes (Keras imported): their decorators
+    """Import the module of chain's saved classes (Keras imported): its decorators
     (`@keras.saving.register_keras_serializable(package="chain")`) register them."""
-    from chain.stages import cut, gpt, lr_schedules, masks  # noqa: F401
+    from chain.stages import savable  # noqa: F401
 
 
 class _AfterKeras(importlib.abc.MetaPathFinder):
