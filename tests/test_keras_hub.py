@@ -123,20 +123,22 @@ def test_gpt2_tied_embedding_on_two_stages_of_one_device_is_one_variable_and_tra
 BLOCKS = ("transformer_layer_", "decoder_block_")  # the transformer blocks' names in these models
 
 
-def between_blocks(make, stages: int) -> list[str]:
-    """2 stages: `placement.split` cutting between the two transformer blocks (`even` keeps both on stage 0,
-    the cut after them being the one where a single tensor crosses); 4 stages: `even` cuts between them."""
+def between_blocks(make, stages: int, blocks: tuple[str, ...] = BLOCKS) -> list[str]:
+    """2 stages: `placement.split` cutting between the first two transformer blocks (their names begin with one
+    of `blocks`; `even` keeps both on stage 0, the cut after them being the one where a single tensor crosses);
+    4 stages: `even` cuts between them."""
     if stages != 2:
         return []
     from chain.stages.cut import analyse
 
     layers = [layer.name for layer in analyse(make(), "model").layers]
-    first = [i for i, n in enumerate(layers) if n.startswith(BLOCKS)][1]
+    first = [i for i, n in enumerate(layers) if n.startswith(blocks)][1]
     return [f"placement.split=[{first},{len(layers) - first}]"]
 
 
 def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overrides=(), per_token: bool = False,
-                                   adam: bool = False, tied: str = "token_embedding/embeddings", numbered: str = ""):
+                                   adam: bool = False, tied: str = "token_embedding/embeddings", numbered: str = "",
+                                   base: list[str] | None = None):
     """`make()` cut into `stages` under `schedule`: predictions equal `model.predict` on padded inputs, and
     3 steps equal Keras' own `train_on_batch` (losses and every weight within 1e-5), the weight `tied` (its path)
     moved by them (`numbered`: `assert_trained_like_keras`'s); returns the run.
@@ -147,12 +149,14 @@ def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overr
     Embedding's sparse gradient is the reference (docs/optimizers.md): `keras.optimizers.Adam` under
     `optim.fused=false`, and under the fused default Keras' Adam whose dense update is TensorFlow's kernel
     (`chain.stages.fused.FusedAdam`: the kernel rounds `1 - beta` apart from Keras, which moves a weight of
-    BERT by 1.25e-5 of Keras' Adam after 3 steps, on one device as in the chain); SGD otherwise."""
+    BERT by 1.25e-5 of Keras' Adam after 3 steps, on one device as in the chain); SGD otherwise.
+    `base`: the run's config instead of `RUN` (a data set whose examples fit a model of one image input)."""
     model = make()
     target = "next" if per_token else "label"
     optim = ["optim=adam", f"optim.lr={ADAM_LR}"] if adam else ["optim=sgd", "optim.lr=0.1"]
-    run = chain.build(chain.compose([f"+stages={stages}", f"pipeline.schedule={schedule}",
-                                     *(per_token_data() if per_token else RUN), *optim, *overrides]), model=model)
+    base = base or (per_token_data() if per_token else RUN)
+    run = chain.build(chain.compose([f"+stages={stages}", f"pipeline.schedule={schedule}", *base, *optim,
+                                     *overrides]), model=model)
     x = data[0][0]
     np.testing.assert_allclose(run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0),
                                rtol=0, atol=1e-6)
@@ -527,9 +531,15 @@ def test_gpt2_causal_lm_is_planned_by_plan_auto_and_trains_bit_for_bit_like_its_
 def shipped(seed: int, backbone: type, task: type, **config) -> keras.Model:
     """keras_hub's `task` as shipped (no preprocessor) over a tiny `backbone(**config)` of random weights."""
     keras.utils.set_random_seed(seed)
-    tiny = {"vocabulary_size": VOCAB, "num_layers": 1, "num_heads": 2, "hidden_dim": 8, "intermediate_dim": 16,
-            "dropout": 0.0}
-    return task(backbone=backbone(**{**tiny, **config}), preprocessor=None)
+    return task(backbone=tiny(backbone, **config), preprocessor=None)
+
+
+def tiny(backbone: type, **config) -> keras.Model:
+    """`backbone` from a tiny config (random weights, the caller's seed): `config` over 1 block of width 8; a key
+    `config` gives as None is left out (a backbone without it: Falcon's `num_heads`)."""
+    small = {"vocabulary_size": VOCAB, "num_layers": 1, "num_heads": 2, "hidden_dim": 8, "intermediate_dim": 16,
+             "dropout": 0.0}
+    return backbone(**{k: v for k, v in {**small, **config}.items() if v is not None})
 
 
 def opt_lm() -> keras.Model:
