@@ -105,7 +105,6 @@ def stages(run_dir: str, vocab: int | None) -> list[Any]:
     they do not make a model of ids to logits per position (`vocab` of them, when given)."""
     import keras
 
-    from chain.stages import gpt  # noqa: F401 - registers model=gpt's TokenEmbedding for load_model
     from chain.stages.stage import stage_name
 
     models = []

@@ -34,7 +34,7 @@ import contextlib
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import keras
 
@@ -348,6 +348,27 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
         raise ConfigError(f"{name}: its output is not its last layer's ({layers[-1].name!r}); "
                           "a model cut into stages ends in its last layer")
     use(out, len(layers), "the model's output")
+    crossing, blocked, source = _crossings(layers, nodes, made, last_use)
+    allowed = [c for c in range(1, len(layers)) if c not in blocked]
+    boundary = {0: list(graph.inputs), len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
+    masked, refused = frozenset(), {}
+
+    def recorded(t: int) -> bool:
+        return keras_mask(tensors[t]) is not None
+    if any(recorded(t) for ts in crossing.values() for t in ts):  # the graph's record: which ones Keras carries
+        where = {id(n): i for i, n in enumerate(nodes)} | {id(n): p for p, ns in ops.items() for n in ns}
+        masked, refused = carried(graph, crossing, where, key, source, recorded, name)
+        allowed = [c for c in allowed if c not in refused]
+    shape = tuple(model.inputs[0].shape[1:])
+    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, {**refused, **blocked}, tied, ops=ops,
+                    masked=masked, refused=refused, alias=alias, within=_within(layers, tied))
+
+
+def _crossings(layers: list[Any], nodes: list[Any], made: dict[int, tuple[int, int]], last_use: dict[int, tuple[int, str]]
+               ) -> tuple[dict[int, list[int]], dict[int, str], Callable[[int], str]]:
+    """The tensors (ids) crossing each cut (before layer c, 1 <= c < len(layers)), given each tensor's
+    (producer, output k) and (last consumer, its name); the cuts blocked and why (a tensor skips over it, or
+    several cross it); and `source`, a tensor's producer in words."""
     crossing: dict[int, list[int]] = {c: [] for c in range(1, len(layers))}
     blocked: dict[int, str] = {}
 
@@ -366,19 +387,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
     for c, ts in crossing.items():
         if len(ts) > 1:
             blocked.setdefault(c, f"layer {layers[c - 1].name!r} (layer {c - 1}) passes {len(ts)} tensors across it")
-    allowed = [c for c in range(1, len(layers)) if c not in blocked]
-    boundary = {0: list(graph.inputs), len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
-    masked, refused = frozenset(), {}
-
-    def recorded(t: int) -> bool:
-        return keras_mask(tensors[t]) is not None
-    if any(recorded(t) for ts in crossing.values() for t in ts):  # the graph's record: which ones Keras carries
-        where = {id(n): i for i, n in enumerate(nodes)} | {id(n): p for p, ns in ops.items() for n in ns}
-        masked, refused = carried(graph, crossing, where, key, source, recorded, name)
-        allowed = [c for c in allowed if c not in refused]
-    shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, {**refused, **blocked}, tied, ops=ops,
-                    masked=masked, refused=refused, alias=alias, within=_within(layers, tied))
+    return crossing, blocked, source
 
 
 def fits(shape: Sequence[int | None], data: Sequence[int]) -> bool:
@@ -649,12 +658,25 @@ class Piece:
             _check_retied(c, layer, clone, holder)
             clones.append((i, clone, layer))
             _run_ops(c, i, made)
+        model = keras.Model(inputs, self._outputs(made), name=name)
+        self.shared, self.borrowed = self._held(clones, again_lent, lent)
+        return model
+
+    def _outputs(self, made: Made) -> Any:
+        """The stage model's output: each tensor crossing its end, then its implicit mask (if it carries one)."""
         leaves = []
-        for t in c.boundary[end]:  # each crossing tensor, then its implicit mask (if it carries one)
+        for t in self.c.boundary[self.end]:
             leaves.append(made[id(t)])
-            if (end, id(t)) in c.masked:
+            if (self.end, id(t)) in self.c.masked:
                 leaves.append(MaskOf(name=f"mask_of_{len(leaves) - 1}")(made[id(t)]))
-        model = keras.Model(inputs, leaves[0] if len(leaves) == 1 else leaves, name=name)
+        return leaves[0] if len(leaves) == 1 else leaves
+
+    def _held(self, clones: list[tuple[int, keras.layers.Layer, keras.layers.Layer]],
+              again_lent: list[keras.layers.Layer], lent: dict[int, keras.layers.Layer]
+              ) -> tuple[tuple[SharedCopy, ...], tuple[SharedCopy, ...]]:
+        """The model's weights copied into `clones` (but those `lent` by an earlier stage's clone on this
+        device); this stage's copies of tied weights (`shared`) and the lent weights it calls (`borrowed`)."""
+        c = self.c
         shared: dict[str, SharedCopy] = {}
         borrowed: dict[str, SharedCopy] = {}
         for i, clone, layer in clones:
@@ -667,7 +689,7 @@ class Piece:
             for v, copy in zip(held, clone.weights):
                 if id(v) in c.tied:
                     shared.setdefault(v.path, SharedCopy(v.path, copy))
-            if self.device is not None and i >= start:  # this stage's own clone (not a copy of an earlier one's)
+            if self.device is not None and i >= self.start:  # this stage's own clone (not a copy of an earlier one's)
                 c.clones[self.device, i] = clone
         for layer in [x for _, _, x in clones] + again_lent:
             for v in layer.weights:
@@ -675,8 +697,7 @@ class Piece:
                 if owner in lent:
                     own = lent[owner].weights[[id(w) for w in c.layers[owner].weights].index(id(v))]
                     borrowed.setdefault(v.path, SharedCopy(v.path, own))
-        self.shared, self.borrowed = tuple(shared.values()), tuple(borrowed.values())
-        return model
+        return tuple(shared.values()), tuple(borrowed.values())
 
     def _inputs(self, input_shape: tuple) -> tuple[Any, dict[int, Any]]:
         """The stage model's input(s) (one tensor, or a list: several tensors and masks cross into it)
