@@ -56,12 +56,14 @@ def _one_line(fn: F) -> F:
     """`fn`, raising its `ChainError`s from here: the message says all a user can act on, so a
     notebook shows it under the user's own call, not under chain's internal frames (an error the
     user's code raised inside it stays attached as the cause, with its own traceback)."""
+
     @functools.wraps(fn)
     def api(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except ChainError as e:
             raise e.with_traceback(None)  # noqa: B904 (the cause, if any, is kept)
+
     return api  # type: ignore[return-value]
 
 

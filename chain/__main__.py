@@ -150,8 +150,9 @@ def show_plan(spec: RunSpec, overrides: list[str] | None = None) -> None:
         from chain.planning import fit
         from chain.planning.inventory import Inventory
 
-        print(fit.table(run.placement, run.placement.footprints, spec.inventory or Inventory(),
-                        unit=_unit(settings.mode)))
+        print(
+            fit.table(run.placement, run.placement.footprints, spec.inventory or Inventory(), unit=_unit(settings.mode))
+        )
     plan = run.strategy.plan_text(full=True)
     if plan:
         print(plan)
@@ -234,8 +235,10 @@ def _interrupted(step: int | None, run_dir: str) -> str:
     except ChainError:  # a directory Hydra cannot be given exactly: say it as it is
         pinned = f"hydra.run.dir={run_dir}"
     command = ["python", "-m", "chain", *kept, pinned, "resume=true"]
-    return (f"interrupted {where}; the newest complete checkpoint is step {saved} ({run_dir}); "
-            f"resume with: {shlex.join(command)}")
+    return (
+        f"interrupted {where}; the newest complete checkpoint is step {saved} ({run_dir}); "
+        f"resume with: {shlex.join(command)}"
+    )
 
 
 def _hydra_flags(args: list[str]) -> bool:

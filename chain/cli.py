@@ -22,8 +22,19 @@ HARMLESS = (
 # The loggers of the libraries under chain. Hydra's logging set-up (a command line's) puts the root logger at INFO,
 # which their INFO lines would then reach: matplotlib's font cache on a fresh machine, TensorFlow's checkpoint shards
 # (through absl), a mirrored step's "Reduce to ... then broadcast to". They stay at WARNING, as without Hydra.
-THIRD_PARTY = ("absl", "tensorflow", "keras", "keras_hub", "matplotlib", "PIL", "h5py", "urllib3", "filelock", "fsspec",
-               "huggingface_hub")
+THIRD_PARTY = (
+    "absl",
+    "tensorflow",
+    "keras",
+    "keras_hub",
+    "matplotlib",
+    "PIL",
+    "h5py",
+    "urllib3",
+    "filelock",
+    "fsspec",
+    "huggingface_hub",
+)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:

@@ -1,12 +1,12 @@
 """User-facing errors: one readable line, no traceback. The exit code says what kind.
 
-    2  bad input: a config, a device, a batch, a run directory in use, a checkpoint that
-       cannot be restored (ConfigError, DeviceError, CheckpointError, ...)
-    3  training stopped on a non-finite loss or gradient (chain.steps.numerics)
-    4  the file system failed during a run (StorageError): full, read-only, gone
-    5  a cluster worker was lost during a run (WorkerLost)
-    6  out of memory with the smallest batch allowed (OutOfMemory, mode=side_by_side)
-    7  no step completed for trainer.stall_s seconds, with trainer.stall_action=stop (Stalled)
+2  bad input: a config, a device, a batch, a run directory in use, a checkpoint that
+   cannot be restored (ConfigError, DeviceError, CheckpointError, ...)
+3  training stopped on a non-finite loss or gradient (chain.steps.numerics)
+4  the file system failed during a run (StorageError): full, read-only, gone
+5  a cluster worker was lost during a run (WorkerLost)
+6  out of memory with the smallest batch allowed (OutOfMemory, mode=side_by_side)
+7  no step completed for trainer.stall_s seconds, with trainer.stall_action=stop (Stalled)
 """
 
 from collections.abc import Iterable

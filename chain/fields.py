@@ -34,6 +34,7 @@ def is_int(v: Any) -> bool:
 
 def integer(minimum: int | None = None, maximum: int | None = None) -> Check:
     """An integer within [minimum, maximum] (either bound optional)."""
+
     def check(key: str, v: Any) -> int:
         if not is_int(v):
             raise ConfigError(f"{key}={v!r} must be an integer" + (f" >= {minimum}" if minimum is not None else ""))
@@ -46,9 +47,11 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Check:
     return check
 
 
-def number(positive: bool = False, minimum: float | None = None, below: float | None = None,
-           maximum: float | None = None) -> Check:
+def number(
+    positive: bool = False, minimum: float | None = None, below: float | None = None, maximum: float | None = None
+) -> Check:
     """A finite real number (ints accepted, returned as float) within the given bounds."""
+
     def check(key: str, v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"{key}={v!r} must be a number")
@@ -69,11 +72,13 @@ def number(positive: bool = False, minimum: float | None = None, below: float | 
 
 def power_of_two(key: str, v: Any) -> float:
     """A positive power of two (2**-k allowed), e.g. a loss scale: multiplying by it is exact."""
-    v = number(positive=True, maximum=2.0 ** 64)(key, v)
+    v = number(positive=True, maximum=2.0**64)(key, v)
     if math.frexp(v)[0] != 0.5:
         lower = 2.0 ** (math.frexp(v)[1] - 1)
-        raise ConfigError(f"{key}={v:g} must be a power of two (e.g. {lower:g} or {2 * lower:g}), "
-                          "so that scaling and unscaling gradients is exact")
+        raise ConfigError(
+            f"{key}={v:g} must be a power of two (e.g. {lower:g} or {2 * lower:g}), "
+            "so that scaling and unscaling gradients is exact"
+        )
     return v
 
 
@@ -85,6 +90,7 @@ def boolean(key: str, v: Any) -> bool:
 
 def choice(*allowed: str) -> Check:
     """One of `allowed`."""
+
     def check(key: str, v: Any) -> str:
         if v not in allowed:
             near = closest(v, allowed) if isinstance(v, str) else None
@@ -97,6 +103,7 @@ def choice(*allowed: str) -> Check:
 
 def optional(inner: Check) -> Check:
     """None, or what `inner` accepts."""
+
     def check(key: str, v: Any) -> Any:
         return None if v is None else inner(key, v)
 
@@ -111,6 +118,7 @@ def string(key: str, v: Any) -> str:
 
 def list_of(inner: Check, min_len: int = 0, max_len: int = 4096) -> Check:
     """A list (returned as a tuple) of `min_len` to `max_len` values, each checked by `inner`."""
+
     def check(key: str, v: Any) -> tuple:
         if not isinstance(v, (list, tuple)):
             raise ConfigError(f"{key}={v!r} must be a list, e.g. {key}=[a,b]")
@@ -160,6 +168,7 @@ def address(key: str, v: Any) -> str:
 def mapping(inner: Check, max_len: int = 4096) -> Check:
     """A mapping of names to values, each checked by `inner`; returned as a tuple of
     `(name, value)` pairs in the given order (hashable, like the rest of the settings)."""
+
     def check(key: str, v: Any) -> tuple:
         if not isinstance(v, dict):
             raise ConfigError(f"{key}={v!r} must be a mapping, e.g. {key}={{name: value}}")
@@ -178,6 +187,7 @@ UNSET = (None, "???")  # null, or Hydra's mandatory-value marker
 
 def required(inner: Check, example: str) -> Check:
     """A value that has no default: unset (null or `???`) is one line showing `example`."""
+
     def check(key: str, v: Any) -> Any:
         if v in UNSET:
             raise ConfigError(f"{key} is not set: {example}")
@@ -209,8 +219,10 @@ def feature(key: str, v: Any) -> tuple:
         ok = all(p.isdigit() and int(p) > 0 for p in parts)
         shape = tuple(int(p) for p in parts) if ok else ()
     if not ok:
-        raise ConfigError(f"{key}={v!r} must be a fixed-length feature: float32 or int64, with its shape in "
-                          "brackets unless it holds one value, e.g. float32[28,28,1] or int64")
+        raise ConfigError(
+            f"{key}={v!r} must be a fixed-length feature: float32 or int64, with its shape in "
+            "brackets unless it holds one value, e.g. float32[28,28,1] or int64"
+        )
     return dtype, shape
 
 

@@ -37,18 +37,27 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a process ended by SIGINT (
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse's usage-and-error pair, as one line
-        fail(f"{message}; usage: python -m chain.generate RUN_DIR --prompt TEXT [--tokens N] [--temperature T] "
-             "[--seed S]")
+        fail(
+            f"{message}; usage: python -m chain.generate RUN_DIR --prompt TEXT [--tokens N] [--temperature T] "
+            "[--seed S]"
+        )
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m chain.generate", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of python -m chain (its exported stages)")
-    p.add_argument("--prompt", required=True,
-                   help="the text the model continues (its UTF-8 bytes; a data=tokens run: ids separated by spaces)")
+    p.add_argument(
+        "--prompt",
+        required=True,
+        help="the text the model continues (its UTF-8 bytes; a data=tokens run: ids separated by spaces)",
+    )
     p.add_argument("--tokens", type=int, default=100, help="bytes (or ids) to generate (default 100)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0: the most likely byte each time (default); T > 0: drawn from softmax(logits / T)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: the most likely byte each time (default); T > 0: drawn from softmax(logits / T)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds the draws at temperature > 0 (default 0)")
     return p
 
@@ -70,7 +79,7 @@ def _request(argv: Sequence[str]) -> Request:
         fail(f"--tokens={a.tokens} must be at least 1")
     if not a.temperature >= 0 or not np.isfinite(a.temperature):
         fail(f"--temperature={a.temperature} must be a finite number >= 0 (0: greedy)")
-    if not 0 <= a.seed < 2 ** 32:
+    if not 0 <= a.seed < 2**32:
         fail(f"--seed={a.seed} must be an integer in [0, 2^32)")
     if not a.prompt:
         fail("--prompt is empty: give the text the model continues")
@@ -91,12 +100,16 @@ def _run_config(run_dir: str) -> str:
     cfg = OmegaConf.load(path)
     mode, data = OmegaConf.select(cfg, "mode"), OmegaConf.select(cfg, "data.name")
     if mode != "e2e" or data not in ("text", "tokens"):
-        fail(f"{run_dir} is not a language model's run (mode={mode}, data={data}): generate continues text with a "
-             "model trained by mode=e2e on data=text (or ids, on data=tokens), e.g. model=gpt")
+        fail(
+            f"{run_dir} is not a language model's run (mode={mode}, data={data}): generate continues text with a "
+            "model trained by mode=e2e on data=text (or ids, on data=tokens), e.g. model=gpt"
+        )
     tokenizer = OmegaConf.select(cfg, "data.tokenizer") if data == "text" else None
     if tokenizer is not None:  # its ids are a keras_hub tokenizer's, not bytes: a prompt's bytes would mean nothing
-        fail(f"{run_dir} learned data.tokenizer={tokenizer}'s ids, not bytes: generate continues a byte-level "
-             "model's text (data=text with data.tokenizer=null) or ids (data=tokens)")
+        fail(
+            f"{run_dir} learned data.tokenizer={tokenizer}'s ids, not bytes: generate continues a byte-level "
+            "model's text (data=text with data.tokenizer=null) or ids (data=tokens)"
+        )
     return data
 
 
@@ -114,15 +127,25 @@ def stages(run_dir: str, vocab: int | None) -> list[Any]:
         except Exception as e:  # Keras raises many kinds for a file it cannot read
             fail(f"{path} cannot be loaded: {first_line(e, typed=False)}")
     if not models:
-        fail(f"{run_dir} has no exported stages ({stage_name(0)}.keras ...): they are written when a run ends with "
-             "checkpoint.export=true (the default)")
+        fail(
+            f"{run_dir} has no exported stages ({stage_name(0)}.keras ...): they are written when a run ends with "
+            "checkpoint.export=true (the default)"
+        )
     inputs, outputs = models[0].inputs, models[-1].outputs
-    if len(inputs) != 1 or len(inputs[0].shape) != 2 or inputs[0].shape[1] is None \
-            or "int" not in str(inputs[0].dtype) or len(outputs) != 1 or len(outputs[0].shape) != 3 \
-            or (vocab is not None and outputs[0].shape[-1] != vocab):
-        fail(f"{run_dir}'s chain takes {[tuple(t.shape) for t in inputs]} and gives "
-             f"{[tuple(t.shape) for t in outputs]}: generate needs a model of integer ids (batch, seq_len) to "
-             f"logits per position (batch, seq_len, {vocab or 'vocab'})")
+    if (
+        len(inputs) != 1
+        or len(inputs[0].shape) != 2
+        or inputs[0].shape[1] is None
+        or "int" not in str(inputs[0].dtype)
+        or len(outputs) != 1
+        or len(outputs[0].shape) != 3
+        or (vocab is not None and outputs[0].shape[-1] != vocab)
+    ):
+        fail(
+            f"{run_dir}'s chain takes {[tuple(t.shape) for t in inputs]} and gives "
+            f"{[tuple(t.shape) for t in outputs]}: generate needs a model of integer ids (batch, seq_len) to "
+            f"logits per position (batch, seq_len, {vocab or 'vocab'})"
+        )
     return models
 
 
@@ -139,8 +162,9 @@ def locked_stages(run_dir: str, vocab: int | None) -> list[Any]:
         fail(str(e), e.exit_code)
 
 
-def continuation(models: Sequence[Any], prompt: Sequence[int], tokens: int, temperature: float, seed: int
-                 ) -> Iterator[int]:
+def continuation(
+    models: Sequence[Any], prompt: Sequence[int], tokens: int, temperature: float, seed: int
+) -> Iterator[int]:
     """`tokens` ids after `prompt` from the chain of `models` (byte ids -> logits per position), each as it is
     made: read at the context's last position, the context its last seq_len ids; greedy at temperature 0,
     else drawn from softmax(logits / temperature) by NumPy's generator seeded with `seed`."""
@@ -160,7 +184,7 @@ def continuation(models: Sequence[Any], prompt: Sequence[int], tokens: int, temp
     for _ in range(tokens):
         context = ids[-seq_len:]
         window = np.zeros((1, seq_len), dtype=str(dtype))
-        window[0, :len(context)] = context  # padded on the right: causal, no earlier position sees it
+        window[0, : len(context)] = context  # padded on the right: causal, no earlier position sees it
         row = logits(tf.constant(window)).numpy()[0, len(context) - 1].astype(np.float64)
         if temperature == 0:
             nxt = int(np.argmax(row))
@@ -208,8 +232,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if max(prompt) >= vocab:
             fail(f"--prompt holds the id {max(prompt)}, but the model's ids are 0..{vocab - 1}")
         if len(prompt) > seq_len:
-            print(f"note: the prompt is {plural(len(prompt), unit)}, the model reads {seq_len} (model.seq_len): it "
-                  f"continues the last {seq_len}", file=sys.stderr)
+            print(
+                f"note: the prompt is {plural(len(prompt), unit)}, the model reads {seq_len} (model.seq_len): it "
+                f"continues the last {seq_len}",
+                file=sys.stderr,
+            )
         printed = Printed(text)
         printed.add(prompt)
         for nxt in continuation(models, prompt[-seq_len:], r.tokens, r.temperature, r.seed):
@@ -233,8 +260,10 @@ def _ids(prompt: str) -> list[int]:
     try:
         ids = [int(word) for word in prompt.split()]
     except ValueError:
-        fail(f"--prompt={prompt!r}: a run on data=tokens (ids without a tokenizer) takes ids separated by spaces, "
-             "e.g. --prompt '464 2068 7586'")
+        fail(
+            f"--prompt={prompt!r}: a run on data=tokens (ids without a tokenizer) takes ids separated by spaces, "
+            "e.g. --prompt '464 2068 7586'"
+        )
     if not ids or min(ids) < 0:
         fail(f"--prompt={prompt!r}: give ids >= 0, separated by spaces")
     return ids

@@ -33,8 +33,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         report = restage(args[0], args[1], overrides)
     except ChainError as e:
         fail(str(e), e.exit_code)
-    print(f"restaged step {report['step']}: {plural(report['src_stages'], 'stage')} -> {plural(report['dst_stages'], 'stage')} "
-          f"({' '.join(report['overrides'])})")
+    print(
+        f"restaged step {report['step']}: {plural(report['src_stages'], 'stage')} -> {plural(report['dst_stages'], 'stage')} "
+        f"({' '.join(report['overrides'])})"
+    )
     for line in report["heads"]:
         print(f"  {line}")
     print(f"continue with: {report['resume_command']}")

@@ -79,8 +79,12 @@ def _job() -> dict:
 
     hydra = HydraConfig.get()
     run_dir = hydra.runtime.output_dir
-    return {"job": hydra.job.num, "overrides": list(hydra.overrides.task), "sweep_dir": os.path.abspath(hydra.sweep.dir),
-            "run_dir": os.path.abspath(run_dir) if os.path.isdir(run_dir) else None}
+    return {
+        "job": hydra.job.num,
+        "overrides": list(hydra.overrides.task),
+        "sweep_dir": os.path.abspath(hydra.sweep.dir),
+        "run_dir": os.path.abspath(run_dir) if os.path.isdir(run_dir) else None,
+    }
 
 
 def record(message: str, code: int) -> None:
@@ -119,8 +123,17 @@ def rows(outcomes: Sequence[JobOutcome], number: Callable[[float | None], str] =
     table = [header]
     for o in outcomes:
         vals = [" / ".join(number(v.get(m)) for v in o.val) if o.val else number(None) for m in metrics]
-        table.append([str(o.job), str(o.code), number(None) if o.steps is None else str(o.steps), number(o.loss),
-                      *vals, " ".join(o.overrides or ()), o.run_dir or number(None)])
+        table.append(
+            [
+                str(o.job),
+                str(o.code),
+                number(None) if o.steps is None else str(o.steps),
+                number(o.loss),
+                *vals,
+                " ".join(o.overrides or ()),
+                o.run_dir or number(None),
+            ]
+        )
     return table
 
 
@@ -135,8 +148,14 @@ def table(outcomes: Sequence[JobOutcome]) -> str:
     are not the same in every job (jobs.csv has them all), run directories relative to here."""
     body = rows(outcomes)
     common = set.intersection(*(set(o.overrides or ()) for o in outcomes)) if len(outcomes) > 1 else set()
-    body[1:] = [[*r[:-2], " ".join(x for x in o.overrides or () if x not in common) or _short(None),
-                 r[-1] if r[-1] == _short(None) else _shown(r[-1])] for r, o in zip(body[1:], outcomes)]
+    body[1:] = [
+        [
+            *r[:-2],
+            " ".join(x for x in o.overrides or () if x not in common) or _short(None),
+            r[-1] if r[-1] == _short(None) else _shown(r[-1]),
+        ]
+        for r, o in zip(body[1:], outcomes)
+    ]
     widths = [max(len(r[i]) for r in body) for i in range(len(body[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body)
 

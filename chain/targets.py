@@ -64,8 +64,10 @@ def optimizer_class(key: str, path: str) -> type:
     # imported, `obj` is none, and chain imports nothing to say so.
     keras = sys.modules.get("keras")
     if not (isinstance(obj, type) and keras is not None and issubclass(obj, keras.optimizers.Optimizer)):
-        raise ConfigError(f"{key}={path} is {kind(obj)}, not a Keras optimizer class (a subclass of "
-                          "keras.optimizers.Optimizer): name one, e.g. keras.optimizers.RMSprop")
+        raise ConfigError(
+            f"{key}={path} is {kind(obj)}, not a Keras optimizer class (a subclass of "
+            "keras.optimizers.Optimizer): name one, e.g. keras.optimizers.RMSprop"
+        )
     return obj
 
 

@@ -89,8 +89,11 @@ def before_step(step: int) -> None:
         import tensorflow as tf
 
         raise tf.errors.ResourceExhaustedError(
-            None, None, f"OOM when allocating tensor with shape[64,256] and type float on "
-                        f"{device or '/device:CPU:0'} by allocator (injected by {OOM})")
+            None,
+            None,
+            f"OOM when allocating tensor with shape[64,256] and type float on "
+            f"{device or '/device:CPU:0'} by allocator (injected by {OOM})",
+        )
 
 
 def hold(scope: str, after: list, device: str):

@@ -52,9 +52,11 @@ def open_to_network(address: str) -> str:
     (2.21, `GrpcServer::Init`) listens on `0.0.0.0:PORT` (every interface, IPv6 too) and no
     option of `tf.distribute.Server` or its `ServerDef` names another address."""
     host, port = address.rsplit(":", 1)
-    return (f"this worker listens on port {port} of every network interface, not only {host} (TensorFlow's "
-            f"server cannot be bound to one address), and runs any computation sent to it, unauthenticated: "
-            f"run workers on trusted networks only, or firewall the port")
+    return (
+        f"this worker listens on port {port} of every network interface, not only {host} (TensorFlow's "
+        f"server cannot be bound to one address), and runs any computation sent to it, unauthenticated: "
+        f"run workers on trusted networks only, or firewall the port"
+    )
 
 
 def free_addresses(n: int) -> list[str]:
@@ -148,18 +150,34 @@ class LocalCluster:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m chain.worker`."""
     ap = argparse.ArgumentParser(prog="python -m chain.worker", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--index", type=int, default=None, help="this worker's task index in --cluster (default: TF_CONFIG's)")
-    ap.add_argument("--cluster", default=None,
-                    help="every worker's host:port, comma-separated, in task order (default: TF_CONFIG's)")
-    ap.add_argument("--client", default=None,
-                    help="host:port of the client this worker ends with (default: TF_CONFIG's chief, if any; "
-                         "none: serve until stopped)")
-    ap.add_argument("--wait-s", type=float, default=60.0,
-                    help="with a client: end after this many seconds without a word from it (default 60)")
+    ap.add_argument(
+        "--index", type=int, default=None, help="this worker's task index in --cluster (default: TF_CONFIG's)"
+    )
+    ap.add_argument(
+        "--cluster",
+        default=None,
+        help="every worker's host:port, comma-separated, in task order (default: TF_CONFIG's)",
+    )
+    ap.add_argument(
+        "--client",
+        default=None,
+        help="host:port of the client this worker ends with (default: TF_CONFIG's chief, if any; "
+        "none: serve until stopped)",
+    )
+    ap.add_argument(
+        "--wait-s",
+        type=float,
+        default=60.0,
+        help="with a client: end after this many seconds without a word from it (default 60)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="intra-op and inter-op threads (default: TensorFlow's)")
     ap.add_argument("--cpus", default=None, help="pin to these cores, e.g. 0 or 0,1 (Linux)")
-    ap.add_argument("--profile-port", type=int, default=None,
-                    help="also serve TensorFlow's profiler on this port (for trainer.profile)")
+    ap.add_argument(
+        "--profile-port",
+        type=int,
+        default=None,
+        help="also serve TensorFlow's profiler on this port (for trainer.profile)",
+    )
     a = ap.parse_args(argv)
     try:
         workers, index, client = _cluster(a)
@@ -203,8 +221,14 @@ def _cluster(a: argparse.Namespace) -> tuple[list[str], int, str | None]:
     return workers, a.index, client
 
 
-def serve(index: int, workers: Sequence[str], client: str | None, wait_s: float, threads: int | None = None,
-          profile_port: int | None = None) -> None:
+def serve(
+    index: int,
+    workers: Sequence[str],
+    client: str | None,
+    wait_s: float,
+    threads: int | None = None,
+    profile_port: int | None = None,
+) -> None:
     """Serve as worker `index` of `workers` until stopped (SIGTERM, Ctrl-C), or, with a `client`,
     until that client ends the job (exit with its code) or is silent for `wait_s` seconds (exit 5).
     Never returns."""
@@ -219,8 +243,13 @@ def serve(index: int, workers: Sequence[str], client: str | None, wait_s: float,
         tf.config.threading.set_inter_op_parallelism_threads(threads)
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
     try:
-        server = tf.distribute.Server(tf.train.ClusterSpec({"worker": list(workers)}), job_name="worker",
-                                      task_index=index, config=config, start=True)
+        server = tf.distribute.Server(
+            tf.train.ClusterSpec({"worker": list(workers)}),
+            job_name="worker",
+            task_index=index,
+            config=config,
+            start=True,
+        )
     except (tf.errors.OpError, ValueError, RuntimeError) as e:
         fail(f"worker {index} cannot serve {workers[index]}: {first_line(e, typed=False)}")
     if profile_port is not None:
@@ -233,6 +262,7 @@ def serve(index: int, workers: Sequence[str], client: str | None, wait_s: float,
     print(f"worker {index} serving {workers[index]} ({server.target})", flush=True)
     print(f"warning: {open_to_network(workers[index])}", file=sys.stderr, flush=True)
     if client is not None:
+
         def gone(why: str) -> None:
             print(f"error: worker {index} stops: {why}", file=sys.stderr, flush=True)
             ended.append(job_end.EXIT_GONE)

@@ -46,9 +46,14 @@ def main() -> None:
         for m in a.micro:
             for schedule in a.schedules:
                 with tempfile.TemporaryDirectory() as run_dir:
-                    args = [*overrides(a, cluster.addresses, schedule, m, devices), f"trainer.steps={a.steps}",
-                            f"trainer.profile=[{a.steps // 2 + 1},{a.steps}]", cluster.profile_option,
-                            "checkpoint.every=0", "checkpoint.export=false"]
+                    args = [
+                        *overrides(a, cluster.addresses, schedule, m, devices),
+                        f"trainer.steps={a.steps}",
+                        f"trainer.profile=[{a.steps // 2 + 1},{a.steps}]",
+                        cluster.profile_option,
+                        "checkpoint.every=0",
+                        "checkpoint.export=false",
+                    ]
                     run = chain.build(chain.compose(args), run_dir=run_dir)
                     run.fit()
                     with open(os.path.join(run_dir, "summary.json")) as f:
@@ -60,7 +65,9 @@ def main() -> None:
                 if why is not None:
                     print("\n".join(f"#   {line}" for line in idle.render(why).splitlines()), flush=True)
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\n{used}; K={a.stages}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}; load average {load}")
+    print(
+        f"\n{used}; K={a.stages}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}; load average {load}"
+    )
     print("| schedule | M | planned bubble | replayed bubble | measured bubble |\n|---|---|---|---|---|")
     for schedule, m, planned, measured, why in rows:
         replayed = "-" if why is None else f"{why.replayed_bubble_fraction:.3f}"
@@ -70,8 +77,14 @@ def main() -> None:
     print("|---|---|---|---|---|" + "---|" * a.stages)
     for schedule, m, _, _, why in rows:
         if why is not None:
-            cells = [f"{d.busy_ms:.0f} / {d.input_wait_ms:.1f} / {d.overhead_ms:.1f} / {d.tail_ms:.1f}" for d in why.devices]
-            print(f"| {schedule} | {m} | {why.head_ms:.1f} | {why.span_ms:.1f} | {why.finish_ms:.1f} | " + " | ".join(cells) + " |")
+            cells = [
+                f"{d.busy_ms:.0f} / {d.input_wait_ms:.1f} / {d.overhead_ms:.1f} / {d.tail_ms:.1f}" for d in why.devices
+            ]
+            print(
+                f"| {schedule} | {m} | {why.head_ms:.1f} | {why.span_ms:.1f} | {why.finish_ms:.1f} | "
+                + " | ".join(cells)
+                + " |"
+            )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,10 @@ def write_tfrecord(path: str, x, y) -> None:
 
     with tf.io.TFRecordWriter(path) as w:
         for row, label in zip(x, y):
-            f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
-                 "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
+            f = {
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+            }
             w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
 
 
@@ -89,12 +91,26 @@ def write_data(root: str, width: int, classes: int, source: str, seed: int = 0) 
 def overrides(size: str, root: str, stream: bool, source: str = "tfrecord") -> list[str]:
     width, batch, floats = SIZES[size]
     model = [] if size == "default" else [f"model.width={width}"]
-    data = {"npz": ["data=npz", f"data.path={root}/data.npz", "data.x=x"],
-            "csv": ["data=csv", f"data.path={root}/data.csv"],
-            "tfrecord": ["data=tfrecord", f"data.files={root}/*.tfrecord",
-                         f"data.features={{x: 'float32[{floats}]', y: int64}}"]}[source]
-    return [*model, *data, "data.y=y", f"data.batch_size={batch}", "data.classes={label: 10}", "data.val_fraction=0",
-            f"data.stream={str(stream).lower()}", "trainer.progress=false", "trainer.steps=1000000"]
+    data = {
+        "npz": ["data=npz", f"data.path={root}/data.npz", "data.x=x"],
+        "csv": ["data=csv", f"data.path={root}/data.csv"],
+        "tfrecord": [
+            "data=tfrecord",
+            f"data.files={root}/*.tfrecord",
+            f"data.features={{x: 'float32[{floats}]', y: int64}}",
+        ],
+    }[source]
+    return [
+        *model,
+        *data,
+        "data.y=y",
+        f"data.batch_size={batch}",
+        "data.classes={label: 10}",
+        "data.val_fraction=0",
+        f"data.stream={str(stream).lower()}",
+        "trainer.progress=false",
+        "trainer.steps=1000000",
+    ]
 
 
 def stream_rate(run, batches: int) -> float:
@@ -118,8 +134,9 @@ def train_rate(run, calls: int) -> float:
     return calls * n / (time.perf_counter() - t0)
 
 
-def measure(size: str, repeats: int, calls: int, batches: int, root: str, rng: random.Random,
-            source: str = "tfrecord") -> dict:
+def measure(
+    size: str, repeats: int, calls: int, batches: int, root: str, rng: random.Random, source: str = "tfrecord"
+) -> dict:
     """Per repeat: the stream alone and training, in memory and streamed (random order); the ratios."""
     import chain
 
@@ -133,8 +150,13 @@ def measure(size: str, repeats: int, calls: int, batches: int, root: str, rng: r
     out = {}
     for k in ("stream", "train"):
         ratios = [b / a for a, b in zip(rates[k, False], rates[k, True])]
-        out[k] = {"memory": statistics.median(rates[k, False]), "streamed": statistics.median(rates[k, True]),
-                  "ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+        out[k] = {
+            "memory": statistics.median(rates[k, False]),
+            "streamed": statistics.median(rates[k, True]),
+            "ratio": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+        }
     return out
 
 
@@ -155,8 +177,13 @@ def identity_cost(size: str, root: str, source: str, repeats: int, calls: int) -
         assert not found, found
         steps.append(1 / train_rate(run, calls))
     sizes = [f.size for f in saved.files]
-    return {"check_s": statistics.median(checks), "step_s": statistics.median(steps), "files": len(sizes),
-            "bytes": sum(sizes), "schemes": sorted({f.digest.partition(":")[0] for f in saved.files})}
+    return {
+        "check_s": statistics.median(checks),
+        "step_s": statistics.median(steps),
+        "files": len(sizes),
+        "bytes": sum(sizes),
+        "schemes": sorted({f.digest.partition(":")[0] for f in saved.files}),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,26 +193,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=20, help="timed calls (of trainer.steps_per_call steps) per block")
     ap.add_argument("--batches", type=int, default=200, help="timed batches of the stream alone per block")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--source", choices=["tfrecord", "npz", "csv"], default="tfrecord",
-                    help="the files both runs read: TFRecord shards, or the same records in one uncompressed .npz "
-                         "or one CSV file")
+    ap.add_argument(
+        "--source",
+        choices=["tfrecord", "npz", "csv"],
+        default="tfrecord",
+        help="the files both runs read: TFRecord shards, or the same records in one uncompressed .npz or one CSV file",
+    )
     ap.add_argument("--markdown", action="store_true", help="print the table for docs/benchmarks.md")
-    ap.add_argument("--identity", action="store_true",
-                    help="measure the stream's file check (chain.data.identity) against 1000 steps of the run")
+    ap.add_argument(
+        "--identity",
+        action="store_true",
+        help="measure the stream's file check (chain.data.identity) against 1000 steps of the run",
+    )
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     if a.identity:
         with tempfile.TemporaryDirectory(prefix="bench_input_") as tmp:
-            print(f"{a.source}; {a.repeats} repeats; training: {a.calls} calls of 8 steps a repeat; load before: {load}")
+            print(
+                f"{a.source}; {a.repeats} repeats; training: {a.calls} calls of 8 steps a repeat; load before: {load}"
+            )
             for size in a.sizes.split(","):
                 root = os.path.join(tmp, size)
                 write_data(root, SIZES[size][2], 10, a.source)
                 r = identity_cost(size, root, a.source, a.repeats, a.calls)
                 run_s = 1000 * r["step_s"]
-                print(f"{size:8s} check {1000 * r['check_s']:.2f} ms ({r['files']} file(s), {r['bytes'] / 2**20:.1f} MiB, "
-                      f"digest {'/'.join(r['schemes'])})  step {1000 * r['step_s']:.2f} ms  1000 steps {run_s:.1f} s  "
-                      f"check / 1000 steps {100 * r['check_s'] / run_s:.4f}%")
+                print(
+                    f"{size:8s} check {1000 * r['check_s']:.2f} ms ({r['files']} file(s), {r['bytes'] / 2**20:.1f} MiB, "
+                    f"digest {'/'.join(r['schemes'])})  step {1000 * r['step_s']:.2f} ms  1000 steps {run_s:.1f} s  "
+                    f"check / 1000 steps {100 * r['check_s'] / run_s:.4f}%"
+                )
         return 0
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_input_") as tmp:
@@ -193,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             root = os.path.join(tmp, size)
             write_data(root, SIZES[size][2], 10, a.source)
             results[size] = measure(size, a.repeats, a.calls, a.batches, root, rng, a.source)
-    head = (f"{a.source}; {a.repeats} paired repeats; stream alone: {a.batches} batches a block; "
-            f"training: {a.calls} calls of 8 steps a block; load before: {load}")
+    head = (
+        f"{a.source}; {a.repeats} paired repeats; stream alone: {a.batches} batches a block; "
+        f"training: {a.calls} calls of 8 steps a block; load before: {load}"
+    )
     if a.markdown:
         print(head + "\n")
         print("| model | measured | in memory | streamed | streamed / in memory (median, min-max) |")
@@ -205,14 +244,18 @@ def main(argv: list[str] | None = None) -> int:
             for k, unit in (("stream", "examples/s"), ("train", "steps/s")):
                 v = r[k]
                 what = "stream alone" if k == "stream" else "training"
-                print(f"| {name} | {what} ({unit}) | {v['memory']:.0f} | {v['streamed']:.0f} | "
-                      f"**{v['ratio']:.3f}** ({v['min']:.3f}-{v['max']:.3f}) |")
+                print(
+                    f"| {name} | {what} ({unit}) | {v['memory']:.0f} | {v['streamed']:.0f} | "
+                    f"**{v['ratio']:.3f}** ({v['min']:.3f}-{v['max']:.3f}) |"
+                )
     else:
         print(head)
         for size, r in results.items():
             for k, v in r.items():
-                print(f"{size:8s} {k:7s} in memory {v['memory']:10.1f}  streamed {v['streamed']:10.1f}  "
-                      f"ratio {v['ratio']:.3f} ({v['min']:.3f}-{v['max']:.3f})")
+                print(
+                    f"{size:8s} {k:7s} in memory {v['memory']:10.1f}  streamed {v['streamed']:10.1f}  "
+                    f"ratio {v['ratio']:.3f} ({v['min']:.3f}-{v['max']:.3f})"
+                )
     return 0
 
 

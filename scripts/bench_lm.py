@@ -87,18 +87,34 @@ def settings(a, path: str, case: str, addresses: list[str] | None = None):
     import chain
 
     stages = {"chain1": 1, "chain1k": 1, "chain2": 2, "chain4": 4, "w1": 1, "chain2w": 2}[case]
-    out = ["mode=e2e", f"+stages={stages}", "data=tokens", f"data.path={path}", f"data.seq_len={a.seq}",
-           f"data.vocab={a.vocab}", f"data.batch_size={a.batch}", "data.val_fraction=0", "optim=adam",
-           f"optim.lr={LR}", f"trainer.steps_per_call={PER_CALL}", "trainer.progress=false",
-           "trainer.log_every=1000000", "trainer.steps=1000000", "checkpoint.export=false"]
+    out = [
+        "mode=e2e",
+        f"+stages={stages}",
+        "data=tokens",
+        f"data.path={path}",
+        f"data.seq_len={a.seq}",
+        f"data.vocab={a.vocab}",
+        f"data.batch_size={a.batch}",
+        "data.val_fraction=0",
+        "optim=adam",
+        f"optim.lr={LR}",
+        f"trainer.steps_per_call={PER_CALL}",
+        "trainer.progress=false",
+        "trainer.log_every=1000000",
+        "trainer.steps=1000000",
+        "checkpoint.export=false",
+    ]
     if stages > 1 or case == "w1":  # w1: the same microbatches, summed on one stage
         out += ["pipeline.schedule=1f1b", f"pipeline.microbatches={MICRO}"]
     if case == "chain1k":
         out += ["optim.fused=false"]
     if addresses:
         workers = ["/task:0/CPU:0"] if case == "w1" else ["/task:0/CPU:0", "/task:1/CPU:0"]
-        out += [f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(workers)}]",
-                "cluster.lost_after_s=120"]  # a shared machine: a busy worker may answer late
+        out += [
+            f"cluster.workers=[{','.join(addresses)}]",
+            f"placement.devices=[{','.join(workers)}]",
+            "cluster.lost_after_s=120",
+        ]  # a shared machine: a busy worker may answer late
     return chain.compose(out)
 
 
@@ -109,9 +125,15 @@ def gpt2(a):
     import keras_hub
 
     keras.utils.set_random_seed(1)
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=a.vocab, num_layers=a.layers, num_heads=a.heads,
-                                             hidden_dim=a.hidden, intermediate_dim=4 * a.hidden,
-                                             max_sequence_length=a.seq, dropout=0.0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=a.vocab,
+        num_layers=a.layers,
+        num_heads=a.heads,
+        hidden_dim=a.hidden,
+        intermediate_dim=4 * a.hidden,
+        max_sequence_length=a.seq,
+        dropout=0.0,
+    )
     lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     ids = keras.Input((a.seq,), dtype="int32", name="token_ids")
     return lm, keras.Model(ids, lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}), name="gpt2")
@@ -152,8 +174,13 @@ def keras_block(lm, data):
 def compile_keras(lm, per_call: int) -> None:
     import keras
 
-    lm.compile(optimizer=keras.optimizers.Adam(learning_rate=LR), weighted_metrics=[], jit_compile=False,
-               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=per_call)
+    lm.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=LR),
+        weighted_metrics=[],
+        jit_compile=False,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=per_call,
+    )
 
 
 def as_keras(data):
@@ -173,8 +200,9 @@ def same_math(lm, run) -> None:
         ours = float(run.step(x["token_ids"], {"next": ys})["loss"])
         theirs = float(np.atleast_1d(lm.train_on_batch(x, ys))[0])
         if abs(ours - theirs) > (1e-5 if i == 0 else 1e-4) * abs(theirs):
-            raise SystemExit(f"keras_hub's fit does not do the trainer's math: step {i + 1} loss {theirs} "
-                             f"(Keras), {ours} (chain)")
+            raise SystemExit(
+                f"keras_hub's fit does not do the trainer's math: step {i + 1} loss {theirs} (Keras), {ours} (chain)"
+            )
 
 
 def measure(cases: dict, a, pids: list[int]) -> dict:
@@ -194,8 +222,11 @@ def measure(cases: dict, a, pids: list[int]) -> dict:
             wall = time.perf_counter() - t0
             b1, o1 = cpu_ticks(pids)
             times[name].append((seconds, max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall))
-        print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
-              file=sys.stderr, flush=True)
+        print(
+            f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
+            file=sys.stderr,
+            flush=True,
+        )
     return times
 
 
@@ -238,9 +269,32 @@ def workers_phase(a, path: str) -> dict:
 
 def phase(a, name: str, path: str) -> dict:
     """Run one phase in a process of its own (its own devices: logical CPUs, or a connection to workers)."""
-    args = [sys.executable, os.path.abspath(__file__), "--phase", name, "--data", path, "--cases", *a.cases,
-            "--repeats", str(a.repeats), "--calls", str(a.calls), "--vocab", str(a.vocab), "--seq", str(a.seq),
-            "--hidden", str(a.hidden), "--layers", str(a.layers), "--heads", str(a.heads), "--batch", str(a.batch)]
+    args = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--phase",
+        name,
+        "--data",
+        path,
+        "--cases",
+        *a.cases,
+        "--repeats",
+        str(a.repeats),
+        "--calls",
+        str(a.calls),
+        "--vocab",
+        str(a.vocab),
+        "--seq",
+        str(a.seq),
+        "--hidden",
+        str(a.hidden),
+        "--layers",
+        str(a.layers),
+        "--heads",
+        str(a.heads),
+        "--batch",
+        str(a.batch),
+    ]
     r = subprocess.run(args, stdout=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"the {name} phase failed (exit {r.returncode})")
@@ -251,17 +305,22 @@ def ratios(times: dict, case: str, anchor: str, quiet: float) -> tuple[float, in
     """(median paired ratio time(anchor) / time(case), quiet pairs, their median ratio or None)."""
     pairs = list(zip(times[anchor], times[case]))
     quiet_ratios = [b[0] / t[0] for b, t in pairs if max(b[1], t[1]) < quiet]
-    return (statistics.median(b[0] / t[0] for b, t in pairs), len(quiet_ratios),
-            statistics.median(quiet_ratios) if quiet_ratios else None)
+    return (
+        statistics.median(b[0] / t[0] for b, t in pairs),
+        len(quiet_ratios),
+        statistics.median(quiet_ratios) if quiet_ratios else None,
+    )
 
 
-WHAT = {"keras": "keras_hub `GPT2CausalLM.fit`, one device, Keras' Adam",
-        "chain1": "chain, 1 stage, fused Adam (default)",
-        "chain1k": "chain, 1 stage, Keras' Adam (`optim.fused=false`)",
-        "chain2": "chain, 2 stages, 1F1B, M=4, logical CPUs (overhead, no overlap)",
-        "chain4": "chain, 4 stages, 1F1B, M=4, logical CPUs (overhead, no overlap)",
-        "w1": "chain, 1 stage, M=4, on one single-core worker",
-        "chain2w": "chain, 2 stages, 1F1B, M=4, one single-core worker each"}
+WHAT = {
+    "keras": "keras_hub `GPT2CausalLM.fit`, one device, Keras' Adam",
+    "chain1": "chain, 1 stage, fused Adam (default)",
+    "chain1k": "chain, 1 stage, Keras' Adam (`optim.fused=false`)",
+    "chain2": "chain, 2 stages, 1F1B, M=4, logical CPUs (overhead, no overlap)",
+    "chain4": "chain, 4 stages, 1F1B, M=4, logical CPUs (overhead, no overlap)",
+    "w1": "chain, 1 stage, M=4, on one single-core worker",
+    "chain2w": "chain, 2 stages, 1F1B, M=4, one single-core worker each",
+}
 
 
 def main() -> None:
@@ -301,34 +360,62 @@ def main() -> None:
             times.update(phase(a, "workers", path))
     tokens = a.batch * a.seq
     end = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\nGPT2CausalLM vocab {a.vocab}, seq {a.seq}, hidden {a.hidden}, {a.layers} layers, {a.heads} heads; batch "
-          f"{a.batch} ({tokens} tokens a step), Adam, {PER_CALL} steps a call; {a.repeats} repeats x {a.calls} calls; "
-          f"{time.time() - started:.0f} s; load average {load} at the start, {end} at the end")
-    print("chain2/chain4 share this process's cores on logical CPU devices: the pipeline's overhead, not overlap. "
-          "chain2w: two single-core workers against one (w1). 4 workers need 4 cores: not run.")
-    print(f"ratio: tokens/s over the anchor's, median of paired repeats; quiet: other processes below {a.quiet} "
-          "cores during both blocks of a pair")
+    print(
+        f"\nGPT2CausalLM vocab {a.vocab}, seq {a.seq}, hidden {a.hidden}, {a.layers} layers, {a.heads} heads; batch "
+        f"{a.batch} ({tokens} tokens a step), Adam, {PER_CALL} steps a call; {a.repeats} repeats x {a.calls} calls; "
+        f"{time.time() - started:.0f} s; load average {load} at the start, {end} at the end"
+    )
+    print(
+        "chain2/chain4 share this process's cores on logical CPU devices: the pipeline's overhead, not overlap. "
+        "chain2w: two single-core workers against one (w1). 4 workers need 4 cores: not run."
+    )
+    print(
+        f"ratio: tokens/s over the anchor's, median of paired repeats; quiet: other processes below {a.quiet} "
+        "cores during both blocks of a pair"
+    )
     print(f"{'case':8s} {'tokens/s':>9s} {'anchor':>7s} {'ratio':>6s} {'quiet':>5s} {'ratio':>6s} {'other':>6s}  what")
     rows = []
     for case in [c for c in LOCAL + WORKERS if c in times]:
-        anchor = "w1" if case == "chain2w" else "keras" if case in LOCAL and case != "keras" and "keras" in times else None
+        anchor = (
+            "w1" if case == "chain2w" else "keras" if case in LOCAL and case != "keras" and "keras" in times else None
+        )
         ratio, quiet, quiet_ratio = ratios(times, case, anchor, a.quiet) if anchor else (None, 0, None)
-        row = dict(case=case, tokens_s=tokens / statistics.median(t[0] for t in times[case]), anchor=anchor,
-                   ratio=ratio, quiet=quiet, quiet_ratio=quiet_ratio, other=statistics.median(t[1] for t in times[case]))
+        row = dict(
+            case=case,
+            tokens_s=tokens / statistics.median(t[0] for t in times[case]),
+            anchor=anchor,
+            ratio=ratio,
+            quiet=quiet,
+            quiet_ratio=quiet_ratio,
+            other=statistics.median(t[1] for t in times[case]),
+        )
         rows.append(row)
-        print(f"{case:8s} {row['tokens_s']:9.0f} {anchor or '-':>7s} " + (f"{ratio:6.3f}" if ratio else f"{'-':>6s}")
-              + f" {quiet:5d} " + (f"{quiet_ratio:6.3f}" if quiet_ratio else f"{'-':>6s}")
-              + f" {row['other']:6.2f}  {WHAT[case]}")
+        print(
+            f"{case:8s} {row['tokens_s']:9.0f} {anchor or '-':>7s} "
+            + (f"{ratio:6.3f}" if ratio else f"{'-':>6s}")
+            + f" {quiet:5d} "
+            + (f"{quiet_ratio:6.3f}" if quiet_ratio else f"{'-':>6s}")
+            + f" {row['other']:6.2f}  {WHAT[case]}"
+        )
     if a.markdown:  # one column per case
         print("\n| | " + " | ".join(f"`{row['case']}`" for row in rows) + " |")
         print("|---|" + "---|" * len(rows))
         print("| tokens/s | " + " | ".join(f"{row['tokens_s']:.0f}" for row in rows) + " |")
-        print(f"| ratio, all {a.repeats} pairs | " + " | ".join(
-            f"{row['ratio']:.3f} (`{row['anchor']}`)" if row["ratio"] else "-" for row in rows) + " |")
-        print("| ratio, quiet pairs (how many) | " + " | ".join(
-            f"{row['quiet_ratio']:.3f} ({row['quiet']})" if row["quiet_ratio"] else f"- ({row['quiet']})"
-            for row in rows) + " |")
+        print(
+            f"| ratio, all {a.repeats} pairs | "
+            + " | ".join(f"{row['ratio']:.3f} (`{row['anchor']}`)" if row["ratio"] else "-" for row in rows)
+            + " |"
+        )
+        print(
+            "| ratio, quiet pairs (how many) | "
+            + " | ".join(
+                f"{row['quiet_ratio']:.3f} ({row['quiet']})" if row["quiet_ratio"] else f"- ({row['quiet']})"
+                for row in rows
+            )
+            + " |"
+        )
         print("| other processes, cores | " + " | ".join(f"{row['other']:.2f}" for row in rows) + " |")
+
 
 if __name__ == "__main__":
     main()

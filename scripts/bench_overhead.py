@@ -70,18 +70,32 @@ SIZES = {"small": (256, 64), "large": (1024, 256)}
 WARM = 2  # untimed steps at the start of every block
 
 
-CASES = {"local1": ["+stages=1", "placement.devices=[/CPU:0]"],
-         "e2e1": ["+stages=1", "placement.devices=[/CPU:0]", "mode=e2e"],
-         "e2e2": ["+stages=2", "placement.devices=[/CPU:0,/CPU:0]", "mode=e2e"],
-         "e2e2x": ["+stages=2", "placement.devices=[/CPU:0,/CPU:1]", "mode=e2e"]}
+CASES = {
+    "local1": ["+stages=1", "placement.devices=[/CPU:0]"],
+    "e2e1": ["+stages=1", "placement.devices=[/CPU:0]", "mode=e2e"],
+    "e2e2": ["+stages=2", "placement.devices=[/CPU:0,/CPU:0]", "mode=e2e"],
+    "e2e2x": ["+stages=2", "placement.devices=[/CPU:0,/CPU:1]", "mode=e2e"],
+}
 ABLATIONS = ("rebuilt", "ordered", "noguard", "noreport", "bare", "nostall")
 
 
 def overrides(size: str, case: str) -> list[str]:
     width, batch = SIZES[size]
-    base = ["model=mlp", f"model.width={width}", "model.depth=2", "optim=adam", "data=synthetic",
-            "data.features=128", "data.samples=8192", "data.classes=10", "data.val_fraction=0", f"data.batch_size={batch}",
-            "trainer.progress=false", "trainer.log_every=1000000", "trainer.steps=1000000"]
+    base = [
+        "model=mlp",
+        f"model.width={width}",
+        "model.depth=2",
+        "optim=adam",
+        "data=synthetic",
+        "data.features=128",
+        "data.samples=8192",
+        "data.classes=10",
+        "data.val_fraction=0",
+        f"data.batch_size={batch}",
+        "trainer.progress=false",
+        "trainer.log_every=1000000",
+        "trainer.steps=1000000",
+    ]
     return base + CASES[case]
 
 
@@ -94,8 +108,9 @@ def clone(run):
     parts = [p for s in run.stages for p in ([s.model] + ([s.head] if s.head is not None else []))]
     source = [layer for p in parts for layer in p.layers]
     with tf.device("/CPU:0"):
-        layers = [layer.__class__.from_config({**layer.get_config(), "name": f"hand_{i}"})
-                  for i, layer in enumerate(source)]
+        layers = [
+            layer.__class__.from_config({**layer.get_config(), "name": f"hand_{i}"}) for i, layer in enumerate(source)
+        ]
         model = keras.Sequential([keras.Input(run.dataset.input_shape), *layers])
         for a, b in zip(layers, source):
             a.set_weights(b.get_weights())
@@ -152,13 +167,18 @@ def keras_fit(run, per_call: int, reference) -> Callable:
     data = run.batches().map(lambda x, ys: (x, ys[target]))
 
     def compile_(n):
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=o.lr, beta_1=o.beta_1, beta_2=o.beta_2),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      steps_per_execution=n, jit_compile=False)
+        model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate=o.lr, beta_1=o.beta_1, beta_2=o.beta_2),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=n,
+            jit_compile=False,
+        )
 
     compile_(1)
     model.fit(data.take(2), epochs=1, verbose=0, shuffle=False)
-    ours = [w for s in reference for p in ([s.model] + ([s.head] if s.head is not None else [])) for w in p.get_weights()]
+    ours = [
+        w for s in reference for p in ([s.model] + ([s.head] if s.head is not None else [])) for w in p.get_weights()
+    ]
     for a, b in zip(model.get_weights(), ours):
         if not np.allclose(a, b, rtol=1e-5, atol=1e-6):
             raise SystemExit(f"Keras' fit does not do the chain's math (max difference {np.max(np.abs(a - b))})")
@@ -205,9 +225,16 @@ def ablated(size: str, case: str, what: str):
     run = chain.build(chain.compose(overrides(size, case) + (["trainer.stall_s=0"] if "nostall" in names else [])))
     st = run.strategy
     t = run.settings.trainer
-    body = e2e_step(st.stages, st.schedule, st.loss_fn(), st.target, t.grad_accum, t.jit_compile,
-                    ordered=False if "unordered" in names else True if "ordered" in names else None,
-                    progress=st.progress)  # the trainer's markers (trainer.stall_s), None under nostall
+    body = e2e_step(
+        st.stages,
+        st.schedule,
+        st.loss_fn(),
+        st.target,
+        t.grad_accum,
+        t.jit_compile,
+        ordered=False if "unordered" in names else True if "ordered" in names else None,
+        progress=st.progress,
+    )  # the trainer's markers (trainer.stall_s), None under nostall
 
     def unguarded(skipped, finite, apply):
         apply()
@@ -222,8 +249,15 @@ def ablated(size: str, case: str, what: str):
     return run
 
 
-def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool, keras_adam: bool = False,
-          ablations: tuple[str, ...] = ABLATIONS) -> dict:
+def loops(
+    size: str,
+    case: str,
+    calls: list[int],
+    anchor: str,
+    ablate: bool,
+    keras_adam: bool = False,
+    ablations: tuple[str, ...] = ABLATIONS,
+) -> dict:
     """name -> block(n): (wall, CPU) seconds per step over a block of n steps."""
     import chain
 
@@ -251,7 +285,7 @@ def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool, ker
         for _ in range(2):
             reference.step(*next(first))
         for k in calls:
-            out[f"keras{k}"] = (lambda n, f=keras_fit(run, k, reference.stages), k=k: f(whole(k, n)))
+            out[f"keras{k}"] = lambda n, f=keras_fit(run, k, reference.stages), k=k: f(whole(k, n))
             out[f"fit{k}"] = lambda n, k=k: block_fit(whole(k, n), k)
         if keras_adam:
             k, kr = calls[0], chain.build(chain.compose(overrides(size, case) + ["optim.fused=false"]))
@@ -289,8 +323,12 @@ def loops(size: str, case: str, calls: list[int], anchor: str, ablate: bool, ker
             run.step(*next(run.iterator))
         return per_step(t0, clock(), n)
 
-    out = {"hand": block_hand, "fit": block_fit, "step": block_step,
-           "guarded": lambda n: block_hand(n, guarded, guarded_it)}
+    out = {
+        "hand": block_hand,
+        "fit": block_fit,
+        "step": block_step,
+        "guarded": lambda n: block_hand(n, guarded, guarded_it),
+    }
     for k in calls:
         out[f"fit{k}"] = lambda n, k=k: block_fit(whole(k, n), k)
     return out
@@ -344,21 +382,41 @@ def rows(size: str, case: str, times: dict, anchor: str, base: str) -> list[dict
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--anchor", choices=["keras", "hand"], default="keras",
-                   help="keras: Keras' model.fit(steps_per_execution=N); hand: a hand-written loop, one step per call")
+    p.add_argument(
+        "--anchor",
+        choices=["keras", "hand"],
+        default="keras",
+        help="keras: Keras' model.fit(steps_per_execution=N); hand: a hand-written loop, one step per call",
+    )
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    p.add_argument("--cases", nargs="+", default=None, choices=list(CASES),
-                   help="default: e2e1 e2e2 e2e2x (keras), local1 (hand)")
-    p.add_argument("--calls", nargs="*", type=int, default=None,
-                   help="trainer.steps_per_call values to time (default: 8 (keras), 8 32 (hand))")
+    p.add_argument(
+        "--cases", nargs="+", default=None, choices=list(CASES), help="default: e2e1 e2e2 e2e2x (keras), local1 (hand)"
+    )
+    p.add_argument(
+        "--calls",
+        nargs="*",
+        type=int,
+        default=None,
+        help="trainer.steps_per_call values to time (default: 8 (keras), 8 32 (hand))",
+    )
     p.add_argument("--ablate", action="store_true", help="also time the trainer without each piece (keras anchor)")
-    p.add_argument("--ablations", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS),
-                   help="with --ablate: which pieces (default: all)")
-    p.add_argument("--keras-adam", action="store_true",
-                   help="also time the trainer with optim.fused=false: Keras' own Adam update (keras anchor)")
+    p.add_argument(
+        "--ablations",
+        nargs="+",
+        default=list(ABLATIONS),
+        choices=list(ABLATIONS),
+        help="with --ablate: which pieces (default: all)",
+    )
+    p.add_argument(
+        "--keras-adam",
+        action="store_true",
+        help="also time the trainer with optim.fused=false: Keras' own Adam update (keras anchor)",
+    )
     p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--block", type=int, default=32, help="steps per timed block (small)")
-    p.add_argument("--block-large", type=int, default=None, help="steps per timed block (large; default 16 keras, 8 hand)")
+    p.add_argument(
+        "--block-large", type=int, default=None, help="steps per timed block (large; default 16 keras, 8 hand)"
+    )
     p.add_argument("--markdown", action="store_true", help="also print a table for docs/benchmarks.md")
     a = p.parse_args()
     keras_anchor = a.anchor == "keras"
@@ -382,19 +440,26 @@ def main() -> None:
             for r in rows(size, case, measure(size, case, a), anchor, base):
                 table.append(r)
                 extra = f"  vs {base} {r['vs_base'][0]:.3f}" if r["vs_base"] else ""
-                print(f"  {r['loop']:9s} steps/s vs {anchor}: wall {r['wall']:.3f} [{r['wall_ci'][0]:.3f}-"
-                      f"{r['wall_ci'][1]:.3f}]  CPU {r['cpu']:.3f}   ({r['ms']:.3f} ms/step; {anchor} "
-                      f"{r['anchor_ms']:.3f}){extra}", flush=True)
+                print(
+                    f"  {r['loop']:9s} steps/s vs {anchor}: wall {r['wall']:.3f} [{r['wall_ci'][0]:.3f}-"
+                    f"{r['wall_ci'][1]:.3f}]  CPU {r['cpu']:.3f}   ({r['ms']:.3f} ms/step; {anchor} "
+                    f"{r['anchor_ms']:.3f}){extra}",
+                    flush=True,
+                )
     end = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"end: {end}")
     if a.markdown:
-        print(f"\n| size | case | loop | ratio to {anchor} (wall, median paired) | 95% CI | ratio (CPU) | "
-              f"vs {base} | ms/step | {anchor} ms/step |")
+        print(
+            f"\n| size | case | loop | ratio to {anchor} (wall, median paired) | 95% CI | ratio (CPU) | "
+            f"vs {base} | ms/step | {anchor} ms/step |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for r in table:
             vs = f"{r['vs_base'][0]:.3f}" if r["vs_base"] else ""
-            print(f"| {r['size']} | {r['case']} | {r['loop']} | {r['wall']:.3f} | {r['wall_ci'][0]:.3f}-"
-                  f"{r['wall_ci'][1]:.3f} | {r['cpu']:.3f} | {vs} | {r['ms']:.3f} | {r['anchor_ms']:.3f} |")
+            print(
+                f"| {r['size']} | {r['case']} | {r['loop']} | {r['wall']:.3f} | {r['wall_ci'][0]:.3f}-"
+                f"{r['wall_ci'][1]:.3f} | {r['cpu']:.3f} | {vs} | {r['ms']:.3f} | {r['anchor_ms']:.3f} |"
+            )
     sys.stdout.flush()
 
 

@@ -97,21 +97,42 @@ def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]
     if schedule in ("interleaved", "zbv"):
         v = a.virtual if schedule == "interleaved" else 2
         stages, depth = a.stages * v, a.depth // v
-        devices = ([d for _ in range(v) for d in devices] if schedule == "interleaved"
-                   else devices + devices[::-1])  # the V: worker k holds stages k and 2K-1-k
+        devices = (
+            [d for _ in range(v) for d in devices] if schedule == "interleaved" else devices + devices[::-1]
+        )  # the V: worker k holds stages k and 2K-1-k
         if len(set(devices)) == 1:
             schedule = "1f1b"
         elif schedule == "interleaved":
             extra = [f"pipeline.virtual_stages={v}"]
     cut = f"+stages={stages}"
     if getattr(a, "first_extra", 0):  # the first stage deeper: it computes no gradient for its input
-        cut = "+stages=[" + ",".join(f"{{model: {{depth: {depth + (a.first_extra if k == 0 else 0)}}}}}"
-                                     for k in range(stages)) + "]"
-    return [cut, "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}", *extra,
-            "model=mlp", f"model.width={a.width}", f"model.depth={depth}", "model.activation=tanh",
-            "optim=sgd", "optim.lr=0.001", "data=synthetic", f"data.features={a.width}", "data.classes=10",
-            f"data.samples={a.micro_size * m}", "data.val_fraction=0", f"data.batch_size={a.micro_size * m}", "trainer.progress=false",
-            f"cluster.workers=[{','.join(addresses)}]", f"placement.devices=[{','.join(devices)}]"]
+        cut = (
+            "+stages=["
+            + ",".join(f"{{model: {{depth: {depth + (a.first_extra if k == 0 else 0)}}}}}" for k in range(stages))
+            + "]"
+        )
+    return [
+        cut,
+        "mode=e2e",
+        f"pipeline.schedule={schedule}",
+        f"pipeline.microbatches={m}",
+        *extra,
+        "model=mlp",
+        f"model.width={a.width}",
+        f"model.depth={depth}",
+        "model.activation=tanh",
+        "optim=sgd",
+        "optim.lr=0.001",
+        "data=synthetic",
+        f"data.features={a.width}",
+        "data.classes=10",
+        f"data.samples={a.micro_size * m}",
+        "data.val_fraction=0",
+        f"data.batch_size={a.micro_size * m}",
+        "trainer.progress=false",
+        f"cluster.workers=[{','.join(addresses)}]",
+        f"placement.devices=[{','.join(devices)}]",
+    ]
 
 
 def chain_run(a, addresses: list[str], schedule: str, m: int, devices: list[str]):
@@ -240,6 +261,7 @@ def timed_cpu(step, x, ys, n: int, pids: list[int]) -> tuple[float, float, list[
 
 def timed(step, x, ys, n: int, pids: list[int]) -> tuple[float, float]:
     """(seconds per step over `n` steps, cores' worth of CPU other processes used meanwhile)."""
+
     def steps():
         for _ in range(n):
             step(x, ys)  # returns a NumPy value: each step has ended before the next starts
@@ -273,8 +295,16 @@ def against(a, times: dict) -> list[dict]:
                 continue
             pairs = list(zip(base, times[name, m, "split"]))
             quiet = [b[0] / t[0] for b, t in pairs if max(b[1], t[1]) < a.quiet]
-            out.append(dict(step=name, M=m, pairs=len(pairs), ratio=statistics.median(b[0] / t[0] for b, t in pairs),
-                            quiet=len(quiet), quiet_ratio=statistics.median(quiet) if quiet else None))
+            out.append(
+                dict(
+                    step=name,
+                    M=m,
+                    pairs=len(pairs),
+                    ratio=statistics.median(b[0] / t[0] for b, t in pairs),
+                    quiet=len(quiet),
+                    quiet_ratio=statistics.median(quiet) if quiet else None,
+                )
+            )
     return out
 
 
@@ -346,8 +376,11 @@ def replicas_main(a) -> None:
                         steps[name, m](*batches[name, m])
                 finally:
                     replicas.reduce_mean = reduce
-        print(f"# 2 workers ({', '.join(cluster.addresses)}) on cores {cores}, one thread each; built and warmed up "
-              f"in {time.time() - started:.0f} s", flush=True)
+        print(
+            f"# 2 workers ({', '.join(cluster.addresses)}) on cores {cores}, one thread each; built and warmed up "
+            f"in {time.time() - started:.0f} s",
+            flush=True,
+        )
         pids = [os.getpid(), *cluster.pids]
         times = {key: [] for key in steps}
         names = list(cases)
@@ -356,15 +389,23 @@ def replicas_main(a) -> None:
                 shift = (r + i) % len(names)
                 for name in names[shift:] + names[:shift]:
                     times[name, m].append(timed_cpu(steps[name, m], *batches[name, m], a.steps, pids))
-            print(f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
-                  flush=True)
+            print(
+                f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
+                flush=True,
+            )
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\n{kernel_name()}; {a.stages * a.depth}x{a.width} tanh in all, global batch {a.micro_size} x M, {a.repeats} repeats x "
-          f"{a.steps} steps, {time.time() - started:.0f} s; load average at the end {load}")
-    print("scaling efficiency = time(one) / (2 x time(case)), paired per repeat, median; quiet: other processes "
-          f"below {a.quiet} cores during both runs of a pair")
-    print(f"{'case':6s} {'K':>2s} {'R':>2s} {'M':>3s} {'one s':>8s} {'case s':>8s} {'effic.':>7s} {'quiet':>5s} "
-          f"{'effic.':>7s}")
+    print(
+        f"\n{kernel_name()}; {a.stages * a.depth}x{a.width} tanh in all, global batch {a.micro_size} x M, {a.repeats} repeats x "
+        f"{a.steps} steps, {time.time() - started:.0f} s; load average at the end {load}"
+    )
+    print(
+        "scaling efficiency = time(one) / (2 x time(case)), paired per repeat, median; quiet: other processes "
+        f"below {a.quiet} cores during both runs of a pair"
+    )
+    print(
+        f"{'case':6s} {'K':>2s} {'R':>2s} {'M':>3s} {'one s':>8s} {'case s':>8s} {'effic.':>7s} {'quiet':>5s} "
+        f"{'effic.':>7s}"
+    )
     rows = []
     for m in a.micro:
         one = times["one", m]
@@ -373,35 +414,59 @@ def replicas_main(a) -> None:
             case = times[name, m]
             effic = [o[0] / (2 * c[0]) for o, c in zip(one, case)]
             quiet = [e for e, o, c in zip(effic, one, case) if max(o[1], c[1]) < a.quiet]
-            row = dict(case=name, K=k, R=r, M=m, one_s=statistics.median(t[0] for t in one),
-                       case_s=statistics.median(t[0] for t in case), efficiency=statistics.median(effic),
-                       quiet=len(quiet), quiet_efficiency=statistics.median(quiet) if quiet else None)
+            row = dict(
+                case=name,
+                K=k,
+                R=r,
+                M=m,
+                one_s=statistics.median(t[0] for t in one),
+                case_s=statistics.median(t[0] for t in case),
+                efficiency=statistics.median(effic),
+                quiet=len(quiet),
+                quiet_efficiency=statistics.median(quiet) if quiet else None,
+            )
             rows.append(row)
             q = f"{row['quiet_efficiency']:7.3f}" if quiet else f"{'-':>7s}"
-            print(f"{name:6s} {k:2d} {r:2d} {m:3d} {row['one_s']:8.4f} {row['case_s']:8.4f} {row['efficiency']:7.3f} "
-                  f"{row['quiet']:5d} {q}")
-    print("CPU time per step, ms (median over repeats; client, worker 0, worker 1): " + "; ".join(
-        f"{name} M={m}: " + ", ".join(f"{statistics.median(t[2][i] for t in times[name, m]):.0f}" for i in range(3))
-        for m in a.micro for name in names))
+            print(
+                f"{name:6s} {k:2d} {r:2d} {m:3d} {row['one_s']:8.4f} {row['case_s']:8.4f} {row['efficiency']:7.3f} "
+                f"{row['quiet']:5d} {q}"
+            )
+    print(
+        "CPU time per step, ms (median over repeats; client, worker 0, worker 1): "
+        + "; ".join(
+            f"{name} M={m}: " + ", ".join(f"{statistics.median(t[2][i] for t in times[name, m]):.0f}" for i in range(3))
+            for m in a.micro
+            for name in names
+        )
+    )
     if a.decompose:
-        print("decomposition, medians of paired ratios: " + "; ".join(
-            f"M={m}: time(half) / time(data) {statistics.median(h[0] / d[0] for h, d in zip(times['half', m], times['data', m])):.3f}, "
-            f"time(apart) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['apart', m], times['data', m])):.3f}, "
-            f"time(owner) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['owner', m], times['data', m])):.3f}, "
-            f"time(bf16) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['bf16', m], times['data', m])):.3f}, "
-            f"time(one) / (2 x time(half)) {statistics.median(o[0] / (2 * h[0]) for o, h in zip(times['one', m], times['half', m])):.3f}"
-            for m in a.micro))
+        print(
+            "decomposition, medians of paired ratios: "
+            + "; ".join(
+                f"M={m}: time(half) / time(data) {statistics.median(h[0] / d[0] for h, d in zip(times['half', m], times['data', m])):.3f}, "
+                f"time(apart) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['apart', m], times['data', m])):.3f}, "
+                f"time(owner) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['owner', m], times['data', m])):.3f}, "
+                f"time(bf16) / time(data) {statistics.median(p[0] / d[0] for p, d in zip(times['bf16', m], times['data', m])):.3f}, "
+                f"time(one) / (2 x time(half)) {statistics.median(o[0] / (2 * h[0]) for o, h in zip(times['one', m], times['half', m])):.3f}"
+                for m in a.micro
+            )
+        )
     if a.markdown:
         print("\n| case | K | R | M | scaling efficiency (all pairs) | quiet pairs | scaling efficiency (quiet) |")
         print("|---|---|---|---|---|---|---|")
         for row in rows:
             q = f"{row['quiet_efficiency']:.2f}" if row["quiet"] else "-"
-            print(f"| {row['case']} | {row['K']} | {row['R']} | {row['M']} | {row['efficiency']:.2f} | {row['quiet']} "
-                  f"| {q} |")
+            print(
+                f"| {row['case']} | {row['K']} | {row['R']} | {row['M']} | {row['efficiency']:.2f} | {row['quiet']} "
+                f"| {q} |"
+            )
     if a.json:
         with open(a.json, "w") as f:
-            cpu = {f"{name} M={m}": [statistics.median(t[2][i] for t in times[name, m]) for i in range(3)]
-                   for m in a.micro for name in names}
+            cpu = {
+                f"{name} M={m}": [statistics.median(t[2][i] for t in times[name, m]) for i in range(3)]
+                for m in a.micro
+                for name in names
+            }
             json.dump(dict(args=vars(a), load=load, rows=rows, cpu_ms_per_step=cpu), f, indent=1)
     sys.stdout.flush()
     os._exit(0)  # as main: skip the runtime's teardown RPCs to the stopped workers
@@ -414,12 +479,19 @@ def model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--micro-size", type=int, default=128, help="examples per microbatch")
     p.add_argument("--virtual", type=int, default=2, help="interleaved: stages per worker (--depth must divide by it)")
-    p.add_argument("--first-extra", type=int, default=0,
-                   help="layers added to the first stage (of every cut), which computes no input gradient: a "
-                        "balanced pipeline (0: every stage --depth layers, --depth/--virtual interleaved)")
-    p.add_argument("--onednn", action="store_true",
-                   help="the workers use TensorFlow's oneDNN kernels (TF_ENABLE_ONEDNN_OPTS=1; TensorFlow's default "
-                        "only on x86 CPUs with AVX512-VNNI or AMX), not its Eigen kernels")
+    p.add_argument(
+        "--first-extra",
+        type=int,
+        default=0,
+        help="layers added to the first stage (of every cut), which computes no input gradient: a "
+        "balanced pipeline (0: every stage --depth layers, --depth/--virtual interleaved)",
+    )
+    p.add_argument(
+        "--onednn",
+        action="store_true",
+        help="the workers use TensorFlow's oneDNN kernels (TF_ENABLE_ONEDNN_OPTS=1; TensorFlow's default "
+        "only on x86 CPUs with AVX512-VNNI or AMX), not its Eigen kernels",
+    )
 
 
 def kernels(a) -> str:
@@ -431,8 +503,9 @@ def kernels(a) -> str:
 
 def kernel_name() -> str:
     """The kernels this process's workers use, as `kernels` set them."""
-    return {"1": "oneDNN kernels", "0": "Eigen kernels"}.get(os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
-                                                            "TensorFlow's default kernels")
+    return {"1": "oneDNN kernels", "0": "Eigen kernels"}.get(
+        os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "TensorFlow's default kernels"
+    )
 
 
 def main() -> None:
@@ -452,10 +525,16 @@ def main() -> None:
     p.add_argument("--cores", default="", help="worker i's core, comma-separated (default: core i)")
     p.add_argument("--json", default="")
     p.add_argument("--markdown", action="store_true")
-    p.add_argument("--replicas", action="store_true",
-                   help="copies of the pipeline: K=1 R=1 on one worker against K=1 R=2 and K=2 R=1 on two")
-    p.add_argument("--decompose", action="store_true",
-                   help="--replicas: also time `half` (one copy's share alone) and `apart` (data without its exchange)")
+    p.add_argument(
+        "--replicas",
+        action="store_true",
+        help="copies of the pipeline: K=1 R=1 on one worker against K=1 R=2 and K=2 R=1 on two",
+    )
+    p.add_argument(
+        "--decompose",
+        action="store_true",
+        help="--replicas: also time `half` (one copy's share alone) and `apart` (data without its exchange)",
+    )
     a = p.parse_args()
     kernels(a)  # before the workers start: they inherit it
     if a.replicas:
@@ -484,52 +563,85 @@ def main() -> None:
         for (name, m, place), fn in steps.items():
             for _ in range(a.warmup):
                 fn(*batches[place, m])
-        print(f"# {k} workers ({', '.join(addresses)}) on cores {cores}, one thread each; built and warmed up in "
-              f"{time.time() - started:.0f} s", flush=True)
+        print(
+            f"# {k} workers ({', '.join(addresses)}) on cores {cores}, one thread each; built and warmed up in "
+            f"{time.time() - started:.0f} s",
+            flush=True,
+        )
         pids = [os.getpid(), *worker_pids]
         times = {key: [] for key in steps}
         t0, r = time.time(), 0
-        while r < a.repeats or (min(len(quiet_pairs(a, times[n, m, "one"], times[n, m, "split"])) for n, m in names)
-                                < a.min_quiet and time.time() - t0 < 60 * a.max_minutes):
+        while r < a.repeats or (
+            min(len(quiet_pairs(a, times[n, m, "one"], times[n, m, "split"])) for n, m in names) < a.min_quiet
+            and time.time() - t0 < 60 * a.max_minutes
+        ):
             for i, (name, m) in enumerate(names):
-                for place in (("one", "split") if (r + i) % 2 == 0 else ("split", "one")):
+                for place in ("one", "split") if (r + i) % 2 == 0 else ("split", "one"):
                     times[name, m, place].append(timed(steps[name, m, place], *batches[place, m], a.steps, pids))
             r += 1
-            print(f"# repeat {r} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
-                  flush=True)
+            print(
+                f"# repeat {r} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
+                flush=True,
+            )
     rows = []
     for name, m in names:
         one, split = times[name, m, "one"], times[name, m, "split"]
         ideal = k * m / (m + k - 1)
         quiet = quiet_pairs(a, one, split)
-        rows.append(dict(step=name, M=m, ideal=ideal, planned=planned.get((name, m)), speedup=statistics.median(o[0] / s[0] for o, s in zip(one, split)),
-                         quiet=len(quiet), quiet_speedup=statistics.median(quiet) if quiet else None,
-                         one_s=statistics.median(t[0] for t in one), split_s=statistics.median(t[0] for t in split),
-                         foreign=statistics.median(t[1] for t in one + split)))
+        rows.append(
+            dict(
+                step=name,
+                M=m,
+                ideal=ideal,
+                planned=planned.get((name, m)),
+                speedup=statistics.median(o[0] / s[0] for o, s in zip(one, split)),
+                quiet=len(quiet),
+                quiet_speedup=statistics.median(quiet) if quiet else None,
+                one_s=statistics.median(t[0] for t in one),
+                split_s=statistics.median(t[0] for t in split),
+                foreign=statistics.median(t[1] for t in one + split),
+            )
+        )
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\n{kernel_name()}; K={k}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}, {r} repeats x {a.steps} steps, "
-          f"{time.time() - started:.0f} s; load average at the end {load}")
-    print(f"{'step':12s} {'M':>3s} {'one s':>8s} {'split s':>8s} {'speedup':>8s} {'ideal':>6s} {'effic.':>6s} "
-          f"{'foreign':>7s} {'quiet':>5s} {'speedup':>8s} {'effic.':>6s} {'plan':>6s}")
+    print(
+        f"\n{kernel_name()}; K={k}, {a.depth}x{a.width} tanh per stage (+{a.first_extra} on the first), microbatch {a.micro_size}, {r} repeats x {a.steps} steps, "
+        f"{time.time() - started:.0f} s; load average at the end {load}"
+    )
+    print(
+        f"{'step':12s} {'M':>3s} {'one s':>8s} {'split s':>8s} {'speedup':>8s} {'ideal':>6s} {'effic.':>6s} "
+        f"{'foreign':>7s} {'quiet':>5s} {'speedup':>8s} {'effic.':>6s} {'plan':>6s}"
+    )
     for row in rows:
-        q = (f"{row['quiet_speedup']:8.2f} {row['quiet_speedup'] / row['ideal']:6.2f}" if row["quiet"]
-             else f"{'-':>8s} {'-':>6s}")
-        print(f"{row['step']:12s} {row['M']:3d} {row['one_s']:8.4f} {row['split_s']:8.4f} {row['speedup']:8.2f} "
-              f"{row['ideal']:6.2f} {row['speedup'] / row['ideal']:6.2f} {row['foreign']:7.2f} {row['quiet']:5d} {q} "
-              + (f"{row['planned']:6.2f}" if row["planned"] else f"{'-':>6s}"))
+        q = (
+            f"{row['quiet_speedup']:8.2f} {row['quiet_speedup'] / row['ideal']:6.2f}"
+            if row["quiet"]
+            else f"{'-':>8s} {'-':>6s}"
+        )
+        print(
+            f"{row['step']:12s} {row['M']:3d} {row['one_s']:8.4f} {row['split_s']:8.4f} {row['speedup']:8.2f} "
+            f"{row['ideal']:6.2f} {row['speedup'] / row['ideal']:6.2f} {row['foreign']:7.2f} {row['quiet']:5d} {q} "
+            + (f"{row['planned']:6.2f}" if row["planned"] else f"{'-':>6s}")
+        )
     if a.markdown:
-        print("\n| step | M | ideal | speed-up (all pairs) | efficiency | quiet pairs | speed-up (quiet) | efficiency (quiet) |")
+        print(
+            "\n| step | M | ideal | speed-up (all pairs) | efficiency | quiet pairs | speed-up (quiet) | efficiency (quiet) |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for row in rows:
             qs = row["quiet_speedup"]
-            print(f"| {row['step']} | {row['M']} | {row['ideal']:.2f} | {row['speedup']:.2f} | "
-                  f"{row['speedup'] / row['ideal']:.2f} | {row['quiet']} | {qs:.2f} | {qs / row['ideal']:.2f} |"
-                  if qs else f"| {row['step']} | {row['M']} | {row['ideal']:.2f} | {row['speedup']:.2f} | "
-                  f"{row['speedup'] / row['ideal']:.2f} | 0 | - | - |")
+            print(
+                f"| {row['step']} | {row['M']} | {row['ideal']:.2f} | {row['speedup']:.2f} | "
+                f"{row['speedup'] / row['ideal']:.2f} | {row['quiet']} | {qs:.2f} | {qs / row['ideal']:.2f} |"
+                if qs
+                else f"| {row['step']} | {row['M']} | {row['ideal']:.2f} | {row['speedup']:.2f} | "
+                f"{row['speedup'] / row['ideal']:.2f} | 0 | - | - |"
+            )
     versus = against(a, times) if a.against else []
     if versus:
-        print(f"\nsplit placement, paired ratio time({a.against}) / time(schedule), median over repeats (>1: faster "
-              f"than {a.against})")
+        print(
+            f"\nsplit placement, paired ratio time({a.against}) / time(schedule), median over repeats (>1: faster "
+            f"than {a.against})"
+        )
         print(f"{'schedule':12s} {'M':>3s} {'pairs':>5s} {'ratio':>7s} {'quiet':>5s} {'ratio':>7s}")
         for v in versus:
             q = f"{v['quiet_ratio']:7.3f}" if v["quiet"] else f"{'-':>7s}"

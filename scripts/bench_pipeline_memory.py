@@ -55,11 +55,31 @@ RECOMPUTE = ("never", "except_last", "always")
 def overrides(a: argparse.Namespace, schedule: str, recompute: str = "never") -> list[str]:
     """The chain under test, as command-line overrides."""
     looped = [f"pipeline.virtual_stages={VIRTUAL}"] if schedule == "interleaved" else []
-    return [f"+stages={a.stages}", "mode=e2e", f"pipeline.schedule={schedule}", f"pipeline.microbatches={2 * a.stages}",
-            f"pipeline.recompute={recompute}"] + looped + [
-            "model=mlp", f"model.width={a.width}", f"model.depth={a.depth}", "optim=sgd", "optim.lr=0.01",
-            "data=synthetic", f"data.features={a.features}", "data.classes=10", f"data.samples={a.batch}", "data.val_fraction=0",
-            f"data.batch_size={a.batch}", "data.shuffle=false", "trainer.progress=false"]
+    return (
+        [
+            f"+stages={a.stages}",
+            "mode=e2e",
+            f"pipeline.schedule={schedule}",
+            f"pipeline.microbatches={2 * a.stages}",
+            f"pipeline.recompute={recompute}",
+        ]
+        + looped
+        + [
+            "model=mlp",
+            f"model.width={a.width}",
+            f"model.depth={a.depth}",
+            "optim=sgd",
+            "optim.lr=0.01",
+            "data=synthetic",
+            f"data.features={a.features}",
+            "data.classes=10",
+            f"data.samples={a.batch}",
+            "data.val_fraction=0",
+            f"data.batch_size={a.batch}",
+            "data.shuffle=false",
+            "trainer.progress=false",
+        ]
+    )
 
 
 def worker(a: argparse.Namespace) -> None:
@@ -88,8 +108,18 @@ def worker(a: argparse.Namespace) -> None:
         raise SystemExit(f"expected a peak per device (one process-wide figure on CPU), got {peaks}")
     params = sum(s.params for s in run.stages)
     estimate = [f.total for f in run.placement.footprints]  # chain.planning.footprint, before training
-    print(json.dumps({"peak_bytes": max(peaks), "stage_peaks": peaks, "seconds_per_step": seconds, "params": params,
-                      "estimate_bytes": sum(estimate), "stage_estimates": estimate}))
+    print(
+        json.dumps(
+            {
+                "peak_bytes": max(peaks),
+                "stage_peaks": peaks,
+                "seconds_per_step": seconds,
+                "params": params,
+                "estimate_bytes": sum(estimate),
+                "stage_estimates": estimate,
+            }
+        )
+    )
 
 
 def trace(a: argparse.Namespace) -> None:
@@ -115,8 +145,11 @@ def trace(a: argparse.Namespace) -> None:
         from chain.pipeline.step import e2e_step
 
         st = run.strategy
-        st.set_step(e2e_step(run.stages, run.schedule, st.loss_fn(), st.target, recompute_policy=a.recompute,
-                             weights_early=False))
+        st.set_step(
+            e2e_step(
+                run.stages, run.schedule, st.loss_fn(), st.target, recompute_policy=a.recompute, weights_early=False
+            )
+        )
     it = iter(run.batches())
     for _ in range(a.warmup - 1):
         run.step(*next(it))
@@ -133,15 +166,17 @@ def trace(a: argparse.Namespace) -> None:
         tf.profiler.experimental.stop()
         peak = memory_trace.peak_of(logdir, step=1)
     measured = max(memory.peak_bytes(d) or 0 for d in devices)
-    mib = 2.0 ** 20
-    print(f"{a.schedule} recompute={a.recompute}{' weights_early=False' if a.weights_late else ''}: allocator peak of the traced step {measured / mib:.2f} MiB, "
-          f"traced peak {peak.in_use / mib:.2f} MiB; weights {4 * sum(s.params for s in run.stages) / mib:.2f} MiB; "
-          f"estimate {sum(f.total for f in run.placement.footprints) / mib:.2f} MiB (chain.planning.footprint)")
+    mib = 2.0**20
+    print(
+        f"{a.schedule} recompute={a.recompute}{' weights_early=False' if a.weights_late else ''}: allocator peak of the traced step {measured / mib:.2f} MiB, "
+        f"traced peak {peak.in_use / mib:.2f} MiB; weights {4 * sum(s.params for s in run.stages) / mib:.2f} MiB; "
+        f"estimate {sum(f.total for f in run.placement.footprints) / mib:.2f} MiB (chain.planning.footprint)"
+    )
     print("\n".join(memory_trace.table(peak)))
     for name in memory_trace.CATEGORIES[1:]:
         ops = peak.by_op(name)
         if ops:
-            top = ", ".join(f"{op} {r / mib:.2f}/{b / mib:.2f}" for op, (r, b) in list(ops.items())[:a.top])
+            top = ", ".join(f"{op} {r / mib:.2f}/{b / mib:.2f}" for op, (r, b) in list(ops.items())[: a.top])
             print(f"  {name}: {len(ops)} ops; largest (requested/allocated MiB): {top}")
 
 
@@ -178,9 +213,11 @@ def paired_times(a: argparse.Namespace) -> None:
         for policy in RECOMPUTE[1:]:
             ratio = statistics.median(t / n for t, n in zip(times[policy], times["never"]))
             cpu_ratio = statistics.median(t / n for t, n in zip(cpu[policy], cpu["never"]))
-            print(f"{schedule} {policy}: step time / never's, median of {a.steps} paired ratios: {ratio:.2f} "
-                  f"(never median {statistics.median(times['never']):.3f} s); CPU time / never's: {cpu_ratio:.2f}",
-                  flush=True)
+            print(
+                f"{schedule} {policy}: step time / never's, median of {a.steps} paired ratios: {ratio:.2f} "
+                f"(never median {statistics.median(times['never']):.3f} s); CPU time / never's: {cpu_ratio:.2f}",
+                flush=True,
+            )
 
 
 def measure(a: argparse.Namespace, variant: str) -> dict:
@@ -188,11 +225,18 @@ def measure(a: argparse.Namespace, variant: str) -> dict:
     schedule, _, rest = variant.partition(" ")
     unchained = rest == "unchained"
     recompute = rest if rest in RECOMPUTE else "never"
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--schedule", schedule, "--recompute", recompute] + (
-        ["--unchained"] if unchained else []) + [f"--extra={e}" for e in a.extra] + [
-        f"--{k}={getattr(a, k)}" for k in ("stages", "width", "depth", "features", "batch", "warmup", "steps")]
+    cmd = (
+        [sys.executable, os.path.abspath(__file__), "--worker", "--schedule", schedule, "--recompute", recompute]
+        + (["--unchained"] if unchained else [])
+        + [f"--extra={e}" for e in a.extra]
+        + [f"--{k}={getattr(a, k)}" for k in ("stages", "width", "depth", "features", "batch", "warmup", "steps")]
+    )
     # The BFC allocator keeps the peak on any CPU (as the command line sets it: chain.cli).
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CPU_ALLOCATOR_USE_BFC=os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "true"))
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        TF_CPU_ALLOCATOR_USE_BFC=os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "true"),
+    )
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode:
         raise SystemExit(f"worker failed ({variant}):\n{r.stderr}")
@@ -276,7 +320,9 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
         held = live_microbatches(s, a.stages, m) if s in known else "-"
         est = results[s][0].get("estimate_bytes") if s in known else None
         cols = f"{mib(est)} | {est / med[s]:.2f}" if est else "- | -"
-        lines.append(f"| {s} | {bound} | {held} | {mib(med[s])} | {runs} | {mib(med[s] - fixed)} | {sec[s]:.2f} | {cols} |")
+        lines.append(
+            f"| {s} | {bound} | {held} | {mib(med[s])} | {runs} | {mib(med[s] - fixed)} | {sec[s]:.2f} | {cols} |"
+        )
     lines += [
         "",
         f"1F1B / GPipe peak memory: **{med['1f1b'] / med['gpipe']:.2f}**, activations "
@@ -312,20 +358,26 @@ def report(a: argparse.Namespace, results: dict[str, list[dict]]) -> str:
     lines += [
         f"Measured {time.strftime('%Y-%m-%d')} with `python scripts/bench_pipeline_memory.py "
         f"--repeats {a.repeats} --stages {a.stages} --width {a.width} --depth {a.depth} --batch {a.batch}"
-        + (" --ablation" if a.ablation else "") + (" --no-recompute" if a.no_recompute else "") + "`.",
+        + (" --ablation" if a.ablation else "")
+        + (" --no-recompute" if a.no_recompute else "")
+        + "`.",
         f"<!-- {SECTION}:end -->",
     ]
     return "\n".join(lines) + "\n"
 
 
-def new_schedules(a: argparse.Namespace, results: dict[str, list[dict]], med: dict[str, float], fixed: int) -> list[str]:
+def new_schedules(
+    a: argparse.Namespace, results: dict[str, list[dict]], med: dict[str, float], fixed: int
+) -> list[str]:
     """What zb1 and interleaved hold, against 1F1B: zb1's layer-output gradients between B and W."""
     m = 2 * a.stages
     mib = lambda b: f"{b / 2**20:.1f}"  # noqa: E731
     pending = pending_weight_gradients("zb1", a.stages, m)
     # B leaves the gradient at every weighted layer's output (`chain.steps.forward.Kept`): depth
     # width-wide outputs per stage, and the read-out's (classes wide) on the last one.
-    per_microbatch = [a.batch // m * 4 * (a.depth * a.width + (10 if k == a.stages - 1 else 0)) for k in range(a.stages)]
+    per_microbatch = [
+        a.batch // m * 4 * (a.depth * a.width + (10 if k == a.stages - 1 else 0)) for k in range(a.stages)
+    ]
     grads = sum(p * b for p, b in zip(pending, per_microbatch))
     act = {s: med[s] - fixed for s in ("1f1b", "zb1", "interleaved")}
     return [
@@ -386,8 +438,10 @@ def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> lis
             ar = statistics.median((x["peak_bytes"] - fixed) / (b["peak_bytes"] - fixed) for x, b in zip(runs, base))
             tr = statistics.median(x["seconds_per_step"] / b["seconds_per_step"] for x, b in zip(runs, base))
             est = runs[0].get("estimate_bytes")
-            lines.append(f"| {schedule} | {r} | {mib(peak)} | {mib(peak - fixed)} | {pr:.2f} | {ar:.2f} | {tr:.2f} | "
-                         f"{f'{est / peak:.2f}' if est else '-'} |")
+            lines.append(
+                f"| {schedule} | {r} | {mib(peak)} | {mib(peak - fixed)} | {pr:.2f} | {ar:.2f} | {tr:.2f} | "
+                f"{f'{est / peak:.2f}' if est else '-'} |"
+            )
     inputs = a.batch * (a.features + a.width * (a.stages - 1)) * 4  # every stage's input, all M microbatches
     never = act[("gpipe", "never")]
     one = never / m  # one microbatch's activations, every stage: what the replays rebuild if all run at once
@@ -413,7 +467,11 @@ def recompute_rows(a: argparse.Namespace, results: dict[str, list[dict]]) -> lis
 def write_section(path: str, section: str) -> None:
     """Replace this benchmark's section of `path` (or append it), keeping everything else."""
     start, end = f"<!-- {SECTION}:start -->", f"<!-- {SECTION}:end -->"
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n\nFigures measured by the scripts in `scripts/`.\n"
+    text = (
+        open(path).read()
+        if os.path.exists(path)
+        else "# Benchmarks\n\nFigures measured by the scripts in `scripts/`.\n"
+    )
     if start in text and end in text:
         head, rest = text.split(start, 1)
         tail = rest.split(end, 1)[1].lstrip("\n")
@@ -441,16 +499,32 @@ def main() -> None:
     p.add_argument("--unchained", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--schedule", choices=SCHEDULES + SPLIT_AND_LOOPED, default="gpipe", help="--trace: the schedule")
     p.add_argument("--recompute", choices=RECOMPUTE, default="never", help="--trace: the recompute policy")
-    p.add_argument("--extra", action="append", default=[], help="one more override for the chain (repeatable), "
-                   "e.g. --extra=placement.devices=[/GPU:0,/GPU:1]")
-    p.add_argument("--paired", action="store_true", help="only step times of each recompute policy against never, "
-                   "interleaved step by step in one process (--steps pairs)")
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        help="one more override for the chain (repeatable), e.g. --extra=placement.devices=[/GPU:0,/GPU:1]",
+    )
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="only step times of each recompute policy against never, "
+        "interleaved step by step in one process (--steps pairs)",
+    )
     p.add_argument("--no-recompute", action="store_true", help="leave out the pipeline.recompute rows")
     p.add_argument("--no-split-or-looped", action="store_true", help="leave out the zb1 and interleaved rows")
-    p.add_argument("--trace", action="store_true", help="only trace one step of --schedule/--recompute after "
-                   "warm-up and print what is live at its peak, by category (chain.pipeline.memory_trace)")
-    p.add_argument("--weights-late", action="store_true", help="--trace: the step without `weights_first`'s "
-                   "edges (chain.pipeline.step: weights_early=False), as it was before them")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="only trace one step of --schedule/--recompute after "
+        "warm-up and print what is live at its peak, by category (chain.pipeline.memory_trace)",
+    )
+    p.add_argument(
+        "--weights-late",
+        action="store_true",
+        help="--trace: the step without `weights_first`'s "
+        "edges (chain.pipeline.step: weights_early=False), as it was before them",
+    )
     p.add_argument("--top", type=int, default=4, help="--trace: how many of each category's largest ops to name")
     a = p.parse_args()
     if a.trace:
@@ -462,20 +536,28 @@ def main() -> None:
     if a.paired:
         paired_times(a)
         return
-    variants = list(SCHEDULES) + ([] if a.no_split_or_looped else list(SPLIT_AND_LOOPED)) + (
-        [] if a.no_recompute else [f"{s} {r}" for s in SCHEDULES for r in RECOMPUTE[1:]]) + (
-        [f"{s} unchained" for s in SCHEDULES] if a.ablation else [])
+    variants = (
+        list(SCHEDULES)
+        + ([] if a.no_split_or_looped else list(SPLIT_AND_LOOPED))
+        + ([] if a.no_recompute else [f"{s} {r}" for s in SCHEDULES for r in RECOMPUTE[1:]])
+        + ([f"{s} unchained" for s in SCHEDULES] if a.ablation else [])
+    )
     results: dict[str, list[dict]] = {s: [] for s in variants}
     for r in range(a.repeats):
         for s in variants if r % 2 == 0 else variants[::-1]:
             results[s].append(measure(a, s))
-            print(f"repeat {r + 1}/{a.repeats}  {s:6s} peak {results[s][-1]['peak_bytes'] / 2**20:8.1f} MiB  "
-                  f"{results[s][-1]['seconds_per_step']:.2f} s/step", flush=True)
+            print(
+                f"repeat {r + 1}/{a.repeats}  {s:6s} peak {results[s][-1]['peak_bytes'] / 2**20:8.1f} MiB  "
+                f"{results[s][-1]['seconds_per_step']:.2f} s/step",
+                flush=True,
+            )
     med = {s: statistics.median(x["peak_bytes"] for x in results[s]) for s in variants}
-    for s in variants[len(SCHEDULES):]:
+    for s in variants[len(SCHEDULES) :]:
         print(f"median peak  {s}: {med[s] / 2**20:.1f} MiB")
-    print(f"\nmedian peak  gpipe {med['gpipe'] / 2**20:.1f} MiB   1f1b {med['1f1b'] / 2**20:.1f} MiB   "
-          f"1f1b/gpipe {med['1f1b'] / med['gpipe']:.2f}")
+    print(
+        f"\nmedian peak  gpipe {med['gpipe'] / 2**20:.1f} MiB   1f1b {med['1f1b'] / 2**20:.1f} MiB   "
+        f"1f1b/gpipe {med['1f1b'] / med['gpipe']:.2f}"
+    )
     write_section(a.out, report(a, results))
     print(f"written to {a.out}")
 

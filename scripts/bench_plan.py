@@ -62,12 +62,19 @@ FINDINGS = "/work/briefs/s3/benchplan-findings.md"
 MODELS = ("wide", "deep", "transformer", "mobilenet")
 # (K, R) x M x schedule: the grid (module docstring); recompute=always and the two-stages-per-device
 # schedules fill it where K=1 has one schedule only.
-GRID = ([(1, 1, m, "gpipe", "never") for m in (1, 2, 4, 8)] + [(1, 2, m, "gpipe", "never") for m in (1, 2, 4, 8)]
-        + [(2, 1, m, s, "never") for m in (1, 2, 4, 8) for s in ("gpipe", "1f1b", "zb1")]
-        + [(2, 1, m, s, "always") for m in (4, 8) for s in ("gpipe", "1f1b")]
-        + [(4, 1, m, s, "never") for m in (4, 8) for s in ("interleaved", "zbv")])
-QUICK_GRID = [(1, 1, 1, "gpipe", "never"), (1, 2, 1, "gpipe", "never"), (2, 1, 2, "1f1b", "never"),
-              (2, 1, 2, "zb1", "never")]
+GRID = (
+    [(1, 1, m, "gpipe", "never") for m in (1, 2, 4, 8)]
+    + [(1, 2, m, "gpipe", "never") for m in (1, 2, 4, 8)]
+    + [(2, 1, m, s, "never") for m in (1, 2, 4, 8) for s in ("gpipe", "1f1b", "zb1")]
+    + [(2, 1, m, s, "always") for m in (4, 8) for s in ("gpipe", "1f1b")]
+    + [(4, 1, m, s, "never") for m in (4, 8) for s in ("interleaved", "zbv")]
+)
+QUICK_GRID = [
+    (1, 1, 1, "gpipe", "never"),
+    (1, 2, 1, "gpipe", "never"),
+    (2, 1, 2, "1f1b", "never"),
+    (2, 1, 2, "zb1", "never"),
+]
 
 
 @dataclass(frozen=True)
@@ -84,10 +91,18 @@ class Shape:
 
 def shapes(quick: bool) -> dict[str, Shape]:
     if quick:
-        return {"wide": Shape("wide", 32, 64, 4), "deep": Shape("deep", 32, 16, 8),
-                "transformer": Shape("transformer", 8, 16, 2, seq=8), "mobilenet": Shape("mobilenet", 8, image=True)}
-    return {"wide": Shape("wide", 256, 1024, 8), "deep": Shape("deep", 256, 256, 16),
-            "transformer": Shape("transformer", 64, 128, 4, seq=32), "mobilenet": Shape("mobilenet", 64, image=True)}
+        return {
+            "wide": Shape("wide", 32, 64, 4),
+            "deep": Shape("deep", 32, 16, 8),
+            "transformer": Shape("transformer", 8, 16, 2, seq=8),
+            "mobilenet": Shape("mobilenet", 8, image=True),
+        }
+    return {
+        "wide": Shape("wide", 256, 1024, 8),
+        "deep": Shape("deep", 256, 256, 16),
+        "transformer": Shape("transformer", 64, 128, 4, seq=32),
+        "mobilenet": Shape("mobilenet", 64, image=True),
+    }
 
 
 def make(shape: Shape):
@@ -96,8 +111,9 @@ def make(shape: Shape):
 
     keras.utils.set_random_seed(0)
     if shape.image:
-        return keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), classes=10, alpha=0.35,
-                                              classifier_activation=None)
+        return keras.applications.MobileNetV2(
+            weights=None, input_shape=(32, 32, 3), classes=10, alpha=0.35, classifier_activation=None
+        )
     if shape.seq:
         return transformer(shape)
     x = keras.Input((shape.width,))
@@ -135,15 +151,28 @@ def base_overrides(shape: Shape, cluster_option: str, scratch: str) -> list[str]
 
         path = os.path.join(scratch, "images.npz")
         n = max(shape.batch, 20)  # every class present: the data's classes are the labels seen
-        np.savez(path, x=np.random.default_rng(0).normal(size=(n, 32, 32, 3)).astype("float32"),
-                 y=(np.arange(n) % 10).astype("int64"))
+        np.savez(
+            path,
+            x=np.random.default_rng(0).normal(size=(n, 32, 32, 3)).astype("float32"),
+            y=(np.arange(n) % 10).astype("int64"),
+        )
         data = ["data=npz", f"data.path={path}", "data.y=y"]
     else:
         features = shape.width * (shape.seq or 1)
         data = ["data=synthetic", f"data.features={features}", "data.classes=10", f"data.samples={shape.batch}"]
-    return ["mode=e2e", "optim=sgd", "optim.lr=0.001", *data, f"data.batch_size={shape.batch}", "data.val_fraction=0",
-            "trainer.progress=false", "trainer.steps_per_call=1", "checkpoint.export=false", cluster_option,
-            "cluster.lost_after_s=120"]  # a loaded machine's worker may not answer the watchdog for 5 s
+    return [
+        "mode=e2e",
+        "optim=sgd",
+        "optim.lr=0.001",
+        *data,
+        f"data.batch_size={shape.batch}",
+        "data.val_fraction=0",
+        "trainer.progress=false",
+        "trainer.steps_per_call=1",
+        "checkpoint.export=false",
+        cluster_option,
+        "cluster.lost_after_s=120",
+    ]  # a loaded machine's worker may not answer the watchdog for 5 s
 
 
 def host_batch(shape: Shape):
@@ -155,8 +184,9 @@ def host_batch(shape: Shape):
     with tf.device(host()):
         dims = [shape.batch, 32, 32, 3] if shape.image else [shape.batch, shape.width * (shape.seq or 1)]
         x = tf.random.stateless_normal(dims, seed=[1, 2])
-        y = tf.random.stateless_uniform([shape.batch], seed=[2, 3], maxval=10, dtype=tf.int64 if shape.image
-                                        else tf.int32)
+        y = tf.random.stateless_uniform(
+            [shape.batch], seed=[2, 3], maxval=10, dtype=tf.int64 if shape.image else tf.int32
+        )
     return x, {"label": y}
 
 
@@ -185,8 +215,10 @@ def grid(shape: Shape, spec, m, chosen, wanted: list[tuple]) -> list:
     from chain.planning import search
     from chain.prepared import plan_choice
 
-    found = {(c.stages, c.replicas, c.microbatches, c.schedule, c.recompute): c
-             for c, _ in search.candidates(m.costs, shape.batch, plan_choice.stage_counts(spec.settings, m.costs))}
+    found = {
+        (c.stages, c.replicas, c.microbatches, c.schedule, c.recompute): c
+        for c, _ in search.candidates(m.costs, shape.batch, plan_choice.stage_counts(spec.settings, m.costs))
+    }
     keys = [k for k in wanted if k in found]
     key = (chosen.stages, chosen.replicas, chosen.microbatches, chosen.schedule, chosen.recompute)
     if key not in keys:
@@ -222,9 +254,12 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
     before, measured, spec, planning_s = plan_auto(shape, base, run_dir, a.plan_budget)
     plan, costs = spec.auto_plan, measured.costs
     chosen = plan.chosen.candidate
-    print(f"# {shape.name}: plan=auto chose {name_of(chosen)} ({' '.join(chosen.overrides())}), predicted "
-          f"{plan.chosen.step_s * 1e3:.1f} ms; planning {planning_s:.1f} s (measuring {plan.measuring_s:.1f} s, "
-          f"searching {plan.searching_s:.2f} s, {plan.candidates} candidates)", flush=True)
+    print(
+        f"# {shape.name}: plan=auto chose {name_of(chosen)} ({' '.join(chosen.overrides())}), predicted "
+        f"{plan.chosen.step_s * 1e3:.1f} ms; planning {planning_s:.1f} s (measuring {plan.measuring_s:.1f} s, "
+        f"searching {plan.searching_s:.2f} s, {plan.candidates} candidates)",
+        flush=True,
+    )
     plans = grid(shape, before, measured, chosen, QUICK_GRID if a.quick else GRID)
     x, ys = host_batch(shape)
     steps, started = [], time.time()
@@ -246,10 +281,13 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
             order.reverse()
         for i in order:
             times[i].append(timed(steps[i], x, ys, a.steps, pids))
-        print(f"# {shape.name}: round {r + 1} at {time.time() - started:.0f} s, load "
-              f"{open('/proc/loadavg').read().split()[0]}", flush=True)
+        print(
+            f"# {shape.name}: round {r + 1} at {time.time() - started:.0f} s, load "
+            f"{open('/proc/loadavg').read().split()[0]}",
+            flush=True,
+        )
     medians = [statistics.median(t[0] for t in ts) for ts in times]
-    grid_medians = medians[:len(plans)]
+    grid_medians = medians[: len(plans)]
     best = min(range(len(plans)), key=grid_medians.__getitem__)
     ci = next(i for i, (c, _) in enumerate(plans) if c == chosen)
     rank = 1 + sum(m < grid_medians[ci] for m in grid_medians)
@@ -258,49 +296,84 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
     rows = []
     for (c, predicted), ts, m in zip(plans, times, grid_medians):
         quiet = [t[0] for t in ts if t[1] < a.quiet]
-        rows.append(dict(plan=name_of(c), overrides=" ".join(c.overrides()), measured_ms=m * 1e3,
-                         quiet=len(quiet), quiet_ms=median(quiet) and median(quiet) * 1e3, predicted_ms=predicted * 1e3,
-                         foreign=statistics.median(t[1] for t in ts), chosen=c == chosen))
+        rows.append(
+            dict(
+                plan=name_of(c),
+                overrides=" ".join(c.overrides()),
+                measured_ms=m * 1e3,
+                quiet=len(quiet),
+                quiet_ms=median(quiet) and median(quiet) * 1e3,
+                predicted_ms=predicted * 1e3,
+                foreign=statistics.median(t[1] for t in ts),
+                chosen=c == chosen,
+            )
+        )
     auto_ts = times[-1]
-    return dict(model=shape.name, batch=shape.batch, rows=rows, chosen=name_of(chosen), rank=rank, plans=len(plans),
-                best=name_of(plans[best][0]), best_ms=grid_medians[best] * 1e3, chosen_ms=grid_medians[ci] * 1e3,
-                auto_ms=medians[-1] * 1e3, ratio=statistics.median(paired), quiet_pairs=len(quiet_paired),
-                quiet_ratio=median(quiet_paired), predicted_ms=plan.chosen.step_s * 1e3,
-                planning_s=planning_s, measuring_s=plan.measuring_s, searching_s=plan.searching_s,
-                candidates=plan.candidates, notes=costs.notes, costs=costs_summary(costs),
-                foreign=statistics.median(t[1] for ts in times for t in ts),
-                auto_vs_hand=statistics.median(u[0] / h[0] for u, h in zip(auto_ts, times[ci])))
+    return dict(
+        model=shape.name,
+        batch=shape.batch,
+        rows=rows,
+        chosen=name_of(chosen),
+        rank=rank,
+        plans=len(plans),
+        best=name_of(plans[best][0]),
+        best_ms=grid_medians[best] * 1e3,
+        chosen_ms=grid_medians[ci] * 1e3,
+        auto_ms=medians[-1] * 1e3,
+        ratio=statistics.median(paired),
+        quiet_pairs=len(quiet_paired),
+        quiet_ratio=median(quiet_paired),
+        predicted_ms=plan.chosen.step_s * 1e3,
+        planning_s=planning_s,
+        measuring_s=plan.measuring_s,
+        searching_s=plan.searching_s,
+        candidates=plan.candidates,
+        notes=costs.notes,
+        costs=costs_summary(costs),
+        foreign=statistics.median(t[1] for ts in times for t in ts),
+        auto_vs_hand=statistics.median(u[0] / h[0] for u, h in zip(auto_ts, times[ci])),
+    )
 
 
 def costs_summary(costs) -> str:
     """What plan=auto measured, in brief: per microbatch size the pieces' summed F, B and W; the fixed
     costs; the transfer and the exchange."""
-    sizes = "; ".join(f"size {n}: F {sum(costs.at(costs.forward, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
-                      f"B {sum(costs.at(costs.input_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
-                      f"W {sum(costs.at(costs.weight_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} ms"
-                      for n in costs.sizes)
-    return (f"{len(costs.pieces)} pieces, measured {sizes}; updates {sum(costs.update) * 1e3:.2f} ms; action "
-            f"{costs.action_s * 1e3:.3f} ms; step (a call) {costs.step_s * 1e3:.2f} ms; transfer "
-            f"{costs.transfer_latency_s * 1e3:.3f} ms + {costs.transfer_s_per_byte * 1e9:.3f} ns/B; exchange "
-            f"{costs.exchange_latency_s * 1e3:.3f} ms + {costs.exchange_s_per_byte * 1e9:.3f} ns/B")
+    sizes = "; ".join(
+        f"size {n}: F {sum(costs.at(costs.forward, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
+        f"B {sum(costs.at(costs.input_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
+        f"W {sum(costs.at(costs.weight_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} ms"
+        for n in costs.sizes
+    )
+    return (
+        f"{len(costs.pieces)} pieces, measured {sizes}; updates {sum(costs.update) * 1e3:.2f} ms; action "
+        f"{costs.action_s * 1e3:.3f} ms; step (a call) {costs.step_s * 1e3:.2f} ms; transfer "
+        f"{costs.transfer_latency_s * 1e3:.3f} ms + {costs.transfer_s_per_byte * 1e9:.3f} ns/B; exchange "
+        f"{costs.exchange_latency_s * 1e3:.3f} ms + {costs.exchange_s_per_byte * 1e9:.3f} ns/B"
+    )
 
 
 def write_findings(a, result: dict) -> None:
     """Append the model's measured (and predicted) step per plan to the findings file (dated lines)."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    lines = [f"\n## {stamp} bench_plan.py {result['model']} (batch {result['batch']}, {a.repeats} rounds x {a.steps} "
-             f"steps, two single-core workers, {kernel_name()}, load {load}, foreign CPU median "
-             f"{result['foreign']:.2f} cores, plan_budget_s {a.plan_budget or 'default'}{', QUICK smoke run: not figures' if a.quick else ''})"]
+    lines = [
+        f"\n## {stamp} bench_plan.py {result['model']} (batch {result['batch']}, {a.repeats} rounds x {a.steps} "
+        f"steps, two single-core workers, {kernel_name()}, load {load}, foreign CPU median "
+        f"{result['foreign']:.2f} cores, plan_budget_s {a.plan_budget or 'default'}{', QUICK smoke run: not figures' if a.quick else ''})"
+    ]
     for row in result["rows"]:
         q = f"{row['quiet_ms']:.1f}" if row["quiet"] else "-"
-        lines.append(f"- {stamp} {result['model']} `{row['overrides']}`: measured {row['measured_ms']:.1f} ms "
-                     f"(quiet {q} ms, {row['quiet']} quiet of {a.repeats}), predicted {row['predicted_ms']:.1f} ms"
-                     + (" <- plan=auto's choice" if row["chosen"] else ""))
-    lines.append(f"- {stamp} {result['model']}: chosen {result['chosen']} rank {result['rank']}/{result['plans']}, "
-                 f"best {result['best']} {result['best_ms']:.1f} ms; time(chosen)/time(best) {result['ratio']:.3f}; "
-                 f"predicted/measured {result['predicted_ms'] / result['chosen_ms']:.3f}; planning "
-                 f"{result['planning_s']:.1f} s; cost notes: {'; '.join(result['notes']) or 'none'}")
+        lines.append(
+            f"- {stamp} {result['model']} `{row['overrides']}`: measured {row['measured_ms']:.1f} ms "
+            f"(quiet {q} ms, {row['quiet']} quiet of {a.repeats}), predicted {row['predicted_ms']:.1f} ms"
+            + (" <- plan=auto's choice" if row["chosen"] else "")
+        )
+    lines.append(
+        f"- {stamp} {result['model']}: chosen {result['chosen']} rank {result['rank']}/{result['plans']}, "
+        f"best {result['best']} {result['best_ms']:.1f} ms; time(chosen)/time(best) {result['ratio']:.3f}; "
+        f"predicted/measured {result['predicted_ms'] / result['chosen_ms']:.3f}; planning "
+        f"{result['planning_s']:.1f} s; cost notes: {'; '.join(result['notes']) or 'none'}"
+    )
     lines.append(f"- {stamp} {result['model']}: the costs plan=auto measured: {result['costs']}")
     with open(a.findings, "a") as f:
         f.write("\n".join(lines) + "\n")
@@ -308,33 +381,49 @@ def write_findings(a, result: dict) -> None:
 
 def print_tables(a, results: list[dict]) -> None:
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    print(f"\n{kernel_name()}; two single-core workers; {a.repeats} rounds x {a.steps} steps; load average at the end "
-          f"{load}; quiet: other processes below {a.quiet} cores")
+    print(
+        f"\n{kernel_name()}; two single-core workers; {a.repeats} rounds x {a.steps} steps; load average at the end "
+        f"{load}; quiet: other processes below {a.quiet} cores"
+    )
     for res in results:
-        print(f"\n{res['model']} (batch {res['batch']}): plan=auto chose {res['chosen']}, rank {res['rank']} of "
-              f"{res['plans']}; best {res['best']}")
-        print(f"{'plan':34s} {'measured ms':>11s} {'quiet':>5s} {'quiet ms':>8s} {'predicted':>9s} {'pred/meas':>9s} "
-              f"{'foreign':>7s}")
+        print(
+            f"\n{res['model']} (batch {res['batch']}): plan=auto chose {res['chosen']}, rank {res['rank']} of "
+            f"{res['plans']}; best {res['best']}"
+        )
+        print(
+            f"{'plan':34s} {'measured ms':>11s} {'quiet':>5s} {'quiet ms':>8s} {'predicted':>9s} {'pred/meas':>9s} "
+            f"{'foreign':>7s}"
+        )
         for row in sorted(res["rows"], key=lambda r: r["measured_ms"]):
             q = f"{row['quiet_ms']:8.1f}" if row["quiet"] else f"{'-':>8s}"
-            print(f"{row['plan'] + (' *' if row['chosen'] else ''):34s} {row['measured_ms']:11.1f} {row['quiet']:5d} {q} "
-                  f"{row['predicted_ms']:9.1f} {row['predicted_ms'] / row['measured_ms']:9.2f} {row['foreign']:7.2f}")
-    print(f"\n{'model':10s} {'chosen':30s} {'rank':>6s} {'chosen/best':>11s} {'quiet':>11s} {'pred/meas':>9s} "
-          f"{'planning s':>10s} {'auto/hand':>9s}")
+            print(
+                f"{row['plan'] + (' *' if row['chosen'] else ''):34s} {row['measured_ms']:11.1f} {row['quiet']:5d} {q} "
+                f"{row['predicted_ms']:9.1f} {row['predicted_ms'] / row['measured_ms']:9.2f} {row['foreign']:7.2f}"
+            )
+    print(
+        f"\n{'model':10s} {'chosen':30s} {'rank':>6s} {'chosen/best':>11s} {'quiet':>11s} {'pred/meas':>9s} "
+        f"{'planning s':>10s} {'auto/hand':>9s}"
+    )
     for res in results:
         q = f"{res['quiet_ratio']:.3f} ({res['quiet_pairs']})" if res["quiet_pairs"] else "-"
-        print(f"{res['model']:10s} {res['chosen']:30s} {res['rank']:>3d}/{res['plans']:<2d} {res['ratio']:11.3f} "
-              f"{q:>11s} {res['predicted_ms'] / res['chosen_ms']:9.3f} {res['planning_s']:10.1f} {res['auto_vs_hand']:9.3f}")
+        print(
+            f"{res['model']:10s} {res['chosen']:30s} {res['rank']:>3d}/{res['plans']:<2d} {res['ratio']:11.3f} "
+            f"{q:>11s} {res['predicted_ms'] / res['chosen_ms']:9.3f} {res['planning_s']:10.1f} {res['auto_vs_hand']:9.3f}"
+        )
     if a.markdown:
-        print("\n| model | batch | plans | plan=auto's choice | its rank | best measured | time(chosen) / time(best), "
-              "paired | quiet pairs | predicted / measured | planning s (measuring) |")
+        print(
+            "\n| model | batch | plans | plan=auto's choice | its rank | best measured | time(chosen) / time(best), "
+            "paired | quiet pairs | predicted / measured | planning s (measuring) |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for res in results:
             q = f"{res['quiet_pairs']} ({res['quiet_ratio']:.2f})" if res["quiet_pairs"] else "0"
-            print(f"| {res['model']} | {res['batch']} | {res['plans']} | {res['chosen']} | {res['rank']} | {res['best']}, "
-                  f"{res['best_ms']:.1f} ms | {res['ratio']:.2f} | {q} | {res['predicted_ms'] / res['chosen_ms']:.2f} "
-                  f"({res['predicted_ms']:.1f} / {res['chosen_ms']:.1f} ms) | {res['planning_s']:.1f} "
-                  f"({res['measuring_s']:.1f}) |")
+            print(
+                f"| {res['model']} | {res['batch']} | {res['plans']} | {res['chosen']} | {res['rank']} | {res['best']}, "
+                f"{res['best_ms']:.1f} ms | {res['ratio']:.2f} | {q} | {res['predicted_ms'] / res['chosen_ms']:.2f} "
+                f"({res['predicted_ms']:.1f} / {res['chosen_ms']:.1f} ms) | {res['planning_s']:.1f} "
+                f"({res['measuring_s']:.1f}) |"
+            )
 
 
 def main() -> None:
@@ -354,8 +443,10 @@ def main() -> None:
     models = shapes(a.quick)
     results = []
     started = time.time()
-    with LocalCluster(2, cpus=[0 % os.cpu_count(), 1 % os.cpu_count()], threads=1) as cluster, \
-            tempfile.TemporaryDirectory() as scratch:
+    with (
+        LocalCluster(2, cpus=[0 % os.cpu_count(), 1 % os.cpu_count()], threads=1) as cluster,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
         for name in a.models:
             res = bench_model(a, models[name], cluster, scratch)
             results.append(res)

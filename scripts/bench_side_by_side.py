@@ -30,8 +30,16 @@ COMMON = ["trainer.progress=false", "checkpoint.export=false", "model.depth=2", 
 
 def variants(n: int) -> list[dict[str, str]]:
     """N variants: learning rates and widths of a small grid."""
-    grid = [("0.001", "128"), ("0.003", "128"), ("0.001", "256"), ("0.003", "256"), ("0.0003", "128"),
-            ("0.0003", "256"), ("0.01", "128"), ("0.01", "256")]
+    grid = [
+        ("0.001", "128"),
+        ("0.003", "128"),
+        ("0.001", "256"),
+        ("0.003", "256"),
+        ("0.0003", "128"),
+        ("0.0003", "256"),
+        ("0.01", "128"),
+        ("0.01", "256"),
+    ]
     return [{"optim.lr": lr, "model.width": w} for lr, w in grid[:n]]
 
 
@@ -71,24 +79,36 @@ def main() -> None:
     for r in range(a.repeats):
         with tempfile.TemporaryDirectory() as workdir:
             steps = f"trainer.steps={a.steps}"
-            side = [command(["mode=side_by_side", f"+variants={listed}", f"side_by_side.policy={a.policy}", steps],
-                            workdir, "side")]
-            singles = [command(["+stages=1", *[f"{k}={v}" for k, v in v.items()], steps], workdir, f"v{i}")
-                       for i, v in enumerate(vs)]
+            side = [
+                command(
+                    ["mode=side_by_side", f"+variants={listed}", f"side_by_side.policy={a.policy}", steps],
+                    workdir,
+                    "side",
+                )
+            ]
+            singles = [
+                command(["+stages=1", *[f"{k}={v}" for k, v in v.items()], steps], workdir, f"v{i}")
+                for i, v in enumerate(vs)
+            ]
             order = [("side by side", side, False), ("sequential", singles, False), ("concurrent", singles, True)]
-            for name, cmds, at_once in order[r % 3:] + order[:r % 3]:  # rotate the order between repeats
+            for name, cmds, at_once in order[r % 3 :] + order[: r % 3]:  # rotate the order between repeats
                 for c in cmds:  # each repeat writes new run directories
                     c[-1] = c[-1] + f"_{name.replace(' ', '_')}"
                 times[name].append(run_all(cmds, at_once))
         print(f"# repeat {r + 1}: " + ", ".join(f"{n} {t[-1]:.1f} s" for n, t in times.items()), flush=True)
     med = {n: statistics.median(t) for n, t in times.items()}
-    print(f"\n{a.variants} variants x {a.steps} steps (digits, 2 Dense layers, batch 64), policy {a.policy}, "
-          f"{a.repeats} repeats, medians; load average {load} at the start, "
-          f"{open('/proc/loadavg').read().split()[0]} at the end")
+    print(
+        f"\n{a.variants} variants x {a.steps} steps (digits, 2 Dense layers, batch 64), policy {a.policy}, "
+        f"{a.repeats} repeats, medians; load average {load} at the start, "
+        f"{open('/proc/loadavg').read().split()[0]} at the end"
+    )
     for n, t in med.items():
-        print(f"  {n:13s} {t:7.1f} s   ({', '.join(f'{x:.1f}' for x in times[n])})   "
-              f"side by side is {t / med['side by side']:.2f}x faster" if n != "side by side" else
-              f"  {n:13s} {t:7.1f} s   ({', '.join(f'{x:.1f}' for x in times[n])})")
+        print(
+            f"  {n:13s} {t:7.1f} s   ({', '.join(f'{x:.1f}' for x in times[n])})   "
+            f"side by side is {t / med['side by side']:.2f}x faster"
+            if n != "side by side"
+            else f"  {n:13s} {t:7.1f} s   ({', '.join(f'{x:.1f}' for x in times[n])})"
+        )
     if a.markdown:
         print("\n| way | wall time, s (median) | all repeats, s | time / side by side |")
         print("|---|---|---|---|")

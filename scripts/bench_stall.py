@@ -20,9 +20,21 @@ import subprocess
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-BASE = ["mode=e2e", "model=mlp", "model.width=256", "model.depth=2", "optim=adam", "data=synthetic",
-        "data.features=128", "data.samples=8192", "data.classes=10", "data.val_fraction=0", "data.batch_size=64",
-        "trainer.progress=false", "trainer.stall_s=0"]
+BASE = [
+    "mode=e2e",
+    "model=mlp",
+    "model.width=256",
+    "model.depth=2",
+    "optim=adam",
+    "data=synthetic",
+    "data.features=128",
+    "data.samples=8192",
+    "data.classes=10",
+    "data.val_fraction=0",
+    "data.batch_size=64",
+    "trainer.progress=false",
+    "trainer.stall_s=0",
+]
 CASES = ["+stages=2", "+stages=2 pipeline.microbatches=4", "+stages=4 pipeline.microbatches=8 pipeline.schedule=1f1b"]
 
 
@@ -42,15 +54,14 @@ def measure(case: str, blocks: int, steps: int) -> str:
     args = st.arguments(*next(iter(run.batches())))
     fns = {}
     for name, progress in (("plain", None), ("marked", Progress(st.schedule, t.grad_accum, host()))):
-        body = e2e_step(st.stages, st.schedule, st.loss_fn(), st.target, t.grad_accum, t.jit_compile,
-                        progress=progress)
+        body = e2e_step(st.stages, st.schedule, st.loss_fn(), st.target, t.grad_accum, t.jit_compile, progress=progress)
         fns[name] = tf.function(body, autograph=False).get_concrete_function(*args)
         for _ in range(5):  # warm: allocations, the executor's caches
             fns[name](*args).numpy()
     wall: dict[str, list[float]] = {name: [] for name in fns}
     cpu: dict[str, list[float]] = {name: [] for name in fns}
     for b in range(blocks):
-        for name in (("plain", "marked") if b % 2 else ("marked", "plain")):
+        for name in ("plain", "marked") if b % 2 else ("marked", "plain"):
             w0, c0 = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 out = fns[name](*args)
@@ -63,8 +74,10 @@ def measure(case: str, blocks: int, steps: int) -> str:
 
     med = statistics.median
     actions = sum(len(row) for row in st.schedule.actions) * t.grad_accum
-    return (f"| {case} | {actions} | {med(wall['plain']):.3f} / {med(cpu['plain']):.3f} | "
-            f"{med(wall['marked']):.3f} / {med(cpu['marked']):.3f} | {ratio(wall):.3f} | {ratio(cpu):.3f} |")
+    return (
+        f"| {case} | {actions} | {med(wall['plain']):.3f} / {med(cpu['plain']):.3f} | "
+        f"{med(wall['marked']):.3f} / {med(cpu['marked']):.3f} | {ratio(wall):.3f} | {ratio(cpu):.3f} |"
+    )
 
 
 def main() -> None:
@@ -77,12 +90,15 @@ def main() -> None:
 
     cases = a.case or CASES
     n = max(int(next(w for w in c.split() if w.startswith("+stages=")).split("=")[1]) for c in cases)
-    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                               [tf.config.LogicalDeviceConfiguration()] * n)
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * n
+    )
     tf.config.list_logical_devices()  # start the runtime now: a run's planner would split the CPU its own way
     print(f"start: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}", flush=True)
-    print("| case | actions per step | plain ms/step (wall / CPU) | marked ms/step (wall / CPU) | "
-          "marked/plain wall | marked/plain CPU |")
+    print(
+        "| case | actions per step | plain ms/step (wall / CPU) | marked ms/step (wall / CPU) | "
+        "marked/plain wall | marked/plain CPU |"
+    )
     print("|---|---|---|---|---|---|")
     for case in cases:
         print(measure(case, a.blocks, a.steps), flush=True)

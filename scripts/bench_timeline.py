@@ -51,35 +51,65 @@ def main() -> None:
         devices = [f"/task:{i}/CPU:0" for i in range(a.stages)]
         for r in range(a.repeats):
             run_dir = os.path.join(out, f"run{r}")
-            cfg = chain.compose([*overrides(a, cluster.addresses, a.schedule, a.micro, devices), cluster.profile_option,
-                                 f"trainer.steps={a.steps}", f"trainer.profile=[{a.steps - a.traced + 1},{a.steps}]",
-                                 "checkpoint.export=false", "report=true"])
+            cfg = chain.compose(
+                [
+                    *overrides(a, cluster.addresses, a.schedule, a.micro, devices),
+                    cluster.profile_option,
+                    f"trainer.steps={a.steps}",
+                    f"trainer.profile=[{a.steps - a.traced + 1},{a.steps}]",
+                    "checkpoint.export=false",
+                    "report=true",
+                ]
+            )
             run = chain.build(cfg, run_dir=run_dir)
             summary = {}
             _, foreign = foreign_cpu(lambda: summary.update(run.fit()), [os.getpid(), *cluster.pids])
             with open(os.path.join(run_dir, "timeline.json")) as f:
                 measured = json.load(f)
-            row = dict(run_dir=run_dir, planned=summary["bubble_fraction"], measured=summary["measured_bubble_fraction"],
-                       step_ms=measured["step_ms"], foreign=foreign, load=open("/proc/loadavg").read().split()[0],
-                       per_stage=[{k: p[k] for k in ("busy_ms", "forward_ms", "backward_ms", "copy_ms", "copy_wait_ms",
-                                                     "update_ms")} for p in measured["per_stage"]],
-                       advice=summary.get("balance_advice"))
+            row = dict(
+                run_dir=run_dir,
+                planned=summary["bubble_fraction"],
+                measured=summary["measured_bubble_fraction"],
+                step_ms=measured["step_ms"],
+                foreign=foreign,
+                load=open("/proc/loadavg").read().split()[0],
+                per_stage=[
+                    {k: p[k] for k in ("busy_ms", "forward_ms", "backward_ms", "copy_ms", "copy_wait_ms", "update_ms")}
+                    for p in measured["per_stage"]
+                ],
+                advice=summary.get("balance_advice"),
+            )
             rows.append(row)
-            print(f"# repeat {r}: planned {row['planned']:.3f}, measured {row['measured']:.3f}, step {row['step_ms']:.1f} ms, "
-                  f"foreign CPU {foreign:.2f} cores, load {row['load']}; {run_dir}/report.html", flush=True)
-    print(f"\n{a.schedule}, K={a.stages}, M={a.micro}, {a.depth}x{a.width} tanh per stage, microbatch {a.micro_size}; "
-          f"steps {a.steps - a.traced + 1}-{a.steps} of each run traced")
-    print(f"{'repeat':>6s} {'planned':>8s} {'measured':>8s} {'diff':>6s} {'step ms':>8s} {'foreign':>7s} " +
-          " ".join(f"{'busy' + str(k):>7s} {'F' + str(k):>6s} {'B' + str(k):>6s} {'wait' + str(k):>6s}"
-                   for k in range(a.stages)))
+            print(
+                f"# repeat {r}: planned {row['planned']:.3f}, measured {row['measured']:.3f}, step {row['step_ms']:.1f} ms, "
+                f"foreign CPU {foreign:.2f} cores, load {row['load']}; {run_dir}/report.html",
+                flush=True,
+            )
+    print(
+        f"\n{a.schedule}, K={a.stages}, M={a.micro}, {a.depth}x{a.width} tanh per stage, microbatch {a.micro_size}; "
+        f"steps {a.steps - a.traced + 1}-{a.steps} of each run traced"
+    )
+    print(
+        f"{'repeat':>6s} {'planned':>8s} {'measured':>8s} {'diff':>6s} {'step ms':>8s} {'foreign':>7s} "
+        + " ".join(
+            f"{'busy' + str(k):>7s} {'F' + str(k):>6s} {'B' + str(k):>6s} {'wait' + str(k):>6s}"
+            for k in range(a.stages)
+        )
+    )
     for r, row in enumerate(rows):
-        print(f"{r:6d} {row['planned']:8.3f} {row['measured']:8.3f} {row['measured'] - row['planned']:6.3f} "
-              f"{row['step_ms']:8.1f} {row['foreign']:7.2f} " +
-              " ".join(f"{p['busy_ms']:7.1f} {p['forward_ms']:6.1f} {p['backward_ms']:6.1f} {p['copy_wait_ms']:6.1f}"
-                       for p in row["per_stage"]))
+        print(
+            f"{r:6d} {row['planned']:8.3f} {row['measured']:8.3f} {row['measured'] - row['planned']:6.3f} "
+            f"{row['step_ms']:8.1f} {row['foreign']:7.2f} "
+            + " ".join(
+                f"{p['busy_ms']:7.1f} {p['forward_ms']:6.1f} {p['backward_ms']:6.1f} {p['copy_wait_ms']:6.1f}"
+                for p in row["per_stage"]
+            )
+        )
     measured = statistics.median(row["measured"] for row in rows)
-    print(f"median measured bubble {measured:.3f} against planned {rows[0]['planned']:.3f} "
-          f"(difference {measured - rows[0]['planned']:+.3f}); load average {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    print(
+        f"median measured bubble {measured:.3f} against planned {rows[0]['planned']:.3f} "
+        f"(difference {measured - rows[0]['planned']:+.3f}); load average {' '.join(open('/proc/loadavg').read().split()[:3])}"
+    )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(args=vars(a), rows=rows), f, indent=1)

@@ -53,6 +53,7 @@ Keys of the command line only (not fields of the schema):
 
 # --- allowed values, read from a field's check ---------------------------------------------------
 
+
 def _num(v: float | int) -> str:
     return str(v) if isinstance(v, int) else f"{v:g}"
 
@@ -69,8 +70,9 @@ def _between(lo: Any, hi: Any, low_open: bool = False, high_open: bool = False) 
 
 def _number(v: dict) -> str:
     if v["positive"] and v["minimum"] is None:
-        return "a number" + _between(0, v["below"] if v["below"] is not None else v["maximum"],
-                                     low_open=True, high_open=v["below"] is not None)
+        return "a number" + _between(
+            0, v["below"] if v["below"] is not None else v["maximum"], low_open=True, high_open=v["below"] is not None
+        )
     hi, open_ = (v["below"], True) if v["below"] is not None else (v["maximum"], False)
     return "a number" + _between(v["minimum"], hi, high_open=open_)
 
@@ -109,12 +111,15 @@ def describe(check: Callable) -> str:
         return PLAIN[check]
     how = DESCRIBE.get(check.__qualname__)
     if how is None:
-        raise SystemExit(f"config_reference: no description for the check {check.__qualname__}; "
-                         "add it to DESCRIBE or PLAIN in scripts/config_reference.py")
+        raise SystemExit(
+            f"config_reference: no description for the check {check.__qualname__}; "
+            "add it to DESCRIBE or PLAIN in scripts/config_reference.py"
+        )
     return how(inspect.getclosurevars(check).nonlocals)
 
 
 # --- the tables -----------------------------------------------------------------------------------
+
 
 def _value(v: Any) -> str:
     if v == "???":
@@ -123,15 +128,22 @@ def _value(v: Any) -> str:
         return f"`{v}`"
     if isinstance(v, list):
         return f"`[{', '.join(str(x) for x in v)}]`"
-    return f"`{OmegaConf.to_yaml({'v': v}).strip()[3:].strip()}`" if isinstance(v, dict) else \
-        "`null`" if v is None else f"`{str(v).lower() if isinstance(v, bool) else v}`"
+    return (
+        f"`{OmegaConf.to_yaml({'v': v}).strip()[3:].strip()}`"
+        if isinstance(v, dict)
+        else "`null`"
+        if v is None
+        else f"`{str(v).lower() if isinstance(v, bool) else v}`"
+    )
 
 
 def _help(cls: type, f: Field) -> str:
     text = f.metadata.get("help", "")
     if not text:
-        raise SystemExit(f"config_reference: {cls.__name__}.{f.name} has no help text; give it one in "
-                         "chain/config/schema.py: setting(check, \"one line of meaning\")")
+        raise SystemExit(
+            f"config_reference: {cls.__name__}.{f.name} has no help text; give it one in "
+            'chain/config/schema.py: setting(check, "one line of meaning")'
+        )
     return text.replace("|", "\\|")
 
 
@@ -177,10 +189,18 @@ def _variant_tables(group: str, classes: list[type]) -> list[str]:
     for cls in classes:
         kinds = getattr(cls, "KINDS", None) or (cls.KIND,)
         defaults = group_defaults(group, "keras" if group == "data" and len(kinds) > 1 else kinds[0])
-        selector = f"`{group}={'|'.join(kinds)}`" if len(kinds) == 1 else \
-            f"`{group}=keras {group}.name={'|'.join(kinds)}`"
-        out.append(_table(f"{group}={kinds[0] if len(kinds) == 1 else 'keras'}", f"{selector}: {_doc(cls)}",
-                          cls, f"{group}.", defaults))
+        selector = (
+            f"`{group}={'|'.join(kinds)}`" if len(kinds) == 1 else f"`{group}=keras {group}.name={'|'.join(kinds)}`"
+        )
+        out.append(
+            _table(
+                f"{group}={kinds[0] if len(kinds) == 1 else 'keras'}",
+                f"{selector}: {_doc(cls)}",
+                cls,
+                f"{group}.",
+                defaults,
+            )
+        )
     return out
 
 
@@ -195,20 +215,31 @@ def render() -> str:
         cls = inspect.getclosurevars(check).nonlocals["cls"]
         intro = _doc(cls) or _help(schema.Settings, f)
         parts.append(_table(f.name, intro, cls, f"{f.name}.", top[f.name]))
-    parts.append("\n## Groups\n\n`model`, `optim` and `data` each take one of several forms, chosen by the group "
-                 "(`data=npz`) or by `name`; each form has its own keys. A stage's `model`/`optim` "
-                 "(`+stages=[{model: conv}]`) takes the same keys.")
+    parts.append(
+        "\n## Groups\n\n`model`, `optim` and `data` each take one of several forms, chosen by the group "
+        "(`data=npz`) or by `name`; each form has its own keys. A stage's `model`/`optim` "
+        "(`+stages=[{model: conv}]`) takes the same keys."
+    )
     parts += _variant_tables("model", [schema.Mlp, schema.Conv, schema.KerasModel, schema.Gpt])
     builder = group_defaults("model", "builder")
-    parts.append(f"\n## model=builder\n\n`model._target_=pkg.mod.fn`: {_doc(schema.Builder)}\n\n"
-                 "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
-                 f"| `model._target_` | `str` | {_value(builder['_target_'])} | "
-                 f"{PLAIN[checks.dotted_name]} | the builder's import path |\n"
-                 "| `model.KEY` | any | | | a keyword argument of the builder |")
+    parts.append(
+        f"\n## model=builder\n\n`model._target_=pkg.mod.fn`: {_doc(schema.Builder)}\n\n"
+        "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
+        f"| `model._target_` | `str` | {_value(builder['_target_'])} | "
+        f"{PLAIN[checks.dotted_name]} | the builder's import path |\n"
+        "| `model.KEY` | any | | | a keyword argument of the builder |"
+    )
     parts += _variant_tables("optim", [schema.Sgd, schema.Adam, schema.AdamW])
-    parts.append(_table("optim=target", f"`optim._target_=keras.optimizers.NAME`: {_doc(schema.KerasOptimizer)}",
-                        schema.KerasOptimizer, "optim.", group_defaults("optim", "target"))
-                 + "\n| `optim.KEY` | any | | | a keyword argument of the optimizer |")
+    parts.append(
+        _table(
+            "optim=target",
+            f"`optim._target_=keras.optimizers.NAME`: {_doc(schema.KerasOptimizer)}",
+            schema.KerasOptimizer,
+            "optim.",
+            group_defaults("optim", "target"),
+        )
+        + "\n| `optim.KEY` | any | | | a keyword argument of the optimizer |"
+    )
     parts += _variant_tables("data", list(settings_classes()))  # one per module of chain.data.sources
     return "\n".join(parts).rstrip() + "\n"
 
@@ -221,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not TARGET.exists() or TARGET.read_text() != text:
-            print(f"{TARGET.relative_to(ROOT)} is not what the schema gives: run python scripts/config_reference.py",
-                  file=sys.stderr)
+            print(
+                f"{TARGET.relative_to(ROOT)} is not what the schema gives: run python scripts/config_reference.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     TARGET.write_text(text)

@@ -48,13 +48,25 @@ MODES = {
     "local": ["mode=local"],
     "e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
 }
-BASE = ["+stages=2", "model.width=16", "model.dropout=0.2", "data.batch_size=32", "trainer.progress=false",
-        "checkpoint.export=false", "trainer.log_every=1", "checkpoint.every=1", "checkpoint.keep=2"]
+BASE = [
+    "+stages=2",
+    "model.width=16",
+    "model.dropout=0.2",
+    "data.batch_size=32",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "trainer.log_every=1",
+    "checkpoint.every=1",
+    "checkpoint.keep=2",
+]
 
 
 STREAM = ["data.y=y", "data.classes={label: 10}", "data.stream=true", "data.shuffle_buffer=48", "data.val_fraction=0.2"]
-SOURCES = {"tfrecord": ["data=tfrecord", "data.features={x: 'float32[64]', y: int64}"], "npz": ["data=npz", "data.x=x"],
-           "csv": ["data=csv"]}
+SOURCES = {
+    "tfrecord": ["data=tfrecord", "data.features={x: 'float32[64]', y: int64}"],
+    "npz": ["data=npz", "data.x=x"],
+    "csv": ["data=csv"],
+}
 
 
 def write_data(root: str, source: str) -> list[str]:
@@ -75,14 +87,15 @@ def write_data(root: str, source: str) -> list[str]:
     tfrecord = source == "tfrecord"
     write, ext, key = (write_tfrecord, "tfrecord", "data.files") if tfrecord else (write_csv, "csv", "data.path")
     for s in range(5):  # val_fraction 0.2 holds out the last of the five files
-        write(os.path.join(root, f"part-{s:03d}.{ext}"), x[s * 64:(s + 1) * 64], y[s * 64:(s + 1) * 64])
+        write(os.path.join(root, f"part-{s:03d}.{ext}"), x[s * 64 : (s + 1) * 64], y[s * 64 : (s + 1) * 64])
     return [*SOURCES[source], *STREAM, f"{key}={root}/*.{ext}"]
 
 
 def run(cwd: str, args: list[str], env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "chain", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "chain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def final_values(run_dir: str) -> dict:
@@ -121,8 +134,14 @@ class Victim:
 
     def __init__(self, workdir: str, args: list[str], pause: float):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_SAVE_PAUSE=str(pause), CHAIN_TEST_ANNOUNCE="1")
-        self.p = subprocess.Popen([sys.executable, "-m", "chain", *args], cwd=workdir, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "chain", *args],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: list[str] = []
         self.first_step = threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -141,8 +160,9 @@ class Victim:
         return code, "".join(self.lines)
 
 
-def stress(mode: str, kills: int, steps: int, workdir: str, rng: random.Random, pause: float,
-           data: list[str] = ()) -> dict:
+def stress(
+    mode: str, kills: int, steps: int, workdir: str, rng: random.Random, pause: float, data: list[str] = ()
+) -> dict:
     args = [*MODES[mode], *BASE, *data, f"trainer.steps={steps}"]
     straight = os.path.join(workdir, f"{mode}-straight")
     v = Victim(workdir, [*args, f"hydra.run.dir={straight}"], pause)
@@ -186,8 +206,7 @@ def stress(mode: str, kills: int, steps: int, workdir: str, rng: random.Random, 
         return {**result, "bit_exact": False}
     result["leftovers"] = len(leftovers(victim))
     a, b = final_values(straight), final_values(victim)
-    result["bit_exact"] = a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and (a[k] == b[k]).all() for k in a)
+    result["bit_exact"] = a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and (a[k] == b[k]).all() for k in a)
     return result
 
 
@@ -199,9 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause", type=float, default=0.3, help="seconds of pause after each part of a save")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--stream", nargs="?", const="tfrecord", choices=list(SOURCES),
-                    help="train on generated files, data.stream=true: TFRecord shards (the default), the same "
-                         "records in one .npz (npz) or in CSV files (csv)")
+    ap.add_argument(
+        "--stream",
+        nargs="?",
+        const="tfrecord",
+        choices=list(SOURCES),
+        help="train on generated files, data.stream=true: TFRecord shards (the default), the same "
+        "records in one .npz (npz) or in CSV files (csv)",
+    )
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     workdir = a.workdir or tempfile.mkdtemp(prefix="stress_kill_")
@@ -209,10 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for mode in a.modes.split(","):
         r = stress(mode, a.kills, a.steps, workdir, rng, a.pause, data)
-        line = (f"{mode}: {r['kills']} kills ({r['mid_save']} in the middle of a save, {r['kills'] - r['mid_save']} "
-                f"between saves), {r['resumes']} of them killed resumes, "
-                f"torn checkpoints used: {r['refused']}, leftovers after resume: {r['leftovers']}, "
-                f"final weights bit-exact: {r['bit_exact']}")
+        line = (
+            f"{mode}: {r['kills']} kills ({r['mid_save']} in the middle of a save, {r['kills'] - r['mid_save']} "
+            f"between saves), {r['resumes']} of them killed resumes, "
+            f"torn checkpoints used: {r['refused']}, leftovers after resume: {r['leftovers']}, "
+            f"final weights bit-exact: {r['bit_exact']}"
+        )
         print(line, flush=True)
         ok &= r["refused"] == 0 and r["leftovers"] == 0 and r["bit_exact"] and r["kills"] == a.kills
     if a.workdir is None:

@@ -23,14 +23,26 @@ import subprocess
 import sys
 import tempfile
 
-ARGS = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false",
-        "checkpoint.every=2"]
+ARGS = [
+    "+stages=2",
+    "model.width=16",
+    "data.batch_size=32",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "checkpoint.every=2",
+]
 
 
 def start(cwd: str, args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_SAVE_PAUSE="0.2")  # saves slow: long overlap
-    return subprocess.Popen([sys.executable, "-m", "chain", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "chain", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def snapshot(run_dir: str) -> dict[str, str]:
@@ -60,9 +72,13 @@ def race(workdir: str, run_dir: str, resume: bool, steps: int) -> str | None:
     after = snapshot(run_dir)
     if resume and (set(before) - set(after)) - {k for k in before if k.startswith(("stage_", "data/"))}:
         return f"files disappeared: {sorted(set(before) - set(after))}"
-    check = subprocess.run([sys.executable, "-m", "chain", *ARGS, f"trainer.steps={steps}",
-                            f"hydra.run.dir={run_dir}", "resume=true"], cwd=workdir,
-                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, "-m", "chain", *ARGS, f"trainer.steps={steps}", f"hydra.run.dir={run_dir}", "resume=true"],
+        cwd=workdir,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+    )
     if check.returncode != 0:
         return f"the directory does not verify afterwards: {check.stderr.strip()[-300:]}"
     return None
@@ -83,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             steps += 3  # the resumes have steps left to train
         problem = race(workdir, run_dir, resume, steps)
-        print(f"race {i + 1:2d} ({'two resumes' if resume else 'two new runs'}): "
-              f"{'one ran, one was refused, the directory verifies' if problem is None else 'BROKEN: ' + problem}",
-              flush=True)
+        print(
+            f"race {i + 1:2d} ({'two resumes' if resume else 'two new runs'}): "
+            f"{'one ran, one was refused, the directory verifies' if problem is None else 'BROKEN: ' + problem}",
+            flush=True,
+        )
         if problem:
             broken.append(i + 1)
     shutil.rmtree(workdir, ignore_errors=True)

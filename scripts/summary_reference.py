@@ -42,16 +42,33 @@ def _sections(record: type, where: str) -> list[str]:
 
 def render() -> str:
     """The generated list (markers included)."""
-    lines = [BEGIN, "", "At the top level, every run:", "", *_rows(Summary),
-             "", "Per stage (`stages`), every run:", "", *_rows(StageSummary),
-             "", "What the way of training adds:"]
+    lines = [
+        BEGIN,
+        "",
+        "At the top level, every run:",
+        "",
+        *_rows(Summary),
+        "",
+        "Per stage (`stages`), every run:",
+        "",
+        *_rows(StageSummary),
+        "",
+        "What the way of training adds:",
+    ]
     lines += _sections(Summary, "top level")
     lines += _sections(StageSummary, "per stage")
     lines += ["", "`data_wait_ms`:", "", *_rows(DataWait)]
-    lines += ["", "`plan` (placement.plan=auto):", "", *_rows(PlanFields),
-              "", "Each of `plan.ranked`:", "", *_rows(PlannedCandidate)]
-    lines += ["", "Each of `oom_events`:", "", *_rows(OomEvent),
-              "", "Each of `ranking`:", "", *_rows(Ranked), "", END]
+    lines += [
+        "",
+        "`plan` (placement.plan=auto):",
+        "",
+        *_rows(PlanFields),
+        "",
+        "Each of `plan.ranked`:",
+        "",
+        *_rows(PlannedCandidate),
+    ]
+    lines += ["", "Each of `oom_events`:", "", *_rows(OomEvent), "", "Each of `ranking`:", "", *_rows(Ranked), "", END]
     return "\n".join(lines)
 
 

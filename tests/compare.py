@@ -53,8 +53,9 @@ def by_path(variables, numbered: str = "") -> dict[str, np.ndarray]:
     return {p: v.numpy() for p, v in zip(paths(variables, numbered), variables)}
 
 
-def assert_trained_like_keras(run, reference, data, start: dict, leave_out: Sequence[str] = (),
-                              numbered: str = "") -> None:
+def assert_trained_like_keras(
+    run, reference, data, start: dict, leave_out: Sequence[str] = (), numbered: str = ""
+) -> None:
     """`run.step` on each `(x, y)` of `data` (y the target `next` or `label`, whichever the run learns) against
     Keras' own `reference.train_on_batch` (compiled; a keras_hub task model's list of loss and metrics is read
     for its loss, which comes first): each loss within 1e-5, and every trainable variable of every stage (by
@@ -66,15 +67,22 @@ def assert_trained_like_keras(run, reference, data, start: dict, leave_out: Sequ
     target = run.stages[-1].target.name
     for x, y in data:
         want = reference.train_on_batch(x, y)
-        np.testing.assert_allclose(run.step(x, {target: y})["loss"], want[0] if isinstance(want, list) else want,
-                                   rtol=1e-5)
-    assert_variables_like([v for s in run.stages for v in s.trainable_variables],
-                          by_path(reference.trainable_variables, numbered), start, leave_out, numbered,
-                          {c.name for s in run.stages for c in s.shared})
+        np.testing.assert_allclose(
+            run.step(x, {target: y})["loss"], want[0] if isinstance(want, list) else want, rtol=1e-5
+        )
+    assert_variables_like(
+        [v for s in run.stages for v in s.trainable_variables],
+        by_path(reference.trainable_variables, numbered),
+        start,
+        leave_out,
+        numbered,
+        {c.name for s in run.stages for c in s.shared},
+    )
 
 
-def assert_variables_like(variables, want: dict, start: dict, leave_out: Sequence[str] = (), numbered: str = "",
-                          tied: Iterable[str] = ()) -> None:
+def assert_variables_like(
+    variables, want: dict, start: dict, leave_out: Sequence[str] = (), numbered: str = "", tied: Iterable[str] = ()
+) -> None:
     """`variables` (a cut model's, every stage's; the copies of a weight in `tied` each) against the
     reference's after training, `want` (`by_path`; `start`: before it), as `assert_trained_like_keras` compares
     them: the same paths, each within 1e-5, one the reference left where it started within 1e-6 of its start,

@@ -37,8 +37,9 @@ assert len(tf.config.list_logical_devices("CPU")) == N_DEVICES
 DEVICES = [f"/device:CPU:{k}" for k in range(N_DEVICES)]
 
 
-def run_cli(cwd, *overrides: str, module: str = "chain", timeout: int = 300,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    cwd, *overrides: str, module: str = "chain", timeout: int = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run `python -m chain OVERRIDES` in `cwd` (a fresh process: its own logical devices).
 
     `env` adds environment variables (e.g. the fault-injection hooks of `chain.testhooks`).
@@ -47,8 +48,14 @@ def run_cli(cwd, *overrides: str, module: str = "chain", timeout: int = 300,
     """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     if os.environ.get("CHAIN_TEST_NO_ZYGOTE"):
-        return subprocess.run([sys.executable, "-m", module, *overrides], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", module, *overrides],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     return _zygote().run(list(overrides), module, str(cwd), env, timeout)
 
 
@@ -57,9 +64,13 @@ class _Zygote:
 
     def __init__(self):
         read, write = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "zygote.py"), str(write)],
-                                     stdin=subprocess.PIPE, pass_fds=(write,), text=True,
-                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(__file__), "zygote.py"), str(write)],
+            stdin=subprocess.PIPE,
+            pass_fds=(write,),
+            text=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        )
         os.close(write)
         self.answers, self.pending = read, b""
 
@@ -85,8 +96,9 @@ class _Zygote:
         args = [sys.executable, "-m", module, *argv]
         with tempfile.TemporaryDirectory() as d:
             out, err = os.path.join(d, "out"), os.path.join(d, "err")
-            self.proc.stdin.write(json.dumps({"argv": argv, "module": module, "cwd": cwd, "env": env,
-                                              "out": out, "err": err}) + "\n")
+            self.proc.stdin.write(
+                json.dumps({"argv": argv, "module": module, "cwd": cwd, "env": env, "out": out, "err": err}) + "\n"
+            )
             self.proc.stdin.flush()
             pid = self._answer(60)["pid"]
             done = self._answer(timeout)
@@ -121,8 +133,9 @@ def manifest(run_dir) -> dict:
         return json.load(f)
 
 
-def straight_and_resumed(tmp_path, args: list[str], every: int, kill_at: int, env: dict | None = None,
-                         before_resume=None) -> tuple[str, str]:
+def straight_and_resumed(
+    tmp_path, args: list[str], every: int, kill_at: int, env: dict | None = None, before_resume=None
+) -> tuple[str, str]:
     """Two runs of `python -m chain ARGS` (a checkpoint every `every` steps): one straight through, one
     killed at step `kill_at` (after its checkpoint of step `every`) and resumed; their run directories.
     `env` adds environment variables to the first two runs; `before_resume()`, if given, runs after the
@@ -130,12 +143,18 @@ def straight_and_resumed(tmp_path, args: list[str], every: int, kill_at: int, en
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}", env=env)
     assert r.returncode == 0, r.stderr
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}",
-                env={**(env or {}), "CHAIN_TEST_KILL_AT_STEP": str(kill_at)})
+    r = run_cli(
+        tmp_path, *args, f"hydra.run.dir={resumed}", env={**(env or {}), "CHAIN_TEST_KILL_AT_STEP": str(kill_at)}
+    )
     assert r.returncode == -9, r.stderr
     assert manifest(resumed)["step"] == every
-    r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", "resume=true",
-                env=before_resume() if before_resume is not None else env)
+    r = run_cli(
+        tmp_path,
+        *args,
+        f"hydra.run.dir={resumed}",
+        "resume=true",
+        env=before_resume() if before_resume is not None else env,
+    )
     assert r.returncode == 0, r.stderr
     return straight, resumed
 
@@ -144,8 +163,11 @@ def stage_values(run_dir, stage: str) -> dict:
     """Every variable of one stage's newest complete checkpoint, by checkpoint key (its identity,
     which names the run that wrote it, left out: two runs compare by what they computed)."""
     reader = tf.train.load_checkpoint(os.path.join(run_dir, manifest(run_dir)["checkpoints"][stage]))
-    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-            if k != "_CHECKPOINTABLE_OBJECT_GRAPH" and not k.startswith("identity/")}
+    return {
+        k: reader.get_tensor(k)
+        for k in reader.get_variable_to_shape_map()
+        if k != "_CHECKPOINTABLE_OBJECT_GRAPH" and not k.startswith("identity/")
+    }
 
 
 @contextlib.contextmanager
@@ -154,8 +176,14 @@ def paused_in_save(cwd, run_dir, *overrides: str, step: int):
     in its save of `step`, right after stage 0 is written, holding its directory; yields the
     process, killed on exit (fault hook: `chain.testhooks`)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_SAVE_PAUSE=f"120@{step}")
-    live = subprocess.Popen([sys.executable, "-m", "chain", *overrides, f"hydra.run.dir={run_dir}"], cwd=cwd,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    live = subprocess.Popen(
+        [sys.executable, "-m", "chain", *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in live.stderr:
             if f"test-hook: saved stage_00 of step {step}" in line:
@@ -179,15 +207,43 @@ def cli(tmp_path):
 # loadfile --no-loadscope-reorder` (the README's command) a worker takes whole modules in
 # collection order, so starting with these keeps one of them from running alone on one core
 # after the other workers have finished.
-LONGEST_FIRST = ["test_cluster.py", "test_steps_per_call.py", "test_keras_hub.py", "test_stress.py", "test_cli_faults.py",
-                 "test_regularization.py", "test_side_by_side.py", "test_applications.py", "test_multi_worker.py",
-                 "test_pipeline.py", "test_streaming.py", "test_resume.py", "test_restage.py", "test_precision.py",
-                 "test_doc_examples.py",
-                 "test_speed_cli.py", "test_resume_settings.py", "test_user_models.py", "test_cut_models.py",
-                 "test_checkpoints.py", "test_run_dir.py", "test_examples.py", "test_profile.py", "test_mirrored.py",
-                 "test_recompute.py", "test_cli_without_tensorflow.py", "test_replicas.py", "test_validation.py",
-                 "test_grad_accum.py", "test_clipping.py", "test_devices_cli.py", "test_packaging.py", "test_xla.py",
-                 "test_cli.py", "test_planner.py"]
+LONGEST_FIRST = [
+    "test_cluster.py",
+    "test_steps_per_call.py",
+    "test_keras_hub.py",
+    "test_stress.py",
+    "test_cli_faults.py",
+    "test_regularization.py",
+    "test_side_by_side.py",
+    "test_applications.py",
+    "test_multi_worker.py",
+    "test_pipeline.py",
+    "test_streaming.py",
+    "test_resume.py",
+    "test_restage.py",
+    "test_precision.py",
+    "test_doc_examples.py",
+    "test_speed_cli.py",
+    "test_resume_settings.py",
+    "test_user_models.py",
+    "test_cut_models.py",
+    "test_checkpoints.py",
+    "test_run_dir.py",
+    "test_examples.py",
+    "test_profile.py",
+    "test_mirrored.py",
+    "test_recompute.py",
+    "test_cli_without_tensorflow.py",
+    "test_replicas.py",
+    "test_validation.py",
+    "test_grad_accum.py",
+    "test_clipping.py",
+    "test_devices_cli.py",
+    "test_packaging.py",
+    "test_xla.py",
+    "test_cli.py",
+    "test_planner.py",
+]
 
 
 def pytest_configure(config):

@@ -20,9 +20,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MIB = 1 << 20
 # A 2-stage e2e chain, small enough for any card.
-BASE = ["+stages=2", "mode=e2e", "model.depth=2", "model.width=64", "optim=sgd", "optim.lr=0.1", "data=synthetic",
-        "data.features=16", "data.classes=4", "data.samples=256", "data.batch_size=32", "data.shuffle=false",
-        "trainer.progress=false", "pipeline.microbatches=2"]
+BASE = [
+    "+stages=2",
+    "mode=e2e",
+    "model.depth=2",
+    "model.width=64",
+    "optim=sgd",
+    "optim.lr=0.1",
+    "data=synthetic",
+    "data.features=16",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=32",
+    "data.shuffle=false",
+    "trainer.progress=false",
+    "pipeline.microbatches=2",
+]
 
 
 def _devices(kind: str) -> list[str]:
@@ -40,9 +53,12 @@ def placement(kind: str) -> dict:
     a = audit(run.trace(x, ys))
     devices = [s.device for s in run.stages]
     crossings = a.crossings()
-    return {"devices": devices, "misplaced": [str(op.name) for op in a.misplaced(devices)],
-            "crossings": len(crossings),
-            "foreign": [c.name for c, _ in crossings if not c.name.split("/")[-1].startswith("copy_to_")]}
+    return {
+        "devices": devices,
+        "misplaced": [str(op.name) for op in a.misplaced(devices)],
+        "crossings": len(crossings),
+        "foreign": [c.name for c, _ in crossings if not c.name.split("/")[-1].startswith("copy_to_")],
+    }
 
 
 def virtual(kind: str) -> dict:
@@ -78,9 +94,12 @@ def peaks(kind: str) -> dict:
 
     run = chain.build(chain.compose(BASE + _devices(kind) + ["trainer.steps=3", "checkpoint.export=false"]))
     summary = run.fit()
-    return {"scope": memory.scope(run.stages[0].device),
-            "stages": [{"device": s["device"], "peak": s["peak_memory_bytes"], "params": s["params"]}
-                       for s in summary["stages"]]}
+    return {
+        "scope": memory.scope(run.stages[0].device),
+        "stages": [
+            {"device": s["device"], "peak": s["peak_memory_bytes"], "params": s["params"]} for s in summary["stages"]
+        ],
+    }
 
 
 def precision(kind: str) -> dict:
@@ -91,14 +110,20 @@ def precision(kind: str) -> dict:
     from compare import stage_vectors
 
     out = {}
-    for name, extra in {"float32": [], "mixed_float16": ["precision=mixed_float16", "trainer.jit_compile=true"],
-                        "mixed_bfloat16": ["precision=mixed_bfloat16", "trainer.jit_compile=true"]}.items():
+    for name, extra in {
+        "float32": [],
+        "mixed_float16": ["precision=mixed_float16", "trainer.jit_compile=true"],
+        "mixed_bfloat16": ["precision=mixed_bfloat16", "trainer.jit_compile=true"],
+    }.items():
         run = chain.build(chain.compose(BASE + _devices(kind) + ["model.activation=tanh"] + extra))
         initial = stage_vectors(run)
         it = iter(run.batches())
         losses = [run.step(*next(it))["loss"] for _ in range(5)]
-        out[name] = {"losses": losses, "initial": [v.tolist() for v in initial],
-                     "final": [v.tolist() for v in stage_vectors(run)]}
+        out[name] = {
+            "losses": losses,
+            "initial": [v.tolist() for v in initial],
+            "final": [v.tolist() for v in stage_vectors(run)],
+        }
         del run
     assert all(np.array_equal(np.array(out[n]["initial"][0]), np.array(out["float32"]["initial"][0])) for n in out)
     return out
@@ -115,8 +140,9 @@ def main() -> None:
     if a.kind == "CPU":
         import tensorflow as tf
 
-        tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                                   [tf.config.LogicalDeviceConfiguration()] * 2)
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
+        )
     print(json.dumps(CASES[a.case](a.kind)))
 
 

@@ -25,8 +25,14 @@ from chain.steps.ops import COPY_PREFIX
 from chain.planning.devices import canonical
 
 # Ops whose placement TensorFlow derives from their resource input.
-RESOURCE_OPS = {"ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-                "ResourceGather", "VarIsInitializedOp"}
+RESOURCE_OPS = {
+    "ReadVariableOp",
+    "AssignVariableOp",
+    "AssignAddVariableOp",
+    "AssignSubVariableOp",
+    "ResourceGather",
+    "VarIsInitializedOp",
+}
 CONTROL_FLOW = {"If", "StatelessIf"}
 CALLS = {"PartitionedCall", "StatefulPartitionedCall"}
 
@@ -85,7 +91,7 @@ def _branches(graph, op):
 def _walk(a: Audit, graph, given: dict, prefix: str) -> None:
     for op in graph.get_operations():  # topological order: inputs first
         a._ops.append(op)
-        a.local[op] = op.name[len(prefix):] if prefix and op.name.startswith(prefix) else op.name
+        a.local[op] = op.name[len(prefix) :] if prefix and op.name.startswith(prefix) else op.name
         if op.device:
             a.device[op] = canonical(op.device)
         elif op in given:
@@ -105,8 +111,9 @@ def _walk(a: Audit, graph, given: dict, prefix: str) -> None:
 
 def audit(concrete_fn) -> Audit:
     g = concrete_fn.graph
-    captured = {internal.op: canonical(external.device) for external, internal in g.captures
-                if getattr(external, "device", "")}
+    captured = {
+        internal.op: canonical(external.device) for external, internal in g.captures if getattr(external, "device", "")
+    }
     a = Audit(g)
     a.args = {t.op for t in g.inputs if t.op not in captured}
     a.outputs = {t.op for t in g.outputs}
@@ -126,8 +133,11 @@ def _function(graph, name: str):
 
 def compiled_calls(a: Audit) -> list:
     """Calls of functions that XLA must compile (`tf.function(jit_compile=True)` and their gradients)."""
-    return [op for op in a.ops() if op.type in CALLS and "_XlaMustCompile" in op.node_def.attr
-            and op.get_attr("_XlaMustCompile")]
+    return [
+        op
+        for op in a.ops()
+        if op.type in CALLS and "_XlaMustCompile" in op.node_def.attr and op.get_attr("_XlaMustCompile")
+    ]
 
 
 def body_devices(call) -> set:

@@ -10,4 +10,4 @@ def says(line: str, message: str) -> bool:
     if at < 0:
         return False
     ends_in_a_list = ", " in message.rsplit(": ", 1)[-1] if ": " in message else False
-    return not (ends_in_a_list and line[at + len(message):].startswith(","))
+    return not (ends_in_a_list and line[at + len(message) :].startswith(","))

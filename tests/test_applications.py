@@ -28,8 +28,9 @@ HOWS = ["even", "params", "time"]
 
 def make(name: str) -> keras.Model:
     keras.utils.set_random_seed(7)
-    return getattr(keras.applications, name)(weights=None, input_shape=(32, 32, 3), classes=10,
-                                             classifier_activation=None)
+    return getattr(keras.applications, name)(
+        weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None
+    )
 
 
 def config_edges(model: keras.Model) -> list[tuple[str, tuple]]:
@@ -54,8 +55,9 @@ def config_edges(model: keras.Model) -> list[tuple[str, tuple]]:
 
 def crossing(model: keras.Model, c: cut.Cuttable, at: int, edges) -> set[tuple]:
     """The tensors made before layer `at` (or the input) and taken from layer `at` on."""
-    before = {layer.name for layer in c.layers[:at]} | {layer.name for layer in model.layers
-                                                       if isinstance(layer, keras.layers.InputLayer)}
+    before = {layer.name for layer in c.layers[:at]} | {
+        layer.name for layer in model.layers if isinstance(layer, keras.layers.InputLayer)
+    }
     after = {layer.name for layer in c.layers[at:]}
     return {t for consumer, t in edges if consumer in after and t[0] in before}
 
@@ -80,8 +82,11 @@ def analysed():
     for j, name in enumerate(NAMES):
         model = make(name)
         c = cut.analyse(model, name)
-        measured = (piece_times(c, DEVICES, {d: "CPU:0" for d in DEVICES}, 4, progress=False) if name == TIMED
-                    else made_up_times(c, j))
+        measured = (
+            piece_times(c, DEVICES, {d: "CPU:0" for d in DEVICES}, 4, progress=False)
+            if name == TIMED
+            else made_up_times(c, j)
+        )
         out[name] = (model, c, measured)
     return out
 
@@ -128,11 +133,22 @@ def test_an_application_cut_into_stages_predicts_what_it_predicts(analysed, name
 
 def test_mobilenet_cut_into_three_stages_by_time_trains_like_the_model_on_one_device(tmp_path):
     rng = np.random.default_rng(0)
-    np.savez(tmp_path / "images.npz", x=rng.normal(size=(48, 32, 32, 3)).astype("float32"),
-             y=rng.integers(0, 10, 48))
-    r = subprocess.run([sys.executable, os.path.join(HERE, "applications_e2e.py"), "MobileNetV2", "3", "time",
-                        str(tmp_path / "images.npz"), "3"], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    np.savez(tmp_path / "images.npz", x=rng.normal(size=(48, 32, 32, 3)).astype("float32"), y=rng.integers(0, 10, 48))
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "applications_e2e.py"),
+            "MobileNetV2",
+            "3",
+            "time",
+            str(tmp_path / "images.npz"),
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(result["sizes"]) == 3 and result["variables"] > 100

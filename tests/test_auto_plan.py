@@ -27,9 +27,19 @@ from compare import trains_like_one_device, weights
 from conftest import DEVICES, read_summary, run_cli
 
 L = keras.layers
-BASE = ["mode=e2e", "optim=sgd", "optim.lr=0.1", "data=synthetic", "data.features=6", "data.classes=4",
-        "data.samples=256", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false",
-        "placement.plan=auto"]
+BASE = [
+    "mode=e2e",
+    "optim=sgd",
+    "optim.lr=0.1",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "placement.plan=auto",
+]
 
 
 def small_model() -> keras.Model:
@@ -85,10 +95,27 @@ def test_a_cut_model_measured_trains_bit_for_bit_like_its_overrides_by_hand_and_
 def forced_costs(pool, physical=None) -> Costs:
     """Two heavy pieces on devices each its own physical device: copies of the pipeline pay off."""
     rows = ((1e-3, 8e-3),) * 2
-    return Costs(pieces=((0, 1), (1, 2)), sizes=(2, 16), forward=rows, input_grad=rows, weight_grad=rows,
-                 update=(1e-5, 1e-5), crossing=(8, 4), params=(56, 36), action_s=1e-5, update_s=1e-5, step_s=1e-5,
-                 transfer_s_per_byte=1e-9, transfer_latency_s=1e-5, exchange_s_per_byte=1e-9, exchange_latency_s=1e-5,
-                 devices=tuple(pool), physical=tuple(physical or pool), fixed_cut=True, measuring_s=0.5)
+    return Costs(
+        pieces=((0, 1), (1, 2)),
+        sizes=(2, 16),
+        forward=rows,
+        input_grad=rows,
+        weight_grad=rows,
+        update=(1e-5, 1e-5),
+        crossing=(8, 4),
+        params=(56, 36),
+        action_s=1e-5,
+        update_s=1e-5,
+        step_s=1e-5,
+        transfer_s_per_byte=1e-9,
+        transfer_latency_s=1e-5,
+        exchange_s_per_byte=1e-9,
+        exchange_latency_s=1e-5,
+        devices=tuple(pool),
+        physical=tuple(physical or pool),
+        fixed_cut=True,
+        measuring_s=0.5,
+    )
 
 
 def test_a_chosen_plan_with_copies_trains_bit_for_bit_like_it_by_hand_and_like_one_device(tmp_path, monkeypatch):
@@ -102,8 +129,16 @@ def test_a_chosen_plan_with_copies_trains_bit_for_bit_like_it_by_hand_and_like_o
     assert_bit_identical(auto, hand)
     run = chain.build(spec)
     with keras.device(DEVICES[0]):
-        reference = keras.Sequential([keras.Input((6,)), *[layer.__class__.from_config(
-            {k: v for k, v in layer.get_config().items() if k != "name"}) for s in run.stages for layer in s.model.layers]])
+        reference = keras.Sequential(
+            [
+                keras.Input((6,)),
+                *[
+                    layer.__class__.from_config({k: v for k, v in layer.get_config().items() if k != "name"})
+                    for s in run.stages
+                    for layer in s.model.layers
+                ],
+            ]
+        )
     for layer, source in zip(reference.layers, [lay for s in run.stages for lay in s.model.layers]):
         layer.set_weights(source.get_weights())
     trains_like_one_device(run, reference, DEVICES[0], steps=2)
@@ -127,7 +162,6 @@ def test_the_cache_spares_a_resume_the_measuring(tmp_path, monkeypatch):
         planned.settle(applied(["+stages=2", "model.depth=1", "model.width=8"]), str(tmp_path))
 
 
-
 def test_the_cache_is_read_only_by_a_run_of_the_same_model_batch_and_devices_and_says_whose(tmp_path, monkeypatch):
     """Issue 48: a run of another model in the directory read the earlier model's measurements (the log
     said only "measured by an earlier run"). Now each part of the key that differs is measured again, named."""
@@ -140,14 +174,20 @@ def test_the_cache_is_read_only_by_a_run_of_the_same_model_batch_and_devices_and
     other = planned.settle(applied(wide), str(tmp_path)).auto_plan
     assert not other.cached and other.cache.differs == ("model",) and len(calls) == 2
     line = plan_table.planning_line(other)
-    assert re.search(r"planning: measured in 0\.5 s \(the run directory's plan_costs\.json held the measurements of "
-                     rf"another model, key {narrow_key}, measured by the run of [-\d]+ [:\d]+ UTC "
-                     rf"\(pid {os.getpid()}, mlp\(width=8, depth=1\)\); this run's key {other.cache.key}\)", line), line
+    assert re.search(
+        r"planning: measured in 0\.5 s \(the run directory's plan_costs\.json held the measurements of "
+        rf"another model, key {narrow_key}, measured by the run of [-\d]+ [:\d]+ UTC "
+        rf"\(pid {os.getpid()}, mlp\(width=8, depth=1\)\); this run's key {other.cache.key}\)",
+        line,
+    ), line
     again = planned.settle(applied([*wide, "resume=true", "trainer.steps=9"]), str(tmp_path)).auto_plan
     assert again.cached and again.cache.key == other.cache.key and len(calls) == 2
-    assert re.search(r"planning: measurements read from the run directory's plan_costs\.json \(measured by the run "
-                     rf"of .* \(pid {os.getpid()}, mlp\(width=16, depth=1\)\): the same model, batch, devices, "
-                     rf"settings and versions, key {other.cache.key}\)", plan_table.planning_line(again))
+    assert re.search(
+        r"planning: measurements read from the run directory's plan_costs\.json \(measured by the run "
+        rf"of .* \(pid {os.getpid()}, mlp\(width=16, depth=1\)\): the same model, batch, devices, "
+        rf"settings and versions, key {other.cache.key}\)",
+        plan_table.planning_line(again),
+    )
     key = cost_cache.read(str(tmp_path / planned.CACHE)).key
     for changed, word in [("data.batch_size=32", "batch"), ("optim.lr=0.2", "settings"), ("model.width=9", "model")]:
         spec = applied([*wide, changed])
@@ -182,6 +222,7 @@ def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_updat
     2.5 ms at the smallest size and 3 ms at the others; an update 0.1 ms per thousand weights), the pieces'
     F+B+W sum to the whole's at every measured size, keep their relative shares, and their updates sum to
     the whole's."""
+
     def fake_time(self, kind, size, calls, deadline, call_s, repeat=plan_timing.REPEAT):
         whole = self.model.name.startswith("whole")
         return (2.5e-3 if size == 2 else 3e-3) if whole else 1e-3
@@ -208,8 +249,7 @@ def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_updat
 
 
 GB = 1 << 30
-WIDE = [*BASE, "+stages=2", "model.width=256", "model.depth=2", "data.features=256", "data.batch_size=64",
-        "optim=adam"]
+WIDE = [*BASE, "+stages=2", "model.width=256", "model.depth=2", "data.features=256", "data.batch_size=64", "optim=adam"]
 
 
 def gpu_spec(limit_mb: int):
@@ -236,8 +276,10 @@ def test_on_devices_with_memory_limits_only_plans_the_estimate_fits_are_chosen()
     for p in plan.ranked:
         assert p.fits and max(p.peaks) <= limit_mb << 20
     # the chosen plan, prepared as the user would write it, passes the manual plan's own memory check
-    chosen = prepare(chain.compose([*WIDE, f"placement.memory_limit_mb={limit_mb}",
-                                    *plan.chosen.candidate.overrides()]), Inventory.of(1, 24 * GB))
+    chosen = prepare(
+        chain.compose([*WIDE, f"placement.memory_limit_mb={limit_mb}", *plan.chosen.candidate.overrides()]),
+        Inventory.of(1, 24 * GB),
+    )
     assert max(f.total for f in chosen.placement.footprints) <= limit_mb << 20
 
 
@@ -256,10 +298,24 @@ def gpt_config(tmp_path) -> list[str]:
     copies, so whichever plan the timings choose is quick to build and train)."""
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
-    return ["model=gpt", "model.width=8", "model.depth=2", "model.heads=2", "data=text", f"data.files={text}",
-            "data.seq_len=8", "data.batch_size=2", "data.val_fraction=0", "mode=e2e", "optim=sgd", "optim.lr=0.1",
-            "trainer.progress=false", "checkpoint.export=false", "placement.plan_budget_s=0.05",
-            "placement.plan=auto"]
+    return [
+        "model=gpt",
+        "model.width=8",
+        "model.depth=2",
+        "model.heads=2",
+        "data=text",
+        f"data.files={text}",
+        "data.seq_len=8",
+        "data.batch_size=2",
+        "data.val_fraction=0",
+        "mode=e2e",
+        "optim=sgd",
+        "optim.lr=0.1",
+        "trainer.progress=false",
+        "checkpoint.export=false",
+        "placement.plan_budget_s=0.05",
+        "placement.plan=auto",
+    ]
 
 
 def test_model_gpt_is_planned_on_token_ids_and_trains_bit_for_bit_like_its_plan_by_hand(tmp_path):
@@ -288,7 +344,8 @@ def embedded_model(seq: int = 6, vocab: int = 20) -> keras.Model:
 
 
 def test_a_users_integer_input_model_with_a_mask_across_its_cuts_is_planned_and_trains_like_it_by_hand(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """Before: `placement.plan=auto times pieces that take one tensor, but embedded ... carries a Keras mask
     across its cuts`. Its ids (data=npz, int32, no vocabulary) are drawn within its Embedding's (two devices
     taken as two physical ones: each piece's F, B and W, and the copies' exchange, timed on them)."""
@@ -302,8 +359,9 @@ def test_a_users_integer_input_model_with_a_mask_across_its_cuts_is_planned_and_
     costs = cost_cache.read(str(tmp_path / planned.CACHE)).costs
     assert [tuple(p) for p in costs.pieces] == [(0, 3), (3, 4)] and list(costs.crossing) == [8, 4]
     auto = chain.build(spec, model=embedded_model())
-    hand = chain.build(chain.compose([*base[:-1], *spec.auto_plan.chosen.candidate.overrides()]),
-                       model=embedded_model())
+    hand = chain.build(
+        chain.compose([*base[:-1], *spec.auto_plan.chosen.candidate.overrides()]), model=embedded_model()
+    )
     assert_bit_identical(auto, hand, steps=2)
 
 
@@ -315,8 +373,11 @@ def test_examples_are_what_each_piece_takes():
     ids = keras.Input((None,), dtype="int32", name="token_ids")
     pad, seg = keras.Input((None,), dtype="int32", name="padding_mask"), keras.Input((None,), name="segment_ids")
     floats = keras.Input((None,), name="floats")
-    h = L.Embedding(7, 2)(ids) + L.Embedding(7, 2)(floats) + keras.ops.expand_dims(keras.ops.cast(pad, "float32")
-                                                                                  + seg, -1)
+    h = (
+        L.Embedding(7, 2)(ids)
+        + L.Embedding(7, 2)(floats)
+        + keras.ops.expand_dims(keras.ops.cast(pad, "float32") + seg, -1)
+    )
     model = keras.Model({"token_ids": ids, "padding_mask": pad, "segment_ids": seg, "floats": floats}, h)
     signature = examples.first(model, examples.Feed((5,), vocab=3))
     made = examples.make(signature, 64, 3)
@@ -346,12 +407,15 @@ def test_the_command_line_prints_model_gpts_plan_table(tmp_path):
     assert "planning: measured in" in r.stdout and "+stages=" in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
-    (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),
-    (["pipeline.schedule=file", "pipeline.schedule_file=x.csv"], None),
-    (["+stages=[{model: {width: 4}},{}]"], "gives the stages settings of their own"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
+        (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),
+        (["pipeline.schedule=file", "pipeline.schedule_file=x.csv"], None),
+        (["+stages=[{model: {width: 4}},{}]"], "gives the stages settings of their own"),
+    ],
+)
 def test_keys_plan_auto_chooses_given_by_hand_are_one_line(overrides, message, tmp_path):
     try:
         spec = applied([*([] if any(o.startswith("+stages") for o in overrides) else ["+stages=2"]), *overrides])
@@ -370,19 +434,24 @@ def test_the_command_line_runs_plan_auto_and_refuses_it_outside_e2e(tmp_path):
     assert r.returncode == 0, r.stderr  # the same plan again, from the cache: the checkpoint's settings match
     assert read_summary(tmp_path / "out")["resumed_from"] == 3
     whose = read_summary(tmp_path / "out")["plan"]["measured_by"]  # the first run's, with the key both share
-    assert re.fullmatch(r"the run of [-\d]+ [:\d]+ UTC \(pid \d+, mlp\(width=\d+, depth=\d+\)\), key [0-9a-f]{12}", whose)
+    assert re.fullmatch(
+        r"the run of [-\d]+ [:\d]+ UTC \(pid \d+, mlp\(width=\d+, depth=\d+\)\), key [0-9a-f]{12}", whose
+    )
     assert os.stat(tmp_path / "out" / planned.CACHE).st_mtime_ns == stamp
     r = run_cli(tmp_path, *[o for o in BASE if o != "mode=e2e"], "mode=local", "hydra.run.dir=bad")
     assert r.returncode != 0 and "placement.plan=auto" in r.stderr and "mode=e2e" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("candidate", [
-    search.Candidate(2, 2, 2, "1f1b"),
-    search.Candidate(1, 4, 4, "interleaved", virtual_stages=2, devices=(DEVICES[0], DEVICES[1]) * 2),
-    search.Candidate(1, 3, 2, "zb1", devices=tuple(DEVICES[:3])),
-    search.Candidate(1, 2, 4, "gpipe", "always", devices=tuple(DEVICES[:2])),
-])
+@pytest.mark.parametrize(
+    "candidate",
+    [
+        search.Candidate(2, 2, 2, "1f1b"),
+        search.Candidate(1, 4, 4, "interleaved", virtual_stages=2, devices=(DEVICES[0], DEVICES[1]) * 2),
+        search.Candidate(1, 3, 2, "zb1", devices=tuple(DEVICES[:3])),
+        search.Candidate(1, 2, 4, "gpipe", "always", devices=tuple(DEVICES[:2])),
+    ],
+)
 def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
     """What plan=auto runs is what `prepare` makes of the user's config with the candidate's overrides."""
     settings = chain.compose([*BASE, "+stages=2"])
@@ -402,9 +471,10 @@ def test_on_one_physical_device_the_model_is_timed_once_and_its_pieces_share_it_
         return 3e-3
 
     monkeypatch.setattr(plan_timing._Piece, "time", fake_time)
-    for measure, whole in ((lambda: planned.measured(applied(["+stages=2"]), None, small_model()), "whole_0"),
-                           (lambda: planned.measured(applied(["+stages=3", "model.depth=1", "model.width=8"]), None),
-                            "plan_chain")):
+    for measure, whole in (
+        (lambda: planned.measured(applied(["+stages=2"]), None, small_model()), "whole_0"),
+        (lambda: planned.measured(applied(["+stages=3", "model.depth=1", "model.width=8"]), None), "plan_chain"),
+    ):
         costs = measure().costs
         assert {name for name, _ in timed} == {whole} and {kind for _, kind in timed} == {"FBW"}
         timed.clear()

@@ -15,11 +15,26 @@ def costs(times, *, sizes=(1, 64), action_s=0.0, devices=4, shared=False, transf
     rows = [tuple(t / 3 * s for s in sizes) for t in times]
     n = len(times)
     pool = tuple(f"/device:CPU:{i}" for i in range(devices))
-    return Costs(pieces=tuple((j, j + 1) for j in range(n)), sizes=tuple(sizes), forward=tuple(rows),
-                 input_grad=tuple(rows), weight_grad=tuple(rows), update=(0.0,) * n, update_s=0.0, crossing=(crossing,) * n,
-                 params=(100,) * n, action_s=action_s, step_s=0.0, transfer_s_per_byte=transfer,
-                 transfer_latency_s=0.0, exchange_s_per_byte=0.0, exchange_latency_s=0.0, devices=pool,
-                 physical=tuple("CPU:0" if shared else d for d in pool), fixed_cut=fixed)
+    return Costs(
+        pieces=tuple((j, j + 1) for j in range(n)),
+        sizes=tuple(sizes),
+        forward=tuple(rows),
+        input_grad=tuple(rows),
+        weight_grad=tuple(rows),
+        update=(0.0,) * n,
+        update_s=0.0,
+        crossing=(crossing,) * n,
+        params=(100,) * n,
+        action_s=action_s,
+        step_s=0.0,
+        transfer_s_per_byte=transfer,
+        transfer_latency_s=0.0,
+        exchange_s_per_byte=0.0,
+        exchange_latency_s=0.0,
+        devices=pool,
+        physical=tuple("CPU:0" if shared else d for d in pool),
+        fixed_cut=fixed,
+    )
 
 
 def test_a_heavy_last_piece_moves_the_cut():

@@ -13,8 +13,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_lm.py"
 
 def test_bench_lm_quick_checks_the_same_math_and_prints_tokens_per_second():
     cases = ["keras", "chain1k", "chain2"]
-    r = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--cases", *cases], capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--cases", *cases], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in ([c] for c in cases)}
     assert set(rows) == set(cases)

@@ -22,8 +22,14 @@ def calls(c: Cadences, done: int = 0) -> list[int]:
 
 
 def cadences(steps=10, per_call=4, checkpoint=0, evaluation=0, log_every=1, profile=None) -> Cadences:
-    return Cadences(steps, per_call, Every(checkpoint), Every(evaluation), Logging(log_every, steps),
-                    Span(*profile) if profile else None)
+    return Cadences(
+        steps,
+        per_call,
+        Every(checkpoint),
+        Every(evaluation),
+        Logging(log_every, steps),
+        Span(*profile) if profile else None,
+    )
 
 
 def test_every_is_due_at_its_multiples_and_never_at_period_zero():
@@ -63,8 +69,14 @@ def test_the_profiled_steps_are_calls_of_their_own():
     assert calls(cadences(steps=12, per_call=4, checkpoint=6, profile=(3, 4))) == [2, 3, 4, 6, 10, 12]
 
 
-CONFIGS = [dict(steps=s, per_call=p, checkpoint=k, evaluation=e, profile=w)
-           for s in (1, 7, 20) for p in (1, 3, 8) for k in (0, 1, 4) for e in (0, 3, 5) for w in (None, (2, 3), (6, 6))]
+CONFIGS = [
+    dict(steps=s, per_call=p, checkpoint=k, evaluation=e, profile=w)
+    for s in (1, 7, 20)
+    for p in (1, 3, 8)
+    for k in (0, 1, 4)
+    for e in (0, 3, 5)
+    for w in (None, (2, 3), (6, 6))
+]
 
 
 @pytest.mark.parametrize("done", [0, 1, 4, 5])
@@ -100,8 +112,16 @@ def test_a_run_resumed_at_a_checkpoint_calls_as_the_uninterrupted_one_did(config
 
 
 def test_the_cadences_of_a_config():
-    settings = chain.compose(["mode=e2e", "trainer.steps=9", "trainer.steps_per_call=4", "trainer.eval_every=3",
-                              "trainer.log_every=2", "trainer.profile=[5,6]"])
+    settings = chain.compose(
+        [
+            "mode=e2e",
+            "trainer.steps=9",
+            "trainer.steps_per_call=4",
+            "trainer.eval_every=3",
+            "trainer.log_every=2",
+            "trainer.profile=[5,6]",
+        ]
+    )
     c = Cadences.of(settings.trainer, checkpoint_every=4)
     assert c == Cadences(9, 4, Every(4), Every(3), Logging(2, 9), Span(5, 6))
     assert calls(c) == [3, 4, 5, 6, 8, 9]

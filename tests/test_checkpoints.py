@@ -85,15 +85,23 @@ def test_restore_continues_the_data_stream_and_cleans_a_half_written_save(traine
     assert np.array_equal(x_next.numpy(), x_orig.numpy())
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["+stages=2"], "the checkpoint has 3 stages but the config builds 2"),
-    (["+stages=4"], "the checkpoint has 3 stages but the config builds 4"),
-    (["+stages=3", "model.width=16"],
-     "at stage 0: variable layers[1] Dense kernel has shape (64, 8) in the checkpoint but (64, 16) in the config"),
-    (["+stages=3", "model.depth=3"], "at stage 0: layers[5] Dense (kernel (8, 8), bias (8,)) is in the config but not in the checkpoint"),
-    (["+stages=3", "optim=sgd"], "at stage 0: the optimizer is Adam in the checkpoint but SGD in the config"),
-    (["+stages=3", "data.batch_size=32"], "data.batch_size=16, the config has data.batch_size=32"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["+stages=2"], "the checkpoint has 3 stages but the config builds 2"),
+        (["+stages=4"], "the checkpoint has 3 stages but the config builds 4"),
+        (
+            ["+stages=3", "model.width=16"],
+            "at stage 0: variable layers[1] Dense kernel has shape (64, 8) in the checkpoint but (64, 16) in the config",
+        ),
+        (
+            ["+stages=3", "model.depth=3"],
+            "at stage 0: layers[5] Dense (kernel (8, 8), bias (8,)) is in the config but not in the checkpoint",
+        ),
+        (["+stages=3", "optim=sgd"], "at stage 0: the optimizer is Adam in the checkpoint but SGD in the config"),
+        (["+stages=3", "data.batch_size=32"], "data.batch_size=16, the config has data.batch_size=32"),
+    ],
+)
 def test_restoring_into_another_chain_is_a_clear_error_and_changes_nothing(trained, overrides, message):
     run_dir, _ = trained
     other = chain.build(chain.compose([*SMALL, *overrides]))
@@ -112,8 +120,10 @@ def test_a_checkpoint_restores_with_optim_fused_switched(trained):
     assert other.restore(str(run_dir))["step"] == 4
     for mine, theirs in zip(other.stages, run.stages):
         assert (type(mine.optimizer).__name__, type(theirs.optimizer).__name__) == ("Adam", "FusedAdam")
-        for a, b in zip(values(mine.model.weights + mine.optimizer.variables),
-                        values(theirs.model.weights + theirs.optimizer.variables)):
+        for a, b in zip(
+            values(mine.model.weights + mine.optimizer.variables),
+            values(theirs.model.weights + theirs.optimizer.variables),
+        ):
             assert np.array_equal(a, b)
 
 
@@ -161,8 +171,18 @@ def test_guard_drops_a_non_finite_update_entirely():
 def test_a_nan_batch_stops_or_is_skipped_in_every_stage_it_reaches(on_nan, mode):
     # Linear activations carry the NaN forward (ReLU would turn it into 0 for stage 1);
     # in e2e the NaN loss flows back into both stages' gradients.
-    run = chain.build(chain.compose([*SMALL, "+stages=2", "model.activation=linear", f"trainer.on_nan={on_nan}",
-                                     f"mode={mode}", "pipeline.microbatches=2"]))
+    run = chain.build(
+        chain.compose(
+            [
+                *SMALL,
+                "+stages=2",
+                "model.activation=linear",
+                f"trainer.on_nan={on_nan}",
+                f"mode={mode}",
+                "pipeline.microbatches=2",
+            ]
+        )
+    )
     x, ys = next(run.iterator)
     bad = x.numpy().copy()
     bad[0, 0, 0, 0] = np.nan  # one NaN pixel poisons stage 0's output and so stage 1's input

@@ -43,23 +43,32 @@ def test_heterogeneous_chain_from_the_command_line(cli, tmp_path):
     assert "conv(filters=16" in r.stdout and "mlp(width=16, depth=1)" in r.stdout
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["+stages=0"], "stages=0 must be a positive integer"),
-    (["+stages=-1"], "stages=-1 must be a positive integer"),
-    (["model=transformer"], "model='transformer' is not known; allowed: builder, conv, gpt, keras, mlp"),
-    (["optim=lion"], "optim='lion' is not known; allowed: adam, adamw, sgd, target"),
-    (["data=imagenet"], "data='imagenet' is not known; allowed: callable, csv, digits, keras, npz, synthetic, text, tfrecord, tokens"),
-    (["optim.lr=0"], "optim.lr=0 must be > 0"),
-    (["data.batch_size=-4"], "data.batch_size=-4 must be >= 1"),
-    (["+trainer.stepz=5"], "unknown key trainer.stepz"),
-    (["placement.devices=[/CPU:0]"], "placement.devices has 1 entry, but there are 2 stages"),
-    (["placement.devices=[/CPU:0,/GPU:3]"], "placement.devices[1]='/GPU:3' does not exist; available: /device:CPU:0"),
-    (["+stages=3", "placement.devices=[/CPU:0,/CPU:1,/CPU:7]"], "placement.devices[2]='/CPU:7' does not exist"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["+stages=0"], "stages=0 must be a positive integer"),
+        (["+stages=-1"], "stages=-1 must be a positive integer"),
+        (["model=transformer"], "model='transformer' is not known; allowed: builder, conv, gpt, keras, mlp"),
+        (["optim=lion"], "optim='lion' is not known; allowed: adam, adamw, sgd, target"),
+        (
+            ["data=imagenet"],
+            "data='imagenet' is not known; allowed: callable, csv, digits, keras, npz, synthetic, text, tfrecord, tokens",
+        ),
+        (["optim.lr=0"], "optim.lr=0 must be > 0"),
+        (["data.batch_size=-4"], "data.batch_size=-4 must be >= 1"),
+        (["+trainer.stepz=5"], "unknown key trainer.stepz"),
+        (["placement.devices=[/CPU:0]"], "placement.devices has 1 entry, but there are 2 stages"),
+        (
+            ["placement.devices=[/CPU:0,/GPU:3]"],
+            "placement.devices[1]='/GPU:3' does not exist; available: /device:CPU:0",
+        ),
+        (["+stages=3", "placement.devices=[/CPU:0,/CPU:1,/CPU:7]"], "placement.devices[2]='/CPU:7' does not exist"),
+    ],
+)
 def test_bad_input_one_line_nonzero_exit_no_output(cli, tmp_path, overrides, message):
     r = cli(*overrides, "trainer.steps=2")
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert lines == [f"error: {lines[0][len('error: '):]}"] and says(lines[0], message), r.stderr
+    assert lines == [f"error: {lines[0][len('error: ') :]}"] and says(lines[0], message), r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert run_dirs(tmp_path) == [] and not os.path.exists(tmp_path / "outputs")  # nothing written at all

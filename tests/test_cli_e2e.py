@@ -37,8 +37,12 @@ def test_plan_only_prints_the_timeline_and_trains_nothing(cli, tmp_path):
     # Each stage's memory estimate next to its device (issue 21): 1F1B holds 4, 3, 2, 1 microbatches.
     for k, held in enumerate([4, 3, 2, 1]):
         s = "es" if held > 1 else ""
-        assert re.search(rf"^  stage {k}: [\d.]+ [KMG]?B \(weights .*activations [\d.]+ [KMG]?B \({held} microbatch{s} "
-                         rf"held\), inputs .*\); /device:CPU:{k}: shares the host's memory$", r.stdout, re.M), r.stdout
+        assert re.search(
+            rf"^  stage {k}: [\d.]+ [KMG]?B \(weights .*activations [\d.]+ [KMG]?B \({held} microbatch{s} "
+            rf"held\), inputs .*\); /device:CPU:{k}: shares the host's memory$",
+            r.stdout,
+            re.M,
+        ), r.stdout
     assert "all stages: " in r.stdout and "logical CPU devices share one allocator" in r.stdout
     assert run_dirs(tmp_path) == []
     assert "done:" not in r.stdout

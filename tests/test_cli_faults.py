@@ -58,10 +58,19 @@ def damaged_copy(finished, tmp_path, name: str, content: bytes) -> tuple[str, st
 
 
 DAMAGE = {
-    "summary.json": [b"\x00\xff\xfe garbage", b"[1, 2]", b"NaN", b'{"stages": 5}', b'{"stages": [{"index": "x"}]}',
-                     b'{"stages": [{"index": 0, "device": 3}]}', b'{"steps": "many"}', b'{"mode": "local", "stag',
-                     b'{"schedule": "bogus", "microbatches": 2, "batch_size": 16}', b'{"replica_devices": [1, 2]}',
-                     b'{"schedule": "gpipe", "microbatches": 1000000000, "batch_size": 16}'],
+    "summary.json": [
+        b"\x00\xff\xfe garbage",
+        b"[1, 2]",
+        b"NaN",
+        b'{"stages": 5}',
+        b'{"stages": [{"index": "x"}]}',
+        b'{"stages": [{"index": 0, "device": 3}]}',
+        b'{"steps": "many"}',
+        b'{"mode": "local", "stag',
+        b'{"schedule": "bogus", "microbatches": 2, "batch_size": 16}',
+        b'{"replica_devices": [1, 2]}',
+        b'{"schedule": "gpipe", "microbatches": 1000000000, "batch_size": 16}',
+    ],
     ".hydra/overrides.yaml": [b"\x00\xff\xfe garbage", b"{a: 1}", b"[1, [2, 3]", b"- [x]\n", b"- 5\n", b"just text"],
 }
 
@@ -76,8 +85,15 @@ def test_a_damaged_summary_or_overrides_file_is_an_error_naming_it(finished, tmp
     assert path in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("timeline", [b"[1]", b'{"steps": 3}', b'{"steps": [{"complete": true, "step": 2}]}',
-                                      b'{"steps": [{"complete": true, "step": 2, "actions": [{"stage": 9}]}]}'])
+@pytest.mark.parametrize(
+    "timeline",
+    [
+        b"[1]",
+        b'{"steps": 3}',
+        b'{"steps": [{"complete": true, "step": 2}]}',
+        b'{"steps": [{"complete": true, "step": 2, "actions": [{"stage": 9}]}]}',
+    ],
+)
 def test_a_damaged_timeline_is_an_error_naming_it(finished, tmp_path, timeline):
     from chain.report import write_report
 
@@ -92,8 +108,10 @@ def test_a_damaged_timeline_is_an_error_naming_it(finished, tmp_path, timeline):
     assert not os.path.exists(os.path.join(run_dir, "report.html"))
 
 
-@pytest.mark.parametrize("name, content", [("summary.json", b'{"stages": [{"index": "x"}]}'),
-                                           (".hydra/overrides.yaml", b"\x00\xff\xfe garbage")])
+@pytest.mark.parametrize(
+    "name, content",
+    [("summary.json", b'{"stages": [{"index": "x"}]}'), (".hydra/overrides.yaml", b"\x00\xff\xfe garbage")],
+)
 def test_the_report_command_on_a_damaged_file_is_one_line_naming_it(finished, tmp_path, name, content):
     run_dir, path = damaged_copy(finished, tmp_path, name, content)
     assert path in one_line(run_cli(tmp_path, run_dir, module="chain.report"))
@@ -114,8 +132,9 @@ def test_a_sweep_with_bad_jobs_is_one_line_per_job_and_writes_nothing(tmp_path):
 
 
 def test_a_sweep_job_failing_while_it_runs_is_one_line(tmp_path):
-    r = run_cli(tmp_path, "--multirun", *TINY, "trainer.steps=2", "placement.devices=[/CPU:0,/CPU:7]",
-                "hydra.sweep.dir=sweep")
+    r = run_cli(
+        tmp_path, "--multirun", *TINY, "trainer.steps=2", "placement.devices=[/CPU:0,/CPU:7]", "hydra.sweep.dir=sweep"
+    )
     line = one_line(r)
     assert line.startswith("error: job 0 (") and "placement.devices[1]='/CPU:7' does not exist" in line
     assert not os.path.exists(tmp_path / "sweep" / "0")  # the job failed before training: nothing of it left
@@ -123,13 +142,16 @@ def test_a_sweep_job_failing_while_it_runs_is_one_line(tmp_path):
     assert re.search(r"^0\s+2\s+-\s+-\s+model.width=8 .*\s-$", r.stdout, re.M), r.stdout
     with open(tmp_path / "sweep" / "jobs.csv") as f:
         (job,) = list(csv.DictReader(f))
-    assert (job["exit"], job["run_dir"], job["error"]) == ("2", "", line[len("error: job 0 ("):].split("): ", 1)[1])
+    assert (job["exit"], job["run_dir"], job["error"]) == ("2", "", line[len("error: job 0 (") :].split("): ", 1)[1])
 
 
-@pytest.mark.parametrize("args, says", [
-    (["trainer.steps=2", "--multirun", "optim.lr=0.1,0.01"], "put the flags first"),
-    (["trainer.steps=2", "optim.lr=0.1,0.01"], "needs --multirun"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["trainer.steps=2", "--multirun", "optim.lr=0.1,0.01"], "put the flags first"),
+        (["trainer.steps=2", "optim.lr=0.1,0.01"], "needs --multirun"),
+    ],
+)
 def test_hydra_flag_order_and_a_sweep_without_multirun_are_explained_in_one_line(tmp_path, args, says):
     line = one_line(run_cli(tmp_path, *args))
     assert says in line and "optim.lr=0.1,0.01" in line
@@ -166,10 +188,15 @@ def test_ctrl_c_is_one_line_with_the_newest_checkpoint_and_the_resume_command(tm
     args = [*TINY, "trainer.steps=100000", "checkpoint.every=5", f"hydra.run.dir={run_dir}"]
     # As from a terminal: Ctrl-C reaches a process that has not inherited an ignored SIGINT (a test run
     # started in the background by a non-interactive shell ignores it, and Python then leaves it ignored).
-    p = subprocess.Popen([sys.executable, "-m", "chain", *args], cwd=tmp_path,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "chain", *args],
+        cwd=tmp_path,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         for line in p.stderr:
             if cue in line:
@@ -182,8 +209,11 @@ def test_ctrl_c_is_one_line_with_the_newest_checkpoint_and_the_resume_command(tm
         p.kill()
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("test-hook:")]
     assert p.returncode == 130 and len(lines) == 1, err
-    m = re.fullmatch(r"interrupted at step (\d+); the newest complete checkpoint is step (\d+) \((.+)\); "
-                     r"resume with: (.+)", lines[0])
+    m = re.fullmatch(
+        r"interrupted at step (\d+); the newest complete checkpoint is step (\d+) \((.+)\); "
+        r"resume with: (.+)",
+        lines[0],
+    )
     assert m, lines[0]
     step, saved = int(m.group(1)), int(m.group(2))
     assert m.group(3) == str(run_dir) and saved == manifest(run_dir)["step"] and saved % 5 == 0
@@ -197,8 +227,9 @@ def test_ctrl_c_is_one_line_with_the_newest_checkpoint_and_the_resume_command(tm
     assert open(run_dir / ".lock").read() == ""  # released, no holder left
     command = shlex.split(m.group(4))
     assert command[:3] == ["python", "-m", "chain"] and command[-1] == "resume=true"
-    resumed = run_cli(tmp_path, *[a for a in command[3:] if not a.startswith("trainer.steps=")],
-                      f"trainer.steps={saved + 2}")
+    resumed = run_cli(
+        tmp_path, *[a for a in command[3:] if not a.startswith("trainer.steps=")], f"trainer.steps={saved + 2}"
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from step {saved}" in resumed.stdout and manifest(run_dir)["step"] == saved + 2
 
@@ -248,10 +279,13 @@ def test_restage_of_a_run_that_is_still_training_is_refused(tmp_path):
 # --- storage errors say why --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("error, cause", [
-    (OSError(errno.EFBIG, "write failed"), "File too large"),
-    (OSError(errno.ENOSPC, ""), "No space left on device"),
-])
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        (OSError(errno.EFBIG, "write failed"), "File too large"),
+        (OSError(errno.ENOSPC, ""), "No space left on device"),
+    ],
+)
 def test_a_storage_error_names_the_cause(tmp_path, error, cause):
     from chain.state.atomic import writing
 
@@ -276,7 +310,12 @@ except StorageError as e:
 
 
 def test_tensorboard_logs_past_the_file_size_limit_are_a_storage_error_with_the_cause(tmp_path):
-    r = subprocess.run([sys.executable, "-c", EVENTS_PAST_THE_SIZE_LIMIT, str(tmp_path / "run")],
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    r = subprocess.run(
+        [sys.executable, "-c", EVENTS_PAST_THE_SIZE_LIMIT, str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stdout.startswith("cannot write TensorBoard logs in") and "File too large" in r.stdout, r.stdout

@@ -39,8 +39,16 @@ def test_help_is_chains_own_and_every_name_in_it_exists(cli, tmp_path):
 
     keys = set(dotted_keys(OmegaConf.to_container(compose_config([], with_hydra=False), resolve=False)))
     shown = set(re.findall(r"(?<![\w.])\+?([a-z_]+(?:\.[a-z_]+)*)=", text))
-    assert {"stages", "mode", "trainer.steps", "pipeline.schedule", "pipeline.microbatches", "plan_only", "resume",
-            "report"} <= shown
+    assert {
+        "stages",
+        "mode",
+        "trainer.steps",
+        "pipeline.schedule",
+        "pipeline.microbatches",
+        "plan_only",
+        "resume",
+        "report",
+    } <= shown
     unknown = shown - keys - {"stages", "variants", "hydra.run.dir", "group"}  # group=option: the groups
     assert not unknown, unknown
     assert not os.path.exists(tmp_path / "outputs")  # nothing written
@@ -52,15 +60,18 @@ def test_hydra_help_stays_reachable(cli):
     assert r.stdout.startswith("Hydra (") and "--multirun" in r.stdout and "--cfg" in r.stdout
 
 
-@pytest.mark.parametrize("override, hint", [
-    ("trainer.stpes=10", "did you mean trainer.steps?"),          # Hydra refuses it (the key is not there)
-    ("+trainer.stepz=5", "did you mean trainer.steps?"),          # Hydra adds it, the schema refuses it
-    ("steps=10", "did you mean trainer.steps?"),                  # a key of a section, given at the top
-    ("trainer.lr=0.1", "did you mean optim.lr?"),
-    ("+stages=[{modle: {width: 3}}]", "did you mean stages[0].model?"),
-    ("model=mlpp", "did you mean model=mlp?"),                    # a group's option
-    ("precision=float16", "did you mean precision=mixed_float16?"),  # a key's allowed values
-])
+@pytest.mark.parametrize(
+    "override, hint",
+    [
+        ("trainer.stpes=10", "did you mean trainer.steps?"),  # Hydra refuses it (the key is not there)
+        ("+trainer.stepz=5", "did you mean trainer.steps?"),  # Hydra adds it, the schema refuses it
+        ("steps=10", "did you mean trainer.steps?"),  # a key of a section, given at the top
+        ("trainer.lr=0.1", "did you mean optim.lr?"),
+        ("+stages=[{modle: {width: 3}}]", "did you mean stages[0].model?"),
+        ("model=mlpp", "did you mean model=mlp?"),  # a group's option
+        ("precision=float16", "did you mean precision=mixed_float16?"),  # a key's allowed values
+    ],
+)
 def test_a_mistyped_key_or_option_names_the_nearest(override, hint):
     with pytest.raises(chain.ConfigError) as e:
         chain.compose([override])

@@ -22,9 +22,21 @@ from graph_audit import audit
 
 LR = 0.1
 CLIP = 0.1  # well below the gradients' global norm here (about 0.5 to 1): every step clips
-BASE = ["+stages=3", "mode=e2e", "model.depth=1", "model.width=8", "model.activation=tanh", "optim=sgd",
-        f"optim.lr={LR}", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256",
-        "data.batch_size=16", "trainer.progress=false"]
+BASE = [
+    "+stages=3",
+    "mode=e2e",
+    "model.depth=1",
+    "model.width=8",
+    "model.activation=tanh",
+    "optim=sgd",
+    f"optim.lr={LR}",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+]
 STEPS = 3
 
 
@@ -86,16 +98,20 @@ INTERLEAVED = [o for o in BASE if o != "+stages=3"] + ["+stages=4", "pipeline.vi
 ZBV = [o for o in BASE if o != "+stages=3"] + ["+stages=4"]  # a V: stages 0 and 3 on one device, 1 and 2 on the other
 
 
-@pytest.mark.parametrize("base, overrides", [
-    (BASE, ["pipeline.schedule=gpipe", "pipeline.microbatches=2"]),
-    (BASE, ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.grad_accum=2"]),
-    (BASE, ["pipeline.schedule=sequential", "pipeline.microbatches=2"]),
-    (BASE, ["pipeline.schedule=zb1", "pipeline.microbatches=4"]),
-    (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2"]),
-    (BASE, ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
-    (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2", "placement.replicas=2"]),
-    (ZBV, ["pipeline.schedule=zbv", "pipeline.microbatches=4"]),
-], ids=["gpipe", "1f1b-accum", "sequential", "zb1", "interleaved", "mirrored-accum", "interleaved-copies", "zbv"])
+@pytest.mark.parametrize(
+    "base, overrides",
+    [
+        (BASE, ["pipeline.schedule=gpipe", "pipeline.microbatches=2"]),
+        (BASE, ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.grad_accum=2"]),
+        (BASE, ["pipeline.schedule=sequential", "pipeline.microbatches=2"]),
+        (BASE, ["pipeline.schedule=zb1", "pipeline.microbatches=4"]),
+        (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2"]),
+        (BASE, ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
+        (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2", "placement.replicas=2"]),
+        (ZBV, ["pipeline.schedule=zbv", "pipeline.microbatches=4"]),
+    ],
+    ids=["gpipe", "1f1b-accum", "sequential", "zb1", "interleaved", "mirrored-accum", "interleaved-copies", "zbv"],
+)
 def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(base, overrides):
     run = chain.build(chain.compose(base + [f"optim.clip_global_norm={CLIP}", *overrides]))
     for s in run.stages:  # the step clips the chain's gradients; a stage's optimizer would see only its own
@@ -116,15 +132,17 @@ def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(ba
         assert all(c.name.split("/")[-1].startswith("copy_to_") for c, _ in audited.crossings())
         copies = {op.name.split("/")[-1]: op for op in audited.copies() if "clip_global_norm" in op.name}
         away = [s.index for s in run.stages if s.device != last]  # stages sharing the last's device send nothing
-        assert sorted(copies) == sorted([f"copy_to_squared_sum_s{k}" for k in away]
-                                        + [f"copy_to_clip_factor_s{k}" for k in away])
+        assert sorted(copies) == sorted(
+            [f"copy_to_squared_sum_s{k}" for k in away] + [f"copy_to_clip_factor_s{k}" for k in away]
+        )
         for name, op in copies.items():
             assert op.outputs[0].shape.rank == 0
             assert audited.device[op] == (last if "squared_sum" in name else run.stages[int(name[-1])].device)
 
 
-@pytest.mark.parametrize("k, overrides", [(3, []), (2, ["pipeline.microbatches=2", "placement.replicas=2"])],
-                         ids=["pipeline", "copies"])
+@pytest.mark.parametrize(
+    "k, overrides", [(3, []), (2, ["pipeline.microbatches=2", "placement.replicas=2"])], ids=["pipeline", "copies"]
+)
 def test_the_guard_reads_its_verdict_from_the_clipped_norm_and_still_drops_a_non_finite_step(k, overrides):
     """With clipping the guard makes no pass of its own over the gradients (no sum in an update's
     scope: the clip factor, finite exactly when the global norm is, is its verdict), and a NaN
@@ -149,8 +167,17 @@ def test_the_guard_reads_its_verdict_from_the_clipped_norm_and_still_drops_a_non
 
 
 def test_float16_clips_the_unscaled_gradients_as_keras_loss_scale_optimizer():
-    run = chain.build(chain.compose(BASE + [f"optim.clip_global_norm={CLIP}", "precision=mixed_float16",
-                                            "pipeline.schedule=1f1b", "pipeline.microbatches=1"]))
+    run = chain.build(
+        chain.compose(
+            BASE
+            + [
+                f"optim.clip_global_norm={CLIP}",
+                "precision=mixed_float16",
+                "pipeline.schedule=1f1b",
+                "pipeline.microbatches=1",
+            ]
+        )
+    )
     opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(learning_rate=LR, global_clipnorm=CLIP))
     model, step = keras_reference(run, opt)
     norms = assert_trains_like(run, model, step)
@@ -172,9 +199,20 @@ def test_mode_local_clips_each_stage_by_its_own_global_norm():
 
 
 def test_fit_records_the_global_norm_in_summary_and_tensorboard(tmp_path):
-    run = chain.build(chain.compose(BASE + [f"optim.clip_global_norm={CLIP}", "trainer.steps=2", "data.val_fraction=0",
-                                            "trainer.steps_per_call=1", "trainer.log_every=1",
-                                            "checkpoint.export=false"]), run_dir=str(tmp_path))
+    run = chain.build(
+        chain.compose(
+            BASE
+            + [
+                f"optim.clip_global_norm={CLIP}",
+                "trainer.steps=2",
+                "data.val_fraction=0",
+                "trainer.steps_per_call=1",
+                "trainer.log_every=1",
+                "checkpoint.export=false",
+            ]
+        ),
+        run_dir=str(tmp_path),
+    )
     norms = []
     summary = run.fit(callback=lambda step, out: norms.append(out["grad_norm"]))
     assert len(norms) == 2 and all(n > CLIP for n in norms)
@@ -188,15 +226,22 @@ def test_fit_records_the_global_norm_in_summary_and_tensorboard(tmp_path):
     assert tagged == pytest.approx({1: norms[0], 2: norms[1]}, rel=1e-6)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["optim.clip_norm=1", "optim.clip_global_norm=1"],
-     "optim.clip_norm=1.0 and optim.clip_global_norm=1.0 are both set; clip each variable's gradient or all of "
-     "them by one norm, not both"),
-    (["optim.clip_global_norm=1", "+stages=[{},{optim: {clip_global_norm: 2}}]"],
-     "stages[1].optim.clip_global_norm=2.0 differs from stages[0]'s 1.0; mode=e2e clips the whole chain's "
-     "gradients by one global norm: give every stage the same"),
-    (["optim.clip_global_norm=0"], None),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["optim.clip_norm=1", "optim.clip_global_norm=1"],
+            "optim.clip_norm=1.0 and optim.clip_global_norm=1.0 are both set; clip each variable's gradient or all of "
+            "them by one norm, not both",
+        ),
+        (
+            ["optim.clip_global_norm=1", "+stages=[{},{optim: {clip_global_norm: 2}}]"],
+            "stages[1].optim.clip_global_norm=2.0 differs from stages[0]'s 1.0; mode=e2e clips the whole chain's "
+            "gradients by one global norm: give every stage the same",
+        ),
+        (["optim.clip_global_norm=0"], None),
+    ],
+)
 def test_clipping_settings_that_cannot_hold_are_one_line(overrides, message):
     base = [o for o in BASE if not o.startswith("+stages")] if any(o.startswith("+stages") for o in overrides) else BASE
     with pytest.raises(ConfigError) as e:
@@ -218,8 +263,17 @@ def compiled_mlp(**clips) -> keras.Model:
     return model
 
 
-CUT = ["+stages=3", "mode=e2e", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64",
-       "data.batch_size=16", "trainer.progress=false", "optim=sgd"]
+CUT = [
+    "+stages=3",
+    "mode=e2e",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=64",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "optim=sgd",
+]
 
 
 def test_a_compiled_models_clipping_is_kept_with_a_note_in_a_file_and_in_python(tmp_path):
@@ -229,13 +283,19 @@ def test_a_compiled_models_clipping_is_kept_with_a_note_in_a_file_and_in_python(
     run = chain.build(chain.compose(CUT + ["model=keras", f"model.path={path}"]))
     assert [s.spec.optim.clip_global_norm for s in run.stages] == [0.25] * 3
     assert run.strategy.clip_global_norm == 0.25 and run.strategy.layout.norm is not None  # clipped, reported
-    assert f"{path} was compiled with global_clipnorm=0.25: the chain clips as optim.clip_global_norm=0.25 " \
-           "(set optim.clip_norm or optim.clip_global_norm to choose otherwise)" in run.notes
+    assert (
+        f"{path} was compiled with global_clipnorm=0.25: the chain clips as optim.clip_global_norm=0.25 "
+        "(set optim.clip_norm or optim.clip_global_norm to choose otherwise)" in run.notes
+    )
     settings, notes = compiled_clipping.adopt(run.settings, {"clipnorm": 0.125}, "m")  # the config's clipping wins
-    assert settings == run.settings and notes == ["m was compiled with clipnorm=0.125: the config's optim.clip_* "
-                                                  "apply instead"]
-    settings, notes = compiled_clipping.adopt(run.settings, compiled_clipping.of_model(compiled_mlp(clipvalue=3.0)),
-                                              "m")
+    assert settings == run.settings and notes == [
+        "m was compiled with clipnorm=0.125: the config's optim.clip_* apply instead"
+    ]
+    settings, notes = compiled_clipping.adopt(
+        run.settings, compiled_clipping.of_model(compiled_mlp(clipvalue=3.0)), "m"
+    )
     assert settings == run.settings  # nothing to adopt, but not silently dropped either
-    assert notes == ["m was compiled with clipvalue=3.0: not applied (the chain clips by norm only: optim.clip_norm, "
-                     "optim.clip_global_norm)"]
+    assert notes == [
+        "m was compiled with clipvalue=3.0: not applied (the chain clips by norm only: optim.clip_norm, "
+        "optim.clip_global_norm)"
+    ]

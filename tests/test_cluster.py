@@ -45,7 +45,7 @@ class Workers:
 
     @property
     def addresses(self) -> list[str]:
-        return self.cluster.addresses[:self.n]
+        return self.cluster.addresses[: self.n]
 
     @property
     def profile_option(self) -> str:
@@ -53,11 +53,11 @@ class Workers:
 
     @property
     def profile_ports(self) -> list[int]:
-        return self.cluster.profile_ports[:self.n]
+        return self.cluster.profile_ports[: self.n]
 
     @property
     def pids(self) -> list[int]:
-        return self.cluster.pids[:self.n]
+        return self.cluster.pids[: self.n]
 
     def kill(self, i: int) -> None:
         self.cluster.kill(i)
@@ -118,8 +118,14 @@ def start_client(tmp_path, args, run_dir, **hooks: str) -> subprocess.Popen:
     level left to the CLI); `hooks`: more of `chain.testhooks`' variables."""
     env = dict(os.environ, CHAIN_TEST_ANNOUNCE="1", **hooks)
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    return subprocess.Popen([sys.executable, "-m", "chain", *args, f"hydra.run.dir={run_dir}"], cwd=tmp_path,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "chain", *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_step(client: subprocess.Popen, step: int) -> None:
@@ -163,14 +169,21 @@ def test_an_unreachable_worker_fails_fast_naming_it(tmp_path):
     assert time.monotonic() - started < 60
     assert r.returncode == 2 and r.stderr.strip() == (
         f"error: cluster.workers[0]=localhost:{port} is not reachable (Connection refused); start it with: "
-        f"python -m chain.worker --index 0 --cluster localhost:{port}")
+        f"python -m chain.worker --index 0 --cluster localhost:{port}"
+    )
     assert not (tmp_path / "outputs").exists()
 
 
 def test_a_worker_lost_during_a_save_is_a_lost_worker_not_a_storage_error(workers, tmp_path):
     # worker 1 dies after stage 0 (on worker 0) is saved, before stage 1 (its variables on worker 1) is
-    args = [*TINY, *MODES["local"], "trainer.steps=100", "checkpoint.every=4", "cluster.lost_after_s=60",
-            workers.option]
+    args = [
+        *TINY,
+        *MODES["local"],
+        "trainer.steps=100",
+        "checkpoint.every=4",
+        "cluster.lost_after_s=60",
+        workers.option,
+    ]
     client = start_client(tmp_path, args, tmp_path / "run", CHAIN_TEST_SAVE_PAUSE="2@8")
     try:
         for line in client.stderr:
@@ -181,14 +194,21 @@ def test_a_worker_lost_during_a_save_is_a_lost_worker_not_a_storage_error(worker
         rest = client.stderr.read()
     finally:
         client.kill()
-    assert_lost(code, rest, workers.addresses[1],
-                "the last complete checkpoint (step 4) is intact: resume with resume=true")
+    assert_lost(
+        code, rest, workers.addresses[1], "the last complete checkpoint (step 4) is intact: resume with resume=true"
+    )
 
 
 def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
     # SIGSTOP: the worker's port still accepts connections (the kernel does), but its server answers nothing
-    args = [*TINY, *MODES["e2e"], "trainer.steps=100000", "checkpoint.every=0", "cluster.lost_after_s=3",
-            workers.option]
+    args = [
+        *TINY,
+        *MODES["e2e"],
+        "trainer.steps=100000",
+        "checkpoint.every=0",
+        "cluster.lost_after_s=3",
+        workers.option,
+    ]
     client = start_client(tmp_path, args, tmp_path / "run")
     try:
         wait_for_step(client, 3)
@@ -209,18 +229,30 @@ def test_a_stalled_step_on_workers_says_where_it_waits(workers, tmp_path):
     """trainer.stall_s: stage 1's forward of microbatch 2 held for 2 s in step 3 (CHAIN_TEST_HOLD, a
     wait on the client that the action depends on): the markers on the client name it, and stage 0
     (worker 0) waiting for its gradient; the run then goes on."""
-    r = run_cli(tmp_path, *TINY, "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.steps=4",
-                "trainer.steps_per_call=1", "trainer.stall_s=1", workers.option, f"hydra.run.dir={tmp_path / 'run'}",
-                env={"CHAIN_TEST_HOLD": "s1_F2@3,2"})
+    r = run_cli(
+        tmp_path,
+        *TINY,
+        "mode=e2e",
+        "pipeline.schedule=1f1b",
+        "pipeline.microbatches=4",
+        "trainer.steps=4",
+        "trainer.steps_per_call=1",
+        "trainer.stall_s=1",
+        workers.option,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        env={"CHAIN_TEST_HOLD": "s1_F2@3,2"},
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     at = [i for i, line in enumerate(lines) if "no step completed for" in line]
     assert len(at) == 1 and "step 3 waits" in lines[at[0]], r.stdout
-    grid, said = lines[at[0] + 1:at[0] + 3], lines[at[0] + 3:at[0] + 5]
+    grid, said = lines[at[0] + 1 : at[0] + 3], lines[at[0] + 3 : at[0] + 5]
     assert grid[1].split()[:3] == ["stage", "1", "/job:worker/replica:0/task:1/device:CPU:0"], grid
     assert ">F2" in grid[1].split() and ">B2" in grid[0].split(), grid
-    assert said == ["stage 0: finished s0_F3; waits in s0_B2 for s1_B2 (stage 1)",
-                    "stage 1: finished s1_B1; in s1_F2, which has every input: the wait is inside it"], said
+    assert said == [
+        "stage 0: finished s0_F3; waits in s0_B2 for s1_B2 (stage 1)",
+        "stage 1: finished s1_B1; in s1_F2, which has every input: the wait is inside it",
+    ], said
 
 
 @pytest.mark.parametrize("kind", ["silent", "http"])
@@ -239,15 +271,28 @@ def test_an_address_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, ki
 def test_a_grpc_server_that_is_not_a_worker_fails_naming_it(tmp_path):
     # TensorFlow's profiler server speaks gRPC (so it answers the handshake) but serves no worker
     address = free_addresses(1)[0]
-    code = (f"import time, tensorflow as tf; tf.profiler.experimental.server.start({address.rsplit(':', 1)[1]}); "
-            "print('up', flush=True); time.sleep(300)")
-    server = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    code = (
+        f"import time, tensorflow as tf; tf.profiler.experimental.server.start({address.rsplit(':', 1)[1]}); "
+        "print('up', flush=True); time.sleep(300)"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert server.stdout.readline().strip() == "up"
         env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user runs it
-        r = subprocess.run([sys.executable, "-m", "chain", *TINY, f"cluster.workers=[{address}]"], cwd=tmp_path,
-                           env=env, capture_output=True, text=True, timeout=90)
+        r = subprocess.run(
+            [sys.executable, "-m", "chain", *TINY, f"cluster.workers=[{address}]"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     finally:
         server.kill()
         server.wait()
@@ -274,9 +319,13 @@ LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFF
 
 def test_a_worker_of_a_localhost_cluster_listens_on_loopback_or_says_it_does_not():
     address = free_addresses(1)[0]
-    worker = subprocess.Popen([sys.executable, "-m", "chain.worker", "--index", "0", "--cluster", address],
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "chain.worker", "--index", "0", "--cluster", address],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert worker.stdout.readline().startswith("worker 0 serving"), worker.stderr.read()
         bound = listening_on(int(address.rsplit(":", 1)[1]))
@@ -291,7 +340,6 @@ def test_a_worker_of_a_localhost_cluster_listens_on_loopback_or_says_it_does_not
     assert len(warnings) == 1 and "every network interface" in warnings[0] and "trusted" in warnings[0], err
 
 
-
 def test_split_backwards_and_interleaved_stages_on_two_workers_train_like_on_local_devices(workers, tmp_path):
     """zb1's split backward and interleaved stages in one run (a CLI run costs ~10 s): a schedule
     file with 4 stages on the 2 workers (stage k on worker k mod 2, in Megatron's interleaved order)
@@ -302,22 +350,37 @@ def test_split_backwards_and_interleaved_stages_on_two_workers_train_like_on_loc
     from chain.schedule.schedules import WEIGHT, Action, Schedule
 
     inter = schedules.build("interleaved", 4, 2, 2)
-    rows = tuple(row + tuple(Action(a.stage, a.microbatch, WEIGHT) for a in row if a.kind == schedules.BACKWARD)
-                 for row in inter.actions)
+    rows = tuple(
+        row + tuple(Action(a.stage, a.microbatch, WEIGHT) for a in row if a.kind == schedules.BACKWARD)
+        for row in inter.actions
+    )
     path = str(tmp_path / "split-interleaved.csv")
     schedule_file.write(Schedule("file", 4, 2, rows, inter.placement), path)
-    args = [*[o for o in TINY if o != "+stages=2"], "+stages=4", "model.depth=1", "mode=e2e", "pipeline.schedule=file",
-            f"pipeline.schedule_file={path}", "pipeline.microbatches=2", "trainer.steps=3"]
+    args = [
+        *[o for o in TINY if o != "+stages=2"],
+        "+stages=4",
+        "model.depth=1",
+        "mode=e2e",
+        "pipeline.schedule=file",
+        f"pipeline.schedule_file={path}",
+        "pipeline.microbatches=2",
+        "trainer.steps=3",
+    ]
     r = run_cli(tmp_path, *args, workers.option, f"hydra.run.dir={tmp_path / 'cluster'}")
     assert r.returncode == 0, r.stderr
     for k in range(4):  # the placement table: stage k on worker k mod 2
         worker = k % 2
-        assert (f"{k}      /job:worker/replica:0/task:{worker}/device:CPU:0  worker {worker} "
-                f"{workers.addresses[worker]} CPU:0") in r.stdout, r.stdout
+        assert (
+            f"{k}      /job:worker/replica:0/task:{worker}/device:CPU:0  worker {worker} "
+            f"{workers.addresses[worker]} CPU:0"
+        ) in r.stdout, r.stdout
     chain.build(chain.compose(args), run_dir=str(tmp_path / "local")).fit()
     for k in range(4):
-        assert_values_alike(stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
-                            stage_values(tmp_path / "local", f"stage_{k:02d}"), rtol=1e-6)
+        assert_values_alike(
+            stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
+            stage_values(tmp_path / "local", f"stage_{k:02d}"),
+            rtol=1e-6,
+        )
 
 
 @pytest.mark.parametrize("m", [4, 8])  # M = 2D and 4D
@@ -327,22 +390,43 @@ def test_zbv_on_two_workers_trains_like_on_local_devices(workers, tmp_path, m):
     train like one Keras model on one device: tests/test_pipeline.py)."""
     import chain
 
-    args = [*[o for o in TINY if o != "+stages=2"], "+stages=4", "model.depth=1", "mode=e2e", "pipeline.schedule=zbv",
-            f"pipeline.microbatches={m}", "trainer.steps=3"]
+    args = [
+        *[o for o in TINY if o != "+stages=2"],
+        "+stages=4",
+        "model.depth=1",
+        "mode=e2e",
+        "pipeline.schedule=zbv",
+        f"pipeline.microbatches={m}",
+        "trainer.steps=3",
+    ]
     r = run_cli(tmp_path, *args, workers.option, f"hydra.run.dir={tmp_path / 'cluster'}")
     assert r.returncode == 0, r.stderr
     for k in range(4):  # the placement table: stage k on worker min(k, 3 - k)
         worker = min(k, 3 - k)
-        assert (f"{k}      /job:worker/replica:0/task:{worker}/device:CPU:0  worker {worker} "
-                f"{workers.addresses[worker]} CPU:0") in r.stdout, r.stdout
+        assert (
+            f"{k}      /job:worker/replica:0/task:{worker}/device:CPU:0  worker {worker} "
+            f"{workers.addresses[worker]} CPU:0"
+        ) in r.stdout, r.stdout
     chain.build(chain.compose(args), run_dir=str(tmp_path / "local")).fit()
     for k in range(4):
-        assert_values_alike(stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
-                            stage_values(tmp_path / "local", f"stage_{k:02d}"), rtol=1e-6)
+        assert_values_alike(
+            stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
+            stage_values(tmp_path / "local", f"stage_{k:02d}"),
+            rtol=1e-6,
+        )
 
 
-GRID = ["+stages=2", "model.width=8", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false",
-        "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2", "placement.replicas=2"]
+GRID = [
+    "+stages=2",
+    "model.width=8",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "mode=e2e",
+    "pipeline.schedule=1f1b",
+    "pipeline.microbatches=2",
+    "placement.replicas=2",
+]
 
 
 def test_two_copies_of_two_stages_on_four_workers_train_like_the_same_grid_in_process(four_workers, tmp_path):
@@ -354,13 +438,17 @@ def test_two_copies_of_two_stages_on_four_workers_train_like_the_same_grid_in_pr
     args = [*GRID, "trainer.steps=2"]
     r = run_cli(tmp_path, *args, four_workers.option, f"hydra.run.dir={tmp_path / 'cluster'}")
     assert r.returncode == 0, r.stderr
-    assert ("0        /job:worker/replica:0/task:0/device:CPU:0  /job:worker/replica:0/task:1/device:CPU:0\n"
-            "1        /job:worker/replica:0/task:2/device:CPU:0  /job:worker/replica:0/task:3/device:CPU:0"
-            ) in r.stdout, r.stdout
+    assert (
+        "0        /job:worker/replica:0/task:0/device:CPU:0  /job:worker/replica:0/task:1/device:CPU:0\n"
+        "1        /job:worker/replica:0/task:2/device:CPU:0  /job:worker/replica:0/task:3/device:CPU:0"
+    ) in r.stdout, r.stdout
     chain.build(chain.compose(args), run_dir=str(tmp_path / "local")).fit()
     for k in range(2):
-        assert_values_alike(stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
-                            stage_values(tmp_path / "local", f"stage_{k:02d}"), rtol=1e-6)
+        assert_values_alike(
+            stage_values(tmp_path / "cluster", f"stage_{k:02d}"),
+            stage_values(tmp_path / "local", f"stage_{k:02d}"),
+            rtol=1e-6,
+        )
 
 
 def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
@@ -369,8 +457,17 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
     one-step function (step 3: steps 1-2 ran as one call) is held whole however long it takes: the
     workers trace from before the window's first step until its last has ended."""
     run_dir = tmp_path / "run"
-    r = run_cli(tmp_path, *TINY, "mode=e2e", "pipeline.microbatches=2", "trainer.steps=4", "trainer.profile=[3,4]",
-                workers.option, workers.profile_option, f"hydra.run.dir={run_dir}")
+    r = run_cli(
+        tmp_path,
+        *TINY,
+        "mode=e2e",
+        "pipeline.microbatches=2",
+        "trainer.steps=4",
+        "trainer.profile=[3,4]",
+        workers.option,
+        workers.profile_option,
+        f"hydra.run.dir={run_dir}",
+    )
     assert r.returncode == 0, r.stderr
     hosts = [f"localhost_{p}" for p in workers.profile_ports]
     with open(run_dir / "timeline.json") as f:
@@ -386,8 +483,13 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
     for k, host in enumerate(hosts):  # worker k's own trace holds every action of stage k in both steps, whole
         assert spans[host][0] < steps[3][0] and steps[4][1] < spans[host][1], (host, spans[host], steps)
         for n in (3, 4):
-            seen = {timeline.owner(e.name) for e in events if e.source == host and steps[n][0] <= e.start <= steps[n][1]}
-            assert {(stage, m, kind) for kind, stage, m in seen - {None}} >= {p for p in planned if p[0] == k}, (host, n)
+            seen = {
+                timeline.owner(e.name) for e in events if e.source == host and steps[n][0] <= e.start <= steps[n][1]
+            }
+            assert {(stage, m, kind) for kind, stage, m in seen - {None}} >= {p for p in planned if p[0] == k}, (
+                host,
+                n,
+            )
     assert read_summary(run_dir)["measured_bubble_fraction"] is not None
     assert "measured bubble fraction" in r.stdout + r.stderr
     assert "Starting to trace" not in r.stdout + r.stderr and "profile:" not in r.stderr, r.stdout + r.stderr
@@ -396,12 +498,25 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
 def test_a_profile_port_where_no_profiler_answers_is_one_line_before_anything_is_written(workers, tmp_path):
     closed = int(free_addresses(1)[0].rsplit(":", 1)[1])
     run_dir = tmp_path / "run"
-    r = run_cli(tmp_path, *TINY, "mode=e2e", "trainer.steps=2", "trainer.profile=[1,2]", workers.option,
-                f"cluster.profile_ports=[{workers.profile_ports[0]},{closed}]", f"hydra.run.dir={run_dir}")
+    r = run_cli(
+        tmp_path,
+        *TINY,
+        "mode=e2e",
+        "trainer.steps=2",
+        "trainer.profile=[1,2]",
+        workers.option,
+        f"cluster.profile_ports=[{workers.profile_ports[0]},{closed}]",
+        f"hydra.run.dir={run_dir}",
+    )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines()[-1].startswith(
-        f"error: cluster.profile_ports[1]={closed}: localhost:{closed} does not serve TensorFlow's profiler "
-        f"(UNAVAILABLE: "), r.stderr
+    assert (
+        r.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: cluster.profile_ports[1]={closed}: localhost:{closed} does not serve TensorFlow's profiler "
+            f"(UNAVAILABLE: "
+        )
+    ), r.stderr
     assert r.stderr.strip().endswith(f"; start worker 1 with --profile-port {closed}") and "Traceback" not in r.stderr
     assert not run_dir.exists()
 
@@ -414,9 +529,12 @@ def test_a_profile_port_must_be_an_idle_profiler_whose_session_runs_from_start_t
     from chain.training.worker_trace import WorkerTraces
 
     closed = free_addresses(1)[0]  # nothing listens there
-    with pytest.raises(ConfigError, match=rf"^cluster.profile_ports\[0\]=7: {closed} does not serve TensorFlow's "
-                                          rf"profiler \(UNAVAILABLE: .*\); start worker 0 with --profile-port "
-                                          rf"{closed.rsplit(':', 1)[1]}$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^cluster.profile_ports\[0\]=7: {closed} does not serve TensorFlow's "
+        rf"profiler \(UNAVAILABLE: .*\); start worker 0 with --profile-port "
+        rf"{closed.rsplit(':', 1)[1]}$",
+    ):
         WorkerTraces([closed], ["cluster.profile_ports[0]=7"]).check()
     profiler = f"localhost:{workers.profile_ports[1]}"
     busy = WorkerTraces([profiler], ["first"])

@@ -35,7 +35,10 @@ def test_heterogeneous_stages_override_the_template():
         ("+stages=-2", "stages=-2 must be a positive integer"),
         ("model=transformer", "model='transformer' is not known; allowed: builder, conv, gpt, keras, mlp"),
         ("optim=lion", "optim='lion' is not known; allowed: adam, adamw, sgd, target"),
-        ("data=imagenet", "data='imagenet' is not known; allowed: callable, csv, digits, keras, npz, synthetic, text, tfrecord, tokens"),
+        (
+            "data=imagenet",
+            "data='imagenet' is not known; allowed: callable, csv, digits, keras, npz, synthetic, text, tfrecord, tokens",
+        ),
         ("optim.lr=0", "optim.lr=0 must be > 0"),
         ("optim.lr=-0.1", "optim.lr=-0.1 must be > 0"),
         ("data.batch_size=0", "data.batch_size=0 must be >= 1"),

@@ -19,8 +19,15 @@ from compare import rel_diff, trains_like_one_device
 from conftest import DEVICES, read_summary, run_cli, run_dirs
 
 L = keras.layers
-SYNTH = ["data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
-         "trainer.progress=false", "checkpoint.export=false"]
+SYNTH = [
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
 DIGITS = ["data=digits", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]
 
 
@@ -74,8 +81,19 @@ def test_balance_by_time_on_a_model_with_a_skip_from_the_command_line(tmp_path):
     """The issue's reproduction: it used to exit 1 with a KeyError from the profiler."""
     path = str(tmp_path / "skip.keras")
     skip_model().save(path)
-    r = run_cli(tmp_path, "model=keras", f"model.path={path}", "+stages=2", "mode=e2e", "placement.balance=time",
-                "data=synthetic", "data.features=6", "data.classes=4", "trainer.steps=2", "trainer.progress=false")
+    r = run_cli(
+        tmp_path,
+        "model=keras",
+        f"model.path={path}",
+        "+stages=2",
+        "mode=e2e",
+        "placement.balance=time",
+        "data=synthetic",
+        "data.features=6",
+        "data.classes=4",
+        "trainer.steps=2",
+        "trainer.progress=false",
+    )
     assert r.returncode == 0, r.stderr
     # one tensor crosses after 'a' ([1, 3]: 'b' and 'add' both take it) or after 'add' ([3, 1]);
     # after 'b' ([2, 2]) 'a' and 'b' would both cross. Which of the two is faster is the timing's call.
@@ -92,12 +110,19 @@ def test_time_is_measured_once_per_physical_device_per_piece_between_cuts():
 
     c = cut.analyse(encoder_block(), "encoder")
     measured = piece_times(c, DEVICES, {d: "CPU:0" for d in DEVICES}, batch=4, progress=False)
-    assert measured.pieces == [(0, 1), (1, 3), (3, 4), (4, 7), (7, 8), (8, 9), (9, 10)]  # embed | mha res1 | ln1 | ff1 ff2 res2 | ...
+    assert measured.pieces == [
+        (0, 1),
+        (1, 3),
+        (3, 4),
+        (4, 7),
+        (7, 8),
+        (8, 9),
+        (9, 10),
+    ]  # embed | mha res1 | ln1 | ff1 ff2 res2 | ...
     assert measured.measured == ["CPU:0"]
     assert all(measured.times[d] is measured.times[DEVICES[0]] for d in DEVICES)
     assert all(t > 0 for t in measured.times[DEVICES[0]])
     assert 1 <= max(measured.calls) <= 40  # stopped once the median settled, within the cap
-
 
 
 def test_mode_local_refuses_a_split_two_tensors_cross_in_one_line_and_writes_nothing(tmp_path):
@@ -105,13 +130,23 @@ def test_mode_local_refuses_a_split_two_tensors_cross_in_one_line_and_writes_not
     tensors cross was a ValueError and a 39-line traceback (exit 1), the run directory left behind."""
     path = str(tmp_path / "skip.keras")
     skip_model().save(path)
-    r = run_cli(tmp_path, "model=keras", f"model.path={path}", "placement.split=[2,2]", "trainer.steps=2", *SYNTH,
-                "hydra.run.dir=out")
+    r = run_cli(
+        tmp_path,
+        "model=keras",
+        f"model.path={path}",
+        "placement.split=[2,2]",
+        "trainer.steps=2",
+        *SYNTH,
+        "hydra.run.dir=out",
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stderr.startswith(f"error: mode=local: placement.split=[2, 2] cuts {path} before layer 2 ('add'), "
-                               "where layer 'add' (layer 2) takes the output of 'a' (layer 0) across it"), r.stderr
-    assert "set mode=e2e, or a placement.split whose cuts one tensor crosses: before layers 1 ('b'), 3 ('out')" \
-        in r.stderr
+    assert r.stderr.startswith(
+        f"error: mode=local: placement.split=[2, 2] cuts {path} before layer 2 ('add'), "
+        "where layer 'add' (layer 2) takes the output of 'a' (layer 0) across it"
+    ), r.stderr
+    assert (
+        "set mode=e2e, or a placement.split whose cuts one tensor crosses: before layers 1 ('b'), 3 ('out')" in r.stderr
+    )
     assert not os.path.exists(tmp_path / "out")
 
 
@@ -125,9 +160,13 @@ def test_mode_local_balances_only_where_one_tensor_crosses():
     c = cut.analyse(keras.Model(x, L.Dense(4, name="out")(L.Concatenate(name="cat")([h, x]))), "wide")
     assert c.allowed == [3] and cut.split(c, 3, None, "params", None) == [1, 1, 2]
     assert cut.split(c, 2, None, "even", None, "mode=local") == [3, 1]
-    with pytest.raises(chain.ConfigError, match=r"^mode=local: wide cannot be cut into 3 stages that each hold weights "
-                       r"where one tensor crosses each cut \(cuts one tensor crosses: before layers 3 \('out'\)\)"):
+    with pytest.raises(
+        chain.ConfigError,
+        match=r"^mode=local: wide cannot be cut into 3 stages that each hold weights "
+        r"where one tensor crosses each cut \(cuts one tensor crosses: before layers 3 \('out'\)\)",
+    ):
         cut.split(c, 3, None, "params", None, "mode=local")
+
 
 # --- item 3: a layer taking two tensors inside a stage (Transformer blocks) ------------------
 
@@ -136,24 +175,43 @@ def test_a_transformer_block_cuts_only_where_one_tensor_crosses():
     from chain.stages import cut
 
     c = cut.analyse(encoder_block(), "encoder")
-    assert [layer.name for layer in c.layers] == ["embed", "mha", "res1", "ln1", "ff1", "ff2", "res2", "ln2", "pool",
-                                                  "logits"]
+    assert [layer.name for layer in c.layers] == [
+        "embed",
+        "mha",
+        "res1",
+        "ln1",
+        "ff1",
+        "ff2",
+        "res2",
+        "ln2",
+        "pool",
+        "logits",
+    ]
     # not before res1 (h and mha's output cross), ff2 or res2 (ln1's and ff1's or ff2's outputs cross)
     assert c.allowed == [1, 3, 4, 7, 8, 9]
     assert c.blocked[2] == "layer 'res1' (layer 2) takes the output of 'embed' (layer 0) across it"
 
 
-@pytest.mark.parametrize("stages, how", [(2, "placement.balance=even"), (3, "placement.balance=params"),
-                                         (4, "placement.balance=even")])
+@pytest.mark.parametrize(
+    "stages, how", [(2, "placement.balance=even"), (3, "placement.balance=params"), (4, "placement.balance=even")]
+)
 def test_a_transformer_block_cut_into_stages_predicts_and_trains_like_the_model(tmp_path, stages, how):
     x = np.random.default_rng(0).normal(size=(64, 5, 8)).astype("float32")
     y = np.random.default_rng(1).integers(0, 4, 64)
     np.savez(tmp_path / "seq.npz", x=x, y=y)
     model = encoder_block()
-    data = ["data=npz", f"data.path={tmp_path / 'seq.npz'}", "data.y=y", "data.batch_size=16", "data.shuffle=false",
-            "trainer.progress=false", "checkpoint.export=false"]
-    run = chain.build(chain.compose([f"+stages={stages}", "mode=e2e", "optim=sgd", "optim.lr=0.1", how, *data]),
-                      model=model)
+    data = [
+        "data=npz",
+        f"data.path={tmp_path / 'seq.npz'}",
+        "data.y=y",
+        "data.batch_size=16",
+        "data.shuffle=false",
+        "trainer.progress=false",
+        "checkpoint.export=false",
+    ]
+    run = chain.build(
+        chain.compose([f"+stages={stages}", "mode=e2e", "optim=sgd", "optim.lr=0.1", how, *data]), model=model
+    )
     assert len(run.stages) == stages and "mha" in sum(stage_layers(run), [])
     np.testing.assert_allclose(chain_predictions(run, x[:16]), model.predict(x[:16], verbose=0), rtol=0, atol=1e-6)
     trains_like_one_device(run, encoder_block(), DEVICES[3])
@@ -184,8 +242,9 @@ def test_a_model_whose_input_does_not_fit_the_data_is_refused_in_one_line():
     model = keras.Model(x, L.Dense(10)(L.GlobalAveragePooling2D()(L.Conv2D(4, 3)(x))), name="rgb")
     with pytest.raises(chain.ConfigError) as e:
         chain.build(chain.compose(["+stages=2", "mode=e2e", *DIGITS]), model=model)
-    assert str(e.value) == ("rgb takes input of shape (None, None, 3) (None: any size), but data=digits examples "
-                            "have shape (8, 8, 1)")
+    assert str(e.value) == (
+        "rgb takes input of shape (None, None, 3) (None: any size), but data=digits examples have shape (8, 8, 1)"
+    )
 
 
 # --- item 5: layers Keras cannot rebuild from their config -----------------------------------
@@ -257,7 +316,8 @@ def test_a_keras_file_with_a_lambda_is_one_line_naming_the_option_and_runs_with_
     r = run_cli(tmp_path, *common)
     assert r.returncode == 2 and r.stderr.strip() == (
         f"error: model.path={path!r} holds Python code (a Lambda layer) that Keras runs only when told to: "
-        "if you trust the file, set model.safe_mode=false"), r.stderr
+        "if you trust the file, set model.safe_mode=false"
+    ), r.stderr
     assert not (tmp_path / "outputs").exists()
     r = run_cli(tmp_path, *common, "model.safe_mode=false")
     assert r.returncode == 0, r.stderr
@@ -270,8 +330,8 @@ def test_a_keras_file_with_an_unregistered_layer_is_one_line_naming_the_fix(tmp_
     r = run_cli(tmp_path, "model=keras", f"model.path={path}", "+stages=2", "mode=e2e", "trainer.steps=2", *SYNTH)
     assert r.returncode == 2 and r.stderr.strip() == (
         f"error: model.path={path!r} uses a layer class Keras does not know ('Scale'): register it with "
-        "@keras.saving.register_keras_serializable() in a module and name that module in model.imports=[...]"), \
-        r.stderr
+        "@keras.saving.register_keras_serializable() in a module and name that module in model.imports=[...]"
+    ), r.stderr
     assert not (tmp_path / "outputs").exists()
 
 
@@ -281,10 +341,13 @@ def test_model_imports_registers_a_custom_layer_before_loading(tmp_path):
         "@keras.saving.register_keras_serializable(package='mine')\n"
         "class Scale(keras.layers.Layer):\n"
         "    def call(self, x):\n"
-        "        return x * 2.0\n")
+        "        return x * 2.0\n"
+    )
     path = str(tmp_path / "scale.keras")
-    make = ("import keras, my_layers; L = keras.layers; x = keras.Input((6,)); "
-            f"keras.Model(x, L.Dense(4)(my_layers.Scale()(L.Dense(8)(x)))).save({path!r})")
+    make = (
+        "import keras, my_layers; L = keras.layers; x = keras.Input((6,)); "
+        f"keras.Model(x, L.Dense(4)(my_layers.Scale()(L.Dense(8)(x)))).save({path!r})"
+    )
     env = {"PYTHONPATH": str(tmp_path)}
     subprocess.run([sys.executable, "-c", make], cwd=tmp_path, check=True, env=dict(os.environ, **env))
     common = ["model=keras", f"model.path={path}", "+stages=2", "mode=e2e", "trainer.steps=2", *SYNTH]
@@ -292,7 +355,8 @@ def test_model_imports_registers_a_custom_layer_before_loading(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run_cli(tmp_path, *common, "model.imports=[no_such_module_here]", env=env)
     assert r.returncode == 2 and r.stderr.strip().startswith(
-        "error: model.imports: cannot import 'no_such_module_here' (ModuleNotFoundError"), r.stderr
+        "error: model.imports: cannot import 'no_such_module_here' (ModuleNotFoundError"
+    ), r.stderr
 
 
 # --- item 6: the balance note compares with the split `even` gives ---------------------------
@@ -301,8 +365,9 @@ def test_model_imports_registers_a_custom_layer_before_loading(tmp_path):
 def test_the_balance_note_compares_with_the_split_even_really_gives():
     even = chain.build(chain.compose(["+stages=4", "mode=e2e", *SYNTH]), model=functional_with_a_skip())
     sizes = [len(s.model.layers) - 1 for s in even.stages]
-    run = chain.build(chain.compose(["+stages=4", "mode=e2e", *SYNTH, "placement.balance=params"]),
-                      model=functional_with_a_skip())
+    run = chain.build(
+        chain.compose(["+stages=4", "mode=e2e", *SYNTH, "placement.balance=params"]), model=functional_with_a_skip()
+    )
     (note,) = [n for n in run.notes if n.startswith("placement.balance=params")]
     assert f"the even split {sizes}:" in note, note
     assert sizes != [2, 2, 2, 1]  # the plain even split cuts across the skip
@@ -323,8 +388,15 @@ def uneven_layers() -> keras.Model:
 
 
 def test_balance_by_memory_makes_the_largest_estimated_peak_smallest():
-    cfg = ["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", *SYNTH, "data.samples=512",
-           "data.batch_size=128"]
+    cfg = [
+        "+stages=3",
+        "mode=e2e",
+        "pipeline.schedule=1f1b",
+        "pipeline.microbatches=4",
+        *SYNTH,
+        "data.samples=512",
+        "data.batch_size=128",
+    ]
     peaks = {}
     for how in ("even", "params", "memory"):
         run = chain.build(chain.compose([*cfg, f"placement.balance={how}"]), model=uneven_layers())

@@ -39,7 +39,7 @@ def _npz_damaged(path, how: str) -> None:
         for at in (local + 14, central + 16):
             b[at] ^= 0xFF
     elif how == "deflate":  # the first deflate block header: block type 3, which does not exist
-        name_len, extra_len = (int.from_bytes(b[at:at + 2], "little") for at in (local + 26, local + 28))
+        name_len, extra_len = (int.from_bytes(b[at : at + 2], "little") for at in (local + 26, local + 28))
         b[local + 30 + name_len + extra_len] = 0xFF
     path.write_bytes(bytes(b))
 
@@ -48,8 +48,10 @@ def _records(path, n: int) -> int:
     """`n` TFRecord examples of 3 floats and a label; returns one record's size on disk."""
     with tf.io.TFRecordWriter(str(path)) as w:
         for i in range(n):
-            feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i / n] * 3)),
-                       "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2]))}
+            feature = {
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i / n] * 3)),
+                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
+            }
             w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return os.path.getsize(path) // n
 
@@ -81,8 +83,8 @@ def root(tmp_path_factory):
     whole = (root / "cut.tfrecord").read_bytes()
     # Inside record 180 (0-based), 180 whole records before it: in its 12-byte header (where
     # TensorFlow stops without a word), and in its data (where TensorFlow says "truncated record").
-    (root / "cut.tfrecord").write_bytes(whole[:180 * size + 7])
-    (root / "cut-data.tfrecord").write_bytes(whole[:180 * size + size // 2])
+    (root / "cut.tfrecord").write_bytes(whole[: 180 * size + 7])
+    (root / "cut-data.tfrecord").write_bytes(whole[: 180 * size + size // 2])
     (root / "empty_val").mkdir()  # a stream of 3 files, the last (held out for validation) empty: issue 39's crash
     for k in range(2):
         _records(root / "empty_val" / f"part-{k}.tfrecord", 40)
@@ -90,13 +92,20 @@ def root(tmp_path_factory):
     (root / "narrow").mkdir()  # the second file's examples hold 2 floats, not 3
     _records(root / "narrow" / "part-0.tfrecord", 40)
     with tf.io.TFRecordWriter(str(root / "narrow" / "part-1.tfrecord")) as w:
-        w.write(tf.train.Example(features=tf.train.Features(feature={
-            "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5, 0.5])),
-            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})).SerializeToString())
+        w.write(
+            tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5, 0.5])),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1])),
+                    }
+                )
+            ).SerializeToString()
+        )
     (root / "empty.keras").write_bytes(b"")
     _keras_file(root / "whole.keras")
     whole = (root / "whole.keras").read_bytes()
-    (root / "cut.keras").write_bytes(whole[:len(whole) // 2])
+    (root / "cut.keras").write_bytes(whole[: len(whole) // 2])
     return str(root)
 
 
@@ -109,54 +118,110 @@ PATH = "data.path={root}/"
 
 # case: (overrides, the file the line names, what the line says after it)
 CASES = {
-    "npz bad magic": ([*NPZ, PATH + "magic.npz"], "magic.npz",
-                      r"' is damaged \(x\.npy: Bad magic number for file header\); write it again$"),
+    "npz bad magic": (
+        [*NPZ, PATH + "magic.npz"],
+        "magic.npz",
+        r"' is damaged \(x\.npy: Bad magic number for file header\); write it again$",
+    ),
     "npz bad crc": ([*NPZ, PATH + "crc.npz"], "crc.npz", r"' is damaged \(x\.npy: Bad CRC-32 for file 'x\.npy'\)"),
-    "npz broken deflate": ([*NPZ, PATH + "deflate.npz"], "deflate.npz",
-                           r"' is damaged \(x\.npy: Error -3 while decompressing data: invalid block type\)"),
-    "csv not utf-8": ([*CSV, PATH + "latin1.csv"], "latin1.csv",
-                      r"' is not UTF-8 text: line 1 holds the byte 0xe9 at column 8; save it as UTF-8$"),
-    "csv column twice": ([*CSV, PATH + "twice.csv"], "twice.csv",
-                         r"': columns 1 and 2 of the header are both called 'f1'; give every column its own name$"),
-    "csv blank column name": ([*CSV, PATH + "blank.csv"], "blank.csv",
-                              r"': column 2 of the header has no name; give every column its own name$"),
-    "csv nan cell": ([*CSV, PATH + "nan.csv"], "nan.csv",
-                     r"': line 3, column 'f1' holds 'nan', not a finite number$"),
-    "negative integer labels": ([*NPZ, PATH + "negative.npz"], "negative.npz",
-                                r"^error: data.y='y' of .* holds integer labels that are all negative \(-3\.\.-1\): "
-                                r"class labels are 0\.\.C-1; data.classes=\{label: 0\} learns them as a real value$"),
-    "non-finite inputs": ([*NPZ, PATH + "nonfinite.npz"], "nonfinite.npz",
-                          r"^error: data.x='x' of .*nonfinite.npz holds nan in example 7; inputs must be finite$"),
-    "truncated tfrecord": (["data=tfrecord", "data.files={root}/cut.tfrecord", "data.y=y",
-                            "data.features={x: 'float32[3]', y: int64}"], "cut.tfrecord",
-                           r"\.tfrecord ends inside record 180 \(180 whole records before it\): the file is cut "
-                           r"short, or that record's length is damaged$"),
-    "truncated tfrecord data": (["data=tfrecord", "data.files={root}/cut-data.tfrecord", "data.y=y",
-                                 "data.features={x: 'float32[3]', y: int64}"], "cut-data.tfrecord",
-                                r"\.tfrecord ends inside record 180 \(180 whole records before it\)"),
-    "empty validation shard": (["data=tfrecord", "data.files={root}/empty_val/*.tfrecord", "data.y=y", "data.stream=true",
-                                "data.classes={label: 2}", "data.val_fraction=0.3",
-                                "data.features={x: 'float32[3]', y: int64}"], "empty_val/part-2.tfrecord",
-                               r"^error: data.files: .* holds no records, and it is held out for validation \(the last 1 "
-                               r"file\(s\) of data.files in sorted order\); every file streamed holds at least one: "
-                               r"remove it, or change data.files$"),
-    "tfrecord file of another shape": (["data=tfrecord", "data.files={root}/narrow/*.tfrecord", "data.y=y",
-                                        "data.features={x: 'float32[3]', y: int64}"], "narrow/part-1.tfrecord",
-                                       r"^error: data.files: record 0 of .* is not as data.features declares it: "
-                                       r"feature x holds 2 values, declared float32\[3\] \(each file.s first record "
-                                       r"is checked before training\)$"),
-    "endless generator": ([*CALL, "data._target_=user_datasets.endless", "data.max_examples=50"], None,
-                          r"^error: data._target_=user_datasets.endless gave more than data.max_examples=50 examples "
-                          r"\(an endless dataset\?\); return each example once, or raise data.max_examples$"),
-    "a filter that drops everything": ([*CALL, "data._target_=user_datasets.nothing_passes",
-                                        "data.read_timeout_s=3"], None,
-                                       r"^error: data._target_=user_datasets.nothing_passes gave no example for 3 s "
-                                       r"\(data.read_timeout_s\) after 0 examples: an endless dataset that yields "
-                                       r"nothing\?"),
-    "empty keras file": (["model=keras", "model.path={root}/empty.keras"], "empty.keras",
-                         r"^error: model.path='.*empty.keras' is empty: it is not a Keras model file$"),
-    "truncated keras file": (["model=keras", "model.path={root}/cut.keras"], "cut.keras",
-                             r"^error: model.path='.*cut.keras' is damaged \(not a whole \.keras zip file: "),
+    "npz broken deflate": (
+        [*NPZ, PATH + "deflate.npz"],
+        "deflate.npz",
+        r"' is damaged \(x\.npy: Error -3 while decompressing data: invalid block type\)",
+    ),
+    "csv not utf-8": (
+        [*CSV, PATH + "latin1.csv"],
+        "latin1.csv",
+        r"' is not UTF-8 text: line 1 holds the byte 0xe9 at column 8; save it as UTF-8$",
+    ),
+    "csv column twice": (
+        [*CSV, PATH + "twice.csv"],
+        "twice.csv",
+        r"': columns 1 and 2 of the header are both called 'f1'; give every column its own name$",
+    ),
+    "csv blank column name": (
+        [*CSV, PATH + "blank.csv"],
+        "blank.csv",
+        r"': column 2 of the header has no name; give every column its own name$",
+    ),
+    "csv nan cell": ([*CSV, PATH + "nan.csv"], "nan.csv", r"': line 3, column 'f1' holds 'nan', not a finite number$"),
+    "negative integer labels": (
+        [*NPZ, PATH + "negative.npz"],
+        "negative.npz",
+        r"^error: data.y='y' of .* holds integer labels that are all negative \(-3\.\.-1\): "
+        r"class labels are 0\.\.C-1; data.classes=\{label: 0\} learns them as a real value$",
+    ),
+    "non-finite inputs": (
+        [*NPZ, PATH + "nonfinite.npz"],
+        "nonfinite.npz",
+        r"^error: data.x='x' of .*nonfinite.npz holds nan in example 7; inputs must be finite$",
+    ),
+    "truncated tfrecord": (
+        ["data=tfrecord", "data.files={root}/cut.tfrecord", "data.y=y", "data.features={x: 'float32[3]', y: int64}"],
+        "cut.tfrecord",
+        r"\.tfrecord ends inside record 180 \(180 whole records before it\): the file is cut "
+        r"short, or that record's length is damaged$",
+    ),
+    "truncated tfrecord data": (
+        [
+            "data=tfrecord",
+            "data.files={root}/cut-data.tfrecord",
+            "data.y=y",
+            "data.features={x: 'float32[3]', y: int64}",
+        ],
+        "cut-data.tfrecord",
+        r"\.tfrecord ends inside record 180 \(180 whole records before it\)",
+    ),
+    "empty validation shard": (
+        [
+            "data=tfrecord",
+            "data.files={root}/empty_val/*.tfrecord",
+            "data.y=y",
+            "data.stream=true",
+            "data.classes={label: 2}",
+            "data.val_fraction=0.3",
+            "data.features={x: 'float32[3]', y: int64}",
+        ],
+        "empty_val/part-2.tfrecord",
+        r"^error: data.files: .* holds no records, and it is held out for validation \(the last 1 "
+        r"file\(s\) of data.files in sorted order\); every file streamed holds at least one: "
+        r"remove it, or change data.files$",
+    ),
+    "tfrecord file of another shape": (
+        [
+            "data=tfrecord",
+            "data.files={root}/narrow/*.tfrecord",
+            "data.y=y",
+            "data.features={x: 'float32[3]', y: int64}",
+        ],
+        "narrow/part-1.tfrecord",
+        r"^error: data.files: record 0 of .* is not as data.features declares it: "
+        r"feature x holds 2 values, declared float32\[3\] \(each file.s first record "
+        r"is checked before training\)$",
+    ),
+    "endless generator": (
+        [*CALL, "data._target_=user_datasets.endless", "data.max_examples=50"],
+        None,
+        r"^error: data._target_=user_datasets.endless gave more than data.max_examples=50 examples "
+        r"\(an endless dataset\?\); return each example once, or raise data.max_examples$",
+    ),
+    "a filter that drops everything": (
+        [*CALL, "data._target_=user_datasets.nothing_passes", "data.read_timeout_s=3"],
+        None,
+        r"^error: data._target_=user_datasets.nothing_passes gave no example for 3 s "
+        r"\(data.read_timeout_s\) after 0 examples: an endless dataset that yields "
+        r"nothing\?",
+    ),
+    "empty keras file": (
+        ["model=keras", "model.path={root}/empty.keras"],
+        "empty.keras",
+        r"^error: model.path='.*empty.keras' is empty: it is not a Keras model file$",
+    ),
+    "truncated keras file": (
+        ["model=keras", "model.path={root}/cut.keras"],
+        "cut.keras",
+        r"^error: model.path='.*cut.keras' is damaged \(not a whole \.keras zip file: ",
+    ),
 }
 
 
@@ -183,13 +248,16 @@ def test_a_csv_header_with_a_byte_order_mark_names_its_first_column_plainly(root
     assert describe(s.data).input_shape == (2,)
     ds = load(s.data, 0)
     table = np.loadtxt(os.path.join(root, "bom.csv"), delimiter=",", skiprows=1, dtype=np.float64)
-    np.testing.assert_array_equal(np.sort(np.concatenate([ds.x[:, 0], ds.val_x[:, 0]])),
-                                  np.sort(table[:, 0].astype(np.float32)))
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate([ds.x[:, 0], ds.val_x[:, 0]])), np.sort(table[:, 0].astype(np.float32))
+    )
 
 
 def test_limits_on_reading_a_function_are_validated():
-    for bad, message in (("data.max_examples=0", r"^data.max_examples=0 must be >= 1"),
-                         ("data.read_timeout_s=0", r"^data.read_timeout_s=0 must be > 0")):
+    for bad, message in (
+        ("data.max_examples=0", r"^data.max_examples=0 must be >= 1"),
+        ("data.read_timeout_s=0", r"^data.read_timeout_s=0 must be > 0"),
+    ):
         with pytest.raises(chain.ConfigError, match=message):
             chain.compose([*CALL, "data._target_=user_datasets.make_dataset", bad])
 
@@ -209,14 +277,27 @@ def test_a_damaged_checksum_mid_stream_names_the_file_and_the_record(tmp_path):
     damaged = bytearray((tmp_path / "data" / "part-1.tfrecord").read_bytes())
     damaged[25 * size + 20] ^= 0xFF  # in record 25's data
     (tmp_path / "data" / "part-1.tfrecord").write_bytes(bytes(damaged))
-    r = run_cli(tmp_path, *SMALL, "data=tfrecord", f"data.files={tmp_path}/data/*.tfrecord", "data.y=y",
-                "data.stream=true", "data.classes={label: 2}", "data.val_fraction=0", "data.shuffle=false",
-                "data.features={x: 'float32[3]', y: int64}", "trainer.steps=8", timeout=120)
+    r = run_cli(
+        tmp_path,
+        *SMALL,
+        "data=tfrecord",
+        f"data.files={tmp_path}/data/*.tfrecord",
+        "data.y=y",
+        "data.stream=true",
+        "data.classes={label: 2}",
+        "data.val_fraction=0",
+        "data.shuffle=false",
+        "data.features={x: 'float32[3]', y: int64}",
+        "trainer.steps=8",
+        timeout=120,
+    )
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
-    assert lines[0] == (f"error: data.files: record 25 of {tmp_path}/data/part-1.tfrecord is damaged: its checksum fails "
-                        f"(TensorFlow: corrupted record at byte {25 * size + 12}); write the file again, or leave it "
-                        "out (data.on_bad_record=skip does not leave out a damaged record); no checkpoint had been saved")
+    assert lines[0] == (
+        f"error: data.files: record 25 of {tmp_path}/data/part-1.tfrecord is damaged: its checksum fails "
+        f"(TensorFlow: corrupted record at byte {25 * size + 12}); write the file again, or leave it "
+        "out (data.on_bad_record=skip does not leave out a damaged record); no checkpoint had been saved"
+    )
 
 
 def test_records_read_without_tensorflow_agree_with_its_reader(tmp_path):
@@ -237,15 +318,19 @@ def test_records_read_without_tensorflow_agree_with_its_reader(tmp_path):
     floats = b"".join(b"\x0d" + np.float32(v).tobytes() for v in (1, 2, 3))  # FloatList.value, one field each
     ints = bytes([0x08, 0x01, 0x08, 0xAC, 0x02])  # Int64List.value: 1, 300
     feature = {"x": bytes([0x12, len(floats)]) + floats, "y": bytes([0x1A, len(ints)]) + ints}
-    entries = b"".join(bytes([0x0A, 5 + len(v)]) + b"\x0a\x01" + k.encode() + bytes([0x12, len(v)]) + v
-                       for k, v in feature.items())
+    entries = b"".join(
+        bytes([0x0A, 5 + len(v)]) + b"\x0a\x01" + k.encode() + bytes([0x12, len(v)]) + v for k, v in feature.items()
+    )
     record = bytes([0x0A, len(entries)]) + entries
-    parsed = tf.io.parse_single_example(record, {"x": tf.io.VarLenFeature(tf.float32),
-                                                 "y": tf.io.VarLenFeature(tf.int64)})
+    parsed = tf.io.parse_single_example(
+        record, {"x": tf.io.VarLenFeature(tf.float32), "y": tf.io.VarLenFeature(tf.int64)}
+    )
     assert parsed["x"].values.numpy().tolist() == [1, 2, 3] and parsed["y"].values.numpy().tolist() == [1, 300]
     assert tfrecord_files.example_features(record) == {"x": ("float32", 3), "y": ("int64", 2)}
     assert tfrecord_files.example_features(tfrecord_files.first_record(str(tmp_path / "a.tfrecord"))) == {
-        "x": ("float32", 3), "y": ("int64", 1)}
+        "x": ("float32", 3),
+        "y": ("int64", 1),
+    }
     for garbage in (b"\xff\xff", bytes([0x0A, 0x09, 0x0A])):  # a varint that never ends; a field past the end
         with pytest.raises(ValueError):
             tfrecord_files.example_features(garbage)

@@ -53,14 +53,18 @@ def data(tmp_path_factory):
     for part in range(2):
         with tf.io.TFRecordWriter(str(root / f"records-{part}.tfrecord")) as w:
             for i in range(part * 30, part * 30 + 30):
-                feature = {"image": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].ravel())),
-                           "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])]))}
+                feature = {
+                    "image": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].ravel())),
+                    "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])])),
+                }
                 w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     (root / "late").mkdir()  # records of images.npz, but the 6th holds 8 floats: past the first record checked
     with tf.io.TFRecordWriter(str(root / "late" / "records.tfrecord")) as w:
         for i in range(10):
-            feature = {"image": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].ravel()[:8 if i == 5 else 16])),
-                       "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])]))}
+            feature = {
+                "image": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].ravel()[: 8 if i == 5 else 16])),
+                "digit": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])])),
+            }
             w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return {"root": str(root), "x": x, "y": y, "v": v, "table": table}
 
@@ -85,8 +89,14 @@ def test_npz_trains_on_a_seeded_split_of_its_examples(data):
 
 
 def test_npz_several_targets_and_a_validation_file(data):
-    s = chain.compose([*SMALL, *npz(data, "data.targets={label: y, value: v}", f"data.val_path={data['root']}/val.npz"),
-                       "+stages=[{},{target: value}]", "trainer.steps=2"])
+    s = chain.compose(
+        [
+            *SMALL,
+            *npz(data, "data.targets={label: y, value: v}", f"data.val_path={data['root']}/val.npz"),
+            "+stages=[{},{target: value}]",
+            "trainer.steps=2",
+        ]
+    )
     run = chain.build(s)
     assert [(t.name, t.classes) for t in run.dataset.info.targets] == [("label", 2), ("value", 0)]
     np.testing.assert_array_equal(run.dataset.x, data["x"])  # nothing held out: the file validates
@@ -98,8 +108,19 @@ def test_npz_several_targets_and_a_validation_file(data):
 
 def test_csv_reads_columns_by_name(data):
     path = f"{data['root']}/table.csv"
-    run = chain.build(chain.compose([*SMALL, "data=csv", f"data.path={path}", "data.y=label", "data.x=[f3,f1]",
-                                     "data.val_fraction=0.2", "trainer.steps=2"]))
+    run = chain.build(
+        chain.compose(
+            [
+                *SMALL,
+                "data=csv",
+                f"data.path={path}",
+                "data.y=label",
+                "data.x=[f3,f1]",
+                "data.val_fraction=0.2",
+                "trainer.steps=2",
+            ]
+        )
+    )
     train, held = split(N, 12, seed=0)
     np.testing.assert_allclose(run.dataset.x, data["table"][train][:, [2, 0]].astype("float32"))
     assert run.dataset.y["label"].dtype == np.int32 and run.dataset.info.targets[0].classes == 3
@@ -112,9 +133,20 @@ def test_csv_reads_columns_by_name(data):
 
 
 def test_tfrecord_reads_the_declared_features(data):
-    run = chain.build(chain.compose([*SMALL, "data=tfrecord", f"data.files={data['root']}/records-*.tfrecord",
-                                     "data.x=image", "data.y=digit", "trainer.steps=2", "+stages=[{model: conv},{}]",
-                                     "data.features={image: 'float32[4,4,1]', digit: int64}"]))
+    run = chain.build(
+        chain.compose(
+            [
+                *SMALL,
+                "data=tfrecord",
+                f"data.files={data['root']}/records-*.tfrecord",
+                "data.x=image",
+                "data.y=digit",
+                "trainer.steps=2",
+                "+stages=[{model: conv},{}]",
+                "data.features={image: 'float32[4,4,1]', digit: int64}",
+            ]
+        )
+    )
     train, held = split(N, HELD, seed=0)
     np.testing.assert_array_equal(run.dataset.x, data["x"][train])  # both files, in order
     np.testing.assert_array_equal(run.dataset.val_y["label"], data["y"][held])
@@ -122,8 +154,17 @@ def test_tfrecord_reads_the_declared_features(data):
 
 
 def test_a_function_through_hydra_with_keyword_arguments():
-    s = chain.compose([*SMALL, "data=callable", "data._target_=user_datasets.make_dataset", "+data.n=40",
-                       "+data.several=true", "+stages=[{},{target: val}]", "trainer.epochs=2"])
+    s = chain.compose(
+        [
+            *SMALL,
+            "data=callable",
+            "data._target_=user_datasets.make_dataset",
+            "+data.n=40",
+            "+data.several=true",
+            "+stages=[{},{target: val}]",
+            "trainer.epochs=2",
+        ]
+    )
     assert s.data.kwargs == {"n": 40, "several": True} and s.trainer.steps is None  # known once loaded
     run = chain.build(s)
     x, ys = arrays(40)
@@ -146,12 +187,19 @@ def write_keras_cache(root, n: int, test: int) -> None:
     labels = (np.arange(n) % 10).astype(np.uint8)
     test_labels = (np.arange(test) % 10).astype(np.uint8)
     os.makedirs(os.path.join(d, "fashion-mnist"))
-    np.savez(os.path.join(d, "mnist.npz"), x_train=images(n, 28, 28), y_train=labels, x_test=images(test, 28, 28),
-             y_test=test_labels)
-    for name, array, offset in (("train-labels-idx1-ubyte.gz", labels, 8),
-                                ("train-images-idx3-ubyte.gz", images(n, 28, 28), 16),
-                                ("t10k-labels-idx1-ubyte.gz", test_labels, 8),
-                                ("t10k-images-idx3-ubyte.gz", images(test, 28, 28), 16)):
+    np.savez(
+        os.path.join(d, "mnist.npz"),
+        x_train=images(n, 28, 28),
+        y_train=labels,
+        x_test=images(test, 28, 28),
+        y_test=test_labels,
+    )
+    for name, array, offset in (
+        ("train-labels-idx1-ubyte.gz", labels, 8),
+        ("train-images-idx3-ubyte.gz", images(n, 28, 28), 16),
+        ("t10k-labels-idx1-ubyte.gz", test_labels, 8),
+        ("t10k-images-idx3-ubyte.gz", images(test, 28, 28), 16),
+    ):
         with gzip.open(os.path.join(d, "fashion-mnist", name), "wb") as f:
             f.write(b"\0" * offset + array.tobytes())
     cifar = os.path.join(d, "cifar-10-batches-py-target", "cifar-10-batches-py")
@@ -161,8 +209,9 @@ def write_keras_cache(root, n: int, test: int) -> None:
             pickle.dump({b"data": images(k, 3 * 32 * 32), b"labels": [int(c) for c in np.arange(k) % 10]}, f)
 
 
-@pytest.mark.parametrize("name, shape", [("mnist", (28, 28, 1)), ("fashion_mnist", (28, 28, 1)),
-                                         ("cifar10", (32, 32, 3))])
+@pytest.mark.parametrize(
+    "name, shape", [("mnist", (28, 28, 1)), ("fashion_mnist", (28, 28, 1)), ("cifar10", (32, 32, 3))]
+)
 def test_keras_data_sets_come_from_the_local_cache(tmp_path, monkeypatch, name, shape):
     write_keras_cache(tmp_path, 20, 10)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
@@ -171,7 +220,9 @@ def test_keras_data_sets_come_from_the_local_cache(tmp_path, monkeypatch, name, 
     assert (ds.info.input_shape, ds.info.examples, ds.info.val_examples) == (shape, 20, 10)  # the test split validates
     assert ds.x.dtype == np.float32 and 0 <= ds.x.min() and ds.x.max() <= 1 and ds.x.max() > 0.9
     np.testing.assert_array_equal(ds.y["label"], np.arange(20) % 10 if name != "cifar10" else np.arange(20) % 4)
-    held = load(chain.compose(["data=keras", f"data.name={name}", "data.batch_size=8", "data.val_fraction=0.25"]).data, 0)
+    held = load(
+        chain.compose(["data=keras", f"data.name={name}", "data.batch_size=8", "data.val_fraction=0.25"]).data, 0
+    )
     assert (held.info.examples, held.info.val_examples) == (15, 5)  # a share of the training split instead
 
 
@@ -184,7 +235,8 @@ def test_keras_offline_without_the_file_says_where_and_how_to_fill_it(tmp_path, 
         f"data=keras data.name=fashion_mnist reads the local Keras cache, but {path} is missing (chain never "
         "downloads); fill it on a machine with internet (python -c 'import keras; keras.datasets.fashion_mnist."
         f"load_data()') and copy what that writes under ~/.keras/datasets/ into {tmp_path / 'datasets'}, or set "
-        "KERAS_HOME to a directory whose datasets/ holds it")
+        "KERAS_HOME to a directory whose datasets/ holds it"
+    )
 
 
 def test_digits_are_what_the_catalog_says():
@@ -199,48 +251,97 @@ def test_digits_are_what_the_catalog_says():
 
 
 BAD = {
-    "missing column": (["data=csv", "data.path={root}/table.csv", "data.y=colour"],
-                       "data.y='colour' is not a column of {root}/table.csv; its columns: f1, f2, f3, label, value"),
-    "missing key": (["data=npz", "data.path={root}/images.npz", "data.targets={label: y, size: s}"],
-                    "data.targets.size='s' is not an array of {root}/images.npz; its arrays: x, y, v, z"),
-    "no file": (["data=npz", "data.path={root}/imagez.npz", "data.y=y"],
-                "data.path='{root}/imagez.npz': the file does not exist"),
-    "glob matching nothing": (["data=tfrecord", "data.files={root}/*.tfrec", "data.y=digit",
-                               "data.features={x: 'float32[16]', digit: int64}"],
-                              "data.files='{root}/*.tfrec' matches no file"),
-    "undeclared feature": (["data=tfrecord", "data.files={root}/*.tfrecord", "data.y=digit",
-                            "data.features={image: 'float32[16]', digit: int64}"],
-                           "data.x='x' is not in data.features (image, digit); declare every feature read"),
-    "both y and targets": (["data=npz", "data.path={root}/images.npz", "data.y=y", "data.targets={a: y}"],
-                           "data.y and data.targets are both set; give one"),
-    "val_path and val_fraction": (["data=npz", "data.path={root}/images.npz", "data.y=y",
-                                   "data.val_path={root}/val.npz", "data.val_fraction=0.2"],
-                                  "data.val_fraction=0.2 and data.val_path are both set; give one"),
-    "no example axis": (["data=npz", "data.path={root}/images.npz", "data.x=v", "data.y=y"],
-                        "data.x='v' in {root}/images.npz has shape (60,); expected one example per row"),
-    "a conv stage on flat data": (["data=csv", "data.path={root}/table.csv", "data.y=label", "+stages=[{model: conv}]"],
-                                  "stages[0].model=conv needs image input (height, width, channels), but receives "
-                                  "shape (4,)"),
-    "records that do not parse": (["data=tfrecord", "data.files={root}/*.tfrecord", "data.x=image", "data.y=digit",
-                                   "data.features={image: 'float32[8]', digit: int64}"],
-                                  "data.files: record 0 of {root}/records-0.tfrecord is not as data.features declares "
-                                  "it: feature image holds 16 values, declared float32[8] (each file's first record is "
-                                  "checked before training)"),
+    "missing column": (
+        ["data=csv", "data.path={root}/table.csv", "data.y=colour"],
+        "data.y='colour' is not a column of {root}/table.csv; its columns: f1, f2, f3, label, value",
+    ),
+    "missing key": (
+        ["data=npz", "data.path={root}/images.npz", "data.targets={label: y, size: s}"],
+        "data.targets.size='s' is not an array of {root}/images.npz; its arrays: x, y, v, z",
+    ),
+    "no file": (
+        ["data=npz", "data.path={root}/imagez.npz", "data.y=y"],
+        "data.path='{root}/imagez.npz': the file does not exist",
+    ),
+    "glob matching nothing": (
+        [
+            "data=tfrecord",
+            "data.files={root}/*.tfrec",
+            "data.y=digit",
+            "data.features={x: 'float32[16]', digit: int64}",
+        ],
+        "data.files='{root}/*.tfrec' matches no file",
+    ),
+    "undeclared feature": (
+        [
+            "data=tfrecord",
+            "data.files={root}/*.tfrecord",
+            "data.y=digit",
+            "data.features={image: 'float32[16]', digit: int64}",
+        ],
+        "data.x='x' is not in data.features (image, digit); declare every feature read",
+    ),
+    "both y and targets": (
+        ["data=npz", "data.path={root}/images.npz", "data.y=y", "data.targets={a: y}"],
+        "data.y and data.targets are both set; give one",
+    ),
+    "val_path and val_fraction": (
+        [
+            "data=npz",
+            "data.path={root}/images.npz",
+            "data.y=y",
+            "data.val_path={root}/val.npz",
+            "data.val_fraction=0.2",
+        ],
+        "data.val_fraction=0.2 and data.val_path are both set; give one",
+    ),
+    "no example axis": (
+        ["data=npz", "data.path={root}/images.npz", "data.x=v", "data.y=y"],
+        "data.x='v' in {root}/images.npz has shape (60,); expected one example per row",
+    ),
+    "a conv stage on flat data": (
+        ["data=csv", "data.path={root}/table.csv", "data.y=label", "+stages=[{model: conv}]"],
+        "stages[0].model=conv needs image input (height, width, channels), but receives shape (4,)",
+    ),
+    "records that do not parse": (
+        [
+            "data=tfrecord",
+            "data.files={root}/*.tfrecord",
+            "data.x=image",
+            "data.y=digit",
+            "data.features={image: 'float32[8]', digit: int64}",
+        ],
+        "data.files: record 0 of {root}/records-0.tfrecord is not as data.features declares "
+        "it: feature image holds 16 values, declared float32[8] (each file's first record is "
+        "checked before training)",
+    ),
     # Found once the data is read (TensorFlow reads TFRecords and runs the function), still before training:
-    "a record past the first that does not parse": (["data=tfrecord", "data.files={root}/late/*.tfrecord", "data.x=image",
-                                                     "data.y=digit", "data.features={image: 'float32[16]', digit: int64}"],
-                                                    "data.files='{root}/late/*.tfrecord' with data.features cannot be "
-                                                    "read: InvalidArgumentError"),
-    "labels out of range": (["data=npz", "data.path={root}/images.npz", "data.y=z", "data.classes={label: 3}"],
-                            "data.y='z'[{first}] = 3 is out of range: target 'label' has 3 classes, 0..2"),
-    "not a dataset": (["data=callable", "data._target_=user_datasets.not_a_dataset"],
-                      "data._target_=user_datasets.not_a_dataset returned list; it must return a tf.data.Dataset"),
-    "a flat function on a conv stage": (["data=callable", "data._target_=user_datasets.make_dataset",
-                                         "+stages=[{model: conv}]"],
-                                        "stages[0].model=conv needs image input (height, width, channels), but "
-                                        "receives shape (6,)"),
-    "reals where labels are classes": (["data=npz", "data.path={root}/images.npz", "data.y=v", "data.classes={value: 3}"],
-                                       "data.y='v'[0] = "),
+    "a record past the first that does not parse": (
+        [
+            "data=tfrecord",
+            "data.files={root}/late/*.tfrecord",
+            "data.x=image",
+            "data.y=digit",
+            "data.features={image: 'float32[16]', digit: int64}",
+        ],
+        "data.files='{root}/late/*.tfrecord' with data.features cannot be read: InvalidArgumentError",
+    ),
+    "labels out of range": (
+        ["data=npz", "data.path={root}/images.npz", "data.y=z", "data.classes={label: 3}"],
+        "data.y='z'[{first}] = 3 is out of range: target 'label' has 3 classes, 0..2",
+    ),
+    "not a dataset": (
+        ["data=callable", "data._target_=user_datasets.not_a_dataset"],
+        "data._target_=user_datasets.not_a_dataset returned list; it must return a tf.data.Dataset",
+    ),
+    "a flat function on a conv stage": (
+        ["data=callable", "data._target_=user_datasets.make_dataset", "+stages=[{model: conv}]"],
+        "stages[0].model=conv needs image input (height, width, channels), but receives shape (6,)",
+    ),
+    "reals where labels are classes": (
+        ["data=npz", "data.path={root}/images.npz", "data.y=v", "data.classes={value: 3}"],
+        "data.y='v'[0] = ",
+    ),
 }
 
 
@@ -258,13 +359,23 @@ def test_bad_user_data_is_one_line_naming_the_key(data, case):
 def test_data_found_bad_once_read_stops_the_command_line_with_nothing_left_behind(data, tmp_path):
     """A conv stage on TFRecord inputs that are flat: only known once TensorFlow read the records,
     which happens after Hydra made the run directory; the run stops before training and removes it."""
-    r = run_cli(tmp_path, "data=tfrecord", f"data.files={data['root']}/records-*.tfrecord", "data.x=image",
-                "data.y=digit", "data.features={image: 'float32[16]', digit: int64}", "+stages=[{model: conv},{}]",
-                "data.batch_size=8", "trainer.steps=2")
+    r = run_cli(
+        tmp_path,
+        "data=tfrecord",
+        f"data.files={data['root']}/records-*.tfrecord",
+        "data.x=image",
+        "data.y=digit",
+        "data.features={image: 'float32[16]', digit: int64}",
+        "+stages=[{model: conv},{}]",
+        "data.batch_size=8",
+        "trainer.steps=2",
+    )
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2, r.stderr
-    assert lines == ["error: stages[0].model=conv needs image input (height, width, channels), but receives shape "
-                     "(16,); put conv stages first and use data=digits"], r.stderr
+    assert lines == [
+        "error: stages[0].model=conv needs image input (height, width, channels), but receives shape "
+        "(16,); put conv stages first and use data=digits"
+    ], r.stderr
     assert run_dirs(tmp_path) == [] and not os.path.exists(tmp_path / "outputs")
 
 
@@ -277,10 +388,12 @@ def _counted(monkeypatch, name: str) -> collections.Counter:
         def call(*args):
             calls[key] += 1
             return fn(*args)
+
         return call
 
-    monkeypatch.setitem(SOURCES, name, Source(source.settings, counted("describe", source.describe),
-                                              counted("read", source.read)))
+    monkeypatch.setitem(
+        SOURCES, name, Source(source.settings, counted("describe", source.describe), counted("read", source.read))
+    )
     monkeypatch.setattr(checks, "check_data", counted("check_data", check_data))
     return calls
 
@@ -293,10 +406,12 @@ def test_a_build_describes_checks_and_reads_the_data_set_once(data, tmp_path, mo
         shutil.copy(os.path.join(data["root"], name), tmp_path / name)
     reads: collections.Counter = collections.Counter()
     npz_array, opened = files_lib.npz_array, []
-    monkeypatch.setattr(files_lib, "npz_array", lambda path, array, *rest: (
-        reads.update([array]), npz_array(path, array, *rest))[1])
-    monkeypatch.setattr(files_lib, "open", lambda path, *a, **k: (opened.append(path), open(path, *a, **k))[1],
-                        raising=False)  # the CSV reader's open
+    monkeypatch.setattr(
+        files_lib, "npz_array", lambda path, array, *rest: (reads.update([array]), npz_array(path, array, *rest))[1]
+    )
+    monkeypatch.setattr(
+        files_lib, "open", lambda path, *a, **k: (opened.append(path), open(path, *a, **k))[1], raising=False
+    )  # the CSV reader's open
     calls = _counted(monkeypatch, "npz")
     spec = chain.prepare([*SMALL, "data=npz", f"data.path={tmp_path}/images.npz", "data.y=y", "trainer.steps=1"])
     assert isinstance(spec, chain.prepared.RunSpec) and spec.batch_cut.per_replica == 8
@@ -321,8 +436,11 @@ def test_each_source_is_one_module_with_its_settings_description_and_reader(tmp_
         where = f"chain.data.sources.{module}"
         assert (source.settings.__module__, source.describe.__module__, source.read.__module__) == (where,) * 3
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "data")
-    named = {OmegaConf.load(os.path.join(conf, f)).get("name") or f[:-5]  # data=callable: chosen by _target_
-             for f in os.listdir(conf) if f.endswith(".yaml")}
+    named = {
+        OmegaConf.load(os.path.join(conf, f)).get("name") or f[:-5]  # data=callable: chosen by _target_
+        for f in os.listdir(conf)
+        if f.endswith(".yaml")
+    }
     assert {SOURCES[n] for n in named} == set(found.values())
     assert set(schema.DataSets) == {s.settings for s in found.values()}
     (tmp_path / "more_sources").mkdir()
@@ -331,7 +449,8 @@ def test_each_source_is_one_module_with_its_settings_description_and_reader(tmp_
         "from dataclasses import dataclass\nfrom typing import ClassVar\n"
         "from chain.data.data_source import DataSet, Source\n\n\n"
         "@dataclass(frozen=True, kw_only=True)\nclass Toy(DataSet):\n    KIND: ClassVar[str] = 'toy'\n\n\n"
-        "SOURCE = Source(Toy, lambda data: None, lambda data, seed, info: None)\n")
+        "SOURCE = Source(Toy, lambda data: None, lambda data, seed, info: None)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert list(collect("more_sources", [str(tmp_path / "more_sources")])) == ["toy"]
     (tmp_path / "more_sources" / "bare.py").write_text("X = 1\n")

@@ -15,9 +15,19 @@ from compare import rel_diff
 
 L = keras.layers
 M = 4
-RUN = ["mode=e2e", "+stages=2", "placement.split=[3,9]", "data=digits", "data.batch_size=16",
-       "pipeline.schedule=1f1b", f"pipeline.microbatches={M}", "optim=sgd", "optim.lr=0.1",
-       "trainer.progress=false", "checkpoint.export=false"]
+RUN = [
+    "mode=e2e",
+    "+stages=2",
+    "placement.split=[3,9]",
+    "data=digits",
+    "data.batch_size=16",
+    "pipeline.schedule=1f1b",
+    f"pipeline.microbatches={M}",
+    "optim=sgd",
+    "optim.lr=0.1",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
 
 
 def resnet_style() -> keras.Model:
@@ -67,8 +77,10 @@ def one_step(batch_norm: str, *overrides: str, keep=None) -> tuple[list, list]:
     x, ys = next(iter(run.batches()))
     want = whole_batch_statistics(reference, x.numpy())
     run.step(x, ys)
-    got = [(layer.moving_mean.numpy(), layer.moving_variance.numpy())
-           for layer in norms([layer for s in run.stages for layer in s.model.layers])]
+    got = [
+        (layer.moving_mean.numpy(), layer.moving_variance.numpy())
+        for layer in norms([layer for s in run.stages for layer in s.model.layers])
+    ]
     return got, want
 
 
@@ -86,8 +98,11 @@ def test_deferred_moving_statistics_are_one_update_from_the_whole_batch_and_the_
 
 
 def test_deferred_batch_norm_with_xla_is_one_line():
-    with pytest.raises(ConfigError, match=r"^pipeline.batch_norm=deferred records each microbatch's statistics "
-                                          r"[^\n]*set one of them$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^pipeline.batch_norm=deferred records each microbatch's statistics "
+        r"[^\n]*set one of them$",
+    ):
         chain.compose(RUN + ["pipeline.batch_norm=deferred", "trainer.jit_compile=true"])
 
 

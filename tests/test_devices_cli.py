@@ -44,14 +44,22 @@ def test_pipelined_summary_records_its_strategy(cli, tmp_path):
     assert re.search(r"stage_01\S*/MatMul: \(MatMul\): \S*device:CPU:1", r.stdout), r.stdout[-2000:]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["+stages=3", "placement.memory_limit_mb=[100,200]"], "placement.memory_limit_mb has 2 entries, but there are 3 stages"),
-    (["placement.visible=[0]"], "placement.visible[0]=0: no such GPU; TensorFlow sees no GPU"),
-    (["+stages=3", "placement.fallback=mirrored", "data.batch_size=63"],
-     "data.batch_size=63 does not divide over 2 replicas (placement.replicas)"),
-    (["placement.fallback=error"], "placement.fallback=error: 2 stages need 2 GPUs, 0 visible"),
-    (["placement.replicas=0"], "placement.replicas=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["+stages=3", "placement.memory_limit_mb=[100,200]"],
+            "placement.memory_limit_mb has 2 entries, but there are 3 stages",
+        ),
+        (["placement.visible=[0]"], "placement.visible[0]=0: no such GPU; TensorFlow sees no GPU"),
+        (
+            ["+stages=3", "placement.fallback=mirrored", "data.batch_size=63"],
+            "data.batch_size=63 does not divide over 2 replicas (placement.replicas)",
+        ),
+        (["placement.fallback=error"], "placement.fallback=error: 2 stages need 2 GPUs, 0 visible"),
+        (["placement.replicas=0"], "placement.replicas=0 must be >= 1"),
+    ],
+)
 def test_bad_device_input_one_line_exit_2_no_run_dir(cli, tmp_path, overrides, message):
     r = cli(*overrides, "trainer.steps=2")
     assert r.returncode == 2

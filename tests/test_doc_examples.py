@@ -46,45 +46,46 @@ SKIP = {
     ("README.md", "python -m pytest"): "runs the test suite itself",
     ("README.md", "cluster.workers=[hostA:2222,hostB:2222]"): "needs cluster workers on hostA and hostB",
     ("README.md", "model.path=digits_model.keras"): "the reader's .keras file; docs/your-models.md makes and runs it "
-                                                    "(tests/test_examples.py)",
+    "(tests/test_examples.py)",
     ("README.md", "hydra.run.dir=outputs/2026-11-29/09-25-31 resume=true"): "resumes a run the reader killed earlier",
     ("devices.md", "CUDA_VISIBLE_DEVICES=3,1"): "needs GPUs 1 and 3",
     ("devices.md", "pip install"): "installs the gpu extra (needs a CUDA host)",
     ("devices.md", "python -m pytest -m gpu"): "runs the GPU tests (needs a GPU)",
     ("checkpoints.md", "hydra.run.dir=outputs/2026-11-29/09-25-31 resume=true"): "resumes a run the reader killed at "
-                                                                                  "step 1234",
+    "step 1234",
     ("checkpoints.md", "hydra.run.dir=outputs/... resume=true"): "resumes a run of the reader's (outputs/...)",
     ("cluster.md", "python -m chain.worker"): "a cluster worker serves until it is killed (tests/test_cluster.py)",
     ("cluster.md", "cluster.workers=[hostA:2222,hostB:2222]"): "needs cluster workers on hostA and hostB",
     ("cluster.md", "TF_CONFIG="): "one process of a two-host TF_CONFIG cluster: needs the other host",
     ("cluster.md", "srun python -m chain cluster.launcher=slurm"): "an sbatch script's srun line: played as three "
-                                                                    "Slurm tasks on loopback by "
-                                                                    "test_cluster_md_sbatch_script_runs_as_three_slurm_tasks",
+    "Slurm tasks on loopback by "
+    "test_cluster_md_sbatch_script_runs_as_three_slurm_tasks",
     ("measuring.md", "python -m chain.worker"): "a cluster worker serves until it is killed (tests/test_profile.py)",
     ("measuring.md", "cluster.workers=[localhost:2222,localhost:2223]"): "needs the two workers the lines before start",
     ("measuring.md", "python -m chain.report outputs/2026-11-29"): "compares two runs of the reader's",
     ("measuring.md", "cluster.workers=[...]"): "needs the reader's cluster workers (elided: [...])",
     ("precision-and-speed.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores "
-                                                          "(docs/benchmarks.md)",
+    "(docs/benchmarks.md)",
     ("benchmarks.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores",
     ("benchmarks.md", "python scripts/stress_"): "a stress run: minutes of kills and races (tests/test_stress.py runs "
-                                                 "both briefly)",
+    "both briefly)",
     ("benchmarks-history.md", "python scripts/bench_"): "a benchmark: minutes of timing on quiet cores",
     ("your-data.md", "data=keras data.name=fashion_mnist"): "reads fashion_mnist from the Keras cache, which chain "
-                                                            "never downloads (empty here)",
+    "never downloads (empty here)",
     ("your-data.md", "data._target_=mypackage.data.make_dataset"): "the reader's own package (mypackage)",
     ("your-data.md", "data.path=table.csv"): "the reader's own table.csv",
     ("your-data.md", "'data.files=records/*.tfrecord'"): "the reader's own TFRecord files",
     ("your-data.md", "'data.files=shards/train-*.tfrecord'"): "the reader's own TFRecord shards",
     ("your-data.md", "'data.path=tables/part-*.csv'"): "the reader's own CSV files",
     ("your-data.md", "'data.files=data/*.tfrecord'"): "the reader's own damaged TFRecord files",
-    ("your-data.md", "$ python -m chain ... 'data.files=shards/*.tfrecord' hydra.run.dir=outputs/run resume=true"):
-        "a resume of the reader's run after a shard was removed (tests/test_stream_identity.py)",
+    (
+        "your-data.md",
+        "$ python -m chain ... 'data.files=shards/*.tfrecord' hydra.run.dir=outputs/run resume=true",
+    ): "a resume of the reader's run after a shard was removed (tests/test_stream_identity.py)",
     ("your-data.md", "$ python -m chain data=keras"): "names the home directory of the machine it ran on",
     ("your-models.md", "run = chain.build(cfg, stages=[build_encoder, build_head])"): "a fragment: cfg, the builders "
-                                                                                       "and the model are the reader's",
+    "and the model are the reader's",
 }
-
 
 
 def digits_npz(cwd: Path) -> None:
@@ -114,17 +115,17 @@ SETUP = {"README.md": digits_npz, "your-data.md": small_tables}
 SHOWN = {
     ("checkpoints.md", "error: stage 1: loss or gradients are not finite"): "tests/test_checkpoints.py",
     ("cluster.md", "error: cluster worker 1 (localhost:40213) is lost"): "tests/test_cluster.py kills a worker; "
-                                                                         "the line's form is compared below",
+    "the line's form is compared below",
     ("cluster.md", "error: worker 0 stops: no word from its client"): "tests/test_schedulers.py kills a client (a "
-                                                                       "2 s wait there) and compares the line",
+    "2 s wait there) and compares the line",
     ("pipeline.md", "error: stage 0 needs about 195 MB on /device:GPU:0"): "needs a GPU; tests/test_planner.py",
     ("pipeline.md", "error: placement.plan=auto: no plan fits the devices' memory"): "logical GPUs with memory "
-                                                                                     "limits; tests/test_auto_plan.py",
+    "limits; tests/test_auto_plan.py",
     ("your-data.md", "error: data.files: record 9 of shards/train-001.tfrecord"): "tests/test_streaming.py",
     ("your-data.md", "error: data.files: a record cannot be read"): "tests/test_streaming.py",
     ("your-data.md", "error: data.path: line 12 of tables/part-0.csv"): "tests/test_streaming.py",
     ("measuring.md", "error: cluster.profile_ports[1]=2233"): "tests/test_cluster.py (a profile port that does "
-                                                              "not answer)",
+    "not answer)",
     ("your-data.md", "error: data.files: shards/train-004.tfrecord holds no records"): "tests/test_damaged_data.py",
     ("your-data.md", "error: data.files: record 0 of shards/train-002.tfrecord"): "tests/test_damaged_data.py",
     ("your-data.md", "error: data.val_path='val.npz': its arrays hold no rows"): "tests/test_streaming.py",
@@ -132,36 +133,35 @@ SHOWN = {
     ("your-data.md", "error: data.path='u32.bin' looks like uint32 ids"): "tests/test_token_data.py",
     ("your-data.md", "error: data.path='u16.bin' read as data.dtype=uint32"): "tests/test_token_data.py",
     ("pipeline.md", "error: stage 0 (with_added_loss) adds 1 loss term(s) with add_loss"): "a builder of the tests' "
-                                                                                            "(tests/test_regularization.py)",
+    "(tests/test_regularization.py)",
 }
 
 # Text blocks that are neither transcripts nor error lines, by a piece of their first line: why not compared.
 TEXT = {
     ("pipeline.md", "note: pipeline.add_loss=per_microbatch"): "a cut MoE's note (tests/test_keras_hub.py, "
-                                                                "tests/test_regularization.py)",
+    "tests/test_regularization.py)",
     ("pipeline.md", "planning: measurements read from the run directory's"): "plan=auto's cache read by a resume "
-                                                                              "(times and keys of one run: "
-                                                                              "tests/test_auto_plan.py)",
+    "(times and keys of one run: "
+    "tests/test_auto_plan.py)",
     ("pipeline.md", "planning: measured in 1.0 s (the run directory's"): "plan=auto's cache of another model "
-                                                                         "(times and keys of one run: "
-                                                                         "tests/test_auto_plan.py)",
+    "(times and keys of one run: "
+    "tests/test_auto_plan.py)",
     ("architecture.md", "command line / chain.compose"): "a diagram of the layers",
     ("index.md", "chain/"): "the source tree",
     ("run-directory.md", "outputs/DATE/TIME/"): "the run directory's files",
     ("benchmarks-history.md", "measured: step 8"): "a measured timeline (times of a profiled run on two workers)",
     ("measuring.md", "schedule: gpipe, 2 stages x 8 microbatches"): "a measured timeline (times of a profiled run "
-                                                                    "on two workers)",
-    ("measuring.md", "planned and measured timelines"): "a measured timeline (times of a profiled run on two "
-                                                        "workers)",
+    "on two workers)",
+    ("measuring.md", "planned and measured timelines"): "a measured timeline (times of a profiled run on two workers)",
     ("your-data.md", "note: checkpoint.accept_changed_files=true"): "a resume over the reader's changed files "
-                                                                    "(tests/test_stream_identity.py)",
+    "(tests/test_stream_identity.py)",
     ("measuring.md", "balance: stage 1 is the bottleneck"): "advice from measured times",
     ("language-models.md", "stage  device         physical  params   model"): "the log of a 2,000-step run (the test "
-                                                                               "trains 3 steps)",
+    "trains 3 steps)",
     ("language-models.md", "def __init__(self, other):"): "text generated by the 2,000-step run",
     ("language-models.md", "def function:"): "text generated by the 2,000-step run",
     ("pipeline.md", "stage 0  F0 F1 F2 F3 .  .  .  B0 W0"): "zb1's schedule drawn without devices; plan_only's form "
-                                                            "is compared in the transcripts",
+    "is compared in the transcripts",
 }
 
 # Commands of bash blocks run in full (their output is compared in a transcript, or a later block needs them).
@@ -173,8 +173,10 @@ RUN = {
 # Commands of bash blocks run short (a later block needs their run): the overrides appended (the last value
 # of a key wins), so a run of minutes takes seconds here.
 SHORT = {
-    ("language-models.md", "python -m chain mode=e2e model=gpt model.width=128"):
-        "trainer.steps=3 optim.warmup_steps=1 trainer.log_every=1 data.val_fraction=0.001 trainer.progress=false",
+    (
+        "language-models.md",
+        "python -m chain mode=e2e model=gpt model.width=128",
+    ): "trainer.steps=3 optim.warmup_steps=1 trainer.log_every=1 data.val_fraction=0.001 trainer.progress=false",
 }
 
 
@@ -189,8 +191,10 @@ class Block:
 def blocks(page: Path) -> list[Block]:
     """The page's fenced blocks in order, with the line their fence opens on."""
     text = page.read_text()
-    return [Block(page.name, text[:m.start()].count("\n") + 1, m.group(1), m.group(2))
-            for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)]
+    return [
+        Block(page.name, text[: m.start()].count("\n") + 1, m.group(1), m.group(2))
+        for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)
+    ]
 
 
 ASSIGNMENT = re.compile(r"([A-Z_][A-Z0-9_]*)=(\$\(.*\))")  # NAME=$(COMMAND): a shell variable
@@ -211,7 +215,7 @@ def commands(block: str) -> list[str]:
         while "&&" in words:
             at = words.index("&&")
             out.append(shlex.join(words[:at]))
-            words = words[at + 1:]
+            words = words[at + 1 :]
         out.append(shlex.join(words))
     return out
 
@@ -241,8 +245,10 @@ def matches(expected: list[str], actual: list[str]) -> bool:
 
 def listed(table: dict | set, page: str, text: str) -> tuple[tuple[str, str], str | None] | None:
     """The first (key, reason) of `table` for `page` whose piece is in `text`, or None."""
-    return next(((key, table[key] if isinstance(table, dict) else None) for key in table
-                 if key[0] == page and key[1] in text), None)
+    return next(
+        ((key, table[key] if isinstance(table, dict) else None) for key in table if key[0] == page and key[1] in text),
+        None,
+    )
 
 
 class Player:
@@ -264,8 +270,14 @@ class Player:
             env[key] = value
         if words[:2] == ["python", "-m"] and "&" not in words:
             return run_cli(self.cwd, *words[3:], module=words[2], env=env, timeout=600)
-        return subprocess.run(["bash", "-c", command], cwd=self.cwd, capture_output=True, text=True, timeout=600,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env))
+        return subprocess.run(
+            ["bash", "-c", command],
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
+        )
 
     def bash(self, block: Block) -> None:
         for command in commands(block.text):
@@ -277,8 +289,13 @@ class Player:
             assignment = ASSIGNMENT.fullmatch(command)
             if assignment:
                 name = assignment.group(1)
-                r = subprocess.run(["bash", "-c", f'{command} && printf %s "${name}"'], cwd=self.cwd,
-                                   capture_output=True, text=True, timeout=60)
+                r = subprocess.run(
+                    ["bash", "-c", f'{command} && printf %s "${name}"'],
+                    cwd=self.cwd,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
                 if r.returncode != 0 or not r.stdout:
                     self.problems.append(f"{where}: exit {r.returncode}, value {r.stdout!r}: {r.stderr.strip()[-600:]}")
                 self.variables[name] = r.stdout
@@ -308,15 +325,19 @@ class Player:
                 if key:
                     self.used.add(key[0])
                 else:
-                    self.problems.append(f"{block.page}:{block.line}: a text block that is no transcript "
-                                         f"(`$ COMMAND` lines), no error lines, and not listed in TEXT")
+                    self.problems.append(
+                        f"{block.page}:{block.line}: a text block that is no transcript "
+                        f"(`$ COMMAND` lines), no error lines, and not listed in TEXT"
+                    )
             for line in block.text.splitlines():
                 shown = listed(SHOWN, block.page, line) if line.startswith("error:") else None
                 if shown:
                     self.used.add(shown[0])
                 elif line.startswith("error:"):
-                    self.problems.append(f"{block.page}:{block.line}: an error line shown without its command "
-                                         f"and not listed in SHOWN: {line[:100]}")
+                    self.problems.append(
+                        f"{block.page}:{block.line}: an error line shown without its command "
+                        f"and not listed in SHOWN: {line[:100]}"
+                    )
         for command, expected in transcript(block.text):
             where = f"{block.page}:{block.line}: $ {command}"
             skip = listed(SKIP, block.page, "$ " + command) or listed(SKIP, block.page, command)
@@ -330,8 +351,12 @@ class Player:
             while expected and not expected[-1].strip():
                 expected = expected[:-1]
             if not matches(expected, actual):
-                self.problems.append(f"{where}: the page shows\n  " + "\n  ".join(expected)
-                                     + f"\nbut it printed (exit {r.returncode})\n  " + "\n  ".join(actual[-40:]))
+                self.problems.append(
+                    f"{where}: the page shows\n  "
+                    + "\n  ".join(expected)
+                    + f"\nbut it printed (exit {r.returncode})\n  "
+                    + "\n  ".join(actual[-40:])
+                )
 
     def python(self, block: Block) -> None:
         where = f"{block.page}:{block.line}: python block"
@@ -353,7 +378,7 @@ class Player:
 def examples_blocks(page: Path) -> set[int]:
     """Lines of the `<!-- examples -->` blocks (tests/test_examples.py runs them)."""
     text = page.read_text()
-    return {text[:m.start()].count("\n") + 2 for m in re.finditer(r"<!-- examples -->\n```bash\n", text)}
+    return {text[: m.start()].count("\n") + 2 for m in re.finditer(r"<!-- examples -->\n```bash\n", text)}
 
 
 def play(page: Path, cwd: Path) -> Player:
@@ -417,8 +442,9 @@ def test_the_lost_worker_line_cluster_md_shows_is_the_one_the_client_prints():
 
     from chain.planning.cluster import find_lost
 
-    (shown,) = [line for b in blocks(ROOT / "docs" / "cluster.md") for line in b.text.splitlines()
-                if " is lost: " in line]
+    (shown,) = [
+        line for b in blocks(ROOT / "docs" / "cluster.md") for line in b.text.splitlines() if " is lost: " in line
+    ]
     m = re.fullmatch(r"error: cluster worker (\d+) \((\S+)\) is lost: (.*?); (.*)", shown)
     assert m, shown
     with socket.socket() as s:
@@ -479,9 +505,14 @@ def test_cluster_md_tfjob_manifest_runs_as_a_chief_and_two_workers(tmp_path, clu
 
     assert worker_command == ["python", "-m", "chain.worker"]
     # the operator starts pods in any order: the chief first here (it waits for its workers)
-    procs = [start(tmp_path, ["chain", *chain_args(chief_command), *TINY, f"hydra.run.dir={tmp_path / 'run'}"],
-                   tf_config("chief", 0)),
-             *(start(tmp_path, worker_command[2:], tf_config("worker", i)) for i in range(2))]
+    procs = [
+        start(
+            tmp_path,
+            ["chain", *chain_args(chief_command), *TINY, f"hydra.run.dir={tmp_path / 'run'}"],
+            tf_config("chief", 0),
+        ),
+        *(start(tmp_path, worker_command[2:], tf_config("worker", i)) for i in range(2)),
+    ]
     outs = finish(procs)
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert f"worker 1 {workers[1]} CPU:0" in outs[0][0]
@@ -504,8 +535,9 @@ def test_cluster_md_sbatch_script_runs_as_three_slurm_tasks(tmp_path, cluster_md
     outs = finish(procs)
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert f"worker 1 localhost:{base + 2} CPU:0" in outs[0][0]
-    assert [o.splitlines()[0] for o, _ in outs[1:]] == [f"worker {i} serving localhost:{base + 1 + i} "
-                                                        f"(grpc://localhost:{base + 1 + i})" for i in range(2)]
+    assert [o.splitlines()[0] for o, _ in outs[1:]] == [
+        f"worker {i} serving localhost:{base + 1 + i} (grpc://localhost:{base + 1 + i})" for i in range(2)
+    ]
     assert chain_args(srun) == chain_args(cluster_md_examples()[0])  # the reference's command
     ran = final(tmp_path / "run")
     for k in range(2):

@@ -33,8 +33,10 @@ def reference_module():
 
 def test_the_config_reference_is_what_the_schema_gives_and_needs_no_tensorflow():
     # tensorflow set to None in sys.modules: any import of it raises ImportError.
-    code = ("import runpy, sys; sys.modules['tensorflow'] = None; sys.argv = ['config_reference.py', '--check']; "
-            "runpy.run_path('scripts/config_reference.py', run_name='__main__')")
+    code = (
+        "import runpy, sys; sys.modules['tensorflow'] = None; sys.argv = ['config_reference.py', '--check']; "
+        "runpy.run_path('scripts/config_reference.py', run_name='__main__')"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
 
@@ -44,10 +46,19 @@ def test_the_reference_has_a_row_for_every_key_of_every_section():
     for f in fields(schema.Settings):
         if "check" in f.metadata:
             assert f"| `{f.name}` |" in text, f.name
-    sections = {"trainer": schema.Trainer, "pipeline": schema.Pipeline, "placement": schema.PlacementSettings,
-                "checkpoint": schema.CheckpointSettings, "cluster": schema.ClusterSettings,
-                "side_by_side": schema.SideBySideSettings, "oom": schema.OomSettings, "stage": schema.StageSpec,
-                "model": schema.Mlp, "optim": schema.Adam, "data": SOURCES["tfrecord"].settings}
+    sections = {
+        "trainer": schema.Trainer,
+        "pipeline": schema.Pipeline,
+        "placement": schema.PlacementSettings,
+        "checkpoint": schema.CheckpointSettings,
+        "cluster": schema.ClusterSettings,
+        "side_by_side": schema.SideBySideSettings,
+        "oom": schema.OomSettings,
+        "stage": schema.StageSpec,
+        "model": schema.Mlp,
+        "optim": schema.Adam,
+        "data": SOURCES["tfrecord"].settings,
+    }
     for name, cls in sections.items():
         for f in fields(cls):
             if "check" in f.metadata:
@@ -103,8 +114,7 @@ def outside_code(text: str) -> str:
 def anchors(path: Path) -> set[str]:
     seen: dict[str, int] = {}
     out = set()
-    for heading in re.findall(r"^#{1,6} (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M),
-                              re.M):
+    for heading in re.findall(r"^#{1,6} (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M), re.M):
         base = slug(heading)
         n = seen.get(base, 0)
         seen[base] = n + 1
@@ -165,8 +175,9 @@ def test_benchmarks_is_a_record_under_400_lines_with_every_scripts_command():
     command in a bash block, and every section with its table of figures and its command."""
     text = (DOCS / "benchmarks.md").read_text()
     assert len(text.splitlines()) < 400, f"docs/benchmarks.md has {len(text.splitlines())} lines"
-    commands = [line.strip() for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
-                for line in block.splitlines()]
+    commands = [
+        line.strip() for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M) for line in block.splitlines()
+    ]
     scripts = sorted(p.name for p in (ROOT / "scripts").glob("*.py") if p.name.startswith(("bench_", "stress_")))
     assert len(scripts) >= 9
     missing = [name for name in scripts if not any(c.startswith(f"python scripts/{name}") for c in commands)]

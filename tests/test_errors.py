@@ -21,7 +21,11 @@ def test_first_line_names_the_type_and_takes_the_first_line_or_the_type_alone():
 
 
 def test_no_module_reads_an_exceptions_first_line_or_hydras_errors_its_own_way():
-    found = [f"{p.relative_to(CHAIN.parent)}:{text[:m.start()].count(chr(10)) + 1}"
-             for p in sorted(CHAIN.rglob("*.py")) if p.name != "errors.py" or p.parent != CHAIN
-             for text in [p.read_text()] for m in IDIOMS.finditer(text)]
+    found = [
+        f"{p.relative_to(CHAIN.parent)}:{text[: m.start()].count(chr(10)) + 1}"
+        for p in sorted(CHAIN.rglob("*.py"))
+        if p.name != "errors.py" or p.parent != CHAIN
+        for text in [p.read_text()]
+        for m in IDIOMS.finditer(text)
+    ]
     assert found == []

@@ -17,8 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_examples() -> list[str]:
-    blocks = [block for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-              for block in re.findall(r"<!-- examples -->\n```bash\n(.*?)```\n<!-- /examples -->", page.read_text(), re.S)]
+    blocks = [
+        block
+        for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for block in re.findall(r"<!-- examples -->\n```bash\n(.*?)```\n<!-- /examples -->", page.read_text(), re.S)
+    ]
     return [line for block in blocks for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 

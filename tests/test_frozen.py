@@ -19,8 +19,17 @@ from chain.planning.planner import Placement, plan
 from chain.prepared import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["model.depth=1", "model.width=8", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256",
-         "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]
+SMALL = [
+    "model.depth=1",
+    "model.width=8",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
 CONFIGS = {
     "e2e": ["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
     "mirrored": ["+stages=2", "mode=e2e", "placement.fallback=mirrored", "pipeline.microbatches=2"],
@@ -59,8 +68,21 @@ def test_build_leaves_the_run_spec_it_was_given_unchanged(name):
 # --- structure: nothing assigns to a placement or a spec --------------------------------------------
 
 RECORDS = {"placement", "spec", "run_spec"}  # names a Placement or a RunSpec goes by
-MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault",
-            "popitem", "__setitem__", "__delitem__"}
+MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "clear",
+    "sort",
+    "reverse",
+    "update",
+    "setdefault",
+    "popitem",
+    "__setitem__",
+    "__delitem__",
+}
 
 
 def mutations(source: str, names: set[str] = RECORDS) -> list[int]:
@@ -68,7 +90,9 @@ def mutations(source: str, names: set[str] = RECORDS) -> list[int]:
     dataclass's back (`object.__setattr__`, `setattr`); `names`: what a record goes by."""
 
     def _is_record(node: ast.AST) -> bool:  # `placement`, `self.placement`, `spec.placement`, ...
-        return (isinstance(node, ast.Name) and node.id in names) or (isinstance(node, ast.Attribute) and node.attr in names)
+        return (isinstance(node, ast.Name) and node.id in names) or (
+            isinstance(node, ast.Attribute) and node.attr in names
+        )
 
     def _field_of_record(node: ast.AST) -> bool:  # `placement.notes`, `spec.placement.devices`, `placement.split[0]`
         while isinstance(node, ast.Subscript):
@@ -98,18 +122,32 @@ def mutations(source: str, names: set[str] = RECORDS) -> list[int]:
 
 
 def test_the_scan_finds_every_kind_of_mutation():
-    bad = ["placement.devices = []", "spec.placement.notes += ['x']", "self.placement.notes.append('x')",
-           "placement.split[0] = 2", "object.__setattr__(placement, 'kind', 'GPU')", "setattr(spec, 'placement', p)",
-           "placement.footprints, n = [], 1", "del placement.memory_limits_mb[0]"]
+    bad = [
+        "placement.devices = []",
+        "spec.placement.notes += ['x']",
+        "self.placement.notes.append('x')",
+        "placement.split[0] = 2",
+        "object.__setattr__(placement, 'kind', 'GPU')",
+        "setattr(spec, 'placement', p)",
+        "placement.footprints, n = [], 1",
+        "del placement.memory_limits_mb[0]",
+    ]
     assert [mutations(line) for line in bad] == [[1]] * len(bad)
-    good = ["self.placement = self.placement.noted('x')", "placement = replace(placement, devices=d)",
-            "notes.append(placement.notes[0])", "spec = replace(spec, placement=p)"]
+    good = [
+        "self.placement = self.placement.noted('x')",
+        "placement = replace(placement, devices=d)",
+        "notes.append(placement.notes[0])",
+        "spec = replace(spec, placement=p)",
+    ]
     assert [mutations(line) for line in good] == [[]] * len(good)
 
 
 def test_no_module_assigns_to_a_placement_or_a_spec():
     files = [*ROOT.glob("chain/**/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("examples/*.py")]
     planner = ROOT / "chain" / "planning" / "planner.py"  # where `p` is always a Placement: built whole, or replaced
-    found = [f"{f.relative_to(ROOT)}:{line}" for f in files
-             for line in mutations(f.read_text(), RECORDS | {"p"} if f == planner else RECORDS)]
+    found = [
+        f"{f.relative_to(ROOT)}:{line}"
+        for f in files
+        for line in mutations(f.read_text(), RECORDS | {"p"} if f == planner else RECORDS)
+    ]
     assert planner in files and found == []

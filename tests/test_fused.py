@@ -23,8 +23,9 @@ def _trained(cls, dtype="float32", jit=False, **kwargs) -> list[np.ndarray]:
     scale from 1e-6 to 1e2 (a clipnorm in `kwargs` then clips some and not others)."""
     rng = np.random.default_rng(0)
     variables = [keras.Variable(rng.standard_normal(s).astype("float32")) for s in SHAPES]
-    grads = [[tf.constant(rng.standard_normal(s) * 10.0 ** rng.integers(-6, 3), dtype) for s in SHAPES]
-             for _ in range(STEPS)]
+    grads = [
+        [tf.constant(rng.standard_normal(s) * 10.0 ** rng.integers(-6, 3), dtype) for s in SHAPES] for _ in range(STEPS)
+    ]
     opt = cls(**kwargs)
     opt.build(variables)
 
@@ -37,8 +38,12 @@ def _trained(cls, dtype="float32", jit=False, **kwargs) -> list[np.ndarray]:
     return [v.numpy() for v in variables + list(opt.variables)]
 
 
-SGD_CASES = {"plain": {}, "momentum": {"momentum": 0.9}, "nesterov": {"momentum": 0.9, "nesterov": True},
-             "clipnorm": {"momentum": 0.5, "clipnorm": 1.0}}
+SGD_CASES = {
+    "plain": {},
+    "momentum": {"momentum": 0.9},
+    "nesterov": {"momentum": 0.9, "nesterov": True},
+    "clipnorm": {"momentum": 0.5, "clipnorm": 1.0},
+}
 
 
 @pytest.mark.parametrize("case", list(SGD_CASES))
@@ -72,9 +77,19 @@ def test_fused_adam_is_keras_adam_within_float32_rounding():
 
 
 def test_a_chain_trained_with_fused_adam_matches_keras_adam_and_both_are_fused_by_default():
-    base = ["+stages=2", "mode=e2e", "model.depth=1", "model.width=16", "data=synthetic", "data.features=6",
-            "data.classes=4", "data.samples=128", "data.batch_size=16", "trainer.progress=false",
-            "pipeline.microbatches=2"]
+    base = [
+        "+stages=2",
+        "mode=e2e",
+        "model.depth=1",
+        "model.width=16",
+        "data=synthetic",
+        "data.features=6",
+        "data.classes=4",
+        "data.samples=128",
+        "data.batch_size=16",
+        "trainer.progress=false",
+        "pipeline.microbatches=2",
+    ]
     runs = {f: chain.build(chain.compose(base + [f"optim.fused={f}".lower()])) for f in (False, True)}
     assert all(isinstance(s.optimizer, FusedAdam) for s in runs[True].stages)
     assert not any(isinstance(s.optimizer, FusedAdam) for s in runs[False].stages)

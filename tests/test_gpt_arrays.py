@@ -21,10 +21,24 @@ SEQ, VOCAB, WINDOWS, BATCH, STEPS = 8, 40, 40, 8, 2
 
 
 def gpt(*extra: str) -> list[str]:
-    return ["mode=e2e", "model=gpt", f"model.vocab={VOCAB}", "model.width=8", "model.heads=2", "model.depth=1",
-            "+stages=2", "pipeline.microbatches=1", f"data.batch_size={BATCH}", "data.val_fraction=0",
-            "data.shuffle=false", "optim=sgd", "optim.lr=0.5", "trainer.progress=false", "checkpoint.export=false",
-            *extra]
+    return [
+        "mode=e2e",
+        "model=gpt",
+        f"model.vocab={VOCAB}",
+        "model.width=8",
+        "model.heads=2",
+        "model.depth=1",
+        "+stages=2",
+        "pipeline.microbatches=1",
+        f"data.batch_size={BATCH}",
+        "data.val_fraction=0",
+        "data.shuffle=false",
+        "optim=sgd",
+        "optim.lr=0.5",
+        "trainer.progress=false",
+        "checkpoint.export=false",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +50,15 @@ def ids(tmp_path_factory):
     d = tmp_path_factory.mktemp("ids")
     tokens = np.random.default_rng(5).integers(0, VOCAB, WINDOWS * SEQ + 1).astype(np.uint16)
     tokens.tofile(d / "train.bin")
-    w = np.stack([tokens[s:s + SEQ + 1] for s in range(0, WINDOWS * SEQ, SEQ)]).astype(np.int32)
+    w = np.stack([tokens[s : s + SEQ + 1] for s in range(0, WINDOWS * SEQ, SEQ)]).astype(np.int32)
     np.savez(d / "x.npz", x=w[:, :-1], y=w[:, 1:])
     for part, rows in enumerate(np.split(w, 2)):
         with tf.io.TFRecordWriter(str(d / f"part-{part}.tfrecord")) as out:
             for row in rows:
-                feature = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist()))
-                           for k, v in (("x", row[:-1]), ("y", row[1:]))}
+                feature = {
+                    k: tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist()))
+                    for k, v in (("x", row[:-1]), ("y", row[1:]))
+                }
                 out.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return d
 
@@ -57,19 +73,45 @@ def trained(cfg) -> tuple[list, list[float], list[np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def as_tokens(ids):
-    return trained(chain.compose(gpt("data=tokens", f"data.path={ids / 'train.bin'}", f"data.seq_len={SEQ}",
-                                     f"data.vocab={VOCAB}", "data.windows=sequential")))
+    return trained(
+        chain.compose(
+            gpt(
+                "data=tokens",
+                f"data.path={ids / 'train.bin'}",
+                f"data.seq_len={SEQ}",
+                f"data.vocab={VOCAB}",
+                "data.windows=sequential",
+            )
+        )
+    )
 
 
 FORMS = {
     "npz": ["data=npz", "data.path={d}/x.npz", "data.x=x", "data.y=y"],
-    "npz-stream": ["data=npz", "data.path={d}/x.npz", "data.x=x", "data.y=y", "data.stream=true",
-                   f"data.classes={{label: {VOCAB}}}"],
-    "tfrecord": ["data=tfrecord", "data.files={d}/part-*.tfrecord", "data.x=x", "data.y=y",
-                 f"data.features={{x: 'int64[{SEQ}]', y: 'int64[{SEQ}]'}}"],
-    "tfrecord-stream": ["data=tfrecord", "data.files={d}/part-*.tfrecord", "data.x=x", "data.y=y",
-                        f"data.features={{x: 'int64[{SEQ}]', y: 'int64[{SEQ}]'}}", "data.stream=true",
-                        f"data.classes={{label: {VOCAB}}}"],
+    "npz-stream": [
+        "data=npz",
+        "data.path={d}/x.npz",
+        "data.x=x",
+        "data.y=y",
+        "data.stream=true",
+        f"data.classes={{label: {VOCAB}}}",
+    ],
+    "tfrecord": [
+        "data=tfrecord",
+        "data.files={d}/part-*.tfrecord",
+        "data.x=x",
+        "data.y=y",
+        f"data.features={{x: 'int64[{SEQ}]', y: 'int64[{SEQ}]'}}",
+    ],
+    "tfrecord-stream": [
+        "data=tfrecord",
+        "data.files={d}/part-*.tfrecord",
+        "data.x=x",
+        "data.y=y",
+        f"data.features={{x: 'int64[{SEQ}]', y: 'int64[{SEQ}]'}}",
+        "data.stream=true",
+        f"data.classes={{label: {VOCAB}}}",
+    ],
 }
 
 
@@ -100,13 +142,25 @@ def test_gpt_with_padded_targets_and_ignore_class_trains_like_keras(tmp_path):
     for i, n in enumerate([8, 1, 3, 8, 2, 6, 1, 5] * 2):
         x[i, n:] = y[i, n:] = pad
     np.savez(tmp_path / "padded.npz", x=x, y=y)
-    cfg = chain.compose(gpt("data=npz", f"data.path={tmp_path / 'padded.npz'}", "data.x=x", "data.y=y",
-                            f"data.classes={{label: {VOCAB}}}", f"ignore_class={pad}", "pipeline.microbatches=2"))
+    cfg = chain.compose(
+        gpt(
+            "data=npz",
+            f"data.path={tmp_path / 'padded.npz'}",
+            "data.x=x",
+            "data.y=y",
+            f"data.classes={{label: {VOCAB}}}",
+            f"ignore_class={pad}",
+            "pipeline.microbatches=2",
+        )
+    )
     run = chain.build(cfg)
     keras.utils.set_random_seed(cfg.seed)  # as the chain seeds its models
     reference = gpt_model.build(cfg.stages[0].model)
-    reference.compile(optimizer=keras.optimizers.SGD(0.5), jit_compile=False,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=pad))
+    reference.compile(
+        optimizer=keras.optimizers.SGD(0.5),
+        jit_compile=False,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=pad),
+    )
     start = {v.path: v.numpy() for v in reference.trainable_variables}
     assert_trained_like_keras(run, reference, [(x[:BATCH], y[:BATCH]), (x[BATCH:], y[BATCH:])], start)
 
@@ -117,20 +171,41 @@ def test_gpt_refuses_float_ids_and_targets_not_per_position_in_one_line(ids, tmp
     np.savez(tmp_path / "floats.npz", x=np.zeros((WINDOWS, SEQ), np.float32), y=np.zeros((WINDOWS, SEQ), np.int32))
     np.savez(tmp_path / "one.npz", x=np.zeros((WINDOWS, SEQ), np.int32), y=np.arange(WINDOWS) % VOCAB)
     with tf.io.TFRecordWriter(str(tmp_path / "floats.tfrecord")) as out:
-        out.write(tf.train.Example(features=tf.train.Features(feature={
-            "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.0] * SEQ)),
-            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[0] * SEQ))})).SerializeToString())
+        out.write(
+            tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.0] * SEQ)),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[0] * SEQ)),
+                    }
+                )
+            ).SerializeToString()
+        )
     cases = [
-        (["data=npz", f"data.path={tmp_path / 'floats.npz'}"], f"model=gpt reads token ids, one row of integer ids per example "
-         f"((N, T)), but data.x='x' of {tmp_path / 'floats.npz'} holds float32 of shape ({WINDOWS}, {SEQ}); give "
-         "integer ids (e.g. np.int32)"),
-        (["data=tfrecord", f"data.files={tmp_path}/floats.tfrecord",
-          f"data.features={{x: 'float32[{SEQ}]', y: 'int64[{SEQ}]'}}"],
-         f"model=gpt reads token ids, one row of integer ids per example ((N, T)), but data.x='x' (data.features) "
-         f"holds float32[{SEQ}] per example"),
-        (["data=npz", f"data.path={tmp_path / 'one.npz'}"], f"model=gpt learns a label per position of its {SEQ} "
-         "ids, but target 'label' of data=npz holds one label per example: give an (N, 8) array of integer ids"),
-        (["data=npz", f"data.path={ids / 'x.npz'}", "model.seq_len=4"], f"model.seq_len=4 differs from data.x='x''s {SEQ} ids per example"),
+        (
+            ["data=npz", f"data.path={tmp_path / 'floats.npz'}"],
+            f"model=gpt reads token ids, one row of integer ids per example "
+            f"((N, T)), but data.x='x' of {tmp_path / 'floats.npz'} holds float32 of shape ({WINDOWS}, {SEQ}); give "
+            "integer ids (e.g. np.int32)",
+        ),
+        (
+            [
+                "data=tfrecord",
+                f"data.files={tmp_path}/floats.tfrecord",
+                f"data.features={{x: 'float32[{SEQ}]', y: 'int64[{SEQ}]'}}",
+            ],
+            f"model=gpt reads token ids, one row of integer ids per example ((N, T)), but data.x='x' (data.features) "
+            f"holds float32[{SEQ}] per example",
+        ),
+        (
+            ["data=npz", f"data.path={tmp_path / 'one.npz'}"],
+            f"model=gpt learns a label per position of its {SEQ} "
+            "ids, but target 'label' of data=npz holds one label per example: give an (N, 8) array of integer ids",
+        ),
+        (
+            ["data=npz", f"data.path={ids / 'x.npz'}", "model.seq_len=4"],
+            f"model.seq_len=4 differs from data.x='x''s {SEQ} ids per example",
+        ),
     ]
     for overrides, message in cases:
         with pytest.raises(ConfigError) as e:
@@ -147,7 +222,19 @@ def test_gpt_refuses_ids_outside_the_vocabulary_in_one_line_naming_the_file(tmp_
     path = tmp_path / "wide.npz"
     np.savez(path, x=x, y=np.roll(x, -1, axis=1) % VOCAB)
     with pytest.raises(ConfigError) as e:
-        chain.build(chain.compose(gpt("data=npz", f"data.path={path}", "data.x=x", "data.y=y",
-                                      f"data.classes={{label: {VOCAB}}}", f"data.stream={str(stream).lower()}")))
-    assert str(e.value) == (f"data.x='x' of {path} holds the id {VOCAB + 2}; model.vocab={VOCAB} takes ids "
-                            f"0..{VOCAB - 1}: give model.vocab (and data.classes) the largest id + 1 or more")
+        chain.build(
+            chain.compose(
+                gpt(
+                    "data=npz",
+                    f"data.path={path}",
+                    "data.x=x",
+                    "data.y=y",
+                    f"data.classes={{label: {VOCAB}}}",
+                    f"data.stream={str(stream).lower()}",
+                )
+            )
+        )
+    assert str(e.value) == (
+        f"data.x='x' of {path} holds the id {VOCAB + 2}; model.vocab={VOCAB} takes ids "
+        f"0..{VOCAB - 1}: give model.vocab (and data.classes) the largest id + 1 or more"
+    )

@@ -24,15 +24,23 @@ from compare import norm_rel_diff
 GPUS = tf.config.list_physical_devices("GPU")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not GPUS, reason="needs a GPU: TensorFlow lists no physical GPU on this machine")]
-UNIT_ROUNDOFF = {"mixed_bfloat16": 2.0 ** -8, "mixed_float16": 2.0 ** -11}
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not GPUS, reason="needs a GPU: TensorFlow lists no physical GPU on this machine"),
+]
+UNIT_ROUNDOFF = {"mixed_bfloat16": 2.0**-8, "mixed_float16": 2.0**-11}
 
 
 def fresh(cwd, *args: str, timeout: int = 600) -> dict:
     """Run `args` (a Python script and its arguments) in a fresh process in `cwd`; its last output line as JSON."""
-    r = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    r = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -81,10 +89,21 @@ def test_recompute_lowers_each_gpus_measured_peak(tmp_path):
     extra = [f"--extra=placement.devices={devices}"] if devices else ["--extra=placement.memory_limit_mb=[2048,2048]"]
     peaks = {}
     for policy in ("never", "always"):
-        got = fresh(tmp_path, os.path.join(ROOT, "scripts", "bench_pipeline_memory.py"), "--worker",
-                    "--schedule=gpipe", f"--recompute={policy}", "--stages=2", "--width=1024", "--depth=4",
-                    "--features=64", "--batch=4096", "--warmup=2", "--steps=2", *extra)
+        got = fresh(
+            tmp_path,
+            os.path.join(ROOT, "scripts", "bench_pipeline_memory.py"),
+            "--worker",
+            "--schedule=gpipe",
+            f"--recompute={policy}",
+            "--stages=2",
+            "--width=1024",
+            "--depth=4",
+            "--features=64",
+            "--batch=4096",
+            "--warmup=2",
+            "--steps=2",
+            *extra,
+        )
         peaks[policy] = got["stage_peaks"]
     for k, (never, always) in enumerate(zip(peaks["never"], peaks["always"])):
         assert always < 0.8 * never, (k, peaks)
-

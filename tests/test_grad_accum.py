@@ -10,8 +10,18 @@ from graph_audit import ancestors
 from compare import assert_trains_alike
 
 B, N = 16, 4
-BASE = ["+stages=3", "model.depth=1", "model.width=16", "optim=sgd", "optim.lr=0.1", "data=synthetic",
-        "data.features=6", "data.classes=4", "data.samples=256", "trainer.progress=false"]
+BASE = [
+    "+stages=3",
+    "model.depth=1",
+    "model.width=16",
+    "optim=sgd",
+    "optim.lr=0.1",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "trainer.progress=false",
+]
 CASES = {
     "local": ["mode=local"],
     "e2e-gpipe-M2": ["mode=e2e", "pipeline.schedule=gpipe", "pipeline.microbatches=2"],
@@ -60,8 +70,18 @@ def test_local_chunks_run_one_at_a_time():
 def test_e2e_rounds_run_one_after_another():
     """Round 2 (microbatches M..2M-1) starts on every stage only after that stage finished round 1."""
     m = 2
-    run = chain.build(chain.compose(BASE + ["mode=e2e", "pipeline.schedule=gpipe", f"pipeline.microbatches={m}",
-                                            "data.batch_size=8", "trainer.grad_accum=2"]))
+    run = chain.build(
+        chain.compose(
+            BASE
+            + [
+                "mode=e2e",
+                "pipeline.schedule=gpipe",
+                f"pipeline.microbatches={m}",
+                "data.batch_size=8",
+                "trainer.grad_accum=2",
+            ]
+        )
+    )
     x, ys = next(iter(run.batches()))
     ops = run.trace(x, ys).graph.get_operations()
     for k in range(3):
@@ -77,19 +97,25 @@ def test_a_batch_that_does_not_cut_into_the_chunks_is_refused():
     x, ys = next(iter(run.batches()))
     with pytest.raises(ValueError, match=r"a batch of 15 examples does not cut into trainer.grad_accum=2 equal chunks"):
         run.step(x[:15], {k: v[:15] for k, v in ys.items()})
-    e2e = chain.build(chain.compose(BASE + ["mode=e2e", "pipeline.microbatches=4", "data.batch_size=8",
-                                            "trainer.grad_accum=2"]))
+    e2e = chain.build(
+        chain.compose(BASE + ["mode=e2e", "pipeline.microbatches=4", "data.batch_size=8", "trainer.grad_accum=2"])
+    )
     # The same mistake, the same error in every mode: a ValueError about the argument.
-    with pytest.raises(ValueError, match=r"a batch of 12 examples does not cut into trainer.grad_accum=2 chunks of "
-                                         r"pipeline.microbatches=4 equal microbatches"):
+    with pytest.raises(
+        ValueError,
+        match=r"a batch of 12 examples does not cut into trainer.grad_accum=2 chunks of "
+        r"pipeline.microbatches=4 equal microbatches",
+    ):
         e2e.step(x[:12], {k: v[:12] for k, v in ys.items()})
 
 
 def test_more_examples_per_step_than_the_data_set_has_is_a_config_error():
     with pytest.raises(chain.ConfigError) as e:
         chain.compose(BASE + ["data.batch_size=64", "trainer.grad_accum=8"])
-    assert str(e.value) == ("trainer.grad_accum=8 x data.batch_size=64 = 512 examples per step is more than "
-                            "data=synthetic has (230 training examples)")
+    assert str(e.value) == (
+        "trainer.grad_accum=8 x data.batch_size=64 = 512 examples per step is more than "
+        "data=synthetic has (230 training examples)"
+    )
 
 
 def test_resume_needs_the_same_grad_accum():
@@ -97,6 +123,8 @@ def test_resume_needs_the_same_grad_accum():
     saved = {"mode": settings.mode, "seed": settings.seed, "data": plain(settings.data), "grad_accum": 4}
     with pytest.raises(chain.ChainError) as e:
         manifest.check_stream(saved, settings)
-    assert str(e.value).startswith("the checkpoint was written with trainer.grad_accum=4, the config has "
-                                   "trainer.grad_accum=2; resume needs the same trainer.grad_accum")
+    assert str(e.value).startswith(
+        "the checkpoint was written with trainer.grad_accum=4, the config has "
+        "trainer.grad_accum=2; resume needs the same trainer.grad_accum"
+    )
     manifest.check_stream({**saved, "grad_accum": 2}, settings)  # the same: accepted

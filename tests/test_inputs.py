@@ -27,8 +27,9 @@ def digits():
     return run, next(iter(run.batches()))
 
 
-@pytest.mark.parametrize("mode", [["mode=e2e", "loss=mse", "pipeline.microbatches=2"], ["mode=local"]],
-                         ids=["e2e", "local"])
+@pytest.mark.parametrize(
+    "mode", [["mode=e2e", "loss=mse", "pipeline.microbatches=2"], ["mode=local"]], ids=["e2e", "local"]
+)
 def test_a_value_target_of_shape_b1_trains_exactly_like_b(mode):
     column = chain.build(chain.compose([*VALUE, *mode]))
     flat = chain.build(chain.compose([*VALUE, *mode]))
@@ -65,22 +66,31 @@ def test_integral_float_labels_train_like_integer_labels():
 
 
 CASES = {
-    "float label": (lambda x, y: (x, y.astype(np.float32) + 0.7),
-                    r"^y\[0\] = .* is not a class label: target 'label' takes integers 0..9$"),
-    "label too large": (lambda x, y: (x, np.where(np.arange(len(y)) == 3, 10, y)),
-                        r"^y\[3\] = 10 is out of range: target 'label' has 10 classes, 0..9$"),
-    "negative label": (lambda x, y: (x, np.where(np.arange(len(y)) == 0, -1, y)),
-                       r"^y\[0\] = -1 is out of range"),
+    "float label": (
+        lambda x, y: (x, y.astype(np.float32) + 0.7),
+        r"^y\[0\] = .* is not a class label: target 'label' takes integers 0..9$",
+    ),
+    "label too large": (
+        lambda x, y: (x, np.where(np.arange(len(y)) == 3, 10, y)),
+        r"^y\[3\] = 10 is out of range: target 'label' has 10 classes, 0..9$",
+    ),
+    "negative label": (lambda x, y: (x, np.where(np.arange(len(y)) == 0, -1, y)), r"^y\[0\] = -1 is out of range"),
     "string labels": (lambda x, y: (x, y.astype(str)), r"^y has dtype <U\d+; expected integer class labels$"),
     "empty batch": (lambda x, y: (x[:0], y[:0]), r"^x is empty \(shape \(0, 8, 8, 1\)\)"),
-    "wrong feature shape": (lambda x, y: (x.reshape(len(x), 64), y),
-                            r"^x has shape \(16, 64\); data=digits examples have shape \(8, 8, 1\), "
-                            r"so expected \(N, 8, 8, 1\)$"),
-    "wrong label length": (lambda x, y: (x, y[:15]),
-                           r"^y has shape \(15,\); expected \(16,\) or \(16, 1\): one label per example of x"),
+    "wrong feature shape": (
+        lambda x, y: (x.reshape(len(x), 64), y),
+        r"^x has shape \(16, 64\); data=digits examples have shape \(8, 8, 1\), "
+        r"so expected \(N, 8, 8, 1\)$",
+    ),
+    "wrong label length": (
+        lambda x, y: (x, y[:15]),
+        r"^y has shape \(15,\); expected \(16,\) or \(16, 1\): one label per example of x",
+    ),
     "labels as a matrix": (lambda x, y: (x, np.stack([y, y], 1)), r"^y has shape \(16, 2\); expected"),
-    "unknown target key": (lambda x, y: (x, {"colour": y}),
-                           r"^y has a target 'colour', which data=digits does not have; its targets: label, parity$"),
+    "unknown target key": (
+        lambda x, y: (x, {"colour": y}),
+        r"^y has a target 'colour', which data=digits does not have; its targets: label, parity$",
+    ),
     "string inputs": (lambda x, y: (x.astype(str), y), r"^x has dtype <U\d+; expected numbers"),
 }
 

@@ -15,14 +15,22 @@ from chain.errors import CheckpointError, StorageError
 from compare import weights
 
 # Two identical stages (a homogeneous chain: swapping their directories is a plausible mistake).
-SMALL = ["+stages=2", "model.width=8", "model.depth=1", "model.dropout=0.25", "data.batch_size=16",
-         "trainer.progress=false", "checkpoint.export=false"]
+SMALL = [
+    "+stages=2",
+    "model.width=8",
+    "model.depth=1",
+    "model.dropout=0.25",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
 STEPS, EVERY = 6, 2
 
 
 def fit(run_dir, *overrides):
-    run = chain.build(chain.compose([*SMALL, f"trainer.steps={STEPS}", f"checkpoint.every={EVERY}", *overrides]),
-                      run_dir=str(run_dir))
+    run = chain.build(
+        chain.compose([*SMALL, f"trainer.steps={STEPS}", f"checkpoint.every={EVERY}", *overrides]), run_dir=str(run_dir)
+    )
     run.fit()
     return run
 
@@ -107,8 +115,12 @@ def test_fallback_resumes_from_the_newest_older_step_and_ends_bit_exact(copy, tr
     training on to step 6 reproduces the uninterrupted run bit for bit."""
     with open(os.path.join(copy, "stage_00", "ckpt-6.index"), "r+b") as f:
         f.write(b"\0" * 16)
-    run = chain.build(chain.compose([*SMALL, f"trainer.steps={STEPS}", f"checkpoint.every={EVERY}", "resume=true",
-                                     "checkpoint.fallback=true"]), run_dir=copy)
+    run = chain.build(
+        chain.compose(
+            [*SMALL, f"trainer.steps={STEPS}", f"checkpoint.every={EVERY}", "resume=true", "checkpoint.fallback=true"]
+        ),
+        run_dir=copy,
+    )
     summary = run.fit()
     assert summary["resumed_from"] == 4
     for a, b in zip(weights(run), trained[1]):
@@ -121,8 +133,12 @@ def test_fallback_resumes_from_the_newest_older_step_and_ends_bit_exact(copy, tr
 def test_a_damaged_manifest_is_rebuilt_from_the_stage_directories(copy, trained, damage):
     path = os.path.join(copy, "checkpoint.json")
     text = open(path).read()
-    content = {"truncated": text[: len(text) // 2], "empty": "", "garbage": "\x00\x01garbage",
-               "not a manifest": "[1, 2, 3]"}[damage]
+    content = {
+        "truncated": text[: len(text) // 2],
+        "empty": "",
+        "garbage": "\x00\x01garbage",
+        "not a manifest": "[1, 2, 3]",
+    }[damage]
     with open(path, "w") as f:
         f.write(content)
     run = fresh()
@@ -155,8 +171,12 @@ def test_a_failed_save_keeps_the_last_complete_checkpoint_and_leaves_nothing_of_
     assert str(e.value).startswith(f"cannot save the checkpoint of step 4 in {run_dir}: No space left on device")
     assert str(e.value).endswith("the last complete checkpoint (step 2) is intact") and "\n" not in str(e.value)
     assert json.load(open(os.path.join(run_dir, "checkpoint.json")))["step"] == 2
-    leftovers = [f for d in ("stage_00", "stage_01", "data") for f in os.listdir(os.path.join(run_dir, d))
-                 if f.startswith("ckpt-4")]
+    leftovers = [
+        f
+        for d in ("stage_00", "stage_01", "data")
+        for f in os.listdir(os.path.join(run_dir, d))
+        if f.startswith("ckpt-4")
+    ]
     assert leftovers == []
     monkeypatch.delenv("CHAIN_TEST_FAIL_SAVE")
     run = fit(run_dir, "resume=true")

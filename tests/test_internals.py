@@ -22,6 +22,7 @@ def _functional() -> tuple[keras.Model, keras.layers.Layer, keras.layers.Layer]:
 
 # TensorFlow
 
+
 def test_host_address_space_is_this_processs_job_and_task():
     assert tf_private.host_address_space() == "/job:localhost/replica:0/task:0"
 
@@ -66,6 +67,7 @@ def test_the_profiler_service_traces_a_session_from_its_requests_until_terminate
 
 
 # Keras
+
 
 def test_graph_nodes_are_the_functional_models_nodes_deepest_first():
     model, a, b = _functional()
@@ -169,6 +171,7 @@ def test_an_optimizers_variable_index_and_slots():
 
 
 # Hydra
+
 
 def test_hydras_argument_parser_reads_one_group_of_overrides():
     parsed, unread = hydra_private.args_parser().parse_known_args(["a=1", "--multirun", "b=2"])

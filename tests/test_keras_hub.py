@@ -18,25 +18,49 @@ import chain
 from compare import assert_trained_like_keras, by_path, microbatch_sgd_step, paths, rel_diff
 
 VOCAB, SEQ, BATCH = 50, 8, 16
-RUN = ["mode=e2e", "pipeline.microbatches=4", "data=synthetic", "data.features=6", f"data.classes={VOCAB}",
-       "data.samples=64", f"data.batch_size={BATCH}", "trainer.progress=false", "checkpoint.export=false",
-       "optim=sgd", "optim.lr=0.1"]
+RUN = [
+    "mode=e2e",
+    "pipeline.microbatches=4",
+    "data=synthetic",
+    "data.features=6",
+    f"data.classes={VOCAB}",
+    "data.samples=64",
+    f"data.batch_size={BATCH}",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "optim=sgd",
+    "optim.lr=0.1",
+]
 
 
 def gpt2_lm() -> keras.Model:
     """GPT2CausalLM as shipped: logits per position, `(batch, seq, vocab)`."""
     keras.utils.set_random_seed(1)
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
-                                             intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=SEQ,
+        dropout=0.0,
+    )
     return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
 
 
 def gemma_lm() -> keras.Model:
     """GemmaCausalLM as shipped (its graph scales the embedding by an op, `x * c`)."""
     keras.utils.set_random_seed(3)
-    backbone = keras_hub.models.GemmaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
-                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, head_dim=4,
-                                              dropout=0.0)
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=8,
+        intermediate_dim=16,
+        head_dim=4,
+        dropout=0.0,
+    )
     return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 
 
@@ -44,31 +68,51 @@ def llama_lm() -> keras.Model:
     """LlamaCausalLM as shipped: keras_hub 0.32's LlamaTransformerDecoder cannot be re-created from its config
     (`get_config` raises), so its stage reuses the layer object, its variables re-created on the stage's device."""
     keras.utils.set_random_seed(4)
-    backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
-                                              num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, dropout=0.0)
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=8,
+        intermediate_dim=16,
+        dropout=0.0,
+    )
     return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
 
 
 def next_token(make):
     """The causal LM `make()` read at its last position: one label per example."""
+
     def read_last() -> keras.Model:
         lm = make()
         return keras.Model(lm.input, lm(lm.input)[:, -1, :], name=f"{lm.name}_next_token")
+
     return read_last
 
 
 def bert_classifier() -> keras.Model:
     """BertBackbone as shipped (three named inputs, two outputs) with a classifier head on its pooled output."""
     keras.utils.set_random_seed(2)
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
-                                             intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=SEQ,
+        dropout=0.0,
+    )
     pooled = backbone(backbone.input)["pooled_output"]
     return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(pooled), name="bert_classifier")
 
 
 # The done-when's models, each read as one label per example: (the model, whether it takes segment ids).
-MODELS = {"gpt2": (next_token(gpt2_lm), False), "bert": (bert_classifier, True),
-          "gemma": (next_token(gemma_lm), False), "llama": (next_token(llama_lm), False)}
+MODELS = {
+    "gpt2": (next_token(gpt2_lm), False),
+    "bert": (bert_classifier, True),
+    "gemma": (next_token(gemma_lm), False),
+    "llama": (next_token(llama_lm), False),
+}
 
 
 def batches(n: int, segments: bool = False):
@@ -108,16 +152,19 @@ def test_gpt2_tied_embedding_on_two_stages_of_one_device_is_one_variable_and_tra
     whose one optimizer applies both uses' gradients: 3 SGD steps equal Keras' `train_on_batch` (M=4, GPipe).
     Stage 1 saved alone (its `stage_01.keras`) loads and computes as it does, the embedding saved with it."""
     make = next_token(gpt2_lm)
-    run = predicts_and_trains_like_keras(make, batches(3), 2, "gpipe",
-                                         [*between_blocks(make, 2), "placement.devices=[/CPU:0,/CPU:0]"])
+    run = predicts_and_trains_like_keras(
+        make, batches(3), 2, "gpipe", [*between_blocks(make, 2), "placement.devices=[/CPU:0,/CPU:0]"]
+    )
     first, last = run.stages
     assert first.device == last.device and not first.borrowed and not last.shared
     (embedding,) = [v for v in first.trainable_variables if v.path == "token_embedding/embeddings"]
     assert [b.variable for b in last.borrowed] == [embedding]  # one variable, read by both stages
     assert all(v.path != "token_embedding/embeddings" for v in last.model.variables)
     last.model.save(tmp_path / "stage_01.keras")
-    h, = (run.stages[0].model(x) for x, _ in batches(1))
-    np.testing.assert_allclose(keras.models.load_model(tmp_path / "stage_01.keras")(h), last.model(h), rtol=0, atol=1e-6)
+    (h,) = (run.stages[0].model(x) for x, _ in batches(1))
+    np.testing.assert_allclose(
+        keras.models.load_model(tmp_path / "stage_01.keras")(h), last.model(h), rtol=0, atol=1e-6
+    )
 
 
 BLOCKS = ("transformer_layer_", "decoder_block_")  # the transformer blocks' names in these models
@@ -136,9 +183,18 @@ def between_blocks(make, stages: int, blocks: tuple[str, ...] = BLOCKS) -> list[
     return [f"placement.split=[{first},{len(layers) - first}]"]
 
 
-def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overrides=(), per_token: bool = False,
-                                   adam: bool = False, tied: str = "token_embedding/embeddings", numbered: str = "",
-                                   base: list[str] | None = None):
+def predicts_and_trains_like_keras(
+    make,
+    data,
+    stages: int,
+    schedule: str,
+    overrides=(),
+    per_token: bool = False,
+    adam: bool = False,
+    tied: str = "token_embedding/embeddings",
+    numbered: str = "",
+    base: list[str] | None = None,
+):
     """`make()` cut into `stages` under `schedule`: predictions equal `model.predict` on padded inputs, and
     3 steps equal Keras' own `train_on_batch` (losses and every weight within 1e-5), the weight `tied` (its path)
     moved by them (`numbered`: `assert_trained_like_keras`'s); returns the run.
@@ -155,11 +211,13 @@ def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overr
     target = "next" if per_token else "label"
     optim = ["optim=adam", f"optim.lr={ADAM_LR}"] if adam else ["optim=sgd", "optim.lr=0.1"]
     base = base or (per_token_data() if per_token else RUN)
-    run = chain.build(chain.compose([f"+stages={stages}", f"pipeline.schedule={schedule}", *base, *optim,
-                                     *overrides]), model=model)
+    run = chain.build(
+        chain.compose([f"+stages={stages}", f"pipeline.schedule={schedule}", *base, *optim, *overrides]), model=model
+    )
     x = data[0][0]
-    np.testing.assert_allclose(run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0),
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0), rtol=0, atol=1e-6
+    )
     reference = make()
     if adam:
         from chain.stages.fused import FusedAdam
@@ -168,10 +226,11 @@ def predicts_and_trains_like_keras(make, data, stages: int, schedule: str, overr
         optimizer = FusedAdam(ADAM_LR) if fused else keras.optimizers.Adam(ADAM_LR)
     else:
         optimizer = keras.optimizers.SGD(0.1)
-    reference.compile(optimizer=optimizer,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                                      ignore_class=PAD if per_token else None),
-                      jit_compile=False)
+    reference.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PAD if per_token else None),
+        jit_compile=False,
+    )
     start = by_path(reference.trainable_variables, numbered)
     assert run.stages[-1].target.name == target
     assert_trained_like_keras(run, reference, data, start, leave_out=("key/bias",) if adam else (), numbered=numbered)
@@ -191,8 +250,15 @@ def per_token_data() -> list[str]:
 
     path = os.path.join(tempfile.mkdtemp(prefix="keras_hub_tokens_"), "train.bin")
     (np.arange(20 * SEQ) % VOCAB).astype(np.uint16).tofile(path)
-    return [*[o for o in RUN if not o.startswith(("data", "optim"))], "data=tokens", f"data.path={path}",
-            f"data.seq_len={SEQ}", f"data.vocab={VOCAB}", f"data.batch_size={BATCH}", f"ignore_class={PAD}"]
+    return [
+        *[o for o in RUN if not o.startswith(("data", "optim"))],
+        "data=tokens",
+        f"data.path={path}",
+        f"data.seq_len={SEQ}",
+        f"data.vocab={VOCAB}",
+        f"data.batch_size={BATCH}",
+        f"ignore_class={PAD}",
+    ]
 
 
 def token_batches(n: int):
@@ -207,14 +273,16 @@ def token_batches(n: int):
     return out
 
 
-@pytest.mark.parametrize("name, stages, schedule", [("gpt2", 2, "gpipe"), ("gpt2", 4, "1f1b"), ("gemma", 4, "1f1b"),
-                                                    ("llama", 2, "gpipe")])
+@pytest.mark.parametrize(
+    "name, stages, schedule", [("gpt2", 2, "gpipe"), ("gpt2", 4, "1f1b"), ("gemma", 4, "1f1b"), ("llama", 2, "gpipe")]
+)
 def test_causal_lm_as_shipped_learns_every_position_with_padding_ignored_like_keras(name, stages, schedule):
     """The causal LM's own `(batch, seq, vocab)` output against integer labels per position, padding ignored
     (`ignore_class`): the mean over the batch's real tokens, though the microbatches hold unequal numbers."""
     make = {"gpt2": gpt2_lm, "gemma": gemma_lm, "llama": llama_lm}[name]
-    predicts_and_trains_like_keras(make, token_batches(3), stages, schedule, between_blocks(make, stages),
-                                   per_token=True)
+    predicts_and_trains_like_keras(
+        make, token_batches(3), stages, schedule, between_blocks(make, stages), per_token=True
+    )
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -224,21 +292,33 @@ def test_adam_equals_keras_adam_with_its_sparse_embedding_update(name, stages, s
     embedding (the read-out's dense gradient summed with the input's, dense as on one device) and BERT's
     untied ones (sparse, Keras' sparse update)."""
     make, segments = MODELS[name]
-    predicts_and_trains_like_keras(make, batches(3, segments), stages, schedule,
-                                   [*between_blocks(make, stages), f"optim.fused={str(fused).lower()}"], adam=True)
+    predicts_and_trains_like_keras(
+        make,
+        batches(3, segments),
+        stages,
+        schedule,
+        [*between_blocks(make, stages), f"optim.fused={str(fused).lower()}"],
+        adam=True,
+    )
 
 
 def test_gpt2_tied_read_out_trains_like_keras_with_copies_of_the_pipeline_and_mirrored():
     """GPT2CausalLM (`token_embedding(h, reverse=True)` on the last stage): 2 stages x 2 copies learning every
     position with padding ignored (each copy's microbatches weighed by the whole batch's real tokens), and the
     mirrored fallback reading the last position: 3 SGD steps equal Keras' `train_on_batch`."""
-    run = predicts_and_trains_like_keras(gpt2_lm, token_batches(3), 2, "gpipe",
-                                         [*between_blocks(gpt2_lm, 2), "pipeline.microbatches=2",
-                                          "placement.replicas=2"], per_token=True)
+    run = predicts_and_trains_like_keras(
+        gpt2_lm,
+        token_batches(3),
+        2,
+        "gpipe",
+        [*between_blocks(gpt2_lm, 2), "pipeline.microbatches=2", "placement.replicas=2"],
+        per_token=True,
+    )
     assert len(run.strategy.copies) == 2 and [len(s.shared) for s in run.stages] == [1, 1]
     make = next_token(gpt2_lm)  # data=tokens streams, which the mirrored replicas do not read
-    run = predicts_and_trains_like_keras(make, batches(3), 2, "gpipe",
-                                         [*between_blocks(make, 2), "placement.fallback=mirrored"])
+    run = predicts_and_trains_like_keras(
+        make, batches(3), 2, "gpipe", [*between_blocks(make, 2), "placement.fallback=mirrored"]
+    )
     assert [len(s.shared) for s in run.stages] == [1, 1]
 
 
@@ -248,9 +328,17 @@ def mixtral_lm() -> keras.Model:
     `MixtralTransformerDecoder.get_config` leaves `router_aux_loss_coef` out, so a block re-created from its
     config (a cut stage's) has 0.02 whatever the model was built with (docs/your-models.md)."""
     keras.utils.set_random_seed(6)
-    backbone = keras_hub.models.MixtralBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
-                                                num_key_value_heads=1, hidden_dim=8, intermediate_dim=16, num_experts=4,
-                                                top_k=2, dropout=0.0)
+    backbone = keras_hub.models.MixtralBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=8,
+        intermediate_dim=16,
+        num_experts=4,
+        top_k=2,
+        dropout=0.0,
+    )
     return keras_hub.models.MixtralCausalLM(backbone=backbone, preprocessor=None)
 
 
@@ -258,10 +346,20 @@ def qwen3_moe_lm() -> keras.Model:
     """Qwen3MoeCausalLM as shipped: a mixture of 4 experts (top 2) per block, its load-balancing loss by `add_loss`
     (its coefficient 1, not 0.001, so the term moves the weights visibly)."""
     keras.utils.set_random_seed(7)
-    backbone = keras_hub.models.Qwen3MoeBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=2,
-                                                 num_key_value_heads=1, hidden_dim=8, intermediate_dim=16,
-                                                 moe_intermediate_dim=8, num_experts=4, top_k=2, head_dim=4,
-                                                 router_aux_loss_coefficient=1.0, dropout=0.0)
+    backbone = keras_hub.models.Qwen3MoeBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=8,
+        intermediate_dim=16,
+        moe_intermediate_dim=8,
+        num_experts=4,
+        top_k=2,
+        head_dim=4,
+        router_aux_loss_coefficient=1.0,
+        dropout=0.0,
+    )
     return keras_hub.models.Qwen3MoeCausalLM(backbone=backbone, preprocessor=None)
 
 
@@ -279,8 +377,10 @@ def test_mixture_of_experts_trains_with_microbatches_its_load_balancing_loss_per
         chain.build(chain.compose(overrides), model=model)
     assert str(e.value).startswith("stage 0 (") and "use pipeline.add_loss=per_microbatch" in str(e.value)
     run = chain.build(chain.compose([*overrides, "pipeline.add_loss=per_microbatch"]), model=model)
-    assert any(n.startswith("pipeline.add_loss=per_microbatch: the add_loss terms of stage(s) 0, 1 ")
-               for n in run.placement.notes)
+    assert any(
+        n.startswith("pipeline.add_loss=per_microbatch: the add_loss terms of stage(s) 0, 1 ")
+        for n in run.placement.notes
+    )
     ((x, y),) = batches(1)
     np.testing.assert_allclose(run.forward(x)["body_1"].numpy(), model.predict(x, verbose=0), rtol=0, atol=1e-6)
     whole = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, reference(x, training=True))
@@ -333,12 +433,26 @@ def test_gpt2_from_a_keras_file_and_from_a_builder_trains_on_token_data_through_
     (np.arange(40 * SEQ + 1) * 7 % VOCAB).astype(np.uint16).tofile(tmp_path / "train.bin")
     path = str(tmp_path / "gpt2.keras")
     gpt2_lm().save(path)
-    common = ["mode=e2e", "data=tokens", f"data.path={tmp_path / 'train.bin'}", f"data.seq_len={SEQ}",
-              f"data.vocab={VOCAB}", f"data.batch_size={BATCH}", "data.shuffle=false", "pipeline.microbatches=4",
-              "optim=sgd", "optim.lr=0.1", "trainer.steps=2", "trainer.progress=false"]
+    common = [
+        "mode=e2e",
+        "data=tokens",
+        f"data.path={tmp_path / 'train.bin'}",
+        f"data.seq_len={SEQ}",
+        f"data.vocab={VOCAB}",
+        f"data.batch_size={BATCH}",
+        "data.shuffle=false",
+        "pipeline.microbatches=4",
+        "optim=sgd",
+        "optim.lr=0.1",
+        "trainer.steps=2",
+        "trainer.progress=false",
+    ]
     from_file = ["model=keras", f"model.path={path}", "model.imports=[keras_hub]", "+stages=2", *common]
     runs = {}
-    for name, overrides in {"file": from_file, "builder": ["model._target_=hubnets.gpt2", "+stages=1", *common]}.items():
+    for name, overrides in {
+        "file": from_file,
+        "builder": ["model._target_=hubnets.gpt2", "+stages=1", *common],
+    }.items():
         (tmp_path / name).mkdir()
         r = run_cli(tmp_path / name, *overrides, env={"PYTHONPATH": str(tmp_path)})
         assert r.returncode == 0, r.stderr
@@ -348,12 +462,15 @@ def test_gpt2_from_a_keras_file_and_from_a_builder_trains_on_token_data_through_
     data = [next(it) for _ in range(2)]
     ids = np.fromfile(tmp_path / "train.bin", np.uint16).astype(np.int32)
     for k, (x, ys) in enumerate(data):
-        windows = np.stack([ids[i * SEQ:(i + 1) * SEQ] for i in range(k * BATCH, (k + 1) * BATCH)])
+        windows = np.stack([ids[i * SEQ : (i + 1) * SEQ] for i in range(k * BATCH, (k + 1) * BATCH)])
         np.testing.assert_array_equal(x["token_ids"], windows)
         np.testing.assert_array_equal(x["padding_mask"], np.ones_like(windows))  # full windows: no padding
     reference = keras.models.load_model(path)
-    reference.compile(optimizer=keras.optimizers.SGD(0.1),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    reference.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
     start = [v.numpy() for v in reference.trainable_variables]
     for x, ys in data:
         reference.train_on_batch({k: v.numpy() for k, v in x.items()}, ys["next"].numpy())
@@ -361,8 +478,9 @@ def test_gpt2_from_a_keras_file_and_from_a_builder_trains_on_token_data_through_
     for name, trained in runs.items():
         got = [v.numpy() for v in trained.trainable_variables]
         assert len(got) == len(start), name
-        for a, b, b0, v in zip(got, [v.numpy() for v in reference.trainable_variables], start,
-                               reference.trainable_variables):
+        for a, b, b0, v in zip(
+            got, [v.numpy() for v in reference.trainable_variables], start, reference.trainable_variables
+        ):
             if np.abs(b - b0).max() < 1e-8:  # attention's key bias: 0 in exact arithmetic
                 continue
             assert rel_diff(a, b) <= 1e-5, (name, v.path)
@@ -375,16 +493,32 @@ def test_named_inputs_one_array_cannot_make_are_refused_in_one_line():
     h = keras.layers.Embedding(VOCAB, 4)(ids) + keras.layers.Dense(4)(keras.ops.expand_dims(other, -1))
     model = keras.Model({"token_ids": ids, "positions": other}, keras.layers.Dense(VOCAB)(h))
     run = chain.build(chain.compose(["+stages=1", *per_token_data()]), model=model)
-    with pytest.raises(chain.ConfigError, match=r"named inputs \['positions', 'token_ids'\].*no other input \('positions'\)"):
+    with pytest.raises(
+        chain.ConfigError, match=r"named inputs \['positions', 'token_ids'\].*no other input \('positions'\)"
+    ):
         run.batches()
 
 
 WORDPIECE = ["[PAD]", "[UNK]", "the", "cat", "sat", "on", "mat", "##s", "a", "dog", ".", ","]
-BPE_VOCAB = {"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "Ġ": 4, "ab": 5, "Ġa": 6, "Ġab": 7, "d": 8, ".": 9,
-             "Ċ": 10, "Ġc": 11}
+BPE_VOCAB = {
+    "<|endoftext|>": 0,
+    "a": 1,
+    "b": 2,
+    "c": 3,
+    "Ġ": 4,
+    "ab": 5,
+    "Ġa": 6,
+    "Ġab": 7,
+    "d": 8,
+    ".": 9,
+    "Ċ": 10,
+    "Ġc": 11,
+}
 BPE_MERGES = ["a b", "Ġ a", "Ġa b", "Ġ c"]
-TEXTS = {"wordpiece": ["the cat sat on the mat. the cats sat, a dog sat on a cat.\n" * 3, "a dog. the mats sat.\n" * 4],
-         "bpe": ["ab ab c d. cab dab\nab c\n" * 3, "d c ab. abc\n" * 4]}
+TEXTS = {
+    "wordpiece": ["the cat sat on the mat. the cats sat, a dog sat on a cat.\n" * 3, "a dog. the mats sat.\n" * 4],
+    "bpe": ["ab ab c d. cab dab\nab c\n" * 3, "d c ab. abc\n" * 4],
+}
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
@@ -402,51 +536,84 @@ def test_text_with_a_keras_hub_tokenizer_streams_the_tokenizers_own_ids(tmp_path
     else:
         (tmp_path / "vocab.json").write_text(json.dumps(BPE_VOCAB))
         (tmp_path / "merges.txt").write_text("\n".join(BPE_MERGES) + "\n")
-        tokenizer = keras_hub.tokenizers.BytePairTokenizer(vocabulary=str(tmp_path / "vocab.json"),
-                                                           merges=str(tmp_path / "merges.txt"))
+        tokenizer = keras_hub.tokenizers.BytePairTokenizer(
+            vocabulary=str(tmp_path / "vocab.json"), merges=str(tmp_path / "merges.txt")
+        )
         given = str(tmp_path)  # the folder holding both
     for k, text in enumerate(TEXTS[kind]):
         (tmp_path / f"corpus_{k}.txt").write_text(text)
     ids = np.concatenate([np.asarray(tokenizer(text)) for text in TEXTS[kind]])
     assert len(np.unique(ids)) > 5 and len(ids) > 40
     seq, batch = 4, 2
-    cfg = chain.compose(["+stages=1", "mode=e2e", "data=text", f"data.files={tmp_path / 'corpus_*.txt'}",
-                         f"data.tokenizer={given}", f"data.seq_len={seq}", f"data.batch_size={batch}",
-                         "data.shuffle=false", "data.val_fraction=0", "trainer.progress=false", "checkpoint.export=false"])
+    cfg = chain.compose(
+        [
+            "+stages=1",
+            "mode=e2e",
+            "data=text",
+            f"data.files={tmp_path / 'corpus_*.txt'}",
+            f"data.tokenizer={given}",
+            f"data.seq_len={seq}",
+            f"data.batch_size={batch}",
+            "data.shuffle=false",
+            "data.val_fraction=0",
+            "trainer.progress=false",
+            "checkpoint.export=false",
+        ]
+    )
     vocab = tokenizer.vocabulary_size()
-    model = keras.Sequential([keras.Input((seq,), dtype="int32"), keras.layers.Embedding(vocab, 4),
-                              keras.layers.Dense(vocab)])
+    model = keras.Sequential(
+        [keras.Input((seq,), dtype="int32"), keras.layers.Embedding(vocab, 4), keras.layers.Dense(vocab)]
+    )
     run = chain.build(cfg, model=model)
     assert run.dataset.info.target("next").classes == vocab
     it = iter(run.batches())
     for step in range(3):
         x, ys = next(it)
         starts = [(step * batch + i) * seq for i in range(batch)]
-        np.testing.assert_array_equal(x, np.stack([ids[s:s + seq] for s in starts]))
-        np.testing.assert_array_equal(ys["next"], np.stack([ids[s + 1:s + seq + 1] for s in starts]))
+        np.testing.assert_array_equal(x, np.stack([ids[s : s + seq] for s in starts]))
+        np.testing.assert_array_equal(ys["next"], np.stack([ids[s + 1 : s + seq + 1] for s in starts]))
     assert np.isfinite(run.step(x, ys)["loss"])
 
 
-@pytest.mark.parametrize("files, given, message", [
-    ({"vocab.json": "{}"}, "vocab.json", "is a byte-pair vocabulary, which needs merges.txt beside it"),
-    ({}, "missing.txt", "the file does not exist"),
-    ({"vocab.bin": ""}, "vocab.bin", "is neither a vocab.txt"),
-])
+@pytest.mark.parametrize(
+    "files, given, message",
+    [
+        ({"vocab.json": "{}"}, "vocab.json", "is a byte-pair vocabulary, which needs merges.txt beside it"),
+        ({}, "missing.txt", "the file does not exist"),
+        ({"vocab.bin": ""}, "vocab.bin", "is neither a vocab.txt"),
+    ],
+)
 def test_a_bad_tokenizer_is_one_line_naming_the_key(tmp_path, files, given, message):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     (tmp_path / "corpus.txt").write_text("the cat sat\n" * 20)
     with pytest.raises(chain.ConfigError, match=rf"^data.tokenizer=.*{message}"):
-        chain.prepare(["+stages=1", "mode=e2e", "data=text", f"data.files={tmp_path / 'corpus.txt'}",
-                       f"data.tokenizer={tmp_path / given}", "data.seq_len=4"])
+        chain.prepare(
+            [
+                "+stages=1",
+                "mode=e2e",
+                "data=text",
+                f"data.files={tmp_path / 'corpus.txt'}",
+                f"data.tokenizer={tmp_path / given}",
+                "data.seq_len=4",
+            ]
+        )
+
 
 def gpt2_per_token(static: bool) -> keras.Model:
     """GPT2CausalLM as shipped (its `(batch, seq, vocab)` logits); `static`: called on token ids of a fixed
     length, its padding mask all ones (`ops.ones_like`, an op kept on the first stage), the backbone's own
     graph still open in its length (None) inside."""
     keras.utils.set_random_seed(1)
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
-                                             intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=SEQ,
+        dropout=0.0,
+    )
     lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     if not static:
         return lm
@@ -461,19 +628,43 @@ def test_gpt2_causal_lm_per_token_cut_between_blocks_trains_like_keras(tmp_path,
     length is open (None) take the length the stage before gives, or any. 3 SGD steps equal Keras' own
     `train_on_batch` with the same loss."""
     lm, reference = gpt2_per_token(static), gpt2_per_token(static)
-    steps = [(x["token_ids"] if static else x, np.roll(x["token_ids"], -1, axis=1) * x["padding_mask"])
-             for x, _ in batches(3)]
+    steps = [
+        (x["token_ids"] if static else x, np.roll(x["token_ids"], -1, axis=1) * x["padding_mask"])
+        for x, _ in batches(3)
+    ]
     ids = np.arange(VOCAB * SEQ).reshape(VOCAB, SEQ) % VOCAB  # the data set declares the target: SEQ ids of VOCAB
     np.savez(tmp_path / "ids.npz", x=ids, y=ids)
-    run = chain.build(chain.compose(["+stages=2", "placement.split=[5,3]", "pipeline.schedule=gpipe", "mode=e2e",
-                                     "pipeline.microbatches=4", "data=npz", f"data.path={tmp_path / 'ids.npz'}",
-                                     "data.x=x", "data.y=y", f"data.batch_size={BATCH}", "data.val_fraction=0",
-                                     "ignore_class=0", "trainer.progress=false", "checkpoint.export=false",
-                                     "optim=sgd", "optim.lr=0.1"]), model=lm)
+    run = chain.build(
+        chain.compose(
+            [
+                "+stages=2",
+                "placement.split=[5,3]",
+                "pipeline.schedule=gpipe",
+                "mode=e2e",
+                "pipeline.microbatches=4",
+                "data=npz",
+                f"data.path={tmp_path / 'ids.npz'}",
+                "data.x=x",
+                "data.y=y",
+                f"data.batch_size={BATCH}",
+                "data.val_fraction=0",
+                "ignore_class=0",
+                "trainer.progress=false",
+                "checkpoint.export=false",
+                "optim=sgd",
+                "optim.lr=0.1",
+            ]
+        ),
+        model=lm,
+    )
     assert "transformer_layer_1" in [layer.name for layer in run.stages[1].model.layers]
     assert run.stages[-1].model.output_shape == (None, SEQ if static else None, VOCAB)
-    reference.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False, weighted_metrics=[],  # the loss alone
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0))
+    reference.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        jit_compile=False,
+        weighted_metrics=[],  # the loss alone
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+    )
     start = {v.path: v.numpy() for v in reference.trainable_variables}
     assert_trained_like_keras(run, reference, steps, start)
     want = {v.path: v.numpy() for v in reference.trainable_variables}
@@ -484,8 +675,15 @@ def esm2_classifier() -> keras.Model:
     """ESM2Backbone as shipped (its one input a dict of one key, `{"token_ids"}`: the padding is id 0) with a
     classifier head on its first position."""
     keras.utils.set_random_seed(5)
-    backbone = keras_hub.models.ESM2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=8,
-                                             intermediate_dim=16, max_sequence_length=SEQ, dropout=0.0)
+    backbone = keras_hub.models.ESM2Backbone(
+        vocabulary_size=VOCAB,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=SEQ,
+        dropout=0.0,
+    )
     first = backbone(backbone.input)[:, 0, :]
     return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(first), name="esm2_classifier")
 
@@ -518,8 +716,10 @@ def test_gpt2_causal_lm_is_planned_by_plan_auto_and_trains_bit_for_bit_like_its_
     auto = chain.build(chain.compose([*base, "placement.plan=auto"]), str(tmp_path), model=gpt2_lm())
     plan = auto.auto_plan
     table = plan_table.render(plan)
-    assert table.startswith("placement.plan=auto: the best") and "chosen: " + " ".join(
-        plan.chosen.candidate.overrides()) in table
+    assert (
+        table.startswith("placement.plan=auto: the best")
+        and "chosen: " + " ".join(plan.chosen.candidate.overrides()) in table
+    )
     hand = chain.build(chain.compose([*base, *plan.chosen.candidate.overrides()]), model=gpt2_lm())
     for x, y in token_batches(2):
         assert auto.step(x, {"next": y})["loss"] == hand.step(x, {"next": y})["loss"]
@@ -537,8 +737,14 @@ def shipped(seed: int, backbone: type, task: type, **config) -> keras.Model:
 def tiny(backbone: type, **config) -> keras.Model:
     """`backbone` from a tiny config (random weights, the caller's seed): `config` over 1 block of width 8; a key
     `config` gives as None is left out (a backbone without it: Falcon's `num_heads`)."""
-    small = {"vocabulary_size": VOCAB, "num_layers": 1, "num_heads": 2, "hidden_dim": 8, "intermediate_dim": 16,
-             "dropout": 0.0}
+    small = {
+        "vocabulary_size": VOCAB,
+        "num_layers": 1,
+        "num_heads": 2,
+        "hidden_dim": 8,
+        "intermediate_dim": 16,
+        "dropout": 0.0,
+    }
     return backbone(**{k: v for k, v in {**small, **config}.items() if v is not None})
 
 
@@ -563,9 +769,18 @@ def albert_classifier() -> keras.Model:
     """AlbertBackbone as designed (`num_groups=1`, `num_inner_repetitions=1`: one block called at every depth,
     3 here) with a classifier head on its pooled output."""
     keras.utils.set_random_seed(8)
-    backbone = keras_hub.models.AlbertBackbone(vocabulary_size=VOCAB, num_layers=3, num_heads=2, embedding_dim=4,
-                                               hidden_dim=8, intermediate_dim=16, num_groups=1,
-                                               num_inner_repetitions=1, max_sequence_length=SEQ, dropout=0.0)
+    backbone = keras_hub.models.AlbertBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=3,
+        num_heads=2,
+        embedding_dim=4,
+        hidden_dim=8,
+        intermediate_dim=16,
+        num_groups=1,
+        num_inner_repetitions=1,
+        max_sequence_length=SEQ,
+        dropout=0.0,
+    )
     pooled = backbone(backbone.input)["pooled_output"]
     return keras.Model(backbone.input, keras.layers.Dense(VOCAB, name="head")(pooled), name="albert_classifier")
 
@@ -575,8 +790,12 @@ def seq2seq_batches(n: int):
     rng = np.random.default_rng(1)
     out = []
     for (enc, y), (dec, _) in zip(batches(n), batches(n + 1)[1:]):
-        x = {"encoder_token_ids": enc["token_ids"], "encoder_padding_mask": enc["padding_mask"],
-             "decoder_token_ids": dec["token_ids"], "decoder_padding_mask": dec["padding_mask"]}
+        x = {
+            "encoder_token_ids": enc["token_ids"],
+            "encoder_padding_mask": enc["padding_mask"],
+            "decoder_token_ids": dec["token_ids"],
+            "decoder_padding_mask": dec["padding_mask"],
+        }
         out.append((x, rng.integers(0, VOCAB, BATCH).astype("int32")))
     return out
 
@@ -587,12 +806,22 @@ SHARED = {
     # the read-out (stage 1) calls the token embedding inside stage 0's embedding layer
     "opt": (next_token(opt_lm), batches(3), [2, 3], "transformer_layer_1", "embeddings/token_embedding/embeddings"),
     # both embedding calls on stage 0 (the decoder's right after the encoder's), the read-out's on stage 1
-    "bart": (next_token(bart_lm), seq2seq_batches(3), [10, 3], "transformer_encoder_layer_0",
-             "token_embedding/embeddings"),
+    "bart": (
+        next_token(bart_lm),
+        seq2seq_batches(3),
+        [10, 3],
+        "transformer_encoder_layer_0",
+        "token_embedding/embeddings",
+    ),
     "t5": (next_token(t5_lm), seq2seq_batches(3), [7, 4], "transformer_decoder_layer_0", "token_embedding/embeddings"),
     # the block's first call on stage 0, its second and third on stage 1
-    "albert": (albert_classifier, batches(3, segments=True), [8, 4], "group_0_inner_layer_0",
-               "group_0_inner_layer_0/feedforward_output_dense/kernel"),
+    "albert": (
+        albert_classifier,
+        batches(3, segments=True),
+        [8, 4],
+        "group_0_inner_layer_0",
+        "group_0_inner_layer_0/feedforward_output_dense/kernel",
+    ),
 }
 
 
@@ -610,9 +839,15 @@ def test_a_layer_called_again_or_inside_another_is_one_weight_and_trains_like_ke
 
     make, data, split, begins, tied = SHARED[name]
     one = ["placement.devices=[/CPU:0,/CPU:0]"] if devices == "one" else []
-    run = predicts_and_trains_like_keras(make, data, 2, "gpipe", [f"placement.split={split}", *one,
-                                                                  "pipeline.microbatches=1"],
-                                         tied=tied, numbered="t5_layer_norm")
+    run = predicts_and_trains_like_keras(
+        make,
+        data,
+        2,
+        "gpipe",
+        [f"placement.split={split}", *one, "pipeline.microbatches=1"],
+        tied=tied,
+        numbered="t5_layer_norm",
+    )
     first, last = run.stages
     assert [x for x in last.model.layers if not isinstance(x, keras.layers.InputLayer)][0].name.startswith(begins)
     if devices == "one":
@@ -622,7 +857,8 @@ def test_a_layer_called_again_or_inside_another_is_one_weight_and_trains_like_ke
         assert tied in groups(run.stages)  # a copy on each stage: the later one's value is the first's
     whole = uncut(run.stages)  # the stages' weights (the reference's, as compared above), each once (a second
     shared = {c.name for s in run.stages for c in s.shared}  # variable of a path would be `path#1`)
-    assert set(paths(whole.trainable_variables, "t5_layer_norm")) == \
-        set(paths([v for s in run.stages for v in s.trainable_variables], "t5_layer_norm", shared))
+    assert set(paths(whole.trainable_variables, "t5_layer_norm")) == set(
+        paths([v for s in run.stages for v in s.trainable_variables], "t5_layer_norm", shared)
+    )
     x = data[0][0]
     np.testing.assert_allclose(whole(x), run.forward(x)["body_1"], rtol=0, atol=1e-6)

@@ -35,6 +35,13 @@ def test_keras_hub_zoo_model_cut_into_stages_predicts_and_trains_like_keras(name
     species = ZOO[name]
     schedule, microbatches = SCHEDULES[stages]
     cut = between_blocks(species.make, stages, species.blocks) if species.blocks else []
-    predicts_and_trains_like_keras(species.make, species.data(3), stages, schedule,
-                                   [*cut, f"pipeline.microbatches={microbatches}"], tied=species.moved,
-                                   numbered=species.numbered, base=species.base() if species.base else None)
+    predicts_and_trains_like_keras(
+        species.make,
+        species.data(3),
+        stages,
+        schedule,
+        [*cut, f"pipeline.microbatches={microbatches}"],
+        tied=species.moved,
+        numbered=species.numbered,
+        base=species.base() if species.base else None,
+    )

@@ -19,11 +19,24 @@ def act(text: str) -> Action:
 
 def measured(schedule, times) -> Measured:
     """One complete step of `schedule` whose actions ran at `times` ({Action: (start_ms, end_ms)})."""
-    acts = sorted((MeasuredAction(a.stage, a.microbatch, a.kind, lo, hi, 0.0, 1) for a, (lo, hi) in times.items()),
-                  key=lambda a: (a.stage, a.start_ms))
+    acts = sorted(
+        (MeasuredAction(a.stage, a.microbatch, a.kind, lo, hi, 0.0, 1) for a, (lo, hi) in times.items()),
+        key=lambda a: (a.stage, a.start_ms),
+    )
     step = MeasuredStep(1, 0.0, max(hi for _, hi in times.values()), True, acts, [])
-    return Measured(schedule.name, schedule.stages, schedule.microbatches, 1, [f"/d:{k}" for k in range(schedule.stages)],
-                    [step], 0.0, 0.0, [], None, None)
+    return Measured(
+        schedule.name,
+        schedule.stages,
+        schedule.microbatches,
+        1,
+        [f"/d:{k}" for k in range(schedule.stages)],
+        [step],
+        0.0,
+        0.0,
+        [],
+        None,
+        None,
+    )
 
 
 def asap(schedule, duration, jitter=lambda: 0.0):
@@ -33,7 +46,9 @@ def asap(schedule, duration, jitter=lambda: 0.0):
     for a in schedules.simulate(schedule).order():
         p = timeline.producer(a, schedule.stages)
         lo, hi = last.get(a.stage, (-1.0, 0.0))
-        start = max(lo + 0.001, max(hi, times[p][1] if p in times else 0.0) + jitter())  # after its row's previous start
+        start = max(
+            lo + 0.001, max(hi, times[p][1] if p in times else 0.0) + jitter()
+        )  # after its row's previous start
         times[a] = last[a.stage] = (start, start + duration(a))
     return times
 
@@ -41,7 +56,7 @@ def asap(schedule, duration, jitter=lambda: 0.0):
 def measured_rows(m, schedule) -> list[list[str]]:
     """The cells of the measured grid's rows, as the log prints them."""
     lines = measured_grid.render(m, schedule, m.devices).splitlines()
-    return [line.split()[3:] for line in lines[1:1 + schedule.stages]]  # after `stage k  /d:k`
+    return [line.split()[3:] for line in lines[1 : 1 + schedule.stages]]  # after `stage k  /d:k`
 
 
 def test_short_actions_among_long_ones_each_have_their_own_cell():
@@ -60,11 +75,24 @@ def test_an_empty_cell_is_idle_only_where_its_device_waited():
     """Stage 1's long F0 spans a tick of stage 0's forwards: `-`, still running; stage 0 waits for
     the backwards' gradient: `.`."""
     s = schedules.build("gpipe", 2, 3)
-    times = {act("s0 F0"): (0, 1), act("s0 F1"): (1, 2), act("s0 F2"): (2, 3), act("s1 F0"): (1, 4),
-             act("s1 F1"): (4, 5), act("s1 F2"): (5, 6), act("s1 B0"): (6, 7), act("s1 B1"): (7, 8),
-             act("s1 B2"): (8, 9), act("s0 B0"): (7, 8), act("s0 B1"): (8, 9), act("s0 B2"): (9, 10)}
-    assert measured_rows(measured(s, times), s) == ["F0 F1 F2 .  .  .  B0 B1 B2".split(),
-                                                    ".  F0 -  F1 F2 B0 B1 B2 .".split()]
+    times = {
+        act("s0 F0"): (0, 1),
+        act("s0 F1"): (1, 2),
+        act("s0 F2"): (2, 3),
+        act("s1 F0"): (1, 4),
+        act("s1 F1"): (4, 5),
+        act("s1 F2"): (5, 6),
+        act("s1 B0"): (6, 7),
+        act("s1 B1"): (7, 8),
+        act("s1 B2"): (8, 9),
+        act("s0 B0"): (7, 8),
+        act("s0 B1"): (8, 9),
+        act("s0 B2"): (9, 10),
+    }
+    assert measured_rows(measured(s, times), s) == [
+        "F0 F1 F2 .  .  .  B0 B1 B2".split(),
+        ".  F0 -  F1 F2 B0 B1 B2 .".split(),
+    ]
 
 
 def test_a_pause_too_short_to_measure_is_no_wait():
@@ -72,8 +100,12 @@ def test_a_pause_too_short_to_measure_is_no_wait():
     actions take half a millisecond); a pause of 0.1 ms is idle."""
     s = schedules.build("gpipe", 2, 3)
     for pause, running in [(0.003, True), (0.1, False)]:
-        times = {act("s1 F0"): (2.0, 3.0), act("s0 F1"): (3.0005, 3.002), act("s0 F2"): (3.002, 3.5),
-                 act("s1 F1"): (3.0 + pause, 3.6)}
+        times = {
+            act("s1 F0"): (2.0, 3.0),
+            act("s0 F1"): (3.0005, 3.002),
+            act("s0 F2"): (3.002, 3.5),
+            act("s1 F1"): (3.0 + pause, 3.6),
+        }
         m = measured(s, times)
         laid = measured_grid.grid(m, m.steps[0])
         assert laid.cells[1] == (act("s1 F0"), None, act("s1 F1")) and laid.running[1][1] == running, pause

@@ -77,10 +77,25 @@ def test_zb1_adds_each_ws_weight_gradients_to_the_sums_before_its_next_action(tm
 
     import chain
 
-    run = chain.build(chain.compose(["+stages=2", "mode=e2e", "pipeline.schedule=zb1", "pipeline.microbatches=4",
-                                     "model=mlp", "model.width=64", "model.depth=2", "optim=sgd", "data=synthetic",
-                                     "data.features=16", "data.batch_size=64", "data.samples=256",
-                                     "trainer.progress=false"]))
+    run = chain.build(
+        chain.compose(
+            [
+                "+stages=2",
+                "mode=e2e",
+                "pipeline.schedule=zb1",
+                "pipeline.microbatches=4",
+                "model=mlp",
+                "model.width=64",
+                "model.depth=2",
+                "optim=sgd",
+                "data=synthetic",
+                "data.features=16",
+                "data.batch_size=64",
+                "data.samples=256",
+                "trainer.progress=false",
+            ]
+        )
+    )
     it = iter(run.batches())
     run.step(*next(it))
     tf.profiler.experimental.start(str(tmp_path))

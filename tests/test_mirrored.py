@@ -21,7 +21,9 @@ RTOL = 1e-5
 def build_pair(*overrides):
     """(mirrored run over CPU:0-1, the same chain pipelined on CPU:2), same initial weights."""
     mirrored = chain.build(chain.compose([*TINY, "placement.fallback=mirrored", *overrides]))
-    single = chain.build(chain.compose([*TINY, f"placement.devices=[{DEVICES[2]},{DEVICES[2]},{DEVICES[2]}]", *overrides]))
+    single = chain.build(
+        chain.compose([*TINY, f"placement.devices=[{DEVICES[2]},{DEVICES[2]},{DEVICES[2]}]", *overrides])
+    )
     assert_same_start(mirrored, single)
     return mirrored, single
 
@@ -42,13 +44,17 @@ def test_mirrored_run_holds_every_stage_on_every_replica():
         assert s.variable_devices() == DEVICES[:2]
 
 
-@pytest.mark.parametrize("overrides", [
-    ["optim=adam"],
-    ["optim=sgd"],
-    # e2e: the reference is the pipelined chain with 4 microbatches (the same update as
-    # the full batch); the mirrored run ignores microbatches.
-    ["mode=e2e", "pipeline.microbatches=4"],
-], ids=["local-adam", "local-sgd", "e2e-adam"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optim=adam"],
+        ["optim=sgd"],
+        # e2e: the reference is the pipelined chain with 4 microbatches (the same update as
+        # the full batch); the mirrored run ignores microbatches.
+        ["mode=e2e", "pipeline.microbatches=4"],
+    ],
+    ids=["local-adam", "local-sgd", "e2e-adam"],
+)
 def test_mirrored_steps_equal_single_device_training_on_the_same_global_batches(overrides):
     mirrored, single = build_pair(*overrides)
     assert_trains_alike(mirrored, single, same_batches(single, 6), RTOL, moved=100)

@@ -25,11 +25,25 @@ from compare import assert_values_alike
 from conftest import read_summary, run_cli, stage_values
 from servers import FakeServer
 
-TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false",
-        "placement.fallback=mirrored", "trainer.steps=5"]
+TINY = [
+    "+stages=2",
+    "model.width=16",
+    "data.batch_size=32",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "placement.fallback=mirrored",
+    "trainer.steps=5",
+]
 # mode=local reads streamed TFRecord files (data.stream=true): each host only its own replica's files
-STREAM = ["data=tfrecord", "data.y=y", "data.stream=true", "data.classes={label: 2}", "data.shuffle_buffer=24",
-          "data.features={x: 'float32[8]', y: int64}", "data.val_fraction=0.2"]
+STREAM = [
+    "data=tfrecord",
+    "data.y=y",
+    "data.stream=true",
+    "data.classes={label: 2}",
+    "data.shuffle_buffer=24",
+    "data.features={x: 'float32[8]', y: int64}",
+    "data.val_fraction=0.2",
+]
 MODES = {"e2e": ["mode=e2e"], "local-stream": ["mode=local", *STREAM]}
 
 
@@ -48,8 +62,9 @@ def stream_files(root) -> list[list[str]]:
     from test_streaming import write_shards
 
     write_shards(root / "files", shards=5, per=40, width=8)
-    bad = tf.train.Example(features=tf.train.Features(feature={
-        "x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5] * 8))})).SerializeToString()
+    bad = tf.train.Example(
+        features=tf.train.Features(feature={"x": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5] * 8))})
+    ).SerializeToString()
     for w in range(2):
         shutil.copytree(root / "files", root / f"files{w}")
         for j in range(4):  # replica j % 2 reads training file j (one replica per worker here)
@@ -67,9 +82,17 @@ def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path,
     addresses = free_addresses(2)
     files = stream_files(tmp_path) if "data.stream=true" in MODES[mode] else [[], [], []]
     args = [sys.executable, "-m", "chain", *TINY, *MODES[mode]]
-    procs = [subprocess.Popen([*args, *files[i], f"hydra.run.dir={tmp_path / f'w{i}'}"], cwd=tmp_path, text=True,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=tf_config(addresses, i)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [*args, *files[i], f"hydra.run.dir={tmp_path / f'w{i}'}"],
+            cwd=tmp_path,
+            text=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=tf_config(addresses, i)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
     try:
         outs = [p.communicate(timeout=240) for p in procs]
     finally:
@@ -96,12 +119,28 @@ def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path,
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
 def test_a_lost_host_stops_the_other_with_one_line(tmp_path, how):
     addresses = free_addresses(2)
-    args = [sys.executable, "-m", "chain", *TINY[:-1], "mode=local", "trainer.steps=100000", "checkpoint.every=0",
-            "cluster.lost_after_s=3"]
+    args = [
+        sys.executable,
+        "-m",
+        "chain",
+        *TINY[:-1],
+        "mode=local",
+        "trainer.steps=100000",
+        "checkpoint.every=0",
+        "cluster.lost_after_s=3",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user runs it
-    procs = [subprocess.Popen([*args, f"hydra.run.dir={tmp_path / f'w{i}'}"], cwd=tmp_path, text=True,
-                              env=dict(env, TF_CONFIG=tf_config(addresses, i), CHAIN_TEST_ANNOUNCE="1"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [*args, f"hydra.run.dir={tmp_path / f'w{i}'}"],
+            cwd=tmp_path,
+            text=True,
+            env=dict(env, TF_CONFIG=tf_config(addresses, i), CHAIN_TEST_ANNOUNCE="1"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
     try:
         for line in procs[0].stderr:
             if "test-hook: step 3 done" in line:

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "python-api.md")
 
 # What the page's script leaves behind, checked in its own process after its last line.
-AFTER_THE_PAGE = '''
+AFTER_THE_PAGE = """
 import json, os
 assert [s.device for s in run.stages] == [f"/device:CPU:{k}" for k in range(4)], run.stages
 assert abs(run.timeline().bubble_fraction - 3 / 11) < 1e-12
@@ -39,12 +39,12 @@ except chain.DeviceError as e:
     print("REFUSED", e)
 else:
     raise AssertionError("a device placement.devices names, which does not exist, was replaced")
-'''
+"""
 
 # A notebook without chain.setup: a Keras model made first (TensorFlow's runtime starts with /device:CPU:0 alone),
 # then a 2-stage pipeline of it trained; its start and end weights saved for this process to compare; then a build
 # naming a second device, whose one-line error ends the script.
-NO_SETUP = '''
+NO_SETUP = """
 import keras, numpy as np
 import chain
 keras.utils.set_random_seed(0)
@@ -56,12 +56,21 @@ assert [s.device for s in run.stages] == ["/device:CPU:0"] * 2, run.stages
 run.fit()
 np.savez("end.npz", *[v.numpy() for s in run.stages for v in s.trainable_variables])
 chain.build(chain.compose(["+stages=2", "placement.devices=[/CPU:0,/CPU:1]"]))
-'''
-NO_SETUP_ARGS = ["+stages=2", "mode=e2e", "pipeline.microbatches=2", "data.batch_size=16", "trainer.steps=3",
-                 "trainer.progress=false", "checkpoint.export=false"]
-SHARED_NOTE = ("note: TensorFlow's runtime had started before chain could split the CPU into 2 logical devices (a model or "
-               "tensor made first, or an earlier build): the 2 stages share /device:CPU:0 instead; chain.setup(cfg) first "
-               "would have made them, and on a CPU they split nothing: logical CPU devices share one thread pool")
+"""
+NO_SETUP_ARGS = [
+    "+stages=2",
+    "mode=e2e",
+    "pipeline.microbatches=2",
+    "data.batch_size=16",
+    "trainer.steps=3",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
+SHARED_NOTE = (
+    "note: TensorFlow's runtime had started before chain could split the CPU into 2 logical devices (a model or "
+    "tensor made first, or an earlier build): the 2 stages share /device:CPU:0 instead; chain.setup(cfg) first "
+    "would have made them, and on a CPU they split nothing: logical CPU devices share one thread pool"
+)
 
 
 def python_blocks(path: str) -> str:
@@ -85,11 +94,14 @@ def test_the_python_api_page_runs_top_to_bottom_a_keras_model_made_first_trains(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED ")]
-    assert refused == ["REFUSED placement.devices[4]='/CPU:4' does not exist; available: "
-                       + ", ".join(f"/device:CPU:{k}" for k in range(4)) + f"; {TOO_LATE}"]
+    assert refused == [
+        "REFUSED placement.devices[4]='/CPU:4' does not exist; available: "
+        + ", ".join(f"/device:CPU:{k}" for k in range(4))
+        + f"; {TOO_LATE}"
+    ]
     # The page shows that line as it is.
     with open(PAGE) as f:
-        assert "chain.errors.DeviceError: " + refused[0][len("REFUSED "):] in f.read()
+        assert "chain.errors.DeviceError: " + refused[0][len("REFUSED ") :] in f.read()
 
 
 def test_a_model_made_before_any_setup_trains_its_stages_on_the_one_cpu_device_like_a_setup_run(tmp_path):
@@ -109,15 +121,23 @@ def test_a_model_made_before_any_setup_trains_its_stages_on_the_one_cpu_device_l
     with open(PAGE) as f:  # the page shows that note as it is
         assert SHARED_NOTE in f.read().splitlines()
     lines = done.stderr.strip().splitlines()
-    assert lines[-1] == ("chain.errors.DeviceError: placement.devices[1]='/CPU:1' does not exist; available: "
-                         f"/device:CPU:0; {TOO_LATE}")
+    assert lines[-1] == (
+        f"chain.errors.DeviceError: placement.devices[1]='/CPU:1' does not exist; available: /device:CPU:0; {TOO_LATE}"
+    )
     frames = re.findall(r'^  File "([^"]+)"', done.stderr, re.M)  # the zygote's and runpy's frames, then these
     assert frames[-2:] == [str(tmp_path / "notebook.py"), os.path.join(ROOT, "chain", "__init__.py")], frames
 
     cfg = chain.compose(NO_SETUP_ARGS)
     chain.setup(cfg)  # (this session's devices are split already, conftest.py: the setup keeps them)
-    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
-                              keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
     with np.load(tmp_path / "start.npz") as start:
         model.set_weights([start[f"arr_{k}"] for k in range(len(start.files))])
     run = chain.build(cfg, model=model)

@@ -24,15 +24,29 @@ STEPS = 5
 LR = 0.1
 K = 3
 # A 3-stage MLP chain, small enough to trace nine times: 6 -> 8 -> 8 -> 8 -> read-out.
-BASE = ["+stages=3", "mode=e2e", "model.depth=1", "model.width=8", "optim=sgd", f"optim.lr={LR}",
-        "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16"]
+BASE = [
+    "+stages=3",
+    "mode=e2e",
+    "model.depth=1",
+    "model.width=8",
+    "optim=sgd",
+    f"optim.lr={LR}",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+]
 LOSSES = {  # name -> (overrides, Keras' own loss on (y, output of the last stage))
     "crossentropy": ([], lambda y, out: keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, out)),
     "mse_value": (["loss=mse", "stage.target=value"], lambda y, out: keras.losses.MeanSquaredError()(y, out[:, 0])),
     "mse_onehot": (["loss=mse"], lambda y, out: keras.losses.MeanSquaredError()(tf.one_hot(y, 4), out)),
 }
-CASES = [(name, m, "crossentropy") for name in ("sequential", "gpipe", "1f1b") for m in (1, 2, 4)] + [
-    ("zb1", m, "crossentropy") for m in (2, 4, 8)] + [("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
+CASES = (
+    [(name, m, "crossentropy") for name in ("sequential", "gpipe", "1f1b") for m in (1, 2, 4)]
+    + [("zb1", m, "crossentropy") for m in (2, 4, 8)]
+    + [("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
+)
 
 
 def keras_reference(run, initial: list[list[np.ndarray]], loss):
@@ -83,8 +97,9 @@ def train_case(schedule: str, m: int, loss: str) -> dict:
         x, ys = next(it)
         chain_losses.append(run.step(x, ys)["loss"])
         ref_losses.append(float(ref_step(x, ys[target])))
-    return dict(run=run, initial=initial, layers=layers, chain_losses=chain_losses, ref_losses=ref_losses,
-                batch=(x, ys))
+    return dict(
+        run=run, initial=initial, layers=layers, chain_losses=chain_losses, ref_losses=ref_losses, batch=(x, ys)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +144,8 @@ def stage_of(op_name: str) -> int | None:
     head = op_name.removeprefix("gradient_tape/").split("/")[0]
     if head.startswith("optim_") and head[6:8].isdigit():
         return int(head[6:8])
-    if head.startswith("s") and "_" in head and head[1:head.index("_")].isdigit():
-        return int(head[1:head.index("_")])
+    if head.startswith("s") and "_" in head and head[1 : head.index("_")].isdigit():
+        return int(head[1 : head.index("_")])
     return None
 
 
@@ -148,8 +163,11 @@ def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossin
         backward = [op for op in mine if a.name(op).startswith(f"gradient_tape/s{k}_F") and op.type == "MatMul"]
         # The numerics guard puts each update inside a `tf.cond` branch, which the audit walks.
         # (Keras' update assigns; a fused one, optim.fused, is one ResourceApply* op per variable.)
-        updates = [op for op in mine if a.name(op).startswith(f"optim_{k:02d}/")
-                   and op.type.startswith(("Assign", "ResourceApply"))]
+        updates = [
+            op
+            for op in mine
+            if a.name(op).startswith(f"optim_{k:02d}/") and op.type.startswith(("Assign", "ResourceApply"))
+        ]
         assert len(forward) == m * len(run.stages[k].model.layers)  # one MatMul per Dense per microbatch
         assert backward and updates
         assert {a.device[op] for op in mine} == {device}, k
@@ -162,9 +180,11 @@ def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossin
     crossings = [(c, p) for c, p in crossings if c not in reports]
     assert len(crossings) == 2 * (K - 1) * m
     names = sorted(op.name.split("/")[-1] for op in a.copies() if op not in reports)
-    expected = sorted([f"copy_to_{pipeline.activation_copy(k, mb)}" for k in range(1, K) for mb in range(m)]
-                      + [f"copy_to_{pipeline.gradient_copy(k, mb)}" for k in range(K - 1) for mb in range(m)]
-                      + ["copy_to_input", "copy_to_labels"])
+    expected = sorted(
+        [f"copy_to_{pipeline.activation_copy(k, mb)}" for k in range(1, K) for mb in range(m)]
+        + [f"copy_to_{pipeline.gradient_copy(k, mb)}" for k in range(K - 1) for mb in range(m)]
+        + ["copy_to_input", "copy_to_labels"]
+    )
     assert names == expected
     for consumer, producer in crossings:  # activations go k -> k+1, gradients k+1 -> k
         src, dst = devices.index(a.device[producer]), devices.index(a.device[consumer])
@@ -235,8 +255,16 @@ def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_
             assert canonical(release.device) == "/device:CPU:0"  # the host
             assert {op.name for op in action_ops(ops, before)} <= ancestors[release.name]
             # The next action (after the last one: the update, constants and captures aside) waits for it.
-            nxt = action_ops(ops, after) if after else [op for op in ops if op.name.startswith(
-                pipeline.update_scope(before.stage) + "/") and op.type not in ("Const", "Placeholder")]
+            nxt = (
+                action_ops(ops, after)
+                if after
+                else [
+                    op
+                    for op in ops
+                    if op.name.startswith(pipeline.update_scope(before.stage) + "/")
+                    and op.type not in ("Const", "Placeholder")
+                ]
+            )
             assert nxt and all(release.name in ancestors[op.name] for op in nxt), (before, after)
 
 
@@ -282,8 +310,11 @@ def test_every_op_of_the_step_is_read_back_as_the_action_that_made_it(trained):
 def test_step_refuses_a_batch_the_microbatches_do_not_divide(trained):
     t = trained("gpipe", 4, "crossentropy")
     run, (x, ys) = t["run"], t["batch"]
-    with pytest.raises(ValueError, match=r"a batch of 14 examples does not cut into pipeline.microbatches=4 "
-                                         r"equal microbatches; pass x and y with a multiple of 4 examples"):
+    with pytest.raises(
+        ValueError,
+        match=r"a batch of 14 examples does not cut into pipeline.microbatches=4 "
+        r"equal microbatches; pass x and y with a multiple of 4 examples",
+    ):
         run.step(x[:14], {k: v[:14] for k, v in ys.items()})
 
 
@@ -304,8 +335,12 @@ def test_microbatches_that_do_not_divide_the_batch_size_are_a_config_error(overr
 
 
 def test_fit_writes_the_pipeline_summary(tmp_path):
-    run = chain.build(chain.compose(BASE + ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.steps=3",
-                                            "trainer.progress=false"]), run_dir=str(tmp_path))
+    run = chain.build(
+        chain.compose(
+            BASE + ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.steps=3", "trainer.progress=false"]
+        ),
+        run_dir=str(tmp_path),
+    )
     summary = run.fit()
     with open(os.path.join(tmp_path, "summary.json")) as f:
         assert json.load(f) == summary
@@ -346,19 +381,30 @@ def test_a_bare_label_array_is_the_chains_target():
 
 
 @pytest.mark.parametrize("schedule", schedules.NAMES)  # every built-in schedule
-def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_schedule(trained, schedule, tmp_path,
-                                                                                          capsys):
+def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_schedule(
+    trained, schedule, tmp_path, capsys
+):
     from chain.__main__ import show_plan
 
     base = BASES.get(schedule, BASE)
     path = tmp_path / f"{schedule}.csv"
-    show_plan(chain.prepare(base + [f"pipeline.schedule={schedule}", "pipeline.microbatches=2", "plan_only=true",
-                                    f"pipeline.schedule_out={path}"]))
+    show_plan(
+        chain.prepare(
+            base
+            + [
+                f"pipeline.schedule={schedule}",
+                "pipeline.microbatches=2",
+                "plan_only=true",
+                f"pipeline.schedule_out={path}",
+            ]
+        )
+    )
     assert f"schedule written to {path}" in capsys.readouterr().out
     t = trained(schedule, 2, "crossentropy")
     base = [o for o in base if not o.startswith("pipeline.virtual_stages")]  # a file's rows place the stages
-    run = chain.build(chain.compose(base + ["pipeline.schedule=file", f"pipeline.schedule_file={path}",
-                                            "pipeline.microbatches=2"]))
+    run = chain.build(
+        chain.compose(base + ["pipeline.schedule=file", f"pipeline.schedule_file={path}", "pipeline.microbatches=2"])
+    )
     assert run.schedule.name == "file" and run.schedule.actions == t["run"].schedule.actions
     if schedule in BASES:  # the planner's note names the setting the run has, and the schedule's placement
         rule = "stage k on device k mod 2" if schedule == "interleaved" else "stage k and stage 3-k on device k"
@@ -378,8 +424,11 @@ def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_s
 def matmuls_by_kind(ops) -> dict[str, int]:
     """How many live MatMul ops each kind of action (F, B, W) of a traced step runs."""
     alive = live_ops(ops[0].graph)
-    kinds = [schedules.Action.parse(op.name).kind for op in ops
-             if op.type == "MatMul" and op.name in alive and schedules.Action.parse(op.name) is not None]
+    kinds = [
+        schedules.Action.parse(op.name).kind
+        for op in ops
+        if op.type == "MatMul" and op.name in alive and schedules.Action.parse(op.name) is not None
+    ]
     return {kind: kinds.count(kind) for kind in "FBW"}
 
 
@@ -436,35 +485,65 @@ def test_zbv_trains_like_one_keras_model_on_one_device(trained, m):
                 assert mine and all(f"{before.scope()}/done" in ancestors[op.name] for op in mine), (before, after)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["+stages=3"], "pipeline.schedule=zbv runs two stages on each device (stage k and stage 2D-1-k on device k), so "
-                    "the chain needs an even number of stages, not 3; use 2 or 4 stages, or another schedule"),
-    (["pipeline.virtual_stages=2"], "pipeline.virtual_stages=2 is interleaved's setting; pipeline.schedule=zbv always "
-                                    "runs two stages on each device: set pipeline.virtual_stages=1"),
-    (["placement.devices=[/CPU:0,/CPU:1,/CPU:0,/CPU:1]"],
-     "placement.devices[2]=/CPU:0: pipeline.schedule=zbv runs stage k and stage 3-k on device k, so stage 2 belongs "
-     "on placement.devices[1]=/CPU:1"),
-    (["placement.devices=[/CPU:0,/CPU:0,/CPU:0,/CPU:0]"],
-     "placement.devices: pipeline.schedule=zbv needs 2 different devices for stages 0, 1"),
-    (["pipeline.recompute=always"], "pipeline.recompute=always is not available with a split backward "
-                                    "(pipeline.schedule=zbv runs B and W apart"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["+stages=3"],
+            "pipeline.schedule=zbv runs two stages on each device (stage k and stage 2D-1-k on device k), so "
+            "the chain needs an even number of stages, not 3; use 2 or 4 stages, or another schedule",
+        ),
+        (
+            ["pipeline.virtual_stages=2"],
+            "pipeline.virtual_stages=2 is interleaved's setting; pipeline.schedule=zbv always "
+            "runs two stages on each device: set pipeline.virtual_stages=1",
+        ),
+        (
+            ["placement.devices=[/CPU:0,/CPU:1,/CPU:0,/CPU:1]"],
+            "placement.devices[2]=/CPU:0: pipeline.schedule=zbv runs stage k and stage 3-k on device k, so stage 2 belongs "
+            "on placement.devices[1]=/CPU:1",
+        ),
+        (
+            ["placement.devices=[/CPU:0,/CPU:0,/CPU:0,/CPU:0]"],
+            "placement.devices: pipeline.schedule=zbv needs 2 different devices for stages 0, 1",
+        ),
+        (
+            ["pipeline.recompute=always"],
+            "pipeline.recompute=always is not available with a split backward "
+            "(pipeline.schedule=zbv runs B and W apart",
+        ),
+    ],
+)
 def test_zbv_settings_that_cannot_work_are_one_config_error(overrides, message):
     with pytest.raises(chain.ConfigError) as e:
         chain.compose(ZBV + ["pipeline.schedule=zbv", "pipeline.microbatches=4"] + overrides)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["pipeline.microbatches=1"], "pipeline.microbatches=1 is not a multiple of the 2 devices of pipeline.schedule="
-                                  "interleaved (4 stages / pipeline.virtual_stages=2); use pipeline.microbatches=2 (or a multiple)"),
-    (["data.batch_size=24", "pipeline.microbatches=3"], "use pipeline.microbatches=2 or 4"),
-    (["pipeline.virtual_stages=3", "pipeline.microbatches=2"], "pipeline.virtual_stages=3 does not divide the 4 stages"),
-    (["pipeline.schedule=1f1b"], "pipeline.virtual_stages=2 puts several stages on each device, which only "
-                                 "pipeline.schedule=interleaved runs (is 1f1b)"),
-    (["pipeline.microbatches=2", "placement.devices=[/CPU:0,/CPU:1,/CPU:1,/CPU:0]"],
-     "placement.devices[2]=/CPU:1: pipeline.schedule=interleaved runs stage k on device k mod 2"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["pipeline.microbatches=1"],
+            "pipeline.microbatches=1 is not a multiple of the 2 devices of pipeline.schedule="
+            "interleaved (4 stages / pipeline.virtual_stages=2); use pipeline.microbatches=2 (or a multiple)",
+        ),
+        (["data.batch_size=24", "pipeline.microbatches=3"], "use pipeline.microbatches=2 or 4"),
+        (
+            ["pipeline.virtual_stages=3", "pipeline.microbatches=2"],
+            "pipeline.virtual_stages=3 does not divide the 4 stages",
+        ),
+        (
+            ["pipeline.schedule=1f1b"],
+            "pipeline.virtual_stages=2 puts several stages on each device, which only "
+            "pipeline.schedule=interleaved runs (is 1f1b)",
+        ),
+        (
+            ["pipeline.microbatches=2", "placement.devices=[/CPU:0,/CPU:1,/CPU:1,/CPU:0]"],
+            "placement.devices[2]=/CPU:1: pipeline.schedule=interleaved runs stage k on device k mod 2",
+        ),
+    ],
+)
 def test_interleaved_settings_that_cannot_work_are_one_config_error(overrides, message):
     with pytest.raises(chain.ConfigError) as e:
         chain.compose(INTERLEAVED + ["pipeline.schedule=interleaved"] + overrides)
@@ -488,8 +567,10 @@ def test_zb1_on_a_cut_functional_model_splits_each_backward_without_running_any_
 
     counts, weights = {}, {}
     for schedule in ("1f1b", "zb1"):
-        run = chain.build(chain.compose(["+stages=2", *BASE[1:], f"pipeline.schedule={schedule}",
-                                         "pipeline.microbatches=2"]), model=skip_model())
+        run = chain.build(
+            chain.compose(["+stages=2", *BASE[1:], f"pipeline.schedule={schedule}", "pipeline.microbatches=2"]),
+            model=skip_model(),
+        )
         assert all(not isinstance(s.model, keras.Sequential) and layer_by_layer(s) for s in run.stages)
         it = iter(run.batches())
         for _ in range(3):

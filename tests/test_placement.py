@@ -29,8 +29,12 @@ def test_compiled_step_places_every_op_of_stage_k_on_device_k(run3):
     assert a.misplaced({s.device for s in run3.stages}) == []
     for s in run3.stages:
         k = f"{s.index:02d}"
-        mine = [op for op in a.ops() if a.name(op).split("/")[0].rsplit("_", 1)[0] in (f"stage_{k}", f"head_{k}")
-                or a.name(op).startswith(f"optim_{k}")]
+        mine = [
+            op
+            for op in a.ops()
+            if a.name(op).split("/")[0].rsplit("_", 1)[0] in (f"stage_{k}", f"head_{k}")
+            or a.name(op).startswith(f"optim_{k}")
+        ]
         forward = [op for op in mine if op.type == "MatMul"]
         updates = [op for op in mine if op.type.startswith(("Assign", "ResourceApply"))]  # Keras' Adam; the fused one
         assert forward and updates
@@ -47,7 +51,8 @@ def test_compiled_step_places_every_op_of_stage_k_on_device_k(run3):
     assert {a.device[c] for c in reports} == {run3.stages[-1].device}
     assert len([c for c, _ in crossings if c not in reports]) == len(run3.stages) - 1
     assert {c.name for c in a.copies()} == {f"copy_to_stage_{k}" for k in range(3)} | {
-        f"copy_to_stage_{k}_target" for k in range(3)} | {c.name for c in reports}
+        f"copy_to_stage_{k}_target" for k in range(3)
+    } | {c.name for c in reports}
 
 
 def test_audit_catches_the_naive_loop(run3):
@@ -86,9 +91,14 @@ def test_device_override_shares_a_device_when_asked():
 
 
 def test_heterogeneous_chain_builds_and_trains():
-    run = chain.build(chain.compose([
-        "+stages=[{model: {name: conv, filters: 4}},{model: {width: 8, depth: 1}},{model: {width: 4, depth: 3}, optim: sgd, target: parity}]",
-        "data.batch_size=16"]))
+    run = chain.build(
+        chain.compose(
+            [
+                "+stages=[{model: {name: conv, filters: 4}},{model: {width: 8, depth: 1}},{model: {width: 4, depth: 3}, optim: sgd, target: parity}]",
+                "data.batch_size=16",
+            ]
+        )
+    )
     assert [kind(s.optimizer) for s in run.stages] == ["Adam", "Adam", "SGD"]
     assert run.stages[0].model.output_shape == (None, 8, 8, 4)
     assert run.stages[1].model.output_shape == (None, 8)
@@ -97,11 +107,14 @@ def test_heterogeneous_chain_builds_and_trains():
     assert np.isfinite(run.step(x, ys)["loss"])
 
 
-@pytest.mark.parametrize("devices, message", [
-    ("[/CPU:0,/CPU:9]", "placement.devices[1]='/CPU:9' does not exist; available:"),
-    ("[/CPU:0]", "placement.devices has 1 entry, but there are 2 stages"),
-    ("[/CPU:0,garbage]", "placement.devices[1]"),
-])
+@pytest.mark.parametrize(
+    "devices, message",
+    [
+        ("[/CPU:0,/CPU:9]", "placement.devices[1]='/CPU:9' does not exist; available:"),
+        ("[/CPU:0]", "placement.devices has 1 entry, but there are 2 stages"),
+        ("[/CPU:0,garbage]", "placement.devices[1]"),
+    ],
+)
 def test_bad_devices_are_refused(devices, message):
     with pytest.raises(chain.ChainError) as e:
         chain.build(chain.compose([f"placement.devices={devices}"]))

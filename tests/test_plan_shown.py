@@ -26,22 +26,48 @@ from chain.training.summary import plan_fields
 from conftest import read_summary
 
 MiB = 1 << 20
-TINY = ["+stages=2", "mode=e2e", "model.width=8", "data.batch_size=16", "pipeline.microbatches=2",
-        "trainer.progress=false", "checkpoint.export=false",
-        "trainer.steps_per_call=1"]  # each step a call: the first traces, the next three are timed
+TINY = [
+    "+stages=2",
+    "mode=e2e",
+    "model.width=8",
+    "data.batch_size=16",
+    "pipeline.microbatches=2",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "trainer.steps_per_call=1",
+]  # each step a call: the first traces, the next three are timed
 
 
 def hand_made(step_s: float = 0.010) -> AutoPlan:
     """Three ranked candidates: the chosen on named devices of unknown memory, one of two copies on
     devices the planner picks (two of known memory), one interleaved."""
-    chosen = Prediction(Candidate(1, 2, 2, "1f1b", devices=("/device:CPU:0", "/device:CPU:1")), step_s, 0.25,
-                        (3 * MiB, 5 * MiB // 2), (None, None), 16)
-    copies = Prediction(Candidate(2, 2, 1, "gpipe", recompute="always"), 1.5 * step_s, 0.5,
-                        (MiB, MiB, 2 * MiB, 2 * MiB), (512 * MiB, 512 * MiB, None, None), 16)
-    interleaved = Prediction(Candidate(1, 4, 4, "interleaved", virtual_stages=2, split=(1, 1, 1, 1)), 2 * step_s,
-                             0.125, (4 * MiB, 4 * MiB), (None, None), 16)
-    return AutoPlan(chosen, (chosen, copies, interleaved), candidates=40, dropped_for_memory=7, measuring_s=2.5,
-                    searching_s=0.125)
+    chosen = Prediction(
+        Candidate(1, 2, 2, "1f1b", devices=("/device:CPU:0", "/device:CPU:1")),
+        step_s,
+        0.25,
+        (3 * MiB, 5 * MiB // 2),
+        (None, None),
+        16,
+    )
+    copies = Prediction(
+        Candidate(2, 2, 1, "gpipe", recompute="always"),
+        1.5 * step_s,
+        0.5,
+        (MiB, MiB, 2 * MiB, 2 * MiB),
+        (512 * MiB, 512 * MiB, None, None),
+        16,
+    )
+    interleaved = Prediction(
+        Candidate(1, 4, 4, "interleaved", virtual_stages=2, split=(1, 1, 1, 1)),
+        2 * step_s,
+        0.125,
+        (4 * MiB, 4 * MiB),
+        (None, None),
+        16,
+    )
+    return AutoPlan(
+        chosen, (chosen, copies, interleaved), candidates=40, dropped_for_memory=7, measuring_s=2.5, searching_s=0.125
+    )
 
 
 def test_the_table_shows_each_candidate_its_devices_peaks_against_memory_and_the_chosen_overrides():
@@ -57,8 +83,9 @@ def test_the_table_shows_each_candidate_its_devices_peaks_against_memory_and_the
         assert plan_table.compact(p.candidate.overrides()) in line
         assert f"{1000 * p.step_s:.2f}" in row and f"{p.examples_per_s:,.0f}" in row and f"{p.bubble:.2f}" in row
         cells = [c.rsplit(" ", 1)[1].split("/") for c in line.split(f"  {p.bubble:.2f}  ", 1)[1].strip().split(", ")]
-        assert [(float(peak), None if mem == "—" else float(mem)) for peak, mem in cells] == \
-            [(pytest.approx(pk / MiB, rel=5e-3), None if m is None else m / MiB) for pk, m in zip(p.peaks, p.memory)]
+        assert [(float(peak), None if mem == "—" else float(mem)) for peak, mem in cells] == [
+            (pytest.approx(pk / MiB, rel=5e-3), None if m is None else m / MiB) for pk, m in zip(p.peaks, p.memory)
+        ]
     assert "CPU:0 3/—, CPU:1 2.5/—" in text  # the chosen's named devices, memory unknown
     assert "device 0 1/512, device 1 1/512, device 2 2/—, device 3 2/—" in text
     assert f"chosen: {' '.join(plan.chosen.candidate.overrides())}" in lines
@@ -69,16 +96,26 @@ def test_the_table_shows_each_candidate_its_devices_peaks_against_memory_and_the
 
 def test_the_command_by_hand_is_the_users_without_plan_auto_and_composes_to_the_chosen_settings():
     plan = hand_made()
-    user = ["+stages=3", "placement.plan=auto", "plan_only=true", "pipeline.microbatches=8", "trainer.steps=7",
-            "model.width=8"]
+    user = [
+        "+stages=3",
+        "placement.plan=auto",
+        "plan_only=true",
+        "pipeline.microbatches=8",
+        "trainer.steps=7",
+        "model.width=8",
+    ]
     line = next(x for x in plan_table.render(plan, user).splitlines() if x.startswith("by hand: "))
     argv = shlex.split(line.removeprefix("by hand: "))
     assert argv[:3] == ["python", "-m", "chain"]
     assert argv[3:] == ["trainer.steps=7", "model.width=8", *plan.chosen.candidate.overrides()]
     s = chain.compose(argv[3:])  # the command line chain accepts; Hydra's composition, not ours
     c = plan.chosen.candidate
-    assert (len(s.stages), s.pipeline.microbatches, s.pipeline.schedule, s.pipeline.recompute) == \
-        (c.stages, c.microbatches, c.schedule, c.recompute)
+    assert (len(s.stages), s.pipeline.microbatches, s.pipeline.schedule, s.pipeline.recompute) == (
+        c.stages,
+        c.microbatches,
+        c.schedule,
+        c.recompute,
+    )
     assert list(s.placement.devices) == list(c.devices) and s.trainer.steps == 7
 
 
@@ -123,8 +160,12 @@ def test_the_check_is_due_once_after_its_timed_steps_and_off_past_its_margin():
 def test_the_warning_names_the_causes_that_apply():
     plan = hand_made()
     slow = plan_table.mismatch(plan, 20.0, 10, shared_threads=False, data_wait_ms=5.0, traced=True)
-    assert slow.startswith("plan=auto predicted 10.00 ms per step, measured 20.00 ms (2.00×, the median of the first "
-                           "10 timed steps): ") and "\n" not in slow
+    assert (
+        slow.startswith(
+            "plan=auto predicted 10.00 ms per step, measured 20.00 ms (2.00×, the median of the first 10 timed steps): "
+        )
+        and "\n" not in slow
+    )
     assert "waited 5.00 ms for its batch" in slow and "trainer.profile" in slow and "thread pool" not in slow
     assert "waited" not in plan_table.mismatch(plan, 20.0, 10, data_wait_ms=1.0)  # 5% of the step: not a cause
     fast = plan_table.mismatch(replace(plan, cached=True), 5.0, 10, shared_threads=True)
@@ -155,10 +196,12 @@ def planned_run(tmp_path, measured_ms: float, caplog, monkeypatch, *extra: str) 
 
 
 def test_a_run_off_its_prediction_by_two_says_so_once_and_its_summary_and_report_show_both(
-        tmp_path, caplog, monkeypatch):
+    tmp_path, caplog, monkeypatch
+):
     summary, warned = planned_run(tmp_path, 20.0, caplog, monkeypatch, "report=true")
     assert len(warned) == 1 and warned[0].startswith(
-        "plan=auto predicted 10.00 ms per step, measured 20.00 ms (2.00×, the median of the first 3 timed steps): ")
+        "plan=auto predicted 10.00 ms per step, measured 20.00 ms (2.00×, the median of the first 3 timed steps): "
+    )
     assert "logical CPU devices of one process" in warned[0]  # the cause that applies here
     plan = summary["plan"]
     assert (plan["predicted_step_ms"], plan["measured_step_ms"], plan["ratio"]) == (10.0, 20.0, 2.0)

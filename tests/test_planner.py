@@ -40,6 +40,7 @@ def assert_limits_fit(p, inv, reserve=None):
 
 # --- G >= K: one GPU per stage ---------------------------------------------------------
 
+
 def test_eight_80gb_gpus_eight_stages_one_card_each_no_split():
     inv = Inventory.of(8, 80 * GB)
     p = plan(pcfg(), 8, inv)
@@ -71,6 +72,7 @@ def test_memory_growth_applies_when_no_card_has_a_limit():
 
 
 # --- 0 < G < K: virtual split --------------------------------------------------------------
+
 
 def test_one_24gb_gpu_three_stages_three_logical_gpus_sharing_the_card():
     inv = Inventory.of(1, 24 * GB)
@@ -148,6 +150,7 @@ def test_fallback_error_refuses_too_few_cards():
 
 # --- G = 0 ---------------------------------------------------------------------------------
 
+
 def test_no_gpu_splits_the_cpu_one_logical_device_per_stage():
     p = plan(pcfg(), 3, Inventory())
     assert p.kind == "CPU" and p.split == {0: 3} and p.memory_limits_mb == {}
@@ -161,6 +164,7 @@ def test_no_gpu_fallback_error_refuses():
 
 
 # --- mirrored ------------------------------------------------------------------------------
+
 
 def test_mirrored_without_gpu_two_cpu_replicas_by_default():
     p = plan(pcfg("placement.fallback=mirrored"), 3, Inventory())
@@ -178,8 +182,11 @@ def test_mirrored_on_two_gpus_uses_both_cards_whole():
     p = plan(pcfg("placement.fallback=mirrored"), 5, Inventory.of(2, 16 * GB))
     assert p.layout == MIRRORED and p.mirrored_devices == gpu_devices(2)
     assert p.split == {} and p.visible is None
-    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=1", "placement.memory_limit_mb=9000"), 5,
-             Inventory.of(2, 16 * GB))
+    p = plan(
+        pcfg("placement.fallback=mirrored", "placement.replicas=1", "placement.memory_limit_mb=9000"),
+        5,
+        Inventory.of(2, 16 * GB),
+    )
     assert p.mirrored_devices == gpu_devices(1) and p.visible == (0,) and p.memory_limits_mb == {0: [9000]}
 
 
@@ -195,6 +202,7 @@ def test_mirrored_global_batch_is_split_over_replicas():
 
 
 # --- explicit devices ----------------------------------------------------------------------
+
 
 def test_explicit_devices_without_gpu_are_canonical():
     p = plan(pcfg("+stages=3", "placement.devices=[/cpu:0,CPU:0,/CPU:1]"), 3, Inventory())
@@ -216,8 +224,11 @@ def test_explicit_devices_beyond_the_cards_split_each_card_evenly():
 
 def test_explicit_devices_per_stage_limits_go_to_each_stages_device():
     inv = Inventory.of(2, 16 * GB)
-    p = plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:3,/GPU:1]", "placement.memory_limit_mb=[1000,2000,3000]"),
-             3, inv)
+    p = plan(
+        pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:3,/GPU:1]", "placement.memory_limit_mb=[1000,2000,3000]"),
+        3,
+        inv,
+    )
     assert p.memory_limits_mb[0] == [1000, 3000]
     assert p.memory_limits_mb[1][1] == 2000
     assert p.memory_limits_mb[1][0] > 2000  # GPU:2, used by no stage, gets what is left
@@ -230,11 +241,15 @@ def test_explicit_devices_and_mirrored_exclude_each_other():
 
 def test_stages_sharing_a_device_must_agree_on_its_limit():
     with pytest.raises(ConfigError, match=r"stages 0 and 1 share /device:GPU:0 but ask for 1000 and 2000 MB"):
-        plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:0,/GPU:1]", "placement.memory_limit_mb=[1000,2000,3000]"),
-             3, Inventory.of(2, 16 * GB))
+        plan(
+            pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:0,/GPU:1]", "placement.memory_limit_mb=[1000,2000,3000]"),
+            3,
+            Inventory.of(2, 16 * GB),
+        )
 
 
 # --- visible and CUDA_VISIBLE_DEVICES -------------------------------------------------------
+
 
 def test_visible_picks_cards_in_tensorflows_order():
     p = plan(pcfg("placement.visible=[3,1]"), 2, Inventory.of(4, 16 * GB))
@@ -272,9 +287,18 @@ def test_memory_follows_cuda_visible_devices_to_the_right_card():
     assert all(g.memory_mb is None for g in unsure.gpus) and "CUDA_DEVICE_ORDER" in unsure.notes[0]
 
 
-@pytest.mark.parametrize("cvd, expected", [
-    (None, [0, 1, 2, 3]), ("2", [2]), ("3,0", [3, 0]), ("GPU-cccc", [2]), ("1,7,2", [1]), ("", []), ("-1", []),
-])
+@pytest.mark.parametrize(
+    "cvd, expected",
+    [
+        (None, [0, 1, 2, 3]),
+        ("2", [2]),
+        ("3,0", [3, 0]),
+        ("GPU-cccc", [2]),
+        ("1,7,2", [1]),
+        ("", []),
+        ("-1", []),
+    ],
+)
 def test_cuda_visible_devices_follows_cudas_rules(cvd, expected):
     assert [c.index for c in visible_cards(parse_smi(SMI), cvd)] == expected
 
@@ -292,25 +316,82 @@ def test_memory_unknown_without_nvidia_smi_or_when_counts_disagree():
 
 # --- bad input -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, n_stages, inv, error, message", [
-    (["placement.memory_limit_mb=[1000,2000]"], 3, Inventory.of(1, 24 * GB), ConfigError,
-     "placement.memory_limit_mb has 2 entries, but there are 3 stages"),
-    (["placement.memory_limit_mb=[1000,2000]"], 3, Inventory(), ConfigError,
-     "placement.memory_limit_mb has 2 entries, but there are 3 stages"),
-    (["+stages=3", "placement.memory_limit_mb=[10000,10000,5000]"], 3, Inventory.of(1, 24 * GB), DeviceError,
-     "placement.memory_limit_mb: limits on GPU 0 add up to 25000 MB, more than its 24576 MB"),
-    (["placement.memory_limit_mb=9000"], 5, Inventory.of(2, 16 * GB), DeviceError,
-     "placement.memory_limit_mb: limits on GPU 0 add up to 27000 MB, more than its 16384 MB"),
-    (["placement.visible=[0,4]"], 3, Inventory.of(4, 16 * GB), DeviceError,
-     "placement.visible[1]=4: no such GPU; TensorFlow sees GPUs 0, 1, 2, 3"),
-    (["placement.visible=[0]"], 3, Inventory(), DeviceError, "placement.visible[0]=0: no such GPU; TensorFlow sees no GPU"),
-    (["placement.visible=[1,1]"], 3, Inventory.of(4, 16 * GB), ConfigError, "placement.visible[1]=1 is listed twice"),
-    (["placement.reserve_mb=30000"], 3, Inventory.of(1, 24 * GB), DeviceError, "placement.reserve_mb=30000 leaves no memory"),
-    (["placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"], 5, Inventory.of(2, 16 * GB), DeviceError,
-     "placement.replicas=3: only 2 GPU(s) visible"),
-    (["+stages=3", "placement.fallback=mirrored", "placement.memory_limit_mb=[1,2,3]"], 3, Inventory.of(1, 16 * GB), ConfigError,
-     "placement.memory_limit_mb: a list gives one limit per stage"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, n_stages, inv, error, message",
+    [
+        (
+            ["placement.memory_limit_mb=[1000,2000]"],
+            3,
+            Inventory.of(1, 24 * GB),
+            ConfigError,
+            "placement.memory_limit_mb has 2 entries, but there are 3 stages",
+        ),
+        (
+            ["placement.memory_limit_mb=[1000,2000]"],
+            3,
+            Inventory(),
+            ConfigError,
+            "placement.memory_limit_mb has 2 entries, but there are 3 stages",
+        ),
+        (
+            ["+stages=3", "placement.memory_limit_mb=[10000,10000,5000]"],
+            3,
+            Inventory.of(1, 24 * GB),
+            DeviceError,
+            "placement.memory_limit_mb: limits on GPU 0 add up to 25000 MB, more than its 24576 MB",
+        ),
+        (
+            ["placement.memory_limit_mb=9000"],
+            5,
+            Inventory.of(2, 16 * GB),
+            DeviceError,
+            "placement.memory_limit_mb: limits on GPU 0 add up to 27000 MB, more than its 16384 MB",
+        ),
+        (
+            ["placement.visible=[0,4]"],
+            3,
+            Inventory.of(4, 16 * GB),
+            DeviceError,
+            "placement.visible[1]=4: no such GPU; TensorFlow sees GPUs 0, 1, 2, 3",
+        ),
+        (
+            ["placement.visible=[0]"],
+            3,
+            Inventory(),
+            DeviceError,
+            "placement.visible[0]=0: no such GPU; TensorFlow sees no GPU",
+        ),
+        (
+            ["placement.visible=[1,1]"],
+            3,
+            Inventory.of(4, 16 * GB),
+            ConfigError,
+            "placement.visible[1]=1 is listed twice",
+        ),
+        (
+            ["placement.reserve_mb=30000"],
+            3,
+            Inventory.of(1, 24 * GB),
+            DeviceError,
+            "placement.reserve_mb=30000 leaves no memory",
+        ),
+        (
+            ["placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"],
+            5,
+            Inventory.of(2, 16 * GB),
+            DeviceError,
+            "placement.replicas=3: only 2 GPU(s) visible",
+        ),
+        (
+            ["+stages=3", "placement.fallback=mirrored", "placement.memory_limit_mb=[1,2,3]"],
+            3,
+            Inventory.of(1, 16 * GB),
+            ConfigError,
+            "placement.memory_limit_mb: a list gives one limit per stage",
+        ),
+    ],
+)
 def test_bad_input_names_the_key(overrides, n_stages, inv, error, message):
     with pytest.raises(error) as e:
         plan(pcfg(*overrides), n_stages, inv)
@@ -335,6 +416,7 @@ def test_gpu_dataclass_defaults_unknown_memory():
 
 # --- configure: what the plan asks of TensorFlow (recorded, since this machine has no GPU) ----
 
+
 class FakeConfig:
     """Records the tf.config calls `configure` makes for a machine with `n` GPUs."""
 
@@ -345,9 +427,14 @@ class FakeConfig:
         self.visible, self.logical, self.growth = None, {}, []
         monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: self.gpus if kind == "GPU" else [])
         monkeypatch.setattr(tf.config, "set_visible_devices", lambda devs, kind=None: setattr(self, "visible", devs))
-        monkeypatch.setattr(tf.config, "set_logical_device_configuration",
-                            lambda dev, cfgs: self.logical.__setitem__(dev.name, [c.memory_limit for c in cfgs]))
-        monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda dev, on: self.growth.append((dev.name, on)))
+        monkeypatch.setattr(
+            tf.config,
+            "set_logical_device_configuration",
+            lambda dev, cfgs: self.logical.__setitem__(dev.name, [c.memory_limit for c in cfgs]),
+        )
+        monkeypatch.setattr(
+            tf.config.experimental, "set_memory_growth", lambda dev, on: self.growth.append((dev.name, on))
+        )
 
 
 def test_configure_applies_visible_cards_and_limits(monkeypatch):
@@ -402,26 +489,35 @@ def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
 
     p = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(8, 80 * GB))
     assert p.layout == REPLICATED and p.devices == gpu_devices(2)
-    assert p.copies == tuple(gpu_devices(8)[r * 2:r * 2 + 2] for r in range(4))
+    assert p.copies == tuple(gpu_devices(8)[r * 2 : r * 2 + 2] for r in range(4))
     assert p.notes[0].startswith("layout: pipeline x replicas, 4 copies of the 2-stage pipeline")
     assert cut_batch(64, p, microbatches=4).per_replica == 16
     with pytest.raises(ConfigError, match="does not cut into 4 replicas' shares"):
         cut_batch(24, p, microbatches=4)
     one = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))
-    assert one.layout == PIPELINE and one.copies == () and one.notes[0].startswith("layout: pipeline (a device per stage")
+    assert (
+        one.layout == PIPELINE and one.copies == () and one.notes[0].startswith("layout: pipeline (a device per stage")
+    )
     # A 16-bit exchange asked for where `auto` finds room for one copy only: said, not silently dropped.
-    rounded = plan(pcfg("mode=e2e", "placement.replicas=auto", "placement.exchange_dtype=bfloat16"), 2,
-                   Inventory.of(3, 80 * GB))
+    rounded = plan(
+        pcfg("mode=e2e", "placement.replicas=auto", "placement.exchange_dtype=bfloat16"), 2, Inventory.of(3, 80 * GB)
+    )
     assert "placement.exchange_dtype=bfloat16 unused: no copies exchange gradients" in rounded.notes[0]
 
 
 def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():
     p = plan(pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3"), 2, Inventory.of(2, 60 * GB))
-    assert p.copies == tuple(gpu_devices(6)[r * 2:r * 2 + 2] for r in range(3)) and p.split == {0: 3, 1: 3}
+    assert p.copies == tuple(gpu_devices(6)[r * 2 : r * 2 + 2] for r in range(3)) and p.split == {0: 3, 1: 3}
     with pytest.raises(DeviceError, match="placement.replicas=3: 3 copies of 2 stages need 6 GPUs, 2 visible"):
-        plan(pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3", "placement.fallback=error"), 2, Inventory.of(2, 60 * GB))
+        plan(
+            pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3", "placement.fallback=error"),
+            2,
+            Inventory.of(2, 60 * GB),
+        )
     cpu = plan(pcfg("mode=e2e", "placement.replicas=2"), 3, Inventory())
-    assert cpu.copies == tuple(tuple(f"/device:CPU:{k}" for k in range(r * 3, r * 3 + 3)) for r in range(2)) and cpu.split == {0: 6}
+    assert cpu.copies == tuple(
+        tuple(f"/device:CPU:{k}" for k in range(r * 3, r * 3 + 3)) for r in range(2)
+    ) and cpu.split == {0: 6}
     mirrored = plan(pcfg("placement.replicas=2", "placement.fallback=mirrored"), 3, Inventory.of(2))
     assert mirrored.layout == MIRRORED and mirrored.notes[0].startswith("layout: mirrored")
 
@@ -432,9 +528,21 @@ from chain.schedule import schedules  # noqa: E402
 from chain.planning import balance, footprint  # noqa: E402
 from chain.prepared import prepare  # noqa: E402
 
-WIDE = ["+stages=2", "mode=e2e", "pipeline.schedule=gpipe", "pipeline.microbatches=2", "model=mlp", "model.width=2048",
-        "model.depth=4", "optim=sgd", "data=synthetic", "data.features=64", "data.samples=4096", "data.batch_size=2048",
-        "data.val_fraction=0"]
+WIDE = [
+    "+stages=2",
+    "mode=e2e",
+    "pipeline.schedule=gpipe",
+    "pipeline.microbatches=2",
+    "model=mlp",
+    "model.width=2048",
+    "model.depth=4",
+    "optim=sgd",
+    "data=synthetic",
+    "data.features=64",
+    "data.samples=4096",
+    "data.batch_size=2048",
+    "data.val_fraction=0",
+]
 
 
 def test_a_plan_over_a_logical_gpus_limit_is_refused_before_training():
@@ -445,19 +553,27 @@ def test_a_plan_over_a_logical_gpus_limit_is_refused_before_training():
         prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[170,300]"]), inv)
     line = str(e.value)
     assert "\n" not in line
-    assert re.match(r"stage 0 needs about [\d.]+ MB on /device:GPU:0 \(weights .*activations .* \(2 microbatches "
-                    r"held\).*\), more than its 178 MB \(its memory limit, 170 MiB", line), line
+    assert re.match(
+        r"stage 0 needs about [\d.]+ MB on /device:GPU:0 \(weights .*activations .* \(2 microbatches "
+        r"held\).*\), more than its 178 MB \(its memory limit, 170 MiB",
+        line,
+    ), line
     assert "it would fit with pipeline.recompute=always (about" in line and "pipeline.microbatches=4" not in line, line
     fits = prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[170,300]", "pipeline.recompute=always"]), inv)
-    assert fits.placement.footprints[0].total <= 170 << 20 < prepare(chain.compose(WIDE), inv).placement.footprints[0].total
+    assert (
+        fits.placement.footprints[0].total
+        <= 170 << 20
+        < prepare(chain.compose(WIDE), inv).placement.footprints[0].total
+    )
     whole = prepare(chain.compose(WIDE), Inventory.of(2, 16 * GB))  # a card each: the same chain fits
     assert [f.held for f in whole.placement.footprints] == [2, 2]
 
 
 def test_the_estimate_counts_what_the_schedule_holds_and_the_optimizer():
     gpipe = prepare(chain.compose([*WIDE, "pipeline.microbatches=4"]), Inventory.of(2, 16 * GB)).placement.footprints
-    one = prepare(chain.compose([*WIDE, "pipeline.microbatches=4", "pipeline.schedule=1f1b"]),
-                  Inventory.of(2, 16 * GB)).placement.footprints
+    one = prepare(
+        chain.compose([*WIDE, "pipeline.microbatches=4", "pipeline.schedule=1f1b"]), Inventory.of(2, 16 * GB)
+    ).placement.footprints
     adam = prepare(chain.compose([*WIDE, "optim=adam"]), Inventory.of(2, 16 * GB)).placement.footprints
     assert [f.held for f in gpipe] == [4, 4] and [f.held for f in one] == [2, 1]
     assert one[0].activations < gpipe[0].activations and one[0].weights == gpipe[0].weights
@@ -467,8 +583,9 @@ def test_the_estimate_counts_what_the_schedule_holds_and_the_optimizer():
     assert gpipe[0].activations == 4 * (4 * 2048 * micro * 4) + 2048 * micro * 4  # 4 layers' outputs x 4 held
     # A backward holds one layer's weight gradients at a time (step.weights_first), compiled every layer's.
     assert gpipe[0].gradients == 4 * params + 4 * (2048 * 2048 + 2048)
-    xla = prepare(chain.compose([*WIDE, "pipeline.microbatches=4", "trainer.jit_compile=true"]),
-                  Inventory.of(2, 16 * GB)).placement.footprints
+    xla = prepare(
+        chain.compose([*WIDE, "pipeline.microbatches=4", "trainer.jit_compile=true"]), Inventory.of(2, 16 * GB)
+    ).placement.footprints
     assert xla[0].gradients == 2 * 4 * params
 
 
@@ -477,8 +594,9 @@ def test_the_estimate_of_zb1_counts_the_output_gradients_held_between_b_and_w():
     every layer's output (the last stage: up to 2 sets, as large as its outputs, beyond its busiest activations)."""
     assert schedules.output_gradients_held(schedules.build("zb1", 2, 4)) == [1, 2]
     assert schedules.output_gradients_held(schedules.build("1f1b", 2, 4)) == [0, 0]
-    zb1 = prepare(chain.compose([*WIDE, "pipeline.microbatches=4", "pipeline.schedule=zb1"]),
-                  Inventory.of(2, 16 * GB)).placement.footprints
+    zb1 = prepare(
+        chain.compose([*WIDE, "pipeline.microbatches=4", "pipeline.schedule=zb1"]), Inventory.of(2, 16 * GB)
+    ).placement.footprints
     micro, arriving = 2048 // 4, 2048 * (2048 // 4) * 4
     outputs = 4 * 2048 * micro * 4  # stage 0's 4 layers' outputs, one microbatch
     assert [f.held for f in zb1] == [2, 2]
@@ -488,9 +606,12 @@ def test_the_estimate_of_zb1_counts_the_output_gradients_held_between_b_and_w():
 def test_balance_by_memory_gives_earlier_stages_fewer_layers_under_1f1b():
     """Six equal layers, 3 stages: GPipe holds M microbatches on every stage (an even split); 1F1B holds
     3, 2, 1, so the memory split gives stage 0 the fewest layers."""
-    rows = {name: footprint.layer_costs([0] * 6, [100] * 6, schedules.held_counts(schedules.build(name, 3, 6)),
-                                        slots=0, microbatch=8)
-            for name in ("gpipe", "1f1b")}
+    rows = {
+        name: footprint.layer_costs(
+            [0] * 6, [100] * 6, schedules.held_counts(schedules.build(name, 3, 6)), slots=0, microbatch=8
+        )
+        for name in ("gpipe", "1f1b")
+    }
     assert balance.partition(rows["gpipe"], 3, range(1, 6)) == [2, 2, 2]
     sizes = balance.partition(rows["1f1b"], 3, range(1, 6))
     assert sizes[0] < sizes[-1], sizes
@@ -498,8 +619,15 @@ def test_balance_by_memory_gives_earlier_stages_fewer_layers_under_1f1b():
 
 def test_interleaved_stages_on_one_logical_gpu_add_up_against_its_limit():
     """Stages 0 and 2 share GPU:0 (interleaved, V=2): each under the 4 MiB limit alone, over it together."""
-    cfg = ["mode=e2e", "+stages=4", "pipeline.schedule=interleaved", "pipeline.virtual_stages=2",
-           "pipeline.microbatches=4", "model.width=256", "placement.memory_limit_mb=4"]
+    cfg = [
+        "mode=e2e",
+        "+stages=4",
+        "pipeline.schedule=interleaved",
+        "pipeline.virtual_stages=2",
+        "pipeline.microbatches=4",
+        "model.width=256",
+        "placement.memory_limit_mb=4",
+    ]
     with pytest.raises(DeviceError) as e:
         prepare(chain.compose(cfg), Inventory.of(1, 8 * GB))
     assert re.match(r"stages 0, 2 need about [\d.]+ MB together on /device:GPU:0 \(the largest, stage 2", str(e.value))
@@ -510,8 +638,14 @@ def test_interleaved_stages_on_one_logical_gpu_add_up_against_its_limit():
 def test_zbv_puts_the_first_and_last_stage_on_one_logical_gpu_and_adds_them_up_against_its_limit():
     """zbv (4 stages, M=4): stages 0 and 3 share GPU:0, 1 and 2 GPU:1 (the V); stage k holds 2D-k = 4-k
     microbatches' activations; each under the limit alone, stages 0 and 3 over it together."""
-    cfg = ["mode=e2e", "+stages=4", "pipeline.schedule=zbv", "pipeline.microbatches=4", "model.width=256",
-           "placement.memory_limit_mb=4"]
+    cfg = [
+        "mode=e2e",
+        "+stages=4",
+        "pipeline.schedule=zbv",
+        "pipeline.microbatches=4",
+        "model.width=256",
+        "placement.memory_limit_mb=4",
+    ]
     with pytest.raises(DeviceError) as e:
         prepare(chain.compose(cfg), Inventory.of(1, 8 * GB))
     assert re.match(r"stages 0, 3 need about [\d.]+ MB together on /device:GPU:0 ", str(e.value)), str(e.value)
@@ -548,25 +682,35 @@ def test_a_runtime_started_first_has_the_stages_share_the_devices_that_exist(mon
     p = share_existing(plan(cfg, 6, Inventory.of(0, 0)), cfg)  # the test session has CPU:0-3 (conftest.py)
     assert p.devices == tuple(f"/device:CPU:{k}" for k in (0, 0, 1, 2, 2, 3)) and p.split == {}
     assert p.physical == {f"/device:CPU:{k}": "CPU:0" for k in range(4)}
-    assert p.notes[-1].startswith("TensorFlow's runtime had started before chain could split the CPU into 6 logical "
-                                  "devices (a model or tensor made first, or an earlier build): the 6 stages share the "
-                                  "4 devices that exist, neighbouring stages together (/device:CPU:0, ")
+    assert p.notes[-1].startswith(
+        "TensorFlow's runtime had started before chain could split the CPU into 6 logical "
+        "devices (a model or tensor made first, or an earlier build): the 6 stages share the "
+        "4 devices that exist, neighbouring stages together (/device:CPU:0, "
+    )
     assert share_existing(plan(pcfg("+stages=4"), 4, Inventory.of(0, 0)), pcfg("+stages=4")) is None  # all exist
-    needs_its_devices = (["placement.devices=[/CPU:0,/CPU:1,/CPU:2,/CPU:3,/CPU:4,/CPU:5]"],
-                         ["mode=e2e", "placement.replicas=2"], ["placement.fallback=mirrored", "placement.replicas=8"])
+    needs_its_devices = (
+        ["placement.devices=[/CPU:0,/CPU:1,/CPU:2,/CPU:3,/CPU:4,/CPU:5]"],
+        ["mode=e2e", "placement.replicas=2"],
+        ["placement.fallback=mirrored", "placement.replicas=8"],
+    )
     for needs in needs_its_devices:
         cfg = pcfg("+stages=6", *needs)
         assert share_existing(plan(cfg, 6, Inventory.of(0, 0)), cfg) is None, needs
 
-    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [
-        tf.config.LogicalDevice("/device:GPU:0", "GPU")] if kind == "GPU" else [])
+    monkeypatch.setattr(
+        tf.config,
+        "list_logical_devices",
+        lambda kind=None: [tf.config.LogicalDevice("/device:GPU:0", "GPU")] if kind == "GPU" else [],
+    )
     cfg = pcfg("+stages=3")
     p = share_existing(plan(cfg, 3, Inventory.of(1, 16 * GB)), cfg)
     assert p.devices == ("/device:GPU:0",) * 3 and p.physical == {"/device:GPU:0": "GPU:0"}
     assert (p.split, p.memory_limits_mb) == ({}, {})
-    assert p.notes[-1] == ("TensorFlow's runtime had started before chain could make 3 logical GPUs (a model or tensor "
-                           "made first, or an earlier build): the 3 stages share /device:GPU:0 instead, with no memory "
-                           "limit between them; chain.setup(cfg) first would have made them, each with a memory limit "
-                           "(GPU 0: 5290, 5290, 5290 MB)")
+    assert p.notes[-1] == (
+        "TensorFlow's runtime had started before chain could make 3 logical GPUs (a model or tensor "
+        "made first, or an earlier build): the 3 stages share /device:GPU:0 instead, with no memory "
+        "limit between them; chain.setup(cfg) first would have made them, each with a memory limit "
+        "(GPU 0: 5290, 5290, 5290 MB)"
+    )
     cfg = pcfg("+stages=3", "placement.memory_limit_mb=4000")
     assert share_existing(plan(cfg, 3, Inventory.of(1, 16 * GB)), cfg) is None

@@ -15,12 +15,26 @@ from chain.steps.numerics import NonFiniteError
 from compare import norm_rel_diff, stage_vectors
 
 LR = 0.1
-BASE = ["+stages=3", "model.depth=1", "model.width=16", "optim=sgd", f"optim.lr={LR}", "data=synthetic",
-        "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16", "trainer.progress=false"]
+BASE = [
+    "+stages=3",
+    "model.depth=1",
+    "model.width=16",
+    "optim=sgd",
+    f"optim.lr={LR}",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+]
 MODES = {"local": ["mode=local"], "e2e": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"]}
 # Runs compared with float32: the precision and any other switch.
-LOW = {"mixed_bfloat16": ["precision=mixed_bfloat16"], "mixed_float16": ["precision=mixed_float16"],
-       "mixed_bfloat16-xla": ["precision=mixed_bfloat16", "trainer.jit_compile=true"]}
+LOW = {
+    "mixed_bfloat16": ["precision=mixed_bfloat16"],
+    "mixed_float16": ["precision=mixed_float16"],
+    "mixed_bfloat16-xla": ["precision=mixed_bfloat16", "trainer.jit_compile=true"],
+}
 # Held to training (its loss falls), not to 2u of float32: it was excluded when, with ReLU
 # bodies, it differed from float32 by 1.8e-3 (3.7u) after 5 steps on a CPU with AVX512_FP16.
 # That is the figure a single ReLU tie produces on this stream (see SMOOTH), not per-operation
@@ -31,11 +45,13 @@ TRAINS = {**LOW, "mixed_float16-xla": ["precision=mixed_float16", "trainer.jit_c
 # amounts (see test_low_precision_training_matches_float32_within_its_rounding).
 SMOOTH = ["model.activation=tanh"]
 # Unit roundoff (half an ulp at 1.0): bfloat16 keeps 8 significant bits, float16 11.
-UNIT_ROUNDOFF = {"mixed_bfloat16": 2.0 ** -8, "mixed_float16": 2.0 ** -11}
+UNIT_ROUNDOFF = {"mixed_bfloat16": 2.0**-8, "mixed_float16": 2.0**-11}
 
 
 def precision_of(variant: str) -> str:
     return variant.split("-")[0]
+
+
 COMPARED = 5  # steps over which the runs are compared
 STEPS = 30  # steps over which the loss must fall
 
@@ -120,7 +136,9 @@ def test_low_precision_training_matches_float32_within_its_rounding(trained, var
         np.testing.assert_array_equal(a, b)  # same seed, same float32 initial weights
     got, want = np.array(t["losses"][variant][:COMPARED]), np.array(t["losses"]["float32"][:COMPARED])
     assert np.max(np.abs(got - want) / np.abs(want)) <= 2 * u
-    for k, (w, ref, w0) in enumerate(zip(t["at_compared"][variant], t["at_compared"]["float32"], t["initial"]["float32"])):
+    for k, (w, ref, w0) in enumerate(
+        zip(t["at_compared"][variant], t["at_compared"]["float32"], t["initial"]["float32"])
+    ):
         assert norm_rel_diff(w, ref) <= 2 * u, k
         assert np.linalg.norm(ref - w0) > 2 * 2 * u * np.linalg.norm(ref), k  # moved well beyond the tolerance
         assert not np.array_equal(w, ref), k  # the low-precision path really ran
@@ -139,7 +157,7 @@ FLOAT16 = {
     "local": BASE + MODES["local"] + ["precision=mixed_float16"],
     "mirrored-e2e": BASE + ["mode=e2e", "placement.fallback=mirrored", "precision=mixed_float16"],
 }
-PLANTED = 2.0 ** 40  # scaled gradients beyond float16's largest value (65504)
+PLANTED = 2.0**40  # scaled gradients beyond float16's largest value (65504)
 
 
 @pytest.mark.parametrize("case", FLOAT16)
@@ -224,8 +242,9 @@ def test_an_overflow_in_one_stage_skips_the_whole_chain_in_e2e_and_only_that_sta
 def graph_ops(f, op_type: str, *args) -> int:
     """How many `op_type` ops `f`'s graph holds, the branches of its conds included."""
     graph = f.get_concrete_function(*args).graph.as_graph_def()
-    return sum(n.op == op_type for n in graph.node) + sum(n.op == op_type for fn in graph.library.function
-                                                           for n in fn.node_def)
+    return sum(n.op == op_type for n in graph.node) + sum(
+        n.op == op_type for fn in graph.library.function for n in fn.node_def
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -289,10 +308,13 @@ def test_loss_scale_grows_after_growth_steps_finite_steps_and_halves_on_overflow
     assert float(scale.scale.numpy()) == 8.0 and len(applied) == 4
 
 
-@pytest.mark.parametrize("value, message", [
-    ("1000", "trainer.initial_loss_scale=1000 must be a power of two (e.g. 512 or 1024)"),
-    ("0", "trainer.initial_loss_scale=0 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("1000", "trainer.initial_loss_scale=1000 must be a power of two (e.g. 512 or 1024)"),
+        ("0", "trainer.initial_loss_scale=0 must be > 0"),
+    ],
+)
 def test_initial_loss_scale_must_be_a_power_of_two(value, message):
     with pytest.raises(chain.ConfigError) as e:
         chain.compose([f"trainer.initial_loss_scale={value}"])
@@ -302,5 +324,7 @@ def test_initial_loss_scale_must_be_a_power_of_two(value, message):
 def test_an_unknown_precision_is_one_line_naming_the_key():
     with pytest.raises(chain.ConfigError) as e:
         chain.compose(["precision=float8"])
-    assert str(e.value) == ("precision='float8' is not known; allowed: float32, mixed_float16, mixed_bfloat16; "
-                            "did you mean precision=float32?")
+    assert str(e.value) == (
+        "precision='float8' is not known; allowed: float32, mixed_float16, mixed_bfloat16; "
+        "did you mean precision=float32?"
+    )

@@ -28,8 +28,18 @@ def profiled(tmp_path_factory):
     """A 3-stage 1F1B run whose steps 2 and 3 are traced; steps_per_call=3, so the loop must
     cut its calls at the window (calls: 1 | 2 | 3 | 4-5)."""
     run_dir = str(tmp_path_factory.mktemp("profiled"))
-    cfg = chain.compose(["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", *SMALL,
-                         "trainer.steps=5", "trainer.steps_per_call=3", "trainer.profile=[2,3]"])
+    cfg = chain.compose(
+        [
+            "+stages=3",
+            "mode=e2e",
+            "pipeline.schedule=1f1b",
+            "pipeline.microbatches=4",
+            *SMALL,
+            "trainer.steps=5",
+            "trainer.steps_per_call=3",
+            "trainer.profile=[2,3]",
+        ]
+    )
     run = chain.build(cfg, run_dir=run_dir)
     summary = run.fit()
     with open(os.path.join(run_dir, "timeline.json")) as f:
@@ -78,18 +88,21 @@ def test_the_measured_grid_lists_every_action_of_every_stage_in_its_order(profil
 
 def test_profiling_does_not_change_training(profiled):
     run, summary, _, _ = profiled
-    cfg = chain.compose(["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", *SMALL,
-                         "trainer.steps=5"])
+    cfg = chain.compose(
+        ["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=4", *SMALL, "trainer.steps=5"]
+    )
     plain = chain.build(cfg).fit()
     assert plain["loss_last"] == summary["loss_last"]
 
 
-
-@pytest.mark.parametrize("schedule, overrides", [
-    ("zb1", ["+stages=2"]),
-    ("interleaved", ["+stages=4", "pipeline.virtual_stages=2"]),  # 4 stages on 2 devices
-    ("zbv", ["+stages=4"]),  # 4 stages on 2 devices in a V, split backwards
-])
+@pytest.mark.parametrize(
+    "schedule, overrides",
+    [
+        ("zb1", ["+stages=2"]),
+        ("interleaved", ["+stages=4", "pipeline.virtual_stages=2"]),  # 4 stages on 2 devices
+        ("zbv", ["+stages=4"]),  # 4 stages on 2 devices in a V, split backwards
+    ],
+)
 def test_zb1_interleaved_and_zbv_are_measured_action_by_action(schedule, overrides, tmp_path, caplog, monkeypatch):
     """Every F, B and W of every stage is in the measured timeline, in the schedule's order for
     that stage. The log's plan and the report's planned chart have one row per device (interleaved,
@@ -97,8 +110,17 @@ def test_zb1_interleaved_and_zbv_are_measured_action_by_action(schedule, overrid
     both charts draw W bars for zb1 and zbv; the log's measured grid has a row per stage with a cell
     per action."""
     run_dir = str(tmp_path)
-    cfg = chain.compose([*overrides, "mode=e2e", f"pipeline.schedule={schedule}", "pipeline.microbatches=2", *SMALL,
-                         "trainer.steps=3", "trainer.profile=[2,3]"])
+    cfg = chain.compose(
+        [
+            *overrides,
+            "mode=e2e",
+            f"pipeline.schedule={schedule}",
+            "pipeline.microbatches=2",
+            *SMALL,
+            "trainer.steps=3",
+            "trainer.profile=[2,3]",
+        ]
+    )
     run = chain.build(cfg, run_dir=run_dir)
     with caplog.at_level(logging.INFO, logger="chain"):
         summary = run.fit()
@@ -115,7 +137,7 @@ def test_zb1_interleaved_and_zbv_are_measured_action_by_action(schedule, overrid
     assert 0.0 <= summary["measured_bubble_fraction"] < 1.0
     (text,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planned and measured timelines")]
     plan = text.split("\nmeasured: step ", 1)[0].splitlines()
-    for k, line in enumerate(text.split("\nmeasured: step ", 1)[1].splitlines()[1:1 + len(run.stages)]):
+    for k, line in enumerate(text.split("\nmeasured: step ", 1)[1].splitlines()[1 : 1 + len(run.stages)]):
         planned = [str(a) for row in run.schedule.actions for a in row if a.stage == k]
         assert [c for c in line.split()[3:] if c not in "-."] == planned, line
     if schedule == "zb1":
@@ -131,8 +153,13 @@ def test_zb1_interleaved_and_zbv_are_measured_action_by_action(schedule, overrid
     from chain.report import page, runs
 
     charts = {}
-    monkeypatch.setattr(page.plots, "gantt", lambda rows, labels, title, xlabel: charts.setdefault(
-        title.split(":")[0].split(" ")[0], (rows, labels)) and b"")
+    monkeypatch.setattr(
+        page.plots,
+        "gantt",
+        lambda rows, labels, title, xlabel: (
+            charts.setdefault(title.split(":")[0].split(" ")[0], (rows, labels)) and b""
+        ),
+    )
     page.timeline_section(runs.load(run_dir))
     (planned_rows, planned_labels), (measured_rows, measured_labels) = charts["planned"], charts["measured"]
     assert planned_labels == devices
@@ -140,13 +167,24 @@ def test_zb1_interleaved_and_zbv_are_measured_action_by_action(schedule, overrid
     for rows in (planned_rows, measured_rows):
         assert "".join(sorted({kind for row in rows for _, _, kind, _ in row} - {"update"})) == kinds
 
+
 def test_every_copy_of_the_pipeline_is_measured_action_by_action(tmp_path, caplog, monkeypatch):
     """placement.replicas=2: the trace holds F and B of both copies (copy 1's scopes `r1_s{k}_...`), each
     copy's stages in the schedule's order with its update; the log's measured grid and the report's
     measured chart have a row per device of every copy."""
     run_dir = str(tmp_path)
-    cfg = chain.compose(["+stages=2", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=1",
-                         "placement.replicas=2", *SMALL, "trainer.steps=2", "trainer.profile=[2,2]"])
+    cfg = chain.compose(
+        [
+            "+stages=2",
+            "mode=e2e",
+            "pipeline.schedule=1f1b",
+            "pipeline.microbatches=1",
+            "placement.replicas=2",
+            *SMALL,
+            "trainer.steps=2",
+            "trainer.profile=[2,2]",
+        ]
+    )
     run = chain.build(cfg, run_dir=run_dir)
     with caplog.at_level(logging.INFO, logger="chain"):
         run.fit()
@@ -158,19 +196,27 @@ def test_every_copy_of_the_pipeline_is_measured_action_by_action(tmp_path, caplo
     assert step["complete"]
     for r in range(2):
         for k, planned in enumerate(run.schedule.actions):
-            mine = sorted((a for a in step["actions"] if (a["replica"], a["stage"]) == (r, k)), key=lambda a: a["start_ms"])
+            mine = sorted(
+                (a for a in step["actions"] if (a["replica"], a["stage"]) == (r, k)), key=lambda a: a["start_ms"]
+            )
             assert [Action(k, a["microbatch"], a["kind"], r) for a in mine] == [a._replace(replica=r) for a in planned]
     assert sorted((u["replica"], u["stage"]) for u in step["updates"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [(p["replica"], p["stage"], p["device"]) for p in measured["per_stage"]] == [
-        (r, k, grid[r][k]) for r in range(2) for k in range(2)]
+        (r, k, grid[r][k]) for r in range(2) for k in range(2)
+    ]
     (text,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planned and measured timelines")]
     measured_rows = text.split("\nmeasured: step ", 1)[1].splitlines()[1:5]
     assert [row.split("  ")[0] for row in measured_rows] == [f"copy {r} stage {k}" for r in range(2) for k in range(2)]
     from chain.report import page, runs
 
     charts = {}
-    monkeypatch.setattr(page.plots, "gantt", lambda rows, labels, title, xlabel: charts.setdefault(
-        title.split(":")[0].split(" ")[0], (rows, labels)) and b"")
+    monkeypatch.setattr(
+        page.plots,
+        "gantt",
+        lambda rows, labels, title, xlabel: (
+            charts.setdefault(title.split(":")[0].split(" ")[0], (rows, labels)) and b""
+        ),
+    )
     page.timeline_section(runs.load(run_dir))
     rows, labels = charts["measured"]
     assert labels == [f"copy {r} stage {k}  {grid[r][k]}" for r in range(2) for k in range(2)]
@@ -192,7 +238,7 @@ def test_the_vocabulary_carries_the_copy_of_the_pipeline():
 # --- the statistics, on synthetic traces ---------------------------------------------------------
 
 
-def synthetic(schedule, durations, step=(0, 10 ** 9), gap=0):
+def synthetic(schedule, durations, step=(0, 10**9), gap=0):
     """Events that play `schedule` as `simulate` does, slot t lasting durations[kind] ns per stage."""
     grid = schedules.simulate(schedule).grid
     slot = max(durations.values()) + gap
@@ -201,7 +247,11 @@ def synthetic(schedule, durations, step=(0, 10 ** 9), gap=0):
         for t, a in enumerate(row):
             if a is not None:
                 start = step[0] + t * slot
-                scope = f"s{a.stage}_{a.kind}{a.microbatch}" if a.kind != "B" else f"gradient_tape/s{a.stage}_F{a.microbatch}"
+                scope = (
+                    f"s{a.stage}_{a.kind}{a.microbatch}"
+                    if a.kind != "B"
+                    else f"gradient_tape/s{a.stage}_F{a.microbatch}"
+                )
                 events.append(OpEvent(f"{scope}/matmul", "MatMul", start, start + durations[a.kind], "vm"))
                 events.append(OpEvent(f"{scope}/w/ReadVariableOp", "ReadVariableOp", step[0], step[0] + 1, "vm"))
     return events
@@ -212,7 +262,7 @@ def test_unit_time_actions_measure_the_planned_bubble(name):
     # interleaved: 6 stages on 3 devices; a device is idle only while none of its stages works
     s = schedules.build(name, 6, 3, 3) if name == "interleaved" else schedules.build(name, 3, 3)
     events = synthetic(s, {"F": 1000, "B": 1000})
-    m = timeline.measure(s, events, {7: (0, 10 ** 9)}, [f"/d:{k % 3}" for k in range(s.stages)])
+    m = timeline.measure(s, events, {7: (0, 10**9)}, [f"/d:{k % 3}" for k in range(s.stages)])
     assert m.steps[0].complete
     assert m.measured_bubble_fraction == pytest.approx(schedules.simulate(s).bubble_fraction)
     assert m.planned_bubble_fraction == pytest.approx(schedules.simulate(s).bubble_fraction)
@@ -226,7 +276,7 @@ def test_unit_time_actions_measure_the_planned_bubble(name):
 def test_a_missing_action_leaves_its_step_out_of_the_statistics():
     s = schedules.build("gpipe", 2, 2)
     events = [e for e in synthetic(s, {"F": 10, "B": 10}) if not e.name.startswith("gradient_tape/s0_F1")]
-    m = timeline.measure(s, events, {1: (0, 10 ** 6)}, ["/d:0", "/d:1"])
+    m = timeline.measure(s, events, {1: (0, 10**6)}, ["/d:0", "/d:1"])
     assert not m.steps[0].complete and m.measured_bubble_fraction is None
 
 
@@ -234,7 +284,7 @@ def test_sources_pick_each_stages_worker():
     s = schedules.build("gpipe", 2, 1)
     events = synthetic(s, {"F": 10, "B": 10})
     stray = OpEvent("s1_F0/late", "AddV2", 500, 900, "client")  # the same scope, seen on another host
-    m = timeline.measure(s, events + [stray], {1: (0, 10 ** 6)}, ["/w0", "/w1"], sources=["vm", "vm"])
+    m = timeline.measure(s, events + [stray], {1: (0, 10**6)}, ["/w0", "/w1"], sources=["vm", "vm"])
     f = [a for a in m.steps[0].actions if (a.stage, a.kind) == (1, "F")][0]
     assert f.end_ms < 500 / 1e6
 
@@ -243,13 +293,16 @@ def test_a_step_that_a_workers_trace_does_not_hold_is_not_measured():
     """Two steps, each stage's ops from its own worker's trace: a trace that began after step 1 began
     (or ended before it ended) holds only part of it, whose actions would look shorter than they ran."""
     s = schedules.build("gpipe", 2, 2)
-    steps = {1: (0, 10 ** 5), 2: (10 ** 6, 10 ** 6 + 10 ** 5)}
-    events = [replace(e, source=f"w{Action.parse(e.name.removeprefix('gradient_tape/')).stage}")
-              for step in steps.values() for e in synthetic(s, {"F": 10, "B": 10}, step=step)]
-    both = {"w0": (0, 2 * 10 ** 6), "w1": (-5, 2 * 10 ** 6)}
+    steps = {1: (0, 10**5), 2: (10**6, 10**6 + 10**5)}
+    events = [
+        replace(e, source=f"w{Action.parse(e.name.removeprefix('gradient_tape/')).stage}")
+        for step in steps.values()
+        for e in synthetic(s, {"F": 10, "B": 10}, step=step)
+    ]
+    both = {"w0": (0, 2 * 10**6), "w1": (-5, 2 * 10**6)}
     whole = timeline.measure(s, events, steps, ["/w0", "/w1"], sources=["w0", "w1"], spans=both)
     assert [st.complete for st in whole.steps] == [True, True]
-    for late in [{**both, "w1": (50, 2 * 10 ** 6)}, {**both, "w0": (0, 10 ** 5 - 1)}]:  # began in step 1 / ended in it
+    for late in [{**both, "w1": (50, 2 * 10**6)}, {**both, "w0": (0, 10**5 - 1)}]:  # began in step 1 / ended in it
         m = timeline.measure(s, events, steps, ["/w0", "/w1"], sources=["w0", "w1"], spans=late)
         held = [st.complete for st in m.steps]
         assert held == ([False, True] if late["w1"][0] == 50 else [False, False])
@@ -273,7 +326,8 @@ def test_a_worker_whose_trace_does_not_hold_a_step_is_named_with_the_steps(caplo
         "not measured",
         "profile: the trace of worker 0 (localhost:2232) began after or ended before step 4 (not held whole): "
         "not measured",
-        "profile: worker 1 (localhost:2233) wrote no trace: steps 3, 4 not measured"]
+        "profile: worker 1 (localhost:2233) wrote no trace: steps 3, 4 not measured",
+    ]
 
 
 def test_owner_maps_scopes_to_actions():
@@ -286,8 +340,12 @@ def test_owner_maps_scopes_to_actions():
 
 def test_copy_wait_is_the_idle_time_after_an_input_was_ready():
     s = schedules.build("sequential", 2, 1)  # F(0) F(1) B(1) B(0)
-    ev = [OpEvent("s0_F0/a", "MatMul", 0, 100, "vm"), OpEvent("s1_F0/a", "MatMul", 130, 200, "vm"),
-          OpEvent("gradient_tape/s1_F0/a", "MatMul", 200, 300, "vm"), OpEvent("gradient_tape/s0_F0/a", "MatMul", 350, 400, "vm")]
+    ev = [
+        OpEvent("s0_F0/a", "MatMul", 0, 100, "vm"),
+        OpEvent("s1_F0/a", "MatMul", 130, 200, "vm"),
+        OpEvent("gradient_tape/s1_F0/a", "MatMul", 200, 300, "vm"),
+        OpEvent("gradient_tape/s0_F0/a", "MatMul", 350, 400, "vm"),
+    ]
     m = timeline.measure(s, ev, {1: (0, 1000)}, ["/d:0", "/d:1"])
     assert [p.copy_wait_ms for p in m.per_stage] == pytest.approx([50e-6, 30e-6])
     assert m.measured_bubble_fraction == pytest.approx(1 - (150 + 170) / (2 * 400))
@@ -304,14 +362,17 @@ def test_advice_moves_layers_off_the_slow_stage():
     assert timeline.advise([10.0, 11.0, 10.5], [3, 3, 3]) is None  # within 20% of the mean
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["trainer.profile=[3,2]"], "START must be <= STOP"),
-    (["trainer.profile=[2,9]"], "goes past trainer.steps=5"),
-    (["trainer.profile=[0,1]"], "must be >= 1"),
-    (["trainer.profile=3"], "must be [START,STOP]"),
-    (["mode=local", "trainer.profile=[1,2]"], "needs mode=e2e"),
-    (["cluster.workers=[localhost:2222,localhost:2223]", "trainer.profile=[1,2]"], "cluster.profile_ports"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.profile=[3,2]"], "START must be <= STOP"),
+        (["trainer.profile=[2,9]"], "goes past trainer.steps=5"),
+        (["trainer.profile=[0,1]"], "must be >= 1"),
+        (["trainer.profile=3"], "must be [START,STOP]"),
+        (["mode=local", "trainer.profile=[1,2]"], "needs mode=e2e"),
+        (["cluster.workers=[localhost:2222,localhost:2223]", "trainer.profile=[1,2]"], "cluster.profile_ports"),
+    ],
+)
 def test_bad_profile_settings_are_one_line_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:
         chain.compose(["+stages=2", "mode=e2e", "trainer.steps=5", *overrides])
@@ -319,8 +380,9 @@ def test_bad_profile_settings_are_one_line_naming_the_key(overrides, message):
 
 
 def test_a_mirrored_run_has_no_schedule_to_profile(tmp_path):
-    cfg = chain.compose(["+stages=2", "mode=e2e", "placement.fallback=mirrored", *SMALL, "trainer.steps=2",
-                         "trainer.profile=[1,1]"])
+    cfg = chain.compose(
+        ["+stages=2", "mode=e2e", "placement.fallback=mirrored", *SMALL, "trainer.steps=2", "trainer.profile=[1,1]"]
+    )
     with pytest.raises(ConfigError, match="trainer.profile measures a pipeline schedule"):
         chain.build(cfg, run_dir=str(tmp_path)).fit()
     assert not os.path.exists(tmp_path / "timeline.json")
@@ -333,21 +395,30 @@ def test_the_advice_names_the_override_that_moves_layers():
 
     own = chain.build(chain.compose(["+stages=2", "mode=e2e", *SMALL]))
     assert layers_and_override(own.stages, [3, 1]) == ([2, 2], "'+stages=[{model: {depth: 3}},{model: {depth: 1}}]'")
-    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), *[keras.layers.Dense(8) for _ in range(4)],
-                              keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            *[keras.layers.Dense(8) for _ in range(4)],
+            keras.layers.Dense(10),
+        ]
+    )
     cut = chain.build(chain.compose(["+stages=2", "mode=e2e", *SMALL]), model=model)
     assert layers_and_override(cut.stages, [4, 2]) == ([3, 3], "placement.split=[4,2]")  # the model's 6 layers
 
 
 # --- advice moves layers, never changes them -----------------------------------------------------------
 ADVISED = ["mode=e2e", "data=synthetic", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
-WIDE_THEN_NARROW = "+stages=[{model: {width: 256, depth: 6}},{model: {width: 16, depth: 1}},{model: {width: 16, depth: 1}}]"
+WIDE_THEN_NARROW = (
+    "+stages=[{model: {width: 256, depth: 6}},{model: {width: 16, depth: 1}},{model: {width: 16, depth: 1}}]"
+)
 
 
 def network(run) -> tuple[int, list[tuple[str, list[tuple]]]]:
     """The whole chain as one network: its parameter count and its layers in order (kind, weight shapes)."""
-    layers = [(type(layer).__name__, [tuple(w.shape) for w in layer.weights])
-              for s in run.stages for layer in s.model.layers]
+    layers = [
+        (type(layer).__name__, [tuple(w.shape) for w in layer.weights]) for s in run.stages for layer in s.model.layers
+    ]
     return sum(s.params for s in run.stages), layers
 
 
@@ -360,15 +431,32 @@ def advice_for(run, busy, tmp_path) -> dict | None:
     return None if advice is None else to_json(advice)  # as timeline.json holds it
 
 
-@pytest.mark.parametrize("stages, busy", [
-    ([WIDE_THEN_NARROW], [60.0, 5.0, 6.0]),
-    (["+stages=[{model: {width: 256, depth: 2}},{model: {width: 16, depth: 1}},{model: {width: 16, depth: 3}}]"],
-     [10.0, 5.0, 60.0]),
-    (["+stages=[{model: {width: 32, depth: 1}},{model: {width: 32, depth: 3}}]"], [10.0, 40.0]),  # not the template's width
-    (["+stages=[{model: {depth: 1}},{model: {depth: 3, dropout: 0.1}},{model: {depth: 3, dropout: 0.1}}]"], [5.0, 40.0, 10.0]),
-    (["data=digits", "+stages=[{model: {name: conv, filters: 4, depth: 1}},{model: {name: conv, filters: 4, depth: 3}},"
-      "{model: {depth: 1}, optim: {lr: 0.01}}]"], [5.0, 60.0, 6.0]),  # other bodies, another optimizer
-])
+@pytest.mark.parametrize(
+    "stages, busy",
+    [
+        ([WIDE_THEN_NARROW], [60.0, 5.0, 6.0]),
+        (
+            ["+stages=[{model: {width: 256, depth: 2}},{model: {width: 16, depth: 1}},{model: {width: 16, depth: 3}}]"],
+            [10.0, 5.0, 60.0],
+        ),
+        (
+            ["+stages=[{model: {width: 32, depth: 1}},{model: {width: 32, depth: 3}}]"],
+            [10.0, 40.0],
+        ),  # not the template's width
+        (
+            ["+stages=[{model: {depth: 1}},{model: {depth: 3, dropout: 0.1}},{model: {depth: 3, dropout: 0.1}}]"],
+            [5.0, 40.0, 10.0],
+        ),
+        (
+            [
+                "data=digits",
+                "+stages=[{model: {name: conv, filters: 4, depth: 1}},{model: {name: conv, filters: 4, depth: 3}},"
+                "{model: {depth: 1}, optim: {lr: 0.01}}]",
+            ],
+            [5.0, 60.0, 6.0],
+        ),  # other bodies, another optimizer
+    ],
+)
 def test_the_advised_override_keeps_the_whole_network(stages, busy, tmp_path):
     run = chain.build(chain.compose([*ADVISED, *stages]), run_dir=str(tmp_path))
     advice = advice_for(run, busy, tmp_path)
@@ -377,22 +465,26 @@ def test_the_advised_override_keeps_the_whole_network(stages, busy, tmp_path):
     assert [s.spec.model.depth for s in advised.stages] == advice["split"] != advice["layers"]
     assert network(advised) == network(run)
     # every layer keeps its optimizer too
-    assert ([s.spec.optim for s in advised.stages for _ in range(s.spec.model.depth)]
-            == [s.spec.optim for s in run.stages for _ in range(s.spec.model.depth)])
+    assert [s.spec.optim for s in advised.stages for _ in range(s.spec.model.depth)] == [
+        s.spec.optim for s in run.stages for _ in range(s.spec.model.depth)
+    ]
 
 
 def test_the_reproduction_keeps_its_341860_parameters(tmp_path):
     run = chain.build(chain.compose([*ADVISED, WIDE_THEN_NARROW]), run_dir=str(tmp_path))
     assert network(run)[0] == 341_860
     advice = advice_for(run, [60.0, 5.0, 6.0], tmp_path)
-    assert advice["override"] == ("'+stages=[{model: {width: 256, depth: 3}},{model: {width: 256, depth: 3}},"
-                                  "{model: {width: 16, depth: 2}}]'")
+    assert advice["override"] == (
+        "'+stages=[{model: {width: 256, depth: 3}},{model: {width: 256, depth: 3}},{model: {width: 16, depth: 2}}]'"
+    )
     assert advice["fixed_cuts"] == [6] and max(advice["predicted_ms"]) == pytest.approx(30.0)
 
 
 def test_stages_that_cannot_be_rebalanced_without_changing_the_network_say_so(tmp_path):
-    run = chain.build(chain.compose([*ADVISED, "+stages=[{model: {width: 64, depth: 3}},{model: {width: 16, depth: 1}}]"]),
-                      run_dir=str(tmp_path))
+    run = chain.build(
+        chain.compose([*ADVISED, "+stages=[{model: {width: 64, depth: 3}},{model: {width: 16, depth: 1}}]"]),
+        run_dir=str(tmp_path),
+    )
     advice = advice_for(run, [60.0, 5.0], tmp_path)  # moving a 64-wide layer to the 16-wide stage would even it
     assert advice["split"] == advice["layers"] == [3, 1] and advice["override"] is None and advice["constrained"]
     assert "its stages cannot be rebalanced without changing the network" in advice["text"]
@@ -402,8 +494,19 @@ def test_stages_that_cannot_be_rebalanced_without_changing_the_network_say_so(tm
 def test_a_profiled_chain_of_different_widths_is_advised_an_override_that_keeps_it(tmp_path):
     """The issue's reproduction, measured (batches of 512, so the 256-wide stage is the bottleneck even on
     logical CPU devices sharing one thread pool): whatever the trace says, the advice keeps the network."""
-    run = chain.build(chain.compose([*ADVISED, WIDE_THEN_NARROW, "data.batch_size=512", "data.samples=2048",
-                                     "trainer.steps=4", "trainer.profile=[3,4]"]), run_dir=str(tmp_path))
+    run = chain.build(
+        chain.compose(
+            [
+                *ADVISED,
+                WIDE_THEN_NARROW,
+                "data.batch_size=512",
+                "data.samples=2048",
+                "trainer.steps=4",
+                "trainer.profile=[3,4]",
+            ]
+        ),
+        run_dir=str(tmp_path),
+    )
     summary = run.fit()
     with open(tmp_path / "timeline.json") as f:
         advice = json.load(f)["advice"]
@@ -420,8 +523,12 @@ def test_a_profiled_chain_of_different_widths_is_advised_an_override_that_keeps_
 
 def test_idle_splits_each_devices_span_into_busy_input_waits_overhead_and_tail():
     s = schedules.build("sequential", 2, 1)  # F(0) F(1) B(1) B(0)
-    ev = [OpEvent("s0_F0/a", "MatMul", 0, 100, "vm"), OpEvent("s1_F0/a", "MatMul", 130, 200, "vm"),
-          OpEvent("gradient_tape/s1_F0/a", "MatMul", 200, 300, "vm"), OpEvent("gradient_tape/s0_F0/a", "MatMul", 350, 400, "vm")]
+    ev = [
+        OpEvent("s0_F0/a", "MatMul", 0, 100, "vm"),
+        OpEvent("s1_F0/a", "MatMul", 130, 200, "vm"),
+        OpEvent("gradient_tape/s1_F0/a", "MatMul", 200, 300, "vm"),
+        OpEvent("gradient_tape/s0_F0/a", "MatMul", 350, 400, "vm"),
+    ]
     m = timeline.measure(s, ev, {1: (-20, 1000)}, ["/d:0", "/d:1"])
     out = idle.explain(m, s)
     got = [(d.busy_ms, d.input_wait_ms, d.overhead_ms, d.tail_ms) for d in out.devices]
@@ -434,13 +541,18 @@ def test_idle_splits_each_devices_span_into_busy_input_waits_overhead_and_tail()
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb1", "interleaved", "zbv"])
 def test_a_replay_with_unit_durations_is_the_plan_and_a_measured_step_adds_up_to_its_span(name):
-    s = schedules.build(name, 4, 4, 2 if name == "interleaved" else None) if name in ("interleaved", "zbv") \
+    s = (
+        schedules.build(name, 4, 4, 2 if name == "interleaved" else None)
+        if name in ("interleaved", "zbv")
         else schedules.build(name, 3, 4)
+    )
     plan = schedules.simulate(s)
     span, bubble = idle.replay(s, {(k, kind): 1.0 for k in range(s.stages) for kind in "FBW"})
     assert (span, bubble) == pytest.approx((plan.slots, plan.bubble_fraction))
     durations = {"F": 1000, "B": 2000, "W": 700}  # unequal: each device's parts still sum to the span
-    m = timeline.measure(s, synthetic(s, durations, gap=300), {7: (0, 10 ** 9)}, [f"/d:{s.row(k)}" for k in range(s.stages)])
+    m = timeline.measure(
+        s, synthetic(s, durations, gap=300), {7: (0, 10**9)}, [f"/d:{s.row(k)}" for k in range(s.stages)]
+    )
     out = idle.explain(m, s)
     assert out.replayed_bubble_fraction < m.measured_bubble_fraction  # the slots' gaps are overhead
     for d in out.devices:

@@ -29,12 +29,27 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
 # absl's C++ lines (I0000/W0000/E0000 ...), its pre-init notice, Python's tensorflow logger (its own format and Hydra's),
 # any other library's logger (Hydra's format `[time][name][LEVEL]`, Python's `LEVEL:name:`)
-FOREIGN = re.compile(r"^[IWEF]\d{4} |absl::InitializeLog|WARNING:tensorflow|\[tensorflow\]|oneDNN|cpu_feature_guard|"
-                        r"cuInit|topological order|then broadcast to|retracing|"
-                        r"^\[[^]]*\]\[(?!chain\])[^]]*\]\[|^(DEBUG|INFO|WARNING|ERROR|CRITICAL):(?!chain:)", re.M)
+FOREIGN = re.compile(
+    r"^[IWEF]\d{4} |absl::InitializeLog|WARNING:tensorflow|\[tensorflow\]|oneDNN|cpu_feature_guard|"
+    r"cuInit|topological order|then broadcast to|retracing|"
+    r"^\[[^]]*\]\[(?!chain\])[^]]*\]\[|^(DEBUG|INFO|WARNING|ERROR|CRITICAL):(?!chain:)",
+    re.M,
+)
 # A tiny byte-level language model (model=gpt on data=text)
-LM = ["mode=e2e", "model=gpt", "data=text", "data.files=corpus.txt", "data.seq_len=8", "data.batch_size=8",
-      "model.width=8", "model.heads=2", "model.depth=1", "+stages=2", "trainer.steps=1", "trainer.progress=false"]
+LM = [
+    "mode=e2e",
+    "model=gpt",
+    "data=text",
+    "data.files=corpus.txt",
+    "data.seq_len=8",
+    "data.batch_size=8",
+    "model.width=8",
+    "model.heads=2",
+    "model.depth=1",
+    "+stages=2",
+    "trainer.steps=1",
+    "trainer.progress=false",
+]
 TOKENIZER = ["[PAD]", "[UNK]", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", ";", ","]
 
 
@@ -55,10 +70,12 @@ def test_grad_accum_the_python_api_and_the_example_start_and_train_quietly(tmp_p
     r = as_a_user("-m", "chain", *TINY, "trainer.steps=2", "trainer.grad_accum=4", cwd=tmp_path)
     assert_quiet(r)
     assert r.stderr == ""
-    api = ("import chain\n"
-           f"cfg = chain.compose({[*TINY, 'trainer.steps=2', 'trainer.grad_accum=4']!r})\n"
-           "chain.setup(cfg)\n"  # TensorFlow imported here first
-           "print(chain.build(cfg).fit()['steps'])\n")
+    api = (
+        "import chain\n"
+        f"cfg = chain.compose({[*TINY, 'trainer.steps=2', 'trainer.grad_accum=4']!r})\n"
+        "chain.setup(cfg)\n"  # TensorFlow imported here first
+        "print(chain.build(cfg).fit()['steps'])\n"
+    )
     r = as_a_user("-c", api, cwd=tmp_path)
     assert_quiet(r)
     assert (r.stdout, r.stderr) == ("2\n", "")
@@ -71,8 +88,14 @@ def test_the_mirrored_fallback_and_a_resume_on_cluster_workers_print_no_tensorfl
     # Python's logging only: the test zygote's TensorFlow (its C++ log level set at its import) will do
     assert_quiet(run_cli(tmp_path, *TINY, "trainer.steps=2", "placement.fallback=mirrored"))
     with LocalCluster(2) as cluster:
-        args = [*TINY, "mode=e2e", "pipeline.microbatches=2", "checkpoint.every=1", cluster.option,
-                f"hydra.run.dir={tmp_path / 'cluster'}"]
+        args = [
+            *TINY,
+            "mode=e2e",
+            "pipeline.microbatches=2",
+            "checkpoint.every=1",
+            cluster.option,
+            f"hydra.run.dir={tmp_path / 'cluster'}",
+        ]
         assert run_cli(tmp_path, *args, "trainer.steps=1").returncode == 0  # the checkpoint to resume (not checked)
         # 3 more saves of 2 stages, each spanning the client and a worker: TensorFlow's saver retraces from the 5th
         assert_quiet(as_a_user("-m", "chain", *args, "trainer.steps=4", "resume=true", cwd=tmp_path))
@@ -88,8 +111,9 @@ def lm(tmp_path_factory):
     fresh machine (matplotlib's cache folder empty), and what it printed."""
     cwd = tmp_path_factory.mktemp("lm")
     (cwd / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog; naïve café\n" * 40)
-    r = as_a_user("-m", "chain", *LM, "report=true", "hydra.run.dir=run", cwd=cwd,
-                  env={"MPLCONFIGDIR": str(cwd / "matplotlib")})
+    r = as_a_user(
+        "-m", "chain", *LM, "report=true", "hydra.run.dir=run", cwd=cwd, env={"MPLCONFIGDIR": str(cwd / "matplotlib")}
+    )
     return cwd, r
 
 
@@ -98,8 +122,15 @@ def test_training_on_a_fresh_machine_with_a_tokenizer_and_restaging_print_only_c
     assert os.path.isfile(lm[0] / "run" / "report.html")
     (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog;\n" * 20)
     (tmp_path / "vocab.txt").write_text("\n".join(TOKENIZER) + "\n")
-    r = as_a_user("-m", "chain", *LM, "data.tokenizer=vocab.txt", f"model.vocab={len(TOKENIZER)}", cwd=tmp_path,
-                  env={"XDG_CACHE_HOME": str(tmp_path / "cache")})  # keras_hub imports TensorFlow in the preparation
+    r = as_a_user(
+        "-m",
+        "chain",
+        *LM,
+        "data.tokenizer=vocab.txt",
+        f"model.vocab={len(TOKENIZER)}",
+        cwd=tmp_path,
+        env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )  # keras_hub imports TensorFlow in the preparation
     assert_quiet(r)
     assert r.stderr == ""
     assert run_cli(tmp_path, *TINY, "trainer.steps=2", "hydra.run.dir=src").returncode == 0
@@ -140,9 +171,14 @@ def test_the_reports_figures_draw_text_as_written(monkeypatch):
 def test_generate_stops_on_ctrl_c_in_one_line_after_the_text_so_far(lm):
     prompt = "the qu"
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    p = subprocess.Popen([sys.executable, "-m", "chain.generate", "run", "--prompt", prompt, "--tokens", "1000000000"],
-                         cwd=lm[0], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not a background job's
+    p = subprocess.Popen(
+        [sys.executable, "-m", "chain.generate", "run", "--prompt", prompt, "--tokens", "1000000000"],
+        cwd=lm[0],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # not a background job's
     try:
         out, deadline = b"", time.monotonic() + 120
         while len(out) <= len(prompt):  # the prompt, then the first generated bytes
@@ -170,5 +206,8 @@ def test_generate_refuses_a_run_that_is_still_training_in_one_line(lm):
     finally:
         lock.release(run)
     assert r.returncode == 2 and r.stdout == "", r.stderr
-    assert re.fullmatch(rf"error: run is in use by a run that is still training \(pid {os.getpid()} on .*, since .*\); "
-                        r"try again after that run has ended\n", r.stderr), r.stderr
+    assert re.fullmatch(
+        rf"error: run is in use by a run that is still training \(pid {os.getpid()} on .*, since .*\); "
+        r"try again after that run has ended\n",
+        r.stderr,
+    ), r.stderr

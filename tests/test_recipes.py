@@ -24,8 +24,17 @@ from compare import rel_diff
 from conftest import read_summary, stage_values, straight_and_resumed
 
 L = keras.layers
-RUN = ["+stages=2", "mode=e2e", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64",
-       "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]
+RUN = [
+    "+stages=2",
+    "mode=e2e",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=64",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
 RTOL = 1e-5  # as the other equality tests
 STEPS = 4
 
@@ -34,15 +43,24 @@ def normed_model() -> keras.Model:
     """Dense, LayerNormalization, Dense | Dense, RMSNormalization, Dense (cut 3 + 3): biases and
     norms on both stages, for the decay's exclusions (per-example norms: microbatches do not change them)."""
     keras.utils.set_random_seed(3)
-    layers = [L.Dense(8, activation="tanh", name="d0"), L.LayerNormalization(name="ln"), L.Dense(8, name="d1"),
-              L.Dense(8, activation="tanh", name="d2"), L.RMSNormalization(name="rms"), L.Dense(4, name="out")]
+    layers = [
+        L.Dense(8, activation="tanh", name="d0"),
+        L.LayerNormalization(name="ln"),
+        L.Dense(8, name="d1"),
+        L.Dense(8, activation="tanh", name="d2"),
+        L.RMSNormalization(name="rms"),
+        L.Dense(4, name="out"),
+    ]
     return keras.Sequential([keras.Input((6,)), *layers], name="normed")
 
 
 def batches(n: int, vocab: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(0)
-    make = (lambda: rng.integers(0, vocab, (16, 6)).astype("float32")) if vocab else \
-        (lambda: rng.standard_normal((16, 6)).astype("float32"))
+    make = (
+        (lambda: rng.integers(0, vocab, (16, 6)).astype("float32"))
+        if vocab
+        else (lambda: rng.standard_normal((16, 6)).astype("float32"))
+    )
     return [(make(), rng.integers(0, 4, 16).astype("int32")) for _ in range(n)]
 
 
@@ -60,8 +78,9 @@ def assert_trains_like(run, reference: keras.Model, data) -> None:
 
 
 def compiled(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> keras.Model:
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=False)
+    model.compile(
+        optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False
+    )
     return model
 
 
@@ -70,8 +89,12 @@ def keras_adamw(fused: bool, learning_rate, model: keras.Model) -> keras.optimiz
     way Keras documents it: biases by name, the norm layers' variables by list."""
     cls = FusedAdamW if fused else keras.optimizers.AdamW
     opt = cls(learning_rate=learning_rate, weight_decay=0.5, beta_1=0.9, beta_2=0.999)
-    norms = [v for layer in model.layers if isinstance(layer, (L.LayerNormalization, L.RMSNormalization))
-             for v in layer.trainable_variables]
+    norms = [
+        v
+        for layer in model.layers
+        if isinstance(layer, (L.LayerNormalization, L.RMSNormalization))
+        for v in layer.trainable_variables
+    ]
     opt.exclude_from_weight_decay(var_list=norms, var_names=["bias"])
     return opt
 
@@ -103,17 +126,29 @@ def test_fused_adamw_is_keras_adamw_within_float32_rounding():
     assert min(moved) > 100 * 2e-5 * lr  # the updates (decay included) are far above the tolerance
 
 
-@pytest.mark.parametrize("fused, overrides", [
-    (False, ["pipeline.schedule=1f1b", "pipeline.microbatches=4"]),
-    (True, ["pipeline.schedule=gpipe", "pipeline.microbatches=2"]),
-    (False, ["placement.fallback=mirrored"]),
-    (True, ["placement.replicas=2", "pipeline.microbatches=2"]),
-], ids=["keras-1f1b-M4", "fused-gpipe-M2", "mirrored", "fused-2-copies"])
+@pytest.mark.parametrize(
+    "fused, overrides",
+    [
+        (False, ["pipeline.schedule=1f1b", "pipeline.microbatches=4"]),
+        (True, ["pipeline.schedule=gpipe", "pipeline.microbatches=2"]),
+        (False, ["placement.fallback=mirrored"]),
+        (True, ["placement.replicas=2", "pipeline.microbatches=2"]),
+    ],
+    ids=["keras-1f1b-M4", "fused-gpipe-M2", "mirrored", "fused-2-copies"],
+)
 def test_adamw_with_warmup_and_cosine_trains_like_keras_adamw_on_one_device(fused, overrides):
     """2 stages, AdamW with decay 0.5 (biases and norms excluded) and 2 warm-up steps then a cosine
     to 10% at step 5: the weights of Keras' AdamW with Keras' CosineDecay, step for step."""
-    cfg = [*RUN, *ADAMW, f"optim.fused={str(fused).lower()}", "optim.schedule=warmup_cosine",
-           "optim.warmup_steps=2", "optim.decay_steps=5", "optim.floor=0.1", *overrides]
+    cfg = [
+        *RUN,
+        *ADAMW,
+        f"optim.fused={str(fused).lower()}",
+        "optim.schedule=warmup_cosine",
+        "optim.warmup_steps=2",
+        "optim.decay_steps=5",
+        "optim.floor=0.1",
+        *overrides,
+    ]
     run = chain.build(chain.compose(cfg), model=normed_model())
     reference = normed_model()
     cosine = keras.optimizers.schedules.CosineDecay(0.0, 3, alpha=0.1, warmup_target=0.02, warmup_steps=2)
@@ -125,10 +160,18 @@ def test_warmup_linear_follows_its_documented_learning_rates():
     """warmup_linear: lr x s / W during the warm-up, then linear to floor x lr at decay_steps, then
     the floor; the chain trains as Keras' AdamW given those rates (PiecewiseConstantDecay)."""
     lr, warm, end, floor = 0.02, 2, 5, 0.25
-    documented = [lr * s / warm if s < warm else lr * (floor + (1 - floor) * max(0.0, (end - s) / (end - warm)))
-                  for s in range(7)]
-    cfg = [*RUN, *ADAMW, "optim.schedule=warmup_linear", f"optim.warmup_steps={warm}", f"optim.decay_steps={end}",
-           f"optim.floor={floor}", "pipeline.microbatches=2"]
+    documented = [
+        lr * s / warm if s < warm else lr * (floor + (1 - floor) * max(0.0, (end - s) / (end - warm))) for s in range(7)
+    ]
+    cfg = [
+        *RUN,
+        *ADAMW,
+        "optim.schedule=warmup_linear",
+        f"optim.warmup_steps={warm}",
+        f"optim.decay_steps={end}",
+        f"optim.floor={floor}",
+        "pipeline.microbatches=2",
+    ]
     run = chain.build(chain.compose(cfg), model=normed_model())
     schedule = run.stages[0].optimizer._learning_rate  # noqa: SLF001 - the schedule object itself
     np.testing.assert_allclose([float(schedule(s)) for s in range(7)], documented, rtol=1e-6)
@@ -153,8 +196,16 @@ def test_no_decay_chooses_what_the_decay_leaves_out():
 def test_any_keras_optimizer_by_target_with_a_schedule():
     """`optim._target_=keras.optimizers.RMSprop` with its own keyword argument and a warm-up: one
     instance per stage, on its device, trains as Keras' RMSprop with Keras' CosineDecay."""
-    cfg = [*RUN, "optim._target_=keras.optimizers.RMSprop", "optim.rho=0.8", "optim.learning_rate=0.01",
-           "optim.schedule=warmup_cosine", "optim.warmup_steps=1", "optim.decay_steps=4", "pipeline.microbatches=2"]
+    cfg = [
+        *RUN,
+        "optim._target_=keras.optimizers.RMSprop",
+        "optim.rho=0.8",
+        "optim.learning_rate=0.01",
+        "optim.schedule=warmup_cosine",
+        "optim.warmup_steps=1",
+        "optim.decay_steps=4",
+        "pipeline.microbatches=2",
+    ]
     run = chain.build(chain.compose(cfg), model=normed_model())
     assert len({id(s.optimizer) for s in run.stages}) == 2
     assert all(type(s.optimizer) is keras.optimizers.RMSprop and s.optimizer.rho == 0.8 for s in run.stages)
@@ -170,28 +221,41 @@ def test_a_stage_may_name_its_own_keras_optimizer():
     assert (second.name, second.lr) == ("adam", 0.1)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["optim.schedule=cosine"], "optim.schedule='cosine' is not known; allowed: constant, warmup_cosine, "
-                                "warmup_linear; did you mean optim.schedule=warmup_cosine?"),
-    (["optim.schedule=warmup_cosine", "optim.warmup_steps=10", "trainer.steps=10"],
-     "optim.schedule=warmup_cosine decays from step optim.warmup_steps=10 to trainer.steps=10 "
-     "(optim.decay_steps=null): the decay must end after the warm-up; raise optim.decay_steps or lower "
-     "optim.warmup_steps"),
-    (["optim.floor=2"], "optim.floor=2 must be <= 1"),
-    (["optim=adamw", "optim.weight_decay=-1"], "optim.weight_decay=-1 must be >= 0.0"),
-    (["optim._target_=keras optimizers"], "optim._target_='keras optimizers' must be an optimizer's import path, "
-                                          "e.g. keras.optimizers.RMSprop"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["optim.schedule=cosine"],
+            "optim.schedule='cosine' is not known; allowed: constant, warmup_cosine, "
+            "warmup_linear; did you mean optim.schedule=warmup_cosine?",
+        ),
+        (
+            ["optim.schedule=warmup_cosine", "optim.warmup_steps=10", "trainer.steps=10"],
+            "optim.schedule=warmup_cosine decays from step optim.warmup_steps=10 to trainer.steps=10 "
+            "(optim.decay_steps=null): the decay must end after the warm-up; raise optim.decay_steps or lower "
+            "optim.warmup_steps",
+        ),
+        (["optim.floor=2"], "optim.floor=2 must be <= 1"),
+        (["optim=adamw", "optim.weight_decay=-1"], "optim.weight_decay=-1 must be >= 0.0"),
+        (
+            ["optim._target_=keras optimizers"],
+            "optim._target_='keras optimizers' must be an optimizer's import path, e.g. keras.optimizers.RMSprop",
+        ),
+    ],
+)
 def test_bad_recipe_settings_are_one_line_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:
         chain.compose(overrides)
     assert str(e.value) == message
 
 
-@pytest.mark.parametrize("target, message", [
-    ("keras.optimizers.RMSpro", "optim._target_=keras.optimizers.RMSpro"),
-    ("keras.layers.Dense", "optim._target_=keras.layers.Dense"),
-])
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("keras.optimizers.RMSpro", "optim._target_=keras.optimizers.RMSpro"),
+        ("keras.layers.Dense", "optim._target_=keras.layers.Dense"),
+    ],
+)
 def test_a_target_that_is_not_a_keras_optimizer_is_one_line(target, message):
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose([*RUN, f"optim._target_={target}"]))
@@ -206,9 +270,16 @@ VOCAB = 4  # 96 tokens a batch over 4 ids: every row of the table occurs many ti
 def embedding_model() -> keras.Model:
     """Token ids (as floats: Embedding casts them) -> an untied Embedding, mean, Dense, Dense (cut 2 + 2)."""
     keras.utils.set_random_seed(4)
-    return keras.Sequential([keras.Input((6,)), L.Embedding(VOCAB, 8, name="embed"),
-                             L.GlobalAveragePooling1D(name="pool"), L.Dense(8, activation="tanh", name="mix"),
-                             L.Dense(4, name="out")], name="embedded")
+    return keras.Sequential(
+        [
+            keras.Input((6,)),
+            L.Embedding(VOCAB, 8, name="embed"),
+            L.GlobalAveragePooling1D(name="pool"),
+            L.Dense(8, activation="tanh", name="mix"),
+            L.Dense(4, name="out"),
+        ],
+        name="embedded",
+    )
 
 
 def densified_adam_weights(data) -> np.ndarray:
@@ -225,21 +296,26 @@ def densified_adam_weights(data) -> np.ndarray:
     return model.get_layer("embed").embeddings.numpy()
 
 
-@pytest.mark.parametrize("overrides", [
-    ["pipeline.schedule=gpipe", "pipeline.microbatches=1"],
-    ["pipeline.schedule=1f1b", "pipeline.microbatches=4"],
-    ["pipeline.schedule=zb1", "pipeline.microbatches=2"],
-    ["pipeline.schedule=gpipe", "pipeline.microbatches=2", "optim.fused=true"],
-    ["pipeline.microbatches=2", "trainer.grad_accum=2"],
-    ["pipeline.microbatches=2", "optim.clip_global_norm=0.01"],
-], ids=["gpipe-M1", "1f1b-M4", "zb1-M2", "fused-M2", "M2-accum2", "M2-clipped"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["pipeline.schedule=gpipe", "pipeline.microbatches=1"],
+        ["pipeline.schedule=1f1b", "pipeline.microbatches=4"],
+        ["pipeline.schedule=zb1", "pipeline.microbatches=2"],
+        ["pipeline.schedule=gpipe", "pipeline.microbatches=2", "optim.fused=true"],
+        ["pipeline.microbatches=2", "trainer.grad_accum=2"],
+        ["pipeline.microbatches=2", "optim.clip_global_norm=0.01"],
+    ],
+    ids=["gpipe-M1", "1f1b-M4", "zb1-M2", "fused-M2", "M2-accum2", "M2-clipped"],
+)
 def test_an_embedding_under_adam_trains_like_keras_sparse_update(overrides):
     """Chain's reference for an embedding under Adam is Keras' own sparse update (what `model.fit`
     does): the microbatches' sparse gradients are joined row for row, never densified, so the table
     equals `train_on_batch`'s, and not a densified Adam's."""
     accum = 2 if "trainer.grad_accum=2" in overrides else 1
-    run = chain.build(chain.compose([*RUN, "optim=adam", "optim.lr=0.05", "optim.fused=false", *overrides]),
-                      model=embedding_model())
+    run = chain.build(
+        chain.compose([*RUN, "optim=adam", "optim.lr=0.05", "optim.fused=false", *overrides]), model=embedding_model()
+    )
     reference = embedding_model()
     clip = run.settings.stages[0].optim.clip_global_norm  # the step clips the chain; Keras' optimizer, the model
     opt = type(run.stages[0].optimizer).from_config({**run.stages[0].optimizer.get_config(), "global_clipnorm": clip})
@@ -258,19 +334,39 @@ def test_an_embedding_under_adam_trains_like_keras_sparse_update(overrides):
 # --- resume ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("recipe", [
-    ["optim=adamw", "optim.fused=true", "optim.schedule=warmup_cosine", "optim.warmup_steps=6"],
-    ["optim._target_=keras.optimizers.RMSprop", "optim.schedule=warmup_linear", "optim.warmup_steps=6",
-     "optim.floor=0.1"],
-], ids=["adamw-warmup-cosine", "rmsprop-warmup-linear"])
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        ["optim=adamw", "optim.fused=true", "optim.schedule=warmup_cosine", "optim.warmup_steps=6"],
+        [
+            "optim._target_=keras.optimizers.RMSprop",
+            "optim.schedule=warmup_linear",
+            "optim.warmup_steps=6",
+            "optim.floor=0.1",
+        ],
+    ],
+    ids=["adamw-warmup-cosine", "rmsprop-warmup-linear"],
+)
 def test_a_schedule_resumes_bit_exact_from_a_checkpoint_inside_the_warmup(tmp_path, recipe):
     """Killed at step 5 after the checkpoint of step 3 (inside the 6-step warm-up), resumed: every
     variable (the optimizer's step count, which sets the schedule, included) and the losses equal an
     uninterrupted run's, bit for bit."""
     n, every, kill_at = 8, 3, 5
-    args = ["+stages=2", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2", "model.width=16",
-            "model.dropout=0.2", "data.batch_size=32", "trainer.progress=false", *recipe, "optim.lr=0.01",
-            f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.log_every=1"]
+    args = [
+        "+stages=2",
+        "mode=e2e",
+        "pipeline.schedule=1f1b",
+        "pipeline.microbatches=2",
+        "model.width=16",
+        "model.dropout=0.2",
+        "data.batch_size=32",
+        "trainer.progress=false",
+        *recipe,
+        "optim.lr=0.01",
+        f"trainer.steps={n}",
+        f"checkpoint.every={every}",
+        "trainer.log_every=1",
+    ]
     straight, resumed = straight_and_resumed(tmp_path, args, every, kill_at)
     for k in range(2):
         a, b = stage_values(straight, f"stage_{k:02d}"), stage_values(resumed, f"stage_{k:02d}")
@@ -282,12 +378,18 @@ def test_a_schedule_resumes_bit_exact_from_a_checkpoint_inside_the_warmup(tmp_pa
     assert t["resumed_from"] == every and (t["loss_first"], t["loss_last"]) == (s["loss_first"], s["loss_last"])
     if "optim=adamw" in recipe:  # TensorBoard's lr: the rate each step's update used, Keras' CosineDecay's
         events = glob.glob(os.path.join(straight, "tb", "chain", "*"))
-        logged = {e.step: float(tf.make_ndarray(v.tensor)) for path in events
-                  for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value if v.tag == "lr"}
+        logged = {
+            e.step: float(tf.make_ndarray(v.tensor))
+            for path in events
+            for e in tf.compat.v1.train.summary_iterator(path)
+            for v in e.summary.value
+            if v.tag == "lr"
+        }
         cosine = keras.optimizers.schedules.CosineDecay(0.0, n - 6, warmup_target=0.01, warmup_steps=6)
         assert sorted(logged) == list(range(1, n + 1))
-        np.testing.assert_allclose([logged[k] for k in sorted(logged)], [float(cosine(k - 1)) for k in sorted(logged)],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            [logged[k] for k in sorted(logged)], [float(cosine(k - 1)) for k in sorted(logged)], rtol=1e-6
+        )
 
 
 def test_a_warmup_schedule_round_trips_through_the_optimizers_config():

@@ -21,9 +21,22 @@ from graph_audit import live_ops
 
 STEPS = 2
 _REPLAY = pipeline_step.replay
-BASE = ["+stages=2", "mode=e2e", "model.depth=1", "model.width=8", "model.dropout=0.3", "optim=sgd", "optim.lr=0.1",
-        "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64", "data.batch_size=16",
-        "data.shuffle=false", "pipeline.microbatches=4"]
+BASE = [
+    "+stages=2",
+    "mode=e2e",
+    "model.depth=1",
+    "model.width=8",
+    "model.dropout=0.3",
+    "optim=sgd",
+    "optim.lr=0.1",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=64",
+    "data.batch_size=16",
+    "data.shuffle=false",
+    "pipeline.microbatches=4",
+]
 
 
 class Replayer:
@@ -47,8 +60,16 @@ class Replayer:
         for v, value in zip(self.variables, self.start):
             v.assign(value)
         st, run = self.run.strategy, self.run
-        st.set_step(e2e_step(run.stages, self.plan(schedule, m), st.loss_fn(), st.target,
-                             jit_compile=run.settings.trainer.jit_compile, recompute_policy=policy))
+        st.set_step(
+            e2e_step(
+                run.stages,
+                self.plan(schedule, m),
+                st.loss_fn(),
+                st.target,
+                jit_compile=run.settings.trainer.jit_compile,
+                recompute_policy=policy,
+            )
+        )
         losses = [run.step(*b)["loss"] for b in self.batches]
         return losses, [v.numpy() for v in self.variables]
 
@@ -61,12 +82,12 @@ class Replayer:
     def matmuls(self, schedule: str, m: int, policy: str) -> dict[tuple[str, int], int]:
         """How many MatMul ops a call of the step runs per (action kind, stage): the work, counted."""
         st, run = self.run.strategy, self.run
-        st.set_step(e2e_step(run.stages, self.plan(schedule, m), st.loss_fn(), st.target,
-                             recompute_policy=policy))
+        st.set_step(e2e_step(run.stages, self.plan(schedule, m), st.loss_fn(), st.target, recompute_policy=policy))
         graph = run.trace(*self.batches[0]).graph
         alive = live_ops(graph)
-        actions = [schedules.Action.parse(op.name) for op in graph.get_operations()
-                   if op.type == "MatMul" and op.name in alive]
+        actions = [
+            schedules.Action.parse(op.name) for op in graph.get_operations() if op.type == "MatMul" and op.name in alive
+        ]
         counts: dict[tuple[str, int], int] = {}
         for a in actions:
             if a is not None:
@@ -79,8 +100,14 @@ class Replayer:
             np.testing.assert_array_equal(a, b)
         # Training moved the weights: equality is not trivial.
         trainable = {id(v) for s in self.run.stages for v in s.trainable_variables}
-        assert max(float(np.max(np.abs(a - a0))) for v, a, a0 in zip(self.variables, got[1], self.start)
-                   if id(v) in trainable) > 1e-2
+        assert (
+            max(
+                float(np.max(np.abs(a - a0)))
+                for v, a, a0 in zip(self.variables, got[1], self.start)
+                if id(v) in trainable
+            )
+            > 1e-2
+        )
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +115,13 @@ def mlp():
     return Replayer(chain.build(chain.compose(BASE)))
 
 
-@pytest.mark.parametrize("schedule, m, policies", [
-    ("gpipe", 4, ("always",)), ("1f1b", 2, ("always", "except_last")), ("gpipe", 1, ("always",))])
-def test_recomputed_stages_train_bit_for_bit_like_stages_that_keep_activations_dropout_included(mlp, schedule, m,
-                                                                                                policies):
+@pytest.mark.parametrize(
+    "schedule, m, policies",
+    [("gpipe", 4, ("always",)), ("1f1b", 2, ("always", "except_last")), ("gpipe", 1, ("always",))],
+)
+def test_recomputed_stages_train_bit_for_bit_like_stages_that_keep_activations_dropout_included(
+    mlp, schedule, m, policies
+):
     never = mlp.play(schedule, m, "never")
     for policy in policies:
         mlp.assert_equal(mlp.play(schedule, m, policy), never)
@@ -106,8 +136,14 @@ def test_a_replay_without_the_models_state_draws_other_dropout_masks(mlp, monkey
 
 
 def test_interleaved_stages_recompute_bit_for_bit_like_stages_that_keep_activations():
-    r = Replayer(chain.build(chain.compose([o.replace("+stages=2", "+stages=4") for o in BASE]
-                                           + ["pipeline.schedule=interleaved", "pipeline.virtual_stages=2"])))
+    r = Replayer(
+        chain.build(
+            chain.compose(
+                [o.replace("+stages=2", "+stages=4") for o in BASE]
+                + ["pipeline.schedule=interleaved", "pipeline.virtual_stages=2"]
+            )
+        )
+    )
     assert len({s.device for s in r.run.stages}) == 2
     assert sum(r.matmuls("interleaved", 4, "always").values()) > sum(r.matmuls("interleaved", 4, "never").values())
     never = r.play("interleaved", 4, "never")
@@ -137,15 +173,23 @@ def test_recompute_of_a_cut_keras_model_with_batch_norm_updates_its_statistics_o
 def test_recompute_is_a_pipeline_setting_with_three_values():
     assert chain.compose(BASE + ["pipeline.recompute=except_last"]).pipeline.recompute == "except_last"
     from chain.errors import ConfigError
+
     with pytest.raises(ConfigError, match="pipeline.recompute"):
         chain.compose(BASE + ["pipeline.recompute=sometimes"])
     assert [recompute.recomputed(p, m, 4) for p in ("never", "except_last", "always") for m in (0, 3)] == [
-        False, False, True, False, True, True]
+        False,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
 
 
 @pytest.mark.parametrize("schedule, last_forwards", [("1f1b", "in F"), ("gpipe", "in B")])
-def test_recomputation_adds_one_forward_on_each_stage_before_the_last_and_none_on_the_last(mlp, schedule,
-                                                                                         last_forwards):
+def test_recomputation_adds_one_forward_on_each_stage_before_the_last_and_none_on_the_last(
+    mlp, schedule, last_forwards
+):
     """`always` adds exactly one forward's products per microbatch on a stage before the last, none to
     its forwards. The last stage's output goes nowhere but into its loss: under 1F1B each backward runs
     right after its forward, and a replay would only rebuild what the tape holds then (it keeps it);
@@ -171,9 +215,13 @@ def test_a_backward_computes_each_layers_weight_gradients_before_going_on_past_i
         st.set_step(e2e_step(run.stages, plan, st.loss_fn(), st.target, recompute_policy="always", weights_early=early))
         ops = {op.name: op for op in run.trace(*mlp.batches[0]).graph.get_operations()}
         # TensorFlow's MatMul gradient: `.../MatMul` the input's gradient, `.../MatMul_1` the kernel's
-        return [ops[name[:-len("MatMul")] + "MatMul_1"] in op.control_inputs for name, op in ops.items()
-                if name.startswith("gradient_tape/") and name.endswith("/MatMul/MatMul")
-                and name[:-len("MatMul")] + "MatMul_1" in ops]
+        return [
+            ops[name[: -len("MatMul")] + "MatMul_1"] in op.control_inputs
+            for name, op in ops.items()
+            if name.startswith("gradient_tape/")
+            and name.endswith("/MatMul/MatMul")
+            and name[: -len("MatMul")] + "MatMul_1" in ops
+        ]
 
     early, late = waits(True), waits(False)
     assert early and all(early), early

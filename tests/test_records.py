@@ -43,8 +43,10 @@ READS = {"get", "pop", "setdefault"}
 _MANIFEST = "checkpoint.json, the manifest (its step, complete steps, file lists, layout, stream settings)"
 OTHER_FORMATS: dict[str, tuple[set[str], str]] = {
     "chain/state/manifest.py": ({"step", "complete", "grad_accum", "precision", "layers", "index"}, _MANIFEST),
-    "chain/state/checkpoints.py": ({"step", "complete", "stages", "mode", "seed", "grad_accum", "precision"},
-                                   _MANIFEST + " and the settings record's values"),
+    "chain/state/checkpoints.py": (
+        {"step", "complete", "stages", "mode", "seed", "grad_accum", "precision"},
+        _MANIFEST + " and the settings record's values",
+    ),
     "chain/state/run_settings.py": ({"stages", "mode"}, "the settings record's values (a config as plain data)"),
     "chain/state/remap.py": ({"step"}, _MANIFEST),
     "chain/training/run.py": ({"step"}, _MANIFEST),
@@ -69,8 +71,12 @@ def string_key_reads(path: Path) -> list[tuple[int, str]]:
         key = None
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
             key = node.slice
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in READS
-              and node.args):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in READS
+            and node.args
+        ):
             key = node.args[0]
         if isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value in RECORD_KEYS:
             found.append((node.lineno, key.value))
@@ -105,17 +111,59 @@ def test_the_exempt_keys_are_still_read_there():
 
 def finished_summary() -> dict:
     """A summary.json as a pipelined, profiled, mode=e2e run writes it (values of every type)."""
-    stage = {"index": 0, "device": "/device:CPU:0", "variable_devices": ["/device:CPU:0"], "params": 10,
-             "peak_memory_bytes": None, "skipped_steps": 0, "loss_scale": None, "overflow_steps": 0,
-             "model": "mlp(width=4, depth=1)", "physical": "CPU:0", "busy_fraction": 0.5, "busy_ms": 1.0,
-             "forward_ms": 0.25, "backward_ms": 0.5, "copy_ms": 0.0, "copy_wait_ms": 0.0, "update_ms": 0.1}
-    return {"mode": "e2e", "strategy": "pipeline", "steps": 3, "early_stopped": False, "resumed_from": None,
-            "batch_size": 8, "grad_accum": 1, "examples_per_step": 8, "train_examples": 64, "val_examples": 0,
-            "precision": "float32", "jit_compile": False, "seed": 0, "examples_per_second": 100.5,
-            "steps_per_second": 12.5, "data_wait_ms": {"mean": 0.5, "p95": 1.5, "steps": 2}, "loss_first": 2.5, "loss_last": 1.25, "val": None, "best_step": None,
-            "skipped_steps": 0, "peak_memory_scope": "process", "stages": [stage, {**stage, "index": 1}],
-            "loss_fn": "auto", "target": "label", "schedule": "gpipe", "microbatches": 2, "bubble_fraction": 0.2,
-            "measured_bubble_fraction": 0.3, "profiled_steps": [2, 3], "slowest_stage": 1, "balance_advice": None}
+    stage = {
+        "index": 0,
+        "device": "/device:CPU:0",
+        "variable_devices": ["/device:CPU:0"],
+        "params": 10,
+        "peak_memory_bytes": None,
+        "skipped_steps": 0,
+        "loss_scale": None,
+        "overflow_steps": 0,
+        "model": "mlp(width=4, depth=1)",
+        "physical": "CPU:0",
+        "busy_fraction": 0.5,
+        "busy_ms": 1.0,
+        "forward_ms": 0.25,
+        "backward_ms": 0.5,
+        "copy_ms": 0.0,
+        "copy_wait_ms": 0.0,
+        "update_ms": 0.1,
+    }
+    return {
+        "mode": "e2e",
+        "strategy": "pipeline",
+        "steps": 3,
+        "early_stopped": False,
+        "resumed_from": None,
+        "batch_size": 8,
+        "grad_accum": 1,
+        "examples_per_step": 8,
+        "train_examples": 64,
+        "val_examples": 0,
+        "precision": "float32",
+        "jit_compile": False,
+        "seed": 0,
+        "examples_per_second": 100.5,
+        "steps_per_second": 12.5,
+        "data_wait_ms": {"mean": 0.5, "p95": 1.5, "steps": 2},
+        "loss_first": 2.5,
+        "loss_last": 1.25,
+        "val": None,
+        "best_step": None,
+        "skipped_steps": 0,
+        "peak_memory_scope": "process",
+        "stages": [stage, {**stage, "index": 1}],
+        "loss_fn": "auto",
+        "target": "label",
+        "schedule": "gpipe",
+        "microbatches": 2,
+        "bubble_fraction": 0.2,
+        "measured_bubble_fraction": 0.3,
+        "profiled_steps": [2, 3],
+        "slowest_stage": 1,
+        "balance_advice": None,
+    }
 
 
 def test_summary_json_reads_back_into_the_same_file():
@@ -127,9 +175,17 @@ def test_summary_json_reads_back_into_the_same_file():
     assert json.dumps(serial.to_json(summary)) == json.dumps(raw)  # key order too
 
 
-@pytest.mark.parametrize("damage, named", [({"steps": "many"}, "steps"), ({"stages": [{"index": "x"}]}, "stages[0].index"),
-                                           ({"microbatches": 2.5}, "microbatches"), ({"replica_devices": [1]}, "replica_devices[0]"),
-                                           ({"early_stopped": 1}, "early_stopped"), ({"loss_last": True}, "loss_last")])
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        ({"steps": "many"}, "steps"),
+        ({"stages": [{"index": "x"}]}, "stages[0].index"),
+        ({"microbatches": 2.5}, "microbatches"),
+        ({"replica_devices": [1]}, "replica_devices[0]"),
+        ({"early_stopped": 1}, "early_stopped"),
+        ({"loss_last": True}, "loss_last"),
+    ],
+)
 def test_a_value_of_another_type_is_an_error_naming_its_key(damage, named):
     with pytest.raises(serial.RecordError, match=rf"^{re.escape(named)} must be"):
         serial.from_json(Summary, {**finished_summary(), **damage})
@@ -141,17 +197,27 @@ def test_timeline_json_reads_back_into_the_same_file():
     from chain.pipeline.timeline import OpEvent
 
     s = schedules.build("1f1b", 2, 2)
-    events = [OpEvent(f"{a.scope()}/x" if a.kind == "F" else f"gradient_tape/s{a.stage}_F{a.microbatch}/x", "MatMul",
-                      100 * t, 100 * t + 50, "vm") for t, a in enumerate(schedules.simulate(s).order())]
-    measured = timeline.measure(s, events, {1: (0, 10 ** 6)}, ["/d:0", "/d:1"])
+    events = [
+        OpEvent(
+            f"{a.scope()}/x" if a.kind == "F" else f"gradient_tape/s{a.stage}_F{a.microbatch}/x",
+            "MatMul",
+            100 * t,
+            100 * t + 50,
+            "vm",
+        )
+        for t, a in enumerate(schedules.simulate(s).order())
+    ]
+    measured = timeline.measure(s, events, {1: (0, 10**6)}, ["/d:0", "/d:1"])
     raw = json.loads(json.dumps(serial.to_json(measured)))
     assert serial.from_json(Measured, raw) == measured
     assert [timeline.action(a) for a in measured.steps[0].actions] == [a for row in s.actions for a in row]
 
 
 def test_the_docs_field_list_is_generated_from_the_records_without_tensorflow():
-    code = ("import runpy, sys; sys.modules['tensorflow'] = None; sys.argv = ['summary_reference.py', '--check']; "
-            "runpy.run_path('scripts/summary_reference.py', run_name='__main__')")
+    code = (
+        "import runpy, sys; sys.modules['tensorflow'] = None; sys.argv = ['summary_reference.py', '--check']; "
+        "runpy.run_path('scripts/summary_reference.py', run_name='__main__')"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -169,9 +235,15 @@ def test_the_records_are_a_leaf_without_tensorflow():
     """chain.records imports nothing of chain but chain.errors (and itself), and no TensorFlow."""
     for path in sorted((PACKAGE / "records").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
-                assert top != "tensorflow" and (top != "chain" or name == "chain.errors"
-                                                or name.startswith("chain.records")), (path.name, name)
+                assert top != "tensorflow" and (
+                    top != "chain" or name == "chain.errors" or name.startswith("chain.records")
+                ), (path.name, name)

@@ -20,8 +20,17 @@ from compare import microbatch_sgd_step, norm_rel_diff, rel_diff
 from conftest import run_cli
 from graph_audit import audit
 
-SYNTH = ["data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
-         "trainer.progress=false", "checkpoint.export=false", "optim=adam", "optim.lr=0.01"]
+SYNTH = [
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "optim=adam",
+    "optim.lr=0.01",
+]
 STEPS = 3
 RTOL = 1e-5  # as the other equality tests (microbatches and replicas included)
 
@@ -35,8 +44,10 @@ def regularized(kind: str) -> keras.Model:
     def activity(on: bool):
         return keras.regularizers.L2(0.02) if kind in ("activity", "both") and on else None
 
-    layers = [keras.layers.Dense(8, activation="tanh", kernel_regularizer=kernel,
-                                 activity_regularizer=activity(i in (1, 2))) for i in range(3)]
+    layers = [
+        keras.layers.Dense(8, activation="tanh", kernel_regularizer=kernel, activity_regularizer=activity(i in (1, 2)))
+        for i in range(3)
+    ]
     return keras.Sequential([keras.Input((6,)), *layers, keras.layers.Dense(4, kernel_regularizer=kernel)], name="reg")
 
 
@@ -48,8 +59,11 @@ def copy_of(model: keras.Model) -> keras.Model:
 
 def compiled(model: keras.Model, run) -> keras.Model:
     # The stages' own Adam class (the fused kernel by default, `optim.fused`): Keras' fit with it is the oracle.
-    model.compile(optimizer=type(run.stages[0].optimizer).from_config(run.stages[0].optimizer.get_config()),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    model.compile(
+        optimizer=type(run.stages[0].optimizer).from_config(run.stages[0].optimizer.get_config()),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
     return model
 
 
@@ -86,17 +100,29 @@ def trains_like_fit(run, reference: keras.Model) -> None:
     assert_moved_alike(chained, [w.numpy() for w in reference.trainable_variables], start, RTOL)
 
 
-@pytest.mark.parametrize("kind, overrides", [
-    ("kernel", []),
-    ("kernel", ["pipeline.microbatches=4", "pipeline.schedule=1f1b"]),
-    ("kernel", ["pipeline.microbatches=2", "pipeline.schedule=gpipe", "trainer.grad_accum=2"]),
-    ("activity", ["pipeline.microbatches=4", "pipeline.schedule=gpipe"]),
-    ("activity", ["pipeline.microbatches=2", "trainer.jit_compile=true"]),
-    ("both", ["pipeline.microbatches=2", "pipeline.schedule=zb1"]),
-    ("kernel", ["placement.fallback=mirrored"]),
-    ("activity", ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
-], ids=["e2e-M1", "e2e-1f1b-M4", "e2e-gpipe-M2-accum2", "e2e-activity-M4", "e2e-activity-xla", "e2e-zb1-both",
-        "mirrored-e2e", "mirrored-activity-accum2"])
+@pytest.mark.parametrize(
+    "kind, overrides",
+    [
+        ("kernel", []),
+        ("kernel", ["pipeline.microbatches=4", "pipeline.schedule=1f1b"]),
+        ("kernel", ["pipeline.microbatches=2", "pipeline.schedule=gpipe", "trainer.grad_accum=2"]),
+        ("activity", ["pipeline.microbatches=4", "pipeline.schedule=gpipe"]),
+        ("activity", ["pipeline.microbatches=2", "trainer.jit_compile=true"]),
+        ("both", ["pipeline.microbatches=2", "pipeline.schedule=zb1"]),
+        ("kernel", ["placement.fallback=mirrored"]),
+        ("activity", ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
+    ],
+    ids=[
+        "e2e-M1",
+        "e2e-1f1b-M4",
+        "e2e-gpipe-M2-accum2",
+        "e2e-activity-M4",
+        "e2e-activity-xla",
+        "e2e-zb1-both",
+        "mirrored-e2e",
+        "mirrored-activity-accum2",
+    ],
+)
 def test_e2e_trains_like_model_fit_regularizers_included(kind, overrides):
     """mode=e2e (pipelined or mirrored): the logged losses and the weights after 3 Adam steps equal
     `model.fit` of the uncut model on the same batches, whose loss includes `sum(model.losses)`."""
@@ -106,12 +132,16 @@ def test_e2e_trains_like_model_fit_regularizers_included(kind, overrides):
     trains_like_fit(run, reference)
 
 
-@pytest.mark.parametrize("kind, overrides", [
-    ("kernel", []),
-    ("activity", ["trainer.grad_accum=2"]),
-    ("activity", ["trainer.jit_compile=true"]),
-    ("kernel", ["placement.fallback=mirrored"]),
-], ids=["local", "local-activity-accum2", "local-activity-xla", "mirrored-local"])
+@pytest.mark.parametrize(
+    "kind, overrides",
+    [
+        ("kernel", []),
+        ("activity", ["trainer.grad_accum=2"]),
+        ("activity", ["trainer.jit_compile=true"]),
+        ("kernel", ["placement.fallback=mirrored"]),
+    ],
+    ids=["local", "local-activity-accum2", "local-activity-xla", "mirrored-local"],
+)
 def test_local_stages_train_like_train_on_batch_regularizers_included(kind, overrides):
     """mode=local: each stage (its piece of the model and its head) equals Keras' `train_on_batch`
     of that piece and head on the stage's input, loss and regularization included."""
@@ -134,31 +164,37 @@ def test_local_stages_train_like_train_on_batch_regularizers_included(kind, over
 def test_side_by_side_models_train_like_train_on_batch_regularizers_included(policy):
     """mode=side_by_side: each variant (a builder's layer with an L2 kernel regularizer, and a
     head) equals Keras' `train_on_batch` of the same layers on its slice of the batch."""
-    variants = ("+variants=[{model._target_: user_nets.regularized},"
-                "{model._target_: user_nets.regularized, model.units: 4, data.batch_size: 8}]")
+    variants = (
+        "+variants=[{model._target_: user_nets.regularized},"
+        "{model._target_: user_nets.regularized, model.units: 4, data.batch_size: 8}]"
+    )
     run = chain.build(chain.compose(["mode=side_by_side", variants, f"side_by_side.policy={policy}", *SYNTH]))
     references = [keras_stage(s, run)[1] for s in run.stages]
     start = [w.numpy() for m in references for w in m.trainable_variables]
     for x, ys in take(run, STEPS):
         got = run.step(x, ys)["stage_losses"]
-        want = [m.train_on_batch(np.asarray(x)[:v.batch_size], np.asarray(ys["label"])[:v.batch_size])
-                for m, v in zip(references, run.settings.variants)]
+        want = [
+            m.train_on_batch(np.asarray(x)[: v.batch_size], np.asarray(ys["label"])[: v.batch_size])
+            for m, v in zip(references, run.settings.variants)
+        ]
         np.testing.assert_allclose(got, want, rtol=RTOL)
     chained = [w.numpy() for s in run.stages for w in s.trainable_variables]
     assert_moved_alike(chained, [w.numpy() for m in references for w in m.trainable_variables], start, RTOL)
 
 
-@pytest.mark.parametrize("overrides", [["pipeline.microbatches=2"], ["placement.fallback=mirrored"]],
-                         ids=["pipelined-M2", "mirrored"])
+@pytest.mark.parametrize(
+    "overrides", [["pipeline.microbatches=2"], ["placement.fallback=mirrored"]], ids=["pipelined-M2", "mirrored"]
+)
 def test_float16_loss_scaling_scales_the_regularization_too(overrides):
     """precision=mixed_float16, mode=e2e: every stage's regularization is inside the scaled loss
     (unscaled with the gradients), so training equals float32 `model.fit` within float16's
     rounding (2u per stage in norm, as in test_precision; u = 2^-11)."""
-    u = 2.0 ** -11
+    u = 2.0**-11
     model = regularized("kernel")
     reference = copy_of(model)
-    run = chain.build(chain.compose(["+stages=2", "mode=e2e", "precision=mixed_float16", *SYNTH, *overrides]),
-                      model=model)
+    run = chain.build(
+        chain.compose(["+stages=2", "mode=e2e", "precision=mixed_float16", *SYNTH, *overrides]), model=model
+    )
     assert all(s.loss_scale is not None for s in run.stages)
     batches = take(run, STEPS)
     losses = [float(run.step(x, ys)["loss"]) for x, ys in batches]
@@ -170,7 +206,7 @@ def test_float16_loss_scaling_scales_the_regularization_too(overrides):
     for s in run.stages:
         n = len(s.model.trainable_variables)
         got = np.concatenate([w.numpy().ravel() for w in s.model.trainable_variables])
-        ref = np.concatenate([w.numpy().ravel() for w in want[start:start + n]])
+        ref = np.concatenate([w.numpy().ravel() for w in want[start : start + n]])
         assert norm_rel_diff(got, ref) <= 2 * u, s.index
         start += n
 
@@ -206,19 +242,27 @@ def test_the_plan_notes_which_stages_losses_include_regularizers(kind, noted):
     run = chain.build(chain.compose(["+stages=2", "mode=e2e", *SYNTH]), model=regularized(kind))
     # The cut pieces keep their layers' regularizers (before any call: the weights' terms alone).
     assert [len(s.model.losses) for s in run.stages] == ([2, 2] if kind == "kernel" else [0, 0])
-    assert [sum(layer.activity_regularizer is not None for layer in s.model.layers) for s in run.stages] == \
-        ([1, 1] if kind == "activity" else [0, 0])
+    assert [sum(layer.activity_regularizer is not None for layer in s.model.layers) for s in run.stages] == (
+        [1, 1] if kind == "activity" else [0, 0]
+    )
     notes = [n for n in run.placement.notes if "regularizers" in n]
-    assert notes == ([f"the loss of stage(s) {noted} includes their regularizers (model.losses), as Keras' fit: "
-                      "the logged loss is the loss plus these terms"] if noted else [])
+    assert notes == (
+        [
+            f"the loss of stage(s) {noted} includes their regularizers (model.losses), as Keras' fit: "
+            "the logged loss is the loss plus these terms"
+        ]
+        if noted
+        else []
+    )
 
 
 def test_regularization_is_computed_on_each_stage_s_device():
     """mode=e2e: every op of the step (the regularizers' included) sits on its stage's device, and
     data crosses devices only through `copy_to`: each stage before the last sums its terms on its
     device and sends one scalar to the last stage, where the chain's loss is reported."""
-    run = chain.build(chain.compose(["+stages=2", "mode=e2e", "pipeline.microbatches=2", *SYNTH]),
-                      model=regularized("activity"))
+    run = chain.build(
+        chain.compose(["+stages=2", "mode=e2e", "pipeline.microbatches=2", *SYNTH]), model=regularized("activity")
+    )
     x, ys = next(iter(run.batches()))
     a = audit(run.trace(x, ys))
     assert a.misplaced({s.device for s in run.stages}) == []
@@ -239,15 +283,27 @@ def test_add_loss_terms_are_part_of_the_loss_like_model_fit():
     trains_like_fit(run, reference)
 
 
-@pytest.mark.parametrize("overrides, parts, way_out", [
-    (["mode=e2e", "pipeline.microbatches=2"], "pipeline.microbatches=2 equal microbatches",
-     ": use pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "),
-    (["mode=local", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks", ": use trainer.grad_accum=1"),
-    (["mode=local", "trainer.grad_accum=2", "pipeline.add_loss=per_microbatch"], "trainer.grad_accum=2 equal chunks",
-     ": pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not PipelinedLocal's: use trainer.grad_accum=1"),
-    (["mode=e2e", "placement.fallback=mirrored", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks",
-     ": use trainer.grad_accum=1"),
-])
+@pytest.mark.parametrize(
+    "overrides, parts, way_out",
+    [
+        (
+            ["mode=e2e", "pipeline.microbatches=2"],
+            "pipeline.microbatches=2 equal microbatches",
+            ": use pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or ",
+        ),
+        (["mode=local", "trainer.grad_accum=2"], "trainer.grad_accum=2 equal chunks", ": use trainer.grad_accum=1"),
+        (
+            ["mode=local", "trainer.grad_accum=2", "pipeline.add_loss=per_microbatch"],
+            "trainer.grad_accum=2 equal chunks",
+            ": pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not PipelinedLocal's: use trainer.grad_accum=1",
+        ),
+        (
+            ["mode=e2e", "placement.fallback=mirrored", "trainer.grad_accum=2"],
+            "trainer.grad_accum=2 equal chunks",
+            ": use trainer.grad_accum=1",
+        ),
+    ],
+)
 def test_add_loss_terms_on_parts_of_a_batch_are_refused(overrides, parts, way_out):
     """An `add_loss` term computed per microbatch or chunk need not add up to the whole batch's
     (a sum over examples would not): by default (`pipeline.add_loss=exact`), and where the step does not
@@ -292,25 +348,35 @@ def by_hand(model: keras.Model, x: np.ndarray, y: np.ndarray, m: int) -> tuple[f
         logits = np.tanh(h1 @ w["d2"][0] + w["d2"][1]) @ w["out"][0] + w["out"][1]
         logits -= logits.max(-1, keepdims=True)
         ce = np.mean(np.log(np.exp(logits).sum(-1)) - logits[np.arange(len(y)), y])
-        return ce + 0.5 * np.sum(np.mean(h0, 0) ** 2) + 0.1 * np.mean(h1 ** 2)
+        return ce + 0.5 * np.sum(np.mean(h0, 0) ** 2) + 0.1 * np.mean(h1**2)
 
     parts = zip(np.split(x.astype(np.float64), m), np.split(y, m))
     return sum(loss(xm, ym) for xm, ym in parts) / m, loss(x.astype(np.float64), y)
 
 
-PER_MICROBATCH = ["mode=e2e", "pipeline.microbatches=4", "pipeline.add_loss=per_microbatch", "optim=sgd", "optim.lr=0.5",
-                  *[o for o in SYNTH if not o.startswith("optim")]]
+PER_MICROBATCH = [
+    "mode=e2e",
+    "pipeline.microbatches=4",
+    "pipeline.add_loss=per_microbatch",
+    "optim=sgd",
+    "optim.lr=0.5",
+    *[o for o in SYNTH if not o.startswith("optim")],
+]
 
 
-@pytest.mark.parametrize("overrides, parts", [
-    (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]"], 4),
-    (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]"], 4),
-    (["pipeline.schedule=zb1", "+stages=2", "placement.split=[3,3]"], 4),
-    (["pipeline.schedule=interleaved", "pipeline.virtual_stages=2", "+stages=4", "placement.split=[2,2,1,1]"], 4),
-    (["pipeline.schedule=zbv", "+stages=4", "placement.split=[2,2,1,1]"], 4),
-    (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]", "placement.replicas=2"], 8),
-    (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]", "trainer.grad_accum=2"], 8),
-], ids=["gpipe", "1f1b", "zb1", "interleaved", "zbv", "1f1b-copies", "gpipe-accum2"])
+@pytest.mark.parametrize(
+    "overrides, parts",
+    [
+        (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]"], 4),
+        (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]"], 4),
+        (["pipeline.schedule=zb1", "+stages=2", "placement.split=[3,3]"], 4),
+        (["pipeline.schedule=interleaved", "pipeline.virtual_stages=2", "+stages=4", "placement.split=[2,2,1,1]"], 4),
+        (["pipeline.schedule=zbv", "+stages=4", "placement.split=[2,2,1,1]"], 4),
+        (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]", "placement.replicas=2"], 8),
+        (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]", "trainer.grad_accum=2"], 8),
+    ],
+    ids=["gpipe", "1f1b", "zb1", "interleaved", "zbv", "1f1b-copies", "gpipe-accum2"],
+)
 def test_add_loss_per_microbatch_weighs_each_microbatch_s_terms_by_its_share(overrides, parts):
     """`pipeline.add_loss=per_microbatch` (M=4; with 2 copies, each copy's share in 4; with
     `trainer.grad_accum=2`, a step's two batches in 4 each: 8 parts): the step's
@@ -342,9 +408,15 @@ def test_add_loss_per_microbatch_outside_a_pipeline_is_noted_as_ignored():
 
 def test_add_loss_on_microbatches_from_the_command_line_is_one_line_and_leaves_nothing(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
-    r = run_cli(tmp_path, "mode=e2e", "pipeline.microbatches=2", "trainer.steps=2", *SYNTH,
-                "+stages=[{model: {_target_: user_nets.with_added_loss}},{model: {_target_: user_nets.head}}]",
-                env={"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])})
+    r = run_cli(
+        tmp_path,
+        "mode=e2e",
+        "pipeline.microbatches=2",
+        "trainer.steps=2",
+        *SYNTH,
+        "+stages=[{model: {_target_: user_nets.with_added_loss}},{model: {_target_: user_nets.head}}]",
+        env={"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])},
+    )
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "use pipeline.add_loss=per_microbatch" in lines[0], r.stderr
     assert not (tmp_path / "outputs").exists()

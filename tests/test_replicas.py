@@ -18,9 +18,21 @@ from compare import rel_diff, trains_like_one_device, weights
 from conftest import DEVICES
 
 LR = 0.1
-BASE = ["+stages=2", "mode=e2e", "model.depth=1", "model.width=8", "optim=sgd", f"optim.lr={LR}",
-        "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
-        "trainer.progress=false", "checkpoint.export=false"]
+BASE = [
+    "+stages=2",
+    "mode=e2e",
+    "model.depth=1",
+    "model.width=8",
+    "optim=sgd",
+    f"optim.lr={LR}",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
 GRID = (tuple(DEVICES[:2]), tuple(DEVICES[2:]))
 
 
@@ -60,8 +72,12 @@ CASES = [(s, m, 2 if (s, m) == ("1f1b", 2) else 1) for s in ("gpipe", "1f1b") fo
 
 @pytest.mark.parametrize("schedule, m, accum", CASES)
 def test_two_copies_of_a_two_stage_pipeline_train_like_one_keras_model_on_the_whole_batch(schedule, m, accum):
-    run = build("placement.replicas=2", f"pipeline.schedule={schedule}", f"pipeline.microbatches={m}",
-                f"trainer.grad_accum={accum}")
+    run = build(
+        "placement.replicas=2",
+        f"pipeline.schedule={schedule}",
+        f"pipeline.microbatches={m}",
+        f"trainer.grad_accum={accum}",
+    )
     assert run.strategy.placement.copies == GRID and run.strategy.batch_divisor() == 2 * m * accum
     trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
     assert_copies_identical(run)
@@ -75,9 +91,18 @@ def test_copies_of_a_pipeline_from_a_schedule_file_whose_rows_hold_two_stages_tr
     own 2 devices. (pipeline.virtual_stages with copies: tests/test_clipping.py, `interleaved-copies`.)"""
     path = tmp_path / "interleaved.csv"
     schedule_file.write(schedules.interleaved(4, 2, 2), str(path))
-    run = chain.build(chain.compose([o for o in BASE if o != "+stages=2"] + [
-        "+stages=4", "placement.replicas=2", "pipeline.schedule=file", f"pipeline.schedule_file={path}",
-        "pipeline.microbatches=2"]))
+    run = chain.build(
+        chain.compose(
+            [o for o in BASE if o != "+stages=2"]
+            + [
+                "+stages=4",
+                "placement.replicas=2",
+                "pipeline.schedule=file",
+                f"pipeline.schedule_file={path}",
+                "pipeline.microbatches=2",
+            ]
+        )
+    )
     assert run.strategy.placement.copies == SHARED and run.schedule.devices == 2
     trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
     assert_copies_identical(run, SHARED)
@@ -117,17 +142,28 @@ def test_a_run_resumes_with_another_number_of_copies(tmp_path):
     assert_copies_identical(resumed)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["mode=local", "placement.replicas=2"], "placement.replicas=2 copies a pipeline, which needs mode=e2e (is local)"),
-    (["placement.replicas=2", "pipeline.microbatches=4", "data.batch_size=12"],
-     "data.batch_size=12 does not cut into 2 replicas' shares (placement.replicas) of pipeline.microbatches=4 "
-     "equal microbatches: use a multiple of 8, e.g. data.batch_size=8"),
-    (["placement.replicas=2", "placement.devices=[/CPU:0,/CPU:1]"], "remove placement.devices"),
-    (["placement.replicas=two"], "placement.replicas='two' must be an integer or auto"),
-    (["placement.exchange_dtype=bfloat16"], "placement.exchange_dtype=bfloat16 is the dtype copies of a pipeline "
-                                            "exchange their gradients in, and this run has none"),
-    (["placement.replicas=2", "placement.exchange_dtype=float16"], "placement.exchange_dtype"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["mode=local", "placement.replicas=2"],
+            "placement.replicas=2 copies a pipeline, which needs mode=e2e (is local)",
+        ),
+        (
+            ["placement.replicas=2", "pipeline.microbatches=4", "data.batch_size=12"],
+            "data.batch_size=12 does not cut into 2 replicas' shares (placement.replicas) of pipeline.microbatches=4 "
+            "equal microbatches: use a multiple of 8, e.g. data.batch_size=8",
+        ),
+        (["placement.replicas=2", "placement.devices=[/CPU:0,/CPU:1]"], "remove placement.devices"),
+        (["placement.replicas=two"], "placement.replicas='two' must be an integer or auto"),
+        (
+            ["placement.exchange_dtype=bfloat16"],
+            "placement.exchange_dtype=bfloat16 is the dtype copies of a pipeline "
+            "exchange their gradients in, and this run has none",
+        ),
+        (["placement.replicas=2", "placement.exchange_dtype=float16"], "placement.exchange_dtype"),
+    ],
+)
 def test_replicas_that_cannot_work_are_one_config_line(overrides, message):
     with pytest.raises(ConfigError) as e:
         chain.compose([*BASE, *overrides])
@@ -171,8 +207,10 @@ def test_an_owner_copys_reduction_gives_every_copy_the_bits_every_copy_summing_g
 def test_copies_exchanging_bfloat16_gradients_stay_identical_and_train_close_to_float32():
     """placement.exchange_dtype=bfloat16: every copy adds the same rounded values, so the copies stay
     identical bit for bit; the result is the float32 exchange's within bfloat16's rounding, not equal."""
-    runs = {d: build("placement.replicas=2", "pipeline.microbatches=2", f"placement.exchange_dtype={d}")
-            for d in ("float32", "bfloat16")}
+    runs = {
+        d: build("placement.replicas=2", "pipeline.microbatches=2", f"placement.exchange_dtype={d}")
+        for d in ("float32", "bfloat16")
+    }
     it = iter(runs["float32"].batches())
     start = weights(runs["float32"])
     for _ in range(4):
@@ -184,7 +222,7 @@ def test_copies_exchanging_bfloat16_gradients_stay_identical_and_train_close_to_
     assert any(not np.array_equal(a, b) for a, b in zip(exact, rounded))
     for a, b, a0 in zip(exact, rounded, start, strict=True):
         # bfloat16 keeps 8 significant bits (unit roundoff 2^-9): the updates, not the weights, differ by that share.
-        assert np.max(np.abs(b - a)) <= 2.0 ** -8 * np.max(np.abs(a - a0)) + 1e-7
+        assert np.max(np.abs(b - a)) <= 2.0**-8 * np.max(np.abs(a - a0)) + 1e-7
 
 
 def test_a_bfloat16_exchange_rounds_each_value_once_and_every_copy_gets_the_same_bits():

@@ -21,16 +21,29 @@ SMALL = ["model.width=16", "data.batch_size=32", "trainer.progress=false", "chec
 
 def images(page: str) -> dict[str, bytes]:
     """alt text -> the PNG bytes of every embedded image."""
-    return {alt: base64.b64decode(data) for alt, data in
-            re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', page)}
+    return {
+        alt: base64.b64decode(data)
+        for alt, data in re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,([^"]+)"', page)
+    }
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished 3-stage e2e run, profiled, with report=true."""
     run_dir = str(tmp_path_factory.mktemp("finished"))
-    cfg = chain.compose(["+stages=3", "mode=e2e", "pipeline.schedule=gpipe", "pipeline.microbatches=2", *SMALL,
-                         "trainer.steps=4", "trainer.log_every=1", "trainer.profile=[2,3]", "report=true"])
+    cfg = chain.compose(
+        [
+            "+stages=3",
+            "mode=e2e",
+            "pipeline.schedule=gpipe",
+            "pipeline.microbatches=2",
+            *SMALL,
+            "trainer.steps=4",
+            "trainer.log_every=1",
+            "trainer.profile=[2,3]",
+            "report=true",
+        ]
+    )
     chain.build(cfg, run_dir=run_dir).fit()
     return run_dir
 
@@ -59,8 +72,9 @@ def test_report_true_writes_a_self_contained_page_with_curves_placement_and_time
 
 def test_the_report_command_compares_runs(finished, tmp_path):
     other = str(tmp_path / "other")
-    cfg = chain.compose(["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2", *SMALL,
-                         "trainer.steps=3"])
+    cfg = chain.compose(
+        ["+stages=3", "mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2", *SMALL, "trainer.steps=3"]
+    )
     chain.build(cfg, run_dir=other).fit()
     out = str(tmp_path / "both.html")
     r = run_cli(tmp_path, finished, other, "-o", out, module="chain.report")
@@ -81,8 +95,14 @@ def test_a_directory_without_a_run_is_one_line(tmp_path):
 
 def test_report_of_a_killed_and_resumed_run_shows_continuous_curves(tmp_path):
     run_dir = str(tmp_path / "run")
-    args = ["+stages=2", *SMALL, "trainer.steps=12", "trainer.log_every=1", "checkpoint.every=4",
-            f"hydra.run.dir={run_dir}"]
+    args = [
+        "+stages=2",
+        *SMALL,
+        "trainer.steps=12",
+        "trainer.log_every=1",
+        "checkpoint.every=4",
+        f"hydra.run.dir={run_dir}",
+    ]
     r = run_cli(tmp_path, *args, env={"CHAIN_TEST_KILL_AT_STEP": "6"})
     assert r.returncode == -9, r.stderr
     r = run_cli(tmp_path, *args, "resume=true")

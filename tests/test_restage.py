@@ -38,8 +38,10 @@ def slots_by_weight(stage):
     """{id(weight): [slot values]} for every trainable variable of a stage."""
     opt = stage.optimizer
     index = {id(v): i for i, v in enumerate(opt._trainable_variables)}
-    return {id(w): [opt._momentums[index[id(w)]].numpy(), opt._velocities[index[id(w)]].numpy()]
-            for w in stage.trainable_variables}
+    return {
+        id(w): [opt._momentums[index[id(w)]].numpy(), opt._velocities[index[id(w)]].numpy()]
+        for w in stage.trainable_variables
+    }
 
 
 def check_mapping(coarse, fine, ratio):
@@ -83,26 +85,35 @@ def test_restage_2_to_4_keeps_outputs_and_training_continues(src, tmp_path):
     two, four = str(tmp_path / "two"), str(tmp_path / "four")
     restage(src, two, ["+stages=2"])
     report = restage(two, four, ["+stages=4"])
-    assert report["heads"][0].startswith("stage 0: new head") and report["heads"][1].startswith("stage 1: head of SRC stage 0")
+    assert report["heads"][0].startswith("stage 0: new head") and report["heads"][1].startswith(
+        "stage 1: head of SRC stage 0"
+    )
     run4 = restored(four, "+stages=4", "model.depth=2")
     check_mapping(restored(two, "+stages=2", "model.depth=4"), run4, 2)
     # New heads start fresh: not the weights the original 4-stage run had trained there.
     original = restored(src, "+stages=4", "model.depth=2")
     assert not same(run4.stages[0].head.weights[0].numpy(), original.stages[0].head.weights[0].numpy())
-    run = chain.build(chain.compose([*BASE, "+stages=4", "model.depth=2", "resume=true", "trainer.steps=5"]), run_dir=four)
+    run = chain.build(
+        chain.compose([*BASE, "+stages=4", "model.depth=2", "resume=true", "trainer.steps=5"]), run_dir=four
+    )
     s = run.fit()
     assert s["resumed_from"] == 3 and s["steps"] == 5 and run.global_step == 5
     assert all(int(st.optimizer.iterations.numpy()) == 5 for st in run.stages)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["+stages=3"], "cannot split 4 stages of model.depth=2 (8 blocks) evenly into 3 stages"),
-    (["+stages=2", "model.depth=3"], "SRC has 17 layers, the new split builds 13"),
-    (["+stages=2", "model.depth=4", "model.width=16"],
-     "layer 1 (SRC stage 0, DST stage 0) is Dense with shapes [(64, 8), (8,)] in SRC but Dense with shapes [(64, 16), (16,)]"),
-    (["+stages=2", "data.batch_size=32"], "data.batch_size=16, the config has data.batch_size=32"),
-    (["+stages=2", "optim=sgd"], "DST stage 0 uses SGD, SRC stage 0 Adam"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["+stages=3"], "cannot split 4 stages of model.depth=2 (8 blocks) evenly into 3 stages"),
+        (["+stages=2", "model.depth=3"], "SRC has 17 layers, the new split builds 13"),
+        (
+            ["+stages=2", "model.depth=4", "model.width=16"],
+            "layer 1 (SRC stage 0, DST stage 0) is Dense with shapes [(64, 8), (8,)] in SRC but Dense with shapes [(64, 16), (16,)]",
+        ),
+        (["+stages=2", "data.batch_size=32"], "data.batch_size=16, the config has data.batch_size=32"),
+        (["+stages=2", "optim=sgd"], "DST stage 0 uses SGD, SRC stage 0 Adam"),
+    ],
+)
 def test_bad_restaging_is_a_clear_error_and_writes_nothing(src, tmp_path, overrides, message):
     dst = str(tmp_path / "dst")
     with pytest.raises(chain.ChainError) as e:
@@ -115,8 +126,10 @@ def test_bad_restaging_from_the_command_line_is_one_line(src, tmp_path):
     dst = str(tmp_path / "dst")
     r = run_cli(tmp_path, src, dst, "+stages=3", module="chain.restage")
     assert r.returncode == 2 and not os.path.exists(dst)
-    assert r.stderr.strip() == ("error: cannot split 4 stages of model.depth=2 (8 blocks) evenly into 3 stages; "
-                                "choose a stage count that divides 8, or give the depths with +stages=[...]")
+    assert r.stderr.strip() == (
+        "error: cannot split 4 stages of model.depth=2 (8 blocks) evenly into 3 stages; "
+        "choose a stage count that divides 8, or give the depths with +stages=[...]"
+    )
 
 
 def test_restage_asks_the_strategy_what_a_mode_builds_and_refuses_independent_models(tmp_path):
@@ -127,16 +140,25 @@ def test_restage_asks_the_strategy_what_a_mode_builds_and_refuses_independent_mo
     one line, writing nothing."""
     from chain.strategies.objectives import objective
 
-    assert [(objective(m).heads, objective(m).readout, objective(m).chained) for m in ("local", "e2e", "side_by_side")] \
-        == [(True, False, True), (False, True, True), (True, False, False)]
+    assert [
+        (objective(m).heads, objective(m).readout, objective(m).chained) for m in ("local", "e2e", "side_by_side")
+    ] == [(True, False, True), (False, True, True), (True, False, False)]
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
-    r = run_cli(tmp_path, "mode=side_by_side", "+variants=[{name: a},{name: b}]", *BASE, "trainer.steps=1",
-                f"hydra.run.dir={src}")
+    r = run_cli(
+        tmp_path,
+        "mode=side_by_side",
+        "+variants=[{name: a},{name: b}]",
+        *BASE,
+        "trainer.steps=1",
+        f"hydra.run.dir={src}",
+    )
     assert r.returncode == 0, r.stderr
     r = run_cli(tmp_path, src, dst, module="chain.restage")
     assert r.returncode == 2 and not os.path.exists(dst)
-    assert r.stderr.strip() == ("error: mode=side_by_side trains independent models, not one chain: restage regroups "
-                                "the layers of a chain's stages; there is nothing to regroup")
+    assert r.stderr.strip() == (
+        "error: mode=side_by_side trains independent models, not one chain: restage regroups "
+        "the layers of a chain's stages; there is nothing to regroup"
+    )
 
 
 def test_restage_e2e_keeps_the_chains_predictions_and_training_continues(tmp_path):
@@ -155,8 +177,9 @@ def test_restage_e2e_keeps_the_chains_predictions_and_training_continues(tmp_pat
     assert last[0].shape == (16, 10) and same(last[0], last[1]) and same(last[0], last[2])
     assert same(outputs[0]["body_1"], outputs[1]["body_0"])  # the boundary both splits share
     assert not any(k.startswith("head_") for out in outputs for k in out)
-    s = chain.build(chain.compose([*BASE, *e2e, "+stages=2", "model.depth=4", "resume=true", "trainer.steps=5"]),
-                    run_dir=two).fit()
+    s = chain.build(
+        chain.compose([*BASE, *e2e, "+stages=2", "model.depth=4", "resume=true", "trainer.steps=5"]), run_dir=two
+    ).fit()
     assert s["resumed_from"] == 3 and np.isfinite(s["loss_last"])
 
 
@@ -167,6 +190,9 @@ def test_the_continue_command_moves_a_reached_target_and_keeps_one_ahead():
     assert continuing(["+stages=2", "trainer.steps=300"], 300, 300) == ["+stages=2", "trainer.steps=600"]
     assert continuing(["trainer.epochs=2", "+stages=2"], 90, 90) == ["+stages=2", "trainer.steps=180"]
     # a schedule's end settled from the old target stays (the checkpoint recorded it)
-    assert continuing(["+stages=2", "trainer.steps=300"], 300, 300, 300) == \
-        ["+stages=2", "trainer.steps=600", "optim.decay_steps=300"]
+    assert continuing(["+stages=2", "trainer.steps=300"], 300, 300, 300) == [
+        "+stages=2",
+        "trainer.steps=600",
+        "optim.decay_steps=300",
+    ]
     assert continuing(["+stages=2"], 400, 400) == ["+stages=2", "trainer.steps=800"]  # the default target

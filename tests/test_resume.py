@@ -73,8 +73,14 @@ def test_kill_during_a_save_resumes_from_the_previous_complete_step(tmp_path):
     run_dir = str(tmp_path / "run")
     args = [*TINY, "trainer.steps=6", "checkpoint.every=2", f"hydra.run.dir={run_dir}"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CHAIN_TEST_SAVE_PAUSE="120@4")  # stall the save of step 4
-    p = subprocess.Popen([sys.executable, "-m", "chain", *args], cwd=tmp_path, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "chain", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in p.stderr:
             if "test-hook: saved stage_00 of step 4" in line:
@@ -101,13 +107,21 @@ def test_resume_without_a_checkpoint_is_one_clear_line(tmp_path):
     run_dir = str(tmp_path / "nothing")
     r = cli(tmp_path, *TINY, "trainer.steps=2", f"hydra.run.dir={run_dir}", "resume=true")
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"error: resume=true, but {run_dir} has no complete checkpoint (checkpoint.json is missing); "
-                                "point hydra.run.dir at a run that saved one, or drop resume=true to start a new run")
+    assert r.stderr.strip() == (
+        f"error: resume=true, but {run_dir} has no complete checkpoint (checkpoint.json is missing); "
+        "point hydra.run.dir at a run that saved one, or drop resume=true to start a new run"
+    )
 
 
 # Stage 1 alone gets a learning rate that overflows its weights within a few steps.
-EXPLODING = ["+stages=[{},{optim: {lr: 1e30}}]", "model.width=16", "data.batch_size=32", "trainer.progress=false",
-             "trainer.steps=6", "checkpoint.every=1"]
+EXPLODING = [
+    "+stages=[{},{optim: {lr: 1e30}}]",
+    "model.width=16",
+    "data.batch_size=32",
+    "trainer.progress=false",
+    "trainer.steps=6",
+    "checkpoint.every=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +130,11 @@ def stopped(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("nan")
     run_dir = str(cwd / "run")
     r = cli(cwd, *EXPLODING, f"hydra.run.dir={run_dir}")
-    m = re.fullmatch(r"error: stage 1: loss or gradients are not finite at step (\d+); that update was not applied "
-                     r"\(trainer.on_nan=stop\); the last complete checkpoint \(step (\d+)\) is intact", r.stderr.strip())
+    m = re.fullmatch(
+        r"error: stage 1: loss or gradients are not finite at step (\d+); that update was not applied "
+        r"\(trainer.on_nan=stop\); the last complete checkpoint \(step (\d+)\) is intact",
+        r.stderr.strip(),
+    )
     assert m, r.stderr
     return run_dir, r, int(m.group(1)), int(m.group(2))
 
@@ -151,8 +168,10 @@ def test_on_nan_skip_continues_and_counts_the_skipped_updates(stopped, tmp_path)
     skipped = [st["skipped_steps"] for st in s["stages"]]
     assert skipped[0] == 0 and skipped[1] >= 1 and s["skipped_steps"] == sum(skipped)
     # A skipped update leaves the optimizer untouched: its iteration count misses exactly those steps.
-    iterations = [int(stage_values(run_dir, f"stage_{k:02d}")["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
-                  for k in range(2)]
+    iterations = [
+        int(stage_values(run_dir, f"stage_{k:02d}")["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"])
+        for k in range(2)
+    ]
     assert iterations == [6, 6 - skipped[1]]
     for key, value in stage_values(run_dir, "stage_01").items():
         if np.issubdtype(value.dtype, np.floating):

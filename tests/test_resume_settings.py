@@ -20,8 +20,15 @@ from chain.errors import ChainError, CheckpointError
 from compare import weights
 from conftest import run_cli
 
-SMALL = ["+stages=2", "model.width=8", "model.depth=1", "model.dropout=0.25", "data.batch_size=16",
-         "trainer.progress=false", "checkpoint.export=false"]
+SMALL = [
+    "+stages=2",
+    "model.width=8",
+    "model.depth=1",
+    "model.dropout=0.25",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
 E2E = ["mode=e2e", "pipeline.schedule=gpipe", "pipeline.microbatches=2"]
 STEPS, EVERY = 6, 3
 
@@ -77,10 +84,13 @@ def notes(caplog) -> list[str]:
 # --- settings that may change: applied from the resumed step, with a note ----------------------------
 
 
-@pytest.mark.parametrize("optim, old, new", [
-    (["optim=adam"], 0.001, 0.0005),
-    (["optim=sgd", "optim.momentum=0.9"], 0.05, 0.01),
-])
+@pytest.mark.parametrize(
+    "optim, old, new",
+    [
+        (["optim=adam"], 0.001, 0.0005),
+        (["optim=sgd", "optim.momentum=0.9"], 0.05, 0.01),
+    ],
+)
 def test_a_changed_learning_rate_applies_from_the_resumed_step(tmp_path, caplog, optim, old, new):
     """Resumed at step 3 with another optim.lr, the run ends bit for bit where an uninterrupted
     run ends whose optimizers' learning rate is set (Keras: `optimizer.learning_rate.assign`)
@@ -115,10 +125,13 @@ def test_a_learning_rate_of_one_stage_is_named_with_its_stage(tmp_path, caplog):
     assert [float(s.optimizer.learning_rate.numpy()) for s in resumed.stages] == [np.float32(0.001), np.float32(0.01)]
 
 
-@pytest.mark.parametrize("optim, change, note", [
-    (["optim=adam"], "optim.beta_1=0.8", "note: optim.beta_1 0.9 -> 0.8 from step 3"),
-    (["optim=sgd", "optim.momentum=0.9"], "optim.momentum=0.5", "note: optim.momentum 0.9 -> 0.5 from step 3"),
-])
+@pytest.mark.parametrize(
+    "optim, change, note",
+    [
+        (["optim=adam"], "optim.beta_1=0.8", "note: optim.beta_1 0.9 -> 0.8 from step 3"),
+        (["optim=sgd", "optim.momentum=0.9"], "optim.momentum=0.5", "note: optim.momentum 0.9 -> 0.5 from step 3"),
+    ],
+)
 def test_a_changed_beta_or_momentum_applies_with_a_note(tmp_path, caplog, optim, change, note):
     run_dir = tmp_path / "run"
     fit(run_dir, *optim, "trainer.steps=3")
@@ -131,12 +144,27 @@ def test_cadence_and_length_may_change_on_resume_without_changing_the_result(cop
     """Log, evaluation and checkpoint cadence, steps per call, on_nan and the run's length are not
     the math: resumed from step 3 with all of them changed, the run ends bit-exact, without a note."""
     m = json.load(open(os.path.join(copy, "checkpoint.json")))
-    m = {**m, "step": 3, "complete": [3], "digests": {"3": m["digests"]["3"]},
-         "checkpoints": {k: f"{k}/ckpt-3" for k in m["checkpoints"]}, "validation": {"3": m["validation"]["3"]}}
+    m = {
+        **m,
+        "step": 3,
+        "complete": [3],
+        "digests": {"3": m["digests"]["3"]},
+        "checkpoints": {k: f"{k}/ckpt-3" for k in m["checkpoints"]},
+        "validation": {"3": m["validation"]["3"]},
+    }
     open(os.path.join(copy, "checkpoint.json"), "w").write(json.dumps(m))  # as if killed after step 3's save
     caplog.set_level(logging.INFO, logger="chain")
-    run = fit(copy, "resume=true", "trainer.log_every=1", "trainer.eval_every=2", "trainer.steps_per_call=1",
-              "checkpoint.every=1", "checkpoint.keep=5", "trainer.on_nan=skip", "checkpoint.best=true")
+    run = fit(
+        copy,
+        "resume=true",
+        "trainer.log_every=1",
+        "trainer.eval_every=2",
+        "trainer.steps_per_call=1",
+        "checkpoint.every=1",
+        "checkpoint.keep=5",
+        "trainer.on_nan=skip",
+        "checkpoint.best=true",
+    )
     assert notes(caplog) == []
     for a, b in zip(weights(run), trained[1], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -146,25 +174,33 @@ def test_cadence_and_length_may_change_on_resume_without_changing_the_result(cop
 # --- settings that may not change: one line naming the key, nothing restored -------------------------
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.activation=tanh", "model.activation='relu', the config has model.activation='tanh'"),
-    ("model.dropout=0.5", "model.dropout=0.25, the config has model.dropout=0.5"),
-    ("trainer.jit_compile=true", "trainer.jit_compile=False, the config has trainer.jit_compile=True"),
-    ("+stages=[{},{model: {activation: gelu}}]",
-     "stages[1].model.activation='relu', the config has stages[1].model.activation='gelu'"),
-    ("seed=3", "seed=0, the config has seed=3"),
-    ("data.shuffle=false", "data.shuffle=True, the config has data.shuffle=False"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.activation=tanh", "model.activation='relu', the config has model.activation='tanh'"),
+        ("model.dropout=0.5", "model.dropout=0.25, the config has model.dropout=0.5"),
+        ("trainer.jit_compile=true", "trainer.jit_compile=False, the config has trainer.jit_compile=True"),
+        (
+            "+stages=[{},{model: {activation: gelu}}]",
+            "stages[1].model.activation='relu', the config has stages[1].model.activation='gelu'",
+        ),
+        ("seed=3", "seed=0, the config has seed=3"),
+        ("data.shuffle=false", "data.shuffle=True, the config has data.shuffle=False"),
+    ],
+)
 def test_a_change_of_the_math_or_the_data_stream_is_refused_naming_the_key(trained, override, message):
     text = refused(trained[0], override)
     assert text.startswith(f"the checkpoint was written with {message}; resume needs the same "), text
 
 
-@pytest.mark.parametrize("override, message", [
-    ("loss=mse", "loss='sparse_categorical_crossentropy', the config has loss='mse'"),
-    ("pipeline.microbatches=4", "pipeline.microbatches=2, the config has pipeline.microbatches=4"),
-    ("pipeline.schedule=1f1b", "pipeline.schedule='gpipe', the config has pipeline.schedule='1f1b'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("loss=mse", "loss='sparse_categorical_crossentropy', the config has loss='mse'"),
+        ("pipeline.microbatches=4", "pipeline.microbatches=2, the config has pipeline.microbatches=4"),
+        ("pipeline.schedule=1f1b", "pipeline.schedule='gpipe', the config has pipeline.schedule='1f1b'"),
+    ],
+)
 def test_a_change_of_the_pipeline_or_the_loss_is_refused(trained_e2e, override, message):
     text = refused(trained_e2e, *E2E, override)
     assert text.startswith(f"the checkpoint was written with {message}; resume needs the same "), text
@@ -175,7 +211,9 @@ def test_momentum_from_zero_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     fit(run_dir, "optim=sgd", "trainer.steps=3")
     text = refused(str(run_dir), "optim=sgd", "optim.momentum=0.9")
-    assert text.startswith("the checkpoint was written with optim.momentum=0.0, the config has optim.momentum=0.9"), text
+    assert text.startswith("the checkpoint was written with optim.momentum=0.0, the config has optim.momentum=0.9"), (
+        text
+    )
 
 
 # --- what a resume reads is verified, checkpoint.json included --------------------------------------
@@ -187,11 +225,14 @@ def tear(run_dir):
     open(path, "w").write(text[: len(text) // 2])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("seed=1", "seed=0, the config has seed=1"),
-    ("data.val_fraction=0.2", "data.val_fraction=None, the config has data.val_fraction=0.2"),
-    ("data.batch_size=32", "data.batch_size=16, the config has data.batch_size=32"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("seed=1", "seed=0, the config has seed=1"),
+        ("data.val_fraction=0.2", "data.val_fraction=None, the config has data.val_fraction=0.2"),
+        ("data.batch_size=32", "data.batch_size=16, the config has data.batch_size=32"),
+    ],
+)
 def test_a_torn_manifest_refuses_what_the_intact_one_refuses(copy, override, message):
     tear(copy)
     text = refused(copy, override)
@@ -200,13 +241,22 @@ def test_a_torn_manifest_refuses_what_the_intact_one_refuses(copy, override, mes
 
 def test_a_torn_manifest_and_a_changed_batch_size_is_one_line_from_the_command_line(copy, tmp_path):
     tear(copy)
-    r = run_cli(tmp_path, *SMALL, f"trainer.steps={STEPS + 3}", f"checkpoint.every={EVERY}", "data.batch_size=32",
-                "resume=true", f"hydra.run.dir={copy}")
+    r = run_cli(
+        tmp_path,
+        *SMALL,
+        f"trainer.steps={STEPS + 3}",
+        f"checkpoint.every={EVERY}",
+        "data.batch_size=32",
+        "resume=true",
+        f"hydra.run.dir={copy}",
+    )
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert errors == ["error: the checkpoint was written with data.batch_size=16, the config has data.batch_size=32; "
-                      "resume needs the same data.batch_size: the data stream and random state continue only with "
-                      "the same data settings"], r.stderr
+    assert errors == [
+        "error: the checkpoint was written with data.batch_size=16, the config has data.batch_size=32; "
+        "resume needs the same data.batch_size: the data stream and random state continue only with "
+        "the same data settings"
+    ], r.stderr
 
 
 def test_a_torn_manifest_keeps_the_runs_losses_and_evaluations(tmp_path):
@@ -277,8 +327,10 @@ def test_a_new_run_refuses_a_directory_with_checkpoints_but_no_manifest(copy, tr
     before = {f: open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(copy) for f in fs}
     with pytest.raises(CheckpointError) as e:
         fit(copy)
-    assert str(e.value).startswith(f"{copy} already holds checkpoints (data/ckpt-3.data-00000-of-00001, ...) but no "
-                                   "checkpoint.json; pass resume=true to continue it"), str(e.value)
+    assert str(e.value).startswith(
+        f"{copy} already holds checkpoints (data/ckpt-3.data-00000-of-00001, ...) but no "
+        "checkpoint.json; pass resume=true to continue it"
+    ), str(e.value)
     assert {f: open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(copy) for f in fs} == before
     run = fit(copy, "resume=true")  # and resume=true continues it (checkpoint.json rebuilt)
     assert run.global_step == STEPS
@@ -304,12 +356,18 @@ def test_a_checkpoint_from_before_clipping_and_batch_norm_settings_resumes_only_
 
     settings = validate(chain.compose(SMALL + E2E))
     old = RunSettings.of(settings).values
-    old = {**old, "pipeline": {k: v for k, v in old["pipeline"].items() if k != "batch_norm"},
-           "stages": [{**s, "optim": {k: v for k, v in s["optim"].items() if not k.startswith("clip_")}}
-                      for s in old["stages"]]}
+    old = {
+        **old,
+        "pipeline": {k: v for k, v in old["pipeline"].items() if k != "batch_norm"},
+        "stages": [
+            {**s, "optim": {k: v for k, v in s["optim"].items() if not k.startswith("clip_")}} for s in old["stages"]
+        ],
+    }
     assert check_resume(RunSettings(old), settings, 3) == []
-    for override, key in [("optim.clip_global_norm=1", "optim.clip_global_norm"),
-                          ("pipeline.batch_norm=deferred", "pipeline.batch_norm")]:
+    for override, key in [
+        ("optim.clip_global_norm=1", "optim.clip_global_norm"),
+        ("pipeline.batch_norm=deferred", "pipeline.batch_norm"),
+    ]:
         with pytest.raises(ChainError, match=rf"^the checkpoint was written with {key}='\(unset\)'"):
             check_resume(RunSettings(old), validate(chain.compose(SMALL + E2E + [override])), 3)
 

@@ -23,8 +23,10 @@ def snapshot(run_dir) -> dict[str, tuple[str, float]]:
     for root, _, files in os.walk(run_dir):
         for f in files:
             path = os.path.join(root, f)
-            out[os.path.relpath(path, run_dir)] = (hashlib.sha256(open(path, "rb").read()).hexdigest(),
-                                                   os.stat(path).st_mtime_ns)
+            out[os.path.relpath(path, run_dir)] = (
+                hashlib.sha256(open(path, "rb").read()).hexdigest(),
+                os.stat(path).st_mtime_ns,
+            )
     return out
 
 
@@ -96,8 +98,10 @@ def test_a_new_run_refused_by_a_checkpoint_leaves_the_old_runs_files_alone(tmp_p
     assert run_cli(tmp_path, *TINY, "trainer.steps=2", f"hydra.run.dir={run_dir}").returncode == 0
     before = snapshot(run_dir)
     r = run_cli(tmp_path, *TINY, "trainer.steps=3", "model.width=4", f"hydra.run.dir={run_dir}")
-    assert one_line(r) == (f"error: {run_dir} already holds a checkpoint at step 2; pass resume=true to continue "
-                           "it, or choose another hydra.run.dir")
+    assert one_line(r) == (
+        f"error: {run_dir} already holds a checkpoint at step 2; pass resume=true to continue "
+        "it, or choose another hydra.run.dir"
+    )
     assert snapshot(run_dir) == before  # .hydra/overrides.yaml included: restage still reads the old run
 
 
@@ -120,8 +124,11 @@ def test_a_run_directory_under_a_file_is_one_line(tmp_path):
 def test_a_model_too_large_for_memory_is_refused_with_the_estimate(tmp_path):
     r = run_cli(tmp_path, *TINY, "model.width=1000000", "trainer.steps=2")
     line = one_line(r)
-    assert re.search(r"the chain needs about [\d.]+ TB of memory \(stage 1: [\d.]+ TB; .*\), more than the [\d.]+ GB "
-                     r"allowed", line), line
+    assert re.search(
+        r"the chain needs about [\d.]+ TB of memory \(stage 1: [\d.]+ TB; .*\), more than the [\d.]+ GB "
+        r"allowed",
+        line,
+    ), line
     assert os.listdir(tmp_path) == []
 
 

@@ -9,8 +9,17 @@ from chain.schedule.schedules import Action
 from conftest import run_cli
 
 SIZES = [(1, 1), (2, 4), (3, 2), (4, 8)]
-BASE = ["+stages=3", "mode=e2e", "model.depth=1", "model.width=8", "data=synthetic", "data.features=6",
-        "data.samples=64", "data.batch_size=8", "pipeline.microbatches=2"]
+BASE = [
+    "+stages=3",
+    "mode=e2e",
+    "model.depth=1",
+    "model.width=8",
+    "data=synthetic",
+    "data.features=6",
+    "data.samples=64",
+    "data.batch_size=8",
+    "pipeline.microbatches=2",
+]
 
 
 @pytest.mark.parametrize("name", schedules.NAMES)
@@ -32,27 +41,40 @@ def test_cells_may_name_their_stage_and_torch_form_reads_too():
     # Blank cells (a grid's idle slots) are skipped; `2F0` is torch's stage-first form, `I` its input half.
     text = "0F0,, F1@s0 ,0B0,0I1\n,1F0,F1,1B0,B1\n"
     s = schedule_file.loads(text, 2, 2)
-    assert s.actions == schedules.build("1f1b", 2, 2).actions[:1] + ((Action(1, 0, "F"), Action(1, 1, "F"),
-                                                                      Action(1, 0, "B"), Action(1, 1, "B")),)
+    assert s.actions == schedules.build("1f1b", 2, 2).actions[:1] + (
+        (Action(1, 0, "F"), Action(1, 1, "F"), Action(1, 0, "B"), Action(1, 1, "B")),
+    )
 
 
 ONE_F_ONE_B = "F0,F1,B0,B1\nF0,B0,F1,B1\n"  # 2 stages, 2 microbatches
 
 
-@pytest.mark.parametrize("text, message", [
-    ("F0,F1,B0\nF0,B0,F1,B1\n", "row 1 never runs B1@s0"),
-    ("F0,F1,B0,B1,B1\nF0,B0,F1,B1\n", "row 1, cell 5: B1@s0 runs twice (cells 4 and 5)"),
-    # Row 1 waits in B0 for stage 1's B0; stage 1 first waits in F1 for stage 0's F1, which comes after B0.
-    ("F0,B0,F1,B1\nF0,F1,B0,B1\n", "deadlock at slot 2; B0 of stage 0 (its action 2) can never run: it needs "
-                                   "B0 of stage 1, which stage 1 runs only after F1, itself waiting"),
-    ("F0,F1,B0,B1\nB0,F0,F1,B1\n", "stage 1 runs B0 before F0"),
-    ("F0,F1,B0,B1\n", "no row runs stage 1"),
-    ("F0,F1,B0,B1\nF0,B0,F1,B1\nF0\n", "has more than 2 rows, but the chain has 2 stages: one row per device, at most 2"),
-    ("F0,F1,B0,B1\nF0,B0,F1,B1,F2\n", "row 2, cell 5: F2@s1: microbatch 2, but pipeline.microbatches=2 numbers them 0..1"),
-    ("F0,F1,B0,X1\nF0,B0,F1,B1\n", "row 1, cell 4: 'X1' is not an action"),
-    ("F0,F1,B0,B1\nF0,B0,F1,B1@s0\n", "row 2, cell 4: B1@s0: stage 0 is on row 1's device already"),
-    ("F0,F1,B0,B1,W0,W1\nF0,B0,F1,B1\n", "row 2 never runs W0@s1 (a W anywhere splits every backward"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("F0,F1,B0\nF0,B0,F1,B1\n", "row 1 never runs B1@s0"),
+        ("F0,F1,B0,B1,B1\nF0,B0,F1,B1\n", "row 1, cell 5: B1@s0 runs twice (cells 4 and 5)"),
+        # Row 1 waits in B0 for stage 1's B0; stage 1 first waits in F1 for stage 0's F1, which comes after B0.
+        (
+            "F0,B0,F1,B1\nF0,F1,B0,B1\n",
+            "deadlock at slot 2; B0 of stage 0 (its action 2) can never run: it needs "
+            "B0 of stage 1, which stage 1 runs only after F1, itself waiting",
+        ),
+        ("F0,F1,B0,B1\nB0,F0,F1,B1\n", "stage 1 runs B0 before F0"),
+        ("F0,F1,B0,B1\n", "no row runs stage 1"),
+        (
+            "F0,F1,B0,B1\nF0,B0,F1,B1\nF0\n",
+            "has more than 2 rows, but the chain has 2 stages: one row per device, at most 2",
+        ),
+        (
+            "F0,F1,B0,B1\nF0,B0,F1,B1,F2\n",
+            "row 2, cell 5: F2@s1: microbatch 2, but pipeline.microbatches=2 numbers them 0..1",
+        ),
+        ("F0,F1,B0,X1\nF0,B0,F1,B1\n", "row 1, cell 4: 'X1' is not an action"),
+        ("F0,F1,B0,B1\nF0,B0,F1,B1@s0\n", "row 2, cell 4: B1@s0: stage 0 is on row 1's device already"),
+        ("F0,F1,B0,B1,W0,W1\nF0,B0,F1,B1\n", "row 2 never runs W0@s1 (a W anywhere splits every backward"),
+    ],
+)
 def test_a_file_that_cannot_run_is_refused_with_what_is_wrong(text, message):
     with pytest.raises(schedule_file.ScheduleFileError) as e:
         schedule_file.loads(text, 2, 2)
@@ -72,9 +94,15 @@ def test_the_config_refuses_a_bad_file_in_one_line_naming_the_key(tmp_path):
         chain.compose(BASE + ["pipeline.schedule=file", f"pipeline.schedule_file={path}"])
     assert str(e.value).startswith(f"pipeline.schedule_file={str(path)!r} deadlock") and "\n" not in str(e.value)
     for overrides, message in [
-        (["pipeline.schedule=file"], "pipeline.schedule=file reads the schedule from pipeline.schedule_file, which is not set"),
+        (
+            ["pipeline.schedule=file"],
+            "pipeline.schedule=file reads the schedule from pipeline.schedule_file, which is not set",
+        ),
         (["pipeline.schedule=file", f"pipeline.schedule_file={tmp_path}/none.csv"], "the file does not exist"),
-        ([f"pipeline.schedule_file={path}"], "pipeline.schedule_file is read only with pipeline.schedule=file (is gpipe)"),
+        (
+            [f"pipeline.schedule_file={path}"],
+            "pipeline.schedule_file is read only with pipeline.schedule=file (is gpipe)",
+        ),
         (["pipeline.schedule_out=x.csv"], "pipeline.schedule_out is written by plan_only=true"),
         (["plan_only=true", f"pipeline.schedule_out={tmp_path}/no/x.csv"], "the folder"),
     ]:
@@ -90,11 +118,20 @@ def test_the_command_line_refuses_a_bad_file_with_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.parametrize("cell, message", [
-    ("F" * (1 << 20), "line 2 holds a cell of more than 131072 characters; a cell is F3, B3 or W3"),  # past csv's limit
-    ("F" + "1" * 5000, "row 2, cell 4: 'F11111111111'... (5001 characters) is not an action"),  # past int()'s digits
-    ("F1@s" + "1" * 5000, "row 2, cell 4: 'F1@s11111111'... (5004 characters) is not an action"),
-])
+@pytest.mark.parametrize(
+    "cell, message",
+    [
+        (
+            "F" * (1 << 20),
+            "line 2 holds a cell of more than 131072 characters; a cell is F3, B3 or W3",
+        ),  # past csv's limit
+        (
+            "F" + "1" * 5000,
+            "row 2, cell 4: 'F11111111111'... (5001 characters) is not an action",
+        ),  # past int()'s digits
+        ("F1@s" + "1" * 5000, "row 2, cell 4: 'F1@s11111111'... (5004 characters) is not an action"),
+    ],
+)
 def test_a_file_under_the_size_limit_with_a_huge_cell_is_one_line(tmp_path, cell, message):
     path = tmp_path / "s.csv"
     path.write_text(f"F0,F1,B0,B1\nF0,B0,F1,{cell}\n")
@@ -109,7 +146,9 @@ def test_a_file_just_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path
     path = tmp_path / "s.csv"
     path.write_bytes(ONE_F_ONE_B.encode() + b"\n" * (schedule_file.MAX_BYTES + 1 - len(ONE_F_ONE_B)))
     monkeypatch.setattr(schedule_file, "loads", lambda *a: pytest.fail("parsed"))
-    with pytest.raises(schedule_file.ScheduleFileError, match=r"^is larger than 16 MiB; a schedule file is a few lines$"):
+    with pytest.raises(
+        schedule_file.ScheduleFileError, match=r"^is larger than 16 MiB; a schedule file is a few lines$"
+    ):
         schedule_file.read(str(path), 2, 2)
     path.write_bytes(path.read_bytes()[:-1])  # exactly at the limit: read and parsed
     monkeypatch.undo()

@@ -34,8 +34,14 @@ def final(run_dir) -> dict:
 
 
 def start(cwd, args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env))
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env),
+    )
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[str, str]]:
@@ -69,8 +75,10 @@ def consecutive_ports(n: int) -> int:
     raise AssertionError("no free ports in a row")
 
 
-CLIENT = "import sys, time; from chain.planning.job_end import JobEnd; JobEnd(sys.argv[1], 'test').start(); " \
-         "print('listening', flush=True); time.sleep(600)"
+CLIENT = (
+    "import sys, time; from chain.planning.job_end import JobEnd; JobEnd(sys.argv[1], 'test').start(); "
+    "print('listening', flush=True); time.sleep(600)"
+)
 
 
 def test_a_killed_client_leaves_no_worker_after_the_bounded_wait(tmp_path):
@@ -91,8 +99,9 @@ def test_a_killed_client_leaves_no_worker_after_the_bounded_wait(tmp_path):
                 p.kill()
             p.wait()
     errors = [line for line in w.stderr.read().splitlines() if not line.startswith("warning:")]
-    assert code == job_end.EXIT_GONE and errors == [f"error: worker 0 stops: no word from its client {client} for "
-                                                    "2 s (cluster.wait_s, --wait-s)"], errors
+    assert code == job_end.EXIT_GONE and errors == [
+        f"error: worker 0 stops: no word from its client {client} for 2 s (cluster.wait_s, --wait-s)"
+    ], errors
     assert 2 - job_end.BEAT_S <= took < 10, took  # counted from the client's last word (a beat a second)
 
 
@@ -100,8 +109,11 @@ def test_a_chief_that_fails_ends_its_workers_with_its_exit_code(tmp_path):
     chief, *workers = free_addresses(3)
 
     def tf_config(kind: str, index: int) -> dict:
-        return {"TF_CONFIG": json.dumps({"cluster": {"chief": [chief], "worker": workers},
-                                         "task": {"type": kind, "index": index}})}
+        return {
+            "TF_CONFIG": json.dumps(
+                {"cluster": {"chief": [chief], "worker": workers}, "task": {"type": kind, "index": index}}
+            )
+        }
 
     w = start(tmp_path, ["chain.worker"], tf_config("worker", 0))  # worker 1 never starts
     try:
@@ -110,8 +122,11 @@ def test_a_chief_that_fails_ends_its_workers_with_its_exit_code(tmp_path):
         w.kill()
         w.wait()
         raise
-    c = start(tmp_path, ["chain", *TINY, "+stages=2", "mode=e2e", "cluster.wait_s=4", f"hydra.run.dir={tmp_path / 'run'}"],
-              tf_config("chief", 0))
+    c = start(
+        tmp_path,
+        ["chain", *TINY, "+stages=2", "mode=e2e", "cluster.wait_s=4", f"hydra.run.dir={tmp_path / 'run'}"],
+        tf_config("chief", 0),
+    )
     (_, chief_err), (worker_out, _) = finish([c, w], timeout=120)
     assert c.returncode == 2 and chief_err.count("\n") == 1 and f"{workers[1]} is not reachable" in chief_err, chief_err
     assert w.returncode == 2 and worker_out.splitlines()[-1] == "worker 0 stopped", worker_out  # the chief's code
@@ -121,9 +136,11 @@ def test_workers_end_with_their_clients_code_and_one_that_never_came_is_waited_f
     ended: dict[str, object] = {}
 
     def watch(name: str, address: str, wait_s: float) -> threading.Thread:
-        t = threading.Thread(target=job_end.watch_client, daemon=True,
-                             args=(address, wait_s, lambda code: ended.setdefault(name, code),
-                                   lambda why: ended.setdefault(name, why)))
+        t = threading.Thread(
+            target=job_end.watch_client,
+            daemon=True,
+            args=(address, wait_s, lambda code: ended.setdefault(name, code), lambda why: ended.setdefault(name, why)),
+        )
         t.start()
         return t
 
@@ -153,8 +170,13 @@ def test_slurm_host_lists_tasks_and_gpus():
     assert slurm.hostnames("node[01-03]") == ["node01", "node02", "node03"]
     assert slurm.hostnames("a[1,3-4]b,gpu7") == ["a1b", "a3b", "a4b", "gpu7"]
     assert slurm.tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-           "SLURM_GPUS_PER_TASK": "2"}
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_GPUS_PER_TASK": "2",
+    }
     job = slurm.job(env, 9000)
     assert job.addresses == ("n1:9000", "n1:9001", "n2:9000", "n2:9001") and job.task == 3
     assert job.client == "n1:9000" and job.workers == ("n1:9001", "n2:9000", "n2:9001")
@@ -175,8 +197,9 @@ def test_tf_config_tasks(monkeypatch, capsys):
     from chain.config.schema import ClusterSettings
     from chain.worker import main
 
-    settings = ClusterSettings(workers=None, lost_after_s=5, profile_ports=None, launcher="none", port_base=8888,
-                               wait_s=60)
+    settings = ClusterSettings(
+        workers=None, lost_after_s=5, profile_ports=None, launcher="none", port_base=8888, wait_s=60
+    )
     monkeypatch.setenv("TF_CONFIG", tf_config("chief"))
     assert cluster.workers(settings) == ["w0:1", "w1:1"] and cluster.client_address(settings)[0] == "c:1"
     assert cluster.task() is None

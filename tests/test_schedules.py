@@ -11,7 +11,9 @@ from chain.schedule.schedules import BACKWARD, FORWARD, Action
 
 SIZES = [(1, 1), (1, 4), (2, 1), (2, 2), (3, 2), (3, 4), (4, 1), (4, 3), (4, 8), (5, 16), (8, 8)]
 # F and B only, a device per stage (interleaved has tests of its own below)
-UNSPLIT = [name for name in schedules.NAMES if name != "interleaved" and not schedules.is_split(schedules.build(name, 2, 2))]
+UNSPLIT = [
+    name for name in schedules.NAMES if name != "interleaved" and not schedules.is_split(schedules.build(name, 2, 2))
+]
 ALL = [(name, k, m) for name in UNSPLIT for k, m in SIZES]
 
 
@@ -85,13 +87,21 @@ def test_sequential_runs_one_device_at_a_time(k, m):
 
 def test_a_schedule_that_cannot_run_is_refused():
     # Stage 1 wants B0 before F0 has been able to arrive: invalid.
-    bad = schedules.Schedule("bad", 2, 1, ((Action(0, 0, "F"), Action(0, 0, "B")), (Action(1, 0, "B"), Action(1, 0, "F"))))
+    bad = schedules.Schedule(
+        "bad", 2, 1, ((Action(0, 0, "F"), Action(0, 0, "B")), (Action(1, 0, "B"), Action(1, 0, "F")))
+    )
     with pytest.raises(ValueError, match="B0 before F0"):
         schedules.simulate(bad)
     # Each order is valid alone, but stage 0 waits in B0 for stage 1, which waits in F1 for stage 0.
-    stuck = schedules.Schedule("stuck", 2, 2, (
-        (Action(0, 0, "F"), Action(0, 0, "B"), Action(0, 1, "F"), Action(0, 1, "B")),
-        (Action(1, 0, "F"), Action(1, 1, "F"), Action(1, 0, "B"), Action(1, 1, "B"))))
+    stuck = schedules.Schedule(
+        "stuck",
+        2,
+        2,
+        (
+            (Action(0, 0, "F"), Action(0, 0, "B"), Action(0, 1, "F"), Action(0, 1, "B")),
+            (Action(1, 0, "F"), Action(1, 1, "F"), Action(1, 0, "B"), Action(1, 1, "B")),
+        ),
+    )
     with pytest.raises(ValueError, match="deadlock"):
         schedules.simulate(stuck)
     with pytest.raises(ValueError, match="not known"):
@@ -126,7 +136,9 @@ def test_every_action_is_parsed_back_from_the_names_of_its_ops(name, k, m):
             assert Action.parse(a.scope()) == a
             assert Action.parse(f"{a.scope()}/stage_0{a.stage}_1/dense/MatMul") == a
             if a.kind == FORWARD:
-                assert Action.parse(f"gradient_tape/{a.scope()}/dense/MatMul") == Action(a.stage, a.microbatch, BACKWARD)
+                assert Action.parse(f"gradient_tape/{a.scope()}/dense/MatMul") == Action(
+                    a.stage, a.microbatch, BACKWARD
+                )
             assert schedules.update_stage(a.scope()) is None
     for stage in range(k):
         assert schedules.update_stage(schedules.update_scope(stage)) == stage
@@ -134,9 +146,27 @@ def test_every_action_is_parsed_back_from_the_names_of_its_ops(name, k, m):
         assert Action.parse(schedules.update_scope(stage)) is None
 
 
-@pytest.mark.parametrize("op_name", ["release_s0_F1", "microbatches", "s1_update", "s1_F", "s1_Fx/a", "s_F0",
-                                     "sx_F0", "s1F0", "s1_F0_1/a", "s1_X0", "gradient_tape", "gradient_tape/s1",
-                                     "a/s1_F0", "gradient_tape/gradient_tape/s1_F0", "s1_B0x", "stage_01/s1_F0"])
+@pytest.mark.parametrize(
+    "op_name",
+    [
+        "release_s0_F1",
+        "microbatches",
+        "s1_update",
+        "s1_F",
+        "s1_Fx/a",
+        "s_F0",
+        "sx_F0",
+        "s1F0",
+        "s1_F0_1/a",
+        "s1_X0",
+        "gradient_tape",
+        "gradient_tape/s1",
+        "a/s1_F0",
+        "gradient_tape/gradient_tape/s1_F0",
+        "s1_B0x",
+        "stage_01/s1_F0",
+    ],
+)
 def test_names_outside_every_action_parse_to_none(op_name):
     assert Action.parse(op_name) is None
     assert schedules.update_stage(op_name) is None or op_name == "s1_update"
@@ -149,7 +179,11 @@ def test_zb1_runs_f_b_and_w_of_each_microbatch_once_in_order_and_keeps_1f1bs_pea
     for stage, row in enumerate(s.actions):
         assert sorted(row) == sorted(Action(stage, mb, kind) for mb in range(m) for kind in "FBW")
         for mb in range(m):
-            assert row.index(Action(stage, mb, "F")) < row.index(Action(stage, mb, "B")) < row.index(Action(stage, mb, "W"))
+            assert (
+                row.index(Action(stage, mb, "F"))
+                < row.index(Action(stage, mb, "B"))
+                < row.index(Action(stage, mb, "W"))
+            )
         # F and B keep 1F1B's order; only the W's move.
         assert [a for a in row if a.kind != "W"] == list(schedules.build("1f1b", k, m).actions[stage])
         # W frees what F saved: no stage holds more microbatches than 1F1B's first stage (k).
@@ -171,7 +205,9 @@ def test_zb1_idles_a_third_of_1f1bs_bubble(k, m):
     assert tl.bubble_fraction == pytest.approx((k - 1) / (3 * m + k - 1), abs=1e-12)
 
 
-INTERLEAVED = [(k, d, m) for k, d in [(2, 1), (4, 2), (6, 2), (6, 3), (8, 4), (8, 2), (9, 3)] for m in (d, 2 * d, 4 * d)]
+INTERLEAVED = [
+    (k, d, m) for k, d in [(2, 1), (4, 2), (6, 2), (6, 3), (8, 4), (8, 2), (9, 3)] for m in (d, 2 * d, 4 * d)
+]
 
 
 @pytest.mark.parametrize("k, d, m", INTERLEAVED)
@@ -179,8 +215,9 @@ def test_interleaved_puts_stage_k_on_device_k_mod_d_and_runs_every_action_once_i
     s = schedules.build("interleaved", k, m, d)
     assert s.devices == d and [s.row(stage) for stage in range(k)] == [stage % d for stage in range(k)]
     for r, row in enumerate(s.actions):
-        assert sorted(row) == sorted(Action(stage, mb, kind) for stage in range(r, k, d) for mb in range(m)
-                                     for kind in "FB")
+        assert sorted(row) == sorted(
+            Action(stage, mb, kind) for stage in range(r, k, d) for mb in range(m) for kind in "FB"
+        )
     tl = schedules.simulate(s)
     slot = {a: t for row in tl.grid for t, a in enumerate(row) if a is not None}
     for a, t in slot.items():
@@ -196,23 +233,31 @@ def test_interleaved_puts_stage_k_on_device_k_mod_d_and_runs_every_action_once_i
 def test_interleaved_needs_microbatches_a_multiple_of_the_devices():
     with pytest.raises(ValueError, match="3 microbatches are not a multiple of the 2 devices"):
         schedules.build("interleaved", 4, 3, 2)
-    text = schedules.render(schedules.build("interleaved", 4, 2, 2), schedules.simulate(schedules.build("interleaved", 4, 2, 2)))
+    text = schedules.render(
+        schedules.build("interleaved", 4, 2, 2), schedules.simulate(schedules.build("interleaved", 4, 2, 2))
+    )
     assert "device 0 (stages 0, 2)" in text and "F0@s2" in text and "4 stages on 2 devices" in text
 
 
 def test_the_schedule_line_counts_in_words():
     """`1 microbatch`, not `1 microbatches` (issue 38); other counts plural."""
     one = schedules.build("gpipe", 2, 1)
-    assert schedules.render(one, schedules.simulate(one)).splitlines()[0].startswith(
-        "schedule: gpipe, 2 stages x 1 microbatch, 4 slots (")
+    assert (
+        schedules.render(one, schedules.simulate(one))
+        .splitlines()[0]
+        .startswith("schedule: gpipe, 2 stages x 1 microbatch, 4 slots (")
+    )
     single = schedules.build("gpipe", 1, 2)
-    assert schedules.render(single, schedules.simulate(single)).splitlines()[0].startswith(
-        "schedule: gpipe, 1 stage x 2 microbatches, ")
+    assert (
+        schedules.render(single, schedules.simulate(single))
+        .splitlines()[0]
+        .startswith("schedule: gpipe, 1 stage x 2 microbatches, ")
+    )
     from chain.errors import plural, there_are
 
-    assert [plural(n, w) for n, w in [(1, "step"), (0, "step"), (3, "microbatch"), (1, "device"), (2, "entry"),
-                                      (2, "day")]] == ["1 step", "0 steps", "3 microbatches", "1 device", "2 entries",
-                                                       "2 days"]
+    assert [
+        plural(n, w) for n, w in [(1, "step"), (0, "step"), (3, "microbatch"), (1, "device"), (2, "entry"), (2, "day")]
+    ] == ["1 step", "0 steps", "3 microbatches", "1 device", "2 entries", "2 days"]
     assert (there_are(1, "stage"), there_are(2, "stage")) == ("there is 1 stage", "there are 2 stages")
 
 
@@ -226,11 +271,16 @@ def test_zbv_puts_stages_k_and_2d_1_k_on_device_k_and_runs_f_b_w_of_each_microba
     assert s.devices == d and s.placement == tuple(min(stage, k - 1 - stage) for stage in range(k))
     assert schedules.placement_rule(s) == f"stage k and stage {k - 1}-k on device k" or d == 1
     for r, row in enumerate(s.actions):
-        assert sorted(row) == sorted(Action(stage, mb, kind) for stage in (r, k - 1 - r) for mb in range(m)
-                                     for kind in "FBW")
+        assert sorted(row) == sorted(
+            Action(stage, mb, kind) for stage in (r, k - 1 - r) for mb in range(m) for kind in "FBW"
+        )
         for stage in (r, k - 1 - r):
             for mb in range(m):
-                assert row.index(Action(stage, mb, "F")) < row.index(Action(stage, mb, "B")) < row.index(Action(stage, mb, "W"))
+                assert (
+                    row.index(Action(stage, mb, "F"))
+                    < row.index(Action(stage, mb, "B"))
+                    < row.index(Action(stage, mb, "W"))
+                )
     tl = schedules.simulate(s)  # no deadlock, at any M (torch's builder plays max(M, 2D-1) and drops the rest)
     slot = {a: t for row in tl.grid for t, a in enumerate(row) if a is not None}
     for a, t in slot.items():

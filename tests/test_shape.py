@@ -10,13 +10,33 @@ import chain
 from chain.config.hydra import compose_config
 from chain.schedule import schedules
 
-SMALL = ["model.depth=1", "model.width=8", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=256",
-         "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false", "mode=e2e"]
+SMALL = [
+    "model.depth=1",
+    "model.width=8",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "mode=e2e",
+]
 
 
-@pytest.mark.parametrize("overrides", [["+stages=3", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
-                                       ["+stages=4", "pipeline.schedule=interleaved", "pipeline.virtual_stages=2",
-                                        "pipeline.microbatches=4", "placement.replicas=2"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["+stages=3", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
+        [
+            "+stages=4",
+            "pipeline.schedule=interleaved",
+            "pipeline.virtual_stages=2",
+            "pipeline.microbatches=4",
+            "placement.replicas=2",
+        ],
+    ],
+)
 def test_a_build_builds_its_schedule_once(monkeypatch, overrides):
     built = []
     real = schedules.build
@@ -43,8 +63,10 @@ def test_the_batch_rule_is_one_line_whether_the_config_or_the_plan_finds_it(repl
     from chain.planning.planner import plan
     from chain.prepared import cut_batch
 
-    line = ("data.batch_size=12 does not cut into 2 replicas' shares (placement.replicas) of pipeline.microbatches=4 "
-            "equal microbatches: use a multiple of 8, e.g. data.batch_size=8")
+    line = (
+        "data.batch_size=12 does not cut into 2 replicas' shares (placement.replicas) of pipeline.microbatches=4 "
+        "equal microbatches: use a multiple of 8, e.g. data.batch_size=8"
+    )
     ok = [*SMALL, "+stages=2", f"placement.replicas={replicas}", "pipeline.microbatches=4", "data.batch_size=16"]
     with pytest.raises(chain.ConfigError) as planned:
         cut_batch(12, plan(chain.compose(ok).placement, 2, Inventory.of(4, 80 * 1024)), microbatches=4)
@@ -57,10 +79,19 @@ def test_the_batch_rule_is_one_line_whether_the_config_or_the_plan_finds_it(repl
     assert batch_cut(16, microbatches=4).per_replica == 16 and batch_cut(16, 2, mirrored=True).per_replica == 8
 
 
-@pytest.mark.parametrize("overrides, gpus, replicas, microbatches", [
-    (["placement.replicas=auto", "pipeline.microbatches=4"], 4, 2, 4),  # the planner's 2 copies on 4 GPUs
-    (["placement.fallback=mirrored", "pipeline.microbatches=4"], 0, 2, 1),  # 2 CPU replicas, each runs its share whole
-    (["pipeline.microbatches=4"], 0, 1, 4)])
+@pytest.mark.parametrize(
+    "overrides, gpus, replicas, microbatches",
+    [
+        (["placement.replicas=auto", "pipeline.microbatches=4"], 4, 2, 4),  # the planner's 2 copies on 4 GPUs
+        (
+            ["placement.fallback=mirrored", "pipeline.microbatches=4"],
+            0,
+            2,
+            1,
+        ),  # 2 CPU replicas, each runs its share whole
+        (["pipeline.microbatches=4"], 0, 1, 4),
+    ],
+)
 def test_the_batch_cut_is_worked_out_once_for_the_replicas_planned(overrides, gpus, replicas, microbatches):
     """`RunSpec.batch_cut` is the cut for the replicas the planner made (`auto` is known only once
     planned): as many shares as the placement has copies or mirrored devices, and the microbatches a
@@ -82,8 +113,10 @@ def test_pipeline_schedule_is_a_schema_choice():
 
     with pytest.raises(chain.ConfigError) as e:
         compose([*SMALL, "+stages=2", "pipeline.schedule=1fb1"])
-    assert str(e.value) == (f"pipeline.schedule='1fb1' is not known; allowed: {', '.join(schedules.CHOICES)}; "
-                            "did you mean pipeline.schedule=1f1b?")
+    assert str(e.value) == (
+        f"pipeline.schedule='1fb1' is not known; allowed: {', '.join(schedules.CHOICES)}; "
+        "did you mean pipeline.schedule=1f1b?"
+    )
 
 
 def test_a_step_refuses_a_cut_its_schedule_does_not_play():

@@ -20,8 +20,16 @@ from chain.errors import ConfigError
 from chain.planning.devices import canonical
 
 L = keras.layers
-RUN = ["+stages=2", "data=synthetic", "data.features=6", "data.classes=4", "data.samples=64",
-       "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]
+RUN = [
+    "+stages=2",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=64",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
 RTOL = 1e-5
 
 
@@ -65,12 +73,22 @@ def tied_embedding_model(readout: type = TiedReadout) -> keras.Model:
     return keras.Model(x, readout(embedding, name="tied")(h), name="tied_lm")
 
 
-@pytest.mark.parametrize("overrides", [
-    ["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9", "pipeline.schedule=gpipe", "pipeline.microbatches=2"],
-    ["optim=adam", "optim.lr=0.05", "pipeline.schedule=1f1b", "pipeline.microbatches=4", "optim.clip_global_norm=0.01"],
-    # zb1: W from each weighted layer's kept output, the tied read-out's use of the matrix included
-    ["optim=adam", "optim.lr=0.05", "pipeline.schedule=zb1", "pipeline.microbatches=2"],
-], ids=["gpipe-sgd-M2", "1f1b-adam-M4-clipped", "zb1-adam-M2"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9", "pipeline.schedule=gpipe", "pipeline.microbatches=2"],
+        [
+            "optim=adam",
+            "optim.lr=0.05",
+            "pipeline.schedule=1f1b",
+            "pipeline.microbatches=4",
+            "optim.clip_global_norm=0.01",
+        ],
+        # zb1: W from each weighted layer's kept output, the tied read-out's use of the matrix included
+        ["optim=adam", "optim.lr=0.05", "pipeline.schedule=zb1", "pipeline.microbatches=2"],
+    ],
+    ids=["gpipe-sgd-M2", "1f1b-adam-M4-clipped", "zb1-adam-M2"],
+)
 def test_a_tied_embedding_cut_across_stages_trains_like_the_uncut_model(overrides):
     run = chain.build(chain.compose(["mode=e2e", *RUN, *overrides]), model=tied_embedding_model())
     copies = [v for s in run.stages for v in s.trainable_variables if v.path == "embed/embeddings"]
@@ -87,8 +105,11 @@ def trains_like_the_uncut_model(run) -> None:
     reference = tied_embedding_model()
     clip = run.settings.stages[0].optim.clip_global_norm  # the tied weight counts once in the global norm
     config = {**run.stages[0].optimizer.get_config(), "global_clipnorm": clip}
-    reference.compile(optimizer=type(run.stages[0].optimizer).from_config(config),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    reference.compile(
+        optimizer=type(run.stages[0].optimizer).from_config(config),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
     start = {v.path: v.numpy() for v in reference.trainable_variables}
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -107,16 +128,23 @@ def trains_like_the_uncut_model(run) -> None:
 COPIES = {"replicas": ["placement.replicas=2"], "mirrored": ["placement.fallback=mirrored"]}
 
 
-@pytest.mark.parametrize("optim", [["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9"],
-                                   ["optim=adam", "optim.lr=0.05", "optim.clip_global_norm=0.01"]],
-                         ids=["sgd", "adam-clipped"])
+@pytest.mark.parametrize(
+    "optim",
+    [
+        ["optim=sgd", "optim.lr=0.5", "optim.momentum=0.9"],
+        ["optim=adam", "optim.lr=0.05", "optim.clip_global_norm=0.01"],
+    ],
+    ids=["sgd", "adam-clipped"],
+)
 @pytest.mark.parametrize("copies", list(COPIES))
 def test_a_tied_embedding_trains_like_the_uncut_model_with_copies_of_the_pipeline_and_mirrored(copies, optim):
     """2 copies of the 2-stage pipeline (4 devices: each copy sums its holders' gradients, the sum averaged
     across the copies once), and the mirrored fallback (the holders' all-reduced gradients summed): 3 steps
     equal Keras on one device, every holder of every copy (and its slots) one value."""
-    run = chain.build(chain.compose(["mode=e2e", *RUN, *optim, "pipeline.microbatches=2", *COPIES[copies]]),
-                      model=tied_embedding_model())
+    run = chain.build(
+        chain.compose(["mode=e2e", *RUN, *optim, "pipeline.microbatches=2", *COPIES[copies]]),
+        model=tied_embedding_model(),
+    )
     pipelines = run.strategy.copies if copies == "replicas" else [run.stages]
     assert len(pipelines) == (2 if copies == "replicas" else 1)
     trains_like_the_uncut_model(run)
@@ -151,8 +179,10 @@ def test_a_holder_whose_own_update_is_dropped_takes_every_other_holder_with_it()
     embedding = L.Embedding(4, 8, name="embed")
     h = NonFiniteGradient(name="poison")(L.GlobalAveragePooling1D(name="pool")(embedding(x)))
     model = keras.Model(x, TiedReadout(embedding, name="tied")(L.Dense(8, activation="tanh", name="mix")(h)))
-    run = chain.build(chain.compose(["mode=e2e", *RUN, "optim=sgd", "optim.lr=0.5", "trainer.on_nan=skip",
-                                     "placement.split=[3,2]"]), model=model)
+    run = chain.build(
+        chain.compose(["mode=e2e", *RUN, "optim=sgd", "optim.lr=0.5", "trainer.on_nan=skip", "placement.split=[3,2]"]),
+        model=model,
+    )
     copies = [v for s in run.stages for v in s.trainable_variables if v.path == "embed/embeddings"]
     x = np.random.default_rng(0).integers(0, 4, (16, 6)).astype("float32")
     run.step(x, {"label": np.arange(16, dtype="int32") % 4})
@@ -166,7 +196,8 @@ def test_a_tied_weight_across_stages_is_refused_in_one_line_where_the_step_does_
     assert str(e.value) == (
         "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e (its "
         "pipeline, copies of it, or the mirrored fallback) sums its copies' gradients, not PipelinedLocal: "
-        "use mode=e2e, or cut the model so one stage holds every layer using it")
+        "use mode=e2e, or cut the model so one stage holds every layer using it"
+    )
 
 
 def test_a_layer_two_stage_builders_share_is_refused_in_one_line():
@@ -180,8 +211,11 @@ def test_a_layer_two_stage_builders_share_is_refused_in_one_line():
 
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose(["mode=e2e", *RUN]), stages=[first, second])
-    assert str(e.value).startswith("stage 1 (") and "uses the variable 'stage_00/shared/kernel' of stage 0; a weight shared " \
-        "by two stages is not supported yet" in str(e.value)
+    assert (
+        str(e.value).startswith("stage 1 (")
+        and "uses the variable 'stage_00/shared/kernel' of stage 0; a weight shared by two stages is not supported yet"
+        in str(e.value)
+    )
     assert "\n" not in str(e.value)
 
 
@@ -190,12 +224,23 @@ def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_e
     A run stopped and resumed from a checkpoint written before (every copy saved) equals the
     uninterrupted one bit for bit. chain.keras is the user's model, the weight once, loaded by
     plain Keras and predicting what the chain predicts."""
-    base = ["mode=e2e", *RUN, "optim=adam", "optim.lr=0.05", "pipeline.microbatches=2", "checkpoint.every=2",
-            "data.val_fraction=0", "trainer.steps_per_call=1"]
+    base = [
+        "mode=e2e",
+        *RUN,
+        "optim=adam",
+        "optim.lr=0.05",
+        "pipeline.microbatches=2",
+        "checkpoint.every=2",
+        "data.val_fraction=0",
+        "trainer.steps_per_call=1",
+    ]
 
     def fit(run_dir, steps, *more):
-        run = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
-                          model=tied_embedding_model(SavedTiedReadout))
+        run = chain.build(
+            chain.compose([*base, f"trainer.steps={steps}", *more]),
+            run_dir=str(run_dir),
+            model=tied_embedding_model(SavedTiedReadout),
+        )
         run.fit()
         return run
 
@@ -212,8 +257,14 @@ def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_e
     np.testing.assert_allclose(exported.predict(x, verbose=0), h.numpy(), rtol=RTOL)
     embedding = straight.stages[0].trainable_variables[0]
     assert embedding.path == "embed/embeddings"
-    held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
-                if shape == [4, 8]] for k in range(2)}
+    held = {
+        k: [
+            n
+            for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
+            if shape == [4, 8]
+        ]
+        for k in range(2)
+    }
     assert len(held[0]) == 3 and held[1] == []  # the weight and its two slots, once: in the first holder's stage
     reader = tf.train.load_checkpoint(str(tmp_path / "straight" / "stage_00" / "ckpt-4"))
     assert any(np.array_equal(reader.get_tensor(n), embedding.numpy()) for n in held[0])
@@ -237,19 +288,37 @@ def test_a_checkpoint_and_the_export_hold_a_tied_weight_once_and_resume_is_bit_e
 def test_copies_and_mirrored_runs_save_a_tied_weight_once_and_resume_bit_for_bit(tmp_path, copies):
     """Replica 0's first holder alone saves the weight and its Adam slots; 2 steps resumed for 2 more end
     bit for bit where 4 straight steps end, on every holder of every copy."""
-    base = ["mode=e2e", *RUN, *COPIES[copies], "optim=adam", "optim.lr=0.05", "pipeline.microbatches=2",
-            "checkpoint.every=2", "data.val_fraction=0", "trainer.steps_per_call=1"]
+    base = [
+        "mode=e2e",
+        *RUN,
+        *COPIES[copies],
+        "optim=adam",
+        "optim.lr=0.05",
+        "pipeline.microbatches=2",
+        "checkpoint.every=2",
+        "data.val_fraction=0",
+        "trainer.steps_per_call=1",
+    ]
 
     def fit(run_dir, steps, *more):
-        run = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
-                          model=tied_embedding_model())
+        run = chain.build(
+            chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir), model=tied_embedding_model()
+        )
         run.fit()
         pipelines = run.strategy.copies if copies == "replicas" else [run.stages]
-        return [v.numpy() for stages in pipelines for s in stages for v in s.trainable_variables + s.optimizer.variables]
+        return [
+            v.numpy() for stages in pipelines for s in stages for v in s.trainable_variables + s.optimizer.variables
+        ]
 
     straight = fit(tmp_path / "straight", 4)
-    held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
-                if shape == [4, 8]] for k in range(2)}
+    held = {
+        k: [
+            n
+            for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
+            if shape == [4, 8]
+        ]
+        for k in range(2)
+    }
     assert len(held[0]) == 3 and held[1] == []  # the weight and its two slots, once
     fit(tmp_path / "resumed", 2)
     for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
@@ -261,18 +330,33 @@ def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_
     0's embedding itself, no copy and no exchange; stage 3's gradient joins stage 0's sums, stage 0's
     one optimizer applies it: trains like the uncut model (Keras' fit on one device). The checkpoint holds
     the weight once (stage 0's), and a resumed run is bit for bit the uninterrupted one."""
-    base = ["mode=e2e", *[o for o in RUN if o != "+stages=2"], "+stages=4", "pipeline.schedule=zbv",
-            "pipeline.microbatches=4", "optim=adam", "optim.lr=0.05", "data.val_fraction=0", "checkpoint.every=2",
-            "trainer.steps_per_call=1", "placement.split=[1,1,1,1]"]  # pool alone: balancing never leaves a stage weightless
-    run = chain.build(chain.compose([*base, "trainer.steps=3"]), run_dir=str(tmp_path / "eq"), model=tied_embedding_model())
+    base = [
+        "mode=e2e",
+        *[o for o in RUN if o != "+stages=2"],
+        "+stages=4",
+        "pipeline.schedule=zbv",
+        "pipeline.microbatches=4",
+        "optim=adam",
+        "optim.lr=0.05",
+        "data.val_fraction=0",
+        "checkpoint.every=2",
+        "trainer.steps_per_call=1",
+        "placement.split=[1,1,1,1]",
+    ]  # pool alone: balancing never leaves a stage weightless
+    run = chain.build(
+        chain.compose([*base, "trainer.steps=3"]), run_dir=str(tmp_path / "eq"), model=tied_embedding_model()
+    )
     first, last = run.stages[0], run.stages[3]
     assert first.device == last.device and [len(s.borrowed) for s in run.stages] == [0, 0, 0, 1]
     (embedding,) = [v for v in first.trainable_variables if v.path == "embed/embeddings"]
     assert last.borrowed[0].variable is embedding  # one variable, read by both stages
     assert all(v.path != "embed/embeddings" for s in run.stages[1:] for v in s.trainable_variables)
     reference = tied_embedding_model()
-    reference.compile(optimizer=type(first.optimizer).from_config(first.optimizer.get_config()),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    reference.compile(
+        optimizer=type(first.optimizer).from_config(first.optimizer.get_config()),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
     start = embedding.numpy()
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -286,14 +370,21 @@ def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_
     assert rel_diff(embedding.numpy(), start) > 100 * RTOL  # both stages' uses moved it
 
     def fit(run_dir, steps, *more):
-        r = chain.build(chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir),
-                        model=tied_embedding_model())
+        r = chain.build(
+            chain.compose([*base, f"trainer.steps={steps}", *more]), run_dir=str(run_dir), model=tied_embedding_model()
+        )
         r.fit()
         return [v.numpy() for s in r.stages for v in s.trainable_variables + s.optimizer.variables]
 
     straight = fit(tmp_path / "straight", 4)
-    held = {k: [n for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
-                if shape == [4, 8]] for k in range(4)}
+    held = {
+        k: [
+            n
+            for n, shape in tf.train.list_variables(str(tmp_path / "straight" / f"stage_0{k}" / "ckpt-4"))
+            if shape == [4, 8]
+        ]
+        for k in range(4)
+    }
     assert len(held[0]) == 3 and held[1] == held[2] == held[3] == []  # the weight and its Adam slots, once
     fit(tmp_path / "resumed", 2)
     for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
@@ -316,13 +407,22 @@ def test_a_layer_called_twice_is_one_weight_trained_like_keras_whichever_stage_i
     """Both calls of the shared Dense on one stage (`placement.split=[4,1]`: it is an ordinary layer there, on one
     stage) or one on each (`[3,2]`: a copy per stage, their gradients summed): 3 SGD steps equal Keras'
     `train_on_batch`; the export (the model uncut) holds the layer once and predicts what the chain predicts."""
-    run = chain.build(chain.compose(["mode=e2e", *RUN, "optim=sgd", "optim.lr=0.5", "pipeline.microbatches=2",
-                                     f"placement.split={split}"]), model=dense_twice_model())
+    run = chain.build(
+        chain.compose(
+            ["mode=e2e", *RUN, "optim=sgd", "optim.lr=0.5", "pipeline.microbatches=2", f"placement.split={split}"]
+        ),
+        model=dense_twice_model(),
+    )
     holders = [[v.path for v in s.trainable_variables if v.path.startswith("twice/")] for s in run.stages]
-    assert holders == ([["twice/kernel", "twice/bias"], []] if split == [4, 1] else [["twice/kernel", "twice/bias"]] * 2)
+    assert holders == (
+        [["twice/kernel", "twice/bias"], []] if split == [4, 1] else [["twice/kernel", "twice/bias"]] * 2
+    )
     reference = dense_twice_model()
-    reference.compile(optimizer=keras.optimizers.SGD(0.5),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    reference.compile(
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
     start = reference.get_layer("twice").kernel.numpy()
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -353,5 +453,7 @@ def test_a_model_inside_the_model_called_twice_is_refused_in_one_line():
     y = keras.Input((6,))
     with pytest.raises(ConfigError) as e:
         analyse(keras.Model(y, inner(inner(y)), name="outer"), "outer")
-    assert str(e.value) == ("outer: the model 'inner' inside it is called 2 times; a model cut into stages may call a "
-                            "layer several times, but a model inside it once (call its layers instead)")
+    assert str(e.value) == (
+        "outer: the model 'inner' inside it is called 2 times; a model cut into stages may call a "
+        "layer several times, but a model inside it once (call its layers instead)"
+    )

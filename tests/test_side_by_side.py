@@ -16,18 +16,32 @@ from chain.errors import ConfigError, OutOfMemory
 from compare import rel_diff
 from conftest import DEVICES, read_summary, run_cli, run_dirs, stage_values
 
-BASE = ["mode=side_by_side", "model.width=16", "model.depth=1", "data=synthetic", "data.features=6",
-        "data.classes=4", "data.samples=256", "data.batch_size=16", "trainer.progress=false",
-        "checkpoint.export=false"]
-VARIANTS = "+variants=[{optim.lr: 0.003},{optim.lr: 0.001, model.width: 8, data.batch_size: 8},{optim: sgd, target: parity}]"
+BASE = [
+    "mode=side_by_side",
+    "model.width=16",
+    "model.depth=1",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+]
+VARIANTS = (
+    "+variants=[{optim.lr: 0.003},{optim.lr: 0.001, model.width: 8, data.batch_size: 8},{optim: sgd, target: parity}]"
+)
 STEPS = 5
 
 
 def alone(run, k: int):
     """Variant k as one model trained alone (mode=local, one stage), from its weights in `run`."""
     v = run.settings.variants[k]
-    over = [f"{'stage.target' if key == 'target' else key}={value}" for key, value in v.overrides
-            if key != "data.batch_size"]
+    over = [
+        f"{'stage.target' if key == 'target' else key}={value}"
+        for key, value in v.overrides
+        if key != "data.batch_size"
+    ]
     single = chain.build(chain.compose([*BASE[1:], "+stages=1", f"placement.devices=[{DEVICES[3]}]", *over]))
     s, mine = single.stages[0], run.stages[k]
     for a, b in zip(s.model.weights + s.head.weights, mine.model.weights + mine.head.weights):
@@ -58,8 +72,9 @@ def test_models_side_by_side_train_exactly_as_each_alone(policy):
 
 
 def test_a_paused_model_is_kept_and_checkpointed_but_not_trained(tmp_path):
-    run = chain.build(chain.compose([*BASE, "+variants=[{},{name: frozen, paused: true}]", "trainer.steps=3"]),
-                      run_dir=str(tmp_path))
+    run = chain.build(
+        chain.compose([*BASE, "+variants=[{},{name: frozen, paused: true}]", "trainer.steps=3"]), run_dir=str(tmp_path)
+    )
     before = [w.numpy().copy() for w in run.stages[1].trainable_variables]
     summary = run.fit()
     assert all(np.array_equal(a, b.numpy()) for a, b in zip(before, run.stages[1].trainable_variables))
@@ -76,8 +91,9 @@ def test_each_variant_has_its_own_directories_and_resume_is_bit_exact(tmp_path):
     resumed = chain.build(chain.compose([*args, "trainer.steps=6", "resume=true"]), run_dir=str(tmp_path / "resumed"))
     assert resumed.fit()["resumed_from"] == 4
     for a, b in zip(straight.stages, resumed.stages):
-        for x, y in zip(a.trainable_variables + list(a.optimizer.variables),
-                        b.trainable_variables + list(b.optimizer.variables)):
+        for x, y in zip(
+            a.trainable_variables + list(a.optimizer.variables), b.trainable_variables + list(b.optimizer.variables)
+        ):
             np.testing.assert_array_equal(x.numpy(), y.numpy())
     dirs = [tmp_path / "straight" / f"stage_{k:02d}" for k in range(3)]
     tb = [tmp_path / "straight" / "tb" / f"stage_{k:02d}" for k in range(3)]
@@ -92,8 +108,7 @@ def test_out_of_memory_shrinks_the_batch_of_the_models_on_that_device_and_goes_o
     variants = "+variants=[{optim.lr: 0.003},{optim.lr: 0.001}]"
     run = chain.build(chain.compose([*BASE, variants, "trainer.steps=5"]), run_dir=str(tmp_path))
     summary = run.fit()
-    assert summary["oom_events"] == [{"step": 3, "device": DEVICES[1],
-                                      "batch_sizes": {"optim.lr=0.001": [16, 13]}}]
+    assert summary["oom_events"] == [{"step": 3, "device": DEVICES[1], "batch_sizes": {"optim.lr=0.001": [16, 13]}}]
     assert [st["batch_size"] for st in summary["stages"]] == [16, 13]
     assert [int(s.optimizer.iterations.numpy()) for s in run.stages] == [5, 5]
     assert json.load(open(tmp_path / "summary.json"))["oom_events"] == summary["oom_events"]
@@ -101,23 +116,41 @@ def test_out_of_memory_shrinks_the_batch_of_the_models_on_that_device_and_goes_o
 
 def test_out_of_memory_below_the_floor_stops_with_one_line(tmp_path):
     run_dir = str(tmp_path / "run")
-    r = run_cli(tmp_path, *BASE, "+variants=[{},{optim.lr: 0.01}]", "trainer.steps=5", "checkpoint.every=2",
-                "oom.min_batch_size=14", f"hydra.run.dir={run_dir}", env={"CHAIN_TEST_OOM": f"3@{DEVICES[1]}"})
+    r = run_cli(
+        tmp_path,
+        *BASE,
+        "+variants=[{},{optim.lr: 0.01}]",
+        "trainer.steps=5",
+        "checkpoint.every=2",
+        "oom.min_batch_size=14",
+        f"hydra.run.dir={run_dir}",
+        env={"CHAIN_TEST_OOM": f"3@{DEVICES[1]}"},
+    )
     assert r.returncode == OutOfMemory.exit_code
     assert r.stderr.strip() == (
         f"error: out of memory on {DEVICES[1]} at step 3 with the smallest batches allowed: optim.lr=0.01 (16); "
         "shrinking by oom.shrink=0.85 would go below oom.min_batch_size=14; the last complete checkpoint (step 2) "
-        "is intact")
+        "is intact"
+    )
 
 
 def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
-    r = cli(*BASE, "+grid={optim.lr: [0.003, 0.0003], model.width: [8, 16]}", "trainer.steps=20", "checkpoint.export=true",
-            "report=true")
+    r = cli(
+        *BASE,
+        "+grid={optim.lr: [0.003, 0.0003], model.width: [8, 16]}",
+        "trainer.steps=20",
+        "checkpoint.export=true",
+        "report=true",
+    )
     assert r.returncode == 0, r.stderr
     s = read_summary(run_dirs(tmp_path)[0])
     names = [st["variant"] for st in s["stages"]]
-    assert names == ["optim.lr=0.003,model.width=8", "optim.lr=0.003,model.width=16",
-                     "optim.lr=0.0003,model.width=8", "optim.lr=0.0003,model.width=16"]
+    assert names == [
+        "optim.lr=0.003,model.width=8",
+        "optim.lr=0.003,model.width=16",
+        "optim.lr=0.0003,model.width=8",
+        "optim.lr=0.0003,model.width=16",
+    ]
     values = [r["value"] for r in s["ranking"]]
     assert values == sorted(values) and {r["variant"] for r in s["ranking"]} == set(names)
     assert "rank  variant" in r.stdout and "chain.keras" not in s["exports"]
@@ -140,8 +173,9 @@ def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(
         jobs = list(csv.DictReader(f))
     assert [(j["job"], j["exit"], j["steps"], j["overrides"]) for j in jobs] == [  # as Hydra passed them on
         ("0", "0", "2", "++stages=1 trainer.steps=2 trainer.progress=False"),
-        ("1", "0", "2", "++stages=3 trainer.steps=2 trainer.progress=False")]
-    table = r.stdout[r.stdout.index("job  exit  steps  loss"):].splitlines()
+        ("1", "0", "2", "++stages=3 trainer.steps=2 trainer.progress=False"),
+    ]
+    table = r.stdout[r.stdout.index("job  exit  steps  loss") :].splitlines()
     for job, path, row, k in zip(jobs, summaries, table[1:], (1, 3)):
         s = json.load(open(path))
         assert job["run_dir"] == str(path.parent) and float(job["loss"]) == s["loss_last"]
@@ -165,8 +199,10 @@ PLAIN = [["optim.lr=0.01"], ["optim.lr=0.001"], None]  # the last has its own ba
 
 def state(stage) -> list[np.ndarray]:
     """Everything a variant's training produced: weights, head, optimizer variables, dropout seed state."""
-    return [v.numpy() for v in stage.model.weights + stage.head.weights + list(stage.optimizer.variables)
-            + stage.random_variables()]
+    return [
+        v.numpy()
+        for v in stage.model.weights + stage.head.weights + list(stage.optimizer.variables) + stage.random_variables()
+    ]
 
 
 def fitted(*overrides: str):
@@ -196,10 +232,12 @@ def assert_same(got, want, what):
 
 @pytest.mark.parametrize("policy", ["lockstep", "round_robin"])
 @pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1]])
-def test_a_variant_side_by_side_ends_bit_equal_to_the_same_variant_alone_whatever_its_position(each_alone, policy,
-                                                                                               order):
-    states, losses = fitted("mode=side_by_side", f"side_by_side.policy={policy}",
-                            "+variants=[" + ",".join(GRID[k] for k in order) + "]")
+def test_a_variant_side_by_side_ends_bit_equal_to_the_same_variant_alone_whatever_its_position(
+    each_alone, policy, order
+):
+    states, losses = fitted(
+        "mode=side_by_side", f"side_by_side.policy={policy}", "+variants=[" + ",".join(GRID[k] for k in order) + "]"
+    )
     for pos, k in enumerate(order):
         alone_sbs, plain = each_alone[k]
         assert_same((states[pos], losses[pos]), alone_sbs, f"{GRID[k]} at position {pos} vs alone side by side")
@@ -208,8 +246,11 @@ def test_a_variant_side_by_side_ends_bit_equal_to_the_same_variant_alone_whateve
 
 
 def test_a_variant_batch_larger_than_the_shared_batch_is_refused():
-    with pytest.raises(ConfigError, match=r"^variant 'data.batch_size=32': data.batch_size=32 is larger than "
-                                          r"data.batch_size=16, the shared batch"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^variant 'data.batch_size=32': data.batch_size=32 is larger than "
+        r"data.batch_size=16, the shared batch",
+    ):
         chain.compose([*BASE, "+variants=[{},{data.batch_size: 32}]"])
 
 
@@ -217,13 +258,17 @@ def test_multirun_jobs_match_the_variants_trained_side_by_side(tmp_path):
     """`-m optim.lr=0.01,0.001` (each job a plain one-stage run in its own process) ends with the
     checkpoints of the two variants trained side by side, bit for bit."""
     common = [*REPRO, "trainer.steps=3"]
-    r = run_cli(tmp_path, *common, "mode=side_by_side", "+variants=[{optim.lr: 0.01},{optim.lr: 0.001}]",
-                "hydra.run.dir=sbs")
+    r = run_cli(
+        tmp_path, *common, "mode=side_by_side", "+variants=[{optim.lr: 0.01},{optim.lr: 0.001}]", "hydra.run.dir=sbs"
+    )
     assert r.returncode == 0, r.stderr
     r = run_cli(tmp_path, "-m", *common, "mode=local", "+stages=1", "optim.lr=0.01,0.001", "hydra.sweep.dir=multi")
     assert r.returncode == 0, r.stderr
     for k in range(2):
-        job, mine = stage_values(tmp_path / "multi" / str(k), "stage_00"), stage_values(tmp_path / "sbs", f"stage_{k:02d}")
+        job, mine = (
+            stage_values(tmp_path / "multi" / str(k), "stage_00"),
+            stage_values(tmp_path / "sbs", f"stage_{k:02d}"),
+        )
         assert job.keys() == mine.keys() and len(job) > 4
         for key in job:
             np.testing.assert_array_equal(job[key], mine[key], err_msg=f"job {k}: {key}")

@@ -26,9 +26,16 @@ def test_bfloat16_from_the_command_line(cli, tmp_path):
 def test_float16_with_overflow_steps_from_the_command_line(cli, tmp_path):
     # 2^22 overflows for the first few steps: with on_nan=stop (the default) they must
     # be skipped and the scale lowered, not stop the run.
-    initial = 2 ** 22
-    r = cli("+stages=3", "mode=e2e", "pipeline.microbatches=2", "precision=mixed_float16",
-            f"trainer.initial_loss_scale={initial}", "trainer.steps=30", *QUIET)
+    initial = 2**22
+    r = cli(
+        "+stages=3",
+        "mode=e2e",
+        "pipeline.microbatches=2",
+        "precision=mixed_float16",
+        f"trainer.initial_loss_scale={initial}",
+        "trainer.steps=30",
+        *QUIET,
+    )
     assert r.returncode == 0, r.stderr
     s = read_summary(run_dirs(tmp_path)[0])
     assert s["precision"] == "mixed_float16" and s["skipped_steps"] == 0
@@ -40,18 +47,30 @@ def test_float16_with_overflow_steps_from_the_command_line(cli, tmp_path):
 
 
 def test_xla_from_the_command_line(cli, tmp_path):
-    r = cli("+stages=3", "mode=e2e", "pipeline.microbatches=2", "trainer.jit_compile=true", "trainer.steps=20",
-            "placement.log_device_placement=true", *QUIET)
+    r = cli(
+        "+stages=3",
+        "mode=e2e",
+        "pipeline.microbatches=2",
+        "trainer.jit_compile=true",
+        "trainer.steps=20",
+        "placement.log_device_placement=true",
+        *QUIET,
+    )
     assert r.returncode == 0, r.stderr
     s = read_summary(run_dirs(tmp_path)[0])
     assert s["jit_compile"] is True and s["loss_last"] < s["loss_first"]
     # TensorFlow's placement log: each stage's compiled forward, gradient and update run on its device
     # (inside the loop of trainer.steps_per_call's steps, whose ops carry the while loop's prefix).
     for k in range(3):
-        for scope, op in ((f"s{k}_F0", "StatefulPartitionedCall"), (f"s{k}_B0", "PartitionedCall"),
-                          (f"s{k}_update", "StatefulPartitionedCall")):
-            assert re.search(rf"^while/body/_\d+/while/{scope}/{op}: \({op}\): \S*device:CPU:{k}$", r.stdout, re.M), \
-                (scope, r.stdout[-2000:])
+        for scope, op in (
+            (f"s{k}_F0", "StatefulPartitionedCall"),
+            (f"s{k}_B0", "PartitionedCall"),
+            (f"s{k}_update", "StatefulPartitionedCall"),
+        ):
+            assert re.search(rf"^while/body/_\d+/while/{scope}/{op}: \({op}\): \S*device:CPU:{k}$", r.stdout, re.M), (
+                scope,
+                r.stdout[-2000:],
+            )
 
 
 def test_grad_accum_from_the_command_line(cli, tmp_path):
@@ -71,8 +90,10 @@ def test_more_examples_per_step_than_the_data_set_is_one_line(cli, tmp_path):
     r = cli("trainer.grad_accum=100", "trainer.steps=2")
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert lines == ["error: trainer.grad_accum=100 x data.batch_size=64 = 6400 examples per step is more than "
-                     "data=digits has (1617 training examples)"], r.stderr
+    assert lines == [
+        "error: trainer.grad_accum=100 x data.batch_size=64 = 6400 examples per step is more than "
+        "data=digits has (1617 training examples)"
+    ], r.stderr
     assert run_dirs(tmp_path) == []
 
 
@@ -81,10 +102,20 @@ def test_float16_resume_after_kill_is_bit_exact_with_the_loss_scale(tmp_path):
     steps; the checkpoint at step 3 is in the middle of that. A resume that lost the scale
     would start again from 2^24 and skip steps the uninterrupted run trains on."""
     n, every, kill_at = 10, 3, 5
-    initial = 2 ** 24
-    args = ["mode=e2e", "+stages=2", "model.width=16", "model.dropout=0.2", "data.batch_size=32",
-            "pipeline.microbatches=2", "precision=mixed_float16", f"trainer.initial_loss_scale={initial}",
-            f"trainer.steps={n}", f"checkpoint.every={every}", *QUIET]
+    initial = 2**24
+    args = [
+        "mode=e2e",
+        "+stages=2",
+        "model.width=16",
+        "model.dropout=0.2",
+        "data.batch_size=32",
+        "pipeline.microbatches=2",
+        "precision=mixed_float16",
+        f"trainer.initial_loss_scale={initial}",
+        f"trainer.steps={n}",
+        f"checkpoint.every={every}",
+        *QUIET,
+    ]
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     r = run_cli(tmp_path, *args, f"hydra.run.dir={straight}")
     assert r.returncode == 0, r.stderr
@@ -111,9 +142,15 @@ def test_float16_resume_after_kill_is_bit_exact_with_the_loss_scale(tmp_path):
     assert (t["loss_first"], t["loss_last"]) == (s["loss_first"], s["loss_last"])
     assert [st["loss_scale"] for st in t["stages"]] == [st["loss_scale"] for st in s["stages"]]
     # A float16 checkpoint does not resume as float32 (it holds loss scales), and says so.
-    r = run_cli(tmp_path, *[a for a in args if not a.startswith("precision=")], "trainer.steps=11",
-                f"hydra.run.dir={resumed}", "resume=true")
+    r = run_cli(
+        tmp_path,
+        *[a for a in args if not a.startswith("precision=")],
+        "trainer.steps=11",
+        f"hydra.run.dir={resumed}",
+        "resume=true",
+    )
     assert r.returncode == 2
-    assert r.stderr.strip().startswith("error: the checkpoint was written with precision=mixed_float16, "
-                                       "the config has precision=float32")
+    assert r.stderr.strip().startswith(
+        "error: the checkpoint was written with precision=mixed_float16, the config has precision=float32"
+    )
     assert os.path.exists(os.path.join(resumed, "summary.json"))

@@ -17,9 +17,17 @@ from chain.pipeline.stalled import Position, decode, stride, where
 from chain.training.stall import StallWatch
 from conftest import read_summary, run_cli
 
-TINY = ["+stages=3", "mode=e2e", "pipeline.microbatches=4", "model.width=16", "data.batch_size=32",
-        "trainer.steps=5", "trainer.progress=false", "checkpoint.export=false",
-        "trainer.stall_s=1"]
+TINY = [
+    "+stages=3",
+    "mode=e2e",
+    "pipeline.microbatches=4",
+    "model.width=16",
+    "data.batch_size=32",
+    "trainer.steps=5",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "trainer.stall_s=1",
+]
 DEVICES = ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]
 
 
@@ -28,7 +36,7 @@ def report(out: str) -> list[str]:
     lines = out.splitlines()
     start = [i for i, line in enumerate(lines) if "no step completed for" in line]
     assert len(start) == 1, out  # one report per stall
-    return lines[start[0]:start[0] + 7]
+    return lines[start[0] : start[0] + 7]
 
 
 def test_the_markers_read_back_name_each_devices_last_action_and_what_it_waits_for():
@@ -37,32 +45,56 @@ def test_the_markers_read_back_name_each_devices_last_action_and_what_it_waits_f
     # step 5 begun: stage 0 finished 4 actions, stage 1 two, stage 2 two; a marker left from step 4 is 0
     assert decode(5, [5 * unit + 4, 5 * unit + 2, 4 * unit + 8], s, 1) == Position(5, (4, 2, 0))
     lines = where(s, 1, DEVICES, Position(5, (4, 2, 2)))
-    assert lines[0].split() == ["stage", "0", "/device:CPU:0", "F0", "F1", "F2", "F3", ".", ".", ".", ".", ">B0",
-                                "B1", "B2", "B3"]
-    assert lines[3:] == ["stage 0: finished s0_F3; waits in s0_B0 for s1_B0 (stage 1)",
-                         "stage 1: finished s1_F1; in s1_F2, which has every input: the wait is inside it",
-                         "stage 2: finished s2_F1; waits in s2_F2 for s1_F2 (stage 1)"]
+    assert lines[0].split() == [
+        "stage",
+        "0",
+        "/device:CPU:0",
+        "F0",
+        "F1",
+        "F2",
+        "F3",
+        ".",
+        ".",
+        ".",
+        ".",
+        ">B0",
+        "B1",
+        "B2",
+        "B3",
+    ]
+    assert lines[3:] == [
+        "stage 0: finished s0_F3; waits in s0_B0 for s1_B0 (stage 1)",
+        "stage 1: finished s1_F1; in s1_F2, which has every input: the wait is inside it",
+        "stage 2: finished s2_F1; waits in s2_F2 for s1_F2 (stage 1)",
+    ]
     # two rounds (trainer.grad_accum=2): microbatches numbered over both, the grid shows one round
     lines = where(s, 2, DEVICES, Position(1, (8, 8, 8)))
     assert all(">F0" in line.split() for line in lines[:3])
-    assert lines[3:5] == ["stage 0: finished s0_B3; in s0_F4 (round 2 of 2), which has every input: the wait is "
-                          "inside it", "stage 1: finished s1_B3; waits in s1_F4 (round 2 of 2) for s0_F4 (stage 0)"]
+    assert lines[3:5] == [
+        "stage 0: finished s0_B3; in s0_F4 (round 2 of 2), which has every input: the wait is inside it",
+        "stage 1: finished s1_B3; waits in s1_F4 (round 2 of 2) for s0_F4 (stage 0)",
+    ]
     assert where(s, 1, DEVICES, Position(1, (0, 0, 8)))[3:] == [
         "stage 0: finished nothing of this step yet; in s0_F0, which has every input: the wait is inside it",
         "stage 1: finished nothing of this step yet; waits in s1_F0 for s0_F0 (stage 0)",
-        "stage 2: finished every action (s2_B3 last)"]
+        "stage 2: finished every action (s2_B3 last)",
+    ]
 
 
 def test_interleaved_stages_and_copies_of_the_pipeline_are_named_as_their_devices():
     lines = where(schedules.interleaved(4, 2, 2), 1, ["a", "b", "a", "b"], Position(3, (3, 3)))
     assert lines[0].split()[:6] == ["device", "0", "(stages", "0,", "2)", "a"] and ">F1@s2" in lines[0].split()
-    assert lines[2:] == ["device 0 (stages 0, 2): finished s2_F0; in s2_F1, which has every input: the wait is inside it",
-                         "device 1 (stages 1, 3): finished s3_F0; waits in s3_F1 for s2_F1 (device 0: stages 0, 2)"]
+    assert lines[2:] == [
+        "device 0 (stages 0, 2): finished s2_F0; in s2_F1, which has every input: the wait is inside it",
+        "device 1 (stages 1, 3): finished s3_F0; waits in s3_F1 for s2_F1 (device 0: stages 0, 2)",
+    ]
     lines = where(schedules.one_f_one_b(2, 2), 1, ["a", "b", "c", "d"], Position(1, (4, 4, 3, 2)), replicas=2)
-    assert lines[4:] == ["copy 0 stage 0: finished every action (s0_B1 last)",
-                         "copy 0 stage 1: finished every action (s1_B1 last)",
-                         "copy 1 stage 0: finished r1_s0_B0; waits in r1_s0_B1 for r1_s1_B1 (copy 1 stage 1)",
-                         "copy 1 stage 1: finished r1_s1_B0; in r1_s1_F1, which has every input: the wait is inside it"]
+    assert lines[4:] == [
+        "copy 0 stage 0: finished every action (s0_B1 last)",
+        "copy 0 stage 1: finished every action (s1_B1 last)",
+        "copy 1 stage 0: finished r1_s0_B0; waits in r1_s0_B1 for r1_s1_B1 (copy 1 stage 1)",
+        "copy 1 stage 1: finished r1_s1_B0; in r1_s1_F1, which has every input: the wait is inside it",
+    ]
 
 
 class _Markers:
@@ -125,30 +157,62 @@ def test_a_fresh_call_is_watched_from_its_first_step_begun():
     assert said.count("no step completed") == 1 and "step 1 waits" in said and "where step 1 waits" in said
 
 
-@pytest.mark.parametrize("schedule, per_call, held, lines", [
-    ("gpipe", 2, "s1_F2", ["stage 0: finished s0_F3; waits in s0_B0 for s1_B0 (stage 1)",
-                           "stage 1: finished s1_F1; in s1_F2, which has every input: the wait is inside it",
-                           "stage 2: finished s2_F1; waits in s2_F2 for s1_F2 (stage 1)"]),
-    ("1f1b", 1, "s1_F2", ["stage 0: finished s0_F3; waits in s0_B1 for s1_B1 (stage 1)",
-                          "stage 1: finished s1_B0; in s1_F2, which has every input: the wait is inside it",
-                          "stage 2: finished s2_B1; waits in s2_F2 for s1_F2 (stage 1)"]),
-    # one microbatch: the actions are not chained, and the markers wait on their last results
-    ("gpipe pipeline.microbatches=1", 1, "s1_B0", ["stage 0: finished s0_F0; waits in s0_B0 for s1_B0 (stage 1)",
-                                                   "stage 1: finished s1_F0; in s1_B0, which has every input: the "
-                                                   "wait is inside it",
-                                                   "stage 2: finished every action (s2_B0 last)"]),
-])
+@pytest.mark.parametrize(
+    "schedule, per_call, held, lines",
+    [
+        (
+            "gpipe",
+            2,
+            "s1_F2",
+            [
+                "stage 0: finished s0_F3; waits in s0_B0 for s1_B0 (stage 1)",
+                "stage 1: finished s1_F1; in s1_F2, which has every input: the wait is inside it",
+                "stage 2: finished s2_F1; waits in s2_F2 for s1_F2 (stage 1)",
+            ],
+        ),
+        (
+            "1f1b",
+            1,
+            "s1_F2",
+            [
+                "stage 0: finished s0_F3; waits in s0_B1 for s1_B1 (stage 1)",
+                "stage 1: finished s1_B0; in s1_F2, which has every input: the wait is inside it",
+                "stage 2: finished s2_B1; waits in s2_F2 for s1_F2 (stage 1)",
+            ],
+        ),
+        # one microbatch: the actions are not chained, and the markers wait on their last results
+        (
+            "gpipe pipeline.microbatches=1",
+            1,
+            "s1_B0",
+            [
+                "stage 0: finished s0_F0; waits in s0_B0 for s1_B0 (stage 1)",
+                "stage 1: finished s1_F0; in s1_B0, which has every input: the wait is inside it",
+                "stage 2: finished every action (s2_B0 last)",
+            ],
+        ),
+    ],
+)
 def test_a_held_action_is_named_in_the_report_and_the_run_goes_on(tmp_path, schedule, per_call, held, lines):
     """An action of stage 1 held for 2 s in step 3 (of 6): one report, naming
     it, and nothing about the other steps (the first call traces, a call of 2 steps shows each step
     begin); the run then ends as usual (stall_action=report)."""
-    r = run_cli(tmp_path, *TINY, f"pipeline.schedule={schedule.split()[0]}", *schedule.split()[1:],
-                f"trainer.steps_per_call={per_call}", "trainer.steps=6", f"hydra.run.dir={tmp_path / 'run'}",
-                env={"CHAIN_TEST_HOLD": f"{held}@3,2"})
+    r = run_cli(
+        tmp_path,
+        *TINY,
+        f"pipeline.schedule={schedule.split()[0]}",
+        *schedule.split()[1:],
+        f"trainer.steps_per_call={per_call}",
+        "trainer.steps=6",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        env={"CHAIN_TEST_HOLD": f"{held}@3,2"},
+    )
     assert r.returncode == 0, r.stderr
     said = report(r.stdout)
-    assert "no step completed for 1 s (trainer.stall_s=1): step 3 waits; still waiting " \
-           "(trainer.stall_action=report)" in said[0]
+    assert (
+        "no step completed for 1 s (trainer.stall_s=1): step 3 waits; still waiting "
+        "(trainer.stall_action=report)" in said[0]
+    )
     assert said[2].split()[:3] == ["stage", "1", "/device:CPU:1"] and f">{held[3:]}" in said[2].split()
     assert said[4:] == lines
     assert r.stderr == f"test-hook: holding {held} in step 3\n"
@@ -157,13 +221,22 @@ def test_a_held_action_is_named_in_the_report_and_the_run_goes_on(tmp_path, sche
 
 def test_stall_action_stop_ends_the_run_with_one_line_and_exit_7(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(tmp_path, *TINY, "pipeline.schedule=1f1b", "checkpoint.every=2", "trainer.stall_action=stop",
-                f"hydra.run.dir={run_dir}", env={"CHAIN_TEST_HOLD": "s1_F2@3"})
+    r = run_cli(
+        tmp_path,
+        *TINY,
+        "pipeline.schedule=1f1b",
+        "checkpoint.every=2",
+        "trainer.stall_action=stop",
+        f"hydra.run.dir={run_dir}",
+        env={"CHAIN_TEST_HOLD": "s1_F2@3"},
+    )
     assert r.returncode == 7, r.stderr
     assert "stopping (trainer.stall_action=stop)" in report(r.stdout)[0]
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: step 3 stalled: no step completed for 1 s (trainer.stall_s=1, trainer.stall_action="
-                      "stop); the last complete checkpoint (step 2) is intact: resume with resume=true"]
+    assert errors == [
+        "error: step 3 stalled: no step completed for 1 s (trainer.stall_s=1, trainer.stall_action="
+        "stop); the last complete checkpoint (step 2) is intact: resume with resume=true"
+    ]
     assert r.stderr.rstrip().endswith(errors[0])
     assert not os.path.exists(run_dir / "summary.json")
 

@@ -29,8 +29,15 @@ def test_every_kind_of_action_has_one_handler_of_at_most_35_lines():
 
 
 def test_what_passes_between_actions_and_the_options_are_frozen_named_records():
-    for record in (step.StepOptions, step.PlayPlan, step.Taped, step.Forwarded, step.Replayable, step.Waiting,
-                   step.Halfway):
+    for record in (
+        step.StepOptions,
+        step.PlayPlan,
+        step.Taped,
+        step.Forwarded,
+        step.Replayable,
+        step.Waiting,
+        step.Halfway,
+    ):
         assert dataclasses.is_dataclass(record) and record.__dataclass_params__.frozen, record
     # The F -> B and B -> W stores hold those records, not tuples.
     hints = {f.name: f.type for f in dataclasses.fields(step.PlayState)}

@@ -16,8 +16,14 @@ MODES = {
     "e2e-1f1b": ["mode=e2e", "pipeline.schedule=1f1b", "pipeline.microbatches=2"],
     "e2e-zb1": ["mode=e2e", "pipeline.schedule=zb1", "pipeline.microbatches=2"],
     # 4 stages on 2 devices, stage k on device k mod 2 (the later "+stages=4" wins over SMALL's 2)
-    "e2e-interleaved": ["mode=e2e", "pipeline.schedule=interleaved", "+stages=4", "pipeline.virtual_stages=2",
-                        "pipeline.microbatches=2", "model.depth=1"],  # one layer a stage: four stages trace fast
+    "e2e-interleaved": [
+        "mode=e2e",
+        "pipeline.schedule=interleaved",
+        "+stages=4",
+        "pipeline.virtual_stages=2",
+        "pipeline.microbatches=2",
+        "model.depth=1",
+    ],  # one layer a stage: four stages trace fast
     "local-xla": ["trainer.jit_compile=true"],
     "e2e-float16": ["mode=e2e", "precision=mixed_float16", "pipeline.microbatches=2"],
     "mirrored-local": ["placement.fallback=mirrored"],
@@ -96,6 +102,7 @@ def test_the_iterator_checkpoint_after_a_call_resumes_at_the_next_batch(tmp_path
 
 def poisoned(run, at: int):
     """The run's stream with a NaN in the input of batch `at` (0-based)."""
+
     def poison(i, batch):
         x, ys = batch
         bad = tf.tensor_scatter_nd_update(x, [[0, 0, 0, 0]], [np.nan])
@@ -135,8 +142,9 @@ def test_fit_with_steps_per_call_matches_fit_without_and_resumes_bit_exact(tmp_p
     of 4 steps resumed to 7, both with N=3, ends where the single-step run ends."""
     runs = {}
     for n in (1, 3):
-        cfg = chain.compose([*SMALL, "trainer.steps=7", "checkpoint.every=4", "checkpoint.export=false",
-                             f"trainer.steps_per_call={n}"])
+        cfg = chain.compose(
+            [*SMALL, "trainer.steps=7", "checkpoint.every=4", "checkpoint.export=false", f"trainer.steps_per_call={n}"]
+        )
         run = chain.build(cfg, run_dir=str(tmp_path / f"n{n}"))
         runs[n] = (run, run.fit())
     (a, sa), (b, sb) = runs[1], runs[3]
@@ -148,4 +156,3 @@ def test_fit_with_steps_per_call_matches_fit_without_and_resumes_bit_exact(tmp_p
     resumed = chain.build(chain.compose([*common, "trainer.steps=7", "resume=true"]), run_dir=str(tmp_path / "resumed"))
     assert resumed.fit()["resumed_from"] == 4
     assert same(state(resumed), state(a))
-

@@ -23,8 +23,13 @@ from chain.records.stream_files import StreamFiles
 from conftest import manifest, run_cli
 from test_streaming import CSV, NPZ, TINY, write_csv, write_shards
 
-TFRECORD = [*TINY, "data.features={x: 'float32[8]', y: int64}", "data.batch_size=16", "data.shuffle_buffer=24",
-            "data.files=s/*.tfrecord"]
+TFRECORD = [
+    *TINY,
+    "data.features={x: 'float32[8]', y: int64}",
+    "data.batch_size=16",
+    "data.shuffle_buffer=24",
+    "data.files=s/*.tfrecord",
+]
 CSV_GLOB = [*CSV, "data.path=c/*.csv"]
 NPZ_FILE = [*NPZ, "data.path=a.npz", "data.y=y", "data.classes={label: 2}"]
 RUN = ["checkpoint.every=2", "checkpoint.export=false"]
@@ -67,6 +72,7 @@ def trained(tmp_path_factory):
 @pytest.fixture
 def copy_of(trained, tmp_path, monkeypatch):
     """A copy of `trained(kind)`, the current directory."""
+
     def copy(kind: str):
         shutil.copytree(trained(kind), tmp_path / kind)  # copy2: modification times kept
         monkeypatch.chdir(tmp_path / kind)
@@ -99,7 +105,8 @@ def test_a_tfrecord_shard_rewritten_with_other_values_and_the_same_size_is_refus
     assert _refused(TFRECORD) == (
         f"data.files: s/part-000.tfrecord was rewritten (the same {size} bytes, other contents){SINCE}: a stream "
         "resumes only over the files it was reading; put them back, or resume with checkpoint.accept_changed_files="
-        "true to train on them as they are now (the stream then restarts)")
+        "true to train on them as they are now (the stream then restarts)"
+    )
 
 
 def _rows(path, n: int) -> list[str]:
@@ -114,7 +121,8 @@ def test_rows_appended_to_a_csv_file_are_refused_naming_its_sizes(copy_of):
     with open(path, "a") as f:
         f.writelines(_rows(root / "c" / "part-0.csv", 40))
     assert _refused(CSV_GLOB).startswith(
-        f"data.path: c/part-1.csv was resized ({size} -> {os.path.getsize(path)} bytes){SINCE}: ")
+        f"data.path: c/part-1.csv was resized ({size} -> {os.path.getsize(path)} bytes){SINCE}: "
+    )
 
 
 def test_an_npz_replaced_by_another_of_the_same_shapes_is_refused(copy_of):
@@ -125,7 +133,9 @@ def test_an_npz_replaced_by_another_of_the_same_shapes_is_refused(copy_of):
         x, y = z["x"][::-1].copy(), z["y"][::-1].copy()  # the same rows in another order
     np.savez(path, x=x, y=y)
     assert os.path.getsize(path) == size
-    assert _refused(NPZ_FILE).startswith(f"data.path: a.npz was rewritten (the same {size} bytes, other contents){SINCE}: ")
+    assert _refused(NPZ_FILE).startswith(
+        f"data.path: a.npz was rewritten (the same {size} bytes, other contents){SINCE}: "
+    )
 
 
 def test_a_shard_added_before_a_resume_is_refused_naming_it_first(copy_of):
@@ -133,7 +143,9 @@ def test_a_shard_added_before_a_resume_is_refused_naming_it_first(copy_of):
     write_shards(root / "five", shards=5, per=40, width=8)
     shutil.copyfile(root / "five" / "part-004.tfrecord", root / "s" / "part-004.tfrecord")
     # the added file is now the one held out for validation (the last), and part-003 is read for training
-    assert _refused(TFRECORD).startswith(f"data.files: s/part-004.tfrecord was added{SINCE} (and 1 more file changed): ")
+    assert _refused(TFRECORD).startswith(
+        f"data.files: s/part-004.tfrecord was added{SINCE} (and 1 more file changed): "
+    )
 
 
 def test_a_shard_removed_before_a_resume_is_one_line_naming_it_and_no_tensorflow_warning(copy_of):
@@ -144,9 +156,11 @@ def test_a_shard_removed_before_a_resume_is_one_line_naming_it_and_no_tensorflow
     r = run_cli(root, *TFRECORD, *RUN, "trainer.steps=4", "resume=true", "hydra.run.dir=run")
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: data.files: s/part-001.tfrecord was removed{SINCE}: a stream resumes only over the "
-                      "files it was reading; put them back, or resume with checkpoint.accept_changed_files=true to "
-                      "train on them as they are now (the stream then restarts)"], r.stderr
+    assert errors == [
+        f"error: data.files: s/part-001.tfrecord was removed{SINCE}: a stream resumes only over the "
+        "files it was reading; put them back, or resume with checkpoint.accept_changed_files=true to "
+        "train on them as they are now (the stream then restarts)"
+    ], r.stderr
     assert "save_counter" not in r.stderr and "WARNING" not in r.stderr, r.stderr
     assert manifest(root / "run") == saved
     assert {d: sorted(os.listdir(root / "run" / d)) for d in before} == before
@@ -159,18 +173,23 @@ def test_accepting_changed_files_trains_says_from_which_step_and_records_them(co
     with open(path, "a") as f:  # appended data for a new epoch
         f.writelines(_rows(path, 40))
     with caplog.at_level("INFO", logger="chain"):
-        summary = chain.build(chain.compose([*CSV_GLOB, *RUN, "trainer.steps=4", "resume=true",
-                                             "checkpoint.accept_changed_files=true"]), run_dir="run").fit()
+        summary = chain.build(
+            chain.compose([*CSV_GLOB, *RUN, "trainer.steps=4", "resume=true", "checkpoint.accept_changed_files=true"]),
+            run_dir="run",
+        ).fit()
     assert summary["resumed_from"] == 2 and summary["steps"] == 4 and np.isfinite(summary["loss_last"])
     assert summary["train_examples"] == 160  # the appended rows counted: 3 files of 40 rows, and 40 more
     notes = [r.getMessage() for r in caplog.records if "accept_changed_files" in r.getMessage()]
-    assert notes == [f"note: checkpoint.accept_changed_files=true: data.path: c/part-2.csv was resized ({size} -> "
-                     f"{os.path.getsize(path)} bytes) since step 2; the stream restarts at step 3 with the first batch "
-                     "of a new stream over the files as they are now (the position saved at step 2 and the batches it "
-                     "had read ahead are dropped)"]
+    assert notes == [
+        f"note: checkpoint.accept_changed_files=true: data.path: c/part-2.csv was resized ({size} -> "
+        f"{os.path.getsize(path)} bytes) since step 2; the stream restarts at step 3 with the first batch "
+        "of a new stream over the files as they are now (the position saved at step 2 and the batches it "
+        "had read ahead are dropped)"
+    ]
     # the checkpoints since record the files as they are now, so the next resume needs no override
-    record = json.loads(tf.train.load_checkpoint("run/data/ckpt-4").get_tensor(
-        "record/.ATTRIBUTES/VARIABLE_VALUE").decode())
+    record = json.loads(
+        tf.train.load_checkpoint("run/data/ckpt-4").get_tensor("record/.ATTRIBUTES/VARIABLE_VALUE").decode()
+    )
     now = [identity.stamp(f"c/part-{k}.csv", "data.path", identity.TRAIN) for k in range(3)]
     assert identity.changes(from_json(StreamFiles, record), StreamFiles(now)) == []
     assert {f["path"]: f["size"] for f in record["files"]}["c/part-2.csv"] == os.path.getsize(path)
@@ -185,13 +204,15 @@ def test_a_large_file_is_digested_from_blocks_and_a_change_between_them_shows_as
     data[identity.BLOCK + 100] ^= 1  # a byte no block covers: the first is its first 4 KiB, the second at 68 KiB
     path.write_bytes(bytes(data))
     os.utime(path, ns=(saved.mtime_ns + 10**9, saved.mtime_ns + 10**9))
-    (change,) = identity.changes(StreamFiles([saved]),
-                                 StreamFiles([identity.stamp(str(path), "data.files", identity.TRAIN)]))
+    (change,) = identity.changes(
+        StreamFiles([saved]), StreamFiles([identity.stamp(str(path), "data.files", identity.TRAIN)])
+    )
     assert (change.what, change.detail.split(" (")[0]) == ("rewritten", "was modified")
     data[0] ^= 1  # a byte of the first block: the digest differs
     path.write_bytes(bytes(data))
-    (change,) = identity.changes(StreamFiles([saved]),
-                                 StreamFiles([identity.stamp(str(path), "data.files", identity.TRAIN)]))
+    (change,) = identity.changes(
+        StreamFiles([saved]), StreamFiles([identity.stamp(str(path), "data.files", identity.TRAIN)])
+    )
     assert change.detail == f"was rewritten (the same {len(data)} bytes, other contents)"
     # a small file is digested whole: touched alone, it is unchanged
     small = tmp_path / "small.bin"
@@ -199,8 +220,10 @@ def test_a_large_file_is_digested_from_blocks_and_a_change_between_them_shows_as
     first = identity.stamp(str(small), "data.files", identity.TRAIN)
     os.utime(small, ns=(first.mtime_ns + 10**9, first.mtime_ns + 10**9))
     assert first.digest.startswith("whole:")
-    assert identity.changes(StreamFiles([first]),
-                            StreamFiles([identity.stamp(str(small), "data.files", identity.TRAIN)])) == []
+    assert (
+        identity.changes(StreamFiles([first]), StreamFiles([identity.stamp(str(small), "data.files", identity.TRAIN)]))
+        == []
+    )
 
 
 def test_a_tokenizers_stream_is_its_texts_and_vocabulary_not_the_cache_of_its_ids(tmp_path, monkeypatch):
@@ -212,16 +235,19 @@ def test_a_tokenizers_stream_is_its_texts_and_vocabulary_not_the_cache_of_its_id
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\nthe\ncat\nsat\n.\n")
     (tmp_path / "a.txt").write_text("the cat sat.\n" * 20)
     monkeypatch.chdir(tmp_path)
-    data = chain.compose(["mode=e2e", "data=text", "data.files=a.txt", "data.tokenizer=vocab.txt",
-                          "data.seq_len=4"]).data
+    data = chain.compose(
+        ["mode=e2e", "data=text", "data.files=a.txt", "data.tokenizer=vocab.txt", "data.seq_len=4"]
+    ).data
 
     def now(cache: str) -> StreamFiles:
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / cache))
         return identity.stamps(loader.load(data, 0).shards)
 
     first = now("cache")
-    assert [(f.path, f.key, f.role) for f in first.files] == [("a.txt", "data.files", "train"),
-                                                              ("vocab.txt", "data.tokenizer", "vocabulary")]
+    assert [(f.path, f.key, f.role) for f in first.files] == [
+        ("a.txt", "data.files", "train"),
+        ("vocab.txt", "data.tokenizer", "vocabulary"),
+    ]
     shutil.rmtree(tmp_path / "cache")
     assert identity.changes(first, now("other_cache")) == []
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\nthe\ndog\nsat\n.\n")  # other ids, the same size
@@ -229,4 +255,5 @@ def test_a_tokenizers_stream_is_its_texts_and_vocabulary_not_the_cache_of_its_id
         f.write("the cat.\n")
     assert [c.line() for c in identity.changes(first, now("other_cache"))] == [
         "data.files: a.txt was resized (260 -> 269 bytes)",
-        "data.tokenizer: vocab.txt was rewritten (the same 26 bytes, other contents)"]
+        "data.tokenizer: vocab.txt was rewritten (the same 26 bytes, other contents)",
+    ]

@@ -19,8 +19,16 @@ from chain.errors import ConfigError
 from conftest import manifest, run_cli, stage_values
 
 D = 4096  # floats per example of the large shards: 16 KB a record
-TINY = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=tfrecord", "data.y=y",
-        "data.stream=true", "data.classes={label: 2}"]
+TINY = [
+    "+stages=2",
+    "model.width=8",
+    "model.depth=1",
+    "trainer.progress=false",
+    "data=tfrecord",
+    "data.y=y",
+    "data.stream=true",
+    "data.classes={label: 2}",
+]
 
 
 def _templates(width: int) -> list[tuple[bytes, bytes]]:
@@ -29,11 +37,13 @@ def _templates(width: int) -> list[tuple[bytes, bytes]]:
     x = np.arange(1, width + 1, dtype="float32")
     out = []
     for label in (0, 1):
-        f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
-             "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
+        f = {
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+        }
         b = tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString()
         at = b.find(x.tobytes())
-        out.append((b[:at], b[at + x.nbytes:]))
+        out.append((b[:at], b[at + x.nbytes :]))
     return out
 
 
@@ -79,8 +89,14 @@ def test_a_stream_several_times_larger_than_its_memory_bound_trains_and_evaluate
     write_shards(big, shards=48, per=250, width=D)  # 12000 records, 188 MB
     write_shards(small, shards=2, per=250, width=D, seed=1)
     size = sum(os.path.getsize(big / f) for f in os.listdir(big))
-    args = [*TINY, "data.batch_size=100", "data.shuffle_buffer=100", f"data.features={{x: 'float32[{D}]', y: int64}}",
-            "trainer.epochs=1", "data.val_fraction=0.1"]
+    args = [
+        *TINY,
+        "data.batch_size=100",
+        "data.shuffle_buffer=100",
+        f"data.features={{x: 'float32[{D}]', y: int64}}",
+        "trainer.epochs=1",
+        "data.val_fraction=0.1",
+    ]
 
     def fit(root):
         return lambda: chain.build(chain.compose([*args, f"data.files={root}/*.tfrecord"])).fit()
@@ -105,15 +121,32 @@ def shards(tmp_path_factory):
 
 
 def small(shards, *more):
-    return chain.compose([*TINY, f"data.files={shards}/*.tfrecord", "data.features={x: 'float32[8]', y: int64}",
-                          "data.batch_size=16", "data.shuffle_buffer=24", "model.dropout=0.2", *more])
+    return chain.compose(
+        [
+            *TINY,
+            f"data.files={shards}/*.tfrecord",
+            "data.features={x: 'float32[8]', y: int64}",
+            "data.batch_size=16",
+            "data.shuffle_buffer=24",
+            "model.dropout=0.2",
+            *more,
+        ]
+    )
 
 
 def test_a_stream_killed_and_resumed_equals_the_uninterrupted_run(shards, tmp_path):
     n, every, kill_at = 14, 4, 10  # past an epoch (120 training records: 7 batches), killed 2 steps after a save
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    args = [*TINY, f"data.files={shards}/*.tfrecord", "data.features={x: 'float32[8]', y: int64}", "data.batch_size=16",
-            "data.shuffle_buffer=24", "model.dropout=0.2", f"trainer.steps={n}", f"checkpoint.every={every}"]
+    args = [
+        *TINY,
+        f"data.files={shards}/*.tfrecord",
+        "data.features={x: 'float32[8]', y: int64}",
+        "data.batch_size=16",
+        "data.shuffle_buffer=24",
+        "model.dropout=0.2",
+        f"trainer.steps={n}",
+        f"checkpoint.every={every}",
+    ]
     r = run_cli(tmp_path, *args, f"hydra.run.dir={resumed}", env={"CHAIN_TEST_KILL_AT_STEP": str(kill_at)})
     assert r.returncode == -9, r.stderr  # SIGKILL after step 10: no cleanup ran
     assert manifest(resumed)["step"] == 8
@@ -127,15 +160,22 @@ def test_a_stream_killed_and_resumed_equals_the_uninterrupted_run(shards, tmp_pa
             assert np.array_equal(a[key], b[key]), (k, key)
 
 
-@pytest.mark.parametrize("more, message", [
-    (["data.classes=null"], "data.classes.label is needed with data.stream=true"),
-    (["data.val_fraction=0.5", "data.files={shards}/part-000.tfrecord"],
-     "data.val_fraction=0.5 with data.stream=true holds out whole files, and data.files='{shards}/part-000.tfrecord' "
-     "matches 1 file"),
-])
+@pytest.mark.parametrize(
+    "more, message",
+    [
+        (["data.classes=null"], "data.classes.label is needed with data.stream=true"),
+        (
+            ["data.val_fraction=0.5", "data.files={shards}/part-000.tfrecord"],
+            "data.val_fraction=0.5 with data.stream=true holds out whole files, and data.files='{shards}/part-000.tfrecord' "
+            "matches 1 file",
+        ),
+    ],
+)
 def test_what_a_stream_needs_up_front_is_one_line_naming_the_key(shards, more, message):
-    with pytest.raises(ConfigError, match="^" + message.format(shards=shards).replace(".", r"\.").replace("*", r"\*")
-                       .replace("(", r"\(")):
+    with pytest.raises(
+        ConfigError,
+        match="^" + message.format(shards=shards).replace(".", r"\.").replace("*", r"\*").replace("(", r"\("),
+    ):
         chain.prepared.check_config(small(shards, *[m.format(shards=shards) for m in more]))
 
 
@@ -149,9 +189,14 @@ def odd_files(tmp_path_factory):
     (root / "empty_val" / "part-002.tfrecord").write_bytes(b"")  # the file data.val_fraction holds out
     write_shards(root / "narrow", shards=1, per=8, width=4)
     os.replace(root / "narrow" / "part-000.tfrecord", root / "wider" / "part-001.tfrecord")
-    y_float = tf.train.Example(features=tf.train.Features(feature={
-        "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(8))),
-        "y": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))})).SerializeToString()
+    y_float = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(8))),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0])),
+            }
+        )
+    ).SerializeToString()
     with tf.io.TFRecordWriter(str(root / "typed" / "part-001.tfrecord")) as w:
         for _ in range(8):
             w.write(y_float)
@@ -167,33 +212,68 @@ FIRST = "(each file's first record is checked before training)"
 TFRECORD = "data.features={x: 'float32[8]', y: int64}"
 
 
-@pytest.mark.parametrize("more, message", [
-    (["data.files={root}/empty_train/*.tfrecord", "data.val_fraction=0"],
-     f"data.files: {{root}}/empty_train/part-001.tfrecord holds no records; {EVERY} data.files"),
-    (["data.files={root}/empty_val/*.tfrecord", "data.val_fraction=0.3"],  # issue 39: 20 steps, then ZeroDivisionError
-     f"data.files: {{root}}/empty_val/part-002.tfrecord holds no records, and it is held out for validation (the last "
-     f"1 file(s) of data.files in sorted order); {EVERY} data.files"),
-    (["data.files={root}/wider/part-000.tfrecord", "data.val_files={root}/empty_val/part-002.tfrecord"],
-     f"data.val_files: {{root}}/empty_val/part-002.tfrecord holds no records; {EVERY} data.val_files"),
-    (["data.files={root}/wider/*.tfrecord", "data.val_fraction=0"],
-     f"data.files: record 0 of {{root}}/wider/part-001.tfrecord is not as data.features declares it: feature x holds 4 "
-     f"values, declared float32[8] {FIRST}"),
-    (["data.files={root}/typed/*.tfrecord", "data.val_fraction=0.3"],
-     f"data.files: record 0 of {{root}}/typed/part-001.tfrecord is not as data.features declares it: feature y holds 1 "
-     f"float32 values, declared int64 {FIRST}"),
-    (["data=csv", "data.path={root}/csv/*.csv", "data.val_fraction=0.3"],
-     f"data.path: {{root}}/csv/part-2.csv holds no rows, and it is held out for validation (the last 1 file(s) of "
-     f"data.path in sorted order); {EVERY} data.path"),
-    (["data=npz", "data.path={root}/some.npz", "data.val_path={root}/none.npz"],
-     "data.val_path='{root}/none.npz': its arrays hold no rows (x: (0, 6)), so there is nothing to validate on; give "
-     "a file that holds examples, or leave data.val_path out"),
-], ids=["empty training file", "empty validation file", "empty data.val_files", "another shape", "another type",
-        "empty csv held out", "npz val_path of no rows"])
+@pytest.mark.parametrize(
+    "more, message",
+    [
+        (
+            ["data.files={root}/empty_train/*.tfrecord", "data.val_fraction=0"],
+            f"data.files: {{root}}/empty_train/part-001.tfrecord holds no records; {EVERY} data.files",
+        ),
+        (
+            [
+                "data.files={root}/empty_val/*.tfrecord",
+                "data.val_fraction=0.3",
+            ],  # issue 39: 20 steps, then ZeroDivisionError
+            f"data.files: {{root}}/empty_val/part-002.tfrecord holds no records, and it is held out for validation (the last "
+            f"1 file(s) of data.files in sorted order); {EVERY} data.files",
+        ),
+        (
+            ["data.files={root}/wider/part-000.tfrecord", "data.val_files={root}/empty_val/part-002.tfrecord"],
+            f"data.val_files: {{root}}/empty_val/part-002.tfrecord holds no records; {EVERY} data.val_files",
+        ),
+        (
+            ["data.files={root}/wider/*.tfrecord", "data.val_fraction=0"],
+            f"data.files: record 0 of {{root}}/wider/part-001.tfrecord is not as data.features declares it: feature x holds 4 "
+            f"values, declared float32[8] {FIRST}",
+        ),
+        (
+            ["data.files={root}/typed/*.tfrecord", "data.val_fraction=0.3"],
+            f"data.files: record 0 of {{root}}/typed/part-001.tfrecord is not as data.features declares it: feature y holds 1 "
+            f"float32 values, declared int64 {FIRST}",
+        ),
+        (
+            ["data=csv", "data.path={root}/csv/*.csv", "data.val_fraction=0.3"],
+            f"data.path: {{root}}/csv/part-2.csv holds no rows, and it is held out for validation (the last 1 file(s) of "
+            f"data.path in sorted order); {EVERY} data.path",
+        ),
+        (
+            ["data=npz", "data.path={root}/some.npz", "data.val_path={root}/none.npz"],
+            "data.val_path='{root}/none.npz': its arrays hold no rows (x: (0, 6)), so there is nothing to validate on; give "
+            "a file that holds examples, or leave data.val_path out",
+        ),
+    ],
+    ids=[
+        "empty training file",
+        "empty validation file",
+        "empty data.val_files",
+        "another shape",
+        "another type",
+        "empty csv held out",
+        "npz val_path of no rows",
+    ],
+)
 def test_an_empty_or_odd_file_is_refused_before_training_naming_it(odd_files, more, message):
     more = [m.format(root=odd_files) for m in more]
     kind = [m for m in more if m.startswith("data=")]
-    args = [*TINY[:4], *(kind or ["data=tfrecord", TFRECORD]), "data.y=y", "data.stream=true", "data.classes={label: 2}",
-            "data.batch_size=4", *[m for m in more if not m.startswith("data=")]]
+    args = [
+        *TINY[:4],
+        *(kind or ["data=tfrecord", TFRECORD]),
+        "data.y=y",
+        "data.stream=true",
+        "data.classes={label: 2}",
+        "data.batch_size=4",
+        *[m for m in more if not m.startswith("data=")],
+    ]
     with pytest.raises(ConfigError) as e:
         chain.prepared.check_config(chain.compose(args))
     assert str(e.value) == message.format(root=odd_files)
@@ -233,7 +313,8 @@ def test_a_bad_record_mid_run_is_one_line_naming_its_file_and_keeps_the_last_che
     text = str(e.value)
     assert "\n" not in text and text.startswith(
         f"data.files: record 9 of {bad_shards}/part-001.tfrecord is not as data.features declares it: feature y "
-        "holds 0 values, declared int64 (data.on_bad_record=skip leaves such records out); "), text
+        "holds 0 values, declared int64 (data.on_bad_record=skip leaves such records out); "
+    ), text
     if text.endswith("no checkpoint had been saved"):
         assert not os.path.exists(tmp_path / "checkpoint.json")
     else:
@@ -256,7 +337,8 @@ def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards, chunk, monkey
             next(stream)
     assert bad_record(e.value, files) == (
         f"data.files: record 40 of {bad_shards}/part-002.tfrecord is not as data.features declares it: feature x "
-        "holds 7 values, declared float32[8] (data.on_bad_record=skip leaves such records out)")
+        "holds 7 values, declared float32[8] (data.on_bad_record=skip leaves such records out)"
+    )
 
 
 def test_a_chunk_whose_extra_and_missing_values_even_out_is_still_bad():
@@ -265,8 +347,10 @@ def test_a_chunk_whose_extra_and_missing_values_even_out_is_still_bad():
     from chain.data.shards import Shards
 
     def example(width):
-        f = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(width))),
-             "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))}
+        f = {
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(width))),
+            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1])),
+        }
         return tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString()
 
     files = Shards(("f",), (4,), (), (), (("x", ("float32", (8,))), ("y", ("int64", ()))), "x", (("label", "y", 2),), 8)
@@ -279,8 +363,9 @@ def test_a_chunk_whose_extra_and_missing_values_even_out_is_still_bad():
 
 
 def test_on_bad_record_skip_counts_the_records_left_out(bad_shards, tmp_path):
-    summary = chain.build(small(bad_shards, "data.on_bad_record=skip", "data.val_fraction=0", "trainer.steps=14"),
-                          run_dir=str(tmp_path)).fit()
+    summary = chain.build(
+        small(bad_shards, "data.on_bad_record=skip", "data.val_fraction=0", "trainer.steps=14"), run_dir=str(tmp_path)
+    ).fit()
     # 14 batches of 8 and the shuffle buffer (24) take 136 records, more than 2 files: both bad records
     # are read, whatever the files' order. The count is of records read, read-ahead included.
     assert summary["steps"] == 14 and np.isfinite(summary["loss_last"]) and summary["skipped_records"] >= 2
@@ -294,12 +379,19 @@ def test_a_damaged_record_or_a_feature_of_another_type_is_one_line(tmp_path):
     whole = (tmp_path / "part-000.tfrecord").read_bytes()
     damaged = bytearray(whole)
     damaged[200] ^= 0xFF  # inside record 2's data: its checksum fails
-    y_float = tf.train.Example(features=tf.train.Features(feature={
-        "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(8))),
-        "y": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))})).SerializeToString()
+    y_float = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ones(8))),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0])),
+            }
+        )
+    ).SerializeToString()
     lines = []
-    for name, write in (("damaged", lambda p: p.write_bytes(bytes(damaged))),
-                        ("typed", lambda p: _rewrite(p, whole, 3, y_float))):
+    for name, write in (
+        ("damaged", lambda p: p.write_bytes(bytes(damaged))),
+        ("typed", lambda p: _rewrite(p, whole, 3, y_float)),
+    ):
         (tmp_path / name).mkdir()
         write(tmp_path / name / "part-000.tfrecord")
         s = small(str(tmp_path / name), "data.shuffle=false", "data.val_fraction=0", "data.batch_size=4")
@@ -311,11 +403,13 @@ def test_a_damaged_record_or_a_feature_of_another_type_is_one_line(tmp_path):
         lines.append(bad_record(e.value, files))
     end = ": a damaged record, or a feature whose type is not the one data.features declares; TensorFlow does not say in which file"
     # TensorFlow names the damaged record's byte offset only (its data's, 12 bytes into record 2 of 73 bytes)
-    assert lines == [f"data.files: record 2 of {tmp_path}/damaged/part-000.tfrecord is damaged: its checksum fails "
-                     "(TensorFlow: corrupted record at byte 158); write the file again, or leave it out "
-                     "(data.on_bad_record=skip does not leave out a damaged record)",
-                     "data.files: a record cannot be read (Key: y, Index: 3. Data types don't match. Expected type: int64, Actual "
-                     "type: float)" + end]
+    assert lines == [
+        f"data.files: record 2 of {tmp_path}/damaged/part-000.tfrecord is damaged: its checksum fails "
+        "(TensorFlow: corrupted record at byte 158); write the file again, or leave it out "
+        "(data.on_bad_record=skip does not leave out a damaged record)",
+        "data.files: a record cannot be read (Key: y, Index: 3. Data types don't match. Expected type: int64, Actual "
+        "type: float)" + end,
+    ]
 
 
 def _rewrite(path, whole: bytes, i: int, record: bytes) -> None:
@@ -328,7 +422,6 @@ def _rewrite(path, whole: bytes, i: int, record: bytes) -> None:
             w.write(r)
 
 
-
 def _late(x, ys):
     """The batch, 40 ms later (a sleep on the host, outside TensorFlow's math)."""
     pause = tf.py_function(lambda: time.sleep(0.04) or 0.0, [], tf.float32)
@@ -338,8 +431,15 @@ def _late(x, ys):
 
 @pytest.mark.parametrize("per_call", [8, 1])  # the batch taken inside the compiled loop, or on the host
 def test_a_slow_stream_shows_in_data_wait_ms(per_call):
-    args = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "trainer.steps=16",
-            f"trainer.steps_per_call={per_call}", "data.val_fraction=0"]
+    args = [
+        "+stages=2",
+        "model.width=8",
+        "model.depth=1",
+        "trainer.progress=false",
+        "trainer.steps=16",
+        f"trainer.steps_per_call={per_call}",
+        "data.val_fraction=0",
+    ]
     waits = {}
     for slow in (False, True):
         run = chain.build(chain.compose(args))
@@ -414,8 +514,15 @@ def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples
     from conftest import DEVICES
 
     steps = 4
-    args = [*TINY, f"data.files={shards}/*.tfrecord", "data.features={x: 'float32[8]', y: int64}", "data.batch_size=16",
-            "data.shuffle_buffer=24", "data.val_fraction=0.25", f"trainer.steps={steps}"]
+    args = [
+        *TINY,
+        f"data.files={shards}/*.tfrecord",
+        "data.features={x: 'float32[8]', y: int64}",
+        "data.batch_size=16",
+        "data.shuffle_buffer=24",
+        "data.val_fraction=0.25",
+        f"trainer.steps={steps}",
+    ]
     mirrored = chain.build(chain.compose([*args, "placement.fallback=mirrored"]))
     single = chain.build(chain.compose([*args, f"placement.devices=[{DEVICES[2]},{DEVICES[2]}]"]))
     assert_same_start(mirrored, single)
@@ -434,8 +541,14 @@ def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples
     # 48 of replica 0's 80 records: none twice (a second pass cannot reach past the 24-record buffer before its 57th)
     assert len(set(seen[0])) == 48
     # Each replica's part is the batch a stream of its own files alone reads, with its share of the batch.
-    own = [iter(record_stream.training(replace(files, paths=files.paths[r::2], counts=files.counts[r::2]), 8, True,
-                                       mirrored.settings.seed)) for r in range(2)]
+    own = [
+        iter(
+            record_stream.training(
+                replace(files, paths=files.paths[r::2], counts=files.counts[r::2]), 8, True, mirrored.settings.seed
+            )
+        )
+        for r in range(2)
+    ]
     for x, ys in batches:
         parts = [next(o) for o in own]
         np.testing.assert_array_equal(x.numpy(), np.concatenate([p[0].numpy() for p in parts]))
@@ -454,21 +567,39 @@ def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples
 
 
 def test_fewer_training_files_than_mirrored_replicas_is_one_line(shards):
-    args = [*TINY, f"data.files={shards}/part-00*.tfrecord", "data.features={x: 'float32[8]', y: int64}",
-            "data.batch_size=16", "data.val_fraction=0.75", "placement.fallback=mirrored"]
+    args = [
+        *TINY,
+        f"data.files={shards}/part-00*.tfrecord",
+        "data.features={x: 'float32[8]', y: int64}",
+        "data.batch_size=16",
+        "data.val_fraction=0.75",
+        "placement.fallback=mirrored",
+    ]
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose(args))
     assert str(e.value) == (
         f"data.files='{shards}/part-00*.tfrecord' gives 1 training file(s) (after the files data.val_fraction "
         "holds out), and with data.stream=true each of the 2 mirrored replicas reads files of its own: give data.files "
-        "at least 2 training files, or data.stream=false")
+        "at least 2 training files, or data.stream=false"
+    )
 
 
 # --- CSV, .npz and the user's dataset streamed (issue 20: every file source) ---------------------
 
-CSV = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=csv", "data.y=y",
-       "data.stream=true", "data.classes={label: 2}", "data.batch_size=16", "data.shuffle_buffer=24",
-       "model.dropout=0.2", "data.val_fraction=0"]
+CSV = [
+    "+stages=2",
+    "model.width=8",
+    "model.depth=1",
+    "trainer.progress=false",
+    "data=csv",
+    "data.y=y",
+    "data.stream=true",
+    "data.classes={label: 2}",
+    "data.batch_size=16",
+    "data.shuffle_buffer=24",
+    "model.dropout=0.2",
+    "data.val_fraction=0",
+]
 
 
 def write_csv(root, files: int, rows: int, seed: int = 0) -> None:
@@ -531,13 +662,18 @@ def test_the_count_cache_spares_a_second_run_the_count(csv_files, shards, caplog
     from chain.data import count_cache
 
     for s in (chain.compose([*CSV, f"data.path={csv_files}/*.csv"]), small(shards)):
-        chain.prepared.check_config(s)  # counted (or cached by an earlier test): the counts are on disk beside the files
+        chain.prepared.check_config(
+            s
+        )  # counted (or cached by an earlier test): the counts are on disk beside the files
         count_cache.forget()  # a new process: nothing in memory
         caplog.clear()
         with caplog.at_level("INFO", logger="chain"):
             chain.prepared.check_config(s)
-        assert "counting" not in caplog.text and "file(s) of data." in caplog.text and "from the count cache" in \
-            caplog.text, caplog.text
+        assert (
+            "counting" not in caplog.text
+            and "file(s) of data." in caplog.text
+            and "from the count cache" in caplog.text
+        ), caplog.text
     assert os.path.exists(os.path.join(csv_files, count_cache.NAME))
 
 
@@ -545,8 +681,10 @@ def test_a_csv_stream_over_mirrored_replicas_is_one_line(csv_files):
     # Only TFRecord streams are read in replicas' shares: another stream would be cut wrongly, so it is refused.
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose([*CSV, f"data.path={csv_files}/part-*.csv", "placement.fallback=mirrored"]))
-    assert str(e.value).startswith("data.stream=true with 2 mirrored replicas: each replica reads files of its own, "
-                                   "which only data=tfrecord streams do so far")
+    assert str(e.value).startswith(
+        "data.stream=true with 2 mirrored replicas: each replica reads files of its own, "
+        "which only data=tfrecord streams do so far"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -562,15 +700,24 @@ def bad_csv(tmp_path_factory):
 
 
 def test_a_bad_csv_row_mid_run_is_one_line_naming_file_and_line(bad_csv):
-    s = chain.compose([*CSV, f"data.path={bad_csv}/*.csv", "data.shuffle=false", "data.batch_size=8",
-                       "trainer.steps=7", "trainer.steps_per_call=1"])
+    s = chain.compose(
+        [
+            *CSV,
+            f"data.path={bad_csv}/*.csv",
+            "data.shuffle=false",
+            "data.batch_size=8",
+            "trainer.steps=7",
+            "trainer.steps_per_call=1",
+        ]
+    )
     with pytest.raises(ConfigError) as e:
         chain.build(s).fit()
     assert e.value.exit_code == 2
     text = str(e.value)
     assert "\n" not in text and text.startswith(
         f"data.path: line 12 of {bad_csv}/part-0.csv: column 'c' holds 'x7', not a finite number "
-        "(data.on_bad_record=skip leaves such rows out); "), text
+        "(data.on_bad_record=skip leaves such rows out); "
+    ), text
 
 
 def test_a_csv_row_with_too_few_fields_or_a_label_out_of_range_names_its_line_or_is_counted(bad_csv, tmp_path):
@@ -585,10 +732,12 @@ def test_a_csv_row_with_too_few_fields_or_a_label_out_of_range_names_its_line_or
             for _ in iter(csv_stream.training(files, 4, False, 0)):
                 pass
         lines.append(csv_stream.bad_record(e.value, files))
-    assert lines == [f"data.path: line 20 of {bad_csv}/part-1.csv: it has 4 fields, the header has 5 "
-                     "(data.on_bad_record=skip leaves such rows out)",
-                     f"data.path: line 7 of {tmp_path}/label.csv: column 'y' holds 2, not a class label 0..1 "
-                     "(data.classes.label=2) (data.on_bad_record=skip leaves such rows out)"]
+    assert lines == [
+        f"data.path: line 20 of {bad_csv}/part-1.csv: it has 4 fields, the header has 5 "
+        "(data.on_bad_record=skip leaves such rows out)",
+        f"data.path: line 7 of {tmp_path}/label.csv: column 'y' holds 2, not a class label 0..1 "
+        "(data.classes.label=2) (data.on_bad_record=skip leaves such rows out)",
+    ]
     # data.on_bad_record=skip: the two bad rows of bad_csv left out and counted, an epoch of the other 58
     files = csv_shards(chain.compose([*CSV, f"data.path={bad_csv}/*.csv", "data.on_bad_record=skip"]).data)
     skipped = csv_stream.skip_counter(files)
@@ -620,7 +769,8 @@ def test_a_regular_csv_chunk_reads_as_a_checked_one_and_an_overflow_is_named(tmp
         next(iter(csv_stream.training(files, 1, False, 0)))
     assert csv_stream.bad_record(e.value, files) == (
         f"data.path: line 2 of {tmp_path}/overflow.csv: column 'b' holds '1e999', not a finite number "
-        "(data.on_bad_record=skip leaves such rows out)")
+        "(data.on_bad_record=skip leaves such rows out)"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -632,8 +782,16 @@ def npz_file(tmp_path_factory):
     return root, x
 
 
-NPZ = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=npz", "data.stream=true",
-       "data.batch_size=16", "data.shuffle_buffer=24"]
+NPZ = [
+    "+stages=2",
+    "model.width=8",
+    "model.depth=1",
+    "trainer.progress=false",
+    "data=npz",
+    "data.stream=true",
+    "data.batch_size=16",
+    "data.shuffle_buffer=24",
+]
 
 
 def test_an_npz_stream_trains_reads_every_example_once_an_epoch_and_resumes_exact(npz_file, tmp_path):
@@ -641,8 +799,9 @@ def test_an_npz_stream_trains_reads_every_example_once_an_epoch_and_resumes_exac
     from chain.data.sources.npz_data import shards as npz_shards
 
     root, x = npz_file
-    s = chain.compose([*NPZ, f"data.path={root}/a.npz", "data.targets={label: y, v: v}", "data.classes={label: 2}",
-                       "trainer.steps=2"])
+    s = chain.compose(
+        [*NPZ, f"data.path={root}/a.npz", "data.targets={label: y, v: v}", "data.classes={label: 2}", "trainer.steps=2"]
+    )
     summary = chain.build(s).fit()
     assert (summary["train_examples"], summary["val_examples"]) == (180, 20)  # the last 20 rows held out
     assert np.isfinite(summary["loss_last"])
@@ -668,18 +827,28 @@ def test_a_stream_saved_as_another_version_built_it_is_refused_in_one_line(npz_f
     args = [*NPZ, f"data.path={root}/a.npz", "data.y=y", "data.classes={label: 2}", "checkpoint.every=2"]
     chain.build(chain.compose([*args, "trainer.steps=2"]), run_dir=str(tmp_path)).fit()
     batched = chunks.batched  # what another version of chain might build from the same settings (as the
-    monkeypatch.setattr("chain.data.array_stream.batched",  # stream before chunks did): examples one at a time
-                        lambda examples, *a: batched(examples.unbatch().batch(64), *a))
-    with pytest.raises(CheckpointError, match=r"^data/ckpt-2 holds the position of another input stream than this "
-                       r"run builds: .*another version of chain reads them differently\); resume with the version"):
+    monkeypatch.setattr(
+        "chain.data.array_stream.batched",  # stream before chunks did): examples one at a time
+        lambda examples, *a: batched(examples.unbatch().batch(64), *a),
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"^data/ckpt-2 holds the position of another input stream than this "
+        r"run builds: .*another version of chain reads them differently\); resume with the version",
+    ):
         chain.build(chain.compose([*args, "trainer.steps=4", "resume=true"]), run_dir=str(tmp_path)).fit()
 
 
 def test_a_compressed_npz_cannot_stream_one_line(npz_file):
     root, _ = npz_file
-    with pytest.raises(ConfigError, match=r"^data\.path='.*c\.npz' is compressed \(np\.savez_compressed\): "
-                       r"data\.stream=true reads its arrays in place, .*save it with np\.savez"):
-        chain.prepared.check_config(chain.compose([*NPZ, f"data.path={root}/c.npz", "data.y=y", "data.classes={label: 2}"]))
+    with pytest.raises(
+        ConfigError,
+        match=r"^data\.path='.*c\.npz' is compressed \(np\.savez_compressed\): "
+        r"data\.stream=true reads its arrays in place, .*save it with np\.savez",
+    ):
+        chain.prepared.check_config(
+            chain.compose([*NPZ, f"data.path={root}/c.npz", "data.y=y", "data.classes={label: 2}"])
+        )
 
 
 def test_an_npz_stream_holds_its_buffers_not_its_array(tmp_path):
@@ -687,8 +856,11 @@ def test_an_npz_stream_holds_its_buffers_not_its_array(tmp_path):
     from chain.data.sources.npz_data import shards as npz_shards
 
     def read(path):
-        files = npz_shards(chain.compose([*NPZ, f"data.path={path}", "data.y=y", "data.classes={label: 2}",
-                                          "data.shuffle_buffer=64"]).data)
+        files = npz_shards(
+            chain.compose(
+                [*NPZ, f"data.path={path}", "data.y=y", "data.classes={label: 2}", "data.shuffle_buffer=64"]
+            ).data
+        )
         stream = iter(array_stream.training(files, 64, True, 0))
 
         def epoch():
@@ -706,16 +878,31 @@ def test_an_npz_stream_holds_its_buffers_not_its_array(tmp_path):
     assert grew < size / 4, f"resident memory rose {grew / 2**20:.0f} MB over an epoch of {size / 2**20:.0f} MB"
 
 
-CALL = ["+stages=2", "model.width=8", "model.depth=1", "trainer.progress=false", "data=callable",
-        "data.stream=true", "data.batch_size=8", "data.shuffle_buffer=16"]
+CALL = [
+    "+stages=2",
+    "model.width=8",
+    "model.depth=1",
+    "trainer.progress=false",
+    "data=callable",
+    "data.stream=true",
+    "data.batch_size=8",
+    "data.shuffle_buffer=16",
+]
 
 
 def test_a_callable_stream_trains_on_the_dataset_as_it_is(tmp_path):
     from chain.data import function_stream
     from chain.data.sources.callable_data import shards as callable_shards
 
-    s = chain.compose([*CALL, "data._target_=user_datasets.make_dataset", "+data.several=true",
-                       "data.classes={cls: 2}", "trainer.steps=2"])
+    s = chain.compose(
+        [
+            *CALL,
+            "data._target_=user_datasets.make_dataset",
+            "+data.several=true",
+            "data.classes={cls: 2}",
+            "trainer.steps=2",
+        ]
+    )
     summary = chain.build(s).fit()
     # 48 examples (its cardinality), the first 5 held out for validation
     assert (summary["train_examples"], summary["val_examples"], summary["steps"]) == (43, 5, 2)
@@ -726,16 +913,20 @@ def test_a_callable_stream_trains_on_the_dataset_as_it_is(tmp_path):
     _resumes_exact(stream, tmp_path)
 
 
-@pytest.mark.parametrize("target, more, message", [
-    ("endless", [], "data._target_=user_datasets.endless returned a dataset that cannot be saved in a checkpoint "),
-    ("make_dataset", ["data.classes=null"], "data.classes.label is needed with data.stream=true"),
-])
+@pytest.mark.parametrize(
+    "target, more, message",
+    [
+        ("endless", [], "data._target_=user_datasets.endless returned a dataset that cannot be saved in a checkpoint "),
+        ("make_dataset", ["data.classes=null"], "data.classes.label is needed with data.stream=true"),
+    ],
+)
 def test_a_callable_stream_needs_a_checkpointable_dataset_and_its_classes(target, more, message):
     from chain.data.sources.callable_data import shards as callable_shards
 
     with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
-        callable_shards(chain.compose([*CALL, f"data._target_=user_datasets.{target}", "data.classes={label: 2}",
-                                       *more]).data)
+        callable_shards(
+            chain.compose([*CALL, f"data._target_=user_datasets.{target}", "data.classes={label: 2}", *more]).data
+        )
 
 
 def test_a_count_found_in_memory_says_what_was_counted_and_when(tmp_path, caplog):

@@ -11,9 +11,25 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def test_random_kills_during_saves_and_steps_resume_bit_exact(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPTS / "stress_kill.py"), "--kills", "1", "--modes", "e2e",
-                        "--steps", "5", "--pause", "0.2", "--workdir", str(tmp_path)], capture_output=True, text=True,
-                       timeout=1200)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPTS / "stress_kill.py"),
+            "--kills",
+            "1",
+            "--modes",
+            "e2e",
+            "--steps",
+            "5",
+            "--pause",
+            "0.2",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     lines = r.stdout.splitlines()
     for mode in ("e2e",):  # mode=local saves through the same code (test_resume kills both)
@@ -24,7 +40,8 @@ def test_random_kills_during_saves_and_steps_resume_bit_exact(tmp_path):
 
 
 def test_two_runs_racing_for_one_directory(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPTS / "stress_race.py"), "--races", "2"], capture_output=True,
-                       text=True, timeout=1200)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPTS / "stress_race.py"), "--races", "2"], capture_output=True, text=True, timeout=1200
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert r.stdout.splitlines()[-1] == "2 of 2 races kept the rules"

@@ -65,8 +65,15 @@ def imports(module: str, typing: bool = False, source: str | None = None) -> lis
 # package and the packages of earlier rows only, at run time or for type checking alike.
 LAYERS: list[tuple[str, ...]] = [
     ("chain.errors",),  # the exceptions: import nothing of chain
-    ("chain.fields", "chain.cli", "chain.testhooks", "chain.records", "chain.internals",
-     "chain.schedule", "chain.targets"),  # leaves: chain.errors at most
+    (
+        "chain.fields",
+        "chain.cli",
+        "chain.testhooks",
+        "chain.records",
+        "chain.internals",
+        "chain.schedule",
+        "chain.targets",
+    ),  # leaves: chain.errors at most
     ("chain.data",),
     ("chain.config",),
     ("chain.planning",),
@@ -83,6 +90,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 ROW = {package: row for row, packages in enumerate(LAYERS) for package in packages}
 
+
 def layer(module: str) -> str | None:
     """The package of LAYERS that `module` belongs to (`chain` itself only as the package
     __init__), or None."""
@@ -95,8 +103,11 @@ def layer(module: str) -> str | None:
 def package_edges(module: str, source: str | None = None) -> set[tuple[str, str, str, str]]:
     """(importer's layer, imported layer, importer, imported) for every import in `module` that
     leaves its package, TYPE_CHECKING imports included."""
-    return {(layer(module), layer(target), module, target) for target, _ in imports(module, True, source)
-            if layer(target) != layer(module)}
+    return {
+        (layer(module), layer(target), module, target)
+        for target, _ in imports(module, True, source)
+        if layer(target) != layer(module)
+    }
 
 
 def order_violations(edges: set[tuple[str, str, str, str]]) -> list[str]:
@@ -104,9 +115,13 @@ def order_violations(edges: set[tuple[str, str, str, str]]) -> list[str]:
     out = []
     for src, dst, module, target in sorted(edges, key=str):
         if ROW[dst] >= ROW[src]:
-            allowed = (f"only layer 1" if ROW[src] == 1 else f"only layers 1-{ROW[src]}") if ROW[src] else "no other package"
-            out.append(f"{module} imports {target}: {src} (layer {ROW[src] + 1}) may import {allowed} of LAYERS, "
-                       f"and {dst} is layer {ROW[dst] + 1}")
+            allowed = (
+                (f"only layer 1" if ROW[src] == 1 else f"only layers 1-{ROW[src]}") if ROW[src] else "no other package"
+            )
+            out.append(
+                f"{module} imports {target}: {src} (layer {ROW[src] + 1}) may import {allowed} of LAYERS, "
+                f"and {dst} is layer {ROW[dst] + 1}"
+            )
     return out
 
 
@@ -130,19 +145,24 @@ def test_the_order_check_names_an_edge_to_a_later_layer():
     """A TYPE_CHECKING import inside a function of chain.state, from chain.training, is found and
     named; an import from chain.schedule (an earlier layer) is not; two leaves of one row may
     not import each other; the bottom row imports nothing."""
-    source = ("from typing import TYPE_CHECKING\n"
-              "def f():\n    if TYPE_CHECKING:\n        from chain.training.run import Run\n"
-              "    from chain.schedule.schedules import Action\n")
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "def f():\n    if TYPE_CHECKING:\n        from chain.training.run import Run\n"
+        "    from chain.schedule.schedules import Action\n"
+    )
     assert imports("chain.state.remap", source=source) == [("chain.schedule.schedules", ["Action"])]  # run time
     assert order_violations(package_edges("chain.state.remap", source)) == [
         "chain.state.remap imports chain.training.run: chain.state (layer 10) may import only layers 1-9 of LAYERS, "
-        "and chain.training is layer 13"]
+        "and chain.training is layer 13"
+    ]
     assert order_violations({("chain.fields", "chain.cli", "chain.fields", "chain.cli")}) == [  # one row: refused
         "chain.fields imports chain.cli: chain.fields (layer 2) may import only layer 1 of LAYERS, "
-        "and chain.cli is layer 2"]
+        "and chain.cli is layer 2"
+    ]
     assert order_violations({("chain.errors", "chain.cli", "chain.errors", "chain.cli")}) == [
         "chain.errors imports chain.cli: chain.errors (layer 1) may import no other package of LAYERS, "
-        "and chain.cli is layer 2"]
+        "and chain.cli is layer 2"
+    ]
 
 
 def graph() -> dict[str, set[str]]:
@@ -170,7 +190,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         stack.append(m)
         for n in sorted(edges[m]):
             if state.get(n) == 1:
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if n not in state and (found := visit(n)):
                 return found
         stack.pop()
@@ -217,9 +237,12 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
 
     sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "step", "strategy")}
     for name, source in sources.items():
-        imported = {alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.Import, ast.ImportFrom))
-                    for alias in node.names} | {node.module for node in ast.walk(ast.parse(source))
-                                                if isinstance(node, ast.ImportFrom)}
+        imported = {
+            alias.name
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        } | {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
         assert "re" not in imported, name
     assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["step"]
     assert "name=DONE" in sources["step"] and '"done"' not in sources["timeline"] + sources["step"]
@@ -242,8 +265,9 @@ def test_the_cycle_graph_counts_type_checking_and_function_level_imports(monkeyp
     """An import inside a function and one under `if TYPE_CHECKING:` are each an edge of the cycle
     graph, and the cycle they close is found."""
     (tmp_path / "memory.py").write_text("def f():\n    from chain.planning import inventory\n")
-    (tmp_path / "inventory.py").write_text("from typing import TYPE_CHECKING\n"
-                                           "if TYPE_CHECKING:\n    from chain.planning.memory import peak_bytes\n")
+    (tmp_path / "inventory.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from chain.planning.memory import peak_bytes\n"
+    )
     for name in ("memory", "inventory"):  # chain.planning.memory and .inventory, as if they held these imports
         monkeypatch.setitem(MODULES, f"chain.planning.{name}", tmp_path / f"{name}.py")
     edges = graph()
@@ -266,22 +290,46 @@ def test_no_module_imports_another_modules_private_names():
                 offenders += [(m, node.module, a.name) for a in node.names if a.name.startswith("_")]
                 modules |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in MODULES}
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
-                    and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 offenders.append((m, node.value.id, node.attr))
     assert offenders == []
 
 
 # TensorFlow's, Keras' and Hydra's private parts: only chain.internals reaches them (docs/architecture.md).
 LIBRARIES = ("tensorflow", "keras", "hydra", "omegaconf", "absl", "tsl", "tf_keras")
-PRIVATE_PACKAGES = ("keras.src", "tensorflow.python", "tensorflow.core", "tensorflow.tsl", "tensorflow.compiler", "tsl",
-                    "hydra._internal")
+PRIVATE_PACKAGES = (
+    "keras.src",
+    "tensorflow.python",
+    "tensorflow.core",
+    "tensorflow.tsl",
+    "tensorflow.compiler",
+    "tsl",
+    "hydra._internal",
+)
 PRIVATE_SUBMODULES = {"src", "python", "core", "tsl", "compiler", "__internal__"}  # `keras.src`, `tf.python`, ...
 # The private names chain used before they moved into chain.internals: refused on any object, even
 # where chain happens to define the same name for itself (`chain.state.manifest._layers`).
-KNOWN_PRIVATE = {"_nodes_by_depth", "_run_through_graph", "_standardize_inputs", "_layers", "_flatten_layers",
-                 "_moments", "_add_control_input", "_as_serialized_graph", "_trainable_variables",
-                 "_get_variable_index", "_momentums", "_velocities", "_keras_mask"}
+KNOWN_PRIVATE = {
+    "_nodes_by_depth",
+    "_run_through_graph",
+    "_standardize_inputs",
+    "_layers",
+    "_flatten_layers",
+    "_moments",
+    "_add_control_input",
+    "_as_serialized_graph",
+    "_trainable_variables",
+    "_get_variable_index",
+    "_momentums",
+    "_velocities",
+    "_keras_mask",
+}
 PUBLIC = {"_replace", "_asdict", "_fields", "_make", "_field_defaults", "_exit"}  # a named tuple's, os._exit
 INTERNALS = "chain.internals"
 
@@ -313,10 +361,13 @@ def library_private_reaches(tree: ast.AST, own: set[str]) -> list[str]:
     submodules by attribute (`keras.src`, `tf.python`), and `x._name` (or `getattr(x, "_name")`,
     `object.__setattr__(x, "_name", ...)`) for a private name chain does not define itself (`own`)
     or one of KNOWN_PRIVATE."""
+
     def private_module(name: str) -> bool:
         parts = name.split(".")
-        return parts[0] in LIBRARIES and (any(name == p or name.startswith(p + ".") for p in PRIVATE_PACKAGES)
-                                          or any(_private(part) for part in parts))
+        return parts[0] in LIBRARIES and (
+            any(name == p or name.startswith(p + ".") for p in PRIVATE_PACKAGES)
+            or any(_private(part) for part in parts)
+        )
 
     def private_attribute(name: str) -> bool:
         return _private(name) and name not in PUBLIC and (name in KNOWN_PRIVATE or name not in own)
@@ -329,18 +380,37 @@ def library_private_reaches(tree: ast.AST, own: set[str]) -> list[str]:
             if private_module(node.module):
                 out.append(f"from {node.module} import ...")
             elif node.module.split(".")[0] in LIBRARIES:
-                out += [f"from {node.module} import {a.name}" for a in node.names
-                        if private_module(f"{node.module}.{a.name}")]
+                out += [
+                    f"from {node.module} import {a.name}"
+                    for a in node.names
+                    if private_module(f"{node.module}.{a.name}")
+                ]
         elif isinstance(node, ast.Attribute):
-            if isinstance(node.value, ast.Name) and node.value.id in ("tf", *LIBRARIES) \
-                    and node.attr in PRIVATE_SUBMODULES:
+            if (
+                isinstance(node.value, ast.Name)
+                and node.value.id in ("tf", *LIBRARIES)
+                and node.attr in PRIVATE_SUBMODULES
+            ):
                 out.append(f"{node.value.id}.{node.attr}")
             elif private_attribute(node.attr):
                 out.append(f".{node.attr}")
-        elif isinstance(node, ast.Call) and node.args[1:] and isinstance(node.args[1], ast.Constant) \
-                and isinstance(node.args[1].value, str) and private_attribute(node.args[1].value) \
-                and ast.unparse(node.func) in ("getattr", "setattr", "hasattr", "delattr", "object.__setattr__",
-                                                "object.__getattribute__", "object.__delattr__"):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args[1:]
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and private_attribute(node.args[1].value)
+            and ast.unparse(node.func)
+            in (
+                "getattr",
+                "setattr",
+                "hasattr",
+                "delattr",
+                "object.__setattr__",
+                "object.__getattribute__",
+                "object.__delattr__",
+            )
+        ):
             out.append(f"{ast.unparse(node.func)}(..., {node.args[1].value!r})")
     return out
 
@@ -351,27 +421,45 @@ def test_only_the_internals_modules_reach_private_names_of_tensorflow_keras_and_
     scripts = {f"scripts.{p.stem}": p for p in (ROOT / "scripts").glob("*.py")}
     trees = {m: ast.parse(p.read_text()) for m, p in {**MODULES, **scripts}.items()}
     own = defined_private_names(t for m, t in trees.items() if not m.startswith(INTERNALS))
-    offenders = {m: found for m, tree in trees.items() if not m.startswith(INTERNALS)
-                 and (found := library_private_reaches(tree, own))}
+    offenders = {
+        m: found
+        for m, tree in trees.items()
+        if not m.startswith(INTERNALS) and (found := library_private_reaches(tree, own))
+    }
     assert offenders == {}
 
 
 def test_the_private_reach_check_finds_each_kind_of_reach():
     """Each pattern chain once used outside chain.internals is found; chain's own private names,
     a named tuple's `_replace` and public TensorFlow are not."""
-    source = ("from keras.src import tree\nimport tensorflow.python.eager.context\n"
-              "from hydra._internal.utils import get_args_parser\nfrom tensorflow.tsl.profiler import x\n"
-              "from tensorflow import python\nfrom keras import src\n"
-              "def f(model, op, layer, opt, a):\n"
-              "    model._nodes_by_depth\n    op._add_control_input(a)\n    layer._layers\n"
-              "    object.__setattr__(layer, '_moments', a)\n    getattr(opt, '_momentums')\n"
-              "    opt._unheard_of\n    keras.src.tree\n    tf.python\n"
-              "    a._replace(k=1)\n    a._mine\n    tf.raw_ops.Add\n    keras.tree.flatten(a)\n")
-    assert sorted(library_private_reaches(ast.parse(source), own={"_mine", "_layers"})) == sorted([
-        "from keras.src import ...", "import tensorflow.python.eager.context", "from hydra._internal.utils import ...",
-        "from tensorflow.tsl.profiler import ...", "from tensorflow import python", "from keras import src",
-        "object.__setattr__(..., '_moments')", "getattr(..., '_momentums')",
-        "._nodes_by_depth", "._add_control_input", "._layers", "._unheard_of", "keras.src", "tf.python"])
+    source = (
+        "from keras.src import tree\nimport tensorflow.python.eager.context\n"
+        "from hydra._internal.utils import get_args_parser\nfrom tensorflow.tsl.profiler import x\n"
+        "from tensorflow import python\nfrom keras import src\n"
+        "def f(model, op, layer, opt, a):\n"
+        "    model._nodes_by_depth\n    op._add_control_input(a)\n    layer._layers\n"
+        "    object.__setattr__(layer, '_moments', a)\n    getattr(opt, '_momentums')\n"
+        "    opt._unheard_of\n    keras.src.tree\n    tf.python\n"
+        "    a._replace(k=1)\n    a._mine\n    tf.raw_ops.Add\n    keras.tree.flatten(a)\n"
+    )
+    assert sorted(library_private_reaches(ast.parse(source), own={"_mine", "_layers"})) == sorted(
+        [
+            "from keras.src import ...",
+            "import tensorflow.python.eager.context",
+            "from hydra._internal.utils import ...",
+            "from tensorflow.tsl.profiler import ...",
+            "from tensorflow import python",
+            "from keras import src",
+            "object.__setattr__(..., '_moments')",
+            "getattr(..., '_momentums')",
+            "._nodes_by_depth",
+            "._add_control_input",
+            "._layers",
+            "._unheard_of",
+            "keras.src",
+            "tf.python",
+        ]
+    )
 
 
 def test_every_module_says_what_it_holds():
@@ -385,8 +473,9 @@ def test_one_strategy_per_placement_and_mode():
     from chain.training.ways import TABLE
 
     chains = [m for m in MODES if m != "side_by_side"]  # independent models are never mirrored (config checks)
-    assert set(TABLE) == ({(p, m) for p in (PIPELINE, MIRRORED) for m in chains} | {(PIPELINE, "side_by_side")}
-                          | {(REPLICATED, "e2e")})  # copies of a pipeline: mode=e2e only (config checks)
+    assert set(TABLE) == (
+        {(p, m) for p in (PIPELINE, MIRRORED) for m in chains} | {(PIPELINE, "side_by_side")} | {(REPLICATED, "e2e")}
+    )  # copies of a pipeline: mode=e2e only (config checks)
     assert len(set(TABLE.values())) == len(TABLE)
 
 
@@ -415,8 +504,11 @@ def test_a_way_of_training_is_a_distribution_given_an_objective():
         assert issubclass(way.objective, Objective) and not issubclass(way.objective, Strategy), way
         assert not inspect.isabstract(way.distribution) and not inspect.isabstract(way.objective), way
     assert len({way.distribution for way in TABLE.values()}) < len(TABLE)  # one distribution, two objectives
-    files = [*(PACKAGE / "strategies").glob("*.py"), PACKAGE / "pipeline" / "strategy.py",
-             PACKAGE / "pipeline" / "replicas.py"]
+    files = [
+        *(PACKAGE / "strategies").glob("*.py"),
+        PACKAGE / "pipeline" / "strategy.py",
+        PACKAGE / "pipeline" / "replicas.py",
+    ]
     raising = [f.name for f in files if "NotImplementedError" in f.read_text()]
     assert raising == []
 
@@ -428,8 +520,9 @@ def _attributes_used_on(name: str, path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Attribute):
             owner = node.value
-            if (isinstance(owner, ast.Name) and owner.id == name) or \
-                    (isinstance(owner, ast.Attribute) and owner.attr == name):
+            if (isinstance(owner, ast.Name) and owner.id == name) or (
+                isinstance(owner, ast.Attribute) and owner.attr == name
+            ):
                 found.add(node.attr)
     return found
 
@@ -443,10 +536,9 @@ def test_every_strategy_method_the_run_calls_is_on_the_interface():
     tree = ast.parse((PACKAGE / "strategies" / "base.py").read_text())
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Strategy"]
     init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    set_in_init = {t.attr for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets
-                   if isinstance(t, ast.Attribute)} | {t.target.attr for t in ast.walk(init)
-                                                        if isinstance(t, ast.AnnAssign)
-                                                        and isinstance(t.target, ast.Attribute)}
+    set_in_init = {
+        t.attr for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Attribute)
+    } | {t.target.attr for t in ast.walk(init) if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Attribute)}
     declared = set(dir(Strategy)) | set_in_init | set(Strategy.__annotations__)
     callers = [*(PACKAGE / "training").glob("*.py"), PACKAGE / "__main__.py"]
     used = {(f.name, a) for f in callers for a in _attributes_used_on("strategy", f)}
@@ -462,10 +554,23 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         assert word not in source, word
 
 
-@pytest.mark.parametrize("module", ["chain", "chain.prepared", "chain.config", "chain.schedule.schedules",
-                                    "chain.schedule.schedule_file", "chain.pipeline.timeline", "chain.pipeline.idle", "chain.pipeline.memory_trace", "chain.pipeline.stalled",
-                                    "chain.planning.planner",
-                                    "chain.data.catalog", "chain.__main__"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "chain",
+        "chain.prepared",
+        "chain.config",
+        "chain.schedule.schedules",
+        "chain.schedule.schedule_file",
+        "chain.pipeline.timeline",
+        "chain.pipeline.idle",
+        "chain.pipeline.memory_trace",
+        "chain.pipeline.stalled",
+        "chain.planning.planner",
+        "chain.data.catalog",
+        "chain.__main__",
+    ],
+)
 def test_modules_before_the_build_do_not_import_tensorflow(module):
     import subprocess
     import sys
@@ -473,4 +578,3 @@ def test_modules_before_the_build_do_not_import_tensorflow(module):
     code = f"import sys, {module}; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"], out.stderr
-

@@ -45,10 +45,19 @@ def padded(path, n=64) -> np.ndarray:
 def test_an_implicit_mask_crosses_with_its_tensor(tmp_path, stages):
     x = padded(tmp_path / "tokens.npz")
     model = masked_encoder()
-    data = ["data=npz", f"data.path={tmp_path / 'tokens.npz'}", "data.y=y", "data.batch_size=16",
-            "data.shuffle=false", "trainer.progress=false", "checkpoint.export=false"]
-    run = chain.build(chain.compose([f"+stages={stages}", "mode=e2e", "optim=sgd", "optim.lr=0.1",
-                                     "pipeline.microbatches=4", *data]), model=model)
+    data = [
+        "data=npz",
+        f"data.path={tmp_path / 'tokens.npz'}",
+        "data.y=y",
+        "data.batch_size=16",
+        "data.shuffle=false",
+        "trainer.progress=false",
+        "checkpoint.export=false",
+    ]
+    run = chain.build(
+        chain.compose([f"+stages={stages}", "mode=e2e", "optim=sgd", "optim.lr=0.1", "pipeline.microbatches=4", *data]),
+        model=model,
+    )
     got = run.forward(x[:16])[f"body_{stages - 1}"].numpy()
     np.testing.assert_allclose(got, model.predict(x[:16], verbose=0), rtol=0, atol=1e-6)
     trains_like_one_device(run, masked_encoder(), DEVICES[3], steps=3)
@@ -83,8 +92,12 @@ def masked_rnns() -> keras.Model:
     return keras.Model(x, L.Dense(CLASSES, name="logits")(h), name="rnns")
 
 
-MASKED = {"encoder3": lambda: masked_blocks(3), "encoder2": lambda: masked_blocks(2),
-          "decoder2": lambda: masked_blocks(2, causal=True), "rnns": masked_rnns}
+MASKED = {
+    "encoder3": lambda: masked_blocks(3),
+    "encoder2": lambda: masked_blocks(2),
+    "decoder2": lambda: masked_blocks(2, causal=True),
+    "rnns": masked_rnns,
+}
 
 
 class Oracle:
@@ -99,11 +112,14 @@ class Oracle:
         x = padded(path, n=48)
         if "decoder" in name:  # its padding first: a causal attention's real positions then see padded keys
             x = np.ascontiguousarray(x[:, ::-1])
-        self.batches = [(x[k:k + 16], np.random.default_rng(k).integers(0, CLASSES, 16)) for k in (0, 16, 32)]
+        self.batches = [(x[k : k + 16], np.random.default_rng(k).integers(0, CLASSES, 16)) for k in (0, 16, 32)]
         self.predicted = self.model.predict(x[:16], verbose=0)
         reference = MASKED[name]()
-        reference.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False,
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        reference.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            jit_compile=False,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
         self.start = {v.path: v.numpy() for v in reference.trainable_variables}
         self.losses = [float(reference.train_on_batch(x, y)) for x, y in self.batches]
         self.trained = {v.path: v.numpy() for v in reference.trainable_variables}
@@ -122,8 +138,9 @@ def splits(n_layers: int, stages: int):
         yield [b - a for a, b in zip(bounds, bounds[1:])]
 
 
-@pytest.mark.parametrize("name, stages", [("encoder3", 2), ("encoder2", 3), ("decoder2", 2), ("decoder2", 3),
-                                          ("rnns", 2), ("rnns", 3)])
+@pytest.mark.parametrize(
+    "name, stages", [("encoder3", 2), ("encoder2", 3), ("decoder2", 2), ("decoder2", 3), ("rnns", 2), ("rnns", 3)]
+)
 def test_every_split_masks_as_keras_runs_the_model(tmp_path, name, stages):
     """The stages of every split (2 or 3 stages) of masked models with several attention blocks predict as
     `model.predict` on padded ids: each layer sees the mask it sees when Keras runs the uncut model. 3 SGD steps
@@ -144,8 +161,10 @@ def test_every_split_masks_as_keras_runs_the_model(tmp_path, name, stages):
             for m in models:
                 x = m(x, training=training)
             return x
-        np.testing.assert_allclose(chained(oracle.batches[0][0], False), oracle.predicted, rtol=0, atol=1e-6,
-                                   err_msg=str(sizes))
+
+        np.testing.assert_allclose(
+            chained(oracle.batches[0][0], False), oracle.predicted, rtol=0, atol=1e-6, err_msg=str(sizes)
+        )
         variables = [v for m in models for v in m.trainable_variables]
         optimizer, loss = keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         for (x, y), want in zip(oracle.batches, oracle.losses):
@@ -162,13 +181,29 @@ def test_a_masked_model_cut_between_attention_blocks_trains_like_keras_in_the_pi
     its residual (the embedding, whose mask the attention cleared, crosses with the attention's output)."""
     name, split, stages = "decoder2", "[2,2,5]", 3
     oracle = ORACLES.get(name) or ORACLES.setdefault(name, Oracle(name, tmp_path / "tokens.npz"))
-    run = chain.build(chain.compose([f"+stages={stages}", "mode=e2e", f"placement.split={split}", "optim=sgd",
-                                     "optim.lr=0.1", "pipeline.microbatches=4", *SYNTH]), model=oracle.model)
-    np.testing.assert_allclose(run.forward(oracle.batches[0][0])[f"body_{stages - 1}"].numpy(), oracle.predicted,
-                               rtol=0, atol=1e-6)
+    run = chain.build(
+        chain.compose(
+            [
+                f"+stages={stages}",
+                "mode=e2e",
+                f"placement.split={split}",
+                "optim=sgd",
+                "optim.lr=0.1",
+                "pipeline.microbatches=4",
+                *SYNTH,
+            ]
+        ),
+        model=oracle.model,
+    )
+    np.testing.assert_allclose(
+        run.forward(oracle.batches[0][0])[f"body_{stages - 1}"].numpy(), oracle.predicted, rtol=0, atol=1e-6
+    )
     reference = MASKED[name]()
-    reference.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    reference.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        jit_compile=False,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     assert_trained_like_keras(run, reference, oracle.batches, oracle.start)
 
 
@@ -194,8 +229,17 @@ def test_a_cut_keras_would_mask_otherwise_is_refused_in_one_line_and_never_chose
     assert all(2 not in sizes_to_cuts(cut.split(c, k, None, "even", None)) for k in (2, 3))
 
 
-SYNTH = ["data=synthetic", "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16",
-         "trainer.progress=false", "checkpoint.export=false", "optim=sgd", "optim.lr=0.1"]
+SYNTH = [
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "optim=sgd",
+    "optim.lr=0.1",
+]
 
 
 def with_a_weightless_layer() -> keras.Model:
@@ -219,8 +263,10 @@ def test_balancing_never_leaves_a_stage_without_weights(how):
 
 def test_an_explicit_split_with_a_stage_without_weights_trains_like_the_model():
     model = with_a_weightless_layer()
-    run = chain.build(chain.compose(["+stages=4", "mode=e2e", "placement.split=[1,1,1,1]", "pipeline.microbatches=2",
-                                     *SYNTH]), model=model)
+    run = chain.build(
+        chain.compose(["+stages=4", "mode=e2e", "placement.split=[1,1,1,1]", "pipeline.microbatches=2", *SYNTH]),
+        model=model,
+    )
     assert run.stages[2].model.trainable_variables == []
     x, _ = next(iter(run.batches()))
     np.testing.assert_allclose(run.forward(x)["body_3"].numpy(), model.predict(x, verbose=0), rtol=0, atol=1e-6)
@@ -243,12 +289,24 @@ def test_ops_that_are_not_layers_stay_in_their_stage(tmp_path, split):
     x = np.random.default_rng(0).normal(size=(64, SEQ, 3)).astype("float32")
     np.savez(tmp_path / "seq.npz", x=x, y=np.random.default_rng(1).integers(0, CLASSES, 64))
     model = with_ops()
-    data = ["data=npz", f"data.path={tmp_path / 'seq.npz'}", "data.y=y", "data.batch_size=16", "data.shuffle=false",
-            "trainer.progress=false", "checkpoint.export=false", "optim=sgd", "optim.lr=0.1"]
-    run = chain.build(chain.compose(["+stages=2", "mode=e2e", f"placement.split={split}", "pipeline.microbatches=2",
-                                     *data]), model=model)
-    np.testing.assert_allclose(run.forward(x[:16])["body_1"].numpy(), model.predict(x[:16], verbose=0),
-                               rtol=0, atol=1e-6)
+    data = [
+        "data=npz",
+        f"data.path={tmp_path / 'seq.npz'}",
+        "data.y=y",
+        "data.batch_size=16",
+        "data.shuffle=false",
+        "trainer.progress=false",
+        "checkpoint.export=false",
+        "optim=sgd",
+        "optim.lr=0.1",
+    ]
+    run = chain.build(
+        chain.compose(["+stages=2", "mode=e2e", f"placement.split={split}", "pipeline.microbatches=2", *data]),
+        model=model,
+    )
+    np.testing.assert_allclose(
+        run.forward(x[:16])["body_1"].numpy(), model.predict(x[:16], verbose=0), rtol=0, atol=1e-6
+    )
     trains_like_one_device(run, with_ops(), DEVICES[3], steps=3)
 
 
@@ -280,23 +338,36 @@ def token_batches(n_batches: int, batch: int = 16):
 @pytest.mark.parametrize("stages, schedule", [(2, "gpipe"), (4, "1f1b"), (2, "zb1"), (4, "zbv")])
 def test_a_model_with_named_inputs_and_a_padding_mask_is_cut_between_blocks(stages, schedule):
     model = padding_mask_encoder()
-    run = chain.build(chain.compose([f"+stages={stages}", "mode=e2e", f"pipeline.schedule={schedule}",
-                                     "pipeline.microbatches=4", *SYNTH]), model=model)
+    run = chain.build(
+        chain.compose(
+            [f"+stages={stages}", "mode=e2e", f"pipeline.schedule={schedule}", "pipeline.microbatches=4", *SYNTH]
+        ),
+        model=model,
+    )
     assert len(run.stages) == stages
     assert any(len(s.model.inputs) > 1 for s in run.stages[1:])  # the mask crosses with the activations
     batches = token_batches(3)
     x = batches[0][0]
-    np.testing.assert_allclose(run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0),
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        run.forward(x)[f"body_{stages - 1}"].numpy(), model.predict(x, verbose=0), rtol=0, atol=1e-6
+    )
     trains_like_one_device(run, padding_mask_encoder(), DEVICES[3], steps=3, batches=batches)
 
 
 def masked_sequential() -> keras.Model:
     """The mask only implicit: a Sequential passes it from layer to layer at run time (no op in its graph)."""
     keras.utils.set_random_seed(23)
-    return keras.Sequential([keras.Input((SEQ,)), L.Embedding(VOCAB, 8, mask_zero=True, name="embed"),
-                             L.LSTM(8, return_sequences=True, name="lstm"), L.Dense(8, activation="tanh", name="ff"),
-                             L.GlobalAveragePooling1D(name="pool"), L.Dense(CLASSES, name="logits")], name="seqmask")
+    return keras.Sequential(
+        [
+            keras.Input((SEQ,)),
+            L.Embedding(VOCAB, 8, mask_zero=True, name="embed"),
+            L.LSTM(8, return_sequences=True, name="lstm"),
+            L.Dense(8, activation="tanh", name="ff"),
+            L.GlobalAveragePooling1D(name="pool"),
+            L.Dense(CLASSES, name="logits"),
+        ],
+        name="seqmask",
+    )
 
 
 def test_an_implicit_mask_of_a_sequential_crosses_with_its_tensor(tmp_path):
@@ -304,12 +375,32 @@ def test_an_implicit_mask_of_a_sequential_crosses_with_its_tensor(tmp_path):
     ops read as tensors no layer makes)."""
     x = padded(tmp_path / "tokens.npz")
     model = masked_sequential()
-    data = ["data=npz", f"data.path={tmp_path / 'tokens.npz'}", "data.y=y", "data.batch_size=16",
-            "data.shuffle=false", "trainer.progress=false", "checkpoint.export=false"]
-    run = chain.build(chain.compose(["+stages=3", "mode=e2e", "optim=sgd", "optim.lr=0.1", "placement.split=[1,2,2]",
-                                     "pipeline.microbatches=4", *data]), model=model)
-    np.testing.assert_allclose(run.forward(x[:16])["body_2"].numpy(), model.predict(x[:16], verbose=0), rtol=0,
-                               atol=1e-6)
+    data = [
+        "data=npz",
+        f"data.path={tmp_path / 'tokens.npz'}",
+        "data.y=y",
+        "data.batch_size=16",
+        "data.shuffle=false",
+        "trainer.progress=false",
+        "checkpoint.export=false",
+    ]
+    run = chain.build(
+        chain.compose(
+            [
+                "+stages=3",
+                "mode=e2e",
+                "optim=sgd",
+                "optim.lr=0.1",
+                "placement.split=[1,2,2]",
+                "pipeline.microbatches=4",
+                *data,
+            ]
+        ),
+        model=model,
+    )
+    np.testing.assert_allclose(
+        run.forward(x[:16])["body_2"].numpy(), model.predict(x[:16], verbose=0), rtol=0, atol=1e-6
+    )
     trains_like_one_device(run, masked_sequential(), DEVICES[3], steps=3)
 
 
@@ -317,7 +408,8 @@ def test_balance_by_time_times_a_model_with_named_inputs_and_a_mask():
     """Before: refused (`placement.balance=time times pieces that take one tensor`). Its first piece now takes
     the model's dict (ids within its Embedding's vocabulary, a padding mask of ones), each later piece what the
     one before gives; the split follows the measured times."""
-    run = chain.build(chain.compose(["+stages=2", "mode=e2e", "placement.balance=time", *SYNTH]),
-                      model=padding_mask_encoder())
+    run = chain.build(
+        chain.compose(["+stages=2", "mode=e2e", "placement.balance=time", *SYNTH]), model=padding_mask_encoder()
+    )
     notes = run.placement.notes
     assert any(n.startswith("placement.balance=time: split ") and " ms per microbatch" in n for n in notes)

@@ -29,26 +29,46 @@ def token_file(path, dtype=np.uint16, top: int = VOCAB) -> np.ndarray:
 
 
 def config(path, *overrides: str):
-    return chain.compose(["mode=e2e", "+stages=2", "data=tokens", f"data.path={path}", f"data.seq_len={SEQ}",
-                          "data.batch_size=5", "optim=sgd", "trainer.progress=false", "checkpoint.export=false",
-                          *overrides])
+    return chain.compose(
+        [
+            "mode=e2e",
+            "+stages=2",
+            "data=tokens",
+            f"data.path={path}",
+            f"data.seq_len={SEQ}",
+            "data.batch_size=5",
+            "optim=sgd",
+            "trainer.progress=false",
+            "checkpoint.export=false",
+            *overrides,
+        ]
+    )
 
 
 def lm(vocab: int = VOCAB, dtype: str = "int32") -> keras.Model:
     keras.utils.set_random_seed(2)
-    return keras.Sequential([keras.Input((SEQ,), dtype=dtype), keras.layers.Embedding(vocab, 4),
-                             keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(vocab)], name="lm")
+    return keras.Sequential(
+        [
+            keras.Input((SEQ,), dtype=dtype),
+            keras.layers.Embedding(vocab, 4),
+            keras.layers.Dense(6, activation="tanh"),
+            keras.layers.Dense(vocab),
+        ],
+        name="lm",
+    )
 
 
 def take(run, n: int) -> tuple[np.ndarray, np.ndarray]:
     it = iter(run.batches())
     batches = [next(it) for _ in range(n)]
-    return (np.concatenate([np.asarray(b[0]) for b in batches]).astype(np.int64),
-            np.concatenate([np.asarray(b[1]["next"]) for b in batches]))
+    return (
+        np.concatenate([np.asarray(b[0]) for b in batches]).astype(np.int64),
+        np.concatenate([np.asarray(b[1]["next"]) for b in batches]),
+    )
 
 
 def windows_of(ids: np.ndarray, starts) -> tuple[np.ndarray, np.ndarray]:
-    w = np.stack([ids[s:s + SEQ + 1] for s in starts]).astype(np.int64)
+    w = np.stack([ids[s : s + SEQ + 1] for s in starts]).astype(np.int64)
     return w[:, :-1], w[:, 1:]
 
 
@@ -105,25 +125,44 @@ def test_uint32_ids_up_to_the_vocab_limit_stay_exact(tmp_path):
     np.testing.assert_array_equal(ys["next"].numpy(), windows_of(ids, range(0, 5 * SEQ, SEQ))[1])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data.dtype=uint32"], "holds 2002 bytes, not a whole number of data.dtype=uint32 ids"),
-    ([f"data.vocab={VOCAB - 5}"], f"data.vocab={VOCAB - 5}, but the token files hold the id {VOCAB - 1}"),
-    (["data.seq_len=1000"], "fewer than one window of data.seq_len=1000 + 1"),
-    (["data.path=/nonexistent.bin"], "data.path='/nonexistent.bin': the file does not exist"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.dtype=uint32"], "holds 2002 bytes, not a whole number of data.dtype=uint32 ids"),
+        ([f"data.vocab={VOCAB - 5}"], f"data.vocab={VOCAB - 5}, but the token files hold the id {VOCAB - 1}"),
+        (["data.seq_len=1000"], "fewer than one window of data.seq_len=1000 + 1"),
+        (["data.path=/nonexistent.bin"], "data.path='/nonexistent.bin': the file does not exist"),
+    ],
+)
 def test_bad_token_settings_are_one_line(tmp_path, overrides, message):
     token_file(tmp_path / "train.bin")
     with pytest.raises(chain.ConfigError, match=message.replace("+", r"\+").replace("(", r"\(")):
         chain.build(config(tmp_path / "train.bin", *overrides), model=lm())
 
 
-WORDPIECE = ["[PAD]", "[UNK]", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "vu", ":", "→", "ok",
-             "."]  # text_files' words (the accented ones unknown)
+WORDPIECE = [
+    "[PAD]",
+    "[UNK]",
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "vu",
+    ":",
+    "→",
+    "ok",
+    ".",
+]  # text_files' words (the accented ones unknown)
 
 
 def _prepare(path, *overrides: str):
-    return chain.prepare(["mode=e2e", "+stages=2", "data=tokens", f"data.path={path}", f"data.seq_len={SEQ}",
-                          *overrides])
+    return chain.prepare(
+        ["mode=e2e", "+stages=2", "data=tokens", f"data.path={path}", f"data.seq_len={SEQ}", *overrides]
+    )
 
 
 @pytest.mark.parametrize("top, said", [(VOCAB, "0"), (100_000, "below 16")])
@@ -134,10 +173,16 @@ def test_uint32_ids_read_as_uint16_are_refused_naming_data_dtype(tmp_path, top, 
     token_file(tmp_path / "u32.bin", np.uint32, top)
     with pytest.raises(chain.ConfigError) as e:
         _prepare(tmp_path / "u32.bin", "data.vocab=256")
-    found = re.fullmatch(re.escape(f"data.path={str(tmp_path / 'u32.bin')!r} looks like uint32 ids read as "
-                                   f"data.dtype=uint16: at {TOKENS} pairs of positions sampled over it, every second "
-                                   f"id is {said} (the high half of a uint32 id) and ") + r"(\d+)" +
-                         re.escape(" of the others are not; set data.dtype=uint32"), str(e.value))
+    found = re.fullmatch(
+        re.escape(
+            f"data.path={str(tmp_path / 'u32.bin')!r} looks like uint32 ids read as "
+            f"data.dtype=uint16: at {TOKENS} pairs of positions sampled over it, every second "
+            f"id is {said} (the high half of a uint32 id) and "
+        )
+        + r"(\d+)"
+        + re.escape(" of the others are not; set data.dtype=uint32"),
+        str(e.value),
+    )
     assert found and TOKENS // 4 <= int(found[1]) <= TOKENS, str(e.value)
     _prepare(tmp_path / "u32.bin", "data.dtype=uint32")  # read at its width, it is taken
     # zeros anywhere in a real uint16 file, even at every odd position of half of it, leave it alone
@@ -157,9 +202,11 @@ def test_uint16_ids_read_as_uint32_are_refused_naming_the_width_not_a_vocab_over
     for vocab in ([], [f"data.vocab={VOCAB}"]):
         with pytest.raises(chain.ConfigError) as e:
             _prepare(tmp_path / "u16.bin", "data.dtype=uint32", *vocab)
-        assert str(e.value) == (f"data.path={str(tmp_path / 'u16.bin')!r} read as data.dtype=uint32 holds the id "
-                                f"{top}, over data.vocab's limit of 1048576 ids: if it holds uint16 ids (each of these "
-                                f"is two of them), set data.dtype=uint16 (its ids are then 0..{VOCAB - 1})")
+        assert str(e.value) == (
+            f"data.path={str(tmp_path / 'u16.bin')!r} read as data.dtype=uint32 holds the id "
+            f"{top}, over data.vocab's limit of 1048576 ids: if it holds uint16 ids (each of these "
+            f"is two of them), set data.dtype=uint16 (its ids are then 0..{VOCAB - 1})"
+        )
 
 
 @pytest.mark.parametrize("source, windows", [("tokens", "sequential"), ("text", "random"), ("tokenizer", "sequential")])
@@ -186,10 +233,24 @@ def test_a_killed_token_run_resumes_bit_exact(tmp_path, source, windows):
             assert os.listdir(tmp_path / "cache" / "chain" / "tokens")
             shutil.rmtree(tmp_path / "cache")
             return {"XDG_CACHE_HOME": str(tmp_path / "other_cache")}
+
     n, every, kill_at = 6, 3, 5
-    args = ["mode=e2e", "+stages=2", "model=keras", f"model.path={tmp_path / 'lm.keras'}", *data,
-            f"data.seq_len={SEQ}", f"data.windows={windows}", "data.batch_size=4", "pipeline.microbatches=2", "optim=adam", "trainer.progress=false",
-            f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.steps_per_call=1"]
+    args = [
+        "mode=e2e",
+        "+stages=2",
+        "model=keras",
+        f"model.path={tmp_path / 'lm.keras'}",
+        *data,
+        f"data.seq_len={SEQ}",
+        f"data.windows={windows}",
+        "data.batch_size=4",
+        "pipeline.microbatches=2",
+        "optim=adam",
+        "trainer.progress=false",
+        f"trainer.steps={n}",
+        f"checkpoint.every={every}",
+        "trainer.steps_per_call=1",
+    ]
     straight, resumed = straight_and_resumed(tmp_path, args, every, kill_at, env, before_resume)
     if source == "tokenizer":  # the ids were made again, under the other cache
         assert os.listdir(tmp_path / "other_cache" / "chain" / "tokens")
@@ -201,24 +262,40 @@ def test_a_killed_token_run_resumes_bit_exact(tmp_path, source, windows):
     assert os.path.exists(os.path.join(resumed, "summary.json"))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["mode=local"], "has a label per position (8,), which only mode=e2e learns"),
-    (["model=mlp"], "the last stage must output logits per position, shape (8, 40), which model=mlp does not"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["mode=local"], "has a label per position (8,), which only mode=e2e learns"),
+        (["model=mlp"], "the last stage must output logits per position, shape (8, 40), which model=mlp does not"),
+    ],
+)
 def test_labels_per_position_need_e2e_and_a_model_that_outputs_them(tmp_path, overrides, message):
     """Refused in one line (mode=local before TensorFlow starts), not a shape error in the first step."""
 
     token_file(tmp_path / "train.bin")
     with pytest.raises(chain.ConfigError, match=re.escape(message)):
-        chain.build(chain.compose(["mode=e2e", "+stages=2", "data=tokens", f"data.path={tmp_path / 'train.bin'}",
-                                   f"data.seq_len={SEQ}", *overrides]))
+        chain.build(
+            chain.compose(
+                [
+                    "mode=e2e",
+                    "+stages=2",
+                    "data=tokens",
+                    f"data.path={tmp_path / 'train.bin'}",
+                    f"data.seq_len={SEQ}",
+                    *overrides,
+                ]
+            )
+        )
 
 
 def text_files(root) -> bytes:
     """Three UTF-8 files (one empty, characters of 1 to 3 bytes) and their bytes in sorted order."""
     (root / "corpus").mkdir()
-    texts = {"b.txt": "déjà vu: ünïcödé → ok. " * 12, "a.txt": "the quick brown fox jumps over the lazy dog\n" * 9,
-             "c.txt": ""}
+    texts = {
+        "b.txt": "déjà vu: ünïcödé → ok. " * 12,
+        "a.txt": "the quick brown fox jumps over the lazy dog\n" * 9,
+        "c.txt": "",
+    }
     for name, text in texts.items():
         (root / "corpus" / name).write_text(text, encoding="utf-8")
     return b"".join(texts[k].encode() for k in sorted(texts))
@@ -226,9 +303,22 @@ def text_files(root) -> bytes:
 
 def test_text_is_its_utf8_bytes_in_sorted_file_order_across_file_boundaries(tmp_path):
     data = np.frombuffer(text_files(tmp_path), np.uint8)
-    run = chain.build(chain.compose(["mode=e2e", "+stages=2", "data=text", f"data.files={tmp_path / 'corpus' / '*.txt'}",
-                                     f"data.seq_len={SEQ}", "data.batch_size=5", "data.shuffle=false",
-                                     "data.val_fraction=0", "trainer.progress=false"]), model=lm(256))
+    run = chain.build(
+        chain.compose(
+            [
+                "mode=e2e",
+                "+stages=2",
+                "data=text",
+                f"data.files={tmp_path / 'corpus' / '*.txt'}",
+                f"data.seq_len={SEQ}",
+                "data.batch_size=5",
+                "data.shuffle=false",
+                "data.val_fraction=0",
+                "trainer.progress=false",
+            ]
+        ),
+        model=lm(256),
+    )
     assert run.dataset.targets[0].classes == 256 and run.dataset.info.examples == (len(data) - 1) // SEQ
     x, y = take(run, 15)  # 75 windows: past the end of a.txt (405 bytes) into b.txt
     assert len(data) > 75 * SEQ + 1 > 405

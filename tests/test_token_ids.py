@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import chain
 
-BIG = 2 ** 24 + 1  # the first integer float32 cannot hold
+BIG = 2**24 + 1  # the first integer float32 cannot hold
 N, SEQ = 16, 4
 
 
@@ -32,12 +32,22 @@ class Parity(keras.layers.Layer):
 
 def parity_model() -> keras.Model:
     keras.utils.set_random_seed(3)
-    return keras.Sequential([keras.Input((SEQ,), dtype="int64"), Parity(), keras.layers.Dense(3, activation="tanh"),
-                             keras.layers.Dense(2)], name="ids")
+    return keras.Sequential(
+        [keras.Input((SEQ,), dtype="int64"), Parity(), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(2)],
+        name="ids",
+    )
 
 
-SMALL = ["mode=e2e", "+stages=2", "placement.split=[2,1]", "data.batch_size=8", "data.val_fraction=0", "trainer.progress=false",
-         "checkpoint.export=false", "optim=sgd"]
+SMALL = [
+    "mode=e2e",
+    "+stages=2",
+    "placement.split=[2,1]",
+    "data.batch_size=8",
+    "data.val_fraction=0",
+    "trainer.progress=false",
+    "checkpoint.export=false",
+    "optim=sgd",
+]
 
 
 def sources(tmp_path) -> dict[str, list[str]]:
@@ -45,14 +55,25 @@ def sources(tmp_path) -> dict[str, list[str]]:
     np.savez(tmp_path / "ids.npz", x=x, y=y)
     with tf.io.TFRecordWriter(str(tmp_path / "ids.tfrecord")) as w:
         for xi, yi in zip(x, y):
-            feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=xi.tolist())),
-                       "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)]))}
+            feature = {
+                "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=xi.tolist())),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)])),
+            }
             w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     npz = ["data=npz", f"data.path={tmp_path / 'ids.npz'}", "data.x=x", "data.y=y"]
-    records = ["data=tfrecord", f"data.files={tmp_path / 'ids.tfrecord'}", "data.x=tokens", "data.y=label",
-               f"data.features={{tokens: 'int64[{SEQ}]', label: int64}}"]
-    return {"npz": npz, "npz-stream": [*npz, "data.stream=true", "data.classes={label: 2}"],
-            "tfrecord": records, "tfrecord-stream": [*records, "data.stream=true", "data.classes={label: 2}"]}
+    records = [
+        "data=tfrecord",
+        f"data.files={tmp_path / 'ids.tfrecord'}",
+        "data.x=tokens",
+        "data.y=label",
+        f"data.features={{tokens: 'int64[{SEQ}]', label: int64}}",
+    ]
+    return {
+        "npz": npz,
+        "npz-stream": [*npz, "data.stream=true", "data.classes={label: 2}"],
+        "tfrecord": records,
+        "tfrecord-stream": [*records, "data.stream=true", "data.classes={label: 2}"],
+    }
 
 
 @pytest.mark.parametrize("source", ["npz", "npz-stream", "tfrecord", "tfrecord-stream"])

@@ -39,14 +39,35 @@ def token_data(path) -> tuple[np.ndarray, np.ndarray]:
 def model() -> keras.Model:
     """Embedding -> Dense -> Dense(vocab), applied per position: cut 1 + 2."""
     keras.utils.set_random_seed(7)
-    return keras.Sequential([keras.Input((SEQ,)), keras.layers.Embedding(VOCAB, 4),
-                             keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(VOCAB)], name="tokens")
+    return keras.Sequential(
+        [
+            keras.Input((SEQ,)),
+            keras.layers.Embedding(VOCAB, 4),
+            keras.layers.Dense(6, activation="tanh"),
+            keras.layers.Dense(VOCAB),
+        ],
+        name="tokens",
+    )
 
 
 def config(path, *overrides: str):
-    return chain.compose(["mode=e2e", "data=npz", f"data.path={path}", "data.x=x", "data.y=y",
-                          f"data.batch_size={BATCH}", "data.val_fraction=0", "optim=sgd", "optim.lr=0.5",
-                          f"ignore_class={PAD}", "trainer.progress=false", "checkpoint.export=false", *overrides])
+    return chain.compose(
+        [
+            "mode=e2e",
+            "data=npz",
+            f"data.path={path}",
+            "data.x=x",
+            "data.y=y",
+            f"data.batch_size={BATCH}",
+            "data.val_fraction=0",
+            "optim=sgd",
+            "optim.lr=0.5",
+            f"ignore_class={PAD}",
+            "trainer.progress=false",
+            "checkpoint.export=false",
+            *overrides,
+        ]
+    )
 
 
 def keras_loss():
@@ -58,18 +79,31 @@ def in_order(run, steps: int) -> list:
     return [next(it) for _ in range(steps)]
 
 
-@pytest.mark.parametrize("overrides", [
-    ["+stages=2", "pipeline.microbatches=4", "pipeline.schedule=gpipe"],
-    ["+stages=2", "pipeline.microbatches=4", "pipeline.schedule=1f1b"],
-    ["+stages=2", "pipeline.microbatches=2", "trainer.grad_accum=2"],
-    ["+stages=3", "pipeline.microbatches=4", "pipeline.schedule=zb1"],
-    ["+stages=2", "pipeline.microbatches=4", "pipeline.recompute=always"],
-    ["+stages=1", "pipeline.microbatches=4"],
-    ["+stages=2", "pipeline.microbatches=4", "trainer.jit_compile=true"],
-    ["+stages=2", "pipeline.microbatches=2", "placement.replicas=2"],
-    ["+stages=2", "placement.fallback=mirrored", "placement.devices=null", "placement.replicas=2"],
-], ids=["gpipe-M4", "1f1b-M4", "M2-accum2", "zb1-K3-M4", "recompute-M4", "one-stage-M4", "xla-M4", "replicas2-M2",
-        "mirrored2"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["+stages=2", "pipeline.microbatches=4", "pipeline.schedule=gpipe"],
+        ["+stages=2", "pipeline.microbatches=4", "pipeline.schedule=1f1b"],
+        ["+stages=2", "pipeline.microbatches=2", "trainer.grad_accum=2"],
+        ["+stages=3", "pipeline.microbatches=4", "pipeline.schedule=zb1"],
+        ["+stages=2", "pipeline.microbatches=4", "pipeline.recompute=always"],
+        ["+stages=1", "pipeline.microbatches=4"],
+        ["+stages=2", "pipeline.microbatches=4", "trainer.jit_compile=true"],
+        ["+stages=2", "pipeline.microbatches=2", "placement.replicas=2"],
+        ["+stages=2", "placement.fallback=mirrored", "placement.devices=null", "placement.replicas=2"],
+    ],
+    ids=[
+        "gpipe-M4",
+        "1f1b-M4",
+        "M2-accum2",
+        "zb1-K3-M4",
+        "recompute-M4",
+        "one-stage-M4",
+        "xla-M4",
+        "replicas2-M2",
+        "mirrored2",
+    ],
+)
 def test_per_token_loss_with_padding_trains_like_model_fit(tmp_path, overrides):
     """The logged losses and the weights after 3 SGD steps equal `model.fit` with Keras' own
     `ignore_class` loss on the same batches, though the microbatches hold unequal real tokens."""
@@ -83,15 +117,19 @@ def test_per_token_loss_with_padding_trains_like_model_fit(tmp_path, overrides):
     x = np.concatenate([np.asarray(b[0]) for b in batches])
     y = np.concatenate([np.asarray(b[1]["label"]) for b in batches])
     real = (y != PAD).reshape(STEPS, -1, SEQ).sum(-1)  # per example
-    micro = 2 if "pipeline.microbatches=4" in overrides or "pipeline.microbatches=2" in overrides and \
-        "placement.replicas=2" in overrides else 4  # examples per microbatch (a mirrored replica's share: 4)
+    micro = (
+        2
+        if "pipeline.microbatches=4" in overrides
+        or "pipeline.microbatches=2" in overrides
+        and "placement.replicas=2" in overrides
+        else 4
+    )  # examples per microbatch (a mirrored replica's share: 4)
     assert len({int(c.sum()) for c in real[0].reshape(-1, micro)}) > 1  # the microbatches differ
 
     losses = [float(run.step(bx, by)["loss"]) for bx, by in batches]
     start = [w.numpy() for w in reference.trainable_variables]
     reference.compile(optimizer=keras.optimizers.SGD(0.5), loss=keras_loss(), jit_compile=False)
-    history = reference.fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False,
-                            verbose=0)
+    history = reference.fit(x, y, batch_size=len(batches[0][0]), epochs=1, shuffle=False, verbose=0)
     np.testing.assert_allclose(np.mean(losses), history.history["loss"][0], rtol=RTOL)
     chained = [w.numpy() for s in run.stages for w in s.model.trainable_variables]
     for a, b, b0 in zip(chained, [w.numpy() for w in reference.trainable_variables], start, strict=True):
@@ -110,11 +148,11 @@ def test_a_mean_of_microbatch_means_would_differ(tmp_path):
     for per_microbatch in (False, True):
         m, opt = model(), keras.optimizers.SGD(0.5)
         for step in range(STEPS):
-            bx, by = x[step * BATCH:(step + 1) * BATCH], y[step * BATCH:(step + 1) * BATCH]
+            bx, by = x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
             with tf.GradientTape() as tape:
                 logits = m(bx)
                 if per_microbatch:
-                    loss = tf.add_n([keras_loss()(by[i:i + 2], logits[i:i + 2]) for i in range(0, BATCH, 2)]) / 4
+                    loss = tf.add_n([keras_loss()(by[i : i + 2], logits[i : i + 2]) for i in range(0, BATCH, 2)]) / 4
                 else:
                     loss = keras_loss()(by, logits)
             opt.apply(tape.gradient(loss, m.trainable_variables), m.trainable_variables)
@@ -128,8 +166,17 @@ def test_validation_scores_real_tokens_like_keras(tmp_path):
     path = tmp_path / "tokens.npz"
     x, y = token_data(path)
     np.savez(tmp_path / "val.npz", x=x[:12], y=y[:12])
-    run = chain.build(config(path, "+stages=2", "pipeline.microbatches=2", "data.val_fraction=null",
-                             f"data.val_path={tmp_path / 'val.npz'}", "data.batch_size=4"), model=model())
+    run = chain.build(
+        config(
+            path,
+            "+stages=2",
+            "pipeline.microbatches=2",
+            "data.val_fraction=null",
+            f"data.val_path={tmp_path / 'val.npz'}",
+            "data.batch_size=4",
+        ),
+        model=model(),
+    )
     got = run.evaluate().chain
     whole = keras.Sequential([s.model for s in run.stages])
     logits = whole(x[:12])
@@ -139,9 +186,12 @@ def test_validation_scores_real_tokens_like_keras(tmp_path):
     np.testing.assert_allclose(got["accuracy"], float(accuracy.result()), rtol=RTOL)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["ignore_class=11"], "ignore_class=11 is not a class label of target 'label'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["ignore_class=11"], "ignore_class=11 is not a class label of target 'label'"),
+    ],
+)
 def test_bad_ignore_class_is_one_line(tmp_path, overrides, message):
     path = tmp_path / "tokens.npz"
     token_data(path)
@@ -161,9 +211,19 @@ def test_perplexity_and_bits_per_token_reach_logs_tensorboard_summary_and_report
     path = tmp_path / "tokens.npz"
     token_data(path)
     run_dir = tmp_path / "run"
-    run = chain.build(config(path, "+stages=2", "pipeline.microbatches=2", "data.val_fraction=0.25",
-                             "trainer.steps=4", "trainer.eval_every=2", "report=true"), model=model(),
-                      run_dir=str(run_dir))
+    run = chain.build(
+        config(
+            path,
+            "+stages=2",
+            "pipeline.microbatches=2",
+            "data.val_fraction=0.25",
+            "trainer.steps=4",
+            "trainer.eval_every=2",
+            "report=true",
+        ),
+        model=model(),
+        run_dir=str(run_dir),
+    )
     with caplog.at_level(logging.INFO, logger="chain"):
         summary = run.fit()
     val = summary["val"]

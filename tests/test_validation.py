@@ -31,12 +31,23 @@ def by_hand(run, readout: str, target: str, loss: str) -> dict[str, float]:
     return {"loss": float(-np.mean(logp[np.arange(len(y)), y])), "accuracy": float(np.mean(pred.argmax(1) == y))}
 
 
-@pytest.mark.parametrize("overrides", [
-    ["+stages=3"],
-    ["+stages=2", "mode=e2e", "data=synthetic", "data.samples=200", "stage.target=value", "loss=mse",
-     "pipeline.microbatches=2"],
-    ["+stages=2", "placement.fallback=mirrored"],
-], ids=["local", "e2e-value", "mirrored"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["+stages=3"],
+        [
+            "+stages=2",
+            "mode=e2e",
+            "data=synthetic",
+            "data.samples=200",
+            "stage.target=value",
+            "loss=mse",
+            "pipeline.microbatches=2",
+        ],
+        ["+stages=2", "placement.fallback=mirrored"],
+    ],
+    ids=["local", "e2e-value", "mirrored"],
+)
 def test_evaluation_equals_the_chains_predictions_scored_by_hand(overrides):
     run = chain.build(chain.compose([*SMALL, *overrides]))
     it = iter(run.batches())
@@ -70,8 +81,9 @@ def events(directory) -> dict[str, dict[int, float]]:
 
 
 def test_local_validation_goes_to_each_stages_writer_the_log_and_summary(tmp_path, caplog):
-    run = chain.build(chain.compose([*SMALL, "+stages=2", "trainer.steps=5", "trainer.eval_every=2"]),
-                      run_dir=str(tmp_path))
+    run = chain.build(
+        chain.compose([*SMALL, "+stages=2", "trainer.steps=5", "trainer.eval_every=2"]), run_dir=str(tmp_path)
+    )
     with caplog.at_level(logging.INFO, logger="chain"):
         summary = run.fit()
     final = run.evaluate()
@@ -84,13 +96,28 @@ def test_local_validation_goes_to_each_stages_writer_the_log_and_summary(tmp_pat
     assert summary["val"] is None and summary["best_step"] in (2, 4, 5) and not summary["early_stopped"]
     assert (summary["train_examples"], summary["val_examples"]) == (1617, 180)
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 5  val_loss")]
-    assert line == [f"step 5  val_loss {final.stages[0]['loss']:.4f}  {final.stages[1]['loss']:.4f}  "
-                    f"val_accuracy {final.stages[0]['accuracy']:.4f}  {final.stages[1]['accuracy']:.4f}"]
+    assert line == [
+        f"step 5  val_loss {final.stages[0]['loss']:.4f}  {final.stages[1]['loss']:.4f}  "
+        f"val_accuracy {final.stages[0]['accuracy']:.4f}  {final.stages[1]['accuracy']:.4f}"
+    ]
 
 
 def test_e2e_validation_goes_to_the_chain_writer_and_the_top_level(tmp_path):
-    run = chain.build(chain.compose([*SMALL, "+stages=2", "mode=e2e", "data=synthetic", "data.samples=200",
-                                     "stage.target=value", "loss=mse", "trainer.steps=3"]), run_dir=str(tmp_path))
+    run = chain.build(
+        chain.compose(
+            [
+                *SMALL,
+                "+stages=2",
+                "mode=e2e",
+                "data=synthetic",
+                "data.samples=200",
+                "stage.target=value",
+                "loss=mse",
+                "trainer.steps=3",
+            ]
+        ),
+        run_dir=str(tmp_path),
+    )
     summary = run.fit()
     tb = events(tmp_path / "tb" / "chain")
     assert summary["val"] == pytest.approx({"loss": tb["val_loss"][3], "mae": tb["val_mae"][3]})  # TensorBoard: float32
@@ -113,8 +140,10 @@ def test_an_evaluation_of_no_example_is_one_line_not_a_division_by_zero():
     nothing = tf.data.Dataset.from_tensor_slices((run.dataset.val_x, run.dataset.val_y)).take(0).batch(16)
     with pytest.raises(chain.ConfigError) as e:
         run.strategy.evaluate(nothing)
-    assert str(e.value) == ("the validation set gave no example, so its loss and metrics are undefined; give validation "
-                            "data that holds examples, or data.val_fraction=0 (no validation)")
+    assert str(e.value) == (
+        "the validation set gave no example, so its loss and metrics are undefined; give validation "
+        "data that holds examples, or data.val_fraction=0 (no validation)"
+    )
 
 
 def test_a_split_that_would_hold_out_no_example_is_one_line(tmp_path):
@@ -122,13 +151,24 @@ def test_a_split_that_would_hold_out_no_example_is_one_line(tmp_path):
     args = [*SMALL, "data=npz", f"data.path={tmp_path}/one.npz", "data.y=y", "data.batch_size=1"]
     with pytest.raises(chain.ConfigError) as e:
         chain.compose(args)
-    assert str(e.value) == ("data.val_fraction=0.1 (the default) holds out none of the 1 example of data=npz: validation "
-                            "and training need one each; give more examples, or data.val_fraction=0 (no validation)")
+    assert str(e.value) == (
+        "data.val_fraction=0.1 (the default) holds out none of the 1 example of data=npz: validation "
+        "and training need one each; give more examples, or data.val_fraction=0 (no validation)"
+    )
     assert chain.compose([*args, "data.val_fraction=0"]).data.val_fraction == 0
 
+
 def test_best_checkpoint_and_early_stopping(tmp_path):
-    overrides = [*SMALL, "+stages=2", "data.batch_size=32", "optim.lr=0.05", "trainer.steps=60",
-                 "trainer.eval_every=2", "trainer.early_stop_patience=2", "checkpoint.best=true"]
+    overrides = [
+        *SMALL,
+        "+stages=2",
+        "data.batch_size=32",
+        "optim.lr=0.05",
+        "trainer.steps=60",
+        "trainer.eval_every=2",
+        "trainer.early_stop_patience=2",
+        "checkpoint.best=true",
+    ]
     summary = chain.build(chain.compose(overrides), run_dir=str(tmp_path / "run")).fit()
     # The validation loss (local: the sum of the stages') at every evaluation, from TensorBoard.
     losses = {}
@@ -154,9 +194,20 @@ def test_resume_with_a_user_source_and_evaluation_is_bit_exact(tmp_path):
     rng = np.random.default_rng(3)
     x = rng.random((80, 6)).astype("float32")
     np.savez(tmp_path / "d.npz", x=x, y=(x.sum(1) > 3).astype("int64"))
-    args = [*SMALL, "+stages=2", "model.dropout=0.2", "data=npz", f"data.path={tmp_path / 'd.npz'}", "data.y=y",
-            "data.batch_size=8", "trainer.eval_every=2", "checkpoint.every=2", "checkpoint.best=true",
-            "trainer.early_stop_patience=3", "checkpoint.export=false"]
+    args = [
+        *SMALL,
+        "+stages=2",
+        "model.dropout=0.2",
+        "data=npz",
+        f"data.path={tmp_path / 'd.npz'}",
+        "data.y=y",
+        "data.batch_size=8",
+        "trainer.eval_every=2",
+        "checkpoint.every=2",
+        "checkpoint.best=true",
+        "trainer.early_stop_patience=3",
+        "checkpoint.export=false",
+    ]
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     chain.build(chain.compose([*args, "trainer.steps=8"]), run_dir=straight).fit()
     chain.build(chain.compose([*args, "trainer.steps=4"]), run_dir=resumed).fit()

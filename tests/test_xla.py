@@ -11,8 +11,19 @@ from compare import assert_trains_alike, same_batches
 
 K = 3
 M = 2
-BASE = [f"+stages={K}", "model.depth=1", "model.width=16", "optim=sgd", "optim.lr=0.1", "data=synthetic",
-        "data.features=6", "data.classes=4", "data.samples=256", "data.batch_size=16", "trainer.progress=false"]
+BASE = [
+    f"+stages={K}",
+    "model.depth=1",
+    "model.width=16",
+    "optim=sgd",
+    "optim.lr=0.1",
+    "data=synthetic",
+    "data.features=6",
+    "data.classes=4",
+    "data.samples=256",
+    "data.batch_size=16",
+    "trainer.progress=false",
+]
 CASES = {
     "local": ["mode=local"],
     "e2e-gpipe": ["mode=e2e", "pipeline.schedule=gpipe", f"pipeline.microbatches={M}"],
@@ -59,9 +70,17 @@ def calls_by_stage(a, run) -> dict[int, dict[str, list]]:
 
 @pytest.mark.parametrize("case", ["local", "e2e-gpipe", "e2e-1f1b-float16-accum"])
 def test_with_xla_each_stages_compiled_work_runs_on_its_device_and_copies_are_the_only_crossings(case):
-    overrides = {"local": CASES["local"], "e2e-gpipe": CASES["e2e-gpipe"],
-                 "e2e-1f1b-float16-accum": ["mode=e2e", "pipeline.schedule=1f1b", f"pipeline.microbatches={M}",
-                                            "precision=mixed_float16", "trainer.grad_accum=2"]}[case]
+    overrides = {
+        "local": CASES["local"],
+        "e2e-gpipe": CASES["e2e-gpipe"],
+        "e2e-1f1b-float16-accum": [
+            "mode=e2e",
+            "pipeline.schedule=1f1b",
+            f"pipeline.microbatches={M}",
+            "precision=mixed_float16",
+            "trainer.grad_accum=2",
+        ],
+    }[case]
     run = chain.build(chain.compose(BASE + overrides + ["trainer.jit_compile=true"]))
     n = run.grad_accum
     x, ys = next(iter(run.batches()))

@@ -22,13 +22,16 @@ def not_a_dataset(n: int = 3):
 
 def endless(features: int = 3) -> tf.data.Dataset:
     """A generator that never ends (its cardinality is unknown, not infinite: it is not refused up front)."""
+
     def examples():
         i = 0
         while True:
             yield np.full(features, i % 7, np.float32), i % 2
             i += 1
-    return tf.data.Dataset.from_generator(examples, output_signature=(tf.TensorSpec((features,), tf.float32),
-                                                                       tf.TensorSpec((), tf.int64)))
+
+    return tf.data.Dataset.from_generator(
+        examples, output_signature=(tf.TensorSpec((features,), tf.float32), tf.TensorSpec((), tf.int64))
+    )
 
 
 def nothing_passes() -> tf.data.Dataset:

@@ -32,8 +32,15 @@ from chain.data.catalog import DataInfo
 from chain.data.sources import describe
 from chain.errors import ConfigError, first_line
 
-__all__ = ["Settings", "compose", "validate", "validate_and_describe", "group_options", "normalize_overrides",
-           "override_key"]
+__all__ = [
+    "Settings",
+    "compose",
+    "validate",
+    "validate_and_describe",
+    "group_options",
+    "normalize_overrides",
+    "override_key",
+]
 
 
 def validate(cfg: DictConfig | dict[str, Any] | Settings) -> Settings:
@@ -71,13 +78,16 @@ def _parse(cfg: DictConfig | dict[str, Any]) -> Settings:
     s = parse(Settings, "", raw)
     if s.mode == "side_by_side":
         if stages is not None:
-            raise ConfigError("mode=side_by_side trains independent models: list them with +variants=[...] or "
-                              "+grid={...}, not +stages")
+            raise ConfigError(
+                "mode=side_by_side trains independent models: list them with +variants=[...] or "
+                "+grid={...}, not +stages"
+            )
         specs, records = expand_variants(variants, grid, s.stage, s.data.batch_size, group_defaults)
         s = replace(s, stages=specs, variants=records, source=source)
     elif variants is not None or grid is not None:
-        raise ConfigError(f"+{'variants' if variants is not None else 'grid'} lists independent models: it needs "
-                          "mode=side_by_side")
+        raise ConfigError(
+            f"+{'variants' if variants is not None else 'grid'} lists independent models: it needs mode=side_by_side"
+        )
     else:
         s = replace(s, stages=expand_stages(stages, s.stage, group_defaults), source=source)
     return s

@@ -54,16 +54,19 @@ def batch_cut(batch_size: int, replicas: int = 1, microbatches: int = 1, mirrore
         bigger = batch_size + microbatches - batch_size % microbatches
         raise ConfigError(
             f"pipeline.microbatches={microbatches} does not divide data.batch_size={batch_size}; microbatches must "
-            f"be equal: use pipeline.microbatches={fits} or data.batch_size={bigger} (a multiple of {microbatches})")
+            f"be equal: use pipeline.microbatches={fits} or data.batch_size={bigger} (a multiple of {microbatches})"
+        )
     if mirrored:
         raise ConfigError(
             f"data.batch_size={batch_size} does not divide over {replicas} replicas (placement.replicas); with "
             f"placement.fallback=mirrored data.batch_size is the global batch: use a multiple of {replicas}, "
-            f"e.g. {max(replicas, batch_size // replicas * replicas)}")
+            f"e.g. {max(replicas, batch_size // replicas * replicas)}"
+        )
     raise ConfigError(
         f"data.batch_size={batch_size} does not cut into {replicas} replicas' shares (placement.replicas) of "
         f"pipeline.microbatches={microbatches} equal microbatches: use a multiple of {per}, "
-        f"e.g. data.batch_size={max(per, batch_size // per * per)}")
+        f"e.g. data.batch_size={max(per, batch_size // per * per)}"
+    )
 
 
 def replicated_pipeline(s: Settings) -> None:
@@ -72,17 +75,23 @@ def replicated_pipeline(s: Settings) -> None:
     r = s.placement.replicas
     if s.placement.fallback == "mirrored" or r is None or r == 1:
         if s.placement.exchange_dtype != "float32":
-            raise ConfigError(f"placement.exchange_dtype={s.placement.exchange_dtype} is the dtype copies of a pipeline "
-                              f"exchange their gradients in, and this run has none (placement.replicas={r}, "
-                              f"placement.fallback={s.placement.fallback}): set placement.replicas=2 or more with "
-                              "mode=e2e, or remove placement.exchange_dtype")
+            raise ConfigError(
+                f"placement.exchange_dtype={s.placement.exchange_dtype} is the dtype copies of a pipeline "
+                f"exchange their gradients in, and this run has none (placement.replicas={r}, "
+                f"placement.fallback={s.placement.fallback}): set placement.replicas=2 or more with "
+                "mode=e2e, or remove placement.exchange_dtype"
+            )
         return
     if s.mode != "e2e":
-        raise ConfigError(f"placement.replicas={r} copies a pipeline, which needs mode=e2e (is {s.mode}); for data "
-                          "parallel training of other modes use placement.fallback=mirrored, or remove placement.replicas")
+        raise ConfigError(
+            f"placement.replicas={r} copies a pipeline, which needs mode=e2e (is {s.mode}); for data "
+            "parallel training of other modes use placement.fallback=mirrored, or remove placement.replicas"
+        )
     if s.placement.devices:
-        raise ConfigError(f"placement.devices names one device per stage, but placement.replicas={r} places "
-                          f"{r} copies of every stage: remove placement.devices (the planner places the grid)")
+        raise ConfigError(
+            f"placement.devices names one device per stage, but placement.replicas={r} places "
+            f"{r} copies of every stage: remove placement.devices (the planner places the grid)"
+        )
     if r != "auto":
         batch_cut(s.data.batch_size, r, s.pipeline.microbatches)
 
@@ -92,11 +101,15 @@ def placement_fits(p: PlacementSettings, n_stages: int) -> None:
     on named devices, or every stage on every replica (placement.fallback=mirrored), not both."""
     given = p.memory_limit_mb
     if isinstance(given, (list, tuple)) and len(given) != n_stages:
-        raise ConfigError(f"placement.memory_limit_mb has {plural(len(given), 'entry')}, but {there_are(n_stages, 'stage')}; "
-                          "give one number (MB per logical GPU) or one per stage")
+        raise ConfigError(
+            f"placement.memory_limit_mb has {plural(len(given), 'entry')}, but {there_are(n_stages, 'stage')}; "
+            "give one number (MB per logical GPU) or one per stage"
+        )
     if p.devices and p.fallback == "mirrored":
-        raise ConfigError("placement.devices puts each stage on a device, placement.fallback=mirrored puts "
-                          "every stage on every replica: set only one of them")
+        raise ConfigError(
+            "placement.devices puts each stage on a device, placement.fallback=mirrored puts "
+            "every stage on every replica: set only one of them"
+        )
 
 
 def loss_fits_target(loss: str, target, data: str) -> None:
@@ -104,7 +117,8 @@ def loss_fits_target(loss: str, target, data: str) -> None:
     if loss == "sparse_categorical_crossentropy" and target.is_regression:
         raise ConfigError(
             f"loss={loss} needs class labels, but target {target.name!r} of data={data} is a real value; "
-            "use loss=mse (or a class target: stage.target=label)")
+            "use loss=mse (or a class target: stage.target=label)"
+        )
 
 
 def per_position(s: Settings, info: DataInfo) -> None:
@@ -113,18 +127,22 @@ def per_position(s: Settings, info: DataInfo) -> None:
     for spec in s.stages:
         target = info.target(spec.target)
         if target.shape and s.mode != "e2e":
-            raise ConfigError(f"target {target.name!r} of data={info.name} has a label per position {target.shape}, "
-                              f"which only mode=e2e learns (one per-token loss after the last stage); mode={s.mode} "
-                              "heads learn one label per example")
+            raise ConfigError(
+                f"target {target.name!r} of data={info.name} has a label per position {target.shape}, "
+                f"which only mode=e2e learns (one per-token loss after the last stage); mode={s.mode} "
+                "heads learn one label per example"
+            )
 
 
 def ignored_class_fits(ignore_class: int | None, target, data: str) -> None:
     """`ignore_class` is one of the target's class labels (a padding id the data holds)."""
     if ignore_class is not None and not 0 <= ignore_class < target.classes:
         allowed = f"0..{target.classes - 1}" if target.classes else "none: it is a real value"
-        raise ConfigError(f"ignore_class={ignore_class} is not a class label of target {target.name!r} of "
-                          f"data={data} (its labels: {allowed}); give the padding id the labels hold, or "
-                          "ignore_class=null")
+        raise ConfigError(
+            f"ignore_class={ignore_class} is not a class label of target {target.name!r} of "
+            f"data={data} (its labels: {allowed}); give the padding id the labels hold, or "
+            "ignore_class=null"
+        )
 
 
 def check_cut(s: Settings) -> None:
@@ -133,8 +151,10 @@ def check_cut(s: Settings) -> None:
     if cut_models:
         (model, *others) = cut_models
         if others or any(not isinstance(spec.model, CUT_MODELS) for spec in s.stages):
-            raise ConfigError(f"model={model.name} cuts one model into every stage; per-stage models do not go with it "
-                              "(drop them from +stages=[...], or use builders: model._target_=...)")
+            raise ConfigError(
+                f"model={model.name} cuts one model into every stage; per-stage models do not go with it "
+                "(drop them from +stages=[...], or use builders: model._target_=...)"
+            )
     if isinstance(model := s.stages[0].model, KerasModel):
         if not model.path.endswith(".keras"):
             raise ConfigError(f"model.path={model.path!r} must be a Keras model file (.keras)")
@@ -145,8 +165,10 @@ def check_cut(s: Settings) -> None:
     if p.split is not None and p.balance != "even":
         raise ConfigError(f"placement.split and placement.balance={p.balance} both say where to cut: set one of them")
     if p.split is not None and len(p.split) != len(s.stages):
-        raise ConfigError(f"placement.split has {plural(len(p.split), 'entry')}, but {there_are(len(s.stages), 'stage')}; "
-                          "give the layers of each stage")
+        raise ConfigError(
+            f"placement.split has {plural(len(p.split), 'entry')}, but {there_are(len(s.stages), 'stage')}; "
+            "give the layers of each stage"
+        )
 
 
 def gpt(s: Settings) -> Settings:
@@ -160,16 +182,28 @@ def gpt(s: Settings) -> Settings:
     if s.mode != "e2e":
         raise ConfigError(f"model=gpt is one network trained by one per-token loss: it needs mode=e2e (is {s.mode})")
     if model.width % model.heads:
-        raise ConfigError(f"model.width={model.width} must be a multiple of model.heads={model.heads} (each head "
-                          "takes width / heads of it)")
+        raise ConfigError(
+            f"model.width={model.width} must be a multiple of model.heads={model.heads} (each head "
+            "takes width / heads of it)"
+        )
     seq_len = token_ids.ids(s.data).seq_len
     if model.seq_len is not None and model.seq_len != seq_len:
-        given = f"data.seq_len={seq_len}" if s.data.name in token_ids.WINDOWED else \
-            f"data.x={s.data.x!r}'s {seq_len} ids per example"
-        raise ConfigError(f"model.seq_len={model.seq_len} differs from {given}, the window the model reads: set "
-                          "one of them (model.seq_len=null takes the data's)")
-    return replace(s, stages=tuple(replace(st, model=replace(st.model, seq_len=seq_len))
-                                   if isinstance(st.model, Gpt) else st for st in s.stages))
+        given = (
+            f"data.seq_len={seq_len}"
+            if s.data.name in token_ids.WINDOWED
+            else f"data.x={s.data.x!r}'s {seq_len} ids per example"
+        )
+        raise ConfigError(
+            f"model.seq_len={model.seq_len} differs from {given}, the window the model reads: set "
+            "one of them (model.seq_len=null takes the data's)"
+        )
+    return replace(
+        s,
+        stages=tuple(
+            replace(st, model=replace(st.model, seq_len=seq_len)) if isinstance(st.model, Gpt) else st
+            for st in s.stages
+        ),
+    )
 
 
 def gpt_vocab(s: Settings, info: DataInfo) -> None:
@@ -181,30 +215,42 @@ def gpt_vocab(s: Settings, info: DataInfo) -> None:
     target = info.target(s.stages[-1].target)
     if model.vocab != target.classes:
         given = f", or data.classes={{{target.name}: {model.vocab}}}" if info.name in token_ids.ARRAYS else ""
-        raise ConfigError(f"model.vocab={model.vocab} differs from data={info.name}'s {target.classes} token ids "
-                          f"(its target's classes): set model.vocab={target.classes}{given}")
+        raise ConfigError(
+            f"model.vocab={model.vocab} differs from data={info.name}'s {target.classes} token ids "
+            f"(its target's classes): set model.vocab={target.classes}{given}"
+        )
     if target.shape != (model.seq_len,):
-        raise ConfigError(f"model=gpt learns a label per position of its {model.seq_len} ids, but target "
-                          f"{target.name!r} of data={info.name} holds {target.shape or 'one label'} per example: "
-                          f"give an (N, {model.seq_len}) array of integer ids (e.g. the inputs one token on)")
+        raise ConfigError(
+            f"model=gpt learns a label per position of its {model.seq_len} ids, but target "
+            f"{target.name!r} of data={info.name} holds {target.shape or 'one label'} per example: "
+            f"give an (N, {model.seq_len}) array of integer ids (e.g. the inputs one token on)"
+        )
 
 
 def check_side_by_side(s: Settings) -> None:
     """Independent models share the data stream, not a pipeline: no accumulation, no replicas, no cut."""
     if s.trainer.grad_accum != 1:
-        raise ConfigError("trainer.grad_accum applies to a chain; mode=side_by_side gives each model its own "
-                          "batch size instead (variants[i].data.batch_size)")
+        raise ConfigError(
+            "trainer.grad_accum applies to a chain; mode=side_by_side gives each model its own "
+            "batch size instead (variants[i].data.batch_size)"
+        )
     if s.placement.fallback == "mirrored":
-        raise ConfigError("placement.fallback=mirrored applies to a chain; side by side, models share devices "
-                          "(placement.devices) or each has its own")
+        raise ConfigError(
+            "placement.fallback=mirrored applies to a chain; side by side, models share devices "
+            "(placement.devices) or each has its own"
+        )
     if any(isinstance(spec.model, KerasModel) for spec in s.stages):
-        raise ConfigError("model=keras cuts one model into a chain; side by side, each variant is a whole model "
-                          "(mlp, conv, or a builder with _target_)")
+        raise ConfigError(
+            "model=keras cuts one model into a chain; side by side, each variant is a whole model "
+            "(mlp, conv, or a builder with _target_)"
+        )
     for v in s.variants:  # a slice of the shared batch, so it is the same whatever the neighbours
         if v.batch_size > s.data.batch_size:
-            raise ConfigError(f"variant {v.name!r}: data.batch_size={v.batch_size} is larger than data.batch_size="
-                              f"{s.data.batch_size}, the shared batch every variant takes its first examples from; "
-                              f"set data.batch_size={v.batch_size} (and the others' own data.batch_size)")
+            raise ConfigError(
+                f"variant {v.name!r}: data.batch_size={v.batch_size} is larger than data.batch_size="
+                f"{s.data.batch_size}, the shared batch every variant takes its first examples from; "
+                f"set data.batch_size={v.batch_size} (and the others' own data.batch_size)"
+            )
 
 
 def check_data(s: Settings, info: DataInfo) -> None:
@@ -217,8 +263,10 @@ def check_data(s: Settings, info: DataInfo) -> None:
         have = f"{info.examples} training examples" if info.val_examples else f"{info.examples} examples"
         if s.trainer.grad_accum == 1:
             raise ConfigError(f"data.batch_size={per_step} is larger than data={info.name} ({have})")
-        raise ConfigError(f"trainer.grad_accum={s.trainer.grad_accum} x data.batch_size={s.data.batch_size} = "
-                          f"{per_step} examples per step is more than data={info.name} has ({have})")
+        raise ConfigError(
+            f"trainer.grad_accum={s.trainer.grad_accum} x data.batch_size={s.data.batch_size} = "
+            f"{per_step} examples per step is more than data={info.name} has ({have})"
+        )
     for spec in s.stages:
         info.target(spec.target)
     per_position(s, info)
@@ -228,12 +276,22 @@ def check_data(s: Settings, info: DataInfo) -> None:
         loss_fits_target(s.loss, info.target(s.stages[-1].target), info.name)
         ignored_class_fits(s.ignore_class, info.target(s.stages[-1].target), info.name)
     if not info.val_examples:
-        wants = [k for k, on in (("checkpoint.best=true", s.checkpoint.best),
-                                 (f"trainer.early_stop_patience={s.trainer.early_stop_patience}",
-                                  s.trainer.early_stop_patience is not None)) if on]
+        wants = [
+            k
+            for k, on in (
+                ("checkpoint.best=true", s.checkpoint.best),
+                (
+                    f"trainer.early_stop_patience={s.trainer.early_stop_patience}",
+                    s.trainer.early_stop_patience is not None,
+                ),
+            )
+            if on
+        ]
         if wants:
-            raise ConfigError(f"{wants[0]} needs validation examples, but data={info.name} has none "
-                              f"(data.val_fraction={s.data.val_fraction}); set data.val_fraction > 0")
+            raise ConfigError(
+                f"{wants[0]} needs validation examples, but data={info.name} has none "
+                f"(data.val_fraction={s.data.val_fraction}); set data.val_fraction > 0"
+            )
 
 
 def steps(s: Settings, info: DataInfo | None) -> int | None:
@@ -264,8 +322,10 @@ def check_profile(s: Settings, n_steps: int | None) -> None:
 def profile_ports(workers, ports) -> None:
     """`trainer.profile` on cluster workers traces each worker's profiler server: one port per worker."""
     if workers and (ports is None or len(ports) != len(workers)):
-        raise ConfigError(f"trainer.profile on {len(workers)} cluster workers needs cluster.profile_ports with one "
-                          "port per worker (each started with python -m chain.worker --profile-port PORT)")
+        raise ConfigError(
+            f"trainer.profile on {len(workers)} cluster workers needs cluster.profile_ports with one "
+            "port per worker (each started with python -m chain.worker --profile-port PORT)"
+        )
 
 
 def check_clipping(s: Settings) -> None:
@@ -275,13 +335,17 @@ def check_clipping(s: Settings) -> None:
         o = spec.optim
         if o.clip_norm is not None and o.clip_global_norm is not None:
             key = "optim" if len(set(s.stages)) == 1 else f"stages[{k}].optim"
-            raise ConfigError(f"{key}.clip_norm={o.clip_norm} and {key}.clip_global_norm={o.clip_global_norm} are "
-                              "both set; clip each variable's gradient or all of them by one norm, not both")
+            raise ConfigError(
+                f"{key}.clip_norm={o.clip_norm} and {key}.clip_global_norm={o.clip_global_norm} are "
+                "both set; clip each variable's gradient or all of them by one norm, not both"
+            )
     norms = [spec.optim.clip_global_norm for spec in s.stages]
     if s.mode == "e2e" and len(set(norms)) > 1:
         k = next(i for i, n in enumerate(norms) if n != norms[0])
-        raise ConfigError(f"stages[{k}].optim.clip_global_norm={norms[k]} differs from stages[0]'s {norms[0]}; "
-                          "mode=e2e clips the whole chain's gradients by one global norm: give every stage the same")
+        raise ConfigError(
+            f"stages[{k}].optim.clip_global_norm={norms[k]} differs from stages[0]'s {norms[0]}; "
+            "mode=e2e clips the whole chain's gradients by one global norm: give every stage the same"
+        )
 
 
 def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
@@ -289,8 +353,10 @@ def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     when known); return notes on ignored settings."""
     devices = s.placement.devices
     if devices is not None and len(devices) != len(s.stages):
-        raise ConfigError(f"placement.devices has {plural(len(devices), 'entry')}, but {there_are(len(s.stages), 'stage')}; "
-                          "give one device per stage")
+        raise ConfigError(
+            f"placement.devices has {plural(len(devices), 'entry')}, but {there_are(len(s.stages), 'stage')}; "
+            "give one device per stage"
+        )
     for k, d in enumerate(devices or ()):
         try:
             canonical(d)
@@ -298,17 +364,22 @@ def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
             raise ConfigError(f"placement.devices[{k}]: {e}") from None
     placement_fits(s.placement, len(s.stages))
     if s.placement.plan == "auto" and s.mode != "e2e":
-        raise ConfigError(f"placement.plan=auto chooses a pipeline's stages, microbatches and schedule, which only "
-                          f"mode=e2e has (is {s.mode}); set mode=e2e or placement.plan=manual")
+        raise ConfigError(
+            f"placement.plan=auto chooses a pipeline's stages, microbatches and schedule, which only "
+            f"mode=e2e has (is {s.mode}); set mode=e2e or placement.plan=manual"
+        )
     if s.examples_per_step > MAX_BATCH:
-        raise ConfigError(f"trainer.grad_accum x data.batch_size = {s.examples_per_step} examples per step; "
-                          f"at most {MAX_BATCH}")
+        raise ConfigError(
+            f"trainer.grad_accum x data.batch_size = {s.examples_per_step} examples per step; at most {MAX_BATCH}"
+        )
     t = s.trainer
     if t.steps is not None and t.epochs is not None:
         raise ConfigError(f"trainer.steps={t.steps} and trainer.epochs={t.epochs} are both set; give one")
     if t.early_stop_patience is not None and not t.eval_every:
-        raise ConfigError(f"trainer.early_stop_patience={t.early_stop_patience} counts evaluations, but "
-                          "trainer.eval_every=0 evaluates only at the end; set trainer.eval_every=N (steps)")
+        raise ConfigError(
+            f"trainer.early_stop_patience={t.early_stop_patience} counts evaluations, but "
+            "trainer.eval_every=0 evaluates only at the end; set trainer.eval_every=N (steps)"
+        )
     if s.mode == "side_by_side":
         check_side_by_side(s)
     if info is not None:
@@ -322,25 +393,39 @@ def check_across_keys(s: Settings, info: DataInfo | None) -> tuple[str, ...]:
     if s.mode == "e2e":
         batch_cut(s.data.batch_size, microbatches=s.pipeline.microbatches)
         if s.pipeline.batch_norm == "deferred" and t.jit_compile:
-            raise ConfigError("pipeline.batch_norm=deferred records each microbatch's statistics from the stage's "
-                              "forward as the step traces it, which trainer.jit_compile=true compiles apart: set "
-                              "one of them")
+            raise ConfigError(
+                "pipeline.batch_norm=deferred records each microbatch's statistics from the stage's "
+                "forward as the step traces it, which trainer.jit_compile=true compiles apart: set "
+                "one of them"
+            )
         if s.pipeline.recompute != "never" and s.pipeline.batch_norm == "deferred":
-            raise ConfigError(f"pipeline.recompute={s.pipeline.recompute} runs a stage's forward again in its backward, "
-                              "whose batch statistics pipeline.batch_norm=deferred would count twice: set "
-                              "pipeline.recompute=never or pipeline.batch_norm=microbatch")
+            raise ConfigError(
+                f"pipeline.recompute={s.pipeline.recompute} runs a stage's forward again in its backward, "
+                "whose batch statistics pipeline.batch_norm=deferred would count twice: set "
+                "pipeline.recompute=never or pipeline.batch_norm=microbatch"
+            )
     else:
-        defaults = {"schedule": "gpipe", "microbatches": 1, "batch_norm": "microbatch", "recompute": "never",
-                    "virtual_stages": 1, "schedule_file": None, "schedule_out": None, "add_loss": "exact"}
+        defaults = {
+            "schedule": "gpipe",
+            "microbatches": 1,
+            "batch_norm": "microbatch",
+            "recompute": "never",
+            "virtual_stages": 1,
+            "schedule_file": None,
+            "schedule_out": None,
+            "add_loss": "exact",
+        }
         ignored = [f"pipeline.{k}={v}" for k, v in ((k, getattr(s.pipeline, k)) for k in defaults) if v != defaults[k]]
         if s.loss != "sparse_categorical_crossentropy":
             ignored.append(f"loss={s.loss}")
         if s.ignore_class is not None:
             ignored.append(f"ignore_class={s.ignore_class}")
         if ignored:
-            notes.append(f"{', '.join(ignored)} ignored: mode={s.mode} trains each "
-                         f"{'stage' if s.mode == 'local' else 'model'}'s head with its own loss "
-                         "(cross-entropy on classes, squared error on values), without a pipeline")
+            notes.append(
+                f"{', '.join(ignored)} ignored: mode={s.mode} trains each "
+                f"{'stage' if s.mode == 'local' else 'model'}'s head with its own loss "
+                "(cross-entropy on classes, squared error on values), without a pipeline"
+            )
     return tuple(notes)
 
 
@@ -355,11 +440,16 @@ def settle_schedules(s: Settings, n_steps: int | None) -> Settings:
         if o.schedule != "constant":
             end = o.decay_steps if o.decay_steps is not None else n_steps
             if end is not None and end <= o.warmup_steps:
-                given = f"{key}.decay_steps={end}" if o.decay_steps is not None else \
-                    f"trainer.steps={end} ({key}.decay_steps=null)"
-                raise ConfigError(f"{key}.schedule={o.schedule} decays from step {key}.warmup_steps={o.warmup_steps} "
-                                  f"to {given}: the decay must end after the warm-up; raise {key}.decay_steps or "
-                                  f"lower {key}.warmup_steps")
+                given = (
+                    f"{key}.decay_steps={end}"
+                    if o.decay_steps is not None
+                    else f"trainer.steps={end} ({key}.decay_steps=null)"
+                )
+                raise ConfigError(
+                    f"{key}.schedule={o.schedule} decays from step {key}.warmup_steps={o.warmup_steps} "
+                    f"to {given}: the decay must end after the warm-up; raise {key}.decay_steps or "
+                    f"lower {key}.warmup_steps"
+                )
             st = replace(st, optim=replace(o, decay_steps=end))
         specs.append(st)
     return replace(s, stages=tuple(specs))

@@ -57,8 +57,12 @@ def normalize_overrides(overrides: Sequence[str]) -> list[str]:
     # `model._target_=mypkg.nets.block`: the model is a builder (conf/model/builder.yaml) whose
     # other keys are new ones, the builder's keyword arguments (Hydra needs ++ to add them);
     # `optim._target_=keras.optimizers.RMSprop` likewise selects conf/optim/target.yaml.
-    targets = [g for g in TARGET_OPTIONS if any(override_key(o) == f"{g}._target_" for o in overrides)
-               and not any(override_key(o) == g for o in overrides)]
+    targets = [
+        g
+        for g in TARGET_OPTIONS
+        if any(override_key(o) == f"{g}._target_" for o in overrides)
+        and not any(override_key(o) == g for o in overrides)
+    ]
     out += [f"{g}={TARGET_OPTIONS[g]}" for g in targets]
     for o in overrides:
         key, sep, value = o.partition("=")
@@ -128,8 +132,10 @@ def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> D
     try:
         return _compose(overrides, with_hydra)
     except OverrideParseException as e:
-        raise ConfigError(f"cannot read the override {e.override}: {first_line(e, typed=False)} (lists are "
-                          "key=[a,b]; quote mappings for the shell: '+stages=[{model: conv},{}]')") from None
+        raise ConfigError(
+            f"cannot read the override {e.override}: {first_line(e, typed=False)} (lists are "
+            "key=[a,b]; quote mappings for the shell: '+stages=[{model: conv},{}]')"
+        ) from None
     except ConfigCompositionException as e:
         first = first_line(e, typed=False)
         if first.startswith("Could not override '"):
@@ -142,8 +148,10 @@ def compose_config(overrides: Sequence[str] = (), with_hydra: bool = False) -> D
 def _with_hint(message: str) -> str:
     """Hydra's message, with what to do when it is a sweep given without --multirun."""
     if message.startswith("Ambiguous value for argument"):
-        return (f"{message}: several values are a sweep, which needs --multirun before the overrides "
-                "(python -m chain --multirun a=1,2); a list is key=[a,b]")
+        return (
+            f"{message}: several values are a sweep, which needs --multirun before the overrides "
+            "(python -m chain --multirun a=1,2); a list is key=[a,b]"
+        )
     return message
 
 
@@ -166,8 +174,10 @@ def quoted(value: str, key: str) -> str:
         text = "'" + re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'") + "'"
         if reads_back(text):
             return text
-    raise ConfigError(f"{key}={value!r} cannot be passed on to Hydra exactly (it would read another value, "
-                      "e.g. '${' as an interpolation); choose another directory name")
+    raise ConfigError(
+        f"{key}={value!r} cannot be passed on to Hydra exactly (it would read another value, "
+        "e.g. '${' as an interpolation); choose another directory name"
+    )
 
 
 def check_job_name(cfg: DictConfig) -> None:
@@ -175,8 +185,10 @@ def check_job_name(cfg: DictConfig) -> None:
     file name, so the log cannot land outside the run directory."""
     name = str(cfg.hydra.job.name)
     if not name or name in (".", "..") or any(c in name for c in ("/", "\\", "\0")) or not name.isprintable():
-        raise ConfigError(f"hydra.job.name={name!r} must be a plain file name (no '/', '\\' or '..'): it names "
-                          "the run's log, RUN_DIR/NAME.log")
+        raise ConfigError(
+            f"hydra.job.name={name!r} must be a plain file name (no '/', '\\' or '..'): it names "
+            "the run's log, RUN_DIR/NAME.log"
+        )
 
 
 def check_flag_order(args: Sequence[str]) -> None:
@@ -187,8 +199,10 @@ def check_flag_order(args: Sequence[str]) -> None:
     _, unread = args_parser().parse_known_args(list(args))
     stray = [a for a in unread if not a.startswith("-")]
     if stray:
-        raise ConfigError(f"{' '.join(stray)}: overrides on both sides of a flag are not read by Hydra; put the "
-                          "flags first, then every override: python -m chain --multirun a=1,2 b=3")
+        raise ConfigError(
+            f"{' '.join(stray)}: overrides on both sides of a flag are not read by Hydra; put the "
+            "flags first, then every override: python -m chain --multirun a=1,2 b=3"
+        )
 
 
 def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:

@@ -26,9 +26,11 @@ def pipeline_schedule(s: Settings) -> schedules.Schedule:
     if p.schedule != schedules.FILE:
         return schedules.build(p.schedule, n_stages, p.microbatches, pipeline_devices(s))
     if p.schedule_file is None:
-        raise ConfigError("pipeline.schedule=file reads the schedule from pipeline.schedule_file, which is not set; "
-                          "give a CSV (one row per device, cells like F3, B3, W3), or a built-in schedule: "
-                          f"{', '.join(schedules.NAMES)}")
+        raise ConfigError(
+            "pipeline.schedule=file reads the schedule from pipeline.schedule_file, which is not set; "
+            "give a CSV (one row per device, cells like F3, B3, W3), or a built-in schedule: "
+            f"{', '.join(schedules.NAMES)}"
+        )
     path = files.existing(p.schedule_file, "pipeline.schedule_file")
     return _read(path, os.stat(path).st_mtime_ns, n_stages, p.microbatches)
 
@@ -59,26 +61,39 @@ def check_interleaved(s: Settings) -> None:
     p, n_stages = s.pipeline, len(s.stages)
     if p.schedule != "interleaved":
         if p.virtual_stages != 1 and p.schedule == "zbv":
-            raise ConfigError(f"pipeline.virtual_stages={p.virtual_stages} is interleaved's setting; pipeline.schedule=zbv "
-                              "always runs two stages on each device: set pipeline.virtual_stages=1")
+            raise ConfigError(
+                f"pipeline.virtual_stages={p.virtual_stages} is interleaved's setting; pipeline.schedule=zbv "
+                "always runs two stages on each device: set pipeline.virtual_stages=1"
+            )
         if p.virtual_stages != 1:
-            raise ConfigError(f"pipeline.virtual_stages={p.virtual_stages} puts several stages on each device, which "
-                              f"only pipeline.schedule=interleaved runs (is {p.schedule}); set pipeline.virtual_stages=1 "
-                              "or pipeline.schedule=interleaved")
+            raise ConfigError(
+                f"pipeline.virtual_stages={p.virtual_stages} puts several stages on each device, which "
+                f"only pipeline.schedule=interleaved runs (is {p.schedule}); set pipeline.virtual_stages=1 "
+                "or pipeline.schedule=interleaved"
+            )
         return
     v = p.virtual_stages
     if n_stages % v:
-        raise ConfigError(f"pipeline.virtual_stages={v} does not divide the {n_stages} stages: each device holds "
-                          f"pipeline.virtual_stages of them (e.g. {max(d for d in range(1, n_stages + 1) if n_stages % d == 0 and d <= v)})")
+        raise ConfigError(
+            f"pipeline.virtual_stages={v} does not divide the {n_stages} stages: each device holds "
+            f"pipeline.virtual_stages of them (e.g. {max(d for d in range(1, n_stages + 1) if n_stages % d == 0 and d <= v)})"
+        )
     d = n_stages // v
     if p.microbatches % d:
-        raise ConfigError(f"pipeline.microbatches={p.microbatches} is not a multiple of the {d} devices of "
-                          f"pipeline.schedule=interleaved ({n_stages} stages / pipeline.virtual_stages={v}); use "
-                          + (f"pipeline.microbatches={d * (p.microbatches // d)} or {d * (p.microbatches // d + 1)}"
-                             if p.microbatches > d else f"pipeline.microbatches={d} (or a multiple)"))
+        raise ConfigError(
+            f"pipeline.microbatches={p.microbatches} is not a multiple of the {d} devices of "
+            f"pipeline.schedule=interleaved ({n_stages} stages / pipeline.virtual_stages={v}); use "
+            + (
+                f"pipeline.microbatches={d * (p.microbatches // d)} or {d * (p.microbatches // d + 1)}"
+                if p.microbatches > d
+                else f"pipeline.microbatches={d} (or a multiple)"
+            )
+        )
     if v > 1 and isinstance(s.placement.memory_limit_mb, (list, tuple)):
-        raise ConfigError(f"placement.memory_limit_mb: with pipeline.schedule=interleaved each device holds "
-                          f"{v} stages (pipeline.virtual_stages); give one number (MB per logical GPU)")
+        raise ConfigError(
+            f"placement.memory_limit_mb: with pipeline.schedule=interleaved each device holds "
+            f"{v} stages (pipeline.virtual_stages); give one number (MB per logical GPU)"
+        )
 
 
 def check_pipeline(s: Settings) -> schedules.Schedule:
@@ -88,24 +103,35 @@ def check_pipeline(s: Settings) -> schedules.Schedule:
     p = s.pipeline
     check_interleaved(s)
     if p.schedule_file is not None and p.schedule != schedules.FILE:
-        raise ConfigError(f"pipeline.schedule_file is read only with pipeline.schedule=file (is {p.schedule}); "
-                          "set pipeline.schedule=file or remove pipeline.schedule_file")
+        raise ConfigError(
+            f"pipeline.schedule_file is read only with pipeline.schedule=file (is {p.schedule}); "
+            "set pipeline.schedule=file or remove pipeline.schedule_file"
+        )
     if p.schedule_out is not None:
         if not s.plan_only:
-            raise ConfigError("pipeline.schedule_out is written by plan_only=true (which trains nothing); "
-                              "add plan_only=true or remove pipeline.schedule_out")
+            raise ConfigError(
+                "pipeline.schedule_out is written by plan_only=true (which trains nothing); "
+                "add plan_only=true or remove pipeline.schedule_out"
+            )
         folder = os.path.dirname(os.path.abspath(p.schedule_out))
         if not os.path.isdir(folder) or os.path.isdir(p.schedule_out):
-            raise ConfigError(f"pipeline.schedule_out={p.schedule_out!r}: "
-                              + ("is a directory; name a file" if os.path.isdir(p.schedule_out)
-                                 else f"the folder {folder} does not exist"))
+            raise ConfigError(
+                f"pipeline.schedule_out={p.schedule_out!r}: "
+                + (
+                    "is a directory; name a file"
+                    if os.path.isdir(p.schedule_out)
+                    else f"the folder {folder} does not exist"
+                )
+            )
     check_zbv(s)
     schedule = pipeline_schedule(s)
     check_given_devices(s, schedule)
     if p.recompute != "never" and schedules.is_split(schedule):
-        raise ConfigError(f"pipeline.recompute={p.recompute} is not available with a split backward (pipeline.schedule="
-                          f"{p.schedule} runs B and W apart, and W needs what the forward kept): use "
-                          "pipeline.recompute=never, or pipeline.schedule=1f1b or gpipe")
+        raise ConfigError(
+            f"pipeline.recompute={p.recompute} is not available with a split backward (pipeline.schedule="
+            f"{p.schedule} runs B and W apart, and W needs what the forward kept): use "
+            "pipeline.recompute=never, or pipeline.schedule=1f1b or gpipe"
+        )
     return schedule
 
 
@@ -116,12 +142,17 @@ def check_zbv(s: Settings) -> None:
         return
     n_stages = len(s.stages)
     if n_stages % 2:
-        raise ConfigError(f"pipeline.schedule=zbv runs two stages on each device (stage k and stage 2D-1-k on device k), "
-                          f"so the chain needs an even number of stages, not {n_stages}; use "
-                          + (f"{n_stages - 1} or {n_stages + 1}" if n_stages > 1 else "2") + " stages, or another schedule")
+        raise ConfigError(
+            f"pipeline.schedule=zbv runs two stages on each device (stage k and stage 2D-1-k on device k), "
+            f"so the chain needs an even number of stages, not {n_stages}; use "
+            + (f"{n_stages - 1} or {n_stages + 1}" if n_stages > 1 else "2")
+            + " stages, or another schedule"
+        )
     if isinstance(s.placement.memory_limit_mb, (list, tuple)):
-        raise ConfigError("placement.memory_limit_mb: with pipeline.schedule=zbv each device holds 2 stages; give one "
-                          "number (MB per logical GPU)")
+        raise ConfigError(
+            "placement.memory_limit_mb: with pipeline.schedule=zbv each device holds 2 stages; give one "
+            "number (MB per logical GPU)"
+        )
 
 
 def check_given_devices(s: Settings, schedule: schedules.Schedule) -> None:
@@ -131,18 +162,21 @@ def check_given_devices(s: Settings, schedule: schedules.Schedule) -> None:
     if not given or not schedule.placement:
         return
     p, n_stages, d = s.pipeline, len(s.stages), schedule.devices
-    why = (f" ({n_stages} stages / pipeline.virtual_stages={p.virtual_stages})"
-           if p.schedule == "interleaved" else "")
+    why = f" ({n_stages} stages / pipeline.virtual_stages={p.virtual_stages})" if p.schedule == "interleaved" else ""
     head = [schedule.row_stages(r)[0] for r in range(d)]  # each row's first stage names its device
     for k in range(n_stages):
         j = head[schedule.row(k)]
         if canonical(given[k]) != canonical(given[j]):
-            raise ConfigError(f"placement.devices[{k}]={given[k]}: pipeline.schedule={p.schedule} runs "
-                              f"{schedules.placement_rule(schedule)}{why}, so stage {k} belongs on "
-                              f"placement.devices[{j}]={given[j]}")
+            raise ConfigError(
+                f"placement.devices[{k}]={given[k]}: pipeline.schedule={p.schedule} runs "
+                f"{schedules.placement_rule(schedule)}{why}, so stage {k} belongs on "
+                f"placement.devices[{j}]={given[j]}"
+            )
     if len({canonical(given[j]) for j in head}) < d:
-        raise ConfigError(f"placement.devices: pipeline.schedule={p.schedule} needs {d} different devices for "
-                          f"stages {', '.join(map(str, head))}{why}")
+        raise ConfigError(
+            f"placement.devices: pipeline.schedule={p.schedule} needs {d} different devices for "
+            f"stages {', '.join(map(str, head))}{why}"
+        )
 
 
 def shared_devices(schedule: schedules.Schedule) -> int | None:

@@ -37,7 +37,8 @@ def body_shape(model: Model, input_shape: tuple[int, ...], where: str) -> tuple[
         if len(input_shape) != 3:
             raise ConfigError(
                 f"{where}.model=conv needs image input (height, width, channels), but receives shape {input_shape}; "
-                "put conv stages first and use data=digits")
+                "put conv stages first and use data=digits"
+            )
         return (*input_shape[:2], model.filters)
     return (model.width,)
 
@@ -45,7 +46,7 @@ def body_shape(model: Model, input_shape: tuple[int, ...], where: str) -> tuple[
 def layer_params(model: Model, input_shape: tuple[int, ...]) -> list[int]:
     """Trainable parameters of each layer of a stage body (kernel and bias)."""
     if isinstance(model, Conv):
-        k2, f = model.kernel_size ** 2, model.filters
+        k2, f = model.kernel_size**2, model.filters
         return [k2 * input_shape[-1] * f + f] + [k2 * f * f + f] * (model.depth - 1)
     w = model.width
     return [math.prod(input_shape) * w + w] + [w * w + w] * (model.depth - 1)

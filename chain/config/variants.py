@@ -55,13 +55,15 @@ def _stage_override(key: str, entry: dict[str, Any]) -> dict[str, Any]:
         elif k == "target":
             out["target"] = v
         elif k not in OWN_KEYS:
-            raise ConfigError(f"unknown key {key}.{k}; a variant sets model, model.KEY, optim, optim.KEY, "
-                              f"{', '.join(OWN_KEYS)}")
+            raise ConfigError(
+                f"unknown key {key}.{k}; a variant sets model, model.KEY, optim, optim.KEY, {', '.join(OWN_KEYS)}"
+            )
     return out
 
 
-def expand(variants: Any, grid: Any, template: StageSpec, base_batch: int,
-           group_defaults: Callable[[str, str], dict]) -> tuple[tuple[StageSpec, ...], tuple[Variant, ...]]:
+def expand(
+    variants: Any, grid: Any, template: StageSpec, base_batch: int, group_defaults: Callable[[str, str], dict]
+) -> tuple[tuple[StageSpec, ...], tuple[Variant, ...]]:
     """The stage specs and `Variant`s of `+variants=[...]` or `+grid={...}` (exactly one of them)."""
     if variants is not None and grid is not None:
         raise ConfigError("+variants and +grid both list the models: give one of them")
@@ -81,8 +83,9 @@ def expand(variants: Any, grid: Any, template: StageSpec, base_batch: int,
     else:
         key = "variants"
     if not isinstance(variants, list) or not variants:
-        raise ConfigError("mode=side_by_side trains several models: give them with +variants=[{...},...] "
-                          "or +grid={key: [values]}")
+        raise ConfigError(
+            "mode=side_by_side trains several models: give them with +variants=[{...},...] or +grid={key: [values]}"
+        )
     if len(variants) > MAX_STAGES:
         raise ConfigError(f"variants has {len(variants)} entries; at most {MAX_STAGES} models side by side")
     entries, records, names = [], [], set()
@@ -95,8 +98,11 @@ def expand(variants: Any, grid: Any, template: StageSpec, base_batch: int,
         batch = integer(1, MAX_BATCH)(f"{where}.data.batch_size", entry.get("data.batch_size", base_batch))
         paused = boolean(f"{where}.paused", entry.get("paused", False))
         shown = [(k, v) for k, v in entry.items() if k not in ("name", "paused")]
-        name = string(f"{where}.name", entry["name"]) if "name" in entry else (
-            ",".join(f"{k}={_label(v)}" for k, v in shown) or "base")
+        name = (
+            string(f"{where}.name", entry["name"])
+            if "name" in entry
+            else (",".join(f"{k}={_label(v)}" for k, v in shown) or "base")
+        )
         if name in names:
             raise ConfigError(f"{where} is named {name!r} like another variant; give it a name: {where}.name=...")
         names.add(name)

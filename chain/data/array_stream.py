@@ -48,9 +48,13 @@ def _chunks(member: Member, start, stop, chunk: int) -> tf.data.Dataset:
         # A read buffer of one chunk of inputs: the default (256 KB) held per open block doubled the
         # stream's memory. Not less: a target's chunk of a few bytes a row made a read call per 128
         # bytes (a 64 MB epoch took 40 s of system time instead of 3).
-        return tf.data.FixedLengthRecordDataset(member.path, per_record * rb, header_bytes=member.offset + first * rb,
-                                                footer_bytes=member.size - member.offset - last * rb,
-                                                buffer_size=max(chunk * rb, CHUNK_BYTES))
+        return tf.data.FixedLengthRecordDataset(
+            member.path,
+            per_record * rb,
+            header_bytes=member.offset + first * rb,
+            footer_bytes=member.size - member.offset - last * rb,
+            buffer_size=max(chunk * rb, CHUNK_BYTES),
+        )
 
     # an empty byte range holds no record, so the rest is nothing when the chunks end at `stop`
     return rows(start, whole, chunk).concatenate(rows(whole, stop, tf.maximum(stop - whole, 1)))
@@ -70,6 +74,7 @@ def _decode(member: Member, out: tf.DType, scalar: bool):
 def _block(files: ArrayFiles, part: ArrayPart, chunk: int):
     """Row `start` -> the records of the block that starts there: a tuple of the inputs' and each
     target's bytes of (up to) `chunk` rows."""
+
     def block(start):
         stop = tf.minimum(start + files.block, part.stop)
         return tf.data.Dataset.zip(tuple(_chunks(m, start, stop, chunk) for m in (part.x, *part.ys)))
@@ -84,7 +89,8 @@ def _decoded(files: ArrayFiles, part: ArrayPart):
     x_dtype = tf.as_dtype(input_dtype(part.x.dtype))  # integers stay integers
     decoders = [_decode(part.x, x_dtype, False)] + [
         _decode(m, tf.int32 if classes else tf.float32, not label_shape(m.shape[1:]))  # labels per position kept
-        for m, (_, classes) in zip(part.ys, files.targets)]
+        for m, (_, classes) in zip(part.ys, files.targets)
+    ]
     names = [name for name, _ in files.targets]
     return lambda *records: (decoders[0](records[0]), {n: d(r) for n, d, r in zip(names, decoders[1:], records[1:])})
 

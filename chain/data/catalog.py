@@ -63,8 +63,9 @@ class DataInfo:
         for t in self.targets:
             if t.name == name:
                 return t
-        raise ConfigError(f"target={name!r} is not a target of data={self.name}; "
-                          f"allowed: {', '.join(t.name for t in self.targets)}")
+        raise ConfigError(
+            f"target={name!r} is not a target of data={self.name}; allowed: {', '.join(t.name for t in self.targets)}"
+        )
 
 
 # --- validation split ------------------------------------------------------------------------
@@ -83,8 +84,10 @@ def val_fraction(data) -> float:
     """The share of the training examples held out for validation."""
     own = own_validation(data)
     if data.val_fraction is not None and own and own.startswith("data."):
-        raise ConfigError(f"data.val_fraction={data.val_fraction} and {own} are both set; give one "
-                          f"(validation comes from {own}, or from a share of the training examples)")
+        raise ConfigError(
+            f"data.val_fraction={data.val_fraction} and {own} are both set; give one "
+            f"(validation comes from {own}, or from a share of the training examples)"
+        )
     if data.val_fraction is not None:
         return data.val_fraction
     return 0.0 if own else DEFAULT_VAL_FRACTION
@@ -105,14 +108,15 @@ def held_out(n: int, data, what: str) -> int:
     held = split_size(n, fraction)
     if fraction > 0 and n == 1:
         default = "" if data.val_fraction is not None else " (the default)"
-        raise ConfigError(f"data.val_fraction={fraction:g}{default} holds out none of the 1 example of {what}: "
-                          "validation and training need one each; give more examples, or data.val_fraction=0 "
-                          "(no validation)")
+        raise ConfigError(
+            f"data.val_fraction={fraction:g}{default} holds out none of the 1 example of {what}: "
+            "validation and training need one each; give more examples, or data.val_fraction=0 "
+            "(no validation)"
+        )
     return held
 
 
-def split_info(name: str, shape: tuple[int, ...], n: int, targets: tuple[Target, ...], data, own: int = 0
-               ) -> DataInfo:
+def split_info(name: str, shape: tuple[int, ...], n: int, targets: tuple[Target, ...], data, own: int = 0) -> DataInfo:
     """The `DataInfo` of `n` examples of which `val_fraction(data)` is held out for validation;
     `own`: validation examples the data set brings besides (`data.val_path`)."""
     held = held_out(n, data, f"data={name}")
@@ -126,8 +130,9 @@ def target_keys(data) -> list[tuple[str | None, str, str]]:
     """What the user's targets are read from: (name, array key or column, config key); the
     name is None for `data.y`, whose name comes from its kind (`name_targets`)."""
     if data.y is not None and data.targets is not None:
-        raise ConfigError("data.y and data.targets are both set; give one (data.targets={name: KEY, ...} for "
-                          "several targets)")
+        raise ConfigError(
+            "data.y and data.targets are both set; give one (data.targets={name: KEY, ...} for several targets)"
+        )
     if data.targets:
         return [(name, key, f"data.targets.{name}") for name, key in data.targets]
     if data.y is not None:
@@ -141,8 +146,7 @@ def _integral(a: np.ndarray, by_values: bool) -> bool:
     return by_values and a.dtype.kind == "f" and bool(np.all(np.isfinite(a) & (a == np.round(a))))
 
 
-def name_targets(data, labels: list[tuple[str | None, np.ndarray, str]], by_values: bool = False
-                 ) -> tuple[Target, ...]:
+def name_targets(data, labels: list[tuple[str | None, np.ndarray, str]], by_values: bool = False) -> tuple[Target, ...]:
     """The targets of `labels` ((name or None, every label array of that target, training and
     validation together, what it was read from)): kinds from `data.classes`, else from the values
     (integers: classes, max + 1; `by_values`: also whole-number reals, for untyped sources such
@@ -154,16 +158,20 @@ def name_targets(data, labels: list[tuple[str | None, np.ndarray, str]], by_valu
         name = name or ("label" if integral else "value")
         classes = given.pop(name, None)
         if classes is None and integral and a.size and a.max() < 0:
-            raise ConfigError(f"{where} holds integer labels that are all negative ({a.min():g}..{a.max():g}): class "
-                              f"labels are 0..C-1; data.classes={{{name}: 0}} learns them as a real value")
+            raise ConfigError(
+                f"{where} holds integer labels that are all negative ({a.min():g}..{a.max():g}): class "
+                f"labels are 0..C-1; data.classes={{{name}: 0}} learns them as a real value"
+            )
         if classes is None:
             classes = max(2, int(a.max()) + 1) if integral and a.size and a.max() >= 0 else 0
         elif classes == 1:
             raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
         targets.append(Target(name, classes, _label_shape(a, classes, where)))
     if given:
-        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of data={data.name}; "
-                          f"its targets: {', '.join(t.name for t in targets)}")
+        raise ConfigError(
+            f"data.classes names {next(iter(given))!r}, which is not a target of data={data.name}; "
+            f"its targets: {', '.join(t.name for t in targets)}"
+        )
     return tuple(targets)
 
 
@@ -177,8 +185,10 @@ def _label_shape(a: np.ndarray, classes: int, where: str) -> tuple[int, ...]:
     `(seq,)` for a class label per position ((N, seq)); a value per position is not learned."""
     shape = label_shape(a.shape[1:])
     if shape and (len(shape) != 1 or not classes):
-        raise ConfigError(f"{where} has shape {tuple(a.shape)}; a target is one label or value per example "
-                          "((N,) or (N, 1)), or one class label per position ((N, seq): integers)")
+        raise ConfigError(
+            f"{where} has shape {tuple(a.shape)}; a target is one label or value per example "
+            "((N,) or (N, 1)), or one class label per position ((N, seq): integers)"
+        )
     return shape
 
 
@@ -195,8 +205,10 @@ def stream_classes(given: dict, name: str, known_after: str, *, needed: bool) ->
     one line naming the key when `needed` and missing (`known_after`: what would have to be read)."""
     classes = given.pop(name, None)
     if classes is None and needed:
-        raise ConfigError(f"data.classes.{name} is needed with data.stream=true: {known_after}; e.g. "
-                          f"data.classes={{{name}: 10}} (0: learn it as a real value)")
+        raise ConfigError(
+            f"data.classes.{name} is needed with data.stream=true: {known_after}; e.g. "
+            f"data.classes={{{name}: 10}} (0: learn it as a real value)"
+        )
     if classes == 1:
         raise ConfigError(f"data.classes.{name}=1: a class target needs at least 2 classes (0: a real value)")
     return classes or 0
@@ -205,5 +217,7 @@ def stream_classes(given: dict, name: str, known_after: str, *, needed: bool) ->
 def no_other_classes(given: dict, source: str, targets: list[str]) -> None:
     """One line when `data.classes` (what `stream_classes` left of it) names a target `source` does not have."""
     if given:
-        raise ConfigError(f"data.classes names {next(iter(given))!r}, which is not a target of {source}; "
-                          f"its targets: {', '.join(targets)}")
+        raise ConfigError(
+            f"data.classes names {next(iter(given))!r}, which is not a target of {source}; "
+            f"its targets: {', '.join(targets)}"
+        )

@@ -23,7 +23,7 @@ CYCLE = 4  # files (or blocks) read at a time: enough to mix them and keep the r
 # either way (deterministic), and two keep both cores busy.
 PARALLEL = 2
 CHUNK_BYTES = 1 << 16  # examples read in one op, up to this many input bytes: an op per example would
-MAX_CHUNK = 256        # make the stream the bottleneck for small examples, large chunks cost memory
+MAX_CHUNK = 256  # make the stream the bottleneck for small examples, large chunks cost memory
 AHEAD = 2  # batches read ahead at least; not AUTOTUNE: its buffer grew from one save to the next (10, 16, 27 MB)
 
 
@@ -36,8 +36,9 @@ def interleaved(sources: tf.data.Dataset, read, count: int) -> tf.data.Dataset:
     """`read(source)` (a dataset of chunks) of `CYCLE` of the `count` sources at a time, a chunk of
     each in turn, `PARALLEL` read in parallel, in a deterministic order."""
     cycle = min(CYCLE, count)
-    return sources.interleave(read, cycle_length=cycle, block_length=1, num_parallel_calls=min(PARALLEL, cycle),
-                              deterministic=True)
+    return sources.interleave(
+        read, cycle_length=cycle, block_length=1, num_parallel_calls=min(PARALLEL, cycle), deterministic=True
+    )
 
 
 def grouped(chunks: tf.data.Dataset, buffer: int, chunk: int, seed: int) -> tf.data.Dataset:
@@ -50,6 +51,7 @@ def grouped(chunks: tf.data.Dataset, buffer: int, chunk: int, seed: int) -> tf.d
 def permuted(groups: tf.data.Dataset, seed: int) -> tf.data.Dataset:
     """Each group (any structure of tensors with the examples along their first axis) permuted by a
     stateless shuffle seeded from (`seed`, the group's number)."""
+
     def permute(g, group):
         n = tf.shape(tf.nest.flatten(group)[0])[0]
         order = tf.random.experimental.stateless_shuffle(tf.range(n), seed=tf.stack([tf.constant(seed, tf.int64), g]))

@@ -105,8 +105,12 @@ def counts(paths: list[str], key: str, what: str, count: Callable[[str], int]) -
             log.info("%s, from the count cache (%s beside the data, or %s)", total, NAME, user_cache("counts.json"))
         else:
             when = time.strftime("%H:%M:%S", time.localtime(min(k.when for k in known)))
-            log.info("%s, counted by a pass over them at %s earlier in this process (%.2f s; the counts are cached)",
-                     total, when, sum(k.seconds for k in known))
+            log.info(
+                "%s, counted by a pass over them at %s earlier in this process (%.2f s; the counts are cached)",
+                total,
+                when,
+                sum(k.seconds for k in known),
+            )
     return tuple(found[i].count for i in range(len(paths)))
 
 

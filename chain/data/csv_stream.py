@@ -50,9 +50,14 @@ def _parse_chunk(files: CsvFiles, skip: tf.Variable | None):
 
     def labels_ok(dense):
         """Per row and target: a class target holds a whole number in 0..classes-1 (a value anything)."""
-        return [tf.ones([tf.shape(dense)[0]], tf.bool) if not classes else
-                tf.equal(dense[:, column], tf.round(dense[:, column])) & (dense[:, column] >= 0) &
-                (dense[:, column] < classes) for _, column, classes in files.targets]
+        return [
+            tf.ones([tf.shape(dense)[0]], tf.bool)
+            if not classes
+            else tf.equal(dense[:, column], tf.round(dense[:, column]))
+            & (dense[:, column] >= 0)
+            & (dense[:, column] < classes)
+            for _, column, classes in files.targets
+        ]
 
     def regular(lines):
         """The chunk's rows when every line is `width` finite numbers and every label in range (the
@@ -65,8 +70,11 @@ def _parse_chunk(files: CsvFiles, skip: tf.Variable | None):
             dense = tf.reshape(tf.strings.to_number(tf.strings.split(lines, ",").flat_values, tf.float64), [n, width])
             return dense, tf.reduce_all(tf.math.is_finite(dense)) & tf.reduce_all(tf.stack(labels_ok(dense)))
 
-        return tf.cond(tf.reduce_all(tf.strings.regex_full_match(lines, line)), converted,
-                       lambda: (tf.zeros([n, width], tf.float64), tf.constant(False)))
+        return tf.cond(
+            tf.reduce_all(tf.strings.regex_full_match(lines, line)),
+            converted,
+            lambda: (tf.zeros([n, width], tf.float64), tf.constant(False)),
+        )
 
     def checked(paths, numbers, lines):
         """The chunk's good rows, each line's cells checked (a blank line left out, a bad row failing
@@ -93,18 +101,37 @@ def _parse_chunk(files: CsvFiles, skip: tf.Variable | None):
             cell = tf.argmin(tf.cast(row_cells, tf.int32))
             raw = tf.RaggedTensor.from_row_lengths(cells.flat_values, lengths)[first]
             q = lambda s: tf.strings.join(["'", s, "'"])  # noqa: E731 (Python's repr of a plain cell)
-            not_number = tf.strings.join(["column ", q(tf.gather(columns, tf.minimum(cell, width - 1))), " holds ",
-                                          q(tf.gather(raw, cell, batch_dims=0)), ", not a finite number"])
-            fields = tf.strings.join(["it has ", tf.strings.as_string(lengths[first]), f" fields, the header has {width}"])
+            not_number = tf.strings.join(
+                [
+                    "column ",
+                    q(tf.gather(columns, tf.minimum(cell, width - 1))),
+                    " holds ",
+                    q(tf.gather(raw, cell, batch_dims=0)),
+                    ", not a finite number",
+                ]
+            )
+            fields = tf.strings.join(
+                ["it has ", tf.strings.as_string(lengths[first]), f" fields, the header has {width}"]
+            )
             target = tf.argmin(tf.cast(tf.stack(labels, 1)[first], tf.int32))
-            label_why = [tf.strings.join([f"column '{files.columns[column]}' holds ",
-                                          tf.strings.as_string(dense[first, column], shortest=True),
-                                          f", not a class label 0..{classes - 1} (data.classes.{name}={classes})"])
-                         for name, column, classes in files.targets]
-            why = tf.where(tf.logical_not(fits[first]), fields,
-                           tf.where(tf.logical_not(good_rows[first]), not_number, tf.gather(label_why, target)))
-            with tf.control_dependencies([tf.debugging.Assert(
-                    False, [MARK, paths[first], numbers[first], tf.strings.join([why, END])])]):
+            label_why = [
+                tf.strings.join(
+                    [
+                        f"column '{files.columns[column]}' holds ",
+                        tf.strings.as_string(dense[first, column], shortest=True),
+                        f", not a class label 0..{classes - 1} (data.classes.{name}={classes})",
+                    ]
+                )
+                for name, column, classes in files.targets
+            ]
+            why = tf.where(
+                tf.logical_not(fits[first]),
+                fields,
+                tf.where(tf.logical_not(good_rows[first]), not_number, tf.gather(label_why, target)),
+            )
+            with tf.control_dependencies(
+                [tf.debugging.Assert(False, [MARK, paths[first], numbers[first], tf.strings.join([why, END])])]
+            ):
                 return tf.constant(False)
 
         checks = [] if skip is not None else [tf.cond(tf.reduce_any(bad), fail, lambda: tf.constant(True))]
@@ -118,8 +145,10 @@ def _parse_chunk(files: CsvFiles, skip: tf.Variable | None):
         dense, clean = regular(lines)
         rows = tf.cond(clean, lambda: dense, lambda: checked(paths, numbers, lines))
         x = tf.cast(tf.gather(rows, list(files.x), axis=1), tf.float32)
-        ys = {name: tf.cast(rows[:, column], tf.int32 if classes else tf.float32)
-              for name, column, classes in files.targets}
+        ys = {
+            name: tf.cast(rows[:, column], tf.int32 if classes else tf.float32)
+            for name, column, classes in files.targets
+        }
         return x, ys
 
     return parse
@@ -146,8 +175,7 @@ def bad_record(error: BaseException, files: CsvFiles) -> str | None:
         return None
     path, line, why = found.groups()
     why = why.replace("\\'", "'")  # TensorFlow's message escapes the quotes the reason puts around a cell
-    return (f"{files.key(path)}: line {line} of {path}: {why.strip()} "
-            "(data.on_bad_record=skip leaves such rows out)")
+    return f"{files.key(path)}: line {line} of {path}: {why.strip()} (data.on_bad_record=skip leaves such rows out)"
 
 
 def skip_counter(files: CsvFiles) -> tf.Variable | None:
@@ -155,8 +183,9 @@ def skip_counter(files: CsvFiles) -> tf.Variable | None:
     return tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_records") if files.skip_bad else None
 
 
-def training(files: CsvFiles, batch: int, shuffle: bool, seed: int, skipped: tf.Variable | None = None
-             ) -> tf.data.Dataset:
+def training(
+    files: CsvFiles, batch: int, shuffle: bool, seed: int, skipped: tf.Variable | None = None
+) -> tf.data.Dataset:
     """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
     rows are counted in `skipped` and left out, or stop it (None)."""
     names = tf.data.Dataset.from_tensor_slices(list(files.paths))

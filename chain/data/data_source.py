@@ -22,7 +22,7 @@ import numpy as np
 from chain.data.catalog import DataInfo
 from chain.fields import boolean, integer, mapping, number, optional, setting, string
 
-MAX_BATCH = 2 ** 31 - 1  # TensorFlow indexes a batch with int32
+MAX_BATCH = 2**31 - 1  # TensorFlow indexes a batch with int32
 MAX_CLASSES = 1 << 20
 
 
@@ -33,11 +33,14 @@ class DataSet:
     validation split, or 0.1 of its examples when it has none; 0: no validation)."""
 
     name: str = setting(string, "the data source (or, data=keras, the Keras data set)")
-    batch_size: int = setting(integer(1, MAX_BATCH),
-        "examples per batch (mirrored: the global batch; a step uses trainer.grad_accum batches)")
+    batch_size: int = setting(
+        integer(1, MAX_BATCH), "examples per batch (mirrored: the global batch; a step uses trainer.grad_accum batches)"
+    )
     shuffle: bool = setting(boolean, "shuffle the training examples (a seeded shuffle, restored on resume)")
-    val_fraction: float | None = setting(optional(number(minimum=0.0, below=1.0)),
-        "share held out for validation; null: the data's own validation split, else 0.1; 0: none")
+    val_fraction: float | None = setting(
+        optional(number(minimum=0.0, below=1.0)),
+        "share held out for validation; null: the data's own validation split, else 0.1; 0: none",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,10 +51,13 @@ class Labelled(DataSet):
     value); by default integer labels are classes (their maximum + 1), reals are values."""
 
     y: str | None = setting(optional(string), "one target (called `label` for integers, `value` for reals)")
-    targets: tuple[tuple[str, str], ...] | None = setting(optional(mapping(string)),
-        "several targets: {name: key or column} (instead of y)")
-    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))),
-        "a target's kind: {name: number of classes, or 0 for a real value}; default from its values")
+    targets: tuple[tuple[str, str], ...] | None = setting(
+        optional(mapping(string)), "several targets: {name: key or column} (instead of y)"
+    )
+    classes: tuple[tuple[str, int], ...] | None = setting(
+        optional(mapping(integer(0, MAX_CLASSES))),
+        "a target's kind: {name: number of classes, or 0 for a real value}; default from its values",
+    )
 
 
 @dataclass

@@ -58,7 +58,7 @@ def _stamp(path: str) -> tuple:
 def _npz_keys(path: str, key: str) -> list[str]:
     try:
         with zipfile.ZipFile(path) as z:
-            return [n[:-len(".npy")] for n in z.namelist() if n.endswith(".npy")]
+            return [n[: -len(".npy")] for n in z.namelist() if n.endswith(".npy")]
     except (zipfile.BadZipFile, OSError) as e:
         raise ConfigError(f"{key}={path!r} is not a readable .npz file ({e})") from None
 
@@ -76,8 +76,7 @@ _DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
 
 
 def _damaged(path: str, path_key: str, member: str, e: BaseException) -> ConfigError:
-    return ConfigError(f"{path_key}={path!r} is damaged ({member}: {first_line(e, typed=False)}); "
-                       "write it again")
+    return ConfigError(f"{path_key}={path!r} is damaged ({member}: {first_line(e, typed=False)}); write it again")
 
 
 def npz_header(path: str, array: str, key: str, path_key: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -144,9 +143,11 @@ def npz_member(path: str, array: str, key: str, path_key: str) -> Member:
         with zipfile.ZipFile(path) as z:
             info = z.getinfo(member)
         if info.compress_type != zipfile.ZIP_STORED:
-            raise ConfigError(f"{path_key}={path!r} is compressed (np.savez_compressed): data.stream=true reads its "
-                              "arrays in place, which needs them stored as they are; save it with np.savez, or give "
-                              "data.stream=false")
+            raise ConfigError(
+                f"{path_key}={path!r} is compressed (np.savez_compressed): data.stream=true reads its "
+                "arrays in place, which needs them stored as they are; save it with np.savez, or give "
+                "data.stream=false"
+            )
         with open(path, "rb") as f:
             f.seek(info.header_offset)
             head = f.read(_LOCAL_HEADER)
@@ -163,11 +164,14 @@ def npz_member(path: str, array: str, key: str, path_key: str) -> Member:
     except ValueError as e:  # not a .npy header
         raise _damaged(path, path_key, member, e) from None
     if fortran and len(shape) > 1:
-        raise ConfigError(f"{key}={array!r} of {path} is stored in Fortran order; data.stream=true reads one example "
-                          "per row: save np.ascontiguousarray of it")
+        raise ConfigError(
+            f"{key}={array!r} of {path} is stored in Fortran order; data.stream=true reads one example "
+            "per row: save np.ascontiguousarray of it"
+        )
     if dtype.kind not in "iufb" or dtype.fields is not None:
-        raise ConfigError(f"{key}={array!r} of {path} holds {dtype}; data.stream=true reads numbers (int, uint, "
-                          "float, bool)")
+        raise ConfigError(
+            f"{key}={array!r} of {path} holds {dtype}; data.stream=true reads numbers (int, uint, float, bool)"
+        )
     end = offset + dtype.itemsize * math.prod(shape)
     if end > os.path.getsize(path):
         raise _damaged(path, path_key, member, EOFError("the array's data is cut short"))
@@ -202,13 +206,15 @@ def _text(path: str, key: str) -> str:
     with open(path, "rb") as f:
         raw = f.read()
     if raw.startswith(codecs.BOM_UTF8):
-        raw = raw[len(codecs.BOM_UTF8):]
+        raw = raw[len(codecs.BOM_UTF8) :]
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line, line_start = raw.count(b"\n", 0, e.start) + 1, raw.rfind(b"\n", 0, e.start) + 1
-        raise ConfigError(f"{key}={path!r} is not UTF-8 text: line {line} holds the byte "
-                          f"0x{raw[e.start]:02x} at column {e.start - line_start + 1}; save it as UTF-8") from None
+        raise ConfigError(
+            f"{key}={path!r} is not UTF-8 text: line {line} holds the byte "
+            f"0x{raw[e.start]:02x} at column {e.start - line_start + 1}; save it as UTF-8"
+        ) from None
 
 
 def _header(names: list[str], path: str, key: str) -> list[str]:
@@ -216,11 +222,14 @@ def _header(names: list[str], path: str, key: str) -> list[str]:
     names = [h.strip() for h in names]
     for i, name in enumerate(names):
         if not name:
-            raise ConfigError(f"{key}={path!r}: column {i + 1} of the header has no name; give every column its "
-                              "own name")
+            raise ConfigError(
+                f"{key}={path!r}: column {i + 1} of the header has no name; give every column its own name"
+            )
         if name in names[:i]:
-            raise ConfigError(f"{key}={path!r}: columns {names.index(name) + 1} and {i + 1} of the header are both "
-                              f"called {name!r}; give every column its own name")
+            raise ConfigError(
+                f"{key}={path!r}: columns {names.index(name) + 1} and {i + 1} of the header are both "
+                f"called {name!r}; give every column its own name"
+            )
     return names
 
 
@@ -257,7 +266,7 @@ def csv_header(path: str, key: str) -> tuple[str, ...]:
     with open(existing(path, key), "rb") as f:
         first = f.readline()
     if first.startswith(codecs.BOM_UTF8):
-        first = first[len(codecs.BOM_UTF8):]
+        first = first[len(codecs.BOM_UTF8) :]
     try:
         text = first.decode("utf-8")
     except UnicodeDecodeError:
@@ -310,8 +319,12 @@ def _idx(path: str, offset: int) -> np.ndarray:
 class _Arrays(pickle.Unpickler):
     """Unpickles NumPy arrays, lists and dicts only (CIFAR's batch files), nothing that runs code."""
 
-    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
-               ("numpy._core.multiarray", "_reconstruct")}
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+    }
 
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
@@ -360,12 +373,30 @@ class KerasSet:
 _CIFAR = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 KERAS = {
     "mnist": KerasSet(("",), ("mnist.npz",), (28, 28, 1), 60000, 10000, 10, _read_mnist),
-    "fashion_mnist": KerasSet(("fashion-mnist",), ("train-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
-                                                   "t10k-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz"),
-                              (28, 28, 1), 60000, 10000, 10, _read_fashion),
+    "fashion_mnist": KerasSet(
+        ("fashion-mnist",),
+        (
+            "train-labels-idx1-ubyte.gz",
+            "train-images-idx3-ubyte.gz",
+            "t10k-labels-idx1-ubyte.gz",
+            "t10k-images-idx3-ubyte.gz",
+        ),
+        (28, 28, 1),
+        60000,
+        10000,
+        10,
+        _read_fashion,
+    ),
     # Keras 3 extracts CIFAR into cifar-10-batches-py-target/; Keras 2 used cifar-10-batches-py/.
-    "cifar10": KerasSet(("cifar-10-batches-py-target/cifar-10-batches-py", "cifar-10-batches-py"), _CIFAR,
-                        (32, 32, 3), 50000, 10000, 10, _read_cifar),
+    "cifar10": KerasSet(
+        ("cifar-10-batches-py-target/cifar-10-batches-py", "cifar-10-batches-py"),
+        _CIFAR,
+        (32, 32, 3),
+        50000,
+        10000,
+        10,
+        _read_cifar,
+    ),
 }
 
 
@@ -383,7 +414,8 @@ def keras_files(name: str) -> list[str]:
         f"data=keras data.name={name} reads the local Keras cache, but {missing} is missing (chain never downloads); "
         f"fill it on a machine with internet (python -c 'import keras; keras.datasets.{name}.load_data()') and copy "
         f"what that writes under ~/.keras/datasets/ into {root}, or set KERAS_HOME to a directory whose datasets/ "
-        "holds it")
+        "holds it"
+    )
 
 
 def keras_arrays(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -399,9 +431,11 @@ def keras_arrays(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
         x_train, y_train, x_test, y_test = spec.read(files)
         return scaled(x_train), np.asarray(y_train).reshape(-1), scaled(x_test), np.asarray(y_test).reshape(-1)
     except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as e:
-        raise ConfigError(f"data=keras data.name={name}: the cache files in {os.path.dirname(files[0])} cannot be "
-                          f"read ({first_line(e)}); fill the cache "
-                          "again") from None
+        raise ConfigError(
+            f"data=keras data.name={name}: the cache files in {os.path.dirname(files[0])} cannot be "
+            f"read ({first_line(e)}); fill the cache "
+            "again"
+        ) from None
 
 
 # --- a Keras model file ----------------------------------------------------------------------
@@ -421,8 +455,10 @@ def keras_model_file(path: str, key: str) -> str:
             if "config.json" not in z.namelist():
                 raise zipfile.BadZipFile("no config.json in it")
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-        raise ConfigError(f"{key}={path!r} is damaged (not a whole .keras zip file: "
-                          f"{first_line(e, typed=False)}); save the model again") from None
+        raise ConfigError(
+            f"{key}={path!r} is damaged (not a whole .keras zip file: "
+            f"{first_line(e, typed=False)}); save the model again"
+        ) from None
     return path
 
 

@@ -38,11 +38,13 @@ def _saveable(dataset: tf.data.Dataset, what: str) -> None:
     except (tf.errors.OpError, ValueError) as e:
         reason = first_line(e, typed=False).split("Failed to serialize the input pipeline graph: ")[-1]
         reason = reason.split(" [Op:")[0].strip().rstrip(".")
-        raise ConfigError(f"{what} returned a dataset that cannot be saved in a checkpoint ({reason}: a Python "
-                          "generator or tf.py_function?); data.stream=true saves the stream's position in every "
-                          "checkpoint so that a resumed run is exact: build it from tensors or files "
-                          "(from_tensor_slices, TextLineDataset, TFRecordDataset, their maps), or give "
-                          "data.stream=false (read whole)") from None
+        raise ConfigError(
+            f"{what} returned a dataset that cannot be saved in a checkpoint ({reason}: a Python "
+            "generator or tf.py_function?); data.stream=true saves the stream's position in every "
+            "checkpoint so that a resumed run is exact: build it from tensors or files "
+            "(from_tensor_slices, TextLineDataset, TFRecordDataset, their maps), or give "
+            "data.stream=false (read whole)"
+        ) from None
 
 
 def _size(dataset: tf.data.Dataset, data, what: str) -> int:
@@ -55,8 +57,10 @@ def _size(dataset: tf.data.Dataset, data, what: str) -> int:
     log.info("counting the examples of %s (a pass over the dataset; data.examples=N says it instead)", what)
     n = int(dataset.take(data.max_examples + 1).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
     if n > data.max_examples:
-        raise ConfigError(f"{what} gave more than data.max_examples={data.max_examples} examples (an endless "
-                          "dataset?); return each example once, or raise data.max_examples")
+        raise ConfigError(
+            f"{what} gave more than data.max_examples={data.max_examples} examples (an endless "
+            "dataset?); return each example once, or raise data.max_examples"
+        )
     return n
 
 
@@ -73,11 +77,16 @@ def plan(data) -> FunctionData:
     for name, spec in specs:
         integral = spec.dtype.is_integer or spec.dtype.is_bool
         if spec.shape.num_elements() != 1:
-            raise ConfigError(f"{what}: its target {name or 'y'} has shape {spec.shape}; a target holds one value "
-                              "per example")
+            raise ConfigError(
+                f"{what}: its target {name or 'y'} has shape {spec.shape}; a target holds one value per example"
+            )
         name = name or ("label" if integral else "value")
-        classes = stream_classes(given, name, f"the number of classes of {what}'s target {name} is known only "
-                                 "after reading every example", needed=integral)
+        classes = stream_classes(
+            given,
+            name,
+            f"the number of classes of {what}'s target {name} is known only after reading every example",
+            needed=integral,
+        )
         targets.append(Target(name, classes))
     no_other_classes(given, what, [t.name for t in targets])
     n = _size(dataset, data, what)
@@ -96,8 +105,9 @@ def _examples(data: FunctionData) -> tf.data.Dataset:
     def cast(x, y):
         ys = [y[n] for n in data.names] if isinstance(y, dict) else [y]
         kept = tf.as_dtype(input_dtype(x.dtype.as_numpy_dtype)) if x.dtype.is_integer else tf.float32
-        return tf.cast(x, kept), {t.name: tf.cast(tf.reshape(v, []), tf.int32 if t.classes else tf.float32)
-                                        for t, v in zip(targets, ys)}
+        return tf.cast(x, kept), {
+            t.name: tf.cast(tf.reshape(v, []), tf.int32 if t.classes else tf.float32) for t, v in zip(targets, ys)
+        }
 
     return data.dataset.map(cast, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 

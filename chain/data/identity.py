@@ -67,8 +67,9 @@ def stamp(path: str, key: str, role: str) -> FileStamp:
 def _files(shards) -> list[tuple[str, str, str]]:
     """(path, key, role) of every file a streamed data set reads, training files first."""
     if isinstance(shards, FileCounts):
-        return [(p, shards.TRAIN_KEY, TRAIN) for p in shards.paths] + \
-            [(p, shards.key(p), VAL) for p in shards.val_paths]
+        return [(p, shards.TRAIN_KEY, TRAIN) for p in shards.paths] + [
+            (p, shards.key(p), VAL) for p in shards.val_paths
+        ]
     if isinstance(shards, ArrayFiles):
         out = [(shards.train.x.path, "data.path", TRAIN)]
         if shards.val is not None and shards.val.x.path != shards.train.x.path:  # data.val_path
@@ -76,9 +77,11 @@ def _files(shards) -> list[tuple[str, str, str]]:
         return out
     if isinstance(shards, TokenFiles) and shards.made_from is not None:  # the texts and vocabulary, not the ids' cache
         made = shards.made_from
-        return [(p, shards.TRAIN_KEY, TRAIN) for p in made.texts] + \
-            [(p, shards.val_key, VAL) for p in made.val_texts] + \
-            [(p, made.VOCABULARY_KEY, VOCABULARY) for p in made.vocabulary]
+        return (
+            [(p, shards.TRAIN_KEY, TRAIN) for p in made.texts]
+            + [(p, shards.val_key, VAL) for p in made.val_texts]
+            + [(p, made.VOCABULARY_KEY, VOCABULARY) for p in made.vocabulary]
+        )
     if isinstance(shards, TokenFiles):
         out = [(p, shards.TRAIN_KEY, TRAIN) for p in shards.train.paths]
         if shards.val is not None and shards.val.paths != shards.train.paths:  # data.val_path, data.val_files
@@ -125,9 +128,13 @@ def _compare(old: FileStamp, new: FileStamp) -> Change | None:
     if how_old == how_new and old.digest != new.digest:
         return Change(new.key, new.path, "rewritten", f"was rewritten (the same {new.size} bytes, other contents)")
     if old.mtime_ns != new.mtime_ns and not (how_old == how_new == "whole"):
-        return Change(new.key, new.path, "rewritten",
-                      f"was modified (at {_when(new.mtime_ns)}, not {_when(old.mtime_ns)}; the same size and sampled "
-                      "bytes, the rest unknown)")
+        return Change(
+            new.key,
+            new.path,
+            "rewritten",
+            f"was modified (at {_when(new.mtime_ns)}, not {_when(old.mtime_ns)}; the same size and sampled "
+            "bytes, the rest unknown)",
+        )
     return None
 
 
@@ -149,13 +156,17 @@ def _more(found: list[Change]) -> str:
 
 def refusal(found: list[Change], step: int) -> str:
     """The one line that refuses a resume over changed files (`found` not empty)."""
-    return (f"{found[0].line()} since the checkpoint of step {step} recorded the stream's files{_more(found)}: a "
-            f"stream resumes only over the files it was reading; put them back, or resume with {OVERRIDE}=true to "
-            "train on them as they are now (the stream then restarts)")
+    return (
+        f"{found[0].line()} since the checkpoint of step {step} recorded the stream's files{_more(found)}: a "
+        f"stream resumes only over the files it was reading; put them back, or resume with {OVERRIDE}=true to "
+        "train on them as they are now (the stream then restarts)"
+    )
 
 
 def accepted(found: list[Change], step: int) -> str:
     """The note of a resume that takes changed files on purpose (`checkpoint.accept_changed_files=true`)."""
-    return (f"note: {OVERRIDE}=true: {found[0].line()} since step {step}{_more(found)}; the stream restarts at "
-            f"step {step + 1} with the first batch of a new stream over the files as they are now (the position "
-            f"saved at step {step} and the batches it had read ahead are dropped)")
+    return (
+        f"note: {OVERRIDE}=true: {found[0].line()} since step {step}{_more(found)}; the stream restarts at "
+        f"step {step + 1} with the first batch of a new stream over the files as they are now (the position "
+        f"saved at step {step} and the batches it had read ahead are dropped)"
+    )

@@ -81,11 +81,14 @@ def split(n: int, held: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _describe_read(data, read: Read) -> DataInfo:
     """The `DataInfo` of data only TensorFlow could read, from its arrays."""
+
     def rows(y: np.ndarray) -> np.ndarray:  # a label per position ((N, seq)) keeps its shape: the target's
         return y.reshape(len(y), *label_shape(y.shape[1:]))
 
-    labels = [(name, np.concatenate([rows(y)] + ([rows(read.val[1][k])] if read.val else [])),
-               read.where[k + 1]) for k, (name, y) in enumerate(zip(read.names, read.ys))]
+    labels = [
+        (name, np.concatenate([rows(y)] + ([rows(read.val[1][k])] if read.val else [])), read.where[k + 1])
+        for k, (name, y) in enumerate(zip(read.names, read.ys))
+    ]
     targets = name_targets(data, labels)
     shape = input_shape(read.x.shape, read.where[0])
     return split_info(data.name, shape, len(read.x), targets, data, own=len(read.val[0]) if read.val else 0)
@@ -119,6 +122,8 @@ def load(data, seed: int, info: DataInfo | None = _UNSET) -> Dataset:
         x, y, val = x[train], {k: v[train] for k, v in y.items()}, (x[held], {k: v[held] for k, v in y.items()})
     if len(x) != info.examples or (len(val[0]) if val else 0) != info.val_examples:
         # the catalog must tell the truth
-        raise ConfigError(f"data={info.name} holds {len(x)} training and {len(val[0]) if val else 0} validation "
-                          f"examples, but its description says {info.examples} and {info.val_examples}")
+        raise ConfigError(
+            f"data={info.name} holds {len(x)} training and {len(val[0]) if val else 0} validation "
+            f"examples, but its description says {info.examples} and {info.val_examples}"
+        )
     return Dataset(info, x, y, *(val or (None, None)))

@@ -48,9 +48,15 @@ def _numbered(chunk: int):
     the reading's CPU time on small examples (measured alone), for an error line about one record.
     Zipped, not mapped: with a map's function call per chunk (`enumerate().map`) the reading took
     0.21 ms of CPU per 64 records of 64 floats, zipped 0.15 (measured alone)."""
+
     def records(path) -> tf.data.Dataset:
-        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(path).repeat(), tf.data.Dataset.range(0, 2**62, chunk),
-                                    tf.data.TFRecordDataset(path).batch(chunk)))
+        return tf.data.Dataset.zip(
+            (
+                tf.data.Dataset.from_tensors(path).repeat(),
+                tf.data.Dataset.range(0, 2**62, chunk),
+                tf.data.TFRecordDataset(path).batch(chunk),
+            )
+        )
 
     return records
 
@@ -67,8 +73,10 @@ def _parse_chunk(shards: Shards, skip: bool):
     naming the first one (the reason is worked out only then: formatting it for every record would
     cost the stream)."""
     features = dict(shards.features)
-    spec = {name: tf.io.VarLenFeature(tf.float32 if dtype == "float32" else tf.int64)
-            for name, (dtype, _) in features.items()}
+    spec = {
+        name: tf.io.VarLenFeature(tf.float32 if dtype == "float32" else tf.int64)
+        for name, (dtype, _) in features.items()
+    }
     want = {name: math.prod(shape) for name, (_, shape) in features.items()}
 
     def parse(path, start, records):
@@ -78,13 +86,23 @@ def _parse_chunk(shards: Shards, skip: bool):
         # no value sits at a position past that count in its record: then every record holds exactly
         # as many. Two small ops a feature; a count per record (a bincount) only for a chunk that is
         # not good (the per-record check on every chunk cost the stream a fifth of its parse).
-        all_ok = tf.reduce_all(tf.stack([tf.logical_and(tf.equal(tf.size(ex[name].values), n * want[name]),
-                                                         tf.reduce_all(ex[name].indices[:, 1] < want[name]))
-                                         for name in spec]))
+        all_ok = tf.reduce_all(
+            tf.stack(
+                [
+                    tf.logical_and(
+                        tf.equal(tf.size(ex[name].values), n * want[name]),
+                        tf.reduce_all(ex[name].indices[:, 1] < want[name]),
+                    )
+                    for name in spec
+                ]
+            )
+        )
 
         def counts():
-            return {name: tf.math.bincount(tf.cast(ex[name].indices[:, 0], tf.int32), minlength=n, maxlength=n)
-                    for name in spec}
+            return {
+                name: tf.math.bincount(tf.cast(ex[name].indices[:, 0], tf.int32), minlength=n, maxlength=n)
+                for name in spec
+            }
 
         def each_ok(counted):
             return tf.reduce_all(tf.stack([tf.equal(counted[name], want[name]) for name in spec]), axis=0)
@@ -92,9 +110,23 @@ def _parse_chunk(shards: Shards, skip: bool):
         def fail():
             counted = counts()
             first = tf.argmin(tf.cast(each_ok(counted), tf.int32))
-            why = tf.strings.join([tf.where(tf.equal(counted[name][first], want[name]), "", tf.strings.join(
-                [f"feature {name} holds ", tf.strings.as_string(counted[name][first]),
-                 f" values, declared {_declared(features[name])}; "])) for name in spec] + [END])
+            why = tf.strings.join(
+                [
+                    tf.where(
+                        tf.equal(counted[name][first], want[name]),
+                        "",
+                        tf.strings.join(
+                            [
+                                f"feature {name} holds ",
+                                tf.strings.as_string(counted[name][first]),
+                                f" values, declared {_declared(features[name])}; ",
+                            ]
+                        ),
+                    )
+                    for name in spec
+                ]
+                + [END]
+            )
             with tf.control_dependencies([tf.debugging.Assert(False, [MARK, path, start + first, why])]):
                 return tf.constant(False)
 
@@ -102,6 +134,7 @@ def _parse_chunk(shards: Shards, skip: bool):
         ok = tf.cond(all_ok, lambda: every, lambda: each_ok(counts())) if skip else every
         checked = [] if skip else [tf.cond(all_ok, lambda: tf.constant(True), fail)]
         with tf.control_dependencies(checked):
+
             def dense(name):
                 # A chunk of good records (the rule): the sparse values are already the dense ones in
                 # row-major order, so a reshape is all it takes. Otherwise a bad record's values are
@@ -115,9 +148,13 @@ def _parse_chunk(shards: Shards, skip: bool):
                 return tf.reshape(values, [n, *features[name][1]])
 
             x = dense(shards.x)  # float32, or int64 (token ids, kept whole: float32 is exact only below 2^24)
-            ys = {name: tf.cast(tf.reshape(dense(key), [n, *label_shape(features[key][1])]),  # per position: kept
-                                tf.int32 if classes else tf.float32)
-                  for name, key, classes in shards.targets}
+            ys = {
+                name: tf.cast(
+                    tf.reshape(dense(key), [n, *label_shape(features[key][1])]),  # per position: kept
+                    tf.int32 if classes else tf.float32,
+                )
+                for name, key, classes in shards.targets
+            }
         return (x, ys, ok) if skip else (x, ys)
 
     return parse
@@ -127,8 +164,7 @@ def _parsed(chunks: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -
     """Chunks of (file, first number, records) -> parsed chunks (x float32 [n, ...], {target: int32
     label or float32 value [n]}); a bad record fails the stream naming its file and number, unless
     `skip` (a counter): then each chunk also holds ok [n], for `_kept`."""
-    return chunks.map(_parse_chunk(shards, skip is not None), num_parallel_calls=PARALLEL,
-                      deterministic=True)
+    return chunks.map(_parse_chunk(shards, skip is not None), num_parallel_calls=PARALLEL, deterministic=True)
 
 
 def _kept(chunks: tf.data.Dataset, skip: tf.Variable | None) -> tf.data.Dataset:
@@ -162,20 +198,26 @@ def bad_record(error: BaseException, shards: Shards) -> str | None:
             for path in (*shards.paths, *shards.val_paths):
                 record = tfrecord_files.damaged(path, at)
                 if record is not None:
-                    return (f"{shards.key(path)}: record {record} of {path} is damaged: its checksum fails "
-                            f"(TensorFlow: corrupted record at byte {at}); write the file again, or leave it out "
-                            "(data.on_bad_record=skip does not leave out a damaged record)")
+                    return (
+                        f"{shards.key(path)}: record {record} of {path} is damaged: its checksum fails "
+                        f"(TensorFlow: corrupted record at byte {at}); write the file again, or leave it out "
+                        "(data.on_bad_record=skip does not leave out a damaged record)"
+                    )
         # The reason, wherever it sits: a compiled loop's error starts "Graph execution error:", an eager
         # one with tf.data's "Error in user-defined ..."
         reason = corrupted or _MISMATCH.search(text)
         said = re.sub(r"\s+", " ", reason.group(0)).strip() if reason else first_line(error, typed=False)
-        return (f"{key}: a record cannot be read ({said}): a damaged record, or a feature whose type is not the one "
-                "data.features declares; TensorFlow does not say in which file")
+        return (
+            f"{key}: a record cannot be read ({said}): a damaged record, or a feature whose type is not the one "
+            "data.features declares; TensorFlow does not say in which file"
+        )
     if not found:
         return None
     path, i, why = found.groups()
-    return (f"{shards.key(path)}: record {i} of {path} is not as data.features declares it: {why.strip().rstrip(';')} "
-            "(data.on_bad_record=skip leaves such records out)")
+    return (
+        f"{shards.key(path)}: record {i} of {path} is not as data.features declares it: {why.strip().rstrip(';')} "
+        "(data.on_bad_record=skip leaves such records out)"
+    )
 
 
 def skip_counter(shards: Shards) -> tf.Variable | None:
@@ -183,8 +225,14 @@ def skip_counter(shards: Shards) -> tf.Variable | None:
     return tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_records") if shards.skip_bad else None
 
 
-def training(shards: Shards, batch: int, shuffle: bool, seed: int, skipped: tf.Variable | None = None,
-             share: tuple[int, int] | None = None) -> tf.data.Dataset:
+def training(
+    shards: Shards,
+    batch: int,
+    shuffle: bool,
+    seed: int,
+    skipped: tf.Variable | None = None,
+    share: tuple[int, int] | None = None,
+) -> tf.data.Dataset:
     """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
     records are counted in `skipped` and left out (`skip_counter`), or stop it (None).
 

@@ -72,7 +72,12 @@ def none_empty(paths: list[str], counts: tuple[int, ...], key: str, what: str, h
     empty validation set has no loss to report, and an empty training file is no file of the data."""
     for path, n in zip(paths, counts):
         if not n:
-            role = (f", and it is held out for validation (the last {len(paths)} file(s) of {key} in sorted order)"
-                    if held else "")
-            raise ConfigError(f"{key}: {path} holds no {what}{role}; every file streamed holds at least one: remove "
-                              f"it, or change {key}")
+            role = (
+                f", and it is held out for validation (the last {len(paths)} file(s) of {key} in sorted order)"
+                if held
+                else ""
+            )
+            raise ConfigError(
+                f"{key}: {path} holds no {what}{role}; every file streamed holds at least one: remove "
+                f"it, or change {key}"
+            )

@@ -32,8 +32,11 @@ def _streamed(ds: Dataset, batch: int, train: bool, shuffle: bool = False, seed:
     if isinstance(ds.shards, TokenFiles):
         from chain.data import token_stream
 
-        return token_stream.training(ds.shards, batch, shuffle, seed) if train else \
-            token_stream.validation(ds.shards, batch)
+        return (
+            token_stream.training(ds.shards, batch, shuffle, seed)
+            if train
+            else token_stream.validation(ds.shards, batch)
+        )
     from chain.data import array_stream, function_stream
 
     reader = array_stream if isinstance(ds.shards, ArrayFiles) else function_stream
@@ -82,8 +85,10 @@ def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int, shares: 
         if not isinstance(ds.shards, Shards):  # refused before training (stream_shares.check_files)
             raise ValueError("only TFRecord streams are read in replicas' shares")
         part, skipped = batch // shares.replicas, _counter(ds, record_stream)
-        streams = tuple(record_stream.training(ds.shards, part, shuffle, seed, skipped, (r, shares.replicas))
-                        for r in shares.indices)
+        streams = tuple(
+            record_stream.training(ds.shards, part, shuffle, seed, skipped, (r, shares.replicas))
+            for r in shares.indices
+        )
         return tf.data.Dataset.zip(streams).map(_joined).prefetch(tf.data.AUTOTUNE)
     if shares is not None:
         raise ValueError("data in memory is read in whole batches, not in replicas' shares")
@@ -93,8 +98,9 @@ def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int, shares: 
     if shuffle:
         order = order.shuffle(len(ds.x), seed=seed, reshuffle_each_iteration=True)
     batches = order.repeat().batch(batch, drop_remainder=True)
-    return batches.map(lambda i: (tf.gather(x, i), {k: tf.gather(v, i) for k, v in ys.items()})
-                       ).prefetch(tf.data.AUTOTUNE)
+    return batches.map(lambda i: (tf.gather(x, i), {k: tf.gather(v, i) for k, v in ys.items()})).prefetch(
+        tf.data.AUTOTUNE
+    )
 
 
 def _joined(*parts):

@@ -39,12 +39,19 @@ def check_files(shards, replicas: int, files: str | None) -> None:
     (the only stream read in shares so far), or fewer training files than the run's `replicas`
     (a replica would have no file of its own; `files` is data.files' glob)."""
     if not isinstance(shards, Shards):
-        raise ConfigError(f"data.stream=true with {replicas} mirrored replicas: each replica reads files of its own, "
-                          "which only data=tfrecord streams do so far: use data=tfrecord, data.stream=false, or one "
-                          "replica (placement.replicas=1)")
+        raise ConfigError(
+            f"data.stream=true with {replicas} mirrored replicas: each replica reads files of its own, "
+            "which only data=tfrecord streams do so far: use data=tfrecord, data.stream=false, or one "
+            "replica (placement.replicas=1)"
+        )
     if len(shards.paths) < replicas:
-        held = " (after the files data.val_fraction holds out)" if shards.val_key == "data.files" and shards.val_paths \
+        held = (
+            " (after the files data.val_fraction holds out)"
+            if shards.val_key == "data.files" and shards.val_paths
             else ""
-        raise ConfigError(f"data.files={files!r} gives {len(shards.paths)} training file(s){held}, and with "
-                          f"data.stream=true each of the {replicas} mirrored replicas reads files of its own: "
-                          f"give data.files at least {replicas} training files, or data.stream=false")
+        )
+        raise ConfigError(
+            f"data.files={files!r} gives {len(shards.paths)} training file(s){held}, and with "
+            f"data.stream=true each of the {replicas} mirrored replicas reads files of its own: "
+            f"give data.files at least {replicas} training files, or data.stream=false"
+        )

@@ -23,10 +23,12 @@ def held_files(paths: list[str], fraction: float, key: str, pattern: str) -> tup
     one) held out; one line naming `key` when the glob matches too few files to hold any out."""
     held = split_size(len(paths), fraction)
     if fraction > 0 and not held:
-        raise ConfigError(f"data.val_fraction={fraction:g} with data.stream=true holds out whole files, and "
-                          f"{key}={pattern!r} matches {len(paths)} file; give data.val_path, or data.val_fraction=0 "
-                          "(no validation)")
-    return paths[:len(paths) - held], paths[len(paths) - held:]
+        raise ConfigError(
+            f"data.val_fraction={fraction:g} with data.stream=true holds out whole files, and "
+            f"{key}={pattern!r} matches {len(paths)} file; give data.val_path, or data.val_fraction=0 "
+            "(no validation)"
+        )
+    return paths[: len(paths) - held], paths[len(paths) - held :]
 
 
 @dataclass(frozen=True)

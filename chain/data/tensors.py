@@ -48,9 +48,11 @@ def _within(batches: Iterator, timeout_s: float, what: str) -> Iterator:
         try:
             kind, item = items.get(timeout=timeout_s)
         except queue.Empty:
-            raise ConfigError(f"{what} gave no example for {timeout_s:g} s (data.read_timeout_s) after {examples} "
-                              "examples: an endless dataset that yields nothing? (a filter that drops every example "
-                              "of a repeated dataset) return each example once, or raise data.read_timeout_s") from None
+            raise ConfigError(
+                f"{what} gave no example for {timeout_s:g} s (data.read_timeout_s) after {examples} "
+                "examples: an endless dataset that yields nothing? (a filter that drops every example "
+                "of a repeated dataset) return each example once, or raise data.read_timeout_s"
+            ) from None
         if kind == "end":
             return
         if kind == "error":
@@ -59,8 +61,9 @@ def _within(batches: Iterator, timeout_s: float, what: str) -> Iterator:
         yield item
 
 
-def _gather(dataset: tf.data.Dataset, what: str, max_examples: int | None = None,
-            timeout_s: float | None = None) -> Any:
+def _gather(
+    dataset: tf.data.Dataset, what: str, max_examples: int | None = None, timeout_s: float | None = None
+) -> Any:
     """Every element of a finite dataset, batched into NumPy arrays (a structure like its elements).
 
     `max_examples` and `timeout_s` bound the read of a dataset that may never end: more examples
@@ -70,7 +73,7 @@ def _gather(dataset: tf.data.Dataset, what: str, max_examples: int | None = None
     batches = dataset.batch(CHUNK).as_numpy_iterator()
     parts = []
     try:
-        for batch in (batches if timeout_s is None else _within(batches, timeout_s, what)):
+        for batch in batches if timeout_s is None else _within(batches, timeout_s, what):
             parts.append(batch)
     except (tf.errors.OpError, ValueError, TypeError) as e:
         raise ConfigError(f"{what} cannot be read: {first_line(e)}") from None
@@ -78,8 +81,10 @@ def _gather(dataset: tf.data.Dataset, what: str, max_examples: int | None = None
         raise ConfigError(f"{what} holds no examples")
     arrays = tf.nest.map_structure(lambda *a: np.concatenate(a), *parts)
     if max_examples is not None and len(tf.nest.flatten(arrays)[0]) > max_examples:
-        raise ConfigError(f"{what} gave more than data.max_examples={max_examples} examples (an endless dataset?); "
-                          "return each example once, or raise data.max_examples")
+        raise ConfigError(
+            f"{what} gave more than data.max_examples={max_examples} examples (an endless dataset?); "
+            "return each example once, or raise data.max_examples"
+        )
     return arrays
 
 
@@ -89,8 +94,10 @@ def _gather(dataset: tf.data.Dataset, what: str, max_examples: int | None = None
 def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
     """The inputs and targets held by the TFRecord files of the glob `pattern` (`key` names it),
     parsed with `data.features`, and what each was read from."""
-    spec = {name: tf.io.FixedLenFeature(shape, tf.float32 if dtype == "float32" else tf.int64)
-            for name, (dtype, shape) in data.features}
+    spec = {
+        name: tf.io.FixedLenFeature(shape, tf.float32 if dtype == "float32" else tf.int64)
+        for name, (dtype, shape) in data.features
+    }
     keys = target_keys(data)
     paths = files.matching(pattern, key)
     # TensorFlow's reader stops without a word at a file cut inside a record's header: count them.
@@ -98,8 +105,9 @@ def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray],
     parsed = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
     arrays = _gather(parsed, f"{key}={pattern!r} with data.features")
     if whole != len(arrays[data.x]):
-        raise ConfigError(f"{key}={pattern!r}: TensorFlow read {len(arrays[data.x])} records, but the files hold "
-                          f"{whole}")
+        raise ConfigError(
+            f"{key}={pattern!r}: TensorFlow read {len(arrays[data.x])} records, but the files hold {whole}"
+        )
     where = [f"data.x={data.x!r} of {pattern}"] + [f"{w}={k!r}" for _, k, w in keys]
     return arrays[data.x], [arrays[k] for _, k, _ in keys], where
 
@@ -121,8 +129,9 @@ def _call(data) -> tf.data.Dataset:
     if not isinstance(result, tf.data.Dataset):
         raise ConfigError(f"{what} returned {type(result).__name__}; it must return {targets.DATA_FUNCTION_RETURNS}")
     if result.cardinality() == tf.data.INFINITE_CARDINALITY:
-        raise ConfigError(f"{what} returned an endless dataset (it repeats); return each example once: "
-                          "chain repeats and shuffles it")
+        raise ConfigError(
+            f"{what} returned an endless dataset (it repeats); return each example once: chain repeats and shuffles it"
+        )
     return result
 
 
@@ -134,13 +143,20 @@ def function_dataset(data) -> tf.data.Dataset:
     spec = dataset.element_spec
     ys = spec[1] if isinstance(spec, tuple) and len(spec) == 2 else None
     ys = list(ys.values()) if isinstance(ys, dict) else [ys]
-    if not (isinstance(spec, tuple) and isinstance(spec[0], tf.TensorSpec) and ys
-            and all(isinstance(y, tf.TensorSpec) for y in ys)):
-        raise ConfigError(f"{what} returned a dataset of {spec}; its elements must be (x, y) or (x, {{name: y}}), "
-                          "one example each")
+    if not (
+        isinstance(spec, tuple)
+        and isinstance(spec[0], tf.TensorSpec)
+        and ys
+        and all(isinstance(y, tf.TensorSpec) for y in ys)
+    ):
+        raise ConfigError(
+            f"{what} returned a dataset of {spec}; its elements must be (x, y) or (x, {{name: y}}), one example each"
+        )
     if not all(s.shape.is_fully_defined() for s in [spec[0], *ys]):
-        raise ConfigError(f"{what} returned examples of unknown shape ({spec}); every x and every y must have "
-                          "one fixed shape (do not batch the dataset: chain does)")
+        raise ConfigError(
+            f"{what} returned examples of unknown shape ({spec}); every x and every y must have "
+            "one fixed shape (do not batch the dataset: chain does)"
+        )
     return dataset
 
 

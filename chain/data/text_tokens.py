@@ -55,20 +55,26 @@ def vocabulary(path: str) -> Vocabulary:
                 path = os.path.join(path, name)
                 break
         else:
-            raise ConfigError(f"{KEY}={path!r} is a folder without vocab.json (byte-pair, with merges.txt) or vocab.txt "
-                              "(WordPiece)")
+            raise ConfigError(
+                f"{KEY}={path!r} is a folder without vocab.json (byte-pair, with merges.txt) or vocab.txt (WordPiece)"
+            )
     if not os.path.isfile(path):
-        raise ConfigError(f"{KEY}={path!r}: the file does not exist; give a vocab.txt (WordPiece), a vocab.json with "
-                          "merges.txt beside it (byte-pair), or their folder")
+        raise ConfigError(
+            f"{KEY}={path!r}: the file does not exist; give a vocab.txt (WordPiece), a vocab.json with "
+            "merges.txt beside it (byte-pair), or their folder"
+        )
     if path.endswith(".json"):
         merges = os.path.join(folder, "merges.txt")
         if not os.path.isfile(merges):
-            raise ConfigError(f"{KEY}={path!r} is a byte-pair vocabulary, which needs merges.txt beside it ({merges} "
-                              "does not exist)")
+            raise ConfigError(
+                f"{KEY}={path!r} is a byte-pair vocabulary, which needs merges.txt beside it ({merges} does not exist)"
+            )
         return Vocabulary(path, merges)
     if path.endswith(".txt"):
         return Vocabulary(path, None)
-    raise ConfigError(f"{KEY}={path!r} is neither a vocab.txt (WordPiece) nor a vocab.json (byte-pair, with merges.txt)")
+    raise ConfigError(
+        f"{KEY}={path!r} is neither a vocab.txt (WordPiece) nor a vocab.json (byte-pair, with merges.txt)"
+    )
 
 
 def tokenizer(v: Vocabulary) -> Any:
@@ -79,8 +85,10 @@ def tokenizer(v: Vocabulary) -> Any:
         import_tensorflow_quietly()  # keras_hub imports TensorFlow: without its start-up banner
         import keras_hub
     except ImportError as e:
-        raise ConfigError(f"{KEY} needs keras-hub ({first_line(e)}); install it (the `lm` extra and keras-hub, see "
-                          "the README), or leave data.tokenizer=null for byte-level ids") from None
+        raise ConfigError(
+            f"{KEY} needs keras-hub ({first_line(e)}); install it (the `lm` extra and keras-hub, see "
+            "the README), or leave data.tokenizer=null for byte-level ids"
+        ) from None
     try:
         if v.merges is not None:
             return keras_hub.tokenizers.BytePairTokenizer(vocabulary=v.vocab, merges=v.merges)

@@ -75,8 +75,10 @@ def whole_records(path: str, where: str) -> int:
             head = f.read(HEAD)
             end = at + HEAD + FOOT + struct.unpack("<Q", head[:8])[0] if len(head) == HEAD else size + 1
             if end > size:
-                raise ConfigError(f"{where}: {path} ends inside record {n} ({n} whole records before it): the file is "
-                                  "cut short, or that record's length is damaged")
+                raise ConfigError(
+                    f"{where}: {path} ends inside record {n} ({n} whole records before it): the file is "
+                    "cut short, or that record's length is damaged"
+                )
             f.seek(end)
             at, n = end, n + 1
     return n
@@ -117,10 +119,10 @@ def _fields(b: bytes):
             value, i = _varint(b, i)
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
-            value, i = b[i:i + size], i + size
+            value, i = b[i : i + size], i + size
         elif wire == 2:
             size, i = _varint(b, i)
-            value, i = b[i:i + size], i + size
+            value, i = b[i : i + size], i + size
         else:
             raise ValueError(f"wire type {wire}")
         if i > len(b):

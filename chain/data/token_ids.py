@@ -45,10 +45,14 @@ def ids(data) -> Ids:
         shape, dtype = ("N", *per_example), np.dtype(np.int64 if dtype_name == "int64" else np.float32)
         where, held = f"data.x={data.x!r} (data.features)", f"{dtype_name}{list(per_example)} per example"
     else:
-        raise ConfigError(f"model=gpt reads token ids: it needs data=text, tokens, npz or tfrecord (is data={data.name})")
+        raise ConfigError(
+            f"model=gpt reads token ids: it needs data=text, tokens, npz or tfrecord (is data={data.name})"
+        )
     if dtype.kind not in "iu" or len(shape) != 2:
-        raise ConfigError(f"model=gpt reads token ids, one row of integer ids per example ((N, T)), but {where} holds "
-                          f"{held}; give integer ids (e.g. np.int32)")
+        raise ConfigError(
+            f"model=gpt reads token ids, one row of integer ids per example ((N, T)), but {where} holds "
+            f"{held}; give integer ids (e.g. np.int32)"
+        )
     return Ids(int(shape[1]), dtype.name)
 
 
@@ -56,8 +60,10 @@ def in_vocab(x: np.ndarray, vocab: int, where: str) -> None:
     """One line naming `where` (the key and file) when an id of `x` is outside `[0, vocab)`."""
     low, top = (int(x.min()), int(x.max())) if x.size else (0, 0)
     if low < 0 or top >= vocab:
-        raise ConfigError(f"{where} holds the id {low if low < 0 else top}; model.vocab={vocab} takes ids "
-                          f"0..{vocab - 1}: give model.vocab (and data.classes) the largest id + 1 or more")
+        raise ConfigError(
+            f"{where} holds the id {low if low < 0 else top}; model.vocab={vocab} takes ids "
+            f"0..{vocab - 1}: give model.vocab (and data.classes) the largest id + 1 or more"
+        )
 
 
 def _in_place(member: files.Member, vocab: int, where: str) -> None:
@@ -65,7 +71,7 @@ def _in_place(member: files.Member, vocab: int, where: str) -> None:
     rows = np.memmap(member.path, np.dtype(member.dtype), "r", member.offset, member.shape)
     step = max(1, (1 << 24) // max(1, math.prod(member.shape[1:])))
     for i in range(0, len(rows), step):
-        in_vocab(np.asarray(rows[i:i + step]), vocab, where)
+        in_vocab(np.asarray(rows[i : i + step]), vocab, where)
 
 
 def check(data, x: np.ndarray | None, val_x: np.ndarray | None, shards, vocab: int, target: str) -> None:
@@ -84,7 +90,11 @@ def check(data, x: np.ndarray | None, val_x: np.ndarray | None, shards, vocab: i
     elif isinstance(shards, ArrayFiles):
         learned = [name for name, _ in shards.targets].index(target)
         key = [f"{where}={key!r}" for _, key, where in target_keys(data)][learned]
-        members = {m: k for part in (shards.train, shards.val) if part is not None  # data.path's validation rows:
-                   for m, k in ((part.x, f"data.x={data.x!r}"), (part.ys[learned], key))}  # the same members
+        members = {
+            m: k
+            for part in (shards.train, shards.val)
+            if part is not None  # data.path's validation rows:
+            for m, k in ((part.x, f"data.x={data.x!r}"), (part.ys[learned], key))
+        }  # the same members
         for member, k in members.items():
             _in_place(member, vocab, f"{k} of {member.path}")

@@ -34,7 +34,7 @@ def _tokens(part: TokenPart, start: int, stop: int) -> np.ndarray:
     pieces, first = [], 0
     for path, n in zip(part.paths, part.sizes):
         if first < stop and start < first + n:
-            pieces.append(_ids(path, part.dtype)[max(start - first, 0):min(stop - first, n)])
+            pieces.append(_ids(path, part.dtype)[max(start - first, 0) : min(stop - first, n)])
         first += n
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
@@ -45,8 +45,9 @@ def _reader(part: TokenPart):
     s = part.seq_len
 
     def read(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        windows = np.stack([_tokens(part, i, i + s + 1) for i in starts.tolist()]) if len(starts) else \
-            np.zeros((0, s + 1))
+        windows = (
+            np.stack([_tokens(part, i, i + s + 1) for i in starts.tolist()]) if len(starts) else np.zeros((0, s + 1))
+        )
         return windows[:, :-1].astype(x_dtype), windows[:, 1:].astype(np.int32)
 
     def batch(starts):
@@ -72,8 +73,9 @@ def _start(files: TokenFiles, shuffle: bool, seed: int):
     def start(g):
         if files.windows == "random":  # any token that leaves a whole window after it
             last = part.stop - part.start - s - 1
-            draw = tf.random.stateless_uniform([], seed=tf.stack([tf.constant(seed, tf.int64), g]),
-                                               minval=0, maxval=last + 1, dtype=tf.int64)
+            draw = tf.random.stateless_uniform(
+                [], seed=tf.stack([tf.constant(seed, tf.int64), g]), minval=0, maxval=last + 1, dtype=tf.int64
+            )
             return part.start + draw
         i = g % count
         if shuffle:

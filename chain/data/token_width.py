@@ -33,11 +33,11 @@ _HIGH_AT = 1 if sys.byteorder == "little" else 0  # memory-mapped ids are in the
 
 def _sample(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(low halves, high halves) of up to `PAIRS` pairs of `ids` read as uint16, in `BLOCKS` blocks."""
-    pairs = ids[:len(ids) // 2 * 2].reshape(-1, 2)
+    pairs = ids[: len(ids) // 2 * 2].reshape(-1, 2)
     if len(pairs) > PAIRS:
         per = PAIRS // BLOCKS
         starts = np.linspace(0, len(pairs) - per, BLOCKS).astype(np.int64)
-        pairs = np.concatenate([pairs[s:s + per] for s in starts])
+        pairs = np.concatenate([pairs[s : s + per] for s in starts])
     return np.asarray(pairs[:, 1 - _HIGH_AT]), np.asarray(pairs[:, _HIGH_AT])
 
 
@@ -53,15 +53,19 @@ def narrow(path: str, key: str, size: int) -> str | None:
     for bound, said in ((1, "0"), (HIGH, f"below {HIGH}")):
         others = int((low >= bound).sum())
         if int(high.max()) < bound and 4 * others >= n:
-            return (f"{key}={path!r} looks like uint32 ids read as data.dtype=uint16: at {n} pairs of positions "
-                    f"sampled over it, every second id is {said} (the high half of a uint32 id) and {others} of the "
-                    "others are not; set data.dtype=uint32")
+            return (
+                f"{key}={path!r} looks like uint32 ids read as data.dtype=uint16: at {n} pairs of positions "
+                f"sampled over it, every second id is {said} (the high half of a uint32 id) and {others} of the "
+                "others are not; set data.dtype=uint32"
+            )
     return None
 
 
 def wide(path: str, key: str, top: int, top_narrow: int) -> str:
     """The one line refusing `path` read as uint32, whose largest id `top` is over `data.vocab`'s limit;
     `top_narrow` is its largest id read as uint16."""
-    return (f"{key}={path!r} read as data.dtype=uint32 holds the id {top}, over data.vocab's limit of {MAX_CLASSES} "
-            f"ids: if it holds uint16 ids (each of these is two of them), set data.dtype=uint16 (its ids are then "
-            f"0..{top_narrow})")
+    return (
+        f"{key}={path!r} read as data.dtype=uint32 holds the id {top}, over data.vocab's limit of {MAX_CLASSES} "
+        f"ids: if it holds uint16 ids (each of these is two of them), set data.dtype=uint16 (its ids are then "
+        f"0..{top_narrow})"
+    )

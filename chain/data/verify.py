@@ -48,11 +48,14 @@ def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray | dict[str, np
     if a.dtype.kind not in "fiub":
         raise ValueError(f"{name} has dtype {a.dtype}; expected numbers (float32) of shape {_shape(want)}")
     if a.ndim == 0 or a.shape[0] == 0:
-        raise ValueError(f"{name} is empty (shape {a.shape}); a batch needs at least one example of shape "
-                         f"{tuple(info.input_shape)}")
+        raise ValueError(
+            f"{name} is empty (shape {a.shape}); a batch needs at least one example of shape {tuple(info.input_shape)}"
+        )
     if tuple(a.shape[1:]) != tuple(info.input_shape):
-        raise ValueError(f"{name} has shape {a.shape}; data={info.name} examples have shape "
-                         f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}")
+        raise ValueError(
+            f"{name} has shape {a.shape}; data={info.name} examples have shape "
+            f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}"
+        )
     return a.astype(input_dtype(a.dtype), copy=False)
 
 
@@ -62,8 +65,9 @@ def structured(x: dict, name: str = "x") -> dict[str, np.ndarray]:
     for key, value in x.items():
         a = _array(value, f"{name}[{key!r}]")
         if a.dtype.kind not in "fiub" or a.ndim == 0 or a.shape[0] == 0:
-            raise ValueError(f"{name}[{key!r}] has dtype {a.dtype} and shape {a.shape}; expected numbers, one row per "
-                             "example")
+            raise ValueError(
+                f"{name}[{key!r}] has dtype {a.dtype} and shape {a.shape}; expected numbers, one row per example"
+            )
         if n is not None and a.shape[0] != n:
             raise ValueError(f"{name}[{key!r}] has {a.shape[0]} examples, but {name}'s other inputs have {n}")
         n = a.shape[0]
@@ -88,33 +92,44 @@ def target(y: Any, t: Target, n: int, name: str) -> np.ndarray:
     a = _array(y, name)
     if t.shape:
         if a.shape != (n, *t.shape):
-            raise ValueError(f"{name} has shape {a.shape}; expected {_shape((n, *t.shape))}: one label per "
-                             f"position of each example of x ({n} examples)")
+            raise ValueError(
+                f"{name} has shape {a.shape}; expected {_shape((n, *t.shape))}: one label per "
+                f"position of each example of x ({n} examples)"
+            )
     elif a.shape not in ((n,), (n, 1)):
-        raise ValueError(f"{name} has shape {a.shape}; expected ({n},) or ({n}, 1): one "
-                         f"{'label' if t.classes else 'value'} per example of x ({n} examples)")
+        raise ValueError(
+            f"{name} has shape {a.shape}; expected ({n},) or ({n}, 1): one "
+            f"{'label' if t.classes else 'value'} per example of x ({n} examples)"
+        )
     else:
         a = a.reshape(n)
     if a.dtype.kind not in "fiub":
-        raise ValueError(f"{name} has dtype {a.dtype}; expected "
-                         f"{'integer class labels' if t.classes else 'real values'}")
+        raise ValueError(
+            f"{name} has dtype {a.dtype}; expected {'integer class labels' if t.classes else 'real values'}"
+        )
     if t.is_regression:
         if a.dtype.kind == "f" and not np.isfinite(a).all():
-            raise ValueError(f"{name} holds {a[~np.isfinite(a)][0]} at index {int(np.flatnonzero(~np.isfinite(a))[0])}; "
-                             "values must be finite")
+            raise ValueError(
+                f"{name} holds {a[~np.isfinite(a)][0]} at index {int(np.flatnonzero(~np.isfinite(a))[0])}; "
+                "values must be finite"
+            )
         return a.astype(np.float32, copy=False)
     flat = a.reshape(-1)  # a label per position: indices name (example, position)
     place = (lambda i: str(i)) if not t.shape else (lambda i: ", ".join(map(str, np.unravel_index(i, a.shape))))
     if a.dtype.kind == "f":
         bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
         if bad.size:
-            raise ValueError(f"{name}[{place(bad[0])}] = {flat[bad[0]]!r} is not a class label: target {t.name!r} "
-                             f"takes integers 0..{t.classes - 1}")
+            raise ValueError(
+                f"{name}[{place(bad[0])}] = {flat[bad[0]]!r} is not a class label: target {t.name!r} "
+                f"takes integers 0..{t.classes - 1}"
+            )
     out_of_range = np.flatnonzero((flat < 0) | (flat >= t.classes))
     if out_of_range.size:
         i = out_of_range[0]
-        raise ValueError(f"{name}[{place(i)}] = {flat[i].item()!r} is out of range: target {t.name!r} has "
-                         f"{t.classes} classes, 0..{t.classes - 1}")
+        raise ValueError(
+            f"{name}[{place(i)}] = {flat[i].item()!r} is out of range: target {t.name!r} has "
+            f"{t.classes} classes, 0..{t.classes - 1}"
+        )
     return a.astype(np.int32)
 
 
@@ -134,18 +149,22 @@ def batch(x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | 
     ys = dict(y) if isinstance(y, dict) else {default: y}
     for key in ys:
         if key not in known:
-            raise ValueError(f"y has a target {key!r}, which data={info.name} does not have; "
-                             f"its targets: {', '.join(known)}")
+            raise ValueError(
+                f"y has a target {key!r}, which data={info.name} does not have; its targets: {', '.join(known)}"
+            )
     missing = [w for w in wanted if w not in ys]
     if missing:
-        raise ValueError(f"y has no target {missing[0]!r}, which a stage learns; pass y as a dict with "
-                         f"{', '.join(repr(w) for w in wanted)}")
+        raise ValueError(
+            f"y has no target {missing[0]!r}, which a stage learns; pass y as a dict with "
+            f"{', '.join(repr(w) for w in wanted)}"
+        )
     name = (lambda k: f"y[{k!r}]") if isinstance(y, dict) else (lambda k: "y")
     return x, {k: target(v, known[k], n, name(k)) for k, v in ys.items()}
 
 
-def arrays(x: np.ndarray, y: dict[str, np.ndarray], info: DataInfo, where: dict[str, str]
-           ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def arrays(
+    x: np.ndarray, y: dict[str, np.ndarray], info: DataInfo, where: dict[str, str]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Check a whole data set once, when it is loaded: `(x, targets)` normalised as for a batch.
 
     `where` names what `x` (key "x") and each target were read from (e.g. `data.y='y'`), so

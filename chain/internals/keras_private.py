@@ -120,9 +120,15 @@ def slot_lists(optimizer: Any) -> dict[str, list[Any]]:
     import keras
 
     n = len(built_for(optimizer))
-    return {name: value for name, value in vars(optimizer).items()
-            if name not in ("_trainable_variables", "_variables") and isinstance(value, list) and n
-            and len(value) == n and all(isinstance(v, keras.Variable) for v in value)}
+    return {
+        name: value
+        for name, value in vars(optimizer).items()
+        if name not in ("_trainable_variables", "_variables")
+        and isinstance(value, list)
+        and n
+        and len(value) == n
+        and all(isinstance(v, keras.Variable) for v in value)
+    }
 
 
 def keras_mask(tensor: Any) -> Any:

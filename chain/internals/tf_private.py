@@ -77,10 +77,17 @@ def profile_request(session: str, root: str, host: str, duration_ms: int, emit: 
     instead)."""
     from tensorflow.tsl.profiler.protobuf import profiler_options_pb2
 
-    options = profiler_options_pb2.ProfileOptions(version=1, host_tracer_level=2, device_tracer_level=1,
-                                                  python_tracer_level=0, duration_ms=duration_ms)
-    return (_field(1, duration_ms) + _field(4, options.SerializeToString()) + _field(5, root) + _field(6, session)
-            + _field(7, host) + (_field(9, 1) if emit else b""))
+    options = profiler_options_pb2.ProfileOptions(
+        version=1, host_tracer_level=2, device_tracer_level=1, python_tracer_level=0, duration_ms=duration_ms
+    )
+    return (
+        _field(1, duration_ms)
+        + _field(4, options.SerializeToString())
+        + _field(5, root)
+        + _field(6, session)
+        + _field(7, host)
+        + (_field(9, 1) if emit else b"")
+    )
 
 
 def terminate_request(session: str) -> bytes:

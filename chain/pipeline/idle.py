@@ -75,8 +75,10 @@ def step_idle(step: MeasuredStep, rows: Sequence[Sequence[Action]], schedule: Sc
         previous = first
         for action in row:
             measured: MeasuredAction = by[(action.stage, action.microbatch, action.kind)]
-            inputs = max((by[(d.stage, d.microbatch, d.kind)].end_ms
-                          for d in dependencies(action, schedule.stages, split)), default=first)
+            inputs = max(
+                (by[(d.stage, d.microbatch, d.kind)].end_ms for d in dependencies(action, schedule.stages, split)),
+                default=first,
+            )
             ready = max(previous, inputs)
             input_wait += max(0.0, min(inputs, measured.start_ms) - previous)
             overhead += max(0.0, measured.start_ms - ready)
@@ -134,20 +136,34 @@ def explain(measured: Measured, schedule: Schedule) -> StepIdle | None:
         return None
     rows = played_rows(schedule, measured.grad_accum)
     per = [step_idle(s, rows, schedule) for s in steps]
-    devices = [DeviceIdle(r, *(median(getattr(p[r], f) for p in per)
-                               for f in ("busy_ms", "input_wait_ms", "overhead_ms", "tail_ms")))
-               for r in range(len(rows))]
+    devices = [
+        DeviceIdle(
+            r, *(median(getattr(p[r], f) for p in per) for f in ("busy_ms", "input_wait_ms", "overhead_ms", "tail_ms"))
+        )
+        for r in range(len(rows))
+    ]
     spans = [(min(a.start_ms for a in s.actions), max(a.end_ms for a in s.actions), s) for s in steps]
     span, bubble = replay(schedule, mean_durations(steps), measured.grad_accum)
-    return StepIdle(devices, median(lo - s.start_ms for lo, _, s in spans), median(hi - lo for lo, hi, _ in spans),
-                    median(s.end_ms - hi for _, hi, s in spans), span, bubble)
+    return StepIdle(
+        devices,
+        median(lo - s.start_ms for lo, _, s in spans),
+        median(hi - lo for lo, hi, _ in spans),
+        median(s.end_ms - hi for _, hi, s in spans),
+        span,
+        bubble,
+    )
 
 
 def render(idle: StepIdle) -> str:
     """`idle` as lines of text: one per device, then the step's head, span and finish, and the replay."""
-    lines = [f"device {d.device}: busy {d.busy_ms:.1f} ms, waiting for inputs {d.input_wait_ms:.1f}, "
-             f"overhead {d.overhead_ms:.1f}, tail {d.tail_ms:.1f}" for d in idle.devices]
-    lines.append(f"step: head {idle.head_ms:.1f} ms, span {idle.span_ms:.1f}, finish {idle.finish_ms:.1f}; "
-                 f"replayed with the measured mean durations: span {idle.replayed_span_ms:.1f}, "
-                 f"bubble {idle.replayed_bubble_fraction:.3f}")
+    lines = [
+        f"device {d.device}: busy {d.busy_ms:.1f} ms, waiting for inputs {d.input_wait_ms:.1f}, "
+        f"overhead {d.overhead_ms:.1f}, tail {d.tail_ms:.1f}"
+        for d in idle.devices
+    ]
+    lines.append(
+        f"step: head {idle.head_ms:.1f} ms, span {idle.span_ms:.1f}, finish {idle.finish_ms:.1f}; "
+        f"replayed with the measured mean durations: span {idle.replayed_span_ms:.1f}, "
+        f"bubble {idle.replayed_bubble_fraction:.3f}"
+    )
     return "\n".join(lines)

@@ -120,8 +120,11 @@ def durations(measured: Measured, step: MeasuredStep) -> str:
     parts = []
     for r in range(n_rows):
         mine = [a for a in step.actions if _row(a, measured.stages) == r]
-        means = [f"{kind} {sum(d) / len(d):.3f}" for kind in KINDS
-                 if (d := [a.end_ms - a.start_ms for a in mine if a.kind == kind])]
+        means = [
+            f"{kind} {sum(d) / len(d):.3f}"
+            for kind in KINDS
+            if (d := [a.end_ms - a.start_ms for a in mine if a.kind == kind])
+        ]
         copy = f"copy {r // measured.stages} " if (measured.replicas or 1) > 1 else ""
         parts.append(f"{copy}stage {r % measured.stages} {' '.join(means)}")
     return "mean ms per action: " + "; ".join(parts)
@@ -136,10 +139,14 @@ def render(measured: Measured, schedule: Schedule, devices: Sequence[str] | None
     done = [s for s in measured.steps if s.complete]
     laid = grid(measured, step)
     span = max(a.end_ms for a in step.actions) - min(a.start_ms for a in step.actions)
-    lines = [f"measured: step {step.step}, {span:.2f} ms, {plural(len(laid.starts_ms), 'tick')} (a cell per action, "
-             "in the order they started; -: still running, .: idle)"]
+    lines = [
+        f"measured: step {step.step}, {span:.2f} ms, {plural(len(laid.starts_ms), 'tick')} (a cell per action, "
+        "in the order they started; -: still running, .: idle)"
+    ]
     lines += rows(laid.timeline(), devices, replicas=measured.replicas or 1, running=laid.running)
     lines.append(durations(measured, step))
-    lines.append(f"measured bubble fraction: {measured.measured_bubble_fraction:.3f} (idle time / all time, "
-                 f"mean of {plural(len(done), 'step')}); planned: {simulate(schedule).bubble_fraction:.3f}")
+    lines.append(
+        f"measured bubble fraction: {measured.measured_bubble_fraction:.3f} (idle time / all time, "
+        f"mean of {plural(len(done), 'step')}); planned: {simulate(schedule).bubble_fraction:.3f}"
+    )
     return "\n".join(lines)

@@ -58,8 +58,18 @@ UPDATE = "update"
 OTHER = "other (labels, releases, report)"
 UNTRACED = "allocated before the trace, freed after the peak"
 _ACTION_SCOPE = re.compile(r"(^|/)(r\d+_)?s\d+_[FBW]\d+(?=/)")  # an action's scope within a name (`Action.scope`)
-CATEGORIES = (BEFORE, UNTRACED, FORWARD_ACTIVATIONS, REPLAY_ACTIVATIONS, GRADIENT_SUMS, WEIGHT_GRADIENTS,
-              OUTPUT_GRADIENTS, TEMPORARIES, UPDATE, OTHER)
+CATEGORIES = (
+    BEFORE,
+    UNTRACED,
+    FORWARD_ACTIVATIONS,
+    REPLAY_ACTIVATIONS,
+    GRADIENT_SUMS,
+    WEIGHT_GRADIENTS,
+    OUTPUT_GRADIENTS,
+    TEMPORARIES,
+    UPDATE,
+    OTHER,
+)
 
 
 @dataclass(frozen=True)
@@ -135,12 +145,19 @@ def read_events(paths: Iterable[str]) -> tuple[list[MemoryEvent], dict[int, tupl
         if t.name not in (ALLOCATION, DEALLOCATION):
             continue
         stats = t.stats()
-        events.append(MemoryEvent(
-            allocated=t.name == ALLOCATION, time_ps=t.start_ps,
-            addr=int(stats.get("addr") or 0), requested=int(stats.get("requested_bytes") or 0),
-            chunk=int(stats.get("allocation_bytes") or 0), in_use=int(stats.get("bytes_allocated") or 0),
-            op=str(stats.get("tf_op") or ""), shape=str(stats.get("shape") or ""),
-            region=str(stats.get("region_type") or "")))
+        events.append(
+            MemoryEvent(
+                allocated=t.name == ALLOCATION,
+                time_ps=t.start_ps,
+                addr=int(stats.get("addr") or 0),
+                requested=int(stats.get("requested_bytes") or 0),
+                chunk=int(stats.get("allocation_bytes") or 0),
+                in_use=int(stats.get("bytes_allocated") or 0),
+                op=str(stats.get("tf_op") or ""),
+                shape=str(stats.get("shape") or ""),
+                region=str(stats.get("region_type") or ""),
+            )
+        )
     events.sort(key=lambda e: e.time_ps)
     return events, steps
 
@@ -165,7 +182,7 @@ def _weight_key(op: str) -> tuple[int, str]:
     """(stage, the op's name without its action's scope): the same weight's gradient in every microbatch's
     backward (Keras numbers a layer's calls, `dense_3_1`, the same in every microbatch's trace)."""
     action = Action.parse(op)
-    rest = op[len(GRADIENT_TAPE):] if op.startswith(GRADIENT_TAPE) else op
+    rest = op[len(GRADIENT_TAPE) :] if op.startswith(GRADIENT_TAPE) else op
     return (action.stage if action else -1), _ACTION_SCOPE.sub("", rest)
 
 
@@ -178,9 +195,12 @@ def split_sums(live: Sequence[LiveTensor]) -> list[LiveTensor]:
         if t.category == GRADIENT_SUMS and t.event is not None:
             key = _weight_key(t.event.op)
             oldest[key] = min(oldest.get(key, t.event.time_ps), t.event.time_ps)
-    return [LiveTensor(t.event, t.requested, t.chunk, WEIGHT_GRADIENTS)
-            if t.category == GRADIENT_SUMS and t.event is not None and t.event.time_ps != oldest[_weight_key(t.event.op)]
-            else t for t in live]
+    return [
+        LiveTensor(t.event, t.requested, t.chunk, WEIGHT_GRADIENTS)
+        if t.category == GRADIENT_SUMS and t.event is not None and t.event.time_ps != oldest[_weight_key(t.event.op)]
+        else t
+        for t in live
+    ]
 
 
 def live_at_peak(events: Sequence[MemoryEvent], within: tuple[int, int] | None = None) -> Peak:
@@ -202,7 +222,7 @@ def live_at_peak(events: Sequence[MemoryEvent], within: tuple[int, int] | None =
     for e in events[: top + 1]:
         seen.add(e.addr)
     untraced = {}
-    for e in events[top + 1:]:
+    for e in events[top + 1 :]:
         if not e.allocated and e.addr not in seen and e.addr not in untraced:
             untraced[e.addr] = e
         seen.add(e.addr)
@@ -222,7 +242,7 @@ def peak_of(logdir: str, step: int | None = None) -> Peak:
     return live_at_peak(events, steps[step] if step is not None else None)
 
 
-def table(peak: Peak, mib: float = 2.0 ** 20) -> list[str]:
+def table(peak: Peak, mib: float = 2.0**20) -> list[str]:
     """The breakdown as Markdown table rows (MiB): category, requested, chunk (allocated)."""
     rows = ["| live at the peak | requested, MiB | allocated (chunks), MiB |", "|---|---|---|"]
     total_r = total_b = 0

@@ -31,8 +31,10 @@ class Progress:
         self.stride = stride(schedule, grad_accum)
         with tf.device(host):
             self.started = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_begun")
-            self.markers = [tf.Variable(0, dtype=tf.int64, trainable=False, name=f"progress_row{i}")
-                            for i in range(replicas * schedule.devices)]
+            self.markers = [
+                tf.Variable(0, dtype=tf.int64, trainable=False, name=f"progress_row{i}")
+                for i in range(replicas * schedule.devices)
+            ]
 
     def begin(self, inputs: Sequence[tf.Tensor]) -> tf.Tensor:
         """In the step, once: count it begun once its batch is there; returns `step * stride`, the base

@@ -63,8 +63,13 @@ def stage_state(stage: Stage) -> list[tf.Variable]:
     return out
 
 
-def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name: str,
-                owner: int | None = None, travel: tf.DType | None = None) -> list[tf.Tensor | None]:
+def reduce_mean(
+    values: Sequence[tf.Tensor | None],
+    devices: Sequence[str],
+    name: str,
+    owner: int | None = None,
+    travel: tf.DType | None = None,
+) -> list[tf.Tensor | None]:
     """`values[r]` (on `devices[r]`) averaged over r, on every device, the same bits everywhere: the
     R values added in replica order, then times 1/R.
 
@@ -98,8 +103,10 @@ def reduce_mean(values: Sequence[tf.Tensor | None], devices: Sequence[str], name
         parts = [arrived(i, owner) for i in range(n)]
         with tf.device(devices[owner]):
             mean = cast(tf.add_n(parts) * (1.0 / n), devices[owner], travel)
-        return [cast(mean if r == owner else copy_to(mean, device, f"{name}_mean_to_r{r}"), device, dtype)
-                for r, device in enumerate(devices)]
+        return [
+            cast(mean if r == owner else copy_to(mean, device, f"{name}_mean_to_r{r}"), device, dtype)
+            for r, device in enumerate(devices)
+        ]
     out = []
     for r, device in enumerate(devices):
         parts = [arrived(i, r) for i in range(n)]
@@ -142,9 +149,16 @@ class Replicated(Scheduled):
     # when the step is traced.
     reduction = "every"
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
-                 learns: type[ChainObjective],
-                 schedule: Schedule, **bodies: Any):
+    def __init__(
+        self,
+        settings: Settings,
+        placement: Placement,
+        info: DataInfo,
+        batch_cut: BatchCut,
+        learns: type[ChainObjective],
+        schedule: Schedule,
+        **bodies: Any,
+    ):
         self.copies: list[list[Stage]] = []
         super().__init__(settings, placement, info, batch_cut, learns, schedule, **bodies)
 
@@ -159,9 +173,11 @@ class Replicated(Scheduled):
         for copy in self.copies[1:]:
             for a, b in zip(first, copy):
                 if {id(v) for v in a.model.variables} & {id(v) for v in b.model.variables}:
-                    raise ConfigError(f"placement.replicas={s.placement.replicas}: stage {a.index}'s body returns the "
-                                      "same model each time it is built, so its copies would share one set of weights; "
-                                      "give a function that builds a new model, or remove placement.replicas")
+                    raise ConfigError(
+                        f"placement.replicas={s.placement.replicas}: stage {a.index}'s body returns the "
+                        "same model each time it is built, so its copies would share one set of weights; "
+                        "give a function that builds a new model, or remove placement.replicas"
+                    )
         self.sync()
         return first
 
@@ -181,10 +197,21 @@ class Replicated(Scheduled):
         if loss.ignore_class is not None:  # each copy's microbatches weighed against the whole batch's real labels
             loss = ShareOfBatch(loss, self.batch_cut.replicas, whole)
         self.progress = progress = self.markers(len(self.copies))
-        plays = [e2e_play(stages, self.schedule, loss, self.target, t.grad_accum, t.jit_compile,
-                          recompute_policy=self.settings.pipeline.recompute, replica=r, progress=progress,
-                          batch_cut=self.batch_cut)
-                 for r, stages in enumerate(self.copies)]
+        plays = [
+            e2e_play(
+                stages,
+                self.schedule,
+                loss,
+                self.target,
+                t.grad_accum,
+                t.jit_compile,
+                recompute_policy=self.settings.pipeline.recompute,
+                replica=r,
+                progress=progress,
+                batch_cut=self.batch_cut,
+            )
+            for r, stages in enumerate(self.copies)
+        ]
         updates = [[stage_update(s, t.jit_compile) for s in stages] for stages in self.copies]
         copies, n = self.copies, self.batch_cut.replicas  # a share of every batch per copy
         exchange = self.settings.placement.exchange_dtype
@@ -219,10 +246,18 @@ class Replicated(Scheduled):
             totals = reduce_mean([p.total for p in played], [c[-1].device for c in copies], "allreduce_loss")
             # Every copy clips by the norm of the averaged gradients (the same on every copy, computed
             # after the reduction) and updates its batch norms' statistics from every copy's microbatches.
-            reports = [finish(copies[r], self.schedule, updates[r],
-                              Played(per_replica[r], totals[r], played[r].previous), self.clip_global_norm,
-                              Pooled(deferred, r) if deferred else None, replica=r)
-                       for r in range(n)]
+            reports = [
+                finish(
+                    copies[r],
+                    self.schedule,
+                    updates[r],
+                    Played(per_replica[r], totals[r], played[r].previous),
+                    self.clip_global_norm,
+                    Pooled(deferred, r) if deferred else None,
+                    replica=r,
+                )
+                for r in range(n)
+            ]
             with tf.device(copies[0][-1].device), tf.control_dependencies(reports[1:]):
                 return tf.identity(reports[0])  # every copy's update runs, replica 0 reports
 
@@ -235,8 +270,9 @@ class Replicated(Scheduled):
         return [s.device for copy in self.copies for s in copy]
 
     def waiting(self, position: Position) -> list[str]:
-        return where(self.schedule, self.settings.trainer.grad_accum, self.memory_devices(), position,
-                     self.batch_cut.replicas)
+        return where(
+            self.schedule, self.settings.trainer.grad_accum, self.memory_devices(), position, self.batch_cut.replicas
+        )
 
     def summary(self, summary: Summary) -> Summary:
         copies = ReplicasFields(self.batch_cut.replicas, [list(row) for row in self.placement.copies])
@@ -244,5 +280,7 @@ class Replicated(Scheduled):
 
     def plan_text(self, full: bool) -> str:
         r = self.batch_cut.replicas
-        return (f"{r} copies of the pipeline (the grid above), each playing this schedule on its "
-                f"1/{r} of every batch:\n{super().plan_text(full)}")
+        return (
+            f"{r} copies of the pipeline (the grid above), each playing this schedule on its "
+            f"1/{r} of every batch:\n{super().plan_text(full)}"
+        )

@@ -46,14 +46,16 @@ def decode(started: int, values: Sequence[int], schedule: Schedule, grad_accum: 
     return Position(started, tuple(v % unit if v // unit == started else 0 for v in values))
 
 
-def where(schedule: Schedule, grad_accum: int, devices: Sequence[str], position: Position,
-          replicas: int = 1) -> list[str]:
+def where(
+    schedule: Schedule, grad_accum: int, devices: Sequence[str], position: Position, replicas: int = 1
+) -> list[str]:
     """The grid of the step's schedule (one round; `>`: each device's next action) and a line per
     device: its last finished action and the one it waits in, with what that one waits for.
     `devices`: each stage's device, copy 0's stages first (`replicas` copies of the pipeline)."""
     per_copy = schedule.devices
-    lines_of: list[list[Action]] = [row_actions(schedule, r, grad_accum, c)
-                                    for c in range(replicas) for r in range(per_copy)]
+    lines_of: list[list[Action]] = [
+        row_actions(schedule, r, grad_accum, c) for c in range(replicas) for r in range(per_copy)
+    ]
     finished = set()
     for actions, n in zip(lines_of, position.finished):
         finished.update(actions[:n])
@@ -73,8 +75,9 @@ def where(schedule: Schedule, grad_accum: int, devices: Sequence[str], position:
         missing = [d for d in dependencies(nxt, schedule.stages, split) if d not in finished]
         where_ = f"{nxt.scope()}{_round(nxt, schedule, grad_accum)}"
         if missing:
-            needs = ", ".join(f"{d.scope()} ({_row_name(schedule, schedule.row(d.stage), d.replica, replicas, ':')})"
-                              for d in missing)
+            needs = ", ".join(
+                f"{d.scope()} ({_row_name(schedule, schedule.row(d.stage), d.replica, replicas, ':')})" for d in missing
+            )
             text.append(f"{name}: {last}; waits in {where_} for {needs}")
         else:
             text.append(f"{name}: {last}; in {where_}, which has every input: the wait is inside it")

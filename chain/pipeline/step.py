@@ -94,8 +94,19 @@ from chain.config.checks import BatchCut
 from chain.data.catalog import Target
 from chain.internals.tf_private import add_control_input, host_address_space
 from chain.pipeline.progress import Progress
-from chain.schedule.schedules import (BACKWARD, DONE, FORWARD, WEIGHT, Action, Schedule, backward_at_once, is_split,
-                                      rounds, simulate, update_scope)
+from chain.schedule.schedules import (
+    BACKWARD,
+    DONE,
+    FORWARD,
+    WEIGHT,
+    Action,
+    Schedule,
+    backward_at_once,
+    is_split,
+    rounds,
+    simulate,
+    update_scope,
+)
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
 from chain.steps import xla
@@ -150,8 +161,9 @@ def _finished(ops: Sequence[tf.Operation], device: str) -> tf.Operation:
     mine = set(ops)
     last = [op for op in ops if not any(c in mine for t in op.outputs for c in t.consumers())]
     with tf.device(device):
-        ends = [tf.identity(t).op if t.dtype not in (tf.resource, tf.variant) else op
-                for op in last for t in op.outputs[:1]] + [op for op in last if not op.outputs]
+        ends = [
+            tf.identity(t).op if t.dtype not in (tf.resource, tf.variant) else op for op in last for t in op.outputs[:1]
+        ] + [op for op in last if not op.outputs]
         return tf.group(*ends, name=DONE)
 
 
@@ -218,13 +230,20 @@ def deferred_forwards(order: Sequence[Action], last: int, replayed: Callable[[in
     mine = [a for a in order if a.stage == last]
     forwards = [a.microbatch for a in mine if a.kind == FORWARD]
     waiting = {m for m in forwards if replayed(last, m)}
-    runs = [a.microbatch for a in mine
-            if a.kind == (BACKWARD if a.microbatch in waiting else FORWARD) and a.kind != WEIGHT]
+    runs = [
+        a.microbatch for a in mine if a.kind == (BACKWARD if a.microbatch in waiting else FORWARD) and a.kind != WEIGHT
+    ]
     return frozenset(waiting) if runs == forwards else frozenset()
 
 
-def weight_gradients(stage: Stage, targets, start, kept: Sequence[Kept] | None,
-                     kept_grads: Sequence[tf.Tensor | None], inputs: Sequence[tf.Tensor] = ()) -> list[tf.Tensor | None]:
+def weight_gradients(
+    stage: Stage,
+    targets,
+    start,
+    kept: Sequence[Kept] | None,
+    kept_grads: Sequence[tf.Tensor | None],
+    inputs: Sequence[tf.Tensor] = (),
+) -> list[tf.Tensor | None]:
     """W of a split backward: the gradients of `stage`'s `gradient_variables` (in their order).
 
     With every weighted layer's call kept (`kept`: its inputs and output, and `kept_grads`, the
@@ -242,8 +261,9 @@ def weight_gradients(stage: Stage, targets, start, kept: Sequence[Kept] | None,
     handles = [v.value if hasattr(v, "value") else v for v in variables]  # Keras 3 wraps the tf.Variable
     if kept is None:
         return tf.gradients(targets, handles, grad_ys=start, stop_gradients=list(inputs))
-    total: list[tf.Tensor | None] = list(tf.gradients(targets, handles, grad_ys=start,
-                                                      stop_gradients=[c.output for c in kept] + list(inputs)))
+    total: list[tf.Tensor | None] = list(
+        tf.gradients(targets, handles, grad_ys=start, stop_gradients=[c.output for c in kept] + list(inputs))
+    )
     for call, grad in zip(kept, kept_grads):
         if grad is None:
             continue
@@ -279,8 +299,14 @@ def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Ope
             w = w.inputs[0].op
         # The other readers of the gradients it reads (an activation's other readers are the forward's).
         gradients = [t for t in w.inputs if t.op in mine and t.op.name.startswith(_GRADIENT_SCOPE)]
-        later = list(dict.fromkeys(c for t in gradients for c in t.consumers()
-                                   if c is not w and c in mine and w not in c.control_inputs and c not in products))
+        later = list(
+            dict.fromkeys(
+                c
+                for t in gradients
+                for c in t.consumers()
+                if c is not w and c in mine and w not in c.control_inputs and c not in products
+            )
+        )
         ancestors = _ancestors(w, mine) if later else set()
         for c in later:
             if c not in ancestors:
@@ -317,11 +343,22 @@ def _ancestors(op: tf.Operation, within: set) -> set:
     return seen
 
 
-def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-             grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
-             clip_global_norm: float | None = None, batch_norm: str = "microbatch", recompute_policy: str = NEVER,
-             weights_early: bool = True, progress: Progress | None = None,
-             batch_cut: BatchCut | None = None) -> Callable:
+def e2e_step(
+    stages: Sequence[Stage],
+    schedule: Schedule,
+    loss: Callable,
+    target: Target,
+    grad_accum: int = 1,
+    jit_compile: bool = False,
+    ordered: bool | None = None,
+    release: bool = True,
+    clip_global_norm: float | None = None,
+    batch_norm: str = "microbatch",
+    recompute_policy: str = NEVER,
+    weights_early: bool = True,
+    progress: Progress | None = None,
+    batch_cut: BatchCut | None = None,
+) -> Callable:
     """The training step of `schedule` over `stages`, traceable: `step(x, ys) -> report` (each
     stage's guard flag, then the mean batch loss and, with `clip_global_norm`, the global
     gradient norm: `Layout.chain`).
@@ -347,8 +384,20 @@ def e2e_step(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     cuts a batch (`RunSpec.batch_cut`): its microbatches, which `schedule` must play (None: the
     schedule's own count, for a step made by hand).
     """
-    play = e2e_play(stages, schedule, loss, target, grad_accum, jit_compile, ordered, release, recompute_policy,
-                    weights_early=weights_early, progress=progress, batch_cut=batch_cut)
+    play = e2e_play(
+        stages,
+        schedule,
+        loss,
+        target,
+        grad_accum,
+        jit_compile,
+        ordered,
+        release,
+        recompute_policy,
+        weights_early=weights_early,
+        progress=progress,
+        batch_cut=batch_cut,
+    )
     updates = [stage_update(s, jit_compile) for s in stages]
     deferred = Deferred(stages) if batch_norm == "deferred" else None
 
@@ -461,8 +510,10 @@ class PlayPlan:
     def replayed(self, k: int, m: int) -> bool:
         """Whether F(k, m) keeps only its input and B(k, m) runs it again (`m` over all rounds)."""
         within = m % self.schedule.microbatches
-        return (recomputed(self.options.recompute_policy, within, self.schedule.microbatches)
-                and (k, within) not in self.at_once)
+        return (
+            recomputed(self.options.recompute_policy, within, self.schedule.microbatches)
+            and (k, within) not in self.at_once
+        )
 
     def kind(self, action: Action) -> str:
         """The handler `action` needs (`HANDLERS`): a split schedule's B is an input gradient."""
@@ -495,10 +546,21 @@ class PlayState:
 INPUT_GRADIENT = "B_input"  # the key of a split backward's B in `HANDLERS` (its actions' kind stays "B")
 
 
-def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-             grad_accum: int = 1, jit_compile: bool = False, ordered: bool | None = None, release: bool = True,
-             recompute_policy: str = NEVER, replica: int = 0, weights_early: bool = True,
-             progress: Progress | None = None, batch_cut: BatchCut | None = None) -> Callable:
+def e2e_play(
+    stages: Sequence[Stage],
+    schedule: Schedule,
+    loss: Callable,
+    target: Target,
+    grad_accum: int = 1,
+    jit_compile: bool = False,
+    ordered: bool | None = None,
+    release: bool = True,
+    recompute_policy: str = NEVER,
+    replica: int = 0,
+    weights_early: bool = True,
+    progress: Progress | None = None,
+    batch_cut: BatchCut | None = None,
+) -> Callable:
     """`play(x, ys, base) -> Played`: `e2e_step` up to the update (its arguments), traceable; a replicated
     pipeline (`chain.pipeline.replicas`) plays it once per copy (`replica`: its actions' scopes say
     which, `Action.scope`) and averages the gradients over the copies first. With `progress`, `base`
@@ -512,22 +574,31 @@ def e2e_play(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target
     return play
 
 
-def play_plan(stages: Sequence[Stage], schedule: Schedule, loss: Callable, target: Target,
-              options: StepOptions, batch_cut: BatchCut | None = None) -> PlayPlan:
+def play_plan(
+    stages: Sequence[Stage],
+    schedule: Schedule,
+    loss: Callable,
+    target: Target,
+    options: StepOptions,
+    batch_cut: BatchCut | None = None,
+) -> PlayPlan:
     """The `PlayPlan` of `schedule` over `stages`, each round's batch cut as `batch_cut` says (None:
     into the schedule's microbatches); refuses a schedule the stages or the cut cannot play."""
     if schedule.stages != len(stages):
         raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
     microbatches = schedule.microbatches if batch_cut is None else batch_cut.microbatches
     if microbatches != schedule.microbatches:
-        raise ValueError(f"{schedule.name} plays {schedule.microbatches} microbatches, the batch is cut into "
-                         f"{microbatches}")
+        raise ValueError(
+            f"{schedule.name} plays {schedule.microbatches} microbatches, the batch is cut into {microbatches}"
+        )
     split = is_split(schedule)
     if options.recompute_policy != NEVER and split:
         raise ValueError(f"{schedule.name}: a split backward (B and W) does not recompute (recompute_policy=NEVER)")
     for r in range(schedule.devices):  # a row's order is one device's: its stages must share that device
         if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
-            raise ValueError(f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device")
+            raise ValueError(
+                f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device"
+            )
     order = rounds(simulate(schedule).order(), schedule.microbatches, options.grad_accum, options.replica)  # validates
     # With one microbatch a stage has one forward and one backward, which its data already
     # orders (the backward reads the forward's tape): the chaining would bound nothing and only
@@ -538,12 +609,29 @@ def play_plan(stages: Sequence[Stage], schedule: Schedule, loss: Callable, targe
     # A split backward keeps every layer's output where the model allows it (not under XLA, whose
     # compiled forward shows none of them): W then starts from the gradients B left there.
     keeps = tuple(split and not options.jit_compile and layer_by_layer(s) for s in stages)
-    forwards = tuple(xla.stage_function(chain_forward(s, loss if s.index == last else None, keeps[s.index]),
-                                        options.jit_compile, xla.forward_name(s.index)) for s in stages)
-    plan = PlayPlan(stages, schedule, target, options, microbatches, order, ordered,
-                    at_once=backward_at_once(schedule),  # kept under every policy: a replay would hold the same, at once
-                    deferred=frozenset(), split=split, keeps=keeps, forwards=forwards,
-                    loss_weights=getattr(loss, "weights", None))
+    forwards = tuple(
+        xla.stage_function(
+            chain_forward(s, loss if s.index == last else None, keeps[s.index]),
+            options.jit_compile,
+            xla.forward_name(s.index),
+        )
+        for s in stages
+    )
+    plan = PlayPlan(
+        stages,
+        schedule,
+        target,
+        options,
+        microbatches,
+        order,
+        ordered,
+        at_once=backward_at_once(schedule),  # kept under every policy: a replay would hold the same, at once
+        deferred=frozenset(),
+        split=split,
+        keeps=keeps,
+        forwards=forwards,
+        loss_weights=getattr(loss, "weights", None),
+    )
     return dataclasses.replace(plan, deferred=deferred_forwards(order, last, plan.replayed))
 
 
@@ -572,9 +660,18 @@ def _start(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tens
         labels = tf.split(y_last, plan.n_micro, name="microbatch_labels")
         weights = plan.loss_weights(labels) if plan.loss_weights else None  # before any backward needs them
     rows = plan.schedule.devices
-    return PlayState(xs, labels, weights, base, plan.options.progress is not None and base is not None,
-                     tf.compat.v1.get_default_graph(), accumulated=[None] * len(stages),
-                     previous=[[] for _ in range(rows)], regs=[[] for _ in stages], finished=[0] * rows)
+    return PlayState(
+        xs,
+        labels,
+        weights,
+        base,
+        plan.options.progress is not None and base is not None,
+        tf.compat.v1.get_default_graph(),
+        accumulated=[None] * len(stages),
+        previous=[[] for _ in range(rows)],
+        regs=[[] for _ in stages],
+        finished=[0] * rows,
+    )
 
 
 def play_action(plan: PlayPlan, state: PlayState, action: Action) -> None:
@@ -595,8 +692,13 @@ def play_action(plan: PlayPlan, state: PlayState, action: Action) -> None:
             state.previous[row] = [end]
     if state.marked:  # outside the action's scope: a host op, not the action's work in a trace
         state.finished[row] += 1
-        options.progress.mark(state.base, options.replica * plan.schedule.devices + row, state.finished[row], end,
-                              f"progress_{action.scope()}")
+        options.progress.mark(
+            state.base,
+            options.replica * plan.schedule.devices + row,
+            state.finished[row],
+            end,
+            f"progress_{action.scope()}",
+        )
     if plan.ordered and options.release and sends(action, [s.device for s in plan.stages]):
         state.previous[row] = [_release(state.previous[row][0], action)]  # the send goes out before the stage goes on
 
@@ -680,8 +782,8 @@ def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -
         targets, start = _seeds(taped.output, g, taped.scaled_reg)  # the stage's own term starts it too
         grads = taped.tape.gradient(targets, sources, output_gradients=start)
         if k > 0:
-            state.input_grads[(k, m)] = input_gradient(saved.input, grads[:len(ins)])
-        grads = grads[len(ins):]
+            state.input_grads[(k, m)] = input_gradient(saved.input, grads[: len(ins)])
+        grads = grads[len(ins) :]
         if plan.options.weights_early and not plan.options.jit_compile:  # compiled: one call op, nothing to order
             weights_first(grads, state.graph.get_operations()[first_op:])
         state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
@@ -700,8 +802,8 @@ def _input_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: 
         sources = ins + [c.output for c in taped.kept or []]
         grads = taped.tape.gradient(targets, sources, output_gradients=start) if sources else []
         if k > 0:
-            state.input_grads[(k, m)] = input_gradient(saved.input, grads[:len(ins)])
-        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[len(ins):], saved.input)
+            state.input_grads[(k, m)] = input_gradient(saved.input, grads[: len(ins)])
+        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[len(ins) :], saved.input)
     return [t.op for t in grads if t is not None]  # not the weights' products the tape builds too: W's, later
 
 
@@ -721,12 +823,22 @@ def _weight_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op:
 # One handler per kind of action: (plan, state, action, the action's first op) -> the ops the stage's next
 # action waits for (None: every op of the action).
 HANDLERS: dict[str, Callable[[PlayPlan, PlayState, Action, int], list[tf.Operation] | None]] = {
-    FORWARD: _forward, BACKWARD: _backward, INPUT_GRADIENT: _input_gradient, WEIGHT: _weight_gradient}
+    FORWARD: _forward,
+    BACKWARD: _backward,
+    INPUT_GRADIENT: _input_gradient,
+    WEIGHT: _weight_gradient,
+}
 
 
-def finish(stages: Sequence[Stage], schedule: Schedule, updates: Sequence[Callable], played: Played,
-           clip_global_norm: float | None = None, deferred: Deferred | Pooled | None = None, replica: int = 0
-           ) -> tf.Tensor:
+def finish(
+    stages: Sequence[Stage],
+    schedule: Schedule,
+    updates: Sequence[Callable],
+    played: Played,
+    clip_global_norm: float | None = None,
+    deferred: Deferred | Pooled | None = None,
+    replica: int = 0,
+) -> tf.Tensor:
     """Each stage's update from `played` (`updates[k]`: `stage_update`), after its row's last action,
     and the step's report on the last stage's device (see `e2e_step`); `replica`: the copy of the
     pipeline whose update this is (its scopes' names, `update_scope`)."""
@@ -734,8 +846,11 @@ def finish(stages: Sequence[Stage], schedule: Schedule, updates: Sequence[Callab
     accumulated, total, previous = played.grads, played.total, played.previous
     grads, scopes = [], []
     for s in stages:  # the update is each stage's last action
-        with tf.name_scope(update_scope(s.index, replica)) as scope, tf.device(s.device), \
-                tf.control_dependencies(previous[schedule.row(s.index)]):
+        with (
+            tf.name_scope(update_scope(s.index, replica)) as scope,
+            tf.device(s.device),
+            tf.control_dependencies(previous[schedule.row(s.index)]),
+        ):
             grads.append(unscale(s, accumulated[s.index]))
             if deferred:  # the moving statistics' one update, from every microbatch of the step
                 deferred.update(s)

@@ -37,9 +37,16 @@ class Scheduled(Strategy):
     weighs_added_losses = True  # `chain.steps.forward` weighs each microbatch's `model.losses` by its share
     objective: ChainObjective  # a schedule's step learns the chain's one loss
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
-                 learns: type[ChainObjective],
-                 schedule: schedules.Schedule, **bodies: Any):
+    def __init__(
+        self,
+        settings: Settings,
+        placement: Placement,
+        info: DataInfo,
+        batch_cut: BatchCut,
+        learns: type[ChainObjective],
+        schedule: schedules.Schedule,
+        **bodies: Any,
+    ):
         self.schedule = schedule  # the run's, built once by the preparation pass (`RunSpec.schedule`)
         super().__init__(settings, placement, info, batch_cut, learns, **bodies)
 
@@ -60,10 +67,19 @@ class Scheduled(Strategy):
     def make_step(self) -> Callable:
         t = self.settings.trainer
         self.progress = self.markers(1)
-        return e2e_step(self.stages, self.schedule, self.loss_fn(), self.target, t.grad_accum, t.jit_compile,
-                        clip_global_norm=self.clip_global_norm, batch_norm=self.settings.pipeline.batch_norm,
-                        recompute_policy=self.settings.pipeline.recompute, progress=self.progress,
-                        batch_cut=self.batch_cut)
+        return e2e_step(
+            self.stages,
+            self.schedule,
+            self.loss_fn(),
+            self.target,
+            t.grad_accum,
+            t.jit_compile,
+            clip_global_norm=self.clip_global_norm,
+            batch_norm=self.settings.pipeline.batch_norm,
+            recompute_policy=self.settings.pipeline.recompute,
+            progress=self.progress,
+            batch_cut=self.batch_cut,
+        )
 
     def markers(self, replicas: int) -> Progress | None:
         """The step's progress markers when `trainer.stall_s` watches it (`chain.pipeline.progress`), else None."""
@@ -97,10 +113,14 @@ class Scheduled(Strategy):
 
     def summary(self, summary: Summary) -> Summary:
         path = self.settings.pipeline.schedule_file
-        pipeline = PipelineFields(self.schedule.name, self.schedule.microbatches, self.timeline().bubble_fraction,
-                                  self.settings.pipeline.recompute,
-                                  os.path.abspath(path) if self.schedule.name == schedules.FILE else None,
-                                  self.schedule.devices if self.schedule.placement else None)
+        pipeline = PipelineFields(
+            self.schedule.name,
+            self.schedule.microbatches,
+            self.timeline().bubble_fraction,
+            self.settings.pipeline.recompute,
+            os.path.abspath(path) if self.schedule.name == schedules.FILE else None,
+            self.schedule.devices if self.schedule.placement else None,
+        )
         return replace(super().summary(summary), pipeline=pipeline)
 
     def plan_text(self, full: bool) -> str:
@@ -108,6 +128,8 @@ class Scheduled(Strategy):
         if full:
             return schedules.render(self.schedule, timeline, [s.device for s in self.stages])
         recompute = self.settings.pipeline.recompute
-        return (f"schedule: {self.schedule.name}, {plural(self.schedule.microbatches, 'microbatch')}, "
-                f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)"
-                + ("" if recompute == "never" else f"; recompute={recompute}"))
+        return (
+            f"schedule: {self.schedule.name}, {plural(self.schedule.microbatches, 'microbatch')}, "
+            f"bubble fraction {timeline.bubble_fraction:.3f} (plan_only=true shows the timeline)"
+            + ("" if recompute == "never" else f"; recompute={recompute}")
+        )

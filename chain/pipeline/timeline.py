@@ -47,7 +47,18 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from chain.planning import balance
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
-from chain.schedule.schedules import BACKWARD, DONE, FORWARD, UPDATE, WEIGHT, Action, Schedule, rounds, simulate, update_of
+from chain.schedule.schedules import (
+    BACKWARD,
+    DONE,
+    FORWARD,
+    UPDATE,
+    WEIGHT,
+    Action,
+    Schedule,
+    rounds,
+    simulate,
+    update_of,
+)
 
 MARKER = "chain_step"  # the profiler event around each profiled step (its `step_num` stat is the step)
 SLOW = 0.2  # a stage busier than the mean by more than this share is the bottleneck the advice evens
@@ -153,16 +164,20 @@ class TraceEvent:
 
     def stats(self) -> dict[str, Any]:
         """Its stats by name; a string stat is a reference into the stat names (`ref_value`)."""
-        return {self.names.get(s.metadata_id): (self.names.get(s.ref_value, "") if s.ref_value
-                                                else s.str_value or s.int64_value or s.uint64_value)
-                for s in self.event.stats}
+        return {
+            self.names.get(s.metadata_id): (
+                self.names.get(s.ref_value, "") if s.ref_value else s.str_value or s.int64_value or s.uint64_value
+            )
+            for s in self.event.stats
+        }
 
     def step_number(self) -> int | None:
         """The step a `MARKER` event marks (its `step_num` stat), else None."""
         if self.name != MARKER:
             return None
-        number = [s.int64_value or s.uint64_value for s in self.event.stats
-                  if self.names.get(s.metadata_id) == "step_num"]
+        number = [
+            s.int64_value or s.uint64_value for s in self.event.stats if self.names.get(s.metadata_id) == "step_num"
+        ]
         return number[0] if number else None
 
 
@@ -174,7 +189,7 @@ def trace_spans(paths: Iterable[str]) -> dict[str, tuple[int, int]]:
     spans = {}
     for path in paths:
         space = read_xspace(path)
-        stop = _space_stat(space, "profile_stop_time") or 2 ** 63  # none: a TensorFlow that does not say
+        stop = _space_stat(space, "profile_stop_time") or 2**63  # none: a TensorFlow that does not say
         spans[source_of(path)] = (profile_start(space), stop)
     return spans
 
@@ -247,9 +262,16 @@ def row_of(stage: int, replica: int, stages: int) -> int:
     return replica * stages + stage
 
 
-def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tuple[int, int]],
-            devices: Sequence[str], sources: Sequence[str | None] | None = None, grad_accum: int = 1,
-            replicas: int = 1, spans: dict[str, tuple[int, int]] | None = None) -> Measured:
+def measure(
+    schedule: Schedule,
+    events: Sequence[OpEvent],
+    steps: dict[int, tuple[int, int]],
+    devices: Sequence[str],
+    sources: Sequence[str | None] | None = None,
+    grad_accum: int = 1,
+    replicas: int = 1,
+    spans: dict[str, tuple[int, int]] | None = None,
+) -> Measured:
     """The measured timeline of the marked `steps` (`timeline.json`'s record, see
     docs/measuring.md): every step's actions with their times in ms from the first step's start,
     and per stage its busy time, forward, backward, copy and update times (means per step).
@@ -269,9 +291,14 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
     played = [a for c in range(replicas) for a in rounds(order, schedule.microbatches, grad_accum, c)]
     origin = min(start for start, _ in steps.values()) if steps else 0
     ms = lambda ns: (ns - origin) / 1e6  # noqa: E731
-    owned = [(who, e) for e in events  # each event's action and copy, once (a trace holds many events)
-             if (found := owner(e.name)) is not None and (who := (*found, copy_of(e.name)))[1] < n_stages
-             and who[3] < replicas and sources[row_of(who[1], who[3], n_stages)] in (None, e.source)]
+    owned = [
+        (who, e)
+        for e in events  # each event's action and copy, once (a trace holds many events)
+        if (found := owner(e.name)) is not None
+        and (who := (*found, copy_of(e.name)))[1] < n_stages
+        and who[3] < replicas
+        and sources[row_of(who[1], who[3], n_stages)] in (None, e.source)
+    ]
     used = {s for s in sources if s is not None}  # the traces a complete step needs
     out_steps = []
     for number in sorted(steps):
@@ -292,23 +319,47 @@ def measure(schedule: Schedule, events: Sequence[OpEvent], steps: dict[int, tupl
                 # input gradient before it computes its weights' gradients, so only its start is sure.
                 compute = [e.end for e in found if not is_copy(e) and "/done" not in e.name]
                 since[a] = max(compute) if a.kind == FORWARD and compute else min(e.start for e in found)
-                actions.append(MeasuredAction(a.stage, a.microbatch, a.kind, ms(min(e.start for e in found)),
-                                              ms(max(e.end for e in found)),
-                                              sum(e.end - e.start for e in found if is_copy(e)) / 1e6, len(found),
-                                              a.replica))
+                actions.append(
+                    MeasuredAction(
+                        a.stage,
+                        a.microbatch,
+                        a.kind,
+                        ms(min(e.start for e in found)),
+                        ms(max(e.end for e in found)),
+                        sum(e.end - e.start for e in found if is_copy(e)) / 1e6,
+                        len(found),
+                        a.replica,
+                    )
+                )
         actions.sort(key=lambda a: (a.replica, a.stage, a.start_ms))
-        updates = [MeasuredUpdate(k, ms(min(e.start for e in found)), ms(max(e.end for e in found)), c)
-                   for c in range(replicas) for k in range(n_stages) if (found := ops.get((UPDATE, k, -1, c)))]
+        updates = [
+            MeasuredUpdate(k, ms(min(e.start for e in found)), ms(max(e.end for e in found)), c)
+            for c in range(replicas)
+            for k in range(n_stages)
+            if (found := ops.get((UPDATE, k, -1, c)))
+        ]
         held = spans is None or all(holds(spans, s, (lo, hi)) for s in used)
         out_steps.append(MeasuredStep(number, ms(lo), ms(hi), held and len(actions) == len(played), actions, updates))
     stats = statistics(out_steps, schedule, devices, replicas)
-    return Measured(schedule.name, n_stages, schedule.microbatches, grad_accum, list(devices), out_steps,
-                    simulate(schedule).bubble_fraction, stats.measured_bubble_fraction, stats.per_stage,
-                    stats.slowest_stage, stats.step_ms, replicas=replicas)
+    return Measured(
+        schedule.name,
+        n_stages,
+        schedule.microbatches,
+        grad_accum,
+        list(devices),
+        out_steps,
+        simulate(schedule).bubble_fraction,
+        stats.measured_bubble_fraction,
+        stats.per_stage,
+        stats.slowest_stage,
+        stats.step_ms,
+        replicas=replicas,
+    )
 
 
-def _waits(actions: Sequence[MeasuredAction], schedule: Schedule, devices: Sequence[str],
-           replicas: int = 1) -> list[float]:
+def _waits(
+    actions: Sequence[MeasuredAction], schedule: Schedule, devices: Sequence[str], replicas: int = 1
+) -> list[float]:
     """Per stage (of every copy: `row_of`), the time it sat idle after an input of its next action was
     ready on another device."""
     by = {a.key(): a for a in actions}  # keyed like an Action
@@ -335,8 +386,9 @@ class Statistics:
     step_ms: float | None
 
 
-def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Sequence[str],
-               replicas: int = 1) -> Statistics:
+def statistics(
+    steps: Sequence[MeasuredStep], schedule: Schedule, devices: Sequence[str], replicas: int = 1
+) -> Statistics:
     """Per stage (of every copy) means over the complete steps, the measured bubble fraction over every
     device and the slowest stage (of copy 0: every copy runs the same work)."""
     done = [s for s in steps if s.complete]
@@ -344,16 +396,18 @@ def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Seque
     n_rows = n_stages * replicas
     if not done:
         return Statistics(None, [], None, None)
-    per = [StageTime(i % n_stages, devices[i], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, replica=i // n_stages)
-           for i in range(n_rows)]
+    per = [
+        StageTime(i % n_stages, devices[i], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, replica=i // n_stages) for i in range(n_rows)
+    ]
     hosts = sorted(set(devices[:n_rows]))  # interleaved: several stages on one device
     spans, device_busy = 0.0, 0.0
     for s in done:
         acts = s.actions
         spans += max(a.end_ms for a in acts) - min(a.start_ms for a in acts)
         for d in hosts:  # a device is busy while any of its stages is
-            device_busy += union((a.start_ms, a.end_ms) for a in acts
-                                 if devices[row_of(a.stage, a.replica, n_stages)] == d)
+            device_busy += union(
+                (a.start_ms, a.end_ms) for a in acts if devices[row_of(a.stage, a.replica, n_stages)] == d
+            )
         for k, wait in enumerate(_waits(acts, schedule, devices, replicas)):
             per[k].copy_wait_ms += wait
         for k in range(n_rows):
@@ -369,15 +423,20 @@ def statistics(steps: Sequence[MeasuredStep], schedule: Schedule, devices: Seque
         p.busy_fraction = p.busy_ms / spans if spans else None
         p.busy_ms, p.forward_ms, p.backward_ms = p.busy_ms / n, p.forward_ms / n, p.backward_ms / n
         p.copy_ms, p.copy_wait_ms, p.update_ms = p.copy_ms / n, p.copy_wait_ms / n, p.update_ms / n
-    return Statistics(1.0 - device_busy / (len(hosts) * spans) if spans else None, per,
-                      max(range(n_stages), key=lambda k: per[k].busy_ms), spans / n)
+    return Statistics(
+        1.0 - device_busy / (len(hosts) * spans) if spans else None,
+        per,
+        max(range(n_stages), key=lambda k: per[k].busy_ms),
+        spans / n,
+    )
 
 
 # --- balance advice ----------------------------------------------------------------------------
 
 
-def advise(busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW,
-           kinds: Sequence[Any] | None = None) -> Advice | None:
+def advise(
+    busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW, kinds: Sequence[Any] | None = None
+) -> Advice | None:
     """When one stage's busy time exceeds the mean by more than `threshold`: the split (layers per
     stage) whose predicted busy times are most even, each layer of stage k costing busy[k] /
     layers[k]. None when the stages are even enough (or a stage has no layers to count).
@@ -399,26 +458,42 @@ def advise(busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW
         split = list(layers)
     free = balance.partition(rows, len(busy), allowed) or list(layers)
     predicted = balance.stage_costs(rows, split)
-    return Advice(slowest, busy[slowest], mean, busy[slowest] / mean - 1, list(layers), split, predicted,
-                  [b - a for a, b in zip(layers, split)], fixed, max(balance.stage_costs(rows, free)) < max(predicted))
+    return Advice(
+        slowest,
+        busy[slowest],
+        mean,
+        busy[slowest] / mean - 1,
+        list(layers),
+        split,
+        predicted,
+        [b - a for a, b in zip(layers, split)],
+        fixed,
+        max(balance.stage_costs(rows, free)) < max(predicted),
+    )
 
 
 def advice_text(advice: Advice, override: str | None) -> str:
     """The advice in one line: which stage, by how much, what to move, and the override that does it."""
     k = advice.stage
-    head = (f"stage {k} is the bottleneck: busy {advice.busy_ms:.2f} ms per step, "
-            f"{100 * advice.excess:.0f}% above the mean ({advice.mean_ms:.2f} ms)")
+    head = (
+        f"stage {k} is the bottleneck: busy {advice.busy_ms:.2f} ms per step, "
+        f"{100 * advice.excess:.0f}% above the mean ({advice.mean_ms:.2f} ms)"
+    )
     if advice.split == advice.layers:
         if advice.constrained:
-            return (f"{head}; its stages cannot be rebalanced without changing the network (a layer can move only "
-                    f"between neighbouring stages that differ in nothing but depth; layers per stage "
-                    f"{advice.layers}): to cut one network at other points, save it as one Keras model and "
-                    f"run model=keras with placement.split=[...] or placement.balance=time")
+            return (
+                f"{head}; its stages cannot be rebalanced without changing the network (a layer can move only "
+                f"between neighbouring stages that differ in nothing but depth; layers per stage "
+                f"{advice.layers}): to cut one network at other points, save it as one Keras model and "
+                f"run model=keras with placement.split=[...] or placement.balance=time"
+            )
         return f"{head}; no cut at layer granularity evens it (a stage holds layers {advice.layers})"
     moved = ", ".join(f"stage {j} {'+' if d > 0 else ''}{d}" for j, d in enumerate(advice.moves) if d)
     worst = max(advice.predicted_ms)
-    text = (f"{head}; layers per stage {advice.layers} -> {advice.split} ({moved}) predicts the busiest "
-            f"stage at {worst:.2f} ms")
+    text = (
+        f"{head}; layers per stage {advice.layers} -> {advice.split} ({moved}) predicts the busiest "
+        f"stage at {worst:.2f} ms"
+    )
     return f"{text}: {override}" if override else text
 
 

@@ -32,7 +32,7 @@ def stage_costs(costs: Sequence[Sequence[float]], sizes: Sequence[int]) -> list[
     """Each stage's cost for a split: `costs[k][i]` is layer i's cost on stage k's device."""
     out, start = [], 0
     for k, n in enumerate(sizes):
-        out.append(float(sum(costs[k][start:start + n])))
+        out.append(float(sum(costs[k][start : start + n])))
         start += n
     return out
 
@@ -43,8 +43,13 @@ def weighted(sizes: Sequence[int], weights: Sequence[int]) -> bool:
     return all(sum(weights[a:b]) > 0 for a, b in zip(bounds, bounds[1:]))
 
 
-def partition(costs: Sequence[Sequence[float]], n_stages: int, allowed: Sequence[int],
-              required: Sequence[int] = (), weights: Sequence[int] | None = None) -> list[int] | None:
+def partition(
+    costs: Sequence[Sequence[float]],
+    n_stages: int,
+    allowed: Sequence[int],
+    required: Sequence[int] = (),
+    weights: Sequence[int] | None = None,
+) -> list[int] | None:
     """Layers per stage minimising the largest stage cost, cutting only at `allowed` positions.
 
     `costs[k][i]`: layer i's cost on stage k's device (give the same row K times when every

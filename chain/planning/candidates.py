@@ -29,8 +29,12 @@ class Candidate:
 
     def overrides(self) -> tuple[str, ...]:
         """The command-line overrides that run this plan by hand (with the user's own)."""
-        out = [f"+stages={self.stages}", f"pipeline.microbatches={self.microbatches}",
-               f"pipeline.schedule={self.schedule}", f"pipeline.recompute={self.recompute}"]
+        out = [
+            f"+stages={self.stages}",
+            f"pipeline.microbatches={self.microbatches}",
+            f"pipeline.schedule={self.schedule}",
+            f"pipeline.recompute={self.recompute}",
+        ]
         if self.schedule == "interleaved":
             out.append(f"pipeline.virtual_stages={self.virtual_stages}")
         if self.replicas > 1:

@@ -38,8 +38,10 @@ class TfConfig:
     index: int = 0
 
 
-EXAMPLE = ('{"cluster": {"chief": ["host:2222"], "worker": ["host:2223", "host:2224"]}, '
-           '"task": {"type": "worker", "index": 0}}')
+EXAMPLE = (
+    '{"cluster": {"chief": ["host:2222"], "worker": ["host:2223", "host:2224"]}, '
+    '"task": {"type": "worker", "index": 0}}'
+)
 
 
 def tf_config() -> TfConfig | None:
@@ -63,13 +65,17 @@ def tf_config() -> TfConfig | None:
         return TfConfig(found, chief)
     kind = t.get("type") if isinstance(t, dict) else None
     if kind in ("evaluator", "ps"):
-        raise ConfigError(f"TF_CONFIG's task is {json.dumps(t)}: chain has no {kind} tasks (its client is the chief, "
-                          f"its stages on the workers); run this task as a worker, or leave it out of the job")
+        raise ConfigError(
+            f"TF_CONFIG's task is {json.dumps(t)}: chain has no {kind} tasks (its client is the chief, "
+            f"its stages on the workers); run this task as a worker, or leave it out of the job"
+        )
     size = {WORKER_JOB: len(found), "chief": len(chiefs)}.get(kind, 0)
     if not isinstance(t.get("index") if kind else None, int) or not 0 <= t["index"] < size:
-        raise ConfigError(f"TF_CONFIG's task must be the chief or a worker of its cluster, {{\"type\": \"worker\", "
-                          f"\"index\": I}} with 0 <= I < {len(found)}, or {{\"type\": \"chief\", \"index\": 0}} "
-                          f"when its cluster has a chief; got {json.dumps(t)}")
+        raise ConfigError(
+            f'TF_CONFIG\'s task must be the chief or a worker of its cluster, {{"type": "worker", '
+            f'"index": I}} with 0 <= I < {len(found)}, or {{"type": "chief", "index": 0}} '
+            f"when its cluster has a chief; got {json.dumps(t)}"
+        )
     return TfConfig(found, chief, kind, t["index"])
 
 
@@ -82,8 +88,10 @@ def workers(settings: ClusterSettings) -> list[str] | None:
     if settings.launcher == "slurm":
         job = slurm.job(os.environ, settings.port_base)
         if job.task > 0:  # the command line serves these tasks as workers before it gets here
-            raise ConfigError(f"cluster.launcher=slurm: this is task {job.task} of the step, a worker; only task 0 is "
-                              f"the client: start every task with srun python -m chain cluster.launcher=slurm ...")
+            raise ConfigError(
+                f"cluster.launcher=slurm: this is task {job.task} of the step, a worker; only task 0 is "
+                f"the client: start every task with srun python -m chain cluster.launcher=slurm ..."
+            )
         return list(job.workers)
     found = tf_config()
     if found is None or found.kind == WORKER_JOB:
@@ -111,9 +119,11 @@ def task() -> tuple[list[str], int] | None:
     if found is None or found.kind != WORKER_JOB:
         return None
     if found.chief is not None:
-        raise ConfigError(f"TF_CONFIG names this process worker {found.index} of a job whose chief "
-                          f"({found.chief}) runs the program: a worker serves the chief's stages with "
-                          f"python -m chain.worker (it reads TF_CONFIG)")
+        raise ConfigError(
+            f"TF_CONFIG names this process worker {found.index} of a job whose chief "
+            f"({found.chief}) runs the program: a worker serves the chief's stages with "
+            f"python -m chain.worker (it reads TF_CONFIG)"
+        )
     return list(found.workers), found.index
 
 
@@ -191,8 +201,10 @@ def _refusal(subject: str, found: Silence, timeout: float, start: str | None) ->
     if not found.connected:
         return f"{subject} is not reachable ({found.why}); start it with: {start}"
     if found.why.startswith("accepts"):
-        return (f"{subject} {found.why} within {timeout:g} s (cluster.lost_after_s): not a TensorFlow server, "
-                f"or a stopped one{how}")
+        return (
+            f"{subject} {found.why} within {timeout:g} s (cluster.lost_after_s): not a TensorFlow server, "
+            f"or a stopped one{how}"
+        )
     return f"{subject} {found.why}{how}"
 
 
@@ -233,8 +245,10 @@ def connect(addresses: Sequence[str]) -> None:
     key = tuple(addresses)
     if _connected:
         if _connected[0] != key:
-            raise DeviceError(f"this process is connected to the cluster {', '.join(_connected[0])}; a run on "
-                              f"{', '.join(key)} needs a new process")
+            raise DeviceError(
+                f"this process is connected to the cluster {', '.join(_connected[0])}; a run on "
+                f"{', '.join(key)} needs a new process"
+            )
         return
     try:
         tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({WORKER_JOB: list(key)}))
@@ -250,9 +264,11 @@ def _not_a_worker(addresses: Sequence[str], e: Exception) -> str:
     if task is None or int(task.group(1)) >= len(addresses):
         return f"cannot connect to the cluster workers {', '.join(addresses)}: {first_line(e, typed=False)}"
     i = int(task.group(1))
-    return (f"cluster.workers[{i}]={addresses[i]} is not a TensorFlow worker (it refused TensorFlow's worker "
-            f"service: {type(e).__name__}); a worker is started with: python -m chain.worker --index {i} "
-            f"--cluster {','.join(addresses)}")
+    return (
+        f"cluster.workers[{i}]={addresses[i]} is not a TensorFlow worker (it refused TensorFlow's worker "
+        f"service: {type(e).__name__}); a worker is started with: python -m chain.worker --index {i} "
+        f"--cluster {','.join(addresses)}"
+    )
 
 
 def remote_devices(n_workers: int) -> list[list[str]]:
@@ -324,7 +340,10 @@ class Watchdog(threading.Thread):
                 if found is None:
                     last_ok[i] = now
                 elif now - last_ok[i] >= self.lost_after and not self._stopped.is_set():
-                    print(f"error: {_lost_line(i, a, found, self.lost_after)}; {self.state()}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"error: {_lost_line(i, a, found, self.lost_after)}; {self.state()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     os._exit(EXIT_LOST)
             self._stopped.wait(0.5)

@@ -27,8 +27,10 @@ NAME = "plan_costs.json"
 class CostKey:
     """Everything plan=auto's measurements depend on: two runs with equal keys would measure the same."""
 
-    model: str = item("a digest of the model's structure and its weights' shapes (a cut model's layers, their "
-                      "configurations, outputs and cuts; a built-in model's stages as the config gives them)")
+    model: str = item(
+        "a digest of the model's structure and its weights' shapes (a cut model's layers, their "
+        "configurations, outputs and cuts; a built-in model's stages as the config gives them)"
+    )
     input_shape: tuple[int, ...] = item("the shape of one example")
     batch_size: int = item("data.batch_size: the global batch the plans cut")
     sizes: tuple[int, ...] = item("the microbatch sizes measured (every size a candidate may run)")
@@ -60,9 +62,18 @@ def digest(value: object) -> str:
 
 
 # what a user calls each part of the key, in the order a line names them
-_WORDS = {"model": "model", "input_shape": "model", "batch_size": "batch", "sizes": "batch",
-          "devices": "devices", "physical": "devices", "settings": "settings", "tensorflow": "versions",
-          "keras": "versions", "chain": "versions"}
+_WORDS = {
+    "model": "model",
+    "input_shape": "model",
+    "batch_size": "batch",
+    "sizes": "batch",
+    "devices": "devices",
+    "physical": "devices",
+    "settings": "settings",
+    "tensorflow": "versions",
+    "keras": "versions",
+    "chain": "versions",
+}
 
 
 def differences(a: CostKey, b: CostKey) -> tuple[str, ...]:

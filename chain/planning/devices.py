@@ -23,9 +23,11 @@ if TYPE_CHECKING:
 __all__ = ["LOCAL_JOB", "WORKER_JOB", "canonical", "configure", "share_existing", "check_devices", "count"]
 
 # What a missing device's error adds when TensorFlow's runtime started before `configure` could make it.
-TOO_LATE = ("TensorFlow's runtime has started (an earlier chain.setup or chain.build, a tensor or a Keras model), and "
-            "its devices cannot change in this process: call chain.setup(cfg, ...) with every config this process "
-            "builds before making any model or tensor (docs/python-api.md), or restart it")
+TOO_LATE = (
+    "TensorFlow's runtime has started (an earlier chain.setup or chain.build, a tensor or a Keras model), and "
+    "its devices cannot change in this process: call chain.setup(cfg, ...) with every config this process "
+    "builds before making any model or tensor (docs/python-api.md), or restart it"
+)
 
 
 def count(placement: Placement) -> int:
@@ -57,14 +59,17 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> tuple[bool, str 
             split = tf.config.get_logical_device_configuration(cpu)
             if split and len(split) >= placement.split[0]:
                 return True, f"the CPU was already split into {len(split)} logical devices: kept"
-            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * placement.split[0])
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * placement.split[0]
+            )
             return True, None
         physical = tf.config.list_physical_devices("GPU")
         if placement.visible is not None:
             tf.config.set_visible_devices([physical[i] for i in placement.visible], "GPU")
         for index, limits in placement.memory_limits_mb.items():
             tf.config.set_logical_device_configuration(
-                physical[index], [tf.config.LogicalDeviceConfiguration(memory_limit=m) for m in limits])
+                physical[index], [tf.config.LogicalDeviceConfiguration(memory_limit=m) for m in limits]
+            )
         if placement.memory_growth:
             for i, dev in enumerate(physical):
                 if placement.visible is None or i in placement.visible:
@@ -99,24 +104,33 @@ def share_existing(placement: Placement, pcfg: PlacementSettings) -> Placement |
     physical = {}
     for old, new in onto.items():  # the physical device behind a planned device's first stage
         physical.setdefault(new, "CPU:0" if placement.kind == "CPU" else placement.physical.get(old, "-"))
-    shares = (f"share {used[0]}" if len(used) == 1 else
-              f"share the {plural(len(used), 'device')} that exist, neighbouring stages together ({', '.join(used)})")
+    shares = (
+        f"share {used[0]}"
+        if len(used) == 1
+        else f"share the {plural(len(used), 'device')} that exist, neighbouring stages together ({', '.join(used)})"
+    )
     n = plural(len(devices), "stage")
     if placement.kind == "CPU":
         made = plural(len(planned), "logical device")
-        note = (f"TensorFlow's runtime had started before chain could split the CPU into {made} (a model or tensor "
-                f"made first, or an earlier build): the {n} {shares} instead; chain.setup(cfg) first would have made "
-                "them, and on a CPU they split nothing: logical CPU devices share one thread pool")
+        note = (
+            f"TensorFlow's runtime had started before chain could split the CPU into {made} (a model or tensor "
+            f"made first, or an earlier build): the {n} {shares} instead; chain.setup(cfg) first would have made "
+            "them, and on a CPU they split nothing: logical CPU devices share one thread pool"
+        )
     else:
         limits = "; ".join(f"GPU {i}: {', '.join(map(str, m))} MB" for i, m in placement.memory_limits_mb.items())
-        note = (f"TensorFlow's runtime had started before chain could make {plural(len(planned), 'logical GPU')} (a model "
-                f"or tensor made first, or an earlier build): the {n} {shares} instead, with no memory limit between "
-                "them; chain.setup(cfg) first would have made them"
-                + (f", each with a memory limit ({limits})" if limits else ""))
+        note = (
+            f"TensorFlow's runtime had started before chain could make {plural(len(planned), 'logical GPU')} (a model "
+            f"or tensor made first, or an earlier build): the {n} {shares} instead, with no memory limit between "
+            "them; chain.setup(cfg) first would have made them"
+            + (f", each with a memory limit ({limits})" if limits else "")
+        )
     return replace(placement, devices=devices, physical=physical, split={}, memory_limits_mb={}).noted(note)
 
 
-def check_devices(devices: Sequence[str], given: bool = True, role: str = "stage", late: str | None = None) -> list[str]:
+def check_devices(
+    devices: Sequence[str], given: bool = True, role: str = "stage", late: str | None = None
+) -> list[str]:
     """Canonical names of `devices`, or a DeviceError naming the first that does not exist.
 
     `given`: the devices come from `placement.devices` (the error names that key);

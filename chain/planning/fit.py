@@ -59,13 +59,19 @@ def _on_device(placement: Placement, footprints: Sequence[Footprint | None]) -> 
 
 
 def _parts(f: Footprint) -> str:
-    return (f"weights {human(f.weights)}, gradients {human(f.gradients)}, optimizer {human(f.optimizer)}, "
-            f"activations {human(f.activations)} ({f.held} microbatch{'es' if f.held != 1 else ''} held), "
-            f"inputs {human(f.inputs)}")
+    return (
+        f"weights {human(f.weights)}, gradients {human(f.gradients)}, optimizer {human(f.optimizer)}, "
+        f"activations {human(f.activations)} ({f.held} microbatch{'es' if f.held != 1 else ''} held), "
+        f"inputs {human(f.inputs)}"
+    )
 
 
-def check_stages_fit(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory,
-          alternatives: Callable[[], Mapping[str, Sequence[Footprint | None]]] | None = None) -> None:
+def check_stages_fit(
+    placement: Placement,
+    footprints: Sequence[Footprint | None],
+    inventory: Inventory,
+    alternatives: Callable[[], Mapping[str, Sequence[Footprint | None]]] | None = None,
+) -> None:
     """Refuse a plan in which a device with a known memory holds stages estimated above it: one
     DeviceError line naming the stage, its estimate, the device's memory and what would make it fit.
 
@@ -96,13 +102,17 @@ def check_stages_fit(placement: Placement, footprints: Sequence[Footprint | None
             advice = f"neither {' nor '.join(tried)} brings it under; "
         else:
             advice = ""
-        what = (f"stage {k} needs about {human(f.total)} on {device} ({_parts(f)})" if len(known) == 1 else
-                f"stages {', '.join(map(str, known))} need about {human(total)} together on {device} (the largest, "
-                f"stage {k}, {human(f.total)}: {_parts(f)})")
+        what = (
+            f"stage {k} needs about {human(f.total)} on {device} ({_parts(f)})"
+            if len(known) == 1
+            else f"stages {', '.join(map(str, known))} need about {human(total)} together on {device} (the largest, "
+            f"stage {k}, {human(f.total)}: {_parts(f)})"
+        )
         raise DeviceError(
             f"{what}, more than its {human(limit * MB)} "
             f"({_source(placement, device, inventory, limit)}); {advice}or split the model differently (placement.split, "
-            "placement.balance=memory, more stages), or use a smaller model or data.batch_size")
+            "placement.balance=memory, more stages), or use a smaller model or data.batch_size"
+        )
 
 
 def _source(placement: Placement, device: str, inventory: Inventory, limit: int) -> str:
@@ -110,12 +120,16 @@ def _source(placement: Placement, device: str, inventory: Inventory, limit: int)
     card = _logical_gpus(placement, inventory).get(device)
     if card is None:
         return "its memory"
-    return (f"its memory limit, {limit} MiB: placement.memory_limit_mb or its share of GPU {card[0]}"
-            if card[0] in placement.memory_limits_mb else f"GPU {card[0]}'s memory, nvidia-smi")
+    return (
+        f"its memory limit, {limit} MiB: placement.memory_limit_mb or its share of GPU {card[0]}"
+        if card[0] in placement.memory_limits_mb
+        else f"GPU {card[0]}'s memory, nvidia-smi"
+    )
 
 
-def table(placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory,
-          unit: str = "stage") -> str:
+def table(
+    placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory, unit: str = "stage"
+) -> str:
     """plan_only=true: each stage's estimated peak and its parts next to its device's memory, one
     line per stage; on logical CPUs the sum next to the host's shared memory. `unit` names a stage
     (`variant` side by side)."""
@@ -136,6 +150,8 @@ def table(placement: Placement, footprints: Sequence[Footprint | None], inventor
         lines.append(f"  {unit} {k}: {human(f.total)} ({_parts(f)}); {mem}")
     known = [f.total for f in footprints if f is not None]
     if placement.kind == "CPU" and known:
-        lines.append(f"  all {unit}s: {human(sum(known))} (logical CPU devices share one allocator: the process's "
-                     "peak is compared with this sum)")
+        lines.append(
+            f"  all {unit}s: {human(sum(known))} (logical CPU devices share one allocator: the process's "
+            "peak is compared with this sum)"
+        )
     return "\n".join(lines)

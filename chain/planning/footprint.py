@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from chain.config.shapes import FLOAT_BYTES
+
 NEVER = "never"
 
 
@@ -68,9 +69,21 @@ class Footprint:
         return self.weights + self.gradients + self.optimizer + self.activations + self.inputs
 
 
-def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompute: str = NEVER,
-             first: bool = False, last: bool = False, batch: int = 0, label_floats: int = 1,
-             own_input: bool = True, output_gradients: int = 0, layer_by_layer: bool = False) -> Footprint:
+def estimate(
+    cost: StageCost,
+    *,
+    slots: int,
+    microbatch: int,
+    held: int,
+    recompute: str = NEVER,
+    first: bool = False,
+    last: bool = False,
+    batch: int = 0,
+    label_floats: int = 1,
+    own_input: bool = True,
+    output_gradients: int = 0,
+    layer_by_layer: bool = False,
+) -> Footprint:
     """A stage's `Footprint` (see the module's docstring).
 
     `slots`: optimizer floats per weight; `microbatch`: examples per microbatch; `held`: the
@@ -98,14 +111,30 @@ def estimate(cost: StageCost, *, slots: int, microbatch: int, held: int, recompu
         inputs += cost.input_per_example * batch * b
     if last:
         inputs += label_floats * batch * b
-    return Footprint(weights=weights, gradients=weights + working, optimizer=slots * weights, activations=activations,
-                     inputs=inputs, held=held)
+    return Footprint(
+        weights=weights,
+        gradients=weights + working,
+        optimizer=slots * weights,
+        activations=activations,
+        inputs=inputs,
+        held=held,
+    )
 
 
-def estimates(costs: Sequence[StageCost | None], *, slots: Sequence[int], batch: int, microbatch: int,
-              held: Sequence[int], recompute: str = NEVER, own_inputs: bool = True, label_floats: int = 1,
-              chained: bool = True, output_gradients: Sequence[int] | None = None,
-              layer_by_layer: bool = False) -> list[Footprint | None]:
+def estimates(
+    costs: Sequence[StageCost | None],
+    *,
+    slots: Sequence[int],
+    batch: int,
+    microbatch: int,
+    held: Sequence[int],
+    recompute: str = NEVER,
+    own_inputs: bool = True,
+    label_floats: int = 1,
+    chained: bool = True,
+    output_gradients: Sequence[int] | None = None,
+    layer_by_layer: bool = False,
+) -> list[Footprint | None]:
     """Every stage's `Footprint` (None where its cost is unknown before it is built): `held[k]`
     microbatches of `microbatch` examples on stage k (a step's `batch` cut as `chain.config.checks.BatchCut`
     says), `slots[k]` optimizer floats per weight, `output_gradients[k]` more microbatches' layer-output
@@ -114,16 +143,36 @@ def estimates(costs: Sequence[StageCost | None], *, slots: Sequence[int], batch:
     `layer_by_layer`: see `estimate`."""
     n = len(costs)
     extra = output_gradients or [0] * n
-    return [None if c is None else
-            estimate(c, slots=slots[k], microbatch=microbatch, held=held[k], recompute=recompute,
-                     first=k == 0 or not chained, last=k == n - 1 or not chained, batch=batch,
-                     label_floats=label_floats, own_input=own_inputs, output_gradients=extra[k],
-                     layer_by_layer=layer_by_layer)
-            for k, c in enumerate(costs)]
+    return [
+        None
+        if c is None
+        else estimate(
+            c,
+            slots=slots[k],
+            microbatch=microbatch,
+            held=held[k],
+            recompute=recompute,
+            first=k == 0 or not chained,
+            last=k == n - 1 or not chained,
+            batch=batch,
+            label_floats=label_floats,
+            own_input=own_inputs,
+            output_gradients=extra[k],
+            layer_by_layer=layer_by_layer,
+        )
+        for k, c in enumerate(costs)
+    ]
 
 
-def layer_costs(params: Sequence[int], outputs: Sequence[int], held: Sequence[int], *, slots: int, microbatch: int,
-                recompute: str = NEVER) -> list[list[float]]:
+def layer_costs(
+    params: Sequence[int],
+    outputs: Sequence[int],
+    held: Sequence[int],
+    *,
+    slots: int,
+    microbatch: int,
+    recompute: str = NEVER,
+) -> list[list[float]]:
     """Per stage k, per layer i: the bytes layer i adds to stage k's peak if stage k holds it
     (`placement.balance=memory`, `chain.planning.balance.partition`): its weights, gradients and
     slots, and its output per example times the microbatches stage k holds (recomputed: once).

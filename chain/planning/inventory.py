@@ -65,8 +65,14 @@ def parse_smi(text: str) -> list[Card]:
         if len(parts) < 4 or not parts[0].isdigit():
             continue
         memory = parts[-1]
-        cards.append(Card(int(parts[0]), parts[1], ", ".join(parts[2:-1]),
-                          int(float(memory)) if memory.replace(".", "", 1).isdigit() else None))
+        cards.append(
+            Card(
+                int(parts[0]),
+                parts[1],
+                ", ".join(parts[2:-1]),
+                int(float(memory)) if memory.replace(".", "", 1).isdigit() else None,
+            )
+        )
     return cards
 
 
@@ -97,8 +103,12 @@ def _cvd_entries(cuda_visible_devices: str | None) -> list[str]:
     return [e.strip() for e in (cuda_visible_devices or "").split(",") if e.strip()]
 
 
-def inventory(n_tf_gpus: int, cards: Sequence[Card] | None, cuda_visible_devices: str | None = None,
-              device_order: str | None = None) -> Inventory:
+def inventory(
+    n_tf_gpus: int,
+    cards: Sequence[Card] | None,
+    cuda_visible_devices: str | None = None,
+    device_order: str | None = None,
+) -> Inventory:
     """Combine TensorFlow's GPU count with nvidia-smi's cards (None: nvidia-smi missing).
 
     Memory is attached only when the mapping from TensorFlow's numbering to the cards
@@ -110,28 +120,38 @@ def inventory(n_tf_gpus: int, cards: Sequence[Card] | None, cuda_visible_devices
     unknown = [Gpu(i, None, "", entries[i] if i < len(entries) else None) for i in range(n_tf_gpus)]
     if cards is None:
         if n_tf_gpus:
-            notes.append("GPU memory unknown (nvidia-smi not found): no memory limit unless placement.memory_limit_mb is given")
+            notes.append(
+                "GPU memory unknown (nvidia-smi not found): no memory limit unless placement.memory_limit_mb is given"
+            )
         return Inventory(tuple(unknown), cvd, tuple(notes))
     shown = visible_cards(cards, cvd)
     if shown is None:
-        notes.append(f"CUDA_VISIBLE_DEVICES={cvd} names MIG instances: their memory is unknown; "
-                     "no memory limit unless placement.memory_limit_mb is given")
+        notes.append(
+            f"CUDA_VISIBLE_DEVICES={cvd} names MIG instances: their memory is unknown; "
+            "no memory limit unless placement.memory_limit_mb is given"
+        )
         return Inventory(tuple(unknown), cvd, tuple(notes))
     if not n_tf_gpus:
         if shown:
-            notes.append(f"nvidia-smi shows {len(shown)} GPU(s) but TensorFlow sees none "
-                         "(a CPU-only TensorFlow build, or CUDA libraries missing): running on CPU")
+            notes.append(
+                f"nvidia-smi shows {len(shown)} GPU(s) but TensorFlow sees none "
+                "(a CPU-only TensorFlow build, or CUDA libraries missing): running on CPU"
+            )
         return Inventory((), cvd, tuple(notes))
     if len(shown) != n_tf_gpus:
-        notes.append(f"nvidia-smi shows {len(shown)} visible GPU(s), TensorFlow sees {n_tf_gpus}: "
-                     "GPU memory unknown; no memory limit unless placement.memory_limit_mb is given")
+        notes.append(
+            f"nvidia-smi shows {len(shown)} visible GPU(s), TensorFlow sees {n_tf_gpus}: "
+            "GPU memory unknown; no memory limit unless placement.memory_limit_mb is given"
+        )
         return Inventory(tuple(unknown), cvd, tuple(notes))
     if len({c.name for c in shown}) > 1 and device_order != "PCI_BUS_ID":
         # CUDA numbers cards fastest first unless told otherwise; nvidia-smi numbers them
         # by PCI bus. With identical cards the two agree; with different ones they may not.
-        notes.append("the GPUs differ and CUDA_DEVICE_ORDER is not PCI_BUS_ID, so CUDA may number them "
-                     "differently from nvidia-smi: GPU memory unknown; set CUDA_DEVICE_ORDER=PCI_BUS_ID "
-                     "or placement.memory_limit_mb")
+        notes.append(
+            "the GPUs differ and CUDA_DEVICE_ORDER is not PCI_BUS_ID, so CUDA may number them "
+            "differently from nvidia-smi: GPU memory unknown; set CUDA_DEVICE_ORDER=PCI_BUS_ID "
+            "or placement.memory_limit_mb"
+        )
         return Inventory(tuple(unknown), cvd, tuple(notes))
     gpus = tuple(Gpu(i, c.memory_mb, c.name, str(c.index)) for i, c in enumerate(shown))
     return Inventory(gpus, cvd, tuple(notes))

@@ -32,8 +32,9 @@ class JobEnd(threading.Thread):
             self.sock.bind(("", port))
         except OSError as e:
             self.sock.close()
-            raise ConfigError(f"the client cannot listen on {address} ({key}), where its workers look for it: "
-                              f"{e.strerror or e}") from None
+            raise ConfigError(
+                f"the client cannot listen on {address} ({key}), where its workers look for it: {e.strerror or e}"
+            ) from None
         self.sock.listen(64)
         self.sock.settimeout(BEAT_S)
         self.conns: list[socket.socket] = []

@@ -65,8 +65,10 @@ def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
 def planning_line(plan: AutoPlan) -> str:
     """How long planning took: `planning: measured in X s, searched N candidates in Y s (Z dropped: over memory)`,
     with whose measurements the run directory's cache held and why they were read or measured again."""
-    return (f"planning: {measuring(plan)}, searched {plural(plan.candidates, 'candidate')} in {plan.searching_s:.2f} s "
-            f"({plan.dropped_for_memory} dropped: over memory)")
+    return (
+        f"planning: {measuring(plan)}, searched {plural(plan.candidates, 'candidate')} in {plan.searching_s:.2f} s "
+        f"({plan.dropped_for_memory} dropped: over memory)"
+    )
 
 
 def measuring(plan: AutoPlan) -> str:
@@ -75,8 +77,10 @@ def measuring(plan: AutoPlan) -> str:
     use = plan.cache
     whose = f"measured by {use.measured_by}" if use is not None and use.measured_by else "measured by an earlier run"
     if plan.cached and use is not None:
-        return (f"measurements read from the run directory's {CACHE} ({whose}: the same model, batch, devices, "
-                f"settings and versions, key {use.key})")
+        return (
+            f"measurements read from the run directory's {CACHE} ({whose}: the same model, batch, devices, "
+            f"settings and versions, key {use.key})"
+        )
     if plan.cached:
         return f"measurements read from the run directory's cache ({whose})"
     now = f"measured in {plan.measuring_s:.1f} s"
@@ -84,8 +88,10 @@ def measuring(plan: AutoPlan) -> str:
         return now
     if use.differs == ("file",):
         return f"{now} (the run directory's {CACHE} held none this version reads)"
-    return (f"{now} (the run directory's {CACHE} held the measurements of another {' and '.join(use.differs)}, "
-            f"key {use.their_key}, {whose}; this run's key {use.key})")
+    return (
+        f"{now} (the run directory's {CACHE} held the measurements of another {' and '.join(use.differs)}, "
+        f"key {use.their_key}, {whose}; this run's key {use.key})"
+    )
 
 
 def by_hand(plan: AutoPlan, user: Sequence[str]) -> str:
@@ -104,11 +110,22 @@ def render(plan: AutoPlan, user: Sequence[str] | None = None) -> str:
     rows = [("rank", "plan", "step ms", "examples/s", "bubble", "peak/memory MB per device")]
     for rank, p in enumerate(plan.ranked, 1):
         mark = "*" if p == plan.chosen else " "
-        rows.append((f"{rank}{mark}", compact(p.candidate.overrides()), f"{1000 * p.step_s:.2f}",
-                     f"{p.examples_per_s:,.0f}", f"{p.bubble:.2f}", memory_cells(p)))
-    lines = [f"placement.plan=auto: the best {plural(len(plan.ranked), 'candidate')} by predicted step "
-             "(* chosen; the step is the schedule replayed on the measured times):", *_aligned(rows),
-             "chosen: " + " ".join(plan.chosen.candidate.overrides())]
+        rows.append(
+            (
+                f"{rank}{mark}",
+                compact(p.candidate.overrides()),
+                f"{1000 * p.step_s:.2f}",
+                f"{p.examples_per_s:,.0f}",
+                f"{p.bubble:.2f}",
+                memory_cells(p),
+            )
+        )
+    lines = [
+        f"placement.plan=auto: the best {plural(len(plan.ranked), 'candidate')} by predicted step "
+        "(* chosen; the step is the schedule replayed on the measured times):",
+        *_aligned(rows),
+        "chosen: " + " ".join(plan.chosen.candidate.overrides()),
+    ]
     if user is not None:
         lines.append(f"by hand: {by_hand(plan, user)}")
     lines.append(planning_line(plan))
@@ -118,12 +135,21 @@ def render(plan: AutoPlan, user: Sequence[str] | None = None) -> str:
 def one_line(plan: AutoPlan) -> str:
     """The chosen plan as a run logs it before training."""
     p = plan.chosen
-    return (f"placement.plan=auto chose {' '.join(p.candidate.overrides())}: predicted {1000 * p.step_s:.2f} ms per "
-            f"step ({p.examples_per_s:,.0f} examples/s, bubble {p.bubble:.2f}); {planning_line(plan)}")
+    return (
+        f"placement.plan=auto chose {' '.join(p.candidate.overrides())}: predicted {1000 * p.step_s:.2f} ms per "
+        f"step ({p.examples_per_s:,.0f} examples/s, bubble {p.bubble:.2f}); {planning_line(plan)}"
+    )
 
 
-def mismatch(plan: AutoPlan, measured_ms: float, steps: int, *, shared_threads: bool = False,
-             data_wait_ms: float | None = None, traced: bool = False) -> str:
+def mismatch(
+    plan: AutoPlan,
+    measured_ms: float,
+    steps: int,
+    *,
+    shared_threads: bool = False,
+    data_wait_ms: float | None = None,
+    traced: bool = False,
+) -> str:
     """The one line a run logs when its measured step (`measured_ms`, the median over its first `steps`
     timed steps) is far from the prediction, with what may explain it: logical CPU devices of one
     process (they share one thread pool, so stages do not overlap as the replay assumes), the wait
@@ -134,16 +160,23 @@ def mismatch(plan: AutoPlan, measured_ms: float, steps: int, *, shared_threads: 
     causes = []
     if ratio > 1:
         if shared_threads:
-            causes.append("the stages are logical CPU devices of one process, which share one thread pool, so they "
-                          "do not overlap as the prediction's replay assumes")
+            causes.append(
+                "the stages are logical CPU devices of one process, which share one thread pool, so they "
+                "do not overlap as the prediction's replay assumes"
+            )
         if data_wait_ms is not None and data_wait_ms > 0.1 * measured_ms:
-            causes.append(f"a step waited {data_wait_ms:.2f} ms for its batch (the median), which the prediction "
-                          "leaves out")
+            causes.append(
+                f"a step waited {data_wait_ms:.2f} ms for its batch (the median), which the prediction leaves out"
+            )
         if traced:
             causes.append("trainer.profile traced these steps")
         causes.append("other work on the machine, or costs the measurements missed")
     else:
-        causes.append("the machine was busier while planning than now" +
-                      (" (the measurements came from the run directory's cache)" if plan.cached else ""))
-    return (f"plan=auto predicted {predicted:.2f} ms per step, measured {measured_ms:.2f} ms ({ratio:.2f}×, the "
-            f"median of the first {plural(steps, 'timed step')}): " + "; or ".join(causes))
+        causes.append(
+            "the machine was busier while planning than now"
+            + (" (the measurements came from the run directory's cache)" if plan.cached else "")
+        )
+    return (
+        f"plan=auto predicted {predicted:.2f} ms per step, measured {measured_ms:.2f} ms ({ratio:.2f}×, the "
+        f"median of the first {plural(steps, 'timed step')}): " + "; or ".join(causes)
+    )

@@ -158,13 +158,17 @@ def _side_by_side_layout(p: Placement, n_models: int) -> str:
 def _layout(pcfg: PlacementSettings, p: Placement, n_stages: int, n_gpus: int) -> str:
     """Which of the three layouts the plan is, and why: one line."""
     if p.layout == MIRRORED:
-        return (f"layout: mirrored (placement.fallback=mirrored, {n_gpus} GPU(s) for {n_stages} stages): every "
-                "replica holds the whole chain")
+        return (
+            f"layout: mirrored (placement.fallback=mirrored, {n_gpus} GPU(s) for {n_stages} stages): every "
+            "replica holds the whole chain"
+        )
     if pcfg.replicas is None:
         why = "placement.replicas unset"
     elif pcfg.fallback == MIRRORED:
-        why = (f"placement.replicas={pcfg.replicas} ignored: placement.fallback=mirrored is not needed with a device "
-               "per stage; for copies of the pipeline use placement.fallback=virtual")
+        why = (
+            f"placement.replicas={pcfg.replicas} ignored: placement.fallback=mirrored is not needed with a device "
+            "per stage; for copies of the pipeline use placement.fallback=virtual"
+        )
     elif pcfg.replicas == "auto":
         why = f"placement.replicas=auto: {n_gpus} GPU(s) hold one copy of {n_stages} stages"
     else:
@@ -199,16 +203,20 @@ def _replicated(pcfg: PlacementSettings, n_stages: int, copies: int, gpus: Seque
         p = _cpu([f"/device:CPU:{k}" for k in range(n)], n)
         why = "no GPU: a logical CPU device per replica and stage"
     elif pcfg.fallback == "error":
-        raise DeviceError(f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} GPUs, "
-                          f"{len(gpus)} visible; use placement.replicas={max(1, len(gpus) // n_stages)} "
-                          "or placement.fallback=virtual (split the GPUs)")
+        raise DeviceError(
+            f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} GPUs, "
+            f"{len(gpus)} visible; use placement.replicas={max(1, len(gpus) // n_stages)} "
+            "or placement.fallback=virtual (split the GPUs)"
+        )
     else:
         p = _virtual(pcfg, n, gpus, cvd)
         why = f"{len(gpus)} GPU(s) < {n} replica stages: split with placement.fallback=virtual"
-    rows = tuple(tuple(p.devices[r * n_stages:(r + 1) * n_stages]) for r in range(copies))
-    note = (f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
-            f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
-            "copies before each copy's identical update")
+    rows = tuple(tuple(p.devices[r * n_stages : (r + 1) * n_stages]) for r in range(copies))
+    note = (
+        f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
+        f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
+        "copies before each copy's identical update"
+    )
     return replace(p, copies=rows, devices=rows[0], layout=REPLICATED, notes=(note, *p.notes))
 
 
@@ -217,7 +225,11 @@ def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]
     if visible is None:
         return inventory.gpus
     have = [g.index for g in inventory.gpus]
-    after = f" (after CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices})" if inventory.cuda_visible_devices is not None else ""
+    after = (
+        f" (after CUDA_VISIBLE_DEVICES={inventory.cuda_visible_devices})"
+        if inventory.cuda_visible_devices is not None
+        else ""
+    )
     for i, index in enumerate(visible):
         if index not in have:
             sees = f"GPUs {', '.join(map(str, have))}" if have else "no GPU"
@@ -229,9 +241,13 @@ def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]
 
 def _cpu(devices: Sequence[str], n_stages: int) -> Placement:
     """Rule 4: no GPU; the CPU split into one logical device per stage."""
-    return Placement(devices=tuple(devices), kind="CPU", split={0: n_stages},
-                     physical={d: "CPU:0" for d in devices if d.startswith("/device:CPU:")},
-                     notes=(f"no GPU: CPU split into {n_stages} logical devices",))
+    return Placement(
+        devices=tuple(devices),
+        kind="CPU",
+        split={0: n_stages},
+        physical={d: "CPU:0" for d in devices if d.startswith("/device:CPU:")},
+        notes=(f"no GPU: CPU split into {n_stages} logical devices",),
+    )
 
 
 def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
@@ -243,10 +259,19 @@ def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], 
     if len(gpus) > n_stages:
         # TensorFlow reserves memory on every visible GPU when its runtime starts.
         visible = tuple(g.index for g in used)
-        notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n_stages:])} unused: hidden from TensorFlow "
-                     "so it takes none of their memory")
-    return Placement(devices=tuple(devices), kind="GPU", split=split, memory_limits_mb=limits, notes=tuple(notes),
-                     physical={d: _describe(g, cvd) for d, g in zip(devices, used)}, visible=visible)
+        notes.append(
+            f"GPU {', '.join(str(g.index) for g in gpus[n_stages:])} unused: hidden from TensorFlow "
+            "so it takes none of their memory"
+        )
+    return Placement(
+        devices=tuple(devices),
+        kind="GPU",
+        split=split,
+        memory_limits_mb=limits,
+        notes=tuple(notes),
+        physical={d: _describe(g, cvd) for d, g in zip(devices, used)},
+        visible=visible,
+    )
 
 
 def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
@@ -257,10 +282,19 @@ def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: s
     # logical GPU is GPU:k.
     devices = [f"/device:GPU:{k}" for k in range(n_stages)]
     split, limits, notes = _limits(pcfg, gpus, per_card, list(range(n_stages)))
-    notes.insert(0, f"{len(gpus)} GPU(s) < {n_stages} stages: split into {n_stages} logical GPUs "
-                    f"(GPU {'; '.join(_ranges(owner, len(gpus)))})")
-    return Placement(devices=tuple(devices), kind="GPU", split=split, memory_limits_mb=limits, notes=tuple(notes),
-                     physical={d: _describe(gpus[p], cvd) for d, p in zip(devices, owner)})
+    notes.insert(
+        0,
+        f"{len(gpus)} GPU(s) < {n_stages} stages: split into {n_stages} logical GPUs "
+        f"(GPU {'; '.join(_ranges(owner, len(gpus)))})",
+    )
+    return Placement(
+        devices=tuple(devices),
+        kind="GPU",
+        split=split,
+        memory_limits_mb=limits,
+        notes=tuple(notes),
+        physical={d: _describe(gpus[p], cvd) for d, p in zip(devices, owner)},
+    )
 
 
 def _explicit(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
@@ -278,47 +312,69 @@ def _explicit(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
     logical = [_index(d) if d.startswith("/device:GPU:") else None for d in devices]
     split, limits, notes = _limits(pcfg, gpus, [per] * len(gpus), logical)
     if per > 1:
-        notes.insert(0, f"placement.devices names GPU:{max(named)}: each of {len(gpus)} GPU(s) split into {per} logical GPUs")
+        notes.insert(
+            0, f"placement.devices names GPU:{max(named)}: each of {len(gpus)} GPU(s) split into {per} logical GPUs"
+        )
     physical = {}
     for d in devices:
         if d.startswith("/device:GPU:") and _index(d) < per * len(gpus):
             physical[d] = _describe(gpus[_index(d) // per], cvd)
         elif d == "/device:CPU:0":
             physical[d] = "CPU:0"
-    return Placement(devices=tuple(devices), kind="GPU", split=split, memory_limits_mb=limits, physical=physical,
-                     notes=tuple(notes))
+    return Placement(
+        devices=tuple(devices), kind="GPU", split=split, memory_limits_mb=limits, physical=physical, notes=tuple(notes)
+    )
 
 
 def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
     """Rule 3, fallback=mirrored: every replica holds the whole chain (data parallel)."""
     if isinstance(pcfg.memory_limit_mb, (list, tuple)):
-        raise ConfigError("placement.memory_limit_mb: a list gives one limit per stage, but with "
-                          "placement.fallback=mirrored every replica holds all stages; give one number")
+        raise ConfigError(
+            "placement.memory_limit_mb: a list gives one limit per stage, but with "
+            "placement.fallback=mirrored every replica holds all stages; give one number"
+        )
     n = None if pcfg.replicas == "auto" else pcfg.replicas
     if not gpus:
         n = n or CPU_REPLICAS
         replicas = tuple(f"/device:CPU:{i}" for i in range(n))
-        return Placement(devices=(None,) * n_stages, kind="CPU", split={0: n}, layout=MIRRORED,
-                         mirrored_devices=replicas, physical={d: "CPU:0" for d in replicas},
-                         notes=(f"no GPU: the whole chain on each of {n} logical CPU replicas (MirroredStrategy)",))
+        return Placement(
+            devices=(None,) * n_stages,
+            kind="CPU",
+            split={0: n},
+            layout=MIRRORED,
+            mirrored_devices=replicas,
+            physical={d: "CPU:0" for d in replicas},
+            notes=(f"no GPU: the whole chain on each of {n} logical CPU replicas (MirroredStrategy)",),
+        )
     n = n or len(gpus)
     if n > len(gpus):
         raise DeviceError(f"placement.replicas={n}: only {len(gpus)} GPU(s) visible; one replica per GPU")
     used = list(gpus[:n])
     replicas = tuple(f"/device:GPU:{i}" for i in range(n))
     split, limits, notes = _limits(pcfg, used, [1] * n, [])  # one number or none here
-    notes.insert(0, f"{len(gpus)} GPU(s) < {n_stages} stages: the whole chain on each of {n} GPU replicas (MirroredStrategy)")
+    notes.insert(
+        0, f"{len(gpus)} GPU(s) < {n_stages} stages: the whole chain on each of {n} GPU replicas (MirroredStrategy)"
+    )
     visible = None
     if n < len(gpus):
         visible = tuple(g.index for g in used)
         notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n:])} unused: hidden from TensorFlow")
-    return Placement(devices=(None,) * n_stages, kind="GPU", split=split, memory_limits_mb=limits, layout=MIRRORED,
-                     mirrored_devices=replicas, physical={d: _describe(g, cvd) for d, g in zip(replicas, used)},
-                     notes=tuple(notes), visible=visible)
+    return Placement(
+        devices=(None,) * n_stages,
+        kind="GPU",
+        split=split,
+        memory_limits_mb=limits,
+        layout=MIRRORED,
+        mirrored_devices=replicas,
+        physical={d: _describe(g, cvd) for d, g in zip(replicas, used)},
+        notes=tuple(notes),
+        visible=visible,
+    )
 
 
-def _limits(pcfg: PlacementSettings, cards: Sequence[Gpu], per_card: Sequence[int],
-            logical: Sequence[int | None]) -> tuple[dict[int, int], dict[int, list[int]], list[str]]:
+def _limits(
+    pcfg: PlacementSettings, cards: Sequence[Gpu], per_card: Sequence[int], logical: Sequence[int | None]
+) -> tuple[dict[int, int], dict[int, list[int]], list[str]]:
     """Memory limit of every logical GPU: (split, limits, notes), keyed by physical index.
 
     `per_card[i]` is how many logical GPUs card `cards[i]` gets; `logical[k]` is the
@@ -340,8 +396,10 @@ def _limits(pcfg: PlacementSettings, cards: Sequence[Gpu], per_card: Sequence[in
                 if len(set(asked.values())) > 1:
                     a = min(asked)
                     b = min(k for k in asked if asked[k] != asked[a])
-                    raise ConfigError(f"placement.memory_limit_mb: stages {a} and {b} share /device:GPU:{j} "
-                                      f"but ask for {asked[a]} and {asked[b]} MB")
+                    raise ConfigError(
+                        f"placement.memory_limit_mb: stages {a} and {b} share /device:GPU:{j} "
+                        f"but ask for {asked[a]} and {asked[b]} MB"
+                    )
                 mine.append(next(iter(asked.values()), None))
             if n == 1 and mine == [None]:
                 mine = []
@@ -359,22 +417,31 @@ def _limits(pcfg: PlacementSettings, cards: Sequence[Gpu], per_card: Sequence[in
                 raise DeviceError(
                     f"placement.memory_limit_mb: GPU {card.index} is split into {n} logical GPUs, which TensorFlow "
                     "requires a memory limit for, and its memory is unknown; set placement.memory_limit_mb "
-                    "(MB per logical GPU, or one per stage)")
+                    "(MB per logical GPU, or one per stage)"
+                )
             free = card.memory_mb - reserve - sum(m for m in mine if m is not None)
             share = free // open_slots
             if share < 1:
-                raise DeviceError(f"placement.reserve_mb={reserve} leaves no memory on GPU {card.index} "
-                                  f"({card.memory_mb} MB) for {open_slots} logical GPU(s)")
+                raise DeviceError(
+                    f"placement.reserve_mb={reserve} leaves no memory on GPU {card.index} "
+                    f"({card.memory_mb} MB) for {open_slots} logical GPU(s)"
+                )
             mine = [share if m is None else m for m in mine]
-            notes.append(f"GPU {card.index}: {card.memory_mb} MB (nvidia-smi) - {reserve} MB reserve: "
-                         f"logical GPUs of {', '.join(str(m) for m in mine)} MB")
+            notes.append(
+                f"GPU {card.index}: {card.memory_mb} MB (nvidia-smi) - {reserve} MB reserve: "
+                f"logical GPUs of {', '.join(str(m) for m in mine)} MB"
+            )
         else:
             where = f"{card.memory_mb} MB" if card.memory_mb else "memory unknown"
-            notes.append(f"GPU {card.index} ({where}): logical GPUs of {', '.join(str(m) for m in mine)} MB (placement.memory_limit_mb)")
+            notes.append(
+                f"GPU {card.index} ({where}): logical GPUs of {', '.join(str(m) for m in mine)} MB (placement.memory_limit_mb)"
+            )
         total = sum(mine)
         if card.memory_mb is not None and total > card.memory_mb:
-            raise DeviceError(f"placement.memory_limit_mb: limits on GPU {card.index} add up to {total} MB, "
-                              f"more than its {card.memory_mb} MB")
+            raise DeviceError(
+                f"placement.memory_limit_mb: limits on GPU {card.index} add up to {total} MB, "
+                f"more than its {card.memory_mb} MB"
+            )
         if card.memory_mb is not None and total > card.memory_mb - reserve:
             notes.append(f"GPU {card.index}: limits leave less than placement.reserve_mb={reserve} MB free")
         split[card.index] = n
@@ -391,38 +458,59 @@ def _growth(pcfg: PlacementSettings, p: Placement, gpus: Sequence[Gpu]) -> Place
     if p.split:
         # TensorFlow cannot grow a GPU that has logical devices, and growth must be the
         # same on every visible GPU, so one split card rules it out everywhere.
-        return p.noted(f"placement.memory_growth not applied: GPU {', '.join(map(str, p.split))} "
-                       "has logical devices with memory limits, and TensorFlow needs the same setting on every GPU")
+        return p.noted(
+            f"placement.memory_growth not applied: GPU {', '.join(map(str, p.split))} "
+            "has logical devices with memory limits, and TensorFlow needs the same setting on every GPU"
+        )
     return replace(p, memory_growth=True).noted("memory growth on: each GPU allocates memory as needed")
 
 
-def plan_multi_worker(pcfg: PlacementSettings, n_stages: int, addresses: Sequence[str], task: int,
-                      gpus: Sequence[Gpu]) -> Placement:
+def plan_multi_worker(
+    pcfg: PlacementSettings, n_stages: int, addresses: Sequence[str], task: int, gpus: Sequence[Gpu]
+) -> Placement:
     """`placement.fallback=mirrored` across hosts: every worker of TF_CONFIG runs the same command and
     trains the whole chain on its own devices (its GPUs, else its CPU), one replica each, with
     `tf.distribute.MultiWorkerMirroredStrategy`; workers are assumed alike (the same GPU count).
     Replicas are named by task, in TF_CONFIG's order. Pure."""
     if pcfg.fallback != MIRRORED:
-        raise ConfigError(f"TF_CONFIG names this process worker {task} of {len(addresses)} (its task): that form trains "
-                          f"data parallel on every host and needs placement.fallback=mirrored (is {pcfg.fallback}); "
-                          "for stages on cluster workers, give the client cluster.workers, or TF_CONFIG with a chief")
+        raise ConfigError(
+            f"TF_CONFIG names this process worker {task} of {len(addresses)} (its task): that form trains "
+            f"data parallel on every host and needs placement.fallback=mirrored (is {pcfg.fallback}); "
+            "for stages on cluster workers, give the client cluster.workers, or TF_CONFIG with a chief"
+        )
     if pcfg.devices:
-        raise ConfigError("placement.devices puts each stage on a device, but TF_CONFIG with a task trains the whole chain "
-                          "on every worker (placement.fallback=mirrored); remove placement.devices")
+        raise ConfigError(
+            "placement.devices puts each stage on a device, but TF_CONFIG with a task trains the whole chain "
+            "on every worker (placement.fallback=mirrored); remove placement.devices"
+        )
     kind = "GPU" if gpus else "CPU"
-    physical = {f"/job:worker/replica:0/task:{t}/device:{kind}:{i}": f"worker {t} {address}"
-                for t, address in enumerate(addresses) for i in range(len(gpus) or 1)}
-    notes = [f"TF_CONFIG: this is worker {task} of {len(addresses)} ({addresses[task]}); every worker trains the "
-             f"whole chain on its share of each batch (MultiWorkerMirroredStrategy) and keeps its own run directory"]
+    physical = {
+        f"/job:worker/replica:0/task:{t}/device:{kind}:{i}": f"worker {t} {address}"
+        for t, address in enumerate(addresses)
+        for i in range(len(gpus) or 1)
+    }
+    notes = [
+        f"TF_CONFIG: this is worker {task} of {len(addresses)} ({addresses[task]}); every worker trains the "
+        f"whole chain on its share of each batch (MultiWorkerMirroredStrategy) and keeps its own run directory"
+    ]
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None:
             notes.append(f"placement.{key} ignored: a multi-worker run uses every worker's {kind}s, one replica each")
-    return Placement(devices=(None,) * n_stages, kind=kind, layout=MIRRORED, mirrored_devices=tuple(physical),
-                     physical=physical, multi_worker=tuple(addresses), task=task, notes=tuple(notes))
+    return Placement(
+        devices=(None,) * n_stages,
+        kind=kind,
+        layout=MIRRORED,
+        mirrored_devices=tuple(physical),
+        physical=physical,
+        multi_worker=tuple(addresses),
+        task=task,
+        notes=tuple(notes),
+    )
 
 
-def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequence[str]],
-                 addresses: Sequence[str]) -> Placement:
+def plan_cluster(
+    pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequence[str]], addresses: Sequence[str]
+) -> Placement:
     """Place stages on cluster workers by the same rules as on one machine (one device per stage:
     the workers' GPUs in task order, else each worker's CPU; fewer devices than stages: the
     fallbacks). `tasks[i]` lists worker i's devices. Pure."""
@@ -439,22 +527,33 @@ def plan_cluster(pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequenc
         if len(pool) >= n_stages:
             devices = pool[:n_stages]
         elif pcfg.fallback == "error":
-            raise DeviceError(f"placement.fallback=error: {n_stages} stages need {n_stages} devices, the cluster's "
-                              f"{plural(len(tasks), 'worker')} have {plural(len(pool), 'GPU' if gpus else 'CPU')}")
+            raise DeviceError(
+                f"placement.fallback=error: {n_stages} stages need {n_stages} devices, the cluster's "
+                f"{plural(len(tasks), 'worker')} have {plural(len(pool), 'GPU' if gpus else 'CPU')}"
+            )
         elif pcfg.fallback == MIRRORED:
-            raise DeviceError("placement.fallback=mirrored across hosts is data parallel: run the same command on every "
-                              "host with its own TF_CONFIG instead of cluster.workers (see docs/cluster.md)")
+            raise DeviceError(
+                "placement.fallback=mirrored across hosts is data parallel: run the same command on every "
+                "host with its own TF_CONFIG instead of cluster.workers (see docs/cluster.md)"
+            )
         else:
             devices = [pool[k * len(pool) // n_stages] for k in range(n_stages)]
     notes = [f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client"]
     if not pcfg.devices and len(set(devices)) < n_stages:
-        notes.append(f"{plural(len(set(devices)), 'device')} < {n_stages} stages: neighbouring stages share a worker's device "
-                     "(a worker's devices are not split from the client)")
+        notes.append(
+            f"{plural(len(set(devices)), 'device')} < {n_stages} stages: neighbouring stages share a worker's device "
+            "(a worker's devices are not split from the client)"
+        )
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None and (key != "replicas" or pcfg.fallback == MIRRORED):
             notes.append(f"placement.{key} ignored: it configures this machine's devices; a worker has its own")
-    return Placement(devices=tuple(devices), kind="GPU" if gpus else "CPU",
-                     physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=tuple(notes))
+    return Placement(
+        devices=tuple(devices),
+        kind="GPU" if gpus else "CPU",
+        physical={d: where.get(d, "-") for d in devices},
+        cluster=tuple(addresses),
+        notes=tuple(notes),
+    )
 
 
 def shared(p: Placement, rows: Sequence[int], schedule: str, rule: str) -> Placement:
@@ -467,33 +566,60 @@ def shared(p: Placement, rows: Sequence[int], schedule: str, rule: str) -> Place
         return p
     each = " (in every copy)" if p.copies else ""
     # the layout's note was written for the D devices of a copy: say how many stages they hold
-    notes = tuple(n.replace(f"copies of the {d}-stage pipeline", f"copies of the {n_stages}-stage pipeline on {d} devices")
-                  for n in p.notes)
-    return replace(p, devices=tuple(p.devices[r] for r in rows),
-                   copies=tuple(tuple(row[r] for r in rows) for row in p.copies),  # each copy's row
-                   notes=notes).noted(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices{each}, {rule}")
+    notes = tuple(
+        n.replace(f"copies of the {d}-stage pipeline", f"copies of the {n_stages}-stage pipeline on {d} devices")
+        for n in p.notes
+    )
+    return replace(
+        p,
+        devices=tuple(p.devices[r] for r in rows),
+        copies=tuple(tuple(row[r] for r in rows) for row in p.copies),  # each copy's row
+        notes=notes,
+    ).noted(f"pipeline.schedule={schedule}: {n_stages} stages on {d} devices{each}, {rule}")
 
 
-def _cluster_grid(pcfg: PlacementSettings, n_stages: int, copies: int, pool: Sequence[str], where: dict[str, str],
-                  addresses: Sequence[str]) -> Placement:
+def _cluster_grid(
+    pcfg: PlacementSettings,
+    n_stages: int,
+    copies: int,
+    pool: Sequence[str],
+    where: dict[str, str],
+    addresses: Sequence[str],
+) -> Placement:
     """`copies` copies of the pipeline on the workers' devices, in task order: replica r's stage k on
     device r*K+k; a worker device each (R x K workers), never shared."""
     n = copies * n_stages
     if len(pool) < n:
-        raise DeviceError(f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} devices, "
-                          f"the cluster's {plural(len(addresses), 'worker')} have {len(pool)}; give cluster.workers {n} workers "
-                          f"or use placement.replicas={max(1, len(pool) // n_stages)}")
-    rows = tuple(tuple(pool[r * n_stages:(r + 1) * n_stages]) for r in range(copies))
+        raise DeviceError(
+            f"placement.replicas={pcfg.replicas}: {copies} copies of {n_stages} stages need {n} devices, "
+            f"the cluster's {plural(len(addresses), 'worker')} have {len(pool)}; give cluster.workers {n} workers "
+            f"or use placement.replicas={max(1, len(pool) // n_stages)}"
+        )
+    rows = tuple(tuple(pool[r * n_stages : (r + 1) * n_stages]) for r in range(copies))
     devices = [d for row in rows for d in row]
-    notes = (f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker devices; "
-             "each copy trains its share of every batch, stage gradients averaged over the copies",
-             f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client")
-    return Placement(devices=rows[0], kind="GPU" if "/device:GPU:" in pool[0] else "CPU", layout=REPLICATED,
-                     copies=rows, physical={d: where.get(d, "-") for d in devices}, cluster=tuple(addresses), notes=notes)
+    notes = (
+        f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker devices; "
+        "each copy trains its share of every batch, stage gradients averaged over the copies",
+        f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client",
+    )
+    return Placement(
+        devices=rows[0],
+        kind="GPU" if "/device:GPU:" in pool[0] else "CPU",
+        layout=REPLICATED,
+        copies=rows,
+        physical={d: where.get(d, "-") for d in devices},
+        cluster=tuple(addresses),
+        notes=notes,
+    )
 
 
-def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory, cpu_memory_mb: int | None,
-                 host_memory_mb: int | None) -> None:
+def check_memory(
+    placement: Placement,
+    need: Sequence[int],
+    inventory: Inventory,
+    cpu_memory_mb: int | None,
+    host_memory_mb: int | None,
+) -> None:
     """Refuse a chain whose estimated memory (`need[k]` bytes for stage k) cannot fit.
 
     On CPU every logical device shares the host's memory: the sum over stages (times the
@@ -516,20 +642,25 @@ def check_memory(placement: Placement, need: Sequence[int], inventory: Inventory
             raise DeviceError(
                 f"the chain needs about {human(total)} of memory (stage {biggest}: {human(need[biggest])}; weights, "
                 f"gradients, optimizer state and activations), more than the {human(limit * MB)} allowed ({key}); "
-                "use a smaller model.width, model.depth or data.batch_size")
+                "use a smaller model.width, model.depth or data.batch_size"
+            )
         return
     memory = {g.index: g.memory_mb for g in inventory.gpus}
     per_card: dict[int, int] = {}
     grid = [d for row in placement.copies for d in row]  # copies of a pipeline: stage k is device k mod K
-    for k, device in enumerate(grid or (placement.devices if placement.layout != MIRRORED
-                                        else placement.mirrored_devices)):
+    for k, device in enumerate(
+        grid or (placement.devices if placement.layout != MIRRORED else placement.mirrored_devices)
+    ):
         physical = placement.physical.get(device, "")
         if physical.startswith("GPU:"):
             card = int(physical.split()[0].split(":")[1])
-            per_card[card] = per_card.get(card, 0) + (sum(need) if placement.layout == MIRRORED
-                                                      else need[k % len(need)])
+            per_card[card] = per_card.get(card, 0) + (
+                sum(need) if placement.layout == MIRRORED else need[k % len(need)]
+            )
     for card, total in per_card.items():
         if memory.get(card) and total > memory[card] * MB:
-            raise DeviceError(f"the stages on GPU {card} need about {human(total)} of memory, more than its "
-                              f"{human(memory[card] * MB)}; use a smaller model.width, model.depth or "
-                              "data.batch_size, or more GPUs")
+            raise DeviceError(
+                f"the stages on GPU {card} need about {human(total)} of memory, more than its "
+                f"{human(memory[card] * MB)}; use a smaller model.width, model.depth or "
+                "data.batch_size, or more GPUs"
+            )

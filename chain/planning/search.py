@@ -105,18 +105,29 @@ def stage_times(costs: Costs, bounds: Sequence[int], size: int) -> list[StageTim
     out = []
     for a, b in zip(bounds, bounds[1:]):
         js = range(a, b)
-        out.append(StageTimes(sum(costs.at(costs.forward, j, size) for j in js),
-                              sum(costs.at(costs.input_grad, j, size) for j in js),
-                              sum(costs.at(costs.weight_grad, j, size) for j in js),
-                              costs.update_s + sum(costs.update[j] for j in js),
-                              costs.crossing[b - 1] * size * FLOAT_BYTES,
-                              sum(costs.params[j] for j in js)))
+        out.append(
+            StageTimes(
+                sum(costs.at(costs.forward, j, size) for j in js),
+                sum(costs.at(costs.input_grad, j, size) for j in js),
+                sum(costs.at(costs.weight_grad, j, size) for j in js),
+                costs.update_s + sum(costs.update[j] for j in js),
+                costs.crossing[b - 1] * size * FLOAT_BYTES,
+                sum(costs.params[j] for j in js),
+            )
+        )
     return out
 
 
-def replay(schedule: Schedule, times: Sequence[StageTimes], costs: Costs, *, replicas: int = 1,
-           recompute: str = "never", grad_accum: int = 1, rows_physical: Sequence[Sequence[str]] | None = None
-           ) -> tuple[float, float]:
+def replay(
+    schedule: Schedule,
+    times: Sequence[StageTimes],
+    costs: Costs,
+    *,
+    replicas: int = 1,
+    recompute: str = "never",
+    grad_accum: int = 1,
+    rows_physical: Sequence[Sequence[str]] | None = None,
+) -> tuple[float, float]:
     """(predicted step seconds, bubble) of `replicas` copies of `schedule` with `times` per stage:
     `chain.pipeline.idle.replay` extended with a fixed cost per action, a transfer on each crossing
     between devices, the recomputed forwards (`recompute`), each stage's update after its last action
@@ -140,8 +151,7 @@ def replay(schedule: Schedule, times: Sequence[StageTimes], costs: Costs, *, rep
         if a.kind == schedules.WEIGHT:
             return t.weight_grad + costs.action_s
         own = a.microbatch % m
-        again = recompute != "never" and (a.stage, own) not in at_once and \
-            (recompute == "always" or own != m - 1)
+        again = recompute != "never" and (a.stage, own) not in at_once and (recompute == "always" or own != m - 1)
         return t.input_grad + (0.0 if split else t.weight_grad) + (t.forward if again else 0.0) + costs.action_s
 
     def crossing(k_from: int, k_to: int) -> float:
@@ -190,8 +200,11 @@ def replay(schedule: Schedule, times: Sequence[StageTimes], costs: Costs, *, rep
             # a device's stages exchange their gradients together, after its last action: the exchange was measured
             # as the time it adds to a step beyond the backward it overlaps (`Costs`), so a stage whose backward
             # ends before its device's last does not overlap it again
-            exchanged = max(ready.values()) + costs.exchange_latency_s + \
-                sum(times[k].params for k in stages) * FLOAT_BYTES * costs.exchange_s_per_byte
+            exchanged = (
+                max(ready.values())
+                + costs.exchange_latency_s
+                + sum(times[k].params for k in stages) * FLOAT_BYTES * costs.exchange_s_per_byte
+            )
             ready = dict.fromkeys(stages, exchanged)
         for k in stages:
             for r in range(replicas):
@@ -216,12 +229,16 @@ def cut_for(costs: Costs, n_stages: int, size: int) -> list[int] | None:
     n = len(costs.pieces)
     if n_stages > n:
         return None
-    row = [costs.at(costs.forward, j, size) + costs.at(costs.input_grad, j, size) + costs.at(costs.weight_grad, j, size)
-           for j in range(n)]
+    row = [
+        costs.at(costs.forward, j, size) + costs.at(costs.input_grad, j, size) + costs.at(costs.weight_grad, j, size)
+        for j in range(n)
+    ]
     return balance.partition([row] * n_stages, n_stages, list(range(1, n)), weights=list(costs.params))
 
 
-def candidates(costs: Costs, batch: int, stages: Sequence[int], max_microbatches: int = 64) -> list[tuple[Candidate, list[int]]]:
+def candidates(
+    costs: Costs, batch: int, stages: Sequence[int], max_microbatches: int = 64
+) -> list[tuple[Candidate, list[int]]]:
     """Every legal plan on `costs.devices` for a global batch of `batch`, with K among `stages`: (the
     candidate, its stage bounds in pieces). R copies x the devices a copy uses <= the pool; R divides
     the batch, M the copy's share (at most `max_microbatches`); interleaved with 2 stages per device
@@ -239,8 +256,11 @@ def candidates(costs: Costs, batch: int, stages: Sequence[int], max_microbatches
                     if sizes is None:
                         continue
                 bounds = [0, *balance.sizes_to_cuts(sizes), sum(sizes)]
-                split = None if costs.fixed_cut else tuple(costs.pieces[b - 1][1] - costs.pieces[a][0]
-                                                           for a, b in zip(bounds, bounds[1:]))
+                split = (
+                    None
+                    if costs.fixed_cut
+                    else tuple(costs.pieces[b - 1][1] - costs.pieces[a][0] for a, b in zip(bounds, bounds[1:]))
+                )
                 for name in SCHEDULES:
                     shared = name in ("interleaved", "zbv")
                     if shared and (k % 2 or k < 2):
@@ -252,11 +272,24 @@ def candidates(costs: Costs, batch: int, stages: Sequence[int], max_microbatches
                         schedules.build(name, k, m, per_copy if name == "interleaved" else None)
                     except ValueError:
                         continue
-                    for rc in (("never",) if name in ("zb1", "zbv") else RECOMPUTES):
+                    for rc in ("never",) if name in ("zb1", "zbv") else RECOMPUTES:
                         if rc != "never" and k == 1:
                             continue  # one stage: its only backward follows its forward at once
-                        out.append((Candidate(r, k, m, name, rc, 2 if name == "interleaved" else 1, split,
-                                              _devices(costs, k, per_copy, name, r)), bounds))
+                        out.append(
+                            (
+                                Candidate(
+                                    r,
+                                    k,
+                                    m,
+                                    name,
+                                    rc,
+                                    2 if name == "interleaved" else 1,
+                                    split,
+                                    _devices(costs, k, per_copy, name, r),
+                                ),
+                                bounds,
+                            )
+                        )
     return out
 
 
@@ -265,31 +298,49 @@ def _devices(costs: Costs, k: int, per_copy: int, name: str, replicas: int) -> t
     with copies: the planner's own, one device per copy's stage)."""
     if replicas > 1:
         return None
-    rows = (schedules.build(name, k, per_copy if name == "interleaved" else 2 * per_copy,
-                            per_copy if name == "interleaved" else None))
+    rows = schedules.build(
+        name, k, per_copy if name == "interleaved" else 2 * per_copy, per_copy if name == "interleaved" else None
+    )
     return tuple(costs.devices[rows.row(s)] for s in range(k))
 
 
 def used_devices(costs: Costs, c: Candidate, schedule: Schedule) -> list[list[str]]:
     """Copy r's device of each schedule row: the pool's devices, copy after copy."""
     d = schedule.devices
-    return [[costs.devices[r * d + i] if c.devices is None else c.devices[schedule.row_stages(i)[0]]
-             for i in range(d)] for r in range(c.replicas)]
+    return [
+        [costs.devices[r * d + i] if c.devices is None else c.devices[schedule.row_stages(i)[0]] for i in range(d)]
+        for r in range(c.replicas)
+    ]
 
 
-def predict(costs: Costs, c: Candidate, bounds: Sequence[int], batch: int, *, grad_accum: int = 1,
-            peaks: Callable[[Candidate, Schedule], Sequence[int]] | None = None,
-            memory: Mapping[str, int | None] | None = None) -> Prediction:
+def predict(
+    costs: Costs,
+    c: Candidate,
+    bounds: Sequence[int],
+    batch: int,
+    *,
+    grad_accum: int = 1,
+    peaks: Callable[[Candidate, Schedule], Sequence[int]] | None = None,
+    memory: Mapping[str, int | None] | None = None,
+) -> Prediction:
     """`c`'s predicted step (its schedule replayed on `costs`), bubble, and each used device's estimated
     peak (`peaks(c, schedule)`: per stage, bytes; stages sharing a device add up) against its memory."""
-    schedule = schedules.build(c.schedule, c.stages, c.microbatches,
-                               c.stages // c.virtual_stages if c.schedule == "interleaved" else None)
+    schedule = schedules.build(
+        c.schedule, c.stages, c.microbatches, c.stages // c.virtual_stages if c.schedule == "interleaved" else None
+    )
     size = batch // c.replicas // c.microbatches
     times = stage_times(costs, bounds, size)
     where = used_devices(costs, c, schedule)
     physical = dict(zip(costs.devices, costs.physical))
-    step, bubble = replay(schedule, times, costs, replicas=c.replicas, recompute=c.recompute, grad_accum=grad_accum,
-                          rows_physical=[[physical.get(d, d) for d in row] for row in where])
+    step, bubble = replay(
+        schedule,
+        times,
+        costs,
+        replicas=c.replicas,
+        recompute=c.recompute,
+        grad_accum=grad_accum,
+        rows_physical=[[physical.get(d, d) for d in row] for row in where],
+    )
     per_stage = list(peaks(c, schedule)) if peaks else [0] * c.stages
     flat = [d for row in where for d in row]
     totals = {d: 0 for d in flat}
@@ -297,23 +348,33 @@ def predict(costs: Costs, c: Candidate, bounds: Sequence[int], batch: int, *, gr
         for i, d in enumerate(row):
             totals[d] += sum(per_stage[k] for k in schedule.row_stages(i))
     mem = memory or {}
-    return Prediction(c, step, bubble, tuple(totals.values()),
-                      tuple(mem.get(d) for d in totals), batch * grad_accum)
+    return Prediction(c, step, bubble, tuple(totals.values()), tuple(mem.get(d) for d in totals), batch * grad_accum)
 
 
-def search(costs: Costs, batch: int, stages: Sequence[int], *, grad_accum: int = 1,
-           peaks: Callable[[Candidate, Schedule], Sequence[int]] | None = None,
-           memory: Mapping[str, int | None] | None = None, max_microbatches: int = 64) -> AutoPlan:
+def search(
+    costs: Costs,
+    batch: int,
+    stages: Sequence[int],
+    *,
+    grad_accum: int = 1,
+    peaks: Callable[[Candidate, Schedule], Sequence[int]] | None = None,
+    memory: Mapping[str, int | None] | None = None,
+    max_microbatches: int = 64,
+) -> AutoPlan:
     """Every candidate predicted, those over a device's memory dropped, the rest ranked by predicted
     step (ties: fewer devices, fewer microbatches, the simpler schedule, less recompute: the order
     `candidates` lists them in). Nothing fits: a ConfigError naming the smallest shortfall."""
     started = time.perf_counter()
     with _collections_paused():
-        found = [predict(costs, c, b, batch, grad_accum=grad_accum, peaks=peaks, memory=memory)
-                 for c, b in candidates(costs, batch, stages, max_microbatches)]
+        found = [
+            predict(costs, c, b, batch, grad_accum=grad_accum, peaks=peaks, memory=memory)
+            for c, b in candidates(costs, batch, stages, max_microbatches)
+        ]
     if not found:
-        raise ConfigError(f"placement.plan=auto: no plan of {', '.join(map(str, stages))} stages runs on the "
-                          f"{len(costs.devices)} device(s) {', '.join(costs.devices)} with data.batch_size={batch}")
+        raise ConfigError(
+            f"placement.plan=auto: no plan of {', '.join(map(str, stages))} stages runs on the "
+            f"{len(costs.devices)} device(s) {', '.join(costs.devices)} with data.batch_size={batch}"
+        )
     fitting = [p for p in found if p.fits]
     if not fitting:
         raise ConfigError(refusal(found, batch))
@@ -323,8 +384,14 @@ def search(costs: Costs, batch: int, stages: Sequence[int], *, grad_accum: int =
     # microbatches, the plainest schedule, least recompute: the order `candidates` lists them in) is chosen
     chosen = next(p for p in fitting if p.step_s <= best * (1 + TIE))
     ranked = [chosen, *(p for p in ranked if p is not chosen)]
-    return AutoPlan(chosen, tuple(ranked[:SHOWN]), len(found), len(found) - len(fitting), costs.measuring_s,
-                    time.perf_counter() - started)
+    return AutoPlan(
+        chosen,
+        tuple(ranked[:SHOWN]),
+        len(found),
+        len(found) - len(fitting),
+        costs.measuring_s,
+        time.perf_counter() - started,
+    )
 
 
 @contextlib.contextmanager
@@ -345,15 +412,19 @@ def refusal(found: Sequence[Prediction], batch: int) -> str:
     """No candidate fits: one line naming the closest plan, its device and the bytes it lacks, and what
     would fit."""
     closest = min(found, key=lambda p: p.shortfall)
-    i = max(range(len(closest.peaks)),
-            key=lambda j: closest.peaks[j] - (closest.memory[j] if closest.memory[j] is not None else closest.peaks[j]))
+    i = max(
+        range(len(closest.peaks)),
+        key=lambda j: closest.peaks[j] - (closest.memory[j] if closest.memory[j] is not None else closest.peaks[j]),
+    )
     devices = used_devices_of(closest)
     device = devices[i] if i < len(devices) else f"device {i}"
-    return (f"placement.plan=auto: no plan fits the devices' memory; the closest ({' '.join(closest.candidate.overrides())}) "
-            f"needs about {human(closest.peaks[i])} on {device}, {human(closest.shortfall)} more than its "
-            f"{human(closest.memory[i])}; it would fit with a smaller data.batch_size (at most about "
-            f"{_smaller(closest, batch)}), more devices (or more memory per device: placement.memory_limit_mb), or a "
-            "smaller model")
+    return (
+        f"placement.plan=auto: no plan fits the devices' memory; the closest ({' '.join(closest.candidate.overrides())}) "
+        f"needs about {human(closest.peaks[i])} on {device}, {human(closest.shortfall)} more than its "
+        f"{human(closest.memory[i])}; it would fit with a smaller data.batch_size (at most about "
+        f"{_smaller(closest, batch)}), more devices (or more memory per device: placement.memory_limit_mb), or a "
+        "smaller model"
+    )
 
 
 def used_devices_of(p: Prediction) -> list[str]:

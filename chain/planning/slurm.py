@@ -63,31 +63,41 @@ def tasks_per_node(text: str) -> list[int]:
 def job(env: Mapping[str, str], port_base: int) -> SlurmJob:
     """This task of the Slurm step that `env` (the process's environment) describes; one ConfigError
     line naming the variable that is missing or wrong."""
+
     def read(key: str) -> str:
         if not env.get(key):
-            raise ConfigError(f"cluster.launcher=slurm needs {key}, which srun sets in every task of a step: "
-                              f"run the command under srun (or set cluster.launcher=none)")
+            raise ConfigError(
+                f"cluster.launcher=slurm needs {key}, which srun sets in every task of a step: "
+                f"run the command under srun (or set cluster.launcher=none)"
+            )
         return env[key]
 
     ntasks, rank = read("SLURM_NTASKS"), read("SLURM_PROCID")
     if not ntasks.isdigit() or not rank.isdigit() or not int(rank) < int(ntasks):
         raise ConfigError(f"SLURM_PROCID={rank!r} and SLURM_NTASKS={ntasks!r} must be numbers, 0 <= procid < ntasks")
     nodes = hostnames(read("SLURM_STEP_NODELIST"))
-    counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or
-                            str(-(-int(ntasks) // max(1, len(nodes)))))
+    counts = tasks_per_node(
+        env.get("SLURM_STEP_TASKS_PER_NODE")
+        or env.get("SLURM_TASKS_PER_NODE")
+        or str(-(-int(ntasks) // max(1, len(nodes))))
+    )
     if len(counts) != len(nodes) or sum(counts) < int(ntasks):
-        raise ConfigError(f"SLURM_STEP_NODELIST names {len(nodes)} nodes and SLURM_STEP_TASKS_PER_NODE "
-                          f"{sum(counts)} tasks on {len(counts)}: they do not describe {ntasks} tasks")
+        raise ConfigError(
+            f"SLURM_STEP_NODELIST names {len(nodes)} nodes and SLURM_STEP_TASKS_PER_NODE "
+            f"{sum(counts)} tasks on {len(counts)}: they do not describe {ntasks} tasks"
+        )
     if int(ntasks) < 2:
-        raise ConfigError("cluster.launcher=slurm needs at least 2 tasks (srun -n 2 or more): task 0 is the client, "
-                          "the others its workers")
+        raise ConfigError(
+            "cluster.launcher=slurm needs at least 2 tasks (srun -n 2 or more): task 0 is the client, "
+            "the others its workers"
+        )
     addresses, local = [], []
     for node, count in zip(nodes, counts):
         for r in range(count):
             addresses.append(f"{node}:{port_base + r}")
             local.append(r)
     task = int(rank)
-    return SlurmJob(task, tuple(addresses[:int(ntasks)]), visible_gpus(env, local[task]))
+    return SlurmJob(task, tuple(addresses[: int(ntasks)]), visible_gpus(env, local[task]))
 
 
 def visible_gpus(env: Mapping[str, str], local_rank: int) -> str | None:
@@ -103,8 +113,10 @@ def visible_gpus(env: Mapping[str, str], local_rank: int) -> str | None:
     gpus = seen.split(",") if seen else [str(i) for i in range((local_rank + 1) * g)]
     if len(gpus) == g:
         return None  # Slurm bound this task to its own GPUs
-    mine = gpus[local_rank * g:(local_rank + 1) * g]
+    mine = gpus[local_rank * g : (local_rank + 1) * g]
     if len(mine) < g:
-        raise ConfigError(f"SLURM_GPUS_PER_TASK={g}: task {local_rank} of its node needs GPUs "
-                          f"{local_rank * g}..{(local_rank + 1) * g - 1}, CUDA_VISIBLE_DEVICES={seen!r} has {len(gpus)}")
+        raise ConfigError(
+            f"SLURM_GPUS_PER_TASK={g}: task {local_rank} of its node needs GPUs "
+            f"{local_rank * g}..{(local_rank + 1) * g - 1}, CUDA_VISIBLE_DEVICES={seen!r} has {len(gpus)}"
+        )
     return ",".join(mine)

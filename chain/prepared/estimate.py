@@ -34,8 +34,15 @@ def stage_costs(s: Settings, info: DataInfo) -> list[StageCost | None]:
             continue
         head = s.mode != "e2e" or k == len(shapes) - 1
         logits = (info.target(stage.target).classes or 1) if head else 0
-        out.append(StageCost(shape.params, shape.activations_per_example + logits, math.prod(shape.input_shape),
-                             math.prod(shape.output_shape), shape.largest_layer))
+        out.append(
+            StageCost(
+                shape.params,
+                shape.activations_per_example + logits,
+                math.prod(shape.input_shape),
+                math.prod(shape.output_shape),
+                shape.largest_layer,
+            )
+        )
     return out
 
 
@@ -59,30 +66,39 @@ def output_gradients(schedule: Schedule | None) -> list[int] | None:
     return None if schedule is None else schedules.output_gradients_held(schedule)
 
 
-def footprints(s: Settings, info: DataInfo, placement: Placement, cut: BatchCut, schedule: Schedule | None
-               ) -> list[Footprint | None]:
+def footprints(
+    s: Settings, info: DataInfo, placement: Placement, cut: BatchCut, schedule: Schedule | None
+) -> list[Footprint | None]:
     """Each stage's estimated peak for `s` planned as `placement`, its batch cut as `cut` (the run's,
     `RunSpec.batch_cut`), with `schedule` (the run's; None outside mode=e2e)."""
     return from_costs(s, placement, cut, stage_costs(s, info), schedule)
 
 
-def from_costs(s: Settings, placement: Placement, cut: BatchCut, costs: list[StageCost | None],
-               schedule: Schedule | None) -> list[Footprint | None]:
+def from_costs(
+    s: Settings, placement: Placement, cut: BatchCut, costs: list[StageCost | None], schedule: Schedule | None
+) -> list[Footprint | None]:
     """Each stage's estimated peak from its `StageCost` (the config's, or a cut model's layers'), for
     `cut` (each replica's share and microbatch), `schedule` (`s`'s, built once by the preparation pass)
     where the run plays it, and `s`'s recompute and optimizers, planned as `placement`."""
     schedule = played(s, placement, schedule)
     pipelined = schedule is not None
-    return estimates(costs, slots=[optimizer_slots(st.optim) for st in s.stages],
-                     batch=cut.per_replica, microbatch=cut.per_microbatch, held=held(s, schedule),
-                     output_gradients=output_gradients(schedule),
-                     recompute=s.pipeline.recompute if pipelined else "never",
-                     own_inputs=placement.kind == "GPU" or bool(placement.cluster), chained=s.mode != "side_by_side",
-                     layer_by_layer=pipelined and not s.trainer.jit_compile)  # chain.pipeline.step.weights_first
+    return estimates(
+        costs,
+        slots=[optimizer_slots(st.optim) for st in s.stages],
+        batch=cut.per_replica,
+        microbatch=cut.per_microbatch,
+        held=held(s, schedule),
+        output_gradients=output_gradients(schedule),
+        recompute=s.pipeline.recompute if pipelined else "never",
+        own_inputs=placement.kind == "GPU" or bool(placement.cluster),
+        chained=s.mode != "side_by_side",
+        layer_by_layer=pipelined and not s.trainer.jit_compile,
+    )  # chain.pipeline.step.weights_first
 
 
-def alternatives(s: Settings, info: DataInfo, placement: Placement, cut: BatchCut, schedule: Schedule | None
-                 ) -> dict[str, list[Footprint | None]]:
+def alternatives(
+    s: Settings, info: DataInfo, placement: Placement, cut: BatchCut, schedule: Schedule | None
+) -> dict[str, list[Footprint | None]]:
     """The footprints of the changes that lower a pipeline's activations: pipeline.recompute=always
     (on `schedule` and `cut`, the run's), and 2x and 4x the microbatches where the batch cuts into them
     (`batch_cut`'s rule; built-in schedules only; each such schedule built here, as the run would build it)."""
@@ -91,8 +107,10 @@ def alternatives(s: Settings, info: DataInfo, placement: Placement, cut: BatchCu
     p, out = s.pipeline, {}
     options = [] if p.recompute == ALWAYS else [(f"pipeline.recompute={ALWAYS}", replace(p, recompute=ALWAYS))]
     if p.schedule != schedules.FILE:
-        options += [(f"pipeline.microbatches={p.microbatches * times}", replace(p, microbatches=p.microbatches * times))
-                    for times in (2, 4)]
+        options += [
+            (f"pipeline.microbatches={p.microbatches * times}", replace(p, microbatches=p.microbatches * times))
+            for times in (2, 4)
+        ]
     for change, pipeline in options:
         try:
             other = replace(s, pipeline=pipeline)

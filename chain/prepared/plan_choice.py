@@ -48,21 +48,31 @@ def refuse_given(s: Settings, cut_model: bool) -> None:
         if given[key] is not None:
             raise ConfigError(f"{key} is what placement.plan=auto chooses: remove it, or set placement.plan=manual")
     if p.balance != "even":
-        raise ConfigError(f"placement.balance={p.balance}: placement.plan=auto cuts the model by its measured times "
-                          "itself; remove placement.balance, or set placement.plan=manual")
+        raise ConfigError(
+            f"placement.balance={p.balance}: placement.plan=auto cuts the model by its measured times "
+            "itself; remove placement.balance, or set placement.plan=manual"
+        )
     if any(st != s.stages[0] for st in s.stages):  # the chosen plan is written +stages=K: K alike stages
-        raise ConfigError("placement.plan=auto writes its plan as +stages=K of the stage template, but +stages=[...] "
-                          "gives the stages settings of their own: give +stages=N, or set placement.plan=manual")
+        raise ConfigError(
+            "placement.plan=auto writes its plan as +stages=K of the stage template, but +stages=[...] "
+            "gives the stages settings of their own: give +stages=N, or set placement.plan=manual"
+        )
     if s.pipeline.schedule == "file":
-        raise ConfigError("pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
-                          "set placement.plan=manual to run a schedule file")
+        raise ConfigError(
+            "pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
+            "set placement.plan=manual to run a schedule file"
+        )
     if not cut_model and any(not isinstance(st.model, Body) for st in s.stages):
-        raise ConfigError("placement.plan=auto times the config's own models (model=mlp, conv) or one model cut "
-                          "into stages (model=keras); the user's stage builders (_target_) are not measured: "
-                          "set placement.plan=manual")
+        raise ConfigError(
+            "placement.plan=auto times the config's own models (model=mlp, conv) or one model cut "
+            "into stages (model=keras); the user's stage builders (_target_) are not measured: "
+            "set placement.plan=manual"
+        )
     if s.cluster.workers is None and p.fallback == "mirrored":
-        raise ConfigError("placement.fallback=mirrored runs the chain whole on each replica: placement.plan=auto "
-                          "plans a pipeline; set placement.fallback=virtual or placement.plan=manual")
+        raise ConfigError(
+            "placement.fallback=mirrored runs the chain whole on each replica: placement.plan=auto "
+            "plans a pipeline; set placement.fallback=virtual or placement.plan=manual"
+        )
 
 
 def is_gpt(s: Settings) -> bool:
@@ -79,10 +89,14 @@ def chosen_settings(s: Settings, c: Candidate) -> Settings:
     """`s` with `c.overrides()` applied: K copies of the stage template (`+stages=K`), the pipeline's
     keys, the copies, the cut and the devices; checked again across keys, as a composed config is."""
     p = s.pipeline
-    pipeline = replace(p, microbatches=c.microbatches, schedule=c.schedule, recompute=c.recompute,
-                       virtual_stages=c.virtual_stages if c.schedule == "interleaved" else 1)
-    placement = replace(s.placement, replicas=c.replicas if c.replicas > 1 else None, split=c.split,
-                        devices=c.devices)
+    pipeline = replace(
+        p,
+        microbatches=c.microbatches,
+        schedule=c.schedule,
+        recompute=c.recompute,
+        virtual_stages=c.virtual_stages if c.schedule == "interleaved" else 1,
+    )
+    placement = replace(s.placement, replicas=c.replicas if c.replicas > 1 else None, split=c.split, devices=c.devices)
     stages = (s.stages[0],) * c.stages
     return checks.settle(replace(s, stages=stages, pipeline=pipeline, placement=placement, notes=()), None)
 
@@ -96,24 +110,37 @@ def stage_range_costs(s: Settings, spec: RunSpec) -> Callable[[int, int], StageC
         if b - a != 1 or costs[a] is None:
             raise ValueError("a built-in model's stages are its pieces")
         return costs[a]
+
     return of
 
 
-def peaks_of(spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCost]
-             ) -> Callable[[Candidate, Schedule], Sequence[int]]:
+def peaks_of(
+    spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCost]
+) -> Callable[[Candidate, Schedule], Sequence[int]]:
     """Per candidate, each stage's estimated peak in bytes (`estimate.from_costs` on the candidate's
     settings and batch cut), stage k's cost from its layers (`stage_cost(first piece, end piece)`)."""
     s, batch = spec.settings, spec.settings.data.batch_size
 
     def peaks(c: Candidate, schedule: Schedule) -> list[int]:
-        other = replace(s, stages=(s.stages[0],) * c.stages,
-                        pipeline=replace(s.pipeline, microbatches=c.microbatches, schedule=c.schedule,
-                                         recompute=c.recompute, virtual_stages=c.virtual_stages))
+        other = replace(
+            s,
+            stages=(s.stages[0],) * c.stages,
+            pipeline=replace(
+                s.pipeline,
+                microbatches=c.microbatches,
+                schedule=c.schedule,
+                recompute=c.recompute,
+                virtual_stages=c.virtual_stages,
+            ),
+        )
         cut = checks.batch_cut(batch, c.replicas, c.microbatches)
         bounds = _piece_bounds(costs, c)
         stage_costs = [stage_cost(a, b) for a, b in zip(bounds, bounds[1:])]
-        return [f.total if f is not None else 0
-                for f in estimate.from_costs(other, spec.placement, cut, stage_costs, schedule)]
+        return [
+            f.total if f is not None else 0
+            for f in estimate.from_costs(other, spec.placement, cut, stage_costs, schedule)
+        ]
+
     return peaks
 
 
@@ -149,28 +176,42 @@ def choose(spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCo
     memory estimate says do not fit their devices dropped (a ConfigError when none fits), best first."""
     s = spec.settings
     costs, stage_cost = _per_step(spec, costs, stage_cost)
-    return search.search(costs, s.data.batch_size, stage_counts(s, costs), grad_accum=s.trainer.grad_accum,
-                         peaks=peaks_of(spec, costs, stage_cost), memory=device_memory(spec, costs.devices))
+    return search.search(
+        costs,
+        s.data.batch_size,
+        stage_counts(s, costs),
+        grad_accum=s.trainer.grad_accum,
+        peaks=peaks_of(spec, costs, stage_cost),
+        memory=device_memory(spec, costs.devices),
+    )
 
 
-def predict(spec: RunSpec, costs: Costs, c: Candidate, stage_cost: Callable[[int, int], StageCost] | None = None
-            ) -> Prediction:
+def predict(
+    spec: RunSpec, costs: Costs, c: Candidate, stage_cost: Callable[[int, int], StageCost] | None = None
+) -> Prediction:
     """One given candidate's prediction for `spec` (as `choose` predicts each: its step, bubble, and each
     device's estimated peak against its memory), e.g. a benchmark's grid plan. A cut model's candidate
     gives its `split` (layers per stage, on the pieces' bounds); a built-in model's has none."""
     s = spec.settings
     costs, stage_cost = _per_step(spec, costs, stage_cost)
-    return search.predict(costs, c, _piece_bounds(costs, c), s.data.batch_size, grad_accum=s.trainer.grad_accum,
-                          peaks=peaks_of(spec, costs, stage_cost), memory=device_memory(spec, costs.devices))
+    return search.predict(
+        costs,
+        c,
+        _piece_bounds(costs, c),
+        s.data.batch_size,
+        grad_accum=s.trainer.grad_accum,
+        peaks=peaks_of(spec, costs, stage_cost),
+        memory=device_memory(spec, costs.devices),
+    )
 
 
-def _per_step(spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCost] | None
-              ) -> tuple[Costs, Callable[[int, int], StageCost]]:
+def _per_step(
+    spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCost] | None
+) -> tuple[Costs, Callable[[int, int], StageCost]]:
     """What `choose` and `predict` read: the call's cost shared by the steps a call runs
     (`trainer.steps_per_call`), and the stage cost (a built-in model's from the config when none is given)."""
     s = spec.settings
-    return (replace(costs, step_s=costs.step_s / s.trainer.steps_per_call),
-            stage_cost or stage_range_costs(s, spec))
+    return (replace(costs, step_s=costs.step_s / s.trainer.steps_per_call), stage_cost or stage_range_costs(s, spec))
 
 
 def planned(spec: RunSpec, plan: AutoPlan) -> RunSpec:

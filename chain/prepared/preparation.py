@@ -67,8 +67,10 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
     multi_worker = cluster.task()
     if multi_worker:
         if s.cluster.workers:
-            raise ConfigError("cluster.workers makes this process a client of workers, but TF_CONFIG names it a worker "
-                              "(its task); give one or the other")
+            raise ConfigError(
+                "cluster.workers makes this process a client of workers, but TF_CONFIG names it a worker "
+                "(its task); give one or the other"
+            )
         inventory = inventory or discover()
         placement = planner.plan_multi_worker(s.placement, len(s.stages), *multi_worker, inventory.gpus)
     else:
@@ -86,8 +88,9 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
             inventory = inventory or discover()
             placement = planner.plan(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
         if shared:  # stage k on the device of its row of the schedule
-            placement = planner.shared(placement, spec.schedule.placement, s.pipeline.schedule,
-                                       placement_rule(spec.schedule))
+            placement = planner.shared(
+                placement, spec.schedule.placement, s.pipeline.schedule, placement_rule(spec.schedule)
+            )
     cut = cut_batch(s.data.batch_size, placement, s.pipeline.microbatches if s.mode == "e2e" else 1)  # once
     spec = replace(spec, placement=placement, inventory=inventory, batch_cut=cut)
     if spec.data_info is not None:
@@ -124,8 +127,12 @@ def with_footprints(spec: RunSpec) -> RunSpec:
     footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement, spec.batch_cut, spec.schedule))
     placement = replace(spec.placement, footprints=footprints)
     if any(f is not None for f in footprints) and s.placement.plan != "auto":  # plan=auto's search drops those itself
-        fit.check_stages_fit(placement, footprints, spec.inventory,
-                             lambda: estimate.alternatives(s, spec.data_info, placement, spec.batch_cut, spec.schedule))
+        fit.check_stages_fit(
+            placement,
+            footprints,
+            spec.inventory,
+            lambda: estimate.alternatives(s, spec.data_info, placement, spec.batch_cut, spec.schedule),
+        )
     need = [f.total if f else 0 for f in footprints]  # a user's body: known once built
     planner.check_memory(placement, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())
     return replace(spec, placement=placement)

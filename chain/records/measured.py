@@ -104,6 +104,5 @@ class Measured:
     step_ms: float | None = item("the mean span of a step, first action to last")
     trace: list[str] | None = item("the trace's directories, relative to the run directory", default=None)
     advice: Advice | None = item("the balance advice (null: balanced, or nothing measured)", default=None)
-    shared_threads: bool | None = item("whether the stages were logical CPU devices of one process",
-                                       default=None)
+    shared_threads: bool | None = item("whether the stages were logical CPU devices of one process", default=None)
     replicas: int = item("copies of the pipeline (placement.replicas): every copy's actions are measured", default=1)

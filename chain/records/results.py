@@ -15,8 +15,9 @@ class StepResult:
     loss: float = item("the step's loss: mode=local the sum of the stages' own losses, mode=e2e the chain's")
     stage_losses: list[float] = item("each stage's own loss (mode=local; empty in mode=e2e: no stage has one)")
     skipped: list[int] = item("the stages whose update the numerics guard dropped in this step")
-    grad_norm: float | None = item("optim.clip_global_norm (mode=e2e): the global gradient norm before clipping",
-                                   default=None, omit_none=True)
+    grad_norm: float | None = item(
+        "optim.clip_global_norm (mode=e2e): the global gradient norm before clipping", default=None, omit_none=True
+    )
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,11 @@ class LossRecord:
 
     loss: float | None = item("the step's loss (null: not finite, or not meaningful after a restage)")
     stage_losses: list[float | None] = item("each stage's own loss (mode=local; else empty)")
-    grad_norm: float | None = item("optim.clip_global_norm (mode=e2e): the global gradient norm before clipping "
-                                   "(null: not finite)", default=None, omit_none=True)
+    grad_norm: float | None = item(
+        "optim.clip_global_norm (mode=e2e): the global gradient norm before clipping (null: not finite)",
+        default=None,
+        omit_none=True,
+    )
 
 
 @dataclass(frozen=True)

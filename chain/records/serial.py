@@ -35,8 +35,14 @@ class RecordError(ChainError, ValueError):
     """A JSON value that is not what the record's field holds (the message names the key)."""
 
 
-def item(help: str, *, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING,
-         section: bool = False, omit_none: bool = False) -> Any:
+def item(
+    help: str,
+    *,
+    default: Any = dataclasses.MISSING,
+    factory: Any = dataclasses.MISSING,
+    section: bool = False,
+    omit_none: bool = False,
+) -> Any:
     """A record's field with its one-line meaning (`help`, shown in the docs' field lists)."""
     meta = {"help": help, "section": section, "omit_none": omit_none}
     if factory is not dataclasses.MISSING:

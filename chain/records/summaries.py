@@ -57,18 +57,22 @@ class StageSummary:
     skipped_steps: int | None = item("steps whose update of this stage the numerics guard dropped")
     loss_scale: float | None = item("precision=mixed_float16: the stage's loss scale at the end (else null)")
     overflow_steps: int | None = item("precision=mixed_float16: steps skipped for a loss-scale overflow")
-    own: StageLosses | None = item("mode=local and side by side: the stage's own target and losses",
-                                   default=None, section=True)
+    own: StageLosses | None = item(
+        "mode=local and side by side: the stage's own target and losses", default=None, section=True
+    )
     variant: VariantFields | None = item("mode=side_by_side: the variant", default=None, section=True)
     model: str | None = item("what the stage is (the placement table's description)", default=None)
     physical: str | None = item("the physical device behind its logical one", default=None)
-    val: dict[str, float] | None = item("mode=local: the stage's last validation metrics (only with a "
-                                        "validation set)", default=None, omit_none=True)
+    val: dict[str, float] | None = item(
+        "mode=local: the stage's last validation metrics (only with a validation set)", default=None, omit_none=True
+    )
     measured: StageTimes | None = item("trainer.profile: the stage's measured times", default=None, section=True)
     estimated_peak_bytes: int | None = item(
         "the stage's estimated peak memory before training (weights, gradients, optimizer slots, activations "
         "its schedule holds, inputs), beside `peak_memory_bytes` (null: not known before it was built)",
-        default=None, omit_none=True)
+        default=None,
+        omit_none=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -96,10 +100,14 @@ class PipelineFields:
     microbatches: int | None = item("microbatches per step")
     bubble_fraction: float | None = item("the planned bubble fraction (unit-time actions)")
     recompute: str | None = item("pipeline.recompute: never, except_last or always", default=None, omit_none=True)
-    schedule_file: str | None = item("pipeline.schedule=file: the schedule file's absolute path", default=None,
-                                     omit_none=True)
-    schedule_devices: int | None = item("stages sharing devices (interleaved: stage k on device k mod this; zbv: stage k and 2D-1-k on device k): the devices they share",
-                                        default=None, omit_none=True)
+    schedule_file: str | None = item(
+        "pipeline.schedule=file: the schedule file's absolute path", default=None, omit_none=True
+    )
+    schedule_devices: int | None = item(
+        "stages sharing devices (interleaved: stage k on device k mod this; zbv: stage k and 2D-1-k on device k): the devices they share",
+        default=None,
+        omit_none=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -190,19 +198,26 @@ class PlannedCandidate:
 class PlanFields:
     """placement.plan=auto: the plan the search chose, its predicted step next to the run's measured one."""
 
-    overrides: list[str] | None = item("the chosen plan's overrides: after the run's own (without placement.plan), "
-                                       "they run it by hand")
+    overrides: list[str] | None = item(
+        "the chosen plan's overrides: after the run's own (without placement.plan), they run it by hand"
+    )
     predicted_step_ms: float | None = item("the chosen plan's predicted step (ms)")
     measured_step_ms: float | None = item(
         "the run's measured step (ms): the median over its timed steps (every call but the first, which traces; a "
-        "call of trainer.steps_per_call steps counts as that many steps of its mean time); null: the run made one call")
+        "call of trainer.steps_per_call steps counts as that many steps of its mean time); null: the run made one call"
+    )
     ratio: float | None = item("measured_step_ms / predicted_step_ms (null: not measured)")
     measuring_s: float | None = item("seconds spent measuring the pieces (0: read from the run directory's cache)")
     searching_s: float | None = item("seconds spent predicting and ranking the candidates")
-    cached: bool | None = item("whether the measurements were read from the run directory (a resume measures "
-                               "nothing; a run of another model, batch, devices, settings or versions measures again)")
-    measured_by: str | None = item("cached: the run that measured them (its time, process and model), and the key "
-                                   "both runs share; absent when this run measured", omit_none=True)
+    cached: bool | None = item(
+        "whether the measurements were read from the run directory (a resume measures "
+        "nothing; a run of another model, batch, devices, settings or versions measures again)"
+    )
+    measured_by: str | None = item(
+        "cached: the run that measured them (its time, process and model), and the key "
+        "both runs share; absent when this run measured",
+        omit_none=True,
+    )
     candidates: int | None = item("the candidates predicted")
     dropped_for_memory: int | None = item("the candidates dropped: over a device's memory by the estimate")
     ranked: list[PlannedCandidate] | None = item("the best candidates, the chosen first (each: the fields below)")
@@ -225,12 +240,15 @@ class Summary:
     precision: str | None = item("the config's `precision`")
     jit_compile: bool | None = item("the config's `trainer.jit_compile`")
     seed: int | None = item("the config's `seed`")
-    examples_per_second: float | None = item("examples trained per second, the first call (which compiles) "
-                                             "left out (null: the run made one call)")
+    examples_per_second: float | None = item(
+        "examples trained per second, the first call (which compiles) left out (null: the run made one call)"
+    )
     steps_per_second: float | None = item("optimizer steps per second, measured as examples_per_second")
-    data_wait_ms: DataWait | None = item("the time each optimizer step waited for its batch, per step (not per "
-                                         "call of trainer.steps_per_call steps): mean and 95th percentile in ms "
-                                         "(null: the run made one call)")
+    data_wait_ms: DataWait | None = item(
+        "the time each optimizer step waited for its batch, per step (not per "
+        "call of trainer.steps_per_call steps): mean and 95th percentile in ms "
+        "(null: the run made one call)"
+    )
     loss_first: float | None = item("the loss of step 1")
     loss_last: float | None = item("the loss of the last step")
     val: dict[str, float] | None = item("mode=e2e: the chain's last validation metrics (null: none, or mode=local)")
@@ -246,12 +264,22 @@ class Summary:
     side_by_side: SideBySideFields | None = item("mode=side_by_side", default=None, section=True)
     profile: ProfileFields | None = item("trainer.profile", default=None, section=True)
     exports: list[str] | None = item("checkpoint.export: the .keras files written", default=None, omit_none=True)
-    export_error: str | None = item("why the exports were skipped (only when Keras could not save the chain)",
-                                    default=None, omit_none=True)
+    export_error: str | None = item(
+        "why the exports were skipped (only when Keras could not save the chain)", default=None, omit_none=True
+    )
     estimated_peak_bytes: int | None = item(
         "the sum of the stages' estimated peaks: on logical CPUs (`peak_memory_scope` process) what the one "
-        "process-wide peak is compared with (null: a stage's estimate unknown)", default=None, omit_none=True)
-    skipped_records: int | None = item("data.stream with data.on_bad_record=skip: the bad records skipped (by this "
-                                       "process: a resume counts from 0)", default=None, omit_none=True)
-    plan: PlanFields | None = item("placement.plan=auto: the chosen plan, predicted against measured (absent with "
-                                   "placement.plan=manual)", default=None, omit_none=True)
+        "process-wide peak is compared with (null: a stage's estimate unknown)",
+        default=None,
+        omit_none=True,
+    )
+    skipped_records: int | None = item(
+        "data.stream with data.on_bad_record=skip: the bad records skipped (by this process: a resume counts from 0)",
+        default=None,
+        omit_none=True,
+    )
+    plan: PlanFields | None = item(
+        "placement.plan=auto: the chosen plan, predicted against measured (absent with placement.plan=manual)",
+        default=None,
+        omit_none=True,
+    )

@@ -53,15 +53,23 @@ def number(v, digits: int = 4) -> str:
 
 def table(header: Sequence[str], rows: Iterable[Sequence], table_id: str | None = None) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f'<td class="num">{number(c)}</td>' if isinstance(c, (int, float)) and
-                                    not isinstance(c, bool) else f"<td>{esc('-' if c is None else c)}</td>" for c in r)
-                   + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="num">{number(c)}</td>'
+            if isinstance(c, (int, float)) and not isinstance(c, bool)
+            else f"<td>{esc('-' if c is None else c)}</td>"
+            for c in r
+        )
+        + "</tr>"
+        for r in rows
+    )
     ident = f' id="{table_id}"' if table_id else ""
     return f"<table{ident}><tr>{head}</tr>{body}</table>"
 
 
 def mib(n) -> float | None:
-    return n / 2 ** 20 if isinstance(n, (int, float)) else None
+    return n / 2**20 if isinstance(n, (int, float)) else None
 
 
 # --- sections of one run -----------------------------------------------------------------------
@@ -91,25 +99,50 @@ def curve_section(rec: RunRecord) -> str:
         out.append(f'<p class="note" id="scalars-stage-{k}">{esc(scalar_list(tags))}</p>')
     if silent:
         why = " (mode=e2e: the chain has one loss, drawn above)" if rec.facts.mode == "e2e" else ""
-        out.append(f'<p class="note" id="silent-stages">{plural(len(silent), "stage")} ('
-                   f"{', '.join(map(str, silent))}) logged no scalars of their own{why}.</p>")
+        out.append(
+            f'<p class="note" id="silent-stages">{plural(len(silent), "stage")} ('
+            f"{', '.join(map(str, silent))}) logged no scalars of their own{why}.</p>"
+        )
     return "\n".join(out)
 
 
 def placement_section(rec: RunRecord) -> str:
     rows = []
     for s in rec.stages:
-        rows.append((s.index, s.device or "every replica", s.physical, s.params, s.model, mib(s.peak_memory_bytes),
-                     s.measured.busy_fraction if s.measured else None))
-    out = ["<h2>Placement</h2>",
-           table(("variant" if rec.facts.mode == "side_by_side" else "stage", "device", "physical", "params", "model",
-                  "peak memory (MiB)", "measured busy fraction"),
-                 rows, "placement")]
+        rows.append(
+            (
+                s.index,
+                s.device or "every replica",
+                s.physical,
+                s.params,
+                s.model,
+                mib(s.peak_memory_bytes),
+                s.measured.busy_fraction if s.measured else None,
+            )
+        )
+    out = [
+        "<h2>Placement</h2>",
+        table(
+            (
+                "variant" if rec.facts.mode == "side_by_side" else "stage",
+                "device",
+                "physical",
+                "params",
+                "model",
+                "peak memory (MiB)",
+                "measured busy fraction",
+            ),
+            rows,
+            "placement",
+        ),
+    ]
     if rec.mirrored.replica_devices:
         out.append(f"<p class='note'>mirrored over {esc(', '.join(rec.mirrored.replica_devices))}</p>")
     if rec.facts.peak_memory_scope == "process":
-        out.append("<p class='note'>peak memory on CPU is the process's (logical CPU devices share one allocator): "
-                   "every stage shows the same figure.</p>")
+        out.append(
+            "<p class='note'>peak memory on CPU is the process's (logical CPU devices share one allocator): "
+            "every stage shows the same figure.</p>"
+        )
     return "\n".join(out)
 
 
@@ -124,25 +157,51 @@ def plan_section(rec: RunRecord) -> str:
     def rate(ms) -> int | None:
         return round(per_step * 1000.0 / ms) if isinstance(ms, (int, float)) and ms > 0 and per_step else None
 
-    rows = [("step (ms)", plan.predicted_step_ms, plan.measured_step_ms),
-            ("examples per second", rate(plan.predicted_step_ms), rate(plan.measured_step_ms))]
+    rows = [
+        ("step (ms)", plan.predicted_step_ms, plan.measured_step_ms),
+        ("examples per second", rate(plan.predicted_step_ms), rate(plan.measured_step_ms)),
+    ]
     ratio = f"{plan.ratio:.2f}×" if plan.ratio is not None else "not measured (the run made one call)"
-    measuring = (f"read from the run directory's cache (measured by {plan.measured_by})" if plan.measured_by else
-                 "read from the run directory's cache" if plan.cached else
-                 f"measured in {number(plan.measuring_s, 3)} s")
-    out = ['<h2 id="plan">Plan</h2>', table(("", "predicted", "measured"), rows, "plan"),
-           f"<p>measured / predicted: <b>{esc(ratio)}</b> (measured: the median timed step)</p>",
-           f"<p>chosen: <code>{esc(' '.join(plan.overrides or []))}</code></p>",
-           f"<p class='note'>planning: {esc(measuring)}, searched {number(plan.candidates)} candidates in "
-           f"{number(plan.searching_s, 3)} s ({number(plan.dropped_for_memory)} dropped: over memory)</p>"]
+    measuring = (
+        f"read from the run directory's cache (measured by {plan.measured_by})"
+        if plan.measured_by
+        else "read from the run directory's cache"
+        if plan.cached
+        else f"measured in {number(plan.measuring_s, 3)} s"
+    )
+    out = [
+        '<h2 id="plan">Plan</h2>',
+        table(("", "predicted", "measured"), rows, "plan"),
+        f"<p>measured / predicted: <b>{esc(ratio)}</b> (measured: the median timed step)</p>",
+        f"<p>chosen: <code>{esc(' '.join(plan.overrides or []))}</code></p>",
+        f"<p class='note'>planning: {esc(measuring)}, searched {number(plan.candidates)} candidates in "
+        f"{number(plan.searching_s, 3)} s ({number(plan.dropped_for_memory)} dropped: over memory)</p>",
+    ]
     if plan.ranked:
-        def memory(r) -> str:
-            return ", ".join(f"{number(mib(peak), 3)} / {'—' if m is None else number(mib(m), 4)}"
-                             for peak, m in zip(r.peak_bytes or [], r.memory_bytes or []))
 
-        out.append(table(("rank", "overrides", "predicted step (ms)", "examples/s", "bubble", "peak / memory (MiB)"),
-                         [(r.rank, " ".join(r.overrides or []), r.predicted_step_ms, rate(r.predicted_step_ms),
-                           r.bubble_fraction, memory(r)) for r in plan.ranked], "candidates"))
+        def memory(r) -> str:
+            return ", ".join(
+                f"{number(mib(peak), 3)} / {'—' if m is None else number(mib(m), 4)}"
+                for peak, m in zip(r.peak_bytes or [], r.memory_bytes or [])
+            )
+
+        out.append(
+            table(
+                ("rank", "overrides", "predicted step (ms)", "examples/s", "bubble", "peak / memory (MiB)"),
+                [
+                    (
+                        r.rank,
+                        " ".join(r.overrides or []),
+                        r.predicted_step_ms,
+                        rate(r.predicted_step_ms),
+                        r.bubble_fraction,
+                        memory(r),
+                    )
+                    for r in plan.ranked
+                ],
+                "candidates",
+            )
+        )
     return "\n".join(out)
 
 
@@ -159,10 +218,12 @@ def measured_rows(measured: Measured, step: MeasuredStep) -> list[list[tuple[flo
     for a in step.actions:
         action = measured_timeline.action(a)  # the schedule's action, named as the plan names it
         rows[measured_timeline.row_of(a.stage, action.replica, k)].append(
-            (a.start_ms - t0, a.end_ms - a.start_ms, action.kind, str(action)))
+            (a.start_ms - t0, a.end_ms - a.start_ms, action.kind, str(action))
+        )
     for u in step.updates:
         rows[measured_timeline.row_of(u.stage, u.replica or 0, k)].append(
-            (u.start_ms - t0, u.end_ms - u.start_ms, "update", ""))
+            (u.start_ms - t0, u.end_ms - u.start_ms, "update", "")
+        )
     return rows
 
 
@@ -174,18 +235,25 @@ def timeline_section(rec: RunRecord) -> str:
     labels = [f"stage {k}  {d}" for k, d in enumerate(devices)]
     planned = schedules.simulate(schedule)
     # The plan has a row per device; interleaved stages share one (the measured chart: a row per stage).
-    rows = [f"device {r} (stages {', '.join(map(str, schedule.row_stages(r)))})" for r in range(schedule.devices)] \
-        if schedule.placement else labels
-    out = ['<h2 id="timeline">Timeline</h2>',
-           f"<p>{esc(schedule.name)}, {plural(schedule.stages, 'stage')} x {plural(schedule.microbatches, 'microbatch')}; "
-           f"planned bubble fraction {planned.bubble_fraction:.3f} (unit-time actions)</p>",
-           image(plots.gantt(planned_rows(schedule), rows, "planned (unit-time actions)", "slot"), "planned timeline")]
+    rows = (
+        [f"device {r} (stages {', '.join(map(str, schedule.row_stages(r)))})" for r in range(schedule.devices)]
+        if schedule.placement
+        else labels
+    )
+    out = [
+        '<h2 id="timeline">Timeline</h2>',
+        f"<p>{esc(schedule.name)}, {plural(schedule.stages, 'stage')} x {plural(schedule.microbatches, 'microbatch')}; "
+        f"planned bubble fraction {planned.bubble_fraction:.3f} (unit-time actions)</p>",
+        image(plots.gantt(planned_rows(schedule), rows, "planned (unit-time actions)", "slot"), "planned timeline"),
+    ]
     try:
         return "\n".join(out + measured_section(rec, labels))
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         # the measured part reads timeline.json alone: what fails here is a file edited or damaged
-        raise ChainError(f"{os.path.join(rec.path, 'timeline.json')} is not a timeline chain wrote "
-                         f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
+        raise ChainError(
+            f"{os.path.join(rec.path, 'timeline.json')} is not a timeline chain wrote "
+            f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+        ) from None
 
 
 def measured_section(rec: RunRecord, labels: Sequence[str]) -> list[str]:
@@ -199,20 +267,56 @@ def measured_section(rec: RunRecord, labels: Sequence[str]) -> list[str]:
     copies = m.replicas or 1  # None: a timeline.json from before copies
     if copies > 1:  # copies of the pipeline: a row per device of every copy
         labels = [f"copy {i // m.stages} stage {i % m.stages}  {d}" for i, d in enumerate(m.devices)]
-    out.append(image(plots.gantt(measured_rows(m, step), labels, f"measured: step {step.step}", "ms"),
-                     "measured timeline"))
-    out.append(f"<p>measured bubble fraction <b>{m.measured_bubble_fraction:.3f}</b> (idle time / all time over "
-               f"the profiled steps {', '.join(str(s.step) for s in m.steps if s.complete)}), planned "
-               f"{m.planned_bubble_fraction:.3f}; step {m.step_ms:.2f} ms from the first action to the last; "
-               f"slowest stage: {m.slowest_stage}</p>")
-    rows = [(p.stage if copies == 1 else f"{p.stage} (copy {p.replica})", p.device, p.busy_ms, p.busy_fraction,
-             p.forward_ms, p.backward_ms, p.copy_ms, p.copy_wait_ms, p.update_ms) for p in m.per_stage]
-    out.append(table(("stage", "device", "busy ms", "busy fraction", "forward ms", "backward ms", "copy ms",
-                      "copy wait ms", "update ms"), rows, "measured"))
-    shared = (" These stages are logical CPU devices of one process, which share one thread pool: the trace "
-              "shows order, not overlap." if m.shared_threads else "")
-    out.append("<p class='note'>per step, mean over the profiled steps. copy: transfer ops inside the actions; "
-               f"copy wait: idle time of a stage after its next input was ready on another device.{shared}</p>")
+    out.append(
+        image(plots.gantt(measured_rows(m, step), labels, f"measured: step {step.step}", "ms"), "measured timeline")
+    )
+    out.append(
+        f"<p>measured bubble fraction <b>{m.measured_bubble_fraction:.3f}</b> (idle time / all time over "
+        f"the profiled steps {', '.join(str(s.step) for s in m.steps if s.complete)}), planned "
+        f"{m.planned_bubble_fraction:.3f}; step {m.step_ms:.2f} ms from the first action to the last; "
+        f"slowest stage: {m.slowest_stage}</p>"
+    )
+    rows = [
+        (
+            p.stage if copies == 1 else f"{p.stage} (copy {p.replica})",
+            p.device,
+            p.busy_ms,
+            p.busy_fraction,
+            p.forward_ms,
+            p.backward_ms,
+            p.copy_ms,
+            p.copy_wait_ms,
+            p.update_ms,
+        )
+        for p in m.per_stage
+    ]
+    out.append(
+        table(
+            (
+                "stage",
+                "device",
+                "busy ms",
+                "busy fraction",
+                "forward ms",
+                "backward ms",
+                "copy ms",
+                "copy wait ms",
+                "update ms",
+            ),
+            rows,
+            "measured",
+        )
+    )
+    shared = (
+        " These stages are logical CPU devices of one process, which share one thread pool: the trace "
+        "shows order, not overlap."
+        if m.shared_threads
+        else ""
+    )
+    out.append(
+        "<p class='note'>per step, mean over the profiled steps. copy: transfer ops inside the actions; "
+        f"copy wait: idle time of a stage after its next input was ready on another device.{shared}</p>"
+    )
     if m.advice:
         out.append(f"<p class='advice' id='advice'>{esc(m.advice.text)}</p>")
     return out
@@ -222,25 +326,43 @@ def memory_section(rec: RunRecord) -> str:
     stages = [s for s in rec.stages if isinstance(s.peak_memory_bytes, (int, float))]
     out = ["<h2>Memory and throughput</h2>"]
     if stages:
-        out.append(image(plots.bars([f"stage {s.index}" for s in stages],
-                                    [s.peak_memory_bytes / 2 ** 20 for s in stages],
-                                    f"peak memory per device ({rec.facts.peak_memory_scope})", "MiB"),
-                         "peak memory"))
+        out.append(
+            image(
+                plots.bars(
+                    [f"stage {s.index}" for s in stages],
+                    [s.peak_memory_bytes / 2**20 for s in stages],
+                    f"peak memory per device ({rec.facts.peak_memory_scope})",
+                    "MiB",
+                ),
+                "peak memory",
+            )
+        )
     replica = rec.mirrored.replica_peak_memory_bytes
     if replica:
-        out.append(table(("replica", "peak memory (MiB)"), [(d, mib(v)) for d, v in
-                                                           zip(rec.mirrored.replica_devices or [], replica)]))
+        out.append(
+            table(
+                ("replica", "peak memory (MiB)"),
+                [(d, mib(v)) for d, v in zip(rec.mirrored.replica_devices or [], replica)],
+            )
+        )
     f = rec.facts
-    rows = [("examples per second", f.examples_per_second), ("examples per step", f.examples_per_step),
-            ("steps", f.steps), ("loss, first step", f.loss_first), ("loss, last step", f.loss_last)]
+    rows = [
+        ("examples per second", f.examples_per_second),
+        ("examples per step", f.examples_per_step),
+        ("steps", f.steps),
+        ("loss, first step", f.loss_first),
+        ("loss, last step", f.loss_last),
+    ]
     out.append(table(("", "value"), rows, "throughput"))
     return "\n".join(out)
 
 
 def config_section(rec: RunRecord) -> str:
     overrides = " ".join(rec.overrides) or "(none)"
-    return (f"<h2>Config</h2><p>overrides: <code>{esc(overrides)}</code></p>"
-            f"<pre id='config'>{esc(rec.config or '(no .hydra/config.yaml)')}</pre>")
+    return (
+        f"<h2>Config</h2><p>overrides: <code>{esc(overrides)}</code></p>"
+        f"<pre id='config'>{esc(rec.config or '(no .hydra/config.yaml)')}</pre>"
+    )
 
 
 def single(rec: RunRecord) -> str:
@@ -251,8 +373,16 @@ def single(rec: RunRecord) -> str:
         facts.append(f"resumed from step {f.resumed_from}")
     if rec.summary is None:
         facts.append("no summary.json (the run did not finish)")
-    body = [f"<h1>chain run {esc(rec.name)}</h1>", f"<p>{esc(rec.path)}: {esc(', '.join(facts))}</p>",
-            curve_section(rec), placement_section(rec), plan_section(rec), timeline_section(rec), memory_section(rec), config_section(rec)]
+    body = [
+        f"<h1>chain run {esc(rec.name)}</h1>",
+        f"<p>{esc(rec.path)}: {esc(', '.join(facts))}</p>",
+        curve_section(rec),
+        placement_section(rec),
+        plan_section(rec),
+        timeline_section(rec),
+        memory_section(rec),
+        config_section(rec),
+    ]
     return document(f"chain run {rec.name}", body)
 
 
@@ -278,18 +408,51 @@ def comparison(records: Sequence[RunRecord]) -> str:
     """The page comparing runs: final metrics side by side, curves overlaid."""
     names = labels(records)
     tags = sorted({t for r in records for t in r.curves.get("chain", {})})
-    header = ["run", "mode", "schedule", "microbatches", "steps", "loss first", "loss last", "examples/s",
-              "bubble planned", "bubble measured", *[f"{t} (last)" for t in tags]]
-    rows = [(name, r.facts.mode, r.pipeline.schedule, r.pipeline.microbatches, r.facts.steps, r.facts.loss_first,
-             r.facts.loss_last, r.facts.examples_per_second, r.pipeline.bubble_fraction,
-             r.profile.measured_bubble_fraction, *[final(r.curves.get("chain", {}).get(t)) for t in tags])
-            for name, r in zip(names, records)]
-    body = [f"<h1>chain: {len(records)} runs compared</h1>",
-            "<ul>" + "".join(f"<li>{esc(name)}: {esc(r.path)} <code>{esc(' '.join(r.overrides))}</code></li>"
-                             for name, r in zip(names, records)) + "</ul>",
-            "<h2>Final metrics</h2>", table(header, rows, "metrics"), "<h2>Curves</h2>",
-            image(plots.curves({n: r.curves.get("chain", {}) for n, r in zip(names, records)}, "the chain (tb/chain)"),
-                  "chain curves")]
+    header = [
+        "run",
+        "mode",
+        "schedule",
+        "microbatches",
+        "steps",
+        "loss first",
+        "loss last",
+        "examples/s",
+        "bubble planned",
+        "bubble measured",
+        *[f"{t} (last)" for t in tags],
+    ]
+    rows = [
+        (
+            name,
+            r.facts.mode,
+            r.pipeline.schedule,
+            r.pipeline.microbatches,
+            r.facts.steps,
+            r.facts.loss_first,
+            r.facts.loss_last,
+            r.facts.examples_per_second,
+            r.pipeline.bubble_fraction,
+            r.profile.measured_bubble_fraction,
+            *[final(r.curves.get("chain", {}).get(t)) for t in tags],
+        )
+        for name, r in zip(names, records)
+    ]
+    body = [
+        f"<h1>chain: {len(records)} runs compared</h1>",
+        "<ul>"
+        + "".join(
+            f"<li>{esc(name)}: {esc(r.path)} <code>{esc(' '.join(r.overrides))}</code></li>"
+            for name, r in zip(names, records)
+        )
+        + "</ul>",
+        "<h2>Final metrics</h2>",
+        table(header, rows, "metrics"),
+        "<h2>Curves</h2>",
+        image(
+            plots.curves({n: r.curves.get("chain", {}) for n, r in zip(names, records)}, "the chain (tb/chain)"),
+            "chain curves",
+        ),
+    ]
     n_stages = max((len(r.stage_writers()) for r in records), default=0)
     for k in range(n_stages):
         series = {n: r.curves.get(f"stage_{k:02d}", {}) for n, r in zip(names, records) if k < len(r.stage_writers())}
@@ -300,5 +463,7 @@ def comparison(records: Sequence[RunRecord]) -> str:
 
 
 def document(title: str, body: Sequence[str]) -> str:
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
-            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+        f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

@@ -28,10 +28,12 @@ def _pyplot():
 
 def literal(draw: F) -> F:
     """`draw` (a figure made and saved), with every text it draws shown as written (`LITERAL`)."""
+
     @functools.wraps(draw)
     def drawn(*args, **kwargs):
         with _pyplot().rc_context(LITERAL):  # the texts read it when made, the ticks' when saved: both inside
             return draw(*args, **kwargs)
+
     return drawn  # type: ignore[return-value]
 
 
@@ -80,8 +82,9 @@ def curves(series: dict[str, dict[str, Series]], title: str) -> bytes:
 
 
 @literal
-def gantt(rows: Sequence[Sequence[tuple[float, float, str, str]]], labels: Sequence[str], title: str,
-          xlabel: str) -> bytes:
+def gantt(
+    rows: Sequence[Sequence[tuple[float, float, str, str]]], labels: Sequence[str], title: str, xlabel: str
+) -> bytes:
     """A Gantt chart: `rows[k]` lists stage k's bars as (start, length, kind, text); kind picks the
     colour (F, B, update, copy)."""
     plt = _pyplot()
@@ -90,8 +93,13 @@ def gantt(rows: Sequence[Sequence[tuple[float, float, str, str]]], labels: Seque
     for k, row in enumerate(rows):
         y = len(rows) - 1 - k
         for start, width, kind, text in row:
-            ax.broken_barh([(start, width)], (y - 0.4, 0.8), facecolors=COLORS.get(kind, "#999999"),
-                           edgecolor="white", linewidth=0.5)
+            ax.broken_barh(
+                [(start, width)],
+                (y - 0.4, 0.8),
+                facecolors=COLORS.get(kind, "#999999"),
+                edgecolor="white",
+                linewidth=0.5,
+            )
             if text and width > end / 80:
                 ax.text(start + width / 2, y, text, ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(rows)))

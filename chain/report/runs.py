@@ -95,8 +95,7 @@ def _read(path: str) -> str | None:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ChainError(f"{path} is damaged: not UTF-8 text (byte {data[e.start]:#04x} at "
-                         f"offset {e.start})") from None
+        raise ChainError(f"{path} is damaged: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
 
 
 def _json(path: str) -> Any:
@@ -112,6 +111,7 @@ def _json(path: str) -> Any:
 
 def _check_summary(raw: Any, path: str) -> Summary:
     """The summary `raw` holds if it has the shape a run writes, else a ChainError naming the file and the key."""
+
     def wrong(key: str, want: str) -> ChainError:
         return ChainError(f"{path} is not a summary chain wrote: {key} must be {want}")
 
@@ -143,8 +143,9 @@ def _overrides(path: str) -> list[str]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ChainError(f"{path} is not valid YAML ({getattr(e, 'problem', None) or first_line(e, typed=False)}{where})"
-                         ) from None
+        raise ChainError(
+            f"{path} is not valid YAML ({getattr(e, 'problem', None) or first_line(e, typed=False)}{where})"
+        ) from None
     if found is None:
         return []
     if not isinstance(found, list) or not all(isinstance(o, str) for o in found):

@@ -67,5 +67,8 @@ def read_run(run_dir: str) -> dict[str, dict[str, Series]]:
     root = os.path.join(run_dir, "tb")
     if not os.path.isdir(root):
         return {}
-    return {name: read_writer(os.path.join(root, name)) for name in sorted(os.listdir(root))
-            if os.path.isdir(os.path.join(root, name))}
+    return {
+        name: read_writer(os.path.join(root, name))
+        for name in sorted(os.listdir(root))
+        if os.path.isdir(os.path.join(root, name))
+    }

@@ -66,8 +66,9 @@ def parse_cell(text: str, row: int) -> Action:
     """One cell as an action of stage `row` unless it names another (`F3@s2`, `2F3`)."""
     t = text.strip()
     if len(t) > MAX_CELL:  # shown cut short; and no int() of thousands of digits (Python refuses past 4300)
-        raise ScheduleFileError(f"{t[:12]!r}... ({len(t)} characters) is not an action; a cell is F3, B3 or W3, "
-                                "F3@s2 for stage 2")
+        raise ScheduleFileError(
+            f"{t[:12]!r}... ({len(t)} characters) is not an action; a cell is F3, B3 or W3, F3@s2 for stage 2"
+        )
     stage = row
     if "@" in t:
         t, _, where = t.partition("@")
@@ -80,8 +81,10 @@ def parse_cell(text: str, row: int) -> Action:
     kind, number = t[:1].upper(), t[1:]
     kind = BACKWARD if kind == "I" else kind  # torch's BACKWARD_INPUT
     if kind not in KINDS or not (number.isdecimal() and number.isascii()):
-        raise ScheduleFileError(f"{text.strip()!r} is not an action; a cell is F3, B3 or W3 (forward, backward, "
-                                "weight gradients of microbatch 3), F3@s2 for stage 2")
+        raise ScheduleFileError(
+            f"{text.strip()!r} is not an action; a cell is F3, B3 or W3 (forward, backward, "
+            "weight gradients of microbatch 3), F3@s2 for stage 2"
+        )
     return Action(stage, int(number), kind)
 
 
@@ -95,12 +98,17 @@ def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Sche
     try:
         for line in reader:
             if len(rows) == stages:
-                raise ScheduleFileError(f"has more than {stages} rows, but the chain has {stages} stages: one row per "
-                                        f"device, at most {stages}")
+                raise ScheduleFileError(
+                    f"has more than {stages} rows, but the chain has {stages} stages: one row per "
+                    f"device, at most {stages}"
+                )
             rows.append([c for c in line if c.strip()])
     except csv.Error as e:  # a cell past the csv module's field limit (128 KiB): no action is like that
-        what = (f"holds a cell of more than {csv.field_size_limit()} characters" if "field limit" in str(e)
-                else f"is not CSV ({e})")
+        what = (
+            f"holds a cell of more than {csv.field_size_limit()} characters"
+            if "field limit" in str(e)
+            else f"is not CSV ({e})"
+        )
         raise ScheduleFileError(f"line {reader.line_num} {what}; a cell is F3, B3 or W3, F3@s2 for stage 2") from None
     if not rows or not rows[0] and len(rows) == 1:
         raise ScheduleFileError("has no rows: one row per device, its actions in order (F3, B3, W3)")
@@ -118,11 +126,15 @@ def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Sche
             if a.stage >= stages:
                 raise ScheduleFileError(f"{where}: stage {a.stage}, but the chain has stages 0..{stages - 1}")
             if home.setdefault(a.stage, r) != r:
-                raise ScheduleFileError(f"{where}: stage {a.stage} is on row {home[a.stage] + 1}'s device already; "
-                                        "each stage runs on one device")
+                raise ScheduleFileError(
+                    f"{where}: stage {a.stage} is on row {home[a.stage] + 1}'s device already; "
+                    "each stage runs on one device"
+                )
             if a.microbatch >= microbatches:
-                raise ScheduleFileError(f"{where}: microbatch {a.microbatch}, but pipeline.microbatches="
-                                        f"{microbatches} numbers them 0..{microbatches - 1}")
+                raise ScheduleFileError(
+                    f"{where}: microbatch {a.microbatch}, but pipeline.microbatches="
+                    f"{microbatches} numbers them 0..{microbatches - 1}"
+                )
             if a in seen:
                 raise ScheduleFileError(f"{where} runs twice (cells {seen[a] + 1} and {c + 1})")
             seen[a] = c
@@ -138,8 +150,11 @@ def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Sche
         for m in range(microbatches):
             for kind in kinds:
                 if Action(k, m, kind) not in have:
-                    why = " (a W anywhere splits every backward: each stage needs W of every microbatch)" \
-                        if kind == WEIGHT else ""
+                    why = (
+                        " (a W anywhere splits every backward: each stage needs W of every microbatch)"
+                        if kind == WEIGHT
+                        else ""
+                    )
                     raise ScheduleFileError(f"row {home[k] + 1} never runs {cell(Action(k, m, kind), True)}{why}")
     placement = tuple(home[k] for k in range(stages))
     identity = placement == tuple(range(stages))

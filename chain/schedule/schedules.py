@@ -62,7 +62,7 @@ class Action(NamedTuple):
 
         The tape's gradient ops of F(k, m) (`gradient_tape/s{k}_F{m}/...`) run in B(k, m)."""
         gradient = op_name.startswith(GRADIENT_TAPE)
-        replica, name = split_replica(op_name[len(GRADIENT_TAPE):] if gradient else op_name)
+        replica, name = split_replica(op_name[len(GRADIENT_TAPE) :] if gradient else op_name)
         parsed = _stage_scope(name)
         if parsed is None or parsed[1][:1] not in KINDS or not _is_number(parsed[1][1:]):
             return None
@@ -189,7 +189,8 @@ def gpipe(stages: int, microbatches: int) -> Schedule:
     """GPipe: every stage runs all M forwards, then all M backwards (M activations live per stage)."""
     _check(stages, microbatches)
     rows = tuple(
-        tuple(Action(k, m, FORWARD) for m in range(microbatches)) + tuple(Action(k, m, BACKWARD) for m in range(microbatches))
+        tuple(Action(k, m, FORWARD) for m in range(microbatches))
+        + tuple(Action(k, m, BACKWARD) for m in range(microbatches))
         for k in range(stages)
     )
     return Schedule("gpipe", stages, microbatches, rows)
@@ -322,8 +323,10 @@ def zero_bubble_v(stages: int, microbatches: int) -> Schedule:
     """
     _check(stages, microbatches)
     if stages % 2:
-        raise ValueError(f"zbv runs two stages on each device (stage k and 2D-1-k on device k): {stages} stages "
-                         "is not an even number")
+        raise ValueError(
+            f"zbv runs two stages on each device (stage k and 2D-1-k on device k): {stages} stages "
+            "is not an even number"
+        )
     d_count = stages // 2
     played = max(microbatches, 2 * d_count - 1)  # enough microbatches to fill the V; the extra ones dropped below
     rows = []
@@ -361,10 +364,18 @@ def zero_bubble_v(stages: int, microbatches: int) -> Schedule:
     return Schedule("zbv", stages, microbatches, tuple(rows), v_placement(stages))
 
 
-BUILDERS = {"sequential": sequential, "gpipe": gpipe, "1f1b": one_f_one_b, "zb1": zero_bubble_h1,
-            "interleaved": interleaved, "zbv": zero_bubble_v}
+BUILDERS = {
+    "sequential": sequential,
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "zb1": zero_bubble_h1,
+    "interleaved": interleaved,
+    "zbv": zero_bubble_v,
+}
 NAMES = tuple(BUILDERS)  # the one list of built-in schedule names
-FILE = "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.schedule.schedule_file`)
+FILE = (
+    "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.schedule.schedule_file`)
+)
 CHOICES = NAMES + (FILE,)  # what pipeline.schedule may be (the config schema takes it from here)
 
 
@@ -432,14 +443,17 @@ def validate(schedule: Schedule) -> None:
         mine = schedule.row_stages(r)
         want = {Action(k, m, kind) for k in mine for m in range(schedule.microbatches) for kind in kinds}
         if len(row) != len(want) or set(row) != want:
-            raise ValueError(f"{schedule.name}: {_name(schedule, r)} must run {' and '.join(kinds)} of each of "
-                             f"{schedule.microbatches} microbatches once")
+            raise ValueError(
+                f"{schedule.name}: {_name(schedule, r)} must run {' and '.join(kinds)} of each of "
+                f"{schedule.microbatches} microbatches once"
+            )
         position = {a: i for i, a in enumerate(row)}
         for a in row:
             for d in dependencies(a, schedule.stages):
                 if schedule.row(d.stage) == r and position[d] > position[a]:
-                    raise ValueError(f"{schedule.name}: {_name(schedule, r)} runs {_cell(schedule, a)} before "
-                                     f"{_cell(schedule, d)}")
+                    raise ValueError(
+                        f"{schedule.name}: {_name(schedule, r)} runs {_cell(schedule, a)} before {_cell(schedule, d)}"
+                    )
 
 
 def _name(schedule: Schedule, row: int) -> str:
@@ -491,14 +505,22 @@ def _stuck(schedule: Schedule, nxt: Sequence[int]) -> str:
     rows = schedule.actions
     r = next(r for r, row in enumerate(rows) if nxt[r] < len(row))
     action = rows[r][nxt[r]]
-    need = next(d for d in dependencies(action, schedule.stages) if d not in rows[schedule.row(d.stage)][:nxt[schedule.row(d.stage)]])
+    need = next(
+        d
+        for d in dependencies(action, schedule.stages)
+        if d not in rows[schedule.row(d.stage)][: nxt[schedule.row(d.stage)]]
+    )
     q = schedule.row(need.stage)
     head = rows[q][nxt[q]]
     if not schedule.placement:
-        return (f"{action} of stage {r} (its action {nxt[r] + 1}) can never run: it needs {need} of stage {q}, "
-                f"which stage {q} runs only after {head}, itself waiting")
-    return (f"{_cell(schedule, action)} (action {nxt[r] + 1} of device {r}) can never run: it needs "
-            f"{_cell(schedule, need)}, which device {q} runs only after {_cell(schedule, head)}, itself waiting")
+        return (
+            f"{action} of stage {r} (its action {nxt[r] + 1}) can never run: it needs {need} of stage {q}, "
+            f"which stage {q} runs only after {head}, itself waiting"
+        )
+    return (
+        f"{_cell(schedule, action)} (action {nxt[r] + 1} of device {r}) can never run: it needs "
+        f"{_cell(schedule, need)}, which device {q} runs only after {_cell(schedule, head)}, itself waiting"
+    )
 
 
 def live_activations(row: Sequence[Action]) -> list[int]:
@@ -550,13 +572,21 @@ def backward_at_once(schedule: Schedule) -> frozenset[tuple[int, int]]:
     one more forward, so `chain.pipeline.step` keeps their activations under every policy."""
     last = schedule.stages - 1
     row = schedule.actions[schedule.row(last)]
-    return frozenset((a.stage, a.microbatch) for a, b in zip(row, row[1:])
-                     if a == Action(last, a.microbatch, FORWARD) and b == Action(last, a.microbatch, BACKWARD))
+    return frozenset(
+        (a.stage, a.microbatch)
+        for a, b in zip(row, row[1:])
+        if a == Action(last, a.microbatch, FORWARD) and b == Action(last, a.microbatch, BACKWARD)
+    )
 
 
-def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Schedule | None = None,
-         replicas: int = 1, marked: Sequence[Action | None] = (),
-         running: Sequence[Sequence[bool]] = ()) -> list[str]:
+def rows(
+    timeline: Timeline,
+    devices: Sequence[str] | None = None,
+    schedule: Schedule | None = None,
+    replicas: int = 1,
+    marked: Sequence[Action | None] = (),
+    running: Sequence[Sequence[bool]] = (),
+) -> list[str]:
     """The timeline's grid as text, one line per stage/device, one column per slot (`render`'s body).
     `devices[k]` is stage k's device; a `schedule` whose devices hold several stages labels each
     row with its device and stages, and each cell with its stage (`F3@s2`). With `replicas` copies
@@ -573,12 +603,16 @@ def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Sch
     width = max([len(plain(a)) for row in timeline.grid for a in row if a is not None] or [1]) + any(mark)
     if shared:
         mine = [schedule.row_stages(r) for r in range(len(timeline.grid))]
-        labels = [f"device {r} (stages {', '.join(map(str, ks))})" + (f"  {devices[ks[0]]}" if devices else "")
-                  for r, ks in enumerate(mine)]
+        labels = [
+            f"device {r} (stages {', '.join(map(str, ks))})" + (f"  {devices[ks[0]]}" if devices else "")
+            for r, ks in enumerate(mine)
+        ]
     else:
         per = len(timeline.grid) // max(1, replicas)
         copy = (lambda i: f"copy {i // per} ") if replicas > 1 else (lambda i: "")  # noqa: E731
-        labels = [f"{copy(i)}stage {i % per}" + (f"  {devices[i]}" if devices else "") for i in range(len(timeline.grid))]
+        labels = [
+            f"{copy(i)}stage {i % per}" + (f"  {devices[i]}" if devices else "") for i in range(len(timeline.grid))
+        ]
     pad = max(len(s) for s in labels)
     lines = []
     flag = (lambda a, here: ">" if a is not None and a == here else " ") if any(mark) else (lambda a, here: "")
@@ -587,21 +621,25 @@ def rows(timeline: Timeline, devices: Sequence[str] | None = None, schedule: Sch
         return RUNNING if i < len(running) and t < len(running[i]) and running[i][t] else IDLE
 
     for i, (label, row, here) in enumerate(zip(labels, timeline.grid, mark)):
-        cells = " ".join((flag(a, here) + (plain(a) if a is not None else empty(i, t))).ljust(width)
-                         for t, a in enumerate(row))
+        cells = " ".join(
+            (flag(a, here) + (plain(a) if a is not None else empty(i, t))).ljust(width) for t, a in enumerate(row)
+        )
         lines.append(f"{label.ljust(pad)}  {cells}".rstrip())
     return lines
 
 
 def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None = None) -> str:
     """The timeline as text: a header, one row per stage/device, one column per slot, then the bubble."""
+
     def count(n: int, word: str, words: str) -> str:  # `1 microbatch`, `2 microbatches` (nothing of chain here)
         return f"{n} {word if n == 1 else words}"
 
     on = f" on {count(schedule.devices, 'device', 'devices')}" if schedule.placement else ""
-    lines = [f"schedule: {schedule.name}, {count(schedule.stages, 'stage', 'stages')}{on} x "
-             f"{count(schedule.microbatches, 'microbatch', 'microbatches')}, "
-             f"{count(timeline.slots, 'slot', 'slots')} (F: forward, B: backward{_w_legend(schedule)}, digit: microbatch, .: idle)"]
+    lines = [
+        f"schedule: {schedule.name}, {count(schedule.stages, 'stage', 'stages')}{on} x "
+        f"{count(schedule.microbatches, 'microbatch', 'microbatches')}, "
+        f"{count(timeline.slots, 'slot', 'slots')} (F: forward, B: backward{_w_legend(schedule)}, digit: microbatch, .: idle)"
+    ]
     lines += rows(timeline, devices, schedule)
     lines.append(f"bubble fraction: {timeline.bubble_fraction:.3f} (idle slots / all slots)")
     return "\n".join(lines)

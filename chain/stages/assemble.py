@@ -26,8 +26,9 @@ from chain.stages.loss_scale import LossScale
 from chain.stages.stage import Stage, stage_name
 
 
-def model_layers(spec: Model, input_shape: tuple[int, ...], dtype: keras.DTypePolicy | str | None = None
-                 ) -> list[keras.layers.Layer]:
+def model_layers(
+    spec: Model, input_shape: tuple[int, ...], dtype: keras.DTypePolicy | str | None = None
+) -> list[keras.layers.Layer]:
     """The layers of one stage's body, from its validated `model` section.
 
     `dtype` is every layer's dtype policy (`chain.stages.precision`); None: the global
@@ -38,11 +39,14 @@ def model_layers(spec: Model, input_shape: tuple[int, ...], dtype: keras.DTypePo
     act = None if spec.activation == "linear" else spec.activation
     if isinstance(spec, Conv):
         if len(input_shape) != 3:  # after a user's stage the config checks could not know the shape
-            raise ConfigError(f"model=conv needs image input (height, width, channels), but receives shape "
-                              f"{tuple(input_shape)}; put conv stages first")
+            raise ConfigError(
+                f"model=conv needs image input (height, width, channels), but receives shape "
+                f"{tuple(input_shape)}; put conv stages first"
+            )
         for _ in range(spec.depth):
-            layers.append(keras.layers.Conv2D(spec.filters, spec.kernel_size, padding="same", activation=act,
-                                              dtype=dtype))
+            layers.append(
+                keras.layers.Conv2D(spec.filters, spec.kernel_size, padding="same", activation=act, dtype=dtype)
+            )
             if spec.dropout:
                 layers.append(keras.layers.Dropout(spec.dropout, dtype=dtype))
         return layers
@@ -59,10 +63,12 @@ def per_position_body(target: Target, spec: Model) -> None:
     """mode=e2e: a target with a label per position needs logits per position from the last stage, which
     the config's own bodies (flat mlp, conv) and their read-out do not give: one line, not a shape error."""
     if target.shape:
-        raise ConfigError(f"target {target.name!r} has a label per position {target.shape}: the last stage must "
-                          f"output logits per position, shape {(*target.shape, target.classes)}, which "
-                          f"model={'conv' if isinstance(spec, Conv) else 'mlp'} does not; use model=gpt (data=text, "
-                          "data=tokens) or give your model (model=keras, a builder, or chain.build(cfg, model=...))")
+        raise ConfigError(
+            f"target {target.name!r} has a label per position {target.shape}: the last stage must "
+            f"output logits per position, shape {(*target.shape, target.classes)}, which "
+            f"model={'conv' if isinstance(spec, Conv) else 'mlp'} does not; use model=gpt (data=text, "
+            "data=tokens) or give your model (model=keras, a builder, or chain.build(cfg, model=...))"
+        )
 
 
 def output_layers(target: Target, input_shape: tuple[int, ...]) -> list[keras.layers.Layer]:
@@ -96,8 +102,9 @@ def make_optimizer(spec: Optim, name: str | None = None, global_clip: bool = Tru
         return sgd(learning_rate=lr, momentum=spec.momentum, name=name, **clips)
     if isinstance(spec, AdamW):
         adamw = fused.FusedAdamW if spec.fused else keras.optimizers.AdamW
-        return adamw(learning_rate=lr, weight_decay=spec.weight_decay, beta_1=spec.beta_1, beta_2=spec.beta_2,
-                     name=name, **clips)
+        return adamw(
+            learning_rate=lr, weight_decay=spec.weight_decay, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name, **clips
+        )
     adam = fused.FusedAdam if spec.fused else keras.optimizers.Adam
     return adam(learning_rate=lr, beta_1=spec.beta_1, beta_2=spec.beta_2, name=name, **clips)
 
@@ -111,8 +118,12 @@ def _instantiated(spec: KerasOptimizer, lr, name: str | None, clips: dict) -> ke
     what = f"optim._target_={spec._target_}"
     targets.optimizer_class("optim._target_", spec._target_)
     try:
-        return instantiate({"_target_": spec._target_, **spec.kwargs}, learning_rate=lr, name=name,
-                           **{k: v for k, v in clips.items() if v is not None})
+        return instantiate(
+            {"_target_": spec._target_, **spec.kwargs},
+            learning_rate=lr,
+            name=name,
+            **{k: v for k, v in clips.items() if v is not None},
+        )
     except Exception as e:  # noqa: BLE001 - whatever the user's target raises is one line naming it
         raise instantiate_error(e, what) from None
 
@@ -127,17 +138,32 @@ def exclude_from_decay(optimizer: keras.optimizers.Optimizer, spec: Optim, stage
     words = [w for w in spec.no_decay if w != NO_DECAY_NORM]
     excluded = [v for v in variables if any(w in v.path for w in words)]
     if NO_DECAY_NORM in spec.no_decay:
-        norms = {id(v) for m in (stage.model, stage.head) if m is not None for layer in all_layers(m)
-                 if layer is not m and "Norm" in type(layer).__name__ for v in layer.trainable_variables}
+        norms = {
+            id(v)
+            for m in (stage.model, stage.head)
+            if m is not None
+            for layer in all_layers(m)
+            if layer is not m and "Norm" in type(layer).__name__
+            for v in layer.trainable_variables
+        }
         excluded += [v for v in variables if id(v) in norms]
     optimizer.exclude_from_weight_decay(var_list=excluded)
 
 
-def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info: DataInfo, *,
-                 heads: bool, readout: bool, precision_name: str = "float32",
-                 initial_loss_scale: float = 2.0 ** 15, bodies: Sequence[Body | None] | None = None,
-                 labels: Sequence[str | None] | None = None, chained: bool = True,
-                 seed: int | None = None) -> list[Stage]:
+def build_stages(
+    specs: Sequence[StageSpec],
+    devices: Sequence[str | None],
+    info: DataInfo,
+    *,
+    heads: bool,
+    readout: bool,
+    precision_name: str = "float32",
+    initial_loss_scale: float = 2.0**15,
+    bodies: Sequence[Body | None] | None = None,
+    labels: Sequence[str | None] | None = None,
+    chained: bool = True,
+    seed: int | None = None,
+) -> list[Stage]:
     """Create every stage's model, optimizer and (with `heads`) head inside its device scope.
 
     `heads`: every stage gets a linear head predicting its target (mode=local);
@@ -166,8 +192,9 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
                 keras.utils.set_random_seed(seed)
         with tf.device(device):
             if bodies[k] is None:
-                model = keras.Sequential([keras.Input(shape)] + model_layers(spec.model, shape, policy),
-                                         name=stage_name(k))
+                model = keras.Sequential(
+                    [keras.Input(shape)] + model_layers(spec.model, shape, policy), name=stage_name(k)
+                )
                 if readout and last:
                     per_position_body(target, spec.model)
                     for layer in output_layers(target, tuple(model.output_shape[1:])):
@@ -181,15 +208,29 @@ def build_stages(specs: Sequence[StageSpec], devices: Sequence[str | None], info
             out_shape = tuple(model.output_shape[1:])
             head = None
             if heads:
-                head = keras.Sequential([keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}")
+                head = keras.Sequential(
+                    [keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}"
+                )
             # mode=e2e (`readout`): one loss for the chain, whose step clips by the chain's global norm
             optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}", global_clip=not readout)
             loss_scale = LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}") if scaled else None
             shared = bodies[k].shared if isinstance(bodies[k], Piece) else ()  # a cut model's tied weights
             whole = bodies[k].whole if isinstance(bodies[k], Piece) else None
             borrowed = bodies[k].borrowed if isinstance(bodies[k], Piece) else ()
-            stage = Stage(k, device, model, optimizer, target, head, spec, loss_scale=loss_scale,
-                          label=labels[k] if labels else None, shared=shared, whole=whole, borrowed=borrowed)
+            stage = Stage(
+                k,
+                device,
+                model,
+                optimizer,
+                target,
+                head,
+                spec,
+                loss_scale=loss_scale,
+                label=labels[k] if labels else None,
+                shared=shared,
+                whole=whole,
+                borrowed=borrowed,
+            )
             exclude_from_decay(optimizer, spec.optim, stage)
             optimizer.build(stage.trainable_variables)
         stages.append(stage)
@@ -210,6 +251,8 @@ def refuse_shared_variables(stages: Sequence[Stage]) -> None:
         for v in list(s.model.variables) + list(head):
             k = owner.setdefault(id(v), s.index)
             if k != s.index:
-                raise ConfigError(f"stage {s.index} ({s.describe()}) uses the variable {v.path!r} of stage {k}; a "
-                                  "weight shared by two stages is not supported yet (it would live on one stage's "
-                                  "device and both stages' optimizers would update it): give each stage its own layers")
+                raise ConfigError(
+                    f"stage {s.index} ({s.describe()}) uses the variable {v.path!r} of stage {k}; a "
+                    "weight shared by two stages is not supported yet (it would live on one stage's "
+                    "device and both stages' optimizers would update it): give each stage its own layers"
+                )

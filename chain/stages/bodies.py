@@ -48,7 +48,9 @@ def layers_of(result: Any, what: str) -> list[keras.layers.Layer]:
     items = list(result) if isinstance(result, (list, tuple)) else [result]
     if not items or not all(isinstance(x, keras.layers.Layer) for x in items):
         kinds = ", ".join(sorted({type(x).__name__ for x in items})) or "an empty list"
-        raise ConfigError(f"{what} returned {kinds}; a builder returns a keras.Layer, a keras.Model or a list of layers")
+        raise ConfigError(
+            f"{what} returned {kinds}; a builder returns a keras.Layer, a keras.Model or a list of layers"
+        )
     return items
 
 
@@ -83,8 +85,9 @@ def from_builder(target: str | Callable, kwargs: dict | None, what: str) -> Body
         try:
             with dtype_policy(policy):
                 if isinstance(target, str):
-                    result = instantiate({"_target_": target, **(kwargs or {})}, input_shape=tuple(input_shape),
-                                         _convert_="all")
+                    result = instantiate(
+                        {"_target_": target, **(kwargs or {})}, input_shape=tuple(input_shape), _convert_="all"
+                    )
                 else:
                     result = target(input_shape=tuple(input_shape), **(kwargs or {}))
                 return assemble(layers_of(result, what), input_shape, name, what)
@@ -102,9 +105,14 @@ def check_prediction(model: keras.Model, target, where: str) -> None:
     want = (*target.shape, target.classes) if target.classes else (1,)  # a label per position: logits per position
     # A `None` size before the classes (a keras_hub causal LM's `(batch, None, vocab)`: any sequence length)
     # takes the data's length, as an input's `None` takes the data's size.
-    fits = len(shape) == len(want) and shape[-1:] == want[-1:] and all(
-        got is None or got == size for got, size in zip(shape[:-1], want[:-1]))
+    fits = (
+        len(shape) == len(want)
+        and shape[-1:] == want[-1:]
+        and all(got is None or got == size for got, size in zip(shape[:-1], want[:-1]))
+    )
     if not fits and not (not target.classes and shape == ()):
         kind = f"{target.classes} logits" if target.classes else "one value"
-        raise ConfigError(f"{where} outputs shape {shape}, but the last stage of a mode=e2e chain must output the "
-                          f"prediction of target {target.name!r}: {kind}, shape {want}")
+        raise ConfigError(
+            f"{where} outputs shape {shape}, but the last stage of a mode=e2e chain must output the "
+            f"prediction of target {target.name!r}: {kind}, shape {want}"
+        )

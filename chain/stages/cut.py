@@ -39,8 +39,14 @@ from typing import Any, Callable, Sequence
 import keras
 
 from chain.errors import ConfigError, first_line
-from chain.internals.keras_private import (graph_nodes, keras_mask, move_variables, plain_functional, untrack_attribute,
-                                           untrack_sublayer)
+from chain.internals.keras_private import (
+    graph_nodes,
+    keras_mask,
+    move_variables,
+    plain_functional,
+    untrack_attribute,
+    untrack_sublayer,
+)
 from chain.planning import balance
 from chain.stages.bodies import Body
 from chain.stages.masks import carried
@@ -96,8 +102,10 @@ class Cuttable:
 
     def crossing(self, position: int) -> int:
         """Values per example of the tensors crossing cut `position` (0: the model's input), masks included."""
-        return sum(math.prod(d or 1 for d in t.shape[1:]) * (1 + ((position, id(t)) in self.masked))
-                   for t in self.boundary[position])
+        return sum(
+            math.prod(d or 1 for d in t.shape[1:]) * (1 + ((position, id(t)) in self.masked))
+            for t in self.boundary[position]
+        )
 
     def structure(self) -> list[Any]:
         """What the model computes, as plain values (its weights' values aside): each layer's class, its
@@ -109,8 +117,14 @@ class Cuttable:
                 config = {k: v for k, v in layer.get_config().items() if k != "name"}
             except Exception:  # a user's layer may raise anything here: its class and shapes stand for it
                 config = None
-            layers.append([f"{type(layer).__module__}.{type(layer).__qualname__}", config,
-                           [list(t.shape) for t in node.outputs], [list(v.shape) for v in layer.weights]])
+            layers.append(
+                [
+                    f"{type(layer).__module__}.{type(layer).__qualname__}",
+                    config,
+                    [list(t.shape) for t in node.outputs],
+                    [list(v.shape) for v in layer.weights],
+                ]
+            )
         ops = {str(k): [type(n.operation).__name__ for n in nodes] for k, nodes in sorted(self.ops.items())}
         cuts = [[list(t.shape) for t in self.boundary[c]] for c in sorted(self.boundary)]
         return [layers, ops, cuts]
@@ -127,12 +141,16 @@ def _graph(model: keras.Model, name: str) -> keras.Model:
     except (AttributeError, ValueError):
         inputs = outputs = None
     if not isinstance(inputs, list) or not isinstance(outputs, list):
-        raise ConfigError(f"{name} is a {type(model).__name__} whose connections are Python code (a subclassed model, "
-                          "or a Sequential without keras.Input): a model cut into stages is Sequential or functional, "
-                          "built on keras.Input")
+        raise ConfigError(
+            f"{name} is a {type(model).__name__} whose connections are Python code (a subclassed model, "
+            "or a Sequential without keras.Input): a model cut into stages is Sequential or functional, "
+            "built on keras.Input"
+        )
     if len(outputs) != 1:
-        raise ConfigError(f"{name} has {len(outputs)} outputs; a model cut into a chain of stages has one "
-                          "(the prediction its loss reads)")
+        raise ConfigError(
+            f"{name} has {len(outputs)} outputs; a model cut into a chain of stages has one "
+            "(the prediction its loss reads)"
+        )
     return keras.Model(inputs, outputs) if isinstance(model, keras.Sequential) else model
 
 
@@ -239,8 +257,10 @@ def _call_order(graph: keras.Model, model: keras.Model, name: str) -> list[tuple
             continue
         found = calls.get(id(layer), [])
         if not found:
-            raise ConfigError(f"{name}: layer {layer.name!r} is never called in the model's graph; a model cut into "
-                              "stages calls every layer it holds")
+            raise ConfigError(
+                f"{name}: layer {layer.name!r} is never called in the model's graph; a model cut into "
+                "stages calls every layer it holds"
+            )
         waiting += [(rank[id(layer)], k, layer, node) for k, node in enumerate(found)]
     ops = [n for n in graph_nodes(graph) if not n.is_input and id(n.operation) not in rank]
     made = {id(t) for t in graph.inputs}
@@ -258,8 +278,9 @@ def _call_order(graph: keras.Model, model: keras.Model, name: str) -> list[tuple
     return order
 
 
-def _flatten(graph: keras.Model, model: keras.Model, name: str, alias: dict[int, Any]
-             ) -> tuple[list[keras.layers.Layer], list[Any], list[Any]]:
+def _flatten(
+    graph: keras.Model, model: keras.Model, name: str, alias: dict[int, Any]
+) -> tuple[list[keras.layers.Layer], list[Any], list[Any]]:
     """`model`'s layers in call order with their calls in `graph` (a layer called n times is listed
     n times), and the graph's op nodes; a plain functional model among its layers is replaced by its
     own layers (recursively), its inputs and outputs recorded in `alias` as the tensors they stand for."""
@@ -269,13 +290,19 @@ def _flatten(graph: keras.Model, model: keras.Model, name: str, alias: dict[int,
     nodes: list[Any] = []
     order = _call_order(graph, model, name)
     for layer, node in order:
-        if isinstance(layer, keras.Model) and plain_functional(layer) \
-                and len(layer.inputs) == len(node.input_tensors) and len(layer.outputs) == len(node.outputs):
+        if (
+            isinstance(layer, keras.Model)
+            and plain_functional(layer)
+            and len(layer.inputs) == len(node.input_tensors)
+            and len(layer.outputs) == len(node.outputs)
+        ):
             times = sum(x is layer for x, _ in order)
             if times > 1:
-                raise ConfigError(f"{name}: the model {layer.name!r} inside it is called {times} times; a model cut "
-                                  "into stages may call a layer several times, but a model inside it once (call its "
-                                  "layers instead)")
+                raise ConfigError(
+                    f"{name}: the model {layer.name!r} inside it is called {times} times; a model cut "
+                    "into stages may call a layer several times, but a model inside it once (call its "
+                    "layers instead)"
+                )
             for inner, outer in zip(layer.inputs, node.input_tensors):
                 if inner is not outer:  # a keras_hub task calls its backbone on the backbone's own inputs
                     alias[id(inner)] = outer
@@ -308,6 +335,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
 
     def key(t: Any) -> int:
         return id(resolve(alias, t))
+
     tied = _tied(layers)
     made: dict[int, tuple[int, int]] = {key(t): (-1, k) for k, t in enumerate(graph.inputs)}  # -> (producer, output k)
     tensors = {key(t): t for t in graph.inputs}
@@ -335,8 +363,10 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
         settle()
         for t in node.input_tensors:
             if key(t) not in made:
-                raise ConfigError(f"{name}: layer {layer.name!r} takes a tensor that no earlier layer of the model "
-                                  "makes; a model cut into stages lists its layers in call order")
+                raise ConfigError(
+                    f"{name}: layer {layer.name!r} takes a tensor that no earlier layer of the model "
+                    "makes; a model cut into stages lists its layers in call order"
+                )
             use(t, i, layer.name)
         for k, t in enumerate(node.outputs):
             made[key(t)], tensors[key(t)] = (i, k), resolve(alias, t)
@@ -345,27 +375,49 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
         raise ConfigError(f"{name}: {_op_name(pending[0])!r} takes a tensor that no layer of the model makes")
     out = graph.outputs[0]
     if made.get(key(out), (None,))[0] != len(layers) - 1:
-        raise ConfigError(f"{name}: its output is not its last layer's ({layers[-1].name!r}); "
-                          "a model cut into stages ends in its last layer")
+        raise ConfigError(
+            f"{name}: its output is not its last layer's ({layers[-1].name!r}); "
+            "a model cut into stages ends in its last layer"
+        )
     use(out, len(layers), "the model's output")
     crossing, blocked, source = _crossings(layers, nodes, made, last_use)
     allowed = [c for c in range(1, len(layers)) if c not in blocked]
-    boundary = {0: list(graph.inputs), len(layers): [out], **{c: [tensors[t] for t in ts] for c, ts in crossing.items()}}
+    boundary = {
+        0: list(graph.inputs),
+        len(layers): [out],
+        **{c: [tensors[t] for t in ts] for c, ts in crossing.items()},
+    }
     masked, refused = frozenset(), {}
 
     def recorded(t: int) -> bool:
         return keras_mask(tensors[t]) is not None
+
     if any(recorded(t) for ts in crossing.values() for t in ts):  # the graph's record: which ones Keras carries
         where = {id(n): i for i, n in enumerate(nodes)} | {id(n): p for p, ns in ops.items() for n in ns}
         masked, refused = carried(graph, crossing, where, key, source, recorded, name)
         allowed = [c for c in allowed if c not in refused]
     shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(model, name, layers, nodes, shape, allowed, boundary, {**refused, **blocked}, tied, ops=ops,
-                    masked=masked, refused=refused, alias=alias, within=_within(layers, tied))
+    return Cuttable(
+        model,
+        name,
+        layers,
+        nodes,
+        shape,
+        allowed,
+        boundary,
+        {**refused, **blocked},
+        tied,
+        ops=ops,
+        masked=masked,
+        refused=refused,
+        alias=alias,
+        within=_within(layers, tied),
+    )
 
 
-def _crossings(layers: list[Any], nodes: list[Any], made: dict[int, tuple[int, int]], last_use: dict[int, tuple[int, str]]
-               ) -> tuple[dict[int, list[int]], dict[int, str], Callable[[int], str]]:
+def _crossings(
+    layers: list[Any], nodes: list[Any], made: dict[int, tuple[int, int]], last_use: dict[int, tuple[int, str]]
+) -> tuple[dict[int, list[int]], dict[int, str], Callable[[int], str]]:
     """The tensors (ids) crossing each cut (before layer c, 1 <= c < len(layers)), given each tensor's
     (producer, output k) and (last consumer, its name); the cuts blocked and why (a tensor skips over it, or
     several cross it); and `source`, a tensor's producer in words."""
@@ -376,8 +428,12 @@ def _crossings(layers: list[Any], nodes: list[Any], made: dict[int, tuple[int, i
         p, k = made[t]
         if p < 0:
             return "the model's input"
-        return f"output {k} of {layers[p].name!r} (layer {p})" if len(nodes[p].outputs) > 1 else \
-            f"the output of {layers[p].name!r} (layer {p})"
+        return (
+            f"output {k} of {layers[p].name!r} (layer {p})"
+            if len(nodes[p].outputs) > 1
+            else f"the output of {layers[p].name!r} (layer {p})"
+        )
+
     for t, (q, consumer) in sorted(last_use.items(), key=lambda kv: made[kv[0]]):
         p = made[t][0]
         for c in range(max(p + 1, 1), min(q, len(layers) - 1) + 1):  # t crosses the cuts before layers p+1..q
@@ -402,16 +458,26 @@ def check_sizes(c: Cuttable, sizes: Sequence[int], key: str) -> None:
     """A ConfigError unless `sizes` (layers per stage) add up to `c`'s layers. Any cut is legal:
     where several tensors cross (a skip, a mask), they all cross."""
     if sum(sizes) != len(c.layers):
-        raise ConfigError(f"{key}={list(sizes)} adds up to {sum(sizes)} layers, but {c.name} has {len(c.layers)} "
-                          f"({', '.join(layer.name for layer in c.layers)})")
+        raise ConfigError(
+            f"{key}={list(sizes)} adds up to {sum(sizes)} layers, but {c.name} has {len(c.layers)} "
+            f"({', '.join(layer.name for layer in c.layers)})"
+        )
     for at in balance.sizes_to_cuts(sizes):
         if at in c.refused:
-            raise ConfigError(f"{key}={list(sizes)} cuts {c.name} before layer {c.layers[at].name!r} (layer {at}), "
-                              f"where {c.refused[at]}: cut elsewhere")
+            raise ConfigError(
+                f"{key}={list(sizes)} cuts {c.name} before layer {c.layers[at].name!r} (layer {at}), "
+                f"where {c.refused[at]}: cut elsewhere"
+            )
 
 
-def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, costs: Sequence[Sequence[float]] | None,
-          one_tensor: str | None = None) -> list[int]:
+def split(
+    c: Cuttable,
+    n_stages: int,
+    sizes: Sequence[int] | None,
+    how: str,
+    costs: Sequence[Sequence[float]] | None,
+    one_tensor: str | None = None,
+) -> list[int]:
     """Layers per stage: `sizes` as given (`placement.split`), or from `how` (`placement.balance`):
     `even` layer counts, near-equal `params`, near-equal measured `time` (`costs[k][i]`:
     layer i's time on stage k's device; a piece between two allowed cuts may carry its whole
@@ -442,21 +508,27 @@ def split(c: Cuttable, n_stages: int, sizes: Sequence[int] | None, how: str, cos
     one = balance.partition(rows, n_stages, c.allowed, weights=weights)
     if one_tensor is not None:
         if one is None:
-            raise ConfigError(f"{one_tensor}: {c.name} cannot be cut into {n_stages} stages that each hold weights "
-                              "where one tensor crosses each cut (cuts one tensor crosses: "
-                              f"{_one_tensor_cuts(c)}), and each stage's head in {one_tensor} reads one tensor, its "
-                              "stage's output: use fewer stages, or mode=e2e")
+            raise ConfigError(
+                f"{one_tensor}: {c.name} cannot be cut into {n_stages} stages that each hold weights "
+                "where one tensor crosses each cut (cuts one tensor crosses: "
+                f"{_one_tensor_cuts(c)}), and each stage's head in {one_tensor} reads one tensor, its "
+                "stage's output: use fewer stages, or mode=e2e"
+            )
         return one
-    found = balance.partition(rows, n_stages, [p for p in range(1, len(c.layers)) if p not in c.refused],
-                              weights=weights)
-    if one is not None and (found is None or max(balance.stage_costs(rows, one))
-                            <= ONE_TENSOR_SLACK * max(balance.stage_costs(rows, found))):
+    found = balance.partition(
+        rows, n_stages, [p for p in range(1, len(c.layers)) if p not in c.refused], weights=weights
+    )
+    if one is not None and (
+        found is None or max(balance.stage_costs(rows, one)) <= ONE_TENSOR_SLACK * max(balance.stage_costs(rows, found))
+    ):
         found = one
     if found is None:
         holding = sum(1 for w in weights if w)
-        raise ConfigError(f"{c.name} cannot be cut into {n_stages} stages that each hold weights: {holding} of its "
-                          f"{len(c.layers)} layers have weights; use fewer stages, or placement.split to place a "
-                          "layer without weights on a stage of its own")
+        raise ConfigError(
+            f"{c.name} cannot be cut into {n_stages} stages that each hold weights: {holding} of its "
+            f"{len(c.layers)} layers have weights; use fewer stages, or placement.split to place a "
+            "layer without weights on a stage of its own"
+        )
     return found
 
 
@@ -473,10 +545,12 @@ def _refuse_several(c: Cuttable, sizes: Sequence[int], mode: str) -> None:
     at = next((k for k in balance.sizes_to_cuts(sizes) if k not in c.allowed), None)
     if at is None:
         return
-    raise ConfigError(f"{mode}: placement.split={list(sizes)} cuts {c.name} before layer {at} "
-                      f"({c.layers[at].name!r}), where {c.blocked[at]}, but each stage's head in {mode} reads one "
-                      f"tensor, its stage's output: set mode=e2e, or a placement.split whose cuts one tensor "
-                      f"crosses: {_one_tensor_cuts(c)}")
+    raise ConfigError(
+        f"{mode}: placement.split={list(sizes)} cuts {c.name} before layer {at} "
+        f"({c.layers[at].name!r}), where {c.blocked[at]}, but each stage's head in {mode} reads one "
+        f"tensor, its stage's output: set mode=e2e, or a placement.split whose cuts one tensor "
+        f"crosses: {_one_tensor_cuts(c)}"
+    )
 
 
 def _clone(c: Cuttable, layer: keras.layers.Layer, policy: Any) -> keras.layers.Layer:
@@ -491,15 +565,19 @@ def _clone(c: Cuttable, layer: keras.layers.Layer, policy: Any) -> keras.layers.
         unsafe = {"safe_mode": False} if "safe_mode" in inspect.signature(from_config).parameters else {}
         return from_config(config, **unsafe)
     except Exception as e:  # a user's layer may raise anything here
-        if policy is None or keras.dtype_policies.serialize(policy) == keras.dtype_policies.serialize(layer.dtype_policy):
+        if policy is None or keras.dtype_policies.serialize(policy) == keras.dtype_policies.serialize(
+            layer.dtype_policy
+        ):
             # A layer whose config does not re-create it (keras_hub 0.32's LlamaTransformerDecoder) but that
             # trains: the layer object itself, its variables re-created on the stage's device (the user's
             # model then shares them with the chain).
             move_variables(layer)
             return layer
-        raise ConfigError(f"{c.name}: layer {layer.name!r} ({type(layer).__name__}) cannot be re-created on its stage's "
-                          f"device from its config: {first_line(e)} (a custom layer's "
-                          "get_config() must return its constructor's arguments)") from None
+        raise ConfigError(
+            f"{c.name}: layer {layer.name!r} ({type(layer).__name__}) cannot be re-created on its stage's "
+            f"device from its config: {first_line(e)} (a custom layer's "
+            "get_config() must return its constructor's arguments)"
+        ) from None
 
 
 def _holder_copy(c: Cuttable, owner: int, policy: Any) -> keras.layers.Layer:
@@ -530,8 +608,11 @@ def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, ho
             if holder.lent(index[id(value)]):  # another stage's layer: its weights stay that stage's (its
                 untrack_sublayer(clone, bound)  # optimizer's, its checkpoint's)
                 untrack_attribute(clone, attr)
-        elif isinstance(value, keras.Variable) and c.layers[c.tied.get(id(value), 0)] is not layer \
-                and id(value) in c.tied:  # a variable of an earlier layer (not the layer's own)
+        elif (
+            isinstance(value, keras.Variable)
+            and c.layers[c.tied.get(id(value), 0)] is not layer
+            and id(value) in c.tied
+        ):  # a variable of an earlier layer (not the layer's own)
             owner = c.tied[id(value)]
             copy = holder(owner, lend=False)  # a variable attribute is tracked as the clone's own: never lent
             setattr(clone, attr, copy.weights[[id(w) for w in c.layers[owner].weights].index(id(value))])
@@ -549,11 +630,13 @@ def _check_retied(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.La
         copy = holder(owner)
         want = copy.weights[[id(w) for w in c.layers[owner].weights].index(id(v))]
         if len(mine) != len(held) or mine[i] != id(want):
-            raise ConfigError(f"{c.name}: layers {c.layers[owner].name!r} and {layer.name!r} share the variable "
-                              f"{v.path!r} (a tied weight), but {layer.name!r} is not a layer inside "
-                              f"{c.layers[owner].name!r} nor holds it (or its variable) as an attribute, so the cut "
-                              "cannot re-create the tie on a stage: in your layer, hold the layer itself as an "
-                              "attribute (self.embedding = embedding)")
+            raise ConfigError(
+                f"{c.name}: layers {c.layers[owner].name!r} and {layer.name!r} share the variable "
+                f"{v.path!r} (a tied weight), but {layer.name!r} is not a layer inside "
+                f"{c.layers[owner].name!r} nor holds it (or its variable) as an attribute, so the cut "
+                "cannot re-create the tie on a stage: in your layer, hold the layer itself as an "
+                "attribute (self.embedding = embedding)"
+            )
 
 
 def _kept_dtype(t: Any) -> str | None:
@@ -671,9 +754,12 @@ class Piece:
                 leaves.append(MaskOf(name=f"mask_of_{len(leaves) - 1}")(made[id(t)]))
         return leaves[0] if len(leaves) == 1 else leaves
 
-    def _held(self, clones: list[tuple[int, keras.layers.Layer, keras.layers.Layer]],
-              again_lent: list[keras.layers.Layer], lent: dict[int, keras.layers.Layer]
-              ) -> tuple[tuple[SharedCopy, ...], tuple[SharedCopy, ...]]:
+    def _held(
+        self,
+        clones: list[tuple[int, keras.layers.Layer, keras.layers.Layer]],
+        again_lent: list[keras.layers.Layer],
+        lent: dict[int, keras.layers.Layer],
+    ) -> tuple[tuple[SharedCopy, ...], tuple[SharedCopy, ...]]:
         """The model's weights copied into `clones` (but those `lent` by an earlier stage's clone on this
         device); this stage's copies of tied weights (`shared`) and the lent weights it calls (`borrowed`)."""
         c = self.c

@@ -69,8 +69,9 @@ def first(model: keras.Model, given: Feed) -> Any:
     ids = _embedded(model)
 
     def leaf(t: Any, name: str | None) -> Leaf:
-        shape = tuple(d if d is not None else (given.shape[i] if i < len(given.shape) else 1)
-                      for i, d in enumerate(t.shape[1:]))
+        shape = tuple(
+            d if d is not None else (given.shape[i] if i < len(given.shape) else 1) for i, d in enumerate(t.shape[1:])
+        )
         dtype = keras.backend.standardize_dtype(t.dtype)
         return Leaf(shape, dtype, 1 if dtype == "bool" else FILLED.get(name), id(t) in ids)
 
@@ -96,8 +97,7 @@ def _embedded(model: keras.Model) -> set[int]:
         nodes = graph_nodes(model)
     except AttributeError:
         return set()
-    return {id(t) for node in nodes if isinstance(node.operation, keras.layers.Embedding)
-            for t in node.input_tensors}
+    return {id(t) for node in nodes if isinstance(node.operation, keras.layers.Embedding) for t in node.input_tensors}
 
 
 def make(signature: Any, size: int, vocab: int, seed: Any = (0, 0)) -> Any:
@@ -126,9 +126,11 @@ def make(signature: Any, size: int, vocab: int, seed: Any = (0, 0)) -> Any:
 def given(made: Any) -> Any:
     """The `Leaf` structure of tensors a piece gave (one example's shapes): the next piece's input, a mask
     (boolean) every position true."""
+
     def leaf(t: Any) -> Leaf:
         dtype = keras.backend.standardize_dtype(t.dtype)
         return Leaf(tuple(int(d) for d in t.shape[1:]), dtype, 1 if dtype == "bool" else None)
+
     return keras.tree.map_structure(leaf, made)
 
 
@@ -159,5 +161,4 @@ def floats_of(tensors: Any) -> list:
 
 def spec(signature: Any) -> Any:
     """`signature` as `tf.TensorSpec`s of any batch size (a compiled function's input signature)."""
-    return keras.tree.map_structure(lambda leaf: tf.TensorSpec((None, *leaf.shape), tf.as_dtype(leaf.dtype)),
-                                    signature)
+    return keras.tree.map_structure(lambda leaf: tf.TensorSpec((None, *leaf.shape), tf.as_dtype(leaf.dtype)), signature)

@@ -62,9 +62,14 @@ class _FusedAdamUpdate:
             return memo[key]
         step = tf.cast(self.iterations + 1, dtype)
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
-        out = {"beta1_power": tf.pow(beta_1, step), "beta2_power": tf.pow(beta_2, step),
-               "lr": tf.cast(learning_rate, dtype), "beta1": beta_1, "beta2": beta_2,
-               "epsilon": tf.cast(self.epsilon, dtype)}
+        out = {
+            "beta1_power": tf.pow(beta_1, step),
+            "beta2_power": tf.pow(beta_2, step),
+            "lr": tf.cast(learning_rate, dtype),
+            "beta1": beta_1,
+            "beta2": beta_2,
+            "epsilon": tf.cast(self.epsilon, dtype),
+        }
         if memo is not None:
             memo[key] = out
         return out
@@ -75,10 +80,13 @@ class _FusedAdamUpdate:
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
         m, v = adam_slots(self, variable_index(self, variable))
-        tf.raw_ops.ResourceApplyAdam(var=_handle(variable), m=_handle(m), v=_handle(v),
-                                     grad=tf.cast(gradient, dtype),
-                                     **self._scalars(dtype, _handle(variable).device, learning_rate))
-
+        tf.raw_ops.ResourceApplyAdam(
+            var=_handle(variable),
+            m=_handle(m),
+            v=_handle(v),
+            grad=tf.cast(gradient, dtype),
+            **self._scalars(dtype, _handle(variable).device, learning_rate),
+        )
 
 
 class FusedAdam(_FusedAdamUpdate, keras.optimizers.Adam):
@@ -102,8 +110,14 @@ class FusedSGD(keras.optimizers.SGD):
             tf.raw_ops.ResourceApplyGradientDescent(var=_handle(variable), alpha=lr, delta=grad)
             return
         accum = self.momentums[variable_index(self, variable)]
-        tf.raw_ops.ResourceApplyKerasMomentum(var=_handle(variable), accum=_handle(accum), lr=lr, grad=grad,
-                                              momentum=tf.cast(self.momentum, dtype), use_nesterov=self.nesterov)
+        tf.raw_ops.ResourceApplyKerasMomentum(
+            var=_handle(variable),
+            accum=_handle(accum),
+            lr=lr,
+            grad=grad,
+            momentum=tf.cast(self.momentum, dtype),
+            use_nesterov=self.nesterov,
+        )
 
 
 def kind(optimizer: keras.optimizers.Optimizer) -> str:

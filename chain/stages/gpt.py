@@ -34,16 +34,19 @@ def build(spec: Gpt, input_dtype: str = "int32") -> keras.Model:
     ids = keras.Input((seq_len,), dtype=input_dtype, name="token_ids")
     tokens = TokenEmbedding(spec.vocab, width, embeddings_initializer=init, name="token_embedding")
     positions = ops.cumsum(ops.ones_like(ids), axis=1) - 1  # 0..seq_len-1 per example: ops, kept on stage 0
-    x = keras.layers.Add(name="embeddings")([
-        tokens(ids),
-        keras.layers.Embedding(seq_len, width, embeddings_initializer=init, name="position_embedding")(positions)])
+    x = keras.layers.Add(name="embeddings")(
+        [
+            tokens(ids),
+            keras.layers.Embedding(seq_len, width, embeddings_initializer=init, name="position_embedding")(positions),
+        ]
+    )
     if spec.dropout:
         x = keras.layers.Dropout(spec.dropout, name="embeddings_dropout")(x)
     for i in range(spec.depth):
         h = keras.layers.LayerNormalization(epsilon=NORM_EPSILON, name=f"block_{i}_attention_norm")(x)
-        h = keras.layers.MultiHeadAttention(spec.heads, width // spec.heads, dropout=spec.dropout,
-                                            kernel_initializer=init, name=f"block_{i}_attention")(
-            h, h, use_causal_mask=True)
+        h = keras.layers.MultiHeadAttention(
+            spec.heads, width // spec.heads, dropout=spec.dropout, kernel_initializer=init, name=f"block_{i}_attention"
+        )(h, h, use_causal_mask=True)
         if spec.dropout:
             h = keras.layers.Dropout(spec.dropout, name=f"block_{i}_attention_dropout")(h)
         x = keras.layers.Add(name=f"block_{i}_attention_residual")([x, h])

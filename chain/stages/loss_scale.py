@@ -43,7 +43,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 FINITE, OVERFLOW, NONFINITE = 0, 1, 2
-INITIAL_SCALE = 2.0 ** 15  # Keras' LossScaleOptimizer default
+INITIAL_SCALE = 2.0**15  # Keras' LossScaleOptimizer default
 GROWTH_STEPS = 2000  # likewise
 MIN_SCALE = 1.0
 
@@ -113,7 +113,6 @@ def outcome_of(loss_ok: tf.Tensor, finite: Sequence[tf.Tensor], scale: tf.Tensor
     grads_ok = tf.reduce_all(tf.stack(list(finite)))
     overflow = tf.logical_and(loss_ok, scale > MIN_SCALE)
     return tf.where(tf.logical_and(loss_ok, grads_ok), FINITE, tf.where(overflow, OVERFLOW, NONFINITE))
-
 
 
 def on_values(fn: Callable[[tf.Tensor], tf.Tensor], gradient):

@@ -106,33 +106,43 @@ def make(name: str, target: Target, ignore_class: int | None = None) -> Loss:
     # against (N,) predictions into an (N, N) loss (chain.data.verify normalises them first).
     # Labels per position and their logits are flattened alike: (N x seq,) and (N x seq, classes).
     if name == "sparse_categorical_crossentropy":
+
         def each(y, pred):
             return tf.keras.losses.sparse_categorical_crossentropy(
-                y, tf.reshape(tf.cast(pred, tf.float32), [-1, target.classes]), from_logits=True)
+                y, tf.reshape(tf.cast(pred, tf.float32), [-1, target.classes]), from_logits=True
+            )
     elif target.is_regression:
+
         def fn(y, pred):
-            return tf.reduce_mean(tf.square(tf.reshape(tf.cast(pred, tf.float32), [-1])
-                                            - tf.reshape(tf.cast(y, tf.float32), [-1])))
+            return tf.reduce_mean(
+                tf.square(tf.reshape(tf.cast(pred, tf.float32), [-1]) - tf.reshape(tf.cast(y, tf.float32), [-1]))
+            )
+
         return Loss(fn)
     else:
+
         def each(y, pred):
             one_hot = tf.one_hot(y, target.classes, dtype=tf.float32)
             return tf.reduce_mean(tf.square(tf.reshape(tf.cast(pred, tf.float32), [-1, target.classes]) - one_hot), -1)
 
     if ignore_class is None and name != "sparse_categorical_crossentropy":
+
         def fn(y, pred):  # one mean over labels and classes (as before labels per position)
             one_hot = tf.one_hot(tf.reshape(tf.cast(y, tf.int32), [-1]), target.classes, dtype=tf.float32)
             return tf.reduce_mean(tf.square(tf.reshape(tf.cast(pred, tf.float32), [-1, target.classes]) - one_hot))
     elif ignore_class is None:
+
         def fn(y, pred):
             return tf.reduce_mean(each(tf.reshape(y, [-1]), pred))
     else:
+
         def fn(y, pred):
             y = tf.reshape(tf.cast(y, tf.int32), [-1])
             real = tf.not_equal(y, ignore_class)
             terms = each(tf.where(real, y, tf.zeros_like(y)), pred) * tf.cast(real, tf.float32)
             # The mean over the real labels (a microbatch of padding only: 0, weighed 0 by `weights`).
             return tf.reduce_sum(terms) / tf.maximum(tf.reduce_sum(tf.cast(real, tf.float32)), 1.0)
+
     return Loss(fn, ignore_class)
 
 
@@ -169,8 +179,10 @@ def added_losses(model: Any) -> int:
 
     switched = [layer for layer in all_layers(model) if layer.activity_regularizer is not None]
     kept = [layer.activity_regularizer for layer in switched]
-    zeros = keras.tree.map_structure(lambda inp: keras.ops.zeros((2, *[d or 1 for d in inp.shape[1:]]), dtype=inp.dtype),
-                                     model.input if len(model.inputs) > 1 else model.inputs[0])  # a dict of named inputs
+    zeros = keras.tree.map_structure(
+        lambda inp: keras.ops.zeros((2, *[d or 1 for d in inp.shape[1:]]), dtype=inp.dtype),
+        model.input if len(model.inputs) > 1 else model.inputs[0],
+    )  # a dict of named inputs
     try:
         for layer in switched:
             layer.activity_regularizer = None
@@ -188,7 +200,9 @@ def regularized(*models: Any) -> bool:
     """Whether `models` (None entries skipped) have weight or activity regularizers, known
     without calling them (an `add_loss` term shows only in a call: `added_losses`)."""
     for m in models:
-        if m is not None and (any(w.regularizer is not None for w in m.trainable_weights)
-                              or any(layer.activity_regularizer is not None for layer in all_layers(m))):
+        if m is not None and (
+            any(w.regularizer is not None for w in m.trainable_weights)
+            or any(layer.activity_regularizer is not None for layer in all_layers(m))
+        ):
             return True
     return False

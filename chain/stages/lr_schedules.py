@@ -33,8 +33,7 @@ def learning_rate(spec: Recipe) -> float | keras.optimizers.schedules.LearningRa
         return lr if warm == 0 else Warmup(lr, warm)
     decay = spec.decay_steps - warm
     if spec.schedule == "warmup_cosine":
-        return keras.optimizers.schedules.CosineDecay(0.0, decay, alpha=spec.floor, warmup_target=lr,
-                                                      warmup_steps=warm)
+        return keras.optimizers.schedules.CosineDecay(0.0, decay, alpha=spec.floor, warmup_target=lr, warmup_steps=warm)
     linear = keras.optimizers.schedules.PolynomialDecay(lr, decay, end_learning_rate=lr * spec.floor, power=1.0)
     return Warmup(lr, warm, linear)
 

@@ -30,12 +30,14 @@ def probe_batch(inputs: Any) -> Any:
     """Two examples for a model taking `inputs` (its `Input` tensors, in their structure): ones, the second
     example's later half along the sequence axis zeros (the padding `Embedding(mask_zero=True)` and
     `Masking` mask)."""
+
     def one(t: Any) -> Any:
         shape = [2, *(PROBE_LENGTH if d is None else d for d in t.shape[1:])]
         x = np.ones(shape, dtype=keras.backend.standardize_dtype(t.dtype))
         if len(shape) > 1:
-            x[1, shape[1] // 2:] = 0
+            x[1, shape[1] // 2 :] = 0
         return keras.ops.convert_to_tensor(x)
+
     return keras.tree.map_structure(one, inputs)
 
 
@@ -57,16 +59,19 @@ def observe(graph: keras.Model, key: Callable[[Any], int]) -> tuple[list[Call], 
 
     def wrap(node: Any, call: Callable) -> Callable:
         def run(*args: Any, **kwargs: Any) -> Any:
-            given = zip(keras.tree.flatten((node.arguments.args, node.arguments.kwargs)),
-                        keras.tree.flatten((args, kwargs)))
-            calls.append(Call(node, {key(t): keras_mask(x) is not None for t, x in given
-                                     if isinstance(t, keras.KerasTensor)}))
+            given = zip(
+                keras.tree.flatten((node.arguments.args, node.arguments.kwargs)), keras.tree.flatten((args, kwargs))
+            )
+            calls.append(
+                Call(node, {key(t): keras_mask(x) is not None for t, x in given if isinstance(t, keras.KerasTensor)})
+            )
             if plain_functional(node.operation) and len(args) == 1:  # a nested model: its own nodes' calls
                 out = run_nodes(node.operation, args[0], wrap, training=False)
             else:
                 out = call(*args, **kwargs)
             values.update({key(t): y for t, y in zip(node.outputs, keras.tree.flatten(out))})
             return out
+
         return run
 
     batch = probe_batch(graph.input)
@@ -75,9 +80,15 @@ def observe(graph: keras.Model, key: Callable[[Any], int]) -> tuple[list[Call], 
     return calls, values
 
 
-def carried(graph: keras.Model, crossing: dict[int, list[int]], where: dict[int, int], key: Callable[[Any], int],
-            describe: Callable[[int], str], recorded: Callable[[int], bool], name: str
-            ) -> tuple[frozenset[tuple[int, int]], dict[int, str]]:
+def carried(
+    graph: keras.Model,
+    crossing: dict[int, list[int]],
+    where: dict[int, int],
+    key: Callable[[Any], int],
+    describe: Callable[[int], str],
+    recorded: Callable[[int], bool],
+    name: str,
+) -> tuple[frozenset[tuple[int, int]], dict[int, str]]:
     """(position, tensor) for each tensor (`crossing[position]`, by id) that carries an implicit mask across
     a cut when Keras runs `graph`: the mask it carries as the first call after the cut (`where`: id(node) ->
     its layer's index, or the index of the layer an op runs after) takes it. Also the positions where a cut
@@ -86,9 +97,11 @@ def carried(graph: keras.Model, crossing: dict[int, list[int]], where: dict[int,
     try:
         calls, values = observe(graph, key)
     except Exception as e:  # the user's layers may raise anything on the probe
-        raise ConfigError(f"{name} carries a Keras mask across its cuts, and chain runs it once on a padded probe "
-                          "batch (ones, then zeros) to see which masks Keras keeps when the model runs; that run "
-                          f"failed: {first_line(e)}") from None
+        raise ConfigError(
+            f"{name} carries a Keras mask across its cuts, and chain runs it once on a padded probe "
+            "batch (ones, then zeros) to see which masks Keras keeps when the model runs; that run "
+            f"failed: {first_line(e)}"
+        ) from None
     placed = [(where[id(call.node)], call) for call in calls if id(call.node) in where]
     masked: set[tuple[int, int]] = set()
     refused: dict[int, str] = {}
@@ -98,14 +111,21 @@ def carried(graph: keras.Model, crossing: dict[int, list[int]], where: dict[int,
             if first is None or not placed[first][1].masked[t]:
                 continue
             alias = next((u for u in ts if u != t and values[u] is values[t]), None)
-            if any(w < c and t in call.masked for w, call in placed[first + 1:]):
-                refused.setdefault(c, f"{describe(t)} carries a Keras mask to the layers after the cut, but a layer "
-                                      "before the cut runs later and may clear it")
+            if any(w < c and t in call.masked for w, call in placed[first + 1 :]):
+                refused.setdefault(
+                    c,
+                    f"{describe(t)} carries a Keras mask to the layers after the cut, but a layer "
+                    "before the cut runs later and may clear it",
+                )
             elif not recorded(t):
-                refused.setdefault(c, f"Keras attaches a mask to {describe(t)} when the model runs, which its graph "
-                                      "does not record")
+                refused.setdefault(
+                    c, f"Keras attaches a mask to {describe(t)} when the model runs, which its graph does not record"
+                )
             elif alias is not None:  # a layer clearing one's mask clears the other's: not so across a cut
-                refused.setdefault(c, f"{describe(t)} and {describe(alias)} are one tensor when Keras runs the model (a "
-                                      "layer returned its input), but two across the cut, which Keras would mask apart")
+                refused.setdefault(
+                    c,
+                    f"{describe(t)} and {describe(alias)} are one tensor when Keras runs the model (a "
+                    "layer returned its input), but two across the cut, which Keras would mask apart",
+                )
             masked.add((c, t))
     return frozenset(masked), refused

@@ -55,7 +55,9 @@ def refusal(keys: list[str]) -> str | None:
     unknown = [k for k in keys if k != TOKEN_IDS and k not in FILLED]
     if TOKEN_IDS in keys and not unknown:
         return None
-    return (f"the model takes named inputs {keys}, but the config's data set gives one array per example: it feeds "
-            f"'{TOKEN_IDS}' (with {' and '.join(repr(k) for k in FILLED)} made for full windows: ones, zeros) and "
-            f"no other input ({', '.join(repr(k) for k in unknown) or repr(TOKEN_IDS) + ' is missing'}); "
-            "train it from Python, run.step(x, y) with x a dict of arrays")
+    return (
+        f"the model takes named inputs {keys}, but the config's data set gives one array per example: it feeds "
+        f"'{TOKEN_IDS}' (with {' and '.join(repr(k) for k in FILLED)} made for full windows: ones, zeros) and "
+        f"no other input ({', '.join(repr(k) for k in unknown) or repr(TOKEN_IDS) + ' is missing'}); "
+        "train it from Python, run.step(x, y) with x a dict of arrays"
+    )

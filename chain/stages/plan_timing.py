@@ -92,8 +92,8 @@ class _Piece:
                 # the loop itself on the device too: on a cluster worker, a loop driven from the client would
                 # add a round trip to every pass
                 with tf.device(device):
-                    return tf.identity(tf.while_loop(lambda i, acc: i < n, body,
-                                                     (tf.constant(0), tf.constant(0.0)))[1])
+                    return tf.identity(tf.while_loop(lambda i, acc: i < n, body, (tf.constant(0), tf.constant(0.0)))[1])
+
             return passes
 
         def forward(x, g):
@@ -105,8 +105,10 @@ class _Piece:
                 with tf.GradientTape() as tape:
                     tape.watch(given)
                     y = examples.floats_of(model(x, training=True))
-                return _total(tape.gradient(y, [*given, *wrt], output_gradients=[tf.cast(a, t.dtype)
-                                                                                  for a, t in zip(g, y)]))
+                return _total(
+                    tape.gradient(y, [*given, *wrt], output_gradients=[tf.cast(a, t.dtype) for a, t in zip(g, y)])
+                )
+
             return one
 
         self.passes = {"F": looped(forward), "FB": looped(gradients([])), "FBW": looped(gradients(variables))}
@@ -142,13 +144,16 @@ def _total(ts) -> tf.Tensor:
 
 def _after(x, acc):
     """`x` made to depend on `acc` (each numeric tensor plus nothing): a loop's pass runs after the one before."""
+
     def later(t):
         return t if t.dtype == tf.bool else t + tf.cast(acc * 0.0, t.dtype)
+
     return keras.tree.map_structure(later, x)
 
 
 def _call_cost(device: str) -> float:
     """A call's own cost: a compiled call that passes a scalar through (once per step call)."""
+
     @tf.function(autograph=False)
     def nothing(x):
         with tf.device(device):
@@ -184,6 +189,7 @@ def _action_cost(pool: Sequence[str]) -> float:
                     done = [release, marker.assign(i, read_value=False)]
             with tf.control_dependencies(done):
                 return tf.identity(tf.reduce_sum(x))
+
         return actions
 
     return _least_apart(chained(ACTIONS + 1), chained(1), tf.ones((8,)), calls=5) / ACTIONS
@@ -193,6 +199,7 @@ def _transfer(a: str, b: str) -> tuple[float, float]:
     """(seconds per byte, latency) of a copy from device `a` to `b`: a tensor made on `a` and summed on `b`
     in one call, at two sizes, a line through them (less the call's own cost, as measured at the small
     size: the latency is the small copy's time beyond a call that copies nothing)."""
+
     @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
     def copy(n):
         with tf.device(a):
@@ -260,6 +267,7 @@ def _chain_step(chain: Sequence[tuple[keras.Model, str]], size: int, fed: Feed |
                     h = m(keras.tree.map_structure(tf.identity, h), training=True)
             loss = _total(examples.floats_of(h))
         return tape.gradient(loss, [v for m, _ in chain for v in m.trainable_variables])
+
     return run
 
 
@@ -283,6 +291,7 @@ def _least_apart(a: Callable, b: Callable, *args, calls: int = MIN_CALLS + 1) ->
 def _summed(fn: Callable, devices: Sequence[str]) -> Callable:
     """`fn`'s tensors (a list per device of `devices`) summed on their device, then into one scalar (what a
     timed call returns: each device's work, and no more bytes crossing than the step's own)."""
+
     @tf.function(input_signature=[tf.TensorSpec((), tf.int32)], autograph=False)
     def run(seed):
         parts = []
@@ -291,11 +300,17 @@ def _summed(fn: Callable, devices: Sequence[str]) -> Callable:
                 parts.append(tf.add_n([tf.reduce_sum(x) for x in ts]))
         with tf.device(devices[0]):
             return tf.identity(tf.add_n([tf.identity(x) for x in parts]))
+
     return run
 
 
-def _exchange(copies: Sequence[Sequence[keras.Model]], devices: Sequence[str], size: int,
-              reduce: Callable[[list, list, str], list], fed: Feed | None = None) -> float:
+def _exchange(
+    copies: Sequence[Sequence[keras.Model]],
+    devices: Sequence[str],
+    size: int,
+    reduce: Callable[[list, list, str], list],
+    fed: Feed | None = None,
+) -> float:
     """Seconds the copies' gradient exchange adds to a step: `copies[r]` (the model's chain of pieces, built
     on `devices[r]`) each compute their gradients on `size` examples, and `reduce` (`chain.pipeline.replicas.
     reduce_mean`'s signature: values per device, the devices, a name) averages each gradient on every device;
@@ -309,13 +324,20 @@ def _exchange(copies: Sequence[Sequence[keras.Model]], devices: Sequence[str], s
                 return grads
             means = [reduce([g[j] for g in grads], list(devices), f"plan_exchange_{j}") for j in range(len(grads[0]))]
             return [[m[r] for m in means] for r in range(len(devices))]
+
         return _summed(run, devices)
 
     return _least_apart(both(True), both(False), tf.constant(1))
 
 
-def _crossing(own: Sequence[keras.Model], twin: Sequence[keras.Model], devices: Sequence[str], size: int,
-              cut: int, fed: Feed | None = None) -> float:
+def _crossing(
+    own: Sequence[keras.Model],
+    twin: Sequence[keras.Model],
+    devices: Sequence[str],
+    size: int,
+    cut: int,
+    fed: Feed | None = None,
+) -> float:
     """Seconds one crossing between `devices` costs as a step runs it: F+B+W of the model's pieces with
     those from `cut` on the second device (`twin`'s) less the same all on the first, over its two
     crossings (forward there, the gradient back): in a step of one microbatch nothing overlaps them."""
@@ -327,18 +349,31 @@ def _crossing(own: Sequence[keras.Model], twin: Sequence[keras.Model], devices: 
         def run(seed):
             grads = step(seed)
             return [grads[:first], grads[first:]]
+
         return run
 
-    return _least_apart(_summed(by_device(apart), devices), _summed(by_device(together), [devices[0]] * 2),
-                        tf.constant(1)) / 2
+    return (
+        _least_apart(_summed(by_device(apart), devices), _summed(by_device(together), [devices[0]] * 2), tf.constant(1))
+        / 2
+    )
 
 
-def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], params: Sequence[int],
-            pool: Sequence[str], physical: Mapping[str, str], sizes: Sequence[int], budget_s: float,
-            optimizer: Callable[[], keras.optimizers.Optimizer], fixed_cut: bool,
-            same: Sequence[int] | None = None, whole: keras.Model | None = None,
-            twin: Sequence[keras.Model] | None = None, reduce: Callable | None = None, fed: Feed | None = None
-            ) -> Costs:
+def measure(
+    models: Sequence[keras.Model],
+    pieces: Sequence[tuple[int, int]],
+    params: Sequence[int],
+    pool: Sequence[str],
+    physical: Mapping[str, str],
+    sizes: Sequence[int],
+    budget_s: float,
+    optimizer: Callable[[], keras.optimizers.Optimizer],
+    fixed_cut: bool,
+    same: Sequence[int] | None = None,
+    whole: keras.Model | None = None,
+    twin: Sequence[keras.Model] | None = None,
+    reduce: Callable | None = None,
+    fed: Feed | None = None,
+) -> Costs:
     """`Costs` of `models` (the pieces, built on `pool[0]`, layers `pieces[j]` each, `params[j]` weights)
     at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
     an earlier piece built alike (the same layers on the same input), whose times piece j takes. `whole`:
@@ -348,17 +383,32 @@ def measure(models: Sequence[keras.Model], pieces: Sequence[tuple[int, int]], pa
     first piece takes (`chain.stages.examples.feed`: the data's example shape and vocabulary; None: floats of
     its input's shape); each later piece takes what the one before gives."""
     logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
-    level = logger.level      # TensorFlow would warn of "retracing" beyond five of them
+    level = logger.level  # TensorFlow would warn of "retracing" beyond five of them
     logger.setLevel(logging.ERROR)
     try:
-        return _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole,
-                        twin, reduce, fed or _float_feed(models[0]))
+        return _measure(
+            models,
+            pieces,
+            params,
+            pool,
+            physical,
+            sizes,
+            budget_s,
+            optimizer,
+            fixed_cut,
+            same,
+            whole,
+            twin,
+            reduce,
+            fed or _float_feed(models[0]),
+        )
     finally:
         logger.setLevel(level)
 
 
-def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole, twin,
-             reduce, fed: Feed) -> Costs:
+def _measure(
+    models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole, twin, reduce, fed: Feed
+) -> Costs:
     started = time.perf_counter()
     deadline = started + budget_s
     device = pool[0]
@@ -372,9 +422,11 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     apart = len({physical.get(d, d) for d in pool}) > 1
     shares = None
     if not apart:
-        notes.append("one physical device: its actions run one at a time, so " +
-                     ("the model is timed whole (each piece's share by its weights) and " if len(models) > 1 else "") +
-                     "F, B and W are not timed apart (each taken as a third of the pass)")
+        notes.append(
+            "one physical device: its actions run one at a time, so "
+            + ("the model is timed whole (each piece's share by its weights) and " if len(models) > 1 else "")
+            + "F, B and W are not timed apart (each taken as a third of the pass)"
+        )
     if not apart and len(models) > 1:
         chained = whole or keras.Sequential([keras.Input(models[0].input_shape[1:]), *models], name="plan_chain")
         total = sum(params)
@@ -394,15 +446,17 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     def at(size: int, kinds: Sequence[str]) -> None:
         for j, piece in enumerate(timed):
             for kind in kinds:
-                found[(kind, j, size)] = (piece.time(kind, size, CALLS, deadline, call) if same[j] == j
-                                          else found[(kind, same[j], size)])
+                found[(kind, j, size)] = (
+                    piece.time(kind, size, CALLS, deadline, call) if same[j] == j else found[(kind, same[j], size)]
+                )
 
     for size in ends:
         at(size, ("FBW",))
     kinds = ["FBW"]
-    for kind, cut in (("F", "F, B and W not timed apart (each taken as a third of the pass, as a Dense layer's "
-                            "three products)"),
-                      ("FB", "B and W not timed apart (each taken as half the backward)")):
+    for kind, cut in (
+        ("F", "F, B and W not timed apart (each taken as a third of the pass, as a Dense layer's three products)"),
+        ("FB", "B and W not timed apart (each taken as half the backward)"),
+    ):
         if not apart:
             break
         if time.perf_counter() > deadline:
@@ -415,14 +469,24 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     middle = _between([n for n in order[1:-1] if n not in ends])
     for i, size in enumerate(middle):
         if time.perf_counter() > deadline:
-            notes.append(f"placement.plan_budget_s: microbatch sizes {sorted(middle[i:])} not measured "
-                         f"(interpolated from {sorted(measured)})")
+            notes.append(
+                f"placement.plan_budget_s: microbatch sizes {sorted(middle[i:])} not measured "
+                f"(interpolated from {sorted(measured)})"
+            )
             break
         at(size, kinds)
         measured.append(size)
     measured.sort()
-    scale = _scales(whole if shares is None else None, measured, found, len(timed), device, deadline, call,
-                    (signatures[0], signatures[-1], fed.vocab))
+    scale = _scales(
+        whole if shares is None else None,
+        measured,
+        found,
+        len(timed),
+        device,
+        deadline,
+        call,
+        (signatures[0], signatures[-1], fed.vocab),
+    )
     forward, input_grad, weight_grad = [], [], []
     for j in range(len(timed)):
         for kind in kinds:
@@ -430,14 +494,16 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
                 found[(kind, j, n)] *= scale[n]
         fbw = [found[("FBW", j, n)] for n in measured]
         f = [min(found[("F", j, n)], c) if "F" in kinds else c / 3 for n, c in zip(measured, fbw)]
-        fb = [min(max(found[("FB", j, n)], a), c) if "FB" in kinds else (a + c) / 2
-              for n, a, c in zip(measured, f, fbw)]
+        fb = [
+            min(max(found[("FB", j, n)], a), c) if "FB" in kinds else (a + c) / 2 for n, a, c in zip(measured, f, fbw)
+        ]
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
     if shares is not None:  # the model timed as one piece: each piece its share
-        forward, input_grad, weight_grad = ([tuple(t * share for t in row[0]) for share in shares]
-                                            for row in (forward, input_grad, weight_grad))
+        forward, input_grad, weight_grad = (
+            [tuple(t * share for t in row[0]) for share in shares] for row in (forward, input_grad, weight_grad)
+        )
     action = _action_cost(pool[:1])
     local = not canonical(pool[0]).startswith("/job:")  # this process's device, not a cluster worker's
     action += (ACTION_SCALE - 1) * (action if local else _action_cost([_host()]))
@@ -449,8 +515,10 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     update = tuple(per_param * params[j] for j in range(len(models)))
     if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
         if twin is None or reduce is None:
-            raise ValueError("plan_timing.measure: two physical devices need the model's twin on the second and the "
-                             "copies' averaging, to time the exchange and a crossing as a step runs them")
+            raise ValueError(
+                "plan_timing.measure: two physical devices need the model's twin on the second and the "
+                "copies' averaging, to time the exchange and a crossing as a step runs them"
+            )
         per_byte, latency = _transfer(pool[0], pool[1])
         # as a step runs them: the exchange, per byte of gradients, and a crossing at the middle piece's cut (its
         # latency beyond its bytes' time)
@@ -464,17 +532,40 @@ def _measure(models, pieces, params, pool, physical, sizes, budget_s, optimizer,
     else:  # logical devices of one physical device: a copy is the sending device's tensor (its cost is the action's)
         per_byte, latency, exchange_per_byte = 0.0, 0.0, 0.0
     crossing = tuple(examples.values(given) for given in signatures[1:])
-    return Costs(pieces=tuple(tuple(p) for p in pieces), sizes=tuple(measured), forward=tuple(forward),
-                 input_grad=tuple(input_grad), weight_grad=tuple(weight_grad), update=update, crossing=crossing,
-                 params=tuple(params), action_s=action, update_s=action, step_s=call,
-                 transfer_s_per_byte=per_byte,
-                 transfer_latency_s=latency, exchange_s_per_byte=exchange_per_byte, exchange_latency_s=0.0,
-                 devices=tuple(pool), physical=tuple(physical.get(d, d) for d in pool), fixed_cut=fixed_cut,
-                 measuring_s=time.perf_counter() - started, notes=tuple(notes))
+    return Costs(
+        pieces=tuple(tuple(p) for p in pieces),
+        sizes=tuple(measured),
+        forward=tuple(forward),
+        input_grad=tuple(input_grad),
+        weight_grad=tuple(weight_grad),
+        update=update,
+        crossing=crossing,
+        params=tuple(params),
+        action_s=action,
+        update_s=action,
+        step_s=call,
+        transfer_s_per_byte=per_byte,
+        transfer_latency_s=latency,
+        exchange_s_per_byte=exchange_per_byte,
+        exchange_latency_s=0.0,
+        devices=tuple(pool),
+        physical=tuple(physical.get(d, d) for d in pool),
+        fixed_cut=fixed_cut,
+        measuring_s=time.perf_counter() - started,
+        notes=tuple(notes),
+    )
 
 
-def _scales(whole: keras.Model | None, measured: Sequence[int], found: Mapping[tuple[str, int, int], float],
-            n: int, device: str, deadline: float, call: float, signature: tuple) -> dict[int, float]:
+def _scales(
+    whole: keras.Model | None,
+    measured: Sequence[int],
+    found: Mapping[tuple[str, int, int], float],
+    n: int,
+    device: str,
+    deadline: float,
+    call: float,
+    signature: tuple,
+) -> dict[int, float]:
     """Per measured size, the factor the pieces' times take: the whole model's F+B+W over the pieces'
     summed F+B+W at that size (1 without a `whole`; `signature`: what it takes and gives, and the vocabulary).
     The whole is timed at least MIN_CALLS times at each size whatever the deadline: it is what the prediction

@@ -23,8 +23,9 @@ class TokenEmbedding(keras.layers.Embedding):
 
     def call(self, inputs, reverse: bool = False):
         if reverse:
-            return ops.matmul(ops.cast(inputs, self.compute_dtype), ops.transpose(ops.cast(self.embeddings,
-                                                                                          self.compute_dtype)))
+            return ops.matmul(
+                ops.cast(inputs, self.compute_dtype), ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+            )
         return super().call(inputs)
 
     def compute_output_shape(self, input_shape, reverse: bool = False):
@@ -56,8 +57,11 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
         return ops.cond(step < warm, lambda: peak * (step / warm), rest)
 
     def get_config(self) -> dict:
-        return {"peak": self.peak, "steps": self.steps,
-                "after": None if self.after is None else keras.optimizers.schedules.serialize(self.after)}
+        return {
+            "peak": self.peak,
+            "steps": self.steps,
+            "after": None if self.after is None else keras.optimizers.schedules.serialize(self.after),
+        }
 
     @classmethod
     def from_config(cls, config: dict) -> "Warmup":

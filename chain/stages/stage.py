@@ -92,8 +92,11 @@ class Stage:
         """
         head = self.head.variables if self.head is not None else []
         variables = list(self.model.variables) + list(head) + list(self.optimizer.variables)
-        copies = [c for v in variables
-                  for c in (v.value.values if isinstance(v.value, tf.distribute.DistributedValues) else (v.value,))]
+        copies = [
+            c
+            for v in variables
+            for c in (v.value.values if isinstance(v.value, tf.distribute.DistributedValues) else (v.value,))
+        ]
         return sorted({canonical(c.device) for c in copies})
 
     def random_variables(self) -> list[tf.Variable]:

@@ -57,7 +57,7 @@ def _settled(samples: list[float]) -> bool:
         return True
     if len(samples) <= WINDOW:
         return False
-    now, before = statistics.median(samples[-WINDOW:]), statistics.median(samples[-WINDOW - 1:-1])
+    now, before = statistics.median(samples[-WINDOW:]), statistics.median(samples[-WINDOW - 1 : -1])
     return abs(now - before) <= SETTLED * before
 
 
@@ -79,8 +79,10 @@ def _time_piece(model: keras.Model, x, device: str, overhead: float) -> tuple[fl
             given = examples.floats_of(x)  # not ids, nor masks
             with tf.GradientTape() as tape:
                 tape.watch(given)
-                y = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32))
-                              for t in examples.floats_of(model(x, training=True))] or [tf.constant(0.0)])
+                y = tf.add_n(
+                    [tf.reduce_sum(tf.cast(t, tf.float32)) for t in examples.floats_of(model(x, training=True))]
+                    or [tf.constant(0.0)]
+                )
             return tape.gradient(y, [*given, *variables])
 
     _call_seconds(one_pass, x)  # trace and warm up
@@ -93,6 +95,7 @@ def _time_piece(model: keras.Model, x, device: str, overhead: float) -> tuple[fl
 def _overhead(device: str, x: tf.Tensor) -> float:
     """A call's own cost: a call that passes its input through nothing (paid once per step in
     training, not once per piece)."""
+
     @tf.function(autograph=False)
     def nothing(x):
         with tf.device(device):
@@ -102,8 +105,14 @@ def _overhead(device: str, x: tf.Tensor) -> float:
     return statistics.median(_call_seconds(nothing, x) for _ in range(2 * WINDOW + 1))
 
 
-def piece_times(c: Cuttable, devices: Sequence[str], physical: Mapping[str, str], batch: int,
-                fed: Feed | None = None, progress: bool | None = True) -> Measured:
+def piece_times(
+    c: Cuttable,
+    devices: Sequence[str],
+    physical: Mapping[str, str],
+    batch: int,
+    fed: Feed | None = None,
+    progress: bool | None = True,
+) -> Measured:
     """Each piece's forward-and-backward time on a batch of `batch` examples as `fed` describes them
     (`chain.stages.examples.feed`; None: floats of the model's input shape), each later piece on what
     the one before gives, built on the first of `devices` behind each physical device (`physical`:
@@ -118,8 +127,13 @@ def piece_times(c: Cuttable, devices: Sequence[str], physical: Mapping[str, str]
         groups.setdefault(physical.get(d, d), []).append(d)
     times: dict[str, list[float]] = {}
     calls: list[int] = []
-    bar = tqdm(total=len(groups) * len(bounds), desc="time model pieces", unit="piece", leave=False,
-               disable=not progress or None)
+    bar = tqdm(
+        total=len(groups) * len(bounds),
+        desc="time model pieces",
+        unit="piece",
+        leave=False,
+        disable=not progress or None,
+    )
     with bar:
         for logical in groups.values():
             given = fed or Feed(tuple(d or 1 for d in c.input_shape))

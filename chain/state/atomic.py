@@ -63,8 +63,15 @@ def writing(what: str) -> Iterator[None]:
 
     try:
         yield
-    except (OSError, tf.errors.PermissionDeniedError, tf.errors.NotFoundError, tf.errors.FailedPreconditionError,
-            tf.errors.ResourceExhaustedError, tf.errors.OutOfRangeError, tf.errors.UnknownError) as e:
+    except (
+        OSError,
+        tf.errors.PermissionDeniedError,
+        tf.errors.NotFoundError,
+        tf.errors.FailedPreconditionError,
+        tf.errors.ResourceExhaustedError,
+        tf.errors.OutOfRangeError,
+        tf.errors.UnknownError,
+    ) as e:
         # OutOfRangeError: TensorFlow's event writer on a file past the size limit (EFBIG)
         raise StorageError(f"cannot write {what}: {reason(e)}") from None
 

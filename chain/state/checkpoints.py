@@ -87,8 +87,15 @@ class Record:
 
     def to_json(self) -> str:
         """The record as a checkpoint stores it."""
-        return json.dumps({"settings": self.settings.values, **to_json(self.losses), "validation": self.validation,
-                           **to_json(self.files or StreamFiles(None))}, sort_keys=True)
+        return json.dumps(
+            {
+                "settings": self.settings.values,
+                **to_json(self.losses),
+                "validation": self.validation,
+                **to_json(self.files or StreamFiles(None)),
+            },
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Record:
@@ -96,8 +103,12 @@ class Record:
         try:
             raw = json.loads(text)
             files = from_json(StreamFiles, raw)
-            return cls(RunSettings(dict(raw["settings"])), from_json(LossHistory, raw), raw["validation"],
-                       files if files.files is not None else None)
+            return cls(
+                RunSettings(dict(raw["settings"])),
+                from_json(LossHistory, raw),
+                raw["validation"],
+                files if files.files is not None else None,
+            )
         except (ValueError, KeyError, TypeError):
             raise CheckpointError("the checkpoint's record of its settings cannot be read") from None
 
@@ -142,8 +153,15 @@ class Checkpoints:
     drawn here, replaced by the manifest's on restore.
     """
 
-    def __init__(self, run_dir: str, stages: Sequence[Stage], iterator: Any, settings: Settings,
-                 keep: int | None = None, files: StreamFiles | None = None):
+    def __init__(
+        self,
+        run_dir: str,
+        stages: Sequence[Stage],
+        iterator: Any,
+        settings: Settings,
+        keep: int | None = None,
+        files: StreamFiles | None = None,
+    ):
         self.run_dir = run_dir
         self.stages = list(stages)
         self.settings = settings
@@ -166,11 +184,13 @@ class Checkpoints:
             self.record = tf.Variable("", dtype=tf.string, trainable=False, name="record")
         self._part(DATA_DIR, IDENTITY_DEVICE, {"iterator": iterator, "record": self.record})
         # A checkpoint written before records were kept restores without one.
-        self.unrecorded = tf.train.Checkpoint(step=self.steps[DATA_DIR], identity=self.identities[DATA_DIR],
-                                              iterator=iterator)
+        self.unrecorded = tf.train.Checkpoint(
+            step=self.steps[DATA_DIR], identity=self.identities[DATA_DIR], iterator=iterator
+        )
         # The data part without the stream's position: a resume over changed files on purpose.
-        self.restarted = tf.train.Checkpoint(step=self.steps[DATA_DIR], identity=self.identities[DATA_DIR],
-                                             record=self.record)
+        self.restarted = tf.train.Checkpoint(
+            step=self.steps[DATA_DIR], identity=self.identities[DATA_DIR], record=self.record
+        )
 
     def _part(self, name: str, device: str | None, objects: dict[str, Any]) -> None:
         with tf.device(device):
@@ -188,14 +208,16 @@ class Checkpoints:
 
     # --- saving --------------------------------------------------------------------------------
 
-    def save(self, step: int, loss_first: LossRecord | None, loss_last: LossRecord | None,
-             validation: dict | None = None) -> dict[str, Any]:
+    def save(
+        self, step: int, loss_first: LossRecord | None, loss_last: LossRecord | None, validation: dict | None = None
+    ) -> dict[str, Any]:
         """`_save`, with Ctrl-C held off until it is complete (never a half-written step)."""
         with uninterrupted():
             return self._save(step, loss_first, loss_last, validation)
 
-    def _save(self, step: int, loss_first: LossRecord | None, loss_last: LossRecord | None,
-              validation: dict | None = None) -> dict[str, Any]:
+    def _save(
+        self, step: int, loss_first: LossRecord | None, loss_last: LossRecord | None, validation: dict | None = None
+    ) -> dict[str, Any]:
         """Save every stage and the data stream at `step`, then commit the manifest; returns it.
 
         `validation` is what the run's evaluations had found by `step` (best loss and step,
@@ -215,31 +237,48 @@ class Checkpoints:
                 self.identities[name].assign(f"{self.run_id}/{name}")
                 testhooks.before_part_saved(step, name)
                 if name not in self.managers:
-                    self.managers[name] = tf.train.CheckpointManager(ckpt, self.directory(name), max_to_keep=None,
-                                                                     checkpoint_name=PREFIX)
+                    self.managers[name] = tf.train.CheckpointManager(
+                        ckpt, self.directory(name), max_to_keep=None, checkpoint_name=PREFIX
+                    )
                 saved = self.managers[name].save(checkpoint_number=step)
                 checkpoints[name] = os.path.relpath(saved, self.run_dir)
-                digests[name] = {f: _sha256(os.path.join(self.directory(name), f))
-                                 for f in _files(self.directory(name), step)}
+                digests[name] = {
+                    f: _sha256(os.path.join(self.directory(name), f)) for f in _files(self.directory(name), step)
+                }
                 testhooks.after_part_saved(step, name)
             complete = [n for n in (previous["complete"] if previous else []) if n < step] + [step]
-            complete = complete[-self.keep:]
+            complete = complete[-self.keep :]
             kept = {str(n): d for n, d in (previous or {}).get("digests", {}).items() if int(n) in complete}
             found = {str(n): v for n, v in (previous or {}).get("validation", {}).items() if int(n) in complete}
-            m = self._manifest(step, complete, checkpoints, {**kept, str(step): digests}, losses, record,
-                               {**found, str(step): validation})
+            m = self._manifest(
+                step,
+                complete,
+                checkpoints,
+                {**kept, str(step): digests},
+                losses,
+                record,
+                {**found, str(step): validation},
+            )
             manifest_lib.write(self.run_dir, m)  # the commit point
         except (OSError, tf.errors.OpError) as e:
             self._discard(step)
             where = f"; the last complete checkpoint (step {previous['step']}) is intact" if previous else ""
-            raise StorageError(f"cannot save the checkpoint of step {step} in {self.run_dir}: {reason(e, file=True)}{where}"
-                               ) from None
+            raise StorageError(
+                f"cannot save the checkpoint of step {step} in {self.run_dir}: {reason(e, file=True)}{where}"
+            ) from None
         self.clean(m)
         return m
 
-    def _manifest(self, step: int, complete: list[int], checkpoints: dict, digests: dict,
-                  losses: LossHistory, record: RunSettings | None,
-                  validation: dict | None = None) -> dict[str, Any]:
+    def _manifest(
+        self,
+        step: int,
+        complete: list[int],
+        checkpoints: dict,
+        digests: dict,
+        losses: LossHistory,
+        record: RunSettings | None,
+        validation: dict | None = None,
+    ) -> dict[str, Any]:
         """The manifest of `step`; its settings fields are `record`'s (what the checkpoints hold;
         None: a checkpoint from before settings were recorded, described by this run's)."""
         values = record.values if record is not None else RunSettings.of(self.settings).values
@@ -353,7 +392,9 @@ class Checkpoints:
                 return None
             return Record.from_json(reader.get_tensor(RECORD_KEY).decode())
         except (tf.errors.OpError, ValueError) as e:
-            raise CheckpointError(f"{os.path.relpath(prefix, self.run_dir)} cannot be read: {reason(e, file=True)}") from None
+            raise CheckpointError(
+                f"{os.path.relpath(prefix, self.run_dir)} cannot be read: {reason(e, file=True)}"
+            ) from None
 
     def restore(self, clean: bool = True, fallback: bool = False) -> dict[str, Any]:
         """Restore the newest complete checkpoint that verifies into the built stages and the data stream.
@@ -375,12 +416,20 @@ class Checkpoints:
                 raise CheckpointError(f"{problem}; no older complete checkpoint of {self.run_dir} verifies")
             if not fallback:
                 raise CheckpointError(f"{problem}; step {older} verifies: resume from it with checkpoint.fallback=true")
-            log.warning("%s; resuming from step %d, the newest complete checkpoint that verifies "
-                        "(checkpoint.fallback=true)", problem, older)
+            log.warning(
+                "%s; resuming from step %d, the newest complete checkpoint that verifies (checkpoint.fallback=true)",
+                problem,
+                older,
+            )
             complete = [n for n in m["complete"] if n <= older]
-            m = {**m, "step": older, "complete": complete, "loss_last": None,
-                 "checkpoints": {name: f"{name}/{PREFIX}-{older}" for name in self.parts},
-                 "digests": {k: v for k, v in m.get("digests", {}).items() if int(k) in complete}}
+            m = {
+                **m,
+                "step": older,
+                "complete": complete,
+                "loss_last": None,
+                "checkpoints": {name: f"{name}/{PREFIX}-{older}" for name in self.parts},
+                "digests": {k: v for k, v in m.get("digests", {}).items() if int(k) in complete},
+            }
         # The settings the verified step was written with (not the manifest's copy, which may be edited).
         record = self.recorded(m["step"])
         restart = False
@@ -391,36 +440,47 @@ class Checkpoints:
                 notes.append(changed)
                 restart = True
             # ... and so are the losses and evaluations the run continues from.
-            m = {**m, **to_json(record.losses),
-                 "validation": {**m.get("validation", {}), str(m["step"]): record.validation}}
+            m = {
+                **m,
+                **to_json(record.losses),
+                "validation": {**m.get("validation", {}), str(m["step"]): record.validation},
+            }
         else:
             manifest_lib.check_stream(m, self.settings)
             notes = []
         self.run_id = m.get("run") or self.run_id
         for name, ckpt in self.parts.items():
-            where = f"{name}/{PREFIX}-{m['step']}"  # the files verify() checked; read() refuses a manifest naming others
+            where = (
+                f"{name}/{PREFIX}-{m['step']}"  # the files verify() checked; read() refuses a manifest naming others
+            )
             if name == DATA_DIR and record is None:
                 ckpt = self.unrecorded
             try:
                 if name == DATA_DIR and restart:  # the stream restarts: its saved position is left unread
-                    self.restarted.restore(os.path.join(self.run_dir, where)).assert_existing_objects_matched() \
-                        .expect_partial()
+                    self.restarted.restore(
+                        os.path.join(self.run_dir, where)
+                    ).assert_existing_objects_matched().expect_partial()
                 else:
                     ckpt.restore(os.path.join(self.run_dir, where)).assert_consumed()
             except AssertionError as e:
-                raise CheckpointError(f"{where} does not match the built chain ({name}): {reason(e, file=True)}") from None
+                raise CheckpointError(
+                    f"{where} does not match the built chain ({name}): {reason(e, file=True)}"
+                ) from None
             except (tf.errors.OpError, ValueError) as e:
                 if name == DATA_DIR and "dataset definition has not changed" in str(e):
                     # TensorFlow's own words name the stages of the stream, not why they differ
                     raise CheckpointError(
                         f"{where} holds the position of another input stream than this run builds: the stream of "
                         "these data settings changed since the run was saved (another version of chain reads them "
-                        "differently); resume with the version that started the run, or start a new run") from None
+                        "differently); resume with the version that started the run, or start a new run"
+                    ) from None
                 raise CheckpointError(f"{where} cannot be restored: {reason(e, file=True)}") from None
             held = self.identities[name].numpy().decode()
             if held and held != f"{self.run_id}/{name}" or int(self.steps[name].numpy()) != m["step"]:
-                raise CheckpointError(f"{where} holds {held or 'no identity'} at step {int(self.steps[name].numpy())}, "
-                                      f"but {manifest_lib.FILENAME} says {self.run_id}/{name} at step {m['step']}")
+                raise CheckpointError(
+                    f"{where} holds {held or 'no identity'} at step {int(self.steps[name].numpy())}, "
+                    f"but {manifest_lib.FILENAME} says {self.run_id}/{name} at step {m['step']}"
+                )
         tied_copies.take_from_first(self.stages)  # the copies a checkpoint leaves out: exactly the first's values
         notes += self._apply_learning_rates(m["step"], quiet=record is not None)
         for note in notes:
@@ -464,9 +524,14 @@ class Checkpoints:
     def _rebuild(self, problem: str) -> dict[str, Any]:
         """A manifest from the stage directories: the newest step every part holds, of one run,
         that reads back whole. Written to disk; raises CheckpointError when they do not agree."""
-        found = {name: {int(mt.group(1)) for f in (os.listdir(self.directory(name))
-                                                  if os.path.isdir(self.directory(name)) else [])
-                        if (mt := _NUMBERED.match(f)) and mt.group(2) == ".index"} for name in self.parts}
+        found = {
+            name: {
+                int(mt.group(1))
+                for f in (os.listdir(self.directory(name)) if os.path.isdir(self.directory(name)) else [])
+                if (mt := _NUMBERED.match(f)) and mt.group(2) == ".index"
+            }
+            for name in self.parts
+        }
         shared = set.intersection(*found.values()) if found else set()
         good, run_id = [], None
         for step in sorted(shared, reverse=True):
@@ -482,20 +547,33 @@ class Checkpoints:
                     good.append(step)
         if not good:
             held = "; ".join(f"{n}: {', '.join(map(str, sorted(v))) or 'none'}" for n, v in found.items())
-            raise CheckpointError(f"{problem}, and the stage directories do not agree on a complete step that reads "
-                                  f"back ({held}); restore {manifest_lib.FILENAME} from a copy or start a new run")
+            raise CheckpointError(
+                f"{problem}, and the stage directories do not agree on a complete step that reads "
+                f"back ({held}); restore {manifest_lib.FILENAME} from a copy or start a new run"
+            )
         good.sort()
-        complete = good[-self.keep:]
+        complete = good[-self.keep :]
         step = complete[-1]
         checkpoints = {name: f"{name}/{PREFIX}-{step}" for name in self.parts}
-        digests = {str(n): {name: {f: _sha256(os.path.join(self.directory(name), f))
-                                   for f in _files(self.directory(name), n)} for name in self.parts} for n in complete}
+        digests = {
+            str(n): {
+                name: {f: _sha256(os.path.join(self.directory(name), f)) for f in _files(self.directory(name), n)}
+                for name in self.parts
+            }
+            for n in complete
+        }
         self.run_id = run_id
         records = {n: self.recorded(n) for n in complete}
         newest = records[step]
-        m = self._manifest(step, complete, checkpoints, digests, newest.losses if newest else LossHistory(None, None),
-                           newest and newest.settings,
-                           {str(n): r.validation for n, r in records.items() if r is not None})
+        m = self._manifest(
+            step,
+            complete,
+            checkpoints,
+            digests,
+            newest.losses if newest else LossHistory(None, None),
+            newest and newest.settings,
+            {str(n): r.validation for n, r in records.items() if r is not None},
+        )
         manifest_lib.write(self.run_dir, m)
         log.warning("%s; rebuilt it from the stage directories: step %d of run %s", problem, step, run_id[:8])
         return m

@@ -43,7 +43,7 @@ def chain_model(stages: Sequence[Stage]) -> keras.Model:
 def _save(model: keras.Model, path: str) -> None:
     # Keras writes the zip in place; a temporary name plus rename keeps a killed export
     # from leaving a truncated file under the real name.
-    tmp = f"{path[:-len('.keras')]}.tmp.keras"
+    tmp = f"{path[: -len('.keras')]}.tmp.keras"
     model.save(tmp)
     os.replace(tmp, path)
 

@@ -25,7 +25,9 @@ FILENAME = ".lock"
 NAMING_S = 3.0  # how long a refused run waits for the lock's holder to name itself
 _HELD: dict[str, int] = {}  # run dir (real path) -> open file descriptor holding the lock
 # What `announce` writes; anything else in the file (garbage, control bytes) is not shown to the user.
-_HOLDER = re.compile(r"pid [1-9][0-9]{0,9} on [^\s,]{1,255}, since [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}")
+_HOLDER = re.compile(
+    r"pid [1-9][0-9]{0,9} on [^\s,]{1,255}, since [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+)
 
 
 class RunDirLocked(ChainError):
@@ -90,8 +92,9 @@ def acquire(run_dir: str, name_holder: bool = True) -> str | None:
         who = holder(run_dir)
         if who != "unknown" or time.monotonic() >= deadline:
             os.close(fd)
-            raise RunDirLocked(f"{run_dir} is in use by another run ({who}); wait for it to end, "
-                               "or choose another hydra.run.dir")
+            raise RunDirLocked(
+                f"{run_dir} is in use by another run ({who}); wait for it to end, or choose another hydra.run.dir"
+            )
         time.sleep(0.05)
     previous = os.read(fd, 4096).decode(errors="replace").strip()
     _HELD[key] = fd
@@ -136,8 +139,10 @@ def reading(run_dir: str) -> Iterator[None]:
     try:
         acquire(run_dir, name_holder=False)
     except RunDirLocked:
-        raise RunDirLocked(f"{run_dir} is in use by a run that is still training ({holder(run_dir)}); "
-                           "try again after that run has ended") from None
+        raise RunDirLocked(
+            f"{run_dir} is in use by a run that is still training ({holder(run_dir)}); "
+            "try again after that run has ended"
+        ) from None
     try:
         yield
     finally:

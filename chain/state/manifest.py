@@ -92,22 +92,28 @@ def require_none(run_dir: str) -> None:
             at = f" at step {read(run_dir)['step']}"
         except ManifestDamaged:
             at = " (its checkpoint.json is damaged)"
-        raise CheckpointError(f"{run_dir} already holds a checkpoint{at}; pass resume=true to continue it, "
-                              "or choose another hydra.run.dir")
+        raise CheckpointError(
+            f"{run_dir} already holds a checkpoint{at}; pass resume=true to continue it, "
+            "or choose another hydra.run.dir"
+        )
     files = checkpoint_files(run_dir)
     if files:
         more = ", ..." if len(files) > 1 else ""
-        raise CheckpointError(f"{run_dir} already holds checkpoints ({files[0]}{more}) but no {FILENAME}; pass "
-                              f"resume=true to continue it ({FILENAME} is rebuilt from them), or choose another "
-                              "hydra.run.dir")
+        raise CheckpointError(
+            f"{run_dir} already holds checkpoints ({files[0]}{more}) but no {FILENAME}; pass "
+            f"resume=true to continue it ({FILENAME} is rebuilt from them), or choose another "
+            "hydra.run.dir"
+        )
 
 
 def require_some(run_dir: str) -> None:
     """`resume=true` needs a checkpoint (a damaged or missing manifest is rebuilt on restore from
     the stage directories, so their files count)."""
     if not exists(run_dir) and not checkpoint_files(run_dir):
-        raise CheckpointError(f"resume=true, but {run_dir} has no complete checkpoint ({FILENAME} is missing); "
-                              "point hydra.run.dir at a run that saved one, or drop resume=true to start a new run")
+        raise CheckpointError(
+            f"resume=true, but {run_dir} has no complete checkpoint ({FILENAME} is missing); "
+            "point hydra.run.dir at a run that saved one, or drop resume=true to start a new run"
+        )
 
 
 def read(run_dir: str) -> dict[str, Any] | None:
@@ -129,18 +135,25 @@ def read(run_dir: str) -> dict[str, Any] | None:
         missing = next((k for k in REQUIRED if not isinstance(manifest, dict) or k not in manifest), "?")
         raise ManifestDamaged(f"{where} is not a checkpoint manifest (no {missing!r})")
     if manifest["format"] not in READS:
-        raise ManifestDamaged(f"{where} has format {manifest['format']!r}; this version reads formats "
-                              f"{', '.join(map(str, READS))}")
-    if not isinstance(manifest["step"], int) or not isinstance(manifest["complete"], list) \
-            or manifest["step"] not in manifest["complete"]:
-        raise ManifestDamaged(f"{where} is inconsistent: step {manifest['step']!r} is not among the complete "
-                              f"steps {manifest['complete']!r}")
+        raise ManifestDamaged(
+            f"{where} has format {manifest['format']!r}; this version reads formats {', '.join(map(str, READS))}"
+        )
+    if (
+        not isinstance(manifest["step"], int)
+        or not isinstance(manifest["complete"], list)
+        or manifest["step"] not in manifest["complete"]
+    ):
+        raise ManifestDamaged(
+            f"{where} is inconsistent: step {manifest['step']!r} is not among the complete "
+            f"steps {manifest['complete']!r}"
+        )
     # A save names its own step's files and commits the newest step: anything else was edited.
     step = manifest["step"]
     if manifest["complete"][-1] != step:
-        raise ManifestDamaged(f"{where} is inconsistent: step {step} is not the newest of the complete steps "
-                              f"{manifest['complete']}")
-    for part, named in (manifest["checkpoints"].items() if isinstance(manifest["checkpoints"], dict) else ()):
+        raise ManifestDamaged(
+            f"{where} is inconsistent: step {step} is not the newest of the complete steps {manifest['complete']}"
+        )
+    for part, named in manifest["checkpoints"].items() if isinstance(manifest["checkpoints"], dict) else ():
         if named != f"{part}/{PREFIX}-{step}":
             raise ManifestDamaged(f"{where} is inconsistent: it names {named} for {part} at step {step}")
     if not isinstance(manifest["checkpoints"], dict):
@@ -149,22 +162,26 @@ def read(run_dir: str) -> dict[str, Any] | None:
 
 
 def _layers(model) -> list[dict[str, Any]]:
-    return [{"class": type(layer).__name__,
-             "variables": [[v.name, list(v.shape)] for v in layer.weights]}
-            for layer in model.layers]
+    return [
+        {"class": type(layer).__name__, "variables": [[v.name, list(v.shape)] for v in layer.weights]}
+        for layer in model.layers
+    ]
 
 
 def layout(stages: Sequence) -> list[dict[str, Any]]:
     """What a checkpoint of `stages` must be restored into: per stage, layers and head."""
     from chain.stages.fused import kind as optimizer_kind
 
-    return [{
-        "index": s.index,
-        "target": s.target.name,
-        "optimizer": optimizer_kind(s.optimizer),
-        "layers": _layers(s.model),
-        "head": _layers(s.head) if s.head is not None else None,
-    } for s in stages]
+    return [
+        {
+            "index": s.index,
+            "target": s.target.name,
+            "optimizer": optimizer_kind(s.optimizer),
+            "layers": _layers(s.model),
+            "head": _layers(s.head) if s.head is not None else None,
+        }
+        for s in stages
+    ]
 
 
 def _describe(layer: dict[str, Any]) -> str:
@@ -184,12 +201,16 @@ def _compare_layers(where: str, saved: list[dict], built: list[dict]) -> None:
         names_a = [n for n, _ in a["variables"]]
         names_b = [n for n, _ in b["variables"]]
         if names_a != names_b:
-            raise ChainError(f"{where}: layers[{i}] {a['class']} has variables {names_a} in the checkpoint "
-                             f"but {names_b} in the config")
+            raise ChainError(
+                f"{where}: layers[{i}] {a['class']} has variables {names_a} in the checkpoint "
+                f"but {names_b} in the config"
+            )
         for (name, sa), (_, sb) in zip(a["variables"], b["variables"]):
             if list(sa) != list(sb):
-                raise ChainError(f"{where}: variable layers[{i}] {a['class']} {name} has shape {tuple(sa)} "
-                                 f"in the checkpoint but {tuple(sb)} in the config")
+                raise ChainError(
+                    f"{where}: variable layers[{i}] {a['class']} {name} has shape {tuple(sa)} "
+                    f"in the checkpoint but {tuple(sb)} in the config"
+                )
 
 
 def check_layout(saved: list[dict[str, Any]], built: list[dict[str, Any]]) -> None:
@@ -208,25 +229,33 @@ def check_layout(saved: list[dict[str, Any]], built: list[dict[str, Any]]) -> No
         if a["head"] is not None:
             _compare_layers(f"{where} (head)", a["head"], b["head"])
         if a["optimizer"] != b["optimizer"]:
-            raise ChainError(f"{where}: the optimizer is {a['optimizer']} in the checkpoint but {b['optimizer']} in the config")
+            raise ChainError(
+                f"{where}: the optimizer is {a['optimizer']} in the checkpoint but {b['optimizer']} in the config"
+            )
 
 
 def check_stream(manifest: dict[str, Any], settings: Settings) -> None:
     """The data stream and random state continue exactly only with the same mode, seed and data."""
     for key in ("mode", "seed"):
         if manifest[key] != getattr(settings, key):
-            raise ChainError(f"the checkpoint was written with {key}={manifest[key]!r}, the config has "
-                             f"{key}={getattr(settings, key)!r}; resume needs the same {key}")
+            raise ChainError(
+                f"the checkpoint was written with {key}={manifest[key]!r}, the config has "
+                f"{key}={getattr(settings, key)!r}; resume needs the same {key}"
+            )
     saved, now = manifest["data"], plain(settings.data)
     for key in sorted(set(saved) | set(now)):
         if saved.get(key) != now.get(key):
-            raise ChainError(f"the checkpoint was written with data.{key}={saved.get(key)!r}, the config has "
-                             f"data.{key}={now.get(key)!r}; the data stream continues only with the same data settings")
+            raise ChainError(
+                f"the checkpoint was written with data.{key}={saved.get(key)!r}, the config has "
+                f"data.{key}={now.get(key)!r}; the data stream continues only with the same data settings"
+            )
     # Each saved iterator position is a step's worth of batches: grad_accum x batch_size examples.
     saved_n, now_n = manifest.get("grad_accum", 1), settings.trainer.grad_accum
     if saved_n != now_n:
-        raise ChainError(f"the checkpoint was written with trainer.grad_accum={saved_n}, the config has "
-                         f"trainer.grad_accum={now_n}; resume needs the same trainer.grad_accum")
+        raise ChainError(
+            f"the checkpoint was written with trainer.grad_accum={saved_n}, the config has "
+            f"trainer.grad_accum={now_n}; resume needs the same trainer.grad_accum"
+        )
     check_precision(manifest, settings)
 
 
@@ -235,6 +264,8 @@ def check_precision(manifest: dict[str, Any], settings: Settings) -> None:
     mixed_float16 ones also hold loss scales, so float16 resumes only from float16."""
     saved, now = manifest.get("precision", "float32"), settings.precision
     if saved != now and "mixed_float16" in (saved, now):
-        raise ChainError(f"the checkpoint was written with precision={saved}, the config has precision={now}; "
-                         "mixed_float16 checkpoints hold loss scales, so resume float16 runs with precision=mixed_float16 "
-                         "and others without it")
+        raise ChainError(
+            f"the checkpoint was written with precision={saved}, the config has precision={now}; "
+            "mixed_float16 checkpoints hold loss scales, so resume float16 runs with precision=mixed_float16 "
+            "and others without it"
+        )

@@ -67,12 +67,18 @@ def dst_overrides(src_overrides: Sequence[str], new: Sequence[str], src_settings
             raise ChainError("SRC has stages with different models; give the new split explicitly with +stages=[...]")
         total = specs[0].model.depth * len(specs)
         if total % k_new:
-            raise ChainError(f"cannot split {len(specs)} stages of model.depth={specs[0].model.depth} ({total} blocks) "
-                             f"evenly into {k_new} stages; choose a stage count that divides {total}, "
-                             "or give the depths with +stages=[...]")
+            raise ChainError(
+                f"cannot split {len(specs)} stages of model.depth={specs[0].model.depth} ({total} blocks) "
+                f"evenly into {k_new} stages; choose a stage count that divides {total}, "
+                "or give the depths with +stages=[...]"
+            )
         new.append(f"model.depth={total // k_new}")
     replaced = {override_key(o) for o in new}
-    kept = [o for o in src_overrides if override_key(o) not in replaced and override_key(o) != "resume" and not override_key(o).startswith("hydra.")]
+    kept = [
+        o
+        for o in src_overrides
+        if override_key(o) not in replaced and override_key(o) != "resume" and not override_key(o).startswith("hydra.")
+    ]
     return kept + new
 
 
@@ -85,8 +91,11 @@ def continuing(overrides: list[str], step: int, target: int | None, decay_steps:
     if target is None or step < target:
         return overrides
     kept = [o for o in overrides if override_key(o) not in ("trainer.steps", "trainer.epochs")]
-    pinned = [f"optim.decay_steps={decay_steps}"] if decay_steps is not None and \
-        not any(override_key(o) == "optim.decay_steps" for o in overrides) else []
+    pinned = (
+        [f"optim.decay_steps={decay_steps}"]
+        if decay_steps is not None and not any(override_key(o) == "optim.decay_steps" for o in overrides)
+        else []
+    )
     return [*kept, f"trainer.steps={step + target}", *pinned]
 
 
@@ -96,7 +105,9 @@ def _load_src(src: str) -> tuple[dict[str, Any], list[str], Settings]:
         raise ChainError(f"{src} has no complete checkpoint ({manifest_lib.FILENAME} is missing)")
     hydra_dir = os.path.join(src, ".hydra")
     if not os.path.isfile(os.path.join(hydra_dir, "config.yaml")):
-        raise ChainError(f"{hydra_dir}/config.yaml is missing: restage needs a run directory written by python -m chain")
+        raise ChainError(
+            f"{hydra_dir}/config.yaml is missing: restage needs a run directory written by python -m chain"
+        )
     cfg = OmegaConf.load(os.path.join(hydra_dir, "config.yaml"))
     overrides_file = os.path.join(hydra_dir, "overrides.yaml")
     overrides = list(OmegaConf.load(overrides_file)) if os.path.isfile(overrides_file) else []
@@ -130,9 +141,11 @@ class _Copier:
         from chain.stages.stage import random_variables
 
         if set(self.src_slots[src_stage.index]) != set(self.dst_slots[dst_stage.index]):
-            raise ChainError(f"DST stage {dst_stage.index} uses {kind(dst_stage.optimizer)}, SRC stage "
-                             f"{src_stage.index} {kind(src_stage.optimizer)} with different state; "
-                             "restage keeps optimizer state, so keep the optimizers")
+            raise ChainError(
+                f"DST stage {dst_stage.index} uses {kind(dst_stage.optimizer)}, SRC stage "
+                f"{src_stage.index} {kind(src_stage.optimizer)} with different state; "
+                "restage keeps optimizer state, so keep the optimizers"
+            )
         src_index = {id(v): i for i, v in enumerate(built_for(src_stage.optimizer))}
         dst_index = {id(v): i for i, v in enumerate(built_for(dst_stage.optimizer))}
         for a, b in zip(src_layer.weights, dst_layer.weights):
@@ -174,13 +187,17 @@ def map_stages(src_stages: Sequence, dst_stages: Sequence) -> tuple[list[str], d
     src_layers = [(s, layer) for s in src_stages for layer in s.model.layers]
     dst_layers = [(s, layer) for s in dst_stages for layer in s.model.layers]
     if len(src_layers) != len(dst_layers):
-        raise ChainError(f"SRC has {len(src_layers)} layers, the new split builds {len(dst_layers)}; "
-                         "restage regroups the same layers, so the total depth must stay the same")
+        raise ChainError(
+            f"SRC has {len(src_layers)} layers, the new split builds {len(dst_layers)}; "
+            "restage regroups the same layers, so the total depth must stay the same"
+        )
     for i, ((s, a), (d, b)) in enumerate(zip(src_layers, dst_layers)):
         if _signature(a) != _signature(b):
-            raise ChainError(f"layer {i} (SRC stage {s.index}, DST stage {d.index}) is {_signature(a)[0]} with shapes "
-                             f"{list(_signature(a)[1])} in SRC but {_signature(b)[0]} with shapes {list(_signature(b)[1])} "
-                             "in the new split")
+            raise ChainError(
+                f"layer {i} (SRC stage {s.index}, DST stage {d.index}) is {_signature(a)[0]} with shapes "
+                f"{list(_signature(a)[1])} in SRC but {_signature(b)[0]} with shapes {list(_signature(b)[1])} "
+                "in the new split"
+            )
     copier = _Copier(src_stages, dst_stages)
     sources: dict[int, set] = {d.index: set() for d in dst_stages}
     for (s, a), (d, b) in zip(src_layers, dst_layers):
@@ -251,13 +268,17 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
 
     src_manifest, src_overrides, src_settings = _load_src(src)
     if not objective(src_settings.mode).chained:
-        raise ChainError(f"mode={src_settings.mode} trains independent models, not one chain: restage regroups the "
-                         "layers of a chain's stages; there is nothing to regroup")
+        raise ChainError(
+            f"mode={src_settings.mode} trains independent models, not one chain: restage regroups the "
+            "layers of a chain's stages; there is nothing to regroup"
+        )
     for k, spec in enumerate(src_settings.stages):
         if not isinstance(spec.model, (Mlp, Conv)):
-            raise ChainError(f"SRC stage {k} is {spec.model.describe()}, a user model: restage regroups the layers "
-                             "of the chain's own mlp/conv stages and cannot re-cut it; for a cut Keras model, start "
-                             "a new run with another placement.split")
+            raise ChainError(
+                f"SRC stage {k} is {spec.model.describe()}, a user model: restage regroups the layers "
+                "of the chain's own mlp/conv stages and cannot re-cut it; for a cut Keras model, start "
+                "a new run with another placement.split"
+            )
     if manifest_lib.exists(dst):
         raise ChainError(f"{dst} already holds a checkpoint; choose an empty DST run directory")
     new = dst_overrides(src_overrides, overrides, src_settings)
@@ -266,22 +287,31 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
 
     device = "/device:CPU:0"
     dataset = data_lib.load(src_settings.data, src_settings.seed)
-    iterator = iter(training_batches(dataset, src_settings.examples_per_step, src_settings.data.shuffle,
-                                     src_settings.seed))
+    iterator = iter(
+        training_batches(dataset, src_settings.examples_per_step, src_settings.data.shuffle, src_settings.seed)
+    )
     built = {}
     for name, s in (("src", src_settings), ("dst", dst_settings)):
         keras.utils.set_random_seed(s.seed)  # new heads start as a fresh DST run's would
         kind = objective(s.mode)  # its stages as the mode's strategy builds them: heads, read-out
-        built[name] = build_stages(s.stages, [device] * len(s.stages), dataset.info, heads=kind.heads,
-                                   readout=kind.readout, precision_name=s.precision,
-                                   initial_loss_scale=s.trainer.initial_loss_scale)
+        built[name] = build_stages(
+            s.stages,
+            [device] * len(s.stages),
+            dataset.info,
+            heads=kind.heads,
+            readout=kind.readout,
+            precision_name=s.precision,
+            initial_loss_scale=s.trainer.initial_loss_scale,
+        )
     files = stamps(dataset.shards) if dataset.shards is not None else None  # streamed: as SRC recorded them
     src_ckpts = Checkpoints(src, built["src"], iterator, src_settings, files=files)
     m = src_ckpts.restore(clean=False)  # SRC is read, never changed
     notes, kept = map_stages(built["src"], built["dst"])
     losses = from_json(LossHistory, m)
-    first, last = (_restaged_losses(record, kept, len(built["dst"]), dst_settings.mode)
-                   for record in (losses.loss_first, losses.loss_last))
+    first, last = (
+        _restaged_losses(record, kept, len(built["dst"]), dst_settings.mode)
+        for record in (losses.loss_first, losses.loss_last)
+    )
     lock.acquire(dst)  # created here if missing; no other run may write into it meanwhile
     try:
         with writing(f"the re-staged run in {dst}"):
@@ -293,12 +323,22 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
         lock.release(dst)
     shown = [f"+stages={o.partition('=')[2]}" if override_key(o) == "stages" else o for o in new]
     template = dst_settings.optim  # its schedule's end, when decay_steps=null made it the old target
-    decay = dst_settings.stages[0].optim.decay_steps if template.schedule != "constant" and \
-        template.decay_steps is None else None
-    resume = ["python", "-m", "chain", pinned, "resume=true"] + continuing(shown, m["step"],
-                                                                          target_steps(dst_settings, dataset.info), decay)
-    return {"step": m["step"], "src_stages": len(built["src"]), "dst_stages": len(built["dst"]),
-            "overrides": new, "heads": notes, "resume_command": shlex.join(resume)}
+    decay = (
+        dst_settings.stages[0].optim.decay_steps
+        if template.schedule != "constant" and template.decay_steps is None
+        else None
+    )
+    resume = ["python", "-m", "chain", pinned, "resume=true"] + continuing(
+        shown, m["step"], target_steps(dst_settings, dataset.info), decay
+    )
+    return {
+        "step": m["step"],
+        "src_stages": len(built["src"]),
+        "dst_stages": len(built["dst"]),
+        "overrides": new,
+        "heads": notes,
+        "resume_command": shlex.join(resume),
+    }
 
 
 def _restaged_losses(record: LossRecord | None, kept: dict[int, int], n_stages: int, mode: str) -> LossRecord | None:
@@ -310,6 +350,9 @@ def _restaged_losses(record: LossRecord | None, kept: dict[int, int], n_stages: 
     if record is None:
         return None
     stage_losses = record.stage_losses or []
-    return LossRecord(record.loss if mode == "e2e" else None,
-                      [stage_losses[kept[k]] if k in kept and kept[k] < len(stage_losses) else None
-                       for k in range(n_stages)] if stage_losses else [])
+    return LossRecord(
+        record.loss if mode == "e2e" else None,
+        [stage_losses[kept[k]] if k in kept and kept[k] < len(stage_losses) else None for k in range(n_stages)]
+        if stage_losses
+        else [],
+    )

@@ -39,25 +39,60 @@ from chain.errors import ChainError
 # stage's expanded spec is recorded instead).
 _SKIPPED = {"resume", "plan_only", "report", "model", "optim", "stage", "stages", "variants", "notes", "source"}
 
-APPLIED = ("optim.lr", "optim.beta_1", "optim.beta_2", "optim.momentum", "optim.fused", "precision",
-           "placement.exchange_dtype")
-FREE = ("trainer.steps", "trainer.epochs", "trainer.eval_every", "trainer.early_stop_patience", "trainer.log_every",
-        "trainer.progress", "trainer.steps_per_call", "trainer.on_nan", "trainer.profile",
-        "trainer.stall_s", "trainer.stall_action",  # the watch of a stalled step, not the math
-        "trainer.initial_loss_scale",  # float16: the scale itself is restored; this only set its start
-        "checkpoint.", "cluster.", "oom.", "placement.devices", "placement.visible", "placement.memory_limit_mb",
-        "placement.reserve_mb", "placement.memory_growth", "placement.log_device_placement",
-        "placement.cpu_memory_mb", "placement.plan", "placement.plan_budget_s",  # plan=auto's choice is in the others
-        "pipeline.recompute",  # what a stage keeps for its backward, not what it computes
-        "pipeline.add_loss")  # which add_loss terms a run accepts (`exact` refuses what `per_microbatch` computes)
+APPLIED = (
+    "optim.lr",
+    "optim.beta_1",
+    "optim.beta_2",
+    "optim.momentum",
+    "optim.fused",
+    "precision",
+    "placement.exchange_dtype",
+)
+FREE = (
+    "trainer.steps",
+    "trainer.epochs",
+    "trainer.eval_every",
+    "trainer.early_stop_patience",
+    "trainer.log_every",
+    "trainer.progress",
+    "trainer.steps_per_call",
+    "trainer.on_nan",
+    "trainer.profile",
+    "trainer.stall_s",
+    "trainer.stall_action",  # the watch of a stalled step, not the math
+    "trainer.initial_loss_scale",  # float16: the scale itself is restored; this only set its start
+    "checkpoint.",
+    "cluster.",
+    "oom.",
+    "placement.devices",
+    "placement.visible",
+    "placement.memory_limit_mb",
+    "placement.reserve_mb",
+    "placement.memory_growth",
+    "placement.log_device_placement",
+    "placement.cpu_memory_mb",
+    "placement.plan",
+    "placement.plan_budget_s",  # plan=auto's choice is in the others
+    "pipeline.recompute",  # what a stage keeps for its backward, not what it computes
+    "pipeline.add_loss",
+)  # which add_loss terms a run accepts (`exact` refuses what `per_microbatch` computes)
 _STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
 # Settings added after checkpoints were first written, with the value that is the behaviour from
 # before them: a checkpoint without one resumes under that value.
-_ADDED = {"optim.clip_norm": None, "optim.clip_global_norm": None, "pipeline.batch_norm": "microbatch",
-          "optim.fused": False, "placement.exchange_dtype": "float32", "optim.schedule": "constant",
-          "optim.warmup_steps": 0, "optim.decay_steps": None, "optim.floor": 0.0,
-          "placement.plan": "manual", "placement.plan_budget_s": 0.2}
+_ADDED = {
+    "optim.clip_norm": None,
+    "optim.clip_global_norm": None,
+    "pipeline.batch_norm": "microbatch",
+    "optim.fused": False,
+    "placement.exchange_dtype": "float32",
+    "optim.schedule": "constant",
+    "optim.warmup_steps": 0,
+    "optim.decay_steps": None,
+    "optim.floor": 0.0,
+    "placement.plan": "manual",
+    "placement.plan_budget_s": 0.2,
+}
 _STAGE = re.compile(r"^(stages|variants)\[(\d+)\]\.(.*)$")
 _MISSING = "(unset)"
 
@@ -118,15 +153,24 @@ class Change:
 def changes(saved: RunSettings, now: RunSettings) -> list[Change]:
     """The settings that differ, in the record's order; a change made alike in every stage is one `Change`."""
     a, b = saved.flat(), now.flat()
-    found = [Change(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in [*a, *(k for k in b if k not in a)]
-             if a.get(k, _MISSING) != b.get(k, _MISSING)]
+    found = [
+        Change(k, a.get(k, _MISSING), b.get(k, _MISSING))
+        for k in [*a, *(k for k in b if k not in a)]
+        if a.get(k, _MISSING) != b.get(k, _MISSING)
+    ]
     n_stages = len(saved.values.get("stages", []))
     out: list[Change] = []
     for c in found:
         m = _STAGE.match(c.key)
         if m and m.group(1) == "stages":
-            alike = [d for d in found if (dm := _STAGE.match(d.key)) and dm.group(1) == "stages"
-                     and dm.group(3) == m.group(3) and (d.old, d.new) == (c.old, c.new)]
+            alike = [
+                d
+                for d in found
+                if (dm := _STAGE.match(d.key))
+                and dm.group(1) == "stages"
+                and dm.group(3) == m.group(3)
+                and (d.old, d.new) == (c.old, c.new)
+            ]
             if len(alike) == n_stages:
                 if m.group(2) == "0":
                     out.append(Change(m.group(3), c.old, c.new))
@@ -144,8 +188,10 @@ def _shown(value: Any) -> str:
 
 
 def _refuse(c: Change, why: str) -> ChainError:
-    return ChainError(f"the checkpoint was written with {c.key}={c.old!r}, the config has {c.key}={c.new!r}; "
-                      f"resume needs the same {c.key}: {why}")
+    return ChainError(
+        f"the checkpoint was written with {c.key}={c.old!r}, the config has {c.key}={c.new!r}; "
+        f"resume needs the same {c.key}: {why}"
+    )
 
 
 def check_resume(saved: RunSettings, settings: Settings, step: int) -> list[str]:
@@ -164,12 +210,17 @@ def check_resume(saved: RunSettings, settings: Settings, step: int) -> list[str]
             check_precision({"precision": c.old}, settings)  # float16 holds loss scales: refused there
         if _matches(key, FREE) or (mode != "e2e" and settings.mode != "e2e" and _matches(key, _E2E_ONLY)):
             continue
-        if key == "placement.replicas" and "mirrored" not in (saved.values.get("placement", {}).get("fallback"),
-                                                              settings.placement.fallback):
+        if key == "placement.replicas" and "mirrored" not in (
+            saved.values.get("placement", {}).get("fallback"),
+            settings.placement.fallback,
+        ):
             continue  # copies of a pipeline: a checkpoint holds one copy of each stage
         if key == "optim.momentum" and 0.0 in (c.old, c.new):
-            raise _refuse(c, "SGD keeps momentum slots only with a momentum above 0, so there is nothing to "
-                             "continue from (or to drop); start a new run to change it")
+            raise _refuse(
+                c,
+                "SGD keeps momentum slots only with a momentum above 0, so there is nothing to "
+                "continue from (or to drop); start a new run to change it",
+            )
         if _matches(key, APPLIED):
             notes.append(f"note: {c.key} {_shown(c.old)} -> {_shown(c.new)} from step {step}")
             continue

@@ -57,7 +57,7 @@ def _slots(stage: Stage) -> dict[int, dict[str, tf.Variable]]:
         owners = [p for p in prefixes if local.startswith(p)]
         if owners:
             best = max(owners, key=len)
-            out.setdefault(prefixes[best], {})[local[len(best):]] = slot
+            out.setdefault(prefixes[best], {})[local[len(best) :]] = slot
     return out
 
 
@@ -75,9 +75,11 @@ def pairs(stages: Sequence[Stage]) -> list[tuple[tf.Variable, tf.Variable]]:
             out.append((copy, first))
             for slot, v in slots[k].get(id(copy), {}).items():
                 if slot not in first_slots:
-                    raise CheckpointError(f"stage {k}'s optimizer has a slot {slot!r} for the tied weight {name!r} "
-                                          f"that stage {k0}'s optimizer lacks: give the stages holding it the same "
-                                          "optimizer")
+                    raise CheckpointError(
+                        f"stage {k}'s optimizer has a slot {slot!r} for the tied weight {name!r} "
+                        f"that stage {k0}'s optimizer lacks: give the stages holding it the same "
+                        "optimizer"
+                    )
                 out.append((v, first_slots[slot]))
     return out
 

@@ -31,8 +31,11 @@ def squared_sum(grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
     IndexedSlices, of its rows (Keras' `global_norm` of the same gradient: a token's row counts
     once per occurrence, not their sum)."""
     # An embedding's sparse gradient counts each token's row (its values), as Keras' global_norm does
-    parts = [tf.reduce_sum(tf.square(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32)))
-             for g in grads if g is not None]
+    parts = [
+        tf.reduce_sum(tf.square(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32)))
+        for g in grads
+        if g is not None
+    ]
     return tf.add_n(parts) if parts else tf.constant(0.0)
 
 
@@ -51,8 +54,13 @@ class Clipped:
     finite: list[tf.Tensor]  # each stage's guard verdict, on its device: the factor (so the norm) is finite
 
 
-def clip_global(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]], clip: float,
-                device: str | None, repeated: Set[tuple[int, int]] = frozenset()) -> Clipped:
+def clip_global(
+    stages: Sequence[Stage],
+    grads: Sequence[Sequence[tf.Tensor | None]],
+    clip: float,
+    device: str | None,
+    repeated: Set[tuple[int, int]] = frozenset(),
+) -> Clipped:
     """Every stage's gradients scaled by the factor of their global norm (`clip`, see the module
     doc), that norm (on `device`, where it is computed: None in a mirrored run, whose stages
     have no device) and each stage's verdict for the numerics guard. `repeated`: (stage, position)

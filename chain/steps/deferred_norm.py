@@ -50,8 +50,10 @@ class Deferred:
         self.layers = {s.index: norm_layers(s.model) for s in stages}
         for layer in (layer for ls in self.layers.values() for layer in ls):
             if layer.renorm:
-                raise ConfigError(f"pipeline.batch_norm=deferred: layer {layer.name!r} uses batch renormalization, "
-                                  "whose statistics are not the batch's moments; use pipeline.batch_norm=microbatch")
+                raise ConfigError(
+                    f"pipeline.batch_norm=deferred: layer {layer.name!r} uses batch renormalization, "
+                    "whose statistics are not the batch's moments; use pipeline.batch_norm=microbatch"
+                )
         self.moments: dict[int, list[tuple[tf.Tensor, tf.Tensor]]] = {}  # id(layer) -> one (mean, var) per call
         self.momentum: dict[int, float] = {}
 
@@ -76,8 +78,10 @@ class Deferred:
 
         def moments(inputs, mask):
             if mask is not None:
-                raise ConfigError(f"pipeline.batch_norm=deferred: layer {layer.name!r} gets a mask; deferred "
-                                  "statistics take unmasked inputs: use pipeline.batch_norm=microbatch")
+                raise ConfigError(
+                    f"pipeline.batch_norm=deferred: layer {layer.name!r} gets a mask; deferred "
+                    "statistics take unmasked inputs: use pipeline.batch_norm=microbatch"
+                )
             mean, variance = own(inputs, mask)
             self.moments.setdefault(id(layer), []).append((mean, variance))
             return mean, variance
@@ -126,6 +130,10 @@ class Pooled:
                     continue
                 for j, (mean, variance) in enumerate(found):  # a few channels' moments: small copies
                     name = f"moments_s{k}_l{i}_m{j}_from_r{q}_to_r{self.replica}"
-                    pooled.append((copy_to(mean, stage.device, f"mean_{name}"),
-                                   copy_to(variance, stage.device, f"variance_{name}")))
+                    pooled.append(
+                        (
+                            copy_to(mean, stage.device, f"mean_{name}"),
+                            copy_to(variance, stage.device, f"variance_{name}"),
+                        )
+                    )
             mine._update(layer, pooled)

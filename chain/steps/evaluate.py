@@ -65,8 +65,9 @@ def _sums(r: Readout, pred: tf.Tensor, y: tf.Tensor, extra: tf.Tensor | None) ->
     return {"loss": tf.cast(loss, tf.float64), r.metric: tf.cast(score, tf.float64), "count": tf.cast(n, tf.float64)}
 
 
-def _label_sums(r: Readout, pred: tf.Tensor, y: tf.Tensor, extra: tf.Tensor | None, ignore_class: int | None
-                ) -> dict[str, tf.Tensor]:
+def _label_sums(
+    r: Readout, pred: tf.Tensor, y: tf.Tensor, extra: tf.Tensor | None, ignore_class: int | None
+) -> dict[str, tf.Tensor]:
     """`_sums` counted per label (a label per position, or labels `ignore_class` leaves out): the loss
     and the correct predictions over the labels that count, and their number, so that the means are
     per token over the whole validation set (a token's accuracy, the loss a one-device run logs)."""
@@ -106,7 +107,7 @@ def evaluation(stages: Sequence[Stage], readouts: Sequence[Readout], chained: bo
     def totals(dataset: tf.data.Dataset) -> tuple[dict[str, tf.Tensor], ...]:
         zero = tf.constant(0.0, tf.float64)
         acc = tuple({"loss": zero, r.metric: zero, "count": zero} for r in readouts)  # a tuple: autograph
-        for x, ys in dataset:                                                         # stages lists as arrays
+        for x, ys in dataset:  # stages lists as arrays
             acc = tf.nest.map_structure(tf.add, acc, batch(x, ys))
         return acc
 
@@ -115,8 +116,10 @@ def evaluation(stages: Sequence[Stage], readouts: Sequence[Readout], chained: bo
         for t in totals(dataset):
             n = float(t["count"].numpy())
             if n == 0:
-                raise ConfigError("the validation set gave no example, so its loss and metrics are undefined; "
-                                  "give validation data that holds examples, or data.val_fraction=0 (no validation)")
+                raise ConfigError(
+                    "the validation set gave no example, so its loss and metrics are undefined; "
+                    "give validation data that holds examples, or data.val_fraction=0 (no validation)"
+                )
             out.append({k: float(v.numpy()) / n for k, v in t.items() if k != "count"})
         return out
 

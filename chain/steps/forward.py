@@ -78,6 +78,7 @@ def _model(stage: Stage, h: tf.Tensor, keep: bool) -> tuple[tf.Tensor, list[Kept
             out = call(*args, **kwargs)
             kept.append(Kept(op, [t for t in keras.tree.flatten((args, kwargs)) if tf.is_tensor(t)], out))
             return out
+
         return run
 
     # The functional model's own graph walk (the one its `call` runs, with the same per-node call),
@@ -94,6 +95,7 @@ def chain_forward(stage: Stage, loss: Callable | None = None, keep: bool = False
     where it differs from its share of the examples). With `keep` (a
     model that `layer_by_layer` allows), each result ends with the list of every layer's output."""
     if loss is None:
+
         def body(h, weight):
             out, outputs = _model(stage, h, keep)
             reg = losses.regularization(stage.model)

@@ -40,8 +40,9 @@ def model_pieces(s: Stage, batch_size: int, jit_compile: bool) -> tuple[Callable
     return gradients, apply
 
 
-def lockstep_step(stages: Sequence[Stage], batch_sizes: Sequence[int], paused: Sequence[bool],
-                  jit_compile: bool = False) -> Callable:
+def lockstep_step(
+    stages: Sequence[Stage], batch_sizes: Sequence[int], paused: Sequence[bool], jit_compile: bool = False
+) -> Callable:
     """Every active model takes one step on the shared batch, all in one traceable step:
     models on different devices run at once. Every update waits for every model's gradients,
     so a step that runs out of memory computing them has changed no model."""

@@ -38,8 +38,10 @@ class NonFiniteError(ChainError):
         self.stages = list(stages)
         self.step = step
         names = ", ".join(f"stage {k}" for k in self.stages)
-        super().__init__(f"{names}: loss or gradients are not finite at step {step}; "
-                         f"that update was not applied (trainer.on_nan=stop){detail}")
+        super().__init__(
+            f"{names}: loss or gradients are not finite at step {step}; "
+            f"that update was not applied (trainer.on_nan=stop){detail}"
+        )
 
 
 def all_finite(loss: tf.Tensor | None, grads: Sequence[tf.Tensor | None]) -> tf.Tensor:
@@ -55,8 +57,11 @@ def all_finite(loss: tf.Tensor | None, grads: Sequence[tf.Tensor | None]) -> tf.
     overflow Adam's second moment (g^2 passes 3.4e38 from |g| ~ 1.8e19).
     """
     # An embedding's sparse gradient: its rows (a table-sized dense copy only to check them would cost)
-    sums = [tf.reduce_sum(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32))
-            for g in grads if g is not None]
+    sums = [
+        tf.reduce_sum(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g, tf.float32))
+        for g in grads
+        if g is not None
+    ]
     if loss is not None:
         sums.append(tf.reduce_sum(tf.cast(loss, tf.float32)))
     if not sums:
@@ -71,6 +76,7 @@ def guarded_update(skipped: tf.Variable, finite: tf.Tensor, apply: Callable[[], 
     A `tf.cond`, not a masked update: the optimizer must not even see the step, or
     its moments and iteration count would move. Returns whether the update was dropped.
     """
+
     def skip() -> None:
         skipped.assign_add(1)
 

@@ -22,8 +22,9 @@ def copy_to(tensor: Any, device: str, what: str) -> Any:
         with tf.device(device):
             return tf.identity(tensor, name=f"{COPY_PREFIX}{what}")
     flat = tf.nest.flatten(tensor)
-    return tf.nest.pack_sequence_as(tensor, [copy_to(t, device, what if i == 0 else f"{what}_{i}")
-                                             for i, t in enumerate(flat)])
+    return tf.nest.pack_sequence_as(
+        tensor, [copy_to(t, device, what if i == 0 else f"{what}_{i}") for i, t in enumerate(flat)]
+    )
 
 
 def differentiable(h: Any) -> list[tf.Tensor]:
@@ -70,8 +71,7 @@ def add_grads(acc: list | None, grads: Sequence) -> list:
 
 def _sum(a: Any, b: Any) -> Any:
     if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
-        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
-                                a.dense_shape)
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0), a.dense_shape)
     return _dense(a) + _dense(b)
 
 

@@ -26,8 +26,9 @@ def _shares(x: Any, n: int, global_batch: int) -> tuple[list[Any], tf.Tensor]:
     return xs, tf.cast(tf.shape(tf.nest.flatten(xs[0])[0])[0], tf.float32) / global_batch
 
 
-def local_replica_step(stages: Sequence[Stage], global_batch: int, grad_accum: int = 1,
-                       jit_compile: bool = False) -> Callable:
+def local_replica_step(
+    stages: Sequence[Stage], global_batch: int, grad_accum: int = 1, jit_compile: bool = False
+) -> Callable:
     """mode=local on one replica: `step((x, ys)) -> (ReplicaLosses(stages=...), per-stage gradients)`.
 
     Losses are this replica's mean times its share of the global batch, so summed over
@@ -55,8 +56,9 @@ def local_replica_step(stages: Sequence[Stage], global_batch: int, grad_accum: i
     return step
 
 
-def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable, grad_accum: int = 1,
-                     jit_compile: bool = False) -> Callable:
+def e2e_replica_step(
+    stages: Sequence[Stage], global_batch: int, loss: Callable, grad_accum: int = 1, jit_compile: bool = False
+) -> Callable:
     """mode=e2e on one replica: `step((x, ys)) -> (ReplicaLosses(chain=(loss,)), per-stage gradients)`.
 
     `loss(y, pred)` is the mean loss over the examples it is given; with every stage's
@@ -68,8 +70,10 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
     """
     target = stages[-1].target
     last = len(stages) - 1
-    forwards = [xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile,
-                                   xla.forward_name(s.index)) for s in stages]
+    forwards = [
+        xla.stage_function(chain_forward(s, loss if s.index == last else None), jit_compile, xla.forward_name(s.index))
+        for s in stages
+    ]
 
     def step(batch: tuple) -> tuple[ReplicaLosses, list[list[tf.Tensor]]]:
         x, ys = batch
@@ -82,8 +86,9 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
             # Each chunk weighs its real labels over every replica's (summed across the replicas, before
             # any backward), so that the replicas' summed losses and gradients are the mean over the
             # global batch's real labels, as on one device, whatever number each replica holds.
-            whole = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
-                                                                   loss.real(ys[target.name]))
+            whole = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, loss.real(ys[target.name])
+            )
             weights = loss.weights(labels, whole)
         for h, y, loss_weight in zip(xs, labels, weights):
             with tf.control_dependencies(after(flat)):
@@ -101,7 +106,7 @@ def e2e_replica_step(stages: Sequence[Stage], global_batch: int, loss: Callable,
             total = value if total is None else total + value
         grads, start = [], 0
         for vs in per_stage:
-            grads.append(flat[start:start + len(vs)])
+            grads.append(flat[start : start + len(vs)])
             start += len(vs)
         return ReplicaLosses(chain=(total,)), grads
 

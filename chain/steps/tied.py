@@ -72,8 +72,7 @@ def lend_back(stages: Sequence[Stage], accumulated: list[list | None], k: int, g
     return list(grads[:own])
 
 
-def gather_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]]
-                  ) -> list[list[tf.Tensor | None]]:
+def gather_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]]) -> list[list[tf.Tensor | None]]:
     """`grads` (per stage, in `trainable_variables` order) with each shared weight's gradients added on
     its first holder's device, in the first holder's place; the later holders' places None (`sum_shared`
     gives them the sum again, after the copies of the pipeline have averaged it once)."""
@@ -89,8 +88,9 @@ def gather_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | 
     return out
 
 
-def _on_first_holder(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]],
-                     group: Sequence[tuple[int, int]], name: str) -> list[tf.Tensor]:
+def _on_first_holder(
+    stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]], group: Sequence[tuple[int, int]], name: str
+) -> list[tf.Tensor]:
     """The group's gradients (None left out), dense, each copied to the first holder's device."""
     home = stages[group[0][0]].device
     parts = []
@@ -103,8 +103,7 @@ def _on_first_holder(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor
     return parts
 
 
-def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]]
-               ) -> list[list[tf.Tensor | None]]:
+def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | None]]) -> list[list[tf.Tensor | None]]:
     """`grads` (per stage, in `trainable_variables` order) with every shared weight's copies given
     the sum of their gradients: summed on the first holder's device, the sum copied back."""
     out = [list(g) for g in grads]
@@ -132,5 +131,7 @@ def sum_shared(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor | Non
                 total = tf.add_n(parts)
                 total = tf.where(ok, total, tf.fill(tf.shape(total), tf.constant(float("nan"), total.dtype)))
             for k, i in group:
-                out[k][i] = total if stages[k].device == home else copy_to(total, stages[k].device, f"shared{n}_sum_s{k}")
+                out[k][i] = (
+                    total if stages[k].device == home else copy_to(total, stages[k].device, f"shared{n}_sum_s{k}")
+                )
     return out

@@ -20,8 +20,13 @@ def unscale(stage: Stage, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor |
     return list(grads) if stage.loss_scale is None else stage.loss_scale.unscale(grads)
 
 
-def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | None = None,
-                 outcome: tuple[tf.Tensor, tf.Tensor] | None = None, finite: tf.Tensor | None = None) -> tf.Tensor:
+def apply_update(
+    stage: Stage,
+    grads: Sequence[tf.Tensor],
+    loss: tf.Tensor | None = None,
+    outcome: tuple[tf.Tensor, tf.Tensor] | None = None,
+    finite: tf.Tensor | None = None,
+) -> tf.Tensor:
     """Apply one update of `stage`'s optimizer (call inside the stage's device scope).
 
     `grads` are true (unscaled, see `unscale`) gradients. The update is applied only if
@@ -43,8 +48,9 @@ def apply_update(stage: Stage, grads: Sequence[tf.Tensor], loss: tf.Tensor | Non
     if stage.loss_scale is None:
         if finite is None:
             return guarded_update(stage.skipped, all_finite(loss, grads), apply)
-        return guarded_update(stage.skipped, finite if loss is None else tf.logical_and(finite, all_finite(loss, [])),
-                              apply)
+        return guarded_update(
+            stage.skipped, finite if loss is None else tf.logical_and(finite, all_finite(loss, [])), apply
+        )
     decided, grads_ok = (None, all_finite(None, grads)) if outcome is None else outcome
     loss_ok = loss_scale.loss_finite(loss)
     if decided is None:
@@ -62,8 +68,9 @@ def stage_update(stage: Stage, jit_compile: bool = False) -> Callable:
     return xla.stage_function(fn, jit_compile, xla.update_name(stage.index))
 
 
-def shared_outcomes(stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor]], loss: tf.Tensor,
-                    device: str | None) -> list[tuple[tf.Tensor, tf.Tensor] | None]:
+def shared_outcomes(
+    stages: Sequence[Stage], grads: Sequence[Sequence[tf.Tensor]], loss: tf.Tensor, device: str | None
+) -> list[tuple[tf.Tensor, tf.Tensor] | None]:
     """One loss-scale outcome for stages that share one loss (mode=e2e), decided on `device`.
 
     Each stage's finite flag is computed on its device and copied to `device` (where

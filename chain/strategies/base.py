@@ -64,9 +64,16 @@ class Strategy(ABC):
     shared_weights: bool = False  # True: its step sums the gradients of a weight several stages hold
     weighs_added_losses: bool = False  # True: its step can weigh each part's add_loss terms (pipeline.add_loss)
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
-                 learns: type[Objective],
-                 bodies: Sequence | None = None, labels: Sequence[str | None] | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        placement: Placement,
+        info: DataInfo,
+        batch_cut: BatchCut,
+        learns: type[Objective],
+        bodies: Sequence | None = None,
+        labels: Sequence[str | None] | None = None,
+    ):
         self.settings = settings
         self.placement = placement
         self.info = info
@@ -106,7 +113,8 @@ class Strategy(ABC):
         if with_terms:
             self.placement = self.placement.noted(  # a new record: the one planned is never changed
                 f"the loss of stage(s) {', '.join(with_terms)} includes their regularizers "
-                "(model.losses), as Keras' fit: the logged loss is the loss plus these terms")
+                "(model.losses), as Keras' fit: the logged loss is the loss plus these terms"
+            )
         return stages
 
     def _added_losses_on_parts(self, stages: Sequence[Stage], parts: str) -> None:
@@ -114,8 +122,11 @@ class Strategy(ABC):
         under `pipeline.add_loss=per_microbatch` where the step weighs each part's terms by its share of
         the batch (`weighs_added_losses`), else a ConfigError: on parts of a batch a term need not add
         up to the whole batch's, which Keras' `fit` minimizes."""
-        counts = [(stage, _added_losses(stage)) for stage, body in zip(stages, self.bodies or [None] * len(stages))
-                  if body is not None]  # the chain's own bodies add no losses
+        counts = [
+            (stage, _added_losses(stage))
+            for stage, body in zip(stages, self.bodies or [None] * len(stages))
+            if body is not None
+        ]  # the chain's own bodies add no losses
         counts = [(stage, n) for stage, n in counts if n]
         if not counts:
             return
@@ -126,28 +137,46 @@ class Strategy(ABC):
                 f"pipeline.add_loss=per_microbatch: the add_loss terms of stage(s) {indices} "
                 f"are computed per microbatch ({self.cut_description()}) and weighed by its share of the batch (as "
                 "Megatron and DeepSpeed do): exact for a term that is a mean over examples, not for one computed over "
-                "the batch as a whole, such as an MoE's load-balancing loss over its tokens' routing")
+                "the batch as a whole, such as an MoE's load-balancing loss over its tokens' routing"
+            )
             return
         stage, n = counts[0]
         if self.weighs_added_losses:
-            options = ("pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "
-                       "pipeline.microbatches=1 and trainer.grad_accum=1")
+            options = (
+                "pipeline.add_loss=per_microbatch (each part's terms weighed by its share of the batch), or "
+                "pipeline.microbatches=1 and trainer.grad_accum=1"
+            )
         else:
             options = "trainer.grad_accum=1"
-        besides = (f"pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not {self.way}'s: "
-                   if per_microbatch and not self.weighs_added_losses else "")
-        raise ConfigError(f"stage {stage.index} ({stage.describe()}) adds {n} loss term(s) with add_loss, and {parts} "
-                          "would compute them on parts of each batch, which equals the whole batch's term only for a "
-                          f"mean over examples: {besides}use {options}, or an activity_regularizer (Keras averages "
-                          "those over the batch)")
+        besides = (
+            f"pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not {self.way}'s: "
+            if per_microbatch and not self.weighs_added_losses
+            else ""
+        )
+        raise ConfigError(
+            f"stage {stage.index} ({stage.describe()}) adds {n} loss term(s) with add_loss, and {parts} "
+            "would compute them on parts of each batch, which equals the whole batch's term only for a "
+            f"mean over examples: {besides}use {options}, or an activity_regularizer (Keras averages "
+            "those over the batch)"
+        )
 
     def build_copy(self, devices: Sequence[str | None]) -> list[Stage]:
         """One set of the stages on `devices`, built as the objective says (its heads, read-out and
         chaining) from the run's seed."""
         s, kind = self.settings, self.learns
-        return build_stages(s.stages, devices, self.info, heads=kind.heads, readout=kind.readout,
-                            precision_name=s.precision, initial_loss_scale=s.trainer.initial_loss_scale,
-                            bodies=self.bodies, labels=self.labels, chained=kind.chained, seed=s.seed)
+        return build_stages(
+            s.stages,
+            devices,
+            self.info,
+            heads=kind.heads,
+            readout=kind.readout,
+            precision_name=s.precision,
+            initial_loss_scale=s.trainer.initial_loss_scale,
+            bodies=self.bodies,
+            labels=self.labels,
+            chained=kind.chained,
+            seed=s.seed,
+        )
 
     def _refuse_shared_weights(self, stages: Sequence[Stage]) -> None:
         """A ConfigError if two stages hold copies of one weight (a cut model's tied weight) and this
@@ -160,10 +189,12 @@ class Strategy(ABC):
         if found and not self.shared_weights:
             name, copies = next(iter(found.items()))
             (a, _), (b, _) = copies[:2]
-            raise ConfigError(f"stages {a} and {b} both use the weight {name!r} (a tied weight of the cut model); only "
-                              f"mode=e2e (its pipeline, copies of it, or the mirrored fallback) sums its copies' "
-                              f"gradients, not {self.way}: use mode=e2e, or cut the model so one stage "
-                              "holds every layer using it")
+            raise ConfigError(
+                f"stages {a} and {b} both use the weight {name!r} (a tied weight of the cut model); only "
+                f"mode=e2e (its pipeline, copies of it, or the mirrored fallback) sums its copies' "
+                f"gradients, not {self.way}: use mode=e2e, or cut the model so one stage "
+                "holds every layer using it"
+            )
 
     def parts(self) -> str | None:
         """How a device splits a batch to compute a stage's loss (its chunks), or None when it
@@ -270,8 +301,10 @@ class Strategy(ABC):
         """ValueError unless a batch of `n` examples cuts into what the step needs, described whole."""
         d = self.batch_divisor()
         if n % d:
-            raise ValueError(f"a batch of {n} examples does not cut into {self.cut_description()}; "
-                             f"pass x and y with a multiple of {d} examples")
+            raise ValueError(
+                f"a batch of {n} examples does not cut into {self.cut_description()}; "
+                f"pass x and y with a multiple of {d} examples"
+            )
 
     def cut_description(self) -> str:
         return f"trainer.grad_accum={self.settings.trainer.grad_accum} equal chunks"

@@ -70,8 +70,10 @@ def tf_strategy_for(replicas: Sequence[str]) -> tf.distribute.MirroredStrategy:
     if key not in _TF_STRATEGIES:
         if _TF_STRATEGIES:
             (other,) = _TF_STRATEGIES
-            raise DeviceError(f"this process already trains mirrored runs over {', '.join(other)}; "
-                              f"TensorFlow's all-reduce cannot also serve {', '.join(key)} (start a new process)")
+            raise DeviceError(
+                f"this process already trains mirrored runs over {', '.join(other)}; "
+                f"TensorFlow's all-reduce cannot also serve {', '.join(key)} (start a new process)"
+            )
         log = logging.getLogger("tensorflow")
         level = log.level
         log.setLevel(max(level, logging.WARNING))  # the placement table already names the replicas
@@ -92,9 +94,15 @@ class Mirrored(Strategy):
     title = "Mirrored"
     steps_in_one_call = False  # the batch is split over the replicas on the host: `repeat`'s loop does not apply
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
-                 learns: type[Objective],
-                 **bodies: Any):
+    def __init__(
+        self,
+        settings: Settings,
+        placement: Placement,
+        info: DataInfo,
+        batch_cut: BatchCut,
+        learns: type[Objective],
+        **bodies: Any,
+    ):
         if learns.microbatched:  # notes on a new record: the one planned is never changed
             placement = self._ignored(settings, placement)
         if placement.multi_worker:
@@ -102,8 +110,10 @@ class Mirrored(Strategy):
 
             self.tf_strategy = multi_worker_tf_strategy()
             if self.tf_strategy.num_replicas_in_sync != len(placement.mirrored_devices):
-                raise DeviceError(f"the workers of TF_CONFIG hold {self.tf_strategy.num_replicas_in_sync} replicas, this "
-                                  f"one planned {len(placement.mirrored_devices)}: every worker needs the same number of GPUs")
+                raise DeviceError(
+                    f"the workers of TF_CONFIG hold {self.tf_strategy.num_replicas_in_sync} replicas, this "
+                    f"one planned {len(placement.mirrored_devices)}: every worker needs the same number of GPUs"
+                )
         else:
             self.tf_strategy = tf_strategy_for(placement.mirrored_devices)
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
@@ -116,11 +126,15 @@ class Mirrored(Strategy):
     def _ignored(settings: Settings, placement: Placement) -> Placement:
         """`placement` noting the pipeline settings a mirrored replica ignores: it runs its whole share at once."""
         if settings.pipeline.microbatches > 1:
-            placement = placement.noted(f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
-                                        "a mirrored replica runs its whole share of the batch at once")
+            placement = placement.noted(
+                f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
+                "a mirrored replica runs its whole share of the batch at once"
+            )
         if settings.pipeline.batch_norm != "microbatch":
-            placement = placement.noted(f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
-                                        "normalizes its whole share of the batch at once, as Keras under MirroredStrategy")
+            placement = placement.noted(
+                f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
+                "normalizes its whole share of the batch at once, as Keras under MirroredStrategy"
+            )
         return placement
 
     @property
@@ -142,8 +156,9 @@ class Mirrored(Strategy):
 
         def train(batch: Any) -> tf.Tensor:
             per_replica_losses, per_replica_grads = tf_strategy.run(per_replica_step, args=(batch,))
-            losses = ReplicaLosses(tuple(total(v) for v in per_replica_losses.stages),
-                                   tuple(total(v) for v in per_replica_losses.chain))
+            losses = ReplicaLosses(
+                tuple(total(v) for v in per_replica_losses.stages), tuple(total(v) for v in per_replica_losses.chain)
+            )
             grads = [unscale(s, [total(g) for g in gs]) for s, gs in zip(stages, per_replica_grads)]
             grads = sum_shared(stages, grads)  # a cut model's tied weight: every holder applies the sum of its uses
             outcomes = objective.outcomes(grads, losses)
@@ -166,8 +181,9 @@ class Mirrored(Strategy):
         if not getattr(self.settings.data, "stream", False):
             return None
         local = self.placement.local_mirrored_devices
-        return StreamShares(self.placement.mirrored_devices.index(local[0]), len(local),
-                            len(self.placement.mirrored_devices))
+        return StreamShares(
+            self.placement.mirrored_devices.index(local[0]), len(local), len(self.placement.mirrored_devices)
+        )
 
     def arguments(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple:
         """One batch as per-replica values, each replica's part contiguous: replica i gets the i-th
@@ -179,20 +195,23 @@ class Mirrored(Strategy):
 
         def part(ctx: tf.distribute.experimental.ValueContext) -> tuple:
             i = ctx.replica_id_in_sync_group - first  # this process's replicas only are asked for
-            return tf.nest.map_structure(lambda v: v[i * n:(i + 1) * n], (x, ys))
+            return tf.nest.map_structure(lambda v: v[i * n : (i + 1) * n], (x, ys))
 
         return (self.tf_strategy.experimental_distribute_values_from_function(part),)
 
     def cut_description(self) -> str:
-        return (f"{self.batch_cut.replicas} replicas x trainer.grad_accum="
-                f"{self.settings.trainer.grad_accum} equal chunks")
+        return (
+            f"{self.batch_cut.replicas} replicas x trainer.grad_accum={self.settings.trainer.grad_accum} equal chunks"
+        )
 
     def memory_devices(self) -> list[str]:
         return list(self.placement.local_mirrored_devices)  # another host's memory cannot be read from here
 
     def summary(self, summary: Summary) -> Summary:
         # Every replica holds every stage, so memory is measured per replica, not per stage.
-        mirrored = MirroredFields(list(self.placement.mirrored_devices), self.batch_cut.per_replica,
-                                  [memory.peak_bytes(d) if d in self.memory_devices() else None
-                                   for d in self.placement.mirrored_devices])
+        mirrored = MirroredFields(
+            list(self.placement.mirrored_devices),
+            self.batch_cut.per_replica,
+            [memory.peak_bytes(d) if d in self.memory_devices() else None for d in self.placement.mirrored_devices],
+        )
         return replace(super().summary(summary), mirrored=mirrored)

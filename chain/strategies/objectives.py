@@ -149,8 +149,9 @@ class LocalObjective(Objective):
         return replace(entry, own=own)
 
     def readouts(self) -> list[Readout]:
-        return [Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target), (s.index,))
-                for s in self.stages]
+        return [
+            Readout(f"head_{s.index}", s.device, s.target, losses.head_loss(s.target), (s.index,)) for s in self.stages
+        ]
 
     def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
         # Like the training loss, the validation loss is the sum of the stages' own losses.
@@ -218,20 +219,23 @@ class ChainObjective(Objective):
 
     def readouts(self) -> list[Readout]:
         last = self.stages[-1]
-        return [Readout(f"body_{last.index}", last.device, self.target, self.loss_fn(),
-                        tuple(s.index for s in self.stages))]
+        return [
+            Readout(f"body_{last.index}", last.device, self.target, self.loss_fn(), tuple(s.index for s in self.stages))
+        ]
 
     def evaluation(self, metrics: list[dict[str, float]]) -> Evaluation:
         (chain,) = metrics
         if self.settings.loss == "sparse_categorical_crossentropy" and (
-                self.target.shape or self.settings.ignore_class is not None):
+            self.target.shape or self.settings.ignore_class is not None
+        ):
             chain = {**chain, **token_metrics(chain["loss"])}
         return Evaluation(chain["loss"], [], chain)
 
     def replica_step(self) -> Callable:
         t = self.settings.trainer
-        return e2e_replica_step(self.stages, self.settings.examples_per_step, self.loss_fn(), t.grad_accum,
-                                t.jit_compile)
+        return e2e_replica_step(
+            self.stages, self.settings.examples_per_step, self.loss_fn(), t.grad_accum, t.jit_compile
+        )
 
     def outcomes(self, grads: list, total: ReplicaLosses) -> list:
         return shared_outcomes(self.stages, grads, total.chain[0], None)  # one decision for the chain

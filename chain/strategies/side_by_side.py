@@ -58,9 +58,15 @@ class SideBySide(Strategy):
     # (a step that ran out changed no model; inside a loop of N steps, the steps before it would have).
     steps_in_one_call = False
 
-    def __init__(self, settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
-                 learns: type[Objective],
-                 **bodies: Any):
+    def __init__(
+        self,
+        settings: Settings,
+        placement: Placement,
+        info: DataInfo,
+        batch_cut: BatchCut,
+        learns: type[Objective],
+        **bodies: Any,
+    ):
         self.variants = settings.variants
         self.batch_sizes = [v.batch_size for v in self.variants]
         self.paused = [v.paused for v in self.variants]
@@ -78,8 +84,10 @@ class SideBySide(Strategy):
 
     def _model_steps(self) -> list[Callable | None]:
         jit = self.settings.trainer.jit_compile
-        return [None if p else tf.function(model_step(s, b, jit), autograph=False)
-                for s, b, p in zip(self.stages, self.batch_sizes, self.paused)]
+        return [
+            None if p else tf.function(model_step(s, b, jit), autograph=False)
+            for s, b, p in zip(self.stages, self.batch_sizes, self.paused)
+        ]
 
     def call(self, x: Any, ys: dict[str, Any]) -> Any:
         while True:
@@ -106,20 +114,29 @@ class SideBySide(Strategy):
         """Shrink the batch of the models on the device that ran out, rebuild the steps, or stop."""
         found = re.search(r"(/job:[^ ]*)?/device:[A-Za-z]+:\d+", e.message or "")
         device = canonical(found.group(0)) if found else None
-        victims = [k for k, s in enumerate(self.stages)
-                   if not self.paused[k] and (device is None or canonical(s.device) == device)]
+        victims = [
+            k
+            for k, s in enumerate(self.stages)
+            if not self.paused[k] and (device is None or canonical(s.device) == device)
+        ]
         step = self.attempts + 1
         where = device or "a device"
         smaller = {k: math.floor(self.batch_sizes[k] * self.settings.oom.shrink) for k in victims}
         floor = self.settings.oom.min_batch_size
         if not victims or min(smaller.values()) < floor:
             names = ", ".join(f"{self.variants[k].name} ({self.batch_sizes[k]})" for k in victims) or "none"
-            raise OutOfMemory(f"out of memory on {where} at step {step} with the smallest batches allowed: "
-                              f"{names}; shrinking by oom.shrink={self.settings.oom.shrink:g} would go below "
-                              f"oom.min_batch_size={floor}")
+            raise OutOfMemory(
+                f"out of memory on {where} at step {step} with the smallest batches allowed: "
+                f"{names}; shrinking by oom.shrink={self.settings.oom.shrink:g} would go below "
+                f"oom.min_batch_size={floor}"
+            )
         changes = {self.variants[k].name: [self.batch_sizes[k], smaller[k]] for k in victims}
-        log.warning("out of memory on %s at step %d: batch %s; the step changed no model and is tried again",
-                    where, step, ", ".join(f"{n} {a} -> {b}" for n, (a, b) in changes.items()))
+        log.warning(
+            "out of memory on %s at step %d: batch %s; the step changed no model and is tried again",
+            where,
+            step,
+            ", ".join(f"{n} {a} -> {b}" for n, (a, b) in changes.items()),
+        )
         self.oom_events.append(OomEvent(step, device, changes))
         for k in victims:
             self.batch_sizes[k] = smaller[k]
@@ -137,6 +154,7 @@ class SideBySide(Strategy):
 
     def complete(self, summary: Summary) -> Summary:
         """Rank the variants: by the last validation loss when there is one, else by the last training loss."""
+
         def val_loss(st: StageSummary) -> float | None:
             return validation_loss(st.val)
 
@@ -146,9 +164,17 @@ class SideBySide(Strategy):
             return math.inf if value is None or st.variant.paused else value
 
         ranked = sorted(summary.stages, key=score)
-        ranking = [Ranked(i + 1, st.variant.variant, st.variant.overrides,
-                          "val_loss" if val_loss(st) is not None else "loss_last",
-                          None if score(st) == math.inf else score(st), summary.steps_per_second,
-                          st.peak_memory_bytes, st.variant.paused)
-                   for i, st in enumerate(ranked)]
+        ranking = [
+            Ranked(
+                i + 1,
+                st.variant.variant,
+                st.variant.overrides,
+                "val_loss" if val_loss(st) is not None else "loss_last",
+                None if score(st) == math.inf else score(st),
+                summary.steps_per_second,
+                st.peak_memory_bytes,
+                st.variant.paused,
+            )
+            for i, st in enumerate(ranked)
+        ]
         return replace(summary, side_by_side=replace(summary.side_by_side, ranking=ranking))

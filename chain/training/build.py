@@ -45,7 +45,9 @@ def apply(spec: RunSpec) -> Placement:
     applied, note = devices.configure(placement, settings.placement)
     late = None if applied else placement.kind
     shared = None if applied else devices.share_existing(placement, settings.placement)
-    if shared is not None:  # the stages on the devices that exist: said where a notebook shows it, not only in run.notes
+    if (
+        shared is not None
+    ):  # the stages on the devices that exist: said where a notebook shows it, not only in run.notes
         log.warning("note: %s", shared.notes[-1])
         placement = shared
     elif note is not None:
@@ -55,9 +57,10 @@ def apply(spec: RunSpec) -> Placement:
         return replace(placement, mirrored_devices=tuple(checked))
     if placement.layout == planner.REPLICATED:  # every copy's devices; copy 0's are `devices`
         k = len(placement.devices)
-        flat = devices.check_devices([d for row in placement.copies for d in row], given=False, role="replica stage",
-                                     late=late)
-        copies = tuple(tuple(flat[r * k:(r + 1) * k]) for r in range(len(placement.copies)))
+        flat = devices.check_devices(
+            [d for row in placement.copies for d in row], given=False, role="replica stage", late=late
+        )
+        copies = tuple(tuple(flat[r * k : (r + 1) * k]) for r in range(len(placement.copies)))
         return replace(placement, copies=copies, devices=copies[0])
     given = settings.placement.devices  # checked as the user wrote them, so errors quote them
     checked = devices.check_devices(given or placement.devices, given=bool(given), late=late)
@@ -75,8 +78,13 @@ def setup(cfgs: Sequence[RunSpec | Settings | DictConfig | dict]) -> None:
         apply(spec)
 
 
-def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = None, *,
-          stages: Sequence[Callable] | None = None, model=None) -> Run:
+def build(
+    cfg: RunSpec | Settings | DictConfig | dict,
+    run_dir: str | None = None,
+    *,
+    stages: Sequence[Callable] | None = None,
+    model=None,
+) -> Run:
     """Prepare (unless given a prepared `RunSpec`), apply the placement and build a run (see `chain.build`)."""
     import keras
 
@@ -94,10 +102,18 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     spec = with_loaded_data(spec, dataset.info)
     settings, placement = spec.settings, spec.placement
     if isinstance(settings.stages[0].model, Gpt):  # the user's arrays of ids: each within the vocabulary
-        token_ids.check(settings.data, dataset.x, dataset.val_x, dataset.shards, settings.stages[0].model.vocab,
-                        dataset.target(settings.stages[-1].target).name)
+        token_ids.check(
+            settings.data,
+            dataset.x,
+            dataset.val_x,
+            dataset.shards,
+            settings.stages[0].model.vocab,
+            dataset.target(settings.stages[-1].target).name,
+        )
     if dataset.shards is not None and placement.layout == planner.MIRRORED:  # each replica streams its own files
-        stream_shares.check_files(dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "files", None))
+        stream_shares.check_files(
+            dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "files", None)
+        )
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels, placement = resolve(settings, placement, dataset.info, spec.batch_cut, stages, model, spec.schedule)
     if bodies is not None and spec.inventory is not None:  # a cut model's stages are estimated once it is cut
@@ -105,13 +121,15 @@ def build(cfg: RunSpec | Settings | DictConfig | dict, run_dir: str | None = Non
     clipping_notes: list[str] = []
     settings = compiled_clipping.honour(settings, model, clipping_notes)  # a compiled model's clipping is kept
     placement = placement.noted(*clipping_notes)
-    strategy = ways.create(settings, placement, dataset.info, spec.batch_cut, spec.schedule, bodies=bodies,
-                           labels=labels)
+    strategy = ways.create(
+        settings, placement, dataset.info, spec.batch_cut, spec.schedule, bodies=bodies, labels=labels
+    )
     run = Run(settings, strategy, dataset, run_dir, spec.auto_plan)
     if placement.cluster:  # the workers serve on after the run: watched as long as this process lives
         cluster.Watchdog(placement.cluster, settings.cluster.lost_after_s, run.intact).start()
     elif placement.multi_worker:  # every host ends its own run: its peers are watched while it trains
-        run.watchdog = cluster.Watchdog(placement.multi_worker, settings.cluster.lost_after_s, run.intact,
-                                        skip=placement.task)
+        run.watchdog = cluster.Watchdog(
+            placement.multi_worker, settings.cluster.lost_after_s, run.intact, skip=placement.task
+        )
         run.watchdog.start()
     return run

@@ -122,10 +122,15 @@ class Cadences:
         """The cadences `trainer` sets; `checkpoint_every`: `checkpoint.every` when the run saves
         checkpoints (it has a directory), else 0; `predicted_ms`: plan=auto's predicted step (None:
         a plan by hand, nothing to check)."""
-        return cls(steps=trainer.steps, per_call=trainer.steps_per_call, checkpoint=Every(checkpoint_every),
-                   evaluation=Every(trainer.eval_every), logging=Logging(trainer.log_every, trainer.steps),
-                   profile=Span(*trainer.profile) if trainer.profile else None,
-                   plan=PlanCheck(predicted_ms) if predicted_ms is not None else None)
+        return cls(
+            steps=trainer.steps,
+            per_call=trainer.steps_per_call,
+            checkpoint=Every(checkpoint_every),
+            evaluation=Every(trainer.eval_every),
+            logging=Logging(trainer.log_every, trainer.steps),
+            profile=Span(*trainer.profile) if trainer.profile else None,
+            plan=PlanCheck(predicted_ms) if predicted_ms is not None else None,
+        )
 
     def call_length(self, done: int) -> int:
         """How many steps the call after step `done` runs: up to `per_call`, never past `steps`,

@@ -60,8 +60,10 @@ def adopt(settings: Settings, clips: dict, name: str) -> tuple[Settings, list[st
         return settings, []
     notes = []
     if "clipvalue" in clips:
-        notes.append(f"{name} was compiled with clipvalue={clips['clipvalue']}: not applied (the chain clips by "
-                     "norm only: optim.clip_norm, optim.clip_global_norm)")
+        notes.append(
+            f"{name} was compiled with clipvalue={clips['clipvalue']}: not applied (the chain clips by "
+            "norm only: optim.clip_norm, optim.clip_global_norm)"
+        )
     by_norm = {KERAS_KEYS[k]: v for k, v in clips.items() if k in KERAS_KEYS}
     if not by_norm:
         return settings, notes
@@ -72,8 +74,10 @@ def adopt(settings: Settings, clips: dict, name: str) -> tuple[Settings, list[st
         return settings, notes
     stages = tuple(replace(s, optim=replace(s.optim, **by_norm)) for s in settings.stages)
     ours = ", ".join(f"optim.{k}={v}" for k, v in by_norm.items())
-    notes.append(f"{name} was compiled with {keras_text}: the chain clips as {ours} (set optim.clip_norm or "
-                 "optim.clip_global_norm to choose otherwise)")
+    notes.append(
+        f"{name} was compiled with {keras_text}: the chain clips as {ours} (set optim.clip_norm or "
+        "optim.clip_global_norm to choose otherwise)"
+    )
     return replace(settings, stages=stages), notes
 
 

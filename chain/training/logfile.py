@@ -37,6 +37,7 @@ def _let_go(handler: logging.FileHandler) -> None:
 def guard(handler: logging.FileHandler) -> None:
     """Make a failed write of `handler` one `StorageError` in the thread that logged (another
     thread's record prints the same line as a warning: it cannot stop the run)."""
+
     def failed(record: logging.LogRecord) -> None:
         error = sys.exc_info()[1]
         if not isinstance(error, OSError):

@@ -16,8 +16,9 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequence[str] = (),
-                    unit: str = "stage") -> str:
+def placement_table(
+    placement: Placement, stages: Sequence[Stage], notes: Sequence[str] = (), unit: str = "stage"
+) -> str:
     """A short table: stage, device, the physical device behind it, parameters, model; then
     the placement's notes and `notes`, one `note:` line each. `unit` heads the first column
     (`variant` side by side, whose models are not stages of a chain).
@@ -28,11 +29,15 @@ def placement_table(placement: Placement, stages: Sequence[Stage], notes: Sequen
     """
     lines = []
     if placement.mirrored_devices:
-        lines += _table([("replica", "device", "physical")] + [
-            (str(i), d, placement.physical.get(d, "-")) for i, d in enumerate(placement.mirrored_devices)])
+        lines += _table(
+            [("replica", "device", "physical")]
+            + [(str(i), d, placement.physical.get(d, "-")) for i, d in enumerate(placement.mirrored_devices)]
+        )
     if len(placement.copies) > 1:  # copies of the pipeline: replica x stage -> device
-        lines += _table([("replica", *(f"stage {k}" for k in range(len(placement.copies[0]))))] + [
-            (str(r), *row) for r, row in enumerate(placement.copies)])
+        lines += _table(
+            [("replica", *(f"stage {k}" for k in range(len(placement.copies[0]))))]
+            + [(str(r), *row) for r, row in enumerate(placement.copies)]
+        )
     rows = [(unit, "device", "physical", "params", "model")]
     for s in stages:
         device = s.device or f"all {len(placement.mirrored_devices)} replicas"
@@ -48,7 +53,7 @@ def ranking_table(ranking: Sequence[Ranked]) -> str:
     for r in ranking:
         value = "paused" if r.paused else ("-" if r.value is None else f"{r.value:.4f}")
         speed = "-" if r.steps_per_second is None else f"{r.steps_per_second:.1f}"
-        memory = "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2 ** 20:.1f} MiB"
+        memory = "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:.1f} MiB"
         rows.append((str(r.rank), r.variant, r.metric, value, speed, memory))
     return "\n".join(_table(rows))
 
@@ -65,7 +70,9 @@ class Writers:
         self.root = os.path.join(run_dir, "tb")
         with writing(f"TensorBoard logs in {self.root}"):
             os.makedirs(self.root, exist_ok=True)
-            self.stages = [tf.summary.create_file_writer(os.path.join(self.root, stage_name(k))) for k in range(n_stages)]
+            self.stages = [
+                tf.summary.create_file_writer(os.path.join(self.root, stage_name(k))) for k in range(n_stages)
+            ]
             self.chain = tf.summary.create_file_writer(os.path.join(self.root, "chain"))
 
     def scalars(self, step: int, per_stage: Sequence[dict[str, float]], chain: dict[str, float]) -> None:

@@ -64,8 +64,10 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
     cut_model = model is not None or plan_choice.is_cut_model(s) or plan_choice.is_gpt(s)
     plan_choice.refuse_given(s, cut_model)
     if spec.data_info is None:
-        raise ConfigError(f"placement.plan=auto measures the model on examples of the data's shape, which data="
-                          f"{s.data.name} gives only once TensorFlow reads it: set placement.plan=manual")
+        raise ConfigError(
+            f"placement.plan=auto measures the model on examples of the data's shape, which data="
+            f"{s.data.name} gives only once TensorFlow reads it: set placement.plan=manual"
+        )
     pool, physical = _pool(spec)
     cuttable = None
     if cut_model:
@@ -90,8 +92,9 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
     return Measured(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None, use)
 
 
-def cost_key(spec: RunSpec, pool: Sequence[str], physical: Mapping[str, str], cuttable: Cuttable | None = None
-             ) -> CostKey:
+def cost_key(
+    spec: RunSpec, pool: Sequence[str], physical: Mapping[str, str], cuttable: Cuttable | None = None
+) -> CostKey:
     """Everything the measurements of `spec`'s model on `pool` depend on (`chain.planning.cost_cache`): a cut
     model's structure (`cuttable`) and the vocabulary its ids are drawn from, else the config's stages, their
     targets and the data's shape; the batch and the microbatch sizes measured; the devices; the optimizer and the
@@ -104,10 +107,18 @@ def cost_key(spec: RunSpec, pool: Sequence[str], physical: Mapping[str, str], cu
     else:  # a built-in model is what its stages' settings and the data's shape and targets make of it
         model = cost_cache.digest([repr(st.model) for st in s.stages] + [repr(info.target(s.stages[-1].target))])
     settings = f"optim={s.stages[0].optim!r} placement.plan_budget_s={s.placement.plan_budget_s!r}"
-    return CostKey(model=model, input_shape=tuple(info.input_shape), batch_size=s.data.batch_size,
-                   sizes=tuple(_sizes(s.data.batch_size, len(pool))), devices=tuple(pool),
-                   physical=tuple(physical[d] for d in pool), settings=settings, tensorflow=_version("tensorflow"),
-                   keras=keras.version(), chain=_version("chain"))
+    return CostKey(
+        model=model,
+        input_shape=tuple(info.input_shape),
+        batch_size=s.data.batch_size,
+        sizes=tuple(_sizes(s.data.batch_size, len(pool))),
+        devices=tuple(pool),
+        physical=tuple(physical[d] for d in pool),
+        settings=settings,
+        tensorflow=_version("tensorflow"),
+        keras=keras.version(),
+        chain=_version("chain"),
+    )
 
 
 def _version(package: str) -> str:
@@ -191,14 +202,29 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
         from chain.pipeline.replicas import reduce_mean
 
         reduce = reduce_mean
-        twin = (_built_in(s, spec, pool[1])[0] if cuttable is None
-                else _cut(cuttable, pieces, tuple(info.input_shape), pool[1]))
+        twin = (
+            _built_in(s, spec, pool[1])[0]
+            if cuttable is None
+            else _cut(cuttable, pieces, tuple(info.input_shape), pool[1])
+        )
     sizes = _sizes(s.data.batch_size, len(pool))
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
-    costs = plan_timing.measure(models, pieces, params, pool, physical, sizes, budget,
-                                lambda: assemble.make_optimizer(s.stages[0].optim), fixed_cut=cuttable is None,
-                                same=same, whole=whole, twin=twin, reduce=reduce,
-                                fed=examples.feed(s, info, cuttable.layers if cuttable is not None else ()))
+    costs = plan_timing.measure(
+        models,
+        pieces,
+        params,
+        pool,
+        physical,
+        sizes,
+        budget,
+        lambda: assemble.make_optimizer(s.stages[0].optim),
+        fixed_cut=cuttable is None,
+        same=same,
+        whole=whole,
+        twin=twin,
+        reduce=reduce,
+        fed=examples.feed(s, info, cuttable.layers if cuttable is not None else ()),
+    )
     return replace(costs, measuring_s=time.perf_counter() - started)
 
 
@@ -225,8 +251,9 @@ def _built_in(s: Settings, spec: RunSpec, device: str) -> tuple[list[keras.Model
     return models, same
 
 
-def _cut(cuttable, pieces: Sequence[tuple[int, int]], shape: tuple[int, ...], device: str, name: str = "plan"
-         ) -> list[keras.Model]:
+def _cut(
+    cuttable, pieces: Sequence[tuple[int, int]], shape: tuple[int, ...], device: str, name: str = "plan"
+) -> list[keras.Model]:
     """A cut model's `pieces` (layer ranges) as models on `device`, the first taking `shape`, named
     `name` and their first layer's index."""
     import tensorflow as tf
@@ -250,4 +277,5 @@ def _cut_costs(c, costs: Costs):
     def of(a: int, b: int) -> StageCost:
         lo, hi = costs.pieces[a][0], costs.pieces[b - 1][1]
         return StageCost(sum(params[lo:hi]), sum(outputs[lo:hi]), c.crossing(lo), c.crossing(hi), max(params[lo:hi]))
+
     return of

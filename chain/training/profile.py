@@ -57,14 +57,16 @@ def worker_task(device: str) -> int | None:
 def _cut_model(stages) -> bool:
     """One Keras model cut into these stages (model=keras, or chain.build(cfg, model=...)): they carry
     chain.stages.cut's labels."""
-    return (any(s.spec is not None and isinstance(s.spec.model, KerasModel) for s in stages)
-            or all(s.label and CUT_LABEL.search(s.label) for s in stages))
+    return any(s.spec is not None and isinstance(s.spec.model, KerasModel) for s in stages) or all(
+        s.label and CUT_LABEL.search(s.label) for s in stages
+    )
 
 
 def _own_bodies(stages) -> bool:
     """Every stage is the chain's own mlp/conv body (its layers set by `model.depth`)."""
-    return all(s.label is None and s.spec is not None and not isinstance(s.spec.model, (Builder, KerasModel))
-               for s in stages)
+    return all(
+        s.label is None and s.spec is not None and not isinstance(s.spec.model, (Builder, KerasModel)) for s in stages
+    )
 
 
 def layer_kinds(stages) -> list[StageSpec] | None:
@@ -108,8 +110,9 @@ def _stage_entry(kind: StageSpec, depth: int, template: StageSpec | None) -> str
     return _flow(entry)
 
 
-def layers_and_override(stages, split: list[int] | None, template: StageSpec | None = None
-                        ) -> tuple[list[int], str | None]:
+def layers_and_override(
+    stages, split: list[int] | None, template: StageSpec | None = None
+) -> tuple[list[int], str | None]:
     """Each stage's layers, counted in the unit a config can move, and the override that sets
     layers per stage to `split`: `placement.split` for one cut Keras model, `+stages=[...]` for
     the chain's own bodies (each new stage the spec of the layers it holds, written against the
@@ -127,7 +130,7 @@ def layers_and_override(stages, split: list[int] | None, template: StageSpec | N
             raise ValueError("stages that differ in more than depth need the `stage` template to write the override")
         entries, start = [], 0
         for d in split:
-            if any(k != each[start] for k in each[start:start + d]):
+            if any(k != each[start] for k in each[start : start + d]):
                 raise ValueError(f"split {split} puts layers of different kinds in one stage")
             entries.append(_stage_entry(each[start], d, template))
             start += d
@@ -140,8 +143,10 @@ class Window:
 
     def __init__(self, run: Any, start: int, stop: int):
         if run.schedule is None or any(s.device is None for s in run.stages):
-            raise ConfigError("trainer.profile measures a pipeline schedule: it needs mode=e2e with a device per "
-                              "stage (this run has no schedule, or is mirrored)")
+            raise ConfigError(
+                "trainer.profile measures a pipeline schedule: it needs mode=e2e with a device per "
+                "stage (this run has no schedule, or is mirrored)"
+            )
         if not run.run_dir:
             raise ConfigError("trainer.profile needs a run directory: build the run with chain.build(cfg, run_dir=...)")
         self.run, self.start, self.stop = run, start, stop
@@ -153,8 +158,9 @@ class Window:
         if self.remote:
             from chain.training.worker_trace import WorkerTraces
 
-            self._workers = WorkerTraces(self.remote, [f"cluster.profile_ports[{i}]={a.rsplit(':', 1)[1]}"
-                                                       for i, a in enumerate(self.remote)])
+            self._workers = WorkerTraces(
+                self.remote, [f"cluster.profile_ports[{i}]={a.rsplit(':', 1)[1]}" for i, a in enumerate(self.remote)]
+            )
             self._workers.check()  # before the run writes anything: a port that is no profiler is one line, exit 2
 
     def _remote_addresses(self) -> list[str]:
@@ -240,8 +246,16 @@ class Window:
         spans = timeline.trace_spans(files) if self.remote else None
         if spans is not None:
             self.warn_unheld(steps, spans)
-        result = timeline.measure(run.schedule, events, steps, devices, self.sources(), run.settings.trainer.grad_accum,
-                                  max(1, len(run.placement.copies)), spans)
+        result = timeline.measure(
+            run.schedule,
+            events,
+            steps,
+            devices,
+            self.sources(),
+            run.settings.trainer.grad_accum,
+            max(1, len(run.placement.copies)),
+            spans,
+        )
         result.trace = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
         result.advice = self.advice(result)
         result.shared_threads = self.shared_threads()
@@ -249,10 +263,18 @@ class Window:
             write_json(os.path.join(run.run_dir, TIMELINE), to_json(result))
         self.result = result
         plan = run.strategy.plan_text(full=True)
-        note = ("\nnote: logical CPU devices of one process share its threads: the trace shows order, not overlap"
-                if result.shared_threads else "")
-        log.info("planned and measured timelines (%s):\n%s\n%s%s", TIMELINE, plan,
-                 measured_grid.render(result, run.schedule, devices), note)
+        note = (
+            "\nnote: logical CPU devices of one process share its threads: the trace shows order, not overlap"
+            if result.shared_threads
+            else ""
+        )
+        log.info(
+            "planned and measured timelines (%s):\n%s\n%s%s",
+            TIMELINE,
+            plan,
+            measured_grid.render(result, run.schedule, devices),
+            note,
+        )
         if result.advice:
             log.warning("balance: %s", result.advice.text)
 
@@ -269,8 +291,13 @@ class Window:
             if unheld and source not in spans:
                 log.warning("profile: worker %d (%s) wrote no trace: %s not measured", i, address, steps_text)
             elif unheld:
-                log.warning("profile: the trace of worker %d (%s) began after or ended before %s (not held whole): "
-                            "not measured", i, address, steps_text)
+                log.warning(
+                    "profile: the trace of worker %d (%s) began after or ended before %s (not held whole): "
+                    "not measured",
+                    i,
+                    address,
+                    steps_text,
+                )
 
     def advice(self, result: Measured) -> Advice | None:
         """The balance advice from the measured busy times (None: balanced, or nothing measured)."""
@@ -301,11 +328,24 @@ class Window:
                     raise ChainError(f"{path} is not a timeline chain wrote ({e})") from None
         if result is None:
             return summary
-        profile = ProfileFields(result.measured_bubble_fraction, [s.step for s in result.steps], result.slowest_stage,
-                                result.advice.text if result.advice else None)
+        profile = ProfileFields(
+            result.measured_bubble_fraction,
+            [s.step for s in result.steps],
+            result.slowest_stage,
+            result.advice.text if result.advice else None,
+        )
         stages = list(summary.stages)
-        for k, measured in enumerate(result.per_stage[:len(stages)]):
-            stages[k] = replace(stages[k], measured=StageTimes(
-                measured.busy_fraction, measured.busy_ms, measured.forward_ms, measured.backward_ms, measured.copy_ms,
-                measured.copy_wait_ms, measured.update_ms))
+        for k, measured in enumerate(result.per_stage[: len(stages)]):
+            stages[k] = replace(
+                stages[k],
+                measured=StageTimes(
+                    measured.busy_fraction,
+                    measured.busy_ms,
+                    measured.forward_ms,
+                    measured.backward_ms,
+                    measured.copy_ms,
+                    measured.copy_wait_ms,
+                    measured.update_ms,
+                ),
+            )
         return replace(summary, profile=profile, stages=stages)

@@ -102,8 +102,14 @@ class Run:
     evaluations on the validation set (`chain.training.validation`).
     """
 
-    def __init__(self, settings: Settings, strategy: Strategy, dataset: Dataset, run_dir: str | None,
-                 auto_plan: AutoPlan | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        strategy: Strategy,
+        dataset: Dataset,
+        run_dir: str | None,
+        auto_plan: AutoPlan | None = None,
+    ):
         self.settings = settings
         self.strategy = strategy
         self.dataset = dataset
@@ -156,8 +162,15 @@ class Run:
         """The shared `tf.data` pipeline of training batches, one per step (`examples_per_step` each;
         a host of a multi-host mirrored run streaming its data: its own replicas' shares of them), its
         arrays made the first model's named inputs when it has them (`chain.stages.named_inputs`)."""
-        return self._named(training_batches(self.dataset, self.examples_per_step, self.settings.data.shuffle,
-                                            self.settings.seed, self.strategy.stream_shares()))
+        return self._named(
+            training_batches(
+                self.dataset,
+                self.examples_per_step,
+                self.settings.data.shuffle,
+                self.settings.seed,
+                self.strategy.stream_shares(),
+            )
+        )
 
     def _named(self, batches):
         """`batches` of `(x, ys)` with `x` made the first model's named inputs, when it takes some."""
@@ -204,8 +217,9 @@ class Run:
         if run_dir is None:
             raise ChainError("this run has no directory: build it with chain.build(cfg, run_dir=...) to checkpoint")
         if run_dir not in self._checkpoints:
-            self._checkpoints[run_dir] = Checkpoints(run_dir, self.stages, self.iterator, self.settings, keep,
-                                                     self.stream_files())
+            self._checkpoints[run_dir] = Checkpoints(
+                run_dir, self.stages, self.iterator, self.settings, keep, self.stream_files()
+            )
         return self._checkpoints[run_dir]
 
     def stream_files(self):
@@ -310,8 +324,10 @@ class Run:
             m = self.restore(fallback=self.settings.checkpoint.fallback)
             steps = self.settings.trainer.steps
             if m["step"] > steps:
-                raise ChainError(f"the checkpoint is at step {m['step']}, past trainer.steps={steps}; "
-                                 f"set trainer.steps to {m['step']} or more")
+                raise ChainError(
+                    f"the checkpoint is at step {m['step']}, past trainer.steps={steps}; "
+                    f"set trainer.steps to {m['step']} or more"
+                )
             log.info("resumed from step %d (%s)", m["step"], os.path.join(self.run_dir, "checkpoint.json"))
             losses = from_json(LossHistory, m)
             return ckpts, losses.loss_first, losses.loss_last
@@ -361,8 +377,14 @@ class Run:
             predicted = 1000.0 * self.auto_plan.chosen.step_s
         cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0, predicted)
         memory.reset(self.strategy.memory_devices())
-        bar = tqdm(total=t.steps, initial=self.global_step, desc="train", unit="step",
-                   disable=not t.progress or None, leave=False)
+        bar = tqdm(
+            total=t.steps,
+            initial=self.global_step,
+            desc="train",
+            unit="step",
+            disable=not t.progress or None,
+            leave=False,
+        )
         try:
             # Log lines go through tqdm, so they do not break the progress bar.
             with logging_redirect_tqdm(loggers=[logging.getLogger()]):
@@ -400,8 +422,11 @@ class Run:
 
         ckpts, first, last = self._start()
         resumed_from = self.global_step if self.settings.resume else None
-        best = self.checkpoints(os.path.join(self.run_dir, BEST_DIR), keep=1) \
-            if ckpts and self.settings.checkpoint.best else None
+        best = (
+            self.checkpoints(os.path.join(self.run_dir, BEST_DIR), keep=1)
+            if ckpts and self.settings.checkpoint.best
+            else None
+        )
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         return _Loop(ckpts, best, writers, first, last, resumed_from, saved_at=resumed_from)
 
@@ -421,8 +446,11 @@ class Run:
         record, TensorBoard point, log line, evaluation and checkpoint; then the test hooks and `callback`."""
         from chain import testhooks
 
-        record = LossRecord(finite_or_none(out.loss), [finite_or_none(v) for v in out.stage_losses],
-                            finite_or_none(out.grad_norm) if out.grad_norm is not None else None)
+        record = LossRecord(
+            finite_or_none(out.loss),
+            [finite_or_none(v) for v in out.stage_losses],
+            finite_or_none(out.grad_norm) if out.grad_norm is not None else None,
+        )
         chain_scalars = {"loss": out.loss}
         if out.grad_norm is not None:  # the global gradient norm before clipping (optim.clip_global_norm)
             chain_scalars["grad_norm"] = out.grad_norm
@@ -432,8 +460,9 @@ class Run:
         point, due = loop.writers and cadences.logging.point(step), cadences.logging.due(step)
         lrs = self._learning_rates(step) if point or due else None
         if lrs is not None:  # optim.schedule: the rate this step's update used, on every stage
-            chain_scalars.update({"lr": lrs[0]} if len(set(lrs)) == 1 else
-                                 {f"lr/stage_{k:02d}": v for k, v in enumerate(lrs)})
+            chain_scalars.update(
+                {"lr": lrs[0]} if len(set(lrs)) == 1 else {f"lr/stage_{k:02d}": v for k, v in enumerate(lrs)}
+            )
         if point:
             loop.writers.scalars(step, [{"loss": v} for v in out.stage_losses], chain_scalars)
         if due:
@@ -466,21 +495,42 @@ class Run:
         if loop.evaluated_at != self.global_step:
             loop.evaluation = self._evaluate(self.global_step, loop)
         if self.dataset.skipped_records:
-            log.warning("%d bad records left out of the stream (data.on_bad_record=skip; counted as read, read-ahead "
-                        "included)", self.dataset.skipped_records)
+            log.warning(
+                "%d bad records left out of the stream (data.on_bad_record=skip; counted as read, read-ahead included)",
+                self.dataset.skipped_records,
+            )
         if self.global_step < self.settings.trainer.steps:
-            log.info("stopped early at step %d: no lower validation loss in %d evaluations (best: step %s)",
-                     self.global_step, self.tracker.evals_since_best, self.tracker.best_step)
-        ending = Ending(self.global_step, loop.first, loop.last, loop.resumed_from, loop.timed_steps, elapsed,
-                        loop.evaluation, self.tracker.best_step)
+            log.info(
+                "stopped early at step %d: no lower validation loss in %d evaluations (best: step %s)",
+                self.global_step,
+                self.tracker.evals_since_best,
+                self.tracker.best_step,
+            )
+        ending = Ending(
+            self.global_step,
+            loop.first,
+            loop.last,
+            loop.resumed_from,
+            loop.timed_steps,
+            elapsed,
+            loop.evaluation,
+            self.tracker.best_step,
+        )
         summary = self.strategy.complete(summarize(self.settings, self.strategy, self.dataset, ending))
-        summary = replace(summary, data_wait_ms=loop.data_wait(),
-                          plan=plan_fields(self.auto_plan, loop.median_step_ms()))  # None: a plan by hand
+        summary = replace(
+            summary, data_wait_ms=loop.data_wait(), plan=plan_fields(self.auto_plan, loop.median_step_ms())
+        )  # None: a plan by hand
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
-            log.info("speed: %.1f steps/s (%.0f examples/s); a step waited for its batch %.3f ms on average, "
-                     "%.3f ms at the 95th percentile (data_wait_ms, %d steps)", summary.steps_per_second,
-                     summary.examples_per_second, wait.mean, wait.p95, wait.steps)
+            log.info(
+                "speed: %.1f steps/s (%.0f examples/s); a step waited for its batch %.3f ms on average, "
+                "%.3f ms at the 95th percentile (data_wait_ms, %d steps)",
+                summary.steps_per_second,
+                summary.examples_per_second,
+                wait.mean,
+                wait.p95,
+                wait.steps,
+            )
         if window:
             summary = window.add_to(summary)
         if loop.writers:
@@ -492,10 +542,17 @@ class Run:
         prediction than the check's margin, naming what may explain it."""
         measured, p = loop.median_step_ms(), self.placement
         if measured is not None and check.off(measured):
-            log.warning("%s", plan_table.mismatch(self.auto_plan, measured, loop.timed_steps,
-                                                  shared_threads=p.kind == "CPU" and not (p.cluster or p.multi_worker),
-                                                  data_wait_ms=statistics.median(loop.waits),
-                                                  traced=bool(self.settings.trainer.profile)))
+            log.warning(
+                "%s",
+                plan_table.mismatch(
+                    self.auto_plan,
+                    measured,
+                    loop.timed_steps,
+                    shared_threads=p.kind == "CPU" and not (p.cluster or p.multi_worker),
+                    data_wait_ms=statistics.median(loop.waits),
+                    traced=bool(self.settings.trainer.profile),
+                ),
+            )
 
     def _write(self, summary: Summary, loop: _Loop) -> Summary:
         """The run's last checkpoint (unless its last step saved one), exports, summary.json and report."""
@@ -523,8 +580,10 @@ class Run:
 
         try:
             with writing(f"the exports (.keras files) in {self.run_dir}"):
-                return replace(summary, exports=[os.path.basename(p)
-                                                 for p in export(self.stages, self.run_dir, self.strategy.chained)])
+                return replace(
+                    summary,
+                    exports=[os.path.basename(p) for p in export(self.stages, self.run_dir, self.strategy.chained)],
+                )
         except StorageError:
             raise
         except Exception as e:  # Keras' serialisation raises TypeError, ValueError, NotImplementedError, ...

@@ -102,25 +102,39 @@ class StallWatch(threading.Thread):
         grid = position is not None and position.started != call.started
         if position is None:
             step = call.step
-            where = [f"step {step} has not completed (a call of steps {step}..{step + call.n - 1}); this run's "
-                     "step has no schedule to show where it waits"]
+            where = [
+                f"step {step} has not completed (a call of steps {step}..{step + call.n - 1}); this run's "
+                "step has no schedule to show where it waits"
+            ]
         elif not grid:
             step = call.step
-            where = [f"step {step} has not begun: its batch has not come, or the step before has not finished "
-                     "its updates"]
+            where = [
+                f"step {step} has not begun: its batch has not come, or the step before has not finished its updates"
+            ]
         else:
             step = call.step + position.started - call.started - 1
             where = self.strategy.waiting(position)
-        then = "stopping (trainer.stall_action=stop)" if self.stop_run else \
-            "still waiting (trainer.stall_action=report)"
-        log.warning("no step completed for %.0f s (trainer.stall_s=%g): step %d waits; %s%s\n%s", waited, self.seconds,
-                    step, then, "; each device's last finished action and the one it waits in (>):" if grid else ":",
-                    "\n".join(where))
+        then = (
+            "stopping (trainer.stall_action=stop)" if self.stop_run else "still waiting (trainer.stall_action=report)"
+        )
+        log.warning(
+            "no step completed for %.0f s (trainer.stall_s=%g): step %d waits; %s%s\n%s",
+            waited,
+            self.seconds,
+            step,
+            then,
+            "; each device's last finished action and the one it waits in (>):" if grid else ":",
+            "\n".join(where),
+        )
         if self.stop_run:
             for handler in logging.getLogger().handlers + log.handlers:
                 handler.flush()
-            print(f"error: step {step} stalled: no step completed for {waited:.0f} s (trainer.stall_s="
-                  f"{self.seconds:g}, trainer.stall_action=stop); {self.intact()}", file=sys.stderr, flush=True)
+            print(
+                f"error: step {step} stalled: no step completed for {waited:.0f} s (trainer.stall_s="
+                f"{self.seconds:g}, trainer.stall_action=stop); {self.intact()}",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.stdout.flush()
             os._exit(Stalled.exit_code)  # the training thread is inside TensorFlow: nothing else ends it
 

@@ -46,11 +46,16 @@ def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: 
     first, last = ending.first or none, ending.last or none
     evaluation = ending.evaluation
     vals = evaluation.stages if evaluation else []  # mode=local: each stage's own validation metrics
-    entries = [replace(strategy.stage_summary(s, stage_summary(s, skipped[s.index]), first, last),
-                       model=s.describe(), physical=placement.physical.get(s.device),  # the report's table
-                       val=vals[s.index] if s.index < len(vals) else None,
-                       estimated_peak_bytes=estimate(placement, s.index))
-               for s in stages]
+    entries = [
+        replace(
+            strategy.stage_summary(s, stage_summary(s, skipped[s.index]), first, last),
+            model=s.describe(),
+            physical=placement.physical.get(s.device),  # the report's table
+            val=vals[s.index] if s.index < len(vals) else None,
+            estimated_peak_bytes=estimate(placement, s.index),
+        )
+        for s in stages
+    ]
     estimates = [st.estimated_peak_bytes for st in entries]
     info = dataset.info
     timed, elapsed = ending.timed_steps, ending.elapsed
@@ -136,7 +141,13 @@ def plan_fields(plan: AutoPlan | None, measured_ms: float | None) -> PlanFields 
 def planned(rank: int, p: Prediction) -> PlannedCandidate:
     """One ranked candidate's row of `plan.ranked`."""
     c = p.candidate
-    return PlannedCandidate(rank=rank, overrides=list(c.overrides()), predicted_step_ms=1000.0 * p.step_s,
-                            examples_per_second=p.examples_per_s, bubble_fraction=p.bubble,
-                            devices=list(dict.fromkeys(c.devices)) if c.devices is not None else None,
-                            peak_bytes=list(p.peaks), memory_bytes=list(p.memory))
+    return PlannedCandidate(
+        rank=rank,
+        overrides=list(c.overrides()),
+        predicted_step_ms=1000.0 * p.step_s,
+        examples_per_second=p.examples_per_s,
+        bubble_fraction=p.bubble,
+        devices=list(dict.fromkeys(c.devices)) if c.devices is not None else None,
+        peak_bytes=list(p.peaks),
+        memory_bytes=list(p.memory),
+    )

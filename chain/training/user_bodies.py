@@ -40,24 +40,32 @@ def load_model(spec: KerasModel) -> keras.Model:
     except Exception as e:  # Keras raises many kinds for a file it cannot read
         text = str(e).strip()
         if "deserialization of a `Lambda`" in text:
-            raise ConfigError(f"model.path={path!r} holds Python code (a Lambda layer) that Keras runs only when told "
-                              "to: if you trust the file, set model.safe_mode=false") from None
+            raise ConfigError(
+                f"model.path={path!r} holds Python code (a Lambda layer) that Keras runs only when told "
+                "to: if you trust the file, set model.safe_mode=false"
+            ) from None
         unknown = re.search(r"Could not locate (?:class|function) '([^']+)'", text)
         if unknown:
-            raise ConfigError(f"model.path={path!r} uses a layer class Keras does not know ({unknown.group(1)!r}): "
-                              "register it with @keras.saving.register_keras_serializable() in a module and name "
-                              "that module in model.imports=[...]") from None
-        raise ConfigError(f"model.path={path!r} cannot be loaded: {first_line(e)}") \
-            from None
+            raise ConfigError(
+                f"model.path={path!r} uses a layer class Keras does not know ({unknown.group(1)!r}): "
+                "register it with @keras.saving.register_keras_serializable() in a module and name "
+                "that module in model.imports=[...]"
+            ) from None
+        raise ConfigError(f"model.path={path!r} cannot be loaded: {first_line(e)}") from None
 
 
 def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
     last = c.layers[-1]
     activation = getattr(getattr(last, "activation", None), "__name__", "")
-    if settings.mode == "e2e" and settings.loss == "sparse_categorical_crossentropy" and (
-            activation == "softmax" or isinstance(last, keras.layers.Softmax)):
-        raise ConfigError(f"{c.name} ends in a softmax ({last.name!r}), but the chain's cross-entropy takes logits: "
-                          "remove the softmax from the model (the chain's predictions are then its logits)")
+    if (
+        settings.mode == "e2e"
+        and settings.loss == "sparse_categorical_crossentropy"
+        and (activation == "softmax" or isinstance(last, keras.layers.Softmax))
+    ):
+        raise ConfigError(
+            f"{c.name} ends in a softmax ({last.name!r}), but the chain's cross-entropy takes logits: "
+            "remove the softmax from the model (the chain's predictions are then its logits)"
+        )
 
 
 def gpt_model(settings: Settings) -> keras.Model:
@@ -80,15 +88,24 @@ class Resolved(NamedTuple):
     placement: Placement
 
 
-def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.Model, name: str, batch_cut: BatchCut,
-         schedule: Schedule | None) -> tuple[list[Body], list[str], Placement]:
+def _cut(
+    settings: Settings,
+    placement: Placement,
+    info: DataInfo,
+    model: keras.Model,
+    name: str,
+    batch_cut: BatchCut,
+    schedule: Schedule | None,
+) -> tuple[list[Body], list[str], Placement]:
     c = cut.analyse(model, name)
     # A model with several inputs (a dict, as keras_hub's) takes its batches from `Run.step(x_dict, y)`:
     # the config's data set has one input array, so there is nothing to fit it to.
     if len(c.boundary[0]) == 1 and not cut.fits(c.input_shape, info.input_shape):
         any_size = " (None: any size)" if None in c.input_shape else ""
-        raise ConfigError(f"{name} takes input of shape {c.input_shape}{any_size}, but data={info.name} examples have "
-                          f"shape {tuple(info.input_shape)}")
+        raise ConfigError(
+            f"{name} takes input of shape {c.input_shape}{any_size}, but data={info.name} examples have "
+            f"shape {tuple(info.input_shape)}"
+        )
     _refuse_softmax(c, settings)
     k, p = len(settings.stages), settings.placement
     costs, notes = None, []
@@ -97,15 +114,25 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
         from chain.stages.timing import piece_times
 
         devices = [placement.local_mirrored_devices[0]] * k if placement.layout == MIRRORED else list(placement.devices)
-        measured = piece_times(c, devices, placement.physical, batch_cut.per_microbatch,
-                               feed(settings, info, c.layers), progress=settings.trainer.progress)
+        measured = piece_times(
+            c,
+            devices,
+            placement.physical,
+            batch_cut.per_microbatch,
+            feed(settings, info, c.layers),
+            progress=settings.trainer.progress,
+        )
         costs = [measured.layer_costs(d) for d in devices]
     if p.balance == "memory" and p.split is None:
         played = estimate.played(settings, placement, schedule)
-        costs = footprint.layer_costs(c.params(), c.outputs(), estimate.held(settings, played),
-                                      slots=optimizer_slots(settings.stages[0].optim),
-                                      microbatch=batch_cut.per_microbatch,
-                                      recompute=settings.pipeline.recompute if played is not None else footprint.NEVER)
+        costs = footprint.layer_costs(
+            c.params(),
+            c.outputs(),
+            estimate.held(settings, played),
+            slots=optimizer_slots(settings.stages[0].optim),
+            microbatch=batch_cut.per_microbatch,
+            recompute=settings.pipeline.recompute if played is not None else footprint.NEVER,
+        )
     # mode=local's head reads its stage's output, one tensor: of several crossing a cut none is the stage's alone
     learns = objective(settings.mode)
     one_tensor = f"mode={settings.mode}" if learns.heads and learns.chained else None
@@ -116,11 +143,14 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
     except ConfigError:  # a given split with a stage that holds no weights: balancing has none to show
         even = None
     if p.balance == "memory" and p.split is None:
+
         def peaks(footprints):
             return " / ".join(human(f.total) for f in footprints)
 
-        notes.append(f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
-                     f"the even split {even}: {peaks(_footprints(c, even, settings, placement, batch_cut, schedule))}")
+        notes.append(
+            f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
+            f"the even split {even}: {peaks(_footprints(c, even, settings, placement, batch_cut, schedule))}"
+        )
     elif even is not None and (costs is not None or p.balance == "params"):
         rows = costs or [[float(n) for n in c.params()]] * k
 
@@ -128,29 +158,46 @@ def _cut(settings: Settings, placement: Placement, info: DataInfo, model: keras.
             per = balance.stage_costs(rows, s)
             if costs is None:
                 return " / ".join(f"{int(v):,}" for v in per) + " parameters"
-            return (" / ".join(f"{v * 1e3:.3g}" for v in per) + f" ms per microbatch; predicted step "
-                    f"{balance.predicted_step(per, batch_cut.microbatches) * 1e3:.3g} ms")
+            return (
+                " / ".join(f"{v * 1e3:.3g}" for v in per) + f" ms per microbatch; predicted step "
+                f"{balance.predicted_step(per, batch_cut.microbatches) * 1e3:.3g} ms"
+            )
 
-        notes.append(f"placement.balance={p.balance}: split {sizes}: {show(sizes)}; "
-                     f"the even split {even}: {show(even)}")
+        notes.append(
+            f"placement.balance={p.balance}: split {sizes}: {show(sizes)}; the even split {even}: {show(even)}"
+        )
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     labels = [cut.describe(c, a, b) for a, b in zip(bounds, bounds[1:])]
     return cut.pieces(c, sizes), labels, replace(placement, footprints=footprints).noted(*notes)
 
 
-def _footprints(c: cut.Cuttable, sizes: Sequence[int], settings: Settings, placement: Placement, batch_cut: BatchCut,
-                schedule: Schedule | None) -> list[footprint.Footprint | None]:
+def _footprints(
+    c: cut.Cuttable,
+    sizes: Sequence[int],
+    settings: Settings,
+    placement: Placement,
+    batch_cut: BatchCut,
+    schedule: Schedule | None,
+) -> list[footprint.Footprint | None]:
     """Each stage's estimated peak for a cut of `c` into `sizes` layers per stage (`chain.planning.footprint`)."""
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     params, outputs = c.params(), c.outputs()
-    costs = [footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b), max(params[a:b]))
-             for a, b in zip(bounds, bounds[1:])]
+    costs = [
+        footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b), max(params[a:b]))
+        for a, b in zip(bounds, bounds[1:])
+    ]
     return estimate.from_costs(settings, placement, batch_cut, costs, schedule)
 
 
-def resolve(settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
-            stages: Sequence[Callable] | None = None, model: keras.Model | None = None,
-            schedule: Schedule | None = None) -> Resolved:
+def resolve(
+    settings: Settings,
+    placement: Placement,
+    info: DataInfo,
+    batch_cut: BatchCut,
+    stages: Sequence[Callable] | None = None,
+    model: keras.Model | None = None,
+    schedule: Schedule | None = None,
+) -> Resolved:
     """Stage bodies not built from the config's own models (None where a stage is), their labels for the
     placement table, and the placement with a cut model's footprints and notes (balance): `Resolved`.
     `batch_cut` and `schedule`: the run's (`RunSpec.batch_cut`, `RunSpec.schedule`), which a cut model's
@@ -161,22 +208,36 @@ def resolve(settings: Settings, placement: Placement, info: DataInfo, batch_cut:
     gpt_spec = settings.stages[0].model if isinstance(settings.stages[0].model, Gpt) else None
     if (p.split is not None or p.balance != "even") and model is None and keras_spec is None and gpt_spec is None:
         key = "placement.split" if p.split is not None else f"placement.balance={p.balance}"
-        raise ConfigError(f"{key} cuts one model into stages: it needs model=keras model.path=FILE.keras, model=gpt "
-                          "(or chain.build(cfg, model=...))")
+        raise ConfigError(
+            f"{key} cuts one model into stages: it needs model=keras model.path=FILE.keras, model=gpt "
+            "(or chain.build(cfg, model=...))"
+        )
     if stages is not None:
         if model is not None:
             raise ConfigError("chain.build takes stages=[...] or model=..., not both")
         if len(stages) != k:
-            raise ConfigError(f"chain.build got {len(stages)} stage builders, but the config has {k} stages "
-                              f"(+stages={len(stages)})")
+            raise ConfigError(
+                f"chain.build got {len(stages)} stage builders, but the config has {k} stages (+stages={len(stages)})"
+            )
         names = [getattr(fn, "__qualname__", type(fn).__name__) for fn in stages]
-        return Resolved([from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement)
+        return Resolved(
+            [from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement
+        )
     if gpt_spec is not None and stages is None and model is None:  # the built-in transformer, cut as a file's model
         return Resolved(*_cut(settings, placement, info, gpt_model(settings), "model=gpt", batch_cut, schedule))
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
-        return Resolved(*_cut(settings, placement, info, model if model is not None else load_model(keras_spec), name,
-                              batch_cut, schedule))
+        return Resolved(
+            *_cut(
+                settings,
+                placement,
+                info,
+                model if model is not None else load_model(keras_spec),
+                name,
+                batch_cut,
+                schedule,
+            )
+        )
     if not any(isinstance(s.model, Builder) for s in settings.stages):
         return Resolved(None, None, placement)
     bodies, labels = [], []

@@ -49,8 +49,12 @@ class Tracker:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint records (`checkpoint.json`'s `validation`)."""
-        return {"best_loss": self.best_loss, "best_step": self.best_step,
-                "evals_since_best": self.evals_since_best, "last_step": self.last_step}
+        return {
+            "best_loss": self.best_loss,
+            "best_step": self.best_step,
+            "evals_since_best": self.evals_since_best,
+            "last_step": self.last_step,
+        }
 
     def restore(self, state: dict[str, Any] | None) -> None:
         """Continue from a checkpoint's `state()` (None: no evaluation had been counted)."""
@@ -81,6 +85,7 @@ def line(ev: Evaluation) -> str:
 def scalars(ev: Evaluation) -> tuple[list[dict[str, float]], dict[str, float]]:
     """TensorBoard scalars: `val_loss`, `val_accuracy` | `val_mae` for each stage's writer
     (mode=local) and for the chain's (mode=e2e)."""
+
     def prefixed(m: dict[str, float] | None) -> dict[str, float]:
         return {f"val_{k}": v for k, v in (m or {}).items()}
 

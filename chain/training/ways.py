@@ -59,8 +59,14 @@ def for_mode(mode: str, layout: str = PIPELINE) -> Way:
     return TABLE[(layout, mode)]
 
 
-def create(settings: Settings, placement: Placement, info: DataInfo, batch_cut: BatchCut,
-           schedule: Schedule | None = None, **bodies) -> Strategy:
+def create(
+    settings: Settings,
+    placement: Placement,
+    info: DataInfo,
+    batch_cut: BatchCut,
+    schedule: Schedule | None = None,
+    **bodies,
+) -> Strategy:
     """The strategy for this placement and mode, with its stages built and its step compiled.
 
     `schedule`: the run's pipeline schedule (`RunSpec.schedule`, built once by the preparation pass),

@@ -74,16 +74,20 @@ class WorkerTraces:
         except grpc.RpcError as e:
             if _refused(e):
                 return e.details()
-            raise ConfigError(f"{self.keys[i]}: {self.addresses[i]} does not serve TensorFlow's profiler "
-                              f"({_detail(e)}); start worker {i} with --profile-port "
-                              f"{self.addresses[i].rsplit(':', 1)[1]}") from None
+            raise ConfigError(
+                f"{self.keys[i]}: {self.addresses[i]} does not serve TensorFlow's profiler "
+                f"({_detail(e)}); start worker {i} with --profile-port "
+                f"{self.addresses[i].rsplit(':', 1)[1]}"
+            ) from None
 
     def check(self) -> None:
         """Every worker's profiler answers and is idle (a ConfigError naming the first that is not)."""
         for i in range(len(self.addresses)):
             if self._probe(i) is not None:
-                raise ConfigError(f"{self.keys[i]}: the profiler at {self.addresses[i]} is already tracing "
-                                  f"(another client's session): trainer.profile needs it idle")
+                raise ConfigError(
+                    f"{self.keys[i]}: the profiler at {self.addresses[i]} is already tracing "
+                    f"(another client's session): trainer.profile needs it idle"
+                )
 
     def start(self, session: str, root: str) -> None:
         """Start a trace session `session` on every worker, writing under `root`, and return once
@@ -98,15 +102,19 @@ class WorkerTraces:
                 if call.done():  # it ended before its session was seen running: refused, or failed
                     if call.exception() is not None and not _refused(call.exception()):
                         self.stop()
-                        raise ChainError(f"the profiler of worker {i} ({self.addresses[i]}) did not trace: "
-                                         f"{_detail(call.exception())}")
+                        raise ChainError(
+                            f"the profiler of worker {i} ({self.addresses[i]}) did not trace: "
+                            f"{_detail(call.exception())}"
+                        )
                     self._calls[i] = self._send(i, root)
                 elif self._probe(i) is not None:
                     waiting.discard(i)
             if waiting and time.monotonic() > deadline:
                 self.stop()
-                raise ChainError(f"the profilers of {', '.join(self.addresses[i] for i in sorted(waiting))} did not "
-                                 f"start tracing in {START_S:.0f} s")
+                raise ChainError(
+                    f"the profilers of {', '.join(self.addresses[i] for i in sorted(waiting))} did not "
+                    f"start tracing in {START_S:.0f} s"
+                )
             if waiting:
                 time.sleep(0.01)
 

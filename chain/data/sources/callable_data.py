@@ -25,21 +25,33 @@ class FromCallable(DataSet):
     KIND: ClassVar[str] = "callable"
     SELECTED_BY: ClassVar[str] = "_target_"
     EXTRA: ClassVar[str] = "kwargs"
-    _target_: str = setting(required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"),
+    _target_: str = setting(
+        required(dotted_name, "data=callable data._target_=mypackage.data.make_dataset"),
         "your function's import path (checked to be callable before the run), called through Hydra; its arguments "
-        "are +data.ARG keys (required)")
-    classes: tuple[tuple[str, int], ...] | None = setting(optional(mapping(integer(0, MAX_CLASSES))),
-        "a target's kind: {name: number of classes, or 0 for a real value}; default from its dtype")
+        "are +data.ARG keys (required)",
+    )
+    classes: tuple[tuple[str, int], ...] | None = setting(
+        optional(mapping(integer(0, MAX_CLASSES))),
+        "a target's kind: {name: number of classes, or 0 for a real value}; default from its dtype",
+    )
     max_examples: int = setting(integer(1, MAX_BATCH), "more examples than this is refused (an endless dataset?)")
-    read_timeout_s: float = setting(number(positive=True, maximum=86400.0),
-        "seconds the read may wait for a batch of examples")
-    stream: bool = setting(boolean, "use the dataset as it is while training instead of reading it whole (data "
-                           "larger than memory; it must be checkpointable: no Python generator or py_function); "
-                           "needs data.classes for integer targets")
-    examples: int | None = setting(optional(integer(1, MAX_BATCH)),
-        "data.stream=true: the dataset's number of examples when TensorFlow cannot tell; null: counted (a pass)")
-    shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
-        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
+    read_timeout_s: float = setting(
+        number(positive=True, maximum=86400.0), "seconds the read may wait for a batch of examples"
+    )
+    stream: bool = setting(
+        boolean,
+        "use the dataset as it is while training instead of reading it whole (data "
+        "larger than memory; it must be checkpointable: no Python generator or py_function); "
+        "needs data.classes for integer targets",
+    )
+    examples: int | None = setting(
+        optional(integer(1, MAX_BATCH)),
+        "data.stream=true: the dataset's number of examples when TensorFlow cannot tell; null: counted (a pass)",
+    )
+    shuffle_buffer: int = setting(
+        integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
+    )
     kwargs: dict = field(default_factory=dict)
 
 

@@ -15,8 +15,16 @@ from typing import ClassVar
 import numpy as np
 
 from chain.data import count_cache, files
-from chain.data.catalog import (DataInfo, Target, name_targets, no_other_classes, split_info, stream_classes,
-                                target_keys, val_fraction)
+from chain.data.catalog import (
+    DataInfo,
+    Target,
+    name_targets,
+    no_other_classes,
+    split_info,
+    stream_classes,
+    target_keys,
+    val_fraction,
+)
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.shards import none_empty
 from chain.data.streamed import CsvFiles, held_files
@@ -30,19 +38,30 @@ class Csv(Labelled):
     (None: every column that is not a target); `val_path` an optional second file."""
 
     KIND: ClassVar[str] = "csv"
-    path: str = setting(required(string, "data=csv data.path=FILE.csv data.y=COLUMN"),
-        "the .csv file with a header row (required); data.stream=true: a glob of such files")
-    val_path: str | None = setting(optional(string), "a second CSV file with the same columns, for validation "
-                                   "(data.stream=true: a glob)")
-    x: tuple[str, ...] | None = setting(optional(list_of(string, 1)),
-        "the input columns; null: every column that is not a target")
-    stream: bool = setting(boolean, "read the rows while training instead of loading them (data larger than "
-                           "memory); needs data.classes for every target")
-    shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
-        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
-    on_bad_record: str = setting(choice("fail", "skip"),
+    path: str = setting(
+        required(string, "data=csv data.path=FILE.csv data.y=COLUMN"),
+        "the .csv file with a header row (required); data.stream=true: a glob of such files",
+    )
+    val_path: str | None = setting(
+        optional(string), "a second CSV file with the same columns, for validation (data.stream=true: a glob)"
+    )
+    x: tuple[str, ...] | None = setting(
+        optional(list_of(string, 1)), "the input columns; null: every column that is not a target"
+    )
+    stream: bool = setting(
+        boolean,
+        "read the rows while training instead of loading them (data larger than "
+        "memory); needs data.classes for every target",
+    )
+    shuffle_buffer: int = setting(
+        integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
+    )
+    on_bad_record: str = setting(
+        choice("fail", "skip"),
         "data.stream=true: a row that is not numbers, one per column, stops the run naming its file and line "
-        "(fail) or is left out (skip)")
+        "(fail) or is left out (skip)",
+    )
 
 
 def csv_columns(data: Csv, table: files.Table) -> list[str]:
@@ -51,8 +70,10 @@ def csv_columns(data: Csv, table: files.Table) -> list[str]:
     if data.x is None:
         columns = [c for c in table.columns if c not in used]
         if not columns:
-            raise ConfigError(f"data.path={table.path!r} has no column left for the inputs once the targets "
-                              f"({', '.join(sorted(used))}) are taken")
+            raise ConfigError(
+                f"data.path={table.path!r} has no column left for the inputs once the targets "
+                f"({', '.join(sorted(used))}) are taken"
+            )
         return columns
     for i, c in enumerate(data.x):
         table.column(c, f"data.x[{i}]")
@@ -66,22 +87,32 @@ def describe(data: Csv) -> DataInfo:
     or, streamed, from `data.classes` and the rows counted."""
     if data.stream:
         s = shards(data)
-        return DataInfo("csv", (len(s.x),), s.examples, tuple(Target(name, c) for name, _, c in s.targets),
-                        s.val_examples)
+        return DataInfo(
+            "csv", (len(s.x),), s.examples, tuple(Target(name, c) for name, _, c in s.targets), s.val_examples
+        )
     table = files.csv_table(data.path, "data.path")
     columns = csv_columns(data, table)
     tables = [table] + ([files.csv_table(data.val_path, "data.val_path")] if data.val_path else [])
     for t in tables[1:]:
         for c in columns:
             t.column(c, f"data.x column (data.val_path={data.val_path!r})")
-    labels = [(name, np.concatenate([t.column(key, where) for t in tables]), f"{where}={key!r} of {table.path}")
-              for name, key, where in target_keys(data)]
-    return split_info("csv", (len(columns),), len(table.values), name_targets(data, labels, by_values=True), data,
-                      own=sum(len(t.values) for t in tables[1:]))
+    labels = [
+        (name, np.concatenate([t.column(key, where) for t in tables]), f"{where}={key!r} of {table.path}")
+        for name, key, where in target_keys(data)
+    ]
+    return split_info(
+        "csv",
+        (len(columns),),
+        len(table.values),
+        name_targets(data, labels, by_values=True),
+        data,
+        own=sum(len(t.values) for t in tables[1:]),
+    )
 
 
 def read(data: Csv, seed: int, info: DataInfo | None = None) -> Read:
     """The input columns as float32 and the target columns, of `data.path` (and `data.val_path`)."""
+
     def one(path: str, path_key: str) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
         table = files.csv_table(path, path_key)
         x = np.stack([table.column(c, "data.x") for c in csv_columns(data, table)], 1).astype(np.float32)
@@ -101,8 +132,12 @@ def _stream_targets(data: Csv, columns: tuple[str, ...], path: str) -> tuple[tup
         if key not in columns:
             raise ConfigError(f"{where}={key!r} is not a column of {path}; its columns: {', '.join(columns)}")
         name = name or ("value" if "value" in given and "label" not in given else "label")
-        classes = stream_classes(given, name, f"whether {where}={key!r} holds class labels or values is known "
-                                 "only after reading every row", needed=True)  # a column has no type: even a value's 0
+        classes = stream_classes(
+            given,
+            name,
+            f"whether {where}={key!r} holds class labels or values is known only after reading every row",
+            needed=True,
+        )  # a column has no type: even a value's 0
         out.append((name, columns.index(key), classes))
     no_other_classes(given, "data=csv", [t[0] for t in out])
     return tuple(out)
@@ -129,14 +164,26 @@ def shards(data: Csv) -> CsvFiles:
     for path in paths + val:
         key = val_key if path in val else "data.path"
         if files.csv_header(path, key) != columns:
-            raise ConfigError(f"{key}: the header of {path} is not the header of {paths[0]} "
-                              f"({', '.join(columns)}); every file streamed has the same columns")
+            raise ConfigError(
+                f"{key}: the header of {path} is not the header of {paths[0]} "
+                f"({', '.join(columns)}); every file streamed has the same columns"
+            )
     counts = _rows(paths, "data.path", data.path)
     none_empty(paths, counts, "data.path", "rows")
     val_counts = _rows(val, val_key, data.val_path or data.path) if val else ()
     none_empty(val, val_counts, val_key, "rows", held=data.val_path is None)
-    return CsvFiles(tuple(paths), counts, tuple(val), val_counts, columns, tuple(columns.index(c) for c in x),
-                    targets, data.shuffle_buffer, data.on_bad_record == "skip", val_key)
+    return CsvFiles(
+        tuple(paths),
+        counts,
+        tuple(val),
+        val_counts,
+        columns,
+        tuple(columns.index(c) for c in x),
+        targets,
+        data.shuffle_buffer,
+        data.on_bad_record == "skip",
+        val_key,
+    )
 
 
 SOURCE = Source(Csv, describe, read, shards)

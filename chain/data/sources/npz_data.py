@@ -39,14 +39,20 @@ class Npz(Labelled):
     second file with the same keys, for validation."""
 
     KIND: ClassVar[str] = "npz"
-    path: str = setting(required(string, "data=npz data.path=FILE.npz data.x=KEY data.y=KEY"),
-        "the .npz file (required)")
+    path: str = setting(
+        required(string, "data=npz data.path=FILE.npz data.x=KEY data.y=KEY"), "the .npz file (required)"
+    )
     val_path: str | None = setting(optional(string), "a second .npz file with the same keys, for validation")
     x: str = setting(string, "the key of the inputs: one example per row")
-    stream: bool = setting(boolean, "read the arrays in place while training instead of loading them (data "
-                           "larger than memory; an uncompressed np.savez file); needs data.classes for integer targets")
-    shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
-        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
+    stream: bool = setting(
+        boolean,
+        "read the arrays in place while training instead of loading them (data "
+        "larger than memory; an uncompressed np.savez file); needs data.classes for integer targets",
+    )
+    shuffle_buffer: int = setting(
+        integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
+    )
 
 
 def _targets(data: Npz, path: str, path_key: str) -> list[np.ndarray]:
@@ -67,9 +73,13 @@ def describe(data: Npz) -> DataInfo:
     from their dtypes and `data.classes`, read from the headers alone)."""
     if data.stream:
         s = shards(data)
-        return DataInfo("npz", s.train.x.shape[1:], s.examples,
-                        tuple(Target(n, c, label_shape(y.shape[1:])) for (n, c), y in zip(s.targets, s.train.ys)),
-                        s.val_examples)
+        return DataInfo(
+            "npz",
+            s.train.x.shape[1:],
+            s.examples,
+            tuple(Target(n, c, label_shape(y.shape[1:])) for (n, c), y in zip(s.targets, s.train.ys)),
+            s.val_examples,
+        )
     counts, shape = [], ()
     labels: dict[str, list] = {}
     for path, path_key in ((data.path, "data.path"), (data.val_path, "data.val_path")):
@@ -81,7 +91,8 @@ def describe(data: Npz) -> DataInfo:
         for (name, key, where), y in zip(target_keys(data), _targets(data, path, path_key)):
             # A label per position ((N, seq)) keeps its shape: the target's (`name_targets`).
             labels.setdefault(where, [name, f"{where}={key!r} of {path}"]).append(
-                y.reshape(len(y), *y.shape[1:]) if y.ndim > 1 and y.shape[1:] != (1,) else y.reshape(-1))
+                y.reshape(len(y), *y.shape[1:]) if y.ndim > 1 and y.shape[1:] != (1,) else y.reshape(-1)
+            )
     targets = name_targets(data, [(v[0], _together(v[2:], v[1]), v[1]) for v in labels.values()])
     return split_info("npz", shape, counts[0], targets, data, own=sum(counts[1:]))
 
@@ -89,13 +100,16 @@ def describe(data: Npz) -> DataInfo:
 def _together(arrays: list[np.ndarray], where: str) -> np.ndarray:
     """A target's arrays of the training and the validation file as one (their labels per example must agree)."""
     if len({a.shape[1:] for a in arrays}) > 1:
-        raise ConfigError(f"{where} has labels of shape {arrays[0].shape[1:]} per example in data.path but "
-                          f"{arrays[1].shape[1:]} in data.val_path; both files must agree")
+        raise ConfigError(
+            f"{where} has labels of shape {arrays[0].shape[1:]} per example in data.path but "
+            f"{arrays[1].shape[1:]} in data.val_path; both files must agree"
+        )
     return np.concatenate(arrays)
 
 
 def read(data: Npz, seed: int, info: DataInfo | None = None) -> Read:
     """The inputs of `data.path` (and `data.val_path`), with the targets the description read."""
+
     def one(path: str, path_key: str) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
         ys = _targets(data, path, path_key)
         x = files.npz_array(path, data.x, "data.x", path_key)
@@ -115,11 +129,17 @@ def _part(data: Npz, path: str, path_key: str) -> tuple[ArrayPart, tuple[tuple[s
         integral = np.dtype(y.dtype).kind in "iub"
         labels = label_shape(y.shape[1:])
         if y.shape[:1] != x.shape[:1] or len(labels) > 1 or (labels and not integral):
-            raise ConfigError(f"{where}={key!r} of {path} has shape {y.shape}; a target holds one value per example "
-                              f"of data.x ({x.shape[0]},), or one class label per position ((N, seq): integers)")
+            raise ConfigError(
+                f"{where}={key!r} of {path} has shape {y.shape}; a target holds one value per example "
+                f"of data.x ({x.shape[0]},), or one class label per position ((N, seq): integers)"
+            )
         name = name or ("label" if integral else "value")
-        classes = stream_classes(given, name, f"the number of classes of {where}={key!r} is known only after "
-                                 "reading every label", needed=integral)
+        classes = stream_classes(
+            given,
+            name,
+            f"the number of classes of {where}={key!r} is known only after reading every label",
+            needed=integral,
+        )
         ys.append(y)
         targets.append((name, classes))
     no_other_classes(given, "data=npz", [t[0] for t in targets])
@@ -136,12 +156,16 @@ def shards(data: Npz) -> ArrayFiles:
     if data.val_path is not None:
         val, val_targets = _part(data, data.val_path, "data.val_path")
         if not val.rows:
-            raise ConfigError(f"data.val_path={data.val_path!r}: its arrays hold no rows ({data.x}: {val.x.shape}), "
-                              "so there is nothing to validate on; give a file that holds examples, or leave "
-                              "data.val_path out")
+            raise ConfigError(
+                f"data.val_path={data.val_path!r}: its arrays hold no rows ({data.x}: {val.x.shape}), "
+                "so there is nothing to validate on; give a file that holds examples, or leave "
+                "data.val_path out"
+            )
         if val.x.shape[1:] != train.x.shape[1:] or val_targets != targets:
-            raise ConfigError(f"data.val_path={data.val_path!r}: its arrays are not shaped as those of "
-                              f"data.path={data.path!r} ({data.x}: {val.x.shape[1:]} vs {train.x.shape[1:]})")
+            raise ConfigError(
+                f"data.val_path={data.val_path!r}: its arrays are not shaped as those of "
+                f"data.path={data.path!r} ({data.x}: {val.x.shape[1:]} vs {train.x.shape[1:]})"
+            )
     else:
         held = held_out(train.rows, data, f"data.path={data.path!r}")
         val = ArrayPart(train.x, train.ys, train.stop - held, train.stop)

@@ -33,12 +33,16 @@ class Text(Windowed):
     """UTF-8 text files, their bytes the ids, cut into windows of `seq_len + 1` bytes."""
 
     KIND: ClassVar[str] = "text"
-    files: str = setting(required(string, "data=text 'data.files=corpus/*.txt' data.seq_len=N"),
-        "a glob of UTF-8 text files (read in sorted order, one after the other)")
+    files: str = setting(
+        required(string, "data=text 'data.files=corpus/*.txt' data.seq_len=N"),
+        "a glob of UTF-8 text files (read in sorted order, one after the other)",
+    )
     val_files: str | None = setting(optional(string), "a glob of UTF-8 text files for validation")
-    tokenizer: str | None = setting(optional(string),
+    tokenizer: str | None = setting(
+        optional(string),
         "a keras_hub tokenizer's local vocabulary: vocab.txt (WordPiece), vocab.json with merges.txt beside it "
-        "(byte-pair), or their folder; null: byte-level ids")
+        "(byte-pair), or their folder; null: byte-level ids",
+    )
 
 
 def _utf8(path: str, key: str) -> int:
@@ -53,8 +57,10 @@ def _utf8(path: str, key: str) -> int:
             try:
                 decoder.decode(block)
             except UnicodeDecodeError as e:
-                raise ConfigError(f"{key}: {path} is not UTF-8 text (byte {done + e.start} is {block[e.start]:#04x}); "
-                                  "data=text reads UTF-8 files") from None
+                raise ConfigError(
+                    f"{key}: {path} is not UTF-8 text (byte {done + e.start} is {block[e.start]:#04x}); "
+                    "data=text reads UTF-8 files"
+                ) from None
             done += len(block)
     try:
         decoder.decode(b"", final=True)

@@ -14,8 +14,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from chain.data import files, tfrecord_files
-from chain.data.catalog import (DataInfo, Target, label_shape, no_other_classes, split_size, stream_classes,
-                                target_keys, val_fraction)
+from chain.data.catalog import (
+    DataInfo,
+    Target,
+    label_shape,
+    no_other_classes,
+    split_size,
+    stream_classes,
+    target_keys,
+    val_fraction,
+)
 from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
 from chain.data.shards import Shards, count, none_empty
 from chain.errors import ConfigError
@@ -29,19 +37,29 @@ class TFRecord(Labelled):
     glob for validation."""
 
     KIND: ClassVar[str] = "tfrecord"
-    files: str = setting(required(string, "data=tfrecord data.files='DIR/*.tfrecord'"),
-        "a glob of TFRecord files of tf.train.Example (required)")
+    files: str = setting(
+        required(string, "data=tfrecord data.files='DIR/*.tfrecord'"),
+        "a glob of TFRecord files of tf.train.Example (required)",
+    )
     val_files: str | None = setting(optional(string), "a glob of TFRecord files for validation")
     x: str = setting(string, "the feature holding the inputs")
     features: tuple[tuple[str, tuple], ...] = setting(
         required(mapping(feature), "data.features={x: 'float32[8]', label: int64} (every feature read)"),
-        "every feature read: {name: float32[d1,...] or int64} (required)")
-    stream: bool = setting(boolean, "read the records while training instead of loading them (data larger than "
-                           "memory); needs data.classes for class targets")
-    shuffle_buffer: int = setting(integer(1, MAX_CLASSES),
-        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)")
-    on_bad_record: str = setting(choice("fail", "skip"),
-        "data.stream=true: a record unlike data.features stops the run naming its file (fail) or is left out (skip)")
+        "every feature read: {name: float32[d1,...] or int64} (required)",
+    )
+    stream: bool = setting(
+        boolean,
+        "read the records while training instead of loading them (data larger than "
+        "memory); needs data.classes for class targets",
+    )
+    shuffle_buffer: int = setting(
+        integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
+    )
+    on_bad_record: str = setting(
+        choice("fail", "skip"),
+        "data.stream=true: a record unlike data.features stops the run naming its file (fail) or is left out (skip)",
+    )
 
 
 def describe(data: TFRecord) -> None:
@@ -53,13 +71,19 @@ def describe(data: TFRecord) -> None:
     val_fraction(data)
     for key, where in [(data.x, "data.x")] + [(k, w) for _, k, w in target_keys(data)]:
         if key not in features:
-            raise ConfigError(f"{where}={key!r} is not in data.features ({', '.join(features)}); declare every "
-                              "feature read, e.g. data.features={x: 'float32[8]', label: int64}")
+            raise ConfigError(
+                f"{where}={key!r} is not in data.features ({', '.join(features)}); declare every "
+                "feature read, e.g. data.features={x: 'float32[8]', label: int64}"
+            )
     if data.stream:
         s = shards(data)
-        return DataInfo("tfrecord", tuple(features[data.x][1]), s.examples,
-                        tuple(Target(name, classes, label_shape(features[key][1])) for name, key, classes in s.targets),
-                        s.val_examples)
+        return DataInfo(
+            "tfrecord",
+            tuple(features[data.x][1]),
+            s.examples,
+            tuple(Target(name, classes, label_shape(features[key][1])) for name, key, classes in s.targets),
+            s.val_examples,
+        )
     for key, pattern in (("data.files", data.files), ("data.val_files", data.val_files)):
         for path in files.matching(pattern, key) if pattern is not None else ():
             _first_as_declared(path, data.features, key)  # TensorFlow's parser would not name the file
@@ -75,11 +99,17 @@ def _stream_targets(data: TFRecord) -> tuple[tuple[str, str, int], ...]:
         dtype, shape = features[key]
         labels = label_shape(shape)
         if len(labels) > 1 or (labels and dtype != "int64"):
-            raise ConfigError(f"{where}={key!r} is declared {dtype}{list(shape)}; a target holds one value per "
-                              "example (int64 or float32), or one class label per position (int64[seq])")
+            raise ConfigError(
+                f"{where}={key!r} is declared {dtype}{list(shape)}; a target holds one value per "
+                "example (int64 or float32), or one class label per position (int64[seq])"
+            )
         name = name or ("label" if dtype == "int64" else "value")
-        classes = stream_classes(given, name, f"the number of classes of {where}={key!r} is known only after "
-                                 "reading every record", needed=dtype == "int64")
+        classes = stream_classes(
+            given,
+            name,
+            f"the number of classes of {where}={key!r} is known only after reading every record",
+            needed=dtype == "int64",
+        )
         out.append((name, key, classes))
     no_other_classes(given, "data=tfrecord", [t[0] for t in out])
     return tuple(out)
@@ -98,15 +128,18 @@ def _first_as_declared(path: str, features: tuple[tuple[str, tuple], ...], key: 
     try:
         held = tfrecord_files.example_features(record)
     except ValueError:
-        raise ConfigError(f"{where} is not a tf.train.Example; data=tfrecord reads files of tf.train.Example "
-                          "records") from None
+        raise ConfigError(
+            f"{where} is not a tf.train.Example; data=tfrecord reads files of tf.train.Example records"
+        ) from None
     for name, (dtype, shape) in features:
         kind, n = held.get(name, ("", 0))
         declared = dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
         if n != math.prod(shape) or (n and kind != dtype):
             what = f"{n} values" if not n or kind == dtype else f"{n} {kind} values"
-            raise ConfigError(f"{where} is not as data.features declares it: feature {name} holds {what}, declared "
-                              f"{declared} (each file's first record is checked before training)")
+            raise ConfigError(
+                f"{where} is not as data.features declares it: feature {name} holds {what}, declared "
+                f"{declared} (each file's first record is checked before training)"
+            )
 
 
 def shards(data: TFRecord) -> Shards:
@@ -123,10 +156,12 @@ def shards(data: TFRecord) -> Shards:
         fraction = val_fraction(data)
         held = split_size(len(paths), fraction)
         if fraction > 0 and not held:
-            raise ConfigError(f"data.val_fraction={fraction:g} with data.stream=true holds out whole files, and "
-                              f"data.files={data.files!r} matches {len(paths)} file; give data.val_files, or "
-                              "data.val_fraction=0 (no validation)")
-        paths, val = paths[:len(paths) - held], paths[len(paths) - held:]
+            raise ConfigError(
+                f"data.val_fraction={fraction:g} with data.stream=true holds out whole files, and "
+                f"data.files={data.files!r} matches {len(paths)} file; give data.val_files, or "
+                "data.val_fraction=0 (no validation)"
+            )
+        paths, val = paths[: len(paths) - held], paths[len(paths) - held :]
         val_counts = count(val, f"data.files={data.files!r}")
     counts = count(paths, f"data.files={data.files!r}")
     val_key = "data.files" if data.val_files is None else "data.val_files"
@@ -134,8 +169,18 @@ def shards(data: TFRecord) -> Shards:
     none_empty(val, val_counts, val_key, "records", held=data.val_files is None)
     for path in paths + val:
         _first_as_declared(path, data.features, val_key if path in val else "data.files")
-    return Shards(tuple(paths), counts, tuple(val), val_counts, data.features, data.x, targets, data.shuffle_buffer,
-                  data.on_bad_record == "skip", "data.files" if data.val_files is None else "data.val_files")
+    return Shards(
+        tuple(paths),
+        counts,
+        tuple(val),
+        val_counts,
+        data.features,
+        data.x,
+        targets,
+        data.shuffle_buffer,
+        data.on_bad_record == "skip",
+        "data.files" if data.val_files is None else "data.val_files",
+    )
 
 
 def read(data: TFRecord, seed: int, info: DataInfo | None = None) -> Read:
@@ -143,8 +188,13 @@ def read(data: TFRecord, seed: int, info: DataInfo | None = None) -> Read:
     stream: `chain.data.loader.load` asks `shards`)."""
     from chain.data import tensors
 
-    return from_files(data, lambda path, key: tensors.records(data, path, key), "files", "val_files",
-                      [name for name, _, _ in target_keys(data)])
+    return from_files(
+        data,
+        lambda path, key: tensors.records(data, path, key),
+        "files",
+        "val_files",
+        [name for name, _, _ in target_keys(data)],
+    )
 
 
 SOURCE = Source(TFRecord, describe, read, shards)

@@ -41,9 +41,11 @@ class Windowed(DataSet):
     """Ids cut into windows of `seq_len + 1` (what `data=tokens` and `data=text` share), always streamed."""
 
     seq_len: int = setting(integer(1, MAX_SEQ_LEN), "tokens per example (a window holds one more: the targets)")
-    windows: str = setting(choice(*WINDOWS),
+    windows: str = setting(
+        choice(*WINDOWS),
         "sequential: every window at a stride of seq_len (shuffled per epoch with data.shuffle); random: each "
-        "starting at a random token")
+        "starting at a random token",
+    )
 
     @property
     def stream(self) -> bool:
@@ -56,12 +58,16 @@ class Tokens(Windowed):
     """A flat binary file of token ids, cut into windows of `seq_len + 1` tokens."""
 
     KIND: ClassVar[str] = "tokens"
-    path: str = setting(required(string, "data=tokens data.path=train.bin data.seq_len=N"),
-        "the token file: ids one after the other, no header (as nanoGPT's train.bin)")
+    path: str = setting(
+        required(string, "data=tokens data.path=train.bin data.seq_len=N"),
+        "the token file: ids one after the other, no header (as nanoGPT's train.bin)",
+    )
     val_path: str | None = setting(optional(string), "a second token file, for validation")
     dtype: str = setting(choice(*DTYPES), "the ids' type in the file")
-    vocab: int | None = setting(optional(integer(2, MAX_CLASSES)),
-        "ids are 0..vocab-1 (the model's output width); null: the file's largest id + 1")
+    vocab: int | None = setting(
+        optional(integer(2, MAX_CLASSES)),
+        "ids are 0..vocab-1 (the model's output width); null: the file's largest id + 1",
+    )
 
 
 def _tokens(path: str, key: str, dtype: str) -> int:
@@ -70,8 +76,10 @@ def _tokens(path: str, key: str, dtype: str) -> int:
     files.existing(path, key)
     size, width = os.path.getsize(path), np.dtype(dtype).itemsize
     if size % width:
-        raise ConfigError(f"{key}={path!r} holds {size} bytes, not a whole number of data.dtype={dtype} ids "
-                          f"({width} bytes each); give the dtype the file was written with")
+        raise ConfigError(
+            f"{key}={path!r} holds {size} bytes, not a whole number of data.dtype={dtype} ids "
+            f"({width} bytes each); give the dtype the file was written with"
+        )
     if dtype == "uint16" and (line := token_width.narrow(path, key, size)) is not None:
         raise ConfigError(line)
     return size // width
@@ -82,7 +90,7 @@ def _largest(path: str, dtype: str, mtime: int, size: int) -> int:
     """The largest id of the file, read once per version of it (in blocks, memory-mapped)."""
     ids = np.memmap(path, dtype=dtype, mode="r")
     block = 1 << 24
-    return max(int(ids[i:i + block].max()) for i in range(0, len(ids), block)) if len(ids) else -1
+    return max(int(ids[i : i + block].max()) for i in range(0, len(ids), block)) if len(ids) else -1
 
 
 def largest(path: str, dtype: str) -> int:
@@ -90,20 +98,28 @@ def largest(path: str, dtype: str) -> int:
     return _largest(path, dtype, st.st_mtime_ns, st.st_size)
 
 
-def part(paths: list[str], sizes: list[int], dtype: str, seq_len: int, start: int, stop: int, where: str
-         ) -> TokenPart:
+def part(paths: list[str], sizes: list[int], dtype: str, seq_len: int, start: int, stop: int, where: str) -> TokenPart:
     """Tokens `start`..`stop` of `paths` (their `sizes`); one line (`where`: the key, the file and which of
     its tokens) when they hold no whole window. Files of no token are left out (nothing to map)."""
     kept = [(p, n) for p, n in zip(paths, sizes) if n]
     out = TokenPart(tuple(p for p, _ in kept), tuple(n for _, n in kept), dtype, start, stop, seq_len)
     if not out.windows:
-        raise ConfigError(f"{where} holds {stop - start} tokens, fewer than one window of data.seq_len={seq_len} "
-                          "+ 1; give more tokens or a smaller data.seq_len")
+        raise ConfigError(
+            f"{where} holds {stop - start} tokens, fewer than one window of data.seq_len={seq_len} "
+            "+ 1; give more tokens or a smaller data.seq_len"
+        )
     return out
 
 
-def split(paths: list[str], sizes: list[int], val: tuple[list[str], list[int]] | None, data, key: str,
-          what: str, dtype: str | None = None) -> tuple[TokenPart, TokenPart | None]:
+def split(
+    paths: list[str],
+    sizes: list[int],
+    val: tuple[list[str], list[int]] | None,
+    data,
+    key: str,
+    what: str,
+    dtype: str | None = None,
+) -> tuple[TokenPart, TokenPart | None]:
     """The training part and the validation part: the files `val` (a key of their own), or the last
     `data.val_fraction` of the tokens (default 0.1, as nanoGPT's 90/10 split). The ids are `dtype`
     (default: `data.dtype`, or bytes for data=text)."""
@@ -133,15 +149,22 @@ def shards(data: Tokens) -> TokenFiles:
     top = max(tops.values())
     vocab = data.vocab if data.vocab is not None else max(2, top + 1)
     if top >= vocab:
-        raise ConfigError(f"data.vocab={vocab}, but the token files hold the id {top}; ids are 0..vocab-1: set "
-                          f"data.vocab={top + 1} or more (the model's output width)")
+        raise ConfigError(
+            f"data.vocab={vocab}, but the token files hold the id {top}; ids are 0..vocab-1: set "
+            f"data.vocab={top + 1} or more (the model's output width)"
+        )
     return TokenFiles(train, val, vocab, data.windows)
 
 
 def describe_files(data, s: TokenFiles) -> DataInfo:
     """Examples of `seq_len` ids with the target `next` (the following id at each position, `vocab` classes)."""
-    return DataInfo(data.name, (data.seq_len,), s.examples, (Target(TokenFiles.TARGET, s.vocab, (data.seq_len,)),),
-                    s.val.windows if s.val else 0)
+    return DataInfo(
+        data.name,
+        (data.seq_len,),
+        s.examples,
+        (Target(TokenFiles.TARGET, s.vocab, (data.seq_len,)),),
+        s.val.windows if s.val else 0,
+    )
 
 
 def describe(data: Tokens) -> DataInfo:
