@@ -285,7 +285,7 @@ def loops(
         for _ in range(2):
             reference.step(*next(first))
         for k in calls:
-            out[f"keras{k}"] = lambda n, f=keras_fit(run, k, reference.stages), k=k: f(whole(k, n))
+            out[f"keras{k}"] = lambda n, f=keras_fit(run, k, reference.stages), k=k: f(whole(k, n))  # noqa: B008 (one fit per k)
             out[f"fit{k}"] = lambda n, k=k: block_fit(whole(k, n), k)
         if keras_adam:
             k, kr = calls[0], chain.build(chain.compose(overrides(size, case) + ["optim.fused=false"]))

@@ -560,7 +560,7 @@ def main() -> None:
                 if a.hand:
                     steps["hand", m, place] = hand_step(a, full, m)
         names = sorted({key[:2] for key in steps}, key=lambda v: (v[1], v[0]))
-        for (name, m, place), fn in steps.items():
+        for (_, m, place), fn in steps.items():
             for _ in range(a.warmup):
                 fn(*batches[place, m])
         print(

@@ -63,7 +63,7 @@ def main() -> None:
             )
             run = chain.build(cfg, run_dir=run_dir)
             summary = {}
-            _, foreign = foreign_cpu(lambda: summary.update(run.fit()), [os.getpid(), *cluster.pids])
+            _, foreign = foreign_cpu(lambda: summary.update(run.fit()), [os.getpid(), *cluster.pids])  # noqa: B023 (called at once)
             with open(os.path.join(run_dir, "timeline.json")) as f:
                 measured = json.load(f)
             row = dict(

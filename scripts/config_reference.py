@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
-from dataclasses import MISSING, Field, fields, is_dataclass
+from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any, Callable
 

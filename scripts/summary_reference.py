@@ -34,7 +34,7 @@ def _rows(record: type) -> list[str]:
 
 def _sections(record: type, where: str) -> list[str]:
     out = []
-    for name, help, section in fields_of(record, sections=False):
+    for _name, help, section in fields_of(record, sections=False):
         if section is not None:
             out += ["", f"**{help}** ({where}):", "", *_rows(section)]
     return out

@@ -80,7 +80,7 @@ def test_the_transfer_delays_a_crossing():
 def test_every_candidate_is_a_legal_schedule():
     found = search.candidates(costs([1.0] * 4), 8, [1, 2, 3, 4])
     assert found
-    for c, bounds in found:
+    for c, _bounds in found:
         d = c.stages // 2 if c.schedule == "interleaved" else None
         schedules.simulate(schedules.build(c.schedule, c.stages, c.microbatches, d))
         assert c.replicas * (c.stages // 2 if c.schedule in ("interleaved", "zbv") else c.stages) <= 4

@@ -12,10 +12,9 @@ import sys
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import chain
-from compare import rel_diff, trains_like_one_device
+from compare import trains_like_one_device
 from conftest import DEVICES, read_summary, run_cli, run_dirs
 
 L = keras.layers

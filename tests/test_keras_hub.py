@@ -461,7 +461,7 @@ def test_gpt2_from_a_keras_file_and_from_a_builder_trains_on_token_data_through_
     it = iter(chain.build(chain.compose(from_file)).batches())  # what the runs streamed: the same config
     data = [next(it) for _ in range(2)]
     ids = np.fromfile(tmp_path / "train.bin", np.uint16).astype(np.int32)
-    for k, (x, ys) in enumerate(data):
+    for k, (x, _) in enumerate(data):
         windows = np.stack([ids[i * SEQ : (i + 1) * SEQ] for i in range(k * BATCH, (k + 1) * BATCH)])
         np.testing.assert_array_equal(x["token_ids"], windows)
         np.testing.assert_array_equal(x["padding_mask"], np.ones_like(windows))  # full windows: no padding
@@ -789,7 +789,7 @@ def seq2seq_batches(n: int):
     """`n` batches of a sequence-to-sequence model's four named inputs, both sides padded."""
     rng = np.random.default_rng(1)
     out = []
-    for (enc, y), (dec, _) in zip(batches(n), batches(n + 1)[1:]):
+    for (enc, _), (dec, _) in zip(batches(n), batches(n + 1)[1:]):
         x = {
             "encoder_token_ids": enc["token_ids"],
             "encoder_padding_mask": enc["padding_mask"],

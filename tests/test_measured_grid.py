@@ -129,5 +129,5 @@ def test_the_order_across_devices_is_kept_when_actions_overlap():
                     assert cx < cy, (x, y)
                 if x.start_ms < y.start_ms:
                     assert cx <= cy, (x, y)
-        for k, row in enumerate(s.actions):
+        for _k, row in enumerate(s.actions):
             assert [at[a] for a in row] == sorted(at[a] for a in row) and len({at[a] for a in row}) == len(row)

@@ -98,7 +98,7 @@ def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path,
     finally:
         for p in procs:
             p.kill()
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     assert f"this is worker 1 of 2 ({addresses[1]})" in outs[1][0]
     r = run_cli(tmp_path, *TINY, *MODES[mode], *files[2], f"hydra.run.dir={tmp_path / 'one'}")

@@ -243,7 +243,7 @@ def synthetic(schedule, durations, step=(0, 10**9), gap=0):
     grid = schedules.simulate(schedule).grid
     slot = max(durations.values()) + gap
     events = []
-    for k, row in enumerate(grid):
+    for _k, row in enumerate(grid):
         for t, a in enumerate(row):
             if a is not None:
                 start = step[0] + t * slot

@@ -445,7 +445,7 @@ def test_a_slow_stream_shows_in_data_wait_ms(per_call):
         run = chain.build(chain.compose(args))
         if slow:  # every batch 40 ms late: the step (about 1 ms) waits for it
             batches = run.batches
-            run.batches = lambda: batches().map(_late)
+            run.batches = lambda batches=batches: batches().map(_late)
         waits[slow] = run.fit()["data_wait_ms"]
     fast, slow = waits[False], waits[True]
     # Every call but the first is timed: the second call's 8 steps, or 15 calls of one step.

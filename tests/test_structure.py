@@ -116,7 +116,7 @@ def order_violations(edges: set[tuple[str, str, str, str]]) -> list[str]:
     for src, dst, module, target in sorted(edges, key=str):
         if ROW[dst] >= ROW[src]:
             allowed = (
-                (f"only layer 1" if ROW[src] == 1 else f"only layers 1-{ROW[src]}") if ROW[src] else "no other package"
+                ("only layer 1" if ROW[src] == 1 else f"only layers 1-{ROW[src]}") if ROW[src] else "no other package"
             )
             out.append(
                 f"{module} imports {target}: {src} (layer {ROW[src] + 1}) may import {allowed} of LAYERS, "

@@ -157,7 +157,7 @@ def test_every_split_masks_as_keras_runs_the_model(tmp_path, name, stages):
             out = models[-1].output_shape
             shape = [tuple(s[1:]) for s in out] if isinstance(out, list) else tuple(out[1:])
 
-        def chained(x, training):
+        def chained(x, training, models=models):
             for m in models:
                 x = m(x, training=training)
             return x

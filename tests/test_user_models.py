@@ -9,7 +9,6 @@ import re
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import chain
 import chain.data

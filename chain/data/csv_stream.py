@@ -79,7 +79,6 @@ def _parse_chunk(files: CsvFiles, skip: tf.Variable | None):
     def checked(paths, numbers, lines):
         """The chunk's good rows, each line's cells checked (a blank line left out, a bad row failing
         the stream or counted and left out)."""
-        n = tf.shape(lines)[0]
         present = tf.strings.length(tf.strings.strip(lines)) > 0
         cells = tf.strings.split(lines, ",")
         lengths = cells.row_lengths()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from chain.schedule.schedules import BACKWARD, FORWARD, GRADIENT_TAPE, WEIGHT, Action, update_of

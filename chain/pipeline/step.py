@@ -584,39 +584,13 @@ def play_plan(
 ) -> PlayPlan:
     """The `PlayPlan` of `schedule` over `stages`, each round's batch cut as `batch_cut` says (None:
     into the schedule's microbatches); refuses a schedule the stages or the cut cannot play."""
-    if schedule.stages != len(stages):
-        raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
     microbatches = schedule.microbatches if batch_cut is None else batch_cut.microbatches
-    if microbatches != schedule.microbatches:
-        raise ValueError(
-            f"{schedule.name} plays {schedule.microbatches} microbatches, the batch is cut into {microbatches}"
-        )
-    split = is_split(schedule)
-    if options.recompute_policy != NEVER and split:
-        raise ValueError(f"{schedule.name}: a split backward (B and W) does not recompute (recompute_policy=NEVER)")
-    for r in range(schedule.devices):  # a row's order is one device's: its stages must share that device
-        if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
-            raise ValueError(
-                f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device"
-            )
+    _refuse_unplayable(stages, schedule, options, microbatches)
     order = rounds(simulate(schedule).order(), schedule.microbatches, options.grad_accum, options.replica)  # validates
-    # With one microbatch a stage has one forward and one backward, which its data already
-    # orders (the backward reads the forward's tape): the chaining would bound nothing and only
-    # make each action wait for the previous one's side branches, and the releases exist only to
-    # break that chain. Leaving both out changes no value (stateful ops stay in trace order).
-    ordered = schedule.microbatches * options.grad_accum > 1 if options.ordered is None else options.ordered
-    last = len(stages) - 1
+    split = is_split(schedule)
     # A split backward keeps every layer's output where the model allows it (not under XLA, whose
     # compiled forward shows none of them): W then starts from the gradients B left there.
     keeps = tuple(split and not options.jit_compile and layer_by_layer(s) for s in stages)
-    forwards = tuple(
-        xla.stage_function(
-            chain_forward(s, loss if s.index == last else None, keeps[s.index]),
-            options.jit_compile,
-            xla.forward_name(s.index),
-        )
-        for s in stages
-    )
     plan = PlayPlan(
         stages,
         schedule,
@@ -624,15 +598,52 @@ def play_plan(
         options,
         microbatches,
         order,
-        ordered,
+        _ordered(schedule, options),
         at_once=backward_at_once(schedule),  # kept under every policy: a replay would hold the same, at once
         deferred=frozenset(),
         split=split,
         keeps=keeps,
-        forwards=forwards,
+        forwards=_forwards(stages, loss, keeps, options.jit_compile),
         loss_weights=getattr(loss, "weights", None),
     )
-    return dataclasses.replace(plan, deferred=deferred_forwards(order, last, plan.replayed))
+    return dataclasses.replace(plan, deferred=deferred_forwards(order, len(stages) - 1, plan.replayed))
+
+
+def _ordered(schedule: Schedule, options: StepOptions) -> bool:
+    # With one microbatch a stage has one forward and one backward, which its data already
+    # orders (the backward reads the forward's tape): the chaining would bound nothing and only
+    # make each action wait for the previous one's side branches, and the releases exist only to
+    # break that chain. Leaving both out changes no value (stateful ops stay in trace order).
+    return schedule.microbatches * options.grad_accum > 1 if options.ordered is None else options.ordered
+
+
+def _refuse_unplayable(stages: Sequence[Stage], schedule: Schedule, options: StepOptions, microbatches: int) -> None:
+    if schedule.stages != len(stages):
+        raise ValueError(f"schedule for {schedule.stages} stages, chain has {len(stages)}")
+    if microbatches != schedule.microbatches:
+        raise ValueError(
+            f"{schedule.name} plays {schedule.microbatches} microbatches, the batch is cut into {microbatches}"
+        )
+    if options.recompute_policy != NEVER and is_split(schedule):
+        raise ValueError(f"{schedule.name}: a split backward (B and W) does not recompute (recompute_policy=NEVER)")
+    for r in range(schedule.devices):  # a row's order is one device's: its stages must share that device
+        if len({canonical(stages[k].device) for k in schedule.row_stages(r)}) > 1:
+            raise ValueError(
+                f"{schedule.name}: stages {schedule.row_stages(r)} share a row of the schedule but not a device"
+            )
+
+
+def _forwards(stages: Sequence[Stage], loss: Callable, keeps: tuple[bool, ...], jit_compile: bool) -> tuple:
+    """Each stage's forward as one traced function (the last one's with the loss)."""
+    last = len(stages) - 1
+    return tuple(
+        xla.stage_function(
+            chain_forward(s, loss if s.index == last else None, keeps[s.index]),
+            jit_compile,
+            xla.forward_name(s.index),
+        )
+        for s in stages
+    )
 
 
 def play_schedule(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:

@@ -189,7 +189,7 @@ def replay(
         remaining -= 1
     # each stage's update after its last action in every copy and the exchange of its gradients
     last = {}
-    for i, row in enumerate(rows):
+    for row in rows:
         for a in row:
             last[a.stage] = max(last.get(a.stage, 0.0), end[a])
     updates = []

@@ -335,7 +335,7 @@ def zero_bubble_v(stages: int, microbatches: int) -> Schedule:
         row: list[Action] = []
         count = {(k, kind): 0 for k in (down, up) for kind in KINDS}
 
-        def add(k: int, *kinds: str) -> None:
+        def add(k: int, *kinds: str, row: list[Action] = row, count: dict = count) -> None:
             for kind in kinds:
                 row.append(Action(k, count[(k, kind)], kind))
                 count[(k, kind)] += 1

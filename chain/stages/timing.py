@@ -47,7 +47,7 @@ class Measured:
         """Per layer, for `chain.planning.balance`: each piece's time on its last layer, 0 on the
         others (a cut only ever falls between pieces)."""
         out = [0.0] * self.pieces[-1][1]
-        for (a, b), t in zip(self.pieces, self.times[device]):
+        for (_, b), t in zip(self.pieces, self.times[device]):
             out[b - 1] = t
         return out
 

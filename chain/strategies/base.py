@@ -286,6 +286,7 @@ class Strategy(ABC):
     def restored(self) -> None:
         """Called after a checkpoint was restored into `self.stages` (a strategy holding more copies
         of them brings the others along)."""
+        return None
 
     def stream_shares(self) -> StreamShares | None:
         """The replicas whose own shares of a streamed data set this process reads
