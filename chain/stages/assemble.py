@@ -18,10 +18,9 @@ from chain.config.schema import NO_DECAY_NORM, AdamW, Conv, KerasOptimizer, Mode
 from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError, instantiate_error
 from chain.internals.keras_private import all_layers
-from chain.planning.devices import canonical
 from chain.stages import lr_schedules, precision
 from chain.stages.bodies import Body, check_prediction
-from chain.stages.cut import Piece, passed
+from chain.stages.cut import Piece, passed, placed
 from chain.stages.loss_scale import LossScale
 from chain.stages.stage import Stage, stage_name
 
@@ -180,7 +179,7 @@ def build_stages(
     """
     policy = precision.body_policy(precision_name)
     scaled = precision.needs_loss_scale(precision_name)
-    bodies = list(bodies or [None] * len(specs))
+    bodies = placed(bodies or [None] * len(specs), devices)  # a cut model's tied weights: where each lives
     stages = []
     shape = tuple(info.input_shape)
     for k, (spec, device) in enumerate(zip(specs, devices)):
@@ -200,8 +199,6 @@ def build_stages(
                     for layer in output_layers(target, tuple(model.output_shape[1:])):
                         model.add(layer)
             else:
-                if isinstance(bodies[k], Piece) and device is not None:  # an earlier piece's tied weight, on
-                    bodies[k].device = canonical(device)  # this device, is read from it, not copied
                 model = bodies[k](shape, policy, stage_name(k))
                 if readout and last:
                     check_prediction(model, target, f"stage {k} ({labels[k] if labels else 'a user model'})")
