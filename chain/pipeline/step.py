@@ -67,7 +67,7 @@ inter-op thread, as `scripts/bench_pipeline.py` measures), the chained actions o
 run back to back on that thread, and an op that becomes ready meanwhile (the `_Send` that
 TensorFlow inserts for each edge between devices) waits in the thread pool's queue until
 the chain stops: GPipe's first stage sent its first activation after its last forward, so
-the next stage idled through the whole fill (docs/benchmarks.md measures both). The
+the next stage idled through the whole fill (docs/benchmarks-in-code.md). The
 release stops the chain after each such action; the queued send goes out while the round
 trip to the host (a fraction of a millisecond) lets the stage go on. The order of each
 stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait.
@@ -282,8 +282,8 @@ def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Ope
     Without it the executor runs the chain of input-gradient products first, the backward's
     critical path, and leaves the weight products queued behind it: every layer's output gradient
     and the activation its weight product reads then stay alive at once, as the memory trace of
-    GPipe `always` shows (`chain.pipeline.memory_trace`, docs/benchmarks.md: 5-6 layers' gradients
-    per stage at the peak). With the edges a backward holds about one layer's gradient at a time.
+    GPipe `always` shows (`chain.pipeline.memory_trace`; docs/benchmarks-in-code.md). With the edges a
+    backward holds about one layer's gradient at a time.
     Only the order changes: the same ops on the same inputs, so the same bits. `ops` are the ops of
     the backward (the action's, from its first); an edge that would close a cycle is left out."""
     mine = set(ops)
@@ -323,10 +323,8 @@ def summed_in_turn(sums: Sequence, done: Sequence[tf.Operation]) -> list[tf.Oper
 
     Otherwise nothing reads a W's partial sum but the next W's addition, and Grappler's arithmetic
     optimizer folds the stage's whole chain of additions into one AddN over every microbatch's
-    gradients: each W's weight gradients then stay alive until the stage's last W (the memory trace
-    of zb1 found 16 microbatches' worth, 33 MiB, at its peak; docs/benchmarks.md). The results were
-    bit for bit those of the folded sum in every case checked (`tests/test_pipeline.py`, and zb1
-    with dropout and Adam at M = 2 and 4)."""
+    gradients: each W's weight gradients then stay alive until the stage's last W (zb1's memory trace:
+    docs/benchmarks-in-code.md). The results are bit for bit the folded sum's (`tests/test_pipeline.py`)."""
     done = set(done)
     return [t.op for t in sums if isinstance(t, tf.Tensor) and t.op not in done]
 
