@@ -55,12 +55,8 @@ REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of 
 OUTWEIGH = 10
 MAX_REPEAT = 64
 ACTIONS = 4  # the chain of small actions whose cost per action is measured
-# The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
-# example's measured steps (3 stages, gpipe M = 1, 4, 16, 1f1b and zb1 M = 4, logical CPUs) its cost per
-# action came out about 1.5 times too small. What is missing is the ops' own cost, not the trip to the host
-# and back that an action on a cluster worker also pays: there the chain is timed on this process's CPU too, and
-# half of that is added (on two single-core workers, 1.5 times the worker's chain over-predicted a one-stage
-# step of 8 microbatches by half).
+# The chain of small actions lacks a real action's tape and gradient ops, so its cost per action is scaled up;
+# on a cluster worker half of this process's chain is added instead (the fit: docs/benchmarks-in-code.md).
 ACTION_SCALE = 1.5
 
 
