@@ -210,20 +210,22 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
     sizes = _sizes(s.data.batch_size, len(pool))
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
     costs = plan_timing.measure(
-        models,
-        pieces,
-        params,
-        pool,
-        physical,
-        sizes,
-        budget,
-        lambda: assemble.make_optimizer(s.stages[0].optim),
-        fixed_cut=cuttable is None,
-        same=same,
-        whole=whole,
-        twin=twin,
-        reduce=reduce,
-        fed=examples.feed(s, info, cuttable.layers if cuttable is not None else ()),
+        plan_timing.Measuring(
+            models=tuple(models),
+            pieces=tuple(pieces),
+            params=tuple(params),
+            pool=tuple(pool),
+            physical=physical,
+            sizes=tuple(sizes),
+            budget_s=budget,
+            optimizer=lambda: assemble.make_optimizer(s.stages[0].optim),
+            fixed_cut=cuttable is None,
+            fed=examples.feed(s, info, cuttable.layers if cuttable is not None else ()),
+            same=tuple(same) if same is not None else None,
+            whole=whole,
+            twin=tuple(twin) if twin is not None else None,
+            reduce=reduce,
+        )
     )
     return replace(costs, measuring_s=time.perf_counter() - started)
 
