@@ -407,24 +407,6 @@ def test_the_command_line_prints_model_gpts_plan_table(tmp_path):
     assert "planning: measured in" in r.stdout and "+stages=" in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
-        (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),
-        (["pipeline.schedule=file", "pipeline.schedule_file=x.csv"], None),
-        (["+stages=[{model: {width: 4}},{}]"], "gives the stages settings of their own"),
-    ],
-)
-def test_keys_plan_auto_chooses_given_by_hand_are_one_line(overrides, message, tmp_path):
-    try:
-        spec = applied([*([] if any(o.startswith("+stages") for o in overrides) else ["+stages=2"]), *overrides])
-    except ConfigError:
-        return  # refused before (a schedule file that does not exist)
-    with pytest.raises(ConfigError, match=message or "placement.plan"):
-        planned.settle(spec, str(tmp_path))
-
-
 def test_the_command_line_runs_plan_auto_and_refuses_it_outside_e2e(tmp_path):
     r = run_cli(tmp_path, *BASE, "+stages=2", "trainer.steps=3", "hydra.run.dir=out")
     assert r.returncode == 0, r.stderr
@@ -456,8 +438,9 @@ def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
     """What plan=auto runs is what `prepare` makes of the user's config with the candidate's overrides."""
     settings = chain.compose([*BASE, "+stages=2"])
     auto = prepare(plan_choice.chosen_settings(settings, candidate))
-    hand = prepare(chain.compose([*BASE, *candidate.overrides()]))
-    assert auto.settings == hand.settings and replace(auto, settings=None) == replace(hand, settings=None)
+    hand = prepare(chain.compose([*BASE, *candidate.overrides(), "placement.plan=manual"]))
+    assert replace(auto.settings, placement=replace(auto.settings.placement, plan="manual")) == hand.settings
+    assert replace(auto, settings=None) == replace(hand, settings=None)
 
 
 def test_on_one_physical_device_the_model_is_timed_once_and_its_pieces_share_it_by_weights(monkeypatch):

@@ -23,7 +23,6 @@ import keras
 
 from chain.config import Settings
 from chain.config.schema import Conv
-from chain.errors import ConfigError
 from chain.planning import cost_cache
 from chain.planning.candidates import CacheUse
 from chain.planning.cost_cache import CostFile, CostKey
@@ -62,12 +61,6 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
     name. `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
     s = spec.settings
     cut_model = model is not None or plan_choice.is_cut_model(s) or plan_choice.is_gpt(s)
-    plan_choice.refuse_given(s, cut_model)
-    if spec.data_info is None:
-        raise ConfigError(
-            f"placement.plan=auto measures the model on examples of the data's shape, which data="
-            f"{s.data.name} gives only once TensorFlow reads it: set placement.plan=manual"
-        )
     pool, physical = _pool(spec)
     cuttable = None
     if cut_model:
