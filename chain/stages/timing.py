@@ -7,7 +7,8 @@ piece: the model's own inputs), one out, and is fed what it really takes (`chain
 token ids within the vocabulary, keras_hub's named inputs, masks). Logical devices cut from one
 physical device share its compute, so each physical device is timed once and its time
 serves all its logical devices. Each piece is called until its time settles (the median of
-the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times.
+the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times, by the timer of
+`chain.stages.clock` (plan=auto's too), less a call's own cost (its probe's median).
 """
 
 from __future__ import annotations
