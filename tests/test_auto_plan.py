@@ -554,3 +554,37 @@ def test_a_crossing_measured_is_what_moving_the_second_half_adds_over_its_two_cr
     own = pieces(DEVICES[0])
     assert 0.008 <= plan_timing._crossing(own, pieces(DEVICES[1], wait=True), DEVICES[:2], 4, 1) < 0.05
     assert plan_timing._crossing(own, pieces(DEVICES[1]), DEVICES[:2], 4, 1) < 0.005
+
+
+def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
+    """balance=time (`timing.piece_times`) and plan=auto (`plan_timing.measure`) time their calls with one timer
+    and a call's own cost with one probe (`chain.stages.clock`): with the timer saying 30 ms a call and the probe
+    10 ms (nothing is called, so nothing is traced), a piece's pass is 20 ms in both, and plan=auto's step cost is
+    the probe's."""
+    from chain.stages import clock, cut, timing
+
+    monkeypatch.setattr(clock, "seconds", lambda fn, *args: 0.03)
+    monkeypatch.setattr(clock, "call_costs", lambda device, x, calls: [0.01] * calls)
+    timed = timing.piece_times(cut.analyse(small_model(), "small"), DEVICES[:1], {}, 4, progress=False)
+    assert timed.times[DEVICES[0]] == pytest.approx([0.02] * len(timed.pieces))
+    models = (
+        keras.Sequential([keras.Input((6,)), L.Dense(8)]),
+        keras.Sequential([keras.Input((8,)), L.Dense(4)]),
+    )
+    costs = plan_timing.measure(
+        plan_timing.Measuring(
+            models=models,
+            pieces=((0, 1), (1, 2)),
+            params=(56, 36),
+            pool=tuple(DEVICES[:2]),
+            physical={d: "CPU:0" for d in DEVICES},
+            sizes=(2, 4),
+            budget_s=0.0,
+            optimizer=lambda: keras.optimizers.SGD(),
+            fixed_cut=True,
+        )
+    )
+    assert costs.step_s == 0.01
+    for i in range(len(costs.sizes)):  # the model timed whole on one physical device, shared by the pieces
+        passes = (costs.forward, costs.input_grad, costs.weight_grad)
+        assert sum(kind[j][i] for kind in passes for j in range(2)) == pytest.approx(0.02)
