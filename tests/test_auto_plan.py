@@ -277,7 +277,14 @@ def test_on_devices_with_memory_limits_only_plans_the_estimate_fits_are_chosen()
         assert p.fits and max(p.peaks) <= limit_mb << 20
     # the chosen plan, prepared as the user would write it, passes the manual plan's own memory check
     chosen = prepare(
-        chain.compose([*WIDE, f"placement.memory_limit_mb={limit_mb}", *plan.chosen.candidate.overrides()]),
+        chain.compose(
+            [
+                *WIDE,
+                f"placement.memory_limit_mb={limit_mb}",
+                *plan.chosen.candidate.overrides(),
+                "placement.plan=manual",
+            ]
+        ),
         Inventory.of(1, 24 * GB),
     )
     assert max(f.total for f in chosen.placement.footprints) <= limit_mb << 20
@@ -407,24 +414,6 @@ def test_the_command_line_prints_model_gpts_plan_table(tmp_path):
     assert "planning: measured in" in r.stdout and "+stages=" in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
-        (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),
-        (["pipeline.schedule=file", "pipeline.schedule_file=x.csv"], None),
-        (["+stages=[{model: {width: 4}},{}]"], "gives the stages settings of their own"),
-    ],
-)
-def test_keys_plan_auto_chooses_given_by_hand_are_one_line(overrides, message, tmp_path):
-    try:
-        spec = applied([*([] if any(o.startswith("+stages") for o in overrides) else ["+stages=2"]), *overrides])
-    except ConfigError:
-        return  # refused before (a schedule file that does not exist)
-    with pytest.raises(ConfigError, match=message or "placement.plan"):
-        planned.settle(spec, str(tmp_path))
-
-
 def test_the_command_line_runs_plan_auto_and_refuses_it_outside_e2e(tmp_path):
     r = run_cli(tmp_path, *BASE, "+stages=2", "trainer.steps=3", "hydra.run.dir=out")
     assert r.returncode == 0, r.stderr
@@ -456,8 +445,9 @@ def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
     """What plan=auto runs is what `prepare` makes of the user's config with the candidate's overrides."""
     settings = chain.compose([*BASE, "+stages=2"])
     auto = prepare(plan_choice.chosen_settings(settings, candidate))
-    hand = prepare(chain.compose([*BASE, *candidate.overrides()]))
-    assert auto.settings == hand.settings and replace(auto, settings=None) == replace(hand, settings=None)
+    hand = prepare(chain.compose([*BASE[:-1], *candidate.overrides()]))
+    assert replace(auto.settings, placement=replace(auto.settings.placement, plan="manual")) == hand.settings
+    assert replace(auto, settings=None) == replace(hand, settings=None)
 
 
 def test_on_one_physical_device_the_model_is_timed_once_and_its_pieces_share_it_by_weights(monkeypatch):
@@ -564,3 +554,37 @@ def test_a_crossing_measured_is_what_moving_the_second_half_adds_over_its_two_cr
     own = pieces(DEVICES[0])
     assert 0.008 <= plan_timing._crossing(own, pieces(DEVICES[1], wait=True), DEVICES[:2], 4, 1) < 0.05
     assert plan_timing._crossing(own, pieces(DEVICES[1]), DEVICES[:2], 4, 1) < 0.005
+
+
+def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
+    """balance=time (`timing.piece_times`) and plan=auto (`plan_timing.measure`) time their calls with one timer
+    and a call's own cost with one probe (`chain.stages.clock`): with the timer saying 30 ms a call and the probe
+    10 ms (nothing is called, so nothing is traced), a piece's pass is 20 ms in both, and plan=auto's step cost is
+    the probe's."""
+    from chain.stages import clock, cut, timing
+
+    monkeypatch.setattr(clock, "seconds", lambda fn, *args: 0.03)
+    monkeypatch.setattr(clock, "call_costs", lambda device, x, calls: [0.01] * calls)
+    timed = timing.piece_times(cut.analyse(small_model(), "small"), DEVICES[:1], {}, 4, progress=False)
+    assert timed.times[DEVICES[0]] == pytest.approx([0.02] * len(timed.pieces))
+    models = (
+        keras.Sequential([keras.Input((6,)), L.Dense(8)]),
+        keras.Sequential([keras.Input((8,)), L.Dense(4)]),
+    )
+    costs = plan_timing.measure(
+        plan_timing.Measuring(
+            models=models,
+            pieces=((0, 1), (1, 2)),
+            params=(56, 36),
+            pool=tuple(DEVICES[:2]),
+            physical={d: "CPU:0" for d in DEVICES},
+            sizes=(2, 4),
+            budget_s=0.0,
+            optimizer=lambda: keras.optimizers.SGD(),
+            fixed_cut=True,
+        )
+    )
+    assert costs.step_s == 0.01
+    for i in range(len(costs.sizes)):  # the model timed whole on one physical device, shared by the pieces
+        passes = (costs.forward, costs.input_grad, costs.weight_grad)
+        assert sum(kind[j][i] for kind in passes for j in range(2)) == pytest.approx(0.02)

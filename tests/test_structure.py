@@ -578,3 +578,17 @@ def test_modules_before_the_build_do_not_import_tensorflow(module):
     code = f"import sys, {module}; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_a_test_that_needs_no_tensorflow_runs_in_a_process_that_never_imports_it():
+    """tests/conftest.py sets the logical devices when TensorFlow is first imported, not by importing it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pytest; "
+        "code = pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_schedules.py']); "
+        "sys.exit(code or 99 * ('tensorflow' in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

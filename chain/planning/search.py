@@ -34,8 +34,7 @@ SCHEDULES = ("gpipe", "1f1b", "zb1", "interleaved", "zbv")  # what the search tr
 RECOMPUTES = ("never", "except_last", "always")
 SHOWN = 5  # predictions kept in AutoPlan.ranked
 # What the run's loop adds to each step outside the compiled step (reading the batch, the step's report,
-# the bookkeeping): measured on this repository's CPU machine as a one-stage run's step less its
-# compiled step's own time.
+# the bookkeeping); how it was found: docs/benchmarks-in-code.md.
 LOOP_S = 4e-4
 TIE = 0.02  # predictions this close to the best are taken as equal (the measuring's noise is larger)
 
@@ -397,8 +396,8 @@ def search(
 @contextlib.contextmanager
 def _collections_paused():
     """Python's garbage collector off while the replays run: they make many small short-lived objects, and
-    in a process holding TensorFlow's and Keras' objects each collection walks them all (the default
-    example's search took 0.19 s with collections, 0.05 s without); what the replays make holds no cycles."""
+    in a process holding TensorFlow's and Keras' objects each collection walks them all (the cost:
+    docs/benchmarks-in-code.md); what the replays make holds no cycles."""
     was = gc.isenabled()
     gc.disable()
     try:

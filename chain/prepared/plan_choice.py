@@ -16,8 +16,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from chain.config import Settings, checks
-from chain.config.schema import Body, Gpt, KerasModel
-from chain.errors import ConfigError
+from chain.config.schema import Gpt, KerasModel
 from chain.planning import fit, search
 from chain.planning.candidates import AutoPlan, Candidate, Prediction
 from chain.planning.footprint import StageCost
@@ -29,50 +28,10 @@ from chain.schedule.schedules import Schedule
 
 AUTO = "auto"
 
-# What plan=auto chooses: keys the user may not also give (their defaults are null or even, so a given
-# value is told apart reliably), with why.
-_CHOSEN = ("placement.split", "placement.replicas", "placement.devices")
-
 
 def is_auto(s: Settings) -> bool:
     """Whether the run's plan is chosen by measuring (`placement.plan=auto`)."""
     return s.placement.plan == AUTO
-
-
-def refuse_given(s: Settings, cut_model: bool) -> None:
-    """plan=auto chooses the cut, the copies and the devices itself: one line when the user gave one of
-    them, or a schedule file, or a model it cannot time (the user's builders)."""
-    p = s.placement
-    given = {"placement.split": p.split, "placement.replicas": p.replicas, "placement.devices": p.devices}
-    for key in _CHOSEN:
-        if given[key] is not None:
-            raise ConfigError(f"{key} is what placement.plan=auto chooses: remove it, or set placement.plan=manual")
-    if p.balance != "even":
-        raise ConfigError(
-            f"placement.balance={p.balance}: placement.plan=auto cuts the model by its measured times "
-            "itself; remove placement.balance, or set placement.plan=manual"
-        )
-    if any(st != s.stages[0] for st in s.stages):  # the chosen plan is written +stages=K: K alike stages
-        raise ConfigError(
-            "placement.plan=auto writes its plan as +stages=K of the stage template, but +stages=[...] "
-            "gives the stages settings of their own: give +stages=N, or set placement.plan=manual"
-        )
-    if s.pipeline.schedule == "file":
-        raise ConfigError(
-            "pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
-            "set placement.plan=manual to run a schedule file"
-        )
-    if not cut_model and any(not isinstance(st.model, Body) for st in s.stages):
-        raise ConfigError(
-            "placement.plan=auto times the config's own models (model=mlp, conv) or one model cut "
-            "into stages (model=keras); the user's stage builders (_target_) are not measured: "
-            "set placement.plan=manual"
-        )
-    if s.cluster.workers is None and p.fallback == "mirrored":
-        raise ConfigError(
-            "placement.fallback=mirrored runs the chain whole on each replica: placement.plan=auto "
-            "plans a pipeline; set placement.fallback=virtual or placement.plan=manual"
-        )
 
 
 def is_gpt(s: Settings) -> bool:

@@ -25,7 +25,9 @@ after another while the machine's load varied; the whole is what a one-stage ste
 update, too, is timed whole (each piece's share by its weights). The whole and the update are timed
 with enough passes per call to outweigh a call's own cost (`OUTWEIGH`).
 
-`budget_s` bounds the measuring: the largest size first (every piece), then the smallest, then sizes
+Every call is timed by `chain.stages.clock`, whose timer and call-cost probe `chain.stages.timing` uses too.
+
+`Measuring.budget_s` bounds the measuring: the largest size first (every piece), then the smallest, then sizes
 between; each measurement is the least of up to `CALLS` calls (another process only adds time); when the budget runs out the rest is
 cut and `Costs.notes` says what.
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 import keras
@@ -42,7 +45,7 @@ import tensorflow as tf
 
 from chain.planning.devices import canonical
 from chain.planning.search import Costs
-from chain.stages import examples
+from chain.stages import clock, examples
 from chain.stages.examples import Feed
 
 CALLS = 5  # timed calls per measurement at most (the least is taken)
@@ -55,20 +58,9 @@ REPEAT = 4  # a measurement times a call of 1 + REPEAT passes against a call of 
 OUTWEIGH = 10
 MAX_REPEAT = 64
 ACTIONS = 4  # the chain of small actions whose cost per action is measured
-# The chain of small actions lacks a real action's tape and its gradient's own ops: against the default
-# example's measured steps (3 stages, gpipe M = 1, 4, 16, 1f1b and zb1 M = 4, logical CPUs) its cost per
-# action came out about 1.5 times too small. What is missing is the ops' own cost, not the trip to the host
-# and back that an action on a cluster worker also pays: there the chain is timed on this process's CPU too, and
-# half of that is added (on two single-core workers, 1.5 times the worker's chain over-predicted a one-stage
-# step of 8 microbatches by half).
+# The chain of small actions lacks a real action's tape and gradient ops, so its cost per action is scaled up;
+# on a cluster worker half of this process's chain is added instead (the fit: docs/benchmarks-in-code.md).
 ACTION_SCALE = 1.5
-
-
-def _seconds(fn: Callable, *args) -> float:
-    started = time.perf_counter()
-    out = fn(*args)
-    out.numpy()
-    return time.perf_counter() - started
 
 
 class _Piece:
@@ -123,16 +115,16 @@ class _Piece:
             g = examples.make(self.outputs, size, self.vocab, (2, size))
         fn = self.passes[kind]
         one, many = tf.constant(1), tf.constant(1 + repeat)
-        _seconds(fn, x, g, one)
-        lows = [_seconds(fn, x, g, one)]
+        clock.seconds(fn, x, g, one)
+        lows = [clock.seconds(fn, x, g, one)]
         if lows[0] >= LONG:
             while len(lows) < calls and (len(lows) < 2 or time.perf_counter() < deadline):
-                lows.append(_seconds(fn, x, g, one))
+                lows.append(clock.seconds(fn, x, g, one))
             return max(min(lows) - call_s, 0.0)
-        highs = [_seconds(fn, x, g, many)]
+        highs = [clock.seconds(fn, x, g, many)]
         while len(lows) < calls and (len(lows) < MIN_CALLS or time.perf_counter() < deadline):
-            lows.append(_seconds(fn, x, g, one))
-            highs.append(_seconds(fn, x, g, many))
+            lows.append(clock.seconds(fn, x, g, one))
+            highs.append(clock.seconds(fn, x, g, many))
         return max(min(highs) - min(lows), 0.0) / repeat  # other processes only add time: the least is the pass's
 
 
@@ -149,19 +141,6 @@ def _after(x, acc):
         return t if t.dtype == tf.bool else t + tf.cast(acc * 0.0, t.dtype)
 
     return keras.tree.map_structure(later, x)
-
-
-def _call_cost(device: str) -> float:
-    """A call's own cost: a compiled call that passes a scalar through (once per step call)."""
-
-    @tf.function(autograph=False)
-    def nothing(x):
-        with tf.device(device):
-            return tf.identity(x)
-
-    x = tf.constant(1.0)
-    _seconds(nothing, x)
-    return min(_seconds(nothing, x) for _ in range(7))
 
 
 def _action_cost(pool: Sequence[str]) -> float:
@@ -239,11 +218,11 @@ def _update(model: keras.Model, optimizer: keras.optimizers.Optimizer, device: s
             return tf.identity(tf.while_loop(lambda i: i < n, body, [tf.constant(0)])[0])
 
     one = tf.constant(1)
-    _seconds(updates, one)
-    low = min(_seconds(updates, one) for _ in range(3))
+    clock.seconds(updates, one)
+    low = min(clock.seconds(updates, one) for _ in range(3))
     repeat = REPEAT
     while True:
-        per = max(min(_seconds(updates, tf.constant(1 + repeat)) for _ in range(3)) - low, 0.0) / repeat
+        per = max(min(clock.seconds(updates, tf.constant(1 + repeat)) for _ in range(3)) - low, 0.0) / repeat
         if repeat >= MAX_REPEAT or per * repeat >= OUTWEIGH * call_s:
             return per
         repeat = min(MAX_REPEAT, max(4 * repeat, math.ceil(OUTWEIGH * call_s / max(per, 1e-6))))
@@ -279,12 +258,12 @@ def _float_feed(model: keras.Model) -> Feed:
 def _least_apart(a: Callable, b: Callable, *args, calls: int = MIN_CALLS + 1) -> float:
     """The least of `calls` calls of `a` less the least of as many of `b`, after one untimed call of each
     (which may trace); alternated, so a change of the machine's load shows in both."""
-    _seconds(a, *args)
-    _seconds(b, *args)
+    clock.seconds(a, *args)
+    clock.seconds(b, *args)
     ta, tb = [], []
     for _ in range(calls):
-        ta.append(_seconds(a, *args))
-        tb.append(_seconds(b, *args))
+        ta.append(clock.seconds(a, *args))
+        tb.append(clock.seconds(b, *args))
     return max(min(ta) - min(tb), 0.0)
 
 
@@ -358,101 +337,163 @@ def _crossing(
     )
 
 
-def measure(
-    models: Sequence[keras.Model],
-    pieces: Sequence[tuple[int, int]],
-    params: Sequence[int],
-    pool: Sequence[str],
-    physical: Mapping[str, str],
-    sizes: Sequence[int],
-    budget_s: float,
-    optimizer: Callable[[], keras.optimizers.Optimizer],
-    fixed_cut: bool,
-    same: Sequence[int] | None = None,
-    whole: keras.Model | None = None,
-    twin: Sequence[keras.Model] | None = None,
-    reduce: Callable | None = None,
-    fed: Feed | None = None,
-) -> Costs:
-    """`Costs` of `models` (the pieces, built on `pool[0]`, layers `pieces[j]` each, `params[j]` weights)
-    at microbatch `sizes` (each a size some candidate runs), within about `budget_s` seconds. `same[j]`:
-    an earlier piece built alike (the same layers on the same input), whose times piece j takes. `whole`:
-    the pieces as one model (a cut model's), which scales the pieces' times (module docstring). `twin`: the
-    model's pieces again on `pool[1]`, with `reduce` the copies' averaging: they time the copies' exchange and a
-    crossing as a step runs them (needed when `pool[0]` and `pool[1]` are two physical devices). `fed`: what the
-    first piece takes (`chain.stages.examples.feed`: the data's example shape and vocabulary; None: floats of
-    its input's shape); each later piece takes what the one before gives."""
+@dataclass(frozen=True)
+class Measuring:
+    """What `measure` times: `models` (the pieces, built on `pool[0]`; layers `pieces[j]` and `params[j]` weights
+    each) on the devices of `pool` (`physical`: each one's physical device; one absent is its own), at microbatch
+    `sizes` (each a size some candidate runs), within about `budget_s` seconds; `optimizer` makes the optimizer
+    whose update is timed; `fixed_cut`: the pieces are a built-in model's stages. `fed`: what the first piece
+    takes (`chain.stages.examples.feed`: the data's example shape and vocabulary; None: floats of its input's
+    shape); each later piece takes what the one before gives. `same[j]`: an earlier piece built alike (the same
+    layers on the same input), whose times piece j takes. `whole`: the pieces as one model (a cut model's), which
+    scales the pieces' times (module docstring). `twin`: the model's pieces again on `pool[1]`, with `reduce` the
+    copies' averaging (`chain.pipeline.replicas.reduce_mean`'s signature): they time the copies' exchange and a
+    crossing as a step runs them (needed when `pool[0]` and `pool[1]` are two physical devices)."""
+
+    models: tuple[keras.Model, ...]
+    pieces: tuple[tuple[int, int], ...]
+    params: tuple[int, ...]
+    pool: tuple[str, ...]
+    physical: Mapping[str, str]
+    sizes: tuple[int, ...]
+    budget_s: float
+    optimizer: Callable[[], keras.optimizers.Optimizer]
+    fixed_cut: bool
+    fed: Feed | None = None
+    same: tuple[int, ...] | None = None
+    whole: keras.Model | None = None
+    twin: tuple[keras.Model, ...] | None = None
+    reduce: Callable[[list, list, str], list] | None = None
+
+    def physical_of(self, device: str) -> str:
+        """The physical device behind a device of the pool."""
+        return self.physical.get(device, device)
+
+
+@dataclass
+class _Found:
+    """The passes timed so far: `seconds[(pass, piece, size)]`, the passes timed at every measured size
+    (`kinds`: FBW, then F and FB while the budget lasts), the sizes measured and what the budget cut (`notes`)."""
+
+    seconds: dict[tuple[str, int, int], float]
+    kinds: list[str]
+    sizes: list[int]
+    notes: list[str]
+
+
+def measure(given: Measuring) -> Costs:
+    """`Costs` of `given`'s pieces on its pool at its microbatch sizes, within about its budget (`Measuring`)."""
     logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
     level = logger.level  # TensorFlow would warn of "retracing" beyond five of them
     logger.setLevel(logging.ERROR)
     try:
-        return _measure(
-            models,
-            pieces,
-            params,
-            pool,
-            physical,
-            sizes,
-            budget_s,
-            optimizer,
-            fixed_cut,
-            same,
-            whole,
-            twin,
-            reduce,
-            fed or _float_feed(models[0]),
-        )
+        return _measure(replace(given, fed=given.fed or _float_feed(given.models[0])))
     finally:
         logger.setLevel(level)
 
 
-def _measure(
-    models, pieces, params, pool, physical, sizes, budget_s, optimizer, fixed_cut, same, whole, twin, reduce, fed: Feed
-) -> Costs:
+def _measure(given: Measuring) -> Costs:
+    """`measure`'s work, `given.fed` known: the passes, the update, an action's and a call's cost, the copies."""
     started = time.perf_counter()
-    deadline = started + budget_s
-    device = pool[0]
-    notes = []
+    deadline = started + given.budget_s
+    device = given.pool[0]
     with tf.device(device):
-        signatures = examples.chained(models, fed)  # each piece's inputs, then the last one's outputs
-    # on one physical device every action runs after the one before, whatever the schedule: a step is the sum of
-    # its actions. F, B and W apart would only place a recomputed forward (each taken as a third), and each
-    # piece's share only its recomputed forward and its stage's balance, which then changes nothing: the model
-    # is timed as one piece, each piece's share of it by its weights
-    apart = len({physical.get(d, d) for d in pool}) > 1
-    shares = None
-    if not apart:
-        notes.append(
-            "one physical device: its actions run one at a time, so "
-            + ("the model is timed whole (each piece's share by its weights) and " if len(models) > 1 else "")
-            + "F, B and W are not timed apart (each taken as a third of the pass)"
-        )
+        signatures = examples.chained(given.models, given.fed)  # each piece's inputs, then the last one's outputs
+    apart = len({given.physical_of(d) for d in given.pool}) > 1
+    notes = [] if apart else [_one_device(len(given.models))]
+    timed, same, shares = _timed(given, signatures, apart)
+    call = min(clock.call_costs(device, tf.constant(1.0), 7))  # a call's own cost (once per step call): the least
+    found = _pass_times(timed, same, given.sizes, apart, deadline, call)
+    whole = given.whole if shares is None else None
+    scale = _scales(
+        whole,
+        found.sizes,
+        found.seconds,
+        len(timed),
+        device,
+        deadline,
+        call,
+        (signatures[0], signatures[-1], given.fed.vocab),
+    )
+    forward, input_grad, weight_grad = _passes(found, scale, len(timed), shares)
+    action = _action_s(given.pool)
+    update = _updates(given, call)
+    per_byte, latency, exchange_per_byte = _copies(given, found.sizes, signatures)
+    return Costs(
+        pieces=tuple(tuple(p) for p in given.pieces),
+        sizes=tuple(found.sizes),
+        forward=tuple(forward),
+        input_grad=tuple(input_grad),
+        weight_grad=tuple(weight_grad),
+        update=update,
+        crossing=tuple(examples.values(g) for g in signatures[1:]),
+        params=tuple(given.params),
+        action_s=action,
+        update_s=action,
+        step_s=call,
+        transfer_s_per_byte=per_byte,
+        transfer_latency_s=latency,
+        exchange_s_per_byte=exchange_per_byte,
+        exchange_latency_s=0.0,
+        devices=tuple(given.pool),
+        physical=tuple(given.physical_of(d) for d in given.pool),
+        fixed_cut=given.fixed_cut,
+        measuring_s=time.perf_counter() - started,
+        notes=(*notes, *found.notes),
+    )
+
+
+def _one_device(pieces: int) -> str:
+    """The note of a pool on one physical device, whose `pieces` are timed as `_timed` says."""
+    return (
+        "one physical device: its actions run one at a time, so "
+        + ("the model is timed whole (each piece's share by its weights) and " if pieces > 1 else "")
+        + "F, B and W are not timed apart (each taken as a third of the pass)"
+    )
+
+
+def _timed(given: Measuring, signatures: Sequence, apart: bool) -> tuple[list[_Piece], list[int], list[float] | None]:
+    """What is timed (`_Piece`s), the piece whose times each takes (`same`), and each piece's share of the
+    model's time (None: each timed on its own).
+
+    On one physical device every action runs after the one before, whatever the schedule: a step is the sum of
+    its actions. F, B and W apart would only place a recomputed forward (each taken as a third), and each
+    piece's share only its recomputed forward and its stage's balance, which then changes nothing: the model
+    is timed as one piece, each piece's share of it by its weights."""
+    models, device, vocab = given.models, given.pool[0], given.fed.vocab
     if not apart and len(models) > 1:
-        chained = whole or keras.Sequential([keras.Input(models[0].input_shape[1:]), *models], name="plan_chain")
-        total = sum(params)
-        shares = [p / total if total else 1 / len(models) for p in params]
-        timed, same = [_Piece(chained, device, signatures[0], signatures[-1], fed.vocab)], [0]
-    else:  # (each traced only when first called)
-        timed = [_Piece(m, device, signatures[j], signatures[j + 1], fed.vocab) for j, m in enumerate(models)]
+        chained = given.whole or keras.Sequential([keras.Input(models[0].input_shape[1:]), *models], name="plan_chain")
+        total = sum(given.params)
+        shares = [p / total if total else 1 / len(models) for p in given.params]
+        return [_Piece(chained, device, signatures[0], signatures[-1], vocab)], [0], shares
+    # each traced only when first called
+    timed = [_Piece(m, device, signatures[j], signatures[j + 1], vocab) for j, m in enumerate(models)]
+    return timed, list(given.same) if given.same is not None else list(range(len(timed))), None
+
+
+def _pass_times(
+    timed: Sequence[_Piece], same: Sequence[int], sizes: Sequence[int], apart: bool, deadline: float, call: float
+) -> _Found:
+    """Each timed piece's passes at the `sizes` the budget allows (`same[j]`: the piece whose times piece j
+    takes): F+B+W at the largest, smallest and middle size, then F and F+B there (two physical devices
+    only), then every size between, each pass timed so far."""
     order = sorted(set(sizes), reverse=True)
     # always measured: the largest and smallest size and the one halfway between (by ratio), since a pass's
     # time is not linear in its size between them (caches, kernels): two points and one to bend the line
     ends = list(dict.fromkeys([order[0], order[-1], order[len(order) // 2]]))
-    found: dict[tuple[str, int, int], float] = {}  # (pass, piece, size) -> seconds
-
-    same = list(same) if same is not None else list(range(len(timed)))
-    call = _call_cost(device)
+    found = _Found({}, ["FBW"], list(ends), [])
 
     def at(size: int, kinds: Sequence[str]) -> None:
         for j, piece in enumerate(timed):
             for kind in kinds:
-                found[(kind, j, size)] = (
-                    piece.time(kind, size, CALLS, deadline, call) if same[j] == j else found[(kind, same[j], size)]
+                found.seconds[(kind, j, size)] = (
+                    piece.time(kind, size, CALLS, deadline, call)
+                    if same[j] == j
+                    else found.seconds[(kind, same[j], size)]
                 )
 
     for size in ends:
         at(size, ("FBW",))
-    kinds = ["FBW"]
     for kind, cut in (
         ("F", "F, B and W not timed apart (each taken as a third of the pass, as a Dense layer's three products)"),
         ("FB", "B and W not timed apart (each taken as half the backward)"),
@@ -460,42 +501,42 @@ def _measure(
         if not apart:
             break
         if time.perf_counter() > deadline:
-            notes.append(f"placement.plan_budget_s: {cut}")
+            found.notes.append(f"placement.plan_budget_s: {cut}")
             break
         for size in ends:
             at(size, (kind,))
-        kinds.append(kind)
-    measured = list(ends)
+        found.kinds.append(kind)
     middle = _between([n for n in order[1:-1] if n not in ends])
     for i, size in enumerate(middle):
         if time.perf_counter() > deadline:
-            notes.append(
+            found.notes.append(
                 f"placement.plan_budget_s: microbatch sizes {sorted(middle[i:])} not measured "
-                f"(interpolated from {sorted(measured)})"
+                f"(interpolated from {sorted(found.sizes)})"
             )
             break
-        at(size, kinds)
-        measured.append(size)
-    measured.sort()
-    scale = _scales(
-        whole if shares is None else None,
-        measured,
-        found,
-        len(timed),
-        device,
-        deadline,
-        call,
-        (signatures[0], signatures[-1], fed.vocab),
-    )
+        at(size, found.kinds)
+        found.sizes.append(size)
+    found.sizes.sort()
+    return found
+
+
+def _passes(
+    found: _Found, scale: Mapping[int, float], n: int, shares: Sequence[float] | None
+) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], list[tuple[float, ...]]]:
+    """Each piece's F, B and W per measured size (`found`'s `n` timed pieces, each size's times by `scale`): B
+    and W as differences of the passes, those not timed taken as shares of F+B+W; with `shares`, the one
+    timed piece's times shared out among the pieces."""
+    seconds, kinds, sizes = found.seconds, found.kinds, found.sizes
     forward, input_grad, weight_grad = [], [], []
-    for j in range(len(timed)):
+    for j in range(n):
         for kind in kinds:
-            for n in measured:
-                found[(kind, j, n)] *= scale[n]
-        fbw = [found[("FBW", j, n)] for n in measured]
-        f = [min(found[("F", j, n)], c) if "F" in kinds else c / 3 for n, c in zip(measured, fbw)]
+            for size in sizes:
+                seconds[(kind, j, size)] *= scale[size]
+        fbw = [seconds[("FBW", j, size)] for size in sizes]
+        f = [min(seconds[("F", j, size)], c) if "F" in kinds else c / 3 for size, c in zip(sizes, fbw)]
         fb = [
-            min(max(found[("FB", j, n)], a), c) if "FB" in kinds else (a + c) / 2 for n, a, c in zip(measured, f, fbw)
+            min(max(seconds[("FB", j, size)], a), c) if "FB" in kinds else (a + c) / 2
+            for size, a, c in zip(sizes, f, fbw)
         ]
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
@@ -504,56 +545,47 @@ def _measure(
         forward, input_grad, weight_grad = (
             [tuple(t * share for t in row[0]) for share in shares] for row in (forward, input_grad, weight_grad)
         )
+    return forward, input_grad, weight_grad
+
+
+def _action_s(pool: Sequence[str]) -> float:
+    """What an action costs beyond its work on `pool[0]` (`_action_cost`, by ACTION_SCALE)."""
     action = _action_cost(pool[:1])
     local = not canonical(pool[0]).startswith("/job:")  # this process's device, not a cluster worker's
-    action += (ACTION_SCALE - 1) * (action if local else _action_cost([_host()]))
+    return action + (ACTION_SCALE - 1) * (action if local else _action_cost([_host()]))
+
+
+def _updates(given: Measuring, call: float) -> tuple[float, ...]:
+    """Each piece's update, its share by its weights of the whole's update when there is one (timed once, all
+    the weights), else of the largest piece's (a stage's update is one action more)."""
+    models, params = given.models, given.params
     largest = max(range(len(models)), key=lambda j: params[j])
-    # the whole's update when there is one (timed once, all the weights), else the largest piece's; each
-    # piece's share by its weights, a stage's update one action more
-    held, held_params = (whole, sum(params)) if whole is not None else (models[largest], params[largest])
-    per_param = _update(held, optimizer(), device, call) / max(held_params, 1)
-    update = tuple(per_param * params[j] for j in range(len(models)))
-    if len(pool) > 1 and physical.get(pool[0], pool[0]) != physical.get(pool[1], pool[1]):
-        if twin is None or reduce is None:
-            raise ValueError(
-                "plan_timing.measure: two physical devices need the model's twin on the second and the "
-                "copies' averaging, to time the exchange and a crossing as a step runs them"
-            )
-        per_byte, latency = _transfer(pool[0], pool[1])
-        # as a step runs them: the exchange, per byte of gradients, and a crossing at the middle piece's cut (its
-        # latency beyond its bytes' time)
-        exchanged = _exchange([list(models), list(twin)], pool[:2], measured[0], reduce, fed)
-        exchange_per_byte = exchanged / max(4 * sum(params), 1)
-        if len(models) > 1:
-            cut = len(models) // 2
-            size = measured[len(measured) // 2]
-            ran = _crossing(models, twin, pool[:2], size, cut, fed)
-            latency = max(latency, ran - per_byte * 4 * size * examples.values(signatures[cut]))
-    else:  # logical devices of one physical device: a copy is the sending device's tensor (its cost is the action's)
-        per_byte, latency, exchange_per_byte = 0.0, 0.0, 0.0
-    crossing = tuple(examples.values(given) for given in signatures[1:])
-    return Costs(
-        pieces=tuple(tuple(p) for p in pieces),
-        sizes=tuple(measured),
-        forward=tuple(forward),
-        input_grad=tuple(input_grad),
-        weight_grad=tuple(weight_grad),
-        update=update,
-        crossing=crossing,
-        params=tuple(params),
-        action_s=action,
-        update_s=action,
-        step_s=call,
-        transfer_s_per_byte=per_byte,
-        transfer_latency_s=latency,
-        exchange_s_per_byte=exchange_per_byte,
-        exchange_latency_s=0.0,
-        devices=tuple(pool),
-        physical=tuple(physical.get(d, d) for d in pool),
-        fixed_cut=fixed_cut,
-        measuring_s=time.perf_counter() - started,
-        notes=tuple(notes),
-    )
+    held, held_params = (given.whole, sum(params)) if given.whole is not None else (models[largest], params[largest])
+    per_param = _update(held, given.optimizer(), given.pool[0], call) / max(held_params, 1)
+    return tuple(per_param * params[j] for j in range(len(models)))
+
+
+def _copies(given: Measuring, sizes: Sequence[int], signatures: Sequence) -> tuple[float, float, float]:
+    """(seconds per byte, latency) of a copy between `given.pool`'s first two devices, and the copies'
+    exchange per byte of gradients, as a step runs them (at the smallest measured size; a crossing at the
+    middle piece's cut, its latency beyond its bytes' time, at the middle size)."""
+    pool, models, twin = given.pool, given.models, given.twin
+    if len(pool) < 2 or given.physical_of(pool[0]) == given.physical_of(pool[1]):
+        return 0.0, 0.0, 0.0  # logical devices of one physical device: a copy is the sending device's tensor
+    if twin is None or given.reduce is None:
+        raise ValueError(
+            "plan_timing.measure: two physical devices need the model's twin on the second and the "
+            "copies' averaging, to time the exchange and a crossing as a step runs them"
+        )
+    per_byte, latency = _transfer(pool[0], pool[1])
+    exchanged = _exchange([list(models), list(twin)], pool[:2], sizes[0], given.reduce, given.fed)
+    exchange_per_byte = exchanged / max(4 * sum(given.params), 1)
+    if len(models) > 1:
+        cut = len(models) // 2
+        size = sizes[len(sizes) // 2]
+        ran = _crossing(models, twin, pool[:2], size, cut, given.fed)
+        latency = max(latency, ran - per_byte * 4 * size * examples.values(signatures[cut]))
+    return per_byte, latency, exchange_per_byte
 
 
 def _scales(

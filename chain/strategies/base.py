@@ -209,7 +209,7 @@ class Strategy(ABC):
         self.body = body
         # autograph=False: the steps' Python control flow is over Python values (unrolled on purpose),
         # and Keras 3 traces its own train step unconverted too (do_not_convert), so user layers see
-        # what they see in model.fit; converting cost about 2 s of CPU per process.
+        # what they see in model.fit; converting would only cost CPU (docs/benchmarks-in-code.md).
         self.step_fn = tf.function(body, autograph=False)
         self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
         self._multi: Callable | None = None
@@ -226,8 +226,8 @@ class Strategy(ABC):
         """Train one whole batch (already checked); returns the step's report as a NumPy row.
 
         Calls the step's concrete function for the batch's shapes directly: tf.function's own
-        dispatch (matching arguments against traces) costs ~0.1 ms a call on a 2-core machine
-        (scripts/bench_overhead.py); the traces are tf.function's.
+        dispatch (matching arguments against traces) costs time every call (docs/benchmarks-in-code.md);
+        the traces are tf.function's.
         """
         args = self.arguments(x, ys)
         key = tuple((tuple(t.shape), t.dtype) for t in tf.nest.flatten(args))

@@ -23,7 +23,6 @@ import keras
 
 from chain.config import Settings
 from chain.config.schema import Conv
-from chain.errors import ConfigError
 from chain.planning import cost_cache
 from chain.planning.candidates import CacheUse
 from chain.planning.cost_cache import CostFile, CostKey
@@ -62,12 +61,6 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
     name. `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
     s = spec.settings
     cut_model = model is not None or plan_choice.is_cut_model(s) or plan_choice.is_gpt(s)
-    plan_choice.refuse_given(s, cut_model)
-    if spec.data_info is None:
-        raise ConfigError(
-            f"placement.plan=auto measures the model on examples of the data's shape, which data="
-            f"{s.data.name} gives only once TensorFlow reads it: set placement.plan=manual"
-        )
     pool, physical = _pool(spec)
     cuttable = None
     if cut_model:
@@ -210,20 +203,22 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
     sizes = _sizes(s.data.batch_size, len(pool))
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
     costs = plan_timing.measure(
-        models,
-        pieces,
-        params,
-        pool,
-        physical,
-        sizes,
-        budget,
-        lambda: assemble.make_optimizer(s.stages[0].optim),
-        fixed_cut=cuttable is None,
-        same=same,
-        whole=whole,
-        twin=twin,
-        reduce=reduce,
-        fed=examples.feed(s, info, cuttable.layers if cuttable is not None else ()),
+        plan_timing.Measuring(
+            models=tuple(models),
+            pieces=tuple(pieces),
+            params=tuple(params),
+            pool=tuple(pool),
+            physical=physical,
+            sizes=tuple(sizes),
+            budget_s=budget,
+            optimizer=lambda: assemble.make_optimizer(s.stages[0].optim),
+            fixed_cut=cuttable is None,
+            fed=examples.feed(s, info, cuttable.layers if cuttable is not None else ()),
+            same=tuple(same) if same is not None else None,
+            whole=whole,
+            twin=tuple(twin) if twin is not None else None,
+            reduce=reduce,
+        )
     )
     return replace(costs, measuring_s=time.perf_counter() - started)
 

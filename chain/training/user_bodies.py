@@ -108,7 +108,7 @@ def _cut(
         )
     _refuse_softmax(c, settings)
     k, p = len(settings.stages), settings.placement
-    costs, notes = None, []
+    costs = None
     if p.balance == "time" and p.split is None:
         from chain.stages.examples import feed
         from chain.stages.timing import piece_times
@@ -138,8 +138,27 @@ def _cut(
     one_tensor = f"mode={settings.mode}" if learns.heads and learns.chained else None
     sizes = cut.split(c, k, p.split, p.balance, costs, one_tensor)
     footprints = tuple(_footprints(c, sizes, settings, placement, batch_cut, schedule))
+    note = _balance_note(c, sizes, costs, footprints, settings, placement, batch_cut, schedule)
+    bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
+    labels = [cut.describe(c, a, b) for a, b in zip(bounds, bounds[1:])]
+    return cut.pieces(c, sizes), labels, replace(placement, footprints=footprints).noted(*([note] if note else []))
+
+
+def _balance_note(
+    c: cut.Cuttable,
+    sizes: list[int],
+    costs: list[list[float]] | None,
+    footprints: Sequence[footprint.Footprint | None],
+    settings: Settings,
+    placement: Placement,
+    batch_cut: BatchCut,
+    schedule: Schedule | None,
+) -> str | None:
+    """The placement table's note on the split `placement.balance` chose (`sizes`, from `costs`: None
+    unless timed or estimated) beside the even split's; None when there is nothing to show."""
+    k, p = len(settings.stages), settings.placement
     try:
-        even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut, for the notes
+        even = cut.split(c, k, None, "even", None)  # what placement.balance=even would cut
     except ConfigError:  # a given split with a stage that holds no weights: balancing has none to show
         even = None
     if p.balance == "memory" and p.split is None:
@@ -147,28 +166,24 @@ def _cut(
         def peaks(footprints):
             return " / ".join(human(f.total) for f in footprints)
 
-        notes.append(
+        return (
             f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
             f"the even split {even}: {peaks(_footprints(c, even, settings, placement, batch_cut, schedule))}"
         )
-    elif even is not None and (costs is not None or p.balance == "params"):
-        rows = costs or [[float(n) for n in c.params()]] * k
+    if even is None or (costs is None and p.balance != "params"):
+        return None
+    rows = costs or [[float(n) for n in c.params()]] * k
 
-        def show(s):
-            per = balance.stage_costs(rows, s)
-            if costs is None:
-                return " / ".join(f"{int(v):,}" for v in per) + " parameters"
-            return (
-                " / ".join(f"{v * 1e3:.3g}" for v in per) + f" ms per microbatch; predicted step "
-                f"{balance.predicted_step(per, batch_cut.microbatches) * 1e3:.3g} ms"
-            )
-
-        notes.append(
-            f"placement.balance={p.balance}: split {sizes}: {show(sizes)}; the even split {even}: {show(even)}"
+    def show(s):
+        per = balance.stage_costs(rows, s)
+        if costs is None:
+            return " / ".join(f"{int(v):,}" for v in per) + " parameters"
+        return (
+            " / ".join(f"{v * 1e3:.3g}" for v in per) + f" ms per microbatch; predicted step "
+            f"{balance.predicted_step(per, batch_cut.microbatches) * 1e3:.3g} ms"
         )
-    bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
-    labels = [cut.describe(c, a, b) for a, b in zip(bounds, bounds[1:])]
-    return cut.pieces(c, sizes), labels, replace(placement, footprints=footprints).noted(*notes)
+
+    return f"placement.balance={p.balance}: split {sizes}: {show(sizes)}; the even split {even}: {show(even)}"
 
 
 def _footprints(
