@@ -3,7 +3,8 @@ layer's weight (a tied embedding) trains with one copy per stage holding it, the
 gradients summed before each update (`chain.steps.tied`): equal to the uncut model trained by
 Keras on one device, copies identical. What is still refused is refused in one line: a layer
 object two stage builders share (never silently untied, nor updated twice a step by two stages'
-optimizers), and a tied weight across stages under a strategy whose step does not sum it."""
+optimizers), and a tied weight across stages under a strategy whose step does not sum it. Where a
+tied weight lives is settled before any stage is built: stages built in any order are the same."""
 
 from __future__ import annotations
 

@@ -892,9 +892,9 @@ def placed(bodies: Sequence[Body | None], devices: Sequence[str | None]) -> list
     cut = [(k, b) for k, b in enumerate(bodies) if isinstance(b, Piece)]
     if not cut:
         return list(bodies)
-    owners = set(cut[0][1].c.tied.values())
-    home = {o: k for k, b in cut for o in owners if b.start <= o < b.end}
-    holders = Holders(home, tuple(None if d is None else canonical(d) for d in devices))
+    layers = {k: range(b.start, b.end) for k, b in cut}
+    devices = [None if d is None else canonical(d) for d in devices]
+    holders = Holders.placed(set(cut[0][1].c.tied.values()), layers, devices)
     return [b.placed(holders, k) if isinstance(b, Piece) else b for k, b in enumerate(bodies)]
 
 

@@ -26,7 +26,7 @@ no value and given the first holder's on restore (`chain.state.tied_copies`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import keras
 import tensorflow as tf
@@ -61,14 +61,18 @@ class Holders:
     devices: tuple[str | None, ...]
     _lent: dict[int, keras.layers.Layer] = field(default_factory=dict, compare=False, repr=False)
 
+    @classmethod
+    def placed(cls, owners: Iterable[int], layers: Mapping[int, range], devices: Sequence[str | None]) -> Holders:
+        """Where first holders `owners` (layer indices) live when stage k holds the model's `layers[k]` on
+        `devices[k]` (canonical): each one's home is the stage holding it."""
+        home = {o: k for k, held in layers.items() for o in owners if o in held}
+        return cls(home, tuple(devices))
+
     def borrows(self, stage: int, owner: int) -> bool:
         """Whether stage `stage` reads layer `owner`'s home's layer itself (one variable on one device)."""
         home = self.home.get(owner)
         return (
-            home is not None
-            and home != stage
-            and self.devices[stage] is not None
-            and (self.devices[stage] == self.devices[home])
+            home not in (None, stage) and self.devices[stage] is not None and self.devices[stage] == self.devices[home]
         )
 
     def lent(self, owner: int) -> bool:

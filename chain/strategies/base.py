@@ -31,9 +31,8 @@ from chain.data.stream_shares import StreamShares
 from chain.planning.planner import Placement
 from chain.records.results import LossRecord, StepResult
 from chain.records.summaries import StageSummary, Summary
-from chain.stages import losses
+from chain.stages import losses, tied_weights
 from chain.stages.assemble import build_stages
-from chain.stages import tied_weights
 from chain.stages.stage import Stage
 from chain.steps.report import Layout, Reports
 from chain.steps.evaluate import evaluation
