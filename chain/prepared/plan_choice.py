@@ -53,7 +53,7 @@ def chosen_settings(s: Settings, c: Candidate) -> Settings:
         microbatches=c.microbatches,
         schedule=c.schedule,
         recompute=c.recompute,
-        virtual_stages=c.virtual_stages if c.schedule == "interleaved" else 1,
+        virtual_stages=c.virtual_stages,
     )
     placement = replace(s.placement, replicas=c.replicas if c.replicas > 1 else None, split=c.split, devices=c.devices)
     stages = (s.stages[0],) * c.stages
