@@ -270,6 +270,14 @@ def candidates(
     return out
 
 
+def per_device(name: str | None = None) -> int:
+    """The stages schedule `name` puts on each device in plan=auto's plans (a looped one: `VIRTUAL`);
+    without `name`, the most any schedule plan=auto tries puts on one."""
+    if name is None:
+        return max(per_device(n) for n in schedules.searched())
+    return schedules.BUILDERS[name].per_device or VIRTUAL
+
+
 def _of_schedule(
     costs: Costs, name: str, k: int, m: int, replicas: int, split: tuple[int, ...] | None
 ) -> list[Candidate]:
@@ -278,7 +286,7 @@ def _of_schedule(
     them) or the copies need more devices than the pool; else one per recompute policy it takes (a split
     backward: never; one stage: its only backward follows its forward at once)."""
     row = schedules.BUILDERS[name]
-    per = row.per_device or VIRTUAL
+    per = per_device(name)
     per_copy = k // per
     if k % per or k < per or replicas * per_copy > len(costs.devices):
         return []
