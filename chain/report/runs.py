@@ -119,8 +119,9 @@ def _check_summary(raw: Any, path: str) -> Summary:
     except RecordError as e:
         raise ChainError(f"{path} is not a summary chain wrote: {e}") from None
     pipeline = summary.pipeline
-    if pipeline is not None and pipeline.schedule is not None and pipeline.schedule not in schedules.BUILDERS:
-        raise wrong("schedule", f"one of {', '.join(schedules.BUILDERS)}")
+    known = (*schedules.BUILDERS, schedules.FILE)  # a schedule file's run names `file` (`RunRecord.schedule` reads it)
+    if pipeline is not None and pipeline.schedule is not None and pipeline.schedule not in known:
+        raise wrong("schedule", f"one of {', '.join(known)}")
     m, batch = pipeline.microbatches if pipeline else None, summary.batch_size
     if m is not None and not (batch is not None and 1 <= m <= batch):  # a run's divide its batch
         raise wrong("microbatches", "between 1 and batch_size")
