@@ -23,6 +23,7 @@ from chain.data import files, token_ids
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, DeviceError, plural, there_are
 from chain.config.device_names import canonical
+from chain.schedule.schedules import FILE
 
 DEFAULT_STEPS = 400  # trainer.steps when neither it nor trainer.epochs is set (digits: ~16 epochs)
 
@@ -370,7 +371,7 @@ def check_auto_plan(s: Settings, info: DataInfo | None) -> None:
             "placement.plan=auto writes its plan as +stages=K of the stage template, but +stages=[...] "
             "gives the stages settings of their own: give +stages=N, or set placement.plan=manual"
         )
-    if s.pipeline.schedule == "file":
+    if s.pipeline.schedule == FILE:
         raise ConfigError(
             "pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
             "set placement.plan=manual to run a schedule file"

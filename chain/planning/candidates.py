@@ -15,7 +15,7 @@ from dataclasses import dataclass
 class Candidate:
     """One plan: `replicas` copies of a pipeline of `stages` stages cut after `split` layers per stage
     (None: the stages the config defines, not a cut model), `microbatches` per copy's batch,
-    `schedule` (with `virtual_stages` stages per device for interleaved), `recompute`, and
+    `schedule` (with `virtual_stages` stages per device for a looped one, interleaved; else 1), `recompute`, and
     `devices`: each used device, copy after copy (None: the planner's own choice)."""
 
     replicas: int
@@ -35,7 +35,7 @@ class Candidate:
             f"pipeline.schedule={self.schedule}",
             f"pipeline.recompute={self.recompute}",
         ]
-        if self.schedule == "interleaved":
+        if self.virtual_stages != 1:  # a looped schedule's stages per device
             out.append(f"pipeline.virtual_stages={self.virtual_stages}")
         if self.replicas > 1:
             out.append(f"placement.replicas={self.replicas}")

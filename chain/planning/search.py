@@ -30,7 +30,7 @@ from chain.schedule import schedules
 from chain.schedule.schedules import Action, Schedule
 
 FLOAT_BYTES = 4
-SCHEDULES = ("gpipe", "1f1b", "zb1", "interleaved", "zbv")  # what the search tries (sequential never wins)
+VIRTUAL = 2  # stages per device plan=auto tries for a looped schedule (`pipeline.virtual_stages`)
 RECOMPUTES = ("never", "except_last", "always")
 SHOWN = 5  # predictions kept in AutoPlan.ranked
 # What the run's loop adds to each step outside the compiled step (reading the batch, the step's report,
@@ -127,21 +127,44 @@ def replay(
     grad_accum: int = 1,
     rows_physical: Sequence[Sequence[str]] | None = None,
 ) -> tuple[float, float]:
-    """(predicted step seconds, bubble) of `replicas` copies of `schedule` with `times` per stage:
-    `chain.pipeline.idle.replay` extended with a fixed cost per action, a transfer on each crossing
-    between devices, the recomputed forwards (`recompute`), each stage's update after its last action
-    (after the copies' gradient exchange), the step's fixed cost, and devices that share a physical
-    device (`rows_physical[r][d]`: copy r's device d's) running one action at a time."""
+    """(predicted step seconds, bubble) of `replicas` copies of `schedule` with `times` per stage: the
+    schedule played (`schedules.play_timed`) with each action's cost (`action_cost`: a fixed cost per
+    action, the recomputed forwards), a transfer on each crossing between devices, and devices that
+    share a physical device (`rows_physical[r][d]`: copy r's device d's) running one action at a time;
+    then each stage's update after its last action (after the copies' gradient exchange: `_updates`)
+    and the step's fixed cost."""
+    n_rows = len(schedule.actions)
+    phys = [rows_physical[r][d] if rows_physical else f"{r}:{d}" for r in range(replicas) for d in range(n_rows)]
+
+    def crossing(needed: Action, action: Action) -> float:
+        if schedule.row(needed.stage) == schedule.row(action.stage):
+            return 0.0
+        lo = min(needed.stage, action.stage)
+        return costs.transfer_latency_s + times[lo].out_bytes * costs.transfer_s_per_byte
+
+    timed = schedules.play_timed(
+        schedule,
+        action_cost(schedule, times, costs, recompute),
+        grad_accum=grad_accum,
+        copies=replicas,
+        wait=crossing,
+        shared=phys,
+    )
+    free, busy = _updates(schedule, times, costs, timed, phys, replicas)
+    span = max(free)
+    bubble = (1 - sum(busy) / (len(free) * span)) if span else 0.0
+    return span + costs.step_s + LOOP_S, bubble
+
+
+def action_cost(
+    schedule: Schedule, times: Sequence[StageTimes], costs: Costs, recompute: str
+) -> Callable[[Action], float]:
+    """An action's predicted seconds: its stage's F, B (with W in a whole backward) or W, the fixed cost
+    per action, and a backward's recomputed forward (`recompute`; never where the backward follows its
+    forward at once, `schedules.backward_at_once`, nor on the last microbatch under except_last)."""
     split = schedules.is_split(schedule)
     m = schedule.microbatches
     at_once = schedules.backward_at_once(schedule)
-    rows: list[list[Action]] = []
-    phys: list[str] = []
-    for r in range(replicas):
-        for d, row in enumerate(schedule.actions):
-            rows.append(schedules.rounds(row, m, grad_accum, replica=r))
-            phys.append(rows_physical[r][d] if rows_physical else f"{r}:{d}")
-    n_rows = len(schedule.actions)
 
     def took(a: Action) -> float:
         t = times[a.stage]
@@ -153,44 +176,29 @@ def replay(
         again = recompute != "never" and (a.stage, own) not in at_once and (recompute == "always" or own != m - 1)
         return t.input_grad + (0.0 if split else t.weight_grad) + (t.forward if again else 0.0) + costs.action_s
 
-    def crossing(k_from: int, k_to: int) -> float:
-        if schedule.row(k_from) == schedule.row(k_to):
-            return 0.0
-        lo = min(k_from, k_to)
-        return costs.transfer_latency_s + times[lo].out_bytes * costs.transfer_s_per_byte
+    return took
 
-    end: dict[Action, float] = {}
-    free = [0.0] * len(rows)
-    busy = [0.0] * len(rows)
-    nxt = [0] * len(rows)
-    phys_free: dict[str, float] = {p: 0.0 for p in phys}
-    remaining = sum(len(r) for r in rows)
-    while remaining:
-        best, best_start = -1, float("inf")
-        for i, row in enumerate(rows):
-            if nxt[i] >= len(row):
-                continue
-            action = row[nxt[i]]
-            deps = schedules.dependencies(action, schedule.stages, split)
-            if any(d not in end for d in deps):
-                continue
-            ready = max([free[i], phys_free[phys[i]]] + [end[d] + crossing(d.stage, action.stage) for d in deps])
-            if ready < best_start:
-                best, best_start = i, ready
-        if best < 0:
-            raise ValueError(f"{schedule.name}: deadlock in replay")  # schedules.simulate refuses such schedules
-        action = rows[best][nxt[best]]
-        d = took(action)
-        end[action] = best_start + d
-        free[best] = phys_free[phys[best]] = end[action]
-        busy[best] += d
-        nxt[best] += 1
-        remaining -= 1
-    # each stage's update after its last action in every copy and the exchange of its gradients
-    last = {}
-    for row in rows:
+
+def _updates(
+    schedule: Schedule,
+    times: Sequence[StageTimes],
+    costs: Costs,
+    timed: schedules.Timed,
+    phys: Sequence[str],
+    replicas: int,
+) -> tuple[list[float], list[float]]:
+    """Each played row's end and busy time once every stage has applied its update: after its last
+    action in every copy and, with copies, the exchange of its device's gradients; in order of readiness,
+    each when its row and its physical device are free."""
+    n_rows = len(schedule.actions)
+    free, busy = list(timed.row_ends), list(timed.busy)
+    phys_free: dict[str, float] = dict.fromkeys(phys, 0.0)
+    for i, p in enumerate(phys):
+        phys_free[p] = max(phys_free[p], free[i])
+    last: dict[int, float] = {}
+    for row in timed.rows:
         for a in row:
-            last[a.stage] = max(last.get(a.stage, 0.0), end[a])
+            last[a.stage] = max(last.get(a.stage, 0.0), timed.end[a])
     updates = []
     for row in range(n_rows):
         stages = schedule.row_stages(row)
@@ -212,9 +220,7 @@ def replay(
         start = max(ready, free[i], phys_free[phys[i]])
         free[i] = phys_free[phys[i]] = start + d
         busy[i] += d
-    span = max(free)
-    bubble = (1 - sum(busy) / (len(rows) * span)) if span else 0.0
-    return span + costs.step_s + LOOP_S, bubble
+    return free, busy
 
 
 def _divisors(n: int) -> list[int]:
@@ -240,9 +246,8 @@ def candidates(
 ) -> list[tuple[Candidate, list[int]]]:
     """Every legal plan on `costs.devices` for a global batch of `batch`, with K among `stages`: (the
     candidate, its stage bounds in pieces). R copies x the devices a copy uses <= the pool; R divides
-    the batch, M the copy's share (at most `max_microbatches`); interleaved with 2 stages per device
-    and zbv (2 per device) where K allows; recompute only with a whole backward."""
-    pool = len(costs.devices)
+    the batch, M the copy's share (at most `max_microbatches`); each schedule plan=auto tries
+    (`schedules.searched`) where its placement takes K stages (`_of_schedule`)."""
     out = []
     for k in stages:
         for r in _divisors(batch):
@@ -260,47 +265,47 @@ def candidates(
                     if costs.fixed_cut
                     else tuple(costs.pieces[b - 1][1] - costs.pieces[a][0] for a, b in zip(bounds, bounds[1:]))
                 )
-                for name in SCHEDULES:
-                    shared = name in ("interleaved", "zbv")
-                    if shared and (k % 2 or k < 2):
-                        continue
-                    per_copy = k // 2 if shared else k
-                    if r * per_copy > pool:
-                        continue
-                    try:
-                        schedules.build(name, k, m, per_copy if name == "interleaved" else None)
-                    except ValueError:
-                        continue
-                    for rc in ("never",) if name in ("zb1", "zbv") else RECOMPUTES:
-                        if rc != "never" and k == 1:
-                            continue  # one stage: its only backward follows its forward at once
-                        out.append(
-                            (
-                                Candidate(
-                                    r,
-                                    k,
-                                    m,
-                                    name,
-                                    rc,
-                                    2 if name == "interleaved" else 1,
-                                    split,
-                                    _devices(costs, k, per_copy, name, r),
-                                ),
-                                bounds,
-                            )
-                        )
+                for name in schedules.searched():
+                    out += [(c, bounds) for c in _of_schedule(costs, name, k, m, r, split)]
     return out
 
 
-def _devices(costs: Costs, k: int, per_copy: int, name: str, replicas: int) -> tuple[str, ...] | None:
+def per_device(name: str | None = None) -> int:
+    """The stages schedule `name` puts on each device in plan=auto's plans (a looped one: `VIRTUAL`);
+    without `name`, the most any schedule plan=auto tries puts on one."""
+    if name is None:
+        return max(per_device(n) for n in schedules.searched())
+    return schedules.BUILDERS[name].per_device or VIRTUAL
+
+
+def _of_schedule(
+    costs: Costs, name: str, k: int, m: int, replicas: int, split: tuple[int, ...] | None
+) -> list[Candidate]:
+    """Schedule `name`'s plans of K stages, M microbatches and `replicas` copies: none where its row of
+    `schedules.BUILDERS` does not take K stages (two or `VIRTUAL` stages a device need a multiple of
+    them) or the copies need more devices than the pool; else one per recompute policy it takes (a split
+    backward: never; one stage: its only backward follows its forward at once)."""
+    row = schedules.BUILDERS[name]
+    per = per_device(name)
+    per_copy = k // per
+    if k % per or k < per or replicas * per_copy > len(costs.devices):
+        return []
+    try:
+        schedule = schedules.build(name, k, m, per_copy)
+    except ValueError:
+        return []
+    virtual = per if row.placing is schedules.Placing.LOOP else 1
+    devices = _devices(costs, schedule, replicas)
+    policies = ("never",) if row.split or k == 1 else RECOMPUTES
+    return [Candidate(replicas, k, m, name, rc, virtual, split, devices) for rc in policies]
+
+
+def _devices(costs: Costs, schedule: Schedule, replicas: int) -> tuple[str, ...] | None:
     """`placement.devices` of a one-copy plan: stage k on the pool's device of its schedule row (None
     with copies: the planner's own, one device per copy's stage)."""
     if replicas > 1:
         return None
-    rows = schedules.build(
-        name, k, per_copy if name == "interleaved" else 2 * per_copy, per_copy if name == "interleaved" else None
-    )
-    return tuple(costs.devices[rows.row(s)] for s in range(k))
+    return tuple(costs.devices[schedule.row(s)] for s in range(schedule.stages))
 
 
 def used_devices(costs: Costs, c: Candidate, schedule: Schedule) -> list[list[str]]:
@@ -324,9 +329,7 @@ def predict(
 ) -> Prediction:
     """`c`'s predicted step (its schedule replayed on `costs`), bubble, and each used device's estimated
     peak (`peaks(c, schedule)`: per stage, bytes; stages sharing a device add up) against its memory."""
-    schedule = schedules.build(
-        c.schedule, c.stages, c.microbatches, c.stages // c.virtual_stages if c.schedule == "interleaved" else None
-    )
+    schedule = schedules.build(c.schedule, c.stages, c.microbatches, c.stages // c.virtual_stages)
     size = batch // c.replicas // c.microbatches
     times = stage_times(costs, bounds, size)
     where = used_devices(costs, c, schedule)

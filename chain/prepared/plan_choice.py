@@ -53,7 +53,7 @@ def chosen_settings(s: Settings, c: Candidate) -> Settings:
         microbatches=c.microbatches,
         schedule=c.schedule,
         recompute=c.recompute,
-        virtual_stages=c.virtual_stages if c.schedule == "interleaved" else 1,
+        virtual_stages=c.virtual_stages,
     )
     placement = replace(s.placement, replicas=c.replicas if c.replicas > 1 else None, split=c.split, devices=c.devices)
     stages = (s.stages[0],) * c.stages
@@ -124,10 +124,11 @@ def device_memory(spec: RunSpec, devices: Sequence[str]) -> dict[str, int | None
 
 def stage_counts(s: Settings, costs: Costs) -> list[int]:
     """The stage counts the search tries: a built-in model's own (its cut is fixed); a cut model's from
-    1 up to its pieces and twice the pool (interleaved and zbv put two stages on a device)."""
+    1 up to its pieces and the pool times the most stages a searched schedule puts on a device
+    (interleaved's and zbv's two: `search.per_device`)."""
     if costs.fixed_cut:
         return [len(s.stages)]
-    return list(range(1, min(len(costs.pieces), 2 * len(costs.devices)) + 1))
+    return list(range(1, min(len(costs.pieces), search.per_device() * len(costs.devices)) + 1))
 
 
 def choose(spec: RunSpec, costs: Costs, stage_cost: Callable[[int, int], StageCost] | None = None) -> AutoPlan:
