@@ -1,10 +1,10 @@
-"""The `tf.data` stream of CSV files (`data=csv data.stream=true`, `chain.data.streamed.CsvFiles`):
+"""The `tf.data` stream of CSV files (`data=csv data.stream=true`, `csv_record.CsvFiles`):
 rows read from their files while training, never gathered into NumPy.
 
 Training: the file names, shuffled per epoch from `seed`; each file's lines (`TextLineDataset`,
 its header skipped), numbered and cut into chunks, several files read at a time (`interleave`, in
 parallel, in a deterministic order); each chunk parsed in one op; the chunks shuffled whole and
-permuted in groups of `shuffle_buffer` rows (`chain.data.chunks`: no stage handles one row at a
+permuted in groups of `shuffle_buffer` rows (`chain.data.chunks.epochs`: no stage handles one row at a
 time); all that repeated (every row exactly once an epoch), batches cut and read ahead. Every stage
 is checkpointable: the iterator's
 state goes into every checkpoint and a resumed run sees the batches it would have seen. Blank lines
@@ -19,11 +19,12 @@ Cells are plain numbers: a quoted cell is a bad row.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import tensorflow as tf
 
-from chain.data.chunks import PARALLEL, batched, grouped, interleaved, permuted
-from chain.data.streamed import CsvFiles
+from chain.data.chunks import PARALLEL, epochs, interleaved, shuffled
+from chain.data.sources.csv.csv_record import CsvFiles
 
 CHUNK = 256  # lines parsed in one op: a parse per line would make the stream the bottleneck
 
@@ -41,108 +42,136 @@ def _numbered(path) -> tf.data.Dataset:
     return lines.map(lambda k, text: (tf.fill(tf.shape(k), path), k + 1, text))
 
 
+def _labels_ok(files: CsvFiles, dense: tf.Tensor) -> list[tf.Tensor]:
+    """Per row and target: a class target holds a whole number in 0..classes-1 (a value anything)."""
+    return [
+        tf.ones([tf.shape(dense)[0]], tf.bool)
+        if not classes
+        else tf.equal(dense[:, column], tf.round(dense[:, column]))
+        & (dense[:, column] >= 0)
+        & (dense[:, column] < classes)
+        for _, column, classes in files.targets
+    ]
+
+
+def _regular(files: CsvFiles, lines: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The chunk's rows when every line is `width` finite numbers and every label in range (the
+    rule), with True; else zeros and False. One match per line and a conversion of the cells:
+    about half the CPU time of the cell by cell check (`_checked`), which only a chunk that is not
+    regular pays."""
+    width = len(files.columns)
+    line = f" *{NUMBER} *(, *{NUMBER} *){{{width - 1}}}"  # a row of `width` plain numbers (spaces around)
+    n = tf.shape(lines)[0]
+
+    def converted():
+        dense = tf.reshape(tf.strings.to_number(tf.strings.split(lines, ",").flat_values, tf.float64), [n, width])
+        return dense, tf.reduce_all(tf.math.is_finite(dense)) & tf.reduce_all(tf.stack(_labels_ok(files, dense)))
+
+    return tf.cond(
+        tf.reduce_all(tf.strings.regex_full_match(lines, line)),
+        converted,
+        lambda: (tf.zeros([n, width], tf.float64), tf.constant(False)),
+    )
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """A chunk's lines cut into cells and checked: the raw cells (`cells`, ragged), each cell's text a
+    finite number (`good`), the cells per line (`lengths`), the rows as numbers (`dense`), whether each
+    line has the header's width (`fits`), only finite numbers (`good_rows`) and labels in range
+    (`labels`, per target)."""
+
+    cells: tf.RaggedTensor
+    good: tf.Tensor
+    lengths: tf.Tensor
+    dense: tf.Tensor
+    fits: tf.Tensor
+    good_rows: tf.Tensor
+    labels: list[tf.Tensor]
+
+
+def _cells(files: CsvFiles, lines: tf.Tensor) -> _Cells:
+    width = len(files.columns)
+    cells = tf.strings.split(lines, ",")
+    lengths = cells.row_lengths()
+    text = tf.strings.strip(cells.flat_values)
+    number = tf.strings.regex_full_match(text, NUMBER)
+    values = tf.strings.to_number(tf.where(number, text, "0"), tf.float64)
+    good = number & tf.math.is_finite(values)
+    good_rows = tf.reduce_all(tf.RaggedTensor.from_row_lengths(good, lengths), axis=1)
+    dense = tf.RaggedTensor.from_row_lengths(values, lengths).to_tensor(shape=[None, width])
+    fits = tf.equal(lengths, width)
+    return _Cells(cells, good, lengths, dense, fits, good_rows, _labels_ok(files, dense))
+
+
+def _why(files: CsvFiles, c: _Cells, first: tf.Tensor) -> tf.Tensor:
+    """Why row `first` of the chunk is bad, in words: its number of fields, a cell that is not a
+    finite number, or a label out of range."""
+    width = len(files.columns)
+    row_cells = tf.RaggedTensor.from_row_lengths(c.good, c.lengths)[first]
+    cell = tf.argmin(tf.cast(row_cells, tf.int32))
+    raw = tf.RaggedTensor.from_row_lengths(c.cells.flat_values, c.lengths)[first]
+    q = lambda s: tf.strings.join(["'", s, "'"])  # noqa: E731 (Python's repr of a plain cell)
+    not_number = tf.strings.join(
+        [
+            "column ",
+            q(tf.gather(tf.constant(list(files.columns)), tf.minimum(cell, width - 1))),
+            " holds ",
+            q(tf.gather(raw, cell, batch_dims=0)),
+            ", not a finite number",
+        ]
+    )
+    fields = tf.strings.join(["it has ", tf.strings.as_string(c.lengths[first]), f" fields, the header has {width}"])
+    target = tf.argmin(tf.cast(tf.stack(c.labels, 1)[first], tf.int32))
+    label_why = [
+        tf.strings.join(
+            [
+                f"column '{files.columns[column]}' holds ",
+                tf.strings.as_string(c.dense[first, column], shortest=True),
+                f", not a class label 0..{classes - 1} (data.classes.{name}={classes})",
+            ]
+        )
+        for name, column, classes in files.targets
+    ]
+    return tf.where(
+        tf.logical_not(c.fits[first]),
+        fields,
+        tf.where(tf.logical_not(c.good_rows[first]), not_number, tf.gather(label_why, target)),
+    )
+
+
+def _checked(files: CsvFiles, skip: tf.Variable | None, paths, numbers, lines) -> tf.Tensor:
+    """The chunk's good rows, each line's cells checked (a blank line left out, a bad row failing
+    the stream or counted in `skip` and left out)."""
+    present = tf.strings.length(tf.strings.strip(lines)) > 0
+    c = _cells(files, lines)
+    ok = c.fits & c.good_rows & tf.reduce_all(tf.stack(c.labels, 1), axis=1)
+    bad = present & tf.logical_not(ok)
+
+    def fail():
+        first = tf.argmax(tf.cast(bad, tf.int32))
+        why = _why(files, c, first)
+        with tf.control_dependencies(
+            [tf.debugging.Assert(False, [MARK, paths[first], numbers[first], tf.strings.join([why, END])])]
+        ):
+            return tf.constant(False)
+
+    if skip is None:
+        checks = [tf.cond(tf.reduce_any(bad), fail, lambda: tf.constant(True))]
+    else:
+        checks = [skip.assign_add(tf.reduce_sum(tf.cast(bad, tf.int64)))]
+    with tf.control_dependencies(checks):
+        return tf.boolean_mask(c.dense, present & ok)
+
+
 def _parse_chunk(files: CsvFiles, skip: tf.Variable | None):
     """A chunk of (files, line numbers, lines) -> the chunk's good rows as (x, ys), parsed in one op.
     Unless `skip` (a counter of the rows left out), a chunk with a bad row fails naming the first."""
-    width = len(files.columns)
-    columns = tf.constant(list(files.columns))
-    line = f" *{NUMBER} *(, *{NUMBER} *){{{width - 1}}}"  # a row of `width` plain numbers (spaces around)
-
-    def labels_ok(dense):
-        """Per row and target: a class target holds a whole number in 0..classes-1 (a value anything)."""
-        return [
-            tf.ones([tf.shape(dense)[0]], tf.bool)
-            if not classes
-            else tf.equal(dense[:, column], tf.round(dense[:, column]))
-            & (dense[:, column] >= 0)
-            & (dense[:, column] < classes)
-            for _, column, classes in files.targets
-        ]
-
-    def regular(lines):
-        """The chunk's rows when every line is `width` finite numbers and every label in range (the
-        rule), with True; else zeros and False. One match per line and a conversion of the cells:
-        about half the CPU time of the cell by cell check below, which only a chunk that is not
-        regular pays."""
-        n = tf.shape(lines)[0]
-
-        def converted():
-            dense = tf.reshape(tf.strings.to_number(tf.strings.split(lines, ",").flat_values, tf.float64), [n, width])
-            return dense, tf.reduce_all(tf.math.is_finite(dense)) & tf.reduce_all(tf.stack(labels_ok(dense)))
-
-        return tf.cond(
-            tf.reduce_all(tf.strings.regex_full_match(lines, line)),
-            converted,
-            lambda: (tf.zeros([n, width], tf.float64), tf.constant(False)),
-        )
-
-    def checked(paths, numbers, lines):
-        """The chunk's good rows, each line's cells checked (a blank line left out, a bad row failing
-        the stream or counted and left out)."""
-        present = tf.strings.length(tf.strings.strip(lines)) > 0
-        cells = tf.strings.split(lines, ",")
-        lengths = cells.row_lengths()
-        text = tf.strings.strip(cells.flat_values)
-        number = tf.strings.regex_full_match(text, NUMBER)
-        values = tf.strings.to_number(tf.where(number, text, "0"), tf.float64)
-        good = number & tf.math.is_finite(values)
-        good_rows = tf.reduce_all(tf.RaggedTensor.from_row_lengths(good, lengths), axis=1)
-        dense = tf.RaggedTensor.from_row_lengths(values, lengths).to_tensor(shape=[None, width])
-        fits = tf.equal(lengths, width)
-        labels = labels_ok(dense)
-        in_range = tf.reduce_all(tf.stack(labels, 1), axis=1)
-        ok = fits & good_rows & in_range
-        bad = present & tf.logical_not(ok)
-
-        def fail():
-            first = tf.argmax(tf.cast(bad, tf.int32))
-            row_cells = tf.RaggedTensor.from_row_lengths(good, lengths)[first]
-            cell = tf.argmin(tf.cast(row_cells, tf.int32))
-            raw = tf.RaggedTensor.from_row_lengths(cells.flat_values, lengths)[first]
-            q = lambda s: tf.strings.join(["'", s, "'"])  # noqa: E731 (Python's repr of a plain cell)
-            not_number = tf.strings.join(
-                [
-                    "column ",
-                    q(tf.gather(columns, tf.minimum(cell, width - 1))),
-                    " holds ",
-                    q(tf.gather(raw, cell, batch_dims=0)),
-                    ", not a finite number",
-                ]
-            )
-            fields = tf.strings.join(
-                ["it has ", tf.strings.as_string(lengths[first]), f" fields, the header has {width}"]
-            )
-            target = tf.argmin(tf.cast(tf.stack(labels, 1)[first], tf.int32))
-            label_why = [
-                tf.strings.join(
-                    [
-                        f"column '{files.columns[column]}' holds ",
-                        tf.strings.as_string(dense[first, column], shortest=True),
-                        f", not a class label 0..{classes - 1} (data.classes.{name}={classes})",
-                    ]
-                )
-                for name, column, classes in files.targets
-            ]
-            why = tf.where(
-                tf.logical_not(fits[first]),
-                fields,
-                tf.where(tf.logical_not(good_rows[first]), not_number, tf.gather(label_why, target)),
-            )
-            with tf.control_dependencies(
-                [tf.debugging.Assert(False, [MARK, paths[first], numbers[first], tf.strings.join([why, END])])]
-            ):
-                return tf.constant(False)
-
-        checks = [] if skip is not None else [tf.cond(tf.reduce_any(bad), fail, lambda: tf.constant(True))]
-        if skip is not None:
-            checks.append(skip.assign_add(tf.reduce_sum(tf.cast(bad, tf.int64))))
-        with tf.control_dependencies(checks):
-            return tf.boolean_mask(dense, present & ok)
 
     def parse(paths, numbers, lines):
         lines = tf.strings.regex_replace(lines, "\r$", "")
-        dense, clean = regular(lines)
-        rows = tf.cond(clean, lambda: dense, lambda: checked(paths, numbers, lines))
+        dense, clean = _regular(files, lines)
+        rows = tf.cond(clean, lambda: dense, lambda: _checked(files, skip, paths, numbers, lines))
         x = tf.cast(tf.gather(rows, list(files.x), axis=1), tf.float32)
         ys = {
             name: tf.cast(rows[:, column], tf.int32 if classes else tf.float32)
@@ -187,19 +216,9 @@ def training(
 ) -> tf.data.Dataset:
     """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module); bad
     rows are counted in `skipped` and left out, or stop it (None)."""
-    names = tf.data.Dataset.from_tensor_slices(list(files.paths))
-    if shuffle:
-        names = names.shuffle(len(files.paths), seed=seed, reshuffle_each_iteration=True)
-    chunks = interleaved(names, _numbered, len(files.paths))
-    parsed = _parsed(chunks, files, skipped)
-    if shuffle:
-        parsed = grouped(parsed, files.shuffle_buffer, CHUNK, seed)
-    # repeated once the groups are cut: every row exactly once an epoch (the shuffles drawn again
-    # each epoch), and the groups numbered across epochs (each permuted anew)
-    parsed = parsed.repeat()
-    if shuffle:
-        parsed = permuted(parsed, seed)
-    return batched(parsed, batch, files.shuffle_buffer)
+    names = shuffled(tf.data.Dataset.from_tensor_slices(list(files.paths)), len(files.paths), shuffle, seed)
+    parsed = _parsed(interleaved(names, _numbered, len(files.paths)), files, skipped)
+    return epochs(parsed, batch, files.shuffle_buffer, CHUNK, shuffle, seed)
 
 
 def validation(files: CsvFiles, batch: int, skipped: tf.Variable | None = None) -> tf.data.Dataset | None:
