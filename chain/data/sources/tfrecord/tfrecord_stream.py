@@ -166,13 +166,11 @@ def _parse_chunk(shards: Shards, skip: bool):
             else [tf.cond(all_ok, lambda: tf.constant(True), lambda: _fail(ex, shards, want, n, path, start))]
         )
         with tf.control_dependencies(checked):
-            # x: float32, or int64 (token ids, kept whole: float32 is exact only below 2^24)
-            x = _dense(ex, shards.x, features[shards.x][1], n, all_ok, ok, skip)
+            dense = functools.partial(_dense, ex, n=n, all_ok=all_ok, ok=ok, skip=skip)
+            x = dense(shards.x, features[shards.x][1])  # float32, or int64 (token ids: float32 is exact below 2^24)
             ys = {
-                name: tf.cast(
-                    tf.reshape(
-                        _dense(ex, key, features[key][1], n, all_ok, ok, skip), [n, *label_shape(features[key][1])]
-                    ),  # per position: kept
+                name: tf.cast(  # a label per position kept
+                    tf.reshape(dense(key, features[key][1]), [n, *label_shape(features[key][1])]),
                     tf.int32 if classes else tf.float32,
                 )
                 for name, key, classes in shards.targets
