@@ -1,9 +1,9 @@
 """What every streamed data set (`data.stream=true`, `chain.data.loader.Dataset.shards`) is to the
 run, declared once: `Streamed`, the interface its record implements (each source's record, made by
 its `shards` without TensorFlow, opens its own `tf.data` stream), and what the file streams share:
-`FileCounts` (the files and the examples each holds), `held_files` (validation without a file of
-its own: whole files held out, the last ones in sorted order, the same on every run) and
-`none_empty`. No TensorFlow here: a record imports its stream module when a stream is opened.
+`FileCounts` (the files and the examples each holds), `stream_files` and `held_files` (validation
+without a file of its own: whole files held out, the last ones in sorted order, the same on every
+run) and `none_empty`. No TensorFlow here: a record imports its stream module when a stream is opened.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ class Streamed(ABC):
     its default where a source has nothing to add. The streams are `tf.data.Dataset`s of
     `(x, {target: y})` batches."""
 
-    SHARES: ClassVar[bool] = (
-        False  # whether mirrored replicas read their own shares of its files (`training`'s `share`)
-    )
+    # Whether mirrored replicas read their own shares of its files (`training`'s `share`).
+    SHARES: ClassVar[bool] = False
 
     @property
     @abstractmethod
