@@ -155,6 +155,20 @@ def int_or_word(word: str, minimum: int, maximum: int | None = None) -> Check:
     return check
 
 
+def list_or_word(word: str, inner: Check, min_len: int = 1) -> Check:
+    """A list of values each checked by `inner` (a tuple), or the string `word` (e.g. `auto`)."""
+    listed = list_of(inner, min_len)
+
+    def check(key: str, v: Any) -> Any:
+        if v == word:
+            return v
+        if isinstance(v, str):
+            raise ConfigError(f"{key}={v!r} must be a list, e.g. {key}=[a,b], or {word}")
+        return listed(key, v)
+
+    return check
+
+
 def address(key: str, v: Any) -> str:
     """`host:port` of a server (a cluster worker)."""
     if not isinstance(v, str) or v.count(":") != 1:

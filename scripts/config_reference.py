@@ -87,6 +87,7 @@ DESCRIBE: dict[str, Callable[[dict], str]] = {
     "list_of.<locals>.check": lambda v: f"a list ({v['min_len']}+ entries) of: " + describe(v["inner"]),
     "int_or_list.<locals>.check": lambda v: describe(v["one"]) + ", or a list of them (one per stage)",
     "int_or_word.<locals>.check": lambda v: describe(v["one"]) + f", or `{v['word']}`",
+    "list_or_word.<locals>.check": lambda v: describe(v["listed"]) + f", or `{v['word']}`",
     "mapping.<locals>.check": lambda v: "a mapping {name: value}, each value " + describe(v["inner"]),
     "required.<locals>.check": lambda v: describe(v["inner"]) + f" (required: `{v['example']}`)",
     "section.<locals>.<lambda>": lambda v: "a mapping: its keys below",

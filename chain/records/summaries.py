@@ -278,6 +278,12 @@ class Summary:
         default=None,
         omit_none=True,
     )
+    traces: dict[str, int] | None = item(
+        "the compiled training step's traces per input shape of a batch, its batch axis left out (e.g. "
+        '{"16": 1, "32": 1}: data.buckets, one per bucket; by this process)',
+        default=None,
+        omit_none=True,
+    )
     plan: PlanFields | None = item(
         "placement.plan=auto: the chosen plan, predicted against measured (absent with placement.plan=manual)",
         default=None,

@@ -26,12 +26,13 @@ INIT_STDDEV = 0.02  # GPT-2's initial weights: normal, standard deviation 0.02
 NORM_EPSILON = 1e-5
 
 
-def build(spec: Gpt, input_dtype: str = "int32") -> keras.Model:
+def build(spec: Gpt, input_dtype: str = "int32", any_length: bool = False) -> keras.Model:
     """The transformer `spec` describes (its `seq_len` settled: `chain.config.checks.gpt`), taking ids of
-    `input_dtype` (int32, or int64 for ids that may not fit it), giving logits (batch, seq_len, vocab)."""
+    `input_dtype` (int32, or int64 for ids that may not fit it), giving logits (batch, seq_len, vocab).
+    `any_length`: examples of any length up to `seq_len` (an Input of length None; length buckets)."""
     init = keras.initializers.RandomNormal(stddev=INIT_STDDEV)
     width, seq_len = spec.width, spec.seq_len
-    ids = keras.Input((seq_len,), dtype=input_dtype, name="token_ids")
+    ids = keras.Input((None if any_length else seq_len,), dtype=input_dtype, name="token_ids")
     tokens = TokenEmbedding(spec.vocab, width, embeddings_initializer=init, name="token_embedding")
     positions = ops.cumsum(ops.ones_like(ids), axis=1) - 1  # 0..seq_len-1 per example: ops, kept on stage 0
     x = keras.layers.Add(name="embeddings")(

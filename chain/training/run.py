@@ -520,6 +520,9 @@ class Run:
         summary = replace(
             summary, data_wait_ms=loop.data_wait(), plan=plan_fields(self.auto_plan, loop.median_step_ms())
         )  # None: a plan by hand
+        if self.settings.data.lengths_vary:  # length buckets: each bucket's step traced once, never again
+            shown = ", ".join(f"{n} for length {k}" for k, n in summary.traces.items())
+            log.info("traces of the training step: %d (%s)", sum(summary.traces.values()), shown)
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
             log.info(
