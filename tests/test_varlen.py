@@ -112,3 +112,18 @@ def test_a_bucketed_stream_resumes_bit_for_bit_and_summary_shows_its_traces(line
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     traces = read_summary(straight)["traces"]
     assert set(traces) <= {str(n) for n in BUCKETS} and set(traces.values()) == {1}
+
+
+def test_files_are_one_example_each_and_a_nul_byte_is_refused_naming_the_file(tmp_path):
+    from chain.data.sources import describe
+
+    for k, n in enumerate([5, 12, 20, 31, 40]):
+        (tmp_path / f"{k}.txt").write_text("ab" * n)
+    cfg = chain.compose(
+        varlen_run(str(tmp_path / "*.txt"), "data.examples=files", "data.val_fraction=0", "data.batch_size=4")
+    )
+    info = describe(cfg.data)
+    assert (info.examples, info.input_shape, info.lengths_vary) == (5, (32,), True)  # 2n bytes, 2n - 1 inputs
+    (tmp_path / "5.txt").write_bytes(b"ab\x00c")
+    with pytest.raises(ConfigError, match=r"5.txt holds a NUL byte \(byte 2\), the padding id of data.examples=files"):
+        chain.compose(varlen_run(str(tmp_path / "*.txt"), "data.examples=files"))
