@@ -223,8 +223,10 @@ FEATURE_DTYPES = ("float32", "int64")
 
 def feature(key: str, v: Any) -> tuple:
     """A fixed-length TFRecord feature, `DTYPE` (one value) or `DTYPE[d1,d2,...]`, DTYPE float32 or
-    int64; returned as `(dtype, shape)`."""
+    int64, or `int64[None]` (ids of any length: length buckets); returned as `(dtype, shape)`."""
     text = v.replace(" ", "") if isinstance(v, str) else ""
+    if text == "int64[None]":
+        return "int64", (None,)
     dtype, bracket, dims = text.partition("[")
     shape: tuple = ()
     ok = dtype in FEATURE_DTYPES and (not bracket or dims.endswith("]"))
@@ -235,7 +237,7 @@ def feature(key: str, v: Any) -> tuple:
     if not ok:
         raise ConfigError(
             f"{key}={v!r} must be a fixed-length feature: float32 or int64, with its shape in "
-            "brackets unless it holds one value, e.g. float32[28,28,1] or int64"
+            "brackets unless it holds one value, e.g. float32[28,28,1] or int64; or int64[None] (ids of any length)"
         )
     return dtype, shape
 

@@ -99,7 +99,7 @@ PLAIN = {
     checks.power_of_two: "a power of two (e.g. 32768)",
     checks.address: "`host:port`",
     checks.dotted_name: "a dotted import path, e.g. `mypackage.data.make_dataset`",
-    checks.feature: "`float32[d1,...]` or `int64` (a fixed-length feature)",
+    checks.feature: "`float32[d1,...]` or `int64` (a fixed-length feature), or `int64[None]` (ids of any length)",
     checks.step_window: "`[START,STOP]`, 1 <= START <= STOP",
     schema.model_check: "`mlp`, `conv`, `keras`, `gpt`, or a builder (`_target_`)",
     schema.optim_check: "`adam`, `adamw`, `sgd`, or any Keras optimizer (`_target_`)",

@@ -209,14 +209,15 @@ def gpt(s: Settings) -> Settings:
     )
 
 
-def padding(s: Settings) -> Settings:
-    """Examples of different lengths are padded with id 0 (`chain.data.sources.text.text_examples.PAD`),
-    which the loss and the metrics ignore: `ignore_class` null is settled to 0; another is refused."""
-    if not s.data.lengths_vary:
+def padding(s: Settings, info: DataInfo | None) -> Settings:
+    """Examples of different lengths are padded with id 0 (`chain.data.sources.text.text_examples.PAD`); a
+    label per position of them is too, which the loss and the metrics ignore: `ignore_class` null is settled
+    to 0; another is refused."""
+    if info is None or not info.lengths_vary or not info.target(s.stages[-1].target).shape:
         return s
     if s.ignore_class not in (None, PAD):
         raise ConfigError(
-            f"ignore_class={s.ignore_class}, but data.examples={s.data.examples} pads its targets with id {PAD}, "
+            f"ignore_class={s.ignore_class}, but examples of different lengths pad their targets with id {PAD}, "
             f"which the loss must ignore: set ignore_class={PAD} (or null)"
         )
     return replace(s, ignore_class=PAD)
@@ -521,7 +522,7 @@ def settle_schedules(s: Settings, n_steps: int | None) -> Settings:
 def settle(s: Settings, info: DataInfo | None) -> Settings:
     """`s` checked (`check_across_keys`) against the data `info` describes (None: known once TensorFlow reads
     it), with its notes and, where the data is known, its steps."""
-    s = padding(gpt(s))
+    s = padding(gpt(s), info)
     notes = check_across_keys(s, info)
     if info is not None and info.lengths_vary:
         notes += (
