@@ -213,7 +213,7 @@ def padding(s: Settings, info: DataInfo | None) -> Settings:
     """Examples of different lengths are padded with id 0 (`chain.data.sources.text.text_examples.PAD`); a
     label per position of them is too, which the loss and the metrics ignore: `ignore_class` null is settled
     to 0; another is refused."""
-    if info is None or not info.lengths_vary or not info.target(s.stages[-1].target).shape:
+    if info is None or not info.padded or not info.target(s.stages[-1].target).shape:
         return s
     if s.ignore_class not in (None, PAD):
         raise ConfigError(

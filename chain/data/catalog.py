@@ -48,7 +48,8 @@ class Target:
 class DataInfo:
     """A data set's shape: `input_shape` per example, `examples` to train on, `val_examples` held
     for validation (0: none), and its `targets` (the first is the default). `lengths_vary`: examples of
-    different lengths (length buckets), `input_shape` the longest (what memory must hold)."""
+    different lengths (length buckets), `input_shape` the longest (what memory must hold); `padded`: targets per
+    position padded with id 0, which the loss ignores."""
 
     name: str
     input_shape: tuple[int, ...]
@@ -56,6 +57,7 @@ class DataInfo:
     targets: tuple[Target, ...]
     val_examples: int = 0
     lengths_vary: bool = False
+    padded: bool = False  # its targets per position are padded with id 0 (length buckets, packing)
 
     @property
     def model_input_shape(self) -> tuple[int | None, ...]:

@@ -49,6 +49,11 @@ class DataSet:
         """Whether its examples come in different lengths (batches padded per length bucket)."""
         return False
 
+    @property
+    def packed(self) -> bool:
+        """Whether its windows are packed with several examples (`{"token_ids", "segment_ids"}` inputs)."""
+        return False
+
 
 @dataclass(frozen=True, kw_only=True)
 class StreamSettings:

@@ -82,3 +82,52 @@ def validation(s: Examples, batch: int) -> tf.data.Dataset | None:
         return _as_batch(x, y, None)
 
     return _saveable(tf.data.Dataset.range(len(batches)).map(one).prefetch(2))
+
+
+def _as_packed(x, seg, y, batch: int | None, length: int):
+    for t in (x, seg, y):
+        t.set_shape([batch, length])
+    return {"token_ids": x, "segment_ids": seg}, {Examples.TARGET: y}
+
+
+def packed_training(s: Examples, batch: int, shuffle: bool, seed: int) -> tf.data.Dataset:
+    """`data.pack`: the endless stream of `({"token_ids", "segment_ids"}, {"next": y})` batches of `batch`
+    windows, each window packed once (`text_examples.pack`), the windows shuffled per epoch from the seed
+    and the epoch (the position: a counter of batches, as for buckets)."""
+    length = s.buckets[0]
+    windows = text_examples.pack(s.train.lengths, length)
+    per_epoch = len(windows) // batch
+    if not per_epoch:
+        raise ConfigError(
+            f"data.pack=true packs the training examples into {len(windows)} windows of {length}, fewer than "
+            f"a batch of {batch}; give more text or a smaller data.batch_size"
+        )
+
+    def read(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        epoch, i = divmod(int(g), per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(len(windows)) if shuffle else np.arange(len(windows))
+        return text_examples.packed(s.train, [windows[j] for j in order[i * batch : (i + 1) * batch]], length)
+
+    def one(g):
+        x, seg, y = tf.numpy_function(read, [g], [tf.int32, tf.int32, tf.int32], stateful=False)
+        return _as_packed(x, seg, y, batch, length)
+
+    return _saveable(tf.data.Dataset.counter(dtype=tf.int64).map(one).prefetch(2))
+
+
+def packed_validation(s: Examples, batch: int) -> tf.data.Dataset | None:
+    """`data.pack`: every validation window once, in order, in batches of at most `batch`; None without any."""
+    if s.val is None:
+        return None
+    length = s.buckets[0]
+    windows = text_examples.pack(s.val.lengths, length)
+
+    def read(k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return text_examples.packed(s.val, windows[int(k) * batch : (int(k) + 1) * batch], length)
+
+    def one(k):
+        x, seg, y = tf.numpy_function(read, [k], [tf.int32, tf.int32, tf.int32], stateful=False)
+        return _as_packed(x, seg, y, None, length)
+
+    batches = -(-len(windows) // batch)
+    return _saveable(tf.data.Dataset.range(batches).map(one).prefetch(2))

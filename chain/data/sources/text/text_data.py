@@ -24,7 +24,7 @@ from chain.data.sources.tokens import tokens_data
 from chain.data.sources.tokens.token_record import Tokenized
 from chain.data.sources.tokens.tokens_data import MAX_SEQ_LEN, TokenStream, Windowed, describe_files, split
 from chain.errors import ConfigError
-from chain.fields import choice, integer, list_or_word, optional, required, setting, string
+from chain.fields import boolean, choice, integer, list_or_word, optional, required, setting, string
 
 BYTES = 256  # byte-level ids
 EXAMPLES = ("windows", "lines", "files")
@@ -57,10 +57,21 @@ class Text(Windowed):
         "to the first its examples fit; auto: from the data's lengths (printed); longer examples cut to the last",
     )
 
+    pack: bool = setting(
+        boolean,
+        "data.examples=lines|files: fill windows of data.seq_len with several examples (segment ids: model=gpt "
+        "attends within each) instead of data.buckets",
+    )
+
     @property
     def lengths_vary(self) -> bool:
-        """Examples of different lengths, in buckets (`data.examples=lines|files`)."""
-        return self.examples != "windows"
+        """Examples of different lengths, in buckets (`data.examples=lines|files`, not packed)."""
+        return self.examples != "windows" and not self.pack
+
+    @property
+    def packed(self) -> bool:
+        """Examples packed into windows of `seq_len` (`data.pack`)."""
+        return self.pack
 
 
 def _utf8(path: str, key: str) -> int:
@@ -99,23 +110,30 @@ class ExampleStream(text_examples.Examples, Streamed):
         from chain.data.sources.text import example_stream
 
         refuse_share(share)
+        if self.pack:
+            return example_stream.packed_training(self, batch, shuffle, seed)
         return example_stream.training(self, batch, shuffle, seed)
 
     def validation(self, batch, skipped=None):
         from chain.data.sources.text import example_stream
 
-        return example_stream.validation(self, batch)
+        return example_stream.packed_validation(self, batch) if self.pack else example_stream.validation(self, batch)
 
 
 def _checked(data: Text) -> None:
     """`data.examples` and `data.buckets` together, before any file is read."""
     text_examples.check_buckets(data.buckets, data.examples, data.seq_len)
+    if data.pack and (data.examples == "windows" or data.buckets is not None):
+        raise ConfigError(
+            f"data.pack=true packs examples of different lengths into windows: it needs data.examples=lines or "
+            f"files (is {data.examples}) and no data.buckets (is {data.buckets})"
+        )
     if data.lengths_vary and data.buckets is None:
         raise ConfigError(
             f"data.examples={data.examples} makes examples of different lengths: give data.buckets "
             "(e.g. data.buckets=[64,128,256], or auto)"
         )
-    if data.lengths_vary and data.tokenizer is not None:
+    if data.examples != "windows" and data.tokenizer is not None:
         raise ConfigError(
             f"data.examples={data.examples} reads byte ids: set data.tokenizer=null (a tokenizer's ids come in windows)"
         )
@@ -130,7 +148,7 @@ def shards(data: Text) -> TokenStream | ExampleStream:
             raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_path are both set; give one")
         val = _files(data.val_path, "data.val_path")
     paths, sizes = _files(data.path, "data.path")
-    if data.lengths_vary:
+    if data.examples != "windows":
         return text_examples.examples(data, paths, val[0] if val is not None else None, BYTES, ExampleStream)
     if data.tokenizer is None:
         train, val_part = split(paths, sizes, val, data, "data.path", repr(data.path))
@@ -148,7 +166,7 @@ def describe(data: Text) -> DataInfo:
     """Examples of `seq_len` ids (bytes, or the tokenizer's) with the target `next` (the following id at each
     position: 256 classes, or the tokenizer's vocabulary)."""
     s = shards(data)
-    return text_examples.describe(data, s) if data.lengths_vary else describe_files(data, s)
+    return text_examples.describe(data, s) if data.examples != "windows" else describe_files(data, s)
 
 
 def read(data: Text, seed: int, info: DataInfo | None = None) -> Read:

@@ -130,13 +130,14 @@ def part(paths: list[str], data, key: str, buckets: tuple[int, ...] | None = Non
         )
     lengths = sizes - 1  # the inputs: every id but the last
     if buckets is None:
-        buckets = data.buckets
+        buckets = (data.seq_len,) if data.pack else data.buckets  # packed: each example cut to a window
         if buckets == "auto":
             buckets = auto_buckets(lengths, data.seq_len)
             log.info("data.buckets=auto: %s (from the lengths of %d examples)", _shown(buckets), len(lengths))
     cut = int((lengths > buckets[-1]).sum())
     if cut:
-        log.info("%s: %d of %d examples cut to %d ids (the largest bucket)", key, cut, len(lengths), buckets[-1])
+        why = "a window, data.seq_len" if data.pack else "the largest bucket"
+        log.info("%s: %d of %d examples cut to %d ids (%s)", key, cut, len(lengths), buckets[-1], why)
     return Part(tuple(paths), offsets, starts, np.minimum(lengths, buckets[-1]).astype(np.int32)), buckets
 
 
@@ -190,12 +191,14 @@ def _memmap(path: str) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class Examples:
     """Text examples of different lengths in length buckets: training and validation `Part`s (`val` None:
-    none), the `buckets` and the vocabulary (bytes). What `example_stream` reads."""
+    none), the `buckets` (packed: the one window's length) and the vocabulary (bytes); `pack`: packed into
+    windows of `buckets[0]` (`data.pack`). What `example_stream` reads."""
 
     train: Part
     val: Part | None
     buckets: tuple[int, ...]
     vocab: int
+    pack: bool = False
     TARGET: ClassVar[str] = "next"
 
     @property
@@ -215,17 +218,27 @@ def examples(data, paths: list[str], val_paths: list[str] | None, vocab: int, ma
     last `data.val_fraction` of the examples (default 0.1)."""
     train, buckets = part(paths, data, "data.path")
     if val_paths is not None:
-        return made(train, part(val_paths, data, "data.val_path", buckets)[0], buckets, vocab)
+        return made(train, part(val_paths, data, "data.val_path", buckets)[0], buckets, vocab, data.pack)
     held = held_out(len(train), data, f"data=text ({data.path!r})")
     n = len(train) - held
     val = train.taken(np.arange(n, len(train))) if held else None
-    return made(train.taken(np.arange(n)), val, buckets, vocab)
+    return made(train.taken(np.arange(n)), val, buckets, vocab, data.pack)
 
 
 def describe(data, s: Examples) -> DataInfo:
-    """Examples of up to the largest bucket's ids (what the memory estimate and plan=auto size), with
-    the target `next`."""
+    """Examples of up to the largest bucket's ids (what the memory estimate and plan=auto size), or packed
+    windows of them (`examples` counts windows then), with the target `next`."""
     longest = s.buckets[-1]
+    if s.pack:
+        val = len(pack(s.val.lengths, longest)) if s.val else 0
+        return DataInfo(
+            data.name,
+            (longest,),
+            len(pack(s.train.lengths, longest)),
+            (Target(s.TARGET, s.vocab, (longest,)),),
+            val,
+            padded=True,
+        )
     return DataInfo(
         data.name,
         (longest,),
@@ -233,4 +246,33 @@ def describe(data, s: Examples) -> DataInfo:
         (Target(s.TARGET, s.vocab, (longest,)),),
         len(s.val) if s.val else 0,
         lengths_vary=True,
+        padded=True,
     )
+
+
+def pack(lengths: np.ndarray, window: int) -> list[np.ndarray]:
+    """`data.pack`: the examples in order, each window filled with the next ones while they fit (an example
+    is at most `window` long: cut); each window's example numbers. Packed once: an epoch shuffles windows."""
+    windows, current, used = [], [], 0
+    for i, n in enumerate(lengths.tolist()):
+        if used + n > window:
+            windows.append(np.array(current))
+            current, used = [], 0
+        current.append(i)
+        used += n
+    return windows + [np.array(current)] if current else windows
+
+
+def packed(part: Part, windows: list[np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The `windows` of `part` (each its example numbers): token ids, segment ids (1, 2, ... per example; 0
+    pads) and targets (each example's ids one on; 0 pads), int32 [len(windows), length]."""
+    x = np.full((len(windows), length), PAD, np.int32)
+    seg, y = np.zeros_like(x), np.full_like(x, PAD)
+    for k, rows in enumerate(windows):
+        at = 0
+        for s, i in enumerate(rows.tolist()):
+            start, n = int(part.starts[i]), int(part.lengths[i])
+            ids = _read(part, start, start + n + 1)
+            x[k, at : at + n], y[k, at : at + n], seg[k, at : at + n] = ids[:-1], ids[1:], s + 1
+            at += n
+    return x, seg, y

@@ -120,6 +120,7 @@ def describe(data: TFRecord) -> None:
             tuple(Target(name, classes, label_shape(sized(features[key][1]))) for name, key, classes in s.targets),
             s.val_examples,
             lengths_vary=data.lengths_vary,
+            padded=data.lengths_vary,
         )
     for key, pattern in (("data.path", data.path), ("data.val_path", data.val_path)):
         for path in matching(pattern, key) if pattern is not None else ():
