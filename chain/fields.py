@@ -141,32 +141,29 @@ def int_or_list(minimum: int, maximum: int | None = None) -> Check:
     return check
 
 
-def int_or_word(word: str, minimum: int, maximum: int | None = None) -> Check:
-    """One integer, or the string `word` (e.g. `auto`)."""
-    one = integer(minimum, maximum)
+def _or_word(word: str, inner: Check, what: str) -> Check:
+    """The string `word` (e.g. `auto`), or what `inner` accepts (`what` names it in the error line)."""
 
     def check(key: str, v: Any) -> Any:
         if v == word:
             return v
         if isinstance(v, str):
-            raise ConfigError(f"{key}={v!r} must be an integer or {word}")
-        return one(key, v)
+            raise ConfigError(f"{key}={v!r} must be {what} or {word}")
+        return inner(key, v)
 
     return check
+
+
+def int_or_word(word: str, minimum: int, maximum: int | None = None) -> Check:
+    """One integer, or the string `word` (e.g. `auto`)."""
+    one = integer(minimum, maximum)
+    return _or_word(word, one, "an integer")
 
 
 def list_or_word(word: str, inner: Check, min_len: int = 1) -> Check:
     """A list of values each checked by `inner` (a tuple), or the string `word` (e.g. `auto`)."""
     listed = list_of(inner, min_len)
-
-    def check(key: str, v: Any) -> Any:
-        if v == word:
-            return v
-        if isinstance(v, str):
-            raise ConfigError(f"{key}={v!r} must be a list, e.g. {key}=[a,b], or {word}")
-        return listed(key, v)
-
-    return check
+    return _or_word(word, listed, "a list, e.g. [a,b],")
 
 
 def address(key: str, v: Any) -> str:

@@ -157,6 +157,20 @@ def id_records(tmp_path_factory):
     return root
 
 
+def id_stream(root) -> list[str]:
+    """The `id_records` streamed: `int64[None]` ids and a label per example, in buckets [4,8,16]."""
+    return [
+        "data=tfrecord",
+        f"data.path={root / '*.tfrecord'}",
+        "data.stream=true",
+        "data.features={x: 'int64[None]', label: int64}",
+        "data.x=x",
+        "data.y=label",
+        "data.classes={label: 2}",
+        "data.buckets=[4,8,16]",
+    ]
+
+
 def test_a_masked_encoder_on_variable_length_tfrecord_ids_trains_like_one_device_once_per_bucket(id_records):
     """`int64[None]` ids and a label per example in buckets [4,8,16], the user's masked encoder cut into 2
     stages (GPipe, one microbatch: at 2 the losses are equal too, but float sums move a small bias by 1.2e-5
@@ -164,19 +178,12 @@ def test_a_masked_encoder_on_variable_length_tfrecord_ids_trains_like_one_device
     model on one device (1e-5), the step traced once per bucket."""
     cfg = chain.compose(
         [
+            *id_stream(id_records),
             "mode=e2e",
             "+stages=2",
             "model=keras",
             f"model.path={id_records / 'encoder.keras'}",
-            "data=tfrecord",
-            f"data.path={id_records / '*.tfrecord'}",
-            "data.stream=true",
-            "data.features={x: 'int64[None]', label: int64}",
-            "data.x=x",
-            "data.y=label",
-            "data.classes={label: 2}",
             "data.val_fraction=0",
-            "data.buckets=[4,8,16]",
             "data.batch_size=8",
             "pipeline.schedule=gpipe",
             "optim=sgd",
@@ -227,18 +234,8 @@ def _resumes_exactly(stream, prefix: str) -> None:
     ],
 )
 def test_bad_variable_length_tfrecord_settings_are_one_line(id_records, overrides, message):
-    base = [
-        "data=tfrecord",
-        f"data.path={id_records / '*.tfrecord'}",
-        "data.stream=true",
-        "data.features={x: 'int64[None]', label: int64}",
-        "data.x=x",
-        "data.y=label",
-        "data.classes={label: 2}",
-        "data.buckets=[4,8,16]",
-    ]
     with pytest.raises(ConfigError, match=re.escape(message)):
-        chain.compose([*base, *overrides])
+        chain.compose([*id_stream(id_records), *overrides])
 
 
 def test_packed_windows_train_like_their_examples_unpacked_on_one_device(lines, tmp_path):
