@@ -5,7 +5,8 @@ epoch `g div W` (W whole batches an epoch), and an epoch's batches are a pure fu
 and the epoch (`text_examples.epoch_batches`). A batch is read with NumPy (`tf.numpy_function`) and
 padded to its bucket's length, so the batches' shape is `[batch, None]` and the compiled step is
 traced once per bucket. The read depends on nothing but g, so the stream is saved with
-`ExternalStatePolicy.IGNORE`, as the token streams are.
+`ExternalStatePolicy.IGNORE`, as the token streams are. Packed windows (`data.pack`) are streamed the
+same way (`packed_training`), as `{"token_ids", "segment_ids"}` of one shape.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ batches and a resumed run reads the batches it would have read.
 
 An example is a line (its bytes and its newline: the model learns where a line ends) or a whole file;
 its inputs are its ids but the last, its targets the same ids one on. One longer than the largest bucket
-is cut to it. The padding id is 0 in the inputs and the targets (NUL, which UTF-8 text does not hold: a
-file that does is refused), and the loss and the metrics ignore it (`ignore_class=0`, settled by
-`chain.config.checks.padding`).
+is cut to it. The padding id is 0 in the inputs and the targets (the NUL byte, which text files do not
+hold: a file that does is refused), and the loss and the metrics ignore it (`ignore_class=0`, settled by
+`chain.config.checks.padding`). With `data.pack` the examples are packed into windows of `data.seq_len`
+instead (`pack`, `packed`: token ids, segment ids and targets).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -76,13 +78,8 @@ def _shown(buckets) -> str:
 
 
 def _ids(path: str) -> np.ndarray:
-    return np.memmap(path, dtype=np.uint8, mode="r") if _size(path) else np.zeros(0, np.uint8)
-
-
-def _size(path: str) -> int:
-    import os
-
-    return os.path.getsize(path)
+    """The file's bytes, memory-mapped (NumPy cannot map an empty file)."""
+    return np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) else np.zeros(0, np.uint8)
 
 
 def _scan(paths: list[str], examples: str, key: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
