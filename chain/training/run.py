@@ -518,8 +518,11 @@ class Run:
         )
         summary = self.strategy.complete(summarize(self.settings, self.strategy, self.dataset, ending))
         summary = replace(
-            summary, data_wait_ms=loop.data_wait(), plan=plan_fields(self.auto_plan, loop.median_step_ms())
-        )  # None: a plan by hand
+            summary,
+            data_wait_ms=loop.data_wait(),
+            plan=plan_fields(self.auto_plan, loop.median_step_ms()),  # None: a plan by hand
+            layouts=list(loop.checkpoints.layouts) if loop.checkpoints else None,  # what a resume changed, and when
+        )
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
             log.info(
