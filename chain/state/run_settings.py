@@ -15,7 +15,7 @@ its own config (`check`), key by key:
   patience, profiling, the stall watch (`trainer.stall_s`, `trainer.stall_action`), devices and memory limits, cluster addresses, `checkpoint.*`, `oom.*`,
   `pipeline.recompute` (what a stage keeps for its backward, not what it computes), `pipeline.add_loss`
   (which `add_loss` terms a run accepts, not what a step computes);
-- may change, said in one line (`resumed step 20: 2 stages gpipe M=4 -> 4 stages zb1 M=8`) and kept
+- may change, said in one line (`resumed step 20: 2 stages gpipe M=4 -> 2 stages zb1 M=8`) and kept
   in summary.json's `layouts`: the layout (`LAYOUT`: the schedule, microbatches, the split of a cut
   model, copies of a pipeline; the stage count is the checkpoint's layout, `chain.state.by_layer`):
   the same layers and the same data in the same order, each step's sums at most reordered;

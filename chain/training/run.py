@@ -427,6 +427,8 @@ class Run:
             if ckpts and self.settings.checkpoint.best
             else None
         )
+        if best is not None:
+            best.layouts = ckpts.layouts  # the run's layouts, as a resume found them
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         return _Loop(ckpts, best, writers, first, last, resumed_from, saved_at=resumed_from)
 
