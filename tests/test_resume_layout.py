@@ -125,3 +125,25 @@ def test_adamws_state_restores_into_another_split_weight_by_weight(runs, tmp_pat
     assert got.keys() == want.keys() and any(k.endswith("/velocities") for k in got)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("model.width=16", "model.width"), ("data.batch_size=32", "data.batch_size"), ("optim.momentum=0.5", None)],
+)
+def test_a_change_of_the_model_or_the_data_on_another_layout_is_refused_in_one_line(runs, override, key):
+    """On 4 stages as on 2: what changes the model or the data stream is one line naming the key; nothing
+    is restored. (A momentum may change: it applies from the resumed step, with a note.)"""
+    corpus, stopped = runs[0], runs[1]
+    run = chain.build(compose(corpus, "+stages=4", override))
+    before = state(run)
+    if key is None:
+        run.restore(stopped)
+        assert run.global_step == SAVED
+        return
+    with pytest.raises(chain.ChainError) as e:
+        run.restore(stopped)
+    assert str(e.value).startswith(f"the checkpoint was written with {key}=") and "\n" not in str(e.value)
+    assert f"resume needs the same {key}" in str(e.value)
+    for k, v in state(run).items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
