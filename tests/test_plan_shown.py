@@ -17,7 +17,7 @@ import pytest
 
 import chain
 from chain.planning import plan_table
-from chain.planning.candidates import AutoPlan, Candidate, Prediction
+from chain.records.auto_plan import AutoPlan, Candidate, Prediction
 from chain.records import serial
 from chain.records.summaries import Summary
 from chain.training import run as run_module

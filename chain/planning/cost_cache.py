@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, fields
 
-from chain.planning.candidates import CacheUse
+from chain.records.auto_plan import CacheUse
 from chain.planning.search import Costs
 from chain.records import serial
 from chain.records.serial import item

@@ -2,7 +2,7 @@
 chosen plan in one line (a run's log), and the one line a run writes when its measured step is far
 from the prediction.
 
-Everything is read from the search's `AutoPlan` (`chain.planning.candidates`); nothing here searches
+Everything is read from the search's `AutoPlan` (`chain.records.auto_plan`); nothing here searches
 or measures. A candidate is named by its overrides (`Candidate.overrides`), shown compact in the
 table (the key's last part: `microbatches=4`) and whole on the `chosen:` line, which a user pastes
 after their own overrides to run the plan by hand. Memory is in MB of 2**20 bytes, as
@@ -17,7 +17,7 @@ from typing import Sequence
 
 from chain.config import override_key
 from chain.errors import plural
-from chain.planning.candidates import AutoPlan, Prediction
+from chain.records.auto_plan import AutoPlan, Prediction
 from chain.planning.cost_cache import NAME as CACHE
 from chain.planning.fit import MB
 from chain.planning.search import used_devices_of

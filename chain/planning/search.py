@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Sequence
 from chain.config.shapes import human
 from chain.errors import ConfigError
 from chain.planning import balance
-from chain.planning.candidates import AutoPlan, Candidate, Prediction
+from chain.records.auto_plan import AutoPlan, Candidate, Prediction
 from chain.schedule import schedules
 from chain.schedule.schedules import Action, Schedule
 

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from chain.config import Settings, checks
 from chain.config.schema import Gpt, KerasModel
 from chain.planning import fit, search
-from chain.planning.candidates import AutoPlan, Candidate, Prediction
+from chain.records.auto_plan import AutoPlan, Candidate, Prediction
 from chain.planning.footprint import StageCost
 from chain.planning.search import Costs
 from chain.prepared import estimate

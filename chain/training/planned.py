@@ -24,7 +24,7 @@ import keras
 from chain.config import Settings
 from chain.config.schema import Conv
 from chain.planning import cost_cache
-from chain.planning.candidates import CacheUse
+from chain.records.auto_plan import CacheUse
 from chain.planning.cost_cache import CostFile, CostKey
 from chain.planning.footprint import StageCost
 from chain.planning.search import Costs

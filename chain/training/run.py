@@ -26,7 +26,7 @@ from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
 from chain.errors import ChainError, StorageError, first_line
 from chain.planning import memory, plan_table
-from chain.planning.candidates import AutoPlan
+from chain.records.auto_plan import AutoPlan
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
 from chain.records.summaries import DataWait, Summary

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from chain.config.schema import Settings
 from chain.data.loader import Dataset
 from chain.planning import memory
-from chain.planning.candidates import AutoPlan, Prediction
+from chain.records.auto_plan import AutoPlan, Prediction
 from chain.planning.planner import Placement
 from chain.records.results import LossRecord
 from chain.records.summaries import ClippingFields, PlanFields, PlannedCandidate, StageSummary, Summary
