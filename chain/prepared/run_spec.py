@@ -30,4 +30,4 @@ class RunSpec:
     inventory: Inventory | None = None
     schedule: Schedule | None = None
     batch_cut: BatchCut | None = None
-    auto_plan: AutoPlan | None = None  # placement.plan=auto: what the search chose (chain.records.auto_plan)
+    auto_plan: AutoPlan | None = None  # placement.plan=auto: what the search chose (chain.autoplan)

@@ -1,4 +1,7 @@
-"""`placement.plan=auto`'s records: a candidate plan, its prediction, and the search's outcome.
+"""`placement.plan=auto`'s records (`chain.autoplan`): what it measured (`Costs`), the key of what those
+measurements depend on and RUN_DIR/plan_costs.json (`CostKey`, `CostFile`, `CacheUse`: what a run found there),
+a candidate plan and its prediction (`Candidate`, `Prediction`), and the search's outcome (`AutoPlan`, kept on
+the `RunSpec`).
 
 A candidate is one way to run the user's model and global batch: copies of the pipeline, stages
 and where to cut, microbatches, schedule and recompute. Each is written as the command-line
@@ -8,7 +11,61 @@ those overrides make, nothing more. No TensorFlow here (the planner reads these 
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Sequence
+
+from chain.records import serial
+from chain.records.serial import item
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What `placement.plan=auto` measured (`chain.autoplan.measure`). `pieces[j]`: layers [a, b) of piece j
+    (a built-in model: stage j, `fixed_cut`); `sizes`: the microbatch sizes measured; `forward[j][i]`,
+    `input_grad[j][i]`, `weight_grad[j][i]`: piece j's seconds at `sizes[i]`; `update[j]`: its optimizer
+    update's seconds; `crossing[j]`: floats per example leaving piece j (what a cut after it sends);
+    `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `update_s`: a
+    stage's update's fixed cost (`update[j]` is piece j's share by its weights); `transfer_*`,
+    `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
+    exchange (what it adds to a step beyond the backward it overlaps, per byte of a device's gradients);
+    `devices`: the pool the plans draw from, `physical[i]`: the physical device behind `devices[i]`
+    (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
+
+    pieces: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
+    forward: tuple[tuple[float, ...], ...]
+    input_grad: tuple[tuple[float, ...], ...]
+    weight_grad: tuple[tuple[float, ...], ...]
+    update: tuple[float, ...]
+    crossing: tuple[int, ...]
+    params: tuple[int, ...]
+    action_s: float
+    update_s: float
+    step_s: float
+    transfer_s_per_byte: float
+    transfer_latency_s: float
+    exchange_s_per_byte: float
+    exchange_latency_s: float
+    devices: tuple[str, ...]
+    physical: tuple[str, ...]
+    fixed_cut: bool = False
+    measuring_s: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    def at(self, row: Sequence[Sequence[float]], j: int, size: int) -> float:
+        """Piece j's seconds of `row` (forward, input_grad, weight_grad) at microbatch `size`: measured,
+        or linear between the two nearest sizes (beyond them: the nearest two's line, never below
+        the nearest's per-example cost scaled down)."""
+        values, sizes = row[j], self.sizes
+        if len(sizes) == 1:
+            return values[0] * size / sizes[0]
+        i = min(max(bisect.bisect_left(sizes, size), 1), len(sizes) - 1)
+        (s0, s1), (v0, v1) = (sizes[i - 1], sizes[i]), (values[i - 1], values[i])
+        out = v0 + (v1 - v0) * (size - s0) / (s1 - s0)
+        return max(out, min(v0, v1) * min(1.0, size / min(s0, s1)), 0.0)
 
 
 @dataclass(frozen=True)
@@ -77,7 +134,7 @@ class Prediction:
 
 @dataclass(frozen=True)
 class CacheUse:
-    """What plan=auto found in RUN_DIR/plan_costs.json (`chain.planning.cost_cache`): this run's key (`key`,
+    """What plan=auto found in RUN_DIR/plan_costs.json (`chain.autoplan.cache`): this run's key (`key`,
     its digest), the run that measured the file's costs (`measured_by`; None: unknown), what of their key
     differs from this run's (`differs`, in words: `model`, `batch`, `devices`, `settings`, `versions`, or
     `file`: none could be read; empty: the costs were read), and their key's digest (`their_key`)."""
@@ -108,3 +165,41 @@ class AutoPlan:
     searching_s: float
     cached: bool = False
     cache: CacheUse | None = None
+
+
+@dataclass(frozen=True)
+class CostKey:
+    """Everything plan=auto's measurements depend on: two runs with equal keys would measure the same."""
+
+    model: str = item(
+        "a digest of the model's structure and its weights' shapes (a cut model's layers, their "
+        "configurations, outputs and cuts; a built-in model's stages as the config gives them)"
+    )
+    input_shape: tuple[int, ...] = item("the shape of one example")
+    batch_size: int = item("data.batch_size: the global batch the plans cut")
+    sizes: tuple[int, ...] = item("the microbatch sizes measured (every size a candidate may run)")
+    devices: tuple[str, ...] = item("the pool of devices the plans draw from")
+    physical: tuple[str, ...] = item("the physical device behind each of `devices`")
+    settings: str = item("the settings the measuring reads: the optimizer, placement.plan_budget_s")
+    tensorflow: str = item("TensorFlow's version")
+    keras: str = item("Keras' version")
+    chain: str = item("chain's version")
+
+    @property
+    def digest(self) -> str:
+        """Twelve hex digits naming the key (in log lines)."""
+        return digest(serial.to_json(self))[:12]
+
+
+@dataclass(frozen=True)
+class CostFile:
+    """RUN_DIR/plan_costs.json: the measurements, their key, and the run that measured them."""
+
+    key: CostKey | None = item("what the measurements depend on (None: a file written before keys)", default=None)
+    measured_by: str | None = item("the run that measured them: when, its process and its model", default=None)
+    costs: Costs | None = item("the measurements", default=None)
+
+
+def digest(value: object) -> str:
+    """A SHA-256 of `value` as JSON (keys sorted; a value JSON does not know by its `str`)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
