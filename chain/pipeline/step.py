@@ -109,6 +109,7 @@ from chain.schedule.schedules import (
 )
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
+from chain.stages.tied_weights import repeated
 from chain.steps import xla
 from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred, Pooled
@@ -116,7 +117,7 @@ from chain.steps.forward import Kept, chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, chunks_of, copy_to, differentiable, input_gradient
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
-from chain.steps.tied import lend_back, repeated, sum_shared
+from chain.steps.tied import lend_back, sum_shared
 from chain.steps.update import shared_outcomes, stage_update, unscale
 
 

@@ -18,10 +18,9 @@ from chain.config.schema import NO_DECAY_NORM, AdamW, Conv, KerasOptimizer, Mode
 from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError, instantiate_error
 from chain.internals.keras_private import all_layers
-from chain.planning.devices import canonical
 from chain.stages import lr_schedules, precision
 from chain.stages.bodies import Body, check_prediction
-from chain.stages.cut import Piece, passed
+from chain.stages.cut import Piece, passed, placed
 from chain.stages.loss_scale import LossScale
 from chain.stages.stage import Stage, stage_name
 
@@ -180,7 +179,7 @@ def build_stages(
     """
     policy = precision.body_policy(precision_name)
     scaled = precision.needs_loss_scale(precision_name)
-    bodies = list(bodies or [None] * len(specs))
+    bodies = placed(bodies or [None] * len(specs), devices)  # a cut model's tied weights: where each lives
     stages = []
     shape = tuple(info.input_shape)
     for k, (spec, device) in enumerate(zip(specs, devices)):
@@ -191,7 +190,7 @@ def build_stages(
             if seed is not None:
                 keras.utils.set_random_seed(seed)
         with tf.device(device):
-            model = _model(k, spec, bodies[k], device, shape, policy, target, readout and k == len(specs) - 1, label)
+            model = _model(k, spec, bodies[k], shape, policy, target, readout and k == len(specs) - 1, label)
             scale = initial_loss_scale if scaled else None
             stage = _stage(k, device, model, spec, target, bodies[k], label, heads, readout, scale)
         stages.append(stage)
@@ -206,7 +205,6 @@ def _model(
     k: int,
     spec: StageSpec,
     body: Body | None,
-    device: str | None,
     shape: tuple[int, ...],
     policy: keras.DTypePolicy | str | None,
     target: Target,
@@ -222,8 +220,6 @@ def _model(
             for layer in output_layers(target, tuple(model.output_shape[1:])):
                 model.add(layer)
         return model
-    if isinstance(body, Piece) and device is not None:  # an earlier piece's tied weight, on
-        body.device = canonical(device)  # this device, is read from it, not copied
     model = body(shape, policy, stage_name(k))
     if predicts:
         check_prediction(model, target, f"stage {k} ({label or 'a user model'})")
