@@ -310,7 +310,7 @@ def gpt_config(tmp_path) -> list[str]:
         "model.depth=2",
         "model.heads=2",
         "data=text",
-        f"data.files={text}",
+        f"data.path={text}",
         "data.seq_len=8",
         "data.batch_size=2",
         "data.val_fraction=0",

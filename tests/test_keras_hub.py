@@ -550,7 +550,7 @@ def test_text_with_a_keras_hub_tokenizer_streams_the_tokenizers_own_ids(tmp_path
             "+stages=1",
             "mode=e2e",
             "data=text",
-            f"data.files={tmp_path / 'corpus_*.txt'}",
+            f"data.path={tmp_path / 'corpus_*.txt'}",
             f"data.tokenizer={given}",
             f"data.seq_len={seq}",
             f"data.batch_size={batch}",
@@ -593,7 +593,7 @@ def test_a_bad_tokenizer_is_one_line_naming_the_key(tmp_path, files, given, mess
                 "+stages=1",
                 "mode=e2e",
                 "data=text",
-                f"data.files={tmp_path / 'corpus.txt'}",
+                f"data.path={tmp_path / 'corpus.txt'}",
                 f"data.tokenizer={tmp_path / given}",
                 "data.seq_len=4",
             ]

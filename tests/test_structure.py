@@ -603,6 +603,43 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         assert word not in source, word
 
 
+def stream_records(package: Path) -> set[str]:
+    """The classes of what a streamed data set is (`Dataset.shards`): every class of
+    chain/data/streamed.py and of a source's record module (`*_record.py`, or the old `shards.py`)."""
+    data = package / "data"
+    found = [data / "streamed.py", data / "shards.py", *data.rglob("*_record.py")]
+    return {
+        n.name for f in found if f.exists() for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.ClassDef)
+    }
+
+
+def isinstance_over(tree: ast.AST, classes: set[str]) -> list[str]:
+    """The classes of `classes` that an `isinstance(...)` in `tree` tests against."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            out += [n for k in kinds if (n := getattr(k, "id", None) or getattr(k, "attr", None)) in classes]
+    return out
+
+
+def test_chain_data_does_not_dispatch_with_isinstance_over_stream_records():
+    """A streamed data set opens its own stream (`chain.data.streamed.Streamed`): no module of chain/data
+    asks which record it holds."""
+    classes = stream_records(PACKAGE)
+    assert "FileCounts" in classes  # the check sees the records
+    found = {
+        f"{module_name(p)}: isinstance over {', '.join(names)}"
+        for p in (PACKAGE / "data").rglob("*.py")
+        if (names := isinstance_over(ast.parse(p.read_text()), classes))
+    }
+    assert sorted(found) == []
+    assert isinstance_over(ast.parse("isinstance(s, (Shards, CsvFiles))"), {"Shards", "CsvFiles"}) == [
+        "Shards",
+        "CsvFiles",
+    ]
+
+
 @pytest.mark.parametrize(
     "module",
     [

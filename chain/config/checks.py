@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 from chain.config.schema import CUT_MODELS, MAX_BATCH, Body, Gpt, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
-from chain.data import files, token_ids
+from chain.data import token_ids
+from chain.data.paths import keras_model_file
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, DeviceError, plural, there_are
 from chain.config.device_names import canonical
@@ -161,7 +162,7 @@ def check_cut(s: Settings) -> None:
             raise ConfigError(f"model.path={model.path!r} must be a Keras model file (.keras)")
         if not os.path.isfile(model.path):
             raise ConfigError(f"model.path={model.path!r}: no such file")
-        files.keras_model_file(model.path, "model.path")
+        keras_model_file(model.path, "model.path")
     p = s.placement
     if p.split is not None and p.balance != "even":
         raise ConfigError(f"placement.split and placement.balance={p.balance} both say where to cut: set one of them")

@@ -112,9 +112,7 @@ def build(
             dataset.target(settings.stages[-1].target).name,
         )
     if dataset.shards is not None and placement.layout == planner.MIRRORED:  # each replica streams its own files
-        stream_shares.check_files(
-            dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "files", None)
-        )
+        stream_shares.check_files(dataset.shards, len(placement.mirrored_devices), getattr(settings.data, "path", None))
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels, placement = resolve(settings, placement, dataset.info, spec.batch_cut, stages, model, spec.schedule)
     if bodies is not None and spec.inventory is not None:  # a cut model's stages are estimated once it is cut

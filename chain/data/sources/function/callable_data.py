@@ -1,9 +1,9 @@
 """`data=callable`: the user's function returning a finite `tf.data.Dataset`: its settings,
-description and reader. Only TensorFlow reads it (`chain.data.tensors.call`, imported when it is
+description and reader. Only TensorFlow reads it (`function_read.call`, imported when it is
 read), so the data set is described from its arrays once read.
 
 With `data.stream=true` the dataset is used as it is, never read whole
-(`chain.data.function_stream`): described from its element spec, `data.classes` and its size."""
+(`function_stream`): described from its element spec, `data.classes` and its size."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from chain.data.catalog import DataInfo
-from chain.data.data_source import MAX_BATCH, MAX_CLASSES, DataSet, Read, Source
-from chain.fields import boolean, dotted_name, integer, mapping, number, optional, required, setting
+from chain.data.data_source import MAX_BATCH, MAX_CLASSES, DataSet, Read, Source, StreamSettings
+from chain.data.sources.function.function_record import FunctionData
+from chain.data.streamed import Streamed, refuse_share
+from chain.fields import dotted_name, integer, mapping, number, optional, required, setting
 
 
 @dataclass(frozen=True, kw_only=True)
-class FromCallable(DataSet):
+class FromCallable(StreamSettings, DataSet):
     """The user's function (`_target_`, called through Hydra) returning a finite `tf.data.Dataset`
     of `(x, y)` or `(x, {name: y})` examples; every other key is a keyword argument of it.
     Reading it is bounded: at most `max_examples` examples, and no more than `read_timeout_s`
@@ -38,21 +40,30 @@ class FromCallable(DataSet):
     read_timeout_s: float = setting(
         number(positive=True, maximum=86400.0), "seconds the read may wait for a batch of examples"
     )
-    stream: bool = setting(
-        boolean,
-        "use the dataset as it is while training instead of reading it whole (data "
-        "larger than memory; it must be checkpointable: no Python generator or py_function); "
-        "needs data.classes for integer targets",
-    )
     examples: int | None = setting(
         optional(integer(1, MAX_BATCH)),
         "data.stream=true: the dataset's number of examples when TensorFlow cannot tell; null: counted (a pass)",
     )
-    shuffle_buffer: int = setting(
-        integer(1, MAX_CLASSES),
-        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
-    )
     kwargs: dict = field(default_factory=dict)
+
+
+class FunctionStream(FunctionData, Streamed):
+    """The user's dataset streamed as it is, opening its stream (`function_stream`)."""
+
+    @property
+    def examples(self) -> int:
+        return self.info.examples
+
+    def training(self, batch, shuffle, seed, skipped=None, share=None):
+        from chain.data.sources.function import function_stream
+
+        refuse_share(share)
+        return function_stream.training(self, batch, shuffle, seed)
+
+    def validation(self, batch, skipped=None):
+        from chain.data.sources.function import function_stream
+
+        return function_stream.validation(self, batch)
 
 
 def describe(data: FromCallable) -> None:
@@ -62,17 +73,17 @@ def describe(data: FromCallable) -> None:
 
 def read(data: FromCallable, seed: int, info: DataInfo | None = None) -> Read:
     """Every example of the function's dataset (bounded by `max_examples` and `read_timeout_s`)."""
-    from chain.data import tensors
+    from chain.data.sources.function import function_read
 
-    return Read(*tensors.call(data))
+    return Read(*function_read.call(data))
 
 
-def shards(data: FromCallable):
+def shards(data: FromCallable) -> FunctionStream:
     """What a stream (`data.stream=true`) uses: the function's dataset, described
-    (`chain.data.function_stream.plan`, with TensorFlow)."""
-    from chain.data import function_stream
+    (`function_stream.plan`, with TensorFlow)."""
+    from chain.data.sources.function import function_stream
 
-    return function_stream.plan(data)
+    return function_stream.plan(data, FunctionStream)
 
 
 SOURCE = Source(FromCallable, describe, read, shards)

@@ -1,5 +1,5 @@
 """The user's `tf.data.Dataset` streamed as it is (`data=callable data.stream=true`,
-`chain.data.streamed.FunctionData`): never gathered into NumPy.
+`function_record.FunctionData`): never gathered into NumPy.
 
 What is known up front comes from the dataset itself: the input shape and the targets from its
 element spec, each integer target's number of classes from `data.classes` (a clear line when it is
@@ -21,9 +21,9 @@ import logging
 
 import tensorflow as tf
 
-from chain.data import tensors
+from chain.data.sources.function import function_read
 from chain.data.catalog import DataInfo, Target, held_out, no_other_classes, stream_classes
-from chain.data.streamed import FunctionData
+from chain.data.sources.function.function_record import FunctionData
 from chain.data.verify import input_dtype
 from chain.errors import ConfigError, first_line
 from chain.internals.tf_private import serialize_dataset
@@ -64,11 +64,11 @@ def _size(dataset: tf.data.Dataset, data, what: str) -> int:
     return n
 
 
-def plan(data) -> FunctionData:
+def plan(data, record: type[FunctionData] = FunctionData) -> FunctionData:
     """What `data=callable data.stream=true` streams (see the module): the function called, its
-    dataset checked, described and sized, not read (unless counted)."""
+    dataset checked, described and sized, not read (unless counted); `record`: the class made of it."""
     what = f"data._target_={data._target_}"
-    dataset = tensors.function_dataset(data)
+    dataset = function_read.function_dataset(data)
     _saveable(dataset, what)
     x_spec, y_spec = dataset.element_spec
     named = isinstance(y_spec, dict)
@@ -94,7 +94,7 @@ def plan(data) -> FunctionData:
     if n - held < 1:
         raise ConfigError(f"{what} holds no examples")
     info = DataInfo("callable", tuple(x_spec.shape), n - held, tuple(targets), held)
-    return FunctionData(dataset, tuple(name for name, _ in specs), info, held, data.shuffle_buffer, what)
+    return record(dataset, tuple(name for name, _ in specs), info, held, data.shuffle_buffer, what)
 
 
 def _examples(data: FunctionData) -> tf.data.Dataset:

@@ -1,4 +1,4 @@
-"""The `tf.data` stream of a token file (`data=tokens`, `chain.data.streamed.TokenFiles`).
+"""The `tf.data` stream of a token file (`data=tokens`, `token_record.TokenFiles`).
 
 What the stream's position is: a counter of examples, the only state of the pipeline. Example g's
 window start is a pure function of g and the seed: `sequential`, the window
@@ -20,7 +20,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from chain.data.streamed import TokenFiles, TokenPart
+from chain.data.sources.tokens.token_record import TokenFiles, TokenPart
 from chain.data.verify import input_dtype
 
 

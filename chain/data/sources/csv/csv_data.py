@@ -1,11 +1,11 @@
 """`data=csv`: the user's CSV file with a header row (and an optional second one for validation):
 its settings, description and reader. The table is parsed once per version of the file
-(`chain.data.files.csv_table`), for the description and the reader alike.
+(`csv_table.csv_table`), for the description and the reader alike.
 
 With `data.stream=true` the rows are never loaded: `data.path` may be a glob of files with one
 header, the description comes from the header (the input columns), `data.classes` (every target's
 kind) and a count of the rows (cached, `chain.data.count_cache`), and `shards` says what
-`chain.data.csv_stream` reads."""
+`csv_stream` reads."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from chain.data import count_cache, files
+from chain.data import count_cache
+from chain.data.sources.csv import csv_table
 from chain.data.catalog import (
     DataInfo,
     Target,
@@ -23,17 +24,16 @@ from chain.data.catalog import (
     split_info,
     stream_classes,
     target_keys,
-    val_fraction,
 )
-from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
-from chain.data.shards import none_empty
-from chain.data.streamed import CsvFiles, held_files
+from chain.data.data_source import BadRecords, Labelled, Read, Source, from_files
+from chain.data.sources.csv.csv_record import CsvFiles
+from chain.data.streamed import Streamed, none_empty, refuse_share, stream_files
 from chain.errors import ConfigError
-from chain.fields import boolean, choice, integer, list_of, optional, required, setting, string
+from chain.fields import list_of, optional, required, setting, string
 
 
 @dataclass(frozen=True, kw_only=True)
-class Csv(Labelled):
+class Csv(BadRecords, Labelled):
     """A CSV file with a header row: targets are columns by name, the inputs the columns `x`
     (None: every column that is not a target); `val_path` an optional second file."""
 
@@ -48,23 +48,34 @@ class Csv(Labelled):
     x: tuple[str, ...] | None = setting(
         optional(list_of(string, 1)), "the input columns; null: every column that is not a target"
     )
-    stream: bool = setting(
-        boolean,
-        "read the rows while training instead of loading them (data larger than "
-        "memory); needs data.classes for every target",
-    )
-    shuffle_buffer: int = setting(
-        integer(1, MAX_CLASSES),
-        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
-    )
-    on_bad_record: str = setting(
-        choice("fail", "skip"),
-        "data.stream=true: a row that is not numbers, one per column, stops the run naming its file and line "
-        "(fail) or is left out (skip)",
-    )
 
 
-def csv_columns(data: Csv, table: files.Table) -> list[str]:
+class CsvStream(CsvFiles, Streamed):
+    """CSV files streamed, opening their stream (`csv_stream`)."""
+
+    def training(self, batch, shuffle, seed, skipped=None, share=None):
+        from chain.data.sources.csv import csv_stream
+
+        refuse_share(share)
+        return csv_stream.training(self, batch, shuffle, seed, skipped)
+
+    def validation(self, batch, skipped=None):
+        from chain.data.sources.csv import csv_stream
+
+        return csv_stream.validation(self, batch, skipped)
+
+    def skip_counter(self):
+        from chain.data.sources.csv import csv_stream
+
+        return csv_stream.skip_counter(self)
+
+    def bad_record(self, error):
+        from chain.data.sources.csv import csv_stream
+
+        return csv_stream.bad_record(error, self)
+
+
+def csv_columns(data: Csv, table: csv_table.Table) -> list[str]:
     """The input columns of a CSV source: `data.x`, or every column that is not a target."""
     used = {key for _, key, _ in target_keys(data)}
     if data.x is None:
@@ -90,9 +101,9 @@ def describe(data: Csv) -> DataInfo:
         return DataInfo(
             "csv", (len(s.x),), s.examples, tuple(Target(name, c) for name, _, c in s.targets), s.val_examples
         )
-    table = files.csv_table(data.path, "data.path")
+    table = csv_table.csv_table(data.path, "data.path")
     columns = csv_columns(data, table)
-    tables = [table] + ([files.csv_table(data.val_path, "data.val_path")] if data.val_path else [])
+    tables = [table] + ([csv_table.csv_table(data.val_path, "data.val_path")] if data.val_path else [])
     for t in tables[1:]:
         for c in columns:
             t.column(c, f"data.x column (data.val_path={data.val_path!r})")
@@ -114,7 +125,7 @@ def read(data: Csv, seed: int, info: DataInfo | None = None) -> Read:
     """The input columns as float32 and the target columns, of `data.path` (and `data.val_path`)."""
 
     def one(path: str, path_key: str) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
-        table = files.csv_table(path, path_key)
+        table = csv_table.csv_table(path, path_key)
         x = np.stack([table.column(c, "data.x") for c in csv_columns(data, table)], 1).astype(np.float32)
         keys = target_keys(data)
         where = [f"the input columns of {path}"] + [f"{w}={k!r}" for _, k, w in keys]
@@ -144,26 +155,20 @@ def _stream_targets(data: Csv, columns: tuple[str, ...], path: str) -> tuple[tup
 
 
 def _rows(paths: list[str], key: str, pattern: str) -> tuple[int, ...]:
-    return count_cache.counts(paths, f"{key}={pattern!r}", "csv rows", lambda p: files.csv_rows(p, key))
+    return count_cache.counts(paths, f"{key}={pattern!r}", "csv rows", lambda p: csv_table.csv_rows(p, key))
 
 
-def shards(data: Csv) -> CsvFiles:
+def shards(data: Csv) -> CsvStream:
     """What a stream (`data.stream=true`) reads: the files of the glob `data.path` (one header, checked
     in every file), their rows counted, the input and target columns. Validation is `data.val_path`,
     or the last whole files of `data.path` in sorted order (`data.val_fraction` of the files)."""
-    paths = files.matching(data.path, "data.path")
-    columns = files.csv_header(paths[0], "data.path")
-    x = csv_columns(data, files.Table(paths[0], columns, np.empty((0, len(columns)))))
+    paths, val, val_key = stream_files(data)
+    columns = csv_table.csv_header(paths[0], "data.path")
+    x = csv_columns(data, csv_table.Table(paths[0], columns, np.empty((0, len(columns)))))
     targets = _stream_targets(data, columns, paths[0])
-    if data.val_path is not None:
-        val = files.matching(data.val_path, "data.val_path")
-        val_key = "data.val_path"
-    else:
-        paths, val = held_files(paths, val_fraction(data), "data.path", data.path)
-        val_key = "data.path"
     for path in paths + val:
         key = val_key if path in val else "data.path"
-        if files.csv_header(path, key) != columns:
+        if csv_table.csv_header(path, key) != columns:
             raise ConfigError(
                 f"{key}: the header of {path} is not the header of {paths[0]} "
                 f"({', '.join(columns)}); every file streamed has the same columns"
@@ -172,7 +177,7 @@ def shards(data: Csv) -> CsvFiles:
     none_empty(paths, counts, "data.path", "rows")
     val_counts = _rows(val, val_key, data.val_path or data.path) if val else ()
     none_empty(val, val_counts, val_key, "rows", held=data.val_path is None)
-    return CsvFiles(
+    return CsvStream(
         tuple(paths),
         counts,
         tuple(val),

@@ -1,10 +1,10 @@
-"""The `tf.data` stream of a streamed data set (`data.stream=true`, `chain.data.shards.Shards`):
+"""The `tf.data` stream of TFRecord files (`data=tfrecord data.stream=true`, `tfrecord_record.Shards`):
 records read from their files while training, never gathered into NumPy.
 
 Training: the file names, shuffled per epoch from `seed`; their records read several files at a
 time (`interleave`, in parallel, in a deterministic order) in chunks, each chunk parsed in one op;
 the chunks shuffled whole and permuted in groups of `shuffle_buffer` examples, batches cut from
-them (`rebatch`) and prefetched (`chain.data.chunks`). No stage handles one example at a time. Host memory
+them (`rebatch`) and prefetched (`chain.data.chunks.epochs`). No stage handles one example at a time. Host memory
 holds the buffers, not the data set. Every stage is checkpointable, so the iterator's state (file
 positions, the shuffle buffer's chunks, the group being cut, the batches read ahead) goes into
 every checkpoint as the in-memory stream's does, and a resumed run sees the batches it would have
@@ -17,15 +17,16 @@ stop the run with one line naming the file and the record's number in it (`bad_r
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
 import tensorflow as tf
 
-from chain.data import tfrecord_files
+from chain.data.sources.tfrecord import tfrecord_files
 from chain.data.catalog import label_shape
-from chain.data.chunks import PARALLEL, batched, chunk_rows, grouped, interleaved, permuted
-from chain.data.shards import Shards
+from chain.data.chunks import PARALLEL, chunk_rows, epochs, interleaved, shuffled
+from chain.data.sources.tfrecord.tfrecord_record import Shards
 from chain.errors import first_line
 
 
@@ -66,12 +67,86 @@ def _declared(feature: tuple) -> str:
     return dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
 
 
+def _as_declared(ex: dict, want: dict[str, int], n) -> tf.Tensor:
+    """True when a chunk of `n` parsed records is good (the rule): every feature holds n x its declared
+    count of values and no value sits at a position past that count in its record, so every record
+    holds exactly as many. Two small ops a feature; a count per record (`_counts`, a bincount) only
+    for a chunk that is not good (the per-record check on every chunk cost the stream a fifth of its
+    parse)."""
+    return tf.reduce_all(
+        tf.stack(
+            [
+                tf.logical_and(
+                    tf.equal(tf.size(ex[name].values), n * want[name]),
+                    tf.reduce_all(ex[name].indices[:, 1] < want[name]),
+                )
+                for name in want
+            ]
+        )
+    )
+
+
+def _counts(ex: dict, want: dict[str, int], n) -> dict[str, tf.Tensor]:
+    """Each feature's number of values in each record."""
+    return {
+        name: tf.math.bincount(tf.cast(ex[name].indices[:, 0], tf.int32), minlength=n, maxlength=n) for name in want
+    }
+
+
+def _each_ok(counted: dict[str, tf.Tensor], want: dict[str, int]) -> tf.Tensor:
+    """Per record: every feature holds as many values as declared."""
+    return tf.reduce_all(tf.stack([tf.equal(counted[name], want[name]) for name in want]), axis=0)
+
+
+def _fail(ex: dict, shards: Shards, want: dict[str, int], n, path, start) -> tf.Tensor:
+    """An assertion that fails naming the chunk's first bad record and why (each feature whose number
+    of values is not the declared one): worked out only for a bad chunk, since formatting it for every
+    record would cost the stream."""
+    features = dict(shards.features)
+    counted = _counts(ex, want, n)
+    first = tf.argmin(tf.cast(_each_ok(counted, want), tf.int32))
+    why = tf.strings.join(
+        [
+            tf.where(
+                tf.equal(counted[name][first], want[name]),
+                "",
+                tf.strings.join(
+                    [
+                        f"feature {name} holds ",
+                        tf.strings.as_string(counted[name][first]),
+                        f" values, declared {_declared(features[name])}; ",
+                    ]
+                ),
+            )
+            for name in want
+        ]
+        + [END]
+    )
+    with tf.control_dependencies([tf.debugging.Assert(False, [MARK, path, start + first, why])]):
+        return tf.constant(False)
+
+
+def _dense(ex: dict, name: str, shape: tuple, n, all_ok, ok, skip: bool) -> tf.Tensor:
+    """Feature `name` of a chunk as a dense [n, *shape] tensor. A chunk of good records (the rule): the
+    sparse values are already the dense ones in row-major order, so a reshape is all it takes.
+    Otherwise (`skip`) a bad record's values are left out (it becomes zeros, then is masked out):
+    sparse ops, 3x the parse's cost."""
+    want = math.prod(shape)
+
+    def bad():
+        sp = tf.sparse.retain(ex[name], tf.gather(ok, ex[name].indices[:, 0]))
+        sp = tf.SparseTensor(sp.indices, sp.values, tf.stack([tf.cast(n, tf.int64), want]))
+        return tf.sparse.to_dense(sp)
+
+    values = tf.cond(all_ok, lambda: ex[name].values, bad) if skip else ex[name].values
+    return tf.reshape(values, [n, *shape])
+
+
 def _parse_chunk(shards: Shards, skip: bool):
     """A chunk of (file, first number, serialized `tf.train.Example`s) -> (x, ys), with `skip` (x, ys, ok)
     per record, parsed in one op: every declared feature read with whatever number of values it
     holds, `ok` where each holds as many as declared. Unless `skip`, a chunk with a bad record fails,
-    naming the first one (the reason is worked out only then: formatting it for every record would
-    cost the stream)."""
+    naming the first one (`_fail`)."""
     features = dict(shards.features)
     spec = {
         name: tf.io.VarLenFeature(tf.float32 if dtype == "float32" else tf.int64)
@@ -82,75 +157,20 @@ def _parse_chunk(shards: Shards, skip: bool):
     def parse(path, start, records):
         n = tf.shape(records)[0]
         ex = tf.io.parse_example(records, spec)
-        # The chunk is good (the rule) when every feature holds n x its declared count of values and
-        # no value sits at a position past that count in its record: then every record holds exactly
-        # as many. Two small ops a feature; a count per record (a bincount) only for a chunk that is
-        # not good (the per-record check on every chunk cost the stream a fifth of its parse).
-        all_ok = tf.reduce_all(
-            tf.stack(
-                [
-                    tf.logical_and(
-                        tf.equal(tf.size(ex[name].values), n * want[name]),
-                        tf.reduce_all(ex[name].indices[:, 1] < want[name]),
-                    )
-                    for name in spec
-                ]
-            )
-        )
-
-        def counts():
-            return {
-                name: tf.math.bincount(tf.cast(ex[name].indices[:, 0], tf.int32), minlength=n, maxlength=n)
-                for name in spec
-            }
-
-        def each_ok(counted):
-            return tf.reduce_all(tf.stack([tf.equal(counted[name], want[name]) for name in spec]), axis=0)
-
-        def fail():
-            counted = counts()
-            first = tf.argmin(tf.cast(each_ok(counted), tf.int32))
-            why = tf.strings.join(
-                [
-                    tf.where(
-                        tf.equal(counted[name][first], want[name]),
-                        "",
-                        tf.strings.join(
-                            [
-                                f"feature {name} holds ",
-                                tf.strings.as_string(counted[name][first]),
-                                f" values, declared {_declared(features[name])}; ",
-                            ]
-                        ),
-                    )
-                    for name in spec
-                ]
-                + [END]
-            )
-            with tf.control_dependencies([tf.debugging.Assert(False, [MARK, path, start + first, why])]):
-                return tf.constant(False)
-
+        all_ok = _as_declared(ex, want, n)
         every = tf.fill([n], True)
-        ok = tf.cond(all_ok, lambda: every, lambda: each_ok(counts())) if skip else every
-        checked = [] if skip else [tf.cond(all_ok, lambda: tf.constant(True), fail)]
+        ok = tf.cond(all_ok, lambda: every, lambda: _each_ok(_counts(ex, want, n), want)) if skip else every
+        checked = (
+            []
+            if skip
+            else [tf.cond(all_ok, lambda: tf.constant(True), lambda: _fail(ex, shards, want, n, path, start))]
+        )
         with tf.control_dependencies(checked):
-
-            def dense(name):
-                # A chunk of good records (the rule): the sparse values are already the dense ones in
-                # row-major order, so a reshape is all it takes. Otherwise a bad record's values are
-                # left out (it becomes zeros, then is masked out): sparse ops, 3x the parse's cost.
-                def bad():
-                    sp = tf.sparse.retain(ex[name], tf.gather(ok, ex[name].indices[:, 0]))
-                    sp = tf.SparseTensor(sp.indices, sp.values, tf.stack([tf.cast(n, tf.int64), want[name]]))
-                    return tf.sparse.to_dense(sp)
-
-                values = tf.cond(all_ok, lambda: ex[name].values, bad) if skip else ex[name].values
-                return tf.reshape(values, [n, *features[name][1]])
-
-            x = dense(shards.x)  # float32, or int64 (token ids, kept whole: float32 is exact only below 2^24)
+            dense = functools.partial(_dense, ex, n=n, all_ok=all_ok, ok=ok, skip=skip)
+            x = dense(shards.x, features[shards.x][1])  # float32, or int64 (token ids: float32 is exact below 2^24)
             ys = {
-                name: tf.cast(
-                    tf.reshape(dense(key), [n, *label_shape(features[key][1])]),  # per position: kept
+                name: tf.cast(  # a label per position kept
+                    tf.reshape(dense(key, features[key][1]), [n, *label_shape(features[key][1])]),
                     tf.int32 if classes else tf.float32,
                 )
                 for name, key, classes in shards.targets
@@ -188,7 +208,7 @@ def _kept(chunks: tf.data.Dataset, skip: tf.Variable | None) -> tf.data.Dataset:
 def bad_record(error: BaseException, shards: Shards) -> str | None:
     """The one line for a bad record that stopped the stream of `shards` (naming the key whose glob
     matched its file), or None when `error` is not one."""
-    key = "data.files" if shards.val_key == "data.files" else "data.files or data.val_files"
+    key = "data.path" if shards.val_key == "data.path" else "data.path or data.val_path"
     text = str(error)
     found = _BAD.search(text)
     if not found and (isinstance(error, tf.errors.DataLossError) or "Data types don't match" in text):
@@ -243,15 +263,19 @@ def training(
     `share=(r, R)`: only replica r's files of R replicas, `shards.paths[r::R]` (a fixed deal, see
     `replica_files`), as the stream of a data set of just those files would read them."""
     paths = replica_files(shards, *share) if share is not None else list(shards.paths)
-    files = tf.data.Dataset.from_tensor_slices(paths)
-    if shuffle:
-        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    files = shuffled(tf.data.Dataset.from_tensor_slices(paths), len(paths), shuffle, seed)
     chunk = _chunk(shards)
-    chunks = interleaved(files.repeat(), _numbered(chunk), len(paths))
-    parsed = _parsed(chunks, shards, skipped)
-    if shuffle:
-        parsed = permuted(grouped(parsed, shards.shuffle_buffer, chunk, seed), seed)
-    return batched(_kept(parsed, skipped), batch, shards.shuffle_buffer)
+    parsed = _parsed(interleaved(files.repeat(), _numbered(chunk), len(paths)), shards, skipped)
+    return epochs(
+        parsed,
+        batch,
+        shards.shuffle_buffer,
+        chunk,
+        shuffle,
+        seed,
+        endless=True,
+        kept=functools.partial(_kept, skip=skipped),
+    )
 
 
 def replica_files(shards: Shards, replica: int, replicas: int) -> list[str]:

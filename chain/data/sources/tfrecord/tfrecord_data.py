@@ -1,11 +1,11 @@
 """`data=tfrecord`: the user's TFRecord files of `tf.train.Example`s: its settings, description and
-reader. Only TensorFlow reads the records (`chain.data.tensors.records`, imported when they are
+reader. Only TensorFlow reads the records (`tfrecord_read.records`, imported when they are
 read), so the description checks what it can without it (the globs match files, the features
 read are declared) and the data set is described from its arrays once read.
 
 With `data.stream=true` the records are never loaded: the description comes from the declared
 features (the input's shape), `data.classes` (each class target's number of classes) and a count
-of the records (`chain.data.shards`), and `shards` says what `chain.data.record_stream` reads."""
+of the records (`tfrecord_record.count`), and `shards` says what `tfrecord_stream` reads."""
 
 from __future__ import annotations
 
@@ -13,61 +13,76 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from chain.data import files, tfrecord_files
+from chain.data.paths import matching
+from chain.data.sources.tfrecord import tfrecord_files
 from chain.data.catalog import (
     DataInfo,
     Target,
     label_shape,
     no_other_classes,
-    split_size,
     stream_classes,
     target_keys,
     val_fraction,
 )
-from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
-from chain.data.shards import Shards, count, none_empty
+from chain.data.data_source import BadRecords, Labelled, Read, Source, from_files
+from chain.data.sources.tfrecord.tfrecord_record import Shards, count
+from chain.data.streamed import Streamed, none_empty, stream_files
 from chain.errors import ConfigError
-from chain.fields import boolean, choice, feature, integer, mapping, optional, required, setting, string
+from chain.fields import feature, mapping, optional, required, setting, string
 
 
 @dataclass(frozen=True, kw_only=True)
-class TFRecord(Labelled):
-    """TFRecord files of `tf.train.Example`s (`files`, a glob): `features` declares every feature
-    read (name -> `float32[d1,...]` or `int64`), `x` the input feature; `val_files` an optional
+class TFRecord(BadRecords, Labelled):
+    """TFRecord files of `tf.train.Example`s (`path`, a glob): `features` declares every feature
+    read (name -> `float32[d1,...]` or `int64`), `x` the input feature; `val_path` an optional
     glob for validation."""
 
     KIND: ClassVar[str] = "tfrecord"
-    files: str = setting(
-        required(string, "data=tfrecord data.files='DIR/*.tfrecord'"),
+    path: str = setting(
+        required(string, "data=tfrecord data.path='DIR/*.tfrecord'"),
         "a glob of TFRecord files of tf.train.Example (required)",
     )
-    val_files: str | None = setting(optional(string), "a glob of TFRecord files for validation")
+    val_path: str | None = setting(optional(string), "a glob of TFRecord files for validation")
     x: str = setting(string, "the feature holding the inputs")
     features: tuple[tuple[str, tuple], ...] = setting(
         required(mapping(feature), "data.features={x: 'float32[8]', label: int64} (every feature read)"),
         "every feature read: {name: float32[d1,...] or int64} (required)",
     )
-    stream: bool = setting(
-        boolean,
-        "read the records while training instead of loading them (data larger than "
-        "memory); needs data.classes for class targets",
-    )
-    shuffle_buffer: int = setting(
-        integer(1, MAX_CLASSES),
-        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
-    )
-    on_bad_record: str = setting(
-        choice("fail", "skip"),
-        "data.stream=true: a record unlike data.features stops the run naming its file (fail) or is left out (skip)",
-    )
+
+
+class TFRecordStream(Shards, Streamed):
+    """TFRecord files streamed, opening their stream (`tfrecord_stream`); mirrored replicas can each
+    read their own files."""
+
+    SHARES = True
+
+    def training(self, batch, shuffle, seed, skipped=None, share=None):
+        from chain.data.sources.tfrecord import tfrecord_stream
+
+        return tfrecord_stream.training(self, batch, shuffle, seed, skipped, share)
+
+    def validation(self, batch, skipped=None):
+        from chain.data.sources.tfrecord import tfrecord_stream
+
+        return tfrecord_stream.validation(self, batch, skipped)
+
+    def skip_counter(self):
+        from chain.data.sources.tfrecord import tfrecord_stream
+
+        return tfrecord_stream.skip_counter(self)
+
+    def bad_record(self, error):
+        from chain.data.sources.tfrecord import tfrecord_stream
+
+        return tfrecord_stream.bad_record(error, self)
 
 
 def describe(data: TFRecord) -> None:
     """None (only TensorFlow reads the records), after checking what can be checked without it."""
     features = dict(data.features)
-    files.matching(data.files, "data.files")
-    if data.val_files is not None:
-        files.matching(data.val_files, "data.val_files")
+    matching(data.path, "data.path")
+    if data.val_path is not None:
+        matching(data.val_path, "data.val_path")
     val_fraction(data)
     for key, where in [(data.x, "data.x")] + [(k, w) for _, k, w in target_keys(data)]:
         if key not in features:
@@ -84,8 +99,8 @@ def describe(data: TFRecord) -> None:
             tuple(Target(name, classes, label_shape(features[key][1])) for name, key, classes in s.targets),
             s.val_examples,
         )
-    for key, pattern in (("data.files", data.files), ("data.val_files", data.val_files)):
-        for path in files.matching(pattern, key) if pattern is not None else ():
+    for key, pattern in (("data.path", data.path), ("data.val_path", data.val_path)):
+        for path in matching(pattern, key) if pattern is not None else ():
             _first_as_declared(path, data.features, key)  # TensorFlow's parser would not name the file
     return None
 
@@ -142,34 +157,19 @@ def _first_as_declared(path: str, features: tuple[tuple[str, tuple], ...], key: 
             )
 
 
-def shards(data: TFRecord) -> Shards:
+def shards(data: TFRecord) -> TFRecordStream:
     """What a stream (`data.stream=true`) reads: the training and validation files, their record
-    counts, the features and targets. Validation is `data.val_files`, or the last whole files of
-    `data.files` in sorted order (`data.val_fraction` of the files, at least one)."""
+    counts, the features and targets. Validation is `data.val_path`, or the last whole files of
+    `data.path` in sorted order (`data.val_fraction` of the files, at least one)."""
     targets = _stream_targets(data)
-    paths = files.matching(data.files, "data.files")
-    if data.val_files is not None:
-        val = files.matching(data.val_files, "data.val_files")
-        key = f"data.val_files={data.val_files!r}"
-        val_counts = count(val, key)
-    else:
-        fraction = val_fraction(data)
-        held = split_size(len(paths), fraction)
-        if fraction > 0 and not held:
-            raise ConfigError(
-                f"data.val_fraction={fraction:g} with data.stream=true holds out whole files, and "
-                f"data.files={data.files!r} matches {len(paths)} file; give data.val_files, or "
-                "data.val_fraction=0 (no validation)"
-            )
-        paths, val = paths[: len(paths) - held], paths[len(paths) - held :]
-        val_counts = count(val, f"data.files={data.files!r}")
-    counts = count(paths, f"data.files={data.files!r}")
-    val_key = "data.files" if data.val_files is None else "data.val_files"
-    none_empty(paths, counts, "data.files", "records")
-    none_empty(val, val_counts, val_key, "records", held=data.val_files is None)
+    paths, val, val_key = stream_files(data)
+    val_counts = count(val, f"{val_key}={data.val_path or data.path!r}")
+    counts = count(paths, f"data.path={data.path!r}")
+    none_empty(paths, counts, "data.path", "records")
+    none_empty(val, val_counts, val_key, "records", held=data.val_path is None)
     for path in paths + val:
-        _first_as_declared(path, data.features, val_key if path in val else "data.files")
-    return Shards(
+        _first_as_declared(path, data.features, val_key if path in val else "data.path")
+    return TFRecordStream(
         tuple(paths),
         counts,
         tuple(val),
@@ -179,20 +179,20 @@ def shards(data: TFRecord) -> Shards:
         targets,
         data.shuffle_buffer,
         data.on_bad_record == "skip",
-        "data.files" if data.val_files is None else "data.val_files",
+        val_key,
     )
 
 
 def read(data: TFRecord, seed: int, info: DataInfo | None = None) -> Read:
-    """The records of `data.files` (and `data.val_files`), parsed by TensorFlow (not called for a
+    """The records of `data.path` (and `data.val_path`), parsed by TensorFlow (not called for a
     stream: `chain.data.loader.load` asks `shards`)."""
-    from chain.data import tensors
+    from chain.data.sources.tfrecord import tfrecord_read
 
     return from_files(
         data,
-        lambda path, key: tensors.records(data, path, key),
-        "files",
-        "val_files",
+        lambda path, key: tfrecord_read.records(data, path, key),
+        "path",
+        "val_path",
         [name for name, _, _ in target_keys(data)],
     )
 

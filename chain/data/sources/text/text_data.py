@@ -1,11 +1,11 @@
 """`data=text`: UTF-8 text files (a glob), their bytes the token ids (0..255), one file after the other
 in sorted order, cut into windows of `data.seq_len + 1` as `data=tokens` cuts a token file, and
-streamed the same way (`chain.data.token_stream`): read in place, the position saved with every
+streamed the same way (`chain.data.sources.tokens`): read in place, the position saved with every
 checkpoint. A byte-level model needs no vocabulary: the target `next` has 256 classes. Validation is
-`data.val_files` (another glob) or the last `data.val_fraction` of the bytes (default 0.1).
+`data.val_path` (another glob) or the last `data.val_fraction` of the bytes (default 0.1).
 
 Each file is checked to be UTF-8 (one line naming the file and the first byte that is not). With
-`data.tokenizer` (a keras_hub vocabulary: `chain.data.text_tokens`) the ids are that tokenizer's of each
+`data.tokenizer` (a keras_hub vocabulary: `text_tokens`) the ids are that tokenizer's of each
 file's text instead, tokenized once and kept on disk, and the target has the vocabulary's classes.
 """
 
@@ -15,12 +15,13 @@ import os
 from dataclasses import dataclass
 from typing import ClassVar
 
-from chain.data import files, text_tokens
+from chain.data.paths import matching
+from chain.data.sources.text import text_tokens
 from chain.data.catalog import DataInfo
 from chain.data.data_source import Read, Source
-from chain.data.sources import tokens_data
-from chain.data.sources.tokens_data import Windowed, describe_files, split
-from chain.data.streamed import TokenFiles, Tokenized
+from chain.data.sources.tokens import tokens_data
+from chain.data.sources.tokens.token_record import Tokenized
+from chain.data.sources.tokens.tokens_data import TokenStream, Windowed, describe_files, split
 from chain.errors import ConfigError
 from chain.fields import optional, required, setting, string
 
@@ -33,11 +34,11 @@ class Text(Windowed):
     """UTF-8 text files, their bytes the ids, cut into windows of `seq_len + 1` bytes."""
 
     KIND: ClassVar[str] = "text"
-    files: str = setting(
-        required(string, "data=text 'data.files=corpus/*.txt' data.seq_len=N"),
+    path: str = setting(
+        required(string, "data=text 'data.path=corpus/*.txt' data.seq_len=N"),
         "a glob of UTF-8 text files (read in sorted order, one after the other)",
     )
-    val_files: str | None = setting(optional(string), "a glob of UTF-8 text files for validation")
+    val_path: str | None = setting(optional(string), "a glob of UTF-8 text files for validation")
     tokenizer: str | None = setting(
         optional(string),
         "a keras_hub tokenizer's local vocabulary: vocab.txt (WordPiece), vocab.json with merges.txt beside it "
@@ -70,28 +71,28 @@ def _utf8(path: str, key: str) -> int:
 
 
 def _files(pattern: str, key: str) -> tuple[list[str], list[int]]:
-    paths = files.matching(pattern, key)
+    paths = matching(pattern, key)
     return paths, [_utf8(p, f"{key}={pattern!r}") for p in paths]
 
 
-def shards(data: Text) -> TokenFiles:
+def shards(data: Text) -> TokenStream:
     """The training and validation bytes and their windows."""
     val = None
-    if data.val_files is not None:
+    if data.val_path is not None:
         if data.val_fraction is not None:
-            raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_files are both set; give one")
-        val = _files(data.val_files, "data.val_files")
-    paths, sizes = _files(data.files, "data.files")
+            raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_path are both set; give one")
+        val = _files(data.val_path, "data.val_path")
+    paths, sizes = _files(data.path, "data.path")
     if data.tokenizer is None:
-        train, val_part = split(paths, sizes, val, data, "data.files", repr(data.files))
-        return TokenFiles(train, val_part, BYTES, data.windows, "data.files", "data.val_files")
+        train, val_part = split(paths, sizes, val, data, "data.path", repr(data.path))
+        return TokenStream(train, val_part, BYTES, data.windows)
     vocabulary = text_tokens.vocabulary(data.tokenizer)
     made_from = Tokenized(tuple(paths), tuple(val[0]) if val is not None else (), vocabulary.paths)
     paths, sizes, vocab = text_tokens.token_files(paths, vocabulary)
     if val is not None:
         val = text_tokens.token_files(val[0], vocabulary)[:2]
-    train, val_part = split(paths, sizes, val, data, "data.files", repr(data.files), text_tokens.DTYPE)
-    return TokenFiles(train, val_part, vocab, data.windows, "data.files", "data.val_files", made_from)
+    train, val_part = split(paths, sizes, val, data, "data.path", repr(data.path), text_tokens.DTYPE)
+    return TokenStream(train, val_part, vocab, data.windows, made_from=made_from)
 
 
 def describe(data: Text) -> DataInfo:

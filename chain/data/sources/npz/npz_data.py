@@ -7,25 +7,29 @@ classes or values); the reader then reads the inputs and takes the targets the d
 
 With `data.stream=true` no array is loaded: the description comes from the arrays' headers (the
 input's shape, the number of examples) and `data.classes` (each integer target's number of classes),
-and `shards` says where in the file each array's data lies, for `chain.data.array_stream`.
+and `shards` says where in the file each array's data lies, for `npz_stream`.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from chain.data import files
+from chain.data.paths import existing
+from chain.data.sources.npz import npz_members
 from chain.data.catalog import DataInfo, Target, held_out, input_shape, name_targets, split_info, target_keys
 from chain.data.catalog import label_shape, no_other_classes, stream_classes
-from chain.data.data_source import MAX_CLASSES, Labelled, Read, Source, from_files
-from chain.data.streamed import ArrayFiles, ArrayPart
+from chain.data.data_source import Labelled, Read, Source, StreamSettings, from_files
+from chain.data.sources.npz.npz_record import ArrayFiles, ArrayPart
+from chain.data.streamed import VAL, TRAIN, Streamed, refuse_share
+from chain.data.verify import in_vocab
 from chain.errors import ConfigError
-from chain.fields import boolean, integer, optional, required, setting, string
+from chain.fields import optional, required, setting, string
 
 BLOCKS = 256  # a stream's training rows are cut into about this many blocks (what is shuffled per epoch)
 # Bytes of inputs, at least, in a block: a block costs about 1.5 ms of CPU to start reading
@@ -34,7 +38,7 @@ MIN_BLOCK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
-class Npz(Labelled):
+class Npz(StreamSettings, Labelled):
     """A NumPy `.npz` file: `x` and the targets are keys of its arrays; `val_path` an optional
     second file with the same keys, for validation."""
 
@@ -44,28 +48,61 @@ class Npz(Labelled):
     )
     val_path: str | None = setting(optional(string), "a second .npz file with the same keys, for validation")
     x: str = setting(string, "the key of the inputs: one example per row")
-    stream: bool = setting(
-        boolean,
-        "read the arrays in place while training instead of loading them (data "
-        "larger than memory; an uncompressed np.savez file); needs data.classes for integer targets",
-    )
-    shuffle_buffer: int = setting(
-        integer(1, MAX_CLASSES),
-        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
-    )
+
+
+class NpzStream(ArrayFiles, Streamed):
+    """An `.npz` file's arrays streamed in place, opening their stream (`npz_stream`)."""
+
+    def training(self, batch, shuffle, seed, skipped=None, share=None):
+        from chain.data.sources.npz import npz_stream
+
+        refuse_share(share)
+        return npz_stream.training(self, batch, shuffle, seed)
+
+    def validation(self, batch, skipped=None):
+        from chain.data.sources.npz import npz_stream
+
+        return npz_stream.validation(self, batch)
+
+    def files_read(self) -> list[tuple[str, str, str]]:
+        out = [(self.train.x.path, "data.path", TRAIN)]
+        if self.val is not None and self.val.x.path != self.train.x.path:  # data.val_path
+            out.append((self.val.x.path, "data.val_path", VAL))
+        return out
+
+    def check_ids(self, data, vocab: int, target: str) -> None:
+        """The inputs and `target` of every part within `[0, vocab)`, read in place once."""
+        learned = [name for name, _ in self.targets].index(target)
+        key = [f"{where}={key!r}" for _, key, where in target_keys(data)][learned]
+        members = {
+            m: k
+            for part in (self.train, self.val)
+            if part is not None  # data.path's validation rows:
+            for m, k in ((part.x, f"data.x={data.x!r}"), (part.ys[learned], key))
+        }  # the same members
+        for member, k in members.items():
+            _in_place(member, vocab, f"{k} of {member.path}")
+
+
+def _in_place(member: npz_members.Member, vocab: int, where: str) -> None:
+    """`in_vocab` of a member read in place, a block of rows at a time."""
+    rows = np.memmap(member.path, np.dtype(member.dtype), "r", member.offset, member.shape)
+    step = max(1, (1 << 24) // max(1, math.prod(member.shape[1:])))
+    for i in range(0, len(rows), step):
+        in_vocab(np.asarray(rows[i : i + step]), vocab, where)
 
 
 def _targets(data: Npz, path: str, path_key: str) -> list[np.ndarray]:
     """The target arrays of `path`, in `target_keys` order: read once per version of the file."""
     keys = tuple((key, where) for _, key, where in target_keys(data))
-    files.existing(path, path_key)
+    existing(path, path_key)
     st = os.stat(path)
     return list(_read_targets(path, st.st_mtime_ns, st.st_size, keys, path_key))
 
 
 @functools.lru_cache(maxsize=4)
 def _read_targets(path: str, mtime: int, size: int, keys: tuple, path_key: str) -> tuple[np.ndarray, ...]:
-    return tuple(files.npz_array(path, key, where, path_key) for key, where in keys)
+    return tuple(npz_members.npz_array(path, key, where, path_key) for key, where in keys)
 
 
 def describe(data: Npz) -> DataInfo:
@@ -85,7 +122,7 @@ def describe(data: Npz) -> DataInfo:
     for path, path_key in ((data.path, "data.path"), (data.val_path, "data.val_path")):
         if path is None:
             continue
-        x_shape = files.npz_shape(path, data.x, "data.x", path_key)
+        x_shape = npz_members.npz_shape(path, data.x, "data.x", path_key)
         counts.append(x_shape[0])
         shape = shape or input_shape(x_shape, f"data.x={data.x!r} in {path}")
         for (name, key, where), y in zip(target_keys(data), _targets(data, path, path_key)):
@@ -112,7 +149,7 @@ def read(data: Npz, seed: int, info: DataInfo | None = None) -> Read:
 
     def one(path: str, path_key: str) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
         ys = _targets(data, path, path_key)
-        x = files.npz_array(path, data.x, "data.x", path_key)
+        x = npz_members.npz_array(path, data.x, "data.x", path_key)
         return x, ys, [f"data.x={data.x!r} of {path}"] + [f"{w}={k!r}" for _, k, w in target_keys(data)]
 
     return from_files(data, one, "path", "val_path", [name for name, _, _ in target_keys(data)])
@@ -121,11 +158,11 @@ def read(data: Npz, seed: int, info: DataInfo | None = None) -> Read:
 def _part(data: Npz, path: str, path_key: str) -> tuple[ArrayPart, tuple[tuple[str, int], ...]]:
     """Every row of the arrays of `path` as read in place, and the targets' (name, classes): integer
     targets are classes, whose number `data.classes` must give (finding it needs every label)."""
-    x = files.npz_member(path, data.x, "data.x", path_key)
+    x = npz_members.npz_member(path, data.x, "data.x", path_key)
     input_shape(x.shape, f"data.x={data.x!r} in {path}")
     given, ys, targets = dict(data.classes or ()), [], []
     for name, key, where in target_keys(data):
-        y = files.npz_member(path, key, where, path_key)
+        y = npz_members.npz_member(path, key, where, path_key)
         integral = np.dtype(y.dtype).kind in "iub"
         labels = label_shape(y.shape[1:])
         if y.shape[:1] != x.shape[:1] or len(labels) > 1 or (labels and not integral):
@@ -146,7 +183,7 @@ def _part(data: Npz, path: str, path_key: str) -> tuple[ArrayPart, tuple[tuple[s
     return ArrayPart(x, tuple(ys), 0, x.shape[0]), tuple(targets)
 
 
-def shards(data: Npz) -> ArrayFiles:
+def shards(data: Npz) -> NpzStream:
     """What a stream (`data.stream=true`) reads: where each array lies in `data.path` (and
     `data.val_path`). Validation without `data.val_path` is the last `data.val_fraction` of the rows:
     the same rows on every run (shuffle the arrays before saving them if their order is sorted)."""
@@ -171,7 +208,7 @@ def shards(data: Npz) -> ArrayFiles:
         val = ArrayPart(train.x, train.ys, train.stop - held, train.stop)
         train = ArrayPart(train.x, train.ys, 0, train.stop - held)
     block = max(-(-MIN_BLOCK_BYTES // max(1, train.x.row_bytes)), -(-train.rows // BLOCKS))
-    return ArrayFiles(train, val if val.rows else None, targets, block, data.shuffle_buffer)
+    return NpzStream(train, val if val.rows else None, targets, block, data.shuffle_buffer)
 
 
 SOURCE = Source(Npz, describe, read, shards)

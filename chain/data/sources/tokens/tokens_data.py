@@ -7,12 +7,12 @@ Windows are `sequential` (every window at a stride of `seq_len`; shuffled per ep
 `data.shuffle`) or `random` (each starting at a random token, drawn from the run's seed). An epoch is
 as many windows as the sequential cut holds either way. Validation is `data.val_path` (another token
 file) or the last `data.val_fraction` of the file's tokens (default 0.1), always cut sequentially.
-The stream's position is saved with every checkpoint (`chain.data.token_stream`), so a resumed run
+The stream's position is saved with every checkpoint (`token_stream`), so a resumed run
 reads the windows it would have read.
 
 No TensorFlow here. The ids are checked once: none may reach `data.vocab` (default: the largest id
 + 1, found by reading the file once), nor its limit of 2^20; and a file that looks written at the
-other width than `data.dtype` is refused naming it (`chain.data.token_width`).
+other width than `data.dtype` is refused naming it (`token_width`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from chain.data import files, token_width
+from chain.data.paths import existing
+from chain.data.sources.tokens import token_width
 from chain.data.catalog import DataInfo, Target, held_out
 from chain.data.data_source import MAX_CLASSES, DataSet, Read, Source
-from chain.data.streamed import TokenFiles, TokenPart
+from chain.data.sources.tokens.token_record import TokenFiles, TokenPart
+from chain.data.streamed import TRAIN, VAL, VOCABULARY, Streamed, refuse_share
 from chain.errors import ConfigError
 from chain.fields import choice, integer, optional, required, setting, string
 
@@ -70,10 +72,38 @@ class Tokens(Windowed):
     )
 
 
+class TokenStream(TokenFiles, Streamed):
+    """Token files streamed (`data=tokens`, `data=text`), opening their stream of windows (`token_stream`)."""
+
+    def training(self, batch, shuffle, seed, skipped=None, share=None):
+        from chain.data.sources.tokens import token_stream
+
+        refuse_share(share)
+        return token_stream.training(self, batch, shuffle, seed)
+
+    def validation(self, batch, skipped=None):
+        from chain.data.sources.tokens import token_stream
+
+        return token_stream.validation(self, batch)
+
+    def files_read(self) -> list[tuple[str, str, str]]:
+        """The token files; for a tokenizer's ids, the texts and the vocabulary (not the ids' cache)."""
+        if (made := self.made_from) is not None:
+            return (
+                [(p, self.TRAIN_KEY, TRAIN) for p in made.texts]
+                + [(p, self.val_key, VAL) for p in made.val_texts]
+                + [(p, made.VOCABULARY_KEY, VOCABULARY) for p in made.vocabulary]
+            )
+        out = [(p, self.TRAIN_KEY, TRAIN) for p in self.train.paths]
+        if self.val is not None and self.val.paths != self.train.paths:  # data.val_path
+            out += [(p, self.val_key, VAL) for p in self.val.paths]
+        return out
+
+
 def _tokens(path: str, key: str, dtype: str) -> int:
     """How many ids `path` holds; one line if it is not a whole number of them, or if they look like
-    ids of the other width (`chain.data.token_width`)."""
-    files.existing(path, key)
+    ids of the other width (`token_width`)."""
+    existing(path, key)
     size, width = os.path.getsize(path), np.dtype(dtype).itemsize
     if size % width:
         raise ConfigError(
@@ -132,7 +162,7 @@ def split(
     return train, part(paths, sizes, dtype, s, n - held, n, f"{key}={what}: its validation share") if held else None
 
 
-def shards(data: Tokens) -> TokenFiles:
+def shards(data: Tokens) -> TokenStream:
     """The training and validation tokens, their windows and the vocabulary (the ids checked against it)."""
     n = _tokens(data.path, "data.path", data.dtype)
     val = None
@@ -153,7 +183,7 @@ def shards(data: Tokens) -> TokenFiles:
             f"data.vocab={vocab}, but the token files hold the id {top}; ids are 0..vocab-1: set "
             f"data.vocab={top + 1} or more (the model's output width)"
         )
-    return TokenFiles(train, val, vocab, data.windows)
+    return TokenStream(train, val, vocab, data.windows)
 
 
 def describe_files(data, s: TokenFiles) -> DataInfo:

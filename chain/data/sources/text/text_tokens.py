@@ -10,7 +10,7 @@ to the user's cache folder (`$XDG_CACHE_HOME/chain/tokens/`, `~/.cache/chain/tok
 under a name made of the file's and the vocabulary's paths, sizes and modification times: a file or
 vocabulary changed is tokenized again, an unchanged one read in place (memory-mapped) as
 `data=tokens` reads its file. The cache is not the run's identity: a resume compares the texts and
-the vocabulary (`chain.data.streamed.Tokenized`), so ids made again elsewhere resume exactly.
+the vocabulary (`chain.data.sources.tokens.token_record.Tokenized`), so ids made again elsewhere resume exactly.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ protobuf wire format). No TensorFlow: the preparation pass uses it before Tensor
 `first_record` and `example_features` are how `data=tfrecord` refuses, before training, a file
 whose examples are not shaped as `data.features` declares (another shape or type than the other
 files'): its first record is read and compared, one record a file (a stream checks the records
-past the first as it reads them, `chain.data.record_stream`). `whole_records` counts a file's
+past the first as it reads them, `tfrecord_stream`). `whole_records` counts a file's
 records from their framing (a stream's and a load's count), refusing a file cut short. `damaged` finds which record of a
 file a failed checksum is in: TensorFlow's reader says only `corrupted record at N`, a byte offset.
 

@@ -1,5 +1,5 @@
 """The `tf.data` stream of an `.npz` file's arrays read in place (`data=npz data.stream=true`,
-`chain.data.streamed.ArrayFiles`), never gathered into NumPy.
+`npz_record.ArrayFiles`), never gathered into NumPy.
 
 An uncompressed `.npz` member is a `.npy` file inside the zip: a header, then the array's bytes
 in C order, so rows i..j of an array are the bytes from `offset + i x row_bytes` to
@@ -14,7 +14,7 @@ as fast as the in-memory one, and the default model train at 0.7x its in-memory 
 Shuffling: the training rows are cut into blocks of `block` consecutive examples; every epoch the
 blocks' order is shuffled from `seed`, four blocks are read at a time (`interleave`, a chunk of
 each in turn), and the chunks are shuffled and permuted in groups of `shuffle_buffer` examples
-(`chain.data.chunks`). An example therefore moves anywhere at the scale of blocks and within its
+(`chain.data.chunks.epochs`). An example therefore moves anywhere at the scale of blocks and within its
 group, and every example is read exactly once an epoch (the stream is repeated after the groups
 are cut; a group never holds two epochs).
 """
@@ -25,9 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from chain.data.catalog import label_shape
-from chain.data.chunks import CHUNK_BYTES, batched, chunk_rows, grouped, interleaved, permuted
-from chain.data.files import Member
-from chain.data.streamed import ArrayFiles, ArrayPart
+from chain.data.chunks import CHUNK_BYTES, chunk_rows, epochs, interleaved, shuffled
+from chain.data.sources.npz.npz_members import Member
+from chain.data.sources.npz.npz_record import ArrayFiles, ArrayPart
 from chain.data.verify import input_dtype
 
 
@@ -99,19 +99,10 @@ def training(files: ArrayFiles, batch: int, shuffle: bool, seed: int) -> tf.data
     """The endless stream of `(x, {target: y})` batches of `batch` examples (see the module)."""
     part = files.train
     chunk = chunk_rows(part.x.row_bytes)
-    blocks = tf.data.Dataset.range(part.start, part.stop, files.block)
     count = -(-part.rows // files.block)
-    if shuffle:
-        blocks = blocks.shuffle(count, seed=seed, reshuffle_each_iteration=True)
+    blocks = shuffled(tf.data.Dataset.range(part.start, part.stop, files.block), count, shuffle, seed)
     chunks = interleaved(blocks, _block(files, part, chunk), count).map(_decoded(files, part))
-    if shuffle:
-        chunks = grouped(chunks, files.shuffle_buffer, chunk, seed)
-    # repeated once the groups are cut: every example exactly once an epoch (the shuffles drawn
-    # again each epoch), and the groups numbered across epochs (each permuted anew)
-    chunks = chunks.repeat()
-    if shuffle:
-        chunks = permuted(chunks, seed)
-    return batched(chunks, batch, files.shuffle_buffer)
+    return epochs(chunks, batch, files.shuffle_buffer, chunk, shuffle, seed)
 
 
 def validation(files: ArrayFiles, batch: int) -> tf.data.Dataset | None:
