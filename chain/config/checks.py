@@ -354,7 +354,7 @@ def check_auto_plan(s: Settings, info: DataInfo | None) -> None:
     """`placement.plan=auto` chooses the cut, the copies and the devices itself: one line when the user's
     config gave one of them, or a balance, stages of their own, a schedule file, a model it cannot time (the
     user's builders), the mirrored fallback, or data only TensorFlow reads (`info` None). The user's config
-    only: a chosen plan's settings (`chain.prepared.plan_choice.chosen_settings`) give what it chose."""
+    only: a chosen plan's settings (`chain.autoplan.choice.chosen_settings`) give what it chose."""
     p = s.placement
     if p.plan != "auto":
         return

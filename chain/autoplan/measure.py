@@ -1,4 +1,4 @@
-"""Measuring what `placement.plan=auto` predicts from (`chain.planning.search.Costs`), on the run's devices.
+"""Measuring what `placement.plan=auto` predicts from (`chain.records.auto_plan.Costs`), on the run's devices.
 
 Each piece of the model (a cut model's pieces between its allowed cuts, or a built-in model's stages) is timed
 on one device of the pool (logical devices cut from one physical device share its compute, as
@@ -44,7 +44,7 @@ import keras
 import tensorflow as tf
 
 from chain.planning.devices import canonical
-from chain.planning.search import Costs
+from chain.records.auto_plan import Costs
 from chain.stages import clock, examples
 from chain.stages.examples import Feed
 
@@ -574,7 +574,7 @@ def _copies(given: Measuring, sizes: Sequence[int], signatures: Sequence) -> tup
         return 0.0, 0.0, 0.0  # logical devices of one physical device: a copy is the sending device's tensor
     if twin is None or given.reduce is None:
         raise ValueError(
-            "plan_timing.measure: two physical devices need the model's twin on the second and the "
+            "chain.autoplan.measure: two physical devices need the model's twin on the second and the "
             "copies' averaging, to time the exchange and a crossing as a step runs them"
         )
     per_byte, latency = _transfer(pool[0], pool[1])

@@ -1,8 +1,8 @@
 """`placement.plan=auto` on the preparation side: what it may choose, each candidate's memory estimate,
 and the chosen candidate made into the run's `RunSpec`.
 
-The search itself is `chain.planning.search` (pure, on measured `Costs`); measuring needs TensorFlow and
-is `chain.training.planned`'s. Here: the settings a candidate runs (`chosen_settings`: the user's
+The search itself is `chain.autoplan.search` (pure, on measured `Costs`); measuring needs TensorFlow and
+is `chain.autoplan.settle`'s. Here: the settings a candidate runs (`chosen_settings`: the user's
 settings with `Candidate.overrides()` applied and checked again, as `+stages=K pipeline.microbatches=M
 ...` on the command line would give), each candidate's per-stage peak from the memory estimate
 (`chain.prepared.estimate.from_costs`, the same arithmetic a manual plan is refused by), each pool
@@ -17,10 +17,10 @@ from typing import Callable, Sequence
 
 from chain.config import Settings, checks
 from chain.config.schema import Gpt, KerasModel
-from chain.planning import fit, search
-from chain.planning.candidates import AutoPlan, Candidate, Prediction
+from chain.autoplan import search
+from chain.planning import fit
 from chain.planning.footprint import StageCost
-from chain.planning.search import Costs
+from chain.records.auto_plan import AutoPlan, Candidate, Costs, Prediction
 from chain.prepared import estimate
 from chain.prepared.preparation import prepare
 from chain.prepared.run_spec import RunSpec

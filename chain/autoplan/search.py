@@ -1,6 +1,6 @@
 """`placement.plan=auto`'s search: every candidate plan predicted from measured costs, best first.
 
-`Costs` is what the measuring found (`chain.stages.plan_timing`): per piece of the model (a cut
+`Costs` (`chain.records.auto_plan`) is what the measuring found (`chain.autoplan.measure`): per piece of the model (a cut
 model's pieces between its allowed cuts, or a built-in model's stages) and per measured microbatch
 size, the forward (F), input-gradient (B) and weight-gradient (W) seconds; each piece's update, the
 bytes per example crossing a cut after it, its parameters; a fixed cost per action and per step;
@@ -10,12 +10,11 @@ and which physical device is behind each device of the pool.
 `candidates` enumerates the plans (copies R, stages K, the cut, microbatches M, schedule, recompute;
 only legal combinations), `predict` replays each one's schedule on those costs (`replay`), and
 `search` ranks them by predicted step among those the memory estimate says fit (`peaks`, given by
-the caller: `chain.prepared.auto_plan` asks the estimate). Pure: no TensorFlow.
+the caller: `chain.autoplan.choice` asks the estimate). Pure: no TensorFlow.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
 import time
@@ -25,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 from chain.config.shapes import human
 from chain.errors import ConfigError
 from chain.planning import balance
-from chain.planning.candidates import AutoPlan, Candidate, Prediction
+from chain.records.auto_plan import AutoPlan, Candidate, Costs, Prediction
 from chain.schedule import schedules
 from chain.schedule.schedules import Action, Schedule
 
@@ -37,53 +36,6 @@ SHOWN = 5  # predictions kept in AutoPlan.ranked
 # the bookkeeping); how it was found: docs/benchmarks-in-code.md.
 LOOP_S = 4e-4
 TIE = 0.02  # predictions this close to the best are taken as equal (the measuring's noise is larger)
-
-
-@dataclass(frozen=True)
-class Costs:
-    """What `placement.plan=auto` measured (module docstring). `pieces[j]`: layers [a, b) of piece j
-    (a built-in model: stage j, `fixed_cut`); `sizes`: the microbatch sizes measured; `forward[j][i]`,
-    `input_grad[j][i]`, `weight_grad[j][i]`: piece j's seconds at `sizes[i]`; `update[j]`: its optimizer
-    update's seconds; `crossing[j]`: floats per example leaving piece j (what a cut after it sends);
-    `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `update_s`: a
-    stage's update's fixed cost (`update[j]` is piece j's share by its weights); `transfer_*`,
-    `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
-    exchange (what it adds to a step beyond the backward it overlaps, per byte of a device's gradients);
-    `devices`: the pool the plans draw from, `physical[i]`: the physical device behind `devices[i]`
-    (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
-
-    pieces: tuple[tuple[int, int], ...]
-    sizes: tuple[int, ...]
-    forward: tuple[tuple[float, ...], ...]
-    input_grad: tuple[tuple[float, ...], ...]
-    weight_grad: tuple[tuple[float, ...], ...]
-    update: tuple[float, ...]
-    crossing: tuple[int, ...]
-    params: tuple[int, ...]
-    action_s: float
-    update_s: float
-    step_s: float
-    transfer_s_per_byte: float
-    transfer_latency_s: float
-    exchange_s_per_byte: float
-    exchange_latency_s: float
-    devices: tuple[str, ...]
-    physical: tuple[str, ...]
-    fixed_cut: bool = False
-    measuring_s: float = 0.0
-    notes: tuple[str, ...] = ()
-
-    def at(self, row: Sequence[Sequence[float]], j: int, size: int) -> float:
-        """Piece j's seconds of `row` (forward, input_grad, weight_grad) at microbatch `size`: measured,
-        or linear between the two nearest sizes (beyond them: the nearest two's line, never below
-        the nearest's per-example cost scaled down)."""
-        values, sizes = row[j], self.sizes
-        if len(sizes) == 1:
-            return values[0] * size / sizes[0]
-        i = min(max(bisect.bisect_left(sizes, size), 1), len(sizes) - 1)
-        (s0, s1), (v0, v1) = (sizes[i - 1], sizes[i]), (values[i - 1], values[i])
-        out = v0 + (v1 - v0) * (size - s0) / (s1 - s0)
-        return max(out, min(v0, v1) * min(1.0, size / min(s0, s1)), 0.0)
 
 
 @dataclass(frozen=True)
