@@ -341,7 +341,7 @@ def main() -> None:
     p.add_argument("--data", help=argparse.SUPPRESS)  # the token file, given to a phase
     a = p.parse_args()
     if a.quick:
-        a.vocab, a.seq, a.hidden, a.heads, a.batch, a.repeats, a.calls = 64, 16, 16, 2, 8, 1, 1
+        a.vocab, a.seq, a.hidden, a.layers, a.heads, a.batch, a.repeats, a.calls = 64, 16, 16, 2, 2, 8, 1, 1
     if a.phase:
         times = local_phase(a, a.data) if a.phase == "local" else workers_phase(a, a.data)
         print(json.dumps(times), flush=True)

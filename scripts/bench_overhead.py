@@ -215,6 +215,7 @@ def ablated(size: str, case: str, what: str):
     trainer's results."""
     from unittest import mock
 
+    import ablations
     import tensorflow as tf
 
     import chain
@@ -225,16 +226,13 @@ def ablated(size: str, case: str, what: str):
     run = chain.build(chain.compose(overrides(size, case) + (["trainer.stall_s=0"] if "nostall" in names else [])))
     st = run.strategy
     t = run.settings.trainer
-    body = e2e_step(
-        st.stages,
-        st.schedule,
-        st.loss_fn(),
-        st.target,
-        t.grad_accum,
-        t.jit_compile,
-        ordered=False if "unordered" in names else True if "ordered" in names else None,
-        progress=st.progress,
-    )  # the trainer's markers (trainer.stall_s), None under nostall
+    chaining = [ablations.UNORDERED] if "unordered" in names else [ablations.ORDERED] if "ordered" in names else []
+    body = ablations.ablated_step(
+        lambda: e2e_step(
+            st.stages, st.schedule, st.loss_fn(), st.target, t.grad_accum, t.jit_compile, progress=st.progress
+        ),  # the trainer's markers (trainer.stall_s), None under nostall
+        *chaining,
+    )
 
     def unguarded(skipped, finite, apply):
         apply()

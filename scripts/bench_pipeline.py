@@ -20,8 +20,8 @@ the host releases of `chain.pipeline.step`) twice per schedule and M:
 Steps timed: the chain's `gpipe` and `1f1b` (through `Run.strategy.call`, the call `fit`
 makes); `hand`, a minimal GPipe step written by hand with the same model (per-microbatch
 tapes, no control dependencies, plain SGD: what the runtime itself allows); with
-`--ablations before`, the chain's steps without the host releases (`e2e_step(...,
-release=False)`: the step as it was before them).
+`--ablations before`, the chain's steps without the host releases (`ablations.NO_RELEASES`,
+scripts/ablations.py: the step as it was before them).
 
 `interleaved` cuts the same layers into K x `--virtual` stages (each `--depth`/`--virtual` layers),
 stage k on worker k mod K. `zbv` cuts them into 2K stages (each `--depth`/2 layers) in a V, stages k
@@ -143,12 +143,15 @@ def chain_run(a, addresses: list[str], schedule: str, m: int, devices: list[str]
 
 def without_releases(run):
     """The same run's step built without the host releases (the `before` ablation)."""
+    import ablations
     import tensorflow as tf
 
     from chain.pipeline.step import e2e_step
 
     s = run.strategy
-    body = e2e_step(run.stages, run.schedule, s.loss_fn(), s.target, release=False)
+    body = ablations.ablated_step(
+        lambda: e2e_step(run.stages, run.schedule, s.loss_fn(), s.target), ablations.NO_RELEASES
+    )
     fn = tf.function(body)
     return lambda x, ys: fn(*s.arguments(x, ys)).numpy()
 

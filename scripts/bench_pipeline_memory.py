@@ -29,7 +29,7 @@ optimizer slots). GPipe holds all M microbatches' activations on every stage; 1F
 at most K-k on stage k, so it should need markedly less.
 
 `--ablation` also measures both schedules with the engine's per-stage control
-dependencies removed (the step built by `chain.pipeline.step.e2e_step(..., ordered=False)`):
+dependencies removed (the step built under `ablations.UNORDERED`, scripts/ablations.py):
 the dataflow executor then runs every op as soon as its inputs are ready, and the
 schedule's order, with 1F1B's memory bound, is lost.
 """
@@ -86,14 +86,17 @@ def worker(a: argparse.Namespace) -> None:
     """One measurement in this process: print {"peak_bytes", "stage_peaks", "seconds_per_step", "params"}
     as JSON (`stage_peaks`: each stage's device's peak; on CPU all the process's one figure)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import ablations
+
     import chain
     from chain.pipeline.step import e2e_step
     from chain.planning import memory
 
     run = chain.build(chain.compose(overrides(a, a.schedule, a.recompute) + a.extra))
     if a.unchained:  # the same step without the per-stage order: each action waits for nothing
-        strategy = run.strategy
-        strategy.set_step(e2e_step(run.stages, run.schedule, strategy.loss_fn(), strategy.target, ordered=False))
+        st = run.strategy
+        build = lambda: e2e_step(run.stages, run.schedule, st.loss_fn(), st.target)  # noqa: E731
+        st.set_step(ablations.ablated_step(build, ablations.UNORDERED))
     it = iter(run.batches())
     for _ in range(a.warmup):
         run.step(*next(it))
@@ -142,14 +145,13 @@ def trace(a: argparse.Namespace) -> None:
         raise SystemExit("--trace: --warmup must be at least 1 (the first step traces the function)")
     run = chain.build(chain.compose(overrides(a, a.schedule, a.recompute) + a.extra))
     if a.weights_late:  # the step as it was: a backward's weight products queued behind its input gradients
+        import ablations
+
         from chain.pipeline.step import e2e_step
 
         st = run.strategy
-        st.set_step(
-            e2e_step(
-                run.stages, run.schedule, st.loss_fn(), st.target, recompute_policy=a.recompute, weights_early=False
-            )
-        )
+        build = lambda: e2e_step(run.stages, run.schedule, st.loss_fn(), st.target, recompute_policy=a.recompute)  # noqa: E731
+        st.set_step(ablations.ablated_step(build, ablations.WEIGHTS_LATE))
     it = iter(run.batches())
     for _ in range(a.warmup - 1):
         run.step(*next(it))
@@ -168,7 +170,7 @@ def trace(a: argparse.Namespace) -> None:
     measured = max(memory.peak_bytes(d) or 0 for d in devices)
     mib = 2.0**20
     print(
-        f"{a.schedule} recompute={a.recompute}{' weights_early=False' if a.weights_late else ''}: allocator peak of the traced step {measured / mib:.2f} MiB, "
+        f"{a.schedule} recompute={a.recompute}{' weights late' if a.weights_late else ''}: allocator peak of the traced step {measured / mib:.2f} MiB, "
         f"traced peak {peak.in_use / mib:.2f} MiB; weights {4 * sum(s.params for s in run.stages) / mib:.2f} MiB; "
         f"estimate {sum(f.total for f in run.placement.footprints) / mib:.2f} MiB (chain.planning.footprint)"
     )
@@ -523,7 +525,7 @@ def main() -> None:
         "--weights-late",
         action="store_true",
         help="--trace: the step without `weights_first`'s "
-        "edges (chain.pipeline.step: weights_early=False), as it was before them",
+        "and `summed_in_turn`'s edges (scripts/ablations.py: WEIGHTS_LATE), as it was before them",
     )
     p.add_argument("--top", type=int, default=4, help="--trace: how many of each category's largest ops to name")
     a = p.parse_args()

@@ -24,6 +24,7 @@ from chain import fields as checks
 from chain.config import schema
 from chain.config.hydra import compose_config, group_defaults
 from chain.data.sources import settings_classes
+from chain.schedule import schedules
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +102,7 @@ PLAIN = {
     checks.step_window: "`[START,STOP]`, 1 <= START <= STOP",
     schema.model_check: "`mlp`, `conv`, `keras`, `gpt`, or a builder (`_target_`)",
     schema.optim_check: "`adam`, `adamw`, `sgd`, or any Keras optimizer (`_target_`)",
+    schema.schedule_check: ", ".join(f"`{name}`" for name in schedules.CHOICES),
     schema.optimizer_path: "an optimizer's import path, e.g. `keras.optimizers.RMSprop`",
 }
 

@@ -1,7 +1,9 @@
 """Test session set-up: 4 logical CPU devices, configured before TensorFlow's runtime starts.
 
 Logical devices can be set once per process, so in-process tests share these four and
-CLI cases run as separate processes (see `run_cli`: forked from `tests/zygote.py`).
+CLI cases run as separate processes (see `run_cli`: forked from `tests/zygote.py`). They are
+set the moment something first imports TensorFlow (a test module, or chain's modules it imports),
+so a test that needs no TensorFlow runs in a process that never starts it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import compileall
 import contextlib
 import functools
 import glob
+import importlib.abc
+import importlib.util
 import json
 import os
 import signal
@@ -21,20 +25,47 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")  # peak memory on any CPU, as the CLI does (chain.cli)
 
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-# On a GPU host this process must not take every card's memory when its runtime starts: the
-# GPU tests (tests/test_gpu.py) run their cases in fresh processes on the same cards.
-for _gpu in tf.config.list_physical_devices("GPU"):
-    tf.config.experimental.set_memory_growth(_gpu, True)
 N_DEVICES = 4
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES
-)
-# Start the runtime now, so these four stay whatever a test builds first: otherwise the
-# first `chain.build` (still before the runtime) would re-split the CPU to its own plan.
-assert len(tf.config.list_logical_devices("CPU")) == N_DEVICES
 DEVICES = [f"/device:CPU:{k}" for k in range(N_DEVICES)]
+
+
+def _set_devices(tf) -> None:
+    """This process's four logical CPU devices, set on `tf` (just imported, its runtime not started)."""
+    # On a GPU host this process must not take every card's memory when its runtime starts: the
+    # GPU tests (tests/test_gpu.py) run their cases in fresh processes on the same cards.
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * N_DEVICES
+    )
+    # Start the runtime now, so these four stay whatever a test builds first: otherwise the
+    # first `chain.build` (still before the runtime) would re-split the CPU to its own plan.
+    assert len(tf.config.list_logical_devices("CPU")) == N_DEVICES
+
+
+class _DevicesOnImport(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` for its first import and sets the devices (`_set_devices`) once it has run."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)  # once, and so that the search below finds the real one
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def run_then_set(module) -> None:
+            run(module)
+            _set_devices(module)
+
+        spec.loader.exec_module = run_then_set
+        return spec
+
+
+if "tensorflow" in sys.modules:  # a plugin imported it before this file
+    _set_devices(sys.modules["tensorflow"])
+else:
+    sys.meta_path.insert(0, _DevicesOnImport())
 
 
 def run_cli(
@@ -162,6 +193,8 @@ def straight_and_resumed(
 def stage_values(run_dir, stage: str) -> dict:
     """Every variable of one stage's newest complete checkpoint, by checkpoint key (its identity,
     which names the run that wrote it, left out: two runs compare by what they computed)."""
+    import tensorflow as tf
+
     reader = tf.train.load_checkpoint(os.path.join(run_dir, manifest(run_dir)["checkpoints"][stage]))
     return {
         k: reader.get_tensor(k)

@@ -35,6 +35,10 @@ CASES = [
         "data.batch_size=1000000000000 must be <= 2147483647",
     ),
     (["placement.devices=[/CPU:0]"], "placement.devices has 1 entry, but there are 2 stages"),
+    (
+        ["mode=e2e", "placement.plan=auto", "placement.split=[1,1]"],
+        "placement.split is what placement.plan=auto chooses: remove it, or set placement.plan=manual",
+    ),
     (["placement.devices=[/CPU:0,garbage]"], "placement.devices[1]: 'garbage' is not a device name"),
     (["placement.memory_limit_mb=[100,200,300]"], "placement.memory_limit_mb has 3 entries, but there are 2 stages"),
     (
@@ -69,11 +73,11 @@ CASES = [
     (
         [
             "data=tfrecord",
-            "data.files={files}/*.tfrecord",
+            "data.path={files}/*.tfrecord",
             "data.y=label",
             "data.features={x: 'float32[2]', label: int64}",
         ],
-        "data.files='{files}/*.tfrecord' matches no file",
+        "data.path='{files}/*.tfrecord' matches no file",
     ),
     (
         ["data=keras", "data.name=cifar10"],
@@ -200,7 +204,7 @@ def test_the_preparation_pass_raises_every_such_error_without_tensorflow(
         for overrides, message in CASES + PREPARED
         if any(o.startswith(reach) for o in overrides)
     ]
-    assert len(cases) == 16
+    assert len(cases) == 17
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([no_tensorflow, os.environ.get("PYTHONPATH", "")]), KERAS_HOME=keras_home
     )

@@ -54,3 +54,26 @@ def test_bad_values_name_the_key(override, message):
         chain.compose([override])
     assert says(str(e.value), message)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["placement.split=[2,2]"], "placement.split is what placement.plan=auto chooses"),
+        (["placement.replicas=2"], "placement.replicas is what placement.plan=auto chooses"),
+        (["placement.devices=[/CPU:0,/CPU:1]"], "placement.devices is what placement.plan=auto chooses"),
+        (["placement.balance=params"], "placement.balance=params: placement.plan=auto cuts the model"),
+        (["+stages=[{model: {width: 4}},{}]"], "+stages=[...] gives the stages settings of their own"),
+        (["pipeline.schedule=file", "pipeline.schedule_file=x.csv"], "pipeline.schedule=file: placement.plan=auto"),
+        (["model=builder", "model._target_=nowhere.fn"], "the user's stage builders (_target_) are not measured"),
+        (["placement.fallback=mirrored"], "placement.fallback=mirrored runs the chain whole on each replica"),
+        (["data=callable", "data._target_=nowhere.fn"], "which data=callable gives only once TensorFlow reads it"),
+    ],
+)
+def test_what_plan_auto_refuses_is_refused_by_the_configs_checks(overrides, message):
+    """placement.plan=auto's refusals are the config's: one line from `chain.compose`, before anything is
+    built (they were the build's, after TensorFlow had started)."""
+    stages = [] if any(o.startswith("+stages") for o in overrides) else ["+stages=2"]
+    with pytest.raises(chain.ConfigError) as e:
+        chain.compose(["mode=e2e", "placement.plan=auto", *stages, *overrides])
+    assert says(str(e.value), message) and "\n" not in str(e.value)

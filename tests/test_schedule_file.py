@@ -1,6 +1,8 @@
 """Schedules from a file (`pipeline.schedule=file`): every built-in schedule written out reads back as
 itself, and a file that cannot run is refused before training with the action that can never run."""
 
+import json
+
 import pytest
 
 import chain
@@ -156,3 +158,20 @@ def test_a_file_just_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path
     path.write_bytes(ONE_F_ONE_B.replace("\n", "\n" * (schedule_file.MAX_BYTES - 40), 1).encode())  # blank lines inside
     with pytest.raises(schedule_file.ScheduleFileError, match=r"^has more than 2 rows, but the chain has 2 stages"):
         schedule_file.read(str(path), 2, 2)
+
+
+def test_the_report_reads_a_schedule_file_runs_summary_and_its_schedule(tmp_path):
+    """A pipeline.schedule=file run's summary.json names `file`: the report takes it and reads the schedule back."""
+    from chain.report import runs
+
+    path = tmp_path / "zb1.csv"
+    schedule_file.write(schedules.build("zb1", 2, 2), str(path))
+    summary = {
+        "schedule": "file",
+        "schedule_file": str(path),
+        "microbatches": 2,
+        "bubble_fraction": 0.2,
+        "batch_size": 4,
+    }
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "stages": [{"index": 0}, {"index": 1}]}))
+    assert runs.load(str(tmp_path)).schedule().actions == schedules.build("zb1", 2, 2).actions

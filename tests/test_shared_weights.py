@@ -3,7 +3,8 @@ layer's weight (a tied embedding) trains with one copy per stage holding it, the
 gradients summed before each update (`chain.steps.tied`): equal to the uncut model trained by
 Keras on one device, copies identical. What is still refused is refused in one line: a layer
 object two stage builders share (never silently untied, nor updated twice a step by two stages'
-optimizers), and a tied weight across stages under a strategy whose step does not sum it."""
+optimizers), and a tied weight across stages under a strategy whose step does not sum it. Where a
+tied weight lives is settled before any stage is built: stages built in any order are the same."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from chain.state.checkpoints import Checkpoints
 from compare import rel_diff
 from chain.errors import ConfigError
 from chain.planning.devices import canonical
+from chain.stages import cut
+from chain.stages.stage import stage_name
+from chain.strategies import base
 
 L = keras.layers
 RUN = [
@@ -325,24 +329,24 @@ def test_copies_and_mirrored_runs_save_a_tied_weight_once_and_resume_bit_for_bit
         np.testing.assert_array_equal(a, b)
 
 
+ZBV = [
+    "mode=e2e",
+    *[o for o in RUN if o != "+stages=2"],
+    "+stages=4",
+    "pipeline.schedule=zbv",
+    "pipeline.microbatches=4",
+    "optim=adam",
+    "optim.lr=0.05",
+    "placement.split=[1,1,1,1]",
+]  # zbv: stages 0 and 3 on the first of 2 devices; the split puts pool alone (balancing never leaves a stage weightless)
+
+
 def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_one_variable(tmp_path):
     """zbv (4 stages on 2 devices, stages 0 and 3 on the first): the tied read-out on stage 3 reads stage
     0's embedding itself, no copy and no exchange; stage 3's gradient joins stage 0's sums, stage 0's
     one optimizer applies it: trains like the uncut model (Keras' fit on one device). The checkpoint holds
     the weight once (stage 0's), and a resumed run is bit for bit the uninterrupted one."""
-    base = [
-        "mode=e2e",
-        *[o for o in RUN if o != "+stages=2"],
-        "+stages=4",
-        "pipeline.schedule=zbv",
-        "pipeline.microbatches=4",
-        "optim=adam",
-        "optim.lr=0.05",
-        "data.val_fraction=0",
-        "checkpoint.every=2",
-        "trainer.steps_per_call=1",
-        "placement.split=[1,1,1,1]",
-    ]  # pool alone: balancing never leaves a stage weightless
+    base = [*ZBV, "data.val_fraction=0", "checkpoint.every=2", "trainer.steps_per_call=1"]
     run = chain.build(
         chain.compose([*base, "trainer.steps=3"]), run_dir=str(tmp_path / "eq"), model=tied_embedding_model()
     )
@@ -389,6 +393,66 @@ def test_zbv_puts_the_first_and_last_stage_on_one_device_where_a_tied_weight_is_
     fit(tmp_path / "resumed", 2)
     for a, b in zip(fit(tmp_path / "resumed", 4, "resume=true"), straight, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+class Prebuilt(cut.Piece):
+    """A placed piece whose model was built already (in an order the test chose): its call returns it."""
+
+    def __init__(self, piece: cut.Piece, model: keras.Model):
+        self.__dict__.update(piece.__dict__)
+        self.model = model
+
+    def placed(self, holders, index):
+        return self
+
+    def __call__(self, input_shape, policy, name):
+        return self.model
+
+
+def stages_built_in_reverse(monkeypatch) -> None:
+    """Make `chain.build` build a cut model's stages last first: the pieces placed on their devices, then
+    each built in its device scope, from the last to the first, before `build_stages` takes their models."""
+    real = base.build_stages
+
+    def build(specs, devices, info, *, bodies, **kw):
+        pieces = cut.placed(bodies, devices)
+        models = {}
+        for k in reversed(range(len(pieces))):
+            p = pieces[k]
+            shape = tuple(info.input_shape) if p.start == 0 else tuple(p.c.boundary[p.start][0].shape[1:])
+            with tf.device(devices[k]):
+                models[k] = p(shape, keras.DTypePolicy("float32"), stage_name(k))
+        return real(specs, devices, info, bodies=[Prebuilt(p, models[k]) for k, p in enumerate(pieces)], **kw)
+
+    monkeypatch.setattr(base, "build_stages", build)
+
+
+def what_was_built(run) -> list:
+    """Per stage: its layers (class, name), its weights (path, value), its copies of tied weights, and the
+    weights it borrows with the stage holding each."""
+    holder = {id(v): s.index for s in run.stages for v in s.trainable_variables}
+    return [
+        [
+            [(type(x).__name__, x.name) for x in s.model.layers if not isinstance(x, L.InputLayer)],
+            [(v.path, v.numpy().tolist()) for v in s.model.weights],
+            [c.name for c in s.shared],
+            [(b.name, holder.get(id(b.variable))) for b in s.borrowed],
+        ]
+        for s in run.stages
+    ]
+
+
+def test_stages_built_last_first_are_the_stages_built_in_order_and_train_like_the_uncut_model(monkeypatch):
+    """Building a stage depends only on the cut and its index: zbv's 4 stages on 2 devices built from the last
+    to the first have the layers, weights, copies and borrowing of the same stages built in order (stage 3
+    borrows stage 0's embedding, one variable), and 3 steps equal Keras' on the uncut model."""
+    config = chain.compose(ZBV)
+    in_order = what_was_built(chain.build(config, model=tied_embedding_model()))
+    stages_built_in_reverse(monkeypatch)
+    run = chain.build(config, model=tied_embedding_model())
+    assert what_was_built(run) == in_order
+    assert [b for *_, b in in_order] == [[], [], [], [("embed/embeddings", 0)]]  # borrowed from stage 0
+    trains_like_the_uncut_model(run)
 
 
 def dense_twice_model() -> keras.Model:

@@ -43,3 +43,20 @@ def test_what_passes_between_actions_and_the_options_are_frozen_named_records():
     hints = {f.name: f.type for f in dataclasses.fields(step.PlayState)}
     assert "Forwarded | Replayable | Waiting" in hints["saved"] and "Halfway" in hints["halfway"]
     assert "tuple" not in str(inspect.signature(step._taped).return_annotation)
+
+
+def test_every_parameter_of_the_step_is_one_the_trainer_passes():
+    """No benchmark-only switch in the step's signatures: each parameter of `e2e_step` and `e2e_play` is
+    passed by some call in chain/ (a benchmark leaves a piece out by patching: scripts/ablations.py)."""
+    import ast
+    from pathlib import Path
+
+    calls = {"e2e_step": set(), "e2e_play": set()}
+    for path in (Path(step.__file__).parents[1]).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
+            if name in calls:
+                params = list(inspect.signature(getattr(step, name)).parameters)
+                calls[name] |= set(params[: len(node.args)]) | {k.arg for k in node.keywords}
+    for name, passed in calls.items():
+        assert set(inspect.signature(getattr(step, name)).parameters) <= passed, name

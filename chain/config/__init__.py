@@ -58,6 +58,7 @@ def validate_and_describe(cfg: DictConfig | dict[str, Any]) -> tuple[Settings, D
     s = _parse(cfg)
     info = describe(s.data)
     s = checks.settle(s, info)
+    checks.check_auto_plan(s, info)  # the user's config only: a chosen plan's is settled again
     named_code.check(s)
     return s, info
 

@@ -17,12 +17,14 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from chain.config.schema import CUT_MODELS, MAX_BATCH, Gpt, KerasModel, PlacementSettings, Settings
+from chain.config.schema import CUT_MODELS, MAX_BATCH, Body, Gpt, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
-from chain.data import files, token_ids
+from chain.data import token_ids
+from chain.data.paths import keras_model_file
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, DeviceError, plural, there_are
 from chain.config.device_names import canonical
+from chain.schedule.schedules import FILE
 
 DEFAULT_STEPS = 400  # trainer.steps when neither it nor trainer.epochs is set (digits: ~16 epochs)
 
@@ -160,7 +162,7 @@ def check_cut(s: Settings) -> None:
             raise ConfigError(f"model.path={model.path!r} must be a Keras model file (.keras)")
         if not os.path.isfile(model.path):
             raise ConfigError(f"model.path={model.path!r}: no such file")
-        files.keras_model_file(model.path, "model.path")
+        keras_model_file(model.path, "model.path")
     p = s.placement
     if p.split is not None and p.balance != "even":
         raise ConfigError(f"placement.split and placement.balance={p.balance} both say where to cut: set one of them")
@@ -345,6 +347,51 @@ def check_clipping(s: Settings) -> None:
         raise ConfigError(
             f"stages[{k}].optim.clip_global_norm={norms[k]} differs from stages[0]'s {norms[0]}; "
             "mode=e2e clips the whole chain's gradients by one global norm: give every stage the same"
+        )
+
+
+def check_auto_plan(s: Settings, info: DataInfo | None) -> None:
+    """`placement.plan=auto` chooses the cut, the copies and the devices itself: one line when the user's
+    config gave one of them, or a balance, stages of their own, a schedule file, a model it cannot time (the
+    user's builders), the mirrored fallback, or data only TensorFlow reads (`info` None). The user's config
+    only: a chosen plan's settings (`chain.autoplan.choice.chosen_settings`) give what it chose."""
+    p = s.placement
+    if p.plan != "auto":
+        return
+    given = {"placement.split": p.split, "placement.replicas": p.replicas, "placement.devices": p.devices}
+    for key, value in given.items():  # their defaults are null: a given value is told apart reliably
+        if value is not None:
+            raise ConfigError(f"{key} is what placement.plan=auto chooses: remove it, or set placement.plan=manual")
+    if p.balance != "even":
+        raise ConfigError(
+            f"placement.balance={p.balance}: placement.plan=auto cuts the model by its measured times "
+            "itself; remove placement.balance, or set placement.plan=manual"
+        )
+    if any(st != s.stages[0] for st in s.stages):  # the chosen plan is written +stages=K: K alike stages
+        raise ConfigError(
+            "placement.plan=auto writes its plan as +stages=K of the stage template, but +stages=[...] "
+            "gives the stages settings of their own: give +stages=N, or set placement.plan=manual"
+        )
+    if s.pipeline.schedule == FILE:
+        raise ConfigError(
+            "pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
+            "set placement.plan=manual to run a schedule file"
+        )
+    if not isinstance(s.stages[0].model, (Body, *CUT_MODELS)):
+        raise ConfigError(
+            "placement.plan=auto times the config's own models (model=mlp, conv) or one model cut "
+            "into stages (model=keras); the user's stage builders (_target_) are not measured: "
+            "set placement.plan=manual"
+        )
+    if s.cluster.workers is None and p.fallback == "mirrored":
+        raise ConfigError(
+            "placement.fallback=mirrored runs the chain whole on each replica: placement.plan=auto "
+            "plans a pipeline; set placement.fallback=virtual or placement.plan=manual"
+        )
+    if info is None:
+        raise ConfigError(
+            f"placement.plan=auto measures the model on examples of the data's shape, which data="
+            f"{s.data.name} gives only once TensorFlow reads it: set placement.plan=manual"
         )
 
 

@@ -14,7 +14,7 @@ import os
 
 from chain.config.device_names import canonical
 from chain.config.schema import Settings
-from chain.data import files
+from chain.data.paths import existing
 from chain.errors import ConfigError
 from chain.schedule import schedule_file, schedules
 
@@ -29,9 +29,9 @@ def pipeline_schedule(s: Settings) -> schedules.Schedule:
         raise ConfigError(
             "pipeline.schedule=file reads the schedule from pipeline.schedule_file, which is not set; "
             "give a CSV (one row per device, cells like F3, B3, W3), or a built-in schedule: "
-            f"{', '.join(schedules.NAMES)}"
+            f"{', '.join(schedules.BUILDERS)}"
         )
-    path = files.existing(p.schedule_file, "pipeline.schedule_file")
+    path = existing(p.schedule_file, "pipeline.schedule_file")
     return _read(path, os.stat(path).st_mtime_ns, n_stages, p.microbatches)
 
 
@@ -45,32 +45,52 @@ def _read(path: str, version: int, n_stages: int, microbatches: int) -> schedule
         raise ConfigError(f"pipeline.schedule_file={path!r} {e}") from None
 
 
+def _row(s: Settings) -> schedules.Builder | None:
+    """`pipeline.schedule`'s row of `schedules.BUILDERS` (None: a schedule file)."""
+    return schedules.BUILDERS.get(s.pipeline.schedule)
+
+
+def _placing(s: Settings) -> schedules.Placing | None:
+    """How `pipeline.schedule` places its stages (None: a schedule file's rows say)."""
+    row = _row(s)
+    return row.placing if row is not None else None
+
+
+def _looped(prefix: str = "") -> str:
+    """The looped schedules (`pipeline.virtual_stages` is theirs), for messages: `interleaved`, or
+    `pipeline.schedule=interleaved` with that `prefix`."""
+    return " or ".join(prefix + name for name in schedules.where(schedules.Placing.LOOP))
+
+
 def pipeline_devices(s: Settings) -> int | None:
-    """How many devices interleaved stages share (stages / pipeline.virtual_stages), else None: the
-    other built-in schedules place their stages themselves (zbv two a device, the rest one)."""
+    """How many devices a looped schedule's stages share (stages / pipeline.virtual_stages), else None:
+    the other built-in schedules place their stages themselves (zbv two a device, the rest one)."""
     p = s.pipeline
-    if p.schedule != "interleaved" or p.virtual_stages == 1:
+    if _placing(s) is not schedules.Placing.LOOP or p.virtual_stages == 1:
         return None
     return len(s.stages) // p.virtual_stages
 
 
-def check_interleaved(s: Settings) -> None:
-    """schedule=interleaved: V stages per device divide the stages, M is a multiple of the devices
-    (the anchors' requirement), and one memory limit for the stages a device shares. (Stages named on
-    devices: `check_given_devices`.)"""
+def check_virtual_stages(s: Settings) -> None:
+    """pipeline.virtual_stages is a looped schedule's (interleaved's): V stages per device divide the
+    stages, one memory limit for the stages a device shares; and M is a multiple of the devices where
+    the schedule's row asks it (interleaved's anchors). (Stages named on devices: `check_given_devices`.)"""
     p, n_stages = s.pipeline, len(s.stages)
-    if p.schedule != "interleaved":
-        if p.virtual_stages != 1 and p.schedule == "zbv":
+    if _placing(s) is not schedules.Placing.LOOP:
+        if p.virtual_stages != 1 and _placing(s) is schedules.Placing.V:
             raise ConfigError(
-                f"pipeline.virtual_stages={p.virtual_stages} is interleaved's setting; pipeline.schedule=zbv "
+                f"pipeline.virtual_stages={p.virtual_stages} is {_looped()}'s setting; pipeline.schedule={p.schedule} "
                 "always runs two stages on each device: set pipeline.virtual_stages=1"
             )
         if p.virtual_stages != 1:
+            either = _looped("pipeline.schedule=")
             raise ConfigError(
                 f"pipeline.virtual_stages={p.virtual_stages} puts several stages on each device, which "
-                f"only pipeline.schedule=interleaved runs (is {p.schedule}); set pipeline.virtual_stages=1 "
-                "or pipeline.schedule=interleaved"
+                f"only {either} runs (is {p.schedule}); set pipeline.virtual_stages=1 or {either}"
             )
+        row = _row(s)
+        if row is not None:  # a schedule file's rows are checked when it is read
+            check_microbatches(s, max(1, n_stages // (row.per_device or 1)))
         return
     v = p.virtual_stages
     if n_stages % v:
@@ -78,22 +98,29 @@ def check_interleaved(s: Settings) -> None:
             f"pipeline.virtual_stages={v} does not divide the {n_stages} stages: each device holds "
             f"pipeline.virtual_stages of them (e.g. {max(d for d in range(1, n_stages + 1) if n_stages % d == 0 and d <= v)})"
         )
-    d = n_stages // v
-    if p.microbatches % d:
-        raise ConfigError(
-            f"pipeline.microbatches={p.microbatches} is not a multiple of the {d} devices of "
-            f"pipeline.schedule=interleaved ({n_stages} stages / pipeline.virtual_stages={v}); use "
-            + (
-                f"pipeline.microbatches={d * (p.microbatches // d)} or {d * (p.microbatches // d + 1)}"
-                if p.microbatches > d
-                else f"pipeline.microbatches={d} (or a multiple)"
-            )
-        )
+    check_microbatches(s, n_stages // v, f" ({n_stages} stages / pipeline.virtual_stages={v})")
     if v > 1 and isinstance(s.placement.memory_limit_mb, (list, tuple)):
         raise ConfigError(
-            f"placement.memory_limit_mb: with pipeline.schedule=interleaved each device holds "
+            f"placement.memory_limit_mb: with pipeline.schedule={p.schedule} each device holds "
             f"{v} stages (pipeline.virtual_stages); give one number (MB per logical GPU)"
         )
+
+
+def check_microbatches(s: Settings, d: int, why: str = "") -> None:
+    """pipeline.microbatches a multiple of the schedule's `d` devices, where its row asks it."""
+    p = s.pipeline
+    row = _row(s)
+    if row is None or not row.microbatches_of_devices or not p.microbatches % d:
+        return
+    raise ConfigError(
+        f"pipeline.microbatches={p.microbatches} is not a multiple of the {d} devices of "
+        f"pipeline.schedule={p.schedule}{why}; use "
+        + (
+            f"pipeline.microbatches={d * (p.microbatches // d)} or {d * (p.microbatches // d + 1)}"
+            if p.microbatches > d
+            else f"pipeline.microbatches={d} (or a multiple)"
+        )
+    )
 
 
 def check_pipeline(s: Settings) -> schedules.Schedule:
@@ -101,7 +128,7 @@ def check_pipeline(s: Settings) -> schedules.Schedule:
     and pipeline.schedule_out is written by plan_only=true into a folder that exists. Returns the
     schedule, built here once per run (the preparation pass keeps it on the `RunSpec`)."""
     p = s.pipeline
-    check_interleaved(s)
+    check_virtual_stages(s)
     if p.schedule_file is not None and p.schedule != schedules.FILE:
         raise ConfigError(
             f"pipeline.schedule_file is read only with pipeline.schedule=file (is {p.schedule}); "
@@ -123,7 +150,7 @@ def check_pipeline(s: Settings) -> schedules.Schedule:
                     else f"the folder {folder} does not exist"
                 )
             )
-    check_zbv(s)
+    check_two_per_device(s)
     schedule = pipeline_schedule(s)
     check_given_devices(s, schedule)
     if p.recompute != "never" and schedules.is_split(schedule):
@@ -135,22 +162,22 @@ def check_pipeline(s: Settings) -> schedules.Schedule:
     return schedule
 
 
-def check_zbv(s: Settings) -> None:
-    """schedule=zbv: an even number of stages (two on each device), and no pipeline.virtual_stages
-    (the V's two stages a device are not a setting)."""
-    if s.pipeline.schedule != "zbv":
+def check_two_per_device(s: Settings) -> None:
+    """A schedule of two stages a device (zbv's V): an even number of stages, and one memory limit for
+    the two stages a device holds (pipeline.virtual_stages: `check_virtual_stages`)."""
+    if _placing(s) is not schedules.Placing.V:
         return
-    n_stages = len(s.stages)
+    n_stages, name = len(s.stages), s.pipeline.schedule
     if n_stages % 2:
         raise ConfigError(
-            f"pipeline.schedule=zbv runs two stages on each device (stage k and stage 2D-1-k on device k), "
+            f"pipeline.schedule={name} runs two stages on each device (stage k and stage 2D-1-k on device k), "
             f"so the chain needs an even number of stages, not {n_stages}; use "
             + (f"{n_stages - 1} or {n_stages + 1}" if n_stages > 1 else "2")
             + " stages, or another schedule"
         )
     if isinstance(s.placement.memory_limit_mb, (list, tuple)):
         raise ConfigError(
-            "placement.memory_limit_mb: with pipeline.schedule=zbv each device holds 2 stages; give one "
+            f"placement.memory_limit_mb: with pipeline.schedule={name} each device holds 2 stages; give one "
             "number (MB per logical GPU)"
         )
 
@@ -162,7 +189,8 @@ def check_given_devices(s: Settings, schedule: schedules.Schedule) -> None:
     if not given or not schedule.placement:
         return
     p, n_stages, d = s.pipeline, len(s.stages), schedule.devices
-    why = f" ({n_stages} stages / pipeline.virtual_stages={p.virtual_stages})" if p.schedule == "interleaved" else ""
+    looped = _placing(s) is schedules.Placing.LOOP
+    why = f" ({n_stages} stages / pipeline.virtual_stages={p.virtual_stages})" if looped else ""
     head = [schedule.row_stages(r)[0] for r in range(d)]  # each row's first stage names its device
     for k in range(n_stages):
         j = head[schedule.row(k)]

@@ -37,7 +37,7 @@ from chain.fields import (
 from chain.data.data_source import MAX_BATCH
 from chain.data.sources import settings_classes
 from chain.errors import ConfigError, closest, did_you_mean
-from chain.schedule.schedules import CHOICES as SCHEDULES  # the built-in schedules' names and `file`
+from chain.schedule import schedules
 
 MODES = ("local", "e2e", "side_by_side")
 POLICIES = ("lockstep", "round_robin")
@@ -234,6 +234,13 @@ MODEL = model_check
 
 # --- optimizers ------------------------------------------------------------------------------
 
+
+def schedule_check(key: str, v: Any) -> str:
+    """`pipeline.schedule`: a schedule of `chain.schedule.schedules.BUILDERS`, read when the config is
+    checked (a row added there is a value at once), or `file`."""
+    return choice(*schedules.BUILDERS, schedules.FILE)(key, v)
+
+
 LR_SCHEDULES = ("constant", "warmup_cosine", "warmup_linear")  # optim.schedule (chain.stages.lr_schedules)
 NO_DECAY_NORM = "norm"  # optim.no_decay's word for every variable of a normalization layer
 
@@ -424,7 +431,7 @@ class Trainer:
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
     schedule: str = setting(
-        choice(*SCHEDULES),
+        schedule_check,
         "mode=e2e: the pipeline schedule: sequential, gpipe, 1f1b, zb1 (zero bubble ZB-H1), interleaved (virtual "
         "stages), zbv (V-shaped zero bubble: stage k and 2D-1-k on device k) or file (read from pipeline.schedule_file)",
     )

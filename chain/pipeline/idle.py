@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from statistics import fmean, median
 from typing import Sequence
 
-from chain.schedule.schedules import Action, Schedule, dependencies, is_split, rounds
+from chain.schedule.schedules import Action, Schedule, dependencies, is_split, play_timed, rounds
 from chain.records.measured import Measured, MeasuredAction, MeasuredStep
 
 
@@ -89,33 +89,10 @@ def step_idle(step: MeasuredStep, rows: Sequence[Sequence[Action]], schedule: Sc
 
 
 def replay(schedule: Schedule, durations: dict[tuple[int, str], float], grad_accum: int = 1) -> tuple[float, float]:
-    """(span, bubble fraction) of `schedule` played with `durations[(stage, kind)]` per action and
-    nothing between actions: each starts when its row's previous action and its inputs have ended."""
-    rows = played_rows(schedule, grad_accum)
-    split = is_split(schedule)
-    end: dict[Action, float] = {}
-    free = [0.0] * len(rows)
-    busy = [0.0] * len(rows)
-    nxt = [0] * len(rows)
-    remaining = sum(len(r) for r in rows)
-    while remaining:
-        moved = False
-        for r, row in enumerate(rows):
-            while nxt[r] < len(row):
-                action = row[nxt[r]]
-                deps = dependencies(action, schedule.stages, split)
-                if any(d not in end for d in deps):
-                    break
-                took = durations[(action.stage, action.kind)]
-                end[action] = max([free[r]] + [end[d] for d in deps]) + took
-                free[r], busy[r] = end[action], busy[r] + took
-                nxt[r] += 1
-                remaining -= 1
-                moved = True
-        if not moved:
-            raise ValueError(f"{schedule.name}: deadlock in replay")  # simulate() refuses such schedules first
-    span = max(free)
-    return span, (1 - sum(busy) / (len(rows) * span)) if span else 0.0
+    """(span, bubble fraction) of `schedule` played (`play_timed`) with `durations[(stage, kind)]` per
+    action and nothing between actions: each starts when its row's previous action and its inputs have ended."""
+    timed = play_timed(schedule, lambda a: durations[(a.stage, a.kind)], grad_accum=grad_accum)
+    return timed.span, timed.bubble_fraction
 
 
 def mean_durations(steps: Sequence[MeasuredStep]) -> dict[tuple[int, str], float]:

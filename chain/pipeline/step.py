@@ -67,8 +67,7 @@ inter-op thread, as `scripts/bench_pipeline.py` measures), the chained actions o
 run back to back on that thread, and an op that becomes ready meanwhile (the `_Send` that
 TensorFlow inserts for each edge between devices) waits in the thread pool's queue until
 the chain stops: GPipe's first stage sent its first activation after its last forward, so
-the next stage idled through the whole fill (measured with TensorFlow's profiler on two
-workers: efficiency 0.66 without releases, 0.86 with them, docs/benchmarks.md). The
+the next stage idled through the whole fill (docs/benchmarks-in-code.md). The
 release stops the chain after each such action; the queued send goes out while the round
 trip to the host (a fraction of a millisecond) lets the stage go on. The order of each
 stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait.
@@ -77,7 +76,8 @@ The code follows the same shape: `play_schedule` walks the schedule's actions an
 handler of each action's kind from `HANDLERS` (forward, backward, and a split schedule's input and weight
 gradients); what an action leaves for a later one is a named record (`Forwarded`, `Replayable`, `Waiting`,
 `Halfway`) in the play's one `PlayState`; what every play shares is one frozen `PlayPlan`, its options
-one `StepOptions`.
+one `StepOptions`. The benchmarks leave a piece of this machinery out by patching the function that adds
+it (`chained`, `release`, `weights_first`, `summed_in_turn`: scripts/ablations.py), not by an option.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ from chain.schedule.schedules import (
 )
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
+from chain.stages.tied_weights import repeated
 from chain.steps import xla
 from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred, Pooled
@@ -116,7 +117,7 @@ from chain.steps.forward import Kept, chain_forward, layer_by_layer
 from chain.steps.ops import add_grads, chunks_of, copy_to, differentiable, input_gradient
 from chain.steps.recompute import NEVER, recomputed, replay, snapshot
 from chain.steps.report import dropped, report
-from chain.steps.tied import lend_back, repeated, sum_shared
+from chain.steps.tied import lend_back, sum_shared
 from chain.steps.update import shared_outcomes, stage_update, unscale
 
 
@@ -190,7 +191,7 @@ def release_name(action: Action) -> str:
     return f"release_{action.scope()}"
 
 
-def _release(done: tf.Operation, action: Action) -> tf.Operation:
+def release(done: tf.Operation, action: Action) -> tf.Operation:
     """An op on the host that runs after `done`: the stage's next action waits for it.
 
     A draw of one seeded random number, because Grappler leaves it alone: it turns a
@@ -282,8 +283,8 @@ def weights_first(weight_grads: Sequence[tf.Tensor | None], ops: Sequence[tf.Ope
     Without it the executor runs the chain of input-gradient products first, the backward's
     critical path, and leaves the weight products queued behind it: every layer's output gradient
     and the activation its weight product reads then stay alive at once, as the memory trace of
-    GPipe `always` shows (`chain.pipeline.memory_trace`, docs/benchmarks.md: 5-6 layers' gradients
-    per stage at the peak). With the edges a backward holds about one layer's gradient at a time.
+    GPipe `always` shows (`chain.pipeline.memory_trace`; docs/benchmarks-in-code.md). With the edges a
+    backward holds about one layer's gradient at a time.
     Only the order changes: the same ops on the same inputs, so the same bits. `ops` are the ops of
     the backward (the action's, from its first); an edge that would close a cycle is left out."""
     mine = set(ops)
@@ -323,10 +324,8 @@ def summed_in_turn(sums: Sequence, done: Sequence[tf.Operation]) -> list[tf.Oper
 
     Otherwise nothing reads a W's partial sum but the next W's addition, and Grappler's arithmetic
     optimizer folds the stage's whole chain of additions into one AddN over every microbatch's
-    gradients: each W's weight gradients then stay alive until the stage's last W (the memory trace
-    of zb1 found 16 microbatches' worth, 33 MiB, at its peak; docs/benchmarks.md). The results were
-    bit for bit those of the folded sum in every case checked (`tests/test_pipeline.py`, and zb1
-    with dropout and Adam at M = 2 and 4)."""
+    gradients: each W's weight gradients then stay alive until the stage's last W (zb1's memory trace:
+    docs/benchmarks-in-code.md). The results are bit for bit the folded sum's (`tests/test_pipeline.py`)."""
     done = set(done)
     return [t.op for t in sums if isinstance(t, tf.Tensor) and t.op not in done]
 
@@ -350,12 +349,9 @@ def e2e_step(
     target: Target,
     grad_accum: int = 1,
     jit_compile: bool = False,
-    ordered: bool | None = None,
-    release: bool = True,
     clip_global_norm: float | None = None,
     batch_norm: str = "microbatch",
     recompute_policy: str = NEVER,
-    weights_early: bool = True,
     progress: Progress | None = None,
     batch_cut: BatchCut | None = None,
 ) -> Callable:
@@ -366,19 +362,13 @@ def e2e_step(
     `loss(y, pred)` is the mean loss of one microbatch; `target` names the entry of
     `ys` that the last stage learns. `grad_accum` rounds of the schedule make one
     update; `jit_compile` compiles each stage's forward (with its gradient) and update
-    with XLA (`chain.steps.xla`). `ordered=False` leaves out the control dependencies that
-    hold each stage to the schedule's order (an ablation for benchmarks: the executor then
-    runs every op as soon as its inputs are ready); `release=False` leaves out the host
-    releases after sending actions (an ablation: the step as it was before them).
+    with XLA (`chain.steps.xla`).
     `clip_global_norm=C` clips the accumulated, unscaled gradients of every stage by their
     global norm (`chain.steps.clipping`, computed on the last stage's device).
     `batch_norm="deferred"` updates every BatchNormalization layer's moving statistics once,
     from the whole batch, in each stage's update (`chain.steps.deferred_norm`).
     `recompute_policy` (`pipeline.recompute`): which microbatches keep only their input and run
-    their forward again in their backward (`chain.steps.recompute`). `weights_early=False` leaves out
-    the edges that make a backward compute each layer's weight gradients before going on past it
-    (`weights_first`) and a W's stage wait for its gradient sums (`summed_in_turn`): an ablation,
-    the step as it was before them, with the same values and more memory held.
+    their forward again in their backward (`chain.steps.recompute`).
     `progress` (`trainer.stall_s`): the host's markers each action updates when it is done
     (`chain.pipeline.progress`), so a stalled step can say where it waits. `batch_cut`: how the run
     cuts a batch (`RunSpec.batch_cut`): its microbatches, which `schedule` must play (None: the
@@ -391,10 +381,7 @@ def e2e_step(
         target,
         grad_accum,
         jit_compile,
-        ordered,
-        release,
         recompute_policy,
-        weights_early=weights_early,
         progress=progress,
         batch_cut=batch_cut,
     )
@@ -427,11 +414,8 @@ class StepOptions:
 
     grad_accum: int = 1
     jit_compile: bool = False
-    ordered: bool | None = None  # None: chained when a stage has more than one action of a kind
-    release: bool = True
     recompute_policy: str = NEVER
     replica: int = 0
-    weights_early: bool = True
     progress: Progress | None = None
 
 
@@ -553,11 +537,8 @@ def e2e_play(
     target: Target,
     grad_accum: int = 1,
     jit_compile: bool = False,
-    ordered: bool | None = None,
-    release: bool = True,
     recompute_policy: str = NEVER,
     replica: int = 0,
-    weights_early: bool = True,
     progress: Progress | None = None,
     batch_cut: BatchCut | None = None,
 ) -> Callable:
@@ -565,7 +546,7 @@ def e2e_play(
     pipeline (`chain.pipeline.replicas`) plays it once per copy (`replica`: its actions' scopes say
     which, `Action.scope`) and averages the gradients over the copies first. With `progress`, `base`
     (`Progress.begin`'s, once per step) starts the values of the markers each action sets when done."""
-    options = StepOptions(grad_accum, jit_compile, ordered, release, recompute_policy, replica, weights_early, progress)
+    options = StepOptions(grad_accum, jit_compile, recompute_policy, replica, progress)
     plan = play_plan(stages, schedule, loss, target, options, batch_cut)
 
     def play(x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
@@ -598,7 +579,7 @@ def play_plan(
         options,
         microbatches,
         order,
-        _ordered(schedule, options),
+        chained(schedule, options.grad_accum),
         at_once=backward_at_once(schedule),  # kept under every policy: a replay would hold the same, at once
         deferred=frozenset(),
         split=split,
@@ -609,12 +590,14 @@ def play_plan(
     return dataclasses.replace(plan, deferred=deferred_forwards(order, len(stages) - 1, plan.replayed))
 
 
-def _ordered(schedule: Schedule, options: StepOptions) -> bool:
-    # With one microbatch a stage has one forward and one backward, which its data already
-    # orders (the backward reads the forward's tape): the chaining would bound nothing and only
-    # make each action wait for the previous one's side branches, and the releases exist only to
-    # break that chain. Leaving both out changes no value (stateful ops stay in trace order).
-    return schedule.microbatches * options.grad_accum > 1 if options.ordered is None else options.ordered
+def chained(schedule: Schedule, grad_accum: int) -> bool:
+    """Whether each stage's actions are chained in the schedule's order (and released after sends).
+
+    With one microbatch a stage has one forward and one backward, which its data already orders (the
+    backward reads the forward's tape): the chaining would bound nothing and only make each action wait
+    for the previous one's side branches, and the releases exist only to break that chain. Leaving both
+    out changes no value (stateful ops stay in trace order)."""
+    return schedule.microbatches * grad_accum > 1
 
 
 def _refuse_unplayable(stages: Sequence[Stage], schedule: Schedule, options: StepOptions, microbatches: int) -> None:
@@ -710,8 +693,8 @@ def play_action(plan: PlayPlan, state: PlayState, action: Action) -> None:
             end,
             f"progress_{action.scope()}",
         )
-    if plan.ordered and options.release and sends(action, [s.device for s in plan.stages]):
-        state.previous[row] = [_release(state.previous[row][0], action)]  # the send goes out before the stage goes on
+    if plan.ordered and sends(action, [s.device for s in plan.stages]):
+        state.previous[row] = [release(state.previous[row][0], action)]  # the send goes out before the stage goes on
 
 
 def _taped(plan: PlayPlan, state: PlayState, k: int, h: tf.Tensor, m: int, persistent: bool = False) -> Taped:
@@ -795,7 +778,7 @@ def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -
         if k > 0:
             state.input_grads[(k, m)] = input_gradient(saved.input, grads[: len(ins)])
         grads = grads[len(ins) :]
-        if plan.options.weights_early and not plan.options.jit_compile:  # compiled: one call op, nothing to order
+        if not plan.options.jit_compile:  # compiled: one call op, nothing to order
             weights_first(grads, state.graph.get_operations()[first_op:])
         state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
     return None
@@ -826,9 +809,7 @@ def _weight_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op:
         grads = weight_gradients(s, half.targets, half.start, half.kept, half.kept_grads, tf.nest.flatten(half.input))
         state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
     done_ops = [t.op for t in grads if t is not None]  # not the side branches tf.gradients leaves
-    if plan.options.weights_early:  # and the sums: see `summed_in_turn`
-        done_ops += summed_in_turn(state.accumulated[k], done_ops)
-    return done_ops
+    return done_ops + summed_in_turn(state.accumulated[k], done_ops)  # and the sums: see `summed_in_turn`
 
 
 # One handler per kind of action: (plan, state, action, the action's first op) -> the ops the stage's next

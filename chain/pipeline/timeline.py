@@ -43,7 +43,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from chain.planning import balance
 from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
@@ -291,14 +291,7 @@ def measure(
     played = [a for c in range(replicas) for a in rounds(order, schedule.microbatches, grad_accum, c)]
     origin = min(start for start, _ in steps.values()) if steps else 0
     ms = lambda ns: (ns - origin) / 1e6  # noqa: E731
-    owned = [
-        (who, e)
-        for e in events  # each event's action and copy, once (a trace holds many events)
-        if (found := owner(e.name)) is not None
-        and (who := (*found, copy_of(e.name)))[1] < n_stages
-        and who[3] < replicas
-        and sources[row_of(who[1], who[3], n_stages)] in (None, e.source)
-    ]
+    owned = _owned(events, sources, n_stages, replicas)
     used = {s for s in sources if s is not None}  # the traces a complete step needs
     out_steps = []
     for number in sorted(steps):
@@ -307,31 +300,7 @@ def measure(
         for who, e in owned:
             if lo <= e.start <= hi:
                 ops.setdefault(who, []).append(e)
-        actions, since = [], {}  # since[a]: when a's result could first be used (ns)
-        for a in played:  # producers before consumers
-            found = ops.get((a.kind, a.stage, a.microbatch, a.replica))
-            found = [e for e in found or () if e.type not in READS] or found
-            p = producer(a, n_stages)
-            if found and p in since:  # work done before its input existed is not work on it
-                found = [e for e in found if e.start >= since[p]] or found
-            if found:
-                # A forward's activation exists when its last computation ends; a backward sends its
-                # input gradient before it computes its weights' gradients, so only its start is sure.
-                compute = [e.end for e in found if not is_copy(e) and "/done" not in e.name]
-                since[a] = max(compute) if a.kind == FORWARD and compute else min(e.start for e in found)
-                actions.append(
-                    MeasuredAction(
-                        a.stage,
-                        a.microbatch,
-                        a.kind,
-                        ms(min(e.start for e in found)),
-                        ms(max(e.end for e in found)),
-                        sum(e.end - e.start for e in found if is_copy(e)) / 1e6,
-                        len(found),
-                        a.replica,
-                    )
-                )
-        actions.sort(key=lambda a: (a.replica, a.stage, a.start_ms))
+        actions = _actions(played, ops, n_stages, ms)
         updates = [
             MeasuredUpdate(k, ms(min(e.start for e in found)), ms(max(e.end for e in found)), c)
             for c in range(replicas)
@@ -355,6 +324,53 @@ def measure(
         stats.step_ms,
         replicas=replicas,
     )
+
+
+def _owned(
+    events: Sequence[OpEvent], sources: Sequence[str | None], n_stages: int, replicas: int
+) -> list[tuple[tuple, OpEvent]]:
+    """Each event of an action or update with its owner, (kind, stage, microbatch, copy): once each (a trace
+    holds many events), and only from the trace its stage's row counts (`sources`, see `measure`)."""
+    return [
+        (who, e)
+        for e in events
+        if (found := owner(e.name)) is not None
+        and (who := (*found, copy_of(e.name)))[1] < n_stages
+        and who[3] < replicas
+        and sources[row_of(who[1], who[3], n_stages)] in (None, e.source)
+    ]
+
+
+def _actions(
+    played: Sequence[Action], ops: dict[tuple, list[OpEvent]], n_stages: int, ms: Callable[[int], float]
+) -> list[MeasuredAction]:
+    """One step's measured actions, by copy, stage and start: each action of `played` (producers before
+    consumers) that has ops in `ops` (the step's events by owner), its times in ms (`ms` of a time in ns)."""
+    actions, since = [], {}  # since[a]: when a's result could first be used (ns)
+    for a in played:
+        found = ops.get((a.kind, a.stage, a.microbatch, a.replica))
+        found = [e for e in found or () if e.type not in READS] or found
+        p = producer(a, n_stages)
+        if found and p in since:  # work done before its input existed is not work on it
+            found = [e for e in found if e.start >= since[p]] or found
+        if found:
+            # A forward's activation exists when its last computation ends; a backward sends its
+            # input gradient before it computes its weights' gradients, so only its start is sure.
+            compute = [e.end for e in found if not is_copy(e) and "/done" not in e.name]
+            since[a] = max(compute) if a.kind == FORWARD and compute else min(e.start for e in found)
+            actions.append(
+                MeasuredAction(
+                    a.stage,
+                    a.microbatch,
+                    a.kind,
+                    ms(min(e.start for e in found)),
+                    ms(max(e.end for e in found)),
+                    sum(e.end - e.start for e in found if is_copy(e)) / 1e6,
+                    len(found),
+                    a.replica,
+                )
+            )
+    return sorted(actions, key=lambda a: (a.replica, a.stage, a.start_ms))
 
 
 def _waits(

@@ -19,7 +19,7 @@ class MeasuredAction:
 
     stage: int = item("the stage that ran it")
     microbatch: int = item("its microbatch (counting on across trainer.grad_accum rounds)")
-    kind: str = item("F (forward) or B (backward)")
+    kind: str = item("F (forward), B (backward) or W (a split backward's weight gradients)")
     start_ms: float = item("its first op's start")
     end_ms: float = item("its last op's end")
     copy_ms: float = item("the transfer ops inside it")

@@ -73,9 +73,8 @@ class RunRecord:
                 return schedule_file.read(self.pipeline.schedule_file or "", len(self.stages), m)
             except schedule_file.ScheduleFileError:
                 return None
-        devices = self.pipeline.schedule_devices if name == "interleaved" else None
-        try:
-            return schedules.build(name, len(self.stages), m, devices)
+        try:  # the devices a looped schedule's stages share (the other schedules place theirs themselves)
+            return schedules.build(name, len(self.stages), m, self.pipeline.schedule_devices)
         except ValueError:  # a summary edited into a schedule that cannot be built
             return None
 
@@ -120,8 +119,9 @@ def _check_summary(raw: Any, path: str) -> Summary:
     except RecordError as e:
         raise ChainError(f"{path} is not a summary chain wrote: {e}") from None
     pipeline = summary.pipeline
-    if pipeline is not None and pipeline.schedule is not None and pipeline.schedule not in schedules.NAMES:
-        raise wrong("schedule", f"one of {', '.join(schedules.NAMES)}")
+    known = (*schedules.BUILDERS, schedules.FILE)  # a schedule file's run names `file` (`RunRecord.schedule` reads it)
+    if pipeline is not None and pipeline.schedule is not None and pipeline.schedule not in known:
+        raise wrong("schedule", f"one of {', '.join(known)}")
     m, batch = pipeline.microbatches if pipeline else None, summary.batch_size
     if m is not None and not (batch is not None and 1 <= m <= batch):  # a run's divide its batch
         raise wrong("microbatches", "between 1 and batch_size")

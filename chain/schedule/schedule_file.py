@@ -92,7 +92,7 @@ def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Sche
     """The schedule in `text` for `stages` stages and `microbatches` microbatches, checked (see the
     module's docstring); ScheduleFileError otherwise."""
     # Trailing blank lines and empty cells are no rows; past `stages` rows the file is refused as soon
-    # as the row is read (a 16 MiB file of blank lines took the csv module 25 s to the end).
+    # as the row is read: the csv module is slow to reach the end of a large file (docs/benchmarks-in-code.md).
     reader = csv.reader(io.StringIO(text.rstrip(" \t\r\n,")))
     rows: list[list[str]] = []
     try:

@@ -9,9 +9,14 @@ properties (every forward precedes its backward, 1F1B's bound on live activation
 bubble) are checked without TensorFlow; `chain.pipeline.step` executes a schedule inside
 one `tf.function`, chaining each stage's actions in this order.
 
-`simulate` plays a schedule on an idealised machine (every action takes one time
-slot; each stage is its own device) and gives the per-device timeline and the bubble
-fraction that `plan_only=true` prints and summary.json records.
+Each schedule is a row of `BUILDERS` (`Builder`): its builder and what it is (how it places its
+stages, whether it splits the backward, ...), which every other module reads instead of its name.
+
+`play_timed` is the one timed player: a schedule's actions played with a cost each (each action
+starts once its row's previous action and its inputs have ended). `simulate` is it on an idealised
+machine (every action takes one time slot) and gives the per-device timeline and the bubble
+fraction that `plan_only=true` prints and summary.json records; `chain.pipeline.idle` plays it with
+measured durations and `chain.autoplan.search` with the planner's predicted costs.
 
 The names the step gives its ops are defined here too (`Action.scope`, `update_scope`), with
 their readers (`Action.parse`, `update_stage`) that `chain.pipeline.timeline` reads a trace with.
@@ -22,7 +27,8 @@ This module imports no TensorFlow.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from enum import Enum
+from typing import Callable, Hashable, Mapping, NamedTuple, Sequence
 
 FORWARD = "F"
 BACKWARD = "B"
@@ -364,30 +370,69 @@ def zero_bubble_v(stages: int, microbatches: int) -> Schedule:
     return Schedule("zbv", stages, microbatches, tuple(rows), v_placement(stages))
 
 
+class Placing(Enum):
+    """How a schedule puts its stages on devices (what `Schedule.placement` holds once it is built)."""
+
+    OWN = "own"  # stage k on device k
+    LOOP = "loop"  # stage k on device k mod D, D = stages / pipeline.virtual_stages (a builder taking `devices`)
+    V = "v"  # stage k and stage 2D-1-k on device k: two stages on each device (`v_placement`)
+
+
+@dataclass(frozen=True)
+class Builder:
+    """A schedule's row of `BUILDERS`: its builder and what it is, which the config checks, plan=auto,
+    the report and the memory estimate read instead of its name. `build(stages, microbatches)`, or
+    `build(stages, microbatches, devices)` for `Placing.LOOP`; `split`: it runs each backward as B and W
+    apart (W needs what the forward kept, so no `pipeline.recompute`); `microbatches_of_devices`: the
+    microbatches must be a multiple of its devices; `searched`: `placement.plan=auto` tries it."""
+
+    build: Callable[..., Schedule]
+    placing: Placing = Placing.OWN
+    split: bool = False
+    microbatches_of_devices: bool = False
+    searched: bool = True
+
+    @property
+    def per_device(self) -> int | None:
+        """Stages on each device: 1, 2 (a V), or None: `pipeline.virtual_stages` says (looped)."""
+        return {Placing.OWN: 1, Placing.V: 2, Placing.LOOP: None}[self.placing]
+
+
 BUILDERS = {
-    "sequential": sequential,
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "zb1": zero_bubble_h1,
-    "interleaved": interleaved,
-    "zbv": zero_bubble_v,
+    "sequential": Builder(sequential, searched=False),  # one microbatch at a time never wins a search
+    "gpipe": Builder(gpipe),
+    "1f1b": Builder(one_f_one_b),
+    "zb1": Builder(zero_bubble_h1, split=True),
+    "interleaved": Builder(interleaved, Placing.LOOP, microbatches_of_devices=True),
+    "zbv": Builder(zero_bubble_v, Placing.V, split=True),
 }
-NAMES = tuple(BUILDERS)  # the one list of built-in schedule names
+NAMES = tuple(BUILDERS)  # the built-in schedules' names (a row added to BUILDERS later is read from BUILDERS)
 FILE = (
     "file"  # pipeline.schedule=file: the schedule is read from pipeline.schedule_file (`chain.schedule.schedule_file`)
 )
-CHOICES = NAMES + (FILE,)  # what pipeline.schedule may be (the config schema takes it from here)
+CHOICES = NAMES + (FILE,)  # the built-in schedules and `file` (the config schema reads BUILDERS when it checks)
 
 
 def build(name: str, stages: int, microbatches: int, devices: int | None = None) -> Schedule:
-    """The built-in schedule called `name` (one of `NAMES`); `devices` (interleaved only): how many
-    devices share the stages (stage k on device k mod devices). zbv always puts two stages on each
-    device (`v_placement`)."""
-    if name not in BUILDERS:
-        raise ValueError(f"schedule {name!r} is not known; allowed: {', '.join(NAMES)}")
-    if name == "interleaved":
-        return interleaved(stages, microbatches, devices)
-    return BUILDERS[name](stages, microbatches)
+    """The schedule called `name` (a row of `BUILDERS`); `devices`: how many devices a looped schedule's
+    stages share (stage k on device k mod devices; the others place their stages themselves and
+    ignore it: zbv always puts two stages on each device, `v_placement`)."""
+    row = BUILDERS.get(name)
+    if row is None:
+        raise ValueError(f"schedule {name!r} is not known; allowed: {', '.join(BUILDERS)}")
+    if row.placing is Placing.LOOP:
+        return row.build(stages, microbatches, devices)
+    return row.build(stages, microbatches)
+
+
+def where(placing: Placing) -> tuple[str, ...]:
+    """The schedules of `BUILDERS` that place their stages as `placing` says (for messages)."""
+    return tuple(name for name, row in BUILDERS.items() if row.placing is placing)
+
+
+def searched() -> tuple[str, ...]:
+    """The schedules `placement.plan=auto` tries, in `BUILDERS`' order."""
+    return tuple(name for name, row in BUILDERS.items() if row.searched)
 
 
 def placement_rule(schedule: Schedule) -> str:
@@ -466,8 +511,100 @@ def _cell(schedule: Schedule, action: Action) -> str:
     return f"{action}@s{action.stage}" if schedule.placement else str(action)
 
 
+@dataclass(frozen=True)
+class Timed:
+    """A schedule played with a cost per action (`play_timed`): `rows[r]`, row r's actions in the order
+    it ran them; `start[a]`/`end[a]`, when action `a` ran; `busy[r]`, the sum of row r's actions' costs.
+    The step starts at 0."""
+
+    rows: tuple[tuple[Action, ...], ...]
+    start: Mapping[Action, float]
+    end: Mapping[Action, float]
+    busy: tuple[float, ...]
+
+    @property
+    def row_ends(self) -> tuple[float, ...]:
+        """When each row's last action ends (0 for a row without actions)."""
+        return tuple(self.end[row[-1]] if row else 0 for row in self.rows)
+
+    @property
+    def span(self) -> float:
+        """The step's span: its first action's start (0) to its last action's end."""
+        return max(self.row_ends, default=0)
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        """Each row's time within the span without an action of its own."""
+        return tuple(self.span - b for b in self.busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle time over all rows' time within the span: 0 for a perfect pipeline."""
+        span = self.span
+        return (1 - sum(self.busy) / (len(self.rows) * span)) if span else 0.0
+
+
+class Deadlock(ValueError):
+    """A schedule that `play_timed` cannot finish: `at`, when the last action that could run ended;
+    `next[r]`, the position in row r of its first action that can never run."""
+
+    def __init__(self, schedule: Schedule, at: float, nxt: Sequence[int]) -> None:
+        super().__init__(f"{schedule.name}: deadlock at {at}")
+        self.at, self.next = at, tuple(nxt)
+
+
+def play_timed(
+    schedule: Schedule,
+    cost: Callable[[Action], float],
+    *,
+    grad_accum: int = 1,
+    copies: int = 1,
+    wait: Callable[[Action, Action], float] | None = None,
+    shared: Sequence[Hashable] | None = None,
+) -> Timed:
+    """The one timed player: `schedule`'s rows (each `grad_accum` rounds, `rounds`; `copies` copies of the
+    pipeline, copy after copy) played with `cost(action)` per action. An action starts when its row's
+    previous action and everything it needs (`dependencies`) have ended, plus `wait(needed, action)`
+    after each of those (a transfer); rows with the same `shared[r]` (a physical device) run one action
+    at a time. Of the actions that may start, the earliest starts first (ties: the lower row). Unit
+    costs give `simulate`'s slots, measured durations `chain.pipeline.idle`'s replay, the planner's
+    costs `chain.autoplan.search`'s. Raises `Deadlock` if some action can never run."""
+    split = is_split(schedule)
+    m = schedule.microbatches
+    rows = tuple(tuple(rounds(row, m, grad_accum, c)) for c in range(copies) for row in schedule.actions)
+    owner = list(shared) if shared is not None else list(range(len(rows)))
+    start: dict[Action, float] = {}
+    end: dict[Action, float] = {}
+    free = [0] * len(rows)
+    owner_free = dict.fromkeys(owner, 0)
+    busy = [0] * len(rows)
+    nxt = [0] * len(rows)
+    for _ in range(sum(len(r) for r in rows)):
+        best, best_start = -1, 0
+        for i, row in enumerate(rows):
+            if nxt[i] == len(row):
+                continue
+            action = row[nxt[i]]
+            deps = dependencies(action, schedule.stages, split)
+            if any(d not in end for d in deps):
+                continue
+            after = [end[d] + wait(d, action) for d in deps] if wait is not None else [end[d] for d in deps]
+            ready = max([free[i], owner_free[owner[i]]] + after)
+            if best < 0 or ready < best_start:
+                best, best_start = i, ready
+        if best < 0:
+            raise Deadlock(schedule, max(end.values(), default=0), nxt)
+        action = rows[best][nxt[best]]
+        took = cost(action)
+        start[action], end[action] = best_start, best_start + took
+        free[best] = owner_free[owner[best]] = end[action]
+        busy[best] += took
+        nxt[best] += 1
+    return Timed(rows, start, end, tuple(busy))
+
+
 def simulate(schedule: Schedule) -> Timeline:
-    """Play `schedule` with unit-time actions; each stage starts its next action as soon as it may.
+    """Play `schedule` with unit-time actions (`play_timed`); each stage starts its next action as soon as it may.
 
     An action may start in slot t when the stage's previous action has finished and
     every dependency finished in a slot before t. Raises ValueError if the schedule
@@ -475,27 +612,14 @@ def simulate(schedule: Schedule) -> Timeline:
     action that can never run and what it waits for.
     """
     validate(schedule)
-    rows = schedule.actions
-    done_at: dict[Action, int] = {}  # action -> the slot it ran in
-    nxt = [0] * len(rows)
-    grid: list[list[Action | None]] = [[] for _ in rows]
-    remaining = sum(len(r) for r in rows)
-    t = 0
-    while remaining:
-        started = []
-        for k, row in enumerate(rows):
-            action = row[nxt[k]] if nxt[k] < len(row) else None
-            ready = action is not None and all(done_at.get(d, t) < t for d in dependencies(action, schedule.stages))
-            grid[k].append(action if ready else None)
-            if ready:
-                started.append(action)
-                nxt[k] += 1
-        if not started:
-            raise ValueError(f"{schedule.name}: deadlock at slot {t}; {_stuck(schedule, nxt)}")
-        for a in started:
-            done_at[a] = t
-        remaining -= len(started)
-        t += 1
+    try:
+        timed = play_timed(schedule, lambda a: 1)
+    except Deadlock as e:
+        raise ValueError(f"{schedule.name}: deadlock at slot {e.at}; {_stuck(schedule, e.next)}") from None
+    grid: list[list[Action | None]] = [[None] * timed.span for _ in timed.rows]
+    for r, row in enumerate(timed.rows):
+        for a in row:
+            grid[r][timed.start[a]] = a
     return Timeline(tuple(tuple(r) for r in grid))
 
 

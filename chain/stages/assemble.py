@@ -18,10 +18,9 @@ from chain.config.schema import NO_DECAY_NORM, AdamW, Conv, KerasOptimizer, Mode
 from chain.data.catalog import DataInfo, Target
 from chain.errors import ConfigError, instantiate_error
 from chain.internals.keras_private import all_layers
-from chain.planning.devices import canonical
 from chain.stages import lr_schedules, precision
 from chain.stages.bodies import Body, check_prediction
-from chain.stages.cut import Piece, passed
+from chain.stages.cut import Piece, passed, placed
 from chain.stages.loss_scale import LossScale
 from chain.stages.stage import Stage, stage_name
 
@@ -180,65 +179,92 @@ def build_stages(
     """
     policy = precision.body_policy(precision_name)
     scaled = precision.needs_loss_scale(precision_name)
-    bodies = list(bodies or [None] * len(specs))
+    bodies = placed(bodies or [None] * len(specs), devices)  # a cut model's tied weights: where each lives
     stages = []
     shape = tuple(info.input_shape)
     for k, (spec, device) in enumerate(zip(specs, devices)):
         target = info.target(spec.target)
-        last = k == len(specs) - 1
+        label = labels[k] if labels else None
         if not chained:
             shape = tuple(info.input_shape)
             if seed is not None:
                 keras.utils.set_random_seed(seed)
         with tf.device(device):
-            if bodies[k] is None:
-                model = keras.Sequential(
-                    [keras.Input(shape)] + model_layers(spec.model, shape, policy), name=stage_name(k)
-                )
-                if readout and last:
-                    per_position_body(target, spec.model)
-                    for layer in output_layers(target, tuple(model.output_shape[1:])):
-                        model.add(layer)
-            else:
-                if isinstance(bodies[k], Piece) and device is not None:  # an earlier piece's tied weight, on
-                    bodies[k].device = canonical(device)  # this device, is read from it, not copied
-                model = bodies[k](shape, policy, stage_name(k))
-                if readout and last:
-                    check_prediction(model, target, f"stage {k} ({labels[k] if labels else 'a user model'})")
-            out_shape = tuple(model.output_shape[1:])
-            head = None
-            if heads:
-                head = keras.Sequential(
-                    [keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}"
-                )
-            # mode=e2e (`readout`): one loss for the chain, whose step clips by the chain's global norm
-            optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}", global_clip=not readout)
-            loss_scale = LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}") if scaled else None
-            shared = bodies[k].shared if isinstance(bodies[k], Piece) else ()  # a cut model's tied weights
-            whole = bodies[k].whole if isinstance(bodies[k], Piece) else None
-            borrowed = bodies[k].borrowed if isinstance(bodies[k], Piece) else ()
-            stage = Stage(
-                k,
-                device,
-                model,
-                optimizer,
-                target,
-                head,
-                spec,
-                loss_scale=loss_scale,
-                label=labels[k] if labels else None,
-                shared=shared,
-                whole=whole,
-                borrowed=borrowed,
-            )
-            exclude_from_decay(optimizer, spec.optim, stage)
-            optimizer.build(stage.trainable_variables)
+            model = _model(k, spec, bodies[k], shape, policy, target, readout and k == len(specs) - 1, label)
+            scale = initial_loss_scale if scaled else None
+            stage = _stage(k, device, model, spec, target, bodies[k], label, heads, readout, scale)
         stages.append(stage)
         # Several tensors crossing to the next stage: each one's shape as this stage gives it (a keras_hub
         # backbone's own graph leaves the sequence length open; this stage, built on the data's shape, knows it).
-        shape = passed(model) if isinstance(model.output_shape, list) else out_shape
+        shape = passed(model) if isinstance(model.output_shape, list) else tuple(model.output_shape[1:])
     refuse_shared_variables(stages)
     return stages
+
+
+def _model(
+    k: int,
+    spec: StageSpec,
+    body: Body | None,
+    shape: tuple[int, ...],
+    policy: keras.DTypePolicy | str | None,
+    target: Target,
+    predicts: bool,
+    label: str | None,
+) -> keras.Model:
+    """Stage k's model on inputs of `shape`: `body`'s, or the config's own mlp/conv (None); `predicts`: the
+    chain's prediction comes out of it (the config's own body gets a read-out, a user's body is checked)."""
+    if body is None:
+        model = keras.Sequential([keras.Input(shape)] + model_layers(spec.model, shape, policy), name=stage_name(k))
+        if predicts:
+            per_position_body(target, spec.model)
+            for layer in output_layers(target, tuple(model.output_shape[1:])):
+                model.add(layer)
+        return model
+    model = body(shape, policy, stage_name(k))
+    if predicts:
+        check_prediction(model, target, f"stage {k} ({label or 'a user model'})")
+    return model
+
+
+def _stage(
+    k: int,
+    device: str | None,
+    model: keras.Model,
+    spec: StageSpec,
+    target: Target,
+    body: Body | None,
+    label: str | None,
+    heads: bool,
+    readout: bool,
+    initial_loss_scale: float | None,
+) -> Stage:
+    """Stage k around `model` (in its device's scope): its head (with `heads`), its optimizer, built, and its
+    `LossScale` from `initial_loss_scale` (None: none)."""
+    out_shape = tuple(model.output_shape[1:])
+    head = None
+    if heads:
+        head = keras.Sequential([keras.Input(out_shape)] + output_layers(target, out_shape), name=f"head_{k:02d}")
+    # mode=e2e (`readout`): one loss for the chain, whose step clips by the chain's global norm
+    optimizer = make_optimizer(spec.optim, name=f"optim_{k:02d}", global_clip=not readout)
+    loss_scale = None if initial_loss_scale is None else LossScale(initial_loss_scale, name=f"loss_scale_{k:02d}")
+    piece = body if isinstance(body, Piece) else None  # a cut model's: its tied weights
+    stage = Stage(
+        k,
+        device,
+        model,
+        optimizer,
+        target,
+        head,
+        spec,
+        loss_scale=loss_scale,
+        label=label,
+        shared=piece.shared if piece else (),
+        whole=piece.whole if piece else None,
+        borrowed=piece.borrowed if piece else (),
+    )
+    exclude_from_decay(optimizer, spec.optim, stage)
+    optimizer.build(stage.trainable_variables)
+    return stage
 
 
 def refuse_shared_variables(stages: Sequence[Stage]) -> None:

@@ -16,12 +16,10 @@ weights, so the stages together compute the original model's function exactly (t
 predictions equal `model.predict` before training).
 
 A variable two layers hold (a tied weight: a custom layer holding the Embedding layer whose
-matrix it reuses) is re-created once per stage that uses it: the re-created later layer gets
-its stage's copy of the first holder (the clone on the same stage, or a copy made on its stage's
-device), bound to the same attribute. Every copy starts from the model's values; each stage
-lists its copies (`Stage.shared`), and the pipeline step sums their gradients (`chain.steps.tied`).
-A later stage on the first holder's device holds no copy: it reads the first holder's clone itself
-(bound to the attribute, or, for a layer called again, called through `Lent`), `Stage.borrowed`.
+matrix it reuses) is re-created on each stage that uses it, bound to the same attribute of the
+re-created later layer; where it lives (the stage holding its first holder, the stages borrowing
+that layer on its device, the copies elsewhere) is resolved once, before any stage is built
+(`placed`, `chain.stages.tied_weights`), so each stage builds from that record alone, in any order.
 A layer called several times (T5's embedding, by its encoder and its decoder; ALBERT's one block at
 every depth) is listed once per call, and a call after the first is such a tie; so is a layer inside
 an earlier one that the model calls itself (OPT's read-out, the token embedding inside its embedding
@@ -48,11 +46,13 @@ from chain.internals.keras_private import (
     untrack_sublayer,
 )
 from chain.planning import balance
+from chain.planning.devices import canonical
 from chain.stages.bodies import Body
 from chain.stages.masks import carried
 from chain.stages.savable import Lent, MaskOf, WithMask
 from chain.stages.named_inputs import named
 from chain.stages.stage import SharedCopy
+from chain.stages.tied_weights import Holders, first_holders
 
 
 @dataclass
@@ -75,9 +75,6 @@ class Cuttable:
     boundary: dict[int, Any]
     blocked: dict[int, str] = field(default_factory=dict)  # cut position -> why it is not allowed
     tied: dict[int, int] = field(default_factory=dict)  # id(variable two layers hold) -> its first holder's index
-    # (device, layer index) -> that layer's clone on a stage of that device: a later stage on the same device
-    # (zbv's last stage, with the first on device 0) reads a tied weight from it, one variable, not a copy
-    clones: dict[tuple[str, int], keras.layers.Layer] = field(default_factory=dict)
     ops: dict[int, list[Any]] = field(default_factory=dict)  # layer index (-1: none yet) -> op nodes run after it
     # (cut position, id(crossing tensor)) for those carrying an implicit Keras mask across it when Keras runs the model
     masked: frozenset[tuple[int, int]] = frozenset()
@@ -161,19 +158,6 @@ def _calls(graph: keras.Model) -> dict[int, list[Any]]:
         if not node.is_input:
             calls.setdefault(id(node.operation), []).append(node)
     return calls
-
-
-def _tied(layers: Sequence[keras.layers.Layer]) -> dict[int, int]:
-    """id(variable) -> the index of the first layer holding it, for every variable two layers hold
-    (a tied weight, e.g. an embedding whose matrix a custom read-out layer also uses)."""
-    owner: dict[int, int] = {}
-    tied: dict[int, int] = {}
-    for i, layer in enumerate(layers):
-        for v in layer.weights:
-            first = owner.setdefault(id(v), i)
-            if first != i:
-                tied[id(v)] = first
-    return tied
 
 
 def _path(outer: keras.layers.Layer, inner: keras.layers.Layer, depth: int = 3) -> tuple[str, ...] | None:
@@ -336,11 +320,59 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
     def key(t: Any) -> int:
         return id(resolve(alias, t))
 
-    tied = _tied(layers)
-    made: dict[int, tuple[int, int]] = {key(t): (-1, k) for k, t in enumerate(graph.inputs)}  # -> (producer, output k)
+    made, tensors, last_use, ops = _walk(graph, layers, nodes, pending, key, alias, name)
+    out = graph.outputs[0]
+    crossing, blocked, source = _crossings(layers, nodes, made, last_use)
+    allowed = [c for c in range(1, len(layers)) if c not in blocked]
+    boundary = {
+        0: list(graph.inputs),
+        len(layers): [out],
+        **{c: [tensors[t] for t in ts] for c, ts in crossing.items()},
+    }
+    masked, refused = frozenset(), {}
+
+    def recorded(t: int) -> bool:
+        return keras_mask(tensors[t]) is not None
+
+    if any(recorded(t) for ts in crossing.values() for t in ts):  # the graph's record: which ones Keras carries
+        where = {id(n): i for i, n in enumerate(nodes)} | {id(n): p for p, ns in ops.items() for n in ns}
+        masked, refused = carried(graph, crossing, where, key, source, recorded, name)
+        allowed = [c for c in allowed if c not in refused]
+    shape, tied = tuple(model.inputs[0].shape[1:]), first_holders(layers)
+    return Cuttable(
+        model,
+        name,
+        layers,
+        nodes,
+        shape,
+        allowed,
+        boundary,
+        {**refused, **blocked},
+        tied,
+        ops=ops,
+        masked=masked,
+        refused=refused,
+        alias=alias,
+        within=_within(layers, tied),
+    )
+
+
+def _walk(
+    graph: keras.Model,
+    layers: list[Any],
+    nodes: list[Any],
+    pending: list[Any],
+    key: Callable[[Any], int],
+    alias: dict[int, Any],
+    name: str,
+) -> tuple[dict[int, tuple[int, int]], dict[int, Any], dict[int, tuple[int, str]], dict[int, list[Any]]]:
+    """The model's calls in order, checked: each tensor's (producer, output k) and the tensor (by `key`),
+    its (last consumer, that consumer's name) and the op nodes (`pending`, emptied) that run after each
+    layer (-1: before the first), an op after the latest layer that made one of its inputs."""
+    made: dict[int, tuple[int, int]] = {key(t): (-1, k) for k, t in enumerate(graph.inputs)}
     tensors = {key(t): t for t in graph.inputs}
-    last_use: dict[int, tuple[int, str]] = {}  # id(tensor) -> (its last consumer, that consumer's name)
-    ops: dict[int, list[Any]] = {}  # layer index (-1: before the first) -> the op nodes that run after it
+    last_use: dict[int, tuple[int, str]] = {}
+    ops: dict[int, list[Any]] = {}
 
     def use(t: Any, q: int, consumer: str) -> None:
         if last_use.get(key(t), (-2,))[0] <= q:
@@ -380,39 +412,7 @@ def analyse(model: keras.Model, name: str) -> Cuttable:
             "a model cut into stages ends in its last layer"
         )
     use(out, len(layers), "the model's output")
-    crossing, blocked, source = _crossings(layers, nodes, made, last_use)
-    allowed = [c for c in range(1, len(layers)) if c not in blocked]
-    boundary = {
-        0: list(graph.inputs),
-        len(layers): [out],
-        **{c: [tensors[t] for t in ts] for c, ts in crossing.items()},
-    }
-    masked, refused = frozenset(), {}
-
-    def recorded(t: int) -> bool:
-        return keras_mask(tensors[t]) is not None
-
-    if any(recorded(t) for ts in crossing.values() for t in ts):  # the graph's record: which ones Keras carries
-        where = {id(n): i for i, n in enumerate(nodes)} | {id(n): p for p, ns in ops.items() for n in ns}
-        masked, refused = carried(graph, crossing, where, key, source, recorded, name)
-        allowed = [c for c in allowed if c not in refused]
-    shape = tuple(model.inputs[0].shape[1:])
-    return Cuttable(
-        model,
-        name,
-        layers,
-        nodes,
-        shape,
-        allowed,
-        boundary,
-        {**refused, **blocked},
-        tied,
-        ops=ops,
-        masked=masked,
-        refused=refused,
-        alias=alias,
-        within=_within(layers, tied),
-    )
+    return made, tensors, last_use, ops
 
 
 def _crossings(
@@ -592,9 +592,9 @@ def _holder_copy(c: Cuttable, owner: int, policy: Any) -> keras.layers.Layer:
     return copy
 
 
-def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, holder: Any) -> None:
+def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, b: _Build) -> None:
     """Bind `clone`'s attributes that hold an earlier layer (or that layer's variable) in `layer` to
-    the stage's copy of it, `holder(index)`."""
+    the stage's copy of it, `b.holder(index)`."""
     index: dict[int, int] = {}
     for i, x in enumerate(c.layers):
         index.setdefault(id(x), i)  # a layer called several times: its first call
@@ -603,9 +603,9 @@ def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, ho
             made = getattr(clone, attr, None)  # a layer whose config holds the layer made its own from it:
             if isinstance(made, keras.layers.Layer):  # untracked, so its weights are not the clone's
                 untrack_sublayer(clone, made)
-            bound = holder(index[id(value)])
+            bound = b.holder(index[id(value)])
             setattr(clone, attr, bound)
-            if holder.lent(index[id(value)]):  # another stage's layer: its weights stay that stage's (its
+            if b.is_lent(index[id(value)]):  # another stage's layer: its weights stay that stage's (its
                 untrack_sublayer(clone, bound)  # optimizer's, its checkpoint's)
                 untrack_attribute(clone, attr)
         elif (
@@ -614,20 +614,20 @@ def _retie(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, ho
             and id(value) in c.tied
         ):  # a variable of an earlier layer (not the layer's own)
             owner = c.tied[id(value)]
-            copy = holder(owner, lend=False)  # a variable attribute is tracked as the clone's own: never lent
+            copy = b.holder(owner, lend=False)  # a variable attribute is tracked as the clone's own: never lent
             setattr(clone, attr, copy.weights[[id(w) for w in c.layers[owner].weights].index(id(value))])
 
 
-def _check_retied(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, holder: Any) -> None:
+def _check_retied(c: Cuttable, layer: keras.layers.Layer, clone: keras.layers.Layer, b: _Build) -> None:
     """A ConfigError unless each variable `layer` shares with an earlier layer is, in `clone`, the
     stage's copy of that variable."""
     mine = [id(w) for w in clone.weights]
-    held = [v for v in layer.weights if not holder.lent(c.tied.get(id(v), -1))]  # what the clone holds itself
+    held = [v for v in layer.weights if not b.is_lent(c.tied.get(id(v), -1))]  # what the clone holds itself
     for i, v in enumerate(held):
         owner = c.tied.get(id(v))
         if owner is None or c.layers[owner] is layer:
             continue
-        copy = holder(owner)
+        copy = b.holder(owner)
         want = copy.weights[[id(w) for w in c.layers[owner].weights].index(id(v))]
         if len(mine) != len(held) or mine[i] != id(want):
             raise ConfigError(
@@ -645,12 +645,102 @@ def _kept_dtype(t: Any) -> str | None:
     return None if "float" in str(t.dtype) else str(t.dtype)
 
 
+def _record(made: dict[int, Any], node: Any, result: Any) -> None:
+    """Add what a replayed call of `node` returned to `made`, by the model's tensors it stands for."""
+    made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(result))})
+
+
 def _run_ops(c: Cuttable, after: int, made: dict[int, Any]) -> None:
     """Replay the graph's op nodes that run after layer `after` (no weights: the op itself is
     called again on the stage's tensors), adding their outputs to `made`."""
     for node in c.ops.get(after, []):
         args, kwargs = node.arguments.fill_in(made)
-        made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(node.operation(*args, **kwargs)))})
+        _record(made, node, node.operation(*args, **kwargs))
+
+
+class _Build:
+    """One call of a `Piece`: the stage's layers as they are made, and the model's tensors made so far.
+
+    `clones`: (layer index, its clone or copy, the layer) whose weights the model's set; `copies`: layer
+    index -> this stage's layer for it (its own clone, or a copy of an earlier stage's); `lent`: layer
+    index -> the layer this stage borrows from an earlier stage on its device (`Holders`)."""
+
+    def __init__(self, piece: Piece, policy: Any, given: dict[int, Any]) -> None:
+        self.piece, self.c, self.policy = piece, piece.c, policy
+        self.made = Made(piece.c.alias)  # id(the model's tensor) -> its tensor in the new model
+        self.made.update(given)
+        self.clones: list[tuple[int, keras.layers.Layer, keras.layers.Layer]] = []
+        self.copies: dict[int, keras.layers.Layer] = {}
+        self.lent: dict[int, keras.layers.Layer] = {}
+        self.again_lent: list[keras.layers.Layer] = []  # layers called again here through a lent layer
+        self.lends: dict[int, Lent] = {}  # id(a lent layer) -> the one Lent calling it here
+        self.first_call: dict[int, int] = {}  # id(layer) -> the index of its first call (it may be called again)
+        for j, x in enumerate(self.c.layers):
+            self.first_call.setdefault(id(x), j)
+
+    def holder(self, owner: int, lend: bool = True) -> keras.layers.Layer:
+        """This stage's layer for layer `owner` (a tied weight's first holder): its own clone, the home's
+        layer it borrows (`lend`), or a copy made here."""
+        if owner in self.copies or owner in self.lent:
+            return self.copies.get(owner) or self.lent[owner]
+        if lend and self.piece.borrows(owner):  # one variable on one device
+            self.lent[owner] = self.piece.lent_layer(owner, self.policy)
+            return self.lent[owner]
+        self.copies[owner] = _holder_copy(self.c, owner, self.policy)  # a holder on another device's stage
+        return self.copies[owner]
+
+    def is_lent(self, owner: int) -> bool:
+        return owner in self.lent
+
+    def add(self, i: int) -> None:
+        """Layer i's call replayed on this stage: its clone made (re-tied to this stage's holders), or, for a
+        layer called again, the layer it calls."""
+        c, layer, node = self.c, self.c.layers[i], self.c.nodes[i]
+        if self.first_call[id(layer)] != i or i in c.within:  # a layer called again (keras_hub's
+            self._again(i)  # `token_embedding(x, reverse=True)`; OPT's inside its embedding layer)
+            return
+        if self.piece.holders is not None and self.piece.holders.lent(i):  # the one object its borrowers read
+            clone = self.piece.lent_layer(i, self.policy)
+        else:
+            clone = _clone(c, layer, self.piece.last_policy if i == len(c.layers) - 1 else self.policy)
+        self.copies[i] = clone
+        _retie(c, layer, clone, self)
+        args, kwargs = node.arguments.fill_in(self.made)  # the call's own arguments, tensors replaced
+        _record(self.made, node, clone(*args, **kwargs))
+        _check_retied(c, layer, clone, self)
+        self.clones.append((i, clone, layer))
+
+    def _again(self, i: int) -> None:
+        c, layer, node = self.c, self.c.layers[i], self.c.nodes[i]
+        target, owner = self._called(i)
+        if self.is_lent(owner):  # another stage's layer: called, not held (one Lent per layer lent)
+            call = self.lends.setdefault(id(target), Lent(target))
+        else:
+            call = target
+        args, kwargs = node.arguments.fill_in(self.made)
+        _record(self.made, node, call(*args, **kwargs))
+        if self.is_lent(owner):  # one variable on one device: borrowed, not copied (`Piece._held`)
+            self.again_lent.append(layer)
+        elif target is self.copies.get(owner) and all(target is not x for _, x, _ in self.clones):
+            self.clones.append((owner, target, c.layers[owner]))
+
+    def _called(self, i: int) -> tuple[keras.layers.Layer, int]:
+        """What layer i's call calls, a layer called before (the one layer, or one inside an earlier
+        layer): its clone on this stage, the layer borrowed on this device, or a copy made here (its
+        gradients summed with the others'); and the index of the layer whose weights it holds."""
+        c = self.c
+        first = self.first_call[id(c.layers[i])]
+        if first != i:
+            return self.holder(first), first
+        owner, path = c.within[i]
+        if owner in self.copies or owner in self.lent or self.piece.borrows(owner):
+            inner = self.holder(owner)
+            for attr in path:
+                inner = getattr(inner, attr)
+            return inner, owner
+        if i not in self.copies:  # the holder is on another device's stage: a copy of the inner layer alone
+            self.copies[i] = _holder_copy(c, i, self.policy)
+        return self.copies[i], i
 
 
 class Piece:
@@ -659,90 +749,45 @@ class Piece:
     Called inside the stage's device scope on the shape crossing into it: re-creates each
     layer (in the stage's dtype policy; the model's last layer in `last_policy`, float32 by
     default, as the chain's read-outs are), re-binds tied weights to the stage's copies,
-    replays the model's calls among them, copies their weights. After the call, `shared`
-    holds the stage's copies of the model's tied weights.
+    replays the model's calls among them, copies their weights. What it builds depends only on
+    the cut, the stage's index and `holders` (`placed`): it may be built before, after or without
+    the other stages. After the call, `shared` holds the stage's copies of the model's tied weights
+    and `borrowed` the ones it reads from an earlier stage on its device.
     """
 
-    def __init__(self, c: Cuttable, start: int, end: int, last_policy: Any = None):
+    def __init__(
+        self, c: Cuttable, start: int, end: int, last_policy: Any = None, holders: Holders | None = None, index: int = 0
+    ):
         self.c, self.start, self.end, self.last_policy = c, start, end, last_policy
+        self.holders, self.index = holders, index  # where the tied weights live (None: unplaced, never borrows)
         self.shared: tuple[SharedCopy, ...] = ()
-        self.borrowed: tuple[SharedCopy, ...] = ()  # tied weights read from an earlier stage on `device`
-        self.device: str | None = None  # the stage's device, set before the call (None: never borrows)
+        self.borrowed: tuple[SharedCopy, ...] = ()  # tied weights read from an earlier stage on its device
         self.policy: Any = None  # the stage's dtype policy, once called
 
+    def placed(self, holders: Holders, index: int) -> Piece:
+        """This piece as stage `index` of a chain whose tied weights live as `holders` says."""
+        return Piece(self.c, self.start, self.end, self.last_policy, holders, index)
+
+    def borrows(self, owner: int) -> bool:
+        """Whether this stage reads layer `owner`'s layer from its home, an earlier stage on its device."""
+        return self.holders is not None and self.holders.borrows(self.index, owner)
+
+    def lent_layer(self, owner: int, policy: Any) -> keras.layers.Layer:
+        """The one layer object of lent layer `owner`, made on first use by whichever stage sharing it is built
+        first (inside its device scope: the home's), the same way."""
+        return self.holders.layer(owner, lambda: _holder_copy(self.c, owner, policy))
+
     def __call__(self, input_shape: tuple, policy: Any, name: str) -> keras.Model:
-        c, start, end = self.c, self.start, self.end
         self.policy = policy
         inputs, given = self._inputs(input_shape)
-        made = Made(c.alias)  # id(the model's tensor) -> its tensor in the new model
-        made.update(given)
-        clones: list[tuple[int, keras.layers.Layer, keras.layers.Layer]] = []  # (layer index, its clone, the layer)
-        copies: dict[int, keras.layers.Layer] = {}  # layer index -> this stage's copy of it
-        lent: dict[int, keras.layers.Layer] = {}  # layer index -> an earlier stage's clone on this device
-
-        def holder(owner: int, lend: bool = True) -> keras.layers.Layer:
-            if owner in copies or owner in lent:
-                return copies.get(owner) or lent[owner]
-            if lend and self.device is not None and (self.device, owner) in c.clones:  # one variable on one device
-                lent[owner] = c.clones[self.device, owner]
-                return lent[owner]
-            copies[owner] = _holder_copy(c, owner, policy)  # a holder on an earlier stage: its copy, made here
-            return copies[owner]
-
-        holder.lent = lambda owner: owner in lent  # type: ignore[attr-defined]
-        again_lent: list[keras.layers.Layer] = []  # layers called again here through a clone lent on this device
-        lends: dict[int, Lent] = {}  # id(a lent clone) -> the one Lent calling it here
-
-        first_call: dict[int, int] = {}  # id(layer) -> the index of its first call (a layer may be called again)
-        for j, x in enumerate(c.layers):
-            first_call.setdefault(id(x), j)
-        if start == 0:
-            _run_ops(c, -1, made)
-
-        def again(i: int) -> tuple[keras.layers.Layer, int]:
-            """What layer i's call calls, a layer called before (the one layer, or one inside an earlier
-            layer): its clone on this stage, one lent on this device, or a copy made here (its gradients
-            summed with the others'); and the index of the layer whose weights it holds."""
-            first = first_call[id(c.layers[i])]
-            if first != i:
-                return holder(first), first
-            owner, path = c.within[i]
-            if owner in copies or owner in lent or (self.device is not None and (self.device, owner) in c.clones):
-                inner = holder(owner)
-                for attr in path:
-                    inner = getattr(inner, attr)
-                return inner, owner
-            if i not in copies:  # the holder is on another device's stage: a copy of the inner layer alone
-                copies[i] = _holder_copy(c, i, policy)
-            return copies[i], i
-
-        for i in range(start, end):
-            layer, node = c.layers[i], c.nodes[i]
-            if first_call[id(layer)] != i or i in c.within:  # a layer called again (keras_hub's
-                target, owner = again(i)  # `token_embedding(x, reverse=True)`; OPT's inside its embedding layer)
-                if holder.lent(owner):  # an earlier stage's clone: called, not held (one Lent per layer lent)
-                    call = lends.setdefault(id(target), Lent(target))
-                else:
-                    call = target
-                args, kwargs = node.arguments.fill_in(made)
-                made.update({id(t): y for t, y in zip(node.outputs, keras.tree.flatten(call(*args, **kwargs)))})
-                if holder.lent(owner):  # one variable on one device: borrowed, not copied (below)
-                    again_lent.append(layer)
-                elif target is copies.get(owner) and all(target is not x for _, x, _ in clones):
-                    clones.append((owner, target, c.layers[owner]))
-                _run_ops(c, i, made)
-                continue
-            clone = _clone(c, layer, self.last_policy if i == len(c.layers) - 1 else policy)
-            copies[i] = clone
-            _retie(c, layer, clone, holder)
-            args, kwargs = node.arguments.fill_in(made)  # the call's own arguments, tensors replaced
-            outputs = keras.tree.flatten(clone(*args, **kwargs))
-            made.update({id(t): y for t, y in zip(node.outputs, outputs)})
-            _check_retied(c, layer, clone, holder)
-            clones.append((i, clone, layer))
-            _run_ops(c, i, made)
-        model = keras.Model(inputs, self._outputs(made), name=name)
-        self.shared, self.borrowed = self._held(clones, again_lent, lent)
+        b = _Build(self, policy, given)
+        if self.start == 0:
+            _run_ops(self.c, -1, b.made)
+        for i in range(self.start, self.end):
+            b.add(i)
+            _run_ops(self.c, i, b.made)
+        model = keras.Model(inputs, self._outputs(b.made), name=name)
+        self.shared, self.borrowed = self._held(b.clones, b.again_lent, b.lent)
         return model
 
     def _outputs(self, made: Made) -> Any:
@@ -760,23 +805,21 @@ class Piece:
         again_lent: list[keras.layers.Layer],
         lent: dict[int, keras.layers.Layer],
     ) -> tuple[tuple[SharedCopy, ...], tuple[SharedCopy, ...]]:
-        """The model's weights copied into `clones` (but those `lent` by an earlier stage's clone on this
-        device); this stage's copies of tied weights (`shared`) and the lent weights it calls (`borrowed`)."""
+        """The model's weights copied into `clones` (but those `lent` by an earlier stage on this device);
+        this stage's copies of tied weights (`shared`) and the lent weights it calls (`borrowed`)."""
         c = self.c
         shared: dict[str, SharedCopy] = {}
         borrowed: dict[str, SharedCopy] = {}
-        for i, clone, layer in clones:
+        for _, clone, layer in clones:
             held = [v for v in layer.weights if c.tied.get(id(v), -1) not in lent]
             if len(held) == len(layer.weights):
                 clone.set_weights(layer.get_weights())
-            else:  # the model's weights but the lent ones, which the earlier stage's clone holds
+            else:  # the model's weights but the lent ones, which the earlier stage's layer holds
                 for v, copy in zip(held, clone.weights, strict=True):
                     copy.assign(v)
             for v, copy in zip(held, clone.weights):
                 if id(v) in c.tied:
                     shared.setdefault(v.path, SharedCopy(v.path, copy))
-            if self.device is not None and i >= self.start:  # this stage's own clone (not a copy of an earlier one's)
-                c.clones[self.device, i] = clone
         for layer in [x for _, _, x in clones] + again_lent:
             for v in layer.weights:
                 owner = c.tied.get(id(v), -1)
@@ -840,6 +883,19 @@ def pieces(c: Cuttable, sizes: Sequence[int]) -> list[Body]:
     """One body per stage for layers per stage `sizes`."""
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     return [piece(c, a, b, keras.DTypePolicy("float32")) for a, b in zip(bounds, bounds[1:])]
+
+
+def placed(bodies: Sequence[Body | None], devices: Sequence[str | None]) -> list[Body | None]:
+    """`bodies` (stage k's on `devices[k]`) with each piece of a cut model given, before any is built,
+    where the model's tied weights live (`Holders`: the stage holding each first holder, and so which
+    stages borrow it and which copy it). The pieces given are left as they are."""
+    cut = [(k, b) for k, b in enumerate(bodies) if isinstance(b, Piece)]
+    if not cut:
+        return list(bodies)
+    layers = {k: range(b.start, b.end) for k, b in cut}
+    devices = [None if d is None else canonical(d) for d in devices]
+    holders = Holders.placed(set(cut[0][1].c.tied.values()), layers, devices)
+    return [b.placed(holders, k) if isinstance(b, Piece) else b for k, b in enumerate(bodies)]
 
 
 def describe(c: Cuttable, start: int, end: int) -> str:

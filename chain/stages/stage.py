@@ -23,7 +23,7 @@ def stage_name(index: int) -> str:
 class SharedCopy:
     """A stage's copy of a weight several stages hold (a tied weight of a model cut into stages):
     `name` is the model's variable path, the same on every stage holding a copy; `variable` is
-    this stage's copy, on its device (`chain.steps.tied` sums the copies' gradients)."""
+    this stage's copy, on its device (the tie's rules: `chain.stages.tied_weights`)."""
 
     name: str
     variable: tf.Variable

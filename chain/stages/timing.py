@@ -7,20 +7,20 @@ piece: the model's own inputs), one out, and is fed what it really takes (`chain
 token ids within the vocabulary, keras_hub's named inputs, masks). Logical devices cut from one
 physical device share its compute, so each physical device is timed once and its time
 serves all its logical devices. Each piece is called until its time settles (the median of
-the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times.
+the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times, by the timer of
+`chain.stages.clock` (plan=auto's too), less a call's own cost (its probe's median).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import keras
 import tensorflow as tf
 
-from chain.stages import examples
+from chain.stages import clock, examples
 from chain.stages.cut import Cuttable, passed, piece
 from chain.stages.examples import Feed
 
@@ -61,13 +61,6 @@ def _settled(samples: list[float]) -> bool:
     return abs(now - before) <= SETTLED * before
 
 
-def _call_seconds(fn, *args) -> float:
-    started = time.perf_counter()
-    # expand_composites: an embedding's gradient is IndexedSlices, read as its tensors
-    tf.nest.map_structure(lambda t: None if t is None else t.numpy(), fn(*args), expand_composites=True)
-    return time.perf_counter() - started
-
-
 def _time_piece(model: keras.Model, x, device: str, overhead: float) -> tuple[float, int]:
     """Seconds per forward-and-backward pass of `model` on `x` (a tensor or the structure the model takes;
     less a call's own `overhead`), and how many timed calls it took to settle."""
@@ -85,24 +78,11 @@ def _time_piece(model: keras.Model, x, device: str, overhead: float) -> tuple[fl
                 )
             return tape.gradient(y, [*given, *variables])
 
-    _call_seconds(one_pass, x)  # trace and warm up
+    clock.seconds(one_pass, x)  # trace and warm up
     samples: list[float] = []
     while not _settled(samples):
-        samples.append(_call_seconds(one_pass, x))
+        samples.append(clock.seconds(one_pass, x))
     return max(statistics.median(samples[-WINDOW:]) - overhead, 1e-7), len(samples)
-
-
-def _overhead(device: str, x: tf.Tensor) -> float:
-    """A call's own cost: a call that passes its input through nothing (paid once per step in
-    training, not once per piece)."""
-
-    @tf.function(autograph=False)
-    def nothing(x):
-        with tf.device(device):
-            return tf.identity(x)
-
-    _call_seconds(nothing, x)
-    return statistics.median(_call_seconds(nothing, x) for _ in range(2 * WINDOW + 1))
 
 
 def piece_times(
@@ -139,7 +119,8 @@ def piece_times(
             given = fed or Feed(tuple(d or 1 for d in c.input_shape))
             device, shape, row, calls = logical[0], given.shape, [], []
             with tf.device(device):
-                overhead = _overhead(device, tf.zeros((batch, *shape)))
+                # a call's own cost: paid once per step in training, not once per piece
+                overhead = statistics.median(clock.call_costs(device, tf.zeros((batch, *shape)), 2 * WINDOW + 1))
             signature = None
             for j, (a, b) in enumerate(bounds):
                 with tf.device(device):

@@ -28,7 +28,7 @@ from chain.errors import CheckpointError, first_line
 from chain.internals.keras_private import built_for, slot_lists
 from chain.internals.tf_private import checkpoint_children
 from chain.stages.stage import Stage
-from chain.state import tied_copies
+from chain.stages.tied_weights import pairs
 
 # Each stage part's child holding its weights by layer identity: after the part's other children in TensorFlow's
 # order of names, and a level deeper than the optimizer's slots, so that it never becomes a variable's shortest path
@@ -58,7 +58,7 @@ def _counters(stage: Stage) -> dict[str, tf.Variable]:
 def keyed(stages: Sequence[Stage]) -> list[dict[str, dict[str, tf.Variable]]]:
     """Each stage's weights by layer identity (`w{n}`), each with its slots (`weight`, then Keras' slot
     names without their underscore, e.g. `momentums`), in stage order."""
-    seen = {id(c) for c, _ in tied_copies.pairs(stages)}  # a later copy: its first holder's is the weight
+    seen = {id(c) for c, _ in pairs(stages)}  # a later copy: its first holder's is the weight
     out, n = [], 0
     for s in stages:
         slots = slot_lists(s.optimizer)

@@ -11,8 +11,8 @@ through `apply_update`, so every mode is guarded.
 The verdict is one fused reduction (`all_finite`: a sum per tensor, one check of their total), or,
 with `optim.clip_global_norm` in mode=e2e, the clip factor the step computes anyway from the global
 norm (`chain.steps.clipping.Clipped.finite`): no second pass over the gradients. Either way every
-update waits for it; with the fused Adam kernel (the default) that wait measured within the noise
-(scripts/bench_overhead.py --ablate, `noguard`), where Keras' twelve-op update made it 5-8%.
+update waits for it; with the fused Adam kernel (the default) that wait is cheap
+(docs/benchmarks-in-code.md).
 
 Under float16 loss scaling (`chain.stages.loss_scale`) a step whose gradients overflow while
 the loss is finite is the loss scale's business: it is skipped and counted there, and

@@ -91,7 +91,7 @@ def repeat(body: Callable, layout: Layout, stop_on_skip: bool) -> Callable:
     in one call, each on the iterator's next batch (`trainer.steps_per_call`).
 
     The steps run in a `tf.while_loop`, traced once for any `n` (a Python loop would trace
-    N copies: measured 24 s of tracing for N=64 against 0.3 s). The loop's automatic
+    N copies: docs/benchmarks-in-code.md). The loop's automatic
     control dependencies make step i+1 (its batch included) start after every stateful op
     of step i, so N steps in one call are N single steps, batch for batch and bit for bit.
     With `stop_on_skip` (trainer.on_nan=stop) the loop ends after the first step in which

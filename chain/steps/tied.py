@@ -1,8 +1,9 @@
-"""Weights several stages hold (a cut model's tied weights): their copies' gradients summed.
+"""Weights several stages hold (a cut model's tied weights): their copies' gradients summed, the
+step's side of the tie's rules (`chain.stages.tied_weights`: who holds, who borrows, which copies).
 
 A model cut into stages whose later layer reuses an earlier layer's variable (a tied
 embedding: the input Embedding's matrix as the read-out's projection) gets one copy of that
-variable on every stage using it (`chain.stages.cut`, `Stage.shared`); the copies start
+variable on every stage using it on another device (`Stage.shared`); the copies start
 equal. On one device the variable's gradient is the sum of what its uses contribute, so
 before the updates each copy's (unscaled) gradient crosses to the first holder's device, the
 sum is taken there and sent back, and every stage applies that same sum with its own
@@ -33,39 +34,22 @@ from typing import Sequence
 import tensorflow as tf
 
 from chain.stages.stage import Stage
+from chain.stages.tied_weights import groups, owner_of
 from chain.steps.numerics import all_finite
 from chain.steps.ops import add_grads, copy_to
 
 
-def groups(stages: Sequence[Stage]) -> dict[str, list[tuple[int, int]]]:
-    """Each weight held by two or more stages (by its path in the model) -> its copies' (stage index,
-    position in that stage's `trainable_variables`), first holder first."""
-    found: dict[str, list[tuple[int, int]]] = {}
-    for s in stages:
-        position = {id(v): i for i, v in enumerate(s.trainable_variables)}
-        for copy in s.shared:
-            if id(copy.variable) in position:
-                found.setdefault(copy.name, []).append((s.index, position[id(copy.variable)]))
-    return {name: g for name, g in found.items() if len(g) > 1}
-
-
-def repeated(stages: Sequence[Stage]) -> set[tuple[int, int]]:
-    """The copies after each weight's first: left out of the global norm, which counts a weight once."""
-    return {c for g in groups(stages).values() for c in g[1:]}
-
-
 def lend_back(stages: Sequence[Stage], accumulated: list[list | None], k: int, grads: Sequence) -> list:
     """Stage k's gradients over its `gradient_variables` split in two: the `borrowed` weights' (a tied
-    weight an earlier stage on the same device owns: one variable, `chain.stages.cut`) added to the
+    weight an earlier stage on the same device owns: one variable, `chain.stages.tied_weights`) added to the
     owner's running sums in `accumulated`, on that device; the rest, stage k's own, returned."""
     own = len(stages[k].trainable_variables)
     if not stages[k].borrowed:
         return list(grads)
-    where = {id(v): (s.index, i) for s in stages for i, v in enumerate(s.trainable_variables)}
     for b, g in zip(stages[k].borrowed, grads[own:], strict=True):
         if g is None:
             continue
-        j, i = where[id(b.variable)]
+        j, i = owner_of(stages, b.variable)
         sums = list(accumulated[j] or [None] * len(stages[j].trainable_variables))
         sums[i] = add_grads([sums[i]], [g])[0]
         accumulated[j] = sums

@@ -31,10 +31,9 @@ from chain.data.stream_shares import StreamShares
 from chain.planning.planner import Placement
 from chain.records.results import LossRecord, StepResult
 from chain.records.summaries import StageSummary, Summary
-from chain.stages import losses
+from chain.stages import losses, tied_weights
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
-from chain.steps import tied
 from chain.steps.report import Layout, Reports
 from chain.steps.evaluate import evaluation
 from chain.strategies.objectives import Evaluation, Objective
@@ -181,14 +180,10 @@ class Strategy(ABC):
     def _refuse_shared_weights(self, stages: Sequence[Stage]) -> None:
         """A ConfigError if two stages hold copies of one weight (a cut model's tied weight) and this
         strategy's step does not sum their gradients (mode=e2e's steps do)."""
-        found = tied.groups(stages)
-        for s in stages:  # a tied weight read from an earlier stage on the same device: one variable, a group too
-            for b in s.borrowed:
-                owner = next(t.index for t in stages if any(v is b.variable for v in t.trainable_variables))
-                found.setdefault(b.name, [(owner, 0), (s.index, 0)])
+        found = tied_weights.users(stages)
         if found and not self.shared_weights:
-            name, copies = next(iter(found.items()))
-            (a, _), (b, _) = copies[:2]
+            name, users = next(iter(found.items()))
+            a, b = users[:2]
             raise ConfigError(
                 f"stages {a} and {b} both use the weight {name!r} (a tied weight of the cut model); only "
                 f"mode=e2e (its pipeline, copies of it, or the mirrored fallback) sums its copies' "
@@ -213,7 +208,7 @@ class Strategy(ABC):
         self.body = body
         # autograph=False: the steps' Python control flow is over Python values (unrolled on purpose),
         # and Keras 3 traces its own train step unconverted too (do_not_convert), so user layers see
-        # what they see in model.fit; converting cost about 2 s of CPU per process.
+        # what they see in model.fit; converting would only cost CPU (docs/benchmarks-in-code.md).
         self.step_fn = tf.function(body, autograph=False)
         self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
         self._multi: Callable | None = None
@@ -230,8 +225,8 @@ class Strategy(ABC):
         """Train one whole batch (already checked); returns the step's report as a NumPy row.
 
         Calls the step's concrete function for the batch's shapes directly: tf.function's own
-        dispatch (matching arguments against traces) costs ~0.1 ms a call on a 2-core machine
-        (scripts/bench_overhead.py); the traces are tf.function's.
+        dispatch (matching arguments against traces) costs time every call (docs/benchmarks-in-code.md);
+        the traces are tf.function's.
         """
         args = self.arguments(x, ys)
         key = tuple((tuple(t.shape), t.dtype) for t in tf.nest.flatten(args))

@@ -26,11 +26,11 @@ from chain.records.results import LossRecord, ReplicaLosses, StepResult
 from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summary
 from chain.stages import losses
 from chain.stages.stage import Stage
+from chain.stages.tied_weights import repeated
 from chain.steps.clipping import clip_global
 from chain.steps.evaluate import Readout
 from chain.steps.replica import e2e_replica_step, local_replica_step
 from chain.steps.report import Layout
-from chain.steps.tied import repeated
 from chain.steps.update import shared_outcomes
 
 
