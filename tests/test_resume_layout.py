@@ -57,7 +57,7 @@ def state(run) -> dict[str, np.ndarray]:
 def compose(corpus, *overrides):
     """GPT's run on `corpus`, `overrides` on top (another optimizer: SGD's keys left out)."""
     keep = [o for o in GPT if not (o.startswith("optim") and any(x.startswith("optim=") for x in overrides))]
-    return chain.compose([*keep, f"data.files={corpus}", *overrides])
+    return chain.compose([*keep, f"data.path={corpus}", *overrides])
 
 
 def fit(run_dir, corpus, *overrides, steps=STEPS):
