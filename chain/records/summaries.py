@@ -224,6 +224,40 @@ class PlanFields:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """One layout a run trained on, from the step it began (summary.json's `layouts`, oldest first)."""
+
+    step: int = item("the step it began from (0: the run's start; else the step a resume restored)")
+    stages: int = item("the chain's stages")
+    split: list[int] = item("layers per stage")
+    schedule: str | None = item("mode=e2e: `pipeline.schedule`")
+    microbatches: int | None = item("mode=e2e: `pipeline.microbatches`")
+    replicas: int = item("copies of the chain (`placement.replicas`; 1: one)")
+
+    def describe(self, split: bool = False) -> str:
+        """`2 stages gpipe M=4` (with `split`: `2 stages (layers 9+10) gpipe M=4`; copies: `x2 copies`)."""
+        words = [f"{self.stages} stage" + ("s" if self.stages != 1 else "")]
+        if split:
+            words.append(f"(layers {'+'.join(map(str, self.split))})")
+        if self.schedule is not None:
+            words += [self.schedule, f"M={self.microbatches}"]
+        if self.replicas > 1:
+            words.append(f"x{self.replicas} copies")
+        return " ".join(words)
+
+    def same(self, other: Layout) -> bool:
+        """Whether `other` is this layout (whatever step each began)."""
+        return self.describe(split=True) == other.describe(split=True)
+
+
+@dataclass(frozen=True)
+class Layouts:
+    """The layouts a run trained on, oldest first, as each checkpoint's record keeps them."""
+
+    layouts: list[Layout] | None = item("each layout with the step it began (null: recorded before layouts were)")
+
+
+@dataclass(frozen=True)
 class Summary:
     """summary.json: what every run writes, then what the way of training adds."""
 
@@ -275,6 +309,12 @@ class Summary:
     )
     skipped_records: int | None = item(
         "data.stream with data.on_bad_record=skip: the bad records skipped (by this process: a resume counts from 0)",
+        default=None,
+        omit_none=True,
+    )
+    layouts: list[Layout] | None = item(
+        "the layouts the run trained on, oldest first, each with the step it began (a resume may change the "
+        "stages, split, schedule, microbatches and copies: see checkpoints.md; each: the fields below)",
         default=None,
         omit_none=True,
     )

@@ -429,6 +429,8 @@ class Run:
             if ckpts and self.settings.checkpoint.best
             else None
         )
+        if best is not None:
+            best.layouts = ckpts.layouts  # the run's layouts, as a resume found them
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         return _Loop(ckpts, best, writers, first, last, resumed_from, saved_at=resumed_from)
 
@@ -520,8 +522,11 @@ class Run:
         )
         summary = self.strategy.complete(summarize(self.settings, self.strategy, self.dataset, ending))
         summary = replace(
-            summary, data_wait_ms=loop.data_wait(), plan=table.plan_fields(self.auto_plan, loop.median_step_ms())
-        )  # None: a plan by hand
+            summary,
+            data_wait_ms=loop.data_wait(),
+            plan=table.plan_fields(self.auto_plan, loop.median_step_ms()),  # None: a plan by hand
+            layouts=list(loop.checkpoints.layouts) if loop.checkpoints else None,  # what a resume changed, and when
+        )
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
             log.info(
