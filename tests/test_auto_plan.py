@@ -54,7 +54,7 @@ def small_model() -> keras.Model:
 def applied(overrides, **kw):
     """The spec `chain.build` plans before choosing: prepared, its placement applied."""
     spec = prepare(chain.compose([*BASE, *overrides]))
-    return replace(spec, placement=building.apply(spec))
+    return replace(spec, assignment=building.apply(spec))
 
 
 def two_physical(monkeypatch) -> list[str]:
@@ -123,7 +123,7 @@ def test_a_chosen_plan_with_copies_trains_bit_for_bit_like_it_by_hand_and_like_o
     base = ["+stages=2", "model.depth=1", "model.width=8"]
     spec = planned.settle(applied(base), str(tmp_path))
     c = spec.auto_plan.chosen.candidate
-    assert c.replicas > 1 and spec.placement.copies  # copies of the pipeline on the four devices
+    assert c.replicas > 1 and spec.assignment.copies  # copies of the pipeline on the four devices
     auto = chain.build(spec)
     hand = chain.build(chain.compose([*BASE[:-1], *base, *c.overrides()]))
     assert_bit_identical(auto, hand)
@@ -258,7 +258,7 @@ def gpu_spec(limit_mb: int):
 
 
 def gpu_costs(spec) -> Costs:
-    pool = [d for d in spec.placement.devices]
+    pool = [d for d in spec.assignment.devices]
     return replace(forced_costs(pool, ["GPU:0"] * len(pool)), params=(0, 0))
 
 
@@ -287,7 +287,7 @@ def test_on_devices_with_memory_limits_only_plans_the_estimate_fits_are_chosen()
         ),
         Inventory.of(1, 24 * GB),
     )
-    assert max(f.total for f in chosen.placement.footprints) <= limit_mb << 20
+    assert max(f.total for f in chosen.assignment.footprints) <= limit_mb << 20
 
 
 def test_when_nothing_fits_plan_auto_refuses_in_one_line_naming_the_shortfall():
@@ -330,7 +330,7 @@ def test_model_gpt_is_planned_on_token_ids_and_trains_bit_for_bit_like_its_plan_
     and model=gpt takes token ids`. It is now timed on ids of its vocabulary; the plan trains like it by hand."""
     base = gpt_config(tmp_path)
     spec = prepare(chain.compose([*base, "+stages=2"]))
-    spec = planned.settle(replace(spec, placement=building.apply(spec)), str(tmp_path))
+    spec = planned.settle(replace(spec, assignment=building.apply(spec)), str(tmp_path))
     plan = spec.auto_plan
     assert len(cost_cache.read(str(tmp_path / planned.CACHE)).costs.pieces) > 2  # cut between its blocks
     assert " ".join(plan.chosen.candidate.overrides()[:2]) in plan_table.render(plan)
@@ -362,7 +362,7 @@ def test_a_users_integer_input_model_with_a_mask_across_its_cuts_is_planned_and_
     data = ["data=npz", f"data.path={tmp_path / 'ids.npz'}", "data.y=y", "data.batch_size=16", "data.val_fraction=0"]
     base = [*data, *(o for o in BASE if not o.startswith("data"))]  # placement.plan=auto last
     spec = prepare(chain.compose([*base, "+stages=2"]))
-    spec = planned.settle(replace(spec, placement=building.apply(spec)), str(tmp_path), embedded_model())
+    spec = planned.settle(replace(spec, assignment=building.apply(spec)), str(tmp_path), embedded_model())
     costs = cost_cache.read(str(tmp_path / planned.CACHE)).costs
     assert [tuple(p) for p in costs.pieces] == [(0, 3), (3, 4)] and list(costs.crossing) == [8, 4]
     auto = chain.build(spec, model=embedded_model())
@@ -565,8 +565,8 @@ def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
 
     monkeypatch.setattr(clock, "seconds", lambda fn, *args: 0.03)
     monkeypatch.setattr(clock, "call_costs", lambda device, x, calls: [0.01] * calls)
-    timed = timing.piece_times(cut.analyse(small_model(), "small"), DEVICES[:1], {}, 4, progress=False)
-    assert timed.times[DEVICES[0]] == pytest.approx([0.02] * len(timed.pieces))
+    timed = timing.link_times(cut.analyse(small_model(), "small"), DEVICES[:1], {}, 4, progress=False)
+    assert timed.times[DEVICES[0]] == pytest.approx([0.02] * len(timed.links))
     models = (
         keras.Sequential([keras.Input((6,)), L.Dense(8)]),
         keras.Sequential([keras.Input((8,)), L.Dense(4)]),

@@ -235,7 +235,7 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
     from chain.pipeline import timeline
     from chain.steps import ops
 
-    sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "step", "strategy")}
+    sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "play", "strategy")}
     for name, source in sources.items():
         imported = {
             alias.name
@@ -244,8 +244,8 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
             for alias in node.names
         } | {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
         assert "re" not in imported, name
-    assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["step"]
-    assert "name=DONE" in sources["step"] and '"done"' not in sources["timeline"] + sources["step"]
+    assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["play"]
+    assert "name=DONE" in sources["play"] and '"done"' not in sources["timeline"] + sources["play"]
     assert timeline.COPY_PREFIX == ops.COPY_PREFIX
 
 

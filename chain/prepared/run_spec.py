@@ -11,7 +11,7 @@ from chain.planning.candidates import AutoPlan
 from chain.data.catalog import DataInfo
 from chain.schedule.schedules import Schedule
 from chain.planning.inventory import Inventory
-from chain.planning.planner import Placement
+from chain.planning.planner import Assignment
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RunSpec:
 
     settings: Settings
     data_info: DataInfo | None
-    placement: Placement | None = None
+    assignment: Assignment | None = None
     inventory: Inventory | None = None
     schedule: Schedule | None = None
     batch_cut: BatchCut | None = None
