@@ -557,7 +557,7 @@ def test_a_crossing_measured_is_what_moving_the_second_half_adds_over_its_two_cr
 
 
 def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
-    """balance=time (`timing.piece_times`) and plan=auto (`plan_timing.measure`) time their calls with one timer
+    """balance=time (`timing.link_times`) and plan=auto (`plan_timing.measure`) time their calls with one timer
     and a call's own cost with one probe (`chain.stages.clock`): with the timer saying 30 ms a call and the probe
     10 ms (nothing is called, so nothing is traced), a piece's pass is 20 ms in both, and plan=auto's step cost is
     the probe's."""

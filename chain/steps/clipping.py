@@ -63,7 +63,7 @@ def clip_global(
 ) -> Clipped:
     """Every stage's gradients scaled by the factor of their global norm (`clip`, see the module
     doc), that norm (on `device`, where it is computed: None in a mirrored run, whose stages
-    have no device) and each stage's verdict for the numerics guard. `repeated`: (stage, position)
+    have no device) and each stage's verdict for the numerics guard. `later_copies`: (stage, position)
     of gradients left out of the norm (the second and later copies of a weight several stages hold,
     `chain.steps.tied`: one weight counts once; each is the same summed gradient as the first copy,
     which the norm holds)."""
