@@ -159,9 +159,9 @@ def show_plan(spec: RunSpec, overrides: list[str] | None = None) -> None:
     if plan:
         print(plan)
     if run.auto_plan is not None:
-        from chain.planning import plan_table
+        from chain.autoplan import table
 
-        print(plan_table.render(run.auto_plan, overrides))
+        print(table.render(run.auto_plan, overrides))
     out = settings.pipeline.schedule_out
     if out is not None and run.schedule is not None:
         from chain.errors import StorageError

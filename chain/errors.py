@@ -95,12 +95,19 @@ def closest(word: str, options: Iterable[str]) -> str | None:
     return found[0] if found else None
 
 
+# Keys whose old spelling is refused naming the new one: one word for one idea in every data source.
+RENAMED = {"data.files": "data.path", "data.val_files": "data.val_path"}
+
+
 def did_you_mean(key: str, known: Iterable[str]) -> str:
     """`; did you mean K?` for an unknown dotted `key` (`trainer.stpes`), or '' when nothing is close.
 
-    `known` are the dotted keys that exist. K is a key of another section with the same last part
+    `known` are the dotted keys that exist. K is the new spelling of a renamed key (`RENAMED`:
+    `data.files` -> `data.path`); else a key of another section with the same last part
     (`steps` -> `trainer.steps`, `trainer.lr` -> `optim.lr`); failing that, the key of the same
     section whose last part is closest (`trainer.stpes` -> `trainer.steps`)."""
+    if key in RENAMED:
+        return f"; did you mean {RENAMED[key]}?"
     parent, _, leaf = key.rpartition(".")
     known = [str(k) for k in known]
     found = sorted(k for k in known if k.rpartition(".")[2] == leaf and k != key)

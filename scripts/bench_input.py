@@ -96,7 +96,7 @@ def overrides(size: str, root: str, stream: bool, source: str = "tfrecord") -> l
         "csv": ["data=csv", f"data.path={root}/data.csv"],
         "tfrecord": [
             "data=tfrecord",
-            f"data.files={root}/*.tfrecord",
+            f"data.path={root}/*.tfrecord",
             f"data.features={{x: 'float32[{floats}]', y: int64}}",
         ],
     }[source]

@@ -85,10 +85,10 @@ def write_data(root: str, source: str) -> list[str]:
         np.savez(os.path.join(root, "data.npz"), x=x, y=y)
         return [*SOURCES[source], *STREAM, f"data.path={root}/data.npz"]
     tfrecord = source == "tfrecord"
-    write, ext, key = (write_tfrecord, "tfrecord", "data.files") if tfrecord else (write_csv, "csv", "data.path")
+    write, ext = (write_tfrecord, "tfrecord") if tfrecord else (write_csv, "csv")
     for s in range(5):  # val_fraction 0.2 holds out the last of the five files
         write(os.path.join(root, f"part-{s:03d}.{ext}"), x[s * 64 : (s + 1) * 64], y[s * 64 : (s + 1) * 64])
-    return [*SOURCES[source], *STREAM, f"{key}={root}/*.{ext}"]
+    return [*SOURCES[source], *STREAM, f"data.path={root}/*.{ext}"]
 
 
 def run(cwd: str, args: list[str], env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

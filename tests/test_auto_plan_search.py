@@ -4,9 +4,9 @@ run one action at a time, and the memory estimate drops plans."""
 
 import pytest
 
+from chain.autoplan import search
 from chain.errors import ConfigError
-from chain.planning import search
-from chain.planning.search import Costs
+from chain.records.auto_plan import Costs
 from chain.schedule import schedules
 
 

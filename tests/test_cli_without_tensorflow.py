@@ -73,11 +73,11 @@ CASES = [
     (
         [
             "data=tfrecord",
-            "data.files={files}/*.tfrecord",
+            "data.path={files}/*.tfrecord",
             "data.y=label",
             "data.features={x: 'float32[2]', label: int64}",
         ],
-        "data.files='{files}/*.tfrecord' matches no file",
+        "data.path='{files}/*.tfrecord' matches no file",
     ),
     (
         ["data=keras", "data.name=cifar10"],

@@ -157,7 +157,7 @@ CASES = {
         r"^error: data.x='x' of .*nonfinite.npz holds nan in example 7; inputs must be finite$",
     ),
     "truncated tfrecord": (
-        ["data=tfrecord", "data.files={root}/cut.tfrecord", "data.y=y", "data.features={x: 'float32[3]', y: int64}"],
+        ["data=tfrecord", "data.path={root}/cut.tfrecord", "data.y=y", "data.features={x: 'float32[3]', y: int64}"],
         "cut.tfrecord",
         r"\.tfrecord ends inside record 180 \(180 whole records before it\): the file is cut "
         r"short, or that record's length is damaged$",
@@ -165,7 +165,7 @@ CASES = {
     "truncated tfrecord data": (
         [
             "data=tfrecord",
-            "data.files={root}/cut-data.tfrecord",
+            "data.path={root}/cut-data.tfrecord",
             "data.y=y",
             "data.features={x: 'float32[3]', y: int64}",
         ],
@@ -175,7 +175,7 @@ CASES = {
     "empty validation shard": (
         [
             "data=tfrecord",
-            "data.files={root}/empty_val/*.tfrecord",
+            "data.path={root}/empty_val/*.tfrecord",
             "data.y=y",
             "data.stream=true",
             "data.classes={label: 2}",
@@ -183,19 +183,19 @@ CASES = {
             "data.features={x: 'float32[3]', y: int64}",
         ],
         "empty_val/part-2.tfrecord",
-        r"^error: data.files: .* holds no records, and it is held out for validation \(the last 1 "
-        r"file\(s\) of data.files in sorted order\); every file streamed holds at least one: "
-        r"remove it, or change data.files$",
+        r"^error: data.path: .* holds no records, and it is held out for validation \(the last 1 "
+        r"file\(s\) of data.path in sorted order\); every file streamed holds at least one: "
+        r"remove it, or change data.path$",
     ),
     "tfrecord file of another shape": (
         [
             "data=tfrecord",
-            "data.files={root}/narrow/*.tfrecord",
+            "data.path={root}/narrow/*.tfrecord",
             "data.y=y",
             "data.features={x: 'float32[3]', y: int64}",
         ],
         "narrow/part-1.tfrecord",
-        r"^error: data.files: record 0 of .* is not as data.features declares it: "
+        r"^error: data.path: record 0 of .* is not as data.features declares it: "
         r"feature x holds 2 values, declared float32\[3\] \(each file.s first record "
         r"is checked before training\)$",
     ),
@@ -281,7 +281,7 @@ def test_a_damaged_checksum_mid_stream_names_the_file_and_the_record(tmp_path):
         tmp_path,
         *SMALL,
         "data=tfrecord",
-        f"data.files={tmp_path}/data/*.tfrecord",
+        f"data.path={tmp_path}/data/*.tfrecord",
         "data.y=y",
         "data.stream=true",
         "data.classes={label: 2}",
@@ -294,14 +294,14 @@ def test_a_damaged_checksum_mid_stream_names_the_file_and_the_record(tmp_path):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0] == (
-        f"error: data.files: record 25 of {tmp_path}/data/part-1.tfrecord is damaged: its checksum fails "
+        f"error: data.path: record 25 of {tmp_path}/data/part-1.tfrecord is damaged: its checksum fails "
         f"(TensorFlow: corrupted record at byte {25 * size + 12}); write the file again, or leave it "
         "out (data.on_bad_record=skip does not leave out a damaged record); no checkpoint had been saved"
     )
 
 
 def test_records_read_without_tensorflow_agree_with_its_reader(tmp_path):
-    from chain.data import tfrecord_files
+    from chain.data.sources.tfrecord import tfrecord_files
 
     size = _records(tmp_path / "a.tfrecord", 5)
     whole = (tmp_path / "a.tfrecord").read_bytes()

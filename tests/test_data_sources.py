@@ -10,6 +10,7 @@ import dataclasses
 import gzip
 import importlib
 import os
+import pkgutil
 import pickle
 import shutil
 
@@ -20,15 +21,16 @@ from omegaconf import OmegaConf
 
 import chain
 import chain.prepared
-from chain.data import files as files_lib
-from chain.data import load
 from chain.config import checks, schema
-from chain.data import describe
+from chain.data import describe, load
 from chain.data import sources as sources_lib
 from chain.data.data_source import Source
 from chain.data.loader import split
 from chain.data.sources import SOURCES, collect
+from chain.data.sources.csv import csv_table
 from chain.data.sources.digits_data import DIGITS_EXAMPLES, DIGITS_SHAPE
+from chain.data.sources.keras import keras_cache
+from chain.data.sources.npz import npz_members
 from conftest import run_cli, run_dirs
 from user_datasets import arrays
 
@@ -138,7 +140,7 @@ def test_tfrecord_reads_the_declared_features(data):
             [
                 *SMALL,
                 "data=tfrecord",
-                f"data.files={data['root']}/records-*.tfrecord",
+                f"data.path={data['root']}/records-*.tfrecord",
                 "data.x=image",
                 "data.y=digit",
                 "trainer.steps=2",
@@ -215,7 +217,7 @@ def write_keras_cache(root, n: int, test: int) -> None:
 def test_keras_data_sets_come_from_the_local_cache(tmp_path, monkeypatch, name, shape):
     write_keras_cache(tmp_path, 20, 10)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    monkeypatch.setitem(files_lib.KERAS, name, dataclasses.replace(files_lib.KERAS[name], train=20, test=10))
+    monkeypatch.setitem(keras_cache.KERAS, name, dataclasses.replace(keras_cache.KERAS[name], train=20, test=10))
     ds = load(chain.compose(["data=keras", f"data.name={name}", "data.batch_size=8"]).data, 0)
     assert (ds.info.input_shape, ds.info.examples, ds.info.val_examples) == (shape, 20, 10)  # the test split validates
     assert ds.x.dtype == np.float32 and 0 <= ds.x.min() and ds.x.max() <= 1 and ds.x.max() > 0.9
@@ -266,16 +268,16 @@ BAD = {
     "glob matching nothing": (
         [
             "data=tfrecord",
-            "data.files={root}/*.tfrec",
+            "data.path={root}/*.tfrec",
             "data.y=digit",
             "data.features={x: 'float32[16]', digit: int64}",
         ],
-        "data.files='{root}/*.tfrec' matches no file",
+        "data.path='{root}/*.tfrec' matches no file",
     ),
     "undeclared feature": (
         [
             "data=tfrecord",
-            "data.files={root}/*.tfrecord",
+            "data.path={root}/*.tfrecord",
             "data.y=digit",
             "data.features={image: 'float32[16]', digit: int64}",
         ],
@@ -306,12 +308,12 @@ BAD = {
     "records that do not parse": (
         [
             "data=tfrecord",
-            "data.files={root}/*.tfrecord",
+            "data.path={root}/*.tfrecord",
             "data.x=image",
             "data.y=digit",
             "data.features={image: 'float32[8]', digit: int64}",
         ],
-        "data.files: record 0 of {root}/records-0.tfrecord is not as data.features declares "
+        "data.path: record 0 of {root}/records-0.tfrecord is not as data.features declares "
         "it: feature image holds 16 values, declared float32[8] (each file's first record is "
         "checked before training)",
     ),
@@ -319,12 +321,12 @@ BAD = {
     "a record past the first that does not parse": (
         [
             "data=tfrecord",
-            "data.files={root}/late/*.tfrecord",
+            "data.path={root}/late/*.tfrecord",
             "data.x=image",
             "data.y=digit",
             "data.features={image: 'float32[16]', digit: int64}",
         ],
-        "data.files='{root}/late/*.tfrecord' with data.features cannot be read: InvalidArgumentError",
+        "data.path='{root}/late/*.tfrecord' with data.features cannot be read: InvalidArgumentError",
     ),
     "labels out of range": (
         ["data=npz", "data.path={root}/images.npz", "data.y=z", "data.classes={label: 3}"],
@@ -362,7 +364,7 @@ def test_data_found_bad_once_read_stops_the_command_line_with_nothing_left_behin
     r = run_cli(
         tmp_path,
         "data=tfrecord",
-        f"data.files={data['root']}/records-*.tfrecord",
+        f"data.path={data['root']}/records-*.tfrecord",
         "data.x=image",
         "data.y=digit",
         "data.features={image: 'float32[16]', digit: int64}",
@@ -405,12 +407,12 @@ def test_a_build_describes_checks_and_reads_the_data_set_once(data, tmp_path, mo
     for name in ("images.npz", "table.csv"):  # versions of the files no earlier test read
         shutil.copy(os.path.join(data["root"], name), tmp_path / name)
     reads: collections.Counter = collections.Counter()
-    npz_array, opened = files_lib.npz_array, []
+    npz_array, opened = npz_members.npz_array, []
     monkeypatch.setattr(
-        files_lib, "npz_array", lambda path, array, *rest: (reads.update([array]), npz_array(path, array, *rest))[1]
+        npz_members, "npz_array", lambda path, array, *rest: (reads.update([array]), npz_array(path, array, *rest))[1]
     )
     monkeypatch.setattr(
-        files_lib, "open", lambda path, *a, **k: (opened.append(path), open(path, *a, **k))[1], raising=False
+        csv_table, "open", lambda path, *a, **k: (opened.append(path), open(path, *a, **k))[1], raising=False
     )  # the CSV reader's open
     calls = _counted(monkeypatch, "npz")
     spec = chain.prepare([*SMALL, "data=npz", f"data.path={tmp_path}/images.npz", "data.y=y", "trainer.steps=1"])
@@ -424,17 +426,48 @@ def test_a_build_describes_checks_and_reads_the_data_set_once(data, tmp_path, mo
     assert calls["read"] == 1 and calls["check_data"] == 1 and opened == [f"{tmp_path}/table.csv"]
 
 
+@pytest.mark.parametrize("source", ["text", "tfrecord"])
+@pytest.mark.parametrize("old, new", [("files", "path"), ("val_files", "val_path")])
+def test_every_source_names_its_files_data_path_and_the_old_spelling_says_so(source, old, new):
+    """One key for one idea: the files of every source are `data.path` and `data.val_path`; the old
+    spelling of `data=text` and `data=tfrecord` is one line naming the new key."""
+    assert not any(
+        {"files", "val_files"} & {f.name for f in dataclasses.fields(c)} for c in sources_lib.settings_classes()
+    )
+    with pytest.raises(
+        chain.ConfigError, match=rf"^unknown key data\.{old}; allowed keys of data: .*; did you mean data\.{new}\?$"
+    ):
+        chain.prepared.check_config(chain.compose([f"data={source}", f"data.{old}=x"]))
+
+
+def test_the_stream_keys_are_declared_once():
+    """`stream`, `shuffle_buffer` and `on_bad_record` come from the one mixin of the sources that
+    stream (`StreamSettings`, `BadRecords`), never declared by a source itself."""
+    from chain.data.data_source import BadRecords, StreamSettings
+
+    streaming = [c for c in sources_lib.settings_classes() if issubclass(c, StreamSettings)]
+    assert {c.KIND for c in streaming} == {"csv", "npz", "tfrecord", "callable"}
+    declared = {
+        (c.__name__, key)
+        for settings in sources_lib.settings_classes()
+        for c in settings.__mro__
+        for key in ("stream", "shuffle_buffer", "on_bad_record")
+        if key in vars(c).get("__annotations__", {}) and c not in (StreamSettings, BadRecords)
+    }
+    assert declared == set()
+
+
 def test_each_source_is_one_module_with_its_settings_description_and_reader(tmp_path, monkeypatch):
-    """The registry holds exactly the modules of chain/data/sources, each defining its settings, its
-    description and its reader; each has its conf/data yaml; the schema's `data` forms are theirs;
-    and a new module registers by being there."""
-    package = os.path.dirname(sources_lib.__file__)
-    modules = sorted(f[:-3] for f in os.listdir(package) if f.endswith(".py") and f != "__init__.py")
+    """The registry holds exactly the modules and folders of chain/data/sources, each defining its
+    settings, its description and its reader in one module; each has its conf/data yaml; the schema's
+    `data` forms are theirs; and a new module registers by being there."""
+    modules = sorted(m.name for m in pkgutil.iter_modules(sources_lib.__path__))
+    assert {"csv", "npz", "tfrecord", "tokens", "text", "function", "keras"} <= set(modules)  # a folder each
     found = {m: importlib.import_module(f"chain.data.sources.{m}").SOURCE for m in modules}
     assert set(SOURCES.values()) == set(found.values()) and len(modules) == len(set(found.values()))
     for module, source in found.items():
-        where = f"chain.data.sources.{module}"
-        assert (source.settings.__module__, source.describe.__module__, source.read.__module__) == (where,) * 3
+        where = {source.settings.__module__, source.describe.__module__, source.read.__module__}
+        assert len(where) == 1 and where.pop().startswith(f"chain.data.sources.{module}")
     conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "data")
     named = {
         OmegaConf.load(os.path.join(conf, f)).get("name") or f[:-5]  # data=callable: chosen by _target_

@@ -74,13 +74,13 @@ SKIP = {
     "never downloads (empty here)",
     ("your-data.md", "data._target_=mypackage.data.make_dataset"): "the reader's own package (mypackage)",
     ("your-data.md", "data.path=table.csv"): "the reader's own table.csv",
-    ("your-data.md", "'data.files=records/*.tfrecord'"): "the reader's own TFRecord files",
-    ("your-data.md", "'data.files=shards/train-*.tfrecord'"): "the reader's own TFRecord shards",
+    ("your-data.md", "'data.path=records/*.tfrecord'"): "the reader's own TFRecord files",
+    ("your-data.md", "'data.path=shards/train-*.tfrecord'"): "the reader's own TFRecord shards",
     ("your-data.md", "'data.path=tables/part-*.csv'"): "the reader's own CSV files",
-    ("your-data.md", "'data.files=data/*.tfrecord'"): "the reader's own damaged TFRecord files",
+    ("your-data.md", "'data.path=data/*.tfrecord'"): "the reader's own damaged TFRecord files",
     (
         "your-data.md",
-        "$ python -m chain ... 'data.files=shards/*.tfrecord' hydra.run.dir=outputs/run resume=true",
+        "$ python -m chain ... 'data.path=shards/*.tfrecord' hydra.run.dir=outputs/run resume=true",
     ): "a resume of the reader's run after a shard was removed (tests/test_stream_identity.py)",
     ("your-data.md", "$ python -m chain data=keras"): "names the home directory of the machine it ran on",
     ("your-models.md", "run = chain.build(cfg, stages=[build_encoder, build_head])"): "a fragment: cfg, the builders "
@@ -121,15 +121,15 @@ SHOWN = {
     ("pipeline.md", "error: stage 0 needs about 195 MB on /device:GPU:0"): "needs a GPU; tests/test_planner.py",
     ("pipeline.md", "error: placement.plan=auto: no plan fits the devices' memory"): "logical GPUs with memory "
     "limits; tests/test_auto_plan.py",
-    ("your-data.md", "error: data.files: record 9 of shards/train-001.tfrecord"): "tests/test_streaming.py",
-    ("your-data.md", "error: data.files: a record cannot be read"): "tests/test_streaming.py",
+    ("your-data.md", "error: data.path: record 9 of shards/train-001.tfrecord"): "tests/test_streaming.py",
+    ("your-data.md", "error: data.path: a record cannot be read"): "tests/test_streaming.py",
     ("your-data.md", "error: data.path: line 12 of tables/part-0.csv"): "tests/test_streaming.py",
     ("measuring.md", "error: cluster.profile_ports[1]=2233"): "tests/test_cluster.py (a profile port that does "
     "not answer)",
-    ("your-data.md", "error: data.files: shards/train-004.tfrecord holds no records"): "tests/test_damaged_data.py",
-    ("your-data.md", "error: data.files: record 0 of shards/train-002.tfrecord"): "tests/test_damaged_data.py",
+    ("your-data.md", "error: data.path: shards/train-004.tfrecord holds no records"): "tests/test_damaged_data.py",
+    ("your-data.md", "error: data.path: record 0 of shards/train-002.tfrecord"): "tests/test_damaged_data.py",
     ("your-data.md", "error: data.val_path='val.npz': its arrays hold no rows"): "tests/test_streaming.py",
-    ("your-data.md", "error: data.files: record 25 of shards/train-001.tfrecord"): "tests/test_damaged_data.py",
+    ("your-data.md", "error: data.path: record 25 of shards/train-001.tfrecord"): "tests/test_damaged_data.py",
     ("your-data.md", "error: data.path='u32.bin' looks like uint32 ids"): "tests/test_token_data.py",
     ("your-data.md", "error: data.path='u16.bin' read as data.dtype=uint32"): "tests/test_token_data.py",
     ("pipeline.md", "error: stage 0 (with_added_loss) adds 1 loss term(s) with add_loss"): "a builder of the tests' "

@@ -29,7 +29,7 @@ def gpt_run(corpus: str, *extra: str) -> list[str]:
         "mode=e2e",
         "model=gpt",
         "data=text",
-        f"data.files={corpus}",
+        f"data.path={corpus}",
         f"data.seq_len={SEQ}",
         f"data.batch_size={BATCH}",
         "model.width=8",

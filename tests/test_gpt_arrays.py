@@ -98,14 +98,14 @@ FORMS = {
     ],
     "tfrecord": [
         "data=tfrecord",
-        "data.files={d}/part-*.tfrecord",
+        "data.path={d}/part-*.tfrecord",
         "data.x=x",
         "data.y=y",
         f"data.features={{x: 'int64[{SEQ}]', y: 'int64[{SEQ}]'}}",
     ],
     "tfrecord-stream": [
         "data=tfrecord",
-        "data.files={d}/part-*.tfrecord",
+        "data.path={d}/part-*.tfrecord",
         "data.x=x",
         "data.y=y",
         f"data.features={{x: 'int64[{SEQ}]', y: 'int64[{SEQ}]'}}",
@@ -191,7 +191,7 @@ def test_gpt_refuses_float_ids_and_targets_not_per_position_in_one_line(ids, tmp
         (
             [
                 "data=tfrecord",
-                f"data.files={tmp_path}/floats.tfrecord",
+                f"data.path={tmp_path}/floats.tfrecord",
                 f"data.features={{x: 'float32[{SEQ}]', y: 'int64[{SEQ}]'}}",
             ],
             f"model=gpt reads token ids, one row of integer ids per example ((N, T)), but data.x='x' (data.features) "

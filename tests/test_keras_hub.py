@@ -550,7 +550,7 @@ def test_text_with_a_keras_hub_tokenizer_streams_the_tokenizers_own_ids(tmp_path
             "+stages=1",
             "mode=e2e",
             "data=text",
-            f"data.files={tmp_path / 'corpus_*.txt'}",
+            f"data.path={tmp_path / 'corpus_*.txt'}",
             f"data.tokenizer={given}",
             f"data.seq_len={seq}",
             f"data.batch_size={batch}",
@@ -593,7 +593,7 @@ def test_a_bad_tokenizer_is_one_line_naming_the_key(tmp_path, files, given, mess
                 "+stages=1",
                 "mode=e2e",
                 "data=text",
-                f"data.files={tmp_path / 'corpus.txt'}",
+                f"data.path={tmp_path / 'corpus.txt'}",
                 f"data.tokenizer={tmp_path / given}",
                 "data.seq_len=4",
             ]
@@ -710,15 +710,15 @@ def test_gpt2_causal_lm_is_planned_by_plan_auto_and_trains_bit_for_bit_like_its_
     `data.vocab` and a padding mask of ones; before: `placement.plan=auto times pieces that take one tensor, but
     gpt2_causal_lm takes several inputs`): the plan table lists the best candidates, and the chosen plan trains
     bit for bit like its overrides written by hand."""
-    from chain.planning import plan_table
+    from chain.autoplan import table
 
     base = ["+stages=2", *per_token_data(), "placement.plan_budget_s=0.05"]
     auto = chain.build(chain.compose([*base, "placement.plan=auto"]), str(tmp_path), model=gpt2_lm())
     plan = auto.auto_plan
-    table = plan_table.render(plan)
+    text = table.render(plan)
     assert (
-        table.startswith("placement.plan=auto: the best")
-        and "chosen: " + " ".join(plan.chosen.candidate.overrides()) in table
+        text.startswith("placement.plan=auto: the best")
+        and "chosen: " + " ".join(plan.chosen.candidate.overrides()) in text
     )
     hand = chain.build(chain.compose([*base, *plan.chosen.candidate.overrides()]), model=gpt2_lm())
     for x, y in token_batches(2):

@@ -58,7 +58,7 @@ def final(run_dir) -> dict:
 def stream_files(root) -> list[list[str]]:
     """5 TFRecord files (4 training, 1 held out for validation) in `root`, and a copy of them per worker in
     which the other worker's training files are damaged (record 1 has no y; record 0, which chain checks
-    before training, is whole): a host that read another's replica's files would stop with a bad record. Each worker's data.files override, then the one process's."""
+    before training, is whole): a host that read another's replica's files would stop with a bad record. Each worker's data.path override, then the one process's."""
     from test_streaming import write_shards
 
     write_shards(root / "files", shards=5, per=40, width=8)
@@ -74,7 +74,7 @@ def stream_files(root) -> list[list[str]]:
                 with tf.io.TFRecordWriter(path) as out:
                     for r in [records[0], bad, *records[2:]]:
                         out.write(r)
-    return [[f"data.files={root}/{d}/*.tfrecord"] for d in ("files0", "files1", "files")]
+    return [[f"data.path={root}/{d}/*.tfrecord"] for d in ("files0", "files1", "files")]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import chain
+from chain.autoplan import search
 from chain.pipeline import idle
-from chain.planning import search
+from chain.records.auto_plan import Costs
 from chain.records.serial import from_json
 from chain.records.summaries import Summary
 from chain.report import page
@@ -169,7 +170,7 @@ def test_the_measured_replay_plays_each_schedule_as_before(name, k, m, d, grad_a
     assert idle.replay(schedules.build(name, k, m, d), durations, grad_accum) == pytest.approx(expected, rel=1e-12)
 
 
-def _planner_costs(kind: str, devices: int = 8) -> search.Costs:
+def _planner_costs(kind: str, devices: int = 8) -> Costs:
     """Costs with a cost per action and a transfer (`plain`), on one physical device (`shared`), and
     with updates, a step's cost, the copies' exchange and a transfer's latency (`full`)."""
     plain = costs([1e-3, 2e-3, 1.5e-3, 1e-3, 3e-3, 1e-3], action_s=1e-4, transfer=1e-7, devices=devices)

@@ -28,7 +28,7 @@ TFRECORD = [
     "data.features={x: 'float32[8]', y: int64}",
     "data.batch_size=16",
     "data.shuffle_buffer=24",
-    "data.files=s/*.tfrecord",
+    "data.path=s/*.tfrecord",
 ]
 CSV_GLOB = [*CSV, "data.path=c/*.csv"]
 NPZ_FILE = [*NPZ, "data.path=a.npz", "data.y=y", "data.classes={label: 2}"]
@@ -103,7 +103,7 @@ def test_a_tfrecord_shard_rewritten_with_other_values_and_the_same_size_is_refus
     shutil.copyfile(other, shard)
     os.utime(shard, ns=(mtime, mtime))  # even with its modification time put back: its bytes differ
     assert _refused(TFRECORD) == (
-        f"data.files: s/part-000.tfrecord was rewritten (the same {size} bytes, other contents){SINCE}: a stream "
+        f"data.path: s/part-000.tfrecord was rewritten (the same {size} bytes, other contents){SINCE}: a stream "
         "resumes only over the files it was reading; put them back, or resume with checkpoint.accept_changed_files="
         "true to train on them as they are now (the stream then restarts)"
     )
@@ -143,9 +143,7 @@ def test_a_shard_added_before_a_resume_is_refused_naming_it_first(copy_of):
     write_shards(root / "five", shards=5, per=40, width=8)
     shutil.copyfile(root / "five" / "part-004.tfrecord", root / "s" / "part-004.tfrecord")
     # the added file is now the one held out for validation (the last), and part-003 is read for training
-    assert _refused(TFRECORD).startswith(
-        f"data.files: s/part-004.tfrecord was added{SINCE} (and 1 more file changed): "
-    )
+    assert _refused(TFRECORD).startswith(f"data.path: s/part-004.tfrecord was added{SINCE} (and 1 more file changed): ")
 
 
 def test_a_shard_removed_before_a_resume_is_one_line_naming_it_and_no_tensorflow_warning(copy_of):
@@ -157,7 +155,7 @@ def test_a_shard_removed_before_a_resume_is_one_line_naming_it_and_no_tensorflow
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        f"error: data.files: s/part-001.tfrecord was removed{SINCE}: a stream resumes only over the "
+        f"error: data.path: s/part-001.tfrecord was removed{SINCE}: a stream resumes only over the "
         "files it was reading; put them back, or resume with checkpoint.accept_changed_files=true to "
         "train on them as they are now (the stream then restarts)"
     ], r.stderr
@@ -199,29 +197,29 @@ def test_a_large_file_is_digested_from_blocks_and_a_change_between_them_shows_as
     path = tmp_path / "big.bin"
     data = bytearray(np.random.default_rng(0).bytes(1 << 20))
     path.write_bytes(bytes(data))
-    saved = identity.stamp(str(path), "data.files", identity.TRAIN)
+    saved = identity.stamp(str(path), "data.path", identity.TRAIN)
     assert saved.digest.startswith(f"{identity.BLOCKS}x{identity.BLOCK}:")
     data[identity.BLOCK + 100] ^= 1  # a byte no block covers: the first is its first 4 KiB, the second at 68 KiB
     path.write_bytes(bytes(data))
     os.utime(path, ns=(saved.mtime_ns + 10**9, saved.mtime_ns + 10**9))
     (change,) = identity.changes(
-        StreamFiles([saved]), StreamFiles([identity.stamp(str(path), "data.files", identity.TRAIN)])
+        StreamFiles([saved]), StreamFiles([identity.stamp(str(path), "data.path", identity.TRAIN)])
     )
     assert (change.what, change.detail.split(" (")[0]) == ("rewritten", "was modified")
     data[0] ^= 1  # a byte of the first block: the digest differs
     path.write_bytes(bytes(data))
     (change,) = identity.changes(
-        StreamFiles([saved]), StreamFiles([identity.stamp(str(path), "data.files", identity.TRAIN)])
+        StreamFiles([saved]), StreamFiles([identity.stamp(str(path), "data.path", identity.TRAIN)])
     )
     assert change.detail == f"was rewritten (the same {len(data)} bytes, other contents)"
     # a small file is digested whole: touched alone, it is unchanged
     small = tmp_path / "small.bin"
     small.write_bytes(b"x" * 1000)
-    first = identity.stamp(str(small), "data.files", identity.TRAIN)
+    first = identity.stamp(str(small), "data.path", identity.TRAIN)
     os.utime(small, ns=(first.mtime_ns + 10**9, first.mtime_ns + 10**9))
     assert first.digest.startswith("whole:")
     assert (
-        identity.changes(StreamFiles([first]), StreamFiles([identity.stamp(str(small), "data.files", identity.TRAIN)]))
+        identity.changes(StreamFiles([first]), StreamFiles([identity.stamp(str(small), "data.path", identity.TRAIN)]))
         == []
     )
 
@@ -236,7 +234,7 @@ def test_a_tokenizers_stream_is_its_texts_and_vocabulary_not_the_cache_of_its_id
     (tmp_path / "a.txt").write_text("the cat sat.\n" * 20)
     monkeypatch.chdir(tmp_path)
     data = chain.compose(
-        ["mode=e2e", "data=text", "data.files=a.txt", "data.tokenizer=vocab.txt", "data.seq_len=4"]
+        ["mode=e2e", "data=text", "data.path=a.txt", "data.tokenizer=vocab.txt", "data.seq_len=4"]
     ).data
 
     def now(cache: str) -> StreamFiles:
@@ -245,7 +243,7 @@ def test_a_tokenizers_stream_is_its_texts_and_vocabulary_not_the_cache_of_its_id
 
     first = now("cache")
     assert [(f.path, f.key, f.role) for f in first.files] == [
-        ("a.txt", "data.files", "train"),
+        ("a.txt", "data.path", "train"),
         ("vocab.txt", "data.tokenizer", "vocabulary"),
     ]
     shutil.rmtree(tmp_path / "cache")
@@ -254,6 +252,6 @@ def test_a_tokenizers_stream_is_its_texts_and_vocabulary_not_the_cache_of_its_id
     with open("a.txt", "a") as f:
         f.write("the cat.\n")
     assert [c.line() for c in identity.changes(first, now("other_cache"))] == [
-        "data.files: a.txt was resized (260 -> 269 bytes)",
+        "data.path: a.txt was resized (260 -> 269 bytes)",
         "data.tokenizer: vocab.txt was rewritten (the same 26 bytes, other contents)",
     ]

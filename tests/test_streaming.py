@@ -99,7 +99,7 @@ def test_a_stream_several_times_larger_than_its_memory_bound_trains_and_evaluate
     ]
 
     def fit(root):
-        return lambda: chain.build(chain.compose([*args, f"data.files={root}/*.tfrecord"])).fit()
+        return lambda: chain.build(chain.compose([*args, f"data.path={root}/*.tfrecord"])).fit()
 
     peak_rss_growth(fit(small))  # the same run on 2 files: TensorFlow's and Keras' one-time costs paid first
     summary, grew = peak_rss_growth(fit(big))
@@ -124,7 +124,7 @@ def small(shards, *more):
     return chain.compose(
         [
             *TINY,
-            f"data.files={shards}/*.tfrecord",
+            f"data.path={shards}/*.tfrecord",
             "data.features={x: 'float32[8]', y: int64}",
             "data.batch_size=16",
             "data.shuffle_buffer=24",
@@ -139,7 +139,7 @@ def test_a_stream_killed_and_resumed_equals_the_uninterrupted_run(shards, tmp_pa
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     args = [
         *TINY,
-        f"data.files={shards}/*.tfrecord",
+        f"data.path={shards}/*.tfrecord",
         "data.features={x: 'float32[8]', y: int64}",
         "data.batch_size=16",
         "data.shuffle_buffer=24",
@@ -165,8 +165,8 @@ def test_a_stream_killed_and_resumed_equals_the_uninterrupted_run(shards, tmp_pa
     [
         (["data.classes=null"], "data.classes.label is needed with data.stream=true"),
         (
-            ["data.val_fraction=0.5", "data.files={shards}/part-000.tfrecord"],
-            "data.val_fraction=0.5 with data.stream=true holds out whole files, and data.files='{shards}/part-000.tfrecord' "
+            ["data.val_fraction=0.5", "data.path={shards}/part-000.tfrecord"],
+            "data.val_fraction=0.5 with data.stream=true holds out whole files, and data.path='{shards}/part-000.tfrecord' "
             "matches 1 file",
         ),
     ],
@@ -216,29 +216,29 @@ TFRECORD = "data.features={x: 'float32[8]', y: int64}"
     "more, message",
     [
         (
-            ["data.files={root}/empty_train/*.tfrecord", "data.val_fraction=0"],
-            f"data.files: {{root}}/empty_train/part-001.tfrecord holds no records; {EVERY} data.files",
+            ["data.path={root}/empty_train/*.tfrecord", "data.val_fraction=0"],
+            f"data.path: {{root}}/empty_train/part-001.tfrecord holds no records; {EVERY} data.path",
         ),
         (
             [
-                "data.files={root}/empty_val/*.tfrecord",
+                "data.path={root}/empty_val/*.tfrecord",
                 "data.val_fraction=0.3",
             ],  # issue 39: 20 steps, then ZeroDivisionError
-            f"data.files: {{root}}/empty_val/part-002.tfrecord holds no records, and it is held out for validation (the last "
-            f"1 file(s) of data.files in sorted order); {EVERY} data.files",
+            f"data.path: {{root}}/empty_val/part-002.tfrecord holds no records, and it is held out for validation (the last "
+            f"1 file(s) of data.path in sorted order); {EVERY} data.path",
         ),
         (
-            ["data.files={root}/wider/part-000.tfrecord", "data.val_files={root}/empty_val/part-002.tfrecord"],
-            f"data.val_files: {{root}}/empty_val/part-002.tfrecord holds no records; {EVERY} data.val_files",
+            ["data.path={root}/wider/part-000.tfrecord", "data.val_path={root}/empty_val/part-002.tfrecord"],
+            f"data.val_path: {{root}}/empty_val/part-002.tfrecord holds no records; {EVERY} data.val_path",
         ),
         (
-            ["data.files={root}/wider/*.tfrecord", "data.val_fraction=0"],
-            f"data.files: record 0 of {{root}}/wider/part-001.tfrecord is not as data.features declares it: feature x holds 4 "
+            ["data.path={root}/wider/*.tfrecord", "data.val_fraction=0"],
+            f"data.path: record 0 of {{root}}/wider/part-001.tfrecord is not as data.features declares it: feature x holds 4 "
             f"values, declared float32[8] {FIRST}",
         ),
         (
-            ["data.files={root}/typed/*.tfrecord", "data.val_fraction=0.3"],
-            f"data.files: record 0 of {{root}}/typed/part-001.tfrecord is not as data.features declares it: feature y holds 1 "
+            ["data.path={root}/typed/*.tfrecord", "data.val_fraction=0.3"],
+            f"data.path: record 0 of {{root}}/typed/part-001.tfrecord is not as data.features declares it: feature y holds 1 "
             f"float32 values, declared int64 {FIRST}",
         ),
         (
@@ -255,7 +255,7 @@ TFRECORD = "data.features={x: 'float32[8]', y: int64}"
     ids=[
         "empty training file",
         "empty validation file",
-        "empty data.val_files",
+        "empty data.val_path",
         "another shape",
         "another type",
         "empty csv held out",
@@ -312,7 +312,7 @@ def test_a_bad_record_mid_run_is_one_line_naming_its_file_and_keeps_the_last_che
     # or at an earlier save if the records read ahead, which a save holds, had reached it.
     text = str(e.value)
     assert "\n" not in text and text.startswith(
-        f"data.files: record 9 of {bad_shards}/part-001.tfrecord is not as data.features declares it: feature y "
+        f"data.path: record 9 of {bad_shards}/part-001.tfrecord is not as data.features declares it: feature y "
         "holds 0 values, declared int64 (data.on_bad_record=skip leaves such records out); "
     ), text
     if text.endswith("no checkpoint had been saved"):
@@ -325,26 +325,26 @@ def test_a_bad_record_mid_run_is_one_line_naming_its_file_and_keeps_the_last_che
 @pytest.mark.parametrize("chunk", [256, 16])  # record 40: in the first chunk, or 8 records into the third
 def test_a_record_of_the_wrong_shape_names_the_feature(bad_shards, chunk, monkeypatch):
     from chain.data import chunks
-    from chain.data.record_stream import bad_record, training
-    from chain.data.sources.tfrecord_data import shards
+    from chain.data.sources.tfrecord.tfrecord_stream import bad_record, training
+    from chain.data.sources.tfrecord.tfrecord_data import shards
 
     monkeypatch.setattr(chunks, "MAX_CHUNK", chunk)  # a chunk says its file and first record's number once
-    s = small(bad_shards, "data.shuffle=false", "data.val_fraction=0", f"data.files={bad_shards}/part-002.tfrecord")
+    s = small(bad_shards, "data.shuffle=false", "data.val_fraction=0", f"data.path={bad_shards}/part-002.tfrecord")
     files = shards(s.data)
     stream = iter(training(files, 8, False, 0))
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         for _ in range(6):  # record 40 is in the 6th batch
             next(stream)
     assert bad_record(e.value, files) == (
-        f"data.files: record 40 of {bad_shards}/part-002.tfrecord is not as data.features declares it: feature x "
+        f"data.path: record 40 of {bad_shards}/part-002.tfrecord is not as data.features declares it: feature x "
         "holds 7 values, declared float32[8] (data.on_bad_record=skip leaves such records out)"
     )
 
 
 def test_a_chunk_whose_extra_and_missing_values_even_out_is_still_bad():
     # One record with 9 floats, one with 7: the chunk holds as many values as 8 floats a record.
-    from chain.data.record_stream import _BAD, _parse_chunk
-    from chain.data.shards import Shards
+    from chain.data.sources.tfrecord.tfrecord_stream import _BAD, _parse_chunk
+    from chain.data.sources.tfrecord.tfrecord_record import Shards
 
     def example(width):
         f = {
@@ -372,8 +372,8 @@ def test_on_bad_record_skip_counts_the_records_left_out(bad_shards, tmp_path):
 
 
 def test_a_damaged_record_or_a_feature_of_another_type_is_one_line(tmp_path):
-    from chain.data.record_stream import bad_record, training
-    from chain.data.sources.tfrecord_data import shards
+    from chain.data.sources.tfrecord.tfrecord_stream import bad_record, training
+    from chain.data.sources.tfrecord.tfrecord_data import shards
 
     write_shards(tmp_path, shards=1, per=20, width=8)
     whole = (tmp_path / "part-000.tfrecord").read_bytes()
@@ -404,10 +404,10 @@ def test_a_damaged_record_or_a_feature_of_another_type_is_one_line(tmp_path):
     end = ": a damaged record, or a feature whose type is not the one data.features declares; TensorFlow does not say in which file"
     # TensorFlow names the damaged record's byte offset only (its data's, 12 bytes into record 2 of 73 bytes)
     assert lines == [
-        f"data.files: record 2 of {tmp_path}/damaged/part-000.tfrecord is damaged: its checksum fails "
+        f"data.path: record 2 of {tmp_path}/damaged/part-000.tfrecord is damaged: its checksum fails "
         "(TensorFlow: corrupted record at byte 158); write the file again, or leave it out "
         "(data.on_bad_record=skip does not leave out a damaged record)",
-        "data.files: a record cannot be read (Key: y, Index: 3. Data types don't match. Expected type: int64, Actual "
+        "data.path: a record cannot be read (Key: y, Index: 3. Data types don't match. Expected type: int64, Actual "
         "type: float)" + end,
     ]
 
@@ -455,8 +455,8 @@ def test_a_slow_stream_shows_in_data_wait_ms(per_call):
 
 
 def test_the_stream_is_a_function_of_seed_and_files_and_changes_every_epoch(shards):
-    from chain.data.record_stream import training
-    from chain.data.sources.tfrecord_data import shards as shards_of
+    from chain.data.sources.tfrecord.tfrecord_stream import training
+    from chain.data.sources.tfrecord.tfrecord_data import shards as shards_of
 
     files = shards_of(small(shards, "data.val_fraction=0").data)  # 4 files of 40 records, x[1] distinct
 
@@ -486,8 +486,8 @@ def _read_ahead(stream: tf.data.Dataset) -> int:
 def test_the_stream_reads_a_group_of_batches_ahead(shards):
     # Its work comes in bursts, a group of data.shuffle_buffer examples at a time: with fewer batches
     # read ahead, a short step waits for every burst (docs/your-data.md, "Speed").
-    from chain.data.record_stream import training
-    from chain.data.sources.tfrecord_data import shards as shards_of
+    from chain.data.sources.tfrecord.tfrecord_stream import training
+    from chain.data.sources.tfrecord.tfrecord_data import shards as shards_of
 
     files = shards_of(small(shards, "data.val_fraction=0", "data.shuffle_buffer=100").data)
     for batch in (4, 16, 200):
@@ -509,14 +509,14 @@ def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples
     validation record."""
     from dataclasses import replace
 
-    from chain.data import record_stream
+    from chain.data.sources.tfrecord import tfrecord_stream
     from compare import assert_same_start, rel_diff, weights
     from conftest import DEVICES
 
     steps = 4
     args = [
         *TINY,
-        f"data.files={shards}/*.tfrecord",
+        f"data.path={shards}/*.tfrecord",
         "data.features={x: 'float32[8]', y: int64}",
         "data.batch_size=16",
         "data.shuffle_buffer=24",
@@ -543,7 +543,7 @@ def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples
     # Each replica's part is the batch a stream of its own files alone reads, with its share of the batch.
     own = [
         iter(
-            record_stream.training(
+            tfrecord_stream.training(
                 replace(files, paths=files.paths[r::2], counts=files.counts[r::2]), 8, True, mirrored.settings.seed
             )
         )
@@ -569,7 +569,7 @@ def test_mirrored_replicas_stream_their_own_files_and_train_as_on_those_examples
 def test_fewer_training_files_than_mirrored_replicas_is_one_line(shards):
     args = [
         *TINY,
-        f"data.files={shards}/part-00*.tfrecord",
+        f"data.path={shards}/part-00*.tfrecord",
         "data.features={x: 'float32[8]', y: int64}",
         "data.batch_size=16",
         "data.val_fraction=0.75",
@@ -578,8 +578,8 @@ def test_fewer_training_files_than_mirrored_replicas_is_one_line(shards):
     with pytest.raises(ConfigError) as e:
         chain.build(chain.compose(args))
     assert str(e.value) == (
-        f"data.files='{shards}/part-00*.tfrecord' gives 1 training file(s) (after the files data.val_fraction "
-        "holds out), and with data.stream=true each of the 2 mirrored replicas reads files of its own: give data.files "
+        f"data.path='{shards}/part-00*.tfrecord' gives 1 training file(s) (after the files data.val_fraction "
+        "holds out), and with data.stream=true each of the 2 mirrored replicas reads files of its own: give data.path "
         "at least 2 training files, or data.stream=false"
     )
 
@@ -641,8 +641,9 @@ def _resumes_exact(stream, tmp_path, steps: int = 4) -> None:
 
 
 def test_a_csv_stream_trains_and_resumes_bit_exact(csv_files, tmp_path, caplog):
-    from chain.data import count_cache, csv_stream
-    from chain.data.sources.csv_data import shards as csv_shards
+    from chain.data import count_cache
+    from chain.data.sources.csv import csv_stream
+    from chain.data.sources.csv.csv_data import shards as csv_shards
 
     count_cache.forget()
     with caplog.at_level("INFO", logger="chain"):
@@ -721,8 +722,8 @@ def test_a_bad_csv_row_mid_run_is_one_line_naming_file_and_line(bad_csv):
 
 
 def test_a_csv_row_with_too_few_fields_or_a_label_out_of_range_names_its_line_or_is_counted(bad_csv, tmp_path):
-    from chain.data import csv_stream
-    from chain.data.sources.csv_data import shards as csv_shards
+    from chain.data.sources.csv import csv_stream
+    from chain.data.sources.csv.csv_data import shards as csv_shards
 
     (tmp_path / "label.csv").write_text("a,b,c,d,y\n" + "0.1,0.2,0.3,0.4,1\n" * 5 + "0.1,0.2,0.3,0.4,2\n")
     lines = []
@@ -748,8 +749,8 @@ def test_a_csv_row_with_too_few_fields_or_a_label_out_of_range_names_its_line_or
 
 
 def test_a_regular_csv_chunk_reads_as_a_checked_one_and_an_overflow_is_named(tmp_path):
-    from chain.data import csv_stream
-    from chain.data.sources.csv_data import shards as csv_shards
+    from chain.data.sources.csv import csv_stream
+    from chain.data.sources.csv.csv_data import shards as csv_shards
 
     rows = ["a,b,c,d,y", " 0.5 ,+1,.25,1e-3,1\r", "1.,2,3,-4e2,0"]
     (tmp_path / "regular.csv").write_text("\n".join(rows) + "\n")  # every line a row of numbers: the quick parse
@@ -795,8 +796,8 @@ NPZ = [
 
 
 def test_an_npz_stream_trains_reads_every_example_once_an_epoch_and_resumes_exact(npz_file, tmp_path):
-    from chain.data import array_stream
-    from chain.data.sources.npz_data import shards as npz_shards
+    from chain.data.sources.npz import npz_stream
+    from chain.data.sources.npz.npz_data import shards as npz_shards
 
     root, x = npz_file
     s = chain.compose(
@@ -806,7 +807,7 @@ def test_an_npz_stream_trains_reads_every_example_once_an_epoch_and_resumes_exac
     assert (summary["train_examples"], summary["val_examples"]) == (180, 20)  # the last 20 rows held out
     assert np.isfinite(summary["loss_last"])
     files = npz_shards(s.data)
-    stream = iter(array_stream.training(files, 20, True, 7))  # 180 rows: 9 batches an epoch
+    stream = iter(npz_stream.training(files, 20, True, 7))  # 180 rows: 9 batches an epoch
     epoch = [next(stream) for _ in range(9)]
     seen = np.concatenate([b[0].numpy() for b in epoch])
     assert not np.array_equal(seen, x[:180])  # shuffled ...
@@ -815,7 +816,7 @@ def test_an_npz_stream_trains_reads_every_example_once_an_epoch_and_resumes_exac
     assert np.array_equal(labels, (seen[:, 0] > 0.5).astype("int32"))  # the targets read with their inputs
     assert np.allclose(np.concatenate([b[1]["v"].numpy() for b in epoch]), seen.sum(1))
     _resumes_exact(stream, tmp_path)
-    val = np.concatenate([b[0].numpy() for b in array_stream.validation(files, 16)])
+    val = np.concatenate([b[0].numpy() for b in npz_stream.validation(files, 16)])
     assert np.array_equal(val, x[180:])
 
 
@@ -828,7 +829,7 @@ def test_a_stream_saved_as_another_version_built_it_is_refused_in_one_line(npz_f
     chain.build(chain.compose([*args, "trainer.steps=2"]), run_dir=str(tmp_path)).fit()
     batched = chunks.batched  # what another version of chain might build from the same settings (as the
     monkeypatch.setattr(
-        "chain.data.array_stream.batched",  # stream before chunks did): examples one at a time
+        "chain.data.chunks.batched",  # stream before chunks did): examples one at a time
         lambda examples, *a: batched(examples.unbatch().batch(64), *a),
     )
     with pytest.raises(
@@ -852,8 +853,8 @@ def test_a_compressed_npz_cannot_stream_one_line(npz_file):
 
 
 def test_an_npz_stream_holds_its_buffers_not_its_array(tmp_path):
-    from chain.data import array_stream
-    from chain.data.sources.npz_data import shards as npz_shards
+    from chain.data.sources.npz import npz_stream
+    from chain.data.sources.npz.npz_data import shards as npz_shards
 
     def read(path):
         files = npz_shards(
@@ -861,7 +862,7 @@ def test_an_npz_stream_holds_its_buffers_not_its_array(tmp_path):
                 [*NPZ, f"data.path={path}", "data.y=y", "data.classes={label: 2}", "data.shuffle_buffer=64"]
             ).data
         )
-        stream = iter(array_stream.training(files, 64, True, 0))
+        stream = iter(npz_stream.training(files, 64, True, 0))
 
         def epoch():
             for _ in range(files.examples // 64):
@@ -891,8 +892,8 @@ CALL = [
 
 
 def test_a_callable_stream_trains_on_the_dataset_as_it_is(tmp_path):
-    from chain.data import function_stream
-    from chain.data.sources.callable_data import shards as callable_shards
+    from chain.data.sources.function import function_stream
+    from chain.data.sources.function.callable_data import shards as callable_shards
 
     s = chain.compose(
         [
@@ -921,7 +922,7 @@ def test_a_callable_stream_trains_on_the_dataset_as_it_is(tmp_path):
     ],
 )
 def test_a_callable_stream_needs_a_checkpointable_dataset_and_its_classes(target, more, message):
-    from chain.data.sources.callable_data import shards as callable_shards
+    from chain.data.sources.function.callable_data import shards as callable_shards
 
     with pytest.raises(ConfigError, match="^" + message.replace(".", r"\.")):
         callable_shards(

@@ -85,6 +85,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("chain.state",),
     ("chain.report",),
     ("chain.prepared",),
+    ("chain.autoplan",),  # placement.plan=auto: measuring, search, choice, table (the build settles it)
     ("chain.training",),
     ("chain.sweep", "chain.restage", "chain.generate", "chain.worker"),  # the command lines' work
     ("chain", "chain.__main__"),  # `python -m chain` (it runs `chain.sweep` for --multirun)
@@ -154,7 +155,7 @@ def test_the_order_check_names_an_edge_to_a_later_layer():
     assert imports("chain.state.remap", source=source) == [("chain.schedule.schedules", ["Action"])]  # run time
     assert order_violations(package_edges("chain.state.remap", source)) == [
         "chain.state.remap imports chain.training.run: chain.state (layer 10) may import only layers 1-9 of LAYERS, "
-        "and chain.training is layer 13"
+        "and chain.training is layer 14"
     ]
     assert order_violations({("chain.fields", "chain.cli", "chain.fields", "chain.cli")}) == [  # one row: refused
         "chain.fields imports chain.cli: chain.fields (layer 2) may import only layer 1 of LAYERS, "
@@ -164,6 +165,53 @@ def test_the_order_check_names_an_edge_to_a_later_layer():
         "chain.errors imports chain.cli: chain.errors (layer 1) may import no other package of LAYERS, "
         "and chain.cli is layer 2"
     ]
+
+
+# placement.plan=auto in one package (docs/architecture.md): a function or class named for it lives there or is
+# one of its records; the config's refusals are checked before TensorFlow starts, so they stay in the config
+AUTO_PLAN_WORDS = re.compile(
+    r"auto_?plan|candidate|cost_?(cache|key|file)|^costs$|plan_?(table|timing|choice|check|fields)", re.I
+)
+AUTO_PLAN_HOMES = ("chain.autoplan", "chain.records.auto_plan", "chain.records.summaries")  # summary.json's plan
+AUTO_PLAN_ELSEWHERE = {"chain.config.checks.check_auto_plan"}
+AUTO_PLAN_CALLERS = {  # what the rest of chain takes from the package: the build settles, the loop shows and checks
+    "chain.training.build",
+    "chain.training.run",
+    "chain.training.cadence",
+    "chain.__main__",
+}
+
+
+def in_package(module: str, packages: tuple[str, ...]) -> bool:
+    """Whether `module` is one of `packages` or inside one."""
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def auto_plan_strays(modules: dict[str, Path]) -> list[str]:
+    """`module.name` of each function or class named for plan=auto (AUTO_PLAN_WORDS) outside its homes."""
+    return sorted(
+        f"{m}.{node.name}"
+        for m, path in modules.items()
+        if not in_package(m, AUTO_PLAN_HOMES)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and AUTO_PLAN_WORDS.search(node.name)
+        if f"{m}.{node.name}" not in AUTO_PLAN_ELSEWHERE
+    )
+
+
+def test_plan_auto_lives_in_one_package():
+    """Measuring, search, cache, choice, table, the settling of a run and the step check are chain.autoplan's
+    modules, their records chain.records.auto_plan's: nothing named for plan=auto is defined elsewhere, and only
+    the build, the loop and the command line import the package."""
+    assert auto_plan_strays(MODULES) == []
+    importers = {
+        m
+        for m in MODULES
+        if not in_package(m, ("chain.autoplan",))
+        and any(in_package(t, ("chain.autoplan",)) for t, _ in imports(m, typing=True))
+    }
+    assert importers == AUTO_PLAN_CALLERS
+    assert layer("chain.autoplan.search") == "chain.autoplan" and ROW["chain.prepared"] < ROW["chain.autoplan"]
 
 
 def graph() -> dict[str, set[str]]:
@@ -555,6 +603,43 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         assert word not in source, word
 
 
+def stream_records(package: Path) -> set[str]:
+    """The classes of what a streamed data set is (`Dataset.shards`): every class of
+    chain/data/streamed.py and of a source's record module (`*_record.py`, or the old `shards.py`)."""
+    data = package / "data"
+    found = [data / "streamed.py", data / "shards.py", *data.rglob("*_record.py")]
+    return {
+        n.name for f in found if f.exists() for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.ClassDef)
+    }
+
+
+def isinstance_over(tree: ast.AST, classes: set[str]) -> list[str]:
+    """The classes of `classes` that an `isinstance(...)` in `tree` tests against."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            out += [n for k in kinds if (n := getattr(k, "id", None) or getattr(k, "attr", None)) in classes]
+    return out
+
+
+def test_chain_data_does_not_dispatch_with_isinstance_over_stream_records():
+    """A streamed data set opens its own stream (`chain.data.streamed.Streamed`): no module of chain/data
+    asks which record it holds."""
+    classes = stream_records(PACKAGE)
+    assert "FileCounts" in classes  # the check sees the records
+    found = {
+        f"{module_name(p)}: isinstance over {', '.join(names)}"
+        for p in (PACKAGE / "data").rglob("*.py")
+        if (names := isinstance_over(ast.parse(p.read_text()), classes))
+    }
+    assert sorted(found) == []
+    assert isinstance_over(ast.parse("isinstance(s, (Shards, CsvFiles))"), {"Shards", "CsvFiles"}) == [
+        "Shards",
+        "CsvFiles",
+    ]
+
+
 @pytest.mark.parametrize(
     "module",
     [
@@ -568,6 +653,8 @@ def test_the_training_loop_does_not_branch_on_the_mode():
         "chain.pipeline.memory_trace",
         "chain.pipeline.stalled",
         "chain.planning.planner",
+        "chain.autoplan.choice",
+        "chain.autoplan.table",
         "chain.data.catalog",
         "chain.__main__",
     ],

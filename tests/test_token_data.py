@@ -222,7 +222,7 @@ def test_a_killed_token_run_resumes_bit_exact(tmp_path, source, windows):
         lm().save(tmp_path / "lm.keras")
     else:
         text_files(tmp_path)
-        data = ["data=text", f"data.files={tmp_path / 'corpus' / '*.txt'}"]
+        data = ["data=text", f"data.path={tmp_path / 'corpus' / '*.txt'}"]
         lm(256 if source == "text" else len(WORDPIECE)).save(tmp_path / "lm.keras")
     if source == "tokenizer":
         (tmp_path / "vocab.txt").write_text("\n".join(WORDPIECE) + "\n", encoding="utf-8")
@@ -309,7 +309,7 @@ def test_text_is_its_utf8_bytes_in_sorted_file_order_across_file_boundaries(tmp_
                 "mode=e2e",
                 "+stages=2",
                 "data=text",
-                f"data.files={tmp_path / 'corpus' / '*.txt'}",
+                f"data.path={tmp_path / 'corpus' / '*.txt'}",
                 f"data.seq_len={SEQ}",
                 "data.batch_size=5",
                 "data.shuffle=false",
@@ -330,4 +330,4 @@ def test_a_file_that_is_not_utf8_is_one_line(tmp_path):
     text_files(tmp_path)
     (tmp_path / "corpus" / "d.txt").write_bytes(b"ok \xff\xfe then")
     with pytest.raises(chain.ConfigError, match=r"d.txt is not UTF-8 text \(byte 3 is 0xff\)"):
-        chain.prepare(["mode=e2e", "data=text", f"data.files={tmp_path / 'corpus' / '*.txt'}", f"data.seq_len={SEQ}"])
+        chain.prepare(["mode=e2e", "data=text", f"data.path={tmp_path / 'corpus' / '*.txt'}", f"data.seq_len={SEQ}"])

@@ -63,7 +63,7 @@ def sources(tmp_path) -> dict[str, list[str]]:
     npz = ["data=npz", f"data.path={tmp_path / 'ids.npz'}", "data.x=x", "data.y=y"]
     records = [
         "data=tfrecord",
-        f"data.files={tmp_path / 'ids.tfrecord'}",
+        f"data.path={tmp_path / 'ids.tfrecord'}",
         "data.x=tokens",
         "data.y=label",
         f"data.features={{tokens: 'int64[{SEQ}]', label: int64}}",

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 from chain.config.schema import CUT_MODELS, MAX_BATCH, BodySettings, Gpt, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
-from chain.data import files, token_ids
+from chain.data import token_ids
+from chain.data.paths import keras_model_file
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError, DeviceError, plural, there_are
 from chain.config.device_names import canonical
@@ -161,7 +162,7 @@ def check_cut(s: Settings) -> None:
             raise ConfigError(f"model.path={model.path!r} must be a Keras model file (.keras)")
         if not os.path.isfile(model.path):
             raise ConfigError(f"model.path={model.path!r}: no such file")
-        files.keras_model_file(model.path, "model.path")
+        keras_model_file(model.path, "model.path")
     p = s.placement
     if p.split is not None and p.balance != "even":
         raise ConfigError(f"placement.split and placement.balance={p.balance} both say where to cut: set one of them")
@@ -353,7 +354,7 @@ def check_auto_plan(s: Settings, info: DataInfo | None) -> None:
     """`placement.plan=auto` chooses the cut, the copies and the devices itself: one line when the user's
     config gave one of them, or a balance, stages of their own, a schedule file, a model it cannot time (the
     user's builders), the mirrored fallback, or data only TensorFlow reads (`info` None). The user's config
-    only: a chosen plan's settings (`chain.prepared.plan_choice.chosen_settings`) give what it chose."""
+    only: a chosen plan's settings (`chain.autoplan.choice.chosen_settings`) give what it chose."""
     p = s.placement
     if p.plan != "auto":
         return

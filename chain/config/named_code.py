@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from chain import targets
 from chain.config.schema import Builder, KerasOptimizer, Settings
-from chain.data.sources.callable_data import FromCallable
+from chain.data.sources.function.callable_data import FromCallable
 
 
 def _optimizer_key(s: Settings, i: int) -> str:

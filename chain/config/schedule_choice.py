@@ -14,7 +14,7 @@ import os
 
 from chain.config.device_names import canonical
 from chain.config.schema import Settings
-from chain.data import files
+from chain.data.paths import existing
 from chain.errors import ConfigError
 from chain.schedule import schedule_file, schedules
 
@@ -31,7 +31,7 @@ def pipeline_schedule(s: Settings) -> schedules.Schedule:
             "give a CSV (one row per device, cells like F3, B3, W3), or a built-in schedule: "
             f"{', '.join(schedules.BUILDERS)}"
         )
-    path = files.existing(p.schedule_file, "pipeline.schedule_file")
+    path = existing(p.schedule_file, "pipeline.schedule_file")
     return _read(path, os.stat(path).st_mtime_ns, n_stages, p.microbatches)
 
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chain.data import files
 from chain.errors import ConfigError
 
 DEFAULT_VAL_FRACTION = 0.1
@@ -74,10 +73,9 @@ class DataInfo:
 def own_validation(data) -> str | None:
     """The key of the validation examples a data set brings itself (`data.val_path`, a Keras
     data set's test split), or None."""
-    for key in ("val_path", "val_files"):
-        if getattr(data, key, None) is not None:
-            return f"data.{key}"
-    return "the test split" if data.name in files.KERAS else None
+    if getattr(data, "val_path", None) is not None:
+        return "data.val_path"
+    return getattr(data, "OWN_SPLIT", None)  # a data set's own split (`DataSet.OWN_SPLIT`)
 
 
 def val_fraction(data) -> float:

@@ -1,5 +1,5 @@
 """Streams of chunks of examples, shuffled and batched without an op per example: what the
-TFRecord, CSV and `.npz` streams (`chain.data.record_stream`, `csv_stream`, `array_stream`) share
+TFRecord, CSV and `.npz` streams (`tfrecord_stream`, `csv_stream`, `npz_stream` of `chain.data.sources`) share
 once they have read a chunk.
 
 A per-example `unbatch`, `shuffle` and `batch` made a stream 4 to 10x slower than training on
@@ -13,6 +13,7 @@ numbering is `enumerate`'s counter, which the iterator's state holds.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import tensorflow as tf
 
@@ -80,3 +81,35 @@ def batched(examples: tf.data.Dataset, batch: int, buffer: int) -> tf.data.Datas
     options.experimental_optimization.inject_prefetch = False
     batches = examples.rebatch(batch, drop_remainder=True)
     return batches.prefetch(read_ahead(buffer, batch)).with_options(options)
+
+
+def shuffled(sources: tf.data.Dataset, count: int, shuffle: bool, seed: int) -> tf.data.Dataset:
+    """The `count` sources (files, or blocks of rows) in a new order each epoch from `seed` (`shuffle`)."""
+    return sources.shuffle(count, seed=seed, reshuffle_each_iteration=True) if shuffle else sources
+
+
+def epochs(
+    chunks: tf.data.Dataset,
+    batch: int,
+    buffer: int,
+    chunk: int,
+    shuffle: bool,
+    seed: int,
+    endless: bool = False,
+    kept: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
+) -> tf.data.Dataset:
+    """An epoch's chunks of at most `chunk` examples -> the endless stream of batches of `batch`: with
+    `shuffle`, the chunks shuffled and grouped (`grouped`, a buffer of `buffer` examples), repeated
+    once the groups are cut (every example exactly once an epoch, the shuffles drawn again each epoch,
+    the groups numbered across epochs), each group permuted (`permuted`), then `kept` (a stream that
+    leaves out bad records), batched and read ahead (`batched`). `endless`: the chunks repeat
+    already (their sources were repeated), so they are not repeated here."""
+    if shuffle:
+        chunks = grouped(chunks, buffer, chunk, seed)
+    if not endless:
+        chunks = chunks.repeat()
+    if shuffle:
+        chunks = permuted(chunks, seed)
+    if kept is not None:
+        chunks = kept(chunks)
+    return batched(chunks, batch, buffer)

@@ -5,22 +5,23 @@
 - its description, `describe(data) -> DataInfo | None` (None: only TensorFlow can read it, so it
   is described from its arrays once they are read);
 - its reader, `read(data, seed, info) -> Read`, given the description (None as above);
-- optionally, for `data.stream=true`, `shards(data) -> chain.data.shards.Shards`: the files a
-  run streams instead of loading them.
+- optionally, for `data.stream=true`, `shards(data) -> chain.data.streamed.Streamed`: what a run
+  streams instead of loading it, a record that opens its own stream (its settings then take the
+  stream's keys from `StreamSettings`, or `BadRecords`).
 
-`Source` holds these; `chain.data.sources` collects every module's `SOURCE`.
+`Source` holds these; `chain.data.sources` collects every module's (or folder's) `SOURCE`.
 No TensorFlow here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
 from chain.data.catalog import DataInfo
-from chain.fields import boolean, integer, mapping, number, optional, setting, string
+from chain.fields import boolean, choice, integer, mapping, number, optional, setting, string
 
 MAX_BATCH = 2**31 - 1  # TensorFlow indexes a batch with int32
 MAX_CLASSES = 1 << 20
@@ -40,6 +41,35 @@ class DataSet:
     val_fraction: float | None = setting(
         optional(number(minimum=0.0, below=1.0)),
         "share held out for validation; null: the data's own validation split, else 0.1; 0: none",
+    )
+    OWN_SPLIT: ClassVar[str | None] = None  # what names the validation split the data set brings itself
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamSettings:
+    """The keys of a source that can be read while training (`data.stream=true`), declared once: a
+    source's settings class lists it (or `BadRecords`) first among its bases, so that they follow
+    the keys every data set has."""
+
+    stream: bool = setting(
+        boolean,
+        "read the data while training instead of loading it (data larger than memory); needs data.classes for "
+        "class targets (docs/your-data.md says what each source needs)",
+    )
+    shuffle_buffer: int = setting(
+        integer(1, MAX_CLASSES),
+        "data.stream=true: examples in the shuffle buffer (host memory, and the size of every checkpoint)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BadRecords(StreamSettings):
+    """The stream keys of a source whose records can be bad (`data.on_bad_record`)."""
+
+    on_bad_record: str = setting(
+        choice("fail", "skip"),
+        "data.stream=true: a record (or CSV row) unlike the data's declaration stops the run naming its file "
+        "(fail) or is left out (skip)",
     )
 
 

@@ -25,14 +25,12 @@ import os
 import time
 from dataclasses import dataclass
 
-from chain.data.shards import FileCounts
-from chain.data.streamed import ArrayFiles, TokenFiles
+from chain.data.streamed import TRAIN, VAL, VOCABULARY, Streamed
 from chain.errors import ConfigError, plural
 from chain.records.stream_files import FileStamp, StreamFiles
 
 BLOCKS, BLOCK = 16, 4096  # a file is digested from 16 blocks of 4 KiB spread over it ...
 WHOLE = BLOCKS * BLOCK  # ... or whole when that reads no more (64 KiB): no file costs more than 64 KiB read
-TRAIN, VAL, VOCABULARY = "train", "val", "vocabulary"
 _READ = {TRAIN: "read for training", VAL: "held out for validation", VOCABULARY: "read as data.tokenizer's vocabulary"}
 OVERRIDE = "checkpoint.accept_changed_files"
 
@@ -64,36 +62,10 @@ def stamp(path: str, key: str, role: str) -> FileStamp:
         raise ConfigError(f"{key}: {path} cannot be read ({e.strerror or e})") from None
 
 
-def _files(shards) -> list[tuple[str, str, str]]:
-    """(path, key, role) of every file a streamed data set reads, training files first."""
-    if isinstance(shards, FileCounts):
-        return [(p, shards.TRAIN_KEY, TRAIN) for p in shards.paths] + [
-            (p, shards.key(p), VAL) for p in shards.val_paths
-        ]
-    if isinstance(shards, ArrayFiles):
-        out = [(shards.train.x.path, "data.path", TRAIN)]
-        if shards.val is not None and shards.val.x.path != shards.train.x.path:  # data.val_path
-            out.append((shards.val.x.path, "data.val_path", VAL))
-        return out
-    if isinstance(shards, TokenFiles) and shards.made_from is not None:  # the texts and vocabulary, not the ids' cache
-        made = shards.made_from
-        return (
-            [(p, shards.TRAIN_KEY, TRAIN) for p in made.texts]
-            + [(p, shards.val_key, VAL) for p in made.val_texts]
-            + [(p, made.VOCABULARY_KEY, VOCABULARY) for p in made.vocabulary]
-        )
-    if isinstance(shards, TokenFiles):
-        out = [(p, shards.TRAIN_KEY, TRAIN) for p in shards.train.paths]
-        if shards.val is not None and shards.val.paths != shards.train.paths:  # data.val_path, data.val_files
-            out += [(p, shards.val_key, VAL) for p in shards.val.paths]
-        return out
-    return []  # the user's tf.data.Dataset: no files of ours to stamp
-
-
-def stamps(shards) -> StreamFiles | None:
+def stamps(shards: Streamed) -> StreamFiles | None:
     """The stamps of the files a streamed data set (`chain.data.loader.Dataset.shards`) reads; None
     for data that is not streamed from files (loaded, or the user's dataset)."""
-    found = _files(shards)
+    found = shards.files_read()
     return StreamFiles([stamp(*f) for f in found]) if found else None
 
 

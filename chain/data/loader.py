@@ -1,16 +1,15 @@
 """Loading a data set: its arrays in memory, split into training and validation examples.
 
-Every source (`chain.data.sources`: one module each) is read into NumPy arrays once, at build
-time, given the description the preparation pass made of it (`chain.prepared`): the built-in data
-sets, the user's `.npz` and CSV files and the Keras cache with NumPy (`chain.data.files`),
+Every source (`chain.data.sources`: a module or a folder each) is read into NumPy arrays once, at
+build time, given the description the preparation pass made of it (`chain.prepared`): the built-in
+data sets, the user's `.npz` and CSV files and the Keras cache with NumPy (each by its own source),
 TFRecord files and the user's `tf.data.Dataset` with TensorFlow (`chain.data.tensors`). Then
 every source goes the same way: validation examples held out (`split`, seeded), every array
 checked once against the data set's description with the rules `Run.step` applies to a
 batch (`chain.data.verify.arrays`), and one input stream (`chain.data.stream`).
 
-With `data.stream=true` nothing is loaded: the `Dataset` holds what to stream (TFRecord files,
-`chain.data.shards.Shards`; CSV files, an `.npz` file's arrays or the user's dataset,
-`chain.data.streamed`) and `chain.data.stream` reads it while training.
+With `data.stream=true` nothing is loaded: the `Dataset` holds what to stream (its source's record,
+a `chain.data.streamed.Streamed`), which opens its stream while training (`chain.data.stream`).
 
 A data set has inputs `x` and one or more named targets; a stage in `mode=local` learns
 the target it names (the first one by default).
@@ -26,8 +25,7 @@ import numpy as np
 from chain.data import sources
 from chain.data.catalog import DataInfo, Target, input_shape, label_shape, name_targets, split_info
 from chain.data.data_source import Read
-from chain.data.shards import Shards
-from chain.data.streamed import ArrayFiles, CsvFiles, FunctionData, TokenFiles
+from chain.data.streamed import Streamed
 from chain.data.verify import arrays
 from chain.errors import ConfigError
 
@@ -47,7 +45,7 @@ class Dataset:
     y: dict[str, np.ndarray]
     val_x: np.ndarray | None = None
     val_y: dict[str, np.ndarray] | None = None
-    shards: Shards | CsvFiles | ArrayFiles | FunctionData | TokenFiles | None = None
+    shards: Streamed | None = None
     skipped: Any = None  # a stream's count of bad records left out (a tf.Variable; data.on_bad_record=skip)
 
     @property

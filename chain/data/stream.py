@@ -1,60 +1,25 @@
 """The input stream, the same for every data source: one `tf.data` stream of training batches
 shared by every stage, and the validation set in batches. A streamed data set
-(`data.stream=true`) is read while training by its own stream: TFRecord files by
-`chain.data.record_stream`, CSV files by `chain.data.csv_stream`, an `.npz` file's arrays by
-`chain.data.array_stream`, a token file by `chain.data.token_stream`, the user's dataset by
-`chain.data.function_stream`."""
+(`data.stream=true`, `Dataset.shards`, a `chain.data.streamed.Streamed`) opens its own stream (each
+source's in its folder of `chain.data.sources`)."""
 
 from __future__ import annotations
 
 from chain.data.loader import Dataset
-from chain.data.shards import Shards
 from chain.data.stream_shares import StreamShares
-from chain.data.streamed import ArrayFiles, CsvFiles, TokenFiles
 
 
-def _counter(ds: Dataset, reader):
-    """The stream's count of bad records left out (made once per data set by its `reader`)."""
+def _counter(ds: Dataset):
+    """The stream's count of bad records left out (made once per data set)."""
     if ds.skipped is None:
-        ds.skipped = reader.skip_counter(ds.shards)
+        ds.skipped = ds.shards.skip_counter()
     return ds.skipped
-
-
-def _streamed(ds: Dataset, batch: int, train: bool, shuffle: bool = False, seed: int = 0):
-    """The stream of a streamed data set (`ds.shards`), from the module that reads its kind."""
-    if isinstance(ds.shards, (Shards, CsvFiles)):
-        from chain.data import csv_stream, record_stream
-
-        reader = record_stream if isinstance(ds.shards, Shards) else csv_stream
-        if train:
-            return reader.training(ds.shards, batch, shuffle, seed, _counter(ds, reader))
-        return reader.validation(ds.shards, batch, _counter(ds, reader))
-    if isinstance(ds.shards, TokenFiles):
-        from chain.data import token_stream
-
-        return (
-            token_stream.training(ds.shards, batch, shuffle, seed)
-            if train
-            else token_stream.validation(ds.shards, batch)
-        )
-    from chain.data import array_stream, function_stream
-
-    reader = array_stream if isinstance(ds.shards, ArrayFiles) else function_stream
-    return reader.training(ds.shards, batch, shuffle, seed) if train else reader.validation(ds.shards, batch)
 
 
 def bad_record(error: BaseException, ds: Dataset) -> str | None:
     """The one line for a bad record (or CSV row) that stopped a streamed data set, naming its file,
     or None when `error` is not one (or the data set is not streamed from files that can hold one)."""
-    if isinstance(ds.shards, Shards):
-        from chain.data import record_stream
-
-        return record_stream.bad_record(error, ds.shards)
-    if isinstance(ds.shards, CsvFiles):
-        from chain.data import csv_stream
-
-        return csv_stream.bad_record(error, ds.shards)
-    return None
+    return ds.shards.bad_record(error) if ds.shards is not None else None
 
 
 def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int, shares: StreamShares | None = None):
@@ -79,16 +44,9 @@ def training_batches(ds: Dataset, batch: int, shuffle: bool, seed: int, shares: 
 
     if ds.shards is not None:
         if shares is None:
-            return _streamed(ds, batch, True, shuffle, seed)
-        from chain.data import record_stream
-
-        if not isinstance(ds.shards, Shards):  # refused before training (stream_shares.check_files)
-            raise ValueError("only TFRecord streams are read in replicas' shares")
-        part, skipped = batch // shares.replicas, _counter(ds, record_stream)
-        streams = tuple(
-            record_stream.training(ds.shards, part, shuffle, seed, skipped, (r, shares.replicas))
-            for r in shares.indices
-        )
+            return ds.shards.training(batch, shuffle, seed, _counter(ds))
+        part, skipped = batch // shares.replicas, _counter(ds)
+        streams = tuple(ds.shards.training(part, shuffle, seed, skipped, (r, shares.replicas)) for r in shares.indices)
         return tf.data.Dataset.zip(streams).map(_joined).prefetch(tf.data.AUTOTUNE)
     if shares is not None:
         raise ValueError("data in memory is read in whole batches, not in replicas' shares")
@@ -116,7 +74,7 @@ def validation_batches(ds: Dataset, batch: int):
     import tensorflow as tf
 
     if ds.shards is not None:
-        return _streamed(ds, batch, False)
+        return ds.shards.validation(batch, _counter(ds))
     if ds.val_x is None:
         return None
     return tf.data.Dataset.from_tensor_slices((ds.val_x, ds.val_y)).batch(batch).prefetch(tf.data.AUTOTUNE)

@@ -2,7 +2,7 @@
 `placement.fallback=mirrored`, in one process or across hosts).
 
 Replica r of R reads only its own training files, `paths[r::R]` in sorted order (a fixed deal:
-`chain.data.record_stream.replica_files`), as a stream of a data set of just those files would:
+`tfrecord_stream.replica_files` of `chain.data.sources.tfrecord`), as a stream of a data set of just those files would:
 shuffled per epoch from `seed`, its examples shuffled in its own buffer of `data.shuffle_buffer`,
 in batches of its share of the step (`examples_per_step / R`). A process's batch is its replicas'
 batches one after the other in replica order; the mirrored step cuts a batch into contiguous
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chain.data.shards import Shards
+from chain.data.streamed import Streamed
 from chain.errors import ConfigError
 
 
@@ -34,11 +34,11 @@ class StreamShares:
         return range(self.first, self.first + self.count)
 
 
-def check_files(shards, replicas: int, files: str | None) -> None:
+def check_files(shards: Streamed, replicas: int, files: str | None) -> None:
     """One ConfigError line when the replicas cannot read shares of this stream: not TFRecord files
     (the only stream read in shares so far), or fewer training files than the run's `replicas`
-    (a replica would have no file of its own; `files` is data.files' glob)."""
-    if not isinstance(shards, Shards):
+    (a replica would have no file of its own; `files` is data.path's glob)."""
+    if not shards.SHARES:
         raise ConfigError(
             f"data.stream=true with {replicas} mirrored replicas: each replica reads files of its own, "
             "which only data=tfrecord streams do so far: use data=tfrecord, data.stream=false, or one "
@@ -47,11 +47,11 @@ def check_files(shards, replicas: int, files: str | None) -> None:
     if len(shards.paths) < replicas:
         held = (
             " (after the files data.val_fraction holds out)"
-            if shards.val_key == "data.files" and shards.val_paths
+            if shards.val_key == "data.path" and shards.val_paths
             else ""
         )
         raise ConfigError(
-            f"data.files={files!r} gives {len(shards.paths)} training file(s){held}, and with "
+            f"data.path={files!r} gives {len(shards.paths)} training file(s){held}, and with "
             f"data.stream=true each of the {replicas} mirrored replicas reads files of its own: "
-            f"give data.files at least {replicas} training files, or data.stream=false"
+            f"give data.path at least {replicas} training files, or data.stream=false"
         )

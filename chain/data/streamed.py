@@ -1,21 +1,106 @@
-"""What a streamed CSV, `.npz` or callable data set reads (`data.stream=true`), as typed records
-made by its source without TensorFlow (`chain.data.sources`) and read by its `tf.data` stream
-(`chain.data.csv_stream`, `chain.data.array_stream`, `chain.data.function_stream`). TFRecord
-files have their own record, `chain.data.shards.Shards`.
-
-`held_files` is the rule every file stream shares for validation without a file of its own: whole
-files held out, the last ones in sorted order, the same on every run.
+"""What every streamed data set (`data.stream=true`, `chain.data.loader.Dataset.shards`) is to the
+run, declared once: `Streamed`, the interface its record implements (each source's record, made by
+its `shards` without TensorFlow, opens its own `tf.data` stream), and what the file streams share:
+`FileCounts` (the files and the examples each holds), `stream_files` and `held_files` (validation
+without a file of its own: whole files held out, the last ones in sorted order, the same on every
+run) and `none_empty`. No TensorFlow here: a record imports its stream module when a stream is opened.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from chain.data.catalog import DataInfo, split_size
-from chain.data.files import Member
-from chain.data.shards import FileCounts
+from chain.data.catalog import split_size, val_fraction
+from chain.data.paths import matching
 from chain.errors import ConfigError
+
+# The roles of the files a stream reads (`Streamed.files_read`), as a checkpoint records them.
+TRAIN, VAL, VOCABULARY = "train", "val", "vocabulary"
+
+
+class Streamed(ABC):
+    """A data set read while training: its record (the source's files, counts and settings) and how
+    it opens its streams. Every method the run calls on a streamed data set is declared here, with
+    its default where a source has nothing to add. The streams are `tf.data.Dataset`s of
+    `(x, {target: y})` batches."""
+
+    # Whether mirrored replicas read their own shares of its files (`training`'s `share`).
+    SHARES: ClassVar[bool] = False
+
+    @property
+    @abstractmethod
+    def examples(self) -> int:
+        """Training examples in an epoch."""
+
+    @abstractmethod
+    def training(self, batch: int, shuffle: bool, seed: int, skipped: Any = None, share: tuple[int, int] | None = None):
+        """The endless stream of training batches of `batch` examples, shuffled with `seed`; bad
+        records counted in `skipped` (`skip_counter`) or stopping it; `share=(r, R)`: replica r's
+        files of R (only where `SHARES`)."""
+
+    @abstractmethod
+    def validation(self, batch: int, skipped: Any = None):
+        """The validation examples once, in order, in batches of at most `batch`; None without any."""
+
+    def skip_counter(self) -> Any:
+        """The count of bad records left out (`data.on_bad_record=skip`, a `tf.Variable`), or None
+        when a bad record stops the run (or the source has none)."""
+        return None
+
+    def bad_record(self, error: BaseException) -> str | None:
+        """The one line for a bad record that stopped the stream (naming its file), or None when
+        `error` is not one."""
+        return None
+
+    def files_read(self) -> list[tuple[str, str, str]]:
+        """(path, key, role: TRAIN, VAL or VOCABULARY) of every file the stream's identity is made
+        of, training files first (`chain.data.identity`); empty: no files of ours (the user's dataset)."""
+        return []
+
+    def check_ids(self, data: Any, vocab: int, target: str) -> None:
+        """The ids of `model=gpt`'s inputs and `target` within `[0, vocab)`, where they can be read
+        before training (`chain.data.token_ids.check`); by default they are not."""
+        return None
+
+
+def refuse_share(share: tuple[int, int] | None) -> None:
+    """A stream that is not read in replicas' shares given one (refused before training by
+    `chain.data.stream_shares.check_files`)."""
+    if share is not None:
+        raise ValueError("only TFRecord streams are read in replicas' shares")
+
+
+@dataclass(frozen=True)
+class FileCounts:
+    """The files a stream reads and the examples each holds: training `paths` with `counts`, and
+    validation `val_paths` (empty: none) with `val_counts`. What every file stream's record shares."""
+
+    paths: tuple[str, ...]
+    counts: tuple[int, ...]
+    val_paths: tuple[str, ...]
+    val_counts: tuple[int, ...]
+
+    @property
+    def examples(self) -> int:
+        """Training examples in all the files."""
+        return sum(self.counts)
+
+    @property
+    def val_examples(self) -> int:
+        """Validation examples in all the files."""
+        return sum(self.val_counts)
+
+    TRAIN_KEY: ClassVar[str] = "data.path"  # the glob of the training files; a subclass's `val_key` the validation's
+
+    def key(self, path: str) -> str:
+        """The key whose glob matched `path` (for error lines)."""
+        return self.val_key if path in self.val_paths else self.TRAIN_KEY
+
+    def files_read(self) -> list[tuple[str, str, str]]:
+        """Every file, training files first (`Streamed.files_read`)."""
+        return [(p, self.TRAIN_KEY, TRAIN) for p in self.paths] + [(p, self.key(p), VAL) for p in self.val_paths]
 
 
 def held_files(paths: list[str], fraction: float, key: str, pattern: str) -> tuple[list[str], list[str]]:
@@ -31,124 +116,28 @@ def held_files(paths: list[str], fraction: float, key: str, pattern: str) -> tup
     return paths[: len(paths) - held], paths[len(paths) - held :]
 
 
-@dataclass(frozen=True)
-class CsvFiles(FileCounts):
-    """CSV files streamed (`data=csv data.stream=true`): training `paths` and validation `val_paths`,
-    each file's row count, their shared header (`columns`), the input columns' indices (`x`), the
-    targets as (name, column index, classes: 0 for a value), the shuffle buffer in examples and
-    whether bad rows are left out (`skip_bad`); `val_key` names the validation files' key."""
-
-    columns: tuple[str, ...]
-    x: tuple[int, ...]
-    targets: tuple[tuple[str, int, int], ...]
-    shuffle_buffer: int
-    skip_bad: bool = False
-    TRAIN_KEY: ClassVar[str] = "data.path"
-    val_key: str = TRAIN_KEY
+def stream_files(data: Any) -> tuple[list[str], list[str], str]:
+    """A stream of files' training and validation files and the key that names the validation files:
+    the glob `data.val_path`, or the last whole files of the glob `data.path` (`held_files`)."""
+    paths = matching(data.path, "data.path")
+    if data.val_path is not None:
+        return paths, matching(data.val_path, "data.val_path"), "data.val_path"
+    paths, val = held_files(paths, val_fraction(data), "data.path", data.path)
+    return paths, val, "data.path"
 
 
-@dataclass(frozen=True)
-class ArrayPart:
-    """Rows `start`..`stop` of an `.npz` file's arrays read in place: the inputs `x` and each target
-    (in the targets' order), every one a `chain.data.files.Member` of one file."""
-
-    x: Member
-    ys: tuple[Member, ...]
-    start: int
-    stop: int
-
-    @property
-    def rows(self) -> int:
-        return self.stop - self.start
-
-
-@dataclass(frozen=True)
-class ArrayFiles:
-    """An `.npz` data set streamed (`data=npz data.stream=true`): the training rows (`train`), the
-    validation rows (`val`, None: none), the targets as (name, classes: 0 for a value), the rows
-    read as one block (`block`: blocks are what is shuffled per epoch and read several at a time)
-    and the shuffle buffer in examples."""
-
-    train: ArrayPart
-    val: ArrayPart | None
-    targets: tuple[tuple[str, int], ...]
-    block: int
-    shuffle_buffer: int
-
-    @property
-    def examples(self) -> int:
-        return self.train.rows
-
-    @property
-    def val_examples(self) -> int:
-        return self.val.rows if self.val else 0
-
-
-@dataclass(frozen=True)
-class FunctionData:
-    """The user's `tf.data.Dataset` streamed as it is (`data=callable data.stream=true`): the dataset
-    of single examples (`dataset`, a `tf.data.Dataset`), its target names in order (None: a bare y),
-    the description (`info`: shapes from its element spec, classes from `data.classes`, size from
-    `data.examples` or a count), the first `held` examples kept for validation, the shuffle buffer,
-    and what names it in error lines (`what`)."""
-
-    dataset: Any
-    names: tuple[str | None, ...]
-    info: DataInfo
-    held: int
-    shuffle_buffer: int
-    what: str
-
-
-@dataclass(frozen=True)
-class TokenPart:
-    """Tokens `start`..`stop` of the ids of `paths` one after the other (each file `sizes[k]` ids of NumPy
-    `dtype`; one file for `data=tokens`, a glob's UTF-8 files as bytes for `data=text`), cut into windows
-    of `seq_len + 1` tokens (the inputs and, one token on, their targets): `windows` of them."""
-
-    paths: tuple[str, ...]
-    sizes: tuple[int, ...]
-    dtype: str
-    start: int
-    stop: int
-    seq_len: int
-
-    @property
-    def windows(self) -> int:
-        """Whole windows the part holds at a stride of `seq_len` (each needs one more token)."""
-        return max(0, (self.stop - self.start - 1) // self.seq_len)
-
-
-@dataclass(frozen=True)
-class Tokenized:
-    """What a tokenizer's token files were made from (`data=text data.tokenizer`): the training texts
-    (`texts`), the validation texts (`val_texts`, `data.val_files`; empty: held out of the training
-    texts' ids) and the vocabulary's files. They are the stream's identity, not the ids' files in the
-    user's cache, which a cleared cache, another `$HOME` or another machine makes again."""
-
-    texts: tuple[str, ...]
-    val_texts: tuple[str, ...]
-    vocabulary: tuple[str, ...]
-    VOCABULARY_KEY: ClassVar[str] = "data.tokenizer"
-
-
-@dataclass(frozen=True)
-class TokenFiles:
-    """Token files streamed (`data=tokens`, `data=text`): the training tokens (`train`), the validation tokens
-    (`val`, None: none), the vocabulary (`vocab`: ids 0..vocab-1) and how training windows are
-    drawn (`windows`: `sequential`, every window of the part at a stride of seq_len, in order or
-    shuffled per epoch; `random`, each starting at a random token, as nanoGPT's `get_batch`);
-    `made_from`: the texts and vocabulary a tokenizer made the files of (None: the files are the data)."""
-
-    train: TokenPart
-    val: TokenPart | None
-    vocab: int
-    windows: str
-    TRAIN_KEY: str = "data.path"  # what names the training files, and the validation files
-    val_key: str = "data.val_path"
-    made_from: Tokenized | None = None
-    TARGET: ClassVar[str] = "next"  # the target: the next token at every position
-
-    @property
-    def examples(self) -> int:
-        return self.train.windows
+def none_empty(paths: list[str], counts: tuple[int, ...], key: str, what: str, held: bool = False) -> None:
+    """One line naming the first of `paths` that holds no `what` (`key` names their glob; `held`:
+    they are the validation files held out of it). An empty file is refused before training: an
+    empty validation set has no loss to report, and an empty training file is no file of the data."""
+    for path, n in zip(paths, counts):
+        if not n:
+            role = (
+                f", and it is held out for validation (the last {len(paths)} file(s) of {key} in sorted order)"
+                if held
+                else ""
+            )
+            raise ConfigError(
+                f"{key}: {path} holds no {what}{role}; every file streamed holds at least one: remove "
+                f"it, or change {key}"
+            )

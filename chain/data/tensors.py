@@ -1,7 +1,6 @@
-"""The sources only TensorFlow can read, read into NumPy arrays once, at build time: TFRecord
-files (`records`, for `data=tfrecord`) and the user's function returning a `tf.data.Dataset`
-(`call`, for `data=callable`: resolved and checked by `chain.targets`, then called through Hydra's
-`instantiate`).
+"""A finite `tf.data.Dataset` read whole into NumPy arrays, bounded (`gather`): how the sources only
+TensorFlow can read are read once, at build time (TFRecord files: `tfrecord_read`; the user's
+function returning a `tf.data.Dataset`: `function_read`, both in their folders of `chain.data.sources`).
 
 Reading everything once is what lets every source be checked whole before training (shapes,
 label ranges, the number of classes), split deterministically into training and validation
@@ -20,10 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 
-from chain import targets
-from chain.data import files, tfrecord_files
-from chain.data.catalog import target_keys
-from chain.errors import ConfigError, first_line, instantiate_error
+from chain.errors import ConfigError, first_line
 
 CHUNK = 4096  # examples converted to NumPy at a time
 
@@ -61,9 +57,7 @@ def _within(batches: Iterator, timeout_s: float, what: str) -> Iterator:
         yield item
 
 
-def _gather(
-    dataset: tf.data.Dataset, what: str, max_examples: int | None = None, timeout_s: float | None = None
-) -> Any:
+def gather(dataset: tf.data.Dataset, what: str, max_examples: int | None = None, timeout_s: float | None = None) -> Any:
     """Every element of a finite dataset, batched into NumPy arrays (a structure like its elements).
 
     `max_examples` and `timeout_s` bound the read of a dataset that may never end: more examples
@@ -86,87 +80,3 @@ def _gather(
             "return each example once, or raise data.max_examples"
         )
     return arrays
-
-
-# --- TFRecord --------------------------------------------------------------------------------
-
-
-def records(data, pattern: str, key: str) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
-    """The inputs and targets held by the TFRecord files of the glob `pattern` (`key` names it),
-    parsed with `data.features`, and what each was read from."""
-    spec = {
-        name: tf.io.FixedLenFeature(shape, tf.float32 if dtype == "float32" else tf.int64)
-        for name, (dtype, shape) in data.features
-    }
-    keys = target_keys(data)
-    paths = files.matching(pattern, key)
-    # TensorFlow's reader stops without a word at a file cut inside a record's header: count them.
-    whole = sum(tfrecord_files.whole_records(p, f"{key}={pattern!r}") for p in paths)
-    parsed = tf.data.TFRecordDataset(paths).map(lambda r: tf.io.parse_single_example(r, spec))
-    arrays = _gather(parsed, f"{key}={pattern!r} with data.features")
-    if whole != len(arrays[data.x]):
-        raise ConfigError(
-            f"{key}={pattern!r}: TensorFlow read {len(arrays[data.x])} records, but the files hold {whole}"
-        )
-    where = [f"data.x={data.x!r} of {pattern}"] + [f"{w}={k!r}" for _, k, w in keys]
-    return arrays[data.x], [arrays[k] for _, k, _ in keys], where
-
-
-# --- the user's function ---------------------------------------------------------------------
-
-
-def _call(data) -> tf.data.Dataset:
-    """Call the user's function through Hydra's `instantiate` (its checks on targets included), once it is
-    resolved and checked to be callable (`chain.targets.function`)."""
-    from hydra.utils import instantiate
-
-    what = f"data._target_={data._target_}"
-    targets.function("data._target_", data._target_, targets.DATA_FUNCTION_RETURNS)
-    try:
-        result = instantiate({"_target_": data._target_, **data.kwargs})
-    except Exception as e:  # noqa: BLE001 (the user's function may raise anything; Hydra wraps it)
-        raise instantiate_error(e, what) from None
-    if not isinstance(result, tf.data.Dataset):
-        raise ConfigError(f"{what} returned {type(result).__name__}; it must return {targets.DATA_FUNCTION_RETURNS}")
-    if result.cardinality() == tf.data.INFINITE_CARDINALITY:
-        raise ConfigError(
-            f"{what} returned an endless dataset (it repeats); return each example once: chain repeats and shuffles it"
-        )
-    return result
-
-
-def function_dataset(data) -> tf.data.Dataset:
-    """The user's function's dataset (`data=callable`), its elements checked to be single examples
-    `(x, y)` or `(x, {name: y})` of fixed shapes; not read."""
-    dataset = _call(data)
-    what = f"data._target_={data._target_}"
-    spec = dataset.element_spec
-    ys = spec[1] if isinstance(spec, tuple) and len(spec) == 2 else None
-    ys = list(ys.values()) if isinstance(ys, dict) else [ys]
-    if not (
-        isinstance(spec, tuple)
-        and isinstance(spec[0], tf.TensorSpec)
-        and ys
-        and all(isinstance(y, tf.TensorSpec) for y in ys)
-    ):
-        raise ConfigError(
-            f"{what} returned a dataset of {spec}; its elements must be (x, y) or (x, {{name: y}}), one example each"
-        )
-    if not all(s.shape.is_fully_defined() for s in [spec[0], *ys]):
-        raise ConfigError(
-            f"{what} returned examples of unknown shape ({spec}); every x and every y must have "
-            "one fixed shape (do not batch the dataset: chain does)"
-        )
-    return dataset
-
-
-def call(data) -> tuple:
-    """The fields of a `chain.data.data_source.Read` of the user's function (`data=callable`): its
-    inputs, targets, their names (None: a bare y, named by its kind) and where each came from."""
-    dataset = function_dataset(data)
-    what = f"data._target_={data._target_}"
-    x, y = _gather(dataset, what, data.max_examples, data.read_timeout_s)
-    if isinstance(y, dict):
-        names = list(y)
-        return x, [y[n] for n in names], names, [f"{what} x"] + [f"{what} y[{n!r}]" for n in names]
-    return x, [y], [None], [f"{what} x", f"{what} y"]

@@ -11,14 +11,12 @@ and the file. No TensorFlow here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from chain.data import files
-from chain.data.catalog import target_keys
-from chain.data.streamed import ArrayFiles
+from chain.data.sources.npz import npz_members
+from chain.data.verify import in_vocab
 from chain.errors import ConfigError
 
 WINDOWED = ("text", "tokens")  # examples are windows of a token stream, `data.seq_len` ids each
@@ -38,7 +36,7 @@ def ids(data) -> Ids:
     if data.name in WINDOWED:
         return Ids(data.seq_len, getattr(data, "dtype", "uint8"))  # data=text: bytes
     if data.name == "npz":
-        shape, dtype = files.npz_header(data.path, data.x, "data.x", "data.path")
+        shape, dtype = npz_members.npz_header(data.path, data.x, "data.x", "data.path")
         where, held = f"data.x={data.x!r} of {data.path}", f"{dtype} of shape {shape}"
     elif data.name == "tfrecord":
         dtype_name, per_example = dict(data.features)[data.x]
@@ -56,45 +54,19 @@ def ids(data) -> Ids:
     return Ids(int(shape[1]), dtype.name)
 
 
-def in_vocab(x: np.ndarray, vocab: int, where: str) -> None:
-    """One line naming `where` (the key and file) when an id of `x` is outside `[0, vocab)`."""
-    low, top = (int(x.min()), int(x.max())) if x.size else (0, 0)
-    if low < 0 or top >= vocab:
-        raise ConfigError(
-            f"{where} holds the id {low if low < 0 else top}; model.vocab={vocab} takes ids "
-            f"0..{vocab - 1}: give model.vocab (and data.classes) the largest id + 1 or more"
-        )
-
-
-def _in_place(member: files.Member, vocab: int, where: str) -> None:
-    """`in_vocab` of an `.npz` member read in place (a stream's), a block of rows at a time."""
-    rows = np.memmap(member.path, np.dtype(member.dtype), "r", member.offset, member.shape)
-    step = max(1, (1 << 24) // max(1, math.prod(member.shape[1:])))
-    for i in range(0, len(rows), step):
-        in_vocab(np.asarray(rows[i : i + step]), vocab, where)
-
-
 def check(data, x: np.ndarray | None, val_x: np.ndarray | None, shards, vocab: int, target: str) -> None:
     """The user's arrays of ids (`data=npz`, `data=tfrecord`) within `[0, vocab)`, before training: the
-    loaded inputs `x` and `val_x` (their targets are checked as every class label is), or a streamed
-    `.npz` file's inputs and `target` (the one `model=gpt` learns), read in place once. A streamed TFRecord
-    is read only while training: its ids are not checked up front (TensorFlow's lookup stops the step)."""
+    loaded inputs `x` and `val_x` (their targets are checked as every class label is), or a stream's inputs
+    and `target` (the one `model=gpt` learns) where they can be read up front (`Streamed.check_ids`: a
+    streamed `.npz` file's, read in place once; a streamed TFRecord is read only while training, and
+    TensorFlow's lookup stops the step)."""
     if data.name not in ARRAYS:
         return
     if x is not None:
-        own = f"data.x={data.x!r} of {getattr(data, 'path', None) or data.files}"
+        own = f"data.x={data.x!r} of {data.path}"
         in_vocab(x, vocab, own)
         if val_x is not None:
-            val = getattr(data, "val_path", None) or getattr(data, "val_files", None)
+            val = data.val_path
             in_vocab(val_x, vocab, f"data.x={data.x!r} of {val}" if val else own)
-    elif isinstance(shards, ArrayFiles):
-        learned = [name for name, _ in shards.targets].index(target)
-        key = [f"{where}={key!r}" for _, key, where in target_keys(data)][learned]
-        members = {
-            m: k
-            for part in (shards.train, shards.val)
-            if part is not None  # data.path's validation rows:
-            for m, k in ((part.x, f"data.x={data.x!r}"), (part.ys[learned], key))
-        }  # the same members
-        for member, k in members.items():
-            _in_place(member, vocab, f"{k} of {member.path}")
+    elif shards is not None:
+        shards.check_ids(data, vocab, target)

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from chain.data.catalog import DataInfo, Target
-from chain.errors import first_line
+from chain.errors import ConfigError, first_line
 
 
 def _array(value: Any, name: str) -> np.ndarray:
@@ -170,7 +170,6 @@ def arrays(
     `where` names what `x` (key "x") and each target were read from (e.g. `data.y='y'`), so
     the ConfigError line names the key.
     """
-    from chain.errors import ConfigError
 
     try:
         x = finite(inputs(x, info, where["x"]), where["x"])
@@ -181,3 +180,14 @@ def arrays(
 
 def _shape(dims) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def in_vocab(x: np.ndarray, vocab: int, where: str) -> None:
+    """One ConfigError line naming `where` (the key and file) when an id of `x` is outside `[0, vocab)`
+    (`model.vocab` is a setting: unlike the checks above, this one is the config's)."""
+    low, top = (int(x.min()), int(x.max())) if x.size else (0, 0)
+    if low < 0 or top >= vocab:
+        raise ConfigError(
+            f"{where} holds the id {low if low < 0 else top}; model.vocab={vocab} takes ids "
+            f"0..{vocab - 1}: give model.vocab (and data.classes) the largest id + 1 or more"
+        )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from chain.config import Settings
 from chain.config.checks import BatchCut
-from chain.planning.candidates import AutoPlan
+from chain.records.auto_plan import AutoPlan
 from chain.data.catalog import DataInfo
 from chain.schedule.schedules import Schedule
 from chain.planning.inventory import Inventory
@@ -30,4 +30,4 @@ class RunSpec:
     inventory: Inventory | None = None
     schedule: Schedule | None = None
     batch_cut: BatchCut | None = None
-    auto_plan: AutoPlan | None = None  # placement.plan=auto: what the search chose (chain.planning.candidates)
+    auto_plan: AutoPlan | None = None  # placement.plan=auto: what the search chose (chain.autoplan)

@@ -14,7 +14,9 @@ class FileStamp:
     """One file of a stream as it was when the run (or its last resume) started."""
 
     path: str = item("the file, as its key's glob (or path) gave it")
-    key: str = item("the key that names it: data.files, data.val_files, data.path, data.val_path or data.tokenizer")
+    key: str = item(
+        "the key that names it: data.path, data.val_path or data.tokenizer (data.files, data.val_files in older checkpoints)"
+    )
     role: str = item("what the run reads it for: train, val or vocabulary (data.tokenizer's files)")
     size: int = item("its size in bytes")
     mtime_ns: int = item("its modification time, in ns since the epoch")

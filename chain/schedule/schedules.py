@@ -16,7 +16,7 @@ stages, whether it splits the backward, ...), which every other module reads ins
 starts once its row's previous action and its inputs have ended). `simulate` is it on an idealised
 machine (every action takes one time slot) and gives the per-device timeline and the bubble
 fraction that `plan_only=true` prints and summary.json records; `chain.pipeline.idle` plays it with
-measured durations and `chain.planning.search` with the planner's predicted costs.
+measured durations and `chain.autoplan.search` with the planner's predicted costs.
 
 The names the step gives its ops are defined here too (`Action.scope`, `update_scope`), with
 their readers (`Action.parse`, `update_stage`) that `chain.pipeline.timeline` reads a trace with.
@@ -568,7 +568,7 @@ def play_timed(
     after each of those (a transfer); rows with the same `shared[r]` (a physical device) run one action
     at a time. Of the actions that may start, the earliest starts first (ties: the lower row). Unit
     costs give `simulate`'s slots, measured durations `chain.pipeline.idle`'s replay, the planner's
-    costs `chain.planning.search`'s. Raises `Deadlock` if some action can never run."""
+    costs `chain.autoplan.search`'s. Raises `Deadlock` if some action can never run."""
     split = is_split(schedule)
     m = schedule.microbatches
     rows = tuple(tuple(rounds(row, m, grad_accum, c)) for c in range(copies) for row in schedule.actions)

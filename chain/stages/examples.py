@@ -1,4 +1,4 @@
-"""Example inputs for timing a model's links (`chain.stages.plan_timing` for `placement.plan=auto`,
+"""Example inputs for timing a model's links (`chain.autoplan.measure` for `placement.plan=auto`,
 `chain.stages.timing` for `placement.balance=time`): what each link really takes, made from its input
 signature and the data description.
 

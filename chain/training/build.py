@@ -18,13 +18,14 @@ from typing import Callable, Sequence
 from omegaconf import DictConfig
 
 from chain import data
+from chain.autoplan import settle
 from chain.config import Settings
 from chain.config.schema import Gpt
 from chain.data import stream_shares, token_ids
 from chain.planning import cluster, devices, fit, planner
 from chain.planning.planner import Assignment
 from chain.prepared import RunSpec, prepare, with_loaded_data
-from chain.training import planned, ways
+from chain.training import ways
 from chain.training.run import Run
 
 log = logging.getLogger("chain")
@@ -93,8 +94,8 @@ def build(
 
     spec = prepare(cfg)
     spec = replace(spec, assignment=apply(spec))  # a new record: a `RunSpec` given is never changed
-    if planned.wanted(spec):  # placement.plan=auto: measured on the devices just applied, then the chosen plan's
-        spec = planned.settle(spec, run_dir, model)
+    if settle.wanted(spec):  # placement.plan=auto: measured on the devices just applied, then the chosen plan's
+        spec = settle.settle(spec, run_dir, model)
         spec = replace(spec, assignment=apply(spec))
     settings = spec.settings
     keras.utils.set_random_seed(settings.seed)  # the user's function may draw random numbers
@@ -112,7 +113,7 @@ def build(
         )
     if dataset.shards is not None and assignment.topology == planner.MIRRORED:  # each replica streams its own files
         stream_shares.check_files(
-            dataset.shards, len(assignment.mirrored_devices), getattr(settings.data, "files", None)
+            dataset.shards, len(assignment.mirrored_devices), getattr(settings.data, "path", None)
         )
     keras.utils.set_random_seed(settings.seed)  # weights start the same whatever reading the data drew
     bodies, labels, assignment = resolve(

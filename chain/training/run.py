@@ -25,8 +25,10 @@ from chain.data import verify as checks
 from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
 from chain.errors import ChainError, StorageError, first_line
-from chain.planning import memory, plan_table
-from chain.planning.candidates import AutoPlan
+from chain.autoplan import table
+from chain.autoplan.step_check import PlanCheck
+from chain.planning import memory
+from chain.records.auto_plan import AutoPlan
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
 from chain.records.summaries import DataWait, Summary
@@ -36,8 +38,8 @@ from chain.steps.numerics import finite_or_none, judge
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import Evaluation
 from chain.training import failures, validation
-from chain.training.cadence import Cadences, PlanCheck
-from chain.training.summary import Ending, plan_fields, summarize
+from chain.training.cadence import Cadences
+from chain.training.summary import Ending, summarize
 
 if TYPE_CHECKING:
     from chain.state.checkpoints import Checkpoints
@@ -373,7 +375,7 @@ class Run:
         loop = self._open()
         predicted = None
         if self.auto_plan is not None:  # logged after the placement table: chain.log keeps what was chosen
-            log.info("%s", plan_table.one_line(self.auto_plan))
+            log.info("%s", table.one_line(self.auto_plan))
             predicted = 1000.0 * self.auto_plan.chosen.step_s
         cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0, predicted)
         memory.reset(self.strategy.memory_devices())
@@ -518,7 +520,7 @@ class Run:
         )
         summary = self.strategy.complete(summarize(self.settings, self.strategy, self.dataset, ending))
         summary = replace(
-            summary, data_wait_ms=loop.data_wait(), plan=plan_fields(self.auto_plan, loop.median_step_ms())
+            summary, data_wait_ms=loop.data_wait(), plan=table.plan_fields(self.auto_plan, loop.median_step_ms())
         )  # None: a plan by hand
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
@@ -544,7 +546,7 @@ class Run:
         if measured is not None and check.off(measured):
             log.warning(
                 "%s",
-                plan_table.mismatch(
+                table.mismatch(
                     self.auto_plan,
                     measured,
                     loop.timed_steps,

@@ -5,7 +5,7 @@ strategy (its stages, assignment, report layout and its own sections: `Strategy.
 `stage_summary`), the settings and the data set, and returns the typed `Summary`
 (`chain.records.summaries`) before the strategy completes it (`Strategy.complete`) and the
 loop adds its measured data wait, profile and, with placement.plan=auto, the plan beside its measured
-step (`plan_fields`).
+step (`chain.autoplan.table.plan_fields`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from chain.config.schema import Settings
 from chain.data.loader import Dataset
 from chain.planning import memory
-from chain.planning.candidates import AutoPlan, Prediction
 from chain.planning.planner import Assignment
 from chain.records.results import LossRecord
-from chain.records.summaries import ClippingFields, PlanFields, PlannedCandidate, StageSummary, Summary
+from chain.records.summaries import ClippingFields, StageSummary, Summary
 from chain.stages.stage import Stage
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import Evaluation
@@ -113,41 +112,4 @@ def stage_summary(s: Stage, skipped: int) -> StageSummary:
         # (the same for every stage in mode=e2e, where the chain shares one scale).
         loss_scale=float(s.loss_scale.scale.numpy()) if s.loss_scale is not None else None,
         overflow_steps=int(s.loss_scale.overflows.numpy()) if s.loss_scale is not None else 0,
-    )
-
-
-def plan_fields(plan: AutoPlan | None, measured_ms: float | None) -> PlanFields | None:
-    """summary.json's `plan`: plan=auto's choice (None: a plan by hand), its predicted step next to the
-    run's measured one (`measured_ms`, the median timed step; None: none was timed), the planning's
-    times and counts, and the best candidates."""
-    if plan is None:
-        return None
-    predicted = 1000.0 * plan.chosen.step_s
-    return PlanFields(
-        overrides=list(plan.chosen.candidate.overrides()),
-        predicted_step_ms=predicted,
-        measured_step_ms=measured_ms,
-        ratio=measured_ms / predicted if measured_ms is not None and predicted > 0 else None,
-        measuring_s=plan.measuring_s,
-        searching_s=plan.searching_s,
-        cached=plan.cached,
-        measured_by=f"{plan.cache.measured_by}, key {plan.cache.key}" if plan.cached and plan.cache else None,
-        candidates=plan.candidates,
-        dropped_for_memory=plan.dropped_for_memory,
-        ranked=[candidate_fields(rank, p) for rank, p in enumerate(plan.ranked, 1)],
-    )
-
-
-def candidate_fields(rank: int, p: Prediction) -> PlannedCandidate:
-    """One ranked candidate's row of `plan.ranked`."""
-    c = p.candidate
-    return PlannedCandidate(
-        rank=rank,
-        overrides=list(c.overrides()),
-        predicted_step_ms=1000.0 * p.step_s,
-        examples_per_second=p.examples_per_s,
-        bubble_fraction=p.bubble,
-        devices=list(dict.fromkeys(c.devices)) if c.devices is not None else None,
-        peak_bytes=list(p.peaks),
-        memory_bytes=list(p.memory),
     )

@@ -5,7 +5,6 @@ or the pieces of one Keras model cut into stages (`model=keras`, or `chain.build
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import Callable, NamedTuple, Sequence
 
@@ -15,43 +14,15 @@ from chain.config.checks import BatchCut
 from chain.config.schema import Builder, Gpt, KerasModel, Settings
 from chain.config.shapes import human, optimizer_slots
 from chain.data.catalog import DataInfo
-from chain.errors import ConfigError, first_line
+from chain.errors import ConfigError
 from chain.schedule.schedules import Schedule
 from chain.planning import balance, footprint
 from chain.planning.planner import MIRRORED, Assignment
 from chain.stages import cut
 from chain.prepared import estimate
 from chain.stages.bodies import Body, from_builder
+from chain.stages.user_model import gpt_model, load_model
 from chain.strategies.objectives import objective
-
-
-def load_model(spec: KerasModel) -> keras.Model:
-    """The model of `model.path`, after importing `model.imports`; what Keras cannot rebuild is one line."""
-    import importlib
-
-    for module in spec.imports:
-        try:
-            importlib.import_module(module)
-        except Exception as e:  # an import runs the user's code: anything may be raised
-            raise ConfigError(f"model.imports: cannot import {module!r} ({type(e).__name__}: {e})") from None
-    path = spec.path
-    try:
-        return keras.models.load_model(path, compile=False, safe_mode=spec.safe_mode)
-    except Exception as e:  # Keras raises many kinds for a file it cannot read
-        text = str(e).strip()
-        if "deserialization of a `Lambda`" in text:
-            raise ConfigError(
-                f"model.path={path!r} holds Python code (a Lambda layer) that Keras runs only when told "
-                "to: if you trust the file, set model.safe_mode=false"
-            ) from None
-        unknown = re.search(r"Could not locate (?:class|function) '([^']+)'", text)
-        if unknown:
-            raise ConfigError(
-                f"model.path={path!r} uses a layer class Keras does not know ({unknown.group(1)!r}): "
-                "register it with @keras.saving.register_keras_serializable() in a module and name "
-                "that module in model.imports=[...]"
-            ) from None
-        raise ConfigError(f"model.path={path!r} cannot be loaded: {first_line(e)}") from None
 
 
 def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
@@ -66,16 +37,6 @@ def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
             f"{c.name} ends in a softmax ({last.name!r}), but the chain's cross-entropy takes logits: "
             "remove the softmax from the model (the chain's predictions are then its logits)"
         )
-
-
-def gpt_model(settings: Settings) -> keras.Model:
-    """`model=gpt`'s transformer (`chain.stages.gpt`), taking ids of the width the data gives them."""
-    from chain.data.token_ids import ids as token_ids
-    from chain.data.verify import input_dtype
-    from chain.stages import gpt
-
-    ids = input_dtype(token_ids(settings.data).dtype)  # as the data's stream gives them (bytes: int32)
-    return gpt.build(settings.stages[0].model, ids.name)
 
 
 class Resolved(NamedTuple):

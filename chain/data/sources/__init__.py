@@ -1,8 +1,10 @@
-"""The data sources: one module per source, each holding its settings dataclass, its description
-and its reader as one `SOURCE = chain.data.data_source.Source(settings, describe, read)`.
+"""The data sources: one module (a built-in set: `digits_data`, `synthetic_data`) or one folder per
+source (`csv`, `npz`, `tfrecord`, `tokens`, `text`, `function`, `keras`: its settings, description
+and reader, its files read with NumPy, and, for a source that streams, its record and its `tf.data`
+stream), each giving `SOURCE = chain.data.data_source.Source(settings, describe, read)`.
 
-`SOURCES` maps every `data.name` to its source, collected from the modules of this package (so
-adding a source is one module here plus its `conf/data/NAME.yaml`); the config's schema takes the
+`SOURCES` maps every `data.name` to its source, collected from the modules and folders of this
+package (so adding a source is one module or folder here plus its `conf/data/NAME.yaml`); the config's schema takes the
 `data` section's forms from it (`settings_classes`), and `describe` and the loader
 (`chain.data.loader.load`) go through it. No TensorFlow is imported here: a source that needs it
 imports it in its reader.
@@ -18,8 +20,8 @@ from chain.data.data_source import Read, Source
 
 
 def collect(package: str, path: list[str]) -> dict[str, Source]:
-    """`data.name` -> `Source`, from every module of the package `package` (its `__path__`: `path`);
-    each must define `SOURCE`, and no two may claim one name."""
+    """`data.name` -> `Source`, from every module and subpackage of the package `package` (its
+    `__path__`: `path`); each must define `SOURCE`, and no two may claim one name."""
     found: dict[str, Source] = {}
     for module in sorted(m.name for m in pkgutil.iter_modules(path)):
         source = getattr(importlib.import_module(f"{package}.{module}"), "SOURCE", None)

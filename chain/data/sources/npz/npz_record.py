@@ -1,0 +1,45 @@
+"""What an `.npz` stream reads (`data=npz data.stream=true`): `ArrayFiles` and its `ArrayPart`s,
+made by `npz_data.shards` without TensorFlow and read by `npz_stream`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chain.data.sources.npz.npz_members import Member
+
+
+@dataclass(frozen=True)
+class ArrayPart:
+    """Rows `start`..`stop` of an `.npz` file's arrays read in place: the inputs `x` and each target
+    (in the targets' order), every one an `npz_members.Member` of one file."""
+
+    x: Member
+    ys: tuple[Member, ...]
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class ArrayFiles:
+    """An `.npz` data set streamed (`data=npz data.stream=true`): the training rows (`train`), the
+    validation rows (`val`, None: none), the targets as (name, classes: 0 for a value), the rows
+    read as one block (`block`: blocks are what is shuffled per epoch and read several at a time)
+    and the shuffle buffer in examples."""
+
+    train: ArrayPart
+    val: ArrayPart | None
+    targets: tuple[tuple[str, int], ...]
+    block: int
+    shuffle_buffer: int
+
+    @property
+    def examples(self) -> int:
+        return self.train.rows
+
+    @property
+    def val_examples(self) -> int:
+        return self.val.rows if self.val else 0
