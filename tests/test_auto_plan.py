@@ -392,14 +392,14 @@ def test_examples_are_what_each_piece_takes():
         assert made[key].shape == (64, 5) and set(np.unique(made[key].numpy())) == {0, 1, 2}
     assert made["token_ids"].dtype == "int32" and made["floats"].dtype == "float32"
     assert np.all(made["padding_mask"].numpy() == 1) and np.all(made["segment_ids"].numpy() == 0)
-    (given,) = examples.chained([model], examples.Feed((5,), vocab=3))[1:]
+    (given,) = examples.link_signatures([model], examples.Feed((5,), vocab=3))[1:]
     assert given == examples.Leaf((5, 2), "float32")
     # a piece giving a tensor and its mask, and the next taking both: the mask true, only floats differentiated
     x = keras.Input((None,), dtype="int32")
     masking = keras.Model(x, [L.Embedding(7, 2)(x), keras.ops.not_equal(x, -1)])
     h, mask = keras.Input((None, 2)), keras.Input((None,), dtype="bool")
     taking = keras.Model([h, mask], L.GlobalAveragePooling1D()(L.Dense(3)(h), mask=mask))
-    signatures = examples.chained([masking, taking], examples.Feed((5,), vocab=7))
+    signatures = examples.link_signatures([masking, taking], examples.Feed((5,), vocab=7))
     assert signatures[1] == [examples.Leaf((5, 2), "float32"), examples.Leaf((5,), "bool", 1)]
     assert examples.values(signatures[1]) == 15 and signatures[2] == examples.Leaf((3,), "float32")
     piece = measure._Piece(taking, DEVICES[0], signatures[1], signatures[2], 7)

@@ -398,7 +398,9 @@ def _measure(given: Measuring) -> Costs:
     deadline = started + given.budget_s
     device = given.pool[0]
     with tf.device(device):
-        signatures = examples.chained(given.models, given.fed)  # each piece's inputs, then the last one's outputs
+        signatures = examples.link_signatures(
+            given.models, given.fed
+        )  # each piece's inputs, then the last one's outputs
     apart = len({given.physical_of(d) for d in given.pool}) > 1
     notes = [] if apart else [_one_device(len(given.models))]
     timed, same, shares = _timed(given, signatures, apart)

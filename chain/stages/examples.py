@@ -8,7 +8,7 @@ Each leaf is made by its kind: floats normal; integer ids uniform in 0..vocab-1 
 `Feed.vocab`), as are float inputs an `Embedding` reads (ids given as floats); booleans (a mask) and
 keras_hub's filled inputs (`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of
 zeros) as the config's full windows give them. The first link's open sizes (None) are the data's
-example's; each later link's input is what the link before it gives (`chained`: each link run once on
+example's; each later link's input is what the link before it gives (`link_signatures`: each link run once on
 one example), so every size, dtype and mask is the one a step passes.
 """
 
@@ -134,7 +134,7 @@ def given(made: Any) -> Any:
     return keras.tree.map_structure(leaf, made)
 
 
-def chained(models: Sequence[keras.Model], fed: Feed) -> list[Any]:
+def link_signatures(models: Sequence[keras.Model], fed: Feed) -> list[Any]:
     """Each of `models`' input signatures (a chain: each takes what the one before gives) and, last, the
     last one's output's: the first from its inputs and `fed`, each next from running the one before once
     on one example (inference)."""

@@ -74,8 +74,8 @@ def setup(cfgs: Sequence[RunSpec | Settings | DictConfig | dict]) -> None:
     against the devices that exist (the others reuse them, each stage still on its own device).
     A multi-worker run's devices are its hosts': nothing to set up here."""
     specs = [prepare(c) for c in cfgs]
-    local = [s for s in specs if not s.placement.multi_worker]
-    for spec in sorted(local, key=lambda s: devices.count(s.placement), reverse=True):
+    local = [s for s in specs if not s.assignment.multi_worker]
+    for spec in sorted(local, key=lambda s: devices.count(s.assignment), reverse=True):
         apply(spec)
 
 
