@@ -1,6 +1,6 @@
 """Device planning: from the machine's inventory and the config to a placement.
 
-`plan` is a pure function of the validated `placement` section, the number of stages
+`assign` is a pure function of the validated `placement` section, the number of stages
 and an `Inventory` (so it can be tested for machines we do not have);
 `chain.planning.devices` applies a plan to TensorFlow and checks the devices that exist
 afterwards. Nothing outside `chain.planning` discovers or splits devices.
@@ -73,7 +73,7 @@ class Assignment:
         return tuple(d for d in self.mirrored_devices if f"/task:{self.task}/" in d)
 
     def noted(self, *notes: str) -> Assignment:
-        """This placement with `notes` added after its own."""
+        """This assignment with `notes` added after its own."""
         return replace(self, notes=(*self.notes, *notes))
 
 

@@ -69,7 +69,7 @@ def output_gradients(schedule: Schedule | None) -> list[int] | None:
 def footprints(
     s: Settings, info: DataInfo, assignment: Assignment, cut: BatchCut, schedule: Schedule | None
 ) -> list[Footprint | None]:
-    """Each stage's estimated peak for `s` planned as `placement`, its batch cut as `cut` (the run's,
+    """Each stage's estimated peak for `s` planned as `assignment`, its batch cut as `cut` (the run's,
     `RunSpec.batch_cut`), with `schedule` (the run's; None outside mode=e2e)."""
     return from_costs(s, assignment, cut, stage_costs(s, info), schedule)
 
@@ -79,7 +79,7 @@ def from_costs(
 ) -> list[Footprint | None]:
     """Each stage's estimated peak from its `StageCost` (the config's, or a cut model's layers'), for
     `cut` (each replica's share and microbatch), `schedule` (`s`'s, built once by the preparation pass)
-    where the run plays it, and `s`'s recompute and optimizers, planned as `placement`."""
+    where the run plays it, and `s`'s recompute and optimizers, planned as `assignment`."""
     schedule = schedule_played(s, assignment, schedule)
     pipelined = schedule is not None
     return estimates(

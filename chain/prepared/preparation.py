@@ -99,7 +99,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
 
 
 def cut_batch(batch_size: int, assignment: Assignment, microbatches: int = 1) -> BatchCut:
-    """How `batch_size` (`data.batch_size`, the global batch) cuts over the replicas `placement` planned
+    """How `batch_size` (`data.batch_size`, the global batch) cuts over the replicas `assignment` planned
     (mirrored replicas, or copies of a pipeline) and, on a pipeline, into `microbatches` (mode=e2e's; a
     mirrored replica runs its share whole): `chain.config.checks.batch_cut`'s rule and line, for the
     replicas planned (`placement.replicas=auto` is known only here)."""

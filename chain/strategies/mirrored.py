@@ -124,7 +124,7 @@ class Mirrored(Strategy):
 
     @staticmethod
     def _ignored(settings: Settings, assignment: Assignment) -> Assignment:
-        """`placement` noting the pipeline settings a mirrored replica ignores: it runs its whole share at once."""
+        """`assignment` noting the pipeline settings a mirrored replica ignores: it runs its whole share at once."""
         if settings.pipeline.microbatches > 1:
             assignment = assignment.noted(
                 f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
