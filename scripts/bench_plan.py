@@ -179,7 +179,7 @@ def host_batch(shape: Shape):
     """The global batch on this process's CPU (the client), where `Run` feeds it from."""
     import tensorflow as tf
 
-    from chain.pipeline.step import host
+    from chain.pipeline.play import host
 
     with tf.device(host()):
         dims = [shape.batch, 32, 32, 3] if shape.image else [shape.batch, shape.width * (shape.seq or 1)]
@@ -202,7 +202,7 @@ def plan_auto(shape: Shape, base: list[str], run_dir: str, budget: float | None)
     started = time.perf_counter()
     extra = [] if budget is None else [f"placement.plan_budget_s={budget}"]
     spec = prepare(chain.compose([*base, "placement.plan=auto", *extra]))
-    spec = replace(spec, placement=building.apply(spec))
+    spec = replace(spec, assignment=building.apply(spec))
     m = settle.measured(spec, run_dir, make(shape))  # as `settle.settle` does
     plan = choice.choose(spec, m.costs, m.stage_cost)
     plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached, cache=m.cache)

@@ -53,7 +53,7 @@ def small_model() -> keras.Model:
 def applied(overrides, **kw):
     """The spec `chain.build` plans before choosing: prepared, its placement applied."""
     spec = prepare(chain.compose([*BASE, *overrides]))
-    return replace(spec, placement=building.apply(spec))
+    return replace(spec, assignment=building.apply(spec))
 
 
 def two_physical(monkeypatch) -> list[str]:
@@ -122,7 +122,7 @@ def test_a_chosen_plan_with_copies_trains_bit_for_bit_like_it_by_hand_and_like_o
     base = ["+stages=2", "model.depth=1", "model.width=8"]
     spec = settle.settle(applied(base), str(tmp_path))
     c = spec.auto_plan.chosen.candidate
-    assert c.replicas > 1 and spec.placement.copies  # copies of the pipeline on the four devices
+    assert c.replicas > 1 and spec.assignment.copies  # copies of the pipeline on the four devices
     auto = chain.build(spec)
     hand = chain.build(chain.compose([*BASE[:-1], *base, *c.overrides()]))
     assert_bit_identical(auto, hand)
@@ -257,7 +257,7 @@ def gpu_spec(limit_mb: int):
 
 
 def gpu_costs(spec) -> Costs:
-    pool = [d for d in spec.placement.devices]
+    pool = [d for d in spec.assignment.devices]
     return replace(forced_costs(pool, ["GPU:0"] * len(pool)), params=(0, 0))
 
 
@@ -286,7 +286,7 @@ def test_on_devices_with_memory_limits_only_plans_the_estimate_fits_are_chosen()
         ),
         Inventory.of(1, 24 * GB),
     )
-    assert max(f.total for f in chosen.placement.footprints) <= limit_mb << 20
+    assert max(f.total for f in chosen.assignment.footprints) <= limit_mb << 20
 
 
 def test_when_nothing_fits_plan_auto_refuses_in_one_line_naming_the_shortfall():
@@ -329,7 +329,7 @@ def test_model_gpt_is_planned_on_token_ids_and_trains_bit_for_bit_like_its_plan_
     and model=gpt takes token ids`. It is now timed on ids of its vocabulary; the plan trains like it by hand."""
     base = gpt_config(tmp_path)
     spec = prepare(chain.compose([*base, "+stages=2"]))
-    spec = settle.settle(replace(spec, placement=building.apply(spec)), str(tmp_path))
+    spec = settle.settle(replace(spec, assignment=building.apply(spec)), str(tmp_path))
     plan = spec.auto_plan
     assert len(cache.read(str(tmp_path / settle.CACHE)).costs.pieces) > 2  # cut between its blocks
     assert " ".join(plan.chosen.candidate.overrides()[:2]) in table.render(plan)
@@ -361,7 +361,7 @@ def test_a_users_integer_input_model_with_a_mask_across_its_cuts_is_planned_and_
     data = ["data=npz", f"data.path={tmp_path / 'ids.npz'}", "data.y=y", "data.batch_size=16", "data.val_fraction=0"]
     base = [*data, *(o for o in BASE if not o.startswith("data"))]  # placement.plan=auto last
     spec = prepare(chain.compose([*base, "+stages=2"]))
-    spec = settle.settle(replace(spec, placement=building.apply(spec)), str(tmp_path), embedded_model())
+    spec = settle.settle(replace(spec, assignment=building.apply(spec)), str(tmp_path), embedded_model())
     costs = cache.read(str(tmp_path / settle.CACHE)).costs
     assert [tuple(p) for p in costs.pieces] == [(0, 3), (3, 4)] and list(costs.crossing) == [8, 4]
     auto = chain.build(spec, model=embedded_model())
@@ -392,14 +392,14 @@ def test_examples_are_what_each_piece_takes():
         assert made[key].shape == (64, 5) and set(np.unique(made[key].numpy())) == {0, 1, 2}
     assert made["token_ids"].dtype == "int32" and made["floats"].dtype == "float32"
     assert np.all(made["padding_mask"].numpy() == 1) and np.all(made["segment_ids"].numpy() == 0)
-    (given,) = examples.chained([model], examples.Feed((5,), vocab=3))[1:]
+    (given,) = examples.link_signatures([model], examples.Feed((5,), vocab=3))[1:]
     assert given == examples.Leaf((5, 2), "float32")
     # a piece giving a tensor and its mask, and the next taking both: the mask true, only floats differentiated
     x = keras.Input((None,), dtype="int32")
     masking = keras.Model(x, [L.Embedding(7, 2)(x), keras.ops.not_equal(x, -1)])
     h, mask = keras.Input((None, 2)), keras.Input((None,), dtype="bool")
     taking = keras.Model([h, mask], L.GlobalAveragePooling1D()(L.Dense(3)(h), mask=mask))
-    signatures = examples.chained([masking, taking], examples.Feed((5,), vocab=7))
+    signatures = examples.link_signatures([masking, taking], examples.Feed((5,), vocab=7))
     assert signatures[1] == [examples.Leaf((5, 2), "float32"), examples.Leaf((5,), "bool", 1)]
     assert examples.values(signatures[1]) == 15 and signatures[2] == examples.Leaf((3,), "float32")
     piece = measure._Piece(taking, DEVICES[0], signatures[1], signatures[2], 7)
@@ -556,7 +556,7 @@ def test_a_crossing_measured_is_what_moving_the_second_half_adds_over_its_two_cr
 
 
 def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
-    """balance=time (`timing.piece_times`) and plan=auto (`measure.measure`) time their calls with one timer
+    """balance=time (`timing.link_times`) and plan=auto (`measure.measure`) time their calls with one timer
     and a call's own cost with one probe (`chain.stages.clock`): with the timer saying 30 ms a call and the probe
     10 ms (nothing is called, so nothing is traced), a piece's pass is 20 ms in both, and plan=auto's step cost is
     the probe's."""
@@ -564,8 +564,8 @@ def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
 
     monkeypatch.setattr(clock, "seconds", lambda fn, *args: 0.03)
     monkeypatch.setattr(clock, "call_costs", lambda device, x, calls: [0.01] * calls)
-    timed = timing.piece_times(cut.analyse(small_model(), "small"), DEVICES[:1], {}, 4, progress=False)
-    assert timed.times[DEVICES[0]] == pytest.approx([0.02] * len(timed.pieces))
+    timed = timing.link_times(cut.analyse(small_model(), "small"), DEVICES[:1], {}, 4, progress=False)
+    assert timed.times[DEVICES[0]] == pytest.approx([0.02] * len(timed.links))
     models = (
         keras.Sequential([keras.Input((6,)), L.Dense(8)]),
         keras.Sequential([keras.Input((8,)), L.Dense(4)]),

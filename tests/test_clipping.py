@@ -119,7 +119,7 @@ def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(ba
     model, step = keras_reference(run, keras.optimizers.SGD(learning_rate=LR, global_clipnorm=CLIP))
     norms = assert_trains_like(run, model, step)
     assert min(norms) > 2 * CLIP  # clipping triggered in every step
-    if run.placement.copies:  # copies of the pipeline: each clips by the norm of the averaged gradients
+    if run.assignment.copies:  # copies of the pipeline: each clips by the norm of the averaged gradients
         copies = run.strategy.copies
         for copy in copies[1:]:
             for a, b in zip(copies[0], copy):
@@ -155,7 +155,7 @@ def test_the_guard_reads_its_verdict_from_the_clipped_norm_and_still_drops_a_non
         return [op.name for op in r.trace(x, ys).graph.get_operations() if op.type == "Sum" and "_update/" in op.name]
 
     assert guard_sums(plain) and not guard_sums(run)
-    stages = [s for copy in run.strategy.copies for s in copy] if run.placement.copies else run.stages
+    stages = [s for copy in run.strategy.copies for s in copy] if run.assignment.copies else run.stages
     assert run.step(x, ys)["skipped"] == []
     before = [v.numpy().copy() for s in stages for v in s.trainable_variables + s.optimizer.variables]
     bad = x.numpy().copy()

@@ -379,7 +379,7 @@ def test_mixture_of_experts_trains_with_microbatches_its_load_balancing_loss_per
     run = chain.build(chain.compose([*overrides, "pipeline.add_loss=per_microbatch"]), model=model)
     assert any(
         n.startswith("pipeline.add_loss=per_microbatch: the add_loss terms of stage(s) 0, 1 ")
-        for n in run.placement.notes
+        for n in run.assignment.notes
     )
     ((x, y),) = batches(1)
     np.testing.assert_allclose(run.forward(x)["body_1"].numpy(), model.predict(x, verbose=0), rtol=0, atol=1e-6)

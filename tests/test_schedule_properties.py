@@ -96,7 +96,7 @@ def test_a_made_up_schedule_is_checked_by_the_config_and_estimated(registered):
     spec = chain.prepare([*SMALL, "pipeline.schedule=madeup"])
     assert spec.settings.pipeline.schedule == "madeup" and spec.schedule.actions == madeup(3, 4).actions
     # the memory estimate holds what its order holds: every microbatch on every stage, and B's gradients until W
-    assert [f.held for f in spec.placement.footprints] == schedules.held_counts(spec.schedule) == [4, 4, 4]
+    assert [f.held for f in spec.assignment.footprints] == schedules.held_counts(spec.schedule) == [4, 4, 4]
     with pytest.raises(chain.ConfigError, match="pipeline.recompute=always is not available with a split backward"):
         chain.compose([*SMALL, "pipeline.schedule=madeup", "pipeline.recompute=always"])  # its row: split
 

@@ -284,7 +284,7 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
     from chain.pipeline import timeline
     from chain.steps import ops
 
-    sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "step", "strategy")}
+    sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "play", "strategy")}
     for name, source in sources.items():
         imported = {
             alias.name
@@ -293,8 +293,8 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
             for alias in node.names
         } | {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
         assert "re" not in imported, name
-    assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["step"]
-    assert "name=DONE" in sources["step"] and '"done"' not in sources["timeline"] + sources["step"]
+    assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["play"]
+    assert "name=DONE" in sources["play"] and '"done"' not in sources["timeline"] + sources["play"]
     assert timeline.COPY_PREFIX == ops.COPY_PREFIX
 
 
@@ -680,3 +680,133 @@ def test_a_test_that_needs_no_tensorflow_runs_in_a_process_that_never_imports_it
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+# --- one word per idea: the glossary's names exist, the names they replaced are gone ---------------------
+
+# Names that meant two things, or hid what comes back, and what replaced them (docs/architecture.md, "Words").
+RETIRED = {
+    "Placement": "Assignment",
+    "Placing": "Rows",
+    "placing": "rows",
+    "placement_rule": "rows_rule",
+    "v_placement": "v_rows",
+    "Pipelined": "DevicePerStage",
+    "PlayPlan": "Playbook",
+    "play_plan": "playbook",
+    "piece_times": "link_times",
+    "repeated": "later_copies",
+    "plan_cluster": "assign_cluster",
+    "plan_multi_worker": "assign_multi_worker",
+}
+RETIRED_MODULES = ("chain/strategies/pipelined.py", "chain/pipeline/step.py")
+RETIRED_FIELDS = {  # (module, class) -> fields it no longer has
+    ("chain.schedule.schedules", "Schedule"): {"placement"},
+    ("chain.prepared.run_spec", "RunSpec"): {"placement"},
+    ("chain.planning.planner", "Assignment"): {"layout"},
+    ("chain.strategies.base", "Strategy"): {"placement"},
+    ("chain.training.run", "Run"): {"placement"},
+}
+
+
+def glossary_names(text: str) -> list[str]:
+    """The dotted `chain.` names the glossary (docs/architecture.md's "## Words") says things live at."""
+    words = text.split("\n## Words\n", 1)[1].split("\n## ", 1)[0]
+    return sorted({n for n in re.findall(r"`(chain\.[\w.]+)`", words)})
+
+
+def _defines(body: list[ast.stmt], name: str) -> bool:
+    """Whether a module's or class's `body` defines `name` (a def, a class, an assignment, a field, an import)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            return True
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":  # `self.name = ...` in a constructor
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and sub.attr == name:
+                    return True
+    return False
+
+
+def _class_body(tree: ast.Module, name: str) -> list[ast.stmt] | None:
+    return next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+def missing(dotted: str) -> str | None:
+    """Why `dotted` (`chain.module.Name.attr`) names nothing in the code, or None when it does."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        if module in MODULES:
+            break
+    else:
+        return f"{dotted}: no such module"
+    rest = parts[cut:]
+    if not rest:
+        return None
+    body = ast.parse(MODULES[module].read_text()).body
+    if not _defines(body, rest[0]):
+        return f"{dotted}: {module} defines no {rest[0]}"
+    if len(rest) > 1:
+        inner = _class_body(ast.Module(body=body, type_ignores=[]), rest[0])
+        if inner is None or not _defines(inner, rest[1]):
+            return f"{dotted}: {module}.{rest[0]} has no {rest[1]}"
+    return None
+
+
+def retired_uses(trees: dict[str, ast.AST]) -> list[str]:
+    """Where a retired name is still defined or used in `trees` (module -> parsed source)."""
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            name = (
+                node.id
+                if isinstance(node, ast.Name)
+                else node.attr
+                if isinstance(node, ast.Attribute)
+                else node.name
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                else node.arg
+                if isinstance(node, ast.arg)
+                else node.name.rpartition(".")[2]
+                if isinstance(node, ast.alias)
+                else None
+            )
+            if name in RETIRED:
+                found.append(f"{module}:{node.lineno}: {name} (now {RETIRED[name]})")
+    return found
+
+
+def test_every_name_of_the_glossary_exists_and_the_words_it_replaced_are_gone():
+    names = glossary_names((ROOT / "docs" / "architecture.md").read_text())
+    assert len(names) > 20  # the section is there and names where its words live
+    assert [m for m in map(missing, names) if m] == []
+    trees = {module: ast.parse(path.read_text()) for module, path in MODULES.items()}
+    assert retired_uses(trees) == []
+    assert [p for p in RETIRED_MODULES if (ROOT / p).exists()] == []
+    for (module, cls), fields in RETIRED_FIELDS.items():
+        body = _class_body(trees[module], cls)
+        assert body is not None, f"{module} has no class {cls}"
+        assert [f for f in fields if _defines(body, f)] == [], f"{module}.{cls}"
+    schema = trees["chain.config.schema"]
+    assert _class_body(schema, "Body") is None and _class_body(schema, "BodySettings") is not None
+
+
+def test_the_word_checks_find_a_missing_name_and_a_retired_one():
+    assert missing("chain.schedule.schedules.Schedule.stage_rows") is None
+    assert missing("chain.schedule.schedules.Schedule.placement") is not None
+    assert (
+        missing("chain.strategies.pipelined.Pipelined")
+        == "chain.strategies.pipelined.Pipelined: chain.strategies defines no pipelined"
+    )
+    old = {"m": ast.parse("from x import Placement\n\ndef f(placing): return later.repeated()\n")}
+    assert [line.split(": ", 1)[1] for line in retired_uses(old)] == [
+        "Placement (now Assignment)",
+        "placing (now rows)",
+        "repeated (now later_copies)",
+    ]

@@ -97,7 +97,7 @@ def peaks_of(
         stage_costs = [stage_cost(a, b) for a, b in zip(bounds, bounds[1:])]
         return [
             f.total if f is not None else 0
-            for f in estimate.from_costs(other, spec.placement, cut, stage_costs, schedule)
+            for f in estimate.from_costs(other, spec.assignment, cut, stage_costs, schedule)
         ]
 
     return peaks
@@ -118,7 +118,7 @@ def _piece_bounds(costs: Costs, c: Candidate) -> list[int]:
 def device_memory(spec: RunSpec, devices: Sequence[str]) -> dict[str, int | None]:
     """Each pool device's memory in bytes (a logical GPU's limit or its card's; None: unknown, as logical
     CPUs, whose shared memory the manual plan's check holds the chain to)."""
-    mb = fit.device_memory_mb(spec.placement, spec.inventory) if spec.inventory is not None else {}
+    mb = fit.device_memory_mb(spec.assignment, spec.inventory) if spec.inventory is not None else {}
     return {d: (mb[d] * fit.MB if mb.get(d) is not None else None) for d in devices}
 
 

@@ -145,7 +145,7 @@ def _after(x, acc):
 
 def _action_cost(pool: Sequence[str]) -> float:
     """What an action of a pipeline step costs beyond its work: a chain of ACTIONS small actions on one
-    device built as the step builds them (`chain.pipeline.step`: a little work, its sum added to a variable
+    device built as the step builds them (`chain.pipeline.play`: a little work, its sum added to a variable
     of the device, the action's end as a control edge, a release op on the host and the host's progress
     marker assigned), less a chain of one, per action. A copy between devices is not in it: the replay
     adds the measured transfer on each crossing."""
@@ -398,7 +398,9 @@ def _measure(given: Measuring) -> Costs:
     deadline = started + given.budget_s
     device = given.pool[0]
     with tf.device(device):
-        signatures = examples.chained(given.models, given.fed)  # each piece's inputs, then the last one's outputs
+        signatures = examples.link_signatures(
+            given.models, given.fed
+        )  # each piece's inputs, then the last one's outputs
     apart = len({given.physical_of(d) for d in given.pool}) > 1
     notes = [] if apart else [_one_device(len(given.models))]
     timed, same, shares = _timed(given, signatures, apart)
@@ -614,7 +616,7 @@ def _scales(
 
 
 def _host() -> str:
-    """This process's CPU, fully named, as the step names its host (`chain.pipeline.step.host`): a partial
+    """This process's CPU, fully named, as the step names its host (`chain.pipeline.play.host`): a partial
     `/device:CPU:0` leaves the job and task to the placer, which in a cluster may pick a worker's CPU."""
     from chain.internals import tf_private
 

@@ -246,7 +246,7 @@ def _of_schedule(
         schedule = schedules.build(name, k, m, per_copy)
     except ValueError:
         return []
-    virtual = per if row.placing is schedules.Placing.LOOP else 1
+    virtual = per if row.rows is schedules.Rows.LOOP else 1
     devices = _devices(costs, schedule, replicas)
     policies = ("never",) if row.split or k == 1 else RECOMPUTES
     return [Candidate(replicas, k, m, name, rc, virtual, split, devices) for rc in policies]

@@ -146,7 +146,7 @@ def _pool(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
 
     from chain.planning.devices import canonical
 
-    p = spec.placement
+    p = spec.assignment
     if p.cluster:  # as `chain.planning.planner.plan_cluster` pools them: the workers' GPUs, else each one's CPU
         from chain.planning import cluster
 

@@ -31,7 +31,7 @@ from statistics import fmean, median
 from typing import Sequence
 
 from chain.schedule.schedules import Action, Schedule, dependencies, is_split, play_timed, rounds
-from chain.records.measured import Measured, MeasuredAction, MeasuredStep
+from chain.records.measured import MeasuredTimeline, MeasuredAction, MeasuredStep
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def mean_durations(steps: Sequence[MeasuredStep]) -> dict[tuple[int, str], float
     return {k: fmean(v) for k, v in acc.items()}
 
 
-def explain(measured: Measured, schedule: Schedule) -> StepIdle | None:
+def explain(measured: MeasuredTimeline, schedule: Schedule) -> StepIdle | None:
     """`measured`'s complete steps by cause, medians over them (a step slowed by another process moves
     a median less than a mean), and the schedule replayed with the mean durations (None: no complete step)."""
     steps = [s for s in measured.steps if s.complete]

@@ -16,7 +16,7 @@ the bytes in use at the peak less every traced tensor live then is that baseline
 name what earlier steps leave behind, trace several steps and look at the peak of the last one
 (`peak_of(logdir, step)`, steps marked as `chain.training.profile` marks them).
 
-`category` names what a live tensor is in the pipeline step (`chain.pipeline.step`), from its op's
+`category` names what a live tensor is in the pipeline step (`chain.pipeline.play`), from its op's
 name: a forward's activation (`F` scope), a forward run inside a backward (`B` scope, not a
 gradient op: a recomputed microbatch's replay, or the last stage's deferred forward), the
 gradients at layer outputs and inputs (`gradient_tape/...`, or `W`'s `gradients/...`), weight

@@ -207,7 +207,7 @@ class PlanFields:
         "call of trainer.steps_per_call steps counts as that many steps of its mean time); null: the run made one call"
     )
     ratio: float | None = item("measured_step_ms / predicted_step_ms (null: not measured)")
-    measuring_s: float | None = item("seconds spent measuring the pieces (0: read from the run directory's cache)")
+    measuring_s: float | None = item("seconds spent measuring the links (0: read from the run directory's cache)")
     searching_s: float | None = item("seconds spent predicting and ranking the candidates")
     cached: bool | None = item(
         "whether the measurements were read from the run directory (a resume measures "

@@ -26,7 +26,7 @@ from chain.records.results import LossRecord, ReplicaLosses, StepResult
 from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summary
 from chain.stages import losses
 from chain.stages.stage import Stage
-from chain.stages.tied_weights import repeated
+from chain.stages.tied_weights import later_copies
 from chain.steps.clipping import clip_global
 from chain.steps.evaluate import Readout
 from chain.steps.replica import e2e_replica_step, local_replica_step
@@ -55,7 +55,7 @@ class Objective(ABC):
     # The objective cuts each batch into pipeline.microbatches and normalizes per microbatch
     # (pipeline.batch_norm): a distribution that cannot says it ignores them.
     microbatched: bool = False
-    title: str = ""  # its word in a way's name (`Strategy.way`: PipelinedLocal, MirroredChain, ...)
+    title: str = ""  # its word in a way's name (`Strategy.way`: DevicePerStageLocal, MirroredChain, ...)
 
     def __init__(self, settings: Settings, info: DataInfo, stages: Sequence[Stage]):
         self.settings = settings
@@ -243,7 +243,7 @@ class ChainObjective(Objective):
     def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
         if self.clip_global_norm is None:
             return grads, None
-        clipped = clip_global(self.stages, grads, self.clip_global_norm, None, repeated(self.stages))
+        clipped = clip_global(self.stages, grads, self.clip_global_norm, None, later_copies(self.stages))
         return clipped.grads, clipped.norm
 
 

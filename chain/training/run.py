@@ -116,7 +116,7 @@ class Run:
         self.strategy = strategy
         self.dataset = dataset
         self.run_dir = run_dir
-        self.placement = strategy.placement
+        self.assignment = strategy.assignment
         self.stages = strategy.stages
         self.global_step = 0
         self._iterator = None
@@ -143,7 +143,7 @@ class Run:
     @property
     def notes(self) -> list[str]:
         """`note:` lines about the placement and about settings this run ignores."""
-        return [*self.placement.notes, *self.settings.notes]
+        return [*self.assignment.notes, *self.settings.notes]
 
     @property
     def batch_size(self) -> int:
@@ -349,7 +349,7 @@ class Run:
         what `step` returns. The summary is a dict (`chain.records.summaries.Summary` as JSON).
         """
         t = self.settings.trainer
-        workers = self.placement.cluster or self.placement.multi_worker  # other processes a step needs
+        workers = self.assignment.cluster or self.assignment.multi_worker  # other processes a step needs
         try:
             with failures.one_line(self.run_dir, self.dataset, workers, self.settings.cluster.lost_after_s):
                 self.summary = self._fit(t, callback)
@@ -368,10 +368,10 @@ class Run:
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         from chain.training.profile import Window
-        from chain.training.stall import started
+        from chain.training.stall import running_watch
 
         window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
-        watch = started(t, self.strategy, self.intact)  # trainer.stall_s: says where a step waits
+        watch = running_watch(t, self.strategy, self.intact)  # trainer.stall_s: says where a step waits
         loop = self._open()
         predicted = None
         if self.auto_plan is not None:  # logged after the placement table: chain.log keeps what was chosen
@@ -547,7 +547,7 @@ class Run:
     def _check_plan(self, check: PlanCheck, loop: _Loop) -> None:
         """plan=auto: one warning line when the measured step (the median so far) is further from the
         prediction than the check's margin, naming what may explain it."""
-        measured, p = loop.median_step_ms(), self.placement
+        measured, p = loop.median_step_ms(), self.assignment
         if measured is not None and check.off(measured):
             log.warning(
                 "%s",

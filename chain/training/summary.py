@@ -1,7 +1,7 @@
 """summary.json as a record: what a finished run reports, built from its strategy, data and loop.
 
 `Run` hands over how the loop ended (`Ending`); `summarize` reads everything else from the
-strategy (its stages, placement, report layout and its own sections: `Strategy.summary`,
+strategy (its stages, assignment, report layout and its own sections: `Strategy.summary`,
 `stage_summary`), the settings and the data set, and returns the typed `Summary`
 (`chain.records.summaries`) before the strategy completes it (`Strategy.complete`) and the
 loop adds its measured data wait, profile and, with placement.plan=auto, the plan beside its measured
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from chain.config.schema import Settings
 from chain.data.loader import Dataset
 from chain.planning import memory
-from chain.planning.planner import Placement
+from chain.planning.planner import Assignment
 from chain.records.results import LossRecord
 from chain.records.summaries import ClippingFields, StageSummary, Summary
 from chain.stages.stage import Stage
@@ -39,7 +39,7 @@ class Ending:
 
 def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: Ending) -> Summary:
     """The run's summary, with the strategy's own sections (`Strategy.summary`) filled in."""
-    stages, placement = strategy.stages, strategy.placement
+    stages, assignment = strategy.stages, strategy.assignment
     skipped = [int(s.skipped.numpy()) for s in stages]
     none = LossRecord(None, [None] * len(stages))
     first, last = ending.first or none, ending.last or none
@@ -49,9 +49,9 @@ def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: 
         replace(
             strategy.stage_summary(s, stage_summary(s, skipped[s.index]), first, last),
             model=s.describe(),
-            physical=placement.physical.get(s.device),  # the report's table
+            physical=assignment.physical.get(s.device),  # the report's table
             val=vals[s.index] if s.index < len(vals) else None,
-            estimated_peak_bytes=estimate(placement, s.index),
+            estimated_peak_bytes=estimate(assignment, s.index),
         )
         for s in stages
     ]
@@ -93,9 +93,9 @@ def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: 
     return strategy.summary(summary)
 
 
-def estimate(placement: Placement, k: int) -> int | None:
+def estimate(assignment: Assignment, k: int) -> int | None:
     """Stage k's estimated peak memory (`placement.footprints`, the preparation pass's), in bytes."""
-    footprints = placement.footprints
+    footprints = assignment.footprints
     return footprints[k].total if k < len(footprints) and footprints[k] is not None else None
 
 
