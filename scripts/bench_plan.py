@@ -203,10 +203,10 @@ def plan_auto(shape: Shape, base: list[str], run_dir: str, budget: float | None)
     extra = [] if budget is None else [f"placement.plan_budget_s={budget}"]
     spec = prepare(chain.compose([*base, "placement.plan=auto", *extra]))
     spec = replace(spec, assignment=building.apply(spec))
-    m = settle.measured(spec, run_dir, make(shape))  # as `settle.settle` does
+    m = settle.measurement(spec, run_dir, make(shape))  # as `settle.settle` does
     plan = choice.choose(spec, m.costs, m.stage_cost)
     plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached, cache=m.cache)
-    chosen = choice.planned(spec, plan)
+    chosen = choice.chosen_spec(spec, plan)
     return spec, m, chosen, time.perf_counter() - started
 
 
@@ -336,16 +336,16 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
 
 
 def costs_summary(costs) -> str:
-    """What plan=auto measured, in brief: per microbatch size the pieces' summed F, B and W; the fixed
+    """What plan=auto measured, in brief: per microbatch size the links' summed F, B and W; the fixed
     costs; the transfer and the exchange."""
     sizes = "; ".join(
-        f"size {n}: F {sum(costs.at(costs.forward, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
-        f"B {sum(costs.at(costs.input_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
-        f"W {sum(costs.at(costs.weight_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} ms"
+        f"size {n}: F {sum(costs.at(costs.forward, j, n) for j in range(len(costs.links))) * 1e3:.2f} "
+        f"B {sum(costs.at(costs.input_grad, j, n) for j in range(len(costs.links))) * 1e3:.2f} "
+        f"W {sum(costs.at(costs.weight_grad, j, n) for j in range(len(costs.links))) * 1e3:.2f} ms"
         for n in costs.sizes
     )
     return (
-        f"{len(costs.pieces)} pieces, measured {sizes}; updates {sum(costs.update) * 1e3:.2f} ms; action "
+        f"{len(costs.links)} links, measured {sizes}; updates {sum(costs.update) * 1e3:.2f} ms; action "
         f"{costs.action_s * 1e3:.3f} ms; step (a call) {costs.step_s * 1e3:.2f} ms; transfer "
         f"{costs.transfer_latency_s * 1e3:.3f} ms + {costs.transfer_s_per_byte * 1e9:.3f} ns/B; exchange "
         f"{costs.exchange_latency_s * 1e3:.3f} ms + {costs.exchange_s_per_byte * 1e9:.3f} ns/B"

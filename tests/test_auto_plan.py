@@ -92,10 +92,10 @@ def test_a_cut_model_measured_trains_bit_for_bit_like_its_overrides_by_hand_and_
 
 
 def forced_costs(pool, physical=None) -> Costs:
-    """Two heavy pieces on devices each its own physical device: copies of the pipeline pay off."""
+    """Two heavy links on devices each its own physical device: copies of the pipeline pay off."""
     rows = ((1e-3, 8e-3),) * 2
     return Costs(
-        pieces=((0, 1), (1, 2)),
+        links=((0, 1), (1, 2)),
         sizes=(2, 16),
         forward=rows,
         input_grad=rows,
@@ -202,7 +202,7 @@ def written_key(run_dir) -> str:
 
 
 def test_two_models_cut_in_one_run_directory_are_each_measured(tmp_path):
-    """Issue 48: the second of two `model=keras` models in one run directory read the first's pieces and failed
+    """Issue 48: the second of two `model=keras` models in one run directory read the first's links and failed
     with `KeyError: 8` from chain/stages/cut.py."""
     keras.utils.set_random_seed(3)
     x = keras.Input((6,))
@@ -215,10 +215,10 @@ def test_two_models_cut_in_one_run_directory_are_each_measured(tmp_path):
     assert second.chosen.candidate.stages <= 2 and "measured by the run of" in table.planning_line(second)
 
 
-def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_update(monkeypatch):
-    """The pieces' times are scaled to the whole model's at each size (`measure._scales`) and the update
-    is the whole's, shared by weights: with made-up timings (a piece's pass 1 ms however small, the whole's
-    2.5 ms at the smallest size and 3 ms at the others; an update 0.1 ms per thousand weights), the pieces'
+def test_a_cut_models_links_add_up_to_the_whole_as_measured_and_share_its_update(monkeypatch):
+    """The links' times are scaled to the whole model's at each size (`measure._scales`) and the update
+    is the whole's, shared by weights: with made-up timings (a link's pass 1 ms however small, the whole's
+    2.5 ms at the smallest size and 3 ms at the others; an update 0.1 ms per thousand weights), the links'
     F+B+W sum to the whole's at every measured size, keep their relative shares, and their updates sum to
     the whole's."""
 
@@ -229,22 +229,22 @@ def test_a_cut_models_pieces_add_up_to_the_whole_as_measured_and_share_its_updat
     def fake_update(model, optimizer, device, call_s):
         return 1e-7 * sum(int(np.prod(v.shape)) for v in model.trainable_variables)
 
-    monkeypatch.setattr(measure._Piece, "time", fake_time)
+    monkeypatch.setattr(measure._Link, "time", fake_time)
     monkeypatch.setattr(measure, "_update", fake_update)
     monkeypatch.setattr(measure, "_exchange", lambda *a: 0.0)
-    two_physical(monkeypatch)  # the pieces are timed apart (on one physical device, only the whole: the next test)
+    two_physical(monkeypatch)  # the links are timed apart (on one physical device, only the whole: the next test)
     spec = applied(["+stages=2"])
-    costs = settle.measured(spec, None, small_model()).costs
-    n = len(costs.pieces)
+    costs = settle.measurement(spec, None, small_model()).costs
+    n = len(costs.links)
     assert n == 4 and len(costs.sizes) >= 2
     for i, size in enumerate(costs.sizes):
         passes = [costs.forward[j][i] + costs.input_grad[j][i] + costs.weight_grad[j][i] for j in range(n)]
         assert sum(passes) == pytest.approx(2.5e-3 if size == 2 else 3e-3)
-        assert passes == pytest.approx([passes[0]] * n)  # equal pieces stay equal
+        assert passes == pytest.approx([passes[0]] * n)  # equal links stay equal
     whole_params = sum(int(np.prod(v.shape)) for v in small_model().trainable_variables)
     assert sum(costs.update) == pytest.approx(1e-7 * whole_params)
     assert [u / costs.update[0] for u in costs.update] == pytest.approx([p / costs.params[0] for p in costs.params])
-    assert costs.update_s == costs.action_s  # one action per stage's update, not per piece
+    assert costs.update_s == costs.action_s  # one action per stage's update, not per link
 
 
 GB = 1 << 30
@@ -325,13 +325,13 @@ def gpt_config(tmp_path) -> list[str]:
 
 
 def test_model_gpt_is_planned_on_token_ids_and_trains_bit_for_bit_like_its_plan_by_hand(tmp_path):
-    """Issue 51: `model=gpt ... placement.plan=auto` ended `placement.plan=auto times pieces on float examples,
+    """Issue 51: `model=gpt ... placement.plan=auto` ended `placement.plan=auto times links on float examples,
     and model=gpt takes token ids`. It is now timed on ids of its vocabulary; the plan trains like it by hand."""
     base = gpt_config(tmp_path)
     spec = prepare(chain.compose([*base, "+stages=2"]))
     spec = settle.settle(replace(spec, assignment=building.apply(spec)), str(tmp_path))
     plan = spec.auto_plan
-    assert len(cache.read(str(tmp_path / settle.CACHE)).costs.pieces) > 2  # cut between its blocks
+    assert len(cache.read(str(tmp_path / settle.CACHE)).costs.links) > 2  # cut between its blocks
     assert " ".join(plan.chosen.candidate.overrides()[:2]) in table.render(plan)
     auto = chain.build(spec)
     hand = chain.build(chain.compose([*base[:-1], *plan.chosen.candidate.overrides()]))
@@ -352,9 +352,9 @@ def embedded_model(seq: int = 6, vocab: int = 20) -> keras.Model:
 def test_a_users_integer_input_model_with_a_mask_across_its_cuts_is_planned_and_trains_like_it_by_hand(
     tmp_path, monkeypatch
 ):
-    """Before: `placement.plan=auto times pieces that take one tensor, but embedded ... carries a Keras mask
+    """Before: `placement.plan=auto times links that take one tensor, but embedded ... carries a Keras mask
     across its cuts`. Its ids (data=npz, int32, no vocabulary) are drawn within its Embedding's (two devices
-    taken as two physical ones: each piece's F, B and W, and the copies' exchange, timed on them)."""
+    taken as two physical ones: each link's F, B and W, and the copies' exchange, timed on them)."""
     two_physical(monkeypatch)
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "ids.npz", x=rng.integers(0, 20, (64, 6)).astype("int32"), y=rng.integers(0, 4, 64))
@@ -363,7 +363,7 @@ def test_a_users_integer_input_model_with_a_mask_across_its_cuts_is_planned_and_
     spec = prepare(chain.compose([*base, "+stages=2"]))
     spec = settle.settle(replace(spec, assignment=building.apply(spec)), str(tmp_path), embedded_model())
     costs = cache.read(str(tmp_path / settle.CACHE)).costs
-    assert [tuple(p) for p in costs.pieces] == [(0, 3), (3, 4)] and list(costs.crossing) == [8, 4]
+    assert [tuple(p) for p in costs.links] == [(0, 3), (3, 4)] and list(costs.crossing) == [8, 4]
     auto = chain.build(spec, model=embedded_model())
     hand = chain.build(
         chain.compose([*base[:-1], *spec.auto_plan.chosen.candidate.overrides()]), model=embedded_model()
@@ -371,7 +371,7 @@ def test_a_users_integer_input_model_with_a_mask_across_its_cuts_is_planned_and_
     assert_bit_identical(auto, hand, steps=2)
 
 
-def test_examples_are_what_each_piece_takes():
+def test_examples_are_what_each_link_takes():
     """`chain.stages.examples`: ids within the vocabulary (also floats an Embedding reads), keras_hub's
     padding_mask of ones and segment_ids of zeros, a mask true, the open length the data's."""
     from chain.stages import examples
@@ -394,7 +394,7 @@ def test_examples_are_what_each_piece_takes():
     assert np.all(made["padding_mask"].numpy() == 1) and np.all(made["segment_ids"].numpy() == 0)
     (given,) = examples.link_signatures([model], examples.Feed((5,), vocab=3))[1:]
     assert given == examples.Leaf((5, 2), "float32")
-    # a piece giving a tensor and its mask, and the next taking both: the mask true, only floats differentiated
+    # a link giving a tensor and its mask, and the next taking both: the mask true, only floats differentiated
     x = keras.Input((None,), dtype="int32")
     masking = keras.Model(x, [L.Embedding(7, 2)(x), keras.ops.not_equal(x, -1)])
     h, mask = keras.Input((None, 2)), keras.Input((None,), dtype="bool")
@@ -402,8 +402,8 @@ def test_examples_are_what_each_piece_takes():
     signatures = examples.link_signatures([masking, taking], examples.Feed((5,), vocab=7))
     assert signatures[1] == [examples.Leaf((5, 2), "float32"), examples.Leaf((5,), "bool", 1)]
     assert examples.values(signatures[1]) == 15 and signatures[2] == examples.Leaf((3,), "float32")
-    piece = measure._Piece(taking, DEVICES[0], signatures[1], signatures[2], 7)
-    assert piece.time("FBW", 4, 2, 0.0, 0.0) >= 0.0
+    link = measure._Link(taking, DEVICES[0], signatures[1], signatures[2], 7)
+    assert link.time("FBW", 4, 2, 0.0, 0.0) >= 0.0
 
 
 def test_the_command_line_prints_the_best_plans_of_model_gpt(tmp_path):
@@ -449,25 +449,25 @@ def test_the_chosen_plans_spec_is_the_one_its_overrides_make(candidate):
     assert replace(auto, settings=None) == replace(hand, settings=None)
 
 
-def test_on_one_physical_device_the_model_is_timed_once_and_its_pieces_share_it_by_weights(monkeypatch):
+def test_on_one_physical_device_the_model_is_timed_once_and_its_links_share_it_by_weights(monkeypatch):
     """Logical devices of one CPU run their actions one at a time: a step is the sum of its actions, so the
-    model is timed whole, once per size (a cut model's pieces and a built-in model's stages are not timed
-    apart), and each piece takes its share by weights; F, B and W each a third."""
+    model is timed whole, once per size (a cut model's links and a built-in model's stages are not timed
+    apart), and each link takes its share by weights; F, B and W each a third."""
     timed = []
 
     def fake_time(self, kind, size, calls, deadline, call_s, repeat=measure.REPEAT):
         timed.append((self.model.name, kind))
         return 3e-3
 
-    monkeypatch.setattr(measure._Piece, "time", fake_time)
+    monkeypatch.setattr(measure._Link, "time", fake_time)
     for measured, whole in (
-        (lambda: settle.measured(applied(["+stages=2"]), None, small_model()), "whole_0"),
-        (lambda: settle.measured(applied(["+stages=3", "model.depth=1", "model.width=8"]), None), "plan_chain"),
+        (lambda: settle.measurement(applied(["+stages=2"]), None, small_model()), "whole_0"),
+        (lambda: settle.measurement(applied(["+stages=3", "model.depth=1", "model.width=8"]), None), "plan_chain"),
     ):
         costs = measured().costs
         assert {name for name, _ in timed} == {whole} and {kind for _, kind in timed} == {"FBW"}
         timed.clear()
-        n, total = len(costs.pieces), sum(costs.params)
+        n, total = len(costs.links), sum(costs.params)
         assert n > 1 and any(note.startswith("one physical device") for note in costs.notes)
         for i in range(len(costs.sizes)):
             passes = [costs.forward[j][i] + costs.input_grad[j][i] + costs.weight_grad[j][i] for j in range(n)]
@@ -478,7 +478,7 @@ def test_on_one_physical_device_the_model_is_timed_once_and_its_pieces_share_it_
 
 def test_the_copies_exchange_is_timed_as_a_step_runs_it_and_only_between_physical_devices(monkeypatch):
     """With two physical devices in the pool, the copies' exchange is `measure._exchange` of the model's
-    pieces on each (its gradients from the model's own backward), per byte of gradients; on logical
+    links on each (its gradients from the model's own backward), per byte of gradients; on logical
     devices of one physical device nothing crosses (0)."""
     seen = []
 
@@ -488,15 +488,15 @@ def test_the_copies_exchange_is_timed_as_a_step_runs_it_and_only_between_physica
 
     monkeypatch.setattr(measure, "_exchange", fake_exchange)
     spec = applied(["+stages=2"])
-    same = settle.measured(spec, None, small_model()).costs
+    same = settle.measurement(spec, None, small_model()).costs
     assert not seen and same.exchange_s_per_byte == 0 and same.exchange_latency_s == 0
     pool = two_physical(monkeypatch)
-    costs = settle.measured(spec, None, small_model()).costs
+    costs = settle.measurement(spec, None, small_model()).costs
     [(copies, devices, size, reduce)] = seen
     from chain.pipeline.replicas import reduce_mean
 
     assert devices == pool and size == min(costs.sizes) and reduce is reduce_mean
-    assert [len(c) for c in copies] == [len(costs.pieces)] * 2  # the model's pieces on each device
+    assert [len(c) for c in copies] == [len(costs.links)] * 2  # the model's links on each device
     for chain_, device in zip(copies, pool):
         assert all(v.value.device.endswith(device) for m in chain_ for v in m.trainable_variables)
     assert costs.exchange_s_per_byte == pytest.approx(4e-3 / (4 * sum(costs.params)))
@@ -528,7 +528,7 @@ def test_the_exchange_measured_is_what_the_averaging_adds_to_the_step():
 
 
 def test_a_crossing_measured_is_what_moving_the_second_half_adds_over_its_two_crossings():
-    """`measure._crossing` times the pieces with those from the cut on the second device (the twin's)
+    """`measure._crossing` times the links with those from the cut on the second device (the twin's)
     less all on the first, halved (a crossing there, its gradient back): a twin whose second half waits
     20 ms more gives about 10 ms; the plain twin (logical devices of one CPU) far less."""
     import time as clock
@@ -543,22 +543,22 @@ def test_a_crossing_measured_is_what_moving_the_second_half_adds_over_its_two_cr
         def compute_output_shape(self, shape):
             return shape
 
-    def pieces(device, wait=False):
+    def links(device, wait=False):
         with tf.device(device):
             out = [keras.Sequential([keras.Input((6,)), L.Dense(6)]), keras.Sequential([keras.Input((6,)), L.Dense(6)])]
             if wait:
                 out[1] = keras.Sequential([keras.Input((6,)), Wait(), L.Dense(6)])
         return out
 
-    own = pieces(DEVICES[0])
-    assert 0.008 <= measure._crossing(own, pieces(DEVICES[1], wait=True), DEVICES[:2], 4, 1) < 0.05
-    assert measure._crossing(own, pieces(DEVICES[1]), DEVICES[:2], 4, 1) < 0.005
+    own = links(DEVICES[0])
+    assert 0.008 <= measure._crossing(own, links(DEVICES[1], wait=True), DEVICES[:2], 4, 1) < 0.05
+    assert measure._crossing(own, links(DEVICES[1]), DEVICES[:2], 4, 1) < 0.005
 
 
 def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
     """balance=time (`timing.link_times`) and plan=auto (`measure.measure`) time their calls with one timer
     and a call's own cost with one probe (`chain.stages.clock`): with the timer saying 30 ms a call and the probe
-    10 ms (nothing is called, so nothing is traced), a piece's pass is 20 ms in both, and plan=auto's step cost is
+    10 ms (nothing is called, so nothing is traced), a link's pass is 20 ms in both, and plan=auto's step cost is
     the probe's."""
     from chain.stages import clock, cut, timing
 
@@ -573,7 +573,7 @@ def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
     costs = measure.measure(
         measure.Measuring(
             models=models,
-            pieces=((0, 1), (1, 2)),
+            links=((0, 1), (1, 2)),
             params=(56, 36),
             pool=tuple(DEVICES[:2]),
             physical={d: "CPU:0" for d in DEVICES},
@@ -584,6 +584,6 @@ def test_both_timings_take_every_time_from_the_one_clock(monkeypatch):
         )
     )
     assert costs.step_s == 0.01
-    for i in range(len(costs.sizes)):  # the model timed whole on one physical device, shared by the pieces
+    for i in range(len(costs.sizes)):  # the model timed whole on one physical device, shared by the links
         passes = (costs.forward, costs.input_grad, costs.weight_grad)
         assert sum(kind[j][i] for kind in passes for j in range(2)) == pytest.approx(0.02)

@@ -547,7 +547,7 @@ def test_a_replay_with_unit_durations_is_the_plan_and_a_measured_step_adds_up_to
         else schedules.build(name, 3, 4)
     )
     plan = schedules.simulate(s)
-    span, bubble = idle.replay(s, {(k, kind): 1.0 for k in range(s.stages) for kind in "FBW"})
+    span, bubble = idle.step_and_bubble(s, {(k, kind): 1.0 for k in range(s.stages) for kind in "FBW"})
     assert (span, bubble) == pytest.approx((plan.slots, plan.bubble_fraction))
     durations = {"F": 1000, "B": 2000, "W": 700}  # unequal: each device's parts still sum to the span
     m = timeline.measure(

@@ -116,7 +116,7 @@ def test_a_made_up_schedule_is_searched_by_plan_auto_and_drawn(registered):
     assert "madeup, 2 stages x 2 microbatches" in drawn and "<img" in drawn
 
 
-# The three players' results before they became one (`simulate`, `idle.replay`, `search.replay`),
+# The three players' results before they became one (`simulate`, `idle.step_and_bubble`, `search.step_and_bubble`),
 # computed by the code of the time: the one player must time every action as they did.
 PLANNED = {
     ("zb1", 3, 5, None): (
@@ -167,7 +167,9 @@ def test_simulate_plays_each_schedule_as_before(name, k, m, d):
 )
 def test_the_measured_replay_plays_each_schedule_as_before(name, k, m, d, grad_accum, expected):
     durations = {(j, kind): 1.0 + 0.25 * j + {"F": 0.0, "B": 1.0, "W": -0.5}[kind] for j in range(k) for kind in "FBW"}
-    assert idle.replay(schedules.build(name, k, m, d), durations, grad_accum) == pytest.approx(expected, rel=1e-12)
+    assert idle.step_and_bubble(schedules.build(name, k, m, d), durations, grad_accum) == pytest.approx(
+        expected, rel=1e-12
+    )
 
 
 def _planner_costs(kind: str, devices: int = 8) -> Costs:
@@ -209,7 +211,7 @@ def test_the_planners_replay_plays_each_schedule_as_before(
         physical = [["P0"] * s.devices for _ in range(replicas)]
     else:
         physical = [[f"q{r}{i}" for i in range(s.devices)] for r in range(replicas)] if replicas > 1 else None
-    got = search.replay(
+    got = search.step_and_bubble(
         s, times, c, replicas=replicas, recompute=recompute, grad_accum=grad_accum, rows_physical=physical
     )
     assert got == pytest.approx(expected, rel=1e-12)

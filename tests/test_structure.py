@@ -698,6 +698,13 @@ RETIRED = {
     "repeated": "later_copies",
     "plan_cluster": "assign_cluster",
     "plan_multi_worker": "assign_multi_worker",
+    "Measured": "MeasuredTimeline, LinkTimes or Measurement",
+}
+RETIRED_DEFS = {  # (module, name) -> what replaced a function named for what it did, not what it returns
+    ("chain.autoplan.choice", "planned"): "chosen_spec",
+    ("chain.autoplan.settle", "measured"): "measurement",
+    ("chain.autoplan.search", "replay"): "step_and_bubble",
+    ("chain.pipeline.idle", "replay"): "step_and_bubble",
 }
 RETIRED_MODULES = ("chain/strategies/pipelined.py", "chain/pipeline/step.py")
 RETIRED_FIELDS = {  # (module, class) -> fields it no longer has
@@ -793,6 +800,7 @@ def test_every_name_of_the_glossary_exists_and_the_words_it_replaced_are_gone():
         body = _class_body(trees[module], cls)
         assert body is not None, f"{module} has no class {cls}"
         assert [f for f in fields if _defines(body, f)] == [], f"{module}.{cls}"
+    assert [f"{m}.{n} (now {new})" for (m, n), new in RETIRED_DEFS.items() if _defines(trees[m].body, n)] == []
     schema = trees["chain.config.schema"]
     assert _class_body(schema, "Body") is None and _class_body(schema, "BodySettings") is not None
 

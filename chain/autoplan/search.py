@@ -1,14 +1,14 @@
 """`placement.plan=auto`'s search: every candidate plan predicted from measured costs, best first.
 
-`Costs` (`chain.records.auto_plan`) is what the measuring found (`chain.autoplan.measure`): per piece of the model (a cut
-model's pieces between its allowed cuts, or a built-in model's stages) and per measured microbatch
-size, the forward (F), input-gradient (B) and weight-gradient (W) seconds; each piece's update, the
+`Costs` (`chain.records.auto_plan`) is what the measuring found (`chain.autoplan.measure`): per link of the model (a cut
+model's links between its allowed cuts, or a built-in model's stages) and per measured microbatch
+size, the forward (F), input-gradient (B) and weight-gradient (W) seconds; each link's update, the
 bytes per example crossing a cut after it, its parameters; a fixed cost per action and per step;
 the transfer between two devices and the copies' gradient exchange (seconds per byte and latency);
 and which physical device is behind each device of the pool.
 
 `candidates` enumerates the plans (copies R, stages K, the cut, microbatches M, schedule, recompute;
-only legal combinations), `predict` replays each one's schedule on those costs (`replay`), and
+only legal combinations), `predict` plays each one's schedule on those costs (`step_and_bubble`), and
 `search` ranks them by predicted step among those the memory estimate says fit (`peaks`, given by
 the caller: `chain.autoplan.choice` asks the estimate). Pure: no TensorFlow.
 """
@@ -52,7 +52,7 @@ class StageTimes:
 
 
 def stage_times(costs: Costs, bounds: Sequence[int], size: int) -> list[StageTimes]:
-    """Each stage's `StageTimes`: stage k holds pieces [bounds[k], bounds[k+1])."""
+    """Each stage's `StageTimes`: stage k holds links [bounds[k], bounds[k+1])."""
     out = []
     for a, b in zip(bounds, bounds[1:]):
         js = range(a, b)
@@ -69,7 +69,7 @@ def stage_times(costs: Costs, bounds: Sequence[int], size: int) -> list[StageTim
     return out
 
 
-def replay(
+def step_and_bubble(
     schedule: Schedule,
     times: Sequence[StageTimes],
     costs: Costs,
@@ -180,10 +180,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def cut_for(costs: Costs, n_stages: int, size: int) -> list[int] | None:
-    """Pieces per stage for `n_stages` stages: `chain.planning.balance.partition` on each piece's
+    """Links per stage for `n_stages` stages: `chain.planning.balance.partition` on each link's
     measured F + B + W at microbatch `size` (the slowest stage paces a pipeline); every stage holds
-    weights. None when the pieces do not make that many stages."""
-    n = len(costs.pieces)
+    weights. None when the links do not make that many stages."""
+    n = len(costs.links)
     if n_stages > n:
         return None
     row = [
@@ -197,7 +197,7 @@ def candidates(
     costs: Costs, batch: int, stages: Sequence[int], max_microbatches: int = 64
 ) -> list[tuple[Candidate, list[int]]]:
     """Every legal plan on `costs.devices` for a global batch of `batch`, with K among `stages`: (the
-    candidate, its stage bounds in pieces). R copies x the devices a copy uses <= the pool; R divides
+    candidate, its stage bounds in links). R copies x the devices a copy uses <= the pool; R divides
     the batch, M the copy's share (at most `max_microbatches`); each schedule plan=auto tries
     (`schedules.searched`) where its placement takes K stages (`_of_schedule`)."""
     out = []
@@ -215,7 +215,7 @@ def candidates(
                 split = (
                     None
                     if costs.fixed_cut
-                    else tuple(costs.pieces[b - 1][1] - costs.pieces[a][0] for a, b in zip(bounds, bounds[1:]))
+                    else tuple(costs.links[b - 1][1] - costs.links[a][0] for a, b in zip(bounds, bounds[1:]))
                 )
                 for name in schedules.searched():
                     out += [(c, bounds) for c in _of_schedule(costs, name, k, m, r, split)]
@@ -279,14 +279,14 @@ def predict(
     peaks: Callable[[Candidate, Schedule], Sequence[int]] | None = None,
     memory: Mapping[str, int | None] | None = None,
 ) -> Prediction:
-    """`c`'s predicted step (its schedule replayed on `costs`), bubble, and each used device's estimated
+    """`c`'s predicted step (its schedule played on `costs`), bubble, and each used device's estimated
     peak (`peaks(c, schedule)`: per stage, bytes; stages sharing a device add up) against its memory."""
     schedule = schedules.build(c.schedule, c.stages, c.microbatches, c.stages // c.virtual_stages)
     size = batch // c.replicas // c.microbatches
     times = stage_times(costs, bounds, size)
     where = used_devices(costs, c, schedule)
     physical = dict(zip(costs.devices, costs.physical))
-    step, bubble = replay(
+    step, bubble = step_and_bubble(
         schedule,
         times,
         costs,
@@ -350,9 +350,9 @@ def search(
 
 @contextlib.contextmanager
 def _collections_paused():
-    """Python's garbage collector off while the replays run: they make many small short-lived objects, and
+    """Python's garbage collector off while the schedules are played: they make many small short-lived objects, and
     in a process holding TensorFlow's and Keras' objects each collection walks them all (the cost:
-    docs/benchmarks-in-code.md); what the replays make holds no cycles."""
+    docs/benchmarks-in-code.md); what the plays make holds no cycles."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -41,10 +41,10 @@ def wanted(spec: RunSpec) -> bool:
 
 
 @dataclass(frozen=True)
-class Measured:
+class Measurement:
     """What the search reads for a spec: the `Costs` (measured, or the run directory's cache: `cached`),
     what the cache held (`cache`: None, nothing) and, for a cut model, each stage's memory cost by its
-    piece range (None: a built-in model's, from the config)."""
+    link range (None: a built-in model's, from the config)."""
 
     costs: Costs
     cached: bool
@@ -52,7 +52,7 @@ class Measured:
     cache: CacheUse | None = None
 
 
-def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> Measured:
+def measurement(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> Measurement:
     """The costs of `spec`'s model on the devices its applied placement has (the pool), from
     RUN_DIR/plan_costs.json when a run there measured them with this run's `CostKey` (the same model,
     batch, devices, settings and versions), else measured now and written there with the key and this run's
@@ -80,7 +80,7 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
             os.makedirs(run_dir, exist_ok=True)
             label = cuttable.name if model is not None else s.stages[0].model.describe()  # keras(FILE), mlp(...)
             write_json(path, serial.to_json(CostFile(key, _this_run(label), costs)))
-    return Measured(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None, use)
+    return Measurement(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None, use)
 
 
 def cost_key(
@@ -132,11 +132,11 @@ def _this_run(model: str) -> str:
 
 def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> RunSpec:
     """The chosen plan's `RunSpec` (`RunSpec.auto_plan` set) for a `spec` whose placement was applied
-    (`measured`, then `chain.autoplan.choice.choose` and `planned`)."""
-    m = measured(spec, run_dir, model)
+    (`measurement`, then `chain.autoplan.choice.choose` and `chosen_spec`)."""
+    m = measurement(spec, run_dir, model)
     plan = choice.choose(spec, m.costs, m.stage_cost)
     plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached, cache=m.cache)
-    return choice.planned(spec, plan)
+    return choice.chosen_spec(spec, plan)
 
 
 def _pool(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
@@ -170,7 +170,7 @@ def _sizes(batch: int, pool: int, max_microbatches: int = 64) -> list[int]:
 
 
 def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, str], cuttable) -> Costs:
-    """Build the pieces on the pool's first device and time them (`chain.autoplan.measure`)."""
+    """Build the links on the pool's first device and time them (`chain.autoplan.measure`)."""
     from chain.autoplan import measure
     from chain.stages import assemble, examples
 
@@ -179,17 +179,17 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
     whole, twin, reduce = None, None, None
     if cuttable is None:
         models, same = _built_in(s, spec, pool[0])
-        pieces = [(k, k + 1) for k in range(len(models))]
+        links = [(k, k + 1) for k in range(len(models))]
         params = [int(sum(v.numpy().size for v in m.trainable_variables)) for m in models]
     else:
         points = cuttable.points()
-        pieces = list(zip(points, points[1:]))
+        links = list(zip(points, points[1:]))
         layer_params = cuttable.params()
-        params = [sum(layer_params[a:b]) for a, b in pieces]
+        params = [sum(layer_params[a:b]) for a, b in links]
         same = None
-        models = _cut(cuttable, pieces, tuple(info.input_shape), pool[0])
-        if len(pieces) > 1:  # the pieces' times are checked against the whole's
-            whole = _cut(cuttable, [(pieces[0][0], pieces[-1][1])], tuple(info.input_shape), pool[0], "whole")[0]
+        models = _cut(cuttable, links, tuple(info.input_shape), pool[0])
+        if len(links) > 1:  # the links' times are checked against the whole's
+            whole = _cut(cuttable, [(links[0][0], links[-1][1])], tuple(info.input_shape), pool[0], "whole")[0]
     if len(pool) > 1 and physical[pool[0]] != physical[pool[1]]:  # the exchange and a crossing are timed
         from chain.pipeline.replicas import reduce_mean
 
@@ -197,14 +197,14 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
         twin = (
             _built_in(s, spec, pool[1])[0]
             if cuttable is None
-            else _cut(cuttable, pieces, tuple(info.input_shape), pool[1])
+            else _cut(cuttable, links, tuple(info.input_shape), pool[1])
         )
     sizes = _sizes(s.data.batch_size, len(pool))
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
     costs = measure.measure(
         measure.Measuring(
             models=tuple(models),
-            pieces=tuple(pieces),
+            links=tuple(links),
             params=tuple(params),
             pool=tuple(pool),
             physical=physical,
@@ -246,9 +246,9 @@ def _built_in(s: Settings, spec: RunSpec, device: str) -> tuple[list[keras.Model
 
 
 def _cut(
-    cuttable, pieces: Sequence[tuple[int, int]], shape: tuple[int, ...], device: str, name: str = "plan"
+    cuttable, links: Sequence[tuple[int, int]], shape: tuple[int, ...], device: str, name: str = "plan"
 ) -> list[keras.Model]:
-    """A cut model's `pieces` (layer ranges) as models on `device`, the first taking `shape`, named
+    """A cut model's `links` (layer ranges) as models on `device`, the first taking `shape`, named
     `name` and their first layer's index."""
     import tensorflow as tf
 
@@ -256,7 +256,7 @@ def _cut(
 
     models = []
     with tf.device(device):
-        for a, b in pieces:
+        for a, b in links:
             m = piece(cuttable, a, b, keras.DTypePolicy("float32"))(shape, None, f"{name}_{a}")
             models.append(m)
             shape = passed(m)
@@ -264,12 +264,12 @@ def _cut(
 
 
 def _cut_costs(c, costs: Costs):
-    """A cut model's stage cost by piece range, from its layers (as `chain.training.user_bodies` estimates
+    """A cut model's stage cost by link range, from its layers (as `chain.training.user_bodies` estimates
     a cut): parameters, layer outputs, the tensors crossing its two cuts, its largest layer."""
     params, outputs = c.params(), c.outputs()
 
     def of(a: int, b: int) -> StageCost:
-        lo, hi = costs.pieces[a][0], costs.pieces[b - 1][1]
+        lo, hi = costs.links[a][0], costs.links[b - 1][1]
         return StageCost(sum(params[lo:hi]), sum(outputs[lo:hi]), c.crossing(lo), c.crossing(hi), max(params[lo:hi]))
 
     return of

@@ -123,7 +123,7 @@ def render(plan: AutoPlan, user: Sequence[str] | None = None) -> str:
         )
     lines = [
         f"placement.plan=auto: the best {plural(len(plan.ranked), 'candidate')} by predicted step "
-        "(* chosen; the step is the schedule replayed on the measured times):",
+        "(* chosen; the step is the schedule played on the measured times):",
         *_aligned(rows),
         "chosen: " + " ".join(plan.chosen.candidate.overrides()),
     ]
@@ -153,7 +153,7 @@ def mismatch(
 ) -> str:
     """The one line a run logs when its measured step (`measured_ms`, the median over its first `steps`
     timed steps) is far from the prediction, with what may explain it: logical CPU devices of one
-    process (they share one thread pool, so stages do not overlap as the replay assumes), the wait
+    process (they share one thread pool, so stages do not overlap as the play assumes), the wait
     for batches (`data_wait_ms`: a step's median wait, which the prediction leaves out), profiling (`traced`), or
     a machine busier (or quieter) than when the measurements were taken."""
     predicted = 1000 * plan.chosen.step_s
@@ -163,7 +163,7 @@ def mismatch(
         if shared_threads:
             causes.append(
                 "the stages are logical CPU devices of one process, which share one thread pool, so they "
-                "do not overlap as the prediction's replay assumes"
+                "do not overlap as the prediction's play assumes"
             )
         if data_wait_ms is not None and data_wait_ms > 0.1 * measured_ms:
             causes.append(

@@ -9,7 +9,7 @@ splitting it when the remainder would be small), the bytes in use after the even
 that asked (`tf_op`, its full name: its first name scope is the action's, `Action.scope`), its
 shape and whether the buffer is the op's output or a temporary (`region_type`).
 
-`read_events` reads them; `live_at_peak` replays them in time order, matching each deallocation to
+`read_events` reads them; `live_at_peak` walks them in time order, matching each deallocation to
 the allocation at its address, and returns what is live when the bytes in use are highest. What
 was allocated before the trace began (the weights, an optimizer's slots) has no allocation event:
 the bytes in use at the peak less every traced tensor live then is that baseline (`before`). To

@@ -23,18 +23,18 @@ from chain.records.serial import item
 
 @dataclass(frozen=True)
 class Costs:
-    """What `placement.plan=auto` measured (`chain.autoplan.measure`). `pieces[j]`: layers [a, b) of piece j
+    """What `placement.plan=auto` measured (`chain.autoplan.measure`). `links[j]`: layers [a, b) of link j
     (a built-in model: stage j, `fixed_cut`); `sizes`: the microbatch sizes measured; `forward[j][i]`,
-    `input_grad[j][i]`, `weight_grad[j][i]`: piece j's seconds at `sizes[i]`; `update[j]`: its optimizer
-    update's seconds; `crossing[j]`: floats per example leaving piece j (what a cut after it sends);
+    `input_grad[j][i]`, `weight_grad[j][i]`: link j's seconds at `sizes[i]`; `update[j]`: its optimizer
+    update's seconds; `crossing[j]`: floats per example leaving link j (what a cut after it sends);
     `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `update_s`: a
-    stage's update's fixed cost (`update[j]` is piece j's share by its weights); `transfer_*`,
+    stage's update's fixed cost (`update[j]` is link j's share by its weights); `transfer_*`,
     `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
     exchange (what it adds to a step beyond the backward it overlaps, per byte of a device's gradients);
     `devices`: the pool the plans draw from, `physical[i]`: the physical device behind `devices[i]`
     (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
 
-    pieces: tuple[tuple[int, int], ...]
+    links: tuple[tuple[int, int], ...]
     sizes: tuple[int, ...]
     forward: tuple[tuple[float, ...], ...]
     input_grad: tuple[tuple[float, ...], ...]
@@ -56,7 +56,7 @@ class Costs:
     notes: tuple[str, ...] = ()
 
     def at(self, row: Sequence[Sequence[float]], j: int, size: int) -> float:
-        """Piece j's seconds of `row` (forward, input_grad, weight_grad) at microbatch `size`: measured,
+        """Link j's seconds of `row` (forward, input_grad, weight_grad) at microbatch `size`: measured,
         or linear between the two nearest sizes (beyond them: the nearest two's line, never below
         the nearest's per-example cost scaled down)."""
         values, sizes = row[j], self.sizes
@@ -105,8 +105,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Prediction:
-    """A candidate's predicted step (seconds: its schedule replayed on the measured times, with the
-    transfers and the copies' exchange), its bubble (the idle share of its devices in that replay),
+    """A candidate's predicted step (seconds: its schedule played on the measured times, with the
+    transfers and the copies' exchange), its bubble (the idle share of its devices in that play),
     each used device's estimated peak and memory (bytes; None: no limit known), and whether it fits."""
 
     candidate: Candidate

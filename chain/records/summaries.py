@@ -186,9 +186,9 @@ class PlannedCandidate:
 
     rank: int | None = item("its place, from 1: the chosen plan first, then the others by predicted step")
     overrides: list[str] | None = item("the overrides that run it by hand")
-    predicted_step_ms: float | None = item("its predicted step (ms): its schedule replayed on the measured times")
+    predicted_step_ms: float | None = item("its predicted step (ms): its schedule played on the measured times")
     examples_per_second: float | None = item("the global batch over the predicted step")
-    bubble_fraction: float | None = item("the idle share of its devices in that replay")
+    bubble_fraction: float | None = item("the idle share of its devices in that play")
     devices: list[str] | None = item("the devices it uses (null: left to the planner)")
     peak_bytes: list[int] | None = item("each used device's estimated peak memory")
     memory_bytes: list[int | None] | None = item("each used device's memory (null: not known, as logical CPUs)")

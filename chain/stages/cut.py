@@ -693,7 +693,7 @@ class _Build:
         return owner in self.lent
 
     def add(self, i: int) -> None:
-        """Layer i's call replayed on this stage: its clone made (re-tied to this stage's holders), or, for a
+        """Layer i's call made again on this stage: its clone made (re-tied to this stage's holders), or, for a
         layer called again, the layer it calls."""
         c, layer, node = self.c, self.c.layers[i], self.c.nodes[i]
         if self.first_call[id(layer)] != i or i in c.within:  # a layer called again (keras_hub's
