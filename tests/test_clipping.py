@@ -188,7 +188,7 @@ def test_clip_norm_is_keras_clipnorm_on_every_stages_optimizer():
     """Per variable, so each stage's optimizer applies it exactly as one device's would."""
     run = chain.build(chain.compose(BASE + ["optim.clip_norm=0.05"]))
     assert [(s.optimizer.clipnorm, s.optimizer.global_clipnorm) for s in run.stages] == [(0.05, None)] * 3
-    assert run.strategy.layout.norm is None  # only a global norm is reported
+    assert run.strategy.report_format.norm is None  # only a global norm is reported
 
 
 def test_mode_local_clips_each_stage_by_its_own_global_norm():
@@ -282,7 +282,7 @@ def test_a_compiled_models_clipping_is_kept_with_a_note_in_a_file_and_in_python(
     compiled_mlp(global_clipnorm=0.25).save(path)
     run = chain.build(chain.compose(CUT + ["model=keras", f"model.path={path}"]))
     assert [s.spec.optim.clip_global_norm for s in run.stages] == [0.25] * 3
-    assert run.strategy.clip_global_norm == 0.25 and run.strategy.layout.norm is not None  # clipped, reported
+    assert run.strategy.clip_global_norm == 0.25 and run.strategy.report_format.norm is not None  # clipped, reported
     assert (
         f"{path} was compiled with global_clipnorm=0.25: the chain clips as optim.clip_global_norm=0.25 "
         "(set optim.clip_norm or optim.clip_global_norm to choose otherwise)" in run.notes

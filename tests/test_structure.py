@@ -818,3 +818,29 @@ def test_the_word_checks_find_a_missing_name_and_a_retired_one():
         "placing (now rows)",
         "repeated (now later_copies)",
     ]
+
+
+FUNCTION_LINES = 80  # issue 50: a function longer than this is cut into named parts
+
+
+def long_functions(root: Path) -> list[str]:
+    """Every function or method under `root` longer than FUNCTION_LINES (decorators to its last line, as formatted)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - first + 1 > FUNCTION_LINES:
+                    out.append(
+                        f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({node.end_lineno - first + 1} lines)"
+                    )
+    return out
+
+
+def test_no_function_in_chain_is_over_80_lines():
+    assert not long_functions(ROOT / "chain")
+
+
+def test_the_length_check_finds_a_long_function(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * FUNCTION_LINES)
+    assert long_functions(tmp_path) == [f"{tmp_path.name}/m.py:1 f ({FUNCTION_LINES + 1} lines)"]

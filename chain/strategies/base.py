@@ -34,7 +34,7 @@ from chain.records.summaries import StageSummary, Summary
 from chain.stages import losses, tied_weights
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
-from chain.steps.report import Layout, Reports
+from chain.steps.report import ReportFormat, Reports
 from chain.steps.evaluate import evaluation
 from chain.strategies.objectives import Evaluation, Objective
 
@@ -244,7 +244,7 @@ class Strategy(ABC):
         if not self.steps_in_one_call:
             return self._call_each(iterator, n)
         if self._multi is None:
-            self._multi = repeat(self.body, self.layout, self.settings.trainer.on_nan == "stop")
+            self._multi = repeat(self.body, self.report_format, self.settings.trainer.on_nan == "stop")
         rows, waits = self._multi(iterator, tf.constant(n, tf.int32))
         return Reports(rows.numpy(), tuple(1000.0 * waits.numpy()))
 
@@ -257,7 +257,7 @@ class Strategy(ABC):
             batch = next(iterator)
             waits.append(1000.0 * (time.perf_counter() - start))
             rows.append(self.call(*batch))
-            if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
+            if self.settings.trainer.on_nan == "stop" and self.report_format.decode(rows[-1])[1]:
                 break  # as the in-graph loop: no step after one whose update was dropped
         return Reports(np.stack(rows), tuple(waits))
 
@@ -352,9 +352,9 @@ class Strategy(ABC):
         return self.objective.default_target()
 
     @property
-    def layout(self) -> Layout:
-        """Where the step's report holds its losses and guard flags (`chain.steps.report.Layout`)."""
-        return self.objective.layout
+    def report_format(self) -> ReportFormat:
+        """Where the step's report holds its losses and guard flags (`chain.steps.report.ReportFormat`)."""
+        return self.objective.report_format
 
     def read(self, row: Any) -> StepResult:
         """A step's report -> its loss, each stage's own loss ([] when stages have none) and the

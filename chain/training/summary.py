@@ -1,7 +1,7 @@
 """summary.json as a record: what a finished run reports, built from its strategy, data and loop.
 
 `Run` hands over how the loop ended (`Ending`); `summarize` reads everything else from the
-strategy (its stages, assignment, report layout and its own sections: `Strategy.summary`,
+strategy (its stages, assignment, report format and its own sections: `Strategy.summary`,
 `stage_summary`), the settings and the data set, and returns the typed `Summary`
 (`chain.records.summaries`) before the strategy completes it (`Strategy.complete`) and the
 loop adds its measured data wait, profile and, with placement.plan=auto, the plan beside its measured
@@ -79,7 +79,7 @@ def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: 
         data_wait_ms=None,  # the loop's (`chain.training.run`), added after
         loss_first=first.loss,
         loss_last=last.loss,
-        clipping=ClippingFields(first.grad_norm, last.grad_norm) if strategy.layout.norm is not None else None,
+        clipping=ClippingFields(first.grad_norm, last.grad_norm) if strategy.report_format.norm is not None else None,
         # The last evaluation (at the end): the chain's (mode=e2e; mode=local: per stage).
         val=evaluation.chain if evaluation else None,
         best_step=ending.best_step,
