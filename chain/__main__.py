@@ -141,25 +141,27 @@ def show_plan(spec: RunSpec, overrides: list[str] | None = None) -> None:
     (no run directory) but the schedule when `pipeline.schedule_out` asks for it."""
     import_tensorflow_quietly()
     from chain.training.build import build
-    from chain.training.logs import placement_table
+    from chain.training.logs import assignment_table
 
     settings = spec.settings
     run = build(spec)
-    print(placement_table(run.placement, run.stages, settings.notes, unit=_unit(settings.mode)))
-    if run.placement.footprints:
+    print(assignment_table(run.assignment, run.stages, settings.notes, unit=_unit(settings.mode)))
+    if run.assignment.footprints:
         from chain.planning import fit
         from chain.planning.inventory import Inventory
 
         print(
-            fit.table(run.placement, run.placement.footprints, spec.inventory or Inventory(), unit=_unit(settings.mode))
+            fit.table(
+                run.assignment, run.assignment.footprints, spec.inventory or Inventory(), unit=_unit(settings.mode)
+            )
         )
     plan = run.strategy.plan_text(full=True)
     if plan:
         print(plan)
     if run.auto_plan is not None:
-        from chain.planning import plan_table
+        from chain.autoplan import table
 
-        print(plan_table.render(run.auto_plan, overrides))
+        print(table.render(run.auto_plan, overrides))
     out = settings.pipeline.schedule_out
     if out is not None and run.schedule is not None:
         from chain.errors import StorageError
@@ -186,10 +188,10 @@ def _app(cfg: DictConfig) -> None:
         settings = spec.settings
         import_tensorflow_quietly()
         from chain.training.build import build
-        from chain.training.logs import placement_table
+        from chain.training.logs import assignment_table
 
         run = build(spec, run_dir)
-        print(placement_table(run.placement, run.stages, settings.notes, unit=_unit(settings.mode)), flush=True)
+        print(assignment_table(run.assignment, run.stages, settings.notes, unit=_unit(settings.mode)), flush=True)
         plan = run.strategy.plan_text(full=False)
         if plan:
             print(plan, flush=True)

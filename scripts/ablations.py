@@ -1,4 +1,4 @@
-"""The benchmarks' ablations of the e2e step (`chain.pipeline.step`): each leaves out one piece of the
+"""The benchmarks' ablations of the e2e step (`chain.pipeline.play`): each leaves out one piece of the
 step's machinery by patching the function that adds it, for as long as the context is open (the step's
 build and its trace must both happen inside: the order is decided at build, the edges at trace).
 
@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from unittest import mock
 
-from chain.pipeline import step
+from chain.pipeline import play
 
-# Each: the functions of `chain.pipeline.step` replaced, by name.
+# Each: the functions of `chain.pipeline.play` replaced, by name.
 UNORDERED = {"chained": lambda schedule, grad_accum: False}  # no control dependencies, so no releases either
 ORDERED = {"chained": lambda schedule, grad_accum: True}  # chained and released even at one microbatch
 NO_RELEASES = {"release": lambda done, action: done}  # chained, but no host release after a send
@@ -31,7 +31,7 @@ def ablated(*patches: dict) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for patch in patches:
             for name, fn in patch.items():
-                stack.enter_context(mock.patch.object(step, name, fn))
+                stack.enter_context(mock.patch.object(play, name, fn))
         yield
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_pipeline import SCHEDULES, kernels, model_arguments, overrides  # noqa: E402
 
 from chain.pipeline import idle  # noqa: E402
-from chain.records.measured import Measured  # noqa: E402
+from chain.records.measured import MeasuredTimeline  # noqa: E402
 from chain.records.serial import from_json  # noqa: E402
 from chain.worker import LocalCluster  # noqa: E402
 
@@ -59,7 +59,7 @@ def main() -> None:
                     with open(os.path.join(run_dir, "summary.json")) as f:
                         s = json.load(f)
                     with open(os.path.join(run_dir, "timeline.json")) as f:
-                        why = idle.explain(from_json(Measured, json.load(f)), run.schedule)
+                        why = idle.explain(from_json(MeasuredTimeline, json.load(f)), run.schedule)
                 rows.append((schedule, m, s["bubble_fraction"], s["measured_bubble_fraction"], why))
                 print(f"# {schedule} M={m}: planned {rows[-1][2]:.3f} measured {rows[-1][3]}", flush=True)
                 if why is not None:

@@ -207,7 +207,7 @@ def ablated(size: str, case: str, what: str):
     machinery (what it costs is the difference to `rebuilt`, the control, which changes
     nothing): `ordered` keeps the per-action control dependencies and the host releases after
     sending actions even at one microbatch (the step before they were left out there:
-    `chain.pipeline.step`); `noguard` applies every update unconditionally (no `tf.cond`, no
+    `chain.pipeline.play`); `noguard` applies every update unconditionally (no `tf.cond`, no
     verdict to wait for); `noreport` returns a constant report (no stacking, no copies to the
     last device; the host reads zeros); `bare` leaves out all three (and the control
     dependencies at any number of microbatches); `nostall` is the run with `trainer.stall_s=0`: no
@@ -219,7 +219,7 @@ def ablated(size: str, case: str, what: str):
     import tensorflow as tf
 
     import chain
-    from chain.pipeline.step import e2e_step
+    from chain.pipeline.play import e2e_step
     from chain.steps import update
 
     names = {"bare": ("noguard", "unordered", "noreport"), "rebuilt": ()}.get(what, (what,))

@@ -12,7 +12,7 @@ overlap. Real overlap is measured with TensorFlow's distributed runtime: K worke
 inter-op thread) run one op at a time, like K accelerators with one stream each. This
 process is the client: it builds the chain with `chain.build` and `cluster.workers=[...]`
 (the trainer's own path: planner, stages on the workers' devices, the compiled e2e step,
-the host releases of `chain.pipeline.step`) twice per schedule and M:
+the host releases of `chain.pipeline.play`) twice per schedule and M:
 
 - `one`: every stage on worker 0 (`placement.devices=[/task:0/CPU:0,...]`), the baseline;
 - `split`: stage k on worker k.
@@ -146,7 +146,7 @@ def without_releases(run):
     import ablations
     import tensorflow as tf
 
-    from chain.pipeline.step import e2e_step
+    from chain.pipeline.play import e2e_step
 
     s = run.strategy
     body = ablations.ablated_step(
@@ -339,7 +339,7 @@ def host_batch(a, m: int, share: int = 1):
     feeds it from."""
     import tensorflow as tf
 
-    from chain.pipeline.step import host
+    from chain.pipeline.play import host
 
     n = a.micro_size * m // share
     with tf.device(host()):

@@ -11,7 +11,7 @@ k and K-1-k on device k) beside them, without recomputation.
 `--trace` measures nothing into the docs: it profiles one step after warm-up and prints what is live
 at that step's memory peak, by category, in requested and allocated bytes
 (`chain.pipeline.memory_trace`); `--weights-late` traces the step as it was before
-`chain.pipeline.step.weights_first` and `summed_in_turn`.
+`chain.pipeline.play.weights_first` and `summed_in_turn`.
 
 Not a test: it prints medians and writes them to docs/benchmarks.md (its own section;
 other sections of that file are kept).
@@ -89,7 +89,7 @@ def worker(a: argparse.Namespace) -> None:
     import ablations
 
     import chain
-    from chain.pipeline.step import e2e_step
+    from chain.pipeline.play import e2e_step
     from chain.planning import memory
 
     run = chain.build(chain.compose(overrides(a, a.schedule, a.recompute) + a.extra))
@@ -110,7 +110,7 @@ def worker(a: argparse.Namespace) -> None:
     if None in peaks or (all(memory.scope(d) == "process" for d in devices) and len(set(peaks)) != 1):
         raise SystemExit(f"expected a peak per device (one process-wide figure on CPU), got {peaks}")
     params = sum(s.params for s in run.stages)
-    estimate = [f.total for f in run.placement.footprints]  # chain.planning.footprint, before training
+    estimate = [f.total for f in run.assignment.footprints]  # chain.planning.footprint, before training
     print(
         json.dumps(
             {
@@ -147,7 +147,7 @@ def trace(a: argparse.Namespace) -> None:
     if a.weights_late:  # the step as it was: a backward's weight products queued behind its input gradients
         import ablations
 
-        from chain.pipeline.step import e2e_step
+        from chain.pipeline.play import e2e_step
 
         st = run.strategy
         build = lambda: e2e_step(run.stages, run.schedule, st.loss_fn(), st.target, recompute_policy=a.recompute)  # noqa: E731
@@ -172,7 +172,7 @@ def trace(a: argparse.Namespace) -> None:
     print(
         f"{a.schedule} recompute={a.recompute}{' weights late' if a.weights_late else ''}: allocator peak of the traced step {measured / mib:.2f} MiB, "
         f"traced peak {peak.in_use / mib:.2f} MiB; weights {4 * sum(s.params for s in run.stages) / mib:.2f} MiB; "
-        f"estimate {sum(f.total for f in run.placement.footprints) / mib:.2f} MiB (chain.planning.footprint)"
+        f"estimate {sum(f.total for f in run.assignment.footprints) / mib:.2f} MiB (chain.planning.footprint)"
     )
     print("\n".join(memory_trace.table(peak)))
     for name in memory_trace.CATEGORIES[1:]:
@@ -189,7 +189,7 @@ def paired_times(a: argparse.Namespace) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import chain
     from chain.schedule import schedules
-    from chain.pipeline.step import e2e_step
+    from chain.pipeline.play import e2e_step
 
     run = chain.build(chain.compose(overrides(a, SCHEDULES[0]) + a.extra))
     st = run.strategy

@@ -21,14 +21,14 @@ search may choose its cut:
   (not in the default run: 155 layers, each of the 28 plans takes minutes to build on 2 shared cores).
 
 SGD, float32, `trainer.steps_per_call=1` (a call of the compiled step is one step). For each model,
-first `placement.plan=auto` plans on the two workers (`chain.training.planned.measured`, then
-`chain.prepared.plan_choice.choose`: what the build's `planned.settle` does; the measurements cached in a
+first `placement.plan=auto` plans on the two workers (`chain.autoplan.settle.measured`, then
+`chain.autoplan.choice.choose`: what the build's `settle.settle` does; the measurements cached in a
 scratch run directory), then the grid: copies R and stages K in {K=1 R=1, K=1 R=2, K=2 R=1} x M in
 {1, 2, 4, 8} x schedule in {gpipe, 1f1b, zb1} (K=1 has one schedule: gpipe), 1F1B and GPipe with
 `recompute=always` at M = 4 and 8, interleaved and zbv (K=4 on the two workers) at M = 4 and 8: 28 plans
-where all are legal. Each plan is a `Candidate` of the search itself (`chain.planning.search.candidates`
+where all are legal. Each plan is a `Candidate` of the search itself (`chain.autoplan.search.candidates`
 on the measured costs: its cut and devices are the ones plan=auto would run), with its predicted step
-(`plan_choice.predict`); the plan auto chose is in the grid (added when the grid lacks it), and the run
+(`choice.predict`); the plan auto chose is in the grid (added when the grid lacks it), and the run
 plan=auto builds is timed beside it (`auto/hand`: the same plan, so about 1).
 
 Each plan's step is timed through `Run.strategy.call` (the call `fit` makes) on a batch that starts on
@@ -179,7 +179,7 @@ def host_batch(shape: Shape):
     """The global batch on this process's CPU (the client), where `Run` feeds it from."""
     import tensorflow as tf
 
-    from chain.pipeline.step import host
+    from chain.pipeline.play import host
 
     with tf.device(host()):
         dims = [shape.batch, 32, 32, 3] if shape.image else [shape.batch, shape.width * (shape.seq or 1)]
@@ -195,29 +195,29 @@ def plan_auto(shape: Shape, base: list[str], run_dir: str, budget: float | None)
     the spec it plans from (placement applied), what it measured (cached in `run_dir`), the planned
     `RunSpec` and the seconds planning took."""
     import chain
-    from chain.prepared import plan_choice, prepare
-    from chain.training import build as building, planned
+    from chain.autoplan import choice, settle
+    from chain.prepared import prepare
+    from chain.training import build as building
 
     started = time.perf_counter()
     extra = [] if budget is None else [f"placement.plan_budget_s={budget}"]
     spec = prepare(chain.compose([*base, "placement.plan=auto", *extra]))
-    spec = replace(spec, placement=building.apply(spec))
-    m = planned.measured(spec, run_dir, make(shape))  # as `planned.settle` does
-    plan = plan_choice.choose(spec, m.costs, m.stage_cost)
+    spec = replace(spec, assignment=building.apply(spec))
+    m = settle.measurement(spec, run_dir, make(shape))  # as `settle.settle` does
+    plan = choice.choose(spec, m.costs, m.stage_cost)
     plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached, cache=m.cache)
-    chosen = plan_choice.planned(spec, plan)
+    chosen = choice.chosen_spec(spec, plan)
     return spec, m, chosen, time.perf_counter() - started
 
 
 def grid(shape: Shape, spec, m, chosen, wanted: list[tuple]) -> list:
     """The grid's candidates as the search makes them (its cut and devices), each with its predicted step
-    (`plan_choice.predict`, as the search predicts each); the chosen candidate added when the grid lacks it."""
-    from chain.planning import search
-    from chain.prepared import plan_choice
+    (`choice.predict`, as the search predicts each); the chosen candidate added when the grid lacks it."""
+    from chain.autoplan import choice, search
 
     found = {
         (c.stages, c.replicas, c.microbatches, c.schedule, c.recompute): c
-        for c, _ in search.candidates(m.costs, shape.batch, plan_choice.stage_counts(spec.settings, m.costs))
+        for c, _ in search.candidates(m.costs, shape.batch, choice.stage_counts(spec.settings, m.costs))
     }
     keys = [k for k in wanted if k in found]
     key = (chosen.stages, chosen.replicas, chosen.microbatches, chosen.schedule, chosen.recompute)
@@ -229,7 +229,7 @@ def grid(shape: Shape, spec, m, chosen, wanted: list[tuple]) -> list:
         if k == key and c != chosen:  # the same search on the same costs: not expected
             print(f"# {shape.name}: the search's candidate {c} differs from the chosen {chosen}", flush=True)
             c = chosen
-        out.append((c, plan_choice.predict(spec, m.costs, c, m.stage_cost).step_s))
+        out.append((c, choice.predict(spec, m.costs, c, m.stage_cost).step_s))
     return out
 
 
@@ -336,16 +336,16 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
 
 
 def costs_summary(costs) -> str:
-    """What plan=auto measured, in brief: per microbatch size the pieces' summed F, B and W; the fixed
+    """What plan=auto measured, in brief: per microbatch size the links' summed F, B and W; the fixed
     costs; the transfer and the exchange."""
     sizes = "; ".join(
-        f"size {n}: F {sum(costs.at(costs.forward, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
-        f"B {sum(costs.at(costs.input_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} "
-        f"W {sum(costs.at(costs.weight_grad, j, n) for j in range(len(costs.pieces))) * 1e3:.2f} ms"
+        f"size {n}: F {sum(costs.at(costs.forward, j, n) for j in range(len(costs.links))) * 1e3:.2f} "
+        f"B {sum(costs.at(costs.input_grad, j, n) for j in range(len(costs.links))) * 1e3:.2f} "
+        f"W {sum(costs.at(costs.weight_grad, j, n) for j in range(len(costs.links))) * 1e3:.2f} ms"
         for n in costs.sizes
     )
     return (
-        f"{len(costs.pieces)} pieces, measured {sizes}; updates {sum(costs.update) * 1e3:.2f} ms; action "
+        f"{len(costs.links)} links, measured {sizes}; updates {sum(costs.update) * 1e3:.2f} ms; action "
         f"{costs.action_s * 1e3:.3f} ms; step (a call) {costs.step_s * 1e3:.2f} ms; transfer "
         f"{costs.transfer_latency_s * 1e3:.3f} ms + {costs.transfer_s_per_byte * 1e9:.3f} ns/B; exchange "
         f"{costs.exchange_latency_s * 1e3:.3f} ms + {costs.exchange_s_per_byte * 1e9:.3f} ns/B"

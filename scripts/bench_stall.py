@@ -44,7 +44,7 @@ def measure(case: str, blocks: int, steps: int) -> str:
 
     import chain
     from chain.pipeline.progress import Progress
-    from chain.pipeline.step import e2e_step, host
+    from chain.pipeline.play import e2e_step, host
 
     words = case.split()
     k = int(next(w for w in words if w.startswith("+stages=")).split("=")[1])

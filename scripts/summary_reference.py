@@ -18,7 +18,16 @@ import sys
 from pathlib import Path
 
 from chain.records.serial import fields_of
-from chain.records.summaries import DataWait, OomEvent, PlanFields, PlannedCandidate, Ranked, StageSummary, Summary
+from chain.records.summaries import (
+    DataWait,
+    Layout,
+    OomEvent,
+    PlanFields,
+    PlannedCandidate,
+    Ranked,
+    StageSummary,
+    Summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "run-directory.md"
@@ -67,6 +76,10 @@ def render() -> str:
         "Each of `plan.ranked`:",
         "",
         *_rows(PlannedCandidate),
+        "",
+        "Each of `layouts`:",
+        "",
+        *_rows(Layout),
     ]
     lines += ["", "Each of `oom_events`:", "", *_rows(OomEvent), "", "Each of `ranking`:", "", *_rows(Ranked), "", END]
     return "\n".join(lines)

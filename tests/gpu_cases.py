@@ -42,7 +42,7 @@ def _devices(kind: str) -> list[str]:
     return [] if kind == "GPU" else ["placement.devices=[/device:CPU:0,/device:CPU:1]"]
 
 
-def placement(kind: str) -> dict:
+def assignment(kind: str) -> dict:
     """The planner's stage devices, and the step's graph audited: ops of stage k on device k, the
     copies the only ops that cross."""
     import chain
@@ -129,7 +129,7 @@ def precision(kind: str) -> dict:
     return out
 
 
-CASES = {"placement": placement, "virtual": virtual, "peaks": peaks, "precision": precision}
+CASES = {"placement": assignment, "virtual": virtual, "peaks": peaks, "precision": precision}
 
 
 def main() -> None:

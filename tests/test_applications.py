@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from chain.planning import balance
 from chain.stages import cut
-from chain.stages.timing import Measured, piece_times
+from chain.stages.timing import LinkTimes, link_times
 from conftest import DEVICES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,13 +65,13 @@ def crossing(model: keras.Model, c: cut.Cuttable, at: int, edges) -> set[tuple]:
 TIMED = "MobileNetV2"  # its pieces are timed; the others get uneven made-up times (timing all four: ~60 s)
 
 
-def made_up_times(c: cut.Cuttable, seed: int) -> Measured:
+def made_up_times(c: cut.Cuttable, seed: int) -> LinkTimes:
     """Uneven piece times (seeded): the time split's balance works on any costs, and what it must
     keep (cuts where one tensor crosses) does not depend on where they came from."""
     points = c.points()
     rng = np.random.default_rng(seed)
     times = rng.uniform(1e-4, 1e-2, len(points) - 1).tolist()
-    return Measured(list(zip(points, points[1:])), {d: times for d in DEVICES}, ["CPU:0"], [1] * len(times))
+    return LinkTimes(list(zip(points, points[1:])), {d: times for d in DEVICES}, ["CPU:0"], [1] * len(times))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def analysed():
         model = make(name)
         c = cut.analyse(model, name)
         measured = (
-            piece_times(c, DEVICES, {d: "CPU:0" for d in DEVICES}, 4, progress=False)
+            link_times(c, DEVICES, {d: "CPU:0" for d in DEVICES}, 4, progress=False)
             if name == TIMED
             else made_up_times(c, j)
         )

@@ -4,19 +4,19 @@ run one action at a time, and the memory estimate drops plans."""
 
 import pytest
 
+from chain.autoplan import search
 from chain.errors import ConfigError
-from chain.planning import search
-from chain.planning.search import Costs
+from chain.records.auto_plan import Costs
 from chain.schedule import schedules
 
 
 def costs(times, *, sizes=(1, 64), action_s=0.0, devices=4, shared=False, transfer=0.0, crossing=16, fixed=False):
-    """Costs of pieces whose F+B+W per example is `times[j]` (F a third each), linear in the microbatch."""
+    """Costs of links whose F+B+W per example is `times[j]` (F a third each), linear in the microbatch."""
     rows = [tuple(t / 3 * s for s in sizes) for t in times]
     n = len(times)
     pool = tuple(f"/device:CPU:{i}" for i in range(devices))
     return Costs(
-        pieces=tuple((j, j + 1) for j in range(n)),
+        links=tuple((j, j + 1) for j in range(n)),
         sizes=tuple(sizes),
         forward=tuple(rows),
         input_grad=tuple(rows),
@@ -37,7 +37,7 @@ def costs(times, *, sizes=(1, 64), action_s=0.0, devices=4, shared=False, transf
     )
 
 
-def test_a_heavy_last_piece_moves_the_cut():
+def test_a_heavy_last_link_moves_the_cut():
     even = search.cut_for(costs([1.0] * 6), 2, 8)
     heavy = search.cut_for(costs([1.0] * 5 + [5.0]), 2, 8)
     assert even == [3, 3]
@@ -46,7 +46,7 @@ def test_a_heavy_last_piece_moves_the_cut():
 
 def _step(c, schedule, m, recompute="never", batch=64, k=2):
     cand = search.Candidate(1, k, m, schedule, recompute)
-    bounds = [0, *[(j + 1) * len(c.pieces) // k for j in range(k)]]
+    bounds = [0, *[(j + 1) * len(c.links) // k for j in range(k)]]
     return search.predict(c, cand, bounds, batch).step_s
 
 
@@ -64,7 +64,7 @@ def test_more_microbatches_shrink_the_bubble_until_the_per_action_cost_wins():
 
 def test_a_shared_physical_device_runs_its_actions_one_at_a_time():
     apart, shared = costs([1e-3] * 4), costs([1e-3] * 4, shared=True)
-    total = 64 * 4 * 1e-3  # every piece's F+B+W over the batch
+    total = 64 * 4 * 1e-3  # every link's F+B+W over the batch
     assert _step(shared, "1f1b", 8) == pytest.approx(total + search.LOOP_S)
     assert _step(apart, "1f1b", 8) < 0.7 * total
     # one copy on each of two physical devices: each runs half the batch at once

@@ -182,7 +182,7 @@ out = []
 for overrides in json.loads(sys.argv[1]):
     try:
         spec = prepare(compose_config(normalize_overrides(overrides)), inventory=Inventory())  # no GPU
-        out.append([0, [spec.placement.layout, spec.batch_cut.per_replica, spec.data_info is not None]])
+        out.append([0, [spec.assignment.topology, spec.batch_cut.per_replica, spec.data_info is not None]])
     except ChainError as e:
         out.append([e.exit_code, str(e)])
 print(json.dumps([out, sorted(m for m in ("tensorflow", "keras") if m in sys.modules)]))

@@ -119,7 +119,7 @@ def test_clipping_by_the_global_norm_equals_one_keras_optimizer_on_one_device(ba
     model, step = keras_reference(run, keras.optimizers.SGD(learning_rate=LR, global_clipnorm=CLIP))
     norms = assert_trains_like(run, model, step)
     assert min(norms) > 2 * CLIP  # clipping triggered in every step
-    if run.placement.copies:  # copies of the pipeline: each clips by the norm of the averaged gradients
+    if run.assignment.copies:  # copies of the pipeline: each clips by the norm of the averaged gradients
         copies = run.strategy.copies
         for copy in copies[1:]:
             for a, b in zip(copies[0], copy):
@@ -155,7 +155,7 @@ def test_the_guard_reads_its_verdict_from_the_clipped_norm_and_still_drops_a_non
         return [op.name for op in r.trace(x, ys).graph.get_operations() if op.type == "Sum" and "_update/" in op.name]
 
     assert guard_sums(plain) and not guard_sums(run)
-    stages = [s for copy in run.strategy.copies for s in copy] if run.placement.copies else run.stages
+    stages = [s for copy in run.strategy.copies for s in copy] if run.assignment.copies else run.stages
     assert run.step(x, ys)["skipped"] == []
     before = [v.numpy().copy() for s in stages for v in s.trainable_variables + s.optimizer.variables]
     bad = x.numpy().copy()
@@ -188,7 +188,7 @@ def test_clip_norm_is_keras_clipnorm_on_every_stages_optimizer():
     """Per variable, so each stage's optimizer applies it exactly as one device's would."""
     run = chain.build(chain.compose(BASE + ["optim.clip_norm=0.05"]))
     assert [(s.optimizer.clipnorm, s.optimizer.global_clipnorm) for s in run.stages] == [(0.05, None)] * 3
-    assert run.strategy.layout.norm is None  # only a global norm is reported
+    assert run.strategy.report_format.norm is None  # only a global norm is reported
 
 
 def test_mode_local_clips_each_stage_by_its_own_global_norm():
@@ -282,7 +282,7 @@ def test_a_compiled_models_clipping_is_kept_with_a_note_in_a_file_and_in_python(
     compiled_mlp(global_clipnorm=0.25).save(path)
     run = chain.build(chain.compose(CUT + ["model=keras", f"model.path={path}"]))
     assert [s.spec.optim.clip_global_norm for s in run.stages] == [0.25] * 3
-    assert run.strategy.clip_global_norm == 0.25 and run.strategy.layout.norm is not None  # clipped, reported
+    assert run.strategy.clip_global_norm == 0.25 and run.strategy.report_format.norm is not None  # clipped, reported
     assert (
         f"{path} was compiled with global_clipnorm=0.25: the chain clips as optim.clip_global_norm=0.25 "
         "(set optim.clip_norm or optim.clip_global_norm to choose otherwise)" in run.notes

@@ -355,7 +355,7 @@ def test_split_backwards_and_interleaved_stages_on_two_workers_train_like_on_loc
         for row in inter.actions
     )
     path = str(tmp_path / "split-interleaved.csv")
-    schedule_file.write(Schedule("file", 4, 2, rows, inter.placement), path)
+    schedule_file.write(Schedule("file", 4, 2, rows, inter.stage_rows), path)
     args = [
         *[o for o in TINY if o != "+stages=2"],
         "+stages=4",

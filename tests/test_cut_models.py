@@ -105,11 +105,11 @@ def test_time_is_measured_once_per_physical_device_per_piece_between_cuts():
     """The four logical CPU devices share one CPU: one measurement serves all four; the pieces
     timed are those between the cuts the model allows (not single layers)."""
     from chain.stages import cut
-    from chain.stages.timing import piece_times
+    from chain.stages.timing import link_times
 
     c = cut.analyse(encoder_block(), "encoder")
-    measured = piece_times(c, DEVICES, {d: "CPU:0" for d in DEVICES}, batch=4, progress=False)
-    assert measured.pieces == [
+    measured = link_times(c, DEVICES, {d: "CPU:0" for d in DEVICES}, batch=4, progress=False)
+    assert measured.links == [
         (0, 1),
         (1, 3),
         (3, 4),
@@ -399,7 +399,7 @@ def test_balance_by_memory_makes_the_largest_estimated_peak_smallest():
     peaks = {}
     for how in ("even", "params", "memory"):
         run = chain.build(chain.compose([*cfg, f"placement.balance={how}"]), model=uneven_layers())
-        peaks[how] = ([len(s.model.layers) - 1 for s in run.stages], max(f.total for f in run.placement.footprints))
+        peaks[how] = ([len(s.model.layers) - 1 for s in run.stages], max(f.total for f in run.assignment.footprints))
     (note,) = [n for n in run.notes if n.startswith("placement.balance=memory")]
     assert f"split {peaks['memory'][0]}: estimated peaks" in note and "the even split [3, 2, 2]" in note, note
     # the first layer alone is stage 0's floor, which params reaches too; memory once put the weightless

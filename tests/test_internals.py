@@ -35,6 +35,13 @@ def test_add_control_input_makes_an_op_wait_for_another():
         assert second.op.control_inputs == [first.op]
 
 
+def test_checkpoint_children_are_the_names_under_a_child_of_the_root(tmp_path):
+    v, w = tf.Variable(1.0), tf.Variable(2.0)
+    prefix = tf.train.Checkpoint(model=v, keyed={"w0": v, "w1": w}).save(str(tmp_path / "ckpt"))
+    assert sorted(tf_private.checkpoint_children(prefix, "keyed")) == ["w0", "w1"]
+    assert tf_private.checkpoint_children(prefix, "absent") == []
+
+
 def test_serialize_dataset_refuses_what_a_checkpoint_cannot_save():
     saveable = tf.data.Dataset.from_tensor_slices(np.arange(4.0)).map(lambda x: x * 2)
     assert tf_private.serialize_dataset(saveable).dtype == tf.string

@@ -379,7 +379,7 @@ def test_mixture_of_experts_trains_with_microbatches_its_load_balancing_loss_per
     run = chain.build(chain.compose([*overrides, "pipeline.add_loss=per_microbatch"]), model=model)
     assert any(
         n.startswith("pipeline.add_loss=per_microbatch: the add_loss terms of stage(s) 0, 1 ")
-        for n in run.placement.notes
+        for n in run.assignment.notes
     )
     ((x, y),) = batches(1)
     np.testing.assert_allclose(run.forward(x)["body_1"].numpy(), model.predict(x, verbose=0), rtol=0, atol=1e-6)
@@ -710,15 +710,15 @@ def test_gpt2_causal_lm_is_planned_by_plan_auto_and_trains_bit_for_bit_like_its_
     `data.vocab` and a padding mask of ones; before: `placement.plan=auto times pieces that take one tensor, but
     gpt2_causal_lm takes several inputs`): the plan table lists the best candidates, and the chosen plan trains
     bit for bit like its overrides written by hand."""
-    from chain.planning import plan_table
+    from chain.autoplan import table
 
     base = ["+stages=2", *per_token_data(), "placement.plan_budget_s=0.05"]
     auto = chain.build(chain.compose([*base, "placement.plan=auto"]), str(tmp_path), model=gpt2_lm())
     plan = auto.auto_plan
-    table = plan_table.render(plan)
+    text = table.render(plan)
     assert (
-        table.startswith("placement.plan=auto: the best")
-        and "chosen: " + " ".join(plan.chosen.candidate.overrides()) in table
+        text.startswith("placement.plan=auto: the best")
+        and "chosen: " + " ".join(plan.chosen.candidate.overrides()) in text
     )
     hand = chain.build(chain.compose([*base, *plan.chosen.candidate.overrides()]), model=gpt2_lm())
     for x, y in token_batches(2):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from chain.pipeline import measured_grid, timeline
-from chain.records.measured import Measured, MeasuredAction, MeasuredStep
+from chain.records.measured import MeasuredTimeline, MeasuredAction, MeasuredStep
 from chain.schedule import schedules
 from chain.schedule.schedules import Action
 
@@ -17,14 +17,14 @@ def act(text: str) -> Action:
     return Action(int(text[1]), int(text[4:]), text[3])
 
 
-def measured(schedule, times) -> Measured:
+def measured(schedule, times) -> MeasuredTimeline:
     """One complete step of `schedule` whose actions ran at `times` ({Action: (start_ms, end_ms)})."""
     acts = sorted(
         (MeasuredAction(a.stage, a.microbatch, a.kind, lo, hi, 0.0, 1) for a, (lo, hi) in times.items()),
         key=lambda a: (a.stage, a.start_ms),
     )
     step = MeasuredStep(1, 0.0, max(hi for _, hi in times.values()), True, acts, [])
-    return Measured(
+    return MeasuredTimeline(
         schedule.name,
         schedule.stages,
         schedule.microbatches,

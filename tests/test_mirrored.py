@@ -36,7 +36,7 @@ def assert_same_weights(run_a, run_b):
 def test_mirrored_run_holds_every_stage_on_every_replica():
     run = chain.build(chain.compose([*TINY, "placement.fallback=mirrored"]))
     assert isinstance(run.strategy, Mirrored)
-    assert run.placement.mirrored_devices == tuple(DEVICES[:2]) and run.strategy.tf_strategy.num_replicas_in_sync == 2
+    assert run.assignment.mirrored_devices == tuple(DEVICES[:2]) and run.strategy.tf_strategy.num_replicas_in_sync == 2
     assert run.strategy.batch_cut.per_replica == 16
     for s in run.stages:
         assert s.device is None

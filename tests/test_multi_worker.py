@@ -184,10 +184,10 @@ def test_a_worker_task_without_the_mirrored_fallback_is_one_line(tmp_path, fallb
 
 def test_every_workers_gpus_are_replicas_named_by_task():
     from chain.planning.inventory import Inventory
-    from chain.planning.planner import plan_multi_worker
+    from chain.planning.planner import assign_multi_worker
 
     pcfg = chain.compose(["+stages=3", "placement.fallback=mirrored"]).placement
-    p = plan_multi_worker(pcfg, 3, ["a:1", "b:2"], 1, Inventory.of(2).gpus)
+    p = assign_multi_worker(pcfg, 3, ["a:1", "b:2"], 1, Inventory.of(2).gpus)
     assert p.mirrored_devices == tuple(f"/job:worker/replica:0/task:{t}/device:GPU:{i}" for t in (0, 1) for i in (0, 1))
     assert p.local_mirrored_devices == p.mirrored_devices[2:] and p.physical[p.mirrored_devices[2]] == "worker 1 b:2"
-    assert p.devices == (None,) * 3 and p.layout == "mirrored"
+    assert p.devices == (None,) * 3 and p.topology == "mirrored"

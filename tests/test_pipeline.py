@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import chain
 from chain.schedule import schedules
-from chain.pipeline import step as pipeline
+from chain.pipeline import play
 from chain.planning import memory
 from chain.planning.devices import canonical
 from conftest import DEVICES
@@ -182,8 +182,8 @@ def test_compiled_step_keeps_stage_k_on_device_k_and_copies_are_the_only_crossin
     assert len(crossings) == 2 * (K - 1) * m
     names = sorted(op.name.split("/")[-1] for op in a.copies() if op not in reports)
     expected = sorted(
-        [f"copy_to_{pipeline.activation_copy(k, mb)}" for k in range(1, K) for mb in range(m)]
-        + [f"copy_to_{pipeline.gradient_copy(k, mb)}" for k in range(K - 1) for mb in range(m)]
+        [f"copy_to_{play.activation_copy(k, mb)}" for k in range(1, K) for mb in range(m)]
+        + [f"copy_to_{play.gradient_copy(k, mb)}" for k in range(K - 1) for mb in range(m)]
         + ["copy_to_input", "copy_to_labels"]
     )
     assert names == expected
@@ -240,19 +240,19 @@ def test_each_stage_runs_its_actions_in_schedule_order(trained, schedule):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_the_host(trained, schedule):
-    """The release is what lets a send go out before the stage's next action (see chain.pipeline.step)."""
+    """The release is what lets a send go out before the stage's next action (see chain.pipeline.play)."""
     run, ops, ancestors = step_graph(trained(schedule, 2, "crossentropy"))
     devices = [s.device for s in run.stages]
     by_name = {op.name: op for op in ops}
-    sending = [a for row in run.schedule.actions for a in row if pipeline.sends(a, devices)]
+    sending = [a for row in run.schedule.actions for a in row if play.sends(a, devices)]
     assert len(sending) == 2 * (K - 1) * 2  # every forward but the last stage's, every backward but the first's
     releases = sorted(n for n in by_name if n.startswith("release_") and "/" not in n)
-    assert releases == sorted(pipeline.release_name(a) for a in sending)
+    assert releases == sorted(play.release_name(a) for a in sending)
     for row in run.schedule.actions:
         for before, after in zip(row, row[1:] + (None,)):
             if before not in sending:
                 continue
-            release = by_name[pipeline.release_name(before)]
+            release = by_name[play.release_name(before)]
             assert canonical(release.device) == "/device:CPU:0"  # the host
             assert {op.name for op in action_ops(ops, before)} <= ancestors[release.name]
             # The next action (after the last one: the update, constants and captures aside) waits for it.
@@ -262,7 +262,7 @@ def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_
                 else [
                     op
                     for op in ops
-                    if op.name.startswith(pipeline.update_scope(before.stage) + "/")
+                    if op.name.startswith(play.update_scope(before.stage) + "/")
                     and op.type not in ("Const", "Placeholder")
                 ]
             )
@@ -271,12 +271,12 @@ def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_
 
 def test_at_one_microbatch_the_step_is_not_chained_and_updates_bit_for_bit_as_the_chained_one():
     """At M=1 the step leaves out the per-action control dependencies and releases (they bound
-    nothing there: chain.pipeline.step), and trains exactly as the step that keeps them (patched in,
+    nothing there: chain.pipeline.play), and trains exactly as the step that keeps them (patched in,
     as a benchmark does: scripts/ablations.py)."""
     runs = [chain.build(chain.compose(BASE)) for _ in range(2)]
     st = runs[1].strategy
-    with mock.patch.object(pipeline, "chained", lambda schedule, grad_accum: True):
-        st.set_step(pipeline.e2e_step(st.stages, st.schedule, st.loss_fn(), st.target))
+    with mock.patch.object(play, "chained", lambda schedule, grad_accum: True):
+        st.set_step(play.e2e_step(st.stages, st.schedule, st.loss_fn(), st.target))
     batches = [b for b, _ in zip(runs[0].batches(), range(3))]
     for run in runs:
         for x, ys in batches:
@@ -361,7 +361,7 @@ def test_fit_writes_the_pipeline_summary(tmp_path):
     # min(M, K-k) microbatches on stage k.
     estimates = [st["estimated_peak_bytes"] for st in summary["stages"]]
     assert all(isinstance(e, int) and e > 0 for e in estimates) and summary["estimated_peak_bytes"] == sum(estimates)
-    assert [f.held for f in run.placement.footprints] == [min(4, K - k) for k in range(K)]
+    assert [f.held for f in run.assignment.footprints] == [min(4, K - k) for k in range(K)]
 
 
 def test_peak_memory_sees_a_large_tensor_on_a_stage_device():
@@ -411,7 +411,7 @@ def test_a_run_from_the_written_schedule_file_trains_bit_equal_to_the_built_in_s
     assert run.schedule.name == "file" and run.schedule.actions == t["run"].schedule.actions
     if schedule in BASES:  # the planner's note names the setting the run has, and the schedule's placement
         rule = "stage k on device k mod 2" if schedule == "interleaved" else "stage k and stage 3-k on device k"
-        assert f"pipeline.schedule=file: 4 stages on 2 devices, {rule}" in run.placement.notes
+        assert f"pipeline.schedule=file: 4 stages on 2 devices, {rule}" in run.assignment.notes
     assert [s.device for s in run.stages] == [s.device for s in t["run"].stages]
     for s, initial in zip(run.stages, t["initial"]):  # the same start
         for layer, before in zip(s.model.layers, initial):
@@ -459,7 +459,7 @@ def test_interleaved_stages_train_like_one_keras_model_on_one_device(trained, m)
     t = trained("interleaved", m, "crossentropy")
     run = t["run"]
     assert [s.device for s in run.stages] == [DEVICES[0], DEVICES[1], DEVICES[0], DEVICES[1]]
-    assert run.schedule.name == "interleaved" and run.schedule.devices == 2 and run.schedule.placement == (0, 1, 0, 1)
+    assert run.schedule.name == "interleaved" and run.schedule.devices == 2 and run.schedule.stage_rows == (0, 1, 0, 1)
     assert_trained_like_keras(t)
     if m == 2:  # each device runs its stages' actions in the schedule's one order for that device
         _, ops, ancestors = step_graph(t)
@@ -477,8 +477,8 @@ def test_zbv_trains_like_one_keras_model_on_one_device(trained, m):
     t = trained("zbv", m, "crossentropy")
     run = t["run"]
     assert [s.device for s in run.stages] == [DEVICES[0], DEVICES[1], DEVICES[1], DEVICES[0]]
-    assert run.schedule.name == "zbv" and run.schedule.devices == 2 and run.schedule.placement == (0, 1, 1, 0)
-    assert "pipeline.schedule=zbv: 4 stages on 2 devices, stage k and stage 3-k on device k" in run.placement.notes
+    assert run.schedule.name == "zbv" and run.schedule.devices == 2 and run.schedule.stage_rows == (0, 1, 1, 0)
+    assert "pipeline.schedule=zbv: 4 stages on 2 devices, stage k and stage 3-k on device k" in run.assignment.notes
     assert_trained_like_keras(t)
     if m == 4:  # each device runs its two stages' actions (F, B and W) in the schedule's one order for that device:
         _, ops, ancestors = step_graph(t)  # every op of an action waits for the end of the device's previous one

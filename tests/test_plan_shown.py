@@ -16,13 +16,12 @@ from dataclasses import replace
 import pytest
 
 import chain
-from chain.planning import plan_table
-from chain.planning.candidates import AutoPlan, Candidate, Prediction
+from chain.autoplan import table
+from chain.autoplan.step_check import PLAN_CHECK_STEPS, PLAN_MARGIN, PlanCheck
 from chain.records import serial
+from chain.records.auto_plan import AutoPlan, Candidate, Prediction
 from chain.records.summaries import Summary
 from chain.training import run as run_module
-from chain.training.cadence import PLAN_CHECK_STEPS, PLAN_MARGIN, PlanCheck
-from chain.training.summary import plan_fields
 from conftest import read_summary
 
 MiB = 1 << 20
@@ -72,7 +71,7 @@ def hand_made(step_s: float = 0.010) -> AutoPlan:
 
 def test_the_table_shows_each_candidate_its_devices_peaks_against_memory_and_the_chosen_overrides():
     plan = hand_made()
-    text = plan_table.render(plan)
+    text = table.render(plan)
     lines = text.splitlines()
     header = next(line for line in lines if line.strip().startswith("rank"))
     for column in ("plan", "step ms", "examples/s", "bubble", "peak/memory MB per device"):
@@ -80,7 +79,7 @@ def test_the_table_shows_each_candidate_its_devices_peaks_against_memory_and_the
     rows = [line.split() for line in lines if re.match(r"\s+\d\*?\s", line)]
     assert [r[0] for r in rows] == ["1*", "2", "3"]  # the chosen marked
     for row, line, p in zip(rows, [line for line in lines if re.match(r"\s+\d\*?\s", line)], plan.ranked):
-        assert plan_table.compact(p.candidate.overrides()) in line
+        assert table.compact(p.candidate.overrides()) in line
         assert f"{1000 * p.step_s:.2f}" in row and f"{p.examples_per_s:,.0f}" in row and f"{p.bubble:.2f}" in row
         cells = [c.rsplit(" ", 1)[1].split("/") for c in line.split(f"  {p.bubble:.2f}  ", 1)[1].strip().split(", ")]
         assert [(float(peak), None if mem == "—" else float(mem)) for peak, mem in cells] == [
@@ -90,7 +89,7 @@ def test_the_table_shows_each_candidate_its_devices_peaks_against_memory_and_the
     assert "device 0 1/512, device 1 1/512, device 2 2/—, device 3 2/—" in text
     assert f"chosen: {' '.join(plan.chosen.candidate.overrides())}" in lines
     assert lines[-1] == "planning: measured in 2.5 s, searched 40 candidates in 0.12 s (7 dropped: over memory)"
-    cached = plan_table.render(replace(plan, measuring_s=0.0, cached=True)).splitlines()[-1]
+    cached = table.render(replace(plan, measuring_s=0.0, cached=True)).splitlines()[-1]
     assert cached.startswith("planning: measurements read from the run directory's cache")
 
 
@@ -104,7 +103,7 @@ def test_the_command_by_hand_is_the_users_without_plan_auto_and_composes_to_the_
         "trainer.steps=7",
         "model.width=8",
     ]
-    line = next(x for x in plan_table.render(plan, user).splitlines() if x.startswith("by hand: "))
+    line = next(x for x in table.render(plan, user).splitlines() if x.startswith("by hand: "))
     argv = shlex.split(line.removeprefix("by hand: "))
     assert argv[:3] == ["python", "-m", "chain"]
     assert argv[3:] == ["trainer.steps=7", "model.width=8", *plan.chosen.candidate.overrides()]
@@ -121,15 +120,15 @@ def test_the_command_by_hand_is_the_users_without_plan_auto_and_composes_to_the_
 
 def test_the_chosen_plans_line_names_its_overrides_prediction_and_planning_time():
     plan = hand_made()
-    line = plan_table.one_line(plan)
+    line = table.one_line(plan)
     assert "\n" not in line and " ".join(plan.chosen.candidate.overrides()) in line
     assert "predicted 10.00 ms per step (1,600 examples/s, bubble 0.25)" in line
-    assert line.endswith(plan_table.planning_line(plan))
+    assert line.endswith(table.planning_line(plan))
 
 
 def test_summary_jsons_plan_is_written_and_read_back():
     plan = hand_made()
-    fields = plan_fields(plan, 12.5)
+    fields = table.plan_fields(plan, 12.5)
     assert fields.overrides == list(plan.chosen.candidate.overrides())
     assert fields.predicted_step_ms == pytest.approx(10.0) and fields.ratio == pytest.approx(1.25)
     assert [r.overrides for r in fields.ranked] == [list(p.candidate.overrides()) for p in plan.ranked]
@@ -139,7 +138,7 @@ def test_summary_jsons_plan_is_written_and_read_back():
     raw = json.loads(json.dumps(serial.to_json(summary)))
     assert serial.from_json(Summary, raw) == summary
     assert "plan" not in serial.to_json(replace(summary, plan=None))  # plan=manual: no key
-    assert plan_fields(None, 12.5) is None and plan_fields(plan, None).ratio is None
+    assert table.plan_fields(None, 12.5) is None and table.plan_fields(plan, None).ratio is None
     with pytest.raises(serial.RecordError, match=r"^plan\.ranked\[0\]\.peak_bytes\[1\] must be an integer"):
         raw["plan"]["ranked"][0]["peak_bytes"][1] = "big"
         serial.from_json(Summary, raw)
@@ -159,7 +158,7 @@ def test_the_check_is_due_once_after_its_timed_steps_and_off_past_its_margin():
 
 def test_the_warning_names_the_causes_that_apply():
     plan = hand_made()
-    slow = plan_table.mismatch(plan, 20.0, 10, shared_threads=False, data_wait_ms=5.0, traced=True)
+    slow = table.mismatch(plan, 20.0, 10, shared_threads=False, data_wait_ms=5.0, traced=True)
     assert (
         slow.startswith(
             "plan=auto predicted 10.00 ms per step, measured 20.00 ms (2.00×, the median of the first 10 timed steps): "
@@ -167,8 +166,8 @@ def test_the_warning_names_the_causes_that_apply():
         and "\n" not in slow
     )
     assert "waited 5.00 ms for its batch" in slow and "trainer.profile" in slow and "thread pool" not in slow
-    assert "waited" not in plan_table.mismatch(plan, 20.0, 10, data_wait_ms=1.0)  # 5% of the step: not a cause
-    fast = plan_table.mismatch(replace(plan, cached=True), 5.0, 10, shared_threads=True)
+    assert "waited" not in table.mismatch(plan, 20.0, 10, data_wait_ms=1.0)  # 5% of the step: not a cause
+    fast = table.mismatch(replace(plan, cached=True), 5.0, 10, shared_threads=True)
     assert "(0.50×" in fast and "cache" in fast and "thread pool" not in fast
 
 
@@ -191,7 +190,7 @@ def planned_run(tmp_path, measured_ms: float, caplog, monkeypatch, *extra: str) 
     with caplog.at_level(logging.INFO, logger="chain"):
         chain.build(spec, run_dir=run_dir).fit()
     lines = [r.getMessage() for r in caplog.records if r.name == "chain"]
-    assert lines[0] == plan_table.one_line(hand_made()) and lines.count(lines[0]) == 1
+    assert lines[0] == table.one_line(hand_made()) and lines.count(lines[0]) == 1
     return read_summary(run_dir), [line for line in lines if "plan=auto predicted" in line]
 
 
@@ -232,5 +231,5 @@ def test_plan_only_prints_the_table_after_the_placement(capsys):
     spec = replace(chain.prepare([*TINY, "plan_only=true"]), auto_plan=hand_made())
     show_plan(spec, [*TINY, "placement.plan=auto"])
     out = capsys.readouterr().out
-    assert plan_table.render(hand_made(), [*TINY, "placement.plan=auto"]) in out
+    assert table.render(hand_made(), [*TINY, "placement.plan=auto"]) in out
     assert out.index("stage") < out.index("placement.plan=auto: the best 3 candidates")

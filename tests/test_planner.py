@@ -12,7 +12,7 @@ import pytest
 import chain
 from chain.errors import ConfigError, DeviceError
 from chain.planning.inventory import Card, Gpu, Inventory, inventory, parse_smi, visible_cards
-from chain.planning.planner import MIRRORED, PIPELINE, plan
+from chain.planning.planner import MIRRORED, PIPELINE, assign
 from chain.prepared.preparation import cut_batch
 
 GB = 1024  # MB
@@ -43,8 +43,8 @@ def assert_limits_fit(p, inv, reserve=None):
 
 def test_eight_80gb_gpus_eight_stages_one_card_each_no_split():
     inv = Inventory.of(8, 80 * GB)
-    p = plan(pcfg(), 8, inv)
-    assert p.layout == PIPELINE and p.kind == "GPU"
+    p = assign(pcfg(), 8, inv)
+    assert p.topology == PIPELINE and p.kind == "GPU"
     assert p.devices == gpu_devices(8)
     assert p.split == {} and p.memory_limits_mb == {} and p.visible is None
     assert [p.physical[d] for d in p.devices] == [f"GPU:{k}" for k in range(8)]
@@ -52,7 +52,7 @@ def test_eight_80gb_gpus_eight_stages_one_card_each_no_split():
 
 def test_eight_80gb_gpus_three_stages_uses_three_and_hides_the_rest():
     inv = Inventory.of(8, 80 * GB)
-    p = plan(pcfg(), 3, inv)
+    p = assign(pcfg(), 3, inv)
     assert p.devices == gpu_devices(3) and p.split == {}
     assert p.visible == (0, 1, 2)  # TensorFlow would otherwise reserve memory on all eight
     assert any("GPU 3, 4, 5, 6, 7 unused" in n for n in p.notes)
@@ -60,14 +60,14 @@ def test_eight_80gb_gpus_three_stages_uses_three_and_hides_the_rest():
 
 def test_one_number_limits_every_card_even_without_a_split():
     inv = Inventory.of(8, 80 * GB)
-    p = plan(pcfg("placement.memory_limit_mb=40000"), 8, inv)
+    p = assign(pcfg("placement.memory_limit_mb=40000"), 8, inv)
     assert p.split == {k: 1 for k in range(8)}
     assert p.memory_limits_mb == {k: [40000] for k in range(8)}
     assert not p.memory_growth
 
 
 def test_memory_growth_applies_when_no_card_has_a_limit():
-    p = plan(pcfg("placement.memory_growth=true"), 8, Inventory.of(8, 80 * GB))
+    p = assign(pcfg("placement.memory_growth=true"), 8, Inventory.of(8, 80 * GB))
     assert p.memory_growth and p.split == {}
 
 
@@ -77,7 +77,7 @@ def test_memory_growth_applies_when_no_card_has_a_limit():
 def test_one_24gb_gpu_three_stages_three_logical_gpus_sharing_the_card():
     inv = Inventory.of(1, 24 * GB)
     cfg = pcfg()
-    p = plan(cfg, 3, inv)
+    p = assign(cfg, 3, inv)
     assert p.devices == gpu_devices(3)
     assert p.split == {0: 3}
     limits = p.memory_limits_mb[0]
@@ -90,26 +90,26 @@ def test_one_24gb_gpu_three_stages_three_logical_gpus_sharing_the_card():
 
 def test_reserve_changes_the_share():
     inv = Inventory.of(1, 24 * GB)
-    small = plan(pcfg("placement.reserve_mb=0"), 3, inv).memory_limits_mb[0]
-    large = plan(pcfg("placement.reserve_mb=3000"), 3, inv).memory_limits_mb[0]
+    small = assign(pcfg("placement.reserve_mb=0"), 3, inv).memory_limits_mb[0]
+    large = assign(pcfg("placement.reserve_mb=3000"), 3, inv).memory_limits_mb[0]
     assert small[0] - large[0] == 1000
 
 
 @pytest.mark.parametrize("given, expected", [("[4000,8000,2000]", [4000, 8000, 2000]), ("6000", [6000] * 3)])
 def test_given_limits_per_stage_or_one_number(given, expected):
-    p = plan(pcfg("+stages=3", f"placement.memory_limit_mb={given}"), 3, Inventory.of(1, 24 * GB))
+    p = assign(pcfg("+stages=3", f"placement.memory_limit_mb={given}"), 3, Inventory.of(1, 24 * GB))
     assert p.memory_limits_mb == {0: expected}
 
 
 def test_memory_growth_is_not_applied_to_a_split_card_and_says_so():
-    p = plan(pcfg("placement.memory_growth=true"), 3, Inventory.of(1, 24 * GB))
+    p = assign(pcfg("placement.memory_growth=true"), 3, Inventory.of(1, 24 * GB))
     assert not p.memory_growth
     assert any("memory_growth not applied" in n for n in p.notes)
 
 
 def test_two_gpus_five_stages_neighbours_share_a_card():
     inv = Inventory.of(2, 16 * GB)
-    p = plan(pcfg(), 5, inv)
+    p = assign(pcfg(), 5, inv)
     assert p.devices == gpu_devices(5)
     assert p.split == {0: 3, 1: 2}
     cards = [p.physical[d] for d in p.devices]
@@ -121,7 +121,7 @@ def test_two_gpus_five_stages_neighbours_share_a_card():
 @pytest.mark.parametrize("n_gpus", range(1, 8))
 def test_every_split_is_even_contiguous_and_uses_every_card(n_gpus):
     for n_stages in range(n_gpus + 1, 13):
-        p = plan(pcfg(), n_stages, Inventory.of(n_gpus, 40 * GB))
+        p = assign(pcfg(), n_stages, Inventory.of(n_gpus, 40 * GB))
         counts = [p.split.get(i, 1) for i in range(n_gpus)]  # absent: TensorFlow's one logical GPU
         assert sum(counts) == n_stages and max(counts) - min(counts) <= 1 and min(counts) >= 1
         owner = [int(p.physical[d].split(":")[1]) for d in p.devices]
@@ -132,27 +132,27 @@ def test_every_split_is_even_contiguous_and_uses_every_card(n_gpus):
 def test_split_card_of_unknown_memory_needs_a_limit():
     inv = Inventory.of(1, None)
     with pytest.raises(DeviceError, match=r"placement.memory_limit_mb: GPU 0 is split into 3 logical GPUs"):
-        plan(pcfg(), 3, inv)
-    p = plan(pcfg("placement.memory_limit_mb=5000"), 3, inv)
+        assign(pcfg(), 3, inv)
+    p = assign(pcfg("placement.memory_limit_mb=5000"), 3, inv)
     assert p.memory_limits_mb == {0: [5000] * 3}
 
 
 def test_unsplit_card_of_unknown_memory_gets_no_limit():
-    p = plan(pcfg(), 2, Inventory.of(2, None))
+    p = assign(pcfg(), 2, Inventory.of(2, None))
     assert p.split == {} and p.memory_limits_mb == {}
 
 
 def test_fallback_error_refuses_too_few_cards():
     with pytest.raises(DeviceError, match=r"placement.fallback=error: 3 stages need 3 GPUs, 1 visible"):
-        plan(pcfg("placement.fallback=error"), 3, Inventory.of(1, 24 * GB))
-    assert plan(pcfg("placement.fallback=error"), 2, Inventory.of(2, 24 * GB)).devices == gpu_devices(2)
+        assign(pcfg("placement.fallback=error"), 3, Inventory.of(1, 24 * GB))
+    assert assign(pcfg("placement.fallback=error"), 2, Inventory.of(2, 24 * GB)).devices == gpu_devices(2)
 
 
 # --- G = 0 ---------------------------------------------------------------------------------
 
 
 def test_no_gpu_splits_the_cpu_one_logical_device_per_stage():
-    p = plan(pcfg(), 3, Inventory())
+    p = assign(pcfg(), 3, Inventory())
     assert p.kind == "CPU" and p.split == {0: 3} and p.memory_limits_mb == {}
     assert p.devices == tuple(f"/device:CPU:{k}" for k in range(3))
     assert {p.physical[d] for d in p.devices} == {"CPU:0"}
@@ -160,29 +160,29 @@ def test_no_gpu_splits_the_cpu_one_logical_device_per_stage():
 
 def test_no_gpu_fallback_error_refuses():
     with pytest.raises(DeviceError, match=r"placement.fallback=error: 2 stages need 2 GPUs, 0 visible"):
-        plan(pcfg("placement.fallback=error"), 2, Inventory())
+        assign(pcfg("placement.fallback=error"), 2, Inventory())
 
 
 # --- mirrored ------------------------------------------------------------------------------
 
 
 def test_mirrored_without_gpu_two_cpu_replicas_by_default():
-    p = plan(pcfg("placement.fallback=mirrored"), 3, Inventory())
-    assert p.layout == MIRRORED and p.kind == "CPU"
+    p = assign(pcfg("placement.fallback=mirrored"), 3, Inventory())
+    assert p.topology == MIRRORED and p.kind == "CPU"
     assert p.mirrored_devices == ("/device:CPU:0", "/device:CPU:1") and p.split == {0: 2}
     assert p.devices == (None,) * 3
 
 
 def test_mirrored_replica_count_from_the_command_line():
-    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"), 5, Inventory())
+    p = assign(pcfg("placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"), 5, Inventory())
     assert p.mirrored_devices == tuple(f"/device:CPU:{i}" for i in range(3)) and p.split == {0: 3}
 
 
 def test_mirrored_on_two_gpus_uses_both_cards_whole():
-    p = plan(pcfg("placement.fallback=mirrored"), 5, Inventory.of(2, 16 * GB))
-    assert p.layout == MIRRORED and p.mirrored_devices == gpu_devices(2)
+    p = assign(pcfg("placement.fallback=mirrored"), 5, Inventory.of(2, 16 * GB))
+    assert p.topology == MIRRORED and p.mirrored_devices == gpu_devices(2)
     assert p.split == {} and p.visible is None
-    p = plan(
+    p = assign(
         pcfg("placement.fallback=mirrored", "placement.replicas=1", "placement.memory_limit_mb=9000"),
         5,
         Inventory.of(2, 16 * GB),
@@ -191,32 +191,32 @@ def test_mirrored_on_two_gpus_uses_both_cards_whole():
 
 
 def test_mirrored_is_not_used_when_there_are_enough_cards():
-    p = plan(pcfg("placement.fallback=mirrored"), 2, Inventory.of(2, 16 * GB))
-    assert p.layout == PIPELINE and p.devices == gpu_devices(2)
+    p = assign(pcfg("placement.fallback=mirrored"), 2, Inventory.of(2, 16 * GB))
+    assert p.topology == PIPELINE and p.devices == gpu_devices(2)
 
 
 def test_mirrored_global_batch_is_split_over_replicas():
-    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=4"), 3, Inventory())
+    p = assign(pcfg("placement.fallback=mirrored", "placement.replicas=4"), 3, Inventory())
     assert cut_batch(64, p).per_replica == 16
-    assert cut_batch(63, plan(pcfg(), 3, Inventory())).per_replica == 63  # pipelined: no split
+    assert cut_batch(63, assign(pcfg(), 3, Inventory())).per_replica == 63  # pipelined: no split
 
 
 # --- explicit devices ----------------------------------------------------------------------
 
 
 def test_explicit_devices_without_gpu_are_canonical():
-    p = plan(pcfg("+stages=3", "placement.devices=[/cpu:0,CPU:0,/CPU:1]"), 3, Inventory())
+    p = assign(pcfg("+stages=3", "placement.devices=[/cpu:0,CPU:0,/CPU:1]"), 3, Inventory())
     assert p.devices == ("/device:CPU:0", "/device:CPU:0", "/device:CPU:1")
 
 
 def test_explicit_devices_within_the_cards_need_no_split():
-    p = plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:0,/GPU:1]"), 3, Inventory.of(2, 16 * GB))
+    p = assign(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:0,/GPU:1]"), 3, Inventory.of(2, 16 * GB))
     assert p.split == {} and p.devices == ("/device:GPU:0", "/device:GPU:0", "/device:GPU:1")
 
 
 def test_explicit_devices_beyond_the_cards_split_each_card_evenly():
     inv = Inventory.of(2, 16 * GB)
-    p = plan(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:3,/GPU:1]"), 3, inv)
+    p = assign(pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:3,/GPU:1]"), 3, inv)
     assert p.split == {0: 2, 1: 2}  # GPU:0-1 on card 0, GPU:2-3 on card 1
     assert [p.physical[d] for d in p.devices] == ["GPU:0", "GPU:1", "GPU:0"]
     assert_limits_fit(p, inv)
@@ -224,7 +224,7 @@ def test_explicit_devices_beyond_the_cards_split_each_card_evenly():
 
 def test_explicit_devices_per_stage_limits_go_to_each_stages_device():
     inv = Inventory.of(2, 16 * GB)
-    p = plan(
+    p = assign(
         pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:3,/GPU:1]", "placement.memory_limit_mb=[1000,2000,3000]"),
         3,
         inv,
@@ -236,12 +236,12 @@ def test_explicit_devices_per_stage_limits_go_to_each_stages_device():
 
 def test_explicit_devices_and_mirrored_exclude_each_other():
     with pytest.raises(ConfigError, match=r"placement.devices .* placement.fallback=mirrored"):
-        plan(pcfg("placement.devices=[/CPU:0,/CPU:1]", "placement.fallback=mirrored"), 2, Inventory())
+        assign(pcfg("placement.devices=[/CPU:0,/CPU:1]", "placement.fallback=mirrored"), 2, Inventory())
 
 
 def test_stages_sharing_a_device_must_agree_on_its_limit():
     with pytest.raises(ConfigError, match=r"stages 0 and 1 share /device:GPU:0 but ask for 1000 and 2000 MB"):
-        plan(
+        assign(
             pcfg("+stages=3", "placement.devices=[/GPU:0,/GPU:0,/GPU:1]", "placement.memory_limit_mb=[1000,2000,3000]"),
             3,
             Inventory.of(2, 16 * GB),
@@ -252,14 +252,14 @@ def test_stages_sharing_a_device_must_agree_on_its_limit():
 
 
 def test_visible_picks_cards_in_tensorflows_order():
-    p = plan(pcfg("placement.visible=[3,1]"), 2, Inventory.of(4, 16 * GB))
+    p = assign(pcfg("placement.visible=[3,1]"), 2, Inventory.of(4, 16 * GB))
     assert p.devices == gpu_devices(2)
     assert [p.physical[d] for d in p.devices] == ["GPU:1", "GPU:3"]  # TensorFlow numbers visible cards in order
     assert p.visible == (1, 3)
 
 
 def test_visible_one_card_split_for_three_stages():
-    p = plan(pcfg("placement.visible=[2]"), 3, Inventory.of(4, 16 * GB))
+    p = assign(pcfg("placement.visible=[2]"), 3, Inventory.of(4, 16 * GB))
     assert p.split == {2: 3} and {p.physical[d] for d in p.devices} == {"GPU:2"}
     assert p.visible == (2,)
 
@@ -274,7 +274,7 @@ SMI = """0, GPU-aaaa1111, NVIDIA A100-SXM4-80GB, 81920
 def test_cuda_visible_devices_renumbering_shows_the_card_behind_each_gpu():
     inv = inventory(2, parse_smi(SMI), "3,1")
     assert [g.card for g in inv.gpus] == ["3", "1"] and inv.gpus[0].memory_mb == 81920
-    p = plan(pcfg(), 3, inv)
+    p = assign(pcfg(), 3, inv)
     assert [p.physical[d] for d in p.devices] == ["GPU:0 (card 3)", "GPU:0 (card 3)", "GPU:1 (card 1)"]
     assert "CUDA_VISIBLE_DEVICES=3,1: GPU:0 is card 3, GPU:1 is card 1" in p.notes
 
@@ -394,18 +394,18 @@ def test_memory_unknown_without_nvidia_smi_or_when_counts_disagree():
 )
 def test_bad_input_names_the_key(overrides, n_stages, inv, error, message):
     with pytest.raises(error) as e:
-        plan(pcfg(*overrides), n_stages, inv)
+        assign(pcfg(*overrides), n_stages, inv)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_visible_error_mentions_cuda_visible_devices():
     inv = inventory(2, parse_smi(SMI), "3,1")
     with pytest.raises(DeviceError, match=r"placement.visible\[0\]=2: .* \(after CUDA_VISIBLE_DEVICES=3,1\)"):
-        plan(pcfg("placement.visible=[2]"), 2, inv)
+        assign(pcfg("placement.visible=[2]"), 2, inv)
 
 
 def test_mirrored_batch_that_does_not_divide_names_both_keys():
-    p = plan(pcfg("placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"), 3, Inventory())
+    p = assign(pcfg("placement.fallback=mirrored", "placement.replicas=3", "data.batch_size=63"), 3, Inventory())
     with pytest.raises(ConfigError, match=r"data.batch_size=64 does not divide over 3 replicas \(placement.replicas\)"):
         cut_batch(64, p)
 
@@ -442,7 +442,7 @@ def test_configure_applies_visible_cards_and_limits(monkeypatch):
 
     fake = FakeConfig(monkeypatch, 4)
     cfg = pcfg("+stages=3", "placement.visible=[1,3]", "placement.memory_limit_mb=[1000,2000,3000]")
-    assert configure(plan(cfg, 3, Inventory.of(4, 16 * GB)), cfg) == (True, None)
+    assert configure(assign(cfg, 3, Inventory.of(4, 16 * GB)), cfg) == (True, None)
     assert [d.name for d in fake.visible] == ["/physical_device:GPU:1", "/physical_device:GPU:3"]
     # Stages 0-1 share card 1; stage 2 has card 3 to itself, limited as asked.
     assert fake.logical == {"/physical_device:GPU:1": [1000, 2000], "/physical_device:GPU:3": [3000]}
@@ -454,7 +454,7 @@ def test_configure_sets_growth_on_every_visible_gpu_only(monkeypatch):
 
     fake = FakeConfig(monkeypatch, 8)
     cfg = pcfg("placement.memory_growth=true")
-    configure(plan(cfg, 3, Inventory.of(8, 80 * GB)), cfg)
+    configure(assign(cfg, 3, Inventory.of(8, 80 * GB)), cfg)
     assert [d.name for d in fake.visible] == [f"/physical_device:GPU:{i}" for i in range(3)]
     assert fake.growth == [(f"/physical_device:GPU:{i}", True) for i in range(3)] and fake.logical == {}
 
@@ -487,39 +487,41 @@ def test_mig_instances_leave_memory_unknown():
 def test_replicas_auto_fills_the_gpus_with_copies_of_the_pipeline():
     from chain.planning.planner import REPLICATED
 
-    p = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(8, 80 * GB))
-    assert p.layout == REPLICATED and p.devices == gpu_devices(2)
+    p = assign(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(8, 80 * GB))
+    assert p.topology == REPLICATED and p.devices == gpu_devices(2)
     assert p.copies == tuple(gpu_devices(8)[r * 2 : r * 2 + 2] for r in range(4))
-    assert p.notes[0].startswith("layout: pipeline x replicas, 4 copies of the 2-stage pipeline")
+    assert p.notes[0].startswith("topology: pipeline x replicas, 4 copies of the 2-stage pipeline")
     assert cut_batch(64, p, microbatches=4).per_replica == 16
     with pytest.raises(ConfigError, match="does not cut into 4 replicas' shares"):
         cut_batch(24, p, microbatches=4)
-    one = plan(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))
+    one = assign(pcfg("mode=e2e", "placement.replicas=auto"), 2, Inventory.of(3, 80 * GB))
     assert (
-        one.layout == PIPELINE and one.copies == () and one.notes[0].startswith("layout: pipeline (a device per stage")
+        one.topology == PIPELINE
+        and one.copies == ()
+        and one.notes[0].startswith("topology: pipeline (a device per stage")
     )
     # A 16-bit exchange asked for where `auto` finds room for one copy only: said, not silently dropped.
-    rounded = plan(
+    rounded = assign(
         pcfg("mode=e2e", "placement.replicas=auto", "placement.exchange_dtype=bfloat16"), 2, Inventory.of(3, 80 * GB)
     )
     assert "placement.exchange_dtype=bfloat16 unused: no copies exchange gradients" in rounded.notes[0]
 
 
 def test_copies_split_fewer_gpus_or_refuse_with_fallback_error():
-    p = plan(pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3"), 2, Inventory.of(2, 60 * GB))
+    p = assign(pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3"), 2, Inventory.of(2, 60 * GB))
     assert p.copies == tuple(gpu_devices(6)[r * 2 : r * 2 + 2] for r in range(3)) and p.split == {0: 3, 1: 3}
     with pytest.raises(DeviceError, match="placement.replicas=3: 3 copies of 2 stages need 6 GPUs, 2 visible"):
-        plan(
+        assign(
             pcfg("mode=e2e", "data.batch_size=48", "placement.replicas=3", "placement.fallback=error"),
             2,
             Inventory.of(2, 60 * GB),
         )
-    cpu = plan(pcfg("mode=e2e", "placement.replicas=2"), 3, Inventory())
+    cpu = assign(pcfg("mode=e2e", "placement.replicas=2"), 3, Inventory())
     assert cpu.copies == tuple(
         tuple(f"/device:CPU:{k}" for k in range(r * 3, r * 3 + 3)) for r in range(2)
     ) and cpu.split == {0: 6}
-    mirrored = plan(pcfg("placement.replicas=2", "placement.fallback=mirrored"), 3, Inventory.of(2))
-    assert mirrored.layout == MIRRORED and mirrored.notes[0].startswith("layout: mirrored")
+    mirrored = assign(pcfg("placement.replicas=2", "placement.fallback=mirrored"), 3, Inventory.of(2))
+    assert mirrored.topology == MIRRORED and mirrored.notes[0].startswith("topology: mirrored")
 
 
 # --- issue 21: the memory estimate, a plan that says whether it fits ----------------------
@@ -561,20 +563,20 @@ def test_a_plan_over_a_logical_gpus_limit_is_refused_before_training():
     assert "it would fit with pipeline.recompute=always (about" in line and "pipeline.microbatches=4" not in line, line
     fits = prepare(chain.compose([*WIDE, "placement.memory_limit_mb=[170,300]", "pipeline.recompute=always"]), inv)
     assert (
-        fits.placement.footprints[0].total
+        fits.assignment.footprints[0].total
         <= 170 << 20
-        < prepare(chain.compose(WIDE), inv).placement.footprints[0].total
+        < prepare(chain.compose(WIDE), inv).assignment.footprints[0].total
     )
     whole = prepare(chain.compose(WIDE), Inventory.of(2, 16 * GB))  # a card each: the same chain fits
-    assert [f.held for f in whole.placement.footprints] == [2, 2]
+    assert [f.held for f in whole.assignment.footprints] == [2, 2]
 
 
 def test_the_estimate_counts_what_the_schedule_holds_and_the_optimizer():
-    gpipe = prepare(chain.compose([*WIDE, "pipeline.microbatches=4"]), Inventory.of(2, 16 * GB)).placement.footprints
+    gpipe = prepare(chain.compose([*WIDE, "pipeline.microbatches=4"]), Inventory.of(2, 16 * GB)).assignment.footprints
     one = prepare(
         chain.compose([*WIDE, "pipeline.microbatches=4", "pipeline.schedule=1f1b"]), Inventory.of(2, 16 * GB)
-    ).placement.footprints
-    adam = prepare(chain.compose([*WIDE, "optim=adam"]), Inventory.of(2, 16 * GB)).placement.footprints
+    ).assignment.footprints
+    adam = prepare(chain.compose([*WIDE, "optim=adam"]), Inventory.of(2, 16 * GB)).assignment.footprints
     assert [f.held for f in gpipe] == [4, 4] and [f.held for f in one] == [2, 1]
     assert one[0].activations < gpipe[0].activations and one[0].weights == gpipe[0].weights
     params = 64 * 2048 + 2048 + 3 * (2048 * 2048 + 2048)  # stage 0's Dense layers
@@ -585,7 +587,7 @@ def test_the_estimate_counts_what_the_schedule_holds_and_the_optimizer():
     assert gpipe[0].gradients == 4 * params + 4 * (2048 * 2048 + 2048)
     xla = prepare(
         chain.compose([*WIDE, "pipeline.microbatches=4", "trainer.jit_compile=true"]), Inventory.of(2, 16 * GB)
-    ).placement.footprints
+    ).assignment.footprints
     assert xla[0].gradients == 2 * 4 * params
 
 
@@ -596,7 +598,7 @@ def test_the_estimate_of_zb1_counts_the_output_gradients_held_between_b_and_w():
     assert schedules.output_gradients_held(schedules.build("1f1b", 2, 4)) == [0, 0]
     zb1 = prepare(
         chain.compose([*WIDE, "pipeline.microbatches=4", "pipeline.schedule=zb1"]), Inventory.of(2, 16 * GB)
-    ).placement.footprints
+    ).assignment.footprints
     micro, arriving = 2048 // 4, 2048 * (2048 // 4) * 4
     outputs = 4 * 2048 * micro * 4  # stage 0's 4 layers' outputs, one microbatch
     assert [f.held for f in zb1] == [2, 2]
@@ -631,7 +633,7 @@ def test_interleaved_stages_on_one_logical_gpu_add_up_against_its_limit():
     with pytest.raises(DeviceError) as e:
         prepare(chain.compose(cfg), Inventory.of(1, 8 * GB))
     assert re.match(r"stages 0, 2 need about [\d.]+ MB together on /device:GPU:0 \(the largest, stage 2", str(e.value))
-    alone = prepare(chain.compose([*cfg, "placement.memory_limit_mb=null"]), Inventory.of(1, 8 * GB)).placement
+    alone = prepare(chain.compose([*cfg, "placement.memory_limit_mb=null"]), Inventory.of(1, 8 * GB)).assignment
     assert max(f.total for f in alone.footprints) < 4 << 20 < alone.footprints[0].total + alone.footprints[2].total
 
 
@@ -649,7 +651,7 @@ def test_zbv_puts_the_first_and_last_stage_on_one_logical_gpu_and_adds_them_up_a
     with pytest.raises(DeviceError) as e:
         prepare(chain.compose(cfg), Inventory.of(1, 8 * GB))
     assert re.match(r"stages 0, 3 need about [\d.]+ MB together on /device:GPU:0 ", str(e.value)), str(e.value)
-    alone = prepare(chain.compose([*cfg, "placement.memory_limit_mb=null"]), Inventory.of(1, 8 * GB)).placement
+    alone = prepare(chain.compose([*cfg, "placement.memory_limit_mb=null"]), Inventory.of(1, 8 * GB)).assignment
     assert [d.split("device:")[-1] for d in alone.devices] == ["GPU:0", "GPU:1", "GPU:1", "GPU:0"]
     assert [f.held for f in alone.footprints] == [4, 3, 2, 1]
     assert max(f.total for f in alone.footprints) < 4 << 20 < alone.footprints[0].total + alone.footprints[3].total
@@ -660,11 +662,11 @@ def test_side_by_side_says_variants_in_its_layout_note_and_memory_table():
     from chain.planning import fit
     from chain.planning.footprint import Footprint
 
-    p = plan(pcfg(), 3, Inventory(), side_by_side=True)
-    assert p.notes[0] == "layout: side by side (3 independent models, a device per variant)"
-    shared = plan(pcfg("+stages=3", "placement.devices=[/CPU:0,/CPU:0,/CPU:1]"), 3, Inventory(), side_by_side=True)
-    assert shared.notes[0] == "layout: side by side (3 independent models, on 2 devices)"
-    assert plan(pcfg(), 3, Inventory()).notes[0].startswith("layout: pipeline (a device per stage")
+    p = assign(pcfg(), 3, Inventory(), side_by_side=True)
+    assert p.notes[0] == "topology: side by side (3 independent models, a device per variant)"
+    shared = assign(pcfg("+stages=3", "placement.devices=[/CPU:0,/CPU:0,/CPU:1]"), 3, Inventory(), side_by_side=True)
+    assert shared.notes[0] == "topology: side by side (3 independent models, on 2 devices)"
+    assert assign(pcfg(), 3, Inventory()).notes[0].startswith("topology: pipeline (a device per stage")
     sizes = Footprint(weights=1024, gradients=1024, optimizer=2048, activations=512, inputs=256, held=1)
     text = fit.table(p, [sizes] * 3, Inventory(), unit="variant")
     assert text.startswith("memory estimate (per variant:") and "  variant 2: " in text and "stage" not in text
@@ -679,7 +681,7 @@ def test_a_runtime_started_first_has_the_stages_share_the_devices_that_exist(mon
     from chain.planning.devices import share_existing
 
     cfg = pcfg("+stages=6")
-    p = share_existing(plan(cfg, 6, Inventory.of(0, 0)), cfg)  # the test session has CPU:0-3 (conftest.py)
+    p = share_existing(assign(cfg, 6, Inventory.of(0, 0)), cfg)  # the test session has CPU:0-3 (conftest.py)
     assert p.devices == tuple(f"/device:CPU:{k}" for k in (0, 0, 1, 2, 2, 3)) and p.split == {}
     assert p.physical == {f"/device:CPU:{k}": "CPU:0" for k in range(4)}
     assert p.notes[-1].startswith(
@@ -687,7 +689,7 @@ def test_a_runtime_started_first_has_the_stages_share_the_devices_that_exist(mon
         "devices (a model or tensor made first, or an earlier build): the 6 stages share the "
         "4 devices that exist, neighbouring stages together (/device:CPU:0, "
     )
-    assert share_existing(plan(pcfg("+stages=4"), 4, Inventory.of(0, 0)), pcfg("+stages=4")) is None  # all exist
+    assert share_existing(assign(pcfg("+stages=4"), 4, Inventory.of(0, 0)), pcfg("+stages=4")) is None  # all exist
     needs_its_devices = (
         ["placement.devices=[/CPU:0,/CPU:1,/CPU:2,/CPU:3,/CPU:4,/CPU:5]"],
         ["mode=e2e", "placement.replicas=2"],
@@ -695,7 +697,7 @@ def test_a_runtime_started_first_has_the_stages_share_the_devices_that_exist(mon
     )
     for needs in needs_its_devices:
         cfg = pcfg("+stages=6", *needs)
-        assert share_existing(plan(cfg, 6, Inventory.of(0, 0)), cfg) is None, needs
+        assert share_existing(assign(cfg, 6, Inventory.of(0, 0)), cfg) is None, needs
 
     monkeypatch.setattr(
         tf.config,
@@ -703,7 +705,7 @@ def test_a_runtime_started_first_has_the_stages_share_the_devices_that_exist(mon
         lambda kind=None: [tf.config.LogicalDevice("/device:GPU:0", "GPU")] if kind == "GPU" else [],
     )
     cfg = pcfg("+stages=3")
-    p = share_existing(plan(cfg, 3, Inventory.of(1, 16 * GB)), cfg)
+    p = share_existing(assign(cfg, 3, Inventory.of(1, 16 * GB)), cfg)
     assert p.devices == ("/device:GPU:0",) * 3 and p.physical == {"/device:GPU:0": "GPU:0"}
     assert (p.split, p.memory_limits_mb) == ({}, {})
     assert p.notes[-1] == (
@@ -713,4 +715,4 @@ def test_a_runtime_started_first_has_the_stages_share_the_devices_that_exist(mon
         "(GPU 0: 5290, 5290, 5290 MB)"
     )
     cfg = pcfg("+stages=3", "placement.memory_limit_mb=4000")
-    assert share_existing(plan(cfg, 3, Inventory.of(1, 16 * GB)), cfg) is None
+    assert share_existing(assign(cfg, 3, Inventory.of(1, 16 * GB)), cfg) is None

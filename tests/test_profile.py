@@ -16,7 +16,7 @@ from chain.errors import ConfigError
 from chain.schedule import schedules
 from chain.schedule.schedules import Action
 from chain.pipeline import idle, measured_grid, timeline
-from chain.records.measured import Measured
+from chain.records.measured import MeasuredTimeline
 from chain.records.serial import from_json
 from chain.pipeline.timeline import OpEvent
 
@@ -80,7 +80,7 @@ def test_the_summary_holds_the_measured_figures(profiled):
 def test_the_measured_grid_lists_every_action_of_every_stage_in_its_order(profiled):
     """The log's measured grid: a cell per action (4 F and 4 B per stage), each row in the plan's order."""
     run, _, measured, _ = profiled
-    lines = measured_grid.render(from_json(Measured, measured), run.schedule, measured["devices"]).splitlines()
+    lines = measured_grid.render(from_json(MeasuredTimeline, measured), run.schedule, measured["devices"]).splitlines()
     for k, (line, planned) in enumerate(zip(lines[1:4], run.schedule.actions)):
         assert line.startswith(f"stage {k}  {measured['devices'][k]}  "), line
         assert [c for c in line.split()[3:] if c not in "-."] == [str(a) for a in planned], line
@@ -190,7 +190,7 @@ def test_every_copy_of_the_pipeline_is_measured_action_by_action(tmp_path, caplo
         run.fit()
     with open(os.path.join(run_dir, "timeline.json")) as f:
         measured = json.load(f)
-    grid = run.placement.copies
+    grid = run.assignment.copies
     assert measured["replicas"] == 2 and measured["devices"] == [d for row in grid for d in row]
     (step,) = measured["steps"]
     assert step["complete"]
@@ -427,7 +427,7 @@ def advice_for(run, busy, tmp_path) -> dict | None:
     from chain.records.serial import to_json
     from chain.training.profile import Window
 
-    advice = Window(run, 1, 1).advice(from_json(Measured, {"per_stage": [{"busy_ms": b} for b in busy]}))
+    advice = Window(run, 1, 1).advice(from_json(MeasuredTimeline, {"per_stage": [{"busy_ms": b} for b in busy]}))
     return None if advice is None else to_json(advice)  # as timeline.json holds it
 
 
@@ -547,7 +547,7 @@ def test_a_replay_with_unit_durations_is_the_plan_and_a_measured_step_adds_up_to
         else schedules.build(name, 3, 4)
     )
     plan = schedules.simulate(s)
-    span, bubble = idle.replay(s, {(k, kind): 1.0 for k in range(s.stages) for kind in "FBW"})
+    span, bubble = idle.step_and_bubble(s, {(k, kind): 1.0 for k in range(s.stages) for kind in "FBW"})
     assert (span, bubble) == pytest.approx((plan.slots, plan.bubble_fraction))
     durations = {"F": 1000, "B": 2000, "W": 700}  # unequal: each device's parts still sum to the span
     m = timeline.measure(

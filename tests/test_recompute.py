@@ -17,13 +17,13 @@ import pytest
 
 import chain
 from chain.schedule import schedules
-from chain.pipeline import step as pipeline_step
-from chain.pipeline.step import e2e_step
+from chain.pipeline import play
+from chain.pipeline.play import e2e_step
 from chain.steps import recompute
 from graph_audit import live_ops
 
 STEPS = 2
-_REPLAY = pipeline_step.replay
+_REPLAY = play.replay
 BASE = [
     "+stages=2",
     "mode=e2e",
@@ -55,7 +55,7 @@ class Replayer:
 
     def play(self, schedule: str, m: int, policy: str) -> tuple[list[float], list[np.ndarray]]:
         """The losses of STEPS steps and every variable after them (played once per case)."""
-        if (schedule, m, policy) not in self.played or pipeline_step.replay is not _REPLAY:
+        if (schedule, m, policy) not in self.played or play.replay is not _REPLAY:
             self.played[(schedule, m, policy)] = self._play(schedule, m, policy)
         return self.played[(schedule, m, policy)]
 
@@ -133,7 +133,7 @@ def test_recomputed_stages_train_bit_for_bit_like_stages_that_keep_activations_d
 def test_a_replay_without_the_models_state_draws_other_dropout_masks(mlp, monkeypatch):
     """The control: the dropout above matters, so the replayed seed state is what makes them equal."""
     never = mlp.play("gpipe", 4, "never")
-    monkeypatch.setattr(pipeline_step, "replay", lambda model, saved, forward: forward())
+    monkeypatch.setattr(play, "replay", lambda model, saved, forward: forward())
     naive = mlp.play("gpipe", 4, "always")
     assert naive[0][0] != never[0][0] or any(not np.array_equal(a, b) for a, b in zip(naive[1], never[1]))
 
@@ -217,7 +217,7 @@ def test_a_backward_computes_each_layers_weight_gradients_before_going_on_past_i
 
     def early_or_late(early: bool):
         late = {"weights_first": lambda weight_grads, ops: 0, "summed_in_turn": lambda sums, done: []}
-        return contextlib.ExitStack() if early else mock.patch.multiple(pipeline_step, **late)
+        return contextlib.ExitStack() if early else mock.patch.multiple(play, **late)
 
     def waits(early: bool) -> list[bool]:
         st.set_step(e2e_step(run.stages, plan, st.loss_fn(), st.target, recompute_policy="always"))

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from chain.records import serial
-from chain.records.measured import Measured
+from chain.records.measured import MeasuredTimeline
 from chain.records.results import LossHistory, StepResult
 from chain.records.summaries import Summary
 from chain.records.sweeps import JobOutcome
@@ -34,7 +34,7 @@ from chain.records.sweeps import JobOutcome
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "chain"
 SERIALIZER = PACKAGE / "records" / "serial.py"
-RECORD_KEYS = set().union(*(serial.keys(r) for r in (StepResult, LossHistory, Summary, Measured, JobOutcome)))
+RECORD_KEYS = set().union(*(serial.keys(r) for r in (StepResult, LossHistory, Summary, MeasuredTimeline, JobOutcome)))
 READS = {"get", "pop", "setdefault"}
 
 # module -> (keys, the format read): string-key reads of dicts that are NOT records, though the key
@@ -209,7 +209,7 @@ def test_timeline_json_reads_back_into_the_same_file():
     ]
     measured = timeline.measure(s, events, {1: (0, 10**6)}, ["/d:0", "/d:1"])
     raw = json.loads(json.dumps(serial.to_json(measured)))
-    assert serial.from_json(Measured, raw) == measured
+    assert serial.from_json(MeasuredTimeline, raw) == measured
     assert [timeline.action(a) for a in measured.steps[0].actions] == [a for row in s.actions for a in row]
 
 

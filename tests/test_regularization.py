@@ -245,7 +245,7 @@ def test_the_plan_notes_which_stages_losses_include_regularizers(kind, noted):
     assert [sum(layer.activity_regularizer is not None for layer in s.model.layers) for s in run.stages] == (
         [1, 1] if kind == "activity" else [0, 0]
     )
-    notes = [n for n in run.placement.notes if "regularizers" in n]
+    notes = [n for n in run.assignment.notes if "regularizers" in n]
     assert notes == (
         [
             f"the loss of stage(s) {noted} includes their regularizers (model.losses), as Keras' fit: "
@@ -295,7 +295,7 @@ def test_add_loss_terms_are_part_of_the_loss_like_model_fit():
         (
             ["mode=local", "trainer.grad_accum=2", "pipeline.add_loss=per_microbatch"],
             "trainer.grad_accum=2 equal chunks",
-            ": pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not PipelinedLocal's: use trainer.grad_accum=1",
+            ": pipeline.add_loss=per_microbatch is mode=e2e's pipeline's only, not DevicePerStageLocal's: use trainer.grad_accum=1",
         ),
         (
             ["mode=e2e", "placement.fallback=mirrored", "trainer.grad_accum=2"],
@@ -387,7 +387,7 @@ def test_add_loss_per_microbatch_weighs_each_microbatch_s_terms_by_its_share(ove
     model = batch_terms_model()
     reference = copy_of(model)
     run = chain.build(chain.compose([*PER_MICROBATCH, *overrides]), model=model)
-    (note,) = [n for n in run.placement.notes if n.startswith("pipeline.add_loss=per_microbatch")]
+    (note,) = [n for n in run.assignment.notes if n.startswith("pipeline.add_loss=per_microbatch")]
     assert "stage(s) 0, 1 " in note and "mean over examples" in note and "MoE" in note
     x, ys = next(iter(run.batches()))
     x, y = np.asarray(x), np.asarray(ys["label"])

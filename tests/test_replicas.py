@@ -78,7 +78,7 @@ def test_two_copies_of_a_two_stage_pipeline_train_like_one_keras_model_on_the_wh
         f"pipeline.microbatches={m}",
         f"trainer.grad_accum={accum}",
     )
-    assert run.strategy.placement.copies == GRID and run.strategy.batch_divisor() == 2 * m * accum
+    assert run.strategy.assignment.copies == GRID and run.strategy.batch_divisor() == 2 * m * accum
     trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
     assert_copies_identical(run)
 
@@ -103,7 +103,7 @@ def test_copies_of_a_pipeline_from_a_schedule_file_whose_rows_hold_two_stages_tr
             ]
         )
     )
-    assert run.strategy.placement.copies == SHARED and run.schedule.devices == 2
+    assert run.strategy.assignment.copies == SHARED and run.schedule.devices == 2
     trains_like_one_device(run, one_device_copy(run), DEVICES[0], steps=2, lr=LR)
     assert_copies_identical(run, SHARED)
 

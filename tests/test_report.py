@@ -62,9 +62,9 @@ def test_report_true_writes_a_self_contained_page_with_curves_placement_and_time
     assert drawn == ", ".join(f"{t} ({len(p)} point{'s' * (len(p) != 1)})" for t, p in sorted(held.items()))
     assert found["planned timeline"].startswith(b"\x89PNG") and found["measured timeline"].startswith(b"\x89PNG")
     assert found["peak memory"].startswith(b"\x89PNG")
-    placement = re.search(r'<table id="placement">(.*?)</table>', page, re.S).group(1)
+    assignment = re.search(r'<table id="placement">(.*?)</table>', page, re.S).group(1)
     for s in read_summary(finished)["stages"]:
-        assert f"<td>{s['device']}</td>" in placement and f"<td>{s['model']}</td>" in placement
+        assert f"<td>{s['device']}</td>" in assignment and f"<td>{s['model']}</td>" in assignment
     assert 'id="measured"' in page and "measured bubble fraction" in page
     # nothing to fetch: no link, script or image from elsewhere
     assert not re.search(r'(src|href)="(?!data:)', page) and "<script" not in page

@@ -197,8 +197,10 @@ def test_a_change_of_the_math_or_the_data_stream_is_refused_naming_the_key(train
     "override, message",
     [
         ("loss=mse", "loss='sparse_categorical_crossentropy', the config has loss='mse'"),
-        ("pipeline.microbatches=4", "pipeline.microbatches=2, the config has pipeline.microbatches=4"),
-        ("pipeline.schedule=1f1b", "pipeline.schedule='gpipe', the config has pipeline.schedule='1f1b'"),
+        (
+            "pipeline.batch_norm=deferred",
+            "pipeline.batch_norm='microbatch', the config has pipeline.batch_norm='deferred'",
+        ),
     ],
 )
 def test_a_change_of_the_pipeline_or_the_loss_is_refused(trained_e2e, override, message):

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import chain
+from chain.autoplan import search
 from chain.pipeline import idle
-from chain.planning import search
+from chain.records.auto_plan import Costs
 from chain.records.serial import from_json
 from chain.records.summaries import Summary
 from chain.report import page
@@ -95,7 +96,7 @@ def test_a_made_up_schedule_is_checked_by_the_config_and_estimated(registered):
     spec = chain.prepare([*SMALL, "pipeline.schedule=madeup"])
     assert spec.settings.pipeline.schedule == "madeup" and spec.schedule.actions == madeup(3, 4).actions
     # the memory estimate holds what its order holds: every microbatch on every stage, and B's gradients until W
-    assert [f.held for f in spec.placement.footprints] == schedules.held_counts(spec.schedule) == [4, 4, 4]
+    assert [f.held for f in spec.assignment.footprints] == schedules.held_counts(spec.schedule) == [4, 4, 4]
     with pytest.raises(chain.ConfigError, match="pipeline.recompute=always is not available with a split backward"):
         chain.compose([*SMALL, "pipeline.schedule=madeup", "pipeline.recompute=always"])  # its row: split
 
@@ -115,7 +116,7 @@ def test_a_made_up_schedule_is_searched_by_plan_auto_and_drawn(registered):
     assert "madeup, 2 stages x 2 microbatches" in drawn and "<img" in drawn
 
 
-# The three players' results before they became one (`simulate`, `idle.replay`, `search.replay`),
+# The three players' results before they became one (`simulate`, `idle.step_and_bubble`, `search.step_and_bubble`),
 # computed by the code of the time: the one player must time every action as they did.
 PLANNED = {
     ("zb1", 3, 5, None): (
@@ -166,10 +167,12 @@ def test_simulate_plays_each_schedule_as_before(name, k, m, d):
 )
 def test_the_measured_replay_plays_each_schedule_as_before(name, k, m, d, grad_accum, expected):
     durations = {(j, kind): 1.0 + 0.25 * j + {"F": 0.0, "B": 1.0, "W": -0.5}[kind] for j in range(k) for kind in "FBW"}
-    assert idle.replay(schedules.build(name, k, m, d), durations, grad_accum) == pytest.approx(expected, rel=1e-12)
+    assert idle.step_and_bubble(schedules.build(name, k, m, d), durations, grad_accum) == pytest.approx(
+        expected, rel=1e-12
+    )
 
 
-def _planner_costs(kind: str, devices: int = 8) -> search.Costs:
+def _planner_costs(kind: str, devices: int = 8) -> Costs:
     """Costs with a cost per action and a transfer (`plain`), on one physical device (`shared`), and
     with updates, a step's cost, the copies' exchange and a transfer's latency (`full`)."""
     plain = costs([1e-3, 2e-3, 1.5e-3, 1e-3, 3e-3, 1e-3], action_s=1e-4, transfer=1e-7, devices=devices)
@@ -208,7 +211,7 @@ def test_the_planners_replay_plays_each_schedule_as_before(
         physical = [["P0"] * s.devices for _ in range(replicas)]
     else:
         physical = [[f"q{r}{i}" for i in range(s.devices)] for r in range(replicas)] if replicas > 1 else None
-    got = search.replay(
+    got = search.step_and_bubble(
         s, times, c, replicas=replicas, recompute=recompute, grad_accum=grad_accum, rows_physical=physical
     )
     assert got == pytest.approx(expected, rel=1e-12)

@@ -227,7 +227,7 @@ def test_interleaved_puts_stage_k_on_device_k_mod_d_and_runs_every_action_once_i
     # The anchors' bubble: V times smaller than 1F1B's on the same D devices.
     assert tl.bubble_fraction == pytest.approx((d - 1) / (k // d * m + d - 1), abs=1e-12)
     back = schedule_file.loads(schedule_file.dumps(s), k, m)
-    assert back.actions == s.actions and back.placement == s.placement
+    assert back.actions == s.actions and back.stage_rows == s.stage_rows
 
 
 def test_interleaved_needs_microbatches_a_multiple_of_the_devices():
@@ -268,8 +268,8 @@ ZBV = [(d, m) for d in (1, 2, 3, 4) for m in (1, 2, 2 * d - 1, 2 * d, 3 * d, 4 *
 def test_zbv_puts_stages_k_and_2d_1_k_on_device_k_and_runs_f_b_w_of_each_microbatch_once_in_order(d, m):
     k = 2 * d
     s = schedules.build("zbv", k, m)
-    assert s.devices == d and s.placement == tuple(min(stage, k - 1 - stage) for stage in range(k))
-    assert schedules.placement_rule(s) == f"stage k and stage {k - 1}-k on device k" or d == 1
+    assert s.devices == d and s.stage_rows == tuple(min(stage, k - 1 - stage) for stage in range(k))
+    assert schedules.rows_rule(s) == f"stage k and stage {k - 1}-k on device k" or d == 1
     for r, row in enumerate(s.actions):
         assert sorted(row) == sorted(
             Action(stage, mb, kind) for stage in (r, k - 1 - r) for mb in range(m) for kind in "FBW"
@@ -288,7 +288,7 @@ def test_zbv_puts_stages_k_and_2d_1_k_on_device_k_and_runs_f_b_w_of_each_microba
     for r, row in enumerate(s.actions):
         assert [a for a in tl.grid[r] if a is not None] == list(row)
     back = schedule_file.loads(schedule_file.dumps(s), k, m)
-    assert back.actions == s.actions and back.placement == s.placement
+    assert back.actions == s.actions and back.stage_rows == s.stage_rows
 
 
 @pytest.mark.parametrize("d, m", [(d, m) for d, m in ZBV if m >= 2 * d])

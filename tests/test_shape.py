@@ -60,7 +60,7 @@ def test_the_batch_rule_is_one_line_whether_the_config_or_the_plan_finds_it(repl
     planner's (R planned: `auto` makes 2 copies of a 2-stage pipeline on 4 GPUs) give the same line."""
     from chain.config.checks import BatchCut, batch_cut
     from chain.planning.inventory import Inventory
-    from chain.planning.planner import plan
+    from chain.planning.planner import assign
     from chain.prepared import cut_batch
 
     line = (
@@ -69,7 +69,7 @@ def test_the_batch_rule_is_one_line_whether_the_config_or_the_plan_finds_it(repl
     )
     ok = [*SMALL, "+stages=2", f"placement.replicas={replicas}", "pipeline.microbatches=4", "data.batch_size=16"]
     with pytest.raises(chain.ConfigError) as planned:
-        cut_batch(12, plan(chain.compose(ok).placement, 2, Inventory.of(4, 80 * 1024)), microbatches=4)
+        cut_batch(12, assign(chain.compose(ok).placement, 2, Inventory.of(4, 80 * 1024)), microbatches=4)
     assert str(planned.value) == line
     if replicas == "2":
         with pytest.raises(chain.ConfigError) as given:
@@ -101,7 +101,7 @@ def test_the_batch_cut_is_worked_out_once_for_the_replicas_planned(overrides, gp
 
     inventory = Inventory.of(gpus, 80 * 1024) if gpus else Inventory()
     spec = chain.prepared.prepare(compose_config([*SMALL, "+stages=2", *overrides]), inventory=inventory)
-    planned = len(spec.placement.copies) or len(spec.placement.mirrored_devices) or 1
+    planned = len(spec.assignment.copies) or len(spec.assignment.mirrored_devices) or 1
     assert planned == replicas
     assert spec.batch_cut == BatchCut(replicas, microbatches, 16 // replicas, 16 // replicas // microbatches)
 
@@ -121,8 +121,8 @@ def test_pipeline_schedule_is_a_schema_choice():
 
 def test_a_step_refuses_a_cut_its_schedule_does_not_play():
     from chain.config.checks import batch_cut
-    from chain.pipeline.step import StepOptions, play_plan
+    from chain.pipeline.play import StepOptions, playbook
 
     schedule = schedules.build("1f1b", 2, 4)
     with pytest.raises(ValueError, match="1f1b plays 4 microbatches, the batch is cut into 2"):
-        play_plan([None, None], schedule, None, None, StepOptions(), batch_cut(16, microbatches=2))
+        playbook([None, None], schedule, None, None, StepOptions(), batch_cut(16, microbatches=2))

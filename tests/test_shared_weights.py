@@ -199,7 +199,7 @@ def test_a_tied_weight_across_stages_is_refused_in_one_line_where_the_step_does_
         chain.build(chain.compose(["mode=local", *RUN]), model=tied_embedding_model())
     assert str(e.value) == (
         "stages 0 and 1 both use the weight 'embed/embeddings' (a tied weight of the cut model); only mode=e2e (its "
-        "pipeline, copies of it, or the mirrored fallback) sums its copies' gradients, not PipelinedLocal: "
+        "pipeline, copies of it, or the mirrored fallback) sums its copies' gradients, not DevicePerStageLocal: "
         "use mode=e2e, or cut the model so one stage holds every layer using it"
     )
 

@@ -156,8 +156,8 @@ def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
     assert "rank  variant" in r.stdout and "chain.keras" not in s["exports"]
     # Variants, not stages of a pipeline: the placement table's rows and the layout note say so.
     assert "\nvariant  device " in "\n" + r.stdout and "stage  device" not in r.stdout
-    assert "note: layout: side by side (4 independent models, a device per variant)" in r.stdout
-    assert "layout: pipeline" not in r.stdout
+    assert "note: topology: side by side (4 independent models, a device per variant)" in r.stdout
+    assert "topology: pipeline" not in r.stdout
     with open(os.path.join(run_dirs(tmp_path)[0], "report.html")) as f:
         assert '<table id="placement"><tr><th>variant</th>' in f.read()  # the report's placement table too
 

@@ -4,7 +4,7 @@ handler per kind of action from a table; what passes between handlers is a named
 import dataclasses
 import inspect
 
-from chain.pipeline import step
+from chain.pipeline import play
 from chain.schedule.schedules import KINDS
 
 DRIVER_LINES = 40  # play_schedule and play_action together
@@ -16,33 +16,33 @@ def lines(fn) -> int:
 
 
 def test_the_driver_is_at_most_40_lines():
-    counted = {fn.__name__: lines(fn) for fn in (step.play_schedule, step.play_action)}
+    counted = {fn.__name__: lines(fn) for fn in (play.play_schedule, play.play_action)}
     assert sum(counted.values()) <= DRIVER_LINES, counted
 
 
 def test_every_kind_of_action_has_one_handler_of_at_most_35_lines():
-    assert set(step.HANDLERS) == set(KINDS) | {step.INPUT_GRADIENT}
-    assert len(set(step.HANDLERS.values())) == len(step.HANDLERS)  # one each, no shared if/elif
-    helpers = [step._taped, step._retaped, step._output_gradient, step._start, step.play_plan]
-    too_long = {fn.__name__: lines(fn) for fn in [*step.HANDLERS.values(), *helpers] if lines(fn) > HANDLER_LINES}
+    assert set(play.HANDLERS) == set(KINDS) | {play.INPUT_GRADIENT}
+    assert len(set(play.HANDLERS.values())) == len(play.HANDLERS)  # one each, no shared if/elif
+    helpers = [play._taped, play._retaped, play._output_gradient, play._start, play.playbook]
+    too_long = {fn.__name__: lines(fn) for fn in [*play.HANDLERS.values(), *helpers] if lines(fn) > HANDLER_LINES}
     assert not too_long
 
 
 def test_what_passes_between_actions_and_the_options_are_frozen_named_records():
     for record in (
-        step.StepOptions,
-        step.PlayPlan,
-        step.Taped,
-        step.Forwarded,
-        step.Replayable,
-        step.Waiting,
-        step.Halfway,
+        play.StepOptions,
+        play.Playbook,
+        play.Taped,
+        play.Forwarded,
+        play.Replayable,
+        play.Waiting,
+        play.Halfway,
     ):
         assert dataclasses.is_dataclass(record) and record.__dataclass_params__.frozen, record
     # The F -> B and B -> W stores hold those records, not tuples.
-    hints = {f.name: f.type for f in dataclasses.fields(step.PlayState)}
+    hints = {f.name: f.type for f in dataclasses.fields(play.PlayState)}
     assert "Forwarded | Replayable | Waiting" in hints["saved"] and "Halfway" in hints["halfway"]
-    assert "tuple" not in str(inspect.signature(step._taped).return_annotation)
+    assert "tuple" not in str(inspect.signature(play._taped).return_annotation)
 
 
 def test_every_parameter_of_the_step_is_one_the_trainer_passes():
@@ -52,11 +52,11 @@ def test_every_parameter_of_the_step_is_one_the_trainer_passes():
     from pathlib import Path
 
     calls = {"e2e_step": set(), "e2e_play": set()}
-    for path in (Path(step.__file__).parents[1]).rglob("*.py"):
+    for path in (Path(play.__file__).parents[1]).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             name = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
             if name in calls:
-                params = list(inspect.signature(getattr(step, name)).parameters)
+                params = list(inspect.signature(getattr(play, name)).parameters)
                 calls[name] |= set(params[: len(node.args)]) | {k.arg for k in node.keywords}
     for name, passed in calls.items():
-        assert set(inspect.signature(getattr(step, name)).parameters) <= passed, name
+        assert set(inspect.signature(getattr(play, name)).parameters) <= passed, name

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("chain.state",),
     ("chain.report",),
     ("chain.prepared",),
+    ("chain.autoplan",),  # placement.plan=auto: measuring, search, choice, table (the build settles it)
     ("chain.training",),
     ("chain.sweep", "chain.restage", "chain.generate", "chain.worker"),  # the command lines' work
     ("chain", "chain.__main__"),  # `python -m chain` (it runs `chain.sweep` for --multirun)
@@ -153,7 +155,7 @@ def test_the_order_check_names_an_edge_to_a_later_layer():
     assert imports("chain.state.remap", source=source) == [("chain.schedule.schedules", ["Action"])]  # run time
     assert order_violations(package_edges("chain.state.remap", source)) == [
         "chain.state.remap imports chain.training.run: chain.state (layer 10) may import only layers 1-9 of LAYERS, "
-        "and chain.training is layer 13"
+        "and chain.training is layer 14"
     ]
     assert order_violations({("chain.fields", "chain.cli", "chain.fields", "chain.cli")}) == [  # one row: refused
         "chain.fields imports chain.cli: chain.fields (layer 2) may import only layer 1 of LAYERS, "
@@ -163,6 +165,53 @@ def test_the_order_check_names_an_edge_to_a_later_layer():
         "chain.errors imports chain.cli: chain.errors (layer 1) may import no other package of LAYERS, "
         "and chain.cli is layer 2"
     ]
+
+
+# placement.plan=auto in one package (docs/architecture.md): a function or class named for it lives there or is
+# one of its records; the config's refusals are checked before TensorFlow starts, so they stay in the config
+AUTO_PLAN_WORDS = re.compile(
+    r"auto_?plan|candidate|cost_?(cache|key|file)|^costs$|plan_?(table|timing|choice|check|fields)", re.I
+)
+AUTO_PLAN_HOMES = ("chain.autoplan", "chain.records.auto_plan", "chain.records.summaries")  # summary.json's plan
+AUTO_PLAN_ELSEWHERE = {"chain.config.checks.check_auto_plan"}
+AUTO_PLAN_CALLERS = {  # what the rest of chain takes from the package: the build settles, the loop shows and checks
+    "chain.training.build",
+    "chain.training.run",
+    "chain.training.cadence",
+    "chain.__main__",
+}
+
+
+def in_package(module: str, packages: tuple[str, ...]) -> bool:
+    """Whether `module` is one of `packages` or inside one."""
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def auto_plan_strays(modules: dict[str, Path]) -> list[str]:
+    """`module.name` of each function or class named for plan=auto (AUTO_PLAN_WORDS) outside its homes."""
+    return sorted(
+        f"{m}.{node.name}"
+        for m, path in modules.items()
+        if not in_package(m, AUTO_PLAN_HOMES)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and AUTO_PLAN_WORDS.search(node.name)
+        if f"{m}.{node.name}" not in AUTO_PLAN_ELSEWHERE
+    )
+
+
+def test_plan_auto_lives_in_one_package():
+    """Measuring, search, cache, choice, table, the settling of a run and the step check are chain.autoplan's
+    modules, their records chain.records.auto_plan's: nothing named for plan=auto is defined elsewhere, and only
+    the build, the loop and the command line import the package."""
+    assert auto_plan_strays(MODULES) == []
+    importers = {
+        m
+        for m in MODULES
+        if not in_package(m, ("chain.autoplan",))
+        and any(in_package(t, ("chain.autoplan",)) for t, _ in imports(m, typing=True))
+    }
+    assert importers == AUTO_PLAN_CALLERS
+    assert layer("chain.autoplan.search") == "chain.autoplan" and ROW["chain.prepared"] < ROW["chain.autoplan"]
 
 
 def graph() -> dict[str, set[str]]:
@@ -235,7 +284,7 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
     from chain.pipeline import timeline
     from chain.steps import ops
 
-    sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "step", "strategy")}
+    sources = {name: (PACKAGE / "pipeline" / f"{name}.py").read_text() for name in ("timeline", "play", "strategy")}
     for name, source in sources.items():
         imported = {
             alias.name
@@ -244,8 +293,8 @@ def test_op_names_are_read_back_in_the_steps_own_vocabulary():
             for alias in node.names
         } | {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
         assert "re" not in imported, name
-    assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["step"]
-    assert "name=DONE" in sources["step"] and '"done"' not in sources["timeline"] + sources["step"]
+    assert "Action.parse(" in sources["timeline"] and ".scope()" in sources["play"]
+    assert "name=DONE" in sources["play"] and '"done"' not in sources["timeline"] + sources["play"]
     assert timeline.COPY_PREFIX == ops.COPY_PREFIX
 
 
@@ -604,6 +653,8 @@ def test_chain_data_does_not_dispatch_with_isinstance_over_stream_records():
         "chain.pipeline.memory_trace",
         "chain.pipeline.stalled",
         "chain.planning.planner",
+        "chain.autoplan.choice",
+        "chain.autoplan.table",
         "chain.data.catalog",
         "chain.__main__",
     ],
@@ -629,3 +680,167 @@ def test_a_test_that_needs_no_tensorflow_runs_in_a_process_that_never_imports_it
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+# --- one word per idea: the glossary's names exist, the names they replaced are gone ---------------------
+
+# Names that meant two things, or hid what comes back, and what replaced them (docs/architecture.md, "Words").
+RETIRED = {
+    "Placement": "Assignment",
+    "Placing": "Rows",
+    "placing": "rows",
+    "placement_rule": "rows_rule",
+    "v_placement": "v_rows",
+    "Pipelined": "DevicePerStage",
+    "PlayPlan": "Playbook",
+    "play_plan": "playbook",
+    "piece_times": "link_times",
+    "repeated": "later_copies",
+    "plan_cluster": "assign_cluster",
+    "plan_multi_worker": "assign_multi_worker",
+    "Measured": "MeasuredTimeline, LinkTimes or Measurement",
+}
+RETIRED_DEFS = {  # (module, name) -> what replaced a function named for what it did, not what it returns
+    ("chain.autoplan.choice", "planned"): "chosen_spec",
+    ("chain.autoplan.settle", "measured"): "measurement",
+    ("chain.autoplan.search", "replay"): "step_and_bubble",
+    ("chain.pipeline.idle", "replay"): "step_and_bubble",
+}
+RETIRED_MODULES = ("chain/strategies/pipelined.py", "chain/pipeline/step.py")
+RETIRED_FIELDS = {  # (module, class) -> fields it no longer has
+    ("chain.schedule.schedules", "Schedule"): {"placement"},
+    ("chain.prepared.run_spec", "RunSpec"): {"placement"},
+    ("chain.planning.planner", "Assignment"): {"layout"},
+    ("chain.strategies.base", "Strategy"): {"placement"},
+    ("chain.training.run", "Run"): {"placement"},
+}
+
+
+def glossary_names(text: str) -> list[str]:
+    """The dotted `chain.` names the glossary (docs/architecture.md's "## Words") says things live at."""
+    words = text.split("\n## Words\n", 1)[1].split("\n## ", 1)[0]
+    return sorted({n for n in re.findall(r"`(chain\.[\w.]+)`", words)})
+
+
+def _defines(body: list[ast.stmt], name: str) -> bool:
+    """Whether a module's or class's `body` defines `name` (a def, a class, an assignment, a field, an import)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            return True
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":  # `self.name = ...` in a constructor
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and sub.attr == name:
+                    return True
+    return False
+
+
+def _class_body(tree: ast.Module, name: str) -> list[ast.stmt] | None:
+    return next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+def missing(dotted: str) -> str | None:
+    """Why `dotted` (`chain.module.Name.attr`) names nothing in the code, or None when it does."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        if module in MODULES:
+            break
+    else:
+        return f"{dotted}: no such module"
+    rest = parts[cut:]
+    if not rest:
+        return None
+    body = ast.parse(MODULES[module].read_text()).body
+    if not _defines(body, rest[0]):
+        return f"{dotted}: {module} defines no {rest[0]}"
+    if len(rest) > 1:
+        inner = _class_body(ast.Module(body=body, type_ignores=[]), rest[0])
+        if inner is None or not _defines(inner, rest[1]):
+            return f"{dotted}: {module}.{rest[0]} has no {rest[1]}"
+    return None
+
+
+def retired_uses(trees: dict[str, ast.AST]) -> list[str]:
+    """Where a retired name is still defined or used in `trees` (module -> parsed source)."""
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            name = (
+                node.id
+                if isinstance(node, ast.Name)
+                else node.attr
+                if isinstance(node, ast.Attribute)
+                else node.name
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                else node.arg
+                if isinstance(node, ast.arg)
+                else node.name.rpartition(".")[2]
+                if isinstance(node, ast.alias)
+                else None
+            )
+            if name in RETIRED:
+                found.append(f"{module}:{node.lineno}: {name} (now {RETIRED[name]})")
+    return found
+
+
+def test_every_name_of_the_glossary_exists_and_the_words_it_replaced_are_gone():
+    names = glossary_names((ROOT / "docs" / "architecture.md").read_text())
+    assert len(names) > 20  # the section is there and names where its words live
+    assert [m for m in map(missing, names) if m] == []
+    trees = {module: ast.parse(path.read_text()) for module, path in MODULES.items()}
+    assert retired_uses(trees) == []
+    assert [p for p in RETIRED_MODULES if (ROOT / p).exists()] == []
+    for (module, cls), fields in RETIRED_FIELDS.items():
+        body = _class_body(trees[module], cls)
+        assert body is not None, f"{module} has no class {cls}"
+        assert [f for f in fields if _defines(body, f)] == [], f"{module}.{cls}"
+    assert [f"{m}.{n} (now {new})" for (m, n), new in RETIRED_DEFS.items() if _defines(trees[m].body, n)] == []
+    schema = trees["chain.config.schema"]
+    assert _class_body(schema, "Body") is None and _class_body(schema, "BodySettings") is not None
+
+
+def test_the_word_checks_find_a_missing_name_and_a_retired_one():
+    assert missing("chain.schedule.schedules.Schedule.stage_rows") is None
+    assert missing("chain.schedule.schedules.Schedule.placement") is not None
+    assert (
+        missing("chain.strategies.pipelined.Pipelined")
+        == "chain.strategies.pipelined.Pipelined: chain.strategies defines no pipelined"
+    )
+    old = {"m": ast.parse("from x import Placement\n\ndef f(placing): return later.repeated()\n")}
+    assert [line.split(": ", 1)[1] for line in retired_uses(old)] == [
+        "Placement (now Assignment)",
+        "placing (now rows)",
+        "repeated (now later_copies)",
+    ]
+
+
+FUNCTION_LINES = 80  # issue 50: a function longer than this is cut into named parts
+
+
+def long_functions(root: Path) -> list[str]:
+    """Every function or method under `root` longer than FUNCTION_LINES (decorators to its last line, as formatted)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - first + 1 > FUNCTION_LINES:
+                    out.append(
+                        f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({node.end_lineno - first + 1} lines)"
+                    )
+    return out
+
+
+def test_no_function_in_chain_is_over_80_lines():
+    assert not long_functions(ROOT / "chain")
+
+
+def test_the_length_check_finds_a_long_function(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * FUNCTION_LINES)
+    assert long_functions(tmp_path) == [f"{tmp_path.name}/m.py:1 f ({FUNCTION_LINES + 1} lines)"]

@@ -411,5 +411,5 @@ def test_balance_by_time_times_a_model_with_named_inputs_and_a_mask():
     run = chain.build(
         chain.compose(["+stages=2", "mode=e2e", "placement.balance=time", *SYNTH]), model=padding_mask_encoder()
     )
-    notes = run.placement.notes
+    notes = run.assignment.notes
     assert any(n.startswith("placement.balance=time: split ") and " ms per microbatch" in n for n in notes)

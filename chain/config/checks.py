@@ -7,7 +7,7 @@ on the data (`check_data`) is checked here, once, against the description the ca
 (`chain.config.validate_and_describe`), or by the preparation pass (`chain.prepared.with_loaded_data`) once the data is
 loaded when only TensorFlow reads it (TFRecord files, the user's function).
 Everything here is O(1) in configured numbers (a batch size of 10^12 costs nothing to
-refuse). The placement (the planner's rules, the memory estimate) is checked by `chain.prepared`;
+refuse). The assignment (the planner's rules, the memory estimate) is checked by `chain.prepared`;
 what needs the runtime (devices that exist) by `chain.training.build`.
 """
 
@@ -17,7 +17,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from chain.config.schema import CUT_MODELS, MAX_BATCH, Body, Gpt, KerasModel, PlacementSettings, Settings
+from chain.config.schema import CUT_MODELS, MAX_BATCH, BodySettings, Gpt, KerasModel, PlacementSettings, Settings
 from chain.config.shapes import stage_shapes
 from chain.data import token_ids
 from chain.data.paths import keras_model_file
@@ -371,7 +371,7 @@ def check_auto_plan(s: Settings, info: DataInfo | None) -> None:
     """`placement.plan=auto` chooses the cut, the copies and the devices itself: one line when the user's
     config gave one of them, or a balance, stages of their own, a schedule file, a model it cannot time (the
     user's builders), the mirrored fallback, or data only TensorFlow reads (`info` None). The user's config
-    only: a chosen plan's settings (`chain.prepared.plan_choice.chosen_settings`) give what it chose."""
+    only: a chosen plan's settings (`chain.autoplan.choice.chosen_settings`) give what it chose."""
     p = s.placement
     if p.plan != "auto":
         return
@@ -394,7 +394,7 @@ def check_auto_plan(s: Settings, info: DataInfo | None) -> None:
             "pipeline.schedule=file: placement.plan=auto chooses among the built-in schedules; "
             "set placement.plan=manual to run a schedule file"
         )
-    if not isinstance(s.stages[0].model, (Body, *CUT_MODELS)):
+    if not isinstance(s.stages[0].model, (BodySettings, *CUT_MODELS)):
         raise ConfigError(
             "placement.plan=auto times the config's own models (model=mlp, conv) or one model cut "
             "into stages (model=keras); the user's stage builders (_target_) are not measured: "

@@ -2,7 +2,7 @@
 
 `pipeline.schedule` names a built-in schedule (`chain.schedule.schedules`) or `file`, a CSV that
 `chain.schedule.schedule_file` reads; with `interleaved`, `zbv` (or a file whose rows hold several
-stages) the stages share devices, as the schedule's `placement` says. No TensorFlow: the preparation pass (`chain.prepared`) calls
+stages) the stages share devices, as the schedule's `stage_rows` say. No TensorFlow: the preparation pass (`chain.prepared`) calls
 `check_pipeline` once per run and keeps the schedule it returns on the `RunSpec`; the memory
 estimate builds the schedules of the changes it offers with `pipeline_schedule`.
 """
@@ -50,23 +50,23 @@ def _row(s: Settings) -> schedules.Builder | None:
     return schedules.BUILDERS.get(s.pipeline.schedule)
 
 
-def _placing(s: Settings) -> schedules.Placing | None:
+def _rows(s: Settings) -> schedules.Rows | None:
     """How `pipeline.schedule` places its stages (None: a schedule file's rows say)."""
     row = _row(s)
-    return row.placing if row is not None else None
+    return row.rows if row is not None else None
 
 
 def _looped(prefix: str = "") -> str:
     """The looped schedules (`pipeline.virtual_stages` is theirs), for messages: `interleaved`, or
     `pipeline.schedule=interleaved` with that `prefix`."""
-    return " or ".join(prefix + name for name in schedules.where(schedules.Placing.LOOP))
+    return " or ".join(prefix + name for name in schedules.where(schedules.Rows.LOOP))
 
 
 def pipeline_devices(s: Settings) -> int | None:
     """How many devices a looped schedule's stages share (stages / pipeline.virtual_stages), else None:
     the other built-in schedules place their stages themselves (zbv two a device, the rest one)."""
     p = s.pipeline
-    if _placing(s) is not schedules.Placing.LOOP or p.virtual_stages == 1:
+    if _rows(s) is not schedules.Rows.LOOP or p.virtual_stages == 1:
         return None
     return len(s.stages) // p.virtual_stages
 
@@ -76,8 +76,8 @@ def check_virtual_stages(s: Settings) -> None:
     stages, one memory limit for the stages a device shares; and M is a multiple of the devices where
     the schedule's row asks it (interleaved's anchors). (Stages named on devices: `check_given_devices`.)"""
     p, n_stages = s.pipeline, len(s.stages)
-    if _placing(s) is not schedules.Placing.LOOP:
-        if p.virtual_stages != 1 and _placing(s) is schedules.Placing.V:
+    if _rows(s) is not schedules.Rows.LOOP:
+        if p.virtual_stages != 1 and _rows(s) is schedules.Rows.V:
             raise ConfigError(
                 f"pipeline.virtual_stages={p.virtual_stages} is {_looped()}'s setting; pipeline.schedule={p.schedule} "
                 "always runs two stages on each device: set pipeline.virtual_stages=1"
@@ -165,7 +165,7 @@ def check_pipeline(s: Settings) -> schedules.Schedule:
 def check_two_per_device(s: Settings) -> None:
     """A schedule of two stages a device (zbv's V): an even number of stages, and one memory limit for
     the two stages a device holds (pipeline.virtual_stages: `check_virtual_stages`)."""
-    if _placing(s) is not schedules.Placing.V:
+    if _rows(s) is not schedules.Rows.V:
         return
     n_stages, name = len(s.stages), s.pipeline.schedule
     if n_stages % 2:
@@ -184,12 +184,12 @@ def check_two_per_device(s: Settings) -> None:
 
 def check_given_devices(s: Settings, schedule: schedules.Schedule) -> None:
     """Stages named on devices (`placement.devices`) follow a shared schedule's placement: the stages of
-    one row of the schedule on one device (`schedules.placement_rule`), different rows on different ones."""
+    one row of the schedule on one device (`schedules.rows_rule`), different rows on different ones."""
     given = s.placement.devices
-    if not given or not schedule.placement:
+    if not given or not schedule.stage_rows:
         return
     p, n_stages, d = s.pipeline, len(s.stages), schedule.devices
-    looped = _placing(s) is schedules.Placing.LOOP
+    looped = _rows(s) is schedules.Rows.LOOP
     why = f" ({n_stages} stages / pipeline.virtual_stages={p.virtual_stages})" if looped else ""
     head = [schedule.row_stages(r)[0] for r in range(d)]  # each row's first stage names its device
     for k in range(n_stages):
@@ -197,7 +197,7 @@ def check_given_devices(s: Settings, schedule: schedules.Schedule) -> None:
         if canonical(given[k]) != canonical(given[j]):
             raise ConfigError(
                 f"placement.devices[{k}]={given[k]}: pipeline.schedule={p.schedule} runs "
-                f"{schedules.placement_rule(schedule)}{why}, so stage {k} belongs on "
+                f"{schedules.rows_rule(schedule)}{why}, so stage {k} belongs on "
                 f"placement.devices[{j}]={given[j]}"
             )
     if len({canonical(given[j]) for j in head}) < d:
@@ -209,5 +209,5 @@ def check_given_devices(s: Settings, schedule: schedules.Schedule) -> None:
 
 def shared_devices(schedule: schedules.Schedule) -> int | None:
     """How many devices `schedule`'s stages share (interleaved stages, zbv's V, a file whose rows hold
-    several stages: `Schedule.placement` says which stage runs on which), or None (a device per stage)."""
-    return schedule.devices if schedule.placement else None
+    several stages: `Schedule.stage_rows` says which stage runs on which), or None (a device per stage)."""
+    return schedule.devices if schedule.stage_rows else None

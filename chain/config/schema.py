@@ -119,7 +119,7 @@ def variants(*classes: type) -> Check:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Body:
+class BodySettings:
     """What every stage body has: `depth` layers, their activation, dropout after each."""
 
     name: str = setting(
@@ -131,7 +131,7 @@ class Body:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Mlp(Body):
+class Mlp(BodySettings):
     """`depth` Dense layers of `width` units (the input flattened first)."""
 
     KIND: ClassVar[str] = "mlp"
@@ -142,7 +142,7 @@ class Mlp(Body):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Conv(Body):
+class Conv(BodySettings):
     """`depth` same-padded Conv2D layers of `filters` filters; needs image input."""
 
     KIND: ClassVar[str] = "conv"
@@ -507,12 +507,12 @@ class PlacementSettings:
     )
     plan: str = setting(
         choice(*PLANS),
-        "manual: the settings as given; auto (mode=e2e): measure the model's pieces on the run's devices and choose "
+        "manual: the settings as given; auto (mode=e2e): measure the model's links (the parts between its allowed cuts) on the run's devices and choose "
         "the stages, split, microbatches, schedule, recompute and copies with the smallest predicted step",
     )
     plan_budget_s: float = setting(
         number(positive=True, maximum=86400),
-        "placement.plan=auto: seconds its measuring may take beyond the minimum (each piece's forward and backward "
+        "placement.plan=auto: seconds its measuring may take beyond the minimum (each link's forward and backward "
         "at the smallest, middle and largest microbatch): F, B, W apart and more sizes while it lasts",
     )
 

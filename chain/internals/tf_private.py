@@ -1,7 +1,8 @@
 """TensorFlow's private parts chain uses: the eager context's host address space
 (`tensorflow.python.eager.context`), adding a control edge to an op of a graph being built
 (`Operation._add_control_input`), a dataset's serialized graph (`Dataset._as_serialized_graph`),
-a trace file's `XSpace` (`tensorflow.tsl.profiler.protobuf.xplane_pb2`) and the requests of its
+a trace file's `XSpace` (`tensorflow.tsl.profiler.protobuf.xplane_pb2`), a checkpoint's object graph
+(`tensorflow.core.protobuf.trackable_object_graph_pb2`) and the requests of its
 profiler service (`tensorflow.ProfilerService`, whose request messages TensorFlow does not ship
 in Python: encoded here). TensorFlow is imported only inside the functions, so the TensorFlow-free
 modules that use one of them (the timeline's trace reader) import it only when they call it."""
@@ -49,6 +50,19 @@ def read_xspace(path: str) -> Any:
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
     return space
+
+
+def checkpoint_children(prefix: str, name: str) -> list[str]:
+    """The names of the objects under the root's child `name` in the checkpoint `prefix` (its object
+    graph, a `TrackableObjectGraph` message: the names a restore matches by); [] when the root has no
+    such child."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    node = next((c.node_id for c in graph.nodes[0].children if c.local_name == name), None)
+    return [] if node is None else [c.local_name for c in graph.nodes[node].children]
 
 
 def _varint(n: int) -> bytes:

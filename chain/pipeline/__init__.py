@@ -1,7 +1,8 @@
 """The pipeline: a schedule run, in one place. The schedule as data (`Action`, `Schedule`, the
 builders, `simulate`, the op names) is `chain.schedule`'s, a lower layer that the config reads too.
 
-- `step`: mode=e2e's step, a schedule run in one `tf.function`, its ops named by `Action.scope`.
+- `play`: mode=e2e's step, a schedule played in one `tf.function` (`Playbook`: what every play is
+  given), its ops named by `Action.scope`.
 - `strategy`: `Scheduled`, the distribution that runs the schedule and compiles the step (given
   the chain's objective, `chain.strategies.objectives.ChainObjective`); `replicas`: `Replicated`,
   R copies of it.

@@ -11,7 +11,7 @@ Each device's idle time within a step's span (first action to last) splits into:
   sending action, a transfer between workers, an op that waits on the client).
 - **tail**: after the device's last action, until the step's last action ended.
 
-`replayed` plays the schedule again with each (stage, kind)'s mean measured duration and nothing
+`step_and_bubble` plays the schedule again with each (stage, kind)'s mean measured duration and nothing
 else (no transfer, no release): the bubble the schedule has with these actions' costs, between the
 plan's unit-time figure and the measured one. With F, B and W of unequal cost (on a CPU, a layer's
 forward product may take twice its input-gradient product) a zero-bubble schedule's own bubble is
@@ -31,7 +31,7 @@ from statistics import fmean, median
 from typing import Sequence
 
 from chain.schedule.schedules import Action, Schedule, dependencies, is_split, play_timed, rounds
-from chain.records.measured import Measured, MeasuredAction, MeasuredStep
+from chain.records.measured import MeasuredTimeline, MeasuredAction, MeasuredStep
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,9 @@ def step_idle(step: MeasuredStep, rows: Sequence[Sequence[Action]], schedule: Sc
     return out
 
 
-def replay(schedule: Schedule, durations: dict[tuple[int, str], float], grad_accum: int = 1) -> tuple[float, float]:
+def step_and_bubble(
+    schedule: Schedule, durations: dict[tuple[int, str], float], grad_accum: int = 1
+) -> tuple[float, float]:
     """(span, bubble fraction) of `schedule` played (`play_timed`) with `durations[(stage, kind)]` per
     action and nothing between actions: each starts when its row's previous action and its inputs have ended."""
     timed = play_timed(schedule, lambda a: durations[(a.stage, a.kind)], grad_accum=grad_accum)
@@ -105,9 +107,9 @@ def mean_durations(steps: Sequence[MeasuredStep]) -> dict[tuple[int, str], float
     return {k: fmean(v) for k, v in acc.items()}
 
 
-def explain(measured: Measured, schedule: Schedule) -> StepIdle | None:
+def explain(measured: MeasuredTimeline, schedule: Schedule) -> StepIdle | None:
     """`measured`'s complete steps by cause, medians over them (a step slowed by another process moves
-    a median less than a mean), and the schedule replayed with the mean durations (None: no complete step)."""
+    a median less than a mean), and the schedule played with the mean durations (None: no complete step)."""
     steps = [s for s in measured.steps if s.complete]
     if not steps:
         return None
@@ -120,7 +122,7 @@ def explain(measured: Measured, schedule: Schedule) -> StepIdle | None:
         for r in range(len(rows))
     ]
     spans = [(min(a.start_ms for a in s.actions), max(a.end_ms for a in s.actions), s) for s in steps]
-    span, bubble = replay(schedule, mean_durations(steps), measured.grad_accum)
+    span, bubble = step_and_bubble(schedule, mean_durations(steps), measured.grad_accum)
     return StepIdle(
         devices,
         median(lo - s.start_ms for lo, _, s in spans),
@@ -132,7 +134,7 @@ def explain(measured: Measured, schedule: Schedule) -> StepIdle | None:
 
 
 def render(idle: StepIdle) -> str:
-    """`idle` as lines of text: one per device, then the step's head, span and finish, and the replay."""
+    """`idle` as lines of text: one per device, then the step's head, span and finish, and the play on the mean durations."""
     lines = [
         f"device {d.device}: busy {d.busy_ms:.1f} ms, waiting for inputs {d.input_wait_ms:.1f}, "
         f"overhead {d.overhead_ms:.1f}, tail {d.tail_ms:.1f}"
@@ -140,7 +142,7 @@ def render(idle: StepIdle) -> str:
     ]
     lines.append(
         f"step: head {idle.head_ms:.1f} ms, span {idle.span_ms:.1f}, finish {idle.finish_ms:.1f}; "
-        f"replayed with the measured mean durations: span {idle.replayed_span_ms:.1f}, "
+        f"played with the measured mean durations: span {idle.replayed_span_ms:.1f}, "
         f"bubble {idle.replayed_bubble_fraction:.3f}"
     )
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from typing import Sequence
 
 from chain.errors import plural
 from chain.pipeline.timeline import action, producer, row_of, shown
-from chain.records.measured import Measured, MeasuredAction, MeasuredStep
+from chain.records.measured import MeasuredTimeline, MeasuredAction, MeasuredStep
 from chain.schedule.schedules import KINDS, Action, Schedule, Timeline, rows, simulate
 
 # A row's pause shorter than this share of the step's mean action is the host dispatching its next
@@ -74,7 +74,7 @@ def ticks(actions: Sequence[MeasuredAction], stages: int) -> list[int]:
     return column
 
 
-def grid(measured: Measured, step: MeasuredStep) -> MeasuredGrid:
+def grid(measured: MeasuredTimeline, step: MeasuredStep) -> MeasuredGrid:
     """`step`'s actions on ticks (`ticks`), a row per stage of every copy (`row_of`)."""
     acts = step.actions
     n_rows = measured.stages * (measured.replicas or 1)
@@ -114,7 +114,7 @@ def _mostly_busy(busy: Sequence[tuple[float, float]], lo: float, hi: float) -> b
     return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in busy) > (hi - lo) / 2
 
 
-def durations(measured: Measured, step: MeasuredStep) -> str:
+def durations(measured: MeasuredTimeline, step: MeasuredStep) -> str:
     """Each row's mean action time in `step`, by kind: `stage 0 F 0.098 B 0.040; stage 1 ...` (ms)."""
     n_rows = measured.stages * (measured.replicas or 1)
     parts = []
@@ -130,7 +130,7 @@ def durations(measured: Measured, step: MeasuredStep) -> str:
     return "mean ms per action: " + "; ".join(parts)
 
 
-def render(measured: Measured, schedule: Schedule, devices: Sequence[str] | None = None) -> str:
+def render(measured: MeasuredTimeline, schedule: Schedule, devices: Sequence[str] | None = None) -> str:
     """The `shown` step as the plan's text grid, a cell per action on ticks (`grid`), then each
     row's mean action times and the measured and planned bubble."""
     step = shown(measured)

@@ -9,14 +9,14 @@ splitting it when the remainder would be small), the bytes in use after the even
 that asked (`tf_op`, its full name: its first name scope is the action's, `Action.scope`), its
 shape and whether the buffer is the op's output or a temporary (`region_type`).
 
-`read_events` reads them; `live_at_peak` replays them in time order, matching each deallocation to
+`read_events` reads them; `live_at_peak` walks them in time order, matching each deallocation to
 the allocation at its address, and returns what is live when the bytes in use are highest. What
 was allocated before the trace began (the weights, an optimizer's slots) has no allocation event:
 the bytes in use at the peak less every traced tensor live then is that baseline (`before`). To
 name what earlier steps leave behind, trace several steps and look at the peak of the last one
 (`peak_of(logdir, step)`, steps marked as `chain.training.profile` marks them).
 
-`category` names what a live tensor is in the pipeline step (`chain.pipeline.step`), from its op's
+`category` names what a live tensor is in the pipeline step (`chain.pipeline.play`), from its op's
 name: a forward's activation (`F` scope), a forward run inside a backward (`B` scope, not a
 gradient op: a recomputed microbatch's replay, or the last stage's deferred forward), the
 gradients at layer outputs and inputs (`gradient_tape/...`, or `W`'s `gradients/...`), weight

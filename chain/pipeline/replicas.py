@@ -1,13 +1,13 @@
 """`Replicated`: R copies of the K-stage pipeline (`placement.replicas=R`), data parallel.
 
-The planner places replica r's stage k on its own device (`Placement.copies[r][k]`). One compiled
+The planner places replica r's stage k on its own device (`Assignment.copies[r][k]`). One compiled
 step cuts each batch into R equal shares, and every copy plays the schedule on its share
-(`chain.pipeline.step.e2e_play`: its microbatches, grad_accum rounds, float16 loss scaling).
+(`chain.pipeline.play.e2e_play`: its microbatches, grad_accum rounds, float16 loss scaling).
 Before the update, stage k's summed gradients are reduced over its R copies: each copy's
 device receives the other copies' gradients (explicit copies, as every crossing in the step)
 and adds all R in replica order, then divides by R (each copy's gradients are of its share's
 mean loss; with `placement.exchange_dtype=bfloat16` they travel rounded to 16 bits). Every device thus computes the same sums in the same order, bit for bit, and every
-copy applies the same update (`chain.pipeline.step.finish`, with the batch's mean loss for
+copy applies the same update (`chain.pipeline.play.finish`, with the batch's mean loss for
 float16's shared decision): the copies stay identical without ever being compared. A cut model's tied
 weight (held by the first and last stage, `chain.steps.tied`) is summed within each copy on its first
 holder's device before the reduction, so its gradient is averaged once, and every holder of every copy
@@ -39,9 +39,9 @@ from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
 from chain.schedule.schedules import Schedule
 from chain.pipeline.stalled import Position, where
-from chain.pipeline.step import Played, e2e_play, finish, host
+from chain.pipeline.play import Played, e2e_play, finish, host
 from chain.pipeline.strategy import Scheduled
-from chain.planning.planner import REPLICATED, Placement
+from chain.planning.planner import REPLICATED, Assignment
 from chain.records.summaries import ReplicasFields, Summary
 from chain.stages.losses import ShareOfBatch, WholeBatch
 from chain.stages.stage import Stage
@@ -138,7 +138,7 @@ def elements(t: Any) -> int:
 
 
 class Replicated(Scheduled):
-    """`placement.copies`: R copies of the scheduled pipeline, each its share of every batch (with the
+    """`Assignment.copies`: R copies of the scheduled pipeline, each its share of every batch (with the
     chain's objective, mode=e2e: ReplicatedChain)."""
 
     name = REPLICATED
@@ -152,7 +152,7 @@ class Replicated(Scheduled):
     def __init__(
         self,
         settings: Settings,
-        placement: Placement,
+        assignment: Assignment,
         info: DataInfo,
         batch_cut: BatchCut,
         learns: type[ChainObjective],
@@ -160,7 +160,7 @@ class Replicated(Scheduled):
         **bodies: Any,
     ):
         self.copies: list[list[Stage]] = []
-        super().__init__(settings, placement, info, batch_cut, learns, schedule, **bodies)
+        super().__init__(settings, assignment, info, batch_cut, learns, schedule, **bodies)
 
     def build_stages(self) -> list[Stage]:
         """Replica 0's stages (`self.stages`: what checkpoints hold), then every other copy's on its
@@ -168,7 +168,7 @@ class Replicated(Scheduled):
         first = super().build_stages()
         s = self.settings
         self.copies = [first]
-        for row in self.placement.copies[1:]:
+        for row in self.assignment.copies[1:]:
             self.copies.append(self.build_copy(row))
         for copy in self.copies[1:]:
             for a, b in zip(first, copy):
@@ -275,7 +275,7 @@ class Replicated(Scheduled):
         )
 
     def summary(self, summary: Summary) -> Summary:
-        copies = ReplicasFields(self.batch_cut.replicas, [list(row) for row in self.placement.copies])
+        copies = ReplicasFields(self.batch_cut.replicas, [list(row) for row in self.assignment.copies])
         return replace(super().summary(summary), replicas=copies)
 
     def plan_text(self, full: bool) -> str:

@@ -94,7 +94,7 @@ def _row_name(schedule: Schedule, row: int, replica: int, replicas: int, inside:
     """A device row as the report names it: `stage 1`, `device 0 (stages 0, 2)`, `copy 1 stage 0`;
     `inside=":"`: `device 0: stages 0, 2`, for inside parentheses."""
     copy = f"copy {replica} " if replicas > 1 else ""
-    if schedule.placement:
+    if schedule.stage_rows:
         stages = ", ".join(map(str, schedule.row_stages(row)))
         return f"{copy}device {row}: stages {stages}" if inside else f"{copy}device {row} (stages {stages})"
     return f"{copy}stage {row}"

@@ -2,8 +2,8 @@
 
 Given the chain's objective (`chain.strategies.objectives.ChainObjective`, mode=e2e) it runs the
 schedule the preparation pass built (`RunSpec.schedule`), compiles the step that runs it
-(`chain.pipeline.step`), and says what the plan looks like (`plan_only=true`) and what
-summary.json records of it. Its stages live where `chain.strategies.pipelined.Pipelined`'s do
+(`chain.pipeline.play`), and says what the plan looks like (`plan_only=true`) and what
+summary.json records of it. Its stages live where `chain.strategies.device_per_stage.DevicePerStage`'s do
 (stage k on `placement.devices[k]`); the objective is the one `chain.strategies.mirrored.Mirrored`
 is given for mode=e2e.
 """
@@ -21,8 +21,8 @@ from chain.errors import plural
 from chain.schedule import schedules
 from chain.pipeline import stalled
 from chain.pipeline.progress import Progress
-from chain.pipeline.step import e2e_step, host
-from chain.planning.planner import PIPELINE, Placement
+from chain.pipeline.play import e2e_step, host
+from chain.planning.planner import PIPELINE, Assignment
 from chain.records.summaries import PipelineFields, Summary
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import ChainObjective
@@ -32,7 +32,7 @@ class Scheduled(Strategy):
     """A device per stage, `pipeline.schedule` over `pipeline.microbatches` per batch, one loss."""
 
     name = PIPELINE
-    title = "Pipelined"  # with the chain's objective: PipelinedChain
+    title = "Scheduled"  # with the chain's objective: ScheduledChain
     shared_weights = True  # the step sums a tied weight's copies' gradients (`chain.steps.tied`)
     weighs_added_losses = True  # `chain.steps.forward` weighs each microbatch's `model.losses` by its share
     objective: ChainObjective  # a schedule's step learns the chain's one loss
@@ -40,7 +40,7 @@ class Scheduled(Strategy):
     def __init__(
         self,
         settings: Settings,
-        placement: Placement,
+        assignment: Assignment,
         info: DataInfo,
         batch_cut: BatchCut,
         learns: type[ChainObjective],
@@ -48,7 +48,7 @@ class Scheduled(Strategy):
         **bodies: Any,
     ):
         self.schedule = schedule  # the run's, built once by the preparation pass (`RunSpec.schedule`)
-        super().__init__(settings, placement, info, batch_cut, learns, **bodies)
+        super().__init__(settings, assignment, info, batch_cut, learns, **bodies)
 
     @property
     def clip_global_norm(self) -> float | None:
@@ -119,7 +119,7 @@ class Scheduled(Strategy):
             self.timeline().bubble_fraction,
             self.settings.pipeline.recompute,
             os.path.abspath(path) if self.schedule.name == schedules.FILE else None,
-            self.schedule.devices if self.schedule.placement else None,
+            self.schedule.devices if self.schedule.stage_rows else None,
         )
         return replace(super().summary(summary), pipeline=pipeline)
 

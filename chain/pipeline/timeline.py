@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from chain.planning import balance
-from chain.records.measured import Advice, Measured, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
+from chain.records.measured import Advice, MeasuredTimeline, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
 from chain.schedule.schedules import (
     BACKWARD,
     DONE,
@@ -271,7 +271,7 @@ def measure(
     grad_accum: int = 1,
     replicas: int = 1,
     spans: dict[str, tuple[int, int]] | None = None,
-) -> Measured:
+) -> MeasuredTimeline:
     """The measured timeline of the marked `steps` (`timeline.json`'s record, see
     docs/measuring.md): every step's actions with their times in ms from the first step's start,
     and per stage its busy time, forward, backward, copy and update times (means per step).
@@ -310,7 +310,7 @@ def measure(
         held = spans is None or all(holds(spans, s, (lo, hi)) for s in used)
         out_steps.append(MeasuredStep(number, ms(lo), ms(hi), held and len(actions) == len(played), actions, updates))
     stats = statistics(out_steps, schedule, devices, replicas)
-    return Measured(
+    return MeasuredTimeline(
         schedule.name,
         n_stages,
         schedule.microbatches,
@@ -394,7 +394,7 @@ def _waits(
 
 @dataclass(frozen=True)
 class Statistics:
-    """What `statistics` finds (`Measured` holds these fields)."""
+    """What `statistics` finds (`MeasuredTimeline` holds these fields)."""
 
     measured_bubble_fraction: float | None
     per_stage: list[StageTime]
@@ -521,7 +521,7 @@ def action(measured: MeasuredAction) -> Action:
     return Action(*measured.key())
 
 
-def shown(measured: Measured) -> MeasuredStep | None:
+def shown(measured: MeasuredTimeline) -> MeasuredStep | None:
     """The step a timeline shows: the last complete one (the first may include tracing the step)."""
     done = [s for s in measured.steps if s.complete]
     return done[-1] if done else None

@@ -2,7 +2,7 @@
 anything is built.
 
 - `inventory`: the machine's GPUs (TensorFlow's count, nvidia-smi's memory).
-- `planner`: `plan(placement settings, stages, inventory) -> Placement`, pure.
+- `planner`: `assign(placement settings, stages, inventory) -> Assignment` (the planner's decision), pure.
 - `devices`: device names (`canonical`, pure), `configure` (apply a plan to TensorFlow)
   and `check_devices` (the devices that exist).
 - `memory`: each device's peak memory, as far as TensorFlow can report it.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from chain.config.device_names import LOCAL_JOB, WORKER_JOB, canonical
 from chain.errors import DeviceError, plural
-from chain.planning.planner import PIPELINE, Placement
+from chain.planning.planner import PIPELINE, Assignment
 
 if TYPE_CHECKING:
     from chain.config.schema import PlacementSettings
@@ -30,13 +30,13 @@ TOO_LATE = (
 )
 
 
-def count(placement: Placement) -> int:
+def count(assignment: Assignment) -> int:
     """How many distinct devices the plan uses (its stages', replicas' and copies' together)."""
-    used = {*placement.devices, *placement.mirrored_devices, *(d for row in placement.copies for d in row)}
+    used = {*assignment.devices, *assignment.mirrored_devices, *(d for row in assignment.copies for d in row)}
     return len(used - {None})
 
 
-def configure(placement: Placement, pcfg: PlacementSettings) -> tuple[bool, str | None]:
+def configure(assignment: Assignment, pcfg: PlacementSettings) -> tuple[bool, str | None]:
     """Apply the plan to TensorFlow. Must run before the first tensor exists. (False, ...) when it
     could not; the second item is a note for the run (None: nothing to say).
 
@@ -51,28 +51,28 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> tuple[bool, str 
 
     if pcfg.log_device_placement:
         tf.debugging.set_log_device_placement(True)
-    if placement.cluster:
+    if assignment.cluster:
         return True, None  # the devices are the workers'; this machine configures none
     try:
-        if placement.kind == "CPU":
+        if assignment.kind == "CPU":
             cpu = tf.config.list_physical_devices("CPU")[0]
             split = tf.config.get_logical_device_configuration(cpu)
-            if split and len(split) >= placement.split[0]:
+            if split and len(split) >= assignment.split[0]:
                 return True, f"the CPU was already split into {len(split)} logical devices: kept"
             tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * placement.split[0]
+                cpu, [tf.config.LogicalDeviceConfiguration()] * assignment.split[0]
             )
             return True, None
         physical = tf.config.list_physical_devices("GPU")
-        if placement.visible is not None:
-            tf.config.set_visible_devices([physical[i] for i in placement.visible], "GPU")
-        for index, limits in placement.memory_limits_mb.items():
+        if assignment.visible is not None:
+            tf.config.set_visible_devices([physical[i] for i in assignment.visible], "GPU")
+        for index, limits in assignment.memory_limits_mb.items():
             tf.config.set_logical_device_configuration(
                 physical[index], [tf.config.LogicalDeviceConfiguration(memory_limit=m) for m in limits]
             )
-        if placement.memory_growth:
+        if assignment.memory_growth:
             for i, dev in enumerate(physical):
-                if placement.visible is None or i in placement.visible:
+                if assignment.visible is None or i in assignment.visible:
                     tf.config.experimental.set_memory_growth(dev, True)
         return True, None
     except RuntimeError:
@@ -80,37 +80,37 @@ def configure(placement: Placement, pcfg: PlacementSettings) -> tuple[bool, str 
         return False, f"TensorFlow's runtime had already started: kept its logical devices ({kept})"
 
 
-def share_existing(placement: Placement, pcfg: PlacementSettings) -> Placement | None:
+def share_existing(assignment: Assignment, pcfg: PlacementSettings) -> Assignment | None:
     """The placement with its stages on the logical devices that exist, for when TensorFlow's runtime
     started before `configure` could make the plan's (a notebook's Keras model made first): the plan's
     devices in order onto the existing ones in contiguous runs (neighbouring stages share; on a CPU
     with one device, all on /device:CPU:0), the split and limits that were not made dropped, and a note
     saying so and what `chain.setup` would have given. None when every planned device exists, or the
-    layout needs its devices: `placement.devices` named, `placement.memory_limit_mb` on a GPU, copies of
+    assignment needs its devices: `placement.devices` named, `placement.memory_limit_mb` on a GPU, copies of
     the pipeline, mirrored replicas (`check_devices` then refuses in one line)."""
     import tensorflow as tf
 
-    if placement.layout != PIPELINE or placement.cluster or pcfg.devices:
+    if assignment.topology != PIPELINE or assignment.cluster or pcfg.devices:
         return None
-    if placement.kind == "GPU" and pcfg.memory_limit_mb is not None:
+    if assignment.kind == "GPU" and pcfg.memory_limit_mb is not None:
         return None
-    existing = [canonical(d.name) for d in tf.config.list_logical_devices(placement.kind)]
-    planned = list(dict.fromkeys(placement.devices))  # distinct, in stage order (a schedule may share some already)
+    existing = [canonical(d.name) for d in tf.config.list_logical_devices(assignment.kind)]
+    planned = list(dict.fromkeys(assignment.devices))  # distinct, in stage order (a schedule may share some already)
     if not existing or all(d in existing for d in planned):
         return None
     onto = {d: existing[i * len(existing) // len(planned)] for i, d in enumerate(planned)}
-    devices = tuple(onto[d] for d in placement.devices)
+    devices = tuple(onto[d] for d in assignment.devices)
     used = list(dict.fromkeys(devices))
     physical = {}
     for old, new in onto.items():  # the physical device behind a planned device's first stage
-        physical.setdefault(new, "CPU:0" if placement.kind == "CPU" else placement.physical.get(old, "-"))
+        physical.setdefault(new, "CPU:0" if assignment.kind == "CPU" else assignment.physical.get(old, "-"))
     shares = (
         f"share {used[0]}"
         if len(used) == 1
         else f"share the {plural(len(used), 'device')} that exist, neighbouring stages together ({', '.join(used)})"
     )
     n = plural(len(devices), "stage")
-    if placement.kind == "CPU":
+    if assignment.kind == "CPU":
         made = plural(len(planned), "logical device")
         note = (
             f"TensorFlow's runtime had started before chain could split the CPU into {made} (a model or tensor "
@@ -118,14 +118,14 @@ def share_existing(placement: Placement, pcfg: PlacementSettings) -> Placement |
             "them, and on a CPU they split nothing: logical CPU devices share one thread pool"
         )
     else:
-        limits = "; ".join(f"GPU {i}: {', '.join(map(str, m))} MB" for i, m in placement.memory_limits_mb.items())
+        limits = "; ".join(f"GPU {i}: {', '.join(map(str, m))} MB" for i, m in assignment.memory_limits_mb.items())
         note = (
             f"TensorFlow's runtime had started before chain could make {plural(len(planned), 'logical GPU')} (a model "
             f"or tensor made first, or an earlier build): the {n} {shares} instead, with no memory limit between "
             "them; chain.setup(cfg) first would have made them"
             + (f", each with a memory limit ({limits})" if limits else "")
         )
-    return replace(placement, devices=devices, physical=physical, split={}, memory_limits_mb={}).noted(note)
+    return replace(assignment, devices=devices, physical=physical, split={}, memory_limits_mb={}).noted(note)
 
 
 def check_devices(

@@ -16,43 +16,43 @@ from chain.config.shapes import human
 from chain.errors import DeviceError
 from chain.planning.footprint import Footprint
 from chain.planning.inventory import Inventory
-from chain.planning.planner import MIRRORED, Placement
+from chain.planning.planner import MIRRORED, Assignment
 
 MB = 1 << 20  # TensorFlow's memory limits are in MiB
 
 
-def _logical_gpus(placement: Placement, inventory: Inventory) -> dict[str, tuple[int, int | None]]:
+def _logical_gpus(assignment: Assignment, inventory: Inventory) -> dict[str, tuple[int, int | None]]:
     """Each logical GPU of the plan (`/device:GPU:n`) -> (its card's index, its memory in MB: its
     limit, or its card's memory when the card is not split; None: unknown). Logical GPUs are
     numbered card after card over the visible cards (see `chain.planning.planner`)."""
     out: dict[str, tuple[int, int | None]] = {}
     for g in inventory.gpus:
-        if placement.visible is not None and g.index not in placement.visible:
+        if assignment.visible is not None and g.index not in assignment.visible:
             continue
-        limits = placement.memory_limits_mb.get(g.index)
-        for j in range(placement.split.get(g.index, 1)):
+        limits = assignment.memory_limits_mb.get(g.index)
+        for j in range(assignment.split.get(g.index, 1)):
             out[f"/device:GPU:{len(out)}"] = (g.index, limits[j] if limits else g.memory_mb)
     return out
 
 
-def device_memory_mb(placement: Placement, inventory: Inventory) -> dict[str, int | None]:
+def device_memory_mb(assignment: Assignment, inventory: Inventory) -> dict[str, int | None]:
     """Each logical GPU of the plan and its memory in MB (None: unknown)."""
-    return {d: mb for d, (_, mb) in _logical_gpus(placement, inventory).items()}
+    return {d: mb for d, (_, mb) in _logical_gpus(assignment, inventory).items()}
 
 
-def stage_devices(placement: Placement, n_stages: int) -> list[list[str]]:
+def stage_devices(assignment: Assignment, n_stages: int) -> list[list[str]]:
     """Per stage, the devices that hold a copy of it (copies of the pipeline: one per copy); [] when
     mirrored (every replica holds the whole chain) or on cluster workers (their memory is theirs)."""
-    if placement.layout == MIRRORED or placement.cluster:
+    if assignment.topology == MIRRORED or assignment.cluster:
         return [[] for _ in range(n_stages)]
-    rows = placement.copies or [placement.devices]
+    rows = assignment.copies or [assignment.devices]
     return [[row[k] for row in rows if row[k] is not None] for k in range(n_stages)]
 
 
-def _on_device(placement: Placement, footprints: Sequence[Footprint | None]) -> dict[str, list[int]]:
+def _on_device(assignment: Assignment, footprints: Sequence[Footprint | None]) -> dict[str, list[int]]:
     """Each device and the stages it holds."""
     out: dict[str, list[int]] = {}
-    for k, devices in enumerate(stage_devices(placement, len(footprints))):
+    for k, devices in enumerate(stage_devices(assignment, len(footprints))):
         for d in devices:
             out.setdefault(d, []).append(k)
     return out
@@ -67,7 +67,7 @@ def _parts(f: Footprint) -> str:
 
 
 def check_stages_fit(
-    placement: Placement,
+    assignment: Assignment,
     footprints: Sequence[Footprint | None],
     inventory: Inventory,
     alternatives: Callable[[], Mapping[str, Sequence[Footprint | None]]] | None = None,
@@ -79,8 +79,8 @@ def check_stages_fit(
     would give (asked only when refusing); those under the device's memory are offered. Stages of
     unknown cost (None) count 0.
     """
-    memory = device_memory_mb(placement, inventory)
-    for device, stages in _on_device(placement, footprints).items():
+    memory = device_memory_mb(assignment, inventory)
+    for device, stages in _on_device(assignment, footprints).items():
         limit = memory.get(device)
         known = [k for k in stages if footprints[k] is not None]
         if limit is None or not known:
@@ -110,31 +110,31 @@ def check_stages_fit(
         )
         raise DeviceError(
             f"{what}, more than its {human(limit * MB)} "
-            f"({_source(placement, device, inventory, limit)}); {advice}or split the model differently (placement.split, "
+            f"({_source(assignment, device, inventory, limit)}); {advice}or split the model differently (placement.split, "
             "placement.balance=memory, more stages), or use a smaller model or data.batch_size"
         )
 
 
-def _source(placement: Placement, device: str, inventory: Inventory, limit: int) -> str:
+def _source(assignment: Assignment, device: str, inventory: Inventory, limit: int) -> str:
     """Where a device's memory figure comes from: a logical GPU's limit, or its card's memory."""
-    card = _logical_gpus(placement, inventory).get(device)
+    card = _logical_gpus(assignment, inventory).get(device)
     if card is None:
         return "its memory"
     return (
         f"its memory limit, {limit} MiB: placement.memory_limit_mb or its share of GPU {card[0]}"
-        if card[0] in placement.memory_limits_mb
+        if card[0] in assignment.memory_limits_mb
         else f"GPU {card[0]}'s memory, nvidia-smi"
     )
 
 
 def table(
-    placement: Placement, footprints: Sequence[Footprint | None], inventory: Inventory, unit: str = "stage"
+    assignment: Assignment, footprints: Sequence[Footprint | None], inventory: Inventory, unit: str = "stage"
 ) -> str:
     """plan_only=true: each stage's estimated peak and its parts next to its device's memory, one
     line per stage; on logical CPUs the sum next to the host's shared memory. `unit` names a stage
     (`variant` side by side)."""
-    memory = device_memory_mb(placement, inventory)
-    devices = stage_devices(placement, len(footprints))
+    memory = device_memory_mb(assignment, inventory)
+    devices = stage_devices(assignment, len(footprints))
     lines = [f"memory estimate (per {unit}: weights + gradients + optimizer + activations held + inputs):"]
     for k, f in enumerate(footprints):
         d = devices[k][0] if devices[k] else None
@@ -149,7 +149,7 @@ def table(
             mem = f"{d}: shares the host's memory"
         lines.append(f"  {unit} {k}: {human(f.total)} ({_parts(f)}); {mem}")
     known = [f.total for f in footprints if f is not None]
-    if placement.kind == "CPU" and known:
+    if assignment.kind == "CPU" and known:
         lines.append(
             f"  all {unit}s: {human(sum(known))} (logical CPU devices share one allocator: the process's "
             "peak is compared with this sum)"

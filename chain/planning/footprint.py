@@ -8,7 +8,7 @@ activations make this an over-estimate):
   weight, SGD with momentum 1, plain SGD 0);
 - the backward's working set: weight gradients of one microbatch before they are added to the
   sums (a pipeline's backward, not compiled, holds about one layer's at a time: its weight
-  products run before the gradient goes on past the layer, `chain.pipeline.step.weights_first`;
+  products run before the gradient goes on past the layer, `chain.pipeline.play.weights_first`;
   otherwise the whole stage's), and the gradient arriving at the stage's output;
 - activations: every layer output of a microbatch (what its tape keeps), times the
   microbatches the schedule holds at once on that stage (`held`: GPipe M on every stage, 1F1B

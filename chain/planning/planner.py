@@ -1,6 +1,6 @@
 """Device planning: from the machine's inventory and the config to a placement.
 
-`plan` is a pure function of the validated `placement` section, the number of stages
+`assign` is a pure function of the validated `placement` section, the number of stages
 and an `Inventory` (so it can be tested for machines we do not have);
 `chain.planning.devices` applies a plan to TensorFlow and checks the devices that exist
 afterwards. Nothing outside `chain.planning` discovers or splits devices.
@@ -22,7 +22,7 @@ from chain.errors import ConfigError, DeviceError, plural
 from chain.planning.footprint import Footprint
 from chain.planning.inventory import Gpu, Inventory
 
-__all__ = ["Placement", "plan", "shared", "PIPELINE", "MIRRORED", "REPLICATED"]
+__all__ = ["Assignment", "assign", "shared", "PIPELINE", "MIRRORED", "REPLICATED"]
 
 PIPELINE = "pipeline"
 MIRRORED = "mirrored"
@@ -31,20 +31,20 @@ CPU_REPLICAS = 2  # mirrored without a GPU: enough replicas to exercise the all-
 
 
 @dataclass(frozen=True)
-class Placement:
+class Assignment:
     """The planner's decision, frozen: what is settled after planning (the footprints, the devices
     checked to exist, later notes) makes a new record (`replace`, `noted`). How a batch cuts over its
     replicas is the run's, not the placement's (`RunSpec.batch_cut`, `chain.prepared.cut_batch`).
 
     `devices[k]` is stage k's device (canonical `/device:GPU:1` form); None for every
-    stage when `layout` is "mirrored", where each replica holds all stages and
+    stage when `topology` is "mirrored", where each replica holds all stages and
     `mirrored_devices` lists the replicas' devices. `kind` is the device type the plan splits
     ("GPU" or "CPU"). `split[p]` is how many logical devices physical device p is cut
     into, `memory_limits_mb[p]` their limits (GPUs only); a physical device absent from
     `split` keeps TensorFlow's default (one logical device, no limit). `visible` lists
     the physical GPUs TensorFlow may use (None: all). `physical` maps each logical
     device the plan uses to the physical device behind it. `copies[r][k]` is copy r's stage k when
-    `layout` is "pipeline_replicas" (R copies of the pipeline; `devices` is then `copies[0]`); empty otherwise.
+    `topology` is "pipeline_replicas" (R copies of the pipeline; `devices` is then `copies[0]`); empty otherwise.
     `footprints[k]` is stage k's estimated peak memory (`chain.planning.footprint`; None: known once
     built), filled by the preparation pass; empty before.
     """
@@ -53,8 +53,8 @@ class Placement:
     kind: str
     split: dict[int, int] = field(default_factory=dict)  # (dicts: never changed after planning, tests/test_frozen.py)
     memory_limits_mb: dict[int, list[int]] = field(default_factory=dict)
-    layout: str = PIPELINE  # which of the three layouts (the planner's `layout:` note)
-    mirrored_devices: tuple[str, ...] = ()  # one per replica (layout "mirrored")
+    topology: str = PIPELINE  # pipeline, mirrored or pipeline_replicas (the planner's `topology:` note)
+    mirrored_devices: tuple[str, ...] = ()  # one per replica (topology "mirrored")
     physical: dict[str, str] = field(default_factory=dict)
     visible: tuple[int, ...] | None = None
     memory_growth: bool = False
@@ -62,7 +62,7 @@ class Placement:
     cluster: tuple[str, ...] = ()  # the workers' addresses when stages run on them
     multi_worker: tuple[str, ...] = ()  # TF_CONFIG's workers when every host trains a replica
     task: int = 0  # this process's worker index in `multi_worker`
-    copies: tuple[tuple[str, ...], ...] = ()  # copy -> stage -> device (layout "pipeline_replicas")
+    copies: tuple[tuple[str, ...], ...] = ()  # copy -> stage -> device (topology "pipeline_replicas")
     footprints: tuple[Footprint | None, ...] = ()  # each stage's estimated peak (chain.prepared.estimate)
 
     @property
@@ -72,8 +72,8 @@ class Placement:
             return self.mirrored_devices
         return tuple(d for d in self.mirrored_devices if f"/task:{self.task}/" in d)
 
-    def noted(self, *notes: str) -> Placement:
-        """This placement with `notes` added after its own."""
+    def noted(self, *notes: str) -> Assignment:
+        """This assignment with `notes` added after its own."""
         return replace(self, notes=(*self.notes, *notes))
 
 
@@ -103,13 +103,13 @@ def _describe(gpu: Gpu, cvd: str | None) -> str:
     return f"GPU:{gpu.index}"
 
 
-def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_side: bool = False) -> Placement:
+def assign(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_side: bool = False) -> Assignment:
     """Decide where every stage runs (the rules: docs/devices.md, its table of what the planner does).
 
     `pcfg` is the validated `placement` section. Pure: no TensorFlow runtime. Raises
     ConfigError for settings that cannot work anywhere and DeviceError for settings this
     machine cannot satisfy; both name the key. `side_by_side`: the stages are independent
-    models (mode=side_by_side), which the layout note says.
+    models (mode=side_by_side), which the topology note says.
     """
     placement_fits(pcfg, n_stages)  # checked with the settings already; `plan` is also called on its own
     gpus = _visible(pcfg.visible, inventory)
@@ -137,10 +137,10 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_s
         p = replace(p, visible=tuple(g.index for g in gpus))
     if p.kind == "CPU" and pcfg.memory_limit_mb is not None:
         p = p.noted("placement.memory_limit_mb ignored: memory limits apply to GPUs only")
-    if side_by_side and p.layout != MIRRORED:
-        p = replace(p, notes=(_side_by_side_layout(p, n_stages), *p.notes))
-    elif p.layout != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
-        p = replace(p, notes=(_layout(pcfg, p, n_stages, len(gpus)), *p.notes))
+    if side_by_side and p.topology != MIRRORED:
+        p = replace(p, notes=(_side_by_side_topology(p, n_stages), *p.notes))
+    elif p.topology != REPLICATED:  # copies of the pipeline say why themselves (`_replicated`)
+        p = replace(p, notes=(_topology(pcfg, p, n_stages, len(gpus)), *p.notes))
     p = _growth(pcfg, p, gpus)
     if inventory.cuda_visible_devices is not None and gpus:
         behind = ", ".join(f"GPU:{g.index} is card {g.card}" for g in gpus if g.card is not None)
@@ -148,18 +148,18 @@ def plan(pcfg: PlacementSettings, n_stages: int, inventory: Inventory, side_by_s
     return replace(p, notes=(*inventory.notes, *p.notes))
 
 
-def _side_by_side_layout(p: Placement, n_models: int) -> str:
-    """mode=side_by_side's layout in one line: independent models, not stages of a pipeline."""
+def _side_by_side_topology(p: Assignment, n_models: int) -> str:
+    """mode=side_by_side's topology in one line: independent models, not stages of a pipeline."""
     devices = len(set(p.devices))
     where = "a device per variant" if devices == n_models else f"on {devices} device{'s' * (devices != 1)}"
-    return f"layout: side by side ({n_models} independent model{'s' * (n_models != 1)}, {where})"
+    return f"topology: side by side ({n_models} independent model{'s' * (n_models != 1)}, {where})"
 
 
-def _layout(pcfg: PlacementSettings, p: Placement, n_stages: int, n_gpus: int) -> str:
-    """Which of the three layouts the plan is, and why: one line."""
-    if p.layout == MIRRORED:
+def _topology(pcfg: PlacementSettings, p: Assignment, n_stages: int, n_gpus: int) -> str:
+    """Which of the three topologies the assignment is, and why: one line."""
+    if p.topology == MIRRORED:
         return (
-            f"layout: mirrored (placement.fallback=mirrored, {n_gpus} GPU(s) for {n_stages} stages): every "
+            f"topology: mirrored (placement.fallback=mirrored, {n_gpus} GPU(s) for {n_stages} stages): every "
             "replica holds the whole chain"
         )
     if pcfg.replicas is None:
@@ -175,7 +175,7 @@ def _layout(pcfg: PlacementSettings, p: Placement, n_stages: int, n_gpus: int) -
         why = "placement.replicas=1"
     if pcfg.exchange_dtype != "float32":  # only `auto` gets here with it (checks refuse it without copies)
         why += f"; placement.exchange_dtype={pcfg.exchange_dtype} unused: no copies exchange gradients"
-    return f"layout: pipeline (a device per stage, one copy; {why})"
+    return f"topology: pipeline (a device per stage, one copy; {why})"
 
 
 def pipeline_copies(pcfg: PlacementSettings, n_stages: int, n_gpus: int) -> int:
@@ -190,7 +190,9 @@ def pipeline_copies(pcfg: PlacementSettings, n_stages: int, n_gpus: int) -> int:
     return r
 
 
-def _replicated(pcfg: PlacementSettings, n_stages: int, copies: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+def _replicated(
+    pcfg: PlacementSettings, n_stages: int, copies: int, gpus: Sequence[Gpu], cvd: str | None
+) -> Assignment:
     """`copies` copies of the pipeline: R x K devices planned as for R*K stages (one GPU each, the
     cards split with fallback=virtual, or the CPU split), replica r's stages on devices r*K .. r*K+K-1."""
     n = copies * n_stages
@@ -213,11 +215,11 @@ def _replicated(pcfg: PlacementSettings, n_stages: int, copies: int, gpus: Seque
         why = f"{len(gpus)} GPU(s) < {n} replica stages: split with placement.fallback=virtual"
     rows = tuple(tuple(p.devices[r * n_stages : (r + 1) * n_stages]) for r in range(copies))
     note = (
-        f"layout: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
+        f"topology: pipeline x replicas, {copies} copies of the {n_stages}-stage pipeline "
         f"(placement.replicas={pcfg.replicas}; {why}); each copy trains 1/{copies} of every batch, and stage k's gradients are averaged over its "
         "copies before each copy's identical update"
     )
-    return replace(p, copies=rows, devices=rows[0], layout=REPLICATED, notes=(note, *p.notes))
+    return replace(p, copies=rows, devices=rows[0], topology=REPLICATED, notes=(note, *p.notes))
 
 
 def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]:
@@ -239,9 +241,9 @@ def _visible(visible: list[int] | None, inventory: Inventory) -> tuple[Gpu, ...]
     return tuple(g for g in inventory.gpus if g.index in visible)
 
 
-def _cpu(devices: Sequence[str], n_stages: int) -> Placement:
+def _cpu(devices: Sequence[str], n_stages: int) -> Assignment:
     """Rule 4: no GPU; the CPU split into one logical device per stage."""
-    return Placement(
+    return Assignment(
         devices=tuple(devices),
         kind="CPU",
         split={0: n_stages},
@@ -250,7 +252,7 @@ def _cpu(devices: Sequence[str], n_stages: int) -> Placement:
     )
 
 
-def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Assignment:
     """Rule 2: stage k on GPU k; cards no stage uses are hidden from TensorFlow."""
     used = list(gpus[:n_stages])
     devices = [f"/device:GPU:{k}" for k in range(n_stages)]
@@ -263,7 +265,7 @@ def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], 
             f"GPU {', '.join(str(g.index) for g in gpus[n_stages:])} unused: hidden from TensorFlow "
             "so it takes none of their memory"
         )
-    return Placement(
+    return Assignment(
         devices=tuple(devices),
         kind="GPU",
         split=split,
@@ -274,7 +276,7 @@ def _one_per_stage(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], 
     )
 
 
-def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Assignment:
     """Rule 3, fallback=virtual: split the cards into one logical GPU per stage."""
     owner = _spread(n_stages, len(gpus))
     per_card = [owner.count(p) for p in range(len(gpus))]
@@ -287,7 +289,7 @@ def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: s
         f"{len(gpus)} GPU(s) < {n_stages} stages: split into {n_stages} logical GPUs "
         f"(GPU {'; '.join(_ranges(owner, len(gpus)))})",
     )
-    return Placement(
+    return Assignment(
         devices=tuple(devices),
         kind="GPU",
         split=split,
@@ -297,7 +299,7 @@ def _virtual(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: s
     )
 
 
-def _explicit(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+def _explicit(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Assignment:
     """Rule 1: the user's mapping; cards are split evenly when it names more logical GPUs than cards."""
     devices = []
     for k, d in enumerate(pcfg.devices):
@@ -321,12 +323,12 @@ def _explicit(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
             physical[d] = _describe(gpus[_index(d) // per], cvd)
         elif d == "/device:CPU:0":
             physical[d] = "CPU:0"
-    return Placement(
+    return Assignment(
         devices=tuple(devices), kind="GPU", split=split, memory_limits_mb=limits, physical=physical, notes=tuple(notes)
     )
 
 
-def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Placement:
+def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: str | None) -> Assignment:
     """Rule 3, fallback=mirrored: every replica holds the whole chain (data parallel)."""
     if isinstance(pcfg.memory_limit_mb, (list, tuple)):
         raise ConfigError(
@@ -337,11 +339,11 @@ def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
     if not gpus:
         n = n or CPU_REPLICAS
         replicas = tuple(f"/device:CPU:{i}" for i in range(n))
-        return Placement(
+        return Assignment(
             devices=(None,) * n_stages,
             kind="CPU",
             split={0: n},
-            layout=MIRRORED,
+            topology=MIRRORED,
             mirrored_devices=replicas,
             physical={d: "CPU:0" for d in replicas},
             notes=(f"no GPU: the whole chain on each of {n} logical CPU replicas (MirroredStrategy)",),
@@ -359,12 +361,12 @@ def _mirrored(pcfg: PlacementSettings, n_stages: int, gpus: Sequence[Gpu], cvd: 
     if n < len(gpus):
         visible = tuple(g.index for g in used)
         notes.append(f"GPU {', '.join(str(g.index) for g in gpus[n:])} unused: hidden from TensorFlow")
-    return Placement(
+    return Assignment(
         devices=(None,) * n_stages,
         kind="GPU",
         split=split,
         memory_limits_mb=limits,
-        layout=MIRRORED,
+        topology=MIRRORED,
         mirrored_devices=replicas,
         physical={d: _describe(g, cvd) for d, g in zip(replicas, used)},
         notes=tuple(notes),
@@ -449,7 +451,7 @@ def _limits(
     return split, limits, notes
 
 
-def _growth(pcfg: PlacementSettings, p: Placement, gpus: Sequence[Gpu]) -> Placement:
+def _growth(pcfg: PlacementSettings, p: Assignment, gpus: Sequence[Gpu]) -> Assignment:
     """`p` with placement.memory_growth where TensorFlow allows it: every GPU or none."""
     if not pcfg.memory_growth:
         return p
@@ -465,9 +467,9 @@ def _growth(pcfg: PlacementSettings, p: Placement, gpus: Sequence[Gpu]) -> Place
     return replace(p, memory_growth=True).noted("memory growth on: each GPU allocates memory as needed")
 
 
-def plan_multi_worker(
+def assign_multi_worker(
     pcfg: PlacementSettings, n_stages: int, addresses: Sequence[str], task: int, gpus: Sequence[Gpu]
-) -> Placement:
+) -> Assignment:
     """`placement.fallback=mirrored` across hosts: every worker of TF_CONFIG runs the same command and
     trains the whole chain on its own devices (its GPUs, else its CPU), one replica each, with
     `tf.distribute.MultiWorkerMirroredStrategy`; workers are assumed alike (the same GPU count).
@@ -496,10 +498,10 @@ def plan_multi_worker(
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None:
             notes.append(f"placement.{key} ignored: a multi-worker run uses every worker's {kind}s, one replica each")
-    return Placement(
+    return Assignment(
         devices=(None,) * n_stages,
         kind=kind,
-        layout=MIRRORED,
+        topology=MIRRORED,
         mirrored_devices=tuple(physical),
         physical=physical,
         multi_worker=tuple(addresses),
@@ -508,9 +510,9 @@ def plan_multi_worker(
     )
 
 
-def plan_cluster(
+def assign_cluster(
     pcfg: PlacementSettings, n_stages: int, tasks: Sequence[Sequence[str]], addresses: Sequence[str]
-) -> Placement:
+) -> Assignment:
     """Place stages on cluster workers by the same rules as on one machine (one device per stage:
     the workers' GPUs in task order, else each worker's CPU; fewer devices than stages: the
     fallbacks). `tasks[i]` lists worker i's devices. Pure."""
@@ -547,7 +549,7 @@ def plan_cluster(
     for key in ("memory_limit_mb", "visible", "replicas"):
         if getattr(pcfg, key) is not None and (key != "replicas" or pcfg.fallback == MIRRORED):
             notes.append(f"placement.{key} ignored: it configures this machine's devices; a worker has its own")
-    return Placement(
+    return Assignment(
         devices=tuple(devices),
         kind="GPU" if gpus else "CPU",
         physical={d: where.get(d, "-") for d in devices},
@@ -556,16 +558,16 @@ def plan_cluster(
     )
 
 
-def shared(p: Placement, rows: Sequence[int], schedule: str, rule: str) -> Placement:
+def shared(p: Assignment, rows: Sequence[int], schedule: str, rule: str) -> Assignment:
     """`p`, planned for D devices, with the schedule's stages on them: stage k on device `rows[k]`
     (the schedule's own map: interleaved's loop, stage k on device k mod D; zbv's V, stage k and
     2D-1-k on device k; a schedule file's rows). `schedule` names the setting and `rule` says the
-    map in words (`chain.schedule.schedules.placement_rule`), both for the note."""
+    map in words (`chain.schedule.schedules.rows_rule`), both for the note."""
     d, n_stages = len(p.devices), len(rows)
-    if p.layout == MIRRORED or d >= n_stages:
+    if p.topology == MIRRORED or d >= n_stages:
         return p
     each = " (in every copy)" if p.copies else ""
-    # the layout's note was written for the D devices of a copy: say how many stages they hold
+    # the topology's note was written for the D devices of a copy: say how many stages they hold
     notes = tuple(
         n.replace(f"copies of the {d}-stage pipeline", f"copies of the {n_stages}-stage pipeline on {d} devices")
         for n in p.notes
@@ -585,7 +587,7 @@ def _cluster_grid(
     pool: Sequence[str],
     where: dict[str, str],
     addresses: Sequence[str],
-) -> Placement:
+) -> Assignment:
     """`copies` copies of the pipeline on the workers' devices, in task order: replica r's stage k on
     device r*K+k; a worker device each (R x K workers), never shared."""
     n = copies * n_stages
@@ -598,14 +600,14 @@ def _cluster_grid(
     rows = tuple(tuple(pool[r * n_stages : (r + 1) * n_stages]) for r in range(copies))
     devices = [d for row in rows for d in row]
     notes = (
-        f"layout: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker devices; "
+        f"topology: pipeline x replicas: {copies} copies of the {n_stages}-stage pipeline on {n} worker devices; "
         "each copy trains its share of every batch, stage gradients averaged over the copies",
         f"cluster: {plural(len(addresses), 'worker')} ({', '.join(addresses)}); this process is the client",
     )
-    return Placement(
+    return Assignment(
         devices=rows[0],
         kind="GPU" if "/device:GPU:" in pool[0] else "CPU",
-        layout=REPLICATED,
+        topology=REPLICATED,
         copies=rows,
         physical={d: where.get(d, "-") for d in devices},
         cluster=tuple(addresses),
@@ -614,7 +616,7 @@ def _cluster_grid(
 
 
 def check_memory(
-    placement: Placement,
+    assignment: Assignment,
     need: Sequence[int],
     inventory: Inventory,
     cpu_memory_mb: int | None,
@@ -630,10 +632,10 @@ def check_memory(
     from chain.config.shapes import human
 
     MB = 1 << 20
-    copies = len(placement.mirrored_devices) if placement.layout == MIRRORED else max(1, len(placement.copies))
-    if placement.cluster:
+    copies = len(assignment.mirrored_devices) if assignment.topology == MIRRORED else max(1, len(assignment.copies))
+    if assignment.cluster:
         return  # the workers' memory is theirs to know
-    if placement.kind == "CPU":
+    if assignment.kind == "CPU":
         limit = cpu_memory_mb or host_memory_mb
         total = sum(need) * copies
         if limit and total > limit * MB:
@@ -647,15 +649,15 @@ def check_memory(
         return
     memory = {g.index: g.memory_mb for g in inventory.gpus}
     per_card: dict[int, int] = {}
-    grid = [d for row in placement.copies for d in row]  # copies of a pipeline: stage k is device k mod K
+    grid = [d for row in assignment.copies for d in row]  # copies of a pipeline: stage k is device k mod K
     for k, device in enumerate(
-        grid or (placement.devices if placement.layout != MIRRORED else placement.mirrored_devices)
+        grid or (assignment.devices if assignment.topology != MIRRORED else assignment.mirrored_devices)
     ):
-        physical = placement.physical.get(device, "")
+        physical = assignment.physical.get(device, "")
         if physical.startswith("GPU:"):
             card = int(physical.split()[0].split(":")[1])
             per_card[card] = per_card.get(card, 0) + (
-                sum(need) if placement.layout == MIRRORED else need[k % len(need)]
+                sum(need) if assignment.topology == MIRRORED else need[k % len(need)]
             )
     for card, total in per_card.items():
         if memory.get(card) and total > memory[card] * MB:

@@ -15,7 +15,7 @@ from chain.config.shapes import optimizer_slots, stage_shapes
 from chain.data.catalog import DataInfo
 from chain.errors import ChainError
 from chain.planning.footprint import Footprint, StageCost, estimates
-from chain.planning.planner import MIRRORED, Placement
+from chain.planning.planner import MIRRORED, Assignment
 from chain.schedule import schedules
 from chain.schedule.schedules import Schedule
 
@@ -46,10 +46,10 @@ def stage_costs(s: Settings, info: DataInfo) -> list[StageCost | None]:
     return out
 
 
-def played(s: Settings, placement: Placement, schedule: Schedule | None) -> Schedule | None:
+def schedule_played(s: Settings, assignment: Assignment, schedule: Schedule | None) -> Schedule | None:
     """The schedule the run plays: mode=e2e's (the run's, `RunSpec.schedule`), unless mirrored replicas
     run the chain whole (`placement.fallback=mirrored`: microbatches do not apply); else None."""
-    return schedule if s.mode == "e2e" and placement.layout != MIRRORED else None
+    return schedule if s.mode == "e2e" and assignment.topology != MIRRORED else None
 
 
 def held(s: Settings, schedule: Schedule | None) -> list[int]:
@@ -67,20 +67,20 @@ def output_gradients(schedule: Schedule | None) -> list[int] | None:
 
 
 def footprints(
-    s: Settings, info: DataInfo, placement: Placement, cut: BatchCut, schedule: Schedule | None
+    s: Settings, info: DataInfo, assignment: Assignment, cut: BatchCut, schedule: Schedule | None
 ) -> list[Footprint | None]:
-    """Each stage's estimated peak for `s` planned as `placement`, its batch cut as `cut` (the run's,
+    """Each stage's estimated peak for `s` planned as `assignment`, its batch cut as `cut` (the run's,
     `RunSpec.batch_cut`), with `schedule` (the run's; None outside mode=e2e)."""
-    return from_costs(s, placement, cut, stage_costs(s, info), schedule)
+    return from_costs(s, assignment, cut, stage_costs(s, info), schedule)
 
 
 def from_costs(
-    s: Settings, placement: Placement, cut: BatchCut, costs: list[StageCost | None], schedule: Schedule | None
+    s: Settings, assignment: Assignment, cut: BatchCut, costs: list[StageCost | None], schedule: Schedule | None
 ) -> list[Footprint | None]:
     """Each stage's estimated peak from its `StageCost` (the config's, or a cut model's layers'), for
     `cut` (each replica's share and microbatch), `schedule` (`s`'s, built once by the preparation pass)
-    where the run plays it, and `s`'s recompute and optimizers, planned as `placement`."""
-    schedule = played(s, placement, schedule)
+    where the run plays it, and `s`'s recompute and optimizers, planned as `assignment`."""
+    schedule = schedule_played(s, assignment, schedule)
     pipelined = schedule is not None
     return estimates(
         costs,
@@ -90,19 +90,19 @@ def from_costs(
         held=held(s, schedule),
         output_gradients=output_gradients(schedule),
         recompute=s.pipeline.recompute if pipelined else "never",
-        own_inputs=placement.kind == "GPU" or bool(placement.cluster),
+        own_inputs=assignment.kind == "GPU" or bool(assignment.cluster),
         chained=s.mode != "side_by_side",
         layer_by_layer=pipelined and not s.trainer.jit_compile,
-    )  # chain.pipeline.step.weights_first
+    )  # chain.pipeline.play.weights_first
 
 
 def alternatives(
-    s: Settings, info: DataInfo, placement: Placement, cut: BatchCut, schedule: Schedule | None
+    s: Settings, info: DataInfo, assignment: Assignment, cut: BatchCut, schedule: Schedule | None
 ) -> dict[str, list[Footprint | None]]:
     """The footprints of the changes that lower a pipeline's activations: pipeline.recompute=always
     (on `schedule` and `cut`, the run's), and 2x and 4x the microbatches where the batch cuts into them
     (`batch_cut`'s rule; built-in schedules only; each such schedule built here, as the run would build it)."""
-    if played(s, placement, schedule) is None:
+    if schedule_played(s, assignment, schedule) is None:
         return {}
     p, out = s.pipeline, {}
     options = [] if p.recompute == ALWAYS else [(f"pipeline.recompute={ALWAYS}", replace(p, recompute=ALWAYS))]
@@ -115,11 +115,11 @@ def alternatives(
         try:
             other = replace(s, pipeline=pipeline)
             if pipeline.microbatches == p.microbatches:  # recompute changes the estimate, not the schedule
-                out[change] = footprints(other, info, placement, cut, schedule)
+                out[change] = footprints(other, info, assignment, cut, schedule)
             else:
                 batch = cut.per_replica * cut.replicas
                 other_cut = batch_cut(batch, cut.replicas, pipeline.microbatches)
-                out[change] = footprints(other, info, placement, other_cut, schedule_choice.pipeline_schedule(other))
+                out[change] = footprints(other, info, assignment, other_cut, schedule_choice.pipeline_schedule(other))
         except ChainError:  # a batch or schedule that cannot take that many microbatches: not offered
             continue
     return out

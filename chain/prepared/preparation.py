@@ -29,10 +29,10 @@ from chain.config.checks import BatchCut
 from chain.data import sources
 from chain.data.catalog import DataInfo
 from chain.errors import ConfigError
-from chain.schedule.schedules import placement_rule
+from chain.schedule.schedules import rows_rule
 from chain.planning import cluster, fit, planner
 from chain.planning.inventory import Inventory, discover, host_memory_mb
-from chain.planning.planner import Placement
+from chain.planning.planner import Assignment
 from chain.prepared import estimate
 from chain.prepared.run_spec import RunSpec
 
@@ -61,7 +61,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
     cluster's workers), how a batch cuts over it (`RunSpec.batch_cut`), and the memory estimate checked when the data
     is described. A `RunSpec` that has a placement is returned as it is."""
     spec = check_config(cfg)
-    if spec.placement is not None:
+    if spec.assignment is not None:
         return spec
     s = spec.settings
     multi_worker = cluster.task()
@@ -72,7 +72,7 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
                 "(its task); give one or the other"
             )
         inventory = inventory or discover()
-        placement = planner.plan_multi_worker(s.placement, len(s.stages), *multi_worker, inventory.gpus)
+        assignment = planner.assign_multi_worker(s.placement, len(s.stages), *multi_worker, inventory.gpus)
     else:
         n_stages = len(s.stages)
         shared = None if s.placement.devices or s.mode != "e2e" else schedule_choice.shared_devices(spec.schedule)
@@ -83,29 +83,29 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
             cluster.check_reachable(addresses, s.cluster.lost_after_s, wait=s.cluster.wait_s if scheduled else 0.0)
             cluster.connect(addresses)  # the workers' devices are known only through TensorFlow
             inventory = Inventory()
-            placement = planner.plan_cluster(s.placement, n, cluster.remote_devices(len(addresses)), addresses)
+            assignment = planner.assign_cluster(s.placement, n, cluster.remote_devices(len(addresses)), addresses)
         else:
             inventory = inventory or discover()
-            placement = planner.plan(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
+            assignment = planner.assign(s.placement, n, inventory, side_by_side=s.mode == "side_by_side")
         if shared:  # stage k on the device of its row of the schedule
-            placement = planner.shared(
-                placement, spec.schedule.placement, s.pipeline.schedule, placement_rule(spec.schedule)
+            assignment = planner.shared(
+                assignment, spec.schedule.stage_rows, s.pipeline.schedule, rows_rule(spec.schedule)
             )
-    cut = cut_batch(s.data.batch_size, placement, s.pipeline.microbatches if s.mode == "e2e" else 1)  # once
-    spec = replace(spec, placement=placement, inventory=inventory, batch_cut=cut)
+    cut = cut_batch(s.data.batch_size, assignment, s.pipeline.microbatches if s.mode == "e2e" else 1)  # once
+    spec = replace(spec, assignment=assignment, inventory=inventory, batch_cut=cut)
     if spec.data_info is not None:
         spec = with_footprints(spec)
     return spec
 
 
-def cut_batch(batch_size: int, placement: Placement, microbatches: int = 1) -> BatchCut:
-    """How `batch_size` (`data.batch_size`, the global batch) cuts over the replicas `placement` planned
+def cut_batch(batch_size: int, assignment: Assignment, microbatches: int = 1) -> BatchCut:
+    """How `batch_size` (`data.batch_size`, the global batch) cuts over the replicas `assignment` planned
     (mirrored replicas, or copies of a pipeline) and, on a pipeline, into `microbatches` (mode=e2e's; a
     mirrored replica runs its share whole): `chain.config.checks.batch_cut`'s rule and line, for the
     replicas planned (`placement.replicas=auto` is known only here)."""
-    if placement.layout == planner.MIRRORED:
-        return checks.batch_cut(batch_size, len(placement.mirrored_devices), mirrored=True)
-    return checks.batch_cut(batch_size, len(placement.copies) or 1, microbatches)
+    if assignment.topology == planner.MIRRORED:
+        return checks.batch_cut(batch_size, len(assignment.mirrored_devices), mirrored=True)
+    return checks.batch_cut(batch_size, len(assignment.copies) or 1, microbatches)
 
 
 def with_loaded_data(spec: RunSpec, info: DataInfo) -> RunSpec:
@@ -124,15 +124,15 @@ def with_footprints(spec: RunSpec) -> RunSpec:
     fit the devices it is placed on: a device of known memory (`chain.planning.fit`), the host's
     memory on CPU."""
     s = spec.settings
-    footprints = tuple(estimate.footprints(s, spec.data_info, spec.placement, spec.batch_cut, spec.schedule))
-    placement = replace(spec.placement, footprints=footprints)
+    footprints = tuple(estimate.footprints(s, spec.data_info, spec.assignment, spec.batch_cut, spec.schedule))
+    assignment = replace(spec.assignment, footprints=footprints)
     if any(f is not None for f in footprints) and s.placement.plan != "auto":  # plan=auto's search drops those itself
         fit.check_stages_fit(
-            placement,
+            assignment,
             footprints,
             spec.inventory,
-            lambda: estimate.alternatives(s, spec.data_info, placement, spec.batch_cut, spec.schedule),
+            lambda: estimate.alternatives(s, spec.data_info, assignment, spec.batch_cut, spec.schedule),
         )
     need = [f.total if f else 0 for f in footprints]  # a user's body: known once built
-    planner.check_memory(placement, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())
-    return replace(spec, placement=placement)
+    planner.check_memory(assignment, need, spec.inventory, s.placement.cpu_memory_mb, host_memory_mb())
+    return replace(spec, assignment=assignment)

@@ -88,7 +88,7 @@ class Advice:
 
 
 @dataclass
-class Measured:
+class MeasuredTimeline:
     """timeline.json: the profiled steps of one run and what they measured."""
 
     schedule: str = item("the schedule's name")

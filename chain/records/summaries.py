@@ -186,9 +186,9 @@ class PlannedCandidate:
 
     rank: int | None = item("its place, from 1: the chosen plan first, then the others by predicted step")
     overrides: list[str] | None = item("the overrides that run it by hand")
-    predicted_step_ms: float | None = item("its predicted step (ms): its schedule replayed on the measured times")
+    predicted_step_ms: float | None = item("its predicted step (ms): its schedule played on the measured times")
     examples_per_second: float | None = item("the global batch over the predicted step")
-    bubble_fraction: float | None = item("the idle share of its devices in that replay")
+    bubble_fraction: float | None = item("the idle share of its devices in that play")
     devices: list[str] | None = item("the devices it uses (null: left to the planner)")
     peak_bytes: list[int] | None = item("each used device's estimated peak memory")
     memory_bytes: list[int | None] | None = item("each used device's memory (null: not known, as logical CPUs)")
@@ -207,7 +207,7 @@ class PlanFields:
         "call of trainer.steps_per_call steps counts as that many steps of its mean time); null: the run made one call"
     )
     ratio: float | None = item("measured_step_ms / predicted_step_ms (null: not measured)")
-    measuring_s: float | None = item("seconds spent measuring the pieces (0: read from the run directory's cache)")
+    measuring_s: float | None = item("seconds spent measuring the links (0: read from the run directory's cache)")
     searching_s: float | None = item("seconds spent predicting and ranking the candidates")
     cached: bool | None = item(
         "whether the measurements were read from the run directory (a resume measures "
@@ -221,6 +221,40 @@ class PlanFields:
     candidates: int | None = item("the candidates predicted")
     dropped_for_memory: int | None = item("the candidates dropped: over a device's memory by the estimate")
     ranked: list[PlannedCandidate] | None = item("the best candidates, the chosen first (each: the fields below)")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout a run trained on, from the step it began (summary.json's `layouts`, oldest first)."""
+
+    step: int = item("the step it began from (0: the run's start; else the step a resume restored)")
+    stages: int = item("the chain's stages")
+    split: list[int] = item("layers per stage")
+    schedule: str | None = item("mode=e2e: `pipeline.schedule`")
+    microbatches: int | None = item("mode=e2e: `pipeline.microbatches`")
+    replicas: int = item("copies of the chain (`placement.replicas`; 1: one)")
+
+    def describe(self, split: bool = False) -> str:
+        """`2 stages gpipe M=4` (with `split`: `2 stages (layers 9+10) gpipe M=4`; copies: `x2 copies`)."""
+        words = [f"{self.stages} stage" + ("s" if self.stages != 1 else "")]
+        if split:
+            words.append(f"(layers {'+'.join(map(str, self.split))})")
+        if self.schedule is not None:
+            words += [self.schedule, f"M={self.microbatches}"]
+        if self.replicas > 1:
+            words.append(f"x{self.replicas} copies")
+        return " ".join(words)
+
+    def same(self, other: Layout) -> bool:
+        """Whether `other` is this layout (whatever step each began)."""
+        return self.describe(split=True) == other.describe(split=True)
+
+
+@dataclass(frozen=True)
+class Layouts:
+    """The layouts a run trained on, oldest first, as each checkpoint's record keeps them."""
+
+    layouts: list[Layout] | None = item("each layout with the step it began (null: recorded before layouts were)")
 
 
 @dataclass(frozen=True)
@@ -281,6 +315,12 @@ class Summary:
     traces: dict[str, int] | None = item(
         "the compiled training step's traces per input shape of a batch, its batch axis left out (e.g. "
         '{"16": 1, "32": 1}: data.buckets, one per bucket; by this process)',
+        default=None,
+        omit_none=True,
+    )
+    layouts: list[Layout] | None = item(
+        "the layouts the run trained on, oldest first, each with the step it began (a resume may change the "
+        "stages, split, schedule, microbatches and copies: see checkpoints.md; each: the fields below)",
         default=None,
         omit_none=True,
     )

@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 from chain.errors import ChainError, plural
 from chain.schedule import schedules
 from chain.pipeline import timeline as measured_timeline
-from chain.records.measured import Measured, MeasuredStep
+from chain.records.measured import MeasuredTimeline, MeasuredStep
 from chain.report import plots
 from chain.report.runs import RunRecord
 
@@ -121,7 +121,7 @@ def placement_section(rec: RunRecord) -> str:
             )
         )
     out = [
-        "<h2>Placement</h2>",
+        "<h2>Assignment</h2>",
         table(
             (
                 "variant" if rec.facts.mode == "side_by_side" else "stage",
@@ -210,7 +210,7 @@ def planned_rows(schedule: schedules.Schedule) -> list[list[tuple[float, float, 
     return [[(t, 1.0, a.kind, str(a)) for t, a in enumerate(row) if a is not None] for row in grid]
 
 
-def measured_rows(measured: Measured, step: MeasuredStep) -> list[list[tuple[float, float, str, str]]]:
+def measured_rows(measured: MeasuredTimeline, step: MeasuredStep) -> list[list[tuple[float, float, str, str]]]:
     """A row per stage of every copy of the pipeline (`timeline.row_of`: copy 0's stages first)."""
     t0 = min(a.start_ms for a in step.actions)
     k = measured.stages
@@ -237,7 +237,7 @@ def timeline_section(rec: RunRecord) -> str:
     # The plan has a row per device; interleaved stages share one (the measured chart: a row per stage).
     rows = (
         [f"device {r} (stages {', '.join(map(str, schedule.row_stages(r)))})" for r in range(schedule.devices)]
-        if schedule.placement
+        if schedule.stage_rows
         else labels
     )
     out = [

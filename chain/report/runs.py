@@ -12,7 +12,7 @@ from typing import Any
 
 from chain.errors import ChainError, first_line
 from chain.schedule import schedule_file, schedules
-from chain.records.measured import Measured
+from chain.records.measured import MeasuredTimeline
 from chain.records.serial import RecordError, from_json
 from chain.records.summaries import MirroredFields, PipelineFields, ProfileFields, StageSummary, Summary
 from chain.report import scalars
@@ -28,7 +28,7 @@ class RunRecord:
     config: str = ""
     overrides: list[str] = field(default_factory=list)
     curves: dict[str, dict[str, scalars.Series]] = field(default_factory=dict)
-    timeline: Measured | None = None
+    timeline: MeasuredTimeline | None = None
 
     @property
     def name(self) -> str:
@@ -163,7 +163,7 @@ def load(path: str) -> RunRecord:
     rec.summary = None if summary is None else _check_summary(summary, os.path.join(path, "summary.json"))
     timeline = _json(os.path.join(path, "timeline.json"))
     try:
-        rec.timeline = None if timeline is None else from_json(Measured, timeline)
+        rec.timeline = None if timeline is None else from_json(MeasuredTimeline, timeline)
     except RecordError as e:
         raise ChainError(f"{os.path.join(path, 'timeline.json')} is not a timeline chain wrote: {e}") from None
     rec.config = _read(os.path.join(path, ".hydra", "config.yaml")) or ""

@@ -156,9 +156,9 @@ def loads(text: str, stages: int, microbatches: int, name: str = "file") -> Sche
                         else ""
                     )
                     raise ScheduleFileError(f"row {home[k] + 1} never runs {cell(Action(k, m, kind), True)}{why}")
-    placement = tuple(home[k] for k in range(stages))
-    identity = placement == tuple(range(stages))
-    schedule = Schedule(name, stages, microbatches, tuple(actions), () if identity else placement)
+    stage_rows = tuple(home[k] for k in range(stages))
+    identity = stage_rows == tuple(range(stages))
+    schedule = Schedule(name, stages, microbatches, tuple(actions), () if identity else stage_rows)
     try:
         validate(schedule)
         simulate(schedule)

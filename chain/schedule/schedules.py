@@ -6,7 +6,7 @@ whole ("B": the gradients of the stage's input and of its weights); a *split* sc
 bubble, `zb1` and `zbv`) runs "B" for the input's gradient only (what the previous stage waits for) and
 "W" for the weights' gradients later, where the stage would otherwise idle. Builders here are pure functions, so their
 properties (every forward precedes its backward, 1F1B's bound on live activations, the
-bubble) are checked without TensorFlow; `chain.pipeline.step` executes a schedule inside
+bubble) are checked without TensorFlow; `chain.pipeline.play` executes a schedule inside
 one `tf.function`, chaining each stage's actions in this order.
 
 Each schedule is a row of `BUILDERS` (`Builder`): its builder and what it is (how it places its
@@ -16,7 +16,7 @@ stages, whether it splits the backward, ...), which every other module reads ins
 starts once its row's previous action and its inputs have ended). `simulate` is it on an idealised
 machine (every action takes one time slot) and gives the per-device timeline and the bubble
 fraction that `plan_only=true` prints and summary.json records; `chain.pipeline.idle` plays it with
-measured durations and `chain.planning.search` with the planner's predicted costs.
+measured durations and `chain.autoplan.search` with the planner's predicted costs.
 
 The names the step gives its ops are defined here too (`Action.scope`, `update_scope`), with
 their readers (`Action.parse`, `update_stage`) that `chain.pipeline.timeline` reads a trace with.
@@ -126,7 +126,7 @@ class Schedule:
     """A named schedule for `stages` stages and `microbatches` microbatches.
 
     `actions[r]` is device r's ordered list of actions: the order the engine enforces. Stage k
-    runs on device `row(k)`: device k itself unless `placement` (stage -> device) says otherwise,
+    runs on device `row(k)`: device k itself unless `stage_rows` (stage -> device row) says otherwise,
     as interleaved and zbv stages do (several stages on one device; the planner follows this map).
     """
 
@@ -134,16 +134,16 @@ class Schedule:
     stages: int
     microbatches: int
     actions: tuple[tuple[Action, ...], ...]
-    placement: tuple[int, ...] = ()  # stage k -> its device's row; () is stage k on device k
+    stage_rows: tuple[int, ...] = ()  # stage k -> its device's row; () is stage k on device k
 
     @property
     def devices(self) -> int:
         """How many devices (rows) the schedule runs on."""
-        return max(self.placement) + 1 if self.placement else self.stages
+        return max(self.stage_rows) + 1 if self.stage_rows else self.stages
 
     def row(self, stage: int) -> int:
         """The device (row of `actions`) that runs `stage`."""
-        return self.placement[stage] if self.placement else stage
+        return self.stage_rows[stage] if self.stage_rows else stage
 
     def row_stages(self, row: int) -> list[int]:
         """The stages device `row` runs."""
@@ -266,7 +266,7 @@ def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
 
 def interleaved(stages: int, microbatches: int, devices: int | None = None) -> Schedule:
     """Interleaved 1F1B (Megatron-LM's virtual pipeline stages, torch's Interleaved1F1B): `stages`
-    stages on `devices` devices, stage k on device k mod D ("loop" placement), so each device
+    stages on `devices` devices, stage k on device k mod D (rows "loop"), so each device
     holds V = stages / D of them and a microbatch passes every device V times.
 
     Each device runs its (stage, microbatch) forwards in groups of D microbatches per stage, its
@@ -301,19 +301,19 @@ def interleaved(stages: int, microbatches: int, devices: int | None = None) -> S
             row += [forward(d, warmup + i), backward(d, i)]
         row += [backward(d, i) for i in range(total - warmup, total)]
         rows.append(tuple(row))
-    placement = tuple(k % d_count for k in range(stages)) if d_count < stages else ()
-    return Schedule("interleaved", stages, microbatches, tuple(rows), placement)
+    stage_rows = tuple(k % d_count for k in range(stages)) if d_count < stages else ()
+    return Schedule("interleaved", stages, microbatches, tuple(rows), stage_rows)
 
 
-def v_placement(stages: int) -> tuple[int, ...]:
-    """The V placement of `stages` = 2D stages on D devices: stage k and stage 2D-1-k on device k, so a
+def v_rows(stages: int) -> tuple[int, ...]:
+    """The V rows of `stages` = 2D stages on D devices: stage k and stage 2D-1-k on device k, so a
     microbatch goes down the devices and back up, and the first and last stages share device 0."""
     return tuple(min(k, stages - 1 - k) for k in range(stages))
 
 
 def zero_bubble_v(stages: int, microbatches: int) -> Schedule:
     """ZB-V (Qi et al., 2024, section 6; torch.distributed.pipelining's `ScheduleZBVZeroBubble`):
-    2D stages on D devices in a V (`v_placement`), each backward split into B and W as zb1's.
+    2D stages on D devices in a V (`v_rows`), each backward split into B and W as zb1's.
 
     Device d holds its "down" stage d and its "up" stage 2D-1-d, and plays, as torch builds it for
     max(M, 2D-1) microbatches (the actions of microbatches past M then left out):
@@ -367,27 +367,27 @@ def zero_bubble_v(stages: int, microbatches: int) -> Schedule:
             while count[(k, WEIGHT)] < count[(k, BACKWARD)]:
                 add(k, WEIGHT)
         rows.append(tuple(a for a in row if a.microbatch < microbatches))
-    return Schedule("zbv", stages, microbatches, tuple(rows), v_placement(stages))
+    return Schedule("zbv", stages, microbatches, tuple(rows), v_rows(stages))
 
 
-class Placing(Enum):
-    """How a schedule puts its stages on devices (what `Schedule.placement` holds once it is built)."""
+class Rows(Enum):
+    """How a schedule puts its stages on devices (what `Schedule.stage_rows` holds once it is built)."""
 
     OWN = "own"  # stage k on device k
     LOOP = "loop"  # stage k on device k mod D, D = stages / pipeline.virtual_stages (a builder taking `devices`)
-    V = "v"  # stage k and stage 2D-1-k on device k: two stages on each device (`v_placement`)
+    V = "v"  # stage k and stage 2D-1-k on device k: two stages on each device (`v_rows`)
 
 
 @dataclass(frozen=True)
 class Builder:
     """A schedule's row of `BUILDERS`: its builder and what it is, which the config checks, plan=auto,
     the report and the memory estimate read instead of its name. `build(stages, microbatches)`, or
-    `build(stages, microbatches, devices)` for `Placing.LOOP`; `split`: it runs each backward as B and W
+    `build(stages, microbatches, devices)` for `Rows.LOOP`; `split`: it runs each backward as B and W
     apart (W needs what the forward kept, so no `pipeline.recompute`); `microbatches_of_devices`: the
     microbatches must be a multiple of its devices; `searched`: `placement.plan=auto` tries it."""
 
     build: Callable[..., Schedule]
-    placing: Placing = Placing.OWN
+    rows: Rows = Rows.OWN
     split: bool = False
     microbatches_of_devices: bool = False
     searched: bool = True
@@ -395,7 +395,7 @@ class Builder:
     @property
     def per_device(self) -> int | None:
         """Stages on each device: 1, 2 (a V), or None: `pipeline.virtual_stages` says (looped)."""
-        return {Placing.OWN: 1, Placing.V: 2, Placing.LOOP: None}[self.placing]
+        return {Rows.OWN: 1, Rows.V: 2, Rows.LOOP: None}[self.rows]
 
 
 BUILDERS = {
@@ -403,8 +403,8 @@ BUILDERS = {
     "gpipe": Builder(gpipe),
     "1f1b": Builder(one_f_one_b),
     "zb1": Builder(zero_bubble_h1, split=True),
-    "interleaved": Builder(interleaved, Placing.LOOP, microbatches_of_devices=True),
-    "zbv": Builder(zero_bubble_v, Placing.V, split=True),
+    "interleaved": Builder(interleaved, Rows.LOOP, microbatches_of_devices=True),
+    "zbv": Builder(zero_bubble_v, Rows.V, split=True),
 }
 NAMES = tuple(BUILDERS)  # the built-in schedules' names (a row added to BUILDERS later is read from BUILDERS)
 FILE = (
@@ -416,18 +416,18 @@ CHOICES = NAMES + (FILE,)  # the built-in schedules and `file` (the config schem
 def build(name: str, stages: int, microbatches: int, devices: int | None = None) -> Schedule:
     """The schedule called `name` (a row of `BUILDERS`); `devices`: how many devices a looped schedule's
     stages share (stage k on device k mod devices; the others place their stages themselves and
-    ignore it: zbv always puts two stages on each device, `v_placement`)."""
+    ignore it: zbv always puts two stages on each device, `v_rows`)."""
     row = BUILDERS.get(name)
     if row is None:
         raise ValueError(f"schedule {name!r} is not known; allowed: {', '.join(BUILDERS)}")
-    if row.placing is Placing.LOOP:
+    if row.rows is Rows.LOOP:
         return row.build(stages, microbatches, devices)
     return row.build(stages, microbatches)
 
 
-def where(placing: Placing) -> tuple[str, ...]:
-    """The schedules of `BUILDERS` that place their stages as `placing` says (for messages)."""
-    return tuple(name for name, row in BUILDERS.items() if row.placing is placing)
+def where(rows: Rows) -> tuple[str, ...]:
+    """The schedules of `BUILDERS` that place their stages as `rows` says (for messages)."""
+    return tuple(name for name, row in BUILDERS.items() if row.rows is rows)
 
 
 def searched() -> tuple[str, ...]:
@@ -435,17 +435,17 @@ def searched() -> tuple[str, ...]:
     return tuple(name for name, row in BUILDERS.items() if row.searched)
 
 
-def placement_rule(schedule: Schedule) -> str:
+def rows_rule(schedule: Schedule) -> str:
     """Where `schedule` puts its stages, in words for notes and messages: `stage k on device k mod 2`
     (interleaved), `stage k and stage 3-k on device k` (zbv), or each stage's device (a file's rows)."""
     d, k_count = schedule.devices, schedule.stages
-    if not schedule.placement:
+    if not schedule.stage_rows:
         return "stage k on device k"
-    if schedule.placement == tuple(k % d for k in range(k_count)):
+    if schedule.stage_rows == tuple(k % d for k in range(k_count)):
         return f"stage k on device k mod {d}"
-    if schedule.placement == v_placement(k_count):
+    if schedule.stage_rows == v_rows(k_count):
         return f"stage k and stage {k_count - 1}-k on device k"
-    return ", ".join(f"stage {k} on device {r}" for k, r in enumerate(schedule.placement))
+    return ", ".join(f"stage {k} on device {r}" for k, r in enumerate(schedule.stage_rows))
 
 
 def is_split(schedule: Schedule) -> bool:
@@ -473,7 +473,7 @@ def dependencies(action: Action, stages: int, split: bool = False) -> list[Actio
 
 def rounds(order: Sequence[Action], microbatches: int, grad_accum: int, replica: int = 0) -> list[Action]:
     """`order` played `grad_accum` times, round r on microbatches r*M .. r*M+M-1, by copy `replica`:
-    the actions a step runs (`chain.pipeline.step`), a trace is read against (`timeline`) and a
+    the actions a step runs (`chain.pipeline.play`), a trace is read against (`timeline`) and a
     replay plays (`idle`)."""
     return [Action(a.stage, r * microbatches + a.microbatch, a.kind, replica) for r in range(grad_accum) for a in order]
 
@@ -503,12 +503,12 @@ def validate(schedule: Schedule) -> None:
 
 def _name(schedule: Schedule, row: int) -> str:
     """How messages name a row: `stage k` when each stage has its device, else `device r`."""
-    return f"device {row}" if schedule.placement else f"stage {row}"
+    return f"device {row}" if schedule.stage_rows else f"stage {row}"
 
 
 def _cell(schedule: Schedule, action: Action) -> str:
     """An action as a grid shows it: `F3`, or `F3@s2` when devices hold several stages."""
-    return f"{action}@s{action.stage}" if schedule.placement else str(action)
+    return f"{action}@s{action.stage}" if schedule.stage_rows else str(action)
 
 
 @dataclass(frozen=True)
@@ -568,7 +568,7 @@ def play_timed(
     after each of those (a transfer); rows with the same `shared[r]` (a physical device) run one action
     at a time. Of the actions that may start, the earliest starts first (ties: the lower row). Unit
     costs give `simulate`'s slots, measured durations `chain.pipeline.idle`'s replay, the planner's
-    costs `chain.planning.search`'s. Raises `Deadlock` if some action can never run."""
+    costs `chain.autoplan.search`'s. Raises `Deadlock` if some action can never run."""
     split = is_split(schedule)
     m = schedule.microbatches
     rows = tuple(tuple(rounds(row, m, grad_accum, c)) for c in range(copies) for row in schedule.actions)
@@ -636,7 +636,7 @@ def _stuck(schedule: Schedule, nxt: Sequence[int]) -> str:
     )
     q = schedule.row(need.stage)
     head = rows[q][nxt[q]]
-    if not schedule.placement:
+    if not schedule.stage_rows:
         return (
             f"{action} of stage {r} (its action {nxt[r] + 1}) can never run: it needs {need} of stage {q}, "
             f"which stage {q} runs only after {head}, itself waiting"
@@ -693,7 +693,7 @@ def backward_at_once(schedule: Schedule) -> frozenset[tuple[int, int]]:
     forward and waits for no other stage: the last stage's (its backward starts from its own loss),
     as in every step of 1F1B's steady state there. Recomputing such a forward (`pipeline.recompute`)
     would only rebuild, at once, what the forward's tape holds at that moment: the same memory, for
-    one more forward, so `chain.pipeline.step` keeps their activations under every policy."""
+    one more forward, so `chain.pipeline.play` keeps their activations under every policy."""
     last = schedule.stages - 1
     row = schedule.actions[schedule.row(last)]
     return frozenset(
@@ -721,7 +721,7 @@ def rows(
 
         stage 0  /device:CPU:0  F0 F1 .  .  B0 B1
     """
-    shared = schedule is not None and bool(schedule.placement)
+    shared = schedule is not None and bool(schedule.stage_rows)
     plain = (lambda a: _cell(schedule, a)) if shared else str
     mark = list(marked) + [None] * (len(timeline.grid) - len(marked))
     width = max([len(plain(a)) for row in timeline.grid for a in row if a is not None] or [1]) + any(mark)
@@ -758,7 +758,7 @@ def render(schedule: Schedule, timeline: Timeline, devices: Sequence[str] | None
     def count(n: int, word: str, words: str) -> str:  # `1 microbatch`, `2 microbatches` (nothing of chain here)
         return f"{n} {word if n == 1 else words}"
 
-    on = f" on {count(schedule.devices, 'device', 'devices')}" if schedule.placement else ""
+    on = f" on {count(schedule.devices, 'device', 'devices')}" if schedule.stage_rows else ""
     lines = [
         f"schedule: {schedule.name}, {count(schedule.stages, 'stage', 'stages')}{on} x "
         f"{count(schedule.microbatches, 'microbatch', 'microbatches')}, "

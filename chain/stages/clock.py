@@ -1,5 +1,5 @@
 """The one timer and the one call-cost probe of both timings: `chain.stages.timing` (`placement.balance=time`)
-and `chain.stages.plan_timing` (`placement.plan=auto`)."""
+and `chain.autoplan.measure` (`placement.plan=auto`)."""
 
 from __future__ import annotations
 

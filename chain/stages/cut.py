@@ -127,7 +127,7 @@ class Cuttable:
         return [layers, ops, cuts]
 
     def points(self) -> list[int]:
-        """0, every cut one tensor crosses (`allowed`), and the layer count: the pieces `balance=time` times."""
+        """0, every cut one tensor crosses (`allowed`), and the layer count: the links `balance=time` times."""
         return [0, *self.allowed, len(self.layers)]
 
 
@@ -480,7 +480,7 @@ def split(
 ) -> list[int]:
     """Layers per stage: `sizes` as given (`placement.split`), or from `how` (`placement.balance`):
     `even` layer counts, near-equal `params`, near-equal measured `time` (`costs[k][i]`:
-    layer i's time on stage k's device; a piece between two allowed cuts may carry its whole
+    layer i's time on stage k's device; a link (between two allowed cuts) may carry its whole
     time on one of its layers), or the smallest largest estimated peak, `memory` (`costs[k][i]`:
     the bytes layer i adds to stage k's peak, `chain.planning.footprint.layer_costs`).
     `one_tensor`: the `mode=...` whose stages each pass on one tensor (mode=local: a head reads it),
@@ -693,7 +693,7 @@ class _Build:
         return owner in self.lent
 
     def add(self, i: int) -> None:
-        """Layer i's call replayed on this stage: its clone made (re-tied to this stage's holders), or, for a
+        """Layer i's call made again on this stage: its clone made (re-tied to this stage's holders), or, for a
         layer called again, the layer it calls."""
         c, layer, node = self.c, self.c.layers[i], self.c.nodes[i]
         if self.first_call[id(layer)] != i or i in c.within:  # a layer called again (keras_hub's

@@ -1,14 +1,14 @@
-"""Example inputs for timing a model's pieces (`chain.stages.plan_timing` for `placement.plan=auto`,
-`chain.stages.timing` for `placement.balance=time`): what each piece really takes, made from its input
+"""Example inputs for timing a model's links (`chain.autoplan.measure` for `placement.plan=auto`,
+`chain.stages.timing` for `placement.balance=time`): what each link really takes, made from its input
 signature and the data description.
 
-A piece's inputs are one tensor, a list (a tensor and its Keras mask crossing a cut, `chain.stages.masks`)
-or, for a model's first piece, the model's own inputs (keras_hub's dict `{"token_ids", "padding_mask"}`).
+A link's inputs are one tensor, a list (a tensor and its Keras mask crossing a cut, `chain.stages.masks`)
+or, for a model's first link, the model's own inputs (keras_hub's dict `{"token_ids", "padding_mask"}`).
 Each leaf is made by its kind: floats normal; integer ids uniform in 0..vocab-1 (the data's vocabulary,
 `Feed.vocab`), as are float inputs an `Embedding` reads (ids given as floats); booleans (a mask) and
 keras_hub's filled inputs (`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of
-zeros) as the config's full windows give them. The first piece's open sizes (None) are the data's
-example's; each later piece's input is what the piece before it gives (`chained`: each piece run once on
+zeros) as the config's full windows give them. The first link's open sizes (None) are the data's
+example's; each later link's input is what the link before it gives (`link_signatures`: each link run once on
 one example), so every size, dtype and mask is the one a step passes.
 """
 
@@ -31,7 +31,7 @@ FLOAT_VOCAB = 2  # ids 0..1 where neither the data nor the model bounds them: wi
 
 @dataclass(frozen=True)
 class Feed:
-    """What a model's first piece is fed: one example's shape (`shape`, the model's open sizes taken from
+    """What a model's first link is fed: one example's shape (`shape`, the model's open sizes taken from
     it by axis) and the vocabulary its integer inputs are ids of (`vocab`: ids 0..vocab-1)."""
 
     shape: tuple[int, ...]
@@ -40,7 +40,7 @@ class Feed:
 
 @dataclass(frozen=True)
 class Leaf:
-    """One input tensor of a piece: one example's `shape`, its `dtype`, and `fill`, the value of every
+    """One input tensor of a link: one example's `shape`, its `dtype`, and `fill`, the value of every
     position (a mask's 1, keras_hub's `padding_mask` 1 and `segment_ids` 0), or None: drawn at random,
     whole numbers 0..vocab-1 for integers and for `ids` (floats an `Embedding` reads)."""
 
@@ -124,7 +124,7 @@ def make(signature: Any, size: int, vocab: int, seed: Any = (0, 0)) -> Any:
 
 
 def given(made: Any) -> Any:
-    """The `Leaf` structure of tensors a piece gave (one example's shapes): the next piece's input, a mask
+    """The `Leaf` structure of tensors a link gave (one example's shapes): the next link's input, a mask
     (boolean) every position true."""
 
     def leaf(t: Any) -> Leaf:
@@ -134,7 +134,7 @@ def given(made: Any) -> Any:
     return keras.tree.map_structure(leaf, made)
 
 
-def chained(models: Sequence[keras.Model], fed: Feed) -> list[Any]:
+def link_signatures(models: Sequence[keras.Model], fed: Feed) -> list[Any]:
     """Each of `models`' input signatures (a chain: each takes what the one before gives) and, last, the
     last one's output's: the first from its inputs and `fed`, each next from running the one before once
     on one example (inference)."""

@@ -15,7 +15,7 @@ built first, by one recipe, so the stages may be built in any order, alone or ag
 copies' gradients on the first holder's device and gives every copy that sum (`chain.steps.tied`, over
 `groups`); each stage's optimizer, whose slots started equal too, applies it, so the copies and their
 slots stay equal bit for bit. A borrower's gradient joins the home's sums. The global norm counts the
-weight once (`repeated`). A strategy whose step does not sum (mode=local) refuses a weight that two
+weight once (`later_copies`). A strategy whose step does not sum (mode=local) refuses a weight that two
 stages use (`users`).
 
 **How a checkpoint saves it once.** A checkpoint holds the weight (and its slots) once, in the first
@@ -99,7 +99,7 @@ def groups(stages: Sequence[Stage]) -> dict[str, list[tuple[int, int]]]:
     return {name: g for name, g in found.items() if len(g) > 1}
 
 
-def repeated(stages: Sequence[Stage]) -> set[tuple[int, int]]:
+def later_copies(stages: Sequence[Stage]) -> set[tuple[int, int]]:
     """The copies after each weight's first: left out of the global norm, which counts a weight once."""
     return {c for g in groups(stages).values() for c in g[1:]}
 

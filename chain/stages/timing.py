@@ -1,12 +1,12 @@
-"""Timing a model's pieces on the devices that would run them (`placement.balance=time`).
+"""Timing a model's links on the devices that would run them (`placement.balance=time`).
 
-A piece is what lies between two neighbouring cuts the model allows (`Cuttable.points`):
+A link is what lies between two neighbouring cuts the model allows (`Cuttable.points`):
 the smallest thing a stage can hold. A layer alone may not be computable (its input comes
-from a branch), a piece always is: one tensor in (with its Keras mask, if it carries one; the first
-piece: the model's own inputs), one out, and is fed what it really takes (`chain.stages.examples`:
+from a branch), a link always is: one tensor in (with its Keras mask, if it carries one; the first
+link: the model's own inputs), one out, and is fed what it really takes (`chain.stages.examples`:
 token ids within the vocabulary, keras_hub's named inputs, masks). Logical devices cut from one
 physical device share its compute, so each physical device is timed once and its time
-serves all its logical devices. Each piece is called until its time settles (the median of
+serves all its logical devices. Each link is called until its time settles (the median of
 the last calls moves by less than `SETTLED`), at most `MAX_CALLS` times, by the timer of
 `chain.stages.clock` (plan=auto's too), less a call's own cost (its probe's median).
 """
@@ -26,28 +26,28 @@ from chain.stages.examples import Feed
 
 WINDOW = 5  # the median of this many calls is the estimate
 SETTLED = 0.05  # stop when one more call moves the estimate by less than this fraction
-MAX_CALLS = 30  # timed calls per piece at most
+MAX_CALLS = 30  # timed calls per link at most
 
 
 @dataclass
-class Measured:
-    """Forward-and-backward time of each piece, per device.
+class LinkTimes:
+    """Forward-and-backward time of each link, per device.
 
-    `pieces[j]`: layers [a, b) of piece j; `times[device][j]`: its seconds per pass on a
+    `links[j]`: layers [a, b) of link j; `times[device][j]`: its seconds per pass on a
     microbatch (one list shared by the logical devices of one physical device); `measured`:
-    the physical devices timed; `calls[j]`: timed calls piece j took on the last of them.
+    the physical devices timed; `calls[j]`: timed calls link j took on the last of them.
     """
 
-    pieces: list[tuple[int, int]]
+    links: list[tuple[int, int]]
     times: dict[str, list[float]]
     measured: list[str]
     calls: list[int]
 
     def layer_costs(self, device: str) -> list[float]:
-        """Per layer, for `chain.planning.balance`: each piece's time on its last layer, 0 on the
-        others (a cut only ever falls between pieces)."""
-        out = [0.0] * self.pieces[-1][1]
-        for (_, b), t in zip(self.pieces, self.times[device]):
+        """Per layer, for `chain.planning.balance`: each link's time on its last layer, 0 on the
+        others (a cut only ever falls between links)."""
+        out = [0.0] * self.links[-1][1]
+        for (_, b), t in zip(self.links, self.times[device]):
             out[b - 1] = t
         return out
 
@@ -61,7 +61,7 @@ def _settled(samples: list[float]) -> bool:
     return abs(now - before) <= SETTLED * before
 
 
-def _time_piece(model: keras.Model, x, device: str, overhead: float) -> tuple[float, int]:
+def _time_link(model: keras.Model, x, device: str, overhead: float) -> tuple[float, int]:
     """Seconds per forward-and-backward pass of `model` on `x` (a tensor or the structure the model takes;
     less a call's own `overhead`), and how many timed calls it took to settle."""
     variables = model.trainable_variables
@@ -85,16 +85,16 @@ def _time_piece(model: keras.Model, x, device: str, overhead: float) -> tuple[fl
     return max(statistics.median(samples[-WINDOW:]) - overhead, 1e-7), len(samples)
 
 
-def piece_times(
+def link_times(
     c: Cuttable,
     devices: Sequence[str],
     physical: Mapping[str, str],
     batch: int,
     fed: Feed | None = None,
     progress: bool | None = True,
-) -> Measured:
-    """Each piece's forward-and-backward time on a batch of `batch` examples as `fed` describes them
-    (`chain.stages.examples.feed`; None: floats of the model's input shape), each later piece on what
+) -> LinkTimes:
+    """Each link's forward-and-backward time on a batch of `batch` examples as `fed` describes them
+    (`chain.stages.examples.feed`; None: floats of the model's input shape), each later link on what
     the one before gives, built on the first of `devices` behind each physical device (`physical`:
     logical device -> physical device; one absent is its own). `progress`: a progress bar (None: on a
     terminal only, tqdm's convention; False: none)."""
@@ -109,8 +109,8 @@ def piece_times(
     calls: list[int] = []
     bar = tqdm(
         total=len(groups) * len(bounds),
-        desc="time model pieces",
-        unit="piece",
+        desc="time model links",
+        unit="link",
         leave=False,
         disable=not progress or None,
     )
@@ -119,7 +119,7 @@ def piece_times(
             given = fed or Feed(tuple(d or 1 for d in c.input_shape))
             device, shape, row, calls = logical[0], given.shape, [], []
             with tf.device(device):
-                # a call's own cost: paid once per step in training, not once per piece
+                # a call's own cost: paid once per step in training, not once per link
                 overhead = statistics.median(clock.call_costs(device, tf.zeros((batch, *shape)), 2 * WINDOW + 1))
             signature = None
             for j, (a, b) in enumerate(bounds):
@@ -127,13 +127,13 @@ def piece_times(
                     model = piece(c, a, b, keras.DTypePolicy("float32"))(shape, None, f"profile_{a}")
                     signature = examples.first(model, given) if signature is None else signature
                     x = examples.make(signature, batch, given.vocab, (0, j))
-                seconds, n = _time_piece(model, x, device, overhead)
+                seconds, n = _time_link(model, x, device, overhead)
                 row.append(seconds)
                 calls.append(n)
                 shape = passed(model)
-                with tf.device(device):  # the next piece takes what this one gives
+                with tf.device(device):  # the next link takes what this one gives
                     signature = examples.given(model(examples.make(signature, 1, given.vocab), training=False))
                 bar.update()
             for d in logical:
                 times[d] = row
-    return Measured(bounds, times, list(groups), calls)
+    return LinkTimes(bounds, times, list(groups), calls)

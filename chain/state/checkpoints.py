@@ -10,6 +10,8 @@ half-way could already have deleted the only step every stage still shares.
 
 A weight several stages hold (a cut model's tied weight) is saved once, by its first holder
 with its slots, and the later copies take those values on restore (`chain.state.tied_copies`).
+Each stage also holds its weights by layer (`chain.state.by_layer`): a model cut into other stages
+(another count, another split) restores from those, whatever stage saved them.
 
 A stage's checkpoint holds its model, head, optimizer (with slot variables), the
 state of its dropout seed generators (which `tf.train.Checkpoint(model=...)` leaves
@@ -49,14 +51,15 @@ import tensorflow as tf
 from chain import testhooks
 from chain.config.schema import Settings
 from chain.data import identity
-from chain.errors import CheckpointError, ConfigError, StorageError
+from chain.errors import ChainError, CheckpointError, ConfigError, StorageError
 from chain.records.results import LossHistory, LossRecord
 from chain.records.serial import from_json, to_json
 from chain.records.stream_files import StreamFiles
+from chain.records.summaries import Layout, Layouts
 from chain.stages import lr_schedules
 from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
-from chain.state import tied_copies
+from chain.state import by_layer, tied_copies
 from chain.state.atomic import reason, uninterrupted, write_text
 from chain.state.run_settings import RunSettings, check_resume
 
@@ -84,6 +87,7 @@ class Record:
     losses: LossHistory
     validation: dict | None
     files: StreamFiles | None = None
+    layouts: tuple[Layout, ...] = ()  # the layouts the run trained on, oldest first (none: recorded before them)
 
     def to_json(self) -> str:
         """The record as a checkpoint stores it."""
@@ -93,6 +97,7 @@ class Record:
                 **to_json(self.losses),
                 "validation": self.validation,
                 **to_json(self.files or StreamFiles(None)),
+                **to_json(Layouts(list(self.layouts))),
             },
             sort_keys=True,
         )
@@ -108,6 +113,7 @@ class Record:
                 from_json(LossHistory, raw),
                 raw["validation"],
                 files if files.files is not None else None,
+                tuple(from_json(Layouts, raw).layouts or ()),
             )
         except (ValueError, KeyError, TypeError):
             raise CheckpointError("the checkpoint's record of its settings cannot be read") from None
@@ -173,13 +179,15 @@ class Checkpoints:
         self.identities: dict[str, tf.Variable] = {}
         self.managers: dict[str, tf.train.CheckpointManager] = {}  # made once: a new one would retrace its saver
         tied_copies.leave_out(self.stages)  # a tied weight is saved once, by its first holder
-        for s in self.stages:
+        for s, keyed in zip(self.stages, by_layer.keyed(self.stages)):
             objects = {"model": s.model, "optimizer": s.optimizer, "random": s.random_variables(), "skipped": s.skipped}
             if s.head is not None:
                 objects["head"] = s.head
             if s.loss_scale is not None:
                 objects["loss_scale"] = s.loss_scale
+            objects[by_layer.KEY] = keyed  # the same variables by layer: what another layout restores from
             self._part(stage_name(s.index), s.device, objects)
+        self.layouts: tuple[Layout, ...] = (self.layout(0),)  # a resume replaces it with the run's history
         with tf.device(IDENTITY_DEVICE):
             self.record = tf.Variable("", dtype=tf.string, trainable=False, name="record")
         self._part(DATA_DIR, IDENTITY_DEVICE, {"iterator": iterator, "record": self.record})
@@ -230,7 +238,7 @@ class Checkpoints:
         checkpoints, digests = {}, {}
         record = RunSettings.of(self.settings)
         losses = LossHistory(loss_first, loss_last)
-        self.record.assign(Record(record, losses, validation, self.files).to_json())
+        self.record.assign(Record(record, losses, validation, self.files, self.layouts).to_json())
         try:
             for name, ckpt in self.parts.items():
                 self.steps[name].assign(step)
@@ -313,11 +321,14 @@ class Checkpoints:
     def clean(self, m: dict[str, Any]) -> None:
         """Remove what the manifest does not name: older steps, half-written steps, `_temp` folders."""
         try:
-            for name in self.parts:
-                directory = self.directory(name)
+            for name in sorted(set(self.parts) | set(manifest_lib.part_directories(self.run_dir))):
+                directory = self.directory(name)  # another layout's stages too: a resume may have changed it
                 _prune(directory, m["complete"])
-                if os.path.isdir(directory):
-                    _write_index(directory, m["complete"])
+                held = [n for n in m["complete"] if _files(directory, n)]
+                if held:
+                    _write_index(directory, held)
+                elif name not in self.parts and os.path.isdir(directory):
+                    shutil.rmtree(directory)  # a stage of an older layout whose steps are all gone
         except OSError as e:
             raise StorageError(f"cannot tidy the checkpoints of {self.run_dir}: {reason(e, file=True)}") from None
 
@@ -346,7 +357,7 @@ class Checkpoints:
     def verify(self, m: dict[str, Any], step: int) -> str | None:
         """None when every file of `step` is what the manifest says was saved; else what is wrong, in one line."""
         digests = m.get("digests", {}).get(str(step))
-        for name in self.parts:
+        for name in self._names(m, step):
             prefix = os.path.join(self.directory(name), f"{PREFIX}-{step}")
             rel = os.path.relpath(prefix, self.run_dir)
             if not os.path.exists(f"{prefix}.index"):
@@ -399,90 +410,29 @@ class Checkpoints:
     def restore(self, clean: bool = True, fallback: bool = False) -> dict[str, Any]:
         """Restore the newest complete checkpoint that verifies into the built stages and the data stream.
 
-        Checks the manifest's layout against the built chain first (one line naming the
-        stage and variable on a mismatch) and every file of the step against its digest;
-        a damaged or foreign newest step is refused, naming the file and the newest older
-        step that verifies, unless `fallback` (then that step is restored and the newer
-        ones are dropped). Each part is restored with `assert_consumed`, so nothing is
-        ever restored partially. With `clean`, removes what the manifest does not name
-        (steps of a save that was killed, `ckpt-N_temp` folders). Returns the manifest.
+        Checks the manifest's layout against the built chain first: a model cut into other stages
+        (another count or split) is restored by layer (`chain.state.by_layer`); any other
+        difference is one line naming the stage and variable. Every file of the step is checked
+        against its digest; a damaged or foreign newest step is refused, naming the file and the
+        newest older step that verifies, unless `fallback` (then that step is restored and the
+        newer ones are dropped). Each part is restored with `assert_consumed`, so nothing is ever
+        restored partially. With `clean`, removes what the manifest does not name (steps of a save
+        that was killed, `ckpt-N_temp` folders). Returns the manifest.
         """
         m = self.manifest()
-        manifest_lib.check_layout(m["stages"], manifest_lib.layout(self.stages))
-        problem = self.verify(m, m["step"])
-        if problem:
-            older = next((n for n in reversed(m["complete"][:-1]) if self.verify(m, n) is None), None)
-            if older is None:
-                raise CheckpointError(f"{problem}; no older complete checkpoint of {self.run_dir} verifies")
-            if not fallback:
-                raise CheckpointError(f"{problem}; step {older} verifies: resume from it with checkpoint.fallback=true")
-            log.warning(
-                "%s; resuming from step %d, the newest complete checkpoint that verifies (checkpoint.fallback=true)",
-                problem,
-                older,
-            )
-            complete = [n for n in m["complete"] if n <= older]
-            m = {
-                **m,
-                "step": older,
-                "complete": complete,
-                "loss_last": None,
-                "checkpoints": {name: f"{name}/{PREFIX}-{older}" for name in self.parts},
-                "digests": {k: v for k, v in m.get("digests", {}).items() if int(k) in complete},
-            }
-        # The settings the verified step was written with (not the manifest's copy, which may be edited).
-        record = self.recorded(m["step"])
-        restart = False
-        if record is not None:
-            notes = check_resume(record.settings, self.settings, m["step"])
-            changed = self._changed_files(record, m["step"])
-            if changed:
-                notes.append(changed)
-                restart = True
-            # ... and so are the losses and evaluations the run continues from.
-            m = {
-                **m,
-                **to_json(record.losses),
-                "validation": {**m.get("validation", {}), str(m["step"]): record.validation},
-            }
-        else:
-            manifest_lib.check_stream(m, self.settings)
-            notes = []
+        moved = self._moved(m)
+        m, problem = self._newest_verified(m, fallback)
+        moved = moved or set(self._names(m, m["step"])) != set(self.parts)
+        m, record, notes, restart = self._checked(m)
         self.run_id = m.get("run") or self.run_id
-        for name, ckpt in self.parts.items():
-            where = (
-                f"{name}/{PREFIX}-{m['step']}"  # the files verify() checked; read() refuses a manifest naming others
-            )
-            if name == DATA_DIR and record is None:
-                ckpt = self.unrecorded
-            try:
-                if name == DATA_DIR and restart:  # the stream restarts: its saved position is left unread
-                    self.restarted.restore(
-                        os.path.join(self.run_dir, where)
-                    ).assert_existing_objects_matched().expect_partial()
-                else:
-                    ckpt.restore(os.path.join(self.run_dir, where)).assert_consumed()
-            except AssertionError as e:
-                raise CheckpointError(
-                    f"{where} does not match the built chain ({name}): {reason(e, file=True)}"
-                ) from None
-            except (tf.errors.OpError, ValueError) as e:
-                if name == DATA_DIR and "dataset definition has not changed" in str(e):
-                    # TensorFlow's own words name the stages of the stream, not why they differ
-                    raise CheckpointError(
-                        f"{where} holds the position of another input stream than this run builds: the stream of "
-                        "these data settings changed since the run was saved (another version of chain reads them "
-                        "differently); resume with the version that started the run, or start a new run"
-                    ) from None
-                raise CheckpointError(f"{where} cannot be restored: {reason(e, file=True)}") from None
-            held = self.identities[name].numpy().decode()
-            if held and held != f"{self.run_id}/{name}" or int(self.steps[name].numpy()) != m["step"]:
-                raise CheckpointError(
-                    f"{where} holds {held or 'no identity'} at step {int(self.steps[name].numpy())}, "
-                    f"but {manifest_lib.FILENAME} says {self.run_id}/{name} at step {m['step']}"
-                )
+        if moved:
+            stages = {n: os.path.join(self.run_dir, f"{n}/{PREFIX}-{m['step']}") for n in self._names(m, m["step"])}
+            by_layer.restore({n: prefix for n, prefix in stages.items() if n != DATA_DIR}, self.stages)
+        for name in [DATA_DIR] if moved else self.parts:
+            self._restore_part(name, m, record, restart)
         tied_copies.take_from_first(self.stages)  # the copies a checkpoint leaves out: exactly the first's values
         notes += self._apply_learning_rates(m["step"], quiet=record is not None)
+        notes += self._layouts(m, record)
         for note in notes:
             log.info(note)
         if problem:
@@ -490,6 +440,116 @@ class Checkpoints:
         if clean:
             self.clean(m)
         return m
+
+    def _moved(self, m: dict[str, Any]) -> bool:
+        """Whether the checkpoint's layout differs from the built chain's in a way a restore by layer
+        bridges (a model cut into other stages, no heads); any other difference raises its one line."""
+        built = manifest_lib.layout(self.stages)
+        try:
+            manifest_lib.check_layout(m["stages"], built)
+        except ChainError:
+            cut = all(s.whole is not None and s.head is None for s in self.stages)
+            if not cut or any(st.get("head") is not None for st in m["stages"]):
+                raise
+            return True
+        return False
+
+    def _names(self, m: dict[str, Any], step: int) -> list[str]:
+        """The parts the checkpoint of `step` holds (its digests'; a format-1 manifest: the built chain's)."""
+        digests = m.get("digests", {}).get(str(step))
+        return sorted(digests) if digests else list(self.parts)
+
+    def _newest_verified(self, m: dict[str, Any], fallback: bool) -> tuple[dict[str, Any], str | None]:
+        """The manifest of the step to restore, and what is wrong with the newest step (None: it verifies)."""
+        problem = self.verify(m, m["step"])
+        if not problem:
+            return m, None
+        older = next((n for n in reversed(m["complete"][:-1]) if self.verify(m, n) is None), None)
+        if older is None:
+            raise CheckpointError(f"{problem}; no older complete checkpoint of {self.run_dir} verifies")
+        if not fallback:
+            raise CheckpointError(f"{problem}; step {older} verifies: resume from it with checkpoint.fallback=true")
+        log.warning(
+            "%s; resuming from step %d, the newest complete checkpoint that verifies (checkpoint.fallback=true)",
+            problem,
+            older,
+        )
+        complete = [n for n in m["complete"] if n <= older]
+        m = {
+            **m,
+            "step": older,
+            "complete": complete,
+            "loss_last": None,
+            "checkpoints": {name: f"{name}/{PREFIX}-{older}" for name in self._names(m, older)},
+            "digests": {k: v for k, v in m.get("digests", {}).items() if int(k) in complete},
+        }
+        return m, problem
+
+    def _checked(self, m: dict[str, Any]) -> tuple[dict[str, Any], Record | None, list[str], bool]:
+        """The settings the verified step was written with (not the manifest's copy, which may be edited)
+        checked against this run's: the manifest with the record's losses and evaluations, the record,
+        the notes of what changes, and whether the stream restarts (its files changed, accepted)."""
+        record = self.recorded(m["step"])
+        if record is None:
+            manifest_lib.check_stream(m, self.settings)
+            return m, None, [], False
+        notes = check_resume(record.settings, self.settings, m["step"])
+        changed = self._changed_files(record, m["step"])
+        if changed:
+            notes.append(changed)
+        m = {
+            **m,
+            **to_json(record.losses),
+            "validation": {**m.get("validation", {}), str(m["step"]): record.validation},
+        }
+        return m, record, notes, changed is not None
+
+    def _restore_part(self, name: str, m: dict[str, Any], record: Record | None, restart: bool) -> None:
+        """Restore part `name` of the step `m` names, all of it, and check the identity it holds."""
+        where = f"{name}/{PREFIX}-{m['step']}"  # the files verify() checked; read() refuses a manifest naming others
+        ckpt = self.unrecorded if name == DATA_DIR and record is None else self.parts[name]
+        try:
+            if name == DATA_DIR and restart:  # the stream restarts: its saved position is left unread
+                self.restarted.restore(
+                    os.path.join(self.run_dir, where)
+                ).assert_existing_objects_matched().expect_partial()
+            else:
+                ckpt.restore(os.path.join(self.run_dir, where)).assert_consumed()
+        except AssertionError as e:
+            raise CheckpointError(f"{where} does not match the built chain ({name}): {reason(e, file=True)}") from None
+        except (tf.errors.OpError, ValueError) as e:
+            if name == DATA_DIR and "dataset definition has not changed" in str(e):
+                # TensorFlow's own words name the stages of the stream, not why they differ
+                raise CheckpointError(
+                    f"{where} holds the position of another input stream than this run builds: the stream of "
+                    "these data settings changed since the run was saved (another version of chain reads them "
+                    "differently); resume with the version that started the run, or start a new run"
+                ) from None
+            raise CheckpointError(f"{where} cannot be restored: {reason(e, file=True)}") from None
+        held = self.identities[name].numpy().decode()
+        if held and held != f"{self.run_id}/{name}" or int(self.steps[name].numpy()) != m["step"]:
+            raise CheckpointError(
+                f"{where} holds {held or 'no identity'} at step {int(self.steps[name].numpy())}, "
+                f"but {manifest_lib.FILENAME} says {self.run_id}/{name} at step {m['step']}"
+            )
+
+    def layout(self, step: int) -> Layout:
+        """The built chain's layout, as from `step`."""
+        return RunSettings.of(self.settings).layout(manifest_lib.split(manifest_lib.layout(self.stages)), step)
+
+    def _layouts(self, m: dict[str, Any], record: Record | None) -> list[str]:
+        """The run's layouts continued from the checkpoint's (`self.layouts`), and the line saying what
+        moved when this run's layout is another (none when it is the same)."""
+        if record is None:
+            return []
+        saved = record.layouts or (record.settings.layout(manifest_lib.split(m["stages"]), 0),)
+        now = self.layout(m["step"])
+        if saved[-1].same(now):
+            self.layouts = saved
+            return []
+        self.layouts = (*saved, now)
+        split = saved[-1].split != now.split
+        return [f"resumed step {m['step']}: {saved[-1].describe(split)} -> {now.describe(split)}"]
 
     def _changed_files(self, record: Record, step: int) -> str | None:
         """None when the streamed files are those the checkpoint of `step` recorded (or either side

@@ -68,6 +68,14 @@ def exists(run_dir: str) -> bool:
     return os.path.exists(path(run_dir))
 
 
+def part_directories(run_dir: str) -> list[str]:
+    """The part directories (`stage_NN`, `data`) in `run_dir`, sorted."""
+    try:
+        return sorted(e for e in os.listdir(run_dir) if _PARTS.match(e) and os.path.isdir(os.path.join(run_dir, e)))
+    except OSError:
+        return []
+
+
 def checkpoint_files(run_dir: str) -> list[str]:
     """Checkpoint files in `run_dir`'s part directories (`stage_NN/`, `data/`), complete or not,
     as paths relative to it, sorted: what a run saved, with or without its manifest."""
@@ -182,6 +190,11 @@ def layout(stages: Sequence) -> list[dict[str, Any]]:
         }
         for s in stages
     ]
+
+
+def split(stages: list[dict[str, Any]]) -> list[int]:
+    """Layers per stage of a layout (`layout`), input layers left out."""
+    return [sum(layer["class"] != "InputLayer" for layer in s["layers"]) for s in stages]
 
 
 def _describe(layer: dict[str, Any]) -> str:

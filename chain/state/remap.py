@@ -256,17 +256,10 @@ def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]
         return _restage(src, dst, overrides, pinned)
 
 
-def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[str, Any]:
-    import keras
-
-    from chain import data as data_lib
-    from chain.data.identity import stamps
-    from chain.data.stream import training_batches
-    from chain.stages.assemble import build_stages
-    from chain.state.checkpoints import Checkpoints
+def _refuse_unregroupable(src_settings: Settings) -> None:
+    """One line when SRC is not one chain of the chain's own mlp/conv stages (restage regroups only those)."""
     from chain.strategies.objectives import objective
 
-    src_manifest, src_overrides, src_settings = _load_src(src)
     if not objective(src_settings.mode).chained:
         raise ChainError(
             f"mode={src_settings.mode} trains independent models, not one chain: restage regroups the "
@@ -279,30 +272,48 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
                 "of the chain's own mlp/conv stages and cannot re-cut it; for a cut Keras model, start "
                 "a new run with another placement.split"
             )
+
+
+def _built_on_cpu(s: Settings, info: Any) -> list:
+    """`s`'s stages built on the CPU as the mode's strategy builds them (heads, read-out), seeded as a
+    fresh run's (new heads start as a fresh DST run's would)."""
+    import keras
+
+    from chain.stages.assemble import build_stages
+    from chain.strategies.objectives import objective
+
+    keras.utils.set_random_seed(s.seed)
+    kind = objective(s.mode)
+    return build_stages(
+        s.stages,
+        ["/device:CPU:0"] * len(s.stages),
+        info,
+        heads=kind.heads,
+        readout=kind.readout,
+        precision_name=s.precision,
+        initial_loss_scale=s.trainer.initial_loss_scale,
+    )
+
+
+def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[str, Any]:
+    from chain import data as data_lib
+    from chain.data.identity import stamps
+    from chain.data.stream import training_batches
+    from chain.state.checkpoints import Checkpoints
+
+    src_manifest, src_overrides, src_settings = _load_src(src)
+    _refuse_unregroupable(src_settings)
     if manifest_lib.exists(dst):
         raise ChainError(f"{dst} already holds a checkpoint; choose an empty DST run directory")
     new = dst_overrides(src_overrides, overrides, src_settings)
     dst_settings = compose(new)
     manifest_lib.check_stream(src_manifest, dst_settings)
 
-    device = "/device:CPU:0"
     dataset = data_lib.load(src_settings.data, src_settings.seed)
     iterator = iter(
         training_batches(dataset, src_settings.examples_per_step, src_settings.data.shuffle, src_settings.seed)
     )
-    built = {}
-    for name, s in (("src", src_settings), ("dst", dst_settings)):
-        keras.utils.set_random_seed(s.seed)  # new heads start as a fresh DST run's would
-        kind = objective(s.mode)  # its stages as the mode's strategy builds them: heads, read-out
-        built[name] = build_stages(
-            s.stages,
-            [device] * len(s.stages),
-            dataset.info,
-            heads=kind.heads,
-            readout=kind.readout,
-            precision_name=s.precision,
-            initial_loss_scale=s.trainer.initial_loss_scale,
-        )
+    built = {name: _built_on_cpu(s, dataset.info) for name, s in (("src", src_settings), ("dst", dst_settings))}
     files = stamps(dataset.shards) if dataset.shards is not None else None  # streamed: as SRC recorded them
     src_ckpts = Checkpoints(src, built["src"], iterator, src_settings, files=files)
     m = src_ckpts.restore(clean=False)  # SRC is read, never changed

@@ -15,12 +15,14 @@ its own config (`check`), key by key:
   patience, profiling, the stall watch (`trainer.stall_s`, `trainer.stall_action`), devices and memory limits, cluster addresses, `checkpoint.*`, `oom.*`,
   `pipeline.recompute` (what a stage keeps for its backward, not what it computes), `pipeline.add_loss`
   (which `add_loss` terms a run accepts, not what a step computes);
+- may change, said in one line (`resumed step 20: 2 stages gpipe M=4 -> 2 stages zb1 M=8`) and kept
+  in summary.json's `layouts`: the layout (`LAYOUT`: the schedule, microbatches, the split of a cut
+  model, copies of a pipeline; the stage count is the checkpoint's layout, `chain.state.by_layer`):
+  the same layers and the same data in the same order, each step's sums at most reordered;
 - everything else is refused in one line naming the key with its old and new value: the
-  model, the loss, the data and its batch, the seed, the mode, gradient accumulation, the
-  pipeline's schedule and microbatches (they change float rounding, so the resumed run would
-  match no uninterrupted one), XLA, float16 precision, the mirrored fallback and its replicas
-  (a pipeline's copies, `placement.replicas` without the mirrored fallback, may change freely),
-  the cut of a Keras model, gradient clipping (`optim.clip_*`), `pipeline.batch_norm`;
+  model, the loss, the data and its batch, the seed, the mode, gradient accumulation, XLA,
+  float16 precision, the mirrored fallback and its replicas, gradient clipping (`optim.clip_*`),
+  `pipeline.batch_norm`;
 - a checkpoint written before a setting existed resumes when the config leaves it at the value
   that was the behaviour before it (`_ADDED`).
 """
@@ -34,6 +36,7 @@ from typing import Any
 
 from chain.config.schema import Settings
 from chain.errors import ChainError
+from chain.records.summaries import Layout
 
 # Settings fields not recorded: what a resume is asked to do, and the stage template (every
 # stage's expanded spec is recorded instead).
@@ -76,6 +79,14 @@ FREE = (
     "pipeline.recompute",  # what a stage keeps for its backward, not what it computes
     "pipeline.add_loss",
 )  # which add_loss terms a run accepts (`exact` refuses what `per_microbatch` computes)
+LAYOUT = (
+    "pipeline.schedule",
+    "pipeline.schedule_file",
+    "pipeline.microbatches",
+    "pipeline.virtual_stages",
+    "placement.split",
+    "placement.balance",
+)  # where the layers run and in which order the microbatches' sums are taken, not what they are
 _STREAM = ("seed", "data.", "trainer.grad_accum", "variants.batch_size")  # what the data stream and random state follow
 _E2E_ONLY = ("pipeline.", "loss")  # ignored by the other modes (their notes say so)
 # Settings added after checkpoints were first written, with the value that is the behaviour from
@@ -115,6 +126,20 @@ class RunSettings:
         values["stages"] = [_json(s) for s in settings.stages]
         values["variants"] = [{"batch_size": v.batch_size, "paused": v.paused} for v in settings.variants]
         return cls(values)
+
+    def layout(self, split: list[int], step: int) -> Layout:
+        """The layout these settings train on from `step`, with `split` (layers per stage) as built."""
+        flat = self.flat()
+        e2e = flat.get("mode") == "e2e"
+        replicas = flat.get("placement.replicas")
+        return Layout(
+            step=step,
+            stages=len(split),
+            split=list(split),
+            schedule=flat.get("pipeline.schedule") if e2e else None,
+            microbatches=flat.get("pipeline.microbatches") if e2e else None,
+            replicas=replicas if isinstance(replicas, int) else 1,
+        )
 
     def flat(self) -> dict[str, Any]:
         """Every value by its dotted key (`data.batch_size`, `stages[1].optim.lr`), in record order."""
@@ -194,6 +219,13 @@ def _refuse(c: Change, why: str) -> ChainError:
     )
 
 
+def _restaged(saved: RunSettings, now: RunSettings) -> bool:
+    """Whether both runs repeat one stage template, the same, over another count of stages (a model cut
+    into other stages: whether the layers are the same is the checkpoint's to say)."""
+    a, b = saved.values.get("stages", []), now.values.get("stages", [])
+    return len(a) != len(b) and bool(a) and all(spec == a[0] for spec in a + b)
+
+
 def check_resume(saved: RunSettings, settings: Settings, step: int) -> list[str]:
     """Compare the settings a checkpoint of `step` was written with against the resuming config:
     returns the `note:` lines of the changes applied from `step` on; raises a one-line
@@ -202,13 +234,16 @@ def check_resume(saved: RunSettings, settings: Settings, step: int) -> list[str]
 
     mode = saved.values.get("mode")
     notes = []
-    for c in changes(saved, RunSettings.of(settings)):
+    now = RunSettings.of(settings)
+    for c in changes(saved, now):
+        if _restaged(saved, now) and _STAGE.match(c.key):
+            continue  # one stage template over another count of stages: the layout (`chain.state.by_layer`)
         key = c.general
         if c.old == _MISSING and key in _ADDED and c.new == _ADDED[key]:
             continue
         if key == "precision":
             check_precision({"precision": c.old}, settings)  # float16 holds loss scales: refused there
-        if _matches(key, FREE) or (mode != "e2e" and settings.mode != "e2e" and _matches(key, _E2E_ONLY)):
+        if _matches(key, FREE + LAYOUT) or (mode != "e2e" and settings.mode != "e2e" and _matches(key, _E2E_ONLY)):
             continue
         if key == "placement.replicas" and "mirrored" not in (
             saved.values.get("placement", {}).get("fallback"),

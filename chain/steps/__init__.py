@@ -4,7 +4,7 @@
 - `update`: `apply_update` (every update goes through it: numerics guard, loss scaling),
   `shared_outcomes` (one float16 decision for a chain with one loss).
 - `local`: mode=local's step. `forward`: one stage of the chain (mode=e2e's pipeline step,
-  `chain.pipeline.step`, and `replica`). `replica`: one replica's step in a mirrored run.
+  `chain.pipeline.play`, and `replica`). `replica`: one replica's step in a mirrored run.
   `independent`: mode=side_by_side's steps. `inference`: the chain's forward pass.
 - `numerics`: the NaN/Inf guard. `xla`: per-stage XLA compilation.
 """

@@ -59,11 +59,11 @@ def clip_global(
     grads: Sequence[Sequence[tf.Tensor | None]],
     clip: float,
     device: str | None,
-    repeated: Set[tuple[int, int]] = frozenset(),
+    later_copies: Set[tuple[int, int]] = frozenset(),
 ) -> Clipped:
     """Every stage's gradients scaled by the factor of their global norm (`clip`, see the module
     doc), that norm (on `device`, where it is computed: None in a mirrored run, whose stages
-    have no device) and each stage's verdict for the numerics guard. `repeated`: (stage, position)
+    have no device) and each stage's verdict for the numerics guard. `later_copies`: (stage, position)
     of gradients left out of the norm (the second and later copies of a weight several stages hold,
     `chain.steps.tied`: one weight counts once; each is the same summed gradient as the first copy,
     which the norm holds)."""
@@ -71,7 +71,7 @@ def clip_global(
         sums = []
         for s, g in zip(stages, grads):
             with tf.device(s.device):
-                own = squared_sum([None if (s.index, i) in repeated else x for i, x in enumerate(g)])
+                own = squared_sum([None if (s.index, i) in later_copies else x for i, x in enumerate(g)])
             sums.append(own if s.device == device else copy_to(own, device, f"squared_sum_s{s.index}"))
         with tf.device(device):
             norm = tf.sqrt(tf.add_n(sums), name="global_norm")

@@ -1,5 +1,5 @@
 """One stage of the chain as the e2e steps call it: its forward pass, its regularization and,
-on the last stage, the loss, each weighted and scaled for the tape (`chain.pipeline.step`
+on the last stage, the loss, each weighted and scaled for the tape (`chain.pipeline.play`
 calls it per microbatch, `chain.steps.replica` per replica). A split backward (zero bubble)
 also keeps each layer's output (`keep=True`), so that the weights' gradients can start from
 the gradients at those outputs instead of going through the whole backward again."""

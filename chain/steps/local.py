@@ -42,7 +42,7 @@ def local_forward(stage: Stage) -> Callable:
 
 
 def local_step(stages: Sequence[Stage], grad_accum: int = 1, jit_compile: bool = False) -> Callable:
-    """The mode=local step, traceable: `step(x, ys) -> report` (`Layout.per_stage`: each
+    """The mode=local step, traceable: `step(x, ys) -> report` (`ReportFormat.per_stage`: each
     stage's loss and whether the guard dropped its update).
 
     The output that feeds stage k+1 is the body's, with the gradient stopped: stages

@@ -10,7 +10,7 @@ plus one microbatch's intermediates, for one more forward per microbatch (torchg
 `checkpoint=never|except_last|always`; `except_last` keeps each round's last microbatch,
 whose backward follows its forward soonest under 1F1B; chain's GPipe runs its backwards in
 the forwards' order, so there it saves one replay per round and no more). The last stage
-never pays the extra forward: `chain.pipeline.step` keeps its activations when its backward
+never pays the extra forward: `chain.pipeline.play` keeps its activations when its backward
 follows its forward at once (1F1B), and otherwise runs its forward only once, in the backward
 (its output feeds nothing but its own loss).
 

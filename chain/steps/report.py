@@ -1,6 +1,6 @@
 """A step's report, and running several steps in one call.
 
-A compiled step returns one float32 vector, its *report* (`Layout` says where each value
+A compiled step returns one float32 vector, its *report* (`ReportFormat` says where each value
 sits): the step's losses and, per stage, whether the numerics guard dropped its update.
 The host reads it once per step, instead of one read per loss and per stage counter.
 `repeat` runs N steps in one call of the compiled function (`trainer.steps_per_call`)
@@ -21,7 +21,7 @@ from chain.steps.ops import copy_to
 
 
 @dataclass(frozen=True)
-class Layout:
+class ReportFormat:
     """Where each value sits in a step's report (a float32 vector of `size` values).
 
     `losses`: mode=local one per stage, mode=e2e the chain's one; `skipped`: one per
@@ -35,15 +35,15 @@ class Layout:
     norm: int | None = None
 
     @staticmethod
-    def per_stage(n_stages: int) -> "Layout":
+    def per_stage(n_stages: int) -> "ReportFormat":
         """Stage k reports [loss_k, skipped_k] (mode=local: every stage has its own loss)."""
-        return Layout(2 * n_stages, tuple(range(0, 2 * n_stages, 2)), tuple(range(1, 2 * n_stages, 2)))
+        return ReportFormat(2 * n_stages, tuple(range(0, 2 * n_stages, 2)), tuple(range(1, 2 * n_stages, 2)))
 
     @staticmethod
-    def chain(n_stages: int, norm: bool = False) -> "Layout":
+    def chain(n_stages: int, norm: bool = False) -> "ReportFormat":
         """Stage k reports [skipped_k]; the last stage then adds the chain's loss (mode=e2e) and,
         with `norm`, the global norm of the chain's gradients (`chain.steps.clipping`)."""
-        return Layout(n_stages + 1 + norm, (n_stages,), tuple(range(n_stages)), n_stages + 1 if norm else None)
+        return ReportFormat(n_stages + 1 + norm, (n_stages,), tuple(range(n_stages)), n_stages + 1 if norm else None)
 
     def grad_norm(self, row) -> float | None:
         """One step's global gradient norm from its report row (None when the step reports none)."""
@@ -57,7 +57,7 @@ class Layout:
 @dataclass(frozen=True)
 class Reports:
     """What one call of the compiled step(s) returns to the host: its steps' reports (`rows`, an
-    [m, size] NumPy array, one row per step as `Layout` says) and, per step, the milliseconds the
+    [m, size] NumPy array, one row per step as `ReportFormat` says) and, per step, the milliseconds the
     step waited for its batch (`waits_ms`: the time in the iterator's get-next, measured where it
     ran: in the graph for steps in one call, on the host for a step per call)."""
 
@@ -86,8 +86,8 @@ def report(stages: Sequence[Stage], values: Sequence[Sequence[tf.Tensor]], devic
         return tf.concat(parts, 0, name="report")
 
 
-def repeat(body: Callable, layout: Layout, stop_on_skip: bool) -> Callable:
-    """`steps(iterator, n) -> ([m, layout.size], [m])`: up to `n` steps of `body(x, ys) -> report`
+def repeat(body: Callable, fmt: ReportFormat, stop_on_skip: bool) -> Callable:
+    """`steps(iterator, n) -> ([m, fmt.size], [m])`: up to `n` steps of `body(x, ys) -> report`
     in one call, each on the iterator's next batch (`trainer.steps_per_call`).
 
     The steps run in a `tf.while_loop`, traced once for any `n` (a Python loop would trace
@@ -99,7 +99,7 @@ def repeat(body: Callable, layout: Layout, stop_on_skip: bool) -> Callable:
     the state right after that step, as with one step per call; `m` (the rows returned)
     counts the steps that ran. The second array holds each step's wait for its batch, in seconds.
     """
-    skipped = list(layout.skipped)
+    skipped = list(fmt.skipped)
 
     @tf.function(autograph=False)  # the loop is an explicit tf.while_loop
     def steps(iterator, n):
@@ -120,7 +120,7 @@ def repeat(body: Callable, layout: Layout, stop_on_skip: bool) -> Callable:
                 stop = tf.reduce_any(tf.gather(row, skipped) > 0)
             return i + 1, stop, rows.write(i, row), waits.write(i, wait)
 
-        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[layout.size])
+        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[fmt.size])
         waits = tf.TensorArray(tf.float64, size=0, dynamic_size=True, element_shape=[])
         _, _, rows, waits = tf.while_loop(more, one, (tf.constant(0), tf.constant(False), rows, waits))
         return rows.stack(), waits.stack()

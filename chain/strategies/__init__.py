@@ -1,9 +1,9 @@
 """Strategies: one object per way of training, a distribution given an objective, chosen once
-from the placement and the mode.
+from the assignment's topology and the mode.
 
-| `placement.layout` | mode=local (`LocalObjective`) | mode=e2e (`ChainObjective`) |
+| `Assignment.topology` | mode=local (`LocalObjective`) | mode=e2e (`ChainObjective`) |
 |---|---|---|
-| `pipeline` (a device per stage) | `Pipelined` | `Scheduled` (in `chain.pipeline.strategy`) |
+| `pipeline` (a device per stage) | `DevicePerStage` | `Scheduled` (in `chain.pipeline.strategy`) |
 | `mirrored` (every stage on every replica) | `Mirrored` | `Mirrored` |
 
 and mode=side_by_side (independent models, a device each or shared): `SideBySide` with `Independent`.

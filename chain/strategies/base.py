@@ -1,7 +1,7 @@
 """What every way of training provides: the `Strategy` interface, a distribution holding an objective.
 
 A *distribution* (a subclass of `Strategy`) says where the stages live and how one batch
-becomes one update (`chain.strategies.pipelined.Pipelined`: each stage on its device, each
+becomes one update (`chain.strategies.device_per_stage.DevicePerStage`: each stage on its device, each
 learning on its own; `chain.pipeline.strategy.Scheduled`: a pipeline schedule over
 microbatches; `chain.strategies.mirrored.Mirrored`: every stage on every replica; ...). An
 *objective* (`chain.strategies.objectives`) says what is learned (`LocalObjective`: each stage
@@ -28,13 +28,13 @@ from chain.config.schema import Settings
 from chain.errors import ConfigError
 from chain.data.catalog import DataInfo
 from chain.data.stream_shares import StreamShares
-from chain.planning.planner import Placement
+from chain.planning.planner import Assignment
 from chain.records.results import LossRecord, StepResult
 from chain.records.summaries import StageSummary, Summary
 from chain.stages import losses, tied_weights
 from chain.stages.assemble import build_stages
 from chain.stages.stage import Stage
-from chain.steps.report import Layout, Reports
+from chain.steps.report import ReportFormat, Reports
 from chain.steps.evaluate import evaluation
 from chain.strategies.objectives import Evaluation, Objective
 
@@ -55,8 +55,8 @@ class Strategy(ABC):
     `schedule` is the pipeline schedule (None when the strategy has none).
     """
 
-    name: str  # summary.json's `strategy`: the distribution's (`Placement.layout`, or side_by_side)
-    title: str  # the distribution's word in the way's name (`way`: PipelinedLocal, MirroredChain, ...)
+    name: str  # summary.json's `strategy`: the distribution's (`Assignment.topology`, or side_by_side)
+    title: str  # the distribution's word in the way's name (`way`: DevicePerStageLocal, MirroredChain, ...)
     steps_in_one_call: bool = True  # False: `call_many` calls one step at a time (`_call_each`)
     schedule = None
     progress = None  # a pipeline step's markers (`trainer.stall_s`: `position`, `waiting`)
@@ -66,7 +66,7 @@ class Strategy(ABC):
     def __init__(
         self,
         settings: Settings,
-        placement: Placement,
+        assignment: Assignment,
         info: DataInfo,
         batch_cut: BatchCut,
         learns: type[Objective],
@@ -74,7 +74,7 @@ class Strategy(ABC):
         labels: Sequence[str | None] | None = None,
     ):
         self.settings = settings
-        self.placement = placement
+        self.assignment = assignment
         self.info = info
         self.batch_cut = batch_cut
         self.learns = learns
@@ -99,7 +99,7 @@ class Strategy(ABC):
 
     def devices(self) -> Sequence[str | None]:
         """Each stage's device (None: the strategy's own scope places it)."""
-        return self.placement.devices
+        return self.assignment.devices
 
     def build_stages(self) -> list[Stage]:
         """Every stage built on its device (`chain.stages.assemble`); a user's model with `add_loss`
@@ -111,7 +111,7 @@ class Strategy(ABC):
             self._added_losses_on_parts(stages, parts)
         with_terms = [str(st.index) for st in stages if losses.regularized(st.model, st.head)]
         if with_terms:
-            self.placement = self.placement.noted(  # a new record: the one planned is never changed
+            self.assignment = self.assignment.noted(  # a new record: the one planned is never changed
                 f"the loss of stage(s) {', '.join(with_terms)} includes their regularizers "
                 "(model.losses), as Keras' fit: the logged loss is the loss plus these terms"
             )
@@ -133,7 +133,7 @@ class Strategy(ABC):
         per_microbatch = self.settings.pipeline.add_loss == "per_microbatch"
         if per_microbatch and self.weighs_added_losses:
             indices = ", ".join(str(st.index) for st, _ in counts)
-            self.placement = self.placement.noted(  # a new record: the one planned is never changed
+            self.assignment = self.assignment.noted(  # a new record: the one planned is never changed
                 f"pipeline.add_loss=per_microbatch: the add_loss terms of stage(s) {indices} "
                 f"are computed per microbatch ({self.cut_description()}) and weighed by its share of the batch (as "
                 "Megatron and DeepSpeed do): exact for a term that is a mean over examples, not for one computed over "
@@ -257,7 +257,7 @@ class Strategy(ABC):
         if not self.steps_in_one_call or self.settings.data.lengths_vary:  # a trace per bucket's shape
             return self._call_each(iterator, n)
         if self._multi is None:
-            self._multi = repeat(self.body, self.layout, self.settings.trainer.on_nan == "stop")
+            self._multi = repeat(self.body, self.report_format, self.settings.trainer.on_nan == "stop")
         rows, waits = self._multi(iterator, tf.constant(n, tf.int32))
         return Reports(rows.numpy(), tuple(1000.0 * waits.numpy()))
 
@@ -270,7 +270,7 @@ class Strategy(ABC):
             batch = next(iterator)
             waits.append(1000.0 * (time.perf_counter() - start))
             rows.append(self.call(*batch))
-            if self.settings.trainer.on_nan == "stop" and self.layout.decode(rows[-1])[1]:
+            if self.settings.trainer.on_nan == "stop" and self.report_format.decode(rows[-1])[1]:
                 break  # as the in-graph loop: no step after one whose update was dropped
         return Reports(np.stack(rows), tuple(waits))
 
@@ -365,9 +365,9 @@ class Strategy(ABC):
         return self.objective.default_target()
 
     @property
-    def layout(self) -> Layout:
-        """Where the step's report holds its losses and guard flags (`chain.steps.report.Layout`)."""
-        return self.objective.layout
+    def report_format(self) -> ReportFormat:
+        """Where the step's report holds its losses and guard flags (`chain.steps.report.ReportFormat`)."""
+        return self.objective.report_format
 
     def read(self, row: Any) -> StepResult:
         """A step's report -> its loss, each stage's own loss ([] when stages have none) and the

@@ -44,7 +44,7 @@ from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.data.stream_shares import StreamShares
 from chain.errors import DeviceError
-from chain.planning.planner import MIRRORED, Placement
+from chain.planning.planner import MIRRORED, Assignment
 from chain.records.results import ReplicaLosses
 from chain.records.summaries import MirroredFields, Summary
 from chain.steps.report import dropped, report
@@ -97,45 +97,45 @@ class Mirrored(Strategy):
     def __init__(
         self,
         settings: Settings,
-        placement: Placement,
+        assignment: Assignment,
         info: DataInfo,
         batch_cut: BatchCut,
         learns: type[Objective],
         **bodies: Any,
     ):
         if learns.microbatched:  # notes on a new record: the one planned is never changed
-            placement = self._ignored(settings, placement)
-        if placement.multi_worker:
+            assignment = self._ignored(settings, assignment)
+        if assignment.multi_worker:
             from chain.planning.cluster import multi_worker_tf_strategy
 
             self.tf_strategy = multi_worker_tf_strategy()
-            if self.tf_strategy.num_replicas_in_sync != len(placement.mirrored_devices):
+            if self.tf_strategy.num_replicas_in_sync != len(assignment.mirrored_devices):
                 raise DeviceError(
                     f"the workers of TF_CONFIG hold {self.tf_strategy.num_replicas_in_sync} replicas, this "
-                    f"one planned {len(placement.mirrored_devices)}: every worker needs the same number of GPUs"
+                    f"one planned {len(assignment.mirrored_devices)}: every worker needs the same number of GPUs"
                 )
         else:
-            self.tf_strategy = tf_strategy_for(placement.mirrored_devices)
+            self.tf_strategy = tf_strategy_for(assignment.mirrored_devices)
         # Inside this scope every variable becomes a MirroredVariable (device scopes are
         # ignored there, so stages get no device), and each optimizer captures the
         # tf.distribute strategy that sums its gradients.
         with self.tf_strategy.scope():
-            super().__init__(settings, placement, info, batch_cut, learns, **bodies)
+            super().__init__(settings, assignment, info, batch_cut, learns, **bodies)
 
     @staticmethod
-    def _ignored(settings: Settings, placement: Placement) -> Placement:
-        """`placement` noting the pipeline settings a mirrored replica ignores: it runs its whole share at once."""
+    def _ignored(settings: Settings, assignment: Assignment) -> Assignment:
+        """`assignment` noting the pipeline settings a mirrored replica ignores: it runs its whole share at once."""
         if settings.pipeline.microbatches > 1:
-            placement = placement.noted(
+            assignment = assignment.noted(
                 f"pipeline.microbatches={settings.pipeline.microbatches} ignored: "
                 "a mirrored replica runs its whole share of the batch at once"
             )
         if settings.pipeline.batch_norm != "microbatch":
-            placement = placement.noted(
+            assignment = assignment.noted(
                 f"pipeline.batch_norm={settings.pipeline.batch_norm} ignored: a mirrored replica "
                 "normalizes its whole share of the batch at once, as Keras under MirroredStrategy"
             )
-        return placement
+        return assignment
 
     @property
     def shared_weights(self) -> bool:
@@ -180,9 +180,9 @@ class Mirrored(Strategy):
         its own replicas, numbered as the run numbers them); None for data in memory."""
         if not getattr(self.settings.data, "stream", False):
             return None
-        local = self.placement.local_mirrored_devices
+        local = self.assignment.local_mirrored_devices
         return StreamShares(
-            self.placement.mirrored_devices.index(local[0]), len(local), len(self.placement.mirrored_devices)
+            self.assignment.mirrored_devices.index(local[0]), len(local), len(self.assignment.mirrored_devices)
         )
 
     def arguments(self, x: tf.Tensor, ys: dict[str, tf.Tensor]) -> tuple:
@@ -205,13 +205,13 @@ class Mirrored(Strategy):
         )
 
     def memory_devices(self) -> list[str]:
-        return list(self.placement.local_mirrored_devices)  # another host's memory cannot be read from here
+        return list(self.assignment.local_mirrored_devices)  # another host's memory cannot be read from here
 
     def summary(self, summary: Summary) -> Summary:
         # Every replica holds every stage, so memory is measured per replica, not per stage.
         mirrored = MirroredFields(
-            list(self.placement.mirrored_devices),
+            list(self.assignment.mirrored_devices),
             self.batch_cut.per_replica,
-            [memory.peak_bytes(d) if d in self.memory_devices() else None for d in self.placement.mirrored_devices],
+            [memory.peak_bytes(d) if d in self.memory_devices() else None for d in self.assignment.mirrored_devices],
         )
         return replace(super().summary(summary), mirrored=mirrored)

@@ -26,11 +26,11 @@ from chain.records.results import LossRecord, ReplicaLosses, StepResult
 from chain.records.summaries import ChainFields, StageLosses, StageSummary, Summary
 from chain.stages import losses
 from chain.stages.stage import Stage
-from chain.stages.tied_weights import repeated
+from chain.stages.tied_weights import later_copies
 from chain.steps.clipping import clip_global
 from chain.steps.evaluate import Readout
 from chain.steps.replica import e2e_replica_step, local_replica_step
-from chain.steps.report import Layout
+from chain.steps.report import ReportFormat
 from chain.steps.update import shared_outcomes
 
 
@@ -55,7 +55,7 @@ class Objective(ABC):
     # The objective cuts each batch into pipeline.microbatches and normalizes per microbatch
     # (pipeline.batch_norm): a distribution that cannot says it ignores them.
     microbatched: bool = False
-    title: str = ""  # its word in a way's name (`Strategy.way`: PipelinedLocal, MirroredChain, ...)
+    title: str = ""  # its word in a way's name (`Strategy.way`: DevicePerStageLocal, MirroredChain, ...)
 
     def __init__(self, settings: Settings, info: DataInfo, stages: Sequence[Stage]):
         self.settings = settings
@@ -72,8 +72,8 @@ class Objective(ABC):
 
     @property
     @abstractmethod
-    def layout(self) -> Layout:
-        """Where the step's report holds its losses and guard flags (`chain.steps.report.Layout`)."""
+    def report_format(self) -> ReportFormat:
+        """Where the step's report holds its losses and guard flags (`chain.steps.report.ReportFormat`)."""
 
     @abstractmethod
     def read(self, row: Any) -> StepResult:
@@ -84,7 +84,7 @@ class Objective(ABC):
     def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
         """Each stage's values in the step's report, from its guard flag and the step's losses
         (each stage's own, or the chain's) and the global gradient norm (`optim.clip_global_norm`),
-        laid out as `layout` says."""
+        laid out as `report_format` says."""
 
     @abstractmethod
     def readouts(self) -> list[Readout]:
@@ -134,11 +134,11 @@ class LocalObjective(Objective):
         return first if self.wanted_targets() == [first] else None
 
     @functools.cached_property
-    def layout(self) -> Layout:
-        return Layout.per_stage(len(self.stages))
+    def report_format(self) -> ReportFormat:
+        return ReportFormat.per_stage(len(self.stages))
 
     def read(self, row: Any) -> StepResult:
-        losses, skipped = self.layout.decode(row)
+        losses, skipped = self.report_format.decode(row)
         return StepResult(float(sum(losses)), losses, skipped)  # the step's loss: the sum of the stages'
 
     def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
@@ -203,15 +203,15 @@ class ChainObjective(Objective):
         return self.target.name  # one loss: a bare array is the chain's target
 
     @functools.cached_property
-    def layout(self) -> Layout:
-        return Layout.chain(len(self.stages), norm=self.clip_global_norm is not None)
+    def report_format(self) -> ReportFormat:
+        return ReportFormat.chain(len(self.stages), norm=self.clip_global_norm is not None)
 
     def read(self, row: Any) -> StepResult:
-        losses, skipped = self.layout.decode(row)
-        return StepResult(losses[0], [], skipped, self.layout.grad_norm(row))  # no stage has a loss of its own
+        losses, skipped = self.report_format.decode(row)
+        return StepResult(losses[0], [], skipped, self.report_format.grad_norm(row))  # no stage has a loss of its own
 
     def report_values(self, flags: list, losses: ReplicaLosses, norm: Any = None) -> list[list]:
-        extra = [norm] if self.layout.norm is not None else []
+        extra = [norm] if self.report_format.norm is not None else []
         return [[f] for f in flags[:-1]] + [[flags[-1], losses.chain[0], *extra]]
 
     def summary(self, summary: Summary) -> Summary:
@@ -243,7 +243,7 @@ class ChainObjective(Objective):
     def clip(self, grads: list) -> tuple[list, tf.Tensor | None]:
         if self.clip_global_norm is None:
             return grads, None
-        clipped = clip_global(self.stages, grads, self.clip_global_norm, None, repeated(self.stages))
+        clipped = clip_global(self.stages, grads, self.clip_global_norm, None, later_copies(self.stages))
         return clipped.grads, clipped.norm
 
 

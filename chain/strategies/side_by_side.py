@@ -35,7 +35,7 @@ from chain.config.schema import Settings
 from chain.data.catalog import DataInfo
 from chain.errors import OutOfMemory
 from chain.planning.devices import canonical
-from chain.planning.planner import Placement
+from chain.planning.planner import Assignment
 from chain.records.results import LossRecord
 from chain.records.summaries import OomEvent, Ranked, SideBySideFields, StageSummary, Summary, VariantFields
 from chain.steps.evaluate import validation_loss
@@ -61,7 +61,7 @@ class SideBySide(Strategy):
     def __init__(
         self,
         settings: Settings,
-        placement: Placement,
+        assignment: Assignment,
         info: DataInfo,
         batch_cut: BatchCut,
         learns: type[Objective],
@@ -73,7 +73,7 @@ class SideBySide(Strategy):
         self.oom_events: list[OomEvent] = []
         self.attempts = 0  # steps tried in this process (the test hook's clock)
         self._pending: list | None = None  # round robin: the models that finished the step in progress
-        super().__init__(settings, placement, info, batch_cut, learns, **bodies)
+        super().__init__(settings, assignment, info, batch_cut, learns, **bodies)
         for st, v in zip(self.stages, self.variants):  # the placement table names each model
             st.label = f"{v.name}: {st.describe()}" + (" (paused)" if v.paused else "")
         self.round_robin = settings.side_by_side.policy == "round_robin"

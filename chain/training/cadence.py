@@ -8,8 +8,8 @@ evaluation (each sees the state of its own step, and so do the test hooks after 
 checkpoint), and inside the profiled window (`trainer.profile`) every step is a call of its
 own, so each step has its own interval in the trace. Logging ends no call: its lines and
 TensorBoard points are written after the call, from each step's losses. With
-`placement.plan=auto` one more check is due once (`PlanCheck`): the measured step against the
-plan's prediction, after the first `PLAN_CHECK_STEPS` timed steps.
+`placement.plan=auto` one more check is due once (`chain.autoplan.step_check.PlanCheck`): the measured step
+against the plan's prediction, after its first timed steps.
 
 Steps count from 1; `done` is the number of steps taken so far (`Run.global_step`: on
 resume, the restored checkpoint's step), so a resumed run is due at the same steps as one
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chain.autoplan.step_check import PlanCheck
 from chain.config.schema import Trainer
 
 
@@ -78,31 +79,6 @@ class Logging:
     def limit(self, done: int, n: int) -> int:
         """Logging ends no call: the loop logs each step of a call after it returns."""
         return n
-
-
-# plan=auto: the timed steps (the first call, which traces, left out) the check waits for: three calls of the
-# default trainer.steps_per_call=8, so that one slow call (the machine, a thread pool warming up) is not the median
-PLAN_CHECK_STEPS = 24
-PLAN_MARGIN = 0.25  # plan=auto: a measured step further than this share from the predicted one is reported
-
-
-@dataclass(frozen=True)
-class PlanCheck:
-    """placement.plan=auto: the measured step against the predicted one, once a run: when the timed steps
-    (every call's but the first's) first reach `after`, or at the end of a run that timed fewer."""
-
-    predicted_ms: float
-    after: int = PLAN_CHECK_STEPS
-    margin: float = PLAN_MARGIN
-
-    def due(self, before: int, now: int, last: bool) -> bool:
-        """Whether the call that took the timed steps from `before` to `now` (`last`: the run's last
-        call) is the one to check after."""
-        return before < self.after <= now or (last and 0 < now < self.after)
-
-    def off(self, measured_ms: float) -> bool:
-        """Whether `measured_ms` is further from the prediction than `margin` of it, either way."""
-        return abs(measured_ms - self.predicted_ms) > self.margin * self.predicted_ms
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from chain.planning.planner import Placement
+from chain.planning.planner import Assignment
 from chain.records.summaries import Ranked
 from chain.stages.stage import Stage, stage_name
 from chain.state.atomic import writing
@@ -16,8 +16,8 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def placement_table(
-    placement: Placement, stages: Sequence[Stage], notes: Sequence[str] = (), unit: str = "stage"
+def assignment_table(
+    assignment: Assignment, stages: Sequence[Stage], notes: Sequence[str] = (), unit: str = "stage"
 ) -> str:
     """A short table: stage, device, the physical device behind it, parameters, model; then
     the placement's notes and `notes`, one `note:` line each. `unit` heads the first column
@@ -28,22 +28,22 @@ def placement_table(
     device) first; the stage rows are replica 0's.
     """
     lines = []
-    if placement.mirrored_devices:
+    if assignment.mirrored_devices:
         lines += _table(
             [("replica", "device", "physical")]
-            + [(str(i), d, placement.physical.get(d, "-")) for i, d in enumerate(placement.mirrored_devices)]
+            + [(str(i), d, assignment.physical.get(d, "-")) for i, d in enumerate(assignment.mirrored_devices)]
         )
-    if len(placement.copies) > 1:  # copies of the pipeline: replica x stage -> device
+    if len(assignment.copies) > 1:  # copies of the pipeline: replica x stage -> device
         lines += _table(
-            [("replica", *(f"stage {k}" for k in range(len(placement.copies[0]))))]
-            + [(str(r), *row) for r, row in enumerate(placement.copies)]
+            [("replica", *(f"stage {k}" for k in range(len(assignment.copies[0]))))]
+            + [(str(r), *row) for r, row in enumerate(assignment.copies)]
         )
     rows = [(unit, "device", "physical", "params", "model")]
     for s in stages:
-        device = s.device or f"all {len(placement.mirrored_devices)} replicas"
-        rows.append((str(s.index), device, placement.physical.get(s.device, "-"), f"{s.params:,}", s.describe()))
+        device = s.device or f"all {len(assignment.mirrored_devices)} replicas"
+        rows.append((str(s.index), device, assignment.physical.get(s.device, "-"), f"{s.params:,}", s.describe()))
     lines += _table(rows)
-    lines += [f"note: {n}" for n in [*placement.notes, *notes]]
+    lines += [f"note: {n}" for n in [*assignment.notes, *notes]]
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from chain.records.measured import Advice, Measured
+from chain.records.measured import Advice, MeasuredTimeline
 from chain.records.serial import RecordError, from_json, to_json
 from chain.records.summaries import ProfileFields, StageTimes, Summary
 
@@ -165,7 +165,7 @@ class Window:
 
     def _remote_addresses(self) -> list[str]:
         """`host:port` of each worker's profiler, in task order (empty: not a cluster run)."""
-        workers = self.run.placement.cluster
+        workers = self.run.assignment.cluster
         if not workers:
             return []
         ports = self.run.settings.cluster.profile_ports
@@ -219,7 +219,7 @@ class Window:
 
     def devices(self) -> list[str]:
         """Every stage's device, of every copy of the pipeline (`placement.copies`): copy 0's stages first."""
-        copies = self.run.placement.copies
+        copies = self.run.assignment.copies
         return [d for row in copies for d in row] if copies else [s.device for s in self.run.stages]
 
     def sources(self) -> list[str | None]:
@@ -253,7 +253,7 @@ class Window:
             devices,
             self.sources(),
             run.settings.trainer.grad_accum,
-            max(1, len(run.placement.copies)),
+            max(1, len(run.assignment.copies)),
             spans,
         )
         result.trace = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
@@ -299,7 +299,7 @@ class Window:
                     steps_text,
                 )
 
-    def advice(self, result: Measured) -> Advice | None:
+    def advice(self, result: MeasuredTimeline) -> Advice | None:
         """The balance advice from the measured busy times (None: balanced, or nothing measured)."""
         if not result.per_stage:
             return None
@@ -323,7 +323,7 @@ class Window:
         if result is None and os.path.exists(path):
             with open(path) as f:
                 try:
-                    result = from_json(Measured, json.load(f))
+                    result = from_json(MeasuredTimeline, json.load(f))
                 except (ValueError, RecordError) as e:
                     raise ChainError(f"{path} is not a timeline chain wrote ({e})") from None
         if result is None:

@@ -25,8 +25,10 @@ from chain.data import verify as checks
 from chain.data.stream import training_batches, validation_batches
 from chain.data.loader import Dataset
 from chain.errors import ChainError, StorageError, first_line
-from chain.planning import memory, plan_table
-from chain.planning.candidates import AutoPlan
+from chain.autoplan import table
+from chain.autoplan.step_check import PlanCheck
+from chain.planning import memory
+from chain.records.auto_plan import AutoPlan
 from chain.records.results import LossHistory, LossRecord, StepResult
 from chain.records.serial import from_json, to_json
 from chain.records.summaries import DataWait, Summary
@@ -36,8 +38,8 @@ from chain.steps.numerics import finite_or_none, judge
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import Evaluation
 from chain.training import failures, validation
-from chain.training.cadence import Cadences, PlanCheck
-from chain.training.summary import Ending, plan_fields, summarize
+from chain.training.cadence import Cadences
+from chain.training.summary import Ending, summarize
 
 if TYPE_CHECKING:
     from chain.state.checkpoints import Checkpoints
@@ -114,7 +116,7 @@ class Run:
         self.strategy = strategy
         self.dataset = dataset
         self.run_dir = run_dir
-        self.placement = strategy.placement
+        self.assignment = strategy.assignment
         self.stages = strategy.stages
         self.global_step = 0
         self._iterator = None
@@ -141,7 +143,7 @@ class Run:
     @property
     def notes(self) -> list[str]:
         """`note:` lines about the placement and about settings this run ignores."""
-        return [*self.placement.notes, *self.settings.notes]
+        return [*self.assignment.notes, *self.settings.notes]
 
     @property
     def batch_size(self) -> int:
@@ -347,7 +349,7 @@ class Run:
         what `step` returns. The summary is a dict (`chain.records.summaries.Summary` as JSON).
         """
         t = self.settings.trainer
-        workers = self.placement.cluster or self.placement.multi_worker  # other processes a step needs
+        workers = self.assignment.cluster or self.assignment.multi_worker  # other processes a step needs
         try:
             with failures.one_line(self.run_dir, self.dataset, workers, self.settings.cluster.lost_after_s):
                 self.summary = self._fit(t, callback)
@@ -366,14 +368,14 @@ class Run:
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         from chain.training.profile import Window
-        from chain.training.stall import started
+        from chain.training.stall import running_watch
 
         window = Window(self, *t.profile) if t.profile else None  # trainer.profile: the traced steps
-        watch = started(t, self.strategy, self.intact)  # trainer.stall_s: says where a step waits
+        watch = running_watch(t, self.strategy, self.intact)  # trainer.stall_s: says where a step waits
         loop = self._open()
         predicted = None
         if self.auto_plan is not None:  # logged after the placement table: chain.log keeps what was chosen
-            log.info("%s", plan_table.one_line(self.auto_plan))
+            log.info("%s", table.one_line(self.auto_plan))
             predicted = 1000.0 * self.auto_plan.chosen.step_s
         cadences = Cadences.of(t, self.settings.checkpoint.every if loop.checkpoints else 0, predicted)
         memory.reset(self.strategy.memory_devices())
@@ -427,6 +429,8 @@ class Run:
             if ckpts and self.settings.checkpoint.best
             else None
         )
+        if best is not None:
+            best.layouts = ckpts.layouts  # the run's layouts, as a resume found them
         writers = Writers(self.run_dir, len(self.stages)) if self.run_dir else None
         return _Loop(ckpts, best, writers, first, last, resumed_from, saved_at=resumed_from)
 
@@ -518,8 +522,11 @@ class Run:
         )
         summary = self.strategy.complete(summarize(self.settings, self.strategy, self.dataset, ending))
         summary = replace(
-            summary, data_wait_ms=loop.data_wait(), plan=plan_fields(self.auto_plan, loop.median_step_ms())
-        )  # None: a plan by hand
+            summary,
+            data_wait_ms=loop.data_wait(),
+            plan=table.plan_fields(self.auto_plan, loop.median_step_ms()),  # None: a plan by hand
+            layouts=list(loop.checkpoints.layouts) if loop.checkpoints else None,  # what a resume changed, and when
+        )
         if self.settings.data.lengths_vary:  # length buckets: each bucket's step traced once, never again
             shown = ", ".join(f"{n} for length {k}" for k, n in summary.traces.items())
             log.info("traces of the training step: %d (%s)", sum(summary.traces.values()), shown)
@@ -543,11 +550,11 @@ class Run:
     def _check_plan(self, check: PlanCheck, loop: _Loop) -> None:
         """plan=auto: one warning line when the measured step (the median so far) is further from the
         prediction than the check's margin, naming what may explain it."""
-        measured, p = loop.median_step_ms(), self.placement
+        measured, p = loop.median_step_ms(), self.assignment
         if measured is not None and check.off(measured):
             log.warning(
                 "%s",
-                plan_table.mismatch(
+                table.mismatch(
                     self.auto_plan,
                     measured,
                     loop.timed_steps,

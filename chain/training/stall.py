@@ -139,7 +139,7 @@ class StallWatch(threading.Thread):
             os._exit(Stalled.exit_code)  # the training thread is inside TensorFlow: nothing else ends it
 
 
-def started(trainer: Trainer, strategy: Any, intact: Callable[[], str]) -> StallWatch | None:
+def running_watch(trainer: Trainer, strategy: Any, intact: Callable[[], str]) -> StallWatch | None:
     """The running watch of `trainer.stall_s` over `strategy`'s step, or None when it is 0 (`Run.fit`
     starts it, and stops it when the loop ends)."""
     if not trainer.stall_s:

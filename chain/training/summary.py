@@ -1,11 +1,11 @@
 """summary.json as a record: what a finished run reports, built from its strategy, data and loop.
 
 `Run` hands over how the loop ended (`Ending`); `summarize` reads everything else from the
-strategy (its stages, placement, report layout and its own sections: `Strategy.summary`,
+strategy (its stages, assignment, report format and its own sections: `Strategy.summary`,
 `stage_summary`), the settings and the data set, and returns the typed `Summary`
 (`chain.records.summaries`) before the strategy completes it (`Strategy.complete`) and the
 loop adds its measured data wait, profile and, with placement.plan=auto, the plan beside its measured
-step (`plan_fields`).
+step (`chain.autoplan.table.plan_fields`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from chain.config.schema import Settings
 from chain.data.loader import Dataset
 from chain.planning import memory
-from chain.planning.candidates import AutoPlan, Prediction
-from chain.planning.planner import Placement
+from chain.planning.planner import Assignment
 from chain.records.results import LossRecord
-from chain.records.summaries import ClippingFields, PlanFields, PlannedCandidate, StageSummary, Summary
+from chain.records.summaries import ClippingFields, StageSummary, Summary
 from chain.stages.stage import Stage
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import Evaluation
@@ -40,7 +39,7 @@ class Ending:
 
 def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: Ending) -> Summary:
     """The run's summary, with the strategy's own sections (`Strategy.summary`) filled in."""
-    stages, placement = strategy.stages, strategy.placement
+    stages, assignment = strategy.stages, strategy.assignment
     skipped = [int(s.skipped.numpy()) for s in stages]
     none = LossRecord(None, [None] * len(stages))
     first, last = ending.first or none, ending.last or none
@@ -50,9 +49,9 @@ def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: 
         replace(
             strategy.stage_summary(s, stage_summary(s, skipped[s.index]), first, last),
             model=s.describe(),
-            physical=placement.physical.get(s.device),  # the report's table
+            physical=assignment.physical.get(s.device),  # the report's table
             val=vals[s.index] if s.index < len(vals) else None,
-            estimated_peak_bytes=estimate(placement, s.index),
+            estimated_peak_bytes=estimate(assignment, s.index),
         )
         for s in stages
     ]
@@ -80,7 +79,7 @@ def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: 
         data_wait_ms=None,  # the loop's (`chain.training.run`), added after
         loss_first=first.loss,
         loss_last=last.loss,
-        clipping=ClippingFields(first.grad_norm, last.grad_norm) if strategy.layout.norm is not None else None,
+        clipping=ClippingFields(first.grad_norm, last.grad_norm) if strategy.report_format.norm is not None else None,
         # The last evaluation (at the end): the chain's (mode=e2e; mode=local: per stage).
         val=evaluation.chain if evaluation else None,
         best_step=ending.best_step,
@@ -95,9 +94,9 @@ def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: 
     return strategy.summary(summary)
 
 
-def estimate(placement: Placement, k: int) -> int | None:
+def estimate(assignment: Assignment, k: int) -> int | None:
     """Stage k's estimated peak memory (`placement.footprints`, the preparation pass's), in bytes."""
-    footprints = placement.footprints
+    footprints = assignment.footprints
     return footprints[k].total if k < len(footprints) and footprints[k] is not None else None
 
 
@@ -114,41 +113,4 @@ def stage_summary(s: Stage, skipped: int) -> StageSummary:
         # (the same for every stage in mode=e2e, where the chain shares one scale).
         loss_scale=float(s.loss_scale.scale.numpy()) if s.loss_scale is not None else None,
         overflow_steps=int(s.loss_scale.overflows.numpy()) if s.loss_scale is not None else 0,
-    )
-
-
-def plan_fields(plan: AutoPlan | None, measured_ms: float | None) -> PlanFields | None:
-    """summary.json's `plan`: plan=auto's choice (None: a plan by hand), its predicted step next to the
-    run's measured one (`measured_ms`, the median timed step; None: none was timed), the planning's
-    times and counts, and the best candidates."""
-    if plan is None:
-        return None
-    predicted = 1000.0 * plan.chosen.step_s
-    return PlanFields(
-        overrides=list(plan.chosen.candidate.overrides()),
-        predicted_step_ms=predicted,
-        measured_step_ms=measured_ms,
-        ratio=measured_ms / predicted if measured_ms is not None and predicted > 0 else None,
-        measuring_s=plan.measuring_s,
-        searching_s=plan.searching_s,
-        cached=plan.cached,
-        measured_by=f"{plan.cache.measured_by}, key {plan.cache.key}" if plan.cached and plan.cache else None,
-        candidates=plan.candidates,
-        dropped_for_memory=plan.dropped_for_memory,
-        ranked=[planned(rank, p) for rank, p in enumerate(plan.ranked, 1)],
-    )
-
-
-def planned(rank: int, p: Prediction) -> PlannedCandidate:
-    """One ranked candidate's row of `plan.ranked`."""
-    c = p.candidate
-    return PlannedCandidate(
-        rank=rank,
-        overrides=list(c.overrides()),
-        predicted_step_ms=1000.0 * p.step_s,
-        examples_per_second=p.examples_per_s,
-        bubble_fraction=p.bubble,
-        devices=list(dict.fromkeys(c.devices)) if c.devices is not None else None,
-        peak_bytes=list(p.peaks),
-        memory_bytes=list(p.memory),
     )

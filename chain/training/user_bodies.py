@@ -5,7 +5,6 @@ or the pieces of one Keras model cut into stages (`model=keras`, or `chain.build
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import Callable, NamedTuple, Sequence
 
@@ -15,43 +14,15 @@ from chain.config.checks import BatchCut
 from chain.config.schema import Builder, Gpt, KerasModel, Settings
 from chain.config.shapes import human, optimizer_slots
 from chain.data.catalog import DataInfo
-from chain.errors import ConfigError, first_line
+from chain.errors import ConfigError
 from chain.schedule.schedules import Schedule
 from chain.planning import balance, footprint
-from chain.planning.planner import MIRRORED, Placement
+from chain.planning.planner import MIRRORED, Assignment
 from chain.stages import cut
 from chain.prepared import estimate
 from chain.stages.bodies import Body, from_builder
+from chain.stages.user_model import gpt_model, load_model
 from chain.strategies.objectives import objective
-
-
-def load_model(spec: KerasModel) -> keras.Model:
-    """The model of `model.path`, after importing `model.imports`; what Keras cannot rebuild is one line."""
-    import importlib
-
-    for module in spec.imports:
-        try:
-            importlib.import_module(module)
-        except Exception as e:  # an import runs the user's code: anything may be raised
-            raise ConfigError(f"model.imports: cannot import {module!r} ({type(e).__name__}: {e})") from None
-    path = spec.path
-    try:
-        return keras.models.load_model(path, compile=False, safe_mode=spec.safe_mode)
-    except Exception as e:  # Keras raises many kinds for a file it cannot read
-        text = str(e).strip()
-        if "deserialization of a `Lambda`" in text:
-            raise ConfigError(
-                f"model.path={path!r} holds Python code (a Lambda layer) that Keras runs only when told "
-                "to: if you trust the file, set model.safe_mode=false"
-            ) from None
-        unknown = re.search(r"Could not locate (?:class|function) '([^']+)'", text)
-        if unknown:
-            raise ConfigError(
-                f"model.path={path!r} uses a layer class Keras does not know ({unknown.group(1)!r}): "
-                "register it with @keras.saving.register_keras_serializable() in a module and name "
-                "that module in model.imports=[...]"
-            ) from None
-        raise ConfigError(f"model.path={path!r} cannot be loaded: {first_line(e)}") from None
 
 
 def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
@@ -68,16 +39,6 @@ def _refuse_softmax(c: cut.Cuttable, settings: Settings) -> None:
         )
 
 
-def gpt_model(settings: Settings) -> keras.Model:
-    """`model=gpt`'s transformer (`chain.stages.gpt`), taking ids of the width the data gives them."""
-    from chain.data.token_ids import ids as token_ids
-    from chain.data.verify import input_dtype
-    from chain.stages import gpt
-
-    ids = input_dtype(token_ids(settings.data).dtype)  # as the data's stream gives them (bytes: int32)
-    return gpt.build(settings.stages[0].model, ids.name, settings.data.lengths_vary, settings.data.packed)
-
-
 class Resolved(NamedTuple):
     """What `resolve` found: the stage bodies not built from the config's own models (None where a stage
     is; None: every stage is), their labels for the placement table, and the placement with what a cut
@@ -85,18 +46,18 @@ class Resolved(NamedTuple):
 
     bodies: list[Body | None] | None
     labels: list[str | None] | None
-    placement: Placement
+    assignment: Assignment
 
 
 def _cut(
     settings: Settings,
-    placement: Placement,
+    assignment: Assignment,
     info: DataInfo,
     model: keras.Model,
     name: str,
     batch_cut: BatchCut,
     schedule: Schedule | None,
-) -> tuple[list[Body], list[str], Placement]:
+) -> tuple[list[Body], list[str], Assignment]:
     c = cut.analyse(model, name)
     # A model with several inputs (a dict, as keras_hub's) takes its batches from `Run.step(x_dict, y)`:
     # the config's data set has one input array, so there is nothing to fit it to.
@@ -111,20 +72,22 @@ def _cut(
     costs = None
     if p.balance == "time" and p.split is None:
         from chain.stages.examples import feed
-        from chain.stages.timing import piece_times
+        from chain.stages.timing import link_times
 
-        devices = [placement.local_mirrored_devices[0]] * k if placement.layout == MIRRORED else list(placement.devices)
-        measured = piece_times(
+        devices = (
+            [assignment.local_mirrored_devices[0]] * k if assignment.topology == MIRRORED else list(assignment.devices)
+        )
+        measured = link_times(
             c,
             devices,
-            placement.physical,
+            assignment.physical,
             batch_cut.per_microbatch,
             feed(settings, info, c.layers),
             progress=settings.trainer.progress,
         )
         costs = [measured.layer_costs(d) for d in devices]
     if p.balance == "memory" and p.split is None:
-        played = estimate.played(settings, placement, schedule)
+        played = estimate.schedule_played(settings, assignment, schedule)
         costs = footprint.layer_costs(
             c.params(),
             c.outputs(),
@@ -137,11 +100,11 @@ def _cut(
     learns = objective(settings.mode)
     one_tensor = f"mode={settings.mode}" if learns.heads and learns.chained else None
     sizes = cut.split(c, k, p.split, p.balance, costs, one_tensor)
-    footprints = tuple(_footprints(c, sizes, settings, placement, batch_cut, schedule))
-    note = _balance_note(c, sizes, costs, footprints, settings, placement, batch_cut, schedule)
+    footprints = tuple(_footprints(c, sizes, settings, assignment, batch_cut, schedule))
+    note = _balance_note(c, sizes, costs, footprints, settings, assignment, batch_cut, schedule)
     bounds = [0, *balance.sizes_to_cuts(sizes), len(c.layers)]
     labels = [cut.describe(c, a, b) for a, b in zip(bounds, bounds[1:])]
-    return cut.pieces(c, sizes), labels, replace(placement, footprints=footprints).noted(*([note] if note else []))
+    return cut.pieces(c, sizes), labels, replace(assignment, footprints=footprints).noted(*([note] if note else []))
 
 
 def _balance_note(
@@ -150,7 +113,7 @@ def _balance_note(
     costs: list[list[float]] | None,
     footprints: Sequence[footprint.Footprint | None],
     settings: Settings,
-    placement: Placement,
+    assignment: Assignment,
     batch_cut: BatchCut,
     schedule: Schedule | None,
 ) -> str | None:
@@ -168,7 +131,7 @@ def _balance_note(
 
         return (
             f"placement.balance=memory: split {sizes}: estimated peaks {peaks(footprints)}; "
-            f"the even split {even}: {peaks(_footprints(c, even, settings, placement, batch_cut, schedule))}"
+            f"the even split {even}: {peaks(_footprints(c, even, settings, assignment, batch_cut, schedule))}"
         )
     if even is None or (costs is None and p.balance != "params"):
         return None
@@ -190,7 +153,7 @@ def _footprints(
     c: cut.Cuttable,
     sizes: Sequence[int],
     settings: Settings,
-    placement: Placement,
+    assignment: Assignment,
     batch_cut: BatchCut,
     schedule: Schedule | None,
 ) -> list[footprint.Footprint | None]:
@@ -201,12 +164,12 @@ def _footprints(
         footprint.StageCost(sum(params[a:b]), sum(outputs[a:b]), c.crossing(a), c.crossing(b), max(params[a:b]))
         for a, b in zip(bounds, bounds[1:])
     ]
-    return estimate.from_costs(settings, placement, batch_cut, costs, schedule)
+    return estimate.from_costs(settings, assignment, batch_cut, costs, schedule)
 
 
 def resolve(
     settings: Settings,
-    placement: Placement,
+    assignment: Assignment,
     info: DataInfo,
     batch_cut: BatchCut,
     stages: Sequence[Callable] | None = None,
@@ -236,16 +199,16 @@ def resolve(
             )
         names = [getattr(fn, "__qualname__", type(fn).__name__) for fn in stages]
         return Resolved(
-            [from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, placement
+            [from_builder(fn, None, f"stage builder {n}") for fn, n in zip(stages, names)], names, assignment
         )
     if gpt_spec is not None and stages is None and model is None:  # the built-in transformer, cut as a file's model
-        return Resolved(*_cut(settings, placement, info, gpt_model(settings), "model=gpt", batch_cut, schedule))
+        return Resolved(*_cut(settings, assignment, info, gpt_model(settings), "model=gpt", batch_cut, schedule))
     if model is not None or keras_spec is not None:
         name = keras_spec.path if model is None else (model.name or "model")
         return Resolved(
             *_cut(
                 settings,
-                placement,
+                assignment,
                 info,
                 model if model is not None else load_model(keras_spec),
                 name,
@@ -254,7 +217,7 @@ def resolve(
             )
         )
     if not any(isinstance(s.model, Builder) for s in settings.stages):
-        return Resolved(None, None, placement)
+        return Resolved(None, None, assignment)
     bodies, labels = [], []
     for i, s in enumerate(settings.stages):
         if isinstance(s.model, Builder):
@@ -263,4 +226,4 @@ def resolve(
         else:
             bodies.append(None)
             labels.append(None)
-    return Resolved(bodies, labels, placement)
+    return Resolved(bodies, labels, assignment)

@@ -1,8 +1,8 @@
-"""The ways of training: which distribution, given which objective, trains a (placement layout, mode) pair.
+"""The ways of training: which distribution, given which objective, trains a (topology, mode) pair.
 
-| `placement.layout` | mode=local (`LocalObjective`) | mode=e2e (`ChainObjective`) |
+| `Assignment.topology` | mode=local (`LocalObjective`) | mode=e2e (`ChainObjective`) |
 |---|---|---|
-| `pipeline` (a device per stage) | `Pipelined` | `Scheduled` (a pipeline schedule) |
+| `pipeline` (a device per stage) | `DevicePerStage` | `Scheduled` (a pipeline schedule) |
 | `mirrored` (every stage on every replica) | `Mirrored` | `Mirrored` |
 | `pipeline_replicas` (copies of the pipeline) | - | `Replicated` |
 
@@ -26,11 +26,11 @@ from chain.data.catalog import DataInfo
 from chain.pipeline.replicas import Replicated
 from chain.schedule.schedules import Schedule
 from chain.pipeline.strategy import Scheduled
-from chain.planning.planner import MIRRORED, PIPELINE, REPLICATED, Placement
+from chain.planning.planner import MIRRORED, PIPELINE, REPLICATED, Assignment
 from chain.strategies.base import Strategy
 from chain.strategies.mirrored import Mirrored
 from chain.strategies.objectives import ChainObjective, Independent, LocalObjective, Objective
-from chain.strategies.pipelined import Pipelined
+from chain.strategies.device_per_stage import DevicePerStage
 from chain.strategies.side_by_side import SideBySide
 
 
@@ -44,7 +44,7 @@ class Way:
 
 
 TABLE: dict[tuple[str, str], Way] = {
-    (PIPELINE, "local"): Way(Pipelined, LocalObjective),
+    (PIPELINE, "local"): Way(DevicePerStage, LocalObjective),
     (PIPELINE, "e2e"): Way(Scheduled, ChainObjective),
     (MIRRORED, "local"): Way(Mirrored, LocalObjective),
     (MIRRORED, "e2e"): Way(Mirrored, ChainObjective),
@@ -53,15 +53,15 @@ TABLE: dict[tuple[str, str], Way] = {
 }
 
 
-def for_mode(mode: str, layout: str = PIPELINE) -> Way:
-    """The way that trains `mode` on a placement's `layout` (pipeline: a device per stage); its
+def for_mode(mode: str, topology: str = PIPELINE) -> Way:
+    """The way that trains `mode` on an assignment's `topology` (pipeline: a device per stage); its
     objective's `heads` and `readout` say what its stages are built with."""
-    return TABLE[(layout, mode)]
+    return TABLE[(topology, mode)]
 
 
 def create(
     settings: Settings,
-    placement: Placement,
+    assignment: Assignment,
     info: DataInfo,
     batch_cut: BatchCut,
     schedule: Schedule | None = None,
@@ -73,10 +73,10 @@ def create(
     which the distributions that run one (`Scheduled` and its copies) are given.
     `bodies`: `bodies=` and `labels=` for stages not built from the config (`chain.stages.bodies`).
     """
-    way = for_mode(settings.mode, placement.layout)
+    way = for_mode(settings.mode, assignment.topology)
     if issubclass(way.distribution, Scheduled):
         if schedule is None:
             name = f"{way.distribution.title}{way.objective.title}"
             raise ValueError(f"{name} runs a pipeline schedule: give the RunSpec's (chain.prepared.prepare)")
-        return way.distribution(settings, placement, info, batch_cut, way.objective, schedule, **bodies)
-    return way.distribution(settings, placement, info, batch_cut, way.objective, **bodies)
+        return way.distribution(settings, assignment, info, batch_cut, way.objective, schedule, **bodies)
+    return way.distribution(settings, assignment, info, batch_cut, way.objective, **bodies)

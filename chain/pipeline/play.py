@@ -75,7 +75,7 @@ stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait
 The code follows the same shape: `play_schedule` walks the schedule's actions and `play_action` calls the
 handler of each action's kind from `HANDLERS` (forward, backward, and a split schedule's input and weight
 gradients); what an action leaves for a later one is a named record (`Forwarded`, `Replayable`, `Waiting`,
-`Halfway`) in the play's one `PlayState`; what every play shares is one frozen `PlayPlan`, its options
+`Halfway`) in the play's one `PlayState`; what every play shares is one frozen `Playbook`, its options
 one `StepOptions`. The benchmarks leave a piece of this machinery out by patching the function that adds
 it (`chained`, `release`, `weights_first`, `summed_in_turn`: scripts/ablations.py), not by an option.
 """
@@ -109,7 +109,7 @@ from chain.schedule.schedules import (
 )
 from chain.planning.devices import canonical
 from chain.stages.stage import Stage
-from chain.stages.tied_weights import repeated
+from chain.stages.tied_weights import later_copies
 from chain.steps import xla
 from chain.steps.clipping import clip_global
 from chain.steps.deferred_norm import Deferred, Pooled
@@ -465,8 +465,8 @@ class Halfway:
 
 
 @dataclass(frozen=True)
-class PlayPlan:
-    """What every play of one step's schedule shares, worked out once (`play_plan`)."""
+class Playbook:
+    """What every play of one step's schedule shares, worked out once (`playbook`)."""
 
     stages: Sequence[Stage]
     schedule: Schedule
@@ -547,23 +547,23 @@ def e2e_play(
     which, `Action.scope`) and averages the gradients over the copies first. With `progress`, `base`
     (`Progress.begin`'s, once per step) starts the values of the markers each action sets when done."""
     options = StepOptions(grad_accum, jit_compile, recompute_policy, replica, progress)
-    plan = play_plan(stages, schedule, loss, target, options, batch_cut)
+    book = playbook(stages, schedule, loss, target, options, batch_cut)
 
     def play(x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
-        return play_schedule(plan, x, ys, base)
+        return play_schedule(book, x, ys, base)
 
     return play
 
 
-def play_plan(
+def playbook(
     stages: Sequence[Stage],
     schedule: Schedule,
     loss: Callable,
     target: Target,
     options: StepOptions,
     batch_cut: BatchCut | None = None,
-) -> PlayPlan:
-    """The `PlayPlan` of `schedule` over `stages`, each round's batch cut as `batch_cut` says (None:
+) -> Playbook:
+    """The `Playbook` of `schedule` over `stages`, each round's batch cut as `batch_cut` says (None:
     into the schedule's microbatches); refuses a schedule the stages or the cut cannot play."""
     microbatches = schedule.microbatches if batch_cut is None else batch_cut.microbatches
     _refuse_unplayable(stages, schedule, options, microbatches)
@@ -572,7 +572,7 @@ def play_plan(
     # A split backward keeps every layer's output where the model allows it (not under XLA, whose
     # compiled forward shows none of them): W then starts from the gradients B left there.
     keeps = tuple(split and not options.jit_compile and layer_by_layer(s) for s in stages)
-    plan = PlayPlan(
+    book = Playbook(
         stages,
         schedule,
         target,
@@ -587,7 +587,7 @@ def play_plan(
         forwards=_forwards(stages, loss, keeps, options.jit_compile),
         loss_weights=getattr(loss, "weights", None),
     )
-    return dataclasses.replace(plan, deferred=deferred_forwards(order, len(stages) - 1, plan.replayed))
+    return dataclasses.replace(book, deferred=deferred_forwards(order, len(stages) - 1, book.replayed))
 
 
 def chained(schedule: Schedule, grad_accum: int) -> bool:
@@ -629,37 +629,37 @@ def _forwards(stages: Sequence[Stage], loss: Callable, keeps: tuple[bool, ...], 
     )
 
 
-def play_schedule(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
+def play_schedule(book: Playbook, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None = None) -> Played:
     """The driver: every action of `plan.order` traced by its kind's handler, then the batch's loss."""
-    state = _start(plan, x, ys, base)
-    for action in plan.order:
-        play_action(plan, state, action)
+    state = _start(book, x, ys, base)
+    for action in book.order:
+        play_action(book, state, action)
     # The reported loss is what the chain minimizes: every stage's regularization included.
-    device = plan.stages[plan.last].device
-    reported = state.microbatch_losses + regularization_total(state.regs, plan.stages, device)
+    device = book.stages[book.last].device
+    reported = state.microbatch_losses + regularization_total(state.regs, book.stages, device)
     with tf.device(device):
         total = tf.add_n(reported)
     return Played(state.accumulated, total, state.previous)
 
 
-def _start(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None) -> PlayState:
+def _start(book: Playbook, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tensor | None) -> PlayState:
     """A play's state, with the batch and its labels cut into microbatches: each crosses to the first or
     last stage once and is cut on the device that consumes it."""
-    stages, last = plan.stages, plan.last
+    stages, last = book.stages, book.last
     x0 = copy_to(x, stages[0].device, "input")
-    y_last = copy_to(ys[plan.target.name], stages[last].device, "labels")
+    y_last = copy_to(ys[book.target.name], stages[last].device, "labels")
     with tf.device(stages[0].device):
-        xs = tf.split(x0, plan.n_micro, name="microbatches") if tf.is_tensor(x0) else chunks_of(x0, plan.n_micro)
+        xs = tf.split(x0, book.n_micro, name="microbatches") if tf.is_tensor(x0) else chunks_of(x0, book.n_micro)
     with tf.device(stages[last].device):
-        labels = tf.split(y_last, plan.n_micro, name="microbatch_labels")
-        weights = plan.loss_weights(labels) if plan.loss_weights else None  # before any backward needs them
-    rows = plan.schedule.devices
+        labels = tf.split(y_last, book.n_micro, name="microbatch_labels")
+        weights = book.loss_weights(labels) if book.loss_weights else None  # before any backward needs them
+    rows = book.schedule.devices
     return PlayState(
         xs,
         labels,
         weights,
         base,
-        plan.options.progress is not None and base is not None,
+        book.options.progress is not None and base is not None,
         tf.compat.v1.get_default_graph(),
         accumulated=[None] * len(stages),
         previous=[[] for _ in range(rows)],
@@ -668,74 +668,74 @@ def _start(plan: PlayPlan, x: tf.Tensor, ys: dict[str, tf.Tensor], base: tf.Tens
     )
 
 
-def play_action(plan: PlayPlan, state: PlayState, action: Action) -> None:
+def play_action(book: Playbook, state: PlayState, action: Action) -> None:
     """One action: its handler's ops in its name scope, after its device row's previous action; then the
     op it ends with (the row's next action waits on it), its stall marker and its release."""
-    device, row, options = plan.stages[action.stage].device, plan.schedule.row(action.stage), plan.options
+    device, row, options = book.stages[action.stage].device, book.schedule.row(action.stage), book.options
     first_op = len(state.graph.get_operations())
     held = testhooks.hold(action.scope(), state.previous[row], host())  # tests only: None unless asked
     if held is not None:
         state.previous[row] = [held]
     with tf.name_scope(action.scope()), tf.control_dependencies(state.previous[row]):
-        done_ops = HANDLERS[plan.kind(action)](plan, state, action, first_op)  # None: every op of the action
+        done_ops = HANDLERS[book.kind(action)](book, state, action, first_op)  # None: every op of the action
         end = None
-        if plan.ordered or state.marked:
+        if book.ordered or state.marked:
             ops = state.graph.get_operations()[first_op:] if done_ops is None else done_ops
-            end = _done(ops, device) if plan.ordered else _finished(ops, device)
-        if plan.ordered:
+            end = _done(ops, device) if book.ordered else _finished(ops, device)
+        if book.ordered:
             state.previous[row] = [end]
     if state.marked:  # outside the action's scope: a host op, not the action's work in a trace
         state.finished[row] += 1
         options.progress.mark(
             state.base,
-            options.replica * plan.schedule.devices + row,
+            options.replica * book.schedule.devices + row,
             state.finished[row],
             end,
             f"progress_{action.scope()}",
         )
-    if plan.ordered and sends(action, [s.device for s in plan.stages]):
+    if book.ordered and sends(action, [s.device for s in book.stages]):
         state.previous[row] = [release(state.previous[row][0], action)]  # the send goes out before the stage goes on
 
 
-def _taped(plan: PlayPlan, state: PlayState, k: int, h: tf.Tensor, m: int, persistent: bool = False) -> Taped:
+def _taped(book: Playbook, state: PlayState, k: int, h: tf.Tensor, m: int, persistent: bool = False) -> Taped:
     """Stage k's forward on microbatch m from `h`, under a tape (`persistent`: a split backward asks it twice)."""
     with tf.GradientTape(persistent=persistent) as tape:
         if k > 0:
             tape.watch(differentiable(h))
-        forward, share = plan.forwards[k], 1.0 / plan.n_micro
-        if k != plan.last:
+        forward, share = book.forwards[k], 1.0 / book.n_micro
+        if k != book.last:
             result = forward(h, share)
         elif state.loss_weights is None:
             result = forward(h, state.labels[m], share)
         else:  # its real labels' share of the batch's (`ignore_class`)
             result = forward(h, state.labels[m], share, state.loss_weights[m])
-        kept = result[-1] if plan.keeps[k] else None
-        result = result[:-1] if plan.keeps[k] else result
-        if k == plan.last:
+        kept = result[-1] if book.keeps[k] else None
+        result = result[:-1] if book.keeps[k] else result
+        if k == book.last:
             value, out = result
             return Taped(tape, out, value, None, kept)
         out, reg, scaled_reg = result
         return Taped(tape, out, reg, scaled_reg, kept)
 
 
-def _forward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -> None:
+def _forward(book: Playbook, state: PlayState, action: Action, first_op: int) -> None:
     """F(k, m): the activation from stage k-1 (stage 0: its microbatch), the forward, and what B needs."""
-    k, m, s = action.stage, action.microbatch, plan.stages[action.stage]
+    k, m, s = action.stage, action.microbatch, book.stages[action.stage]
     h = state.xs[m] if k == 0 else copy_to(state.outputs.pop((k - 1, m)), s.device, activation_copy(k, m))
     with tf.device(s.device):
-        if k == plan.last and m in plan.deferred:  # nothing runs yet: only the input is kept, and B runs it, once
+        if k == book.last and m in book.deferred:  # nothing runs yet: only the input is kept, and B runs it, once
             state.saved[(k, m)] = Waiting(h)
             state.loss_slot[m] = len(state.microbatch_losses)
             state.microbatch_losses.append(None)  # B's forward fills it
             return None
-        if plan.replayed(k, m):  # no tape kept: the intermediates die here; only `h` and the model's state stay
+        if book.replayed(k, m):  # no tape kept: the intermediates die here; only `h` and the model's state stay
             saved = Replayable(h, snapshot(s.model))
-            taped = _taped(plan, state, k, h, m)
+            taped = _taped(book, state, k, h, m)
         else:
-            taped = _taped(plan, state, k, h, m, persistent=plan.split)
+            taped = _taped(book, state, k, h, m, persistent=book.split)
             saved = Forwarded(h, taped)
         state.saved[(k, m)] = saved
-    if k == plan.last:
+    if k == book.last:
         state.microbatch_losses.append(taped.value)
     else:
         state.outputs[(k, m)] = taped.output
@@ -744,33 +744,33 @@ def _forward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) ->
     return None
 
 
-def _output_gradient(plan: PlayPlan, state: PlayState, k: int, m: int) -> tf.Tensor | None:
+def _output_gradient(book: Playbook, state: PlayState, k: int, m: int) -> tf.Tensor | None:
     """dL/d(output) of F(k, m), copied from stage k+1 (the last stage: None, it starts from its loss)."""
-    if k == plan.last:
+    if k == book.last:
         return None
-    return copy_to(state.input_grads.pop((k + 1, m)), plan.stages[k].device, gradient_copy(k, m))
+    return copy_to(state.input_grads.pop((k + 1, m)), book.stages[k].device, gradient_copy(k, m))
 
 
-def _retaped(plan: PlayPlan, state: PlayState, saved: Forwarded | Replayable | Waiting, k: int, m: int) -> Taped:
+def _retaped(book: Playbook, state: PlayState, saved: Forwarded | Replayable | Waiting, k: int, m: int) -> Taped:
     """The tape B(k, m) differentiates: F's, or the forward run now (deferred: its only run; recomputed:
     again, from its input, with the model's state as F found it)."""
     if isinstance(saved, Waiting):
-        taped = _taped(plan, state, k, saved.input, m)
+        taped = _taped(book, state, k, saved.input, m)
         state.microbatch_losses[state.loss_slot.pop(m)] = taped.value
         return taped
     if isinstance(saved, Replayable):
-        return replay(plan.stages[k].model, saved.state, lambda: _taped(plan, state, k, saved.input, m))
+        return replay(book.stages[k].model, saved.state, lambda: _taped(book, state, k, saved.input, m))
     return saved.taped
 
 
-def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -> None:
+def _backward(book: Playbook, state: PlayState, action: Action, first_op: int) -> None:
     """B(k, m) of a schedule that does not split it: the input's and the weights' gradients, the latter
     added to stage k's sums (`first_op`: the action's first op, for `weights_first`)."""
-    k, m, s = action.stage, action.microbatch, plan.stages[action.stage]
+    k, m, s = action.stage, action.microbatch, book.stages[action.stage]
     saved = state.saved.pop((k, m))
-    g = _output_gradient(plan, state, k, m)
+    g = _output_gradient(book, state, k, m)
     with tf.device(s.device):
-        taped = _retaped(plan, state, saved, k, m)
+        taped = _retaped(book, state, saved, k, m)
         ins = differentiable(saved.input) if k > 0 else []  # stage 0 needs no dL/dx
         sources = ins + s.gradient_variables
         targets, start = _seeds(taped.output, g, taped.scaled_reg)  # the stage's own term starts it too
@@ -778,17 +778,17 @@ def _backward(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -
         if k > 0:
             state.input_grads[(k, m)] = input_gradient(saved.input, grads[: len(ins)])
         grads = grads[len(ins) :]
-        if not plan.options.jit_compile:  # compiled: one call op, nothing to order
+        if not book.options.jit_compile:  # compiled: one call op, nothing to order
             weights_first(grads, state.graph.get_operations()[first_op:])
-        state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
+        state.accumulated[k] = add_grads(state.accumulated[k], lend_back(book.stages, state.accumulated, k, grads))
     return None
 
 
-def _input_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -> list[tf.Operation]:
+def _input_gradient(book: Playbook, state: PlayState, action: Action, first_op: int) -> list[tf.Operation]:
     """B(k, m) of a split schedule: the input's gradient now, and the gradients at each kept output for W."""
-    k, m, s = action.stage, action.microbatch, plan.stages[action.stage]
+    k, m, s = action.stage, action.microbatch, book.stages[action.stage]
     saved = state.saved.pop((k, m))  # a `Forwarded`: a split backward does not recompute
-    g = _output_gradient(plan, state, k, m)
+    g = _output_gradient(book, state, k, m)
     with tf.device(s.device):
         taped = saved.taped
         targets, start = _seeds(taped.output, g, taped.scaled_reg)
@@ -801,20 +801,20 @@ def _input_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: 
     return [t.op for t in grads if t is not None]  # not the weights' products the tape builds too: W's, later
 
 
-def _weight_gradient(plan: PlayPlan, state: PlayState, action: Action, first_op: int) -> list[tf.Operation]:
+def _weight_gradient(book: Playbook, state: PlayState, action: Action, first_op: int) -> list[tf.Operation]:
     """W(k, m): the weights' gradients, from what B left, added to stage k's sums."""
-    k, s = action.stage, plan.stages[action.stage]
+    k, s = action.stage, book.stages[action.stage]
     half = state.halfway.pop((k, action.microbatch))
     with tf.device(s.device):
         grads = weight_gradients(s, half.targets, half.start, half.kept, half.kept_grads, tf.nest.flatten(half.input))
-        state.accumulated[k] = add_grads(state.accumulated[k], lend_back(plan.stages, state.accumulated, k, grads))
+        state.accumulated[k] = add_grads(state.accumulated[k], lend_back(book.stages, state.accumulated, k, grads))
     done_ops = [t.op for t in grads if t is not None]  # not the side branches tf.gradients leaves
     return done_ops + summed_in_turn(state.accumulated[k], done_ops)  # and the sums: see `summed_in_turn`
 
 
 # One handler per kind of action: (plan, state, action, the action's first op) -> the ops the stage's next
 # action waits for (None: every op of the action).
-HANDLERS: dict[str, Callable[[PlayPlan, PlayState, Action, int], list[tf.Operation] | None]] = {
+HANDLERS: dict[str, Callable[[Playbook, PlayState, Action, int], list[tf.Operation] | None]] = {
     FORWARD: _forward,
     BACKWARD: _backward,
     INPUT_GRADIENT: _input_gradient,
@@ -851,7 +851,7 @@ def finish(
     outcomes = shared_outcomes(stages, grads, total, stages[last].device)  # float16 only
     norm, verdicts = None, [None] * len(stages)
     if clip_global_norm is not None:  # after unscaling and the overflow decision, before the updates
-        clipped = clip_global(stages, grads, clip_global_norm, stages[last].device, repeated(stages))
+        clipped = clip_global(stages, grads, clip_global_norm, stages[last].device, later_copies(stages))
         grads, norm, verdicts = clipped.grads, clipped.norm, clipped.finite  # the norm is the guard's verdict
     values = []
     for s, g, outcome, verdict, scope in zip(stages, grads, outcomes, verdicts, scopes):

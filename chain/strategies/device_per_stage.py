@@ -1,4 +1,4 @@
-"""The `Pipelined` distribution: each stage on its own device, each learning on its own.
+"""The `DevicePerStage` distribution: each stage on its own device, each learning on its own.
 
 Stage k lives on `placement.devices[k]`; one `tf.function` per step runs every stage on its own
 head and loss, activations passed forward with their gradient stopped (`chain.steps.local`):
@@ -15,11 +15,11 @@ from chain.steps.local import local_step
 from chain.strategies.base import Strategy
 
 
-class Pipelined(Strategy):
+class DevicePerStage(Strategy):
     """Stage k on `placement.devices[k]`; data crosses devices only through explicit copies."""
 
     name = PIPELINE
-    title = "Pipelined"
+    title = "DevicePerStage"
 
     def make_step(self) -> Callable:
         t = self.settings.trainer

@@ -1,11 +1,11 @@
 """`placement.plan=auto` in the build: measure the model on the run's devices (or read the run
-directory's cache of it), search, and make the chosen plan's `RunSpec` (`chain.prepared.plan_choice`).
+directory's cache of it), search, and make the chosen plan's `RunSpec` (`chain.autoplan.choice`).
 
 Runs after the user's plan was applied (`chain.training.build.apply`): logical devices are configured
 once per process, so the pool the search draws from is the devices that exist then (this machine's
 logical devices of the plan's kind, or the cluster workers' devices), and a chosen plan names its
 devices among them (`placement.devices`). The measurements are written to RUN_DIR/plan_costs.json
-(`chain.records.serial`, atomically) with the key of what they depend on (`chain.planning.cost_cache`): a
+(`chain.records.serial`, atomically) with the key of what they depend on (`chain.autoplan.cache`): a
 resume, whose key is the same, reads them and measures nothing; a run of another model, batch, devices,
 settings or versions in the directory measures again.
 """
@@ -21,32 +21,30 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import keras
 
+from chain.autoplan import cache, choice
 from chain.config import Settings
 from chain.config.schema import Conv
-from chain.planning import cost_cache
-from chain.planning.candidates import CacheUse
-from chain.planning.cost_cache import CostFile, CostKey
 from chain.planning.footprint import StageCost
-from chain.planning.search import Costs
-from chain.prepared import RunSpec, plan_choice
+from chain.prepared import RunSpec
 from chain.records import serial
+from chain.records.auto_plan import CacheUse, CostFile, CostKey, Costs, digest
 
 if TYPE_CHECKING:
     from chain.stages.cut import Cuttable
 
-CACHE = cost_cache.NAME
+CACHE = cache.NAME
 
 
 def wanted(spec: RunSpec) -> bool:
     """Whether `spec` asks for plan=auto and has not been planned yet."""
-    return plan_choice.is_auto(spec.settings) and spec.auto_plan is None
+    return choice.is_auto(spec.settings) and spec.auto_plan is None
 
 
 @dataclass(frozen=True)
-class Measured:
+class Measurement:
     """What the search reads for a spec: the `Costs` (measured, or the run directory's cache: `cached`),
     what the cache held (`cache`: None, nothing) and, for a cut model, each stage's memory cost by its
-    piece range (None: a built-in model's, from the config)."""
+    link range (None: a built-in model's, from the config)."""
 
     costs: Costs
     cached: bool
@@ -54,25 +52,25 @@ class Measured:
     cache: CacheUse | None = None
 
 
-def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> Measured:
+def measurement(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> Measurement:
     """The costs of `spec`'s model on the devices its applied placement has (the pool), from
     RUN_DIR/plan_costs.json when a run there measured them with this run's `CostKey` (the same model,
     batch, devices, settings and versions), else measured now and written there with the key and this run's
     name. `model`: the model `chain.build(cfg, model=...)` was given (else `model.path`'s)."""
     s = spec.settings
-    cut_model = model is not None or plan_choice.is_cut_model(s) or plan_choice.is_gpt(s)
+    cut_model = model is not None or choice.is_cut_model(s) or choice.is_gpt(s)
     pool, physical = _pool(spec)
     cuttable = None
     if cut_model:
         from chain.stages import cut
-        from chain.training.user_bodies import gpt_model, load_model
+        from chain.stages.user_model import gpt_model, load_model
 
-        gpt = model is None and plan_choice.is_gpt(s)
+        gpt = model is None and choice.is_gpt(s)
         source = model if model is not None else gpt_model(s) if gpt else load_model(s.stages[0].model)
         cuttable = cut.analyse(source, "model=gpt" if gpt else source.name or "model")
     key = cost_key(spec, pool, physical, cuttable)
     path = os.path.join(run_dir, CACHE) if run_dir else None
-    costs, use = cost_cache.lookup(cost_cache.read(path), key) if path else (None, None)
+    costs, use = cache.lookup(cache.read(path), key) if path else (None, None)
     cached = costs is not None
     if costs is None:
         costs = _measure(s, spec, pool, physical, cuttable)
@@ -82,13 +80,13 @@ def measured(spec: RunSpec, run_dir: str | None, model: keras.Model | None = Non
             os.makedirs(run_dir, exist_ok=True)
             label = cuttable.name if model is not None else s.stages[0].model.describe()  # keras(FILE), mlp(...)
             write_json(path, serial.to_json(CostFile(key, _this_run(label), costs)))
-    return Measured(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None, use)
+    return Measurement(costs, cached, _cut_costs(cuttable, costs) if cuttable is not None else None, use)
 
 
 def cost_key(
     spec: RunSpec, pool: Sequence[str], physical: Mapping[str, str], cuttable: Cuttable | None = None
 ) -> CostKey:
-    """Everything the measurements of `spec`'s model on `pool` depend on (`chain.planning.cost_cache`): a cut
+    """Everything the measurements of `spec`'s model on `pool` depend on (`chain.autoplan.cache`): a cut
     model's structure (`cuttable`) and the vocabulary its ids are drawn from, else the config's stages, their
     targets and the data's shape; the batch and the microbatch sizes measured; the devices; the optimizer and the
     measuring's budget; the libraries' versions."""
@@ -96,9 +94,9 @@ def cost_key(
     if cuttable is not None:
         from chain.stages.examples import feed
 
-        model = cost_cache.digest([cuttable.structure(), feed(s, info, cuttable.layers).vocab])
+        model = digest([cuttable.structure(), feed(s, info, cuttable.layers).vocab])
     else:  # a built-in model is what its stages' settings and the data's shape and targets make of it
-        model = cost_cache.digest([repr(st.model) for st in s.stages] + [repr(info.target(s.stages[-1].target))])
+        model = digest([repr(st.model) for st in s.stages] + [repr(info.target(s.stages[-1].target))])
     settings = f"optim={s.stages[0].optim!r} placement.plan_budget_s={s.placement.plan_budget_s!r}"
     return CostKey(
         model=model,
@@ -134,11 +132,11 @@ def _this_run(model: str) -> str:
 
 def settle(spec: RunSpec, run_dir: str | None, model: keras.Model | None = None) -> RunSpec:
     """The chosen plan's `RunSpec` (`RunSpec.auto_plan` set) for a `spec` whose placement was applied
-    (`measured`, then `chain.prepared.plan_choice.choose` and `planned`)."""
-    m = measured(spec, run_dir, model)
-    plan = plan_choice.choose(spec, m.costs, m.stage_cost)
+    (`measurement`, then `chain.autoplan.choice.choose` and `chosen_spec`)."""
+    m = measurement(spec, run_dir, model)
+    plan = choice.choose(spec, m.costs, m.stage_cost)
     plan = replace(plan, measuring_s=0.0 if m.cached else m.costs.measuring_s, cached=m.cached, cache=m.cache)
-    return plan_choice.planned(spec, plan)
+    return choice.chosen_spec(spec, plan)
 
 
 def _pool(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
@@ -148,7 +146,7 @@ def _pool(spec: RunSpec) -> tuple[list[str], dict[str, str]]:
 
     from chain.planning.devices import canonical
 
-    p = spec.placement
+    p = spec.assignment
     if p.cluster:  # as `chain.planning.planner.plan_cluster` pools them: the workers' GPUs, else each one's CPU
         from chain.planning import cluster
 
@@ -172,25 +170,26 @@ def _sizes(batch: int, pool: int, max_microbatches: int = 64) -> list[int]:
 
 
 def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, str], cuttable) -> Costs:
-    """Build the pieces on the pool's first device and time them (`chain.stages.plan_timing`)."""
-    from chain.stages import assemble, examples, plan_timing
+    """Build the links on the pool's first device and time them (`chain.autoplan.measure`)."""
+    from chain.autoplan import measure
+    from chain.stages import assemble, examples
 
     started = time.perf_counter()
     info = spec.data_info
     whole, twin, reduce = None, None, None
     if cuttable is None:
         models, same = _built_in(s, spec, pool[0])
-        pieces = [(k, k + 1) for k in range(len(models))]
+        links = [(k, k + 1) for k in range(len(models))]
         params = [int(sum(v.numpy().size for v in m.trainable_variables)) for m in models]
     else:
         points = cuttable.points()
-        pieces = list(zip(points, points[1:]))
+        links = list(zip(points, points[1:]))
         layer_params = cuttable.params()
-        params = [sum(layer_params[a:b]) for a, b in pieces]
+        params = [sum(layer_params[a:b]) for a, b in links]
         same = None
-        models = _cut(cuttable, pieces, tuple(info.input_shape), pool[0])
-        if len(pieces) > 1:  # the pieces' times are checked against the whole's
-            whole = _cut(cuttable, [(pieces[0][0], pieces[-1][1])], tuple(info.input_shape), pool[0], "whole")[0]
+        models = _cut(cuttable, links, tuple(info.input_shape), pool[0])
+        if len(links) > 1:  # the links' times are checked against the whole's
+            whole = _cut(cuttable, [(links[0][0], links[-1][1])], tuple(info.input_shape), pool[0], "whole")[0]
     if len(pool) > 1 and physical[pool[0]] != physical[pool[1]]:  # the exchange and a crossing are timed
         from chain.pipeline.replicas import reduce_mean
 
@@ -198,14 +197,14 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
         twin = (
             _built_in(s, spec, pool[1])[0]
             if cuttable is None
-            else _cut(cuttable, pieces, tuple(info.input_shape), pool[1])
+            else _cut(cuttable, links, tuple(info.input_shape), pool[1])
         )
     sizes = _sizes(s.data.batch_size, len(pool))
     budget = max(0.0, s.placement.plan_budget_s - (time.perf_counter() - started))
-    costs = plan_timing.measure(
-        plan_timing.Measuring(
+    costs = measure.measure(
+        measure.Measuring(
             models=tuple(models),
-            pieces=tuple(pieces),
+            links=tuple(links),
             params=tuple(params),
             pool=tuple(pool),
             physical=physical,
@@ -247,9 +246,9 @@ def _built_in(s: Settings, spec: RunSpec, device: str) -> tuple[list[keras.Model
 
 
 def _cut(
-    cuttable, pieces: Sequence[tuple[int, int]], shape: tuple[int, ...], device: str, name: str = "plan"
+    cuttable, links: Sequence[tuple[int, int]], shape: tuple[int, ...], device: str, name: str = "plan"
 ) -> list[keras.Model]:
-    """A cut model's `pieces` (layer ranges) as models on `device`, the first taking `shape`, named
+    """A cut model's `links` (layer ranges) as models on `device`, the first taking `shape`, named
     `name` and their first layer's index."""
     import tensorflow as tf
 
@@ -257,7 +256,7 @@ def _cut(
 
     models = []
     with tf.device(device):
-        for a, b in pieces:
+        for a, b in links:
             m = piece(cuttable, a, b, keras.DTypePolicy("float32"))(shape, None, f"{name}_{a}")
             models.append(m)
             shape = passed(m)
@@ -265,12 +264,12 @@ def _cut(
 
 
 def _cut_costs(c, costs: Costs):
-    """A cut model's stage cost by piece range, from its layers (as `chain.training.user_bodies` estimates
+    """A cut model's stage cost by link range, from its layers (as `chain.training.user_bodies` estimates
     a cut): parameters, layer outputs, the tensors crossing its two cuts, its largest layer."""
     params, outputs = c.params(), c.outputs()
 
     def of(a: int, b: int) -> StageCost:
-        lo, hi = costs.pieces[a][0], costs.pieces[b - 1][1]
+        lo, hi = costs.links[a][0], costs.links[b - 1][1]
         return StageCost(sum(params[lo:hi]), sum(outputs[lo:hi]), c.crossing(lo), c.crossing(hi), max(params[lo:hi]))
 
     return of

@@ -1,33 +1,33 @@
-"""Measuring what `placement.plan=auto` predicts from (`chain.planning.search.Costs`), on the run's devices.
+"""Measuring what `placement.plan=auto` predicts from (`chain.records.auto_plan.Costs`), on the run's devices.
 
-Each piece of the model (a cut model's pieces between its allowed cuts, or a built-in model's stages) is timed
+Each link of the model (a cut model's links between its allowed cuts, or a built-in model's stages) is timed
 on one device of the pool (logical devices cut from one physical device share its compute, as
 `chain.stages.timing` times them: once per physical device kind, not per candidate), at a few microbatch
 sizes: its forward (F), forward and input gradient (F+B) and forward and every gradient (F+B+W), each one
 compiled function whose batch dimension is free (one trace serves every size), so B = (F+B) - F and W =
 (F+B+W) - (F+B). Between the sizes the search interpolates. Also timed: a call's own cost (the step's fixed
-cost), the update of the piece with the most parameters (the others scaled by their parameters; a cut model's:
+cost), the update of the link with the most parameters (the others scaled by their parameters; a cut model's:
 the whole's), a copy between two devices of the pool at two sizes (seconds per byte and latency), and, as a
-step runs them, the copies' gradient exchange (`_exchange`: the model's pieces on two devices of the pool,
+step runs them, the copies' gradient exchange (`_exchange`: the model's links on two devices of the pool,
 each computing its gradients, then each device receiving the other's and adding them, less the same without
-the exchange) and a crossing (`_crossing`: the pieces' F+B+W with the second half on the other device, less
+the exchange) and a crossing (`_crossing`: the links' F+B+W with the second half on the other device, less
 all on one). The exchange costs a step far more than a copy timed alone: on two single-core cluster workers,
 gradients from the model's own backward crossed at about 1.1 ns/B against 0.15 for a tensor made alone.
 
 On one physical device (logical devices of one CPU or GPU) every action runs after the one before: a step is the
-sum of its actions whatever the schedule, so the model is timed whole and each piece takes its share by weights.
+sum of its actions whatever the schedule, so the model is timed whole and each link takes its share by weights.
 
-A cut model's pieces are also checked against the whole: the model as one piece is timed (F+B+W) at
-every size the pieces were, and every piece's times at a size are scaled by the whole's time over the
-pieces' sum there: a pass of a piece carries a
-call's and a loop pass's own cost that a stage of many pieces pays once, and the pieces were timed one
+A cut model's links are also checked against the whole: the model as one link is timed (F+B+W) at
+every size the links were, and every link's times at a size are scaled by the whole's time over the
+links' sum there: a pass of a link carries a
+call's and a loop pass's own cost that a stage of many links pays once, and the links were timed one
 after another while the machine's load varied; the whole is what a one-stage step computes. Its
-update, too, is timed whole (each piece's share by its weights). The whole and the update are timed
+update, too, is timed whole (each link's share by its weights). The whole and the update are timed
 with enough passes per call to outweigh a call's own cost (`OUTWEIGH`).
 
 Every call is timed by `chain.stages.clock`, whose timer and call-cost probe `chain.stages.timing` uses too.
 
-`Measuring.budget_s` bounds the measuring: the largest size first (every piece), then the smallest, then sizes
+`Measuring.budget_s` bounds the measuring: the largest size first (every link), then the smallest, then sizes
 between; each measurement is the least of up to `CALLS` calls (another process only adds time); when the budget runs out the rest is
 cut and `Costs.notes` says what.
 """
@@ -44,7 +44,7 @@ import keras
 import tensorflow as tf
 
 from chain.planning.devices import canonical
-from chain.planning.search import Costs
+from chain.records.auto_plan import Costs
 from chain.stages import clock, examples
 from chain.stages.examples import Feed
 
@@ -63,11 +63,11 @@ ACTIONS = 4  # the chain of small actions whose cost per action is measured
 ACTION_SCALE = 1.5
 
 
-class _Piece:
-    """One piece's three compiled passes (F, F+B, F+B+W), their batch dimension free, each run `n` times
+class _Link:
+    """One link's three compiled passes (F, F+B, F+B+W), their batch dimension free, each run `n` times
     in one call (a loop in the graph: the difference between two counts is the passes' own time, without
     the call's cost, which a step pays once for all its actions). `inputs` and `outputs`: the `Leaf`
-    structures of what the piece takes and gives (`chain.stages.examples`); ids are drawn below `vocab`."""
+    structures of what the link takes and gives (`chain.stages.examples`); ids are drawn below `vocab`."""
 
     def __init__(self, model: keras.Model, device: str, inputs, outputs, vocab: int):
         self.model, self.device = model, device
@@ -145,9 +145,9 @@ def _after(x, acc):
 
 def _action_cost(pool: Sequence[str]) -> float:
     """What an action of a pipeline step costs beyond its work: a chain of ACTIONS small actions on one
-    device built as the step builds them (`chain.pipeline.step`: a little work, its sum added to a variable
+    device built as the step builds them (`chain.pipeline.play`: a little work, its sum added to a variable
     of the device, the action's end as a control edge, a release op on the host and the host's progress
-    marker assigned), less a chain of one, per action. A copy between devices is not in it: the replay
+    marker assigned), less a chain of one, per action. A copy between devices is not in it: the play
     adds the measured transfer on each crossing."""
     host = _host()
     with tf.device(host):
@@ -290,10 +290,10 @@ def _exchange(
     reduce: Callable[[list, list, str], list],
     fed: Feed | None = None,
 ) -> float:
-    """Seconds the copies' gradient exchange adds to a step: `copies[r]` (the model's chain of pieces, built
+    """Seconds the copies' gradient exchange adds to a step: `copies[r]` (the model's chain of links, built
     on `devices[r]`) each compute their gradients on `size` examples, and `reduce` (`chain.pipeline.replicas.
     reduce_mean`'s signature: values per device, the devices, a name) averages each gradient on every device;
-    less the same step without the exchange. `fed`: what the first piece takes (None: floats of its shape)."""
+    less the same step without the exchange. `fed`: what the first link takes (None: floats of its shape)."""
     steps = [_chain_step([(m, d) for m in chain], size, fed) for chain, d in zip(copies, devices)]
 
     def both(exchanged: bool):
@@ -317,14 +317,14 @@ def _crossing(
     cut: int,
     fed: Feed | None = None,
 ) -> float:
-    """Seconds one crossing between `devices` costs as a step runs it: F+B+W of the model's pieces with
+    """Seconds one crossing between `devices` costs as a step runs it: F+B+W of the model's links with
     those from `cut` on the second device (`twin`'s) less the same all on the first, over its two
     crossings (forward there, the gradient back): in a step of one microbatch nothing overlaps them."""
     first = sum(len(m.trainable_variables) for m in own[:cut])
     apart = _chain_step([*((m, devices[0]) for m in own[:cut]), *((m, devices[1]) for m in twin[cut:])], size, fed)
     together = _chain_step([(m, devices[0]) for m in own], size, fed)
 
-    def by_device(step: Callable) -> Callable:  # the first pieces' gradients, then the rest's
+    def by_device(step: Callable) -> Callable:  # the first links' gradients, then the rest's
         def run(seed):
             grads = step(seed)
             return [grads[:first], grads[first:]]
@@ -339,19 +339,19 @@ def _crossing(
 
 @dataclass(frozen=True)
 class Measuring:
-    """What `measure` times: `models` (the pieces, built on `pool[0]`; layers `pieces[j]` and `params[j]` weights
+    """What `measure` times: `models` (the links, built on `pool[0]`; layers `links[j]` and `params[j]` weights
     each) on the devices of `pool` (`physical`: each one's physical device; one absent is its own), at microbatch
     `sizes` (each a size some candidate runs), within about `budget_s` seconds; `optimizer` makes the optimizer
-    whose update is timed; `fixed_cut`: the pieces are a built-in model's stages. `fed`: what the first piece
+    whose update is timed; `fixed_cut`: the links are a built-in model's stages. `fed`: what the first link
     takes (`chain.stages.examples.feed`: the data's example shape and vocabulary; None: floats of its input's
-    shape); each later piece takes what the one before gives. `same[j]`: an earlier piece built alike (the same
-    layers on the same input), whose times piece j takes. `whole`: the pieces as one model (a cut model's), which
-    scales the pieces' times (module docstring). `twin`: the model's pieces again on `pool[1]`, with `reduce` the
+    shape); each later link takes what the one before gives. `same[j]`: an earlier link built alike (the same
+    layers on the same input), whose times link j takes. `whole`: the links as one model (a cut model's), which
+    scales the links' times (module docstring). `twin`: the model's links again on `pool[1]`, with `reduce` the
     copies' averaging (`chain.pipeline.replicas.reduce_mean`'s signature): they time the copies' exchange and a
     crossing as a step runs them (needed when `pool[0]` and `pool[1]` are two physical devices)."""
 
     models: tuple[keras.Model, ...]
-    pieces: tuple[tuple[int, int], ...]
+    links: tuple[tuple[int, int], ...]
     params: tuple[int, ...]
     pool: tuple[str, ...]
     physical: Mapping[str, str]
@@ -372,7 +372,7 @@ class Measuring:
 
 @dataclass
 class _Found:
-    """The passes timed so far: `seconds[(pass, piece, size)]`, the passes timed at every measured size
+    """The passes timed so far: `seconds[(pass, link, size)]`, the passes timed at every measured size
     (`kinds`: FBW, then F and FB while the budget lasts), the sizes measured and what the budget cut (`notes`)."""
 
     seconds: dict[tuple[str, int, int], float]
@@ -382,8 +382,8 @@ class _Found:
 
 
 def measure(given: Measuring) -> Costs:
-    """`Costs` of `given`'s pieces on its pool at its microbatch sizes, within about its budget (`Measuring`)."""
-    logger = tf.get_logger()  # each piece's passes are tf.functions of one Python function, traced once each:
+    """`Costs` of `given`'s links on its pool at its microbatch sizes, within about its budget (`Measuring`)."""
+    logger = tf.get_logger()  # each link's passes are tf.functions of one Python function, traced once each:
     level = logger.level  # TensorFlow would warn of "retracing" beyond five of them
     logger.setLevel(logging.ERROR)
     try:
@@ -398,7 +398,9 @@ def _measure(given: Measuring) -> Costs:
     deadline = started + given.budget_s
     device = given.pool[0]
     with tf.device(device):
-        signatures = examples.chained(given.models, given.fed)  # each piece's inputs, then the last one's outputs
+        signatures = examples.link_signatures(
+            given.models, given.fed
+        )  # each link's inputs, then the last one's outputs
     apart = len({given.physical_of(d) for d in given.pool}) > 1
     notes = [] if apart else [_one_device(len(given.models))]
     timed, same, shares = _timed(given, signatures, apart)
@@ -420,7 +422,7 @@ def _measure(given: Measuring) -> Costs:
     update = _updates(given, call)
     per_byte, latency, exchange_per_byte = _copies(given, found.sizes, signatures)
     return Costs(
-        pieces=tuple(tuple(p) for p in given.pieces),
+        links=tuple(tuple(p) for p in given.links),
         sizes=tuple(found.sizes),
         forward=tuple(forward),
         input_grad=tuple(input_grad),
@@ -443,38 +445,38 @@ def _measure(given: Measuring) -> Costs:
     )
 
 
-def _one_device(pieces: int) -> str:
-    """The note of a pool on one physical device, whose `pieces` are timed as `_timed` says."""
+def _one_device(links: int) -> str:
+    """The note of a pool on one physical device, whose `links` are timed as `_timed` says."""
     return (
         "one physical device: its actions run one at a time, so "
-        + ("the model is timed whole (each piece's share by its weights) and " if pieces > 1 else "")
+        + ("the model is timed whole (each link's share by its weights) and " if links > 1 else "")
         + "F, B and W are not timed apart (each taken as a third of the pass)"
     )
 
 
-def _timed(given: Measuring, signatures: Sequence, apart: bool) -> tuple[list[_Piece], list[int], list[float] | None]:
-    """What is timed (`_Piece`s), the piece whose times each takes (`same`), and each piece's share of the
+def _timed(given: Measuring, signatures: Sequence, apart: bool) -> tuple[list[_Link], list[int], list[float] | None]:
+    """What is timed (`_Link`s), the link whose times each takes (`same`), and each link's share of the
     model's time (None: each timed on its own).
 
     On one physical device every action runs after the one before, whatever the schedule: a step is the sum of
     its actions. F, B and W apart would only place a recomputed forward (each taken as a third), and each
-    piece's share only its recomputed forward and its stage's balance, which then changes nothing: the model
-    is timed as one piece, each piece's share of it by its weights."""
+    link's share only its recomputed forward and its stage's balance, which then changes nothing: the model
+    is timed as one link, each link's share of it by its weights."""
     models, device, vocab = given.models, given.pool[0], given.fed.vocab
     if not apart and len(models) > 1:
         chained = given.whole or keras.Sequential([keras.Input(models[0].input_shape[1:]), *models], name="plan_chain")
         total = sum(given.params)
         shares = [p / total if total else 1 / len(models) for p in given.params]
-        return [_Piece(chained, device, signatures[0], signatures[-1], vocab)], [0], shares
+        return [_Link(chained, device, signatures[0], signatures[-1], vocab)], [0], shares
     # each traced only when first called
-    timed = [_Piece(m, device, signatures[j], signatures[j + 1], vocab) for j, m in enumerate(models)]
+    timed = [_Link(m, device, signatures[j], signatures[j + 1], vocab) for j, m in enumerate(models)]
     return timed, list(given.same) if given.same is not None else list(range(len(timed))), None
 
 
 def _pass_times(
-    timed: Sequence[_Piece], same: Sequence[int], sizes: Sequence[int], apart: bool, deadline: float, call: float
+    timed: Sequence[_Link], same: Sequence[int], sizes: Sequence[int], apart: bool, deadline: float, call: float
 ) -> _Found:
-    """Each timed piece's passes at the `sizes` the budget allows (`same[j]`: the piece whose times piece j
+    """Each timed link's passes at the `sizes` the budget allows (`same[j]`: the link whose times link j
     takes): F+B+W at the largest, smallest and middle size, then F and F+B there (two physical devices
     only), then every size between, each pass timed so far."""
     order = sorted(set(sizes), reverse=True)
@@ -484,10 +486,10 @@ def _pass_times(
     found = _Found({}, ["FBW"], list(ends), [])
 
     def at(size: int, kinds: Sequence[str]) -> None:
-        for j, piece in enumerate(timed):
+        for j, link in enumerate(timed):
             for kind in kinds:
                 found.seconds[(kind, j, size)] = (
-                    piece.time(kind, size, CALLS, deadline, call)
+                    link.time(kind, size, CALLS, deadline, call)
                     if same[j] == j
                     else found.seconds[(kind, same[j], size)]
                 )
@@ -523,9 +525,9 @@ def _pass_times(
 def _passes(
     found: _Found, scale: Mapping[int, float], n: int, shares: Sequence[float] | None
 ) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]], list[tuple[float, ...]]]:
-    """Each piece's F, B and W per measured size (`found`'s `n` timed pieces, each size's times by `scale`): B
+    """Each link's F, B and W per measured size (`found`'s `n` timed links, each size's times by `scale`): B
     and W as differences of the passes, those not timed taken as shares of F+B+W; with `shares`, the one
-    timed piece's times shared out among the pieces."""
+    timed link's times shared out among the links."""
     seconds, kinds, sizes = found.seconds, found.kinds, found.sizes
     forward, input_grad, weight_grad = [], [], []
     for j in range(n):
@@ -541,7 +543,7 @@ def _passes(
         forward.append(tuple(f))
         input_grad.append(tuple(b - a for a, b in zip(f, fb)))
         weight_grad.append(tuple(c - b for b, c in zip(fb, fbw)))
-    if shares is not None:  # the model timed as one piece: each piece its share
+    if shares is not None:  # the model timed as one link: each link its share
         forward, input_grad, weight_grad = (
             [tuple(t * share for t in row[0]) for share in shares] for row in (forward, input_grad, weight_grad)
         )
@@ -556,8 +558,8 @@ def _action_s(pool: Sequence[str]) -> float:
 
 
 def _updates(given: Measuring, call: float) -> tuple[float, ...]:
-    """Each piece's update, its share by its weights of the whole's update when there is one (timed once, all
-    the weights), else of the largest piece's (a stage's update is one action more)."""
+    """Each link's update, its share by its weights of the whole's update when there is one (timed once, all
+    the weights), else of the largest link's (a stage's update is one action more)."""
     models, params = given.models, given.params
     largest = max(range(len(models)), key=lambda j: params[j])
     held, held_params = (given.whole, sum(params)) if given.whole is not None else (models[largest], params[largest])
@@ -568,13 +570,13 @@ def _updates(given: Measuring, call: float) -> tuple[float, ...]:
 def _copies(given: Measuring, sizes: Sequence[int], signatures: Sequence) -> tuple[float, float, float]:
     """(seconds per byte, latency) of a copy between `given.pool`'s first two devices, and the copies'
     exchange per byte of gradients, as a step runs them (at the smallest measured size; a crossing at the
-    middle piece's cut, its latency beyond its bytes' time, at the middle size)."""
+    middle link's cut, its latency beyond its bytes' time, at the middle size)."""
     pool, models, twin = given.pool, given.models, given.twin
     if len(pool) < 2 or given.physical_of(pool[0]) == given.physical_of(pool[1]):
         return 0.0, 0.0, 0.0  # logical devices of one physical device: a copy is the sending device's tensor
     if twin is None or given.reduce is None:
         raise ValueError(
-            "plan_timing.measure: two physical devices need the model's twin on the second and the "
+            "chain.autoplan.measure: two physical devices need the model's twin on the second and the "
             "copies' averaging, to time the exchange and a crossing as a step runs them"
         )
     per_byte, latency = _transfer(pool[0], pool[1])
@@ -598,23 +600,23 @@ def _scales(
     call: float,
     signature: tuple,
 ) -> dict[int, float]:
-    """Per measured size, the factor the pieces' times take: the whole model's F+B+W over the pieces'
+    """Per measured size, the factor the links' times take: the whole model's F+B+W over the links'
     summed F+B+W at that size (1 without a `whole`; `signature`: what it takes and gives, and the vocabulary).
     The whole is timed at least MIN_CALLS times at each size whatever the deadline: it is what the prediction
     stands on."""
     if whole is None:
         return {size: 1.0 for size in measured}
-    piece = _Piece(whole, device, *signature)
+    link = _Link(whole, device, *signature)
     out = {}
     for size in measured:
         summed = sum(found[("FBW", j, size)] for j in range(n))  # about the whole's pass: its repeats from it
         repeat = min(MAX_REPEAT, max(REPEAT, math.ceil(OUTWEIGH * call / max(summed, 1e-6))))
-        out[size] = piece.time("FBW", size, CALLS, deadline, call, repeat) / summed if summed > 0 else 1.0
+        out[size] = link.time("FBW", size, CALLS, deadline, call, repeat) / summed if summed > 0 else 1.0
     return out
 
 
 def _host() -> str:
-    """This process's CPU, fully named, as the step names its host (`chain.pipeline.step.host`): a partial
+    """This process's CPU, fully named, as the step names its host (`chain.pipeline.play.host`): a partial
     `/device:CPU:0` leaves the job and task to the placer, which in a cluster may pick a worker's CPU."""
     from chain.internals import tf_private
 

@@ -1,8 +1,8 @@
 """What `placement.plan=auto` shows of its work: the best candidates as a table (`plan_only=true`), the
-chosen plan in one line (a run's log), and the one line a run writes when its measured step is far
-from the prediction.
+chosen plan in one line (a run's log), the one line a run writes when its measured step is far
+from the prediction, and summary.json's `plan` (`plan_fields`: the choice beside the measured step).
 
-Everything is read from the search's `AutoPlan` (`chain.planning.candidates`); nothing here searches
+Everything is read from the search's `AutoPlan` (`chain.records.auto_plan`); nothing here searches
 or measures. A candidate is named by its overrides (`Candidate.overrides`), shown compact in the
 table (the key's last part: `microbatches=4`) and whole on the `chosen:` line, which a user pastes
 after their own overrides to run the plan by hand. Memory is in MB of 2**20 bytes, as
@@ -17,10 +17,11 @@ from typing import Sequence
 
 from chain.config import override_key
 from chain.errors import plural
-from chain.planning.candidates import AutoPlan, Prediction
-from chain.planning.cost_cache import NAME as CACHE
+from chain.autoplan.cache import NAME as CACHE
+from chain.autoplan.search import used_devices_of
 from chain.planning.fit import MB
-from chain.planning.search import used_devices_of
+from chain.records.auto_plan import AutoPlan, Prediction
+from chain.records.summaries import PlanFields, PlannedCandidate
 
 _LOCAL = re.compile(r"(^|[\[,])/device:")  # a local device's prefix in a list of devices
 UNKNOWN = "—"  # a device whose memory is not known (logical CPUs share the host's)
@@ -122,7 +123,7 @@ def render(plan: AutoPlan, user: Sequence[str] | None = None) -> str:
         )
     lines = [
         f"placement.plan=auto: the best {plural(len(plan.ranked), 'candidate')} by predicted step "
-        "(* chosen; the step is the schedule replayed on the measured times):",
+        "(* chosen; the step is the schedule played on the measured times):",
         *_aligned(rows),
         "chosen: " + " ".join(plan.chosen.candidate.overrides()),
     ]
@@ -152,7 +153,7 @@ def mismatch(
 ) -> str:
     """The one line a run logs when its measured step (`measured_ms`, the median over its first `steps`
     timed steps) is far from the prediction, with what may explain it: logical CPU devices of one
-    process (they share one thread pool, so stages do not overlap as the replay assumes), the wait
+    process (they share one thread pool, so stages do not overlap as the play assumes), the wait
     for batches (`data_wait_ms`: a step's median wait, which the prediction leaves out), profiling (`traced`), or
     a machine busier (or quieter) than when the measurements were taken."""
     predicted = 1000 * plan.chosen.step_s
@@ -162,7 +163,7 @@ def mismatch(
         if shared_threads:
             causes.append(
                 "the stages are logical CPU devices of one process, which share one thread pool, so they "
-                "do not overlap as the prediction's replay assumes"
+                "do not overlap as the prediction's play assumes"
             )
         if data_wait_ms is not None and data_wait_ms > 0.1 * measured_ms:
             causes.append(
@@ -179,4 +180,41 @@ def mismatch(
     return (
         f"plan=auto predicted {predicted:.2f} ms per step, measured {measured_ms:.2f} ms ({ratio:.2f}×, the "
         f"median of the first {plural(steps, 'timed step')}): " + "; or ".join(causes)
+    )
+
+
+def plan_fields(plan: AutoPlan | None, measured_ms: float | None) -> PlanFields | None:
+    """summary.json's `plan`: plan=auto's choice (None: a plan by hand), its predicted step next to the
+    run's measured one (`measured_ms`, the median timed step; None: none was timed), the planning's
+    times and counts, and the best candidates."""
+    if plan is None:
+        return None
+    predicted = 1000.0 * plan.chosen.step_s
+    return PlanFields(
+        overrides=list(plan.chosen.candidate.overrides()),
+        predicted_step_ms=predicted,
+        measured_step_ms=measured_ms,
+        ratio=measured_ms / predicted if measured_ms is not None and predicted > 0 else None,
+        measuring_s=plan.measuring_s,
+        searching_s=plan.searching_s,
+        cached=plan.cached,
+        measured_by=f"{plan.cache.measured_by}, key {plan.cache.key}" if plan.cached and plan.cache else None,
+        candidates=plan.candidates,
+        dropped_for_memory=plan.dropped_for_memory,
+        ranked=[ranked_entry(rank, p) for rank, p in enumerate(plan.ranked, 1)],
+    )
+
+
+def ranked_entry(rank: int, p: Prediction) -> PlannedCandidate:
+    """One ranked candidate's row of `plan.ranked`."""
+    c = p.candidate
+    return PlannedCandidate(
+        rank=rank,
+        overrides=list(c.overrides()),
+        predicted_step_ms=1000.0 * p.step_s,
+        examples_per_second=p.examples_per_s,
+        bubble_fraction=p.bubble,
+        devices=list(dict.fromkeys(c.devices)) if c.devices is not None else None,
+        peak_bytes=list(p.peaks),
+        memory_bytes=list(p.memory),
     )

@@ -1,21 +1,20 @@
 """`placement.plan=auto`'s search: every candidate plan predicted from measured costs, best first.
 
-`Costs` is what the measuring found (`chain.stages.plan_timing`): per piece of the model (a cut
-model's pieces between its allowed cuts, or a built-in model's stages) and per measured microbatch
-size, the forward (F), input-gradient (B) and weight-gradient (W) seconds; each piece's update, the
+`Costs` (`chain.records.auto_plan`) is what the measuring found (`chain.autoplan.measure`): per link of the model (a cut
+model's links between its allowed cuts, or a built-in model's stages) and per measured microbatch
+size, the forward (F), input-gradient (B) and weight-gradient (W) seconds; each link's update, the
 bytes per example crossing a cut after it, its parameters; a fixed cost per action and per step;
 the transfer between two devices and the copies' gradient exchange (seconds per byte and latency);
 and which physical device is behind each device of the pool.
 
 `candidates` enumerates the plans (copies R, stages K, the cut, microbatches M, schedule, recompute;
-only legal combinations), `predict` replays each one's schedule on those costs (`replay`), and
+only legal combinations), `predict` plays each one's schedule on those costs (`step_and_bubble`), and
 `search` ranks them by predicted step among those the memory estimate says fit (`peaks`, given by
-the caller: `chain.prepared.auto_plan` asks the estimate). Pure: no TensorFlow.
+the caller: `chain.autoplan.choice` asks the estimate). Pure: no TensorFlow.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
 import time
@@ -25,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 from chain.config.shapes import human
 from chain.errors import ConfigError
 from chain.planning import balance
-from chain.planning.candidates import AutoPlan, Candidate, Prediction
+from chain.records.auto_plan import AutoPlan, Candidate, Costs, Prediction
 from chain.schedule import schedules
 from chain.schedule.schedules import Action, Schedule
 
@@ -37,53 +36,6 @@ SHOWN = 5  # predictions kept in AutoPlan.ranked
 # the bookkeeping); how it was found: docs/benchmarks-in-code.md.
 LOOP_S = 4e-4
 TIE = 0.02  # predictions this close to the best are taken as equal (the measuring's noise is larger)
-
-
-@dataclass(frozen=True)
-class Costs:
-    """What `placement.plan=auto` measured (module docstring). `pieces[j]`: layers [a, b) of piece j
-    (a built-in model: stage j, `fixed_cut`); `sizes`: the microbatch sizes measured; `forward[j][i]`,
-    `input_grad[j][i]`, `weight_grad[j][i]`: piece j's seconds at `sizes[i]`; `update[j]`: its optimizer
-    update's seconds; `crossing[j]`: floats per example leaving piece j (what a cut after it sends);
-    `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `update_s`: a
-    stage's update's fixed cost (`update[j]` is piece j's share by its weights); `transfer_*`,
-    `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
-    exchange (what it adds to a step beyond the backward it overlaps, per byte of a device's gradients);
-    `devices`: the pool the plans draw from, `physical[i]`: the physical device behind `devices[i]`
-    (devices sharing one run their actions one at a time); `notes`: what the measuring cut."""
-
-    pieces: tuple[tuple[int, int], ...]
-    sizes: tuple[int, ...]
-    forward: tuple[tuple[float, ...], ...]
-    input_grad: tuple[tuple[float, ...], ...]
-    weight_grad: tuple[tuple[float, ...], ...]
-    update: tuple[float, ...]
-    crossing: tuple[int, ...]
-    params: tuple[int, ...]
-    action_s: float
-    update_s: float
-    step_s: float
-    transfer_s_per_byte: float
-    transfer_latency_s: float
-    exchange_s_per_byte: float
-    exchange_latency_s: float
-    devices: tuple[str, ...]
-    physical: tuple[str, ...]
-    fixed_cut: bool = False
-    measuring_s: float = 0.0
-    notes: tuple[str, ...] = ()
-
-    def at(self, row: Sequence[Sequence[float]], j: int, size: int) -> float:
-        """Piece j's seconds of `row` (forward, input_grad, weight_grad) at microbatch `size`: measured,
-        or linear between the two nearest sizes (beyond them: the nearest two's line, never below
-        the nearest's per-example cost scaled down)."""
-        values, sizes = row[j], self.sizes
-        if len(sizes) == 1:
-            return values[0] * size / sizes[0]
-        i = min(max(bisect.bisect_left(sizes, size), 1), len(sizes) - 1)
-        (s0, s1), (v0, v1) = (sizes[i - 1], sizes[i]), (values[i - 1], values[i])
-        out = v0 + (v1 - v0) * (size - s0) / (s1 - s0)
-        return max(out, min(v0, v1) * min(1.0, size / min(s0, s1)), 0.0)
 
 
 @dataclass(frozen=True)
@@ -100,7 +52,7 @@ class StageTimes:
 
 
 def stage_times(costs: Costs, bounds: Sequence[int], size: int) -> list[StageTimes]:
-    """Each stage's `StageTimes`: stage k holds pieces [bounds[k], bounds[k+1])."""
+    """Each stage's `StageTimes`: stage k holds links [bounds[k], bounds[k+1])."""
     out = []
     for a, b in zip(bounds, bounds[1:]):
         js = range(a, b)
@@ -117,7 +69,7 @@ def stage_times(costs: Costs, bounds: Sequence[int], size: int) -> list[StageTim
     return out
 
 
-def replay(
+def step_and_bubble(
     schedule: Schedule,
     times: Sequence[StageTimes],
     costs: Costs,
@@ -228,10 +180,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def cut_for(costs: Costs, n_stages: int, size: int) -> list[int] | None:
-    """Pieces per stage for `n_stages` stages: `chain.planning.balance.partition` on each piece's
+    """Links per stage for `n_stages` stages: `chain.planning.balance.partition` on each link's
     measured F + B + W at microbatch `size` (the slowest stage paces a pipeline); every stage holds
-    weights. None when the pieces do not make that many stages."""
-    n = len(costs.pieces)
+    weights. None when the links do not make that many stages."""
+    n = len(costs.links)
     if n_stages > n:
         return None
     row = [
@@ -245,7 +197,7 @@ def candidates(
     costs: Costs, batch: int, stages: Sequence[int], max_microbatches: int = 64
 ) -> list[tuple[Candidate, list[int]]]:
     """Every legal plan on `costs.devices` for a global batch of `batch`, with K among `stages`: (the
-    candidate, its stage bounds in pieces). R copies x the devices a copy uses <= the pool; R divides
+    candidate, its stage bounds in links). R copies x the devices a copy uses <= the pool; R divides
     the batch, M the copy's share (at most `max_microbatches`); each schedule plan=auto tries
     (`schedules.searched`) where its placement takes K stages (`_of_schedule`)."""
     out = []
@@ -263,7 +215,7 @@ def candidates(
                 split = (
                     None
                     if costs.fixed_cut
-                    else tuple(costs.pieces[b - 1][1] - costs.pieces[a][0] for a, b in zip(bounds, bounds[1:]))
+                    else tuple(costs.links[b - 1][1] - costs.links[a][0] for a, b in zip(bounds, bounds[1:]))
                 )
                 for name in schedules.searched():
                     out += [(c, bounds) for c in _of_schedule(costs, name, k, m, r, split)]
@@ -294,7 +246,7 @@ def _of_schedule(
         schedule = schedules.build(name, k, m, per_copy)
     except ValueError:
         return []
-    virtual = per if row.placing is schedules.Placing.LOOP else 1
+    virtual = per if row.rows is schedules.Rows.LOOP else 1
     devices = _devices(costs, schedule, replicas)
     policies = ("never",) if row.split or k == 1 else RECOMPUTES
     return [Candidate(replicas, k, m, name, rc, virtual, split, devices) for rc in policies]
@@ -327,14 +279,14 @@ def predict(
     peaks: Callable[[Candidate, Schedule], Sequence[int]] | None = None,
     memory: Mapping[str, int | None] | None = None,
 ) -> Prediction:
-    """`c`'s predicted step (its schedule replayed on `costs`), bubble, and each used device's estimated
+    """`c`'s predicted step (its schedule played on `costs`), bubble, and each used device's estimated
     peak (`peaks(c, schedule)`: per stage, bytes; stages sharing a device add up) against its memory."""
     schedule = schedules.build(c.schedule, c.stages, c.microbatches, c.stages // c.virtual_stages)
     size = batch // c.replicas // c.microbatches
     times = stage_times(costs, bounds, size)
     where = used_devices(costs, c, schedule)
     physical = dict(zip(costs.devices, costs.physical))
-    step, bubble = replay(
+    step, bubble = step_and_bubble(
         schedule,
         times,
         costs,
@@ -398,9 +350,9 @@ def search(
 
 @contextlib.contextmanager
 def _collections_paused():
-    """Python's garbage collector off while the replays run: they make many small short-lived objects, and
+    """Python's garbage collector off while the schedules are played: they make many small short-lived objects, and
     in a process holding TensorFlow's and Keras' objects each collection walks them all (the cost:
-    docs/benchmarks-in-code.md); what the replays make holds no cycles."""
+    docs/benchmarks-in-code.md); what the plays make holds no cycles."""
     was = gc.isenabled()
     gc.disable()
     try:
