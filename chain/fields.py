@@ -141,18 +141,29 @@ def int_or_list(minimum: int, maximum: int | None = None) -> Check:
     return check
 
 
-def int_or_word(word: str, minimum: int, maximum: int | None = None) -> Check:
-    """One integer, or the string `word` (e.g. `auto`)."""
-    one = integer(minimum, maximum)
+def _or_word(word: str, inner: Check, what: str) -> Check:
+    """The string `word` (e.g. `auto`), or what `inner` accepts (`what` names it in the error line)."""
 
     def check(key: str, v: Any) -> Any:
         if v == word:
             return v
         if isinstance(v, str):
-            raise ConfigError(f"{key}={v!r} must be an integer or {word}")
-        return one(key, v)
+            raise ConfigError(f"{key}={v!r} must be {what} or {word}")
+        return inner(key, v)
 
     return check
+
+
+def int_or_word(word: str, minimum: int, maximum: int | None = None) -> Check:
+    """One integer, or the string `word` (e.g. `auto`)."""
+    one = integer(minimum, maximum)
+    return _or_word(word, one, "an integer")
+
+
+def list_or_word(word: str, inner: Check, min_len: int = 1) -> Check:
+    """A list of values each checked by `inner` (a tuple), or the string `word` (e.g. `auto`)."""
+    listed = list_of(inner, min_len)
+    return _or_word(word, listed, "a list, e.g. [a,b],")
 
 
 def address(key: str, v: Any) -> str:
@@ -209,8 +220,10 @@ FEATURE_DTYPES = ("float32", "int64")
 
 def feature(key: str, v: Any) -> tuple:
     """A fixed-length TFRecord feature, `DTYPE` (one value) or `DTYPE[d1,d2,...]`, DTYPE float32 or
-    int64; returned as `(dtype, shape)`."""
+    int64, or `int64[None]` (ids of any length: length buckets); returned as `(dtype, shape)`."""
     text = v.replace(" ", "") if isinstance(v, str) else ""
+    if text == "int64[None]":
+        return "int64", (None,)
     dtype, bracket, dims = text.partition("[")
     shape: tuple = ()
     ok = dtype in FEATURE_DTYPES and (not bracket or dims.endswith("]"))
@@ -221,7 +234,7 @@ def feature(key: str, v: Any) -> tuple:
     if not ok:
         raise ConfigError(
             f"{key}={v!r} must be a fixed-length feature: float32 or int64, with its shape in "
-            "brackets unless it holds one value, e.g. float32[28,28,1] or int64"
+            "brackets unless it holds one value, e.g. float32[28,28,1] or int64; or int64[None] (ids of any length)"
         )
     return dtype, shape
 

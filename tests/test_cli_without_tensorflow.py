@@ -89,6 +89,10 @@ CASES = [
         "stages[0].model=conv needs image input (height, width, channels), but receives shape (5,)",
     ),
     (
+        ["mode=e2e", "model=gpt", "data=text", "data.path={files}/a.csv", "data.examples=lines", "data.buckets=[16,8]"],
+        "data.buckets=[16,8] must be increasing",
+    ),
+    (
         ["data=csv", "data.path={files}/a.csv", "data.y=label", "data.batch_size=20"],
         "data.batch_size=20 is larger than data=csv (18 training examples)",
     ),

@@ -22,6 +22,7 @@ from chain.config.shapes import stage_shapes
 from chain.data import token_ids
 from chain.data.paths import keras_model_file
 from chain.data.catalog import DataInfo
+from chain.data.sources.text.text_examples import PAD
 from chain.errors import ConfigError, DeviceError, plural, there_are
 from chain.config.device_names import canonical
 from chain.schedule.schedules import FILE
@@ -208,6 +209,20 @@ def gpt(s: Settings) -> Settings:
     )
 
 
+def padding(s: Settings, info: DataInfo | None) -> Settings:
+    """Examples of different lengths are padded with id 0 (`chain.data.sources.text.text_examples.PAD`); a
+    label per position of them is too, which the loss and the metrics ignore: `ignore_class` null is settled
+    to 0; another is refused."""
+    if info is None or not info.padded or not info.target(s.stages[-1].target).shape:
+        return s
+    if s.ignore_class not in (None, PAD):
+        raise ConfigError(
+            f"ignore_class={s.ignore_class}, but examples of different lengths pad their targets with id {PAD}, "
+            f"which the loss must ignore: set ignore_class={PAD} (or null)"
+        )
+    return replace(s, ignore_class=PAD)
+
+
 def gpt_vocab(s: Settings, info: DataInfo) -> None:
     """`model=gpt`'s `vocab` is the data's number of token ids (its output width), and its target a label
     per position of the window it reads."""
@@ -221,6 +236,8 @@ def gpt_vocab(s: Settings, info: DataInfo) -> None:
             f"model.vocab={model.vocab} differs from data={info.name}'s {target.classes} token ids "
             f"(its target's classes): set model.vocab={target.classes}{given}"
         )
+    if s.data.lengths_vary:  # examples up to the largest bucket, at most data.seq_len (the positions' rows)
+        return
     if target.shape != (model.seq_len,):
         raise ConfigError(
             f"model=gpt learns a label per position of its {model.seq_len} ids, but target "
@@ -505,8 +522,13 @@ def settle_schedules(s: Settings, n_steps: int | None) -> Settings:
 def settle(s: Settings, info: DataInfo | None) -> Settings:
     """`s` checked (`check_across_keys`) against the data `info` describes (None: known once TensorFlow reads
     it), with its notes and, where the data is known, its steps."""
-    s = gpt(s)
+    s = padding(gpt(s), info)
     notes = check_across_keys(s, info)
+    if info is not None and info.lengths_vary:
+        notes += (
+            f"data.buckets: the memory estimate and placement.plan=auto size batches of the largest bucket "
+            f"({info.input_shape[0]} ids)",
+        )
     n_steps = steps(s, info)
     check_profile(s, n_steps)
     return settle_schedules(replace(s, notes=notes, trainer=replace(s.trainer, steps=n_steps)), n_steps)

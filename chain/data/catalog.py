@@ -47,13 +47,22 @@ class Target:
 @dataclass(frozen=True)
 class DataInfo:
     """A data set's shape: `input_shape` per example, `examples` to train on, `val_examples` held
-    for validation (0: none), and its `targets` (the first is the default)."""
+    for validation (0: none), and its `targets` (the first is the default). `lengths_vary`: examples of
+    different lengths (length buckets), `input_shape` the longest (what memory must hold); `padded`: targets per
+    position padded with id 0, which the loss ignores."""
 
     name: str
     input_shape: tuple[int, ...]
     examples: int
     targets: tuple[Target, ...]
     val_examples: int = 0
+    lengths_vary: bool = False
+    padded: bool = False  # its targets per position are padded with id 0 (length buckets, packing)
+
+    @property
+    def model_input_shape(self) -> tuple[int | None, ...]:
+        """The shape a model's input takes: `input_shape`, its first axis open (None) where lengths vary."""
+        return (None, *self.input_shape[1:]) if self.lengths_vary else tuple(self.input_shape)
 
     def target(self, name: str | None) -> Target:
         """The target called `name` (None: the first), or a ConfigError naming the allowed ones."""

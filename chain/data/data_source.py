@@ -44,6 +44,16 @@ class DataSet:
     )
     OWN_SPLIT: ClassVar[str | None] = None  # what names the validation split the data set brings itself
 
+    @property
+    def lengths_vary(self) -> bool:
+        """Whether its examples come in different lengths (batches padded per length bucket)."""
+        return False
+
+    @property
+    def packed(self) -> bool:
+        """Whether its windows are packed with several examples (`{"token_ids", "segment_ids"}` inputs)."""
+        return False
+
 
 @dataclass(frozen=True, kw_only=True)
 class StreamSettings:

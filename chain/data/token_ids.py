@@ -40,6 +40,8 @@ def ids(data) -> Ids:
         where, held = f"data.x={data.x!r} of {data.path}", f"{dtype} of shape {shape}"
     elif data.name == "tfrecord":
         dtype_name, per_example = dict(data.features)[data.x]
+        if None in per_example:  # int64[None]: up to the largest bucket
+            per_example = tuple(data.buckets or (1,))[-1:]
         shape, dtype = ("N", *per_example), np.dtype(np.int64 if dtype_name == "int64" else np.float32)
         where, held = f"data.x={data.x!r} (data.features)", f"{dtype_name}{list(per_example)} per example"
     else:

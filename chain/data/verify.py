@@ -51,7 +51,13 @@ def inputs(x: Any, info: DataInfo, name: str = "x") -> np.ndarray | dict[str, np
         raise ValueError(
             f"{name} is empty (shape {a.shape}); a batch needs at least one example of shape {tuple(info.input_shape)}"
         )
-    if tuple(a.shape[1:]) != tuple(info.input_shape):
+    if info.lengths_vary:  # length buckets: any length up to the longest
+        if a.ndim != 1 + len(info.input_shape) or not 1 <= a.shape[1] <= info.input_shape[0]:
+            raise ValueError(
+                f"{name} has shape {a.shape}; data={info.name} examples have up to {info.input_shape[0]} ids, so "
+                f"expected (N, L) with 1 <= L <= {info.input_shape[0]}"
+            )
+    elif tuple(a.shape[1:]) != tuple(info.input_shape):
         raise ValueError(
             f"{name} has shape {a.shape}; data={info.name} examples have shape "
             f"{tuple(info.input_shape)}, so expected {_shape(('N', *info.input_shape))}"
@@ -86,14 +92,16 @@ def finite(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def target(y: Any, t: Target, n: int, name: str) -> np.ndarray:
+def target(y: Any, t: Target, n: int, name: str, length: int | None = None) -> np.ndarray:
     """One target for `n` examples: shape (n,) or (n, 1), returned as (n,) (a label per position:
-    (n, *t.shape), kept); labels int32 in range."""
+    (n, *t.shape), kept; `length`: of examples padded to that length, a length bucket's); labels int32 in
+    range."""
     a = _array(y, name)
     if t.shape:
-        if a.shape != (n, *t.shape):
+        want = (n, *t.shape) if length is None else (n, length, *t.shape[1:])
+        if a.shape != want:
             raise ValueError(
-                f"{name} has shape {a.shape}; expected {_shape((n, *t.shape))}: one label per "
+                f"{name} has shape {a.shape}; expected {_shape(want)}: one label per "
                 f"position of each example of x ({n} examples)"
             )
     elif a.shape not in ((n,), (n, 1)):
@@ -159,7 +167,8 @@ def batch(x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | 
             f"{', '.join(repr(w) for w in wanted)}"
         )
     name = (lambda k: f"y[{k!r}]") if isinstance(y, dict) else (lambda k: "y")
-    return x, {k: target(v, known[k], n, name(k)) for k, v in ys.items()}
+    length = x.shape[1] if info.lengths_vary else None
+    return x, {k: target(v, known[k], n, name(k), length) for k, v in ys.items()}
 
 
 def arrays(

@@ -312,6 +312,12 @@ class Summary:
         default=None,
         omit_none=True,
     )
+    traces: dict[str, int] | None = item(
+        "the compiled training step's traces per input shape of a batch, its batch axis left out (e.g. "
+        '{"16": 1, "32": 1}: data.buckets, one per bucket; by this process)',
+        default=None,
+        omit_none=True,
+    )
     layouts: list[Layout] | None = item(
         "the layouts the run trained on, oldest first, each with the step it began (a resume may change the "
         "stages, split, schedule, microbatches and copies: see checkpoints.md; each: the fields below)",

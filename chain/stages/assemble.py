@@ -181,12 +181,12 @@ def build_stages(
     scaled = precision.needs_loss_scale(precision_name)
     bodies = placed(bodies or [None] * len(specs), devices)  # a cut model's tied weights: where each lives
     stages = []
-    shape = tuple(info.input_shape)
+    shape = info.model_input_shape
     for k, (spec, device) in enumerate(zip(specs, devices)):
         target = info.target(spec.target)
         label = labels[k] if labels else None
         if not chained:
-            shape = tuple(info.input_shape)
+            shape = info.model_input_shape
             if seed is not None:
                 keras.utils.set_random_seed(seed)
         with tf.device(device):

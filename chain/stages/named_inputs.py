@@ -41,6 +41,9 @@ def feeder(model: Any) -> Callable[[Any], Any] | None:
     def make(x):
         import tensorflow as tf
 
+        if isinstance(x, dict):  # the data's own named inputs (packed windows: token and segment ids)
+            return x
+
         x = tf.convert_to_tensor(x)
         out = {TOKEN_IDS: tf.cast(x, dtypes[TOKEN_IDS])}
         for key in dtypes.keys() & FILLED.keys():

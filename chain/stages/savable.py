@@ -120,3 +120,34 @@ class Lent(keras.layers.Layer):
     @classmethod
     def from_config(cls, config: dict) -> "Lent":
         return cls(keras.saving.deserialize_keras_object(config.pop("layer")), **config)
+
+
+@keras.saving.register_keras_serializable(package="chain")
+class SegmentPositions(keras.layers.Layer):
+    """Packed windows (`data.pack`): each token's position within its segment, from the segment ids (B, T)
+    (1, 2, ... one per example, increasing along the window; 0 pads its end): its index less the tokens of
+    the segments before its own, so positions restart at 0 with every example."""
+
+    def call(self, segment_ids):
+        before = ops.logical_and(
+            ops.less(segment_ids[:, None, :], segment_ids[:, :, None]), ops.greater(segment_ids[:, None, :], 0)
+        )
+        index = ops.cumsum(ops.ones_like(segment_ids), axis=1) - 1
+        return index - ops.cast(ops.sum(ops.cast(before, "int32"), axis=-1), index.dtype)
+
+    def compute_output_spec(self, segment_ids):
+        return keras.KerasTensor(segment_ids.shape, dtype=segment_ids.dtype)
+
+
+@keras.saving.register_keras_serializable(package="chain")
+class SegmentMask(keras.layers.Layer):
+    """Packed windows (`data.pack`): the attention mask (B, T, T) that lets a token see only its own segment
+    (the causal mask is the attention's own), made inside each block from the segment ids, so only the (B, T)
+    ids cross a cut."""
+
+    def call(self, segment_ids):
+        return ops.equal(segment_ids[:, :, None], segment_ids[:, None, :])
+
+    def compute_output_spec(self, segment_ids):
+        b, t = segment_ids.shape
+        return keras.KerasTensor((b, t, t), dtype="bool")

@@ -49,4 +49,4 @@ def gpt_model(settings: Settings) -> keras.Model:
     from chain.stages import gpt
 
     ids = input_dtype(token_ids(settings.data).dtype)  # as the data's stream gives them (bytes: int32)
-    return gpt.build(settings.stages[0].model, ids.name)
+    return gpt.build(settings.stages[0].model, ids.name, settings.data.lengths_vary, settings.data.packed)

@@ -81,6 +81,7 @@ class Strategy(ABC):
         self.bodies, self.labels = bodies, labels  # stage bodies not from the config (chain.stages.bodies)
         self.stages: list[Stage] = self.build_stages()
         self.objective: Objective = learns(settings, info, self.stages)
+        self.traces: dict[str, int] = {}  # the batch's input shape (batch axis left out) -> the step's traces
         self.set_step(self.make_step())
         self.eval_fn: Callable | None = None  # compiled on the first evaluation
 
@@ -205,13 +206,25 @@ class Strategy(ABC):
     def set_step(self, body: Callable) -> None:
         """Use `body` (traceable: one step, inside `repeat`'s loop too) as the step, dropping every
         trace and compiled loop made from the one before."""
-        self.body = body
+        self.body = self._counted(body)
         # autograph=False: the steps' Python control flow is over Python values (unrolled on purpose),
         # and Keras 3 traces its own train step unconverted too (do_not_convert), so user layers see
         # what they see in model.fit; converting would only cost CPU (docs/benchmarks-in-code.md).
-        self.step_fn = tf.function(body, autograph=False)
+        self.step_fn = tf.function(self.body, autograph=False)
         self._concrete: dict[tuple, Any] = {}  # argument shapes and dtypes -> the step's concrete function
         self._multi: Callable | None = None
+
+    def _counted(self, body: Callable) -> Callable:
+        """`body`, counting in `traces` each time it is traced (Python runs only while tracing)."""
+
+        def counted(*args):
+            first = tf.nest.flatten(args)[0]
+            shape = (first.shape if hasattr(first, "shape") else first.values[0].shape)[1:]  # a mirrored PerReplica
+            key = "x".join("?" if n is None else str(n) for n in shape)
+            self.traces[key] = self.traces.get(key, 0) + 1
+            return body(*args)
+
+        return counted
 
     def arguments(self, x: Any, ys: dict[str, Any]) -> tuple:
         """What the compiled step takes for one whole batch: the batch and the targets the stages learn."""
@@ -241,7 +254,7 @@ class Strategy(ABC):
         call, and each step's wait for its batch)."""
         from chain.steps.report import repeat
 
-        if not self.steps_in_one_call:
+        if not self.steps_in_one_call or self.settings.data.lengths_vary:  # a trace per bucket's shape
             return self._call_each(iterator, n)
         if self._multi is None:
             self._multi = repeat(self.body, self.report_format, self.settings.trainer.on_nan == "stop")

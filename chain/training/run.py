@@ -527,6 +527,9 @@ class Run:
             plan=table.plan_fields(self.auto_plan, loop.median_step_ms()),  # None: a plan by hand
             layouts=list(loop.checkpoints.layouts) if loop.checkpoints else None,  # what a resume changed, and when
         )
+        if self.settings.data.lengths_vary:  # length buckets: each bucket's step traced once, never again
+            shown = ", ".join(f"{n} for length {k}" for k, n in summary.traces.items())
+            log.info("traces of the training step: %d (%s)", sum(summary.traces.values()), shown)
         if summary.steps_per_second is not None and summary.data_wait_ms is not None:
             wait = summary.data_wait_ms
             log.info(

@@ -87,6 +87,7 @@ def summarize(settings: Settings, strategy: Strategy, dataset: Dataset, ending: 
         peak_memory_scope=memory.scope(strategy.memory_devices()[0]),
         stages=entries,
         skipped_records=dataset.skipped_records,  # data.on_bad_record=skip (this process's)
+        traces=dict(strategy.traces),
         # Logical CPUs share one allocator: their one process-wide peak is read against this sum.
         estimated_peak_bytes=sum(estimates) if estimates and None not in estimates else None,
     )

@@ -7,6 +7,9 @@ checkpoint. A byte-level model needs no vocabulary: the target `next` has 256 cl
 Each file is checked to be UTF-8 (one line naming the file and the first byte that is not). With
 `data.tokenizer` (a keras_hub vocabulary: `text_tokens`) the ids are that tokenizer's of each
 file's text instead, tokenized once and kept on disk, and the target has the vocabulary's classes.
+
+`data.examples=lines|files` makes each line or file one example instead, in length buckets
+(`data.buckets`) or packed into windows (`data.pack`): `text_examples`, streamed by `example_stream`.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from chain.data.paths import matching
-from chain.data.sources.text import text_tokens
+from chain.data.sources.text import text_examples, text_tokens
 from chain.data.catalog import DataInfo
 from chain.data.data_source import Read, Source
+from chain.data.streamed import Streamed, refuse_share
 from chain.data.sources.tokens import tokens_data
 from chain.data.sources.tokens.token_record import Tokenized
-from chain.data.sources.tokens.tokens_data import TokenStream, Windowed, describe_files, split
+from chain.data.sources.tokens.tokens_data import MAX_SEQ_LEN, TokenStream, Windowed, describe_files, split
 from chain.errors import ConfigError
-from chain.fields import optional, required, setting, string
+from chain.fields import boolean, choice, integer, list_or_word, optional, required, setting, string
 
 BYTES = 256  # byte-level ids
+EXAMPLES = ("windows", "lines", "files")
 CHECK_BLOCK = 1 << 20
 
 
@@ -44,6 +49,32 @@ class Text(Windowed):
         "a keras_hub tokenizer's local vocabulary: vocab.txt (WordPiece), vocab.json with merges.txt beside it "
         "(byte-pair), or their folder; null: byte-level ids",
     )
+    examples: str = setting(
+        choice(*EXAMPLES),
+        "windows: the text cut into windows of data.seq_len; lines: each non-empty line one example (its newline "
+        "the last target); files: each file one example (lines and files need data.buckets)",
+    )
+    buckets: tuple[int, ...] | str | None = setting(
+        optional(list_or_word("auto", integer(1, MAX_SEQ_LEN))),
+        "data.examples=lines|files: increasing lengths up to data.seq_len (e.g. [64,128,256]), each batch padded "
+        "to the first its examples fit; auto: from the data's lengths (printed); longer examples cut to the last",
+    )
+
+    pack: bool = setting(
+        boolean,
+        "data.examples=lines|files: fill windows of data.seq_len with several examples (segment ids: model=gpt "
+        "attends within each) instead of data.buckets",
+    )
+
+    @property
+    def lengths_vary(self) -> bool:
+        """Examples of different lengths, in buckets (`data.examples=lines|files`, not packed)."""
+        return self.examples != "windows" and not self.pack
+
+    @property
+    def packed(self) -> bool:
+        """Examples packed into windows of `seq_len` (`data.pack`)."""
+        return self.pack
 
 
 def _utf8(path: str, key: str) -> int:
@@ -75,14 +106,53 @@ def _files(pattern: str, key: str) -> tuple[list[str], list[int]]:
     return paths, [_utf8(p, f"{key}={pattern!r}") for p in paths]
 
 
-def shards(data: Text) -> TokenStream:
-    """The training and validation bytes and their windows."""
+class ExampleStream(text_examples.Examples, Streamed):
+    """Text examples of different lengths streamed in length buckets (`example_stream`)."""
+
+    def training(self, batch, shuffle, seed, skipped=None, share=None):
+        from chain.data.sources.text import example_stream
+
+        refuse_share(share)
+        if self.pack:
+            return example_stream.packed_training(self, batch, shuffle, seed)
+        return example_stream.training(self, batch, shuffle, seed)
+
+    def validation(self, batch, skipped=None):
+        from chain.data.sources.text import example_stream
+
+        return example_stream.packed_validation(self, batch) if self.pack else example_stream.validation(self, batch)
+
+
+def _checked(data: Text) -> None:
+    """`data.examples` and `data.buckets` together, before any file is read."""
+    text_examples.check_buckets(data.buckets, data.examples, data.seq_len)
+    if data.pack and (data.examples == "windows" or data.buckets is not None):
+        raise ConfigError(
+            f"data.pack=true packs examples of different lengths into windows: it needs data.examples=lines or "
+            f"files (is {data.examples}) and no data.buckets (is {data.buckets})"
+        )
+    if data.lengths_vary and data.buckets is None:
+        raise ConfigError(
+            f"data.examples={data.examples} makes examples of different lengths: give data.buckets "
+            "(e.g. data.buckets=[64,128,256], or auto)"
+        )
+    if data.examples != "windows" and data.tokenizer is not None:
+        raise ConfigError(
+            f"data.examples={data.examples} reads byte ids: set data.tokenizer=null (a tokenizer's ids come in windows)"
+        )
+
+
+def shards(data: Text) -> TokenStream | ExampleStream:
+    """The training and validation bytes and their windows (or, `data.examples=lines|files`, their examples)."""
+    _checked(data)
     val = None
     if data.val_path is not None:
         if data.val_fraction is not None:
             raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_path are both set; give one")
         val = _files(data.val_path, "data.val_path")
     paths, sizes = _files(data.path, "data.path")
+    if data.examples != "windows":
+        return text_examples.examples(data, paths, val[0] if val is not None else None, BYTES, ExampleStream)
     if data.tokenizer is None:
         train, val_part = split(paths, sizes, val, data, "data.path", repr(data.path))
         return TokenStream(train, val_part, BYTES, data.windows)
@@ -98,7 +168,8 @@ def shards(data: Text) -> TokenStream:
 def describe(data: Text) -> DataInfo:
     """Examples of `seq_len` ids (bytes, or the tokenizer's) with the target `next` (the following id at each
     position: 256 classes, or the tokenizer's vocabulary)."""
-    return describe_files(data, shards(data))
+    s = shards(data)
+    return text_examples.describe(data, s) if data.examples != "windows" else describe_files(data, s)
 
 
 def read(data: Text, seed: int, info: DataInfo | None = None) -> Read:

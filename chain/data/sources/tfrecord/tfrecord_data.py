@@ -26,9 +26,9 @@ from chain.data.catalog import (
 )
 from chain.data.data_source import BadRecords, Labelled, Read, Source, from_files
 from chain.data.sources.tfrecord.tfrecord_record import Shards, count
-from chain.data.streamed import Streamed, none_empty, stream_files
+from chain.data.streamed import Streamed, none_empty, refuse_share, stream_files
 from chain.errors import ConfigError
-from chain.fields import feature, mapping, optional, required, setting, string
+from chain.fields import feature, integer, list_of, mapping, optional, required, setting, string
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,8 +46,18 @@ class TFRecord(BadRecords, Labelled):
     x: str = setting(string, "the feature holding the inputs")
     features: tuple[tuple[str, tuple], ...] = setting(
         required(mapping(feature), "data.features={x: 'float32[8]', label: int64} (every feature read)"),
-        "every feature read: {name: float32[d1,...] or int64} (required)",
+        "every feature read: {name: float32[d1,...] or int64, or int64[None]: ids of any length} (required)",
     )
+    buckets: tuple[int, ...] | None = setting(
+        optional(list_of(integer(1, 1 << 20), 1)),
+        "an int64[None] input (data.stream=true): increasing lengths, each batch padded with 0 to the first its "
+        "examples fit; longer examples cut to the last",
+    )
+
+    @property
+    def lengths_vary(self) -> bool:
+        """An input of any length (`int64[None]`), in length buckets."""
+        return any(None in shape for _, (_, shape) in self.features)
 
 
 class TFRecordStream(Shards, Streamed):
@@ -57,13 +67,18 @@ class TFRecordStream(Shards, Streamed):
     SHARES = True
 
     def training(self, batch, shuffle, seed, skipped=None, share=None):
-        from chain.data.sources.tfrecord import tfrecord_stream
+        from chain.data.sources.tfrecord import tfrecord_stream, tfrecord_varlen
 
+        if self.buckets is not None:
+            refuse_share(share)
+            return tfrecord_varlen.training(self, batch, shuffle, seed)
         return tfrecord_stream.training(self, batch, shuffle, seed, skipped, share)
 
     def validation(self, batch, skipped=None):
-        from chain.data.sources.tfrecord import tfrecord_stream
+        from chain.data.sources.tfrecord import tfrecord_stream, tfrecord_varlen
 
+        if self.buckets is not None:
+            return tfrecord_varlen.validation(self, batch)
         return tfrecord_stream.validation(self, batch, skipped)
 
     def skip_counter(self):
@@ -90,19 +105,50 @@ def describe(data: TFRecord) -> None:
                 f"{where}={key!r} is not in data.features ({', '.join(features)}); declare every "
                 "feature read, e.g. data.features={x: 'float32[8]', label: int64}"
             )
+    _varlen_checked(data)
     if data.stream:
         s = shards(data)
+        longest = (data.buckets[-1],) if data.lengths_vary else ()
+
+        def sized(shape: tuple) -> tuple:  # int64[None]: up to the largest bucket (what memory must hold)
+            return longest if None in shape else tuple(shape)
+
         return DataInfo(
             "tfrecord",
-            tuple(features[data.x][1]),
+            sized(features[data.x][1]),
             s.examples,
-            tuple(Target(name, classes, label_shape(features[key][1])) for name, key, classes in s.targets),
+            tuple(Target(name, classes, label_shape(sized(features[key][1]))) for name, key, classes in s.targets),
             s.val_examples,
+            lengths_vary=data.lengths_vary,
+            padded=data.lengths_vary,
         )
     for key, pattern in (("data.path", data.path), ("data.val_path", data.val_path)):
         for path in matching(pattern, key) if pattern is not None else ():
             _first_as_declared(path, data.features, key)  # TensorFlow's parser would not name the file
     return None
+
+
+def _varlen_checked(data: TFRecord) -> None:
+    """An `int64[None]` feature: the input's, streamed, in `data.buckets` (increasing); one line naming the key."""
+    varying = [name for name, (_, shape) in data.features if None in shape]
+    if not varying:
+        if data.buckets is not None:
+            raise ConfigError(
+                f"data.buckets needs an input of any length: declare data.x={data.x!r} as int64[None] in data.features"
+            )
+        return
+    if data.x not in varying:
+        raise ConfigError(
+            f"data.features declares {varying[0]} int64[None], but the input data.x={data.x!r} is of fixed length; "
+            "an int64[None] feature is the input (or a label per position of it)"
+        )
+    if not data.stream or data.buckets is None:
+        raise ConfigError(
+            f"data.features declares {data.x} int64[None] (ids of any length): it needs data.stream=true and "
+            "data.buckets=[...] (increasing lengths, e.g. [64,128,256])"
+        )
+    if any(b >= c for b, c in zip(data.buckets, data.buckets[1:])):
+        raise ConfigError(f"data.buckets={list(data.buckets)} must be increasing, e.g. data.buckets=[64,128,256]")
 
 
 def _stream_targets(data: TFRecord) -> tuple[tuple[str, str, int], ...]:
@@ -149,7 +195,8 @@ def _first_as_declared(path: str, features: tuple[tuple[str, tuple], ...], key: 
     for name, (dtype, shape) in features:
         kind, n = held.get(name, ("", 0))
         declared = dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
-        if n != math.prod(shape) or (n and kind != dtype):
+        count_ok = n >= 1 if None in shape else n == math.prod(shape)  # int64[None]: any number, one at least
+        if not count_ok or (n and kind != dtype):
             what = f"{n} values" if not n or kind == dtype else f"{n} {kind} values"
             raise ConfigError(
                 f"{where} is not as data.features declares it: feature {name} holds {what}, declared "
@@ -180,6 +227,7 @@ def shards(data: TFRecord) -> TFRecordStream:
         data.shuffle_buffer,
         data.on_bad_record == "skip",
         val_key,
+        data.buckets if data.lengths_vary else None,
     )
 
 

@@ -19,7 +19,8 @@ class Shards(FileCounts):
     (dtype, shape), as `data.features`), the input feature `x`, the targets as (name, feature,
     classes), the shuffle buffer in examples and whether bad records are left out (`skip_bad`,
     `data.on_bad_record=skip`) or stop the run; `val_key` is the key that names the validation
-    files (`data.val_path`, or `data.path` when they are held out of it)."""
+    files (`data.val_path`, or `data.path` when they are held out of it); `buckets`: an `int64[None]`
+    input's length buckets (`tfrecord_varlen`)."""
 
     features: tuple[tuple[str, tuple], ...]
     x: str
@@ -27,6 +28,7 @@ class Shards(FileCounts):
     shuffle_buffer: int
     skip_bad: bool = False
     val_key: str = FileCounts.TRAIN_KEY
+    buckets: tuple[int, ...] | None = None  # an int64[None] input's length buckets (None: fixed lengths)
 
 
 def count(paths: list[str], key: str) -> tuple[int, ...]:

@@ -1,0 +1,275 @@
+"""`data=text data.examples=lines|files`: examples of different lengths, each padded only to its length
+bucket (`data.buckets`). No TensorFlow here: the files are scanned with NumPy (memory-mapped), each
+example's first byte and length kept, and every epoch's batches are a pure function of the seed and the
+epoch's number (`epoch_batches`), so the stream (`example_stream`) holds no state but a counter of
+batches and a resumed run reads the batches it would have read.
+
+An example is a line (its bytes and its newline: the model learns where a line ends) or a whole file;
+its inputs are its ids but the last, its targets the same ids one on. One longer than the largest bucket
+is cut to it. The padding id is 0 in the inputs and the targets (the NUL byte, which text files do not
+hold: a file that does is refused), and the loss and the metrics ignore it (`ignore_class=0`, settled by
+`chain.config.checks.padding`). With `data.pack` the examples are packed into windows of `data.seq_len`
+instead (`pack`, `packed`: token ids, segment ids and targets).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from chain.data.catalog import DataInfo, Target, held_out
+from chain.data.streamed import TRAIN, VAL
+from chain.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PAD = 0  # the padding id of inputs and targets
+NEWLINE = 10
+AUTO_QUANTILES = (0.5, 0.75, 0.9, 1.0)  # data.buckets=auto: these shares of the examples fit their bucket
+AUTO_STEP = 8  # data.buckets=auto: bucket lengths are multiples of this
+
+
+@dataclass(frozen=True, eq=False)
+class Part:
+    """Examples of the files `paths` (their bytes one after the other, `offsets[k]` the first byte of
+    file k): example i is `lengths[i]` inputs from byte `starts[i]`, and the targets one byte on."""
+
+    paths: tuple[str, ...]
+    offsets: tuple[int, ...]
+    starts: np.ndarray  # int64
+    lengths: np.ndarray  # int32, after the cut
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def taken(self, rows: np.ndarray) -> Part:
+        """The examples `rows` of this part."""
+        return Part(self.paths, self.offsets, self.starts[rows], self.lengths[rows])
+
+
+def check_buckets(buckets, examples: str, seq_len: int) -> None:
+    """`data.buckets` against `data.examples` and `data.seq_len`: one line naming the key."""
+    if buckets is None:
+        return
+    if examples == "windows":
+        raise ConfigError(
+            f"data.buckets={_shown(buckets)} needs examples of different lengths: set data.examples=lines or "
+            "files (data.examples=windows cuts every example to data.seq_len)"
+        )
+    if buckets == "auto":
+        return
+    if any(b >= c for b, c in zip(buckets, buckets[1:])):
+        raise ConfigError(f"data.buckets={_shown(buckets)} must be increasing, e.g. data.buckets=[64,128,256]")
+    if buckets[-1] > seq_len:
+        raise ConfigError(
+            f"data.buckets={_shown(buckets)} holds {buckets[-1]}, longer than data.seq_len={seq_len} (the longest "
+            "an example may be); give buckets up to data.seq_len"
+        )
+
+
+def _shown(buckets) -> str:
+    return buckets if isinstance(buckets, str) else "[" + ",".join(map(str, buckets)) + "]"
+
+
+def _ids(path: str) -> np.ndarray:
+    """The file's bytes, memory-mapped (NumPy cannot map an empty file)."""
+    return np.memmap(path, dtype=np.uint8, mode="r") if os.path.getsize(path) else np.zeros(0, np.uint8)
+
+
+def _scan(paths: list[str], examples: str, key: str) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+    """Each file's first byte among them all, and every example's first byte and full length (its ids,
+    newline included); examples of fewer than 2 ids (no target) are left out."""
+    offsets, starts, sizes, first = [], [], [], 0
+    for path in paths:
+        ids = _ids(path)
+        if (nul := np.flatnonzero(ids == PAD)).size:
+            raise ConfigError(
+                f"{key}: {path} holds a NUL byte (byte {int(nul[0])}), the padding id of data.examples={examples}; "
+                "remove it, or use data.examples=windows"
+            )
+        if examples == "files":
+            begin, end = np.zeros(1, np.int64), np.array([len(ids)], np.int64)
+        else:
+            ends = np.flatnonzero(ids == NEWLINE).astype(np.int64) + 1  # one past each newline
+            if len(ids) and (not ends.size or ends[-1] != len(ids)):
+                ends = np.append(ends, len(ids))  # a last line without its newline
+            begin, end = np.concatenate([[0], ends[:-1]]).astype(np.int64), ends
+        kept = end - begin >= 2
+        offsets.append(first)
+        starts.append(first + begin[kept])
+        sizes.append((end - begin)[kept])
+        first += len(ids)
+    return tuple(offsets), np.concatenate(starts), np.concatenate(sizes)
+
+
+def auto_buckets(lengths: np.ndarray, seq_len: int) -> tuple[int, ...]:
+    """`data.buckets=auto`: the lengths that `AUTO_QUANTILES` of the examples fit, rounded up to
+    `AUTO_STEP`, the last the longest example (all at most `seq_len`)."""
+    found = [int(np.quantile(lengths, q, method="higher")) for q in AUTO_QUANTILES]
+    rounded = [min(seq_len, AUTO_STEP * math.ceil(n / AUTO_STEP)) for n in found[:-1]]
+    return tuple(sorted(set(rounded + [min(seq_len, int(lengths.max()))])))
+
+
+def part(paths: list[str], data, key: str, buckets: tuple[int, ...] | None = None) -> tuple[Part, tuple[int, ...]]:
+    """The examples of `paths` (`key` names their glob) and the buckets (`data.buckets`, or `buckets`
+    given, or worked out from these lengths), each example cut to the largest bucket (logged)."""
+    offsets, starts, sizes = _scan(paths, data.examples, key)
+    if not len(starts):
+        raise ConfigError(
+            f"{key}={getattr(data, key.split('.')[-1])!r} holds no example of 2 bytes or more "
+            f"(data.examples={data.examples}); give text files with some"
+        )
+    lengths = sizes - 1  # the inputs: every id but the last
+    if buckets is None:
+        buckets = (data.seq_len,) if data.pack else data.buckets  # packed: each example cut to a window
+        if buckets == "auto":
+            buckets = auto_buckets(lengths, data.seq_len)
+            log.info("data.buckets=auto: %s (from the lengths of %d examples)", _shown(buckets), len(lengths))
+    cut = int((lengths > buckets[-1]).sum())
+    if cut:
+        why = "a window, data.seq_len" if data.pack else "the largest bucket"
+        log.info("%s: %d of %d examples cut to %d ids (%s)", key, cut, len(lengths), buckets[-1], why)
+    return Part(tuple(paths), offsets, starts, np.minimum(lengths, buckets[-1]).astype(np.int32)), buckets
+
+
+def bucket_of(lengths: np.ndarray, buckets: tuple[int, ...]) -> np.ndarray:
+    """Each example's bucket: the first at least as long as it."""
+    return np.searchsorted(np.asarray(buckets), lengths, side="left")
+
+
+def whole_batches(lengths: np.ndarray, buckets: tuple[int, ...], batch: int) -> int:
+    """Batches of `batch` in an epoch: each bucket's examples in whole batches (the rest left out that epoch)."""
+    return int(sum(n // batch for n in np.bincount(bucket_of(lengths, buckets), minlength=len(buckets))))
+
+
+def epoch_batches(lengths: np.ndarray, buckets: tuple[int, ...], batch: int, shuffle: bool, seed: int, epoch: int):
+    """Epoch `epoch`'s batches ([batches, batch] example numbers), each of one bucket: the examples
+    shuffled (from `seed` and `epoch`) and cut per bucket into whole batches, then the batches shuffled."""
+    which = bucket_of(lengths, buckets)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths)) if shuffle else np.arange(len(lengths))
+    rows = []
+    for b in range(len(buckets)):
+        members = order[which[order] == b]
+        whole = len(members) // batch * batch
+        rows.append(members[:whole].reshape(-1, batch))
+    out = np.concatenate(rows)
+    return out[rng.permutation(len(out))] if shuffle else out
+
+
+def padded(part: Part, rows: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Examples `rows` of `part`: inputs and targets (int32 [len(rows), length]), padded with `PAD`."""
+    x = np.full((len(rows), length), PAD, np.int32)
+    y = np.full((len(rows), length), PAD, np.int32)
+    for k, i in enumerate(rows.tolist()):
+        start, n = int(part.starts[i]), int(part.lengths[i])
+        ids = _read(part, start, start + n + 1)
+        x[k, :n], y[k, :n] = ids[:-1], ids[1:]
+    return x, y
+
+
+def _read(part: Part, start: int, stop: int) -> np.ndarray:
+    """Bytes `start`..`stop` of the part's files one after the other (an example never spans two)."""
+    k = int(np.searchsorted(np.asarray(part.offsets), start, side="right")) - 1
+    return _memmap(part.paths[k])[start - part.offsets[k] : stop - part.offsets[k]]
+
+
+@functools.lru_cache(maxsize=64)
+def _memmap(path: str) -> np.ndarray:
+    return _ids(path)
+
+
+@dataclass(frozen=True, eq=False)
+class Examples:
+    """Text examples of different lengths in length buckets: training and validation `Part`s (`val` None:
+    none), the `buckets` (packed: the one window's length) and the vocabulary (bytes); `pack`: packed into
+    windows of `buckets[0]` (`data.pack`). What `example_stream` reads."""
+
+    train: Part
+    val: Part | None
+    buckets: tuple[int, ...]
+    vocab: int
+    pack: bool = False
+    TARGET: ClassVar[str] = "next"
+
+    @property
+    def examples(self) -> int:
+        return len(self.train)
+
+    def files_read(self) -> list[tuple[str, str, str]]:
+        """The text files, training files first (`Streamed.files_read`)."""
+        out = [(p, "data.path", TRAIN) for p in self.train.paths]
+        if self.val is not None and self.val.paths != self.train.paths:
+            out += [(p, "data.val_path", VAL) for p in self.val.paths]
+        return out
+
+
+def examples(data, paths: list[str], val_paths: list[str] | None, vocab: int, made: type = Examples) -> Examples:
+    """The training and validation examples (a `made`: `Examples` or a subclass) of the text files: the files of `data.val_path`, or the
+    last `data.val_fraction` of the examples (default 0.1)."""
+    train, buckets = part(paths, data, "data.path")
+    if val_paths is not None:
+        return made(train, part(val_paths, data, "data.val_path", buckets)[0], buckets, vocab, data.pack)
+    held = held_out(len(train), data, f"data=text ({data.path!r})")
+    n = len(train) - held
+    val = train.taken(np.arange(n, len(train))) if held else None
+    return made(train.taken(np.arange(n)), val, buckets, vocab, data.pack)
+
+
+def describe(data, s: Examples) -> DataInfo:
+    """Examples of up to the largest bucket's ids (what the memory estimate and plan=auto size), or packed
+    windows of them (`examples` counts windows then), with the target `next`."""
+    longest = s.buckets[-1]
+    if s.pack:
+        val = len(pack(s.val.lengths, longest)) if s.val else 0
+        return DataInfo(
+            data.name,
+            (longest,),
+            len(pack(s.train.lengths, longest)),
+            (Target(s.TARGET, s.vocab, (longest,)),),
+            val,
+            padded=True,
+        )
+    return DataInfo(
+        data.name,
+        (longest,),
+        s.examples,
+        (Target(s.TARGET, s.vocab, (longest,)),),
+        len(s.val) if s.val else 0,
+        lengths_vary=True,
+        padded=True,
+    )
+
+
+def pack(lengths: np.ndarray, window: int) -> list[np.ndarray]:
+    """`data.pack`: the examples in order, each window filled with the next ones while they fit (an example
+    is at most `window` long: cut); each window's example numbers. Packed once: an epoch shuffles windows."""
+    windows, current, used = [], [], 0
+    for i, n in enumerate(lengths.tolist()):
+        if used + n > window:
+            windows.append(np.array(current))
+            current, used = [], 0
+        current.append(i)
+        used += n
+    return windows + [np.array(current)] if current else windows
+
+
+def packed(part: Part, windows: list[np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The `windows` of `part` (each its example numbers): token ids, segment ids (1, 2, ... per example; 0
+    pads) and targets (each example's ids one on; 0 pads), int32 [len(windows), length]."""
+    x = np.full((len(windows), length), PAD, np.int32)
+    seg, y = np.zeros_like(x), np.full_like(x, PAD)
+    for k, rows in enumerate(windows):
+        at = 0
+        for s, i in enumerate(rows.tolist()):
+            start, n = int(part.starts[i]), int(part.lengths[i])
+            ids = _read(part, start, start + n + 1)
+            x[k, at : at + n], y[k, at : at + n], seg[k, at : at + n] = ids[:-1], ids[1:], s + 1
+            at += n
+    return x, seg, y

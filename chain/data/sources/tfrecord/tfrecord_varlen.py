@@ -1,0 +1,71 @@
+"""The `tf.data` stream of TFRecord files whose input is `int64[None]` (ids of any length,
+`tfrecord_record.Shards.buckets`): records parsed one at a time (the ids of different lengths cannot
+be one dense chunk), cut to the largest bucket, shuffled in a buffer of `data.shuffle_buffer` examples,
+then grouped by length (`bucket_by_sequence_length`): each batch holds examples of one bucket, padded
+with 0 to the bucket's length, whole batches only (a bucket's remainder waits in its group), so the
+compiled step is traced once per bucket. Every stage is checkpointable: the iterator's state (the
+files' positions, the shuffle buffer, each bucket's partial group) goes into every checkpoint, and a
+resumed run sees the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from chain.data.chunks import CYCLE, shuffled
+from chain.data.sources.tfrecord.tfrecord_record import Shards
+
+
+def _parser(shards: Shards):
+    """A serialized `tf.train.Example` -> (x int64 [L], {target: y}), x cut to the largest bucket (a label per
+    position cut with it)."""
+    features = dict(shards.features)
+    longest = shards.buckets[-1]
+    spec = {
+        name: tf.io.RaggedFeature(tf.int64)
+        if None in shape
+        else tf.io.FixedLenFeature(shape, tf.float32 if dtype == "float32" else tf.int64)
+        for name, (dtype, shape) in features.items()
+    }
+
+    def parse(record):
+        ex = tf.io.parse_single_example(record, spec)
+        x = ex[shards.x][:longest]
+        ys = {}
+        for name, key, classes in shards.targets:
+            y = ex[key][:longest] if None in features[key][1] else tf.reshape(ex[key], [-1])[0]
+            ys[name] = tf.cast(y, tf.int32 if classes else tf.float32)
+        return x, ys
+
+    return parse
+
+
+def _bucketed(examples: tf.data.Dataset, shards: Shards, batch: int, whole: bool) -> tf.data.Dataset:
+    """Examples -> batches of one bucket each, padded with 0 to its length (`whole`: only whole batches)."""
+    bounds = [b + 1 for b in shards.buckets]  # a length below b + 1 fits bucket b
+    return examples.bucket_by_sequence_length(
+        lambda x, ys: tf.shape(x)[0],
+        bounds,
+        [batch] * (len(bounds) + 1),
+        pad_to_bucket_boundary=True,
+        drop_remainder=whole,
+    )
+
+
+def training(shards: Shards, batch: int, shuffle: bool, seed: int) -> tf.data.Dataset:
+    """The endless stream of `(x, {target: y})` batches of `batch` examples, each of one bucket."""
+    paths = list(shards.paths)
+    files = shuffled(tf.data.Dataset.from_tensor_slices(paths), len(paths), shuffle, seed).repeat()
+    records = files.interleave(tf.data.TFRecordDataset, cycle_length=min(CYCLE, len(paths)))
+    examples = records.map(_parser(shards))
+    if shuffle:
+        examples = examples.shuffle(shards.shuffle_buffer, seed=seed)
+    return _bucketed(examples, shards, batch, True).prefetch(2)
+
+
+def validation(shards: Shards, batch: int) -> tf.data.Dataset | None:
+    """The validation files' records once, in batches of at most `batch` of one bucket each; None without any."""
+    if not shards.val_paths:
+        return None
+    records = tf.data.TFRecordDataset(list(shards.val_paths))
+    return _bucketed(records.map(_parser(shards)), shards, batch, False).prefetch(2)
