@@ -42,6 +42,7 @@ from chain.config import normalize_overrides
 from chain.config.schema import Settings
 from chain.errors import ChainError, WorkerLost, plural
 from chain.prepared import RunSpec, check_config
+from chain.training import on_lost
 
 
 @dataclass
@@ -191,8 +192,6 @@ def _app(cfg: DictConfig) -> None:
         from chain.training.logs import assignment_table
 
         run = build(spec, run_dir)
-        from chain.training import on_lost
-
         on_lost.announce()  # the lost worker this process goes on after, if any
         print(assignment_table(run.assignment, run.stages, settings.notes, unit=_unit(settings.mode)), flush=True)
         plan = run.strategy.plan_text(full=False)
@@ -209,8 +208,6 @@ def _app(cfg: DictConfig) -> None:
             sweep.record_done(summary)  # the sweep's table of its jobs
     except ChainError as e:
         if isinstance(e, WorkerLost) and run is not None:
-            from chain.training import on_lost
-
             on_lost.noted(run_dir, run.global_step, "")
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
         if sweep.in_job():
@@ -312,8 +309,6 @@ def _main() -> None:
             _scheduled(settings)
             if settings.plan_only:
                 return show_plan(spec, overrides)
-            from chain.training import on_lost
-
             if on_lost.supervises(settings):  # the training runs in fresh processes of this command
                 sys.exit(on_lost.supervise(settings, overrides, str(cfg.hydra.run.dir)))
             _preflight, overrides = preflight(spec, str(cfg.hydra.run.dir), overrides)
