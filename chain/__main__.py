@@ -40,8 +40,9 @@ from chain import sweep  # `import chain` first set TensorFlow's C++ log level (
 from chain.cli import fail, import_tensorflow_quietly, quiet_third_party_logs, reader_left
 from chain.config import normalize_overrides
 from chain.config.schema import Settings
-from chain.errors import ChainError, plural
+from chain.errors import ChainError, WorkerLost, plural
 from chain.prepared import RunSpec, check_config
+from chain.training import on_lost
 
 
 @dataclass
@@ -191,6 +192,7 @@ def _app(cfg: DictConfig) -> None:
         from chain.training.logs import assignment_table
 
         run = build(spec, run_dir)
+        on_lost.announce()  # the lost worker this process goes on after, if any
         print(assignment_table(run.assignment, run.stages, settings.notes, unit=_unit(settings.mode)), flush=True)
         plan = run.strategy.plan_text(full=False)
         if plan:
@@ -205,6 +207,8 @@ def _app(cfg: DictConfig) -> None:
         if sweep.in_job():
             sweep.record_done(summary)  # the sweep's table of its jobs
     except ChainError as e:
+        if isinstance(e, WorkerLost) and run is not None:
+            on_lost.noted(run_dir, run.global_step, "")
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
         if sweep.in_job():
             return sweep.record(str(e), e.exit_code)
@@ -305,6 +309,8 @@ def _main() -> None:
             _scheduled(settings)
             if settings.plan_only:
                 return show_plan(spec, overrides)
+            if on_lost.supervises(settings):  # the training runs in fresh processes of this command
+                sys.exit(on_lost.supervise(settings, overrides, str(cfg.hydra.run.dir)))
             _preflight, overrides = preflight(spec, str(cfg.hydra.run.dir), overrides)
         else:
             from chain.config.hydra import check_flag_order

@@ -21,6 +21,7 @@ from chain.records.serial import fields_of
 from chain.records.summaries import (
     DataWait,
     Layout,
+    LostWorker,
     OomEvent,
     PlanFields,
     PlannedCandidate,
@@ -80,6 +81,10 @@ def render() -> str:
         "Each of `layouts`:",
         "",
         *_rows(Layout),
+        "",
+        "Each of `lost_workers`:",
+        "",
+        *_rows(LostWorker),
     ]
     lines += ["", "Each of `oom_events`:", "", *_rows(OomEvent), "", "Each of `ranking`:", "", *_rows(Ranked), "", END]
     return "\n".join(lines)

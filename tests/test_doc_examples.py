@@ -146,6 +146,8 @@ TEXT = {
     ("pipeline.md", "planning: measured in 1.0 s (the run directory's"): "plan=auto's cache of another model "
     "(times and keys of one run: "
     "tests/test_auto_plan.py)",
+    ("cluster.md", "[...][chain][WARNING] - worker 1 (hostB:2222) lost at step 12"): "the log of a run that lost "
+    "worker 1 (tests/test_cluster.py kills it and checks the line)",
     ("architecture.md", "command line / chain.compose"): "a diagram of the layers",
     ("index.md", "chain/"): "the source tree",
     ("run-directory.md", "outputs/DATE/TIME/"): "the run directory's files",

@@ -51,6 +51,7 @@ OTHER_FORMATS: dict[str, tuple[set[str], str]] = {
     "chain/state/remap.py": ({"step"}, _MANIFEST),
     "chain/training/run.py": ({"step"}, _MANIFEST),
     "chain/training/failures.py": ({"step"}, _MANIFEST),
+    "chain/training/on_lost.py": ({"step"}, _MANIFEST),
     "chain/__main__.py": ({"step"}, _MANIFEST),
     "chain/restage.py": ({"step", "overrides"}, "the restage report of chain.state.remap.restage"),
     "chain/config/__init__.py": ({"stages", "grid"}, "a Hydra config dict (+grid: side-by-side variants)"),

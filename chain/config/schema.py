@@ -567,6 +567,14 @@ class ClusterSettings:
         "under a scheduler (TF_CONFIG with a chief, cluster.launcher=slurm): how long the client waits for its "
         "workers to start, and a worker for its client to come (back)",
     )
+    on_lost: str = setting(
+        choice("stop", "replan", "wait"),
+        "a worker lost during a run: stop (exit 5), replan (continue from the last complete checkpoint on the "
+        "workers that still answer, or on local devices), wait (for it to answer again, then continue as before)",
+    )
+    on_lost_wait_s: float = setting(
+        number(positive=True, maximum=86400), "cluster.on_lost=wait: how long a lost worker is waited for"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

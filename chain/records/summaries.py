@@ -258,6 +258,45 @@ class Layouts:
 
 
 @dataclass(frozen=True)
+class LostWorker:
+    """A cluster worker lost during a run that went on (`cluster.on_lost=replan` or `wait`)."""
+
+    worker: int = item("the lost worker's index in the workers before")
+    address: str = item("its host:port")
+    step: int = item("the step training had reached when it was lost")
+    resumed_from: int = item("the last complete checkpoint's step, which the run went on from")
+    recomputed: int = item("steps trained again (step - resumed_from)")
+    action: str = item("replanned (on the workers that answered) or waited (for it to answer again)")
+    workers_before: list[str] = item("the workers before")
+    workers_after: list[str] = item("the workers after ([]: local devices)")
+    seconds_lost: float = item(
+        "seconds from the loss being noticed to the fresh process's start (probing the workers, waiting); "
+        "the steps recomputed come on top"
+    )
+
+    def line(self) -> str:
+        """The log's line: `worker 1 (host:port) lost at step 15: re-planned on 1 worker, ...`."""
+        n = len(self.workers_after)
+        how = (
+            f"waited for it to answer again, continued on the same {n} worker" + ("s" if n != 1 else "")
+            if self.action == "waited"
+            else "re-planned on " + (f"{n} worker" + ("s" if n != 1 else "") if n else "local devices")
+        )
+        return (
+            f"worker {self.worker} ({self.address}) lost at step {self.step}: {how}, resumed from step "
+            f"{self.resumed_from} ({self.recomputed} step{'s' if self.recomputed != 1 else ''} recomputed), "
+            f"{self.seconds_lost:.1f} s lost"
+        )
+
+
+@dataclass(frozen=True)
+class LostWorkers:
+    """The workers lost during a run that went on, oldest first (what a supervised process is told)."""
+
+    events: list[LostWorker] = item("each loss, oldest first")
+
+
+@dataclass(frozen=True)
 class Summary:
     """summary.json: what every run writes, then what the way of training adds."""
 
@@ -326,6 +365,12 @@ class Summary:
     )
     plan: PlanFields | None = item(
         "placement.plan=auto: the chosen plan, predicted against measured (absent with placement.plan=manual)",
+        default=None,
+        omit_none=True,
+    )
+    lost_workers: list[LostWorker] | None = item(
+        "cluster.on_lost=replan or wait: each worker lost while the run went on, oldest first (each: the fields "
+        "below; absent: none lost)",
         default=None,
         omit_none=True,
     )

@@ -25,7 +25,7 @@ from chain.data import stream_shares, token_ids
 from chain.planning import cluster, devices, fit, planner
 from chain.planning.planner import Assignment
 from chain.prepared import RunSpec, prepare, with_loaded_data
-from chain.training import ways
+from chain.training import on_lost, ways
 from chain.training.run import Run
 
 log = logging.getLogger("chain")
@@ -129,7 +129,8 @@ def build(
     )
     run = Run(settings, strategy, dataset, run_dir, spec.auto_plan)
     if assignment.cluster:  # the workers serve on after the run: watched as long as this process lives
-        cluster.Watchdog(assignment.cluster, settings.cluster.lost_after_s, run.intact).start()
+        state = lambda: on_lost.noted(run_dir, run.global_step, run.intact())  # noqa: E731 (the step it reached)
+        cluster.Watchdog(assignment.cluster, settings.cluster.lost_after_s, state).start()
     elif assignment.multi_worker:  # every host ends its own run: its peers are watched while it trains
         run.watchdog = cluster.Watchdog(
             assignment.multi_worker, settings.cluster.lost_after_s, run.intact, skip=assignment.task

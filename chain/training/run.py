@@ -37,7 +37,7 @@ from chain.state.atomic import write_json, writing
 from chain.steps.numerics import finite_or_none, judge
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import Evaluation
-from chain.training import failures, validation
+from chain.training import failures, on_lost, validation
 from chain.training.cadence import Cadences
 from chain.training.summary import Ending, summarize
 
@@ -526,6 +526,7 @@ class Run:
             data_wait_ms=loop.data_wait(),
             plan=table.plan_fields(self.auto_plan, loop.median_step_ms()),  # None: a plan by hand
             layouts=list(loop.checkpoints.layouts) if loop.checkpoints else None,  # what a resume changed, and when
+            lost_workers=on_lost.history(),  # cluster.on_lost: the workers lost while the run went on
         )
         if self.settings.data.lengths_vary:  # length buckets: each bucket's step traced once, never again
             shown = ", ".join(f"{n} for length {k}" for k, n in summary.traces.items())
