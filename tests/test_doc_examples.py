@@ -40,6 +40,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # (continuation lines joined, comments dropped, as shlex quotes it), a transcript's `$ COMMAND`
 # line, or any part of a python block.
 SKIP = {
+    ("checkpoints.md", "+stages=2 pipeline.schedule=gpipe pipeline.microbatches=4 trainer.steps=20"): "a 20-step run "
+    "on the reader's text; tests/test_resume_layout.py trains and resumes such runs, the line included",
+    ("checkpoints.md", "+stages=4 pipeline.schedule=zb1 pipeline.microbatches=8 trainer.steps=30"): "its resume "
+    "on another layout (tests/test_resume_layout.py)",
     ("README.md", "python -m venv"): "makes a venv (the test runs in the installed checkout)",
     ("README.md", ". .venv/bin/activate"): "activates that venv",
     ("README.md", "pip install"): "installs the package (the test runs in the installed checkout)",
