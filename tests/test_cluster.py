@@ -207,7 +207,7 @@ def test_a_lost_worker_with_on_lost_replan_goes_on_on_the_other_worker(workers, 
 
 
 def test_a_lost_worker_with_on_lost_wait_goes_on_bit_exact_once_it_is_back(workers, tmp_path, straight):
-    code, rest, run_dir = lose_worker_1(workers, tmp_path, ["cluster.on_lost=wait"], back_after=4)
+    code, rest, run_dir = lose_worker_1(workers, tmp_path, ["cluster.on_lost=wait"], back_after=2)
     assert code == 0, rest
     (event,) = read_summary(run_dir)["lost_workers"]
     assert event["action"] == "waited" and event["workers_after"] == workers.addresses

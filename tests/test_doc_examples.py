@@ -40,6 +40,12 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # (continuation lines joined, comments dropped, as shlex quotes it), a transcript's `$ COMMAND`
 # line, or any part of a python block.
 SKIP = {
+    ("language-models.md", "data.examples=lines 'data.buckets=[64,128,256]'"): "the reader's corpus/*.txt; "
+    "tests/test_varlen.py trains on lines in buckets (the trace counts the page shows included)",
+    ("language-models.md", "data.examples=lines data.pack=true"): "the reader's corpus/*.txt; tests/test_varlen.py "
+    "trains packed windows against the examples unpacked",
+    ("your-data.md", "model.path=encoder.keras data=tfrecord"): "the reader's encoder and TFRecord files; "
+    "tests/test_varlen.py trains such a masked encoder on variable-length ids in buckets",
     ("checkpoints.md", "+stages=2 pipeline.schedule=gpipe pipeline.microbatches=4 trainer.steps=20"): "a 20-step run "
     "on the reader's text; tests/test_resume_layout.py trains and resumes such runs, the line included",
     ("checkpoints.md", "+stages=4 pipeline.schedule=zb1 pipeline.microbatches=8 trainer.steps=30"): "its resume "

@@ -197,7 +197,14 @@ def test_tf_config_tasks(monkeypatch, capsys):
     from chain.worker import main
 
     settings = ClusterSettings(
-        workers=None, lost_after_s=5, profile_ports=None, launcher="none", port_base=8888, wait_s=60
+        workers=None,
+        lost_after_s=5,
+        profile_ports=None,
+        launcher="none",
+        port_base=8888,
+        wait_s=60,
+        on_lost="stop",
+        on_lost_wait_s=60,
     )
     monkeypatch.setenv("TF_CONFIG", tf_config("chief"))
     assert cluster.workers(settings) == ["w0:1", "w1:1"] and cluster.client_address(settings)[0] == "c:1"
