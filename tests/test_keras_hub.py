@@ -16,6 +16,7 @@ import pytest
 
 import chain
 from compare import assert_trained_like_keras, by_path, microbatch_sgd_step, paths, rel_diff
+from conftest import EXTENDED
 
 VOCAB, SEQ, BATCH = 50, 8, 16
 RUN = [
@@ -126,14 +127,6 @@ def batches(n: int, segments: bool = False):
             x["segment_ids"] = (np.arange(SEQ)[None, :] >= SEQ // 2).astype("int32") * pad
         out.append((x, rng.integers(0, VOCAB, BATCH).astype("int32")))
     return out
-
-
-# Cases another case of the same test already covers in its kind (the same model at another stage count, or
-# another model at this one): run with CHAIN_TEST_ZOO=all, as the zoo's rest (the suite's time cannot carry all).
-EXTENDED = pytest.mark.skipif(
-    os.environ.get("CHAIN_TEST_ZOO") != "all",
-    reason="an extended case: runs with CHAIN_TEST_ZOO=all (docs/your-models.md)",
-)
 
 
 def _cases(rows: list[tuple], extended: set[tuple]) -> list:

@@ -23,7 +23,7 @@ import pytest
 
 from chain.state import lock
 from chain.worker import LocalCluster
-from conftest import run_cli
+from conftest import EXTENDED, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["+stages=2", "model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
@@ -84,6 +84,7 @@ def test_grad_accum_the_python_api_and_the_example_start_and_train_quietly(tmp_p
     assert (r.stdout, r.stderr) == ("wrote m.keras\n", "")
 
 
+@EXTENDED  # for the suite's time: the quiet runs of the example, the Python API and a tokenizer below run every time
 def test_the_mirrored_fallback_and_a_resume_on_cluster_workers_print_no_tensorflow_lines(tmp_path):
     # Python's logging only: the test zygote's TensorFlow (its C++ log level set at its import) will do
     assert_quiet(run_cli(tmp_path, *TINY, "trainer.steps=2", "placement.fallback=mirrored"))

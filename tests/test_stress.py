@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import EXTENDED
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
+@EXTENDED  # test_resume kills runs and resumes them bit-exact; this is the stress script's smoke run
 def test_random_kills_during_saves_and_steps_resume_bit_exact(tmp_path):
     r = subprocess.run(
         [
@@ -39,6 +42,7 @@ def test_random_kills_during_saves_and_steps_resume_bit_exact(tmp_path):
     assert lines[-1] == "OK"
 
 
+@EXTENDED  # test_run_dir holds the lock's rules; this is the stress script's smoke run
 def test_two_runs_racing_for_one_directory(tmp_path):
     r = subprocess.run(
         [sys.executable, str(SCRIPTS / "stress_race.py"), "--races", "2"], capture_output=True, text=True, timeout=1200

@@ -4,8 +4,6 @@ inputs and the same SGD steps of the uncut model on one device."""
 
 from __future__ import annotations
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ import tensorflow as tf
 import chain
 from chain.errors import ConfigError
 from compare import assert_trained_like_keras, assert_variables_like, rel_diff, trains_like_one_device
-from conftest import DEVICES
+from conftest import DEVICES, EXTENDED
 
 L = keras.layers
 SEQ, VOCAB, CLASSES = 6, 20, 4
@@ -129,14 +127,6 @@ class Oracle:
 
 
 ORACLES: dict[str, Oracle] = {}
-
-
-# Three-stage splits of the attention models: every run takes their two-stage splits and the RNNs' three-stage
-# ones; these run with CHAIN_TEST_ZOO=all, as the keras_hub zoo's rest (docs/your-models.md).
-EXTENDED = pytest.mark.skipif(
-    os.environ.get("CHAIN_TEST_ZOO") != "all",
-    reason="an extended case: runs with CHAIN_TEST_ZOO=all (docs/your-models.md)",
-)
 
 
 def splits(n_layers: int, stages: int):
