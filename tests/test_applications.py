@@ -19,7 +19,7 @@ import tensorflow as tf
 from chain.planning import balance
 from chain.stages import cut
 from chain.stages.timing import LinkTimes, link_times
-from conftest import DEVICES
+from conftest import DEVICES, EXTENDED
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = ["ResNet50", "MobileNetV2", "DenseNet121", "EfficientNetB0"]
@@ -131,6 +131,7 @@ def test_an_application_cut_into_stages_predicts_what_it_predicts(analysed, name
         np.testing.assert_array_equal(got, want, err_msg=f"{name} {k} stages by {how}")
 
 
+@EXTENDED  # for the suite's time: every split of each application runs every time (above)
 def test_mobilenet_cut_into_three_stages_by_time_trains_like_the_model_on_one_device(tmp_path):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "images.npz", x=rng.normal(size=(48, 32, 32, 3)).astype("float32"), y=rng.integers(0, 10, 48))

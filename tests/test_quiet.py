@@ -84,7 +84,7 @@ def test_grad_accum_the_python_api_and_the_example_start_and_train_quietly(tmp_p
     assert (r.stdout, r.stderr) == ("wrote m.keras\n", "")
 
 
-@EXTENDED  # for the suite's time: the quiet runs of the example, the Python API and a tokenizer below run every time
+@EXTENDED  # for the suite's time: the example's and the Python API's quiet runs run every time
 def test_the_mirrored_fallback_and_a_resume_on_cluster_workers_print_no_tensorflow_lines(tmp_path):
     # Python's logging only: the test zygote's TensorFlow (its C++ log level set at its import) will do
     assert_quiet(run_cli(tmp_path, *TINY, "trainer.steps=2", "placement.fallback=mirrored"))
@@ -118,6 +118,7 @@ def lm(tmp_path_factory):
     return cwd, r
 
 
+@EXTENDED  # for the suite's time: the example's and the Python API's quiet runs run every time
 def test_training_on_a_fresh_machine_with_a_tokenizer_and_restaging_print_only_chains_lines(lm, tmp_path):
     assert_quiet(lm[1])
     assert os.path.isfile(lm[0] / "run" / "report.html")
