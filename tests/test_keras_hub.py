@@ -628,17 +628,7 @@ def gpt2_per_token(static: bool) -> keras.Model:
     """GPT2CausalLM as shipped (its `(batch, seq, vocab)` logits); `static`: called on token ids of a fixed
     length, its padding mask all ones (`ops.ones_like`, an op kept on the first stage), the backbone's own
     graph still open in its length (None) inside."""
-    keras.utils.set_random_seed(1)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCAB,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=8,
-        intermediate_dim=16,
-        max_sequence_length=SEQ,
-        dropout=0.0,
-    )
-    lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    lm = gpt2_lm()
     if not static:
         return lm
     ids = keras.Input((SEQ,), dtype="int32", name="token_ids")
