@@ -129,7 +129,7 @@ def build(
     )
     run = Run(settings, strategy, dataset, run_dir, spec.auto_plan)
     if assignment.cluster:  # the workers serve on after the run: watched as long as this process lives
-        state = lambda: on_lost.noted(run_dir, run.global_step, run.intact())  # noqa: E731 (the step it reached)
+        state = lambda: on_lost.noted(run_dir, run, run.intact())  # noqa: E731 (the step it reached)
         cluster.Watchdog(assignment.cluster, settings.cluster.lost_after_s, state).start()
     elif assignment.multi_worker:  # every host ends its own run: its peers are watched while it trains
         run.watchdog = cluster.Watchdog(

@@ -526,7 +526,7 @@ class Run:
             data_wait_ms=loop.data_wait(),
             plan=table.plan_fields(self.auto_plan, loop.median_step_ms()),  # None: a plan by hand
             layouts=list(loop.checkpoints.layouts) if loop.checkpoints else None,  # what a resume changed, and when
-            lost_workers=on_lost.history(),  # cluster.on_lost: the workers lost while the run went on
+            lost_workers=on_lost.history(self),  # cluster.on_lost: the workers lost while the run went on
         )
         if self.settings.data.lengths_vary:  # length buckets: each bucket's step traced once, never again
             shown = ", ".join(f"{n} for length {k}" for k, n in summary.traces.items())
