@@ -250,7 +250,8 @@ class Run:
     def _batch(self, x: Any, y: Any) -> tuple[Any, dict]:
         """A batch given to `step` or `trace`, checked once (`chain.data.verify`): one ValueError
         line naming the argument for a wrong shape, dtype, label or target."""
-        x, ys = checks.batch(x, y, self.dataset.info, self.strategy.wanted_targets(), self.strategy.default_target())
+        wanted, default = self.strategy.wanted_targets(), self.strategy.default_target()
+        x, ys = checks.batch(x, y, self.dataset.info, wanted, default, self.settings.ignored_label)
         self.strategy.check_batch(len(next(iter(x.values()))) if isinstance(x, dict) else len(x))
         if not isinstance(x, dict) and self._named_inputs() is not None:  # token ids for a model of named inputs
             x = self._named_inputs()(x)
