@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,19 +96,11 @@ def lose(cluster, args: list[str], run_dir: str, after: int, back_after: float |
             cluster.start(1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="replan,wait", help="comma-separated: replan, wait")
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--every", type=int, default=5, help="checkpoint.every")
-    ap.add_argument("--lost-after", type=int, default=15, help="worker 1 is killed once this step is done")
-    ap.add_argument("--back-after", type=float, default=2.0, help="wait: seconds until worker 1 starts again")
-    ap.add_argument("--plan-auto", action="store_true", help="the lost runs with placement.plan=auto")
-    ap.add_argument("--workdir", default=None, help="kept when given (default: a temporary one, removed)")
-    a = ap.parse_args(argv)
+def stress(a: argparse.Namespace, workdir: str) -> bool:
+    """The run that loses nothing, then each case of `a.cases` (see the module), in `workdir`; whether
+    every check held. Prints a line per case."""
     from chain.worker import LocalCluster
 
-    workdir = a.workdir or tempfile.mkdtemp(prefix="stress_lost_")
     args = [*BASE, f"trainer.steps={a.steps}", f"checkpoint.every={a.every}", "cluster.lost_after_s=2"]
     ok = True
     with LocalCluster(2) as cluster:
@@ -121,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if r.returncode != 0:
             print(f"the run that loses nothing failed: exit {r.returncode}: {r.stderr[-2000:]}")
-            return 1
+            return False
         reference = final_values(straight)
         for case in a.cases.split(","):
             run_dir = os.path.join(workdir, case)
@@ -143,8 +134,21 @@ def main(argv: list[str] | None = None) -> int:
             )
             for e in events:
                 print(f"  lost_workers: {json.dumps(e)}", flush=True)
-    if a.workdir is None:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="replan,wait", help="comma-separated: replan, wait")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--every", type=int, default=5, help="checkpoint.every")
+    ap.add_argument("--lost-after", type=int, default=15, help="worker 1 is killed once this step is done")
+    ap.add_argument("--back-after", type=float, default=2.0, help="wait: seconds until worker 1 starts again")
+    ap.add_argument("--plan-auto", action="store_true", help="the lost runs with placement.plan=auto")
+    ap.add_argument("--workdir", default=None, help="kept when given (default: a temporary one, removed)")
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="stress_lost_") as scratch:
+        ok = stress(a, a.workdir or scratch)
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 
