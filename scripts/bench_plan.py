@@ -18,7 +18,11 @@ search may choose its cut:
 - `transformer`: a small pre-norm transformer encoder written here (4 blocks of 4-head attention and a 4x
   feed-forward, width 128, 32 positions, mean-pooled), batch 64;
 - `mobilenet`: keras.applications MobileNetV2 (alpha 0.35, weights=None, 32x32x3, 10 classes), batch 64
-  (not in the default run: 155 layers, each of the 28 plans takes minutes to build on 2 shared cores).
+  (not in the default run: 155 layers, each of the 28 plans takes minutes to build on 2 shared cores);
+- `gpt2`: keras_hub's GPT2CausalLM, `scripts/bench_lm.py`'s (vocab 512, 128 positions, width 128, 4 blocks of 4
+  heads, called on token ids with its padding mask all ones inside: the mask crosses every cut between the
+  blocks beside the hidden state), batch 32 of a token file's windows (`data=tokens`), the next token's loss at
+  every position (not in the default run: its 28 plans take about as long as the three models together).
 
 SGD, float32, `trainer.steps_per_call=1` (a call of the compiled step is one step). For each model,
 first `placement.plan=auto` plans on the two workers (`chain.autoplan.settle.measured`, then
@@ -59,7 +63,7 @@ from chain.worker import LocalCluster
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 FINDINGS = "/work/briefs/s3/benchplan-findings.md"
-MODELS = ("wide", "deep", "transformer", "mobilenet")
+MODELS = ("wide", "deep", "transformer", "mobilenet", "gpt2")
 # (K, R) x M x schedule: the grid (module docstring); recompute=always and the two-stages-per-device
 # schedules fill it where K=1 has one schedule only.
 GRID = (
@@ -87,6 +91,7 @@ class Shape:
     depth: int = 0
     image: bool = False
     seq: int = 0  # a transformer: its sequence length (its input is seq x width floats, flattened)
+    vocab: int = 0  # a language model: its vocabulary (its input is seq token ids, its target the next at each)
 
 
 def shapes(quick: bool) -> dict[str, Shape]:
@@ -96,12 +101,14 @@ def shapes(quick: bool) -> dict[str, Shape]:
             "deep": Shape("deep", 32, 16, 8),
             "transformer": Shape("transformer", 8, 16, 2, seq=8),
             "mobilenet": Shape("mobilenet", 8, image=True),
+            "gpt2": Shape("gpt2", 8, 16, 2, seq=8, vocab=64),
         }
     return {
         "wide": Shape("wide", 256, 1024, 8),
         "deep": Shape("deep", 256, 256, 16),
         "transformer": Shape("transformer", 64, 128, 4, seq=32),
         "mobilenet": Shape("mobilenet", 64, image=True),
+        "gpt2": Shape("gpt2", 32, 128, 4, seq=128, vocab=512),
     }
 
 
@@ -114,6 +121,14 @@ def make(shape: Shape):
         return keras.applications.MobileNetV2(
             weights=None, input_shape=(32, 32, 3), classes=10, alpha=0.35, classifier_activation=None
         )
+    if shape.vocab:  # bench_lm.py's model on token ids
+        from types import SimpleNamespace
+
+        from bench_lm import gpt2
+
+        return gpt2(SimpleNamespace(vocab=shape.vocab, seq=shape.seq, hidden=shape.width, layers=shape.depth, heads=4))[
+            1
+        ]
     if shape.seq:
         return transformer(shape)
     x = keras.Input((shape.width,))
@@ -157,6 +172,14 @@ def base_overrides(shape: Shape, cluster_option: str, scratch: str) -> list[str]
             y=(np.arange(n) % 10).astype("int64"),
         )
         data = ["data=npz", f"data.path={path}", "data.y=y"]
+    elif shape.vocab:
+        import numpy as np
+
+        path = os.path.join(scratch, "tokens.bin")
+        np.random.default_rng(0).integers(0, shape.vocab, 4 * shape.batch * (shape.seq + 1)).astype("uint16").tofile(
+            path
+        )
+        data = ["data=tokens", f"data.path={path}", f"data.seq_len={shape.seq}", f"data.vocab={shape.vocab}"]
     else:
         features = shape.width * (shape.seq or 1)
         data = ["data=synthetic", f"data.features={features}", "data.classes=10", f"data.samples={shape.batch}"]
@@ -182,6 +205,12 @@ def host_batch(shape: Shape):
     from chain.pipeline.play import host
 
     with tf.device(host()):
+        if shape.vocab:  # token ids and the next token at each position, as data=tokens gives them
+            x, y = (
+                tf.random.stateless_uniform([shape.batch, shape.seq], [s, 2], maxval=shape.vocab, dtype=tf.int32)
+                for s in (1, 2)
+            )
+            return x, {"next": y}
         dims = [shape.batch, 32, 32, 3] if shape.image else [shape.batch, shape.width * (shape.seq or 1)]
         x = tf.random.stateless_normal(dims, seed=[1, 2])
         y = tf.random.stateless_uniform(
