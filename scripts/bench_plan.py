@@ -22,7 +22,9 @@ search may choose its cut:
 - `gpt2`: keras_hub's GPT2CausalLM, `scripts/bench_lm.py`'s (vocab 512, 128 positions, width 128, 4 blocks of 4
   heads, called on token ids with its padding mask all ones inside: the mask crosses every cut between the
   blocks beside the hidden state), batch 32 of a token file's windows (`data=tokens`), the next token's loss at
-  every position (not in the default run: its 28 plans take about as long as the three models together).
+  every position (not in the default run: its 28 plans take about as long as the three models together);
+- `gpt`: `model=gpt`, chain's own decoder of the same size on the same data (the config builds it: no Keras
+  model given; not in the default run either).
 
 SGD, float32, `trainer.steps_per_call=1` (a call of the compiled step is one step). For each model,
 first `placement.plan=auto` plans on the two workers (`chain.autoplan.settle.measured`, then
@@ -63,7 +65,7 @@ from chain.worker import LocalCluster
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 FINDINGS = "/work/briefs/s3/benchplan-findings.md"
-MODELS = ("wide", "deep", "transformer", "mobilenet", "gpt2")
+MODELS = ("wide", "deep", "transformer", "mobilenet", "gpt2", "gpt")
 # (K, R) x M x schedule: the grid (module docstring); recompute=always and the two-stages-per-device
 # schedules fill it where K=1 has one schedule only.
 GRID = (
@@ -92,6 +94,7 @@ class Shape:
     image: bool = False
     seq: int = 0  # a transformer: its sequence length (its input is seq x width floats, flattened)
     vocab: int = 0  # a language model: its vocabulary (its input is seq token ids, its target the next at each)
+    gpt: bool = False  # model=gpt of width x depth: the config builds it
 
 
 def shapes(quick: bool) -> dict[str, Shape]:
@@ -102,6 +105,7 @@ def shapes(quick: bool) -> dict[str, Shape]:
             "transformer": Shape("transformer", 8, 16, 2, seq=8),
             "mobilenet": Shape("mobilenet", 8, image=True),
             "gpt2": Shape("gpt2", 8, 16, 2, seq=8, vocab=64),
+            "gpt": Shape("gpt", 8, 16, 2, seq=8, vocab=64, gpt=True),
         }
     return {
         "wide": Shape("wide", 256, 1024, 8),
@@ -109,14 +113,17 @@ def shapes(quick: bool) -> dict[str, Shape]:
         "transformer": Shape("transformer", 64, 128, 4, seq=32),
         "mobilenet": Shape("mobilenet", 64, image=True),
         "gpt2": Shape("gpt2", 32, 128, 4, seq=128, vocab=512),
+        "gpt": Shape("gpt", 32, 128, 4, seq=128, vocab=512, gpt=True),
     }
 
 
 def make(shape: Shape):
-    """The model, its weights seeded (every plan starts from the same)."""
+    """The model, its weights seeded (every plan starts from the same); None: model=gpt's, the config's own."""
     import keras
 
     keras.utils.set_random_seed(0)
+    if shape.gpt:
+        return None
     if shape.image:
         return keras.applications.MobileNetV2(
             weights=None, input_shape=(32, 32, 3), classes=10, alpha=0.35, classifier_activation=None
@@ -180,6 +187,9 @@ def base_overrides(shape: Shape, cluster_option: str, scratch: str) -> list[str]
             path
         )
         data = ["data=tokens", f"data.path={path}", f"data.seq_len={shape.seq}", f"data.vocab={shape.vocab}"]
+        if shape.gpt:
+            width = [f"model.width={shape.width}", f"model.depth={shape.depth}", "model.heads=4"]
+            data += ["model=gpt", f"model.vocab={shape.vocab}", *width]
     else:
         features = shape.width * (shape.seq or 1)
         data = ["data=synthetic", f"data.features={features}", "data.classes=10", f"data.samples={shape.batch}"]
