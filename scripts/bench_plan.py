@@ -2,6 +2,7 @@
 
     python scripts/bench_plan.py                           # three models, 28 plans each, 5 rounds
     python scripts/bench_plan.py --models wide --repeats 9 --markdown
+    python scripts/bench_plan.py --models gpt2 --small-grid --repeats 3 --markdown   # 14 plans
     python scripts/bench_plan.py --quick                   # smoke: tiny models, a few plans, 1 repeat
 
 Not a test: it prints a table (`--markdown` also prints one for docs/benchmarks.md) and appends each
@@ -22,7 +23,8 @@ search may choose its cut:
 - `gpt2`: keras_hub's GPT2CausalLM, `scripts/bench_lm.py`'s (vocab 512, 128 positions, width 128, 4 blocks of 4
   heads, called on token ids with its padding mask all ones inside: the mask crosses every cut between the
   blocks beside the hidden state), batch 32 of a token file's windows (`data=tokens`), the next token's loss at
-  every position (not in the default run: its 28 plans take about as long as the three models together);
+  every position (not in the default run: each plan's first steps trace for seconds; `--small-grid` times 14
+  of the 28 plans);
 - `gpt`: `model=gpt`, chain's own decoder of the same size on the same data (the config builds it: no Keras
   model given; not in the default run either).
 
@@ -74,6 +76,14 @@ GRID = (
     + [(2, 1, m, s, "never") for m in (1, 2, 4, 8) for s in ("gpipe", "1f1b", "zb1")]
     + [(2, 1, m, s, "always") for m in (4, 8) for s in ("gpipe", "1f1b")]
     + [(4, 1, m, s, "never") for m in (4, 8) for s in ("interleaved", "zbv")]
+)
+# half of GRID (--small-grid): the copies at every M, the pipelines at M = 4 and 8, for a model whose 28 plans
+# outlast a quiet slot (gpt2: each plan's first steps trace for seconds)
+SMALL_GRID = (
+    [(1, 1, m, "gpipe", "never") for m in (1, 4)]
+    + [(1, 2, m, "gpipe", "never") for m in (1, 2, 4, 8)]
+    + [(2, 1, m, s, "never") for m in (4, 8) for s in ("gpipe", "1f1b", "zb1")]
+    + [(4, 1, 8, s, "never") for s in ("interleaved", "zbv")]
 )
 QUICK_GRID = [
     (1, 1, 1, "gpipe", "never"),
@@ -299,7 +309,7 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
         f"searching {plan.searching_s:.2f} s, {plan.candidates} candidates)",
         flush=True,
     )
-    plans = grid(shape, before, measured, chosen, QUICK_GRID if a.quick else GRID)
+    plans = grid(shape, before, measured, chosen, QUICK_GRID if a.quick else SMALL_GRID if a.small_grid else GRID)
     x, ys = host_batch(shape)
     steps, started = [], time.time()
     for i, (c, _) in enumerate(plans):
@@ -472,6 +482,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quiet", type=float, default=0.2, help="foreign CPU (cores) below which a measurement is quiet")
+    p.add_argument("--small-grid", action="store_true", help="14 plans of the grid (SMALL_GRID) instead of 28")
     p.add_argument("--quick", action="store_true", help="smoke test: tiny models, 4 plans (+ the chosen), 1 round")
     p.add_argument("--findings", default=FINDINGS, help="append each plan's figures here ('' : nowhere)")
     p.add_argument("--plan-budget", type=float, default=None, help="placement.plan_budget_s (default: its default)")
