@@ -10,7 +10,8 @@ Each leaf is made by its kind: floats normal; integer ids uniform in 0..vocab-1 
 keras_hub's filled inputs (`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of
 zeros) as the config's full windows give them. The first link's open sizes (None) are the data's
 example's; each later link's input is what the link before it gives (`link_signatures`: each link run once on
-one example), so every size, dtype and mask is the one a step passes.
+one example), so every size, dtype and mask is the one a step passes, and the ids and masks a link makes (position
+ids, a mask from the ids) have the values it gave.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def given(model: keras.Model, signature: Any, vocab: int) -> Any:
         if keras.backend.is_float_dtype(dtype):
             return Leaf(shape, dtype)
         seen = tuple(int(v) for v in keras.ops.convert_to_numpy(t)[0].ravel())
-        return Leaf(shape, dtype, seen[0]) if len(set(seen)) == 1 else Leaf(shape, dtype, example=seen)
+        return Leaf(shape, dtype, seen[0] if seen else 0) if len(set(seen)) <= 1 else Leaf(shape, dtype, example=seen)
 
     return keras.tree.map_structure(leaf, model(x, training=False))
 
