@@ -1,5 +1,6 @@
-"""What an `.npz` stream reads (`data=npz data.stream=true`): `ArrayFiles` and its `ArrayPart`s,
-made by `npz_data.shards` without TensorFlow and read by `npz_stream`."""
+"""What an `.npz` stream reads (`data=npz data.stream=true`): `ArrayFiles` and its `ArrayPart`s, made by
+`npz_data.shards` without TensorFlow and read by `npz_stream`; ragged ids (`data.offsets`): `RaggedFiles`
+and its `RaggedPart`s, made by `npz_ragged_parts` and read by `npz_ragged`."""
 
 from __future__ import annotations
 
@@ -34,6 +35,47 @@ class ArrayFiles:
     val: ArrayPart | None
     targets: tuple[tuple[str, int], ...]
     block: int
+    shuffle_buffer: int
+
+    @property
+    def examples(self) -> int:
+        return self.train.rows
+
+    @property
+    def val_examples(self) -> int:
+        return self.val.rows if self.val else 0
+
+
+@dataclass(frozen=True)
+class RaggedPart:
+    """Examples `start`..`stop` of an `.npz` file's ragged ids read in place (`data.offsets`): `x` the ids
+    of every example one after the other, `offsets` (N + 1) where each example starts (example i is
+    `x[offsets[i]:offsets[i + 1]]`), each target (in the targets' order) one label per example (N,) or
+    one per id (as `x`, `RaggedFiles.per_id`)."""
+
+    x: Member
+    offsets: Member
+    ys: tuple[Member, ...]
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class RaggedFiles:
+    """An `.npz` file's ragged ids streamed in length buckets (`data=npz data.offsets=KEY`): the training
+    and validation examples (`val` None: none), the targets as (name, classes: 0 for a value), whether
+    each is a label per id (`per_id`) rather than per example, the length `buckets` (the last: the
+    longest an example is read, longer ones cut) and the shuffle buffer in examples."""
+
+    train: RaggedPart
+    val: RaggedPart | None
+    targets: tuple[tuple[str, int], ...]
+    per_id: tuple[bool, ...]
+    buckets: tuple[int, ...]
     shuffle_buffer: int
 
     @property
