@@ -384,3 +384,31 @@ def test_streams_of_different_lengths_in_mirrored_shares_are_refused_before_trai
     want = "data.buckets with" if given == "tfrecord" else "data.pack=true with"
     with pytest.raises(ConfigError, match=f"{want} placement.fallback=mirrored: each mirrored replica streams"):
         chain.prepare([*args, "+stages=2", "placement.fallback=mirrored", "data.batch_size=8"])
+
+
+def test_a_tokenizer_makes_each_line_an_example_of_its_own_ids(tmp_path):
+    """`data.tokenizer` with `data.examples=lines`: each line tokenized alone is one example (its ids the
+    inputs but the last, the targets one on), the stream's identity the texts and the vocabulary."""
+    from chain.data import sources
+    from chain.data.sources.text import text_examples, text_tokens
+    from chain.data.streamed import VOCABULARY
+
+    words = ["[PAD]", "[UNK]", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words[2:]) for _ in range(rng.randint(1, 12))) for _ in range(40)]
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n")
+    cfg = chain.compose(
+        varlen_run(
+            tmp_path / "a.txt", f"data.tokenizer={tmp_path / 'vocab.txt'}", "data.val_fraction=0", "model.vocab=11"
+        )
+    )
+    s = sources.SOURCES["text"].shards(cfg.data)
+    tok = text_tokens.tokenizer(text_tokens.vocabulary(str(tmp_path / "vocab.txt")))
+    want = [ids for ids in (list(tok(line)) for line in lines) if len(ids) >= 2]
+    assert (s.examples, s.vocab) == (len(want), len(words))
+    x, y = text_examples.padded(s.train, np.arange(len(want)), 32)
+    for k, ids in enumerate(want):
+        assert x[k, : len(ids) - 1].tolist() == ids[:-1] and y[k, : len(ids) - 1].tolist() == ids[1:]
+        assert not x[k, len(ids) - 1 :].any()
+    assert [role for *_, role in s.files_read()] == ["train", VOCABULARY]
