@@ -8,8 +8,9 @@ Each file is checked to be UTF-8 (one line naming the file and the first byte th
 `data.tokenizer` (a keras_hub vocabulary: `text_tokens`) the ids are that tokenizer's of each
 file's text instead, tokenized once and kept on disk, and the target has the vocabulary's classes.
 
-`data.examples=lines|files` makes each line or file one example instead, in length buckets
-(`data.buckets`) or packed into windows (`data.pack`): `text_examples`, streamed by `example_stream`.
+`data.examples=lines|files` makes each line or file one example instead (its bytes, or the tokenizer's ids
+of it), in length buckets (`data.buckets`) or packed into windows (`data.pack`): `text_examples`, streamed
+by `example_stream`.
 """
 
 from __future__ import annotations

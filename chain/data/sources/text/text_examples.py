@@ -5,9 +5,10 @@ epoch's number (`epoch_batches`), so the stream (`example_stream`) holds no stat
 batches and a resumed run reads the batches it would have read.
 
 An example is a line (its bytes and its newline: the model learns where a line ends) or a whole file;
-its inputs are its ids but the last, its targets the same ids one on. One longer than the largest bucket
-is cut to it. The padding id is 0 in the inputs and the targets (the NUL byte, which text files do not
-hold: a file that does is refused), and the loss and the metrics ignore it (`ignore_class=0`, settled by
+with `data.tokenizer`, the tokenizer's ids of the line or the file (`Ids`, made by
+`text_tokens.example_files`). Its inputs are its ids but the last, its targets the same ids one on. One
+longer than the largest bucket is cut to it. The padding id is 0 in the inputs and the targets (the NUL
+byte, which text files do not hold, or a tokenizer's id 0: a file that holds it is refused), and the loss and the metrics ignore it (`ignore_class=0`, settled by
 `chain.config.checks.padding`). With `data.pack` the examples are packed into windows of `data.seq_len`
 instead (`pack`, `packed`: token ids, segment ids and targets).
 """
