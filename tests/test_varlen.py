@@ -171,27 +171,27 @@ def id_stream(root) -> list[str]:
     ]
 
 
+def encoder_run(root) -> list[str]:
+    """The masked encoder of `id_records` (`root`) in 2 stages, SGD, batches of 8, no validation."""
+    return [
+        "mode=e2e",
+        "+stages=2",
+        "model=keras",
+        f"model.path={root / 'encoder.keras'}",
+        "data.val_fraction=0",
+        "data.batch_size=8",
+        "optim=sgd",
+        "trainer.progress=false",
+        "checkpoint.export=false",
+    ]
+
+
 def test_a_masked_encoder_on_variable_length_tfrecord_ids_trains_like_one_device_once_per_bucket(id_records):
     """`int64[None]` ids and a label per example in buckets [4,8,16], the user's masked encoder cut into 2
     stages (GPipe, one microbatch: at 2 the losses are equal too, but float sums move a small bias by 1.2e-5
     relative, 1e-7 absolute): the stream's own batches train it as Keras' `train_on_batch` does the same
     model on one device (1e-5), the step traced once per bucket."""
-    cfg = chain.compose(
-        [
-            *id_stream(id_records),
-            "mode=e2e",
-            "+stages=2",
-            "model=keras",
-            f"model.path={id_records / 'encoder.keras'}",
-            "data.val_fraction=0",
-            "data.batch_size=8",
-            "pipeline.schedule=gpipe",
-            "optim=sgd",
-            "optim.lr=0.5",
-            "trainer.progress=false",
-            "checkpoint.export=false",
-        ]
-    )
+    cfg = chain.compose([*id_stream(id_records), *encoder_run(id_records), "pipeline.schedule=gpipe", "optim.lr=0.5"])
     assert cfg.ignore_class is None  # a label per example: no padding in the targets
     run = chain.build(cfg)
     reference = keras.models.load_model(id_records / "encoder.keras")
@@ -229,7 +229,7 @@ def _resumes_exactly(stream, prefix: str) -> None:
     "overrides, message",
     [
         (["data.stream=false"], "data.features declares x int64[None] (ids of any length): it needs data.stream=true"),
-        (["data.buckets=[8,4]"], "data.buckets=[8, 4] must be increasing"),
+        (["data.buckets=[8,4]"], "data.buckets=[8,4] must be increasing"),
         (["data.features={x: 'int64[16]', label: int64}"], "data.buckets needs an input of any length"),
     ],
 )
@@ -380,18 +380,7 @@ def test_ragged_npz_streams_bit_for_bit_as_the_same_examples_in_a_tfrecord(ragge
     from chain.data import sources
 
     records = [*id_stream(ragged_pair)[:-1], f"data.path={ragged_pair / 'one.tfrecord'}", "data.buckets=[4,8,16]"]
-    npz = ragged_npz(
-        ragged_pair / "ragged.npz",
-        "mode=e2e",
-        "+stages=2",
-        "model=keras",
-        f"model.path={id_records / 'encoder.keras'}",
-        "data.val_fraction=0",
-        "data.batch_size=8",
-        "optim=sgd",
-        "trainer.progress=false",
-        "checkpoint.export=false",
-    )
+    npz = ragged_npz(ragged_pair / "ragged.npz", *encoder_run(id_records))
     cfgs = [chain.compose([*records, "data.val_fraction=0"]), chain.compose(npz)]
     streams = [iter(sources.SOURCES[c.data.name].shards(c.data).training(8, True, c.seed)) for c in cfgs]
     for _ in range(8):

@@ -26,7 +26,7 @@ from chain.data.catalog import DataInfo, Target, held_out, input_shape, name_tar
 from chain.data.catalog import label_shape, no_other_classes, stream_classes
 from chain.data.data_source import Labelled, Read, Source, StreamSettings, from_files
 from chain.data.sources.npz.npz_record import ArrayFiles, ArrayPart
-from chain.data.streamed import VAL, TRAIN, Streamed, refuse_share
+from chain.data.streamed import Streamed, refuse_share
 from chain.data.verify import in_vocab
 from chain.errors import ConfigError
 from chain.fields import integer, list_of, optional, required, setting, string
@@ -78,12 +78,6 @@ class NpzStream(ArrayFiles, Streamed):
         from chain.data.sources.npz import npz_stream
 
         return npz_stream.validation(self, batch)
-
-    def files_read(self) -> list[tuple[str, str, str]]:
-        out = [(self.train.x.path, "data.path", TRAIN)]
-        if self.val is not None and self.val.x.path != self.train.x.path:  # data.val_path
-            out.append((self.val.x.path, "data.val_path", VAL))
-        return out
 
     def check_ids(self, data, vocab: int, target: str) -> None:
         """The inputs and `target` of every part within `[0, vocab)`, read in place once."""

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from chain.data.catalog import DataInfo, Target, held_out, no_other_classes, stream_classes, target_keys
+from chain.data.catalog import DataInfo, Target, held_out, increasing_buckets, no_other_classes, stream_classes
+from chain.data.catalog import target_keys
 from chain.data.sources.npz import npz_members
 from chain.data.sources.npz.npz_record import RaggedFiles, RaggedPart
-from chain.data.streamed import TRAIN, VAL, Streamed, refuse_share
+from chain.data.streamed import Streamed, refuse_share
 from chain.errors import ConfigError
 
 
@@ -36,12 +37,6 @@ class RaggedStream(RaggedFiles, Streamed):
 
         return npz_ragged.validation(self, batch)
 
-    def files_read(self) -> list[tuple[str, str, str]]:
-        out = [(self.train.x.path, "data.path", TRAIN)]
-        if self.val is not None and self.val.x.path != self.train.x.path:  # data.val_path
-            out.append((self.val.x.path, "data.val_path", VAL))
-        return out
-
 
 def check_settings(data) -> None:
     """`data.offsets` and `data.buckets` together, before any file is read: one line naming the key."""
@@ -57,8 +52,7 @@ def check_settings(data) -> None:
             f"data.offsets={data.offsets!r} makes examples of different lengths: it needs data.stream=true and "
             "data.buckets=[...] (increasing lengths, e.g. [64,128,256])"
         )
-    if any(b >= c for b, c in zip(data.buckets, data.buckets[1:])):
-        raise ConfigError(f"data.buckets={list(data.buckets)} must be increasing, e.g. data.buckets=[64,128,256]")
+    increasing_buckets(data.buckets)
 
 
 def _offsets(path: str, data, path_key: str, ids: int) -> int:
@@ -112,7 +106,7 @@ def _part(data, path: str, path_key: str) -> tuple[RaggedPart, tuple[tuple[str, 
         per_id.append(by_id)
     no_other_classes(given, "data=npz", [t[0] for t in targets])
     offsets = npz_members.npz_member(path, data.offsets, "data.offsets", path_key)
-    return RaggedPart(x, offsets, tuple(ys), 0, n), tuple(targets), tuple(per_id)
+    return RaggedPart(x, tuple(ys), 0, n, offsets), tuple(targets), tuple(per_id)
 
 
 def shards(data) -> RaggedStream:
@@ -129,8 +123,8 @@ def shards(data) -> RaggedStream:
             )
     else:
         held = held_out(train.rows, data, f"data.path={data.path!r}")
-        val = RaggedPart(train.x, train.offsets, train.ys, train.stop - held, train.stop)
-        train = RaggedPart(train.x, train.offsets, train.ys, 0, train.stop - held)
+        val = RaggedPart(train.x, train.ys, train.stop - held, train.stop, train.offsets)
+        train = RaggedPart(train.x, train.ys, 0, train.stop - held, train.offsets)
     return RaggedStream(train, val if val.rows else None, targets, per_id, tuple(data.buckets), data.shuffle_buffer)
 
 

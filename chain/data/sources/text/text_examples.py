@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from chain.data.catalog import DataInfo, Target, held_out
+from chain.data.catalog import DataInfo, Target, held_out, increasing_buckets
 from chain.data.sources.tokens.token_record import Tokenized
 from chain.data.streamed import TRAIN, VAL, VOCABULARY
 from chain.errors import ConfigError
@@ -80,8 +80,7 @@ def check_buckets(buckets, examples: str, seq_len: int) -> None:
         )
     if buckets == "auto":
         return
-    if any(b >= c for b, c in zip(buckets, buckets[1:])):
-        raise ConfigError(f"data.buckets={_shown(buckets)} must be increasing, e.g. data.buckets=[64,128,256]")
+    increasing_buckets(buckets)
     if buckets[-1] > seq_len:
         raise ConfigError(
             f"data.buckets={_shown(buckets)} holds {buckets[-1]}, longer than data.seq_len={seq_len} (the longest "
