@@ -2,6 +2,7 @@
 
     python scripts/bench_plan.py                           # three models, 28 plans each, 5 rounds
     python scripts/bench_plan.py --models wide --repeats 9 --markdown
+    python scripts/bench_plan.py --models gpt2 --small-grid --repeats 3 --markdown   # 14 plans
     python scripts/bench_plan.py --quick                   # smoke: tiny models, a few plans, 1 repeat
 
 Not a test: it prints a table (`--markdown` also prints one for docs/benchmarks.md) and appends each
@@ -18,7 +19,14 @@ search may choose its cut:
 - `transformer`: a small pre-norm transformer encoder written here (4 blocks of 4-head attention and a 4x
   feed-forward, width 128, 32 positions, mean-pooled), batch 64;
 - `mobilenet`: keras.applications MobileNetV2 (alpha 0.35, weights=None, 32x32x3, 10 classes), batch 64
-  (not in the default run: 155 layers, each of the 28 plans takes minutes to build on 2 shared cores).
+  (not in the default run: 155 layers, each of the 28 plans takes minutes to build on 2 shared cores);
+- `gpt2`: keras_hub's GPT2CausalLM, `scripts/bench_lm.py`'s (vocab 512, 128 positions, width 128, 4 blocks of 4
+  heads, called on token ids with its padding mask all ones inside: the mask crosses every cut between the
+  blocks beside the hidden state), batch 32 of a token file's windows (`data=tokens`), the next token's loss at
+  every position (not in the default run: each plan's first steps trace for seconds; `--small-grid` times 14
+  of the 28 plans);
+- `gpt`: `model=gpt`, chain's own decoder of the same size on the same data (the config builds it: no Keras
+  model given; not in the default run either).
 
 SGD, float32, `trainer.steps_per_call=1` (a call of the compiled step is one step). For each model,
 first `placement.plan=auto` plans on the two workers (`chain.autoplan.settle.measured`, then
@@ -59,7 +67,7 @@ from chain.worker import LocalCluster
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 FINDINGS = "/work/briefs/s3/benchplan-findings.md"
-MODELS = ("wide", "deep", "transformer", "mobilenet")
+MODELS = ("wide", "deep", "transformer", "mobilenet", "gpt2", "gpt")
 # (K, R) x M x schedule: the grid (module docstring); recompute=always and the two-stages-per-device
 # schedules fill it where K=1 has one schedule only.
 GRID = (
@@ -68,6 +76,14 @@ GRID = (
     + [(2, 1, m, s, "never") for m in (1, 2, 4, 8) for s in ("gpipe", "1f1b", "zb1")]
     + [(2, 1, m, s, "always") for m in (4, 8) for s in ("gpipe", "1f1b")]
     + [(4, 1, m, s, "never") for m in (4, 8) for s in ("interleaved", "zbv")]
+)
+# half of GRID (--small-grid): the copies at every M, the pipelines at M = 4 and 8, for a model whose 28 plans
+# outlast a quiet slot (gpt2: each plan's first steps trace for seconds)
+SMALL_GRID = (
+    [(1, 1, m, "gpipe", "never") for m in (1, 4)]
+    + [(1, 2, m, "gpipe", "never") for m in (1, 2, 4, 8)]
+    + [(2, 1, m, s, "never") for m in (4, 8) for s in ("gpipe", "1f1b", "zb1")]
+    + [(4, 1, 8, s, "never") for s in ("interleaved", "zbv")]
 )
 QUICK_GRID = [
     (1, 1, 1, "gpipe", "never"),
@@ -87,6 +103,8 @@ class Shape:
     depth: int = 0
     image: bool = False
     seq: int = 0  # a transformer: its sequence length (its input is seq x width floats, flattened)
+    vocab: int = 0  # a language model: its vocabulary (its input is seq token ids, its target the next at each)
+    gpt: bool = False  # model=gpt of width x depth: the config builds it
 
 
 def shapes(quick: bool) -> dict[str, Shape]:
@@ -96,24 +114,38 @@ def shapes(quick: bool) -> dict[str, Shape]:
             "deep": Shape("deep", 32, 16, 8),
             "transformer": Shape("transformer", 8, 16, 2, seq=8),
             "mobilenet": Shape("mobilenet", 8, image=True),
+            "gpt2": Shape("gpt2", 8, 16, 2, seq=8, vocab=64),
+            "gpt": Shape("gpt", 8, 16, 2, seq=8, vocab=64, gpt=True),
         }
     return {
         "wide": Shape("wide", 256, 1024, 8),
         "deep": Shape("deep", 256, 256, 16),
         "transformer": Shape("transformer", 64, 128, 4, seq=32),
         "mobilenet": Shape("mobilenet", 64, image=True),
+        "gpt2": Shape("gpt2", 32, 128, 4, seq=128, vocab=512),
+        "gpt": Shape("gpt", 32, 128, 4, seq=128, vocab=512, gpt=True),
     }
 
 
 def make(shape: Shape):
-    """The model, its weights seeded (every plan starts from the same)."""
+    """The model, its weights seeded (every plan starts from the same); None: model=gpt's, the config's own."""
     import keras
 
     keras.utils.set_random_seed(0)
+    if shape.gpt:
+        return None
     if shape.image:
         return keras.applications.MobileNetV2(
             weights=None, input_shape=(32, 32, 3), classes=10, alpha=0.35, classifier_activation=None
         )
+    if shape.vocab:  # bench_lm.py's model on token ids
+        from types import SimpleNamespace
+
+        from bench_lm import gpt2
+
+        return gpt2(SimpleNamespace(vocab=shape.vocab, seq=shape.seq, hidden=shape.width, layers=shape.depth, heads=4))[
+            1
+        ]
     if shape.seq:
         return transformer(shape)
     x = keras.Input((shape.width,))
@@ -157,6 +189,17 @@ def base_overrides(shape: Shape, cluster_option: str, scratch: str) -> list[str]
             y=(np.arange(n) % 10).astype("int64"),
         )
         data = ["data=npz", f"data.path={path}", "data.y=y"]
+    elif shape.vocab:
+        import numpy as np
+
+        path = os.path.join(scratch, "tokens.bin")
+        np.random.default_rng(0).integers(0, shape.vocab, 4 * shape.batch * (shape.seq + 1)).astype("uint16").tofile(
+            path
+        )
+        data = ["data=tokens", f"data.path={path}", f"data.seq_len={shape.seq}", f"data.vocab={shape.vocab}"]
+        if shape.gpt:
+            width = [f"model.width={shape.width}", f"model.depth={shape.depth}", "model.heads=4"]
+            data += ["model=gpt", f"model.vocab={shape.vocab}", *width]
     else:
         features = shape.width * (shape.seq or 1)
         data = ["data=synthetic", f"data.features={features}", "data.classes=10", f"data.samples={shape.batch}"]
@@ -182,6 +225,12 @@ def host_batch(shape: Shape):
     from chain.pipeline.play import host
 
     with tf.device(host()):
+        if shape.vocab:  # token ids and the next token at each position, as data=tokens gives them
+            x, y = (
+                tf.random.stateless_uniform([shape.batch, shape.seq], [s, 2], maxval=shape.vocab, dtype=tf.int32)
+                for s in (1, 2)
+            )
+            return x, {"next": y}
         dims = [shape.batch, 32, 32, 3] if shape.image else [shape.batch, shape.width * (shape.seq or 1)]
         x = tf.random.stateless_normal(dims, seed=[1, 2])
         y = tf.random.stateless_uniform(
@@ -260,7 +309,7 @@ def bench_model(a, shape: Shape, cluster, scratch: str) -> dict:
         f"searching {plan.searching_s:.2f} s, {plan.candidates} candidates)",
         flush=True,
     )
-    plans = grid(shape, before, measured, chosen, QUICK_GRID if a.quick else GRID)
+    plans = grid(shape, before, measured, chosen, QUICK_GRID if a.quick else SMALL_GRID if a.small_grid else GRID)
     x, ys = host_batch(shape)
     steps, started = [], time.time()
     for i, (c, _) in enumerate(plans):
@@ -433,6 +482,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--quiet", type=float, default=0.2, help="foreign CPU (cores) below which a measurement is quiet")
+    p.add_argument("--small-grid", action="store_true", help="14 plans of the grid (SMALL_GRID) instead of 28")
     p.add_argument("--quick", action="store_true", help="smoke test: tiny models, 4 plans (+ the chosen), 1 round")
     p.add_argument("--findings", default=FINDINGS, help="append each plan's figures here ('' : nowhere)")
     p.add_argument("--plan-budget", type=float, default=None, help="placement.plan_budget_s (default: its default)")

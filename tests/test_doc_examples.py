@@ -46,6 +46,12 @@ SKIP = {
     "trains packed windows against the examples unpacked",
     ("your-data.md", "model.path=encoder.keras data=tfrecord"): "the reader's encoder and TFRecord files; "
     "tests/test_varlen.py trains such a masked encoder on variable-length ids in buckets",
+    ("your-data.md", "model.path=encoder.keras data=npz"): "the reader's encoder; tests/test_varlen.py streams "
+    "ragged ids of an .npz bit for bit as the same examples in a TFRecord file and trains the encoder on them",
+    ("your-data.md", "data.tokenizer=vocab.txt data.examples=lines"): "the reader's corpus and vocabulary; "
+    "tests/test_varlen.py makes each line an example of the tokenizer's ids",
+    ("language-models.md", "SegmentMask()(seg)"): "saves a model for the reader's corpus (below); tests/test_varlen.py "
+    "builds such a model and trains it packed (CHAIN_TEST_ZOO=all)",
     ("checkpoints.md", "+stages=2 pipeline.schedule=gpipe pipeline.microbatches=4 trainer.steps=20"): "a 20-step run "
     "on the reader's text; tests/test_resume_layout.py trains and resumes such runs, the line included",
     ("checkpoints.md", "+stages=4 pipeline.schedule=zb1 pipeline.microbatches=8 trainer.steps=30"): "its resume "

@@ -719,13 +719,20 @@ def test_a_dict_of_one_key_is_matched_to_the_models_input_by_name(make, stages):
     predicts_and_trains_like_keras(make, data, stages, "gpipe", between_blocks(make, 2) if stages == 2 else [])
 
 
-def test_gpt2_causal_lm_is_planned_by_plan_auto_and_trains_bit_for_bit_like_its_plan_by_hand(tmp_path):
+def test_gpt2_causal_lm_is_planned_by_plan_auto_cut_between_its_blocks_and_trains_bit_for_bit_like_by_hand(
+    tmp_path, monkeypatch
+):
     """Issue 51: placement.plan=auto times GPT2CausalLM's pieces on what they take (its dict of token ids within
-    `data.vocab` and a padding mask of ones; before: `placement.plan=auto times pieces that take one tensor, but
-    gpt2_causal_lm takes several inputs`): the plan table lists the best candidates, and the chosen plan trains
-    bit for bit like its overrides written by hand."""
-    from chain.autoplan import table
+    `data.vocab` and a padding mask of ones). Its `padding_mask` crosses every cut between its blocks beside the
+    hidden state: plan=auto's links end there too (before: only after the last block, where one tensor crosses:
+    a plan of two stages put every block on the first), each timed on both tensors, the mask's values counted in
+    what the cut sends. Two stages asked of the search (on one physical device any K ties, and the fewest wins):
+    the cut falls between the blocks, the plan table lists it, and the run trains bit for bit like its overrides
+    written by hand."""
+    from chain.autoplan import cache, choice, settle, table
+    from chain.stages.cut import analyse
 
+    monkeypatch.setattr(choice, "stage_counts", lambda settings, costs: [2])
     base = ["+stages=2", *per_token_data(), "placement.plan_budget_s=0.05"]
     auto = chain.build(chain.compose([*base, "placement.plan=auto"]), str(tmp_path), model=gpt2_lm())
     plan = auto.auto_plan
@@ -734,6 +741,11 @@ def test_gpt2_causal_lm_is_planned_by_plan_auto_and_trains_bit_for_bit_like_its_
         text.startswith("placement.plan=auto: the best")
         and "chosen: " + " ".join(plan.chosen.candidate.overrides()) in text
     )
+    layers = [layer.name for layer in analyse(gpt2_lm(), "gpt2").layers]
+    second = [i for i, name in enumerate(layers) if name.startswith(BLOCKS)][1]
+    assert plan.chosen.candidate.split == (second, len(layers) - second)
+    costs = cache.read(str(tmp_path / settle.CACHE)).costs
+    assert costs.crossing[[b for _, b in costs.links].index(second)] == SEQ + SEQ * 8  # the mask and the state
     hand = chain.build(chain.compose([*base, *plan.chosen.candidate.overrides()]), model=gpt2_lm())
     for x, y in token_batches(2):
         assert auto.step(x, {"next": y})["loss"] == hand.step(x, {"next": y})["loss"]

@@ -15,7 +15,7 @@ import pytest
 import chain
 from chain.errors import ConfigError
 from compare import assert_trained_like_keras, assert_variables_like, by_path
-from conftest import read_summary, stage_values, straight_and_resumed
+from conftest import EXTENDED, read_summary, stage_values, straight_and_resumed
 
 BUCKETS = (8, 16, 32)
 
@@ -171,27 +171,27 @@ def id_stream(root) -> list[str]:
     ]
 
 
+def encoder_run(root) -> list[str]:
+    """The masked encoder of `id_records` (`root`) in 2 stages, SGD, batches of 8, no validation."""
+    return [
+        "mode=e2e",
+        "+stages=2",
+        "model=keras",
+        f"model.path={root / 'encoder.keras'}",
+        "data.val_fraction=0",
+        "data.batch_size=8",
+        "optim=sgd",
+        "trainer.progress=false",
+        "checkpoint.export=false",
+    ]
+
+
 def test_a_masked_encoder_on_variable_length_tfrecord_ids_trains_like_one_device_once_per_bucket(id_records):
     """`int64[None]` ids and a label per example in buckets [4,8,16], the user's masked encoder cut into 2
     stages (GPipe, one microbatch: at 2 the losses are equal too, but float sums move a small bias by 1.2e-5
     relative, 1e-7 absolute): the stream's own batches train it as Keras' `train_on_batch` does the same
     model on one device (1e-5), the step traced once per bucket."""
-    cfg = chain.compose(
-        [
-            *id_stream(id_records),
-            "mode=e2e",
-            "+stages=2",
-            "model=keras",
-            f"model.path={id_records / 'encoder.keras'}",
-            "data.val_fraction=0",
-            "data.batch_size=8",
-            "pipeline.schedule=gpipe",
-            "optim=sgd",
-            "optim.lr=0.5",
-            "trainer.progress=false",
-            "checkpoint.export=false",
-        ]
-    )
+    cfg = chain.compose([*id_stream(id_records), *encoder_run(id_records), "pipeline.schedule=gpipe", "optim.lr=0.5"])
     assert cfg.ignore_class is None  # a label per example: no padding in the targets
     run = chain.build(cfg)
     reference = keras.models.load_model(id_records / "encoder.keras")
@@ -229,7 +229,7 @@ def _resumes_exactly(stream, prefix: str) -> None:
     "overrides, message",
     [
         (["data.stream=false"], "data.features declares x int64[None] (ids of any length): it needs data.stream=true"),
-        (["data.buckets=[8,4]"], "data.buckets=[8, 4] must be increasing"),
+        (["data.buckets=[8,4]"], "data.buckets=[8,4] must be increasing"),
         (["data.features={x: 'int64[16]', label: int64}"], "data.buckets needs an input of any length"),
     ],
 )
@@ -243,8 +243,6 @@ def test_packed_windows_train_like_their_examples_unpacked_on_one_device(lines, 
     loss and the weights after 3 SGD steps equal one device's steps on the same examples unpacked (each run
     alone, the loss the mean over every real token of the batch), within 1e-5: a token sees only its own
     segment and its position restarts with it."""
-    import tensorflow as tf
-
     from chain.stages import gpt
 
     cfg = chain.compose(
@@ -253,27 +251,210 @@ def test_packed_windows_train_like_their_examples_unpacked_on_one_device(lines, 
     run = chain.build(cfg)
     keras.utils.set_random_seed(cfg.seed)  # as the chain seeds its models
     reference = gpt.build(cfg.stages[0].model, any_length=True)
+    assert_packed_like_unpacked(run, reference, lambda rows: rows, 0.1)
+    _resumes_exactly(run.batches(), str(tmp_path / "stream"))
+
+
+def assert_packed_like_unpacked(run, reference, fed, lr: float, steps: int = 3) -> None:
+    """`steps` of `run` on its packed batches against SGD steps of `reference` on one device on the same
+    examples unpacked, one a row (`fed(ids)`: its input for the rows of ids, each padded at its end, which
+    causal attention keeps from the real tokens), each loss the mean over every real token of the batch:
+    losses within 1e-5, then every weight."""
+    import tensorflow as tf
+
     variables = reference.trainable_variables
     start = {v.path: v.numpy() for v in variables}
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     it = iter(run.batches())
-    for _ in range(3):
+    for _ in range(steps):
         x, ys = next(it)
         ids, seg, y = x["token_ids"].numpy(), x["segment_ids"].numpy(), ys["next"].numpy()
         assert max(len(set(r.tolist()) - {0}) for r in seg) > 1  # several examples in a window
         examples = [(ids[r, seg[r] == s], y[r, seg[r] == s]) for r in range(len(ids)) for s in set(seg[r]) - {0}]
+        rows = np.zeros((2, len(examples), max(len(e) for e, _ in examples)), np.int32)
+        for k, (e, t) in enumerate(examples):
+            rows[:, k, : len(e)] = e, t
+        real = np.zeros(rows.shape[1:], np.float32)
+        for k, (e, _) in enumerate(examples):
+            real[k, : len(e)] = 1
         with tf.GradientTape() as tape:
-            total = tf.add_n([loss_fn(t[None], reference(e[None], training=True)) for e, t in examples])
-            want = total / sum(len(e) for e, _ in examples)
+            logits = reference(fed(rows[0]), training=True)
+            per_token = keras.losses.sparse_categorical_crossentropy(rows[1], logits, from_logits=True)
+            want = tf.reduce_sum(per_token * real) / real.sum()
         grads = tape.gradient(want, variables)
-        got = run.step(x, ys)["loss"]
-        np.testing.assert_allclose(got, float(want), rtol=1e-5)
+        np.testing.assert_allclose(run.step(x, ys)["loss"], float(want), rtol=1e-5)
         for v, g in zip(variables, grads):
-            v.assign_sub(0.1 * tf.convert_to_tensor(g))
+            v.assign_sub(lr * tf.convert_to_tensor(g))
     assert_variables_like(
         [v for s in run.stages for v in s.trainable_variables],
         by_path(variables),
         start,
         tied={c.name for s in run.stages for c in s.shared},
     )
-    _resumes_exactly(run.batches(), str(tmp_path / "stream"))
+
+
+@pytest.fixture(scope="module")
+def segment_models(tmp_path_factory):
+    """A user's Keras transformer taking packed windows by name, `{"token_ids", "segment_ids"}`: positions
+    restarting per segment (`SegmentPositions`), 2 blocks of causal attention masked to the segment
+    (`SegmentMask`); and a model of one input, which packed windows cannot feed. Saved as .keras."""
+    from chain.stages.savable import SegmentMask, SegmentPositions
+
+    root = tmp_path_factory.mktemp("segments")
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    seg = keras.Input((None,), dtype="int32", name="segment_ids")
+    h = keras.layers.Embedding(256, 16)(ids) + keras.layers.Embedding(32, 16)(SegmentPositions()(seg))
+    for _ in range(2):
+        a = keras.layers.MultiHeadAttention(2, 8)(h, h, attention_mask=SegmentMask()(seg), use_causal_mask=True)
+        h = keras.layers.LayerNormalization()(h + a)
+    keras.Model({"token_ids": ids, "segment_ids": seg}, keras.layers.Dense(256)(h)).save(root / "packed.keras")
+    one = keras.Input((None,), dtype="int32")
+    keras.Model(one, keras.layers.Dense(256)(keras.layers.Embedding(256, 8)(one))).save(root / "plain.keras")
+    return root
+
+
+def packed_keras(lines, path) -> list[str]:
+    """`lines` packed into windows of 32 for the `model=keras` file `path`, in 2 stages."""
+    gpt_free = [a for a in varlen_run(lines, "data.pack=true", "data.buckets=null", "+stages=2") if "model" not in a]
+    return [*gpt_free, "optim.lr=0.1", "model=keras", "data.batch_size=4", f"model.path={path}"]
+
+
+@EXTENDED  # for the suite's time: the same packing as model=gpt's test above, through the user's named inputs
+def test_a_keras_model_given_the_segment_ids_trains_packed_like_its_examples_unpacked(lines, segment_models):
+    """`model=keras` declaring inputs `token_ids` and `segment_ids`, cut in 2 stages (the segment ids cross
+    the cut to the second block), on packed windows: each step's per-token loss and the weights after 3 SGD
+    steps equal the loaded model's steps on one device on the same examples unpacked (1e-5)."""
+    run = chain.build(chain.compose(packed_keras(lines, segment_models / "packed.keras")))
+    reference = keras.models.load_model(segment_models / "packed.keras")
+    assert_packed_like_unpacked(
+        run, reference, lambda rows: {"token_ids": rows, "segment_ids": np.ones_like(rows)}, 0.1
+    )
+
+
+def test_packed_windows_for_a_model_without_segment_ids_are_one_line(lines, segment_models):
+    with pytest.raises(ConfigError, match=r"data.pack=true gives the model .*plain.keras takes one tensor: declare"):
+        chain.build(chain.compose(packed_keras(lines, segment_models / "plain.keras")))
+
+
+@pytest.fixture(scope="module")
+def ragged_pair(tmp_path_factory):
+    """The same 96 examples of 1 to 16 ids (1..19) and a label per example twice: one TFRecord file of
+    `int64[None]` records, and an `.npz` of the flat ids, their (N+1,) offsets and the labels."""
+    import tensorflow as tf
+
+    root = tmp_path_factory.mktemp("ragged")
+    rng = np.random.default_rng(1)
+    examples = [rng.integers(1, 20, rng.integers(1, 17)) for _ in range(96)]
+    labels = np.array([int(e.sum()) % 2 for e in examples])
+    with tf.io.TFRecordWriter(str(root / "one.tfrecord")) as w:
+        for ids, label in zip(examples, labels):
+            feature = {
+                "x": tf.train.Feature(int64_list=tf.train.Int64List(value=ids.tolist())),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            }
+            w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    offsets = np.concatenate([[0], np.cumsum([len(e) for e in examples])])
+    np.savez(root / "ragged.npz", ids=np.concatenate(examples), offsets=offsets, label=labels)
+    return root
+
+
+def ragged_npz(path, *extra: str) -> list[str]:
+    """`path`'s ragged ids streamed in buckets [4,8,16], a label per example."""
+    return [
+        "data=npz",
+        f"data.path={path}",
+        "data.x=ids",
+        "data.offsets=offsets",
+        "data.y=label",
+        "data.stream=true",
+        "data.classes={label: 2}",
+        "data.buckets=[4,8,16]",
+        *extra,
+    ]
+
+
+def test_ragged_npz_streams_bit_for_bit_as_the_same_examples_in_a_tfrecord(ragged_pair, id_records):
+    """`data=npz data.offsets=...` and the same examples as `int64[None]` TFRecords, both shuffled in buckets
+    [4,8,16]: the same batches, bit for bit (so the same training); the masked encoder in 2 stages trains on
+    the npz's, each bucket traced once."""
+    from chain.data import sources
+
+    records = [*id_stream(ragged_pair)[:-1], f"data.path={ragged_pair / 'one.tfrecord'}", "data.buckets=[4,8,16]"]
+    npz = ragged_npz(ragged_pair / "ragged.npz", *encoder_run(id_records))
+    cfgs = [chain.compose([*records, "data.val_fraction=0"]), chain.compose(npz)]
+    streams = [iter(sources.SOURCES[c.data.name].shards(c.data).training(8, True, c.seed)) for c in cfgs]
+    for _ in range(8):
+        for a, b in zip(*(tf_leaves(next(s)) for s in streams)):
+            np.testing.assert_array_equal(a, b)
+    run = chain.build(cfgs[1])
+    it = iter(run.batches())
+    losses = [run.step(*next(it))["loss"] for _ in range(3)]
+    assert np.isfinite(losses).all()
+    assert set(run.strategy.traces.values()) == {1} and len(run.strategy.traces) > 1
+
+
+def tf_leaves(batch) -> list[np.ndarray]:
+    import tensorflow as tf
+
+    return [t.numpy() for t in tf.nest.flatten(batch)]
+
+
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ({"offsets": [0, 3, 2, 6]}, "data.offsets='offsets' of {} is not increasing from 0 (offsets[2] is 2)"),
+        ({"offsets": [0, 2, 4, 5]}, "data.offsets='offsets' of {} ends at 5, but data.x='ids' holds 6 ids"),
+        ({"label": [0, 1]}, "data.y='label' of {} has shape (2,); with data.offsets a target holds one value per"),
+    ],
+)
+def test_a_damaged_ragged_npz_is_one_line_naming_the_file_and_the_array(tmp_path, arrays, message):
+    path = tmp_path / "bad.npz"
+    np.savez(
+        path,
+        **{
+            "ids": np.arange(1, 7),
+            "offsets": np.array([0, 2, 4, 6]),
+            "label": np.array([0, 1, 0]),
+            **{k: np.array(v) for k, v in arrays.items()},
+        },
+    )
+    with pytest.raises(ConfigError, match=re.escape(message.format(path))):
+        chain.compose(ragged_npz(path, "data.val_fraction=0"))
+
+
+@pytest.mark.parametrize("given", ["tfrecord", "pack"])
+def test_streams_of_different_lengths_in_mirrored_shares_are_refused_before_training(id_records, lines, given):
+    """Mirrored replicas stream their own files: batches of different buckets (or packed windows) in one step
+    are refused in the preparation pass (before TensorFlow's runtime), not when the stream opens."""
+    args = id_stream(id_records) if given == "tfrecord" else varlen_run(lines, "data.pack=true", "data.buckets=null")
+    want = "data.buckets with" if given == "tfrecord" else "data.pack=true with"
+    with pytest.raises(ConfigError, match=f"{want} placement.fallback=mirrored: each mirrored replica streams"):
+        chain.prepare([*args, "+stages=2", "placement.fallback=mirrored", "data.batch_size=8"])
+
+
+def test_a_tokenizer_makes_each_line_an_example_of_its_own_ids(tmp_path):
+    """`data.tokenizer` with `data.examples=lines`: each line tokenized alone is one example (its ids the
+    inputs but the last, the targets one on), the stream's identity the texts and the vocabulary."""
+    from chain.data import sources
+    from chain.data.sources.text import text_examples, text_tokens
+    from chain.data.streamed import VOCABULARY
+
+    words = ["[PAD]", "[UNK]", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words[2:]) for _ in range(rng.randint(1, 12))) for _ in range(40)]
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n")
+    cfg = chain.compose(
+        varlen_run(
+            tmp_path / "a.txt", f"data.tokenizer={tmp_path / 'vocab.txt'}", "data.val_fraction=0", "model.vocab=11"
+        )
+    )
+    s = sources.SOURCES["text"].shards(cfg.data)
+    tok = text_tokens.tokenizer(text_tokens.vocabulary(str(tmp_path / "vocab.txt")))
+    want = [ids for ids in (list(tok(line)) for line in lines) if len(ids) >= 2]
+    assert (s.examples, s.vocab) == (len(want), len(words))
+    x, y = text_examples.padded(s.train, np.arange(len(want)), 32)
+    for k, ids in enumerate(want):
+        assert x[k, : len(ids) - 1].tolist() == ids[:-1] and y[k, : len(ids) - 1].tolist() == ids[1:]
+        assert not x[k, len(ids) - 1 :].any()
+    assert [role for *_, role in s.files_read()] == ["train", VOCABULARY]

@@ -1,6 +1,7 @@
 """Measuring what `placement.plan=auto` predicts from (`chain.records.auto_plan.Costs`), on the run's devices.
 
-Each link of the model (a cut model's links between its allowed cuts, or a built-in model's stages) is timed
+Each link of the model (a cut model's links between the cuts plan=auto takes, `Cuttable.points(several=True)`,
+which several tensors may cross; or a built-in model's stages) is timed
 on one device of the pool (logical devices cut from one physical device share its compute, as
 `chain.stages.timing` times them: once per physical device kind, not per candidate), at a few microbatch
 sizes: its forward (F), forward and input gradient (F+B) and forward and every gradient (F+B+W), each one

@@ -1,7 +1,7 @@
 """`placement.plan=auto`'s search: every candidate plan predicted from measured costs, best first.
 
 `Costs` (`chain.records.auto_plan`) is what the measuring found (`chain.autoplan.measure`): per link of the model (a cut
-model's links between its allowed cuts, or a built-in model's stages) and per measured microbatch
+model's links between the cuts plan=auto takes, several tensors crossing some, or a built-in model's stages) and per measured microbatch
 size, the forward (F), input-gradient (B) and weight-gradient (W) seconds; each link's update, the
 bytes per example crossing a cut after it, its parameters; a fixed cost per action and per step;
 the transfer between two devices and the copies' gradient exchange (seconds per byte and latency);

@@ -87,14 +87,15 @@ def cost_key(
     spec: RunSpec, pool: Sequence[str], physical: Mapping[str, str], cuttable: Cuttable | None = None
 ) -> CostKey:
     """Everything the measurements of `spec`'s model on `pool` depend on (`chain.autoplan.cache`): a cut
-    model's structure (`cuttable`) and the vocabulary its ids are drawn from, else the config's stages, their
+    model's structure (`cuttable`), its links and the vocabulary its ids are drawn from, else the config's stages, their
     targets and the data's shape; the batch and the microbatch sizes measured; the devices; the optimizer and the
     measuring's budget; the libraries' versions."""
     s, info = spec.settings, spec.data_info
     if cuttable is not None:
         from chain.stages.examples import feed
 
-        model = digest([cuttable.structure(), feed(s, info, cuttable.layers).vocab])
+        # its links too: measurements of other links (another version's rule) are not these
+        model = digest([cuttable.structure(), feed(s, info, cuttable.layers).vocab, cuttable.points(several=True)])
     else:  # a built-in model is what its stages' settings and the data's shape and targets make of it
         model = digest([repr(st.model) for st in s.stages] + [repr(info.target(s.stages[-1].target))])
     settings = f"optim={s.stages[0].optim!r} placement.plan_budget_s={s.placement.plan_budget_s!r}"
@@ -182,7 +183,7 @@ def _measure(s: Settings, spec: RunSpec, pool: list[str], physical: dict[str, st
         links = [(k, k + 1) for k in range(len(models))]
         params = [int(sum(v.numpy().size for v in m.trainable_variables)) for m in models]
     else:
-        points = cuttable.points()
+        points = cuttable.points(several=True)  # plan=auto is mode=e2e's: a cut may send several tensors
         links = list(zip(points, points[1:]))
         layer_params = cuttable.params()
         params = [sum(layer_params[a:b]) for a, b in links]

@@ -224,6 +224,19 @@ def padding(s: Settings, info: DataInfo | None) -> Settings:
     return replace(s, ignore_class=PAD)
 
 
+def mirrored_stream(data) -> None:
+    """Mirrored replicas each stream files of their own (`chain.data.stream_shares`): of examples of different
+    lengths (buckets, or packed windows) one step would join batches of different lengths; one line before
+    TensorFlow starts, pointing to copies of the pipeline, which read one stream and cut each batch."""
+    if getattr(data, "stream", False) and (data.lengths_vary or data.packed):
+        given = "data.pack=true" if data.packed else "data.buckets"
+        raise ConfigError(
+            f"{given} with placement.fallback=mirrored: each mirrored replica streams its own files, and its "
+            "batches of examples of different lengths would not be of one length in a step; train copies of the "
+            "pipeline instead (placement.fallback=virtual placement.replicas=N), or one replica"
+        )
+
+
 def gpt_vocab(s: Settings, info: DataInfo) -> None:
     """`model=gpt`'s `vocab` is the data's number of token ids (its output width), and its target a label
     per position of the window it reads."""

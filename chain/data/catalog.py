@@ -228,3 +228,10 @@ def no_other_classes(given: dict, source: str, targets: list[str]) -> None:
             f"data.classes names {next(iter(given))!r}, which is not a target of {source}; "
             f"its targets: {', '.join(targets)}"
         )
+
+
+def increasing_buckets(buckets: tuple[int, ...]) -> None:
+    """`data.buckets` (lengths of examples of different lengths) increasing; one line naming the key otherwise."""
+    if any(b >= c for b, c in zip(buckets, buckets[1:])):
+        shown = ",".join(map(str, buckets))
+        raise ConfigError(f"data.buckets=[{shown}] must be increasing, e.g. data.buckets=[64,128,256]")

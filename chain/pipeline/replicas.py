@@ -80,10 +80,15 @@ def reduce_mean(
     `travel` (`placement.exchange_dtype=bfloat16`): each value is rounded to that dtype on its own
     device before it travels (half the bytes of float32), and every device adds the rounded values,
     its own included, in the values' dtype: still the same bits on every device, but each copy's
-    values rounded to 8 significant bits (an owner's mean is rounded for its trip back as well)."""
+    values rounded to 8 significant bits (an owner's mean is rounded for its trip back as well).
+
+    An embedding's sparse gradients (IndexedSlices in every copy) are averaged by joining their rows
+    (`joined_mean`), not made dense."""
     if values[0] is None:
         return [None] * len(values)
-    values = [tf.convert_to_tensor(v) for v in values]  # sparse gradients (embeddings) made dense
+    if all(isinstance(v, tf.IndexedSlices) for v in values):
+        return joined_mean(values, devices, name, travel)
+    values = [tf.convert_to_tensor(v) for v in values]  # a sparse gradient beside a dense one: made dense
     dtype, n = values[0].dtype, len(values)
     rounded = travel is not None and travel != dtype
 
@@ -112,6 +117,33 @@ def reduce_mean(
         parts = [arrived(i, r) for i in range(n)]
         with tf.device(device):
             out.append(tf.add_n(parts) * (1.0 / n))
+    return out
+
+
+def joined_mean(
+    values: Sequence[tf.IndexedSlices], devices: Sequence[str], name: str, travel: tf.DType | None = None
+) -> list[tf.IndexedSlices]:
+    """The copies' sparse gradients (`values[r]` on `devices[r]`) averaged on every device by joining their rows
+    in replica order, each row times 1/R: the whole batch's sparse gradient row for row, as one device has it
+    (microbatches' rows are joined so too, `chain.steps.ops.add_grads`). Made dense, Keras' Adam would update it
+    otherwise and the global norm would count a token's rows summed, not each (`chain.steps.clipping`).
+    `travel`: each copy's rows rounded to it before they travel, as `reduce_mean`'s values are."""
+    n = len(values)
+    out = []
+    for r, device in enumerate(devices):
+        rows, ids = [], []
+        for i, v in enumerate(values):
+            sent = v.values
+            if travel is not None and travel != sent.dtype:
+                with tf.device(devices[i]):
+                    sent = tf.cast(sent, travel)
+            if i != r:
+                sent = copy_to(sent, device, f"{name}_rows_from_r{i}_to_r{r}")
+            ids.append(v.indices if i == r else copy_to(v.indices, device, f"{name}_ids_from_r{i}_to_r{r}"))
+            with tf.device(device):
+                rows.append(tf.cast(sent, v.values.dtype))
+        with tf.device(device):
+            out.append(tf.IndexedSlices(tf.concat(rows, 0) * (1.0 / n), tf.concat(ids, 0), values[r].dense_shape))
     return out
 
 

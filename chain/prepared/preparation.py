@@ -91,6 +91,8 @@ def prepare(cfg: Any, inventory: Inventory | None = None) -> RunSpec:
             assignment = planner.shared(
                 assignment, spec.schedule.stage_rows, s.pipeline.schedule, rows_rule(spec.schedule)
             )
+    if assignment.topology == planner.MIRRORED:  # each replica streams its own files
+        checks.mirrored_stream(s.data)
     cut = cut_batch(s.data.batch_size, assignment, s.pipeline.microbatches if s.mode == "e2e" else 1)  # once
     spec = replace(spec, assignment=assignment, inventory=inventory, batch_cut=cut)
     if spec.data_info is not None:

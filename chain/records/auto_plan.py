@@ -26,9 +26,9 @@ class Costs:
     """What `placement.plan=auto` measured (`chain.autoplan.measure`). `links[j]`: layers [a, b) of link j
     (a built-in model: stage j, `fixed_cut`); `sizes`: the microbatch sizes measured; `forward[j][i]`,
     `input_grad[j][i]`, `weight_grad[j][i]`: link j's seconds at `sizes[i]`; `update[j]`: its optimizer
-    update's seconds; `crossing[j]`: floats per example leaving link j (what a cut after it sends);
-    `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and per step; `update_s`: a
-    stage's update's fixed cost (`update[j]` is link j's share by its weights); `transfer_*`,
+    update's seconds; `crossing[j]`: values per example leaving link j (every tensor a cut after it sends:
+    activations, ids, masks); `params[j]`: its parameters; `action_s`/`step_s`: fixed costs per action and
+    per step; `update_s`: a stage's update's fixed cost (`update[j]` is link j's share by its weights); `transfer_*`,
     `exchange_*`: seconds per byte and latency of a copy between two devices and of the copies' gradient
     exchange (what it adds to a step beyond the backward it overlaps, per byte of a device's gradients);
     `devices`: the pool the plans draw from, `physical[i]`: the physical device behind `devices[i]`

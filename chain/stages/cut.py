@@ -126,9 +126,21 @@ class Cuttable:
         cuts = [[list(t.shape) for t in self.boundary[c]] for c in sorted(self.boundary)]
         return [layers, ops, cuts]
 
-    def points(self) -> list[int]:
-        """0, every cut one tensor crosses (`allowed`), and the layer count: the links `balance=time` times."""
-        return [0, *self.allowed, len(self.layers)]
+    def points(self, several: bool = False) -> list[int]:
+        """0, every cut one tensor crosses (`allowed`), and the layer count: the links `balance=time` times.
+        `several` (mode=e2e's, which sends every tensor crossing a cut: plan=auto's links): also each cut where
+        one tensor crosses besides the model's own inputs and tensors without a gradient (ids, masks: keras_hub's
+        `padding_mask`, which every block reads). Not every cut e2e allows: two activations crossing (inside a
+        residual block) would make each layer of a deep network a link, timed alone."""
+        if not several:
+            return [0, *self.allowed, len(self.layers)]
+        inputs = {id(t) for t in self.boundary[0]}
+
+        def activations(c: int) -> int:  # tensors crossing cut c that are not the model's inputs, ids or masks
+            return sum(id(t) not in inputs and keras.backend.is_float_dtype(t.dtype) for t in self.boundary[c])
+
+        cuts = [c for c in range(1, len(self.layers)) if c not in self.refused and activations(c) <= 1]
+        return [0, *sorted({*self.allowed, *cuts}), len(self.layers)]
 
 
 def _graph(model: keras.Model, name: str) -> keras.Model:

@@ -2,14 +2,16 @@
 `chain.stages.timing` for `placement.balance=time`): what each link really takes, made from its input
 signature and the data description.
 
-A link's inputs are one tensor, a list (a tensor and its Keras mask crossing a cut, `chain.stages.masks`)
-or, for a model's first link, the model's own inputs (keras_hub's dict `{"token_ids", "padding_mask"}`).
+A link's inputs are one tensor, a list (a tensor and its Keras mask crossing a cut, `chain.stages.masks`;
+every tensor crossing a cut mode=e2e sends, as keras_hub's `padding_mask` beside the hidden state) or, for a
+model's first link, the model's own inputs (keras_hub's dict `{"token_ids", "padding_mask"}`).
 Each leaf is made by its kind: floats normal; integer ids uniform in 0..vocab-1 (the data's vocabulary,
 `Feed.vocab`), as are float inputs an `Embedding` reads (ids given as floats); booleans (a mask) and
 keras_hub's filled inputs (`chain.stages.named_inputs.FILLED`: a `padding_mask` of ones, `segment_ids` of
 zeros) as the config's full windows give them. The first link's open sizes (None) are the data's
 example's; each later link's input is what the link before it gives (`link_signatures`: each link run once on
-one example), so every size, dtype and mask is the one a step passes.
+one example), so every size, dtype and mask is the one a step passes, and the ids and masks a link makes (position
+ids, a mask from the ids) have the values it gave.
 """
 
 from __future__ import annotations
@@ -41,13 +43,16 @@ class Feed:
 @dataclass(frozen=True)
 class Leaf:
     """One input tensor of a link: one example's `shape`, its `dtype`, and `fill`, the value of every
-    position (a mask's 1, keras_hub's `padding_mask` 1 and `segment_ids` 0), or None: drawn at random,
-    whole numbers 0..vocab-1 for integers and for `ids` (floats an `Embedding` reads)."""
+    position (a mask's 1, keras_hub's `padding_mask` 1 and `segment_ids` 0), or `example`, one example's values
+    (flat) for every example (what an earlier link gave without a gradient: position ids, a mask made from the
+    ids), or neither: drawn at random, whole numbers 0..vocab-1 for integers and for `ids` (floats an
+    `Embedding` reads)."""
 
     shape: tuple[int, ...]
     dtype: str
     fill: int | None = None
     ids: bool = False
+    example: tuple[int, ...] | None = None
 
 
 def feed(settings: Settings, info: DataInfo, layers: Sequence[keras.layers.Layer] = ()) -> Feed:
@@ -111,6 +116,10 @@ def make(signature: Any, size: int, vocab: int, seed: Any = (0, 0)) -> Any:
         dtype = tf.as_dtype(leaf.dtype)
         if leaf.fill is not None:
             return tf.fill(shape, tf.cast(leaf.fill, dtype))
+        if leaf.example is not None:
+            return tf.tile(
+                tf.reshape(tf.constant(leaf.example, dtype), (1, *leaf.shape)), (size,) + (1,) * len(leaf.shape)
+            )
         at = base + tf.constant([0, 7919 * k])
         if dtype.is_floating and not leaf.ids:
             return tf.random.stateless_normal(shape, seed=at, dtype=dtype)
@@ -123,24 +132,33 @@ def make(signature: Any, size: int, vocab: int, seed: Any = (0, 0)) -> Any:
     return keras.tree.pack_sequence_as(signature, [one(k, leaf) for k, leaf in enumerate(leaves)])
 
 
-def given(made: Any) -> Any:
-    """The `Leaf` structure of tensors a link gave (one example's shapes): the next link's input, a mask
-    (boolean) every position true."""
+def given(model: keras.Model, signature: Any, vocab: int) -> Any:
+    """The `Leaf` structure of what `model` gives on `signature` (run once on one example, inference): the next
+    link's input. A tensor it passes on as it took it (keras_hub's `padding_mask`, crossing every cut between
+    blocks): the `Leaf` it was made from; one it made without a gradient (position ids, a mask): its values
+    (`Leaf.fill` when they are all one, else `Leaf.example`), which the next link may index by; a float: drawn."""
+    x = make(signature, 1, vocab)
+    took = {id(t): leaf for t, leaf in zip(keras.tree.flatten(x), keras.tree.flatten(signature))}
 
     def leaf(t: Any) -> Leaf:
+        if id(t) in took:
+            return took[id(t)]
         dtype = keras.backend.standardize_dtype(t.dtype)
-        return Leaf(tuple(int(d) for d in t.shape[1:]), dtype, 1 if dtype == "bool" else None)
+        shape = tuple(int(d) for d in t.shape[1:])
+        if keras.backend.is_float_dtype(dtype):
+            return Leaf(shape, dtype)
+        seen = tuple(int(v) for v in keras.ops.convert_to_numpy(t)[0].ravel())
+        return Leaf(shape, dtype, seen[0] if seen else 0) if len(set(seen)) <= 1 else Leaf(shape, dtype, example=seen)
 
-    return keras.tree.map_structure(leaf, made)
+    return keras.tree.map_structure(leaf, model(x, training=False))
 
 
 def link_signatures(models: Sequence[keras.Model], fed: Feed) -> list[Any]:
     """Each of `models`' input signatures (a chain: each takes what the one before gives) and, last, the
-    last one's output's: the first from its inputs and `fed`, each next from running the one before once
-    on one example (inference)."""
+    last one's output's: the first from its inputs and `fed`, each next from the one before (`given`)."""
     out = [first(models[0], fed)]
     for m in models:
-        out.append(given(m(make(out[-1], 1, fed.vocab), training=False)))
+        out.append(given(m, out[-1], fed.vocab))
     return out
 
 

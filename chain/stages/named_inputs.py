@@ -64,3 +64,22 @@ def refusal(keys: list[str]) -> str | None:
         f"no other input ({', '.join(repr(k) for k in unknown) or repr(TOKEN_IDS) + ' is missing'}); "
         "train it from Python, run.step(x, y) with x a dict of arrays"
     )
+
+
+PACKED = (TOKEN_IDS, "segment_ids")  # what packed windows (`data.pack`) give a model, by name
+
+
+def check_packed(model: Any, name: str) -> None:
+    """`data.pack=true`: the model must take `PACKED` as its named inputs (its attention masked by the
+    segment ids, its positions restarting with them: docs/language-models.md); one line naming what it
+    takes otherwise, before anything is built."""
+    inputs = named(model)
+    if inputs is not None and sorted(inputs) == sorted(PACKED):
+        return
+    takes = "one tensor" if inputs is None else "named inputs " + ", ".join(sorted(inputs))
+    raise ConfigError(
+        f"data.pack=true gives the model windows of several examples as {{'token_ids', 'segment_ids'}}, but {name} "
+        f"takes {takes}: declare its inputs as a dict of keras.Input(name='token_ids') and "
+        "keras.Input(name='segment_ids') and mask its attention by the segment ids (docs/language-models.md), or "
+        "set data.pack=false"
+    )

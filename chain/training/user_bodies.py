@@ -18,7 +18,7 @@ from chain.errors import ConfigError
 from chain.schedule.schedules import Schedule
 from chain.planning import balance, footprint
 from chain.planning.planner import MIRRORED, Assignment
-from chain.stages import cut
+from chain.stages import cut, named_inputs
 from chain.prepared import estimate
 from chain.stages.bodies import Body, from_builder
 from chain.stages.user_model import gpt_model, load_model
@@ -58,6 +58,8 @@ def _cut(
     batch_cut: BatchCut,
     schedule: Schedule | None,
 ) -> tuple[list[Body], list[str], Assignment]:
+    if settings.data.packed:  # windows of several examples: the model takes the token and segment ids by name
+        named_inputs.check_packed(model, name)
     c = cut.analyse(model, name)
     # A model with several inputs (a dict, as keras_hub's) takes its batches from `Run.step(x_dict, y)`:
     # the config's data set has one input array, so there is nothing to fit it to.

@@ -21,15 +21,15 @@ from typing import ClassVar
 import numpy as np
 
 from chain.data.paths import existing
-from chain.data.sources.npz import npz_members
+from chain.data.sources.npz import npz_members, npz_ragged_parts
 from chain.data.catalog import DataInfo, Target, held_out, input_shape, name_targets, split_info, target_keys
 from chain.data.catalog import label_shape, no_other_classes, stream_classes
 from chain.data.data_source import Labelled, Read, Source, StreamSettings, from_files
 from chain.data.sources.npz.npz_record import ArrayFiles, ArrayPart
-from chain.data.streamed import VAL, TRAIN, Streamed, refuse_share
+from chain.data.streamed import Streamed, refuse_share
 from chain.data.verify import in_vocab
 from chain.errors import ConfigError
-from chain.fields import optional, required, setting, string
+from chain.fields import integer, list_of, optional, required, setting, string
 
 BLOCKS = 256  # a stream's training rows are cut into about this many blocks (what is shuffled per epoch)
 # Bytes of inputs, at least, in a block: a block costs about 1.5 ms of CPU to start reading
@@ -47,7 +47,22 @@ class Npz(StreamSettings, Labelled):
         required(string, "data=npz data.path=FILE.npz data.x=KEY data.y=KEY"), "the .npz file (required)"
     )
     val_path: str | None = setting(optional(string), "a second .npz file with the same keys, for validation")
-    x: str = setting(string, "the key of the inputs: one example per row")
+    x: str = setting(string, "the key of the inputs: one example per row (with data.offsets: the flat ids)")
+    offsets: str | None = setting(
+        optional(string),
+        "examples of different lengths (data.stream=true, data.buckets): the key of an (N+1,) array, example i "
+        "the ids data.x[offsets[i]:offsets[i+1]]; labels (N,) per example or one per id",
+    )
+    buckets: tuple[int, ...] | None = setting(
+        optional(list_of(integer(1, 1 << 20), 1)),
+        "data.offsets: increasing lengths, each batch padded with 0 to the first its examples fit; longer "
+        "examples cut to the last",
+    )
+
+    @property
+    def lengths_vary(self) -> bool:
+        """Ragged ids (`data.offsets`), in length buckets."""
+        return self.offsets is not None
 
 
 class NpzStream(ArrayFiles, Streamed):
@@ -63,12 +78,6 @@ class NpzStream(ArrayFiles, Streamed):
         from chain.data.sources.npz import npz_stream
 
         return npz_stream.validation(self, batch)
-
-    def files_read(self) -> list[tuple[str, str, str]]:
-        out = [(self.train.x.path, "data.path", TRAIN)]
-        if self.val is not None and self.val.x.path != self.train.x.path:  # data.val_path
-            out.append((self.val.x.path, "data.val_path", VAL))
-        return out
 
     def check_ids(self, data, vocab: int, target: str, ignored: int | None = None) -> Streamed:
         """The inputs and `target` (or `ignored`) of every part within `[0, vocab)`, read in place once."""
@@ -108,7 +117,10 @@ def _read_targets(path: str, mtime: int, size: int, keys: tuple, path_key: str) 
 
 def describe(data: Npz) -> DataInfo:
     """The inputs' shape from the header of `data.x`, the targets' kinds from their values (streamed:
-    from their dtypes and `data.classes`, read from the headers alone)."""
+    from their dtypes and `data.classes`, read from the headers alone; ragged ids: `npz_ragged_parts`)."""
+    npz_ragged_parts.check_settings(data)
+    if data.lengths_vary:
+        return npz_ragged_parts.describe(data)
     if data.stream:
         s = shards(data)
         return DataInfo(
@@ -184,10 +196,12 @@ def _part(data: Npz, path: str, path_key: str) -> tuple[ArrayPart, tuple[tuple[s
     return ArrayPart(x, tuple(ys), 0, x.shape[0]), tuple(targets)
 
 
-def shards(data: Npz) -> NpzStream:
+def shards(data: Npz) -> NpzStream | npz_ragged_parts.RaggedStream:
     """What a stream (`data.stream=true`) reads: where each array lies in `data.path` (and
     `data.val_path`). Validation without `data.val_path` is the last `data.val_fraction` of the rows:
     the same rows on every run (shuffle the arrays before saving them if their order is sorted)."""
+    if data.lengths_vary:
+        return npz_ragged_parts.shards(data)
     train, targets = _part(data, data.path, "data.path")
     if not train.rows:
         raise ConfigError(f"data.path={data.path!r}: its arrays hold no rows ({data.x}: {train.x.shape})")

@@ -8,8 +8,9 @@ Each file is checked to be UTF-8 (one line naming the file and the first byte th
 `data.tokenizer` (a keras_hub vocabulary: `text_tokens`) the ids are that tokenizer's of each
 file's text instead, tokenized once and kept on disk, and the target has the vocabulary's classes.
 
-`data.examples=lines|files` makes each line or file one example instead, in length buckets
-(`data.buckets`) or packed into windows (`data.pack`): `text_examples`, streamed by `example_stream`.
+`data.examples=lines|files` makes each line or file one example instead (its bytes, or the tokenizer's ids
+of it), in length buckets (`data.buckets`) or packed into windows (`data.pack`): `text_examples`, streamed
+by `example_stream`.
 """
 
 from __future__ import annotations
@@ -136,10 +137,6 @@ def _checked(data: Text) -> None:
             f"data.examples={data.examples} makes examples of different lengths: give data.buckets "
             "(e.g. data.buckets=[64,128,256], or auto)"
         )
-    if data.examples != "windows" and data.tokenizer is not None:
-        raise ConfigError(
-            f"data.examples={data.examples} reads byte ids: set data.tokenizer=null (a tokenizer's ids come in windows)"
-        )
 
 
 def shards(data: Text) -> TokenStream | ExampleStream:
@@ -151,13 +148,18 @@ def shards(data: Text) -> TokenStream | ExampleStream:
             raise ConfigError(f"data.val_fraction={data.val_fraction} and data.val_path are both set; give one")
         val = _files(data.val_path, "data.val_path")
     paths, sizes = _files(data.path, "data.path")
-    if data.examples != "windows":
-        return text_examples.examples(data, paths, val[0] if val is not None else None, BYTES, ExampleStream)
+    if data.examples != "windows" and data.tokenizer is None:
+        val_ids = text_examples.Ids(tuple(val[0])) if val is not None else None
+        return text_examples.examples(data, text_examples.Ids(tuple(paths)), val_ids, BYTES, ExampleStream)
     if data.tokenizer is None:
         train, val_part = split(paths, sizes, val, data, "data.path", repr(data.path))
         return TokenStream(train, val_part, BYTES, data.windows)
     vocabulary = text_tokens.vocabulary(data.tokenizer)
     made_from = Tokenized(tuple(paths), tuple(val[0]) if val is not None else (), vocabulary.paths)
+    if data.examples != "windows":  # each line's (or file's) ids, kept in the cache with where each example ends
+        ids, vocab = text_tokens.example_files(paths, vocabulary, data.examples)
+        val_ids = text_tokens.example_files(val[0], vocabulary, data.examples)[0] if val is not None else None
+        return text_examples.examples(data, ids, val_ids, vocab, ExampleStream, made_from)
     paths, sizes, vocab = text_tokens.token_files(paths, vocabulary)
     if val is not None:
         val = text_tokens.token_files(val[0], vocabulary)[:2]

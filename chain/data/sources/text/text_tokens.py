@@ -11,6 +11,9 @@ under a name made of the file's and the vocabulary's paths, sizes and modificati
 vocabulary changed is tokenized again, an unchanged one read in place (memory-mapped) as
 `data=tokens` reads its file. The cache is not the run's identity: a resume compares the texts and
 the vocabulary (`chain.data.sources.tokens.token_record.Tokenized`), so ids made again elsewhere resume exactly.
+
+With `data.examples=lines|files` (`example_files`) each file's ids are an example, or each line is
+tokenized alone, its ids one example, and where each line's ids end is kept beside them.
 """
 
 from __future__ import annotations
@@ -102,24 +105,69 @@ def _stamp(path: str) -> str:
     return f"{os.path.abspath(path)} {st.st_size} {st.st_mtime_ns}"
 
 
+def _cached(path: str, v: Vocabulary, folder: str, kind: str = "") -> str:
+    """The cache's file of `path`'s ids (`kind`: how they were made, "" for the whole text's), named from the
+    file's and the vocabulary's stamps."""
+    stamps = "|".join(_stamp(p) for p in v.paths)
+    name = hashlib.sha256(f"{stamps}|{_stamp(path)}{kind}".encode()).hexdigest()[:32]
+    return os.path.join(folder, f"{name}.{DTYPE}")
+
+
+def _write(out: str, values: np.ndarray) -> None:
+    tmp = f"{out}.{os.getpid()}.tmp"
+    values.tofile(tmp)
+    os.replace(tmp, out)  # a killed run leaves no half-written file under the real name
+
+
 def token_files(paths: list[str], v: Vocabulary) -> tuple[list[str], list[int], int]:
     """Each text file of `paths` as a file of the tokenizer's ids (uint32; made once, then read from the
     cache), how many ids each holds, and the vocabulary's size."""
     made, sizes, tok = [], [], None
     folder = user_cache("tokens")
-    key = "|".join(_stamp(p) for p in v.paths)
     for path in paths:
-        name = hashlib.sha256(f"{key}|{_stamp(path)}".encode()).hexdigest()[:32]
-        out = os.path.join(folder, f"{name}.{DTYPE}")
+        out = _cached(path, v, folder)
         if not os.path.isfile(out):
             tok = tok or tokenizer(v)
             with open(path, encoding="utf-8") as f:
                 ids = np.asarray(tok(f.read()), dtype=np.int64).reshape(-1)
             os.makedirs(folder, exist_ok=True)
-            tmp = f"{out}.{os.getpid()}.tmp"
-            ids.astype(DTYPE).tofile(tmp)
-            os.replace(tmp, out)  # a killed run leaves no half-written ids under the real name
+            _write(out, ids.astype(DTYPE))
             log.info("%s: %s tokenized, %d ids (kept in %s)", KEY, path, len(ids), out)
         made.append(out)
         sizes.append(os.path.getsize(out) // np.dtype(DTYPE).itemsize)
     return made, sizes, (tok or tokenizer(v)).vocabulary_size()
+
+
+def _lines(text: str) -> list[str]:
+    """The text's lines, each with its newline (the last without one if the text ends without it), as
+    `data.examples=lines` cuts a file's bytes."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def example_files(paths: list[str], v: Vocabulary, examples: str) -> tuple[Any, int]:
+    """`data.examples=lines|files` with a tokenizer: each text file's ids (uint32, in the cache) and where
+    each of its examples ends among them (a `text_examples.Ids`), and the vocabulary's size. `files`: a
+    file's ids (`token_files`') one example; `lines`: each line tokenized alone, their ids one after the
+    other, the ends kept beside them (`.ends`, written first: the ids' file says both are whole)."""
+    from chain.data.sources.text.text_examples import Ids
+
+    if examples == "files":
+        made, sizes, vocab = token_files(paths, v)
+        return Ids(tuple(made), DTYPE, tuple(np.array([n], np.int64) for n in sizes), tuple(paths)), vocab
+    made, ends, tok = [], [], None
+    folder = user_cache("tokens")
+    for path in paths:
+        out = _cached(path, v, folder, "|lines")
+        if not os.path.isfile(out):
+            tok = tok or tokenizer(v)
+            with open(path, encoding="utf-8") as f:
+                lines = _lines(f.read())
+            ids = [np.asarray(t, np.int64).reshape(-1) for t in (tok(lines) if lines else [])]
+            os.makedirs(folder, exist_ok=True)
+            _write(out + ".ends", np.cumsum([len(t) for t in ids], dtype=np.int64))
+            _write(out, np.concatenate(ids or [np.zeros(0, np.int64)]).astype(DTYPE))
+            log.info("%s: %s tokenized line by line, %d lines (kept in %s)", KEY, path, len(ids), out)
+        made.append(out)
+        ends.append(np.fromfile(out + ".ends", np.int64))
+    return Ids(tuple(made), DTYPE, tuple(ends), tuple(paths)), (tok or tokenizer(v)).vocabulary_size()

@@ -17,6 +17,7 @@ from chain.data.paths import matching
 from chain.data.sources.tfrecord import tfrecord_files
 from chain.data.catalog import (
     DataInfo,
+    increasing_buckets,
     Target,
     label_shape,
     no_other_classes,
@@ -152,8 +153,7 @@ def _varlen_checked(data: TFRecord) -> None:
             f"data.features declares {data.x} int64[None] (ids of any length): it needs data.stream=true and "
             "data.buckets=[...] (increasing lengths, e.g. [64,128,256])"
         )
-    if any(b >= c for b, c in zip(data.buckets, data.buckets[1:])):
-        raise ConfigError(f"data.buckets={list(data.buckets)} must be increasing, e.g. data.buckets=[64,128,256]")
+    increasing_buckets(data.buckets)
 
 
 def _stream_targets(data: TFRecord) -> tuple[tuple[str, str, int], ...]:

@@ -1,11 +1,10 @@
 """The `tf.data` stream of TFRecord files whose input is `int64[None]` (ids of any length,
 `tfrecord_record.Shards.buckets`): records parsed one at a time (the ids of different lengths cannot
 be one dense chunk), cut to the largest bucket, shuffled in a buffer of `data.shuffle_buffer` examples,
-then grouped by length (`bucket_by_sequence_length`): each batch holds examples of one bucket, padded
-with 0 to the bucket's length, whole batches only (a bucket's remainder waits in its group), so the
-compiled step is traced once per bucket. Every stage is checkpointable: the iterator's state (the
-files' positions, the shuffle buffer, each bucket's partial group) goes into every checkpoint, and a
-resumed run sees the batches it would have seen.
+then grouped by length (`chain.data.length_buckets`): each batch holds examples of one bucket, padded
+with 0 to the bucket's length, whole batches only, so the compiled step is traced once per bucket. Every
+stage is checkpointable: the iterator's state (the files' positions, the shuffle buffer, each bucket's
+partial group) goes into every checkpoint, and a resumed run sees the batches it would have seen.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from chain.data.chunks import CYCLE, shuffled
+from chain.data.length_buckets import bucketed
 from chain.data.sources.tfrecord.tfrecord_record import Shards
 from chain.data.sources.tfrecord.tfrecord_stream import ids_checked
 
@@ -45,18 +45,6 @@ def _parser(shards: Shards):
     return parse
 
 
-def _bucketed(examples: tf.data.Dataset, shards: Shards, batch: int, whole: bool) -> tf.data.Dataset:
-    """Examples -> batches of one bucket each, padded with 0 to its length (`whole`: only whole batches)."""
-    bounds = [b + 1 for b in shards.buckets]  # a length below b + 1 fits bucket b
-    return examples.bucket_by_sequence_length(
-        lambda x, ys: tf.shape(x)[0],
-        bounds,
-        [batch] * (len(bounds) + 1),
-        pad_to_bucket_boundary=True,
-        drop_remainder=whole,
-    )
-
-
 def training(shards: Shards, batch: int, shuffle: bool, seed: int) -> tf.data.Dataset:
     """The endless stream of `(x, {target: y})` batches of `batch` examples, each of one bucket."""
     paths = list(shards.paths)
@@ -65,7 +53,7 @@ def training(shards: Shards, batch: int, shuffle: bool, seed: int) -> tf.data.Da
     examples = records.map(_parser(shards))
     if shuffle:
         examples = examples.shuffle(shards.shuffle_buffer, seed=seed)
-    return _bucketed(examples, shards, batch, True).prefetch(2)
+    return bucketed(examples, shards.buckets, batch, True).prefetch(2)
 
 
 def validation(shards: Shards, batch: int) -> tf.data.Dataset | None:
@@ -73,4 +61,4 @@ def validation(shards: Shards, batch: int) -> tf.data.Dataset | None:
     if not shards.val_paths:
         return None
     records = tf.data.TFRecordDataset(list(shards.val_paths))
-    return _bucketed(records.map(_parser(shards)), shards, batch, False).prefetch(2)
+    return bucketed(records.map(_parser(shards)), shards.buckets, batch, False).prefetch(2)
