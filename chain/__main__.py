@@ -192,7 +192,7 @@ def _app(cfg: DictConfig) -> None:
         from chain.training.logs import assignment_table
 
         run = build(spec, run_dir)
-        on_lost.announce()  # the lost worker this process goes on after, if any
+        on_lost.announce(run)  # the lost worker this process goes on after, if any
         print(assignment_table(run.assignment, run.stages, settings.notes, unit=_unit(settings.mode)), flush=True)
         plan = run.strategy.plan_text(full=False)
         if plan:
@@ -208,7 +208,7 @@ def _app(cfg: DictConfig) -> None:
             sweep.record_done(summary)  # the sweep's table of its jobs
     except ChainError as e:
         if isinstance(e, WorkerLost) and run is not None:
-            on_lost.noted(run_dir, run.global_step, "")
+            on_lost.noted(run_dir, run, "")
         _remove_run_dir(run_dir, created)  # only if this job wrote nothing but Hydra's files
         if sweep.in_job():
             return sweep.record(str(e), e.exit_code)
@@ -245,6 +245,16 @@ def _interrupted(step: int | None, run_dir: str) -> str:
         f"interrupted {where}; the newest complete checkpoint is step {saved} ({run_dir}); "
         f"resume with: {shlex.join(command)}"
     )
+
+
+def _supervise(spec: RunSpec, overrides: list[str], run_dir: str) -> int:
+    """`cluster.on_lost=replan|wait`: the run directory checked and locked as for any run, the lock held
+    across the training processes (`chain.training.on_lost`); a run that wrote nothing leaves no directory."""
+    held, _ = preflight(spec, run_dir, overrides)
+    code = on_lost.supervise(spec.settings, overrides, run_dir)
+    if code:
+        _remove_run_dir(run_dir, held.created)
+    return code
 
 
 def _hydra_flags(args: list[str]) -> bool:
@@ -310,7 +320,7 @@ def _main() -> None:
             if settings.plan_only:
                 return show_plan(spec, overrides)
             if on_lost.supervises(settings):  # the training runs in fresh processes of this command
-                sys.exit(on_lost.supervise(settings, overrides, str(cfg.hydra.run.dir)))
+                sys.exit(_supervise(spec, overrides, str(cfg.hydra.run.dir)))
             _preflight, overrides = preflight(spec, str(cfg.hydra.run.dir), overrides)
         else:
             from chain.config.hydra import check_flag_order

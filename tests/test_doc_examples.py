@@ -73,6 +73,8 @@ SKIP = {
     ("cluster.md", "python -m chain.worker"): "a cluster worker serves until it is killed (tests/test_cluster.py)",
     ("cluster.md", "cluster.workers=[hostA:2222,hostB:2222]"): "needs cluster workers on hostA and hostB",
     ("cluster.md", "TF_CONFIG="): "one process of a two-host TF_CONFIG cluster: needs the other host",
+    ("cluster.md", "python scripts/stress_lost.py"): "minutes of runs losing a worker (tests/test_stress.py runs it "
+    "briefly, tests/test_cluster.py each case)",
     ("cluster.md", "srun python -m chain cluster.launcher=slurm"): "an sbatch script's srun line: played as three "
     "Slurm tasks on loopback by "
     "test_cluster_md_sbatch_script_runs_as_three_slurm_tasks",
@@ -162,8 +164,10 @@ TEXT = {
     ("pipeline.md", "planning: measured in 1.0 s (the run directory's"): "plan=auto's cache of another model "
     "(times and keys of one run: "
     "tests/test_auto_plan.py)",
-    ("cluster.md", "[...][chain][WARNING] - worker 1 (hostB:2222) lost at step 12"): "the log of a run that lost "
+    ("cluster.md", "[...][chain][WARNING] - worker 1 (hostB:2222) lost at step 17"): "the log of a run that lost "
     "worker 1 (tests/test_cluster.py kills it and checks the line)",
+    ("cluster.md", "replan: exit 0, ended at step 40"): "scripts/stress_lost.py's output (ports and seconds of "
+    "one run)",
     ("architecture.md", "command line / chain.compose"): "a diagram of the layers",
     ("index.md", "chain/"): "the source tree",
     ("run-directory.md", "outputs/DATE/TIME/"): "the run directory's files",

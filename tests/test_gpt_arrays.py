@@ -45,22 +45,27 @@ def gpt(*extra: str) -> list[str]:
 def ids(tmp_path_factory):
     """A token file and the same ids as (N, T) arrays: its sequential windows and, one token on, their targets
     (`x.npz`, and TFRecord files of int64[T] features split in two)."""
-    import tensorflow as tf
-
     d = tmp_path_factory.mktemp("ids")
     tokens = np.random.default_rng(5).integers(0, VOCAB, WINDOWS * SEQ + 1).astype(np.uint16)
     tokens.tofile(d / "train.bin")
     w = np.stack([tokens[s : s + SEQ + 1] for s in range(0, WINDOWS * SEQ, SEQ)]).astype(np.int32)
     np.savez(d / "x.npz", x=w[:, :-1], y=w[:, 1:])
     for part, rows in enumerate(np.split(w, 2)):
-        with tf.io.TFRecordWriter(str(d / f"part-{part}.tfrecord")) as out:
-            for row in rows:
-                feature = {
-                    k: tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist()))
-                    for k, v in (("x", row[:-1]), ("y", row[1:]))
-                }
-                out.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        write_tfrecord(d / f"part-{part}.tfrecord", rows[:, :-1], rows[:, 1:])
     return d
+
+
+def write_tfrecord(path, x: np.ndarray, y: np.ndarray) -> None:
+    """Rows of ids `x` and their targets `y` as `tf.train.Example`s of int64[T] features x and y."""
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as out:
+        for row_x, row_y in zip(x, y):
+            feature = {
+                k: tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist()))
+                for k, v in (("x", row_x), ("y", row_y))
+            }
+            out.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
 
 
 def trained(cfg) -> tuple[list, list[float], list[np.ndarray]]:
@@ -211,6 +216,26 @@ def test_gpt_refuses_float_ids_and_targets_not_per_position_in_one_line(ids, tmp
         with pytest.raises(ConfigError) as e:
             chain.compose(gpt(*overrides, "data.x=x", "data.y=y"))
         assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_gpt_stops_on_an_id_outside_the_vocabulary_of_a_streamed_tfrecord_in_one_line_naming_the_record(tmp_path):
+    """A streamed TFRecord is read only while training: each chunk's ids are checked as it is read, and one
+    outside the vocabulary stops the run in one line naming the feature, the record and its file (not an
+    error of TensorFlow's lookup); a target's `ignore_class` label (-100) is not one."""
+    rng = np.random.default_rng(8)
+    x, y = rng.integers(0, VOCAB, (2, WINDOWS // 2, SEQ)), rng.integers(0, VOCAB, (2, WINDOWS // 2, SEQ))
+    x[0, 13, 2], y[0, 4, 5] = VOCAB + 5, -100  # read by step 2: the same chunk
+    for part in range(2):
+        write_tfrecord(tmp_path / f"part-{part}.tfrecord", x[part], y[part])
+    form = [o.replace("{d}", str(tmp_path)) for o in FORMS["tfrecord-stream"]]
+    run = chain.build(chain.compose(gpt(*form, "ignore_class=-100", "trainer.steps=3")))
+    with pytest.raises(ConfigError) as e:
+        run.fit()
+    assert str(e.value) == (
+        f"feature x of record 13 of {tmp_path / 'part-0.tfrecord'} holds the id {VOCAB + 5}; model.vocab={VOCAB} "
+        f"takes ids 0..{VOCAB - 1}: give model.vocab (and data.classes) the largest id + 1 or more; no checkpoint "
+        "had been saved"
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])

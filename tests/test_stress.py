@@ -1,5 +1,5 @@
-"""The crash-safety scripts, run briefly: random SIGKILLs with resumes end bit-exact, and two
-runs racing for one directory never both run. (The full runs: scripts/, figures in docs/benchmarks.md.)"""
+"""The crash-safety scripts, run briefly: random SIGKILLs with resumes end bit-exact, two
+runs racing for one directory never both run, and a run that loses a cluster worker goes on. (The full runs: scripts/, figures in docs/benchmarks.md.)"""
 
 from __future__ import annotations
 
@@ -49,3 +49,16 @@ def test_two_runs_racing_for_one_directory(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert r.stdout.splitlines()[-1] == "2 of 2 races kept the rules"
+
+
+@EXTENDED  # test_cluster loses a worker with replan and with wait; this is the stress script's smoke run
+def test_a_run_that_loses_a_worker_goes_on_to_its_end(tmp_path):
+    args = ["--steps", "12", "--every", "4", "--lost-after", "5", "--workdir", str(tmp_path)]
+    r = subprocess.run(
+        [sys.executable, str(SCRIPTS / "stress_lost.py"), *args], capture_output=True, text=True, timeout=1200
+    )
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    lines = [line for line in r.stdout.splitlines() if not line.startswith("  ")]
+    assert lines[-3].startswith("replan: exit 0, ended at step 12") and lines[-3].endswith("(ok)")
+    assert lines[-2].startswith("wait: exit 0, ended at step 12") and "bit for bit" in lines[-2]
+    assert lines[-1] == "OK"

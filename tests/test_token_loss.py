@@ -160,6 +160,37 @@ def test_a_mean_of_microbatch_means_would_differ(tmp_path):
     assert max(rel_diff(a, b) for a, b in zip(*ends)) > 100 * RTOL
 
 
+def test_hugging_faces_ignore_class_minus_100_trains_and_scores_like_keras(tmp_path):
+    """Targets padded with -100 (Hugging Face's convention, no class label; the inputs with id 0) and
+    `ignore_class=-100`: the data is accepted, 3 SGD steps on microbatches of unequal real tokens equal
+    `model.fit` with Keras' own loss of `ignore_class=-100`, and the validation loss and token accuracy
+    equal Keras' on the same labels."""
+    x, y = token_data(tmp_path / "zero.npz")
+    y = np.where(y == PAD, -100, y)
+    np.savez(tmp_path / "tokens.npz", x=x, y=y)
+    np.savez(tmp_path / "val.npz", x=x[:12], y=y[:12])
+    m = model()
+    reference = keras.models.clone_model(m)
+    reference.set_weights(m.get_weights())
+    overrides = ["+stages=2", "pipeline.microbatches=4", "ignore_class=-100", "data.val_fraction=null"]
+    run = chain.build(config(tmp_path / "tokens.npz", *overrides, f"data.val_path={tmp_path / 'val.npz'}"), model=m)
+    batches = in_order(run, STEPS)
+    losses = [float(run.step(bx, by)["loss"]) for bx, by in batches]
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-100)
+    reference.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss, jit_compile=False)
+    seen = [np.concatenate([np.asarray(b[0]) for b in batches]), np.concatenate([b[1]["label"] for b in batches])]
+    assert (seen[1] == -100).any()
+    history = reference.fit(*seen, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(np.mean(losses), history.history["loss"][0], rtol=RTOL)
+    for a, b in zip([w.numpy() for s in run.stages for w in s.model.trainable_variables], reference.get_weights()):
+        assert rel_diff(a, b) <= RTOL
+    got, logits = run.evaluate().chain, reference(x[:12])
+    accuracy = keras.metrics.SparseCategoricalAccuracy()
+    accuracy.update_state(np.maximum(y[:12], 0), logits, sample_weight=(y[:12] != -100))
+    np.testing.assert_allclose(got["loss"], float(loss(y[:12], logits)), rtol=RTOL)
+    np.testing.assert_allclose(got["accuracy"], float(accuracy.result()), rtol=RTOL)
+
+
 def test_validation_scores_real_tokens_like_keras(tmp_path):
     """The validation loss is the mean over every real token of the validation set, and the
     accuracy the share of real tokens predicted right, as Keras computes them on the whole set."""

@@ -138,13 +138,14 @@ def per_position(s: Settings, info: DataInfo) -> None:
 
 
 def ignored_class_fits(ignore_class: int | None, target, data: str) -> None:
-    """`ignore_class` is one of the target's class labels (a padding id the data holds)."""
-    if ignore_class is not None and not 0 <= ignore_class < target.classes:
+    """`ignore_class` is one of the target's class labels (a padding id the data holds) or a negative label
+    the data marks positions to leave out with (Hugging Face's -100); one past the classes is a mistake."""
+    if ignore_class is not None and (target.is_regression or ignore_class >= target.classes):
         allowed = f"0..{target.classes - 1}" if target.classes else "none: it is a real value"
         raise ConfigError(
             f"ignore_class={ignore_class} is not a class label of target {target.name!r} of "
-            f"data={data} (its labels: {allowed}); give the padding id the labels hold, or "
-            "ignore_class=null"
+            f"data={data} (its labels: {allowed}) nor a negative one (as Hugging Face's -100); give the "
+            "label the data marks ignored positions with, or ignore_class=null"
         )
 
 

@@ -611,9 +611,9 @@ class Settings:
     )
     loss: str = setting(choice(*LOSSES), "mode=e2e: cross-entropy on class labels (from logits), or squared error")
     ignore_class: int | None = setting(
-        optional(integer(0, 2**31 - 1)),
-        "mode=e2e: a class label the loss ignores (padding): the loss is the mean over the other labels, as "
-        "Keras' ignore_class",
+        optional(integer(-(2**31), 2**31 - 1)),
+        "mode=e2e: a label the loss ignores (a padding id among the classes, or a negative one such as Hugging "
+        "Face's -100): the loss is the mean over the other labels, as Keras' ignore_class",
     )
     precision: str = setting(choice(*PRECISIONS), "what stage bodies compute in; weights stay float32")
     resume: bool = setting(boolean, "continue the run in hydra.run.dir from its newest complete checkpoint")
@@ -645,6 +645,12 @@ class Settings:
         side, where grad_accum is 1: the shared batch, of which every variant takes its first
         examples, so each sees the same batches whatever its neighbours)."""
         return self.trainer.grad_accum * self.data.batch_size
+
+    @property
+    def ignored_label(self) -> int | None:
+        """The label the loss leaves out, which the data may hold besides its classes: `ignore_class`
+        in mode=e2e (the other modes' heads ignore the setting)."""
+        return self.ignore_class if self.mode == "e2e" else None
 
 
 def plain(section_value: Any) -> dict:

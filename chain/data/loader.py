@@ -95,9 +95,10 @@ def _describe_read(data, read: Read) -> DataInfo:
 _UNSET = object()
 
 
-def load(data, seed: int, info: DataInfo | None = _UNSET) -> Dataset:
+def load(data, seed: int, info: DataInfo | None = _UNSET, ignore_class: int | None = None) -> Dataset:
     """Load the data set named by a validated `data` section (one of `chain.data.sources`): its
-    training and validation examples, each array checked (one ConfigError line naming the key).
+    training and validation examples, each array checked (one ConfigError line naming the key; a label
+    may also be `ignore_class`, which the loss leaves out).
 
     `info` is the data set's description (`chain.data.sources.describe`, made once by the
     preparation pass; None for data only TensorFlow reads, described here from its arrays);
@@ -111,10 +112,11 @@ def load(data, seed: int, info: DataInfo | None = _UNSET) -> Dataset:
     info = info or _describe_read(data, read)
     names = [t.name for t in info.targets]
     # Checked as read, so that an error names the example's place in its file.
-    x, y = arrays(read.x, dict(zip(names, read.ys)), info, dict(zip(["x", *names], read.where)))
+    x, y = arrays(read.x, dict(zip(names, read.ys)), info, dict(zip(["x", *names], read.where)), ignore_class)
     val = None
     if read.val is not None:
-        val = arrays(read.val[0], dict(zip(names, read.val[1])), info, dict(zip(["x", *names], read.val_where)))
+        where = dict(zip(["x", *names], read.val_where))
+        val = arrays(read.val[0], dict(zip(names, read.val[1])), info, where, ignore_class)
     elif info.val_examples:
         train, held = split(len(x), info.val_examples, seed)
         x, y, val = x[train], {k: v[train] for k, v in y.items()}, (x[held], {k: v[held] for k, v in y.items()})

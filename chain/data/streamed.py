@@ -59,10 +59,11 @@ class Streamed(ABC):
         of, training files first (`chain.data.identity`); empty: no files of ours (the user's dataset)."""
         return []
 
-    def check_ids(self, data: Any, vocab: int, target: str) -> None:
-        """The ids of `model=gpt`'s inputs and `target` within `[0, vocab)`, where they can be read
-        before training (`chain.data.token_ids.check`); by default they are not."""
-        return None
+    def check_ids(self, data: Any, vocab: int, target: str, ignored: int | None = None) -> Streamed:
+        """The ids of `model=gpt`'s inputs and `target` (whose labels may also be `ignored`, `ignore_class`)
+        within `[0, vocab)`: checked here where they can be read before training, else by the stream
+        returned as it reads them (`chain.data.token_ids.check`); by default they are not."""
+        return self
 
 
 def refuse_share(share: tuple[int, int] | None) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chain.data.sources.npz import npz_members
+from chain.data.streamed import Streamed
 from chain.data.verify import in_vocab
 from chain.errors import ConfigError
 
@@ -56,14 +57,22 @@ def ids(data) -> Ids:
     return Ids(int(shape[1]), dtype.name)
 
 
-def check(data, x: np.ndarray | None, val_x: np.ndarray | None, shards, vocab: int, target: str) -> None:
+def check(
+    data,
+    x: np.ndarray | None,
+    val_x: np.ndarray | None,
+    shards: Streamed | None,
+    vocab: int,
+    target: str,
+    ignored: int | None = None,
+) -> Streamed | None:
     """The user's arrays of ids (`data=npz`, `data=tfrecord`) within `[0, vocab)`, before training: the
     loaded inputs `x` and `val_x` (their targets are checked as every class label is), or a stream's inputs
-    and `target` (the one `model=gpt` learns) where they can be read up front (`Streamed.check_ids`: a
-    streamed `.npz` file's, read in place once; a streamed TFRecord is read only while training, and
-    TensorFlow's lookup stops the step)."""
+    and `target` (the one `model=gpt` learns; its labels may also be `ignored`, `ignore_class`)
+    (`Streamed.check_ids`: a streamed `.npz` file's, read in place once; a streamed TFRecord's, as the
+    stream reads them). Returns the stream to read (`shards`, or one that checks its ids)."""
     if data.name not in ARRAYS:
-        return
+        return shards
     if x is not None:
         own = f"data.x={data.x!r} of {data.path}"
         in_vocab(x, vocab, own)
@@ -71,4 +80,5 @@ def check(data, x: np.ndarray | None, val_x: np.ndarray | None, shards, vocab: i
             val = data.val_path
             in_vocab(val_x, vocab, f"data.x={data.x!r} of {val}" if val else own)
     elif shards is not None:
-        shards.check_ids(data, vocab, target)
+        return shards.check_ids(data, vocab, target, ignored)
+    return shards

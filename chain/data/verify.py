@@ -92,10 +92,10 @@ def finite(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def target(y: Any, t: Target, n: int, name: str, length: int | None = None) -> np.ndarray:
+def target(y: Any, t: Target, n: int, name: str, length: int | None = None, ignored: int | None = None) -> np.ndarray:
     """One target for `n` examples: shape (n,) or (n, 1), returned as (n,) (a label per position:
     (n, *t.shape), kept; `length`: of examples padded to that length, a length bucket's); labels int32 in
-    range."""
+    range, or `ignored` (`ignore_class`: a label the loss leaves out, Hugging Face's -100 too)."""
     a = _array(y, name)
     if t.shape:
         want = (n, *t.shape) if length is None else (n, length, *t.shape[1:])
@@ -131,7 +131,10 @@ def target(y: Any, t: Target, n: int, name: str, length: int | None = None) -> n
                 f"{name}[{place(bad[0])}] = {flat[bad[0]]!r} is not a class label: target {t.name!r} "
                 f"takes integers 0..{t.classes - 1}"
             )
-    out_of_range = np.flatnonzero((flat < 0) | (flat >= t.classes))
+    outside = (flat < 0) | (flat >= t.classes)
+    if ignored is not None:
+        outside &= flat != ignored
+    out_of_range = np.flatnonzero(outside)
     if out_of_range.size:
         i = out_of_range[0]
         raise ValueError(
@@ -141,8 +144,11 @@ def target(y: Any, t: Target, n: int, name: str, length: int | None = None) -> n
     return a.astype(np.int32)
 
 
-def batch(x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | None) -> tuple[np.ndarray, dict]:
-    """Check one batch for a chain whose stages learn the targets `wanted`.
+def batch(
+    x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | None, ignored: int | None = None
+) -> tuple[np.ndarray, dict]:
+    """Check one batch for a chain whose stages learn the targets `wanted` (`ignored`: a label allowed
+    besides the classes, `target`).
 
     `y` is a dict of targets or one bare array, which stands for the target `default`
     (None: the stages learn several targets, so a bare array is refused). Returns
@@ -168,13 +174,14 @@ def batch(x: Any, y: Any, info: DataInfo, wanted: Iterable[str], default: str | 
         )
     name = (lambda k: f"y[{k!r}]") if isinstance(y, dict) else (lambda k: "y")
     length = x.shape[1] if info.lengths_vary else None
-    return x, {k: target(v, known[k], n, name(k), length) for k, v in ys.items()}
+    return x, {k: target(v, known[k], n, name(k), length, ignored) for k, v in ys.items()}
 
 
 def arrays(
-    x: np.ndarray, y: dict[str, np.ndarray], info: DataInfo, where: dict[str, str]
+    x: np.ndarray, y: dict[str, np.ndarray], info: DataInfo, where: dict[str, str], ignored: int | None = None
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Check a whole data set once, when it is loaded: `(x, targets)` normalised as for a batch.
+    """Check a whole data set once, when it is loaded: `(x, targets)` normalised as for a batch (`ignored`:
+    a label allowed besides the classes, `target`).
 
     `where` names what `x` (key "x") and each target were read from (e.g. `data.y='y'`), so
     the ConfigError line names the key.
@@ -182,7 +189,7 @@ def arrays(
 
     try:
         x = finite(inputs(x, info, where["x"]), where["x"])
-        return x, {t.name: target(y[t.name], t, len(x), where[t.name]) for t in info.targets}
+        return x, {t.name: target(y[t.name], t, len(x), where[t.name], ignored=ignored) for t in info.targets}
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -191,9 +198,12 @@ def _shape(dims) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
 
 
-def in_vocab(x: np.ndarray, vocab: int, where: str) -> None:
+def in_vocab(x: np.ndarray, vocab: int, where: str, ignored: int | None = None) -> None:
     """One ConfigError line naming `where` (the key and file) when an id of `x` is outside `[0, vocab)`
-    (`model.vocab` is a setting: unlike the checks above, this one is the config's)."""
+    and is not `ignored` (a target's `ignore_class`) (`model.vocab` is a setting: unlike the checks above,
+    this one is the config's)."""
+    if ignored is not None and not 0 <= ignored < vocab:
+        x = x[x != ignored]
     low, top = (int(x.min()), int(x.max())) if x.size else (0, 0)
     if low < 0 or top >= vocab:
         raise ConfigError(

@@ -273,6 +273,12 @@ class LostWorker:
         "seconds from the loss being noticed to the fresh process's start (probing the workers, waiting); "
         "the steps recomputed come on top"
     )
+    layout_before: str | None = item(
+        "what the run trained on until then: stages, schedule, microbatches, copies (null: not known)", default=None
+    )
+    layout_after: str | None = item(
+        "what it went on with (placement.plan=auto plans again; null: not known)", default=None
+    )
 
     def line(self) -> str:
         """The log's line: `worker 1 (host:port) lost at step 15: re-planned on 1 worker, ...`."""
@@ -282,6 +288,9 @@ class LostWorker:
             if self.action == "waited"
             else "re-planned on " + (f"{n} worker" + ("s" if n != 1 else "") if n else "local devices")
         )
+        if self.layout_before and self.layout_after:
+            moved = self.layout_before != self.layout_after
+            how += f" ({self.layout_before} -> {self.layout_after})" if moved else f" ({self.layout_after}, as before)"
         return (
             f"worker {self.worker} ({self.address}) lost at step {self.step}: {how}, resumed from step "
             f"{self.resumed_from} ({self.recomputed} step{'s' if self.recomputed != 1 else ''} recomputed), "

@@ -5,7 +5,10 @@ PID into it. The operating system releases the lock when the process ends, howev
 ends (a crash, `kill -9`), so a lock left by a dead process is never obeyed: the next run
 simply takes it. A second process finds it held and gets a `RunDirLocked` naming the
 holder's PID. Within one process the lock is taken once and shared (two `flock`s of one
-process on one file would exclude each other).
+process on one file would exclude each other). A process may hand its lock down to a child
+(`handed_down`: the open file, inherited, and its number in `INHERITED_ENV`), which then holds it
+too without taking it again: the lock stays held from the parent's start to its end, whatever
+runs in between (`cluster.on_lost`'s supervisor and its training processes).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from chain.errors import ChainError
 FILENAME = ".lock"
 NAMING_S = 3.0  # how long a refused run waits for the lock's holder to name itself
 _HELD: dict[str, int] = {}  # run dir (real path) -> open file descriptor holding the lock
+_INHERITED: set[str] = set()  # run dirs whose lock a parent process holds and handed down
+INHERITED_ENV = "CHAIN_RUN_DIR_LOCK"  # "FD PATH": the lock of run directory PATH, inherited as descriptor FD
 # What `announce` writes; anything else in the file (garbage, control bytes) is not shown to the user.
 _HOLDER = re.compile(
     r"pid [1-9][0-9]{0,9} on [^\s,]{1,255}, since [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}"
@@ -70,7 +75,7 @@ def acquire(run_dir: str, name_holder: bool = True) -> str | None:
     cannot be created or written.
     """
     key = os.path.realpath(run_dir)
-    if key in _HELD:
+    if key in _HELD or _adopted(key):
         return None
     try:
         os.makedirs(run_dir, exist_ok=True)
@@ -103,8 +108,36 @@ def acquire(run_dir: str, name_holder: bool = True) -> str | None:
     return f"took over the lock of a run that is no longer running ({describe(previous)})" if previous else None
 
 
+def _adopted(key: str) -> bool:
+    """Whether the lock of run directory `key` (a real path) was handed down to this process by its parent
+    (`handed_down`); it is then held here too, shared with the parent, which stays named as its holder."""
+    fd, _, where = os.environ.get(INHERITED_ENV, "").partition(" ")
+    if where != key or not fd.isdigit():
+        return False
+    try:  # the inherited descriptor still open on this very lock file
+        same = os.path.samestat(os.fstat(int(fd)), os.stat(path(key)))
+    except OSError:
+        return False
+    if same:
+        _HELD[key] = int(fd)
+        _INHERITED.add(key)
+    return same
+
+
+def handed_down(run_dir: str) -> tuple[dict[str, str], int]:
+    """What a child process needs to hold this process's lock of `run_dir` too: the environment's entry and
+    the descriptor to pass it (`subprocess.Popen(pass_fds=...)`). The child neither announces nor releases
+    it: its parent's lock is held until the parent releases it."""
+    key = os.path.realpath(run_dir)
+    fd = _HELD[key]
+    return {INHERITED_ENV: f"{fd} {key}"}, fd
+
+
 def announce(run_dir: str) -> None:
-    """Write this process into the lock file of `run_dir` (which it holds)."""
+    """Write this process into the lock file of `run_dir` (which it holds; a lock handed down names the
+    parent that holds it)."""
+    if os.path.realpath(run_dir) in _INHERITED:
+        return
     fd = _HELD[os.path.realpath(run_dir)]
     me = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
     os.lseek(fd, 0, os.SEEK_SET)
@@ -117,8 +150,12 @@ def release(run_dir: str, clear: bool = True) -> None:
 
     `clear` empties the file first (a run that ends cleanly leaves no holder behind).
     """
-    fd = _HELD.pop(os.path.realpath(run_dir), None)
-    if fd is not None:
+    key = os.path.realpath(run_dir)
+    fd = _HELD.pop(key, None)
+    if key in _INHERITED:  # the parent's lock: only this process's copy of the descriptor goes
+        _INHERITED.discard(key)
+        os.close(fd)
+    elif fd is not None:
         if clear:
             os.lseek(fd, 0, os.SEEK_SET)
             os.ftruncate(fd, 0)

@@ -99,17 +99,18 @@ def build(
         spec = replace(spec, assignment=apply(spec))
     settings = spec.settings
     keras.utils.set_random_seed(settings.seed)  # the user's function may draw random numbers
-    dataset = data.load(settings.data, settings.seed, spec.data_info)
+    dataset = data.load(settings.data, settings.seed, spec.data_info, settings.ignored_label)
     spec = with_loaded_data(spec, dataset.info)
     settings, assignment = spec.settings, spec.assignment
     if isinstance(settings.stages[0].model, Gpt):  # the user's arrays of ids: each within the vocabulary
-        token_ids.check(
+        dataset.shards = token_ids.check(
             settings.data,
             dataset.x,
             dataset.val_x,
             dataset.shards,
             settings.stages[0].model.vocab,
             dataset.target(settings.stages[-1].target).name,
+            settings.ignored_label,
         )
     if dataset.shards is not None and assignment.topology == planner.MIRRORED:  # each replica streams its own files
         stream_shares.check_files(
@@ -129,7 +130,7 @@ def build(
     )
     run = Run(settings, strategy, dataset, run_dir, spec.auto_plan)
     if assignment.cluster:  # the workers serve on after the run: watched as long as this process lives
-        state = lambda: on_lost.noted(run_dir, run.global_step, run.intact())  # noqa: E731 (the step it reached)
+        state = lambda: on_lost.noted(run_dir, run, run.intact())  # noqa: E731 (the step it reached)
         cluster.Watchdog(assignment.cluster, settings.cluster.lost_after_s, state).start()
     elif assignment.multi_worker:  # every host ends its own run: its peers are watched while it trains
         run.watchdog = cluster.Watchdog(

@@ -7,9 +7,12 @@ was lost (exit 5), starts another with `resume=true` from the last complete chec
 `replan` on the workers that still answer (none: local devices), `wait` on the same workers
 once the lost one answers again (probed every second, up to `cluster.on_lost_wait_s`). At most
 as many times as there are workers, so it never loops. The fresh process learns the history
-from an environment variable (`LostWorkers` as JSON) and logs the last event; summary.json keeps
-them all (`lost_workers`). The failed process notes the step it had reached in the run
-directory (`STEP_FILE`, written atomically), which the supervisor reads and removes.
+from an environment variable (`LostWorkers` as JSON) and logs the last event with the layout it
+trains on (a run with `placement.plan=auto` plans again); summary.json keeps them all
+(`lost_workers`). The failed process notes the step it had reached and its layout in the run
+directory (`STEP_FILE`, written atomically), which the supervisor reads and removes. The
+supervisor holds the run directory's lock throughout and hands it down to each process
+(`chain.state.lock.handed_down`), so no other run can start in the directory between two of them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Sequence
 
 from chain.config.hydra import override_key, quoted
@@ -53,47 +57,64 @@ def supervises(settings: Settings) -> bool:
     return True
 
 
-def history() -> list[LostWorker] | None:
-    """The workers lost so far, as the supervisor told this process (None: none, or not supervised)."""
+def history(run=None) -> list[LostWorker] | None:
+    """The workers lost so far, as the supervisor told this process (None: none, or not supervised); the
+    last one's layout after it is `run`'s (this process's `Run`)."""
     raw = os.environ.get(HISTORY_ENV)
-    return from_json(LostWorkers, json.loads(raw), HISTORY_ENV).events or None if raw else None
+    events = from_json(LostWorkers, json.loads(raw), HISTORY_ENV).events if raw else None
+    if events and run is not None:
+        events[-1] = replace(events[-1], layout_after=layout(run))
+    return events or None
 
 
-def announce() -> None:
-    """Log the loss this process was started after (the supervisor's last event), if any."""
-    events = history()
+def announce(run) -> None:
+    """Log the loss this process was started after (the supervisor's last event), if any, with the layout
+    `run` (this process's `Run`) trains on."""
+    events = history(run)
     if events:
         log.warning(events[-1].line())
 
 
-def noted(run_dir: str | None, step: int, text: str) -> str:
-    """Note in `run_dir` the step a supervised run had reached as a worker was lost, and when (the
-    clock's time); returns `text`."""
+def layout(run) -> str:
+    """What `run` (a built `Run`) trains on, in words (`2 stages 1f1b M=2`: `Layout.describe`)."""
+    from chain.state.run_settings import RunSettings
+
+    return RunSettings.of(run.settings).layout(manifest.split(manifest.layout(run.stages)), 0).describe()
+
+
+def noted(run_dir: str | None, run, text: str) -> str:
+    """Note in `run_dir` the step a supervised `run` had reached as a worker was lost, when (the clock's
+    time) and its layout; returns `text`."""
     if run_dir and HISTORY_ENV in os.environ:
         try:
-            atomic.write_text(os.path.join(run_dir, STEP_FILE), f"{step} {time.time()}")
+            atomic.write_text(os.path.join(run_dir, STEP_FILE), f"{run.global_step} {time.time()} {layout(run)}")
         except OSError:  # the supervisor then counts from the checkpoint
             pass
     return text
 
 
-def _lost_at(run_dir: str, saved: int, ended: float) -> tuple[int, float]:
-    """The step the failed process noted and when (the file removed once read), else `saved` and `ended`."""
+def _lost_at(run_dir: str, saved: int, ended: float) -> tuple[int, float, str | None]:
+    """The step the failed process noted, when, and its layout (the file removed once read), else `saved`,
+    `ended` and None."""
     path = os.path.join(run_dir, STEP_FILE)
     try:
         with open(path) as f:
-            step, when = f.read().split()
+            step, when, words = f.read().split(" ", 2)
         os.remove(path)
-        return int(step), float(when)
+        return int(step), float(when), words.strip()
     except (OSError, ValueError):
-        return saved, ended
+        return saved, ended, None
 
 
-def _train(args: Sequence[str], events: list[LostWorker]) -> tuple[int, list[str]]:
-    """Run `python -m chain ARGS` told `events`; its exit code and the lost-worker lines it printed
-    on stderr, which are held back (the supervisor decides whether the run stops)."""
-    env = dict(os.environ, **{HISTORY_ENV: json.dumps(to_json(LostWorkers(events)))})
-    child = subprocess.Popen([sys.executable, "-m", "chain", *args], env=env, stderr=subprocess.PIPE, text=True)
+def _train(args: Sequence[str], events: list[LostWorker], run_dir: str) -> tuple[int, list[str]]:
+    """Run `python -m chain ARGS` told `events`, holding this process's lock of `run_dir` too; its exit
+    code and the lost-worker lines it printed on stderr, which are held back (the supervisor decides
+    whether the run stops)."""
+    inherited, fd = lock.handed_down(run_dir)
+    env = dict(os.environ, **inherited, **{HISTORY_ENV: json.dumps(to_json(LostWorkers(events)))})
+    child = subprocess.Popen(
+        [sys.executable, "-m", "chain", *args], env=env, stderr=subprocess.PIPE, text=True, pass_fds=(fd,)
+    )
     held: list[str] = []
 
     def forward() -> None:
@@ -134,7 +155,9 @@ def _stop(held: list[str], code: int, waited: float | None = None) -> int:
 
 
 def supervise(settings: Settings, overrides: Sequence[str], run_dir: str) -> int:
-    """Train in fresh processes, going on after each lost worker as `cluster.on_lost` says; the exit code."""
+    """Train in fresh processes, going on after each lost worker as `cluster.on_lost` says; the exit code.
+    This process holds the lock of `run_dir` (`chain.state.lock`) and hands it down to each of them, so
+    no other run starts in it between two of them."""
     c = settings.cluster
     dropped = ("resume", "hydra.run.dir", "cluster.workers")
     kept = [o for o in overrides if override_key(o) not in dropped]
@@ -142,12 +165,10 @@ def supervise(settings: Settings, overrides: Sequence[str], run_dir: str) -> int
     workers, resume, events = list(c.workers or ()), settings.resume, []
     for _ in range(len(c.workers or ()) + 1):
         listed = f"[{','.join(workers)}]" if workers else "null"
-        code, held = _train([*kept, f"cluster.workers={listed}", f"resume={str(resume).lower()}"], events)
+        code, held = _train([*kept, f"cluster.workers={listed}", f"resume={str(resume).lower()}"], events, run_dir)
         if code != cluster.EXIT_LOST or len(events) == len(c.workers or ()) or not manifest.exists(run_dir):
             return _stop(held, code)
         ended, noticed = time.time(), time.monotonic()
-        lock.acquire(run_dir, name_holder=False)  # the failed process's lock, so the fresh one takes it quietly
-        lock.release(run_dir)
         answers = _answering(workers)
         found = _LOST_LINE.match(held[0]) if held else None
         index = int(found.group(1)) if found else (answers.index(False) if False in answers else 0)
@@ -159,9 +180,11 @@ def supervise(settings: Settings, overrides: Sequence[str], run_dir: str) -> int
                 return _stop(held, code, waited=c.on_lost_wait_s)
         after = list(workers) if c.on_lost == "wait" else [a for a, ok in zip(workers, answers) if ok]
         saved = manifest.read(run_dir)["step"]
-        step, when = _lost_at(run_dir, saved, ended)
+        step, when, was = _lost_at(run_dir, saved, ended)
+        if events:  # the process that was lost trained on what the one before it was started on
+            events[-1] = replace(events[-1], layout_after=was)
         action = "waited" if c.on_lost == "wait" else "replanned"
         lost_s = round(time.time() - when, 3)
-        events.append(LostWorker(index, workers[index], step, saved, step - saved, action, workers, after, lost_s))
+        events.append(LostWorker(index, workers[index], step, saved, step - saved, action, workers, after, lost_s, was))
         workers, resume = after, True
     return code

@@ -250,7 +250,8 @@ class Run:
     def _batch(self, x: Any, y: Any) -> tuple[Any, dict]:
         """A batch given to `step` or `trace`, checked once (`chain.data.verify`): one ValueError
         line naming the argument for a wrong shape, dtype, label or target."""
-        x, ys = checks.batch(x, y, self.dataset.info, self.strategy.wanted_targets(), self.strategy.default_target())
+        wanted, default = self.strategy.wanted_targets(), self.strategy.default_target()
+        x, ys = checks.batch(x, y, self.dataset.info, wanted, default, self.settings.ignored_label)
         self.strategy.check_batch(len(next(iter(x.values()))) if isinstance(x, dict) else len(x))
         if not isinstance(x, dict) and self._named_inputs() is not None:  # token ids for a model of named inputs
             x = self._named_inputs()(x)
@@ -526,7 +527,7 @@ class Run:
             data_wait_ms=loop.data_wait(),
             plan=table.plan_fields(self.auto_plan, loop.median_step_ms()),  # None: a plan by hand
             layouts=list(loop.checkpoints.layouts) if loop.checkpoints else None,  # what a resume changed, and when
-            lost_workers=on_lost.history(),  # cluster.on_lost: the workers lost while the run went on
+            lost_workers=on_lost.history(self),  # cluster.on_lost: the workers lost while the run went on
         )
         if self.settings.data.lengths_vary:  # length buckets: each bucket's step traced once, never again
             shown = ", ".join(f"{n} for length {k}" for k, n in summary.traces.items())

@@ -79,8 +79,8 @@ class NpzStream(ArrayFiles, Streamed):
 
         return npz_stream.validation(self, batch)
 
-    def check_ids(self, data, vocab: int, target: str) -> None:
-        """The inputs and `target` of every part within `[0, vocab)`, read in place once."""
+    def check_ids(self, data, vocab: int, target: str, ignored: int | None = None) -> Streamed:
+        """The inputs and `target` (or `ignored`) of every part within `[0, vocab)`, read in place once."""
         learned = [name for name, _ in self.targets].index(target)
         key = [f"{where}={key!r}" for _, key, where in target_keys(data)][learned]
         members = {
@@ -90,15 +90,16 @@ class NpzStream(ArrayFiles, Streamed):
             for m, k in ((part.x, f"data.x={data.x!r}"), (part.ys[learned], key))
         }  # the same members
         for member, k in members.items():
-            _in_place(member, vocab, f"{k} of {member.path}")
+            _in_place(member, vocab, f"{k} of {member.path}", ignored if k == key else None)
+        return self
 
 
-def _in_place(member: npz_members.Member, vocab: int, where: str) -> None:
+def _in_place(member: npz_members.Member, vocab: int, where: str, ignored: int | None = None) -> None:
     """`in_vocab` of a member read in place, a block of rows at a time."""
     rows = np.memmap(member.path, np.dtype(member.dtype), "r", member.offset, member.shape)
     step = max(1, (1 << 24) // max(1, math.prod(member.shape[1:])))
     for i in range(0, len(rows), step):
-        in_vocab(np.asarray(rows[i : i + step]), vocab, where)
+        in_vocab(np.asarray(rows[i : i + step]), vocab, where, ignored)
 
 
 def _targets(data: Npz, path: str, path_key: str) -> list[np.ndarray]:

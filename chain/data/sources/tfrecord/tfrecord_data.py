@@ -10,7 +10,7 @@ of the records (`tfrecord_record.count`), and `shards` says what `tfrecord_strea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from chain.data.paths import matching
@@ -26,7 +26,7 @@ from chain.data.catalog import (
     val_fraction,
 )
 from chain.data.data_source import BadRecords, Labelled, Read, Source, from_files
-from chain.data.sources.tfrecord.tfrecord_record import Shards, count
+from chain.data.sources.tfrecord.tfrecord_record import IdRange, Shards, count
 from chain.data.streamed import Streamed, none_empty, refuse_share, stream_files
 from chain.errors import ConfigError
 from chain.fields import feature, integer, list_of, mapping, optional, required, setting, string
@@ -91,6 +91,11 @@ class TFRecordStream(Shards, Streamed):
         from chain.data.sources.tfrecord import tfrecord_stream
 
         return tfrecord_stream.bad_record(error, self)
+
+    def check_ids(self, data, vocab, target, ignored=None):
+        """Records are read only while training: the stream checks each chunk's ids (`Shards.ids`)."""
+        feature = dict((name, key) for name, key, _ in self.targets)[target]
+        return replace(self, ids=IdRange(vocab, feature, ignored))
 
 
 def describe(data: TFRecord) -> None:

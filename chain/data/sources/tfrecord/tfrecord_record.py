@@ -13,6 +13,16 @@ from chain.data.streamed import FileCounts
 
 
 @dataclass(frozen=True)
+class IdRange:
+    """`model=gpt`'s ids, checked as the stream reads them: the input's within `[0, vocab)`, and the
+    labels of feature `target` too, but for `ignored` (`ignore_class`, None: none)."""
+
+    vocab: int
+    target: str
+    ignored: int | None = None
+
+
+@dataclass(frozen=True)
 class Shards(FileCounts):
     """Files streamed in a run: training `paths` and validation `val_paths` (empty: none), each
     file's record count (`counts`, `val_counts`), the features to parse (`features`: name ->
@@ -20,7 +30,7 @@ class Shards(FileCounts):
     classes), the shuffle buffer in examples and whether bad records are left out (`skip_bad`,
     `data.on_bad_record=skip`) or stop the run; `val_key` is the key that names the validation
     files (`data.val_path`, or `data.path` when they are held out of it); `buckets`: an `int64[None]`
-    input's length buckets (`tfrecord_varlen`)."""
+    input's length buckets (`tfrecord_varlen`); `ids`: token ids checked while streamed (`IdRange`)."""
 
     features: tuple[tuple[str, tuple], ...]
     x: str
@@ -29,6 +39,7 @@ class Shards(FileCounts):
     skip_bad: bool = False
     val_key: str = FileCounts.TRAIN_KEY
     buckets: tuple[int, ...] | None = None  # an int64[None] input's length buckets (None: fixed lengths)
+    ids: IdRange | None = None  # model=gpt: the ids within its vocabulary (None: not checked)
 
 
 def count(paths: list[str], key: str) -> tuple[int, ...]:

@@ -12,7 +12,10 @@ seen.
 
 Bad records found mid-run (a missing feature, a feature with more or fewer values than declared)
 stop the run with one line naming the file and the record's number in it (`bad_record`, raised by
-`chain.training.run.Run.fit`), or, with `data.on_bad_record=skip`, are left out.
+`chain.training.run.Run.fit`), or, with `data.on_bad_record=skip`, are left out. For `model=gpt`
+(`Shards.ids`) each chunk's token ids are checked against its vocabulary as they are read (a few
+reductions per chunk): one outside it stops the run with one line naming the record, never a
+TensorFlow error from the embedding's lookup.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import tensorflow as tf
 from chain.data.sources.tfrecord import tfrecord_files
 from chain.data.catalog import label_shape
 from chain.data.chunks import PARALLEL, chunk_rows, epochs, interleaved, shuffled
-from chain.data.sources.tfrecord.tfrecord_record import Shards
+from chain.data.sources.tfrecord.tfrecord_record import IdRange, Shards
 from chain.errors import first_line
 
 
@@ -40,6 +43,8 @@ END = "<end>"  # ends the assertion's reason, which may hold brackets itself
 _BAD = re.compile(MARK + r"\]\s*\[(.*?)\]\s*\[(\d+)\]\s*\[(.*?)" + END, re.S)
 _CORRUPTED = re.compile(r"corrupted record at (\d+)")  # TensorFlow's reader: a checksum failed at that byte
 _MISMATCH = re.compile(r"Key: [^\n]*?Data types don't match\.[^\n\[]*[^\s\[]")
+ID_MARK = "chain-bad-id"  # starts the data of the assertion that an id is outside the vocabulary
+_BAD_ID = re.compile(ID_MARK + r"\]\s*\[(.*?)\]\s*\[(-?\d+)\]\s*\[(.*?)\]\s*\[(-?\d+)\]", re.S)
 
 
 def _numbered(chunk: int):
@@ -175,9 +180,36 @@ def _parse_chunk(shards: Shards, skip: bool):
                 )
                 for name, key, classes in shards.targets
             }
+        if shards.ids is not None:  # model=gpt: its ids within the vocabulary
+            label = dense(shards.ids.target, features[shards.ids.target][1])
+            with tf.control_dependencies(ids_checked(shards.ids, shards.x, x, label, path, start)):
+                x = tf.identity(x)
         return (x, ys, ok) if skip else (x, ys)
 
     return parse
+
+
+def ids_checked(ids: IdRange, x_name: str, x: tf.Tensor, label: tf.Tensor, path, start) -> list[tf.Tensor]:
+    """Assertions that the ids of `x` (the input, [n, ...]) and `label` (feature `ids.target`'s values,
+    [n, ...]; `ids.ignored` allowed too) are within `[0, ids.vocab)`, each failing with the first record of
+    the chunk (its file `path`, number `start` onwards; "" and -1: not known) that holds another, and
+    that id. The record and the id are worked out only for a chunk that fails."""
+    checks = []
+    for name, values, ignored in ((x_name, x, None), (ids.target, label, ids.ignored)):
+        inside = tf.logical_and(values >= 0, values < ids.vocab)
+        if ignored is not None:
+            inside = tf.logical_or(inside, tf.equal(values, ignored))
+
+        def fail(values=values, inside=inside, name=name):
+            n = tf.shape(values)[0]
+            rows, ok = tf.reshape(values, [n, -1]), tf.reshape(inside, [n, -1])
+            first = tf.argmin(tf.cast(tf.reduce_all(ok, axis=1), tf.int32), output_type=tf.int64)
+            bad = tf.boolean_mask(rows[first], tf.logical_not(ok[first]))[0]
+            with tf.control_dependencies([tf.debugging.Assert(False, [ID_MARK, path, start + first, name, bad])]):
+                return tf.constant(False)
+
+        checks.append(tf.cond(tf.reduce_all(inside), lambda: tf.constant(True), fail))
+    return checks
 
 
 def _parsed(chunks: tf.data.Dataset, shards: Shards, skip: tf.Variable | None) -> tf.data.Dataset:
@@ -210,6 +242,15 @@ def bad_record(error: BaseException, shards: Shards) -> str | None:
     matched its file), or None when `error` is not one."""
     key = "data.path" if shards.val_key == "data.path" else "data.path or data.val_path"
     text = str(error)
+    outside = _BAD_ID.search(text) if shards.ids is not None else None
+    if outside:
+        path, i, name, value = outside.groups()
+        where = f"record {i} of {path}" if path else f"a record of {key}"
+        vocab = shards.ids.vocab
+        return (
+            f"feature {name} of {where} holds the id {value}; model.vocab={vocab} takes ids 0..{vocab - 1}: give "
+            "model.vocab (and data.classes) the largest id + 1 or more"
+        )
     found = _BAD.search(text)
     if not found and (isinstance(error, tf.errors.DataLossError) or "Data types don't match" in text):
         corrupted = _CORRUPTED.search(text)

@@ -14,11 +14,12 @@ import tensorflow as tf
 from chain.data.chunks import CYCLE, shuffled
 from chain.data.length_buckets import bucketed
 from chain.data.sources.tfrecord.tfrecord_record import Shards
+from chain.data.sources.tfrecord.tfrecord_stream import ids_checked
 
 
 def _parser(shards: Shards):
     """A serialized `tf.train.Example` -> (x int64 [L], {target: y}), x cut to the largest bucket (a label per
-    position cut with it)."""
+    position cut with it); `model=gpt`'s ids checked (`Shards.ids`: the record's file is not known here)."""
     features = dict(shards.features)
     longest = shards.buckets[-1]
     spec = {
@@ -35,6 +36,10 @@ def _parser(shards: Shards):
         for name, key, classes in shards.targets:
             y = ex[key][:longest] if None in features[key][1] else tf.reshape(ex[key], [-1])[0]
             ys[name] = tf.cast(y, tf.int32 if classes else tf.float32)
+        if shards.ids is not None:
+            label = ex[shards.ids.target][:longest]
+            with tf.control_dependencies(ids_checked(shards.ids, shards.x, x[None], label[None], "", -1)):
+                x = tf.identity(x)
         return x, ys
 
     return parse
