@@ -174,8 +174,8 @@ def test_the_cache_is_read_only_by_a_run_of_the_same_model_batch_and_devices_and
     assert not other.cached and other.cache.differs == ("model",) and len(calls) == 2
     line = table.planning_line(other)
     assert re.search(
-        r"planning: measured in 0\.5 s \(the run directory's plan_costs\.json held the measurements of "
-        rf"another model, key {narrow_key}, measured by the run of [-\d]+ [:\d]+ UTC "
+        r"planning: measured in 0\.5 s \(the run directory's plan_costs\.json held measurements that "
+        rf"differ in model, key {narrow_key}, measured by the run of [-\d]+ [:\d]+ UTC "
         rf"\(pid {os.getpid()}, mlp\(width=8, depth=1\)\); this run's key {other.cache.key}\)",
         line,
     ), line

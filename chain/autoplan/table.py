@@ -90,7 +90,7 @@ def measuring(plan: AutoPlan) -> str:
     if use.differs == ("file",):
         return f"{now} (the run directory's {CACHE} held none this version reads)"
     return (
-        f"{now} (the run directory's {CACHE} held the measurements of another {' and '.join(use.differs)}, "
+        f"{now} (the run directory's {CACHE} held measurements that differ in {' and '.join(use.differs)}, "
         f"key {use.their_key}, {whose}; this run's key {use.key})"
     )
 
