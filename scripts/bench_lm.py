@@ -24,8 +24,8 @@ machine's cores):
   padding mask all ones inside: the trainer's `data=tokens` stream gives one tensor), the trainer's default
   Adam (TensorFlow's fused kernel, `optim.fused=true`); `chain1k`: the same with Keras' own Adam update
   (`optim.fused=false`);
-- `chain2`, `chain4`: the model cut into 2 and 4 stages between its transformer blocks (1F1B, M=4
-  microbatches), one logical CPU device per stage. They share one thread pool: the pipeline's overhead
+- `chain2`, `chain4`: the model cut into 2 and 4 stages between its transformer blocks (1F1B, M=`--microbatches`,
+  8 by default; `placement.balance=even`), one logical CPU device per stage. They share one thread pool: the pipeline's overhead
   (microbatches, copies, the schedule's order), never overlap.
 
 Before timing, the keras model and `chain1k` take two steps on the same two batches from the same initial
@@ -35,11 +35,19 @@ Cases of the second process (bench_pipeline.py's method: real overlap on a CPU):
 processes on loopback, each pinned to one core with one intra-op and one inter-op thread, and this script's
 second process their client, feeding the batches:
 
-- `w1`: the same model on one stage on worker 0, the same M=4 microbatches (their gradients summed): the
+- `w1`: the same model on one stage on worker 0, the same M microbatches (their gradients summed): the
   baseline. (bench_pipeline.py's baseline keeps the cut, both stages on worker 0; here chain refuses it: the
   keras_hub tied embedding, `token_embedding(x, reverse=True)`, on two stages of one device is refused as "a
   weight shared by two stages".)
-- `chain2w`: stage k on worker k; its speed-up is time(w1) / time(chain2w).
+- `chain2w`: 2 stages, 1F1B, stage k on worker k; its speed-up is time(w1) / time(chain2w);
+- `chain2w-zbv`: 4 stages in a V (`pipeline.schedule=zbv`), stages k and 3-k on worker k.
+
+The cut cases on workers split by `placement.balance=params`: GPT2CausalLM's 10 layers are 4 of embeddings (2 with
+weights), 4 transformer blocks, a layer norm and the tied read-out; `even` (the default) cuts [5, 5], the embeddings
+and one block against three blocks and the read-out. After the timing, a fresh run of each cut case traces 4 steps
+(`trainer.profile`) and its timeline gives each stage's time (its forwards' and backwards' ms per step); the ideal
+it is held to is (the devices' summed stage times) / (the busiest device's) x (1 - the schedule's planned bubble
+with unit-time actions): for 1F1B, M/(M+S-1), 2M/(M+1) = 1.78 at M=8 when the stages are balanced.
 
 Four stages on four single-core workers need four cores: on a 2-core machine they would share cores and
 measure nothing; not run.
@@ -69,9 +77,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from bench_pipeline import cpu_ticks  # noqa: E402
 
 LOCAL = ["keras", "chain1", "chain1k", "chain2", "chain4"]  # the first process's cases
-WORKERS = ["w1", "chain2w"]  # the second process's cases
+WORKERS = ["w1", "chain2w", "chain2w-zbv"]  # the second process's cases
 PER_CALL = 8  # Keras' steps_per_execution = the trainer's default trainer.steps_per_call
-MICRO = 4  # microbatches of the cut cases
 LR = 1e-3
 
 
@@ -82,11 +89,11 @@ def token_file(a, path: str) -> None:
     np.random.default_rng(0).integers(0, a.vocab, 64 * a.batch * (a.seq + 1)).astype("uint16").tofile(path)
 
 
-def settings(a, path: str, case: str, addresses: list[str] | None = None):
-    """The trainer's config of `case` on the token file at `path`."""
+def settings(a, path: str, case: str, addresses: list[str] | None = None, extra: tuple[str, ...] = ()):
+    """The trainer's config of `case` on the token file at `path` (`extra`: overrides added last)."""
     import chain
 
-    stages = {"chain1": 1, "chain1k": 1, "chain2": 2, "chain4": 4, "w1": 1, "chain2w": 2}[case]
+    stages = {"chain1": 1, "chain1k": 1, "chain2": 2, "chain4": 4, "w1": 1, "chain2w": 2, "chain2w-zbv": 4}[case]
     out = [
         "mode=e2e",
         f"+stages={stages}",
@@ -105,17 +112,22 @@ def settings(a, path: str, case: str, addresses: list[str] | None = None):
         "checkpoint.export=false",
     ]
     if stages > 1 or case == "w1":  # w1: the same microbatches, summed on one stage
-        out += ["pipeline.schedule=1f1b", f"pipeline.microbatches={MICRO}"]
+        schedule = "zbv" if case == "chain2w-zbv" else "1f1b"
+        out += [f"pipeline.schedule={schedule}", f"pipeline.microbatches={a.microbatches}"]
     if case == "chain1k":
         out += ["optim.fused=false"]
     if addresses:
-        workers = ["/task:0/CPU:0"] if case == "w1" else ["/task:0/CPU:0", "/task:1/CPU:0"]
+        workers = ["/task:0/CPU:0", "/task:1/CPU:0"][:stages]
+        if case == "chain2w-zbv":  # the V: worker k holds stages k and 3-k
+            workers = workers + workers[::-1]
+        if stages > 1:  # whole blocks per stage: the even split's 10 layers are the embedding and 1 block | 3
+            out += ["placement.balance=params"]
         out += [
             f"cluster.workers=[{','.join(addresses)}]",
             f"placement.devices=[{','.join(workers)}]",
             "cluster.lost_after_s=120",
         ]  # a shared machine: a busy worker may answer late
-    return chain.compose(out)
+    return chain.compose([*out, *extra])
 
 
 def gpt2(a):
@@ -260,11 +272,60 @@ def workers_phase(a, path: str) -> dict:
     from chain.worker import LocalCluster
 
     cores = [i % os.cpu_count() for i in range(2)]
-    with LocalCluster(2, cpus=cores, threads=1) as cluster:
-        configs = {case: settings(a, path, case, cluster.addresses) for case in WORKERS}
+    with LocalCluster(2, cpus=cores, threads=1, profile=True) as cluster:
+        configs = {case: settings(a, path, case, cluster.addresses) for case in WORKERS if case in a.cases}
         chain.setup(*configs.values())  # connects to the workers, before any tensor exists
         cases = {case: chain_block(chain.build(cfg, model=gpt2(a)[1])) for case, cfg in configs.items()}
-        return measure(cases, a, [os.getpid(), *cluster.pids])  # the workers stop as the block ends
+        times = measure(cases, a, [os.getpid(), *cluster.pids])
+        print(json.dumps(dict(times=times, ideals={})), flush=True)  # kept should a traced run fail
+        ideals = {case: traced(a, path, case, cluster) for case in configs if case != "w1"}
+        return dict(times=times, ideals=ideals)  # the workers stop as the block ends
+
+
+def traced(a, path: str, case: str, cluster) -> dict | None:
+    """`ideal`, or None (said on stderr) when its traced run fails: the timing is kept either way."""
+    try:
+        return ideal(a, path, case, cluster)
+    except Exception as e:  # a benchmark's last part: report it and keep the figures
+        print(f"# {case}: the traced run failed: {e}", file=sys.stderr, flush=True)
+        return None
+
+
+def ideal(a, path: str, case: str, cluster) -> dict | None:
+    """The ideal speed-up over one worker of `case`'s schedule on its split: (the devices' summed stage times)
+    / (the busiest device's) x (1 - the schedule's planned bubble with unit-time actions; 1F1B: M/(M+S-1);
+    balanced stages on 2 devices: 1F1B 2M/(M+1)). A stage's time: its forwards' and backwards' ms per step
+    in the timeline (`trainer.profile`, docs/measuring.md) of a fresh run of `case` traced after the timing."""
+    import chain
+
+    steps = 10
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = settings(
+            a,
+            path,
+            case,
+            cluster.addresses,
+            [cluster.profile_option, "trainer.steps_per_call=1", f"trainer.steps={steps}", "trainer.profile=[5,10]"],
+        )
+        run = chain.build(cfg, model=gpt2(a)[1], run_dir=tmp)
+        summary = run.fit()
+        with open(os.path.join(tmp, "timeline.json")) as f:
+            per_stage = json.load(f)["per_stage"]
+    if not per_stage:
+        print(f"# {case}: the traced run measured no complete step", file=sys.stderr, flush=True)
+        return None
+    stage_ms = [p["forward_ms"] + p["backward_ms"] for p in per_stage]
+    busy = {}
+    for p, ms in zip(per_stage, stage_ms):
+        busy[p["device"]] = busy.get(p["device"], 0.0) + ms
+    bubble = summary["bubble_fraction"]
+    return dict(
+        ideal=sum(busy.values()) / max(busy.values()) * (1 - bubble),
+        balanced=len(busy) * (1 - bubble),
+        stage_ms=stage_ms,
+        bubble=bubble,
+        split=[len(s.model.layers) - len(s.model.inputs) for s in run.stages],
+    )
 
 
 def phase(a, name: str, path: str) -> dict:
@@ -294,6 +355,8 @@ def phase(a, name: str, path: str) -> dict:
         str(a.heads),
         "--batch",
         str(a.batch),
+        "--microbatches",
+        str(a.microbatches),
     ]
     r = subprocess.run(args, stdout=subprocess.PIPE, text=True)
     if r.returncode != 0:
@@ -316,10 +379,11 @@ WHAT = {
     "keras": "keras_hub `GPT2CausalLM.fit`, one device, Keras' Adam",
     "chain1": "chain, 1 stage, fused Adam (default)",
     "chain1k": "chain, 1 stage, Keras' Adam (`optim.fused=false`)",
-    "chain2": "chain, 2 stages, 1F1B, M=4, logical CPUs (overhead, no overlap)",
-    "chain4": "chain, 4 stages, 1F1B, M=4, logical CPUs (overhead, no overlap)",
-    "w1": "chain, 1 stage, M=4, on one single-core worker",
-    "chain2w": "chain, 2 stages, 1F1B, M=4, one single-core worker each",
+    "chain2": "chain, 2 stages, 1F1B, logical CPUs (overhead, no overlap)",
+    "chain4": "chain, 4 stages, 1F1B, logical CPUs (overhead, no overlap)",
+    "w1": "chain, 1 stage, M microbatches summed, on one single-core worker",
+    "chain2w": "chain, 2 stages, 1F1B, one single-core worker each",
+    "chain2w-zbv": "chain, 4 stages in a V (zbv), stages k and 3-k on single-core worker k",
 }
 
 
@@ -331,6 +395,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--microbatches", type=int, default=8, help="M of every cut case and of w1")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--calls", type=int, default=2, help="timed calls of 8 steps per block")
     p.add_argument("--cases", nargs="+", default=LOCAL + WORKERS, choices=LOCAL + WORKERS)
@@ -343,26 +408,27 @@ def main() -> None:
     if a.quick:
         a.vocab, a.seq, a.hidden, a.layers, a.heads, a.batch, a.repeats, a.calls = 64, 16, 16, 2, 2, 8, 1, 1
     if a.phase:
-        times = local_phase(a, a.data) if a.phase == "local" else workers_phase(a, a.data)
-        print(json.dumps(times), flush=True)
+        out = dict(times=local_phase(a, a.data), ideals={}) if a.phase == "local" else workers_phase(a, a.data)
+        print(json.dumps(out), flush=True)
         os._exit(0)  # the workers are gone: skip the runtime's teardown RPCs (as bench_pipeline.py does)
-    if "w1" in a.cases and "chain2w" in a.cases and os.cpu_count() < 2:
+    on_workers = "w1" in a.cases and any(c in a.cases for c in WORKERS[1:])
+    if on_workers and os.cpu_count() < 2:
         raise SystemExit("chain2w needs 2 cores (one per worker)")
     started = time.time()
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    times = {}
+    times, ideals = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "tokens.bin")
         token_file(a, path)
-        if any(c in LOCAL for c in a.cases):
-            times.update(phase(a, "local", path))
-        if "w1" in a.cases and "chain2w" in a.cases:
-            times.update(phase(a, "workers", path))
+        for name in ["local"] * any(c in LOCAL for c in a.cases) + ["workers"] * on_workers:
+            out = phase(a, name, path)
+            times.update(out["times"])
+            ideals.update(out["ideals"])
     tokens = a.batch * a.seq
     end = " ".join(open("/proc/loadavg").read().split()[:3])
     print(
         f"\nGPT2CausalLM vocab {a.vocab}, seq {a.seq}, hidden {a.hidden}, {a.layers} layers, {a.heads} heads; batch "
-        f"{a.batch} ({tokens} tokens a step), Adam, {PER_CALL} steps a call; {a.repeats} repeats x {a.calls} calls; "
+        f"{a.batch} ({tokens} tokens a step), M={a.microbatches} microbatches (cut cases, w1), Adam, {PER_CALL} steps a call; {a.repeats} repeats x {a.calls} calls; "
         f"{time.time() - started:.0f} s; load average {load} at the start, {end} at the end"
     )
     print(
@@ -373,11 +439,15 @@ def main() -> None:
         f"ratio: tokens/s over the anchor's, median of paired repeats; quiet: other processes below {a.quiet} "
         "cores during both blocks of a pair"
     )
-    print(f"{'case':8s} {'tokens/s':>9s} {'anchor':>7s} {'ratio':>6s} {'quiet':>5s} {'ratio':>6s} {'other':>6s}  what")
+    print(f"{'case':11s} {'tokens/s':>9s} {'anchor':>7s} {'ratio':>6s} {'quiet':>5s} {'ratio':>6s} {'other':>6s}  what")
     rows = []
     for case in [c for c in LOCAL + WORKERS if c in times]:
         anchor = (
-            "w1" if case == "chain2w" else "keras" if case in LOCAL and case != "keras" and "keras" in times else None
+            "w1"
+            if case.startswith("chain2w")
+            else "keras"
+            if case in LOCAL and case != "keras" and "keras" in times
+            else None
         )
         ratio, quiet, quiet_ratio = ratios(times, case, anchor, a.quiet) if anchor else (None, 0, None)
         row = dict(
@@ -391,7 +461,7 @@ def main() -> None:
         )
         rows.append(row)
         print(
-            f"{case:8s} {row['tokens_s']:9.0f} {anchor or '-':>7s} "
+            f"{case:11s} {row['tokens_s']:9.0f} {anchor or '-':>7s} "
             + (f"{ratio:6.3f}" if ratio else f"{'-':>6s}")
             + f" {quiet:5d} "
             + (f"{quiet_ratio:6.3f}" if quiet_ratio else f"{'-':>6s}")
@@ -415,6 +485,31 @@ def main() -> None:
             + " |"
         )
         print("| other processes, cores | " + " | ".join(f"{row['other']:.2f}" for row in rows) + " |")
+    for case in [c for c in WORKERS[1:] if c in times]:
+        speed_ups(case, times, ideals.get(case), a)
+
+
+def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
+    """`case`'s speed-up over `w1` in each repeat (paired), against the ideal of its schedule on its split (`ideal`;
+    None: its traced run measured nothing, the speed-ups alone)."""
+    if how is None:
+        how = dict(ideal=float("nan"))
+        print(f"\n{case}: no ideal (its traced run measured no complete step)")
+    else:
+        stage_ms = " / ".join(f"{v:.3g}" for v in how["stage_ms"])
+        print(
+            f"\n{case}: split {how['split']} (placement.balance=params), stages {stage_ms} ms per step (forwards "
+            f"and backwards in the timeline); planned bubble {how['bubble']:.3f}; ideal {how['ideal']:.3f} "
+            f"(balanced stages: {how['balanced']:.3f})"
+        )
+    print(f"{'repeat':>6s} {'w1 s/step':>9s} {'s/step':>7s} {'speed-up':>8s} {'of ideal':>8s} {'quiet':>5s}")
+    ups = []
+    for r, (base, mine) in enumerate(zip(times["w1"], times[case])):
+        ups.append(base[0] / mine[0])
+        quiet = "yes" if max(base[1], mine[1]) < a.quiet else "no"
+        print(f"{r + 1:6d} {base[0]:9.4f} {mine[0]:7.4f} {ups[-1]:8.3f} {ups[-1] / how['ideal']:8.3f} {quiet:>5s}")
+    up = statistics.median(ups)
+    print(f"{'median':>6s} {'':9s} {'':7s} {up:8.3f} {up / how['ideal']:8.3f}")
 
 
 if __name__ == "__main__":

@@ -362,6 +362,16 @@ def test_advice_moves_layers_off_the_slow_stage():
     assert timeline.advise([10.0, 11.0, 10.5], [3, 3, 3]) is None  # within 20% of the mean
 
 
+def test_advice_weighs_a_cut_models_layers_by_their_parameters():
+    """GPT2CausalLM's 10 layers cut [5, 5] (embeddings and 1 block | 3 blocks, the tied read-out), as profiled on
+    two workers: counted alike, the layers would move 2 blocks; weighed, one block moves (the balanced [6, 4])."""
+    shares = [[65536, 16384, 0, 0, 198272], [198272, 198272, 198272, 256, 65536]]
+    assert timeline.advise([98.0, 326.0], [5, 5]).split == [7, 3]
+    advice = timeline.advise([98.0, 326.0], [5, 5], shares=shares)
+    assert advice.split == [6, 4] and advice.moves == [1, -1]
+    assert timeline.advise([30.0, 10.0, 10.0], [3, 3, 3], shares=[[0, 0, 0]] * 3).split == [2, 2, 5]  # none weigh
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

@@ -362,6 +362,25 @@ def test_a_model_with_named_inputs_and_a_padding_mask_is_cut_between_blocks(stag
     trains_like_one_device(run, padding_mask_encoder(), DEVICES[3], steps=3, batches=batches)
 
 
+def test_a_split_backward_of_attention_blocks_runs_no_product_twice():
+    """zb1's W starts from each weighted layer's kept output: for a layer that holds layers with weights (an
+    attention block) that would be its whole backward again. B takes such a stage's weight gradients too and W
+    only adds them to the sums: no matrix product in W (the padded zb1 and zbv cases above check the values)."""
+    from chain.schedule.schedules import Action
+    from graph_audit import live_ops
+
+    cfg = chain.compose(["+stages=2", "mode=e2e", "pipeline.schedule=zb1", "pipeline.microbatches=2", *SYNTH])
+    x, ys = token_batches(1)[0]
+    ops = chain.build(cfg, model=padding_mask_encoder(2)).trace(x, ys).graph.get_operations()
+    alive = live_ops(ops[0].graph)
+    kinds = [
+        Action.parse(op.name).kind
+        for op in ops
+        if op.type in ("MatMul", "BatchMatMulV2", "Einsum") and op.name in alive and Action.parse(op.name)
+    ]
+    assert kinds.count("B") > kinds.count("F") > 0 and kinds.count("W") == 0, {k: kinds.count(k) for k in "FBW"}
+
+
 def masked_sequential() -> keras.Model:
     """The mask only implicit: a Sequential passes it from layer to layer at run time (no op in its graph)."""
     keras.utils.set_random_seed(23)

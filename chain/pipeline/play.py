@@ -92,6 +92,7 @@ import tensorflow as tf
 from chain import testhooks
 from chain.config.checks import BatchCut
 from chain.data.catalog import Target
+from chain.internals.keras_private import all_layers
 from chain.internals.tf_private import add_control_input, host_address_space
 from chain.pipeline.progress import Progress
 from chain.schedule.schedules import (
@@ -462,6 +463,7 @@ class Halfway:
     kept: Sequence[Kept] | None
     kept_grads: list[tf.Tensor | None]  # the gradients B computed at the kept outputs
     input: Any  # the stage's input, a tensor or a structure (where W's walk back stops)
+    weights: list[tf.Tensor | None] | None = None  # the weights' gradients, when B took them (`whole_backward`)
 
 
 @dataclass(frozen=True)
@@ -479,6 +481,7 @@ class Playbook:
     deferred: frozenset[int]  # the last stage's forwards that run once, in B (`deferred_forwards`)
     split: bool  # B and W: the input's gradient, then the weights'
     keeps: tuple[bool, ...]  # per stage: whether its forward keeps every layer's output (split only)
+    whole: tuple[bool, ...]  # per stage: whether B takes the weights' gradients too (split only: `whole_backward`)
     forwards: tuple[Callable, ...]  # per stage: its forward (`chain_forward`, compiled with XLA if asked)
     loss_weights: Callable | None = None  # the microbatches' labels -> their weights in the loss (None: 1/M)
 
@@ -571,7 +574,8 @@ def playbook(
     split = is_split(schedule)
     # A split backward keeps every layer's output where the model allows it (not under XLA, whose
     # compiled forward shows none of them): W then starts from the gradients B left there.
-    keeps = tuple(split and not options.jit_compile and layer_by_layer(s) for s in stages)
+    whole = tuple(split and whole_backward(s) for s in stages)
+    keeps = tuple(split and not w and not options.jit_compile and layer_by_layer(s) for s, w in zip(stages, whole))
     book = Playbook(
         stages,
         schedule,
@@ -584,10 +588,24 @@ def playbook(
         deferred=frozenset(),
         split=split,
         keeps=keeps,
+        whole=whole,
         forwards=_forwards(stages, loss, keeps, options.jit_compile),
         loss_weights=getattr(loss, "weights", None),
     )
     return dataclasses.replace(book, deferred=deferred_forwards(order, len(stages) - 1, book.replayed))
+
+
+def whole_backward(stage: Stage) -> bool:
+    """Whether a split backward's B takes the stage's weight gradients too, W only adding them to the sums: when
+    a layer holds layers with weights (a transformer block), W would run that layer's whole backward again (it
+    starts from the layer's output), which costs about what B did (GPT2 under zbv did 1.45 times one worker's
+    work: docs/benchmarks-in-code.md). B's gradients then wait in memory for W, one set per microbatch between."""
+    return any(
+        sub is not layer and sub.trainable_weights
+        for layer in stage.model.layers
+        if layer.trainable_weights
+        for sub in all_layers(layer)
+    )
 
 
 def chained(schedule: Schedule, grad_accum: int) -> bool:
@@ -793,11 +811,16 @@ def _input_gradient(book: Playbook, state: PlayState, action: Action, first_op: 
         taped = saved.taped
         targets, start = _seeds(taped.output, g, taped.scaled_reg)
         ins = differentiable(saved.input) if k > 0 else []
-        sources = ins + [c.output for c in taped.kept or []]
-        grads = taped.tape.gradient(targets, sources, output_gradients=start) if sources else []
+        later = s.gradient_variables if book.whole[k] else [c.output for c in taped.kept or []]
+        grads = taped.tape.gradient(targets, ins + later, output_gradients=start) if ins or later else []
         if k > 0:
             state.input_grads[(k, m)] = input_gradient(saved.input, grads[: len(ins)])
-        state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[len(ins) :], saved.input)
+        if book.whole[k]:
+            if not book.options.jit_compile:
+                weights_first(grads[len(ins) :], state.graph.get_operations()[first_op:])
+            state.halfway[(k, m)] = Halfway(targets, start, None, [], saved.input, list(grads[len(ins) :]))
+        else:
+            state.halfway[(k, m)] = Halfway(targets, start, taped.kept, grads[len(ins) :], saved.input)
     return [t.op for t in grads if t is not None]  # not the weights' products the tape builds too: W's, later
 
 
@@ -806,7 +829,11 @@ def _weight_gradient(book: Playbook, state: PlayState, action: Action, first_op:
     k, s = action.stage, book.stages[action.stage]
     half = state.halfway.pop((k, action.microbatch))
     with tf.device(s.device):
-        grads = weight_gradients(s, half.targets, half.start, half.kept, half.kept_grads, tf.nest.flatten(half.input))
+        grads = half.weights
+        if grads is None:
+            grads = weight_gradients(
+                s, half.targets, half.start, half.kept, half.kept_grads, tf.nest.flatten(half.input)
+            )
         state.accumulated[k] = add_grads(state.accumulated[k], lend_back(book.stages, state.accumulated, k, grads))
     done_ops = [t.op for t in grads if t is not None]  # not the side branches tf.gradients leaves
     return done_ops + summed_in_turn(state.accumulated[k], done_ops)  # and the sums: see `summed_in_turn`

@@ -451,11 +451,17 @@ def statistics(
 
 
 def advise(
-    busy: Sequence[float], layers: Sequence[int], threshold: float = SLOW, kinds: Sequence[Any] | None = None
+    busy: Sequence[float],
+    layers: Sequence[int],
+    threshold: float = SLOW,
+    kinds: Sequence[Any] | None = None,
+    shares: Sequence[Sequence[float]] | None = None,
 ) -> Advice | None:
     """When one stage's busy time exceeds the mean by more than `threshold`: the split (layers per
-    stage) whose predicted busy times are most even, each layer of stage k costing busy[k] /
-    layers[k]. None when the stages are even enough (or a stage has no layers to count).
+    stage) whose predicted busy times are most even, each layer of stage k costing its share of busy[k]:
+    `shares[k]`, one weight per layer (a cut model's parameter counts: its embedding, blocks, an `Add`
+    and a read-out are not alike), else busy[k] / layers[k]. None when the stages are even enough (or a
+    stage has no layers to count).
 
     `kinds[k]`: what one layer of stage k is (compared with ==; None: every layer alike). A layer
     moves only between neighbouring stages of one kind, so the advice keeps the network: where
@@ -465,7 +471,7 @@ def advise(
     slowest = max(range(len(busy)), key=lambda k: busy[k])
     if mean <= 0 or busy[slowest] <= (1 + threshold) * mean or min(layers) < 1:
         return None
-    costs = [busy[k] / n for k, n in enumerate(layers) for _ in range(n)]
+    costs = [cost for k, n in enumerate(layers) for cost in _layer_costs(busy[k], n, shares[k] if shares else None)]
     rows, allowed = [costs] * len(busy), range(1, len(costs))
     fixed = [] if kinds is None else [c for c, a, b in zip(balance.sizes_to_cuts(layers), kinds, kinds[1:]) if a != b]
     now = max(balance.stage_costs(rows, layers))
@@ -486,6 +492,13 @@ def advise(
         fixed,
         max(balance.stage_costs(rows, free)) < max(predicted),
     )
+
+
+def _layer_costs(busy: float, n: int, shares: Sequence[float] | None) -> list[float]:
+    """A stage's busy time over its `n` layers, by their `shares` (alike when none, or none weigh anything)."""
+    if not shares or len(shares) != n or sum(shares) <= 0:
+        return [busy / n] * n
+    return [busy * w / sum(shares) for w in shares]
 
 
 def advice_text(advice: Advice, override: str | None) -> str:

@@ -79,6 +79,17 @@ def layer_kinds(stages) -> list[StageSpec] | None:
     return [_kind(s.spec) for s in stages]
 
 
+def layer_shares(stages) -> list[list[float]] | None:
+    """One cut Keras model's layers weighed by their parameters, for `timeline.advise` (an embedding and
+    an `Add` are not a transformer block); None for the chain's own bodies, whose layers of a stage are alike."""
+    if not _cut_model(stages):
+        return None
+    return [
+        [float(layer.count_params()) for layer in s.model.layers if type(layer).__name__ != "InputLayer"]
+        for s in stages
+    ]
+
+
 def _kind(spec: StageSpec) -> StageSpec:
     return replace(spec, model=replace(spec.model, depth=1))
 
@@ -306,7 +317,7 @@ class Window:
         stages = self.run.stages
         layers, _ = layers_and_override(stages, None)
         busy = [p.busy_ms for p in result.per_stage if not p.replica]  # copies run the same stages' work
-        advice = timeline.advise(busy, layers, kinds=layer_kinds(stages))
+        advice = timeline.advise(busy, layers, kinds=layer_kinds(stages), shares=layer_shares(stages))
         if advice:
             advice.override = layers_and_override(stages, advice.split, self.run.settings.stage)[1]
             if advice.split == advice.layers:
