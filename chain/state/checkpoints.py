@@ -453,18 +453,19 @@ class Checkpoints:
             cut = all(s.whole is not None and s.head is None for s in self.stages)
             if cut and all(st.get("head") is None for st in m["stages"]):
                 return True
-            if self._regroupable():
+            if self._regroupable(len(m["stages"])):
                 return True
             raise
         return False
 
-    def _regroupable(self) -> bool:
-        """Whether the built chain is of the chain's own mlp/conv stages, whose layers another stage count
-        regroups (a chain: mode=side_by_side's models are independent)."""
+    def _regroupable(self, saved: int) -> bool:
+        """Whether the built chain regroups the layers of `saved` stages into another count: the chain's own
+        mlp/conv stages in a chain (mode=side_by_side's models are independent). With as many stages, the
+        layout's own line names what differs."""
         from chain.strategies.objectives import objective
 
         bodies = all(isinstance(spec.model, (Mlp, Conv)) for spec in self.settings.stages)
-        return bodies and objective(self.settings.mode).chained
+        return saved != len(self.stages) and bodies and objective(self.settings.mode).chained
 
     def _names(self, m: dict[str, Any], step: int) -> list[str]:
         """The parts the checkpoint of `step` holds (its digests'; a format-1 manifest: the built chain's)."""

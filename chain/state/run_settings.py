@@ -232,14 +232,18 @@ def _restaged(saved: RunSettings, now: RunSettings) -> bool:
     a, b = saved.values.get("stages", []), now.values.get("stages", [])
     if len(a) == len(b) or not a or not b:
         return False
-    if all(spec == a[0] for spec in a + b):
-        return True
     if any(spec["model"].get("name") not in _BODIES for spec in a + b):
-        return False
+        return all(spec == a[0] for spec in a + b)
     body = [{**spec, "model": {k: v for k, v in spec["model"].items() if k != "depth"}} for spec in a + b]
-    other = next((spec for spec in body if spec != body[0]), None)
-    if other is not None:
-        key, old, new = _first_difference(body[0], other)
+    for specs, whose in ((body[: len(a)], "the checkpoint's"), (body[len(a) :], "the config's")):
+        other = next((spec for spec in specs if spec != specs[0]), None)
+        if other is not None:
+            raise ChainError(
+                f"the checkpoint has {len(a)} stages but the config builds {len(b)}; another stage count regroups "
+                f"stages alike but for model.depth, and {whose} differ in {_first_difference(specs[0], other)[0]}"
+            )
+    if body[0] != body[-1]:
+        key, old, new = _first_difference(body[0], body[-1])
         raise ChainError(
             f"the checkpoint's stages have {key}={old!r}, the config's {key}={new!r}: a resume on another "
             f"stage count regroups the same layers; resume needs the same {key}"
