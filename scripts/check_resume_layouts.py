@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -87,24 +88,11 @@ def overrides(model: str, optim: str, path: str, steps: int, every: int) -> list
 
 
 def gpt2():
-    """GPT2CausalLM as keras_hub ships it, called on token ids with its padding mask all ones; the same
-    initial weights every call."""
-    import keras
-    import keras_hub
+    """GPT2CausalLM as keras_hub ships it (bench_lm.py's, a tiny config), called on token ids with its padding
+    mask all ones; the same initial weights every call."""
+    from bench_lm import gpt2 as shipped  # this script's folder is on the path: `python scripts/...`
 
-    keras.utils.set_random_seed(1)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCAB,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=SEQ,
-        dropout=0.0,
-    )
-    lm = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    ids = keras.Input((SEQ,), dtype="int32", name="token_ids")
-    return keras.Model(ids, lm({"token_ids": ids, "padding_mask": keras.ops.ones_like(ids)}), name="gpt2")
+    return shipped(SimpleNamespace(vocab=VOCAB, seq=SEQ, hidden=16, layers=2, heads=2))[1]
 
 
 def fit(model: str, args: list[str], run_dir: str):

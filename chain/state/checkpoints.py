@@ -506,7 +506,8 @@ class Checkpoints:
         if record is None:
             manifest_lib.check_stream(m, self.settings)
             return m, None, [], False
-        notes = check_resume(record.settings, self.settings, m["step"])
+        cut = all(s.whole is not None for s in self.stages)
+        notes = check_resume(record.settings, self.settings, m["step"], cut)
         changed = self._changed_files(record, m["step"])
         if changed:
             notes.append(changed)

@@ -224,7 +224,7 @@ _STAGE_KEYS = ("model", "optim", "target")  # a stage's keys, as `changes` names
 _BODIES = ("mlp", "conv")  # the chain's own stages: their layers regroup over another stage count
 
 
-def _restaged(saved: RunSettings, now: RunSettings) -> bool:
+def _restaged(saved: RunSettings, now: RunSettings, cut: bool) -> bool:
     """Whether both runs repeat one stage template, the same, over another count of stages (a model cut
     into other stages: whether the layers are the same is the checkpoint's to say), or the chain's own
     mlp/conv stages, the same but for `model.depth`, regroup as many layers (another layout); a
@@ -232,8 +232,8 @@ def _restaged(saved: RunSettings, now: RunSettings) -> bool:
     a, b = saved.values.get("stages", []), now.values.get("stages", [])
     if len(a) == len(b) or not a or not b:
         return False
-    if any(spec["model"].get("name") not in _BODIES for spec in a + b):
-        return all(spec == a[0] for spec in a + b)
+    if cut or any(spec["model"].get("name") not in _BODIES for spec in a + b):  # a model given to chain.build
+        return all(spec == a[0] for spec in a + b)  # is cut, whatever its stages' `model` section says
     body = [{**spec, "model": {k: v for k, v in spec["model"].items() if k != "depth"}} for spec in a + b]
     for specs, whose in ((body[: len(a)], "the checkpoint's"), (body[len(a) :], "the config's")):
         other = next((spec for spec in specs if spec != specs[0]), None)
@@ -266,16 +266,17 @@ def _first_difference(a: dict, b: dict) -> tuple[str, Any, Any]:
     return key, x.get(key, _MISSING), y.get(key, _MISSING)
 
 
-def check_resume(saved: RunSettings, settings: Settings, step: int) -> list[str]:
+def check_resume(saved: RunSettings, settings: Settings, step: int, cut: bool = False) -> list[str]:
     """Compare the settings a checkpoint of `step` was written with against the resuming config:
-    returns the `note:` lines of the changes applied from `step` on; raises a one-line
+    returns the `note:` lines of the changes applied from `step` on (`cut`: the resuming chain is one model
+    cut into stages, which another stage count re-cuts); raises a one-line
     ChainError naming the first change a resume cannot make."""
     from chain.state.manifest import check_precision
 
     mode = saved.values.get("mode")
     notes = []
     now = RunSettings.of(settings)
-    restaged = _restaged(saved, now)
+    restaged = _restaged(saved, now, cut)
     for c in changes(saved, now):
         if restaged and (_STAGE.match(c.key) or c.key.partition(".")[0] in _STAGE_KEYS):
             continue  # one stage template over another count of stages: the layout (`chain.state.by_layer`)
