@@ -88,8 +88,8 @@ def test_restore_continues_the_data_stream_and_cleans_a_half_written_save(traine
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["+stages=2"], "the checkpoint has 3 stages but the config builds 2"),
-        (["+stages=4"], "the checkpoint has 3 stages but the config builds 4"),
+        (["+stages=2"], "the checkpoint's 3 stages hold 6 layers, the config's 2 stages 4: a resume on another"),
+        (["+stages=4"], "the checkpoint's 3 stages hold 6 layers, the config's 4 stages 8"),
         (
             ["+stages=3", "model.width=16"],
             "at stage 0: variable layers[1] Dense kernel has shape (64, 8) in the checkpoint but (64, 16) in the config",

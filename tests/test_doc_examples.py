@@ -56,6 +56,10 @@ SKIP = {
     "on the reader's text; tests/test_resume_layout.py trains and resumes such runs, the line included",
     ("checkpoints.md", "+stages=4 pipeline.schedule=zb1 pipeline.microbatches=8 trainer.steps=30"): "its resume "
     "on another layout (tests/test_resume_layout.py)",
+    ("checkpoints.md", "+stages=4 model.depth=2 trainer.steps=100 hydra.run.dir=outputs/mlp-run"): "a 100-step run "
+    "to resume on 2 stages; tests/test_restage.py resumes such a run's heads (chain.restage, the same restore)",
+    ("checkpoints.md", "+stages=2 model.depth=4 trainer.steps=200 hydra.run.dir=outputs/mlp-run resume=true"): "its "
+    "resume on 2 stages (tests/test_resume_layout.py: mode=e2e, bit for bit)",
     ("README.md", "python -m venv"): "makes a venv (the test runs in the installed checkout)",
     ("README.md", ". .venv/bin/activate"): "activates that venv",
     ("README.md", "pip install"): "installs the package (the test runs in the installed checkout)",
@@ -156,6 +160,10 @@ SHOWN = {
 
 # Text blocks that are neither transcripts nor error lines, by a piece of their first line: why not compared.
 TEXT = {
+    ("checkpoints.md", "gpt (chain model=gpt), adamw: 20 steps"): "scripts/check_resume_layouts.py's output (minutes "
+    "of training; tests/test_resume_layout.py checks each case at step 2 of 4)",
+    ("checkpoints.md", "gpt2 (keras_hub GPT2CausalLM), adamw: 20 steps"): "scripts/check_resume_layouts.py's output "
+    "(tests/test_resume_layout.py: GPT2CausalLM on 4 stages, CHAIN_TEST_ZOO=all)",
     ("pipeline.md", "note: pipeline.add_loss=per_microbatch"): "a cut MoE's note (tests/test_keras_hub.py, "
     "tests/test_regularization.py)",
     ("pipeline.md", "planning: measurements read from the run directory's"): "plan=auto's cache read by a resume "

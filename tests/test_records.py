@@ -47,7 +47,10 @@ OTHER_FORMATS: dict[str, tuple[set[str], str]] = {
         {"step", "complete", "stages", "mode", "seed", "grad_accum", "precision"},
         _MANIFEST + " and the settings record's values",
     ),
-    "chain/state/run_settings.py": ({"stages", "mode"}, "the settings record's values (a config as plain data)"),
+    "chain/state/run_settings.py": (
+        {"stages", "mode", "model"},
+        "the settings record's values (a config as plain data)",
+    ),
     "chain/state/remap.py": ({"step"}, _MANIFEST),
     "chain/training/run.py": ({"step"}, _MANIFEST),
     "chain/training/failures.py": ({"step"}, _MANIFEST),

@@ -7,6 +7,8 @@ variables by a name that does not depend on the split:
                    copy of a tied weight, or one borrowed from another stage, is not counted: the first
                    holder's is the weight)
     w{n}/{slot}    its optimizer slots (Keras' slot lists, e.g. `momentums`)
+    h{n}:{target}  mode=local: the head at the stage boundary after the chain's first n weights that learns
+                   `target`, `w{i}/weight` and `w{i}/{slot}` for its i-th weight
 
 The dropout seed states are read from each stage's `random` list (stage after stage, the chain's order).
 A model cut into 2 stages and the same model cut into 4 number their weights alike (the cut keeps the
@@ -16,10 +18,16 @@ count among the saved stages (they are equal unless `trainer.on_nan=skip` droppe
 scale the smallest scale (the one that overflowed last): the optimizer's iterations, the skipped
 updates and the loss scale (`COUNTERS`) keep the keys they always had. The checkpoint files name the
 keys each stage holds (its object graph), so nothing else is trusted for it.
+
+The chain's own `mlp`/`conv` stages regroup the same way (4 stages of model.depth=2 into 2 of
+model.depth=4): their layers are numbered alike too. A head (mode=local) is kept where both layouts end a
+stage at the same weight and it learns the same target; a head at a boundary that is new starts as built
+(seeded, its optimizer state zero), and one at a boundary that went is dropped (`Regrouped` says which).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import tensorflow as tf
@@ -55,23 +63,58 @@ def _counters(stage: Stage) -> dict[str, tf.Variable]:
     return out
 
 
-def keyed(stages: Sequence[Stage]) -> list[dict[str, dict[str, tf.Variable]]]:
+HEAD = "h"  # a head's key: `h{n}:{target}`
+
+
+@dataclass(frozen=True)
+class Regrouped:
+    """What a restore into another layout did with the heads (mode=local): `kept` maps a built stage to
+    the saved stage whose head it took, `new` the built stages whose head starts as built, `dropped` the
+    saved stages whose head has no boundary left."""
+
+    kept: dict[int, int] = field(default_factory=dict)
+    new: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+
+    def lines(self, saved: str = "the checkpoint's stage") -> list[str]:
+        """One line per head that moved, was made or went (`saved`: how the stages saved are named)."""
+        out = [
+            f"stage {k}: head of {saved} {self.kept[k]} kept"
+            if k in self.kept
+            else f"stage {k}: new head, fresh weights and optimizer state"
+            for k in sorted([*self.kept, *self.new])
+        ]
+        if self.dropped:
+            out.append(f"heads of {saved}s {', '.join(map(str, self.dropped))} dropped (no longer at a stage boundary)")
+        return out
+
+
+def _with_slots(v: tf.Variable, slots: dict[str, list], index: dict[int, int]) -> dict[str, tf.Variable]:
+    held = {"weight": v}
+    for kind, variables in slots.items() if id(v) in index else ():
+        held[kind.strip("_")] = variables[index[id(v)]]
+    return held
+
+
+def keyed(stages: Sequence[Stage]) -> list[dict[str, dict]]:
     """Each stage's weights by layer identity (`w{n}`), each with its slots (`weight`, then Keras' slot
-    names without their underscore, e.g. `momentums`), in stage order."""
+    names without their underscore, e.g. `momentums`), and its head (`h{n}:{target}`), in stage order."""
     seen = {id(c) for c, _ in pairs(stages)}  # a later copy: its first holder's is the weight
     out, n = [], 0
     for s in stages:
         slots = slot_lists(s.optimizer)
         index = {id(v): i for i, v in enumerate(built_for(s.optimizer))}
-        held: dict[str, dict[str, tf.Variable]] = {}
+        held: dict[str, dict] = {}
         for v in s.model.weights:
             if id(v) in seen:  # ... or a weight borrowed from an earlier stage on the same device
                 continue
             seen.add(id(v))
-            held[f"w{n}"] = {"weight": v}
-            for kind, variables in slots.items() if id(v) in index else ():
-                held[f"w{n}"][kind.strip("_")] = variables[index[id(v)]]
+            held[f"w{n}"] = _with_slots(v, slots, index)
             n += 1
+        if s.head is not None:
+            held[f"{HEAD}{n}:{s.target.name}"] = {
+                f"w{i}": _with_slots(v, slots, index) for i, v in enumerate(s.head.weights)
+            }
         out.append(held)
     return out
 
@@ -90,8 +133,12 @@ def _read(prefix: str, variables: dict[str, dict[str, tf.Variable]]) -> None:
         raise CheckpointError(f"{prefix} does not restore into this layout: {first_line(e)}") from None
 
 
-def _check_keys(held: dict[str, set[str]], wanted: list[dict[str, tf.Variable]]) -> None:
-    saved, built = set().union(*held.values()), set().union(*wanted)
+def _weights(keys: set[str]) -> set[str]:
+    return {k for k in keys if not k.startswith(HEAD)}
+
+
+def _check_keys(held: dict[str, set[str]], wanted: list[dict[str, dict]]) -> None:
+    saved, built = _weights(set().union(*held.values())), _weights(set().union(*wanted))
     if saved != built:
         key = min(saved ^ built, key=lambda k: (len(k), k))
         where = "in the checkpoint but not in the config" if key in saved else "in the config but not in the checkpoint"
@@ -101,9 +148,10 @@ def _check_keys(held: dict[str, set[str]], wanted: list[dict[str, tf.Variable]])
         )
 
 
-def restore(prefixes: dict[str, str], stages: Sequence[Stage]) -> None:
+def restore(prefixes: dict[str, str], stages: Sequence[Stage]) -> Regrouped:
     """Restore `stages` from the stage checkpoints `prefixes` (part name -> checkpoint prefix) of
-    another layout, key by key; a CheckpointError (one line) when their keys differ."""
+    another layout, key by key; a CheckpointError (one line) when their weights differ. Returns what
+    became of the heads."""
     for s in stages:
         if unkeyed(s):
             raise CheckpointError(
@@ -118,15 +166,31 @@ def restore(prefixes: dict[str, str], stages: Sequence[Stage]) -> None:
         )
     wanted = keyed(stages)
     _check_keys(held, wanted)
-    for variables in wanted:
+    regrouped = Regrouped()
+    for s, variables in zip(stages, wanted):
         for name, prefix in prefixes.items():
             found = {k: v for k, v in variables.items() if k in held[name]}
             if found:
                 _read(prefix, found)
+            if set(found) - _weights(set(found)):  # the head at this boundary, for this target
+                regrouped.kept[s.index] = _index(name)
+        if s.head is not None and s.index not in regrouped.kept:
+            regrouped.new.append(s.index)
+    regrouped.dropped.extend(
+        sorted(
+            _index(n) for n, keys in held.items() if keys - _weights(keys) and _index(n) not in regrouped.kept.values()
+        )
+    )
     readers = [tf.train.load_checkpoint(prefixes[name]) for name in sorted(prefixes)]
     for s in stages:
         _restore_counters(readers, _counters(s))
     _restore_random(readers, [v for s in stages for v in s.random_variables()])
+    return regrouped
+
+
+def _index(part: str) -> int:
+    """The stage index of a stage part's name (`stage_03` -> 3)."""
+    return int(part.rpartition("_")[2])
 
 
 def _restore_random(readers: list, variables: list[tf.Variable]) -> None:

@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from chain import testhooks
-from chain.config.schema import Settings
+from chain.config.schema import Conv, Mlp, Settings
 from chain.data import identity
 from chain.errors import ChainError, CheckpointError, ConfigError, StorageError
 from chain.records.results import LossHistory, LossRecord
@@ -188,6 +188,7 @@ class Checkpoints:
             objects[by_layer.KEY] = keyed  # the same variables by layer: what another layout restores from
             self._part(stage_name(s.index), s.device, objects)
         self.layouts: tuple[Layout, ...] = (self.layout(0),)  # a resume replaces it with the run's history
+        self.regrouped = by_layer.Regrouped()  # a resume on another layout: what became of the heads
         with tf.device(IDENTITY_DEVICE):
             self.record = tf.Variable("", dtype=tf.string, trainable=False, name="record")
         self._part(DATA_DIR, IDENTITY_DEVICE, {"iterator": iterator, "record": self.record})
@@ -427,12 +428,13 @@ class Checkpoints:
         self.run_id = m.get("run") or self.run_id
         if moved:
             stages = {n: os.path.join(self.run_dir, f"{n}/{PREFIX}-{m['step']}") for n in self._names(m, m["step"])}
-            by_layer.restore({n: prefix for n, prefix in stages.items() if n != DATA_DIR}, self.stages)
+            self.regrouped = by_layer.restore({n: p for n, p in stages.items() if n != DATA_DIR}, self.stages)
+            m = {**m, **to_json(regrouped_losses(from_json(LossHistory, m), self.regrouped, self.stages))}
         for name in [DATA_DIR] if moved else self.parts:
             self._restore_part(name, m, record, restart)
         tied_copies.take_from_first(self.stages)  # the copies a checkpoint leaves out: exactly the first's values
         notes += self._apply_learning_rates(m["step"], quiet=record is not None)
-        notes += self._layouts(m, record)
+        notes += self._layouts(m, record) + self.regrouped.lines()
         for note in notes:
             log.info(note)
         if problem:
@@ -449,10 +451,21 @@ class Checkpoints:
             manifest_lib.check_layout(m["stages"], built)
         except ChainError:
             cut = all(s.whole is not None and s.head is None for s in self.stages)
-            if not cut or any(st.get("head") is not None for st in m["stages"]):
-                raise
-            return True
+            if cut and all(st.get("head") is None for st in m["stages"]):
+                return True
+            if self._regroupable(len(m["stages"])):
+                return True
+            raise
         return False
+
+    def _regroupable(self, saved: int) -> bool:
+        """Whether the built chain regroups the layers of `saved` stages into another count: the chain's own
+        mlp/conv stages in a chain (mode=side_by_side's models are independent). With as many stages, the
+        layout's own line names what differs."""
+        from chain.strategies.objectives import objective
+
+        bodies = all(isinstance(spec.model, (Mlp, Conv)) for spec in self.settings.stages)
+        return saved != len(self.stages) and bodies and objective(self.settings.mode).chained
 
     def _names(self, m: dict[str, Any], step: int) -> list[str]:
         """The parts the checkpoint of `step` holds (its digests'; a format-1 manifest: the built chain's)."""
@@ -493,7 +506,8 @@ class Checkpoints:
         if record is None:
             manifest_lib.check_stream(m, self.settings)
             return m, None, [], False
-        notes = check_resume(record.settings, self.settings, m["step"])
+        cut = all(s.whole is not None for s in self.stages)
+        notes = check_resume(record.settings, self.settings, m["step"], cut)
         changed = self._changed_files(record, m["step"])
         if changed:
             notes.append(changed)
@@ -650,3 +664,18 @@ class Checkpoints:
         except (tf.errors.OpError, ValueError):
             return False
         return True
+
+
+def regrouped_losses(history: LossHistory, regrouped: by_layer.Regrouped, stages: Sequence[Stage]) -> LossHistory:
+    """The loss records of a checkpoint restored into other stages: a kept head keeps its stage's loss, a
+    new one has none; the chain's loss stays (the chain computes what it computed)."""
+
+    def mapped(record: LossRecord | None) -> LossRecord | None:
+        if record is None or not record.stage_losses:
+            return record
+        old = record.stage_losses
+        kept = regrouped.kept
+        losses = [old[kept[s.index]] if kept.get(s.index, len(old)) < len(old) else None for s in stages]
+        return LossRecord(record.loss, losses, record.grad_norm)
+
+    return LossHistory(mapped(history.loss_first), mapped(history.loss_last))

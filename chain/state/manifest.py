@@ -4,7 +4,7 @@ A save writes every stage's checkpoint first and this file last, atomically (tem
 file + `os.replace`), so the manifest only ever names a step that every stage finished
 saving. It also records the chain's *layout* (stage count, every layer's class and
 variable shapes, heads, optimizers) so a restore into a differently built chain is a
-clear error instead of a silent partial restore, and so `chain.restage` can map layers
+clear error instead of a silent partial restore, and so a resume on another layout can map layers
 between splits.
 
 Format (`"format": 2`; format 1, without `run` and `digests`, is still read):
@@ -231,7 +231,8 @@ def check_layout(saved: list[dict[str, Any]], built: list[dict[str, Any]]) -> No
     if len(saved) != len(built):
         raise ChainError(
             f"the checkpoint has {len(saved)} stages but the config builds {len(built)}; "
-            f"use +stages={len(saved)} as the run that wrote it did, or `python -m chain.restage` to change the split"
+            f"use +stages={len(saved)} as the run that wrote it did (another stage count regroups a cut model "
+            "or the chain's own mlp/conv stages, not stages of your own models)"
         )
     for a, b in zip(saved, built):
         where = f"checkpoint does not match the config at stage {b['index']}"

@@ -1,25 +1,16 @@
-"""Re-staging: the same layers, split into a different number of stages (`python -m chain.restage`).
-
-Layers are the unit of a chain and stages are groups of layers, so a checkpoint of one
-split can be mapped onto another layer by layer: weights, optimizer slots (Adam's
-moments, SGD's momentum), dropout seed-generator state, and the data stream all carry
-over, and `python -m chain hydra.run.dir=DST resume=true <overrides>` continues
-training from SRC's newest complete step (the printed command trains on: a SRC that had
-reached its `trainer.steps` gets `trainer.steps` of that step plus as many again).
+"""Re-staging offline (`python -m chain.restage SRC DST +stages=K`): a resume on another stage count
+(`chain.state.by_layer`, what `python -m chain ... +stages=K resume=true` does in place), written into
+another run directory instead of continuing.
 
 The DST config is SRC's (its `.hydra/overrides.yaml`) with the given overrides on top.
 `+stages=K` alone re-splits a homogeneous chain evenly (4 stages of depth 2 -> 2 of
-depth 4: `model.depth` is derived); otherwise give the depths yourself.
-
-Heads (mode=local: each stage has a linear head on its own output). A head whose
-input is a point where both splits end a stage, and that learns the same target, is
-kept with its optimizer state; heads at points that stop being a stage boundary are
-dropped; heads at new boundaries start fresh (initialised from the seed, optimizer
-state zero). The last stage's head always survives, so the chain's prediction and
-every stage body output at a shared boundary are unchanged.
-
-Optimizer iteration counts: a DST stage takes the largest count among the SRC stages
-it draws layers from (they are equal unless `trainer.on_nan=skip` dropped updates).
+depth 4: `model.depth` is derived); otherwise give the depths yourself. DST's stages are built on
+the CPU and restored from SRC's newest complete step as a resume would restore them (weights,
+optimizer slots, counters, dropout seed state, the data stream; the heads of mode=local kept where
+both splits end a stage, new ones fresh), then saved with the same all-or-nothing protocol as
+training, and `python -m chain hydra.run.dir=DST resume=true <overrides>` continues (the printed
+command trains on: a SRC that had reached its `trainer.steps` gets `trainer.steps` of that step plus
+as many again).
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ from chain.config.checks import steps as target_steps
 from chain.config.hydra import quoted
 from chain.config.schema import Conv, Mlp
 from chain.errors import ChainError
-from chain.internals.keras_private import built_for, slot_lists
-from chain.records.results import LossHistory, LossRecord
+from chain.records.results import LossHistory
 from chain.records.serial import from_json
 from chain.state import lock
 from chain.state import manifest as manifest_lib
@@ -112,128 +102,6 @@ def _load_src(src: str) -> tuple[dict[str, Any], list[str], Settings]:
     overrides_file = os.path.join(hydra_dir, "overrides.yaml")
     overrides = list(OmegaConf.load(overrides_file)) if os.path.isfile(overrides_file) else []
     return m, [str(o) for o in overrides], validate(cfg)
-
-
-def _slot_lists(optimizer) -> dict[str, list]:
-    """Slot variables of a Keras optimizer by slot kind, aligned with the variables it was built for.
-
-    Keras 3 keeps them as private lists parallel to the variables it was built for
-    (`chain.internals.keras_private.slot_lists`); we refuse an optimizer with state we do not
-    recognise rather than drop it silently.
-    """
-    slots = slot_lists(optimizer)
-    known = {id(v) for lst in slots.values() for v in lst} | {id(optimizer.iterations), id(optimizer.learning_rate)}
-    unknown = [v.path for v in optimizer.variables if id(v) not in known]
-    if unknown:
-        raise ChainError(f"cannot map optimizer state of {optimizer.name}: unrecognised variables {unknown}")
-    return slots
-
-
-class _Copier:
-    """Copies weights, their optimizer slots and random state from SRC layers to DST layers."""
-
-    def __init__(self, src_stages: Sequence, dst_stages: Sequence):
-        self.src_slots = {s.index: _slot_lists(s.optimizer) for s in src_stages}
-        self.dst_slots = {s.index: _slot_lists(s.optimizer) for s in dst_stages}
-
-    def copy(self, src_stage, src_layer, dst_stage, dst_layer) -> None:
-        from chain.stages.fused import kind
-        from chain.stages.stage import random_variables
-
-        if set(self.src_slots[src_stage.index]) != set(self.dst_slots[dst_stage.index]):
-            raise ChainError(
-                f"DST stage {dst_stage.index} uses {kind(dst_stage.optimizer)}, SRC stage "
-                f"{src_stage.index} {kind(src_stage.optimizer)} with different state; "
-                "restage keeps optimizer state, so keep the optimizers"
-            )
-        src_index = {id(v): i for i, v in enumerate(built_for(src_stage.optimizer))}
-        dst_index = {id(v): i for i, v in enumerate(built_for(dst_stage.optimizer))}
-        for a, b in zip(src_layer.weights, dst_layer.weights):
-            b.assign(a)
-            if id(a) in src_index and id(b) in dst_index:
-                for kind, src_list in self.src_slots[src_stage.index].items():
-                    self.dst_slots[dst_stage.index][kind][dst_index[id(b)]].assign(src_list[src_index[id(a)]])
-        for a, b in zip(random_variables(src_layer), random_variables(dst_layer)):
-            b.assign(a)
-
-
-def _copy_loss_scale(sources: Sequence, dst) -> None:
-    """precision=mixed_float16: DST's loss scale continues from its SRC stages'.
-
-    In mode=e2e they are all equal (one scale for the chain); in mode=local the
-    smallest wins (it overflowed most recently, so it is the safe one), with its
-    finite-step count; the overflow count is the largest, as for `skipped`.
-    """
-    if dst.loss_scale is None:
-        return
-    scales = [s.loss_scale for s in sources]
-    smallest = min(scales, key=lambda ls: float(ls.scale.numpy()))
-    dst.loss_scale.scale.assign(smallest.scale)
-    dst.loss_scale.good_steps.assign(smallest.good_steps)
-    dst.loss_scale.overflows.assign(max(int(ls.overflows.numpy()) for ls in scales))
-
-
-def _signature(layer) -> tuple:
-    return type(layer).__name__, tuple(tuple(w.shape) for w in layer.weights)
-
-
-def map_stages(src_stages: Sequence, dst_stages: Sequence) -> tuple[list[str], dict[int, int]]:
-    """Copy SRC's state into DST's stages layer by layer.
-
-    Returns one line per DST head saying what happened to it, and the kept heads as
-    {DST stage: SRC stage}.
-    Raises ChainError naming the first layer where the two chains differ.
-    """
-    src_layers = [(s, layer) for s in src_stages for layer in s.model.layers]
-    dst_layers = [(s, layer) for s in dst_stages for layer in s.model.layers]
-    if len(src_layers) != len(dst_layers):
-        raise ChainError(
-            f"SRC has {len(src_layers)} layers, the new split builds {len(dst_layers)}; "
-            "restage regroups the same layers, so the total depth must stay the same"
-        )
-    for i, ((s, a), (d, b)) in enumerate(zip(src_layers, dst_layers)):
-        if _signature(a) != _signature(b):
-            raise ChainError(
-                f"layer {i} (SRC stage {s.index}, DST stage {d.index}) is {_signature(a)[0]} with shapes "
-                f"{list(_signature(a)[1])} in SRC but {_signature(b)[0]} with shapes {list(_signature(b)[1])} "
-                "in the new split"
-            )
-    copier = _Copier(src_stages, dst_stages)
-    sources: dict[int, set] = {d.index: set() for d in dst_stages}
-    for (s, a), (d, b) in zip(src_layers, dst_layers):
-        copier.copy(s, a, d, b)
-        sources[d.index].add(s.index)
-
-    # Heads: keyed by the layer count where their stage ends.
-    def ends(stages):
-        out, n = {}, 0
-        for st in stages:
-            n += len(st.model.layers)
-            out[n] = st
-        return out
-
-    src_ends, notes, kept = ends(src_stages), [], {}
-    for end, d in ends(dst_stages).items():
-        if d.head is None:
-            continue
-        s = src_ends.get(end)
-        if s is not None and s.head is not None and s.target.name == d.target.name:
-            for a, b in zip(s.head.layers, d.head.layers):
-                copier.copy(s, a, d, b)
-            sources[d.index].add(s.index)
-            kept[d.index] = s.index
-            notes.append(f"stage {d.index}: head of SRC stage {s.index} kept ({d.target.name})")
-        else:
-            notes.append(f"stage {d.index}: new head ({d.target.name}), fresh weights and optimizer state")
-    by_index = {s.index: s for s in src_stages}
-    for d in dst_stages:
-        d.optimizer.iterations.assign(max(int(by_index[k].optimizer.iterations.numpy()) for k in sources[d.index]))
-        d.skipped.assign(max(int(by_index[k].skipped.numpy()) for k in sources[d.index]))
-        _copy_loss_scale([by_index[k] for k in sorted(sources[d.index])], d)
-    dropped = sorted(s.index for s in src_stages if s.head is not None and s.index not in kept.values())
-    if dropped:
-        notes.append("heads of SRC stages " + ", ".join(map(str, dropped)) + " dropped (no longer at a stage boundary)")
-    return notes, kept
 
 
 def restage(src: str, dst: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -313,23 +181,20 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     iterator = iter(
         training_batches(dataset, src_settings.examples_per_step, src_settings.data.shuffle, src_settings.seed)
     )
-    built = {name: _built_on_cpu(s, dataset.info) for name, s in (("src", src_settings), ("dst", dst_settings))}
+    built = _built_on_cpu(dst_settings, dataset.info)
     files = stamps(dataset.shards) if dataset.shards is not None else None  # streamed: as SRC recorded them
-    src_ckpts = Checkpoints(src, built["src"], iterator, src_settings, files=files)
-    m = src_ckpts.restore(clean=False)  # SRC is read, never changed
-    notes, kept = map_stages(built["src"], built["dst"])
+    read = Checkpoints(src, built, iterator, dst_settings, files=files)
+    m = read.restore(clean=False)  # as a resume on the new split restores it; SRC is read, never changed
     losses = from_json(LossHistory, m)
-    first, last = (
-        _restaged_losses(record, kept, len(built["dst"]), dst_settings.mode)
-        for record in (losses.loss_first, losses.loss_last)
-    )
     lock.acquire(dst)  # created here if missing; no other run may write into it meanwhile
     try:
         with writing(f"the re-staged run in {dst}"):
             os.makedirs(os.path.join(dst, ".hydra"), exist_ok=True)
             OmegaConf.save(OmegaConf.create(new), os.path.join(dst, ".hydra", "overrides.yaml"))
             OmegaConf.save(dst_settings.source, os.path.join(dst, ".hydra", "config.yaml"))
-            Checkpoints(dst, built["dst"], iterator, dst_settings, files=files).save(m["step"], first, last)
+            Checkpoints(dst, built, iterator, dst_settings, files=files).save(
+                m["step"], losses.loss_first, losses.loss_last
+            )
     finally:
         lock.release(dst)
     shown = [f"+stages={o.partition('=')[2]}" if override_key(o) == "stages" else o for o in new]
@@ -344,26 +209,9 @@ def _restage(src: str, dst: str, overrides: Sequence[str], pinned: str) -> dict[
     )
     return {
         "step": m["step"],
-        "src_stages": len(built["src"]),
-        "dst_stages": len(built["dst"]),
+        "src_stages": len(src_settings.stages),
+        "dst_stages": len(built),
         "overrides": new,
-        "heads": notes,
+        "heads": read.regrouped.lines("SRC stage"),
         "resume_command": shlex.join(resume),
     }
-
-
-def _restaged_losses(record: LossRecord | None, kept: dict[int, int], n_stages: int, mode: str) -> LossRecord | None:
-    """A manifest's loss record mapped onto the new stages.
-
-    A kept head keeps its stage's loss; mode=e2e keeps the chain's loss (the chain is
-    the same function); mode=local's sum over stages no longer means anything.
-    """
-    if record is None:
-        return None
-    stage_losses = record.stage_losses or []
-    return LossRecord(
-        record.loss if mode == "e2e" else None,
-        [stage_losses[kept[k]] if k in kept and kept[k] < len(stage_losses) else None for k in range(n_stages)]
-        if stage_losses
-        else [],
-    )

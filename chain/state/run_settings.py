@@ -17,7 +17,8 @@ its own config (`check`), key by key:
   (which `add_loss` terms a run accepts, not what a step computes);
 - may change, said in one line (`resumed step 20: 2 stages gpipe M=4 -> 2 stages zb1 M=8`) and kept
   in summary.json's `layouts`: the layout (`LAYOUT`: the schedule, microbatches, the split of a cut
-  model, copies of a pipeline; the stage count is the checkpoint's layout, `chain.state.by_layer`):
+  model, copies of a pipeline; the stage count is the checkpoint's layout, `chain.state.by_layer`, and
+  the chain's own mlp/conv stages may change `model.depth` with it, regrouping as many layers):
   the same layers and the same data in the same order, each step's sums at most reordered;
 - everything else is refused in one line naming the key with its old and new value: the
   model, the loss, the data and its batch, the seed, the mode, gradient accumulation, XLA,
@@ -219,24 +220,65 @@ def _refuse(c: Change, why: str) -> ChainError:
     )
 
 
-def _restaged(saved: RunSettings, now: RunSettings) -> bool:
+_STAGE_KEYS = ("model", "optim", "target")  # a stage's keys, as `changes` names one made alike in every stage
+_BODIES = ("mlp", "conv")  # the chain's own stages: their layers regroup over another stage count
+
+
+def _restaged(saved: RunSettings, now: RunSettings, cut: bool) -> bool:
     """Whether both runs repeat one stage template, the same, over another count of stages (a model cut
-    into other stages: whether the layers are the same is the checkpoint's to say)."""
+    into other stages: whether the layers are the same is the checkpoint's to say), or the chain's own
+    mlp/conv stages, the same but for `model.depth`, regroup as many layers (another layout); a
+    ChainError when they would regroup another number of layers."""
     a, b = saved.values.get("stages", []), now.values.get("stages", [])
-    return len(a) != len(b) and bool(a) and all(spec == a[0] for spec in a + b)
+    if len(a) == len(b) or not a or not b:
+        return False
+    if cut or any(spec["model"].get("name") not in _BODIES for spec in a + b):  # a model given to chain.build
+        return all(spec == a[0] for spec in a + b)  # is cut, whatever its stages' `model` section says
+    body = [{**spec, "model": {k: v for k, v in spec["model"].items() if k != "depth"}} for spec in a + b]
+    for specs, whose in ((body[: len(a)], "the checkpoint's"), (body[len(a) :], "the config's")):
+        other = next((spec for spec in specs if spec != specs[0]), None)
+        if other is not None:
+            raise ChainError(
+                f"the checkpoint has {len(a)} stages but the config builds {len(b)}; another stage count regroups "
+                f"stages alike but for model.depth, and {whose} differ in {_first_difference(specs[0], other)[0]}"
+            )
+    if body[0] != body[-1]:
+        key, old, new = _first_difference(body[0], body[-1])
+        raise ChainError(
+            f"the checkpoint's stages have {key}={old!r}, the config's {key}={new!r}: a resume on another "
+            f"stage count regroups the same layers; resume needs the same {key}"
+        )
+    total, built = (sum(spec["model"]["depth"] for spec in specs) for specs in (a, b))
+    if total != built:
+        even = f"model.depth={total // len(b)}" if total % len(b) == 0 else "+stages=[...] with depths that add up"
+        raise ChainError(
+            f"the checkpoint's {len(a)} stages hold {total} layers, the config's {len(b)} stages {built}: a resume "
+            f"on another stage count regroups the same layers; give {even} (or +stages={len(a)})"
+        )
+    return True
 
 
-def check_resume(saved: RunSettings, settings: Settings, step: int) -> list[str]:
+def _first_difference(a: dict, b: dict) -> tuple[str, Any, Any]:
+    """The first dotted key whose value differs between two stage specs, with both values."""
+    x, y = RunSettings(a).flat(), RunSettings(b).flat()
+    differ = [k for k in [*x, *y] if x.get(k, _MISSING) != y.get(k, _MISSING)]
+    key = min(differ, key=lambda k: not k.endswith(".name"))  # another kind of body or optimizer: its name says it
+    return key, x.get(key, _MISSING), y.get(key, _MISSING)
+
+
+def check_resume(saved: RunSettings, settings: Settings, step: int, cut: bool = False) -> list[str]:
     """Compare the settings a checkpoint of `step` was written with against the resuming config:
-    returns the `note:` lines of the changes applied from `step` on; raises a one-line
+    returns the `note:` lines of the changes applied from `step` on (`cut`: the resuming chain is one model
+    cut into stages, which another stage count re-cuts); raises a one-line
     ChainError naming the first change a resume cannot make."""
     from chain.state.manifest import check_precision
 
     mode = saved.values.get("mode")
     notes = []
     now = RunSettings.of(settings)
+    restaged = _restaged(saved, now, cut)
     for c in changes(saved, now):
-        if _restaged(saved, now) and _STAGE.match(c.key):
+        if restaged and (_STAGE.match(c.key) or c.key.partition(".")[0] in _STAGE_KEYS):
             continue  # one stage template over another count of stages: the layout (`chain.state.by_layer`)
         key = c.general
         if c.old == _MISSING and key in _ADDED and c.new == _ADDED[key]:
