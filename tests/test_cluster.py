@@ -340,6 +340,7 @@ def test_a_worker_lost_during_a_save_is_a_lost_worker_not_a_storage_error(worker
     )
 
 
+@EXTENDED  # the suite's time: a killed worker's stop (the same watch) runs every time
 def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
     # SIGSTOP: the worker's port still accepts connections (the kernel does), but its server answers nothing
     args = [

@@ -22,7 +22,7 @@ import chain
 
 from chain.worker import free_addresses
 from compare import assert_values_alike
-from conftest import read_summary, run_cli, stage_values
+from conftest import EXTENDED, read_summary, run_cli, stage_values
 from servers import FakeServer
 
 TINY = [
@@ -77,7 +77,7 @@ def stream_files(root) -> list[list[str]]:
     return [[f"data.path={root}/{d}/*.tfrecord"] for d in ("files0", "files1", "files")]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=EXTENDED if m == "local-stream" else ()) for m in MODES])
 def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path, mode):
     addresses = free_addresses(2)
     files = stream_files(tmp_path) if "data.stream=true" in MODES[mode] else [[], [], []]

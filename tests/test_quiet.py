@@ -141,6 +141,7 @@ def test_training_on_a_fresh_machine_with_a_tokenizer_and_restaging_print_only_c
     assert r.stderr == "" and r.stdout.startswith("restaged step 2: 2 stages -> 1 stage"), r.stdout
 
 
+@EXTENDED  # the suite's time: the report's other quiet runs are every run
 def test_the_report_of_a_run_named_with_dollars_shows_the_name_as_written(lm):
     name = r"$\frac{x}{y}$ & <i>$\frac{x$"  # two `$...$` pairs, the second no formula mathtext can parse
     shutil.copytree(lm[0] / "run", lm[0] / name)

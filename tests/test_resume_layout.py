@@ -117,7 +117,7 @@ def test_a_run_resumed_on_another_layout_ends_where_the_uninterrupted_run_ends(r
 
 
 REORDERED = [  # changes that reorder a step's float sums: (override, every run)
-    ("pipeline.microbatches=8", True),
+    ("pipeline.microbatches=8", False),  # the suite's time: the within-1e-5 cases above run every time
     ("placement.replicas=2", False),
     ("pipeline.schedule=zbv", False),
     ("placement.split=[4,8]", False),

@@ -598,8 +598,8 @@ def playbook(
 def whole_backward(stage: Stage) -> bool:
     """Whether a split backward's B takes the stage's weight gradients too, W only adding them to the sums: when
     a layer holds layers with weights (a transformer block), W would run that layer's whole backward again (it
-    starts from the layer's output), which costs about what B did (GPT2 under zbv did 1.45 times one worker's
-    work: docs/benchmarks-in-code.md). B's gradients then wait in memory for W, one set per microbatch between."""
+    starts from the layer's output), which costs about what B did (docs/benchmarks-in-code.md). B's gradients
+    then wait in memory for W, one set per microbatch between."""
     return any(
         sub is not layer and sub.trainable_weights
         for layer in stage.model.layers
