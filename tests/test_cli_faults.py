@@ -21,7 +21,7 @@ import pytest
 
 import chain
 from chain.errors import ChainError, StorageError
-from conftest import manifest, paused_in_save, run_cli
+from conftest import EXTENDED, manifest, paused_in_save, run_cli
 
 TINY = ["model.width=8", "data.batch_size=16", "trainer.progress=false", "checkpoint.export=false"]
 
@@ -178,7 +178,7 @@ def test_a_quoted_run_dir_with_commas_parentheses_equals_and_quotes_works(tmp_pa
     assert open(run_dir / ".lock").read() == ""  # released
 
 
-@pytest.mark.parametrize("where", ["in a save", "in training"])
+@pytest.mark.parametrize("where", ["in a save", pytest.param("in training", marks=EXTENDED)])  # EXTENDED: suite time
 def test_ctrl_c_is_one_line_with_the_newest_checkpoint_and_the_resume_command(tmp_path, where):
     run_dir = tmp_path / "run"
     if where == "in a save":  # the save of step 10 pauses after each part: Ctrl-C lands in the middle of it

@@ -215,6 +215,7 @@ def test_a_lost_worker_with_on_lost_replan_goes_on_on_the_other_worker(workers, 
         assert_values_alike(straight[k], b[k], rtol=1e-5)
 
 
+@EXTENDED  # the suite's time: on_lost=replan runs every time, wait with scripts/stress_lost.py
 def test_a_lost_worker_with_on_lost_wait_goes_on_bit_exact_once_it_is_back(workers, tmp_path, straight):
     code, rest, run_dir = lose_worker_1(workers, tmp_path, ["cluster.on_lost=wait"], back_after=2)
     assert code == 0, rest

@@ -446,6 +446,7 @@ def gpt2(input_shape=None, seed=1):
 '''
 
 
+@EXTENDED  # the suite's time: GPT2CausalLM trains like Keras in process (the tied read-out, the composition table)
 def test_gpt2_from_a_keras_file_and_from_a_builder_trains_on_token_data_through_the_command_line_like_keras(tmp_path):
     """`model=keras` (a GPT2CausalLM saved to a `.keras` file, `model.imports=[keras_hub]`, cut in 2 stages) and
     `model=builder` (the same model from `model._target_`, one stage) trained by `python -m chain` on

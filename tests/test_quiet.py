@@ -66,6 +66,7 @@ def assert_quiet(r: subprocess.CompletedProcess) -> None:
         assert not FOREIGN.search(stream), stream
 
 
+@EXTENDED  # the suite's time: the command line's quiet start runs every time
 def test_grad_accum_the_python_api_and_the_example_start_and_train_quietly(tmp_path):
     r = as_a_user("-m", "chain", *TINY, "trainer.steps=2", "trainer.grad_accum=4", cwd=tmp_path)
     assert_quiet(r)

@@ -14,7 +14,7 @@ import pytest
 import chain
 from chain.errors import ConfigError, OutOfMemory
 from compare import rel_diff
-from conftest import DEVICES, read_summary, run_cli, run_dirs, stage_values
+from conftest import DEVICES, EXTENDED, read_summary, run_cli, run_dirs, stage_values
 
 BASE = [
     "mode=side_by_side",
@@ -162,6 +162,7 @@ def test_a_grid_from_the_command_line_ranks_its_variants(cli, tmp_path):
         assert '<table id="placement"><tr><th>variant</th>' in f.read()  # the report's placement table too
 
 
+@EXTENDED  # the suite's time: a multirun's jobs, each its own process, are compared every time
 def test_multirun_runs_each_job_in_its_own_process_even_with_other_stage_counts(cli, tmp_path):
     r = cli("-m", "+stages=1,3", "trainer.steps=2", "trainer.progress=false")
     assert r.returncode == 0, r.stderr
