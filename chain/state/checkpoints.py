@@ -61,7 +61,7 @@ from chain.stages.stage import Stage, stage_name
 from chain.state import manifest as manifest_lib
 from chain.state import by_layer, tied_copies
 from chain.state.atomic import reason, uninterrupted, write_text
-from chain.state.run_settings import RunSettings, check_resume
+from chain.state.run_settings import RunSettings, built_layout, check_resume
 
 DATA_DIR = "data"
 PREFIX = manifest_lib.PREFIX
@@ -549,7 +549,7 @@ class Checkpoints:
 
     def layout(self, step: int) -> Layout:
         """The built chain's layout, as from `step`."""
-        return RunSettings.of(self.settings).layout(manifest_lib.split(manifest_lib.layout(self.stages)), step)
+        return built_layout(self.settings, self.stages, step)
 
     def _layouts(self, m: dict[str, Any], record: Record | None) -> list[str]:
         """The run's layouts continued from the checkpoint's (`self.layouts`), and the line saying what

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, fields, is_dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from chain.config.schema import Settings
 from chain.errors import ChainError
@@ -111,6 +111,13 @@ _MISSING = "(unset)"
 
 def _json(value: Any) -> Any:
     return json.loads(json.dumps(asdict(value) if is_dataclass(value) else value, default=repr))
+
+
+def built_layout(settings: Settings, stages: Sequence, step: int) -> Layout:
+    """The layout a built chain of `stages` with `settings` trains on, as from `step`."""
+    from chain.state import manifest
+
+    return RunSettings.of(settings).layout(manifest.split(manifest.layout(stages)), step)
 
 
 @dataclass(frozen=True)

@@ -77,9 +77,9 @@ def announce(run) -> None:
 
 def layout(run) -> str:
     """What `run` (a built `Run`) trains on, in words (`2 stages 1f1b M=2`: `Layout.describe`)."""
-    from chain.state.run_settings import RunSettings
+    from chain.state.run_settings import built_layout
 
-    return RunSettings.of(run.settings).layout(manifest.split(manifest.layout(run.stages)), 0).describe()
+    return built_layout(run.settings, run.stages, 0).describe()
 
 
 def noted(run_dir: str | None, run, text: str) -> str:
