@@ -280,6 +280,18 @@ def test_a_missing_action_leaves_its_step_out_of_the_statistics():
     assert not m.steps[0].complete and m.measured_bubble_fraction is None
 
 
+def test_a_weight_action_without_ops_keeps_its_step_measured():
+    """When B took a stage's weight gradients (a transformer block's stage, `play.whole_backward`), its first W
+    only keeps them as the sums and has no op: the step is still measured (zbv's traced GPT2 measured no step)."""
+    s = schedules.build("zb1", 2, 2)
+    events = [e for e in synthetic(s, {"F": 10, "B": 10, "W": 10}) if not e.name.startswith("s0_W0/")]
+    m = timeline.measure(s, events, {1: (0, 10**6)}, ["/d:0", "/d:1"])
+    assert m.steps[0].complete and m.measured_bubble_fraction is not None
+    assert (0, 0, "W", 0) not in {a.key() for a in m.steps[0].actions}
+    gone = [e for e in synthetic(s, {"F": 10, "B": 10, "W": 10}) if not e.name.startswith("s0_F1/")]
+    assert not timeline.measure(s, gone, {1: (0, 10**6)}, ["/d:0", "/d:1"]).steps[0].complete
+
+
 def test_sources_pick_each_stages_worker():
     s = schedules.build("gpipe", 2, 1)
     events = synthetic(s, {"F": 10, "B": 10})

@@ -279,7 +279,9 @@ def measure(
     `replicas` copies of the pipeline (`placement.replicas`): every copy's actions are measured, and
     `devices`, `sources` and the per stage figures hold a row per stage of every copy (`row_of`).
     `sources[row]`: the trace whose events count for that stage (None: every event). A step in which
-    some action of the schedule has no op is kept but left out of the statistics (`complete`), and so
+    some F or B of the schedule has no op is kept but left out of the statistics (`complete`; a W may
+    have none: when B took a stage's weight gradients, `chain.pipeline.play.whole_backward`, its first
+    W only keeps them as the sums), and so
     is a step that a trace it reads does not hold from its marker's start to its end (`spans`, per
     source: when its trace began and ended; a worker's trace that began late or ended early holds
     part of a step, whose actions would look shorter than they ran).
@@ -308,7 +310,9 @@ def measure(
             if (found := ops.get((UPDATE, k, -1, c)))
         ]
         held = spans is None or all(holds(spans, s, (lo, hi)) for s in used)
-        out_steps.append(MeasuredStep(number, ms(lo), ms(hi), held and len(actions) == len(played), actions, updates))
+        found = {a.key() for a in actions}
+        whole = all(tuple(a) in found for a in played if a.kind != WEIGHT)  # see `measure`: a W may have no op
+        out_steps.append(MeasuredStep(number, ms(lo), ms(hi), held and whole, actions, updates))
     stats = statistics(out_steps, schedule, devices, replicas)
     return MeasuredTimeline(
         schedule.name,
