@@ -3,6 +3,7 @@ keras_hub's own `model.fit` on one device.
 
     python scripts/bench_lm.py --repeats 9 --markdown   # every case; --markdown adds rows for docs/benchmarks.md
     python scripts/bench_lm.py --quick                  # a smoke test: a tiny model, one repeat of one call each
+    python scripts/bench_lm.py --cases keras chain1 --processes 4   # one stage against Keras' fit, 4 processes pooled
 
 Not a test: it prints a table of tokens/s (tokens = batch x seq_len per step) and ratios.
 
@@ -399,6 +400,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--calls", type=int, default=2, help="timed calls of 8 steps per block")
     p.add_argument("--cases", nargs="+", default=LOCAL + WORKERS, choices=LOCAL + WORKERS)
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="processes of the one-process cases, their repeats pooled (a process's keras/chain1 ratio moves by about 0.1)",
+    )
     p.add_argument("--quiet", type=float, default=0.2, help="other processes' CPU (cores) below which a pair is quiet")
     p.add_argument("--quick", action="store_true", help="a smoke test: a tiny model, one repeat of one call per case")
     p.add_argument("--markdown", action="store_true", help="also print rows for docs/benchmarks.md")
@@ -416,19 +423,22 @@ def main() -> None:
         raise SystemExit("chain2w needs 2 cores (one per worker)")
     started = time.time()
     load = " ".join(open("/proc/loadavg").read().split()[:3])
-    times, ideals = {}, {}
+    times, ideals, by_process = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "tokens.bin")
         token_file(a, path)
-        for name in ["local"] * any(c in LOCAL for c in a.cases) + ["workers"] * on_workers:
+        for name in ["local"] * any(c in LOCAL for c in a.cases) * a.processes + ["workers"] * on_workers:
             out = phase(a, name, path)
-            times.update(out["times"])
+            for case, pairs in out["times"].items():
+                times.setdefault(case, []).extend(pairs)
+                by_process.setdefault(case, []).append(pairs)
             ideals.update(out["ideals"])
     tokens = a.batch * a.seq
     end = " ".join(open("/proc/loadavg").read().split()[:3])
     print(
         f"\nGPT2CausalLM vocab {a.vocab}, seq {a.seq}, hidden {a.hidden}, {a.layers} layers, {a.heads} heads; batch "
-        f"{a.batch} ({tokens} tokens a step), M={a.microbatches} microbatches (cut cases, w1), Adam, {PER_CALL} steps a call; {a.repeats} repeats x {a.calls} calls; "
+        f"{a.batch} ({tokens} tokens a step), M={a.microbatches} microbatches (cut cases, w1), Adam, {PER_CALL} steps a call; {a.repeats} repeats x {a.calls} calls"
+        f"{f' in each of {a.processes} processes (one-process cases)' if a.processes > 1 else ''}; "
         f"{time.time() - started:.0f} s; load average {load} at the start, {end} at the end"
     )
     print(
@@ -472,7 +482,7 @@ def main() -> None:
         print("|---|" + "---|" * len(rows))
         print("| tokens/s | " + " | ".join(f"{row['tokens_s']:.0f}" for row in rows) + " |")
         print(
-            f"| ratio, all {a.repeats} pairs | "
+            f"| ratio, all {a.repeats * a.processes} pairs | "
             + " | ".join(f"{row['ratio']:.3f} (`{row['anchor']}`)" if row["ratio"] else "-" for row in rows)
             + " |"
         )
@@ -485,8 +495,23 @@ def main() -> None:
             + " |"
         )
         print("| other processes, cores | " + " | ".join(f"{row['other']:.2f}" for row in rows) + " |")
+    if a.processes > 1:
+        per_process(by_process, a)
     for case in [c for c in WORKERS[1:] if c in times]:
         speed_ups(case, times, ideals.get(case), a)
+
+
+def per_process(by_process: dict, a) -> None:
+    """Each one-process case's ratio to `keras` in each process (the median of its paired repeats): how much
+    a process's own ratio moves, beside the pooled median above."""
+    if "keras" not in by_process:
+        return
+    print(f"\nper process, ratio to keras (median of its {a.repeats} pairs):")
+    for case in [c for c in LOCAL if c in by_process and c != "keras"]:
+        each = [
+            statistics.median(b[0] / t[0] for b, t in zip(k, c)) for k, c in zip(by_process["keras"], by_process[case])
+        ]
+        print(f"{case:11s} " + " ".join(f"{r:.3f}" for r in each) + f"   median {statistics.median(each):.3f}")
 
 
 def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
