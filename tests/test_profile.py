@@ -288,6 +288,8 @@ def test_a_weight_action_without_ops_keeps_its_step_measured():
     m = timeline.measure(s, events, {1: (0, 10**6)}, ["/d:0", "/d:1"])
     assert m.steps[0].complete and m.measured_bubble_fraction is not None
     assert (0, 0, "W", 0) not in {a.key() for a in m.steps[0].actions}
+    why = idle.explain(m, s)  # where the step idles: the W has no time of its own
+    assert why is not None and why.devices[0].busy_ms > 0
     gone = [e for e in synthetic(s, {"F": 10, "B": 10, "W": 10}) if not e.name.startswith("s0_F1/")]
     assert not timeline.measure(s, gone, {1: (0, 10**6)}, ["/d:0", "/d:1"]).steps[0].complete
 

@@ -74,9 +74,15 @@ def step_idle(step: MeasuredStep, rows: Sequence[Sequence[Action]], schedule: Sc
         busy = input_wait = overhead = 0.0
         previous = first
         for action in row:
-            measured: MeasuredAction = by[(action.stage, action.microbatch, action.kind)]
+            measured: MeasuredAction | None = by.get((action.stage, action.microbatch, action.kind))
+            if measured is None:  # a W without ops (`chain.pipeline.timeline.measure`): no time of its own
+                continue
             inputs = max(
-                (by[(d.stage, d.microbatch, d.kind)].end_ms for d in dependencies(action, schedule.stages, split)),
+                (
+                    by[key].end_ms
+                    for d in dependencies(action, schedule.stages, split)
+                    if (key := (d.stage, d.microbatch, d.kind)) in by
+                ),
                 default=first,
             )
             ready = max(previous, inputs)
@@ -92,8 +98,9 @@ def step_and_bubble(
     schedule: Schedule, durations: dict[tuple[int, str], float], grad_accum: int = 1
 ) -> tuple[float, float]:
     """(span, bubble fraction) of `schedule` played (`play_timed`) with `durations[(stage, kind)]` per
-    action and nothing between actions: each starts when its row's previous action and its inputs have ended."""
-    timed = play_timed(schedule, lambda a: durations[(a.stage, a.kind)], grad_accum=grad_accum)
+    action (0 for a kind never measured: a W without ops) and nothing between actions: each starts when its row's
+    previous action and its inputs have ended."""
+    timed = play_timed(schedule, lambda a: durations.get((a.stage, a.kind), 0.0), grad_accum=grad_accum)
     return timed.span, timed.bubble_fraction
 
 
