@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -312,6 +313,8 @@ def ideal(a, path: str, case: str, cluster) -> dict | None:
         summary = run.fit()
         with open(os.path.join(tmp, "timeline.json")) as f:
             per_stage = json.load(f)["per_stage"]
+        if a.keep:  # the traced run's directory (timeline.json, the trace), to read its idle time
+            shutil.copytree(tmp, os.path.join(a.keep, case), dirs_exist_ok=True)
     if not per_stage:
         print(f"# {case}: the traced run measured no complete step", file=sys.stderr, flush=True)
         return None
@@ -358,6 +361,7 @@ def phase(a, name: str, path: str) -> dict:
         str(a.batch),
         "--microbatches",
         str(a.microbatches),
+        *(["--keep", os.path.abspath(a.keep)] if a.keep else []),
     ]
     r = subprocess.run(args, stdout=subprocess.PIPE, text=True)
     if r.returncode != 0:
@@ -408,6 +412,7 @@ def main() -> None:
     )
     p.add_argument("--quiet", type=float, default=0.2, help="other processes' CPU (cores) below which a pair is quiet")
     p.add_argument("--quick", action="store_true", help="a smoke test: a tiny model, one repeat of one call per case")
+    p.add_argument("--keep", metavar="DIR", help="keep each traced run's directory (its timeline.json) in DIR/CASE")
     p.add_argument("--markdown", action="store_true", help="also print rows for docs/benchmarks.md")
     p.add_argument("--phase", choices=["local", "workers"], help=argparse.SUPPRESS)  # one process's cases
     p.add_argument("--data", help=argparse.SUPPRESS)  # the token file, given to a phase
