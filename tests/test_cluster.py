@@ -412,15 +412,17 @@ def test_an_address_that_is_not_a_tensorflow_server_fails_naming_it(tmp_path, ki
 
 
 def test_a_grpc_server_that_is_not_a_worker_fails_naming_it(tmp_path):
-    # TensorFlow's profiler server speaks gRPC (so it answers the handshake) but serves no worker
+    # a gRPC server (it answers the handshake) that serves no TensorFlow worker, as a profiler server does:
+    # grpcio's own, without TensorFlow's import in the server
     address = free_addresses(1)[0]
     code = (
-        f"import time, tensorflow as tf; tf.profiler.experimental.server.start({address.rsplit(':', 1)[1]}); "
+        "import time; from concurrent import futures; import grpc; "
+        f"s = grpc.server(futures.ThreadPoolExecutor(1)); s.add_insecure_port({address!r}); s.start(); "
         "print('up', flush=True); time.sleep(300)"
     )
     server = subprocess.Popen(
         [sys.executable, "-c", code],
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        env=dict(os.environ),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
