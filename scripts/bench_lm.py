@@ -220,8 +220,10 @@ def same_math(lm, run) -> None:
 
 
 def measure(cases: dict, a, pids: list[int]) -> dict:
-    """case -> [(seconds per step, other processes' cores), ...] over `--repeats` rounds, each case once a
-    round, in an order rotated by one each round (after one untimed block each)."""
+    """case -> [(seconds per step, other processes' cores, this process's cores), ...] over `--repeats` rounds,
+    each case once a round, in an order rotated by one each round (after one untimed block each). This process
+    is the workers' client: on two single-core workers its CPU comes out of their cores (in `w1`, the second
+    core is free for it)."""
     names = list(cases)
     for name in names:  # trace, allocate, warm the caches
         cases[name](1)
@@ -231,11 +233,12 @@ def measure(cases: dict, a, pids: list[int]) -> dict:
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             b0, o0 = cpu_ticks(pids)
-            t0 = time.perf_counter()
+            c0, t0 = sum(os.times()[:2]), time.perf_counter()
             seconds = cases[name](a.calls)
             wall = time.perf_counter() - t0
             b1, o1 = cpu_ticks(pids)
-            times[name].append((seconds, max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall))
+            client = (sum(os.times()[:2]) - c0) / wall
+            times[name].append((seconds, max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall, client))
         print(
             f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
             file=sys.stderr,
@@ -532,14 +535,24 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
             f"and backwards in the timeline); planned bubble {how['bubble']:.3f}; ideal {how['ideal']:.3f} "
             f"(balanced stages: {how['balanced']:.3f})"
         )
-    print(f"{'repeat':>6s} {'w1 s/step':>9s} {'s/step':>7s} {'speed-up':>8s} {'of ideal':>8s} {'quiet':>5s}")
+    print(
+        f"{'repeat':>6s} {'w1 s/step':>9s} {'s/step':>7s} {'speed-up':>8s} {'of ideal':>8s} {'quiet':>5s} "
+        f"{'client, w1':>10s} {'client':>6s}"
+    )
     ups = []
     for r, (base, mine) in enumerate(zip(times["w1"], times[case])):
         ups.append(base[0] / mine[0])
         quiet = "yes" if max(base[1], mine[1]) < a.quiet else "no"
-        print(f"{r + 1:6d} {base[0]:9.4f} {mine[0]:7.4f} {ups[-1]:8.3f} {ups[-1] / how['ideal']:8.3f} {quiet:>5s}")
+        print(
+            f"{r + 1:6d} {base[0]:9.4f} {mine[0]:7.4f} {ups[-1]:8.3f} {ups[-1] / how['ideal']:8.3f} {quiet:>5s} "
+            f"{base[2]:10.3f} {mine[2]:6.3f}"
+        )
     up = statistics.median(ups)
     print(f"{'median':>6s} {'':9s} {'':7s} {up:8.3f} {up / how['ideal']:8.3f}")
+    print(
+        "client: this script's process (the workers' client: the batches, the calls) in cores; in w1 it runs on "
+        f"the free second core, in {case} on the workers' two"
+    )
 
 
 if __name__ == "__main__":
