@@ -206,7 +206,8 @@ SHORT = {
     (
         "language-models.md",
         "python -m chain mode=e2e model=gpt model.width=128",
-    ): "trainer.steps=3 optim.warmup_steps=1 trainer.log_every=1 data.val_fraction=0.001 trainer.progress=false",
+    ): "trainer.steps=3 optim.warmup_steps=1 trainer.log_every=1 data.val_fraction=0.001 trainer.progress=false "
+    "model.width=32 model.depth=2 pipeline.microbatches=2",  # a smaller model: tracing was most of its time
 }
 
 
