@@ -892,3 +892,17 @@ def test_a_layer_called_again_or_inside_another_is_one_weight_and_trains_like_ke
     )
     x = data[0][0]
     np.testing.assert_allclose(whole(x), run.forward(x)["body_1"], rtol=0, atol=1e-6)
+
+
+def test_gpt2_causal_lm_balanced_by_time_is_cut_between_its_blocks():
+    """Issue 51: `placement.balance=time` timed only the links where one tensor crosses. GPT2CausalLM's
+    `padding_mask` crosses every cut between its blocks beside the hidden state, so its blocks were one link,
+    and the split put every block on the first stage (bench_lm's model: [8, 2]). In mode=e2e it now times
+    plan=auto's links (`Cuttable.points(several=True)`): the cut falls between the two blocks."""
+    from chain.stages.cut import analyse
+
+    run = chain.build(chain.compose(["+stages=2", *per_token_data(), "placement.balance=time"]), model=gpt2_lm())
+    layers = [layer.name for layer in analyse(gpt2_lm(), "gpt2").layers]
+    second = [i for i, name in enumerate(layers) if name.startswith(BLOCKS)][1]
+    (note,) = [n for n in run.assignment.notes if n.startswith("placement.balance=time: split ")]
+    assert note.startswith(f"placement.balance=time: split [{second}, {len(layers) - second}]"), note

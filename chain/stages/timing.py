@@ -1,8 +1,9 @@
 """Timing a model's links on the devices that would run them (`placement.balance=time`).
 
-A link is what lies between two neighbouring cuts the model allows (`Cuttable.points`):
-the smallest thing a stage can hold. A layer alone may not be computable (its input comes
-from a branch), a link always is: one tensor in (with its Keras mask, if it carries one; the first
+A link is what lies between two neighbouring cuts the model allows (`Cuttable.points`; mode=e2e
+also cuts where the model's inputs, ids or masks cross beside one activation): the smallest thing a
+stage can hold. A layer alone may not be computable (its input comes from a branch), a link always
+is: one activation in (with its Keras mask, if it carries one, and what crosses beside it; the first
 link: the model's own inputs), one out, and is fed what it really takes (`chain.stages.examples`:
 token ids within the vocabulary, keras_hub's named inputs, masks). Logical devices cut from one
 physical device share its compute, so each physical device is timed once and its time
@@ -92,15 +93,18 @@ def link_times(
     batch: int,
     fed: Feed | None = None,
     progress: bool | None = True,
+    several: bool = False,
 ) -> LinkTimes:
     """Each link's forward-and-backward time on a batch of `batch` examples as `fed` describes them
     (`chain.stages.examples.feed`; None: floats of the model's input shape), each later link on what
     the one before gives, built on the first of `devices` behind each physical device (`physical`:
     logical device -> physical device; one absent is its own). `progress`: a progress bar (None: on a
-    terminal only, tqdm's convention; False: none)."""
+    terminal only, tqdm's convention; False: none). `several`: the links of `Cuttable.points(several=True)`
+    (mode=e2e, which sends every tensor crossing a cut: a language model's blocks, each reading the padding
+    mask, are links of their own), else only cuts one tensor crosses."""
     from tqdm import tqdm
 
-    points = c.points()
+    points = c.points(several=several)
     bounds = list(zip(points, points[1:]))
     groups: dict[str, list[str]] = {}
     for d in dict.fromkeys(devices):

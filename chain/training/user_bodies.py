@@ -71,6 +71,9 @@ def _cut(
         )
     _refuse_softmax(c, settings)
     k, p = len(settings.stages), settings.placement
+    # mode=local's head reads its stage's output, one tensor: of several crossing a cut none is the stage's alone
+    learns = objective(settings.mode)
+    one_tensor = f"mode={settings.mode}" if learns.heads and learns.chained else None
     costs = None
     if p.balance == "time" and p.split is None:
         from chain.stages.examples import feed
@@ -86,6 +89,7 @@ def _cut(
             batch_cut.per_microbatch,
             feed(settings, info, c.layers),
             progress=settings.trainer.progress,
+            several=one_tensor is None,
         )
         costs = [measured.layer_costs(d) for d in devices]
     if p.balance == "memory" and p.split is None:
@@ -98,9 +102,6 @@ def _cut(
             microbatch=batch_cut.per_microbatch,
             recompute=settings.pipeline.recompute if played is not None else footprint.NEVER,
         )
-    # mode=local's head reads its stage's output, one tensor: of several crossing a cut none is the stage's alone
-    learns = objective(settings.mode)
-    one_tensor = f"mode={settings.mode}" if learns.heads and learns.chained else None
     sizes = cut.split(c, k, p.split, p.balance, costs, one_tensor)
     footprints = tuple(_footprints(c, sizes, settings, assignment, batch_cut, schedule))
     note = _balance_note(c, sizes, costs, footprints, settings, assignment, batch_cut, schedule)
