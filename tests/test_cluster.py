@@ -422,7 +422,6 @@ def test_a_grpc_server_that_is_not_a_worker_fails_naming_it(tmp_path):
     )
     server = subprocess.Popen(
         [sys.executable, "-c", code],
-        env=dict(os.environ),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -310,8 +310,8 @@ def measure(
             if (found := ops.get((UPDATE, k, -1, c)))
         ]
         held = spans is None or all(holds(spans, s, (lo, hi)) for s in used)
-        found = {a.key() for a in actions}
-        whole = all(tuple(a) in found for a in played if a.kind != WEIGHT)  # see `measure`: a W may have no op
+        seen = {a.key() for a in actions}
+        whole = all(tuple(a) in seen for a in played if a.kind != WEIGHT)  # see `measure`: a W may have no op
         out_steps.append(MeasuredStep(number, ms(lo), ms(hi), held and whole, actions, updates))
     stats = statistics(out_steps, schedule, devices, replicas)
     return MeasuredTimeline(
