@@ -128,22 +128,20 @@ def joined_mean(
     (microbatches' rows are joined so too, `chain.steps.ops.add_grads`). Made dense, Keras' Adam would update it
     otherwise and the global norm would count a token's rows summed, not each (`chain.steps.clipping`).
     `travel`: each copy's rows rounded to it before they travel, as `reduce_mean`'s values are."""
-    n = len(values)
+    n, sent = len(values), []
+    for v, device in zip(values, devices):  # each copy's rows as they travel, rounded once on their own device
+        with tf.device(device):
+            sent.append(v.values if travel is None or travel == v.values.dtype else tf.cast(v.values, travel))
     out = []
     for r, device in enumerate(devices):
-        rows, ids = [], []
-        for i, v in enumerate(values):
-            sent = v.values
-            if travel is not None and travel != sent.dtype:
-                with tf.device(devices[i]):
-                    sent = tf.cast(sent, travel)
-            if i != r:
-                sent = copy_to(sent, device, f"{name}_rows_from_r{i}_to_r{r}")
-            ids.append(v.indices if i == r else copy_to(v.indices, device, f"{name}_ids_from_r{i}_to_r{r}"))
-            with tf.device(device):
-                rows.append(tf.cast(sent, v.values.dtype))
+        rows = [x if i == r else copy_to(x, device, f"{name}_rows_from_r{i}_to_r{r}") for i, x in enumerate(sent)]
+        ids = [
+            v.indices if i == r else copy_to(v.indices, device, f"{name}_ids_from_r{i}_to_r{r}")
+            for i, v in enumerate(values)
+        ]
         with tf.device(device):
-            out.append(tf.IndexedSlices(tf.concat(rows, 0) * (1.0 / n), tf.concat(ids, 0), values[r].dense_shape))
+            joined = tf.concat([tf.cast(x, values[r].values.dtype) for x in rows], 0)
+            out.append(tf.IndexedSlices(joined * (1.0 / n), tf.concat(ids, 0), values[r].dense_shape))
     return out
 
 
