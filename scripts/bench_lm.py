@@ -76,7 +76,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from bench_pipeline import cpu_ticks  # noqa: E402
+from bench_pipeline import cpu_ticks, process_ms  # noqa: E402
 
 LOCAL = ["keras", "chain1", "chain1k", "chain2", "chain4"]  # the first process's cases
 WORKERS = ["w1", "chain2w", "chain2w-zbv"]  # the second process's cases
@@ -157,17 +157,27 @@ def clock() -> float:
     return time.perf_counter()
 
 
-def chain_block(run):
-    """`block(calls)`: seconds per step of `Run.fit` over `calls` calls of PER_CALL steps after one untimed call."""
+def chain_block(run, workers: list[int] = ()):
+    """`block(calls)`: seconds per step of `Run.fit` over `calls` calls of PER_CALL steps after one untimed call.
+    `block.work`: then each of `workers`' CPU seconds per step over the same timed calls (its own work, whoever
+    waits)."""
     import dataclasses
 
     def block(calls: int) -> float:
         trainer = dataclasses.replace(run.settings.trainer, steps=run.global_step + (1 + calls) * PER_CALL)
         run.settings = dataclasses.replace(run.settings, trainer=trainer)
-        stamps = []
-        run.fit(callback=lambda step, out: stamps.append(clock()))
+        stamps, cpu = [], []
+
+        def stamp(step, out):
+            stamps.append(clock())
+            if len(stamps) in (PER_CALL, (1 + calls) * PER_CALL):  # the timed calls' start and end
+                cpu.append(process_ms(workers))
+
+        run.fit(callback=stamp)
+        block.work = [(b - a) / 1000 / (calls * PER_CALL) for a, b in zip(*cpu)]
         return (stamps[-1] - stamps[PER_CALL - 1]) / (calls * PER_CALL)
 
+    block.work = []
     return block
 
 
@@ -220,7 +230,8 @@ def same_math(lm, run) -> None:
 
 
 def measure(cases: dict, a, pids: list[int]) -> dict:
-    """case -> [(seconds per step, other processes' cores, this process's cores), ...] over `--repeats` rounds,
+    """case -> [(seconds per step, other processes' cores, this process's cores, each worker's CPU seconds per
+    step (`chain_block`'s `work`; none in this process's own cases)), ...] over `--repeats` rounds,
     each case once a round, in an order rotated by one each round (after one untimed block each). This process
     is the workers' client: on two single-core workers its CPU comes out of their cores (in `w1`, the second
     core is free for it)."""
@@ -238,7 +249,8 @@ def measure(cases: dict, a, pids: list[int]) -> dict:
             wall = time.perf_counter() - t0
             b1, o1 = cpu_ticks(pids)
             client = (sum(os.times()[:2]) - c0) / wall
-            times[name].append((seconds, max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall, client))
+            other = max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall
+            times[name].append((seconds, other, client, getattr(cases[name], "work", [])))
         print(
             f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
             file=sys.stderr,
@@ -280,7 +292,7 @@ def workers_phase(a, path: str) -> dict:
     with LocalCluster(2, cpus=cores, threads=1, profile=True) as cluster:
         configs = {case: settings(a, path, case, cluster.addresses) for case in WORKERS if case in a.cases}
         chain.setup(*configs.values())  # connects to the workers, before any tensor exists
-        cases = {case: chain_block(chain.build(cfg, model=gpt2(a)[1])) for case, cfg in configs.items()}
+        cases = {case: chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids) for case, cfg in configs.items()}
         times = measure(cases, a, [os.getpid(), *cluster.pids])
         print(json.dumps(dict(times=times, ideals={})), flush=True)  # kept should a traced run fail
         ideals = {case: traced(a, path, case, cluster) for case in configs if case != "w1"}
@@ -523,10 +535,13 @@ def per_process(by_process: dict, a) -> None:
 
 
 def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
-    """`case`'s speed-up over `w1` in each repeat (paired), against the ideal of its schedule on its split (`ideal`;
-    None: its traced run measured nothing, the speed-ups alone)."""
+    """`case`'s speed-up over `w1` in each repeat (paired), against two ideals of its schedule on its split, both
+    (the devices' summed stage work) / (the busiest device's) x (1 - the planned bubble): `ideal`'s, whose stage
+    work is the traced run's timeline (None: its traced run measured nothing, the speed-ups alone), and one
+    whose work is each worker's CPU seconds per step in the same timed block (the traced timeline's small ops
+    are slowed by the trace, which can move the balance; a worker's CPU also holds its share of the crossings)."""
     if how is None:
-        how = dict(ideal=float("nan"))
+        how = dict(ideal=float("nan"), bubble=float("nan"))
         print(f"\n{case}: no ideal (its traced run measured no complete step)")
     else:
         stage_ms = " / ".join(f"{v:.3g}" for v in how["stage_ms"])
@@ -537,21 +552,29 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
         )
     print(
         f"{'repeat':>6s} {'w1 s/step':>9s} {'s/step':>7s} {'speed-up':>8s} {'of ideal':>8s} {'quiet':>5s} "
-        f"{'client, w1':>10s} {'client':>6s}"
+        f"{'client, w1':>10s} {'client':>6s} {'work, w1':>8s} {'work per worker':>15s} {'ideal':>6s} {'of it':>6s}"
     )
-    ups = []
+    ups, of_work = [], []
     for r, (base, mine) in enumerate(zip(times["w1"], times[case])):
         ups.append(base[0] / mine[0])
+        work = mine[3]
+        by_work = sum(work) / max(work) * (1 - how["bubble"])
+        of_work.append(ups[-1] / by_work)
         quiet = "yes" if max(base[1], mine[1]) < a.quiet else "no"
         print(
             f"{r + 1:6d} {base[0]:9.4f} {mine[0]:7.4f} {ups[-1]:8.3f} {ups[-1] / how['ideal']:8.3f} {quiet:>5s} "
-            f"{base[2]:10.3f} {mine[2]:6.3f}"
+            f"{base[2]:10.3f} {mine[2]:6.3f} {sum(base[3]):8.3f} {' / '.join(f'{w:.3f}' for w in work):>15s} "
+            f"{by_work:6.3f} {of_work[-1]:6.3f}"
         )
     up = statistics.median(ups)
-    print(f"{'median':>6s} {'':9s} {'':7s} {up:8.3f} {up / how['ideal']:8.3f}")
+    print(
+        f"{'median':>6s} {'':9s} {'':7s} {up:8.3f} {up / how['ideal']:8.3f} {'':>5s} {'':10s} {'':6s} "
+        f"{statistics.median(sum(t[3]) for t in times['w1']):8.3f} {'':15s} {'':6s} {statistics.median(of_work):6.3f}"
+    )
     print(
         "client: this script's process (the workers' client: the batches, the calls) in cores; in w1 it runs on "
-        f"the free second core, in {case} on the workers' two"
+        f"the free second core, in {case} on the workers' two. work: the workers' CPU seconds per step (w1: both "
+        "summed); ideal: by that work, with the planned bubble; of it: the speed-up over that ideal"
     )
 
 
