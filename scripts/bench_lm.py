@@ -41,7 +41,12 @@ second process their client, feeding the batches:
   keras_hub tied embedding, `token_embedding(x, reverse=True)`, on two stages of one device is refused as "a
   weight shared by two stages".)
 - `chain2w`: 2 stages, 1F1B, stage k on worker k; its speed-up is time(w1) / time(chain2w);
-- `chain2w-zbv`: 4 stages in a V (`pipeline.schedule=zbv`), stages k and 3-k on worker k.
+- `chain2w-zbv`: 4 stages in a V (`pipeline.schedule=zbv`), stages k and 3-k on worker k;
+- `w1-busy`: `w1` while the second core is busy with the same model's training (keras_hub's fit, one thread,
+  in a process of its own pinned to that core, stopped between these blocks): how much two busy cores of this
+  machine slow each other (a shared cache and memory bus; on a VM perhaps one physical core's two threads).
+  The cut cases run both cores at once, `w1` one: the speed-ups are also held to the ideal slowed by that
+  much (`of ideal, busy`).
 
 The cut cases on workers split by `placement.balance=params`: GPT2CausalLM's 10 layers are 4 of embeddings (2 with
 weights), 4 transformer blocks, a layer norm and the tied read-out; `even` (the default) cuts [5, 5], the embeddings
@@ -64,9 +69,11 @@ processes stayed below `--quiet` cores. On a shared machine, trust the quiet col
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,7 +86,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from bench_pipeline import cpu_ticks, process_ms  # noqa: E402
 
 LOCAL = ["keras", "chain1", "chain1k", "chain2", "chain4"]  # the first process's cases
-WORKERS = ["w1", "chain2w", "chain2w-zbv"]  # the second process's cases
+WORKERS = ["w1", "chain2w", "chain2w-zbv", "w1-busy"]  # the second process's cases
 PER_CALL = 8  # Keras' steps_per_execution = the trainer's default trainer.steps_per_call
 LR = 1e-3
 
@@ -250,7 +257,8 @@ def measure(cases: dict, a, pids: list[int]) -> dict:
             b1, o1 = cpu_ticks(pids)
             client = (sum(os.times()[:2]) - c0) / wall
             other = max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall
-            times[name].append((seconds, other, client, getattr(cases[name], "work", [])))
+            work = getattr(getattr(cases[name], "block", cases[name]), "work", [])
+            times[name].append((seconds, other, client, work))
         print(
             f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
             file=sys.stderr,
@@ -289,14 +297,67 @@ def workers_phase(a, path: str) -> dict:
     from chain.worker import LocalCluster
 
     cores = [i % os.cpu_count() for i in range(2)]
-    with LocalCluster(2, cpus=cores, threads=1, profile=True) as cluster:
-        configs = {case: settings(a, path, case, cluster.addresses) for case in WORKERS if case in a.cases}
+    with LocalCluster(2, cpus=cores, threads=1, profile=True) as cluster, neighbour(a, cores[1]) as busy:
+        configs = {case: settings(a, path, case, cluster.addresses) for case in WORKERS[:3] if case in a.cases}
         chain.setup(*configs.values())  # connects to the workers, before any tensor exists
         cases = {case: chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids) for case, cfg in configs.items()}
-        times = measure(cases, a, [os.getpid(), *cluster.pids])
+        if busy:
+            cases["w1-busy"] = beside(busy, cases["w1"])
+        times = measure(cases, a, [os.getpid(), *cluster.pids, *([busy.pid] if busy else [])])
         print(json.dumps(dict(times=times, ideals={})), flush=True)  # kept should a traced run fail
         ideals = {case: traced(a, path, case, cluster) for case in configs if case != "w1"}
         return dict(times=times, ideals=ideals)  # the workers stop as the block ends
+
+
+@contextlib.contextmanager
+def neighbour(a, core: int):
+    """The `w1-busy` case's load (module docstring), or None when the case is not asked for: keras_hub's fit of
+    the same model on one thread in a process pinned to `core`, ready (traced) and stopped (SIGSTOP); killed
+    as the block ends."""
+    if "w1-busy" not in a.cases:
+        yield None
+        return
+    args = [sys.executable, __file__, "--phase", "neighbour", *model_args(a)]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    try:
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the w1-busy case's load did not start (exit {p.wait()})")
+        p.send_signal(signal.SIGSTOP)
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def neighbour_phase(a) -> None:
+    """The `w1-busy` case's load: trains a microbatch at a time until killed (`neighbour`)."""
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    lm = gpt2(a)[0]
+    compile_keras(lm, PER_CALL)
+    ids = np.random.default_rng(1).integers(0, a.vocab, (a.batch // a.microbatches, a.seq))
+    data = tf.data.Dataset.from_tensors(({"token_ids": ids, "padding_mask": np.ones_like(ids)}, ids)).repeat()
+    lm.fit(data, steps_per_epoch=2 * PER_CALL, verbose=0)
+    print("ready", flush=True)
+    lm.fit(data, epochs=10**9, steps_per_epoch=PER_CALL, verbose=0)
+
+
+def beside(busy: subprocess.Popen, block):
+    """`block` timed while `busy` runs (SIGCONT, a second to settle, the block, SIGSTOP)."""
+
+    def run(calls: int) -> float:
+        busy.send_signal(signal.SIGCONT)
+        try:
+            time.sleep(1.0)
+            return block(calls)
+        finally:
+            busy.send_signal(signal.SIGSTOP)
+
+    run.block = block
+    return run
 
 
 def traced(a, path: str, case: str, cluster) -> dict | None:
@@ -362,26 +423,19 @@ def phase(a, name: str, path: str) -> dict:
         str(a.repeats),
         "--calls",
         str(a.calls),
-        "--vocab",
-        str(a.vocab),
-        "--seq",
-        str(a.seq),
-        "--hidden",
-        str(a.hidden),
-        "--layers",
-        str(a.layers),
-        "--heads",
-        str(a.heads),
-        "--batch",
-        str(a.batch),
-        "--microbatches",
-        str(a.microbatches),
+        *model_args(a),
         *(["--keep", os.path.abspath(a.keep)] if a.keep else []),
     ]
     r = subprocess.run(args, stdout=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise SystemExit(f"the {name} phase failed (exit {r.returncode})")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def model_args(a) -> list[str]:
+    """The model's and the batch's options, for another process of this script."""
+    names = ["vocab", "seq", "hidden", "layers", "heads", "batch", "microbatches"]
+    return [x for name in names for x in (f"--{name}", str(getattr(a, name)))]
 
 
 def ratios(times: dict, case: str, anchor: str, quiet: float) -> tuple[float, int, float | None]:
@@ -404,6 +458,7 @@ WHAT = {
     "w1": "chain, 1 stage, M microbatches summed, on one single-core worker",
     "chain2w": "chain, 2 stages, 1F1B, one single-core worker each",
     "chain2w-zbv": "chain, 4 stages in a V (zbv), stages k and 3-k on single-core worker k",
+    "w1-busy": "w1 while the second core trains the same model (Keras' fit, one thread)",
 }
 
 
@@ -429,11 +484,13 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a smoke test: a tiny model, one repeat of one call per case")
     p.add_argument("--keep", metavar="DIR", help="keep each traced run's directory (its timeline.json) in DIR/CASE")
     p.add_argument("--markdown", action="store_true", help="also print rows for docs/benchmarks.md")
-    p.add_argument("--phase", choices=["local", "workers"], help=argparse.SUPPRESS)  # one process's cases
+    p.add_argument("--phase", choices=["local", "workers", "neighbour"], help=argparse.SUPPRESS)  # one process's cases
     p.add_argument("--data", help=argparse.SUPPRESS)  # the token file, given to a phase
     a = p.parse_args()
     if a.quick:
         a.vocab, a.seq, a.hidden, a.layers, a.heads, a.batch, a.repeats, a.calls = 64, 16, 16, 2, 2, 8, 1, 1
+    if a.phase == "neighbour":
+        neighbour_phase(a)
     if a.phase:
         out = dict(times=local_phase(a, a.data), ideals={}) if a.phase == "local" else workers_phase(a, a.data)
         print(json.dumps(out), flush=True)
@@ -474,7 +531,7 @@ def main() -> None:
     for case in [c for c in LOCAL + WORKERS if c in times]:
         anchor = (
             "w1"
-            if case.startswith("chain2w")
+            if case.startswith("chain2w") or case == "w1-busy"
             else "keras"
             if case in LOCAL and case != "keras" and "keras" in times
             else None
@@ -517,7 +574,7 @@ def main() -> None:
         print("| other processes, cores | " + " | ".join(f"{row['other']:.2f}" for row in rows) + " |")
     if a.processes > 1:
         per_process(by_process, a)
-    for case in [c for c in WORKERS[1:] if c in times]:
+    for case in [c for c in WORKERS[1:3] if c in times]:
         speed_ups(case, times, ideals.get(case), a)
 
 
@@ -553,9 +610,11 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
     print(
         f"{'repeat':>6s} {'w1 s/step':>9s} {'s/step':>7s} {'speed-up':>8s} {'of ideal':>8s} {'quiet':>5s} "
         f"{'client, w1':>10s} {'client':>6s} {'work, w1':>8s} {'work per worker':>15s} {'ideal':>6s} {'of it':>6s}"
+        + (f" {'w1 slowed':>9s} {'of ideal, busy':>14s}" if "w1-busy" in times else "")
     )
-    ups, of_work = [], []
-    for r, (base, mine) in enumerate(zip(times["w1"], times[case])):
+    ups, of_work, of_busy = [], [], []
+    busy = times.get("w1-busy", [None] * len(times["w1"]))
+    for r, (base, mine, slow) in enumerate(zip(times["w1"], times[case], busy)):
         ups.append(base[0] / mine[0])
         work = mine[3]
         by_work = sum(work) / max(work) * (1 - how["bubble"])
@@ -565,16 +624,25 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
             f"{r + 1:6d} {base[0]:9.4f} {mine[0]:7.4f} {ups[-1]:8.3f} {ups[-1] / how['ideal']:8.3f} {quiet:>5s} "
             f"{base[2]:10.3f} {mine[2]:6.3f} {sum(base[3]):8.3f} {' / '.join(f'{w:.3f}' for w in work):>15s} "
             f"{by_work:6.3f} {of_work[-1]:6.3f}"
+            + (f" {slow[0] / base[0]:9.3f} {ups[-1] * slow[0] / base[0] / how['ideal']:14.3f}" if slow else "")
         )
+        if slow:
+            of_busy.append(ups[-1] * slow[0] / base[0] / how["ideal"])
     up = statistics.median(ups)
     print(
         f"{'median':>6s} {'':9s} {'':7s} {up:8.3f} {up / how['ideal']:8.3f} {'':>5s} {'':10s} {'':6s} "
         f"{statistics.median(sum(t[3]) for t in times['w1']):8.3f} {'':15s} {'':6s} {statistics.median(of_work):6.3f}"
+        + (
+            f" {statistics.median(s[0] / b[0] for s, b in zip(busy, times['w1'])):9.3f} {statistics.median(of_busy):14.3f}"
+            if of_busy
+            else ""
+        )
     )
     print(
         "client: this script's process (the workers' client: the batches, the calls) in cores; in w1 it runs on "
         f"the free second core, in {case} on the workers' two. work: the workers' CPU seconds per step (w1: both "
-        "summed); ideal: by that work, with the planned bubble; of it: the speed-up over that ideal"
+        "summed); ideal: by that work, with the planned bubble; of it: the speed-up over that ideal. w1 slowed: w1-busy's "
+        "time over w1's (the same repeat); of ideal, busy: the speed-up over the timeline's ideal slowed by as much"
     )
 
 

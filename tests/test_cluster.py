@@ -527,7 +527,7 @@ def test_split_backwards_and_interleaved_stages_on_two_workers_train_like_on_loc
         )
 
 
-@pytest.mark.parametrize("m", [4, 8])  # M = 2D and 4D
+@pytest.mark.parametrize("m", [4, pytest.param(8, marks=EXTENDED)])  # M = 2D and 4D
 def test_zbv_on_two_workers_trains_like_on_local_devices(workers, tmp_path, m):
     """pipeline.schedule=zbv on 2 workers: stages 0 and 3 on worker 0, 1 and 2 on worker 1 (the V), each
     backward split into B and W. It trains like the same run on this process's logical devices (which
@@ -696,6 +696,7 @@ def test_a_profile_port_must_be_an_idle_profiler_whose_session_runs_from_start_t
     assert begun <= started < stopping <= ended  # the same host's clock
 
 
+@EXTENDED  # the suite's time: the first copy's lost worker (the same watch, its index named) runs every time
 def test_a_lost_worker_of_the_second_copy_stops_the_run_with_one_line(four_workers, tmp_path):
     # worker 3 holds replica 1's last stage: the client never reads that copy's report. The module's
     # last test: no later test needs worker 3, so it is not restarted.

@@ -116,7 +116,9 @@ def test_two_workers_train_like_one_process_mirrored_over_two_replicas(tmp_path,
     assert summaries[0]["loss_last"] == pytest.approx(read_summary(tmp_path / "one")["loss_last"], rel=1e-5)
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+@pytest.mark.parametrize(  # the suite's time: a killed host closes its connections, test_cluster's workers too
+    "how", [pytest.param(signal.SIGKILL, marks=EXTENDED), signal.SIGSTOP], ids=["killed", "stopped"]
+)
 def test_a_lost_host_stops_the_other_with_one_line(tmp_path, how):
     addresses = free_addresses(2)
     args = [

@@ -146,7 +146,7 @@ def splits(n_layers: int, stages: int):
         ("decoder2", 2),
         pytest.param("decoder2", 3, marks=EXTENDED),
         ("rnns", 2),
-        ("rnns", 3),
+        pytest.param("rnns", 3, marks=EXTENDED),
     ],
 )
 def test_every_split_masks_as_keras_runs_the_model(tmp_path, name, stages):
@@ -343,7 +343,9 @@ def token_batches(n_batches: int, batch: int = 16):
     return out
 
 
-@pytest.mark.parametrize("stages, schedule", [(2, "gpipe"), (4, "1f1b"), (2, "zb1"), (4, "zbv")])
+@pytest.mark.parametrize(
+    "stages, schedule", [(2, "gpipe"), (4, "1f1b"), pytest.param(2, "zb1", marks=EXTENDED), (4, "zbv")]
+)
 def test_a_model_with_named_inputs_and_a_padding_mask_is_cut_between_blocks(stages, schedule):
     model = padding_mask_encoder()
     run = chain.build(
