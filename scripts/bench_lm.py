@@ -257,8 +257,7 @@ def measure(cases: dict, a, pids: list[int]) -> dict:
             b1, o1 = cpu_ticks(pids)
             client = (sum(os.times()[:2]) - c0) / wall
             other = max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall
-            work = getattr(getattr(cases[name], "block", cases[name]), "work", [])
-            times[name].append((seconds, other, client, work))
+            times[name].append((seconds, other, client, getattr(cases[name], "work", [])))
         print(
             f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
             file=sys.stderr,
@@ -352,11 +351,13 @@ def beside(busy: subprocess.Popen, block):
         busy.send_signal(signal.SIGCONT)
         try:
             time.sleep(1.0)
-            return block(calls)
+            seconds = block(calls)
         finally:
             busy.send_signal(signal.SIGSTOP)
+        run.work = block.work
+        return seconds
 
-    run.block = block
+    run.work = []
     return run
 
 
@@ -596,7 +597,8 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
     (the devices' summed stage work) / (the busiest device's) x (1 - the planned bubble): `ideal`'s, whose stage
     work is the traced run's timeline (None: its traced run measured nothing, the speed-ups alone), and one
     whose work is each worker's CPU seconds per step in the same timed block (the traced timeline's small ops
-    are slowed by the trace, which can move the balance; a worker's CPU also holds its share of the crossings)."""
+    are slowed by the trace, which can move the balance; a worker's CPU also holds its share of the crossings).
+    With `w1-busy` timed, also against `ideal`'s slowed as much as `w1` is beside a busy core."""
     if how is None:
         how = dict(ideal=float("nan"), bubble=float("nan"))
         print(f"\n{case}: no ideal (its traced run measured no complete step)")
@@ -616,6 +618,7 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
     busy = times.get("w1-busy", [None] * len(times["w1"]))
     for r, (base, mine, slow) in enumerate(zip(times["w1"], times[case], busy)):
         ups.append(base[0] / mine[0])
+        slowed = slow[0] / base[0] if slow else None
         work = mine[3]
         by_work = sum(work) / max(work) * (1 - how["bubble"])
         of_work.append(ups[-1] / by_work)
@@ -624,10 +627,10 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
             f"{r + 1:6d} {base[0]:9.4f} {mine[0]:7.4f} {ups[-1]:8.3f} {ups[-1] / how['ideal']:8.3f} {quiet:>5s} "
             f"{base[2]:10.3f} {mine[2]:6.3f} {sum(base[3]):8.3f} {' / '.join(f'{w:.3f}' for w in work):>15s} "
             f"{by_work:6.3f} {of_work[-1]:6.3f}"
-            + (f" {slow[0] / base[0]:9.3f} {ups[-1] * slow[0] / base[0] / how['ideal']:14.3f}" if slow else "")
+            + (f" {slowed:9.3f} {ups[-1] * slowed / how['ideal']:14.3f}" if slowed else "")
         )
-        if slow:
-            of_busy.append(ups[-1] * slow[0] / base[0] / how["ideal"])
+        if slowed:
+            of_busy.append(ups[-1] * slowed / how["ideal"])
     up = statistics.median(ups)
     print(
         f"{'median':>6s} {'':9s} {'':7s} {up:8.3f} {up / how['ideal']:8.3f} {'':>5s} {'':10s} {'':6s} "
