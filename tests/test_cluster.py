@@ -599,7 +599,8 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
     """trainer.profile: each stage's actions come from its own worker's trace (the workers serve
     TensorFlow's profiler), every action of every profiled step, and the step that compiles the
     one-step function (step 3: steps 1-2 ran as one call) is held whole however long it takes: the
-    workers trace from before the window's first step until its last has ended."""
+    workers trace from before the window's first step until its last has ended. (That step is then left
+    out of the figures, with a warning: its ops ran beside the compiling.)"""
     run_dir = tmp_path / "run"
     r = run_cli(
         tmp_path,
@@ -616,7 +617,7 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
     hosts = [f"localhost_{p}" for p in workers.profile_ports]
     with open(run_dir / "timeline.json") as f:
         measured = json.load(f)
-    assert [s["step"] for s in measured["steps"]] == [3, 4] and all(s["complete"] for s in measured["steps"])
+    assert [(s["step"], s["complete"]) for s in measured["steps"]] == [(3, False), (4, True)]
     planned = {(k, m, kind) for k in range(2) for m in range(2) for kind in "FB"}
     for step in measured["steps"]:
         assert sorted((a["stage"], a["microbatch"], a["kind"]) for a in step["actions"]) == sorted(planned)
@@ -636,7 +637,9 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
             )
     assert read_summary(run_dir)["measured_bubble_fraction"] is not None
     assert "measured bubble fraction" in r.stdout + r.stderr
-    assert "Starting to trace" not in r.stdout + r.stderr and "profile:" not in r.stderr, r.stdout + r.stderr
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "profile:" in line]
+    assert len(said) == 1 and "profile: step 3 traced and compiled the step function" in said[0], said
+    assert "Starting to trace" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_a_profile_port_where_no_profiler_answers_is_one_line_before_anything_is_written(workers, tmp_path):

@@ -582,3 +582,43 @@ def test_a_replay_with_unit_durations_is_the_plan_and_a_measured_step_adds_up_to
     for d in out.devices:
         assert d.busy_ms + d.input_wait_ms + d.overhead_ms + d.tail_ms == pytest.approx(out.span_ms)
     assert sum(d.overhead_ms for d in out.devices) > 0
+
+
+def test_a_step_whose_call_compiled_the_step_function_is_kept_but_left_out_of_the_figures():
+    """Its ops ran beside the tracing and compiling, and the first run of a function is slower: step 1 here takes
+    ten times step 2's action times, and the per-stage figures are step 2's alone."""
+    s = schedules.build("1f1b", 2, 2)
+    slow = synthetic(s, {"F": 100, "B": 100}, step=(0, 10**5))
+    fast = synthetic(s, {"F": 10, "B": 10}, step=(10**6, 10**6 + 10**4))
+    steps, devices = {1: (0, 10**5), 2: (10**6, 10**6 + 10**4)}, ["/d:0", "/d:1"]
+    m = timeline.measure(s, slow + fast, steps, devices, compiled=[1])
+    assert [(step.step, step.complete) for step in m.steps] == [(1, False), (2, True)]
+    alone = timeline.measure(s, fast, {2: steps[2]}, devices)
+    # the same figures, but for the rounding of times counted from another origin (the first step's start)
+    assert [p.forward_ms for p in m.per_stage] == pytest.approx([p.forward_ms for p in alone.per_stage], rel=1e-9)
+    both = timeline.measure(s, slow + fast, steps, devices)  # the old figures: the compiled step averaged in
+    assert all(b.forward_ms > 5 * a.forward_ms for a, b in zip(alone.per_stage, both.per_stage))
+
+
+def test_a_window_starting_at_the_first_one_step_call_names_its_compiled_step(tmp_path, caplog):
+    """Calls 1-2 | 3 | 4 (`trainer.steps_per_call=2`): step 3 traces and compiles the one-step function in its
+    call, as the first step of docs/measuring.md's window does; it stays in timeline.json, out of the figures."""
+    cfg = chain.compose(
+        [
+            "+stages=2",
+            "mode=e2e",
+            "pipeline.schedule=1f1b",
+            "pipeline.microbatches=2",
+            *SMALL,
+            "trainer.steps=4",
+            "trainer.steps_per_call=2",
+            "trainer.profile=[3,4]",
+        ]
+    )
+    with caplog.at_level(logging.WARNING, logger="chain"):
+        chain.build(cfg, run_dir=str(tmp_path)).fit()
+    with open(tmp_path / "timeline.json") as f:
+        measured = json.load(f)
+    assert [(step["step"], step["complete"]) for step in measured["steps"]] == [(3, False), (4, True)]
+    said = [r.getMessage() for r in caplog.records if "compiled the step function" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("profile: step 3 traced and compiled"), said

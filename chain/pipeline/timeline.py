@@ -43,7 +43,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 from chain.planning import balance
 from chain.records.measured import Advice, MeasuredTimeline, MeasuredAction, MeasuredStep, MeasuredUpdate, StageTime
@@ -271,6 +271,7 @@ def measure(
     grad_accum: int = 1,
     replicas: int = 1,
     spans: dict[str, tuple[int, int]] | None = None,
+    compiled: Collection[int] = (),
 ) -> MeasuredTimeline:
     """The measured timeline of the marked `steps` (`timeline.json`'s record, see
     docs/measuring.md): every step's actions with their times in ms from the first step's start,
@@ -284,7 +285,9 @@ def measure(
     W only keeps them as the sums), and so
     is a step that a trace it reads does not hold from its marker's start to its end (`spans`, per
     source: when its trace began and ended; a worker's trace that began late or ended early holds
-    part of a step, whose actions would look shorter than they ran).
+    part of a step, whose actions would look shorter than they ran), and a step in `compiled`, whose call
+    traced and compiled the step function first (its ops ran beside that work, and the first run of a
+    function is slower).
     """
     n_stages = schedule.stages
     n_rows = n_stages * replicas
@@ -312,7 +315,8 @@ def measure(
         held = spans is None or all(holds(spans, s, (lo, hi)) for s in used)
         seen = {a.key() for a in actions}
         whole = all(tuple(a) in seen for a in played if a.kind != WEIGHT)  # see `measure`: a W may have no op
-        out_steps.append(MeasuredStep(number, ms(lo), ms(hi), held and whole, actions, updates))
+        complete = held and whole and number not in compiled
+        out_steps.append(MeasuredStep(number, ms(lo), ms(hi), complete, actions, updates))
     stats = statistics(out_steps, schedule, devices, replicas)
     return MeasuredTimeline(
         schedule.name,

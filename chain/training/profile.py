@@ -165,6 +165,7 @@ class Window:
         self.remote = self._remote_addresses()
         self.active, self.result = False, None
         self._before: set[str] = set()
+        self._compiled: list[int] = []  # the window's steps whose call traced the step function first
         self._workers = None  # the workers' profilers (chain.training.worker_trace.WorkerTraces)
         if self.remote:
             from chain.training.worker_trace import WorkerTraces
@@ -193,8 +194,11 @@ class Window:
 
         if not self.active:
             self._begin(first)
+        traces = sum(self.run.strategy.traces.values())
         with tf.profiler.experimental.Trace(timeline.MARKER, step_num=first, _r=1):
             yield
+        if sum(self.run.strategy.traces.values()) > traces:
+            self._compiled.append(first)
         if first == self.stop:
             self._end()
 
@@ -257,6 +261,12 @@ class Window:
         spans = timeline.trace_spans(files) if self.remote else None
         if spans is not None:
             self.warn_unheld(steps, spans)
+        if self._compiled:
+            log.warning(
+                "profile: %s traced and compiled the step function in its call (the first one-step call): "
+                "left out of the measured figures; start the window a step earlier to measure as many steps",
+                ", ".join(f"step {n}" for n in self._compiled),
+            )
         result = timeline.measure(
             run.schedule,
             events,
@@ -266,6 +276,7 @@ class Window:
             run.settings.trainer.grad_accum,
             max(1, len(run.assignment.copies)),
             spans,
+            self._compiled,
         )
         result.trace = sorted({os.path.relpath(os.path.dirname(f), run.run_dir) for f in files})
         result.advice = self.advice(result)
