@@ -48,7 +48,10 @@ class MeasuredStep:
     step: int = item("the step's number")
     start_ms: float = item("its marker's start")
     end_ms: float = item("its marker's end")
-    complete: bool = item("whether every action of the schedule had an op (else left out of the statistics)")
+    complete: bool = item(
+        "whether the step counts in the statistics: every action of the schedule had an op, each trace read "
+        "holds it whole, and its call did not first compile the step function"
+    )
     actions: list[MeasuredAction] = item("its actions, by stage then start")
     updates: list[MeasuredUpdate] = item("its stages' updates")
 
