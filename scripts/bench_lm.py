@@ -614,7 +614,7 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
         f"{'client, w1':>10s} {'client':>6s} {'work, w1':>8s} {'work per worker':>15s} {'ideal':>6s} {'of it':>6s}"
         + (f" {'w1 slowed':>9s} {'of ideal, busy':>14s}" if "w1-busy" in times else "")
     )
-    ups, of_work, of_busy = [], [], []
+    ups, of_work, slows, of_busy = [], [], [], []
     busy = times.get("w1-busy", [None] * len(times["w1"]))
     for r, (base, mine, slow) in enumerate(zip(times["w1"], times[case], busy)):
         ups.append(base[0] / mine[0])
@@ -630,16 +630,13 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
             + (f" {slowed:9.3f} {ups[-1] * slowed / how['ideal']:14.3f}" if slowed else "")
         )
         if slowed:
+            slows.append(slowed)
             of_busy.append(ups[-1] * slowed / how["ideal"])
     up = statistics.median(ups)
     print(
         f"{'median':>6s} {'':9s} {'':7s} {up:8.3f} {up / how['ideal']:8.3f} {'':>5s} {'':10s} {'':6s} "
         f"{statistics.median(sum(t[3]) for t in times['w1']):8.3f} {'':15s} {'':6s} {statistics.median(of_work):6.3f}"
-        + (
-            f" {statistics.median(s[0] / b[0] for s, b in zip(busy, times['w1'])):9.3f} {statistics.median(of_busy):14.3f}"
-            if of_busy
-            else ""
-        )
+        + (f" {statistics.median(slows):9.3f} {statistics.median(of_busy):14.3f}" if of_busy else "")
     )
     print(
         "client: this script's process (the workers' client: the batches, the calls) in cores; in w1 it runs on "
