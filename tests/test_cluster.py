@@ -635,6 +635,9 @@ def test_a_cluster_run_is_traced_on_its_workers(workers, tmp_path):
                 host,
                 n,
             )
+    # each row's stall marker is set by its own worker (trainer.stall_s is on): no message to the client per action
+    marked = {e.source for e in events if any(part.startswith("progress_") for part in e.name.split("/"))}
+    assert marked == set(hosts), marked
     assert read_summary(run_dir)["measured_bubble_fraction"] is not None
     assert "measured bubble fraction" in r.stdout + r.stderr
     said = [line for line in (r.stdout + r.stderr).splitlines() if "profile:" in line]

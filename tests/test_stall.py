@@ -1,5 +1,5 @@
 """trainer.stall_s: a step that stops moving says where it waits, from the markers each action leaves
-on the host (`chain.pipeline.progress`), in the names the step gives its actions; stall_action=stop
+on its device's host (`chain.pipeline.progress`), in the names the step gives its actions; stall_action=stop
 ends the run with one line and exit 7. A step held by the test hook (`CHAIN_TEST_HOLD`) is found
 in GPipe and 1F1B (and on cluster workers: tests/test_cluster.py); steps that do not stall print
 nothing of it."""
@@ -13,7 +13,8 @@ import time
 import pytest
 
 from chain.schedule import schedules
-from chain.pipeline.stalled import Position, decode, stride, where
+from chain.pipeline.progress import Progress
+from chain.pipeline.stalled import ANSWER_S, Position, decode, stride, where
 from chain.training.stall import StallWatch
 from conftest import read_summary, run_cli
 
@@ -94,6 +95,28 @@ def test_interleaved_stages_and_copies_of_the_pipeline_are_named_as_their_device
         "copy 0 stage 1: finished every action (s1_B1 last)",
         "copy 1 stage 0: finished r1_s0_B0; waits in r1_s0_B1 for r1_s1_B1 (copy 1 stage 1)",
         "copy 1 stage 1: finished r1_s1_B0; in r1_s1_F1, which has every input: the wait is inside it",
+    ]
+
+
+class _Hanging:
+    """A marker whose process never answers (a stopped worker)."""
+
+    def numpy(self):
+        time.sleep(3600)
+
+
+def test_a_row_whose_marker_does_not_answer_is_named_and_the_others_are_read():
+    s = schedules.one_f_one_b(2, 2)
+    progress = Progress(s, 1, "/device:CPU:0", ["/device:CPU:0", "/device:CPU:0"])
+    progress.started.assign(3)
+    progress.markers[0].assign(3 * stride(s, 1) + 2)
+    progress.markers[1] = _Hanging()
+    started = time.monotonic()
+    assert progress.read(answer_s=0.3) == Position(3, (2, None))
+    assert time.monotonic() - started < 2
+    assert where(s, 1, DEVICES[:2], Position(3, (2, None)))[2:] == [
+        "stage 0: finished s0_F1; waits in s0_B0 for s1_B0 (stage 1)",
+        f"stage 1: its marker did not answer within {ANSWER_S:g} s (its process is stopped, or busy inside one op)",
     ]
 
 

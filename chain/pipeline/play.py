@@ -176,6 +176,13 @@ def host() -> str:
     return host_address_space() + "/device:CPU:0"
 
 
+def host_of(device: str) -> str:
+    """The CPU of the process that holds `device`: a cluster worker's own (`/job:worker/.../device:CPU:0`),
+    else this process's (`host()`)."""
+    name = canonical(device)
+    return name.split("/device:")[0] + "/device:CPU:0" if name.startswith("/job:") else host()
+
+
 def sends(action: Action, devices: Sequence[str]) -> bool:
     """Whether `action`'s result goes to another device: a forward's activation to stage k+1,
     a backward's input gradient to stage k-1 (the last forward and the first backward send

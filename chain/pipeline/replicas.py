@@ -226,7 +226,7 @@ class Replicated(Scheduled):
         loss, whole = self.loss_fn(), WholeBatch()
         if loss.ignore_class is not None:  # each copy's microbatches weighed against the whole batch's real labels
             loss = ShareOfBatch(loss, self.batch_cut.replicas, whole)
-        self.progress = progress = self.markers(len(self.copies))
+        self.progress = progress = self.markers(self.copies)
         plays = [
             e2e_play(
                 stages,

@@ -18,14 +18,17 @@ from typing import Sequence
 from chain.schedule.schedules import Action, Schedule, Timeline, dependencies, is_split, rounds, rows, simulate
 
 
+ANSWER_S = 10.0  # how long a stall report waits for a device row's marker (`Progress.read`)
+
+
 @dataclass(frozen=True)
 class Position:
     """A running step's progress as its markers show it: how many steps this process's step function
     has begun (`started`), and per device row (copy 0's rows, then copy 1's, ...) how many of the row's
-    actions step `started` has finished, over all its rounds."""
+    actions step `started` has finished, over all its rounds (None: its marker did not answer)."""
 
     started: int
-    finished: tuple[int, ...]
+    finished: tuple[int | None, ...]
 
 
 def row_actions(schedule: Schedule, row: int, grad_accum: int, replica: int = 0) -> list[Action]:
@@ -39,11 +42,11 @@ def stride(schedule: Schedule, grad_accum: int) -> int:
     return max(len(r) for r in schedule.actions) * grad_accum + 1
 
 
-def decode(started: int, values: Sequence[int], schedule: Schedule, grad_accum: int) -> Position:
+def decode(started: int, values: Sequence[int | None], schedule: Schedule, grad_accum: int) -> Position:
     """The `Position` of step `started` from the markers' raw values (`step * stride + finished`;
-    a marker of an earlier step means its row has finished nothing of this one)."""
+    a marker of an earlier step means its row has finished nothing of this one; None: not read)."""
     unit = stride(schedule, grad_accum)
-    return Position(started, tuple(v % unit if v // unit == started else 0 for v in values))
+    return Position(started, tuple(None if v is None else v % unit if v // unit == started else 0 for v in values))
 
 
 def where(
@@ -58,13 +61,19 @@ def where(
     ]
     finished = set()
     for actions, n in zip(lines_of, position.finished):
-        finished.update(actions[:n])
+        finished.update(actions[: n or 0])
     split = is_split(schedule)
     grid = simulate(schedule).grid
     marked: list[Action | None] = []
     text = []
     for i, (actions, n) in enumerate(zip(lines_of, position.finished)):
         name = _row_name(schedule, i % per_copy, i // per_copy, replicas)
+        if n is None:
+            marked.append(None)
+            text.append(
+                f"{name}: its marker did not answer within {ANSWER_S:g} s (its process is stopped, or busy inside one op)"
+            )
+            continue
         last = f"finished {actions[n - 1].scope()}" if n else "finished nothing of this step yet"
         if n >= len(actions):
             marked.append(None)

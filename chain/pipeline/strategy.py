@@ -21,9 +21,10 @@ from chain.errors import plural
 from chain.schedule import schedules
 from chain.pipeline import stalled
 from chain.pipeline.progress import Progress
-from chain.pipeline.play import e2e_step, host
+from chain.pipeline.play import e2e_step, host, host_of
 from chain.planning.planner import PIPELINE, Assignment
 from chain.records.summaries import PipelineFields, Summary
+from chain.stages.stage import Stage
 from chain.strategies.base import Strategy
 from chain.strategies.objectives import ChainObjective
 
@@ -66,7 +67,7 @@ class Scheduled(Strategy):
 
     def make_step(self) -> Callable:
         t = self.settings.trainer
-        self.progress = self.markers(1)
+        self.progress = self.markers([self.stages])
         return e2e_step(
             self.stages,
             self.schedule,
@@ -81,10 +82,18 @@ class Scheduled(Strategy):
             batch_cut=self.batch_cut,
         )
 
-    def markers(self, replicas: int) -> Progress | None:
-        """The step's progress markers when `trainer.stall_s` watches it (`chain.pipeline.progress`), else None."""
+    def markers(self, copies: list[list[Stage]]) -> Progress | None:
+        """The step's progress markers when `trainer.stall_s` watches it (`chain.pipeline.progress`), else None:
+        a row per device row of each of `copies` (the pipeline's stages, per copy), kept by its device's process."""
         t = self.settings.trainer
-        return Progress(self.schedule, t.grad_accum, host(), replicas) if t.stall_s > 0 else None
+        if not t.stall_s:
+            return None
+        rows = [
+            host_of(copy[self.schedule.row_stages(r)[0]].device)
+            for copy in copies
+            for r in range(self.schedule.devices)
+        ]
+        return Progress(self.schedule, t.grad_accum, host(), rows)
 
     def position(self) -> stalled.Position | None:
         return self.progress.read() if self.progress is not None else None

@@ -2,9 +2,10 @@
 
 The training thread is inside TensorFlow while a step runs and cannot say anything itself. The
 watch (`StallWatch`, started by `Run.fit`) knows when each call of the compiled step began and
-ended (`begin`, `end`) and, for a pipeline step, reads the host's markers of how far each device
-has come (`Strategy.position`: `chain.pipeline.progress`), which also show each new step begin
-inside a call of several (`trainer.steps_per_call`). When no step completed for `stall_s` seconds
+ended (`begin`, `end`) and, for a pipeline step, polls the host's count of steps begun
+(`Strategy.steps_begun`), which shows each new step begin inside a call of several
+(`trainer.steps_per_call`); its report reads the markers of how far each device has come
+(`Strategy.position`: `chain.pipeline.progress`). When no step completed for `stall_s` seconds
 it logs the schedule's grid with each device's last finished action and the one it waits in
 (`Strategy.waiting`), once per stall, and with `trainer.stall_action=stop` ends the process with
 one line and exit code 7 (`chain.errors.Stalled`).
@@ -81,11 +82,11 @@ class StallWatch(threading.Thread):
                 call = self._call
             if call is None:
                 continue
-            position = self.strategy.position() if call.started is not None else None
+            begun = self.strategy.steps_begun() if call.started is not None else None
             now = time.monotonic()
-            if position is not None and position.started != call.seen:
-                call.seen, call.moved = position.started, now
-            if position is not None:
+            if begun is not None and begun != call.seen:
+                call.seen, call.moved = begun, now
+            if begun is not None:
                 since, limit = (call.moved if call.moved is not None else None if call.fresh else call.at), self.seconds
             else:
                 since, limit = (None if call.fresh else call.at), self.seconds * call.n
@@ -95,10 +96,12 @@ class StallWatch(threading.Thread):
             with self._lock:
                 if self._call is not call or self._stopped.is_set():
                     continue  # the call ended meanwhile
-            self._report(call, position, now - since)
+            self._report(call, now - since)
 
-    def _report(self, call: _Call, position: Any, waited: float) -> None:
-        """Log where the step waits; with `stop`, end the process with one line."""
+    def _report(self, call: _Call, waited: float) -> None:
+        """Log where the step waits (the markers read now: `Strategy.position`); with `stop`, end the
+        process with one line."""
+        position = self.strategy.position() if call.started is not None else None
         grid = position is not None and position.started != call.started
         if position is None:
             step = call.step
