@@ -50,6 +50,7 @@ def main() -> None:
                         *overrides(a, cluster.addresses, schedule, m, devices),
                         f"trainer.steps={a.steps}",
                         f"trainer.profile=[{a.steps // 2 + 1},{a.steps}]",
+                        "trainer.steps_per_call=1",  # one-step calls: the step that compiles them comes before the window
                         cluster.profile_option,
                         "checkpoint.every=0",
                         "checkpoint.export=false",

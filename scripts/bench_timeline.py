@@ -57,6 +57,7 @@ def main() -> None:
                     cluster.profile_option,
                     f"trainer.steps={a.steps}",
                     f"trainer.profile=[{a.steps - a.traced + 1},{a.steps}]",
+                    "trainer.steps_per_call=1",  # one-step calls: the step that compiles them comes before the window
                     "checkpoint.export=false",
                     "report=true",
                 ]

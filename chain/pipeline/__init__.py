@@ -9,7 +9,7 @@ builders, `simulate`, the op names) is `chain.schedule`'s, a lower layer that th
 - `timeline`: a profiler trace of that step read back into the measured actions
   (`Action.parse`), their statistics and the balance advice; `measured_grid`: a measured step as
   the plan's text grid, a cell per action (no TensorFlow).
-- `progress`: the host's markers of how far each device of a running step has come
+- `progress`: the markers of how far each device of a running step has come, each kept by its device's process
   (`trainer.stall_s`); `stalled`: where a stalled step waits, from them (no TensorFlow).
 
 This package comes after `chain.strategies` in the layer order (docs/architecture.md). This

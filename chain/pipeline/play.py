@@ -377,7 +377,7 @@ def e2e_step(
     from the whole batch, in each stage's update (`chain.steps.deferred_norm`).
     `recompute_policy` (`pipeline.recompute`): which microbatches keep only their input and run
     their forward again in their backward (`chain.steps.recompute`).
-    `progress` (`trainer.stall_s`): the host's markers each action updates when it is done
+    `progress` (`trainer.stall_s`): the markers each action updates when it is done, on its device's host
     (`chain.pipeline.progress`), so a stalled step can say where it waits. `batch_cut`: how the run
     cuts a batch (`RunSpec.batch_cut`): its microbatches, which `schedule` must play (None: the
     schedule's own count, for a step made by hand).
@@ -709,7 +709,7 @@ def play_action(book: Playbook, state: PlayState, action: Action) -> None:
             end = _done(ops, device) if book.ordered else _finished(ops, device)
         if book.ordered:
             state.previous[row] = [end]
-    if state.marked:  # outside the action's scope: a host op, not the action's work in a trace
+    if state.marked:  # outside the action's scope: the marker's op is not the action's work in a trace
         state.finished[row] += 1
         options.progress.mark(
             state.base,
