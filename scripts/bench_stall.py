@@ -52,7 +52,7 @@ def measure(case: str, blocks: int, steps: int, workers: list[str] | None = None
 
     import chain
     from chain.pipeline.progress import Progress
-    from chain.pipeline.play import e2e_step, host, host_of
+    from chain.pipeline.play import e2e_step, host, row_hosts
 
     words = case.split()
     k = int(next(w for w in words if w.startswith("+stages=")).split("=")[1])
@@ -61,7 +61,7 @@ def measure(case: str, blocks: int, steps: int, workers: list[str] | None = None
     run = chain.build(chain.compose(BASE + words + where + [f"placement.devices=[{devices}]"]))
     st, t = run.strategy, run.settings.trainer
     args = st.arguments(*next(iter(run.batches())))
-    rows = [host_of(st.stages[st.schedule.row_stages(r)[0]].device) for r in range(st.schedule.devices)]
+    rows = row_hosts(st.schedule, [st.stages])
     variants = {"plain": None, "marked": rows}
     if workers:
         variants = {"plain": None, "on the client": [host()] * len(rows), "marked": rows}

@@ -183,6 +183,11 @@ def host_of(device: str) -> str:
     return name.split("/device:")[0] + "/device:CPU:0" if name.startswith("/job:") else host()
 
 
+def row_hosts(schedule: Schedule, copies: Sequence[Sequence[Stage]]) -> list[str]:
+    """Each device row's `host_of`, copy by copy (the rows of `chain.pipeline.progress.Progress`)."""
+    return [host_of(copy[schedule.row_stages(r)[0]].device) for copy in copies for r in range(schedule.devices)]
+
+
 def sends(action: Action, devices: Sequence[str]) -> bool:
     """Whether `action`'s result goes to another device: a forward's activation to stage k+1,
     a backward's input gradient to stage k-1 (the last forward and the first backward send

@@ -21,7 +21,7 @@ from chain.errors import plural
 from chain.schedule import schedules
 from chain.pipeline import stalled
 from chain.pipeline.progress import Progress
-from chain.pipeline.play import e2e_step, host, host_of
+from chain.pipeline.play import e2e_step, host, row_hosts
 from chain.planning.planner import PIPELINE, Assignment
 from chain.records.summaries import PipelineFields, Summary
 from chain.stages.stage import Stage
@@ -88,12 +88,7 @@ class Scheduled(Strategy):
         t = self.settings.trainer
         if not t.stall_s:
             return None
-        rows = [
-            host_of(copy[self.schedule.row_stages(r)[0]].device)
-            for copy in copies
-            for r in range(self.schedule.devices)
-        ]
-        return Progress(self.schedule, t.grad_accum, host(), rows)
+        return Progress(self.schedule, t.grad_accum, host(), row_hosts(self.schedule, copies))
 
     def position(self) -> stalled.Position | None:
         return self.progress.read() if self.progress is not None else None
