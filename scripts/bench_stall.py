@@ -113,15 +113,15 @@ def main() -> None:
         )
         tf.config.list_logical_devices()  # start the runtime now: a run's planner would split the CPU its own way
     print(f"start: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}", flush=True)
-    steps = ["plain", "on the client", "marked"] if a.workers else ["plain", "marked"]
+    kinds = ["plain", "on the client", "marked"] if a.workers else ["plain", "marked"]  # measure's steps
     print(
         "| case | actions per step | "
-        + " | ".join(f"{s} ms/step (wall / CPU)" for s in steps)
+        + " | ".join(f"{k} ms/step (wall / CPU)" for k in kinds)
         + " | "
-        + " | ".join(f"{s}/plain wall | {s}/plain CPU" for s in steps[1:])
+        + " | ".join(f"{k}/plain wall | {k}/plain CPU" for k in kinds[1:])
         + " |"
     )
-    print("|---" * (2 + len(steps) + 2 * (len(steps) - 1)) + "|")
+    print("|---" * (2 + len(kinds) + 2 * (len(kinds) - 1)) + "|")
     if a.workers:
         from chain.worker import LocalCluster
 
