@@ -86,7 +86,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from bench_pipeline import cpu_ticks, process_ms  # noqa: E402
 
 LOCAL = ["keras", "chain1", "chain1k", "chain2", "chain4"]  # the first process's cases
-WORKERS = ["w1", "chain2w", "chain2w-zbv", "w1-busy"]  # the second process's cases
+WORKER_CUTS = ["chain2w", "chain2w-zbv"]  # the cut cases on workers, held to w1
+WORKERS = ["w1", *WORKER_CUTS, "w1-busy"]  # the second process's cases
 PER_CALL = 8  # Keras' steps_per_execution = the trainer's default trainer.steps_per_call
 LR = 1e-3
 
@@ -297,7 +298,7 @@ def workers_phase(a, path: str) -> dict:
 
     cores = [i % os.cpu_count() for i in range(2)]
     with LocalCluster(2, cpus=cores, threads=1, profile=True) as cluster, neighbour(a, cores[1]) as busy:
-        configs = {case: settings(a, path, case, cluster.addresses) for case in WORKERS[:3] if case in a.cases}
+        configs = {case: settings(a, path, case, cluster.addresses) for case in ["w1", *WORKER_CUTS] if case in a.cases}
         chain.setup(*configs.values())  # connects to the workers, before any tensor exists
         cases = {case: chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids) for case, cfg in configs.items()}
         if busy:
@@ -575,7 +576,7 @@ def main() -> None:
         print("| other processes, cores | " + " | ".join(f"{row['other']:.2f}" for row in rows) + " |")
     if a.processes > 1:
         per_process(by_process, a)
-    for case in [c for c in WORKERS[1:3] if c in times]:
+    for case in [c for c in WORKER_CUTS if c in times]:
         speed_ups(case, times, ideals.get(case), a)
 
 
@@ -622,16 +623,15 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
         work = mine[3]
         by_work = sum(work) / max(work) * (1 - how["bubble"])
         of_work.append(ups[-1] / by_work)
+        if slowed:
+            slows.append(slowed)
+            of_busy.append(ups[-1] * slowed / how["ideal"])
         quiet = "yes" if max(base[1], mine[1]) < a.quiet else "no"
         print(
             f"{r + 1:6d} {base[0]:9.4f} {mine[0]:7.4f} {ups[-1]:8.3f} {ups[-1] / how['ideal']:8.3f} {quiet:>5s} "
             f"{base[2]:10.3f} {mine[2]:6.3f} {sum(base[3]):8.3f} {' / '.join(f'{w:.3f}' for w in work):>15s} "
-            f"{by_work:6.3f} {of_work[-1]:6.3f}"
-            + (f" {slowed:9.3f} {ups[-1] * slowed / how['ideal']:14.3f}" if slowed else "")
+            f"{by_work:6.3f} {of_work[-1]:6.3f}" + (f" {slowed:9.3f} {of_busy[-1]:14.3f}" if slowed else "")
         )
-        if slowed:
-            slows.append(slowed)
-            of_busy.append(ups[-1] * slowed / how["ideal"])
     up = statistics.median(ups)
     print(
         f"{'median':>6s} {'':9s} {'':7s} {up:8.3f} {up / how['ideal']:8.3f} {'':>5s} {'':10s} {'':6s} "
