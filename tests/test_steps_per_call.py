@@ -156,3 +156,28 @@ def test_fit_with_steps_per_call_matches_fit_without_and_resumes_bit_exact(tmp_p
     resumed = chain.build(chain.compose([*common, "trainer.steps=7", "resume=true"]), run_dir=str(tmp_path / "resumed"))
     assert resumed.fit()["resumed_from"] == 4
     assert same(state(resumed), state(a))
+
+
+def test_the_loop_gives_each_batch_its_size_as_a_static_shape_and_checks_it():
+    """A stream's batch dimension is unknown to tf.data (None): traced on it, a step in the loop would work out
+    its shapes at run time every step (on cluster workers, shape ops sent between processes). The loop fixes the
+    batch dimension to the step's examples, as one step per call sees it, and a batch of another size is an
+    error, never reshaped."""
+    from chain.steps.report import ReportFormat, repeat
+
+    traced = []
+
+    def body(x, ys):
+        traced.append((x.shape.as_list(), ys["y"].shape.as_list()))
+        return tf.stack([tf.reduce_sum(x), tf.reduce_sum(tf.cast(ys["y"], tf.float32))])
+
+    fmt = ReportFormat(2, (0,), (1,))
+    data = tf.data.Dataset.range(10).map(lambda i: (tf.fill([3], tf.cast(i, tf.float32)), {"y": i}))
+    whole = iter(data.batch(4))  # 4, 4, then a last batch of 2
+    assert whole.element_spec[0].shape.as_list() == [None, 3]
+    steps = repeat(body, fmt, False, 4)
+    rows, _ = steps(whole, tf.constant(2))
+    assert traced == [([4, 3], [4])]
+    np.testing.assert_array_equal(rows.numpy(), [[6 * 3, 6], [22 * 3, 22]])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        steps(whole, tf.constant(1))  # the batch of 2

@@ -17,8 +17,10 @@ stage's device: in a cluster, the trace of that stage's worker (`sources`); in o
 every event (logical devices share the process's trace). Its copies are the transfer ops
 inside it (`_Send`, `_Recv`, `copy_to_*`). Two kinds of op do not mark when an action ran:
 variable reads (`READS`), and ops that ran before the action's input existed (before its
-`producer`'s last computation, for a forward; before it began, for a backward, which sends
-its input gradient before computing its weights' gradients): a stage's first action waits
+`producer`'s last computation, for a forward; before its first copy ran, or it began when it
+has none, for a backward, which sends its input gradient before computing its weights'
+gradients): a backward's first ops may need only its stage's own activations, and run before
+its gradient arrives; a stage's first action waits
 on no earlier action of its own, so its weight reads and, on the last stage, the cast of
 its labels run as the step starts. (Across machines this assumes clocks that agree better
 than a transfer takes.) A stage is *busy* while any of its actions runs
@@ -363,9 +365,16 @@ def _actions(
             found = [e for e in found if e.start >= since[p]] or found
         if found:
             # A forward's activation exists when its last computation ends; a backward sends its
-            # input gradient before it computes its weights' gradients, so only its start is sure.
+            # input gradient before it computes its weights' gradients: its result exists once its
+            # first copy has run (without one, only its start is sure). A stage's backward whose
+            # first ops need only its own activations runs them as soon as that gradient's producer
+            # starts, then waits for the gradient: the wait is not work on it.
             compute = [e.end for e in found if not is_copy(e) and "/done" not in e.name]
-            since[a] = max(compute) if a.kind == FORWARD and compute else min(e.start for e in found)
+            sent = [e.end for e in found if is_copy(e)]
+            if a.kind == FORWARD and compute:
+                since[a] = max(compute)
+            else:
+                since[a] = min(sent) if a.kind == BACKWARD and sent else min(e.start for e in found)
             actions.append(
                 MeasuredAction(
                     a.stage,

@@ -86,9 +86,22 @@ def report(stages: Sequence[Stage], values: Sequence[Sequence[tf.Tensor]], devic
         return tf.concat(parts, 0, name="report")
 
 
-def repeat(body: Callable, fmt: ReportFormat, stop_on_skip: bool) -> Callable:
+def with_rows(batch, rows: int):
+    """`batch` (a nest of tensors) with each tensor's first dimension `rows`, checked when it runs
+    (`tf.ensure_shape`: a batch of any other size is an error, never reshaped). Composite tensors
+    (ragged, sparse) and tensors of unknown rank are left as they are."""
+
+    def fixed(t):
+        if not isinstance(t, tf.Tensor) or t.shape.rank is None or t.shape.rank == 0:
+            return t
+        return tf.ensure_shape(t, [rows, *t.shape[1:]])
+
+    return tf.nest.map_structure(fixed, batch)
+
+
+def repeat(body: Callable, fmt: ReportFormat, stop_on_skip: bool, examples: int) -> Callable:
     """`steps(iterator, n) -> ([m, fmt.size], [m])`: up to `n` steps of `body(x, ys) -> report`
-    in one call, each on the iterator's next batch (`trainer.steps_per_call`).
+    in one call, each on the iterator's next batch of `examples` examples (`trainer.steps_per_call`).
 
     The steps run in a `tf.while_loop`, traced once for any `n` (a Python loop would trace
     N copies: docs/benchmarks-in-code.md). The loop's automatic
@@ -98,6 +111,10 @@ def repeat(body: Callable, fmt: ReportFormat, stop_on_skip: bool) -> Callable:
     the guard dropped an update: later steps neither run nor take a batch, so the state is
     the state right after that step, as with one step per call; `m` (the rows returned)
     counts the steps that ran. The second array holds each step's wait for its batch, in seconds.
+
+    Each batch is given its `examples` as a static dimension (`with_rows`), which its stream leaves
+    unknown: traced on an unknown batch, the step would work out its shapes at run time, every
+    step, where one step per call knows them when traced.
     """
     skipped = list(fmt.skipped)
 
@@ -112,7 +129,7 @@ def repeat(body: Callable, fmt: ReportFormat, stop_on_skip: bool) -> Callable:
             # Neither timestamp feeds the step's math.
             start = tf.timestamp()
             with tf.control_dependencies([start]):
-                x, ys = iterator.get_next()
+                x, ys = with_rows(iterator.get_next(), examples)
             with tf.control_dependencies(tf.nest.flatten((x, ys))):
                 wait = tf.timestamp() - start
             row = body(x, ys)

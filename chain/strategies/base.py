@@ -257,7 +257,8 @@ class Strategy(ABC):
         if not self.steps_in_one_call or self.settings.data.lengths_vary:  # a trace per bucket's shape
             return self._call_each(iterator, n)
         if self._multi is None:
-            self._multi = repeat(self.body, self.report_format, self.settings.trainer.on_nan == "stop")
+            stop = self.settings.trainer.on_nan == "stop"
+            self._multi = repeat(self.body, self.report_format, stop, self.settings.examples_per_step)
         rows, waits = self._multi(iterator, tf.constant(n, tf.int32))
         return Reports(rows.numpy(), tuple(1000.0 * waits.numpy()))
 
