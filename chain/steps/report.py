@@ -11,7 +11,7 @@ with it how long each step waited for its batch (`Reports.waits_ms`, for `data_w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -86,7 +86,7 @@ def report(stages: Sequence[Stage], values: Sequence[Sequence[tf.Tensor]], devic
         return tf.concat(parts, 0, name="report")
 
 
-def with_rows(batch, rows: int):
+def with_rows(batch: Any, rows: int) -> Any:
     """`batch` (a nest of tensors) with each tensor's first dimension `rows`, checked when it runs
     (`tf.ensure_shape`: a batch of any other size is an error, never reshaped). Composite tensors
     (ragged, sparse) and tensors of unknown rank are left as they are."""
