@@ -45,6 +45,12 @@ CASES = ["+stages=2", "+stages=2 pipeline.microbatches=4", "+stages=4 pipeline.m
 WORKER_CASES = ["+stages=2 pipeline.microbatches=8 pipeline.schedule=1f1b"]
 
 
+def kinds(workers: bool) -> list[str]:
+    """The steps `measure` compiles, in its columns' order: plain, (on workers) the markers kept by the
+    client, and the trainer's markers."""
+    return ["plain", "on the client", "marked"] if workers else ["plain", "marked"]
+
+
 def measure(case: str, blocks: int, steps: int, workers: list[str] | None = None) -> str:
     """One line: each step's median wall and CPU ms, plain and with markers (on workers: kept by the
     client, and kept by the stages' workers), and the paired ratios over plain."""
@@ -62,9 +68,8 @@ def measure(case: str, blocks: int, steps: int, workers: list[str] | None = None
     st, t = run.strategy, run.settings.trainer
     args = st.arguments(*next(iter(run.batches())))
     rows = row_hosts(st.schedule, [st.stages])
-    variants = {"plain": None, "marked": rows}
-    if workers:
-        variants = {"plain": None, "on the client": [host()] * len(rows), "marked": rows}
+    kept_by = {"plain": None, "on the client": [host()] * len(rows), "marked": rows}
+    variants = {name: kept_by[name] for name in kinds(bool(workers))}
     fns = {}
     for name, kept in variants.items():
         progress = None if kept is None else Progress(st.schedule, t.grad_accum, host(), kept)
@@ -113,15 +118,15 @@ def main() -> None:
         )
         tf.config.list_logical_devices()  # start the runtime now: a run's planner would split the CPU its own way
     print(f"start: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}", flush=True)
-    kinds = ["plain", "on the client", "marked"] if a.workers else ["plain", "marked"]  # measure's steps
+    steps = kinds(a.workers)
     print(
         "| case | actions per step | "
-        + " | ".join(f"{k} ms/step (wall / CPU)" for k in kinds)
+        + " | ".join(f"{k} ms/step (wall / CPU)" for k in steps)
         + " | "
-        + " | ".join(f"{k}/plain wall | {k}/plain CPU" for k in kinds[1:])
+        + " | ".join(f"{k}/plain wall | {k}/plain CPU" for k in steps[1:])
         + " |"
     )
-    print("|---" * (2 + len(kinds) + 2 * (len(kinds) - 1)) + "|")
+    print("|---" * (2 + len(steps) + 2 * (len(steps) - 1)) + "|")
     if a.workers:
         from chain.worker import LocalCluster
 

@@ -160,8 +160,8 @@ def test_fit_with_steps_per_call_matches_fit_without_and_resumes_bit_exact(tmp_p
 
 def test_the_loop_gives_each_batch_its_size_as_a_static_shape_and_checks_it():
     """A stream's batch dimension is unknown to tf.data (None): traced on it, a step in the loop would work out
-    its shapes at run time every step. The loop fixes the batch dimension to the step's examples, as one step per call sees it, and a batch of another size is an
-    error, never reshaped."""
+    its shapes at run time every step. The loop fixes the batch dimension to the step's examples, as one step
+    per call sees it, and a batch of another size is an error, never reshaped."""
     from chain.steps.report import ReportFormat, repeat
 
     traced = []

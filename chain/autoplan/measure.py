@@ -44,6 +44,7 @@ from typing import Callable, Mapping, Sequence
 import keras
 import tensorflow as tf
 
+from chain.pipeline import play
 from chain.planning.devices import canonical
 from chain.records.auto_plan import Costs
 from chain.stages import clock, examples
@@ -150,7 +151,7 @@ def _action_cost(pool: Sequence[str]) -> float:
     of the device, the action's end as a control edge, a release op on the host and the host's progress
     marker assigned), less a chain of one, per action. A copy between devices is not in it: the play
     adds the measured transfer on each crossing."""
-    host = _host()
+    host = play.host()
     with tf.device(host):
         marker = tf.Variable(0, dtype=tf.int64, trainable=False)
     with tf.device(pool[0]):
@@ -555,7 +556,7 @@ def _action_s(pool: Sequence[str]) -> float:
     """What an action costs beyond its work on `pool[0]` (`_action_cost`, by ACTION_SCALE)."""
     action = _action_cost(pool[:1])
     local = not canonical(pool[0]).startswith("/job:")  # this process's device, not a cluster worker's
-    return action + (ACTION_SCALE - 1) * (action if local else _action_cost([_host()]))
+    return action + (ACTION_SCALE - 1) * (action if local else _action_cost([play.host()]))
 
 
 def _updates(given: Measuring, call: float) -> tuple[float, ...]:
@@ -614,14 +615,6 @@ def _scales(
         repeat = min(MAX_REPEAT, max(REPEAT, math.ceil(OUTWEIGH * call / max(summed, 1e-6))))
         out[size] = link.time("FBW", size, CALLS, deadline, call, repeat) / summed if summed > 0 else 1.0
     return out
-
-
-def _host() -> str:
-    """This process's CPU, fully named, as the step names its host (`chain.pipeline.play.host`): a partial
-    `/device:CPU:0` leaves the job and task to the placer, which in a cluster may pick a worker's CPU."""
-    from chain.internals import tf_private
-
-    return tf_private.host_address_space() + "/device:CPU:0"
 
 
 def _between(sizes: Sequence[int]) -> list[int]:

@@ -373,8 +373,10 @@ def _actions(
             sent = [e.end for e in found if is_copy(e)]
             if a.kind == FORWARD and compute:
                 since[a] = max(compute)
+            elif a.kind == BACKWARD and sent:
+                since[a] = min(sent)
             else:
-                since[a] = min(sent) if a.kind == BACKWARD and sent else min(e.start for e in found)
+                since[a] = min(e.start for e in found)
             actions.append(
                 MeasuredAction(
                     a.stage,
