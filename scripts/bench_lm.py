@@ -34,7 +34,11 @@ weights: their losses must agree (1e-5 on the first step, 1e-4 on the second), e
 
 Cases of the second process (bench_pipeline.py's method: real overlap on a CPU): two `python -m chain.worker`
 processes on loopback, each pinned to one core with one intra-op and one inter-op thread, and this script's
-second process their client, feeding the batches:
+second process their client, feeding the batches. The client (every thread of it) is pinned, for each timed block,
+to the core of the worker that worked least in the block before (`on_least_busy`: in `w1` the free second core, in
+the cut cases the lighter stage's): on two cores its work (the batches, the calls, the host releases; 17-26 ms a step
+in `chain2w`) comes out of a worker's core, and on the busiest worker's it would lengthen the pipeline's bound. A
+host with cores to spare gives the client its own.
 
 - `w1`: the same model on one stage on worker 0, the same M microbatches (their gradients summed): the
   baseline. (bench_pipeline.py's baseline keeps the cut, both stages on worker 0; here chain refuses it: the
@@ -239,10 +243,10 @@ def same_math(lm, run) -> None:
 
 def measure(cases: dict, a, pids: list[int]) -> dict:
     """case -> [(seconds per step, other processes' cores, this process's cores, each worker's CPU seconds per
-    step (`chain_block`'s `work`; none in this process's own cases)), ...] over `--repeats` rounds,
-    each case once a round, in an order rotated by one each round (after one untimed block each). This process
-    is the workers' client: on two single-core workers its CPU comes out of their cores (in `w1`, the second
-    core is free for it)."""
+    step (`chain_block`'s `work`; none in this process's own cases), the core this process was pinned to
+    (`on_least_busy`'s; else None)), ...] over `--repeats` rounds, each case once a round, in an order rotated by
+    one each round (after one untimed block each). This process is the workers' client: on two single-core
+    workers its CPU comes out of their cores."""
     names = list(cases)
     for name in names:  # trace, allocate, warm the caches
         cases[name](1)
@@ -258,7 +262,9 @@ def measure(cases: dict, a, pids: list[int]) -> dict:
             b1, o1 = cpu_ticks(pids)
             client = (sum(os.times()[:2]) - c0) / wall
             other = max(0, (b1 - b0) - (o1 - o0)) / os.sysconf("SC_CLK_TCK") / wall
-            times[name].append((seconds, other, client, getattr(cases[name], "work", [])))
+            times[name].append(
+                (seconds, other, client, getattr(cases[name], "work", []), getattr(cases[name], "core", None))
+            )
         print(
             f"# repeat {r + 1} at {time.time() - started:.0f} s, load {open('/proc/loadavg').read().split()[0]}",
             file=sys.stderr,
@@ -300,13 +306,51 @@ def workers_phase(a, path: str) -> dict:
     with LocalCluster(2, cpus=cores, threads=1, profile=True) as cluster, neighbour(a, cores[1]) as busy:
         configs = {case: settings(a, path, case, cluster.addresses) for case in ["w1", *WORKER_CUTS] if case in a.cases}
         chain.setup(*configs.values())  # connects to the workers, before any tensor exists
-        cases = {case: chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids) for case, cfg in configs.items()}
+        cases = {
+            case: on_least_busy(chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids), cores)
+            for case, cfg in configs.items()
+        }
         if busy:
             cases["w1-busy"] = beside(busy, cases["w1"])
         times = measure(cases, a, [os.getpid(), *cluster.pids, *([busy.pid] if busy else [])])
         print(json.dumps(dict(times=times, ideals={})), flush=True)  # kept should a traced run fail
-        ideals = {case: traced(a, path, case, cluster) for case in configs if case != "w1"}
+        ideals = {case: traced(a, path, case, cluster, cases[case].core) for case in configs if case != "w1"}
         return dict(times=times, ideals=ideals)  # the workers stop as the block ends
+
+
+def pin(cores: set[int]) -> None:
+    """Every thread of this process on `cores` (`os.sched_setaffinity(0, ...)` moves the calling thread only)."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cores)
+
+
+@contextlib.contextmanager
+def pinned(core: int | None):
+    """This process on `core` while the context is open (None: where the OS puts it), then on every core."""
+    if core is not None:
+        pin({core})
+    try:
+        yield
+    finally:
+        pin(set(range(os.cpu_count())))
+
+
+def on_least_busy(block, cores: list[int]):
+    """`block` run with this process (the workers' client) pinned to the core of the worker that worked least in
+    the block's call before (`block.work`, each worker's CPU per step; the first call unpinned), as the module
+    docstring says why. `run.core`: the core of the last call (None before any was chosen)."""
+
+    def run(calls: int) -> float:
+        work = block.work
+        run.core = cores[work.index(min(work))] if work else None
+        with pinned(run.core):
+            seconds = block(calls)
+        run.work = block.work
+        return seconds
+
+    run.work, run.core = [], None
+    return run
 
 
 @contextlib.contextmanager
@@ -362,10 +406,12 @@ def beside(busy: subprocess.Popen, block):
     return run
 
 
-def traced(a, path: str, case: str, cluster) -> dict | None:
-    """`ideal`, or None (said on stderr) when its traced run fails: the timing is kept either way."""
+def traced(a, path: str, case: str, cluster, core: int | None) -> dict | None:
+    """`ideal` with the client on `core` (as in the case's timed blocks), or None (said on stderr) when its traced
+    run fails: the timing is kept either way."""
     try:
-        return ideal(a, path, case, cluster)
+        with pinned(core):
+            return ideal(a, path, case, cluster)
     except Exception as e:  # a benchmark's last part: report it and keep the figures
         print(f"# {case}: the traced run failed: {e}", file=sys.stderr, flush=True)
         return None
@@ -639,8 +685,8 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
         + (f" {statistics.median(slows):9.3f} {statistics.median(of_busy):14.3f}" if of_busy else "")
     )
     print(
-        "client: this script's process (the workers' client: the batches, the calls) in cores; in w1 it runs on "
-        f"the free second core, in {case} on the workers' two. work: the workers' CPU seconds per step (w1: both "
+        "client: this script's process (the workers' client: the batches, the calls) in cores, pinned to the core of "
+        f"the worker that works least (w1: the free second core; {case}: core {times[case][-1][4]}). work: the workers' CPU seconds per step (w1: both "
         "summed); ideal: by that work, with the planned bubble; of it: the speed-up over that ideal. w1 slowed: w1-busy's "
         "time over w1's (the same repeat); of ideal, busy: the speed-up over the timeline's ideal slowed by as much"
     )
