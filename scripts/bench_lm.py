@@ -327,13 +327,15 @@ def pin(cores: set[int]) -> None:
 
 @contextlib.contextmanager
 def pinned(core: int | None):
-    """This process on `core` while the context is open (None: where the OS puts it), then on every core."""
+    """This process on `core` while the context is open (None: where the OS puts it), then back on the cores it
+    had."""
+    had = os.sched_getaffinity(0)
     if core is not None:
         pin({core})
     try:
         yield
     finally:
-        pin(set(range(os.cpu_count())))
+        pin(had)
 
 
 def on_least_busy(block, cores: list[int]):
