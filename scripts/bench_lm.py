@@ -45,6 +45,7 @@ host with cores to spare gives the client its own.
   keras_hub tied embedding, `token_embedding(x, reverse=True)`, on two stages of one device is refused as "a
   weight shared by two stages".)
 - `chain2w`: 2 stages, 1F1B, stage k on worker k; its speed-up is time(w1) / time(chain2w);
+- `chain2w-eager`: `chain2w` with `pipeline.schedule=eager1f1b` (stage 0's forwards a backward earlier);
 - `chain2w-zbv`: 4 stages in a V (`pipeline.schedule=zbv`), stages k and 3-k on worker k;
 - `w1-busy`: `w1` while the second core is busy with the same model's training (keras_hub's fit, one thread,
   in a process of its own pinned to that core, stopped between these blocks): how much two busy cores of this
@@ -90,7 +91,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from bench_pipeline import cpu_ticks, process_ms  # noqa: E402
 
 LOCAL = ["keras", "chain1", "chain1k", "chain2", "chain4"]  # the first process's cases
-WORKER_CUTS = ["chain2w", "chain2w-zbv"]  # the cut cases on workers, held to w1
+WORKER_CUTS = ["chain2w", "chain2w-eager", "chain2w-zbv"]  # the cut cases on workers, held to w1
 WORKERS = ["w1", *WORKER_CUTS, "w1-busy"]  # the second process's cases
 PER_CALL = 8  # Keras' steps_per_execution = the trainer's default trainer.steps_per_call
 LR = 1e-3
@@ -107,7 +108,16 @@ def settings(a, path: str, case: str, addresses: list[str] | None = None, extra:
     """The trainer's config of `case` on the token file at `path` (`extra`: overrides added last)."""
     import chain
 
-    stages = {"chain1": 1, "chain1k": 1, "chain2": 2, "chain4": 4, "w1": 1, "chain2w": 2, "chain2w-zbv": 4}[case]
+    stages = {
+        "chain1": 1,
+        "chain1k": 1,
+        "chain2": 2,
+        "chain4": 4,
+        "w1": 1,
+        "chain2w": 2,
+        "chain2w-eager": 2,
+        "chain2w-zbv": 4,
+    }[case]
     out = [
         "mode=e2e",
         f"+stages={stages}",
@@ -126,7 +136,7 @@ def settings(a, path: str, case: str, addresses: list[str] | None = None, extra:
         "checkpoint.export=false",
     ]
     if stages > 1 or case == "w1":  # w1: the same microbatches, summed on one stage
-        schedule = "zbv" if case == "chain2w-zbv" else "1f1b"
+        schedule = {"chain2w-zbv": "zbv", "chain2w-eager": "eager1f1b"}.get(case, "1f1b")
         out += [f"pipeline.schedule={schedule}", f"pipeline.microbatches={a.microbatches}"]
     if case == "chain1k":
         out += ["optim.fused=false"]
@@ -507,6 +517,7 @@ WHAT = {
     "chain4": "chain, 4 stages, 1F1B, logical CPUs (overhead, no overlap)",
     "w1": "chain, 1 stage, M microbatches summed, on one single-core worker",
     "chain2w": "chain, 2 stages, 1F1B, one single-core worker each",
+    "chain2w-eager": "chain2w with eager 1F1B (`pipeline.schedule=eager1f1b`)",
     "chain2w-zbv": "chain, 4 stages in a V (zbv), stages k and 3-k on single-core worker k",
     "w1-busy": "w1 while the second core trains the same model (Keras' fit, one thread)",
 }

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import EXTENDED
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_lm.py"
 
 
+@EXTENDED  # the suite's time: GPT2CausalLM trains like keras_hub's own Keras every time (tests/test_keras_hub.py)
 def test_bench_lm_quick_checks_the_same_math_and_prints_tokens_per_second():
     cases = ["keras", "chain1k"]  # chain1k holds the trainer to keras_hub's fit; the cut cases run the same block
     r = subprocess.run(

@@ -17,7 +17,7 @@ import chain
 from chain.errors import ConfigError
 from chain.training import compiled_clipping
 from compare import rel_diff
-from conftest import DEVICES
+from conftest import DEVICES, EXTENDED
 from graph_audit import audit
 
 LR = 0.1
@@ -102,10 +102,14 @@ ZBV = [o for o in BASE if o != "+stages=3"] + ["+stages=4"]  # a V: stages 0 and
     "base, overrides",
     [
         (BASE, ["pipeline.schedule=gpipe", "pipeline.microbatches=2"]),
-        (BASE, ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.grad_accum=2"]),
-        (BASE, ["pipeline.schedule=sequential", "pipeline.microbatches=2"]),
-        (BASE, ["pipeline.schedule=zb1", "pipeline.microbatches=4"]),
-        (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2"]),
+        # the suite's time: gpipe, zbv (split backwards), the interleaved copies and the accumulating mirrored
+        # run clip the chain every time
+        pytest.param(
+            BASE, ["pipeline.schedule=1f1b", "pipeline.microbatches=4", "trainer.grad_accum=2"], marks=EXTENDED
+        ),
+        pytest.param(BASE, ["pipeline.schedule=sequential", "pipeline.microbatches=2"], marks=EXTENDED),
+        pytest.param(BASE, ["pipeline.schedule=zb1", "pipeline.microbatches=4"], marks=EXTENDED),
+        pytest.param(INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2"], marks=EXTENDED),
         (BASE, ["placement.fallback=mirrored", "trainer.grad_accum=2"]),
         (INTERLEAVED, ["pipeline.schedule=interleaved", "pipeline.microbatches=2", "placement.replicas=2"]),
         (ZBV, ["pipeline.schedule=zbv", "pipeline.microbatches=4"]),

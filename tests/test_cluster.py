@@ -114,7 +114,8 @@ def assert_lost(code: int, stderr: str, address: str, ending: str, index: int = 
     assert errors[0].endswith(ending), errors[0]
 
 
-@pytest.mark.parametrize("mode", MODES)
+# EXTENDED: the suite's time; e2e runs every time, mode=local on the workers in the lost-during-a-save test below
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=EXTENDED if m == "local" else ()) for m in MODES])
 def test_a_chain_on_two_workers_trains_like_on_local_devices(workers, tmp_path, mode):
     args = [*TINY, *MODES[mode], "trainer.steps=6"]
     r = run_cli(tmp_path, *args, workers.option, f"hydra.run.dir={tmp_path / 'cluster'}")

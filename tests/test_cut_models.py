@@ -15,7 +15,7 @@ import pytest
 
 import chain
 from compare import trains_like_one_device
-from conftest import DEVICES, read_summary, run_cli, run_dirs
+from conftest import DEVICES, EXTENDED, read_summary, run_cli, run_dirs
 
 L = keras.layers
 SYNTH = [
@@ -192,7 +192,13 @@ def test_a_transformer_block_cuts_only_where_one_tensor_crosses():
 
 
 @pytest.mark.parametrize(
-    "stages, how", [(2, "placement.balance=even"), (3, "placement.balance=params"), (4, "placement.balance=even")]
+    "stages, how",
+    [
+        (2, "placement.balance=even"),
+        # the suite's time: the block cut into 2 and 4 stages runs every time, balance=params in the other tests here
+        pytest.param(3, "placement.balance=params", marks=EXTENDED),
+        (4, "placement.balance=even"),
+    ],
 )
 def test_a_transformer_block_cut_into_stages_predicts_and_trains_like_the_model(tmp_path, stages, how):
     x = np.random.default_rng(0).normal(size=(64, 5, 8)).astype("float32")

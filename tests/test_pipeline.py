@@ -46,6 +46,7 @@ LOSSES = {  # name -> (overrides, Keras' own loss on (y, output of the last stag
 CASES = (
     [(name, m, "crossentropy") for name in ("sequential", "gpipe", "1f1b") for m in (1, 2, 4)]
     + [("zb1", m, "crossentropy") for m in (2, 4, 8)]
+    + [("eager1f1b", 8, "crossentropy")]
     + [("1f1b", 2, "mse_value"), ("gpipe", 4, "mse_onehot")]
 )
 

@@ -13,6 +13,7 @@ from chain.stages import loss_scale as ls
 from chain.steps.update import apply_update, shared_outcomes
 from chain.steps.numerics import NonFiniteError
 from compare import norm_rel_diff, stage_vectors
+from conftest import EXTENDED
 
 LR = 0.1
 BASE = [
@@ -61,7 +62,9 @@ def state(run) -> list[np.ndarray]:
     return [v.numpy().copy() for s in run.stages for v in s.trainable_variables + list(s.optimizer.variables)]
 
 
-@pytest.fixture(scope="module", params=list(MODES))
+# EXTENDED: the suite's time; mode=e2e's runs every time, mode=local's low precision in test_speed_cli's bfloat16
+# run and the float16 loss-scale tests below
+@pytest.fixture(scope="module", params=[pytest.param("local", marks=EXTENDED), "e2e"])
 def trained(request) -> dict:
     """For one mode, the same chain in float32 and every low-precision variant, trained on the same batches."""
     mode = request.param

@@ -19,6 +19,7 @@ from chain.pipeline import idle, measured_grid, timeline
 from chain.records.measured import MeasuredTimeline
 from chain.records.serial import from_json
 from chain.pipeline.timeline import OpEvent
+from conftest import EXTENDED
 
 SMALL = ["model.width=16", "data.batch_size=32", "trainer.progress=false", "checkpoint.export=false"]
 
@@ -98,7 +99,7 @@ def test_profiling_does_not_change_training(profiled):
 @pytest.mark.parametrize(
     "schedule, overrides",
     [
-        ("zb1", ["+stages=2"]),
+        pytest.param("zb1", ["+stages=2"], marks=EXTENDED),  # the suite's time: zbv's W actions are measured every time
         ("interleaved", ["+stages=4", "pipeline.virtual_stages=2"]),  # 4 stages on 2 devices
         ("zbv", ["+stages=4"]),  # 4 stages on 2 devices in a V, split backwards
     ],

@@ -20,6 +20,7 @@ from chain.schedule import schedules
 from chain.pipeline import play
 from chain.pipeline.play import e2e_step
 from chain.steps import recompute
+from conftest import EXTENDED
 from graph_audit import live_ops
 
 STEPS = 2
@@ -138,6 +139,7 @@ def test_a_replay_without_the_models_state_draws_other_dropout_masks(mlp, monkey
     assert naive[0][0] != never[0][0] or any(not np.array_equal(a, b) for a, b in zip(naive[1], never[1]))
 
 
+@EXTENDED  # the suite's time: gpipe's and 1f1b's stages (always and except_last) recompute bit for bit every time
 def test_interleaved_stages_recompute_bit_for_bit_like_stages_that_keep_activations():
     r = Replayer(
         chain.build(

@@ -17,7 +17,7 @@ import tensorflow as tf
 import chain
 import user_nets
 from compare import microbatch_sgd_step, norm_rel_diff, rel_diff
-from conftest import run_cli
+from conftest import EXTENDED, run_cli
 from graph_audit import audit
 
 SYNTH = [
@@ -104,8 +104,12 @@ def trains_like_fit(run, reference: keras.Model) -> None:
     "kind, overrides",
     [
         ("kernel", []),
-        ("kernel", ["pipeline.microbatches=4", "pipeline.schedule=1f1b"]),
-        ("kernel", ["pipeline.microbatches=2", "pipeline.schedule=gpipe", "trainer.grad_accum=2"]),
+        # the suite's time: M=4 runs every time (e2e-activity-M4), 1f1b sums the same microbatches in another order
+        pytest.param("kernel", ["pipeline.microbatches=4", "pipeline.schedule=1f1b"], marks=EXTENDED),
+        # the suite's time: accumulated with regularizers every time in mirrored-activity-accum2 (and in mode=local)
+        pytest.param(
+            "kernel", ["pipeline.microbatches=2", "pipeline.schedule=gpipe", "trainer.grad_accum=2"], marks=EXTENDED
+        ),
         ("activity", ["pipeline.microbatches=4", "pipeline.schedule=gpipe"]),
         ("activity", ["pipeline.microbatches=2", "trainer.jit_compile=true"]),
         ("both", ["pipeline.microbatches=2", "pipeline.schedule=zb1"]),
@@ -137,8 +141,9 @@ def test_e2e_trains_like_model_fit_regularizers_included(kind, overrides):
     [
         ("kernel", []),
         ("activity", ["trainer.grad_accum=2"]),
-        ("activity", ["trainer.jit_compile=true"]),
-        ("kernel", ["placement.fallback=mirrored"]),
+        # the suite's time: XLA and the mirrored fallback with regularizers run every time in the e2e test above
+        pytest.param("activity", ["trainer.jit_compile=true"], marks=EXTENDED),
+        pytest.param("kernel", ["placement.fallback=mirrored"], marks=EXTENDED),
     ],
     ids=["local", "local-activity-accum2", "local-activity-xla", "mirrored-local"],
 )
@@ -160,7 +165,8 @@ def test_local_stages_train_like_train_on_batch_regularizers_included(kind, over
     assert_moved_alike(chained, [w.numpy() for _, m in references for w in m.trainable_variables], start, RTOL)
 
 
-@pytest.mark.parametrize("policy", ["lockstep", "round_robin"])
+# EXTENDED: the suite's time; lockstep runs every time, and round_robin trains each variant alike (test_side_by_side)
+@pytest.mark.parametrize("policy", ["lockstep", pytest.param("round_robin", marks=EXTENDED)])
 def test_side_by_side_models_train_like_train_on_batch_regularizers_included(policy):
     """mode=side_by_side: each variant (a builder's layer with an L2 kernel regularizer, and a
     head) equals Keras' `train_on_batch` of the same layers on its slice of the batch."""
@@ -183,7 +189,11 @@ def test_side_by_side_models_train_like_train_on_batch_regularizers_included(pol
 
 
 @pytest.mark.parametrize(
-    "overrides", [["pipeline.microbatches=2"], ["placement.fallback=mirrored"]], ids=["pipelined-M2", "mirrored"]
+    "overrides",
+    # the suite's time: the pipelined run scales every stage's regularization every time, the mirrored
+    # fallback's regularization is test_e2e_trains_like_model_fit_regularizers_included's
+    [["pipeline.microbatches=2"], pytest.param(["placement.fallback=mirrored"], marks=EXTENDED)],
+    ids=["pipelined-M2", "mirrored"],
 )
 def test_float16_loss_scaling_scales_the_regularization_too(overrides):
     """precision=mixed_float16, mode=e2e: every stage's regularization is inside the scaled loss
@@ -368,9 +378,14 @@ PER_MICROBATCH = [
     "overrides, parts",
     [
         (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]"], 4),
-        (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]"], 4),
-        (["pipeline.schedule=zb1", "+stages=2", "placement.split=[3,3]"], 4),
-        (["pipeline.schedule=interleaved", "pipeline.virtual_stages=2", "+stages=4", "placement.split=[2,2,1,1]"], 4),
+        # the suite's time: gpipe, zbv and the copies' 1f1b weigh the same microbatches every time
+        pytest.param(["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]"], 4, marks=EXTENDED),
+        pytest.param(["pipeline.schedule=zb1", "+stages=2", "placement.split=[3,3]"], 4, marks=EXTENDED),
+        pytest.param(
+            ["pipeline.schedule=interleaved", "pipeline.virtual_stages=2", "+stages=4", "placement.split=[2,2,1,1]"],
+            4,
+            marks=EXTENDED,
+        ),
         (["pipeline.schedule=zbv", "+stages=4", "placement.split=[2,2,1,1]"], 4),
         (["pipeline.schedule=1f1b", "+stages=2", "placement.split=[3,3]", "placement.replicas=2"], 8),
         (["pipeline.schedule=gpipe", "+stages=2", "placement.split=[3,3]", "trainer.grad_accum=2"], 8),

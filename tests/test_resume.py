@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import manifest, read_summary, run_cli, stage_values
+from conftest import EXTENDED, manifest, read_summary, run_cli, stage_values
 
 # Each entry: how the chain is trained (the pipelined modes, and the mirrored fallback).
 MODES = {
@@ -37,7 +37,12 @@ def event_steps(path) -> list[int]:
     return sorted(e.step for e in tf.compat.v1.train.summary_iterator(path) if e.summary.value)
 
 
-@pytest.mark.parametrize("mode", MODES)
+# The suite's time: e2e (1f1b) and mirrored run every time, and mode=local's kill and resume is every run's of
+# test_streaming's killed stream; zbv (4 stages, split backwards) is another schedule of the same e2e resume.
+EXTENDED_MODES = {"local", "e2e-zbv"}
+
+
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=EXTENDED if m in EXTENDED_MODES else ()) for m in MODES])
 def test_resume_after_kill_is_bit_exact(tmp_path, mode):
     n, every, kill_at = 8, 3, 5  # killed two steps after the checkpoint at step 3
     args = [*TINY, *MODES[mode], f"trainer.steps={n}", f"checkpoint.every={every}", "trainer.log_every=1"]

@@ -18,7 +18,7 @@ import pytest
 import chain
 from chain.errors import ChainError, CheckpointError
 from compare import weights
-from conftest import run_cli
+from conftest import EXTENDED, run_cli
 
 SMALL = [
     "+stages=2",
@@ -87,7 +87,8 @@ def notes(caplog) -> list[str]:
 @pytest.mark.parametrize(
     "optim, old, new",
     [
-        (["optim=adam"], 0.001, 0.0005),
+        # the suite's time: SGD's learning rate (a Keras optimizer's, set the same way) changes every time
+        pytest.param(["optim=adam"], 0.001, 0.0005, marks=EXTENDED),
         (["optim=sgd", "optim.momentum=0.9"], 0.05, 0.01),
     ],
 )

@@ -63,6 +63,38 @@ def test_1f1b_keeps_at_most_k_activations_alive_per_stage(k, m):
         assert max(schedules.live_activations([a for a in row if a is not None])) <= k
 
 
+@pytest.mark.parametrize("k, m", SIZES)
+def test_eager_1f1b_runs_each_stages_forwards_a_backward_earlier_for_2_k_minus_k_minus_1_activations(k, m):
+    eager, plain = schedules.build("eager1f1b", k, m), schedules.build("1f1b", k, m)
+    for stage, (row, base) in enumerate(zip(eager.actions, plain.actions)):
+        ahead = min(2 * (k - stage) - 1, m)
+        assert row[:ahead] == tuple(Action(stage, mb, FORWARD) for mb in range(ahead))
+        assert max(schedules.live_activations(row)) == ahead  # 1F1B's min(K-k, M) and K-k-1 more
+        for i in range(m - ahead):  # each forward after the warm-up: a backward earlier than in 1F1B
+            forward = Action(stage, ahead + i, FORWARD)
+            assert row[row.index(forward) - 1] == Action(stage, i, BACKWARD)
+            assert base.index(forward) > base.index(Action(stage, i, BACKWARD)) or stage == k - 1
+    assert schedules.simulate(eager).bubble_fraction == pytest.approx(schedules.simulate(plain).bubble_fraction)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_eager_1f1b_hides_a_crossings_time_that_1f1b_waits_for(k):
+    """Equal stages (F one unit, B two) and a crossing of a quarter unit: in 1F1B a stage's next forward waits for
+    its backward, which waits for the next stage's, so the next stage waits two crossings per microbatch; eager
+    1F1B's forward ran before, so its step is shorter. Without the crossing both take the same time."""
+
+    def step(name: str, crossing: float) -> float:
+        timed = schedules.play_timed(
+            schedules.build(name, k, 8),
+            lambda a: 1.0 if a.kind == FORWARD else 2.0,
+            wait=lambda needed, a: crossing if needed.stage != a.stage else 0.0,
+        )
+        return max(timed.end.values())
+
+    assert step("eager1f1b", 0.0) == step("1f1b", 0.0)
+    assert step("eager1f1b", 0.25) < step("1f1b", 0.25) - 1.0
+
+
 @pytest.mark.parametrize("k, m", [(k, m) for k, m in SIZES if m > k])
 def test_gpipe_holds_all_microbatches_where_1f1b_holds_k(k, m):
     gp = schedules.build("gpipe", k, m)

@@ -53,6 +53,7 @@ def varlen_run(path: str, *extra: str) -> list[str]:
     ]
 
 
+@EXTENDED  # the suite's time: the tfrecord ids' buckets train like one device every time, these lines resume below
 def test_bucketed_lines_on_two_stages_train_like_one_device_and_trace_once_per_bucket(lines):
     """GPipe over 2 stages, 2 microbatches, on the stream's own bucketed batches: every loss and weight equals
     Keras' own steps of the same model on one device (padding ignored: `ignore_class` settled to 0); the

@@ -5,7 +5,7 @@ import pytest
 
 import chain
 from chain.steps import xla
-from conftest import DEVICES
+from conftest import DEVICES, EXTENDED
 from graph_audit import audit, body_devices, compiled_calls
 from compare import assert_trains_alike, same_batches
 
@@ -34,7 +34,8 @@ RTOL = 1e-5
 STEPS = 5
 
 
-@pytest.mark.parametrize("case", CASES)
+# EXTENDED: the suite's time; the pipelined e2e run compiles every time (1f1b with accumulation)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=EXTENDED if c == "e2e-gpipe" else ()) for c in CASES])
 def test_xla_training_matches_uncompiled_training(case):
     """Tolerance 1e-5 relative (per variable: largest difference over largest magnitude;
     and per step loss), after 5 SGD steps. XLA computes the same functions but fuses and

@@ -221,6 +221,29 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     return Schedule("1f1b", stages, microbatches, tuple(rows))
 
 
+def eager_one_f_one_b(stages: int, microbatches: int) -> Schedule:
+    """Eager 1F1B (PaddlePaddle's and JaxPP's `Eager1F1B`): 1F1B with K-k-1 more warm-up forwards on stage k,
+    2 (K-k) - 1 forwards before its first backward, then one backward and one forward, then the rest of the
+    backwards.
+
+    In 1F1B stage k runs its forward of microbatch m+K-k only after its backward of m, which waits for
+    stage k+1's: the next stage's next input is ready only if the time of one hop there and back fits in the
+    slack between the two stages. Here that forward has run a backward earlier, so a stage feeding a slower
+    one (or a cluster's slow link) never keeps it waiting. The same bubble as 1F1B with unit-time actions, for
+    more memory: stage k holds min(M, 2 (K-k) - 1) microbatches' activations, against 1F1B's K-k.
+    """
+    _check(stages, microbatches)
+    rows = []
+    for k in range(stages):
+        ahead = min(2 * (stages - k) - 1, microbatches)  # forwards before the first backward
+        row = [Action(k, m, FORWARD) for m in range(ahead)]
+        for i in range(microbatches - ahead):  # steady state: B(i), then F(ahead + i)
+            row += [Action(k, i, BACKWARD), Action(k, ahead + i, FORWARD)]
+        row += [Action(k, m, BACKWARD) for m in range(microbatches - ahead, microbatches)]
+        rows.append(tuple(row))
+    return Schedule("eager1f1b", stages, microbatches, tuple(rows))
+
+
 def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
     """Zero bubble ZB-H1 (Qi et al., 2023): 1F1B's order of forwards and input-gradient backwards
     ("B"), each stage's weight gradients ("W") moved into the slots where 1F1B idles.
@@ -402,6 +425,8 @@ BUILDERS = {
     "sequential": Builder(sequential, searched=False),  # one microbatch at a time never wins a search
     "gpipe": Builder(gpipe),
     "1f1b": Builder(one_f_one_b),
+    # not searched yet: plan=auto's memory estimate and predicted steps have not been held to its measured ones
+    "eager1f1b": Builder(eager_one_f_one_b, searched=False),
     "zb1": Builder(zero_bubble_h1, split=True),
     "interleaved": Builder(interleaved, Rows.LOOP, microbatches_of_devices=True),
     "zbv": Builder(zero_bubble_v, Rows.V, split=True),
