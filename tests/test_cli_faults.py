@@ -272,6 +272,7 @@ def test_a_garbage_lock_file_is_not_echoed(tmp_path):
         p.wait()
 
 
+@EXTENDED  # the suite's time: a live run's lock refuses a second run (test_run_dir) and generate (test_quiet)
 def test_restage_of_a_run_that_is_still_training_is_refused(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     # step 2 complete, step 4 half-written

@@ -150,7 +150,7 @@ def test_config_errors_need_no_tensorflow(no_tensorflow, user_files, tmp_path_fa
 PREPARED = [
     (
         ["mode=e2e", "pipeline.schedule=zigzag"],
-        "pipeline.schedule='zigzag' is not known; allowed: sequential, gpipe, 1f1b, zb1, interleaved, zbv, file",
+        "pipeline.schedule='zigzag' is not known; allowed: sequential, gpipe, 1f1b, eager1f1b, zb1, interleaved, zbv, file",
     ),
     (
         ["mode=e2e", "pipeline.schedule=file"],

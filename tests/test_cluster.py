@@ -369,6 +369,7 @@ def test_a_stopped_worker_stops_the_run_with_one_line(workers, tmp_path):
     assert took < 30, took  # a few multiples of cluster.lost_after_s, not minutes
 
 
+@EXTENDED  # the suite's time: a stalled step's report runs every time in one process (test_stall)
 def test_a_stalled_step_on_workers_says_where_it_waits(workers, tmp_path):
     """trainer.stall_s: stage 1's forward of microbatch 2 held for 2 s in step 3 (CHAIN_TEST_HOLD, a
     wait on the client that the action depends on): the markers on the client name it, and stage 0

@@ -320,6 +320,7 @@ def test_generate_refuses_a_run_that_is_not_a_byte_level_language_model(tmp_path
     ), r.stderr
 
 
+@EXTENDED  # the suite's time: generate continues a text run's prompt as the exported model predicts every time
 def test_generate_continues_ids_of_a_token_file_run_as_the_exported_model_predicts(tmp_path):
     """data=tokens (ids without a tokenizer): the prompt and the output are ids; greedy equals the oracle."""
     from conftest import run_cli

@@ -172,6 +172,7 @@ def test_the_reports_figures_draw_text_as_written(monkeypatch):
     assert not [t.get_text() for t in drawn if t.get_parse_math() or t.get_usetex()]
 
 
+@EXTENDED  # the suite's time: Ctrl-C's one line in training (test_cli_faults), generate's text (test_gpt) every time
 def test_generate_stops_on_ctrl_c_in_one_line_after_the_text_so_far(lm):
     prompt = "the qu"
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}

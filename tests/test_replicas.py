@@ -114,6 +114,7 @@ def test_copies_of_a_pipeline_from_a_schedule_file_whose_rows_hold_two_stages_tr
     assert_copies_identical(run, SHARED)
 
 
+@EXTENDED  # the suite's time: copies train like one copy every time above; float16's loss scale in test_precision
 def test_float16_copies_train_like_one_copy_with_as_many_microbatches():
     """precision=mixed_float16: two copies of one microbatch each equal one copy of two microbatches
     (whose float16 training test_precision holds to Keras); loss scales stay identical."""

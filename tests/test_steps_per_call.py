@@ -61,9 +61,10 @@ def pair(*overrides):
     return one, many
 
 
-# The suite's time: local, local-xla, e2e's 1f1b and float16, and mirrored-e2e run every time; zb1 and interleaved
-# are other schedules of the same e2e call and resume, mirrored-local the same mirrored call, accum local's in chunks.
-EXTENDED_MODES = {"e2e-zb1", "e2e-interleaved", "mirrored-local", "local-accum"}
+# The suite's time: local, e2e's 1f1b and float16, and mirrored-e2e run every time; zb1 and interleaved are other
+# schedules of the same e2e call and resume, mirrored-local the same mirrored call, accum local's in chunks, and
+# local-xla the same call compiled (XLA's training in tests/test_xla.py).
+EXTENDED_MODES = {"e2e-zb1", "e2e-interleaved", "mirrored-local", "local-accum", "local-xla"}
 
 
 @pytest.mark.parametrize("mode", [pytest.param(m, marks=EXTENDED if m in EXTENDED_MODES else ()) for m in MODES])
