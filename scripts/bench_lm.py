@@ -45,7 +45,7 @@ host with cores to spare gives the client its own.
   keras_hub tied embedding, `token_embedding(x, reverse=True)`, on two stages of one device is refused as "a
   weight shared by two stages".)
 - `chain2w`: 2 stages, 1F1B, stage k on worker k; its speed-up is time(w1) / time(chain2w);
-- `chain2w-eager`: `chain2w` with `pipeline.schedule=eager1f1b` (stage 0's forwards a backward earlier);
+- `chain2w-eager`: `chain2w` with `pipeline.schedule=eager1f1b` (stage 0's forwards run a backward earlier);
 - `chain2w-zbv`: 4 stages in a V (`pipeline.schedule=zbv`), stages k and 3-k on worker k;
 - `w1-busy`: `w1` while the second core is busy with the same model's training (keras_hub's fit, one thread,
   in a process of its own pinned to that core, stopped between these blocks): how much two busy cores of this

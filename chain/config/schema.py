@@ -432,9 +432,9 @@ class Trainer:
 class Pipeline:
     schedule: str = setting(
         schedule_check,
-        "mode=e2e: the pipeline schedule: sequential, gpipe, 1f1b, eager1f1b (1F1B with each stage's forwards a "
-        "backward earlier), zb1 (zero bubble ZB-H1), interleaved (virtual "
-        "stages), zbv (V-shaped zero bubble: stage k and 2D-1-k on device k) or file (read from pipeline.schedule_file)",
+        "mode=e2e: the pipeline schedule: sequential, gpipe, 1f1b, eager1f1b (1F1B with each stage's forwards "
+        "run earlier), zb1 (zero bubble ZB-H1), interleaved (virtual stages), zbv (V-shaped zero bubble: "
+        "stage k and 2D-1-k on device k) or file (read from pipeline.schedule_file)",
     )
     microbatches: int = setting(
         integer(1, MAX_MICROBATCHES), "mode=e2e: microbatches per batch; must divide data.batch_size"

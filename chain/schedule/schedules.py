@@ -228,10 +228,9 @@ def eager_one_f_one_b(stages: int, microbatches: int) -> Schedule:
 
     In 1F1B stage k runs its forward of microbatch m+K-k only after its backward of m, which waits for
     stage k+1's: the next stage's next input is ready only if the time of one hop there and back fits in the
-    slack between the two stages. Here that forward has run a backward earlier, so in the steady state a stage
+    slack between the two stages. Here each forward runs K-k-1 backwards earlier, so in the steady state a stage
     feeding a slower one (or across a slow link) does not keep it waiting. The same bubble as 1F1B with unit-time
-    actions, for
-    more memory: stage k holds min(M, 2 (K-k) - 1) microbatches' activations, against 1F1B's K-k.
+    actions, for more memory: stage k holds min(M, 2 (K-k) - 1) microbatches' activations, against 1F1B's K-k.
     """
     _check(stages, microbatches)
     rows = []
