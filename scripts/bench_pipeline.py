@@ -85,7 +85,7 @@ from chain.worker import LocalCluster
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-SCHEDULES = ["gpipe", "1f1b", "zb1", "interleaved", "zbv"]  # what --schedules takes (bench_bubble.py too)
+SCHEDULES = ["gpipe", "1f1b", "eager1f1b", "zb1", "interleaved", "zbv"]  # what --schedules takes (bench_bubble.py too)
 
 
 def overrides(a, addresses: list[str], schedule: str, m: int, devices: list[str]) -> list[str]:
