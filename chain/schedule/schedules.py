@@ -209,16 +209,22 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     backward, then drains the remaining backwards. At most K-k microbatches (so at most
     K) have activations alive on stage k, against M for GPipe.
     """
+    return Schedule("1f1b", stages, microbatches, _ahead_rows(stages, microbatches, lambda k: stages - k))
+
+
+def _ahead_rows(stages: int, microbatches: int, ahead: Callable[[int], int]) -> tuple[tuple[Action, ...], ...]:
+    """Each stage k's row of a 1F1B order: min(M, `ahead(k)`) forwards before its first backward, then one
+    backward and one forward, then the rest of the backwards."""
     _check(stages, microbatches)
     rows = []
     for k in range(stages):
-        warmup = min(stages - k - 1, microbatches)
-        row = [Action(k, m, FORWARD) for m in range(warmup)]
-        for i in range(microbatches - warmup):  # steady state: F(warmup + i), then B(i)
-            row += [Action(k, warmup + i, FORWARD), Action(k, i, BACKWARD)]
-        row += [Action(k, m, BACKWARD) for m in range(microbatches - warmup, microbatches)]
+        first = min(ahead(k), microbatches)
+        row = [Action(k, m, FORWARD) for m in range(first)]
+        for i in range(microbatches - first):  # steady state: B(i), then F(first + i)
+            row += [Action(k, i, BACKWARD), Action(k, first + i, FORWARD)]
+        row += [Action(k, m, BACKWARD) for m in range(microbatches - first, microbatches)]
         rows.append(tuple(row))
-    return Schedule("1f1b", stages, microbatches, tuple(rows))
+    return tuple(rows)
 
 
 def eager_one_f_one_b(stages: int, microbatches: int) -> Schedule:
@@ -232,16 +238,9 @@ def eager_one_f_one_b(stages: int, microbatches: int) -> Schedule:
     feeding a slower one (or across a slow link) does not keep it waiting. The same bubble as 1F1B with unit-time
     actions, for more memory: stage k holds min(M, 2 (K-k) - 1) microbatches' activations, against 1F1B's K-k.
     """
-    _check(stages, microbatches)
-    rows = []
-    for k in range(stages):
-        ahead = min(2 * (stages - k) - 1, microbatches)  # forwards before the first backward
-        row = [Action(k, m, FORWARD) for m in range(ahead)]
-        for i in range(microbatches - ahead):  # steady state: B(i), then F(ahead + i)
-            row += [Action(k, i, BACKWARD), Action(k, ahead + i, FORWARD)]
-        row += [Action(k, m, BACKWARD) for m in range(microbatches - ahead, microbatches)]
-        rows.append(tuple(row))
-    return Schedule("eager1f1b", stages, microbatches, tuple(rows))
+    return Schedule(
+        "eager1f1b", stages, microbatches, _ahead_rows(stages, microbatches, lambda k: 2 * (stages - k) - 1)
+    )
 
 
 def zero_bubble_h1(stages: int, microbatches: int) -> Schedule:
