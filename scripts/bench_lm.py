@@ -93,6 +93,17 @@ from bench_pipeline import cpu_ticks, process_ms  # noqa: E402
 LOCAL = ["keras", "chain1", "chain1k", "chain2", "chain4"]  # the first process's cases
 WORKER_CUTS = ["chain2w", "chain2w-eager", "chain2w-zbv"]  # the cut cases on workers, held to w1
 WORKERS = ["w1", *WORKER_CUTS, "w1-busy"]  # the second process's cases
+# case -> (stages, schedule): chain1 and chain1k take the whole batch at once; w1 sums the same microbatches on one stage
+LAYOUT = {
+    "chain1": (1, None),
+    "chain1k": (1, None),
+    "chain2": (2, "1f1b"),
+    "chain4": (4, "1f1b"),
+    "w1": (1, "1f1b"),
+    "chain2w": (2, "1f1b"),
+    "chain2w-eager": (2, "eager1f1b"),
+    "chain2w-zbv": (4, "zbv"),
+}
 PER_CALL = 8  # Keras' steps_per_execution = the trainer's default trainer.steps_per_call
 LR = 1e-3
 
@@ -108,16 +119,7 @@ def settings(a, path: str, case: str, addresses: list[str] | None = None, extra:
     """The trainer's config of `case` on the token file at `path` (`extra`: overrides added last)."""
     import chain
 
-    stages = {
-        "chain1": 1,
-        "chain1k": 1,
-        "chain2": 2,
-        "chain4": 4,
-        "w1": 1,
-        "chain2w": 2,
-        "chain2w-eager": 2,
-        "chain2w-zbv": 4,
-    }[case]
+    stages, schedule = LAYOUT[case]
     out = [
         "mode=e2e",
         f"+stages={stages}",
@@ -135,14 +137,13 @@ def settings(a, path: str, case: str, addresses: list[str] | None = None, extra:
         "trainer.steps=1000000",
         "checkpoint.export=false",
     ]
-    if stages > 1 or case == "w1":  # w1: the same microbatches, summed on one stage
-        schedule = {"chain2w-zbv": "zbv", "chain2w-eager": "eager1f1b"}.get(case, "1f1b")
+    if schedule:
         out += [f"pipeline.schedule={schedule}", f"pipeline.microbatches={a.microbatches}"]
     if case == "chain1k":
         out += ["optim.fused=false"]
     if addresses:
         workers = ["/task:0/CPU:0", "/task:1/CPU:0"][:stages]
-        if case == "chain2w-zbv":  # the V: worker k holds stages k and 3-k
+        if schedule == "zbv":  # the V: worker k holds stages k and 3-k
             workers = workers + workers[::-1]
         if stages > 1:  # whole blocks per stage: the even split's 10 layers are the embedding and 1 block | 3
             out += ["placement.balance=params"]
