@@ -152,7 +152,7 @@ def settings(a, path: str, case: str, addresses: list[str] | None = None, extra:
             f"placement.devices=[{','.join(workers)}]",
             "cluster.lost_after_s=120",
         ]  # a shared machine: a busy worker may answer late
-    return chain.compose([*out, *extra])
+    return chain.compose([*out, *a.set, *extra])
 
 
 def gpt2(a):
@@ -485,6 +485,7 @@ def phase(a, name: str, path: str) -> dict:
         "--calls",
         str(a.calls),
         *model_args(a),
+        *(["--set", *a.set] if a.set else []),
         *(["--keep", os.path.abspath(a.keep)] if a.keep else []),
     ]
     r = subprocess.run(args, stdout=subprocess.PIPE, text=True)
@@ -541,6 +542,13 @@ def main() -> None:
         type=int,
         default=1,
         help="processes of the one-process cases, their repeats pooled (a process's keras/chain1 ratio moves by about 0.1)",
+    )
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="OVERRIDE",
+        help="Hydra overrides added to every chain case (e.g. trainer.jit_compile=true); keras' case is unchanged",
     )
     p.add_argument("--quiet", type=float, default=0.2, help="other processes' CPU (cores) below which a pair is quiet")
     p.add_argument("--quick", action="store_true", help="a smoke test: a tiny model, one repeat of one call per case")

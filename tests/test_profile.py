@@ -642,3 +642,25 @@ def test_a_backwards_wait_for_its_gradient_is_not_busy():
     b0 = next(a for a in m.steps[0].actions if a.key() == (0, 0, "B", 0))
     assert (b0.start_ms, b0.end_ms) == pytest.approx((270e-6, 370e-6))
     assert m.per_stage[0].busy_ms == pytest.approx(200e-6)  # F 100 + B 100, not the 160 from its first op
+
+
+def test_under_xla_the_log_says_why_no_step_is_measured(tmp_path, caplog):
+    """An XLA-compiled action's ops carry no name scope in TensorFlow's trace: the run still trains and keeps
+    the trace, and the log says why the measured timeline is empty rather than that steps were incomplete."""
+    cfg = chain.compose(
+        [
+            "+stages=2",
+            "mode=e2e",
+            "pipeline.microbatches=2",
+            *SMALL,
+            "trainer.jit_compile=true",
+            "trainer.steps=3",
+            "trainer.profile=[2,3]",
+        ]
+    )
+    with caplog.at_level(logging.INFO, logger="chain"):
+        chain.build(cfg, run_dir=str(tmp_path)).fit()
+    with open(tmp_path / "timeline.json") as f:
+        measured = json.load(f)
+    assert measured["steps"] and not any(s["complete"] for s in measured["steps"])
+    assert "measured timeline: none under trainer.jit_compile=true" in caplog.text

@@ -294,7 +294,7 @@ class Window:
             "planned and measured timelines (%s):\n%s\n%s%s",
             TIMELINE,
             plan,
-            measured_grid.render(result, run.schedule, devices),
+            measured_grid.render(result, run.schedule, devices, run.settings.trainer.jit_compile),
             note,
         )
         if result.advice:
