@@ -35,10 +35,12 @@ weights: their losses must agree (1e-5 on the first step, 1e-4 on the second), e
 Cases of the second process (bench_pipeline.py's method: real overlap on a CPU): two `python -m chain.worker`
 processes on loopback, each pinned to one core with one intra-op and one inter-op thread, and this script's
 second process their client, feeding the batches. The client (every thread of it) is pinned, for each timed block,
-to the core of the worker that worked least in the block before (`on_least_busy`: in `w1` the free second core, in
-the cut cases the lighter stage's): on two cores its work (the batches, the calls, the host releases; 17-26 ms a step
-in `chain2w`) comes out of a worker's core, and on the busiest worker's it would lengthen the pipeline's bound. A
-host with cores to spare gives the client its own.
+by the workers' CPU in the block before (`client_on`): in `w1` to the free second core; in the cut cases to the
+busiest worker's core, the bottleneck's. On two cores the client's work (the batches, the calls, the host releases)
+comes out of a worker's core. A cut case's step is bound by its bottleneck, which after each action that sends
+waits for its host release: with the client on its core, the release's round trip runs while that core waits,
+where on the other core it must preempt the other stage's work (paired, 2026-12-07, the step 0.94 of that with
+the client on the lighter stage's core; docs/benchmarks.md). A host with cores to spare gives the client its own.
 
 - `w1`: the same model on one stage on worker 0, the same M microbatches (their gradients summed): the
   baseline. (bench_pipeline.py's baseline keeps the cut, both stages on worker 0; here chain refuses it: the
@@ -255,7 +257,7 @@ def same_math(lm, run) -> None:
 def measure(cases: dict, a, pids: list[int]) -> dict:
     """case -> [(seconds per step, other processes' cores, this process's cores, each worker's CPU seconds per
     step (`chain_block`'s `work`; none in this process's own cases), the core this process was pinned to
-    (`on_least_busy`'s; else None)), ...] over `--repeats` rounds, each case once a round, in an order rotated by
+    (`client_on`'s; else None)), ...] over `--repeats` rounds, each case once a round, in an order rotated by
     one each round (after one untimed block each). This process is the workers' client: on two single-core
     workers its CPU comes out of their cores."""
     names = list(cases)
@@ -318,7 +320,7 @@ def workers_phase(a, path: str) -> dict:
         configs = {case: settings(a, path, case, cluster.addresses) for case in ["w1", *WORKER_CUTS] if case in a.cases}
         chain.setup(*configs.values())  # connects to the workers, before any tensor exists
         cases = {
-            case: on_least_busy(chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids), cores)
+            case: client_on(chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids), cores, case != "w1")
             for case, cfg in configs.items()
         }
         if busy:
@@ -349,14 +351,15 @@ def pinned(core: int | None):
         pin(had)
 
 
-def on_least_busy(block, cores: list[int]):
-    """`block` run with this process (the workers' client) pinned to the core of the worker that worked least in
-    the block's call before (`block.work`, each worker's CPU per step; the first call unpinned), as the module
-    docstring says why. `run.core`: the core of the last call (None before any was chosen)."""
+def client_on(block, cores: list[int], busiest: bool):
+    """`block` run with this process (the workers' client) pinned to the core of the worker that worked most
+    (`busiest`; a cut case: its bottleneck) or least (`w1`: the free core) in the block's call before
+    (`block.work`, each worker's CPU per step; the first call unpinned), as the module docstring says why.
+    `run.core`: the core of the last call (None before any was chosen)."""
 
     def run(calls: int) -> float:
         work = block.work
-        run.core = cores[work.index(min(work))] if work else None
+        run.core = cores[work.index((max if busiest else min)(work))] if work else None
         with pinned(run.core):
             seconds = block(calls)
         run.work = block.work
@@ -708,7 +711,7 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
     )
     print(
         "client: this script's process (the workers' client: the batches, the calls) in cores, pinned to the core of "
-        f"the worker that works least (w1: the free second core; {case}: core {times[case][-1][4]}). work: the workers' CPU seconds per step (w1: both "
+        f"the busiest worker (w1: the free second core; {case}: core {times[case][-1][4]}). work: the workers' CPU seconds per step (w1: both "
         "summed); ideal: by that work, with the planned bubble; of it: the speed-up over that ideal. w1 slowed: w1-busy's "
         "time over w1's (the same repeat); of ideal, busy: the speed-up over the timeline's ideal slowed by as much"
     )
