@@ -39,8 +39,8 @@ by the workers' CPU in the block before (`client_on`): in `w1` to the free secon
 busiest worker's core, the bottleneck's. On two cores the client's work (the batches, the calls, the host releases)
 comes out of a worker's core. A cut case's step is bound by its bottleneck, which after each action that sends
 waits for its host release: with the client on its core, the release's round trip runs while that core waits,
-where on the other core it must preempt the other stage's work (paired, 2026-12-07, the step 0.94 of that with
-the client on the lighter stage's core; docs/benchmarks.md). A host with cores to spare gives the client its own.
+where on the other core it must preempt the other stage's work (measured against the lighter stage's core:
+docs/benchmarks.md). A host with cores to spare gives the client its own.
 
 - `w1`: the same model on one stage on worker 0, the same M microbatches (their gradients summed): the
   baseline. (bench_pipeline.py's baseline keeps the cut, both stages on worker 0; here chain refuses it: the

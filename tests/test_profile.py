@@ -18,6 +18,7 @@ from chain.schedule.schedules import Action
 from chain.pipeline import idle, measured_grid, timeline
 from chain.records.measured import MeasuredTimeline
 from chain.records.serial import from_json
+from chain.report import page, runs
 from chain.pipeline.timeline import OpEvent
 from conftest import EXTENDED
 
@@ -664,3 +665,6 @@ def test_under_xla_the_log_says_why_no_step_is_measured(tmp_path, caplog):
         measured = json.load(f)
     assert measured["steps"] and not any(s["complete"] for s in measured["steps"])
     assert "measured timeline: none under trainer.jit_compile=true" in caplog.text
+    # the report says the same, not that the run was not profiled
+    (note,) = page.measured_section(runs.load(str(tmp_path)), ["stage 0", "stage 1"])
+    assert "profiled, but none under trainer.jit_compile=true" in note and "not profiled" not in note

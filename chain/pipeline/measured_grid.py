@@ -130,23 +130,27 @@ def durations(measured: MeasuredTimeline, step: MeasuredStep) -> str:
     return "mean ms per action: " + "; ".join(parts)
 
 
+def unmeasured(xla: bool) -> str:
+    """Why a profiled run's timeline shows no step (`xla`: the run compiled its actions, `trainer.jit_compile`)."""
+    if xla:
+        # An XLA call's work shows in the trace as unnamed executable events and HLO ops, without the
+        # action's name scope.
+        return (
+            "none under trainer.jit_compile=true: TensorFlow's trace does not name the ops of an XLA-compiled "
+            "call, so no action can be placed (the trace is kept for TensorBoard); profile with "
+            "trainer.jit_compile=false to measure the schedule"
+        )
+    return "no profiled step holds every action of the schedule"
+
+
 def render(
     measured: MeasuredTimeline, schedule: Schedule, devices: Sequence[str] | None = None, xla: bool = False
 ) -> str:
     """The `shown` step as the plan's text grid, a cell per action on ticks (`grid`), then each
-    row's mean action times and the measured and planned bubble. `xla`: the run compiled its actions
-    (`trainer.jit_compile`), which explains a timeline without a step."""
+    row's mean action times and the measured and planned bubble; without one, why (`unmeasured`)."""
     step = shown(measured)
-    if step is None and xla:
-        # An XLA call's work shows in the trace as unnamed executable events and HLO ops, without the
-        # action's name scope.
-        return (
-            "measured timeline: none under trainer.jit_compile=true: TensorFlow's trace does not name the ops "
-            "of an XLA-compiled call, so no action can be placed (the trace is kept for TensorBoard); profile "
-            "with trainer.jit_compile=false to measure the schedule"
-        )
     if step is None:
-        return "measured timeline: no profiled step holds every action of the schedule"
+        return f"measured timeline: {unmeasured(xla)}"
     done = [s for s in measured.steps if s.complete]
     laid = grid(measured, step)
     span = max(a.end_ms for a in step.actions) - min(a.start_ms for a in step.actions)

@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 
 from chain.errors import ChainError, plural
 from chain.schedule import schedules
+from chain.pipeline import measured_grid
 from chain.pipeline import timeline as measured_timeline
 from chain.records.measured import MeasuredTimeline, MeasuredStep
 from chain.report import plots
@@ -261,8 +262,13 @@ def measured_section(rec: RunRecord, labels: Sequence[str]) -> list[str]:
     out = []
     m = rec.timeline
     step = measured_timeline.shown(m) if m else None
-    if step is None:
+    if m is None:
         out.append("<p class='note'>not profiled: run with trainer.profile=[START,STOP] to measure the timeline.</p>")
+        return out
+    if step is None:
+        out.append(
+            f"<p class='note'>profiled, but {html.escape(measured_grid.unmeasured(bool(rec.facts.jit_compile)))}.</p>"
+        )
         return out
     copies = m.replicas or 1  # None: a timeline.json from before copies
     if copies > 1:  # copies of the pipeline: a row per device of every copy
