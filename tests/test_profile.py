@@ -602,25 +602,26 @@ def test_a_step_whose_call_compiled_the_step_function_is_kept_but_left_out_of_th
     assert all(b.forward_ms > 5 * a.forward_ms for a, b in zip(alone.per_stage, both.per_stage))
 
 
+def two_stages_profiled(tmp_path, caplog, *overrides: str) -> dict:
+    """timeline.json of a 2-stage e2e run at M=2 in `tmp_path` with `overrides`, its log in `caplog` (INFO)."""
+    cfg = chain.compose(["+stages=2", "mode=e2e", "pipeline.microbatches=2", *SMALL, *overrides])
+    with caplog.at_level(logging.INFO, logger="chain"):
+        chain.build(cfg, run_dir=str(tmp_path)).fit()
+    with open(tmp_path / "timeline.json") as f:
+        return json.load(f)
+
+
 def test_a_window_starting_at_the_first_one_step_call_names_its_compiled_step(tmp_path, caplog):
     """Calls 1-2 | 3 | 4 (`trainer.steps_per_call=2`): step 3 traces and compiles the one-step function in its
     call, as the first step of docs/measuring.md's window does; it stays in timeline.json, out of the figures."""
-    cfg = chain.compose(
-        [
-            "+stages=2",
-            "mode=e2e",
-            "pipeline.schedule=1f1b",
-            "pipeline.microbatches=2",
-            *SMALL,
-            "trainer.steps=4",
-            "trainer.steps_per_call=2",
-            "trainer.profile=[3,4]",
-        ]
+    measured = two_stages_profiled(
+        tmp_path,
+        caplog,
+        "pipeline.schedule=1f1b",
+        "trainer.steps=4",
+        "trainer.steps_per_call=2",
+        "trainer.profile=[3,4]",
     )
-    with caplog.at_level(logging.WARNING, logger="chain"):
-        chain.build(cfg, run_dir=str(tmp_path)).fit()
-    with open(tmp_path / "timeline.json") as f:
-        measured = json.load(f)
     assert [(step["step"], step["complete"]) for step in measured["steps"]] == [(3, False), (4, True)]
     said = [r.getMessage() for r in caplog.records if "compiled the step function" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("profile: step 3 traced and compiled"), said
@@ -648,21 +649,9 @@ def test_a_backwards_wait_for_its_gradient_is_not_busy():
 def test_under_xla_the_log_says_why_no_step_is_measured(tmp_path, caplog):
     """An XLA-compiled action's ops carry no name scope in TensorFlow's trace: the run still trains and keeps
     the trace, and the log says why the measured timeline is empty rather than that steps were incomplete."""
-    cfg = chain.compose(
-        [
-            "+stages=2",
-            "mode=e2e",
-            "pipeline.microbatches=2",
-            *SMALL,
-            "trainer.jit_compile=true",
-            "trainer.steps=3",
-            "trainer.profile=[2,3]",
-        ]
+    measured = two_stages_profiled(
+        tmp_path, caplog, "trainer.jit_compile=true", "trainer.steps=3", "trainer.profile=[2,3]"
     )
-    with caplog.at_level(logging.INFO, logger="chain"):
-        chain.build(cfg, run_dir=str(tmp_path)).fit()
-    with open(tmp_path / "timeline.json") as f:
-        measured = json.load(f)
     assert measured["steps"] and not any(s["complete"] for s in measured["steps"])
     assert "measured timeline: none under trainer.jit_compile=true" in caplog.text
     # the report says the same, not that the run was not profiled
