@@ -320,7 +320,7 @@ def workers_phase(a, path: str) -> dict:
         configs = {case: settings(a, path, case, cluster.addresses) for case in ["w1", *WORKER_CUTS] if case in a.cases}
         chain.setup(*configs.values())  # connects to the workers, before any tensor exists
         cases = {
-            case: client_on(chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids), cores, case != "w1")
+            case: client_on(chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids), cores, LAYOUT[case][0] > 1)
             for case, cfg in configs.items()
         }
         if busy:

@@ -261,10 +261,10 @@ def measured_section(rec: RunRecord, labels: Sequence[str]) -> list[str]:
     """The measured timeline (`timeline.json`): its Gantt chart, statistics and balance advice."""
     out = []
     m = rec.timeline
-    step = measured_timeline.shown(m) if m else None
     if m is None:
         out.append("<p class='note'>not profiled: run with trainer.profile=[START,STOP] to measure the timeline.</p>")
         return out
+    step = measured_timeline.shown(m)
     if step is None:
         out.append(
             f"<p class='note'>profiled, but {html.escape(measured_grid.unmeasured(bool(rec.facts.jit_compile)))}.</p>"
