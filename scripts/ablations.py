@@ -19,6 +19,8 @@ from chain.pipeline import play
 UNORDERED = {"chained": lambda schedule, grad_accum: False}  # no control dependencies, so no releases either
 ORDERED = {"chained": lambda schedule, grad_accum: True}  # chained and released even at one microbatch
 NO_RELEASES = {"release": lambda done, action: done}  # chained, but no host release after a send
+# a release after every send, before a receiving forward too (the rule before `play.released`)
+EVERY_SEND = {"released": lambda order, schedule, devices: frozenset(a for a in order if play.sends(a, devices))}
 WEIGHTS_LATE = {  # a backward's weight products queued behind its input gradients; W's sums folded by Grappler
     "weights_first": lambda weight_grads, ops: 0,
     "summed_in_turn": lambda sums, done: [],

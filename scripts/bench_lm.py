@@ -4,6 +4,7 @@ keras_hub's own `model.fit` on one device.
     python scripts/bench_lm.py --repeats 9 --markdown   # every case; --markdown adds rows for docs/benchmarks.md
     python scripts/bench_lm.py --quick                  # a smoke test: a tiny model, one repeat of one call each
     python scripts/bench_lm.py --cases keras chain1 --processes 4   # one stage against Keras' fit, 4 processes pooled
+    python scripts/bench_lm.py --cases w1 chain2w-eager --every-send  # also against a release after every send
 
 Not a test: it prints a table of tokens/s (tokens = batch x seq_len per step) and ratios.
 
@@ -35,12 +36,11 @@ weights: their losses must agree (1e-5 on the first step, 1e-4 on the second), e
 Cases of the second process (bench_pipeline.py's method: real overlap on a CPU): two `python -m chain.worker`
 processes on loopback, each pinned to one core with one intra-op and one inter-op thread, and this script's
 second process their client, feeding the batches. The client (every thread of it) is pinned, for each timed block,
-by the workers' CPU in the block before (`client_on`): in `w1` to the free second core; in the cut cases to the
-busiest worker's core, the bottleneck's. On two cores the client's work (the batches, the calls, the host releases)
-comes out of a worker's core. A cut case's step is bound by its bottleneck, which after each action that sends
-waits for its host release: with the client on its core, the release's round trip runs while that core waits,
-where on the other core it must preempt the other stage's work (measured against the lighter stage's core:
-docs/benchmarks.md). A host with cores to spare gives the client its own.
+to the core of the worker that worked least in the block before (`client_on`): in `w1` the free second core, in
+the cut cases the lighter stage's. On two cores the client's work (the batches, the calls, the host releases,
+about 13 ms a step in a cut case) comes out of a worker's core, best the one with slack. (While every send of the
+bottleneck waited for a release, its own core had served better: docs/benchmarks.md.) A host with cores to spare
+gives the client its own.
 
 - `w1`: the same model on one stage on worker 0, the same M microbatches (their gradients summed): the
   baseline. (bench_pipeline.py's baseline keeps the cut, both stages on worker 0; here chain refuses it: the
@@ -57,10 +57,12 @@ docs/benchmarks.md). A host with cores to spare gives the client its own.
 
 The cut cases on workers split by `placement.balance=params`: GPT2CausalLM's 10 layers are 4 of embeddings (2 with
 weights), 4 transformer blocks, a layer norm and the tied read-out; `even` (the default) cuts [5, 5], the embeddings
-and one block against three blocks and the read-out. After the timing, a fresh run of each cut case traces 4 steps
-(`trainer.profile`) and its timeline gives each stage's time (its forwards' and backwards' ms per step); the ideal
-it is held to is (the devices' summed stage times) / (the busiest device's) x (1 - the schedule's planned bubble
-with unit-time actions): for 1F1B, M/(M+S-1), 2M/(M+1) = 1.78 at M=8 when the stages are balanced.
+and one block against three blocks and the read-out. After the timing, fresh runs of each cut case trace 4 steps
+(`trainer.profile`) and their timelines give each stage's time (its forwards' and backwards' ms per step): one run
+with the client on each core, each stage's time taken from the run whose client left its worker's core alone (an
+action lasts as long as its core took, the client's slices included). The ideal it is held to is (the devices'
+summed stage times) / (the busiest device's) x (1 - the schedule's planned bubble with unit-time actions): for
+1F1B, M/(M+S-1), 2M/(M+1) = 1.78 at M=8 when the stages are balanced.
 
 Four stages on four single-core workers need four cores: on a 2-core machine they would share cores and
 measure nothing; not run.
@@ -320,15 +322,38 @@ def workers_phase(a, path: str) -> dict:
         configs = {case: settings(a, path, case, cluster.addresses) for case in ["w1", *WORKER_CUTS] if case in a.cases}
         chain.setup(*configs.values())  # connects to the workers, before any tensor exists
         cases = {
-            case: client_on(chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids), cores, LAYOUT[case][0] > 1)
+            case: client_on(chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids), cores)
             for case, cfg in configs.items()
         }
+        for case in [c for c in WORKER_CUTS if c in configs and a.every_send]:
+            cases[f"{case}/every-send"] = client_on(
+                every_send(lambda cfg=configs[case]: chain_block(chain.build(cfg, model=gpt2(a)[1]), cluster.pids)),
+                cores,
+            )
         if busy:
             cases["w1-busy"] = beside(busy, cases["w1"])
         times = measure(cases, a, [os.getpid(), *cluster.pids, *([busy.pid] if busy else [])])
         print(json.dumps(dict(times=times, ideals={})), flush=True)  # kept should a traced run fail
-        ideals = {case: traced(a, path, case, cluster, cases[case].core) for case in configs if case != "w1"}
+        ideals = {case: traced(a, path, case, cluster, cores) for case in configs if case != "w1"}
         return dict(times=times, ideals=ideals)  # the workers stop as the block ends
+
+
+def every_send(make):
+    """`make()`'s block built and run with a host release after every sending action (`ablations.EVERY_SEND`: the
+    rule before `chain.pipeline.play.released`), for the `--every-send` comparison."""
+    import ablations
+
+    with ablations.ablated(ablations.EVERY_SEND):
+        block = make()
+
+    def run(calls: int) -> float:
+        with ablations.ablated(ablations.EVERY_SEND):
+            seconds = block(calls)
+        run.work = block.work
+        return seconds
+
+    run.work = []
+    return run
 
 
 def pin(cores: set[int]) -> None:
@@ -351,15 +376,14 @@ def pinned(core: int | None):
         pin(had)
 
 
-def client_on(block, cores: list[int], busiest: bool):
-    """`block` run with this process (the workers' client) pinned to the core of the worker that worked most
-    (`busiest`; a cut case: its bottleneck) or least (`w1`: the free core) in the block's call before
-    (`block.work`, each worker's CPU per step; the first call unpinned), as the module docstring says why.
-    `run.core`: the core of the last call (None before any was chosen)."""
+def client_on(block, cores: list[int]):
+    """`block` run with this process (the workers' client) pinned to the core of the worker that worked least in
+    the block's call before (`block.work`, each worker's CPU per step; the first call unpinned): `w1`'s free core,
+    a cut case's lighter stage's (module docstring). `run.core`: the core of the last call (None before any)."""
 
     def run(calls: int) -> float:
         work = block.work
-        run.core = cores[work.index((max if busiest else min)(work))] if work else None
+        run.core = cores[work.index(min(work))] if work else None
         with pinned(run.core):
             seconds = block(calls)
         run.work = block.work
@@ -422,22 +446,36 @@ def beside(busy: subprocess.Popen, block):
     return run
 
 
-def traced(a, path: str, case: str, cluster, core: int | None) -> dict | None:
-    """`ideal` with the client on `core` (as in the case's timed blocks), or None (said on stderr) when its traced
-    run fails: the timing is kept either way."""
+def traced(a, path: str, case: str, cluster, cores: list[int]) -> dict | None:
+    """`ideal` of `case`, or None (said on stderr) when a traced run fails: the timing is kept either way. The
+    client's threads share a worker's core (module docstring), and a stage's actions in a trace last as long as
+    the core took, the client's slices included: `case` is traced once with the client on each core, and each
+    device's stage times come from the run in which the client sat on another core than its worker's."""
     try:
-        with pinned(core):
-            return ideal(a, path, case, cluster)
+        runs = {}
+        for core in cores:
+            with pinned(core):
+                runs[core] = stage_times(a, path, case, cluster, f"client-on-core-{core}")
     except Exception as e:  # a benchmark's last part: report it and keep the figures
         print(f"# {case}: the traced run failed: {e}", file=sys.stderr, flush=True)
         return None
+    if not all(runs.values()):
+        print(f"# {case}: a traced run measured no complete step", file=sys.stderr, flush=True)
+        return None
+    first = runs[cores[0]]
+    stage_ms = []
+    for k, p in enumerate(first["per_stage"]):
+        worker = int(p["device"].split("/task:")[1].split("/")[0])
+        other = next(c for c in cores if c != cores[worker])  # a core the client left to this stage's worker
+        stage_ms.append(runs[other]["per_stage"][k]["ms"])
+    return ideal(stage_ms, [p["device"] for p in first["per_stage"]], first["bubble"], first["split"])
 
 
-def ideal(a, path: str, case: str, cluster) -> dict | None:
-    """The ideal speed-up over one worker of `case`'s schedule on its split: (the devices' summed stage times)
-    / (the busiest device's) x (1 - the schedule's planned bubble with unit-time actions; 1F1B: M/(M+S-1);
-    balanced stages on 2 devices: 1F1B 2M/(M+1)). A stage's time: its forwards' and backwards' ms per step
-    in the timeline (`trainer.profile`, docs/measuring.md) of a fresh run of `case` traced after the timing."""
+def stage_times(a, path: str, case: str, cluster, label: str) -> dict | None:
+    """Each stage's device and time (its forwards' and backwards' ms per step in the timeline, `trainer.profile`,
+    docs/measuring.md) in a fresh run of `case` traced after the timing, the planned bubble (unit-time actions)
+    and the split; None when the trace measured no complete step. `--keep DIR` keeps its run directory in
+    DIR/CASE/LABEL."""
     import chain
 
     steps = 10
@@ -454,21 +492,29 @@ def ideal(a, path: str, case: str, cluster) -> dict | None:
         with open(os.path.join(tmp, "timeline.json")) as f:
             per_stage = json.load(f)["per_stage"]
         if a.keep:  # the traced run's directory (timeline.json, the trace), to read its idle time
-            shutil.copytree(tmp, os.path.join(a.keep, case), dirs_exist_ok=True)
+            shutil.copytree(tmp, os.path.join(a.keep, case, label), dirs_exist_ok=True)
     if not per_stage:
-        print(f"# {case}: the traced run measured no complete step", file=sys.stderr, flush=True)
         return None
-    stage_ms = [p["forward_ms"] + p["backward_ms"] for p in per_stage]
+    return dict(
+        per_stage=[dict(device=p["device"], ms=p["forward_ms"] + p["backward_ms"]) for p in per_stage],
+        bubble=summary["bubble_fraction"],
+        split=[len(s.model.layers) - len(s.model.inputs) for s in run.stages],
+    )
+
+
+def ideal(stage_ms: list[float], devices: list[str], bubble: float, split: list[int]) -> dict:
+    """The ideal speed-up over one worker of a schedule on its split: (the devices' summed stage times) / (the
+    busiest device's) x (1 - the schedule's planned bubble with unit-time actions; 1F1B: M/(M+S-1); balanced
+    stages on 2 devices: 1F1B 2M/(M+1))."""
     busy = {}
-    for p, ms in zip(per_stage, stage_ms):
-        busy[p["device"]] = busy.get(p["device"], 0.0) + ms
-    bubble = summary["bubble_fraction"]
+    for device, ms in zip(devices, stage_ms):
+        busy[device] = busy.get(device, 0.0) + ms
     return dict(
         ideal=sum(busy.values()) / max(busy.values()) * (1 - bubble),
         balanced=len(busy) * (1 - bubble),
         stage_ms=stage_ms,
         bubble=bubble,
-        split=[len(s.model.layers) - len(s.model.inputs) for s in run.stages],
+        split=split,
     )
 
 
@@ -489,6 +535,7 @@ def phase(a, name: str, path: str) -> dict:
         str(a.calls),
         *model_args(a),
         *(["--set", *a.set] if a.set else []),
+        *(["--every-send"] if a.every_send else []),
         *(["--keep", os.path.abspath(a.keep)] if a.keep else []),
     ]
     r = subprocess.run(args, stdout=subprocess.PIPE, text=True)
@@ -553,9 +600,19 @@ def main() -> None:
         metavar="OVERRIDE",
         help="Hydra overrides added to every chain case (e.g. trainer.jit_compile=true); keras' case is unchanged",
     )
+    p.add_argument(
+        "--every-send",
+        action="store_true",
+        help="also time each cut case with a host release after every sending action (the rule before "
+        "chain.pipeline.play.released), paired",
+    )
     p.add_argument("--quiet", type=float, default=0.2, help="other processes' CPU (cores) below which a pair is quiet")
     p.add_argument("--quick", action="store_true", help="a smoke test: a tiny model, one repeat of one call per case")
-    p.add_argument("--keep", metavar="DIR", help="keep each traced run's directory (its timeline.json) in DIR/CASE")
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep each traced run's directory (its timeline.json) in DIR/CASE/client-on-core-N",
+    )
     p.add_argument("--markdown", action="store_true", help="also print rows for docs/benchmarks.md")
     p.add_argument("--phase", choices=["local", "workers", "neighbour"], help=argparse.SUPPRESS)  # one process's cases
     p.add_argument("--data", help=argparse.SUPPRESS)  # the token file, given to a phase
@@ -649,6 +706,23 @@ def main() -> None:
         per_process(by_process, a)
     for case in [c for c in WORKER_CUTS if c in times]:
         speed_ups(case, times, ideals.get(case), a)
+    for case in [c for c in WORKER_CUTS if f"{c}/every-send" in times]:
+        against_every_send(case, times, a)
+
+
+def against_every_send(case: str, times: dict, a) -> None:
+    """`case`'s step over the same case's with a release after every send (`--every-send`), paired per repeat."""
+    pairs = [(t[0] / e[0], max(t[1], e[1]) < a.quiet) for t, e in zip(times[case], times[f"{case}/every-send"])]
+    ratios = [r for r, quiet in pairs if quiet]
+    print(
+        f"\n{case} against {case}/every-send (a release after every send): step ratio per repeat "
+        + ", ".join(f"{r:.3f}{'' if quiet else ' (not quiet)'}" for r, quiet in pairs)
+        + (
+            f"; quiet median {statistics.median(ratios):.3f}, shorter in {sum(r < 1 for r in ratios)} of {len(ratios)}"
+            if ratios
+            else ""
+        )
+    )
 
 
 def per_process(by_process: dict, a) -> None:
@@ -711,7 +785,7 @@ def speed_ups(case: str, times: dict, how: dict | None, a) -> None:
     )
     print(
         "client: this script's process (the workers' client: the batches, the calls) in cores, pinned to the core of "
-        f"the busiest worker (w1: the free second core; {case}: core {times[case][-1][4]}). work: the workers' CPU seconds per step (w1: both "
+        f"the worker that worked least (w1: the free second core; {case}: core {times[case][-1][4]}). work: the workers' CPU seconds per step (w1: both "
         "summed); ideal: by that work, with the planned bubble; of it: the speed-up over that ideal. w1 slowed: w1-busy's "
         "time over w1's (the same repeat); of ideal, busy: the speed-up over the timeline's ideal slowed by as much"
     )

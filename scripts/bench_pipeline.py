@@ -21,7 +21,8 @@ Steps timed: the chain's `gpipe` and `1f1b` (through `Run.strategy.call`, the ca
 makes); `hand`, a minimal GPipe step written by hand with the same model (per-microbatch
 tapes, no control dependencies, plain SGD: what the runtime itself allows); with
 `--ablations before`, the chain's steps without the host releases (`ablations.NO_RELEASES`,
-scripts/ablations.py: the step as it was before them).
+scripts/ablations.py: the step as it was before them); with `--ablations every-send`, with a release after
+every sending action (`ablations.EVERY_SEND`: the rule before `chain.pipeline.play.released`).
 
 `interleaved` cuts the same layers into K x `--virtual` stages (each `--depth`/`--virtual` layers),
 stage k on worker k mod K. `zbv` cuts them into 2K stages (each `--depth`/2 layers) in a V, stages k
@@ -143,17 +144,17 @@ def chain_run(a, addresses: list[str], schedule: str, m: int, devices: list[str]
     return chain.build(chain.compose(overrides(a, addresses, schedule, m, devices)))
 
 
-def without_releases(run):
-    """The same run's step built without the host releases (the `before` ablation)."""
+def ablated(run, ablation: str):
+    """The same run's step built as `ablation` says: `before`, without the host releases; `every-send`, with a
+    release after every sending action (before a receiving forward too: the rule before `play.released`)."""
     import ablations
     import tensorflow as tf
 
     from chain.pipeline.play import e2e_step
 
     s = run.strategy
-    body = ablations.ablated_step(
-        lambda: e2e_step(run.stages, run.schedule, s.loss_fn(), s.target), ablations.NO_RELEASES
-    )
+    patch = {"before": ablations.NO_RELEASES, "every-send": ablations.EVERY_SEND}[ablation]
+    body = ablations.ablated_step(lambda: e2e_step(run.stages, run.schedule, s.loss_fn(), s.target), patch)
     fn = tf.function(body)
     return lambda x, ys: fn(*s.arguments(x, ys)).numpy()
 
@@ -519,7 +520,7 @@ def main() -> None:
     p.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="microbatch counts M")
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"], choices=SCHEDULES)
     p.add_argument("--against", default="", help="a schedule of --schedules: the others' paired ratios to it (split)")
-    p.add_argument("--ablations", nargs="*", default=[], choices=["before"])
+    p.add_argument("--ablations", nargs="*", default=[], choices=["before", "every-send"])
     p.add_argument("--no-hand", dest="hand", action="store_false", help="skip the hand-written reference")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=1, help="timed steps per measurement")
@@ -561,7 +562,7 @@ def main() -> None:
                     if place == "split":  # the schedule's own limit: K x (1 - its planned bubble)
                         planned[schedule, m] = k * (1 - run.strategy.timeline().bubble_fraction)
                     for ablation in a.ablations:
-                        steps[f"{schedule}/{ablation}", m, place] = without_releases(run)
+                        steps[f"{schedule}/{ablation}", m, place] = ablated(run, ablation)
                 if a.hand:
                     steps["hand", m, place] = hand_step(a, full, m)
         names = sorted({key[:2] for key in steps}, key=lambda v: (v[1], v[0]))

@@ -270,6 +270,41 @@ def test_after_an_action_that_sends_the_stage_goes_on_only_through_a_release_on_
             assert nxt and all(release.name in ancestors[op.name] for op in nxt), (before, after)
 
 
+WORKERS = [f"/job:worker/replica:0/task:{t}/device:CPU:0" for t in range(3)]
+
+
+def release_rows(name: str, stages: int, devices: list[str], microbatches: int = 4) -> list[list[str]]:
+    """Each device row of `name`'s schedule with its released actions marked `!` (`play.released`)."""
+    schedule = schedules.build(name, stages, microbatches)
+    order = schedules.simulate(schedule).order()
+    out = play.released(order, schedule, devices)
+    return [[f"{a.kind}{a.microbatch}{'!' if a in out else ''}" for a in row] for row in schedule.actions]
+
+
+def test_on_workers_a_send_before_a_receiving_forward_needs_no_release():
+    """Across processes a forward's receive stops the row's chain (every op of it waits for it): the send
+    before it goes out without a release. Before a backward (its first ops run without the gradient), a
+    forward that receives nothing (the first stage's), or nothing (a row's last action): released."""
+    assert release_rows("1f1b", 2, WORKERS[:2]) == [
+        ["F0!", "F1!", "B0", "F2!", "B1", "F3!", "B2", "B3"],
+        ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3!"],
+    ]
+    # GPipe's last stage runs its backwards back to back: each send is released; its forwards send nothing
+    assert release_rows("gpipe", 2, WORKERS[:2])[1] == ["F0", "F1", "F2", "F3", "B0!", "B1!", "B2!", "B3!"]
+    # a middle stage: a forward's send before the next receiving forward is not released, before a backward it is
+    assert release_rows("1f1b", 3, WORKERS)[1] == ["F0", "F1!", "B0", "F2!", "B1", "F3!", "B2!", "B3!"]
+
+
+def test_in_one_process_every_send_is_released():
+    """A receive from a device of the same process may be ready at once and stop nothing: every action that
+    sends keeps its release, as before the rule."""
+    local = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3)]
+    for name, k in [("1f1b", 2), ("gpipe", 3), ("eager1f1b", 3)]:
+        schedule = schedules.build(name, k, 4)
+        order = schedules.simulate(schedule).order()
+        assert play.released(order, schedule, local) == {a for a in order if play.sends(a, local)}
+
+
 def test_at_one_microbatch_the_step_is_not_chained_and_updates_bit_for_bit_as_the_chained_one():
     """At M=1 the step leaves out the per-action control dependencies and releases (they bound
     nothing there: chain.pipeline.play), and trains exactly as the step that keeps them (patched in,

@@ -70,7 +70,9 @@ the chain stops: GPipe's first stage sent its first activation after its last fo
 the next stage idled through the whole fill (docs/benchmarks-in-code.md). The
 release stops the chain after each such action; the queued send goes out while the round
 trip to the host (a fraction of a millisecond) lets the stage go on. The order of each
-stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait.
+stage's actions, and so 1F1B's bound, is unchanged: the release only adds a wait. Where the
+stage's next action is a forward whose input comes from another process, that receive stops the
+chain already, and the release is left out (`released`).
 
 The code follows the same shape: `play_schedule` walks the schedule's actions and `play_action` calls the
 handler of each action's kind from `HANDLERS` (forward, backward, and a split schedule's input and weight
@@ -197,6 +199,37 @@ def sends(action: Action, devices: Sequence[str]) -> bool:
         return False  # W's gradients stay on the stage
     to = k + 1 if kind == FORWARD else k - 1
     return 0 <= to < len(devices) and canonical(devices[k]) != canonical(devices[to])
+
+
+def receives(action: Action, devices: Sequence[str]) -> bool:
+    """Whether `action`'s input comes from another process: a forward's activation from stage k-1, a
+    backward's output gradient from stage k+1, on a device of another cluster worker (or the client)."""
+    k, kind = action.stage, action.kind
+    if kind == WEIGHT:
+        return False
+    source = k - 1 if kind == FORWARD else k + 1
+    return 0 <= source < len(devices) and host_of(devices[k]) != host_of(devices[source])
+
+
+def released(order: Sequence[Action], schedule: Schedule, devices: Sequence[str]) -> frozenset[Action]:
+    """The actions after which the stage goes on only through a release (`release`): those that send to
+    another device, unless the next action of their device row is a forward that receives from another
+    process. That receive is a remote call the worker makes when the forward starts and that is answered
+    later, and every op of a forward waits for its input: the row's chain of ready ops stops there as at a
+    release, and the queued send goes out meanwhile; a release would only add its round trip to the host
+    (measured on CPU workers: docs/benchmarks.md). A backward's first ops need only its own activations and
+    keep the chain going past its receive; a receive within one process may be ready at once: both keep
+    their release, as does a row's last action (the update that follows may not wait)."""
+    rows: dict[int, list[Action]] = {}
+    for a in order:
+        rows.setdefault(schedule.row(a.stage), []).append(a)
+    out = set()
+    for row in rows.values():
+        for a, after in zip(row, [*row[1:], None]):
+            stops = after is not None and after.kind == FORWARD and receives(after, devices)
+            if sends(a, devices) and not stops:
+                out.add(a)
+    return frozenset(out)
 
 
 def release_name(action: Action) -> str:
@@ -489,6 +522,7 @@ class Playbook:
     microbatches: int  # each round's batch cut into this many (the run's `BatchCut`; the schedule's count)
     order: list[Action]  # every action, in the order traced (the simulated timeline's, over the rounds)
     ordered: bool  # each stage's actions chained in the schedule's order
+    released: frozenset[Action]  # the actions the stage goes on from only through a release (`released`)
     at_once: frozenset[tuple[int, int]]  # kept under every recompute policy (`backward_at_once`)
     deferred: frozenset[int]  # the last stage's forwards that run once, in B (`deferred_forwards`)
     split: bool  # B and W: the input's gradient, then the weights'
@@ -596,6 +630,7 @@ def playbook(
         microbatches,
         order,
         chained(schedule, options.grad_accum),
+        released(order, schedule, [s.device for s in stages]),
         at_once=backward_at_once(schedule),  # kept under every policy: a replay would hold the same, at once
         deferred=frozenset(),
         split=split,
@@ -723,7 +758,7 @@ def play_action(book: Playbook, state: PlayState, action: Action) -> None:
             end,
             f"progress_{action.scope()}",
         )
-    if book.ordered and sends(action, [s.device for s in book.stages]):
+    if book.ordered and action in book.released:
         state.previous[row] = [release(state.previous[row][0], action)]  # the send goes out before the stage goes on
 
 
