@@ -215,11 +215,11 @@ def released(order: Sequence[Action], schedule: Schedule, devices: Sequence[str]
     """The actions after which the stage goes on only through a release (`release`): those that send to
     another device, unless the next action of their device row is a forward that receives from another
     process. That receive is a remote call the worker makes when the forward starts and that is answered
-    later, and every op of a forward waits for its input: the row's chain of ready ops stops there as at a
-    release, and the queued send goes out meanwhile; a release would only add its round trip to the host
-    (measured on CPU workers: docs/benchmarks.md). A backward's first ops need only its own activations and
-    keep the chain going past its receive; a receive within one process may be ready at once: both keep
-    their release, as does a row's last action (the update that follows may not wait)."""
+    later, and a forward's ops (its weight reads aside) wait for its input: the row's chain of ready ops
+    stops there as at a release, and the queued send goes out meanwhile; a release would only add its round
+    trip to the host (measured on CPU workers: docs/benchmarks.md). A backward's first ops need only its own
+    activations and keep the chain going past its receive; a receive within one process may be ready at
+    once: both keep their release, as does a row's last action (the update that follows may not wait)."""
     rows: dict[int, list[Action]] = {}
     for a in order:
         rows.setdefault(schedule.row(a.stage), []).append(a)
@@ -618,8 +618,7 @@ def playbook(
     _refuse_unplayable(stages, schedule, options, microbatches)
     order = rounds(simulate(schedule).order(), schedule.microbatches, options.grad_accum, options.replica)  # validates
     split = is_split(schedule)
-    # A split backward keeps every layer's output where the model allows it (not under XLA, whose
-    # compiled forward shows none of them): W then starts from the gradients B left there.
+    # A split backward keeps each layer's output where the model allows (XLA's shows none): W starts from B's gradients there.
     whole = tuple(split and whole_backward(s) for s in stages)
     keeps = tuple(split and not w and not options.jit_compile and layer_by_layer(s) for s, w in zip(stages, whole))
     book = Playbook(
