@@ -282,7 +282,7 @@ def release_rows(name: str, stages: int, devices: list[str], microbatches: int =
 
 
 def test_on_workers_a_send_before_a_receiving_forward_needs_no_release():
-    """Across processes a forward's receive stops the row's chain (every op of it waits for it): the send
+    """Across processes a forward's receive stops the row's chain (its ops, weight reads aside, wait for it): the send
     before it goes out without a release. Before a backward (its first ops run without the gradient), a
     forward that receives nothing (the first stage's), or nothing (a row's last action): released."""
     assert release_rows("1f1b", 2, WORKERS[:2]) == [
