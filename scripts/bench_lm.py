@@ -451,6 +451,8 @@ def traced(a, path: str, case: str, cluster, cores: list[int]) -> dict | None:
     client's threads share a worker's core (module docstring), and a stage's actions in a trace last as long as
     the core took, the client's slices included: `case` is traced once with the client on each core, and each
     device's stage times come from the run in which the client sat on another core than its worker's."""
+    from chain.training.profile import worker_task
+
     try:
         runs = {}
         for core in cores:
@@ -465,8 +467,7 @@ def traced(a, path: str, case: str, cluster, cores: list[int]) -> dict | None:
     first = runs[cores[0]]
     stage_ms = []
     for k, p in enumerate(first["per_stage"]):
-        worker = int(p["device"].split("/task:")[1].split("/")[0])
-        other = next(c for c in cores if c != cores[worker])  # a core the client left to this stage's worker
+        other = next(c for c in cores if c != cores[worker_task(p["device"])])  # one the client left to its worker
         stage_ms.append(runs[other]["per_stage"][k]["ms"])
     return ideal(stage_ms, [p["device"] for p in first["per_stage"]], first["bubble"], first["split"])
 
